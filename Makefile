@@ -1,0 +1,45 @@
+# Kiln: `make demo` and `make test` work from a clean clone with only Python 3.11 installed.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+
+export KILN_HOME ?= $(CURDIR)/.kiln
+export KILN_CONFIG ?= $(CURDIR)/configs/default.yaml
+export DAGSTER_HOME := $(KILN_HOME)/dagster
+export MLFLOW_DISABLE_TELEMETRY := true
+export TORCH_EXTENSIONS_DIR := $(KILN_HOME)/torch_extensions
+export DS_ACCELERATOR ?= cpu
+export PYTHONUNBUFFERED := 1
+
+.PHONY: install demo test test-fast ui bench clean
+
+install: $(VENV)/.installed
+
+# One pip command with torch==2.13.0 pinned alongside everything else, or pip pulls a CUDA torch.
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0 -e ".[test]"
+	@touch $@
+
+$(DAGSTER_HOME)/dagster.yaml:
+	@mkdir -p $(DAGSTER_HOME)
+	@printf 'telemetry:\n  enabled: false\n' > $@
+
+demo: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/python -m orchestration.demo
+
+test: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/python -m pytest
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow"
+
+ui: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+bench: install
+	$(BIN)/python bench/curation_bench.py
+
+clean:
+	rm -rf $(KILN_HOME)

@@ -1,0 +1,72 @@
+"""What every data asset reports: manifest-derived data version, counts, funnel, histograms, checks."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pyarrow.parquet as pq
+
+from kiln.documents import DOCUMENT_SCHEMA
+from kiln.manifest import Manifest
+from kiln.stats import StageStats, examples_markdown, funnel_markdown, length_histogram_markdown
+from kiln.storage import Store
+
+CHECKS = ("conservation", "non_empty", "schema")
+
+
+def check_specs(asset: str, *extra: str) -> list[dg.AssetCheckSpec]:
+    descriptions = {
+        "conservation": "documents in = kept + rejected (+ quarantined): nothing disappears silently",
+        "non_empty": "the output holds at least one document",
+        "schema": "every documents part has the document contract's columns and types",
+        "residual_pii": "no PII pattern is left in the output text",
+    }
+    return [dg.AssetCheckSpec(name, asset=asset, blocking=name != "non_empty", description=descriptions[name])
+            for name in (*CHECKS, *extra)]
+
+
+def standard_checks(store: Store, manifest: Manifest, docs_in: int) -> list[dg.AssetCheckResult]:
+    """Checks computed from what is on disk (file row counts), not from the counters that wrote it."""
+    rows = {role: sum(f.rows or 0 for f in manifest.files_with_role(role))
+            for role in ("documents", "rejected", "quarantine")}
+    accounted = rows["documents"] + rows["rejected"] + rows["quarantine"]
+    base = store.dataset_dir(manifest.asset, manifest.partition)
+    bad_schema = []
+    for f in manifest.files_with_role("documents"):
+        schema = pq.read_schema(base / f.path)
+        missing = [fld.name for fld in DOCUMENT_SCHEMA if schema.get_field_index(fld.name) < 0
+                   or not schema.field(fld.name).type.equals(fld.type)]
+        if missing:
+            bad_schema.append(f"{f.path}: {missing}")
+    return [
+        dg.AssetCheckResult(check_name="conservation", passed=accounted == docs_in,
+                            metadata={"in": docs_in, "kept": rows["documents"], "rejected": rows["rejected"],
+                                      "quarantined": rows["quarantine"], "unaccounted": docs_in - accounted}),
+        dg.AssetCheckResult(check_name="non_empty", passed=rows["documents"] > 0,
+                            severity=dg.AssetCheckSeverity.WARN, metadata={"documents": rows["documents"]}),
+        dg.AssetCheckResult(check_name="schema", passed=not bad_schema,
+                            metadata={"problems": dg.MetadataValue.json(bad_schema), "parts": len(
+                                manifest.files_with_role("documents"))}),
+    ]
+
+
+def stage_metadata(manifest: Manifest, stats: StageStats, store: Store) -> dict:
+    return {
+        "documents": stats.docs_out,
+        "rejected": stats.docs_dropped,
+        "characters": stats.chars_out,
+        "kept_share": round(stats.docs_out / max(stats.docs_in, 1), 4),
+        "funnel": dg.MetadataValue.md(funnel_markdown(stats)),
+        "length_histogram": dg.MetadataValue.md(
+            length_histogram_markdown(stats.lengths_out, "kept documents (characters)") + "\n\n"
+            + length_histogram_markdown(stats.lengths_dropped, "removed documents (characters)")),
+        "removed_examples": dg.MetadataValue.md(examples_markdown(stats)),
+        "path": dg.MetadataValue.path(str(store.dataset_dir(manifest.asset, manifest.partition))),
+        "data_version": manifest.data_version,
+        "git_commit": manifest.git_commit or "unknown",
+    }
+
+
+def materialize_result(manifest: Manifest, stats: StageStats, store: Store, checks: list[dg.AssetCheckResult],
+                       **extra_metadata) -> dg.MaterializeResult:
+    return dg.MaterializeResult(metadata={**stage_metadata(manifest, stats, store), **extra_metadata},
+                                check_results=checks, data_version=dg.DataVersion(manifest.data_version))

@@ -1,0 +1,244 @@
+"""Curation: reading a source into documents, running its filter profile, and exact deduplication.
+
+Three functions, one per stage, each Dagster-free and writing through a `DatasetWriter`:
+- `ingest`: source files → document parts + quarantine (unreadable records, with reasons);
+- `filter_documents`: each document part through normalize → the source's profile → PII redaction,
+  in a process pool over parts; every drop goes to the rejected table with its reason;
+- `exact_dedup`: across *all* sources by normalized-text hash; the copy kept is the one from the best
+  quality tier, then the earliest declared source, then the earliest document.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from multiprocessing import get_context
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from kiln.config import ExactDedup, ProjectConfig, Reading, Source, StepSpec
+from kiln.documents import DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
+from kiln.filters import Step, build_step
+from kiln.readers import Quarantined, read_source
+from kiln.stats import StageStats
+from kiln.storage import DatasetWriter, write_parquet_atomic
+
+CURATED_SCHEMA = DOCUMENT_SCHEMA.append(pa.field("content_hash", pa.string(), nullable=False))
+FILTER_STAGE, DEDUP_STAGE = "filter", "exact_dedup"
+
+
+# ---------------------------------------------------------------------------------------------- ingest
+
+def ingest(source: Source, reading: Reading, writer: DatasetWriter, progress: bool = True) -> StageStats:
+    """Read a source into document parts of `reading.rows_per_part` rows; quarantine what is unreadable."""
+    stats = StageStats()
+    step = stats.step("read")
+    rows, quarantined, seen_ids = [], [], set()
+    for record in tqdm(read_source(source, reading), desc=f"read {source.name}", unit="doc", disable=not progress,
+                       mininterval=2):
+        stats.docs_in += 1
+        if isinstance(record, Document) and record.doc_id in seen_ids:
+            record = Quarantined(source.name, record.meta.get("locator", record.doc_id), "duplicate_doc_id",
+                                 record.text[:200])
+        if isinstance(record, Quarantined):
+            quarantined.append(record.to_row())
+            step.dropped[record.reason] += 1
+            stats.add_example(f"read.{record.reason}", record.locator, record.excerpt or "", 3)
+            continue
+        seen_ids.add(record.doc_id)
+        rows.append(record.to_row())
+        stats.docs_out += 1
+        stats.chars_out += len(record.text)
+        stats.lengths_out.append(len(record.text))
+        if len(rows) >= reading.rows_per_part:
+            writer.write("documents", pa.Table.from_pylist(rows, schema=DOCUMENT_SCHEMA))
+            rows = []
+    if rows:
+        writer.write("documents", pa.Table.from_pylist(rows, schema=DOCUMENT_SCHEMA))
+    if quarantined:
+        writer.write("quarantine", pa.Table.from_pylist(quarantined, schema=QUARANTINE_SCHEMA))
+    stats.docs_in = stats.docs_out + len(quarantined)
+    stats.chars_in = stats.chars_out
+    step.docs_in = stats.docs_in
+    return stats
+
+
+# ----------------------------------------------------------------------------------------------- filter
+
+def profile_steps(config: ProjectConfig, source: str) -> list[StepSpec]:
+    """normalize first, the source's profile, PII redaction last: what `filter_documents` runs."""
+    return [StepSpec(step="normalize", params=config.curation.normalize), *config.profile_for(source),
+            StepSpec(step="pii", params=config.curation.pii)]
+
+
+@dataclass(frozen=True)
+class _PartTask:
+    input_path: str
+    kept_path: str
+    rejected_path: str
+    steps: tuple[tuple[str, str], ...]  # (step name, params as JSON): each worker builds its pipeline once
+    dedup: tuple[bool, bool]
+    examples_per_reason: int
+
+
+@lru_cache(maxsize=8)
+def _pipeline(steps: tuple[tuple[str, str], ...]) -> list[Step]:
+    """Steps built once per worker process; params travel as JSON (hashable, picklable, exact)."""
+    return [build_step(name, json.loads(params)) for name, params in steps]
+
+
+def run_steps(doc: Document, steps: list[Step], stats: StageStats, examples: int) -> str | None:
+    """Run `doc` through the steps, rewriting its text in place; return the drop reason or None."""
+    for step in steps:
+        s = stats.step(step.name)
+        s.docs_in += 1
+        s.chars_in += len(doc.text)
+        t0 = time.perf_counter()
+        verdict = step(doc)
+        s.seconds += time.perf_counter() - t0
+        if not verdict.kept:
+            s.dropped[verdict.drop] += 1
+            s.chars_dropped[verdict.drop] += len(doc.text)
+            stats.add_example(verdict.drop, doc.doc_id, doc.text, examples)
+            return verdict.drop
+        s.chars_rewritten += max(0, len(doc.text) - len(verdict.text))
+        s.counts.update(verdict.counts)
+        doc.text = verdict.text
+    return None
+
+
+def content_hash(text: str, dedup: ExactDedup | tuple[bool, bool]) -> str:
+    """Hash of the text as exact dedup compares it (case and whitespace folded as configured)."""
+    lowercase, collapse = (dedup.lowercase, dedup.collapse_whitespace) if isinstance(dedup, ExactDedup) else dedup
+    if lowercase:
+        text = text.lower()
+    if collapse:
+        text = " ".join(text.split())
+    return hashlib.blake2b(text.encode("utf-8", errors="surrogatepass"), digest_size=16).hexdigest()
+
+
+def _filter_part(task: _PartTask) -> StageStats:
+    steps = _pipeline(task.steps)
+    stats = StageStats()
+    kept, rejected = [], []
+    for batch in pq.ParquetFile(task.input_path).iter_batches(batch_size=1000):
+        for row in batch.to_pylist():
+            doc = Document.from_row(row)
+            stats.docs_in += 1
+            stats.chars_in += len(doc.text)
+            original = doc.text
+            reason = run_steps(doc, steps, stats, task.examples_per_reason)
+            if reason is None:
+                kept.append({**doc.to_row(), "content_hash": content_hash(doc.text, task.dedup)})
+                stats.docs_out += 1
+                stats.chars_out += len(doc.text)
+                stats.lengths_out.append(len(doc.text))
+            else:
+                # The rejected table keeps the document as it came in, so a reviewer sees what was removed.
+                rejected.append({**doc.to_row(), "text": original, "stage": FILTER_STAGE, "reason": reason,
+                                 "duplicate_of": None})
+                stats.lengths_dropped.append(len(original))
+    write_parquet_atomic(Path(task.kept_path), pa.Table.from_pylist(kept, schema=CURATED_SCHEMA))
+    if rejected:
+        write_parquet_atomic(Path(task.rejected_path), pa.Table.from_pylist(rejected, schema=REJECTED_SCHEMA))
+    return stats
+
+
+def filter_documents(input_parts: list[Path], steps: list[StepSpec], dedup: ExactDedup, writer: DatasetWriter,
+                     workers: int = 0, examples_per_reason: int = 3, progress: bool = True,
+                     label: str = "filter") -> StageStats:
+    """Run every part through the steps; parts are the unit of parallelism (one process each)."""
+    frozen = tuple((s.step, json.dumps(s.params, sort_keys=True)) for s in steps)
+    tasks = [_PartTask(str(p), str(writer.next_path("documents")), str(writer.next_path("rejected")), frozen,
+                       (dedup.lowercase, dedup.collapse_whitespace), examples_per_reason) for p in input_parts]
+    workers = min(workers or os.cpu_count() or 1, max(len(tasks), 1))
+    total = StageStats()
+    bar = tqdm(total=len(tasks), desc=label, unit="part", disable=not progress)
+    if workers <= 1:
+        results: Iterable[StageStats] = map(_filter_part, tasks)
+        for r in results:
+            total.merge(r, examples_per_reason)
+            bar.update()
+    else:
+        # spawn, not fork: the caller may be a threaded process (a Dagster step), where fork is unsafe.
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+            for r in pool.map(_filter_part, tasks):
+                total.merge(r, examples_per_reason)
+                bar.update()
+    bar.close()
+    return total
+
+
+# -------------------------------------------------------------------------------------------- exact dedup
+
+@dataclass(frozen=True)
+class HashTable:
+    """The (doc_id, content_hash) columns of one source's filtered documents, in document order."""
+
+    source: str
+    quality_tier: int
+    table: pa.Table
+
+
+def exact_duplicates(sources: list[HashTable]) -> dict[str, str]:
+    """doc_id → doc_id kept instead, for every document whose normalized text was seen in a better place.
+
+    Deterministic whichever partition computes it: best quality tier, then the source declared first,
+    then the earliest document in that source.
+    """
+    frames = []
+    for order, s in enumerate(sources):
+        df = s.table.select(["doc_id", "content_hash"]).to_pandas()
+        df["tier"], df["source_order"], df["seq"] = s.quality_tier, order, range(len(df))
+        frames.append(df)
+    if not frames:
+        return {}
+    df = pd.concat(frames, ignore_index=True).sort_values(["content_hash", "tier", "source_order", "seq"])
+    df["kept"] = df.groupby("content_hash", sort=False)["doc_id"].transform("first")
+    dups = df[df["doc_id"] != df["kept"]]
+    return dict(zip(dups["doc_id"], dups["kept"]))
+
+
+def apply_exact_dedup(input_parts: list[Path], duplicates: dict[str, str], writer: DatasetWriter,
+                      examples_per_reason: int = 3) -> StageStats:
+    stats = StageStats()
+    step = stats.step(DEDUP_STAGE)
+    reason = f"{DEDUP_STAGE}.duplicate"
+    for path in input_parts:
+        table = pq.read_table(path)
+        is_dup = pa.array([d in duplicates for d in table.column("doc_id").to_pylist()], type=pa.bool_())
+        kept, dropped = table.filter(pa.compute.invert(is_dup)), table.filter(is_dup)
+        n_chars = pa.compute.utf8_length(table.column("text")).to_pylist()
+        stats.docs_in += table.num_rows
+        stats.chars_in += sum(n_chars)
+        step.docs_in += table.num_rows
+        step.chars_in += sum(n_chars)
+        writer.write("documents", kept)
+        kept_lengths = pa.compute.utf8_length(kept.column("text")).to_pylist()
+        stats.docs_out += kept.num_rows
+        stats.chars_out += sum(kept_lengths)
+        stats.lengths_out.extend(kept_lengths)
+        if dropped.num_rows:
+            ids = dropped.column("doc_id").to_pylist()
+            lengths = pa.compute.utf8_length(dropped.column("text")).to_pylist()
+            step.dropped[reason] += len(ids)
+            step.chars_dropped[reason] += sum(lengths)
+            stats.lengths_dropped.extend(lengths)
+            for doc_id, text in zip(ids[:examples_per_reason], dropped.column("text").to_pylist()):
+                stats.add_example(reason, doc_id, f"(copy of {duplicates[doc_id]}) {text}", examples_per_reason)
+            rejected = dropped.drop_columns(["content_hash"]).append_column(
+                "stage", pa.array([DEDUP_STAGE] * len(ids))).append_column(
+                "reason", pa.array([reason] * len(ids))).append_column(
+                "duplicate_of", pa.array([duplicates[d] for d in ids]))
+            writer.write("rejected", rejected.cast(REJECTED_SCHEMA))
+    return stats

@@ -1,0 +1,73 @@
+"""The one document schema every stage reads and writes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+# Kept documents. `meta` is a JSON object serialized as a string so the schema never drifts.
+DOCUMENT_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("text", pa.large_string(), nullable=False),
+        pa.field("url", pa.string()),
+        pa.field("license", pa.string()),
+        pa.field("meta", pa.string()),
+    ]
+)
+
+# Removed documents: the document plus where, why, and (for duplicates) what was kept instead.
+REJECTED_SCHEMA = DOCUMENT_SCHEMA.append(pa.field("stage", pa.string(), nullable=False)).append(
+    pa.field("reason", pa.string(), nullable=False)
+).append(pa.field("duplicate_of", pa.string()))
+
+# Records that could not even be read as documents.
+QUARANTINE_SCHEMA = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("locator", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("excerpt", pa.string()),
+    ]
+)
+
+
+@dataclass
+class Document:
+    doc_id: str
+    source: str
+    text: str
+    url: str | None = None
+    license: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "doc_id": self.doc_id,
+            "source": self.source,
+            "text": self.text,
+            "url": self.url,
+            "license": self.license,
+            "meta": json.dumps(self.meta, sort_keys=True, ensure_ascii=False),
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Document:
+        return cls(
+            doc_id=row["doc_id"],
+            source=row["source"],
+            text=row["text"],
+            url=row.get("url"),
+            license=row.get("license"),
+            meta=json.loads(row["meta"]) if row.get("meta") else {},
+        )
+
+
+def make_doc_id(source: str, locator: str) -> str:
+    """Stable id from where the record lives (source + file/record locator), not from run order."""
+    return hashlib.blake2b(f"{source}\x00{locator}".encode(), digest_size=12).hexdigest()

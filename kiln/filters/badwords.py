@@ -1,0 +1,88 @@
+"""Bad-words ratio filter: C4's LDNOOBW rule (Raffel et al. 2020 §2.2), softened to a ratio threshold.
+
+C4 drops a page on any listed word; that also removes medical, legal and news text that merely
+mentions one. Here a page is dropped only when listed words/phrases exceed `max_ratio` of its words
+(`max_ratio=0.0` reproduces C4's drop-on-any).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import ClassVar
+
+from kiln.documents import Document
+from kiln.filters import text_stats as ts
+from kiln.filters.base import Verdict, drop, keep
+from kiln.filters.wordlists import load_wordlist
+
+DEFAULT_WORDS_FILE = Path(__file__).resolve().parent.parent / "data" / "badwords_en.txt"
+
+
+@dataclass(frozen=True)
+class WordList:
+    """A loaded list: single words as a set, multi-word phrases grouped by their length in words."""
+
+    single: frozenset[str]
+    phrases: dict[int, frozenset[tuple[str, ...]]]
+    phrase_starts: frozenset[str]  # first words of the phrases: only there is a phrase lookup needed
+
+    def __len__(self) -> int:
+        return len(self.single) + sum(len(p) for p in self.phrases.values())
+
+    def count_matches(self, ws: list[str]) -> int:
+        """Occurrences of listed entries in a lower-cased word sequence (phrases may overlap words)."""
+        single, starts = self.single, self.phrase_starts
+        hits = 0
+        for i, w in enumerate(ws):
+            if w in single:
+                hits += 1
+            if w in starts:
+                for n, grams in self.phrases.items():
+                    if tuple(ws[i : i + n]) in grams:
+                        hits += 1
+        return hits
+
+
+@lru_cache(maxsize=32)
+def load_word_list(path: str) -> WordList:
+    """Read a word list (one word/phrase per line, '#' comments; a missing file is a ValueError), cached per path.
+
+    Entries are tokenized like document text, so "Two  Girls" and "two girls" are the same phrase and
+    matching is on word boundaries ("banana" does not match "bananas").
+    """
+    single: set[str] = set()
+    phrases: dict[int, set[tuple[str, ...]]] = {}
+    for entry in load_wordlist(path):
+        ws = tuple(ts.words(entry.lower()))
+        if len(ws) == 1:
+            single.add(ws[0])
+        elif ws:
+            phrases.setdefault(len(ws), set()).add(ws)
+    return WordList(
+        single=frozenset(single),
+        phrases={n: frozenset(p) for n, p in sorted(phrases.items())},
+        phrase_starts=frozenset(p[0] for group in phrases.values() for p in group),
+    )
+
+
+# C4 bad-words rule (Raffel et al. 2020 §2.2, LDNOOBW list) as a ratio: drop if matches / words > max_ratio.
+@dataclass
+class BadWords:
+    name: ClassVar[str] = "badwords"
+
+    max_ratio: float | None = 0.01  # None disables; 0.0 = C4's drop on any match
+    words_file: str | None = None  # None: the bundled kiln/data/badwords_en.txt
+
+    def __call__(self, doc: Document) -> Verdict:
+        text = doc.text
+        if self.max_ratio is None:
+            return keep(text)
+        wordlist = load_word_list(str(self.words_file or DEFAULT_WORDS_FILE))
+        ws = ts.words(text.lower())
+        if not ws:
+            return keep(text)
+        if wordlist.count_matches(ws) / len(ws) > self.max_ratio:
+            return drop(self.name, "max_ratio", text)
+        return keep(text)

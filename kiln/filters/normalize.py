@@ -1,0 +1,41 @@
+"""Unicode normalization: the first step for every document, so later rules see canonical text."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import ftfy
+
+from kiln.documents import Document
+from kiln.filters.base import Verdict, drop, keep
+
+# Control characters other than tab/newline/carriage return carry no text and break tokenizers.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\u200b\ufeff]")
+
+
+@dataclass
+class UnicodeNormalize:
+    name: ClassVar[str] = "normalize"
+    form: Literal["NFC", "NFKC", "NFD", "NFKD"] = "NFC"
+    fix_mojibake: bool = True  # ftfy repairs text that was decoded with the wrong codec upstream
+    strip_control: bool = True
+    newlines: bool = True  # \r\n and \r become \n
+
+    def __call__(self, doc: Document) -> Verdict:
+        text = doc.text
+        if self.fix_mojibake:
+            # Keep every other ftfy decision off: we only want mojibake repair, not cosmetic rewrites
+            # (curly quotes, ligatures) that would change code and reference text.
+            text = ftfy.fix_text(text, uncurl_quotes=False, fix_latin_ligatures=False,
+                                 fix_character_width=False, normalization=None)
+        if self.newlines:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        if self.strip_control:
+            text = _CONTROL.sub("", text)
+        text = unicodedata.normalize(self.form, text)
+        if not text.strip():
+            return drop(self.name, "empty_after_normalization", text)
+        return keep(text, chars_changed=int(text != doc.text))

@@ -1,0 +1,137 @@
+"""Shared text statistics for the quality steps: one place per concept (words, lines, n-grams, ...).
+
+Everything here is a pure function over `str` / `list[str]`, fast enough to run on every document.
+The word tokenizer is a regex approximation of the NLTK/spaCy tokenizers DataTrove uses: word runs
+(keeping inner apostrophes and hyphens: "don't", "state-of-the-art") and punctuation marks as
+separate tokens ("..." stays one token), so ratios such as "words with a letter" behave the same.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+# A token is a word run or a single punctuation/symbol mark ("..." kept whole).
+_TOKEN_RE = re.compile(r"\w+(?:['’\-]\w+)*|\.\.\.|[^\w\s]")
+# A word is a token with at least one letter, digit or underscore (DataTrove: "non-symbol word").
+_WORD_RE = re.compile(r"\w+(?:['’\-]\w+)*")
+_ALPHA_RE = re.compile(r"[^\W\d_]")  # one letter, any script
+_PARAGRAPH_RE = re.compile(r"\n{2,}")
+_LINE_RUN_RE = re.compile(r"\n+")
+# A sentence ends in . ! ? or … optionally followed by closing quotes/brackets, then space or end.
+_SENTENCE_END_RE = re.compile(r"[.!?…]+[\"'”’)\]]*(?=\s|$)")
+
+# C4 (TFDS c4_utils) and FineWeb: a line "ends in terminal punctuation" if it ends with one of these.
+TERMINAL_PUNCTUATION: tuple[str, ...] = (".", "?", "!", '"', "'")
+# Gopher: the ellipsis in both spellings.
+ELLIPSES: tuple[str, ...] = ("...", "…")
+# Gopher (as DataTrove): a bullet line starts with one of these after leading whitespace.
+BULLETS: tuple[str, ...] = ("•", "-")
+# Gopher (Rae et al. 2021, Table A1): a document must contain at least two of these.
+STOP_WORDS: frozenset[str] = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
+
+
+# ---- words -----------------------------------------------------------------------------------
+
+
+def tokens(text: str) -> list[str]:
+    """Words and punctuation marks, in order (the "words" of DataTrove's word_tokenize)."""
+    return _TOKEN_RE.findall(text)
+
+
+def words(text: str) -> list[str]:
+    """Word tokens only (no standalone punctuation/symbols)."""
+    return _WORD_RE.findall(text)
+
+
+def has_alpha(token: str) -> bool:
+    """True if the token contains at least one letter (any script)."""
+    return token.isalpha() or _ALPHA_RE.search(token) is not None
+
+
+# ---- lines, paragraphs, sentences ------------------------------------------------------------
+
+
+def lines(text: str) -> list[str]:
+    """Lines as `str.splitlines` sees them (no trailing empty line)."""
+    return text.splitlines()
+
+
+def nonempty_line_runs(text: str) -> list[str]:
+    """Split on runs of newlines (Gopher's line unit: blank lines are separators, not lines)."""
+    return _LINE_RUN_RE.split(text)
+
+
+def paragraphs(text: str) -> list[str]:
+    """Split the stripped text on blank lines (two or more newlines)."""
+    return _PARAGRAPH_RE.split(text.strip())
+
+
+def count_sentences(line: str) -> int:
+    """Approximate sentence count of a line: sentence-final punctuation marks, at least 1 if non-empty.
+
+    Stands in for the NLTK punkt `sent_tokenize` C4/DataTrove use; abbreviations may over-count.
+    """
+    if not line.strip():
+        return 0
+    return max(1, len(_SENTENCE_END_RE.findall(line)))
+
+
+# ---- duplicates and n-grams ------------------------------------------------------------------
+
+
+def find_duplicates(items: Iterable[str]) -> tuple[int, int]:
+    """(number of items seen before, total characters of those repeats): Gopher's duplicate counts."""
+    seen: set[str] = set()
+    dup_items = dup_chars = 0
+    for item in items:
+        if item in seen:
+            dup_items += 1
+            dup_chars += len(item)
+        else:
+            seen.add(item)
+    return dup_items, dup_chars
+
+
+def n_grams(ws: Sequence[str], n: int) -> list[tuple[str, ...]]:
+    """All contiguous n-grams of a word list, as tuples (built in C via zip)."""
+    if n <= 0 or len(ws) < n:
+        return []
+    return list(zip(*(ws[i:] for i in range(n))))
+
+
+def top_ngram_chars(ws: Sequence[str], n: int) -> int:
+    """Characters covered by the most frequent n-gram: count x length ("w1 w2", spaces included).
+
+    Gopher's "top n-gram character fraction" numerator (as DataTrove's find_top_duplicate). 0 if the
+    text has fewer than n words.
+    """
+    grams = n_grams(ws, n)
+    if not grams:
+        return 0
+    gram, count = Counter(grams).most_common(1)[0]
+    return (sum(map(len, gram)) + n - 1) * count
+
+
+def duplicated_ngram_chars(ws: Sequence[str], n: int) -> int:
+    """Characters (spaces excluded) in n-grams that repeat an earlier n-gram, without overlap.
+
+    Gopher's "duplicate n-gram character fraction" numerator, as DataTrove's find_all_duplicate:
+    scan left to right; on a repeat, count its characters and jump past it so no word counts twice.
+    """
+    grams = n_grams(ws, n)
+    if len(set(grams)) == len(grams):  # fast path: nothing repeats (typical clean prose)
+        return 0
+    seen: set[tuple[str, ...]] = set()
+    repeated = 0
+    i, last = 0, len(grams)
+    while i < last:
+        gram = grams[i]
+        if gram in seen:
+            repeated += sum(map(len, gram))
+            i += n
+        else:
+            seen.add(gram)
+            i += 1
+    return repeated

@@ -1,0 +1,85 @@
+"""Accelerators the planner knows: dense bf16 peak, memory, and intra-node link bandwidth.
+
+Peaks are the vendors' *dense* (no 2:4 sparsity) bf16 tensor-core numbers from the datasheets; MFU
+is always measured against these (PaLM, Chowdhery et al. 2022, App. B). Memory is the marketed
+capacity, used as GiB (nvidia-smi reports within ~1-2% of it). Link bandwidth is per GPU and per
+direction, i.e. half the bidirectional figure on the datasheet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+TERA = 1e12
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s
+    memory_gib: float
+    intra_node_gb_s: float  # per GPU, per direction (NVLink / Infinity Fabric / PCIe)
+    link: str  # what that bandwidth is, for explanations
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * 2**30
+
+    def with_peak(self, peak_flops: float | None) -> GpuSpec:
+        """The same GPU with an overridden peak (e.g. a measured matmul ceiling, or fp8)."""
+        if peak_flops is None:
+            return self
+        if not peak_flops > 0:
+            raise ValueError(f"peak FLOP/s override must be > 0, got {peak_flops}")
+        return replace(self, peak_flops=float(peak_flops))
+
+    def to_dict(self) -> dict[str, float | str]:
+        return {
+            "name": self.name,
+            "peak_tflops": self.peak_flops / TERA,
+            "memory_gib": self.memory_gib,
+            "intra_node_gb_s": self.intra_node_gb_s,
+            "link": self.link,
+        }
+
+
+GPUS: dict[str, GpuSpec] = {
+    spec.name: spec
+    for spec in (
+        GpuSpec("H100-SXM", 989 * TERA, 80, 450, "NVLink 4 (900 GB/s bidirectional)"),
+        GpuSpec("H100-PCIe", 756 * TERA, 80, 64, "PCIe 5.0 x16"),
+        GpuSpec("H200", 989 * TERA, 141, 450, "NVLink 4 (900 GB/s bidirectional)"),
+        GpuSpec("B200", 2250 * TERA, 180, 900, "NVLink 5 (1.8 TB/s bidirectional)"),
+        GpuSpec("A100-80GB", 312 * TERA, 80, 300, "NVLink 3 (600 GB/s bidirectional)"),
+        GpuSpec("A100-40GB", 312 * TERA, 40, 300, "NVLink 3 (600 GB/s bidirectional)"),
+        GpuSpec("A10", 125 * TERA, 24, 32, "PCIe 4.0 x16"),
+        # AWS's A10G runs its tensor cores at lower clocks than the A10: ~70 dense bf16 TFLOP/s.
+        GpuSpec("A10G", 70 * TERA, 24, 32, "PCIe 4.0 x16"),
+        GpuSpec("L4", 121 * TERA, 24, 32, "PCIe 4.0 x16"),
+        GpuSpec("L40S", 362 * TERA, 48, 32, "PCIe 4.0 x16"),
+        GpuSpec("MI300X", 1307 * TERA, 192, 448, "Infinity Fabric (7 x 64 GB/s per direction)"),
+    )
+}
+
+ALIASES = {"H100": "H100-SXM", "A100": "A100-80GB", "H200-SXM": "H200", "B200-SXM": "B200"}
+
+
+class UnknownGpu(ValueError):
+    """The GPU name is not in the table; the message lists the known names."""
+
+
+def known_gpu_names() -> list[str]:
+    return sorted(GPUS) + sorted(ALIASES)
+
+
+def lookup_gpu(name: str, peak_flops: float | None = None) -> GpuSpec:
+    """Case-insensitive lookup (aliases included); `peak_flops` overrides the datasheet peak."""
+    by_lower = {key.lower(): spec for key, spec in GPUS.items()}
+    by_lower.update({alias.lower(): GPUS[target] for alias, target in ALIASES.items()})
+    spec = by_lower.get(name.strip().lower())
+    if spec is None:
+        raise UnknownGpu(
+            f"unknown GPU {name!r}; known GPUs: {', '.join(known_gpu_names())} "
+            "(or pass a peak FLOP/s override with a known GPU of the same memory)"
+        )
+    return spec.with_peak(peak_flops)

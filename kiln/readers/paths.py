@@ -1,0 +1,74 @@
+"""Local and s3:// paths, directories and globs, through one interface (pyarrow's filesystems)."""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from pyarrow import fs as pafs
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    uri: str  # what the user would recognise: a local path or s3://bucket/key
+    relative: str  # stable locator used in doc ids: the path below the source's root
+
+    def open(self) -> BinaryIO:
+        if self.uri.startswith("s3://"):
+            filesystem, path = _s3_filesystem(self.uri)
+            return filesystem.open_input_stream(path)
+        return open(self.uri, "rb")
+
+
+def _s3_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    # AWS_ENDPOINT_URL points at S3-compatible stores (MinIO, moto) the same way boto3 honours it.
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    filesystem = pafs.S3FileSystem(endpoint_override=endpoint, region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+                                   scheme="http" if endpoint and endpoint.startswith("http://") else "https")
+    return filesystem, uri.removeprefix("s3://")
+
+
+def expand(pattern: str) -> list[SourceFile]:
+    """Files named by a path, a directory (recursively) or a glob, sorted so reading order is stable."""
+    if pattern.startswith("s3://"):
+        return _expand_s3(pattern)
+    if any(c in pattern for c in "*?["):
+        root = _glob_root(pattern)
+        paths = [Path(p) for p in glob.glob(pattern, recursive=True)]
+    else:
+        root = Path(pattern) if Path(pattern).is_dir() else Path(pattern).parent
+        paths = [p for p in Path(pattern).rglob("*")] if Path(pattern).is_dir() else [Path(pattern)]
+    files = sorted(p for p in paths if p.is_file() and not p.name.startswith("."))
+    return [SourceFile(str(p), str(p.relative_to(root)) if p.is_relative_to(root) else p.name) for p in files]
+
+
+def _glob_root(pattern: str) -> Path:
+    parts = []
+    for part in Path(pattern).parts:
+        if any(c in part for c in "*?["):
+            break
+        parts.append(part)
+    return Path(*parts) if parts else Path(".")
+
+
+def _expand_s3(pattern: str) -> list[SourceFile]:
+    filesystem, path = _s3_filesystem(pattern)
+    has_glob = any(c in path for c in "*?[")
+    prefix = path.split("*")[0].split("?")[0].split("[")[0].rstrip("/") if has_glob else path.rstrip("/")
+    info = filesystem.get_file_info(prefix)
+    if info.type == pafs.FileType.File:
+        infos = [info]
+    elif info.type == pafs.FileType.Directory:
+        infos = filesystem.get_file_info(pafs.FileSelector(prefix, recursive=True))
+    else:
+        return []
+    out = []
+    for i in sorted(infos, key=lambda i: i.path):
+        if i.type != pafs.FileType.File or (has_glob and not fnmatch.fnmatch(i.path, path)):
+            continue
+        out.append(SourceFile(f"s3://{i.path}", i.path[len(prefix):].lstrip("/") or i.base_name))
+    return out

@@ -1,0 +1,1 @@
+"""The Dagster code location: one `Definitions`, jobs, and the demo runner."""

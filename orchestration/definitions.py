@@ -1,0 +1,18 @@
+"""Kiln's code location: `dagster dev -w workspace.yaml` or `dagster asset materialize -m orchestration.definitions`."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets import curation
+from resources import KilnConfig, KilnStorage
+
+# The main job: the whole asset graph, run per source partition (cross-source steps read every partition).
+kiln_job = dg.define_asset_job("kiln", selection=dg.AssetSelection.all(),
+                               description="Everything from raw sources to curated documents, one source per run.")
+
+defs = dg.Definitions(
+    assets=dg.load_assets_from_modules([curation]),
+    jobs=[kiln_job],
+    resources={"kiln_config": KilnConfig(), "storage": KilnStorage()},
+)

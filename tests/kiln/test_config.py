@@ -1,0 +1,61 @@
+from pathlib import Path
+
+import pytest
+
+from kiln.config import ConfigError, load_config, parse_config
+
+DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+
+
+def minimal(**source_overrides):
+    source = {"name": "web", "kind": "jsonl", "path": "/data/*.jsonl", "license": "CC-BY-4.0", "domain": "web",
+              "profile": "prose"} | source_overrides
+    return {"sources": [source], "profiles": {"prose": ["gopher_quality", {"c4": {"min_num_sentences": 3}}]}}
+
+
+def test_default_config_is_valid():
+    config = load_config(DEFAULT)
+    assert {s.name for s in config.sources} >= {"python_docs", "package_readmes", "package_licenses", "stdlib_code"}
+    for source in config.sources:
+        assert source.profile in config.profiles
+
+
+def test_profile_steps_parse_both_forms():
+    config = parse_config(minimal())
+    steps = config.profile_for("web")
+    assert [s.step for s in steps] == ["gopher_quality", "c4"]
+    assert steps[1].params == {"min_num_sentences": 3}
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda c: c["sources"][0].update(kind="jsonx"), ["sources[0].kind", "'jsonx'", "'jsonl'"]),
+    (lambda c: c["sources"][0].update(quality_tier=9), ["sources[0].quality_tier", "9", "less than or equal to 5"]),
+    (lambda c: c["sources"][0].update(licence="MIT"), ["sources[0].licence", "did you mean 'license'"]),
+    (lambda c: c["sources"][0].update(profile="nope"), ["'nope'", "defined profiles: ['prose']"]),
+    (lambda c: c["sources"][0].pop("path"), ["no 'path'"]),
+    (lambda c: c["profiles"]["prose"].append("gopher_qualty"), ["profiles.prose[2]", "unknown step 'gopher_qualty'",
+                                                                "gopher_quality"]),
+    (lambda c: c["profiles"]["prose"].append({"c4": {"min_sentences": 2}}),
+     ["profiles.prose[2] (c4)", "min_sentences", "min_num_sentences"]),
+    (lambda c: c.update(sources=c["sources"] * 2), ["source names must be unique", "'web'"]),
+    (lambda c: c.update(curation={"workers": -1}), ["curation.workers", "-1", "greater than or equal to 0"]),
+    (lambda c: c.update(curation={"pii": {"types": ["email", "passport"]}}), ["curation.pii", "passport", "email"]),
+])
+def test_bad_config_names_key_value_and_what_is_allowed(mutate, expected):
+    raw = minimal()
+    mutate(raw)
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw, origin="test.yaml")
+    message = str(err.value)
+    assert message.startswith("test.yaml: invalid config")
+    for fragment in expected:
+        assert fragment in message, message
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sources: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)

@@ -1,0 +1,143 @@
+"""The curation engine without Dagster: conservation at every stage, cross-source exact dedup, PII."""
+
+import pyarrow.parquet as pq
+import pytest
+
+from kiln.config import parse_config
+from kiln.curation import apply_exact_dedup, content_hash, exact_duplicates, filter_documents, ingest, profile_steps, HashTable
+from kiln.storage import Store
+from tests.conftest import CLEAN_PROSE, prose, write_jsonl
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """Two sources sharing a document (case/whitespace differ), one with junk, PII and a broken line."""
+    shared = prose(100)
+    write_jsonl(tmp_path / "wiki" / "a.jsonl", [
+        {"id": "w1", "text": prose(1)},
+        {"id": "w2", "text": shared.upper().replace(" ", "  ")},   # same text after case/space folding
+        {"id": "w3", "text": prose(3) + " Write to jane.doe@example.com or call (415) 555-0134."},
+    ])
+    write_jsonl(tmp_path / "web" / "a.jsonl", [
+        {"id": "x1", "text": shared},
+        {"id": "x2", "text": prose(2)},
+        {"id": "x3", "text": "Click here to buy the best cheap watches online today.\n" * 40},  # junk
+        {"id": "x4", "text": prose(2)},                              # exact copy inside the source
+        "{broken json",
+    ])
+    raw = {
+        "sources": [
+            {"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC-BY", "domain": "web",
+             "quality_tier": 3, "profile": "prose"},
+            {"name": "wiki", "kind": "jsonl", "path": str(tmp_path / "wiki"), "license": "CC-BY-SA",
+             "domain": "reference", "quality_tier": 1, "profile": "prose"},
+        ],
+        "profiles": {"prose": ["language", "gopher_repetition", "gopher_quality"]},
+        "reading": {"rows_per_part": 2},
+        "curation": {"workers": 1},
+    }
+    return parse_config(raw), Store(tmp_path / "store")
+
+
+def run_all(config, store, workers=1):
+    stats = {}
+    for s in config.sources:
+        with store.staging("raw", s.name) as w:
+            r = ingest(s, config.reading, w, progress=False)
+            w.commit(code_version="t", config={}, inputs={}, counts={}, stats=r.to_dict())
+        with store.staging("filtered", s.name) as w:
+            f = filter_documents(store.files("raw", s.name, "documents"), profile_steps(config, s.name),
+                                 config.curation.exact_dedup, w, workers=workers, progress=False)
+            w.commit(code_version="t", config={}, inputs={}, counts={}, stats=f.to_dict())
+        stats[s.name] = (r, f)
+    dups = exact_duplicates([HashTable(s.name, s.quality_tier, store.read_table("filtered", s.name))
+                             for s in config.sources])
+    for s in config.sources:
+        with store.staging("curated", s.name) as w:
+            c = apply_exact_dedup(store.files("filtered", s.name, "documents"), dups, w)
+            w.commit(code_version="t", config={}, inputs={}, counts={}, stats=c.to_dict())
+        stats[s.name] += (c,)
+    return stats, dups
+
+
+def rows(store, asset, source, role):
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in store.files(asset, source, role))
+
+
+def test_conservation_holds_on_every_stage(corpus):
+    config, store = corpus
+    stats, _ = run_all(config, store)
+    for s in config.sources:
+        raw, filt, cur = stats[s.name]
+        assert raw.docs_in == rows(store, "raw", s.name, "documents") + rows(store, "raw", s.name, "quarantine")
+        assert filt.docs_in == rows(store, "raw", s.name, "documents")
+        assert filt.docs_in == rows(store, "filtered", s.name, "documents") + rows(store, "filtered", s.name, "rejected")
+        assert cur.docs_in == rows(store, "curated", s.name, "documents") + rows(store, "curated", s.name, "rejected")
+    assert stats["web"][0].steps["read"].dropped == {"malformed_json": 1}
+
+
+def test_cross_source_exact_dedup_keeps_the_better_tier_and_names_it(corpus):
+    config, store = corpus
+    _, dups = run_all(config, store)
+    web = store.read_table("curated", "web", "rejected").to_pylist()
+    wiki_ids = {r["doc_id"]: r for r in store.read_table("curated", "wiki").to_pylist()}
+    by_meta = {r["doc_id"]: r for r in store.read_table("raw", "web").to_pylist()}
+    rejected = {json_id(by_meta[r["doc_id"]]): r for r in web}
+    # x1 is the same text as wiki's w2 (case/whitespace folded): the tier-1 source keeps it.
+    assert rejected["x1"]["reason"] == "exact_dedup.duplicate"
+    assert rejected["x1"]["duplicate_of"] in wiki_ids
+    # x4 repeats x2 inside the web source: the earlier one is kept.
+    assert rejected["x4"]["duplicate_of"] == next(d for d, r in by_meta.items() if json_id(r) == "x2")
+    assert len(dups) == 2
+
+
+def json_id(row):
+    import json
+
+    return json.loads(row["meta"])["id"]
+
+
+def test_filters_drop_with_reasons_and_pii_is_redacted(corpus):
+    config, store = corpus
+    stats, _ = run_all(config, store)
+    rejected = store.read_table("filtered", "web", "rejected").to_pylist()
+    assert [r["reason"] for r in rejected] == ["gopher_repetition.dup_line_frac"]
+    assert rejected[0]["text"].startswith("Click here")  # the rejected table keeps the original text
+    assert all(r["stage"] == "filter" for r in rejected)
+    texts = " ".join(store.read_table("curated", "wiki").column("text").to_pylist())
+    assert "jane.doe@example.com" not in texts and "<EMAIL>" in texts and "<PHONE>" in texts
+    assert stats["wiki"][1].steps["pii"].counts == {"email": 1, "phone": 1}
+
+
+def test_parallel_filtering_matches_serial(corpus, tmp_path):
+    config, store = corpus
+    run_all(config, store, workers=1)
+    serial = store.read_table("filtered", "web").to_pylist()
+    parallel_store = Store(tmp_path / "parallel")
+    run_all(config, parallel_store, workers=2)
+    assert parallel_store.read_table("filtered", "web").to_pylist() == serial
+
+
+def test_content_hash_folds_case_and_whitespace_only():
+    from kiln.config import ExactDedup
+
+    d = ExactDedup()
+    assert content_hash("Hello   World\n", d) == content_hash("hello world", d)
+    assert content_hash("hello world.", d) != content_hash("hello world", d)
+    assert content_hash("Hello", ExactDedup(lowercase=False)) != content_hash("hello", ExactDedup(lowercase=False))
+
+
+def test_crash_mid_write_leaves_previous_version_intact(tmp_path):
+    import pyarrow as pa
+
+    store = Store(tmp_path)
+    with store.staging("a", "p") as w:
+        w.write("documents", pa.table({"x": [1]}))
+        first = w.commit(code_version="1", config={}, inputs={}, counts={})
+    with pytest.raises(RuntimeError):
+        with store.staging("a", "p") as w:
+            w.write("documents", pa.table({"x": [2, 3]}))
+            raise RuntimeError("killed mid-write")
+    assert store.manifest("a", "p").data_version == first.data_version
+    assert store.read_table("a", "p").column("x").to_pylist() == [1]
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["p"]  # no staging or half files left behind
