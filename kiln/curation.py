@@ -154,6 +154,14 @@ def _filter_part(task: _PartTask) -> StageStats:
     return stats
 
 
+def worker_pool_context():
+    """Not plain fork: the caller may be a threaded process (a Dagster step), where fork is unsafe. A
+    forkserver is single-threaded and, with kiln.curation preloaded, forks workers that start warm."""
+    context = get_context("forkserver")
+    context.set_forkserver_preload(["kiln.curation"])
+    return context
+
+
 def filter_documents(input_parts: list[Path], steps: list[StepSpec], dedup: ExactDedup, writer: DatasetWriter,
                      workers: int = 0, examples_per_reason: int = 3, progress: bool = True,
                      label: str = "filter") -> StageStats:
@@ -170,8 +178,7 @@ def filter_documents(input_parts: list[Path], steps: list[StepSpec], dedup: Exac
             total.merge(r, examples_per_reason)
             bar.update()
     else:
-        # spawn, not fork: the caller may be a threaded process (a Dagster step), where fork is unsafe.
-        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=worker_pool_context()) as pool:
             for r in pool.map(_filter_part, tasks):
                 total.merge(r, examples_per_reason)
                 bar.update()

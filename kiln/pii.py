@@ -50,19 +50,23 @@ class PiiMatch:
     end: int
 
 
-# Shared number boundaries: a match never starts or ends inside a longer token. `\w` stops
-# "x555-123-4567" and "4111...1111" inside a longer digit run; a digit joined by '.' or '-' stops the
-# middle of "12-555-123-4567" or "555-123-4567-89" (order numbers, part numbers).
-_NUM_L = r"(?<!\w)(?<![0-9][.-])"
+# Speed: Python's `re` jumps quickly to candidate positions only when a pattern starts with a literal
+# or a character class; a leading look-behind means a full match attempt at every position (~8x
+# slower over a whole corpus). So patterns consume their first character and then look behind it.
+#
+# Number boundaries: a match never starts or ends inside a longer token. `\w` stops "x555-123-4567"
+# and a card inside a longer digit run; a digit joined by '.' or '-' stops the middle of
+# "12-555-123-4567" or "555-123-4567-89" (order and part numbers).
+_LEAD = r"[0-9](?<!\w[0-9])(?<![0-9][.-][0-9])"  # first digit of a number that starts a token
 _NUM_R = r"(?!\w)(?![.-][0-9])"
 _ANY_DIGIT = re.compile(r"[0-9]")
 
 
 # --- email --------------------------------------------------------------------------------------
 # local@domain.tld with a TLD of 2+ letters: `@decorator`, `user@localhost` and `pip install pkg@1.2`
-# are not addresses. The look-behind lets a match start only at the beginning of a run of local-part
-# characters, so a long word is scanned once, not once per character. `icon@2x.png` (retina image
-# names) and `git@github.com:user/repo` (an SSH remote, not a mailbox) are excluded explicitly.
+# are not addresses. Retina image names (`icon@2x.png`) and SSH remotes (`git@github.com:user/repo`)
+# are excluded explicitly. Matching starts only at '@' signs (rare, found with str.find) and walks
+# back over the local part, at most 64 characters (RFC 5321).
 _EMAIL = re.compile(
     r"(?<![\w.%+-])"
     r"[\w%+-]+(?:\.[\w%+-]+)*"
@@ -70,33 +74,41 @@ _EMAIL = re.compile(
     r"(?:[^\W_][\w-]{0,62}\.)+"
     r"[^\W\d_]{2,63}(?![\w-])(?!:[\w~/])"
 )
+_LOCAL = frozenset(".%+-_")  # local-part characters besides letters and digits
 
 
 def _find_email(text: str) -> Iterator[tuple[int, int]]:
-    if "@" in text:
-        for m in _EMAIL.finditer(text):
+    at = text.find("@")
+    while at != -1:
+        start = at
+        # Back to the start of the local part; _EMAIL's look-behind rejects a run longer than 64.
+        while start > 0 and at - start <= 64 and (text[start - 1].isalnum() or text[start - 1] in _LOCAL):
+            start -= 1
+        m = _EMAIL.match(text, start)
+        if m is not None:
             yield m.span()
+        at = text.find("@", m.end() if m is not None else at + 1)
 
 
 # --- phone --------------------------------------------------------------------------------------
 # Only shapes that are unmistakably phone numbers: a bare 10-digit run is as likely an order id or a
 # timestamp, and national formats without a country code (020 7946 0958) look like any number list.
 #
-# North American: (555) 123-4567, 555-123-4567, 555.123.4567, optional leading 1. Area codes never
-# start with 0 or 1, which also keeps "123-456-7890"-style counters out. One separator throughout.
+# North American: (555) 123-4567, 555-123-4567, 555.123.4567 (one separator throughout), optionally
+# after a leading 1. Area codes never start with 0 or 1, which also keeps "123-456-7890" counters out.
+# The first character is consumed, then the branches look behind at what it was: '(' , an area
+# code's first digit, or a leading '1'.
 _PHONE_NANP = re.compile(
-    _NUM_L
-    + r"(?<!\+)(?:1[ .-]?)?"
-    + r"(?:\([2-9][0-9]{2}\) ?[0-9]{3}[.-][0-9]{4}"
-    + r"|[2-9][0-9]{2}(?P<sep>[.-])[0-9]{3}(?P=sep)[0-9]{4})"
-    + _NUM_R
+    r"[(0-9](?<![\w+][(0-9])(?<![0-9][.-][(0-9])"
+    r"(?:(?:(?<=\()|(?<=1)[ .-]?\()[2-9][0-9]{2}\) ?[0-9]{3}[.-][0-9]{4}"
+    r"|(?:(?<=[2-9])|(?<=1)[ .-]?[2-9])[0-9]{2}(?P<sep>[.-])[0-9]{3}(?P=sep)[0-9]{4})" + _NUM_R
 )
 # International: +CC then digit groups split by single spaces, dots or dashes, optionally with a
 # parenthesised area/trunk code: +44 20 7946 0958, +44 (0)20 7946 0958, +1-555-123-4567,
 # +7 (495) 123-45-67, or unseparated +8613812345678. Each group is a maximal digit run ended by a
 # separator, so there is no ambiguous split to backtrack over.
 _PHONE_INTL = re.compile(
-    r"(?<![\w+])\+[1-9](?:"
+    r"\+(?<![\w+]\+)[1-9](?:"
     r"[0-9]{7,14}"
     r"|[0-9]{0,2}(?:[ .-]?\([0-9]{1,4}\)[ .-]?[0-9]{1,5}|[ .-][0-9]{1,5})(?:[ .-][0-9]{1,5}){1,4}"
     r")" + _NUM_R
@@ -115,64 +127,89 @@ def _intl_phone_ok(s: str) -> bool:
 def _find_phone(text: str) -> Iterator[tuple[int, int]]:
     for m in _PHONE_NANP.finditer(text):
         yield m.span()
-    if "+" in text:
-        for m in _PHONE_INTL.finditer(text):
-            if _intl_phone_ok(m.group()):
-                yield m.span()
+    for m in _PHONE_INTL.finditer(text):
+        if _intl_phone_ok(m.group()):
+            yield m.span()
 
 
 # --- ipv4 ---------------------------------------------------------------------------------------
-# Four dotted octets 0-255 without leading zeros. A fifth part or a letter attached means a version
-# ("1.2.3.4.5", "v1.2.3.4"), as does a preceding "version"/"release"/"build" word. Otherwise a
-# four-part number IS indistinguishable from an address and is redacted.
-_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
-_IPV4 = re.compile(rf"(?<!\w)(?<![0-9]\.){_OCTET}(?:\.{_OCTET}){{3}}(?!\w)(?!\.[0-9])")
-_VERSION_BEFORE = re.compile(r"(?i)\b(?:version|release|build|ver|rev)\.?\s*[:=#]?\s*$")
+# Four dotted numbers, each 0-255 without leading zeros. More parts or a letter or '.' attached mean
+# a version, section or OID ("1.2.3.4.5", "v1.2.3.4", "11.2.0.4.v3", "#id.3.1.3.2"), as does a
+# preceding "version"/"section"/"Identifier(" word or a version specifier (">=3.10.0.2"). Netmasks
+# and hostmasks (255.255.255.0, 0.0.0.255) identify no one. Otherwise a four-part number IS
+# indistinguishable from an address ("Python 3.11.7.1" included) and is redacted.
+_IPV4 = re.compile(r"[0-9](?<![\w.][0-9])[0-9]{0,2}(?:\.[0-9]{1,3}){3}(?!\w)(?!\.\w)")
+_NOT_AN_ADDRESS_BEFORE = re.compile(
+    r"(?i)(?:(?:version\w*|identifier|(?<![a-z])(?:ver|rev|release|build|section|sec|chapter|rfc|oid|§))"
+    r"s?\.?\W{0,4}|[<>!~=]=\s*)$"
+)
+
+
+def _ipv4_ok(s: str) -> bool:
+    octets = s.split(".")
+    if any(int(o) > 255 or (o[0] == "0" and o != "0") for o in octets):
+        return False
+    n = int.from_bytes(bytes(int(o) for o in octets), "big")
+    inverse = n ^ 0xFFFFFFFF
+    is_mask = (n & (n + 1)) == 0 or (inverse & (inverse + 1)) == 0  # 0...01...1 or 1...10...0
+    return not is_mask
 
 
 def _find_ipv4(text: str, keep: frozenset[str]) -> Iterator[tuple[int, int]]:
     for m in _IPV4.finditer(text):
-        if m.group() in keep or _VERSION_BEFORE.search(text, max(0, m.start() - 16), m.start()):
+        if m.group() in keep or not _ipv4_ok(m.group()):
+            continue
+        if _NOT_AN_ADDRESS_BEFORE.search(text, max(0, m.start() - 24), m.start()):
             continue
         yield m.span()
 
 
 # --- ipv6 ---------------------------------------------------------------------------------------
-# A cheap candidate (2-7 colons between hex groups, optional dotted-quad tail), then `ipaddress`
-# decides. That rejects times (12:30:45), MAC addresses and slices. `::` and `::1` identify no one.
-# A compressed form with fewer than 4 hex digits or no decimal digit at all ("a::b", "dead::beef") is
-# far more often a C++/Rust scope than an address; a full 8-group form is always an address.
-_IPV6 = re.compile(
-    r"(?<![\w:.])"
-    r"[0-9A-Fa-f]{0,4}(?::(?:(?:[0-9]{1,3}\.){3}[0-9]{1,3}|[0-9A-Fa-f]{0,4})){2,7}"
-    r"(?![\w:])(?!\.[0-9])"
-)
+# Every address has two colons at most 4 hex digits apart: find those (rare outside addresses and
+# `::` scopes), step back over the first group, match a candidate of hex digits and colons (optional
+# dotted-quad tail), and let `ipaddress` decide. That rejects times (12:30:45), MAC addresses and
+# slices. `::` and `::1` identify no one. A compressed form with a single group, fewer than 4 hex
+# digits or no decimal digit at all ("a[::1000]", "2001::/32", "a::b", "dead::beef") is far more often
+# a slice, a prefix or a C++/Rust scope than an address; a full 8-group form is always an address.
+_IPV6_GATE = re.compile(r":[0-9A-Fa-f]{0,4}:")
+_IPV6 = re.compile(r"(?<![\w:.])[0-9A-Fa-f:]{2,45}(?:\.[0-9]{1,3}){0,3}(?![\w:])(?!\.[0-9])")
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 
 def _ipv6_ok(s: str) -> bool:
+    if "::" in s and (
+        sum(1 for g in s.split(":") if g) < 2
+        or sum(c in _HEX for c in s) < 4
+        or not any(c.isdigit() for c in s)
+    ):
+        return False
     try:
         addr = ipaddress.IPv6Address(s)
     except ValueError:
         return False
-    if addr.is_unspecified or addr.is_loopback:
-        return False
-    if "::" in s:
-        return sum(c in _HEX for c in s) >= 4 and any(c.isdigit() for c in s)
-    return True
+    return not (addr.is_unspecified or addr.is_loopback)
 
 
 def _find_ipv6(text: str) -> Iterator[tuple[int, int]]:
-    if ":" in text:
-        for m in _IPV6.finditer(text):
-            if _ipv6_ok(m.group()):
-                yield m.span()
+    pos = 0
+    while (g := _IPV6_GATE.search(text, pos)) is not None:
+        start = g.start()
+        while start > 0 and g.start() - start < 4 and text[start - 1] in _HEX:
+            start -= 1
+        m = _IPV6.match(text, start)
+        if m is not None and _ipv6_ok(m.group()):
+            yield m.span()
+            pos = m.end()
+        else:
+            pos = g.start() + 1
 
 
 # --- us_ssn -------------------------------------------------------------------------------------
-# AAA-GG-SSSS with the SSA's never-issued values excluded: area 000, 666 or 900-999, group 00, serial
-# 0000. Dashes only: a bare 9-digit run or "123 45 6789" is more often something else.
-_SSN = re.compile(_NUM_L + r"(?!000|666|9)[0-9]{3}-(?!00)[0-9]{2}-(?!0000)[0-9]{4}" + _NUM_R)
+# AAA-GG-SSSS minus what the SSA never issues: area 000, 666 or 900-999, group 00, serial 0000.
+# Dashes only: a bare 9-digit run or "123 45 6789" is more often something else.
+_SSN = re.compile(
+    _LEAD + r"[0-9]{2}(?<!000)(?<!666)(?<!9[0-9]{2})-[0-9]{2}(?<!-00)-[0-9]{4}(?<!0000)" + _NUM_R
+)
 
 
 def _find_ssn(text: str) -> Iterator[tuple[int, int]]:
@@ -187,9 +224,7 @@ def _find_ssn(text: str) -> Iterator[tuple[int, int]]:
 # checksum every issued card carries (rejects 90% of random runs) and start with a prefix that a card
 # network actually issues, at a length that network uses.
 _CARD = re.compile(
-    _NUM_L
-    + r"(?:[0-9]{13,19}|[0-9]{4}(?P<sep>[ -])[0-9]{4,6}(?:(?P=sep)[0-9]{1,6}){1,3})"
-    + _NUM_R
+    _LEAD + r"(?:[0-9]{12,18}|[0-9]{3}(?P<sep>[ -])[0-9]{4,6}(?:(?P=sep)[0-9]{1,6}){1,3})" + _NUM_R
 )
 _R16_19 = (16, 17, 18, 19)
 _R14_19 = (14, 15, 16, 17, 18, 19)
@@ -231,6 +266,8 @@ def _luhn_ok(digits: str) -> bool:
 
 
 def _card_ok(digits: str) -> bool:
+    if digits.endswith("0000"):  # round numbers are amounts and powers; 1 in 10,000 real cards
+        return False
     n = len(digits)
     for low, high, lengths in _CARD_IIN:
         if n in lengths and low <= digits[: len(low)] <= high:
@@ -265,38 +302,46 @@ def _find_card(text: str) -> Iterator[tuple[int, int]]:
 # `password = "..."` assignment only when the value is long and random-looking, and then only the
 # value (the key name is harmless and keeps code readable).
 
-# PEM private keys, whole block. A block cut off before its END line (truncated documents) loses its
-# header and base64 body lines.
+# PEM private keys: BEGIN line, optional RFC 1421 headers (Proc-Type, DEK-Info), base64 lines, END
+# line, replaced whole. Lines may be broken by real newlines or by "\n" escapes (keys pasted into
+# string literals). At least one base64 line is required, so code and docs that only name the
+# markers stay. A block cut off before its END line (truncated documents) loses what it has.
+_PEM_NL = r"(?:(?:\r?\n|(?:\\r)?\\n)[ \t]*)+"
 _PEM = re.compile(
-    r"-----BEGIN ((?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?)-----"
-    r"(?:[\s\S]{0,20000}?-----END \1-----|(?:\r?\n[A-Za-z0-9+/=]{16,})*)"
+    r"-----BEGIN ((?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?)-----[ \t]*"
+    r"(?:" + _PEM_NL + r"[A-Za-z-]+:[^\r\n\\]*)*"
+    r"(?:" + _PEM_NL + r"[A-Za-z0-9+/=]+[ \t]*)+"
+    r"(?:" + _PEM_NL + r"-----END \1-----)?"
 )
 # AWS access key ids (long-term AKIA, temporary ASIA).
-_AWS_KEY_ID = re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])")
-# AWS secret access keys have no prefix: only when assigned to a key that says what they are.
-_AWS_SECRET = re.compile(
-    r"(?i:aws[_-]?secret[_-]?(?:access[_-]?)?key)[\"']?\s*(?::=|=>|[:=])\s*[\"']?"
-    r"(?P<v>[A-Za-z0-9/+=]{40})(?![A-Za-z0-9/+=])"
-)
+_AWS_KEY_ID = re.compile(r"A(?<![A-Za-z0-9]A)(?:KIA|SIA)[A-Z0-9]{16}(?![A-Za-z0-9])")
 # GitHub (classic ghp_/gho_/ghu_/ghs_/ghr_, fine-grained github_pat_) and Slack tokens. Slack ones must
 # contain a digit so documentation placeholders like "xoxb-your-token-here" stay.
-_TOKEN = re.compile(
-    r"(?<![A-Za-z0-9_])(?:"
-    r"gh[pousr]_[A-Za-z0-9]{36,251}"
-    r"|github_pat_[A-Za-z0-9_]{22,251}"
-    r"|xox[abpr]-(?=[A-Za-z-]{0,250}[0-9])[A-Za-z0-9-]{10,250}"
-    r")(?![A-Za-z0-9_-])"
+_GITHUB_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_")
+_GITHUB_TOKEN = re.compile(
+    r"(?:gh[pousr]_(?<![A-Za-z0-9_]gh._)[A-Za-z0-9]{36,251}"
+    r"|github_pat_(?<![A-Za-z0-9_]github_pat_)[A-Za-z0-9_]{22,251})(?![A-Za-z0-9_-])"
 )
-# key = value where the key name ends in a credential word (camelCase or snake_case, any prefix:
-# dbPassword, GITHUB_TOKEN, client_secret, SECRET_KEY). The key must END there: "tokenizer_name" and
-# "password_hint" are not credentials.
-_ASSIGNED = re.compile(
-    r"(?i)(?:api[_-]?key|access[_-]?key|private[_-]?key|secret|token|passw(?:or)?d|pwd|credentials?)"
-    r"(?:[_-]?(?:access[_-]?)?key|s)?"
+_SLACK_TOKEN = re.compile(
+    r"xox[abpr]-(?<![A-Za-z0-9_]xox.-)(?=[A-Za-z-]{0,250}[0-9])[A-Za-z0-9-]{10,250}(?![A-Za-z0-9_-])"
+)
+# Assignments `key = "value"`, `"key": "value"`, `key => 'value'`, and unquoted `KEY=value` lines as in
+# .env, YAML or INI files and URL queries (`?token=...&`). Unquoted values must end the line (or the
+# query parameter) so code like `token = self.get_token(...)` or `key: SomeTypeName,` stays. The key
+# name must END in a credential word, in any case and with any prefix (dbPassword, GITHUB_TOKEN,
+# client_secret, SECRET_KEY, aws_secret_access_key): "tokenizer_name" and "password_hint" are not.
+# Keywords are found in an ASCII-lowercased copy (a case-insensitive alternation would be tried at
+# every position), the rest is matched on the original text right after each keyword.
+_SECRET_KEYWORD = re.compile(
+    r"api[_-]?key|access[_-]?key|private[_-]?key|secret|token|passw(?:or)?d|pwd|credentials?"
+)
+_ASSIGNED_VALUE = re.compile(
+    r"(?:[_-]?(?:access[_-]?)?[Kk][Ee][Yy]|[Ss])?"
     r"[\"']?\s*(?::=|=>|[:=])\s*"
     r"(?:(?P<q>[\"'`])(?P<qv>[^\s\"'`<>]{16,256})(?P=q)"
-    r"|(?P<v>[A-Za-z0-9+/=_.~-]{16,256})(?![A-Za-z0-9+/=_.~-]))"
+    r"|(?P<v>[A-Za-z0-9+/=_~-]{16,256})(?=[ \t]*(?:[\r\n&]|\Z|\s#)))"
 )
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
 def _shannon_bits(s: str) -> float:
@@ -304,10 +349,12 @@ def _shannon_bits(s: str) -> float:
     return -sum(c / n * math.log2(c / n) for c in Counter(s).values())
 
 
-def _assigned_secret_ok(v: str) -> bool:
+def _assigned_secret_ok(v: str, aws: bool) -> bool:
     # Random-looking: letters AND digits, >= 3 bits of entropy per character. Not a URL, a path, an
-    # environment/template reference or a dotted attribute chain.
-    if "://" in v or v[0] in "/.~$%{" or not any(c.isdigit() for c in v) or not any(c.isalpha() for c in v):
+    # environment/template reference. AWS secret keys (exactly 40 base64 characters) may lack digits.
+    if "://" in v or v[0] in "/.~$%{" or not any(c.isalpha() for c in v):
+        return False
+    if not (any(c.isdigit() for c in v) or (aws and len(v) == 40)):
         return False
     return _shannon_bits(v) >= 3.0
 
@@ -316,17 +363,24 @@ def _find_secret(text: str) -> Iterator[tuple[int, int]]:
     if "PRIVATE KEY" in text:
         for m in _PEM.finditer(text):
             yield m.span()
-    if "AKIA" in text or "ASIA" in text:
-        for m in _AWS_KEY_ID.finditer(text):
+    for m in _AWS_KEY_ID.finditer(text):
+        yield m.span()
+    if any(p in text for p in _GITHUB_PREFIXES):
+        for m in _GITHUB_TOKEN.finditer(text):
             yield m.span()
-    if "gh" in text or "xox" in text:
-        for m in _TOKEN.finditer(text):
+    if "xox" in text:
+        for m in _SLACK_TOKEN.finditer(text):
             yield m.span()
-    for m in _AWS_SECRET.finditer(text):
-        yield m.span("v")
-    for m in _ASSIGNED.finditer(text):
+    lowered = text.lower()
+    if len(lowered) != len(text):  # a few non-ASCII characters lowercase to two ("İ")
+        lowered = text.translate(_ASCII_LOWER)
+    for k in _SECRET_KEYWORD.finditer(lowered):
+        m = _ASSIGNED_VALUE.match(text, k.end())
+        if m is None:
+            continue
         group = "qv" if m.group("qv") is not None else "v"
-        if _assigned_secret_ok(m.group(group)):
+        aws = "aws" in lowered[max(0, k.start() - 4) : k.start()]
+        if _assigned_secret_ok(m.group(group), aws):
             yield m.span(group)
 
 

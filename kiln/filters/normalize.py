@@ -26,16 +26,17 @@ class UnicodeNormalize:
 
     def __call__(self, doc: Document) -> Verdict:
         text = doc.text
-        if self.fix_mojibake:
-            # Keep every other ftfy decision off: we only want mojibake repair, not cosmetic rewrites
-            # (curly quotes, ligatures) that would change code and reference text.
-            text = ftfy.fix_text(text, uncurl_quotes=False, fix_latin_ligatures=False,
-                                 fix_character_width=False, normalization=None)
+        if not text.isascii():  # ASCII has no mojibake and is already in every normal form: skip the slow part
+            if self.fix_mojibake:
+                # Only mojibake repair: no cosmetic rewrites (curly quotes, ligatures, widths) that would
+                # change code and reference text.
+                text = ftfy.fix_text(text, uncurl_quotes=False, fix_latin_ligatures=False,
+                                     fix_character_width=False, normalization=None)
+            text = unicodedata.normalize(self.form, text)
         if self.newlines:
             text = text.replace("\r\n", "\n").replace("\r", "\n")
         if self.strip_control:
             text = _CONTROL.sub("", text)
-        text = unicodedata.normalize(self.form, text)
         if not text.strip():
             return drop(self.name, "empty_after_normalization", text)
         return keep(text, chars_changed=int(text != doc.text))

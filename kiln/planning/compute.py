@@ -54,7 +54,9 @@ def flops_for_gpu_hours(gpu_hours: float, peak_flops: float, mfu: float) -> floa
     return gpu_hours * SECONDS_PER_HOUR * peak_flops * mfu
 
 
-def flops_for_budget_usd(budget_usd: float, price_per_gpu_hour: float, peak_flops: float, mfu: float) -> float:
+def flops_for_budget_usd(
+    budget_usd: float, price_per_gpu_hour: float, peak_flops: float, mfu: float
+) -> float:
     """Dollars → GPU-hours → FLOPs actually delivered at the given MFU."""
     _require_positive(budget_usd=budget_usd, price_per_gpu_hour=price_per_gpu_hour)
     return flops_for_gpu_hours(budget_usd / price_per_gpu_hour, peak_flops, mfu)

@@ -79,7 +79,7 @@ def lookup_gpu(name: str, peak_flops: float | None = None) -> GpuSpec:
     spec = by_lower.get(name.strip().lower())
     if spec is None:
         raise UnknownGpu(
-            f"unknown GPU {name!r}; known GPUs: {', '.join(known_gpu_names())} "
-            "(or pass a peak FLOP/s override with a known GPU of the same memory)"
+            f"unknown GPU {name!r}; known GPUs: {', '.join(known_gpu_names())} (for another GPU, name "
+            "a known one with the same memory and override its peak, e.g. --peak-tflops)"
         )
     return spec.with_peak(peak_flops)

@@ -30,7 +30,7 @@ BYTES_GRAD = 2  # bf16 gradients (2Ψ)
 BYTES_OPTIMIZER = 12  # fp32 master weights + Adam m + Adam v (K = 12, KΨ)
 BYTES_LOGIT = 4  # one fp32 copy of the logits for the cross-entropy (not in Korthikanti's per-layer count)
 # DeepSpeed's own ZeRO-3 estimator (estimate_zero3_model_states_mem_needs) budgets 4 bytes per parameter
-# of the largest layer: its all-gathered bf16 weights and their bf16 gradients live unpartitioned on every GPU.
+# of the largest layer: its all-gathered bf16 weights and bf16 gradients, unpartitioned on every GPU.
 BYTES_GATHERED_LAYER = 4
 
 
@@ -58,8 +58,8 @@ class ModelShape:
 
     @property
     def non_embedding_params(self) -> int:
-        # Kaplan et al. 2020, Table 1: N ≈ 2·d_model·n_layer·(2·d_attn + d_ff) (= 12·L·d² for d_ff = 4d);
-        # biases and norms (< 0.1%) are left out.
+        # Kaplan et al. 2020, Table 1: N ≈ 2·d_model·n_layer·(2·d_attn + d_ff), i.e. 12·L·d² for
+        # d_ff = 4d; biases and norms (< 0.1%) are left out.
         return self.n_layers * (4 * self.d_model**2 + 2 * self.d_model * self.ffn_width)
 
     @property
@@ -172,8 +172,8 @@ class MemoryEstimate:
         return self.model_states + self.gathered_layer + self.activations + self.logits
 
     def to_dict(self) -> dict[str, float]:
-        parts = ("weights", "gradients", "optimizer", "gathered_layer", "activations", "logits", "cpu_offloaded")
-        out = {f"{name}_gib": getattr(self, name) / GIB for name in parts}
+        parts = ("weights", "gradients", "optimizer", "gathered_layer", "activations", "logits")
+        out = {f"{name}_gib": getattr(self, name) / GIB for name in (*parts, "cpu_offloaded")}
         out.update({"model_states_gib": self.model_states / GIB, "total_gib": self.total / GIB})
         return out
 

@@ -83,7 +83,8 @@ class ParametricLoss:
 
     def optimal_allocation(self, flops: float, method: str = "hoffmann fit") -> Allocation:
         """argmin L(N, D) s.t. 6ND = C (Hoffmann et al. 2022, Eq. 4 and App. D.2):
-        N_opt = G·(C/6)^a, D_opt = G^-1·(C/6)^b, G = (αA/βB)^(1/(α+β)), a = β/(α+β), b = α/(α+β)."""
+        N_opt = G·(C/6)^a, D_opt = G^-1·(C/6)^b,
+        G = (αA/βB)^(1/(α+β)), a = β/(α+β), b = α/(α+β)."""
         _require_positive_flops(flops)
         total = self.alpha + self.beta
         g = (self.alpha * self.A / (self.beta * self.B)) ** (1.0 / total)
@@ -176,7 +177,8 @@ class InferenceAwareAllocation:
 
     @property
     def reference_total_flops(self) -> float:
-        return self.reference.flops + INFERENCE_FLOPS_PER_PARAM_TOKEN * self.reference.n_params * self.inference_tokens
+        inference = INFERENCE_FLOPS_PER_PARAM_TOKEN * self.reference.n_params * self.inference_tokens
+        return self.reference.flops + inference
 
     def to_dict(self) -> dict[str, float | dict]:
         return {
@@ -197,20 +199,20 @@ class InferenceAwareAllocation:
 
 
 def _cheapest_on_iso_loss(law: ParametricLoss, loss: float, inference_tokens: float) -> tuple[float, float]:
-    """(N, D) on L(N, D) = loss minimising 6ND + 2N·D_inf (1-D search over log N).
+    """(N, D) on L(N, D) = loss minimising 6ND + 2N·D_inf (golden-section search over log N).
 
-    Along the iso-loss curve D(N) falls from ∞ (at the smallest feasible N) to a floor, so training
-    cost 6N·D(N) has one minimum (the compute-optimal model for this loss) and the inference term
-    2N·D_inf only grows with N: the total is unimodal in log N."""
+    Along the iso-loss curve D(N) falls from ∞ at the smallest feasible N, N_min = (A/(loss-E))^(1/α),
+    and training cost 6N·D(N) has a single minimum, the compute-optimal model for this loss, where
+    d log(N·D)/d log N = 0, i.e. at log N = log N_min + (1/α)·log(1 + α/β). The inference term
+    2N·D_inf only grows with N, so the minimum of the total lies between those two points."""
     log_n_min = math.log(law.min_params_for_loss(loss))
+    log_n_compute_optimal = log_n_min + math.log1p(law.alpha / law.beta) / law.alpha
 
     def log_total(log_n: float) -> float:
         n = math.exp(log_n)
         return math.log(6.0 * n * law.tokens_for_loss(loss, n) + 2.0 * n * inference_tokens)
 
-    # Compute-optimal N sits ~(1/α)·log(1 + α/β) above the feasibility edge in log N; 30 nats of
-    # search range (a factor 1e13 in N) is far beyond it for any α, β the fit could produce.
-    log_n = _golden_section_min(log_total, log_n_min + 1e-12, log_n_min + 30.0)
+    log_n = _golden_section_min(log_total, log_n_min + 1e-12, log_n_compute_optimal)
     n_params = math.exp(log_n)
     return n_params, law.tokens_for_loss(loss, n_params)
 
@@ -242,9 +244,8 @@ def inference_aware_for_budget(
         raise ValueError(f"inference_tokens must be >= 0, got {inference_tokens}")
     reference = law.optimal_allocation(flops)
     if inference_tokens == 0:
-        return InferenceAwareAllocation(
-            reference.n_params, reference.tokens, 0.0, law.loss(reference.n_params, reference.tokens), reference
-        )
+        loss = law.loss(reference.n_params, reference.tokens)
+        return InferenceAwareAllocation(reference.n_params, reference.tokens, 0.0, loss, reference)
 
     def training_cost(loss: float) -> float:
         return training_flops(*_cheapest_on_iso_loss(law, loss, inference_tokens))
@@ -272,6 +273,7 @@ def inference_aware_for_budget(
 MIN_RUNS_COMPUTE_LAW = 3
 MIN_RUNS_PARAMETRIC_LAW = 5
 MIN_RUNS_FOR_FLOOR = 4  # L(C) = a·C^-b + e has 3 parameters: identify e only with ≥ 1 residual dof
+MIN_DISTINCT_LEVELS = 3  # of N and of D for L(N, D): each power law with its share of E needs three
 
 
 class NotEnoughRuns(ValueError):
@@ -299,7 +301,9 @@ def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def _power_law_given_floors(log_c: np.ndarray, loss: np.ndarray, floors: np.ndarray) -> tuple[np.ndarray, ...]:
+def _power_law_given_floors(
+    log_c: np.ndarray, loss: np.ndarray, floors: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each floor e: least squares of log(L - e) = log a - b·log C; returns (log a, b, SSE in L)."""
     x = log_c - log_c.mean()
     y = np.log(loss[None, :] - floors[:, None])
@@ -430,7 +434,8 @@ def _fit_parametric(n: np.ndarray, d: np.ndarray, loss: np.ndarray) -> tuple[Par
         )
         coefs, sse = _nnls_batched(design, loss)
         best = int(np.argmin(sse))
-        centre, half_width, points = np.array([grid_a[best], grid_b[best]]), 2.0 * half_width / (points - 1), 11
+        centre = np.array([grid_a[best], grid_b[best]])
+        half_width, points = 2.0 * half_width / (points - 1), 11  # ± two old grid steps, finer
     alpha, beta = centre
     e, a_ref, b_ref = coefs[best]
     law = ParametricLoss(E=float(e), A=float(a_ref * n_ref**alpha), B=float(b_ref * d_ref**beta),
@@ -457,7 +462,9 @@ class ParametricLawFit:
     def optimal_params_interval(self, flops: float, level: float = 0.9) -> tuple[float, float]:
         return _interval(np.array([law.optimal_allocation(flops).n_params for law in self.samples]), level)
 
-    def to_dict(self, n_params: float | None = None, tokens: float | None = None, flops: float | None = None) -> dict:
+    def to_dict(
+        self, n_params: float | None = None, tokens: float | None = None, flops: float | None = None
+    ) -> dict:
         out: dict = {"law": self.law.to_dict(), "n_runs": self.n_runs, "rmse": self.rmse,
                      "n_bootstrap": len(self.samples)}
         if n_params is not None and tokens is not None:
@@ -470,15 +477,17 @@ class ParametricLawFit:
 
 
 def fit_parametric_law(runs: Sequence[RunPoint], n_bootstrap: int = 50, seed: int = 0) -> ParametricLawFit:
-    """Fit L(N, D) = E + A/N^α + B/D^β (Hoffmann form) to ≥ 5 runs spanning ≥ 2 sizes and ≥ 2 token
-    counts. Least squares on the loss (Hoffmann et al. use a Huber loss on log L; with a handful of
-    clean runs the difference is small). Uncertainty: bootstrap over runs."""
+    """Fit L(N, D) = E + A/N^α + B/D^β (Hoffmann form) to ≥ 5 runs spanning ≥ 3 sizes and ≥ 3 token
+    counts (with two levels of D any β fits exactly: B/D^β is then only a difference).
+
+    Least squares on the loss (Hoffmann et al. use a Huber loss on log L; with a handful of clean
+    runs the difference is small). Uncertainty: bootstrap over runs."""
     sizes, token_counts = {run.n_params for run in runs}, {run.tokens for run in runs}
-    if len(runs) < MIN_RUNS_PARAMETRIC_LAW or len(sizes) < 2 or len(token_counts) < 2:
+    if len(runs) < MIN_RUNS_PARAMETRIC_LAW or min(len(sizes), len(token_counts)) < MIN_DISTINCT_LEVELS:
         raise NotEnoughRuns(
-            f"fitting L(N, D) needs at least {MIN_RUNS_PARAMETRIC_LAW} finished runs spanning at least 2 "
-            f"model sizes and 2 token counts; got {len(runs)} runs, {len(sizes)} sizes, "
-            f"{len(token_counts)} token counts"
+            f"fitting L(N, D) needs at least {MIN_RUNS_PARAMETRIC_LAW} finished runs spanning at least "
+            f"{MIN_DISTINCT_LEVELS} model sizes and {MIN_DISTINCT_LEVELS} token counts; got {len(runs)} runs, "
+            f"{len(sizes)} sizes, {len(token_counts)} token counts"
         )
     n = np.array([run.n_params for run in runs], dtype=float)
     d = np.array([run.tokens for run in runs], dtype=float)
@@ -488,7 +497,7 @@ def fit_parametric_law(runs: Sequence[RunPoint], n_bootstrap: int = 50, seed: in
     samples = []
     for _ in range(n_bootstrap):
         idx = rng.integers(0, len(runs), len(runs))
-        if len(set(n[idx])) >= 2 and len(set(d[idx])) >= 2 and len(set(idx)) >= 3:
+        if min(len(set(n[idx])), len(set(d[idx]))) >= MIN_DISTINCT_LEVELS:
             samples.append(_fit_parametric(n[idx], d[idx], loss[idx])[0])
     return ParametricLawFit(law, len(runs), math.sqrt(sse / len(runs)), tuple(samples))
 
@@ -522,7 +531,8 @@ def runs_from_mlflow(tracking_uri: str, experiment_name: str) -> list[RunPoint]:
         )
         for run in page:
             params, metrics = run.data.params, run.data.metrics
-            if MLFLOW_METRIC_LOSS not in metrics or not {MLFLOW_PARAM_N_PARAMS, MLFLOW_PARAM_TOKENS} <= set(params):
+            required_params = {MLFLOW_PARAM_N_PARAMS, MLFLOW_PARAM_TOKENS}
+            if MLFLOW_METRIC_LOSS not in metrics or not required_params <= set(params):
                 continue
             flops = params.get(MLFLOW_PARAM_FLOPS)
             points.append(

@@ -1,0 +1,96 @@
+"""Curation throughput on the embedded corpus: each step alone, then the whole chain on 1 and all cores.
+
+    .venv/bin/python bench/curation_bench.py [--config configs/default.yaml] [--limit 1000]
+
+Prints docs/s and MB/s per core for every step (single process, on the documents that reach it in
+its profile order would be unfair to late steps, so every step sees every document of the sources
+whose profile uses it), and for the whole chain through the process pool. Figures are for the machine
+it runs on; quote them with the machine named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kiln.config import load_config  # noqa: E402
+from kiln.curation import worker_pool_context, filter_documents, ingest, profile_steps  # noqa: E402
+from kiln.documents import Document  # noqa: E402
+from kiln.filters import build_step  # noqa: E402
+from kiln.readers import read_source  # noqa: E402
+from kiln.storage import Store  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=os.environ.get("KILN_CONFIG", "configs/default.yaml"))
+    ap.add_argument("--limit", type=int, default=1000, help="documents per source")
+    args = ap.parse_args()
+    config = load_config(args.config)
+    # Parts are the unit of parallel work: make enough of them that every core has some.
+    config = config.model_copy(update={"reading": config.reading.model_copy(update={"rows_per_part": 100})})
+    cores = os.cpu_count() or 1
+    print(f"machine: {platform.processor() or platform.machine()}, {cores} cores, Python {platform.python_version()}")
+
+    docs_by_source = {s.name: [d for d in read_source(s.model_copy(update={"max_documents": args.limit}), config.reading)
+                               if isinstance(d, Document)] for s in config.sources}
+    total_docs = sum(map(len, docs_by_source.values()))
+    total_mb = sum(len(d.text.encode()) for ds in docs_by_source.values() for d in ds) / 1e6
+    print(f"corpus: {total_docs:,} documents, {total_mb:.1f} MB from {', '.join(docs_by_source)}\n")
+
+    print(f"{'step':<20}{'docs':>8}{'MB':>8}{'docs/s/core':>14}{'MB/s/core':>12}")
+    seen = {}
+    for source in config.sources:
+        for spec in profile_steps(config, source.name):
+            seen.setdefault((spec.step, repr(spec.params)), (spec, []))[1].extend(docs_by_source[source.name])
+    for (name, _), (spec, docs) in seen.items():
+        step = build_step(spec.step, spec.params)
+        fresh = [Document(d.doc_id, d.source, d.text, d.url, d.license, dict(d.meta)) for d in docs]
+        mb = sum(len(d.text.encode()) for d in fresh) / 1e6
+        t0 = time.perf_counter()
+        for d in fresh:
+            step(d)
+        dt = time.perf_counter() - t0
+        label = name if spec.params == {} else f"{name}*"
+        print(f"{label:<20}{len(fresh):>8,}{mb:>8.1f}{len(fresh) / dt:>14,.0f}{mb / dt:>12.2f}")
+    print("(* = with a profile's parameter overrides)\n")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp))
+        for source in config.sources:
+            capped = source.model_copy(update={"max_documents": args.limit})
+            with store.staging("raw", source.name) as w:
+                ingest(capped, config.reading, w, progress=False)
+                w.commit(code_version="bench", config={}, inputs={}, counts={})
+        print(f"{'whole chain':<20}{'workers':>8}{'docs/s':>10}{'MB/s':>8}{'docs/s/core':>14}{'MB/s/core':>12}")
+        for workers in sorted({1, cores}):
+            t0, n, mb = time.perf_counter(), 0, 0.0
+            for source in config.sources:
+                parts = store.files("raw", source.name, "documents")
+                mb += sum(len(d.text.encode()) for d in docs_by_source[source.name]) / 1e6
+                n += len(docs_by_source[source.name])
+                with store.staging(f"filtered{workers}", source.name) as w:
+                    filter_documents(parts, profile_steps(config, source.name), config.curation.exact_dedup, w,
+                                     workers=workers, progress=False)
+                    w.commit(code_version="bench", config={}, inputs={}, counts={})
+            dt = time.perf_counter() - t0
+            print(f"{'all sources':<20}{workers:>8}{n / dt:>10,.0f}{mb / dt:>8.2f}{n / dt / workers:>14,.0f}"
+                  f"{mb / dt / workers:>12.2f}")
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=1, mp_context=worker_pool_context()) as pool:
+        pool.submit(build_step, "language").result()
+    print(f"\nworker start-up (forkserver + language model load), paid once per partition: "
+          f"{time.perf_counter() - t0:.1f} s; parts are the unit of work, so a source with fewer parts than workers "
+          "cannot use every core.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,467 @@
+"""A whole training plan from a budget: model size, tokens, cost, time, parallelism, memory, risks.
+
+`PlanRequest` is what a user (or the project config under `planning:`) says; `make_plan` turns it
+into a `Plan` with `.to_dict()` (JSON-ready) and `.render()` (a terminal table).
+
+A budget is model FLOPs as PaLM counts them, attention included
+(`compute.training_flops_with_attention`, the numerator of MFU); dollars become FLOPs at the given
+price, peak and MFU. The scaling laws size models in 6·N·D FLOPs, so the part of the budget they see
+is budget / (1 + attention share), and the token count is whatever makes the chosen shape spend the
+whole budget. Kaplan's N counts non-embedding parameters; the plan builds a shape with that many
+parameters in total (embeddings are a few percent at the sizes it proposes).
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from kiln.planning.compute import (
+    ComputeEstimate,
+    attention_flops_per_token,
+    estimate_compute,
+    flops_for_budget_usd,
+    training_flops,
+)
+from kiln.planning.data import DataSufficiency, data_sufficiency
+from kiln.planning.hardware import GpuSpec, lookup_gpu
+from kiln.planning.memory import GIB, ModelShape, shape_for_params
+from kiln.planning.parallelism import Cluster, ParallelismPlan, recommend_parallelism
+from kiln.planning.reliability import LLAMA3_GPU_MTBF_HOURS, ReliabilityEstimate, estimate_reliability
+from kiln.planning.scaling import (
+    HOFFMANN_2022,
+    Allocation,
+    InferenceAwareAllocation,
+    NotEnoughRuns,
+    RunPoint,
+    chinchilla_allocation,
+    fit_compute_law,
+    fit_parametric_law,
+    hoffmann_allocation,
+    inference_aware_allocation,
+    inference_aware_for_budget,
+    kaplan_allocation,
+)
+
+DEFAULT_BUDGET_FLOPS = 1e21  # a ~3B-parameter demo plan when the config names no budget
+HIGH_MFU = 0.6  # PaLM reached 46% MFU, Llama 3 405B 38-43%: above this the plan is optimistic
+MIN_STEPS = 1000
+SCREEN_WIDTH = 110
+
+Sizing = Literal["auto", "chinchilla", "hoffmann", "kaplan", "inference"]
+
+
+class ModelShapeRequest(BaseModel):
+    """A fixed architecture instead of a scaling-law size (vocab comes from `PlanRequest.vocab_size`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_layers: int = Field(ge=1)
+    d_model: int = Field(ge=1)
+    n_heads: int = Field(ge=1)
+    d_ff: int | None = Field(default=None, ge=1)
+    tie_embeddings: bool = False
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelShapeRequest:
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}"
+            )
+        return self
+
+
+class PlanRequest(BaseModel):
+    """Everything `make_plan` needs; every field has a default so an embedded demo plan works."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Budget: exactly one of dollars or FLOPs (neither: DEFAULT_BUDGET_FLOPS).
+    budget_usd: float | None = Field(default=None, gt=0, description="dollars to spend on GPU time")
+    budget_flops: float | None = Field(default=None, gt=0, description="training FLOPs incl. attention")
+    # Hardware.
+    gpu: str = "H100-SXM"
+    peak_tflops: float | None = Field(default=None, gt=0, description="overrides the dense bf16 peak")
+    n_gpus: int | None = Field(default=None, ge=1, description="total GPUs (or give nodes)")
+    nodes: int | None = Field(default=None, ge=1)
+    gpus_per_node: int = Field(default=8, ge=1)
+    price_per_gpu_hour: float = Field(default=2.5, gt=0, description="USD; a rough 2025 cloud H100 rate")
+    mfu: float = Field(default=0.4, gt=0, le=1, description="model FLOPs utilisation, 0 < mfu <= 1")
+    intra_node_gb_s: float | None = Field(default=None, gt=0, description="per GPU per direction; None: table")
+    inter_node_gb_s: float = Field(default=50.0, gt=0, description="per GPU per direction (400 Gb/s NIC)")
+    # Model and batch.
+    sizing: Sizing = "auto"  # auto: "inference" when inference_tokens > 0, else "chinchilla"
+    model: ModelShapeRequest | None = None
+    vocab_size: int = Field(default=32000, ge=1)
+    seq_len: int = Field(default=2048, ge=1)
+    global_batch_tokens: int = Field(default=2**21, ge=1)
+    inference_tokens: float = Field(default=0.0, ge=0, description="expected lifetime inference tokens")
+    # Memory strategy.
+    zero_stage: Literal[0, 1, 2, 3] = 3
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    flash_attention: bool = True
+    recompute: Literal["auto", "none", "selective", "full"] = "auto"
+    usable_memory_fraction: float = Field(default=0.9, gt=0, le=1)
+    # Reliability.
+    gpu_mtbf_hours: float = Field(default=round(LLAMA3_GPU_MTBF_HOURS, -2), gt=0)
+    checkpoint_write_seconds: float = Field(default=60.0, gt=0)
+    restart_minutes: float = Field(default=10.0, ge=0)
+    # Data.
+    available_tokens: dict[str, float] = Field(default_factory=dict, description="tokens per source")
+    mixture_weights: dict[str, float] = Field(default_factory=dict, description="per source; {} = natural")
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, value: str) -> str:
+        return lookup_gpu(value).name  # raises UnknownGpu listing the known names
+
+    @field_validator("available_tokens", "mixture_weights")
+    @classmethod
+    def _non_negative_per_source(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        for source, amount in value.items():
+            if not amount >= 0:
+                raise ValueError(f"{info.field_name}[{source!r}] must be >= 0, got {amount}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PlanRequest:
+        if self.budget_usd is not None and self.budget_flops is not None:
+            raise ValueError(
+                f"give exactly one of budget_usd and budget_flops, got budget_usd={self.budget_usd} "
+                f"and budget_flops={self.budget_flops}"
+            )
+        if self.budget_usd is None and self.budget_flops is None:
+            self.budget_flops = DEFAULT_BUDGET_FLOPS
+        self._resolve_cluster()  # raises on inconsistent n_gpus / nodes / gpus_per_node
+        if self.offload_params and self.zero_stage != 3:
+            raise ValueError(f"offload_params=True needs zero_stage=3, got zero_stage={self.zero_stage}")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("offload_optimizer=True needs zero_stage 1, 2 or 3, got zero_stage=0")
+        unknown = sorted(set(self.mixture_weights) - set(self.available_tokens))
+        if unknown:
+            raise ValueError(
+                f"mixture_weights names sources without available_tokens: {unknown}; "
+                f"available_tokens has {sorted(self.available_tokens)}"
+            )
+        if self.mixture_weights and sum(self.mixture_weights.values()) <= 0:
+            raise ValueError(f"mixture_weights must have a positive sum, got {self.mixture_weights}")
+        return self
+
+    def _resolve_cluster(self) -> tuple[int, int]:
+        """(nodes, gpus_per_node) from n_gpus and/or nodes."""
+        per_node = self.gpus_per_node
+        if self.n_gpus is None:
+            return (self.nodes or 1), per_node
+        if self.n_gpus <= per_node and self.nodes in (None, 1):
+            return 1, self.n_gpus
+        if self.n_gpus % per_node:
+            raise ValueError(
+                f"n_gpus={self.n_gpus} spans several nodes but is not a multiple of gpus_per_node={per_node}"
+            )
+        if self.nodes is not None and self.nodes * per_node != self.n_gpus:
+            raise ValueError(
+                f"n_gpus={self.n_gpus} disagrees with nodes={self.nodes} x gpus_per_node={per_node}; "
+                "give one or the other"
+            )
+        return self.n_gpus // per_node, per_node
+
+    def gpu_spec(self) -> GpuSpec:
+        return lookup_gpu(self.gpu, None if self.peak_tflops is None else self.peak_tflops * 1e12)
+
+    def cluster(self) -> Cluster:
+        nodes, per_node = self._resolve_cluster()
+        return Cluster(self.gpu_spec(), nodes, per_node, self.inter_node_gb_s, self.intra_node_gb_s)
+
+    def total_flops(self) -> float:
+        if self.budget_flops is not None:
+            return self.budget_flops
+        gpu = self.gpu_spec()
+        return flops_for_budget_usd(self.budget_usd, self.price_per_gpu_hour, gpu.peak_flops, self.mfu)
+
+    def resolved_sizing(self) -> str:
+        if self.sizing != "auto":
+            return self.sizing
+        return "inference" if self.inference_tokens > 0 else "chinchilla"
+
+
+@dataclass
+class Plan:
+    request: PlanRequest
+    cluster: Cluster
+    sizing: str
+    sizing_flops: float  # the 6·N·D part of the budget the scaling laws saw
+    target: Allocation  # what the sizing rule asked for, before rounding to a shape
+    alternatives: list[Allocation]
+    same_loss_inference: InferenceAwareAllocation | None
+    shape: ModelShape
+    tokens: float
+    compute: ComputeEstimate
+    parallelism: ParallelismPlan
+    reliability: ReliabilityEstimate
+    data: DataSufficiency | None
+    own_fit: dict[str, Any] | None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def n_params(self) -> int:
+        return self.shape.n_params
+
+    @property
+    def steps(self) -> int:
+        return math.ceil(self.tokens / self.parallelism.global_batch_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request": self.request.model_dump(mode="json"),
+            "cluster": self.cluster.to_dict(),
+            "gpu": self.cluster.gpu.to_dict(),
+            "sizing": {
+                "method": self.sizing,
+                "sizing_flops_6nd": self.sizing_flops,
+                "target": self.target.to_dict(),
+                "alternatives": [
+                    {**a.to_dict(), "hoffmann_loss": HOFFMANN_2022.loss(a.n_params, a.tokens)}
+                    for a in self.alternatives
+                ],
+                "same_loss_inference_aware": None
+                if self.same_loss_inference is None
+                else self.same_loss_inference.to_dict(),
+            },
+            "model": {
+                **self.shape.to_dict(),
+                "tokens": self.tokens,
+                "tokens_per_param": self.tokens / self.n_params,
+                "hoffmann_loss": HOFFMANN_2022.loss(self.n_params, self.tokens),
+                "steps": self.steps,
+            },
+            "compute": self.compute.to_dict(),
+            "parallelism": self.parallelism.to_dict(),
+            "reliability": self.reliability.to_dict(),
+            "data": None if self.data is None else self.data.to_dict(),
+            "own_fit": self.own_fit,
+            "warnings": list(self.warnings),
+        }
+
+    def render(self) -> str:
+        return _render(self)
+
+
+def _allocate(method: str, flops: float, inference_tokens: float) -> Allocation:
+    if method == "chinchilla":
+        return chinchilla_allocation(flops)
+    if method == "hoffmann":
+        return hoffmann_allocation(flops)
+    if method == "kaplan":
+        return kaplan_allocation(flops)
+    best = inference_aware_for_budget(flops, inference_tokens)
+    return Allocation("inference-aware", best.n_params, best.tokens)
+
+
+def _own_fit(runs: Sequence[RunPoint], n_params: float, tokens: float, sizing_flops: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"n_runs": len(runs)}
+    try:
+        out["compute_law"] = fit_compute_law(runs).to_dict(flops=training_flops(n_params, tokens))
+    except NotEnoughRuns as exc:
+        out["compute_law"] = {"error": str(exc)}
+    try:
+        out["parametric_law"] = fit_parametric_law(runs).to_dict(n_params, tokens, sizing_flops)
+    except NotEnoughRuns as exc:
+        out["parametric_law"] = {"error": str(exc)}
+    return out
+
+
+def make_plan(request: PlanRequest, runs: Sequence[RunPoint] | None = None) -> Plan:
+    """Size, cost and lay out a training run for `request`; `runs` (finished runs) adds own fits."""
+    cluster = request.cluster()
+    gpu = cluster.gpu
+    budget = request.total_flops()
+    method = request.resolved_sizing() if request.model is None else "fixed shape"
+
+    # Size the model on the 6ND share of the budget; the attention share depends on the shape, so
+    # iterate (a few rounds; the shape is discrete, so stop when it repeats).
+    sizing_flops, shape, seen = budget, None, set()
+    for _ in range(20):
+        if request.model is not None:
+            shape = ModelShape(vocab_size=request.vocab_size, **request.model.model_dump())
+            target = Allocation(method, shape.n_params, sizing_flops / (6.0 * shape.n_params))
+        else:
+            target = _allocate(method, sizing_flops, request.inference_tokens)
+            shape = shape_for_params(target.n_params, request.vocab_size)
+        attention = attention_flops_per_token(shape.n_layers, shape.d_model, request.seq_len)
+        sizing_flops = budget * 6.0 * shape.n_params / (6.0 * shape.n_params + attention)
+        if shape in seen:
+            break
+        seen.add(shape)
+    flops_per_token = 6.0 * shape.n_params + attention
+    tokens = budget / flops_per_token  # spend the budget exactly with the rounded shape
+
+    rules = ("chinchilla", "hoffmann", "kaplan")
+    alternatives = [_allocate(rule, sizing_flops, request.inference_tokens) for rule in rules]
+    same_loss = None
+    if request.inference_tokens > 0:
+        alternatives.append(_allocate("inference", sizing_flops, request.inference_tokens))
+        same_loss = inference_aware_allocation(sizing_flops, request.inference_tokens)
+
+    compute = estimate_compute(
+        budget, peak_flops=gpu.peak_flops, mfu=request.mfu, n_gpus=cluster.n_gpus,
+        price_per_gpu_hour=request.price_per_gpu_hour,
+    )
+    parallelism = recommend_parallelism(
+        shape, cluster, seq_len=request.seq_len, global_batch_tokens=request.global_batch_tokens,
+        flops_per_token=flops_per_token, mfu=request.mfu, zero_stage=request.zero_stage,
+        recompute=None if request.recompute == "auto" else request.recompute,
+        flash_attention=request.flash_attention, offload_optimizer=request.offload_optimizer,
+        offload_params=request.offload_params, usable_memory_fraction=request.usable_memory_fraction,
+    )
+    reliability = estimate_reliability(
+        n_gpus=cluster.n_gpus, gpu_mtbf_hours=request.gpu_mtbf_hours,
+        checkpoint_write_seconds=request.checkpoint_write_seconds,
+        restart_seconds=60.0 * request.restart_minutes,
+        wall_clock_days=compute.wall_clock_days,
+    )
+    data = None
+    if request.available_tokens:
+        data = data_sufficiency(tokens, request.available_tokens, request.mixture_weights or None)
+    own_fit = None if runs is None else _own_fit(runs, shape.n_params, tokens, sizing_flops)
+
+    plan = Plan(
+        request, cluster, method, sizing_flops, target, alternatives, same_loss, shape, tokens, compute,
+        parallelism, reliability, data, own_fit,
+    )
+    plan.warnings.extend(_warnings(plan))
+    return plan
+
+
+def _warnings(plan: Plan) -> list[str]:
+    out = []
+    if not plan.parallelism.fits:
+        out.append(
+            f"the model does not fit: {plan.parallelism.memory.total / GIB:.1f} GiB per GPU needed, "
+            f"{plan.parallelism.usable_bytes / GIB:.1f} GiB usable"
+        )
+    if plan.request.mfu > HIGH_MFU:
+        out.append(f"mfu={plan.request.mfu:g} is optimistic: large runs report 0.38-0.46 (PaLM, Llama 3)")
+    if plan.steps < MIN_STEPS:
+        out.append(
+            f"only {plan.steps} optimizer steps of {plan.parallelism.global_batch_tokens:,} tokens: "
+            "lower global_batch_tokens"
+        )
+    if plan.parallelism.global_batch_tokens > 1.1 * plan.request.global_batch_tokens:
+        out.append(
+            f"global batch rounds up to {plan.parallelism.global_batch_tokens:,} tokens "
+            f"(asked {plan.request.global_batch_tokens:,}): {plan.parallelism.dp} data-parallel ranks "
+            "need at least one sequence each"
+        )
+    if plan.data is not None:
+        out.extend(plan.data.warnings)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Terminal rendering
+# ---------------------------------------------------------------------------------------------
+
+
+def _count(value: float) -> str:
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows)]
+    line = lambda cells: indent + "  ".join(  # noqa: E731
+        str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+    )
+    return [line(headers), indent + "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
+
+
+def _bullets(lines: Sequence[str], width: int = SCREEN_WIDTH) -> list[str]:
+    return [textwrap.fill(line, width, initial_indent="  - ", subsequent_indent="    ") for line in lines]
+
+
+def _render(plan: Plan) -> str:
+    r, c, par, rel, mem, shape = (
+        plan.request, plan.compute, plan.parallelism, plan.reliability, plan.parallelism.memory, plan.shape
+    )
+    cluster, gib = plan.cluster, lambda value: f"{value / GIB:.1f}"
+    budget = f"${r.budget_usd:,.0f}" if r.budget_usd is not None else f"{r.budget_flops:.3g} FLOPs"
+    out = [
+        f"Kiln training plan: {budget} on {cluster.n_gpus} x {cluster.gpu.name} "
+        f"({cluster.nodes} node{'s' if cluster.nodes > 1 else ''} x {cluster.gpus_per_node})",
+        f"  compute     {c.flops:.3g} FLOPs incl. attention ({plan.sizing_flops:.3g} as 6ND) at "
+        f"{c.peak_flops / 1e12:.0f} TFLOP/s peak, MFU {c.mfu:.0%}",
+        f"  cost        {c.gpu_hours:,.0f} GPU-hours x ${c.price_per_gpu_hour:g} = ${c.cost_usd:,.0f}",
+        f"  time        {c.wall_clock_days:.1f} days ({rel.wall_clock_days_expected:.1f} with failures)",
+        "",
+        "Model size for this budget (loss from the Hoffmann et al. 2022 fit)",
+    ]
+    out += _table(
+        ["rule", "params", "tokens", "tok/param", "loss"],
+        [[a.method, _count(a.n_params), _count(a.tokens), f"{a.tokens_per_param:.1f}",
+          f"{HOFFMANN_2022.loss(a.n_params, a.tokens):.3f}"] for a in plan.alternatives],
+    )
+    if plan.same_loss_inference is not None:
+        s = plan.same_loss_inference
+        out += _bullets([
+            f"Same loss as the fit's optimum for least training + inference FLOPs (Sardana & Frankle 2023): "
+            f"{_count(s.n_params)} params on {_count(s.tokens)} tokens ({s.tokens_per_param:.0f} tok/param, "
+            f"{s.tokens_per_param / s.reference.tokens_per_param:.1f}x the optimum's), "
+            f"{1 - s.total_flops / s.reference_total_flops:.0%} fewer FLOPs over the model's life"
+        ])
+    out += [
+        "",
+        f"Plan: {plan.target.method}",
+        f"  model       {_count(plan.n_params)} params: {shape.n_layers} layers x d_model {shape.d_model} x "
+        f"{shape.n_heads} heads, vocab {shape.vocab_size}",
+        f"  tokens      {_count(plan.tokens)} ({plan.tokens / plan.n_params:.1f} per param), "
+        f"{plan.steps:,} steps of {par.global_batch_tokens:,}; "
+        f"loss ~ {HOFFMANN_2022.loss(plan.n_params, plan.tokens):.3f}",
+        f"  layout      TP {par.tp} x PP {par.pp} x DP {par.dp}, ZeRO-{par.zero_stage}, "
+        f"{par.recompute} recompute, micro-batch {par.micro_batch} x {par.grad_accum} accumulation"
+        + (f", bubble {par.bubble_fraction:.0%}" if par.pp > 1 else ""),
+        f"  memory/GPU  {gib(mem.total)} of {gib(par.usable_bytes)} GiB usable"
+        + ("" if par.fits else " (DOES NOT FIT)")
+        + f": weights {gib(mem.weights)}, grads {gib(mem.gradients)}, optimizer {gib(mem.optimizer)}, "
+        f"activations {gib(mem.activations)}, other {gib(mem.gathered_layer + mem.logits)}"
+        + (f"; CPU {gib(mem.cpu_offloaded)}" if mem.cpu_offloaded else ""),
+        f"  failures    cluster MTBF {rel.cluster_mtbf_hours:,.0f} h, ~{rel.expected_failures:.0f} failures; "
+        f"checkpoint every {rel.daly_interval_minutes:.0f} min (Daly; Young {rel.young_interval_minutes:.0f}), "
+        f"{rel.lost_work_fraction:.1%} lost",
+        "",
+        "Why this layout",
+        *_bullets(par.explanation),
+    ]
+    if plan.data is not None:
+        out += ["", "Data (epochs per source; > 4 repeats help little, Muennighoff et al. 2023)"]
+        out += _table(
+            ["source", "available", "weight", "needed", "epochs"],
+            [[s.source, _count(s.available_tokens), f"{s.weight:.2f}", _count(s.needed_tokens),
+              f"{s.epochs:.2f}"] for s in plan.data.sources],
+        )
+    if plan.own_fit is not None:
+        out += ["", f"Own scaling fits ({plan.own_fit['n_runs']} runs)"]
+        out += _bullets(_own_fit_lines(plan.own_fit))
+    if plan.warnings:
+        out += ["", "Warnings", *_bullets(plan.warnings)]
+    return "\n".join(out)
+
+
+def _own_fit_lines(own_fit: dict[str, Any]) -> list[str]:
+    compute_law, parametric = own_fit["compute_law"], own_fit["parametric_law"]
+    return [
+        f"L(C): {compute_law['error']}" if "error" in compute_law
+        else f"{compute_law['form']}: loss {compute_law['predicted_loss']:.3f} at this plan's compute "
+        f"(90% {compute_law['interval_90'][0]:.3f}-{compute_law['interval_90'][1]:.3f})",
+        f"L(N,D): {parametric['error']}" if "error" in parametric
+        else f"L(N,D): loss {parametric['predicted_loss']:.3f} for this plan (90% "
+        f"{parametric['interval_90'][0]:.3f}-{parametric['interval_90'][1]:.3f}); its own optimum is "
+        f"{_count(parametric['optimal']['n_params'])} params",
+    ]

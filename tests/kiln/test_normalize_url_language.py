@@ -1,0 +1,54 @@
+"""The steps Kiln writes itself (normalize, URL blocklist, language); the published heuristics have their own file."""
+
+import pytest
+
+from kiln.documents import Document
+from kiln.filters import build_step
+from tests.conftest import prose
+
+
+def doc(text, url=None):
+    return Document(doc_id="d", source="s", text=text, url=url)
+
+
+def test_normalize_repairs_mojibake_and_composes():
+    step = build_step("normalize")
+    assert step(doc("The caf\u00c3\u00a9 opens at nine.")).text == "The caf\u00e9 opens at nine."  # UTF-8 read as Latin-1
+    assert step(doc("Cafe\u0301")).text == "Caf\u00e9"  # NFC composes
+    assert step(doc("a\r\nb\rc\x00d\u200b")).text == "a\nb\ncd"
+    assert step(doc("\u201cquoted\u201d")).text == "\u201cquoted\u201d"  # no cosmetic rewrites
+    assert step(doc("def f():\n    return 1\n")).text == "def f():\n    return 1\n"  # indentation kept
+    assert step(doc("\x00\x01  ")).drop == "normalize.empty_after_normalization"
+
+
+@pytest.mark.parametrize("url, dropped", [
+    ("https://blocked.example/page", True),
+    ("http://www.blocked.example/a?b=c", True),
+    ("https://notblocked.example/", False),
+    ("https://python.org/", False),
+    (None, False),
+])
+def test_url_blocklist_blocks_domains_and_subdomains(url, dropped):
+    verdict = build_step("url_blocklist")(doc("text", url))
+    assert (verdict.drop == "url_blocklist.blocked_domain") is dropped
+
+
+def test_url_blocklist_custom_file(tmp_path):
+    path = tmp_path / "domains.txt"
+    path.write_text("# spam farms\nspam.org\n")
+    step = build_step("url_blocklist", {"domains_file": str(path)})
+    assert not step(doc("t", "https://a.spam.org/x")).kept
+    with pytest.raises(ValueError, match="does not exist"):
+        build_step("url_blocklist", {"domains_file": str(tmp_path / "missing.txt")})
+
+
+def test_language_keeps_english_drops_others_and_records_the_score():
+    step = build_step("language", {"languages": ["en"], "min_score": 0.65})
+    english = doc(prose(1))
+    assert step(english).kept and english.meta["language"] == "en" and english.meta["language_score"] > 0.9
+    german = doc("Die Stadt am Fluss wurde auf dem Handel mit Salz und Holz gegründet, und zwei Jahrhunderte lang "
+                 "führten ihre Kaufleute sorgfältig Buch über jedes Schiff, das die Schleuse passierte.")
+    assert step(german).drop == "language.other_language"
+    assert build_step("language", {"languages": ["de"]})(german).kept
+    with pytest.raises(ValueError, match="unknown language"):
+        build_step("language", {"languages": ["klingon"]})

@@ -1,0 +1,89 @@
+"""`kiln plan` through a tiny argparse front end, as kiln/cli.py will wire it."""
+
+import argparse
+import json
+
+import pytest
+
+from kiln.planning.cli import add_plan_parser, run_plan
+
+
+def kiln(*argv):
+    parser = argparse.ArgumentParser(prog="kiln")
+    add_plan_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["plan", *argv])
+    return run_plan(args)
+
+
+def test_one_screen_plan(capsys):
+    assert kiln("--budget-usd", "1000000", "--price", "2.5", "--gpu", "H100", "--gpus", "256", "--mfu", "0.4") == 0
+    screen = capsys.readouterr().out
+    for needle in ("$1,000,000", "256 x H100-SXM", "params", "tokens", "GPU-hours", "days", "TP ", "PP ",
+                   "DP ", "memory/GPU", "GiB"):
+        assert needle in screen
+    assert len(screen.splitlines()) < 40
+
+
+def test_json(capsys):
+    assert kiln("--budget-flops", "1e22", "--json", "--source", "web=1e11", "--weight", "web=1") == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["compute"]["flops"] == 1e22
+    assert plan["data"]["sources"][0]["source"] == "web"
+    assert {"model", "parallelism", "reliability", "sizing"} <= set(plan)
+
+
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["--budget-usd", "-5"], ["budget_usd", "-5", "greater than 0"]),
+        (["--gpu", "X100"], ["gpu", "unknown GPU 'X100'", "H100-SXM", "MI300X"]),
+        (["--mfu", "1.5"], ["mfu", "1.5", "less than or equal to 1"]),
+        (["--gpus", "12"], ["not a multiple of gpus_per_node=8"]),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(argv, needles, capsys):
+    assert kiln(*argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("kiln plan: ")
+    for needle in needles:
+        assert needle in captured.err
+
+
+def test_argparse_level_errors_also_exit_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        kiln("--budget-usd", "1", "--budget-flops", "1e20")
+    assert info.value.code == 2
+    with pytest.raises(SystemExit) as info:
+        kiln("--source", "web")
+    assert info.value.code == 2 and "NAME=NUMBER" in capsys.readouterr().err
+
+
+def test_config_then_flags(tmp_path, capsys):
+    config = tmp_path / "kiln.yaml"
+    config.write_text("planning:\n  budget_usd: 50000\n  gpu: A100\n  n_gpus: 16\n  available_tokens: {web: 1.0e9}\n")
+    assert kiln("--config", str(config), "--budget-flops", "1e21", "--source", "code=1e9", "--json") == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["request"]["budget_usd"] is None and plan["request"]["budget_flops"] == 1e21
+    assert plan["cluster"]["n_gpus"] == 16 and plan["gpu"]["name"] == "A100-80GB"
+    assert {s["source"] for s in plan["data"]["sources"]} == {"web", "code"}
+    assert kiln("--config", str(tmp_path / "missing.yaml")) == 2
+    assert "cannot read --config" in capsys.readouterr().err
+
+
+def test_own_fits_from_mlflow(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tmp_path.as_uri())
+    experiment = client.create_experiment("sweep")
+    for n_params, loss in ((1e7, 4.0), (3e7, 3.6), (1e8, 3.3)):
+        run = client.create_run(experiment)
+        client.log_param(run.info.run_id, "n_params", n_params)
+        client.log_param(run.info.run_id, "tokens", 20 * n_params)
+        client.log_metric(run.info.run_id, "final_val_loss", loss)
+        client.set_terminated(run.info.run_id, "FINISHED")
+    assert kiln("--mlflow-uri", tmp_path.as_uri(), "--experiment", "sweep") == 0
+    screen = capsys.readouterr().out
+    assert "Own scaling fits (3 runs)" in screen and "L(C) = " in screen and "at least 5" in screen
+    assert kiln("--mlflow-uri", tmp_path.as_uri()) == 2
+    assert "--experiment" in capsys.readouterr().err

@@ -1,0 +1,82 @@
+"""Model-state memory against the ZeRO paper; activations against Korthikanti et al. 2022."""
+
+import pytest
+
+from kiln.planning.memory import (
+    ModelShape,
+    activation_bytes_per_layer,
+    estimate_memory,
+    model_state_bytes_per_param,
+    shape_for_params,
+)
+
+GB = 1e9  # the ZeRO paper's unit
+
+
+def test_sixteen_bytes_per_parameter_with_adam_in_mixed_precision():
+    assert sum(model_state_bytes_per_param(0, 1)) == 16  # 2 (bf16 weights) + 2 (grads) + 12 (fp32 Adam)
+
+
+@pytest.mark.parametrize(
+    "stage, per_param, paper_gb",
+    [(0, 16.0, 120.0), (1, 4 + 12 / 64, 31.4), (2, 2 + 14 / 64, 16.6), (3, 16 / 64, 1.9)],
+)
+def test_zero_paper_7_5b_on_64_gpus(stage, per_param, paper_gb):
+    # Rajbhandari et al. 2020, Fig. 1: Ψ = 7.5B, K = 12, Nd = 64.
+    assert sum(model_state_bytes_per_param(stage, 64)) == pytest.approx(per_param)
+    assert round(7.5e9 * per_param / GB, 1) == paper_gb
+
+
+def test_estimate_memory_shards_model_states():
+    shape = ModelShape(n_layers=32, d_model=4096, n_heads=32, vocab_size=32000)
+    for stage in (0, 1, 2, 3):
+        memory = estimate_memory(shape, seq_len=2048, micro_batch=1, dp=16, tp=2, pp=1, zero_stage=stage)
+        assert memory.model_states == pytest.approx(shape.n_params / 2 * sum(model_state_bytes_per_param(stage, 16)))
+        assert (memory.gathered_layer > 0) == (stage == 3)
+
+
+def test_cpu_offload_moves_optimizer_and_parameters():
+    shape = ModelShape(n_layers=32, d_model=4096, n_heads=32, vocab_size=32000)
+    base = dict(seq_len=2048, micro_batch=1, dp=8, zero_stage=3)
+    plain = estimate_memory(shape, **base)
+    optimizer_off = estimate_memory(shape, **base, offload_optimizer=True)
+    both_off = estimate_memory(shape, **base, offload_optimizer=True, offload_params=True)
+    assert optimizer_off.optimizer == 0 and optimizer_off.cpu_offloaded == pytest.approx(plain.optimizer)
+    assert both_off.weights == 0 and both_off.cpu_offloaded == pytest.approx(plain.optimizer + plain.weights)
+    assert both_off.total < optimizer_off.total < plain.total
+    with pytest.raises(ValueError, match="ZeRO-3"):
+        estimate_memory(shape, **(base | {"zero_stage": 2}), offload_params=True)
+
+
+def test_korthikanti_activations_gpt3():
+    # GPT-3 175B: s=2048, h=12288, a=96 → 5as/h = 80 (Korthikanti et al. 2022, Table 2 / Sec. 4).
+    s, b, h, a, t = 2048, 1, 12288, 96, 8
+    assert activation_bytes_per_layer(s, b, h, a) == s * b * h * (34 + 80)
+    assert activation_bytes_per_layer(s, b, h, a, tp=t, sequence_parallel=False) == s * b * h * (10 + 24 / t + 80 / t)
+    assert activation_bytes_per_layer(s, b, h, a, tp=t) == pytest.approx(s * b * h * (34 + 80) / t)
+    assert activation_bytes_per_layer(s, b, h, a, tp=t, recompute="selective") == pytest.approx(34 * s * b * h / t)
+    assert activation_bytes_per_layer(s, b, h, a, recompute="full") == 2 * s * b * h
+
+
+def test_pipeline_first_stage_holds_the_whole_models_worth():
+    shape = ModelShape(n_layers=32, d_model=4096, n_heads=32, vocab_size=32000)
+    common = dict(seq_len=2048, micro_batch=1, dp=1, zero_stage=1)
+    one_stage = estimate_memory(shape, pp=1, **common)
+    four_stages = estimate_memory(shape, pp=4, microbatches_in_flight=16, **common)
+    assert four_stages.activations == pytest.approx(one_stage.activations)
+    assert estimate_memory(shape, pp=4, microbatches_in_flight=2, **common).activations == pytest.approx(
+        one_stage.activations / 2
+    )
+
+
+def test_parameter_count_of_gpt3():
+    gpt3 = ModelShape(n_layers=96, d_model=12288, n_heads=96, vocab_size=50257, tie_embeddings=True)
+    assert gpt3.n_params == pytest.approx(175e9, rel=0.01)
+
+
+@pytest.mark.parametrize("n_params", [1e8, 1e9, 7e9, 7e10, 1e12])
+def test_shape_for_params(n_params):
+    shape = shape_for_params(n_params, vocab_size=32000)
+    assert shape.n_params == pytest.approx(n_params, rel=0.05)
+    if shape.n_heads >= 16:
+        assert shape.n_heads % 8 == 0

@@ -1,0 +1,64 @@
+import pytest
+
+from kiln.planning.hardware import lookup_gpu
+from kiln.planning.memory import ModelShape, shape_for_params
+from kiln.planning.parallelism import (
+    Cluster,
+    pipeline_bubble_fraction,
+    recommend_parallelism,
+    tensor_parallel_candidates,
+)
+
+GPT3 = ModelShape(n_layers=96, d_model=12288, n_heads=96, vocab_size=50257)
+
+
+def plan_for(shape, gpu, nodes, **kwargs):
+    cluster = Cluster(lookup_gpu(gpu), nodes=nodes, gpus_per_node=8)
+    args = dict(seq_len=2048, global_batch_tokens=2**22, flops_per_token=6.0 * shape.n_params, mfu=0.4) | kwargs
+    return recommend_parallelism(shape, cluster, **args)
+
+
+def test_bubble():
+    assert pipeline_bubble_fraction(1, 8) == 0.0
+    assert pipeline_bubble_fraction(4, 12) == pytest.approx(3 / 15)  # (p-1)/(m+p-1)
+
+
+def test_tensor_parallel_candidates():
+    assert tensor_parallel_candidates(96, 8) == [1, 2, 4, 8]
+    assert tensor_parallel_candidates(12, 8) == [1, 2, 4]
+    assert tensor_parallel_candidates(96, 4) == [1, 2, 4]  # never across nodes
+
+
+def test_small_model_is_pure_data_parallel():
+    plan = plan_for(shape_for_params(1e9, 32000), "H100", nodes=1)
+    assert (plan.tp, plan.pp, plan.dp, plan.zero_stage) == (1, 1, 8, 3) and plan.fits
+    assert plan.global_batch_tokens == 2**22
+    assert plan.micro_batch * plan.grad_accum * plan.dp * 2048 == plan.global_batch_tokens
+
+
+def test_pipeline_only_when_nothing_else_fits():
+    plan = plan_for(GPT3, "A100-80GB", nodes=8, zero_stage=2)
+    assert plan.fits and plan.pp > 1 and plan.tp == 8
+    assert plan.zero_stage == 1  # DeepSpeed pipelines run ZeRO-0/1 only
+    assert plan.bubble_fraction == pytest.approx((plan.pp - 1) / (plan.grad_accum + plan.pp - 1))
+    assert any("Pipeline parallelism" in line and "drops to 1" in line for line in plan.explanation)
+    with_fewer_stages = plan_for(GPT3, "A100-80GB", nodes=8, zero_stage=1)
+    assert with_fewer_stages.pp == plan.pp
+
+
+def test_zero3_fits_gpt3_without_pipeline():
+    plan = plan_for(GPT3, "A100-80GB", nodes=8, zero_stage=3)
+    assert plan.fits and plan.pp == 1
+
+
+def test_prefers_a_layout_whose_traffic_hides_behind_compute():
+    plan = plan_for(shape_for_params(70e9, 32000), "H100", nodes=32, global_batch_tokens=2**21)
+    assert plan.fits and plan.pp == 1
+    assert plan.dp_comm_seconds_per_step <= plan.compute_seconds_per_step
+    assert plan.tp > 1 and any("would not hide" in line for line in plan.explanation)
+
+
+def test_nothing_fits_is_reported():
+    plan = plan_for(shape_for_params(70e9, 32000), "A100-40GB", nodes=1)
+    assert not plan.fits
+    assert plan.explanation[0].startswith("Nothing fits")

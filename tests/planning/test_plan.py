@@ -1,0 +1,110 @@
+import json
+
+import numpy as np
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from kiln.planning.compute import attention_flops_per_token
+from kiln.planning.plan import DEFAULT_BUDGET_FLOPS, PlanRequest, make_plan
+from kiln.planning.scaling import HOFFMANN_2022, RunPoint
+
+
+def test_defaults_make_a_demo_plan():
+    request = PlanRequest()
+    assert request.budget_flops == DEFAULT_BUDGET_FLOPS and request.budget_usd is None
+    plan = make_plan(request)
+    assert plan.parallelism.fits
+    json.dumps(plan.to_dict())  # JSON-ready
+    screen = plan.render()
+    for needle in ("params", "GPU-hours", "days", "TP 1 x PP 1", "memory/GPU", "MTBF"):
+        assert needle in screen
+
+
+def test_embedded_in_project_yaml():
+    config = yaml.safe_load(
+        """
+        planning:
+          budget_usd: 250000
+          gpu: H200
+          nodes: 4
+          mfu: 0.35
+          available_tokens: {web: 4.0e11, code: 5.0e10}
+          mixture_weights: {web: 0.9, code: 0.1}
+        """
+    )
+    plan = make_plan(PlanRequest.model_validate(config["planning"]))
+    assert plan.cluster.n_gpus == 32 and plan.cluster.gpu.name == "H200"
+    assert plan.data is not None and [s.source for s in plan.data.sources] == ["web", "code"]
+
+
+def test_dollar_budget_is_spent_exactly():
+    request = PlanRequest(budget_usd=1e6, gpu="H100", n_gpus=256, price_per_gpu_hour=2.5, mfu=0.4, sizing="chinchilla")
+    plan = make_plan(request)
+    assert plan.compute.cost_usd == pytest.approx(1e6)
+    per_token = 6 * plan.n_params + attention_flops_per_token(plan.shape.n_layers, plan.shape.d_model, request.seq_len)
+    assert plan.tokens * per_token == pytest.approx(plan.compute.flops)
+    assert plan.target.tokens_per_param == pytest.approx(20.0)
+    assert plan.tokens / plan.n_params == pytest.approx(20.0, rel=0.15)  # the rounded shape shifts N a little
+    assert plan.compute.wall_clock_days == pytest.approx(1e6 / 2.5 / 256 / 24)
+
+
+def test_sizing_rules_differ_as_the_papers_do():
+    sizes = {s: make_plan(PlanRequest(budget_flops=1e23, sizing=s)).n_params for s in ("chinchilla", "hoffmann", "kaplan")}
+    assert sizes["hoffmann"] < sizes["chinchilla"] < sizes["kaplan"]
+
+
+def test_inference_tokens_shrink_the_model():
+    plain = make_plan(PlanRequest(budget_flops=1e23))
+    served = make_plan(PlanRequest(budget_flops=1e23, inference_tokens=1e13))
+    assert served.sizing == "inference" and served.n_params < plain.n_params
+    assert served.same_loss_inference is not None
+    assert served.to_dict()["sizing"]["same_loss_inference_aware"]["tokens_per_param_vs_reference"] > 1
+
+
+def test_fixed_shape():
+    request = PlanRequest(budget_flops=1e22, model={"n_layers": 24, "d_model": 2048, "n_heads": 16})
+    plan = make_plan(request)
+    assert (plan.shape.n_layers, plan.shape.d_model) == (24, 2048) and plan.sizing == "fixed shape"
+
+
+def test_own_fits_report_too_few_runs_and_fit_enough():
+    few = make_plan(PlanRequest(), runs=[RunPoint(1e8, 2e9, 3.0), RunPoint(2e8, 4e9, 2.8)])
+    assert "at least 3" in few.own_fit["compute_law"]["error"]
+    assert "at least 5" in few.own_fit["parametric_law"]["error"]
+    assert "at least 3" in few.render()
+    runs = [RunPoint(n, d, HOFFMANN_2022.loss(n, d)) for n in np.geomspace(5e7, 1e9, 3) for d in (2e9, 8e9, 3e10)]
+    plan = make_plan(PlanRequest(), runs=runs)
+    truth = HOFFMANN_2022.loss(plan.n_params, plan.tokens)
+    law = plan.own_fit["parametric_law"]
+    assert law["predicted_loss"] == pytest.approx(truth, rel=0.01)
+    assert law["interval_90"][0] <= law["predicted_loss"] <= law["interval_90"][1]
+    assert plan.own_fit["compute_law"]["predicted_loss"] > 0
+    assert "Own scaling fits (9 runs)" in plan.render()
+
+
+def _messages(**fields):
+    with pytest.raises(ValidationError) as info:
+        PlanRequest(**fields)
+    return str(info.value)
+
+
+def test_validation_messages_name_field_value_and_rule():
+    message = _messages(budget_usd=-5)
+    assert "budget_usd" in message and "-5" in message and "greater than 0" in message
+    message = _messages(mfu=1.5)
+    assert "mfu" in message and "1.5" in message and "less than or equal to 1" in message
+    assert "exactly one of budget_usd and budget_flops" in _messages(budget_usd=1e5, budget_flops=1e22)
+    assert "unknown GPU 'X100'" in _messages(gpu="X100") and "H100-SXM" in _messages(gpu="X100")
+    assert "not a multiple of gpus_per_node=8" in _messages(n_gpus=12)
+    assert "disagrees" in _messages(n_gpus=16, nodes=4)
+    assert "offload_params=True needs zero_stage=3" in _messages(offload_params=True, zero_stage=2)
+    assert "available_tokens['web'] must be >= 0" in _messages(available_tokens={"web": -1})
+    assert "['wiki']" in _messages(available_tokens={"web": 1e9}, mixture_weights={"wiki": 1.0})
+    assert "Extra inputs are not permitted" in _messages(budget=1.0)
+
+
+def test_cluster_resolution():
+    assert PlanRequest(n_gpus=4).cluster().n_gpus == 4
+    assert PlanRequest(n_gpus=64).cluster().nodes == 8
+    assert PlanRequest(nodes=2, gpus_per_node=4).cluster().n_gpus == 8

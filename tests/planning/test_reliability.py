@@ -1,0 +1,54 @@
+import math
+
+import numpy as np
+import pytest
+
+from kiln.planning.reliability import (
+    LLAMA3_GPU_MTBF_HOURS,
+    cluster_mtbf_hours,
+    daly_interval,
+    estimate_reliability,
+    expected_wall_time_factor,
+    lost_work_fraction,
+    young_interval,
+)
+
+
+def test_cluster_mtbf_and_llama3_default():
+    assert cluster_mtbf_hours(50_000, 1000) == 50.0
+    # Llama 3: 419 unexpected interruptions in 54 days on 16,384 GPUs → ~3.1 h between failures.
+    assert cluster_mtbf_hours(LLAMA3_GPU_MTBF_HOURS, 16384) == pytest.approx(54 * 24 / 419)
+
+
+def test_young():
+    assert young_interval(60.0, 36000.0) == pytest.approx(math.sqrt(2 * 60 * 36000))
+
+
+@pytest.mark.parametrize("ratio", [1e-3, 1e-2, 1e-1])
+def test_daly_interval_minimises_dalys_expected_wall_time(ratio):
+    mtbf = 3600.0
+    delta = ratio * mtbf
+    taus = np.linspace(0.1, 3.0, 100_001) * young_interval(delta, mtbf)
+    best = taus[np.argmin([expected_wall_time_factor(t, delta, mtbf, 0.0) for t in taus])]
+    assert daly_interval(delta, mtbf) == pytest.approx(best, rel=1e-3)
+    assert daly_interval(delta, mtbf) < young_interval(delta, mtbf)  # Young overestimates as δ/M grows
+
+
+def test_daly_caps_at_mtbf_for_slow_checkpoints():
+    assert daly_interval(7200.0, 3600.0) == 3600.0
+
+
+def test_lost_work_first_order():
+    # For δ ≪ M and no restart cost the loss at the optimum is ≈ sqrt(2δ/M) (δ/τ + τ/2M at τ = sqrt(2δM)).
+    mtbf, delta = 100 * 3600.0, 60.0
+    lost = lost_work_fraction(daly_interval(delta, mtbf), delta, mtbf, 0.0)
+    assert lost == pytest.approx(math.sqrt(2 * delta / mtbf), rel=0.02)
+
+
+def test_estimate_adds_failure_time():
+    estimate = estimate_reliability(
+        n_gpus=1024, gpu_mtbf_hours=50_000, checkpoint_write_seconds=120, restart_seconds=600, wall_clock_days=30
+    )
+    assert estimate.cluster_mtbf_hours == pytest.approx(50_000 / 1024)
+    assert estimate.wall_clock_days_expected == pytest.approx(30 / (1 - estimate.lost_work_fraction))
+    assert estimate.expected_failures == pytest.approx(estimate.wall_clock_days_expected * 24 / estimate.cluster_mtbf_hours)
