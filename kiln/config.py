@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kiln.filters import build_step, step_parameters
+from kiln.planning.plan import PlanRequest
 
 DEFAULT_CONFIG = "configs/default.yaml"
 
@@ -94,6 +95,7 @@ class ProjectConfig(_Strict):
     profiles: dict[str, list[StepSpec]]
     reading: Reading = Reading()
     curation: Curation = Curation()
+    planning: PlanRequest = PlanRequest()  # `kiln plan` and the training_plan asset start from these
 
     @field_validator("profiles", mode="before")
     @classmethod

@@ -12,7 +12,7 @@ number), and the ambiguous ones are validated: card numbers by Luhn and issuer p
 rules, IP addresses by octet range and `ipaddress`, generic secrets by length and entropy.
 
 `find_pii` returns non-overlapping spans; `redact` replaces them. Placeholders contain no digits, '@'
-or ':' and are never matched again, so `redact` is idempotent.
+or ':' and are never matched again, and `redact` runs to a fixed point, so it is idempotent.
 """
 
 from __future__ import annotations
@@ -338,8 +338,8 @@ _SECRET_KEYWORD = re.compile(
 _ASSIGNED_VALUE = re.compile(
     r"(?:[_-]?(?:access[_-]?)?[Kk][Ee][Yy]|[Ss])?"
     r"[\"']?\s*(?::=|=>|[:=])\s*"
-    r"(?:(?P<q>[\"'`])(?P<qv>[^\s\"'`<>]{16,256})(?P=q)"
-    r"|(?P<v>[A-Za-z0-9+/=_~-]{16,256})(?=[ \t]*(?:[\r\n&]|\Z|\s#)))"
+    r"(?:(?P<q>[\"'`])(?P<qv>[^\s\"'`<>]{16,256}+)(?P=q)"  # possessive: never retry shorter values
+    r"|(?P<v>[A-Za-z0-9+/=_~-]{16,256}+)(?=[ \t]*(?:[\r\n&]|\Z|\s#)))"
 )
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
@@ -443,18 +443,26 @@ def redact(
     types: Iterable[str] = PII_TYPES,
     ipv4_keep: Iterable[str] = DEFAULT_IPV4_KEEP,
 ) -> tuple[str, dict[str, int]]:
-    """`text` with every PII span replaced by its type's placeholder, and how many of each (nonzero)."""
-    matches = find_pii(text, types, ipv4_keep)
-    if not matches:
-        return text, {}
-    parts: list[str] = []
-    pos = 0
-    for m in matches:
-        parts.append(text[pos : m.start])
-        parts.append(PLACEHOLDERS[m.type])
-        pos = m.end
-    parts.append(text[pos:])
-    return "".join(parts), dict(Counter(m.type for m in matches))
+    """`text` with every PII span replaced by its type's placeholder, and how many of each (nonzero).
+
+    Runs to a fixed point: replacing a match can expose a neighbour that was rejected only because of
+    the characters it touched ("555.123.4567+1-555-123-4567": the second number's '+' followed a
+    digit), so the output never has a detectable span left and redact(redact(x)) == redact(x). Each
+    pass replaces characters outside placeholders and no detector matches inside a placeholder, so
+    this ends; a second pass only runs on text that had PII.
+    """
+    counts: Counter[str] = Counter()
+    while matches := find_pii(text, types, ipv4_keep):
+        parts: list[str] = []
+        pos = 0
+        for m in matches:
+            parts.append(text[pos : m.start])
+            parts.append(PLACEHOLDERS[m.type])
+            pos = m.end
+        parts.append(text[pos:])
+        text = "".join(parts)
+        counts.update(m.type for m in matches)
+    return text, dict(counts)
 
 
 @dataclass

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import curation
+from assets import curation, planning
 from resources import KilnConfig, KilnStorage
 
 # The main job: the whole asset graph, run per source partition (cross-source steps read every partition).
-kiln_job = dg.define_asset_job("kiln", selection=dg.AssetSelection.all(),
+kiln_job = dg.define_asset_job("kiln", selection=dg.AssetSelection.groups("curation"),
                                description="Everything from raw sources to curated documents, one source per run.")
+plan_job = dg.define_asset_job("plan", selection=dg.AssetSelection.groups("planning"),
+                               description="The run plan from the config's `planning:` section.")
 
 defs = dg.Definitions(
-    assets=dg.load_assets_from_modules([curation]),
-    jobs=[kiln_job],
+    assets=dg.load_assets_from_modules([curation, planning]),
+    jobs=[kiln_job, plan_job],
     resources={"kiln_config": KilnConfig(), "storage": KilnStorage()},
 )

@@ -24,6 +24,10 @@ def kiln_job() -> dg.JobDefinition:
     return defs.resolve_job_def("kiln")
 
 
+def plan_job() -> dg.JobDefinition:
+    return defs.resolve_job_def("plan")
+
+
 def main() -> int:
     instance = dg.DagsterInstance.get()
     partitions = defs.resolve_job_def("kiln").partitions_def.get_partition_keys()
@@ -37,6 +41,10 @@ def main() -> int:
             if not result.success:
                 print(f"[kiln demo] run {result.run_id} failed; see `make ui` for its logs", file=sys.stderr)
                 return 1
+    print("[kiln demo] training_plan ...", flush=True)
+    if not dg.execute_job(dg.reconstructable(plan_job), instance=instance, tags={"kiln/demo": "true"}).success:
+        print("[kiln demo] the planning run failed; see `make ui` for its logs", file=sys.stderr)
+        return 1
     summarize(Store(kiln_home() / "data"), partitions)
     print(f"[kiln demo] done in {time.monotonic() - started:.0f} s; browse the runs with `make ui`")
     return 0
@@ -55,6 +63,7 @@ def summarize(store: Store, partitions: list[str]) -> None:
         print(f"{p:<18}{raw.docs_in:>12,}{raw.docs_in - raw.docs_out:>12,}{filt.docs_in - filt.docs_out:>10,}"
               f"{cur.docs_in - cur.docs_out:>10,}{cur.docs_out:>9,}{cur.docs_out / max(raw.docs_in, 1):>7.0%}   {top_text}")
     print(f"\noutputs: {store.root}/<asset>/<source>/ (Parquet parts, rejected-*.parquet, _manifest.json)")
+    print(f"run plan: {store.dataset_dir('training_plan') / 'plan.txt'} (or `kiln plan --help`)")
 
 
 if __name__ == "__main__":

@@ -82,18 +82,10 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _config_values(path: Path) -> dict[str, Any]:
-    import yaml
+    """The `planning:` values set in a project config, validated with the rest of it."""
+    from kiln.config import load_config
 
-    try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise ValueError(f"cannot read --config {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"--config {path} is not valid YAML: {exc}") from None
-    planning = document.get("planning", {}) if isinstance(document, dict) else None
-    if not isinstance(planning, dict):
-        raise ValueError(f"--config {path}: `planning:` must be a mapping, got {type(planning).__name__}")
-    return dict(planning)
+    return load_config(path).planning.model_dump(exclude_unset=True)
 
 
 def request_from_args(args: argparse.Namespace) -> PlanRequest:

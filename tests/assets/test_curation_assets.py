@@ -41,18 +41,33 @@ def project(tmp_path, kiln_home, monkeypatch):
 
 
 def materialize(definitions, resources, selection, partition, raise_on_error=True):
-    return dg.materialize(list(definitions.defs.assets), selection=selection, partition_key=partition,
-                          resources=resources, raise_on_error=raise_on_error)
+    curation = [a for a in definitions.defs.assets if a.partitions_def is not None]
+    return dg.materialize(curation, selection=selection, partition_key=partition, resources=resources,
+                          raise_on_error=raise_on_error)
 
 
-def test_graph_shape_is_the_audit_trail(project):
+# A change to lineage (a new asset, a dropped dependency, a removed check) must show up in review.
+GRAPH_SNAPSHOT = {
+    "raw_documents": {"group": "curation", "deps": [], "checks": ["conservation", "non_empty", "schema"]},
+    "filtered_documents": {"group": "curation", "deps": ["raw_documents"],
+                           "checks": ["conservation", "non_empty", "schema"]},
+    "curated_documents": {"group": "curation", "deps": ["filtered_documents"],
+                          "checks": ["conservation", "non_empty", "residual_pii", "schema"]},
+    "training_plan": {"group": "planning", "deps": [], "checks": []},
+}
+
+
+def test_asset_graph_snapshot(project):
     definitions, _, _ = project
-    graph = {spec.key.to_user_string(): sorted(d.asset_key.to_user_string() for d in spec.deps)
-             for spec in definitions.defs.resolve_all_asset_specs()}
-    assert graph == {"raw_documents": [], "filtered_documents": ["raw_documents"],
-                     "curated_documents": ["filtered_documents"]}
-    checks = sorted(k.to_user_string() for k in definitions.defs.resolve_asset_graph().asset_check_keys)
-    assert "curated_documents:residual_pii" in checks and "raw_documents:conservation" in checks
+    graph = definitions.defs.resolve_asset_graph()
+    checks = {}
+    for key in graph.asset_check_keys:
+        checks.setdefault(key.asset_key.to_user_string(), []).append(key.name)
+    actual = {spec.key.to_user_string(): {"group": spec.group_name,
+                                          "deps": sorted(d.asset_key.to_user_string() for d in spec.deps),
+                                          "checks": sorted(checks.get(spec.key.to_user_string(), []))}
+              for spec in definitions.defs.resolve_all_asset_specs()}
+    assert actual == GRAPH_SNAPSHOT
 
 
 def test_materialize_all_sources_checks_pass_and_lineage_is_recorded(project):
@@ -105,3 +120,13 @@ def test_a_failing_blocking_check_stops_downstream(project, monkeypatch):
     conservation = [e for e in result.get_asset_check_evaluations() if e.check_name == "conservation"]
     assert conservation and not conservation[0].passed
     assert not result.asset_materializations_for_node("filtered_documents")
+
+
+def test_training_plan_asset(project):
+    definitions, resources, home = project
+    plan = [a for a in definitions.defs.assets if a.partitions_def is None]
+    result = dg.materialize(plan, resources=resources)
+    assert result.success
+    metadata = result.asset_materializations_for_node("training_plan")[0].metadata
+    assert "Kiln training plan" in metadata["plan"].value
+    assert (home / "data" / "training_plan" / "_all" / "plan.json").is_file()

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -59,15 +60,23 @@ def test_argparse_level_errors_also_exit_2(capsys):
 
 
 def test_config_then_flags(tmp_path, capsys):
+    import yaml
+
+    project = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "default.yaml").read_text())
+    project["planning"] = {"budget_usd": 50000, "gpu": "A100", "n_gpus": 16, "available_tokens": {"web": 1.0e9}}
     config = tmp_path / "kiln.yaml"
-    config.write_text("planning:\n  budget_usd: 50000\n  gpu: A100\n  n_gpus: 16\n  available_tokens: {web: 1.0e9}\n")
+    config.write_text(yaml.safe_dump(project))
     assert kiln("--config", str(config), "--budget-flops", "1e21", "--source", "code=1e9", "--json") == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["request"]["budget_usd"] is None and plan["request"]["budget_flops"] == 1e21
     assert plan["cluster"]["n_gpus"] == 16 and plan["gpu"]["name"] == "A100-80GB"
     assert {s["source"] for s in plan["data"]["sources"]} == {"web", "code"}
     assert kiln("--config", str(tmp_path / "missing.yaml")) == 2
-    assert "cannot read --config" in capsys.readouterr().err
+    assert "missing.yaml' not found" in capsys.readouterr().err
+    project["planning"]["mfu"] = 3
+    config.write_text(yaml.safe_dump(project))
+    assert kiln("--config", str(config)) == 2
+    assert "planning.mfu = 3" in capsys.readouterr().err  # validated as part of the project config
 
 
 def test_own_fits_from_mlflow(tmp_path, monkeypatch, capsys):
