@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kiln.filters import build_step, step_parameters
+from kiln.filters.registry import build_step, step_parameters
 from kiln.planning.plan import PlanRequest
 
 DEFAULT_CONFIG = "configs/default.yaml"

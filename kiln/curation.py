@@ -28,7 +28,8 @@ from tqdm import tqdm
 
 from kiln.config import ExactDedup, ProjectConfig, Reading, Source, StepSpec
 from kiln.documents import DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
-from kiln.filters import Step, build_step
+from kiln.filters.base import Step
+from kiln.filters.registry import build_step
 from kiln.readers import Quarantined, read_source
 from kiln.stats import StageStats
 from kiln.storage import DatasetWriter, write_parquet_atomic

@@ -24,12 +24,10 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from kiln.documents import Document
-
-if TYPE_CHECKING:
-    from kiln.filters.base import Verdict
+from kiln.filters.base import Verdict, keep
 
 PII_TYPES: tuple[str, ...] = ("email", "phone", "ipv4", "ipv6", "us_ssn", "credit_card", "secret")
 PLACEHOLDERS: dict[str, str] = {t: f"<{t.upper()}>" for t in PII_TYPES}
@@ -68,21 +66,29 @@ _ANY_DIGIT = re.compile(r"[0-9]")
 # are excluded explicitly. Matching starts only at '@' signs (rare, found with str.find) and walks
 # back over the local part, at most 64 characters (RFC 5321).
 _EMAIL = re.compile(
-    r"(?<![\w.%+-])"
+    r"(?<![\w%+-])"
     r"[\w%+-]+(?:\.[\w%+-]+)*"
     r"@(?![0-9]+(?:\.[0-9]+)?x\.(?:png|jpe?g|gif|webp|svg|ico|bmp|avif)(?![\w-]))"
     r"(?:[^\W_][\w-]{0,62}\.)+"
     r"[^\W\d_]{2,63}(?![\w-])(?!:[\w~/])"
 )
-_LOCAL = frozenset(".%+-_")  # local-part characters besides letters and digits
+_LOCAL = frozenset("_%+-")  # local-part characters besides letters, digits and single dots
+
+
+def _is_local(c: str) -> bool:
+    return c.isalnum() or c in _LOCAL
 
 
 def _find_email(text: str) -> Iterator[tuple[int, int]]:
     at = text.find("@")
     while at != -1:
+        # Back to the start of the local part: word characters, and dots only between two of them
+        # (so "see...bob@x.org" starts at "bob"). _EMAIL's look-behind rejects a run longer than 64.
         start = at
-        # Back to the start of the local part; _EMAIL's look-behind rejects a run longer than 64.
-        while start > 0 and at - start <= 64 and (text[start - 1].isalnum() or text[start - 1] in _LOCAL):
+        while start > 0 and at - start <= 64 and (
+            _is_local(text[start - 1])
+            or (text[start - 1] == "." and start < at and start >= 2 and _is_local(text[start - 2]))
+        ):
             start -= 1
         m = _EMAIL.match(text, start)
         if m is not None:
@@ -483,8 +489,5 @@ class PiiRedaction:
         self._keep = frozenset(self.ipv4_keep)
 
     def __call__(self, doc: Document) -> Verdict:
-        # Imported here: `kiln.filters` registers this step, so a module-level import would be circular.
-        from kiln.filters.base import keep
-
         text, counts = redact(doc.text, self.types, self._keep)
         return keep(text, **counts)

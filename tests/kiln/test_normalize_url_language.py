@@ -3,7 +3,7 @@
 import pytest
 
 from kiln.documents import Document
-from kiln.filters import build_step
+from kiln.filters.registry import build_step
 from tests.conftest import prose
 
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kiln.documents import Document
-from kiln.filters import build_step
+from kiln.filters.registry import build_step
 from kiln.pii import PII_TYPES, PLACEHOLDERS, PiiMatch, PiiRedaction, find_pii, redact
 
 
@@ -51,6 +51,7 @@ POSITIVES = [
     ("Kontakt: jöhn@münchen.de", "Kontakt: <EMAIL>"),
     ("mailto:bob_smith-1@corp.io, thanks", "mailto:<EMAIL>, thanks"),
     ("Write to x@y.museum.", "Write to <EMAIL>."),
+    ("see...bob@x.org", "see...<EMAIL>"),
     # phone
     ("Call (555) 123-4567 now", "Call <PHONE> now"),
     ("Call 555-123-4567.", "Call <PHONE>."),
@@ -101,11 +102,11 @@ POSITIVES = [
     (f"export GITHUB_TOKEN={GH_TOKEN}", "export GITHUB_TOKEN=<SECRET>"),
     (f"pat: {GH_PAT}", "pat: <SECRET>"),
     (f"SLACK={SLACK}", "SLACK=<SECRET>"),
-    (f'password = "s3cr3tP4ssw0rd!xyz"', 'password = "<SECRET>"'),
+    ('password = "s3cr3tP4ssw0rd!xyz"', 'password = "<SECRET>"'),
     (f"api_key: '{STRIPE_LIKE}'", "api_key: '<SECRET>'"),
-    (f'{{"clientSecret": "aB3dE5fG7hJ9kL1mN3pQ"}}', '{"clientSecret": "<SECRET>"}'),
-    (f"DB_PASSWORD=Xk9vQ2mW7pLr4TzY\nDEBUG=1", "DB_PASSWORD=<SECRET>\nDEBUG=1"),
-    (f"https://x.io/cb?access_token=Ab12Cd34Ef56Gh78Ij90&state=1", "https://x.io/cb?access_token=<SECRET>&state=1"),
+    ('{"clientSecret": "aB3dE5fG7hJ9kL1mN3pQ"}', '{"clientSecret": "<SECRET>"}'),
+    ("DB_PASSWORD=Xk9vQ2mW7pLr4TzY\nDEBUG=1", "DB_PASSWORD=<SECRET>\nDEBUG=1"),
+    ("https://x.io/cb?access_token=Ab12Cd34Ef56Gh78Ij90&state=1", "https://x.io/cb?access_token=<SECRET>&state=1"),
     (f"key:\n{PEM}\nafter", "key:\n<SECRET>\nafter"),
     ('k = "' + PEM.replace("\n", "\\n") + '\\n"', 'k = "<SECRET>\\n"'),  # pasted into a string literal
     ("-----BEGIN OPENSSH " + "PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU... (cut)", "<SECRET>... (cut)"),
@@ -220,6 +221,12 @@ def test_overlaps_resolve_to_one_match():
     assert find_pii("::ffff:192.0.2.128") == [PiiMatch("ipv6", 0, 18)]  # not also an IPv4
     assert find_pii("1.2.3.4@example.com") == [PiiMatch("email", 0, 19)]
     assert find_pii("x 1.2.3.4@example.com", types=["ipv4"]) == [PiiMatch("ipv4", 2, 9)]
+
+
+def test_redaction_reaches_a_fixed_point():
+    # The second number's '+' follows a digit, so it only counts once the first number is replaced.
+    assert find_pii("555.123.4567+1-555-123-4567") == [PiiMatch("phone", 0, 12)]
+    assert redact("555.123.4567+1-555-123-4567") == ("<PHONE><PHONE>", {"phone": 2})
 
 
 def test_ipv4_keep_is_configurable():
@@ -397,7 +404,7 @@ def test_any_ipv6_in_prose_is_redacted(data, n, form):
     embedded_is_replaced(data, text[form], "<IPV6>")
 
 
-FRAGMENTS = [p for p, _ in POSITIVES[:45]] + NEAR_MISSES[:60] + list(PLACEHOLDERS.values()) + [
+FRAGMENTS = [p for p, _ in POSITIVES] + NEAR_MISSES + list(PLACEHOLDERS.values()) + [
     "@", ".", "-", ":", "::", "+", "(", ")", " ", "\n", "1", "0", "4", "a", "x", "e", "v", "=", '"', "_"]
 messy = st.lists(
     st.one_of(st.sampled_from(FRAGMENTS), st.text(alphabet="0123456789abcdefAKx.-:@+() <>_=\"'\n/", max_size=10)),
@@ -421,8 +428,9 @@ def test_find_pii_spans_are_sorted_disjoint_and_of_the_asked_types(text, types):
         assert 0 <= m.start < m.end <= len(text) and m.type in types
     for a, b in zip(matches, matches[1:]):
         assert a.end <= b.start
-    counts = redact(text, types=types)[1]
-    assert sum(counts.values()) == len(matches) and all(v > 0 for v in counts.values())
+    counts = redact(text, types=types)[1]  # may count more: redaction runs to a fixed point
+    assert set(counts) <= types and all(v > 0 for v in counts.values())
+    assert sum(counts.values()) >= len(matches)
 
 
 DIGIT_TYPES = ("email", "phone", "ipv4", "us_ssn", "credit_card")  # all need a digit or an '@'
