@@ -7,7 +7,9 @@ from assets.results import check_specs, materialize_result, standard_checks
 from kiln.config import load_config
 from kiln.curation import HashTable, apply_exact_dedup, exact_duplicates, filter_documents, ingest, profile_steps
 from kiln.manifest import code_version
-from kiln.pii import find_pii
+from kiln.filters.registry import build_step
+from kiln.pii import PiiRedaction
+from kiln.storage import Store
 from kiln.stats import StageStats, chain, funnel_markdown
 from resources import KilnConfig, KilnStorage
 
@@ -99,19 +101,20 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
             stats=stats.to_dict())
     funnel = chain([StageStats.from_dict(store.manifest(RAW, source).stats),
                     StageStats.from_dict(inputs[source].stats), stats])
-    checks = standard_checks(store, manifest, inputs[source].counts["documents"]) + [residual_pii_check(store, source)]
+    checks = standard_checks(store, manifest, inputs[source].counts["documents"]) + [
+        residual_pii_check(store, source, build_step("pii", config.curation.pii))]
     return materialize_result(manifest, stats, store, checks,
                               full_funnel=dg.MetadataValue.md("From raw records to curated documents:\n\n"
                                                               + funnel_markdown(funnel)))
 
 
-def residual_pii_check(store, source: str) -> dg.AssetCheckResult:
+def residual_pii_check(store: Store, source: str, detector: PiiRedaction) -> dg.AssetCheckResult:
     """Scan the output again with the same detectors: any hit means redaction missed something."""
     hits: dict[str, int] = {}
     examples = []
     for batch in store.iter_batches(CURATED, source, columns=["doc_id", "text"]):
         for doc_id, text in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
-            for m in find_pii(text):
+            for m in detector.find(text):
                 hits[m.type] = hits.get(m.type, 0) + 1
                 if len(examples) < 5:
                     examples.append(f"{doc_id}: {m.type}")

@@ -151,19 +151,33 @@ _NOT_AN_ADDRESS_BEFORE = re.compile(
 )
 
 
-def _ipv4_ok(s: str) -> bool:
+# Ranges reserved for documentation and examples (RFC 5737, RFC 3849): they identify no one, and
+# redacting them would break the code samples and docs that use them on purpose.
+DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))
+
+
+def _documentation(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    return any(addr in net for net in DOCUMENTATION_NETWORKS if net.version == addr.version)
+
+
+def _is_mask(n: int, bits: int) -> bool:
+    """0...01...1 or 1...10...0: a netmask or hostmask, not an address."""
+    inverse = n ^ ((1 << bits) - 1)
+    return (n & (n + 1)) == 0 or (inverse & (inverse + 1)) == 0
+
+
+def _ipv4_ok(s: str, keep_documentation: bool = True) -> bool:
     octets = s.split(".")
     if any(int(o) > 255 or (o[0] == "0" and o != "0") for o in octets):
         return False
-    n = int.from_bytes(bytes(int(o) for o in octets), "big")
-    inverse = n ^ 0xFFFFFFFF
-    is_mask = (n & (n + 1)) == 0 or (inverse & (inverse + 1)) == 0  # 0...01...1 or 1...10...0
-    return not is_mask
+    addr = ipaddress.IPv4Address(s)
+    return not _is_mask(int(addr), 32) and not (keep_documentation and _documentation(addr))
 
 
-def _find_ipv4(text: str, keep: frozenset[str]) -> Iterator[tuple[int, int]]:
+def _find_ipv4(text: str, keep: frozenset[str], keep_documentation: bool) -> Iterator[tuple[int, int]]:
     for m in _IPV4.finditer(text):
-        if m.group() in keep or not _ipv4_ok(m.group()):
+        if m.group() in keep or not _ipv4_ok(m.group(), keep_documentation):
             continue
         if _NOT_AN_ADDRESS_BEFORE.search(text, max(0, m.start() - 24), m.start()):
             continue
@@ -182,7 +196,7 @@ _IPV6 = re.compile(r"(?<![\w:.])[0-9A-Fa-f:]{2,45}(?:\.[0-9]{1,3}){0,3}(?![\w:])
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 
-def _ipv6_ok(s: str) -> bool:
+def _ipv6_ok(s: str, keep_documentation: bool = True) -> bool:
     if "::" in s and (
         sum(1 for g in s.split(":") if g) < 2
         or sum(c in _HEX for c in s) < 4
@@ -193,17 +207,18 @@ def _ipv6_ok(s: str) -> bool:
         addr = ipaddress.IPv6Address(s)
     except ValueError:
         return False
-    return not (addr.is_unspecified or addr.is_loopback)
+    return not (addr.is_unspecified or addr.is_loopback or _is_mask(int(addr), 128)
+                or (keep_documentation and _documentation(addr)))
 
 
-def _find_ipv6(text: str) -> Iterator[tuple[int, int]]:
+def _find_ipv6(text: str, keep_documentation: bool) -> Iterator[tuple[int, int]]:
     pos = 0
     while (g := _IPV6_GATE.search(text, pos)) is not None:
         start = g.start()
         while start > 0 and g.start() - start < 4 and text[start - 1] in _HEX:
             start -= 1
         m = _IPV6.match(text, start)
-        if m is not None and _ipv6_ok(m.group()):
+        if m is not None and _ipv6_ok(m.group(), keep_documentation):
             yield m.span()
             pos = m.end()
         else:
@@ -405,6 +420,7 @@ def find_pii(
     text: str,
     types: Iterable[str] = PII_TYPES,
     ipv4_keep: Iterable[str] = DEFAULT_IPV4_KEEP,
+    keep_documentation: bool = True,
 ) -> list[PiiMatch]:
     """Non-overlapping PII spans in `text`, sorted by start."""
     wanted = set(_check_types(types))
@@ -418,11 +434,11 @@ def find_pii(
         elif kind == "email":
             spans = _find_email(text)
         elif kind == "ipv6":
-            spans = _find_ipv6(text)
+            spans = _find_ipv6(text, keep_documentation)
         elif not has_digit:
             continue  # every remaining type is made of digits
         elif kind == "ipv4":
-            spans = _find_ipv4(text, frozenset(ipv4_keep))
+            spans = _find_ipv4(text, frozenset(ipv4_keep), keep_documentation)
         elif kind == "credit_card":
             spans = _find_card(text)
         elif kind == "us_ssn":
@@ -448,6 +464,7 @@ def redact(
     text: str,
     types: Iterable[str] = PII_TYPES,
     ipv4_keep: Iterable[str] = DEFAULT_IPV4_KEEP,
+    keep_documentation: bool = True,
 ) -> tuple[str, dict[str, int]]:
     """`text` with every PII span replaced by its type's placeholder, and how many of each (nonzero).
 
@@ -458,7 +475,7 @@ def redact(
     this ends; a second pass only runs on text that had PII.
     """
     counts: Counter[str] = Counter()
-    while matches := find_pii(text, types, ipv4_keep):
+    while matches := find_pii(text, types, ipv4_keep, keep_documentation):
         parts: list[str] = []
         pos = 0
         for m in matches:
@@ -478,6 +495,7 @@ class PiiRedaction:
     name: ClassVar[str] = "pii"
     types: list[str] = field(default_factory=lambda: list(PII_TYPES))
     ipv4_keep: list[str] = field(default_factory=lambda: sorted(DEFAULT_IPV4_KEEP))
+    keep_documentation: bool = True  # RFC 5737 / RFC 3849 example addresses are not PII
 
     def __post_init__(self) -> None:
         self.types = list(_check_types(self.types))
@@ -488,6 +506,10 @@ class PiiRedaction:
                 raise ValueError(f"ipv4_keep: {ip!r} is not an IPv4 address") from e
         self._keep = frozenset(self.ipv4_keep)
 
+    def find(self, text: str) -> list[PiiMatch]:
+        """What this step would redact: the residual-PII check scans outputs with exactly these settings."""
+        return find_pii(text, self.types, self._keep, self.keep_documentation)
+
     def __call__(self, doc: Document) -> Verdict:
-        text, counts = redact(doc.text, self.types, self._keep)
+        text, counts = redact(doc.text, self.types, self._keep, self.keep_documentation)
         return keep(text, **counts)

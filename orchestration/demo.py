@@ -16,6 +16,9 @@ from kiln.stats import StageStats, chain, funnel_rows
 from kiln.storage import Store
 from orchestration.definitions import defs
 
+# Step events at INFO, not Dagster's DEBUG flood; the full event log is in the UI.
+RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
 # Waves of assets: every asset in a wave needs only earlier waves (all partitions of them).
 WAVES = [["raw_documents", "filtered_documents"], ["curated_documents"]]
 
@@ -35,14 +38,15 @@ def main() -> int:
     for wave in WAVES:
         for partition in partitions:
             print(f"[kiln demo] {', '.join(wave)} [{partition}] ...", flush=True)
-            result = dg.execute_job(dg.reconstructable(kiln_job), instance=instance,
+            result = dg.execute_job(dg.reconstructable(kiln_job), instance=instance, run_config=RUN_CONFIG,
                                     asset_selection=[dg.AssetKey(a) for a in wave],
                                     tags={"dagster/partition": partition, "kiln/demo": "true"})
             if not result.success:
                 print(f"[kiln demo] run {result.run_id} failed; see `make ui` for its logs", file=sys.stderr)
                 return 1
     print("[kiln demo] training_plan ...", flush=True)
-    if not dg.execute_job(dg.reconstructable(plan_job), instance=instance, tags={"kiln/demo": "true"}).success:
+    if not dg.execute_job(dg.reconstructable(plan_job), instance=instance, run_config=RUN_CONFIG,
+                          tags={"kiln/demo": "true"}).success:
         print("[kiln demo] the planning run failed; see `make ui` for its logs", file=sys.stderr)
         return 1
     summarize(Store(kiln_home() / "data"), partitions)

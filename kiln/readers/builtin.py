@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kiln.config import Reading, Source
 from kiln.documents import Document
-from kiln.readers.formats import Quarantined, record_to_document
+from kiln.readers.formats import Quarantined, decode_utf8, record_to_document
 
 PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 EXCLUDED_STDLIB_DIRS = {"site-packages", "test", "tests", "idle_test", "__pycache__", "dist-packages"}
@@ -143,10 +143,9 @@ def read_builtin(source: Source, reading: Reading) -> Iterator[Document | Quaran
     as_records = source.model_copy(update={"text_field": "text", "id_field": "id", "url_field": "url"})
     for record in CORPORA[source.corpus]():
         if "path_bytes" in record:  # files: decode here so invalid UTF-8 is quarantined like any source's
-            data = record.pop("path_bytes")
-            try:
-                record["text"] = data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield Quarantined(source.name, record["id"], "invalid_utf8", str(exc))
+            text = decode_utf8(record.pop("path_bytes"), source.name, record["id"])
+            if isinstance(text, Quarantined):
+                yield text
                 continue
+            record["text"] = text
         yield record_to_document(record, as_records, record["id"], reading)

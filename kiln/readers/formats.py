@@ -40,6 +40,14 @@ def _excerpt(data: bytes | str | None) -> str | None:
     return data[:EXCERPT_CHARS]
 
 
+def decode_utf8(data: bytes, source: str, locator: str) -> str | Quarantined:
+    """The text, or the record quarantined as invalid_utf8 (never decoded with replacement characters)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Quarantined(source, locator, "invalid_utf8", f"{exc}: {_excerpt(data)}")
+
+
 def _decompressed(f: SourceFile) -> io.BufferedIOBase:
     raw = f.open()
     if f.uri.endswith(".gz"):
@@ -86,10 +94,9 @@ def read_jsonl(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docu
                 if len(line) > reading.max_document_bytes:
                     yield Quarantined(source.name, locator, "too_large", _excerpt(line))
                     continue
-                try:
-                    decoded = line.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    yield Quarantined(source.name, locator, "invalid_utf8", f"{exc}: {_excerpt(line)}")
+                decoded = decode_utf8(line, source.name, locator)
+                if isinstance(decoded, Quarantined):
+                    yield decoded
                     continue
                 try:
                     record = json.loads(decoded)
@@ -132,10 +139,9 @@ def read_text(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docum
     if len(data) > reading.max_document_bytes:
         yield Quarantined(source.name, f.relative, "too_large", _excerpt(data))
         return
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        yield Quarantined(source.name, f.relative, "invalid_utf8", f"{exc}: {_excerpt(data)}")
+    text = decode_utf8(data, source.name, f.relative)
+    if isinstance(text, Quarantined):
+        yield text
         return
     yield record_to_document({"text": text}, source.model_copy(update={"text_field": "text", "id_field": None,
                                                                        "url_field": None}), f.relative, reading)
@@ -204,10 +210,9 @@ def read_warc(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docum
                     if "html" not in content_type and "text" not in content_type:
                         yield Quarantined(source.name, locator, "not_text", content_type)
                         continue
-                try:
-                    text = payload.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    yield Quarantined(source.name, locator, "invalid_utf8", f"{exc}: {_excerpt(payload)}")
+                text = decode_utf8(payload, source.name, locator)
+                if isinstance(text, Quarantined):
+                    yield text
                     continue
                 if record.rec_type == "response":
                     text = html_to_text(text)

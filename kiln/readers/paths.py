@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,8 @@ class SourceFile:
     def open(self) -> BinaryIO:
         if self.uri.startswith("s3://"):
             filesystem, path = _s3_filesystem(self.uri)
-            return filesystem.open_input_stream(path)
+            # compression=None: decompression is the reader's job, by extension, for local and S3 alike.
+            return io.BufferedReader(filesystem.open_input_stream(path, compression=None), buffer_size=1 << 20)
         return open(self.uri, "rb")
 
 

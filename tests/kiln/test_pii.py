@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from kiln.documents import Document
 from kiln.filters.registry import build_step
-from kiln.pii import PII_TYPES, PLACEHOLDERS, PiiMatch, PiiRedaction, find_pii, redact
+from kiln.pii import DOCUMENTATION_NETWORKS, PII_TYPES, PLACEHOLDERS, PiiMatch, PiiRedaction, find_pii, redact
 
 
 def red(text: str, **kwargs) -> str:
@@ -69,12 +69,12 @@ POSITIVES = [
     ("http://10.0.0.1:8080/x", "http://<IPV4>:8080/x"),
     ("route 10.0.0.0/8", "route <IPV4>/8"),
     ("DNS server: 8.8.8.8.", "DNS server: <IPV4>."),
-    ("[203.0.113.7]", "[<IPV4>]"),
+    ("[93.184.216.34]", "[<IPV4>]"),
     ("Python 3.11.7.1", "Python <IPV4>"),  # a bare four-part number IS an address shape
     # ipv6
-    ("ping 2001:db8::1 now", "ping <IPV6> now"),
-    ("2001:0db8:85a3:0000:0000:8a2e:0370:7334", "<IPV6>"),
-    ("https://[2001:db8::2]:443/", "https://[<IPV6>]:443/"),
+    ("ping 2a00:1450:4001::1 now", "ping <IPV6> now"),
+    ("2a00:1450:85a3:0000:0000:8a2e:0370:7334", "<IPV6>"),
+    ("https://[2606:4700::1111]:443/", "https://[<IPV6>]:443/"),
     ("mapped ::ffff:192.0.2.128", "mapped <IPV6>"),
     ("FE80::0202:B3FF:FE1E:8329", "<IPV6>"),
     ("fe80::1ff:fe23:4567:890a%eth0", "<IPV6>%eth0"),
@@ -378,11 +378,17 @@ def is_mask(n: int) -> bool:
     return n & (n + 1) == 0 or inverse & (inverse + 1) == 0
 
 
+def is_mask128(n: int) -> bool:
+    inverse = n ^ ((1 << 128) - 1)
+    return n & (n + 1) == 0 or inverse & (inverse + 1) == 0
+
+
 @PROPS
 @given(st.data(), st.integers(0, 2**32 - 1))
 def test_any_ipv4_in_prose_is_redacted(data, n):
     assume(not is_mask(n))  # netmasks / hostmasks (incl. 0.0.0.0, 255.255.255.255) are kept on purpose
     assume(str(ipaddress.IPv4Address(n)) != "127.0.0.1")
+    assume(not any(ipaddress.IPv4Address(n) in net for net in DOCUMENTATION_NETWORKS if net.version == 4))
     embedded_is_replaced(data, str(ipaddress.IPv4Address(n)), "<IPV4>")
 
 
@@ -396,6 +402,7 @@ def test_octets_over_255_are_never_redacted(octets, words):
 @given(st.data(), st.integers(2**124, 2**128 - 1), st.sampled_from(["compressed", "exploded", "upper"]))
 def test_any_ipv6_in_prose_is_redacted(data, n, form):
     address = ipaddress.IPv6Address(n)
+    assume(not is_mask128(n))  # IPv6 netmasks are kept on purpose, like IPv4 ones
     text = {"compressed": address.compressed, "exploded": address.exploded, "upper": address.compressed.upper()}
     # Compressed forms with one group or no decimal digit ("1000::", "abcd::ef") are left alone on
     # purpose: slices, prefixes and C++ scopes look alike.
@@ -441,3 +448,11 @@ DIGIT_TYPES = ("email", "phone", "ipv4", "us_ssn", "credit_card")  # all need a 
 def test_text_without_digits_or_at_signs_is_unchanged(text):
     assert redact(text, types=DIGIT_TYPES) == (text, {})
     assert red(text) == text  # secrets and IPv6 could in principle, but not in random text
+
+
+def test_documentation_ranges_and_masks_are_kept_unless_asked():
+    text = "see IPv4Address('192.0.2.130') and ip_address('2001:db8::1'), mask ffff:ffff:ffff:ffff:ffff:ffff:ffff:fff0"
+    assert redact(text)[0] == text
+    redacted, counts = redact(text, keep_documentation=False)
+    assert counts == {"ipv4": 1, "ipv6": 1} and "<IPV4>" in redacted and "<IPV6>" in redacted
+    assert redact("host 93.186.135.91 and fe80::c685:8ff:fe45:641")[1] == {"ipv4": 1, "ipv6": 1}
