@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable
+from contextlib import nullcontext
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -118,12 +118,11 @@ def run_steps(doc: Document, steps: list[Step], stats: StageStats, examples: int
     return None
 
 
-def content_hash(text: str, dedup: ExactDedup | tuple[bool, bool]) -> str:
+def content_hash(text: str, lowercase: bool = True, collapse_whitespace: bool = True) -> str:
     """Hash of the text as exact dedup compares it (case and whitespace folded as configured)."""
-    lowercase, collapse = (dedup.lowercase, dedup.collapse_whitespace) if isinstance(dedup, ExactDedup) else dedup
     if lowercase:
         text = text.lower()
-    if collapse:
+    if collapse_whitespace:
         text = " ".join(text.split())
     return hashlib.blake2b(text.encode("utf-8", errors="surrogatepass"), digest_size=16).hexdigest()
 
@@ -140,7 +139,7 @@ def _filter_part(task: _PartTask) -> StageStats:
             original = doc.text
             reason = run_steps(doc, steps, stats, task.examples_per_reason)
             if reason is None:
-                kept.append({**doc.to_row(), "content_hash": content_hash(doc.text, task.dedup)})
+                kept.append({**doc.to_row(), "content_hash": content_hash(doc.text, *task.dedup)})
                 stats.docs_out += 1
                 stats.chars_out += len(doc.text)
                 stats.lengths_out.append(len(doc.text))
@@ -172,18 +171,11 @@ def filter_documents(input_parts: list[Path], steps: list[StepSpec], dedup: Exac
                        (dedup.lowercase, dedup.collapse_whitespace), examples_per_reason) for p in input_parts]
     workers = min(workers or os.cpu_count() or 1, max(len(tasks), 1))
     total = StageStats()
-    bar = tqdm(total=len(tasks), desc=label, unit="part", disable=not progress)
-    if workers <= 1:
-        results: Iterable[StageStats] = map(_filter_part, tasks)
-        for r in results:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=worker_pool_context()) if workers > 1 else None
+    with pool or nullcontext():
+        results = pool.map(_filter_part, tasks) if pool else map(_filter_part, tasks)
+        for r in tqdm(results, total=len(tasks), desc=label, unit="part", disable=not progress):
             total.merge(r, examples_per_reason)
-            bar.update()
-    else:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=worker_pool_context()) as pool:
-            for r in pool.map(_filter_part, tasks):
-                total.merge(r, examples_per_reason)
-                bar.update()
-    bar.close()
     return total
 
 
