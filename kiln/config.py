@@ -146,13 +146,6 @@ class ProjectConfig(_Strict):
         return self.profiles[self.source(source).profile]
 
 
-def fingerprint(obj: Any) -> str:
-    """A short stable hash of JSON-able config, recorded in manifests so outputs name what made them."""
-    if isinstance(obj, BaseModel):
-        obj = obj.model_dump(mode="json")
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def kiln_home() -> Path:
     """Where Kiln keeps data, checkpoints, Dagster and MLflow state (`KILN_HOME`, default ./.kiln)."""
     return Path(os.environ.get("KILN_HOME", ".kiln")).resolve()
@@ -208,5 +201,5 @@ def _fields_at(loc: tuple) -> list[str]:
     return sorted(model.model_fields) if model else []
 
 
-__all__ = ["ConfigError", "ProjectConfig", "Source", "StepSpec", "fingerprint", "kiln_home", "load_config",
+__all__ = ["ConfigError", "ProjectConfig", "Source", "StepSpec", "kiln_home", "load_config",
            "parse_config", "step_parameters"]

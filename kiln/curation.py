@@ -27,14 +27,13 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from kiln.config import ExactDedup, ProjectConfig, Reading, Source, StepSpec
-from kiln.documents import DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
+from kiln.documents import CURATED_SCHEMA, DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
 from kiln.filters.base import Step
 from kiln.filters.registry import build_step
 from kiln.readers import Quarantined, read_source
 from kiln.stats import StageStats
 from kiln.storage import DatasetWriter, write_parquet_atomic
 
-CURATED_SCHEMA = DOCUMENT_SCHEMA.append(pa.field("content_hash", pa.string(), nullable=False))
 FILTER_STAGE, DEDUP_STAGE = "filter", "exact_dedup"
 
 
@@ -68,7 +67,6 @@ def ingest(source: Source, reading: Reading, writer: DatasetWriter, progress: bo
         writer.write("documents", pa.Table.from_pylist(rows, schema=DOCUMENT_SCHEMA))
     if quarantined:
         writer.write("quarantine", pa.Table.from_pylist(quarantined, schema=QUARANTINE_SCHEMA))
-    stats.docs_in = stats.docs_out + len(quarantined)
     stats.chars_in = stats.chars_out
     step.docs_in = stats.docs_in
     return stats

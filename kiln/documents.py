@@ -21,6 +21,9 @@ DOCUMENT_SCHEMA = pa.schema(
     ]
 )
 
+# Filtered and curated documents also carry the hash exact dedup compares (normalized text).
+CURATED_SCHEMA = DOCUMENT_SCHEMA.append(pa.field("content_hash", pa.string(), nullable=False))
+
 # Removed documents: the document plus where, why, and (for duplicates) what was kept instead.
 REJECTED_SCHEMA = DOCUMENT_SCHEMA.append(pa.field("stage", pa.string(), nullable=False)).append(
     pa.field("reason", pa.string(), nullable=False)

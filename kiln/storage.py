@@ -7,10 +7,11 @@ new complete one. A folder without a manifest is incomplete and is never read.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +50,6 @@ class Store:
         path = self.dataset_dir(asset, partition) / MANIFEST_NAME
         if not path.is_file():
             raise IncompleteDataset(f"{asset}[{partition}] has not been materialized (no {path}); materialize it first")
-        import json
-
         return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
     def files(self, asset: str, partition: str | None, role: str) -> list[Path]:
@@ -92,11 +91,6 @@ class DatasetWriter:
         path = self.next_path(role)
         write_parquet_atomic(path, table)
         return path
-
-    def write_batches(self, role: str, tables: Iterable[pa.Table]) -> None:
-        for t in tables:
-            if t.num_rows:
-                self.write(role, t)
 
     def commit(self, *, code_version: str, config: dict, inputs: dict[str, str], counts: dict[str, int],
                stats: dict | None = None) -> Manifest:

@@ -1,4 +1,6 @@
 
+from pathlib import Path
+
 import dagster as dg
 
 from kiln.config import kiln_home
@@ -11,6 +13,4 @@ class KilnStorage(dg.ConfigurableResource):
     root: str = str(kiln_home() / "data")
 
     def store(self) -> Store:
-        from pathlib import Path
-
         return Store(Path(self.root))

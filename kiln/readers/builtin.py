@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kiln.config import Reading, Source
 from kiln.documents import Document
-from kiln.readers.formats import Quarantined, decode_utf8, record_to_document
+from kiln.readers.formats import Quarantined, as_internal_records, decode_utf8, record_to_document
 
 PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 EXCLUDED_STDLIB_DIRS = {"site-packages", "test", "tests", "idle_test", "__pycache__", "dist-packages"}
@@ -33,14 +33,14 @@ def _stable_order(items: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
     return sorted(items, key=lambda item: hashlib.blake2b(item[0].encode(), digest_size=8).digest())
 
 
-def _stdlib_files() -> list[Path]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(p for p in root.rglob("*.py")
-                  if not EXCLUDED_STDLIB_DIRS.intersection(p.relative_to(root).parts[:-1]))
-
-
 def _stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _stdlib_files() -> list[Path]:
+    root = _stdlib_root()
+    return sorted(p for p in root.rglob("*.py")
+                  if not EXCLUDED_STDLIB_DIRS.intersection(p.relative_to(root).parts[:-1]))
 
 
 def _python_docs() -> Iterator[dict]:
@@ -140,7 +140,7 @@ CORPORA = {
 
 
 def read_builtin(source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
-    as_records = source.model_copy(update={"text_field": "text", "id_field": "id", "url_field": "url"})
+    as_records = as_internal_records(source)
     for record in CORPORA[source.corpus]():
         if "path_bytes" in record:  # files: decode here so invalid UTF-8 is quarantined like any source's
             text = decode_utf8(record.pop("path_bytes"), source.name, record["id"])

@@ -59,6 +59,11 @@ def _decompressed(f: SourceFile) -> io.BufferedIOBase:
     return raw
 
 
+def as_internal_records(source: Source) -> Source:
+    """The source as it reads records Kiln builds itself ({"text", "id", "url"}), not the user's fields."""
+    return source.model_copy(update={"text_field": "text", "id_field": "id", "url_field": "url"})
+
+
 def record_to_document(record: Any, source: Source, locator: str, reading: Reading) -> Document | Quarantined:
     """Validate one structured record (a JSON object, a Parquet row) and turn it into a document."""
     if not isinstance(record, dict):
@@ -143,8 +148,7 @@ def read_text(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docum
     if isinstance(text, Quarantined):
         yield text
         return
-    yield record_to_document({"text": text}, source.model_copy(update={"text_field": "text", "id_field": None,
-                                                                       "url_field": None}), f.relative, reading)
+    yield record_to_document({"text": text}, as_internal_records(source), f.relative, reading)
 
 
 class _HtmlText(HTMLParser):
@@ -191,7 +195,7 @@ def read_warc(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docum
     """WET `conversion` records as they are; WARC `response` records with HTML reduced to visible text."""
     from warcio.archiveiterator import ArchiveIterator
 
-    seen = 0
+    seen, internal = 0, as_internal_records(source)
     try:
         with f.open() as raw:
             for record in ArchiveIterator(raw):
@@ -216,9 +220,7 @@ def read_warc(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docum
                     continue
                 if record.rec_type == "response":
                     text = html_to_text(text)
-                yield record_to_document({"text": text, "id": record_id, "url": url},
-                                         source.model_copy(update={"text_field": "text", "id_field": "id",
-                                                                   "url_field": "url"}), locator, reading)
+                yield record_to_document({"text": text, "id": record_id, "url": url}, internal, locator, reading)
     except Exception as exc:  # noqa: BLE001 - warcio raises several types on a damaged archive
         yield Quarantined(source.name, f"{f.relative}#{seen + 1}", "unreadable_file", f"{type(exc).__name__}: {exc}")
         return
