@@ -31,7 +31,7 @@ def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
     config, store = kiln_config.load(), storage.store()
     source = config.source(context.partition_key)
     with store.staging(RAW, source.name) as writer:
-        stats = ingest(source, config.reading, writer)
+        stats = ingest(source, config.reading, writer, examples_per_reason=config.curation.examples_per_reason)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"source": source.model_dump(mode="json"), "reading": config.reading.model_dump(mode="json")},

@@ -39,7 +39,8 @@ FILTER_STAGE, DEDUP_STAGE = "filter", "exact_dedup"
 
 # ---------------------------------------------------------------------------------------------- ingest
 
-def ingest(source: Source, reading: Reading, writer: DatasetWriter, progress: bool = True) -> StageStats:
+def ingest(source: Source, reading: Reading, writer: DatasetWriter, progress: bool = True,
+           examples_per_reason: int = 3) -> StageStats:
     """Read a source into document parts of `reading.rows_per_part` rows; quarantine what is unreadable."""
     stats = StageStats()
     step = stats.step("read")
@@ -53,7 +54,7 @@ def ingest(source: Source, reading: Reading, writer: DatasetWriter, progress: bo
         if isinstance(record, Quarantined):
             quarantined.append(record.to_row())
             step.dropped[record.reason] += 1
-            stats.add_example(f"read.{record.reason}", record.locator, record.excerpt or "", 3)
+            stats.add_example(f"read.{record.reason}", record.locator, record.excerpt or "", examples_per_reason)
             continue
         seen_ids.add(record.doc_id)
         rows.append(record.to_row())

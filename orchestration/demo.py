@@ -11,10 +11,9 @@ import time
 
 import dagster as dg
 
-from kiln.config import kiln_home
+from kiln.config import ConfigError, kiln_home
 from kiln.stats import StageStats, chain, funnel_rows
 from kiln.storage import Store
-from orchestration.definitions import defs
 
 # Step events at INFO, not Dagster's DEBUG flood; the full event log is in the UI.
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
@@ -24,16 +23,24 @@ WAVES = [["raw_documents", "filtered_documents"], ["curated_documents"]]
 
 
 def kiln_job() -> dg.JobDefinition:
+    from orchestration.definitions import defs
+
     return defs.resolve_job_def("kiln")
 
 
 def plan_job() -> dg.JobDefinition:
+    from orchestration.definitions import defs
+
     return defs.resolve_job_def("plan")
 
 
 def main() -> int:
+    try:
+        partitions = kiln_job().partitions_def.get_partition_keys()  # loading the code location loads the config
+    except ConfigError as exc:
+        print(f"[kiln demo] {exc}", file=sys.stderr)
+        return 2
     instance = dg.DagsterInstance.get()
-    partitions = defs.resolve_job_def("kiln").partitions_def.get_partition_keys()
     started = time.monotonic()
     for wave in WAVES:
         for partition in partitions:

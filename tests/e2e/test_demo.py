@@ -48,3 +48,12 @@ def test_workspace_loads_in_dagster(bounded_env):
     proc = subprocess.run([str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w",
                            "workspace.yaml"], cwd=ROOT, env=bounded_env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_demo_with_a_bad_config_says_which_key_and_exits_2(bounded_env, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sources:\n  - name: web\n    kind: jsonx\n")
+    proc = subprocess.run([sys.executable, "-m", "orchestration.demo"], cwd=ROOT,
+                          env={**bounded_env, "KILN_CONFIG": str(bad)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "sources[0].kind = 'jsonx'" in proc.stderr and "Traceback" not in proc.stderr
