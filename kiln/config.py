@@ -90,12 +90,197 @@ class Curation(_Strict):
         return value
 
 
+class ShingleNormalization(_Strict):
+    """How text is normalized before shingling, so that trivial edits do not hide a copy."""
+
+    lowercase: bool = True
+    strip_punctuation: bool = True  # words are runs of letters/digits/underscore; everything else separates
+    digits: Literal["keep", "zero", "remove"] = "zero"  # "zero" maps every digit to 0 (dates, versions, counters)
+
+
+class DedupIndexSettings(_Strict):
+    """Where the persistent MinHash LSH index lives: local files under KILN_HOME, or a shared Redis."""
+
+    backend: Literal["local", "redis"] = "local"
+    name: str = Field("kiln", pattern=r"^[a-z][a-z0-9_-]{0,62}$")  # one index per name; a new name starts afresh
+    redis_url: str = "redis://127.0.0.1:6379/0"
+
+
+class NearDedup(_Strict):
+    enabled: bool = True
+    shingle_size: int = Field(5, ge=1, le=32)  # words per shingle
+    num_perm: int = Field(128, ge=16, le=1024)  # MinHash permutations
+    threshold: float = Field(0.8, gt=0, lt=1)  # Jaccard at or above which two documents are near-duplicates
+    # LSH bands x rows (bands * rows <= num_perm). Unset: the pair with the fewest candidates below the
+    # threshold among those that find >= min_recall of pairs *at* the threshold (candidates are verified).
+    bands: int | None = Field(None, ge=1)
+    rows: int | None = Field(None, ge=1)
+    min_recall: float = Field(0.99, gt=0, lt=1)
+    seed: int = 1
+    normalization: ShingleNormalization = ShingleNormalization()
+    # Which document of a cluster is kept; earlier criteria decide first. Documents already in the index
+    # (accepted by an earlier refresh) always win: they may already be in token shards.
+    keep: list[Literal["quality_tier", "first_seen", "longest"]] = ["quality_tier", "first_seen", "longest"]
+    index: DedupIndexSettings = DedupIndexSettings()
+    check_sample: int = Field(500, ge=0)  # survivors re-checked pairwise by exact Jaccard in an asset check
+
+    @model_validator(mode="after")
+    def _bands_rows(self):
+        if (self.bands is None) != (self.rows is None):
+            raise ValueError("set both dedup.near.bands and dedup.near.rows, or neither (then they are chosen "
+                             "for min_recall at the threshold)")
+        if self.bands is not None and self.bands * self.rows > self.num_perm:
+            raise ValueError(f"bands x rows = {self.bands} x {self.rows} = {self.bands * self.rows} exceeds "
+                             f"num_perm = {self.num_perm}; lower one of them or raise num_perm")
+        if len(set(self.keep)) != len(self.keep):
+            raise ValueError(f"dedup.near.keep lists a criterion twice: {self.keep}")
+        return self
+
+
+class BoilerplateLines(_Strict):
+    """Remove lines that recur across many documents (navigation, cookie banners, license headers)."""
+
+    enabled: bool = False
+    min_documents: int = Field(100, ge=2)  # a line in more documents than this is boilerplate
+    min_chars: int = Field(10, ge=1)  # shorter lines (blank, braces, "}") are never counted
+
+
+class Dedup(_Strict):
+    near: NearDedup = NearDedup()
+    boilerplate_lines: BoilerplateLines = BoilerplateLines()
+    workers: int = Field(0, ge=0)  # processes computing signatures; 0 means one per core
+
+
+class Benchmark(_Strict):
+    """An evaluation set whose items must not appear in training data: a JSONL file of items."""
+
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
+    path: str
+    text_fields: list[str] = Field(["text"], min_length=1)  # fields joined to form the item's text
+    id_field: str | None = "id"
+
+
+class Decontamination(_Strict):
+    enabled: bool = True
+    ngram: int = Field(13, ge=3, le=64)  # words; GPT-3 and most successors use 13
+    min_item_words: int = Field(8, ge=1)  # shorter items use all their words as one n-gram; below this, skipped
+    mode: Literal["drop", "redact"] = "drop"  # redact cuts the overlapping spans (plus margin) instead
+    redact_margin_chars: int = Field(200, ge=0)
+    min_chars_after_redact: int = Field(200, ge=0)  # a redacted document shorter than this is dropped
+    benchmarks: list[Benchmark] = []
+
+
+# --- tokenizer, mixture and token shards
+
+SPECIAL_TOKEN_COUNT = 7  # <pad> <s> <|endoftext|> <unk> and the three FIM symbols (kiln.tokenizer.SPECIAL_TOKENS)
+
+
+class TokenizerSettings(_Strict):
+    """The sentencepiece model trained on a mixture-weighted sample. The defaults keep text exact:
+    decode(encode(text)) == text for any text; changing the normalization keys gives that up."""
+
+    vocab_size: int = Field(8000, ge=300, le=1 << 20)
+    model_type: Literal["bpe", "unigram"] = "bpe"
+    byte_fallback: bool = True  # unseen characters become UTF-8 byte pieces instead of <unk>
+    split_digits: bool = True  # every digit its own piece: arithmetic sees aligned numbers
+    character_coverage: float = Field(0.9995, gt=0, le=1)
+    max_piece_length: int = Field(16, ge=1, le=64)
+    sample_documents: int = Field(20_000, gt=0)  # at most this many documents in the training sample
+    sample_chars: int = Field(20_000_000, gt=0)  # and at most this many characters
+    max_sentence_chars: int = Field(2_048, ge=64, le=65_536)  # documents are cut at line ends into pieces this long
+    seed: int = 0
+    num_threads: int = Field(0, ge=0)  # sentencepiece trainer threads; 0 means one per core
+    normalization: Literal["identity", "nfkc"] = "identity"  # nfkc folds look-alike characters: not exact
+    add_dummy_prefix: bool = False  # True prepends a space to every text: not exact
+    remove_extra_whitespaces: bool = False  # True collapses runs of spaces (breaks code indentation)
+
+    @model_validator(mode="after")
+    def _room_for_pieces(self):
+        floor = SPECIAL_TOKEN_COUNT + (256 if self.byte_fallback else 0) + 37
+        if self.vocab_size < floor:
+            raise ValueError(f"tokenizer.vocab_size = {self.vocab_size} leaves no room for learned pieces: "
+                             f"{SPECIAL_TOKEN_COUNT} special tokens{' + 256 byte pieces' if self.byte_fallback else ''} "
+                             f"come first; use at least {floor}")
+        return self
+
+
+def _check_weights(weights: dict[str, float]) -> dict[str, float]:
+    bad = {k: v for k, v in weights.items() if not v >= 0 or v == float("inf")}
+    if bad:
+        raise ValueError(f"weights must be finite and >= 0; got {bad}")
+    if weights and not any(v > 0 for v in weights.values()):
+        raise ValueError("every weight is 0; give at least one source a positive weight "
+                         "(or leave the weights empty for natural proportions)")
+    return weights
+
+
+class Phase(_Strict):
+    """One stage of a curriculum: its own token budget and source weights; phases are read in order."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")
+    tokens: int = Field(gt=0)  # training tokens drawn in this phase
+    weights: dict[str, float] = Field(default_factory=dict)  # empty: mixture.weights (or natural proportions)
+
+    @field_validator("weights")
+    @classmethod
+    def _valid(cls, value, info):
+        return _check_weights(value)
+
+
+class Mixture(_Strict):
+    """How many tokens each source contributes to training. Weights are shares of training tokens;
+    a source is repeated (whole passes plus a deterministic subset) or subsampled to hit its share."""
+
+    weights: dict[str, float] = Field(default_factory=dict)  # empty: natural proportions, every source once
+    token_budget: int | None = Field(None, gt=0)  # None: the natural total of training tokens
+    max_epochs_warning: float = Field(4.0, gt=0)  # warn when a source is repeated more often than this
+    phases: list[Phase] = []  # optional curriculum; none means one phase "main"
+
+    @field_validator("weights")
+    @classmethod
+    def _valid(cls, value):
+        return _check_weights(value)
+
+    @model_validator(mode="after")
+    def _phases(self):
+        names = [p.name for p in self.phases]
+        if len(set(names)) != len(names):
+            raise ValueError(f"mixture.phases: phase names must be unique; got {names}")
+        if self.phases and self.token_budget is not None:
+            raise ValueError("set either mixture.token_budget or per-phase tokens (mixture.phases[*].tokens), "
+                             "not both: with phases the budget is their sum")
+        return self
+
+
+class Fim(_Strict):
+    """Fill-in-the-middle (Bavarian et al. 2022): a share of code documents is rearranged so the model
+    learns to complete a middle from its prefix and suffix."""
+
+    rate: float = Field(0.5, ge=0, le=1)  # share of documents of FIM sources that are rearranged
+    spm_rate: float = Field(0.5, ge=0, le=1)  # of those, the share in suffix-prefix-middle order
+    sources: list[str] | None = None  # None: every source with domain 'code'
+
+
+class ShardSettings(_Strict):
+    seq_len: int = Field(512, ge=8)  # the training sequence length the shards are meant for (the loader's default)
+    tokens_per_shard: int = Field(1 << 22, ge=1024)  # ~4M tokens (8 MB as uint16) per shard file
+    val_fraction: float = Field(0.01, ge=0, lt=1)  # share of documents held out (by doc_id hash)
+    seed: int = 1234  # shuffle, repetition subsets and FIM draws
+    fim: Fim = Fim()
+    workers: int = Field(0, ge=0)  # tokenizing processes; 0 means one per core
+
+
 class ProjectConfig(_Strict):
     sources: list[Source] = Field(min_length=1)
     profiles: dict[str, list[StepSpec]]
     reading: Reading = Reading()
     curation: Curation = Curation()
+    dedup: Dedup = Dedup()
+    decontamination: Decontamination = Decontamination()
     planning: PlanRequest = PlanRequest()  # `kiln plan` and the training_plan asset start from these
+    tokenizer: TokenizerSettings = TokenizerSettings()
+    mixture: Mixture = Mixture()
+    shards: ShardSettings = ShardSettings()
 
     @field_validator("profiles", mode="before")
     @classmethod
@@ -134,6 +319,26 @@ class ProjectConfig(_Strict):
             if s.profile not in self.profiles:
                 raise ValueError(f"source {s.name!r} uses profile {s.profile!r}, which is not defined; "
                                  f"defined profiles: {sorted(self.profiles)}")
+        return self
+
+    @model_validator(mode="after")
+    def _mixture_names_sources(self):
+        """Weights and FIM sources must name declared sources; non-empty weights must name all of them,
+        so adding a source never silently drops it from (or adds it to) training."""
+        names = [s.name for s in self.sources]
+        tables = [("mixture.weights", self.mixture.weights)]
+        tables += [(f"mixture.phases[{i}].weights", p.weights) for i, p in enumerate(self.mixture.phases)]
+        for key, weights in tables:
+            unknown = sorted(set(weights) - set(names))
+            if unknown:
+                raise ValueError(f"{key} names unknown source {unknown[0]!r}; sources: {names}")
+            missing = [n for n in names if n not in weights]
+            if weights and missing:
+                raise ValueError(f"{key} gives no weight to source(s) {missing}; list every source (weight 0 "
+                                 f"leaves one out) or leave {key} empty for natural proportions")
+        unknown_fim = sorted(set(self.shards.fim.sources or []) - set(names))
+        if unknown_fim:
+            raise ValueError(f"shards.fim.sources names unknown source {unknown_fim[0]!r}; sources: {names}")
         return self
 
     def source(self, name: str) -> Source:

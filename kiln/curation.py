@@ -239,5 +239,5 @@ def apply_exact_dedup(input_parts: list[Path], duplicates: dict[str, str], write
                 "stage", pa.array([DEDUP_STAGE] * len(ids))).append_column(
                 "reason", pa.array([reason] * len(ids))).append_column(
                 "duplicate_of", pa.array([duplicates[d] for d in ids]))
-            writer.write("rejected", rejected.cast(REJECTED_SCHEMA))
+            writer.write("rejected", pa.Table.from_pylist(rejected.to_pylist(), schema=REJECTED_SCHEMA))
     return stats

@@ -24,10 +24,16 @@ DOCUMENT_SCHEMA = pa.schema(
 # Filtered and curated documents also carry the hash exact dedup compares (normalized text).
 CURATED_SCHEMA = DOCUMENT_SCHEMA.append(pa.field("content_hash", pa.string(), nullable=False))
 
-# Removed documents: the document plus where, why, and (for duplicates) what was kept instead.
-REJECTED_SCHEMA = DOCUMENT_SCHEMA.append(pa.field("stage", pa.string(), nullable=False)).append(
-    pa.field("reason", pa.string(), nullable=False)
-).append(pa.field("duplicate_of", pa.string()))
+# Removed documents: the document plus where, why, and (for duplicates) what was kept instead; near
+# duplicates also carry their cluster and the measured Jaccard similarity with the kept document.
+REJECTED_SCHEMA = pa.schema([
+    *DOCUMENT_SCHEMA,
+    pa.field("stage", pa.string(), nullable=False),
+    pa.field("reason", pa.string(), nullable=False),
+    pa.field("duplicate_of", pa.string()),
+    pa.field("cluster_id", pa.string()),
+    pa.field("jaccard", pa.float64()),
+])
 
 # Records that could not even be read as documents.
 QUARANTINE_SCHEMA = pa.schema(

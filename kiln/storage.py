@@ -20,7 +20,9 @@ import pyarrow.parquet as pq
 
 from kiln.manifest import MANIFEST_NAME, FileEntry, Manifest, data_version_of, git_commit, now_utc, sha256_file, write_json_atomic
 
-ROLE_PREFIX = {"documents": "part", "rejected": "rejected", "quarantine": "quarantine"}
+# A file's role is its name's prefix, so any reader can tell documents from rejects, signatures or shards.
+ROLE_PREFIX = {"documents": "part", "rejected": "rejected", "quarantine": "quarantine", "signatures": "signatures",
+               "decisions": "decisions", "contamination": "contamination", "lines": "lines", "shard": "shard"}
 
 
 def write_parquet_atomic(path: Path, table: pa.Table) -> None:
@@ -29,8 +31,8 @@ def write_parquet_atomic(path: Path, table: pa.Table) -> None:
     os.replace(tmp, path)
 
 
-def part_name(role: str, index: int) -> str:
-    return f"{ROLE_PREFIX[role]}-{index:05d}.parquet"
+def part_name(role: str, index: int, suffix: str = ".parquet") -> str:
+    return f"{ROLE_PREFIX[role]}-{index:05d}{suffix}"
 
 
 class IncompleteDataset(FileNotFoundError):
@@ -82,10 +84,10 @@ class DatasetWriter:
         self.dir.mkdir()
         self._counters: dict[str, int] = {}
 
-    def next_path(self, role: str) -> Path:
+    def next_path(self, role: str, suffix: str = ".parquet") -> Path:
         i = self._counters.get(role, 0)
         self._counters[role] = i + 1
-        return self.dir / part_name(role, i)
+        return self.dir / part_name(role, i, suffix)
 
     def write(self, role: str, table: pa.Table) -> Path:
         path = self.next_path(role)

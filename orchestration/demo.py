@@ -18,8 +18,11 @@ from kiln.storage import Store
 # Step events at INFO, not Dagster's DEBUG flood; the full event log is in the UI.
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
-# Waves of assets: every asset in a wave needs only earlier waves (all partitions of them).
-WAVES = [["raw_documents", "filtered_documents"], ["curated_documents"]]
+# Waves of assets: every asset in a wave needs only earlier waves (all partitions of them). A wave of
+# unpartitioned assets (the dedup index spans every source) runs once.
+WAVES = [["raw_documents", "filtered_documents"], ["curated_documents", "minhash_signatures"], ["dedup_index"],
+         ["deduplicated_documents"]]
+UNPARTITIONED = {"dedup_index"}
 
 
 def kiln_job() -> dg.JobDefinition:
@@ -43,11 +46,12 @@ def main() -> int:
     instance = dg.DagsterInstance.get()
     started = time.monotonic()
     for wave in WAVES:
-        for partition in partitions:
-            print(f"[kiln demo] {', '.join(wave)} [{partition}] ...", flush=True)
+        for partition in [None] if set(wave) <= UNPARTITIONED else partitions:
+            print(f"[kiln demo] {', '.join(wave)}{f' [{partition}]' if partition else ''} ...", flush=True)
+            partition_tag = {"dagster/partition": partition} if partition else {}
             result = dg.execute_job(dg.reconstructable(kiln_job), instance=instance, run_config=RUN_CONFIG,
                                     asset_selection=[dg.AssetKey(a) for a in wave],
-                                    tags={"dagster/partition": partition, "kiln/demo": "true"})
+                                    tags={**partition_tag, "kiln/demo": "true"})
             if not result.success:
                 print(f"[kiln demo] run {result.run_id} failed; see `make ui` for its logs", file=sys.stderr)
                 return 1
@@ -62,18 +66,24 @@ def main() -> int:
 
 
 def summarize(store: Store, partitions: list[str]) -> None:
-    print(f"\n{'source':<18}{'raw records':>12}{'quarantined':>12}{'filtered':>10}{'exact dup':>10}{'curated':>9}"
-          f"{'kept':>7}   biggest removal")
+    print(f"\n{'source':<18}{'raw':>7}{'quarant.':>9}{'filtered':>9}{'exact':>7}{'near':>6}{'bench':>6}{'final':>7}"
+          f"{'kept':>6}   biggest removal")
+    stages = ("raw_documents", "filtered_documents", "curated_documents", "deduplicated_documents")
     for p in partitions:
-        raw, filt, cur = (StageStats.from_dict(store.manifest(a, p).stats)
-                          for a in ("raw_documents", "filtered_documents", "curated_documents"))
-        funnel = chain([raw, filt, cur])
-        rows = funnel_rows(funnel)
+        raw, filt, cur, dedup = (StageStats.from_dict(store.manifest(a, p).stats) for a in stages)
+        rows = funnel_rows(chain([raw, filt, cur, dedup]))
         top = max(rows, key=lambda r: r["docs"]) if rows else None
         top_text = f"{top['reason']} ({top['share_of_docs']:.0%})" if top else "-"
-        print(f"{p:<18}{raw.docs_in:>12,}{raw.docs_in - raw.docs_out:>12,}{filt.docs_in - filt.docs_out:>10,}"
-              f"{cur.docs_in - cur.docs_out:>10,}{cur.docs_out:>9,}{cur.docs_out / max(raw.docs_in, 1):>7.0%}   {top_text}")
-    print(f"\noutputs: {store.root}/<asset>/<source>/ (Parquet parts, rejected-*.parquet, _manifest.json)")
+        near = sum(dedup.steps["near_dedup"].dropped.values()) if "near_dedup" in dedup.steps else 0
+        bench = sum(dedup.steps["decontamination"].dropped.values()) if "decontamination" in dedup.steps else 0
+        print(f"{p:<18}{raw.docs_in:>7,}{raw.docs_in - raw.docs_out:>9,}{filt.docs_in - filt.docs_out:>9,}"
+              f"{cur.docs_in - cur.docs_out:>7,}{near:>6,}{bench:>6,}{dedup.docs_out:>7,}"
+              f"{dedup.docs_out / max(raw.docs_in, 1):>6.0%}   {top_text}")
+    index = store.manifest("dedup_index")
+    print(f"\nnear-dup index: {index.stats['index']['documents']:,} accepted documents; LSH "
+          f"{index.stats['lsh']['bands']} bands x {index.stats['lsh']['rows']} rows, "
+          f"{index.stats['verification']['candidate_pairs']:,} candidate pairs verified")
+    print(f"outputs: {store.root}/<asset>/<source>/ (Parquet parts, rejected-*.parquet, _manifest.json)")
     print(f"run plan: {store.dataset_dir('training_plan') / 'plan.txt'} (or `kiln plan --help`)")
 
 

@@ -1,18 +1,16 @@
 """The curation assets through Dagster: partitions, checks, metadata, data versions, lineage."""
 
-import importlib
 import json
 
-import dagster as dg
 import pytest
-import yaml
 
+from tests.assets.project import load_project
 from tests.conftest import prose, write_jsonl
 
 
 @pytest.fixture
 def project(tmp_path, kiln_home, monkeypatch):
-    """A tiny two-source project; the code location is re-imported so partitions follow its config."""
+    """A tiny two-source project."""
     write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": i, "text": prose(i)} for i in range(6)]
                 + [{"id": "dup", "text": prose(0)}, {"id": "pii", "text": prose(50) + " Mail bob@corp.com."}, "{bad"])
     write_jsonl(tmp_path / "ref" / "a.jsonl", [{"id": i, "text": prose(i)} for i in range(3, 5)])
@@ -27,23 +25,11 @@ def project(tmp_path, kiln_home, monkeypatch):
         "reading": {"rows_per_part": 3},
         "curation": {"workers": 1},
     }
-    path = tmp_path / "kiln.yaml"
-    path.write_text(yaml.safe_dump(config))
-    monkeypatch.setenv("KILN_CONFIG", str(path))
-    import assets.curation
-    import orchestration.definitions
-
-    importlib.reload(assets.curation)
-    definitions = importlib.reload(orchestration.definitions)
-    resources = {"kiln_config": definitions.KilnConfig(path=str(path)),
-                 "storage": definitions.KilnStorage(root=str(kiln_home / "data"))}
-    return definitions, resources, kiln_home
+    return load_project(config, tmp_path, kiln_home, monkeypatch)
 
 
-def materialize(definitions, resources, selection, partition, raise_on_error=True):
-    curation = [a for a in definitions.defs.assets if a.partitions_def is not None]
-    return dg.materialize(curation, selection=selection, partition_key=partition, resources=resources,
-                          raise_on_error=raise_on_error)
+def materialize(project, selection, partition, raise_on_error=True):
+    return project.materialize(selection, partition, raise_on_error)
 
 
 # A change to lineage (a new asset, a dropped dependency, a removed check) must show up in review.
@@ -53,12 +39,16 @@ GRAPH_SNAPSHOT = {
                            "checks": ["conservation", "non_empty", "schema"]},
     "curated_documents": {"group": "curation", "deps": ["filtered_documents"],
                           "checks": ["conservation", "non_empty", "residual_pii", "schema"]},
+    "minhash_signatures": {"group": "dedup", "deps": ["curated_documents"], "checks": ["complete"]},
+    "dedup_index": {"group": "dedup", "deps": ["minhash_signatures"], "checks": ["conservation", "survivors_distinct"]},
+    "deduplicated_documents": {"group": "dedup", "deps": ["curated_documents", "dedup_index"],
+                               "checks": ["conservation", "no_benchmark_overlap", "non_empty", "schema"]},
     "training_plan": {"group": "planning", "deps": [], "checks": []},
 }
 
 
 def test_asset_graph_snapshot(project):
-    definitions, _, _ = project
+    definitions = project.definitions
     graph = definitions.defs.resolve_asset_graph()
     checks = {}
     for key in graph.asset_check_keys:
@@ -71,12 +61,12 @@ def test_asset_graph_snapshot(project):
 
 
 def test_materialize_all_sources_checks_pass_and_lineage_is_recorded(project):
-    definitions, resources, home = project
+    home = project.home
     for source in ("web", "ref"):
-        assert materialize(definitions, resources, ["raw_documents", "filtered_documents"], source).success
+        assert materialize(project, ["raw_documents", "filtered_documents"], source).success
     results = {}
     for source in ("web", "ref"):
-        result = results[source] = materialize(definitions, resources, ["curated_documents"], source)
+        result = results[source] = materialize(project, ["curated_documents"], source)
         assert result.success
         evaluations = result.get_asset_check_evaluations()
         assert {e.check_name for e in evaluations} == {"conservation", "non_empty", "schema", "residual_pii"}
@@ -96,16 +86,15 @@ def test_materialize_all_sources_checks_pass_and_lineage_is_recorded(project):
 
 
 def test_same_input_gives_same_data_version(project):
-    definitions, resources, home = project
+    home = project.home
     versions = []
     for _ in range(2):
-        materialize(definitions, resources, ["raw_documents"], "ref")
+        materialize(project, ["raw_documents"], "ref")
         versions.append(json.loads((home / "data" / "raw_documents" / "ref" / "_manifest.json").read_text())["data_version"])
     assert versions[0] == versions[1]
 
 
 def test_a_failing_blocking_check_stops_downstream(project, monkeypatch):
-    definitions, resources, _ = project
     import assets.curation as curation_module
 
     real = curation_module.ingest
@@ -116,16 +105,15 @@ def test_a_failing_blocking_check_stops_downstream(project, monkeypatch):
         return stats
 
     monkeypatch.setattr(curation_module, "ingest", lossy_ingest)
-    result = materialize(definitions, resources, ["raw_documents", "filtered_documents"], "ref", raise_on_error=False)
+    result = materialize(project, ["raw_documents", "filtered_documents"], "ref", raise_on_error=False)
     conservation = [e for e in result.get_asset_check_evaluations() if e.check_name == "conservation"]
     assert conservation and not conservation[0].passed
     assert not result.asset_materializations_for_node("filtered_documents")
 
 
 def test_training_plan_asset(project):
-    definitions, resources, home = project
-    plan = [a for a in definitions.defs.assets if a.partitions_def is None]
-    result = dg.materialize(plan, resources=resources)
+    home = project.home
+    result = project.materialize(["training_plan"])
     assert result.success
     metadata = result.asset_materializations_for_node("training_plan")[0].metadata
     assert "Kiln training plan" in metadata["plan"].value

@@ -1,0 +1,41 @@
+"""A tiny Kiln project for asset tests: config written to disk, code location re-imported to follow it."""
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+import yaml
+
+
+@dataclass
+class Project:
+    definitions: object  # the reloaded orchestration.definitions module
+    resources: dict
+    home: Path
+
+    @property
+    def assets(self) -> list:
+        return list(self.definitions.defs.assets)
+
+    def materialize(self, selection: list[str], partition: str | None = None, raise_on_error: bool = True):
+        return dg.materialize(self.assets, selection=selection, partition_key=partition, resources=self.resources,
+                              raise_on_error=raise_on_error)
+
+
+def load_project(config: dict, tmp_path: Path, kiln_home: Path, monkeypatch) -> Project:
+    """Partitions are read from the config at import, so every asset module is reloaded after writing it."""
+    path = tmp_path / "kiln.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("KILN_CONFIG", str(path))
+    import assets.curation
+    import assets.dedup
+    import orchestration.definitions
+
+    importlib.reload(assets.curation)
+    importlib.reload(assets.dedup)
+    definitions = importlib.reload(orchestration.definitions)
+    resources = {"kiln_config": definitions.KilnConfig(path=str(path)),
+                 "storage": definitions.KilnStorage(root=str(kiln_home / "data")),
+                 "dedup_index_store": definitions.DedupIndexStore(root=str(kiln_home / "dedup_index"))}
+    return Project(definitions, resources, kiln_home)

@@ -1,0 +1,127 @@
+"""The dedup assets through Dagster: cross-source near-dups, decontamination, and a second refresh."""
+
+import json
+import string
+
+import numpy as np
+import pytest
+
+from tests.assets.project import load_project
+from tests.conftest import write_jsonl
+
+CURATION = ["raw_documents", "filtered_documents"]
+BENCHMARK_ITEM = ("which ancient guild of lantern makers first standardized the copper wick gauge used across "
+                  "the northern harbour towns")
+
+
+def random_text(rng, vocab, n=120):
+    return " ".join(rng.choice(vocab, n))
+
+
+def edit(text, rng, vocab, k=2):
+    words = text.split()
+    for p in rng.choice(len(words), k, replace=False):
+        words[p] = str(rng.choice(vocab))
+    return " ".join(words)
+
+
+@pytest.fixture
+def project(tmp_path, kiln_home, monkeypatch):
+    rng = np.random.default_rng(0)
+    vocab = ["".join(rng.choice(list(string.ascii_lowercase), 6)) for _ in range(5000)]
+    ref = [random_text(rng, vocab) for _ in range(8)]
+    web = ([edit(t, rng, vocab) for t in ref[:3]]  # near-copies of reference documents (J ~0.9)
+           + [random_text(rng, vocab) for _ in range(5)]
+           + [random_text(rng, vocab, 40) + " " + BENCHMARK_ITEM + " " + random_text(rng, vocab, 40)])
+    write_jsonl(tmp_path / "ref" / "a.jsonl", [{"id": i, "text": t} for i, t in enumerate(ref)])
+    write_jsonl(tmp_path / "web" / "week1.jsonl", [{"id": f"w1-{i}", "text": t} for i, t in enumerate(web)])
+    write_jsonl(tmp_path / "bench.jsonl", [{"id": "q1", "question": "Who standardized the wick gauge?",
+                                            "answer": BENCHMARK_ITEM}])
+    config = {
+        "sources": [
+            {"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC-BY", "domain": "web",
+             "quality_tier": 3, "profile": "none"},
+            {"name": "ref", "kind": "jsonl", "path": str(tmp_path / "ref"), "license": "CC0", "domain": "reference",
+             "quality_tier": 1, "profile": "none"},
+        ],
+        "profiles": {"none": []},
+        "curation": {"workers": 1},
+        "dedup": {"workers": 1},
+        "decontamination": {"benchmarks": [{"name": "lanterns", "path": str(tmp_path / "bench.jsonl"),
+                                            "text_fields": ["question", "answer"]}]},
+    }
+    p = load_project(config, tmp_path, kiln_home, monkeypatch)
+    p.rng, p.vocab, p.web_texts, p.web_dir = rng, vocab, web, tmp_path / "web"
+    return p
+
+
+def run_all(project):
+    """The demo's waves: per-source curation and signatures, the index once, then per-source application."""
+    results = {}
+    for source in ("web", "ref"):
+        assert project.materialize(CURATION, source).success
+    for source in ("web", "ref"):
+        assert project.materialize(["curated_documents", "minhash_signatures"], source).success
+    results["index"] = project.materialize(["dedup_index"])
+    for source in ("web", "ref"):
+        results[source] = project.materialize(["deduplicated_documents"], source)
+    for r in results.values():
+        assert r.success
+        failed = [(e.check_name, e.metadata) for e in r.get_asset_check_evaluations() if not e.passed]
+        assert not failed, failed
+    return results
+
+
+def rejected(home, source):
+    import pyarrow.parquet as pq
+
+    manifest = json.loads((home / "data" / "deduplicated_documents" / source / "_manifest.json").read_text())
+    rows = []
+    for f in manifest["files"]:
+        if f["role"] == "rejected":
+            rows += pq.read_table(home / "data" / "deduplicated_documents" / source / f["path"]).to_pylist()
+    return manifest, rows
+
+
+def test_cross_source_near_dups_and_decontamination_then_a_refresh(project):
+    home = project.home
+    results = run_all(project)
+
+    index_meta = results["index"].asset_materializations_for_node("dedup_index")[0].metadata
+    assert index_meta["near_duplicates"].value == 3
+    assert "| web | 3 |" in index_meta["cross_source_duplicates"].value
+    manifest, rows = rejected(home, "web")
+    near = [r for r in rows if r["reason"] == "near_duplicate"]
+    assert len(near) == 3 and all(r["jaccard"] >= 0.8 and r["duplicate_of"] for r in near)
+    ref_ids = {r["doc_id"] for r in json_rows(home, "deduplicated_documents", "ref")}
+    assert {r["duplicate_of"] for r in near} <= ref_ids  # the better tier's copy was kept
+    bench = [r for r in rows if r["stage"] == "decontamination"]
+    assert len(bench) == 1 and BENCHMARK_ITEM in bench[0]["text"]
+    assert manifest["counts"] == {"input": 9, "documents": 5, "rejected": 4}
+    assert manifest["stats"]["contamination"]["per_benchmark"]["lanterns"]["items_contaminated"] == 1
+    assert set(manifest["inputs"]) == {"curated_documents/web", "dedup_index"}
+    web_meta = results["web"].asset_materializations_for_node("deduplicated_documents")[0].metadata
+    assert "near_duplicate" in web_meta["full_funnel"].value and "q1" in web_meta["contaminated_items"].value
+
+    # Week 2: the web crawl brings back last week's pages, lightly edited, next to new ones.
+    kept_web = [r["text"] for r in json_rows(home, "deduplicated_documents", "web")]
+    rng, vocab = project.rng, project.vocab
+    week2 = [edit(t, rng, vocab, 1) for t in kept_web[:2]] + [random_text(rng, vocab) for _ in range(2)]
+    write_jsonl(project.web_dir / "week2.jsonl", [{"id": f"w2-{i}", "text": t} for i, t in enumerate(week2)])
+    results = run_all(project)
+    index_meta = results["index"].asset_materializations_for_node("dedup_index")[0].metadata
+    # Everything accepted last week is already indexed; the 3 reference copies and the 2 edited copies of
+    # last week's pages all match documents accepted by the earlier refresh.
+    per_source = index_meta["decisions_per_source"].value
+    assert per_source["web"]["already_indexed"] == 6 and per_source["web"]["kept"] == 2
+    assert per_source["web"]["near_duplicate"] == 5 and index_meta["matched_earlier_refreshes"].value == 5
+    assert per_source["ref"]["already_indexed"] == 8
+    assert index_meta["index_documents"].value == 8 + 6 + 2
+
+
+def json_rows(home, asset, source):
+    import pyarrow.parquet as pq
+
+    base = home / "data" / asset / source
+    manifest = json.loads((base / "_manifest.json").read_text())
+    return [r for f in manifest["files"] if f["role"] == "documents" for r in pq.read_table(base / f["path"]).to_pylist()]

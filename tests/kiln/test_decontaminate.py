@@ -1,0 +1,295 @@
+"""Benchmark decontamination: planted overlaps are found through case/punctuation/digit edits and
+shorter ones are not; drop vs redact; short items; several benchmarks and the contamination report;
+clear errors for bad benchmark files; properties over generated text."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kiln.config import Benchmark, Decontamination, ShingleNormalization
+from kiln.dedup.decontaminate import (CONTAMINATION_SCHEMA, DEMO_BENCHMARK, DROP_REASON, TOO_SHORT_REASON,
+                                      BenchmarkError, BenchmarkIndex, contamination_counts,
+                                      decontaminate, load_benchmarks, ngram_hashes, normalized_words,
+                                      redact_spans, report_rows, report_table)
+from kiln.dedup.text import words
+from tests.conftest import CLEAN_PROSE, write_jsonl
+
+ITEM = ("In 1887 the lighthouse keeper recorded forty storms, each one logged with the wind "
+        "direction, the barometer reading and the number of ships that sought shelter in the bay.")
+ITEM_WORDS = ITEM.split()
+FILLER_A = ("Gardeners in the northern valleys plant their potatoes late, after the last frost has gone, "
+            "and harvest them before the autumn rains soak the fields. ")
+FILLER_B = (" Meanwhile the railway company published a new timetable that nobody could read, because "
+            "the printer had used a font so small that even the stationmaster gave up.")
+
+
+def index_of(*items: tuple[str, str, str], ngram: int = 13, min_item_words: int = 8) -> BenchmarkIndex:
+    return BenchmarkIndex.from_items(items, ngram=ngram, min_item_words=min_item_words)
+
+
+def planted(n_words: int, start: int = 2) -> str:
+    return FILLER_A + " ".join(ITEM_WORDS[start:start + n_words]) + FILLER_B
+
+
+DROP = Decontamination()
+REDACT = Decontamination(mode="redact", redact_margin_chars=0, min_chars_after_redact=0)
+
+
+# ---- finding ------------------------------------------------------------------------------------
+
+
+def test_planted_13_word_overlap_is_found_and_located():
+    index = index_of(("trivia", "q1", ITEM))
+    text = planted(13)
+    matches = index.find(text)
+    assert len(matches) == 1
+    m = matches[0]
+    assert (m.benchmark, m.item_id) == ("trivia", "q1")
+    assert text[m.start:m.end] == " ".join(ITEM_WORDS[2:15]).rstrip(",")  # spans are words: no trailing comma
+
+
+def test_overlap_survives_case_punctuation_and_digit_changes():
+    index = index_of(("trivia", "q1", ITEM))
+    copy = " ".join(ITEM_WORDS[:14]).upper().replace(",", " ;").replace("1887", "1923").replace(" ", " -- ")
+    text = FILLER_A + copy + FILLER_B
+    assert [(m.benchmark, m.item_id) for m in index.find(text)] == [("trivia", "q1")]
+
+
+def test_12_word_overlap_is_not_found():
+    index = index_of(("trivia", "q1", ITEM))
+    for start in range(0, len(ITEM_WORDS) - 12):
+        assert index.find(planted(12, start)) == []
+    assert decontaminate(planted(12), index, DROP).kept
+
+
+def test_a_long_copy_gives_one_match_per_item_run():
+    index = index_of(("trivia", "q1", ITEM))
+    text = FILLER_A + ITEM + FILLER_B + " and again: " + ITEM
+    matches = index.find(text)
+    assert [text[m.start:m.end] for m in matches] == [ITEM.rstrip("."), ITEM.rstrip(".")]
+
+
+def test_hashes_are_stable_and_order_sensitive():
+    """blake2b, not Python's salted hash: the same words give the same n-gram hash everywhere."""
+    assert ngram_hashes(["the", "cat", "sat"], 3).tolist() == ngram_hashes(["the", "cat", "sat"], 3).tolist()
+    assert len(ngram_hashes(["a", "b", "c", "d"], 2)) == 3
+    assert ngram_hashes(["a", "b"], 2)[0] != ngram_hashes(["b", "a"], 2)[0]
+    assert ngram_hashes(["a"], 2).size == 0
+    # A value pinned once: changing the hash silently would make old reports and indexes disagree.
+    assert ngram_hashes(["kiln"], 1).tolist() == [int.from_bytes(hashlib.blake2b(b"kiln", digest_size=8).digest(),
+                                                                  "little")]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "c", "dé", "0"]), min_size=1, max_size=40), st.integers(1, 13))
+def test_window_hashes_equal_the_polynomial_definition(ws, size):
+    """The prefix-sum shortcut gives exactly sum_t h(w_j+t) * P**t mod 2**64 for every window."""
+    def h(w: str) -> int:
+        return int.from_bytes(hashlib.blake2b(w.encode(), digest_size=8).digest(), "little")
+    p = 0x9E3779B97F4A7C15
+    expected = [sum(h(w) * pow(p, t, 2**64) for t, w in enumerate(ws[j:j + size])) % 2**64
+                for j in range(len(ws) - size + 1)]
+    assert ngram_hashes(ws, size).tolist() == expected
+
+
+def test_index_survives_pickling_for_worker_processes():
+    index = pickle.loads(pickle.dumps(index_of(("trivia", "q1", ITEM))))
+    assert [m.item_id for m in index.find(planted(13))] == ["q1"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=200))
+def test_fast_words_equal_the_shared_word_view(text):
+    for norm in (ShingleNormalization(), ShingleNormalization(digits="remove"),
+                 ShingleNormalization(strip_punctuation=False, lowercase=False, digits="keep")):
+        assert normalized_words(text, norm) == words(text, norm).words
+
+
+def test_final_sigma_is_lowercased_per_word():
+    text = "ΟΔΟΣ ΟΔΟΣ. ΣΑΣ"
+    assert normalized_words(text) == words(text).words
+
+
+# ---- drop and redact ----------------------------------------------------------------------------
+
+
+def test_drop_mode_removes_the_document_and_names_the_item():
+    index = index_of(("trivia", "q1", ITEM))
+    out = decontaminate(planted(20), index, DROP)
+    assert not out.kept and out.reason == DROP_REASON and out.action == "dropped"
+    assert out.text == planted(20)
+    assert [(m.benchmark, m.item_id) for m in out.matches] == [("trivia", "q1")]
+
+
+def test_redact_cuts_the_item_and_keeps_the_rest():
+    index = index_of(("trivia", "q1", ITEM))
+    out = decontaminate(planted(20), index, REDACT)
+    assert out.kept and out.reason is None and out.action == "redacted"
+    assert out.text == FILLER_A + "\n" + FILLER_B
+    assert "lighthouse" not in out.text and index.find(out.text) == []
+
+
+def test_redact_margin_is_honoured_and_clipped():
+    index = index_of(("trivia", "q1", ITEM))
+    text = planted(20)
+    (m,) = index.find(text)
+    out = decontaminate(text, index, REDACT.model_copy(update={"redact_margin_chars": 10}))
+    assert out.text == text[:m.start - 10] + "\n" + text[m.end + 10:]
+    huge = decontaminate(text, index, REDACT.model_copy(update={"redact_margin_chars": 10_000}))
+    assert not huge.kept and huge.reason == TOO_SHORT_REASON
+
+
+def test_too_short_after_redact_is_dropped():
+    index = index_of(("trivia", "q1", ITEM))
+    text = "Intro. " + ITEM + " Outro."
+    strict = REDACT.model_copy(update={"min_chars_after_redact": 200})
+    out = decontaminate(text, index, strict)
+    assert not out.kept and out.reason == TOO_SHORT_REASON and out.action == "dropped"
+    assert decontaminate(text, index, REDACT).text == "Intro. \n. Outro."  # the span ends at "bay", not "."
+    assert decontaminate(ITEM, index, REDACT).reason == TOO_SHORT_REASON  # no word left: dropped even at 0
+
+
+def test_redact_spans_merges_overlaps():
+    assert redact_spans("abcdefghij", [(2, 4), (3, 6), (8, 9)], margin=0) == "ab\ngh\nj"
+    assert redact_spans("abcdefghij", [(2, 4)], margin=1) == "a\nfghij"
+    assert redact_spans("abc", [], margin=5) == "abc"
+
+
+def test_disabled_or_empty_index_keeps_everything():
+    index = index_of(("trivia", "q1", ITEM))
+    assert decontaminate(planted(20), index, DROP.model_copy(update={"enabled": False})).kept
+    assert decontaminate(planted(20), index_of(), DROP).kept
+
+
+# ---- short items --------------------------------------------------------------------------------
+
+
+def test_short_items_use_all_their_words_and_tiny_ones_are_skipped():
+    short = "What is the capital city of Burkina Faso today"  # 9 words
+    tiny = "Name the largest ocean"  # 4 words: skipped
+    index = index_of(("qa", "short", short), ("qa", "tiny", tiny), ("qa", "long", ITEM))
+    assert index.summary()["benchmarks"]["qa"] == {"items": 3, "items_indexed": 2, "items_skipped_short": 1,
+                                                   "ngrams": 1 + len(ITEM_WORDS) - 13 + 1}
+    assert index.summary()["ngram_sizes"] == [9, 13]
+    hit = FILLER_A + "what is the CAPITAL city of burkina faso, today?" + FILLER_B
+    assert [m.item_id for m in index.find(hit)] == ["short"]
+    assert index.find(FILLER_A + "what is the capital city of burkina faso" + FILLER_B) == []  # 8 of 9
+    assert index.find(FILLER_A + tiny + FILLER_B) == []
+
+
+# ---- several benchmarks and the report ----------------------------------------------------------
+
+
+def test_multiple_benchmarks_and_report_aggregation():
+    other = ("The committee agreed that every bridge in the district would be inspected twice a year "
+             "by an engineer from outside the county.")
+    index = index_of(("trivia", "q1", ITEM), ("civics", "c7", other), ("civics", "c8", ITEM))
+    docs = {
+        "d1": FILLER_A + ITEM + FILLER_B,                 # trivia q1 and civics c8 (same text)
+        "d2": FILLER_A + other + FILLER_B,                # civics c7
+        "d3": FILLER_A + FILLER_B,                        # clean
+        "d4": FILLER_A * 3 + other + FILLER_B * 3,        # civics c7, redacted and kept
+    }
+    rows = []
+    for doc_id, text in docs.items():
+        mode = REDACT if doc_id == "d4" else DROP
+        rows += report_rows(doc_id, "web", decontaminate(text, index, mode))
+    assert sorted((r["benchmark"], r["item_id"], r["doc_id"], r["action"]) for r in rows) == [
+        ("civics", "c7", "d2", "dropped"), ("civics", "c7", "d4", "redacted"), ("civics", "c8", "d1", "dropped"),
+        ("trivia", "q1", "d1", "dropped")]
+    assert contamination_counts(rows) == {
+        "civics": {"items_contaminated": 2, "documents_affected": 3, "documents_dropped": 2, "documents_redacted": 1},
+        "trivia": {"items_contaminated": 1, "documents_affected": 1, "documents_dropped": 1, "documents_redacted": 0}}
+    table = report_table(rows)
+    assert table.schema == CONTAMINATION_SCHEMA and table.num_rows == 4
+    assert report_table([]).num_rows == 0
+
+
+# ---- loading benchmark files --------------------------------------------------------------------
+
+
+def test_load_benchmarks_reads_fields_ids_and_line_numbers(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", [{"qid": 7, "question": ITEM, "choices": ["one", "two"]}])
+    write_jsonl(tmp_path / "b.jsonl", [{"text": "too short"}, {"text": CLEAN_PROSE}])
+    (tmp_path / "b.jsonl").write_text("\n" + (tmp_path / "b.jsonl").read_text())  # blank lines are skipped
+    settings_ = Decontamination(benchmarks=[
+        Benchmark(name="a", path="a.jsonl", text_fields=["question", "choices"], id_field="qid"),
+        Benchmark(name="b", path=str(tmp_path / "b.jsonl"), id_field=None)])
+    index = load_benchmarks(settings_, base_dir=tmp_path)
+    assert index.summary()["benchmarks"]["b"]["items_skipped_short"] == 1
+    assert [(m.benchmark, m.item_id) for m in index.find(FILLER_A + ITEM + " one two")] == [("a", "7")]
+    assert [m.item_id for m in index.find(CLEAN_PROSE[100:400])] == ["3"]  # line 3: after the blank line
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("{broken", r"bad\.jsonl:2 \(benchmark 'bad'\): not valid JSON .* each line must be one JSON object"),
+    ('["a list"]', r"bad\.jsonl:2 .*expected a JSON object, got list"),
+    ('{"id": 2}', r"bad\.jsonl:2 .*no 'text' field \(listed in text_fields\).*present fields: \['id'\]"),
+    ('{"text": "x"}', r"bad\.jsonl:2 .*no 'id' field \(the id_field\).*or to null to use line numbers"),
+    ('{"id": 2, "text": {"a": 1}}', r"bad\.jsonl:2 .*field 'text' is a dict"),
+])
+def test_bad_jsonl_names_file_line_and_fix(tmp_path, line, expected):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"id": 1, "text": ITEM}) + "\n" + line + "\n", encoding="utf-8")
+    s = Decontamination(benchmarks=[Benchmark(name="bad", path=str(path))])
+    with pytest.raises(BenchmarkError, match=expected):
+        load_benchmarks(s)
+
+
+def test_missing_file_names_the_config_key(tmp_path):
+    s = Decontamination(benchmarks=[Benchmark(name="ok", path=str(DEMO_BENCHMARK), text_fields=["question", "answer"]),
+                                    Benchmark(name="gone", path="nope/eval.jsonl")])
+    with pytest.raises(BenchmarkError, match=re.escape("decontamination.benchmarks[1].path: file not found: ")):
+        load_benchmarks(s, base_dir=tmp_path)
+
+
+def test_duplicate_benchmark_names_are_refused(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", [{"id": 1, "text": ITEM}])
+    b = Benchmark(name="same", path=str(tmp_path / "a.jsonl"))
+    with pytest.raises(BenchmarkError, match=r"benchmarks\[1\]\.name: 'same' is declared more than once"):
+        load_benchmarks(Decontamination(benchmarks=[b, b]))
+
+
+def test_demo_benchmark_loads():
+    s = Decontamination(benchmarks=[Benchmark(name="demo", path=str(DEMO_BENCHMARK),
+                                              text_fields=["question", "answer"])])
+    summary = load_benchmarks(s).summary()["benchmarks"]["demo"]
+    assert summary["items"] >= 15 and summary["items_skipped_short"] == 0
+
+
+# ---- properties ---------------------------------------------------------------------------------
+
+# Words guaranteed not to be in ITEM after normalization (ITEM's words are plain English ones).
+OTHER_WORDS = st.sampled_from(["zebra", "Quartz", "nimbus", "FJORD", "x-ray", "42", "émigré", "naïve", "Ωmega",
+                               "plinth", "kettle", "  ", "\n", "...", "(", ")", "—"])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(OTHER_WORDS, max_size=120), st.lists(st.sampled_from(ITEM_WORDS), max_size=12))
+def test_text_without_the_item_is_untouched_in_redact_mode(noise, item_bits):
+    """Any text whose item-words never form 13 consecutive item words stays exactly as it was."""
+    index = index_of(("trivia", "q1", ITEM))
+    text = " ".join(noise[: len(noise) // 2] + item_bits + noise[len(noise) // 2:])
+    out = decontaminate(text, index, REDACT)
+    assert out.kept and out.text == text and out.matches == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(OTHER_WORDS, max_size=60), st.lists(OTHER_WORDS, max_size=60), st.integers(0, 50))
+def test_a_planted_item_is_always_found_and_cut(before, after, margin):
+    index = index_of(("trivia", "q1", ITEM))
+    text = " ".join(before) + " " + ITEM + " " + " ".join(after)
+    out = decontaminate(text, index, REDACT.model_copy(update={"redact_margin_chars": margin}))
+    assert [m.item_id for m in out.matches] == ["q1"]
+    if out.kept:
+        assert index.find(out.text) == [] and "lighthouse" not in out.text
+    else:  # dropped only when no word is left
+        rest = redact_spans(text, [(m.start, m.end) for m in out.matches], margin)
+        assert out.reason == TOO_SHORT_REASON and not re.search(r"\w", rest)

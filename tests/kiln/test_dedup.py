@@ -1,0 +1,334 @@
+"""Near-duplicate removal on planted data: known Jaccard levels, cross-source copies, refreshes, backends."""
+
+import shutil
+import socket
+import string
+import subprocess
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from kiln.config import BoilerplateLines, DedupIndexSettings, NearDedup, ShingleNormalization, parse_config
+from kiln.config import ConfigError
+from kiln.dedup.apply import deduplicate_source
+from kiln.dedup.boilerplate import boilerplate_hashes, strip_boilerplate
+from kiln.dedup.index import IndexMismatch, LocalIndex, index_params, open_index
+from kiln.dedup.minhash import (_list_array, candidate_probability, choose_bands, compute_signatures, jaccard,
+                                shingle_hashes, signature, signature_schema)
+from kiln.dedup.near import ALREADY_INDEXED, KEPT, NEAR_DUPLICATE, Batch, near_dedup, survivor_violations
+from kiln.dedup.text import words
+from kiln.documents import DOCUMENT_SCHEMA, REJECTED_SCHEMA, Document
+from kiln.storage import Store
+
+NEAR = NearDedup()
+ALPHABET = list(string.ascii_lowercase)
+
+
+def vocabulary(rng, size=20_000):
+    return ["".join(rng.choice(ALPHABET, 7)) for _ in range(size)]
+
+
+def edited(words_: list[str], edits: int, rng, vocab) -> list[str]:
+    out = list(words_)
+    for p in rng.choice(len(out), edits, replace=False):
+        out[p] = str(rng.choice(vocab))
+    return out
+
+
+def signature_table(source: str, texts: list[str], ids: list[str] | None = None, near=NEAR) -> pa.Table:
+    sh = [shingle_hashes(t, near) for t in texts]
+    sigs = [signature(s, near.num_perm, near.seed) for s in sh]
+    return pa.table({
+        "doc_id": ids or [f"{source}-{i}" for i in range(len(texts))], "source": [source] * len(texts),
+        "chars": [len(t) for t in texts],
+        "signature": pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(sigs)), near.num_perm),
+        "shingles": _list_array(sh)}, schema=signature_schema(near.num_perm))
+
+
+@pytest.fixture
+def index(tmp_path):
+    with open_index(DedupIndexSettings(), NEAR, tmp_path / "index") as idx:
+        yield idx
+
+
+# ------------------------------------------------------------------------------------------- basics
+
+def test_normalization_hides_trivial_edits():
+    a = "The Quick brown fox, version 3.1, jumped over the lazy dog on 2026-11-22."
+    b = "the quick  brown fox -- version 4.7 -- jumped over the LAZY dog on 2025-01-01"
+    assert jaccard(shingle_hashes(a, NEAR), shingle_hashes(b, NEAR)) == 1.0
+    strict = NEAR.model_copy(update={"normalization": ShingleNormalization(lowercase=False, digits="keep")})
+    assert jaccard(shingle_hashes(a, strict), shingle_hashes(b, strict)) < 0.5
+    assert words("Tab\tsep, x", ShingleNormalization(strip_punctuation=False)).words == ["tab", "sep,", "x"]
+
+
+def test_band_choice_reaches_recall_at_threshold_and_beats_the_plain_lsh_tuning():
+    bands, rows = choose_bands(128, 0.8, 0.99)
+    assert bands * rows <= 128
+    assert candidate_probability(0.8, bands, rows) >= 0.99
+    # datasketch's own optimum for threshold 0.8 (9 bands x 13 rows) finds well under half the pairs at J = 0.8.
+    assert candidate_probability(0.8, 9, 13) < 0.5
+    with pytest.raises(ValueError, match="num_perm"):
+        choose_bands(2, 0.95, 0.999999)
+
+
+def test_bands_rows_config_errors_name_the_key():
+    base = {"sources": [{"name": "a", "kind": "text", "path": "x", "license": "l", "domain": "web", "profile": "p"}],
+            "profiles": {"p": []}}
+    with pytest.raises(ConfigError, match="exceeds num_perm"):
+        parse_config({**base, "dedup": {"near": {"bands": 20, "rows": 8}}})
+    with pytest.raises(ConfigError, match="both dedup.near.bands and dedup.near.rows"):
+        parse_config({**base, "dedup": {"near": {"bands": 20}}})
+    with pytest.raises(ConfigError, match=r"dedup\.near\.threshold"):
+        parse_config({**base, "dedup": {"near": {"threshold": 1.5}}})
+
+
+# --------------------------------------------------------------------------------- planted near-dups
+
+def test_planted_near_duplicates_precision_and_recall(index, capsys):
+    """Variants of base documents at a spread of Jaccard levels around the threshold, in another source."""
+    rng = np.random.default_rng(7)
+    vocab = vocabulary(rng)
+    bases = [list(rng.choice(vocab, 400)) for _ in range(300)]
+    variants, truth, levels = [], set(), []
+    for k, base in enumerate(bases):
+        text = " ".join(edited(base, int(rng.integers(1, 25)), rng, vocab))
+        j = jaccard(shingle_hashes(text, NEAR), shingle_hashes(" ".join(base), NEAR))
+        variants.append(text)
+        levels.append(j)
+        if j >= NEAR.threshold:
+            truth.add(f"web-{k}")
+    levels = np.array(levels)
+    # The planted set really straddles the threshold, including the hard band just above it.
+    assert ((levels >= 0.80) & (levels < 0.85)).sum() >= 15 and (levels < 0.8).sum() >= 50
+
+    batch = Batch.from_tables([(1, signature_table("ref", [" ".join(b) for b in bases])),
+                               (3, signature_table("web", variants))])
+    result = near_dedup(batch, index, NEAR, "refresh-1", progress=False)
+    removed = set(result.removed())
+    tp = len(removed & truth)
+    precision, recall = tp / max(len(removed), 1), tp / len(truth)
+    near_band = {f"web-{k}" for k in np.flatnonzero((levels >= 0.8) & (levels < 0.85))}
+    recall_near = len(removed & near_band) / len(near_band)
+    with capsys.disabled():
+        print(f"\n[near-dup planted] {len(truth)} true duplicates, {len(removed)} removed: precision {precision:.3f}, "
+              f"recall {recall:.3f} (J in [0.80, 0.85): {recall_near:.3f}); "
+              f"{result.stats['verification']['candidate_pairs']} candidate pairs verified")
+    assert precision == 1.0  # verification never removes a pair below the threshold
+    assert recall >= 0.97 and recall_near >= 0.9
+    rows = {r["doc_id"]: r for r in result.decisions.to_pylist()}
+    for doc_id in removed:
+        r = rows[doc_id]
+        assert r["duplicate_of"] == "ref-" + doc_id.split("-")[1] and r["duplicate_of_source"] == "ref"
+        assert r["jaccard"] >= NEAR.threshold and r["cluster_id"] == r["duplicate_of"]
+    assert all(rows[f"ref-{k}"]["status"] == KEPT for k in range(len(bases)))
+    assert result.stats["cross_source"] == {"web": {"ref": len(removed)}}
+    sampled, violations = survivor_violations(batch, result.decisions, NEAR.threshold, 200)
+    assert sampled == 200 and violations == []
+
+
+def test_keep_policy_prefers_better_tier_then_earlier_then_longer(index):
+    rng = np.random.default_rng(3)
+    vocab = vocabulary(rng)
+    base = list(rng.choice(vocab, 300))
+    longer = " ".join(base + list(rng.choice(vocab, 10)))
+    # Same text in a tier-3 source declared first and a tier-1 source declared second: tier wins.
+    batch = Batch.from_tables([(3, signature_table("web", [" ".join(base)])),
+                               (1, signature_table("ref", [" ".join(base), longer], ids=["ref-a", "ref-long"]))])
+    rows = {r["doc_id"]: r for r in near_dedup(batch, index, NEAR, "r", progress=False).decisions.to_pylist()}
+    assert rows["ref-a"]["status"] == KEPT  # same tier as ref-long, seen first
+    assert rows["web-0"]["duplicate_of"] == "ref-a" and rows["ref-long"]["duplicate_of"] == "ref-a"
+
+
+def test_longest_first_policy(tmp_path):
+    rng = np.random.default_rng(4)
+    vocab = vocabulary(rng)
+    base = list(rng.choice(vocab, 300))
+    near = NEAR.model_copy(update={"keep": ["longest", "first_seen"]})
+    with open_index(DedupIndexSettings(), near, tmp_path) as idx:
+        batch = Batch.from_tables([(1, signature_table("a", [" ".join(base), " ".join(base + ["tail", "words"])]))])
+        rows = {r["doc_id"]: r for r in near_dedup(batch, idx, near, "r", progress=False).decisions.to_pylist()}
+    assert rows["a-1"]["status"] == KEPT and rows["a-0"]["duplicate_of"] == "a-1"
+
+
+def test_chained_cluster_keeps_both_ends_when_they_differ(index):
+    """A ~ B and B ~ C but A !~ C: greedy in keep order keeps A and C, removes B, one cluster of three."""
+    rng = np.random.default_rng(5)
+    vocab = vocabulary(rng)
+    a = list(rng.choice(vocab, 400))
+    b = a[:]
+    b[370:] = rng.choice(vocab, 30)  # J ~0.86 with a
+    c = b[:]
+    c[:30] = rng.choice(vocab, 30)  # J ~0.86 with b, ~0.74 with a
+    texts = [" ".join(x) for x in (a, b, c)]
+    sh = [shingle_hashes(t, NEAR) for t in texts]
+    assert jaccard(sh[0], sh[1]) >= 0.8 and jaccard(sh[1], sh[2]) >= 0.8 and jaccard(sh[0], sh[2]) < 0.8
+    batch = Batch.from_tables([(1, signature_table("s", [texts[0]], ["a"])), (2, signature_table("t", [texts[2]], ["c"])),
+                               (3, signature_table("u", [texts[1]], ["b"]))])
+    result = near_dedup(batch, index, NEAR, "r", progress=False)
+    rows = {r["doc_id"]: r for r in result.decisions.to_pylist()}
+    assert rows["a"]["status"] == rows["c"]["status"] == KEPT and rows["b"]["status"] == NEAR_DUPLICATE
+    assert rows["a"]["cluster_id"] == rows["b"]["cluster_id"] == rows["c"]["cluster_id"]
+    assert result.stats["cluster_sizes"] == {3: 1}
+
+
+# ------------------------------------------------------------------------------------------ refreshes
+
+def test_second_refresh_drops_documents_accepted_in_the_first(tmp_path):
+    rng = np.random.default_rng(11)
+    vocab = vocabulary(rng)
+    first = [" ".join(rng.choice(vocab, 200)) for _ in range(50)]
+    with open_index(DedupIndexSettings(), NEAR, tmp_path) as idx:
+        r1 = near_dedup(Batch.from_tables([(2, signature_table("crawl", first))]), idx, NEAR, "week-1", progress=False)
+        assert set(r1.decisions.column("status").to_pylist()) == {KEPT}
+        idx.commit()
+    # Next week: 20 copies (lightly edited) of last week's pages plus 30 new ones, and last week's batch again.
+    copies = [" ".join(edited(t.split(), 2, rng, vocab)) for t in first[:20]]
+    fresh = [" ".join(rng.choice(vocab, 200)) for _ in range(30)]
+    with open_index(DedupIndexSettings(), NEAR, tmp_path) as idx:
+        assert len(idx) == 50
+        batch = Batch.from_tables([(1, signature_table("crawl", first)),
+                                   (1, signature_table("crawl2", copies + fresh))])
+        r2 = near_dedup(batch, idx, NEAR, "week-2", progress=False)
+        idx.commit()
+    rows = {r["doc_id"]: r for r in r2.decisions.to_pylist()}
+    assert all(rows[f"crawl-{i}"]["status"] == ALREADY_INDEXED for i in range(50))
+    assert all(rows[f"crawl2-{i}"]["status"] == NEAR_DUPLICATE and rows[f"crawl2-{i}"]["duplicate_of"] == f"crawl-{i}"
+               for i in range(20))  # earlier refreshes win even against a better tier
+    assert all(rows[f"crawl2-{i}"]["status"] == KEPT for i in range(20, 50))
+    assert r2.stats["matched_earlier_refreshes"] == 20
+    with open_index(DedupIndexSettings(), NEAR, tmp_path) as idx:
+        assert len(idx) == 80
+        assert idx.records(["crawl2-25"])["crawl2-25"].batch == "week-2"
+
+
+def test_uncommitted_inserts_leave_the_index_as_it_was(tmp_path):
+    rng = np.random.default_rng(12)
+    vocab = vocabulary(rng)
+    with open_index(DedupIndexSettings(), NEAR, tmp_path) as idx:
+        near_dedup(Batch.from_tables([(1, signature_table("a", [" ".join(rng.choice(vocab, 50))]))]), idx, NEAR, "1",
+                   progress=False)
+        idx.commit()
+        near_dedup(Batch.from_tables([(1, signature_table("b", [" ".join(rng.choice(vocab, 50))]))]), idx, NEAR, "2",
+                   progress=False)
+        assert len(idx) == 2  # visible to queries at once, but never committed: the "crash"
+    with open_index(DedupIndexSettings(), NEAR, tmp_path) as idx:
+        assert len(idx) == 1 and idx.contains(["a-0", "b-0"]) == [True, False]
+
+
+def test_index_refuses_other_minhash_parameters(tmp_path):
+    with open_index(DedupIndexSettings(), NEAR, tmp_path) as idx:
+        idx.add([], np.empty((0, 128), np.uint32), [])
+        idx.commit()
+    (tmp_path / "kiln").mkdir(exist_ok=True)
+    LocalIndex(tmp_path / "kiln", index_params(NEAR)).commit()
+    with pytest.raises(IndexMismatch, match="shingle_size: index 5 vs config 7.*new dedup.near.index.name"):
+        open_index(DedupIndexSettings(), NEAR.model_copy(update={"shingle_size": 7}), tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------ redis
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    """A real redis-server on a free loopback port (installed by .ci/run with apt)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path_factory.mktemp("redis"))], stdout=subprocess.DEVNULL)
+    import redis
+
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.exceptions.ConnectionError:
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_redis_backend_is_shared_and_persistent(redis_url):
+    settings = DedupIndexSettings(backend="redis", redis_url=redis_url, name="shared")
+    rng = np.random.default_rng(13)
+    vocab = vocabulary(rng)
+    texts = [" ".join(rng.choice(vocab, 150)) for _ in range(40)]
+    # Worker 1 accepts a batch; worker 2, a separate connection, sees it at once and drops the copies.
+    with open_index(settings, NEAR, None) as worker1:
+        r1 = near_dedup(Batch.from_tables([(2, signature_table("a", texts))]), worker1, NEAR, "w1", progress=False)
+        assert set(r1.decisions.column("status").to_pylist()) == {KEPT}
+    with open_index(settings, NEAR, None) as worker2:
+        assert len(worker2) == 40
+        copies = [" ".join(edited(t.split(), 1, rng, vocab)) for t in texts[:10]]
+        r2 = near_dedup(Batch.from_tables([(2, signature_table("b", copies))]), worker2, NEAR, "w2", progress=False)
+        rows = r2.decisions.to_pylist()
+        assert [r["status"] for r in rows] == [NEAR_DUPLICATE] * 10
+        assert [r["duplicate_of"] for r in rows] == [f"a-{i}" for i in range(10)]
+        assert np.array_equal(worker2.shingles(["a-3"])["a-3"], shingle_hashes(texts[3], NEAR))
+    with pytest.raises(IndexMismatch):
+        open_index(settings, NEAR.model_copy(update={"num_perm": 256}), None)
+
+
+def test_redis_unreachable_gives_a_clear_error():
+    with pytest.raises(ConnectionError, match="cannot reach Redis.*backend: local"):
+        open_index(DedupIndexSettings(backend="redis", redis_url="redis://127.0.0.1:1/0"), NEAR, None)
+
+
+# ------------------------------------------------------------------------------- signature and apply stages
+
+def write_docs(path, docs: list[Document]):
+    pq.write_table(pa.Table.from_pylist([d.to_row() for d in docs], schema=DOCUMENT_SCHEMA), path)
+
+
+def test_signature_stage_and_apply_stage_write_explained_rejects(tmp_path):
+    rng = np.random.default_rng(21)
+    vocab = vocabulary(rng)
+    base = " ".join(rng.choice(vocab, 300))
+    footer = "Copyright Example Corp. All rights reserved."
+    docs = [Document(f"d{i}", "web", text) for i, text in enumerate([
+        base + "\n" + footer, base.replace(base.split()[5], "changed") + "\n" + footer,
+        " ".join(rng.choice(vocab, 300)) + "\n" + footer, footer])]
+    write_docs(tmp_path / "in.parquet", docs)
+    lines = BoilerplateLines(enabled=True, min_documents=2)
+    n, counts = compute_signatures([tmp_path / "in.parquet"], [tmp_path / "sig.parquet"], NEAR, lines, workers=1,
+                                   progress=False)
+    assert n == 4
+    boilerplate = boilerplate_hashes([pa.table({"line_hash": pa.array(list(counts), pa.uint64()),
+                                                "documents": list(counts.values())})], lines)
+    assert len(boilerplate) == 1
+    with open_index(DedupIndexSettings(), NEAR, tmp_path / "idx") as idx:
+        result = near_dedup(Batch.from_tables([(1, pq.read_table(tmp_path / "sig.parquet"))]), idx, NEAR, "r",
+                            progress=False)
+    store = Store(tmp_path / "data")
+    with store.staging("deduplicated_documents", "web") as writer:
+        from kiln.config import Decontamination
+
+        stats, report = deduplicate_source([tmp_path / "in.parquet"], result.removed(), boilerplate, lines, None,
+                                           Decontamination(), writer)
+        writer.commit(code_version="t", config={}, inputs={}, counts={})
+    kept = store.read_table("deduplicated_documents", "web").to_pylist()
+    rejected = {r["doc_id"]: r for r in store.read_table("deduplicated_documents", "web", "rejected").to_pylist()}
+    assert store.read_table("deduplicated_documents", "web", "rejected").schema.equals(REJECTED_SCHEMA)
+    assert {r["doc_id"] for r in kept} == {"d0", "d2"} and all(footer not in r["text"] for r in kept)
+    assert rejected["d1"]["reason"] == "near_duplicate" and rejected["d1"]["duplicate_of"] == "d0"
+    assert rejected["d1"]["cluster_id"] == "d0" and 0.8 <= rejected["d1"]["jaccard"] < 1
+    assert rejected["d3"]["reason"] == "boilerplate_only" and rejected["d3"]["text"] == footer
+    assert stats.docs_in == 4 == stats.docs_out + len(rejected)
+    assert stats.steps["boilerplate_lines"].counts["lines_removed"] == 2
+
+
+def test_strip_boilerplate_keeps_line_endings_and_short_lines():
+    settings = BoilerplateLines(enabled=True, min_documents=2, min_chars=5)
+    from kiln.dedup.minhash import line_hash
+
+    text = "def f():\n    return 1\n\n  Generated by tool X  \n}\n"
+    out, n = strip_boilerplate(text, {line_hash("Generated by tool X"), line_hash("}")}, settings)
+    assert out == "def f():\n    return 1\n\n}\n" and n == 1

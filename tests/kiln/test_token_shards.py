@@ -1,0 +1,300 @@
+"""Token shards: the binary format, mixture math, FIM layout, and documents → shards → exact text."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kiln.config import Mixture, Phase
+from kiln.fim import PSM, SPM, FimIds, FimSplit, fim_split, fim_tokens, unfim
+from kiln.mixture import MixtureError, epoch_warnings, plan_phases, select_documents, shares, split_budget
+from kiln.shards import (HEADER_SIZE, ShardError, ShardInfo, describe_shard_set, open_shard, read_shard_set,
+                         token_dtype, write_shard)
+from kiln.storage import DatasetWriter
+from kiln.token_shards import is_validation, write_token_shards
+from kiln.tokenizer import Tokenizer
+from tests.token_corpus import NATURAL, make_texts, shard_settings, standard_sources, train_small_tokenizer, write_source
+
+SHA_A, SHA_B = "ab" * 32, "cd" * 32
+
+
+# ------------------------------------------------------------------------------------------ shard format
+
+def test_shard_round_trip_memory_maps_tokens_and_offsets(tmp_path):
+    tokens = np.array([5, 6, 2, 7, 2, 9, 9, 9, 2], np.uint16)
+    write_shard(tmp_path / "s.bin", tokens, np.array([0, 3, 5, 9]), SHA_A)
+    shard = open_shard(tmp_path / "s.bin", expected_tokenizer_sha256=SHA_A)
+    assert isinstance(shard.tokens, np.memmap) and shard.tokens.dtype == np.uint16
+    assert shard.tokens.tolist() == tokens.tolist() and shard.documents == 3
+    assert shard.document(1).tolist() == [7, 2] and shard.tokenizer_sha256 == SHA_A
+    assert (tmp_path / "s.bin").stat().st_size == HEADER_SIZE + 18 + 6 + 8 * 4  # padded to 8 bytes
+    assert [p.name for p in tmp_path.iterdir()] == ["s.bin"]
+
+
+def test_uint32_shards_for_large_vocabularies(tmp_path):
+    assert token_dtype(65_536) == np.uint16 and token_dtype(65_537) == np.uint32
+    write_shard(tmp_path / "s.bin", np.array([70_000, 2], np.uint32), np.array([0, 2]), SHA_A)
+    assert open_shard(tmp_path / "s.bin").tokens.tolist() == [70_000, 2]
+
+
+def test_wrong_tokenizer_is_refused_naming_both_hashes(tmp_path):
+    write_shard(tmp_path / "s.bin", np.array([1, 2], np.uint16), np.array([0, 2]), SHA_A)
+    with pytest.raises(ShardError, match=r"written with tokenizer abababababab…, the loader expects cdcdcdcdcdcd…"):
+        open_shard(tmp_path / "s.bin", expected_tokenizer_sha256=SHA_B)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda b: b"NOTASHRD" + b[8:], "not a Kiln token shard"),
+    (lambda b: b[:8] + (99).to_bytes(4, "little") + b[12:], "format version 99"),
+    (lambda b: b[:12] + (3).to_bytes(4, "little") + b[16:], "3 bytes per token"),
+    (lambda b: b[:16] + (1000).to_bytes(8, "little") + b[24:], "truncated or corrupt"),
+    (lambda b: b[:-8], "truncated or corrupt"),
+    (lambda b: b[:10], "not a Kiln token shard"),
+])
+def test_corrupt_shards_are_refused(tmp_path, damage, message):
+    path = tmp_path / "s.bin"
+    write_shard(path, np.arange(10, dtype=np.uint16), np.array([0, 4, 10]), SHA_A)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ShardError, match=message):
+        open_shard(path)
+
+
+def test_bad_offsets_are_refused_at_write_time(tmp_path):
+    with pytest.raises(ShardError, match="offsets must rise"):
+        write_shard(tmp_path / "s.bin", np.arange(4, dtype=np.uint16), np.array([0, 3, 2, 4]), SHA_A)
+
+
+def test_shard_set_without_manifest_says_to_materialize(tmp_path):
+    with pytest.raises(ShardError, match="materialize token_shards first"):
+        read_shard_set(tmp_path)
+
+
+# -------------------------------------------------------------------------------------------- mixture
+
+def test_split_budget_sums_exactly():
+    thirds = split_budget(10, {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})
+    assert sum(thirds.values()) == 10 and sorted(thirds.values()) == [3, 3, 4]
+    assert sum(split_budget(1_000_003, {"a": 0.123, "b": 0.877}).values()) == 1_000_003
+
+
+def test_shares_natural_and_weighted():
+    natural = {"a": 300, "b": 100}
+    assert shares(["a", "b"], {}, natural) == {"a": 0.75, "b": 0.25}
+    assert shares(["a", "b"], {"a": 1, "b": 3}, natural) == {"a": 0.25, "b": 0.75}
+    with pytest.raises(MixtureError, match="source 'b' has weight 1 but no tokens"):
+        shares(["a", "b"], {"a": 1, "b": 1}, {"a": 5, "b": 0})
+
+
+def test_select_documents_cycles_whole_passes_plus_a_subset():
+    lengths = np.array([10, 20, 30, 40])  # 100 tokens a pass
+    picked, cursor = select_documents(lengths, 250)
+    assert picked.tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2] and cursor == 11  # 2 passes + 60 tokens ≈ 50
+    more, cursor2 = select_documents(lengths, 70, cursor)  # the next draw continues where this one stopped
+    assert more.tolist() == [3, 0, 1] and cursor2 == 14
+    few, _ = select_documents(lengths, 35)
+    assert lengths[few].sum() in (30, 60) and few.tolist() in ([0, 1], [0, 1, 2])
+    assert select_documents(lengths, 0, 5)[0].size == 0
+
+
+def test_select_documents_misses_by_at_most_half_a_document():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 200, 500)
+    for target in rng.integers(1, 300_000, 50):
+        picked, _ = select_documents(lengths, int(target))
+        assert abs(int(lengths[picked].sum()) - int(target)) <= lengths.max() / 2 + 1
+
+
+def test_phases_and_epoch_warnings():
+    plans = plan_phases({"a": 1000, "b": 100}, {}, None, [("warmup", 500, {"a": 1, "b": 1}), ("main", 2000, {})])
+    assert [p.name for p in plans] == ["warmup", "main"]
+    assert plans[0].draws["b"].target_tokens == 250 and plans[1].draws["a"].target_tokens == 1818
+    for p in plans:
+        for d in p.draws.values():
+            d.tokens = d.target_tokens
+    warnings = epoch_warnings(plans, max_epochs=3.0)  # a: 2.1 passes, b: 4.3
+    assert len(warnings) == 1 and "'b' is repeated 4.3 times" in warnings[0]
+
+
+# ------------------------------------------------------------------------------------------------ fim
+
+IDS = FimIds(prefix=4, suffix=5, middle=6, eos=2)
+
+
+def test_fim_split_is_deterministic_and_keeps_every_character():
+    text = "def add(a, b):\n    return a + b\n"
+    cuts = [fim_split(text, f"doc{i}", seed=1, rate=1.0, spm_rate=0.5) for i in range(200)]
+    assert all(c.prefix + c.middle + c.suffix == text for c in cuts)
+    assert cuts == [fim_split(text, f"doc{i}", seed=1, rate=1.0, spm_rate=0.5) for i in range(200)]
+    assert 60 < sum(c.mode == SPM for c in cuts) < 140
+    assert fim_split(text, "x", 1, rate=0.0, spm_rate=0.5) is None and fim_split("", "x", 1, 1.0, 0.5) is None
+    chosen = sum(fim_split(text, f"d{i}", 3, rate=0.3, spm_rate=0.5) is not None for i in range(2000))
+    assert 500 < chosen < 700
+
+
+def test_fim_token_layouts():
+    psm = fim_tokens(FimSplit(PSM, "p", "m", "s"), [10, 11], [20], [30, 31], IDS)
+    assert psm == [4, 10, 11, 5, 30, 31, 6, 20, 2]
+    spm = fim_tokens(FimSplit(SPM, "p", "m", "s"), [10, 11], [20], [30, 31], IDS)
+    assert spm == [4, 5, 30, 31, 6, 10, 11, 20, 2]
+    assert unfim(psm, IDS) == (PSM, [10, 11], [20], [30, 31])
+    assert unfim(spm, IDS) == (SPM, [], [10, 11, 20], [30, 31])
+
+
+# ------------------------------------------------------------------------------------- documents → shards
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    sources = standard_sources(root)
+    tok_dir = train_small_tokenizer(root, sources)
+    result = write_token_shards(sources, tok_dir, shard_settings(), NATURAL, root / "out", progress=False)
+    return root, sources, Tokenizer.load(tok_dir), result
+
+
+def texts_by_id(sources) -> dict[str, tuple[str, str]]:
+    import pyarrow.parquet as pq
+    out = {}
+    for s in sources:
+        for part in s.parts:
+            for row in pq.read_table(part, columns=["doc_id", "text"]).to_pylist():
+                out[row["doc_id"]] = (s.name, row["text"])
+    return out
+
+
+def decoded_documents(out_dir: Path, result, tok: Tokenizer, split: str) -> list[list[int]]:
+    docs = []
+    for info in result.shards:
+        if info.split == split:
+            shard = open_shard(out_dir / info.path, expected_tokenizer_sha256=tok.sha256)
+            docs += [shard.document(i).tolist() for i in range(shard.documents)]
+    return docs
+
+
+def restore(ids: list[int], tok: Tokenizer) -> str:
+    """The original text of a shard document: plain, or FIM put back in order."""
+    assert ids[-1] == tok.eos_id and tok.eos_id not in ids[:-1]
+    if ids[0] != tok.fim_prefix_id:
+        return tok.decode(ids[:-1])
+    mode, prefix, middle, suffix = unfim(ids, FimIds(tok.fim_prefix_id, tok.fim_suffix_id, tok.fim_middle_id, tok.eos_id))
+    return tok.decode(prefix) + tok.decode(middle) + tok.decode(suffix)
+
+
+def test_documents_round_trip_exactly_through_shards(built):
+    root, sources, tok, result = built
+    originals = texts_by_id(sources)
+    by_text = {text: doc_id for doc_id, (_, text) in originals.items()}
+    train = [restore(d, tok) for d in decoded_documents(root / "out", result, tok, "train")]
+    val = [restore(d, tok) for d in decoded_documents(root / "out", result, tok, "val")]
+    # natural mixture: every document exactly once, whitespace, tabs, CRLF, "▁" and emoji intact
+    assert Counter(train + val) == Counter(text for _, text in originals.values())
+    assert set(train).isdisjoint(val)
+    assert all(is_validation(by_text[t], 0.1) for t in val)
+    assert not any(is_validation(by_text[t], 0.1) for t in train)
+    assert 0.05 < len(val) / len(originals) < 0.16
+
+
+def test_fim_documents_have_the_documented_layout(built):
+    root, sources, tok, result = built
+    code = {text for name, text in texts_by_id(sources).values() if name == "code"}
+    fim_docs = [d for d in decoded_documents(root / "out", result, tok, "train") if d[0] == tok.fim_prefix_id]
+    assert len(fim_docs) == result.sources["code"]["fim_documents"] > 20
+    modes = Counter()
+    for ids in fim_docs:
+        assert ids.count(tok.fim_prefix_id) == ids.count(tok.fim_suffix_id) == ids.count(tok.fim_middle_id) == 1
+        mode = "spm" if ids[1] == tok.fim_suffix_id else "psm"
+        modes[mode] += 1
+        if mode == "psm":  # <pre> prefix <suf> suffix <mid> middle <eos>
+            s, m = ids.index(tok.fim_suffix_id), ids.index(tok.fim_middle_id)
+            prefix, suffix, middle = tok.decode(ids[1:s]), tok.decode(ids[s + 1:m]), tok.decode(ids[m + 1:-1])
+        else:  # <pre> <suf> suffix <mid> prefix middle <eos>
+            m = ids.index(tok.fim_middle_id)
+            suffix, prefix, middle = tok.decode(ids[2:m]), "", tok.decode(ids[m + 1:-1])
+        assert prefix + middle + suffix in code
+    assert modes["psm"] > 5 and modes["spm"] > 5
+    assert result.sources["prose"]["fim_documents"] == 0  # FIM applies to code sources only
+
+
+def test_result_counts_add_up(built):
+    _, _, _, result = built
+    stats = result.manifest_stats()
+    json.dumps(stats)
+    assert stats["tokenizer_sha256"] == result.tokenizer_sha256 and stats["dtype"] == "uint16"
+    assert sum(s["train_tokens"] for s in result.sources.values()) == result.tokens("train")
+    assert sum(s["val_tokens"] for s in result.sources.values()) == result.tokens("val")
+    assert all(s["effective_epochs"] == 1.0 for s in result.sources.values())
+    assert result.counts()["shards"] == len(result.shards) > 4
+    sizes = [s.tokens for s in result.shards if s.split == "train"]
+    assert all(t >= 2048 for t in sizes[:-1])  # ~tokens_per_shard each; documents are never split
+
+
+def test_same_inputs_give_identical_shards_with_one_or_two_workers(built, tmp_path):
+    root, sources, _, result = built
+    again = write_token_shards(sources, root / "tokenizer", shard_settings(workers=2), NATURAL, tmp_path, progress=False)
+    assert [s.to_dict() for s in again.shards] == [s.to_dict() for s in result.shards]
+    for s in result.shards:
+        assert (tmp_path / s.path).read_bytes() == (root / "out" / s.path).read_bytes()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # scratch removed
+
+
+def test_mixture_weights_are_hit_within_one_percent(tmp_path):
+    sources = [write_source(tmp_path, "big", make_texts("prose", 900, seed=3)),
+               write_source(tmp_path, "small", make_texts("code", 150, seed=4), domain="code"),
+               write_source(tmp_path, "mid", make_texts("unicode", 300, seed=5))]
+    tok_dir = train_small_tokenizer(tmp_path, sources)
+    weights = {"big": 0.2, "small": 0.5, "mid": 0.3}
+    mixture = Mixture(weights=weights, token_budget=120_000, max_epochs_warning=3.0)
+    result = write_token_shards(sources, tok_dir, shard_settings(fim={"rate": 0.0}), mixture, tmp_path / "out",
+                                progress=False)
+    tok = Tokenizer.load(tok_dir)
+    source_of = {text: name for name, text in texts_by_id(sources).values()}
+    tokens = Counter()
+    for ids in decoded_documents(tmp_path / "out", result, tok, "train"):
+        tokens[source_of[tok.decode(ids[:-1])]] += len(ids)
+    total = sum(tokens.values())
+    assert total == pytest.approx(120_000, rel=0.01)
+    for name, w in weights.items():
+        assert tokens[name] / total == pytest.approx(w, abs=0.01)
+        assert result.phases[0]["sources"][name]["tokens"] == tokens[name]
+    small = result.sources["small"]
+    assert small["effective_epochs"] > 3 and any("'small' is repeated" in w for w in result.warnings)
+    assert result.sources["big"]["effective_epochs"] < 1  # subsampled
+
+
+def test_curriculum_phases_are_tagged_and_read_in_order(tmp_path, monkeypatch):
+    sources = [write_source(tmp_path, "web", make_texts("prose", 300, seed=6)),
+               write_source(tmp_path, "code", make_texts("code", 100, seed=7), domain="code")]
+    tok_dir = train_small_tokenizer(tmp_path, sources)
+    mixture = Mixture(phases=[Phase(name="broad", tokens=20_000, weights={"web": 0.9, "code": 0.1}),
+                              Phase(name="anneal", tokens=8_000, weights={"web": 0.2, "code": 0.8})])
+    writer = DatasetWriter(tmp_path / "store" / "token_shards" / "_all", "token_shards", None)
+    result = write_token_shards(sources, tok_dir, shard_settings(tokens_per_shard=4096), mixture, writer,
+                                progress=False)
+    monkeypatch.setattr("kiln.storage.git_commit", lambda: None)  # no git in unit tests
+    writer.commit(code_version="test", config={}, inputs={}, counts=result.counts(), stats=result.manifest_stats())
+    shard_set = read_shard_set(tmp_path / "store" / "token_shards" / "_all")
+    train = shard_set.split("train")
+    assert [s.phase for s in train] == sorted([s.phase for s in train], key=["broad", "anneal"].index)
+    assert {s.phase for s in train} == {"broad", "anneal"}
+    assert shard_set.split("val")[0].phase == "val"
+    assert [p["name"] for p in result.phases] == ["broad", "anneal"]
+    for phase, budget, code_share in [(0, 20_000, 0.1), (1, 8_000, 0.8)]:
+        p = result.phases[phase]
+        assert p["tokens"] == pytest.approx(budget, rel=0.02)
+        assert p["sources"]["code"]["share"] == pytest.approx(code_share, abs=0.02)
+    files = json.loads((tmp_path / "store" / "token_shards" / "_all" / "_manifest.json").read_text())["files"]
+    assert {f["role"] for f in files} == {"shard"} and len(files) == len(shard_set.shards)
+
+
+def test_describe_and_read_shard_set_agree(tmp_path):
+    infos = [ShardInfo("shard-00001.bin", "train", "b", 1, 10, 2), ShardInfo("shard-00000.bin", "train", "a", 0, 5, 1),
+             ShardInfo("shard-00002.bin", "val", "val", 0, 3, 1)]
+    stats = describe_shard_set(SHA_A, 500, 2, infos, seq_len=16)
+    (tmp_path / "_manifest.json").write_text(json.dumps({"stats": stats}))
+    shard_set = read_shard_set(tmp_path)
+    assert [s.phase for s in shard_set.split("train")] == ["a", "b"] and shard_set.tokens("train") == 15
+    with pytest.raises(ShardError, match="no 'test' shards"):
+        shard_set.split("test")

@@ -1,0 +1,138 @@
+"""The tokenizer: a weighted training sample, exact round trips (incl. "▁"), the card, the report."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from kiln.config import TokenizerSettings
+from kiln.tokenizer import (SPECIAL_TOKENS, Tokenizer, TokenizerCard, TokenizerError, draw_training_sample,
+                            sentence_chunks, tokenizer_report, train_tokenizer)
+from tests.token_corpus import SMALL_TOKENIZER, UNICODE_BITS, make_texts, standard_sources, write_source
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tokenizer")
+    sources = standard_sources(root)
+    sample = draw_training_sample(sources, {}, SMALL_TOKENIZER)
+    card = train_tokenizer(sample, SMALL_TOKENIZER, root / "tok")
+    return root, sources, sample, card, Tokenizer.load(root / "tok")
+
+
+EDGE_CASES = [
+    "", " ", "  ", "\n", "\n\n\n", "\t", "x", " leading", "trailing  ", "a  b", "a\u2581b", "\u2581", "\u2581\u2581",
+    " \u2581 ", "\u2581leading", "trailing\u2581", "def f():\n    return 1\n\n\n\tif x:  \n\t\tpass\n",
+    "line one\r\nline two\r\n", "😀 emoji 🚀🚀", "日本語と中文", "\x00\x01\x07\x1b[0m\x7f", "\u200b\ufeff",
+    "<|endoftext|><|fim_prefix|><|fim_suffix|><|fim_middle|><s></s><pad><unk>", "12345678901234567890",
+    "    " * 20 + "deep", "\\n is not a newline", "tab\there", "\u00a0non-breaking\u3000ideographic space",
+]
+
+
+@pytest.mark.parametrize("text", EDGE_CASES)
+def test_round_trip_is_exact_on_edge_cases(corpus, text):
+    tok = corpus[-1]
+    assert tok.decode(tok.encode(text)) == text
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=200)
+       | st.lists(st.sampled_from(UNICODE_BITS + [" ", "  ", "\n", "\t", "x", "def", "\u2581"]), max_size=40).map("".join))
+def test_round_trip_is_exact_on_arbitrary_text(corpus, text):
+    tok = corpus[-1]
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_batch_encoding_matches_single_encoding(corpus):
+    tok = corpus[-1]
+    texts = EDGE_CASES + make_texts("unicode", 30)
+    assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+    assert tok.encode_batch(texts, num_threads=2) == [tok.encode(t) for t in texts]
+
+
+def test_literal_special_token_text_never_becomes_a_special_token(corpus):
+    tok = corpus[-1]
+    ids = tok.encode("".join(SPECIAL_TOKENS.values()))
+    assert min(ids) >= len(SPECIAL_TOKENS)
+
+
+def test_special_ids_are_fixed_and_dtype_fits(corpus):
+    tok = corpus[-1]
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id) == (0, 1, 2, 3)
+    assert (tok.fim_prefix_id, tok.fim_suffix_id, tok.fim_middle_id) == (4, 5, 6)
+    assert tok.vocab_size == 500 and tok.dtype.name == "uint16"
+
+
+def test_card_describes_the_model_it_sits_next_to(corpus):
+    root, sources, sample, card, tok = corpus
+    model = (root / "tok" / "tokenizer.model").read_bytes()
+    assert card.sha256 == hashlib.sha256(model).hexdigest() == tok.sha256
+    on_disk = TokenizerCard.read(root / "tok")
+    assert on_disk == card
+    assert on_disk.special_tokens["eos"] == {"piece": "<|endoftext|>", "id": 2}
+    assert on_disk.settings["vocab_size"] == 500 and on_disk.vocab_size == 500
+    assert set(on_disk.sample["by_source"]) == {"prose", "code", "unicode"}
+    assert on_disk.sample["chars"] == sample.chars > 0
+    vocab = (root / "tok" / "tokenizer.vocab").read_text(encoding="utf-8").splitlines()
+    assert len(vocab) == 500 and vocab[2].split("\t")[:2] == ["2", "<|endoftext|>"]
+    assert not [p for p in (root / "tok").iterdir() if p.name.startswith(".")]  # no temp files left
+    json.loads((root / "tok" / "tokenizer.json").read_text())
+
+
+def test_training_is_deterministic(corpus, tmp_path):
+    _, _, sample, card, _ = corpus
+    assert train_tokenizer(sample, SMALL_TOKENIZER, tmp_path).sha256 == card.sha256
+
+
+def test_sample_follows_mixture_weights(tmp_path):
+    big = write_source(tmp_path, "big", make_texts("prose", 400, seed=1))
+    small = write_source(tmp_path, "small", make_texts("code", 40, seed=2))
+    settings_ = TokenizerSettings(vocab_size=400, sample_chars=60_000)
+    sample = draw_training_sample([big, small], {"big": 0.3, "small": 0.7}, settings_)
+    shares = {n: s["share"] for n, s in sample.by_source.items()}
+    assert shares["small"] == pytest.approx(0.7, abs=0.02)
+    assert sample.chars == pytest.approx(60_000, rel=0.02)
+    # small holds fewer characters than 70% of the sample: it is repeated, as training will repeat it
+    assert sample.by_source["small"]["documents"] > sample.by_source["small"]["unique_documents"]
+    again = draw_training_sample([big, small], {"big": 0.3, "small": 0.7}, settings_)
+    assert [d.doc_id for d in again.documents["big"]] == [d.doc_id for d in sample.documents["big"]]
+
+
+def test_sample_respects_the_document_cap(tmp_path):
+    src = write_source(tmp_path, "p", make_texts("prose", 200))
+    sample = draw_training_sample([src], {}, TokenizerSettings(sample_documents=25))
+    assert sample.document_count == 25
+
+
+def test_sentence_chunks_cut_at_line_ends_and_lose_nothing():
+    text = "\n".join(f"line {i} " * (i % 7) for i in range(300))
+    chunks = list(sentence_chunks(text, 100))
+    assert "".join(chunks) == text
+    assert all(len(c) <= 100 for c in chunks)
+    assert sum(c.endswith("\n") for c in chunks) >= len(chunks) - 2
+    assert list(sentence_chunks("x" * 250, 100)) == ["x" * 100, "x" * 100, "x" * 50]
+
+
+def test_vocab_too_large_for_the_sample_fails_with_a_fix(tmp_path):
+    src = write_source(tmp_path, "tiny", ["a b c a b c"] * 5)
+    settings_ = TokenizerSettings(vocab_size=5000)
+    with pytest.raises(TokenizerError, match="lower tokenizer.vocab_size"):
+        train_tokenizer(draw_training_sample([src], {}, settings_), settings_, tmp_path / "tok")
+
+
+def test_report_has_fertility_per_source_and_language(corpus):
+    _, _, sample, _, tok = corpus
+    report = tokenizer_report(tok, sample.documents)
+    assert set(report["sources"]) == {"prose", "code", "unicode"}
+    assert set(report["languages"]) == {"en", "python", "unknown"}
+    prose = report["sources"]["prose"]
+    assert 1 <= prose["fertility"] < 3 and prose["bytes_per_token"] > 1
+    # CJK and emoji are rare in the sample: they fall back to bytes, prose does not
+    assert report["sources"]["unicode"]["byte_fallback_share"] > prose["byte_fallback_share"]
+    assert report["sources"]["prose"]["documents"] == sample.by_source["prose"]["unique_documents"]
+    example = report["examples"][0]
+    assert "".join(example["pieces"]).replace("\u2581", " ") .startswith(example["text"][:5].replace("\u2581", " "))
+    json.dumps(report)

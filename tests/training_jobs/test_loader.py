@@ -1,0 +1,195 @@
+"""The training loader: every token once across ranks, exact resume, phases in order, refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kiln.config import Mixture, Phase
+from kiln.shards import ShardError, open_shard, read_shard_set
+from kiln.storage import DatasetWriter
+from kiln.token_shards import write_token_shards
+from tests.token_corpus import NATURAL, make_texts, shard_settings, standard_sources, train_small_tokenizer, write_source
+from training_jobs.loader import ShardLoader
+
+SEQ = 16
+
+
+def commit(writer: DatasetWriter, result, monkeypatch) -> Path:
+    monkeypatch.setattr("kiln.storage.git_commit", lambda: None)
+    writer.commit(code_version="test", config={}, inputs={}, counts=result.counts(), stats=result.manifest_stats())
+    return writer.final_dir
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """A committed token_shards dataset with several shards per split."""
+    root = tmp_path_factory.mktemp("loader")
+    sources = standard_sources(root)
+    tok_dir = train_small_tokenizer(root, sources)
+    writer = DatasetWriter(root / "store" / "token_shards" / "_all", "token_shards", None)
+    result = write_token_shards(sources, tok_dir, shard_settings(seq_len=SEQ), NATURAL, writer, progress=False)
+    mp = pytest.MonkeyPatch()
+    try:
+        return commit(writer, result, mp), result
+    finally:
+        mp.undo()
+
+
+def stream(dataset_dir: Path, split: str = "train") -> np.ndarray:
+    shard_set = read_shard_set(dataset_dir)
+    return np.concatenate([open_shard(dataset_dir / s.path).tokens for s in shard_set.split(split)]).astype(np.int64)
+
+
+def all_inputs(loader: ShardLoader) -> list[np.ndarray]:
+    return [x.numpy() for x, _ in loader]
+
+
+def test_batches_are_shifted_long_tensors(dataset):
+    path, result = dataset
+    loader = ShardLoader(path, seq_len=SEQ, batch_size=4, expected_tokenizer_sha256=result.tokenizer_sha256)
+    x, y = next(iter(loader))
+    assert x.dtype == y.dtype == torch.long and x.shape == y.shape == (4, SEQ)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    tokens = stream(path)
+    assert x[0].tolist() == tokens[:SEQ].tolist() and y[0].tolist() == tokens[1:SEQ + 1].tolist()
+    assert loader.seq_len == ShardLoader(path).seq_len == SEQ  # the default comes from the manifest
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_no_token_lost_or_duplicated_across_ranks(dataset, world_size):
+    path, _ = dataset
+    tokens = stream(path)
+    n_seq = (len(tokens) - 1) // SEQ
+    usable = n_seq - n_seq % world_size
+    loaders = [ShardLoader(path, seq_len=SEQ, batch_size=1, rank=r, world_size=world_size) for r in range(world_size)]
+    per_rank = [np.concatenate(all_inputs(loader)) for loader in loaders]
+    assert len({len(p) for p in per_rank}) == 1  # every rank takes the same number of steps
+    interleaved = np.stack(per_rank, axis=1).reshape(-1, SEQ)  # sequence j*world + r came from rank r
+    assert interleaved.shape[0] == usable
+    assert np.array_equal(interleaved.reshape(-1), tokens[:usable * SEQ])
+
+
+def test_shuffled_epochs_still_split_disjointly(dataset):
+    path, _ = dataset
+    loaders = [ShardLoader(path, seq_len=SEQ, batch_size=2, rank=r, world_size=2, seed=3) for r in range(2)]
+    for loader in loaders:
+        all_inputs(loader)  # epoch 0
+    assert {loader.epoch for loader in loaders} == {1}
+    epoch1 = [np.concatenate(all_inputs(loader)) for loader in loaders]
+    starts = [{tuple(seq[:SEQ]) for seq in e} for e in epoch1]
+    assert starts[0].isdisjoint(starts[1]) or len(starts[0] & starts[1]) < 3  # repeated text may recur
+    epoch0 = np.concatenate(all_inputs(ShardLoader(path, seq_len=SEQ, batch_size=2, rank=0, world_size=2)))
+    assert not np.array_equal(epoch0, epoch1[0])  # a new order
+    flat = np.sort(np.concatenate([e.reshape(-1) for e in epoch1]))
+    n = loaders[0].sequences_per_epoch * 2 - (loaders[0].sequences_per_epoch * 2) % 2
+    assert len(flat) == n * SEQ - (len(flat) - len(flat)) and len(flat) <= (len(stream(path)) - 1)
+
+
+def test_resume_mid_epoch_continues_exactly(dataset):
+    path, _ = dataset
+    kwargs = dict(seq_len=SEQ, batch_size=3, rank=1, world_size=2, seed=11)
+    reference = ShardLoader(path, **kwargs)
+    steps = reference.batches_per_epoch + 7  # crosses into the reshuffled second epoch
+    expected = [reference.next_batch() for _ in range(steps)]
+
+    first = ShardLoader(path, **kwargs)
+    for _ in range(5):
+        first.next_batch()
+    state = json.loads(json.dumps(first.state_dict()))  # checkpoints store it as JSON
+    resumed = ShardLoader(path, **kwargs)
+    resumed.load_state_dict(state)
+    for want in expected[5:]:
+        got = resumed.next_batch()
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert resumed.epoch == 1
+
+
+def test_resume_through_the_iterator(dataset):
+    path, _ = dataset
+    uninterrupted = all_inputs(ShardLoader(path, seq_len=SEQ, batch_size=2))
+    loader = ShardLoader(path, seq_len=SEQ, batch_size=2)
+    seen = []
+    for x, _ in loader:
+        seen.append(x.numpy())
+        if len(seen) == 4:
+            break
+    again = ShardLoader(path, seq_len=SEQ, batch_size=2)
+    again.load_state_dict(loader.state_dict())
+    seen += all_inputs(again)
+    assert len(seen) == len(uninterrupted) and all(np.array_equal(a, b) for a, b in zip(seen, uninterrupted))
+    assert again.epoch == 1 and again.position == 0
+
+
+def test_resume_with_other_settings_is_refused(dataset):
+    path, _ = dataset
+    state = ShardLoader(path, seq_len=SEQ, batch_size=2, world_size=2).state_dict()
+    with pytest.raises(ShardError, match="world_size = 2"):
+        ShardLoader(path, seq_len=SEQ, batch_size=2, world_size=3).load_state_dict(state)
+    with pytest.raises(ShardError, match="seq_len = 16"):
+        ShardLoader(path, seq_len=8, batch_size=2, world_size=2).load_state_dict(state)
+    ShardLoader(path, seq_len=SEQ, batch_size=5, world_size=2).load_state_dict(state)  # batch size may change
+
+
+def test_wrong_tokenizer_hash_is_refused(dataset):
+    path, result = dataset
+    with pytest.raises(ShardError, match=r"written with tokenizer .{12}…, the loader expects 000000000000…"):
+        ShardLoader(path, seq_len=SEQ, expected_tokenizer_sha256="0" * 64)
+
+
+def test_corrupt_header_is_refused(dataset, tmp_path):
+    import shutil
+    path, _ = dataset
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    victim = copy / read_shard_set(copy).split("train")[1].path
+    data = bytearray(victim.read_bytes())
+    data[0:8] = b"GARBAGE!"
+    victim.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match="is not a Kiln token shard"):
+        ShardLoader(copy, seq_len=SEQ)
+    data[0:8] = b"KILNTOK1"
+    victim.write_bytes(bytes(data[:-16]))
+    with pytest.raises(ShardError, match="truncated or corrupt"):
+        ShardLoader(copy, seq_len=SEQ)
+
+
+def test_phases_are_read_in_order(tmp_path, monkeypatch):
+    sources = [write_source(tmp_path, "web", make_texts("prose", 200, seed=1)),
+               write_source(tmp_path, "code", make_texts("code", 80, seed=2), domain="code")]
+    tok_dir = train_small_tokenizer(tmp_path, sources)
+    mixture = Mixture(phases=[Phase(name="first", tokens=6_000, weights={"web": 1, "code": 0}),
+                              Phase(name="second", tokens=6_000, weights={"web": 0, "code": 1})])
+    writer = DatasetWriter(tmp_path / "ds", "token_shards", None)
+    result = write_token_shards(sources, tok_dir, shard_settings(seq_len=SEQ, tokens_per_shard=1024), mixture,
+                                writer, progress=False)
+    path = commit(writer, result, monkeypatch)
+    loader = ShardLoader(path, seq_len=SEQ, batch_size=4)
+    first_phase = loader.phases[0].per_rank
+    assert [p.name for p in loader.phases] == ["first", "second"]
+    rows = np.concatenate(all_inputs(loader))
+    fim = {result.tokenizer_sha256 and 4, 5, 6}  # FIM symbols appear only in the code phase
+    assert not fim & set(rows[:first_phase].reshape(-1).tolist())
+    assert fim & set(rows[first_phase:].reshape(-1).tolist())
+
+
+def test_validation_split_reads_validation_shards(dataset):
+    path, result = dataset
+    val = ShardLoader(path, split="val", seq_len=SEQ, batch_size=2, shuffle_epochs=False)
+    assert val.sequences_per_epoch == (result.tokens("val") - 1) // SEQ
+    assert np.array_equal(np.concatenate(all_inputs(val)).reshape(-1), stream(path, "val")[:val.tokens_per_epoch])
+
+
+def test_loader_imports_only_numpy_torch_and_the_shard_format():
+    code = ("import sys, training_jobs.loader; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyarrow', 'pandas', 'pydantic', 'dagster', "
+            "'sentencepiece', 'yaml') or (m.startswith('kiln.') and m != 'kiln.shards')); print(bad); sys.exit(bool(bad))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stdout + done.stderr
