@@ -38,6 +38,11 @@ def test_demo_materializes_every_source_and_records_runs(bounded_env):
         assert manifest["counts"]["documents"] > 0
         assert set(manifest["inputs"]) == {f"filtered_documents/{s}" for s in
                                            ("python_docs", "package_readmes", "package_licenses", "stdlib_code")}
+        final = json.loads((data / "deduplicated_documents" / source / "_manifest.json").read_text())
+        assert final["counts"]["input"] == manifest["counts"]["documents"] and final["counts"]["documents"] > 0
+    index = json.loads((Path(bounded_env["KILN_HOME"]) / "dedup_index" / "kiln" / "index.json").read_text())
+    assert sum(seg["documents"] for seg in index["segments"]) > 0
+    assert "near-dup index:" in proc.stdout
     # the runs are in the instance, so `make ui` shows them
     runs = list((Path(bounded_env["DAGSTER_HOME"]) / "storage").iterdir())
     assert len(runs) >= 8
