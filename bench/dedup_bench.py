@@ -63,7 +63,7 @@ def make_documents(n: int, copies: float, seed: int = 0) -> list[str]:
     docs = [text[i * 2000:(i + 1) * 2000] for i in range(originals)]
     for i in rng.choice(originals, n - originals, replace=True):
         words = docs[i].split(" ")
-        for p in rng.choice(len(words), max(1, len(words) // 50), replace=False):
+        for p in rng.choice(len(words), max(1, len(words) // 100), replace=False):  # ~1% of words: J ~0.9
             words[p] = "edited"
         docs.append(" ".join(words))
     return docs

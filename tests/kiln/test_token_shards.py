@@ -298,3 +298,38 @@ def test_describe_and_read_shard_set_agree(tmp_path):
     assert [s.phase for s in shard_set.split("train")] == ["a", "b"] and shard_set.tokens("train") == 15
     with pytest.raises(ShardError, match="no 'test' shards"):
         shard_set.split("test")
+
+
+# --------------------------------------------------------------------------------------------- config
+
+def _config(**sections):
+    from kiln.config import parse_config
+    raw = {"sources": [{"name": n, "kind": "text", "path": "x", "license": "MIT", "domain": d, "profile": "p"}
+                       for n, d in [("web", "web"), ("code", "code")]],
+           "profiles": {"p": []}, **sections}
+    return parse_config(raw)
+
+
+@pytest.mark.parametrize("sections, message", [
+    ({"mixture": {"weights": {"web": 1, "x": 1}}}, r"mixture.weights names unknown source 'x'; sources: \['web', 'code'\]"),
+    ({"mixture": {"weights": {"web": 1}}}, r"mixture.weights gives no weight to source\(s\) \['code'\]"),
+    ({"mixture": {"weights": {"web": 0, "code": 0}}}, "every weight is 0"),
+    ({"mixture": {"weights": {"web": -1, "code": 1}}}, "must be finite and >= 0"),
+    ({"mixture": {"phases": [{"name": "a", "tokens": 5, "weights": {"wbe": 1, "code": 1}}]}},
+     r"mixture.phases\[0\].weights names unknown source 'wbe'"),
+    ({"mixture": {"token_budget": 10, "phases": [{"name": "a", "tokens": 5}]}}, "set either mixture.token_budget"),
+    ({"shards": {"fim": {"sources": ["cod"]}}}, "shards.fim.sources names unknown source 'cod'"),
+    ({"tokenizer": {"vocab_size": 299}}, "greater than or equal to 300"),
+    ({"tokenizer": {"model_type": "wordpiece"}}, "tokenizer.model_type"),
+])
+def test_config_errors_name_the_key_and_the_fix(sections, message):
+    from kiln.config import ConfigError
+    with pytest.raises(ConfigError, match=message):
+        _config(**sections)
+
+
+def test_config_defaults_and_a_full_mixture():
+    cfg = _config(mixture={"weights": {"web": 0.7, "code": 0.3}, "phases": [{"name": "anneal", "tokens": 1000}]},
+                  shards={"seq_len": 1024, "fim": {"rate": 0.9}})
+    assert cfg.tokenizer.vocab_size == 8000 and cfg.tokenizer.normalization == "identity"
+    assert cfg.mixture.phases[0].weights == {} and cfg.shards.fim.sources is None and cfg.shards.seq_len == 1024

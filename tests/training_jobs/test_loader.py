@@ -76,20 +76,62 @@ def test_no_token_lost_or_duplicated_across_ranks(dataset, world_size):
     assert np.array_equal(interleaved.reshape(-1), tokens[:usable * SEQ])
 
 
-def test_shuffled_epochs_still_split_disjointly(dataset):
-    path, _ = dataset
-    loaders = [ShardLoader(path, seq_len=SEQ, batch_size=2, rank=r, world_size=2, seed=3) for r in range(2)]
+@pytest.fixture
+def counting(tmp_path) -> Path:
+    """A hand-made shard set whose token at stream position i is i (two phases, shards of odd sizes), so a
+    sequence is identified by its first token."""
+    from kiln.shards import ShardInfo, describe_shard_set, write_shard
+    infos, start = [], 0
+    for name, (phase, index, size, split) in enumerate([("a", 0, 1001, "train"), ("a", 0, 777, "train"),
+                                                        ("b", 1, 1500, "train"), ("val", 0, 300, "val")]):
+        tokens = np.arange(start, start + size, dtype=np.uint16)
+        write_shard(tmp_path / f"shard-{name:05d}.bin", tokens, np.array([0, size // 2, size]), SHA)
+        infos.append(ShardInfo(f"shard-{name:05d}.bin", split, phase, index, size, 2))
+        start += size
+    stats = describe_shard_set(SHA, 60_000, 2, infos, seq_len=SEQ)
+    (tmp_path / "_manifest.json").write_text(json.dumps({"stats": stats}))
+    return tmp_path
+
+
+SHA = "12" * 32
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("epoch", [0, 1, 2])
+def test_ranks_cover_each_phase_once_in_every_epoch(counting, world_size, epoch):
+    loaders = [ShardLoader(counting, seq_len=SEQ, batch_size=1, rank=r, world_size=world_size, seed=5)
+               for r in range(world_size)]
+    firsts = []
     for loader in loaders:
-        all_inputs(loader)  # epoch 0
-    assert {loader.epoch for loader in loaders} == {1}
-    epoch1 = [np.concatenate(all_inputs(loader)) for loader in loaders]
-    starts = [{tuple(seq[:SEQ]) for seq in e} for e in epoch1]
-    assert starts[0].isdisjoint(starts[1]) or len(starts[0] & starts[1]) < 3  # repeated text may recur
-    epoch0 = np.concatenate(all_inputs(ShardLoader(path, seq_len=SEQ, batch_size=2, rank=0, world_size=2)))
-    assert not np.array_equal(epoch0, epoch1[0])  # a new order
-    flat = np.sort(np.concatenate([e.reshape(-1) for e in epoch1]))
-    n = loaders[0].sequences_per_epoch * 2 - (loaders[0].sequences_per_epoch * 2) % 2
-    assert len(flat) == n * SEQ - (len(flat) - len(flat)) and len(flat) <= (len(stream(path)) - 1)
+        loader.load_state_dict({**loader.state_dict(), "epoch": epoch})
+        rows = np.concatenate(all_inputs(loader))
+        assert np.array_equal(rows, rows[:, :1] + np.arange(SEQ))  # contiguous, also across shard boundaries
+        firsts.append(rows[:, 0].tolist())
+    assert len({len(f) for f in firsts}) == 1
+    flat = [t for f in firsts for t in f]
+    assert len(flat) == len(set(flat))  # no sequence read twice
+    phase_a, phase_b = [t for t in flat if t < 1778], [t for t in flat if t >= 1778]
+    for tokens, first, size in [(phase_a, 0, 1778), (phase_b, 1778, 1500)]:
+        n_seq = (size - 1) // SEQ
+        assert len(tokens) == n_seq - n_seq % world_size
+        assert all((t - first) % SEQ == 0 and t - first + SEQ < size for t in tokens)
+    if epoch == 0:
+        assert firsts[0][:2] == [0, world_size * SEQ]  # file order
+    # phases in order on every rank: every phase-a sequence before every phase-b one
+    for f in firsts:
+        assert f == sorted(f, key=lambda t: t >= 1778)
+
+
+def test_epochs_are_reshuffled_deterministically(counting):
+    def epoch_firsts(seed, epoch, shuffle=True):
+        loader = ShardLoader(counting, seq_len=SEQ, batch_size=1, seed=seed, shuffle_epochs=shuffle)
+        loader.load_state_dict({**loader.state_dict(), "epoch": epoch})
+        return np.concatenate(all_inputs(loader))[:, 0].tolist()
+
+    assert epoch_firsts(1, 0) == sorted(epoch_firsts(1, 0))
+    assert epoch_firsts(1, 1) != epoch_firsts(1, 2) != epoch_firsts(1, 0)
+    assert epoch_firsts(1, 1) == epoch_firsts(1, 1) and epoch_firsts(1, 1) != epoch_firsts(2, 1)
+    assert epoch_firsts(1, 3, shuffle=False) == epoch_firsts(1, 0)
 
 
 def test_resume_mid_epoch_continues_exactly(dataset):
@@ -174,7 +216,7 @@ def test_phases_are_read_in_order(tmp_path, monkeypatch):
     first_phase = loader.phases[0].per_rank
     assert [p.name for p in loader.phases] == ["first", "second"]
     rows = np.concatenate(all_inputs(loader))
-    fim = {result.tokenizer_sha256 and 4, 5, 6}  # FIM symbols appear only in the code phase
+    fim = {4, 5, 6}  # the FIM symbols: only code documents carry them
     assert not fim & set(rows[:first_phase].reshape(-1).tolist())
     assert fim & set(rows[first_phase:].reshape(-1).tolist())
 
@@ -193,3 +235,17 @@ def test_loader_imports_only_numpy_torch_and_the_shard_format():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_many_shards_keep_few_maps_open(tmp_path):
+    from kiln.shards import ShardInfo, describe_shard_set, write_shard
+    infos = []
+    for i in range(150):
+        write_shard(tmp_path / f"shard-{i:05d}.bin", np.arange(i * 50, i * 50 + 50, dtype=np.uint16), np.array([0, 50]), SHA)
+        infos.append(ShardInfo(f"shard-{i:05d}.bin", "train", "main", 0, 50, 1))
+    (tmp_path / "_manifest.json").write_text(json.dumps({"stats": describe_shard_set(SHA, 60_000, 2, infos)}))
+    loader = ShardLoader(tmp_path, seq_len=SEQ, batch_size=4)
+    rows = np.concatenate(all_inputs(loader))
+    assert np.array_equal(rows.reshape(-1), np.arange(len(rows) * SEQ))
+    assert len(rows) == (150 * 50 - 1) // SEQ // 4 * 4
+    assert loader._tokens.cache_info().currsize <= 64

@@ -1,0 +1,352 @@
+"""Documents → training-ready token shards (the format lives in kiln.shards).
+
+`write_token_shards` does, in order:
+1. split: a document is validation when hash(doc_id) < val_fraction (salted independently of the seed,
+   so changing the shuffle seed never moves a document between train and validation);
+2. tokenize every Parquet part in a process pool into a scratch token file (EOS after every document);
+   training documents of FIM sources are first rearranged by kiln.fim (validation stays plain text, so
+   validation loss is comparable across FIM settings);
+3. mixture: per phase, each source's token target from the weights (kiln.mixture), met by whole passes
+   plus a deterministic subset of its documents in doc_id-hash order; later phases continue that order;
+4. shuffle the chosen documents of each phase (seed, phase) and write shards of ~tokens_per_shard tokens,
+   documents never split across shards; validation: every validation document once, shuffled.
+
+Only token ids and per-document lengths are kept in memory; texts are streamed part by part.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import chain
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from kiln.config import Mixture, ShardSettings
+from kiln.fim import FimIds, fim_split, fim_tokens
+from kiln.mixture import SourceParts, epoch_warnings, hash_unit, plan_phases, select_documents
+from kiln.shards import TRAIN, VAL, ShardInfo, describe_shard_set, write_shard
+from kiln.tokenizer import Tokenizer, TokenizerError
+
+VAL_PHASE = "val"
+_VAL_SALT = "kiln-val-split"
+_ENCODE_BATCH = 256  # documents per sentencepiece call
+
+
+class _Writer(Protocol):  # kiln.storage.DatasetWriter, without importing it here
+    dir: Path
+
+    def next_path(self, role: str, suffix: str = ".parquet") -> Path: ...
+
+
+def is_validation(doc_id: str, val_fraction: float) -> bool:
+    """Whether a document is held out: a pure function of its id, the same in every run and phase."""
+    return hash_unit(_VAL_SALT, doc_id) < val_fraction * 2.0 ** 64
+
+
+def fim_sources(sources: list[SourceParts], configured: list[str] | None) -> set[str]:
+    """The sources FIM applies to: the configured list, or every source whose domain is code."""
+    return set(configured) if configured is not None else {s.name for s in sources if s.domain == "code"}
+
+
+# --------------------------------------------------------------------------------------------- tokenize
+
+@dataclass(frozen=True)
+class _PartTask:
+    source_index: int
+    input_path: str
+    tokens_path: str
+    tokenizer_path: str
+    tokenizer_sha256: str
+    fim: tuple[float, float] | None  # (rate, spm_rate) for FIM sources
+    val_fraction: float
+    seed: int
+
+
+@dataclass
+class _PartTokens:
+    """What a worker sends back: per document, its token count (EOS included), split and order key."""
+
+    lengths: np.ndarray  # int64
+    is_val: np.ndarray  # bool
+    order_key: np.ndarray  # uint64: selection order for repetition / subsets
+    fim_documents: int
+    chars: int
+    utf8_bytes: int
+
+
+@lru_cache(maxsize=2)
+def _tokenizer(path: str, sha256: str) -> Tokenizer:
+    """Loaded once per worker process; refuses a model file that changed since the run started."""
+    tok = Tokenizer.load(path)
+    if tok.sha256 != sha256:
+        raise TokenizerError(f"{path} changed while token shards were being written (sha256 {tok.sha256[:12]}…, "
+                             f"expected {sha256[:12]}…); re-run token_shards")
+    return tok
+
+
+def tokenize_part(task: _PartTask) -> _PartTokens:
+    """One Parquet part → a raw token file (documents back to back, each ending in EOS) + per-doc arrays."""
+    tok = _tokenizer(task.tokenizer_path, task.tokenizer_sha256)
+    ids = FimIds(tok.fim_prefix_id, tok.fim_suffix_id, tok.fim_middle_id, tok.eos_id)
+    lengths, is_val, keys = [], [], []
+    fim_docs = chars = n_bytes = 0
+    with open(task.tokens_path, "wb") as out:
+        for batch in pq.ParquetFile(task.input_path).iter_batches(batch_size=_ENCODE_BATCH, columns=["doc_id", "text"]):
+            segments, layout = [], []
+            for doc_id, text in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
+                val = is_validation(doc_id, task.val_fraction)
+                cut = None if val or task.fim is None else fim_split(text, doc_id, task.seed, *task.fim)
+                segments += [text] if cut is None else [cut.prefix, cut.middle, cut.suffix]
+                layout.append(cut)
+                is_val.append(val)
+                keys.append(hash_unit("order", task.seed, doc_id))
+                chars += len(text)
+                n_bytes += len(text.encode("utf-8", "surrogatepass"))
+            encoded = tok.encode_batch(segments)
+            docs, k = [], 0
+            for cut in layout:
+                if cut is None:
+                    docs.append(encoded[k] + [ids.eos])
+                    k += 1
+                else:
+                    docs.append(fim_tokens(cut, encoded[k], encoded[k + 1], encoded[k + 2], ids))
+                    fim_docs += 1
+                    k += 3
+            sizes = [len(d) for d in docs]
+            np.fromiter(chain.from_iterable(docs), tok.dtype, count=sum(sizes)).tofile(out)
+            lengths += sizes
+    return _PartTokens(np.asarray(lengths, np.int64), np.asarray(is_val, bool), np.asarray(keys, np.uint64),
+                       fim_docs, chars, n_bytes)
+
+
+def worker_pool_context():
+    """forkserver, not fork: the caller may be a threaded Dagster step, where fork is unsafe."""
+    context = get_context("forkserver")
+    context.set_forkserver_preload(["kiln.token_shards"])
+    return context
+
+
+def _run_tasks(tasks: list[_PartTask], workers: int, progress: bool) -> list[_PartTokens]:
+    """Results in task order. Largest parts are submitted first, so no big part is left running alone
+    at the end while the other workers idle."""
+    workers = min(workers or os.cpu_count() or 1, max(len(tasks), 1))
+    bar = tqdm(total=len(tasks), desc="tokenize", unit="part", disable=not progress)
+    if workers == 1:
+        results = [_tick(bar, tokenize_part(t)) for t in tasks]
+        bar.close()
+        return results
+    results: list[_PartTokens | None] = [None] * len(tasks)
+    largest_first = sorted(range(len(tasks)), key=lambda i: -os.path.getsize(tasks[i].input_path))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=worker_pool_context()) as pool:
+        futures = {pool.submit(tokenize_part, tasks[i]): i for i in largest_first}
+        for future in as_completed(futures):
+            results[futures[future]] = _tick(bar, future.result())
+    bar.close()
+    return results
+
+
+def _tick(bar: tqdm, result: _PartTokens) -> _PartTokens:
+    bar.update(1)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- result
+
+@dataclass
+class ShardSetResult:
+    """What `write_token_shards` made: shards, per-source and per-phase counts, warnings."""
+
+    tokenizer_sha256: str
+    vocab_size: int
+    eos_id: int
+    seq_len: int
+    shards: list[ShardInfo]
+    sources: dict[str, dict[str, Any]]
+    phases: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def tokens(self, split: str) -> int:
+        return sum(s.tokens for s in self.shards if s.split == split)
+
+    def documents(self, split: str) -> int:
+        return sum(s.documents for s in self.shards if s.split == split)
+
+    def counts(self) -> dict[str, int]:
+        """For the manifest's `counts`."""
+        return {"train_tokens": self.tokens(TRAIN), "val_tokens": self.tokens(VAL),
+                "train_documents": self.documents(TRAIN), "val_documents": self.documents(VAL),
+                "shards": len(self.shards)}
+
+    def manifest_stats(self) -> dict[str, Any]:
+        """For the manifest's `stats`: what `kiln.shards.read_shard_set` (and so the loader) reads."""
+        return describe_shard_set(self.tokenizer_sha256, self.vocab_size, self.eos_id, self.shards,
+                                  seq_len=self.seq_len, sources=self.sources, phases=self.phases,
+                                  warnings=self.warnings, seconds=self.seconds, totals=self.counts())
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+class _TokenFiles:
+    """Random access to the scratch token files, with a bounded number of open maps."""
+
+    def __init__(self, paths: list[Path], dtype: np.dtype):
+        self.paths, self.dtype = paths, dtype
+        self.open = lru_cache(maxsize=128)(self._open)
+
+    def _open(self, i: int) -> np.ndarray:
+        path = self.paths[i]
+        return np.memmap(path, dtype=self.dtype, mode="r") if path.stat().st_size else np.zeros(0, self.dtype)
+
+
+@dataclass
+class _Docs:
+    """Every document of the run, one row each, in task order."""
+
+    file: np.ndarray  # int32: which scratch token file
+    start: np.ndarray  # int64: first token within that file
+    length: np.ndarray  # int64: tokens, EOS included
+    source: np.ndarray  # int32: index into sources
+    is_val: np.ndarray  # bool
+    order_key: np.ndarray  # uint64
+
+
+def _doc_table(results: list[_PartTokens], tasks: list[_PartTask]) -> _Docs:
+    def cat(arrays, dtype):
+        return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
+
+    starts = [np.concatenate([[0], np.cumsum(r.lengths)[:-1]]) if len(r.lengths) else np.zeros(0, np.int64)
+              for r in results]
+    return _Docs(file=cat([np.full(len(r.lengths), i) for i, r in enumerate(results)], np.int32),
+                 start=cat(starts, np.int64), length=cat([r.lengths for r in results], np.int64),
+                 source=cat([np.full(len(r.lengths), t.source_index) for r, t in zip(results, tasks)], np.int32),
+                 is_val=cat([r.is_val for r in results], bool), order_key=cat([r.order_key for r in results], np.uint64))
+
+
+def _write_split(chosen: np.ndarray, docs: _Docs, files: _TokenFiles, new_path, tokens_per_shard: int,
+                 tokenizer_sha256: str, split: str, phase: str, phase_index: int, out_dir: Path,
+                 progress: bool) -> list[ShardInfo]:
+    """Write `chosen` documents (global indices, in this order) into shards of ~tokens_per_shard tokens."""
+    lengths = docs.length[chosen]
+    cum = np.cumsum(lengths)
+    shards, i, n = [], 0, len(chosen)
+    bar = tqdm(total=int(cum[-1]) if n else 0, desc=f"write {split}/{phase}", unit="tok", unit_scale=True,
+               disable=not progress)
+    while i < n:
+        base = int(cum[i - 1]) if i else 0
+        end = min(int(np.searchsorted(cum, base + tokens_per_shard, side="left")) + 1, n)
+        offsets = np.zeros(end - i + 1, np.uint64)
+        offsets[1:] = cum[i:end] - base
+        buf = np.empty(int(offsets[-1]), files.dtype)
+        pos = 0
+        for d in chosen[i:end].tolist():
+            length = int(docs.length[d])
+            start = int(docs.start[d])
+            buf[pos:pos + length] = files.open(int(docs.file[d]))[start:start + length]
+            pos += length
+        path = new_path()
+        write_shard(path, buf, offsets, tokenizer_sha256)
+        shards.append(ShardInfo(str(path.relative_to(out_dir)), split, phase, phase_index, len(buf), end - i))
+        bar.update(len(buf))
+        i = end
+    bar.close()
+    return shards
+
+
+def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, settings: ShardSettings,
+                       mixture: Mixture, output: _Writer | Path, progress: bool = True) -> ShardSetResult:
+    """Tokenize the sources and write train/validation shards into `output` (a DatasetWriter: shards go to
+    `writer.next_path("shard", ".bin")`; or a folder). The caller commits the manifest with
+    `stats=result.manifest_stats()` and `counts=result.counts()`."""
+    t_start = time.perf_counter()
+    tok = Tokenizer.load(tokenizer_path)
+    model_path = Path(tokenizer_path) / "tokenizer.model" if Path(tokenizer_path).is_dir() else Path(tokenizer_path)
+    if isinstance(output, Path | str):
+        out_dir = Path(output)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        counter = iter(range(1 << 30))
+        new_path = lambda: out_dir / f"shard-{next(counter):05d}.bin"  # noqa: E731
+    else:
+        out_dir = Path(output.dir)
+        new_path = lambda: output.next_path("shard", ".bin")  # noqa: E731
+    names = [s.name for s in sources]
+    fim_names = fim_sources(sources, settings.fim.sources)
+    scratch = out_dir / f".tokenize-{uuid.uuid4().hex[:8]}"
+    scratch.mkdir()
+    try:
+        tasks = [_PartTask(i, str(part), str(scratch / f"{i:04d}-{j:06d}.tok"), str(model_path), tok.sha256,
+                           (settings.fim.rate, settings.fim.spm_rate) if s.name in fim_names else None,
+                           settings.val_fraction, settings.seed)
+                 for i, s in enumerate(sources) for j, part in enumerate(s.parts)]
+        results = _run_tasks(tasks, settings.workers, progress)
+        t_tokenized = time.perf_counter()
+        docs = _doc_table(results, tasks)
+        files = _TokenFiles([Path(t.tokens_path) for t in tasks], tok.dtype)
+
+        train = ~docs.is_val
+        natural = {n: int(docs.length[train & (docs.source == i)].sum()) for i, n in enumerate(names)}
+        plans = plan_phases(natural, mixture.weights, mixture.token_budget,
+                            [(p.name, p.tokens, p.weights) for p in mixture.phases])
+        # Each source's training documents in their fixed selection order (doc_id hash), as global indices.
+        orders = {}
+        for i, n in enumerate(names):
+            members = np.flatnonzero(train & (docs.source == i))
+            orders[n] = members[np.argsort(docs.order_key[members], kind="stable")]
+        cursors = dict.fromkeys(names, 0)
+        shards: list[ShardInfo] = []
+        for plan in plans:
+            picked = []
+            for n in names:
+                draw = plan.draws[n]
+                chosen, cursors[n] = select_documents(docs.length[orders[n]], draw.target_tokens, cursors[n])
+                ids = orders[n][chosen]
+                draw.tokens, draw.documents = int(docs.length[ids].sum()), len(ids)
+                picked.append(ids)
+            chosen = np.concatenate(picked) if picked else np.zeros(0, np.int64)
+            chosen = chosen[np.random.default_rng([settings.seed, plan.index]).permutation(len(chosen))]
+            shards += _write_split(chosen, docs, files, new_path, settings.tokens_per_shard, tok.sha256, TRAIN,
+                                   plan.name, plan.index, out_dir, progress)
+        val_ids = np.flatnonzero(docs.is_val)
+        val_ids = val_ids[np.random.default_rng([settings.seed, 1 << 31]).permutation(len(val_ids))]
+        shards += _write_split(val_ids, docs, files, new_path, settings.tokens_per_shard, tok.sha256, VAL,
+                               VAL_PHASE, 0, out_dir, progress)
+        t_written = time.perf_counter()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    warnings = epoch_warnings(plans, mixture.max_epochs_warning)
+    if settings.val_fraction > 0 and not len(val_ids):
+        warnings.append(f"no document fell into validation (val_fraction {settings.val_fraction}, "
+                        f"{len(docs.length)} documents); raise val_fraction or add data")
+    per_source = {}
+    for i, (n, s) in enumerate(zip(names, sources)):
+        mine = docs.source == i
+        part_results = [r for r, t in zip(results, tasks) if t.source_index == i]
+        used = sum(p.draws[n].tokens for p in plans)
+        per_source[n] = {
+            "domain": s.domain, "fim": n in fim_names, "parts": len(s.parts),
+            "documents": int(mine.sum()), "chars": sum(r.chars for r in part_results),
+            "utf8_bytes": sum(r.utf8_bytes for r in part_results),
+            "fim_documents": sum(r.fim_documents for r in part_results),
+            "train_documents": int((mine & train).sum()), "val_documents": int((mine & docs.is_val).sum()),
+            "natural_train_tokens": natural[n], "val_tokens": int(docs.length[mine & docs.is_val].sum()),
+            "target_tokens": sum(p.draws[n].target_tokens for p in plans), "train_tokens": used,
+            "effective_epochs": round(used / natural[n], 4) if natural[n] else 0.0}
+    return ShardSetResult(
+        tokenizer_sha256=tok.sha256, vocab_size=tok.vocab_size, eos_id=tok.eos_id, seq_len=settings.seq_len,
+        shards=shards, sources=per_source, phases=[p.to_dict() for p in plans], warnings=warnings,
+        seconds={"tokenize": round(t_tokenized - t_start, 3), "write": round(t_written - t_tokenized, 3)})
+
+
+__all__ = ["ShardSetResult", "fim_sources", "is_validation", "tokenize_part", "write_token_shards"]

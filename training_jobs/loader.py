@@ -1,0 +1,200 @@
+"""The training data loader: fixed-length sequences from memory-mapped token shards, split across ranks,
+resumable to the exact next sequence.
+
+Reading order. Each curriculum phase's shards form one token stream (documents are already shuffled and
+EOS-separated by the writer). Sequence g of a phase is tokens[g*seq_len : g*seq_len + seq_len + 1]
+(inputs = the first seq_len, targets = the last seq_len; neighbours share one boundary token).
+Phases are read in order; the stream never runs from one phase into the next.
+
+Ranks. Sequence j*world_size + r of a phase goes to rank r as its j-th; each phase drops its last
+(count % world_size) sequences, so every rank gets the same number and no token is read twice.
+
+Epochs. Epoch 0 reads sequences in file order. With `shuffle_epochs` (default) epoch e >= 1 reads each
+phase's sequences in a permutation drawn from (seed, e, phase): the same on every rank, so the split
+stays disjoint. `next_batch()` rolls into the next epoch by itself; iterating yields the rest of the
+current epoch.
+
+Resuming. `state_dict()` is a small JSON-able dict (epoch and sequences consumed); it is the same on
+every rank, so rank 0's copy in the checkpoint's client_state restores all ranks. Resuming with another
+seq_len, world size, seed, dataset or tokenizer is refused; another batch size is fine.
+
+Imports: numpy, torch, the standard library and kiln.shards only (training may run where Kiln's
+processing stack is not installed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kiln.shards import ShardError, open_shard, read_shard_set
+
+STATE_FORMAT = "kiln-loader/1"
+
+
+@dataclass(frozen=True)
+class _Phase:
+    name: str
+    paths: tuple[Path, ...]
+    starts: np.ndarray  # int64, token offset of each shard within the phase stream, plus the total
+    sequences: int  # sequences in the phase stream, before the per-rank cut
+    per_rank: int  # sequences each rank reads from this phase
+
+    @property
+    def tokens(self) -> int:
+        return int(self.starts[-1])
+
+
+class ShardLoader:
+    """Batches of (inputs, targets), LongTensors of shape (batch_size, seq_len), from a token_shards dataset."""
+
+    def __init__(self, dataset_dir: str | Path, split: str = "train", seq_len: int | None = None,
+                 batch_size: int = 8, rank: int = 0, world_size: int = 1,
+                 expected_tokenizer_sha256: str | None = None, seed: int = 0, shuffle_epochs: bool = True,
+                 drop_last: bool = True):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        self.shard_set = read_shard_set(Path(dataset_dir))
+        sha = self.shard_set.tokenizer_sha256
+        if expected_tokenizer_sha256 is not None and sha != expected_tokenizer_sha256.lower():
+            raise ShardError(f"{dataset_dir} was written with tokenizer {sha[:12]}…, the loader expects "
+                             f"{expected_tokenizer_sha256[:12]}…; re-materialize token_shards with this "
+                             f"tokenizer, or train with the tokenizer these shards were made with")
+        self.split, self.rank, self.world_size = split, rank, world_size
+        self.seq_len = int(seq_len or self.shard_set.stats.get("seq_len") or 0)
+        if self.seq_len < 1 or batch_size < 1:
+            raise ValueError(f"seq_len ({self.seq_len}) and batch_size ({batch_size}) must be positive")
+        self.batch_size, self.seed, self.shuffle_epochs, self.drop_last = batch_size, seed, shuffle_epochs, drop_last
+        self.tokenizer_sha256 = sha
+        self.phases = self._open_phases(split, expected_tokenizer_sha256 or sha)
+        # Shards are checked above and mapped again on demand: a bounded number of open maps (each holds a
+        # file descriptor), however many shards the dataset has.
+        self._tokens = lru_cache(maxsize=64)(lambda path: open_shard(path, expected_tokenizer_sha256 or sha).tokens)
+        self._phase_ends = np.cumsum([p.per_rank for p in self.phases])
+        self.sequences_per_epoch = int(self._phase_ends[-1]) if self.phases else 0
+        if self.sequences_per_epoch < (batch_size if drop_last else 1):
+            raise ShardError(f"{dataset_dir} [{split}] has {sum(p.tokens for p in self.phases):,} tokens: "
+                             f"{self.sequences_per_epoch} sequences of {self.seq_len} per rank for "
+                             f"{world_size} rank(s), fewer than one batch of {batch_size}; lower seq_len or "
+                             f"batch_size, or write more tokens")
+        self.epoch, self.position = 0, 0  # position: sequences this rank has consumed in this epoch
+        self._permutations: dict[tuple[int, int], np.ndarray] = {}
+
+    def _open_phases(self, split: str, sha: str) -> list[_Phase]:
+        """Check every shard (header, size, tokenizer, counts against the manifest) and group them by phase."""
+        phases: dict[int, tuple[str, list[Path], list[int]]] = {}
+        for info in self.shard_set.split(split):
+            shard = open_shard(self.shard_set.dir / info.path, expected_tokenizer_sha256=sha)
+            if len(shard.tokens) != info.tokens or shard.documents != info.documents:
+                raise ShardError(f"{shard.path} holds {len(shard.tokens)} tokens / {shard.documents} documents but "
+                                 f"the manifest lists {info.tokens} / {info.documents}: the dataset was altered "
+                                 f"after it was written; re-materialize token_shards")
+            self._dtype = shard.tokens.dtype
+            name, paths, sizes = phases.setdefault(info.phase_index, (info.phase, [], []))
+            paths.append(shard.path)
+            sizes.append(info.tokens)
+        result = []
+        for _, (name, paths, sizes) in sorted(phases.items()):
+            starts = np.zeros(len(paths) + 1, np.int64)
+            np.cumsum(sizes, out=starts[1:])
+            sequences = max(int(starts[-1]) - 1, 0) // self.seq_len
+            result.append(_Phase(name, tuple(paths), starts, sequences, sequences // self.world_size))
+        return result
+
+    # -- reading
+
+    @property
+    def batches_per_epoch(self) -> int:
+        full, rest = divmod(self.sequences_per_epoch, self.batch_size)
+        return full + (0 if self.drop_last or not rest else 1)
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def _epoch_end(self) -> int:
+        """Sequences this rank reads per epoch, cut to whole batches when drop_last."""
+        n = self.sequences_per_epoch
+        return n - n % self.batch_size if self.drop_last else n
+
+    def _global_index(self, epoch: int, phase_index: int, j: int) -> int:
+        """Which sequence of the phase stream is this rank's j-th in that phase."""
+        phase = self.phases[phase_index]
+        slot = j * self.world_size + self.rank
+        if epoch == 0 or not self.shuffle_epochs:
+            return slot
+        key = (epoch, phase_index)
+        if key not in self._permutations:
+            self._permutations = {key: np.random.default_rng([self.seed, epoch, phase_index]).permutation(phase.sequences)}
+        return int(self._permutations[key][slot])
+
+    def _read(self, phase: _Phase, start: int, count: int) -> np.ndarray:
+        out = np.empty(count, dtype=self._dtype)
+        s, filled = int(np.searchsorted(phase.starts, start, side="right")) - 1, 0
+        while filled < count:
+            local = start + filled - int(phase.starts[s])
+            take = min(count - filled, int(phase.starts[s + 1] - phase.starts[s]) - local)
+            if take > 0:
+                out[filled:filled + take] = self._tokens(phase.paths[s])[local:local + take]
+                filled += take
+            s += 1
+        return out
+
+    def sequence(self, epoch: int, k: int) -> np.ndarray:
+        """This rank's k-th sequence of an epoch: seq_len + 1 tokens."""
+        p = int(np.searchsorted(self._phase_ends, k, side="right"))
+        j = k - (int(self._phase_ends[p - 1]) if p else 0)
+        g = self._global_index(epoch, p, j)
+        return self._read(self.phases[p], g * self.seq_len, self.seq_len + 1)
+
+    def _batch(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = np.stack([self.sequence(self.epoch, self.position + i) for i in range(count)]).astype(np.int64)
+        self.position += count
+        data = torch.from_numpy(rows)
+        return data[:, :-1], data[:, 1:]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The rest of the current epoch; afterwards the loader stands at the start of the next one."""
+        end = self._epoch_end()
+        if self.position >= end:
+            self.epoch, self.position = self.epoch + 1, 0
+        while self.position < end:
+            yield self._batch(min(self.batch_size, end - self.position))
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch, rolling into the next epoch when this one is done (for step-counted training loops)."""
+        end = self._epoch_end()
+        if self.position >= end:
+            self.epoch, self.position = self.epoch + 1, 0
+        return self._batch(min(self.batch_size, end - self.position))
+
+    # -- resuming
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"format": STATE_FORMAT, "split": self.split, "epoch": self.epoch, "position": self.position,
+                "seq_len": self.seq_len, "world_size": self.world_size, "seed": self.seed,
+                "shuffle_epochs": self.shuffle_epochs, "tokenizer_sha256": self.tokenizer_sha256,
+                "sequences_per_epoch": self.sequences_per_epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("format") != STATE_FORMAT:
+            raise ShardError(f"not a loader state (format {state.get('format')!r}, expected {STATE_FORMAT!r})")
+        for key in ("split", "seq_len", "world_size", "seed", "shuffle_epochs", "tokenizer_sha256",
+                    "sequences_per_epoch"):
+            if state[key] != getattr(self, key):
+                raise ShardError(f"cannot resume: the checkpoint's loader had {key} = {state[key]!r}, this one has "
+                                 f"{getattr(self, key)!r}; resume with the same data and settings (a different "
+                                 f"world size needs a position conversion: sequences consumed = position x "
+                                 f"world_size)")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        """Input tokens this rank reads per epoch."""
+        return self._epoch_end() * self.seq_len
