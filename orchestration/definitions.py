@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import curation, dedup, planning
+from assets import curation, dedup, planning, tokens
 from resources import DedupIndexStore, KilnConfig, KilnStorage
 
 # The main job: the whole asset graph, run per source partition (cross-source steps read every partition).
-kiln_job = dg.define_asset_job("kiln", selection=dg.AssetSelection.groups("curation", "dedup"),
-                               description="Everything from raw sources to deduplicated documents.")
+kiln_job = dg.define_asset_job("kiln", selection=dg.AssetSelection.groups("curation", "dedup", "tokens"),
+                               description="Everything from raw sources to training-ready token shards.")
 plan_job = dg.define_asset_job("plan", selection=dg.AssetSelection.groups("planning"),
                                description="The run plan from the config's `planning:` section.")
 
 defs = dg.Definitions(
-    assets=dg.load_assets_from_modules([curation, dedup, planning]),
+    assets=dg.load_assets_from_modules([curation, dedup, tokens, planning]),
     jobs=[kiln_job, plan_job],
     resources={"kiln_config": KilnConfig(), "storage": KilnStorage(), "dedup_index_store": DedupIndexStore()},
 )

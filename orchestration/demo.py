@@ -21,8 +21,8 @@ RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 # Waves of assets: every asset in a wave needs only earlier waves (all partitions of them). A wave of
 # unpartitioned assets (the dedup index spans every source) runs once.
 WAVES = [["raw_documents", "filtered_documents"], ["curated_documents", "minhash_signatures"], ["dedup_index"],
-         ["deduplicated_documents"]]
-UNPARTITIONED = {"dedup_index"}
+         ["deduplicated_documents"], ["tokenizer", "token_shards"]]
+UNPARTITIONED = {"dedup_index", "tokenizer", "token_shards"}
 
 
 def kiln_job() -> dg.JobDefinition:
@@ -83,6 +83,11 @@ def summarize(store: Store, partitions: list[str]) -> None:
     print(f"\nnear-dup index: {index.stats['index']['documents']:,} accepted documents; LSH "
           f"{index.stats['lsh']['bands']} bands x {index.stats['lsh']['rows']} rows, "
           f"{index.stats['verification']['candidate_pairs']:,} candidate pairs verified")
+    shards = store.manifest("token_shards")
+    card = store.manifest("tokenizer").stats["card"]
+    print(f"tokenizer: {card['vocab_size']:,} pieces, sha256 {card['sha256'][:12]}…; token shards: "
+          f"{shards.counts['train_tokens']:,} train + {shards.counts['val_tokens']:,} validation tokens in "
+          f"{shards.counts['shards']} shards")
     print(f"outputs: {store.root}/<asset>/<source>/ (Parquet parts, rejected-*.parquet, _manifest.json)")
     print(f"run plan: {store.dataset_dir('training_plan') / 'plan.txt'} (or `kiln plan --help`)")
 

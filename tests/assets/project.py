@@ -30,10 +30,12 @@ def load_project(config: dict, tmp_path: Path, kiln_home: Path, monkeypatch) -> 
     monkeypatch.setenv("KILN_CONFIG", str(path))
     import assets.curation
     import assets.dedup
+    import assets.tokens
     import orchestration.definitions
 
     importlib.reload(assets.curation)
     importlib.reload(assets.dedup)
+    importlib.reload(assets.tokens)
     definitions = importlib.reload(orchestration.definitions)
     resources = {"kiln_config": definitions.KilnConfig(path=str(path)),
                  "storage": definitions.KilnStorage(root=str(kiln_home / "data")),

@@ -43,6 +43,9 @@ GRAPH_SNAPSHOT = {
     "dedup_index": {"group": "dedup", "deps": ["minhash_signatures"], "checks": ["conservation", "survivors_distinct"]},
     "deduplicated_documents": {"group": "dedup", "deps": ["curated_documents", "dedup_index"],
                                "checks": ["conservation", "no_benchmark_overlap", "non_empty", "schema"]},
+    "tokenizer": {"group": "tokens", "deps": ["deduplicated_documents"], "checks": ["round_trip"]},
+    "token_shards": {"group": "tokens", "deps": ["deduplicated_documents", "tokenizer"],
+                     "checks": ["mixture_on_target", "shards_verified"]},
     "training_plan": {"group": "planning", "deps": [], "checks": []},
 }
 

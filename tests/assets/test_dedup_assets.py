@@ -47,6 +47,8 @@ def project(tmp_path, kiln_home, monkeypatch):
         "profiles": {"none": []},
         "curation": {"workers": 1},
         "dedup": {"workers": 1},
+        "tokenizer": {"vocab_size": 400},
+        "shards": {"seq_len": 16, "val_fraction": 0.2, "workers": 1},
         "decontamination": {"benchmarks": [{"name": "lanterns", "path": str(tmp_path / "bench.jsonl"),
                                             "text_fields": ["question", "answer"]}]},
     }
@@ -102,6 +104,20 @@ def test_cross_source_near_dups_and_decontamination_then_a_refresh(project):
     assert set(manifest["inputs"]) == {"curated_documents/web", "dedup_index"}
     web_meta = results["web"].asset_materializations_for_node("deduplicated_documents")[0].metadata
     assert "near_duplicate" in web_meta["full_funnel"].value and "q1" in web_meta["contaminated_items"].value
+
+    # The tokenizer and the shards follow from the deduplicated documents.
+    tokens = project.materialize(["tokenizer", "token_shards"])
+    assert tokens.success
+    assert all(e.passed for e in tokens.get_asset_check_evaluations())
+    shards = json.loads((home / "data" / "token_shards" / "_all" / "_manifest.json").read_text())
+    card = json.loads((home / "data" / "tokenizer" / "_all" / "_manifest.json").read_text())["stats"]["card"]
+    assert shards["stats"]["tokenizer_sha256"] == card["sha256"]
+    assert shards["inputs"]["tokenizer"] and set(shards["stats"]["sources"]) == {"web", "ref"}
+    from training_jobs.loader import ShardLoader
+
+    loader = ShardLoader(home / "data" / "token_shards" / "_all", batch_size=2, expected_tokenizer_sha256=card["sha256"])
+    inputs, targets = loader.next_batch()
+    assert inputs.shape == (2, 16) and (inputs[:, 1:] == targets[:, :-1]).all()
 
     # Week 2: the web crawl brings back last week's pages, lightly edited, next to new ones.
     kept_web = [r["text"] for r in json_rows(home, "deduplicated_documents", "web")]

@@ -1,0 +1,150 @@
+"""The tokenizer and the training-ready token shards, from every source's deduplicated documents."""
+
+import dagster as dg
+
+from assets.dedup import DEDUPLICATED
+from kiln.manifest import code_version
+from kiln.mixture import SourceParts
+from kiln.shards import ShardError, open_shard, read_shard_set
+from kiln.token_shards import write_token_shards
+from kiln.tokenizer import Tokenizer, draw_training_sample, tokenizer_report, train_tokenizer
+from resources import KilnConfig, KilnStorage
+
+TOKENIZER, SHARDS = "tokenizer", "token_shards"
+ALL_SOURCES = dg.AssetDep(DEDUPLICATED, partition_mapping=dg.AllPartitionMapping())
+
+
+def _sources(config, store) -> tuple[list[SourceParts], dict[str, str]]:
+    """Every source's deduplicated parts (config order) and their data versions, for the manifest."""
+    parts, inputs = [], {}
+    for s in config.sources:
+        manifest = store.manifest(DEDUPLICATED, s.name)
+        inputs[f"{DEDUPLICATED}/{s.name}"] = manifest.data_version
+        parts.append(SourceParts(s.name, s.domain, store.files(DEDUPLICATED, s.name, "documents")))
+    return parts, inputs
+
+
+@dg.asset(
+    key=TOKENIZER, deps=[ALL_SOURCES], group_name="tokens", kinds={"python", "sentencepiece"},
+    code_version=code_version("kiln.tokenizer", "kiln.mixture"),
+    check_specs=[dg.AssetCheckSpec("round_trip", asset=TOKENIZER, blocking=True,
+                                   description="decode(encode(text)) == text on every sampled document")],
+)
+def tokenizer(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage) -> dg.MaterializeResult:
+    """The sentencepiece BPE tokenizer (byte fallback, exact round trip, BOS/EOS/PAD/FIM tokens) trained on a
+    sample drawn by the mixture weights."""
+    config, store = kiln_config.load(), storage.store()
+    sources, inputs = _sources(config, store)
+    sample = draw_training_sample(sources, config.mixture.weights, config.tokenizer)
+    with store.staging(TOKENIZER) as writer:
+        card = train_tokenizer(sample, config.tokenizer, writer.dir)
+        tok = Tokenizer.load(writer.dir)
+        report = tokenizer_report(tok, sample.documents)
+        broken = [d.doc_id for docs in sample.documents.values() for d in docs if tok.decode(tok.encode(d.text)) != d.text]
+        manifest = writer.commit(
+            code_version=context.assets_def.code_versions_by_key[context.asset_key],
+            config={"tokenizer": config.tokenizer.model_dump(mode="json"), "mixture_weights": config.mixture.weights},
+            inputs=inputs, counts={"vocab_size": card.vocab_size, "sample_documents": card.sample["documents"],
+                                   "sample_chars": card.sample["chars"]},
+            stats={"card": card.to_dict(), "report": report})
+    return dg.MaterializeResult(
+        metadata={
+            "sha256": card.sha256, "vocab_size": card.vocab_size, "dtype": card.dtype,
+            "sample": dg.MetadataValue.json(card.sample),
+            "fit_per_source": dg.MetadataValue.md(fit_markdown(report["sources"], "source")),
+            "fit_per_language": dg.MetadataValue.md(fit_markdown(report["languages"], "language")),
+            "examples": dg.MetadataValue.md(examples_markdown(report["examples"])),
+            "special_tokens": dg.MetadataValue.json(card.special_tokens),
+            "training_seconds": card.seconds, "data_version": manifest.data_version,
+            "path": dg.MetadataValue.path(str(store.dataset_dir(TOKENIZER))),
+        },
+        check_results=[dg.AssetCheckResult(check_name="round_trip", passed=not broken,
+                                           metadata={"documents_checked": card.sample["documents"],
+                                                     "broken": dg.MetadataValue.json(broken[:10])})],
+        data_version=dg.DataVersion(manifest.data_version))
+
+
+def fit_markdown(rows: dict[str, dict], label: str) -> str:
+    lines = [f"| {label} | documents | tokens | fertility (tokens/word) | bytes/token | byte-fallback share |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {r['documents']:,} | {r['tokens']:,} | {r['fertility']} | {r['bytes_per_token']} | "
+                     f"{r['byte_fallback_share']:.2%} |" if r["tokens"] else f"| {name} | {r['documents']:,} | 0 | | | |")
+    return "\n".join(lines)
+
+
+def examples_markdown(examples: list[dict]) -> str:
+    out = []
+    for e in examples:
+        pieces = " ".join(f"`{p}`" for p in e["pieces"][:60]).replace("|", "\\|")
+        out.append(f"**{e['source']}** `{e['doc_id']}` ({e['tokens']} tokens): {pieces}")
+    return "\n\n".join(out)
+
+
+@dg.asset(
+    key=SHARDS, deps=[TOKENIZER, ALL_SOURCES], group_name="tokens", kinds={"python", "numpy"},
+    code_version=code_version("kiln.token_shards", "kiln.shards", "kiln.mixture", "kiln.fim"),
+    check_specs=[
+        dg.AssetCheckSpec("shards_verified", asset=SHARDS, blocking=True,
+                          description="every shard's header, size and tokenizer hash check out; totals match"),
+        dg.AssetCheckSpec("mixture_on_target", asset=SHARDS, blocking=False,
+                          description="every source's share of each phase is within 1 point of its weight"),
+    ],
+)
+def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
+                 storage: KilnStorage) -> dg.MaterializeResult:
+    """Training-ready token shards: train/validation split by document hash, mixture weights and curriculum
+    phases, fill-in-the-middle for code, a deterministic shuffle; EOS between documents."""
+    config, store = kiln_config.load(), storage.store()
+    sources, inputs = _sources(config, store)
+    tok_manifest = store.manifest(TOKENIZER)
+    inputs[TOKENIZER] = tok_manifest.data_version
+    with store.staging(SHARDS) as writer:
+        result = write_token_shards(sources, store.dataset_dir(TOKENIZER), config.shards, config.mixture, writer)
+        manifest = writer.commit(
+            code_version=context.assets_def.code_versions_by_key[context.asset_key],
+            config={"shards": config.shards.model_dump(mode="json"), "mixture": config.mixture.model_dump(mode="json")},
+            inputs=inputs, counts=result.counts(), stats=result.manifest_stats())
+    for warning in result.warnings:
+        context.log.warning(warning)
+    base = store.dataset_dir(SHARDS)
+    problems = []
+    shard_set = read_shard_set(base)
+    for info in manifest.stats["shards"]:
+        try:
+            shard = open_shard(base / info["path"], expected_tokenizer_sha256=tok_manifest.stats["card"]["sha256"])
+            if len(shard.tokens) != info["tokens"]:
+                problems.append(f"{info['path']}: {len(shard.tokens)} tokens, manifest says {info['tokens']}")
+        except ShardError as exc:
+            problems.append(str(exc))
+    off_target = [f"{p['name']}/{name}: share {s['share']:.4f} vs weight {s['target_share']:.4f}"
+                  for p in result.phases for name, s in p["sources"].items()
+                  if abs(s["share"] - s["target_share"]) > 0.01]
+    return dg.MaterializeResult(
+        metadata={
+            **{k: v for k, v in result.counts().items()},
+            "tokenizer_sha256": result.tokenizer_sha256, "seq_len": result.seq_len,
+            "per_source": dg.MetadataValue.md(sources_markdown(result.sources)),
+            "phases": dg.MetadataValue.json(result.phases),
+            "warnings": dg.MetadataValue.json(result.warnings),
+            "seconds": dg.MetadataValue.json(result.seconds), "data_version": manifest.data_version,
+            "path": dg.MetadataValue.path(str(base)),
+        },
+        check_results=[
+            dg.AssetCheckResult(check_name="shards_verified", passed=not problems and len(shard_set.shards) > 0,
+                                metadata={"shards": len(manifest.stats["shards"]),
+                                          "problems": dg.MetadataValue.json(problems[:10])}),
+            dg.AssetCheckResult(check_name="mixture_on_target", passed=not off_target,
+                                severity=dg.AssetCheckSeverity.WARN,
+                                metadata={"off_target": dg.MetadataValue.json(off_target)}),
+        ],
+        data_version=dg.DataVersion(manifest.data_version))
+
+
+def sources_markdown(sources: dict[str, dict]) -> str:
+    lines = ["| source | documents (train / val) | natural tokens | train tokens | effective epochs | FIM docs |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, s in sources.items():
+        lines.append(f"| {name} | {s['train_documents']:,} / {s['val_documents']:,} | {s['natural_train_tokens']:,} | "
+                     f"{s['train_tokens']:,} | {s['effective_epochs']:.2f} | {s['fim_documents']:,} |")
+    return "\n".join(lines)
