@@ -41,6 +41,7 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 bench: install
 	$(BIN)/python bench/curation_bench.py
 	$(BIN)/python bench/dedup_bench.py
+	$(BIN)/python bench/tokenize_bench.py
 
 clean:
 	rm -rf $(KILN_HOME)

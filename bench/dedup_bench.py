@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kiln.config import DedupIndexSettings, NearDedup  # noqa: E402
 from kiln.dedup.index import open_index  # noqa: E402
-from kiln.dedup.minhash import compute_signatures, jaccard, lean  # noqa: E402
+from kiln.dedup.minhash import compute_signatures, jaccard  # noqa: E402
 from kiln.dedup.near import Batch, near_dedup  # noqa: E402
 from kiln.documents import DOCUMENT_SCHEMA  # noqa: E402
 

@@ -7,8 +7,6 @@ value fails with `ConfigError` naming the key, the value given and what is allow
 from __future__ import annotations
 
 import difflib
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any, Literal

@@ -14,11 +14,8 @@ import hashlib
 import json
 import os
 import time
-from contextlib import nullcontext
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
-from multiprocessing import get_context
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +27,7 @@ from kiln.config import ExactDedup, ProjectConfig, Reading, Source, StepSpec
 from kiln.documents import CURATED_SCHEMA, DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
 from kiln.filters.base import Step
 from kiln.filters.registry import build_step
+from kiln.parallel import map_parts
 from kiln.readers import Quarantined, read_source
 from kiln.stats import StageStats
 from kiln.storage import DatasetWriter, write_parquet_atomic
@@ -153,14 +151,6 @@ def _filter_part(task: _PartTask) -> StageStats:
     return stats
 
 
-def worker_pool_context():
-    """Not plain fork: the caller may be a threaded process (a Dagster step), where fork is unsafe. A
-    forkserver is single-threaded and, with kiln.curation preloaded, forks workers that start warm."""
-    context = get_context("forkserver")
-    context.set_forkserver_preload(["kiln.curation"])
-    return context
-
-
 def filter_documents(input_parts: list[Path], steps: list[StepSpec], dedup: ExactDedup, writer: DatasetWriter,
                      workers: int = 0, examples_per_reason: int = 3, progress: bool = True,
                      label: str = "filter") -> StageStats:
@@ -168,13 +158,10 @@ def filter_documents(input_parts: list[Path], steps: list[StepSpec], dedup: Exac
     frozen = tuple((s.step, json.dumps(s.params, sort_keys=True)) for s in steps)
     tasks = [_PartTask(str(p), str(writer.next_path("documents")), str(writer.next_path("rejected")), frozen,
                        (dedup.lowercase, dedup.collapse_whitespace), examples_per_reason) for p in input_parts]
-    workers = min(workers or os.cpu_count() or 1, max(len(tasks), 1))
     total = StageStats()
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=worker_pool_context()) if workers > 1 else None
-    with pool or nullcontext():
-        results = pool.map(_filter_part, tasks) if pool else map(_filter_part, tasks)
-        for r in tqdm(results, total=len(tasks), desc=label, unit="part", disable=not progress):
-            total.merge(r, examples_per_reason)
+    for r in map_parts(_filter_part, tasks, workers=workers, preload="kiln.curation", desc=label, progress=progress,
+                       size=lambda t: os.path.getsize(t.input_path)):
+        total.merge(r, examples_per_reason)
     return total
 
 

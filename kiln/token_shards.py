@@ -20,11 +20,9 @@ import os
 import shutil
 import time
 import uuid
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,6 +32,7 @@ from tqdm import tqdm
 
 from kiln.config import Mixture, ShardSettings
 from kiln.fim import FimIds, fim_split, fim_tokens
+from kiln.parallel import map_parts
 from kiln.mixture import SourceParts, epoch_warnings, hash_unit, plan_phases, select_documents
 from kiln.shards import TRAIN, VAL, ShardInfo, describe_shard_set, write_shard
 from kiln.tokenizer import Tokenizer, TokenizerError
@@ -130,35 +129,9 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
                        fim_docs, chars, n_bytes)
 
 
-def worker_pool_context():
-    """forkserver, not fork: the caller may be a threaded Dagster step, where fork is unsafe."""
-    context = get_context("forkserver")
-    context.set_forkserver_preload(["kiln.token_shards"])
-    return context
-
-
 def _run_tasks(tasks: list[_PartTask], workers: int, progress: bool) -> list[_PartTokens]:
-    """Results in task order. Largest parts are submitted first, so no big part is left running alone
-    at the end while the other workers idle."""
-    workers = min(workers or os.cpu_count() or 1, max(len(tasks), 1))
-    bar = tqdm(total=len(tasks), desc="tokenize", unit="part", disable=not progress)
-    if workers == 1:
-        results = [_tick(bar, tokenize_part(t)) for t in tasks]
-        bar.close()
-        return results
-    results: list[_PartTokens | None] = [None] * len(tasks)
-    largest_first = sorted(range(len(tasks)), key=lambda i: -os.path.getsize(tasks[i].input_path))
-    with ProcessPoolExecutor(max_workers=workers, mp_context=worker_pool_context()) as pool:
-        futures = {pool.submit(tokenize_part, tasks[i]): i for i in largest_first}
-        for future in as_completed(futures):
-            results[futures[future]] = _tick(bar, future.result())
-    bar.close()
-    return results
-
-
-def _tick(bar: tqdm, result: _PartTokens) -> _PartTokens:
-    bar.update(1)
-    return result
+    return map_parts(tokenize_part, tasks, workers=workers, preload="kiln.token_shards", desc="tokenize",
+                     progress=progress, size=lambda t: os.path.getsize(t.input_path))
 
 
 # ---------------------------------------------------------------------------------------------- result

@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -21,11 +19,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from datasketch import LeanMinHash, MinHash
-from tqdm import tqdm
 
 from kiln.config import BoilerplateLines, NearDedup
-from kiln.curation import worker_pool_context
 from kiln.dedup.text import words
+from kiln.parallel import map_parts
 from kiln.storage import write_parquet_atomic
 
 SCHEME = "affine32"  # datasketch >= 2.0: 32-bit hash values, collision-free permutations
@@ -185,14 +182,11 @@ def compute_signatures(input_parts: list[Path], output_paths: list[Path], near: 
     where line counts are documents per boilerplate-line hash, when `lines` is given."""
     tasks = [_SignTask(str(i), str(o), near.model_dump_json(), lines.model_dump_json() if lines else None)
              for i, o in zip(input_parts, output_paths)]
-    workers = min(workers or os.cpu_count() or 1, max(len(tasks), 1))
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=worker_pool_context()) if workers > 1 else None
     total, line_counts = 0, Counter()
-    with pool or nullcontext():
-        results = pool.map(_sign_part, tasks) if pool else map(_sign_part, tasks)
-        for n, counts in tqdm(results, total=len(tasks), desc=label, unit="part", disable=not progress):
-            total += n
-            line_counts.update(counts)
+    for n, counts in map_parts(_sign_part, tasks, workers=workers, preload="kiln.dedup.minhash", desc=label,
+                               progress=progress, size=lambda t: os.path.getsize(t.input_path)):
+        total += n
+        line_counts.update(counts)
     return total, line_counts
 
 

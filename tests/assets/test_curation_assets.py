@@ -46,7 +46,7 @@ GRAPH_SNAPSHOT = {
     "tokenizer": {"group": "tokens", "deps": ["deduplicated_documents"], "checks": ["round_trip"]},
     "token_shards": {"group": "tokens", "deps": ["deduplicated_documents", "tokenizer"],
                      "checks": ["mixture_on_target", "shards_verified"]},
-    "training_plan": {"group": "planning", "deps": [], "checks": []},
+    "training_plan": {"group": "planning", "deps": ["token_shards"], "checks": []},
 }
 
 

@@ -119,6 +119,13 @@ def test_cross_source_near_dups_and_decontamination_then_a_refresh(project):
     inputs, targets = loader.next_batch()
     assert inputs.shape == (2, 16) and (inputs[:, 1:] == targets[:, :-1]).all()
 
+    # The run plan's data sufficiency now comes from the shards' per-source token counts.
+    assert project.materialize(["training_plan"]).success
+    plan = json.loads((home / "data" / "training_plan" / "_all" / "_manifest.json").read_text())
+    assert plan["inputs"] == {"token_shards": shards["data_version"]}
+    assert plan["config"]["planning"]["available_tokens"] == {
+        name: s["natural_train_tokens"] for name, s in shards["stats"]["sources"].items()}
+
     # Week 2: the web crawl brings back last week's pages, lightly edited, next to new ones.
     kept_web = [r["text"] for r in json_rows(home, "deduplicated_documents", "web")]
     rng, vocab = project.rng, project.vocab
