@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from kiln.config import Decontamination, ShingleNormalization
-from kiln.dedup.text import words
+from kiln.dedup.text import normalized_words, words
 
 DROP_REASON = "decontamination.benchmark_overlap"
 TOO_SHORT_REASON = "decontamination.too_short_after_redact"
@@ -44,11 +43,6 @@ CONTAMINATION_SCHEMA = pa.schema([
 ])
 
 NORMALIZATION = ShingleNormalization()  # decontamination always uses the defaults: case, punctuation, digits
-_WORD = re.compile(r"\w+")  # the same word definition as kiln.dedup.text
-_NON_SPACE = re.compile(r"\S+")
-_DIGITS = str.maketrans("0123456789", "0000000000")
-_NO_DIGITS = str.maketrans("", "", "0123456789")
-_SEP = " "  # never inside a word (neither \w nor \S), and neutral for str.lower's final-sigma rule
 
 # Polynomial n-gram hash mod 2**64: hash(w_j..w_j+k-1) = sum_t h(w_j+t) * P**t. With prefix sums of
 # h(w_i) * P**i, every window of every size costs one subtraction and one multiply by P**-j (P is odd,
@@ -120,28 +114,6 @@ def _cumpow(base: np.uint64, n: int) -> np.ndarray:
     out[0] = 1
     if n > 1:
         out[1:] = np.cumprod(np.full(n - 1, base, dtype=np.uint64))  # wraps mod 2**64, as intended
-    return out
-
-
-def normalized_words(text: str, norm: ShingleNormalization = NORMALIZATION) -> list[str]:
-    """The same words as `kiln.dedup.text.words(text, norm).words`, without spans, at C speed.
-
-    Lowercasing the joined words equals lowercasing each one: str.lower maps per character except for
-    Greek final sigma, whose context rule stops at the separator exactly as at the end of a word.
-    """
-    found = (_WORD if norm.strip_punctuation else _NON_SPACE).findall(text)
-    if not found:
-        return []
-    joined = _SEP.join(found)
-    if norm.lowercase:
-        joined = joined.lower()
-    if norm.digits == "zero":
-        joined = joined.translate(_DIGITS)
-    elif norm.digits == "remove":
-        joined = joined.translate(_NO_DIGITS)
-    out = joined.split(_SEP)
-    if norm.digits == "remove":
-        out = [w for w in out if w]  # a word that was all digits
     return out
 
 
@@ -306,7 +278,7 @@ def decontaminate(text: str, index: BenchmarkIndex, settings: Decontamination) -
         found = index.find(redacted)
         if not found:
             break
-    if found or not _WORD.search(redacted) or len(redacted) < settings.min_chars_after_redact:
+    if found or not normalized_words(redacted) or len(redacted) < settings.min_chars_after_redact:
         return Outcome(False, text, matches, TOO_SHORT_REASON)
     return Outcome(True, redacted, matches)
 

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from datasketch import LeanMinHash, MinHash
 
 from kiln.config import BoilerplateLines, NearDedup
-from kiln.dedup.text import words
+from kiln.dedup.text import normalized_words
 from kiln.parallel import map_parts
 from kiln.storage import write_parquet_atomic
 
@@ -50,7 +50,7 @@ def _hash32(data: bytes) -> int:
 
 def shingle_hashes(text: str, settings: NearDedup) -> np.ndarray:
     """Sorted unique 32-bit hashes of the document's word n-grams (all its words if it has fewer)."""
-    w = words(text, settings.normalization).words
+    w = normalized_words(text, settings.normalization)
     n = settings.shingle_size
     grams = [" ".join(w[i:i + n]) for i in range(max(len(w) - n + 1, 1))] if w else [""]
     return np.unique(np.fromiter((_hash32(g.encode("utf-8", "surrogatepass")) for g in grams),

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from kiln.config import Benchmark, Decontamination, ShingleNormalization
 from kiln.dedup.decontaminate import (CONTAMINATION_SCHEMA, DEMO_BENCHMARK, DROP_REASON, TOO_SHORT_REASON,
                                       BenchmarkError, BenchmarkIndex, contamination_counts,
-                                      decontaminate, load_benchmarks, ngram_hashes, normalized_words,
-                                      redact_spans, report_rows, report_table)
-from kiln.dedup.text import words
+                                      decontaminate, load_benchmarks, ngram_hashes, redact_spans,
+                                      report_rows, report_table)
+from kiln.dedup.text import normalized_words, words
 from tests.conftest import CLEAN_PROSE, write_jsonl
 
 ITEM = ("In 1887 the lighthouse keeper recorded forty storms, each one logged with the wind "
