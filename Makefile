@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(KILN_HOME)/torch_extensions
 export DS_ACCELERATOR ?= cpu
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install demo test test-fast ui bench clean
+.PHONY: install demo test test-fast ui mlflow bench clean
 
 install: $(VENV)/.installed
 
@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 $(DAGSTER_HOME)/dagster.yaml:
 	@mkdir -p $(DAGSTER_HOME)
-	@printf 'telemetry:\n  enabled: false\nconcurrency:\n  runs:\n    max_concurrent_runs: 4\n' > $@
+	@printf 'telemetry:\n  enabled: false\nconcurrency:\n  runs:\n    max_concurrent_runs: 4\n  pools:\n    default_limit: 1\n' > $@
 
 demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m orchestration.demo
@@ -37,6 +37,9 @@ test-fast: install
 
 ui: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+mlflow: install
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(KILN_HOME)/mlflow.db -h 127.0.0.1 -p 5000
 
 bench: install
 	$(BIN)/python bench/curation_bench.py

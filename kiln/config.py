@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kiln.filters.registry import build_step, step_parameters
 from kiln.planning.plan import PlanRequest
+from training_jobs.settings import TrainingSettings
 
 DEFAULT_CONFIG = "configs/default.yaml"
 
@@ -257,6 +258,15 @@ class ShardSettings(_Strict):
     workers: int = Field(0, ge=0)  # tokenizing processes; 0 means one per core
 
 
+class EvaluationSettings(_Strict):
+    """What the evaluation asset measures on a checkpoint (bounded, so it stays cheap on CPU)."""
+
+    max_val_tokens: int = Field(200_000, gt=0)  # from the validation shards
+    max_tokens_per_source: int = Field(50_000, gt=0)  # validation documents of each source, tokenized
+    batch_size: int = Field(8, gt=0)
+    sample_tokens: int = Field(48, ge=0)  # continuation length for each probe prompt (greedy)
+
+
 class ProjectConfig(_Strict):
     sources: list[Source] = Field(min_length=1)
     profiles: dict[str, list[StepSpec]]
@@ -265,6 +275,8 @@ class ProjectConfig(_Strict):
     dedup: Dedup = Dedup()
     decontamination: Decontamination = Decontamination()
     planning: PlanRequest = PlanRequest()  # `kiln plan` and the training_plan asset start from these
+    training: TrainingSettings = TrainingSettings()  # the model, optimizer, schedule, checkpoints, monitor
+    evaluation: EvaluationSettings = EvaluationSettings()
     tokenizer: TokenizerSettings = TokenizerSettings()
     mixture: Mixture = Mixture()
     shards: ShardSettings = ShardSettings()

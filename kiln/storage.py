@@ -97,12 +97,13 @@ class DatasetWriter:
     def commit(self, *, code_version: str, config: dict, inputs: dict[str, str], counts: dict[str, int],
                stats: dict | None = None) -> Manifest:
         entries = []
-        for path in sorted(self.dir.iterdir()):
-            if path.name.startswith(".") or path.name == MANIFEST_NAME:
+        for path in sorted(p for p in self.dir.rglob("*") if p.is_file()):
+            relative = path.relative_to(self.dir)
+            if any(part.startswith(".") for part in relative.parts) or relative.as_posix() == MANIFEST_NAME:
                 continue
             role = next((r for r, p in ROLE_PREFIX.items() if path.name.startswith(p + "-")), "artifact")
             rows = pq.ParquetFile(path).metadata.num_rows if path.suffix == ".parquet" else None
-            entries.append(FileEntry(path=path.name, role=role, sha256=sha256_file(path),
+            entries.append(FileEntry(path=relative.as_posix(), role=role, sha256=sha256_file(path),
                                      bytes=path.stat().st_size, rows=rows))
         manifest = Manifest(asset=self.asset, partition=self.partition, code_version=code_version, config=config,
                             inputs=inputs, files=entries, counts=counts, stats=stats or {},

@@ -21,8 +21,8 @@ RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 # Waves of assets: every asset in a wave needs only earlier waves (all partitions of them). A wave of
 # unpartitioned assets (the dedup index spans every source) runs once.
 WAVES = [["raw_documents", "filtered_documents"], ["curated_documents", "minhash_signatures"], ["dedup_index"],
-         ["deduplicated_documents"], ["tokenizer", "token_shards"]]
-UNPARTITIONED = {"dedup_index", "tokenizer", "token_shards"}
+         ["deduplicated_documents"], ["tokenizer", "token_shards"], ["training_run", "checkpoint", "evaluation"]]
+UNPARTITIONED = {"dedup_index", "tokenizer", "token_shards", "training_run", "checkpoint", "evaluation"}
 
 
 def kiln_job() -> dg.JobDefinition:
@@ -88,6 +88,13 @@ def summarize(store: Store, partitions: list[str]) -> None:
     print(f"tokenizer: {card['vocab_size']:,} pieces, sha256 {card['sha256'][:12]}…; token shards: "
           f"{shards.counts['train_tokens']:,} train + {shards.counts['val_tokens']:,} validation tokens in "
           f"{shards.counts['shards']} shards")
+    run = store.manifest("training_run").stats
+    summary, evaluation = run["summary"], store.manifest("evaluation").stats
+    tokens_per_s = f"{summary['tokens_per_s']:,.0f}" if summary["tokens_per_s"] else "?"
+    print(f"training: {summary['n_params']:,} parameters, {summary['steps']} steps on {summary['world_size']} "
+          f"processes, loss {summary['final_loss']:.3f}, {tokens_per_s} tokens/s; validation loss "
+          f"{evaluation['validation']['loss']} (perplexity {evaluation['validation']['perplexity']})")
+    print(f"MLflow run {run['mlflow']['run_id']}: `make mlflow` and open http://127.0.0.1:5000")
     print(f"outputs: {store.root}/<asset>/<source>/ (Parquet parts, rejected-*.parquet, _manifest.json)")
     print(f"run plan: {store.dataset_dir('training_plan') / 'plan.txt'} (or `kiln plan --help`)")
 

@@ -1,7 +1,8 @@
-"""Dagster resources: thin, typed handles on Kiln's config, storage and dedup index."""
+"""Dagster resources: thin, typed handles on Kiln's config, storage, dedup index, training launcher and MLflow."""
 
 from resources.config import KilnConfig
 from resources.dedup_index import DedupIndexStore
 from resources.storage import KilnStorage
+from resources.training import MlflowTracking, TrainingLauncher
 
-__all__ = ["DedupIndexStore", "KilnConfig", "KilnStorage"]
+__all__ = ["DedupIndexStore", "KilnConfig", "KilnStorage", "MlflowTracking", "TrainingLauncher"]

@@ -31,13 +31,19 @@ def load_project(config: dict, tmp_path: Path, kiln_home: Path, monkeypatch) -> 
     import assets.curation
     import assets.dedup
     import assets.tokens
+    import assets.training
     import orchestration.definitions
 
     importlib.reload(assets.curation)
     importlib.reload(assets.dedup)
     importlib.reload(assets.tokens)
+    importlib.reload(assets.training)
     definitions = importlib.reload(orchestration.definitions)
     resources = {"kiln_config": definitions.KilnConfig(path=str(path)),
                  "storage": definitions.KilnStorage(root=str(kiln_home / "data")),
-                 "dedup_index_store": definitions.DedupIndexStore(root=str(kiln_home / "dedup_index"))}
+                 "dedup_index_store": definitions.DedupIndexStore(root=str(kiln_home / "dedup_index")),
+                 "training_launcher": definitions.TrainingLauncher(),
+                 "mlflow_tracking": definitions.MlflowTracking(tracking_uri=f"sqlite:///{kiln_home / 'mlflow.db'}",
+                                                               artifact_location=str(kiln_home / "mlartifacts")),
+                 "pipes_subprocess_client": dg.PipesSubprocessClient()}
     return Project(definitions, resources, kiln_home)

@@ -46,6 +46,10 @@ GRAPH_SNAPSHOT = {
     "tokenizer": {"group": "tokens", "deps": ["deduplicated_documents"], "checks": ["round_trip"]},
     "token_shards": {"group": "tokens", "deps": ["deduplicated_documents", "tokenizer"],
                      "checks": ["mixture_on_target", "shards_verified"]},
+    "training_run": {"group": "training", "deps": ["token_shards", "tokenizer"], "checks": []},
+    "checkpoint": {"group": "training", "deps": ["training_run"], "checks": ["loads"]},
+    "evaluation": {"group": "training", "deps": ["checkpoint", "deduplicated_documents", "token_shards", "tokenizer"],
+                   "checks": []},
     "training_plan": {"group": "planning", "deps": ["token_shards"], "checks": []},
 }
 

@@ -1,0 +1,250 @@
+"""Training: a DeepSpeed ZeRO-3 run launched through Dagster Pipes, its checkpoint, and its evaluation."""
+
+import base64
+import hashlib
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+
+import dagster as dg
+
+from assets.dedup import DEDUPLICATED
+from assets.tokens import ALL_SOURCES, SHARDS, TOKENIZER
+from kiln.config import kiln_home
+from kiln.manifest import code_version, git_commit
+from kiln.storage import IncompleteDataset
+from kiln.token_shards import is_validation
+from kiln.tokenizer import Tokenizer, read_documents
+from resources import KilnConfig, KilnStorage, MlflowTracking, TrainingLauncher
+
+RUN, CHECKPOINT, EVALUATION = "training_run", "checkpoint", "evaluation"
+REPO = Path(__file__).resolve().parents[1]
+PROBES = REPO / "kiln" / "data" / "probes.json"
+
+
+def run_key(shards_version: str, tokenizer_version: str, settings_json: str) -> str:
+    """Same data and settings, same run folder: a materialization after a crash resumes that run."""
+    return hashlib.sha256(f"{shards_version}\0{tokenizer_version}\0{settings_json}".encode()).hexdigest()[:12]
+
+
+def _mlflow_run(tracking: MlflowTracking, run_dir: Path, name: str, tags: dict[str, str]) -> tuple[str, str]:
+    """The MLflow run of this run folder: the interrupted attempt's, or a new one tagged with lineage."""
+    import mlflow
+
+    experiment_id = tracking.prepare()
+    id_file = run_dir / "mlflow_run_id"
+    if id_file.is_file():
+        return experiment_id, id_file.read_text().strip()
+    client = mlflow.MlflowClient(tracking.tracking_uri)
+    run = client.create_run(experiment_id, run_name=name, tags=tags)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    id_file.write_text(run.info.run_id)
+    return experiment_id, run.info.run_id
+
+
+@dg.asset(
+    key=RUN, deps=[SHARDS, TOKENIZER], group_name="training", kinds={"pytorch", "deepspeed", "mlflow"},
+    pool="training",  # GPU concurrency: `concurrency.pools` in dagster.yaml caps how many runs train at once
+    code_version=code_version("training_jobs"),
+)
+def training_run(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
+                 training_launcher: TrainingLauncher, mlflow_tracking: MlflowTracking,
+                 pipes_subprocess_client: dg.PipesSubprocessClient) -> dg.MaterializeResult:
+    """A DeepSpeed ZeRO-3 pretraining run on the token shards, tracked in MLflow; a crashed run resumes from its
+    newest complete checkpoint when materialized again."""
+    config, store = kiln_config.load(), storage.store()
+    shards, tok = store.manifest(SHARDS), store.manifest(TOKENIZER)
+    settings = config.training
+    key = run_key(shards.data_version, tok.data_version, settings.model_dump_json())
+    run_dir = kiln_home() / "runs" / key
+    tags = {"kiln.dagster_run_id": context.run.run_id, "kiln.token_shards.data_version": shards.data_version,
+            "kiln.tokenizer.data_version": tok.data_version, "kiln.tokenizer.sha256": tok.stats["card"]["sha256"],
+            "kiln.git_commit": git_commit() or "unknown", "kiln.run_key": key}
+    experiment_id, mlflow_run_id = _mlflow_run(mlflow_tracking, run_dir, f"kiln-{key}", tags)
+    run_config = settings.to_run_config(
+        dataset_dir=store.dataset_dir(SHARDS), tokenizer_sha256=tok.stats["card"]["sha256"], output_dir=run_dir,
+        tokenizer_dir=store.dataset_dir(TOKENIZER), experiment=mlflow_tracking.experiment, run_name=f"kiln-{key}",
+        tags=tags).write(run_dir / "run_config.json")
+    env = {**training_launcher.env(), **mlflow_tracking.env(), "MLFLOW_RUN_ID": mlflow_run_id}
+    try:
+        reported = pipes_subprocess_client.run(command=training_launcher.command(run_config), context=context,
+                                               env=env, cwd=str(REPO)).get_materialize_result()
+    except dg.DagsterPipesExecutionError as exc:
+        summary = _read_json(run_dir / "summary.json")
+        raise dg.Failure(description=f"training {summary.get('status', 'failed')}: {summary.get('error') or exc}",
+                         metadata={"run_dir": dg.MetadataValue.path(str(run_dir))}) from None
+    summary = _read_json(run_dir / "summary.json")
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    with store.staging(RUN) as writer:
+        for name in ("summary.json", "run_config.json", "metrics.jsonl"):
+            shutil.copy2(run_dir / name, writer.dir / name)
+        manifest = writer.commit(
+            code_version=context.assets_def.code_versions_by_key[context.asset_key],
+            config={"training": settings.model_dump(mode="json"), "launcher": training_launcher.command(run_config)[:1]},
+            inputs={SHARDS: shards.data_version, TOKENIZER: tok.data_version},
+            counts={"steps": summary["steps"], "tokens_seen": summary["tokens_seen"]},
+            stats={"summary": summary, "run_dir": str(run_dir), "mlflow": {"experiment_id": experiment_id,
+                                                                            "run_id": mlflow_run_id}})
+    return dg.MaterializeResult(
+        metadata={
+            **reported.metadata,
+            "loss_curve": dg.MetadataValue.md(loss_plot_markdown(metrics)),
+            "mlflow_run": mlflow_tracking.run_url(experiment_id, mlflow_run_id),
+            "stability_events": dg.MetadataValue.json(summary["stability_events"]),
+            "run_dir": dg.MetadataValue.path(str(run_dir)), "data_version": manifest.data_version,
+        },
+        data_version=dg.DataVersion(manifest.data_version))
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def loss_plot_markdown(metrics: list[dict]) -> str:
+    """Training loss (and learning rate) per step as a PNG inside markdown: a curve reads faster than a table."""
+    steps = [m["step"] for m in metrics if m.get("train/loss") is not None]
+    if not steps:
+        return "no steps logged"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3), dpi=100)
+    ax.plot(steps, [m["train/loss"] for m in metrics if m.get("train/loss") is not None], lw=1, label="train loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    lr_ax = ax.twinx()
+    lr_ax.plot(steps, [m["train/lr"] for m in metrics if m.get("train/loss") is not None], lw=0.8, color="tab:orange",
+               label="lr")
+    lr_ax.set_ylabel("learning rate")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return f"![training loss](data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()})"
+
+
+@dg.asset(key=CHECKPOINT, deps=[RUN], group_name="training", kinds={"pytorch", "safetensors"},
+          code_version=code_version("training_jobs.export"),
+          check_specs=[dg.AssetCheckSpec("loads", asset=CHECKPOINT, blocking=True,
+                                         description="the safetensors export loads and gives finite logits")])
+def checkpoint(context: dg.AssetExecutionContext, storage: KilnStorage,
+               mlflow_tracking: MlflowTracking) -> dg.MaterializeResult:
+    """The trained model: consolidated fp32 safetensors, a Hugging Face Llama export with the tokenizer, hashed."""
+    import mlflow
+    import torch
+
+    from training_jobs.export import load_model
+
+    store = storage.store()
+    run = store.manifest(RUN)
+    summary = run.stats["summary"]
+    with store.staging(CHECKPOINT) as writer:
+        for fmt, folder in summary["exports"].items():
+            for f in Path(folder).rglob("*"):
+                if f.is_file():
+                    target = writer.dir / fmt / f.relative_to(folder)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    _link_or_copy(f, target)
+        model = load_model(writer.dir / "safetensors")
+        with torch.no_grad():
+            logits = model(torch.arange(min(16, model.cfg.max_seq_len)).unsqueeze(0) % model.cfg.vocab_size)
+        manifest = writer.commit(
+            code_version=context.assets_def.code_versions_by_key[context.asset_key],
+            config={"formats": sorted(summary["exports"])}, inputs={RUN: run.data_version},
+            counts={"parameters": summary["n_params"], "steps": summary["steps"]},
+            stats={"model": summary["model"], "deepspeed_checkpoint": summary["checkpoint"],
+                   "checkpoint_manifest_sha256": summary["checkpoint_sha256"], "mlflow": run.stats["mlflow"]})
+    base = store.dataset_dir(CHECKPOINT)
+    mlflow_run = run.stats["mlflow"]["run_id"]
+    client = mlflow.MlflowClient(mlflow_tracking.tracking_uri)
+    for fmt in summary["exports"]:
+        client.log_artifacts(mlflow_run, str(base / fmt), artifact_path=f"checkpoint/{fmt}")
+    return dg.MaterializeResult(
+        metadata={"parameters": summary["n_params"], "steps": summary["steps"], "formats": sorted(summary["exports"]),
+                  "files": dg.MetadataValue.json({f.path: f.sha256[:16] for f in manifest.files}),
+                  "mlflow_run": mlflow_tracking.run_url(run.stats["mlflow"]["experiment_id"], mlflow_run),
+                  "path": dg.MetadataValue.path(str(base)), "data_version": manifest.data_version},
+        check_results=[dg.AssetCheckResult(check_name="loads", passed=bool(torch.isfinite(logits).all()),
+                                           metadata={"logits_shape": str(tuple(logits.shape))})],
+        data_version=dg.DataVersion(manifest.data_version))
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)  # same filesystem: no second copy of the weights
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+@dg.asset(key=EVALUATION, deps=[CHECKPOINT, SHARDS, TOKENIZER, ALL_SOURCES], group_name="training",
+          kinds={"pytorch"}, code_version=code_version("training_jobs.evaluate"))
+def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage) -> dg.MaterializeResult:
+    """Validation loss and perplexity overall and per source, probe-set perplexity, sampled continuations, and
+    the change since the previous evaluated checkpoint."""
+    from training_jobs.evaluate import generate, stream, stream_loss, validation_stream
+    from training_jobs.export import load_model
+
+    config, store = kiln_config.load(), storage.store()
+    settings = config.evaluation
+    ckpt, tok_manifest, shards = store.manifest(CHECKPOINT), store.manifest(TOKENIZER), store.manifest(SHARDS)
+    model = load_model(store.dataset_dir(CHECKPOINT) / "safetensors")
+    tok = Tokenizer.load(store.dataset_dir(TOKENIZER))
+    seq_len = min(model.cfg.max_seq_len, shards.stats["seq_len"])
+    result = {"validation": stream_loss(model, validation_stream(store.dataset_dir(SHARDS), tok.sha256,
+                                                                  settings.max_val_tokens), seq_len, settings.batch_size)}
+    result["per_source"] = {}
+    for s in config.sources:
+        docs, n = [], 0
+        for doc in read_documents(store.files(DEDUPLICATED, s.name, "documents")):
+            if is_validation(doc.doc_id, config.shards.val_fraction):
+                docs.append(tok.encode(doc.text))
+                n += len(docs[-1]) + 1
+                if n >= settings.max_tokens_per_source:
+                    break
+        tokens = stream(docs, tok.eos_id)[:settings.max_tokens_per_source]
+        result["per_source"][s.name] = stream_loss(model, tokens, seq_len, settings.batch_size)
+    probes = json.loads(PROBES.read_text())
+    result["probes"] = {p["name"]: stream_loss(model, stream([tok.encode(p["text"])], tok.eos_id), seq_len)
+                        for p in probes["probes"]}
+    result["samples"] = [{"prompt": prompt, "continuation": tok.decode(generate(
+        model, tok.encode(prompt), settings.sample_tokens, eos_id=tok.eos_id))} for prompt in probes["prompts"]]
+    try:
+        previous = store.manifest(EVALUATION)
+        result["previous"] = {"checkpoint": previous.inputs.get(CHECKPOINT),
+                              "validation_loss": previous.stats["validation"]["loss"]}
+    except IncompleteDataset:
+        result["previous"] = None
+    with store.staging(EVALUATION) as writer:
+        (writer.dir / "evaluation.json").write_text(json.dumps(result, indent=2, ensure_ascii=False))
+        manifest = writer.commit(
+            code_version=context.assets_def.code_versions_by_key[context.asset_key],
+            config={"evaluation": settings.model_dump()},
+            inputs={CHECKPOINT: ckpt.data_version, SHARDS: shards.data_version, TOKENIZER: tok_manifest.data_version},
+            counts={"validation_tokens": result["validation"]["tokens"]}, stats=result)
+    val = result["validation"]["loss"]
+    prev = result["previous"]["validation_loss"] if result["previous"] else None
+    return dg.MaterializeResult(
+        metadata={
+            "validation_loss": val, "validation_perplexity": result["validation"]["perplexity"],
+            "change_since_previous": round(val - prev, 5) if val is not None and prev is not None else None,
+            "per_source": dg.MetadataValue.md(_loss_table(result["per_source"], "source")),
+            "probes": dg.MetadataValue.md(_loss_table(result["probes"], "probe")),
+            "samples": dg.MetadataValue.md("\n\n".join(f"**{s['prompt']!r}** → `{s['continuation']!r}`"
+                                                       for s in result["samples"])),
+            "data_version": manifest.data_version,
+        },
+        data_version=dg.DataVersion(manifest.data_version))
+
+
+def _loss_table(rows: dict[str, dict], label: str) -> str:
+    lines = [f"| {label} | tokens | loss | perplexity |", "|---|---:|---:|---:|"]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {r['tokens']:,} | {r['loss']} | {r['perplexity']} |")
+    return "\n".join(lines)

@@ -1,0 +1,110 @@
+"""Training through Dagster: the deepspeed launcher via Pipes, a real `mlflow server`, checkpoint, evaluation."""
+
+import json
+import socket
+import string
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.assets.project import load_project
+from tests.conftest import write_jsonl
+
+DATA = ["raw_documents", "filtered_documents", "curated_documents", "minhash_signatures"]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real tracking server on loopback, as users run it."""
+    root = tmp_path_factory.mktemp("mlflow")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+                             f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(240):
+        try:
+            if urllib.request.urlopen(f"{url}/health", timeout=1).status == 200:
+                break
+        except OSError:
+            time.sleep(0.25)
+    else:
+        proc.kill()
+        pytest.fail("mlflow server did not come up in 60 s")
+    yield url
+    proc.terminate()
+    proc.wait(30)
+
+
+@pytest.mark.slow
+def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypatch, mlflow_server):
+    rng = np.random.default_rng(0)
+    vocab = ["".join(rng.choice(list(string.ascii_lowercase), 5)) for _ in range(300)]
+    # A learnable corpus: documents are runs of a few repeated phrases.
+    phrases = [" ".join(rng.choice(vocab, 6)) for _ in range(20)]
+    docs = [" ".join(rng.choice(phrases, 30)) + f" doc {i}." for i in range(120)]
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": i, "text": t} for i, t in enumerate(docs)])
+    config = {
+        "sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC0",
+                     "domain": "web", "profile": "none"}],
+        "profiles": {"none": []},
+        "curation": {"workers": 1}, "dedup": {"workers": 1, "near": {"enabled": False}},
+        "tokenizer": {"vocab_size": 400},
+        "shards": {"seq_len": 64, "val_fraction": 0.1, "workers": 1},
+        "training": {"model": {"preset": "tiny"}, "micro_batch_size": 4, "max_steps": 24,
+                     "schedule": {"lr": 0.003, "min_lr": 0.0003, "warmup_steps": 4},
+                     "checkpoint": {"every_steps": 10, "keep_last": 2}, "log_every_steps": 4},
+        "evaluation": {"max_val_tokens": 2000, "max_tokens_per_source": 2000, "sample_tokens": 8},
+    }
+    project = load_project(config, tmp_path, kiln_home, monkeypatch)
+    project.resources["mlflow_tracking"] = project.definitions.MlflowTracking(tracking_uri=mlflow_server,
+                                                                              experiment="kiln-test")
+    project.resources["training_launcher"] = project.definitions.TrainingLauncher(launcher="deepspeed",
+                                                                                  nproc_per_node=2)
+    project.resources["pipes_subprocess_client"] = project.definitions.dg.PipesSubprocessClient()
+    assert project.materialize(DATA, "web").success
+    assert project.materialize(["dedup_index"]).success
+    assert project.materialize(["deduplicated_documents"], "web").success
+    assert project.materialize(["tokenizer", "token_shards"]).success
+
+    result = project.materialize(["training_run", "checkpoint", "evaluation"])
+    assert result.success
+    assert all(e.passed for e in result.get_asset_check_evaluations())
+    run_meta = result.asset_materializations_for_node("training_run")[0].metadata
+    assert "data:image/png;base64" in run_meta["loss_curve"].value
+    run = json.loads((kiln_home / "data" / "training_run" / "_all" / "_manifest.json").read_text())
+    summary = run["stats"]["summary"]
+    assert summary["status"] == "completed" and summary["steps"] == 24 and summary["world_size"] == 2
+    metrics = [json.loads(line) for line in (kiln_home / "data" / "training_run" / "_all" / "metrics.jsonl")
+               .read_text().splitlines()]
+    losses = [m["train/loss"] for m in metrics if "train/loss" in m]
+    assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.5  # it learns the phrases
+    assert run["inputs"].keys() == {"token_shards", "tokenizer"}
+
+    import mlflow
+
+    client = mlflow.MlflowClient(mlflow_server)
+    mlflow_run = client.get_run(run["stats"]["mlflow"]["run_id"])
+    assert mlflow_run.data.tags["kiln.token_shards.data_version"] == run["inputs"]["token_shards"]
+    assert mlflow_run.info.status == "FINISHED"
+    assert len(client.get_metric_history(mlflow_run.info.run_id, "train/loss")) >= 5
+    artifacts = {a.path for a in client.list_artifacts(mlflow_run.info.run_id, "checkpoint/safetensors")}
+    assert "checkpoint/safetensors/model.safetensors" in artifacts
+
+    evaluation = json.loads((kiln_home / "data" / "evaluation" / "_all" / "evaluation.json").read_text())
+    assert evaluation["validation"]["tokens"] > 0 and evaluation["per_source"]["web"]["loss"] is not None
+    assert evaluation["probes"]["shuffled_control"]["loss"] is not None and len(evaluation["samples"]) == 3
+
+    # Materializing again with the same data and settings finds the finished run and does not retrain.
+    again = project.materialize(["training_run"])
+    assert again.success
+    rerun = json.loads((kiln_home / "data" / "training_run" / "_all" / "_manifest.json").read_text())["stats"]
+    assert rerun["summary"]["steps_this_run"] == 0 and rerun["mlflow"]["run_id"] == run["stats"]["mlflow"]["run_id"]

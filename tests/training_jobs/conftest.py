@@ -1,0 +1,93 @@
+"""Environment and data for the training-job tests.
+
+DeepSpeed reads DS_ACCELERATOR and TORCH_EXTENSIONS_DIR at import, and JIT-builds its shm comm op into the
+latter (~35 s the first time): a persistent folder ($KILN_HOME/torch_extensions, else the repo's
+.kiln/torch_extensions) makes every later run reuse it. Set here, at import, so the subprocesses the tests
+launch inherit it even when a test's kiln_home fixture points KILN_HOME at a temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+if not torch.cuda.is_available():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("TORCH_EXTENSIONS_DIR",
+                      str(Path(os.environ.get("KILN_HOME") or REPO / ".kiln").resolve() / "torch_extensions"))
+
+SEQ = 32
+
+
+@dataclass(frozen=True)
+class TokenDataset:
+    dir: Path
+    tokenizer_dir: Path
+    tokenizer_sha256: str
+    vocab_size: int
+
+
+@pytest.fixture(scope="session")
+def token_dataset(tmp_path_factory) -> TokenDataset:
+    """A real tokenizer and token shard set (train + val), built in code from the test corpus."""
+    from kiln.token_shards import write_token_shards
+    from tests.token_corpus import NATURAL, shard_settings, standard_sources, train_small_tokenizer
+
+    root = tmp_path_factory.mktemp("tokens")
+    sources = standard_sources(root)
+    tok_dir = train_small_tokenizer(root, sources)
+    out = root / "token_shards"
+    result = write_token_shards(sources, tok_dir, shard_settings(seq_len=SEQ, val_fraction=0.15), NATURAL, out,
+                                progress=False)
+    (out / "_manifest.json").write_text(json.dumps({"stats": result.manifest_stats()}), encoding="utf-8")
+    return TokenDataset(out, tok_dir, result.tokenizer_sha256, result.vocab_size)
+
+
+def launch(run_config: Path, nproc: int = 1, launcher: str = "torchrun", env: dict[str, str] | None = None,
+           timeout: int = 300, cpu: bool = True) -> subprocess.CompletedProcess:
+    """Run training_jobs.train in `nproc` processes (on CPU unless cpu=False, even where a GPU is visible);
+    the output is kept for assertion messages."""
+    bin_dir = Path(sys.executable).parent
+    if nproc == 1 and launcher == "python":
+        cmd = [sys.executable, "-m", "training_jobs.train", "--run-config", str(run_config)]
+    elif launcher == "torchrun":
+        cmd = [str(bin_dir / "torchrun"), "--standalone", f"--nproc_per_node={nproc}", "-m", "training_jobs.train",
+               "--run-config", str(run_config)]
+    elif launcher == "deepspeed":
+        cmd = [str(bin_dir / "deepspeed"), "--num_gpus", str(nproc), "--master_port", str(free_port()),
+               "--module", "training_jobs.train", "--run-config", str(run_config)]
+    else:
+        raise ValueError(launcher)
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if cpu:
+        full_env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")
+    full_env.update(env or {})
+    full_env["PATH"] = f"{bin_dir}{os.pathsep}{full_env.get('PATH', '')}"
+    return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_metrics(output_dir: Path) -> dict[int, dict]:
+    """metrics.jsonl as {step: row} (a step logged twice, after a rollback or resume, keeps its last row)."""
+    rows = {}
+    for line in (Path(output_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if "train/loss" in row:
+            rows[row["step"]] = row
+    return rows

@@ -1,0 +1,102 @@
+"""Checkpoint bookkeeping without DeepSpeed: RNG states, manifests, verification, resume choice, rotation;
+and the peak-FLOPs table."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from training_jobs import checkpoint
+from training_jobs.flops import mfu, peak_flops_for
+
+
+def draws():
+    return random.random(), float(np.random.rand()), float(torch.rand(1))
+
+
+def test_rng_states_round_trip_without_pickle():
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    state = checkpoint.rng_state()
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    restored = torch.load(buf, weights_only=True)  # JSON types and tensors only
+    expected = draws()
+    checkpoint.set_rng_state(restored)
+    assert draws() == expected
+    json.dumps({k: v for k, v in restored.items() if k != "torch"})  # everything but the tensor is plain JSON
+
+
+def fake_checkpoint(root: Path, step: int, complete: bool = True) -> Path:
+    path = root / checkpoint.tag_for(step)
+    path.mkdir(parents=True)
+    (path / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"model" * 100 + bytes([step]))
+    (path / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"optim" * 300)
+    if complete:
+        checkpoint.write_manifest(path, step, {"model": {}})
+    return path
+
+
+def test_manifest_lists_every_file_and_verifies(tmp_path):
+    path = fake_checkpoint(tmp_path, 4)
+    manifest = checkpoint.read_manifest(path)
+    assert manifest["step"] == 4 and sorted(manifest["files"]) == sorted(p.name for p in path.glob("*.pt"))
+    assert checkpoint.verify(path) is None
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda p: (p / "manifest.json").unlink(), "no manifest.json"),
+    (lambda p: (p / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"optim" * 299 + b"OPTIM"), "sha256"),
+    (lambda p: (p / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"short"), "bytes, the manifest says"),
+    (lambda p: (p / "zero_pp_rank_0_mp_rank_00_model_states.pt").unlink(), "is missing"),
+])
+def test_damage_is_detected(tmp_path, damage, problem):
+    path = fake_checkpoint(tmp_path, 4)
+    damage(path)
+    assert problem in checkpoint.verify(path)
+
+
+def test_resume_takes_the_newest_good_one_and_moves_bad_ones_aside(tmp_path):
+    fake_checkpoint(tmp_path, 4)
+    corrupt = fake_checkpoint(tmp_path, 8)
+    (corrupt / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"x" * 1500)
+    fake_checkpoint(tmp_path, 12, complete=False)  # died while saving
+    warnings = []
+    found = checkpoint.find_resumable(tmp_path, warn=warnings.append)
+    assert found.step == 4
+    assert len(warnings) == 2 and "step_00000012: no manifest.json" in warnings[0] and "sha256" in warnings[1]
+    rejected = tmp_path / checkpoint.REJECTED
+    assert sorted(p.name for p in rejected.iterdir()) == ["step_00000008", "step_00000012"]
+    assert "sha256" in (rejected / "step_00000008" / "REJECTED.txt").read_text()
+    assert [f.step for f in checkpoint.checkpoints(tmp_path, complete_only=False)] == [4]
+    assert checkpoint.find_resumable(tmp_path / "nothing-here") is None
+
+
+def test_keep_last_k_counts_complete_checkpoints_only(tmp_path):
+    for step in (2, 4, 6, 8):
+        fake_checkpoint(tmp_path, step)
+    fake_checkpoint(tmp_path, 10, complete=False)
+    deleted = checkpoint.prune(tmp_path, keep_last=2)
+    assert [p.name for p in deleted] == ["step_00000002", "step_00000004"]
+    assert [f.step for f in checkpoint.checkpoints(tmp_path, complete_only=False)] == [6, 8, 10]
+
+
+def test_peak_flops_table_matches_device_names():
+    assert peak_flops_for("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops_for("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops_for("NVIDIA H200") == 989e12
+    assert peak_flops_for("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_flops_for("NVIDIA L40S") == 362e12
+    assert peak_flops_for("NVIDIA A10G") == 70e12 and peak_flops_for("NVIDIA A10") == 125e12
+    assert peak_flops_for("Some New Accelerator") is None
+
+
+def test_mfu_is_none_without_a_peak():
+    assert mfu(1e9, 1000.0, None, 2) is None
+    assert mfu(6e9, 100_000.0, 989e12, 8) == pytest.approx(6e9 * 1e5 / (989e12 * 8))

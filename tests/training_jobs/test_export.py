@@ -1,0 +1,85 @@
+"""Exports from a state dict (no DeepSpeed here; the consolidated path runs in test_train_cpu.py): Kiln's
+safetensors and Hugging Face Llama, whose logits must match Kiln's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from training_jobs.export import load_model, save_hf, save_safetensors
+from training_jobs.model import ModelConfig, Transformer
+
+transformers = pytest.importorskip("transformers")
+
+# A large init makes attention sharp, so a wrong RoPE layout or a swapped matrix shows in the logits.
+BASE = dict(vocab_size=192, d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, ffn_hidden=160, max_seq_len=32,
+            init_std=0.2)
+CONFIGS = {
+    "tied": ModelConfig(**BASE),
+    "untied-gqa-theta": ModelConfig(**{**BASE, "tied_embeddings": False, "n_kv_heads": 2, "rope_theta": 500_000.0,
+                                       "norm_eps": 1e-6}),
+}
+
+
+def hf_logits(path, tokens):
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(tokens).logits
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_hf_export_logits_match(name, tmp_path, token_dataset):
+    cfg = CONFIGS[name]
+    model = Transformer(cfg, seed=7).eval()
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
+    with torch.no_grad():
+        ours = model(tokens)
+    out = save_hf(model.state_dict(), cfg, tmp_path / "hf", tokenizer_dir=token_dataset.tokenizer_dir)
+    theirs = hf_logits(out, tokens)
+    assert ours.abs().max() > 1.0  # logits with something to compare
+    torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] == cfg.tied_embeddings
+    assert (config["num_key_value_heads"], config["rope_theta"], config["rms_norm_eps"]) == \
+        (cfg.n_kv_heads, cfg.rope_theta, cfg.norm_eps)
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 0)
+    assert (out / "tokenizer.model").read_bytes() == (token_dataset.tokenizer_dir / "tokenizer.model").read_bytes()
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert tok_config["eos_token"] == "<|endoftext|>" and tok_config["tokenizer_class"] == "LlamaTokenizer"
+    assert not (out / "tokenizer.json").exists()  # HF's name for a fast tokenizer; Kiln's card is kiln_tokenizer.json
+
+
+def test_a_wrong_rope_layout_would_be_caught(tmp_path):
+    """The check above is sensitive: q/k rows permuted to the interleaved (Meta) layout break the match."""
+    cfg = CONFIGS["tied"]
+    model = Transformer(cfg, seed=7).eval()
+    state = model.state_dict()
+    hd = cfg.head_dim
+
+    def interleave(w, heads):  # HF's convert_llama_weights_to_hf permute, reversed
+        return w.view(heads, 2, hd // 2, cfg.d_model).transpose(1, 2).reshape(heads * hd, cfg.d_model)
+
+    for i in range(cfg.n_layers):
+        for name, heads in (("q_proj", cfg.n_heads), ("k_proj", cfg.n_kv_heads)):
+            key = f"layers.{i}.self_attn.{name}.weight"
+            state[key] = interleave(state[key], heads)
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len))
+    with torch.no_grad():
+        ours = model(tokens)
+    theirs = hf_logits(save_hf(state, cfg, tmp_path / "hf"), tokens)
+    assert (theirs - ours).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_safetensors_round_trip(name, tmp_path):
+    cfg = CONFIGS[name]
+    model = Transformer(cfg, seed=3)
+    out = save_safetensors(model.state_dict(), cfg, tmp_path / "st", {"steps": 5})
+    again = load_model(out)
+    assert again.cfg == cfg
+    for (k, a), b in zip(model.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert json.loads((out / "model_config.json").read_text())["steps"] == 5

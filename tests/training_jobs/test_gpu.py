@@ -1,0 +1,42 @@
+"""On a CUDA GPU: bf16 by default, nccl, MFU against the table's peak, and an export that still matches HF."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.training_jobs.conftest import launch
+from training_jobs.flops import peak_flops_for
+from training_jobs.settings import TrainingSettings
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def test_this_gpu_is_in_the_peak_table():
+    name = torch.cuda.get_device_name()
+    assert peak_flops_for(name) is not None, f"add {name!r} to training_jobs.flops.PEAK_BF16_FLOPS"
+
+
+def test_one_gpu_run_trains_in_bf16_and_reports_mfu(tmp_path, token_dataset):
+    out = tmp_path / "gpu"
+    run = TrainingSettings(seq_len=32, micro_batch_size=8, max_steps=20, log_every_steps=5,
+                           schedule={"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 3},
+                           checkpoint={"every_steps": 10}).to_run_config(
+        dataset_dir=token_dataset.dir, tokenizer_sha256=token_dataset.tokenizer_sha256, output_dir=out,
+        tokenizer_dir=token_dataset.tokenizer_dir).write(tmp_path / "run.json")
+    done = launch(run, nproc=1, env={"DS_ACCELERATOR": "cuda"}, cpu=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["precision"] == "bf16" and summary["device"] == torch.cuda.get_device_name()
+    assert summary["mfu"] is not None and 0 < summary["mfu"] < 1
+    assert summary["final_loss"] < 6.0
+
+    transformers = pytest.importorskip("transformers")
+    from training_jobs.export import load_model
+    kiln = load_model(out / "export" / "safetensors")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out / "export" / "hf", dtype=torch.float32).eval()
+    tokens = torch.randint(0, 500, (2, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, kiln(tokens), atol=1e-4, rtol=0)

@@ -1,0 +1,140 @@
+"""Training settings, the run config file, and the DeepSpeed config Kiln derives from the shipped JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from training_jobs.model import ModelConfig
+from training_jobs.settings import (DEFAULT_DEEPSPEED_CONFIG, ModelSettings, RunConfig, TrainingSettings,
+                                    load_deepspeed_config)
+from training_jobs.train import deepspeed_config, resolve_precision
+
+SHA = "ab" * 32
+
+
+def test_defaults_validate_and_resolve():
+    t = TrainingSettings()
+    assert t.resolved_max_steps(world_size=2, seq_len=512) == 1000
+    assert t.weight_decay == 0.1 and t.betas == (0.9, 0.95) and t.grad_clip == 1.0 and t.precision == "auto"
+    assert t.deepspeed_config_path() == DEFAULT_DEEPSPEED_CONFIG
+
+
+def test_unknown_keys_are_refused_at_every_level():
+    with pytest.raises(ValidationError, match="extra"):
+        TrainingSettings.model_validate({"modle": {}})
+    with pytest.raises(ValidationError, match="monitor.spike"):
+        TrainingSettings.model_validate({"monitor": {"spike": 2}})
+
+
+def test_token_budget_sets_the_step_count():
+    t = TrainingSettings(token_budget=1_000_000, micro_batch_size=4, grad_accum=2)
+    assert t.tokens_per_step(world_size=2, seq_len=128) == 2048
+    assert t.resolved_max_steps(world_size=2, seq_len=128) == 489  # ceil(1e6 / 2048)
+    with pytest.raises(ValidationError, match="max_steps or training.token_budget, not both"):
+        TrainingSettings(max_steps=10, token_budget=100)
+
+
+def test_presets_and_overrides():
+    arch = ModelSettings(preset="small", n_layers=4, vocab_size=1000).architecture(vocab_size=500, max_seq_len=256)
+    assert arch["d_model"] == 512 and arch["n_layers"] == 4 and arch["ffn_hidden"] == 1408
+    assert arch["vocab_size"] == 1024  # padded to a multiple of 64
+    ModelConfig(**arch)  # every field the model needs, nothing else
+    one_b = ModelSettings(preset="1b").architecture(vocab_size=32_000, max_seq_len=2048)
+    assert (one_b["n_heads"], one_b["n_kv_heads"], one_b["ffn_hidden"]) == (32, 8, 8192)
+
+
+@pytest.mark.parametrize("override, message", [({"d_model": 66}, "not divisible by n_heads"),
+                                               ({"d_model": 36}, "is odd; RoPE needs it even"),
+                                               ({"n_kv_heads": 3}, "not a multiple of n_kv_heads"),
+                                               ({"vocab_size": 10}, "smaller than the tokenizer's")])
+def test_bad_shapes_name_the_problem(override, message):
+    with pytest.raises(ValueError, match=message):
+        ModelSettings(**override).architecture(vocab_size=500, max_seq_len=64)
+
+
+def test_schedule_refuses_min_lr_above_lr():
+    with pytest.raises(ValidationError, match="min_lr .* is above lr"):
+        TrainingSettings.model_validate({"schedule": {"lr": 1e-4, "min_lr": 1e-3}})
+
+
+def test_run_config_round_trips_through_json(tmp_path):
+    t = TrainingSettings(max_steps=5, model={"preset": "tiny", "d_model": 128}, schedule={"kind": "wsd"})
+    run = t.to_run_config(dataset_dir=tmp_path / "shards", tokenizer_sha256=SHA, output_dir=tmp_path / "out",
+                          run_name="r1", tags={"team": "x"})
+    path = run.write(tmp_path / "run.json")
+    assert json.loads(path.read_text())["format"] == "kiln-run-config/1"
+    again = RunConfig.read(path)
+    assert again == run and again.training.model.d_model == 128
+    assert again.checkpoint_dir() == tmp_path / "out" / "checkpoints"
+
+
+def test_run_config_errors_are_specific(tmp_path):
+    with pytest.raises(FileNotFoundError, match="run config .* not found"):
+        RunConfig.read(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text(json.dumps({"dataset_dir": "d", "output_dir": "o", "tokenizer_sha256": "xyz"}))
+    with pytest.raises(ValueError, match="tokenizer_sha256"):
+        RunConfig.read(tmp_path / "bad.json")
+
+
+def test_shipped_deepspeed_config_is_zero3_with_autos():
+    ds = load_deepspeed_config(DEFAULT_DEEPSPEED_CONFIG)
+    assert ds["zero_optimization"]["stage"] == 3
+    assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    assert ds["train_micro_batch_size_per_gpu"] == ds["gradient_accumulation_steps"] == "auto"
+    assert ds["bf16"] == {"enabled": "auto"} and "optimizer" not in ds and "scheduler" not in ds
+
+
+def test_deepspeed_autos_are_filled_from_the_settings():
+    t = TrainingSettings(micro_batch_size=3, grad_accum=4, grad_clip=0.5)
+    cfg = ModelConfig(**t.model.architecture(500, 64))
+    ds = deepspeed_config(t, "bf16", cfg)
+    filled = (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"], ds["gradient_clipping"])
+    assert filled == (3, 4, 0.5)
+    assert ds["bf16"]["enabled"] is True
+    zero = ds["zero_optimization"]
+    assert (zero["reduce_bucket_size"], zero["stage3_param_persistence_threshold"]) == (64 * 64, 640)
+    assert deepspeed_config(t, "fp32", cfg)["bf16"]["enabled"] is False
+    assert resolve_precision("fp32") == "fp32" and resolve_precision("bf16") == "bf16"
+
+
+def test_deepspeed_config_conflicts_are_errors(tmp_path):
+    cfg = ModelConfig(**ModelSettings().architecture(500, 64))
+    conflicting = tmp_path / "ds.json"
+    conflicting.write_text(json.dumps({"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 3}}))
+    t = TrainingSettings(micro_batch_size=8, deepspeed_config=str(conflicting))
+    with pytest.raises(ValueError, match=r"sets train_micro_batch_size_per_gpu = 16 .* give 8"):
+        deepspeed_config(t, "fp32", cfg)
+    conflicting.write_text(json.dumps({"optimizer": {"type": "AdamW"}}))
+    with pytest.raises(ValueError, match="remove 'optimizer'"):
+        deepspeed_config(t, "fp32", cfg)
+    with pytest.raises(FileNotFoundError, match="fix training.deepspeed_config"):
+        deepspeed_config(TrainingSettings(deepspeed_config=str(tmp_path / "nope.json")), "fp32", cfg)
+
+
+def test_settings_module_imports_no_torch():
+    import subprocess
+    import sys
+    code = "import sys, training_jobs.settings; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_training_jobs_import_only_the_shard_format_and_dagster_pipes():
+    """training_jobs runs where Kiln's processing stack and Dagster may be absent (ARCHITECTURE.md, layout)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "training_jobs"
+    bad = []
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for name in names:
+                top = name.split(".")[0]
+                if (top == "kiln" and name != "kiln.shards") or top in ("dagster", "assets", "resources",
+                                                                         "orchestration"):
+                    bad.append(f"{path.name}: {name}")
+    assert not bad, bad

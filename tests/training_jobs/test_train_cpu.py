@@ -1,0 +1,221 @@
+"""Real multi-process DeepSpeed ZeRO-3 training on CPU (gloo): the run, checkpoints, exact resume, a corrupt
+checkpoint, a loss spike and its rollback, NaN before any checkpoint, MLflow, Dagster Pipes, and the
+consolidated exports.
+
+Uninterrupted reference: run A (torchrun, 2 ranks, 12 steps, a checkpoint every 4, keep 2). Run B stops at
+step 8 (deepspeed launcher, same LR curve through schedule.total_steps=12); copies of it are resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.training_jobs.conftest import launch, read_metrics
+from training_jobs import checkpoint
+from training_jobs.settings import TrainingSettings
+
+pytestmark = pytest.mark.slow
+
+BASE = dict(seq_len=32, micro_batch_size=4, max_steps=12, log_every_steps=2, val_batches=4,
+            schedule=dict(lr=3e-3, min_lr=3e-4, warmup_steps=3, total_steps=12),
+            checkpoint=dict(every_steps=4, keep_last=2), monitor=dict(window=5, min_history=3))
+
+
+def write_run(root: Path, token_dataset, output: Path, **overrides) -> Path:
+    settings = {**BASE, **overrides}
+    for key in ("schedule", "checkpoint", "monitor"):
+        settings[key] = {**BASE[key], **overrides.get(key, {})}
+    run = TrainingSettings(**settings).to_run_config(
+        dataset_dir=token_dataset.dir, tokenizer_sha256=token_dataset.tokenizer_sha256, output_dir=output,
+        tokenizer_dir=token_dataset.tokenizer_dir, experiment="kiln-tests", run_name=output.name)
+    return run.write(root / f"{output.name}.json")
+
+
+def check(done) -> None:
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
+
+
+def summary_of(output: Path) -> dict:
+    return json.loads((output / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def mlflow_uri(tmp_path_factory) -> str:
+    import mlflow
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    mlflow.MlflowClient(uri).create_experiment("kiln-tests", artifact_location=str(root / "artifacts"))
+    return uri
+
+
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory, token_dataset, mlflow_uri) -> Path:
+    root = tmp_path_factory.mktemp("run_a")
+    out = root / "a"
+    # Validation every 6 steps here only: it must not change a single training loss (the resume tests compare).
+    check(launch(write_run(root, token_dataset, out, val_every_steps=6), nproc=2,
+                 env={"MLFLOW_TRACKING_URI": mlflow_uri}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_b(tmp_path_factory, token_dataset) -> Path:
+    """Stopped at step 8 (of a 12-step schedule), through the deepspeed launcher."""
+    root = tmp_path_factory.mktemp("run_b")
+    out = root / "b"
+    check(launch(write_run(root, token_dataset, out, max_steps=8), nproc=2, launcher="deepspeed"))
+    return out
+
+
+def test_two_rank_run_learns_and_reports(run_a):
+    summary = summary_of(run_a)
+    metrics = read_metrics(run_a)
+    assert summary["status"] == "completed" and summary["steps"] == 12 and summary["world_size"] == 2
+    assert sorted(metrics) == list(range(1, 13))
+    losses = [metrics[s]["train/loss"] for s in range(1, 13)]
+    assert sum(losses[-3:]) / 3 < losses[0] - 0.5  # it learns
+    assert summary["final_loss"] == losses[-1] and 0 < summary["val_loss"] < losses[0]
+    val_rows = [json.loads(line) for line in (run_a / "metrics.jsonl").read_text().splitlines() if "val/loss" in line]
+    assert [r["step"] for r in val_rows] == [6, 12] and val_rows[-1]["val/loss"] == summary["val_loss"]
+    assert summary["tokens_seen"] == 12 * 2 * 4 * 32 and summary["tokens_per_s"] > 0
+    assert summary["mfu"] is None and metrics[5]["train/mfu"] is None  # no peak on CPU, no guess
+    assert summary["stability_events"] == [] and summary["rollbacks"] == 0
+    assert summary["n_params"] == 139_584 and summary["flops_per_token"] == 886_656
+    assert summary["checkpoint"].endswith("step_00000012") and summary["mlflow_run_id"]
+
+
+def test_checkpoints_are_complete_verified_and_rotated(run_a):
+    root = run_a / "checkpoints"
+    assert [f.step for f in checkpoint.checkpoints(root, complete_only=False)] == [8, 12]  # keep_last 2
+    for step in (8, 12):
+        ckpt = root / checkpoint.tag_for(step)
+        assert checkpoint.verify(ckpt) is None
+        manifest = checkpoint.read_manifest(ckpt)
+        assert manifest["world_size"] == 2 and manifest["step"] == step
+        assert {f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in (0, 1) for kind in ("model", "optim")} \
+            <= set(manifest["files"])
+
+
+def test_nothing_persisted_needs_pickle(run_a):
+    ckpt = run_a / "checkpoints" / "step_00000012"
+    plain = checkpoint.check_weights_only(ckpt)
+    assert plain["zero_pp_rank_0_mp_rank_00_model_states.pt"] is None  # holds our client_state
+    assert "ZeroStageEnum" in plain["zero_pp_rank_0_mp_rank_00_optim_states.pt"]  # DeepSpeed's own objects
+    assert set(checkpoint.check_weights_only(ckpt, allow_deepspeed=True).values()) == {None}
+    state = torch.load(ckpt / "zero_pp_rank_0_mp_rank_00_model_states.pt", weights_only=True)["kiln"]
+    assert state["step"] == 12 and state["loader"]["position"] == 12 * 4 and len(state["rng"]) == 2
+    assert state["tokens_seen"] == 12 * 256 and state["monitor"]["format"] == "kiln-monitor/1"
+
+
+def test_mlflow_has_params_metrics_and_the_deepspeed_config(run_a, mlflow_uri):
+    import mlflow
+    client = mlflow.MlflowClient(mlflow_uri)
+    run = client.get_run(summary_of(run_a)["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "a"
+    assert run.data.params["model.n_params"] == "139584" and run.data.params["world_size"] == "2"
+    history = client.get_metric_history(run.info.run_id, "train/loss")
+    assert [m.step for m in history] == [2, 4, 6, 8, 10, 12]
+    assert history[-1].value == pytest.approx(summary_of(run_a)["final_loss"])
+    assert "val/loss" in run.data.metrics and "train/tokens_per_s" in run.data.metrics
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"deepspeed_config.json", "run_config.json", "summary.json"} <= artifacts
+
+
+def test_exports_of_the_trained_model_agree(run_a):
+    transformers = pytest.importorskip("transformers")
+    from training_jobs.export import load_model
+
+    kiln = load_model(run_a / "export" / "safetensors")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(run_a / "export" / "hf", dtype=torch.float32).eval()
+    tokens = torch.randint(0, 500, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, kiln(tokens), atol=1e-4, rtol=0)
+        # the consolidated weights are the trained ones: the export reproduces the reported val loss scale
+        assert kiln(tokens[:, :-1], tokens[:, 1:]).item() < 6.5
+
+
+def test_resume_reproduces_the_uninterrupted_run_exactly(run_a, run_b, tmp_path, token_dataset):
+    assert summary_of(run_b)["steps"] == 8
+    out = tmp_path / "b_resumed"
+    shutil.copytree(run_b, out)
+    check(launch(write_run(tmp_path, token_dataset, out, max_steps=12), nproc=2))
+    summary = summary_of(out)
+    assert summary["resumed_from"].endswith("step_00000008") and summary["steps_this_run"] == 4
+    expected, got = read_metrics(run_a), read_metrics(out)
+    for step in range(1, 13):
+        for key in ("train/loss", "train/grad_norm", "train/lr"):
+            assert got[step][key] == expected[step][key], (step, key)  # bit for bit
+    assert summary["val_loss"] == summary_of(run_a)["val_loss"]
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped(run_a, run_b, tmp_path, token_dataset):
+    out = tmp_path / "b_corrupt"
+    shutil.copytree(run_b, out)
+    victim = out / "checkpoints" / "step_00000008" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    done = launch(write_run(tmp_path, token_dataset, out, max_steps=12), nproc=2)
+    check(done)
+    assert "skipping checkpoint step_00000008" in done.stdout
+    summary = summary_of(out)
+    assert summary["resumed_from"].endswith("step_00000004")
+    rejected = out / "checkpoints" / "_rejected" / "step_00000008"
+    assert "does not match its sha256" in (rejected / "REJECTED.txt").read_text()
+    expected, got = read_metrics(run_a), read_metrics(out)
+    assert [got[s]["train/loss"] for s in range(5, 13)] == [expected[s]["train/loss"] for s in range(5, 13)]
+
+
+def test_a_loss_spike_rolls_back_skips_data_and_finishes(tmp_path, token_dataset):
+    """One rank, launched through Dagster Pipes as the training_run asset will; step 10's loss is x100."""
+    import sys
+
+    from dagster import PipesSubprocessClient, asset, materialize
+
+    from tests.training_jobs.conftest import REPO
+
+    out = tmp_path / "spike"
+    run_config = write_run(tmp_path, token_dataset, out, monitor={"lr_reduced_steps": 3})
+
+    @asset(required_resource_keys={"pipes"})
+    def trained_model(context):
+        command = [sys.executable, "-m", "training_jobs.train", "--run-config", str(run_config)]
+        return context.resources.pipes.run(command=command, context=context, cwd=str(REPO), env={
+            "KILN_INJECT_FAULT": "spike@10", "OMP_NUM_THREADS": "1"}).get_materialize_result()
+
+    result = materialize([trained_model], resources={"pipes": PipesSubprocessClient()})
+    assert result.success
+    metadata = result.asset_materializations_for_node("trained_model")[0].metadata
+    assert metadata["rollbacks"].value == 1 and metadata["stability_events"].value == 1
+    assert metadata["status"].value == "completed" and metadata["steps"].value == 12
+
+    summary = summary_of(out)
+    (event,) = summary["stability_events"]
+    assert (event["kind"], event["action"], event["step"], event["rollback_to"], event["skipped_steps"]) == \
+        ("loss_spike", "rollback", 10, 8, 2)
+    assert summary["tokens_skipped"] == 2 * 4 * 32 and summary["tokens_seen"] == 12 * 4 * 32
+
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "train/loss" in r]
+    assert steps == [1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 10, 11, 12]  # step 10 was rolled back, 9 redone
+    first9, second9 = [r for r in rows if r["step"] == 9 and "train/loss" in r]
+    assert second9["train/lr"] == pytest.approx(first9["train/lr"] * 0.5)  # lowered LR ...
+    assert second9["train/loss"] != first9["train/loss"]  # ... on other data (the window was skipped)
+
+    final = out / "checkpoints" / "step_00000012" / "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    events = torch.load(final, weights_only=True)["kiln"]["monitor"]["events"]
+    assert [e["kind"] for e in events] == ["loss_spike"]  # recorded in the checkpoint's client_state too
+
+
+def test_nan_before_the_first_checkpoint_stops_the_run_as_diverged(tmp_path, token_dataset):
+    out = tmp_path / "nan"
+    done = launch(write_run(tmp_path, token_dataset, out), launcher="python", env={"KILN_INJECT_FAULT": "nan@2"})
+    assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = summary_of(out)
+    assert summary["status"] == "diverged" and "before the first checkpoint" in summary["error"]
+    assert summary["stability_events"][0]["kind"] == "nan"

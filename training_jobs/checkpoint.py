@@ -1,0 +1,301 @@
+"""Checkpoints: DeepSpeed's sharded directories, plus Kiln's client state and a manifest written last.
+
+    <checkpoint dir>/
+      step_00000100/                                    one checkpoint ("tag"), written by every rank
+        zero_pp_rank_<r>_mp_rank_00_model_states.pt     DeepSpeed, per rank: module placeholders, LR scheduler,
+                                                        counters and (rank 0's) client_state
+        [bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt   DeepSpeed, per rank: fp32 master weights + Adam
+                                                        moments (the bf16_ prefix when training in bf16)
+        manifest.json                                   Kiln: sha256 of every file above; written last, atomically
+      _rejected/step_00000200/                          a checkpoint that failed verification, moved aside
+      zero_to_fp32.py, zero_to_torch.py                 DeepSpeed's recovery scripts
+
+A checkpoint without manifest.json is incomplete (the run died while saving). At resume the newest
+checkpoint whose manifest exists and whose files match it is loaded; newer incomplete or corrupt ones are
+moved to `_rejected/` with a REJECTED.txt saying why (kept for inspection, and out of the way of a later
+save under the same tag).
+
+client_state holds `{"kiln": {...}}`: the data loader position, every rank's RNG states, tokens seen and
+the monitor state, as JSON types and tensors only. DeepSpeed writes its files with torch.save (pickle
+format) and reads them with `weights_only=False`; the model-states files load with `weights_only=True` as
+they are, the optimizer-states files hold two DeepSpeed objects (ZeroStageEnum, LossScaler). Kiln routes
+every DeepSpeed read through `weights_only_loads()`: `torch.load(weights_only=True)` with only DeepSpeed's
+ZeRO-stage and loss-scaler classes allowed, so no other object can be unpickled.
+
+Assumes every rank sees the same checkpoint folder (a shared filesystem on multi-node runs): rank 0
+hashes all the files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CHECKPOINT_FORMAT = "kiln-checkpoint/1"
+CLIENT_STATE_FORMAT = "kiln-client-state/1"
+MANIFEST = "manifest.json"
+REJECTED = "_rejected"
+TAG = re.compile(r"^step_(\d{8,})$")
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+# ----------------------------------------------------------------------------------------------- RNG
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states as JSON types and tensors (no pickle needed to read them back)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": {"version": version, "internal": list(internal), "gauss_next": gauss},
+        "numpy": {"kind": kind, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
+                  "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
+    npy = state["numpy"]
+    np.random.set_state((npy["kind"], np.array(npy["keys"], dtype=np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ------------------------------------------------------------------------------------------ manifest
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_manifest(ckpt: Path, step: int, meta: dict[str, Any]) -> dict[str, Any]:
+    """Hash every file of a checkpoint and write manifest.json last: from then on it counts as complete."""
+    files = {}
+    for path in sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != MANIFEST):
+        files[path.relative_to(ckpt).as_posix()] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    manifest = {"format": CHECKPOINT_FORMAT, "tag": ckpt.name, "step": step,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **meta, "files": files}
+    _atomic_write_text(ckpt / MANIFEST, json.dumps(manifest, indent=2))
+    return manifest
+
+
+def verify(ckpt: Path) -> str | None:
+    """None if the checkpoint is complete and every file matches its manifest, else what is wrong."""
+    path = ckpt / MANIFEST
+    if not path.is_file():
+        return f"no {MANIFEST} (the run stopped while saving it)"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        return f"unreadable {MANIFEST}: {exc}"
+    if manifest.get("format") != CHECKPOINT_FORMAT:
+        return f"{MANIFEST} has format {manifest.get('format')!r}, expected {CHECKPOINT_FORMAT!r}"
+    for name, info in manifest["files"].items():
+        file = ckpt / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != info["bytes"]:
+            return f"{name} is {file.stat().st_size} bytes, the manifest says {info['bytes']}"
+        if sha256_file(file) != info["sha256"]:
+            return f"{name} does not match its sha256 in the manifest"
+    return None
+
+
+def read_manifest(ckpt: Path) -> dict[str, Any]:
+    return json.loads((Path(ckpt) / MANIFEST).read_text(encoding="utf-8"))
+
+
+# -------------------------------------------------------------------------------------- the folder
+
+@dataclass(frozen=True)
+class Found:
+    step: int
+    path: Path
+
+
+def checkpoints(root: Path, complete_only: bool = True) -> list[Found]:
+    """Checkpoints under root, oldest first (by step); complete = has a manifest (not verified)."""
+    found = []
+    for p in Path(root).glob("step_*"):
+        m = TAG.match(p.name)
+        if m and p.is_dir() and (not complete_only or (p / MANIFEST).is_file()):
+            found.append(Found(int(m.group(1)), p))
+    return sorted(found, key=lambda f: f.step)
+
+
+def move_aside(ckpt: Path, reason: str) -> Path:
+    """Move a bad checkpoint to <root>/_rejected/<tag>[-n] and leave a note saying why."""
+    target_dir = ckpt.parent / REJECTED
+    target_dir.mkdir(exist_ok=True)
+    target, n = target_dir / ckpt.name, 1
+    while target.exists():
+        target, n = target_dir / f"{ckpt.name}-{n}", n + 1
+    shutil.move(str(ckpt), str(target))
+    (target / "REJECTED.txt").write_text(f"{reason}\n", encoding="utf-8")
+    return target
+
+
+def find_resumable(root: Path, warn=print) -> Found | None:
+    """The newest checkpoint that verifies. Newer ones that do not (incomplete, corrupt) are moved aside
+    with a warning. Call on one rank and broadcast the result."""
+    for found in reversed(checkpoints(root, complete_only=False)):
+        problem = verify(found.path)
+        if problem is None:
+            return found
+        moved = move_aside(found.path, problem)
+        warn(f"skipping checkpoint {found.path.name}: {problem}; moved to {moved} (an older checkpoint is used)")
+    return None
+
+
+def prune(root: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest keep_last complete checkpoints (incomplete ones are left alone)."""
+    doomed = [f.path for f in checkpoints(root)[:-keep_last]]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+# ------------------------------------------------------------------------------------------- save / load
+
+def _is_main() -> bool:
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+
+
+def _barrier() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def gather_rng_states() -> list[dict[str, Any]]:
+    """Every rank's RNG states, in rank order (each rank's stream differs once anything draws per rank)."""
+    state = rng_state()
+    if not torch.distributed.is_initialized():
+        return [state]
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, state)
+    return out
+
+
+def save(engine, root: Path, step: int, kiln_state: dict[str, Any], keep_last: int,
+         manifest_meta: dict[str, Any] | None = None) -> Path:
+    """Save a checkpoint on every rank (all must call), then rank 0 writes the manifest and prunes."""
+    root = Path(root)
+    tag = tag_for(step)
+    if _is_main():
+        root.mkdir(parents=True, exist_ok=True)
+        if (root / tag).exists():  # leftovers under this tag (a rolled-back branch, an earlier attempt)
+            move_aside(root / tag, "replaced by a new save under the same tag")
+    _barrier()
+    client_state = {"kiln": {"format": CLIENT_STATE_FORMAT, "step": step, "rng": gather_rng_states(), **kiln_state}}
+    engine.save_checkpoint(str(root), tag, client_state=client_state, save_latest=False)
+    _barrier()  # every rank's files are on disk before they are hashed
+    if _is_main():
+        meta = {"world_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
+                **(manifest_meta or {})}
+        write_manifest(root / tag, step, meta)
+        prune(root, keep_last)
+    _barrier()
+    return root / tag
+
+
+def load(engine, root: Path, found: Found) -> dict[str, Any]:
+    """Load a verified checkpoint into a freshly initialized engine (all ranks) and return Kiln's client
+    state; this rank's RNG states are restored."""
+    with weights_only_loads():
+        load_path, client_state = engine.load_checkpoint(str(root), found.path.name)
+    if load_path is None:
+        raise RuntimeError(f"DeepSpeed could not load checkpoint {found.path}; see its log above")
+    kiln = (client_state or {}).get("kiln")
+    if not kiln or kiln.get("format") != CLIENT_STATE_FORMAT:
+        raise RuntimeError(f"checkpoint {found.path} has no Kiln client state; it was not written by "
+                           f"training_jobs.train, so it cannot be resumed (start a fresh run in another folder)")
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    if len(kiln["rng"]) != (torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1):
+        raise RuntimeError(f"checkpoint {found.path} was written by {len(kiln['rng'])} ranks; resume with the same "
+                           f"number (another world size needs DeepSpeed's universal checkpoint conversion)")
+    set_rng_state(kiln["rng"][rank])
+    return kiln
+
+
+def deepspeed_safe_globals() -> list[type]:
+    """The non-tensor classes DeepSpeed puts into ZeRO checkpoints (checked for deepspeed 0.19)."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler]
+
+
+@contextlib.contextmanager
+def weights_only_loads():
+    """Within the block every torch.load (DeepSpeed's included, which asks for weights_only=False) reads with
+    weights_only=True, allowing only tensors, plain containers and `deepspeed_safe_globals()`."""
+    real_load = torch.load
+    allowed = deepspeed_safe_globals()
+
+    def safe_load(*args, **kwargs):
+        kwargs["weights_only"] = True
+        with torch.serialization.safe_globals(allowed):
+            return real_load(*args, **kwargs)
+
+    torch.load = safe_load
+    try:
+        yield
+    finally:
+        torch.load = real_load
+
+
+def check_weights_only(ckpt: Path, allow_deepspeed: bool = False) -> dict[str, str | None]:
+    """For each .pt file of a checkpoint: None if torch.load(weights_only=True) reads it (with DeepSpeed's
+    classes allowed, if asked), else the error."""
+    result = {}
+    for path in sorted(Path(ckpt).glob("*.pt")):
+        try:
+            with weights_only_loads() if allow_deepspeed else contextlib.nullcontext():
+                torch.load(path, map_location="cpu", weights_only=True)
+            result[path.name] = None
+        except Exception as exc:  # noqa: BLE001: report whatever the unpickler refuses
+            refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+            result[path.name] = f"needs {refused.group(1)}" if refused else f"{type(exc).__name__}: {exc}"
+    return result
+
+
+__all__ = ["CHECKPOINT_FORMAT", "Found", "MANIFEST", "checkpoints", "check_weights_only", "find_resumable", "load",
+           "move_aside", "prune", "read_manifest", "rng_state", "save", "set_rng_state", "tag_for", "verify",
+           "weights_only_loads", "write_manifest"]

@@ -1,0 +1,197 @@
+"""Exports of a DeepSpeed ZeRO checkpoint: one consolidated safetensors file, and Hugging Face Llama format.
+
+    export/safetensors/               Kiln's own: reload with `load_model(dir)`
+      model.safetensors               fp32 weights under Kiln's parameter names
+      model_config.json               training_jobs.model.ModelConfig
+    export/hf/                        `transformers.AutoModelForCausalLM.from_pretrained(dir)`
+      config.json                     LlamaConfig fields, architectures ["LlamaForCausalLM"]
+      model.safetensors               HF parameter names ("model.layers.0.self_attn.q_proj.weight", ...)
+      generation_config.json
+      tokenizer.model                 the sentencepiece model, copied
+      tokenizer_config.json, special_tokens_map.json
+      kiln_tokenizer.json             Kiln's tokenizer card (HF reserves the name tokenizer.json)
+
+Consolidation uses DeepSpeed's `get_fp32_state_dict_from_zero_checkpoint` (no huggingface_hub needed),
+with its reads forced to `torch.load(weights_only=True)` (checkpoint.weights_only_loads). Everything written
+here is pickle-free (safetensors and JSON).
+
+No permutation of q/k is needed: the model already applies RoPE in HF's rotate-half layout.
+
+Command line: python -m training_jobs.export CHECKPOINT_DIR/step_00000100 OUT_DIR [--tokenizer-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from training_jobs.checkpoint import verify, weights_only_loads
+from training_jobs.model import ModelConfig, Transformer
+
+MODEL_FILE, CONFIG_FILE = "model.safetensors", "model_config.json"
+# Kiln tokenizers reserve these ids (kiln.tokenizer.SPECIAL_TOKENS); used when no tokenizer card is at hand.
+DEFAULT_SPECIALS = {"pad": ("<pad>", 0), "bos": ("<s>", 1), "eos": ("<|endoftext|>", 2), "unk": ("<unk>", 3)}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def consolidate(ckpt: Path) -> dict[str, torch.Tensor]:
+    """The full fp32 state dict of a ZeRO checkpoint folder (<root>/<tag>), gathered from every rank's shards."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    ckpt = Path(ckpt)
+    with weights_only_loads():
+        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
+
+
+def _untie(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share memory: a tied output projection is stored once, as the
+    embedding (loading ties it again)."""
+    out = {k: v.contiguous() for k, v in state_dict.items()}
+    if cfg.tied_embeddings:
+        out.pop("lm_head.weight", None)
+    return out
+
+
+def save_safetensors(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path,
+                     metadata: dict[str, Any] | None = None) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(_untie(state_dict, cfg), str(out_dir / MODEL_FILE), metadata={"format": "pt"})
+    (out_dir / CONFIG_FILE).write_text(json.dumps({"model": cfg.to_dict(), **(metadata or {})}, indent=2),
+                                       encoding="utf-8")
+    return out_dir
+
+
+def load_model(export_dir: Path) -> Transformer:
+    """A Transformer from a Kiln safetensors export (fp32, eval mode)."""
+    export_dir = Path(export_dir)
+    cfg = ModelConfig.from_dict(json.loads((export_dir / CONFIG_FILE).read_text(encoding="utf-8"))["model"])
+    state = load_file(str(export_dir / MODEL_FILE))
+    if cfg.tied_embeddings:
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    model = Transformer(cfg)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+# ------------------------------------------------------------------------------------------ Hugging Face
+
+def hf_name(name: str) -> str:
+    """Kiln's parameter names are HF Llama's without the decoder's `model.` prefix."""
+    return name if name == "lm_head.weight" else f"model.{name}"
+
+
+def _special_tokens(tokenizer_dir: Path | None) -> dict[str, tuple[str, int]]:
+    card = tokenizer_dir / "tokenizer.json" if tokenizer_dir else None
+    if card is not None and card.is_file():
+        specials = json.loads(card.read_text(encoding="utf-8")).get("special_tokens", {})
+        return {k: (v["piece"], v["id"]) for k, v in specials.items() if k in DEFAULT_SPECIALS} | \
+            {k: v for k, v in DEFAULT_SPECIALS.items() if k not in specials}
+    return dict(DEFAULT_SPECIALS)
+
+
+def hf_config(cfg: ModelConfig, dtype: str, specials: dict[str, tuple[str, int]]) -> dict[str, Any]:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.ffn_hidden,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,  # transformers < 5 reads this ...
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},  # ... 5.x this
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.max_seq_len,
+        "tie_word_embeddings": cfg.tied_embeddings,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": cfg.init_std,
+        "bos_token_id": specials["bos"][1],
+        "eos_token_id": specials["eos"][1],
+        "pad_token_id": specials["pad"][1],
+        "torch_dtype": dtype,
+        "use_cache": True,
+    }
+
+
+def save_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path,
+            tokenizer_dir: Path | None = None, dtype: str = "float32") -> Path:
+    """A folder `transformers.AutoModelForCausalLM.from_pretrained` loads as a LlamaForCausalLM."""
+    if dtype not in DTYPES:
+        raise ValueError(f"export dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else None
+    specials = _special_tokens(tokenizer_dir)
+    tensors = {hf_name(k): v.to(DTYPES[dtype]).contiguous() for k, v in _untie(state_dict, cfg).items()}
+    save_file(tensors, str(out_dir / MODEL_FILE), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(hf_config(cfg, dtype, specials), indent=2), encoding="utf-8")
+    generation = {"bos_token_id": specials["bos"][1], "eos_token_id": specials["eos"][1],
+                  "pad_token_id": specials["pad"][1]}
+    (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
+    if tokenizer_dir is not None:
+        _write_hf_tokenizer(tokenizer_dir, out_dir, specials, cfg.max_seq_len)
+    return out_dir
+
+
+def _write_hf_tokenizer(tokenizer_dir: Path, out_dir: Path, specials: dict[str, tuple[str, int]],
+                        max_len: int) -> None:
+    model = tokenizer_dir / "tokenizer.model"
+    if not model.is_file():
+        raise FileNotFoundError(f"{tokenizer_dir} has no tokenizer.model; point tokenizer_dir at the tokenizer "
+                                f"asset's folder")
+    shutil.copyfile(model, out_dir / "tokenizer.model")
+    if (tokenizer_dir / "tokenizer.json").is_file():
+        shutil.copyfile(tokenizer_dir / "tokenizer.json", out_dir / "kiln_tokenizer.json")
+    tokens = {f"{k}_token": piece for k, (piece, _) in specials.items()}
+    config = {"tokenizer_class": "LlamaTokenizer", **tokens, "add_bos_token": False, "add_eos_token": False,
+              "model_max_length": max_len, "clean_up_tokenization_spaces": False, "legacy": False}
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(tokens, indent=2), encoding="utf-8")
+
+
+def export_checkpoint(ckpt: Path, out_dir: Path, cfg: ModelConfig, formats: list[str] = ("safetensors", "hf"),
+                      tokenizer_dir: Path | None = None, metadata: dict[str, Any] | None = None) -> dict[str, str]:
+    """Consolidate once, write each requested format under out_dir/<format>; returns {format: folder}."""
+    state = consolidate(ckpt)
+    written = {}
+    if "safetensors" in formats:
+        written["safetensors"] = str(save_safetensors(state, cfg, Path(out_dir) / "safetensors",
+                                                      {"checkpoint": str(ckpt), **(metadata or {})}))
+    if "hf" in formats:
+        written["hf"] = str(save_hf(state, cfg, Path(out_dir) / "hf", tokenizer_dir))
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Export a Kiln DeepSpeed checkpoint to safetensors / HF Llama.")
+    parser.add_argument("checkpoint", type=Path, help="a checkpoint folder, e.g. checkpoints/step_00000100")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--tokenizer-dir", type=Path, default=None)
+    parser.add_argument("--format", action="append", choices=["safetensors", "hf"], default=None)
+    args = parser.parse_args(argv)
+    problem = verify(args.checkpoint)
+    if problem:
+        parser.error(f"{args.checkpoint} cannot be exported: {problem}")
+    manifest = json.loads((args.checkpoint / "manifest.json").read_text(encoding="utf-8"))
+    cfg = ModelConfig.from_dict(manifest["model"])
+    print(json.dumps(export_checkpoint(args.checkpoint, args.out_dir, cfg, args.format or ["safetensors", "hf"],
+                                       args.tokenizer_dir), indent=2))
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["consolidate", "export_checkpoint", "hf_config", "hf_name", "load_model", "save_hf", "save_safetensors"]

@@ -1,0 +1,211 @@
+"""A Llama-style decoder: RoPE, RMSNorm, SwiGLU, no biases, optional grouped-query attention and tied
+embeddings. Small enough to read in one sitting.
+
+RoPE uses the "rotate half" layout (dimension i pairs with i + head_dim/2), the layout of Hugging Face's
+Llama, so q/k weights export to `LlamaForCausalLM` without a permutation (Meta's original checkpoints pair
+neighbouring dimensions, which is why HF's converter permutes them).
+
+Parameter names follow HF's Llama minus the `model.` prefix, so the export is a rename table, not a
+re-interpretation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_hidden: int
+    max_seq_len: int
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-5
+    tied_embeddings: bool = True
+    init_std: float = 0.02
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"model config has unknown keys {unknown}; it was written by other code "
+                             f"(known keys: {sorted(known)})")
+        return cls(**data)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Statistics in fp32 even when training in bf16 (as HF's LlamaRMSNorm).
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, (seq_len, head_dim), in fp32. Computed per forward (cheap) rather than kept as a
+    buffer, because DeepSpeed casts buffers to bf16 and RoPE angles need fp32."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
+    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, T, head_dim) by position: pairs are (i, i + head_dim/2)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Flash / memory-efficient kernels on GPU; each kv head serves n_heads / n_kv_heads query heads.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, seed: int = 0, activation_checkpointing: bool = False):
+        super().__init__()
+        self.cfg = cfg
+        self.activation_checkpointing = activation_checkpointing
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tied_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight  # one Parameter, two uses
+        self.reset_parameters(seed)
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int) -> None:
+        """GPT-2 init from a private generator, so the same seed gives the same weights on every rank and
+        in every process: N(0, init_std) for matrices and the embedding, the residual output projections
+        scaled by 1/sqrt(2·n_layers) (one per residual branch), norm gains 1."""
+        gen = torch.Generator().manual_seed(seed)
+        residual_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
+        for name, p in self.named_parameters():  # a tied matrix appears once
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                std = residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else self.cfg.init_std
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab), or the mean next-token cross-entropy when targets are given."""
+        T = tokens.shape[1]
+        if T > self.cfg.max_seq_len:
+            raise ValueError(f"sequence of {T} tokens is longer than max_seq_len {self.cfg.max_seq_len}")
+        cos, sin = rope_tables(T, self.cfg.head_dim, self.cfg.rope_theta, tokens.device)
+        x = self.embed_tokens(tokens)
+        for layer in self.layers:
+            if self.activation_checkpointing and self.training:
+                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin)
+        logits = self.lm_head(self.norm(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def param_count(self, non_embedding: bool = False) -> int:
+        """Unique parameters (a tied matrix counts once). `non_embedding` leaves out the embedding table and
+        the output projection: Kaplan et al.'s N, the one scaling laws use."""
+        return param_count(self.cfg, non_embedding)
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        return flops_per_token(self.cfg, seq_len or self.cfg.max_seq_len)
+
+
+def param_count(cfg: ModelConfig, non_embedding: bool = False) -> int:
+    """Exact count from the shapes (the same as summing the module's parameters; no model needed)."""
+    d, hd = cfg.d_model, cfg.head_dim
+    attention = d * cfg.n_heads * hd * 2 + d * cfg.n_kv_heads * hd * 2  # q, o; k, v
+    mlp = 3 * d * cfg.ffn_hidden
+    per_layer = attention + mlp + 2 * d  # two norm gains
+    body = cfg.n_layers * per_layer + d  # final norm
+    if non_embedding:
+        return body
+    return body + cfg.vocab_size * d * (1 if cfg.tied_embeddings else 2)
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token, forward + backward, as used for MFU:
+
+        6 · (N_non_embedding + vocab·d_model)  +  12 · n_layers · d_model · seq_len
+
+    The first term: 2 FLOPs per weight per token forward, 4 backward, for every weight in a matmul — the
+    output projection included, the embedding lookup (no FLOPs) excluded (as torchtitan and nanoGPT).
+    The second: attention's QK^T and AV products, PaLM (Chowdhery et al. 2022), App. B, without a
+    causal-mask discount. Norms and softmax are left out, as there.
+    """
+    n = param_count(cfg, non_embedding=True) + cfg.vocab_size * cfg.d_model
+    return 6.0 * n + 12.0 * cfg.n_layers * cfg.d_model * seq_len
+
+
+__all__ = ["ModelConfig", "Transformer", "apply_rope", "flops_per_token", "param_count", "rope_tables"]

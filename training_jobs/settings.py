@@ -1,0 +1,247 @@
+"""Training settings: the project YAML's `training:` section, and the run config the launched processes read.
+
+`TrainingSettings` is the one config object for training. The training_run asset validates it as part of
+the project config, adds what only it knows (dataset folder, tokenizer, output folder, MLflow names) with
+`settings.to_run_config(...)`, writes that as JSON, and launches `python -m training_jobs.train
+--run-config run.json` on every rank. Ranks read it back with `RunConfig.read(path)`.
+
+Imports pydantic and the standard library only, so the project config can import it without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+RUN_CONFIG_FORMAT = "kiln-run-config/1"
+DEFAULT_DEEPSPEED_CONFIG = Path(__file__).resolve().parent / "configs" / "zero3.json"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# Llama-like shapes. Non-embedding parameters (vocabulary 32k adds 32k x d_model, once when tied):
+#   tiny ~0.1M (CPU tests and demos), small ~26M, 125m ~85M (GPT-3 Small's shape), 350m ~300M
+#   (GPT-3 Medium's shape), 1b ~0.97B (Llama 3.2 1B's shape: grouped-query attention, 4x MLP).
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": {"d_model": 64, "n_layers": 2, "n_heads": 4},
+    "small": {"d_model": 512, "n_layers": 8, "n_heads": 8},
+    "125m": {"d_model": 768, "n_layers": 12, "n_heads": 12},
+    "350m": {"d_model": 1024, "n_layers": 24, "n_heads": 16},
+    "1b": {"d_model": 2048, "n_layers": 16, "n_heads": 32, "n_kv_heads": 8, "ffn_hidden": 8192},
+}
+
+
+def llama_ffn_hidden(d_model: int, multiple_of: int = 64) -> int:
+    """SwiGLU width: 2/3 of 4·d_model (three matrices cost what a 4x GELU MLP's two do), rounded up."""
+    return multiple_of * math.ceil(8 * d_model / 3 / multiple_of)
+
+
+class ModelSettings(_Strict):
+    """A preset shape plus overrides; `architecture()` resolves it to the model's config fields."""
+
+    preset: Literal["tiny", "small", "125m", "350m", "1b"] = "tiny"
+    d_model: int | None = Field(None, gt=0)
+    n_layers: int | None = Field(None, gt=0)
+    n_heads: int | None = Field(None, gt=0)
+    n_kv_heads: int | None = Field(None, gt=0)  # < n_heads: grouped-query attention
+    ffn_hidden: int | None = Field(None, gt=0)  # None: 8/3 d_model rounded up to a multiple of 64
+    vocab_size: int | None = Field(None, gt=0)  # None: the shard set's vocabulary
+    pad_vocab_to_multiple_of: int = Field(64, ge=1)  # embedding rows beyond the tokenizer: faster matmuls on GPU
+    rope_theta: float = Field(10_000.0, gt=0)
+    norm_eps: float = Field(1e-5, gt=0)
+    tied_embeddings: bool = True
+    init_std: float = Field(0.02, gt=0)
+    activation_checkpointing: bool = False  # recompute each block in backward: less memory, ~30% more compute
+
+    def architecture(self, vocab_size: int, max_seq_len: int) -> dict[str, Any]:
+        """The model config fields (training_jobs.model.ModelConfig) for a tokenizer vocabulary and seq_len."""
+        shape = {**PRESETS[self.preset], **{k: getattr(self, k) for k in
+                                            ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden")
+                                            if getattr(self, k) is not None}}
+        d, heads = shape["d_model"], shape["n_heads"]
+        kv = shape.get("n_kv_heads") or heads
+        if d % heads:
+            raise ValueError(f"training.model: d_model {d} is not divisible by n_heads {heads}; "
+                             f"pick n_heads dividing d_model")
+        if (d // heads) % 2:
+            raise ValueError(f"training.model: head size d_model/n_heads = {d // heads} is odd; RoPE needs it even")
+        if heads % kv:
+            raise ValueError(f"training.model: n_heads {heads} is not a multiple of n_kv_heads {kv}")
+        vocab = self.vocab_size or vocab_size
+        if vocab < vocab_size:
+            raise ValueError(f"training.model.vocab_size {vocab} is smaller than the tokenizer's {vocab_size}; "
+                             f"remove the override or raise it")
+        m = self.pad_vocab_to_multiple_of
+        return {"vocab_size": m * math.ceil(vocab / m), "d_model": d, "n_layers": shape["n_layers"],
+                "n_heads": heads, "n_kv_heads": kv, "ffn_hidden": shape.get("ffn_hidden") or llama_ffn_hidden(d),
+                "max_seq_len": max_seq_len, "rope_theta": self.rope_theta, "norm_eps": self.norm_eps,
+                "tied_embeddings": self.tied_embeddings, "init_std": self.init_std}
+
+
+class ScheduleSettings(_Strict):
+    """Learning rate: linear warmup, then cosine to min_lr, or WSD (warmup-stable-decay: constant, then a
+    linear decay to min_lr over the last decay_fraction of the steps)."""
+
+    kind: Literal["cosine", "wsd"] = "cosine"
+    lr: float = Field(3e-4, gt=0)
+    min_lr: float = Field(3e-5, ge=0)
+    warmup_steps: int = Field(100, ge=0)
+    decay_fraction: float = Field(0.2, gt=0, le=1)  # wsd only
+    total_steps: int | None = Field(None, gt=0)  # the steps the curve spans; None: max_steps. Set it to
+    # extend a run later (a higher max_steps) without changing the learning rates already used.
+
+    @model_validator(mode="after")
+    def _min_below_peak(self):
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr {self.min_lr} is above lr {self.lr}; min_lr is where the decay ends")
+        return self
+
+
+class CheckpointSettings(_Strict):
+    every_steps: int | None = Field(100, gt=0)  # None: only at the end
+    keep_last: int = Field(3, ge=1)  # complete checkpoints kept; older ones are deleted
+    dir: str | None = None  # None: <output_dir>/checkpoints
+    resume: bool = True  # continue from the newest complete checkpoint in dir, if any
+
+
+class MonitorSettings(_Strict):
+    """Training stability: what counts as a loss spike, a gradient explosion or a plateau, and the response."""
+
+    enabled: bool = True
+    window: int = Field(50, ge=2)  # rolling window (steps) for the loss and grad-norm means
+    min_history: int = Field(20, ge=1)  # spikes are judged once this many healthy steps are in the window
+    spike_factor: float = Field(1.5, gt=1)  # loss > factor x rolling mean loss
+    grad_factor: float = Field(10.0, gt=1)  # grad norm > factor x rolling mean grad norm
+    grad_norm_max: float | None = Field(None, gt=0)  # an absolute ceiling as well, if set
+    plateau_window: int = Field(500, ge=2)  # warn when the loss mean over this many steps ...
+    plateau_min_improvement: float = Field(0.001, ge=0)  # ... improved by less than this fraction
+    rollback: bool = True  # False: record events only
+    max_rollbacks: int = Field(3, ge=0)  # then the run stops as diverged
+    lr_factor: float = Field(0.5, gt=0, le=1)  # after a rollback the LR is multiplied by this ...
+    lr_reduced_steps: int = Field(100, ge=0)  # ... for this many steps
+
+
+class TrainingSettings(_Strict):
+    """Everything about a training run that belongs in the project config."""
+
+    model: ModelSettings = ModelSettings()
+    seq_len: int | None = Field(None, ge=8)  # None: the shard set's seq_len
+    micro_batch_size: int = Field(8, gt=0)  # sequences per rank per forward pass
+    grad_accum: int = Field(1, gt=0)  # micro-batches per optimizer step
+    max_steps: int | None = Field(None, gt=0)  # optimizer steps; default 1000 unless token_budget is set
+    token_budget: int | None = Field(None, gt=0)  # training tokens; max_steps = ceil(budget / tokens per step)
+    schedule: ScheduleSettings = ScheduleSettings()
+    weight_decay: float = Field(0.1, ge=0)  # on weight matrices and the embedding, not on norm gains
+    betas: tuple[float, float] = (0.9, 0.95)
+    adam_eps: float = Field(1e-8, gt=0)
+    grad_clip: float = Field(1.0, ge=0)  # global norm; 0 disables
+    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 on GPUs that support it, else fp32
+    seed: int = 1337
+    log_every_steps: int = Field(10, gt=0)  # progress lines and MLflow metrics
+    val_every_steps: int | None = Field(None, gt=0)  # None: validation loss at the end only
+    val_batches: int | None = Field(50, gt=0)  # micro-batches per rank per validation; None: the whole split
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    monitor: MonitorSettings = MonitorSettings()
+    peak_tflops: float | None = Field(None, gt=0)  # per device, for MFU; None: looked up from the GPU name
+    deepspeed_config: str | None = None  # a DeepSpeed JSON; None: training_jobs/configs/zero3.json
+    export: list[Literal["safetensors", "hf"]] = ["safetensors", "hf"]  # written from the final checkpoint
+
+    @model_validator(mode="before")
+    @classmethod
+    def _steps_or_budget(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if data.get("max_steps") is not None and data.get("token_budget") is not None:
+                raise ValueError("set training.max_steps or training.token_budget, not both")
+        return data
+
+    def resolved_max_steps(self, world_size: int, seq_len: int) -> int:
+        if self.max_steps is not None:
+            return self.max_steps
+        if self.token_budget is None:
+            return 1000
+        return math.ceil(self.token_budget / self.tokens_per_step(world_size, seq_len))
+
+    def tokens_per_step(self, world_size: int, seq_len: int) -> int:
+        return self.micro_batch_size * self.grad_accum * world_size * seq_len
+
+    def deepspeed_config_path(self) -> Path:
+        return Path(self.deepspeed_config) if self.deepspeed_config else DEFAULT_DEEPSPEED_CONFIG
+
+    def to_run_config(self, *, dataset_dir: str | Path, tokenizer_sha256: str, output_dir: str | Path,
+                      tokenizer_dir: str | Path | None = None, experiment: str = "kiln",
+                      run_name: str | None = None, tags: dict[str, str] | None = None) -> RunConfig:
+        """These settings plus what the launching asset knows: the run config every rank reads."""
+        return RunConfig(training=self, dataset_dir=str(dataset_dir), tokenizer_sha256=tokenizer_sha256,
+                         output_dir=str(output_dir), experiment=experiment, run_name=run_name, tags=tags or {},
+                         tokenizer_dir=None if tokenizer_dir is None else str(tokenizer_dir))
+
+
+class RunConfig(_Strict):
+    """What one training run needs; the JSON file passed as `--run-config`."""
+
+    format: Literal["kiln-run-config/1"] = RUN_CONFIG_FORMAT
+    training: TrainingSettings = TrainingSettings()
+    dataset_dir: str  # a token_shards dataset folder (with _manifest.json)
+    tokenizer_sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")  # the shards must have been made with it
+    tokenizer_dir: str | None = None  # tokenizer.model (+ Kiln's tokenizer.json card): checked, copied to the HF export
+    output_dir: str  # summary.json, checkpoints/, export/
+    experiment: str = "kiln"  # MLflow experiment
+    run_name: str | None = None  # MLflow run name
+    tags: dict[str, str] = {}  # MLflow tags
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        return cls.model_validate_json(text)
+
+    def write(self, path: str | Path) -> Path:
+        """Atomically (temporary name, then rename): a rank never reads half a file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            tmp.write_text(self.to_json(), encoding="utf-8")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+    @classmethod
+    def read(cls, path: str | Path) -> RunConfig:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"run config {path} not found; the launching asset writes it "
+                                    f"(TrainingSettings.to_run_config(...).write(path))") from None
+        try:
+            return cls.from_json(text)
+        except ValueError as exc:
+            raise ValueError(f"run config {path} is invalid:\n{exc}") from None
+
+    def checkpoint_dir(self) -> Path:
+        return Path(self.training.checkpoint.dir or Path(self.output_dir) / "checkpoints")
+
+
+def load_deepspeed_config(path: str | Path) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"DeepSpeed config {path} not found; fix training.deepspeed_config or remove it "
+                                f"to use the shipped {DEFAULT_DEEPSPEED_CONFIG.name}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"DeepSpeed config {path} is not valid JSON: {exc}") from None
+
+
+__all__ = ["CheckpointSettings", "DEFAULT_DEEPSPEED_CONFIG", "ModelSettings", "MonitorSettings", "PRESETS",
+           "RUN_CONFIG_FORMAT", "RunConfig", "ScheduleSettings", "TrainingSettings", "llama_ffn_hidden",
+           "load_deepspeed_config"]

@@ -1,0 +1,635 @@
+"""The training entry point: one process per rank, launched by torchrun or the deepspeed launcher.
+
+    torchrun --standalone --nproc_per_node 2 -m training_jobs.train --run-config run.json
+    deepspeed --num_gpus 2 --module training_jobs.train --run-config run.json
+    python -m training_jobs.train --run-config run.json          # one process, no launcher
+
+On CPU set DS_ACCELERATOR=cpu (the default here when no GPU is visible) and a persistent
+TORCH_EXTENSIONS_DIR (default $KILN_HOME/torch_extensions when KILN_HOME is set): DeepSpeed builds its
+shared-memory comm op once (~35 s) and reuses it.
+
+Writes into the run config's output_dir: checkpoints/ (see checkpoint.py), export/ (see export.py),
+metrics.jsonl (every step, rank 0) and summary.json (at the end, atomically, also when the run fails).
+Metrics go to MLflow when MLFLOW_TRACKING_URI is set, and the final figures to Dagster when launched
+through Dagster Pipes.
+
+Test-only fault injection: KILN_INJECT_FAULT="spike@12" multiplies the loss of step 12 by 100 (once per
+process; "spike@12x5" by 5), "nan@12" makes it NaN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+import traceback
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training_jobs import checkpoint
+from training_jobs.flops import device_peak_flops, mfu
+from training_jobs.loader import ShardLoader
+from training_jobs.model import ModelConfig, Transformer, flops_per_token, param_count
+from training_jobs.monitor import ROLLBACK, Event, StabilityMonitor, TrainingDiverged
+from training_jobs.schedule import lambda_lr
+from training_jobs.settings import RunConfig, TrainingSettings, load_deepspeed_config
+
+SUMMARY_FORMAT = "kiln-training-summary/1"
+
+
+# DeepSpeed's ZeRO-3 calls these on every step; the warning says nothing a user can act on.
+warnings.filterwarnings("ignore",
+                        message=r".*torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated")
+
+
+def default_environment() -> None:
+    """Environment DeepSpeed reads at import; set before importing it. Explicit settings win."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # deepspeed imports mlflow
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if "KILN_HOME" in os.environ:
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(os.environ["KILN_HOME"]) / "torch_extensions"))
+    # Always the same ninja for the JIT-built op: two ninja versions (the venv's, the system's) read each
+    # other's build log as stale and rebuild it (~50 s) whenever the PATH differs between launches.
+    venv_bin = Path(sys.executable).parent
+    if (venv_bin / "ninja").exists() and not os.environ.get("PATH", "").startswith(str(venv_bin)):
+        os.environ["PATH"] = f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"
+    # Without a launcher: a world of one.
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        os.environ.setdefault(key, value)
+    if "MASTER_PORT" not in os.environ:
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+
+
+# ---------------------------------------------------------------------------------------- components
+
+@dataclass
+class Dist:
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> Dist:
+    import deepspeed
+
+    deepspeed.init_distributed()  # nccl on GPUs; gloo on CPU without oneCCL
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    return Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), device)
+
+
+def resolve_precision(precision: str) -> str:
+    if precision != "auto":
+        return precision
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def deepspeed_config(t: TrainingSettings, precision: str, cfg: ModelConfig) -> dict[str, Any]:
+    """The DeepSpeed JSON with its "auto" values filled from the training settings. A value that is set in
+    the JSON and disagrees with the settings is an error, not a silent override."""
+    path = t.deepspeed_config_path()
+    ds = load_deepspeed_config(path)
+    for key in ("optimizer", "scheduler"):
+        if key in ds:
+            raise ValueError(f"DeepSpeed config {path} has an {key!r} section; Kiln passes its own torch AdamW and LR "
+                             f"schedule (training.schedule, weight_decay, betas): remove {key!r} from the JSON")
+    if ds.get("fp16", {}).get("enabled") in (True, "auto"):
+        raise ValueError(f"DeepSpeed config {path} enables fp16; Kiln trains in bf16 or fp32 (training.precision): "
+                         f"remove the fp16 section")
+
+    def fill(section: dict, key: str, value: Any, name: str) -> None:
+        given = section.get(key, "auto")
+        if given == "auto":
+            section[key] = value
+        elif given != value:
+            raise ValueError(f"DeepSpeed config {path} sets {name} = {given!r} but the training settings give "
+                             f"{value!r}; set it to \"auto\" (filled from training.*) or change the setting")
+
+    fill(ds, "train_micro_batch_size_per_gpu", t.micro_batch_size, "train_micro_batch_size_per_gpu")
+    fill(ds, "gradient_accumulation_steps", t.grad_accum, "gradient_accumulation_steps")
+    fill(ds, "gradient_clipping", t.grad_clip, "gradient_clipping")
+    fill(ds.setdefault("bf16", {}), "enabled", precision == "bf16", "bf16.enabled")
+    ds.pop("train_batch_size", None) if ds.get("train_batch_size") == "auto" else None
+    d = cfg.d_model  # size-dependent ZeRO buckets, the values HF's integration uses for "auto"
+    zero = ds.setdefault("zero_optimization", {})
+    for key, value in {"reduce_bucket_size": d * d, "stage3_prefetch_bucket_size": int(0.9 * d * d),
+                       "stage3_param_persistence_threshold": 10 * d}.items():
+        if zero.get(key) == "auto":
+            zero[key] = value
+    return ds
+
+
+def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any], total_steps: int,
+                 monitor: StabilityMonitor):
+    """A fresh model (the same weights on every rank, from the seed), AdamW and LR schedule, wrapped by
+    DeepSpeed. Called again for a rollback: ZeRO-3 loads checkpoints into fresh engines only."""
+    import deepspeed
+
+    model = Transformer(cfg, seed=t.seed, activation_checkpointing=t.model.activation_checkpointing)
+    # Decay the matrices (and the embedding); norm gains stay out of weight decay.
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=t.schedule.lr, betas=t.betas, eps=t.adam_eps)
+    scheduler = lambda_lr(optimizer, t.schedule, total_steps, scale=monitor.lr_scale)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=ds_config, dist_init_required=False)
+    return engine
+
+
+def refresh_lr(engine) -> None:
+    """Set the LR for the next update from the schedule (after a load: it may now include a rollback's
+    reduction)."""
+    sched = engine.lr_scheduler
+    for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
+        group["lr"] = base * fn(sched.last_epoch)
+
+
+def current_lr(engine) -> float:
+    return float(engine.lr_scheduler.optimizer.param_groups[0]["lr"])
+
+
+class FaultInjector:
+    """KILN_INJECT_FAULT="spike@K[xF]" or "nan@K": corrupt the loss of step K once (tests only)."""
+
+    def __init__(self, spec: str | None):
+        self.kind, self.step, self.factor = None, -1, 100.0
+        if spec:
+            kind, _, rest = spec.partition("@")
+            step, _, factor = rest.partition("x")
+            if kind not in ("spike", "nan") or not step.isdigit():
+                raise ValueError(f"KILN_INJECT_FAULT={spec!r}: expected spike@STEP[xFACTOR] or nan@STEP")
+            self.kind, self.step, self.factor = kind, int(step), float(factor or 100)
+
+    def __call__(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        if step != self.step:
+            return loss
+        self.step = -1  # once: after a rollback the same step number gets other data
+        return loss * float("nan") if self.kind == "nan" else loss * self.factor
+
+
+def train_step(engine, loader: ShardLoader, grad_accum: int, step: int, fault: FaultInjector) -> float:
+    """One optimizer step over grad_accum micro-batches; returns the mean loss over every rank."""
+    total = torch.zeros((), dtype=torch.float32, device=engine.device)
+    for _ in range(grad_accum):
+        x, y = loader.next_batch()
+        loss = fault(step, engine(x.to(engine.device), y.to(engine.device)))
+        engine.backward(loss)  # DeepSpeed divides by grad_accum itself
+        engine.step()  # updates only at the accumulation boundary
+        total += loss.detach().float()
+    torch.distributed.all_reduce(total)
+    return total.item() / (grad_accum * torch.distributed.get_world_size())
+
+
+@torch.no_grad()
+def evaluate(engine, val: ShardLoader | None, batches: int | None) -> float | None:
+    """Mean loss over the first `batches` validation micro-batches of every rank (the same ones each time)."""
+    if val is None:
+        return None
+    engine.eval()
+    val.load_state_dict({**val.state_dict(), "epoch": 0, "position": 0})
+    n = val.batches_per_epoch if batches is None else min(batches, val.batches_per_epoch)
+    total = torch.zeros((), dtype=torch.float32, device=engine.device)
+    for _ in range(n):
+        x, y = val.next_batch()
+        total += engine(x.to(engine.device), y.to(engine.device)).float()
+    torch.distributed.all_reduce(total)
+    engine.train()
+    return total.item() / (n * torch.distributed.get_world_size())
+
+
+def agree(dist: Dist, *values: float | None) -> list[float | None]:
+    """Rank 0's values on every rank, so every rank takes the same decision (rollback or not)."""
+    t = torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float64)
+    if dist.device.type == "cuda":
+        t = t.to(dist.device)
+    torch.distributed.broadcast(t, 0)
+    return [float(v) for v in t.tolist()]
+
+
+# ----------------------------------------------------------------------------------------- reporting
+
+def _json_safe(value: Any) -> Any:
+    """NaN/Inf as strings: summary.json stays strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        tmp.write_text(json.dumps(_json_safe(data), indent=2), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def flatten(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out.update(flatten(f"{prefix}.{k}" if prefix else k, v))
+        return out
+    return {prefix: value}
+
+
+class Reporter:
+    """Rank 0's outputs: progress lines (stdout, and Dagster Pipes logs), metrics.jsonl, MLflow."""
+
+    def __init__(self, run: RunConfig, dist: Dist, pipes):
+        self.active = dist.main
+        self.pipes = pipes
+        self.metrics_file = Path(run.output_dir) / "metrics.jsonl"
+        self.mlflow = None
+        self.mlflow_run_id: str | None = None
+
+    def start_mlflow(self, run: RunConfig, resume_run_id: str | None, params: dict[str, Any],
+                     artifacts: dict[str, Any]) -> None:
+        if not (self.active and os.environ.get("MLFLOW_TRACKING_URI")):
+            return
+        import mlflow
+
+        self.mlflow = mlflow
+        run_id = os.environ.get("MLFLOW_RUN_ID") or resume_run_id  # a run the launcher made, or the resumed one
+        if run_id is None:
+            mlflow.set_experiment(run.experiment)
+        active = mlflow.start_run(run_id=run_id, run_name=None if run_id else run.run_name,
+                                  tags=run.tags or None)
+        self.mlflow_run_id = active.info.run_id
+        if run_id is None:  # params are immutable in MLflow: a resumed run keeps the ones it has
+            mlflow.log_params({k: str(v) for k, v in params.items()})
+        for name, data in artifacts.items():
+            mlflow.log_dict(data, name)
+
+    def line(self, text: str) -> None:
+        if self.active:
+            print(text, flush=True)
+            if self.pipes is not None:
+                self.pipes.log.info(text)
+
+    def step(self, step: int, metrics: dict[str, Any], to_mlflow: bool) -> None:
+        if not self.active:
+            return
+        with open(self.metrics_file, "a", encoding="utf-8") as f:
+            f.write(json.dumps(_json_safe({"step": step, **metrics})) + "\n")
+        if to_mlflow and self.mlflow is not None:
+            finite = {k: float(v) for k, v in metrics.items()
+                      if isinstance(v, (int, float)) and math.isfinite(v)}
+            self.mlflow.log_metrics(finite, step=step)
+
+    def event(self, event: Event) -> None:
+        self.line(f"stability: {event.kind} -> {event.action}: {event.message}")
+        if self.active and self.mlflow is not None:
+            self.mlflow.log_metric(f"stability/{event.kind}", 1.0, step=event.step)
+
+    def finish(self, summary: dict[str, Any], failed: bool) -> None:
+        if not self.active:
+            return
+        if self.mlflow is not None:
+            self.mlflow.log_dict(_json_safe(summary), "summary.json")
+            self.mlflow.log_dict(_json_safe(summary["stability_events"]), "stability_events.json")
+            if summary.get("val_loss") is not None:
+                self.mlflow.log_metric("val/loss", summary["val_loss"], step=summary["steps"])
+            self.mlflow.end_run(status="FAILED" if failed else "FINISHED")
+        if self.pipes is not None and not failed:
+            keys = ("status", "steps", "final_loss", "val_loss", "tokens_seen", "tokens_per_s", "mfu", "n_params",
+                    "n_params_non_embedding", "world_size", "rollbacks", "mlflow_run_id", "checkpoint", "summary_path")
+            metadata = {k: _json_safe(summary[k]) for k in keys if summary.get(k) is not None}
+            metadata["stability_events"] = len(summary["stability_events"])
+            self.pipes.report_asset_materialization(metadata=metadata, data_version=summary.get("checkpoint_sha256"))
+
+
+def open_pipes(dist: Dist, stack: contextlib.ExitStack):
+    """Rank 0's Dagster Pipes context when launched through Pipes, else None."""
+    from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
+
+    if dist.main and PipesEnvVarParamsLoader().is_dagster_pipes_process():
+        return stack.enter_context(open_dagster_pipes())
+    return None
+
+
+# -------------------------------------------------------------------------------------------- the run
+
+@dataclass
+class Progress:
+    """Where the run stands (the counters also go into checkpoints, see Trainer.kiln_state)."""
+
+    step: int = 0
+    tokens_seen: int = 0  # tokens of the optimizer steps that count (a rollback takes them back)
+    tokens_skipped: int = 0  # tokens of data skipped by rollbacks
+    last_checkpoint: Path | None = None
+    resumed_from: str | None = None
+    timings: list[float] = field(default_factory=list)  # seconds per step in this process
+    last_loss: float | None = None
+
+
+def check_tokenizer(run: RunConfig) -> None:
+    if run.tokenizer_dir is None:
+        return
+    model = Path(run.tokenizer_dir) / "tokenizer.model"
+    if not model.is_file():
+        raise FileNotFoundError(f"tokenizer_dir {run.tokenizer_dir} has no tokenizer.model; point it at the "
+                                f"tokenizer asset's folder or leave it out")
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    if sha != run.tokenizer_sha256.lower():
+        raise ValueError(f"{model} has sha256 {sha[:12]}…, the run config says {run.tokenizer_sha256[:12]}…; "
+                         f"write the run config from the same tokenizer asset the shards were made with")
+
+
+def open_validation(run: RunConfig, seq_len: int, dist: Dist) -> ShardLoader | None:
+    t = run.training
+    try:
+        return ShardLoader(run.dataset_dir, "val", seq_len, t.micro_batch_size, dist.rank, dist.world_size,
+                           run.tokenizer_sha256, seed=t.seed, shuffle_epochs=False)
+    except Exception as exc:  # noqa: BLE001: missing or too little validation data is not fatal
+        if dist.main:
+            print(f"warning: no validation loss: {exc}", flush=True)
+        return None
+
+
+def broadcast_object(dist: Dist, obj: Any) -> Any:
+    box = [obj if dist.main else None]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class Trainer:
+    """One run's components; `fit()` is the training loop."""
+
+    def __init__(self, run: RunConfig, dist: Dist, report: Reporter):
+        t = self.t = run.training
+        self.run, self.dist, self.report = run, dist, report
+        check_tokenizer(run)
+        torch.manual_seed(t.seed)
+        self.loader = ShardLoader(run.dataset_dir, "train", t.seq_len, t.micro_batch_size, dist.rank,
+                                  dist.world_size, run.tokenizer_sha256, seed=t.seed)
+        self.seq_len = self.loader.seq_len
+        self.val = open_validation(run, self.seq_len, dist)
+        self.cfg = ModelConfig(**t.model.architecture(self.loader.shard_set.vocab_size, self.seq_len))
+        self.max_steps = t.resolved_max_steps(dist.world_size, self.seq_len)
+        self.total_steps = t.schedule.total_steps or self.max_steps
+        self.tokens_per_step = t.tokens_per_step(dist.world_size, self.seq_len)
+        self.precision = resolve_precision(t.precision)
+        self.ds_config = deepspeed_config(t, self.precision, self.cfg)
+        self.monitor = StabilityMonitor(t.monitor)
+        self.engine = build_engine(self.cfg, t, self.ds_config, self.total_steps, self.monitor)
+        self.device_name, self.peak = device_peak_flops(t.peak_tflops)
+        self.flops_per_token = flops_per_token(self.cfg, self.seq_len)
+        self.n_params, self.n_non_embedding = param_count(self.cfg), param_count(self.cfg, non_embedding=True)
+        self.ckpt_root = run.checkpoint_dir()
+        self.progress = Progress()
+        self.fault = FaultInjector(os.environ.get("KILN_INJECT_FAULT"))
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self) -> float | None:
+        """Train to max_steps (resuming if a checkpoint exists), then checkpoint, validate and export."""
+        t, p, report = self.t, self.progress, self.report
+        self.resume()
+        self.start_tracking()
+        t_start = time.perf_counter()
+        while p.step < self.max_steps:
+            t0 = time.perf_counter()
+            lr = current_lr(self.engine)  # the LR of this update (the scheduler moves on inside the step)
+            loss = train_step(self.engine, self.loader, t.grad_accum, p.step + 1, self.fault)
+            norm = self.engine.get_global_grad_norm()
+            loss, grad_norm = agree(self.dist, loss, None if norm is None else float(norm))
+            p.step, p.tokens_seen = p.step + 1, p.tokens_seen + self.tokens_per_step
+            event = self.monitor.observe(p.step, loss, grad_norm)
+            if event is not None and event.action == ROLLBACK:
+                self.roll_back(event)
+                continue
+            if event is not None:
+                report.event(event)
+            dt = time.perf_counter() - t0
+            p.timings.append(dt)
+            p.last_loss = loss
+            tokens_per_s = self.tokens_per_step / dt
+            metrics = {"train/loss": loss, "train/grad_norm": grad_norm, "train/lr": lr,
+                       "train/tokens_per_s": tokens_per_s, "train/tokens_seen": p.tokens_seen,
+                       "train/mfu": mfu(self.flops_per_token, tokens_per_s, self.peak, self.dist.world_size)}
+            log_now = p.step % t.log_every_steps == 0 or p.step == self.max_steps
+            report.step(p.step, metrics, to_mlflow=log_now)
+            if log_now:
+                report.line(progress_line(p.step, self.max_steps, metrics, dt))
+            if t.val_every_steps and p.step % t.val_every_steps == 0:
+                report.step(p.step, {"val/loss": self.validate()}, to_mlflow=True)
+            if t.checkpoint.every_steps and p.step % t.checkpoint.every_steps == 0:
+                self.save()
+        self.train_seconds = time.perf_counter() - t_start
+        if p.last_checkpoint is None or p.last_checkpoint.name != checkpoint.tag_for(p.step):
+            self.save()
+        val_loss = self.validate()
+        self.export()
+        return val_loss
+
+    # ------------------------------------------------------------------ components
+
+    def kiln_state(self) -> dict[str, Any]:
+        p = self.progress
+        return {"tokens_seen": p.tokens_seen, "tokens_skipped": p.tokens_skipped, "last_loss": p.last_loss,
+                "loader": self.loader.state_dict(),
+                "monitor": self.monitor.state_dict(), "mlflow_run_id": self.report.mlflow_run_id}
+
+    def save(self) -> None:
+        p = self.progress
+        meta = {"model": self.cfg.to_dict(), "tokens_seen": p.tokens_seen, "loader": self.loader.state_dict(),
+                "stability_events": len(self.monitor.events)}
+        p.last_checkpoint = checkpoint.save(self.engine, self.ckpt_root, p.step, self.kiln_state(),
+                                            self.t.checkpoint.keep_last, meta)
+        self.report.line(f"step {p.step}: checkpoint {p.last_checkpoint}")
+
+    def newest_checkpoint(self) -> checkpoint.Found | None:
+        found = checkpoint.find_resumable(self.ckpt_root, warn=self.report.line) if self.dist.main else None
+        return broadcast_object(self.dist, found)
+
+    def load(self, found: checkpoint.Found) -> dict[str, Any]:
+        state = checkpoint.load(self.engine, self.ckpt_root, found)
+        p = self.progress
+        p.step, p.tokens_seen, p.last_checkpoint = found.step, state["tokens_seen"], found.path
+        return state
+
+    def resume(self) -> None:
+        if not self.t.checkpoint.resume:
+            if checkpoint.checkpoints(self.ckpt_root, complete_only=False):
+                raise FileExistsError(
+                    f"{self.ckpt_root} already holds checkpoints and checkpoint.resume is false: a new run there would "
+                    f"mix with them (rotation, rollbacks); set checkpoint.resume: true to continue that run, or give "
+                    f"this one another output_dir / checkpoint.dir")
+            return
+        found = self.newest_checkpoint()
+        if found is None:
+            return
+        state = self.load(found)
+        self.loader.load_state_dict(state["loader"])
+        self.monitor.load_state_dict(state["monitor"])
+        self.progress.tokens_skipped, self.progress.resumed_from = state["tokens_skipped"], str(found.path)
+        self.progress.last_loss = state["last_loss"]
+        self.resume_run_id = state["mlflow_run_id"]
+        refresh_lr(self.engine)
+        self.report.line(f"resumed from {found.path} at step {found.step}")
+
+    def roll_back(self, event: Event) -> None:
+        """Back to the last good checkpoint in a fresh engine; the loader keeps its position, so the data
+        between that checkpoint and the spike is skipped; the LR is lowered for a while."""
+        found = self.newest_checkpoint()
+        if found is None:
+            if event.kind == "nan":
+                raise TrainingDiverged(f"{event.message} before the first checkpoint, so there is nothing to roll "
+                                       f"back to; lower schedule.lr or raise warmup_steps (and checkpoint earlier)")
+            self.monitor.reduce_lr_without_rollback(event)
+            self.report.event(event)
+            return
+        del self.engine
+        gc.collect()
+        self.engine = build_engine(self.cfg, self.t, self.ds_config, self.total_steps, self.monitor)
+        spike_step = event.step
+        state = self.load(found)
+        self.monitor.rolled_back(event, found.step, state["monitor"])  # raises TrainingDiverged when out of retries
+        self.progress.tokens_skipped += (spike_step - found.step) * self.tokens_per_step
+        refresh_lr(self.engine)
+        self.report.event(event)
+        self.report.line(f"rolled back to step {found.step} ({found.path.name}); skipping the data of steps "
+                         f"{found.step + 1}..{spike_step}; LR x{event.lr_factor} until step {event.lr_reduced_until}")
+
+    def validate(self) -> float | None:
+        val_loss = evaluate(self.engine, self.val, self.t.val_batches)
+        if val_loss is not None:
+            self.report.line(f"step {self.progress.step}: val loss {val_loss:.4f}")
+        return val_loss
+
+    def export(self) -> None:
+        self.exports: dict[str, str] = {}
+        if self.dist.main and self.t.export:
+            from training_jobs.export import export_checkpoint
+
+            self.exports = export_checkpoint(self.progress.last_checkpoint, Path(self.run.output_dir) / "export",
+                                             self.cfg, self.t.export, self.run.tokenizer_dir,
+                                             {"steps": self.progress.step, "tokens_seen": self.progress.tokens_seen})
+            self.report.line(f"exported {', '.join(f'{k}: {v}' for k, v in self.exports.items())}")
+        torch.distributed.barrier()
+
+    def start_tracking(self) -> None:
+        t, cfg = self.t, self.cfg
+        params = {**flatten("training", t.model_dump(mode="json")), **flatten("model", cfg.to_dict()),
+                  "model.n_params": self.n_params, "model.n_params_non_embedding": self.n_non_embedding,
+                  "model.flops_per_token": self.flops_per_token, "world_size": self.dist.world_size,
+                  "tokens_per_step": self.tokens_per_step, "max_steps": self.max_steps, "precision": self.precision,
+                  "device": self.device_name, "dataset_dir": self.run.dataset_dir,
+                  "tokenizer_sha256": self.run.tokenizer_sha256}
+        artifacts = {"deepspeed_config.json": self.ds_config, "run_config.json": self.run.model_dump(mode="json"),
+                     "model_config.json": cfg.to_dict()}
+        self.report.start_mlflow(self.run, getattr(self, "resume_run_id", None), params, artifacts)
+        todo = (f"steps {self.progress.step + 1}..{self.max_steps} of {self.tokens_per_step:,} tokens"
+                if self.progress.step < self.max_steps else f"nothing to train: already at step {self.progress.step}")
+        self.report.line(f"training {self.n_params:,} parameters ({self.n_non_embedding:,} non-embedding) on "
+                         f"{self.dist.world_size} x {self.device_name} in {self.precision}; {todo}")
+
+    def summary(self, status: str, val_loss: float | None = None, error: str | None = None) -> dict[str, Any]:
+        p = self.progress
+        steady = p.timings[1:] or p.timings  # the first step pays for warm-up
+        tokens_per_s = self.tokens_per_step * len(steady) / sum(steady) if steady else None
+        ckpt = p.last_checkpoint
+        manifest = ckpt / checkpoint.MANIFEST if ckpt is not None else None
+        return {
+            "format": SUMMARY_FORMAT, "status": status, "error": error,
+            "steps": p.step, "max_steps": self.max_steps, "final_loss": p.last_loss, "val_loss": val_loss,
+            "tokens_seen": p.tokens_seen, "tokens_skipped": p.tokens_skipped, "tokens_per_step": self.tokens_per_step,
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu(self.flops_per_token, tokens_per_s or 0.0, self.peak, self.dist.world_size),
+            "steps_this_run": len(p.timings), "train_seconds": round(getattr(self, "train_seconds", 0.0), 3),
+            "world_size": self.dist.world_size, "device": self.device_name, "precision": self.precision,
+            "peak_flops_per_device": self.peak, "n_params": self.n_params,
+            "n_params_non_embedding": self.n_non_embedding, "flops_per_token": self.flops_per_token,
+            "model": self.cfg.to_dict(), "stability_events": [e.to_dict() for e in self.monitor.events],
+            "rollbacks": self.monitor.rollbacks, "mlflow_run_id": self.report.mlflow_run_id,
+            "checkpoint": str(ckpt) if ckpt else None, "resumed_from": p.resumed_from,
+            "checkpoint_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest()
+            if manifest is not None and manifest.is_file() else None,
+            "exports": getattr(self, "exports", {}),
+            "summary_path": str(Path(self.run.output_dir) / "summary.json"),
+        }
+
+
+def progress_line(step: int, max_steps: int, m: dict[str, Any], dt: float) -> str:
+    mfu_text = f" | mfu {m['train/mfu']:.1%}" if m["train/mfu"] is not None else ""
+    grad = m["train/grad_norm"]
+    return (f"step {step}/{max_steps} | loss {m['train/loss']:.4f} | grad {grad:.3f} | lr {m['train/lr']:.2e} | "
+            f"{m['train/tokens_per_s']:,.0f} tok/s{mfu_text} | {dt:.2f} s/step")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Train a Kiln model on token shards with DeepSpeed ZeRO-3.")
+    parser.add_argument("--run-config", required=True, type=Path, help="the run config JSON (RunConfig)")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                        help="set by the deepspeed launcher (torchrun sets LOCAL_RANK instead)")
+    args = parser.parse_args(argv)
+    if args.local_rank is not None:
+        os.environ["LOCAL_RANK"] = str(args.local_rank)
+    run = RunConfig.read(args.run_config)
+    default_environment()
+    dist = init_distributed()
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    if dist.main:
+        Path(run.output_dir).mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        report = Reporter(run, dist, open_pipes(dist, stack))
+        trainer = None
+        try:
+            trainer = Trainer(run, dist, report)
+            val_loss = trainer.fit()
+            summary = trainer.summary("completed", val_loss)
+        except TrainingDiverged as exc:
+            if trainer is None:
+                raise
+            summary = trainer.summary("diverged", error=str(exc))
+        except Exception:
+            if dist.main:  # the launching asset reads why from summary.json
+                error = traceback.format_exc(limit=5)
+                failed = (trainer.summary("failed", error=error) if trainer is not None else
+                          {"format": SUMMARY_FORMAT, "status": "failed", "error": error, "stability_events": []})
+                write_json_atomic(Path(run.output_dir) / "summary.json", failed)
+                if trainer is not None:
+                    report.finish(failed, failed=True)
+            raise
+        if dist.main:
+            write_json_atomic(Path(run.output_dir) / "summary.json", summary)
+            report.finish(summary, failed=summary["status"] != "completed")
+            report.line(f"done: {summary['status']}, {summary['steps']} steps, final loss {summary['final_loss']}, "
+                        f"val loss {summary['val_loss']}; summary {Path(run.output_dir) / 'summary.json'}")
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    return 0 if summary["status"] == "completed" else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
