@@ -45,6 +45,7 @@ bench: install
 	$(BIN)/python bench/curation_bench.py
 	$(BIN)/python bench/dedup_bench.py
 	$(BIN)/python bench/tokenize_bench.py
+	$(BIN)/python bench/train_bench.py
 
 clean:
 	rm -rf $(KILN_HOME)

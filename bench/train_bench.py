@@ -1,8 +1,9 @@
 """Training throughput: tokens/s and MFU (on GPUs), steps/s on CPU, for a model preset, through the real
-entry point (torchrun + DeepSpeed ZeRO-3 + training_jobs.train).
+entry point (torchrun + DeepSpeed ZeRO-3 + training_jobs.train), and the same model in a plain PyTorch loop
+(one process, AdamW, no DeepSpeed) for comparison.
 
     .venv/bin/python bench/train_bench.py                                   # CPU: tiny, 2 ranks
-    .venv/bin/python bench/train_bench.py --preset 125m --seq-len 2048 --micro-batch 8 --steps 50   # GPUs
+    .venv/bin/python bench/train_bench.py --preset 125m,350m --seq-len 2048 --micro-batch 8 --steps 50   # GPUs
 
 Data: random tokens in a synthetic shard set (a 32k vocabulary), so the figures are about compute, not
 learning. Throughput is the steady state reported in summary.json (the first step, which pays for
@@ -63,11 +64,43 @@ def synthetic_shards(folder: Path, tokens: int, seed: int = 0) -> Path:
     return folder
 
 
+def plain_pytorch(settings: TrainingSettings, seq_len: int, micro_batch: int, steps: int) -> dict:
+    """The same model and optimizer in a bare loop on one device: what DeepSpeed's machinery costs."""
+    from training_jobs.flops import device_peak_flops, mfu
+    from training_jobs.model import ModelConfig, Transformer, flops_per_token
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = ModelConfig(**settings.model.architecture(VOCAB, seq_len))
+    model = Transformer(cfg, seed=0).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    bf16 = device == "cuda" and torch.cuda.is_bf16_supported() and settings.precision != "fp32"
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    timings = []
+    for _ in range(steps):
+        batch = torch.randint(3, VOCAB, (micro_batch, seq_len + 1), generator=gen).to(device)
+        t0 = time.perf_counter()
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
+            loss = model(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        timings.append(time.perf_counter() - t0)
+    steady = timings[1:] or timings
+    tokens_per_s = micro_batch * seq_len * len(steady) / sum(steady)
+    _, peak = device_peak_flops(settings.peak_tflops)
+    return {"tokens_per_s": tokens_per_s, "mfu": mfu(flops_per_token(cfg, seq_len), tokens_per_s, peak, 1),
+            "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+            "precision": "bf16" if bf16 else "fp32"}
+
+
 def main() -> None:
     on_gpu = torch.cuda.is_available()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="125m" if on_gpu else "tiny",
-                        choices=["tiny", "small", "125m", "350m", "1b"])
+    parser.add_argument("--preset", default="125m,350m" if on_gpu else "tiny,small",
+                        help="comma-separated presets: tiny, small, 125m, 350m, 1b")
     parser.add_argument("--seq-len", type=int, default=2048 if on_gpu else 256)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--grad-accum", type=int, default=1)
@@ -80,6 +113,12 @@ def main() -> None:
     args = parser.parse_args()
 
     print(f"machine: {machine()}")
+    for preset in args.preset.split(","):
+        args.preset = preset.strip()
+        bench_preset(args, on_gpu)
+
+
+def bench_preset(args, on_gpu: bool) -> None:
     settings = TrainingSettings(
         model={"preset": args.preset, "activation_checkpointing": args.activation_checkpointing},
         seq_len=args.seq_len, micro_batch_size=args.micro_batch, grad_accum=args.grad_accum, max_steps=args.steps,
@@ -122,6 +161,17 @@ def main() -> None:
         print(json.dumps({"preset": args.preset, "steps_per_s": steps_per_s, **{k: s[k] for k in (
             "tokens_per_s", "mfu", "world_size", "device", "precision", "tokens_per_step", "n_params",
             "flops_per_token", "peak_flops_per_device")}}))
+
+
+    plain = plain_pytorch(settings, args.seq_len, args.micro_batch, min(args.steps, 20))
+    plain_mfu = f"{plain['mfu']:.1%}" if plain["mfu"] is not None else "n/a"
+    # On GPUs compare one device with one device; on CPU the plain loop has every core in one process,
+    # the DeepSpeed ranks split them, so compare the machine's totals.
+    ours = s["tokens_per_s"] / s["world_size"] if on_gpu else s["tokens_per_s"]
+    print(f"plain PyTorch (1 x {plain['device']}, {plain['precision']}, no DeepSpeed): {plain['tokens_per_s']:,.0f} "
+          f"tokens/s, MFU {plain_mfu}; DeepSpeed ZeRO-3 / plain = {ours / plain['tokens_per_s']:.2f} "
+          f"({'per device' if on_gpu else 'whole machine'})")
+    print()
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Stages that read every source (exact dedup) start once all sources have passed t
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -90,10 +91,14 @@ def summarize(store: Store, partitions: list[str]) -> None:
           f"{shards.counts['shards']} shards")
     run = store.manifest("training_run").stats
     summary, evaluation = run["summary"], store.manifest("evaluation").stats
+    metrics = (store.dataset_dir("training_run") / "metrics.jsonl").read_text().splitlines()
+    losses = [m["train/loss"] for m in map(json.loads, metrics) if m.get("train/loss") is not None]
+    window = max(1, min(20, len(losses) // 4))  # per-step losses are noisy: mean of the first and last steps
     tokens_per_s = f"{summary['tokens_per_s']:,.0f}" if summary["tokens_per_s"] else "?"
     print(f"training: {summary['n_params']:,} parameters, {summary['steps']} steps on {summary['world_size']} "
-          f"processes, loss {summary['final_loss']:.3f}, {tokens_per_s} tokens/s; validation loss "
-          f"{evaluation['validation']['loss']} (perplexity {evaluation['validation']['perplexity']})")
+          f"processes, {tokens_per_s} tokens/s; train loss {sum(losses[:window]) / window:.2f} → "
+          f"{sum(losses[-window:]) / window:.2f} (mean of first / last {window} steps); validation loss "
+          f"{evaluation['validation']['loss']:.3f} (perplexity {evaluation['validation']['perplexity']:,.0f})")
     print(f"MLflow run {run['mlflow']['run_id']}: `make mlflow` and open http://127.0.0.1:5000")
     print(f"outputs: {store.root}/<asset>/<source>/ (Parquet parts, rejected-*.parquet, _manifest.json)")
     print(f"run plan: {store.dataset_dir('training_plan') / 'plan.txt'} (or `kiln plan --help`)")
