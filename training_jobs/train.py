@@ -14,7 +14,7 @@ Metrics go to MLflow when MLFLOW_TRACKING_URI is set, and the final figures to D
 through Dagster Pipes.
 
 Test-only fault injection: KILN_INJECT_FAULT="spike@12" multiplies the loss of step 12 by 100 (once per
-process; "spike@12x5" by 5), "nan@12" makes it NaN.
+process; "spike@12x5" by 5), "nan@12" makes it NaN, "hang@12" stops in step 12 (to be killed).
 """
 
 from __future__ import annotations
@@ -91,7 +91,13 @@ class Dist:
 
 def init_distributed() -> Dist:
     import deepspeed
+    import deepspeed.ops
 
+    if not torch.cuda.is_available():
+        # DeepSpeed's CPU shared-memory all-reduce serves inference_all_reduce only, never training. Its setup
+        # costs a ~35 s JIT build and was seen spinning forever on /dev/shm flags at start (both ranks asleep in
+        # its polling loop), so training on CPU does without it: gloo does the collectives.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed()  # nccl on GPUs; gloo on CPU without oneCCL
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
@@ -174,21 +180,24 @@ def current_lr(engine) -> float:
 
 
 class FaultInjector:
-    """KILN_INJECT_FAULT="spike@K[xF]" or "nan@K": corrupt the loss of step K once (tests only)."""
+    """KILN_INJECT_FAULT="spike@K[xF]" or "nan@K": corrupt the loss of step K once; "hang@K": stop in step K
+    so a test can kill the processes mid-step (tests only)."""
 
     def __init__(self, spec: str | None):
         self.kind, self.step, self.factor = None, -1, 100.0
         if spec:
             kind, _, rest = spec.partition("@")
             step, _, factor = rest.partition("x")
-            if kind not in ("spike", "nan") or not step.isdigit():
-                raise ValueError(f"KILN_INJECT_FAULT={spec!r}: expected spike@STEP[xFACTOR] or nan@STEP")
+            if kind not in ("spike", "nan", "hang") or not step.isdigit():
+                raise ValueError(f"KILN_INJECT_FAULT={spec!r}: expected spike@STEP[xFACTOR], nan@STEP or hang@STEP")
             self.kind, self.step, self.factor = kind, int(step), float(factor or 100)
 
     def __call__(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         if step != self.step:
             return loss
         self.step = -1  # once: after a rollback the same step number gets other data
+        if self.kind == "hang":
+            time.sleep(3600)
         return loss * float("nan") if self.kind == "nan" else loss * self.factor
 
 
@@ -436,7 +445,8 @@ class Trainer:
             tokens_per_s = self.tokens_per_step / dt
             metrics = {"train/loss": loss, "train/grad_norm": grad_norm, "train/lr": lr,
                        "train/tokens_per_s": tokens_per_s, "train/tokens_seen": p.tokens_seen,
-                       "train/mfu": mfu(self.flops_per_token, tokens_per_s, self.peak, self.dist.world_size)}
+                       "train/mfu": mfu(self.flops_per_token, tokens_per_s, self.peak, self.dist.world_size),
+                       "train/peak_memory_gib": peak_memory_gib()}
             log_now = p.step % t.log_every_steps == 0 or p.step == self.max_steps
             report.step(p.step, metrics, to_mlflow=log_now)
             if log_now:
@@ -578,6 +588,15 @@ class Trainer:
             "exports": getattr(self, "exports", {}),
             "summary_path": str(Path(self.run.output_dir) / "summary.json"),
         }
+
+
+def peak_memory_gib() -> float:
+    """Peak memory of this rank: allocated device memory on a GPU, resident set size on CPU."""
+    if torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated() / 2**30, 3)
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)  # Linux reports KiB
 
 
 def progress_line(step: int, max_steps: int, m: dict[str, Any], dt: float) -> str:

@@ -57,6 +57,12 @@ def launch(run_config: Path, nproc: int = 1, launcher: str = "torchrun", env: di
            timeout: int = 300, cpu: bool = True) -> subprocess.CompletedProcess:
     """Run training_jobs.train in `nproc` processes (on CPU unless cpu=False, even where a GPU is visible);
     the output is kept for assertion messages."""
+    cmd, full_env = launch_command(run_config, nproc, launcher, env, cpu)
+    return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def launch_command(run_config: Path, nproc: int = 1, launcher: str = "torchrun", env: dict[str, str] | None = None,
+                   cpu: bool = True) -> tuple[list[str], dict[str, str]]:
     bin_dir = Path(sys.executable).parent
     if nproc == 1 and launcher == "python":
         cmd = [sys.executable, "-m", "training_jobs.train", "--run-config", str(run_config)]
@@ -73,7 +79,7 @@ def launch(run_config: Path, nproc: int = 1, launcher: str = "torchrun", env: di
         full_env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")
     full_env.update(env or {})
     full_env["PATH"] = f"{bin_dir}{os.pathsep}{full_env.get('PATH', '')}"
-    return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return cmd, full_env
 
 
 def free_port() -> int:

@@ -9,13 +9,17 @@ step 8 (deepspeed launcher, same LR curve through schedule.total_steps=12); copi
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.training_jobs.conftest import launch, read_metrics
+from tests.training_jobs.conftest import REPO, launch, launch_command, read_metrics
 from training_jobs import checkpoint
 from training_jobs.settings import TrainingSettings
 
@@ -151,6 +155,39 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(run_a, run_b, tmp_path,
         for key in ("train/loss", "train/grad_norm", "train/lr"):
             assert got[step][key] == expected[step][key], (step, key)  # bit for bit
     assert summary["val_loss"] == summary_of(run_a)["val_loss"]
+
+
+def logged(output: Path, step: int) -> bool:
+    try:
+        return step in read_metrics(output)
+    except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or a line half written
+        return False
+
+
+def test_a_killed_run_resumes_exactly(run_a, tmp_path, token_dataset):
+    """SIGKILL every process in the middle of step 10 (checkpoint 8 is complete), start again: the run resumes
+    from step 8 and steps 9..12 equal the uninterrupted run's bit for bit."""
+    out = tmp_path / "killed"
+    config = write_run(tmp_path, token_dataset, out)
+    cmd, env = launch_command(config, nproc=2, env={"KILN_INJECT_FAULT": "hang@10"})
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not ((out / "checkpoints" / "step_00000008" / checkpoint.MANIFEST).is_file() and logged(out, 9)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 10"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    assert not (out / "summary.json").exists()  # killed, not finished
+    check(launch(config, nproc=2))
+    summary = summary_of(out)
+    assert summary["resumed_from"].endswith("step_00000008") and summary["steps_this_run"] == 4
+    expected, got = read_metrics(run_a), read_metrics(out)
+    for step in range(9, 13):
+        for key in ("train/loss", "train/grad_norm", "train/lr"):
+            assert got[step][key] == expected[step][key], (step, key)
 
 
 def test_a_corrupt_newest_checkpoint_is_skipped(run_a, run_b, tmp_path, token_dataset):
