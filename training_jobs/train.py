@@ -4,9 +4,9 @@
     deepspeed --num_gpus 2 --module training_jobs.train --run-config run.json
     python -m training_jobs.train --run-config run.json          # one process, no launcher
 
-On CPU set DS_ACCELERATOR=cpu (the default here when no GPU is visible) and a persistent
-TORCH_EXTENSIONS_DIR (default $KILN_HOME/torch_extensions when KILN_HOME is set): DeepSpeed builds its
-shared-memory comm op once (~35 s) and reuses it.
+On CPU set DS_ACCELERATOR=cpu (the default here when no GPU is visible). Training on CPU skips DeepSpeed's
+shared-memory all-reduce op (see init_distributed), so nothing is JIT-built; TORCH_EXTENSIONS_DIR (default
+$KILN_HOME/torch_extensions when KILN_HOME is set) keeps any op that a DeepSpeed config does build.
 
 Writes into the run config's output_dir: checkpoints/ (see checkpoint.py), export/ (see export.py),
 metrics.jsonl (every step, rank 0) and summary.json (at the end, atomically, also when the run fails).
