@@ -1,5 +1,6 @@
 import os
 import shutil
+import socket
 import sys
 from pathlib import Path
 from typing import Literal
@@ -17,24 +18,24 @@ class TrainingLauncher(dg.ConfigurableResource):
     nproc_per_node: int = 2  # GPUs per node; on CPU, processes (gloo)
     hostfile: str | None = None  # MPI-style "worker-0 slots=8" lines: the deepspeed launcher runs over ssh
     num_nodes: int | None = None  # with a hostfile: the first N hosts (default: all)
-    master_port: int = 29500
+    master_port: int | None = None  # None: a free port per launch, so runs on one host never collide
 
     def command(self, run_config: Path) -> list[str]:
         entry = ["training_jobs.train", "--run-config", str(run_config)]
+        port = str(self.master_port or _free_port())
         if self.launcher == "torchrun":
             if self.hostfile:
                 raise ValueError("TrainingLauncher: a hostfile needs launcher='deepspeed' (torchrun is started per "
                                  "node by your scheduler); set launcher: deepspeed or drop hostfile")
             return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(self.nproc_per_node),
-                    "--master_port", str(self.master_port), "-m", *entry]
+                    "--master_port", port, "-m", *entry]
         binary = shutil.which("deepspeed", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
         if binary is None:
             raise FileNotFoundError("TrainingLauncher: the `deepspeed` launcher is not installed next to this Python; "
                                     "install deepspeed or set launcher: torchrun")
         nodes = ["--hostfile", self.hostfile] + (["--num_nodes", str(self.num_nodes)] if self.num_nodes else []) \
             if self.hostfile else []
-        return [binary, *nodes, "--num_gpus", str(self.nproc_per_node), "--master_port", str(self.master_port),
-                "--module", *entry]
+        return [binary, *nodes, "--num_gpus", str(self.nproc_per_node), "--master_port", port, "--module", *entry]
 
     def env(self) -> dict[str, str]:
         """What every training process needs: CPU accelerator when there is no GPU, the JIT-op cache."""
@@ -45,6 +46,12 @@ class TrainingLauncher(dg.ConfigurableResource):
         if "DS_ACCELERATOR" in os.environ:
             env["DS_ACCELERATOR"] = os.environ["DS_ACCELERATOR"]
         return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class MlflowTracking(dg.ConfigurableResource):

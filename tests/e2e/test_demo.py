@@ -18,6 +18,7 @@ def bounded_env(tmp_path):
     for source in config["sources"]:
         source["max_documents"] = 40
     config["reading"]["rows_per_part"] = 20
+    config["training"].update(max_steps=30, checkpoint={"every_steps": 10, "keep_last": 2})  # the path, not quality
     path = tmp_path / "kiln.yaml"
     path.write_text(yaml.safe_dump(config))
     home = tmp_path / "kiln"
@@ -42,7 +43,10 @@ def test_demo_materializes_every_source_and_records_runs(bounded_env):
         assert final["counts"]["input"] == manifest["counts"]["documents"] and final["counts"]["documents"] > 0
     index = json.loads((Path(bounded_env["KILN_HOME"]) / "dedup_index" / "kiln" / "index.json").read_text())
     assert sum(seg["documents"] for seg in index["segments"]) > 0
-    assert "near-dup index:" in proc.stdout
+    assert "near-dup index:" in proc.stdout and "training: " in proc.stdout and "MLflow run" in proc.stdout
+    summary = json.loads((data / "training_run" / "_all" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 30
+    assert json.loads((data / "evaluation" / "_all" / "evaluation.json").read_text())["validation"]["tokens"] > 0
     # the runs are in the instance, so `make ui` shows them
     runs = list((Path(bounded_env["DAGSTER_HOME"]) / "storage").iterdir())
     assert len(runs) >= 8

@@ -157,6 +157,27 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(run_a, run_b, tmp_path,
     assert summary["val_loss"] == summary_of(run_a)["val_loss"]
 
 
+def processes_of(run_config: Path) -> list[int]:
+    """Every process whose command line names this run config: the launcher and all ranks."""
+    found = []
+    for proc_dir in Path("/proc").iterdir():
+        try:
+            if proc_dir.name.isdigit() and str(run_config).encode() in (proc_dir / "cmdline").read_bytes():
+                found.append(int(proc_dir.name))
+        except OSError:  # exited meanwhile
+            continue
+    return found
+
+
+def kill_every_process_of(run_config: Path) -> None:
+    """SIGKILL the launcher and every rank (torchrun starts ranks in their own sessions): a node dying."""
+    for pid in processes_of(run_config):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def logged(output: Path, step: int) -> bool:
     try:
         return step in read_metrics(output)
@@ -178,9 +199,11 @@ def test_a_killed_run_resumes_exactly(run_a, tmp_path, token_dataset):
             assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 10"
             time.sleep(0.2)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_every_process_of(config)
         proc.wait(30)
     assert not (out / "summary.json").exists()  # killed, not finished
+    time.sleep(1)
+    assert not processes_of(config), "a rank survived the kill"
     check(launch(config, nproc=2))
     summary = summary_of(out)
     assert summary["resumed_from"].endswith("step_00000008") and summary["steps_this_run"] == 4
