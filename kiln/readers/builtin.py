@@ -78,15 +78,15 @@ def _module_docstrings(path: Path, locator: str) -> Iterator[dict]:
 def _distributions() -> list[importlib.metadata.Distribution]:
     seen, out = set(), []
     for dist in importlib.metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower()
+        name = (dist.metadata.get("Name") or "").lower()
         if name and name not in seen:
             seen.add(name)
             out.append(dist)
-    return sorted(out, key=lambda d: d.metadata["Name"].lower())
+    return sorted(out, key=lambda d: d.metadata.get("Name").lower())
 
 
 def _homepage(dist) -> str | None:
-    if url := dist.metadata["Home-page"]:
+    if url := dist.metadata.get("Home-page"):
         return url
     for entry in dist.metadata.get_all("Project-URL") or []:
         return entry.split(",", 1)[-1].strip()
@@ -94,20 +94,20 @@ def _homepage(dist) -> str | None:
 
 
 def _dist_license(dist) -> str | None:
-    if expression := dist.metadata["License-Expression"]:
+    if expression := dist.metadata.get("License-Expression"):
         return expression
-    lines = (dist.metadata["License"] or "").strip().splitlines()
+    lines = (dist.metadata.get("License") or "").strip().splitlines()
     return lines[0][:100] if lines else None  # some packages paste the whole license text here
 
 
 def _package_readmes() -> Iterator[dict]:
     items = [(f"readme/{d.metadata['Name']}", d) for d in _distributions()]
     for locator, dist in _stable_order(items):
-        text = dist.metadata.get_payload() or dist.metadata["Description"] or ""
+        text = dist.metadata.get_payload() or dist.metadata.get("Description") or ""
         if text.strip():
-            yield {"id": locator, "text": text, "url": _homepage(dist), "package": dist.metadata["Name"],
+            yield {"id": locator, "text": text, "url": _homepage(dist), "package": dist.metadata.get("Name"),
                    "version": dist.version, "package_license": _dist_license(dist),
-                   "content_type": dist.metadata["Description-Content-Type"]}
+                   "content_type": dist.metadata.get("Description-Content-Type")}
 
 
 def _package_licenses() -> Iterator[dict]:
@@ -116,12 +116,12 @@ def _package_licenses() -> Iterator[dict]:
         for f in dist.files or []:
             name = Path(str(f)).name.lower()
             if name.startswith(LICENSE_NAMES) and not name.endswith((".py", ".pyc", ".json")):
-                items.append((f"license/{dist.metadata['Name']}/{f}", dist, f))
+                items.append((f"license/{dist.metadata.get('Name')}/{f}", dist, f))
     for locator, dist, f in _stable_order(items):
         path = Path(dist.locate_file(f))
         if path.is_file():
             yield {"id": locator, "path_bytes": path.read_bytes(), "url": _homepage(dist),
-                   "package": dist.metadata["Name"], "package_license": _dist_license(dist)}
+                   "package": dist.metadata.get("Name"), "package_license": _dist_license(dist)}
 
 
 def _stdlib_code() -> Iterator[dict]:

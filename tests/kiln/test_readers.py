@@ -115,3 +115,17 @@ def test_builtin_corpora_are_real_and_bounded(corpus):
     assert len(docs) == 25
     assert len({d.doc_id for d in docs}) == 25
     assert sum(len(d.text) for d in docs) > 25 * 200  # real text, not placeholders
+
+
+@pytest.mark.parametrize("corpus", ["package_readmes", "package_licenses"])
+def test_package_corpora_read_after_deepspeed_is_imported(corpus):
+    """Importing deepspeed adds importlib_metadata's distributions, whose metadata raises KeyError for a
+    missing field (e.g. Home-page) where the standard library's returns None: every package must still read."""
+    import importlib.metadata
+
+    import deepspeed  # noqa: F401
+
+    assert any(type(d.metadata).__module__.startswith("importlib_metadata") for d in importlib.metadata.distributions())
+    src = Source(name=corpus, kind="builtin", corpus=corpus, license="x", domain="reference", profile="p")
+    docs, _ = split(list(read_source(src, Reading())))
+    assert len(docs) > 50
