@@ -31,14 +31,11 @@ def run_key(shards_version: str, tokenizer_version: str, settings_json: str) -> 
 
 def _mlflow_run(tracking: MlflowTracking, run_dir: Path, name: str, tags: dict[str, str]) -> tuple[str, str]:
     """The MLflow run of this run folder: the interrupted attempt's, or a new one tagged with lineage."""
-    import mlflow
-
     experiment_id = tracking.prepare()
     id_file = run_dir / "mlflow_run_id"
     if id_file.is_file():
         return experiment_id, id_file.read_text().strip()
-    client = mlflow.MlflowClient(tracking.tracking_uri)
-    run = client.create_run(experiment_id, run_name=name, tags=tags)
+    run = tracking.client().create_run(experiment_id, run_name=name, tags=tags)
     run_dir.mkdir(parents=True, exist_ok=True)
     id_file.write_text(run.info.run_id)
     return experiment_id, run.info.run_id
@@ -137,7 +134,6 @@ def loss_plot_markdown(metrics: list[dict]) -> str:
 def checkpoint(context: dg.AssetExecutionContext, storage: KilnStorage,
                mlflow_tracking: MlflowTracking) -> dg.MaterializeResult:
     """The trained model: consolidated fp32 safetensors, a Hugging Face Llama export with the tokenizer, hashed."""
-    import mlflow
     import torch
 
     from training_jobs.export import load_model
@@ -163,7 +159,7 @@ def checkpoint(context: dg.AssetExecutionContext, storage: KilnStorage,
                    "checkpoint_manifest_sha256": summary["checkpoint_sha256"], "mlflow": run.stats["mlflow"]})
     base = store.dataset_dir(CHECKPOINT)
     mlflow_run = run.stats["mlflow"]["run_id"]
-    client = mlflow.MlflowClient(mlflow_tracking.tracking_uri)
+    client = mlflow_tracking.client()
     for fmt in summary["exports"]:
         client.log_artifacts(mlflow_run, str(base / fmt), artifact_path=f"checkpoint/{fmt}")
     return dg.MaterializeResult(

@@ -61,16 +61,21 @@ class MlflowTracking(dg.ConfigurableResource):
     artifact_location: str = str(kiln_home() / "mlartifacts")  # for experiments Kiln creates (SQLite store)
     experiment: str = "kiln"
 
-    def prepare(self) -> str:
-        """The experiment id, created on first use (with artifacts under KILN_HOME for a local store)."""
+    def client(self):
+        """A client bound to this store. Not `mlflow.set_tracking_uri`: that sets MLFLOW_TRACKING_URI for the
+        whole process, and every process it starts later would log to this store."""
         import mlflow
 
-        mlflow.set_tracking_uri(self.tracking_uri)
-        found = mlflow.get_experiment_by_name(self.experiment)
+        return mlflow.MlflowClient(self.tracking_uri)
+
+    def prepare(self) -> str:
+        """The experiment id, created on first use (with artifacts under KILN_HOME for a local store)."""
+        client = self.client()
+        found = client.get_experiment_by_name(self.experiment)
         if found is not None:
             return found.experiment_id
         location = Path(self.artifact_location).resolve().as_uri() if not self.tracking_uri.startswith("http") else None
-        return mlflow.create_experiment(self.experiment, artifact_location=location)
+        return client.create_experiment(self.experiment, artifact_location=location)
 
     def env(self) -> dict[str, str]:
         return {"MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_EXPERIMENT_NAME": self.experiment}

@@ -1,6 +1,7 @@
 """Training through Dagster: the deepspeed launcher via Pipes, a real `mlflow server`, checkpoint, evaluation."""
 
 import json
+import os
 import socket
 import string
 import subprocess
@@ -46,6 +47,7 @@ def mlflow_server(tmp_path_factory):
 
 @pytest.mark.slow
 def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypatch, mlflow_server):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     rng = np.random.default_rng(0)
     vocab = ["".join(rng.choice(list(string.ascii_lowercase), 5)) for _ in range(300)]
     # A learnable corpus: documents are runs of a few repeated phrases.
@@ -102,6 +104,9 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     evaluation = json.loads((kiln_home / "data" / "evaluation" / "_all" / "evaluation.json").read_text())
     assert evaluation["validation"]["tokens"] > 0 and evaluation["per_source"]["web"]["loss"] is not None
     assert evaluation["probes"]["shuffled_control"]["loss"] is not None and len(evaluation["samples"]) == 3
+
+    # The assets never set a process-wide tracking URI: later processes must not inherit this server.
+    assert "MLFLOW_TRACKING_URI" not in os.environ
 
     # Materializing again with the same data and settings finds the finished run and does not retrain.
     again = project.materialize(["training_run"])

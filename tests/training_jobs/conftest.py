@@ -75,6 +75,7 @@ def launch_command(run_config: Path, nproc: int = 1, launcher: str = "torchrun",
     else:
         raise ValueError(launcher)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    full_env.pop("MLFLOW_TRACKING_URI", None)  # a test that wants MLflow passes it in `env`
     if cpu:
         full_env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")
     full_env.update(env or {})
