@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
@@ -203,20 +204,20 @@ def apply_exact_dedup(input_parts: list[Path], duplicates: dict[str, str], write
     for path in input_parts:
         table = pq.read_table(path)
         is_dup = pa.array([d in duplicates for d in table.column("doc_id").to_pylist()], type=pa.bool_())
-        kept, dropped = table.filter(pa.compute.invert(is_dup)), table.filter(is_dup)
-        n_chars = pa.compute.utf8_length(table.column("text")).to_pylist()
+        kept, dropped = table.filter(pc.invert(is_dup)), table.filter(is_dup)
+        n_chars = pc.utf8_length(table.column("text")).to_pylist()
         stats.docs_in += table.num_rows
         stats.chars_in += sum(n_chars)
         step.docs_in += table.num_rows
         step.chars_in += sum(n_chars)
         writer.write("documents", kept)
-        kept_lengths = pa.compute.utf8_length(kept.column("text")).to_pylist()
+        kept_lengths = pc.utf8_length(kept.column("text")).to_pylist()
         stats.docs_out += kept.num_rows
         stats.chars_out += sum(kept_lengths)
         stats.lengths_out.extend(kept_lengths)
         if dropped.num_rows:
             ids = dropped.column("doc_id").to_pylist()
-            lengths = pa.compute.utf8_length(dropped.column("text")).to_pylist()
+            lengths = pc.utf8_length(dropped.column("text")).to_pylist()
             step.dropped[reason] += len(ids)
             step.chars_dropped[reason] += sum(lengths)
             stats.lengths_dropped.extend(lengths)

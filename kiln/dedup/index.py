@@ -176,25 +176,31 @@ class LocalIndex(DedupIndex):
     def records(self, doc_ids: list[str]) -> dict[str, IndexedDoc]:
         out = {}
         for d in doc_ids:
-            if d in self._pending_where:
-                batch, row = self._pending_where[d]
-                out[d] = self._pending[batch][0][row]
-            elif d in self._where:
-                seg, row = self._where[d]
-                out[d] = IndexedDoc(**{k: v[0] for k, v in self._records[seg].slice(row, 1).to_pydict().items()})
+            if (where := self._position(d)) is not None:
+                pending, i, row = where
+                out[d] = (self._pending[i][0][row] if pending else
+                          IndexedDoc(**{k: v[0] for k, v in self._records[i].slice(row, 1).to_pydict().items()}))
         return out
 
     def shingles(self, doc_ids: list[str]) -> dict[str, np.ndarray]:
         out = {}
         for d in doc_ids:
-            if d in self._pending_where:
-                batch, row = self._pending_where[d]
-                out[d] = self._pending[batch][2][row]
-            elif d in self._where:
-                seg, row = self._where[d]
-                values, offsets = self._shingles[seg]
-                out[d] = np.asarray(values[offsets[row]:offsets[row + 1]])
+            if (where := self._position(d)) is not None:
+                pending, i, row = where
+                if pending:
+                    out[d] = self._pending[i][2][row]
+                else:
+                    values, offsets = self._shingles[i]
+                    out[d] = np.asarray(values[offsets[row]:offsets[row + 1]])
         return out
+
+    def _position(self, doc_id: str) -> tuple[bool, int, int] | None:
+        """(uncommitted?, batch or segment number, row) of an indexed document, or None."""
+        if doc_id in self._pending_where:
+            return (True, *self._pending_where[doc_id])
+        if doc_id in self._where:
+            return (False, *self._where[doc_id])
+        return None
 
     def _store(self, docs, signatures, shingles) -> None:
         batch = len(self._pending)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from datasketch import MinHashLSH
 from tqdm import tqdm
 
@@ -123,7 +124,7 @@ class DedupResult:
 
     def removed(self) -> dict[str, dict[str, Any]]:
         """doc_id -> decision row, for the removed documents."""
-        rows = self.decisions.filter(pa.compute.equal(self.decisions.column("status"), NEAR_DUPLICATE)).to_pylist()
+        rows = self.decisions.filter(pc.equal(self.decisions.column("status"), NEAR_DUPLICATE)).to_pylist()
         return {r["doc_id"]: r for r in rows}
 
 
