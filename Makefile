@@ -19,7 +19,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0 -e ".[test]"
+	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0 -e ".[test,production]"
 	@touch $@
 
 $(DAGSTER_HOME)/dagster.yaml:
@@ -44,6 +44,8 @@ mlflow: install
 bench: install
 	$(BIN)/python bench/curation_bench.py
 	$(BIN)/python bench/dedup_bench.py
+	$(BIN)/python bench/quality_bench.py
+	$(BIN)/python bench/storage_s3_bench.py
 	$(BIN)/python bench/tokenize_bench.py
 	$(BIN)/python bench/train_bench.py
 

@@ -1,8 +1,8 @@
-"""The tokenizer and the training-ready token shards, from every source's deduplicated documents."""
+"""The tokenizer and the training-ready token shards, from every source's quality-filtered documents."""
 
 import dagster as dg
 
-from assets.dedup import DEDUPLICATED
+from assets.quality import QUALITY_FILTERED
 from kiln.manifest import code_version
 from kiln.mixture import SourceParts
 from kiln.shards import ShardError, open_shard, read_shard_set
@@ -11,16 +11,16 @@ from kiln.tokenizer import Tokenizer, draw_training_sample, tokenizer_report, tr
 from resources import KilnConfig, KilnStorage
 
 TOKENIZER, SHARDS = "tokenizer", "token_shards"
-ALL_SOURCES = dg.AssetDep(DEDUPLICATED, partition_mapping=dg.AllPartitionMapping())
+ALL_SOURCES = dg.AssetDep(QUALITY_FILTERED, partition_mapping=dg.AllPartitionMapping())
 
 
 def _sources(config, store) -> tuple[list[SourceParts], dict[str, str]]:
-    """Every source's deduplicated parts (config order) and their data versions, for the manifest."""
+    """Every source's quality-filtered parts (config order) and their data versions, for the manifest."""
     parts, inputs = [], {}
     for s in config.sources:
-        manifest = store.manifest(DEDUPLICATED, s.name)
-        inputs[f"{DEDUPLICATED}/{s.name}"] = manifest.data_version
-        parts.append(SourceParts(s.name, s.domain, store.files(DEDUPLICATED, s.name, "documents")))
+        manifest = store.manifest(QUALITY_FILTERED, s.name)
+        inputs[f"{QUALITY_FILTERED}/{s.name}"] = manifest.data_version
+        parts.append(SourceParts(s.name, s.domain, store.files(QUALITY_FILTERED, s.name, "documents")))
     return parts, inputs
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.dedup import DEDUPLICATED
+from assets.quality import QUALITY_FILTERED
 from assets.tokens import ALL_SOURCES, SHARDS, TOKENIZER
 from kiln.config import kiln_home
 from kiln.manifest import code_version, git_commit
@@ -198,7 +198,7 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
     result["per_source"] = {}
     for s in config.sources:
         docs, n = [], 0
-        for doc in read_documents(store.files(DEDUPLICATED, s.name, "documents")):
+        for doc in read_documents(store.files(QUALITY_FILTERED, s.name, "documents")):
             if is_validation(doc.doc_id, config.shards.val_fraction):
                 docs.append(tok.encode(doc.text))
                 n += len(docs[-1]) + 1

@@ -267,6 +267,96 @@ class EvaluationSettings(_Strict):
     sample_tokens: int = Field(48, ge=0)  # continuation length for each probe prompt (greedy)
 
 
+class QualityClassifier(_Strict):
+    """A fastText "reference vs web" classifier (GPT-3, DCLM): documents of reference sources are the
+    positives, documents of web sources the negatives; every document then gets P(reference)."""
+
+    enabled: bool | Literal["auto"] = "auto"  # auto: on when there are positive and negative sources
+    positive_sources: list[str] | None = None  # None: every source with domain 'reference'
+    negative_sources: list[str] | None = None  # None: every source with domain 'web'
+    max_documents_per_class: int = Field(20_000, gt=0)  # classes are balanced to the smaller one, up to this
+    folds: int = Field(5, ge=2, le=20)  # cross-fitting: out-of-fold scores for the sample's own documents
+    max_words: int = Field(1000, gt=0)  # a document's first words (fastText tokens) the classifier sees
+    epochs: int = Field(20, gt=0)
+    lr: float = Field(0.5, gt=0)
+    word_ngrams: int = Field(2, ge=1, le=5)
+    dim: int = Field(64, gt=0)
+    min_count: int = Field(1, ge=1)
+    threads: int = Field(1, ge=1)  # 1 trains bit-reproducibly; more threads train faster (Hogwild), not reproducibly
+    seed: int = 0
+
+
+class QualityPerplexity(_Strict):
+    """CCNet-style perplexity of every document under a reference language model (a Kiln checkpoint)."""
+
+    model: str | None = None  # a checkpoint folder as the checkpoint asset writes it; None: no perplexity
+    max_tokens: int = Field(512, ge=2)  # a document's first tokens are scored (capped by the model's context)
+    batch_size: int = Field(16, gt=0)
+    device: str = "auto"  # auto: cuda when available, else cpu
+
+
+class QualityRule(_Strict):
+    """How one source is filtered on its stored scores; the rules present all apply (a document must pass each)."""
+
+    min_score: float | None = Field(None, ge=0, le=1)  # drop below this classifier score
+    keep_top_fraction: float | None = Field(None, gt=0, le=1)  # keep this share with the highest classifier scores
+    max_perplexity: float | None = Field(None, gt=0)  # drop above this perplexity
+    perplexity_buckets: list[Literal["head", "middle", "tail"]] | None = None  # CCNet buckets to keep
+    bucket_quantiles: tuple[float, float] = (0.3, 0.6)  # per-source perplexity quantiles between head|middle|tail
+
+    @model_validator(mode="after")
+    def _valid(self):
+        low, high = self.bucket_quantiles
+        if not 0 < low < high < 1:
+            raise ValueError(f"bucket_quantiles must be two increasing numbers in (0, 1), got {self.bucket_quantiles}")
+        if self.perplexity_buckets is not None and not self.perplexity_buckets:
+            raise ValueError("perplexity_buckets is empty: it would drop every document; list the buckets to keep")
+        return self
+
+    @property
+    def uses_perplexity(self) -> bool:
+        return self.max_perplexity is not None or self.perplexity_buckets is not None
+
+    @property
+    def uses_score(self) -> bool:
+        return self.min_score is not None or self.keep_top_fraction is not None
+
+
+class StorageSettings(_Strict):
+    """Where artifacts live: `local` (files under KILN_HOME/data), or `s3`: every dataset, tokenizer, shard set,
+    checkpoint export and the local dedup index durably in a bucket, with KILN_HOME as a cache kept in sync.
+    Endpoint, region and credentials come from the S3 resource (dagster-aws `S3Resource`: its fields, or the
+    standard AWS_* environment variables)."""
+
+    backend: Literal["local", "s3"] = "local"
+    bucket: str | None = None
+    prefix: str = Field("kiln", pattern=r"^[A-Za-z0-9._/-]*$")  # key prefix inside the bucket ("" for the root)
+    create_bucket: bool = False  # create a missing bucket instead of failing with an error naming it
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket_name(cls, value):
+        import re
+
+        if value is not None and not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", value):
+            raise ValueError(f"{value!r} is not a valid S3 bucket name: 3 to 63 lowercase letters, digits, dots or "
+                             f"hyphens, starting and ending with a letter or digit")
+        return value
+
+    @model_validator(mode="after")
+    def _bucket_for_s3(self):
+        if self.backend == "s3" and not self.bucket:
+            raise ValueError("storage.backend is 's3' but storage.bucket is not set; name the bucket "
+                             "(storage.bucket: my-bucket) or use storage.backend: local")
+        return self
+
+
+class Quality(_Strict):
+    classifier: QualityClassifier = QualityClassifier()
+    perplexity: QualityPerplexity = QualityPerplexity()
+    rules: dict[str, QualityRule] = Field(default_factory=dict)  # source -> rule; unlisted sources keep everything
+
+
 class ProjectConfig(_Strict):
     sources: list[Source] = Field(min_length=1)
     profiles: dict[str, list[StepSpec]]
@@ -280,6 +370,8 @@ class ProjectConfig(_Strict):
     tokenizer: TokenizerSettings = TokenizerSettings()
     mixture: Mixture = Mixture()
     shards: ShardSettings = ShardSettings()
+    quality: Quality = Quality()
+    storage: StorageSettings = StorageSettings()  # local files, or S3 with KILN_HOME as the cache
 
     @field_validator("profiles", mode="before")
     @classmethod
@@ -339,6 +431,49 @@ class ProjectConfig(_Strict):
         if unknown_fim:
             raise ValueError(f"shards.fim.sources names unknown source {unknown_fim[0]!r}; sources: {names}")
         return self
+
+    @model_validator(mode="after")
+    def _quality_names_sources(self):
+        names = [s.name for s in self.sources]
+        q = self.quality
+        for key, listed in [("quality.rules", list(q.rules)), ("quality.classifier.positive_sources",
+                             q.classifier.positive_sources or []), ("quality.classifier.negative_sources",
+                                                                     q.classifier.negative_sources or [])]:
+            unknown = sorted(set(listed) - set(names))
+            if unknown:
+                raise ValueError(f"{key} names unknown source {unknown[0]!r}; sources: {names}")
+        positives, negatives = self.quality_classes()
+        if q.classifier.enabled is True and not (positives and negatives):
+            raise ValueError("quality.classifier needs positive and negative sources: set "
+                             "quality.classifier.positive_sources / negative_sources (defaults: domain 'reference' "
+                             "/ 'web'), or set quality.classifier.enabled: false")
+        if set(positives) & set(negatives):
+            raise ValueError(f"quality.classifier: {sorted(set(positives) & set(negatives))} is both positive and "
+                             "negative; a source belongs to one class")
+        for name, rule in q.rules.items():
+            if rule.uses_score and not self.quality_classifier_enabled:
+                raise ValueError(f"quality.rules.{name} filters on the classifier score, but the classifier is off "
+                                 f"(quality.classifier.enabled: {q.classifier.enabled}; positive sources {positives}, "
+                                 f"negative sources {negatives}); enable it or drop min_score / keep_top_fraction")
+            if rule.uses_perplexity and not q.perplexity.model:
+                raise ValueError(f"quality.rules.{name} filters on perplexity, but quality.perplexity.model is not "
+                                 "set; point it at a Kiln checkpoint folder or drop the perplexity rule")
+        return self
+
+    @property
+    def quality_classifier_enabled(self) -> bool:
+        positives, negatives = self.quality_classes()
+        enabled = self.quality.classifier.enabled
+        return enabled is True or (enabled == "auto" and bool(positives) and bool(negatives))
+
+    def quality_classes(self) -> tuple[list[str], list[str]]:
+        """The classifier's positive (reference) and negative (web) sources."""
+        c = self.quality.classifier
+        positives = c.positive_sources if c.positive_sources is not None else [
+            s.name for s in self.sources if s.domain == "reference"]
+        negatives = c.negative_sources if c.negative_sources is not None else [
+            s.name for s in self.sources if s.domain == "web"]
+        return positives, negatives
 
     def source(self, name: str) -> Source:
         for s in self.sources:
@@ -406,4 +541,6 @@ def _fields_at(loc: tuple) -> list[str]:
 
 
 __all__ = ["ConfigError", "ProjectConfig", "Source", "StepSpec", "kiln_home", "load_config",
-           "parse_config", "step_parameters", "Fim", "Mixture", "Phase", "ShardSettings", "TokenizerSettings"]
+           "parse_config", "step_parameters", "Quality",
+           "QualityClassifier", "QualityPerplexity", "QualityRule", "Fim", "Mixture", "Phase", "ShardSettings", "StorageSettings",
+           "TokenizerSettings"]

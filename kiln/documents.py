@@ -35,6 +35,13 @@ REJECTED_SCHEMA = pa.schema([
     pa.field("jaccard", pa.float64()),
 ])
 
+# Quality-scored documents: the classifier's P(reference) and the reference LM's perplexity, kept next to the
+# text (null where not computed) so thresholds can change later without scoring again. Quality rejects
+# carry them too.
+QUALITY_FIELDS = [pa.field("quality_score", pa.float64()), pa.field("perplexity", pa.float64())]
+SCORED_SCHEMA = pa.schema([*DOCUMENT_SCHEMA, *QUALITY_FIELDS])
+QUALITY_REJECTED_SCHEMA = pa.schema([*REJECTED_SCHEMA, *QUALITY_FIELDS])
+
 # Records that could not even be read as documents.
 QUARANTINE_SCHEMA = pa.schema(
     [

@@ -22,8 +22,10 @@ RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 # Waves of assets: every asset in a wave needs only earlier waves (all partitions of them). A wave of
 # unpartitioned assets (the dedup index spans every source) runs once.
 WAVES = [["raw_documents", "filtered_documents"], ["curated_documents", "minhash_signatures"], ["dedup_index"],
-         ["deduplicated_documents"], ["tokenizer", "token_shards"], ["training_run", "checkpoint", "evaluation"]]
-UNPARTITIONED = {"dedup_index", "tokenizer", "token_shards", "training_run", "checkpoint", "evaluation"}
+         ["deduplicated_documents"], ["quality_classifier"], ["quality_scores", "quality_filtered_documents"],
+         ["tokenizer", "token_shards"], ["training_run", "checkpoint", "evaluation"], ["data_card"]]
+UNPARTITIONED = {"dedup_index", "quality_classifier", "tokenizer", "token_shards", "training_run", "checkpoint",
+                 "evaluation", "data_card"}
 
 
 def kiln_job() -> dg.JobDefinition:
@@ -67,21 +69,27 @@ def main() -> int:
 
 
 def summarize(store: Store, partitions: list[str]) -> None:
-    print(f"\n{'source':<18}{'raw':>7}{'quarant.':>9}{'filtered':>9}{'exact':>7}{'near':>6}{'bench':>6}{'final':>7}"
-          f"{'kept':>6}   biggest removal")
-    stages = ("raw_documents", "filtered_documents", "curated_documents", "deduplicated_documents")
+    print(f"\n{'source':<18}{'raw':>7}{'quarant.':>9}{'filtered':>9}{'exact':>7}{'near':>6}{'bench':>6}"
+          f"{'quality':>8}{'final':>7}{'kept':>6}   biggest removal")
+    stages = ("raw_documents", "filtered_documents", "curated_documents", "deduplicated_documents",
+              "quality_filtered_documents")
     for p in partitions:
-        raw, filt, cur, dedup = (StageStats.from_dict(store.manifest(a, p).stats) for a in stages)
-        rows = funnel_rows(chain([raw, filt, cur, dedup]))
+        raw, filt, cur, dedup, quality = (StageStats.from_dict(store.manifest(a, p).stats) for a in stages)
+        rows = funnel_rows(chain([raw, filt, cur, dedup, quality]))
         top = max(rows, key=lambda r: r["docs"]) if rows else None
         top_text = f"{top['reason']} ({top['share_of_docs']:.0%})" if top else "-"
         near = sum(dedup.steps["near_dedup"].dropped.values()) if "near_dedup" in dedup.steps else 0
         bench = sum(dedup.steps["decontamination"].dropped.values()) if "decontamination" in dedup.steps else 0
         print(f"{p:<18}{raw.docs_in:>7,}{raw.docs_in - raw.docs_out:>9,}{filt.docs_in - filt.docs_out:>9,}"
-              f"{cur.docs_in - cur.docs_out:>7,}{near:>6,}{bench:>6,}{dedup.docs_out:>7,}"
-              f"{dedup.docs_out / max(raw.docs_in, 1):>6.0%}   {top_text}")
+              f"{cur.docs_in - cur.docs_out:>7,}{near:>6,}{bench:>6,}{quality.docs_in - quality.docs_out:>8,}"
+              f"{quality.docs_out:>7,}{quality.docs_out / max(raw.docs_in, 1):>6.0%}   {top_text}")
+    card = store.manifest("quality_classifier").stats["card"]
+    if card:
+        cv = card["cross_validation"]
+        print(f"\nquality classifier (fastText, {cv['folds']}-fold cross-validated): ROC AUC {cv['auc']}, precision "
+              f"{cv['precision']}, recall {cv['recall']} on {cv['positives']} + {cv['negatives']} documents")
     index = store.manifest("dedup_index")
-    print(f"\nnear-dup index: {index.stats['index']['documents']:,} accepted documents; LSH "
+    print(f"near-dup index: {index.stats['index']['documents']:,} accepted documents; LSH "
           f"{index.stats['lsh']['bands']} bands x {index.stats['lsh']['rows']} rows, "
           f"{index.stats['verification']['candidate_pairs']:,} candidate pairs verified")
     shards = store.manifest("token_shards")
@@ -102,6 +110,7 @@ def summarize(store: Store, partitions: list[str]) -> None:
     print(f"MLflow run {run['mlflow']['run_id']}: `make mlflow` and open http://127.0.0.1:5000")
     print(f"outputs: {store.root}/<asset>/<source>/ (Parquet parts, rejected-*.parquet, _manifest.json)")
     print(f"run plan: {store.dataset_dir('training_plan') / 'plan.txt'} (or `kiln plan --help`)")
+    print(f"data card: {store.dataset_dir('data_card') / 'data_card.md'} (and `kiln audit --help`)")
 
 
 if __name__ == "__main__":

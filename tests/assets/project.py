@@ -30,17 +30,22 @@ def load_project(config: dict, tmp_path: Path, kiln_home: Path, monkeypatch) -> 
     monkeypatch.setenv("KILN_CONFIG", str(path))
     import assets.curation
     import assets.dedup
+    import assets.governance
+    import assets.quality
     import assets.tokens
     import assets.training
     import orchestration.definitions
 
     importlib.reload(assets.curation)
     importlib.reload(assets.dedup)
+    importlib.reload(assets.quality)
     importlib.reload(assets.tokens)
     importlib.reload(assets.training)
+    importlib.reload(assets.governance)
     definitions = importlib.reload(orchestration.definitions)
-    resources = {"kiln_config": definitions.KilnConfig(path=str(path)),
-                 "storage": definitions.KilnStorage(root=str(kiln_home / "data")),
+    kiln_config = definitions.KilnConfig(path=str(path))
+    resources = {"kiln_config": kiln_config,
+                 "storage": definitions.KilnStorage(root=str(kiln_home / "data"), kiln_config=kiln_config),
                  "dedup_index_store": definitions.DedupIndexStore(root=str(kiln_home / "dedup_index")),
                  "training_launcher": definitions.TrainingLauncher(),
                  "mlflow_tracking": definitions.MlflowTracking(tracking_uri=f"sqlite:///{kiln_home / 'mlflow.db'}",

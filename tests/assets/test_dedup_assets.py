@@ -7,22 +7,10 @@ import numpy as np
 import pytest
 
 from tests.assets.project import load_project
+from tests.audit_store import BENCHMARK_ITEM, edit, random_text
 from tests.conftest import write_jsonl
 
 CURATION = ["raw_documents", "filtered_documents"]
-BENCHMARK_ITEM = ("which ancient guild of lantern makers first standardized the copper wick gauge used across "
-                  "the northern harbour towns")
-
-
-def random_text(rng, vocab, n=120):
-    return " ".join(rng.choice(vocab, n))
-
-
-def edit(text, rng, vocab, k=2):
-    words = text.split()
-    for p in rng.choice(len(words), k, replace=False):
-        words[p] = str(rng.choice(vocab))
-    return " ".join(words)
 
 
 @pytest.fixture
@@ -105,7 +93,10 @@ def test_cross_source_near_dups_and_decontamination_then_a_refresh(project):
     web_meta = results["web"].asset_materializations_for_node("deduplicated_documents")[0].metadata
     assert "near_duplicate" in web_meta["full_funnel"].value and "q1" in web_meta["contaminated_items"].value
 
-    # The tokenizer and the shards follow from the deduplicated documents.
+    # Quality scoring (no rule: everything kept), then the tokenizer and the shards.
+    assert project.materialize(["quality_classifier"]).success
+    for source in ("web", "ref"):
+        assert project.materialize(["quality_scores", "quality_filtered_documents"], source).success
     tokens = project.materialize(["tokenizer", "token_shards"])
     assert tokens.success
     assert all(e.passed for e in tokens.get_asset_check_evaluations())

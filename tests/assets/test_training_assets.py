@@ -75,6 +75,8 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     assert project.materialize(DATA, "web").success
     assert project.materialize(["dedup_index"]).success
     assert project.materialize(["deduplicated_documents"], "web").success
+    assert project.materialize(["quality_classifier"]).success  # off: one web source, no reference source
+    assert project.materialize(["quality_scores", "quality_filtered_documents"], "web").success
     assert project.materialize(["tokenizer", "token_shards"]).success
 
     result = project.materialize(["training_run", "checkpoint", "evaluation"])
@@ -104,6 +106,24 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     evaluation = json.loads((kiln_home / "data" / "evaluation" / "_all" / "evaluation.json").read_text())
     assert evaluation["validation"]["tokens"] > 0 and evaluation["per_source"]["web"]["loss"] is not None
     assert evaluation["probes"]["shuffled_control"]["loss"] is not None and len(evaluation["samples"]) == 3
+
+    # The checkpoint's data card: the MLflow run, training and evaluation figures, lineage back to raw documents.
+    carded = project.materialize(["data_card"])
+    assert carded.success and all(e.passed for e in carded.get_asset_check_evaluations())
+    card = json.loads((kiln_home / "data" / "data_card" / "_all" / "data_card.json").read_text())
+    ckpt = json.loads((kiln_home / "data" / "checkpoint" / "_all" / "_manifest.json").read_text())
+    assert card["checkpoint"]["data_version"] == ckpt["data_version"] and card["training"]["summary"]["steps"] == 24
+    assert card["mlflow"]["run_id"] == run["stats"]["mlflow"]["run_id"] and card["mlflow"]["url"].startswith(mlflow_server)
+    assert card["evaluation"]["validation"]["loss"] == evaluation["validation"]["loss"]
+    assert {"checkpoint", "training_run", "raw_documents/web"} <= {n["key"] for n in card["lineage"]["nodes"]}
+    assert "| web | CC0 |" in carded.asset_materializations_for_node("data_card")[0].metadata["data_card"].value
+
+    # The checkpoint folder serves as the quality stage's reference language model (CCNet-style perplexity).
+    from kiln.quality.perplexity import ReferenceModel
+
+    reference = ReferenceModel.load(kiln_home / "data" / "checkpoint" / "_all", device="cpu")
+    learned, shuffled = reference.perplexities([docs[0], " ".join(reversed(docs[0].split()))], max_tokens=64)
+    assert 1 < learned < shuffled
 
     # The assets never set a process-wide tracking URI: later processes must not inherit this server.
     assert "MLFLOW_TRACKING_URI" not in os.environ

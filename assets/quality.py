@@ -1,0 +1,212 @@
+"""Model-based quality: a fastText classifier trained on the user's own sources, scores (and reference-LM
+perplexity) stored next to every document, and filtering on those stored scores."""
+
+import base64
+import io
+
+import dagster as dg
+import numpy as np
+
+from assets.curation import source_partitions
+from assets.dedup import DEDUPLICATED
+from assets.results import check_specs, materialize_result, standard_checks
+from kiln.manifest import code_version
+from kiln.quality.classifier import Example, QualityScorer, balanced_sample, train_classifier
+from kiln.quality.rules import decide, decile_rows, filter_parts, threshold_effect
+from kiln.quality.scoring import read_scores, score_parts
+from kiln.stats import StageStats, chain, funnel_markdown
+from kiln.tokenizer import read_documents
+from resources import KilnConfig, KilnStorage
+
+CLASSIFIER, SCORES, QUALITY_FILTERED = "quality_classifier", "quality_scores", "quality_filtered_documents"
+
+
+@dg.asset(
+    key=CLASSIFIER, group_name="quality", kinds={"python", "fasttext"},
+    deps=[dg.AssetDep(DEDUPLICATED, partition_mapping=dg.AllPartitionMapping())],
+    code_version=code_version("kiln.quality.classifier"),
+    check_specs=[dg.AssetCheckSpec("separates", asset=CLASSIFIER, blocking=False,
+                                   description="cross-validated ROC AUC of at least 0.8 (reference vs web documents)")],
+)
+def quality_classifier(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
+                       storage: KilnStorage) -> dg.MaterializeResult:
+    """The fastText "reference vs web" classifier: reference sources' documents are the positives, web
+    sources' the negatives; the model file, its card (sha256, cross-validated metrics) and its training sample
+    (ids, folds, out-of-fold scores)."""
+    config, store = kiln_config.load(), storage.store()
+    positives, negatives = config.quality_classes()
+    settings = config.quality.classifier
+    with store.staging(CLASSIFIER) as writer:
+        inputs = {f"{DEDUPLICATED}/{s}": store.manifest(DEDUPLICATED, s).data_version for s in positives + negatives}
+        card = None
+        if config.quality_classifier_enabled:
+            # Choose the sample by id first, then read only its texts: a web source may be far larger.
+            pos_ids, neg_ids = balanced_sample(_ids(store, positives), _ids(store, negatives),
+                                               settings.max_documents_per_class)
+            card = train_classifier(_examples(store, positives, set(pos_ids)), _examples(store, negatives, set(neg_ids)),
+                                    settings, writer.dir)
+        manifest = writer.commit(
+            code_version=context.assets_def.code_versions_by_key[context.asset_key],
+            config={"classifier": settings.model_dump(mode="json"), "positive_sources": positives,
+                    "negative_sources": negatives, "enabled": card is not None},
+            inputs=inputs, counts={"training_documents": sum(card.sample["per_source"].values()) if card else 0},
+            stats={"card": card.to_dict() if card else None})
+    if card is None:
+        context.log.info("quality classifier off: no positive and negative sources (quality.classifier)")
+        return dg.MaterializeResult(metadata={"enabled": False, "data_version": manifest.data_version},
+                                    check_results=[dg.AssetCheckResult(check_name="separates", passed=True,
+                                                                       metadata={"enabled": False})],
+                                    data_version=dg.DataVersion(manifest.data_version))
+    cv = card.cross_validation
+    return dg.MaterializeResult(
+        metadata={"sha256": card.sha256, "positive_sources": positives, "negative_sources": negatives,
+                  "cross_validation": dg.MetadataValue.json(cv), "cv_auc": cv["auc"],
+                  "cv_precision": cv["precision"], "cv_recall": cv["recall"],
+                  "sample": dg.MetadataValue.json(card.sample), "training_seconds": card.seconds,
+                  "path": dg.MetadataValue.path(str(store.dataset_dir(CLASSIFIER))),
+                  "data_version": manifest.data_version},
+        check_results=[dg.AssetCheckResult(check_name="separates", passed=cv["auc"] is not None and cv["auc"] >= 0.8,
+                                           severity=dg.AssetCheckSeverity.WARN, metadata={"auc": cv["auc"]})],
+        data_version=dg.DataVersion(manifest.data_version))
+
+
+def _ids(store, sources: list[str]) -> list[str]:
+    return [i for name in sources for i in store.read_table(DEDUPLICATED, name, columns=["doc_id"])
+            .column("doc_id").to_pylist()]
+
+
+def _examples(store, sources: list[str], wanted: set[str]) -> list[Example]:
+    return [Example(d.doc_id, name, d.text) for name in sources
+            for d in read_documents(store.files(DEDUPLICATED, name, "documents")) if d.doc_id in wanted]
+
+
+@dg.asset(
+    key=SCORES, deps=[DEDUPLICATED, CLASSIFIER], partitions_def=source_partitions, group_name="quality",
+    kinds={"python", "parquet"},
+    code_version=code_version("kiln.quality.scoring", "kiln.quality.classifier", "kiln.quality.perplexity"),
+    check_specs=[dg.AssetCheckSpec("complete", asset=SCORES, blocking=True,
+                                   description="every document is kept with its scores, each in range")],
+)
+def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
+                   storage: KilnStorage) -> dg.MaterializeResult:
+    """One source's documents with their quality columns: `quality_score` (the classifier's P(reference))
+    and `perplexity` under the reference language model, when one is configured."""
+    config, store = kiln_config.load(), storage.store()
+    source, settings = context.partition_key, config.quality.perplexity
+    deduplicated, classifier = store.manifest(DEDUPLICATED, source), store.manifest(CLASSIFIER)
+    scorer = QualityScorer.load(store.dataset_dir(CLASSIFIER)) if classifier.stats["card"] else None
+    reference = None
+    if settings.model:
+        from kiln.quality.perplexity import ReferenceModel
+
+        reference = ReferenceModel.load(settings.model, settings.device)
+    with store.staging(SCORES, source) as writer:
+        counts = score_parts(store.files(DEDUPLICATED, source, "documents"), writer, scorer, reference,
+                             settings.max_tokens, settings.batch_size, label=f"quality {source}")
+        manifest = writer.commit(
+            code_version=context.assets_def.code_versions_by_key[context.asset_key],
+            config={"perplexity": settings.model_dump(mode="json"),
+                    "reference_model_sha256": reference.model_sha256 if reference else None,
+                    "reference_tokenizer_sha256": reference.tokenizer.sha256 if reference else None},
+            inputs={f"{DEDUPLICATED}/{source}": deduplicated.data_version, CLASSIFIER: classifier.data_version},
+            counts=counts)
+    doc_ids, scores, perplexity = read_scores(store.files(SCORES, source, "documents"))
+    expected = deduplicated.counts["documents"]
+    out_of_range = int(((scores < 0) | (scores > 1)).sum() + (perplexity < 1).sum())  # NaN compares False
+    metadata = {"documents": counts["documents"], "data_version": manifest.data_version,
+                "path": dg.MetadataValue.path(str(store.dataset_dir(SCORES, source)))}
+    texts = _texts(store, source, [doc_ids[row] for values in (scores, perplexity) for _, row in decile_rows(values)])
+    for name, values, log in (("quality_score", scores, False), ("perplexity", perplexity, True)):
+        if np.isfinite(values).any():
+            finite = values[np.isfinite(values)]
+            metadata[f"{name}_median"] = round(float(np.median(finite)), 4)
+            metadata[f"{name}_histogram"] = dg.MetadataValue.md(histogram_markdown(finite, name, source, log))
+            metadata[f"{name}_deciles"] = dg.MetadataValue.md(deciles_markdown(values, doc_ids, texts, name))
+    if scorer:
+        metadata["min_score_effect"] = dg.MetadataValue.md(threshold_markdown(threshold_effect(scores)))
+    return dg.MaterializeResult(
+        metadata=metadata,
+        check_results=[dg.AssetCheckResult(check_name="complete", passed=len(doc_ids) == expected and not out_of_range,
+                                           metadata={"documents": len(doc_ids), "expected": expected,
+                                                     "out_of_range": out_of_range})],
+        data_version=dg.DataVersion(manifest.data_version))
+
+
+@dg.asset(
+    key=QUALITY_FILTERED, deps=[SCORES], partitions_def=source_partitions, group_name="quality",
+    kinds={"python", "parquet"}, code_version=code_version("kiln.quality.rules", "kiln.stats"),
+    check_specs=check_specs(QUALITY_FILTERED),
+)
+def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
+                               storage: KilnStorage) -> dg.MaterializeResult:
+    """One source's documents that pass its quality rule (`quality.rules`), decided from the stored scores
+    alone; removed documents go to the rejected table with their scores and the rule they failed."""
+    config, store = kiln_config.load(), storage.store()
+    source = context.partition_key
+    rule = config.quality.rules.get(source)
+    scores_manifest = store.manifest(SCORES, source)
+    parts = store.files(SCORES, source, "documents")
+    doc_ids, scores, perplexity = read_scores(parts)
+    decision = decide(doc_ids, scores, perplexity, rule)
+    with store.staging(QUALITY_FILTERED, source) as writer:
+        stats = filter_parts(parts, doc_ids, decision, writer, config.curation.examples_per_reason)
+        manifest = writer.commit(
+            code_version=context.assets_def.code_versions_by_key[context.asset_key],
+            config={"rule": rule.model_dump(mode="json") if rule else None},
+            inputs={f"{SCORES}/{source}": scores_manifest.data_version},
+            counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
+            stats={**stats.to_dict(), "cutoffs": decision.cutoffs})
+    funnel = chain([StageStats.from_dict(store.manifest(a, source).stats) for a in
+                    ("raw_documents", "filtered_documents", "curated_documents", DEDUPLICATED)] + [stats])
+    return materialize_result(
+        manifest, stats, store, standard_checks(store, manifest, scores_manifest.counts["documents"]),
+        rule=dg.MetadataValue.json(rule.model_dump(mode="json") if rule else {"keep": "everything"}),
+        cutoffs=dg.MetadataValue.json(decision.cutoffs),
+        full_funnel=dg.MetadataValue.md("From raw records to quality-filtered documents:\n\n" + funnel_markdown(funnel)))
+
+
+def _texts(store, source: str, doc_ids: list[str]) -> dict[str, str]:
+    wanted, found = set(doc_ids), {}
+    for batch in store.iter_batches(SCORES, source, columns=["doc_id", "text"]):
+        for doc_id, text in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
+            if doc_id in wanted:
+                found[doc_id] = text
+    return found
+
+
+def histogram_markdown(values: np.ndarray, name: str, source: str, log: bool = False) -> str:
+    """A PNG histogram inside markdown: a distribution reads faster as a picture than as a table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 2.6), dpi=100)
+    bins = np.geomspace(values.min(), values.max(), 40) if log and values.min() > 0 and values.max() > values.min() \
+        else 40
+    ax.hist(values, bins=bins, color="tab:blue")
+    if log:
+        ax.set_xscale("log")
+    ax.set_xlabel(name)
+    ax.set_ylabel("documents")
+    ax.set_title(f"{source}: {len(values):,} documents", fontsize=9)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return f"![{name} histogram](data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()})"
+
+
+def deciles_markdown(values: np.ndarray, doc_ids: list[str], texts: dict[str, str], name: str) -> str:
+    lines = [f"| decile | {name} | doc_id | excerpt |", "|---:|---:|---|---|"]
+    for decile, row in decile_rows(values):
+        excerpt = " ".join(texts.get(doc_ids[row], "").split())[:160].replace("|", "\\|")
+        lines.append(f"| {decile} | {values[row]:.4g} | `{doc_ids[row]}` | {excerpt} |")
+    return "\n".join(lines)
+
+
+def threshold_markdown(rows: list[dict]) -> str:
+    lines = ["| min_score | documents kept | share kept |", "|---:|---:|---:|"]
+    lines += [f"| {r['min_score']} | {r['kept']:,} | {r['kept_share']:.1%} |" for r in rows]
+    return "\n".join(lines)
+

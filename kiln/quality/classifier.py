@@ -1,0 +1,204 @@
+"""The fastText "reference vs web" quality classifier (GPT-3, CCNet, DCLM).
+
+Trained here, offline, on the user's own sources: documents of reference sources are the positives,
+documents of web sources the negatives, balanced to the smaller class. Training is cross-fitted
+(folds by doc_id hash, stable across runs): out-of-fold scores measure precision, recall and ROC AUC,
+and are the scores of the sample's own documents, which the final model has seen. The score of a
+document is P(reference), in [0, 1].
+
+A fastText line is one example, so a document is flattened: lowercased, split into words and
+punctuation marks, its first `max_words` tokens joined by spaces.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kiln.config import QualityClassifier
+from kiln.manifest import sha256_file, write_json_atomic
+from kiln.mixture import hash_unit
+from kiln.storage import write_parquet_atomic
+
+MODEL_FILE, CARD_FILE, SAMPLE_FILE = "quality_classifier.bin", "quality_classifier.json", "training_sample.parquet"
+POSITIVE, NEGATIVE = "__label__reference", "__label__web"
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+_FOLD_SALT = "quality-fold"
+T = TypeVar("T")
+
+
+def fasttext_text(text: str, max_words: int) -> str:
+    """One document as one fastText line: lowercase words and punctuation marks, newlines gone."""
+    tokens = []
+    for m in _TOKEN.finditer(text.lower()):
+        tokens.append(m.group())
+        if len(tokens) >= max_words:
+            break
+    return " ".join(tokens)
+
+
+@dataclass(frozen=True)
+class Example:
+    doc_id: str
+    source: str
+    text: str
+
+
+@dataclass
+class ClassifierCard:
+    """What the model is and how well it separates: written next to the model file."""
+
+    sha256: str
+    labels: dict[str, str]
+    settings: dict
+    sample: dict  # documents per class and per source
+    cross_validation: dict  # out-of-fold precision, recall, f1, accuracy at 0.5, ROC AUC, class sizes
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def read(cls, directory: Path) -> ClassifierCard:
+        return cls(**json.loads((Path(directory) / CARD_FILE).read_text(encoding="utf-8")))
+
+
+def fold_of(doc_id: str, folds: int) -> int:
+    return hash_unit(_FOLD_SALT, doc_id) % folds
+
+
+def balanced_sample(positives: Iterable[T], negatives: Iterable[T], max_per_class: int) -> tuple[list[T], list[T]]:
+    """Both classes cut to the smaller one (at most max_per_class), a deterministic subset by doc_id hash.
+    Items are Examples or bare doc ids (so a large source's sample can be chosen before reading texts)."""
+    def order(items: Iterable[T]) -> list[T]:
+        return sorted(items, key=lambda x: hash_unit("quality-sample", getattr(x, "doc_id", x)))
+
+    pos, neg = order(positives), order(negatives)
+    n = min(len(pos), len(neg), max_per_class)
+    return pos[:n], neg[:n]
+
+
+def _fit(examples: list[tuple[Example, str]], settings: QualityClassifier, workdir: Path):
+    import fasttext
+
+    # fastText reads its training set from a file; shuffled so the SGD does not see one class, then the other.
+    ordered = sorted(examples, key=lambda x: hash_unit("quality-order", settings.seed, x[0].doc_id))
+    with tempfile.NamedTemporaryFile("w", prefix=".fasttext-", suffix=".txt", encoding="utf-8", dir=workdir,
+                                     delete=False) as f:
+        for e, label in ordered:
+            f.write(f"{label} {fasttext_text(e.text, settings.max_words)}\n")
+        path = Path(f.name)
+    try:
+        return fasttext.train_supervised(
+            str(path), epoch=settings.epochs, lr=settings.lr, wordNgrams=settings.word_ngrams, dim=settings.dim,
+            minCount=settings.min_count, thread=settings.threads, seed=settings.seed, verbose=0)
+    finally:
+        path.unlink()
+
+
+def train_classifier(positives: Iterable[Example], negatives: Iterable[Example], settings: QualityClassifier,
+                     out_dir: Path) -> ClassifierCard:
+    """Cross-fitted training: one model per fold (trained on the other folds) scores that fold's documents,
+    so no training document is scored by a model that saw it, and those out-of-fold scores measure the
+    classifier; then the model for every other document is trained on the whole sample. Writes the model,
+    the card and the sample (ids, labels, folds, out-of-fold scores) to `out_dir`."""
+    pos, neg = balanced_sample(positives, negatives, settings.max_documents_per_class)
+    if not pos:
+        raise ValueError("the quality classifier needs at least one positive and one negative document; "
+                         "check quality.classifier.positive_sources / negative_sources")
+    examples = [(e, POSITIVE) for e in pos] + [(e, NEGATIVE) for e in neg]
+    folds = [fold_of(e.doc_id, settings.folds) for e, _ in examples]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    out_of_fold = np.full(len(examples), np.nan)
+    for k in range(settings.folds):
+        train = [x for x, f in zip(examples, folds) if f != k]
+        rows = [i for i, f in enumerate(folds) if f == k]
+        if rows and {label for _, label in train} == {POSITIVE, NEGATIVE}:
+            scorer = QualityScorer(_fit(train, settings, out_dir), settings.max_words)
+            out_of_fold[rows] = scorer.score([examples[i][0].text for i in rows])
+    model = _fit(examples, settings, out_dir)
+    seconds = time.perf_counter() - started
+    model_path = out_dir / MODEL_FILE
+    tmp = model_path.with_name(f".{MODEL_FILE}.tmp")
+    model.save_model(str(tmp))
+    tmp.replace(model_path)
+    truth = np.array([label == POSITIVE for _, label in examples])
+    measured = np.isfinite(out_of_fold)
+    card = ClassifierCard(
+        sha256=sha256_file(model_path), labels={"positive": POSITIVE, "negative": NEGATIVE},
+        settings=settings.model_dump(mode="json"),
+        sample={"positive": len(pos), "negative": len(neg), "per_source": _source_counts(examples)},
+        cross_validation=cross_validation_metrics(truth[measured], out_of_fold[measured]) | {"folds": settings.folds},
+        seconds=round(seconds, 3))
+    write_parquet_atomic(out_dir / SAMPLE_FILE, pa.table({
+        "doc_id": [e.doc_id for e, _ in examples], "source": [e.source for e, _ in examples],
+        "label": [label.removeprefix("__label__") for _, label in examples], "fold": pa.array(folds, pa.int32()),
+        "out_of_fold_score": pa.array(out_of_fold, pa.float64(), from_pandas=True)}))
+    write_json_atomic(out_dir / CARD_FILE, json.dumps(card.to_dict(), indent=2))
+    return card
+
+
+def cross_validation_metrics(truth: np.ndarray, scores: np.ndarray, threshold: float = 0.5) -> dict:
+    """Precision, recall, F1 and accuracy at `threshold`, and ROC AUC (None when a class is missing)."""
+    from sklearn.metrics import accuracy_score, precision_recall_fscore_support, roc_auc_score
+
+    out = {"positives": int(truth.sum()), "negatives": int((~truth).sum()), "threshold": threshold}
+    if len(truth) == 0:
+        return out | {"precision": None, "recall": None, "f1": None, "accuracy": None, "auc": None}
+    predicted = scores >= threshold
+    precision, recall, f1, _ = precision_recall_fscore_support(truth, predicted, average="binary", zero_division=0)
+    both = truth.any() and (~truth).any()
+    return out | {"precision": round(float(precision), 4), "recall": round(float(recall), 4),
+                  "f1": round(float(f1), 4), "accuracy": round(float(accuracy_score(truth, predicted)), 4),
+                  "auc": round(float(roc_auc_score(truth, scores)), 4) if both else None}
+
+
+class QualityScorer:
+    """A trained classifier: `score(texts)` gives P(reference) per text; with `doc_ids`, a document of the
+    training sample gets its out-of-fold score instead (the final model has seen it)."""
+
+    def __init__(self, model, max_words: int, out_of_fold: dict[str, float] | None = None):
+        self.model, self.max_words, self.out_of_fold = model, max_words, out_of_fold or {}
+
+    @classmethod
+    def load(cls, directory: Path) -> QualityScorer:
+        import fasttext
+
+        card = ClassifierCard.read(directory)
+        path = Path(directory) / MODEL_FILE
+        if sha256_file(path) != card.sha256:
+            raise ValueError(f"{path} does not match its card's sha256: the model file changed after training; "
+                             "re-materialize quality_classifier")
+        sample = pq.read_table(Path(directory) / SAMPLE_FILE, columns=["doc_id", "out_of_fold_score"]).to_pylist()
+        out_of_fold = {r["doc_id"]: r["out_of_fold_score"] for r in sample if r["out_of_fold_score"] is not None}
+        return cls(fasttext.load_model(str(path)), card.settings["max_words"], out_of_fold)
+
+    def score(self, texts: Sequence[str], doc_ids: Sequence[str] | None = None) -> np.ndarray:
+        if not texts:
+            return np.zeros(0)
+        labels, probs = self.model.predict([fasttext_text(t, self.max_words) for t in texts], k=2)
+        scores = np.array([dict(zip(ls, ps)).get(POSITIVE, 0.0) for ls, ps in zip(labels, probs)], dtype=np.float64)
+        scores = np.clip(scores, 0.0, 1.0)  # fastText's softmax can exceed 1 by a rounding error
+        if doc_ids is not None and self.out_of_fold:
+            for i, doc_id in enumerate(doc_ids):
+                scores[i] = self.out_of_fold.get(doc_id, scores[i])
+        return scores
+
+
+def _source_counts(examples: list[tuple[Example, str]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for e, _ in examples:
+        counts[e.source] = counts.get(e.source, 0) + 1
+    return counts

@@ -1,0 +1,148 @@
+"""Quality filtering from stored scores: a source's rule turns its score columns into keep / drop-with-reason.
+
+Only the stored columns are read (`quality_score`, `perplexity`), so changing a threshold re-runs this
+step alone, never the classifier or the language model. Rules that depend on the whole source
+(top fraction, CCNet perplexity buckets) compute their cut-offs from that source's scores and report them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kiln.config import QualityRule
+from kiln.documents import QUALITY_REJECTED_SCHEMA, SCORED_SCHEMA
+from kiln.mixture import hash_unit
+from kiln.quality.scoring import PERPLEXITY, SCORE
+from kiln.stats import StageStats
+from kiln.storage import DatasetWriter
+
+STAGE = "quality"
+BELOW_MIN, BOTTOM_FRACTION = "quality_score_below_min", "quality_score_bottom_fraction"
+ABOVE_MAX_PERPLEXITY = "perplexity_above_max"
+BUCKETS = ("head", "middle", "tail")
+
+
+@dataclass
+class Decision:
+    removed: dict[int, str] = field(default_factory=dict)  # row index -> reason (the first rule it fails)
+    cutoffs: dict[str, float | list[float] | None] = field(default_factory=dict)  # what the rule resolved to
+    buckets: np.ndarray | None = None  # CCNet bucket per row, when perplexities exist
+
+    def keep_mask(self, n: int) -> np.ndarray:
+        mask = np.ones(n, dtype=bool)
+        mask[list(self.removed)] = False
+        return mask
+
+
+def perplexity_buckets(perplexity: np.ndarray, quantiles: tuple[float, float]) -> tuple[np.ndarray, list[float]]:
+    """CCNet's head / middle / tail split at the source's own perplexity quantiles (unscored rows: tail)."""
+    finite = perplexity[np.isfinite(perplexity)]
+    if not finite.size:
+        return np.full(len(perplexity), "tail", dtype=object), []
+    edges = [float(e) for e in np.quantile(finite, quantiles)]
+    buckets = np.where(perplexity <= edges[0], "head", np.where(perplexity <= edges[1], "middle", "tail"))
+    buckets[~np.isfinite(perplexity)] = "tail"
+    return buckets.astype(object), edges
+
+
+def decide(doc_ids: list[str], scores: np.ndarray, perplexity: np.ndarray, rule: QualityRule | None) -> Decision:
+    """Which rows a source's rule removes, and why. Rules apply in a fixed order: min_score,
+    keep_top_fraction, max_perplexity, perplexity_buckets; a row gets the reason of the first it fails."""
+    decision = Decision()
+    n = len(doc_ids)
+    if np.isfinite(perplexity).any() or (rule and rule.uses_perplexity):
+        quantiles = rule.bucket_quantiles if rule else QualityRule().bucket_quantiles
+        decision.buckets, decision.cutoffs["bucket_edges"] = perplexity_buckets(perplexity, quantiles)
+    if rule is None or n == 0:
+        return decision
+
+    def drop(mask: np.ndarray, reason: str) -> None:
+        for i in np.flatnonzero(mask):
+            decision.removed.setdefault(int(i), reason)
+
+    if rule.min_score is not None:
+        decision.cutoffs["min_score"] = rule.min_score
+        drop(~(scores >= rule.min_score), BELOW_MIN)
+    if rule.keep_top_fraction is not None:
+        keep = math.ceil(rule.keep_top_fraction * n)
+        # Highest score first (unscored last); equal scores in doc_id-hash order, so every run cuts the same.
+        ranked = np.where(np.isfinite(scores), scores, -np.inf)
+        order = sorted(range(n), key=lambda i: (-ranked[i], hash_unit("quality-ties", doc_ids[i])))
+        bottom = np.zeros(n, dtype=bool)
+        bottom[order[keep:]] = True
+        decision.cutoffs["top_fraction_min_score"] = float(scores[order[keep - 1]]) if keep else None
+        drop(bottom, BOTTOM_FRACTION)
+    if rule.max_perplexity is not None:
+        decision.cutoffs["max_perplexity"] = rule.max_perplexity
+        drop(~(perplexity <= rule.max_perplexity), ABOVE_MAX_PERPLEXITY)
+    if rule.perplexity_buckets is not None:
+        decision.cutoffs["keep_buckets"] = list(rule.perplexity_buckets)
+        for bucket in BUCKETS:
+            if bucket not in rule.perplexity_buckets:
+                drop(decision.buckets == bucket, f"perplexity_{bucket}")
+    return decision
+
+
+def threshold_effect(scores: np.ndarray, thresholds=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)) -> list[dict]:
+    """What a min_score threshold would keep: the share of documents at or above each threshold."""
+    n = max(len(scores), 1)
+    return [{"min_score": t, "kept": int((scores >= t).sum()), "kept_share": round(float((scores >= t).sum()) / n, 4)}
+            for t in thresholds]
+
+
+def decile_rows(values: np.ndarray) -> list[tuple[int, int]]:
+    """For each decile of `values` (ascending), the row whose value is that decile's median: (decile, row)."""
+    finite = np.flatnonzero(np.isfinite(values))
+    if not finite.size:
+        return []
+    order = finite[np.argsort(values[finite], kind="stable")]
+    picks = []
+    for d in range(10):
+        lo, hi = d * len(order) // 10, (d + 1) * len(order) // 10
+        if hi > lo:
+            picks.append((d + 1, int(order[(lo + hi - 1) // 2])))
+    return picks
+
+
+def filter_parts(parts: Sequence[Path], doc_ids: list[str], decision: Decision, writer: DatasetWriter,
+                 examples_per_reason: int = 3) -> StageStats:
+    """Write kept documents (with their scores) and rejects (stage `quality`, reason, scores) per part."""
+    removed = {doc_ids[i]: reason for i, reason in decision.removed.items()}
+    stats = StageStats()
+    step = stats.step(STAGE)
+    for path in parts:
+        kept, rejected = [], []
+        for row in pq.read_table(path).to_pylist():
+            n = len(row["text"])
+            stats.docs_in += 1
+            stats.chars_in += n
+            step.docs_in += 1
+            step.chars_in += n
+            reason = removed.get(row["doc_id"])
+            if reason is None:
+                kept.append(row)
+                stats.docs_out += 1
+                stats.chars_out += n
+                stats.lengths_out.append(n)
+            else:
+                rejected.append({**row, "stage": STAGE, "reason": reason})
+                step.dropped[reason] += 1
+                step.chars_dropped[reason] += n
+                stats.lengths_dropped.append(n)
+                stats.add_example(reason, row["doc_id"], f"(score={_fmt(row[SCORE])}, perplexity="
+                                  f"{_fmt(row[PERPLEXITY])}) {row['text']}", examples_per_reason)
+        writer.write("documents", pa.Table.from_pylist(kept, schema=SCORED_SCHEMA))
+        if rejected:
+            writer.write("rejected", pa.Table.from_pylist(rejected, schema=QUALITY_REJECTED_SCHEMA))
+    return stats
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"

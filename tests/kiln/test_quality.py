@@ -1,0 +1,223 @@
+"""Model-based quality: the fastText classifier, reference-LM perplexity, and rules applied to stored scores."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from kiln.config import ConfigError, QualityClassifier, QualityRule, parse_config
+from kiln.documents import DOCUMENT_SCHEMA, QUALITY_REJECTED_SCHEMA, SCORED_SCHEMA, Document
+from kiln.quality.classifier import (CARD_FILE, MODEL_FILE, SAMPLE_FILE, ClassifierCard, QualityScorer, fasttext_text,
+                                     cross_validation_metrics, train_classifier)
+from kiln.quality.perplexity import ReferenceModel
+from kiln.quality.rules import (ABOVE_MAX_PERPLEXITY, BELOW_MIN, BOTTOM_FRACTION, decide, decile_rows, filter_parts,
+                                perplexity_buckets)
+from kiln.quality.scoring import read_scores, score_parts
+from kiln.storage import Store, write_parquet_atomic
+from tests.quality_corpus import labelled_split, reference_texts, train_reference_model, word_salad
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    train_pos, train_neg, test_pos, test_neg = labelled_split()
+    out = tmp_path_factory.mktemp("classifier")
+    card = train_classifier(train_pos, train_neg, QualityClassifier(), out)
+    return out, card, test_pos, test_neg
+
+
+def test_classifier_separates_reference_from_junk_it_never_saw(classifier):
+    out, card, test_pos, test_neg = classifier
+    scorer = QualityScorer.load(out)
+    scores = np.concatenate([scorer.score([e.text for e in test_pos]), scorer.score([e.text for e in test_neg])])
+    truth = np.array([True] * len(test_pos) + [False] * len(test_neg))
+    metrics = cross_validation_metrics(truth, scores)
+    print(f"\n[quality classifier] unseen documents: {metrics}")
+    assert metrics["auc"] >= 0.98
+    assert metrics["precision"] >= 0.95 and metrics["recall"] >= 0.95
+    assert ((scores >= 0) & (scores <= 1)).all()
+    # Cross-fitting measured the sample itself with out-of-fold scores.
+    cv = card.cross_validation
+    assert cv["auc"] >= 0.98 and cv["positives"] == cv["negatives"] == card.sample["positive"] > 0
+
+
+def test_card_names_the_model_and_every_training_document(classifier):
+    out, card, _, _ = classifier
+    assert ClassifierCard.read(out) == card
+    sample = pq.read_table(out / SAMPLE_FILE).to_pylist()
+    assert len(sample) == sum(card.sample["per_source"].values()) == card.sample["positive"] + card.sample["negative"]
+    assert card.sample["positive"] == card.sample["negative"]  # balanced
+    assert {r["label"] for r in sample} == {"reference", "web"} and {r["fold"] for r in sample} == set(range(5))
+    assert all(0 <= r["out_of_fold_score"] <= 1 for r in sample)
+
+
+def test_sample_documents_get_their_out_of_fold_score(classifier):
+    """The final model saw the sample; scoring its documents with it would flatter them (or, for the
+    negatives of the source being filtered, condemn them)."""
+    out, _, _, _ = classifier
+    scorer = QualityScorer.load(out)
+    row = pq.read_table(out / SAMPLE_FILE).to_pylist()[0]
+    train_pos, train_neg, _, _ = labelled_split()
+    text = next(e.text for e in train_pos + train_neg if e.doc_id == row["doc_id"])
+    assert scorer.score([text], [row["doc_id"]])[0] == row["out_of_fold_score"]
+    assert scorer.score([text], ["not-in-the-sample"])[0] == scorer.score([text])[0]
+
+
+def test_single_thread_training_is_reproducible(classifier, tmp_path):
+    out, card, _, _ = classifier
+    train_pos, train_neg, _, _ = labelled_split()
+    assert train_classifier(train_pos, train_neg, QualityClassifier(), tmp_path).sha256 == card.sha256
+
+
+def test_a_model_file_changed_after_training_is_refused(classifier, tmp_path):
+    out, _, _, _ = classifier
+    for name in (MODEL_FILE, CARD_FILE):
+        (tmp_path / name).write_bytes((out / name).read_bytes())
+    with open(tmp_path / MODEL_FILE, "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ValueError, match="does not match its card"):
+        QualityScorer.load(tmp_path)
+
+
+def test_fasttext_text_is_one_lowercase_line_capped_in_words():
+    assert fasttext_text("Hello, World!\nSecond line\tend.", 100) == "hello , world ! second line end ."
+    assert fasttext_text("a b c d e", 3) == "a b c"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    texts = reference_texts()
+    path, _ = train_reference_model(texts[::2], tmp_path_factory.mktemp("reference"), steps=250)
+    return ReferenceModel.load(path, device="cpu"), texts[1::2]
+
+
+def test_in_domain_text_has_lower_perplexity_than_the_same_words_shuffled(reference):
+    model, unseen = reference
+    rng = random.Random(0)
+    natural = model.perplexities(unseen)
+    shuffled = model.perplexities([word_salad(t, rng) for t in unseen])
+    print(f"\n[perplexity] median in-domain {np.median(natural):.1f}, shuffled {np.median(shuffled):.1f}, "
+          f"in-domain lower for {(natural < shuffled).mean():.1%} of documents")
+    assert np.median(natural) < 0.85 * np.median(shuffled)
+    assert (natural < shuffled).mean() >= 0.85
+
+
+def test_perplexity_does_not_depend_on_batching_or_padding(reference):
+    model, unseen = reference
+    texts = unseen[:12] + ["", "x"]
+    one = model.perplexities(texts, max_tokens=96, batch_size=1)
+    many = model.perplexities(texts, max_tokens=96, batch_size=7)
+    assert np.isnan(one[12]) and np.isnan(many[12])  # no tokens, no perplexity
+    np.testing.assert_allclose(np.delete(one, 12), np.delete(many, 12), rtol=1e-4)
+
+
+def test_reference_model_path_errors_name_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a Kiln checkpoint: missing .*model.safetensors"):
+        ReferenceModel.load(tmp_path)
+
+
+def test_rules_keep_or_drop_with_the_first_failed_rule_as_reason():
+    ids = [f"d{i}" for i in range(10)]
+    scores = np.array([0.9, 0.1, 0.5, 0.7, 0.3, 0.95, 0.2, 0.6, 0.8, np.nan])
+    ppl = np.array([10, 20, 30, 40, 50, 60, 70, 80, 90, 100], dtype=float)
+    d = decide(ids, scores, ppl, QualityRule(min_score=0.25, keep_top_fraction=0.5, max_perplexity=75))
+    assert d.removed[1] == BELOW_MIN and d.removed[6] == BELOW_MIN and d.removed[9] == BELOW_MIN  # NaN fails too
+    kept = d.keep_mask(10)
+    # Top half by score: 0.95, 0.9, 0.8, 0.7, 0.6; of those, perplexity 80 and 90 are above 75.
+    assert sorted(np.flatnonzero(kept)) == [0, 3, 5]
+    assert d.removed[7] == ABOVE_MAX_PERPLEXITY and d.removed[8] == ABOVE_MAX_PERPLEXITY
+    assert d.removed[2] == BOTTOM_FRACTION and d.removed[4] == BOTTOM_FRACTION
+    assert d.cutoffs["top_fraction_min_score"] == 0.6
+
+
+def test_top_fraction_keeps_exactly_its_share_even_with_ties():
+    ids = [f"d{i}" for i in range(100)]
+    d = decide(ids, np.full(100, 0.5), np.full(100, np.nan), QualityRule(keep_top_fraction=0.3))
+    assert d.keep_mask(100).sum() == 30
+    again = decide(list(reversed(ids)), np.full(100, 0.5), np.full(100, np.nan), QualityRule(keep_top_fraction=0.3))
+    assert {ids[i] for i in np.flatnonzero(d.keep_mask(100))} == \
+        {list(reversed(ids))[i] for i in np.flatnonzero(again.keep_mask(100))}
+
+
+def test_ccnet_buckets_split_at_the_sources_own_quantiles():
+    ppl = np.arange(1, 101, dtype=float)
+    buckets, edges = perplexity_buckets(ppl, (0.3, 0.6))
+    assert [int((buckets == b).sum()) for b in ("head", "middle", "tail")] == [30, 30, 40]
+    d = decide([str(i) for i in range(100)], np.full(100, np.nan), ppl, QualityRule(perplexity_buckets=["head"]))
+    assert d.keep_mask(100).sum() == 30 and set(d.removed.values()) == {"perplexity_middle", "perplexity_tail"}
+    assert d.cutoffs["bucket_edges"] == edges
+
+
+def test_decile_rows_pick_one_document_per_decile_in_order():
+    values = np.array([5.0, np.nan, *range(100)])
+    picks = decile_rows(values)
+    assert [d for d, _ in picks] == list(range(1, 11))
+    picked = [values[row] for _, row in picks]
+    assert picked == sorted(picked) and not any(np.isnan(picked))
+
+
+def _documents(tmp_path, texts):
+    rows = [Document(f"doc-{i}", "web", t, license="MIT").to_row() for i, t in enumerate(texts)]
+    path = tmp_path / "part-00000.parquet"
+    write_parquet_atomic(path, pa.Table.from_pylist(rows, schema=DOCUMENT_SCHEMA))
+    return [path]
+
+
+def test_thresholds_apply_to_stored_scores_without_scoring_again(classifier, tmp_path):
+    out, _, test_pos, test_neg = classifier
+    texts = [e.text for e in test_pos[:30]] + [e.text for e in test_neg[:30]]
+    store = Store(tmp_path / "store")
+    with store.staging("scores", "web") as writer:
+        counts = score_parts(_documents(tmp_path, texts), writer, QualityScorer.load(out), None)
+        writer.commit(code_version="t", config={}, inputs={}, counts=counts)
+    assert counts == {"documents": 60, "scored": 60, "perplexity_scored": 0}
+    scored = store.read_table("scores", "web")
+    assert scored.schema.equals(SCORED_SCHEMA) and scored.column("perplexity").null_count == 60
+
+    ids, scores, ppl = read_scores(store.files("scores", "web", "documents"))
+    kept_by_threshold = {}
+    for threshold in (0.5, 0.99999):
+        decision = decide(ids, scores, ppl, QualityRule(min_score=threshold))
+        with store.staging("filtered", "web") as writer:
+            stats = filter_parts(store.files("scores", "web", "documents"), ids, decision, writer)
+            writer.commit(code_version="t", config={}, inputs={}, counts={})
+        kept, rejected = store.read_table("filtered", "web"), store.read_table("filtered", "web", "rejected")
+        assert kept.num_rows + rejected.num_rows == 60 == stats.docs_in
+        assert rejected.schema.equals(QUALITY_REJECTED_SCHEMA)
+        assert set(rejected.column("reason").to_pylist()) == {BELOW_MIN}
+        assert all(s < threshold for s in rejected.column("quality_score").to_pylist())
+        assert all(s >= threshold for s in kept.column("quality_score").to_pylist())
+        kept_by_threshold[threshold] = kept.num_rows
+    assert kept_by_threshold[0.5] == 30  # the reference half
+    assert kept_by_threshold[0.99999] < kept_by_threshold[0.5]
+
+
+BASE = {"sources": [{"name": "ref", "kind": "jsonl", "path": "r.jsonl", "license": "x", "domain": "reference",
+                     "profile": "p"},
+                    {"name": "web", "kind": "jsonl", "path": "w.jsonl", "license": "x", "domain": "web", "profile": "p"},
+                    {"name": "code", "kind": "jsonl", "path": "c.jsonl", "license": "x", "domain": "code",
+                     "profile": "p"}],
+        "profiles": {"p": ["code_quality"]}}
+
+
+@pytest.mark.parametrize("quality, message", [
+    ({"rules": {"nope": {"min_score": 0.5}}}, "quality.rules names unknown source 'nope'"),
+    ({"rules": {"web": {"max_perplexity": 100}}}, "quality.perplexity.model is not set"),
+    ({"classifier": {"positive_sources": ["web"], "negative_sources": ["web"]}}, "both positive and negative"),
+    ({"classifier": {"enabled": True, "negative_sources": []}}, "needs positive and negative sources"),
+    ({"classifier": {"enabled": False}, "rules": {"web": {"keep_top_fraction": 0.5}}}, "the classifier is off"),
+    ({"rules": {"web": {"perplexity_buckets": ["head"], "bucket_quantiles": [0.6, 0.3]}}}, "bucket_quantiles"),
+])
+def test_bad_quality_config_names_the_key_and_the_fix(quality, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config({**BASE, "quality": quality})
+
+
+def test_classifier_classes_default_to_reference_and_web_domains():
+    config = parse_config(BASE)
+    assert config.quality_classes() == (["ref"], ["web"]) and config.quality_classifier_enabled
+    only_code = parse_config({**BASE, "sources": BASE["sources"][2:]})
+    assert not only_code.quality_classifier_enabled  # auto: off without both classes, no error
