@@ -1,0 +1,177 @@
+"""The Dagster UI in a real headless browser: the real `dagster dev` (webserver + daemon, the run queue), Debian's
+chromium driven through Playwright; a materialization launched from the UI and followed to success.
+
+Screenshots land in the test's tmp_path and, when `KILN_TEST_ARTIFACTS` is set, in `$KILN_TEST_ARTIFACTS/test_ui/`.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTITION = "package_licenses"  # one source partition of raw_documents: a few seconds for 20 documents
+GROUPS = ("curation", "dedup", "tokens", "training", "planning")
+CURATION_ASSETS = ("raw_documents", "filtered_documents", "curated_documents")
+
+
+def _chromium() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        reason = "Debian's chromium is not installed (apt-get install chromium; .ci/run does it)"
+        if os.environ.get("KILN_REQUIRE_CHROMIUM") or os.environ.get("CI"):
+            pytest.fail(reason)  # CI installs it: a missing browser there is a broken setup, not a skip
+        pytest.skip(reason)
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def dagster_dev(tmp_path):
+    """`dagster dev` on a free loopback port, with its own DAGSTER_HOME, KILN_HOME and a tiny KILN_CONFIG."""
+    config = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())
+    for source in config["sources"]:
+        source["max_documents"] = 20
+    config_path = tmp_path / "kiln.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    home = tmp_path / "kiln"
+    dagster_home = home / "dagster"
+    dagster_home.mkdir(parents=True)
+    # the Makefile's instance (a run queue worked by the daemon), without the first-visit newsletter dialog
+    (dagster_home / "dagster.yaml").write_text(
+        "telemetry:\n  enabled: false\nnux:\n  enabled: false\n"
+        "concurrency:\n  runs:\n    max_concurrent_runs: 4\n  pools:\n    default_limit: 1\n")
+    port = _free_port()
+    env = {**os.environ, "KILN_CONFIG": str(config_path), "KILN_HOME": str(home), "DAGSTER_HOME": str(dagster_home),
+           "KILN_DEPLOYMENT": "local", "MLFLOW_DISABLE_TELEMETRY": "true",
+           "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), "PYTHONUNBUFFERED": "1"}
+    log_path = tmp_path / "dagster_dev.log"
+    dagster = shutil.which("dagster", path=str(Path(sys.executable).parent))
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([dagster, "dev", "-m", "orchestration.definitions", "-h", "127.0.0.1", "-p", str(port)],
+                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/server_info", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"dagster dev did not answer on {url}/server_info:\n{log_path.read_text()[-4000:]}")
+            time.sleep(0.5)
+        yield {"url": url, "home": home, "log": log_path}
+    finally:
+        # Ctrl-C for the whole group (webserver, daemon, code servers, run workers), then make sure of it.
+        for sig, wait_s in ((signal.SIGINT, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                pass
+            if sig is signal.SIGINT:
+                continue  # children may outlive the parent: SIGKILL whatever is left of the group
+
+
+def _graphql(url: str, query: str) -> dict:
+    request = urllib.request.Request(f"{url}/graphql", data=json.dumps({"query": query}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())["data"]
+
+
+RUNS_QUERY = "{ runsOrError { ... on Runs { results { runId status tags { key value } } } } }"
+
+
+def _save(page, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / "screenshots" / f"{name}.png"
+    path.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(path), full_page=True)
+    if os.environ.get("KILN_TEST_ARTIFACTS"):
+        target = Path(os.environ["KILN_TEST_ARTIFACTS"]) / "test_ui"
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target / path.name)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_materialize_a_partition_from_the_ui(dagster_dev, tmp_path):
+    chromium = _chromium()
+    from playwright.sync_api import expect, sync_playwright
+
+    url = dagster_dev["url"]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True,
+                                             args=["--no-sandbox", "--disable-dev-shm-usage"])
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.set_default_timeout(30_000)
+
+            # the asset graph: every Kiln group, then the curation group's asset nodes
+            page.goto(f"{url}/asset-groups")
+            for group in GROUPS:
+                expect(page.get_by_text(group, exact=True).first).to_be_visible(timeout=60_000)
+            _save(page, tmp_path, "1_asset_graph")
+            page.goto(f"{url}/locations/orchestration.definitions/asset-groups/curation/lineage")
+            for asset in CURATION_ASSETS:
+                expect(page.get_by_text(asset, exact=True).first).to_be_visible()
+            _save(page, tmp_path, "2_curation_group")
+
+            # asset page -> Materialize… -> one source partition -> Launch 1 run
+            page.goto(f"{url}/assets/raw_documents")
+            page.locator("button", has_text="Materialize…").first.click()
+            dialog = page.get_by_role("dialog")
+            expect(dialog.get_by_text("Launch runs to materialize raw_documents")).to_be_visible()
+            dialog.get_by_text("Select a partition or create one").click()
+            page.get_by_placeholder("Filter partitions").fill(PARTITION)
+            page.locator("span", has_text=re.compile(f"^{PARTITION}$")).first.click()
+            dialog.get_by_text("Launch runs to materialize raw_documents").click()  # closes the partition list
+            _save(page, tmp_path, "3_launch_dialog")
+            dialog.get_by_role("button", name="Launch 1 run").click()
+            expect(dialog).to_be_hidden()
+
+            # the run, as the Runs page lists it, followed on its own page until it succeeds
+            page.goto(f"{url}/runs")
+            run_link = page.locator("a[href^='/runs/']").filter(has_text=re.compile(r"^[0-9a-f]{8}$")).first
+            expect(run_link).to_be_visible(timeout=60_000)
+            run_path = run_link.get_attribute("href")
+            page.goto(f"{url}{run_path}")
+            status = page.get_by_text(re.compile(r"^(Success|Failure|Canceled)$")).first
+            expect(status).to_be_visible(timeout=150_000)
+            expect(page.get_by_text(f"partition: {PARTITION}").first).to_be_visible()
+            _save(page, tmp_path, "4_finished_run")
+            assert status.inner_text() == "Success", \
+                f"run {run_path} ended {status.inner_text()}:\n{dagster_dev['log'].read_text()[-4000:]}"
+        finally:
+            browser.close()
+
+    # the same run through the GraphQL API, and its output on disk
+    [run] = _graphql(url, RUNS_QUERY)["runsOrError"]["results"]
+    assert run_path.endswith(run["runId"]) and run["status"] == "SUCCESS"
+    assert {"key": "dagster/partition", "value": PARTITION} in run["tags"]
+    manifest = json.loads((dagster_dev["home"] / "data" / "raw_documents" / PARTITION / "_manifest.json").read_text())
+    assert manifest["counts"]["documents"] > 0
+    assert sorted(p.name for p in (tmp_path / "screenshots").iterdir()) == [
+        "1_asset_graph.png", "2_curation_group.png", "3_launch_dialog.png", "4_finished_run.png"]
