@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kiln.audit_cli import add_audit_parser
 from kiln.planning.cli import add_plan_parser
 
 
@@ -12,6 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kiln", description="Kiln: raw text corpora to a pretrained model.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_plan_parser(commands)
+    add_audit_parser(commands)
     return parser
 
 

@@ -9,7 +9,9 @@
 3. mixture: per phase, each source's token target from the weights (kiln.mixture), met by whole passes
    plus a deterministic subset of its documents in doc_id-hash order; later phases continue that order;
 4. shuffle the chosen documents of each phase (seed, phase) and write shards of ~tokens_per_shard tokens,
-   documents never split across shards; validation: every validation document once, shuffled.
+   documents never split across shards; validation: every validation document once, shuffled;
+5. the member list (`members-*.parquet`): every input document with its split, how many copies of it the
+   shards hold and its tokens, so an audit can say exactly whether a document was trained on.
 
 Only token ids and per-document lengths are kept in memory; texts are streamed part by part.
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
@@ -35,11 +38,21 @@ from kiln.fim import FimIds, fim_split, fim_tokens
 from kiln.parallel import map_parts
 from kiln.mixture import SourceParts, epoch_warnings, hash_unit, plan_phases, select_documents
 from kiln.shards import TRAIN, VAL, ShardInfo, describe_shard_set, write_shard
+from kiln.storage import part_name, write_parquet_atomic
 from kiln.tokenizer import Tokenizer, TokenizerError
 
 VAL_PHASE = "val"
 _VAL_SALT = "kiln-val-split"
 _ENCODE_BATCH = 256  # documents per sentencepiece call
+
+# One row per input document: `copies` is how many times the shards of its split hold it (train: 0 when the
+# mixture left it out, more than 1 when it repeats the source; val: 1); `tokens` per copy, EOS (and FIM
+# sentinels) included, so sum(copies * tokens) per source and split is that source's shard tokens.
+MEMBERS_SCHEMA = pa.schema([pa.field("doc_id", pa.string(), nullable=False),
+                            pa.field("source", pa.string(), nullable=False),
+                            pa.field("split", pa.string(), nullable=False),
+                            pa.field("copies", pa.int32(), nullable=False),
+                            pa.field("tokens", pa.int64(), nullable=False)])
 
 
 class _Writer(Protocol):  # kiln.storage.DatasetWriter, without importing it here
@@ -149,6 +162,8 @@ class ShardSetResult:
     phases: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    members: str | None = None  # the member list's path, relative to the output folder
+    shard_sources: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)  # shard -> source -> counts
 
     def tokens(self, split: str) -> int:
         return sum(s.tokens for s in self.shards if s.split == split)
@@ -166,7 +181,8 @@ class ShardSetResult:
         """For the manifest's `stats`: what `kiln.shards.read_shard_set` (and so the loader) reads."""
         return describe_shard_set(self.tokenizer_sha256, self.vocab_size, self.eos_id, self.shards,
                                   seq_len=self.seq_len, sources=self.sources, phases=self.phases,
-                                  warnings=self.warnings, seconds=self.seconds, totals=self.counts())
+                                  warnings=self.warnings, seconds=self.seconds, totals=self.counts(),
+                                  members=self.members, shard_sources=self.shard_sources)
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -209,8 +225,9 @@ def _doc_table(results: list[_PartTokens], tasks: list[_PartTask]) -> _Docs:
 
 def _write_split(chosen: np.ndarray, docs: _Docs, files: _TokenFiles, new_path, tokens_per_shard: int,
                  tokenizer_sha256: str, split: str, phase: str, phase_index: int, out_dir: Path,
-                 progress: bool) -> list[ShardInfo]:
-    """Write `chosen` documents (global indices, in this order) into shards of ~tokens_per_shard tokens."""
+                 progress: bool, names: list[str], composition: dict) -> list[ShardInfo]:
+    """Write `chosen` documents (global indices, in this order) into shards of ~tokens_per_shard tokens;
+    each shard's documents and tokens per source go into `composition`."""
     lengths = docs.length[chosen]
     cum = np.cumsum(lengths)
     shards, i, n = [], 0, len(chosen)
@@ -231,6 +248,11 @@ def _write_split(chosen: np.ndarray, docs: _Docs, files: _TokenFiles, new_path, 
         path = new_path()
         write_shard(path, buf, offsets, tokenizer_sha256)
         shards.append(ShardInfo(str(path.relative_to(out_dir)), split, phase, phase_index, len(buf), end - i))
+        in_shard = docs.source[chosen[i:end]]
+        n_docs = np.bincount(in_shard, minlength=len(names))
+        n_tokens = np.bincount(in_shard, weights=docs.length[chosen[i:end]], minlength=len(names))
+        composition[shards[-1].path] = {n: {"documents": int(n_docs[k]), "tokens": int(n_tokens[k])}
+                                        for k, n in enumerate(names) if n_docs[k]}
         bar.update(len(buf))
         i = end
     bar.close()
@@ -278,6 +300,8 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
             orders[n] = members[np.argsort(docs.order_key[members], kind="stable")]
         cursors = dict.fromkeys(names, 0)
         shards: list[ShardInfo] = []
+        composition: dict[str, dict[str, dict[str, int]]] = {}
+        copies = docs.is_val.astype(np.int64)  # validation: every document once
         for plan in plans:
             picked = []
             for n in names:
@@ -287,13 +311,17 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
                 draw.tokens, draw.documents = int(docs.length[ids].sum()), len(ids)
                 picked.append(ids)
             chosen = np.concatenate(picked) if picked else np.zeros(0, np.int64)
+            copies += np.bincount(chosen, minlength=len(copies))
             chosen = chosen[np.random.default_rng([settings.seed, plan.index]).permutation(len(chosen))]
             shards += _write_split(chosen, docs, files, new_path, settings.tokens_per_shard, tok.sha256, TRAIN,
-                                   plan.name, plan.index, out_dir, progress)
+                                   plan.name, plan.index, out_dir, progress, names, composition)
         val_ids = np.flatnonzero(docs.is_val)
         val_ids = val_ids[np.random.default_rng([settings.seed, 1 << 31]).permutation(len(val_ids))]
         shards += _write_split(val_ids, docs, files, new_path, settings.tokens_per_shard, tok.sha256, VAL,
-                               VAL_PHASE, 0, out_dir, progress)
+                               VAL_PHASE, 0, out_dir, progress, names, composition)
+        members_path = output.next_path("members") if not isinstance(output, Path | str) else \
+            out_dir / part_name("members", 0)
+        write_parquet_atomic(members_path, _members_table(tasks, docs, copies, names))
         t_written = time.perf_counter()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -319,7 +347,22 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
     return ShardSetResult(
         tokenizer_sha256=tok.sha256, vocab_size=tok.vocab_size, eos_id=tok.eos_id, seq_len=settings.seq_len,
         shards=shards, sources=per_source, phases=[p.to_dict() for p in plans], warnings=warnings,
-        seconds={"tokenize": round(t_tokenized - t_start, 3), "write": round(t_written - t_tokenized, 3)})
+        seconds={"tokenize": round(t_tokenized - t_start, 3), "write": round(t_written - t_tokenized, 3)},
+        members=str(members_path.relative_to(out_dir)), shard_sources=composition)
 
 
-__all__ = ["ShardSetResult", "fim_sources", "is_validation", "tokenize_part", "write_token_shards"]
+def _members_table(tasks: list[_PartTask], docs: _Docs, copies: np.ndarray, names: list[str]) -> pa.Table:
+    """Every document of the run in task order (the order of `docs`), with its split, copies and tokens."""
+    doc_ids = [chunk for t in tasks for chunk in pq.read_table(t.input_path, columns=["doc_id"]).column(0).chunks]
+    doc_ids = pa.chunked_array(doc_ids, pa.string()).combine_chunks()
+    if len(doc_ids) != len(docs.length):
+        raise RuntimeError(f"member list: {len(doc_ids)} doc_ids read back, {len(docs.length)} documents tokenized; "
+                           f"an input part changed while token shards were written; re-run token_shards")
+    return pa.table({"doc_id": doc_ids,
+                     "source": pa.array(np.asarray(names, dtype=object)[docs.source], pa.string()),
+                     "split": pa.array(np.where(docs.is_val, VAL, TRAIN).astype(object), pa.string()),
+                     "copies": pa.array(copies, pa.int32()), "tokens": pa.array(docs.length, pa.int64())},
+                    schema=MEMBERS_SCHEMA)
+
+
+__all__ = ["MEMBERS_SCHEMA", "ShardSetResult", "fim_sources", "is_validation", "tokenize_part", "write_token_shards"]

@@ -286,7 +286,47 @@ def test_curriculum_phases_are_tagged_and_read_in_order(tmp_path, monkeypatch):
         assert p["tokens"] == pytest.approx(budget, rel=0.02)
         assert p["sources"]["code"]["share"] == pytest.approx(code_share, abs=0.02)
     files = json.loads((tmp_path / "store" / "token_shards" / "_all" / "_manifest.json").read_text())["files"]
-    assert {f["role"] for f in files} == {"shard"} and len(files) == len(shard_set.shards)
+    assert {f["role"] for f in files} == {"shard", "members"} and len(files) == len(shard_set.shards) + 1
+
+
+def test_member_list_says_exactly_which_documents_the_shards_hold(built, tmp_path, monkeypatch):
+    """Every input document once, with its split and how many copies of it the shards hold: repeated,
+    subsampled (0 copies: left out by the mixture) and validation documents, checked against the shards."""
+    import pyarrow.parquet as pq
+
+    from kiln.manifest import sha256_file
+
+    root, sources, tok, _ = built
+    mixture = Mixture(weights={"prose": 0.2, "code": 0.3, "unicode": 0.5})
+    writer = DatasetWriter(tmp_path / "token_shards" / "_all", "token_shards", None)
+    result = write_token_shards(sources, root / "tokenizer", shard_settings(), mixture, writer, progress=False)
+    monkeypatch.setattr("kiln.storage.git_commit", lambda: None)
+    manifest = writer.commit(code_version="test", config={}, inputs={}, counts=result.counts(),
+                             stats=result.manifest_stats())
+    out = tmp_path / "token_shards" / "_all"
+    [entry] = manifest.files_with_role("members")
+    assert entry.path == result.members == manifest.stats["members"] and entry.sha256 == sha256_file(out / entry.path)
+    members = pq.read_table(out / entry.path).to_pylist()
+    originals = texts_by_id(sources)
+    assert len(members) == entry.rows == len(originals) and {m["doc_id"] for m in members} == set(originals)
+    for m in members:
+        assert m["source"] == originals[m["doc_id"]][0]
+        assert m["split"] == ("val" if is_validation(m["doc_id"], 0.1) else "train")
+        assert m["copies"] == 1 if m["split"] == "val" else m["copies"] >= 0
+    for name, s in result.sources.items():
+        mine = [m for m in members if m["source"] == name]
+        assert sum(m["copies"] * m["tokens"] for m in mine if m["split"] == "train") == s["train_tokens"]
+        assert sum(m["tokens"] for m in mine if m["split"] == "val") == s["val_tokens"]
+        in_shards = sum(c[name]["tokens"] for c in result.shard_sources.values() if name in c)
+        assert in_shards == s["train_tokens"] + s["val_tokens"]
+    train = {m["doc_id"]: m["copies"] for m in members if m["split"] == "train"}
+    assert result.sources["prose"]["effective_epochs"] < 1 and result.sources["unicode"]["effective_epochs"] > 1
+    assert any(train[d] == 0 for d in train if originals[d][0] == "prose")  # left out by the mixture
+    assert any(train[d] >= 2 for d in train if originals[d][0] == "unicode")  # repeated
+    # Exact: the shards hold each document as many times as its row says.
+    decoded = Counter(restore(d, tok) for d in decoded_documents(out, result, tok, "train"))
+    expected = Counter({originals[d][1]: c for d, c in train.items() if c})
+    assert decoded == expected
 
 
 def test_describe_and_read_shard_set_agree(tmp_path):

@@ -1,0 +1,67 @@
+"""Governance: the data card of the current checkpoint (sources, licenses, funnel, lineage with hashes)."""
+
+import json
+
+import dagster as dg
+
+from assets.tokens import SHARDS, TOKENIZER
+from assets.training import CHECKPOINT, EVALUATION, RUN
+from kiln.audit import Catalog, lineage, node_key
+from kiln.data_card import build_data_card, data_card_markdown
+from kiln.lineage import DOCUMENT_STAGES
+from kiln.manifest import code_version
+from resources import KilnConfig, KilnStorage, MlflowTracking
+
+DATA_CARD = "data_card"
+
+
+@dg.asset(
+    key=DATA_CARD, group_name="governance", kinds={"python", "markdown", "json"},
+    deps=[CHECKPOINT, EVALUATION, RUN, SHARDS, TOKENIZER,
+          *[dg.AssetDep(stage, partition_mapping=dg.AllPartitionMapping()) for stage in DOCUMENT_STAGES]],
+    code_version=code_version("kiln.data_card", "kiln.audit", "kiln.lineage"),
+    check_specs=[dg.AssetCheckSpec("lineage_complete", asset=DATA_CARD, blocking=False,
+                                   description="the checkpoint's lineage reaches raw_documents for every source in its "
+                                               "token shards, and every recorded input version is the one in the store")],
+)
+def data_card(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
+              mlflow_tracking: MlflowTracking) -> dg.MaterializeResult:
+    """The checkpoint's data card (markdown + JSON): sources and licenses, sizes at every stage, the filter
+    funnel, dedup, decontamination and PII figures, tokenizer, mixture and epochs, training settings, the
+    MLflow run, and the lineage chain back to the raw sources with hashes."""
+    config, store = kiln_config.load(), storage.store()
+    run = store.manifest(RUN)
+    mlflow = run.stats.get("mlflow") or {}
+    url = mlflow_tracking.run_url(mlflow["experiment_id"], mlflow["run_id"]) if mlflow.get("run_id") else None
+    card = build_data_card(store, config, mlflow_url=url)
+    markdown = data_card_markdown(card)
+    chain, catalog = card["lineage"], Catalog(store)
+    found = [(a, None) for a in (CHECKPOINT, EVALUATION, RUN, SHARDS, TOKENIZER)] + \
+        [(stage, s["name"]) for stage in DOCUMENT_STAGES for s in card["sources"]]
+    inputs = {node_key(a, p): m.data_version for a, p in found if (m := catalog.manifest(a, p)) is not None}
+    with store.staging(DATA_CARD) as writer:
+        (writer.dir / "data_card.md").write_text(markdown, encoding="utf-8")
+        (writer.dir / "data_card.json").write_text(json.dumps(card, indent=2, ensure_ascii=False, default=str),
+                                                   encoding="utf-8")
+        manifest = writer.commit(
+            code_version=context.assets_def.code_versions_by_key[context.asset_key],
+            config={"sources": [s["name"] for s in card["sources"]]}, inputs=inputs,
+            counts={"sources": len(card["sources"]), "lineage_datasets": len(chain["nodes"])},
+            stats={"checkpoint": card["checkpoint"]["data_version"], "format": card["format"]})
+    base = store.dataset_dir(DATA_CARD)
+    # Every source in the shard set must trace back to its raw documents, and no input may have been replaced.
+    traced = lineage(store, CHECKPOINT)
+    missing = sorted(s["name"] for s in card["sources"] if s["name"] not in traced.partitions(DOCUMENT_STAGES[0]))
+    links = {"mlflow_run": dg.MetadataValue.url(url) if url and url.startswith("http") else (url or "none")}
+    return dg.MaterializeResult(
+        metadata={"data_card": dg.MetadataValue.md(markdown), "path": dg.MetadataValue.path(str(base / "data_card.md")),
+                  "json": dg.MetadataValue.path(str(base / "data_card.json")),
+                  "checkpoint": card["checkpoint"]["data_version"],
+                  "checkpoint_path": dg.MetadataValue.path(card["checkpoint"]["path"]),
+                  "lineage_datasets": len(chain["nodes"]), "data_version": manifest.data_version, **links},
+        check_results=[dg.AssetCheckResult(
+            check_name="lineage_complete", passed=not missing and not traced.problems,
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={"sources_without_raw_lineage": dg.MetadataValue.json(missing),
+                      "problems": dg.MetadataValue.json(traced.problems)})],
+        data_version=dg.DataVersion(manifest.data_version))

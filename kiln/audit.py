@@ -1,0 +1,746 @@
+"""Audits over what is on disk: a checkpoint's lineage, a document's membership, a source's usage.
+
+Answers come from the same `Store` and `_manifest.json` files the assets write (and the persistent
+MinHash index for near-duplicates), never from a separate database, so an audit says what the data
+says. Three questions:
+
+- `lineage(store, "checkpoint")`: every dataset a checkpoint was built from, back to each source's raw
+  documents, with data versions, code versions, git commits, counts and file hashes;
+- `membership(store, config, text=... | doc_id=...)`: whether a document (exactly, or as a near-duplicate
+  via the MinHash index) reached the training set, and if not, where and why it left;
+- `source_usage(store, config, name)`: the token-shard sets and checkpoints that used a source.
+
+The store keeps the current version of each dataset. Where a consumer recorded an input version that
+the store no longer holds, the chain says "superseded" rather than pretending; every manifest found
+under an asset's folder is listed, so kept older versions show up without changes here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from kiln.config import ExactDedup, NearDedup, ProjectConfig
+from kiln.curation import content_hash
+from kiln.documents import make_doc_id
+from kiln.lineage import DOCUMENT_STAGES
+from kiln.manifest import MANIFEST_NAME, Manifest
+from kiln.storage import Store
+
+CHECKPOINT, TRAINING_RUN, SHARDS = "checkpoint", "training_run", "token_shards"
+FILTERED, INDEX = "filtered_documents", "dedup_index"
+RAW = DOCUMENT_STAGES[0]
+
+# Membership verdicts, from "it was trained on" to "never seen".
+IN_TRAINING = "in_training"
+VALIDATION = "validation_only"
+LEFT_OUT = "left_out_by_mixture"
+NOT_IN_SHARDS = "not_in_token_shards"
+REMOVED = "removed"
+QUARANTINED = "quarantined"
+UNKNOWN = "unknown"
+NEVER_SEEN = "never_seen"
+_RANK = [IN_TRAINING, VALIDATION, LEFT_OUT, NOT_IN_SHARDS, UNKNOWN, REMOVED, QUARANTINED, NEVER_SEEN]
+
+NOT_MATERIALIZED = "not materialized"
+
+
+class AuditError(ValueError):
+    """A question the store cannot answer as asked: unknown checkpoint or source, unreadable input."""
+
+
+# ------------------------------------------------------------------------------------------- catalog
+
+def node_key(asset: str, partition: str | None) -> str:
+    """How manifests name their inputs: "asset/partition", or "asset" when unpartitioned."""
+    return f"{asset}/{partition}" if partition else asset
+
+
+def parse_key(key: str) -> tuple[str, str | None]:
+    asset, _, partition = key.partition("/")
+    return asset, partition or None
+
+
+class Catalog:
+    """Read-only view of the manifests in a store, memoized for one audit."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._current: dict[tuple[str, str | None], Manifest | None] = {}
+        self._versions: dict[str, list[Manifest]] = {}
+
+    def manifest(self, asset: str, partition: str | None = None) -> Manifest | None:
+        """The current manifest of a dataset, or None when it has not been materialized."""
+        key = (asset, partition)
+        if key not in self._current:
+            path = self.store.dataset_dir(asset, partition) / MANIFEST_NAME
+            self._current[key] = _load(path) if path.is_file() else None
+        return self._current[key]
+
+    def versions(self, asset: str) -> list[Manifest]:
+        """Every complete manifest found under the asset's folder (every partition, and any older version
+        kept below it), newest first, one per (partition, data version)."""
+        if asset not in self._versions:
+            found: dict[tuple[str | None, str], Manifest] = {}
+            base = self.store.root / asset
+            for path in sorted(base.rglob(MANIFEST_NAME)) if base.is_dir() else []:
+                if any(p.startswith(".") for p in path.relative_to(base).parts):
+                    continue  # a staging folder or one being swapped out: incomplete by definition
+                m = _load(path)
+                found.setdefault((m.partition, m.data_version), m)
+            self._versions[asset] = sorted(found.values(), key=lambda m: m.created_at, reverse=True)
+        return self._versions[asset]
+
+    def partitions(self, asset: str) -> list[str | None]:
+        """Partitions of an asset that have a current manifest (None for an unpartitioned one)."""
+        base = self.store.root / asset
+        if not base.is_dir():
+            return []
+        return sorted((None if d.name == "_all" else d.name) for d in base.iterdir()
+                      if d.is_dir() and not d.name.startswith(".") and (d / MANIFEST_NAME).is_file())
+
+    def assets(self) -> list[str]:
+        root = self.store.root
+        return sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")) \
+            if root.is_dir() else []
+
+
+def _load(path: Path) -> Manifest:
+    try:
+        return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, TypeError, KeyError) as exc:
+        raise AuditError(f"{path} is not a readable Kiln manifest ({exc})") from None
+
+
+# ------------------------------------------------------------------------------------------- lineage
+
+@dataclass
+class LineageNode:
+    """One dataset in a lineage chain, as its manifest describes it."""
+
+    key: str
+    asset: str
+    partition: str | None
+    status: str  # "current" | "superseded" (a consumer used another version) | "not materialized"
+    recorded_versions: list[str]  # the data versions consumers recorded for it (none for the target)
+    data_version: str | None = None
+    code_version: str | None = None
+    git_commit: str | None = None
+    created_at: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    files: list[dict[str, Any]] = field(default_factory=list)  # path, role, sha256, bytes, rows
+    inputs: dict[str, str] = field(default_factory=dict)  # key -> data version it recorded
+    depth: int = 0
+
+    @property
+    def bytes(self) -> int:
+        return sum(f["bytes"] for f in self.files)
+
+
+@dataclass
+class Lineage:
+    """The datasets a target (normally a checkpoint) was built from, breadth first, each dataset once."""
+
+    target: str
+    store: str
+    nodes: list[LineageNode]
+
+    def node(self, key: str) -> LineageNode | None:
+        return next((n for n in self.nodes if n.key == key), None)
+
+    def partitions(self, asset: str) -> list[str | None]:
+        return [n.partition for n in self.nodes if n.asset == asset]
+
+    @property
+    def problems(self) -> list[str]:
+        out = []
+        for n in self.nodes:
+            if n.status == NOT_MATERIALIZED:
+                out.append(f"{n.key}: recorded as an input ({', '.join(n.recorded_versions)}) but not in the store")
+            elif n.status == "superseded":
+                older = sorted(set(n.recorded_versions) - {n.data_version})
+                out.append(f"{n.key}: consumers recorded {', '.join(older)}; the store now holds {n.data_version} "
+                           f"(re-materialized since), so the chain below it is the current version's")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "store": self.store, "problems": self.problems,
+                "nodes": [asdict(n) for n in self.nodes]}
+
+    def render(self, files_per_node: int = 3) -> str:
+        """The chain as an indented tree from the target; a dataset reached twice is shown once."""
+        by_key = {n.key: n for n in self.nodes}
+        lines = [f"Lineage of {self.target} ({len(self.nodes)} datasets, store {self.store})"]
+        shown: set[str] = set()
+
+        def walk(key: str, indent: int) -> None:
+            n, pad = by_key[key], "  " * indent
+            if key in shown:
+                lines.append(f"{pad}{key}  {n.data_version or NOT_MATERIALIZED}  (listed above)")
+                return
+            shown.add(key)
+            if n.status == NOT_MATERIALIZED:
+                lines.append(f"{pad}{key}  NOT MATERIALIZED (recorded {', '.join(n.recorded_versions)})")
+                return
+            flag = "  SUPERSEDED" if n.status == "superseded" else ""
+            lines.append(f"{pad}{key}  {n.data_version}{flag}  created {n.created_at}  code {n.code_version}  "
+                         f"git {_short_commit(n.git_commit)}")
+            if n.counts:
+                lines.append(f"{pad}    counts " + ", ".join(f"{k}={v:,}" for k, v in n.counts.items()))
+            described = [f"{f['path']} sha256:{f['sha256'][:16]}" for f in n.files[:files_per_node]]
+            more = f" +{len(n.files) - files_per_node} more" if len(n.files) > files_per_node else ""
+            lines.append(f"{pad}    files {len(n.files)} ({_size(n.bytes)}): " + ", ".join(described) + more)
+            for child in sorted(n.inputs):
+                walk(child, indent + 1)
+
+        walk(self.nodes[0].key, 0)
+        raws = [p for p in self.partitions(RAW) if by_key[node_key(RAW, p)].status != NOT_MATERIALIZED]
+        lines.append(f"raw sources reached: {', '.join(str(p) for p in raws) or 'none'}")
+        lines += [f"warning: {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+def _short_commit(commit: str | None) -> str:
+    if not commit:
+        return "unknown"
+    return commit[:12] + ("-dirty" if commit.endswith("-dirty") else "")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def resolve_target(store: Store, target: str, catalog: Catalog | None = None) -> Manifest:
+    """A checkpoint (or any dataset) from what a user types: the literal `checkpoint` (the current one), an
+    asset key such as `token_shards` or `curated_documents/web`, a data version (or a prefix of at least
+    6 characters), or a folder: a dataset folder with `_manifest.json`, or a run's DeepSpeed checkpoint."""
+    catalog = catalog or Catalog(store)
+    asset, partition = parse_key(target)
+    if not Path(target).is_absolute() and asset in catalog.assets():
+        found = catalog.manifest(asset, partition)
+        if found is not None:
+            return found
+    if target == CHECKPOINT:
+        raise AuditError(f"no checkpoint in {store.root}: materialize `checkpoint` first")
+    path = Path(target).expanduser()
+    if path.is_dir():
+        resolved = path.resolve()
+        for folder in [resolved, *resolved.parents][:3]:  # the dataset folder, or its hf/ or safetensors/ inside
+            if (folder / MANIFEST_NAME).is_file():
+                return _load(folder / MANIFEST_NAME)
+        for m in catalog.versions(CHECKPOINT):
+            ds = m.stats.get("deepspeed_checkpoint")
+            if ds and (Path(ds).resolve() == resolved or resolved in Path(ds).resolve().parents):
+                return m
+        raise AuditError(f"{path} is neither a dataset folder with {MANIFEST_NAME} nor the DeepSpeed checkpoint (or "
+                         f"run folder) of a checkpoint in {store.root}")
+    if len(target) >= 6 and all(c in "0123456789abcdef" for c in target.lower()):
+        hits = {}
+        for name in [CHECKPOINT] + [a for a in catalog.assets() if a != CHECKPOINT]:
+            for m in catalog.versions(name):
+                if m.data_version.startswith(target.lower()):
+                    hits[(m.asset, m.partition, m.data_version)] = m
+            if hits and name == CHECKPOINT:
+                break  # a checkpoint's version wins over a prefix that also matches some other dataset
+        if len(hits) == 1:
+            return next(iter(hits.values()))
+        if len(hits) > 1:
+            raise AuditError(f"data version {target!r} is ambiguous: " + ", ".join(
+                f"{node_key(a, p)} {v}" for a, p, v in sorted(hits)) + "; give more characters")
+    current = catalog.manifest(CHECKPOINT)
+    example = f" (the current one is {current.data_version})" if current else ""
+    raise AuditError(f"no checkpoint {target!r} in {store.root}: give `checkpoint` for the current one, a data "
+                     f"version{example}, or a checkpoint folder")
+
+
+def lineage(store: Store, checkpoint: str = CHECKPOINT) -> Lineage:
+    """The chain from `checkpoint` (see `resolve_target`) back to raw sources, following manifest inputs."""
+    catalog = Catalog(store)
+    root = resolve_target(store, checkpoint, catalog)
+    nodes: dict[str, LineageNode] = {}
+    queue: list[tuple[str, str | None, int, Manifest | None]] = [
+        (node_key(root.asset, root.partition), None, 0, root)]
+    while queue:
+        key, recorded, depth, manifest = queue.pop(0)
+        if key in nodes:
+            if recorded and recorded not in nodes[key].recorded_versions:
+                nodes[key].recorded_versions.append(recorded)
+                _mark(nodes[key])
+            continue
+        asset, partition = parse_key(key)
+        m = manifest or catalog.manifest(asset, partition)
+        if m is None:
+            nodes[key] = LineageNode(key, asset, partition, NOT_MATERIALIZED, [recorded] if recorded else [], depth=depth)
+            continue
+        node = nodes[key] = LineageNode(
+            key, asset, partition, "current", [recorded] if recorded else [], m.data_version, m.code_version,
+            m.git_commit, m.created_at, dict(m.counts),
+            [{"path": f.path, "role": f.role, "sha256": f.sha256, "bytes": f.bytes, "rows": f.rows} for f in m.files],
+            dict(m.inputs), depth)
+        _mark(node)
+        queue += [(k, v, depth + 1, None) for k, v in sorted(m.inputs.items())]
+    return Lineage(node_key(root.asset, root.partition) + f" {root.data_version}", str(store.root), list(nodes.values()))
+
+
+def _mark(node: LineageNode) -> None:
+    if node.data_version and any(v != node.data_version for v in node.recorded_versions):
+        node.status = "superseded"
+
+
+# ---------------------------------------------------------------------------------------- membership
+
+@dataclass
+class StageRecord:
+    """Where one stage left a document."""
+
+    stage: str  # the asset (a DOCUMENT_STAGES entry)
+    source: str | None
+    status: str  # kept | removed | quarantined | absent | not reached | not materialized
+    data_version: str | None = None
+    step: str | None = None  # the rejected table's `stage` column: filter, exact_dedup, near_dedup, quality, ...
+    reason: str | None = None
+    duplicate_of: str | None = None
+    jaccard: float | None = None
+    cluster_id: str | None = None
+
+
+@dataclass
+class ShardRecord:
+    """A document's row in a token-shard set's member list."""
+
+    shard_set: str  # the token_shards data version
+    split: str
+    copies: int
+    tokens: int
+    checkpoints: list[str] = field(default_factory=list)  # data versions of checkpoints trained on this set
+
+
+@dataclass
+class Membership:
+    query: dict[str, Any]
+    match: str  # doc_id | exact | near_duplicate | none
+    verdict: str
+    summary: str
+    doc_id: str | None = None
+    source: str | None = None
+    license: str | None = None
+    jaccard: float | None = None  # near_duplicate: exact Jaccard between the given text and the matched document
+    stages: list[StageRecord] = field(default_factory=list)
+    shards: list[ShardRecord] = field(default_factory=list)
+    other_matches: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def reached_training(self) -> bool:
+        return self.verdict == IN_TRAINING
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "reached_training": self.reached_training}
+
+    def render(self) -> str:
+        lines = [self.summary]
+        if self.match == "near_duplicate":
+            lines.append(f"matched as a near-duplicate of {self.doc_id}: exact Jaccard {self.jaccard:.3f} of the "
+                         f"shingle sets (found through the MinHash index)")
+        elif self.match == "exact":
+            lines.append(f"matched exactly (text hash after exact dedup's case and whitespace folding): {self.doc_id}")
+        if self.doc_id:
+            lines.append(f"document {self.doc_id} (source {self.source}, license {self.license or 'unknown'})")
+        if self.stages:
+            lines.append("stages:")
+            width = max(len(f"{r.stage}[{r.source}]") for r in self.stages)
+            for r in self.stages:
+                where = f"{r.stage}[{r.source}]" if r.source else r.stage
+                detail = ""
+                if r.status in ("removed", "quarantined"):
+                    detail = f"  step {r.step}, reason {r.reason}" if r.step else f"  reason {r.reason}"
+                    if r.duplicate_of:
+                        detail += f", duplicate of {r.duplicate_of}"
+                    if r.jaccard is not None:
+                        detail += f" (Jaccard {r.jaccard:.3f})"
+                version = f"  {r.data_version}" if r.data_version else ""
+                lines.append(f"  {where:<{width}}  {r.status:<16}{version}{detail}".rstrip())
+        for s in self.shards:
+            ckpts = ", ".join(s.checkpoints) or "none in the store"
+            lines.append(f"token_shards {s.shard_set}: split {s.split}, {s.copies} cop{'y' if s.copies == 1 else 'ies'}"
+                         f" x {s.tokens:,} tokens; checkpoints: {ckpts}")
+        for o in self.other_matches:
+            lines.append(f"also the same text: {o['doc_id']} ({o['source']}): {o['verdict']}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def membership(store: Store, config: ProjectConfig, text: str | None = None, doc_id: str | None = None,
+               checkpoint: str | None = None, index_root: Path | None = None) -> Membership:
+    """Whether a document reached training: by `doc_id`, or by `text` (exact normalized-text match, else a
+    near-duplicate through the persistent MinHash index). With `checkpoint`, only the token shards that
+    checkpoint was trained on count. `index_root` defaults to the store's sibling `dedup_index/`."""
+    if (text is None) == (doc_id is None):
+        raise AuditError("give exactly one of a text or a doc_id")
+    catalog = Catalog(store)
+    shard_versions = _checkpoint_shards(catalog, checkpoint) if checkpoint else None
+    if doc_id is not None:
+        return _trace(catalog, config, doc_id.strip(), {"doc_id": doc_id.strip()}, "doc_id", shard_versions)
+    query = {"text_sha256": hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), "chars": len(text)}
+    exact = _exact_matches(catalog, config, text)
+    if exact:
+        results = sorted((_trace(catalog, config, d, query, "exact", shard_versions) for d in exact),
+                         key=lambda r: (_RANK.index(r.verdict), r.doc_id))
+        best = results[0]
+        best.other_matches = [{"doc_id": r.doc_id, "source": r.source, "verdict": r.verdict} for r in results[1:]]
+        return best
+    near, notes = _near_match(catalog, config, text, index_root or store.root.parent / "dedup_index")
+    if near is not None:
+        matched, score = near
+        result = _trace(catalog, config, matched, query, "near_duplicate", shard_versions)
+        result.jaccard = score
+        result.notes = notes + result.notes
+        if result.doc_id is None:  # indexed by an earlier refresh whose datasets the store no longer holds
+            result.match, result.doc_id, result.verdict = "near_duplicate", matched, UNKNOWN
+            result.summary = (f"UNKNOWN: a near-duplicate of {matched}, which the dedup index accepted in an earlier "
+                              f"refresh, but no dataset in the store holds it any more")
+        return result
+    return Membership(query, "none", NEVER_SEEN, "never seen: no document in the store has this text, exactly or as "
+                      "a near-duplicate", notes=notes)
+
+
+def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, match: str,
+           shard_versions: set[str] | None) -> Membership:
+    """Follow one doc_id through every document stage and the token shards' member lists."""
+    sources = [s.name for s in config.sources]
+    hint: str | None = None
+    stages: list[StageRecord] = []
+    row: dict[str, Any] = {}
+    gone = False
+    for stage in DOCUMENT_STAGES:
+        if gone:
+            stages.append(StageRecord(stage, hint, "not reached"))
+            continue
+        partitions = [hint] if hint else sorted(set(catalog.partitions(stage)) | set(sources), key=str)
+        materialized = [p for p in partitions if catalog.manifest(stage, p) is not None]
+        if not materialized:
+            stages.append(StageRecord(stage, hint, NOT_MATERIALIZED))
+            continue
+        record = None
+        for p in materialized:
+            record, found = _find_in_stage(catalog, stage, p, doc_id)
+            if record is not None:
+                row = row or found
+                hint = p
+                break
+        if record is None:
+            record = StageRecord(stage, hint, "absent", catalog.manifest(stage, hint).data_version if hint else None)
+            gone = hint is not None  # seen before and now gone: left without a trace (should not happen)
+        else:
+            gone = record.status in ("removed", "quarantined")
+        stages.append(record)
+
+    shards, notes = [], []
+    for m in catalog.versions(SHARDS):
+        if shard_versions is not None and m.data_version not in shard_versions:
+            continue
+        paths = [catalog.store.dataset_dir(SHARDS, m.partition) / f.path for f in m.files_with_role("members")]
+        if not paths:
+            notes.append(f"token_shards {m.data_version} has no member list (written before member lists existed); "
+                         f"re-materialize token_shards to answer from the shards")
+            continue
+        for path in paths:
+            for r in pq.read_table(path, filters=[("doc_id", "=", doc_id)]).to_pylist():
+                shards.append(ShardRecord(m.data_version, r["split"], r["copies"], r["tokens"],
+                                          _checkpoints_using(catalog, m.data_version)))
+                hint = hint or r["source"]
+    if shard_versions is not None and not any(m.data_version in shard_versions for m in catalog.versions(SHARDS)):
+        notes.append(f"the checkpoint was trained on token_shards {', '.join(sorted(shard_versions))}, which is no "
+                     f"longer in the store: its member list cannot be read")
+
+    kept = [r for r in stages if r.status == "kept"]
+    removed = next((r for r in stages if r.status in ("removed", "quarantined")), None)
+    train = [s for s in shards if s.split == "train"]
+    where = f"token_shards {', '.join(s.shard_set for s in shards)}"
+    if any(s.copies > 0 for s in train):
+        s = next(s for s in train if s.copies > 0)
+        verdict = IN_TRAINING
+        summary = (f"IN TRAINING: {s.copies} cop{'y' if s.copies == 1 else 'ies'} in the train split of token_shards "
+                   f"{s.shard_set}" + (f", used by checkpoint {', '.join(s.checkpoints)}" if s.checkpoints else ""))
+        if removed is not None:
+            notes.append(f"{removed.stage} has since removed it ({removed.reason}); the token shards predate that: "
+                         f"re-materialize token_shards")
+    elif any(s.split == "val" for s in shards):
+        verdict, summary = VALIDATION, f"NOT TRAINED ON: held out for validation (in the val split of {where})"
+    elif train:
+        verdict, summary = LEFT_OUT, (f"NOT TRAINED ON: left out by the mixture (0 copies in the train split of "
+                                      f"{where}: its source was subsampled)")
+    elif removed is not None:
+        verdict = REMOVED if removed.status == "removed" else QUARANTINED
+        summary = f"NOT TRAINED ON: removed at {removed.stage}" + (f" ({removed.step})" if removed.step else "")
+        summary += f", reason {removed.reason}"
+        if removed.duplicate_of:
+            summary += f", duplicate of {removed.duplicate_of}"
+        if removed.jaccard is not None:
+            summary += f" (Jaccard {removed.jaccard:.3f})"
+    elif shard_versions is not None and not any(m.data_version in shard_versions for m in catalog.versions(SHARDS)):
+        verdict, summary = UNKNOWN, "UNKNOWN: the checkpoint's token shards are not in the store"
+    elif kept:
+        verdict = NOT_IN_SHARDS
+        summary = (f"NOT TRAINED ON: kept through {kept[-1].stage} but in no token-shard member list (shards not "
+                   f"materialized, or built before this document arrived)")
+    else:
+        verdict, summary = NEVER_SEEN, f"never seen: no dataset in the store holds doc_id {doc_id}"
+    return Membership(query, match if (kept or removed or shards) else "none", verdict, summary,
+                      doc_id if (kept or removed or shards) else None, hint, row.get("license"), None, stages, shards,
+                      notes=notes)
+
+
+def _find_in_stage(catalog: Catalog, stage: str, partition: str, doc_id: str) -> tuple[StageRecord | None, dict]:
+    m = catalog.manifest(stage, partition)
+    base = catalog.store.dataset_dir(stage, partition)
+    for f in m.files_with_role("documents"):
+        path = base / f.path
+        cols = [c for c in ("doc_id", "source", "license") if c in pq.read_schema(path).names]
+        rows = pq.read_table(path, columns=cols, filters=[("doc_id", "=", doc_id)]).to_pylist()
+        if rows:
+            return StageRecord(stage, partition, "kept", m.data_version), rows[0]
+    for f in m.files_with_role("rejected"):
+        path = base / f.path
+        names = pq.read_schema(path).names
+        cols = [c for c in ("doc_id", "source", "license", "stage", "reason", "duplicate_of", "jaccard", "cluster_id")
+                if c in names]
+        rows = pq.read_table(path, columns=cols, filters=[("doc_id", "=", doc_id)]).to_pylist()
+        if rows:
+            r = rows[0]
+            return StageRecord(stage, partition, "removed", m.data_version, r.get("stage"), r.get("reason"),
+                               r.get("duplicate_of"), r.get("jaccard"), r.get("cluster_id")), r
+    for f in m.files_with_role("quarantine"):
+        table = pq.read_table(base / f.path, columns=["source", "locator", "reason"])
+        for r in table.to_pylist():
+            if make_doc_id(r["source"], r["locator"]) == doc_id:
+                return StageRecord(stage, partition, "quarantined", m.data_version, "read", r["reason"]), r
+    return None, {}
+
+
+def _exact_settings(catalog: Catalog, config: ProjectConfig) -> ExactDedup:
+    """The exact-dedup normalization the store was built with (its manifest), else the config's."""
+    for p in catalog.partitions(FILTERED):
+        recorded = catalog.manifest(FILTERED, p).config.get("exact_dedup")
+        if recorded:
+            return ExactDedup.model_validate(recorded)
+    return config.curation.exact_dedup
+
+
+def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> list[str]:
+    """doc_ids whose text is this text after exact dedup's normalization: the filtered documents' stored
+    content hashes first (text as curated, PII placeholders included), else the raw documents' texts
+    (text as it came in: also finds documents the filters removed)."""
+    settings = _exact_settings(catalog, config)
+    wanted = content_hash(text, settings.lowercase, settings.collapse_whitespace)
+    found: list[str] = []
+    for p in catalog.partitions(FILTERED):
+        for path in catalog.store.files(FILTERED, p, "documents"):
+            if "content_hash" in pq.read_schema(path).names:
+                table = pq.read_table(path, columns=["doc_id"], filters=[("content_hash", "=", wanted)])
+                found += table.column("doc_id").to_pylist()
+    if found:
+        return sorted(set(found))
+    for p in catalog.partitions(RAW):
+        for batch in catalog.store.iter_batches(RAW, p, columns=["doc_id", "text"]):
+            for d, t in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
+                if content_hash(t, settings.lowercase, settings.collapse_whitespace) == wanted:
+                    found.append(d)
+    return sorted(set(found))
+
+
+def _near_match(catalog: Catalog, config: ProjectConfig, text: str,
+                index_root: Path) -> tuple[tuple[str, float] | None, list[str]]:
+    """The indexed document most similar to `text` at or above the threshold, by exact Jaccard of the
+    shingle sets (LSH only proposes candidates), with the MinHash settings the index was built with."""
+    from kiln.dedup.index import open_index
+    from kiln.dedup.minhash import jaccard, shingle_hashes, signature
+
+    recorded = catalog.manifest(INDEX)
+    near = NearDedup.model_validate(recorded.config["near"]) if recorded and "near" in recorded.config \
+        else config.dedup.near
+    if near.index.backend == "local" and not (index_root / near.index.name / "index.json").is_file():
+        return None, [f"no near-duplicate index at {index_root / near.index.name}: only exact matches were searched"]
+    try:
+        index = open_index(near.index, near, index_root)
+    except (ConnectionError, ValueError) as exc:
+        return None, [f"near-duplicate search unavailable: {exc}"]
+    with index:
+        shingles = shingle_hashes(text, near)
+        candidates = sorted(index.query_many(signature(shingles, near.num_perm, near.seed)[None, :])[0])
+        stored = index.shingles(candidates)
+        scored = sorted(((jaccard(shingles, stored[c]), c) for c in candidates if c in stored), reverse=True)
+    if scored and scored[0][0] >= near.threshold:
+        return (scored[0][1], round(float(scored[0][0]), 6)), []
+    notes = [f"closest indexed document {scored[0][1]} has Jaccard {scored[0][0]:.3f}, below the near-duplicate "
+             f"threshold {near.threshold}"] if scored else []
+    return None, notes
+
+
+# ----------------------------------------------------------------------------------- checkpoints & shards
+
+def _checkpoints_using(catalog: Catalog, shards_version: str) -> list[str]:
+    """Data versions of the checkpoints in the store whose training run read this token-shard set."""
+    out = []
+    for ckpt in catalog.versions(CHECKPOINT):
+        if shards_version in _shards_of_checkpoint(catalog, ckpt):
+            out.append(ckpt.data_version)
+    return out
+
+
+def _shards_of_checkpoint(catalog: Catalog, ckpt: Manifest) -> set[str]:
+    """The token_shards data versions a checkpoint's training run recorded as inputs (via its run's manifest)."""
+    versions = set()
+    for key, version in ckpt.inputs.items():
+        asset, _ = parse_key(key)
+        if asset == SHARDS:
+            versions.add(version)
+        elif asset == TRAINING_RUN:
+            for run in catalog.versions(TRAINING_RUN):
+                if run.data_version == version:
+                    versions |= {v for k, v in run.inputs.items() if parse_key(k)[0] == SHARDS}
+    return versions
+
+
+def _checkpoint_shards(catalog: Catalog, checkpoint: str) -> set[str]:
+    ckpt = resolve_target(catalog.store, checkpoint, catalog)
+    versions = _shards_of_checkpoint(catalog, ckpt)
+    if not versions:
+        raise AuditError(f"cannot tell which token shards {node_key(ckpt.asset, ckpt.partition)} {ckpt.data_version} "
+                         f"was trained on: its training_run manifest ({ckpt.inputs}) is not in the store")
+    return versions
+
+
+# ------------------------------------------------------------------------------------------ source usage
+
+@dataclass
+class ShardSetUsage:
+    data_version: str
+    created_at: str
+    train_tokens: int
+    val_tokens: int
+    train_documents: int
+    val_documents: int
+    natural_train_tokens: int
+    effective_epochs: float
+    share_of_train_tokens: float
+    shards: list[dict[str, Any]]  # path, split, documents and tokens of this source in that shard
+    checkpoints: list[dict[str, Any]]  # data_version, created_at, steps, mlflow_run_id
+
+
+@dataclass
+class SourceUsage:
+    source: str
+    license: str | None
+    domain: str | None
+    stages: list[dict[str, Any]]  # stage, data_version, documents, rejected (or "not materialized")
+    shard_sets: list[ShardSetUsage]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def checkpoints(self) -> list[str]:
+        return sorted({c["data_version"] for s in self.shard_sets for c in s.checkpoints})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "checkpoints": self.checkpoints}
+
+    def render(self) -> str:
+        lines = [f"Source {self.source} (license {self.license or 'unknown'}, domain {self.domain or 'unknown'})",
+                 "documents per stage:"]
+        for s in self.stages:
+            if s.get("status") == NOT_MATERIALIZED:
+                lines.append(f"  {s['stage']:<28} {NOT_MATERIALIZED}")
+            else:
+                lines.append(f"  {s['stage']:<28} {s['documents']:>8,} kept {s['rejected']:>7,} removed  "
+                             f"{s['data_version']}")
+        if not self.shard_sets:
+            lines.append("token shards: none in the store use this source")
+        for u in self.shard_sets:
+            lines.append(f"token_shards {u.data_version} ({u.created_at}): {u.train_tokens:,} train tokens "
+                         f"({u.share_of_train_tokens:.1%} of the set, {u.effective_epochs:.2f} epochs of "
+                         f"{u.natural_train_tokens:,}), {u.val_tokens:,} val tokens; documents {u.train_documents:,} "
+                         f"train / {u.val_documents:,} val")
+            train = [s for s in u.shards if s["split"] == "train"]
+            val = [s for s in u.shards if s["split"] == "val"]
+            for label, group in (("train", train), ("val", val)):
+                if group:
+                    shown = ", ".join(f"{s['path']} ({s['tokens']:,})" for s in group[:4])
+                    more = f" +{len(group) - 4} more" if len(group) > 4 else ""
+                    lines.append(f"  {label} shards with this source: {len(group)}: {shown}{more}")
+            for c in u.checkpoints:
+                lines.append(f"  checkpoint {c['data_version']} ({c['created_at']}): {c['steps']} steps, MLflow run "
+                             f"{c['mlflow_run_id'] or 'unknown'}")
+            if not u.checkpoints:
+                lines.append("  checkpoints: none in the store trained on this shard set")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def source_usage(store: Store, config: ProjectConfig, name: str) -> SourceUsage:
+    """Which token-shard sets and checkpoints used source `name`, with its tokens and documents in each."""
+    catalog = Catalog(store)
+    shard_sets = catalog.versions(SHARDS)
+    declared = {s.name: s for s in config.sources}
+    seen = set(declared) | {p for st in DOCUMENT_STAGES for p in catalog.partitions(st) if p} | \
+        {n for m in shard_sets for n in (m.stats.get("sources") or {})}
+    if name not in seen:
+        raise AuditError(f"unknown source {name!r}; sources: {', '.join(sorted(seen)) or 'none'}")
+    license = domain = None
+    if name in declared:
+        license, domain = declared[name].license, declared[name].domain
+    stages = []
+    for stage in DOCUMENT_STAGES:
+        m = catalog.manifest(stage, name)
+        if m is None:
+            stages.append({"stage": stage, "status": NOT_MATERIALIZED})
+            continue
+        kept = sum(f.rows or 0 for f in m.files_with_role("documents"))
+        removed = sum(f.rows or 0 for f in m.files_with_role("rejected") + m.files_with_role("quarantine"))
+        stages.append({"stage": stage, "status": "current", "data_version": m.data_version, "documents": kept,
+                       "rejected": removed, "created_at": m.created_at})
+        if name not in declared and isinstance(m.config.get("source"), dict):
+            # no longer declared: raw_documents recorded the source as it was configured when read
+            license, domain = m.config["source"].get("license"), m.config["source"].get("domain")
+
+    usages, notes = [], []
+    for m in shard_sets:
+        mine = (m.stats.get("sources") or {}).get(name)
+        if not mine or not (mine.get("train_tokens") or mine.get("val_tokens")):
+            continue
+        composition = m.stats.get("shard_sources") or {}
+        if not composition:
+            notes.append(f"token_shards {m.data_version} does not record shards' sources (written before that was "
+                         f"recorded): the shard list shows every shard of the set")
+        shards = []
+        for info in m.stats.get("shards", []):
+            if composition:
+                c = composition.get(info["path"], {}).get(name)
+                if c:
+                    shards.append({"path": info["path"], "split": info["split"], **c})
+            else:
+                shards.append({"path": info["path"], "split": info["split"], "documents": None, "tokens": None})
+        total_train = (m.stats.get("totals") or {}).get("train_tokens") or m.counts.get("train_tokens") or 0
+        checkpoints = []
+        for ckpt in catalog.versions(CHECKPOINT):
+            if m.data_version in _shards_of_checkpoint(catalog, ckpt):
+                checkpoints.append({"data_version": ckpt.data_version, "created_at": ckpt.created_at,
+                                    "steps": ckpt.counts.get("steps"),
+                                    "mlflow_run_id": (ckpt.stats.get("mlflow") or {}).get("run_id")})
+        usages.append(ShardSetUsage(
+            m.data_version, m.created_at, mine["train_tokens"], mine["val_tokens"], mine["train_documents"],
+            mine["val_documents"], mine["natural_train_tokens"], mine["effective_epochs"],
+            round(mine["train_tokens"] / total_train, 6) if total_train else 0.0, shards, checkpoints))
+    return SourceUsage(name, license, domain, stages, usages, notes)
+
+
+__all__ = ["AuditError", "Catalog", "Lineage", "LineageNode", "Membership", "ShardRecord", "SourceUsage",
+           "StageRecord", "lineage", "membership", "resolve_target", "source_usage", "DOCUMENT_STAGES"]

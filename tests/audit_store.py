@@ -1,0 +1,103 @@
+"""A small store for audit and data-card tests, built by materializing the data assets in the demo's order.
+
+Two sources: `ref` (tier 1, 10 documents) and `web`, whose records include near-copies of ref documents
+(w0-w2), a document too short for its filter profile ("short"), one quoting a benchmark item (w9) and an
+unreadable line. The mixture repeats web and subsamples ref, so some ref documents are left out of
+training. A stand-in checkpoint (a training_run and a checkpoint manifest over the real token shards, no
+training) closes the chain, so lineage, source usage and the data card work without the slow training
+path (tests/assets/test_training_assets.py covers the real one).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import numpy as np
+
+from kiln.config import load_config
+from kiln.storage import Store
+from tests.assets.project import load_project
+from tests.conftest import write_jsonl
+
+BENCHMARK_ITEM = ("which ancient guild of lantern makers first standardized the copper wick gauge used across "
+                  "the northern harbour towns")
+SHORT = "Buy cheap lanterns now, friends."
+
+
+def random_text(rng, vocab, n=120):
+    """A document of n random words from vocab (shared by the dedup and audit tests)."""
+    return " ".join(rng.choice(vocab, n))
+
+
+def edit(text, rng, vocab, k=2):
+    """A near-copy: k words replaced."""
+    words = text.split()
+    for p in rng.choice(len(words), k, replace=False):
+        words[p] = str(rng.choice(vocab))
+    return " ".join(words)
+
+
+def build_audit_store(tmp: Path, monkeypatch) -> dict:
+    """Materialize everything up to the token shards under `tmp/kiln`, then the stand-in checkpoint."""
+    home = tmp / "kiln"
+    monkeypatch.setenv("KILN_HOME", str(home))
+    rng = np.random.default_rng(7)
+    vocab = ["".join(rng.choice(list(string.ascii_lowercase), 6)) for _ in range(5000)]
+    ref = [random_text(rng, vocab) for _ in range(10)]
+    web = ([edit(t, rng, vocab) for t in ref[:3]] + [random_text(rng, vocab) for _ in range(6)]
+           + [random_text(rng, vocab, 40) + " " + BENCHMARK_ITEM + " " + random_text(rng, vocab, 40)])
+    write_jsonl(tmp / "ref" / "a.jsonl", [{"id": f"r{i}", "text": t} for i, t in enumerate(ref)])
+    write_jsonl(tmp / "web" / "week1.jsonl", [{"id": f"w{i}", "text": t} for i, t in enumerate(web)]
+                + [{"id": "short", "text": SHORT}, "{not json"])
+    write_jsonl(tmp / "bench.jsonl", [{"id": "q1", "question": "Who standardized the wick gauge?",
+                                       "answer": BENCHMARK_ITEM}])
+    config = {
+        "sources": [
+            {"name": "web", "kind": "jsonl", "path": str(tmp / "web"), "license": "CC-BY-4.0", "domain": "web",
+             "quality_tier": 3, "profile": "web"},
+            {"name": "ref", "kind": "jsonl", "path": str(tmp / "ref"), "license": "CC0-1.0", "domain": "reference",
+             "quality_tier": 1, "profile": "none"},
+        ],
+        "profiles": {"none": [], "web": [{"gopher_quality": {"min_doc_words": 20, "min_stop_words": None}}]},
+        "curation": {"workers": 1},
+        "dedup": {"workers": 1},
+        "tokenizer": {"vocab_size": 400},
+        "mixture": {"weights": {"web": 0.75, "ref": 0.25}},
+        "shards": {"seq_len": 16, "val_fraction": 0.2, "workers": 1},
+        "decontamination": {"benchmarks": [{"name": "lanterns", "path": str(tmp / "bench.jsonl"),
+                                            "text_fields": ["question", "answer"]}]},
+        "quality": {"classifier": {"enabled": False}},  # every stage runs; no classifier to train on 20 documents
+    }
+    project = load_project(config, tmp, home, monkeypatch)
+    from orchestration.demo import UNPARTITIONED, WAVES
+
+    for wave in WAVES[:WAVES.index(["tokenizer", "token_shards"]) + 1]:  # the demo's order, up to the shards
+        for source in [None] if set(wave) <= UNPARTITIONED else ["web", "ref"]:
+            assert project.materialize(wave, source).success
+    store = Store(home / "data")
+    checkpoint = stand_in_checkpoint(store)
+    return {"project": project, "home": home, "store": store, "config": load_config(tmp / "kiln.yaml"),
+            "config_path": tmp / "kiln.yaml", "ref": ref, "web": web, "rng": rng, "vocab": vocab,
+            "checkpoint": checkpoint, "members": members(store)}
+
+
+def stand_in_checkpoint(store: Store):
+    """A training_run and a checkpoint manifest over the real token shards (weights are not needed here)."""
+    shards = store.manifest("token_shards")
+    with store.staging("training_run") as writer:
+        (writer.dir / "summary.json").write_text(json.dumps({"steps": 3}))
+        inputs = {"token_shards": shards.data_version, "tokenizer": store.manifest("tokenizer").data_version}
+        run = writer.commit(code_version="test", config={}, inputs=inputs, counts={"steps": 3},
+                            stats={"mlflow": {"experiment_id": "1", "run_id": "abc123"}})
+    with store.staging("checkpoint") as writer:
+        (writer.dir / "safetensors").mkdir()
+        (writer.dir / "safetensors" / "model.safetensors").write_bytes(b"stand-in weights")
+        return writer.commit(code_version="test", config={}, inputs={"training_run": run.data_version},
+                             counts={"parameters": 1, "steps": 3}, stats={"mlflow": run.stats["mlflow"]})
+
+
+def members(store: Store) -> dict[str, dict]:
+    """doc_id -> its row of the token shards' member list."""
+    return {r["doc_id"]: r for r in store.read_table("token_shards", None, "members").to_pylist()}

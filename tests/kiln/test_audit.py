@@ -1,0 +1,224 @@
+"""Audits (kiln.audit and `kiln audit`) on a small store built by materializing the data assets
+(tests/audit_store.py: two sources, near-copies, a filtered, a decontaminated and an unreadable record, a
+mixture that repeats one source and subsamples the other, and a stand-in checkpoint)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kiln import audit
+from kiln.cli import main
+from kiln.data_card import build_data_card, data_card_markdown
+from kiln.dedup.minhash import jaccard, shingle_hashes
+from kiln.documents import make_doc_id
+from kiln.storage import Store
+from tests.audit_store import SHORT, build_audit_store, edit, random_text
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    try:
+        yield build_audit_store(tmp_path_factory.mktemp("audit"), mp)
+    finally:
+        mp.undo()
+
+
+def doc_texts(store: Store, source: str) -> dict[str, str]:
+    return {r["doc_id"]: r["text"] for r in store.read_table("deduplicated_documents", source,
+                                                             columns=["doc_id", "text"]).to_pylist()}
+
+
+# ------------------------------------------------------------------------------------------ membership
+
+def test_a_kept_document_reached_training_by_doc_id_and_by_exact_text(built):
+    store, config = built["store"], built["config"]
+    texts = doc_texts(store, "web")
+    doc_id = next(d for d, m in built["members"].items() if m["source"] == "web" and m["copies"] > 0
+                  and m["split"] == "train")
+    by_id = audit.membership(store, config, doc_id=doc_id)
+    assert by_id.verdict == audit.IN_TRAINING and by_id.reached_training and by_id.match == "doc_id"
+    assert by_id.source == "web" and by_id.license == "CC-BY-4.0"
+    [shard] = by_id.shards
+    assert shard.copies == built["members"][doc_id]["copies"] >= 1 and shard.split == "train"
+    assert shard.shard_set == store.manifest("token_shards").data_version
+    assert shard.checkpoints == [built["checkpoint"].data_version]
+    assert [(r.stage, r.status) for r in by_id.stages] == [(stage, "kept") for stage in audit.DOCUMENT_STAGES]
+    # The text, exactly as stored, and with case and whitespace changed (exact dedup folds both).
+    for text in (texts[doc_id], "  " + texts[doc_id].upper().replace(" ", "\n ")):
+        by_text = audit.membership(store, config, text=text)
+        assert by_text.match == "exact" and by_text.doc_id == doc_id and by_text.verdict == audit.IN_TRAINING
+        assert "IN TRAINING" in by_text.render()
+
+
+def test_a_near_duplicate_of_a_kept_document_is_found_through_the_minhash_index(built):
+    store, config = built["store"], built["config"]
+    texts = doc_texts(store, "ref")
+    kept = next(d for d, m in built["members"].items() if m["source"] == "ref" and m["copies"] > 0
+                and m["split"] == "train")
+    variant = edit(texts[kept], built["rng"], built["vocab"], k=2)
+    result = audit.membership(store, config, text=variant)
+    assert result.match == "near_duplicate" and result.doc_id == kept
+    near = config.dedup.near
+    expected = jaccard(shingle_hashes(variant, near), shingle_hashes(texts[kept], near))
+    assert result.jaccard == pytest.approx(expected, abs=1e-6) and near.threshold <= result.jaccard < 1
+    assert result.verdict == audit.IN_TRAINING and f"near-duplicate of {kept}: exact Jaccard" in result.render()
+
+
+def test_a_filtered_document_says_where_and_why_it_was_removed(built):
+    store, config = built["store"], built["config"]
+    by_text = audit.membership(store, config, text=SHORT)  # only the raw documents hold this text
+    by_id = audit.membership(store, config, doc_id=make_doc_id("web", "id:short"))
+    for result in (by_text, by_id):
+        assert result.verdict == audit.REMOVED and not result.reached_training
+        removed = next(r for r in result.stages if r.status == "removed")
+        assert (removed.stage, removed.step, removed.reason) == ("filtered_documents", "filter",
+                                                                 "gopher_quality.min_doc_words")
+        assert [r.status for r in result.stages[2:]] == ["not reached"] * 3 and not result.shards
+        assert "removed at filtered_documents (filter), reason gopher_quality.min_doc_words" in result.summary
+    assert by_text.match == "exact" and by_text.doc_id == by_id.doc_id
+
+
+def test_near_duplicate_and_benchmark_removals_name_the_kept_copy_and_the_reason(built):
+    store, config = built["store"], built["config"]
+    copy = audit.membership(store, config, doc_id=make_doc_id("web", "id:w0"))  # an edited copy of ref r0
+    assert copy.verdict == audit.REMOVED
+    removed = next(r for r in copy.stages if r.status == "removed")
+    assert (removed.stage, removed.step, removed.reason) == ("deduplicated_documents", "near_dedup", "near_duplicate")
+    assert removed.duplicate_of == make_doc_id("ref", "id:r0") and removed.jaccard >= 0.8
+    assert f"duplicate of {removed.duplicate_of} (Jaccard" in copy.summary
+    bench = audit.membership(store, config, doc_id=make_doc_id("web", "id:w9"))
+    assert bench.verdict == audit.REMOVED and "decontamination.benchmark_overlap" in bench.summary
+
+
+def test_left_out_validation_quarantined_and_never_seen(built):
+    store, config = built["store"], built["config"]
+    left_out = next(d for d, m in built["members"].items() if m["split"] == "train" and m["copies"] == 0)
+    assert audit.membership(store, config, doc_id=left_out).verdict == audit.LEFT_OUT
+    val = next(d for d, m in built["members"].items() if m["split"] == "val")
+    result = audit.membership(store, config, doc_id=val)
+    assert result.verdict == audit.VALIDATION and result.shards[0].split == "val"
+    quarantine = store.read_table("raw_documents", "web", "quarantine").to_pylist()
+    bad = audit.membership(store, config, doc_id=make_doc_id("web", quarantine[0]["locator"]))
+    assert bad.verdict == audit.QUARANTINED and bad.stages[0].reason == "malformed_json"
+    unseen = audit.membership(store, config, text=random_text(built["rng"], built["vocab"]))
+    assert unseen.verdict == audit.NEVER_SEEN and unseen.match == "none" and unseen.doc_id is None
+    assert audit.membership(store, config, doc_id="0" * 24).verdict == audit.NEVER_SEEN
+
+
+def test_membership_for_a_named_checkpoint(built):
+    store, config = built["store"], built["config"]
+    doc_id = next(d for d, m in built["members"].items() if m["copies"] > 0)
+    result = audit.membership(store, config, doc_id=doc_id, checkpoint=built["checkpoint"].data_version[:8])
+    assert result.verdict == audit.IN_TRAINING
+    with pytest.raises(audit.AuditError, match="no checkpoint 'ffffffffff'"):
+        audit.membership(store, config, doc_id=doc_id, checkpoint="ffffffffff")
+
+
+# --------------------------------------------------------------------------------------- lineage, sources
+
+def test_lineage_reaches_raw_documents_for_every_source_with_hashes(built):
+    store = built["store"]
+    chain = audit.lineage(store, "checkpoint")
+    assert chain.nodes[0].asset == "checkpoint" and not chain.problems
+    assert sorted(chain.partitions("raw_documents")) == ["ref", "web"]
+    every_stage = [f"{stage}/{source}" for stage in audit.DOCUMENT_STAGES for source in ("web", "ref")]
+    for key in ["training_run", "token_shards", "tokenizer", "dedup_index", "minhash_signatures/ref", *every_stage]:
+        node = chain.node(key)
+        manifest = store.manifest(node.asset, node.partition)
+        assert node.status == "current" and node.data_version == manifest.data_version
+        assert node.files and all(len(f["sha256"]) == 64 for f in node.files) and node.git_commit == manifest.git_commit
+        assert all(chain.node(k).data_version == v for k, v in node.inputs.items())
+    text = chain.render()
+    assert "raw sources reached: ref, web" in text and "(listed above)" in text
+    # The same chain from a data version prefix or the checkpoint folder; unknown targets say so.
+    version = built["checkpoint"].data_version
+    assert audit.lineage(store, version[:8]).nodes[0].data_version == version
+    assert audit.lineage(store, str(store.dataset_dir("checkpoint"))).nodes[0].data_version == version
+    with pytest.raises(audit.AuditError, match="no checkpoint 'nope'"):
+        audit.lineage(store, "nope")
+
+
+def test_source_usage_lists_shard_sets_shards_and_checkpoints(built):
+    store, config = built["store"], built["config"]
+    usage = audit.source_usage(store, config, "ref")
+    assert usage.license == "CC0-1.0" and usage.checkpoints == [built["checkpoint"].data_version]
+    [shard_set] = usage.shard_sets
+    stats = store.manifest("token_shards").stats["sources"]["ref"]
+    assert shard_set.train_tokens == stats["train_tokens"] and shard_set.effective_epochs < 1
+    assert sum(s["tokens"] for s in shard_set.shards) == stats["train_tokens"] + stats["val_tokens"]
+    assert [s["stage"] for s in usage.stages] == audit.DOCUMENT_STAGES
+    assert usage.stages[0]["documents"] == 10 and usage.stages[-1]["documents"] == stats["train_documents"] + \
+        stats["val_documents"]
+    assert "abc123" in usage.render()
+    with pytest.raises(audit.AuditError, match="unknown source 'nope'; sources: ref, web"):
+        audit.source_usage(store, config, "nope")
+
+
+# --------------------------------------------------------------------------------------------------- CLI
+
+def kiln(built, *argv):
+    return main(["audit", *argv, "--home", str(built["home"]), "--config", str(built["config_path"])])
+
+
+def test_cli_answers_in_text_and_json(built, capsys, tmp_path):
+    assert kiln(built, "lineage", "checkpoint") == 0
+    assert "raw sources reached: ref, web" in capsys.readouterr().out
+    (tmp_path / "doc.txt").write_text(SHORT)
+    assert kiln(built, "membership", "--text", str(tmp_path / "doc.txt"), "--json") == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["verdict"] == "removed" and answer["reached_training"] is False
+    assert kiln(built, "source", "web") == 0
+    assert "token_shards" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["source", "nope"], "unknown source 'nope'"),
+    (["lineage", "0123456789"], "no checkpoint '0123456789'"),
+    (["membership", "--text", "/no/such/file.txt"], "--text: no such file"),
+    (["membership", "--doc-id", " "], "--doc-id is empty"),
+])
+def test_cli_domain_errors_exit_2_with_a_message(built, capsys, argv, message):
+    assert kiln(built, *argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("kiln audit: ") and message in captured.err
+
+
+def test_cli_argument_errors_exit_2(built, capsys, tmp_path):
+    for argv in (["membership"], ["membership", "--doc-id", "x", "--text", "f"], ["lineage"], ["frobnicate"]):
+        with pytest.raises(SystemExit) as info:
+            kiln(built, *argv)
+        assert info.value.code == 2
+    capsys.readouterr()
+    assert main(["audit", "lineage", "checkpoint", "--home", str(tmp_path)]) == 2
+    assert "no Kiln store at" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------- data card
+
+def test_data_card_holds_sources_stages_funnel_and_lineage(built):
+    store, config = built["store"], built["config"]
+    card = build_data_card(store, config, mlflow_url="http://mlflow.example/#/runs/abc123")
+    json.dumps(card)  # the JSON file is this dict
+    assert card["checkpoint"]["data_version"] == built["checkpoint"].data_version
+    sources = {s["name"]: s for s in card["sources"]}
+    assert sources["web"]["license"] == "CC-BY-4.0" and sources["ref"]["license"] == "CC0-1.0"
+    assert list(sources["web"]["stages"]) == audit.DOCUMENT_STAGES
+    assert sources["web"]["stages"]["raw_documents"]["documents_in"] == 12  # 10 texts + short + unreadable
+    assert sources["web"]["tokens"]["effective_epochs"] > 1 > sources["ref"]["tokens"]["effective_epochs"]
+    reasons = {r["reason"] for r in card["funnel"]["total"]["rows"]}
+    assert {"malformed_json", "gopher_quality.min_doc_words", "near_duplicate",
+            "decontamination.benchmark_overlap"} <= reasons
+    assert card["dedup"]["per_source"]["web"]["near_duplicates"] == 3
+    assert card["decontamination"]["per_source"]["web"]["per_benchmark"]["lanterns"]["documents_dropped"] == 1
+    assert card["pii"]["web"] == {} and card["mixture"]["per_source"]["web"]["share"] > 0.7
+    assert card["shards"]["member_list"]["sha256"] == store.manifest("token_shards").files_with_role("members")[0].sha256
+    assert card["mlflow"]["run_id"] == "abc123" and card["mlflow"]["url"].startswith("http://mlflow.example")
+    assert {n["key"] for n in card["lineage"]["nodes"]} >= {"raw_documents/web", "raw_documents/ref", "tokenizer"}
+    markdown = data_card_markdown(card)
+    for needle in ("## Sources and licenses", "| web | CC-BY-4.0 |", "## Filter funnel", "near_duplicate",
+                   "| lanterns | 1 | 1 | 1 | 0 |", "## Mixture and effective epochs", "`raw_documents/ref`",
+                   "http://mlflow.example/#/runs/abc123"):
+        assert needle in markdown
