@@ -75,7 +75,7 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
     manifests = {s.name: store.manifest(SIGNATURES, s.name) for s in config.sources}
     batch = Batch.from_tables([(s.quality_tier, store.read_table(SIGNATURES, s.name, "signatures"))
                                for s in config.sources])
-    with store.staging(INDEX) as writer, dedup_index_store.open(near) as index:
+    with store.staging(INDEX) as writer, dedup_index_store.open(near, store.remote) as index:
         result = near_dedup(batch, index, near, batch_name=context.run.run_id, enabled=near.enabled)
         writer.write("decisions", result.decisions)
         boilerplate = set()

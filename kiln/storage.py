@@ -3,6 +3,18 @@
 Parts are written to a temporary name and renamed; a whole dataset is staged in a sibling folder and
 swapped in only after its manifest is written, so readers see either the old complete version or the
 new complete one. A folder without a manifest is incomplete and is never read.
+
+With a remote (`storage.backend: s3`), S3 is the durable store and `root` is a local cache kept in sync,
+so every caller still gets local paths (sentencepiece, memmapped shards, safetensors, training processes):
+
+- a commit swaps the dataset in locally, uploads its files under
+  `<prefix>/<asset>/<partition>/<data_version>/`, then `<prefix>/<asset>/<partition>/_manifest.json`
+  LAST, then deletes the keys the new manifest does not list. A manifest on S3 therefore always names
+  complete files: a crash mid-upload leaves the previous manifest, and its files (another version's
+  folder, deleted only after the new manifest is up), readable;
+- a read fetches the remote manifest once per Store (a new Store sees new versions); when the local copy
+  is missing or holds another version it downloads the files, verifying each sha256 against the
+  manifest, into a staging folder and swaps it in, then serves local paths.
 """
 
 from __future__ import annotations
@@ -12,17 +24,19 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.manifest import MANIFEST_NAME, FileEntry, Manifest, data_version_of, git_commit, now_utc, sha256_file, write_json_atomic
+from kiln.remote import CorruptRemoteFile, MissingRemoteFile, S3Remote
 
 # A file's role is its name's prefix, so any reader can tell documents from rejects, signatures or shards.
 ROLE_PREFIX = {"documents": "part", "rejected": "rejected", "quarantine": "quarantine", "signatures": "signatures",
-               "decisions": "decisions", "contamination": "contamination", "lines": "lines", "shard": "shard"}
+               "decisions": "decisions", "contamination": "contamination", "lines": "lines", "shard": "shard",
+               "members": "members"}
 
 
 def write_parquet_atomic(path: Path, table: pa.Table) -> None:
@@ -41,22 +55,40 @@ class IncompleteDataset(FileNotFoundError):
 
 @dataclass(frozen=True)
 class Store:
-    """Where Kiln keeps its datasets: `<root>/<asset>/<partition>/`."""
+    """Where Kiln keeps its datasets: `<root>/<asset>/<partition>/`; with a `remote`, durably on S3 and
+    `root` is the local cache (see the module docstring)."""
 
     root: Path
+    remote: S3Remote | None = None
+    # (asset, partition) -> the remote manifest's bytes (None: not on S3) once this Store has synced it
+    _synced: dict[tuple[str, str | None], bytes | None] = field(default_factory=dict, init=False, repr=False,
+                                                                compare=False)
 
     def dataset_dir(self, asset: str, partition: str | None = None) -> Path:
+        """The dataset's local folder; with a remote, brought up to date with S3 first."""
+        if self.remote is not None:
+            self._sync(asset, partition)
+        return self._local_dir(asset, partition)
+
+    def _local_dir(self, asset: str, partition: str | None = None) -> Path:
         return self.root / asset / (partition or "_all")
 
     def manifest(self, asset: str, partition: str | None = None) -> Manifest:
-        path = self.dataset_dir(asset, partition) / MANIFEST_NAME
+        path = self._local_dir(asset, partition) / MANIFEST_NAME
+        if self.remote is not None and self._sync(asset, partition) is None:
+            stale = f"; the local copy {path} is not on S3 (an upload that did not finish, or data from before " \
+                    f"storage.backend: s3)" if path.is_file() else ""
+            raise IncompleteDataset(f"{asset}[{partition}] has not been materialized (no "
+                                    f"{self.remote.url(self._remote_dir(asset, partition))}/{MANIFEST_NAME}"
+                                    f"{stale}); materialize it first")
         if not path.is_file():
             raise IncompleteDataset(f"{asset}[{partition}] has not been materialized (no {path}); materialize it first")
         return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
     def files(self, asset: str, partition: str | None, role: str) -> list[Path]:
-        base = self.dataset_dir(asset, partition)
-        return [base / f.path for f in self.manifest(asset, partition).files_with_role(role)]
+        manifest = self.manifest(asset, partition)
+        base = self._local_dir(asset, partition)
+        return [base / f.path for f in manifest.files_with_role(role)]
 
     def read_table(self, asset: str, partition: str | None, role: str = "documents",
                    columns: list[str] | None = None) -> pa.Table:
@@ -71,14 +103,124 @@ class Store:
             yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
 
     def staging(self, asset: str, partition: str | None = None) -> DatasetWriter:
-        return DatasetWriter(self.dataset_dir(asset, partition), asset, partition)
+        return DatasetWriter(self._local_dir(asset, partition), asset, partition, store=self)
+
+    # ----------------------------------------------------------------------------------- S3 sync
+
+    def _remote_dir(self, asset: str, partition: str | None) -> str:
+        return self.remote.key(asset, partition or "_all")
+
+    def _sync(self, asset: str, partition: str | None) -> bytes | None:
+        key = (asset, partition or None)
+        if key not in self._synced:
+            self._synced[key] = self._pull(asset, partition)
+        return self._synced[key]
+
+    def _pull(self, asset: str, partition: str | None) -> bytes | None:
+        """Make the local copy the version on S3; the remote manifest's bytes, or None when S3 has none."""
+        remote_dir, local = self._remote_dir(asset, partition), self._local_dir(asset, partition)
+        data = self.remote.get_bytes(f"{remote_dir}/{MANIFEST_NAME}")
+        while data is not None:
+            manifest = _remote_manifest(data, self.remote.url(f"{remote_dir}/{MANIFEST_NAME}"))
+            if _local_copy_is(local, data, manifest):
+                return data
+            try:
+                self._download(local, f"{remote_dir}/{manifest.data_version}", manifest, data)
+                return data
+            except MissingRemoteFile:
+                # A newer version replaced this one (and deleted its files) while we read: start over with it.
+                newer = self.remote.get_bytes(f"{remote_dir}/{MANIFEST_NAME}")
+                if newer == data:
+                    raise
+                data = newer
+        return None
+
+    def _download(self, local: Path, version_dir: str, manifest: Manifest, data: bytes) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        staging = local.with_name(f".{local.name}.pull-{uuid.uuid4().hex[:8]}")
+        try:
+            for f in manifest.files:
+                (staging / f.path).parent.mkdir(parents=True, exist_ok=True)
+            staging.mkdir(exist_ok=True)
+            self.remote.download_files([(f"{version_dir}/{f.path}", staging / f.path, f.sha256)
+                                        for f in manifest.files])
+            (staging / MANIFEST_NAME).write_bytes(data)  # last, as a writer does
+            if _local_copy_is(local, data, manifest):  # another process (another step) fetched it meanwhile
+                return
+            try:
+                _swap_in(staging, local)
+            except OSError:  # ... or just now: fine if it is this version
+                if not _local_copy_is(local, data, manifest):
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _push(self, asset: str, partition: str | None, manifest: Manifest) -> None:
+        """Upload a just-committed local dataset: files, then the manifest, then delete stale keys."""
+        key = (asset, partition or None)
+        self._synced.pop(key, None)  # until the manifest is up, S3 still holds the previous version
+        local, remote_dir = self._local_dir(asset, partition), self._remote_dir(asset, partition)
+        version_dir = f"{remote_dir}/{manifest.data_version}"
+        data = (local / MANIFEST_NAME).read_bytes()
+        self.remote.upload_files([(local / f.path, f"{version_dir}/{f.path}") for f in manifest.files])
+        self.remote.put_bytes(f"{remote_dir}/{MANIFEST_NAME}", data)
+        self._synced[key] = data
+        keep = {f"{remote_dir}/{MANIFEST_NAME}"} | {f"{version_dir}/{f.path}" for f in manifest.files}
+        self.remote.delete_keys(k for k in self.remote.list_keys(remote_dir) if k not in keep)
+
+
+def _remote_manifest(data: bytes, where: str) -> Manifest:
+    try:
+        manifest = Manifest.from_dict(json.loads(data))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptRemoteFile(f"{where} is not a readable Kiln manifest ({exc})") from None
+    unsafe = [f.path for f in manifest.files if Path(f.path).is_absolute() or ".." in Path(f.path).parts]
+    if unsafe or data_version_of(manifest.files) != manifest.data_version:
+        raise CorruptRemoteFile(f"{where}: its file list does not match its data version {manifest.data_version}"
+                                + (f" (unsafe paths {unsafe[:3]})" if unsafe else "") + "; the manifest was altered")
+    return manifest
+
+
+def _local_copy_is(local: Path, data: bytes, manifest: Manifest) -> bool:
+    """Whether the local folder holds this version (files present with their sizes; the manifest bytes are
+    refreshed in place when only its metadata changed, e.g. the same data re-materialized elsewhere)."""
+    path = local / MANIFEST_NAME
+    if not path.is_file():
+        return False
+    for f in manifest.files:
+        p = local / f.path
+        if not p.is_file() or p.stat().st_size != f.bytes:
+            return False
+    current = path.read_bytes()
+    if current == data:
+        return True
+    try:
+        same = Manifest.from_dict(json.loads(current)).data_version == manifest.data_version
+    except (ValueError, TypeError, KeyError):
+        return False
+    if same:
+        write_json_atomic(path, data.decode("utf-8"))
+    return same
+
+
+def _swap_in(staging: Path, final: Path) -> None:
+    """Replace `final` by the complete folder `staging` (two renames; the old copy is removed after)."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(final, old)
+    os.replace(staging, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 class DatasetWriter:
-    """Collects parts in a staging folder; `commit` writes the manifest and swaps the folder in."""
+    """Collects parts in a staging folder; `commit` writes the manifest and swaps the folder in (and, with a
+    remote, uploads it: files, then the manifest; a failed upload fails the commit, leaving S3 at the
+    previous version)."""
 
-    def __init__(self, final_dir: Path, asset: str, partition: str | None):
-        self.final_dir, self.asset, self.partition = final_dir, asset, partition
+    def __init__(self, final_dir: Path, asset: str, partition: str | None, store: Store | None = None):
+        self.final_dir, self.asset, self.partition, self.store = final_dir, asset, partition, store
         final_dir.parent.mkdir(parents=True, exist_ok=True)
         self.dir = final_dir.with_name(f".{final_dir.name}.staging-{uuid.uuid4().hex[:8]}")
         self.dir.mkdir()
@@ -110,19 +252,15 @@ class DatasetWriter:
                             git_commit=git_commit(), created_at=now_utc(), data_version=data_version_of(entries))
         write_json_atomic(self.dir / MANIFEST_NAME, manifest.to_json())
         self._swap()
+        if self.store is not None and self.store.remote is not None:
+            self.store._push(self.asset, self.partition, manifest)
         return manifest
 
     def abort(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _swap(self) -> None:
-        old = None
-        if self.final_dir.exists():
-            old = self.final_dir.with_name(f".{self.final_dir.name}.old-{uuid.uuid4().hex[:8]}")
-            os.replace(self.final_dir, old)
-        os.replace(self.dir, self.final_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _swap_in(self.dir, self.final_dir)
 
     def __enter__(self) -> DatasetWriter:
         return self

@@ -8,6 +8,10 @@ policy need: each document's shingle set and its `IndexedDoc` record.
 - `LocalIndex`: append-only segments under one folder (`index.json` written last lists the complete
   ones, so a crash mid-commit leaves the previous index intact). Arrays are `.npy` files opened
   memory-mapped; the band tables are rebuilt from the stored signatures when opened.
+  With S3 storage (`remote`), the folder is a cache of `<prefix>/_dedup_index/<name>/` on S3: opening
+  pulls the segments S3 lists (sha256-verified) and its `index.json`; `commit` uploads new segments, then
+  `index.json` last, so a crash mid-upload leaves the previous index on S3 intact. One writer at a time
+  (the `dedup_index` asset is unpartitioned); many concurrent writers need Redis.
 - `RedisIndex`: datasketch's Redis storage, so many workers share one index; records and shingles
   live in two Redis hashes beside the band tables. Inserts are visible at once (no commit step).
 
@@ -33,6 +37,7 @@ from datasketch import MinHashLSH
 from kiln.config import DedupIndexSettings, NearDedup
 from kiln.dedup.minhash import bands_rows, lean
 from kiln.manifest import sha256_file, write_json_atomic
+from kiln.remote import S3Remote
 
 
 @dataclass(frozen=True)
@@ -139,8 +144,11 @@ def _new_lsh(params: dict[str, Any], storage_config: dict | None = None) -> MinH
 class LocalIndex(DedupIndex):
     """Segments of `records.parquet`, `signatures.npy`, `shingles.npy` + `offsets.npy` under one folder."""
 
-    def __init__(self, path: Path, params: dict[str, Any]):
+    def __init__(self, path: Path, params: dict[str, Any], remote: S3Remote | None = None):
         self.path = path
+        self.mirror = _S3Mirror(remote, path) if remote is not None else None
+        if self.mirror is not None:
+            self.mirror.pull()
         meta_path = path / "index.json"
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"params": params, "segments": []}
         _check_params(meta["params"], params, str(path))
@@ -235,6 +243,8 @@ class LocalIndex(DedupIndex):
                               json.dumps({"params": self.params, "segments": self.segments}, indent=2))
             self._pending, self._pending_where = [], {}
             self._load_segment_records_only(seg)
+        if self.mirror is not None:
+            self.mirror.push(self.segments)
         return {"documents": len(self), "segments": len(self.segments),
                 "bytes": sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())}
 
@@ -247,6 +257,52 @@ class LocalIndex(DedupIndex):
         self._shingles.append((np.load(d / "shingles.npy", mmap_mode="r"), np.load(d / "offsets.npy", mmap_mode="r")))
         for row, doc_id in enumerate(records.column("doc_id").to_pylist()):
             self._where[doc_id] = (n, row)
+
+
+class _S3Mirror:
+    """Keeps a LocalIndex folder and its copy on S3 in step (segments are immutable once listed)."""
+
+    def __init__(self, remote: S3Remote, path: Path):
+        self.remote, self.path = remote, path
+        self.base = remote.key("_dedup_index", path.name)
+        self.remote_segments: dict[str, dict[str, Any]] = {}  # name -> entry of what S3's index.json lists
+
+    def pull(self) -> None:
+        """Make the local folder the index on S3. Nothing on S3 yet: a local index is kept, and uploaded
+        by the next commit."""
+        data = self.remote.get_bytes(f"{self.base}/index.json")
+        if data is None:
+            return
+        meta = json.loads(data)
+        local_path = self.path / "index.json"
+        local = {s["name"]: s for s in json.loads(local_path.read_text())["segments"]} if local_path.is_file() else {}
+        self.path.mkdir(parents=True, exist_ok=True)
+        for seg in meta["segments"]:
+            d = self.path / seg["name"]
+            if local.get(seg["name"]) == seg and all((d / f).is_file() for f in seg["files"]):
+                continue
+            staging = self.path / f".{seg['name']}.pull-{uuid.uuid4().hex[:8]}"
+            staging.mkdir()
+            try:
+                self.remote.download_files([(f"{self.base}/{seg['name']}/{f}", staging / f, sha)
+                                            for f, sha in seg["files"].items()])
+                if d.exists():  # a local segment of the same name that S3 never listed (an unfinished commit)
+                    shutil.rmtree(d)
+                os.replace(staging, d)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        write_json_atomic(local_path, data.decode("utf-8"))
+        self.remote_segments = {s["name"]: s for s in meta["segments"]}
+
+    def push(self, segments: list[dict[str, Any]]) -> None:
+        """Upload the segments S3 does not have, then `index.json` (last)."""
+        if not segments or self.remote_segments == {s["name"]: s for s in segments}:
+            return
+        self.remote.upload_files([(self.path / seg["name"] / f, f"{self.base}/{seg['name']}/{f}")
+                                  for seg in segments if self.remote_segments.get(seg["name"]) != seg
+                                  for f in seg["files"]])
+        self.remote.put_bytes(f"{self.base}/index.json", (self.path / "index.json").read_bytes())
+        self.remote_segments = {s["name"]: s for s in segments}
 
 
 # ------------------------------------------------------------------------------------------- redis
@@ -305,9 +361,11 @@ class RedisIndex(DedupIndex):
         self.client.close()
 
 
-def open_index(settings: DedupIndexSettings, near: NearDedup, local_root: Path) -> DedupIndex:
-    """The index named in config, on the configured backend (local files under `local_root`, or Redis)."""
+def open_index(settings: DedupIndexSettings, near: NearDedup, local_root: Path,
+               remote: S3Remote | None = None) -> DedupIndex:
+    """The index named in config, on the configured backend (local files under `local_root`, kept in step with
+    S3 when `remote` is given, or Redis)."""
     params = index_params(near)
     if settings.backend == "redis":
         return RedisIndex(settings.redis_url, settings.name, params)
-    return LocalIndex(local_root / settings.name, params)
+    return LocalIndex(local_root / settings.name, params, remote)

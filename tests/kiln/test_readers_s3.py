@@ -2,7 +2,6 @@
 
 import gzip
 import json
-import socket
 
 import pytest
 
@@ -10,31 +9,14 @@ from kiln.config import Reading, Source
 from kiln.documents import Document
 from kiln.readers import Quarantined, read_source
 from tests.conftest import prose
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
-def s3(monkeypatch):
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    for key, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(key, value)
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=endpoint)
+def s3(s3_endpoint):  # noqa: F811
+    client = s3_client(s3_endpoint)
     client.create_bucket(Bucket="corpora")
-    yield client
-    server.stop()
+    return client
 
 
 def test_jsonl_glob_on_s3_with_a_corrupt_line(s3):

@@ -1,0 +1,71 @@
+"""S3 storage throughput: commit (write + upload) and read-back into an empty cache (download + sha256),
+against moto's S3 server started here on loopback. NOT a figure for AWS: moto keeps objects in the memory of
+this process and shares its CPU, so it measures Kiln's overhead and the client path, not a network.
+
+    .venv/bin/python bench/storage_s3_bench.py [--files 8] [--mb-per-file 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kiln.remote import S3Remote  # noqa: E402
+from kiln.storage import Store  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--mb-per-file", type=int, default=16)
+    args = parser.parse_args()
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                       "AWS_DEFAULT_REGION": "us-east-1"})
+    client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}")
+    remote = S3Remote.connect(client, "kiln-bench", "kiln", create_bucket=True)
+    total_mb = args.files * args.mb_per_file
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            timings = {}
+            for label, store in (("local only", Store(Path(tmp) / "local")), ("s3", Store(Path(tmp) / "s3", remote))):
+                start = time.perf_counter()
+                with store.staging("token_shards") as writer:
+                    for i in range(args.files):
+                        (writer.dir / f"shard-{i:05d}.bin").write_bytes(os.urandom(args.mb_per_file << 20))
+                    writer.commit(code_version="bench", config={}, inputs={}, counts={})
+                timings[label] = time.perf_counter() - start
+            start = time.perf_counter()
+            Store(Path(tmp) / "fresh", remote).dataset_dir("token_shards")
+            pull = time.perf_counter() - start
+    finally:
+        server.stop()
+    upload = timings["s3"] - timings["local only"]
+    print(f"machine: {platform.node()} ({os.cpu_count()} cores), moto S3 server on loopback (in this process)")
+    print(f"dataset: {args.files} files x {args.mb_per_file} MB = {total_mb} MB")
+    print(f"commit, local only:            {timings['local only']:.2f} s (write + sha256)")
+    print(f"commit with S3:                {timings['s3']:.2f} s -> upload adds {upload:.2f} s "
+          f"({total_mb / max(upload, 1e-9):.0f} MB/s)")
+    print(f"read into an empty cache:      {pull:.2f} s ({total_mb / pull:.0f} MB/s, download + sha256 verify)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""The whole data chain through Dagster with `storage.backend: s3`, against moto's server on loopback:
+every artifact lands in the bucket, and with the local cache deleted the chain comes back from S3."""
+
+import hashlib
+import json
+import shutil
+import string
+
+import numpy as np
+import pytest
+
+from kiln.manifest import MANIFEST_NAME
+from kiln.remote import S3Remote
+from kiln.storage import Store
+from tests.assets.project import load_project
+from tests.conftest import write_jsonl
+from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
+
+BUCKET, PREFIX = "kiln-chain", "team/kiln"
+SOURCES = ("web", "ref")
+PER_SOURCE = ["raw_documents", "filtered_documents", "curated_documents", "minhash_signatures",
+              "deduplicated_documents", "quality_scores", "quality_filtered_documents"]
+SINGLE = ["dedup_index", "quality_classifier", "tokenizer", "token_shards"]
+
+
+def random_text(rng, vocab, n=120):
+    return " ".join(rng.choice(vocab, n))
+
+
+def edit(text, rng, vocab):
+    words = text.split()
+    for p in rng.choice(len(words), 2, replace=False):
+        words[p] = str(rng.choice(vocab))
+    return " ".join(words)
+
+
+@pytest.fixture
+def project(tmp_path, kiln_home, monkeypatch, s3_endpoint):  # noqa: F811
+    rng = np.random.default_rng(0)
+    vocab = ["".join(rng.choice(list(string.ascii_lowercase), 6)) for _ in range(5000)]
+    ref = [random_text(rng, vocab) for _ in range(8)]
+    web = [edit(t, rng, vocab) for t in ref[:3]] + [random_text(rng, vocab) for _ in range(6)]
+    write_jsonl(tmp_path / "ref" / "a.jsonl", [{"id": i, "text": t} for i, t in enumerate(ref)])
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": f"w-{i}", "text": t} for i, t in enumerate(web)])
+    config = {
+        "sources": [
+            {"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC-BY", "domain": "web",
+             "quality_tier": 3, "profile": "none"},
+            {"name": "ref", "kind": "jsonl", "path": str(tmp_path / "ref"), "license": "CC0", "domain": "reference",
+             "quality_tier": 1, "profile": "none"},
+        ],
+        "profiles": {"none": []},
+        "curation": {"workers": 1}, "dedup": {"workers": 1}, "decontamination": {"enabled": False},
+        "quality": {"classifier": {"folds": 2, "epochs": 5}},
+        "tokenizer": {"vocab_size": 400},
+        "shards": {"seq_len": 16, "val_fraction": 0.2, "workers": 1},
+        "storage": {"backend": "s3", "bucket": BUCKET, "prefix": PREFIX, "create_bucket": True},
+    }
+    return load_project(config, tmp_path, kiln_home, monkeypatch)
+
+
+def materialize(project, selection, partition=None):
+    result = project.materialize(selection, partition)
+    assert result.success
+    failed = [(e.asset_key.to_user_string(), e.check_name) for e in result.get_asset_check_evaluations()
+              if not e.passed and e.check_name != "separates"]  # a 17-document classifier need not separate well
+    assert not failed, failed
+    return result
+
+
+def datasets() -> list[tuple[str, str]]:
+    return [(a, s) for a in PER_SOURCE for s in SOURCES] + [(a, "_all") for a in SINGLE]
+
+
+@pytest.mark.slow
+def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_path):  # noqa: F811
+    home, client = project.home, s3_client(s3_endpoint)
+    for wave in (["raw_documents", "filtered_documents"], ["curated_documents", "minhash_signatures"]):
+        for source in SOURCES:
+            materialize(project, wave, source)
+    materialize(project, ["dedup_index"])
+    for source in SOURCES:
+        materialize(project, ["deduplicated_documents"], source)
+    materialize(project, ["quality_classifier"])
+    for source in SOURCES:
+        materialize(project, ["quality_scores", "quality_filtered_documents"], source)
+    materialize(project, ["tokenizer", "token_shards"])
+
+    # Every dataset's manifest on S3 is the local one, and every file it lists is there with its sha256.
+    keys = {o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
+            for o in page.get("Contents", [])}
+    for asset, partition in datasets():
+        remote_dir = f"{PREFIX}/{asset}/{partition}"
+        data = client.get_object(Bucket=BUCKET, Key=f"{remote_dir}/{MANIFEST_NAME}")["Body"].read()
+        assert data == (home / "data" / asset / partition / MANIFEST_NAME).read_bytes(), (asset, partition)
+        manifest = json.loads(data)
+        assert manifest["files"], (asset, partition)
+        for f in manifest["files"]:
+            body = client.get_object(Bucket=BUCKET, Key=f"{remote_dir}/{manifest['data_version']}/{f['path']}")
+            assert hashlib.sha256(body["Body"].read()).hexdigest() == f["sha256"], (asset, partition, f["path"])
+    assert {k for k in keys if k.endswith(MANIFEST_NAME)} == \
+        {f"{PREFIX}/{a}/{p}/{MANIFEST_NAME}" for a, p in datasets()}
+    assert f"{PREFIX}/_dedup_index/kiln/index.json" in keys
+    tokenizer = json.loads((home / "data" / "tokenizer" / "_all" / MANIFEST_NAME).read_text())
+    assert {"tokenizer.model"} <= {f["path"] for f in tokenizer["files"]}
+    shards = json.loads((home / "data" / "token_shards" / "_all" / MANIFEST_NAME).read_text())
+
+    # A fresh Store with an empty cache reads every dataset back, byte for byte.
+    fresh = Store(tmp_path / "fresh", S3Remote.connect(client, BUCKET, PREFIX))
+    for asset, partition in datasets():
+        local = fresh.dataset_dir(asset, None if partition == "_all" else partition)
+        original = home / "data" / asset / partition
+        for f in fresh.manifest(asset, None if partition == "_all" else partition).files:
+            assert (local / f.path).read_bytes() == (original / f.path).read_bytes(), (asset, partition, f.path)
+
+    # Lose the whole local cache (data and dedup index): token_shards is rebuilt from S3 alone, identically.
+    shutil.rmtree(home / "data")
+    shutil.rmtree(home / "dedup_index")
+    materialize(project, ["token_shards"])
+    again = json.loads((home / "data" / "token_shards" / "_all" / MANIFEST_NAME).read_text())
+    assert again["data_version"] == shards["data_version"] and again["inputs"] == shards["inputs"]
+    assert (home / "data" / "tokenizer" / "_all" / "tokenizer.model").is_file()  # pulled from S3 to read it
+
+    from training_jobs.loader import ShardLoader
+
+    loader = ShardLoader(home / "data" / "token_shards" / "_all", batch_size=2,
+                         expected_tokenizer_sha256=tokenizer["stats"]["card"]["sha256"])
+    assert loader.next_batch()[0].shape == (2, 16)
+
+    # The near-dup index comes back from S3 too: the same documents again are already indexed, not re-added.
+    first = json.loads(client.get_object(Bucket=BUCKET, Key=f"{PREFIX}/dedup_index/_all/{MANIFEST_NAME}")
+                       ["Body"].read())
+    assert not (home / "dedup_index").exists()
+    result = materialize(project, ["dedup_index"])
+    meta = result.asset_materializations_for_node("dedup_index")[0].metadata
+    per_source = meta["decisions_per_source"].value
+    kept = {s: first["stats"]["per_source"][s]["kept"] for s in SOURCES}
+    assert kept == {"ref": 8, "web": 6}
+    assert per_source["ref"]["already_indexed"] == 8 and per_source["web"]["already_indexed"] == 6
+    assert per_source["web"]["near_duplicate"] == 3 and meta["index_documents"].value == 14
+    index = (home / "dedup_index" / "kiln" / "index.json").read_bytes()
+    assert sum(s["documents"] for s in json.loads(index)["segments"]) == 14  # nothing was added twice
+    assert client.get_object(Bucket=BUCKET, Key=f"{PREFIX}/_dedup_index/kiln/index.json")["Body"].read() == index

@@ -1,0 +1,243 @@
+"""Datasets and the dedup index on S3, against moto's server on loopback: uploads with the manifest last,
+read-back into an empty cache, tampered objects refused, a crash mid-upload, and the bucket check."""
+
+import json
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from kiln.config import DedupIndexSettings, NearDedup
+from kiln.dedup.index import IndexedDoc, open_index
+from kiln.manifest import MANIFEST_NAME, sha256_file
+from kiln.remote import CorruptRemoteFile, MissingBucket, S3Remote
+from kiln.storage import IncompleteDataset, Store
+from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
+
+BUCKET = "kiln-test"
+
+
+class Recording:
+    """A boto3 client that logs each call (when it completes) and can crash after `fail_after` uploads."""
+
+    def __init__(self, client, fail_after: int | None = None):
+        self._client, self.fail_after, self.calls, self._lock = client, fail_after, [], threading.Lock()
+
+    def __getattr__(self, name):
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            key = kwargs.get("Key") or (args[2] if name == "upload_file" else None)
+            if name in ("upload_file", "put_object") and self.fail_after is not None:
+                with self._lock:
+                    uploads = sum(1 for n, _ in self.calls if n in ("upload_file", "put_object"))
+                    if uploads >= self.fail_after:
+                        raise ConnectionError("simulated crash: connection lost mid-upload")
+                    self.calls.append((name, key))  # reserve the slot, so parallel uploads count too
+                return attr(*args, **kwargs)
+            result = attr(*args, **kwargs)
+            with self._lock:
+                self.calls.append((name, key))
+            return result
+
+        return call
+
+    def names(self, *wanted: str) -> list[str]:
+        return [key for n, key in self.calls if n in wanted]
+
+
+@pytest.fixture
+def s3(s3_endpoint):  # noqa: F811
+    client = s3_client(s3_endpoint)
+    client.create_bucket(Bucket=BUCKET)
+    return client
+
+
+def remote(client, prefix="kiln") -> S3Remote:
+    return S3Remote.connect(client, BUCKET, prefix)
+
+
+def write_version(store: Store, seed: int, rows: int = 50):
+    """A dataset with two Parquet parts and a binary artifact in a subfolder (like a checkpoint export)."""
+    rng = np.random.default_rng(seed)
+    with store.staging("curated_documents", "web") as writer:
+        for part in range(2):
+            writer.write("documents", pa.table({"doc_id": [f"d{seed}-{part}-{i}" for i in range(rows)],
+                                                "text": [f"text {seed} {part} {i}" for i in range(rows)]}))
+        (writer.dir / "model").mkdir()
+        (writer.dir / "model" / "weights.bin").write_bytes(rng.bytes(300_000 + seed))
+        return writer.commit(code_version="test", config={"seed": seed}, inputs={}, counts={"documents": 2 * rows})
+
+
+def object_bytes(client, key: str) -> bytes:
+    return client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+
+def test_commit_uploads_every_file_then_the_manifest_last(s3, tmp_path):
+    client = Recording(s3)
+    manifest = write_version(Store(tmp_path / "a", remote(client)), seed=1)
+    uploads = client.names("upload_file", "put_object")
+    base = "kiln/curated_documents/web"
+    assert uploads[-1] == f"{base}/{MANIFEST_NAME}" and len(uploads) == len(manifest.files) + 1
+    assert sorted(uploads[:-1]) == sorted(f"{base}/{manifest.data_version}/{f.path}" for f in manifest.files)
+    assert {f.path for f in manifest.files} == {"part-00000.parquet", "part-00001.parquet", "model/weights.bin"}
+    local = tmp_path / "a" / "curated_documents" / "web"
+    assert object_bytes(s3, f"{base}/{MANIFEST_NAME}") == (local / MANIFEST_NAME).read_bytes()
+    for f in manifest.files:
+        assert object_bytes(s3, f"{base}/{manifest.data_version}/{f.path}") == (local / f.path).read_bytes()
+
+
+def test_a_fresh_store_with_an_empty_cache_reads_the_dataset_back_byte_identical(s3, tmp_path):
+    written = write_version(Store(tmp_path / "writer", remote(s3)), seed=2)
+    original = tmp_path / "writer" / "curated_documents" / "web"
+    client = Recording(s3)
+    reader = Store(tmp_path / "reader", remote(client))
+    assert reader.manifest("curated_documents", "web") == written
+    table = reader.read_table("curated_documents", "web")
+    assert table.num_rows == 100 and table.column("doc_id")[0].as_py() == "d2-0-0"
+    local = reader.dataset_dir("curated_documents", "web")
+    assert local == tmp_path / "reader" / "curated_documents" / "web"
+    for f in written.files:
+        assert (local / f.path).read_bytes() == (original / f.path).read_bytes()
+    assert (local / MANIFEST_NAME).read_bytes() == (original / MANIFEST_NAME).read_bytes()
+    # One remote manifest fetch and one download per file, however often this Store is asked.
+    reader.files("curated_documents", "web", "documents")
+    assert len(client.names("get_object")) == 1 + len(written.files)
+    assert not list((tmp_path / "reader" / "curated_documents").glob(".*"))  # no staging folder left
+
+    # A new version written elsewhere: this Store keeps what it synced; a new Store sees the new version,
+    # and one whose cache already holds it downloads nothing.
+    newer = write_version(Store(tmp_path / "writer", remote(s3)), seed=3)
+    assert reader.manifest("curated_documents", "web").data_version == written.data_version
+    assert Store(tmp_path / "reader", remote(s3)).manifest("curated_documents", "web") == newer
+    again = Recording(s3)
+    assert Store(tmp_path / "reader", remote(again)).manifest("curated_documents", "web") == newer
+    assert len(again.names("get_object")) == 1
+
+
+def test_the_writer_does_not_download_the_version_it_replaces(s3, tmp_path):
+    write_version(Store(tmp_path / "first", remote(s3)), seed=4)
+    client = Recording(s3)
+    newer = write_version(Store(tmp_path / "second", remote(client)), seed=5)
+    assert client.names("get_object") == []  # staging and commit never read the old version
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]}  # and its keys are gone
+    base = "kiln/curated_documents/web"
+    assert keys == {f"{base}/{MANIFEST_NAME}"} | {f"{base}/{newer.data_version}/{f.path}" for f in newer.files}
+
+
+def test_a_tampered_remote_file_is_refused_with_the_key(s3, tmp_path):
+    written = write_version(Store(tmp_path / "writer", remote(s3)), seed=6)
+    key = f"kiln/curated_documents/web/{written.data_version}/model/weights.bin"
+    s3.put_object(Bucket=BUCKET, Key=key, Body=object_bytes(s3, key)[:-1] + b"\0")
+    reader = Store(tmp_path / "reader", remote(s3))
+    with pytest.raises(CorruptRemoteFile, match=f"s3://{BUCKET}/{key}: sha256 .* does not match"):
+        reader.files("curated_documents", "web", "documents")
+    # Nothing half-downloaded is left where a reader would look.
+    assert not (tmp_path / "reader" / "curated_documents" / "web").exists()
+    assert not list((tmp_path / "reader" / "curated_documents").glob(".*"))
+
+
+def test_a_crash_mid_upload_leaves_the_previous_version_readable(s3, tmp_path):
+    first = write_version(Store(tmp_path / "writer", remote(s3)), seed=7)
+    crashing = Recording(s3, fail_after=1)
+    with pytest.raises(ConnectionError, match="simulated crash"):
+        write_version(Store(tmp_path / "writer", remote(crashing)), seed=8)
+    assert not any(key.endswith(MANIFEST_NAME) for key in crashing.names("put_object"))
+    reader = Store(tmp_path / "reader", remote(s3))
+    assert reader.manifest("curated_documents", "web") == first
+    local = reader.dataset_dir("curated_documents", "web")
+    assert all(sha256_file(local / f.path) == f.sha256 for f in first.files)
+    # The writer's own cache holds the version S3 never got: a new Store puts S3's version back.
+    assert Store(tmp_path / "writer", remote(s3)).manifest("curated_documents", "web") == first
+    # The next successful commit removes the first version and the crashed attempt's orphan objects.
+    final = write_version(Store(tmp_path / "writer", remote(s3)), seed=9)
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    assert all(final.data_version in k or k.endswith(MANIFEST_NAME) for k in keys)
+
+
+def test_a_dataset_missing_on_s3_is_not_materialized_even_with_a_local_copy(s3, tmp_path):
+    write_version(Store(tmp_path / "data"), seed=10)  # written with backend local
+    store = Store(tmp_path / "data", remote(s3))
+    with pytest.raises(IncompleteDataset, match=r"no s3://kiln-test/kiln/curated_documents/web/_manifest.json; "
+                                                r"the local copy .* is not on S3"):
+        store.manifest("curated_documents", "web")
+    assert store.dataset_dir("tokenizer") == tmp_path / "data" / "tokenizer" / "_all"  # a path, as before
+
+
+def test_a_missing_bucket_is_a_clear_error_when_storage_is_opened(s3_endpoint, tmp_path):  # noqa: F811
+    from resources import KilnConfig, KilnStorage
+
+    config = {"sources": [{"name": "web", "kind": "jsonl", "path": "x", "license": "CC0", "domain": "web",
+                           "profile": "none"}], "profiles": {"none": []},
+              "storage": {"backend": "s3", "bucket": "no-such-bucket"}}
+    path = tmp_path / "kiln.yaml"
+    path.write_text(json.dumps(config))
+    storage = KilnStorage(root=str(tmp_path / "data"), kiln_config=KilnConfig(path=str(path)))
+    with pytest.raises(MissingBucket, match=r"S3 bucket 'no-such-bucket' does not exist at http://127.0.0.1:\d+\. "
+                                            r"Create it .* or set `storage.create_bucket: true`"):
+        storage.store()
+
+    config["storage"]["create_bucket"] = True
+    path.write_text(json.dumps(config))
+    store = storage.store()
+    assert store.remote.bucket == "no-such-bucket" and store.remote.prefix == "kiln"
+    buckets = [b["Name"] for b in s3_client(s3_endpoint).list_buckets()["Buckets"]]
+    assert "no-such-bucket" in buckets
+    write_version(store, seed=11)
+    assert Store(tmp_path / "other", store.remote).read_table("curated_documents", "web").num_rows == 100
+
+    # backend local (the default) touches no bucket at all
+    config["storage"] = {"backend": "local"}
+    path.write_text(json.dumps(config))
+    assert storage.store().remote is None
+
+
+# ------------------------------------------------------------------------------------------- dedup index
+
+NEAR = NearDedup(num_perm=32, bands=8, rows=4)
+
+
+def add_docs(index, names: list[str]) -> None:
+    rng = np.random.default_rng(len(names))
+    docs = [IndexedDoc(n, "web", 2, 100, "batch") for n in names]
+    index.add(docs, rng.integers(0, 2**32, size=(len(names), 32), dtype=np.uint64).astype(np.uint32),
+              [rng.integers(0, 2**32, size=5, dtype=np.uint64).astype(np.uint32) for _ in names])
+
+
+def test_the_local_dedup_index_is_kept_on_s3(s3, tmp_path):
+    settings = DedupIndexSettings(name="shared")
+    with open_index(settings, NEAR, tmp_path / "machine1", remote(s3)) as index:
+        add_docs(index, ["a", "b"])
+        index.commit()
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    assert "kiln/_dedup_index/shared/index.json" in keys
+    assert "kiln/_dedup_index/shared/segment-00000/signatures.npy" in keys
+
+    # Another machine (an empty cache) sees the index and grows it; the first machine then sees that.
+    with open_index(settings, NEAR, tmp_path / "machine2", remote(s3)) as index:
+        assert index.contains(["a", "b", "c"]) == [True, True, False]
+        add_docs(index, ["c"])
+        index.commit()
+    with open_index(settings, NEAR, tmp_path / "machine1", remote(s3)) as index:
+        assert len(index) == 3 and index.records(["c"])["c"].source == "web"
+
+    # A crash mid-upload: S3 keeps the previous index (the new segment is never listed there).
+    crashing = Recording(s3, fail_after=1)
+    with pytest.raises(ConnectionError), open_index(settings, NEAR, tmp_path / "machine1", remote(crashing)) as index:
+        add_docs(index, ["d"])
+        index.commit()
+    with open_index(settings, NEAR, tmp_path / "machine1", remote(s3)) as index:  # the cache follows S3 again
+        assert len(index) == 3 and index.contains(["d"]) == [False]
+        add_docs(index, ["d"])
+        index.commit()
+    with open_index(settings, NEAR, tmp_path / "machine3", remote(s3)) as index:
+        assert len(index) == 4
+
+    # A tampered segment file is refused.
+    key = "kiln/_dedup_index/shared/segment-00000/records.parquet"
+    s3.put_object(Bucket=BUCKET, Key=key, Body=b"not parquet")
+    with pytest.raises(CorruptRemoteFile, match=key):
+        open_index(settings, NEAR, tmp_path / "machine4", remote(s3))
