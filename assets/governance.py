@@ -8,6 +8,7 @@ from assets.tokens import SHARDS, TOKENIZER
 from assets.training import CHECKPOINT, EVALUATION, RUN
 from kiln.audit import Catalog, lineage, node_key
 from kiln.data_card import build_data_card, data_card_markdown
+from kiln.forget import REQUESTS
 from kiln.lineage import DOCUMENT_STAGES
 from kiln.manifest import code_version
 from resources import KilnConfig, KilnStorage, MlflowTracking
@@ -19,7 +20,7 @@ DATA_CARD = "data_card"
     key=DATA_CARD, group_name="governance", kinds={"python", "markdown", "json"},
     deps=[CHECKPOINT, EVALUATION, RUN, SHARDS, TOKENIZER,
           *[dg.AssetDep(stage, partition_mapping=dg.AllPartitionMapping()) for stage in DOCUMENT_STAGES]],
-    code_version=code_version("kiln.data_card", "kiln.audit", "kiln.lineage"),
+    code_version=code_version("kiln.data_card", "kiln.audit", "kiln.lineage", "kiln.forget"),
     check_specs=[dg.AssetCheckSpec("lineage_complete", asset=DATA_CARD, blocking=False,
                                    description="the checkpoint's lineage reaches raw_documents for every source in its "
                                                "token shards, and every recorded input version is the one in the store")],
@@ -38,6 +39,7 @@ def data_card(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
     chain, catalog = card["lineage"], Catalog(store)
     found = [(a, None) for a in (CHECKPOINT, EVALUATION, RUN, SHARDS, TOKENIZER)] + \
         [(stage, s["name"]) for stage in DOCUMENT_STAGES for s in card["sources"]]
+    found.append((REQUESTS, None))  # removal requests recorded after training are part of the card
     inputs = {node_key(a, p): m.data_version for a, p in found if (m := catalog.manifest(a, p)) is not None}
     with store.staging(DATA_CARD) as writer:
         (writer.dir / "data_card.md").write_text(markdown, encoding="utf-8")
@@ -54,7 +56,7 @@ def data_card(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
     missing = sorted(s["name"] for s in card["sources"] if s["name"] not in traced.partitions(DOCUMENT_STAGES[0]))
     links = {"mlflow_run": dg.MetadataValue.url(url) if url and url.startswith("http") else (url or "none")}
     return dg.MaterializeResult(
-        metadata={"data_card": dg.MetadataValue.md(markdown), "path": dg.MetadataValue.path(str(base / "data_card.md")),
+        metadata={"data_card": dg.MetadataValue.md(markdown), "removal_requests": len(card["removal_requests"]), "path": dg.MetadataValue.path(str(base / "data_card.md")),
                   "json": dg.MetadataValue.path(str(base / "data_card.json")),
                   "checkpoint": card["checkpoint"]["data_version"],
                   "checkpoint_path": dg.MetadataValue.path(card["checkpoint"]["path"]),

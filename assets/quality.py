@@ -10,6 +10,7 @@ import numpy as np
 from assets.curation import source_partitions
 from assets.dedup import DEDUPLICATED
 from assets.results import check_specs, materialize_result, standard_checks
+from kiln.forget import REQUESTS, first_match, load_requests
 from kiln.manifest import code_version
 from kiln.quality.classifier import Example, QualityScorer, balanced_sample, train_classifier
 from kiln.quality.rules import decide, decile_rows, filter_parts, threshold_effect
@@ -134,13 +135,14 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
 
 @dg.asset(
     key=QUALITY_FILTERED, deps=[SCORES], partitions_def=source_partitions, group_name="quality",
-    kinds={"python", "parquet"}, code_version=code_version("kiln.quality.rules", "kiln.stats"),
+    kinds={"python", "parquet"}, code_version=code_version("kiln.quality.rules", "kiln.forget", "kiln.stats"),
     check_specs=check_specs(QUALITY_FILTERED),
 )
 def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
                                storage: KilnStorage) -> dg.MaterializeResult:
     """One source's documents that pass its quality rule (`quality.rules`), decided from the stored scores
-    alone; removed documents go to the rejected table with their scores and the rule they failed."""
+    alone, and that no removal request (`kiln forget`) names; removed documents go to the rejected table with
+    their scores and the rule or request that removed them."""
     config, store = kiln_config.load(), storage.store()
     source = context.partition_key
     rule = config.quality.rules.get(source)
@@ -148,12 +150,16 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
     parts = store.files(SCORES, source, "documents")
     doc_ids, scores, perplexity = read_scores(parts)
     decision = decide(doc_ids, scores, perplexity, rule)
+    requests, requests_version = load_requests(store)
+    requested = _requested(store, source, requests)
     with store.staging(QUALITY_FILTERED, source) as writer:
-        stats = filter_parts(parts, doc_ids, decision, writer, config.curation.examples_per_reason)
+        stats = filter_parts(parts, doc_ids, decision, writer, config.curation.examples_per_reason, requested)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"rule": rule.model_dump(mode="json") if rule else None},
-            inputs={f"{SCORES}/{source}": scores_manifest.data_version},
+            config={"rule": rule.model_dump(mode="json") if rule else None,
+                    "removal_requests": sorted({r.removeprefix("removal_request:") for r in requested.values()})},
+            inputs={f"{SCORES}/{source}": scores_manifest.data_version,
+                    **({REQUESTS: requests_version} if requests_version else {})},
             counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
             stats={**stats.to_dict(), "cutoffs": decision.cutoffs})
     funnel = chain([StageStats.from_dict(store.manifest(a, source).stats) for a in
@@ -163,6 +169,18 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
         rule=dg.MetadataValue.json(rule.model_dump(mode="json") if rule else {"keep": "everything"}),
         cutoffs=dg.MetadataValue.json(decision.cutoffs),
         full_funnel=dg.MetadataValue.md("From raw records to quality-filtered documents:\n\n" + funnel_markdown(funnel)))
+
+
+def _requested(store, source: str, requests: list) -> dict[str, str]:
+    """doc_id -> `removal_request:<id>` for this source's documents that a removal request names."""
+    if not requests:
+        return {}
+    out = {}
+    for batch in store.iter_batches(SCORES, source, columns=["doc_id", "source", "url"]):
+        for doc_id, src, url in zip(*(batch.column(c).to_pylist() for c in ("doc_id", "source", "url"))):
+            if (request := first_match(requests, doc_id, src, url)) is not None:
+                out[doc_id] = request.reject_reason
+    return out
 
 
 def _texts(store, source: str, doc_ids: list[str]) -> dict[str, str]:

@@ -1,5 +1,5 @@
-"""`kiln audit`: lineage, membership and source questions on the command line (`add_audit_parser`
-registers it, `run_audit` runs it).
+"""`kiln audit` (lineage, membership and source questions) and `kiln forget` (removal requests) on the
+command line (`add_audit_parser` / `add_forget_parser` register them).
 
 It reads the same store the assets write (`$KILN_HOME/data`, the dedup index in `$KILN_HOME/dedup_index`)
 and the project config (`$KILN_CONFIG`). Human-readable by default, `--json` for machines. A question
@@ -98,4 +98,58 @@ def run_audit(args: argparse.Namespace) -> int:
         print(f"kiln audit: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False, default=str) if args.json else result.render())
+    return EXIT_OK
+
+
+def add_forget_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `forget`: record a removal request (a source, a URL regex, or a file of doc ids)."""
+    parser = subparsers.add_parser(
+        "forget", help="record a removal request; the next materialization excludes the documents",
+        description="Records a removal request in the store. The next materialization of "
+                    "quality_filtered_documents drops every matching document (stage removal_request), so the next "
+                    "token shards no longer hold them; the current checkpoint, if trained on any, is flagged in the "
+                    "request and in its data card.")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--source", metavar="NAME", help="every document of this source")
+    which.add_argument("--url-pattern", dest="url_pattern", metavar="P", help="documents whose URL matches this regex")
+    which.add_argument("--doc-ids", dest="doc_ids", type=Path, metavar="FILE", help="a file of doc ids, one per line")
+    parser.add_argument("--reason", default="", help="why (e.g. the ticket or the publisher's request)")
+    parser.add_argument("--home", type=Path, help="KILN_HOME holding data/ (default: $KILN_HOME, else ./.kiln)")
+    parser.add_argument("--config", type=Path, help="project config (default: $KILN_CONFIG, else configs/default.yaml)")
+    parser.add_argument("--json", action="store_true", help="print the recorded request as JSON")
+    parser.set_defaults(func=run_forget)
+    return parser
+
+
+def run_forget(args: argparse.Namespace) -> int:
+    from kiln.config import ConfigError, kiln_home, load_config
+    from kiln.forget import read_doc_ids, record_request
+    from kiln.storage import Store
+
+    try:
+        home = (args.home or kiln_home()).resolve()
+        if not (home / "data").is_dir():
+            raise ValueError(f"no Kiln store at {home / 'data'}; set KILN_HOME or --home (`make demo` creates one)")
+        kind, value = (("source", args.source) if args.source is not None else
+                       ("url_pattern", args.url_pattern) if args.url_pattern is not None else
+                       ("doc_ids", read_doc_ids(args.doc_ids)))
+        request = record_request(Store(home / "data"), load_config(args.config), kind, value, args.reason)
+    except ConfigError as exc:
+        for line in str(exc).splitlines():
+            print(f"kiln forget: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ValueError as exc:  # ForgetError included
+        print(f"kiln forget: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        print(json.dumps(request.to_dict(), indent=2, ensure_ascii=False))
+        return EXIT_OK
+    shown = request.value if isinstance(request.value, str) else f"{len(request.value)} doc ids"
+    print(f"removal request {request.request_id} recorded ({request.kind}: {shown})")
+    for a in request.affected:
+        print(f"  affected checkpoint {a['checkpoint']}: trained on {a['documents']:,} matching documents "
+              f"({a['tokens']:,} tokens) from {', '.join(a['sources'])}; its data card now says so")
+    if not request.affected:
+        print("  no current checkpoint was trained on matching documents")
+    print("  the next materialization of quality_filtered_documents and token_shards excludes them")
     return EXIT_OK

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kiln.audit_cli import add_audit_parser
+from kiln.audit_cli import add_audit_parser, add_forget_parser
 from kiln.planning.cli import add_plan_parser
 
 
@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_plan_parser(commands)
     add_audit_parser(commands)
+    add_forget_parser(commands)
     return parser
 
 

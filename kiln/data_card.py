@@ -18,6 +18,7 @@ from kiln.dedup.report import cross_source_markdown
 from kiln.lineage import DOCUMENT_STAGES
 from kiln.manifest import now_utc
 from kiln.stats import StageStats, chain, funnel_markdown, funnel_rows
+from kiln.forget import load_requests
 from kiln.storage import Store
 
 FORMAT = "kiln.data_card/1"
@@ -70,8 +71,17 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
                        "per_source": evaluation.stats.get("per_source"),
                        "evaluated_checkpoint": evaluation.inputs.get(CHECKPOINT)} if evaluation else None,
         "mlflow": mlflow or None,
+        "removal_requests": _removal_requests(store, ckpt.data_version),
         "lineage": chain_.to_dict(),
     }
+
+
+def _removal_requests(store: Store, checkpoint: str) -> list[dict[str, Any]]:
+    """Removal requests (`kiln forget`) recorded after this checkpoint was trained on documents they name."""
+    requests, _ = load_requests(store)
+    return [{**r.to_dict(), "value": r.value if isinstance(r.value, str) else f"{len(r.value)} doc ids",
+             "affected": next(a for a in r.affected if a["checkpoint"] == checkpoint)}
+            for r in requests if any(a["checkpoint"] == checkpoint for a in r.affected)]
 
 
 def _stage_stats(catalog: Catalog, source: str) -> dict[str, StageStats]:
@@ -244,6 +254,14 @@ def data_card_markdown(card: dict[str, Any]) -> str:
         m = card["mlflow"]
         out.append(f"MLflow run `{m.get('run_id')}` (experiment {m.get('experiment_id')})"
                    + (f": {m['url']}" if m.get("url") else "") + ".")
+
+    if card.get("removal_requests"):
+        out += ["", "## ⚠ Removal requests affecting this checkpoint", "",
+                "This checkpoint was trained on documents that were later asked to be removed (`kiln forget`). "
+                "The next token shards exclude them; this checkpoint still contains what it learned from them.", ""]
+        out += _table(["request", "recorded", "kind", "value", "reason", "documents trained on", "tokens"],
+                      [[f"`{r['request_id']}`", r["created_at"], r["kind"], r["value"], r["reason"] or "",
+                        r["affected"]["documents"], r["affected"]["tokens"]] for r in card["removal_requests"]])
 
     out += ["", "## Sources and licenses", ""]
     rows = []

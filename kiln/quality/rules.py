@@ -23,7 +23,7 @@ from kiln.quality.scoring import PERPLEXITY, SCORE
 from kiln.stats import StageStats
 from kiln.storage import DatasetWriter
 
-STAGE = "quality"
+STAGE, REQUEST_STAGE = "quality", "removal_request"
 BELOW_MIN, BOTTOM_FRACTION = "quality_score_below_min", "quality_score_bottom_fraction"
 ABOVE_MAX_PERPLEXITY = "perplexity_above_max"
 BUCKETS = ("head", "middle", "tail")
@@ -112,27 +112,33 @@ def decile_rows(values: np.ndarray) -> list[tuple[int, int]]:
 
 
 def filter_parts(parts: Sequence[Path], doc_ids: list[str], decision: Decision, writer: DatasetWriter,
-                 examples_per_reason: int = 3) -> StageStats:
-    """Write kept documents (with their scores) and rejects (stage `quality`, reason, scores) per part."""
-    removed = {doc_ids[i]: reason for i, reason in decision.removed.items()}
+                 examples_per_reason: int = 3, requested: dict[str, str] | None = None) -> StageStats:
+    """Write kept documents (with their scores) and rejects (stage `quality`, reason, scores) per part.
+    `requested` (doc_id -> reason) removes documents by removal request first (stage `removal_request`)."""
+    removed = {doc_ids[i]: (STAGE, reason) for i, reason in decision.removed.items()}
+    removed |= {doc_id: (REQUEST_STAGE, reason) for doc_id, reason in (requested or {}).items()}
     stats = StageStats()
-    step = stats.step(STAGE)
+    steps = ([stats.step(REQUEST_STAGE)] if requested else []) + [stats.step(STAGE)]  # in the order they apply
     for path in parts:
         kept, rejected = [], []
         for row in pq.read_table(path).to_pylist():
             n = len(row["text"])
             stats.docs_in += 1
             stats.chars_in += n
-            step.docs_in += 1
-            step.chars_in += n
-            reason = removed.get(row["doc_id"])
+            stage, reason = removed.get(row["doc_id"], (None, None))
+            for step in steps:  # a step sees the documents the steps before it kept
+                step.docs_in += 1
+                step.chars_in += n
+                if step is stats.steps.get(stage):
+                    break
             if reason is None:
                 kept.append(row)
                 stats.docs_out += 1
                 stats.chars_out += n
                 stats.lengths_out.append(n)
             else:
-                rejected.append({**row, "stage": STAGE, "reason": reason})
+                rejected.append({**row, "stage": stage, "reason": reason})
+                step = stats.steps[stage]
                 step.dropped[reason] += 1
                 step.chars_dropped[reason] += n
                 stats.lengths_dropped.append(n)
