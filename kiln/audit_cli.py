@@ -148,8 +148,9 @@ def run_forget(args: argparse.Namespace) -> int:
     print(f"removal request {request.request_id} recorded ({request.kind}: {shown})")
     for a in request.affected:
         print(f"  affected checkpoint {a['checkpoint']}: trained on {a['documents']:,} matching documents "
-              f"({a['tokens']:,} tokens) from {', '.join(a['sources'])}; its data card now says so")
+              f"({a['tokens']:,} tokens) from {', '.join(a['sources'])}; its data card says so from its next "
+              "materialization")
     if not request.affected:
         print("  no current checkpoint was trained on matching documents")
-    print("  the next materialization of quality_filtered_documents and token_shards excludes them")
+    print("  the next materialization of quality_filtered_documents (then token_shards) excludes them")
     return EXIT_OK
