@@ -568,10 +568,11 @@ def _near_match(catalog: Catalog, config: ProjectConfig, text: str,
     recorded = catalog.manifest(INDEX)
     near = NearDedup.model_validate(recorded.config["near"]) if recorded and "near" in recorded.config \
         else config.dedup.near
-    if near.index.backend == "local" and not (index_root / near.index.name / "index.json").is_file():
+    remote = catalog.store.remote  # with S3 storage the local index is a cache, brought up to date on open
+    if near.index.backend == "local" and remote is None and not (index_root / near.index.name / "index.json").is_file():
         return None, [f"no near-duplicate index at {index_root / near.index.name}: only exact matches were searched"]
     try:
-        index = open_index(near.index, near, index_root)
+        index = open_index(near.index, near, index_root, remote)
     except (ConnectionError, ValueError) as exc:
         return None, [f"near-duplicate search unavailable: {exc}"]
     with index:

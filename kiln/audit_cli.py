@@ -55,6 +55,39 @@ def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def open_store(home: Path, config) -> Any:
+    """The store the assets write: `home/data`, kept in step with S3 when `storage.backend: s3` (credentials
+    and endpoint from the standard AWS_* environment, as boto3 reads them; the current datasets are pulled
+    into the local cache first, shards included)."""
+    from kiln.storage import Store
+
+    if config.storage.backend == "s3":
+        import boto3
+
+        from kiln.remote import S3Remote
+
+        from kiln.forget import REQUESTS
+        from kiln.lineage import DOCUMENT_STAGES
+        from kiln.storage import IncompleteDataset
+
+        settings = config.storage
+        store = Store(home / "data", S3Remote.connect(boto3.client("s3"), settings.bucket, settings.prefix,
+                                                      settings.create_bucket))
+        # The audit reads the local folders: bring every current dataset it may read into the cache first.
+        wanted = [(stage, s.name) for stage in DOCUMENT_STAGES for s in config.sources] + [(a, None) for a in (
+            "dedup_index", "quality_classifier", "tokenizer", "token_shards", "training_run", "checkpoint",
+            "evaluation", "data_card", REQUESTS)]
+        for asset, partition in wanted:
+            try:
+                store.manifest(asset, partition)
+            except IncompleteDataset:
+                continue
+        return store
+    if not (home / "data").is_dir():
+        raise ValueError(f"no Kiln store at {home / 'data'}; set KILN_HOME or --home (`make demo` creates one)")
+    return Store(home / "data")
+
+
 def _read_text(path: Path) -> str:
     try:
         text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
@@ -73,23 +106,21 @@ def run_audit(args: argparse.Namespace) -> int:
     """Answer one audit question; exit code 0, or 2 with `kiln audit: <message>` on bad input."""
     from kiln.audit import lineage, membership, source_usage
     from kiln.config import ConfigError, kiln_home, load_config
-    from kiln.storage import Store
 
     try:
         home = (args.home or kiln_home()).resolve()
-        if not (home / "data").is_dir():
-            raise ValueError(f"no Kiln store at {home / 'data'}; set KILN_HOME or --home (`make demo` creates one)")
-        store = Store(home / "data")
+        config = load_config(args.config)
+        store = open_store(home, config)
         if args.question == "lineage":
             result = lineage(store, args.checkpoint)
         elif args.question == "membership":
             text = _read_text(args.text) if args.text is not None else None
             if args.doc_id is not None and not args.doc_id.strip():
                 raise ValueError("--doc-id is empty")
-            result = membership(store, load_config(args.config), text=text, doc_id=args.doc_id,
+            result = membership(store, config, text=text, doc_id=args.doc_id,
                                 checkpoint=args.checkpoint, index_root=home / "dedup_index")
         else:
-            result = source_usage(store, load_config(args.config), args.name)
+            result = source_usage(store, config, args.name)
     except ConfigError as exc:
         for line in str(exc).splitlines():
             print(f"kiln audit: {line}", file=sys.stderr)
@@ -124,16 +155,13 @@ def add_forget_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run_forget(args: argparse.Namespace) -> int:
     from kiln.config import ConfigError, kiln_home, load_config
     from kiln.forget import read_doc_ids, record_request
-    from kiln.storage import Store
 
     try:
-        home = (args.home or kiln_home()).resolve()
-        if not (home / "data").is_dir():
-            raise ValueError(f"no Kiln store at {home / 'data'}; set KILN_HOME or --home (`make demo` creates one)")
+        home, config = (args.home or kiln_home()).resolve(), load_config(args.config)
         kind, value = (("source", args.source) if args.source is not None else
                        ("url_pattern", args.url_pattern) if args.url_pattern is not None else
                        ("doc_ids", read_doc_ids(args.doc_ids)))
-        request = record_request(Store(home / "data"), load_config(args.config), kind, value, args.reason)
+        request = record_request(open_store(home, config), config, kind, value, args.reason)
     except ConfigError as exc:
         for line in str(exc).splitlines():
             print(f"kiln forget: {line}", file=sys.stderr)

@@ -13,6 +13,7 @@ from kiln.manifest import MANIFEST_NAME
 from kiln.remote import S3Remote
 from kiln.storage import Store
 from tests.assets.project import load_project
+from tests.audit_store import edit, random_text
 from tests.conftest import write_jsonl
 from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
 
@@ -21,17 +22,6 @@ SOURCES = ("web", "ref")
 PER_SOURCE = ["raw_documents", "filtered_documents", "curated_documents", "minhash_signatures",
               "deduplicated_documents", "quality_scores", "quality_filtered_documents"]
 SINGLE = ["dedup_index", "quality_classifier", "tokenizer", "token_shards"]
-
-
-def random_text(rng, vocab, n=120):
-    return " ".join(rng.choice(vocab, n))
-
-
-def edit(text, rng, vocab):
-    words = text.split()
-    for p in rng.choice(len(words), 2, replace=False):
-        words[p] = str(rng.choice(vocab))
-    return " ".join(words)
 
 
 @pytest.fixture
@@ -56,7 +46,9 @@ def project(tmp_path, kiln_home, monkeypatch, s3_endpoint):  # noqa: F811
         "shards": {"seq_len": 16, "val_fraction": 0.2, "workers": 1},
         "storage": {"backend": "s3", "bucket": BUCKET, "prefix": PREFIX, "create_bucket": True},
     }
-    return load_project(config, tmp_path, kiln_home, monkeypatch)
+    project = load_project(config, tmp_path, kiln_home, monkeypatch)
+    project.ref_texts = ref
+    return project
 
 
 def materialize(project, selection, partition=None):
@@ -73,7 +65,7 @@ def datasets() -> list[tuple[str, str]]:
 
 
 @pytest.mark.slow
-def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_path):  # noqa: F811
+def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_path, capsys):  # noqa: F811
     home, client = project.home, s3_client(s3_endpoint)
     for wave in (["raw_documents", "filtered_documents"], ["curated_documents", "minhash_signatures"]):
         for source in SOURCES:
@@ -141,3 +133,16 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
     index = (home / "dedup_index" / "kiln" / "index.json").read_bytes()
     assert sum(s["documents"] for s in json.loads(index)["segments"]) == 14  # nothing was added twice
     assert client.get_object(Bucket=BUCKET, Key=f"{PREFIX}/_dedup_index/kiln/index.json")["Body"].read() == index
+
+    # `kiln audit` reads the same store: with the local cache gone, a document's fate comes back from S3.
+    from kiln.cli import main
+
+    shutil.rmtree(home / "data")
+    shutil.rmtree(home / "dedup_index")
+    ref_text = project.ref_texts[0]
+    (tmp_path / "doc.txt").write_text(ref_text)
+    assert main(["audit", "membership", "--text", str(tmp_path / "doc.txt"), "--home", str(home),
+                 "--config", str(tmp_path / "kiln.yaml"), "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["match"] == "exact" and answer["source"] == "ref"
+    assert answer["verdict"] in ("in_training", "validation_only"), answer["summary"]
