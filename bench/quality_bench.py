@@ -96,8 +96,8 @@ def main() -> None:
         scorer.score(texts[:100])
         started = time.perf_counter()
         scorer.score(texts)
-        print(f"classifier scoring, 1 core: {rate(len(texts), time.perf_counter() - started)} "
-              f"({mb / (time.perf_counter() - started):.1f} MB/s)")
+        seconds = time.perf_counter() - started
+        print(f"classifier scoring, 1 core: {rate(len(texts), seconds)} ({mb / seconds:.1f} MB/s)")
 
         tok_dir = train_small_tokenizer(tmp, [write_source(tmp, "reference", refs[:2000], domain="reference")])
         tok = Tokenizer.load(tok_dir)
