@@ -129,10 +129,7 @@ def _texts_of(store, config, cluster_ids: list[str], decisions) -> dict[str, str
     wanted = set(cluster_ids) | {r["doc_id"] for r in decisions.to_pylist() if r["cluster_id"] in set(cluster_ids)}
     texts = {}
     for s in config.sources:
-        for batch in store.iter_batches(CURATED, s.name, columns=["doc_id", "text"]):
-            for doc_id, text in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
-                if doc_id in wanted:
-                    texts[doc_id] = text
+        texts |= store.values(CURATED, s.name, "text", wanted)
     return texts
 
 

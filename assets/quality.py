@@ -116,7 +116,8 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
     out_of_range = int(((scores < 0) | (scores > 1)).sum() + (perplexity < 1).sum())  # NaN compares False
     metadata = {"documents": counts["documents"], "data_version": manifest.data_version,
                 "path": dg.MetadataValue.path(str(store.dataset_dir(SCORES, source)))}
-    texts = _texts(store, source, [doc_ids[row] for values in (scores, perplexity) for _, row in decile_rows(values)])
+    texts = store.values(SCORES, source, "text", {doc_ids[row] for values in (scores, perplexity)
+                                                  for _, row in decile_rows(values)})
     for name, values, log in (("quality_score", scores, False), ("perplexity", perplexity, True)):
         if np.isfinite(values).any():
             finite = values[np.isfinite(values)]
@@ -181,15 +182,6 @@ def _requested(store, source: str, requests: list) -> dict[str, str]:
             if (request := first_match(requests, doc_id, src, url)) is not None:
                 out[doc_id] = request.reject_reason
     return out
-
-
-def _texts(store, source: str, doc_ids: list[str]) -> dict[str, str]:
-    wanted, found = set(doc_ids), {}
-    for batch in store.iter_batches(SCORES, source, columns=["doc_id", "text"]):
-        for doc_id, text in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
-            if doc_id in wanted:
-                found[doc_id] = text
-    return found
 
 
 def histogram_markdown(values: np.ndarray, name: str, source: str, log: bool = False) -> str:

@@ -88,6 +88,13 @@ def open_store(home: Path, config) -> Any:
     return Store(home / "data")
 
 
+def _bad_input(command: str, exc: Exception) -> int:
+    """`kiln <command>: <message>` on stderr (one prefix per line of a multi-line config error), exit 2."""
+    for line in str(exc).splitlines():
+        print(f"kiln {command}: {line}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
 def _read_text(path: Path) -> str:
     try:
         text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
@@ -105,7 +112,7 @@ def _read_text(path: Path) -> str:
 def run_audit(args: argparse.Namespace) -> int:
     """Answer one audit question; exit code 0, or 2 with `kiln audit: <message>` on bad input."""
     from kiln.audit import lineage, membership, source_usage
-    from kiln.config import ConfigError, kiln_home, load_config
+    from kiln.config import kiln_home, load_config
 
     try:
         home = (args.home or kiln_home()).resolve()
@@ -121,13 +128,8 @@ def run_audit(args: argparse.Namespace) -> int:
                                 checkpoint=args.checkpoint, index_root=home / "dedup_index")
         else:
             result = source_usage(store, config, args.name)
-    except ConfigError as exc:
-        for line in str(exc).splitlines():
-            print(f"kiln audit: {line}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except ValueError as exc:  # AuditError included
-        print(f"kiln audit: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except ValueError as exc:  # ConfigError and AuditError included
+        return _bad_input("audit", exc)
     print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False, default=str) if args.json else result.render())
     return EXIT_OK
 
@@ -153,7 +155,7 @@ def add_forget_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_forget(args: argparse.Namespace) -> int:
-    from kiln.config import ConfigError, kiln_home, load_config
+    from kiln.config import kiln_home, load_config
     from kiln.forget import read_doc_ids, record_request
 
     try:
@@ -162,13 +164,8 @@ def run_forget(args: argparse.Namespace) -> int:
                        ("url_pattern", args.url_pattern) if args.url_pattern is not None else
                        ("doc_ids", read_doc_ids(args.doc_ids)))
         request = record_request(open_store(home, config), config, kind, value, args.reason)
-    except ConfigError as exc:
-        for line in str(exc).splitlines():
-            print(f"kiln forget: {line}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except ValueError as exc:  # ForgetError included
-        print(f"kiln forget: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except ValueError as exc:  # ConfigError and ForgetError included
+        return _bad_input("forget", exc)
     if args.json:
         print(json.dumps(request.to_dict(), indent=2, ensure_ascii=False))
         return EXIT_OK

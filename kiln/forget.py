@@ -129,8 +129,7 @@ def _urls(store: Store, sources: set[str]) -> dict[str, str | None]:
     urls: dict[str, str | None] = {}
     for source in sources:
         try:
-            for batch in store.iter_batches(FINAL_DOCUMENTS, source, columns=["doc_id", "url"]):
-                urls.update(zip(batch.column("doc_id").to_pylist(), batch.column("url").to_pylist()))
+            urls |= store.values(FINAL_DOCUMENTS, source, "url")
         except IncompleteDataset:
             continue
     return urls

@@ -102,6 +102,16 @@ class Store:
         for path in self.files(asset, partition, role):
             yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
 
+    def values(self, asset: str, partition: str | None, column: str,
+               doc_ids: set[str] | None = None) -> dict[str, object]:
+        """doc_id -> `column` of a dataset's documents (only `doc_ids` when given), reading two columns."""
+        found = {}
+        for batch in self.iter_batches(asset, partition, columns=["doc_id", column]):
+            for doc_id, value in zip(batch.column("doc_id").to_pylist(), batch.column(column).to_pylist()):
+                if doc_ids is None or doc_id in doc_ids:
+                    found[doc_id] = value
+        return found
+
     def staging(self, asset: str, partition: str | None = None) -> DatasetWriter:
         return DatasetWriter(self._local_dir(asset, partition), asset, partition, store=self)
 

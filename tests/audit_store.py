@@ -19,7 +19,7 @@ import numpy as np
 from kiln.config import load_config
 from kiln.storage import Store
 from tests.assets.project import load_project
-from tests.conftest import write_jsonl
+from tests.conftest import web_and_ref_sources, write_jsonl
 
 BENCHMARK_ITEM = ("which ancient guild of lantern makers first standardized the copper wick gauge used across "
                   "the northern harbour towns")
@@ -54,12 +54,7 @@ def build_audit_store(tmp: Path, monkeypatch) -> dict:
     write_jsonl(tmp / "bench.jsonl", [{"id": "q1", "question": "Who standardized the wick gauge?",
                                        "answer": BENCHMARK_ITEM}])
     config = {
-        "sources": [
-            {"name": "web", "kind": "jsonl", "path": str(tmp / "web"), "license": "CC-BY-4.0", "domain": "web",
-             "quality_tier": 3, "profile": "web"},
-            {"name": "ref", "kind": "jsonl", "path": str(tmp / "ref"), "license": "CC0-1.0", "domain": "reference",
-             "quality_tier": 1, "profile": "none"},
-        ],
+        "sources": web_and_ref_sources(tmp, web_license="CC-BY-4.0", ref_license="CC0-1.0", web_profile="web"),
         "profiles": {"none": [], "web": [{"gopher_quality": {"min_doc_words": 20, "min_stop_words": None}}]},
         "curation": {"workers": 1},
         "dedup": {"workers": 1},

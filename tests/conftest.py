@@ -39,3 +39,13 @@ def write_jsonl(path: Path, records: list) -> Path:
         for r in records:
             f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
     return path
+
+
+def web_and_ref_sources(root: Path, web_license: str = "CC-BY", ref_license: str = "CC0",
+                        web_profile: str = "none") -> list[dict]:
+    """The two-source config most asset tests use: JSONL `web` (tier 3) and `ref` (domain reference, tier 1)
+    under `root/web` and `root/ref`; profile `none` must be declared by the caller."""
+    return [{"name": "web", "kind": "jsonl", "path": str(root / "web"), "license": web_license, "domain": "web",
+             "quality_tier": 3, "profile": web_profile},
+            {"name": "ref", "kind": "jsonl", "path": str(root / "ref"), "license": ref_license, "domain": "reference",
+             "quality_tier": 1, "profile": "none"}]

@@ -36,16 +36,19 @@ def score_parts(parts: Sequence[Path], writer: DatasetWriter, scorer: QualitySco
             texts = table.column("text").to_pylist()
             scores = scorer.score(texts, table.column("doc_id").to_pylist()) if scorer else None
             perplexity = reference.perplexities(texts, max_tokens, batch_size) if reference else None
-            table = table.append_column(SCORE, pa.array(scores, pa.float64()) if scores is not None
-                                        else pa.nulls(len(texts), pa.float64()))
-            table = table.append_column(PERPLEXITY, pa.array(perplexity, pa.float64(), from_pandas=True)
-                                        if perplexity is not None else pa.nulls(len(texts), pa.float64()))
+            table = table.append_column(SCORE, _column(scores, len(texts)))
+            table = table.append_column(PERPLEXITY, _column(perplexity, len(texts)))
             writer.write("documents", table.cast(SCORED_SCHEMA))
             counts["documents"] += len(texts)
             counts["scored"] += len(texts) if scores is not None else 0
             counts["perplexity_scored"] += int(np.isfinite(perplexity).sum()) if perplexity is not None else 0
             bar.update(len(texts))
     return counts
+
+
+def _column(values: np.ndarray | None, n: int) -> pa.Array:
+    """Scores as a float column: null where the model is off, and where it gave NaN (a document without tokens)."""
+    return pa.array(values, pa.float64(), from_pandas=True) if values is not None else pa.nulls(n, pa.float64())
 
 
 def read_scores(parts: Sequence[Path]) -> tuple[list[str], np.ndarray, np.ndarray]:

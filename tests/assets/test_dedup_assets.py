@@ -8,7 +8,7 @@ import pytest
 
 from tests.assets.project import load_project
 from tests.audit_store import BENCHMARK_ITEM, edit, random_text
-from tests.conftest import write_jsonl
+from tests.conftest import web_and_ref_sources, write_jsonl
 
 CURATION = ["raw_documents", "filtered_documents"]
 
@@ -26,12 +26,7 @@ def project(tmp_path, kiln_home, monkeypatch):
     write_jsonl(tmp_path / "bench.jsonl", [{"id": "q1", "question": "Who standardized the wick gauge?",
                                             "answer": BENCHMARK_ITEM}])
     config = {
-        "sources": [
-            {"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC-BY", "domain": "web",
-             "quality_tier": 3, "profile": "none"},
-            {"name": "ref", "kind": "jsonl", "path": str(tmp_path / "ref"), "license": "CC0", "domain": "reference",
-             "quality_tier": 1, "profile": "none"},
-        ],
+        "sources": web_and_ref_sources(tmp_path),
         "profiles": {"none": []},
         "curation": {"workers": 1},
         "dedup": {"workers": 1},

@@ -14,7 +14,7 @@ from kiln.remote import S3Remote
 from kiln.storage import Store
 from tests.assets.project import load_project
 from tests.audit_store import edit, random_text
-from tests.conftest import write_jsonl
+from tests.conftest import web_and_ref_sources, write_jsonl
 from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
 
 BUCKET, PREFIX = "kiln-chain", "team/kiln"
@@ -33,12 +33,7 @@ def project(tmp_path, kiln_home, monkeypatch, s3_endpoint):  # noqa: F811
     write_jsonl(tmp_path / "ref" / "a.jsonl", [{"id": i, "text": t} for i, t in enumerate(ref)])
     write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": f"w-{i}", "text": t} for i, t in enumerate(web)])
     config = {
-        "sources": [
-            {"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC-BY", "domain": "web",
-             "quality_tier": 3, "profile": "none"},
-            {"name": "ref", "kind": "jsonl", "path": str(tmp_path / "ref"), "license": "CC0", "domain": "reference",
-             "quality_tier": 1, "profile": "none"},
-        ],
+        "sources": web_and_ref_sources(tmp_path),
         "profiles": {"none": []},
         "curation": {"workers": 1}, "dedup": {"workers": 1}, "decontamination": {"enabled": False},
         "quality": {"classifier": {"folds": 2, "epochs": 5}},
