@@ -65,8 +65,9 @@ def training_run(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
         tokenizer_dir=store.dataset_dir(TOKENIZER), experiment=mlflow_tracking.experiment, run_name=f"kiln-{key}",
         tags=tags).write(run_dir / "run_config.json")
     env = {**training_launcher.env(), **mlflow_tracking.env(), "MLFLOW_RUN_ID": mlflow_run_id}
+    command = training_launcher.command(run_config)
     try:
-        reported = pipes_subprocess_client.run(command=training_launcher.command(run_config), context=context,
+        reported = pipes_subprocess_client.run(command=command, context=context,
                                                env=env, cwd=str(REPO)).get_materialize_result()
     except dg.DagsterPipesExecutionError as exc:
         summary = _read_json(run_dir / "summary.json")
@@ -79,7 +80,7 @@ def training_run(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
             shutil.copy2(run_dir / name, writer.dir / name)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"training": settings.model_dump(mode="json"), "launcher": training_launcher.command(run_config)[:1]},
+            config={"training": settings.model_dump(mode="json"), "launcher": command[:1]},
             inputs={SHARDS: shards.data_version, TOKENIZER: tok.data_version},
             counts={"steps": summary["steps"], "tokens_seen": summary["tokens_seen"]},
             stats={"summary": summary, "run_dir": str(run_dir), "mlflow": {"experiment_id": experiment_id,

@@ -445,6 +445,8 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
         stages.append(record)
 
     shards, notes = [], []
+    shards_gone = shard_versions is not None and not any(m.data_version in shard_versions
+                                                         for m in catalog.versions(SHARDS))
     for m in catalog.versions(SHARDS):
         if shard_versions is not None and m.data_version not in shard_versions:
             continue
@@ -453,12 +455,12 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
             notes.append(f"token_shards {m.data_version} has no member list (written before member lists existed); "
                          f"re-materialize token_shards to answer from the shards")
             continue
+        checkpoints = _checkpoints_using(catalog, m.data_version)
         for path in paths:
             for r in pq.read_table(path, filters=[("doc_id", "=", doc_id)]).to_pylist():
-                shards.append(ShardRecord(m.data_version, r["split"], r["copies"], r["tokens"],
-                                          _checkpoints_using(catalog, m.data_version)))
+                shards.append(ShardRecord(m.data_version, r["split"], r["copies"], r["tokens"], checkpoints))
                 hint = hint or r["source"]
-    if shard_versions is not None and not any(m.data_version in shard_versions for m in catalog.versions(SHARDS)):
+    if shards_gone:
         notes.append(f"the checkpoint was trained on token_shards {', '.join(sorted(shard_versions))}, which is no "
                      f"longer in the store: its member list cannot be read")
 
@@ -487,7 +489,7 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
             summary += f", duplicate of {removed.duplicate_of}"
         if removed.jaccard is not None:
             summary += f" (Jaccard {removed.jaccard:.3f})"
-    elif shard_versions is not None and not any(m.data_version in shard_versions for m in catalog.versions(SHARDS)):
+    elif shards_gone:
         verdict, summary = UNKNOWN, "UNKNOWN: the checkpoint's token shards are not in the store"
     elif kept:
         verdict = NOT_IN_SHARDS

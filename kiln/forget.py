@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from kiln.config import ProjectConfig
+from kiln.lineage import DOCUMENT_STAGES
 from kiln.manifest import now_utc
 from kiln.storage import IncompleteDataset, Store
 
 REQUESTS, REQUESTS_FILE = "removal_requests", "removal_requests.json"
 STAGE = "removal_request"
 KINDS = ("source", "url_pattern", "doc_ids")
-FINAL_DOCUMENTS = "quality_filtered_documents"
+FINAL_DOCUMENTS = DOCUMENT_STAGES[-1]  # the last gate before tokenization
 
 
 class ForgetError(ValueError):

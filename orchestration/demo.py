@@ -13,6 +13,7 @@ import time
 import dagster as dg
 
 from kiln.config import ConfigError, kiln_home
+from kiln.lineage import DOCUMENT_STAGES
 from kiln.stats import StageStats, chain, funnel_rows
 from kiln.storage import Store
 
@@ -71,10 +72,8 @@ def main() -> int:
 def summarize(store: Store, partitions: list[str]) -> None:
     print(f"\n{'source':<18}{'raw':>7}{'quarant.':>9}{'filtered':>9}{'exact':>7}{'near':>6}{'bench':>6}"
           f"{'quality':>8}{'final':>7}{'kept':>6}   biggest removal")
-    stages = ("raw_documents", "filtered_documents", "curated_documents", "deduplicated_documents",
-              "quality_filtered_documents")
     for p in partitions:
-        raw, filt, cur, dedup, quality = (StageStats.from_dict(store.manifest(a, p).stats) for a in stages)
+        raw, filt, cur, dedup, quality = (StageStats.from_dict(store.manifest(a, p).stats) for a in DOCUMENT_STAGES)
         rows = funnel_rows(chain([raw, filt, cur, dedup, quality]))
         top = max(rows, key=lambda r: r["docs"]) if rows else None
         top_text = f"{top['reason']} ({top['share_of_docs']:.0%})" if top else "-"

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from training_jobs.checkpoint import verify, weights_only_loads
+from training_jobs.checkpoint import read_manifest, verify, weights_only_loads
 from training_jobs.model import ModelConfig, Transformer
 
 MODEL_FILE, CONFIG_FILE = "model.safetensors", "model_config.json"
@@ -184,8 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     problem = verify(args.checkpoint)
     if problem:
         parser.error(f"{args.checkpoint} cannot be exported: {problem}")
-    manifest = json.loads((args.checkpoint / "manifest.json").read_text(encoding="utf-8"))
-    cfg = ModelConfig.from_dict(manifest["model"])
+    cfg = ModelConfig.from_dict(read_manifest(args.checkpoint)["model"])
     print(json.dumps(export_checkpoint(args.checkpoint, args.out_dir, cfg, args.format or ["safetensors", "hf"],
                                        args.tokenizer_dir), indent=2))
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import hashlib
 import json
 import logging
 import math
@@ -368,7 +367,7 @@ def check_tokenizer(run: RunConfig) -> None:
     if not model.is_file():
         raise FileNotFoundError(f"tokenizer_dir {run.tokenizer_dir} has no tokenizer.model; point it at the "
                                 f"tokenizer asset's folder or leave it out")
-    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    sha = checkpoint.sha256_file(model)
     if sha != run.tokenizer_sha256.lower():
         raise ValueError(f"{model} has sha256 {sha[:12]}…, the run config says {run.tokenizer_sha256[:12]}…; "
                          f"write the run config from the same tokenizer asset the shards were made with")
@@ -583,7 +582,7 @@ class Trainer:
             "model": self.cfg.to_dict(), "stability_events": [e.to_dict() for e in self.monitor.events],
             "rollbacks": self.monitor.rollbacks, "mlflow_run_id": self.report.mlflow_run_id,
             "checkpoint": str(ckpt) if ckpt else None, "resumed_from": p.resumed_from,
-            "checkpoint_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest()
+            "checkpoint_sha256": checkpoint.sha256_file(manifest)
             if manifest is not None and manifest.is_file() else None,
             "exports": getattr(self, "exports", {}),
             "summary_path": str(Path(self.run.output_dir) / "summary.json"),
