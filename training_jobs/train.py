@@ -293,7 +293,9 @@ class Reporter:
         active = mlflow.start_run(run_id=run_id, run_name=None if run_id else run.run_name,
                                   tags=run.tags or None)
         self.mlflow_run_id = active.info.run_id
-        if run_id is None:  # params are immutable in MLflow: a resumed run keeps the ones it has
+        # Params are immutable in MLflow: log them once, into a new run or one the launcher created (Dagster
+        # makes the run to tag it); a resumed run keeps the ones it has.
+        if not active.data.params:
             mlflow.log_params({k: str(v) for k, v in params.items()})
         for name, data in artifacts.items():
             mlflow.log_dict(data, name)

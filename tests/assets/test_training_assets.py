@@ -99,6 +99,7 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     mlflow_run = client.get_run(run["stats"]["mlflow"]["run_id"])
     assert mlflow_run.data.tags["kiln.token_shards.data_version"] == run["inputs"]["token_shards"]
     assert mlflow_run.info.status == "FINISHED"
+    assert mlflow_run.data.params["world_size"] == "2" and "training.max_steps" in mlflow_run.data.params
     assert len(client.get_metric_history(mlflow_run.info.run_id, "train/loss")) >= 5
     artifacts = {a.path for a in client.list_artifacts(mlflow_run.info.run_id, "checkpoint/safetensors")}
     assert "checkpoint/safetensors/model.safetensors" in artifacts
