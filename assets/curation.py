@@ -1,40 +1,47 @@
-"""Curation: raw sources → filtered documents → curated (exactly deduplicated) documents, per source."""
+"""Curation: raw sources → filtered documents → curated (exactly deduplicated) documents, per source and
+refresh."""
 
 
 import dagster as dg
 
+from assets.partitions import FOLLOW, SAME_REFRESH_EVERY_SOURCE, document_partitions, source_and_refresh
 from assets.results import check_specs, materialize_result, standard_checks
-from kiln.config import load_config
 from kiln.curation import HashTable, apply_exact_dedup, exact_duplicates, filter_documents, ingest, profile_steps
 from kiln.manifest import code_version
 from kiln.filters.registry import build_step
 from kiln.pii import PiiRedaction
+from kiln.readers import SourceFile
+from kiln.refresh import get_refresh, load_refreshes, partition, upto
 from kiln.storage import Store
 from kiln.stats import StageStats, chain, funnel_markdown
 from resources import KilnConfig, KilnStorage
-
-# One partition per declared source, so sources materialize (and fail, and refresh) independently.
-source_partitions = dg.StaticPartitionsDefinition([s.name for s in load_config().sources])
 
 RAW, FILTERED, CURATED = "raw_documents", "filtered_documents", "curated_documents"
 KINDS = {"python", "parquet"}
 
 
 @dg.asset(
-    key=RAW, partitions_def=source_partitions, group_name="curation", kinds=KINDS,
+    key=RAW, partitions_def=document_partitions, group_name="curation", kinds=KINDS,
     code_version=code_version("kiln.readers", "kiln.curation", "kiln.documents", "kiln.storage"),
     check_specs=check_specs(RAW),
 )
 def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
                   storage: KilnStorage) -> dg.MaterializeResult:
-    """Every readable record of one source as a document with a stable id; unreadable ones quarantined."""
+    """Every readable record of one source in one refresh as a document with a stable id (the first refresh
+    reads the source as configured, later ones the files that landed for it); unreadable ones quarantined."""
     config, store = kiln_config.load(), storage.store()
-    source = config.source(context.partition_key)
-    with store.staging(RAW, source.name) as writer:
-        stats = ingest(source, config.reading, writer, examples_per_reason=config.curation.examples_per_reason)
+    name, key = source_and_refresh(context)
+    source, refresh = config.source(name), get_refresh(store, key)
+    landed = refresh.files_of(name)
+    files = None if refresh.is_initial else [SourceFile(f.uri, f.relative) for f in landed]
+    with store.staging(RAW, partition(name, key)) as writer:
+        stats = ingest(source, config.reading, writer, examples_per_reason=config.curation.examples_per_reason,
+                       files=files, namespace="" if refresh.is_initial else key)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"source": source.model_dump(mode="json"), "reading": config.reading.model_dump(mode="json")},
+            config={"source": source.model_dump(mode="json"), "reading": config.reading.model_dump(mode="json"),
+                    "refresh": {"key": key, "trigger": refresh.trigger, "created_at": refresh.created_at,
+                                "landed_files": None if refresh.is_initial else [vars(f) for f in landed]}},
             inputs={}, counts={"records": stats.docs_in, "documents": stats.docs_out,
                                "quarantined": stats.docs_in - stats.docs_out},
             stats=stats.to_dict())
@@ -45,26 +52,27 @@ def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
 
 
 @dg.asset(
-    key=FILTERED, deps=[RAW], partitions_def=source_partitions, group_name="curation", kinds=KINDS,
+    key=FILTERED, deps=[RAW], partitions_def=document_partitions, group_name="curation", kinds=KINDS,
     code_version=code_version("kiln.filters", "kiln.pii", "kiln.curation", "kiln.stats"),
-    check_specs=check_specs(FILTERED),
+    check_specs=check_specs(FILTERED), automation_condition=FOLLOW,
 )
 def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
                        storage: KilnStorage) -> dg.MaterializeResult:
     """Normalized documents that pass the source's filter profile, with PII replaced by typed placeholders."""
     config, store = kiln_config.load(), storage.store()
-    source = context.partition_key
-    raw = store.manifest(RAW, source)
-    steps = profile_steps(config, source)
-    with store.staging(FILTERED, source) as writer:
-        stats = filter_documents(store.files(RAW, source, "documents"), steps, config.curation.exact_dedup, writer,
+    name, key = source_and_refresh(context)
+    here = partition(name, key)
+    raw = store.manifest(RAW, here)
+    steps = profile_steps(config, name)
+    with store.staging(FILTERED, here) as writer:
+        stats = filter_documents(store.files(RAW, here, "documents"), steps, config.curation.exact_dedup, writer,
                                  workers=config.curation.workers,
-                                 examples_per_reason=config.curation.examples_per_reason, label=f"filter {source}")
+                                 examples_per_reason=config.curation.examples_per_reason, label=f"filter {here}")
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"profile": config.source(source).profile, "steps": [s.model_dump() for s in steps],
+            config={"profile": config.source(name).profile, "steps": [s.model_dump() for s in steps],
                     "exact_dedup": config.curation.exact_dedup.model_dump()},
-            inputs={f"{RAW}/{source}": raw.data_version},
+            inputs={f"{RAW}/{here}": raw.data_version},
             counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
             stats=stats.to_dict())
     pii = dict(stats.steps["pii"].counts) if "pii" in stats.steps else {}
@@ -74,45 +82,55 @@ def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfi
 
 
 @dg.asset(
-    key=CURATED, partitions_def=source_partitions, group_name="curation", kinds=KINDS,
-    # Exact dedup compares every source's hashes, so each partition depends on all filtered partitions.
-    deps=[dg.AssetDep(FILTERED, partition_mapping=dg.AllPartitionMapping())],
+    key=CURATED, partitions_def=document_partitions, group_name="curation", kinds=KINDS,
+    # Exact dedup compares every source's hashes, so each partition depends on every source of its refresh.
+    deps=[dg.AssetDep(FILTERED, partition_mapping=SAME_REFRESH_EVERY_SOURCE)],
     code_version=code_version("kiln.curation", "kiln.stats"),
-    check_specs=check_specs(CURATED, "residual_pii"),
+    check_specs=check_specs(CURATED, "residual_pii"), automation_condition=FOLLOW,
 )
 def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
                       storage: KilnStorage) -> dg.MaterializeResult:
-    """The clean documents of one source: filtered, PII-free, and exactly deduplicated across all sources."""
+    """The clean documents of one source in one refresh: filtered, PII-free, and exactly deduplicated across all
+    sources and against every earlier refresh (whose copy always wins: it may already be in token shards)."""
     config, store = kiln_config.load(), storage.store()
-    source = context.partition_key
-    inputs = {s.name: store.manifest(FILTERED, s.name) for s in config.sources}
+    name, key = source_and_refresh(context)
+    here = partition(name, key)
+    inputs = {partition(s.name, key): store.manifest(FILTERED, partition(s.name, key)) for s in config.sources}
+    # Earlier refreshes' curated documents, as "tier 0": better than any copy in this refresh. A source added to
+    # the config later has no dataset in earlier refreshes; the manifest lists exactly what was compared.
+    earlier = {p: m for r in upto(load_refreshes(store), key)[:-1] for s in config.sources
+               if (m := store.manifest_or_none(CURATED, p := partition(s.name, r.key))) is not None}
     dedup = config.curation.exact_dedup
-    duplicates = exact_duplicates([
-        HashTable(s.name, s.quality_tier, store.read_table(FILTERED, s.name, columns=["doc_id", "content_hash"]))
-        for s in config.sources]) if dedup.enabled else {}
-    with store.staging(CURATED, source) as writer:
-        stats = apply_exact_dedup(store.files(FILTERED, source, "documents"), duplicates, writer,
+    columns = ["doc_id", "content_hash"]
+    duplicates = exact_duplicates(
+        [HashTable(p, 0, store.read_table(CURATED, p, columns=columns)) for p in earlier]
+        + [HashTable(p, config.source(p.split("/")[0]).quality_tier, store.read_table(FILTERED, p, columns=columns))
+           for p in inputs]) if dedup.enabled else {}
+    with store.staging(CURATED, here) as writer:
+        stats = apply_exact_dedup(store.files(FILTERED, here, "documents"), duplicates, writer,
                                   config.curation.examples_per_reason)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"exact_dedup": dedup.model_dump(), "sources": [s.name for s in config.sources]},
-            inputs={f"{FILTERED}/{name}": m.data_version for name, m in inputs.items()},
+            config={"exact_dedup": dedup.model_dump(), "sources": [s.name for s in config.sources],
+                    "earlier_refreshes": sorted({p.split("/")[1] for p in earlier})},
+            inputs={**{f"{FILTERED}/{p}": m.data_version for p, m in inputs.items()},
+                    **{f"{CURATED}/{p}": m.data_version for p, m in earlier.items()}},
             counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
             stats=stats.to_dict())
-    funnel = chain([StageStats.from_dict(store.manifest(RAW, source).stats),
-                    StageStats.from_dict(inputs[source].stats), stats])
-    checks = standard_checks(store, manifest, inputs[source].counts["documents"]) + [
-        residual_pii_check(store, source, build_step("pii", config.curation.pii))]
+    funnel = chain([StageStats.from_dict(store.manifest(RAW, here).stats),
+                    StageStats.from_dict(inputs[here].stats), stats])
+    checks = standard_checks(store, manifest, inputs[here].counts["documents"]) + [
+        residual_pii_check(store, here, build_step("pii", config.curation.pii))]
     return materialize_result(manifest, stats, store, checks,
                               full_funnel=dg.MetadataValue.md("From raw records to curated documents:\n\n"
                                                               + funnel_markdown(funnel)))
 
 
-def residual_pii_check(store: Store, source: str, detector: PiiRedaction) -> dg.AssetCheckResult:
+def residual_pii_check(store: Store, here: str, detector: PiiRedaction) -> dg.AssetCheckResult:
     """Scan the output again with the same detectors: any hit means redaction missed something."""
     hits: dict[str, int] = {}
     examples = []
-    for batch in store.iter_batches(CURATED, source, columns=["doc_id", "text"]):
+    for batch in store.iter_batches(CURATED, here, columns=["doc_id", "text"]):
         for doc_id, text in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
             for m in detector.find(text):
                 hits[m.type] = hits.get(m.type, 0) + 1

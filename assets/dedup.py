@@ -4,7 +4,8 @@ import dagster as dg
 import numpy as np
 import pyarrow.compute as pc
 
-from assets.curation import CURATED, source_partitions
+from assets.curation import CURATED
+from assets.partitions import FOLLOW, SAME_REFRESH, document_partitions, refresh_partitions, source_and_refresh
 from assets.results import check_specs, materialize_result, standard_checks
 from kiln.dedup.apply import deduplicate_source
 from kiln.dedup.boilerplate import boilerplate_hashes
@@ -13,6 +14,7 @@ from kiln.dedup.minhash import compute_signatures, lines_table
 from kiln.dedup.near import NEAR_DUPLICATE, Batch, near_dedup, survivor_violations
 from kiln.dedup.report import clusters_markdown, cross_source_markdown, cluster_sizes_markdown
 from kiln.manifest import code_version
+from kiln.refresh import partition
 from kiln.stats import StageStats, chain, funnel_markdown
 from resources import DedupIndexStore, KilnConfig, KilnStorage
 
@@ -20,16 +22,18 @@ SIGNATURES, INDEX, DEDUPLICATED = "minhash_signatures", "dedup_index", "deduplic
 
 
 @dg.asset(
-    key=SIGNATURES, deps=[CURATED], partitions_def=source_partitions, group_name="dedup", kinds={"python", "parquet"},
-    code_version=code_version("kiln.dedup.minhash", "kiln.dedup.text"),
+    key=SIGNATURES, deps=[CURATED], partitions_def=document_partitions, group_name="dedup",
+    kinds={"python", "parquet"}, code_version=code_version("kiln.dedup.minhash", "kiln.dedup.text"),
     check_specs=[dg.AssetCheckSpec("complete", asset=SIGNATURES, blocking=True,
                                    description="one signature per curated document")],
+    automation_condition=FOLLOW,
 )
 def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
                        storage: KilnStorage) -> dg.MaterializeResult:
     """MinHash signatures and shingle sets of one source's curated documents (arrays, never pickles)."""
     config, store = kiln_config.load(), storage.store()
-    source, near, lines = context.partition_key, config.dedup.near, config.dedup.boilerplate_lines
+    source = partition(*source_and_refresh(context))
+    near, lines = config.dedup.near, config.dedup.boilerplate_lines
     curated = store.manifest(CURATED, source)
     inputs = store.files(CURATED, source, "documents")
     with store.staging(SIGNATURES, source) as writer:
@@ -56,8 +60,8 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
 
 
 @dg.asset(
-    key=INDEX, group_name="dedup", kinds={"python", "parquet"},
-    deps=[dg.AssetDep(SIGNATURES, partition_mapping=dg.AllPartitionMapping())],
+    key=INDEX, group_name="dedup", kinds={"python", "parquet"}, partitions_def=refresh_partitions,
+    deps=[dg.AssetDep(SIGNATURES, partition_mapping=SAME_REFRESH)], automation_condition=FOLLOW,
     code_version=code_version("kiln.dedup.near", "kiln.dedup.index", "kiln.dedup.boilerplate"),
     check_specs=[
         dg.AssetCheckSpec("conservation", asset=INDEX, blocking=True,
@@ -69,19 +73,21 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
 )
 def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
                 dedup_index_store: DedupIndexStore) -> dg.MaterializeResult:
-    """The persistent MinHash LSH index of accepted documents, grown by this refresh, and its decisions."""
+    """The persistent MinHash LSH index of accepted documents, grown by one refresh, and that refresh's
+    decisions: each document is kept, a near-duplicate (of this refresh or an earlier one), or already indexed."""
     config, store = kiln_config.load(), storage.store()
     near, lines = config.dedup.near, config.dedup.boilerplate_lines
-    manifests = {s.name: store.manifest(SIGNATURES, s.name) for s in config.sources}
-    batch = Batch.from_tables([(s.quality_tier, store.read_table(SIGNATURES, s.name, "signatures"))
-                               for s in config.sources])
-    with store.staging(INDEX) as writer, dedup_index_store.open(near, store.remote) as index:
-        result = near_dedup(batch, index, near, batch_name=context.run.run_id, enabled=near.enabled)
+    refresh = context.partition_key
+    parts = [partition(s.name, refresh) for s in config.sources]
+    manifests = {p: store.manifest(SIGNATURES, p) for p in parts}
+    batch = Batch.from_tables([(s.quality_tier, store.read_table(SIGNATURES, p, "signatures"))
+                               for s, p in zip(config.sources, parts)])
+    with store.staging(INDEX, refresh) as writer, dedup_index_store.open(near, store.remote) as index:
+        result = near_dedup(batch, index, near, batch_name=refresh, enabled=near.enabled)
         writer.write("decisions", result.decisions)
         boilerplate = set()
         if lines.enabled:
-            boilerplate = boilerplate_hashes([store.read_table(SIGNATURES, s.name, "lines") for s in config.sources],
-                                             lines)
+            boilerplate = boilerplate_hashes([store.read_table(SIGNATURES, p, "lines") for p in parts], lines)
             writer.write("lines", lines_table({h: 0 for h in boilerplate}))
         sampled, violations = survivor_violations(batch, result.decisions, near.threshold, near.check_sample)
         # The index is made durable before this manifest: a crash in between re-runs to the same decisions
@@ -96,7 +102,7 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
                     "boilerplate_lines": len(boilerplate)},
             stats=result.stats)
     stats = result.stats
-    texts = _texts_of(store, config, stats["example_clusters"], result.decisions)
+    texts = _texts_of(store, parts, stats["example_clusters"], result.decisions)
     return dg.MaterializeResult(
         metadata={
             "documents": len(batch), "near_duplicates": manifest.counts["near_duplicates"],
@@ -124,18 +130,18 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
         data_version=dg.DataVersion(manifest.data_version))
 
 
-def _texts_of(store, config, cluster_ids: list[str], decisions) -> dict[str, str]:
-    """Texts of the example clusters' members, from the curated documents (for side-by-side display)."""
+def _texts_of(store, parts: list[str], cluster_ids: list[str], decisions) -> dict[str, str]:
+    """Texts of the example clusters' members in this refresh's curated documents (for side-by-side display)."""
     wanted = set(cluster_ids) | {r["doc_id"] for r in decisions.to_pylist() if r["cluster_id"] in set(cluster_ids)}
     texts = {}
-    for s in config.sources:
-        texts |= store.values(CURATED, s.name, "text", wanted)
+    for p in parts:
+        texts |= store.values(CURATED, p, "text", wanted)
     return texts
 
 
 @dg.asset(
-    key=DEDUPLICATED, partitions_def=source_partitions, group_name="dedup", kinds={"python", "parquet"},
-    deps=[CURATED, INDEX],
+    key=DEDUPLICATED, partitions_def=document_partitions, group_name="dedup", kinds={"python", "parquet"},
+    deps=[CURATED, dg.AssetDep(INDEX, partition_mapping=SAME_REFRESH)], automation_condition=FOLLOW,
     code_version=code_version("kiln.dedup.apply", "kiln.dedup.decontaminate", "kiln.dedup.boilerplate", "kiln.stats"),
     check_specs=check_specs(DEDUPLICATED) + [
         dg.AssetCheckSpec("no_benchmark_overlap", asset=DEDUPLICATED, blocking=True,
@@ -145,14 +151,15 @@ def deduplicated_documents(context: dg.AssetExecutionContext, kiln_config: KilnC
                            storage: KilnStorage) -> dg.MaterializeResult:
     """One source's documents with near-duplicates, boilerplate lines and benchmark overlap removed."""
     config, store = kiln_config.load(), storage.store()
-    source = context.partition_key
-    curated, index = store.manifest(CURATED, source), store.manifest(INDEX)
-    decisions = store.read_table(INDEX, None, "decisions")
-    mine = decisions.filter(pc.and_(pc.equal(decisions.column("source"), source),
+    name, refresh = source_and_refresh(context)
+    source = partition(name, refresh)
+    curated, index = store.manifest(CURATED, source), store.manifest(INDEX, refresh)
+    decisions = store.read_table(INDEX, refresh, "decisions")
+    mine = decisions.filter(pc.and_(pc.equal(decisions.column("source"), name),
                                     pc.equal(decisions.column("status"), NEAR_DUPLICATE)))
     removed = {r["doc_id"]: r for r in mine.to_pylist()}
     lines = config.dedup.boilerplate_lines
-    boilerplate = set(store.read_table(INDEX, None, "lines").column("line_hash").to_pylist()) if lines.enabled else set()
+    boilerplate = set(store.read_table(INDEX, refresh, "lines").column("line_hash").to_pylist()) if lines.enabled else set()
     decon = config.decontamination
     benchmarks = load_benchmarks(decon) if decon.enabled and decon.benchmarks else None
     with store.staging(DEDUPLICATED, source) as writer:
@@ -163,7 +170,7 @@ def deduplicated_documents(context: dg.AssetExecutionContext, kiln_config: KilnC
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"decontamination": decon.model_dump(mode="json"), "boilerplate_lines": lines.model_dump(),
                     "benchmarks": benchmarks.summary() if benchmarks else {}},
-            inputs={f"{CURATED}/{source}": curated.data_version, INDEX: index.data_version},
+            inputs={f"{CURATED}/{source}": curated.data_version, f"{INDEX}/{refresh}": index.data_version},
             counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
             stats={**stats.to_dict(), "contamination": contamination})
     funnel = chain([StageStats.from_dict(store.manifest(a, source).stats)

@@ -4,6 +4,7 @@ import json
 
 import dagster as dg
 
+from assets.partitions import follow_only
 from assets.tokens import SHARDS, TOKENIZER
 from assets.training import CHECKPOINT, EVALUATION, RUN
 from kiln.audit import Catalog, node_key
@@ -11,6 +12,7 @@ from kiln.data_card import build_data_card, data_card_markdown
 from kiln.forget import REQUESTS
 from kiln.lineage import DOCUMENT_STAGES
 from kiln.manifest import code_version
+from kiln.refresh import partition
 from resources import KilnConfig, KilnStorage, MlflowTracking
 
 DATA_CARD = "data_card"
@@ -18,6 +20,7 @@ DATA_CARD = "data_card"
 
 @dg.asset(
     key=DATA_CARD, group_name="governance", kinds={"python", "markdown", "json"},
+    automation_condition=follow_only(CHECKPOINT, EVALUATION),
     deps=[CHECKPOINT, EVALUATION, RUN, SHARDS, TOKENIZER,
           *[dg.AssetDep(stage, partition_mapping=dg.AllPartitionMapping()) for stage in DOCUMENT_STAGES]],
     code_version=code_version("kiln.data_card", "kiln.audit", "kiln.lineage", "kiln.forget"),
@@ -37,8 +40,10 @@ def data_card(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
     card = build_data_card(store, config, mlflow_url=url)
     markdown = data_card_markdown(card)
     chain, catalog = card["lineage"], Catalog(store)
-    found = [(a, None) for a in (CHECKPOINT, EVALUATION, RUN, SHARDS, TOKENIZER)] + \
-        [(stage, s["name"]) for stage in DOCUMENT_STAGES for s in card["sources"]]
+    found = [(a, None) for a in (CHECKPOINT, EVALUATION, RUN, TOKENIZER)] + \
+        [(SHARDS, card["shards"]["refresh"] if card["shards"] else None)] + \
+        [(stage, partition(s["name"], r["key"])) for stage in DOCUMENT_STAGES for s in card["sources"]
+         for r in card["refreshes"]]
     found.append((REQUESTS, None))  # removal requests recorded after training are part of the card
     inputs = {node_key(a, p): m.data_version for a, p in found if (m := catalog.manifest(a, p)) is not None}
     with store.staging(DATA_CARD) as writer:
@@ -53,7 +58,7 @@ def data_card(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
     base = store.dataset_dir(DATA_CARD)
     # Every source in the shard set must trace back to its raw documents, and no input may have been replaced
     # (the card's own lineage: writing the card does not touch the checkpoint's chain).
-    raw = {n["partition"] for n in chain["nodes"] if n["asset"] == DOCUMENT_STAGES[0]}
+    raw = {n["partition"].split("/")[0] for n in chain["nodes"] if n["asset"] == DOCUMENT_STAGES[0]}
     missing = sorted(s["name"] for s in card["sources"] if s["name"] not in raw)
     links = {"mlflow_run": dg.MetadataValue.url(url) if url and url.startswith("http") else (url or "none")}
     return dg.MaterializeResult(

@@ -7,6 +7,7 @@ import dagster as dg
 from assets.tokens import SHARDS
 from kiln.manifest import code_version
 from kiln.planning.plan import make_plan
+from kiln.refresh import latest
 from kiln.storage import IncompleteDataset
 from resources import KilnConfig, KilnStorage
 
@@ -18,12 +19,12 @@ PLAN = "training_plan"
 def training_plan(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
                   storage: KilnStorage) -> dg.MaterializeResult:
     """How big a model, how many tokens, GPU-hours, days, parallelism and memory per GPU for the budget;
-    data sufficiency from the token shards' per-source token counts when they exist."""
+    data sufficiency from the newest token shards' per-source token counts when they exist."""
     config, store = kiln_config.load(), storage.store()
     request, inputs = config.planning, {}
     if not request.available_tokens:
         try:
-            shards = store.manifest(SHARDS)
+            refresh, shards = latest(store, SHARDS)
         except IncompleteDataset:
             context.log.info("token_shards not materialized: data sufficiency needs planning.available_tokens")
         else:
@@ -31,7 +32,7 @@ def training_plan(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
             weights = {k: v for k, v in config.mixture.weights.items() if v > 0 and k in available}
             request = type(request).model_validate({**request.model_dump(), "available_tokens": available,
                                                     "mixture_weights": weights})
-            inputs[SHARDS] = shards.data_version
+            inputs[f"{SHARDS}/{refresh}"] = shards.data_version
     plan = make_plan(request)
     with store.staging(PLAN) as writer:
         (writer.dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2, default=str))

@@ -7,14 +7,15 @@ import io
 import dagster as dg
 import numpy as np
 
-from assets.curation import source_partitions
 from assets.dedup import DEDUPLICATED
+from assets.partitions import FOLLOW, ONCE, document_partitions, source_and_refresh
 from assets.results import check_specs, materialize_result, standard_checks
 from kiln.forget import REQUESTS, first_match, load_requests
 from kiln.manifest import code_version
 from kiln.quality.classifier import Example, QualityScorer, balanced_sample, train_classifier
 from kiln.quality.rules import decide, decile_rows, filter_parts, threshold_effect
 from kiln.quality.scoring import read_scores, score_parts
+from kiln.refresh import materialized, partition
 from kiln.stats import StageStats, chain, funnel_markdown
 from kiln.tokenizer import read_documents
 from resources import KilnConfig, KilnStorage
@@ -24,7 +25,7 @@ CLASSIFIER, SCORES, QUALITY_FILTERED = "quality_classifier", "quality_scores", "
 
 @dg.asset(
     key=CLASSIFIER, group_name="quality", kinds={"python", "fasttext"},
-    deps=[dg.AssetDep(DEDUPLICATED, partition_mapping=dg.AllPartitionMapping())],
+    deps=[dg.AssetDep(DEDUPLICATED, partition_mapping=dg.AllPartitionMapping())], automation_condition=ONCE,
     code_version=code_version("kiln.quality.classifier"),
     check_specs=[dg.AssetCheckSpec("separates", asset=CLASSIFIER, blocking=False,
                                    description="cross-validated ROC AUC of at least 0.8 (reference vs web documents)")],
@@ -32,19 +33,20 @@ CLASSIFIER, SCORES, QUALITY_FILTERED = "quality_classifier", "quality_scores", "
 def quality_classifier(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
                        storage: KilnStorage) -> dg.MaterializeResult:
     """The fastText "reference vs web" classifier: reference sources' documents are the positives, web
-    sources' the negatives; the model file, its card (sha256, cross-validated metrics) and its training sample
-    (ids, folds, out-of-fold scores)."""
+    sources' the negatives, from every refresh so far; the model file, its card (sha256, cross-validated metrics)
+    and its training sample (ids, folds, out-of-fold scores). Fitted once: refitting re-scores every refresh."""
     config, store = kiln_config.load(), storage.store()
     positives, negatives = config.quality_classes()
     settings = config.quality.classifier
+    pos_parts, neg_parts = materialized(store, DEDUPLICATED, positives), materialized(store, DEDUPLICATED, negatives)
     with store.staging(CLASSIFIER) as writer:
-        inputs = {f"{DEDUPLICATED}/{s}": store.manifest(DEDUPLICATED, s).data_version for s in positives + negatives}
+        inputs = {f"{DEDUPLICATED}/{p}": m.data_version for p, m in (pos_parts | neg_parts).items()}
         card = None
         if config.quality_classifier_enabled:
             # Choose the sample by id first, then read only its texts: a web source may be far larger.
-            pos_ids, neg_ids = balanced_sample(_ids(store, positives), _ids(store, negatives),
+            pos_ids, neg_ids = balanced_sample(_ids(store, pos_parts), _ids(store, neg_parts),
                                                settings.max_documents_per_class)
-            card = train_classifier(_examples(store, positives, set(pos_ids)), _examples(store, negatives, set(neg_ids)),
+            card = train_classifier(_examples(store, pos_parts, set(pos_ids)), _examples(store, neg_parts, set(neg_ids)),
                                     settings, writer.dir)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
@@ -71,19 +73,18 @@ def quality_classifier(context: dg.AssetExecutionContext, kiln_config: KilnConfi
         data_version=dg.DataVersion(manifest.data_version))
 
 
-def _ids(store, sources: list[str]) -> list[str]:
-    return [i for name in sources for i in store.read_table(DEDUPLICATED, name, columns=["doc_id"])
-            .column("doc_id").to_pylist()]
+def _ids(store, parts) -> list[str]:
+    return [i for p in parts for i in store.read_table(DEDUPLICATED, p, columns=["doc_id"]).column("doc_id").to_pylist()]
 
 
-def _examples(store, sources: list[str], wanted: set[str]) -> list[Example]:
-    return [Example(d.doc_id, name, d.text) for name in sources
-            for d in read_documents(store.files(DEDUPLICATED, name, "documents")) if d.doc_id in wanted]
+def _examples(store, parts, wanted: set[str]) -> list[Example]:
+    return [Example(d.doc_id, d.source, d.text) for p in parts
+            for d in read_documents(store.files(DEDUPLICATED, p, "documents")) if d.doc_id in wanted]
 
 
 @dg.asset(
-    key=SCORES, deps=[DEDUPLICATED, CLASSIFIER], partitions_def=source_partitions, group_name="quality",
-    kinds={"python", "parquet"},
+    key=SCORES, deps=[DEDUPLICATED, CLASSIFIER], partitions_def=document_partitions, group_name="quality",
+    kinds={"python", "parquet"}, automation_condition=FOLLOW,
     code_version=code_version("kiln.quality.scoring", "kiln.quality.classifier", "kiln.quality.perplexity"),
     check_specs=[dg.AssetCheckSpec("complete", asset=SCORES, blocking=True,
                                    description="every document is kept with its scores, each in range")],
@@ -93,7 +94,7 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
     """One source's documents with their quality columns: `quality_score` (the classifier's P(reference))
     and `perplexity` under the reference language model, when one is configured."""
     config, store = kiln_config.load(), storage.store()
-    source, settings = context.partition_key, config.quality.perplexity
+    source, settings = partition(*source_and_refresh(context)), config.quality.perplexity
     deduplicated, classifier = store.manifest(DEDUPLICATED, source), store.manifest(CLASSIFIER)
     scorer = QualityScorer.load(store.dataset_dir(CLASSIFIER)) if classifier.stats["card"] else None
     reference = None
@@ -135,8 +136,8 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
 
 
 @dg.asset(
-    key=QUALITY_FILTERED, deps=[SCORES], partitions_def=source_partitions, group_name="quality",
-    kinds={"python", "parquet"}, code_version=code_version("kiln.quality.rules", "kiln.forget", "kiln.stats"),
+    key=QUALITY_FILTERED, deps=[SCORES], partitions_def=document_partitions, group_name="quality",
+    kinds={"python", "parquet"}, automation_condition=FOLLOW, code_version=code_version("kiln.quality.rules", "kiln.forget", "kiln.stats"),
     check_specs=check_specs(QUALITY_FILTERED),
 )
 def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
@@ -145,8 +146,9 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
     alone, and that no removal request (`kiln forget`) names; removed documents go to the rejected table with
     their scores and the rule or request that removed them."""
     config, store = kiln_config.load(), storage.store()
-    source = context.partition_key
-    rule = config.quality.rules.get(source)
+    name, refresh = source_and_refresh(context)
+    source = partition(name, refresh)
+    rule = config.quality.rules.get(name)
     scores_manifest = store.manifest(SCORES, source)
     parts = store.files(SCORES, source, "documents")
     doc_ids, scores, perplexity = read_scores(parts)

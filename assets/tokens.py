@@ -1,10 +1,13 @@
-"""The tokenizer and the training-ready token shards, from every source's quality-filtered documents."""
+"""The tokenizer and the training-ready token shards (one version per refresh), from every source's
+quality-filtered documents."""
 
 import dagster as dg
 
+from assets.partitions import FOLLOW, ONCE, SAME_REFRESH, refresh_partitions
 from assets.quality import QUALITY_FILTERED
 from kiln.manifest import code_version
 from kiln.mixture import SourceParts
+from kiln.refresh import Refresh, load_refreshes, materialized, upto
 from kiln.shards import ShardError, open_shard, read_shard_set
 from kiln.token_shards import write_token_shards
 from kiln.tokenizer import Tokenizer, draw_training_sample, tokenizer_report, train_tokenizer
@@ -14,27 +17,30 @@ TOKENIZER, SHARDS = "tokenizer", "token_shards"
 ALL_SOURCES = dg.AssetDep(QUALITY_FILTERED, partition_mapping=dg.AllPartitionMapping())
 
 
-def _sources(config, store) -> tuple[list[SourceParts], dict[str, str]]:
-    """Every source's quality-filtered parts (config order) and their data versions, for the manifest."""
+def _sources(config, store, refreshes: list[Refresh]) -> tuple[list[SourceParts], dict[str, str]]:
+    """Every source's quality-filtered parts over these refreshes (config order, oldest refresh first) and their
+    data versions, for the manifest."""
     parts, inputs = [], {}
     for s in config.sources:
-        manifest = store.manifest(QUALITY_FILTERED, s.name)
-        inputs[f"{QUALITY_FILTERED}/{s.name}"] = manifest.data_version
-        parts.append(SourceParts(s.name, s.domain, store.files(QUALITY_FILTERED, s.name, "documents")))
+        found = materialized(store, QUALITY_FILTERED, [s.name], refreshes)
+        inputs |= {f"{QUALITY_FILTERED}/{p}": m.data_version for p, m in found.items()}
+        parts.append(SourceParts(s.name, s.domain, [f for p in found for f in store.files(QUALITY_FILTERED, p,
+                                                                                            "documents")]))
     return parts, inputs
 
 
 @dg.asset(
-    key=TOKENIZER, deps=[ALL_SOURCES], group_name="tokens", kinds={"python", "sentencepiece"},
+    key=TOKENIZER, deps=[ALL_SOURCES], group_name="tokens", kinds={"python", "sentencepiece"}, automation_condition=ONCE,
     code_version=code_version("kiln.tokenizer", "kiln.mixture"),
     check_specs=[dg.AssetCheckSpec("round_trip", asset=TOKENIZER, blocking=True,
                                    description="decode(encode(text)) == text on every sampled document")],
 )
 def tokenizer(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage) -> dg.MaterializeResult:
     """The sentencepiece BPE tokenizer (byte fallback, exact round trip, BOS/EOS/PAD/FIM tokens) trained on a
-    sample drawn by the mixture weights."""
+    sample drawn by the mixture weights from every refresh so far. Fitted once: a new tokenizer invalidates
+    every refresh's token shards."""
     config, store = kiln_config.load(), storage.store()
-    sources, inputs = _sources(config, store)
+    sources, inputs = _sources(config, store, load_refreshes(store))
     sample = draw_training_sample(sources, config.mixture.weights, config.tokenizer)
     with store.staging(TOKENIZER) as writer:
         card = train_tokenizer(sample, config.tokenizer, writer.dir)
@@ -82,7 +88,8 @@ def examples_markdown(examples: list[dict]) -> str:
 
 
 @dg.asset(
-    key=SHARDS, deps=[TOKENIZER, ALL_SOURCES], group_name="tokens", kinds={"python", "numpy"},
+    key=SHARDS, deps=[TOKENIZER, dg.AssetDep(QUALITY_FILTERED, partition_mapping=SAME_REFRESH)],
+    partitions_def=refresh_partitions, automation_condition=FOLLOW, group_name="tokens", kinds={"python", "numpy"},
     code_version=code_version("kiln.token_shards", "kiln.shards", "kiln.mixture", "kiln.fim"),
     check_specs=[
         dg.AssetCheckSpec("shards_verified", asset=SHARDS, blocking=True,
@@ -93,21 +100,25 @@ def examples_markdown(examples: list[dict]) -> str:
 )
 def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
                  storage: KilnStorage) -> dg.MaterializeResult:
-    """Training-ready token shards: train/validation split by document hash, mixture weights and curriculum
-    phases, fill-in-the-middle for code, a deterministic shuffle; EOS between documents."""
+    """The training set as of one refresh: every refresh up to it, as token shards with a train/validation split
+    by document hash, mixture weights and curriculum phases, fill-in-the-middle for code, a deterministic
+    shuffle; EOS between documents."""
     config, store = kiln_config.load(), storage.store()
-    sources, inputs = _sources(config, store)
+    refresh = context.partition_key
+    included = upto(load_refreshes(store), refresh)
+    sources, inputs = _sources(config, store, included)
     tok_manifest = store.manifest(TOKENIZER)
     inputs[TOKENIZER] = tok_manifest.data_version
-    with store.staging(SHARDS) as writer:
+    with store.staging(SHARDS, refresh) as writer:
         result = write_token_shards(sources, store.dataset_dir(TOKENIZER), config.shards, config.mixture, writer)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"shards": config.shards.model_dump(mode="json"), "mixture": config.mixture.model_dump(mode="json")},
+            config={"shards": config.shards.model_dump(mode="json"), "mixture": config.mixture.model_dump(mode="json"),
+                    "refreshes": [r.key for r in included]},
             inputs=inputs, counts=result.counts(), stats=result.manifest_stats())
     for warning in result.warnings:
         context.log.warning(warning)
-    base = store.dataset_dir(SHARDS)
+    base = store.dataset_dir(SHARDS, refresh)
     problems = []
     shard_set = read_shard_set(base)
     for info in manifest.stats["shards"]:

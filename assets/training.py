@@ -10,10 +10,12 @@ from pathlib import Path
 
 import dagster as dg
 
+from assets.partitions import FOLLOW_TRAINING, follow_only
 from assets.quality import QUALITY_FILTERED
 from assets.tokens import ALL_SOURCES, SHARDS, TOKENIZER
 from kiln.config import kiln_home
 from kiln.manifest import code_version, git_commit
+from kiln.refresh import latest, load_refreshes, materialized, upto
 from kiln.storage import IncompleteDataset
 from kiln.token_shards import is_validation
 from kiln.tokenizer import Tokenizer, read_documents
@@ -43,25 +45,28 @@ def _mlflow_run(tracking: MlflowTracking, run_dir: Path, name: str, tags: dict[s
 
 @dg.asset(
     key=RUN, deps=[SHARDS, TOKENIZER], group_name="training", kinds={"pytorch", "deepspeed", "mlflow"},
+    automation_condition=FOLLOW_TRAINING,  # only with `refresh.train: true`: training is never started by surprise
     pool="training",  # GPU concurrency: `concurrency.pools` in dagster.yaml caps how many runs train at once
     code_version=code_version("training_jobs"),
 )
 def training_run(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
                  training_launcher: TrainingLauncher, mlflow_tracking: MlflowTracking,
                  pipes_subprocess_client: dg.PipesSubprocessClient) -> dg.MaterializeResult:
-    """A DeepSpeed ZeRO-3 pretraining run on the token shards, tracked in MLflow; a crashed run resumes from its
-    newest complete checkpoint when materialized again."""
+    """A DeepSpeed ZeRO-3 pretraining run on the newest refresh's token shards, tracked in MLflow; a crashed run
+    resumes from its newest complete checkpoint when materialized again."""
     config, store = kiln_config.load(), storage.store()
-    shards, tok = store.manifest(SHARDS), store.manifest(TOKENIZER)
+    refresh, shards = latest(store, SHARDS)
+    tok = store.manifest(TOKENIZER)
     settings = config.training
     key = run_key(shards.data_version, tok.data_version, settings.model_dump_json())
     run_dir = kiln_home() / "runs" / key
     tags = {"kiln.dagster_run_id": context.run.run_id, "kiln.token_shards.data_version": shards.data_version,
+            "kiln.refresh": refresh,
             "kiln.tokenizer.data_version": tok.data_version, "kiln.tokenizer.sha256": tok.stats["card"]["sha256"],
             "kiln.git_commit": git_commit() or "unknown", "kiln.run_key": key}
     experiment_id, mlflow_run_id = _mlflow_run(mlflow_tracking, run_dir, f"kiln-{key}", tags)
     run_config = settings.to_run_config(
-        dataset_dir=store.dataset_dir(SHARDS), tokenizer_sha256=tok.stats["card"]["sha256"], output_dir=run_dir,
+        dataset_dir=store.dataset_dir(SHARDS, refresh), tokenizer_sha256=tok.stats["card"]["sha256"], output_dir=run_dir,
         tokenizer_dir=store.dataset_dir(TOKENIZER), experiment=mlflow_tracking.experiment, run_name=f"kiln-{key}",
         tags=tags).write(run_dir / "run_config.json")
     env = {**training_launcher.env(), **mlflow_tracking.env(), "MLFLOW_RUN_ID": mlflow_run_id}
@@ -81,7 +86,7 @@ def training_run(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"training": settings.model_dump(mode="json"), "launcher": command[:1]},
-            inputs={SHARDS: shards.data_version, TOKENIZER: tok.data_version},
+            inputs={f"{SHARDS}/{refresh}": shards.data_version, TOKENIZER: tok.data_version},
             counts={"steps": summary["steps"], "tokens_seen": summary["tokens_seen"]},
             stats={"summary": summary, "run_dir": str(run_dir), "mlflow": {"experiment_id": experiment_id,
                                                                             "run_id": mlflow_run_id}})
@@ -91,7 +96,7 @@ def training_run(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
             "loss_curve": dg.MetadataValue.md(loss_plot_markdown(metrics)),
             "mlflow_run": mlflow_tracking.run_url(experiment_id, mlflow_run_id),
             "stability_events": dg.MetadataValue.json(summary["stability_events"]),
-            "run_dir": dg.MetadataValue.path(str(run_dir)), "data_version": manifest.data_version,
+            "refresh": refresh, "run_dir": dg.MetadataValue.path(str(run_dir)), "data_version": manifest.data_version,
         },
         data_version=dg.DataVersion(manifest.data_version))
 
@@ -129,6 +134,7 @@ def loss_plot_markdown(metrics: list[dict]) -> str:
 
 
 @dg.asset(key=CHECKPOINT, deps=[RUN], group_name="training", kinds={"pytorch", "safetensors"},
+          automation_condition=follow_only(RUN),
           code_version=code_version("training_jobs.export"),
           check_specs=[dg.AssetCheckSpec("loads", asset=CHECKPOINT, blocking=True,
                                          description="the safetensors export loads and gives finite logits")])
@@ -181,7 +187,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 @dg.asset(key=EVALUATION, deps=[CHECKPOINT, SHARDS, TOKENIZER, ALL_SOURCES], group_name="training",
-          kinds={"pytorch"}, code_version=code_version("training_jobs.evaluate"))
+          kinds={"pytorch"}, code_version=code_version("training_jobs.evaluate"), automation_condition=follow_only(CHECKPOINT))
 def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage) -> dg.MaterializeResult:
     """Validation loss and perplexity overall and per source, probe-set perplexity, sampled continuations, and
     the change since the previous evaluated checkpoint."""
@@ -190,16 +196,20 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
 
     config, store = kiln_config.load(), storage.store()
     settings = config.evaluation
-    ckpt, tok_manifest, shards = store.manifest(CHECKPOINT), store.manifest(TOKENIZER), store.manifest(SHARDS)
+    ckpt, tok_manifest = store.manifest(CHECKPOINT), store.manifest(TOKENIZER)
+    refresh = trained_refresh(store.manifest(RUN))  # the shard set the checkpoint was trained on
+    shards = store.manifest(SHARDS, refresh)
     model = load_model(store.dataset_dir(CHECKPOINT) / "safetensors")
     tok = Tokenizer.load(store.dataset_dir(TOKENIZER))
     seq_len = min(model.cfg.max_seq_len, shards.stats["seq_len"])
-    result = {"validation": stream_loss(model, validation_stream(store.dataset_dir(SHARDS), tok.sha256,
+    result = {"validation": stream_loss(model, validation_stream(store.dataset_dir(SHARDS, refresh), tok.sha256,
                                                                   settings.max_val_tokens), seq_len, settings.batch_size)}
     result["per_source"] = {}
+    included = upto(load_refreshes(store), refresh)
     for s in config.sources:
         docs, n = [], 0
-        for doc in read_documents(store.files(QUALITY_FILTERED, s.name, "documents")):
+        parts = materialized(store, QUALITY_FILTERED, [s.name], included)
+        for doc in read_documents([f for p in parts for f in store.files(QUALITY_FILTERED, p, "documents")]):
             if is_validation(doc.doc_id, config.shards.val_fraction):
                 docs.append(tok.encode(doc.text))
                 n += len(docs[-1]) + 1
@@ -223,7 +233,8 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"evaluation": settings.model_dump()},
-            inputs={CHECKPOINT: ckpt.data_version, SHARDS: shards.data_version, TOKENIZER: tok_manifest.data_version},
+            inputs={CHECKPOINT: ckpt.data_version, f"{SHARDS}/{refresh}": shards.data_version,
+                    TOKENIZER: tok_manifest.data_version},
             counts={"validation_tokens": result["validation"]["tokens"]}, stats=result)
     val = result["validation"]["loss"]
     prev = result["previous"]["validation_loss"] if result["previous"] else None
@@ -238,6 +249,11 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
             "data_version": manifest.data_version,
         },
         data_version=dg.DataVersion(manifest.data_version))
+
+
+def trained_refresh(run) -> str:
+    """The refresh whose token shards a training run read (its manifest's `token_shards/<refresh>` input)."""
+    return next(key.split("/", 1)[1] for key in run.inputs if key.startswith(f"{SHARDS}/"))
 
 
 def _loss_table(rows: dict[str, dict], label: str) -> str:

@@ -97,12 +97,29 @@ class Catalog:
         return self._versions[asset]
 
     def partitions(self, asset: str) -> list[str | None]:
-        """Partitions of an asset that have a current manifest (None for an unpartitioned one)."""
+        """Partitions of an asset that have a current manifest: None for an unpartitioned one, `<refresh>` for a
+        per-refresh one, `<source>/<refresh>` for a document dataset."""
         base = self.store.root / asset
-        if not base.is_dir():
-            return []
-        return sorted((None if d.name == "_all" else d.name) for d in base.iterdir()
-                      if d.is_dir() and not d.name.startswith(".") and (d / MANIFEST_NAME).is_file())
+        found = []
+        for d in [base] if base.is_dir() else []:
+            for child in sorted(d.iterdir()):
+                if not child.is_dir() or child.name.startswith("."):
+                    continue
+                if (child / MANIFEST_NAME).is_file():
+                    found.append(None if child.name == "_all" else child.name)
+                else:
+                    found += [f"{child.name}/{g.name}" for g in sorted(child.iterdir()) if g.is_dir()
+                              and not g.name.startswith(".") and (g / MANIFEST_NAME).is_file()]
+        return sorted(found, key=str)
+
+    def source_partitions(self, asset: str, source: str) -> list[str]:
+        """The partitions holding one source's documents at a stage, one per refresh."""
+        return [p for p in self.partitions(asset) if p and p.split("/")[0] == source and "/" in p]
+
+    def newest(self, asset: str) -> Manifest | None:
+        """The most recently written manifest of an asset over all its partitions (e.g. the latest dedup index)."""
+        versions = self.versions(asset)
+        return versions[0] if versions else None
 
     def assets(self) -> list[str]:
         root = self.store.root
@@ -338,6 +355,7 @@ class Membership:
     shards: list[ShardRecord] = field(default_factory=list)
     other_matches: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    refresh: str | None = None  # the refresh that brought the document in
 
     @property
     def reached_training(self) -> bool:
@@ -354,7 +372,8 @@ class Membership:
         elif self.match == "exact":
             lines.append(f"matched exactly (text hash after exact dedup's case and whitespace folding): {self.doc_id}")
         if self.doc_id:
-            lines.append(f"document {self.doc_id} (source {self.source}, license {self.license or 'unknown'})")
+            arrived = f", refresh {self.refresh}" if self.refresh else ""
+            lines.append(f"document {self.doc_id} (source {self.source}{arrived}, license {self.license or 'unknown'})")
         if self.stages:
             lines.append("stages:")
             width = max(len(f"{r.stage}[{r.source}]") for r in self.stages)
@@ -497,9 +516,10 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
                    f"materialized, or built before this document arrived)")
     else:
         verdict, summary = NEVER_SEEN, f"never seen: no dataset in the store holds doc_id {doc_id}"
+    source, _, refresh = (hint or "").partition("/")
     return Membership(query, match if (kept or removed or shards) else "none", verdict, summary,
-                      doc_id if (kept or removed or shards) else None, hint, row.get("license"), None, stages, shards,
-                      notes=notes)
+                      doc_id if (kept or removed or shards) else None, source or None, row.get("license"), None, stages,
+                      shards, notes=notes, refresh=refresh or None)
 
 
 def _find_in_stage(catalog: Catalog, stage: str, partition: str, doc_id: str) -> tuple[StageRecord | None, dict]:
@@ -567,7 +587,7 @@ def _near_match(catalog: Catalog, config: ProjectConfig, text: str,
     from kiln.dedup.index import open_index
     from kiln.dedup.minhash import jaccard, shingle_hashes, signature
 
-    recorded = catalog.manifest(INDEX)
+    recorded = catalog.newest(INDEX)
     near = NearDedup.model_validate(recorded.config["near"]) if recorded and "near" in recorded.config \
         else config.dedup.near
     remote = catalog.store.remote  # with S3 storage the local index is a cache, brought up to date on open
@@ -658,13 +678,14 @@ class SourceUsage:
 
     def render(self) -> str:
         lines = [f"Source {self.source} (license {self.license or 'unknown'}, domain {self.domain or 'unknown'})",
-                 "documents per stage:"]
+                 "documents per stage and refresh:"]
+        width = max(len(f"{s['stage']}[{s.get('refresh')}]") for s in self.stages)
         for s in self.stages:
             if s.get("status") == NOT_MATERIALIZED:
-                lines.append(f"  {s['stage']:<28} {NOT_MATERIALIZED}")
+                lines.append(f"  {s['stage']:<{width}} {NOT_MATERIALIZED}")
             else:
-                lines.append(f"  {s['stage']:<28} {s['documents']:>8,} kept {s['rejected']:>7,} removed  "
-                             f"{s['data_version']}")
+                lines.append(f"  {s['stage'] + '[' + s['refresh'] + ']':<{width}} {s['documents']:>8,} kept "
+                             f"{s['rejected']:>7,} removed  {s['data_version']}")
         if not self.shard_sets:
             lines.append("token shards: none in the store use this source")
         for u in self.shard_sets:
@@ -693,7 +714,7 @@ def source_usage(store: Store, config: ProjectConfig, name: str) -> SourceUsage:
     catalog = Catalog(store)
     shard_sets = catalog.versions(SHARDS)
     declared = {s.name: s for s in config.sources}
-    seen = set(declared) | {p for st in DOCUMENT_STAGES for p in catalog.partitions(st) if p} | \
+    seen = set(declared) | {p.split("/")[0] for st in DOCUMENT_STAGES for p in catalog.partitions(st) if p} | \
         {n for m in shard_sets for n in (m.stats.get("sources") or {})}
     if name not in seen:
         raise AuditError(f"unknown source {name!r}; sources: {', '.join(sorted(seen)) or 'none'}")
@@ -702,17 +723,19 @@ def source_usage(store: Store, config: ProjectConfig, name: str) -> SourceUsage:
         license, domain = declared[name].license, declared[name].domain
     stages = []
     for stage in DOCUMENT_STAGES:
-        m = catalog.manifest(stage, name)
-        if m is None:
+        partitions = catalog.source_partitions(stage, name)
+        if not partitions:
             stages.append({"stage": stage, "status": NOT_MATERIALIZED})
-            continue
-        kept = sum(f.rows or 0 for f in m.files_with_role("documents"))
-        removed = sum(f.rows or 0 for f in m.files_with_role("rejected") + m.files_with_role("quarantine"))
-        stages.append({"stage": stage, "status": "current", "data_version": m.data_version, "documents": kept,
-                       "rejected": removed, "created_at": m.created_at})
-        if name not in declared and isinstance(m.config.get("source"), dict):
-            # no longer declared: raw_documents recorded the source as it was configured when read
-            license, domain = m.config["source"].get("license"), m.config["source"].get("domain")
+        for p in partitions:
+            m = catalog.manifest(stage, p)
+            kept = sum(f.rows or 0 for f in m.files_with_role("documents"))
+            removed = sum(f.rows or 0 for f in m.files_with_role("rejected") + m.files_with_role("quarantine"))
+            stages.append({"stage": stage, "refresh": p.split("/", 1)[1], "status": "current",
+                           "data_version": m.data_version, "documents": kept, "rejected": removed,
+                           "created_at": m.created_at})
+            if name not in declared and isinstance(m.config.get("source"), dict):
+                # no longer declared: raw_documents recorded the source as it was configured when read
+                license, domain = m.config["source"].get("license"), m.config["source"].get("domain")
 
     usages, notes = [], []
     for m in shard_sets:

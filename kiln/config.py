@@ -351,6 +351,41 @@ class StorageSettings(_Strict):
         return self
 
 
+class RefreshSchedule(_Strict):
+    enabled: bool = True  # the schedule runs from the moment the code location loads (else: turn it on in the UI)
+    cron: str = "0 3 * * 1"  # default weekly: Mondays 03:00
+    timezone: str = "UTC"
+
+    @field_validator("cron")
+    @classmethod
+    def _five_fields(cls, value):
+        if len(value.split()) != 5:
+            raise ValueError(f"{value!r} is not a cron expression of 5 fields (minute hour day month weekday), "
+                             f"e.g. '0 3 * * 1' for Mondays 03:00")
+        return value
+
+
+class RefreshSensor(_Strict):
+    enabled: bool = True  # the landing sensor runs from the moment the code location loads
+    interval_seconds: int = Field(300, ge=30)  # how often the landing area is scanned
+    settle_seconds: int = Field(60, ge=0)  # a file modified more recently may still be written: next scan
+
+
+class RefreshSettings(_Strict):
+    """Periodic corpus refreshes. New files under `<landing>/<source>/` become a refresh: a new `refresh`
+    partition of every document asset, deduplicated against everything earlier (exact hashes and the
+    persistent MinHash index), and a new version of the token shards."""
+
+    landing: str | None = None  # a folder or s3://bucket/prefix of <source>/ folders; None: KILN_HOME/landing
+    schedule: RefreshSchedule = RefreshSchedule()  # scans the landing area on a cron
+    sensor: RefreshSensor = RefreshSensor()  # scans it every few minutes
+    automation: bool = True  # downstream data assets (through the token shards) follow a refresh eagerly
+    train: bool = False  # training_run (and what follows) starts on new token shards too; off: only by hand
+
+    def landing_path(self) -> str:
+        return self.landing or str(kiln_home() / "landing")
+
+
 class Quality(_Strict):
     classifier: QualityClassifier = QualityClassifier()
     perplexity: QualityPerplexity = QualityPerplexity()
@@ -372,6 +407,7 @@ class ProjectConfig(_Strict):
     shards: ShardSettings = ShardSettings()
     quality: Quality = Quality()
     storage: StorageSettings = StorageSettings()  # local files, or S3 with KILN_HOME as the cache
+    refresh: RefreshSettings = RefreshSettings()  # new raw data: landing area, schedule, sensor, automation
 
     @field_validator("profiles", mode="before")
     @classmethod
@@ -542,5 +578,5 @@ def _fields_at(loc: tuple) -> list[str]:
 
 __all__ = ["ConfigError", "ProjectConfig", "Source", "StepSpec", "kiln_home", "load_config",
            "parse_config", "step_parameters", "Quality",
-           "QualityClassifier", "QualityPerplexity", "QualityRule", "Fim", "Mixture", "Phase", "ShardSettings", "StorageSettings",
+           "QualityClassifier", "QualityPerplexity", "QualityRule", "RefreshSettings", "Fim", "Mixture", "Phase", "ShardSettings", "StorageSettings",
            "TokenizerSettings"]

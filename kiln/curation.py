@@ -29,7 +29,7 @@ from kiln.documents import CURATED_SCHEMA, DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, R
 from kiln.filters.base import Step
 from kiln.filters.registry import build_step
 from kiln.parallel import map_parts
-from kiln.readers import Quarantined, read_source
+from kiln.readers import Quarantined, SourceFile, read_source
 from kiln.stats import StageStats
 from kiln.storage import DatasetWriter, write_parquet_atomic
 
@@ -39,12 +39,13 @@ FILTER_STAGE, DEDUP_STAGE = "filter", "exact_dedup"
 # ---------------------------------------------------------------------------------------------- ingest
 
 def ingest(source: Source, reading: Reading, writer: DatasetWriter, progress: bool = True,
-           examples_per_reason: int = 3) -> StageStats:
-    """Read a source into document parts of `reading.rows_per_part` rows; quarantine what is unreadable."""
+           examples_per_reason: int = 3, files: list[SourceFile] | None = None, namespace: str = "") -> StageStats:
+    """Read a source (or, for a later refresh, its landed `files`: see `read_source`) into document parts of
+    `reading.rows_per_part` rows; quarantine what is unreadable."""
     stats = StageStats()
     step = stats.step("read")
     rows, quarantined, seen_ids = [], [], set()
-    for record in tqdm(read_source(source, reading), desc=f"read {source.name}", unit="doc", disable=not progress,
+    for record in tqdm(read_source(source, reading, files, namespace), desc=f"read {source.name}", unit="doc", disable=not progress,
                        mininterval=2):
         stats.docs_in += 1
         if isinstance(record, Document) and record.doc_id in seen_ids:

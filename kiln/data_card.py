@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.audit import CHECKPOINT, SHARDS, TRAINING_RUN, Catalog, lineage
+from kiln.audit import CHECKPOINT, SHARDS, TRAINING_RUN, Catalog, lineage, parse_key
 from kiln.config import ProjectConfig
 from kiln.dedup.report import cross_source_markdown
 from kiln.lineage import DOCUMENT_STAGES
-from kiln.manifest import now_utc
+from kiln.manifest import Manifest, now_utc
+from kiln.refresh import load_refreshes, partition
 from kiln.stats import StageStats, chain, funnel_markdown, funnel_rows
 from kiln.forget import load_requests
 from kiln.storage import Store
@@ -31,13 +32,16 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
     catalog = Catalog(store)
     chain_ = lineage(store, CHECKPOINT)
     ckpt = catalog.manifest(CHECKPOINT)
-    run, shards = catalog.manifest(TRAINING_RUN), catalog.manifest(SHARDS)
-    tok, evaluation = catalog.manifest(TOKENIZER), catalog.manifest(EVALUATION)
+    run, tok, evaluation = catalog.manifest(TRAINING_RUN), catalog.manifest(TOKENIZER), catalog.manifest(EVALUATION)
+    shards = trained_shards(catalog, run)
+    # The refreshes in the checkpoint's token shards: every figure below covers exactly those.
+    refreshes = (shards.config.get("refreshes") or [shards.partition]) if shards else []
     shard_sources = (shards.stats.get("sources") or {}) if shards else {}
     declared = [s.name for s in config.sources]  # config order; sources no longer declared follow
     names = [n for n in declared if n in shard_sources or not shard_sources] + \
         sorted(n for n in shard_sources if n not in declared)
-    stage_stats = {name: _stage_stats(catalog, name) for name in names}
+    parts = {name: [partition(name, r) for r in refreshes] for name in names}
+    stage_stats = {name: _stage_stats(catalog, parts[name]) for name in names}
     summary = (run.stats.get("summary") or {}) if run else {}
     mlflow = dict((ckpt.stats.get("mlflow") or (run.stats.get("mlflow") if run else None) or {}))
     if mlflow_url:
@@ -50,13 +54,15 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
                        "formats": ckpt.config.get("formats"), "model": ckpt.stats.get("model"),
                        "path": str(store.dataset_dir(CHECKPOINT)),
                        "files": [{"path": f.path, "sha256": f.sha256, "bytes": f.bytes} for f in ckpt.files]},
-        "sources": [_source(catalog, config, name, shard_sources.get(name), stage_stats[name]) for name in names],
+        "refreshes": _refreshes(store, catalog, refreshes, parts),
+        "sources": [_source(catalog, config, name, shard_sources.get(name), stage_stats[name], parts[name])
+                    for name in names],
         "funnel": _funnel(stage_stats),
-        "dedup": _dedup(catalog, stage_stats),
-        "decontamination": _decontamination(catalog, names, stage_stats),
+        "dedup": _dedup(catalog, stage_stats, refreshes),
+        "decontamination": _decontamination(catalog, parts, stage_stats),
         "pii": {name: dict(s["filtered_documents"].steps["pii"].counts) if "filtered_documents" in s
                 and "pii" in s["filtered_documents"].steps else None for name, s in stage_stats.items()},
-        "quality": _quality(catalog, names, stage_stats),
+        "quality": _quality(catalog, parts),
         "tokenizer": _tokenizer(tok),
         "mixture": _mixture(shards, {n: shard_sources[n] for n in names if n in shard_sources}),
         "shards": _shards(shards),
@@ -84,30 +90,60 @@ def _removal_requests(store: Store, checkpoint: str) -> list[dict[str, Any]]:
             for r in requests if any(a["checkpoint"] == checkpoint for a in r.affected)]
 
 
-def _stage_stats(catalog: Catalog, source: str) -> dict[str, StageStats]:
-    """Each materialized document stage's statistics for one source, in pipeline order."""
+def trained_shards(catalog: Catalog, run) -> Manifest | None:
+    """The token shards a training run read (its manifest's `token_shards/<refresh>` input)."""
+    for key in (run.inputs if run else {}):
+        asset, part = parse_key(key)
+        if asset == SHARDS:
+            return catalog.manifest(SHARDS, part)
+    return None
+
+
+def _manifests(catalog: Catalog, stage: str, parts: list[str]) -> dict[str, Manifest]:
+    return {p: m for p in parts if (m := catalog.manifest(stage, p)) is not None}
+
+
+def _stage_stats(catalog: Catalog, parts: list[str]) -> dict[str, StageStats]:
+    """Each materialized document stage's statistics for one source over its refreshes, in pipeline order."""
     out = {}
     for stage in DOCUMENT_STAGES:
-        m = catalog.manifest(stage, source)
-        if m is not None and "docs_in" in m.stats:
-            out[stage] = StageStats.from_dict(m.stats)
+        for m in _manifests(catalog, stage, parts).values():
+            if "docs_in" in m.stats:
+                out.setdefault(stage, StageStats()).merge(StageStats.from_dict(m.stats))
+    return out
+
+
+def _refreshes(store: Store, catalog: Catalog, keys: list[str], parts: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """Each refresh in the checkpoint's shards: when and how it arrived, and the documents it added."""
+    registered = {r.key: r for r in load_refreshes(store)}
+    out = []
+    for key in keys:
+        r = registered.get(key)
+        mine = [p for ps in parts.values() for p in ps if p.endswith(f"/{key}")]
+        raw, final = _manifests(catalog, DOCUMENT_STAGES[0], mine), _manifests(catalog, DOCUMENT_STAGES[-1], mine)
+        out.append({"key": key, "created_at": r.created_at if r else None, "trigger": r.trigger if r else None,
+                    "landed_files": None if r is None or r.is_initial else sum(len(f) for f in r.files.values()),
+                    "raw_records": sum(m.counts.get("records", 0) for m in raw.values()),
+                    "documents": sum(m.counts.get("documents", 0) for m in final.values())})
     return out
 
 
 def _source(catalog: Catalog, config: ProjectConfig, name: str, tokens: dict | None,
-            stats: dict[str, StageStats]) -> dict[str, Any]:
-    raw = catalog.manifest(DOCUMENT_STAGES[0], name)
-    recorded = (raw.config.get("source") if raw else None) or {}
+            stats: dict[str, StageStats], parts: list[str]) -> dict[str, Any]:
+    raws = _manifests(catalog, DOCUMENT_STAGES[0], parts)
+    recorded = (next(iter(raws.values())).config.get("source") if raws else None) or {}
     declared = next((s.model_dump(mode="json") for s in config.sources if s.name == name), {})
     spec = {**declared, **recorded}  # as it was configured when it was read
     stages = {}
     for stage in DOCUMENT_STAGES:
-        m = catalog.manifest(stage, name)
+        found = _manifests(catalog, stage, parts)
         s = stats.get(stage)
-        stages[stage] = "not materialized" if m is None else {
-            "data_version": m.data_version, "documents_in": s.docs_in if s else None,
-            "documents": s.docs_out if s else m.counts.get("documents"), "characters": s.chars_out if s else None,
-            "removed": (s.docs_in - s.docs_out) if s else m.counts.get("rejected")}
+        stages[stage] = "not materialized" if not found else {
+            "data_versions": {p.split("/", 1)[1]: m.data_version for p, m in found.items()},
+            "documents_in": s.docs_in if s else None,
+            "documents": s.docs_out if s else sum(m.counts.get("documents", 0) for m in found.values()),
+            "characters": s.chars_out if s else None,
+            "removed": (s.docs_in - s.docs_out) if s else sum(m.counts.get("rejected", 0) for m in found.values())}
     return {"name": name, "license": spec.get("license"), "domain": spec.get("domain"),
             "quality_tier": spec.get("quality_tier"), "kind": spec.get("kind"),
             "origin": spec.get("corpus") or spec.get("path"), "profile": spec.get("profile"),
@@ -136,8 +172,9 @@ def _removed(stats: StageStats | None, step: str) -> int:
     return sum(stats.steps[step].dropped.values()) if stats and step in stats.steps else 0
 
 
-def _dedup(catalog: Catalog, stage_stats: dict[str, dict[str, StageStats]]) -> dict[str, Any]:
-    index = catalog.manifest(INDEX)
+def _dedup(catalog: Catalog, stage_stats: dict[str, dict[str, StageStats]], refreshes: list[str]) -> dict[str, Any]:
+    indexes = {r: m for r in refreshes if (m := catalog.manifest(INDEX, r)) is not None}
+    index = indexes[list(indexes)[-1]] if indexes else None  # the index as of the newest refresh in the shards
     stats = index.stats if index else {}
     per_source = {name: {"exact_duplicates": _removed(s.get("curated_documents"), "exact_dedup"),
                          "near_duplicates": _removed(s.get("deduplicated_documents"), "near_dedup"),
@@ -149,32 +186,45 @@ def _dedup(catalog: Catalog, stage_stats: dict[str, dict[str, StageStats]]) -> d
                 "documents": (stats.get("index") or {}).get("documents"), "lsh": stats.get("lsh"),
                 "verification": stats.get("verification"), "clusters": stats.get("clusters"),
                 "cross_source": stats.get("cross_source"),
-                "matched_earlier_refreshes": stats.get("matched_earlier_refreshes")}}
+                "matched_earlier_refreshes": stats.get("matched_earlier_refreshes")},
+            "per_refresh": {r: {"data_version": m.data_version, "documents": m.counts.get("documents"),
+                                "near_duplicates": m.counts.get("near_duplicates"),
+                                "matched_earlier_refreshes": m.stats.get("matched_earlier_refreshes")}
+                            for r, m in indexes.items()}}
 
 
-def _decontamination(catalog: Catalog, names: list[str], stage_stats) -> dict[str, Any]:
+def _decontamination(catalog: Catalog, parts: dict[str, list[str]], stage_stats) -> dict[str, Any]:
     per_source, settings = {}, None
-    for name in names:
-        m = catalog.manifest("deduplicated_documents", name)
-        if m is None:
+    for name, ps in parts.items():
+        found = _manifests(catalog, "deduplicated_documents", ps)
+        if not found:
             per_source[name] = "not materialized"
             continue
-        settings = settings or {"settings": m.config.get("decontamination"), "benchmarks": m.config.get("benchmarks")}
+        per_benchmark: dict[str, dict[str, int]] = {}
+        for m in found.values():
+            settings = settings or {"settings": m.config.get("decontamination"),
+                                    "benchmarks": m.config.get("benchmarks")}
+            for bench, counts in ((m.stats.get("contamination") or {}).get("per_benchmark") or {}).items():
+                total = per_benchmark.setdefault(bench, {})
+                for k, n in counts.items():
+                    total[k] = total.get(k, 0) + n
         per_source[name] = {"documents_removed": _removed(stage_stats[name].get("deduplicated_documents"),
-                                                          "decontamination"),
-                            "per_benchmark": (m.stats.get("contamination") or {}).get("per_benchmark") or {}}
+                                                          "decontamination"), "per_benchmark": per_benchmark}
     return {**(settings or {}), "per_source": per_source}
 
 
-def _quality(catalog: Catalog, names: list[str], stage_stats) -> dict[str, Any]:
+def _quality(catalog: Catalog, parts: dict[str, list[str]]) -> dict[str, Any]:
     classifier = catalog.manifest(CLASSIFIER)
     card = (classifier.stats.get("card") or None) if classifier else None
     per_source = {}
-    for name in names:
-        m = catalog.manifest("quality_filtered_documents", name)
-        per_source[name] = "not materialized" if m is None else {
-            "rule": m.config.get("rule"), "cutoffs": m.stats.get("cutoffs"), "documents": m.counts.get("documents"),
-            "removed": m.counts.get("rejected")}
+    for name, ps in parts.items():
+        found = _manifests(catalog, "quality_filtered_documents", ps)
+        newest = list(found.values())[-1] if found else None
+        per_source[name] = "not materialized" if newest is None else {
+            "rule": newest.config.get("rule"),
+            "cutoffs": {p.split("/", 1)[1]: m.stats.get("cutoffs") for p, m in found.items()},
+            "documents": sum(m.counts.get("documents", 0) for m in found.values()),
+            "removed": sum(m.counts.get("rejected", 0) for m in found.values())}
     return {"classifier": None if classifier is None else {
         "data_version": classifier.data_version, "enabled": classifier.config.get("enabled"),
         "positive_sources": classifier.config.get("positive_sources"),
@@ -212,7 +262,8 @@ def _shards(shards) -> dict[str, Any] | None:
     if shards is None:
         return None
     members = shards.files_with_role("members")
-    return {"data_version": shards.data_version, "counts": shards.counts, "seq_len": shards.stats.get("seq_len"),
+    return {"data_version": shards.data_version, "refresh": shards.partition, "refreshes": shards.config.get("refreshes"),
+            "counts": shards.counts, "seq_len": shards.stats.get("seq_len"),
             "tokenizer_sha256": shards.stats.get("tokenizer_sha256"), "dtype": shards.stats.get("dtype"),
             "settings": shards.config.get("shards"),
             "member_list": {"path": members[0].path, "sha256": members[0].sha256, "rows": members[0].rows}
@@ -274,7 +325,13 @@ def data_card_markdown(card: dict[str, Any]) -> str:
     out += _table(["source", "license", "domain", "tier", "origin", "raw records", "train documents", "train tokens",
                    "epochs"], rows, "|---|---|---|---:|---|---:|---:|---:|---:|")
 
-    out += ["", "## Documents at every stage", ""]
+    out += ["", "## Refreshes in the training data", ""]
+    out += _table(["refresh", "registered", "trigger", "landed files", "raw records", "documents kept"],
+                  [[f"`{r['key']}`", r["created_at"], r["trigger"], "configured sources" if r["landed_files"] is None
+                    else r["landed_files"], r["raw_records"], r["documents"]] for r in card["refreshes"]],
+                  "|---|---|---|---:|---:|---:|")
+
+    out += ["", "## Documents at every stage (all refreshes)", ""]
     rows = [[s["name"]] + [st["documents"] if isinstance(st, dict) else st for st in s["stages"].values()]
             for s in card["sources"]]
     out += _table(["source", *DOCUMENT_STAGES], rows, "|---|" + "---:|" * len(DOCUMENT_STAGES))
@@ -356,7 +413,8 @@ def data_card_markdown(card: dict[str, Any]) -> str:
                         v["effective_epochs"]] for n, v in mix["per_source"].items()], "|---|---:|---:|---:|---:|---:|")
         out += [f"- warning: {w}" for w in mix.get("warnings") or []]
         sh = card["shards"]
-        out += ["", f"Token shards `{sh['data_version']}`: {_n(sh['counts'].get('train_tokens'))} train and "
+        out += ["", f"Token shards `{sh['data_version']}` (refresh `{sh['refresh']}`): "
+                    f"{_n(sh['counts'].get('train_tokens'))} train and "
                     f"{_n(sh['counts'].get('val_tokens'))} validation tokens in {_n(sh['counts'].get('shards'))} shards "
                     f"(seq_len {sh['seq_len']}); member list `{(sh['member_list'] or {}).get('path')}` sha256 "
                     f"`{(sh['member_list'] or {}).get('sha256')}`."]

@@ -24,6 +24,7 @@ from typing import Any
 from kiln.config import ProjectConfig
 from kiln.lineage import DOCUMENT_STAGES
 from kiln.manifest import now_utc
+from kiln.refresh import materialized
 from kiln.storage import IncompleteDataset, Store
 
 REQUESTS, REQUESTS_FILE = "removal_requests", "removal_requests.json"
@@ -110,29 +111,30 @@ def read_doc_ids(path: Path) -> list[str]:
 def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str, Any]]:
     """The current checkpoint, if the token shards it was trained on hold documents the request matches."""
     try:
-        checkpoint, run, shards = (store.manifest(a) for a in ("checkpoint", "training_run", "token_shards"))
-    except IncompleteDataset:
+        checkpoint, run = store.manifest("checkpoint"), store.manifest("training_run")
+        shards_key = next(k for k in run.inputs if k.startswith("token_shards/"))
+        refresh = shards_key.split("/", 1)[1]
+        shards = store.manifest("token_shards", refresh)
+    except (IncompleteDataset, StopIteration):
         return []
-    if checkpoint.inputs.get("training_run") != run.data_version or run.inputs.get("token_shards") != shards.data_version:
+    if checkpoint.inputs.get("training_run") != run.data_version or run.inputs[shards_key] != shards.data_version:
         return []  # the store no longer holds the shards this checkpoint was trained on
-    members = store.read_table("token_shards", None, "members").to_pylist()
+    members = store.read_table("token_shards", refresh, "members").to_pylist()
     urls = _urls(store, {m["source"] for m in members}) if request.kind == "url_pattern" else {}
     trained = [m for m in members if m["split"] == "train" and m["copies"] > 0
                and request.matches(m["doc_id"], m["source"], urls.get(m["doc_id"]))]
     if not trained:
         return []
-    return [{"checkpoint": checkpoint.data_version, "token_shards": shards.data_version, "documents": len(trained),
+    return [{"checkpoint": checkpoint.data_version, "token_shards": shards.data_version, "refresh": refresh,
+             "documents": len(trained),
              "tokens": sum(m["tokens"] * m["copies"] for m in trained),
              "sources": sorted({m["source"] for m in trained})}]
 
 
 def _urls(store: Store, sources: set[str]) -> dict[str, str | None]:
     urls: dict[str, str | None] = {}
-    for source in sources:
-        try:
-            urls |= store.values(FINAL_DOCUMENTS, source, "url")
-        except IncompleteDataset:
-            continue
+    for part in materialized(store, FINAL_DOCUMENTS, sorted(sources)):
+        urls |= store.values(FINAL_DOCUMENTS, part, "url")
     return urls
 
 

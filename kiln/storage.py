@@ -85,6 +85,13 @@ class Store:
             raise IncompleteDataset(f"{asset}[{partition}] has not been materialized (no {path}); materialize it first")
         return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
+    def manifest_or_none(self, asset: str, partition: str | None = None) -> Manifest | None:
+        """The manifest, or None when the dataset has not been materialized."""
+        try:
+            return self.manifest(asset, partition)
+        except IncompleteDataset:
+            return None
+
     def files(self, asset: str, partition: str | None, role: str) -> list[Path]:
         manifest = self.manifest(asset, partition)
         base = self._local_dir(asset, partition)

@@ -1,7 +1,10 @@
-"""`make demo`: materialize the whole asset graph for every source on the embedded corpora.
+"""`make demo`: materialize the whole asset graph on the embedded corpora, refresh by refresh.
 
-Runs go through the Dagster instance in `DAGSTER_HOME`, so they show up in `make ui` afterwards.
-Stages that read every source (exact dedup) start once all sources have passed the stages before.
+The first run registers the first refresh (the configured sources); files dropped under
+`KILN_HOME/landing/<source>/` become the next refresh on the next run (or at the landing sensor's next
+tick under `make ui`). Runs go through the Dagster instance in `DAGSTER_HOME`, so they show up in `make ui`.
+Stages that read every source (exact dedup, the dedup index) start once all sources have passed the stages
+before.
 """
 
 from __future__ import annotations
@@ -9,71 +12,129 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 
 import dagster as dg
 
-from kiln.config import ConfigError, kiln_home
+from kiln.config import ConfigError, kiln_home, load_config
 from kiln.lineage import DOCUMENT_STAGES
+from kiln.refresh import latest, load_refreshes, materialized, next_refresh
 from kiln.stats import StageStats, chain, funnel_rows
 from kiln.storage import Store
 
 # Step events at INFO, not Dagster's DEBUG flood; the full event log is in the UI.
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
-# Waves of assets: every asset in a wave needs only earlier waves (all partitions of them). A wave of
-# unpartitioned assets (the dedup index spans every source) runs once.
-WAVES = [["raw_documents", "filtered_documents"], ["curated_documents", "minhash_signatures"], ["dedup_index"],
-         ["deduplicated_documents"], ["quality_classifier"], ["quality_scores", "quality_filtered_documents"],
-         ["tokenizer", "token_shards"], ["training_run", "checkpoint", "evaluation"], ["data_card"]]
-UNPARTITIONED = {"dedup_index", "quality_classifier", "tokenizer", "token_shards", "training_run", "checkpoint",
-                 "evaluation", "data_card"}
+# One refresh, wave by wave: every asset in a wave needs only earlier waves. Each wave runs per (source, refresh)
+# ("documents"), once per refresh ("refresh"), or once when not materialized yet ("once": the quality classifier
+# and the tokenizer are fitted on the first refresh and kept, so later refreshes stay comparable).
+DOCUMENTS, REFRESH, ONCE = "documents", "refresh", "once"
+REFRESH_WAVES = [(["raw_documents", "filtered_documents"], DOCUMENTS),
+                 (["curated_documents", "minhash_signatures"], DOCUMENTS), (["dedup_index"], REFRESH),
+                 (["deduplicated_documents"], DOCUMENTS), (["quality_classifier"], ONCE),
+                 (["quality_scores", "quality_filtered_documents"], DOCUMENTS), (["tokenizer"], ONCE),
+                 (["token_shards"], REFRESH)]
+# Then once, on the newest refresh's token shards.
+TRAINING_WAVES = [["training_run", "checkpoint", "evaluation"], ["data_card"]]
+JOB_OF = {DOCUMENTS: "documents", REFRESH: "refresh_datasets", ONCE: "kiln"}
+
+# A wave's runner: materialize these assets for one partition (None: unpartitioned), True on success.
+Materialize = Callable[[list[str], "dg.MultiPartitionKey | str | None"], bool]
 
 
-def kiln_job() -> dg.JobDefinition:
+def materialize_refresh(materialize: Materialize, store: Store, refresh: str, sources: list[str]) -> bool:
+    """Every data asset of one refresh, in waves (shared by the demo and the tests)."""
+    from assets.partitions import partition_key
+
+    for assets, kind in REFRESH_WAVES:
+        if kind == ONCE:
+            if store.manifest_or_none(assets[0]) is None and not materialize(assets, None):
+                return False
+            continue
+        keys = [partition_key(s, refresh) for s in sources] if kind == DOCUMENTS else [refresh]
+        if not all(materialize(assets, key) for key in keys):
+            return False
+    return True
+
+
+def job_named(name: str) -> dg.JobDefinition:
     from orchestration.definitions import defs
 
-    return defs.resolve_job_def("kiln")
+    return defs.resolve_job_def(name)
 
 
-def plan_job() -> dg.JobDefinition:
-    from orchestration.definitions import defs
+def _runner(instance: dg.DagsterInstance) -> Materialize:
+    from assets.partitions import document_partitions
 
-    return defs.resolve_job_def("plan")
+    def run(assets: list[str], key) -> bool:
+        where = f" [{key}]" if key is not None else ""
+        print(f"[kiln demo] {', '.join(assets)}{where} ...", flush=True)
+        if key is None:
+            job, tags = "kiln", {}
+        elif isinstance(key, dg.MultiPartitionKey):
+            job, tags = "documents", document_partitions.get_tags_for_partition_key(key)
+        else:
+            job, tags = "refresh_datasets", {"dagster/partition": key}
+        result = dg.execute_job(
+            dg.build_reconstructable_job("orchestration.demo", "job_named", reconstructable_args=(job,)),
+            instance=instance, run_config=RUN_CONFIG, asset_selection=[dg.AssetKey(a) for a in assets],
+            tags={**tags, "kiln/demo": "true"})
+        if not result.success:
+            print(f"[kiln demo] run {result.run_id} failed; see `make ui` for its logs", file=sys.stderr)
+        return result.success
+
+    return run
 
 
 def main() -> int:
     try:
-        partitions = kiln_job().partitions_def.get_partition_keys()  # loading the code location loads the config
+        config = load_config()
+        job_named("kiln")  # loading the code location validates the config once more, with Dagster's view
     except ConfigError as exc:
         print(f"[kiln demo] {exc}", file=sys.stderr)
         return 2
+    from assets.partitions import refresh_partitions
+
     instance = dg.DagsterInstance.get()
+    store = Store(kiln_home() / "data")
     started = time.monotonic()
-    for wave in WAVES:
-        for partition in [None] if set(wave) <= UNPARTITIONED else partitions:
-            print(f"[kiln demo] {', '.join(wave)}{f' [{partition}]' if partition else ''} ...", flush=True)
-            partition_tag = {"dagster/partition": partition} if partition else {}
-            result = dg.execute_job(dg.reconstructable(kiln_job), instance=instance, run_config=RUN_CONFIG,
-                                    asset_selection=[dg.AssetKey(a) for a in wave],
-                                    tags={**partition_tag, "kiln/demo": "true"})
-            if not result.success:
-                print(f"[kiln demo] run {result.run_id} failed; see `make ui` for its logs", file=sys.stderr)
-                return 1
+    new, _ = next_refresh(store, config, "cli")
+    refreshes = load_refreshes(store)
+    known = set(instance.get_dynamic_partitions(refresh_partitions.name))
+    instance.add_dynamic_partitions(refresh_partitions.name, [r.key for r in refreshes if r.key not in known])
+    # The new refresh, and any registered one whose token shards were never built; else the newest again.
+    todo = [r.key for r in refreshes if store.manifest_or_none("token_shards", r.key) is None] or [refreshes[-1].key]
+    print(f"[kiln demo] refreshes: {', '.join(r.key for r in refreshes)}"
+          + (f" (new: {new.key}, trigger {new.trigger})" if new else "") + f"; materializing {', '.join(todo)}")
+    run = _runner(instance)
+    sources = [s.name for s in config.sources]
+    for key in todo:
+        if not materialize_refresh(run, store, key, sources):
+            return 1
+    for wave in TRAINING_WAVES:
+        if not run(wave, None):
+            return 1
     print("[kiln demo] training_plan ...", flush=True)
-    if not dg.execute_job(dg.reconstructable(plan_job), instance=instance, run_config=RUN_CONFIG,
-                          tags={"kiln/demo": "true"}).success:
+    if not dg.execute_job(dg.build_reconstructable_job("orchestration.demo", "job_named", reconstructable_args=("plan",)),
+                          instance=instance, run_config=RUN_CONFIG, tags={"kiln/demo": "true"}).success:
         print("[kiln demo] the planning run failed; see `make ui` for its logs", file=sys.stderr)
         return 1
-    summarize(Store(kiln_home() / "data"), partitions)
+    summarize(store, sources)
     print(f"[kiln demo] done in {time.monotonic() - started:.0f} s; browse the runs with `make ui`")
     return 0
 
 
-def summarize(store: Store, partitions: list[str]) -> None:
+def summarize(store: Store, sources: list[str]) -> None:
     print(f"\n{'source':<18}{'raw':>7}{'quarant.':>9}{'filtered':>9}{'exact':>7}{'near':>6}{'bench':>6}"
-          f"{'quality':>8}{'final':>7}{'kept':>6}   biggest removal")
-    for p in partitions:
-        raw, filt, cur, dedup, quality = (StageStats.from_dict(store.manifest(a, p).stats) for a in DOCUMENT_STAGES)
+          f"{'quality':>8}{'final':>7}{'kept':>6}   biggest removal   (all refreshes)")
+    for p in sources:
+        stages = []
+        for stage in DOCUMENT_STAGES:
+            merged = StageStats()
+            for m in materialized(store, stage, [p]).values():
+                merged.merge(StageStats.from_dict(m.stats))
+            stages.append(merged)
+        raw, filt, cur, dedup, quality = stages
         rows = funnel_rows(chain([raw, filt, cur, dedup, quality]))
         top = max(rows, key=lambda r: r["docs"]) if rows else None
         top_text = f"{top['reason']} ({top['share_of_docs']:.0%})" if top else "-"
@@ -87,15 +148,15 @@ def summarize(store: Store, partitions: list[str]) -> None:
         cv = card["cross_validation"]
         print(f"\nquality classifier (fastText, {cv['folds']}-fold cross-validated): ROC AUC {cv['auc']}, precision "
               f"{cv['precision']}, recall {cv['recall']} on {cv['positives']} + {cv['negatives']} documents")
-    index = store.manifest("dedup_index")
+    _, index = latest(store, "dedup_index")
     print(f"near-dup index: {index.stats['index']['documents']:,} accepted documents; LSH "
           f"{index.stats['lsh']['bands']} bands x {index.stats['lsh']['rows']} rows, "
           f"{index.stats['verification']['candidate_pairs']:,} candidate pairs verified")
-    shards = store.manifest("token_shards")
+    refresh, shards = latest(store, "token_shards")
     card = store.manifest("tokenizer").stats["card"]
     print(f"tokenizer: {card['vocab_size']:,} pieces, sha256 {card['sha256'][:12]}…; token shards: "
           f"{shards.counts['train_tokens']:,} train + {shards.counts['val_tokens']:,} validation tokens in "
-          f"{shards.counts['shards']} shards")
+          f"{shards.counts['shards']} shards (refresh {refresh}: refreshes {', '.join(shards.config['refreshes'])})")
     run = store.manifest("training_run").stats
     summary, evaluation = run["summary"], store.manifest("evaluation").stats
     metrics = (store.dataset_dir("training_run") / "metrics.jsonl").read_text().splitlines()
@@ -107,7 +168,7 @@ def summarize(store: Store, partitions: list[str]) -> None:
           f"{sum(losses[-window:]) / window:.2f} (mean of first / last {window} steps); validation loss "
           f"{evaluation['validation']['loss']:.3f} (perplexity {evaluation['validation']['perplexity']:,.0f})")
     print(f"MLflow run {run['mlflow']['run_id']}: `make mlflow` and open http://127.0.0.1:5000")
-    print(f"outputs: {store.root}/<asset>/<source>/ (Parquet parts, rejected-*.parquet, _manifest.json)")
+    print(f"outputs: {store.root}/<asset>/<source>/<refresh>/ (Parquet parts, rejected-*.parquet, _manifest.json)")
     print(f"run plan: {store.dataset_dir('training_plan') / 'plan.txt'} (or `kiln plan --help`)")
     print(f"data card: {store.dataset_dir('data_card') / 'data_card.md'} (and `kiln audit --help`)")
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from kiln.config import load_config
+from kiln.refresh import latest
 from kiln.storage import Store
 from tests.assets.project import load_project
 from tests.conftest import web_and_ref_sources, write_jsonl
@@ -66,11 +67,7 @@ def build_audit_store(tmp: Path, monkeypatch) -> dict:
         "quality": {"classifier": {"enabled": False}},  # every stage runs; no classifier to train on 20 documents
     }
     project = load_project(config, tmp, home, monkeypatch)
-    from orchestration.demo import UNPARTITIONED, WAVES
-
-    for wave in WAVES[:WAVES.index(["tokenizer", "token_shards"]) + 1]:  # the demo's order, up to the shards
-        for source in [None] if set(wave) <= UNPARTITIONED else ["web", "ref"]:
-            assert project.materialize(wave, source).success
+    assert project.materialize_refresh(sources=["web", "ref"])  # the demo's waves, up to the token shards
     store = Store(home / "data")
     checkpoint = stand_in_checkpoint(store)
     return {"project": project, "home": home, "store": store, "config": load_config(tmp / "kiln.yaml"),
@@ -80,10 +77,11 @@ def build_audit_store(tmp: Path, monkeypatch) -> dict:
 
 def stand_in_checkpoint(store: Store):
     """A training_run and a checkpoint manifest over the real token shards (weights are not needed here)."""
-    shards = store.manifest("token_shards")
+    refresh, shards = latest(store, "token_shards")
     with store.staging("training_run") as writer:
         (writer.dir / "summary.json").write_text(json.dumps({"steps": 3}))
-        inputs = {"token_shards": shards.data_version, "tokenizer": store.manifest("tokenizer").data_version}
+        inputs = {f"token_shards/{refresh}": shards.data_version,
+                  "tokenizer": store.manifest("tokenizer").data_version}
         run = writer.commit(code_version="test", config={}, inputs=inputs, counts={"steps": 3},
                             stats={"mlflow": {"experiment_id": "1", "run_id": "abc123"}})
     with store.staging("checkpoint") as writer:
@@ -95,4 +93,5 @@ def stand_in_checkpoint(store: Store):
 
 def members(store: Store) -> dict[str, dict]:
     """doc_id -> its row of the token shards' member list."""
-    return {r["doc_id"]: r for r in store.read_table("token_shards", None, "members").to_pylist()}
+    return {r["doc_id"]: r for r in store.read_table("token_shards", latest(store, "token_shards")[0],
+                                                     "members").to_pylist()}

@@ -6,22 +6,37 @@ raises for bad data: a broken line, file or field is quarantined with a reason a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 from kiln.config import Reading, Source
-from kiln.documents import Document
+from kiln.documents import Document, make_doc_id
 from kiln.readers.builtin import read_builtin
 from kiln.readers.formats import FORMAT_READERS, Quarantined
-from kiln.readers.paths import expand
+from kiln.readers.paths import SourceFile, expand
+
+# Files landed for a builtin source (which has no file format of its own) are read by their extension.
+EXTENSION_KINDS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text",
+                   ".md": "text", ".warc": "warc", ".wet": "wet"}
 
 
-def read_source(source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
-    if source.kind == "builtin":
+def read_source(source: Source, reading: Reading, files: list[SourceFile] | None = None,
+                namespace: str = "") -> Iterator[Document | Quarantined]:
+    """The source's records: its configured path or corpus, or `files` instead (a refresh's landed files).
+    A `namespace` (the refresh) prefixes every locator, so records of different refreshes never share a doc id
+    even when their native ids repeat."""
+    if files is not None:
+        records = _read_files(source, reading, files)
+    elif source.kind == "builtin":
         records = read_builtin(source, reading)
     else:
-        records = _read_files(source, reading)
+        matched = expand(source.path)
+        records = _read_files(source, reading, matched) if matched else \
+            iter([Quarantined(source.name, source.path, "no_files_matched", None)])
     kept = 0
     for record in records:
+        if namespace:
+            record = _namespaced(record, namespace)
         if isinstance(record, Document):
             if source.max_documents is not None and kept >= source.max_documents:
                 return
@@ -29,14 +44,28 @@ def read_source(source: Source, reading: Reading) -> Iterator[Document | Quarant
         yield record
 
 
-def _read_files(source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
-    read_file = FORMAT_READERS[source.kind]
-    files = expand(source.path)
-    if not files:
-        yield Quarantined(source.name, source.path, "no_files_matched", None)
-        return
+def _read_files(source: Source, reading: Reading, files: list[SourceFile]) -> Iterator[Document | Quarantined]:
     for f in files:
-        yield from read_file(f, source, reading)
+        kind = source.kind if source.kind != "builtin" else _kind_of(f.uri)
+        if kind is None:
+            yield Quarantined(source.name, f.relative, "unsupported_format",
+                              f"{f.relative}: a builtin source reads landed files by extension "
+                              f"({', '.join(sorted(EXTENSION_KINDS))}, optionally .gz/.zst)")
+            continue
+        yield from FORMAT_READERS[kind](f, source, reading)
 
 
-__all__ = ["Quarantined", "read_source"]
+def _kind_of(uri: str) -> str | None:
+    name = uri.rsplit("/", 1)[-1].lower().removesuffix(".gz").removesuffix(".zst")
+    return next((k for ext, k in EXTENSION_KINDS.items() if name.endswith(ext)), None)
+
+
+def _namespaced(record: Document | Quarantined, namespace: str) -> Document | Quarantined:
+    if isinstance(record, Quarantined):
+        return dataclasses.replace(record, locator=f"{namespace}/{record.locator}")
+    locator = f"{namespace}/{record.meta.get('locator', record.doc_id)}"
+    return dataclasses.replace(record, doc_id=make_doc_id(record.source, locator),
+                               meta={**record.meta, "locator": locator})
+
+
+__all__ = ["Quarantined", "SourceFile", "read_source"]

@@ -20,13 +20,13 @@ class SourceFile:
 
     def open(self) -> BinaryIO:
         if self.uri.startswith("s3://"):
-            filesystem, path = _s3_filesystem(self.uri)
+            filesystem, path = s3_filesystem(self.uri)
             # compression=None: decompression is the reader's job, by extension, for local and S3 alike.
             return io.BufferedReader(filesystem.open_input_stream(path, compression=None), buffer_size=1 << 20)
         return open(self.uri, "rb")
 
 
-def _s3_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+def s3_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     # AWS_ENDPOINT_URL points at S3-compatible stores (MinIO, moto) the same way boto3 honours it.
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     filesystem = pafs.S3FileSystem(endpoint_override=endpoint, region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
@@ -58,7 +58,7 @@ def _glob_root(pattern: str) -> Path:
 
 
 def _expand_s3(pattern: str) -> list[SourceFile]:
-    filesystem, path = _s3_filesystem(pattern)
+    filesystem, path = s3_filesystem(pattern)
     has_glob = any(c in path for c in "*?[")
     prefix = path.split("*")[0].split("?")[0].split("[")[0].rstrip("/") if has_glob else path.rstrip("/")
     info = filesystem.get_file_info(prefix)

@@ -1,11 +1,16 @@
 """A tiny Kiln project for asset tests: config written to disk, code location re-imported to follow it."""
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
 import yaml
+
+from kiln.config import load_config
+from kiln.refresh import Refresh, load_refreshes, next_refresh
+from kiln.refresh import partition as store_partition
+from kiln.storage import Store
 
 
 @dataclass
@@ -13,14 +18,64 @@ class Project:
     definitions: object  # the reloaded orchestration.definitions module
     resources: dict
     home: Path
+    config_path: Path
+    instance: dg.DagsterInstance = field(default_factory=dg.DagsterInstance.ephemeral)
+    refresh_key: str | None = None  # the refresh `materialize` works on; None: the newest registered one
 
     @property
     def assets(self) -> list:
         return list(self.definitions.defs.assets)
 
-    def materialize(self, selection: list[str], partition: str | None = None, raise_on_error: bool = True):
-        return dg.materialize(self.assets, selection=selection, partition_key=partition, resources=self.resources,
-                              raise_on_error=raise_on_error)
+    @property
+    def store(self) -> Store:
+        return Store(self.home / "data")
+
+    def refresh(self, trigger: str = "cli") -> Refresh | None:
+        """Register what is new, as the landing sensor does (the first call: the configured sources), and make
+        it the refresh later calls work on."""
+        new, _ = next_refresh(self.store, load_config(self.config_path), trigger)
+        self._mirror()
+        if new is not None:
+            self.refresh_key = new.key
+        return new
+
+    def _mirror(self) -> None:
+        keys = [r.key for r in load_refreshes(self.store)]
+        known = set(self.instance.get_dynamic_partitions("refresh"))
+        self.instance.add_dynamic_partitions("refresh", [k for k in keys if k not in known])
+
+    def current(self) -> str:
+        if self.refresh_key is None:
+            self.refresh()
+        return self.refresh_key
+
+    def partition(self, source: str) -> str:
+        """The store partition of a source in the current refresh."""
+        return store_partition(source, self.current())
+
+    def materialize(self, selection: list[str], partition: str | None = None, raise_on_error: bool = True,
+                    refresh: str | None = None):
+        """`partition` is a source name for (source, refresh) assets; per-refresh assets take the refresh."""
+        refresh = refresh or self.current()
+        definition = next(a for a in self.assets if selection[0] in {k.to_user_string() for k in a.keys})
+        if partition is not None:
+            key = dg.MultiPartitionKey({"refresh": refresh, "source": partition})
+        elif definition.partitions_def is not None:
+            key = refresh
+        else:
+            key = None
+        return dg.materialize(self.assets, selection=selection, partition_key=key, resources=self.resources,
+                              raise_on_error=raise_on_error, instance=self.instance)
+
+    def materialize_refresh(self, refresh: str | None = None, sources: list[str] | None = None) -> bool:
+        """Every data asset of a refresh, in the demo's waves."""
+        from orchestration.demo import materialize_refresh
+
+        sources = sources or [s.name for s in load_config(self.config_path).sources]
+        refresh = refresh or self.current()
+        return materialize_refresh(lambda assets, key: dg.materialize(
+            self.assets, selection=assets, partition_key=key, resources=self.resources,
+            instance=self.instance).success, self.store, refresh, sources)
 
 
 def load_project(config: dict, tmp_path: Path, kiln_home: Path, monkeypatch) -> Project:
@@ -31,17 +86,16 @@ def load_project(config: dict, tmp_path: Path, kiln_home: Path, monkeypatch) -> 
     import assets.curation
     import assets.dedup
     import assets.governance
+    import assets.partitions
     import assets.quality
     import assets.tokens
     import assets.training
     import orchestration.definitions
+    import orchestration.refresh
 
-    importlib.reload(assets.curation)
-    importlib.reload(assets.dedup)
-    importlib.reload(assets.quality)
-    importlib.reload(assets.tokens)
-    importlib.reload(assets.training)
-    importlib.reload(assets.governance)
+    for module in (assets.partitions, assets.curation, assets.dedup, assets.quality, assets.tokens, assets.training,
+                   assets.governance, orchestration.refresh):
+        importlib.reload(module)
     definitions = importlib.reload(orchestration.definitions)
     kiln_config = definitions.KilnConfig(path=str(path))
     resources = {"kiln_config": kiln_config,
@@ -51,4 +105,4 @@ def load_project(config: dict, tmp_path: Path, kiln_home: Path, monkeypatch) -> 
                  "mlflow_tracking": definitions.MlflowTracking(tracking_uri=f"sqlite:///{kiln_home / 'mlflow.db'}",
                                                                artifact_location=str(kiln_home / "mlartifacts")),
                  "pipes_subprocess_client": dg.PipesSubprocessClient()}
-    return Project(definitions, resources, kiln_home)
+    return Project(definitions, resources, kiln_home, path)

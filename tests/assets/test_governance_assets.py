@@ -30,6 +30,7 @@ def test_data_card_asset_writes_markdown_and_json_with_lineage(built):
     assert metadata["data_version"].value == manifest.data_version
     assert {f.path for f in manifest.files} == {"data_card.md", "data_card.json"}
     assert manifest.inputs["checkpoint"] == built["checkpoint"].data_version
-    assert manifest.inputs["raw_documents/web"] == store.manifest("raw_documents", "web").data_version
+    web = built["project"].partition("web")
+    assert manifest.inputs[f"raw_documents/{web}"] == store.manifest("raw_documents", web).data_version
     assert "evaluation" not in manifest.inputs and card["evaluation"] is None  # not materialized: said, not a crash
     assert [s["name"] for s in card["sources"]] == ["web", "ref"]

@@ -26,16 +26,16 @@ def built(tmp_path_factory):
         mp.undo()
 
 
-def doc_texts(store: Store, source: str) -> dict[str, str]:
-    return {r["doc_id"]: r["text"] for r in store.read_table("deduplicated_documents", source,
-                                                             columns=["doc_id", "text"]).to_pylist()}
+def doc_texts(built, source: str) -> dict[str, str]:
+    return {r["doc_id"]: r["text"] for r in built["store"].read_table(
+        "deduplicated_documents", built["project"].partition(source), columns=["doc_id", "text"]).to_pylist()}
 
 
 # ------------------------------------------------------------------------------------------ membership
 
 def test_a_kept_document_reached_training_by_doc_id_and_by_exact_text(built):
     store, config = built["store"], built["config"]
-    texts = doc_texts(store, "web")
+    texts = doc_texts(built, "web")
     doc_id = next(d for d, m in built["members"].items() if m["source"] == "web" and m["copies"] > 0
                   and m["split"] == "train")
     by_id = audit.membership(store, config, doc_id=doc_id)
@@ -43,7 +43,7 @@ def test_a_kept_document_reached_training_by_doc_id_and_by_exact_text(built):
     assert by_id.source == "web" and by_id.license == "CC-BY-4.0"
     [shard] = by_id.shards
     assert shard.copies == built["members"][doc_id]["copies"] >= 1 and shard.split == "train"
-    assert shard.shard_set == store.manifest("token_shards").data_version
+    assert shard.shard_set == store.manifest("token_shards", built["project"].current()).data_version
     assert shard.checkpoints == [built["checkpoint"].data_version]
     assert [(r.stage, r.status) for r in by_id.stages] == [(stage, "kept") for stage in audit.DOCUMENT_STAGES]
     # The text, exactly as stored, and with case and whitespace changed (exact dedup folds both).
@@ -55,7 +55,7 @@ def test_a_kept_document_reached_training_by_doc_id_and_by_exact_text(built):
 
 def test_a_near_duplicate_of_a_kept_document_is_found_through_the_minhash_index(built):
     store, config = built["store"], built["config"]
-    texts = doc_texts(store, "ref")
+    texts = doc_texts(built, "ref")
     kept = next(d for d, m in built["members"].items() if m["source"] == "ref" and m["copies"] > 0
                 and m["split"] == "train")
     variant = edit(texts[kept], built["rng"], built["vocab"], k=2)
@@ -100,7 +100,7 @@ def test_left_out_validation_quarantined_and_never_seen(built):
     val = next(d for d, m in built["members"].items() if m["split"] == "val")
     result = audit.membership(store, config, doc_id=val)
     assert result.verdict == audit.VALIDATION and result.shards[0].split == "val"
-    quarantine = store.read_table("raw_documents", "web", "quarantine").to_pylist()
+    quarantine = store.read_table("raw_documents", built["project"].partition("web"), "quarantine").to_pylist()
     bad = audit.membership(store, config, doc_id=make_doc_id("web", quarantine[0]["locator"]))
     assert bad.verdict == audit.QUARANTINED and bad.stages[0].reason == "malformed_json"
     unseen = audit.membership(store, config, text=random_text(built["rng"], built["vocab"]))
@@ -123,16 +123,18 @@ def test_lineage_reaches_raw_documents_for_every_source_with_hashes(built):
     store = built["store"]
     chain = audit.lineage(store, "checkpoint")
     assert chain.nodes[0].asset == "checkpoint" and not chain.problems
-    assert sorted(chain.partitions("raw_documents")) == ["ref", "web"]
-    every_stage = [f"{stage}/{source}" for stage in audit.DOCUMENT_STAGES for source in ("web", "ref")]
-    for key in ["training_run", "token_shards", "tokenizer", "dedup_index", "minhash_signatures/ref", *every_stage]:
+    refresh = built["project"].current()
+    assert sorted(chain.partitions("raw_documents")) == [f"ref/{refresh}", f"web/{refresh}"]
+    every_stage = [f"{stage}/{source}/{refresh}" for stage in audit.DOCUMENT_STAGES for source in ("web", "ref")]
+    for key in ["training_run", f"token_shards/{refresh}", "tokenizer", f"dedup_index/{refresh}",
+                f"minhash_signatures/ref/{refresh}", *every_stage]:
         node = chain.node(key)
         manifest = store.manifest(node.asset, node.partition)
         assert node.status == "current" and node.data_version == manifest.data_version
         assert node.files and all(len(f["sha256"]) == 64 for f in node.files) and node.git_commit == manifest.git_commit
         assert all(chain.node(k).data_version == v for k, v in node.inputs.items())
     text = chain.render()
-    assert "raw sources reached: ref, web" in text and "(listed above)" in text
+    assert f"raw sources reached: ref/{refresh}, web/{refresh}" in text and "(listed above)" in text
     # The same chain from a data version prefix or the checkpoint folder; unknown targets say so.
     version = built["checkpoint"].data_version
     assert audit.lineage(store, version[:8]).nodes[0].data_version == version
@@ -146,7 +148,7 @@ def test_source_usage_lists_shard_sets_shards_and_checkpoints(built):
     usage = audit.source_usage(store, config, "ref")
     assert usage.license == "CC0-1.0" and usage.checkpoints == [built["checkpoint"].data_version]
     [shard_set] = usage.shard_sets
-    stats = store.manifest("token_shards").stats["sources"]["ref"]
+    stats = store.manifest("token_shards", built["project"].current()).stats["sources"]["ref"]
     assert shard_set.train_tokens == stats["train_tokens"] and shard_set.effective_epochs < 1
     assert sum(s["tokens"] for s in shard_set.shards) == stats["train_tokens"] + stats["val_tokens"]
     assert [s["stage"] for s in usage.stages] == audit.DOCUMENT_STAGES
@@ -165,7 +167,8 @@ def kiln(built, *argv):
 
 def test_cli_answers_in_text_and_json(built, capsys, tmp_path):
     assert kiln(built, "lineage", "checkpoint") == 0
-    assert "raw sources reached: ref, web" in capsys.readouterr().out
+    refresh = built["project"].current()
+    assert f"raw sources reached: ref/{refresh}, web/{refresh}" in capsys.readouterr().out
     (tmp_path / "doc.txt").write_text(SHORT)
     assert kiln(built, "membership", "--text", str(tmp_path / "doc.txt"), "--json") == 0
     answer = json.loads(capsys.readouterr().out)
@@ -214,11 +217,13 @@ def test_data_card_holds_sources_stages_funnel_and_lineage(built):
     assert card["dedup"]["per_source"]["web"]["near_duplicates"] == 3
     assert card["decontamination"]["per_source"]["web"]["per_benchmark"]["lanterns"]["documents_dropped"] == 1
     assert card["pii"]["web"] == {} and card["mixture"]["per_source"]["web"]["share"] > 0.7
-    assert card["shards"]["member_list"]["sha256"] == store.manifest("token_shards").files_with_role("members")[0].sha256
+    assert card["shards"]["member_list"]["sha256"] == store.manifest("token_shards", built["project"].current()).files_with_role("members")[0].sha256
     assert card["mlflow"]["run_id"] == "abc123" and card["mlflow"]["url"].startswith("http://mlflow.example")
-    assert {n["key"] for n in card["lineage"]["nodes"]} >= {"raw_documents/web", "raw_documents/ref", "tokenizer"}
+    refresh = built["project"].current()
+    assert {n["key"] for n in card["lineage"]["nodes"]} >= {f"raw_documents/web/{refresh}",
+                                                             f"raw_documents/ref/{refresh}", "tokenizer"}
     markdown = data_card_markdown(card)
     for needle in ("## Sources and licenses", "| web | CC-BY-4.0 |", "## Filter funnel", "near_duplicate",
-                   "| lanterns | 1 | 1 | 1 | 0 |", "## Mixture and effective epochs", "`raw_documents/ref`",
+                   "| lanterns | 1 | 1 | 1 | 0 |", "## Mixture and effective epochs", f"`raw_documents/ref/{refresh}`",
                    "http://mlflow.example/#/runs/abc123"):
         assert needle in markdown

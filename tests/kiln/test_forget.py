@@ -41,11 +41,11 @@ def test_forget_a_source_removes_it_from_the_next_shards_and_flags_the_checkpoin
     built["config_path"].write_text(yaml.safe_dump(config))
     for source in ("web", "ref"):
         assert project.materialize(["quality_filtered_documents"], source).success
-    filtered = store.manifest("quality_filtered_documents", "web")
+    filtered = store.manifest("quality_filtered_documents", project.partition("web"))
     assert filtered.counts["documents"] == 0 and filtered.inputs["removal_requests"] == version
-    rejected = store.read_table("quality_filtered_documents", "web", "rejected").to_pylist()
+    rejected = store.read_table("quality_filtered_documents", project.partition("web"), "rejected").to_pylist()
     assert {(r["stage"], r["reason"]) for r in rejected} == {("removal_request", f"removal_request:{request['request_id']}")}
-    assert store.manifest("quality_filtered_documents", "ref").counts["rejected"] == 0
+    assert store.manifest("quality_filtered_documents", project.partition("ref")).counts["rejected"] == 0
     # ... so the next shards hold none of them,
     assert project.materialize(["token_shards"]).success
     assert all(m["source"] == "ref" for m in members(store).values())

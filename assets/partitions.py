@@ -1,0 +1,58 @@
+"""The partitions the data assets share: every document dataset is one source in one refresh.
+
+The UI shows each document asset as a grid: sources down, refreshes across. A refresh is a dynamic
+partition, added when the landing sensor, the refresh schedule, `kiln refresh` or the demo registers one
+(`kiln.refresh`); assets over every source of a refresh (the dedup index, the token shards) are
+partitioned by refresh alone.
+"""
+
+import warnings
+
+import dagster as dg
+
+from kiln.config import load_config
+from kiln.refresh import partition
+
+_config = load_config()  # partitions and automation are read from the config when the code location loads
+
+refresh_partitions = dg.DynamicPartitionsDefinition(name="refresh")
+source_partitions = dg.StaticPartitionsDefinition([s.name for s in _config.sources])
+document_partitions = dg.MultiPartitionsDefinition({"refresh": refresh_partitions, "source": source_partitions})
+
+with warnings.catch_warnings():  # both mappings are marked beta in Dagster 1.13; they are what this graph means
+    warnings.simplefilter("ignore", dg.BetaWarning)
+    # A step that compares every source (exact dedup) reads every source of the same refresh.
+    SAME_REFRESH_EVERY_SOURCE = dg.MultiPartitionMapping({
+        "refresh": dg.DimensionPartitionMapping("refresh", dg.IdentityPartitionMapping()),
+        "source": dg.DimensionPartitionMapping("source", dg.AllPartitionMapping())})
+    # Between a (refresh, source) dataset and a per-refresh one (the dedup index, the token shards).
+    SAME_REFRESH = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="refresh")
+
+# Downstream data assets follow a refresh as soon as their inputs are there (`refresh.automation`);
+# training only when `refresh.train` says so. The tokenizer and the quality classifier are fitted once
+# (when missing): refitting them would invalidate every refresh's shards or scores.
+FOLLOW = dg.AutomationCondition.eager() if _config.refresh.automation else None
+FOLLOW_TRAINING = dg.AutomationCondition.eager() if _config.refresh.train else None
+ONCE = dg.AutomationCondition.on_missing() if _config.refresh.automation else None
+
+
+def follow_only(*keys: str) -> dg.AutomationCondition | None:
+    """Eager on these dependencies alone: a checkpoint's evaluation and data card follow the checkpoint, not
+    every refresh's documents (which they also read)."""
+    if FOLLOW is None:
+        return None
+    return FOLLOW.allow(dg.AssetSelection.assets(*keys))
+
+
+def source_and_refresh(context: dg.AssetExecutionContext) -> tuple[str, str]:
+    keys = document_partitions.get_partition_key_from_str(str(context.partition_key)).keys_by_dimension
+    return keys["source"], keys["refresh"]
+
+
+def store_partition(context: dg.AssetExecutionContext) -> str:
+    """Where this (source, refresh) dataset lives in the store: `<asset>/<source>/<refresh>/`."""
+    return partition(*source_and_refresh(context))
+
+
+def partition_key(source: str, refresh: str) -> dg.MultiPartitionKey:
+    return dg.MultiPartitionKey({"refresh": refresh, "source": source})

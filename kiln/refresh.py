@@ -1,0 +1,252 @@
+"""Corpus refreshes: each arrival of new raw data is a *refresh*, and every document dataset is kept per
+(source, refresh), so a refresh flows through the same gates without reprocessing what came before.
+
+- The first refresh reads the sources as configured (`sources[].path` or the builtin corpus).
+- Later refreshes read the files that landed under `<landing>/<source>/` (a local folder or an S3 prefix)
+  since the previous one. `pending_files` lists them; `register_refresh` records them as a new refresh.
+- The registry is a dataset of the store (`refreshes/_all/refreshes.json`, written atomically with a
+  manifest like every dataset), so which files made up a refresh is part of the lineage, on S3 too.
+  Dagster's dynamic `refresh` partitions mirror it; the store is the source of truth.
+
+A dataset of one source in one refresh lives at `<asset>/<source>/<refresh>/` (`partition(...)`);
+datasets of one refresh over every source (the dedup index, the token shards) at `<asset>/<refresh>/`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pyarrow import fs as pafs
+
+from kiln.config import ProjectConfig
+from kiln.manifest import Manifest, now_utc
+from kiln.storage import IncompleteDataset, Store
+
+REFRESHES, REFRESHES_FILE = "refreshes", "refreshes.json"
+KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+TRIGGERS = ("initial", "sensor", "schedule", "cli")
+
+
+class RefreshError(ValueError):
+    """A refresh that cannot be registered or found; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class LandedFile:
+    """A file under `<landing>/<source>/`: its identity is (uri, bytes, modified), so a file replaced in
+    place with new content lands again as part of the next refresh."""
+
+    uri: str
+    relative: str  # below <landing>/<source>/: the locator of its records
+    bytes: int
+    modified: str  # ISO time of the last modification (local mtime or S3 LastModified)
+
+    @property
+    def identity(self) -> tuple[str, int, str]:
+        return self.uri, self.bytes, self.modified
+
+
+@dataclass(frozen=True)
+class Refresh:
+    key: str
+    created_at: str
+    trigger: str  # initial | sensor | schedule | cli
+    files: dict[str, list[LandedFile]] | None  # source -> landed files; None: the sources as configured
+
+    @property
+    def is_initial(self) -> bool:
+        return self.files is None
+
+    def files_of(self, source: str) -> list[LandedFile]:
+        return [] if self.files is None else self.files.get(source, [])
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Refresh:
+        files = data.get("files")
+        return cls(data["key"], data["created_at"], data["trigger"],
+                   None if files is None else {s: [LandedFile(**f) for f in fs] for s, fs in files.items()})
+
+
+def partition(source: str, refresh: str) -> str:
+    """The store partition of one source's dataset in one refresh."""
+    return f"{source}/{refresh}"
+
+
+# ------------------------------------------------------------------------------------------- registry
+
+def load_refreshes(store: Store) -> list[Refresh]:
+    """Every registered refresh, oldest first (empty before the first one)."""
+    try:
+        store.manifest(REFRESHES)
+    except IncompleteDataset:
+        return []
+    data = json.loads((store.dataset_dir(REFRESHES) / REFRESHES_FILE).read_text(encoding="utf-8"))
+    return [Refresh.from_dict(r) for r in data["refreshes"]]
+
+
+def get_refresh(store: Store, key: str, refreshes: list[Refresh] | None = None) -> Refresh:
+    refreshes = load_refreshes(store) if refreshes is None else refreshes
+    for r in refreshes:
+        if r.key == key:
+            return r
+    known = ", ".join(r.key for r in refreshes) or "none yet"
+    raise RefreshError(f"no refresh {key!r} in {store.root}; registered refreshes: {known} (a refresh is registered "
+                       f"by the landing sensor, the refresh schedule, `kiln refresh`, or `make demo` for the first)")
+
+
+def upto(refreshes: list[Refresh], key: str) -> list[Refresh]:
+    """The refreshes up to and including `key`, oldest first: what a refresh's token shards are built from."""
+    keys = [r.key for r in refreshes]
+    if key not in keys:
+        raise RefreshError(f"no refresh {key!r}; registered refreshes: {', '.join(keys) or 'none yet'}")
+    return refreshes[:keys.index(key) + 1]
+
+
+def new_key(refreshes: list[Refresh], today: dt.date | None = None) -> str:
+    """The UTC date, with `.2`, `.3`, ... for further refreshes on the same day: keys that read well in the UI."""
+    base = (today or dt.datetime.now(dt.timezone.utc).date()).isoformat()
+    taken = {r.key for r in refreshes}
+    key, n = base, 1
+    while key in taken:
+        n += 1
+        key = f"{base}.{n}"
+    return key
+
+
+def register_refresh(store: Store, files: dict[str, list[LandedFile]] | None, trigger: str,
+                     key: str | None = None) -> Refresh:
+    """Append a refresh to the registry (rewritten atomically). `files=None` registers the first refresh: the
+    sources as configured."""
+    if trigger not in TRIGGERS:
+        raise RefreshError(f"unknown trigger {trigger!r}; expected one of {', '.join(TRIGGERS)}")
+    refreshes = load_refreshes(store)
+    if files is None and refreshes:
+        raise RefreshError(f"the first refresh ({refreshes[0].key}) is already registered; later refreshes read "
+                           f"landed files")
+    if files is not None and not refreshes:
+        raise RefreshError("no first refresh yet: register the configured sources first (`make demo`, or "
+                           "`kiln refresh --initial`)")
+    if files is not None and not any(files.values()):
+        raise RefreshError("a refresh needs at least one landed file")
+    key = key or new_key(refreshes)
+    if not KEY_PATTERN.match(key):
+        raise RefreshError(f"refresh key {key!r}: use 1-63 letters, digits, '.', '_' or '-', starting with a letter "
+                           f"or digit")
+    if any(r.key == key for r in refreshes):
+        raise RefreshError(f"refresh {key!r} is already registered; choose another key")
+    refresh = Refresh(key, now_utc(), trigger, files)
+    _write(store, refreshes + [refresh])
+    return refresh
+
+
+def _write(store: Store, refreshes: list[Refresh]) -> None:
+    with store.staging(REFRESHES) as writer:
+        (writer.dir / REFRESHES_FILE).write_text(
+            json.dumps({"refreshes": [r.to_dict() for r in refreshes]}, indent=2, ensure_ascii=False), encoding="utf-8")
+        writer.commit(code_version="kiln.refresh", config={}, inputs={},
+                      counts={"refreshes": len(refreshes),
+                              "landed_files": sum(len(fs) for r in refreshes for fs in (r.files or {}).values())})
+
+
+def materialized(store: Store, asset: str, sources: list[str], refreshes: list[Refresh] | None = None,
+                 ) -> dict[str, Manifest]:
+    """Store partition -> manifest of `asset` for each source in each refresh (default: every registered one),
+    source by source, oldest refresh first; datasets not materialized are left out."""
+    refreshes = load_refreshes(store) if refreshes is None else refreshes
+    return {p: m for s in sources for r in refreshes
+            if (m := store.manifest_or_none(asset, p := partition(s, r.key))) is not None}
+
+
+def latest(store: Store, asset: str, refreshes: list[Refresh] | None = None) -> tuple[str, Manifest]:
+    """The newest refresh with a materialized per-refresh `asset` (e.g. token_shards), and its manifest."""
+    refreshes = load_refreshes(store) if refreshes is None else refreshes
+    for r in reversed(refreshes):
+        if (m := store.manifest_or_none(asset, r.key)) is not None:
+            return r.key, m
+    raise IncompleteDataset(f"{asset} has not been materialized for any refresh "
+                            f"({', '.join(r.key for r in refreshes) or 'none registered'}); materialize it first")
+
+
+# -------------------------------------------------------------------------------------------- landing
+
+@dataclass
+class Landing:
+    """What a scan of the landing area found: new files per source, and what it could not use."""
+
+    files: dict[str, list[LandedFile]]  # source -> files not in any refresh yet
+    unknown_sources: list[str]  # folders that name no declared source: left alone, reported
+    settling: int  # files modified too recently (maybe still being written): left for the next scan
+
+    @property
+    def count(self) -> int:
+        return sum(len(fs) for fs in self.files.values())
+
+
+def pending_files(landing: str, sources: list[str], refreshes: list[Refresh], settle_seconds: int = 0,
+                  now: dt.datetime | None = None) -> Landing:
+    """Files under `<landing>/<source>/` that no refresh holds yet. Hidden files (`.name`, `_name`: uploads in
+    progress, `_SUCCESS` markers) are skipped, as are files modified less than `settle_seconds` ago."""
+    filesystem, root = _filesystem(landing)
+    info = filesystem.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        return Landing({}, [], 0)
+    if info.type != pafs.FileType.Directory:
+        raise RefreshError(f"refresh.landing {landing!r} is not a folder (or S3 prefix) of <source>/ folders")
+    seen = {f.identity for r in refreshes for fs in (r.files or {}).values() for f in fs}
+    now = now or dt.datetime.now(dt.timezone.utc)
+    found: dict[str, list[LandedFile]] = {}
+    unknown, settling = set(), 0
+    for entry in filesystem.get_file_info(pafs.FileSelector(root, recursive=True)):
+        if entry.type != pafs.FileType.File:
+            continue
+        relative = entry.path[len(root):].lstrip("/")
+        parts = relative.split("/")
+        if any(p.startswith((".", "_")) for p in parts):
+            continue
+        if len(parts) < 2 or parts[0] not in sources:
+            unknown.add(parts[0] if len(parts) > 1 else relative)
+            continue
+        modified = entry.mtime.astimezone(dt.timezone.utc) if entry.mtime else now
+        if (now - modified).total_seconds() < settle_seconds:
+            settling += 1
+            continue
+        uri = f"s3://{entry.path}" if landing.startswith("s3://") else entry.path
+        f = LandedFile(uri, "/".join(parts[1:]), entry.size, modified.isoformat(timespec="microseconds"))
+        if f.identity not in seen:
+            found.setdefault(parts[0], []).append(f)
+    return Landing({s: sorted(fs, key=lambda f: f.relative) for s, fs in sorted(found.items())}, sorted(unknown),
+                   settling)
+
+
+def next_refresh(store: Store, config: ProjectConfig, trigger: str, settle_seconds: int = 0,
+                 ) -> tuple[Refresh | None, Landing | None]:
+    """Register what is new, if anything: the configured sources when no refresh exists yet, else the files
+    landed since the last refresh. Returns the new refresh (None: nothing new) and the landing scan."""
+    refreshes = load_refreshes(store)
+    if not refreshes:
+        return register_refresh(store, None, "initial"), None
+    landing = pending_files(config.refresh.landing_path(), [s.name for s in config.sources], refreshes,
+                            settle_seconds)
+    if not landing.count:
+        return None, landing
+    return register_refresh(store, landing.files, trigger), landing
+
+
+def _filesystem(landing: str) -> tuple[pafs.FileSystem, str]:
+    if landing.startswith("s3://"):
+        from kiln.readers.paths import s3_filesystem
+
+        filesystem, path = s3_filesystem(landing)
+        return filesystem, path.rstrip("/")
+    return pafs.LocalFileSystem(), str(Path(landing).expanduser().resolve())
+
+
+__all__ = ["LandedFile", "Landing", "Refresh", "RefreshError", "REFRESHES", "get_refresh", "latest", "load_refreshes",
+           "materialized", "new_key", "next_refresh", "partition", "pending_files", "register_refresh", "upto"]

@@ -1,0 +1,69 @@
+"""Refresh automation: a sensor on the landing area and a schedule (both register a refresh and start its
+intake), and the automation sensor that carries a refresh downstream through the eager data assets.
+
+Training is never started by these unless `refresh.train: true` (then `training_run` is eager too).
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets.curation import FILTERED, RAW
+from assets.partitions import partition_key, refresh_partitions
+from kiln.config import load_config
+from kiln.refresh import load_refreshes, next_refresh
+from resources import KilnConfig, KilnStorage
+
+_settings = load_config().refresh
+INTAKE = [dg.AssetKey(RAW), dg.AssetKey(FILTERED)]
+
+
+def refresh_runs(context, kiln_config: KilnConfig, storage: KilnStorage, trigger: str
+                 ) -> list[dg.RunRequest] | dg.SkipReason:
+    """Register what is new (see `kiln.refresh.next_refresh`), mirror the store's refreshes into Dagster's
+    dynamic partitions, and request the intake (raw + filtered documents) of every source for a new refresh;
+    the automation sensor takes it from there."""
+    config, store = kiln_config.load(), storage.store()
+    refresh, landing = next_refresh(store, config, trigger, config.refresh.sensor.settle_seconds)
+    if landing is not None:
+        for folder in landing.unknown_sources:
+            context.log.warning(f"landing folder {folder!r} names no declared source; its files are left alone "
+                                f"(sources: {', '.join(s.name for s in config.sources)})")
+    known = set(context.instance.get_dynamic_partitions(refresh_partitions.name))
+    missing = [r.key for r in load_refreshes(store) if r.key not in known]
+    if missing:  # the store is the source of truth; Dagster's partitions follow it
+        context.instance.add_dynamic_partitions(refresh_partitions.name, missing)
+    if refresh is None:
+        settling = f"; {landing.settling} file(s) still settling" if landing.settling else ""
+        return dg.SkipReason(f"no new files under {config.refresh.landing_path()}/<source>/{settling}")
+    return [dg.RunRequest(run_key=f"refresh-{refresh.key}-{s.name}", partition_key=partition_key(s.name, refresh.key),
+                          asset_selection=INTAKE, tags={"kiln/refresh": refresh.key, "kiln/trigger": trigger})
+            for s in config.sources]
+
+
+def _status(enabled: bool, kind):
+    return kind.RUNNING if enabled else kind.STOPPED
+
+
+@dg.sensor(name="landing_sensor", target=INTAKE, minimum_interval_seconds=_settings.sensor.interval_seconds,
+           default_status=_status(_settings.sensor.enabled, dg.DefaultSensorStatus),
+           description="New files under <landing>/<source>/ become a refresh (the first tick reads the configured "
+                       "sources): registers it and starts its intake.")
+def landing_sensor(context: dg.SensorEvaluationContext, kiln_config: KilnConfig, storage: KilnStorage):
+    return refresh_runs(context, kiln_config, storage, "sensor")
+
+
+@dg.schedule(name="refresh_schedule", target=INTAKE, cron_schedule=_settings.schedule.cron,
+             execution_timezone=_settings.schedule.timezone,
+             default_status=_status(_settings.schedule.enabled, dg.DefaultScheduleStatus),
+             description="The periodic corpus refresh (refresh.schedule.cron, default weekly): whatever landed since "
+                         "the last refresh becomes the next one.")
+def refresh_schedule(context: dg.ScheduleEvaluationContext, kiln_config: KilnConfig, storage: KilnStorage):
+    return refresh_runs(context, kiln_config, storage, "schedule")
+
+
+automation_sensor = dg.AutomationConditionSensorDefinition(
+    "kiln_automation", target=dg.AssetSelection.all(), minimum_interval_seconds=30,
+    default_status=_status(_settings.automation, dg.DefaultSensorStatus),
+    description="Declarative automation: a refresh's curation, dedup, quality and token shards follow its intake "
+                "(refresh.automation); training only with refresh.train: true.")
