@@ -16,7 +16,7 @@ CHECKS = ("conservation", "non_empty", "schema")
 def check_specs(asset: str, *extra: str) -> list[dg.AssetCheckSpec]:
     descriptions = {
         "conservation": "documents in = kept + rejected (+ quarantined): nothing disappears silently",
-        "non_empty": "the output holds at least one document",
+        "non_empty": "the output holds at least one document (when any came in)",
         "schema": "every documents part has the document contract's columns and types",
         "residual_pii": "no PII pattern is left in the output text",
     }
@@ -41,8 +41,10 @@ def standard_checks(store: Store, manifest: Manifest, docs_in: int) -> list[dg.A
         dg.AssetCheckResult(check_name="conservation", passed=accounted == docs_in,
                             metadata={"in": docs_in, "kept": rows["documents"], "rejected": rows["rejected"],
                                       "quarantined": rows["quarantine"], "unaccounted": docs_in - accounted}),
-        dg.AssetCheckResult(check_name="non_empty", passed=rows["documents"] > 0,
-                            severity=dg.AssetCheckSeverity.WARN, metadata={"documents": rows["documents"]}),
+        # A refresh that brought a source nothing has nothing to keep; an input that was all removed is the warning.
+        dg.AssetCheckResult(check_name="non_empty", passed=rows["documents"] > 0 or docs_in == 0,
+                            severity=dg.AssetCheckSeverity.WARN, metadata={"documents": rows["documents"],
+                                                                           "input": docs_in}),
         dg.AssetCheckResult(check_name="schema", passed=not bad_schema,
                             metadata={"problems": dg.MetadataValue.json(bad_schema), "parts": len(
                                 manifest.files_with_role("documents"))}),

@@ -68,15 +68,18 @@ def open_store(home: Path, config) -> Any:
 
         from kiln.forget import REQUESTS
         from kiln.lineage import DOCUMENT_STAGES
+        from kiln.refresh import load_refreshes, partition
         from kiln.storage import IncompleteDataset
 
         settings = config.storage
         store = Store(home / "data", S3Remote.connect(boto3.client("s3"), settings.bucket, settings.prefix,
                                                       settings.create_bucket))
         # The audit reads the local folders: bring every current dataset it may read into the cache first.
-        wanted = [(stage, s.name) for stage in DOCUMENT_STAGES for s in config.sources] + [(a, None) for a in (
-            "dedup_index", "quality_classifier", "tokenizer", "token_shards", "training_run", "checkpoint",
-            "evaluation", "data_card", REQUESTS)]
+        refreshes = [r.key for r in load_refreshes(store)]
+        wanted = [(stage, partition(s.name, r)) for stage in DOCUMENT_STAGES for s in config.sources
+                  for r in refreshes] + [(a, r) for a in ("dedup_index", "token_shards") for r in refreshes] + \
+            [(a, None) for a in ("quality_classifier", "tokenizer", "training_run", "checkpoint", "evaluation",
+                                 "data_card", REQUESTS)]
         for asset, partition in wanted:
             try:
                 store.manifest(asset, partition)

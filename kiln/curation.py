@@ -186,6 +186,8 @@ def exact_duplicates(sources: list[HashTable]) -> dict[str, str]:
     """
     frames = []
     for order, s in enumerate(sources):
+        if s.table.num_rows == 0:  # a source with nothing in this refresh
+            continue
         df = s.table.select(["doc_id", "content_hash"]).to_pandas()
         df["tier"], df["source_order"], df["seq"] = s.quality_tier, order, range(len(df))
         frames.append(df)

@@ -214,13 +214,14 @@ def pending_files(landing: str, sources: list[str], refreshes: list[Refresh], se
             unknown.add(parts[0] if len(parts) > 1 else relative)
             continue
         modified = entry.mtime.astimezone(dt.timezone.utc) if entry.mtime else now
+        uri = f"s3://{entry.path}" if landing.startswith("s3://") else entry.path
+        f = LandedFile(uri, "/".join(parts[1:]), entry.size, modified.isoformat(timespec="microseconds"))
+        if f.identity in seen:
+            continue
         if (now - modified).total_seconds() < settle_seconds:
             settling += 1
             continue
-        uri = f"s3://{entry.path}" if landing.startswith("s3://") else entry.path
-        f = LandedFile(uri, "/".join(parts[1:]), entry.size, modified.isoformat(timespec="microseconds"))
-        if f.identity not in seen:
-            found.setdefault(parts[0], []).append(f)
+        found.setdefault(parts[0], []).append(f)
     return Landing({s: sorted(fs, key=lambda f: f.relative) for s, fs in sorted(found.items())}, sorted(unknown),
                    settling)
 

@@ -1,7 +1,7 @@
 """A tiny Kiln project for asset tests: config written to disk, code location re-imported to follow it."""
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
@@ -10,7 +10,7 @@ import yaml
 from kiln.config import load_config
 from kiln.refresh import Refresh, load_refreshes, next_refresh
 from kiln.refresh import partition as store_partition
-from kiln.storage import Store
+from kiln.storage import Store  # noqa: F401 (the type of Project.store)
 
 
 @dataclass
@@ -19,7 +19,7 @@ class Project:
     resources: dict
     home: Path
     config_path: Path
-    instance: dg.DagsterInstance = field(default_factory=dg.DagsterInstance.ephemeral)
+    instance: dg.DagsterInstance  # a real (temporary) instance: dynamic partitions, schedules and sensors need one
     refresh_key: str | None = None  # the refresh `materialize` works on; None: the newest registered one
 
     @property
@@ -28,7 +28,7 @@ class Project:
 
     @property
     def store(self) -> Store:
-        return Store(self.home / "data")
+        return self.resources["storage"].store()  # local, or S3 with the local cache, as the config says
 
     def refresh(self, trigger: str = "cli") -> Refresh | None:
         """Register what is new, as the landing sensor does (the first call: the configured sources), and make
@@ -105,4 +105,6 @@ def load_project(config: dict, tmp_path: Path, kiln_home: Path, monkeypatch) -> 
                  "mlflow_tracking": definitions.MlflowTracking(tracking_uri=f"sqlite:///{kiln_home / 'mlflow.db'}",
                                                                artifact_location=str(kiln_home / "mlartifacts")),
                  "pipes_subprocess_client": dg.PipesSubprocessClient()}
-    return Project(definitions, resources, kiln_home, path)
+    (tmp_path / "dagster_home").mkdir(exist_ok=True)
+    instance = dg.DagsterInstance.local_temp(tempdir=str(tmp_path / "dagster_home"))
+    return Project(definitions, resources, kiln_home, path, instance)

@@ -88,9 +88,9 @@ def test_materialize_all_sources_checks_pass_and_lineage_is_recorded(project):
         assert {e.check_name for e in evaluations} == {"conservation", "non_empty", "schema", "residual_pii"}
         assert all(e.passed for e in evaluations), [(e.check_name, e.metadata) for e in evaluations if not e.passed]
 
-    curated = json.loads((home / "data" / "curated_documents" / "web" / "_manifest.json").read_text())
-    filtered_ref = json.loads((home / "data" / "filtered_documents" / "ref" / "_manifest.json").read_text())
-    assert curated["inputs"]["filtered_documents/ref"] == filtered_ref["data_version"]
+    curated = json.loads((home / "data" / "curated_documents" / project.partition("web") / "_manifest.json").read_text())
+    filtered_ref = json.loads((home / "data" / "filtered_documents" / project.partition("ref") / "_manifest.json").read_text())
+    assert curated["inputs"][f"filtered_documents/{project.partition('ref')}"] == filtered_ref["data_version"]
     # web's copies of ref documents 3 and 4 and its internal duplicate are exact-dedup rejections
     assert curated["counts"]["rejected"] == 3
     assert all(f["sha256"] and f["rows"] is not None for f in curated["files"])
@@ -106,7 +106,8 @@ def test_same_input_gives_same_data_version(project):
     versions = []
     for _ in range(2):
         materialize(project, ["raw_documents"], "ref")
-        versions.append(json.loads((home / "data" / "raw_documents" / "ref" / "_manifest.json").read_text())["data_version"])
+        manifest = home / "data" / "raw_documents" / project.partition("ref") / "_manifest.json"
+        versions.append(json.loads(manifest.read_text())["data_version"])
     assert versions[0] == versions[1]
 
 

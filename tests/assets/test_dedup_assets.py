@@ -57,14 +57,15 @@ def run_all(project):
     return results
 
 
-def rejected(home, source):
+def rejected(project, source):
     import pyarrow.parquet as pq
 
-    manifest = json.loads((home / "data" / "deduplicated_documents" / source / "_manifest.json").read_text())
+    base = project.home / "data" / "deduplicated_documents" / project.partition(source)
+    manifest = json.loads((base / "_manifest.json").read_text())
     rows = []
     for f in manifest["files"]:
         if f["role"] == "rejected":
-            rows += pq.read_table(home / "data" / "deduplicated_documents" / source / f["path"]).to_pylist()
+            rows += pq.read_table(base / f["path"]).to_pylist()
     return manifest, rows
 
 
@@ -75,16 +76,17 @@ def test_cross_source_near_dups_and_decontamination_then_a_refresh(project):
     index_meta = results["index"].asset_materializations_for_node("dedup_index")[0].metadata
     assert index_meta["near_duplicates"].value == 3
     assert "| web | 3 |" in index_meta["cross_source_duplicates"].value
-    manifest, rows = rejected(home, "web")
+    manifest, rows = rejected(project, "web")
     near = [r for r in rows if r["reason"] == "near_duplicate"]
     assert len(near) == 3 and all(r["jaccard"] >= 0.8 and r["duplicate_of"] for r in near)
-    ref_ids = {r["doc_id"] for r in json_rows(home, "deduplicated_documents", "ref")}
+    ref_ids = {r["doc_id"] for r in json_rows(project, "deduplicated_documents", "ref")}
     assert {r["duplicate_of"] for r in near} <= ref_ids  # the better tier's copy was kept
     bench = [r for r in rows if r["stage"] == "decontamination"]
     assert len(bench) == 1 and BENCHMARK_ITEM in bench[0]["text"]
     assert manifest["counts"] == {"input": 9, "documents": 5, "rejected": 4}
     assert manifest["stats"]["contamination"]["per_benchmark"]["lanterns"]["items_contaminated"] == 1
-    assert set(manifest["inputs"]) == {"curated_documents/web", "dedup_index"}
+    assert set(manifest["inputs"]) == {f"curated_documents/{project.partition('web')}",
+                                       f"dedup_index/{project.current()}"}
     web_meta = results["web"].asset_materializations_for_node("deduplicated_documents")[0].metadata
     assert "near_duplicate" in web_meta["full_funnel"].value and "q1" in web_meta["contaminated_items"].value
 
@@ -92,45 +94,47 @@ def test_cross_source_near_dups_and_decontamination_then_a_refresh(project):
     assert project.materialize(["quality_classifier"]).success
     for source in ("web", "ref"):
         assert project.materialize(["quality_scores", "quality_filtered_documents"], source).success
-    tokens = project.materialize(["tokenizer", "token_shards"])
-    assert tokens.success
-    assert all(e.passed for e in tokens.get_asset_check_evaluations())
-    shards = json.loads((home / "data" / "token_shards" / "_all" / "_manifest.json").read_text())
+    for asset in ("tokenizer", "token_shards"):
+        tokens = project.materialize([asset])
+        assert tokens.success and all(e.passed for e in tokens.get_asset_check_evaluations())
+    shards = json.loads((home / "data" / "token_shards" / project.current() / "_manifest.json").read_text())
     card = json.loads((home / "data" / "tokenizer" / "_all" / "_manifest.json").read_text())["stats"]["card"]
     assert shards["stats"]["tokenizer_sha256"] == card["sha256"]
     assert shards["inputs"]["tokenizer"] and set(shards["stats"]["sources"]) == {"web", "ref"}
     from training_jobs.loader import ShardLoader
 
-    loader = ShardLoader(home / "data" / "token_shards" / "_all", batch_size=2, expected_tokenizer_sha256=card["sha256"])
+    loader = ShardLoader(home / "data" / "token_shards" / project.current(), batch_size=2,
+                         expected_tokenizer_sha256=card["sha256"])
     inputs, targets = loader.next_batch()
     assert inputs.shape == (2, 16) and (inputs[:, 1:] == targets[:, :-1]).all()
 
     # The run plan's data sufficiency now comes from the shards' per-source token counts.
     assert project.materialize(["training_plan"]).success
     plan = json.loads((home / "data" / "training_plan" / "_all" / "_manifest.json").read_text())
-    assert plan["inputs"] == {"token_shards": shards["data_version"]}
+    assert plan["inputs"] == {f"token_shards/{project.current()}": shards["data_version"]}
     assert plan["config"]["planning"]["available_tokens"] == {
         name: s["natural_train_tokens"] for name, s in shards["stats"]["sources"].items()}
 
-    # Week 2: the web crawl brings back last week's pages, lightly edited, next to new ones.
-    kept_web = [r["text"] for r in json_rows(home, "deduplicated_documents", "web")]
+    # Week 2, a new refresh: the web crawl lands last week's pages, lightly edited, next to new ones.
+    first = project.current()
+    kept_web = [r["text"] for r in json_rows(project, "deduplicated_documents", "web")]
     rng, vocab = project.rng, project.vocab
     week2 = [edit(t, rng, vocab, 1) for t in kept_web[:2]] + [random_text(rng, vocab) for _ in range(2)]
-    write_jsonl(project.web_dir / "week2.jsonl", [{"id": f"w2-{i}", "text": t} for i, t in enumerate(week2)])
+    write_jsonl(project.home / "landing" / "web" / "week2.jsonl", [{"id": f"w2-{i}", "text": t}
+                                                                   for i, t in enumerate(week2)])
+    assert project.refresh().key != first
     results = run_all(project)
     index_meta = results["index"].asset_materializations_for_node("dedup_index")[0].metadata
-    # Everything accepted last week is already indexed; the 3 reference copies and the 2 edited copies of
-    # last week's pages all match documents accepted by the earlier refresh.
+    # Only the new refresh is decided: its 2 edited copies match documents the first refresh accepted.
     per_source = index_meta["decisions_per_source"].value
-    assert per_source["web"]["already_indexed"] == 6 and per_source["web"]["kept"] == 2
-    assert per_source["web"]["near_duplicate"] == 5 and index_meta["matched_earlier_refreshes"].value == 5
-    assert per_source["ref"]["already_indexed"] == 8
+    assert per_source["web"]["kept"] == 2 and per_source["web"]["near_duplicate"] == 2
+    assert index_meta["matched_earlier_refreshes"].value == 2 and per_source.get("ref", {}).get("kept", 0) == 0
     assert index_meta["index_documents"].value == 8 + 6 + 2
 
 
-def json_rows(home, asset, source):
+def json_rows(project, asset, source):
     import pyarrow.parquet as pq
 
-    base = home / "data" / asset / source
+    base = project.home / "data" / asset / project.partition(source)
     manifest = json.loads((base / "_manifest.json").read_text())
     return [r for f in manifest["files"] if f["role"] == "documents" for r in pq.read_table(base / f["path"]).to_pylist()]

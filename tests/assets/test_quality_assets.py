@@ -13,8 +13,8 @@ UPSTREAM = [["raw_documents", "filtered_documents"], ["curated_documents", "minh
 SOURCES = ("ref", "web")
 
 
-def rows(home, asset, source, role="documents"):
-    base = home / "data" / asset / source
+def rows(project, asset, source, role="documents"):
+    base = project.home / "data" / asset / project.partition(source)
     manifest = json.loads((base / "_manifest.json").read_text())
     return manifest, [r for f in manifest["files"] if f["role"] == role for r in pq.read_table(base / f["path"]).to_pylist()]
 
@@ -53,20 +53,20 @@ def test_classifier_scores_and_rules_from_stored_scores(tmp_path, kiln_home, mon
     # Labels are sources, and half of this web source reads like reference text: AUC against them is modest.
     assert meta["cv_auc"].value >= 0.7 and all(e.passed for e in result.get_asset_check_evaluations())
     classifier = json.loads((kiln_home / "data" / "quality_classifier" / "_all" / "_manifest.json").read_text())
-    assert set(classifier["inputs"]) == {"deduplicated_documents/ref", "deduplicated_documents/web"}
+    assert set(classifier["inputs"]) == {f"deduplicated_documents/{project.partition(s)}" for s in ("ref", "web")}
     assert {f["path"] for f in classifier["files"]} >= {"quality_classifier.bin", "training_sample.parquet"}
 
     for source in SOURCES:
         result = project.materialize(["quality_scores", "quality_filtered_documents"], source)
         assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
-    scores_manifest, scored = rows(kiln_home, "quality_scores", "web")
+    scores_manifest, scored = rows(project, "quality_scores", "web")
     assert len(scored) == 80 and all(0 <= r["quality_score"] <= 1 and r["perplexity"] > 1 for r in scored)
     assert scores_manifest["config"]["reference_model_sha256"]  # which language model scored them
     meta = result.asset_materializations_for_node("quality_filtered_documents")[0].metadata
     assert "quality_score_below_min" in meta["full_funnel"].value
 
-    filtered, kept = rows(kiln_home, "quality_filtered_documents", "web")
-    _, removed = rows(kiln_home, "quality_filtered_documents", "web", "rejected")
+    filtered, kept = rows(project, "quality_filtered_documents", "web")
+    _, removed = rows(project, "quality_filtered_documents", "web", "rejected")
     assert len(kept) + len(removed) == 80
     junk_ids = {r["doc_id"] for r in scored if r["text"] in set(junk)}
     assert len(junk_ids) == 40
@@ -86,10 +86,11 @@ def test_classifier_scores_and_rules_from_stored_scores(tmp_path, kiln_home, mon
     config["quality"]["rules"]["web"] = {"keep_top_fraction": 0.25, "perplexity_buckets": ["head", "middle"]}
     (tmp_path / "kiln.yaml").write_text(yaml.safe_dump(config))
     assert project.materialize(["quality_filtered_documents"], "web").success
-    assert rows(kiln_home, "quality_scores", "web")[0] == scores_manifest  # not re-scored
-    refiltered, kept = rows(kiln_home, "quality_filtered_documents", "web")
-    _, removed = rows(kiln_home, "quality_filtered_documents", "web", "rejected")
+    assert rows(project, "quality_scores", "web")[0] == scores_manifest  # not re-scored
+    refiltered, kept = rows(project, "quality_filtered_documents", "web")
+    _, removed = rows(project, "quality_filtered_documents", "web", "rejected")
     assert len(kept) <= 20 and len(kept) + len(removed) == 80
     assert {r["reason"] for r in removed} <= {"quality_score_bottom_fraction", "perplexity_tail"}
     assert refiltered["config"]["rule"]["keep_top_fraction"] == 0.25
-    assert refiltered["inputs"] == filtered["inputs"] == {"quality_scores/web": scores_manifest["data_version"]}
+    assert refiltered["inputs"] == filtered["inputs"] == {
+        f"quality_scores/{project.partition('web')}": scores_manifest["data_version"]}

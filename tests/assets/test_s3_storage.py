@@ -21,7 +21,8 @@ BUCKET, PREFIX = "kiln-chain", "team/kiln"
 SOURCES = ("web", "ref")
 PER_SOURCE = ["raw_documents", "filtered_documents", "curated_documents", "minhash_signatures",
               "deduplicated_documents", "quality_scores", "quality_filtered_documents"]
-SINGLE = ["dedup_index", "quality_classifier", "tokenizer", "token_shards"]
+PER_REFRESH = ["dedup_index", "token_shards"]
+SINGLE = ["quality_classifier", "tokenizer", "refreshes"]
 
 
 @pytest.fixture
@@ -55,8 +56,9 @@ def materialize(project, selection, partition=None):
     return result
 
 
-def datasets() -> list[tuple[str, str]]:
-    return [(a, s) for a in PER_SOURCE for s in SOURCES] + [(a, "_all") for a in SINGLE]
+def datasets(refresh: str) -> list[tuple[str, str]]:
+    return [(a, f"{s}/{refresh}") for a in PER_SOURCE for s in SOURCES] + [(a, refresh) for a in PER_REFRESH] + \
+        [(a, "_all") for a in SINGLE]
 
 
 @pytest.mark.slow
@@ -71,12 +73,14 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
     materialize(project, ["quality_classifier"])
     for source in SOURCES:
         materialize(project, ["quality_scores", "quality_filtered_documents"], source)
-    materialize(project, ["tokenizer", "token_shards"])
+    materialize(project, ["tokenizer"])
+    materialize(project, ["token_shards"])
+    refresh = project.current()
 
     # Every dataset's manifest on S3 is the local one, and every file it lists is there with its sha256.
     keys = {o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
             for o in page.get("Contents", [])}
-    for asset, partition in datasets():
+    for asset, partition in datasets(refresh):
         remote_dir = f"{PREFIX}/{asset}/{partition}"
         data = client.get_object(Bucket=BUCKET, Key=f"{remote_dir}/{MANIFEST_NAME}")["Body"].read()
         assert data == (home / "data" / asset / partition / MANIFEST_NAME).read_bytes(), (asset, partition)
@@ -86,15 +90,15 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
             body = client.get_object(Bucket=BUCKET, Key=f"{remote_dir}/{manifest['data_version']}/{f['path']}")
             assert hashlib.sha256(body["Body"].read()).hexdigest() == f["sha256"], (asset, partition, f["path"])
     assert {k for k in keys if k.endswith(MANIFEST_NAME)} == \
-        {f"{PREFIX}/{a}/{p}/{MANIFEST_NAME}" for a, p in datasets()}
+        {f"{PREFIX}/{a}/{p}/{MANIFEST_NAME}" for a, p in datasets(refresh)}
     assert f"{PREFIX}/_dedup_index/kiln/index.json" in keys
     tokenizer = json.loads((home / "data" / "tokenizer" / "_all" / MANIFEST_NAME).read_text())
     assert {"tokenizer.model"} <= {f["path"] for f in tokenizer["files"]}
-    shards = json.loads((home / "data" / "token_shards" / "_all" / MANIFEST_NAME).read_text())
+    shards = json.loads((home / "data" / "token_shards" / refresh / MANIFEST_NAME).read_text())
 
     # A fresh Store with an empty cache reads every dataset back, byte for byte.
     fresh = Store(tmp_path / "fresh", S3Remote.connect(client, BUCKET, PREFIX))
-    for asset, partition in datasets():
+    for asset, partition in datasets(refresh):
         local = fresh.dataset_dir(asset, None if partition == "_all" else partition)
         original = home / "data" / asset / partition
         for f in fresh.manifest(asset, None if partition == "_all" else partition).files:
@@ -104,18 +108,18 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
     shutil.rmtree(home / "data")
     shutil.rmtree(home / "dedup_index")
     materialize(project, ["token_shards"])
-    again = json.loads((home / "data" / "token_shards" / "_all" / MANIFEST_NAME).read_text())
+    again = json.loads((home / "data" / "token_shards" / refresh / MANIFEST_NAME).read_text())
     assert again["data_version"] == shards["data_version"] and again["inputs"] == shards["inputs"]
     assert (home / "data" / "tokenizer" / "_all" / "tokenizer.model").is_file()  # pulled from S3 to read it
 
     from training_jobs.loader import ShardLoader
 
-    loader = ShardLoader(home / "data" / "token_shards" / "_all", batch_size=2,
+    loader = ShardLoader(home / "data" / "token_shards" / refresh, batch_size=2,
                          expected_tokenizer_sha256=tokenizer["stats"]["card"]["sha256"])
     assert loader.next_batch()[0].shape == (2, 16)
 
     # The near-dup index comes back from S3 too: the same documents again are already indexed, not re-added.
-    first = json.loads(client.get_object(Bucket=BUCKET, Key=f"{PREFIX}/dedup_index/_all/{MANIFEST_NAME}")
+    first = json.loads(client.get_object(Bucket=BUCKET, Key=f"{PREFIX}/dedup_index/{refresh}/{MANIFEST_NAME}")
                        ["Body"].read())
     assert not (home / "dedup_index").exists()
     result = materialize(project, ["dedup_index"])

@@ -77,7 +77,7 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     assert project.materialize(["deduplicated_documents"], "web").success
     assert project.materialize(["quality_classifier"]).success  # off: one web source, no reference source
     assert project.materialize(["quality_scores", "quality_filtered_documents"], "web").success
-    assert project.materialize(["tokenizer", "token_shards"]).success
+    assert project.materialize(["tokenizer"]).success and project.materialize(["token_shards"]).success
 
     result = project.materialize(["training_run", "checkpoint", "evaluation"])
     assert result.success
@@ -91,13 +91,15 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
                .read_text().splitlines()]
     losses = [m["train/loss"] for m in metrics if "train/loss" in m]
     assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.5  # it learns the phrases
-    assert run["inputs"].keys() == {"token_shards", "tokenizer"}
+    shards_key = f"token_shards/{project.current()}"
+    assert run["inputs"].keys() == {shards_key, "tokenizer"}
 
     import mlflow
 
     client = mlflow.MlflowClient(mlflow_server)
     mlflow_run = client.get_run(run["stats"]["mlflow"]["run_id"])
-    assert mlflow_run.data.tags["kiln.token_shards.data_version"] == run["inputs"]["token_shards"]
+    assert mlflow_run.data.tags["kiln.token_shards.data_version"] == run["inputs"][shards_key]
+    assert mlflow_run.data.tags["kiln.refresh"] == project.current()
     assert mlflow_run.info.status == "FINISHED"
     assert mlflow_run.data.params["world_size"] == "2" and "training.max_steps" in mlflow_run.data.params
     assert len(client.get_metric_history(mlflow_run.info.run_id, "train/loss")) >= 5
@@ -116,7 +118,8 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     assert card["checkpoint"]["data_version"] == ckpt["data_version"] and card["training"]["summary"]["steps"] == 24
     assert card["mlflow"]["run_id"] == run["stats"]["mlflow"]["run_id"] and card["mlflow"]["url"].startswith(mlflow_server)
     assert card["evaluation"]["validation"]["loss"] == evaluation["validation"]["loss"]
-    assert {"checkpoint", "training_run", "raw_documents/web"} <= {n["key"] for n in card["lineage"]["nodes"]}
+    assert {"checkpoint", "training_run", f"raw_documents/{project.partition('web')}"} <= \
+        {n["key"] for n in card["lineage"]["nodes"]}
     assert "| web | CC0 |" in carded.asset_materializations_for_node("data_card")[0].metadata["data_card"].value
 
     # The checkpoint folder serves as the quality stage's reference language model (CCNet-style perplexity).

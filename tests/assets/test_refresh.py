@@ -1,0 +1,141 @@
+"""Two refreshes through Dagster: the landing sensor registers the second, declarative automation carries it
+downstream, repeats of the first are dropped, new documents reach the second refresh's token shards, and the
+lineage of both shard sets stays intact."""
+
+import string
+
+import dagster as dg
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from kiln import audit
+from kiln.refresh import load_refreshes
+from tests.assets.project import load_project
+from tests.audit_store import edit, random_text
+from tests.conftest import web_and_ref_sources, write_jsonl
+
+
+@pytest.fixture
+def project(tmp_path, kiln_home, monkeypatch):
+    rng = np.random.default_rng(3)
+    vocab = ["".join(rng.choice(list(string.ascii_lowercase), 6)) for _ in range(5000)]
+    ref = [random_text(rng, vocab) for _ in range(4)]
+    web = [random_text(rng, vocab) for _ in range(6)]
+    write_jsonl(tmp_path / "ref" / "a.jsonl", [{"id": i, "text": t} for i, t in enumerate(ref)])
+    write_jsonl(tmp_path / "web" / "week1.jsonl", [{"id": i, "text": t} for i, t in enumerate(web)])
+    config = {
+        "sources": web_and_ref_sources(tmp_path),
+        "profiles": {"none": []},
+        "curation": {"workers": 1}, "dedup": {"workers": 1}, "decontamination": {"enabled": False},
+        "quality": {"classifier": {"enabled": False}},
+        "tokenizer": {"vocab_size": 400},
+        "shards": {"seq_len": 16, "val_fraction": 0.0, "workers": 1},
+        "refresh": {"landing": str(tmp_path / "landing"), "sensor": {"settle_seconds": 0}},
+    }
+    p = load_project(config, tmp_path, kiln_home, monkeypatch)
+    p.rng, p.vocab, p.web, p.landing = rng, vocab, web, tmp_path / "landing"
+    return p
+
+
+def rows(project, asset, partition, role="documents"):
+    return [r for path in project.store.files(asset, partition, role) for r in pq.read_table(path).to_pylist()]
+
+
+def members(project, refresh):
+    return {r["doc_id"]: r for r in rows(project, "token_shards", refresh, "members")}
+
+
+def sensor(project):
+    from orchestration.refresh import landing_sensor
+
+    with dg.build_sensor_context(instance=project.instance, resources=project.resources) as context:
+        return landing_sensor(context)
+
+
+@pytest.mark.slow
+def test_a_second_refresh_drops_repeats_and_versions_the_shards(project):
+    # Refresh 1: the sensor's first tick registers the configured sources and starts their intake.
+    first_requests = sensor(project)
+    [first] = load_refreshes(project.store)
+    assert first.trigger == "sensor" or first.trigger == "initial"
+    assert {r.partition_key for r in first_requests} == {
+        dg.MultiPartitionKey({"refresh": first.key, "source": s}) for s in ("web", "ref")}
+    assert project.instance.get_dynamic_partitions("refresh") == [first.key]
+    project.refresh_key = first.key
+    assert project.materialize_refresh()
+    shards_1 = project.store.manifest("token_shards", first.key)
+    kept_1 = {r["doc_id"]: r["text"] for r in rows(project, "curated_documents", f"web/{first.key}")}
+
+    # Nothing landed yet: the next tick skips, and says where it looked.
+    skip = sensor(project)
+    assert isinstance(skip, dg.SkipReason) and str(project.landing) in skip.skip_message
+
+    # Week 2 lands for web: two pages repeated word for word (the crawl reuses their native ids), one lightly
+    # edited, two new; plus a folder naming no source (left alone) and an upload in progress (ignored).
+    rng, vocab, web = project.rng, project.vocab, project.web
+    new = [random_text(rng, vocab) for _ in range(2)]
+    write_jsonl(project.landing / "web" / "week2.jsonl",
+                [{"id": 0, "text": web[0]}, {"id": 1, "text": web[1]}, {"id": "e", "text": edit(web[2], rng, vocab, 1)}]
+                + [{"id": f"n{i}", "text": t} for i, t in enumerate(new)])
+    write_jsonl(project.landing / "wikipedia" / "x.jsonl", [{"text": new[0]}])
+    write_jsonl(project.landing / "web" / ".week3.jsonl.part", [{"text": "half"}])
+    cursor = dg.evaluate_automation_conditions(defs=project.definitions.defs, instance=project.instance).cursor
+    requests = sensor(project)
+    second = load_refreshes(project.store)[-1]
+    assert second.key != first.key and [f.relative for f in second.files_of("web")] == ["week2.jsonl"]
+    assert second.files_of("ref") == [] and "wikipedia" not in (second.files or {})
+    assert {(r.partition_key, tuple(k.to_user_string() for k in r.asset_selection)) for r in requests} == {
+        (dg.MultiPartitionKey({"refresh": second.key, "source": s}), ("raw_documents", "filtered_documents"))
+        for s in ("web", "ref")}
+    assert all(r.tags["kiln/refresh"] == second.key and r.run_key for r in requests)
+
+    # The intake runs; declarative automation then asks for the refresh's next steps, and never for training.
+    project.refresh_key = second.key
+    for source in ("web", "ref"):
+        assert project.materialize(["raw_documents", "filtered_documents"], source).success
+    evaluation = dg.evaluate_automation_conditions(defs=project.definitions.defs, instance=project.instance,
+                                                   cursor=cursor)
+    requested = {r.key.to_user_string(): r.true_subset for r in evaluation.results if r.true_subset.size}
+    # (signatures follow curation in the same run: eager plans what its requested parents will produce)
+    assert set(requested) == {"curated_documents", "minhash_signatures"}
+    assert all(subset.size == 2 for subset in requested.values())  # web and ref of the new refresh only
+
+    assert project.materialize_refresh()
+    # Exact repeats are removed at curation as copies of the first refresh's documents (new doc ids: the
+    # refresh namespaces them even though the native ids repeat) ...
+    removed = rows(project, "curated_documents", f"web/{second.key}", "rejected")
+    assert len(removed) == 2 and {r["duplicate_of"] for r in removed} <= set(kept_1)
+    assert not {r["doc_id"] for r in removed} & set(kept_1)
+    curated = project.store.manifest("curated_documents", f"web/{second.key}")
+    assert f"curated_documents/web/{first.key}" in curated.inputs and curated.config["earlier_refreshes"] == [first.key]
+    # ... the edited one at near-dedup, matched against the persistent index of the first refresh ...
+    index = project.store.manifest("dedup_index", second.key)
+    assert index.stats["matched_earlier_refreshes"] == 1 and index.counts["near_duplicates"] == 1
+    # ... and the two new pages flow into the second refresh's token shards, next to everything of the first.
+    shards_2 = project.store.manifest("token_shards", second.key)
+    assert shards_2.config["refreshes"] == [first.key, second.key]
+    new_ids = {r["doc_id"] for r in rows(project, "quality_filtered_documents", f"web/{second.key}")}
+    assert len(new_ids) == 2 and new_ids <= set(members(project, second.key))
+    assert set(members(project, first.key)) < set(members(project, second.key))
+    # The first shard set is still there, unchanged: each refresh has its own version.
+    assert project.store.manifest("token_shards", first.key).data_version == shards_1.data_version
+    assert shards_2.data_version != shards_1.data_version
+
+    # Lineage of both shard sets is intact and reaches the raw documents of every refresh they hold.
+    for key, raws in ((first.key, {first.key}), (second.key, {first.key, second.key})):
+        chain = audit.lineage(project.store, f"token_shards/{key}")
+        assert not chain.problems, chain.problems
+        assert {p.split("/")[1] for p in chain.partitions("raw_documents")} == raws
+    landed = project.store.manifest("raw_documents", f"web/{second.key}").config["refresh"]
+    assert [f["relative"] for f in landed["landed_files"]] == ["week2.jsonl"]
+
+    # The schedule registers what lands next the same way (trigger recorded); training is never requested.
+    write_jsonl(project.landing / "ref" / "more.jsonl", [{"text": random_text(rng, vocab)}])
+    from orchestration.refresh import refresh_schedule
+
+    with dg.build_schedule_context(instance=project.instance, resources=project.resources) as context:
+        scheduled = refresh_schedule(context)
+    third = load_refreshes(project.store)[-1]
+    assert third.trigger == "schedule" and len(scheduled) == 2
+    assert all("training_run" not in {k.to_user_string() for k in r.asset_selection} for r in scheduled)

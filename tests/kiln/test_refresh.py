@@ -1,0 +1,106 @@
+"""The refresh registry and the landing scan (kiln.refresh), without Dagster."""
+
+import datetime as dt
+import os
+
+import pytest
+
+from kiln.config import parse_config, ConfigError
+from kiln.readers import read_source
+from kiln.readers.paths import SourceFile
+from kiln.refresh import (LandedFile, RefreshError, get_refresh, load_refreshes, new_key, partition, pending_files,
+                          register_refresh, upto)
+from kiln.storage import Store
+from tests.conftest import prose, write_jsonl
+
+SOURCES = ["web", "ref"]
+
+
+def test_the_first_refresh_is_the_configured_sources_then_landed_files(tmp_path):
+    store = Store(tmp_path / "data")
+    assert load_refreshes(store) == []
+    with pytest.raises(RefreshError, match="no first refresh yet"):
+        register_refresh(store, {"web": [LandedFile("/x", "x", 1, "t")]}, "sensor")
+    first = register_refresh(store, None, "initial", key="week1")
+    assert first.is_initial and first.files_of("web") == []
+    with pytest.raises(RefreshError, match="already registered"):
+        register_refresh(store, None, "initial")
+    with pytest.raises(RefreshError, match="at least one landed file"):
+        register_refresh(store, {"web": []}, "sensor")
+    with pytest.raises(RefreshError, match="refresh key 'a/b'"):
+        register_refresh(store, {"web": [LandedFile("/x", "x", 1, "t")]}, "cli", key="a/b")
+    second = register_refresh(store, {"web": [LandedFile("/x", "x", 1, "t")]}, "sensor", key="week2")
+    # The registry is a dataset like any other: atomic, with a manifest, read back in order.
+    assert [r.key for r in load_refreshes(store)] == ["week1", "week2"]
+    assert store.manifest("refreshes").counts == {"refreshes": 2, "landed_files": 1}
+    assert get_refresh(store, "week2") == second and [r.key for r in upto(load_refreshes(store), "week1")] == ["week1"]
+    with pytest.raises(RefreshError, match="no refresh 'week9'.*week1, week2"):
+        get_refresh(store, "week9")
+    assert partition("web", "week2") == "web/week2"
+
+
+def test_new_keys_are_dates_made_unique_within_a_day(tmp_path):
+    store = Store(tmp_path / "data")
+    day = dt.date(2026, 11, 23)
+    assert new_key([], day) == "2026-11-23"
+    register_refresh(store, None, "initial", key="2026-11-23")
+    register_refresh(store, {"web": [LandedFile("/x", "x", 1, "t")]}, "sensor", key=new_key(load_refreshes(store), day))
+    assert new_key(load_refreshes(store), day) == "2026-11-23.3"
+
+
+def test_pending_files_skips_seen_hidden_settling_and_unknown_folders(tmp_path):
+    landing = tmp_path / "landing"
+    write_jsonl(landing / "web" / "week2.jsonl", [{"text": prose(1)}])
+    write_jsonl(landing / "web" / "sub" / "more.jsonl", [{"text": prose(2)}])
+    write_jsonl(landing / "web" / ".upload.jsonl.tmp", [{"text": prose(3)}])  # an upload in progress
+    (landing / "web" / "_SUCCESS").write_text("")
+    write_jsonl(landing / "wikipedia" / "a.jsonl", [{"text": prose(4)}])  # not a declared source
+    (landing / "stray.txt").write_text("x")
+    store = Store(tmp_path / "data")
+    register_refresh(store, None, "initial")
+    found = pending_files(str(landing), SOURCES, load_refreshes(store))
+    assert [f.relative for f in found.files["web"]] == ["sub/more.jsonl", "week2.jsonl"] and "ref" not in found.files
+    assert found.unknown_sources == ["stray.txt", "wikipedia"] and found.count == 2
+    register_refresh(store, found.files, "sensor")
+    assert pending_files(str(landing), SOURCES, load_refreshes(store)).count == 0  # registered: not pending again
+    # A file replaced in place lands again; one written a moment ago waits until it has settled.
+    write_jsonl(landing / "web" / "week2.jsonl", [{"text": prose(1)}, {"text": prose(5)}])
+    now = dt.datetime.now(dt.timezone.utc)
+    assert pending_files(str(landing), SOURCES, load_refreshes(store), settle_seconds=600, now=now).settling == 1
+    assert [f.relative for f in pending_files(str(landing), SOURCES, load_refreshes(store)).files["web"]] == \
+        ["week2.jsonl"]
+    assert pending_files(str(tmp_path / "nothing-yet"), SOURCES, []).count == 0
+    (tmp_path / "file").write_text("")
+    with pytest.raises(RefreshError, match="not a folder"):
+        pending_files(str(tmp_path / "file"), SOURCES, [])
+
+
+def test_records_of_a_later_refresh_get_their_own_doc_ids(tmp_path):
+    """Native ids repeat across crawl snapshots: a refresh's namespace keeps doc ids unique, and a builtin
+    source reads landed files by their extension (unknown extensions are quarantined, not guessed)."""
+    config = parse_config({"sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "a.jsonl"),
+                                        "license": "x", "domain": "web", "profile": "none"},
+                                       {"name": "docs", "kind": "builtin", "corpus": "python_docs", "license": "x",
+                                        "domain": "docs", "profile": "none"}], "profiles": {"none": []}})
+    path = write_jsonl(tmp_path / "a.jsonl", [{"id": 7, "text": prose(1)}, "{bad"])
+    files = [SourceFile(str(path), "a.jsonl")]
+    first = list(read_source(config.source("web"), config.reading, files))
+    later = list(read_source(config.source("web"), config.reading, files, namespace="week2"))
+    assert first[0].doc_id != later[0].doc_id and later[0].meta["locator"] == "week2/id:7"
+    assert later[1].locator == "week2/a.jsonl#L2" and later[1].reason == "malformed_json"
+    (tmp_path / "page.html").write_text("<p>hi</p>")
+    records = list(read_source(config.source("docs"), config.reading,
+                               [SourceFile(str(path), "a.jsonl"), SourceFile(str(tmp_path / "page.html"), "page.html")]))
+    assert records[0].text == prose(1) and records[-1].reason == "unsupported_format"
+
+
+def test_refresh_config_is_validated_with_the_key_named():
+    base = {"sources": [{"name": "web", "kind": "jsonl", "path": "x", "license": "x", "domain": "web",
+                         "profile": "none"}], "profiles": {"none": []}}
+    config = parse_config(base)
+    assert config.refresh.schedule.cron == "0 3 * * 1" and not config.refresh.train
+    assert config.refresh.landing_path().endswith(os.path.join("landing"))
+    with pytest.raises(ConfigError, match=r"refresh.schedule.cron = 'weekly'.*5 fields"):
+        parse_config({**base, "refresh": {"schedule": {"cron": "weekly"}}})
+    with pytest.raises(ConfigError, match=r"refresh.sensor.interval_seconds"):
+        parse_config({**base, "refresh": {"sensor": {"interval_seconds": 1}}})
