@@ -14,7 +14,8 @@ from kiln.dedup.minhash import compute_signatures, lines_table
 from kiln.dedup.near import NEAR_DUPLICATE, Batch, near_dedup, survivor_violations
 from kiln.dedup.report import clusters_markdown, cross_source_markdown, cluster_sizes_markdown
 from kiln.manifest import code_version
-from kiln.refresh import partition
+from kiln.plots import stacked_bars_markdown
+from kiln.refresh import load_refreshes, partition, upto
 from kiln.stats import StageStats, chain, funnel_markdown
 from resources import DedupIndexStore, KilnConfig, KilnStorage
 
@@ -117,6 +118,11 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
             "index_documents": stats["index"]["documents"], "index_backend": near.index.backend,
             "matched_earlier_refreshes": stats["matched_earlier_refreshes"],
             "boilerplate_lines": len(boilerplate), "data_version": manifest.data_version,
+            "accepted_per_refresh": dg.MetadataValue.md(stacked_bars_markdown(
+                {r.key: {n: v["kept"] for n, v in m.stats["per_source"].items()} for r in upto(load_refreshes(store),
+                                                                                               refresh)
+                 if (m := store.manifest_or_none(INDEX, r.key)) is not None},
+                "documents the index accepted, by refresh", "documents")),
         },
         check_results=[
             dg.AssetCheckResult(check_name="conservation", passed=result.decisions.num_rows == len(batch)

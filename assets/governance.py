@@ -60,7 +60,7 @@ def data_card(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
     # (the card's own lineage: writing the card does not touch the checkpoint's chain).
     raw = {n["partition"].split("/")[0] for n in chain["nodes"] if n["asset"] == DOCUMENT_STAGES[0]}
     missing = sorted(s["name"] for s in card["sources"] if s["name"] not in raw)
-    links = {"mlflow_run": dg.MetadataValue.url(url) if url and url.startswith("http") else (url or "none")}
+    links = {"mlflow_run": dg.MetadataValue.url(url) if url else "none"}
     return dg.MaterializeResult(
         metadata={"data_card": dg.MetadataValue.md(markdown), "removal_requests": len(card["removal_requests"]),
                   "path": dg.MetadataValue.path(str(base / "data_card.md")),

@@ -1,9 +1,6 @@
 """Model-based quality: a fastText classifier trained on the user's own sources, scores (and reference-LM
 perplexity) stored next to every document, and filtering on those stored scores."""
 
-import base64
-import io
-
 import dagster as dg
 import numpy as np
 
@@ -12,6 +9,7 @@ from assets.partitions import FOLLOW, ONCE, document_partitions, source_and_refr
 from assets.results import check_specs, materialize_result, standard_checks
 from kiln.forget import REQUESTS, first_match, load_requests
 from kiln.manifest import code_version
+from kiln.plots import figure_markdown, pyplot
 from kiln.quality.classifier import Example, QualityScorer, balanced_sample, train_classifier
 from kiln.quality.rules import decide, decile_rows, filter_parts, threshold_effect
 from kiln.quality.scoring import read_scores, score_parts
@@ -187,13 +185,8 @@ def _requested(store, source: str, requests: list) -> dict[str, str]:
 
 
 def histogram_markdown(values: np.ndarray, name: str, source: str, log: bool = False) -> str:
-    """A PNG histogram inside markdown: a distribution reads faster as a picture than as a table."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 2.6), dpi=100)
+    """A distribution reads faster as a picture than as a table."""
+    fig, ax = pyplot().subplots(figsize=(6, 2.6), dpi=100)
     bins = np.geomspace(values.min(), values.max(), 40) if log and values.min() > 0 and values.max() > values.min() \
         else 40
     ax.hist(values, bins=bins, color="tab:blue")
@@ -202,11 +195,7 @@ def histogram_markdown(values: np.ndarray, name: str, source: str, log: bool = F
     ax.set_xlabel(name)
     ax.set_ylabel("documents")
     ax.set_title(f"{source}: {len(values):,} documents", fontsize=9)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return f"![{name} histogram](data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()})"
+    return figure_markdown(fig, f"{name} histogram")
 
 
 def deciles_markdown(values: np.ndarray, doc_ids: list[str], texts: dict[str, str], name: str) -> str:

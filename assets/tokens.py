@@ -7,6 +7,7 @@ from assets.partitions import FOLLOW, ONCE, SAME_REFRESH, refresh_partitions
 from assets.quality import QUALITY_FILTERED
 from kiln.manifest import code_version
 from kiln.mixture import SourceParts
+from kiln.plots import stacked_bars_markdown
 from kiln.refresh import Refresh, load_refreshes, materialized, upto
 from kiln.shards import ShardError, open_shard, read_shard_set
 from kiln.token_shards import write_token_shards
@@ -139,6 +140,11 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
             "phases": dg.MetadataValue.json(result.phases),
             "warnings": dg.MetadataValue.json(result.warnings),
             "seconds": dg.MetadataValue.json(result.seconds), "data_version": manifest.data_version,
+            "refreshes": dg.MetadataValue.json(manifest.config["refreshes"]),
+            "tokens_per_refresh": dg.MetadataValue.md(stacked_bars_markdown(
+                {key: {n: v["natural_train_tokens"] for n, v in m.stats["sources"].items()} for r in included
+                 if (m := store.manifest_or_none(SHARDS, key := r.key)) is not None},
+                "train tokens available per source, by shard-set version (refresh)", "tokens")),
             "path": dg.MetadataValue.path(str(base)),
         },
         check_results=[

@@ -1,8 +1,6 @@
 """Training: a DeepSpeed ZeRO-3 run launched through Dagster Pipes, its checkpoint, and its evaluation."""
 
-import base64
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -15,6 +13,7 @@ from assets.quality import QUALITY_FILTERED
 from assets.tokens import ALL_SOURCES, SHARDS, TOKENIZER
 from kiln.config import kiln_home
 from kiln.manifest import code_version, git_commit
+from kiln.plots import figure_markdown, pyplot
 from kiln.refresh import latest, load_refreshes, materialized, upto
 from kiln.storage import IncompleteDataset
 from kiln.token_shards import is_validation
@@ -94,7 +93,7 @@ def training_run(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
         metadata={
             **reported.metadata,
             "loss_curve": dg.MetadataValue.md(loss_plot_markdown(metrics)),
-            "mlflow_run": mlflow_tracking.run_url(experiment_id, mlflow_run_id),
+            "mlflow_run": dg.MetadataValue.url(mlflow_tracking.run_url(experiment_id, mlflow_run_id)),
             "stability_events": dg.MetadataValue.json(summary["stability_events"]),
             "refresh": refresh, "run_dir": dg.MetadataValue.path(str(run_dir)), "data_version": manifest.data_version,
         },
@@ -109,16 +108,11 @@ def _read_json(path: Path) -> dict:
 
 
 def loss_plot_markdown(metrics: list[dict]) -> str:
-    """Training loss (and learning rate) per step as a PNG inside markdown: a curve reads faster than a table."""
+    """Training loss (and learning rate) per step: a curve reads faster than a table."""
     steps = [m["step"] for m in metrics if m.get("train/loss") is not None]
     if not steps:
         return "no steps logged"
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3), dpi=100)
+    fig, ax = pyplot().subplots(figsize=(6, 3), dpi=100)
     ax.plot(steps, [m["train/loss"] for m in metrics if m.get("train/loss") is not None], lw=1, label="train loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
@@ -126,11 +120,7 @@ def loss_plot_markdown(metrics: list[dict]) -> str:
     lr_ax.plot(steps, [m["train/lr"] for m in metrics if m.get("train/loss") is not None], lw=0.8, color="tab:orange",
                label="lr")
     lr_ax.set_ylabel("learning rate")
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return f"![training loss](data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()})"
+    return figure_markdown(fig, "training loss")
 
 
 @dg.asset(key=CHECKPOINT, deps=[RUN], group_name="training", kinds={"pytorch", "safetensors"},
@@ -172,7 +162,9 @@ def checkpoint(context: dg.AssetExecutionContext, storage: KilnStorage,
     return dg.MaterializeResult(
         metadata={"parameters": summary["n_params"], "steps": summary["steps"], "formats": sorted(summary["exports"]),
                   "files": dg.MetadataValue.json({f.path: f.sha256[:16] for f in manifest.files}),
-                  "mlflow_run": mlflow_tracking.run_url(run.stats["mlflow"]["experiment_id"], mlflow_run),
+                  "mlflow_run": dg.MetadataValue.url(mlflow_tracking.run_url(run.stats["mlflow"]["experiment_id"],
+                                                                             mlflow_run)),
+                  "data_card": dg.MetadataValue.path(str(store.root / "data_card" / "_all" / "data_card.md")),
                   "path": dg.MetadataValue.path(str(base)), "data_version": manifest.data_version},
         check_results=[dg.AssetCheckResult(check_name="loads", passed=bool(torch.isfinite(logits).all()),
                                            metadata={"logits_shape": str(tuple(logits.shape))})],

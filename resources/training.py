@@ -60,6 +60,7 @@ class MlflowTracking(dg.ConfigurableResource):
     tracking_uri: str = f"sqlite:///{kiln_home() / 'mlflow.db'}"
     artifact_location: str = str(kiln_home() / "mlartifacts")  # for experiments Kiln creates (SQLite store)
     experiment: str = "kiln"
+    ui_url: str = "http://127.0.0.1:5000"  # where a local store is browsed (`make mlflow`); a server is its own UI
 
     def client(self):
         """A client bound to this store. Not `mlflow.set_tracking_uri`: that sets MLFLOW_TRACKING_URI for the
@@ -81,6 +82,6 @@ class MlflowTracking(dg.ConfigurableResource):
         return {"MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_EXPERIMENT_NAME": self.experiment}
 
     def run_url(self, experiment_id: str, run_id: str) -> str:
-        if self.tracking_uri.startswith("http"):
-            return f"{self.tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
-        return f"mlflow ui --backend-store-uri {self.tracking_uri}  →  experiment {experiment_id}, run {run_id}"
+        """The run's page in the MLflow UI: the tracking server's, or `make mlflow`'s for a local store."""
+        base = self.tracking_uri if self.tracking_uri.startswith("http") else self.ui_url
+        return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"

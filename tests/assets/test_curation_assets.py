@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import yaml
 
 from tests.assets.project import load_project
 from tests.conftest import prose, write_jsonl
@@ -32,35 +33,57 @@ def materialize(project, selection, partition, raise_on_error=True):
     return project.materialize(selection, partition, raise_on_error)
 
 
-# A change to lineage (a new asset, a dropped dependency, a removed check) must show up in review.
+# A change to lineage (a new asset, a dropped dependency, a removed check, another partitioning or automation rule)
+# must show up in review. Document datasets are one source in one refresh; eager assets follow a refresh.
+DOCS, REFRESH = "refresh x source", "refresh"
 GRAPH_SNAPSHOT = {
-    "raw_documents": {"group": "curation", "deps": [], "checks": ["conservation", "non_empty", "schema"]},
+    "raw_documents": {"group": "curation", "deps": [], "checks": ["conservation", "non_empty", "schema"],
+                      "partitions": DOCS, "automation": None},
     "filtered_documents": {"group": "curation", "deps": ["raw_documents"],
-                           "checks": ["conservation", "non_empty", "schema"]},
+                           "checks": ["conservation", "non_empty", "schema"], "partitions": DOCS, "automation": "eager"},
     "curated_documents": {"group": "curation", "deps": ["filtered_documents"],
-                          "checks": ["conservation", "non_empty", "residual_pii", "schema"]},
-    "minhash_signatures": {"group": "dedup", "deps": ["curated_documents"], "checks": ["complete"]},
-    "dedup_index": {"group": "dedup", "deps": ["minhash_signatures"], "checks": ["conservation", "survivors_distinct"]},
+                          "checks": ["conservation", "non_empty", "residual_pii", "schema"], "partitions": DOCS,
+                          "automation": "eager"},
+    "minhash_signatures": {"group": "dedup", "deps": ["curated_documents"], "checks": ["complete"], "partitions": DOCS,
+                           "automation": "eager"},
+    "dedup_index": {"group": "dedup", "deps": ["minhash_signatures"], "checks": ["conservation", "survivors_distinct"],
+                    "partitions": REFRESH, "automation": "eager"},
     "deduplicated_documents": {"group": "dedup", "deps": ["curated_documents", "dedup_index"],
-                               "checks": ["conservation", "no_benchmark_overlap", "non_empty", "schema"]},
-    "quality_classifier": {"group": "quality", "deps": ["deduplicated_documents"], "checks": ["separates"]},
+                               "checks": ["conservation", "no_benchmark_overlap", "non_empty", "schema"],
+                               "partitions": DOCS, "automation": "eager"},
+    "quality_classifier": {"group": "quality", "deps": ["deduplicated_documents"], "checks": ["separates"],
+                           "partitions": None, "automation": "on_missing"},
     "quality_scores": {"group": "quality", "deps": ["deduplicated_documents", "quality_classifier"],
-                       "checks": ["complete"]},
+                       "checks": ["complete"], "partitions": DOCS, "automation": "eager"},
     "quality_filtered_documents": {"group": "quality", "deps": ["quality_scores"],
-                                   "checks": ["conservation", "non_empty", "schema"]},
-    "tokenizer": {"group": "tokens", "deps": ["quality_filtered_documents"], "checks": ["round_trip"]},
+                                   "checks": ["conservation", "non_empty", "schema"], "partitions": DOCS,
+                                   "automation": "eager"},
+    "tokenizer": {"group": "tokens", "deps": ["quality_filtered_documents"], "checks": ["round_trip"],
+                  "partitions": None, "automation": "on_missing"},
     "token_shards": {"group": "tokens", "deps": ["quality_filtered_documents", "tokenizer"],
-                     "checks": ["mixture_on_target", "shards_verified"]},
-    "training_run": {"group": "training", "deps": ["token_shards", "tokenizer"], "checks": []},
-    "checkpoint": {"group": "training", "deps": ["training_run"], "checks": ["loads"]},
+                     "checks": ["mixture_on_target", "shards_verified"], "partitions": REFRESH, "automation": "eager"},
+    # Training starts only by hand unless `refresh.train: true`; what follows a checkpoint follows it.
+    "training_run": {"group": "training", "deps": ["token_shards", "tokenizer"], "checks": [], "partitions": None,
+                     "automation": None},
+    "checkpoint": {"group": "training", "deps": ["training_run"], "checks": ["loads"], "partitions": None,
+                   "automation": "eager"},
     "evaluation": {"group": "training", "deps": ["checkpoint", "quality_filtered_documents", "token_shards",
-                                                 "tokenizer"], "checks": []},
-    "training_plan": {"group": "planning", "deps": ["token_shards"], "checks": []},
+                                                 "tokenizer"], "checks": [], "partitions": None, "automation": "eager"},
+    "training_plan": {"group": "planning", "deps": ["token_shards"], "checks": [], "partitions": None,
+                      "automation": None},
     "data_card": {"group": "governance",
                   "deps": ["checkpoint", "curated_documents", "deduplicated_documents", "evaluation", "filtered_documents",
                            "quality_filtered_documents", "raw_documents", "token_shards", "tokenizer", "training_run"],
-                  "checks": ["lineage_complete"]},
+                  "checks": ["lineage_complete"], "partitions": None, "automation": "eager"},
 }
+
+
+def _partitioning(spec) -> str | None:
+    p = spec.partitions_def
+    if p is None:
+        return None
+    dims = getattr(p, "partitions_defs", None)
+    return " x ".join(d.name for d in dims) if dims else p.name
 
 
 def test_asset_graph_snapshot(project):
@@ -71,9 +94,24 @@ def test_asset_graph_snapshot(project):
         checks.setdefault(key.asset_key.to_user_string(), []).append(key.name)
     actual = {spec.key.to_user_string(): {"group": spec.group_name,
                                           "deps": sorted(d.asset_key.to_user_string() for d in spec.deps),
-                                          "checks": sorted(checks.get(spec.key.to_user_string(), []))}
+                                          "checks": sorted(checks.get(spec.key.to_user_string(), [])),
+                                          "partitions": _partitioning(spec),
+                                          "automation": spec.automation_condition.get_label()
+                                          if spec.automation_condition else None}
               for spec in definitions.defs.resolve_all_asset_specs()}
     assert actual == GRAPH_SNAPSHOT
+
+
+def test_automation_follows_the_refresh_config(project, tmp_path, kiln_home, monkeypatch):
+    config = yaml.safe_load(project.config_path.read_text())
+
+    def automation(**refresh) -> dict:
+        p = load_project({**config, "refresh": refresh}, tmp_path, kiln_home, monkeypatch)
+        return {s.key.to_user_string(): s.automation_condition.get_label() if s.automation_condition else None
+                for s in p.definitions.defs.resolve_all_asset_specs()}
+
+    assert automation(train=True)["training_run"] == "eager"  # only when the config asks for it
+    assert set(automation(automation=False).values()) == {None}  # everything by hand
 
 
 def test_materialize_all_sources_checks_pass_and_lineage_is_recorded(project):

@@ -10,6 +10,15 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ("python_docs", "package_readmes", "package_licenses", "stdlib_code")
+
+
+# A README-like page for the second refresh: long enough for the technical_docs profile.
+PAGE = ("# Lantern tools\n\nLantern tools is a small library for reading the copper wick gauges used in harbour "
+        "lanterns. It parses the gauge tables published by the northern guilds, converts between their units, and "
+        "checks a wick against the tolerance the guild allows. Install it with pip, then call the reader on a "
+        "table file and ask it for the gauge of any wick you have measured. The documentation explains each "
+        "table format, the history of the units, and how the tolerance rules changed over the years.\n")
 
 
 @pytest.fixture
@@ -34,12 +43,14 @@ def test_demo_materializes_every_source_and_records_runs(bounded_env):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "package_licenses" in proc.stdout and "outputs:" in proc.stdout
     data = Path(bounded_env["KILN_HOME"]) / "data"
-    for source in ("python_docs", "package_readmes", "package_licenses", "stdlib_code"):
-        manifest = json.loads((data / "curated_documents" / source / "_manifest.json").read_text())
+    [refresh] = json.loads((data / "refreshes" / "_all" / "refreshes.json").read_text())["refreshes"]
+    assert refresh["trigger"] == "initial" and refresh["files"] is None  # the first refresh: the configured sources
+    key = refresh["key"]
+    for source in SOURCES:
+        manifest = json.loads((data / "curated_documents" / source / key / "_manifest.json").read_text())
         assert manifest["counts"]["documents"] > 0
-        assert set(manifest["inputs"]) == {f"filtered_documents/{s}" for s in
-                                           ("python_docs", "package_readmes", "package_licenses", "stdlib_code")}
-        final = json.loads((data / "deduplicated_documents" / source / "_manifest.json").read_text())
+        assert set(manifest["inputs"]) == {f"filtered_documents/{s}/{key}" for s in SOURCES}
+        final = json.loads((data / "deduplicated_documents" / source / key / "_manifest.json").read_text())
         assert final["counts"]["input"] == manifest["counts"]["documents"] and final["counts"]["documents"] > 0
     index = json.loads((Path(bounded_env["KILN_HOME"]) / "dedup_index" / "kiln" / "index.json").read_text())
     assert sum(seg["documents"] for seg in index["segments"]) > 0
@@ -47,9 +58,28 @@ def test_demo_materializes_every_source_and_records_runs(bounded_env):
     summary = json.loads((data / "training_run" / "_all" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 30
     assert json.loads((data / "evaluation" / "_all" / "evaluation.json").read_text())["validation"]["tokens"] > 0
+    assert json.loads((data / "token_shards" / key / "_manifest.json").read_text())["config"]["refreshes"] == [key]
     # the runs are in the instance, so `make ui` shows them
     runs = list((Path(bounded_env["DAGSTER_HOME"]) / "storage").iterdir())
     assert len(runs) >= 8
+
+    # A second demo with new files in the landing area: they become the next refresh, and only it is processed.
+    landing = Path(bounded_env["KILN_HOME"]) / "landing" / "package_readmes"
+    landing.mkdir(parents=True)
+    (landing / "notes.jsonl").write_text(json.dumps({"id": "n1", "text": PAGE}) + "\n")
+    again = subprocess.run([sys.executable, "-m", "orchestration.demo"], cwd=ROOT, env=bounded_env,
+                           capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    registry = json.loads((data / "refreshes" / "_all" / "refreshes.json").read_text())["refreshes"]
+    assert [r["key"] for r in registry][0] == key and len(registry) == 2
+    second = registry[1]["key"]
+    assert f"materializing {second}" in again.stdout
+    raw = json.loads((data / "raw_documents" / "package_readmes" / second / "_manifest.json").read_text())
+    assert raw["counts"] == {"records": 1, "documents": 1, "quarantined": 0}
+    shards = json.loads((data / "token_shards" / second / "_manifest.json").read_text())
+    assert shards["config"]["refreshes"] == [key, second]
+    run = json.loads((data / "training_run" / "_all" / "_manifest.json").read_text())
+    assert f"token_shards/{second}" in run["inputs"]  # training reads the newest refresh's shards
 
 
 @pytest.mark.slow
