@@ -768,5 +768,60 @@ def source_usage(store: Store, config: ProjectConfig, name: str) -> SourceUsage:
     return SourceUsage(name, license, domain, stages, usages, notes)
 
 
+# ------------------------------------------------------------------------------------------------ refreshes
+
+@dataclass
+class RefreshReport:
+    """Every registered refresh (what arrived, what survived, its token shards) and what is waiting to land."""
+
+    landing: str
+    refreshes: list[dict[str, Any]]
+    pending: dict[str, list[str]]  # source -> landed files no refresh holds yet
+    unknown_sources: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def render(self) -> str:
+        lines = [f"{len(self.refreshes)} refresh(es); landing area {self.landing}"]
+        for r in self.refreshes:
+            files = "the configured sources" if r["landed_files"] is None else \
+                "; ".join(f"{s}: {', '.join(fs[:3])}" + (f" +{len(fs) - 3} more" if len(fs) > 3 else "")
+                          for s, fs in r["landed_files"].items()) or "no files"
+            shards = f"token_shards {r['token_shards']}" if r["token_shards"] else "token_shards not materialized"
+            lines.append(f"{r['key']}  registered {r['created_at']} by {r['trigger']}: {files}; {shards}")
+            for source, n in r["sources"].items():
+                lines.append(f"  {source:<20} {n['raw_records']:>8,} raw records -> {n['documents']:>8,} documents"
+                             if n else f"  {source:<20} not materialized")
+        for source, files in self.pending.items():
+            lines.append(f"pending for {source}: {', '.join(files)} (the next sensor tick or scheduled refresh "
+                         f"registers them)")
+        lines += [f"warning: landing folder {u!r} names no declared source; its files are left alone"
+                  for u in self.unknown_sources]
+        return "\n".join(lines)
+
+
+def refresh_report(store: Store, config: ProjectConfig) -> RefreshReport:
+    from kiln.refresh import load_refreshes, partition, pending_files
+
+    catalog, refreshes = Catalog(store), load_refreshes(store)
+    rows = []
+    for r in refreshes:
+        sources = {}
+        for s in config.sources:
+            raw, final = (catalog.manifest(a, partition(s.name, r.key)) for a in (RAW, DOCUMENT_STAGES[-1]))
+            sources[s.name] = {"raw_records": raw.counts.get("records", 0) if raw else 0,
+                               "documents": final.counts.get("documents", 0) if final else 0} if raw else None
+        shards = catalog.manifest(SHARDS, r.key)
+        rows.append({"key": r.key, "created_at": r.created_at, "trigger": r.trigger,
+                     "landed_files": None if r.is_initial else {s: [f.relative for f in fs] for s, fs in r.files.items()},
+                     "sources": sources, "token_shards": shards.data_version if shards else None})
+    landing = config.refresh.landing_path()
+    pending = pending_files(landing, [s.name for s in config.sources], refreshes) if refreshes else None
+    return RefreshReport(landing, rows, {s: [f.relative for f in fs] for s, fs in pending.files.items()}
+                         if pending else {}, pending.unknown_sources if pending else [])
+
+
 __all__ = ["AuditError", "Catalog", "Lineage", "LineageNode", "Membership", "ShardRecord", "SourceUsage",
-           "StageRecord", "lineage", "membership", "resolve_target", "source_usage", "DOCUMENT_STAGES"]
+           "StageRecord", "RefreshReport", "lineage", "membership", "refresh_report", "resolve_target", "source_usage",
+           "DOCUMENT_STAGES"]

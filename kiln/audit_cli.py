@@ -51,6 +51,10 @@ def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
                                   description="A source's documents per stage and, per token-shard set, its tokens, "
                                               "shards and the checkpoints trained on them.")
     source.add_argument("name", metavar="NAME", help="the source's name (sources[].name)")
+
+    questions.add_parser("refreshes", parents=[common], help="which files made up each refresh, and what is pending",
+                         description="Every registered refresh (when, by what, which landed files), its documents per "
+                                     "source and token shards, and the files waiting in the landing area.")
     parser.set_defaults(func=run_audit)
     return parser
 
@@ -114,7 +118,7 @@ def _read_text(path: Path) -> str:
 
 def run_audit(args: argparse.Namespace) -> int:
     """Answer one audit question; exit code 0, or 2 with `kiln audit: <message>` on bad input."""
-    from kiln.audit import lineage, membership, source_usage
+    from kiln.audit import lineage, membership, refresh_report, source_usage
     from kiln.config import kiln_home, load_config
 
     try:
@@ -129,6 +133,8 @@ def run_audit(args: argparse.Namespace) -> int:
                 raise ValueError("--doc-id is empty")
             result = membership(store, config, text=text, doc_id=args.doc_id,
                                 checkpoint=args.checkpoint, index_root=home / "dedup_index")
+        elif args.question == "refreshes":
+            result = refresh_report(store, config)
         else:
             result = source_usage(store, config, args.name)
     except ValueError as exc:  # ConfigError and AuditError included

@@ -10,6 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from kiln import audit
+from kiln.cli import main
+from kiln.config import load_config
 from kiln.refresh import load_refreshes
 from tests.assets.project import load_project
 from tests.audit_store import edit, random_text
@@ -54,7 +56,7 @@ def sensor(project):
 
 
 @pytest.mark.slow
-def test_a_second_refresh_drops_repeats_and_versions_the_shards(project):
+def test_a_second_refresh_drops_repeats_and_versions_the_shards(project, capsys):
     # Refresh 1: the sensor's first tick registers the configured sources and starts their intake.
     first_requests = sensor(project)
     [first] = load_refreshes(project.store)
@@ -129,6 +131,14 @@ def test_a_second_refresh_drops_repeats_and_versions_the_shards(project):
         assert {p.split("/")[1] for p in chain.partitions("raw_documents")} == raws
     landed = project.store.manifest("raw_documents", f"web/{second.key}").config["refresh"]
     assert [f["relative"] for f in landed["landed_files"]] == ["week2.jsonl"]
+    # `kiln audit refreshes` tells the same story from the store, and warns about the stray landing folder.
+    report = audit.refresh_report(project.store, load_config(project.config_path))
+    assert [(r["key"], r["landed_files"]) for r in report.refreshes] == [(first.key, None),
+                                                                       (second.key, {"web": ["week2.jsonl"]})]
+    assert report.refreshes[1]["sources"]["web"] == {"raw_records": 5, "documents": 2}
+    assert report.refreshes[1]["token_shards"] == shards_2.data_version and report.unknown_sources == ["wikipedia"]
+    assert main(["audit", "refreshes", "--home", str(project.home), "--config", str(project.config_path)]) == 0
+    assert "week2.jsonl" in capsys.readouterr().out
 
     # The schedule registers what lands next the same way (trigger recorded); training is never requested.
     write_jsonl(project.landing / "ref" / "more.jsonl", [{"text": random_text(rng, vocab)}])
