@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTITION = "package_licenses"  # one source partition of raw_documents: a few seconds for 20 documents
+SOURCE = "package_licenses"  # one source of raw_documents: a few seconds for 20 documents
+REFRESH = "2026-11-01"  # the one refresh, registered before `dagster dev` starts
 GROUPS = ("curation", "dedup", "tokens", "training", "planning")
 CURATION_ASSETS = ("raw_documents", "filtered_documents", "curated_documents")
 
@@ -41,12 +42,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _register_refresh(home: Path, dagster_home: Path) -> None:
+    """The first refresh, in both places a partition needs it: Kiln's registry in the store (raw_documents reads
+    it) and Dagster's dynamic `refresh` partitions (the UI offers them), as `make demo` does."""
+    import dagster as dg
+
+    from kiln.refresh import register_refresh
+    from kiln.storage import Store
+
+    register_refresh(Store(home / "data"), None, "initial", key=REFRESH)
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        instance.add_dynamic_partitions("refresh", [REFRESH])
+
+
 @pytest.fixture
 def dagster_dev(tmp_path):
     """`dagster dev` on a free loopback port, with its own DAGSTER_HOME, KILN_HOME and a tiny KILN_CONFIG."""
     config = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())
     for source in config["sources"]:
         source["max_documents"] = 20
+    # no landing sensor, refresh schedule or automation: the daemon must launch only the run the browser asks for
+    config["refresh"] = {"sensor": {"enabled": False}, "schedule": {"enabled": False}, "automation": False}
     config_path = tmp_path / "kiln.yaml"
     config_path.write_text(yaml.safe_dump(config))
     home = tmp_path / "kiln"
@@ -56,6 +72,7 @@ def dagster_dev(tmp_path):
     (dagster_home / "dagster.yaml").write_text(
         "telemetry:\n  enabled: false\nnux:\n  enabled: false\n"
         "concurrency:\n  runs:\n    max_concurrent_runs: 4\n  pools:\n    default_limit: 1\n")
+    _register_refresh(home, dagster_home)
     port = _free_port()
     env = {**os.environ, "KILN_CONFIG": str(config_path), "KILN_HOME": str(home), "DAGSTER_HOME": str(dagster_home),
            "KILN_DEPLOYMENT": "local", "MLFLOW_DISABLE_TELEMETRY": "true",
