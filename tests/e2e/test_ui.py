@@ -132,6 +132,23 @@ def _save(page, tmp_path: Path, name: str) -> Path:
     return path
 
 
+def _pick_partition(page, dialog, dimension: str, key: str) -> None:
+    """Select one key in the launch dialog's selector for this dimension (one selector per dimension)."""
+    from playwright.sync_api import expect
+
+    section = dialog.locator("div").filter(has=page.get_by_text(dimension, exact=True)).filter(
+        has=page.locator("[aria-haspopup='dialog']")).last  # the innermost: this dimension's name and selector
+    selector = section.locator("[aria-haspopup='dialog']")
+    selector.click()
+    # the list opens in a popover the selector names; its options show the key twice, once as their title
+    options = page.locator(f'[id="{selector.get_attribute("aria-controls")}"]')
+    options.get_by_placeholder("Filter partitions").fill(key)
+    options.get_by_role("menuitem").filter(has=page.get_by_title(key, exact=True)).click()
+    section.get_by_text(dimension, exact=True).click()  # a click outside closes the list ...
+    expect(options).to_be_hidden()  # ... once it has faded out (else it would cover the screenshot)
+    expect(section).to_contain_text(key)  # the selection, as a tag in the selector
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_materialize_a_partition_from_the_ui(dagster_dev, tmp_path):
@@ -156,15 +173,16 @@ def test_materialize_a_partition_from_the_ui(dagster_dev, tmp_path):
                 expect(page.get_by_text(asset, exact=True).first).to_be_visible()
             _save(page, tmp_path, "2_curation_group")
 
-            # asset page -> Materialize… -> one source partition -> Launch 1 run
+            # asset page -> Materialize… -> one (refresh, source) partition -> Launch 1 run
             page.goto(f"{url}/assets/raw_documents")
             page.locator("button", has_text="Materialize…").first.click()
-            dialog = page.get_by_role("dialog")
-            expect(dialog.get_by_text("Launch runs to materialize raw_documents")).to_be_visible()
-            dialog.get_by_text("Select a partition or create one").click()
-            page.get_by_placeholder("Filter partitions").fill(PARTITION)
-            page.locator("span", has_text=re.compile(f"^{PARTITION}$")).first.click()
-            dialog.get_by_text("Launch runs to materialize raw_documents").click()  # closes the partition list
+            title = "Launch runs to materialize raw_documents"
+            # each dimension's partition list is a popover with role=dialog too: pick the launch dialog by its title
+            dialog = page.get_by_role("dialog").filter(has_text=title)
+            expect(dialog.get_by_text(title)).to_be_visible()
+            for dimension, key in (("refresh", REFRESH), ("source", SOURCE)):
+                _pick_partition(page, dialog, dimension, key)
+            expect(dialog.get_by_text("1 partition", exact=True)).to_be_visible()
             _save(page, tmp_path, "3_launch_dialog")
             dialog.get_by_role("button", name="Launch 1 run").click()
             expect(dialog).to_be_hidden()
@@ -177,18 +195,29 @@ def test_materialize_a_partition_from_the_ui(dagster_dev, tmp_path):
             page.goto(f"{url}{run_path}")
             status = page.get_by_text(re.compile(r"^(Success|Failure|Canceled)$")).first
             expect(status).to_be_visible(timeout=150_000)
-            expect(page.get_by_text(f"partition: {PARTITION}").first).to_be_visible()
+            expect(page.get_by_text(f"partition: {REFRESH}|{SOURCE}").first).to_be_visible()
             _save(page, tmp_path, "4_finished_run")
             assert status.inner_text() == "Success", \
                 f"run {run_path} ended {status.inner_text()}:\n{dagster_dev['log'].read_text()[-4000:]}"
+
+            # the asset's partitions: refreshes × sources, this one materialized, the other sources missing
+            page.goto(f"{url}/assets/raw_documents?view=partitions")
+            expect(page.get_by_text("Materialized (1)")).to_be_visible()
+            expect(page.get_by_text(REFRESH, exact=True).first).to_be_visible()
+            expect(page.get_by_text(SOURCE, exact=True).first).to_be_visible()
+            _save(page, tmp_path, "5_partitions")
         finally:
             browser.close()
 
     # the same run through the GraphQL API, and its output on disk
     [run] = _graphql(url, RUNS_QUERY)["runsOrError"]["results"]
     assert run_path.endswith(run["runId"]) and run["status"] == "SUCCESS"
-    assert {"key": "dagster/partition", "value": PARTITION} in run["tags"]
-    manifest = json.loads((dagster_dev["home"] / "data" / "raw_documents" / PARTITION / "_manifest.json").read_text())
+    tags = {t["key"]: t["value"] for t in run["tags"]}
+    assert tags["dagster/partition/refresh"] == REFRESH and tags["dagster/partition/source"] == SOURCE
+    assert tags["dagster/partition"] == f"{REFRESH}|{SOURCE}"  # Dagster's MultiPartitionKey string
+    manifest_path = dagster_dev["home"] / "data" / "raw_documents" / SOURCE / REFRESH / "_manifest.json"
+    manifest = json.loads(manifest_path.read_text())
     assert manifest["counts"]["documents"] > 0
     assert sorted(p.name for p in (tmp_path / "screenshots").iterdir()) == [
-        "1_asset_graph.png", "2_curation_group.png", "3_launch_dialog.png", "4_finished_run.png"]
+        "1_asset_graph.png", "2_curation_group.png", "3_launch_dialog.png", "4_finished_run.png",
+        "5_partitions.png"]
