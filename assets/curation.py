@@ -11,7 +11,7 @@ from kiln.manifest import code_version
 from kiln.filters.registry import build_step
 from kiln.pii import PiiRedaction
 from kiln.readers import SourceFile
-from kiln.refresh import get_refresh, load_refreshes, partition, upto
+from kiln.refresh import ensure_refresh, load_refreshes, partition, upto
 from kiln.storage import Store
 from kiln.stats import StageStats, chain, funnel_markdown
 from resources import KilnConfig, KilnStorage
@@ -31,7 +31,7 @@ def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
     reads the source as configured, later ones the files that landed for it); unreadable ones quarantined."""
     config, store = kiln_config.load(), storage.store()
     name, key = source_and_refresh(context)
-    source, refresh = config.source(name), get_refresh(store, key)
+    source, refresh = config.source(name), ensure_refresh(store, config, key)
     landed = refresh.files_of(name)
     files = None if refresh.is_initial else [SourceFile(f.uri, f.relative) for f in landed]
     with store.staging(RAW, partition(name, key)) as writer:

@@ -13,10 +13,10 @@ import dagster as dg
 from kiln.config import load_config
 from kiln.refresh import partition
 
-_config = load_config()  # partitions and automation are read from the config when the code location loads
+LOADED_CONFIG = load_config()  # partitions, automation, schedule and sensor settings: read when the code location loads
 
 refresh_partitions = dg.DynamicPartitionsDefinition(name="refresh")
-source_partitions = dg.StaticPartitionsDefinition([s.name for s in _config.sources])
+source_partitions = dg.StaticPartitionsDefinition([s.name for s in LOADED_CONFIG.sources])
 document_partitions = dg.MultiPartitionsDefinition({"refresh": refresh_partitions, "source": source_partitions})
 
 with warnings.catch_warnings():  # both mappings are marked beta in Dagster 1.13; they are what this graph means
@@ -31,9 +31,9 @@ with warnings.catch_warnings():  # both mappings are marked beta in Dagster 1.13
 # Downstream data assets follow a refresh as soon as their inputs are there (`refresh.automation`);
 # training only when `refresh.train` says so. The tokenizer and the quality classifier are fitted once
 # (when missing): refitting them would invalidate every refresh's shards or scores.
-FOLLOW = dg.AutomationCondition.eager() if _config.refresh.automation else None
-FOLLOW_TRAINING = dg.AutomationCondition.eager() if _config.refresh.train else None
-ONCE = dg.AutomationCondition.on_missing() if _config.refresh.automation else None
+FOLLOW = dg.AutomationCondition.eager() if LOADED_CONFIG.refresh.automation else None
+FOLLOW_TRAINING = dg.AutomationCondition.eager() if LOADED_CONFIG.refresh.train else None
+ONCE = dg.AutomationCondition.on_missing() if LOADED_CONFIG.refresh.automation else None
 
 
 def follow_only(*keys: str) -> dg.AutomationCondition | None:

@@ -28,7 +28,7 @@ from kiln.storage import IncompleteDataset, Store
 
 REFRESHES, REFRESHES_FILE = "refreshes", "refreshes.json"
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-TRIGGERS = ("initial", "sensor", "schedule", "cli")
+TRIGGERS = ("initial", "sensor", "schedule", "cli", "ui")
 
 
 class RefreshError(ValueError):
@@ -240,6 +240,30 @@ def next_refresh(store: Store, config: ProjectConfig, trigger: str, settle_secon
     return register_refresh(store, landing.files, trigger), landing
 
 
+def ensure_refresh(store: Store, config: ProjectConfig, key: str) -> Refresh:
+    """The registered refresh `key`. A key nobody registered (a partition added by hand in the Dagster UI) is
+    registered now with what has landed (or as the first refresh on an empty store); runs of several sources
+    racing to do so register the same files under the same key."""
+    try:
+        return get_refresh(store, key)
+    except RefreshError:
+        pass
+    refreshes = load_refreshes(store)
+    try:
+        if not refreshes:
+            return register_refresh(store, None, "initial", key=key)
+        landing = pending_files(config.refresh.landing_path(), [s.name for s in config.sources], refreshes)
+        if not landing.count:
+            raise RefreshError(f"refresh {key!r} is not registered and nothing new landed under "
+                               f"{config.refresh.landing_path()}/<source>/: drop the new files there first (a refresh "
+                               f"added by hand takes what has landed)")
+        return register_refresh(store, landing.files, "ui", key=key)
+    except RefreshError:
+        if any(r.key == key for r in load_refreshes(store)):  # another source's run registered it meanwhile
+            return get_refresh(store, key)
+        raise
+
+
 def _filesystem(landing: str) -> tuple[pafs.FileSystem, str]:
     if landing.startswith("s3://"):
         from kiln.readers.paths import s3_filesystem
@@ -249,5 +273,5 @@ def _filesystem(landing: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), str(Path(landing).expanduser().resolve())
 
 
-__all__ = ["LandedFile", "Landing", "Refresh", "RefreshError", "REFRESHES", "get_refresh", "latest", "load_refreshes",
+__all__ = ["LandedFile", "Landing", "Refresh", "RefreshError", "REFRESHES", "ensure_refresh", "get_refresh", "latest", "load_refreshes",
            "materialized", "new_key", "next_refresh", "partition", "pending_files", "register_refresh", "upto"]

@@ -9,12 +9,11 @@ from __future__ import annotations
 import dagster as dg
 
 from assets.curation import FILTERED, RAW
-from assets.partitions import partition_key, refresh_partitions
-from kiln.config import load_config
+from assets.partitions import LOADED_CONFIG, partition_key, refresh_partitions
 from kiln.refresh import load_refreshes, next_refresh
 from resources import KilnConfig, KilnStorage
 
-_settings = load_config().refresh
+_settings = LOADED_CONFIG.refresh
 INTAKE = [dg.AssetKey(RAW), dg.AssetKey(FILTERED)]
 
 

@@ -149,3 +149,14 @@ def test_a_second_refresh_drops_repeats_and_versions_the_shards(project, capsys)
     third = load_refreshes(project.store)[-1]
     assert third.trigger == "schedule" and len(scheduled) == 2
     assert all("training_run" not in {k.to_user_string() for k in r.asset_selection} for r in scheduled)
+
+    # A refresh partition added by hand in the UI takes what has landed since; with nothing new it says so.
+    write_jsonl(project.landing / "web" / "late.jsonl", [{"text": random_text(rng, vocab)}])
+    project.instance.add_dynamic_partitions("refresh", ["by-hand", "empty"])
+    assert project.materialize(["raw_documents"], "web", refresh="by-hand").success
+    by_hand = load_refreshes(project.store)[-1]
+    assert (by_hand.key, by_hand.trigger, [f.relative for f in by_hand.files_of("web")]) == \
+        ("by-hand", "ui", ["late.jsonl"])
+    failed = project.materialize(["raw_documents"], "web", refresh="empty", raise_on_error=False)
+    assert not failed.success
+    assert "nothing new landed" in str(failed.get_step_failure_events()[0].step_failure_data.error)

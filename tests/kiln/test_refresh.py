@@ -5,13 +5,14 @@ import os
 
 import pytest
 
-from kiln.config import parse_config, ConfigError
+from kiln.config import ConfigError, parse_config
 from kiln.readers import read_source
 from kiln.readers.paths import SourceFile
 from kiln.refresh import (LandedFile, RefreshError, get_refresh, load_refreshes, new_key, partition, pending_files,
                           register_refresh, upto)
 from kiln.storage import Store
 from tests.conftest import prose, write_jsonl
+from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
 
 SOURCES = ["web", "ref"]
 
@@ -104,3 +105,21 @@ def test_refresh_config_is_validated_with_the_key_named():
         parse_config({**base, "refresh": {"schedule": {"cron": "weekly"}}})
     with pytest.raises(ConfigError, match=r"refresh.sensor.interval_seconds"):
         parse_config({**base, "refresh": {"sensor": {"interval_seconds": 1}}})
+
+
+def test_pending_files_on_an_s3_prefix(s3_endpoint, tmp_path):  # noqa: F811
+    """The landing area may be an S3 prefix (moto's server on loopback): the same scan, s3:// URIs that the
+    readers open."""
+    client = s3_client(s3_endpoint)
+    client.create_bucket(Bucket="landing")
+    client.put_object(Bucket="landing", Key="crawl/web/2026-11-30.jsonl", Body=b'{"text": "hello"}\n')
+    client.put_object(Bucket="landing", Key="crawl/web/_SUCCESS", Body=b"")
+    client.put_object(Bucket="landing", Key="crawl/news/a.jsonl", Body=b"{}\n")
+    store = Store(tmp_path / "data")
+    register_refresh(store, None, "initial")
+    found = pending_files("s3://landing/crawl", SOURCES, load_refreshes(store))
+    [f] = found.files["web"]
+    assert (f.uri, f.relative, f.bytes) == ("s3://landing/crawl/web/2026-11-30.jsonl", "2026-11-30.jsonl", 18)
+    assert found.unknown_sources == ["news"]
+    register_refresh(store, found.files, "sensor")
+    assert pending_files("s3://landing/crawl/", SOURCES, load_refreshes(store)).count == 0
