@@ -216,8 +216,13 @@ class Lineage:
                 walk(child, indent + 1)
 
         walk(self.nodes[0].key, 0)
-        raws = [p for p in self.partitions(RAW) if by_key[node_key(RAW, p)].status != NOT_MATERIALIZED]
-        lines.append(f"raw sources reached: {', '.join(str(p) for p in raws) or 'none'}")
+        refreshes: dict[str, list[str]] = {}  # source -> the refreshes of its raw documents reached
+        for p in self.partitions(RAW):
+            if by_key[node_key(RAW, p)].status != NOT_MATERIALIZED:
+                source, _, refresh = str(p).partition("/")
+                refreshes.setdefault(source, []).append(refresh)
+        lines.append("raw sources reached: " + (", ".join(f"{s} ({', '.join(r)})" for s, r in sorted(refreshes.items()))
+                                                or "none"))
         lines += [f"warning: {p}" for p in self.problems]
         return "\n".join(lines)
 

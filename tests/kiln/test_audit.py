@@ -134,7 +134,7 @@ def test_lineage_reaches_raw_documents_for_every_source_with_hashes(built):
         assert node.files and all(len(f["sha256"]) == 64 for f in node.files) and node.git_commit == manifest.git_commit
         assert all(chain.node(k).data_version == v for k, v in node.inputs.items())
     text = chain.render()
-    assert f"raw sources reached: ref/{refresh}, web/{refresh}" in text and "(listed above)" in text
+    assert f"raw sources reached: ref ({refresh}), web ({refresh})" in text and "(listed above)" in text
     # The same chain from a data version prefix or the checkpoint folder; unknown targets say so.
     version = built["checkpoint"].data_version
     assert audit.lineage(store, version[:8]).nodes[0].data_version == version
@@ -168,7 +168,7 @@ def kiln(built, *argv):
 def test_cli_answers_in_text_and_json(built, capsys, tmp_path):
     assert kiln(built, "lineage", "checkpoint") == 0
     refresh = built["project"].current()
-    assert f"raw sources reached: ref/{refresh}, web/{refresh}" in capsys.readouterr().out
+    assert f"raw sources reached: ref ({refresh}), web ({refresh})" in capsys.readouterr().out
     (tmp_path / "doc.txt").write_text(SHORT)
     assert kiln(built, "membership", "--text", str(tmp_path / "doc.txt"), "--json") == 0
     answer = json.loads(capsys.readouterr().out)
