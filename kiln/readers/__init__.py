@@ -16,8 +16,8 @@ from kiln.readers.formats import FORMAT_READERS, Quarantined
 from kiln.readers.paths import SourceFile, expand
 
 # Files landed for a builtin source (which has no file format of its own) are read by their extension.
-EXTENSION_KINDS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text",
-                   ".md": "text", ".warc": "warc", ".wet": "wet"}
+EXTENSION_KINDS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".warc": "warc",
+                   ".wet": "wet", ".txt": "text", ".md": "text", ".rst": "text", ".py": "text"}  # a text file: one document
 
 
 def read_source(source: Source, reading: Reading, files: list[SourceFile] | None = None,
