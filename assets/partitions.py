@@ -1,9 +1,9 @@
 """The partitions the data assets share: every document dataset is one source in one refresh.
 
-The UI shows each document asset as a grid: sources down, refreshes across. A refresh is a dynamic
-partition, added when the landing sensor, the refresh schedule, `kiln refresh` or the demo registers one
-(`kiln.refresh`); assets over every source of a refresh (the dedup index, the token shards) are
-partitioned by refresh alone.
+The UI shows each document asset as a grid of refreshes by sources. A refresh is a dynamic partition, added
+when the landing sensor, the refresh schedule or the demo registers one (`kiln.refresh`), or by hand in the UI
+(raw_documents then registers what has landed); assets over every source of a refresh (the dedup index, the
+token shards) are partitioned by refresh alone.
 """
 
 import warnings

@@ -3,7 +3,8 @@
 
 - The first refresh reads the sources as configured (`sources[].path` or the builtin corpus).
 - Later refreshes read the files that landed under `<landing>/<source>/` (a local folder or an S3 prefix)
-  since the previous one. `pending_files` lists them; `register_refresh` records them as a new refresh.
+  since the previous one. `pending_files` lists them; `register_refresh` records them as a new refresh
+  (`next_refresh` does both, for the landing sensor, the refresh schedule and the demo).
 - The registry is a dataset of the store (`refreshes/_all/refreshes.json`, written atomically with a
   manifest like every dataset), so which files made up a refresh is part of the lineage, on S3 too.
   Dagster's dynamic `refresh` partitions mirror it; the store is the source of truth.
@@ -98,7 +99,7 @@ def get_refresh(store: Store, key: str, refreshes: list[Refresh] | None = None) 
             return r
     known = ", ".join(r.key for r in refreshes) or "none yet"
     raise RefreshError(f"no refresh {key!r} in {store.root}; registered refreshes: {known} (a refresh is registered "
-                       f"by the landing sensor, the refresh schedule, `kiln refresh`, or `make demo` for the first)")
+                       f"by the landing sensor, the refresh schedule, `make demo`, or a partition added in the UI)")
 
 
 def upto(refreshes: list[Refresh], key: str) -> list[Refresh]:
@@ -131,8 +132,8 @@ def register_refresh(store: Store, files: dict[str, list[LandedFile]] | None, tr
         raise RefreshError(f"the first refresh ({refreshes[0].key}) is already registered; later refreshes read "
                            f"landed files")
     if files is not None and not refreshes:
-        raise RefreshError("no first refresh yet: register the configured sources first (`make demo`, or "
-                           "`kiln refresh --initial`)")
+        raise RefreshError("no first refresh yet: register the configured sources first (`make demo`, or the "
+                           "landing sensor's first tick)")
     if files is not None and not any(files.values()):
         raise RefreshError("a refresh needs at least one landed file")
     key = key or new_key(refreshes)
