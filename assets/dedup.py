@@ -119,9 +119,8 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
             "matched_earlier_refreshes": stats["matched_earlier_refreshes"],
             "boilerplate_lines": len(boilerplate), "data_version": manifest.data_version,
             "accepted_per_refresh": dg.MetadataValue.md(stacked_bars_markdown(
-                {r.key: {n: v["kept"] for n, v in m.stats["per_source"].items()} for r in upto(load_refreshes(store),
-                                                                                               refresh)
-                 if (m := store.manifest_or_none(INDEX, r.key)) is not None},
+                {r.key: {n: v.get("kept", 0) for n, v in m.stats["per_source"].items()}
+                 for r in upto(load_refreshes(store), refresh) if (m := store.manifest_or_none(INDEX, r.key))},
                 "documents the index accepted, by refresh", "documents")),
         },
         check_results=[
