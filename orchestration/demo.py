@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import dagster as dg
 
-from kiln.config import ConfigError, kiln_home, load_config
+from kiln.config import ConfigError, load_config
 from kiln.lineage import DOCUMENT_STAGES
 from kiln.refresh import latest, load_refreshes, materialized, next_refresh
 from kiln.stats import StageStats, chain, funnel_rows
@@ -96,7 +96,9 @@ def main() -> int:
     from assets.partitions import refresh_partitions
 
     instance = dg.DagsterInstance.get()
-    store = Store(kiln_home() / "data")
+    from resources import KilnStorage
+
+    store = KilnStorage().store()  # the assets' store: local, or S3 with the local cache (storage.backend)
     started = time.monotonic()
     new, _ = next_refresh(store, config, "cli")
     refreshes = load_refreshes(store)
