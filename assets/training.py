@@ -14,7 +14,7 @@ from assets.tokens import ALL_SOURCES, SHARDS, TOKENIZER
 from kiln.config import kiln_home
 from kiln.manifest import code_version, git_commit
 from kiln.plots import figure_markdown, pyplot
-from kiln.refresh import latest, load_refreshes, materialized, upto
+from kiln.refresh import latest, load_refreshes, materialized, trained_refresh, upto
 from kiln.storage import IncompleteDataset
 from kiln.token_shards import is_validation
 from kiln.tokenizer import Tokenizer, read_documents
@@ -241,11 +241,6 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
             "data_version": manifest.data_version,
         },
         data_version=dg.DataVersion(manifest.data_version))
-
-
-def trained_refresh(run) -> str:
-    """The refresh whose token shards a training run read (its manifest's `token_shards/<refresh>` input)."""
-    return next(key.split("/", 1)[1] for key in run.inputs if key.startswith(f"{SHARDS}/"))
 
 
 def _loss_table(rows: dict[str, dict], label: str) -> str:

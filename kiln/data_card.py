@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.audit import CHECKPOINT, SHARDS, TRAINING_RUN, Catalog, lineage, parse_key
+from kiln.audit import CHECKPOINT, SHARDS, TRAINING_RUN, Catalog, lineage
 from kiln.config import ProjectConfig
 from kiln.dedup.report import cross_source_markdown
 from kiln.lineage import DOCUMENT_STAGES
 from kiln.manifest import Manifest, now_utc
-from kiln.refresh import load_refreshes, partition
+from kiln.refresh import load_refreshes, partition, trained_refresh
 from kiln.stats import StageStats, chain, funnel_markdown, funnel_rows
 from kiln.forget import load_requests
 from kiln.storage import Store
@@ -33,7 +33,8 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
     chain_ = lineage(store, CHECKPOINT)
     ckpt = catalog.manifest(CHECKPOINT)
     run, tok, evaluation = catalog.manifest(TRAINING_RUN), catalog.manifest(TOKENIZER), catalog.manifest(EVALUATION)
-    shards = trained_shards(catalog, run)
+    refresh = trained_refresh(run)
+    shards = catalog.manifest(SHARDS, refresh) if refresh else None
     # The refreshes in the checkpoint's token shards: every figure below covers exactly those.
     refreshes = (shards.config.get("refreshes") or [shards.partition]) if shards else []
     shard_sources = (shards.stats.get("sources") or {}) if shards else {}
@@ -41,7 +42,7 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
     names = [n for n in declared if n in shard_sources or not shard_sources] + \
         sorted(n for n in shard_sources if n not in declared)
     parts = {name: [partition(name, r) for r in refreshes] for name in names}
-    stage_stats = {name: _stage_stats(catalog, parts[name]) for name in names}
+    stage_stats = {name: merged_stage_stats(catalog, parts[name]) for name in names}
     summary = (run.stats.get("summary") or {}) if run else {}
     mlflow = dict((ckpt.stats.get("mlflow") or (run.stats.get("mlflow") if run else None) or {}))
     if mlflow_url:
@@ -90,20 +91,11 @@ def _removal_requests(store: Store, checkpoint: str) -> list[dict[str, Any]]:
             for r in requests if any(a["checkpoint"] == checkpoint for a in r.affected)]
 
 
-def trained_shards(catalog: Catalog, run) -> Manifest | None:
-    """The token shards a training run read (its manifest's `token_shards/<refresh>` input)."""
-    for key in (run.inputs if run else {}):
-        asset, part = parse_key(key)
-        if asset == SHARDS:
-            return catalog.manifest(SHARDS, part)
-    return None
-
-
 def _manifests(catalog: Catalog, stage: str, parts: list[str]) -> dict[str, Manifest]:
     return {p: m for p in parts if (m := catalog.manifest(stage, p)) is not None}
 
 
-def _stage_stats(catalog: Catalog, parts: list[str]) -> dict[str, StageStats]:
+def merged_stage_stats(catalog: Catalog, parts: list[str]) -> dict[str, StageStats]:
     """Each materialized document stage's statistics for one source over its refreshes, in pipeline order."""
     out = {}
     for stage in DOCUMENT_STAGES:
@@ -444,4 +436,4 @@ def data_card_markdown(card: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-__all__ = ["FORMAT", "build_data_card", "data_card_markdown"]
+__all__ = ["FORMAT", "build_data_card", "data_card_markdown", "merged_stage_stats"]

@@ -24,7 +24,7 @@ from typing import Any
 from kiln.config import ProjectConfig
 from kiln.lineage import DOCUMENT_STAGES
 from kiln.manifest import now_utc
-from kiln.refresh import materialized
+from kiln.refresh import materialized, trained_refresh
 from kiln.storage import IncompleteDataset, Store
 
 REQUESTS, REQUESTS_FILE = "removal_requests", "removal_requests.json"
@@ -112,12 +112,12 @@ def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str
     """The current checkpoint, if the token shards it was trained on hold documents the request matches."""
     try:
         checkpoint, run = store.manifest("checkpoint"), store.manifest("training_run")
-        shards_key = next(k for k in run.inputs if k.startswith("token_shards/"))
-        refresh = shards_key.split("/", 1)[1]
-        shards = store.manifest("token_shards", refresh)
-    except (IncompleteDataset, StopIteration):
+        refresh = trained_refresh(run)
+        shards = store.manifest("token_shards", refresh) if refresh else None
+    except IncompleteDataset:
         return []
-    if checkpoint.inputs.get("training_run") != run.data_version or run.inputs[shards_key] != shards.data_version:
+    if shards is None or checkpoint.inputs.get("training_run") != run.data_version or \
+            run.inputs[f"token_shards/{refresh}"] != shards.data_version:
         return []  # the store no longer holds the shards this checkpoint was trained on
     members = store.read_table("token_shards", refresh, "members").to_pylist()
     urls = _urls(store, {m["source"] for m in members}) if request.kind == "url_pattern" else {}

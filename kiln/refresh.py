@@ -175,6 +175,11 @@ def latest(store: Store, asset: str, refreshes: list[Refresh] | None = None) -> 
                             f"({', '.join(r.key for r in refreshes) or 'none registered'}); materialize it first")
 
 
+def trained_refresh(run: Manifest | None) -> str | None:
+    """The refresh whose token shards a training run read (its manifest's `token_shards/<refresh>` input)."""
+    return next((key.split("/", 1)[1] for key in (run.inputs if run else {}) if key.startswith("token_shards/")), None)
+
+
 # -------------------------------------------------------------------------------------------- landing
 
 @dataclass
@@ -275,4 +280,5 @@ def _filesystem(landing: str) -> tuple[pafs.FileSystem, str]:
 
 
 __all__ = ["LandedFile", "Landing", "Refresh", "RefreshError", "REFRESHES", "ensure_refresh", "get_refresh", "latest", "load_refreshes",
-           "materialized", "new_key", "next_refresh", "partition", "pending_files", "register_refresh", "upto"]
+           "materialized", "new_key", "next_refresh", "partition", "pending_files", "register_refresh", "trained_refresh",
+           "upto"]

@@ -16,9 +16,11 @@ from collections.abc import Callable
 
 import dagster as dg
 
+from kiln.audit import Catalog
 from kiln.config import ConfigError, load_config
+from kiln.data_card import merged_stage_stats
 from kiln.lineage import DOCUMENT_STAGES
-from kiln.refresh import latest, load_refreshes, materialized, next_refresh
+from kiln.refresh import latest, load_refreshes, next_refresh, partition
 from kiln.stats import StageStats, chain, funnel_rows
 from kiln.storage import Store
 
@@ -129,14 +131,10 @@ def main() -> int:
 def summarize(store: Store, sources: list[str]) -> None:
     print(f"\n{'source':<18}{'raw':>7}{'quarant.':>9}{'filtered':>9}{'exact':>7}{'near':>6}{'bench':>6}"
           f"{'quality':>8}{'final':>7}{'kept':>6}   biggest removal   (all refreshes)")
+    catalog, refreshes = Catalog(store), load_refreshes(store)
     for p in sources:
-        stages = []
-        for stage in DOCUMENT_STAGES:
-            merged = StageStats()
-            for m in materialized(store, stage, [p]).values():
-                merged.merge(StageStats.from_dict(m.stats))
-            stages.append(merged)
-        raw, filt, cur, dedup, quality = stages
+        merged = merged_stage_stats(catalog, [partition(p, r.key) for r in refreshes])
+        raw, filt, cur, dedup, quality = (merged.get(stage, StageStats()) for stage in DOCUMENT_STAGES)
         rows = funnel_rows(chain([raw, filt, cur, dedup, quality]))
         top = max(rows, key=lambda r: r["docs"]) if rows else None
         top_text = f"{top['reason']} ({top['share_of_docs']:.0%})" if top else "-"
