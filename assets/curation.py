@@ -5,8 +5,11 @@ refresh."""
 import dagster as dg
 
 from assets.partitions import FOLLOW, SAME_REFRESH_EVERY_SOURCE, document_partitions, source_and_refresh
-from assets.results import check_specs, materialize_result, standard_checks
-from kiln.curation import HashTable, apply_exact_dedup, exact_duplicates, filter_documents, ingest, profile_steps
+import time
+
+from assets.results import check_specs, engine_metadata, materialize_result, standard_checks
+from kiln.curation import filter_documents, ingest, profile_steps
+from kiln.dedup.exact import HashSource, exact_dedup
 from kiln.manifest import code_version
 from kiln.filters.registry import build_step
 from kiln.pii import PiiRedaction
@@ -14,7 +17,7 @@ from kiln.readers import SourceFile
 from kiln.refresh import ensure_refresh, load_refreshes, partition, upto
 from kiln.storage import Store
 from kiln.stats import StageStats, chain, funnel_markdown
-from resources import KilnConfig, KilnStorage
+from resources import KilnConfig, KilnEngine, KilnStorage
 
 RAW, FILTERED, CURATED = "raw_documents", "filtered_documents", "curated_documents"
 KINDS = {"python", "parquet"}
@@ -56,18 +59,21 @@ def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
     code_version=code_version("kiln.filters", "kiln.pii", "kiln.curation", "kiln.stats"),
     check_specs=check_specs(FILTERED), automation_condition=FOLLOW,
 )
-def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
-                       storage: KilnStorage) -> dg.MaterializeResult:
+def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
+                       engine: KilnEngine) -> dg.MaterializeResult:
     """Normalized documents that pass the source's filter profile, with PII replaced by typed placeholders."""
     config, store = kiln_config.load(), storage.store()
     name, key = source_and_refresh(context)
     here = partition(name, key)
     raw = store.manifest(RAW, here)
     steps = profile_steps(config, name)
+    runner = engine.get(config.engine)
     with store.staging(FILTERED, here) as writer:
+        started = time.perf_counter()
         stats = filter_documents(store.files(RAW, here, "documents"), steps, config.curation.exact_dedup, writer,
-                                 workers=config.curation.workers,
-                                 examples_per_reason=config.curation.examples_per_reason, label=f"filter {here}")
+                                 runner, examples_per_reason=config.curation.examples_per_reason,
+                                 label=f"filter {here}")
+        seconds = time.perf_counter() - started
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"profile": config.source(name).profile, "steps": [s.model_dump() for s in steps],
@@ -77,6 +83,7 @@ def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfi
             stats=stats.to_dict())
     pii = dict(stats.steps["pii"].counts) if "pii" in stats.steps else {}
     return materialize_result(manifest, stats, store, standard_checks(store, manifest, raw.counts["documents"]),
+                              **engine_metadata(runner, stats.docs_in, seconds),
                               pii_redactions=dg.MetadataValue.json(pii), pii_total=sum(pii.values()),
                               step_seconds=dg.MetadataValue.json({n: round(s.seconds, 2) for n, s in stats.steps.items()}))
 
@@ -85,11 +92,11 @@ def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     key=CURATED, partitions_def=document_partitions, group_name="curation", kinds=KINDS,
     # Exact dedup compares every source's hashes, so each partition depends on every source of its refresh.
     deps=[dg.AssetDep(FILTERED, partition_mapping=SAME_REFRESH_EVERY_SOURCE)],
-    code_version=code_version("kiln.curation", "kiln.stats"),
+    code_version=code_version("kiln.dedup.exact", "kiln.stats"),
     check_specs=check_specs(CURATED, "residual_pii"), automation_condition=FOLLOW,
 )
-def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
-                      storage: KilnStorage) -> dg.MaterializeResult:
+def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
+                      engine: KilnEngine) -> dg.MaterializeResult:
     """The clean documents of one source in one refresh: filtered, PII-free, and exactly deduplicated across all
     sources and against every earlier refresh (whose copy always wins: it may already be in token shards)."""
     config, store = kiln_config.load(), storage.store()
@@ -101,14 +108,15 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
     earlier = {p: m for r in upto(load_refreshes(store), key)[:-1] for s in config.sources
                if (m := store.manifest_or_none(CURATED, p := partition(s.name, r.key))) is not None}
     dedup = config.curation.exact_dedup
-    columns = ["doc_id", "content_hash"]
-    duplicates = exact_duplicates(
-        [HashTable(p, 0, store.read_table(CURATED, p, columns=columns)) for p in earlier]
-        + [HashTable(p, config.source(p.split("/")[0]).quality_tier, store.read_table(FILTERED, p, columns=columns))
-           for p in inputs]) if dedup.enabled else {}
+    sources = [HashSource(p, 0, tuple(map(str, store.files(CURATED, p, "documents")))) for p in earlier] + [
+        HashSource(p, config.source(p.split("/")[0]).quality_tier, tuple(map(str, store.files(FILTERED, p, "documents"))))
+        for p in inputs]
+    runner = engine.get(config.engine)
     with store.staging(CURATED, here) as writer:
-        stats = apply_exact_dedup(store.files(FILTERED, here, "documents"), duplicates, writer,
-                                  config.curation.examples_per_reason)
+        started = time.perf_counter()
+        stats = exact_dedup(sources, [s.name for s in sources].index(here), writer, writer.scratch("exact-dedup"),
+                            runner, dedup.enabled, config.curation.examples_per_reason, label=f"exact dedup {here}")
+        seconds = time.perf_counter() - started
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"exact_dedup": dedup.model_dump(), "sources": [s.name for s in config.sources],
@@ -121,7 +129,7 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
                     StageStats.from_dict(inputs[here].stats), stats])
     checks = standard_checks(store, manifest, inputs[here].counts["documents"]) + [
         residual_pii_check(store, here, build_step("pii", config.curation.pii))]
-    return materialize_result(manifest, stats, store, checks,
+    return materialize_result(manifest, stats, store, checks, **engine_metadata(runner, stats.docs_in, seconds),
                               full_funnel=dg.MetadataValue.md("From raw records to curated documents:\n\n"
                                                               + funnel_markdown(funnel)))
 

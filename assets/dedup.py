@@ -1,12 +1,14 @@
 """Near-duplicate removal across sources and refreshes, and benchmark decontamination."""
 
+import time
+
 import dagster as dg
 import numpy as np
 import pyarrow.compute as pc
 
 from assets.curation import CURATED
 from assets.partitions import FOLLOW, SAME_REFRESH, document_partitions, refresh_partitions, source_and_refresh
-from assets.results import check_specs, materialize_result, standard_checks
+from assets.results import check_specs, engine_metadata, materialize_result, standard_checks
 from kiln.dedup.apply import deduplicate_source
 from kiln.dedup.boilerplate import boilerplate_hashes
 from kiln.dedup.decontaminate import load_benchmarks
@@ -17,7 +19,7 @@ from kiln.manifest import code_version
 from kiln.plots import stacked_bars_markdown
 from kiln.refresh import load_refreshes, partition, upto
 from kiln.stats import StageStats, chain, funnel_markdown
-from resources import DedupIndexStore, KilnConfig, KilnStorage
+from resources import DedupIndexStore, KilnConfig, KilnEngine, KilnStorage
 
 SIGNATURES, INDEX, DEDUPLICATED = "minhash_signatures", "dedup_index", "deduplicated_documents"
 
@@ -29,18 +31,21 @@ SIGNATURES, INDEX, DEDUPLICATED = "minhash_signatures", "dedup_index", "deduplic
                                    description="one signature per curated document")],
     automation_condition=FOLLOW,
 )
-def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
-                       storage: KilnStorage) -> dg.MaterializeResult:
+def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
+                       engine: KilnEngine) -> dg.MaterializeResult:
     """MinHash signatures and shingle sets of one source's curated documents (arrays, never pickles)."""
     config, store = kiln_config.load(), storage.store()
     source = partition(*source_and_refresh(context))
     near, lines = config.dedup.near, config.dedup.boilerplate_lines
     curated = store.manifest(CURATED, source)
     inputs = store.files(CURATED, source, "documents")
+    runner = engine.get(config.engine)
     with store.staging(SIGNATURES, source) as writer:
         outputs = [writer.next_path("signatures") for _ in inputs]
+        started = time.perf_counter()
         documents, line_counts = compute_signatures(inputs, outputs, near, lines if lines.enabled else None,
-                                                    workers=config.dedup.workers, label=f"minhash {source}")
+                                                    runner, label=f"minhash {source}")
+        seconds = time.perf_counter() - started
         if lines.enabled:
             writer.write("lines", lines_table(line_counts))
         manifest = writer.commit(
@@ -52,7 +57,8 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
              if shingles.num_rows else np.zeros(0))
     expected = curated.counts["documents"]
     return dg.MaterializeResult(
-        metadata={"documents": documents, "shingles_per_document_median": float(np.median(sizes)) if sizes.size else 0.0,
+        metadata={**engine_metadata(runner, documents, seconds),
+                  "documents": documents, "shingles_per_document_median": float(np.median(sizes)) if sizes.size else 0.0,
                   "data_version": manifest.data_version,
                   "path": dg.MetadataValue.path(str(store.dataset_dir(SIGNATURES, source)))},
         check_results=[dg.AssetCheckResult(check_name="complete", passed=documents == expected,

@@ -6,6 +6,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 
 from kiln.documents import DOCUMENT_SCHEMA
+from kiln.engine import Engine
 from kiln.manifest import Manifest
 from kiln.stats import StageStats, examples_markdown, funnel_markdown, length_histogram_markdown
 from kiln.storage import Store
@@ -66,6 +67,17 @@ def stage_metadata(manifest: Manifest, stats: StageStats, store: Store) -> dict:
         "data_version": manifest.data_version,
         "git_commit": manifest.git_commit or "unknown",
     }
+
+
+def engine_metadata(engine: Engine, documents: int, seconds: float) -> dict:
+    """Where a stage ran and how fast: engine, address (never credentials), workers, documents/s, and the
+    Ray dashboard when one is running."""
+    described = engine.describe()
+    metadata = {"engine": dg.MetadataValue.json(described),
+                "docs_per_second": round(documents / max(seconds, 1e-9), 1), "stage_seconds": round(seconds, 2)}
+    if "dashboard" in described:
+        metadata["ray_dashboard"] = dg.MetadataValue.url(described["dashboard"])
+    return metadata
 
 
 def materialize_result(manifest: Manifest, stats: StageStats, store: Store, checks: list[dg.AssetCheckResult],

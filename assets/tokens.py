@@ -1,6 +1,8 @@
 """The tokenizer and the training-ready token shards (one version per refresh), from every source's
 quality-filtered documents."""
 
+import time
+
 import dagster as dg
 
 from assets.partitions import FOLLOW, ONCE, SAME_REFRESH, refresh_partitions
@@ -12,7 +14,8 @@ from kiln.refresh import Refresh, load_refreshes, materialized, upto
 from kiln.shards import ShardError, open_shard, read_shard_set
 from kiln.token_shards import write_token_shards
 from kiln.tokenizer import Tokenizer, draw_training_sample, tokenizer_report, train_tokenizer
-from resources import KilnConfig, KilnStorage
+from assets.results import engine_metadata
+from resources import KilnConfig, KilnEngine, KilnStorage
 
 TOKENIZER, SHARDS = "tokenizer", "token_shards"
 ALL_SOURCES = dg.AssetDep(QUALITY_FILTERED, partition_mapping=dg.AllPartitionMapping())
@@ -99,8 +102,8 @@ def examples_markdown(examples: list[dict]) -> str:
                           description="every source's share of each phase is within 1 point of its weight"),
     ],
 )
-def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
-                 storage: KilnStorage) -> dg.MaterializeResult:
+def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
+                 engine: KilnEngine) -> dg.MaterializeResult:
     """The training set as of one refresh: every refresh up to it, as token shards with a train/validation split
     by document hash, mixture weights and curriculum phases, fill-in-the-middle for code, a deterministic
     shuffle; EOS between documents."""
@@ -110,8 +113,12 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
     sources, inputs = _sources(config, store, included)
     tok_manifest = store.manifest(TOKENIZER)
     inputs[TOKENIZER] = tok_manifest.data_version
+    runner = engine.get(config.engine)
     with store.staging(SHARDS, refresh) as writer:
-        result = write_token_shards(sources, store.dataset_dir(TOKENIZER), config.shards, config.mixture, writer)
+        started = time.perf_counter()
+        result = write_token_shards(sources, store.dataset_dir(TOKENIZER), config.shards, config.mixture, writer,
+                                    runner)
+        seconds = time.perf_counter() - started
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"shards": config.shards.model_dump(mode="json"), "mixture": config.mixture.model_dump(mode="json"),
@@ -135,6 +142,7 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
     return dg.MaterializeResult(
         metadata={
             **{k: v for k, v in result.counts().items()},
+            **engine_metadata(runner, sum(s["documents"] for s in result.sources.values()), seconds),
             "tokenizer_sha256": result.tokenizer_sha256, "seq_len": result.seq_len,
             "per_source": dg.MetadataValue.md(sources_markdown(result.sources)),
             "phases": dg.MetadataValue.json(result.phases),

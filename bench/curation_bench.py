@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kiln.config import load_config  # noqa: E402
 from kiln.curation import filter_documents, ingest, profile_steps  # noqa: E402
-from kiln.parallel import worker_pool_context  # noqa: E402
+from kiln.engine import worker_pool_context  # noqa: E402
 from kiln.documents import Document  # noqa: E402
 from kiln.filters.registry import build_step  # noqa: E402
 from kiln.readers import read_source  # noqa: E402

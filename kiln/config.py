@@ -79,7 +79,6 @@ class Curation(_Strict):
     normalize: dict[str, Any] = Field(default_factory=dict)  # parameters of the `normalize` step
     pii: dict[str, Any] = Field(default_factory=dict)  # parameters of the `pii` step (runs last)
     exact_dedup: ExactDedup = ExactDedup()
-    workers: int = Field(0, ge=0)  # processes per partition; 0 means one per core
     examples_per_reason: int = Field(3, ge=0, le=20)
 
     @field_validator("normalize", "pii")
@@ -147,7 +146,6 @@ class BoilerplateLines(_Strict):
 class Dedup(_Strict):
     near: NearDedup = NearDedup()
     boilerplate_lines: BoilerplateLines = BoilerplateLines()
-    workers: int = Field(0, ge=0)  # processes computing signatures; 0 means one per core
 
 
 class Benchmark(_Strict):
@@ -255,7 +253,6 @@ class ShardSettings(_Strict):
     val_fraction: float = Field(0.01, ge=0, lt=1)  # share of documents held out (by doc_id hash)
     seed: int = 1234  # shuffle, repetition subsets and FIM draws
     fim: Fim = Fim()
-    workers: int = Field(0, ge=0)  # tokenizing processes; 0 means one per core
 
 
 class EvaluationSettings(_Strict):
@@ -392,6 +389,25 @@ class Quality(_Strict):
     rules: dict[str, QualityRule] = Field(default_factory=dict)  # source -> rule; unlisted sources keep everything
 
 
+class EngineSettings(_Strict):
+    """Where the per-document stages run (kiln.engine): Ray, or a process pool on this machine."""
+
+    backend: Literal["ray", "processes"] = "ray"
+    # unset: Ray's own RAY_ADDRESS, else an embedded local Ray; `auto` or `host:port` (the head's GCS address)
+    ray_address: str | None = None
+    workers: int = Field(0, ge=0)  # concurrent part tasks; 0 = every CPU of the cluster (pool: of this machine)
+
+    @field_validator("ray_address")
+    @classmethod
+    def _not_empty(cls, value):
+        return value or None
+
+
+# Keys that moved; an old config fails with where they live now.
+MOVED_KEYS = {("curation", "workers"): "engine.workers", ("dedup", "workers"): "engine.workers",
+              ("shards", "workers"): "engine.workers"}
+
+
 class ProjectConfig(_Strict):
     sources: list[Source] = Field(min_length=1)
     profiles: dict[str, list[StepSpec]]
@@ -408,6 +424,7 @@ class ProjectConfig(_Strict):
     quality: Quality = Quality()
     storage: StorageSettings = StorageSettings()  # local files, or S3 with KILN_HOME as the cache
     refresh: RefreshSettings = RefreshSettings()  # new raw data: landing area, schedule, sensor, automation
+    engine: EngineSettings = EngineSettings()  # Ray (embedded, or a cluster) or a local process pool
 
     @field_validator("profiles", mode="before")
     @classmethod
@@ -551,6 +568,8 @@ def parse_config(raw: dict[str, Any], origin: str = "<config>") -> ProjectConfig
 def _describe(error: dict[str, Any]) -> str:
     key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]).lstrip(".") or "(top level)"
     msg = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden" and tuple(error["loc"]) in MOVED_KEYS:
+        return f"  {key}: moved to {MOVED_KEYS[tuple(error['loc'])]} (one setting for every stage); move it there"
     if error["type"] == "extra_forbidden":
         parent_fields = _fields_at(error["loc"][:-1])
         close = difflib.get_close_matches(str(error["loc"][-1]), parent_fields, n=1)
@@ -576,7 +595,7 @@ def _fields_at(loc: tuple) -> list[str]:
     return sorted(model.model_fields) if model else []
 
 
-__all__ = ["ConfigError", "ProjectConfig", "Source", "StepSpec", "kiln_home", "load_config",
+__all__ = ["ConfigError", "EngineSettings", "ProjectConfig", "Source", "StepSpec", "kiln_home", "load_config",
            "parse_config", "step_parameters", "Quality",
            "QualityClassifier", "QualityPerplexity", "QualityRule", "RefreshSettings", "Fim", "Mixture", "Phase", "ShardSettings", "StorageSettings",
            "TokenizerSettings"]

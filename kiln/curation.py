@@ -1,11 +1,10 @@
 """Curation: reading a source into documents, running its filter profile, and exact deduplication.
 
-Three functions, one per stage, each Dagster-free and writing through a `DatasetWriter`:
+Dagster-free, writing through a `DatasetWriter`:
 - `ingest`: source files → document parts + quarantine (unreadable records, with reasons);
-- `filter_documents`: each document part through normalize → the source's profile → PII redaction,
-  in a process pool over parts; every drop goes to the rejected table with its reason;
-- `exact_dedup`: across *all* sources by normalized-text hash; the copy kept is the one from the best
-  quality tier, then the earliest declared source, then the earliest document.
+- `filter_documents`: each document part through normalize → the source's profile → PII redaction, one engine
+  task per part; every drop goes to the rejected table with its reason; kept documents carry the
+  `content_hash` that exact deduplication (`kiln.dedup.exact`) compares.
 """
 
 from __future__ import annotations
@@ -18,9 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
@@ -28,12 +25,12 @@ from kiln.config import ExactDedup, ProjectConfig, Reading, Source, StepSpec
 from kiln.documents import CURATED_SCHEMA, DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
 from kiln.filters.base import Step
 from kiln.filters.registry import build_step
-from kiln.parallel import map_parts
+from kiln.engine import SERIAL, Engine
 from kiln.readers import Quarantined, SourceFile, read_source
 from kiln.stats import StageStats
 from kiln.storage import DatasetWriter, write_parquet_atomic
 
-FILTER_STAGE, DEDUP_STAGE = "filter", "exact_dedup"
+FILTER_STAGE = "filter"
 
 
 # ---------------------------------------------------------------------------------------------- ingest
@@ -154,81 +151,14 @@ def _filter_part(task: _PartTask) -> StageStats:
 
 
 def filter_documents(input_parts: list[Path], steps: list[StepSpec], dedup: ExactDedup, writer: DatasetWriter,
-                     workers: int = 0, examples_per_reason: int = 3, progress: bool = True,
+                     engine: Engine = SERIAL, examples_per_reason: int = 3, progress: bool = True,
                      label: str = "filter") -> StageStats:
-    """Run every part through the steps; parts are the unit of parallelism (one process each)."""
+    """Run every part through the steps on `engine`; parts are the unit of parallelism (one task each)."""
     frozen = tuple((s.step, json.dumps(s.params, sort_keys=True)) for s in steps)
     tasks = [_PartTask(str(p), str(writer.next_path("documents")), str(writer.next_path("rejected")), frozen,
                        (dedup.lowercase, dedup.collapse_whitespace), examples_per_reason) for p in input_parts]
     total = StageStats()
-    for r in map_parts(_filter_part, tasks, workers=workers, preload="kiln.curation", desc=label, progress=progress,
-                       size=lambda t: os.path.getsize(t.input_path)):
+    for r in engine.map_parts(_filter_part, tasks, desc=label, progress=progress,
+                              size=lambda t: os.path.getsize(t.input_path)):
         total.merge(r, examples_per_reason)
     return total
-
-
-# -------------------------------------------------------------------------------------------- exact dedup
-
-@dataclass(frozen=True)
-class HashTable:
-    """The (doc_id, content_hash) columns of one source's filtered documents, in document order."""
-
-    source: str
-    quality_tier: int
-    table: pa.Table
-
-
-def exact_duplicates(sources: list[HashTable]) -> dict[str, str]:
-    """doc_id → doc_id kept instead, for every document whose normalized text was seen in a better place.
-
-    Deterministic whichever partition computes it: best quality tier, then the source declared first,
-    then the earliest document in that source.
-    """
-    frames = []
-    for order, s in enumerate(sources):
-        if s.table.num_rows == 0:  # a source with nothing in this refresh
-            continue
-        df = s.table.select(["doc_id", "content_hash"]).to_pandas()
-        df["tier"], df["source_order"], df["seq"] = s.quality_tier, order, range(len(df))
-        frames.append(df)
-    if not frames:
-        return {}
-    df = pd.concat(frames, ignore_index=True).sort_values(["content_hash", "tier", "source_order", "seq"])
-    df["kept"] = df.groupby("content_hash", sort=False)["doc_id"].transform("first")
-    dups = df[df["doc_id"] != df["kept"]]
-    return dict(zip(dups["doc_id"], dups["kept"]))
-
-
-def apply_exact_dedup(input_parts: list[Path], duplicates: dict[str, str], writer: DatasetWriter,
-                      examples_per_reason: int = 3) -> StageStats:
-    stats = StageStats()
-    step = stats.step(DEDUP_STAGE)
-    reason = f"{DEDUP_STAGE}.duplicate"
-    for path in input_parts:
-        table = pq.read_table(path)
-        is_dup = pa.array([d in duplicates for d in table.column("doc_id").to_pylist()], type=pa.bool_())
-        kept, dropped = table.filter(pc.invert(is_dup)), table.filter(is_dup)
-        n_chars = pc.utf8_length(table.column("text")).to_pylist()
-        stats.docs_in += table.num_rows
-        stats.chars_in += sum(n_chars)
-        step.docs_in += table.num_rows
-        step.chars_in += sum(n_chars)
-        writer.write("documents", kept)
-        kept_lengths = pc.utf8_length(kept.column("text")).to_pylist()
-        stats.docs_out += kept.num_rows
-        stats.chars_out += sum(kept_lengths)
-        stats.lengths_out.extend(kept_lengths)
-        if dropped.num_rows:
-            ids = dropped.column("doc_id").to_pylist()
-            lengths = pc.utf8_length(dropped.column("text")).to_pylist()
-            step.dropped[reason] += len(ids)
-            step.chars_dropped[reason] += sum(lengths)
-            stats.lengths_dropped.extend(lengths)
-            for doc_id, text in zip(ids[:examples_per_reason], dropped.column("text").to_pylist()):
-                stats.add_example(reason, doc_id, f"(copy of {duplicates[doc_id]}) {text}", examples_per_reason)
-            rejected = dropped.drop_columns(["content_hash"]).append_column(
-                "stage", pa.array([DEDUP_STAGE] * len(ids))).append_column(
-                "reason", pa.array([reason] * len(ids))).append_column(
-                "duplicate_of", pa.array([duplicates[d] for d in ids]))
-            writer.write("rejected", pa.Table.from_pylist(rejected.to_pylist(), schema=REJECTED_SCHEMA))
-    return stats

@@ -248,6 +248,12 @@ class DatasetWriter:
         self._counters[role] = i + 1
         return self.dir / part_name(role, i, suffix)
 
+    def scratch(self, name: str) -> Path:
+        """A folder for a stage's intermediate files (a shuffle's buckets), beside the parts and never published."""
+        path = self.dir / f".{name}"
+        path.mkdir(exist_ok=True)
+        return path
+
     def write(self, role: str, table: pa.Table) -> Path:
         path = self.next_path(role)
         write_parquet_atomic(path, table)
@@ -268,6 +274,8 @@ class DatasetWriter:
                             inputs=inputs, files=entries, counts=counts, stats=stats or {},
                             git_commit=git_commit(), created_at=now_utc(), data_version=data_version_of(entries))
         write_json_atomic(self.dir / MANIFEST_NAME, manifest.to_json())
+        for hidden in self.dir.glob(".*"):  # scratch folders, temp files of tasks that died: never published
+            shutil.rmtree(hidden) if hidden.is_dir() else hidden.unlink()
         self._swap()
         if self.store is not None and self.store.remote is not None:
             self.store._push(self.asset, self.partition, manifest)

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from kiln.config import Mixture, ShardSettings
 from kiln.fim import FimIds, fim_split, fim_tokens
-from kiln.parallel import map_parts
+from kiln.engine import SERIAL, Engine
 from kiln.mixture import SourceParts, epoch_warnings, hash_unit, plan_phases, select_documents
 from kiln.shards import TRAIN, VAL, ShardInfo, describe_shard_set, write_shard
 from kiln.storage import part_name, write_parquet_atomic
@@ -142,9 +142,6 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
                        fim_docs, chars, n_bytes)
 
 
-def _run_tasks(tasks: list[_PartTask], workers: int, progress: bool) -> list[_PartTokens]:
-    return map_parts(tokenize_part, tasks, workers=workers, preload="kiln.token_shards", desc="tokenize",
-                     progress=progress, size=lambda t: os.path.getsize(t.input_path))
 
 
 # ---------------------------------------------------------------------------------------------- result
@@ -260,7 +257,8 @@ def _write_split(chosen: np.ndarray, docs: _Docs, files: _TokenFiles, new_path, 
 
 
 def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, settings: ShardSettings,
-                       mixture: Mixture, output: _Writer | Path, progress: bool = True) -> ShardSetResult:
+                       mixture: Mixture, output: _Writer | Path, engine: Engine = SERIAL,
+                       progress: bool = True) -> ShardSetResult:
     """Tokenize the sources and write train/validation shards into `output` (a DatasetWriter: shards go to
     `writer.next_path("shard", ".bin")`; or a folder). The caller commits the manifest with
     `stats=result.manifest_stats()` and `counts=result.counts()`."""
@@ -284,7 +282,8 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
                            (settings.fim.rate, settings.fim.spm_rate) if s.name in fim_names else None,
                            settings.val_fraction, settings.seed)
                  for i, s in enumerate(sources) for j, part in enumerate(s.parts)]
-        results = _run_tasks(tasks, settings.workers, progress)
+        results = engine.map_parts(tokenize_part, tasks, desc="tokenize", progress=progress,
+                                   size=lambda t: os.path.getsize(t.input_path))
         t_tokenized = time.perf_counter()
         docs = _doc_table(results, tasks)
         files = _TokenFiles([Path(t.tokens_path) for t in tasks], tok.dtype)

@@ -20,7 +20,7 @@ from kiln.config import load_config
 from kiln.refresh import latest
 from kiln.storage import Store
 from tests.assets.project import load_project
-from tests.conftest import web_and_ref_sources, write_jsonl
+from tests.conftest import SERIAL_ENGINE, web_and_ref_sources, write_jsonl
 
 BENCHMARK_ITEM = ("which ancient guild of lantern makers first standardized the copper wick gauge used across "
                   "the northern harbour towns")
@@ -57,11 +57,10 @@ def build_audit_store(tmp: Path, monkeypatch) -> dict:
     config = {
         "sources": web_and_ref_sources(tmp, web_license="CC-BY-4.0", ref_license="CC0-1.0", web_profile="web"),
         "profiles": {"none": [], "web": [{"gopher_quality": {"min_doc_words": 20, "min_stop_words": None}}]},
-        "curation": {"workers": 1},
-        "dedup": {"workers": 1},
+        "engine": SERIAL_ENGINE,
         "tokenizer": {"vocab_size": 400},
         "mixture": {"weights": {"web": 0.75, "ref": 0.25}},
-        "shards": {"seq_len": 16, "val_fraction": 0.2, "workers": 1},
+        "shards": {"seq_len": 16, "val_fraction": 0.2},
         "decontamination": {"benchmarks": [{"name": "lanterns", "path": str(tmp / "bench.jsonl"),
                                             "text_fields": ["question", "answer"]}]},
         "quality": {"classifier": {"enabled": False}},  # every stage runs; no classifier to train on 20 documents

@@ -41,6 +41,11 @@ def write_jsonl(path: Path, records: list) -> Path:
     return path
 
 
+# Most tests run the stages in their own process, one part after another: fast and simple to debug. The Ray
+# engine is tested on its own (tests/kiln/test_engine.py, tests/e2e): same output, by construction and by test.
+SERIAL_ENGINE = {"backend": "processes", "workers": 1}
+
+
 def web_and_ref_sources(root: Path, web_license: str = "CC-BY", ref_license: str = "CC0",
                         web_profile: str = "none") -> list[dict]:
     """The two-source config most asset tests use: JSONL `web` (tier 3) and `ref` (domain reference, tier 1)

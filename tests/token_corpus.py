@@ -85,7 +85,7 @@ def train_small_tokenizer(root: Path, sources: list[SourceParts]) -> Path:
 
 
 def shard_settings(**overrides) -> ShardSettings:
-    base = dict(seq_len=16, tokens_per_shard=2048, val_fraction=0.1, seed=7, workers=1,
+    base = dict(seq_len=16, tokens_per_shard=2048, val_fraction=0.1, seed=7,
                 fim=Fim(rate=0.5, spm_rate=0.5))
     return ShardSettings(**{**base, **overrides})
 

@@ -22,7 +22,7 @@ from datasketch import LeanMinHash, MinHash
 
 from kiln.config import BoilerplateLines, NearDedup
 from kiln.dedup.text import normalized_words
-from kiln.parallel import map_parts
+from kiln.engine import SERIAL, Engine
 from kiln.storage import write_parquet_atomic
 
 SCHEME = "affine32"  # datasketch >= 2.0: 32-bit hash values, collision-free permutations
@@ -176,15 +176,15 @@ def _list_array(arrays: list[np.ndarray]) -> pa.LargeListArray:
 
 
 def compute_signatures(input_parts: list[Path], output_paths: list[Path], near: NearDedup,
-                       lines: BoilerplateLines | None = None, workers: int = 0, progress: bool = True,
+                       lines: BoilerplateLines | None = None, engine: Engine = SERIAL, progress: bool = True,
                        label: str = "minhash") -> tuple[int, Counter]:
     """Signature parts, one per input part (the unit of parallel work); returns (documents, line counts)
     where line counts are documents per boilerplate-line hash, when `lines` is given."""
     tasks = [_SignTask(str(i), str(o), near.model_dump_json(), lines.model_dump_json() if lines else None)
              for i, o in zip(input_parts, output_paths)]
     total, line_counts = 0, Counter()
-    for n, counts in map_parts(_sign_part, tasks, workers=workers, preload="kiln.dedup.minhash", desc=label,
-                               progress=progress, size=lambda t: os.path.getsize(t.input_path)):
+    for n, counts in engine.map_parts(_sign_part, tasks, desc=label, progress=progress,
+                                      size=lambda t: os.path.getsize(t.input_path)):
         total += n
         line_counts.update(counts)
     return total, line_counts

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from tests.assets.project import load_project
-from tests.conftest import prose, write_jsonl
+from tests.conftest import SERIAL_ENGINE, prose, write_jsonl
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def project(tmp_path, kiln_home, monkeypatch):
         ],
         "profiles": {"prose": ["language", "gopher_repetition", "gopher_quality"]},
         "reading": {"rows_per_part": 3},
-        "curation": {"workers": 1},
+        "engine": SERIAL_ENGINE,
     }
     return load_project(config, tmp_path, kiln_home, monkeypatch)
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.assets.project import load_project
 from tests.audit_store import BENCHMARK_ITEM, edit, random_text
-from tests.conftest import web_and_ref_sources, write_jsonl
+from tests.conftest import SERIAL_ENGINE, web_and_ref_sources, write_jsonl
 
 CURATION = ["raw_documents", "filtered_documents"]
 
@@ -28,10 +28,9 @@ def project(tmp_path, kiln_home, monkeypatch):
     config = {
         "sources": web_and_ref_sources(tmp_path),
         "profiles": {"none": []},
-        "curation": {"workers": 1},
-        "dedup": {"workers": 1},
+        "engine": SERIAL_ENGINE,
         "tokenizer": {"vocab_size": 400},
-        "shards": {"seq_len": 16, "val_fraction": 0.2, "workers": 1},
+        "shards": {"seq_len": 16, "val_fraction": 0.2},
         "decontamination": {"benchmarks": [{"name": "lanterns", "path": str(tmp_path / "bench.jsonl"),
                                             "text_fields": ["question", "answer"]}]},
     }

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from tests.assets.project import load_project
-from tests.conftest import write_jsonl
+from tests.conftest import SERIAL_ENGINE, write_jsonl
 from tests.quality_corpus import junk_texts, reference_texts, train_reference_model
 
 UPSTREAM = [["raw_documents", "filtered_documents"], ["curated_documents", "minhash_signatures"]]
@@ -36,7 +36,7 @@ def test_classifier_scores_and_rules_from_stored_scores(tmp_path, kiln_home, mon
              "domain": "web", "quality_tier": 3, "profile": "none"},
         ],
         "profiles": {"none": []},
-        "curation": {"workers": 1}, "dedup": {"workers": 1}, "decontamination": {"enabled": False},
+        "engine": SERIAL_ENGINE, "decontamination": {"enabled": False},
         "quality": {"classifier": {"folds": 3}, "perplexity": {"model": str(reference_model), "max_tokens": 64},
                     "rules": {"web": {"min_score": 0.5}}},
     }

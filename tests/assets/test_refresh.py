@@ -15,7 +15,7 @@ from kiln.config import load_config
 from kiln.refresh import load_refreshes
 from tests.assets.project import load_project
 from tests.audit_store import edit, random_text
-from tests.conftest import web_and_ref_sources, write_jsonl
+from tests.conftest import SERIAL_ENGINE, web_and_ref_sources, write_jsonl
 
 
 @pytest.fixture
@@ -29,10 +29,10 @@ def project(tmp_path, kiln_home, monkeypatch):
     config = {
         "sources": web_and_ref_sources(tmp_path),
         "profiles": {"none": []},
-        "curation": {"workers": 1}, "dedup": {"workers": 1}, "decontamination": {"enabled": False},
+        "engine": SERIAL_ENGINE, "decontamination": {"enabled": False},
         "quality": {"classifier": {"enabled": False}},
         "tokenizer": {"vocab_size": 400},
-        "shards": {"seq_len": 16, "val_fraction": 0.0, "workers": 1},
+        "shards": {"seq_len": 16, "val_fraction": 0.0},
         "refresh": {"landing": str(tmp_path / "landing"), "sensor": {"settle_seconds": 0}},
     }
     p = load_project(config, tmp_path, kiln_home, monkeypatch)

@@ -14,7 +14,7 @@ from kiln.remote import S3Remote
 from kiln.storage import Store
 from tests.assets.project import load_project
 from tests.audit_store import edit, random_text
-from tests.conftest import web_and_ref_sources, write_jsonl
+from tests.conftest import SERIAL_ENGINE, web_and_ref_sources, write_jsonl
 from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
 
 BUCKET, PREFIX = "kiln-chain", "team/kiln"
@@ -36,10 +36,10 @@ def project(tmp_path, kiln_home, monkeypatch, s3_endpoint):  # noqa: F811
     config = {
         "sources": web_and_ref_sources(tmp_path),
         "profiles": {"none": []},
-        "curation": {"workers": 1}, "dedup": {"workers": 1}, "decontamination": {"enabled": False},
+        "engine": SERIAL_ENGINE, "decontamination": {"enabled": False},
         "quality": {"classifier": {"folds": 2, "epochs": 5}},
         "tokenizer": {"vocab_size": 400},
-        "shards": {"seq_len": 16, "val_fraction": 0.2, "workers": 1},
+        "shards": {"seq_len": 16, "val_fraction": 0.2},
         "storage": {"backend": "s3", "bucket": BUCKET, "prefix": PREFIX, "create_bucket": True},
     }
     project = load_project(config, tmp_path, kiln_home, monkeypatch)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.assets.project import load_project
-from tests.conftest import write_jsonl
+from tests.conftest import SERIAL_ENGINE, write_jsonl
 
 DATA = ["raw_documents", "filtered_documents", "curated_documents", "minhash_signatures"]
 
@@ -58,9 +58,9 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
         "sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC0",
                      "domain": "web", "profile": "none"}],
         "profiles": {"none": []},
-        "curation": {"workers": 1}, "dedup": {"workers": 1, "near": {"enabled": False}},
+        "engine": SERIAL_ENGINE, "dedup": {"near": {"enabled": False}},
         "tokenizer": {"vocab_size": 400},
-        "shards": {"seq_len": 64, "val_fraction": 0.1, "workers": 1},
+        "shards": {"seq_len": 64, "val_fraction": 0.1},
         "training": {"model": {"preset": "tiny"}, "micro_batch_size": 4, "max_steps": 24,
                      "schedule": {"lr": 0.003, "min_lr": 0.0003, "warmup_steps": 4},
                      "checkpoint": {"every_steps": 10, "keep_last": 2}, "log_every_steps": 4},

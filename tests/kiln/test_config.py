@@ -38,7 +38,9 @@ def test_profile_steps_parse_both_forms():
     (lambda c: c["profiles"]["prose"].append({"c4": {"min_sentences": 2}}),
      ["profiles.prose[2] (c4)", "min_sentences", "min_num_sentences"]),
     (lambda c: c.update(sources=c["sources"] * 2), ["source names must be unique", "'web'"]),
-    (lambda c: c.update(curation={"workers": -1}), ["curation.workers", "-1", "greater than or equal to 0"]),
+    (lambda c: c.update(engine={"workers": -1}), ["engine.workers", "-1", "greater than or equal to 0"]),
+    (lambda c: c.update(curation={"workers": 2}), ["curation.workers", "moved to engine.workers"]),
+    (lambda c: c.update(engine={"backend": "spark"}), ["engine.backend", "'spark'", "'ray'", "'processes'"]),
     (lambda c: c.update(curation={"pii": {"types": ["email", "passport"]}}), ["curation.pii", "passport", "email"]),
 ])
 def test_bad_config_names_key_value_and_what_is_allowed(mutate, expected):

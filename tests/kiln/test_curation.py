@@ -4,9 +4,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from kiln.config import parse_config
-from kiln.curation import apply_exact_dedup, content_hash, exact_duplicates, filter_documents, ingest, profile_steps, HashTable
+from kiln.curation import content_hash, filter_documents, ingest, profile_steps
+from kiln.dedup.exact import HashSource, exact_dedup
+from kiln.engine import SERIAL, ProcessPool
 from kiln.storage import Store
-from tests.conftest import CLEAN_PROSE, prose, write_jsonl
+from tests.conftest import SERIAL_ENGINE, CLEAN_PROSE, prose, write_jsonl
 
 
 @pytest.fixture
@@ -34,12 +36,12 @@ def corpus(tmp_path):
         ],
         "profiles": {"prose": ["language", "gopher_repetition", "gopher_quality"]},
         "reading": {"rows_per_part": 2},
-        "curation": {"workers": 1},
+        "engine": SERIAL_ENGINE,
     }
     return parse_config(raw), Store(tmp_path / "store")
 
 
-def run_all(config, store, workers=1):
+def run_all(config, store, engine=SERIAL):
     stats = {}
     for s in config.sources:
         with store.staging("raw", s.name) as w:
@@ -47,16 +49,20 @@ def run_all(config, store, workers=1):
             w.commit(code_version="t", config={}, inputs={}, counts={}, stats=r.to_dict())
         with store.staging("filtered", s.name) as w:
             f = filter_documents(store.files("raw", s.name, "documents"), profile_steps(config, s.name),
-                                 config.curation.exact_dedup, w, workers=workers, progress=False)
+                                 config.curation.exact_dedup, w, engine, progress=False)
             w.commit(code_version="t", config={}, inputs={}, counts={}, stats=f.to_dict())
         stats[s.name] = (r, f)
-    dups = exact_duplicates([HashTable(s.name, s.quality_tier, store.read_table("filtered", s.name))
-                             for s in config.sources])
-    for s in config.sources:
+    sources = [HashSource(s.name, s.quality_tier, tuple(map(str, store.files("filtered", s.name, "documents"))))
+               for s in config.sources]
+    dups = {}
+    for i, s in enumerate(config.sources):
         with store.staging("curated", s.name) as w:
-            c = apply_exact_dedup(store.files("filtered", s.name, "documents"), dups, w)
+            c = exact_dedup(sources, i, w, w.scratch("shuffle"), engine, progress=False)
             w.commit(code_version="t", config={}, inputs={}, counts={}, stats=c.to_dict())
         stats[s.name] += (c,)
+        rejected = store.read_table("curated", s.name, "rejected")
+        dups |= dict(zip(rejected.column("doc_id").to_pylist(), rejected.column("duplicate_of").to_pylist())) \
+            if rejected.num_rows else {}
     return stats, dups
 
 
@@ -111,10 +117,10 @@ def test_filters_drop_with_reasons_and_pii_is_redacted(corpus):
 
 def test_parallel_filtering_matches_serial(corpus, tmp_path):
     config, store = corpus
-    run_all(config, store, workers=1)
+    run_all(config, store)
     serial = store.read_table("filtered", "web").to_pylist()
     parallel_store = Store(tmp_path / "parallel")
-    run_all(config, parallel_store, workers=2)
+    run_all(config, parallel_store, ProcessPool(workers=2))
     assert parallel_store.read_table("filtered", "web").to_pylist() == serial
 
 

@@ -15,6 +15,7 @@ from kiln.mixture import MixtureError, epoch_warnings, plan_phases, select_docum
 from kiln.shards import (HEADER_SIZE, ShardError, ShardInfo, describe_shard_set, open_shard, read_shard_set,
                          token_dtype, write_shard)
 from kiln.storage import DatasetWriter
+from kiln.engine import ProcessPool
 from kiln.token_shards import is_validation, write_token_shards
 from kiln.tokenizer import Tokenizer
 from tests.token_corpus import NATURAL, make_texts, shard_settings, standard_sources, train_small_tokenizer, write_source
@@ -233,7 +234,8 @@ def test_result_counts_add_up(built):
 
 def test_same_inputs_give_identical_shards_with_one_or_two_workers(built, tmp_path):
     root, sources, _, result = built
-    again = write_token_shards(sources, root / "tokenizer", shard_settings(workers=2), NATURAL, tmp_path, progress=False)
+    again = write_token_shards(sources, root / "tokenizer", shard_settings(), NATURAL, tmp_path, ProcessPool(workers=2),
+                               progress=False)
     assert [s.to_dict() for s in again.shards] == [s.to_dict() for s in result.shards]
     for s in result.shards:
         assert (tmp_path / s.path).read_bytes() == (root / "out" / s.path).read_bytes()

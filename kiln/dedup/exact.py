@@ -1,0 +1,174 @@
+"""Exact deduplication as a shuffle: documents whose normalized text hashes alike, across every source of a refresh
+and every earlier refresh, keep one copy.
+
+The copy kept is the one from the best quality tier (earlier refreshes are tier 0: they may already be in token
+shards), then the source listed first, then the earliest document (part, then row) in that source. No process
+holds the corpus's hashes; three rounds of part-sized tasks on the engine:
+
+1. scatter: each input part's (doc_id, content_hash) rows go to hash buckets (files under `scratch`);
+2. decide: each bucket, sorted by (hash, tier, source, part, row), names the duplicates and the copy kept, written
+   back per input part;
+3. apply: each part of the partition being curated splits into kept documents and rejected duplicates.
+
+Decisions depend only on the hash and the order above, so the bucket count and the engine never change them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from kiln.documents import REJECTED_SCHEMA
+from kiln.engine import SERIAL, Engine
+from kiln.stats import StageStats
+from kiln.storage import write_parquet_atomic
+
+DEDUP_STAGE = "exact_dedup"
+DUPLICATE = f"{DEDUP_STAGE}.duplicate"
+ROWS_PER_BUCKET = 500_000  # a bucket is sorted in one task: this bounds its memory (~100 MB)
+
+
+@dataclass(frozen=True)
+class HashSource:
+    """One partition whose documents compete for the kept copy: its parts in order, and its quality tier
+    (1 best; 0 for an earlier refresh's curated documents, which always win)."""
+
+    name: str
+    tier: int
+    parts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Scatter:
+    path: str
+    source: int  # position in the list of HashSources: the tie-break after the tier
+    tier: int
+    part: int
+    buckets: int
+    scratch: str
+
+
+@dataclass(frozen=True)
+class _Decide:
+    bucket: int
+    scratch: str
+
+
+@dataclass(frozen=True)
+class _Apply:
+    input_path: str
+    duplicates_dir: str
+    kept_path: str
+    rejected_path: str
+    examples_per_reason: int
+
+
+def _part_key(source: int, part: int) -> str:
+    return f"{source:05d}-{part:06d}"
+
+
+def _bucket_of(hashes: pa.ChunkedArray, buckets: int) -> list[int]:
+    return [int(h[:8], 16) % buckets for h in hashes.to_pylist()]
+
+
+def _scatter(task: _Scatter) -> int:
+    table = pq.read_table(task.path, columns=["doc_id", "content_hash"])
+    n = table.num_rows
+    table = table.append_column("tier", pa.array([task.tier] * n, pa.int32())).append_column(
+        "source", pa.array([task.source] * n, pa.int32())).append_column(
+        "part", pa.array([task.part] * n, pa.int32())).append_column("row", pa.array(range(n), pa.int64()))
+    bucket = pa.array(_bucket_of(table.column("content_hash"), task.buckets), pa.int32())
+    for b in pc.unique(bucket).to_pylist():
+        folder = Path(task.scratch) / f"bucket-{b:05d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        write_parquet_atomic(folder / f"{_part_key(task.source, task.part)}.parquet",
+                             table.filter(pc.equal(bucket, b)))
+    return n
+
+
+def _decide(task: _Decide) -> int:
+    """Sort one bucket and write, per input part, its duplicates and the doc_id kept instead."""
+    folder = Path(task.scratch) / f"bucket-{task.bucket:05d}"
+    if not folder.is_dir():
+        return 0
+    table = pa.concat_tables([pq.read_table(p) for p in sorted(folder.glob("*.parquet"))])
+    table = table.sort_by([("content_hash", "ascending"), ("tier", "ascending"), ("source", "ascending"),
+                           ("part", "ascending"), ("row", "ascending")])
+    hashes, ids = table.column("content_hash").to_pylist(), table.column("doc_id").to_pylist()
+    kept_of, previous, first = [], None, None
+    for h, doc_id in zip(hashes, ids):
+        if h != previous:
+            previous, first = h, doc_id
+        kept_of.append(first)
+    kept = pa.array(kept_of, pa.string())
+    is_dup = pc.not_equal(table.column("doc_id"), kept)
+    dups = table.append_column("duplicate_of", kept).filter(is_dup)
+    for source, part in {(s, p) for s, p in zip(dups.column("source").to_pylist(), dups.column("part").to_pylist())}:
+        mine = dups.filter(pc.and_(pc.equal(dups.column("source"), source), pc.equal(dups.column("part"), part)))
+        folder = Path(task.scratch) / "duplicates" / _part_key(source, part)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_parquet_atomic(folder / f"bucket-{task.bucket:05d}.parquet", mine.select(["doc_id", "duplicate_of"]))
+    return dups.num_rows
+
+
+def _apply(task: _Apply) -> StageStats:
+    table = pq.read_table(task.input_path)
+    duplicates: dict[str, str] = {}  # this part's duplicates only: a few files, one per bucket
+    for path in sorted(Path(task.duplicates_dir).glob("*.parquet")):
+        found = pq.read_table(path)
+        duplicates.update(zip(found.column("doc_id").to_pylist(), found.column("duplicate_of").to_pylist()))
+    stats = StageStats()
+    step = stats.step(DEDUP_STAGE)
+    is_dup = pa.array([d in duplicates for d in table.column("doc_id").to_pylist()], type=pa.bool_())
+    kept, dropped = table.filter(pc.invert(is_dup)), table.filter(is_dup)
+    n_chars = pc.utf8_length(table.column("text")).to_pylist()
+    stats.docs_in = step.docs_in = table.num_rows
+    stats.chars_in = step.chars_in = sum(n_chars)
+    write_parquet_atomic(Path(task.kept_path), kept)
+    kept_lengths = pc.utf8_length(kept.column("text")).to_pylist()
+    stats.docs_out, stats.chars_out = kept.num_rows, sum(kept_lengths)
+    stats.lengths_out.extend(kept_lengths)
+    if dropped.num_rows:
+        ids = dropped.column("doc_id").to_pylist()
+        lengths = pc.utf8_length(dropped.column("text")).to_pylist()
+        step.dropped[DUPLICATE] += len(ids)
+        step.chars_dropped[DUPLICATE] += sum(lengths)
+        stats.lengths_dropped.extend(lengths)
+        for doc_id, text in zip(ids[:task.examples_per_reason], dropped.column("text").to_pylist()):
+            stats.add_example(DUPLICATE, doc_id, f"(copy of {duplicates[doc_id]}) {text}", task.examples_per_reason)
+        n = len(ids)
+        rejected = dropped.drop_columns(["content_hash"]).append_column(
+            "stage", pa.array([DEDUP_STAGE] * n)).append_column(
+            "reason", pa.array([DUPLICATE] * n)).append_column(
+            "duplicate_of", pa.array([duplicates[d] for d in ids]))
+        write_parquet_atomic(Path(task.rejected_path), pa.Table.from_pylist(rejected.to_pylist(), schema=REJECTED_SCHEMA))
+    return stats
+
+
+def exact_dedup(sources: list[HashSource], target: int, writer, scratch: Path, engine: Engine = SERIAL,
+                enabled: bool = True, examples_per_reason: int = 3, progress: bool = True,
+                label: str = "exact dedup") -> StageStats:
+    """Deduplicate `sources[target]` against all `sources` (itself included), writing its kept documents and
+    rejected duplicates through `writer` (`enabled=False`: keep everything); `scratch` holds the shuffle."""
+    size = lambda t: os.path.getsize(t.path if isinstance(t, _Scatter) else t.input_path)  # noqa: E731
+    if enabled:
+        rows = sum(pq.ParquetFile(p).metadata.num_rows for s in sources for p in s.parts)
+        buckets = max(1, math.ceil(rows / ROWS_PER_BUCKET))
+        scatter = [_Scatter(p, i, s.tier, j, buckets, str(scratch)) for i, s in enumerate(sources)
+                   for j, p in enumerate(s.parts)]
+        engine.map_parts(_scatter, scatter, desc=f"{label}: hash buckets", progress=progress, size=size)
+        engine.map_parts(_decide, [_Decide(b, str(scratch)) for b in range(buckets)], desc=f"{label}: decide",
+                         progress=progress)
+    apply = [_Apply(p, str(scratch / "duplicates" / _part_key(target, j)), str(writer.next_path("documents")),
+                    str(writer.next_path("rejected")), examples_per_reason)
+             for j, p in enumerate(sources[target].parts)]
+    total = StageStats()
+    for stats in engine.map_parts(_apply, apply, desc=label, progress=progress, size=size):
+        total.merge(stats, examples_per_reason)
+    return total

@@ -1,0 +1,236 @@
+"""Where per-part work runs: Ray (an embedded local Ray, or an existing cluster), or a local process pool.
+
+Every per-document stage is a function of one task (one input Parquet part → its output parts, named by
+the input part's position, never by arrival order) that reads and writes the store itself, so the driver
+holds task descriptions and small per-part results, never documents. The engine only decides where those
+functions run; the same input gives byte-identical output on any engine and any worker count.
+
+- `RayEngine`: the tasks as a Ray Data dataset, one block per task (a part is Kiln's block: retried whole
+  when a worker or node dies, and its output name does not depend on how Ray would split blocks).
+  Address: `engine.ray_address` (`auto` or `host:port`), else Ray's own `RAY_ADDRESS`, else an embedded
+  local Ray started once per process and reused by every stage (Ray stops it at interpreter exit).
+- `ProcessPool`: a forkserver pool on this machine (`engine.backend: processes`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import pickle
+import re
+import socket
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Any, Protocol, TypeVar
+
+from tqdm import tqdm
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+ADDRESS_KEY = "engine.ray_address"
+
+
+class EngineError(RuntimeError):
+    """The engine cannot start or connect; the message names the setting, what was tried and the fix."""
+
+
+class Engine(Protocol):
+    workers: int
+
+    def map_parts(self, fn: Callable[[T], R], tasks: Sequence[T], *, desc: str, progress: bool = True,
+                  size: Callable[[T], int] | None = None) -> list[R]:
+        """`fn` over `tasks`, results in task order. With `size`, the largest tasks start first, so no big
+        part runs alone at the end while the other workers idle."""
+
+    def describe(self) -> dict[str, Any]:
+        """What ran the stage, for metadata and manifests' stats: engine, address (no credentials), workers."""
+
+
+def _launch_order(tasks: Sequence[T], size: Callable[[T], int] | None) -> list[int]:
+    return sorted(range(len(tasks)), key=lambda i: -size(tasks[i])) if size else list(range(len(tasks)))
+
+
+# ------------------------------------------------------------------------------------------ process pool
+
+def worker_pool_context(preload: str):
+    """forkserver, not fork: the caller may be a threaded process (a Dagster step), where fork is unsafe.
+    A forkserver is single-threaded and, with the stage's module preloaded, forks workers that start warm."""
+    context = get_context("forkserver")
+    context.set_forkserver_preload([preload])
+    return context
+
+
+@dataclass(frozen=True)
+class ProcessPool:
+    """A process pool on this machine: `workers` processes (0: one per core)."""
+
+    workers: int = 0
+
+    def map_parts(self, fn, tasks, *, desc, progress=True, size=None):
+        workers = min(self.workers or os.cpu_count() or 1, max(len(tasks), 1))
+        bar = tqdm(total=len(tasks), desc=desc, unit="part", disable=not progress)
+        results: list = [None] * len(tasks)
+        if workers == 1:
+            for i, task in enumerate(tasks):
+                results[i] = fn(task)
+                bar.update(1)
+        else:
+            context = worker_pool_context(fn.__module__)
+            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+                futures = {pool.submit(fn, tasks[i]): i for i in _launch_order(tasks, size)}
+                for future in as_completed(futures):
+                    results[futures[future]] = future.result()
+                    bar.update(1)
+        bar.close()
+        return results
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "processes", "workers": self.workers or os.cpu_count() or 1}
+
+
+SERIAL = ProcessPool(workers=1)  # in this process, one part after another: library functions' default
+
+
+# ------------------------------------------------------------------------------------------------ Ray
+
+def redact_address(address: str | None) -> str | None:
+    """An address as it may be shown: any `user:password@` removed."""
+    return None if address is None else re.sub(r"//[^/@]*@", "//", re.sub(r"^[^/@]*@", "", address))
+
+
+def _check_reachable(address: str, origin: str) -> None:
+    """Fail in seconds, naming the setting, instead of Ray's minute of connection retries."""
+    if address.startswith("ray://"):
+        raise EngineError(
+            f"{origin} = {redact_address(address)!r} is a Ray Client address; Ray Data does not run over Ray "
+            "Client (Ray 2.60). Use the cluster's GCS address instead: 'host:6379' (KubeRay: the head "
+            "service, e.g. 'raycluster-head-svc:6379'), or 'auto' on a node of the cluster")
+    if address == "auto" or address.startswith("local"):
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise EngineError(f"{origin} = {redact_address(address)!r} is not 'auto' or 'host:port' "
+                          "(the head node's GCS address, port 6379 by default)")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise EngineError(
+            f"{origin} = {redact_address(address)!r}: no Ray cluster answers there ({exc.strerror or exc}). "
+            f"Start one (`ray start --head`), correct {origin}, or unset it (and RAY_ADDRESS) to run on an "
+            "embedded local Ray") from None
+
+
+@dataclass
+class _Session:
+    address: str | None  # what was asked (None: embedded)
+    gcs_address: str
+    dashboard_url: str | None
+
+
+_session: _Session | None = None
+
+
+def connect(address: str | None, origin: str = ADDRESS_KEY, num_cpus: int | None = None) -> _Session:
+    """Connect this process to Ray once: to `address`, or start an embedded local Ray when it is None.
+    Later calls reuse the connection, so every stage of a process shares one Ray."""
+    global _session
+    import ray
+
+    if _session is not None and ray.is_initialized():
+        return _session
+    if address:
+        _check_reachable(address, origin)
+    options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING,
+                               "configure_logging": True}
+    if address is None:
+        options |= {"num_cpus": num_cpus, "include_dashboard": None}
+    try:
+        context = ray.init(address=address, **options)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise EngineError(f"{origin} = {redact_address(address)!r}: could not join the Ray cluster: {exc}") from None
+    import ray.data
+
+    data = ray.data.DataContext.get_current()
+    data.enable_progress_bars = False  # Kiln draws one bar per stage; Ray Data's would interleave with it
+    data.print_on_execution_start = False
+    _session = _Session(address, context.address_info.get("gcs_address", ""), context.dashboard_url or None)
+    return _session
+
+
+def _run_part(fn: Callable, row: dict[str, Any]) -> dict[str, Any]:
+    # Tasks and results cross the engine pickled: Ray Data would otherwise try to turn them into Arrow columns.
+    return {"i": row["i"], "result": pickle.dumps(fn(pickle.loads(row["task"])))}
+
+
+@dataclass(frozen=True)
+class RayEngine:
+    """Ray: `address` (`auto`, `host:port`), else `RAY_ADDRESS`, else an embedded local Ray; `workers`
+    concurrent part tasks of one CPU each (0: as many as the cluster has CPUs)."""
+
+    address: str | None = None
+    workers: int = 0
+
+    @property
+    def origin(self) -> str:
+        return ADDRESS_KEY if self.address else "RAY_ADDRESS"
+
+    @property
+    def target(self) -> str | None:
+        return self.address or os.environ.get("RAY_ADDRESS") or None
+
+    def session(self) -> _Session:
+        return connect(self.target, self.origin, num_cpus=self.workers or None)
+
+    def map_parts(self, fn, tasks, *, desc, progress=True, size=None):
+        self.session()
+        import ray
+        import ray.data
+
+        if not tasks:
+            return []
+        order = _launch_order(tasks, size)
+        rows = [{"i": i, "task": pickle.dumps(tasks[i])} for i in order]
+        workers = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        dataset = ray.data.from_items(rows, override_num_blocks=len(rows)).map(
+            functools.partial(_run_part, fn), num_cpus=1,
+            compute=ray.data.TaskPoolStrategy(size=min(workers, len(rows))))
+        results: list = [None] * len(tasks)
+        with tqdm(total=len(tasks), desc=desc, unit="part", disable=not progress) as bar:
+            for row in dataset.iter_rows():
+                results[row["i"]] = pickle.loads(row["result"])
+                bar.update(1)
+        return results
+
+    def describe(self) -> dict[str, Any]:
+        session = self.session()
+        import ray
+
+        described = {"engine": "ray", "address": redact_address(session.address) or "embedded",
+                     "gcs_address": session.gcs_address, "nodes": len([n for n in ray.nodes() if n["Alive"]]),
+                     "workers": self.workers or int(ray.cluster_resources().get("CPU", 1))}
+        if session.dashboard_url:
+            described["dashboard"] = session.dashboard_url if "://" in session.dashboard_url \
+                else f"http://{session.dashboard_url}"
+        return described
+
+
+def shutdown() -> None:
+    """Leave Ray: an embedded Ray stops with it (Ray also does this at interpreter exit)."""
+    global _session
+    if _session is not None:
+        import ray
+
+        ray.shutdown()
+        _session = None
+
+
+
+def engine_for(settings) -> Engine:
+    """The engine the project config's `engine:` section names (a `kiln.config.EngineSettings`)."""
+    if settings.backend == "processes":
+        return ProcessPool(settings.workers)
+    return RayEngine(settings.ray_address, settings.workers)
