@@ -15,7 +15,7 @@ from kiln.filters.registry import build_step
 from kiln.pii import PiiRedaction
 from kiln.readers import SourceFile
 from kiln.refresh import ensure_refresh, load_refreshes, partition, upto
-from kiln.storage import Store
+from kiln.storage import Store, resume_key
 from kiln.stats import StageStats, chain, funnel_markdown
 from resources import KilnConfig, KilnEngine, KilnStorage
 
@@ -68,18 +68,18 @@ def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     raw = store.manifest(RAW, here)
     steps = profile_steps(config, name)
     runner = engine.get(config.engine)
-    with store.staging(FILTERED, here) as writer:
+    version = dict(code_version=context.assets_def.code_versions_by_key[context.asset_key],
+                   config={"profile": config.source(name).profile, "steps": [s.model_dump() for s in steps],
+                           "exact_dedup": config.curation.exact_dedup.model_dump()},
+                   inputs={f"{RAW}/{here}": raw.data_version})
+    with store.staging(FILTERED, here, resume=resume_key(**version)) as writer:
         started = time.perf_counter()
         stats = filter_documents(store.files(RAW, here, "documents"), steps, config.curation.exact_dedup, writer,
                                  runner, examples_per_reason=config.curation.examples_per_reason,
                                  label=f"filter {here}")
         seconds = time.perf_counter() - started
         manifest = writer.commit(
-            code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"profile": config.source(name).profile, "steps": [s.model_dump() for s in steps],
-                    "exact_dedup": config.curation.exact_dedup.model_dump()},
-            inputs={f"{RAW}/{here}": raw.data_version},
-            counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
+            **version, counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
             stats=stats.to_dict())
     pii = dict(stats.steps["pii"].counts) if "pii" in stats.steps else {}
     return materialize_result(manifest, stats, store, standard_checks(store, manifest, raw.counts["documents"]),
@@ -112,18 +112,18 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
         HashSource(p, config.source(p.split("/")[0]).quality_tier, tuple(map(str, store.files(FILTERED, p, "documents"))))
         for p in inputs]
     runner = engine.get(config.engine)
-    with store.staging(CURATED, here) as writer:
+    version = dict(code_version=context.assets_def.code_versions_by_key[context.asset_key],
+                   config={"exact_dedup": dedup.model_dump(), "sources": [s.name for s in config.sources],
+                           "earlier_refreshes": sorted({p.split("/")[1] for p in earlier})},
+                   inputs={**{f"{FILTERED}/{p}": m.data_version for p, m in inputs.items()},
+                           **{f"{CURATED}/{p}": m.data_version for p, m in earlier.items()}})
+    with store.staging(CURATED, here, resume=resume_key(**version)) as writer:
         started = time.perf_counter()
         stats = exact_dedup(sources, [s.name for s in sources].index(here), writer, writer.scratch("exact-dedup"),
                             runner, dedup.enabled, config.curation.examples_per_reason, label=f"exact dedup {here}")
         seconds = time.perf_counter() - started
         manifest = writer.commit(
-            code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"exact_dedup": dedup.model_dump(), "sources": [s.name for s in config.sources],
-                    "earlier_refreshes": sorted({p.split("/")[1] for p in earlier})},
-            inputs={**{f"{FILTERED}/{p}": m.data_version for p, m in inputs.items()},
-                    **{f"{CURATED}/{p}": m.data_version for p, m in earlier.items()}},
-            counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
+            **version, counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
             stats=stats.to_dict())
     funnel = chain([StageStats.from_dict(store.manifest(RAW, here).stats),
                     StageStats.from_dict(inputs[here].stats), stats])

@@ -19,6 +19,7 @@ from kiln.manifest import code_version
 from kiln.plots import stacked_bars_markdown
 from kiln.refresh import load_refreshes, partition, upto
 from kiln.stats import StageStats, chain, funnel_markdown
+from kiln.storage import resume_key
 from resources import DedupIndexStore, KilnConfig, KilnEngine, KilnStorage
 
 SIGNATURES, INDEX, DEDUPLICATED = "minhash_signatures", "dedup_index", "deduplicated_documents"
@@ -40,7 +41,10 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     curated = store.manifest(CURATED, source)
     inputs = store.files(CURATED, source, "documents")
     runner = engine.get(config.engine)
-    with store.staging(SIGNATURES, source) as writer:
+    version = dict(code_version=context.assets_def.code_versions_by_key[context.asset_key],
+                   config={"near": near.model_dump(mode="json"), "boilerplate_lines": lines.model_dump()},
+                   inputs={f"{CURATED}/{source}": curated.data_version})
+    with store.staging(SIGNATURES, source, resume=resume_key(**version)) as writer:
         outputs = [writer.next_path("signatures") for _ in inputs]
         started = time.perf_counter()
         documents, line_counts = compute_signatures(inputs, outputs, near, lines if lines.enabled else None,
@@ -48,10 +52,7 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
         seconds = time.perf_counter() - started
         if lines.enabled:
             writer.write("lines", lines_table(line_counts))
-        manifest = writer.commit(
-            code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"near": near.model_dump(mode="json"), "boilerplate_lines": lines.model_dump()},
-            inputs={f"{CURATED}/{source}": curated.data_version}, counts={"documents": documents})
+        manifest = writer.commit(**version, counts={"documents": documents})
     shingles = store.read_table(SIGNATURES, source, "signatures", columns=["shingles"])
     sizes = (pc.list_value_length(shingles.column("shingles")).to_numpy(zero_copy_only=False)
              if shingles.num_rows else np.zeros(0))

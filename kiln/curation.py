@@ -28,7 +28,7 @@ from kiln.filters.registry import build_step
 from kiln.engine import SERIAL, Engine
 from kiln.readers import Quarantined, SourceFile, read_source
 from kiln.stats import StageStats
-from kiln.storage import DatasetWriter, write_parquet_atomic
+from kiln.storage import DatasetWriter, resume_part, write_parquet_atomic
 
 FILTER_STAGE = "filter"
 
@@ -124,6 +124,10 @@ def content_hash(text: str, lowercase: bool = True, collapse_whitespace: bool = 
 
 
 def _filter_part(task: _PartTask) -> StageStats:
+    return StageStats.from_dict(resume_part(task.kept_path, lambda: _filter(task).to_dict(with_lengths=True)))
+
+
+def _filter(task: _PartTask) -> StageStats:
     steps = _pipeline(task.steps)
     stats = StageStats()
     kept, rejected = [], []

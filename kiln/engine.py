@@ -136,27 +136,35 @@ _session: _Session | None = None
 
 def connect(address: str | None, origin: str = ADDRESS_KEY, num_cpus: int | None = None) -> _Session:
     """Connect this process to Ray once: to `address`, or start an embedded local Ray when it is None.
-    Later calls reuse the connection, so every stage of a process shares one Ray."""
+    Later calls for the same address reuse the connection, so every stage of a process shares one Ray."""
     global _session
     import ray
 
-    if _session is not None and ray.is_initialized():
-        return _session
     if address:
         _check_reachable(address, origin)
+    if _session is not None and ray.is_initialized():
+        if _session.address == address:
+            return _session
+        shutdown()  # another address than this process's Ray: the engine asked for is the engine used
     options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING,
                                "configure_logging": True}
     if address is None:
-        options |= {"num_cpus": num_cpus, "include_dashboard": None}
+        # Logical CPUs: at least one per requested worker, so `workers` means the same on any machine.
+        options |= {"num_cpus": max(os.cpu_count() or 1, num_cpus or 0)}
     try:
         context = ray.init(address=address, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise EngineError(f"{origin} = {redact_address(address)!r}: could not join the Ray cluster: {exc}") from None
+        raise EngineError(
+            f"{origin} = {redact_address(address)!r}: could not join the Ray cluster: {exc}. If the cluster uses "
+            "token authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) as on its "
+            "nodes") from None
     import ray.data
 
     data = ray.data.DataContext.get_current()
     data.enable_progress_bars = False  # Kiln draws one bar per stage; Ray Data's would interleave with it
     data.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # per-dataset INFO lines; the logs stay in Ray's dir
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled": on purpose
     _session = _Session(address, context.address_info.get("gcs_address", ""), context.dashboard_url or None)
     return _session
 

@@ -19,16 +19,18 @@ so every caller still gets local paths (sentencepiece, memmapped shards, safeten
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from filelock import FileLock, Timeout
 
 from kiln.manifest import MANIFEST_NAME, FileEntry, Manifest, data_version_of, git_commit, now_utc, sha256_file, write_json_atomic
 from kiln.remote import CorruptRemoteFile, MissingRemoteFile, S3Remote
@@ -43,6 +45,26 @@ def write_parquet_atomic(path: Path, table: pa.Table) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     pq.write_table(table, tmp, compression="zstd")
     os.replace(tmp, path)
+
+
+def resume_part(output: str | Path, run: Callable[[], dict]) -> dict:
+    """A part task's result (a JSON-able dict): from its completion marker when an earlier attempt already
+    finished this part, else `run()`, then the marker — written after the part's outputs, so a marker always
+    means complete output. Markers live in the staging folder's hidden `.done/` and are never published."""
+    output = Path(output)
+    marker = output.parent / ".done" / f"{output.name}.json"
+    if marker.is_file():
+        return json.loads(marker.read_text(encoding="utf-8"))
+    result = run()
+    marker.parent.mkdir(exist_ok=True)
+    write_json_atomic(marker, json.dumps(result))
+    return result
+
+
+def resume_key(**identity) -> str:
+    """What makes a staged dataset the same one (code version, config, input data versions): a failed step
+    re-run with the same key resumes in the same staging folder."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def part_name(role: str, index: int, suffix: str = ".parquet") -> str:
@@ -119,8 +141,10 @@ class Store:
                     found[doc_id] = value
         return found
 
-    def staging(self, asset: str, partition: str | None = None) -> DatasetWriter:
-        return DatasetWriter(self._local_dir(asset, partition), asset, partition, store=self)
+    def staging(self, asset: str, partition: str | None = None, resume: str | None = None) -> DatasetWriter:
+        """A writer for a new version; with `resume` (a `resume_key`), a failed attempt's staging folder is kept
+        and the next attempt with the same key picks up the parts it completed."""
+        return DatasetWriter(self._local_dir(asset, partition), asset, partition, store=self, resume=resume)
 
     # ----------------------------------------------------------------------------------- S3 sync
 
@@ -231,16 +255,33 @@ def _swap_in(staging: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+class StagingBusy(RuntimeError):
+    """Another process is writing the same version of the same dataset."""
+
+
 class DatasetWriter:
     """Collects parts in a staging folder; `commit` writes the manifest and swaps the folder in (and, with a
     remote, uploads it: files, then the manifest; a failed upload fails the commit, leaving S3 at the
-    previous version)."""
+    previous version).
 
-    def __init__(self, final_dir: Path, asset: str, partition: str | None, store: Store | None = None):
+    With `resume`, the staging folder is named by the key and survives a failure, so per-part completion markers
+    (`resume_part`) let a re-run skip what is done; a file lock keeps two processes out of one such folder."""
+
+    def __init__(self, final_dir: Path, asset: str, partition: str | None, store: Store | None = None,
+                 resume: str | None = None):
         self.final_dir, self.asset, self.partition, self.store = final_dir, asset, partition, store
         final_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.dir = final_dir.with_name(f".{final_dir.name}.staging-{uuid.uuid4().hex[:8]}")
-        self.dir.mkdir()
+        self.resume = resume
+        self.dir = final_dir.with_name(f".{final_dir.name}.staging-{resume or uuid.uuid4().hex[:8]}")
+        self._lock = None
+        if resume:
+            self._lock = FileLock(f"{self.dir}.lock")
+            try:
+                self._lock.acquire(timeout=0)
+            except Timeout:
+                raise StagingBusy(f"{asset}[{partition}] is being written by another run with the same inputs "
+                                  f"(lock {self._lock.lock_file}); wait for it to finish") from None
+        self.dir.mkdir(exist_ok=bool(resume))
         self._counters: dict[str, int] = {}
 
     def next_path(self, role: str, suffix: str = ".parquet") -> Path:
@@ -283,6 +324,12 @@ class DatasetWriter:
 
     def abort(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _swap(self) -> None:
         _swap_in(self.dir, self.final_dir)
@@ -291,5 +338,8 @@ class DatasetWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None or self.dir.exists():
+        if exc_type is not None and self.resume:
+            self._release()  # keep the completed parts for the next attempt
+        elif exc_type is not None or self.dir.exists():
             self.abort()
+        self._release()

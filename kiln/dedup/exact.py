@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from kiln.documents import REJECTED_SCHEMA
 from kiln.engine import SERIAL, Engine
 from kiln.stats import StageStats
-from kiln.storage import write_parquet_atomic
+from kiln.storage import resume_part, write_parquet_atomic
 
 DEDUP_STAGE = "exact_dedup"
 DUPLICATE = f"{DEDUP_STAGE}.duplicate"
@@ -78,6 +78,11 @@ def _bucket_of(hashes: pa.ChunkedArray, buckets: int) -> list[int]:
 
 
 def _scatter(task: _Scatter) -> int:
+    marker = Path(task.scratch) / f"scatter-{_part_key(task.source, task.part)}"
+    return resume_part(marker, lambda: {"rows": _scatter_part(task)})["rows"]
+
+
+def _scatter_part(task: _Scatter) -> int:
     table = pq.read_table(task.path, columns=["doc_id", "content_hash"])
     n = table.num_rows
     table = table.append_column("tier", pa.array([task.tier] * n, pa.int32())).append_column(
@@ -94,6 +99,11 @@ def _scatter(task: _Scatter) -> int:
 
 def _decide(task: _Decide) -> int:
     """Sort one bucket and write, per input part, its duplicates and the doc_id kept instead."""
+    marker = Path(task.scratch) / f"decide-{task.bucket:05d}"
+    return resume_part(marker, lambda: {"duplicates": _decide_bucket(task)})["duplicates"]
+
+
+def _decide_bucket(task: _Decide) -> int:
     folder = Path(task.scratch) / f"bucket-{task.bucket:05d}"
     if not folder.is_dir():
         return 0
@@ -118,6 +128,10 @@ def _decide(task: _Decide) -> int:
 
 
 def _apply(task: _Apply) -> StageStats:
+    return StageStats.from_dict(resume_part(task.kept_path, lambda: _apply_part(task).to_dict(with_lengths=True)))
+
+
+def _apply_part(task: _Apply) -> StageStats:
     table = pq.read_table(task.input_path)
     duplicates: dict[str, str] = {}  # this part's duplicates only: a few files, one per bucket
     for path in sorted(Path(task.duplicates_dir).glob("*.parquet")):

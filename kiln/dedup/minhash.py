@@ -23,7 +23,7 @@ from datasketch import LeanMinHash, MinHash
 from kiln.config import BoilerplateLines, NearDedup
 from kiln.dedup.text import normalized_words
 from kiln.engine import SERIAL, Engine
-from kiln.storage import write_parquet_atomic
+from kiln.storage import write_parquet_atomic, resume_part
 
 SCHEME = "affine32"  # datasketch >= 2.0: 32-bit hash values, collision-free permutations
 
@@ -140,6 +140,11 @@ class _SignTask:
 
 
 def _sign_part(task: _SignTask) -> tuple[int, Counter]:
+    done = resume_part(task.output_path, lambda: _sign(task))
+    return done["documents"], Counter({int(h): n for h, n in done["lines"].items()})
+
+
+def _sign(task: _SignTask) -> dict:
     near = NearDedup.model_validate_json(task.near)
     lines = BoilerplateLines.model_validate_json(task.lines) if task.lines else None
     columns = {c: [] for c in SIGNATURE_COLUMNS}
@@ -165,7 +170,7 @@ def _sign_part(task: _SignTask) -> tuple[int, Counter]:
         "shingles": _list_array(columns["shingles"]),
     }, schema=schema)
     write_parquet_atomic(Path(task.output_path), table)
-    return table.num_rows, line_counts
+    return {"documents": table.num_rows, "lines": {str(h): n for h, n in line_counts.items()}}
 
 
 def _list_array(arrays: list[np.ndarray]) -> pa.LargeListArray:

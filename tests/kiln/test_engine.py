@@ -1,0 +1,136 @@
+"""The data engine: the same bytes whatever runs the stages — in this process, a process pool, an embedded Ray with
+1, 2 or 4 workers, a two-node Ray cluster, and that cluster losing a node mid-stage — and clear errors for a bad
+address."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kiln import engine as engine_module
+from kiln.config import parse_config
+from kiln.engine import SERIAL, EngineError, ProcessPool, RayEngine, engine_for, redact_address
+from kiln.storage import Store
+from tests.engine_stages import corpus_config, fingerprint, ingest_all, run_stages, write_corpus
+from tests.ray_cluster import start_cluster
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engine-corpus")
+    write_corpus(root, 600)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory):
+    """The stages in this process, one part after another: what every engine must reproduce byte for byte."""
+    store = Store(tmp_path_factory.mktemp("serial"))
+    config = corpus_config(corpus)
+    ingest_all(config, store)
+    run_stages(config, store, SERIAL)
+    return fingerprint(store)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def embedded_ray_stops():
+    yield
+    engine_module.shutdown()  # the embedded Ray this module started: nothing left running
+
+
+def test_reference_run_has_work_for_every_stage(reference, corpus, tmp_path):
+    """Not a vacuous comparison: filters drop, exact dedup finds copies within and across sources, parts are many."""
+    rejected = {p.split("/")[0] + "/" + p.split("/")[1] for p in reference if "/rejected-" in p}
+    assert rejected == {"filtered/web", "filtered/mirror", "curated/web", "curated/mirror"}
+    assert sum("/part-" in p and p.startswith("filtered/web") for p in reference) == 12  # 600 docs, 50 per part
+
+
+@pytest.mark.parametrize("engine", [ProcessPool(workers=2), RayEngine(workers=4), RayEngine(workers=1),
+                                    RayEngine(workers=2)], ids=["pool-2", "ray-4", "ray-1", "ray-2"])
+def test_every_engine_and_worker_count_writes_the_same_bytes(engine, corpus, reference, tmp_path):
+    store = Store(tmp_path / "store")
+    config = corpus_config(corpus)
+    ingest_all(config, store)
+    run_stages(config, store, engine)
+    assert fingerprint(store) == reference
+
+
+def test_ray_engine_describes_itself_without_credentials():
+    described = RayEngine(workers=2).describe()
+    assert described["engine"] == "ray" and described["address"] == "embedded" and described["workers"] == 2
+    assert described["nodes"] == 1
+
+
+def test_redact_address_removes_credentials():
+    assert redact_address("admin:s3cret@head.example:6379") == "head.example:6379"
+    assert redact_address("ray://admin:s3cret@head:10001") == "ray://head:10001"
+    assert redact_address("10.0.0.5:6379") == "10.0.0.5:6379"
+
+
+def test_a_bad_ray_address_names_the_key_and_the_address(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    config = parse_config({"sources": [{"name": "web", "kind": "jsonl", "path": "x", "license": "CC0",
+                                        "domain": "web", "profile": "none"}], "profiles": {"none": []},
+                           "engine": {"ray_address": "127.0.0.1:9"}})
+    started = time.monotonic()
+    with pytest.raises(EngineError) as error:
+        engine_for(config.engine).map_parts(abs, [1], desc="t", progress=False)
+    assert "engine.ray_address" in str(error.value) and "127.0.0.1:9" in str(error.value)
+    assert time.monotonic() - started < 30  # not Ray's minute of retries
+    with pytest.raises(EngineError, match="Ray Client address.*GCS address"):
+        RayEngine("ray://127.0.0.1:10001").map_parts(abs, [1], desc="t", progress=False)
+
+
+def test_ray_address_from_the_environment_is_named_as_such(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
+    with pytest.raises(EngineError, match=r"RAY_ADDRESS = '127\.0\.0\.1:9'"):
+        RayEngine().map_parts(abs, [1], desc="t", progress=False)
+
+
+def _driver(cluster, store: Path, corpus: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tests.engine_stages", str(store), str(corpus)], cwd=REPO,
+                            env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+def test_two_node_cluster_gives_the_same_bytes_even_when_a_node_dies_mid_stage(tmp_path):
+    corpus = tmp_path / "corpus"
+    write_corpus(corpus, 2000)  # 40 + 10 parts: the filter stage runs long enough to lose a node in it
+    config = corpus_config(corpus)
+    serial = Store(tmp_path / "serial")
+    ingest_all(config, serial)
+    run_stages(config, serial, SERIAL)
+    expected = fingerprint(serial)
+
+    cluster = start_cluster(nodes=2)
+    try:
+        undisturbed = Store(tmp_path / "undisturbed")
+        ingest_all(config, undisturbed)
+        driver = _driver(cluster, undisturbed.root, corpus)
+        output, _ = driver.communicate(timeout=600)
+        assert driver.returncode == 0, output
+        assert fingerprint(undisturbed) == expected
+
+        disturbed = Store(tmp_path / "disturbed")
+        ingest_all(config, disturbed)
+        driver = _driver(cluster, disturbed.root, corpus)
+        deadline = time.monotonic() + 300
+        # Mid-stage: the filter has written parts, and the second node is running one right now.
+        while not (list((disturbed.root / "filtered").glob(".web.staging-*/part-*.parquet"))
+                   and cluster.running_map_task(1)):
+            assert driver.poll() is None and time.monotonic() < deadline, "the filter stage never reached node 1"
+            time.sleep(0.02)
+        cluster.kill_node(1)  # the second raylet: a worker machine dying while its task runs
+        killed_while_running = driver.poll() is None
+        output, _ = driver.communicate(timeout=600)
+        assert driver.returncode == 0, output
+        assert killed_while_running
+        assert cluster.alive_nodes() == 1  # the node really is gone; its parts were redone on the head
+        assert fingerprint(disturbed) == expected
+        assert not list(disturbed.root.rglob(".*.tmp-*"))  # no half-written part anywhere
+    finally:
+        cluster.stop()
