@@ -86,7 +86,7 @@ def main() -> None:
             print(f"{'all sources':<20}{workers:>8}{n / dt:>10,.0f}{mb / dt:>8.2f}{n / dt / workers:>14,.0f}"
                   f"{mb / dt / workers:>12.2f}")
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=1, mp_context=worker_pool_context("kiln.curation")) as pool:
+    with ProcessPoolExecutor(max_workers=1, mp_context=worker_pool_context()) as pool:
         pool.submit(build_step, "language").result()
     print(f"\nworker start-up (forkserver + language model load), paid once per partition: "
           f"{time.perf_counter() - t0:.1f} s; parts are the unit of work, so a source with fewer parts than workers "

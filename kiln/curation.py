@@ -94,24 +94,35 @@ def _pipeline(steps: tuple[tuple[str, str], ...]) -> list[Step]:
     return [build_step(name, json.loads(params)) for name, params in steps]
 
 
-def run_steps(doc: Document, steps: list[Step], stats: StageStats, examples: int) -> str | None:
-    """Run `doc` through the steps, rewriting its text in place; return the drop reason or None."""
+def run_steps(docs: list[Document], steps: list[Step], stats: StageStats, examples: int) -> list[str | None]:
+    """Run a batch of documents through the steps, step by step, rewriting their texts in place; return each
+    one's drop reason, or None. A step with a batch form (`step.batch(docs)`) gets every surviving document at
+    once, so it can screen them with one vectorized pass; others are called per document."""
+    reasons: list[str | None] = [None] * len(docs)
+    alive = list(range(len(docs)))
     for step in steps:
         s = stats.step(step.name)
-        s.docs_in += 1
-        s.chars_in += len(doc.text)
+        batch = [docs[i] for i in alive]
+        s.docs_in += len(batch)
+        s.chars_in += sum(len(doc.text) for doc in batch)
         t0 = time.perf_counter()
-        verdict = step(doc)
+        batch_form = getattr(step, "batch", None)
+        verdicts = batch_form(batch) if batch_form is not None else [step(doc) for doc in batch]
         s.seconds += time.perf_counter() - t0
-        if not verdict.kept:
-            s.dropped[verdict.drop] += 1
-            s.chars_dropped[verdict.drop] += len(doc.text)
-            stats.add_example(verdict.drop, doc.doc_id, doc.text, examples)
-            return verdict.drop
-        s.chars_rewritten += max(0, len(doc.text) - len(verdict.text))
-        s.counts.update(verdict.counts)
-        doc.text = verdict.text
-    return None
+        survivors = []
+        for i, doc, verdict in zip(alive, batch, verdicts):
+            if not verdict.kept:
+                s.dropped[verdict.drop] += 1
+                s.chars_dropped[verdict.drop] += len(doc.text)
+                stats.add_example(verdict.drop, doc.doc_id, doc.text, examples)
+                reasons[i] = verdict.drop
+                continue
+            s.chars_rewritten += max(0, len(doc.text) - len(verdict.text))
+            s.counts.update(verdict.counts)
+            doc.text = verdict.text
+            survivors.append(i)
+        alive = survivors
+    return reasons
 
 
 def content_hash(text: str, lowercase: bool = True, collapse_whitespace: bool = True) -> str:
@@ -132,12 +143,12 @@ def _filter(task: _PartTask) -> StageStats:
     stats = StageStats()
     kept, rejected = [], []
     for batch in pq.ParquetFile(task.input_path).iter_batches(batch_size=1000):
-        for row in batch.to_pylist():
-            doc = Document.from_row(row)
+        docs = [Document.from_row(row) for row in batch.to_pylist()]
+        originals = [doc.text for doc in docs]
+        reasons = run_steps(docs, steps, stats, task.examples_per_reason)
+        for doc, original, reason in zip(docs, originals, reasons):
             stats.docs_in += 1
-            stats.chars_in += len(doc.text)
-            original = doc.text
-            reason = run_steps(doc, steps, stats, task.examples_per_reason)
+            stats.chars_in += len(original)
             if reason is None:
                 kept.append({**doc.to_row(), "content_hash": content_hash(doc.text, *task.dedup)})
                 stats.docs_out += 1

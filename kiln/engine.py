@@ -14,14 +14,17 @@ functions run; the same input gives byte-identical output on any engine and any 
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
 import pickle
 import re
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any, Protocol, TypeVar
@@ -56,12 +59,24 @@ def _launch_order(tasks: Sequence[T], size: Callable[[T], int] | None) -> list[i
 
 # ------------------------------------------------------------------------------------------ process pool
 
-def worker_pool_context(preload: str):
+# Preloaded in the forkserver, so forked workers start with every stage's module imported.
+STAGE_MODULES = ["kiln.curation", "kiln.dedup.exact", "kiln.dedup.minhash", "kiln.token_shards"]
+
+
+def worker_pool_context(preload: list[str] = STAGE_MODULES):
     """forkserver, not fork: the caller may be a threaded process (a Dagster step), where fork is unsafe.
-    A forkserver is single-threaded and, with the stage's module preloaded, forks workers that start warm."""
+    A forkserver is single-threaded and, with the stages' modules preloaded, forks workers that start warm."""
     context = get_context("forkserver")
-    context.set_forkserver_preload([preload])
+    context.set_forkserver_preload(preload)
     return context
+
+
+@functools.lru_cache(maxsize=4)
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """One pool per size for the life of the process, reused by every stage (starting one costs ~1-2 s)."""
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=worker_pool_context())
+    atexit.register(pool.shutdown, cancel_futures=True)
+    return pool
 
 
 @dataclass(frozen=True)
@@ -71,20 +86,26 @@ class ProcessPool:
     workers: int = 0
 
     def map_parts(self, fn, tasks, *, desc, progress=True, size=None):
-        workers = min(self.workers or os.cpu_count() or 1, max(len(tasks), 1))
+        workers = self.workers or os.cpu_count() or 1
         bar = tqdm(total=len(tasks), desc=desc, unit="part", disable=not progress)
         results: list = [None] * len(tasks)
-        if workers == 1:
+        if workers == 1 or len(tasks) <= 1:
             for i, task in enumerate(tasks):
                 results[i] = fn(task)
                 bar.update(1)
         else:
-            context = worker_pool_context(fn.__module__)
-            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-                futures = {pool.submit(fn, tasks[i]): i for i in _launch_order(tasks, size)}
+            pool = _pool(workers)
+            futures = {pool.submit(fn, tasks[i]): i for i in _launch_order(tasks, size)}
+            try:
                 for future in as_completed(futures):
                     results[futures[future]] = future.result()
                     bar.update(1)
+            except BrokenProcessPool:
+                _pool.cache_clear()  # a worker died (OOM, a kill): the next stage gets a fresh pool
+                raise
+            finally:
+                for future in futures:
+                    future.cancel()
         bar.close()
         return results
 
@@ -171,7 +192,13 @@ def connect(address: str | None, origin: str = ADDRESS_KEY, num_cpus: int | None
 
 def _run_part(fn: Callable, row: dict[str, Any]) -> dict[str, Any]:
     # Tasks and results cross the engine pickled: Ray Data would otherwise try to turn them into Arrow columns.
-    return {"i": row["i"], "result": pickle.dumps(fn(pickle.loads(row["task"])))}
+    try:
+        result = fn(pickle.loads(row["task"]))
+    except FileNotFoundError as exc:
+        raise EngineError(f"{exc.filename}: not found on Ray node {socket.gethostname()}. Workers read and write "
+                          "the store themselves, so KILN_HOME must be one shared filesystem mounted at the same "
+                          "path on every node") from exc
+    return {"i": row["i"], "result": pickle.dumps(result)}
 
 
 @dataclass(frozen=True)
@@ -224,6 +251,23 @@ class RayEngine:
             described["dashboard"] = session.dashboard_url if "://" in session.dashboard_url \
                 else f"http://{session.dashboard_url}"
         return described
+
+
+@contextmanager
+def shared_local_ray(settings) -> Iterator[None]:
+    """One embedded Ray for this process and the processes it starts (Dagster's step processes, which would each
+    start their own): started here, its address handed down as RAY_ADDRESS, stopped on exit. Nothing to do when
+    the backend is not Ray or a cluster is named (`engine.ray_address`, RAY_ADDRESS)."""
+    if settings.backend != "ray" or settings.ray_address or os.environ.get("RAY_ADDRESS"):
+        yield
+        return
+    session = connect(None, num_cpus=settings.workers or None)
+    os.environ["RAY_ADDRESS"] = session.gcs_address
+    try:
+        yield
+    finally:
+        os.environ.pop("RAY_ADDRESS", None)
+        shutdown()
 
 
 def shutdown() -> None:

@@ -5,6 +5,8 @@ The first run registers the first refresh (the configured sources); files droppe
 tick under `make ui`). Runs go through the Dagster instance in `DAGSTER_HOME`, so they show up in `make ui`.
 Stages that read every source (exact dedup, the dedup index) start once all sources have passed the stages
 before.
+The per-document stages run on one embedded local Ray that the demo starts and stops (or on the cluster that
+`engine.ray_address` / RAY_ADDRESS names).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from collections.abc import Callable
 import dagster as dg
 
 from kiln.audit import Catalog
-from kiln.config import ConfigError, load_config
+from kiln.config import ConfigError, ProjectConfig, load_config
 from kiln.data_card import merged_stage_stats
+from kiln.engine import EngineError, shared_local_ray
 from kiln.lineage import DOCUMENT_STAGES
 from kiln.refresh import latest, load_refreshes, next_refresh, partition
 from kiln.stats import StageStats, chain, funnel_rows
@@ -95,6 +98,16 @@ def main() -> int:
     except ConfigError as exc:
         print(f"[kiln demo] {exc}", file=sys.stderr)
         return 2
+    try:
+        # One Ray for every step process of every run (not one per step), stopped when the demo ends.
+        with shared_local_ray(config.engine):
+            return run_demo(config)
+    except EngineError as exc:
+        print(f"[kiln demo] {exc}", file=sys.stderr)
+        return 2
+
+
+def run_demo(config: ProjectConfig) -> int:
     from assets.partitions import refresh_partitions
 
     instance = dg.DagsterInstance.get()

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
 from typing import ClassVar
 
 from kiln.documents import Document
@@ -33,6 +36,21 @@ ENCODED_DATA_RE = re.compile(
     r"|(?:\b(?:0x|\\x)?[0-9a-fA-F]{2}(?:,\s*|\b\s*)){8,}"  # hex bytes (Kiln: also ", "-separated)
     r"|(?:\\u[0-9a-fA-F]{4}){8,}"  # unicode escapes
 )
+# The same patterns for RE2 (pyarrow.compute), to screen a whole batch in one linear-time pass (~100x faster than
+# `re` on this alternation). Every text ENCODED_DATA_RE matches, this matches too: RE2's ASCII \b holds wherever
+# Python's Unicode \b does next to an ASCII hex digit, and the class below holds every character Python's \s does.
+_SPACE = r"[\t\n\x0b\f\r \x1c-\x1f\x{85}\p{Z}]"
+ENCODED_DATA_SCREEN = (r"[a-zA-Z0-9+/\n=]{64,}"
+                       rf"|(?:\b(?:0x|\\x)?[0-9a-fA-F]{{2}}(?:,{_SPACE}*|\b{_SPACE}*)){{8,}}"
+                       r"|(?:\\u[0-9a-fA-F]{4}){8,}")
+_ASCII_ALNUM = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def alnum_count(text: str) -> int:
+    """Characters for which `str.isalnum` holds; ASCII text counted in C."""
+    if text.isascii():
+        return len(text) - len(text.encode("ascii").translate(None, _ASCII_ALNUM))
+    return sum(map(str.isalnum, text))
 
 
 # The Stack / StarCoder code filters (bigcode-dataset preprocessing/filtering.py; CodeParrot; StarCoder2).
@@ -54,7 +72,15 @@ class CodeQuality:
         self.autogen_markers = tuple(m.lower() for m in self.autogen_markers)
 
     def __call__(self, doc: Document) -> Verdict:
-        text = doc.text
+        return self._verdict(doc.text, may_hold_encoded_data=True)
+
+    def batch(self, docs: list[Document]) -> list[Verdict]:
+        """Every document at once: one RE2 pass finds the few that may hold encoded data (the slow rule)."""
+        screen = pc.match_substring_regex(pa.array([d.text for d in docs], pa.large_string()),
+                                          ENCODED_DATA_SCREEN).to_pylist()
+        return [self._verdict(d.text, maybe) for d, maybe in zip(docs, screen)]
+
+    def _verdict(self, text: str, may_hold_encoded_data: bool) -> Verdict:
         n_chars = len(text)
 
         if self.min_chars is not None and n_chars < self.min_chars:
@@ -77,10 +103,11 @@ class CodeQuality:
                 return drop(self.name, "max_avg_line_length", text)
 
         if self.min_alnum_fraction is not None:
-            if sum(map(str.isalnum, text)) / n_chars < self.min_alnum_fraction:
+            if alnum_count(text) / n_chars < self.min_alnum_fraction:
                 return drop(self.name, "min_alnum_fraction", text)
 
-        if self.max_encoded_match_chars is not None or self.max_encoded_fraction is not None:
+        if may_hold_encoded_data and (self.max_encoded_match_chars is not None
+                                      or self.max_encoded_fraction is not None):
             longest = covered = 0
             for m in ENCODED_DATA_RE.finditer(text):
                 size = m.end() - m.start()

@@ -16,6 +16,15 @@ from kiln.filters.base import Verdict, drop, keep
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\u200b\ufeff]")
 
 
+def _fix_mojibake(line: str) -> str:
+    # Only mojibake repair: no cosmetic rewrites (curly quotes, ligatures, widths) that would change code and
+    # reference text. ASCII lines have no mojibake.
+    if line.isascii():
+        return line
+    return ftfy.fix_text(line, uncurl_quotes=False, fix_latin_ligatures=False, fix_character_width=False,
+                         normalization=None)
+
+
 @dataclass
 class UnicodeNormalize:
     name: ClassVar[str] = "normalize"
@@ -28,10 +37,9 @@ class UnicodeNormalize:
         text = doc.text
         if not text.isascii():  # ASCII has no mojibake and is already in every normal form: skip the slow part
             if self.fix_mojibake:
-                # Only mojibake repair: no cosmetic rewrites (curly quotes, ligatures, widths) that would
-                # change code and reference text.
-                text = ftfy.fix_text(text, uncurl_quotes=False, fix_latin_ligatures=False,
-                                     fix_character_width=False, normalization=None)
+                # ftfy works line by line; ASCII lines (most lines of most documents) have nothing to repair, so
+                # it sees only the others, as whole-ASCII documents already skip it.
+                text = "\n".join(map(_fix_mojibake, text.split("\n")))
             text = unicodedata.normalize(self.form, text)
         if self.newlines:
             text = text.replace("\r\n", "\n").replace("\r", "\n")

@@ -173,3 +173,30 @@ def test_training_plan_asset(project):
     metadata = result.asset_materializations_for_node("training_plan")[0].metadata
     assert "Kiln training plan" in metadata["plan"].value
     assert (home / "data" / "training_plan" / "_all" / "plan.json").is_file()
+
+
+def test_a_failed_step_resumes_from_the_parts_it_completed(project):
+    """A step that dies half-way (here a raw part that cannot be read) keeps its completed parts; the re-run does
+    only the rest (their files are not rewritten) and commits exactly what an uninterrupted run commits."""
+    assert materialize(project, ["raw_documents"], "web").success
+    raw_parts = sorted((project.home / "data" / "raw_documents" / project.partition("web")).glob("part-*.parquet"))
+    assert len(raw_parts) == 3  # 8 documents, 3 per part
+    good = raw_parts[1].read_bytes()
+    raw_parts[1].write_bytes(b"not parquet")  # the second part fails; the first is done by then (in order)
+    assert not materialize(project, ["filtered_documents"], "web", raise_on_error=False).success
+    filtered = project.home / "data" / "filtered_documents"
+    staged = list(filtered.glob(f"{project.partition('web').split('/')[0]}/.*.staging-*/part-00000.parquet"))
+    assert len(staged) == 1  # kept for the next attempt, with its completion marker
+    assert (staged[0].parent / ".done" / "part-00000.parquet.json").is_file()
+    first_done = staged[0].stat().st_mtime_ns
+
+    raw_parts[1].write_bytes(good)
+    assert materialize(project, ["filtered_documents"], "web").success
+    final = filtered / project.partition("web")
+    assert (final / "part-00000.parquet").stat().st_mtime_ns == first_done  # not redone
+    assert not list(final.glob(".*"))  # markers and scratch are not published
+    resumed = json.loads((final / "_manifest.json").read_text())
+
+    assert materialize(project, ["filtered_documents"], "web").success  # from zero
+    again = json.loads((final / "_manifest.json").read_text())
+    assert again["data_version"] == resumed["data_version"] and again["counts"] == resumed["counts"]

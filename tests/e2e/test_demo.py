@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dagster as dg
+import psutil
 import pytest
 import yaml
 
@@ -36,13 +38,29 @@ def bounded_env(tmp_path):
     return {**os.environ, "KILN_CONFIG": str(path), "KILN_HOME": str(home), "DAGSTER_HOME": str(home / "dagster")}
 
 
+def ray_processes() -> set[int]:
+    """Ray's daemons (GCS server, raylets) on this machine, whoever started them."""
+    found = set()
+    for p in psutil.process_iter(["pid", "exe"]):
+        if Path(p.info["exe"] or "").name in ("gcs_server", "raylet"):
+            found.add(p.info["pid"])
+    return found
+
+
 @pytest.mark.slow
 def test_demo_materializes_every_source_and_records_runs(bounded_env):
+    before = ray_processes()
     proc = subprocess.run([sys.executable, "-m", "orchestration.demo"], cwd=ROOT, env=bounded_env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ray_processes() <= before  # the demo's embedded Ray is stopped with it
     assert "package_licenses" in proc.stdout and "outputs:" in proc.stdout
     data = Path(bounded_env["KILN_HOME"]) / "data"
+    with dg.DagsterInstance.from_config(bounded_env["DAGSTER_HOME"]) as instance:
+        event = instance.get_latest_materialization_event(dg.AssetKey("filtered_documents"))
+        engine = event.asset_materialization.metadata["engine"].value
+    # the default: the stages ran on the demo's one embedded Ray, which step processes joined by its address
+    assert engine["engine"] == "ray" and engine["nodes"] == 1 and engine["address"] != "embedded"
     [refresh] = json.loads((data / "refreshes" / "_all" / "refreshes.json").read_text())["refreshes"]
     assert refresh["trigger"] == "initial" and refresh["files"] is None  # the first refresh: the configured sources
     key = refresh["key"]

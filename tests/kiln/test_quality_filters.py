@@ -6,6 +6,8 @@ import base64
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kiln.documents import Document
 from kiln.filters import text_stats as ts
@@ -471,3 +473,28 @@ def test_code_autogen_marker_only_in_the_head():
 def test_code_minified_without_line_cap_fails_on_average():
     step = CodeQuality(max_line_length=None)
     assert reason(step, CODE_DROPS["max_line_length"]) == "code_quality.max_avg_line_length"
+
+
+# The batch form screens with RE2 (pyarrow) and must decide exactly as the per-document form, which always runs
+# Python's `re`: the per-document form is the independent second implementation here.
+HEX_EDGES = [
+    "x = [" + ",\u00a0".join(f"0x{i:02x}" for i in range(12)) + "]\n",  # Python's \s: a no-break space
+    "é" + " ".join(f"{i:02x}" for i in range(20)) + "é\n",  # Unicode letters next to the hex run
+    "data = '" + "".join(f"\\x{i:02x}" for i in range(40)) + "'\n",
+    "s = '" + "\\u00e9" * 12 + "'\n",
+    "q = " + "A" * 63 + "\n",  # one short of a base64 run
+]
+
+
+@pytest.mark.parametrize("text", [*CODE_DROPS.values(), C_HEX_ARRAY, PY_MODULE, *HEX_EDGES],
+                         ids=[*CODE_DROPS, "hex_array", "module", *(f"edge{i}" for i in range(len(HEX_EDGES)))])
+def test_code_batch_form_decides_as_the_per_document_form(text):
+    step = CodeQuality(max_encoded_match_chars=200)
+    assert [v.drop for v in step.batch([doc(text)])] == [step(doc(text)).drop]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.text(alphabet="0123456789abcdefxX\\u, \u00a0\u2003\t\né_+/=AZ", min_size=0, max_size=400))
+def test_code_batch_form_on_generated_text(text):
+    step = CodeQuality(min_chars=None, max_encoded_match_chars=40, max_encoded_fraction=0.2, min_alnum_fraction=None)
+    assert [v.drop for v in step.batch([doc(text)])] == [step(doc(text)).drop]
