@@ -43,6 +43,7 @@ mlflow: install
 
 bench: install
 	$(BIN)/python bench/curation_bench.py
+	$(BIN)/python bench/engine_bench.py --corpus demo
 	$(BIN)/python bench/dedup_bench.py
 	$(BIN)/python bench/quality_bench.py
 	$(BIN)/python bench/storage_s3_bench.py

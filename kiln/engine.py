@@ -164,7 +164,7 @@ def connect(address: str | None, origin: str = ADDRESS_KEY, num_cpus: int | None
     if address:
         _check_reachable(address, origin)
     if _session is not None and ray.is_initialized():
-        if _session.address == address:
+        if address in (_session.address, _session.gcs_address):  # the same Ray (an embedded one by its address)
             return _session
         shutdown()  # another address than this process's Ray: the engine asked for is the engine used
     options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING,

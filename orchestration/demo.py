@@ -27,8 +27,11 @@ from kiln.refresh import latest, load_refreshes, next_refresh, partition
 from kiln.stats import StageStats, chain, funnel_rows
 from kiln.storage import Store
 
-# Step events at INFO, not Dagster's DEBUG flood; the full event log is in the UI.
-RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+# Step events at INFO, not Dagster's DEBUG flood; the full event log is in the UI. Steps run in the demo's own
+# process, one after another: the data engine parallelizes inside each step, and a process per step would pay
+# Python, Dagster and a Ray driver's start-up again every time (most of the demo's time on the small corpora).
+RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}},
+              "execution": {"config": {"in_process": {}}}}
 
 # One refresh, wave by wave: every asset in a wave needs only earlier waves. Each wave runs per (source, refresh)
 # ("documents"), once per refresh ("refresh"), or once when not materialized yet ("once": the quality classifier

@@ -33,7 +33,7 @@ class GopherQuality:
     def __call__(self, doc: Document) -> Verdict:
         text = doc.text
         toks = ts.tokens(text)
-        ws = ts.words(text)  # tokens that are not pure punctuation/symbols
+        ws = ts.word_tokens(toks)  # tokens that are not pure punctuation/symbols
         n_toks, n_words = len(toks), len(ws)
 
         if self.min_doc_words is not None and n_words < self.min_doc_words:

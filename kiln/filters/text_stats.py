@@ -45,6 +45,12 @@ def words(text: str) -> list[str]:
     return _WORD_RE.findall(text)
 
 
+def word_tokens(toks: list[str]) -> list[str]:
+    """`words(text)` from `tokens(text)` without scanning the text again: the tokens that start with a word
+    character (a punctuation token never does, a word token always does)."""
+    return [t for t in toks if t[0].isalnum() or t[0] == "_"]
+
+
 def has_alpha(token: str) -> bool:
     """True if the token contains at least one letter (any script)."""
     return token.isalpha() or _ALPHA_RE.search(token) is not None

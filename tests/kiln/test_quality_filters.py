@@ -121,6 +121,13 @@ def test_tokenizer_splits_words_and_punctuation():
     assert ts.has_alpha("état") and ts.has_alpha("x86") and not ts.has_alpha("1999")
 
 
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.text(alphabet=st.sampled_from("ab1_ -'’.…,#\n\té½٣\u0301\u00a0x"), max_size=200) | st.text(max_size=200))
+def test_word_tokens_are_the_words_of_the_text(text):
+    """Gopher derives its words from its tokens (one regex pass): the same list as scanning for words."""
+    assert ts.word_tokens(ts.tokens(text)) == ts.words(text)
+
+
 def test_duplicate_and_ngram_helpers():
     assert ts.find_duplicates(["a", "bb", "a", "bb", "c"]) == (2, 3)
     assert ts.paragraphs("\n a\n\n\nb \n") == ["a", "b"]
