@@ -16,8 +16,10 @@ the machine named.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import threading
@@ -29,7 +31,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kiln import engine as engines  # noqa: E402
-from kiln.config import load_config, parse_config  # noqa: E402
+from kiln.config import ProjectConfig, load_config, parse_config  # noqa: E402
 from kiln.curation import filter_documents, ingest, profile_steps  # noqa: E402
 from kiln.dedup.exact import HashSource, exact_dedup  # noqa: E402
 from kiln.engine import ProcessPool, RayEngine  # noqa: E402
@@ -117,7 +119,17 @@ def run(config, raw: Store, out: Path, engine) -> dict:
             "worker_peak": memory.largest, "driver_peak": memory.driver, "nodes": described.get("nodes", 1)}
 
 
+def row(name: str, workers: int, tmp: Path, i: int) -> None:
+    """One row, in this (fresh) process: prints its figures as JSON."""
+    config = ProjectConfig.model_validate_json((tmp / "config.json").read_text())
+    engine = ProcessPool(workers) if name == "pool" else RayEngine(workers=workers)  # cluster: RAY_ADDRESS
+    print(json.dumps(run(config, Store(tmp / "raw"), tmp / f"out-{i}", engine)))
+    engines.shutdown()
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--row"]:
+        return row(sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]), int(sys.argv[5]))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", choices=["demo", "synthetic"], default="demo")
     ap.add_argument("--limit", type=int, default=1000, help="demo: documents per source")
@@ -151,35 +163,34 @@ def main() -> None:
         print(f"corpus: {args.corpus}, {parts} parts of ≤{config.reading.rows_per_part} documents; "
               f"read in {time.perf_counter() - t0:.0f} s (not timed below)\n")
 
+        (tmp / "config.json").write_text(config.model_dump_json())
         runs = [(e, int(w)) for e in args.engines.split(",") for w in args.workers.split(",")]
         print(f"{'engine':<10}{'workers':>8}{'docs':>10}{'filter docs/s':>15}{'per worker':>12}"
               f"{'dedup docs/s':>14}{'driver peak':>13}{'worker peak':>13}")
         cluster = None
         if args.cluster:
-            from tests.ray_cluster import start_cluster
-
-            cluster = start_cluster(nodes=2)
             runs.append(("cluster", 2))
         try:
             for i, (name, workers) in enumerate(runs):
-                if name == "pool":
-                    engine = ProcessPool(workers)
-                elif name == "ray":
-                    engine = RayEngine(workers=workers)
-                else:
-                    os.environ.update(cluster.env)  # RAY_ADDRESS and the cluster's token
-                    engine = RayEngine(workers=workers)
-                r = run(config, raw, tmp / f"out-{i}", engine)
-                driver = r["driver_peak"]
+                if name == "cluster":  # started only now: its idle daemons would slow the other rows
+                    from tests.ray_cluster import start_cluster
+
+                    cluster = start_cluster(nodes=2)
+                # Each row in a process of its own: its own Ray driver and a peak memory of its own.
+                env = {**os.environ, **(cluster.env if name == "cluster" else {})}
+                out = subprocess.run([sys.executable, __file__, "--row", name, str(workers), str(tmp), str(i)],
+                                     env=env, capture_output=True, text=True, check=False)
+                if out.returncode != 0:
+                    raise SystemExit(f"{name} x{workers} failed:\n{out.stderr[-3000:]}")
+                r = json.loads(out.stdout.strip().splitlines()[-1])
                 print(f"{name:<10}{workers:>8}{r['docs']:>10,}{r['docs'] / r['filter_s']:>15,.0f}"
                       f"{r['docs'] / r['filter_s'] / workers:>12,.0f}{r['dedup_docs'] / r['dedup_s']:>14,.0f}"
-                      f"{driver / GIB:>12.2f}G{r['worker_peak'] / GIB:>12.2f}G", flush=True)
-                if name != "pool":
-                    engines.shutdown()
+                      f"{r['driver_peak'] / GIB:>12.2f}G{r['worker_peak'] / GIB:>12.2f}G"
+                      + (f"  ({r['nodes']} nodes)" if r["nodes"] > 1 else ""), flush=True)
         finally:
             if cluster is not None:
                 cluster.stop()
-    print("\ndriver peak: this process's peak RSS during the row's stages (the corpus was read before); worker peak: the largest worker process's RSS, sampled every 0.2 s. Ray's connection is made before the "
+    print("\ndriver peak: the row's process's peak RSS during the row's stages (the corpus was read before); worker peak: the largest worker process's RSS, sampled every 0.2 s. Ray's connection is made before the "
           "clock starts; its worker processes start inside the first stage's time.")
 
 

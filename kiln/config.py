@@ -440,6 +440,8 @@ class ProjectConfig(_Strict):
             for i, item in enumerate(steps):
                 if isinstance(item, str):
                     name, params = item, {}
+                elif isinstance(item, dict) and set(item) == {"step", "params"}:  # a dumped config, read back
+                    name, params = item["step"], item["params"]
                 elif isinstance(item, dict) and len(item) == 1:
                     (name, params), = item.items()
                     params = params or {}

@@ -102,7 +102,7 @@ def main() -> int:
         print(f"[kiln demo] {exc}", file=sys.stderr)
         return 2
     try:
-        # One Ray for every step process of every run (not one per step), stopped when the demo ends.
+        # One Ray for every step of every run (not one per step), stopped when the demo ends.
         with shared_local_ray(config.engine):
             return run_demo(config)
     except EngineError as exc:

@@ -23,7 +23,7 @@ from datasketch import LeanMinHash, MinHash
 from kiln.config import BoilerplateLines, NearDedup
 from kiln.dedup.text import normalized_words
 from kiln.engine import SERIAL, Engine
-from kiln.storage import write_parquet_atomic, resume_part
+from kiln.storage import resume_part, write_parquet_atomic
 
 SCHEME = "affine32"  # datasketch >= 2.0: 32-bit hash values, collision-free permutations
 

@@ -1,4 +1,4 @@
-"""The demo path end to end: the default config (bounded), a real DAGSTER_HOME, the multiprocess executor."""
+"""The demo path end to end: the default config (bounded), a real DAGSTER_HOME, runs through the instance."""
 
 import json
 import os
@@ -59,7 +59,7 @@ def test_demo_materializes_every_source_and_records_runs(bounded_env):
     with dg.DagsterInstance.from_config(bounded_env["DAGSTER_HOME"]) as instance:
         event = instance.get_latest_materialization_event(dg.AssetKey("filtered_documents"))
         engine = event.asset_materialization.metadata["engine"].value
-    # the default: the stages ran on the demo's one embedded Ray, which step processes joined by its address
+    # the default: the stages ran on the demo's one embedded Ray (its address handed to every step)
     assert engine["engine"] == "ray" and engine["nodes"] == 1 and engine["address"] != "embedded"
     [refresh] = json.loads((data / "refreshes" / "_all" / "refreshes.json").read_text())["refreshes"]
     assert refresh["trigger"] == "initial" and refresh["files"] is None  # the first refresh: the configured sources

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.config import ConfigError, load_config, parse_config
+from kiln.config import ConfigError, ProjectConfig, load_config, parse_config
 
 DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 
@@ -61,3 +61,9 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("sources: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_a_loaded_config_survives_a_json_round_trip():
+    """Engine tasks and benches hand the config to other processes as JSON: it must read back identical."""
+    config = load_config(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
+    assert ProjectConfig.model_validate_json(config.model_dump_json()) == config
