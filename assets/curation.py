@@ -2,11 +2,11 @@
 refresh."""
 
 
+import time
+
 import dagster as dg
 
 from assets.partitions import FOLLOW, SAME_REFRESH_EVERY_SOURCE, document_partitions, source_and_refresh
-import time
-
 from assets.results import check_specs, engine_metadata, materialize_result, standard_checks
 from kiln.curation import filter_documents, ingest, profile_steps
 from kiln.dedup.exact import HashSource, exact_dedup

@@ -7,6 +7,7 @@ import dagster as dg
 
 from assets.partitions import FOLLOW, ONCE, SAME_REFRESH, refresh_partitions
 from assets.quality import QUALITY_FILTERED
+from assets.results import engine_metadata
 from kiln.manifest import code_version
 from kiln.mixture import SourceParts
 from kiln.plots import stacked_bars_markdown
@@ -14,7 +15,6 @@ from kiln.refresh import Refresh, load_refreshes, materialized, upto
 from kiln.shards import ShardError, open_shard, read_shard_set
 from kiln.token_shards import write_token_shards
 from kiln.tokenizer import Tokenizer, draw_training_sample, tokenizer_report, train_tokenizer
-from assets.results import engine_metadata
 from resources import KilnConfig, KilnEngine, KilnStorage
 
 TOKENIZER, SHARDS = "tokenizer", "token_shards"

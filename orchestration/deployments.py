@@ -21,8 +21,8 @@ def deployment_resources(deployment: str | None = None) -> dict[str, object]:
     (`MLFLOW_TRACKING_URI`), the DeepSpeed hostfile and GPUs per node, and the S3 client's region
     (`AWS_REGION`). Backends are chosen in KILN_CONFIG, not here: `storage.backend: s3` puts every artifact in
     a bucket through the `S3Resource` wired below (endpoint and credentials from the standard AWS_*
-    variables or the pod's role), `dedup.near.index.backend: redis` shares the near-dup index, `engine.ray_address` (or the standard
-    `RAY_ADDRESS`) runs the per-document stages on a Ray cluster.
+    variables or the pod's role), `dedup.near.index.backend: redis` shares the near-dup index, and
+    `engine.ray_address` (or the standard `RAY_ADDRESS`) runs the per-document stages on a Ray cluster.
     """
     deployment = deployment or os.environ.get("KILN_DEPLOYMENT") or "local"
     if deployment not in DEPLOYMENTS:
@@ -30,7 +30,8 @@ def deployment_resources(deployment: str | None = None) -> dict[str, object]:
     config = KilnConfig()
     s3 = S3Resource(region_name=os.environ.get("AWS_REGION")) if deployment == "production" else S3Resource()
     common = {"kiln_config": config, "storage": KilnStorage(kiln_config=config, s3=s3),
-              "engine": KilnEngine(), "dedup_index_store": DedupIndexStore(), "pipes_subprocess_client": dg.PipesSubprocessClient()}
+              "engine": KilnEngine(), "dedup_index_store": DedupIndexStore(),
+              "pipes_subprocess_client": dg.PipesSubprocessClient()}
     if deployment == "local":
         return {**common, "training_launcher": TrainingLauncher(), "mlflow_tracking": MlflowTracking()}
     return {**common,

@@ -6,4 +6,4 @@ from resources.engine import KilnEngine
 from resources.storage import KilnStorage
 from resources.training import MlflowTracking, TrainingLauncher
 
-__all__ = ["DedupIndexStore", "KilnEngine", "KilnConfig", "KilnStorage", "MlflowTracking", "TrainingLauncher"]
+__all__ = ["DedupIndexStore", "KilnConfig", "KilnEngine", "KilnStorage", "MlflowTracking", "TrainingLauncher"]
