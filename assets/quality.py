@@ -6,7 +6,7 @@ import numpy as np
 
 from assets.dedup import DEDUPLICATED
 from assets.partitions import FOLLOW, ONCE, document_partitions, source_and_refresh
-from assets.results import check_specs, materialize_result, standard_checks
+from assets.results import check_specs, engine_metadata, materialize_result, standard_checks
 from kiln.forget import REQUESTS, first_match, load_requests
 from kiln.manifest import code_version
 from kiln.plots import figure_markdown, pyplot
@@ -16,7 +16,7 @@ from kiln.quality.scoring import read_scores, score_parts
 from kiln.refresh import materialized, partition
 from kiln.stats import StageStats, chain, funnel_markdown
 from kiln.tokenizer import read_documents
-from resources import KilnConfig, KilnStorage
+from resources import KilnConfig, KilnEngine, KilnStorage
 
 CLASSIFIER, SCORES, QUALITY_FILTERED = "quality_classifier", "quality_scores", "quality_filtered_documents"
 
@@ -28,11 +28,12 @@ CLASSIFIER, SCORES, QUALITY_FILTERED = "quality_classifier", "quality_scores", "
     check_specs=[dg.AssetCheckSpec("separates", asset=CLASSIFIER, blocking=False,
                                    description="cross-validated ROC AUC of at least 0.8 (reference vs web documents)")],
 )
-def quality_classifier(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
-                       storage: KilnStorage) -> dg.MaterializeResult:
+def quality_classifier(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
+                       engine: KilnEngine) -> dg.MaterializeResult:
     """The fastText "reference vs web" classifier: reference sources' documents are the positives, web
     sources' the negatives, from every refresh so far; the model file, its card (sha256, cross-validated metrics)
-    and its training sample (ids, folds, out-of-fold scores). Fitted once: refitting re-scores every refresh."""
+    and its training sample (ids, folds, out-of-fold scores). Fitted once: refitting re-scores every refresh.
+    The cross-fitting folds and the final fit run in parallel on the engine."""
     config, store = kiln_config.load(), storage.store()
     positives, negatives = config.quality_classes()
     settings = config.quality.classifier
@@ -44,8 +45,9 @@ def quality_classifier(context: dg.AssetExecutionContext, kiln_config: KilnConfi
             # Choose the sample by id first, then read only its texts: a web source may be far larger.
             pos_ids, neg_ids = balanced_sample(_ids(store, pos_parts), _ids(store, neg_parts),
                                                settings.max_documents_per_class)
+            runner = engine.get(config.engine)
             card = train_classifier(_examples(store, pos_parts, set(pos_ids)), _examples(store, neg_parts, set(neg_ids)),
-                                    settings, writer.dir)
+                                    settings, writer.dir, runner)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"classifier": settings.model_dump(mode="json"), "positive_sources": positives,
@@ -64,6 +66,7 @@ def quality_classifier(context: dg.AssetExecutionContext, kiln_config: KilnConfi
                   "cross_validation": dg.MetadataValue.json(cv), "cv_auc": cv["auc"],
                   "cv_precision": cv["precision"], "cv_recall": cv["recall"],
                   "sample": dg.MetadataValue.json(card.sample), "training_seconds": card.seconds,
+                  **engine_metadata(runner, sum(card.sample["per_source"].values()), card.seconds),
                   "path": dg.MetadataValue.path(str(store.dataset_dir(CLASSIFIER))),
                   "data_version": manifest.data_version},
         check_results=[dg.AssetCheckResult(check_name="separates", passed=cv["auc"] is not None and cv["auc"] >= 0.8,

@@ -57,7 +57,7 @@ def ingest(source: Source, reading: Reading, writer: DatasetWriter, progress: bo
         rows.append(record.to_row())
         stats.docs_out += 1
         stats.chars_out += len(record.text)
-        stats.lengths_out.append(len(record.text))
+        stats.lengths_out.add(len(record.text))
         if len(rows) >= reading.rows_per_part:
             writer.write("documents", pa.Table.from_pylist(rows, schema=DOCUMENT_SCHEMA))
             rows = []
@@ -153,12 +153,12 @@ def _filter(task: _PartTask) -> StageStats:
                 kept.append({**doc.to_row(), "content_hash": content_hash(doc.text, *task.dedup)})
                 stats.docs_out += 1
                 stats.chars_out += len(doc.text)
-                stats.lengths_out.append(len(doc.text))
+                stats.lengths_out.add(len(doc.text))
             else:
                 # The rejected table keeps the document as it came in, so a reviewer sees what was removed.
                 rejected.append({**doc.to_row(), "text": original, "stage": FILTER_STAGE, "reason": reason,
                                  "duplicate_of": None})
-                stats.lengths_dropped.append(len(original))
+                stats.lengths_dropped.add(len(original))
     write_parquet_atomic(Path(task.kept_path), pa.Table.from_pylist(kept, schema=CURATED_SCHEMA))
     if rejected:
         write_parquet_atomic(Path(task.rejected_path), pa.Table.from_pylist(rejected, schema=REJECTED_SCHEMA))

@@ -26,8 +26,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import pyarrow.compute as pc
+
 from kiln.documents import Document
 from kiln.filters.base import Verdict, keep
+from kiln.filters.text_stats import arrow_texts
 
 PII_TYPES: tuple[str, ...] = ("email", "phone", "ipv4", "ipv6", "us_ssn", "credit_card", "secret")
 PLACEHOLDERS: dict[str, str] = {t: f"<{t.upper()}>" for t in PII_TYPES}
@@ -405,6 +408,35 @@ def _find_secret(text: str) -> Iterator[tuple[int, int]]:
             yield m.span(group)
 
 
+# --- batch screens -------------------------------------------------------------------------------
+# For each type, an RE2 pattern (pyarrow.compute: one linear-time C++ pass over a whole batch) that every
+# text with a detection of that type matches: a substring every detected span contains. A type whose
+# screen misses a text is not run on it (most texts need two or three detectors of seven, ~3x faster).
+# Every screen is also unaffected by redaction: its substring holds no placeholder character ('<', '>',
+# capitals and '_'), or for secrets is followed by an assignment a placeholder's '>' never is, so it
+# holds on every pass of `redact`'s fixed point. Secret keywords are searched in a lowercased copy;
+# RE2's (?i) folds the same letters (the Kelvin sign too).
+SCREENS: dict[str, str] = {
+    "secret": r"(?i)(?:api|access|private)[_-]?key|private key|secret|token|passw|pwd|credential"
+              r"|akia|asia|gh[pousr]_|github_pat_|xox[abpr]-",
+    "email": "@",
+    "ipv6": r":[0-9A-Fa-f]{0,4}:",
+    "ipv4": r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]",
+    "credit_card": r"[0-9]{12}|[0-9]{3}[ -][0-9]{4}",
+    "us_ssn": r"[0-9]{3}-[0-9]{2}-[0-9]{4}",
+    "phone": r"[0-9]{3}[.-][0-9]{4}|\+[1-9](?:[0-9]{7}|[0-9]{0,2}[ .(-])",
+}
+
+
+def screen(texts: list[str], types: Iterable[str] = PII_TYPES) -> list[tuple[str, ...]]:
+    """For each text, the types that may have a detection in it (a superset; the detectors decide)."""
+    wanted = _check_types(types)
+    if (array := arrow_texts(texts)) is None:
+        return [wanted] * len(texts)
+    hits = [pc.match_substring_regex(array, SCREENS[t]).to_pylist() for t in wanted]
+    return [tuple(t for t, h in zip(wanted, row) if h) for row in zip(*hits)] if wanted else [()] * len(texts)
+
+
 # --- API ----------------------------------------------------------------------------------------
 
 
@@ -513,3 +545,11 @@ class PiiRedaction:
     def __call__(self, doc: Document) -> Verdict:
         text, counts = redact(doc.text, self.types, self._keep, self.keep_documentation)
         return keep(text, **counts)
+
+    def batch(self, docs: list[Document]) -> list[Verdict]:
+        """The same verdicts as one call per document, with the detectors each text cannot trigger screened out."""
+        verdicts = []
+        for doc, types in zip(docs, screen([d.text for d in docs], self.types)):
+            text, counts = redact(doc.text, types, self._keep, self.keep_documentation) if types else (doc.text, {})
+            verdicts.append(keep(text, **counts))
+        return verdicts

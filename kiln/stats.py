@@ -40,6 +40,51 @@ class StepStats:
 
 
 @dataclass
+class LengthHistogram:
+    """Document lengths in characters as counts per eighth of an octave: the same few hundred numbers whatever the
+    corpus size, so a stage's statistics stay small on a driver that merges one per part."""
+
+    PER_OCTAVE = 8
+    buckets: Counter = field(default_factory=Counter)  # b -> documents of length in [2^(b/8), 2^((b+1)/8)); 0 in 0
+
+    def add(self, n: int) -> None:
+        self.buckets[int(math.log2(max(n, 1)) * self.PER_OCTAVE)] += 1
+
+    def extend(self, lengths) -> None:
+        for n in lengths:
+            self.add(n)
+
+    def merge(self, other: LengthHistogram) -> None:
+        self.buckets.update(other.buckets)
+
+    def __len__(self) -> int:
+        return sum(self.buckets.values())
+
+    def median(self) -> int:
+        """The lower edge of the bucket holding the median document (within 9% of the exact median)."""
+        half, seen = (len(self) + 1) // 2, 0
+        for b in sorted(self.buckets):
+            seen += self.buckets[b]
+            if seen >= half:
+                return math.ceil(2 ** (b / self.PER_OCTAVE)) if b else 0
+        return 0
+
+    def octaves(self) -> Counter:
+        """Documents per power of two (log2 buckets)."""
+        out: Counter = Counter()
+        for b, n in self.buckets.items():
+            out[b // self.PER_OCTAVE] += n
+        return out
+
+    def to_dict(self) -> dict[str, int]:
+        return {str(b): n for b, n in sorted(self.buckets.items())}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, int]) -> LengthHistogram:
+        return cls(Counter({int(b): n for b, n in d.items()}))
+
+
+@dataclass
 class StageStats:
     """What went in, what came out, and which step removed what: one per stage per partition."""
 
@@ -49,8 +94,8 @@ class StageStats:
     chars_out: int = 0
     steps: dict[str, StepStats] = field(default_factory=dict)
     examples: dict[str, list[dict[str, str]]] = field(default_factory=dict)  # reason -> [{doc_id, excerpt}]
-    lengths_out: list[int] = field(default_factory=list)  # characters per kept document
-    lengths_dropped: list[int] = field(default_factory=list)
+    lengths_out: LengthHistogram = field(default_factory=LengthHistogram)  # characters per kept document
+    lengths_dropped: LengthHistogram = field(default_factory=LengthHistogram)
 
     def step(self, name: str) -> StepStats:
         return self.steps.setdefault(name, StepStats())
@@ -74,22 +119,23 @@ class StageStats:
         for reason, items in other.examples.items():
             bucket = self.examples.setdefault(reason, [])
             bucket.extend(items[: max(0, examples_limit - len(bucket))])
-        self.lengths_out.extend(other.lengths_out)
-        self.lengths_dropped.extend(other.lengths_dropped)
+        self.lengths_out.merge(other.lengths_out)
+        self.lengths_dropped.merge(other.lengths_dropped)
 
     def to_dict(self, with_lengths: bool = False) -> dict[str, Any]:
         d = {"docs_in": self.docs_in, "chars_in": self.chars_in, "docs_out": self.docs_out,
              "chars_out": self.chars_out, "steps": {n: s.to_dict() for n, s in self.steps.items()},
              "examples": self.examples}
         if with_lengths:
-            d |= {"lengths_out": self.lengths_out, "lengths_dropped": self.lengths_dropped}
+            d |= {"lengths_out": self.lengths_out.to_dict(), "lengths_dropped": self.lengths_dropped.to_dict()}
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StageStats:
         return cls(d["docs_in"], d["chars_in"], d["docs_out"], d["chars_out"],
                    {k: StepStats.from_dict(v) for k, v in d["steps"].items()}, d["examples"],
-                   d.get("lengths_out", []), d.get("lengths_dropped", []))
+                   LengthHistogram.from_dict(d.get("lengths_out", {})),
+                   LengthHistogram.from_dict(d.get("lengths_dropped", {})))
 
 
 def funnel_rows(stats: StageStats) -> list[dict[str, Any]]:
@@ -118,13 +164,13 @@ def funnel_markdown(stats: StageStats) -> str:
     return "\n".join(lines)
 
 
-def length_histogram_markdown(lengths: list[int], title: str, width: int = 40) -> str:
+def length_histogram_markdown(lengths: LengthHistogram, title: str, width: int = 40) -> str:
     """Document lengths in characters, log2 buckets, drawn as text bars (readable in any UI)."""
-    if not lengths:
+    if not len(lengths):
         return f"**{title}**: no documents"
-    buckets = Counter(int(math.log2(max(n, 1))) for n in lengths)
+    buckets = lengths.octaves()
     top = max(buckets.values())
-    lines = [f"**{title}** ({len(lengths):,} docs, median {sorted(lengths)[len(lengths) // 2]:,} chars)", "```"]
+    lines = [f"**{title}** ({len(lengths):,} docs, median ≈ {lengths.median():,} chars)", "```"]
     for b in range(min(buckets), max(buckets) + 1):
         n = buckets.get(b, 0)
         lines.append(f"{2 ** b:>9,}–{2 ** (b + 1) - 1:<9,} {'█' * math.ceil(width * n / top):<{width}} {n:,}")
@@ -151,5 +197,5 @@ def chain(stages: list[StageStats], examples_limit: int = 3) -> StageStats:
         total.merge(s, examples_limit)
     total.docs_in, total.chars_in = stages[0].docs_in, stages[0].chars_in
     total.docs_out, total.chars_out = stages[-1].docs_out, stages[-1].chars_out
-    total.lengths_out = list(stages[-1].lengths_out)
+    total.lengths_out = LengthHistogram(Counter(stages[-1].lengths_out.buckets))
     return total

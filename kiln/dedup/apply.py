@@ -43,10 +43,10 @@ def deduplicate_source(input_parts: list[Path], removed: dict[str, dict[str, Any
                     kept.append(row)
                     stats.docs_out += 1
                     stats.chars_out += len(row["text"])
-                    stats.lengths_out.append(len(row["text"]))
+                    stats.lengths_out.add(len(row["text"]))
                 else:
                     rejected.append(verdict)
-                    stats.lengths_dropped.append(len(verdict["text"]))
+                    stats.lengths_dropped.add(len(verdict["text"]))
         writer.write("documents", pa.Table.from_pylist(kept, schema=DOCUMENT_SCHEMA))
         if rejected:
             writer.write("rejected", pa.Table.from_pylist(rejected, schema=REJECTED_SCHEMA))

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
-import pyarrow as pa
-import pyarrow.compute as pc
 from typing import ClassVar
+
+import pyarrow.compute as pc
 
 from kiln.documents import Document
 from kiln.filters.base import Verdict, drop, keep
+from kiln.filters.text_stats import arrow_texts
 
 AUTOGEN_MARKERS: tuple[str, ...] = (
     "auto-generated",
@@ -76,8 +76,8 @@ class CodeQuality:
 
     def batch(self, docs: list[Document]) -> list[Verdict]:
         """Every document at once: one RE2 pass finds the few that may hold encoded data (the slow rule)."""
-        screen = pc.match_substring_regex(pa.array([d.text for d in docs], pa.large_string()),
-                                          ENCODED_DATA_SCREEN).to_pylist()
+        array = arrow_texts([d.text for d in docs])
+        screen = [True] * len(docs) if array is None else pc.match_substring_regex(array, ENCODED_DATA_SCREEN).to_pylist()
         return [self._verdict(d.text, maybe) for d, maybe in zip(docs, screen)]
 
     def _verdict(self, text: str, may_hold_encoded_data: bool) -> Verdict:

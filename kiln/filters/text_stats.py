@@ -12,11 +12,14 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+import pyarrow as pa
+
 # A token is a word run or a single punctuation/symbol mark ("..." kept whole).
 _TOKEN_RE = re.compile(r"\w+(?:['’\-]\w+)*|\.\.\.|[^\w\s]")
 # A word is a token with at least one letter, digit or underscore (DataTrove: "non-symbol word").
 _WORD_RE = re.compile(r"\w+(?:['’\-]\w+)*")
 _ALPHA_RE = re.compile(r"[^\W\d_]")  # one letter, any script
+_LETTER_TO_END_RE = re.compile(r"[^\W\d_][^\0]*")
 _PARAGRAPH_RE = re.compile(r"\n{2,}")
 _LINE_RUN_RE = re.compile(r"\n+")
 # A sentence ends in . ! ? or … optionally followed by closing quotes/brackets, then space or end.
@@ -30,6 +33,18 @@ ELLIPSES: tuple[str, ...] = ("...", "…")
 BULLETS: tuple[str, ...] = ("•", "-")
 # Gopher (Rae et al. 2021, Table A1): a document must contain at least two of these.
 STOP_WORDS: frozenset[str] = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
+
+
+# ---- batches --------------------------------------------------------------------------------
+
+
+def arrow_texts(texts: list[str]) -> pa.Array | None:
+    """The texts as one Arrow array, for a step's RE2 screen over a whole batch (pyarrow.compute), or None
+    when one holds a lone surrogate Arrow cannot encode: the step then takes its per-document path."""
+    try:
+        return pa.array(texts, pa.large_string())
+    except UnicodeEncodeError:
+        return None
 
 
 # ---- words -----------------------------------------------------------------------------------
@@ -56,7 +71,30 @@ def has_alpha(token: str) -> bool:
     return token.isalpha() or _ALPHA_RE.search(token) is not None
 
 
+def count_with_letter(word_list: list[str]) -> int:
+    """How many words contain a letter (`has_alpha`), in one regex pass over them joined by NUL (never in a word):
+    each match runs from a word's first letter to its end."""
+    return len(_LETTER_TO_END_RE.findall("\0".join(word_list)))
+
+
 # ---- lines, paragraphs, sentences ------------------------------------------------------------
+
+
+# str.splitlines' line boundaries other than "\n" (rare): folded into "\n" so that MULTILINE ^ and $ see them.
+_OTHER_LINE_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_TO_NEWLINE = str.maketrans(dict.fromkeys(_OTHER_LINE_BREAKS, "\n"))
+# Led by a literal, so `re` jumps between candidates instead of trying a MULTILINE ^ at every character.
+_BULLET_LINE_RE = re.compile(r"\n[^\S\n]*[" + "".join(BULLETS) + "]")
+_ELLIPSIS_LINE_RE = re.compile(r"(?:" + "|".join(map(re.escape, ELLIPSES)) + r")[^\S\n]*(?:\n|\Z)")
+
+
+def count_bullet_and_ellipsis_lines(text: str) -> tuple[int, int]:
+    """Lines (as `lines` splits them) that start with a bullet after leading whitespace, and lines that end with an
+    ellipsis before trailing whitespace: one regex pass each instead of a loop over the lines. ("\r\n" folds into
+    two breaks: the empty line between them is neither.)"""
+    if any(c in text for c in _OTHER_LINE_BREAKS):
+        text = text.translate(_TO_NEWLINE)
+    return len(_BULLET_LINE_RE.findall("\n" + text)), len(_ELLIPSIS_LINE_RE.findall(text))
 
 
 def lines(text: str) -> list[str]:

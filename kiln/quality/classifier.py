@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.config import QualityClassifier
+from kiln.engine import SERIAL, Engine
 from kiln.manifest import sha256_file, write_json_atomic
 from kiln.mixture import hash_unit
 from kiln.storage import write_parquet_atomic
@@ -88,30 +89,55 @@ def balanced_sample(positives: Iterable[T], negatives: Iterable[T], max_per_clas
     return pos[:n], neg[:n]
 
 
-def _fit(examples: list[tuple[Example, str]], settings: QualityClassifier, workdir: Path):
+@dataclass(frozen=True)
+class _FitTask:
+    """One fastText fit: on every line of the training file but fold `fold`'s, scoring those (fold None: on every
+    line, saved to `model_path`). Fits are independent and single-threaded (bit-reproducible), so they run in
+    parallel, one per engine task."""
+
+    lines_path: str  # "<label> <fastText text>" per example, in training order
+    folds: tuple[int, ...]  # the fold of each line
+    fold: int | None
+    settings: str  # QualityClassifier as JSON
+    model_path: str | None = None
+
+
+def _fit_task(task: _FitTask) -> list[float] | None:
     import fasttext
 
-    # fastText reads its training set from a file; shuffled so the SGD does not see one class, then the other.
-    ordered = sorted(examples, key=lambda x: hash_unit("quality-order", settings.seed, x[0].doc_id))
+    settings = QualityClassifier.model_validate_json(task.settings)
+    lines = Path(task.lines_path).read_text(encoding="utf-8").splitlines(keepends=True)
+    held_out = [line for line, f in zip(lines, task.folds) if f == task.fold]
+    train = [line for line, f in zip(lines, task.folds) if f != task.fold]
+    if task.fold is not None and (not held_out or {line.split(" ", 1)[0] for line in train} != {POSITIVE, NEGATIVE}):
+        return None  # nothing to score, or a fold that leaves one class out
+    workdir = Path(task.lines_path).parent
     with tempfile.NamedTemporaryFile("w", prefix=".fasttext-", suffix=".txt", encoding="utf-8", dir=workdir,
                                      delete=False) as f:
-        for e, label in ordered:
-            f.write(f"{label} {fasttext_text(e.text, settings.max_words)}\n")
+        f.writelines(train)
         path = Path(f.name)
     try:
-        return fasttext.train_supervised(
+        model = fasttext.train_supervised(
             str(path), epoch=settings.epochs, lr=settings.lr, wordNgrams=settings.word_ngrams, dim=settings.dim,
             minCount=settings.min_count, thread=settings.threads, seed=settings.seed, verbose=0)
     finally:
         path.unlink()
+    if task.fold is None:
+        tmp = Path(task.model_path).with_name(f".{Path(task.model_path).name}.tmp")
+        model.save_model(str(tmp))
+        tmp.replace(task.model_path)
+        return None
+    return QualityScorer(model, settings.max_words).score_flat(
+        [line.split(" ", 1)[1].rstrip("\n") for line in held_out]).tolist()
 
 
 def train_classifier(positives: Iterable[Example], negatives: Iterable[Example], settings: QualityClassifier,
-                     out_dir: Path) -> ClassifierCard:
+                     out_dir: Path, engine: Engine = SERIAL, progress: bool = True) -> ClassifierCard:
     """Cross-fitted training: one model per fold (trained on the other folds) scores that fold's documents,
     so no training document is scored by a model that saw it, and those out-of-fold scores measure the
-    classifier; then the model for every other document is trained on the whole sample. Writes the model,
-    the card and the sample (ids, labels, folds, out-of-fold scores) to `out_dir`."""
+    classifier; then the model for every other document is trained on the whole sample. The fits run in
+    parallel on `engine`. Writes the model, the card and the sample (ids, labels, folds, out-of-fold scores)
+    to `out_dir`."""
     pos, neg = balanced_sample(positives, negatives, settings.max_documents_per_class)
     if not pos:
         raise ValueError("the quality classifier needs at least one positive and one negative document; "
@@ -121,19 +147,24 @@ def train_classifier(positives: Iterable[Example], negatives: Iterable[Example],
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    out_of_fold = np.full(len(examples), np.nan)
-    for k in range(settings.folds):
-        train = [x for x, f in zip(examples, folds) if f != k]
-        rows = [i for i, f in enumerate(folds) if f == k]
-        if rows and {label for _, label in train} == {POSITIVE, NEGATIVE}:
-            scorer = QualityScorer(_fit(train, settings, out_dir), settings.max_words)
-            out_of_fold[rows] = scorer.score([examples[i][0].text for i in rows])
-    model = _fit(examples, settings, out_dir)
-    seconds = time.perf_counter() - started
+    # fastText reads its training set from a file; shuffled so the SGD does not see one class, then the other.
+    order = sorted(range(len(examples)), key=lambda i: hash_unit("quality-order", settings.seed, examples[i][0].doc_id))
+    lines_path = out_dir / ".fasttext-lines.txt"
+    lines_path.write_text("".join(f"{examples[i][1]} {fasttext_text(examples[i][0].text, settings.max_words)}\n"
+                                  for i in order), encoding="utf-8")
     model_path = out_dir / MODEL_FILE
-    tmp = model_path.with_name(f".{MODEL_FILE}.tmp")
-    model.save_model(str(tmp))
-    tmp.replace(model_path)
+    ordered_folds = tuple(folds[i] for i in order)
+    tasks = [_FitTask(str(lines_path), ordered_folds, k, settings.model_dump_json(),
+                      str(model_path) if k is None else None) for k in [None, *range(settings.folds)]]
+    try:
+        results = engine.map_parts(_fit_task, tasks, desc="quality classifier fits", progress=progress)
+    finally:
+        lines_path.unlink(missing_ok=True)
+    out_of_fold = np.full(len(examples), np.nan)
+    for task, scores in zip(tasks, results):
+        if scores is not None:
+            out_of_fold[[i for i in order if folds[i] == task.fold]] = scores
+    seconds = time.perf_counter() - started
     truth = np.array([label == POSITIVE for _, label in examples])
     measured = np.isfinite(out_of_fold)
     card = ClassifierCard(
@@ -186,15 +217,19 @@ class QualityScorer:
         return cls(fasttext.load_model(str(path)), card.settings["max_words"], out_of_fold)
 
     def score(self, texts: Sequence[str], doc_ids: Sequence[str] | None = None) -> np.ndarray:
-        if not texts:
-            return np.zeros(0)
-        labels, probs = self.model.predict([fasttext_text(t, self.max_words) for t in texts], k=2)
-        scores = np.array([dict(zip(ls, ps)).get(POSITIVE, 0.0) for ls, ps in zip(labels, probs)], dtype=np.float64)
-        scores = np.clip(scores, 0.0, 1.0)  # fastText's softmax can exceed 1 by a rounding error
+        scores = self.score_flat([fasttext_text(t, self.max_words) for t in texts])
         if doc_ids is not None and self.out_of_fold:
             for i, doc_id in enumerate(doc_ids):
                 scores[i] = self.out_of_fold.get(doc_id, scores[i])
         return scores
+
+    def score_flat(self, lines: Sequence[str]) -> np.ndarray:
+        """P(reference) of texts already flattened by `fasttext_text`."""
+        if not lines:
+            return np.zeros(0)
+        labels, probs = self.model.predict(list(lines), k=2)
+        scores = np.array([dict(zip(ls, ps)).get(POSITIVE, 0.0) for ls, ps in zip(labels, probs)], dtype=np.float64)
+        return np.clip(scores, 0.0, 1.0)  # fastText's softmax can exceed 1 by a rounding error
 
 
 def _source_counts(examples: list[tuple[Example, str]]) -> dict[str, int]:

@@ -135,13 +135,13 @@ def filter_parts(parts: Sequence[Path], doc_ids: list[str], decision: Decision, 
                 kept.append(row)
                 stats.docs_out += 1
                 stats.chars_out += n
-                stats.lengths_out.append(n)
+                stats.lengths_out.add(n)
             else:
                 rejected.append({**row, "stage": stage, "reason": reason})
                 step = stats.steps[stage]
                 step.dropped[reason] += 1
                 step.chars_dropped[reason] += n
-                stats.lengths_dropped.append(n)
+                stats.lengths_dropped.add(n)
                 stats.add_example(reason, row["doc_id"], f"(score={_fmt(row[SCORE])}, perplexity="
                                   f"{_fmt(row[PERPLEXITY])}) {row['text']}", examples_per_reason)
         writer.write("documents", pa.Table.from_pylist(kept, schema=SCORED_SCHEMA))

@@ -2,6 +2,8 @@
 
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kiln.config import parse_config
 from kiln.curation import content_hash, filter_documents, ingest, profile_steps
@@ -144,3 +146,28 @@ def test_crash_mid_write_leaves_previous_version_intact(tmp_path):
     assert store.manifest("a", "p").data_version == first.data_version
     assert store.read_table("a", "p").column("x").to_pylist() == [1]
     assert [p.name for p in (tmp_path / "a").iterdir()] == ["p"]  # no staging or half files left behind
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.lists(st.integers(0, 10**7), min_size=1, max_size=300), st.integers(1, 5))
+def test_length_histogram_is_small_mergeable_and_close(lengths, parts):
+    """Per-part statistics carry a histogram, not every length: merged, it is what one histogram of all gives;
+    its log2 buckets are the exact ones, and its median is within an eighth of an octave of numpy's."""
+    import math
+    from collections import Counter
+
+    import numpy as np
+
+    from kiln.stats import LengthHistogram
+
+    merged = LengthHistogram()
+    for k in range(parts):
+        part = LengthHistogram()
+        part.extend(lengths[k::parts])
+        merged.merge(LengthHistogram.from_dict(part.to_dict()))
+    whole = LengthHistogram()
+    whole.extend(lengths)
+    assert merged == whole and len(merged) == len(lengths)
+    assert merged.octaves() == Counter(int(math.log2(max(n, 1))) for n in lengths)
+    lower_median = sorted(lengths)[(len(lengths) - 1) // 2]
+    assert merged.median() <= max(lower_median, 1) and merged.median() >= lower_median / 2 ** (1 / 8) - 1

@@ -1,8 +1,14 @@
 """The steps Kiln writes itself (normalize, URL blocklist, language); the published heuristics have their own file."""
 
+import functools
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
 from kiln.documents import Document
+from kiln.filters.language import _identifier, identify_many
 from kiln.filters.registry import build_step
 from tests.conftest import prose
 
@@ -52,3 +58,28 @@ def test_language_keeps_english_drops_others_and_records_the_score():
     assert build_step("language", {"languages": ["de"]})(german).kept
     with pytest.raises(ValueError, match="unknown language"):
         build_step("language", {"languages": ["klingon"]})
+
+
+# The language step walks py3langid's byte automaton for a whole batch in numpy; py3langid's own per-text walk is
+# the second implementation: every (language, probability) must be bit-identical.
+@functools.cache
+def _reference_identifier() -> LanguageIdentifier:
+    return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+
+
+LANGUAGE_SAMPLES = [
+    "", " ", "a", "THE QUICK BROWN FOX JUMPS OVER THE LAZY DOG", "Der schnelle braune Fuchs springt über den Hund.",
+    "日本語のテキストです。", "Ωμέγα και άλφα", "\u212a\u0130", "def f(x):\n    return x ** 2\n", "ÄÖÜ HELLO WORLD",
+]
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(st.sampled_from(LANGUAGE_SAMPLES), st.text(max_size=300),
+                          st.text(alphabet="abcdefghij ÉÀ\n.,", max_size=300)), min_size=1, max_size=12))
+def test_language_batch_is_py3langids_own_classification(texts):
+    reference = _reference_identifier()
+    texts = [t + prose(i) if i % 3 == 0 else t for i, t in enumerate(texts)]  # long texts too
+    expected = [(lang, float(p)) for lang, p in (reference.classify(t[:4000]) for t in texts)]
+    assert identify_many(texts, max_chars=4000) == expected
+    assert [(lang, float(p)) for lang, p in _identifier().classify_many([t[:4000] for t in texts], chunk_bytes=64)] \
+        == expected  # many chunks

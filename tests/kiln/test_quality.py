@@ -11,6 +11,7 @@ import pytest
 
 from kiln.config import ConfigError, QualityClassifier, QualityRule, parse_config
 from kiln.documents import DOCUMENT_SCHEMA, QUALITY_REJECTED_SCHEMA, SCORED_SCHEMA, Document
+from kiln.engine import ProcessPool
 from kiln.quality.classifier import (CARD_FILE, MODEL_FILE, SAMPLE_FILE, ClassifierCard, QualityScorer, fasttext_text,
                                      cross_validation_metrics, train_classifier)
 from kiln.quality.perplexity import ReferenceModel
@@ -70,6 +71,42 @@ def test_single_thread_training_is_reproducible(classifier, tmp_path):
     out, card, _, _ = classifier
     train_pos, train_neg, _, _ = labelled_split()
     assert train_classifier(train_pos, train_neg, QualityClassifier(), tmp_path).sha256 == card.sha256
+
+
+def test_parallel_fits_give_the_same_model_and_out_of_fold_scores(classifier, tmp_path):
+    """The fits run as parallel engine tasks; two worker processes must give what one gave, bit for bit."""
+    out, card, _, _ = classifier
+    train_pos, train_neg, _, _ = labelled_split()
+    parallel = train_classifier(train_pos, train_neg, QualityClassifier(), tmp_path, ProcessPool(2), progress=False)
+    assert parallel.sha256 == card.sha256 and parallel.cross_validation == card.cross_validation
+    assert pq.read_table(tmp_path / SAMPLE_FILE).equals(pq.read_table(out / SAMPLE_FILE))
+
+
+def test_out_of_fold_scores_come_from_a_model_that_never_saw_the_fold(classifier, tmp_path):
+    """Second implementation of one fold's fit: fastText trained directly on the other folds' lines, in the
+    training order, then asked for P(reference) of fold 0's documents."""
+    import fasttext
+
+    from kiln.mixture import hash_unit
+    from kiln.quality.classifier import NEGATIVE, POSITIVE
+
+    out, _, _, _ = classifier
+    settings = QualityClassifier()
+    train_pos, train_neg, _, _ = labelled_split()
+    texts = {e.doc_id: e.text for e in train_pos + train_neg}
+    sample = sorted(pq.read_table(out / SAMPLE_FILE).to_pylist(),
+                    key=lambda r: hash_unit("quality-order", settings.seed, r["doc_id"]))
+    label = {"reference": POSITIVE, "web": NEGATIVE}
+    path = tmp_path / "train.txt"
+    path.write_text("".join(f"{label[r['label']]} {fasttext_text(texts[r['doc_id']], settings.max_words)}\n"
+                            for r in sample if r["fold"] != 0), encoding="utf-8")
+    model = fasttext.train_supervised(str(path), epoch=settings.epochs, lr=settings.lr, wordNgrams=settings.word_ngrams,
+                                      dim=settings.dim, minCount=settings.min_count, thread=1, seed=settings.seed,
+                                      verbose=0)
+    held_out = [r for r in sample if r["fold"] == 0]
+    labels, probs = model.predict([fasttext_text(texts[r["doc_id"]], settings.max_words) for r in held_out], k=2)
+    expected = [min(1.0, max(0.0, dict(zip(ls, ps)).get(POSITIVE, 0.0))) for ls, ps in zip(labels, probs)]
+    assert [r["out_of_fold_score"] for r in held_out] == expected
 
 
 def test_a_model_file_changed_after_training_is_refused(classifier, tmp_path):

@@ -505,3 +505,75 @@ def test_code_batch_form_decides_as_the_per_document_form(text):
 def test_code_batch_form_on_generated_text(text):
     step = CodeQuality(min_chars=None, max_encoded_match_chars=40, max_encoded_fraction=0.2, min_alnum_fraction=None)
     assert [v.drop for v in step.batch([doc(text)])] == [step(doc(text)).drop]
+
+
+# Gopher's batch form counts the words of a whole batch in numpy over code points; the per-document form
+# (Python's `re` tokenizer) is the second implementation, on text built to hit every tokenizer edge: joiners
+# inside and outside words, dot runs, Unicode words, digits, marks, all of str.splitlines' breaks, bullets, stop
+# words in any case, and the two non-ASCII letters that lowercase to ASCII.
+GOPHER_ALPHABET = st.sampled_from([
+    "a", "b", "Z", "1", "_", " ", "'", "’", "-", "--", ".", "..", "...", "…", "#", ",", "\n", "\r\n", "\r", "\x0b",
+    "\x1c", "\u2028", "\t", "\u00a0", "é", "½", "٣", "\u0301", "\u212a", "\u0130", "•", "- ", "日本",
+    "the", "THE", "The", "of", "to", "be", "and", "that", "have", "with", "wITh", "than", "them", "withdraw",
+    "x-the", "the-x", "'the", "don't",
+])
+gopher_text = st.lists(GOPHER_ALPHABET, max_size=60).map("".join)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.lists(gopher_text, min_size=1, max_size=6))
+def test_gopher_batch_counts_are_the_tokenizers_counts(texts):
+    from kiln.filters.gopher import _batch_counts, _WordCounts
+
+    got = _batch_counts(texts, chunk_chars=50)  # several chunks, texts split across none
+    for text, counts in zip(texts, got):
+        exact = _WordCounts(text, stop_words_needed=10**9)
+        assert (counts.tokens, counts.words, counts.word_chars, counts.alpha_words, counts.stop_words) == (
+            exact.tokens, exact.words, exact.word_chars, exact.alpha_words, exact.stop_words), text
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(gopher_text, min_size=1, max_size=6))
+def test_gopher_batch_form_decides_as_the_per_document_form(texts):
+    for step in (GopherQuality(min_doc_words=1), GopherQuality(min_doc_words=None, min_avg_word_length=1,
+                                                              max_non_alpha_words_ratio=0.5, min_stop_words=1)):
+        docs = [doc(t) for t in texts]
+        assert [v.drop for v in step.batch(docs)] == [step(d).drop for d in docs]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(gopher_text)
+def test_bullet_and_ellipsis_lines_match_a_loop_over_the_lines(text):
+    lines = ts.lines(text)
+    assert ts.count_bullet_and_ellipsis_lines(text) == (
+        sum(1 for line in lines if line.lstrip().startswith(ts.BULLETS)),
+        sum(1 for line in lines if line.rstrip().endswith(ts.ELLIPSES)))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(gopher_text)
+def test_count_with_letter_is_has_alpha_per_word(text):
+    ws = ts.words(text)
+    assert ts.count_with_letter(ws) == sum(map(ts.has_alpha, ws))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.lists(st.sampled_from([
+    "fuck", "FUCK", "Fuck", "fuc\u212a", "f\u0130ck", "motherfucker", "fuck-off", "x'fuck", "fucking", " ", "\n", ".",
+    "é", "word", "class", "shit", "sHit", "two girls one cup", "Two  Girls"]), max_size=30).map("".join),
+    min_size=1, max_size=5))
+def test_badwords_batch_form_decides_as_the_per_document_form(texts):
+    docs = [doc(t) for t in texts]
+    for step in (BadWords(), BadWords(max_ratio=0.0), BadWords(max_ratio=0.2)):
+        assert [v.drop for v in step.batch(docs)] == [step(d).drop for d in docs]
+
+
+def test_batch_forms_take_the_per_document_path_on_a_lone_surrogate():
+    """Arrow cannot hold a lone surrogate: the RE2 screens step aside, the verdicts stay the per-document ones."""
+    from kiln.pii import PiiRedaction
+
+    texts = ["bad \ud800 text with the word fuck and mail a@b.co " * 3, "The cat and the dog. " * 20]
+    docs = [doc(t) for t in texts]
+    for step in (GopherQuality(), BadWords(max_ratio=0.0), CodeQuality(), PiiRedaction()):
+        assert [(v.text, v.drop, v.counts) for v in step.batch(docs)] == [
+            (v.text, v.drop, v.counts) for v in map(step, docs)]
