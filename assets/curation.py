@@ -28,17 +28,20 @@ KINDS = {"python", "parquet"}
     code_version=code_version("kiln.readers", "kiln.curation", "kiln.documents", "kiln.storage"),
     check_specs=check_specs(RAW),
 )
-def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
-                  storage: KilnStorage) -> dg.MaterializeResult:
+def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
+                  engine: KilnEngine) -> dg.MaterializeResult:
     """Every readable record of one source in one refresh as a document with a stable id (the first refresh
-    reads the source as configured, later ones the files that landed for it); unreadable ones quarantined."""
+    reads the source as configured, later ones the files that landed for it); unreadable ones quarantined.
+    Files are read in parallel on the engine, one task each."""
     config, store = kiln_config.load(), storage.store()
+    runner = engine.get(config.engine)
     name, key = source_and_refresh(context)
     source, refresh = config.source(name), ensure_refresh(store, config, key)
     landed = refresh.files_of(name)
     files = None if refresh.is_initial else [SourceFile(f.uri, f.relative) for f in landed]
+    started = time.perf_counter()
     with store.staging(RAW, partition(name, key)) as writer:
-        stats = ingest(source, config.reading, writer, examples_per_reason=config.curation.examples_per_reason,
+        stats = ingest(source, config.reading, writer, runner, examples_per_reason=config.curation.examples_per_reason,
                        files=files, namespace="" if refresh.is_initial else key)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
@@ -51,7 +54,8 @@ def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
     quarantined = dict(stats.steps["read"].dropped)
     return materialize_result(manifest, stats, store, standard_checks(store, manifest, stats.docs_in),
                               quarantined=sum(quarantined.values()),
-                              quarantine_reasons=dg.MetadataValue.json(quarantined))
+                              quarantine_reasons=dg.MetadataValue.json(quarantined),
+                              **engine_metadata(runner, stats.docs_in, time.perf_counter() - started))
 
 
 @dg.asset(

@@ -18,53 +18,165 @@ from functools import lru_cache
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from kiln.config import ExactDedup, ProjectConfig, Reading, Source, StepSpec
 from kiln.documents import CURATED_SCHEMA, DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
+from kiln.dedup.exact import HashSource, duplicates_dir, duplicates_in, find_duplicates
+from kiln.engine import SERIAL, Engine
 from kiln.filters.base import Step
 from kiln.filters.registry import build_step
-from kiln.engine import SERIAL, Engine
 from kiln.readers import Quarantined, SourceFile, read_source
+from kiln.readers.paths import expand
 from kiln.stats import StageStats
-from kiln.storage import DatasetWriter, resume_part, write_parquet_atomic
+from kiln.storage import DatasetWriter, part_name, resume_part, write_parquet_atomic
 
 FILTER_STAGE = "filter"
 
 
 # ---------------------------------------------------------------------------------------------- ingest
 
-def ingest(source: Source, reading: Reading, writer: DatasetWriter, progress: bool = True,
-           examples_per_reason: int = 3, files: list[SourceFile] | None = None, namespace: str = "") -> StageStats:
-    """Read a source (or, for a later refresh, its landed `files`: see `read_source`) into document parts of
-    `reading.rows_per_part` rows; quarantine what is unreadable."""
+DUPLICATE_DOC_ID = "duplicate_doc_id"
+
+
+@dataclass(frozen=True)
+class _ReadTask:
+    source: str  # Source as JSON
+    reading: str  # Reading as JSON
+    files: tuple[SourceFile, ...] | None  # None: what the source itself names (a builtin corpus, its path)
+    namespace: str
+    unit: int
+    out_dir: str
+    final: bool  # the only task: it drops repeated doc ids itself and writes the published parts
+    examples_per_reason: int
+
+
+@dataclass(frozen=True)
+class _FirstIdTask:
+    input_path: str
+    duplicates_dir: str
+    kept_path: str
+    quarantine_path: str
+    source: str
+    examples_per_reason: int
+
+
+def _unit_part(out_dir: str, role: str, unit: int, index: int | None = None) -> Path:
+    tail = "" if index is None else f"-{index:05d}"
+    return Path(out_dir) / part_name(role, unit, f"{tail}.parquet")
+
+
+def _read_unit(task: _ReadTask) -> dict:
+    return resume_part(Path(task.out_dir) / f"read-{task.unit:05d}", lambda: _read(task))
+
+
+def _read(task: _ReadTask) -> dict:
+    source, reading = Source.model_validate_json(task.source), Reading.model_validate_json(task.reading)
+    files = None if task.files is None else list(task.files)
     stats = StageStats()
     step = stats.step("read")
-    rows, quarantined, seen_ids = [], [], set()
-    for record in tqdm(read_source(source, reading, files, namespace), desc=f"read {source.name}", unit="doc", disable=not progress,
-                       mininterval=2):
+    rows, quarantined, seen_ids, parts = [], [], set(), 0
+
+    def flush() -> None:
+        nonlocal rows, parts
+        write_parquet_atomic(_unit_part(task.out_dir, "documents", task.unit, parts),
+                             pa.Table.from_pylist(rows, schema=DOCUMENT_SCHEMA))
+        rows, parts = [], parts + 1
+
+    for record in read_source(source, reading, files, task.namespace):
         stats.docs_in += 1
-        if isinstance(record, Document) and record.doc_id in seen_ids:
-            record = Quarantined(source.name, record.meta.get("locator", record.doc_id), "duplicate_doc_id",
+        if task.final and isinstance(record, Document) and record.doc_id in seen_ids:
+            record = Quarantined(source.name, record.meta.get("locator", record.doc_id), DUPLICATE_DOC_ID,
                                  record.text[:200])
         if isinstance(record, Quarantined):
             quarantined.append(record.to_row())
             step.dropped[record.reason] += 1
-            stats.add_example(f"read.{record.reason}", record.locator, record.excerpt or "", examples_per_reason)
+            stats.add_example(f"read.{record.reason}", record.locator, record.excerpt or "", task.examples_per_reason)
             continue
-        seen_ids.add(record.doc_id)
         rows.append(record.to_row())
-        stats.docs_out += 1
-        stats.chars_out += len(record.text)
-        stats.lengths_out.add(len(record.text))
+        if task.final:  # otherwise the first-id pass counts what it keeps
+            seen_ids.add(record.doc_id)
+            stats.docs_out += 1
+            stats.chars_out += len(record.text)
+            stats.lengths_out.add(len(record.text))
         if len(rows) >= reading.rows_per_part:
-            writer.write("documents", pa.Table.from_pylist(rows, schema=DOCUMENT_SCHEMA))
-            rows = []
+            flush()
     if rows:
-        writer.write("documents", pa.Table.from_pylist(rows, schema=DOCUMENT_SCHEMA))
+        flush()
     if quarantined:
-        writer.write("quarantine", pa.Table.from_pylist(quarantined, schema=QUARANTINE_SCHEMA))
+        write_parquet_atomic(_unit_part(task.out_dir, "quarantine", task.unit),
+                             pa.Table.from_pylist(quarantined, schema=QUARANTINE_SCHEMA))
+    return {"parts": parts, "stats": stats.to_dict(with_lengths=True)}
+
+
+def _keep_first_ids(task: _FirstIdTask) -> StageStats:
+    return StageStats.from_dict(resume_part(task.kept_path, lambda: _first_ids(task).to_dict(with_lengths=True)))
+
+
+def _first_ids(task: _FirstIdTask) -> StageStats:
+    """A read part without the rows whose doc id an earlier row (in file order) already has: those go to quarantine."""
+    table = pq.read_table(task.input_path)
+    repeated = duplicates_in(task.duplicates_dir)
+    is_repeat = pa.array([row in repeated for row in range(table.num_rows)], pa.bool_())
+    kept = table.filter(pc.invert(is_repeat))
+    if kept.num_rows:  # a part of nothing but repeats leaves no empty part behind
+        write_parquet_atomic(Path(task.kept_path), kept)
+    stats = StageStats()
+    lengths = pc.utf8_length(kept.column("text")).to_pylist()
+    stats.docs_out, stats.chars_out = kept.num_rows, sum(lengths)
+    stats.lengths_out.extend(lengths)
+    if repeated:
+        docs = [Document.from_row(r) for r in table.filter(is_repeat).to_pylist()]
+        quarantined = [Quarantined(task.source, d.meta.get("locator", d.doc_id), DUPLICATE_DOC_ID, d.text[:200])
+                       for d in docs]
+        write_parquet_atomic(Path(task.quarantine_path),
+                             pa.Table.from_pylist([q.to_row() for q in quarantined], schema=QUARANTINE_SCHEMA))
+        stats.step("read").dropped[DUPLICATE_DOC_ID] += len(quarantined)
+        for q in quarantined:
+            stats.add_example(f"read.{DUPLICATE_DOC_ID}", q.locator, q.excerpt or "", task.examples_per_reason)
+    return stats
+
+
+def ingest(source: Source, reading: Reading, writer: DatasetWriter, engine: Engine = SERIAL, progress: bool = True,
+           examples_per_reason: int = 3, files: list[SourceFile] | None = None, namespace: str = "") -> StageStats:
+    """Read a source (or, for a later refresh, its landed `files`: see `read_source`) into document parts of
+    `reading.rows_per_part` rows; quarantine what is unreadable, and every repeat of a doc id (the first in file
+    order stays).
+
+    One engine task per file, writing parts named by (file, part); a doc id repeated anywhere is then found by the
+    exact-dedup shuffle on doc ids, never by one process holding every id. A builtin corpus, and a source capped by
+    `max_documents` (the cap counts across its files in order), are read by one task."""
+    if files is None and source.kind != "builtin":
+        files = expand(source.path) or None  # none matched: read_source quarantines the pattern
+    units: list[tuple[SourceFile, ...] | None]
+    if files is None or source.max_documents is not None or len(files) <= 1:
+        units = [None if files is None else tuple(files)]
+    else:
+        units = [(f,) for f in files]
+    final = len(units) == 1
+    out_dir = writer.dir if final else writer.scratch("read")
+    tasks = [_ReadTask(source.model_dump_json(), reading.model_dump_json(), unit, namespace, i, str(out_dir), final,
+                       examples_per_reason) for i, unit in enumerate(units)]
+    stats = StageStats()
+    read = engine.map_parts(_read_unit, tasks, desc=f"read {source.name}", progress=progress)
+    for r in read:
+        stats.merge(StageStats.from_dict(r["stats"]), examples_per_reason)
+    if not final:
+        parts = [(u, j) for u, r in enumerate(read) for j in range(r["parts"])]
+        paths = [str(_unit_part(str(out_dir), "documents", u, j)) for u, j in parts]
+        scratch = writer.scratch("doc-ids")
+        find_duplicates([HashSource(source.name, 1, tuple(paths))], scratch, engine, key="doc_id", progress=progress,
+                        label=f"read {source.name}: doc ids")
+        first_ids = [_FirstIdTask(path, duplicates_dir(scratch, 0, k), str(_unit_part(str(writer.dir), "documents", u, j)),
+                                  str(_unit_part(str(writer.dir), "quarantine", u, j)), source.name, examples_per_reason)
+                     for k, (path, (u, j)) in enumerate(zip(paths, parts))]
+        for kept in engine.map_parts(_keep_first_ids, first_ids, desc=f"read {source.name}: first ids",
+                                     progress=progress):
+            stats.merge(kept, examples_per_reason)
+        for quarantine in Path(out_dir).glob("quarantine-*.parquet"):  # read-time quarantine, published as read
+            quarantine.replace(Path(writer.dir) / quarantine.name)
+    step = stats.step("read")
     stats.chars_in = stats.chars_out
     step.docs_in = stats.docs_in
     return stats

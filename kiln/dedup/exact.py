@@ -11,6 +11,7 @@ holds the corpus's hashes; three rounds of part-sized tasks on the engine:
 3. apply: each part of the partition being curated splits into kept documents and rejected duplicates.
 
 Decisions depend only on the hash and the order above, so the bucket count and the engine never change them.
+Rounds 1 and 2 (`find_duplicates`) also find, at intake, the rows of a source that repeat a doc id.
 """
 
 from __future__ import annotations
@@ -52,12 +53,14 @@ class _Scatter:
     part: int
     buckets: int
     scratch: str
+    key: str  # the column whose equal values are duplicates: a hex digest
 
 
 @dataclass(frozen=True)
 class _Decide:
     bucket: int
     scratch: str
+    key: str
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ def _part_key(source: int, part: int) -> str:
     return f"{source:05d}-{part:06d}"
 
 
-def _bucket_of(hashes: pa.ChunkedArray, buckets: int) -> list[int]:
+def _bucket_of(hashes: pa.ChunkedArray, buckets: int) -> list[int]:  # hex digests: their head is uniform
     return [int(h[:8], 16) % buckets for h in hashes.to_pylist()]
 
 
@@ -83,12 +86,12 @@ def _scatter(task: _Scatter) -> int:
 
 
 def _scatter_part(task: _Scatter) -> int:
-    table = pq.read_table(task.path, columns=["doc_id", "content_hash"])
+    table = pq.read_table(task.path, columns=list(dict.fromkeys(["doc_id", task.key])))
     n = table.num_rows
     table = table.append_column("tier", pa.array([task.tier] * n, pa.int32())).append_column(
         "source", pa.array([task.source] * n, pa.int32())).append_column(
         "part", pa.array([task.part] * n, pa.int32())).append_column("row", pa.array(range(n), pa.int64()))
-    bucket = pa.array(_bucket_of(table.column("content_hash"), task.buckets), pa.int32())
+    bucket = pa.array(_bucket_of(table.column(task.key), task.buckets), pa.int32())
     for b in pc.unique(bucket).to_pylist():
         folder = Path(task.scratch) / f"bucket-{b:05d}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -108,23 +111,49 @@ def _decide_bucket(task: _Decide) -> int:
     if not folder.is_dir():
         return 0
     table = pa.concat_tables([pq.read_table(p) for p in sorted(folder.glob("*.parquet"))])
-    table = table.sort_by([("content_hash", "ascending"), ("tier", "ascending"), ("source", "ascending"),
+    table = table.sort_by([(task.key, "ascending"), ("tier", "ascending"), ("source", "ascending"),
                            ("part", "ascending"), ("row", "ascending")])
-    hashes, ids = table.column("content_hash").to_pylist(), table.column("doc_id").to_pylist()
-    kept_of, previous, first = [], None, None
+    hashes, ids = table.column(task.key).to_pylist(), table.column("doc_id").to_pylist()
+    kept_of, is_dup, previous, first = [], [], None, None
     for h, doc_id in zip(hashes, ids):
+        is_dup.append(h == previous)  # every row of a group but its first
         if h != previous:
             previous, first = h, doc_id
         kept_of.append(first)
-    kept = pa.array(kept_of, pa.string())
-    is_dup = pc.not_equal(table.column("doc_id"), kept)
-    dups = table.append_column("duplicate_of", kept).filter(is_dup)
+    dups = table.append_column("duplicate_of", pa.array(kept_of, pa.string())).filter(pa.array(is_dup, pa.bool_()))
     for source, part in {(s, p) for s, p in zip(dups.column("source").to_pylist(), dups.column("part").to_pylist())}:
         mine = dups.filter(pc.and_(pc.equal(dups.column("source"), source), pc.equal(dups.column("part"), part)))
         folder = Path(task.scratch) / "duplicates" / _part_key(source, part)
         folder.mkdir(parents=True, exist_ok=True)
-        write_parquet_atomic(folder / f"bucket-{task.bucket:05d}.parquet", mine.select(["doc_id", "duplicate_of"]))
+        write_parquet_atomic(folder / f"bucket-{task.bucket:05d}.parquet", mine.select(["row", "duplicate_of"]))
     return dups.num_rows
+
+
+def find_duplicates(sources: list[HashSource], scratch: Path, engine: Engine, key: str = "content_hash",
+                    progress: bool = True, label: str = "exact dedup") -> None:
+    """Rounds 1 and 2 (scatter, decide) over every part of `sources`: afterwards `duplicates_in` names, for each
+    part, its rows that repeat an earlier row's `key` and the doc_id of the row kept."""
+    rows = sum(pq.ParquetFile(p).metadata.num_rows for s in sources for p in s.parts)
+    buckets = max(1, math.ceil(rows / ROWS_PER_BUCKET))
+    scatter = [_Scatter(p, i, s.tier, j, buckets, str(scratch), key) for i, s in enumerate(sources)
+               for j, p in enumerate(s.parts)]
+    engine.map_parts(_scatter, scatter, desc=f"{label}: hash buckets", progress=progress,
+                     size=lambda t: os.path.getsize(t.path))
+    engine.map_parts(_decide, [_Decide(b, str(scratch), key) for b in range(buckets)], desc=f"{label}: decide",
+                     progress=progress)
+
+
+def duplicates_dir(scratch: Path, source: int, part: int) -> str:
+    return str(Path(scratch) / "duplicates" / _part_key(source, part))
+
+
+def duplicates_in(folder: str) -> dict[int, str]:
+    """A part's duplicate rows (from `find_duplicates`): row -> doc_id of the copy kept. A few files, one per bucket."""
+    duplicates: dict[int, str] = {}
+    for path in sorted(Path(folder).glob("*.parquet")):
+        found = pq.read_table(path)
+        duplicates.update(zip(found.column("row").to_pylist(), found.column("duplicate_of").to_pylist()))
+    return duplicates
 
 
 def _apply(task: _Apply) -> StageStats:
@@ -133,13 +162,11 @@ def _apply(task: _Apply) -> StageStats:
 
 def _apply_part(task: _Apply) -> StageStats:
     table = pq.read_table(task.input_path)
-    duplicates: dict[str, str] = {}  # this part's duplicates only: a few files, one per bucket
-    for path in sorted(Path(task.duplicates_dir).glob("*.parquet")):
-        found = pq.read_table(path)
-        duplicates.update(zip(found.column("doc_id").to_pylist(), found.column("duplicate_of").to_pylist()))
+    duplicates = duplicates_in(task.duplicates_dir)
     stats = StageStats()
     step = stats.step(DEDUP_STAGE)
-    is_dup = pa.array([d in duplicates for d in table.column("doc_id").to_pylist()], type=pa.bool_())
+    is_dup = pa.array([row in duplicates for row in range(table.num_rows)], type=pa.bool_())
+    copy_of = [duplicates[row] for row in range(table.num_rows) if row in duplicates]
     kept, dropped = table.filter(pc.invert(is_dup)), table.filter(is_dup)
     n_chars = pc.utf8_length(table.column("text")).to_pylist()
     stats.docs_in = step.docs_in = table.num_rows
@@ -154,13 +181,12 @@ def _apply_part(task: _Apply) -> StageStats:
         step.dropped[DUPLICATE] += len(ids)
         step.chars_dropped[DUPLICATE] += sum(lengths)
         stats.lengths_dropped.extend(lengths)
-        for doc_id, text in zip(ids[:task.examples_per_reason], dropped.column("text").to_pylist()):
-            stats.add_example(DUPLICATE, doc_id, f"(copy of {duplicates[doc_id]}) {text}", task.examples_per_reason)
+        for doc_id, kept_id, text in zip(ids[:task.examples_per_reason], copy_of, dropped.column("text").to_pylist()):
+            stats.add_example(DUPLICATE, doc_id, f"(copy of {kept_id}) {text}", task.examples_per_reason)
         n = len(ids)
         rejected = dropped.drop_columns(["content_hash"]).append_column(
             "stage", pa.array([DEDUP_STAGE] * n)).append_column(
-            "reason", pa.array([DUPLICATE] * n)).append_column(
-            "duplicate_of", pa.array([duplicates[d] for d in ids]))
+            "reason", pa.array([DUPLICATE] * n)).append_column("duplicate_of", pa.array(copy_of, pa.string()))
         write_parquet_atomic(Path(task.rejected_path), pa.Table.from_pylist(rejected.to_pylist(), schema=REJECTED_SCHEMA))
     return stats
 
@@ -170,19 +196,13 @@ def exact_dedup(sources: list[HashSource], target: int, writer, scratch: Path, e
                 label: str = "exact dedup") -> StageStats:
     """Deduplicate `sources[target]` against all `sources` (itself included), writing its kept documents and
     rejected duplicates through `writer` (`enabled=False`: keep everything); `scratch` holds the shuffle."""
-    size = lambda t: os.path.getsize(t.path if isinstance(t, _Scatter) else t.input_path)  # noqa: E731
     if enabled:
-        rows = sum(pq.ParquetFile(p).metadata.num_rows for s in sources for p in s.parts)
-        buckets = max(1, math.ceil(rows / ROWS_PER_BUCKET))
-        scatter = [_Scatter(p, i, s.tier, j, buckets, str(scratch)) for i, s in enumerate(sources)
-                   for j, p in enumerate(s.parts)]
-        engine.map_parts(_scatter, scatter, desc=f"{label}: hash buckets", progress=progress, size=size)
-        engine.map_parts(_decide, [_Decide(b, str(scratch)) for b in range(buckets)], desc=f"{label}: decide",
-                         progress=progress)
-    apply = [_Apply(p, str(scratch / "duplicates" / _part_key(target, j)), str(writer.next_path("documents")),
+        find_duplicates(sources, scratch, engine, progress=progress, label=label)
+    apply = [_Apply(p, duplicates_dir(scratch, target, j), str(writer.next_path("documents")),
                     str(writer.next_path("rejected")), examples_per_reason)
              for j, p in enumerate(sources[target].parts)]
     total = StageStats()
-    for stats in engine.map_parts(_apply, apply, desc=label, progress=progress, size=size):
+    for stats in engine.map_parts(_apply, apply, desc=label, progress=progress,
+                                  size=lambda t: os.path.getsize(t.input_path)):
         total.merge(stats, examples_per_reason)
     return total

@@ -13,7 +13,7 @@ from kiln import engine as engine_module
 from kiln.config import parse_config
 from kiln.engine import SERIAL, EngineError, ProcessPool, RayEngine, engine_for, redact_address
 from kiln.storage import Store
-from tests.engine_stages import corpus_config, fingerprint, ingest_all, run_stages, write_corpus
+from tests.engine_stages import REPEATED_IDS, corpus_config, fingerprint, ingest_all, run_stages, write_corpus
 from tests.ray_cluster import start_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,6 +47,13 @@ def test_reference_run_has_work_for_every_stage(reference, corpus, tmp_path):
     rejected = {p.split("/")[0] + "/" + p.split("/")[1] for p in reference if "/rejected-" in p}
     assert rejected == {"filtered/web", "filtered/mirror", "curated/web", "curated/mirror"}
     assert sum("/part-" in p and p.startswith("filtered/web") for p in reference) == 12  # 600 docs, 50 per part
+    # Intake read web's 4 files as 4 tasks; the ids its last file repeats are quarantined, nothing else is.
+    store = Store(tmp_path / "store")
+    ingest_all(corpus_config(corpus), store)
+    quarantine = store.read_table("raw", "web", "quarantine").to_pylist()
+    assert [q["reason"] for q in quarantine] == ["duplicate_doc_id"] * REPEATED_IDS
+    assert {q["locator"] for q in quarantine} == {f"id:syn-1-{i}" for i in range(REPEATED_IDS)}
+    assert store.read_table("raw", "web").num_rows == 600
 
 
 @pytest.mark.parametrize("engine", [ProcessPool(workers=2), RayEngine(workers=4), RayEngine(workers=1),
@@ -54,7 +61,7 @@ def test_reference_run_has_work_for_every_stage(reference, corpus, tmp_path):
 def test_every_engine_and_worker_count_writes_the_same_bytes(engine, corpus, reference, tmp_path):
     store = Store(tmp_path / "store")
     config = corpus_config(corpus)
-    ingest_all(config, store)
+    ingest_all(config, store, engine)
     run_stages(config, store, engine)
     assert fingerprint(store) == reference
 
