@@ -16,6 +16,13 @@ def built(tmp_path, monkeypatch):
     return build_audit_store(tmp_path, monkeypatch)
 
 
+@pytest.fixture(scope="module")
+def read_only_built(tmp_path_factory):
+    """One store for the tests that must leave it as it was (a refused request records nothing): built once."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield build_audit_store(tmp_path_factory.mktemp("audit"), monkeypatch)
+
+
 def forget(built, capsys, *args):
     code = main(["forget", *args, "--home", str(built["home"]), "--config", str(built["config_path"]), "--json"])
     out, err = capsys.readouterr()
@@ -77,13 +84,13 @@ def test_requests_by_url_pattern_and_doc_ids(built, capsys, tmp_path):
     (["--url-pattern", "(unclosed"], "not a valid regular expression"),
     (["--doc-ids", "/no/such/file"], "no such file"),
 ])
-def test_bad_requests_exit_2_with_the_reason(built, capsys, args, message):
-    code, _, err = forget(built, capsys, *args)
+def test_bad_requests_exit_2_with_the_reason(read_only_built, capsys, args, message):
+    code, _, err = forget(read_only_built, capsys, *args)
     assert code == 2 and message in err
-    assert load_requests(built["store"]) == ([], None)  # nothing recorded
+    assert load_requests(read_only_built["store"]) == ([], None)  # nothing recorded
 
 
-def test_a_request_needs_exactly_one_selector(built, capsys):
+def test_a_request_needs_exactly_one_selector():
     with pytest.raises(SystemExit) as exc:
         main(["forget", "--source", "web", "--url-pattern", "x"])
     assert exc.value.code == 2
