@@ -162,16 +162,7 @@ def _shift(a: np.ndarray, by: int) -> np.ndarray:
 
 def _batch_counts(texts: list[str], chunk_chars: int = 1 << 22) -> list[_BatchCounts]:
     """_WordCounts of every text, in numpy over code points, a chunk of about `chunk_chars` characters at a time."""
-    out: list[_BatchCounts] = []
-    chunk: list[str] = []
-    size = 0
-    for i, text in enumerate(texts):
-        chunk.append(text)
-        size += len(text)
-        if size >= chunk_chars or i == len(texts) - 1:
-            out.extend(_count_chunk(chunk))
-            chunk, size = [], 0
-    return out
+    return [counts for chunk in ts.chunks(texts, chunk_chars) for counts in _count_chunk(chunk)]
 
 
 def _count_chunk(texts: list[str]) -> list[_BatchCounts]:

@@ -11,6 +11,7 @@ from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
 from kiln.documents import Document
 from kiln.filters.base import Verdict, drop, keep
+from kiln.filters.text_stats import chunks
 
 _SEPARATOR = 0xFF  # never in UTF-8, and no feature contains it: the automaton returns to its root on it
 
@@ -79,18 +80,12 @@ class BatchIdentifier(LanguageIdentifier):
         """`classify` for each text, the automaton walked once per chunk of about `chunk_bytes` of text
         (numpy's temporaries take ~30 bytes per byte of text)."""
         results: list[tuple[str, float]] = []
-        chunk: list[bytes] = []
-        size = 0
-        for i, text in enumerate(texts):
-            chunk.append(self._encode(text))
-            size += len(chunk[-1])
-            if size >= chunk_bytes or i == len(texts) - 1:
-                self._visits = dict(zip(chunk, self._visit_counts_many(chunk)))
-                try:
-                    results.extend(self.classify(e) for e in chunk)
-                finally:
-                    self._visits = {}
-                chunk, size = [], 0
+        for chunk in chunks(map(self._encode, texts), chunk_bytes):
+            self._visits = dict(zip(chunk, self._visit_counts_many(chunk)))
+            try:
+                results.extend(self.classify(e) for e in chunk)
+            finally:
+                self._visits = {}
         return results
 
     def _raw_score(self, text):

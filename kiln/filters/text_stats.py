@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -45,6 +45,20 @@ def arrow_texts(texts: list[str]) -> pa.Array | None:
         return pa.array(texts, pa.large_string())
     except UnicodeEncodeError:
         return None
+
+
+def chunks(items: Iterable, limit: int, size=len) -> Iterator[list]:
+    """Consecutive runs of `items` of about `limit` in total `size` (a run ends at the item that reaches it): the
+    batch forms work a run at a time, so their numpy temporaries stay bounded whatever the batch."""
+    run, total = [], 0
+    for item in items:
+        run.append(item)
+        total += size(item)
+        if total >= limit:
+            yield run
+            run, total = [], 0
+    if run:
+        yield run
 
 
 # ---- words -----------------------------------------------------------------------------------
