@@ -36,7 +36,7 @@ test-fast: install
 	$(BIN)/python -m pytest -m "not slow"
 
 ui: install $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	$(BIN)/python -m orchestration.ui -w workspace.yaml -h 127.0.0.1 -p 3000
 
 mlflow: install
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(KILN_HOME)/mlflow.db -h 127.0.0.1 -p 5000

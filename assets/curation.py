@@ -9,7 +9,7 @@ import dagster as dg
 from assets.partitions import FOLLOW, SAME_REFRESH_EVERY_SOURCE, document_partitions, source_and_refresh
 from assets.results import check_specs, engine_metadata, materialize_result, standard_checks
 from kiln.curation import filter_documents, ingest, profile_steps
-from kiln.dedup.exact import HashSource, exact_dedup
+from kiln.dedup.exact import HashSource, exact_dedup, remove_shuffle
 from kiln.manifest import code_version
 from kiln.filters.registry import build_step
 from kiln.pii import PiiRedaction
@@ -118,17 +118,26 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
     runner = engine.get(config.engine)
     version = dict(code_version=context.assets_def.code_versions_by_key[context.asset_key],
                    config={"exact_dedup": dedup.model_dump(), "sources": [s.name for s in config.sources],
+                           "quality_tiers": {s.name: s.quality_tier for s in config.sources},
                            "earlier_refreshes": sorted({p.split("/")[1] for p in earlier})},
                    inputs={**{f"{FILTERED}/{p}": m.data_version for p, m in inputs.items()},
                            **{f"{CURATED}/{p}": m.data_version for p, m in earlier.items()}})
+    # Every source of the refresh has this same version, so they share one shuffle (done by the first to get there).
+    shuffle = store.shared_scratch(CURATED, f"exact-dedup-{key}-{resume_key(**version)}")
+    for stale in shuffle.parent.glob(f".shared-exact-dedup-{key}-*"):
+        if stale.is_dir() and stale != shuffle:
+            remove_shuffle(stale, wait=False)  # this refresh's inputs have changed since; unless another run uses it
     with store.staging(CURATED, here, resume=resume_key(**version)) as writer:
         started = time.perf_counter()
-        stats = exact_dedup(sources, [s.name for s in sources].index(here), writer, writer.scratch("exact-dedup"),
-                            runner, dedup.enabled, config.curation.examples_per_reason, label=f"exact dedup {here}")
+        stats = exact_dedup(sources, [s.name for s in sources].index(here), writer, shuffle, runner, dedup.enabled,
+                            config.curation.examples_per_reason, label=f"exact dedup {here}")
         seconds = time.perf_counter() - started
         manifest = writer.commit(
             **version, counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
             stats=stats.to_dict())
+    if all((m := store.manifest_or_none(CURATED, p)) is not None and m.inputs == version["inputs"]
+           and m.config == version["config"] for p in inputs):
+        remove_shuffle(shuffle)  # the last source of the refresh is done
     funnel = chain([StageStats.from_dict(store.manifest(RAW, here).stats),
                     StageStats.from_dict(inputs[here].stats), stats])
     checks = standard_checks(store, manifest, inputs[here].counts["documents"]) + [

@@ -1,6 +1,8 @@
 """Model-based quality: a fastText classifier trained on the user's own sources, scores (and reference-LM
 perplexity) stored next to every document, and filtering on those stored scores."""
 
+import time
+
 import dagster as dg
 import numpy as np
 
@@ -10,11 +12,12 @@ from assets.results import check_specs, engine_metadata, materialize_result, sta
 from kiln.forget import REQUESTS, first_match, load_requests
 from kiln.manifest import code_version
 from kiln.plots import figure_markdown, pyplot
-from kiln.quality.classifier import Example, QualityScorer, balanced_sample, train_classifier
+from kiln.quality.classifier import Example, balanced_sample, train_classifier
 from kiln.quality.rules import decide, decile_rows, filter_parts, threshold_effect
 from kiln.quality.scoring import read_scores, score_parts
 from kiln.refresh import materialized, partition
 from kiln.stats import StageStats, chain, funnel_markdown
+from kiln.storage import resume_key
 from kiln.tokenizer import read_documents
 from resources import KilnConfig, KilnEngine, KilnStorage
 
@@ -90,33 +93,37 @@ def _examples(store, parts, wanted: set[str]) -> list[Example]:
     check_specs=[dg.AssetCheckSpec("complete", asset=SCORES, blocking=True,
                                    description="every document is kept with its scores, each in range")],
 )
-def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
-                   storage: KilnStorage) -> dg.MaterializeResult:
+def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
+                   engine: KilnEngine) -> dg.MaterializeResult:
     """One source's documents with their quality columns: `quality_score` (the classifier's P(reference))
-    and `perplexity` under the reference language model, when one is configured."""
+    and `perplexity` under the reference language model, when one is configured. One engine task per part
+    (the reference LM on a GPU runs in this step, which owns the GPU)."""
     config, store = kiln_config.load(), storage.store()
     source, settings = partition(*source_and_refresh(context)), config.quality.perplexity
     deduplicated, classifier = store.manifest(DEDUPLICATED, source), store.manifest(CLASSIFIER)
-    scorer = QualityScorer.load(store.dataset_dir(CLASSIFIER)) if classifier.stats["card"] else None
-    reference = None
+    classifier_dir = store.dataset_dir(CLASSIFIER) if classifier.stats["card"] else None
+    reference = {"reference_model_sha256": None, "reference_tokenizer_sha256": None}
     if settings.model:
         from kiln.quality.perplexity import ReferenceModel
 
-        reference = ReferenceModel.load(settings.model, settings.device)
-    with store.staging(SCORES, source) as writer:
-        counts = score_parts(store.files(DEDUPLICATED, source, "documents"), writer, scorer, reference,
-                             settings.max_tokens, settings.batch_size, label=f"quality {source}")
-        manifest = writer.commit(
-            code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"perplexity": settings.model_dump(mode="json"),
-                    "reference_model_sha256": reference.model_sha256 if reference else None,
-                    "reference_tokenizer_sha256": reference.tokenizer.sha256 if reference else None},
-            inputs={f"{DEDUPLICATED}/{source}": deduplicated.data_version, CLASSIFIER: classifier.data_version},
-            counts=counts)
+        reference = ReferenceModel.identity(settings.model)  # a bad folder fails here, naming the key
+    runner = engine.get(config.engine)
+    version = dict(code_version=context.assets_def.code_versions_by_key[context.asset_key],
+                   config={"perplexity": settings.model_dump(mode="json"), **reference},
+                   inputs={f"{DEDUPLICATED}/{source}": deduplicated.data_version, CLASSIFIER: classifier.data_version})
+    inputs = store.files(DEDUPLICATED, source, "documents")
+    with store.staging(SCORES, source, resume=resume_key(**version)) as writer:
+        started = time.perf_counter()
+        counts = score_parts(inputs, [writer.next_path("documents") for _ in inputs],
+                             classifier_dir, settings, runner,
+                             label=f"quality {source}")
+        seconds = time.perf_counter() - started
+        manifest = writer.commit(**version, counts=counts)
     doc_ids, scores, perplexity = read_scores(store.files(SCORES, source, "documents"))
     expected = deduplicated.counts["documents"]
     out_of_range = int(((scores < 0) | (scores > 1)).sum() + (perplexity < 1).sum())  # NaN compares False
-    metadata = {"documents": counts["documents"], "data_version": manifest.data_version,
+    metadata = {**engine_metadata(runner, counts["documents"], seconds),
+                "documents": counts["documents"], "data_version": manifest.data_version,
                 "path": dg.MetadataValue.path(str(store.dataset_dir(SCORES, source)))}
     texts = store.values(SCORES, source, "text", {doc_ids[row] for values in (scores, perplexity)
                                                   for _, row in decile_rows(values)})
@@ -126,7 +133,7 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
             metadata[f"{name}_median"] = round(float(np.median(finite)), 4)
             metadata[f"{name}_histogram"] = dg.MetadataValue.md(histogram_markdown(finite, name, source, log))
             metadata[f"{name}_deciles"] = dg.MetadataValue.md(deciles_markdown(values, doc_ids, texts, name))
-    if scorer:
+    if classifier_dir:
         metadata["min_score_effect"] = dg.MetadataValue.md(threshold_markdown(threshold_effect(scores)))
     return dg.MaterializeResult(
         metadata=metadata,

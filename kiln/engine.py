@@ -60,7 +60,7 @@ def _launch_order(tasks: Sequence[T], size: Callable[[T], int] | None) -> list[i
 # ------------------------------------------------------------------------------------------ process pool
 
 # Preloaded in the forkserver, so forked workers start with every stage's module imported.
-STAGE_MODULES = ["kiln.curation", "kiln.dedup.exact", "kiln.dedup.minhash", "kiln.token_shards"]
+STAGE_MODULES = ["kiln.curation", "kiln.dedup.exact", "kiln.dedup.minhash", "kiln.quality.scoring", "kiln.token_shards"]
 
 
 def worker_pool_context(preload: list[str] = STAGE_MODULES):

@@ -141,6 +141,11 @@ class Store:
                     found[doc_id] = value
         return found
 
+    def shared_scratch(self, asset: str, name: str) -> Path:
+        """A folder that several partitions' runs of `asset` share for intermediate work (a refresh's exact-dedup
+        shuffle): hidden beside the datasets, never published; on a cluster, on the shared KILN_HOME like them."""
+        return self.root / asset / f".shared-{name}"
+
     def staging(self, asset: str, partition: str | None = None, resume: str | None = None) -> DatasetWriter:
         """A writer for a new version; with `resume` (a `resume_key`), a failed attempt's staging folder is kept
         and the next attempt with the same key picks up the parts it completed."""
@@ -244,6 +249,27 @@ def _local_copy_is(local: Path, data: bytes, manifest: Manifest) -> bool:
     return same
 
 
+def _remove_stale_staging(final: Path) -> None:
+    """Staging folders of `final`'s dataset that no live writer holds — a failed attempt under inputs since
+    replaced, a killed run — and old copies a killed swap left: removed after a commit, so they do not pile up.
+    A live writer holds its folder's lock, so its folder is skipped."""
+    for stale in final.parent.glob(f".{final.name}.old-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for folder in [p for p in final.parent.glob(f".{final.name}.staging-*") if p.is_dir()]:
+        lock = FileLock(f"{folder}.lock")
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue  # a live writer
+        try:  # moved aside under the lock (a rename: the lock is held for microseconds), removed after
+            old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+            os.replace(folder, old)
+            Path(lock.lock_file).unlink(missing_ok=True)
+        finally:
+            lock.release()
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def _swap_in(staging: Path, final: Path) -> None:
     """Replace `final` by the complete folder `staging` (two renames; the old copy is removed after)."""
     old = None
@@ -273,14 +299,14 @@ class DatasetWriter:
         final_dir.parent.mkdir(parents=True, exist_ok=True)
         self.resume = resume
         self.dir = final_dir.with_name(f".{final_dir.name}.staging-{resume or uuid.uuid4().hex[:8]}")
-        self._lock = None
-        if resume:
-            self._lock = FileLock(f"{self.dir}.lock")
-            try:
-                self._lock.acquire(timeout=0)
-            except Timeout:
-                raise StagingBusy(f"{asset}[{partition}] is being written by another run with the same inputs "
-                                  f"(lock {self._lock.lock_file}); wait for it to finish") from None
+        # Held while this writer lives: it keeps another run out of a resumable folder, and tells a committing
+        # writer of the same dataset which staging folders are live (see _remove_stale_staging).
+        self._lock: FileLock | None = FileLock(f"{self.dir}.lock")
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            raise StagingBusy(f"{asset}[{partition}] is being written by another run with the same inputs "
+                              f"(lock {self._lock.lock_file}); wait for it to finish") from None
         self.dir.mkdir(exist_ok=bool(resume))
         self._counters: dict[str, int] = {}
 
@@ -318,16 +344,22 @@ class DatasetWriter:
         for hidden in self.dir.glob(".*"):  # scratch folders, temp files of tasks that died: never published
             shutil.rmtree(hidden) if hidden.is_dir() else hidden.unlink()
         self._swap()
+        self._release(remove=True)
+        _remove_stale_staging(self.final_dir)
         if self.store is not None and self.store.remote is not None:
             self.store._push(self.asset, self.partition, manifest)
         return manifest
 
     def abort(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
-        self._release()
+        self._release(remove=True)
 
-    def _release(self) -> None:
+    def _release(self, remove: bool = False) -> None:
+        """Release the lock; with `remove`, its file too (the folder is gone; filelock copes with a lock file
+        unlinked under a waiting process)."""
         if self._lock is not None:
+            if remove:
+                Path(self._lock.lock_file).unlink(missing_ok=True)
             self._lock.release()
             self._lock = None
 

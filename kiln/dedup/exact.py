@@ -10,6 +10,7 @@ holds the corpus's hashes; three rounds of part-sized tasks on the engine:
    back per input part;
 3. apply: each part of the partition being curated splits into kept documents and rejected duplicates.
 
+Rounds 1 and 2 serve every source of the refresh: they run once, in a scratch folder the sources' runs share.
 Decisions depend only on the hash and the order above, so the bucket count and the engine never change them.
 Rounds 1 and 2 (`find_duplicates`) also find, at intake, the rows of a source that repeat a doc id.
 """
@@ -18,12 +19,14 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from filelock import FileLock, Timeout
 
 from kiln.documents import REJECTED_SCHEMA
 from kiln.engine import SERIAL, Engine
@@ -195,14 +198,39 @@ def exact_dedup(sources: list[HashSource], target: int, writer, scratch: Path, e
                 enabled: bool = True, examples_per_reason: int = 3, progress: bool = True,
                 label: str = "exact dedup") -> StageStats:
     """Deduplicate `sources[target]` against all `sources` (itself included), writing its kept documents and
-    rejected duplicates through `writer` (`enabled=False`: keep everything); `scratch` holds the shuffle."""
-    if enabled:
-        find_duplicates(sources, scratch, engine, progress=progress, label=label)
-    apply = [_Apply(p, duplicates_dir(scratch, target, j), str(writer.next_path("documents")),
-                    str(writer.next_path("rejected")), examples_per_reason)
-             for j, p in enumerate(sources[target].parts)]
-    total = StageStats()
-    for stats in engine.map_parts(_apply, apply, desc=label, progress=progress,
-                                  size=lambda t: os.path.getsize(t.input_path)):
-        total.merge(stats, examples_per_reason)
+    rejected duplicates through `writer` (`enabled=False`: keep everything).
+
+    `scratch` holds the shuffle, which serves every target of the same `sources`: the partitions of one refresh
+    share one (other processes included), so the corpus is shuffled once per refresh, not once per source.
+    A file lock lets one process at a time in; the first one shuffles, later ones find it done."""
+    scratch = Path(scratch)
+    with FileLock(f"{scratch}.lock"):
+        scratch.mkdir(parents=True, exist_ok=True)
+        if enabled:
+            resume_part(scratch / "shuffle", lambda: find_duplicates(sources, scratch, engine, progress=progress,
+                                                                     label=label) or {})
+        apply = [_Apply(p, duplicates_dir(scratch, target, j), str(writer.next_path("documents")),
+                        str(writer.next_path("rejected")), examples_per_reason)
+                 for j, p in enumerate(sources[target].parts)]
+        total = StageStats()
+        for stats in engine.map_parts(_apply, apply, desc=label, progress=progress,
+                                      size=lambda t: os.path.getsize(t.input_path)):
+            total.merge(stats, examples_per_reason)
     return total
+
+
+def remove_shuffle(scratch: Path, wait: bool = True) -> bool:
+    """Remove a shared shuffle no target needs any more, once no process uses it (`wait=False`: only if none
+    does now). Returns whether it was removed."""
+    scratch = Path(scratch)
+    lock = FileLock(f"{scratch}.lock")
+    try:
+        lock.acquire(timeout=-1 if wait else 0)
+    except Timeout:
+        return False
+    try:
+        shutil.rmtree(scratch, ignore_errors=True)
+        Path(lock.lock_file).unlink(missing_ok=True)
+    finally:
+        lock.release()
+    return True

@@ -36,11 +36,12 @@ class ReferenceModel:
     device: str
     model_sha256: str
 
-    @classmethod
-    def load(cls, path: str | Path, device: str = "auto") -> ReferenceModel:
-        """From a checkpoint folder as the `checkpoint` asset writes it (`safetensors/` + `hf/tokenizer.model`),
-        or from one folder holding `model.safetensors`, `model_config.json` and `tokenizer.model`."""
-        from training_jobs.export import MODEL_FILE, load_model
+    @staticmethod
+    def files(path: str | Path) -> tuple[Path, Path]:
+        """(weights folder, tokenizer model file) of a checkpoint folder as the `checkpoint` asset writes it
+        (`safetensors/` + `hf/tokenizer.model`), or of one folder holding `model.safetensors`,
+        `model_config.json` and `tokenizer.model`; a clear error when either is missing."""
+        from training_jobs.export import MODEL_FILE
 
         path = Path(path)
         weights = path / "safetensors" if (path / "safetensors").is_dir() else path
@@ -50,6 +51,23 @@ class ReferenceModel:
             raise FileNotFoundError(f"quality.perplexity.model = {str(path)!r} is not a Kiln checkpoint: missing "
                                     f"{', '.join(missing)}; point it at a checkpoint folder (the checkpoint asset's "
                                     "output) or a folder with model.safetensors, model_config.json, tokenizer.model")
+        return weights, tokenizer
+
+    @classmethod
+    def identity(cls, path: str | Path) -> dict[str, str]:
+        """The sha256 of the model's weights and of its tokenizer, without loading either."""
+        from training_jobs.export import MODEL_FILE
+
+        weights, tokenizer = cls.files(path)
+        return {"reference_model_sha256": sha256_file(weights / MODEL_FILE),
+                "reference_tokenizer_sha256": sha256_file(tokenizer)}
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "auto") -> ReferenceModel:
+        """From a checkpoint folder (see `files`), on `device` (auto: cuda when available, else cpu)."""
+        from training_jobs.export import MODEL_FILE, load_model
+
+        weights, tokenizer = cls.files(path)
         device = resolve_device(device)
         model = load_model(weights).to(device)
         tok = Tokenizer.load(tokenizer)

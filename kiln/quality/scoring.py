@@ -1,20 +1,29 @@
-"""Scoring a source: every document streamed through the classifier and the reference LM, the scores
-stored as columns next to the text (null where a model is off), one output part per input part."""
+"""Scoring a source: every document through the classifier and the reference LM, the scores stored as
+columns next to the text (null where a model is off), one output part per input part.
+
+Each part is one engine task that reads its input part and writes its output part itself; a worker loads each
+model once and reuses it for every part it scores. The reference LM runs where its device is: on CPU, on the
+engine's workers (one torch thread each, so a part's perplexities do not depend on which worker ran it); on a
+GPU, in the calling process, which owns the GPU (Ray hides GPUs from tasks that did not ask for one)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
+from kiln.config import QualityPerplexity
 from kiln.documents import DOCUMENT_SCHEMA, SCORED_SCHEMA
-from kiln.quality.classifier import QualityScorer
-from kiln.storage import DatasetWriter
+from kiln.engine import SERIAL, Engine
+from kiln.quality.classifier import ClassifierCard, QualityScorer
+from kiln.storage import resume_part, write_parquet_atomic
 
 if TYPE_CHECKING:  # torch loads only where perplexity is computed
     from kiln.quality.perplexity import ReferenceModel
@@ -22,27 +31,76 @@ if TYPE_CHECKING:  # torch loads only where perplexity is computed
 SCORE, PERPLEXITY = "quality_score", "perplexity"
 
 
-def score_parts(parts: Sequence[Path], writer: DatasetWriter, scorer: QualityScorer | None,
-                reference: ReferenceModel | None, max_tokens: int = 512, batch_size: int = 16,
+@lru_cache(maxsize=2)
+def _scorer(directory: str, sha256: str) -> QualityScorer:
+    """Loaded once per worker process (`load` refuses a model file that does not match its card)."""
+    scorer = QualityScorer.load(Path(directory))
+    if ClassifierCard.read(Path(directory)).sha256 != sha256:
+        raise ValueError(f"{directory}: the quality classifier changed while its scores were being written; "
+                         "re-materialize quality_scores")
+    return scorer
+
+
+@lru_cache(maxsize=1)
+def _reference(path: str, device: str) -> ReferenceModel:
+    from kiln.quality.perplexity import ReferenceModel
+
+    if device == "cpu":
+        import torch
+
+        torch.set_num_threads(1)  # one CPU per task; the same reduction order on every worker
+    return ReferenceModel.load(path, device)
+
+
+@dataclass(frozen=True)
+class _ScoreTask:
+    input_path: str
+    output_path: str
+    classifier: tuple[str, str] | None  # (model folder, its sha256)
+    reference: str | None  # the reference LM's folder
+    device: str  # where the reference LM runs: cpu or cuda
+    max_tokens: int
+    batch_size: int
+
+
+def _score_part(task: _ScoreTask) -> dict[str, int]:
+    return resume_part(task.output_path, lambda: _score(task))
+
+
+def _score(task: _ScoreTask) -> dict[str, int]:
+    table = pq.read_table(task.input_path, columns=[f.name for f in DOCUMENT_SCHEMA])
+    texts = table.column("text").to_pylist()
+    scores = _scorer(*task.classifier).score(texts, table.column("doc_id").to_pylist()) if task.classifier else None
+    perplexity = (_reference(task.reference, task.device).perplexities(texts, task.max_tokens, task.batch_size)
+                  if task.reference else None)
+    table = table.append_column(SCORE, _column(scores, len(texts)))
+    table = table.append_column(PERPLEXITY, _column(perplexity, len(texts)))
+    write_parquet_atomic(Path(task.output_path), table.cast(SCORED_SCHEMA))
+    return {"documents": len(texts), "scored": len(texts) if scores is not None else 0,
+            "perplexity_scored": int(np.isfinite(perplexity).sum()) if perplexity is not None else 0}
+
+
+def score_parts(parts: Sequence[Path], output_paths: Sequence[Path], classifier: Path | None,
+                perplexity: QualityPerplexity | None = None, engine: Engine = SERIAL, progress: bool = True,
                 label: str = "score") -> dict[str, int]:
-    """Every document of `parts` with its `quality_score` and `perplexity` (null where that model is off),
-    one output part per input part."""
+    """Every document of `parts` with its `quality_score` (the classifier in folder `classifier`) and
+    `perplexity` (under `perplexity.model`), null where that model is off; part i's scores go to
+    `output_paths[i]`. Returns counts: documents, scored, perplexity_scored."""
+    reference, device = (perplexity.model, perplexity.device) if perplexity and perplexity.model else (None, "cpu")
+    if reference:
+        from kiln.quality.perplexity import resolve_device
+
+        device = resolve_device(device)
+        if device != "cpu":
+            engine = SERIAL
+    card = (str(classifier), ClassifierCard.read(Path(classifier)).sha256) if classifier else None
+    settings = perplexity or QualityPerplexity()
+    tasks = [_ScoreTask(str(i), str(o), card, reference, device, settings.max_tokens, settings.batch_size)
+             for i, o in zip(parts, output_paths, strict=True)]
     counts = {"documents": 0, "scored": 0, "perplexity_scored": 0}
-    columns = [f.name for f in DOCUMENT_SCHEMA]
-    total = sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
-    with tqdm(total=total, desc=label, unit="doc") as bar:
-        for path in parts:
-            table = pq.read_table(path, columns=columns)
-            texts = table.column("text").to_pylist()
-            scores = scorer.score(texts, table.column("doc_id").to_pylist()) if scorer else None
-            perplexity = reference.perplexities(texts, max_tokens, batch_size) if reference else None
-            table = table.append_column(SCORE, _column(scores, len(texts)))
-            table = table.append_column(PERPLEXITY, _column(perplexity, len(texts)))
-            writer.write("documents", table.cast(SCORED_SCHEMA))
-            counts["documents"] += len(texts)
-            counts["scored"] += len(texts) if scores is not None else 0
-            counts["perplexity_scored"] += int(np.isfinite(perplexity).sum()) if perplexity is not None else 0
-            bar.update(len(texts))
+    for done in engine.map_parts(_score_part, tasks, desc=label, progress=progress,
+                                 size=lambda t: os.path.getsize(t.input_path)):
+        counts = {k: counts[k] + done[k] for k in counts}
     return counts
 
 

@@ -118,14 +118,17 @@ def test_materialize_all_sources_checks_pass_and_lineage_is_recorded(project):
     home = project.home
     for source in ("web", "ref"):
         assert materialize(project, ["raw_documents", "filtered_documents"], source).success
-    results = {}
+    results, shuffles = {}, []
     for source in ("web", "ref"):
         result = results[source] = materialize(project, ["curated_documents"], source)
         assert result.success
+        shuffles.append(sorted(p.name for p in (home / "data" / "curated_documents").glob(".shared-*") if p.is_dir()))
         evaluations = result.get_asset_check_evaluations()
         assert {e.check_name for e in evaluations} == {"conservation", "non_empty", "schema", "residual_pii"}
         assert all(e.passed for e in evaluations), [(e.check_name, e.metadata) for e in evaluations if not e.passed]
 
+    # The refresh's shuffle was shared: kept after web (ref still needs it), removed once ref was done too.
+    assert len(shuffles[0]) == 1 and shuffles[1] == []
     curated = json.loads((home / "data" / "curated_documents" / project.partition("web") / "_manifest.json").read_text())
     filtered_ref = json.loads((home / "data" / "filtered_documents" / project.partition("ref") / "_manifest.json").read_text())
     assert curated["inputs"][f"filtered_documents/{project.partition('ref')}"] == filtered_ref["data_version"]

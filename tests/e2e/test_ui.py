@@ -78,9 +78,9 @@ def dagster_dev(tmp_path):
            "KILN_DEPLOYMENT": "local", "MLFLOW_DISABLE_TELEMETRY": "true",
            "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), "PYTHONUNBUFFERED": "1"}
     log_path = tmp_path / "dagster_dev.log"
-    dagster = shutil.which("dagster", path=str(Path(sys.executable).parent))
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([dagster, "dev", "-m", "orchestration.definitions", "-h", "127.0.0.1", "-p", str(port)],
+    with open(log_path, "wb") as log:  # as `make ui` starts it: `dagster dev` with one Ray for every step
+        proc = subprocess.Popen([sys.executable, "-m", "orchestration.ui", "-m", "orchestration.definitions",
+                                 "-h", "127.0.0.1", "-p", str(port)],
                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -98,6 +98,7 @@ def dagster_dev(tmp_path):
         yield {"url": url, "home": home, "log": log_path}
     finally:
         # Ctrl-C for the whole group (webserver, daemon, code servers, run workers), then make sure of it.
+        stopped_by_ctrl_c = proc.poll() is not None
         for sig, wait_s in ((signal.SIGINT, 20), (signal.SIGKILL, 10)):
             try:
                 os.killpg(proc.pid, sig)
@@ -108,7 +109,9 @@ def dagster_dev(tmp_path):
             except subprocess.TimeoutExpired:
                 pass
             if sig is signal.SIGINT:
+                stopped_by_ctrl_c = proc.poll() is not None
                 continue  # children may outlive the parent: SIGKILL whatever is left of the group
+        assert stopped_by_ctrl_c, "`make ui` (dagster dev, then its Ray) did not stop on Ctrl-C within 20 s"
 
 
 def _graphql(url: str, query: str) -> dict:
@@ -119,6 +122,8 @@ def _graphql(url: str, query: str) -> dict:
 
 
 RUNS_QUERY = "{ runsOrError { ... on Runs { results { runId status tags { key value } } } } }"
+ENGINE_QUERY = ('{ assetOrError(assetKey: {path: ["raw_documents"]}) { ... on Asset { assetMaterializations(limit: 1) '
+                '{ metadataEntries { label ... on JsonMetadataEntry { jsonString } } } } } }')
 
 
 def _save(page, tmp_path: Path, name: str) -> Path:
@@ -216,6 +221,10 @@ def test_materialize_a_partition_from_the_ui(dagster_dev, tmp_path):
     tags = {t["key"]: t["value"] for t in run["tags"]}
     assert tags["dagster/partition/refresh"] == REFRESH and tags["dagster/partition/source"] == SOURCE
     assert tags["dagster/partition"] == f"{REFRESH}|{SOURCE}"  # Dagster's MultiPartitionKey string
+    # the step ran on the one Ray that `make ui` started for every run (RAY_ADDRESS), not on a Ray of its own
+    [materialization] = _graphql(url, ENGINE_QUERY)["assetOrError"]["assetMaterializations"]
+    engine = json.loads(next(e["jsonString"] for e in materialization["metadataEntries"] if e["label"] == "engine"))
+    assert engine["engine"] == "ray" and engine["address"] == engine["gcs_address"] != "embedded"
     manifest_path = dagster_dev["home"] / "data" / "raw_documents" / SOURCE / REFRESH / "_manifest.json"
     manifest = json.loads(manifest_path.read_text())
     assert manifest["counts"]["documents"] > 0

@@ -1,6 +1,7 @@
 """The curation engine without Dagster: conservation at every stage, cross-source exact dedup, PII."""
 
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -13,6 +14,8 @@ from kiln.dedup.exact import HashSource, exact_dedup
 from kiln.engine import SERIAL, ProcessPool
 from kiln.storage import Store
 from tests.conftest import SERIAL_ENGINE, CLEAN_PROSE, prose, write_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -45,7 +48,9 @@ def corpus(tmp_path):
     return parse_config(raw), Store(tmp_path / "store")
 
 
-def run_all(config, store, engine=SERIAL):
+def run_all(config, store, engine=SERIAL, shared_shuffle=None):
+    """Every stage; exact dedup in one shuffle per source (as a library caller may), or in `shared_shuffle`, one
+    for all sources (as the curated asset does)."""
     stats = {}
     for s in config.sources:
         with store.staging("raw", s.name) as w:
@@ -61,7 +66,7 @@ def run_all(config, store, engine=SERIAL):
     dups = {}
     for i, s in enumerate(config.sources):
         with store.staging("curated", s.name) as w:
-            c = exact_dedup(sources, i, w, w.scratch("shuffle"), engine, progress=False)
+            c = exact_dedup(sources, i, w, shared_shuffle or w.scratch("shuffle"), engine, progress=False)
             w.commit(code_version="t", config={}, inputs={}, counts={}, stats=c.to_dict())
         stats[s.name] += (c,)
         rejected = store.read_table("curated", s.name, "rejected")
@@ -128,6 +133,39 @@ def test_parallel_filtering_matches_serial(corpus, tmp_path):
     assert parallel_store.read_table("filtered", "web").to_pylist() == serial
 
 
+class CountingEngine:
+    """In this process, noting each round's tasks."""
+
+    workers = 1
+
+    def __init__(self):
+        self.rounds = []
+
+    def map_parts(self, fn, tasks, *, desc, **kwargs):
+        self.rounds.append((desc, len(tasks)))
+        return SERIAL.map_parts(fn, tasks, desc=desc, **kwargs)
+
+    def describe(self):
+        return {"engine": "counting"}
+
+
+def test_sources_of_a_refresh_share_one_shuffle_with_the_same_decisions(corpus, tmp_path):
+    """The shuffle rounds (scatter, decide) run once for all sources; each source's kept and rejected parts are
+    byte for byte those of a shuffle of its own."""
+    config, store = corpus
+    run_all(config, store)
+    shared, engine = Store(tmp_path / "shared"), CountingEngine()
+    run_all(config, shared, engine, shared_shuffle=tmp_path / "shuffle")
+    filtered_parts = sum(len(shared.files("filtered", s.name, "documents")) for s in config.sources)
+    scatter = [n for desc, n in engine.rounds if desc.endswith("hash buckets")]
+    assert scatter == [filtered_parts]  # once, over both sources' parts (not once per source)
+    assert [desc for desc, _ in engine.rounds].count("exact dedup") == 2  # each source applies its decisions
+    for s in config.sources:
+        for role in ("documents", "rejected"):
+            assert [p.read_bytes() for p in shared.files("curated", s.name, role)] == \
+                [p.read_bytes() for p in store.files("curated", s.name, role)]
+
+
 def test_content_hash_folds_case_and_whitespace_only():
     assert content_hash("Hello   World\n") == content_hash("hello world")
     assert content_hash("hello world.") != content_hash("hello world")
@@ -148,6 +186,49 @@ def test_crash_mid_write_leaves_previous_version_intact(tmp_path):
     assert store.manifest("a", "p").data_version == first.data_version
     assert store.read_table("a", "p").column("x").to_pylist() == [1]
     assert [p.name for p in (tmp_path / "a").iterdir()] == ["p"]  # no staging or half files left behind
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+import pyarrow as pa
+from pathlib import Path
+from kiln.storage import Store
+w = Store(Path(sys.argv[1])).staging("a", "p")
+w.write("documents", pa.table({"x": [9]}))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_commit_removes_staging_folders_no_live_writer_holds(tmp_path):
+    """Failed resumable attempts under inputs since replaced, and SIGKILLed writers, leave staging folders; the
+    next commit of that dataset removes them, but never the folder of a writer still at work."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+
+    store = Store(tmp_path)
+    with pytest.raises(RuntimeError):
+        with store.staging("a", "p", resume="inputs-v1") as w:
+            w.write("documents", pa.table({"x": [1]}))
+            raise RuntimeError("step failed")  # kept for a re-run with the same inputs
+    killed = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(tmp_path)], cwd=REPO)
+    assert killed.returncode == -9
+    staging = lambda: sorted(p.name for p in (tmp_path / "a").glob(".p.staging-*") if p.is_dir())  # noqa: E731
+    assert len(staging()) == 2 and ".p.staging-inputs-v1" in staging()
+
+    live = store.staging("a", "p", resume="inputs-v3")  # another run, still writing
+    live.write("documents", pa.table({"x": [3]}))
+    with store.staging("a", "p", resume="inputs-v2") as w:
+        w.write("documents", pa.table({"x": [2]}))
+        w.commit(code_version="2", config={}, inputs={}, counts={})
+    assert staging() == [".p.staging-inputs-v3"]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".p.staging-inputs-v3", ".p.staging-inputs-v3.lock",
+                                                                  "p"]  # no lock files or old copies left
+    with live:
+        live.commit(code_version="3", config={}, inputs={}, counts={})
+    assert store.read_table("a", "p").column("x").to_pylist() == [3]
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["p"]
 
 
 @settings(max_examples=100, deadline=None, derandomize=True)

@@ -9,9 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kiln.config import ConfigError, QualityClassifier, QualityRule, parse_config
+from kiln import engine as engine_module
+from kiln.config import ConfigError, QualityClassifier, QualityPerplexity, QualityRule, parse_config
 from kiln.documents import DOCUMENT_SCHEMA, QUALITY_REJECTED_SCHEMA, SCORED_SCHEMA, Document
-from kiln.engine import ProcessPool
+from kiln.engine import SERIAL, ProcessPool, RayEngine
 from kiln.quality.classifier import (CARD_FILE, MODEL_FILE, SAMPLE_FILE, ClassifierCard, QualityScorer, fasttext_text,
                                      cross_validation_metrics, train_classifier)
 from kiln.quality.perplexity import ReferenceModel
@@ -125,10 +126,14 @@ def test_fasttext_text_is_one_lowercase_line_capped_in_words():
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    texts = reference_texts()
-    path, _ = train_reference_model(texts[::2], tmp_path_factory.mktemp("reference"), steps=250)
-    return ReferenceModel.load(path, device="cpu"), texts[1::2]
+def reference_path(tmp_path_factory):
+    path, _ = train_reference_model(reference_texts()[::2], tmp_path_factory.mktemp("reference"), steps=250)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(reference_path):
+    return ReferenceModel.load(reference_path, device="cpu"), reference_texts()[1::2]
 
 
 def test_in_domain_text_has_lower_perplexity_than_the_same_words_shuffled(reference):
@@ -196,11 +201,13 @@ def test_decile_rows_pick_one_document_per_decile_in_order():
     assert picked == sorted(picked) and not any(np.isnan(picked))
 
 
-def _documents(tmp_path, texts):
+def _documents(tmp_path, texts, per_part=None):
     rows = [Document(f"doc-{i}", "web", t, license="MIT").to_row() for i, t in enumerate(texts)]
-    path = tmp_path / "part-00000.parquet"
-    write_parquet_atomic(path, pa.Table.from_pylist(rows, schema=DOCUMENT_SCHEMA))
-    return [path]
+    per_part = per_part or len(rows)
+    paths = [tmp_path / f"part-{i:05d}.parquet" for i in range(0, len(rows), per_part)]
+    for path, start in zip(paths, range(0, len(rows), per_part)):
+        write_parquet_atomic(path, pa.Table.from_pylist(rows[start:start + per_part], schema=DOCUMENT_SCHEMA))
+    return paths
 
 
 def test_thresholds_apply_to_stored_scores_without_scoring_again(classifier, tmp_path):
@@ -208,7 +215,8 @@ def test_thresholds_apply_to_stored_scores_without_scoring_again(classifier, tmp
     texts = [e.text for e in test_pos[:30]] + [e.text for e in test_neg[:30]]
     store = Store(tmp_path / "store")
     with store.staging("scores", "web") as writer:
-        counts = score_parts(_documents(tmp_path, texts), writer, QualityScorer.load(out), None)
+        counts = score_parts(parts := _documents(tmp_path, texts), [writer.next_path("documents") for _ in parts],
+                             out, progress=False)
         writer.commit(code_version="t", config={}, inputs={}, counts=counts)
     assert counts == {"documents": 60, "scored": 60, "perplexity_scored": 0}
     scored = store.read_table("scores", "web")
@@ -230,6 +238,30 @@ def test_thresholds_apply_to_stored_scores_without_scoring_again(classifier, tmp
         kept_by_threshold[threshold] = kept.num_rows
     assert kept_by_threshold[0.5] == 30  # the reference half
     assert kept_by_threshold[0.99999] < kept_by_threshold[0.5]
+
+
+@pytest.mark.parametrize("engine", [ProcessPool(workers=2), RayEngine(workers=2)], ids=["pool-2", "ray-2"])
+def test_scoring_writes_the_same_bytes_on_every_engine(classifier, reference_path, engine, tmp_path):
+    """Scores (classifier and reference-LM perplexity on CPU) are engine tasks, one per part: workers load each
+    model themselves, and the parts they write equal those this process writes, byte for byte."""
+    out, _, test_pos, test_neg = classifier
+    texts = [e.text for e in test_pos[:20]] + [e.text for e in test_neg[:20]] + [""]
+    parts = _documents(tmp_path, texts, per_part=7)
+    perplexity = QualityPerplexity(model=str(reference_path), max_tokens=64, batch_size=4, device="cpu")
+    written = {}
+    for name, runner in (("serial", SERIAL), ("engine", engine)):
+        outputs = [tmp_path / name / p.name for p in parts]
+        outputs[0].parent.mkdir()
+        counts = score_parts(parts, outputs, out, perplexity, runner, progress=False)
+        assert counts == {"documents": 41, "scored": 41, "perplexity_scored": 40}  # "" has no tokens
+        written[name] = [p.read_bytes() for p in outputs]
+    assert len(written["engine"]) == 6 and written["engine"] == written["serial"]
+    scored = pq.read_table(tmp_path / "serial").to_pylist()
+    assert [r["doc_id"] for r in scored] == [f"doc-{i}" for i in range(41)]  # every part in its input order
+    expected = ReferenceModel.load(reference_path, "cpu").perplexities(texts, max_tokens=64, batch_size=4)
+    np.testing.assert_allclose([r["perplexity"] for r in scored[:40]], expected[:40], rtol=1e-4)
+    if isinstance(engine, RayEngine):
+        engine_module.shutdown()  # the embedded Ray this test started
 
 
 BASE = {"sources": [{"name": "ref", "kind": "jsonl", "path": "r.jsonl", "license": "x", "domain": "reference",
