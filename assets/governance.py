@@ -17,11 +17,18 @@ from resources import KilnConfig, KilnStorage, MlflowTracking
 
 DATA_CARD = "data_card"
 
+# Recorded by `kiln forget`, outside Dagster; `removal_requests_sensor` reports each new version, so the assets that
+# apply the requests (the quality filter, the token shards) show as stale until they are materialized again.
+removal_requests = dg.AssetSpec(
+    REQUESTS, group_name="governance", kinds={"json"},
+    description="Removal requests (`kiln forget`): whole sources, URL patterns or doc ids to take out of training "
+                "data. Applied by quality_filtered_documents and, for every refresh, by token_shards.")
+
 
 @dg.asset(
     key=DATA_CARD, group_name="governance", kinds={"python", "markdown", "json"},
     automation_condition=follow_only(CHECKPOINT, EVALUATION),
-    deps=[CHECKPOINT, EVALUATION, RUN, SHARDS, TOKENIZER,
+    deps=[CHECKPOINT, EVALUATION, RUN, SHARDS, TOKENIZER, REQUESTS,
           *[dg.AssetDep(stage, partition_mapping=dg.AllPartitionMapping()) for stage in DOCUMENT_STAGES]],
     code_version=code_version("kiln.data_card", "kiln.audit", "kiln.lineage", "kiln.forget"),
     check_specs=[dg.AssetCheckSpec("lineage_complete", asset=DATA_CARD, blocking=False,

@@ -144,7 +144,7 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
 
 
 @dg.asset(
-    key=QUALITY_FILTERED, deps=[SCORES], partitions_def=document_partitions, group_name="quality",
+    key=QUALITY_FILTERED, deps=[SCORES, REQUESTS], partitions_def=document_partitions, group_name="quality",
     kinds={"python", "parquet"}, automation_condition=FOLLOW, code_version=code_version("kiln.quality.rules", "kiln.forget", "kiln.stats"),
     check_specs=check_specs(QUALITY_FILTERED),
 )

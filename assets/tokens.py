@@ -8,6 +8,7 @@ import dagster as dg
 from assets.partitions import FOLLOW, ONCE, SAME_REFRESH, refresh_partitions
 from assets.quality import QUALITY_FILTERED
 from assets.results import engine_metadata
+from kiln.forget import REQUESTS, load_requests
 from kiln.manifest import code_version
 from kiln.mixture import SourceParts
 from kiln.plots import stacked_bars_markdown
@@ -92,9 +93,10 @@ def examples_markdown(examples: list[dict]) -> str:
 
 
 @dg.asset(
-    key=SHARDS, deps=[TOKENIZER, dg.AssetDep(QUALITY_FILTERED, partition_mapping=SAME_REFRESH)],
+    # The removal requests are an input: a new request makes every shard version stale (it may name any refresh).
+    key=SHARDS, deps=[TOKENIZER, dg.AssetDep(QUALITY_FILTERED, partition_mapping=SAME_REFRESH), REQUESTS],
     partitions_def=refresh_partitions, automation_condition=FOLLOW, group_name="tokens", kinds={"python", "numpy"},
-    code_version=code_version("kiln.token_shards", "kiln.shards", "kiln.mixture", "kiln.fim"),
+    code_version=code_version("kiln.token_shards", "kiln.shards", "kiln.mixture", "kiln.fim", "kiln.forget"),
     check_specs=[
         dg.AssetCheckSpec("shards_verified", asset=SHARDS, blocking=True,
                           description="every shard's header, size and tokenizer hash check out; totals match"),
@@ -106,23 +108,27 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
                  engine: KilnEngine) -> dg.MaterializeResult:
     """The training set as of one refresh: every refresh up to it, as token shards with a train/validation split
     by document hash, mixture weights and curriculum phases, fill-in-the-middle for code, a deterministic
-    shuffle; EOS between documents."""
+    shuffle; EOS between documents. Every removal request so far is applied to every refresh's documents."""
     config, store = kiln_config.load(), storage.store()
     refresh = context.partition_key
     included = upto(load_refreshes(store), refresh)
     sources, inputs = _sources(config, store, included)
     tok_manifest = store.manifest(TOKENIZER)
     inputs[TOKENIZER] = tok_manifest.data_version
+    requests, requests_version = load_requests(store)
+    if requests_version:
+        inputs[REQUESTS] = requests_version
     runner = engine.get(config.engine)
     with store.staging(SHARDS, refresh) as writer:
         started = time.perf_counter()
         result = write_token_shards(sources, store.dataset_dir(TOKENIZER), config.shards, config.mixture, writer,
-                                    runner)
+                                    runner, requests=requests)
         seconds = time.perf_counter() - started
+        removed = {n: s["removed_by_request"] for n, s in result.sources.items() if s["removed_by_request"]}
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"shards": config.shards.model_dump(mode="json"), "mixture": config.mixture.model_dump(mode="json"),
-                    "refreshes": [r.key for r in included]},
+                    "refreshes": [r.key for r in included], "removal_requests": [r.request_id for r in requests]},
             inputs=inputs, counts=result.counts(), stats=result.manifest_stats())
     for warning in result.warnings:
         context.log.warning(warning)
@@ -149,6 +155,7 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
             "warnings": dg.MetadataValue.json(result.warnings),
             "seconds": dg.MetadataValue.json(result.seconds), "data_version": manifest.data_version,
             "refreshes": dg.MetadataValue.json(manifest.config["refreshes"]),
+            "removed_by_request": dg.MetadataValue.json(removed),  # documents left out, per source
             "tokens_per_refresh": dg.MetadataValue.md(stacked_bars_markdown(
                 {key: {n: v["natural_train_tokens"] for n, v in m.stats["sources"].items()} for r in included
                  if (m := store.manifest_or_none(SHARDS, key := r.key)) is not None},

@@ -344,6 +344,7 @@ class ShardRecord:
     copies: int
     tokens: int
     checkpoints: list[str] = field(default_factory=list)  # data versions of checkpoints trained on this set
+    removed_by: str | None = None  # `removal_request:<id>`: the set left the document out
 
 
 @dataclass
@@ -395,8 +396,9 @@ class Membership:
                 lines.append(f"  {where:<{width}}  {r.status:<16}{version}{detail}".rstrip())
         for s in self.shards:
             ckpts = ", ".join(s.checkpoints) or "none in the store"
-            lines.append(f"token_shards {s.shard_set}: split {s.split}, {s.copies} cop{'y' if s.copies == 1 else 'ies'}"
-                         f" x {s.tokens:,} tokens; checkpoints: {ckpts}")
+            held = f"left out by {s.removed_by}" if s.removed_by else \
+                f"split {s.split}, {s.copies} cop{'y' if s.copies == 1 else 'ies'} x {s.tokens:,} tokens"
+            lines.append(f"token_shards {s.shard_set}: {held}; checkpoints: {ckpts}")
         for o in self.other_matches:
             lines.append(f"also the same text: {o['doc_id']} ({o['source']}): {o['verdict']}")
         lines += [f"note: {n}" for n in self.notes]
@@ -482,7 +484,8 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
         checkpoints = _checkpoints_using(catalog, m.data_version)
         for path in paths:
             for r in pq.read_table(path, filters=[("doc_id", "=", doc_id)]).to_pylist():
-                shards.append(ShardRecord(m.data_version, r["split"], r["copies"], r["tokens"], checkpoints))
+                shards.append(ShardRecord(m.data_version, r["split"], r["copies"], r["tokens"], checkpoints,
+                                          r.get("removed_by")))
                 hint = hint or r["source"]
     if shards_gone:
         notes.append(f"the checkpoint was trained on token_shards {', '.join(sorted(shard_versions))}, which is no "
@@ -490,17 +493,31 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
 
     kept = [r for r in stages if r.status == "kept"]
     removed = next((r for r in stages if r.status in ("removed", "quarantined")), None)
-    train = [s for s in shards if s.split == "train"]
-    where = f"token_shards {', '.join(s.shard_set for s in shards)}"
+    # A shard set that left it out by a removal request (`kiln forget`, applied to every refresh) outranks older
+    # sets that still hold it, unless a checkpoint in the store was trained on those.
+    requested = next((s for s in shards if s.removed_by), None)
+    stale = [s for s in shards if s.copies > 0 and requested and not s.checkpoints]
+    shards_left = [s for s in shards if s not in stale and not s.removed_by]
+    train = [s for s in shards_left if s.split == "train"]
+    where = f"token_shards {', '.join(s.shard_set for s in shards_left)}"
+    if stale:
+        notes.append(f"token_shards {', '.join(s.shard_set for s in stale)} (no checkpoint in the store trained on "
+                     f"it) still hold{'s' if len(stale) == 1 else ''} it: re-materialize token_shards")
     if any(s.copies > 0 for s in train):
         s = next(s for s in train if s.copies > 0)
         verdict = IN_TRAINING
         summary = (f"IN TRAINING: {s.copies} cop{'y' if s.copies == 1 else 'ies'} in the train split of token_shards "
                    f"{s.shard_set}" + (f", used by checkpoint {', '.join(s.checkpoints)}" if s.checkpoints else ""))
-        if removed is not None:
+        if requested is not None:
+            notes.append(f"token_shards {requested.shard_set} has since left it out ({requested.removed_by}); a "
+                         f"checkpoint trained on {s.shard_set} still holds what it learned from it")
+        elif removed is not None:
             notes.append(f"{removed.stage} has since removed it ({removed.reason}); the token shards predate that: "
                          f"re-materialize token_shards")
-    elif any(s.split == "val" for s in shards):
+    elif requested is not None:
+        verdict = REMOVED
+        summary = f"NOT TRAINED ON: left out of token_shards {requested.shard_set} by {requested.removed_by}"
+    elif any(s.split == "val" for s in shards_left):
         verdict, summary = VALIDATION, f"NOT TRAINED ON: held out for validation (in the val split of {where})"
     elif train:
         verdict, summary = LEFT_OUT, (f"NOT TRAINED ON: left out by the mixture (0 copies in the train split of "

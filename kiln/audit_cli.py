@@ -147,10 +147,10 @@ def add_forget_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `forget`: record a removal request (a source, a URL regex, or a file of doc ids)."""
     parser = subparsers.add_parser(
         "forget", help="record a removal request; the next materialization excludes the documents",
-        description="Records a removal request in the store. The next materialization of "
-                    "quality_filtered_documents drops every matching document (stage removal_request), so the next "
-                    "token shards no longer hold them; the current checkpoint, if trained on any, is flagged in the "
-                    "request and in its data card.")
+        description="Records a removal request in the store. The next materialization of token_shards leaves "
+                    "every matching document of every refresh out, and quality_filtered_documents moves them to its "
+                    "rejected table (stage removal_request); the current checkpoint, if trained on any, is flagged "
+                    "in the request and in its data card.")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--source", metavar="NAME", help="every document of this source")
     which.add_argument("--url-pattern", dest="url_pattern", metavar="P", help="documents whose URL matches this regex")
@@ -186,5 +186,5 @@ def run_forget(args: argparse.Namespace) -> int:
               "materialization")
     if not request.affected:
         print("  no current checkpoint was trained on matching documents")
-    print("  the next materialization of quality_filtered_documents (then token_shards) excludes them")
+    print("  the next materialization of token_shards (and of quality_filtered_documents) excludes them")
     return EXIT_OK

@@ -258,6 +258,10 @@ def _shards(shards) -> dict[str, Any] | None:
             "counts": shards.counts, "seq_len": shards.stats.get("seq_len"),
             "tokenizer_sha256": shards.stats.get("tokenizer_sha256"), "dtype": shards.stats.get("dtype"),
             "settings": shards.config.get("shards"),
+            # every removal request in force when the shards were built, and what each source lost to them
+            "removal_requests": shards.config.get("removal_requests", []),
+            "removed_by_request": {n: s["removed_by_request"] for n, s in (shards.stats.get("sources") or {}).items()
+                                   if s.get("removed_by_request")},
             "member_list": {"path": members[0].path, "sha256": members[0].sha256, "rows": members[0].rows}
             if members else None}
 
@@ -410,6 +414,10 @@ def data_card_markdown(card: dict[str, Any]) -> str:
                     f"{_n(sh['counts'].get('val_tokens'))} validation tokens in {_n(sh['counts'].get('shards'))} shards "
                     f"(seq_len {sh['seq_len']}); member list `{(sh['member_list'] or {}).get('path')}` sha256 "
                     f"`{(sh['member_list'] or {}).get('sha256')}`."]
+        if sh.get("removal_requests"):
+            lost = ", ".join(f"{n}: {_n(k)}" for n, k in sh["removed_by_request"].items()) or "none matched"
+            out += ["", f"Removal requests honoured by these shards, across every refresh they read: "
+                        f"{', '.join(f'`{r}`' for r in sh['removal_requests'])}; documents left out by source: {lost}."]
 
     tr = card["training"]
     out += ["", "## Training", ""]

@@ -2,9 +2,10 @@
 
 `kiln forget` records a request in the store's `removal_requests` dataset (one JSON file, replaced
 atomically through the same DatasetWriter as every asset, so it has a manifest and a data version).
-A request names a whole source, a URL regex, or a list of doc ids. The next materialization of
-`quality_filtered_documents` (the last gate before tokenization) drops every matching document into the
-rejected table with `stage: removal_request`, so the next token shards no longer hold them.
+A request names a whole source, a URL regex, or a list of doc ids. Two assets apply every request: the next
+materialization of `quality_filtered_documents` drops the partition's matching documents into the rejected
+table with `stage: removal_request`, and `token_shards`, which reads every refresh so far (also refreshes
+nobody filters again), leaves every matching document out (kiln.token_shards), so the next shards hold none.
 
 When the request is recorded, the current checkpoint's training documents (the token shards' member
 list) are checked against it: the affected checkpoint is written into the request, and its data card

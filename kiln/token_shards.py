@@ -13,6 +13,10 @@
 5. the member list (`members-*.parquet`): every input document with its split, how many copies of it the
    shards hold and its tokens, so an audit can say exactly whether a document was trained on.
 
+Removal requests (`kiln forget`) are applied here too, to every refresh's documents: a document one names is not
+tokenized, and its member row says which request removed it (the quality filter applies them only to the
+refreshes it re-runs, and the shards read every refresh so far).
+
 Only token ids and per-document lengths are kept in memory; texts are streamed part by part.
 """
 
@@ -24,7 +28,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import chain
+from collections.abc import Sequence
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,6 +40,7 @@ from tqdm import tqdm
 
 from kiln.config import Mixture, ShardSettings
 from kiln.fim import FimIds, fim_split, fim_tokens
+from kiln.forget import RemovalRequest, first_match
 from kiln.engine import SERIAL, Engine
 from kiln.mixture import SourceParts, epoch_warnings, hash_unit, plan_phases, select_documents
 from kiln.shards import TRAIN, VAL, ShardInfo, describe_shard_set, write_shard
@@ -44,6 +50,7 @@ from kiln.tokenizer import Tokenizer, TokenizerError
 VAL_PHASE = "val"
 _VAL_SALT = "kiln-val-split"
 _ENCODE_BATCH = 256  # documents per sentencepiece call
+_REMOVED = object()  # a document's place in a batch when a removal request names it
 
 # One row per input document: `copies` is how many times the shards of its split hold it (train: 0 when the
 # mixture left it out, more than 1 when it repeats the source; val: 1); `tokens` per copy, EOS (and FIM
@@ -52,7 +59,8 @@ MEMBERS_SCHEMA = pa.schema([pa.field("doc_id", pa.string(), nullable=False),
                             pa.field("source", pa.string(), nullable=False),
                             pa.field("split", pa.string(), nullable=False),
                             pa.field("copies", pa.int32(), nullable=False),
-                            pa.field("tokens", pa.int64(), nullable=False)])
+                            pa.field("tokens", pa.int64(), nullable=False),
+                            pa.field("removed_by", pa.string())])  # `removal_request:<id>`: 0 copies, 0 tokens
 
 
 class _Writer(Protocol):  # kiln.storage.DatasetWriter, without importing it here
@@ -83,6 +91,7 @@ class _PartTask:
     fim: tuple[float, float] | None  # (rate, spm_rate) for FIM sources
     val_fraction: float
     seed: int
+    requests: tuple[RemovalRequest, ...] = ()  # documents they name are left out
 
 
 @dataclass
@@ -95,6 +104,7 @@ class _PartTokens:
     fim_documents: int
     chars: int
     utf8_bytes: int
+    removed_by: dict[int, str] = field(default_factory=dict)  # row -> the removal request's reason
 
 
 @lru_cache(maxsize=2)
@@ -111,12 +121,23 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
     """One Parquet part → a raw token file (documents back to back, each ending in EOS) + per-doc arrays."""
     tok = _tokenizer(task.tokenizer_path, task.tokenizer_sha256)
     ids = FimIds(tok.fim_prefix_id, tok.fim_suffix_id, tok.fim_middle_id, tok.eos_id)
-    lengths, is_val, keys = [], [], []
+    lengths, is_val, keys, removed_by = [], [], [], {}
     fim_docs = chars = n_bytes = 0
+    parquet = pq.ParquetFile(task.input_path)
+    columns = ["doc_id", "text", "source", "url"] if task.requests else ["doc_id", "text"]
     with open(task.tokens_path, "wb") as out:
-        for batch in pq.ParquetFile(task.input_path).iter_batches(batch_size=_ENCODE_BATCH, columns=["doc_id", "text"]):
+        for batch in parquet.iter_batches(batch_size=_ENCODE_BATCH, columns=columns):
             segments, layout = [], []
-            for doc_id, text in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
+            metadata = zip(batch.column("source").to_pylist(), batch.column("url").to_pylist()) if task.requests \
+                else repeat((None, None))
+            for doc_id, text, (source, url) in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist(),
+                                                   metadata):
+                if task.requests and (request := first_match(task.requests, doc_id, source, url)) is not None:
+                    removed_by[len(is_val)] = request.reject_reason  # no tokens, never chosen
+                    layout.append(_REMOVED)
+                    is_val.append(False)
+                    keys.append(0)
+                    continue
                 val = is_validation(doc_id, task.val_fraction)
                 cut = None if val or task.fim is None else fim_split(text, doc_id, task.seed, *task.fim)
                 segments += [text] if cut is None else [cut.prefix, cut.middle, cut.suffix]
@@ -128,7 +149,9 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
             encoded = tok.encode_batch(segments)
             docs, k = [], 0
             for cut in layout:
-                if cut is None:
+                if cut is _REMOVED:
+                    docs.append([])
+                elif cut is None:
                     docs.append(encoded[k] + [ids.eos])
                     k += 1
                 else:
@@ -139,7 +162,7 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
             np.fromiter(chain.from_iterable(docs), tok.dtype, count=sum(sizes)).tofile(out)
             lengths += sizes
     return _PartTokens(np.asarray(lengths, np.int64), np.asarray(is_val, bool), np.asarray(keys, np.uint64),
-                       fim_docs, chars, n_bytes)
+                       fim_docs, chars, n_bytes, removed_by)
 
 
 
@@ -206,6 +229,7 @@ class _Docs:
     source: np.ndarray  # int32: index into sources
     is_val: np.ndarray  # bool
     order_key: np.ndarray  # uint64
+    removed: np.ndarray  # bool: named by a removal request (no tokens)
 
 
 def _doc_table(results: list[_PartTokens], tasks: list[_PartTask]) -> _Docs:
@@ -217,7 +241,8 @@ def _doc_table(results: list[_PartTokens], tasks: list[_PartTask]) -> _Docs:
     return _Docs(file=cat([np.full(len(r.lengths), i) for i, r in enumerate(results)], np.int32),
                  start=cat(starts, np.int64), length=cat([r.lengths for r in results], np.int64),
                  source=cat([np.full(len(r.lengths), t.source_index) for r, t in zip(results, tasks)], np.int32),
-                 is_val=cat([r.is_val for r in results], bool), order_key=cat([r.order_key for r in results], np.uint64))
+                 is_val=cat([r.is_val for r in results], bool), order_key=cat([r.order_key for r in results], np.uint64),
+                 removed=cat([np.isin(np.arange(len(r.lengths)), list(r.removed_by)) for r in results], bool))
 
 
 def _write_split(chosen: np.ndarray, docs: _Docs, files: _TokenFiles, new_path, tokens_per_shard: int,
@@ -258,10 +283,11 @@ def _write_split(chosen: np.ndarray, docs: _Docs, files: _TokenFiles, new_path, 
 
 def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, settings: ShardSettings,
                        mixture: Mixture, output: _Writer | Path, engine: Engine = SERIAL,
-                       progress: bool = True) -> ShardSetResult:
+                       progress: bool = True, requests: Sequence[RemovalRequest] = ()) -> ShardSetResult:
     """Tokenize the sources and write train/validation shards into `output` (a DatasetWriter: shards go to
-    `writer.next_path("shard", ".bin")`; or a folder). The caller commits the manifest with
-    `stats=result.manifest_stats()` and `counts=result.counts()`."""
+    `writer.next_path("shard", ".bin")`; or a folder), leaving out every document a removal request in
+    `requests` names. The caller commits the manifest with `stats=result.manifest_stats()` and
+    `counts=result.counts()`."""
     t_start = time.perf_counter()
     tok = Tokenizer.load(tokenizer_path)
     model_path = Path(tokenizer_path) / "tokenizer.model" if Path(tokenizer_path).is_dir() else Path(tokenizer_path)
@@ -280,7 +306,7 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
     try:
         tasks = [_PartTask(i, str(part), str(scratch / f"{i:04d}-{j:06d}.tok"), str(model_path), tok.sha256,
                            (settings.fim.rate, settings.fim.spm_rate) if s.name in fim_names else None,
-                           settings.val_fraction, settings.seed)
+                           settings.val_fraction, settings.seed, tuple(requests))
                  for i, s in enumerate(sources) for j, part in enumerate(s.parts)]
         results = engine.map_parts(tokenize_part, tasks, desc="tokenize", progress=progress,
                                    size=lambda t: os.path.getsize(t.input_path))
@@ -288,7 +314,7 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
         docs = _doc_table(results, tasks)
         files = _TokenFiles([Path(t.tokens_path) for t in tasks], tok.dtype)
 
-        train = ~docs.is_val
+        train = ~docs.is_val & ~docs.removed
         natural = {n: int(docs.length[train & (docs.source == i)].sum()) for i, n in enumerate(names)}
         plans = plan_phases(natural, mixture.weights, mixture.token_budget,
                             [(p.name, p.tokens, p.weights) for p in mixture.phases])
@@ -320,7 +346,7 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
                                VAL_PHASE, 0, out_dir, progress, names, composition)
         members_path = output.next_path("members") if not isinstance(output, Path | str) else \
             out_dir / part_name("members", 0)
-        write_parquet_atomic(members_path, _members_table(tasks, docs, copies, names))
+        write_parquet_atomic(members_path, _members_table(tasks, results, docs, copies, names))
         t_written = time.perf_counter()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -331,12 +357,13 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
                         f"{len(docs.length)} documents); raise val_fraction or add data")
     per_source = {}
     for i, (n, s) in enumerate(zip(names, sources)):
-        mine = docs.source == i
+        mine = (docs.source == i) & ~docs.removed
         part_results = [r for r, t in zip(results, tasks) if t.source_index == i]
         used = sum(p.draws[n].tokens for p in plans)
         per_source[n] = {
             "domain": s.domain, "fim": n in fim_names, "parts": len(s.parts),
-            "documents": int(mine.sum()), "chars": sum(r.chars for r in part_results),
+            "documents": int(mine.sum()), "removed_by_request": int(((docs.source == i) & docs.removed).sum()),
+            "chars": sum(r.chars for r in part_results),
             "utf8_bytes": sum(r.utf8_bytes for r in part_results),
             "fim_documents": sum(r.fim_documents for r in part_results),
             "train_documents": int((mine & train).sum()), "val_documents": int((mine & docs.is_val).sum()),
@@ -350,8 +377,10 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
         members=str(members_path.relative_to(out_dir)), shard_sources=composition)
 
 
-def _members_table(tasks: list[_PartTask], docs: _Docs, copies: np.ndarray, names: list[str]) -> pa.Table:
-    """Every document of the run in task order (the order of `docs`), with its split, copies and tokens."""
+def _members_table(tasks: list[_PartTask], results: list[_PartTokens], docs: _Docs, copies: np.ndarray,
+                   names: list[str]) -> pa.Table:
+    """Every document of the run in task order (the order of `docs`), with its split, copies and tokens, or the
+    removal request that left it out."""
     doc_ids = [chunk for t in tasks for chunk in pq.read_table(t.input_path, columns=["doc_id"]).column(0).chunks]
     doc_ids = pa.chunked_array(doc_ids, pa.string()).combine_chunks()
     if len(doc_ids) != len(docs.length):
@@ -360,7 +389,9 @@ def _members_table(tasks: list[_PartTask], docs: _Docs, copies: np.ndarray, name
     return pa.table({"doc_id": doc_ids,
                      "source": pa.array(np.asarray(names, dtype=object)[docs.source], pa.string()),
                      "split": pa.array(np.where(docs.is_val, VAL, TRAIN).astype(object), pa.string()),
-                     "copies": pa.array(copies, pa.int32()), "tokens": pa.array(docs.length, pa.int64())},
+                     "copies": pa.array(copies, pa.int32()), "tokens": pa.array(docs.length, pa.int64()),
+                     "removed_by": pa.array([r.removed_by.get(row) for r in results for row in range(len(r.lengths))],
+                                            pa.string())},
                     schema=MEMBERS_SCHEMA)
 
 

@@ -7,10 +7,11 @@ import dagster as dg
 from assets import curation, dedup, governance, planning, quality, tokens, training
 from assets.partitions import document_partitions, refresh_partitions
 from orchestration.deployments import deployment_resources
-from orchestration.refresh import automation_sensor, landing_sensor, refresh_schedule
+from orchestration.refresh import automation_sensor, landing_sensor, refresh_schedule, removal_requests_sensor
 from resources import DedupIndexStore, KilnConfig, KilnEngine, KilnStorage, MlflowTracking, TrainingLauncher  # noqa: F401 (tests)
 
 ASSETS = dg.load_assets_from_modules([curation, dedup, quality, tokens, training, planning, governance])
+EXTERNAL = [governance.removal_requests]  # written outside Dagster (`kiln forget`)
 
 
 def _assets_partitioned_by(partitions_def) -> dg.AssetSelection:
@@ -35,9 +36,9 @@ plan_job = dg.define_asset_job("plan", selection=dg.AssetSelection.groups("plann
                                description="The run plan from the config's `planning:` section.")
 
 defs = dg.Definitions(
-    assets=ASSETS,
+    assets=[*ASSETS, *EXTERNAL],
     jobs=[documents_job, refresh_job, kiln_job, plan_job],
     schedules=[refresh_schedule],
-    sensors=[landing_sensor, automation_sensor],
+    sensors=[landing_sensor, automation_sensor, removal_requests_sensor],
     resources=deployment_resources(),  # KILN_DEPLOYMENT: local (default) or production
 )

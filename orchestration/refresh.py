@@ -10,6 +10,7 @@ import dagster as dg
 
 from assets.curation import FILTERED, RAW
 from assets.partitions import LOADED_CONFIG, partition_key, refresh_partitions
+from kiln.forget import REQUESTS, load_requests
 from kiln.refresh import load_refreshes, next_refresh
 from resources import KilnConfig, KilnStorage
 
@@ -59,6 +60,20 @@ def landing_sensor(context: dg.SensorEvaluationContext, kiln_config: KilnConfig,
                          "the last refresh becomes the next one.")
 def refresh_schedule(context: dg.ScheduleEvaluationContext, kiln_config: KilnConfig, storage: KilnStorage):
     return refresh_runs(context, kiln_config, storage, "schedule")
+
+
+@dg.sensor(name="removal_requests_sensor", minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="A removal request recorded by `kiln forget` becomes a new version of the removal_requests "
+                       "asset, so the quality filter and the token shards that apply it show as stale (and, under "
+                       "automation, follow it).")
+def removal_requests_sensor(context: dg.SensorEvaluationContext, storage: KilnStorage):
+    requests, version = load_requests(storage.store())
+    if version is None or version == context.cursor:
+        return dg.SkipReason("no removal request since the last tick")
+    event = dg.AssetMaterialization(REQUESTS, metadata={"requests": len(requests),
+                                                        "latest": requests[-1].request_id if requests else None},
+                                    tags={"dagster/data_version": version})  # Dagster's data version tag
+    return dg.SensorResult(asset_events=[event], cursor=version)
 
 
 automation_sensor = dg.AutomationConditionSensorDefinition(

@@ -55,12 +55,12 @@ GRAPH_SNAPSHOT = {
                            "partitions": None, "automation": "on_missing"},
     "quality_scores": {"group": "quality", "deps": ["deduplicated_documents", "quality_classifier"],
                        "checks": ["complete"], "partitions": DOCS, "automation": "eager"},
-    "quality_filtered_documents": {"group": "quality", "deps": ["quality_scores"],
+    "quality_filtered_documents": {"group": "quality", "deps": ["quality_scores", "removal_requests"],
                                    "checks": ["conservation", "non_empty", "schema"], "partitions": DOCS,
                                    "automation": "eager"},
     "tokenizer": {"group": "tokens", "deps": ["quality_filtered_documents"], "checks": ["round_trip"],
                   "partitions": None, "automation": "on_missing"},
-    "token_shards": {"group": "tokens", "deps": ["quality_filtered_documents", "tokenizer"],
+    "token_shards": {"group": "tokens", "deps": ["quality_filtered_documents", "removal_requests", "tokenizer"],
                      "checks": ["mixture_on_target", "shards_verified"], "partitions": REFRESH, "automation": "eager"},
     # Training starts only by hand unless `refresh.train: true`; what follows a checkpoint follows it.
     "training_run": {"group": "training", "deps": ["token_shards", "tokenizer"], "checks": [], "partitions": None,
@@ -73,8 +73,11 @@ GRAPH_SNAPSHOT = {
                       "automation": None},
     "data_card": {"group": "governance",
                   "deps": ["checkpoint", "curated_documents", "deduplicated_documents", "evaluation", "filtered_documents",
-                           "quality_filtered_documents", "raw_documents", "token_shards", "tokenizer", "training_run"],
+                           "quality_filtered_documents", "raw_documents", "removal_requests", "token_shards", "tokenizer",
+                           "training_run"],
                   "checks": ["lineage_complete"], "partitions": None, "automation": "eager"},
+    # Written by `kiln forget` outside Dagster; removal_requests_sensor reports each new version.
+    "removal_requests": {"group": "governance", "deps": [], "checks": [], "partitions": None, "automation": None},
 }
 
 

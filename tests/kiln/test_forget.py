@@ -8,7 +8,10 @@ import yaml
 from kiln.audit import membership
 from kiln.cli import main
 from kiln.forget import RemovalRequest, load_requests
-from tests.audit_store import build_audit_store, members
+from kiln.shards import open_shard
+from kiln.tokenizer import Tokenizer
+from tests.audit_store import build_audit_store, members, random_text, stand_in_checkpoint
+from tests.conftest import write_jsonl
 
 
 @pytest.fixture
@@ -65,6 +68,99 @@ def test_forget_a_source_removes_it_from_the_next_shards_and_flags_the_checkpoin
     [flag] = card["removal_requests"]
     assert flag["request_id"] == request["request_id"] and flag["affected"]["documents"] == len(trained_web)
     assert "Removal requests affecting this checkpoint" in (store.dataset_dir("data_card") / "data_card.md").read_text()
+
+
+def _holds(tokens, needle) -> bool:
+    """Whether `needle` (token ids) occurs contiguously in `tokens`: a second, direct look at the shard files."""
+    import numpy as np
+
+    windows = np.lib.stride_tricks.sliding_window_view(tokens, len(needle))
+    return bool((windows == np.asarray(needle, tokens.dtype)).all(axis=1).any())
+
+
+def _run_requests_sensor(project) -> None:
+    """One tick of removal_requests_sensor, its events recorded as the daemon records them; a second tick finds
+    nothing new."""
+    import dagster as dg
+
+    sensor = project.definitions.defs.get_sensor_def("removal_requests_sensor")
+    resources = {"storage": project.resources["storage"]}
+    with dg.build_sensor_context(instance=project.instance, resources=resources) as context:
+        result = sensor(context)
+    [event] = result.asset_events
+    assert event.tags["dagster/data_version"] == load_requests(project.store)[1]
+    project.instance.report_runless_asset_event(event)
+    with dg.build_sensor_context(instance=project.instance, resources=resources, cursor=result.cursor) as context:
+        assert isinstance(sensor(context), dg.SkipReason)
+
+
+def _shards_status(project, refresh: str) -> str:
+    """token_shards' staleness as the UI computes it (Dagster's own resolver)."""
+    import dagster as dg
+    from dagster._utils.test.data_versions import get_stale_status_resolver
+
+    assets = [a if isinstance(a, dg.AssetsDefinition) else dg.AssetsDefinition(specs=[a]) for a in project.assets]
+    return get_stale_status_resolver(project.instance, assets).get_status(dg.AssetKey("token_shards"), refresh).name
+
+
+def test_forget_reaches_every_refresh_in_the_next_shards(built, capsys):
+    """Refresh 2 lands and is trained into shards; then a whole source and one doc id of refresh 1 are forgotten.
+    Re-materializing refresh 2's shards (which read refresh 1's documents too, never re-filtered) leaves out every
+    token of them — looked up in the shard files themselves — and the data card and membership audit say so."""
+    store, project, rng, vocab = built["store"], built["project"], built["rng"], built["vocab"]
+    first = project.current()
+    landing = built["home"] / "landing"
+    write_jsonl(landing / "web" / "week2.jsonl", [{"id": f"v{i}", "text": random_text(rng, vocab)} for i in range(6)])
+    write_jsonl(landing / "ref" / "b.jsonl", [{"id": f"s{i}", "text": random_text(rng, vocab)} for i in range(6)])
+    second = project.refresh().key
+    assert second != first and project.materialize_refresh(sources=["web", "ref"])
+    before = members(store)
+    trained = lambda m, source: m["source"] == source and m["split"] == "train" and m["copies"] > 0  # noqa: E731
+    ref_id = next(d for d, m in sorted(before.items()) if trained(m, "ref") and d in built["members"])  # refresh 1
+    web_ids = [d for d, m in before.items() if m["source"] == "web"]
+    assert any(d in built["members"] for d in web_ids) and any(d not in built["members"] for d in web_ids)
+
+    _, by_source, _ = forget(built, capsys, "--source", "web")
+    (ids := built["home"] / "ids.txt").write_text(ref_id + "\n")
+    _, by_id, _ = forget(built, capsys, "--doc-ids", str(ids))
+    config = yaml.safe_load(built["config_path"].read_text())
+    config["mixture"] = {"weights": {}}  # the mixture named the forgotten source; natural proportions now
+    built["config_path"].write_text(yaml.safe_dump(config))
+    # Dagster hears of the requests from the sensor: the shards (which apply them) are stale until rebuilt.
+    assert _shards_status(project, second) == "FRESH"
+    _run_requests_sensor(project)
+    assert _shards_status(project, second) == "STALE"
+    assert project.materialize(["token_shards"]).success  # refresh 2's shards again, nothing upstream
+    assert _shards_status(project, second) == "FRESH"
+
+    after = members(store)
+    gone = set(web_ids) | {ref_id}
+    assert {after[d]["removed_by"] for d in web_ids} == {f"removal_request:{by_source['request_id']}"}
+    assert after[ref_id]["removed_by"] == f"removal_request:{by_id['request_id']}"
+    assert all(after[d]["copies"] == 0 and after[d]["tokens"] == 0 for d in gone)
+    assert any(trained(m, "ref") for m in after.values())
+    # The shard files: no forgotten document's tokens (its first 12), while a kept one's are found.
+    shards = store.manifest("token_shards", second)
+    tokens = [open_shard(store.dataset_dir("token_shards", second) / f.path).tokens
+              for f in shards.files_with_role("shard")]
+    tok = Tokenizer.load(store.dataset_dir("tokenizer"))
+    texts = {r["doc_id"]: r["text"] for p in ("web", "ref") for key in (first, second)
+             for r in store.read_table("raw_documents", f"{p}/{key}", columns=["doc_id", "text"]).to_pylist()}
+    kept = next(d for d, m in sorted(after.items()) if trained(m, "ref"))
+    assert any(_holds(t, tok.encode(texts[kept])[:12]) for t in tokens)
+    assert not any(_holds(t, tok.encode(texts[d])[:12]) for d in gone for t in tokens)
+    assert shards.inputs["removal_requests"] == load_requests(store)[1]
+
+    # A checkpoint trained on these shards: its card lists the requests and what they took out; membership agrees.
+    stand_in_checkpoint(store)
+    assert project.materialize(["data_card"]).success
+    card = json.loads((store.dataset_dir("data_card") / "data_card.json").read_text())
+    assert card["shards"]["removal_requests"] == [by_source["request_id"], by_id["request_id"]]
+    assert card["shards"]["removed_by_request"] == {"web": len(web_ids), "ref": 1}
+    assert "Removal requests honoured by these shards" in (store.dataset_dir("data_card") / "data_card.md").read_text()
+    answer = membership(store, built["config"], doc_id=ref_id)
+    assert answer.verdict == "removed" and by_id["request_id"] in answer.summary, answer.render()
+    assert any("re-materialize token_shards" in n for n in answer.notes)  # refresh 1's shards still hold it
 
 
 def test_requests_by_url_pattern_and_doc_ids(built, capsys, tmp_path):
