@@ -143,13 +143,14 @@ def record_request(store: Store, config: ProjectConfig, kind: str, value: str | 
                    reason: str = "") -> RemovalRequest:
     """Validate, check the current checkpoint, and append the request (the whole list is rewritten atomically)."""
     validate(config, kind, value)
-    requests, _ = load_requests(store)
     request = RemovalRequest(request_id=uuid.uuid4().hex[:12], created_at=now_utc(), kind=kind, value=value,
                              reason=reason)
     request.affected = affected_checkpoints(store, request)
-    requests.append(request)
-    with store.staging(REQUESTS) as writer:
-        (writer.dir / REQUESTS_FILE).write_text(json.dumps({"requests": [r.to_dict() for r in requests]}, indent=2,
-                                                           ensure_ascii=False), encoding="utf-8")
-        writer.commit(code_version="kiln.forget", config={}, inputs={}, counts={"requests": len(requests)})
+    with store.lock(REQUESTS):  # read, append, rewrite: one writer at a time, or a concurrent request is lost
+        requests, _ = load_requests(store)
+        requests.append(request)
+        with store.staging(REQUESTS) as writer:
+            (writer.dir / REQUESTS_FILE).write_text(json.dumps({"requests": [r.to_dict() for r in requests]},
+                                                               indent=2, ensure_ascii=False), encoding="utf-8")
+            writer.commit(code_version="kiln.forget", config={}, inputs={}, counts={"requests": len(requests)})
     return request

@@ -123,8 +123,14 @@ def new_key(refreshes: list[Refresh], today: dt.date | None = None) -> str:
 
 def register_refresh(store: Store, files: dict[str, list[LandedFile]] | None, trigger: str,
                      key: str | None = None) -> Refresh:
-    """Append a refresh to the registry (rewritten atomically). `files=None` registers the first refresh: the
-    sources as configured."""
+    """Append a refresh to the registry (rewritten atomically, under the registry's lock). `files=None` registers
+    the first refresh: the sources as configured."""
+    with store.lock(REFRESHES):
+        return _register(store, files, trigger, key)
+
+
+def _register(store: Store, files: dict[str, list[LandedFile]] | None, trigger: str, key: str | None) -> Refresh:
+    """register_refresh, with the registry's lock held by the caller."""
     if trigger not in TRIGGERS:
         raise RefreshError(f"unknown trigger {trigger!r}; expected one of {', '.join(TRIGGERS)}")
     refreshes = load_refreshes(store)
@@ -235,15 +241,17 @@ def pending_files(landing: str, sources: list[str], refreshes: list[Refresh], se
 def next_refresh(store: Store, config: ProjectConfig, trigger: str, settle_seconds: int = 0,
                  ) -> tuple[Refresh | None, Landing | None]:
     """Register what is new, if anything: the configured sources when no refresh exists yet, else the files
-    landed since the last refresh. Returns the new refresh (None: nothing new) and the landing scan."""
-    refreshes = load_refreshes(store)
-    if not refreshes:
-        return register_refresh(store, None, "initial"), None
-    landing = pending_files(config.refresh.landing_path(), [s.name for s in config.sources], refreshes,
-                            settle_seconds)
-    if not landing.count:
-        return None, landing
-    return register_refresh(store, landing.files, trigger), landing
+    landed since the last refresh. Returns the new refresh (None: nothing new) and the landing scan. The registry's
+    lock covers the scan too: a sensor tick and a CLI run at once must not register the same files twice."""
+    with store.lock(REFRESHES):
+        refreshes = load_refreshes(store)
+        if not refreshes:
+            return _register(store, None, "initial", None), None
+        landing = pending_files(config.refresh.landing_path(), [s.name for s in config.sources], refreshes,
+                                settle_seconds)
+        if not landing.count:
+            return None, landing
+        return _register(store, landing.files, trigger, None), landing
 
 
 def ensure_refresh(store: Store, config: ProjectConfig, key: str) -> Refresh:
@@ -254,20 +262,18 @@ def ensure_refresh(store: Store, config: ProjectConfig, key: str) -> Refresh:
         return get_refresh(store, key)
     except RefreshError:
         pass
-    refreshes = load_refreshes(store)
-    try:
+    with store.lock(REFRESHES):
+        refreshes = load_refreshes(store)
+        if any(r.key == key for r in refreshes):  # another source's run registered it meanwhile
+            return get_refresh(store, key)
         if not refreshes:
-            return register_refresh(store, None, "initial", key=key)
+            return _register(store, None, "initial", key)
         landing = pending_files(config.refresh.landing_path(), [s.name for s in config.sources], refreshes)
         if not landing.count:
             raise RefreshError(f"refresh {key!r} is not registered and nothing new landed under "
                                f"{config.refresh.landing_path()}/<source>/: drop the new files there first (a refresh "
                                f"added by hand takes what has landed)")
-        return register_refresh(store, landing.files, "ui", key=key)
-    except RefreshError:
-        if any(r.key == key for r in load_refreshes(store)):  # another source's run registered it meanwhile
-            return get_refresh(store, key)
-        raise
+        return _register(store, landing.files, "ui", key)
 
 
 def _filesystem(landing: str) -> tuple[pafs.FileSystem, str]:

@@ -141,6 +141,14 @@ class Store:
                     found[doc_id] = value
         return found
 
+    def lock(self, name: str) -> FileLock:
+        """The lock for a read-modify-write of a registry (the refreshes, the removal requests): two processes
+        appending at once would otherwise each rewrite the list without the other's entry. A file lock: it holds
+        across processes of one machine (or one shared KILN_HOME), and the OS drops it when its holder dies."""
+        folder = self.root / ".locks"
+        folder.mkdir(parents=True, exist_ok=True)
+        return FileLock(folder / f"{name}.lock")
+
     def shared_scratch(self, asset: str, name: str) -> Path:
         """A folder that several partitions' runs of `asset` share for intermediate work (a refresh's exact-dedup
         shuffle): hidden beside the datasets, never published; on a cluster, on the shared KILN_HOME like them."""

@@ -2,6 +2,7 @@
 
 import datetime as dt
 import os
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,50 @@ def test_pending_files_on_an_s3_prefix(s3_endpoint, tmp_path):  # noqa: F811
     assert found.unknown_sources == ["news"]
     register_refresh(store, found.files, "sensor")
     assert pending_files("s3://landing/crawl/", SOURCES, load_refreshes(store)).count == 0
+
+
+WRITERS, APPENDS = 4, 6
+
+
+def _append_refreshes(root: str, writer: int, start) -> None:
+    start.wait()  # every writer at once
+    store = Store(Path(root))
+    for i in range(APPENDS):
+        register_refresh(store, {"web": [LandedFile(f"/w{writer}-{i}", "x", 1, "t")]}, "cli", key=f"w{writer}-{i}")
+
+
+def _append_requests(root: str, writer: int, start) -> None:
+    from kiln.forget import record_request
+
+    start.wait()
+    store = Store(Path(root))
+    for i in range(APPENDS):
+        record_request(store, None, "doc_ids", [f"doc-{writer}-{i}"], reason=f"writer {writer}")
+
+
+@pytest.mark.parametrize("append", [_append_refreshes, _append_requests], ids=["refreshes", "removal_requests"])
+def test_concurrent_writers_of_a_registry_lose_no_entry(append, tmp_path):
+    """Registries are read, appended and rewritten: four processes appending at once must leave every entry
+    (without the registry's lock, a writer rewrites the list without the entries another added meanwhile)."""
+    import multiprocessing
+
+    from kiln.forget import load_requests
+
+    store = Store(tmp_path / "data")
+    register_refresh(store, None, "initial", key="first")
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(WRITERS)
+    writers = [context.Process(target=append, args=(str(store.root), w, start)) for w in range(WRITERS)]
+    for p in writers:
+        p.start()
+    for p in writers:
+        p.join(timeout=120)
+    assert [p.exitcode for p in writers] == [0] * WRITERS
+    if append is _append_refreshes:
+        keys = [r.key for r in load_refreshes(store)]
+        assert len(keys) == 1 + WRITERS * APPENDS and set(keys) == {"first"} | {
+            f"w{w}-{i}" for w in range(WRITERS) for i in range(APPENDS)}
+    else:
+        requests, _ = load_requests(store)
+        assert sorted(v for r in requests for v in r.value) == sorted(
+            f"doc-{w}-{i}" for w in range(WRITERS) for i in range(APPENDS))
