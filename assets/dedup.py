@@ -69,6 +69,7 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
 
 @dg.asset(
     key=INDEX, group_name="dedup", kinds={"python", "parquet"}, partitions_def=refresh_partitions,
+    pool="dedup_index",  # one index writer at a time (the index also holds a writer lock); other runs go on
     deps=[dg.AssetDep(SIGNATURES, partition_mapping=SAME_REFRESH)], automation_condition=FOLLOW,
     code_version=code_version("kiln.dedup.near", "kiln.dedup.index", "kiln.dedup.boilerplate"),
     check_specs=[

@@ -31,6 +31,8 @@ from typing import Any, Protocol, TypeVar
 
 from tqdm import tqdm
 
+from kiln.secrets import redact, redact_url
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -118,29 +120,24 @@ SERIAL = ProcessPool(workers=1)  # in this process, one part after another: libr
 
 # ------------------------------------------------------------------------------------------------ Ray
 
-def redact_address(address: str | None) -> str | None:
-    """An address as it may be shown: any `user:password@` removed."""
-    return None if address is None else re.sub(r"//[^/@]*@", "//", re.sub(r"^[^/@]*@", "", address))
-
-
 def _check_reachable(address: str, origin: str) -> None:
     """Fail in seconds, naming the setting, instead of Ray's minute of connection retries."""
     if address.startswith("ray://"):
         raise EngineError(
-            f"{origin} = {redact_address(address)!r} is a Ray Client address; Ray Data does not run over Ray "
+            f"{origin} = {redact_url(address)!r} is a Ray Client address; Ray Data does not run over Ray "
             "Client (Ray 2.60). Use the cluster's GCS address instead: 'host:6379' (KubeRay: the head "
             "service, e.g. 'raycluster-head-svc:6379'), or 'auto' on a node of the cluster")
     if address == "auto" or address.startswith("local"):
         return
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise EngineError(f"{origin} = {redact_address(address)!r} is not 'auto' or 'host:port' "
+        raise EngineError(f"{origin} = {redact_url(address)!r} is not 'auto' or 'host:port' "
                           "(the head node's GCS address, port 6379 by default)")
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as exc:
         raise EngineError(
-            f"{origin} = {redact_address(address)!r}: no Ray cluster answers there ({exc.strerror or exc}). "
+            f"{origin} = {redact_url(address)!r}: no Ray cluster answers there ({exc.strerror or exc}). "
             f"Start one (`ray start --head`), correct {origin}, or unset it (and RAY_ADDRESS) to run on an "
             "embedded local Ray") from None
 
@@ -176,7 +173,7 @@ def connect(address: str | None, origin: str = ADDRESS_KEY, num_cpus: int | None
         context = ray.init(address=address, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise EngineError(
-            f"{origin} = {redact_address(address)!r}: could not join the Ray cluster: {exc}. If the cluster uses "
+            f"{origin} = {redact_url(address)!r}: could not join the Ray cluster: {redact(str(exc))}. If the cluster uses "
             "token authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) as on its "
             "nodes") from None
     import ray.data
@@ -244,7 +241,7 @@ class RayEngine:
         session = self.session()
         import ray
 
-        described = {"engine": "ray", "address": redact_address(session.address) or "embedded",
+        described = {"engine": "ray", "address": redact_url(session.address) or "embedded",
                      "gcs_address": session.gcs_address, "nodes": len([n for n in ray.nodes() if n["Alive"]]),
                      "workers": self.workers or int(ray.cluster_resources().get("CPU", 1))}
         if session.dashboard_url:

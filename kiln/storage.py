@@ -34,6 +34,7 @@ from filelock import FileLock, Timeout
 
 from kiln.manifest import MANIFEST_NAME, FileEntry, Manifest, data_version_of, git_commit, now_utc, sha256_file, write_json_atomic
 from kiln.remote import CorruptRemoteFile, MissingRemoteFile, S3Remote
+from kiln.secrets import redact
 
 # A file's role is its name's prefix, so any reader can tell documents from rejects, signatures or shards.
 ROLE_PREFIX = {"documents": "part", "rejected": "rejected", "quarantine": "quarantine", "signatures": "signatures",
@@ -345,8 +346,8 @@ class DatasetWriter:
             rows = pq.ParquetFile(path).metadata.num_rows if path.suffix == ".parquet" else None
             entries.append(FileEntry(path=relative.as_posix(), role=role, sha256=sha256_file(path),
                                      bytes=path.stat().st_size, rows=rows))
-        manifest = Manifest(asset=self.asset, partition=self.partition, code_version=code_version, config=config,
-                            inputs=inputs, files=entries, counts=counts, stats=stats or {},
+        manifest = Manifest(asset=self.asset, partition=self.partition, code_version=code_version,
+                            config=redact(config), inputs=inputs, files=entries, counts=counts, stats=redact(stats or {}),
                             git_commit=git_commit(), created_at=now_utc(), data_version=data_version_of(entries))
         write_json_atomic(self.dir / MANIFEST_NAME, manifest.to_json())
         for hidden in self.dir.glob(".*"):  # scratch folders, temp files of tasks that died: never published

@@ -30,7 +30,7 @@ def deployment_resources(deployment: str | None = None) -> dict[str, object]:
     config = KilnConfig()
     s3 = S3Resource(region_name=os.environ.get("AWS_REGION")) if deployment == "production" else S3Resource()
     common = {"kiln_config": config, "storage": KilnStorage(kiln_config=config, s3=s3),
-              "engine": KilnEngine(), "dedup_index_store": DedupIndexStore(),
+              "engine": KilnEngine(), "dedup_index_store": _dedup_index_store(),
               "pipes_subprocess_client": dg.PipesSubprocessClient()}
     if deployment == "local":
         return {**common, "training_launcher": TrainingLauncher(), "mlflow_tracking": MlflowTracking()}
@@ -38,3 +38,10 @@ def deployment_resources(deployment: str | None = None) -> dict[str, object]:
             "training_launcher": TrainingLauncher(launcher="deepspeed", hostfile=dg.EnvVar("KILN_DEEPSPEED_HOSTFILE"),
                                                   nproc_per_node=dg.EnvVar.int("KILN_GPUS_PER_NODE")),
             "mlflow_tracking": MlflowTracking(tracking_uri=dg.EnvVar("MLFLOW_TRACKING_URI"))}
+
+
+def _dedup_index_store() -> DedupIndexStore:
+    """A Redis URL with a password comes from KILN_REDIS_URL, read when a run starts (Dagster shows the variable's
+    name, never its value), not from the config file."""
+    return DedupIndexStore(redis_url=dg.EnvVar("KILN_REDIS_URL")) if os.environ.get("KILN_REDIS_URL") \
+        else DedupIndexStore()

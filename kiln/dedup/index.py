@@ -10,10 +10,16 @@ policy need: each document's shingle set and its `IndexedDoc` record.
   memory-mapped; the band tables are rebuilt from the stored signatures when opened.
   With S3 storage (`remote`), the folder is a cache of `<prefix>/_dedup_index/<name>/` on S3: opening
   pulls the segments S3 lists (sha256-verified) and its `index.json`; `commit` uploads new segments, then
-  `index.json` last, so a crash mid-upload leaves the previous index on S3 intact. One writer at a time
-  (the `dedup_index` asset is unpartitioned); many concurrent writers need Redis.
+  `index.json` last, so a crash mid-upload leaves the previous index on S3 intact. Segment names are unique
+  (a number and a random suffix), never reused.
 - `RedisIndex`: datasketch's Redis storage, so many workers share one index; records and shingles
   live in two Redis hashes beside the band tables. Inserts are visible at once (no commit step).
+
+One writer at a time, from open to close, on either backend: a run decides against what the index holds when it
+queries, so two runs interleaved could each accept a near-duplicate of the other's documents (and, locally, the
+second commit would rewrite the first's index.json). The local index holds a file lock (`.writer.lock` in its
+folder; the OS drops it if the holder dies); the Redis index holds a Redis lock (SET NX with a lease that every
+call renews, so a dead holder's lock expires). A second writer waits for the first to close.
 
 Both refuse to open an index built with other MinHash parameters: signatures would not be comparable.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
@@ -33,11 +40,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from datasketch import MinHashLSH
+from filelock import FileLock, Timeout
 
 from kiln.config import DedupIndexSettings, NearDedup
 from kiln.dedup.minhash import bands_rows, lean
 from kiln.manifest import sha256_file, write_json_atomic
 from kiln.remote import S3Remote
+from kiln.secrets import redact, redact_url
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,10 @@ RECORD_SCHEMA = pa.schema([pa.field("doc_id", pa.string(), nullable=False), pa.f
 
 class IndexMismatch(ValueError):
     """The index on disk was built with other MinHash parameters than the config asks for."""
+
+
+def _waiting(where: str) -> None:
+    print(f"dedup index {where}: another run is writing it; waiting for it to finish", file=sys.stderr, flush=True)
 
 
 def index_params(near: NearDedup) -> dict[str, Any]:
@@ -146,6 +159,21 @@ class LocalIndex(DedupIndex):
 
     def __init__(self, path: Path, params: dict[str, Any], remote: S3Remote | None = None):
         self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        self._lock: FileLock | None = FileLock(path / ".writer.lock")
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            _waiting(str(path))
+            self._lock.acquire()
+        try:
+            self._open(params, remote)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, params: dict[str, Any], remote: S3Remote | None) -> None:
+        path = self.path
         self.mirror = _S3Mirror(remote, path) if remote is not None else None
         if self.mirror is not None:
             self.mirror.pull()
@@ -154,6 +182,10 @@ class LocalIndex(DedupIndex):
         _check_params(meta["params"], params, str(path))
         super().__init__(params, _new_lsh(params))
         self.segments = meta["segments"]
+        listed = {seg["name"] for seg in self.segments}
+        for leftover in path.glob("*segment-*"):  # a commit that died before index.json named its segment
+            if leftover.is_dir() and leftover.name not in listed:
+                shutil.rmtree(leftover, ignore_errors=True)
         self._where: dict[str, tuple[int, int]] = {}  # doc_id -> (segment number, row)
         self._records: list[pa.Table] = []
         self._shingles: list[tuple[np.ndarray, np.ndarray]] = []  # (values, offsets) per segment
@@ -222,7 +254,7 @@ class LocalIndex(DedupIndex):
             docs = [d for batch in self._pending for d in batch[0]]
             signatures = np.concatenate([b[1] for b in self._pending])
             shingles = [s for batch in self._pending for s in batch[2]]
-            name = f"segment-{len(self.segments):05d}"
+            name = f"segment-{len(self.segments):05d}-{uuid.uuid4().hex[:8]}"  # never an existing folder's name
             staging = self.path / f".{name}.staging-{uuid.uuid4().hex[:8]}"
             staging.mkdir(parents=True)
             pq.write_table(pa.Table.from_pylist([asdict(d) for d in docs], schema=RECORD_SCHEMA),
@@ -233,10 +265,7 @@ class LocalIndex(DedupIndex):
             np.save(staging / "shingles.npy", np.concatenate(shingles) if shingles else np.empty(0, np.uint32))
             np.save(staging / "offsets.npy", offsets)
             files = {f.name: sha256_file(f) for f in sorted(staging.iterdir())}
-            final = self.path / name
-            if final.exists():  # left by a crash before index.json named it: never part of the index
-                shutil.rmtree(final)
-            os.replace(staging, final)
+            os.replace(staging, self.path / name)
             seg = {"name": name, "documents": len(docs), "files": files}
             self.segments.append(seg)
             write_json_atomic(self.path / "index.json",
@@ -247,6 +276,11 @@ class LocalIndex(DedupIndex):
             self.mirror.push(self.segments)
         return {"documents": len(self), "segments": len(self.segments),
                 "bytes": sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())}
+
+    def close(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _load_segment_records_only(self, seg: dict[str, Any]) -> None:
         """After a commit the band tables already hold the documents; only the lookups move to disk."""
@@ -317,18 +351,48 @@ class RedisIndex(DedupIndex):
         try:
             self.client.ping()
         except redis.exceptions.ConnectionError as exc:
-            raise ConnectionError(f"dedup index: cannot reach Redis at {url} ({exc}); start redis-server or set "
-                                  f"dedup.near.index.redis_url (or use backend: local)") from None
+            raise ConnectionError(f"dedup index: cannot reach Redis at {redact_url(url)} ({redact(str(exc))}); start "
+                                  "redis-server or set dedup.near.index.redis_url / KILN_REDIS_URL (or use backend: "
+                                  "local)") from None
         self.prefix = f"kiln:dedup:{name}"
+        # The writer's lock: Redis's own SET NX PX (redis-py's Lock), renewed by every call, released at close.
+        self._lock = self.client.lock(f"{self.prefix}:writer", timeout=self.LEASE_SECONDS, thread_local=False)
+        if not self._lock.acquire(blocking=False):
+            _waiting(f"{redact_url(url)} {self.prefix}")
+            self._lock.acquire(blocking=True)
+        try:
+            self._open(url, params)
+        except BaseException:
+            self.close()
+            raise
+
+    LEASE_SECONDS = 900  # a writer that dies holds the index this long at most
+
+    def _open(self, url: str, params: dict[str, Any]) -> None:
         stored = self.client.get(f"{self.prefix}:params")
         if stored is None:
             self.client.set(f"{self.prefix}:params", json.dumps(params, sort_keys=True), nx=True)
             stored = self.client.get(f"{self.prefix}:params")
-        _check_params(json.loads(stored), params, f"{url} {self.prefix}")
+        _check_params(json.loads(stored), params, f"{redact_url(url)} {self.prefix}")
         conn = self.client.connection_pool.connection_kwargs
         storage = {"type": "redis", "basename": f"{self.prefix}:lsh".encode(),
                    "redis": {k: conn[k] for k in ("host", "port", "db", "password") if conn.get(k) is not None}}
         super().__init__(params, _new_lsh(params, storage))
+
+    def _renew(self) -> None:
+        self._lock.extend(self.LEASE_SECONDS, replace_ttl=True)  # LockNotOwnedError if the lease ran out
+
+    def query_many(self, signatures: np.ndarray) -> list[set[str]]:
+        self._renew()
+        return super().query_many(signatures)
+
+    def add(self, docs, signatures, shingles) -> None:
+        self._renew()
+        super().add(docs, signatures, shingles)
+
+    def commit(self) -> dict[str, Any]:
+        self._renew()
+        return super().commit()
 
     def __len__(self) -> int:
         return self.client.hlen(f"{self.prefix}:records")
@@ -358,6 +422,14 @@ class RedisIndex(DedupIndex):
         pipe.execute()
 
     def close(self) -> None:
+        import redis
+
+        if self._lock is not None:
+            try:
+                self._lock.release()
+            except redis.exceptions.LockError:
+                pass  # the lease ran out (nothing to release)
+            self._lock = None
         self.client.close()
 
 

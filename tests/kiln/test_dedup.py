@@ -1,9 +1,8 @@
 """Near-duplicate removal on planted data: known Jaccard levels, cross-source copies, refreshes, backends."""
 
-import shutil
-import socket
+import multiprocessing
+from pathlib import Path
 import string
-import subprocess
 import time
 
 import numpy as np
@@ -22,6 +21,7 @@ from kiln.dedup.near import ALREADY_INDEXED, KEPT, NEAR_DUPLICATE, Batch, near_d
 from kiln.dedup.text import words
 from kiln.documents import DOCUMENT_SCHEMA, REJECTED_SCHEMA, Document
 from kiln.storage import Store
+from tests.redis_server import PASSWORD, redis_server
 
 NEAR = NearDedup()
 ALPHABET = list(string.ascii_lowercase)
@@ -219,6 +219,74 @@ def test_uncommitted_inserts_leave_the_index_as_it_was(tmp_path):
         assert len(idx) == 1 and idx.contains(["a-0", "b-0"]) == [True, False]
 
 
+def _commit_batch(root: str, prefix: str, seed: int, start, url: str | None = None) -> None:
+    """A writer process: open the index, near-dedup its 30 documents against it, commit. Writer "a" has 30 new
+    documents; writer "b" lightly edited copies of a's first 15 and 15 of its own. One after the other, whatever
+    the order, the index ends with 45 documents; interleaved, both would keep all 30."""
+    settings = DedupIndexSettings(backend="redis", redis_url=url, name="concurrent") if url else DedupIndexSettings()
+    rng, vocab = np.random.default_rng(1), vocabulary(np.random.default_rng(0))
+    texts = [" ".join(rng.choice(vocab, 120)) for _ in range(30)]
+    if prefix == "b":
+        own = np.random.default_rng(seed)
+        texts = [" ".join(edited(t.split(), 2, own, vocab)) for t in texts[:15]] + \
+            [" ".join(own.choice(vocab, 120)) for _ in range(15)]
+    start.wait()
+    with open_index(settings, NEAR, Path(root)) as idx:
+        near_dedup(Batch.from_tables([(1, signature_table(prefix, texts))]), idx, NEAR, prefix, progress=False)
+        time.sleep(0.5)  # widen the window in which an unlocked second writer would interleave
+        idx.commit()
+
+
+def _run_writers(target, root, url=None) -> None:
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(2)
+    writers = [context.Process(target=target, args=(str(root), prefix, seed, start, url))
+               for prefix, seed in (("a", 1), ("b", 2))]
+    for p in writers:
+        p.start()
+    for p in writers:
+        p.join(timeout=120)
+    assert [p.exitcode for p in writers] == [0, 0]
+
+
+def test_two_processes_commit_to_one_index_at_once_and_both_segments_survive(tmp_path):
+    """Writers hold the index from open to close: the second waits, sees the first's documents, and commits a
+    segment of its own name (before, both named theirs segment-00000 and the second deleted the first's)."""
+    import json
+
+    from kiln.manifest import sha256_file
+
+    _run_writers(_commit_batch, tmp_path)
+    meta = json.loads((tmp_path / "kiln" / "index.json").read_text())
+    assert len(meta["segments"]) == 2 and len({s["name"] for s in meta["segments"]}) == 2
+    for seg in meta["segments"]:  # the index verifies: every listed file is there, with its recorded hash
+        assert {f: sha256_file(tmp_path / "kiln" / seg["name"] / f) for f in seg["files"]} == seg["files"]
+    with open_index(DedupIndexSettings(), NEAR, tmp_path) as idx:
+        assert len(idx) == 45 and all(idx.contains([f"{p}-{i}" for p in "ab" for i in range(15, 30)]))
+
+
+_HOLD_AND_DIE = """
+import os, signal, sys
+from pathlib import Path
+from kiln.config import DedupIndexSettings, NearDedup
+from kiln.dedup.index import open_index
+index = open_index(DedupIndexSettings(), NearDedup(), Path(sys.argv[1]))
+print("open", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_writer_killed_while_holding_the_index_does_not_block_the_next(tmp_path):
+    import subprocess
+    import sys
+
+    killed = subprocess.run([sys.executable, "-c", _HOLD_AND_DIE, str(tmp_path)], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert killed.returncode == -9 and killed.stdout == "open\n"
+    with open_index(DedupIndexSettings(), NearDedup(), tmp_path) as idx:  # the OS released its lock
+        assert len(idx) == 0
+
+
 def test_index_refuses_other_minhash_parameters(tmp_path):
     with open_index(DedupIndexSettings(), NEAR, tmp_path) as idx:
         idx.add([], np.empty((0, 128), np.uint32), [])
@@ -233,27 +301,8 @@ def test_index_refuses_other_minhash_parameters(tmp_path):
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
-    """A real redis-server on a free loopback port (installed by .ci/run with apt)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path_factory.mktemp("redis"))], stdout=subprocess.DEVNULL)
-    import redis
-
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.exceptions.ConnectionError:
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(10)
+    with redis_server(tmp_path_factory.mktemp("redis")) as url:
+        yield url
 
 
 def test_redis_backend_is_shared_and_persistent(redis_url):
@@ -275,6 +324,15 @@ def test_redis_backend_is_shared_and_persistent(redis_url):
         assert np.array_equal(worker2.shingles(["a-3"])["a-3"], shingle_hashes(texts[3], NEAR))
     with pytest.raises(IndexMismatch):
         open_index(settings, NEAR.model_copy(update={"num_perm": 256}), None)
+
+
+def test_two_processes_share_a_redis_index_one_writer_at_a_time(redis_url, tmp_path):
+    """Redis's own lock (SET NX with a lease): the second writer waits for the first, so it sees all of its
+    documents and keeps none of their near-copies."""
+    _run_writers(_commit_batch, tmp_path, redis_url)
+    settings = DedupIndexSettings(backend="redis", redis_url=redis_url, name="concurrent")
+    with open_index(settings, NEAR, None) as idx:
+        assert len(idx) == 45
 
 
 def test_redis_unreachable_gives_a_clear_error():

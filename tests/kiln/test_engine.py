@@ -11,7 +11,8 @@ import pytest
 
 from kiln import engine as engine_module
 from kiln.config import parse_config
-from kiln.engine import SERIAL, EngineError, ProcessPool, RayEngine, engine_for, redact_address
+from kiln.engine import SERIAL, EngineError, ProcessPool, RayEngine, engine_for
+from kiln.secrets import redact, redact_url
 from kiln.storage import Store
 from tests.engine_stages import REPEATED_IDS, corpus_config, fingerprint, ingest_all, run_stages, write_corpus
 from tests.ray_cluster import start_cluster
@@ -72,10 +73,13 @@ def test_ray_engine_describes_itself_without_credentials():
     assert described["nodes"] == 1
 
 
-def test_redact_address_removes_credentials():
-    assert redact_address("admin:s3cret@head.example:6379") == "head.example:6379"
-    assert redact_address("ray://admin:s3cret@head:10001") == "ray://head:10001"
-    assert redact_address("10.0.0.5:6379") == "10.0.0.5:6379"
+def test_addresses_and_recorded_values_lose_their_credentials():
+    assert redact_url("admin:s3cret@head.example:6379") == "head.example:6379"
+    assert redact_url("ray://admin:s3cret@head:10001") == "ray://head:10001"
+    assert redact_url("10.0.0.5:6379") == "10.0.0.5:6379"
+    assert redact_url("redis://:pw@127.0.0.1:6380/0") == "redis://127.0.0.1:6380/0"
+    config = {"near": {"index": {"redis_url": "redis://u:pw@r:6379/0"}}, "hosts": ["s3://k:pw@b/x", "a@b.org"]}
+    assert redact(config) == {"near": {"index": {"redis_url": "redis://r:6379/0"}}, "hosts": ["s3://b/x", "a@b.org"]}
 
 
 def test_a_bad_ray_address_names_the_key_and_the_address(monkeypatch):

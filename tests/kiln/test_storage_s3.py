@@ -214,7 +214,8 @@ def test_the_local_dedup_index_is_kept_on_s3(s3, tmp_path):
         index.commit()
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]}
     assert "kiln/_dedup_index/shared/index.json" in keys
-    assert "kiln/_dedup_index/shared/segment-00000/signatures.npy" in keys
+    [first_segment] = {k.split("/")[3] for k in keys if k.endswith("/signatures.npy")}
+    assert first_segment.startswith("segment-00000-")  # numbered, with a random suffix: never reused
 
     # Another machine (an empty cache) sees the index and grows it; the first machine then sees that.
     with open_index(settings, NEAR, tmp_path / "machine2", remote(s3)) as index:
@@ -237,7 +238,7 @@ def test_the_local_dedup_index_is_kept_on_s3(s3, tmp_path):
         assert len(index) == 4
 
     # A tampered segment file is refused.
-    key = "kiln/_dedup_index/shared/segment-00000/records.parquet"
+    key = f"kiln/_dedup_index/shared/{first_segment}/records.parquet"
     s3.put_object(Bucket=BUCKET, Key=key, Body=b"not parquet")
     with pytest.raises(CorruptRemoteFile, match=key):
         open_index(settings, NEAR, tmp_path / "machine4", remote(s3))
