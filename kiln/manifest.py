@@ -11,6 +11,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import uuid
 import subprocess
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -105,9 +106,32 @@ def code_version(*modules: str) -> str:
 
 
 def write_json_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
+    """Write to a temporary name, flush it to disk, rename over `path`, then flush the folder: after a crash the
+    file is the old one or the new one, whole."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in `path` durable (POSIX: the folder's entry is data of the folder)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def now_utc() -> str:

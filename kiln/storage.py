@@ -25,6 +25,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +33,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from filelock import FileLock, Timeout
 
-from kiln.manifest import MANIFEST_NAME, FileEntry, Manifest, data_version_of, git_commit, now_utc, sha256_file, write_json_atomic
+from kiln.manifest import (MANIFEST_NAME, FileEntry, Manifest, data_version_of, fsync_dir, fsync_file, git_commit,
+                           now_utc, sha256_file, write_json_atomic)
 from kiln.remote import CorruptRemoteFile, MissingRemoteFile, S3Remote
 from kiln.secrets import redact
 
@@ -43,8 +45,10 @@ ROLE_PREFIX = {"documents": "part", "rejected": "rejected", "quarantine": "quara
 
 
 def write_parquet_atomic(path: Path, table: pa.Table) -> None:
+    """Temporary name, flushed to disk, renamed: never a half file under `path`, also after a power loss."""
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     pq.write_table(table, tmp, compression="zstd")
+    fsync_file(tmp)
     os.replace(tmp, path)
 
 
@@ -94,7 +98,9 @@ class Store:
         return self._local_dir(asset, partition)
 
     def _local_dir(self, asset: str, partition: str | None = None) -> Path:
-        return self.root / asset / (partition or "_all")
+        path = self.root / asset / (partition or "_all")
+        _restore_if_swapped_out(path)
+        return path
 
     def manifest(self, asset: str, partition: str | None = None) -> Manifest:
         path = self._local_dir(asset, partition) / MANIFEST_NAME
@@ -262,7 +268,7 @@ def _remove_stale_staging(final: Path) -> None:
     """Staging folders of `final`'s dataset that no live writer holds — a failed attempt under inputs since
     replaced, a killed run — and old copies a killed swap left: removed after a commit, so they do not pile up.
     A live writer holds its folder's lock, so its folder is skipped."""
-    for stale in final.parent.glob(f".{final.name}.old-*"):
+    for stale in [*final.parent.glob(f".{final.name}.old-*"), *final.parent.glob(f".{final.name}.trash-*")]:
         shutil.rmtree(stale, ignore_errors=True)
     for folder in [p for p in final.parent.glob(f".{final.name}.staging-*") if p.is_dir()]:
         lock = FileLock(f"{folder}.lock")
@@ -271,23 +277,63 @@ def _remove_stale_staging(final: Path) -> None:
         except Timeout:
             continue  # a live writer
         try:  # moved aside under the lock (a rename: the lock is held for microseconds), removed after
-            old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
-            os.replace(folder, old)
+            trash = final.with_name(f".{final.name}.trash-{uuid.uuid4().hex[:8]}")
+            os.replace(folder, trash)
             Path(lock.lock_file).unlink(missing_ok=True)
         finally:
             lock.release()
-        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+@contextmanager
+def _swap_lock(final: Path) -> Iterator[None]:
+    """The dataset's swap lock, its file removed on the way out (filelock copes with a lock file unlinked under a
+    waiting process), so no lock file stays beside the dataset."""
+    lock = FileLock(final.with_name(f".{final.name}.swap.lock"))
+    with lock:
+        try:
+            yield
+        finally:
+            Path(lock.lock_file).unlink(missing_ok=True)
 
 
 def _swap_in(staging: Path, final: Path) -> None:
-    """Replace `final` by the complete folder `staging` (two renames; the old copy is removed after)."""
+    """Replace `final` by the complete folder `staging`: the old folder is renamed aside, the new one renamed in,
+    under the dataset's swap lock; the old copy is removed after. A writer killed between the two renames
+    leaves the old version aside, complete, and the next reader puts it back (`_restore_if_swapped_out`): a
+    reader sees the old version or the new one, never none."""
+    staging_files = [p for p in staging.rglob("*") if p.is_file()]
+    for path in staging_files:  # every file on disk before any rename makes it visible
+        fsync_file(path)
+    for folder in {p.parent for p in staging_files} | {staging}:
+        fsync_dir(folder)
     old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(final, old)
-    os.replace(staging, final)
+    with _swap_lock(final):
+        if final.exists():
+            old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+            os.replace(final, old)
+        os.replace(staging, final)
+        fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _restore_if_swapped_out(final: Path) -> None:
+    """A dataset folder missing while the previous version sits aside (`.<name>.old-*`, complete: it was renamed
+    there whole) means its writer died between the two renames of `_swap_in`: rename it back. Under the swap
+    lock, so a live swap (which holds it across both renames) is never undone."""
+    if final.exists() or not final.parent.is_dir():
+        return
+    if not any(final.parent.glob(f".{final.name}.old-*")):
+        return
+    with _swap_lock(final):
+        if final.exists():
+            return
+        aside = [p for p in final.parent.glob(f".{final.name}.old-*") if (p / MANIFEST_NAME).is_file()]
+        if aside:
+            newest = max(aside, key=lambda p: json.loads((p / MANIFEST_NAME).read_text())["created_at"])
+            os.replace(newest, final)
+            fsync_dir(final.parent)
 
 
 class StagingBusy(RuntimeError):

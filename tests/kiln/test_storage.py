@@ -1,0 +1,68 @@
+"""Crash windows of the store: a writer SIGKILLed at any step of a commit leaves readers the old version or the
+new one, never none and never a mix."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+
+from kiln.storage import Store
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A writer of version 2 that kills itself (SIGKILL: no cleanup, no atexit) just before its k-th rename; a
+# negative k never kills and prints how many renames a commit makes.
+_WRITER = """
+import os, signal, sys
+from pathlib import Path
+import pyarrow as pa
+from kiln.storage import Store
+kill_at, renames, real_replace = int(sys.argv[2]), [0], os.replace
+def replace(src, dst):
+    if renames[0] == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    renames[0] += 1
+    real_replace(src, dst)
+os.replace = replace
+with Store(Path(sys.argv[1])).staging("a", "p") as w:
+    w.write("documents", pa.table({"x": [2, 3]}))
+    w.write("documents", pa.table({"x": [4]}))
+    w.commit(code_version="2", config={}, inputs={}, counts={})
+print(renames[0])
+"""
+
+
+def _commit_v1(root: Path) -> str:
+    with Store(root).staging("a", "p") as w:
+        w.write("documents", pa.table({"x": [1]}))
+        return w.commit(code_version="1", config={}, inputs={}, counts={}).data_version
+
+
+def _write_v2(root: Path, kill_at: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _WRITER, str(root), str(kill_at)], cwd=REPO, capture_output=True,
+                          text=True)
+
+
+def test_a_writer_killed_at_any_rename_leaves_the_old_or_the_new_version(tmp_path):
+    _commit_v1(tmp_path / "probe")
+    done = _write_v2(tmp_path / "probe", -1)
+    assert done.returncode == 0, done.stderr
+    renames = int(done.stdout)  # parts, manifest, and the two renames of the swap
+    assert renames >= 5
+    seen = []
+    for k in range(renames + 1):
+        root = tmp_path / f"kill-{k}"
+        v1 = _commit_v1(root)
+        writer = _write_v2(root, k)
+        assert writer.returncode == (-9 if k < renames else 0), writer.stderr
+        reader = Store(root)  # a fresh reader, in another process than the writer
+        manifest = reader.manifest("a", "p")
+        rows = reader.read_table("a", "p").column("x").to_pylist()
+        assert (manifest.data_version, rows) in [(v1, [1]), (manifest.data_version, [2, 3, 4])]
+        seen.append("old" if manifest.data_version == v1 else "new")
+        if seen[-1] == "new":
+            assert manifest.code_version == "2"
+    # Killed at any rename up to the swap's second (which publishes): the old version (the last case is the one
+    # that used to leave none: the old folder renamed aside, the new one not yet in); not killed: the new one.
+    assert seen == ["old"] * renames + ["new"], seen
