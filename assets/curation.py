@@ -14,7 +14,7 @@ from kiln.manifest import code_version
 from kiln.filters.registry import build_step
 from kiln.pii import PiiRedaction
 from kiln.readers import SourceFile
-from kiln.refresh import ensure_refresh, load_refreshes, partition, upto
+from kiln.refresh import check_pinned, ensure_refresh, load_refreshes, partition, upto
 from kiln.storage import Store, resume_key
 from kiln.stats import StageStats, chain, funnel_markdown
 from resources import KilnConfig, KilnEngine, KilnStorage
@@ -38,6 +38,8 @@ def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, st
     name, key = source_and_refresh(context)
     source, refresh = config.source(name), ensure_refresh(store, config, key)
     landed = refresh.files_of(name)
+    if refresh.is_initial:
+        check_pinned(refresh, source)  # the same files as when the refresh was registered, or a clear error
     files = None if refresh.is_initial else [SourceFile(f.uri, f.relative) for f in landed]
     started = time.perf_counter()
     with store.staging(RAW, partition(name, key)) as writer:

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pyarrow import fs as pafs
 
-from kiln.config import ProjectConfig
-from kiln.manifest import Manifest, now_utc
+from kiln.config import ProjectConfig, Source
+from kiln.manifest import Manifest, now_utc, sha256_file
+from kiln.readers.paths import SourceFile, expand
 from kiln.storage import IncompleteDataset, Store
 
 REFRESHES, REFRESHES_FILE = "refreshes", "refreshes.json"
@@ -45,6 +47,7 @@ class LandedFile:
     relative: str  # below <landing>/<source>/: the locator of its records
     bytes: int
     modified: str  # ISO time of the last modification (local mtime or S3 LastModified)
+    sha256: str | None = None  # recorded for the first refresh's local files (see `pin_sources`)
 
     @property
     def identity(self) -> tuple[str, int, str]:
@@ -57,6 +60,10 @@ class Refresh:
     created_at: str
     trigger: str  # initial | sensor | schedule | cli
     files: dict[str, list[LandedFile]] | None  # source -> landed files; None: the sources as configured
+    # The first refresh: the configured sources' files as they were when it was registered (`pin_sources`), so
+    # re-reading it later reads the same data or fails naming the file that changed. None: builtin sources only,
+    # or a registry written before pins existed.
+    pinned: dict[str, list[LandedFile]] | None = None
 
     @property
     def is_initial(self) -> bool:
@@ -70,9 +77,10 @@ class Refresh:
 
     @classmethod
     def from_dict(cls, data: dict) -> Refresh:
-        files = data.get("files")
+        files, pinned = data.get("files"), data.get("pinned")
         return cls(data["key"], data["created_at"], data["trigger"],
-                   None if files is None else {s: [LandedFile(**f) for f in fs] for s, fs in files.items()})
+                   None if files is None else {s: [LandedFile(**f) for f in fs] for s, fs in files.items()},
+                   None if pinned is None else {s: [LandedFile(**f) for f in fs] for s, fs in pinned.items()})
 
 
 def partition(source: str, refresh: str) -> str:
@@ -122,14 +130,15 @@ def new_key(refreshes: list[Refresh], today: dt.date | None = None) -> str:
 
 
 def register_refresh(store: Store, files: dict[str, list[LandedFile]] | None, trigger: str,
-                     key: str | None = None) -> Refresh:
+                     key: str | None = None, pinned: dict[str, list[LandedFile]] | None = None) -> Refresh:
     """Append a refresh to the registry (rewritten atomically, under the registry's lock). `files=None` registers
-    the first refresh: the sources as configured."""
+    the first refresh: the sources as configured (their files as `pinned`)."""
     with store.lock(REFRESHES):
-        return _register(store, files, trigger, key)
+        return _register(store, files, trigger, key, pinned)
 
 
-def _register(store: Store, files: dict[str, list[LandedFile]] | None, trigger: str, key: str | None) -> Refresh:
+def _register(store: Store, files: dict[str, list[LandedFile]] | None, trigger: str, key: str | None,
+              pinned: dict[str, list[LandedFile]] | None = None) -> Refresh:
     """register_refresh, with the registry's lock held by the caller."""
     if trigger not in TRIGGERS:
         raise RefreshError(f"unknown trigger {trigger!r}; expected one of {', '.join(TRIGGERS)}")
@@ -148,7 +157,7 @@ def _register(store: Store, files: dict[str, list[LandedFile]] | None, trigger: 
                            f"or digit")
     if any(r.key == key for r in refreshes):
         raise RefreshError(f"refresh {key!r} is already registered; choose another key")
-    refresh = Refresh(key, now_utc(), trigger, files)
+    refresh = Refresh(key, now_utc(), trigger, files, pinned if files is None else None)
     _write(store, refreshes + [refresh])
     return refresh
 
@@ -246,7 +255,7 @@ def next_refresh(store: Store, config: ProjectConfig, trigger: str, settle_secon
     with store.lock(REFRESHES):
         refreshes = load_refreshes(store)
         if not refreshes:
-            return _register(store, None, "initial", None), None
+            return _register(store, None, "initial", None, pin_sources(config)), None
         landing = pending_files(config.refresh.landing_path(), [s.name for s in config.sources], refreshes,
                                 settle_seconds)
         if not landing.count:
@@ -267,13 +276,52 @@ def ensure_refresh(store: Store, config: ProjectConfig, key: str) -> Refresh:
         if any(r.key == key for r in refreshes):  # another source's run registered it meanwhile
             return get_refresh(store, key)
         if not refreshes:
-            return _register(store, None, "initial", key)
+            return _register(store, None, "initial", key, pin_sources(config))
         landing = pending_files(config.refresh.landing_path(), [s.name for s in config.sources], refreshes)
         if not landing.count:
             raise RefreshError(f"refresh {key!r} is not registered and nothing new landed under "
                                f"{config.refresh.landing_path()}/<source>/: drop the new files there first (a refresh "
                                f"added by hand takes what has landed)")
         return _register(store, landing.files, "ui", key)
+
+
+def pin_sources(config: ProjectConfig) -> dict[str, list[LandedFile]] | None:
+    """The files each configured (non-builtin) source names now, with size, modification time and, for local
+    files, sha256: what the first refresh reads, whenever it is materialized."""
+    pinned = {s.name: [_pin(f) for f in expand(s.path)] for s in config.sources if s.kind != "builtin"}
+    return pinned or None
+
+
+def _pin(f: SourceFile, with_hash: bool = True) -> LandedFile:
+    if f.uri.startswith("s3://"):
+        filesystem, path = _filesystem(f.uri)
+        info = filesystem.get_file_info(path)
+        return LandedFile(f.uri, f.relative, info.size, info.mtime.astimezone(dt.timezone.utc).isoformat())
+    stat = os.stat(f.uri)
+    modified = dt.datetime.fromtimestamp(stat.st_mtime, dt.timezone.utc).isoformat(timespec="microseconds")
+    return LandedFile(f.uri, f.relative, stat.st_size, modified, sha256_file(Path(f.uri)) if with_hash else None)
+
+
+def check_pinned(refresh: Refresh, source: Source) -> None:
+    """The first refresh re-read: its source must name exactly the files it named when registered, unchanged (same
+    size, and same sha256 when the modification time moved); else an error that names every difference."""
+    if refresh.pinned is None or source.name not in refresh.pinned or source.kind == "builtin":
+        return  # unpinned: builtin, a registry from before pins, or a source configured after the first refresh
+    was = {f.relative: f for f in refresh.pinned[source.name]}
+    now = {f.relative: f for f in expand(source.path)}
+    problems = [f"{was[r].uri}: gone" for r in sorted(was.keys() - now.keys())]
+    problems += [f"{now[r].uri}: new" for r in sorted(now.keys() - was.keys())]
+    for r in sorted(was.keys() & now.keys()):
+        pin, current = was[r], _pin(now[r], with_hash=False)
+        if current.bytes != pin.bytes:
+            problems.append(f"{current.uri}: {current.bytes:,} bytes, was {pin.bytes:,}")
+        elif current.modified != pin.modified and pin.sha256 and sha256_file(Path(current.uri)) != pin.sha256:
+            problems.append(f"{current.uri}: content changed (sha256)")
+    if problems:
+        raise RefreshError(
+            f"source {source.name!r} no longer holds the files refresh {refresh.key!r} (the first refresh) read: "
+            f"{'; '.join(problems[:10])}{' …' if len(problems) > 10 else ''}. Restore them to re-read that refresh; "
+            f"new data goes under <landing>/{source.name}/ and becomes the next refresh")
 
 
 def _filesystem(landing: str) -> tuple[pafs.FileSystem, str]:
@@ -285,6 +333,7 @@ def _filesystem(landing: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), str(Path(landing).expanduser().resolve())
 
 
-__all__ = ["LandedFile", "Landing", "Refresh", "RefreshError", "REFRESHES", "ensure_refresh", "get_refresh", "latest", "load_refreshes",
+__all__ = ["LandedFile", "Landing", "Refresh", "RefreshError", "REFRESHES", "check_pinned", "ensure_refresh", "get_refresh",
+           "latest", "load_refreshes", "pin_sources",
            "materialized", "new_key", "next_refresh", "partition", "pending_files", "register_refresh", "trained_refresh",
            "upto"]

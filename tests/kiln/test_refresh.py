@@ -171,3 +171,35 @@ def test_concurrent_writers_of_a_registry_lose_no_entry(append, tmp_path):
         requests, _ = load_requests(store)
         assert sorted(v for r in requests for v in r.value) == sorted(
             f"doc-{w}-{i}" for w in range(WRITERS) for i in range(APPENDS))
+
+
+def test_the_first_refresh_is_pinned_to_the_files_it_read(tmp_path):
+    """Re-reading the first refresh after its configured files changed would give other data under the same key:
+    the files are recorded at registration (size, time, sha256) and any change is an error naming the file."""
+    from kiln.refresh import check_pinned, next_refresh
+
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"text": prose(1)}])
+    write_jsonl(tmp_path / "web" / "b.jsonl", [{"text": prose(2)}])
+    config = parse_config({"sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"),
+                                        "license": "x", "domain": "web", "profile": "p"}],
+                           "profiles": {"p": []}, "refresh": {"landing": str(tmp_path / "landing")}})
+    store = Store(tmp_path / "data")
+    first, _ = next_refresh(store, config, "cli")
+    [pinned] = load_refreshes(store)
+    assert [f.relative for f in pinned.pinned["web"]] == ["a.jsonl", "b.jsonl"]
+    assert pinned.pinned["web"][0].sha256 == __import__("hashlib").sha256(
+        (tmp_path / "web" / "a.jsonl").read_bytes()).hexdigest()
+    source = config.source("web")
+    check_pinned(pinned, source)  # unchanged: fine
+    os.utime(tmp_path / "web" / "a.jsonl", (1, 1))  # touched, same content: fine
+    check_pinned(pinned, source)
+
+    original = (tmp_path / "web" / "a.jsonl").read_text()
+    (tmp_path / "web" / "a.jsonl").write_text(original.replace("a", "b", 1))  # same size, other content
+    with pytest.raises(RefreshError, match=r"a\.jsonl: content changed.*Restore them"):
+        check_pinned(pinned, source)
+    (tmp_path / "web" / "a.jsonl").write_text(original)
+    write_jsonl(tmp_path / "web" / "c.jsonl", [{"text": prose(3)}])
+    (tmp_path / "web" / "b.jsonl").unlink()
+    with pytest.raises(RefreshError, match=r"b\.jsonl: gone; .*c\.jsonl: new"):
+        check_pinned(pinned, source)
