@@ -80,6 +80,18 @@ def load_model(export_dir: Path) -> Transformer:
     return model.eval()
 
 
+def probe_check(model: Transformer, probe: dict[str, Any], precision: str) -> dict[str, Any]:
+    """Does a reloaded model reproduce the loss the trained model had on the probe sequence (see
+    training_jobs.train's `loss_probe`)? Tolerance: 0.1% after fp32 training; 3% after bf16 (the reload runs in
+    fp32). A model whose weights are not the trained ones misses by far more."""
+    with torch.no_grad():
+        loss = model(torch.tensor([probe["inputs"]]), torch.tensor([probe["targets"]])).float().item()
+    tolerance = 1e-3 if precision == "fp32" else 3e-2
+    return {"passed": abs(loss - probe["loss"]) <= tolerance * max(1.0, abs(probe["loss"])),
+            "recorded_loss": probe["loss"], "reloaded_loss": loss, "relative_tolerance": tolerance,
+            "tokens": len(probe["targets"])}
+
+
 # ------------------------------------------------------------------------------------------ Hugging Face
 
 def hf_name(name: str) -> str:

@@ -460,6 +460,7 @@ class Trainer:
         if p.last_checkpoint is None or p.last_checkpoint.name != checkpoint.tag_for(p.step):
             self.save()
         val_loss = self.validate()
+        self.probe = self.loss_probe()
         self.export()
         return val_loss
 
@@ -532,6 +533,20 @@ class Trainer:
         self.report.line(f"rolled back to step {found.step} ({found.path.name}); skipping the data of steps "
                          f"{found.step + 1}..{spike_step}; LR x{event.lr_factor} until step {event.lr_reduced_until}")
 
+    @torch.no_grad()
+    def loss_probe(self) -> dict[str, Any] | None:
+        """The trained model's loss on one held-back sequence, recorded with the sequence itself: the checkpoint
+        asset reloads the export and must reproduce it (a check that fails when the saved weights are not the
+        trained ones). Every rank runs the forward (ZeRO-3 gathers parameters collectively); rank 0's is kept."""
+        if self.val is None:
+            return None
+        self.val.load_state_dict({**self.val.state_dict(), "epoch": 0, "position": 0})
+        x, y = (t[:1] for t in self.val.next_batch())
+        self.engine.eval()
+        loss = self.engine(x.to(self.engine.device), y.to(self.engine.device)).float().item()
+        self.engine.train()
+        return {"inputs": x[0].tolist(), "targets": y[0].tolist(), "loss": loss}
+
     def validate(self) -> float | None:
         val_loss = evaluate(self.engine, self.val, self.t.val_batches)
         if val_loss is not None:
@@ -574,6 +589,7 @@ class Trainer:
         return {
             "format": SUMMARY_FORMAT, "status": status, "error": error,
             "steps": p.step, "max_steps": self.max_steps, "final_loss": p.last_loss, "val_loss": val_loss,
+            "loss_probe": getattr(self, "probe", None),
             "tokens_seen": p.tokens_seen, "tokens_skipped": p.tokens_skipped, "tokens_per_step": self.tokens_per_step,
             "tokens_per_s": tokens_per_s,
             "mfu": mfu(self.flops_per_token, tokens_per_s or 0.0, self.peak, self.dist.world_size),

@@ -93,6 +93,23 @@ def test_two_rank_run_learns_and_reports(run_a):
     assert summary["checkpoint"].endswith("step_00000012") and summary["mlflow_run_id"]
 
 
+def test_the_export_reproduces_the_loss_recorded_at_save_time_and_other_weights_do_not(run_a):
+    """The checkpoint asset's `loads` check: the export, reloaded, must give the loss the trained (ZeRO-3, two
+    ranks) model had on a held-back sequence; the same model with one matrix off misses it."""
+    from training_jobs.export import load_model, probe_check
+
+    summary = summary_of(run_a)
+    probe = summary["loss_probe"]
+    assert len(probe["inputs"]) == len(probe["targets"]) == 32 and probe["inputs"][1:] == probe["targets"][:-1]
+    model = load_model(Path(summary["exports"]["safetensors"]))
+    good = probe_check(model, probe, summary["precision"])
+    assert good["passed"], good
+    with torch.no_grad():
+        model.layers[0].mlp.down_proj.weight.mul_(-1.0)
+    bad = probe_check(model, probe, summary["precision"])
+    assert not bad["passed"] and abs(bad["reloaded_loss"] - probe["loss"]) > 0.01, bad
+
+
 def test_checkpoints_are_complete_verified_and_rotated(run_a):
     root = run_a / "checkpoints"
     assert [f.step for f in checkpoint.checkpoints(root, complete_only=False)] == [8, 12]  # keep_last 2
