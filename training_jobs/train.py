@@ -40,6 +40,7 @@ import torch
 from training_jobs import checkpoint
 from training_jobs.flops import device_peak_flops, mfu
 from training_jobs.loader import ShardLoader
+from training_jobs import scaling_names
 from training_jobs.model import ModelConfig, Transformer, flops_per_token, param_count
 from training_jobs.monitor import ROLLBACK, Event, StabilityMonitor, TrainingDiverged
 from training_jobs.schedule import lambda_lr
@@ -329,6 +330,11 @@ class Reporter:
             self.mlflow.log_dict(_json_safe(summary["stability_events"]), "stability_events.json")
             if summary.get("val_loss") is not None:
                 self.mlflow.log_metric("val/loss", summary["val_loss"], step=summary["steps"])
+                if not failed:  # what `kiln plan --mlflow-uri` fits on (training_jobs.scaling_names)
+                    self.mlflow.log_metrics({
+                        scaling_names.TOKENS: float(summary["tokens_seen"]),
+                        scaling_names.FLOPS: float(summary["flops_per_token"]) * summary["tokens_seen"],
+                        scaling_names.FINAL_VAL_LOSS: float(summary["val_loss"])}, step=summary["steps"])
             self.mlflow.end_run(status="FAILED" if failed else "FINISHED")
         if self.pipes is not None and not failed:
             keys = ("status", "steps", "final_loss", "val_loss", "tokens_seen", "tokens_per_s", "mfu", "n_params",
@@ -567,7 +573,7 @@ class Trainer:
     def start_tracking(self) -> None:
         t, cfg = self.t, self.cfg
         params = {**flatten("training", t.model_dump(mode="json")), **flatten("model", cfg.to_dict()),
-                  "model.n_params": self.n_params, "model.n_params_non_embedding": self.n_non_embedding,
+                  scaling_names.N_PARAMS: self.n_params, "model.n_params_non_embedding": self.n_non_embedding,
                   "model.flops_per_token": self.flops_per_token, "world_size": self.dist.world_size,
                   "tokens_per_step": self.tokens_per_step, "max_steps": self.max_steps, "precision": self.precision,
                   "device": self.device_name, "dataset_dir": self.run.dataset_dir,

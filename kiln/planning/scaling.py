@@ -506,18 +506,13 @@ def fit_parametric_law(runs: Sequence[RunPoint], n_bootstrap: int = 50, seed: in
 # Reading runs from MLflow
 # ---------------------------------------------------------------------------------------------
 
-MLFLOW_PARAM_N_PARAMS = "n_params"
-MLFLOW_PARAM_TOKENS = "tokens"
-MLFLOW_PARAM_FLOPS = "flops"  # optional; 6·N·D when absent
-MLFLOW_METRIC_LOSS = "final_val_loss"
-
-
 def runs_from_mlflow(tracking_uri: str, experiment_name: str) -> list[RunPoint]:
-    """Finished runs of an MLflow experiment as `RunPoint`s.
-
-    Expects params `n_params` and `tokens` (numbers), optionally `flops`, and the metric
-    `final_val_loss` (its latest value). Runs that are not FINISHED or lack any of these are skipped."""
+    """Finished runs of an MLflow experiment as `RunPoint`s, under the names every Kiln training run logs
+    (`training_jobs.scaling_names`): param `model.n_params`, metrics `scaling/tokens`, `scaling/flops` and
+    `scaling/final_val_loss`. Runs that are not FINISHED or lack any of these (no validation data) are skipped."""
     from mlflow.tracking import MlflowClient  # optional dependency, only needed here
+
+    from training_jobs import scaling_names as names
 
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment = client.get_experiment_by_name(experiment_name)
@@ -531,16 +526,14 @@ def runs_from_mlflow(tracking_uri: str, experiment_name: str) -> list[RunPoint]:
         )
         for run in page:
             params, metrics = run.data.params, run.data.metrics
-            required_params = {MLFLOW_PARAM_N_PARAMS, MLFLOW_PARAM_TOKENS}
-            if MLFLOW_METRIC_LOSS not in metrics or not required_params <= set(params):
+            if names.N_PARAMS not in params or not {names.TOKENS, names.FINAL_VAL_LOSS} <= set(metrics):
                 continue
-            flops = params.get(MLFLOW_PARAM_FLOPS)
             points.append(
                 RunPoint(
-                    n_params=float(params[MLFLOW_PARAM_N_PARAMS]),
-                    tokens=float(params[MLFLOW_PARAM_TOKENS]),
-                    loss=float(metrics[MLFLOW_METRIC_LOSS]),
-                    flops=float(flops) if flops is not None else None,
+                    n_params=float(params[names.N_PARAMS]),
+                    tokens=metrics[names.TOKENS],
+                    loss=metrics[names.FINAL_VAL_LOSS],
+                    flops=metrics.get(names.FLOPS),
                     run_id=run.info.run_id,
                 )
             )

@@ -19,7 +19,6 @@ from kiln.planning.scaling import (
     inference_aware_allocation,
     inference_aware_for_budget,
     kaplan_allocation,
-    runs_from_mlflow,
 )
 
 GOPHER_BUDGET = 5.76e23  # FLOPs of Gopher and Chinchilla (Hoffmann et al. 2022)
@@ -161,31 +160,3 @@ def test_parametric_law_recovers_hoffmann():
     assert n_low <= fit.optimal_allocation(GOPHER_BUDGET).n_params * 1.0001
 
 
-def test_runs_from_mlflow(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind a flag
-    from mlflow.tracking import MlflowClient
-
-    uri = tmp_path.as_uri()
-    client = MlflowClient(uri)
-    experiment = client.create_experiment("scaling")
-
-    def log(status, params, loss=None):
-        run = client.create_run(experiment)
-        for key, value in params.items():
-            client.log_param(run.info.run_id, key, value)
-        if loss is not None:
-            client.log_metric(run.info.run_id, "final_val_loss", loss)
-        client.set_terminated(run.info.run_id, status)
-        return run.info.run_id
-
-    kept = log("FINISHED", {"n_params": 1e8, "tokens": 2e9}, 3.1)
-    with_flops = log("FINISHED", {"n_params": 2e8, "tokens": 4e9, "flops": 5e18}, 2.9)
-    log("FAILED", {"n_params": 4e8, "tokens": 8e9}, 2.7)
-    log("FINISHED", {"n_params": 4e8, "tokens": 8e9})  # no loss metric
-
-    runs = {run.run_id: run for run in runs_from_mlflow(uri, "scaling")}
-    assert set(runs) == {kept, with_flops}
-    assert runs[kept].compute == training_flops(1e8, 2e9) and runs[kept].loss == 3.1
-    assert runs[with_flops].compute == 5e18
-    with pytest.raises(ValueError, match="no MLflow experiment named 'missing'"):
-        runs_from_mlflow(uri, "missing")

@@ -30,13 +30,13 @@ BASE = dict(seq_len=32, micro_batch_size=4, max_steps=12, log_every_steps=2, val
             checkpoint=dict(every_steps=4, keep_last=2), monitor=dict(window=5, min_history=3))
 
 
-def write_run(root: Path, token_dataset, output: Path, **overrides) -> Path:
+def write_run(root: Path, token_dataset, output: Path, experiment: str = "kiln-tests", **overrides) -> Path:
     settings = {**BASE, **overrides}
     for key in ("schedule", "checkpoint", "monitor"):
         settings[key] = {**BASE[key], **overrides.get(key, {})}
     run = TrainingSettings(**settings).to_run_config(
         dataset_dir=token_dataset.dir, tokenizer_sha256=token_dataset.tokenizer_sha256, output_dir=output,
-        tokenizer_dir=token_dataset.tokenizer_dir, experiment="kiln-tests", run_name=output.name)
+        tokenizer_dir=token_dataset.tokenizer_dir, experiment=experiment, run_name=output.name)
     return run.write(root / f"{output.name}.json")
 
 
@@ -108,6 +108,42 @@ def test_the_export_reproduces_the_loss_recorded_at_save_time_and_other_weights_
         model.layers[0].mlp.down_proj.weight.mul_(-1.0)
     bad = probe_check(model, probe, summary["precision"])
     assert not bad["passed"] and abs(bad["reloaded_loss"] - probe["loss"]) > 0.01, bad
+
+
+def test_kiln_plan_fits_a_scaling_law_on_kilns_own_runs(tmp_path, token_dataset, mlflow_uri, capsys):
+    """Three real training runs of different sizes log what the planner needs under one set of names; `kiln plan
+    --mlflow-uri` reads them (not hand-made records) and fits L(C). Expected values come from each run's own
+    summary.json, independently of MLflow."""
+    import mlflow
+
+    from kiln.cli import main
+
+    mlflow.MlflowClient(mlflow_uri).create_experiment("kiln-scaling", artifact_location=str(tmp_path / "artifacts"))
+    summaries = []
+    for d_model in (16, 32, 64):
+        out = tmp_path / f"d{d_model}"
+        check(launch(write_run(tmp_path, token_dataset, out, experiment="kiln-scaling",
+                               model={"d_model": d_model, "n_heads": 4}), nproc=1, env={"MLFLOW_TRACKING_URI": mlflow_uri}))
+        summaries.append(summary_of(out))
+    code = main(["plan", "--mlflow-uri", mlflow_uri, "--experiment", "kiln-scaling", "--budget-flops", "1e18",
+                 "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    own = json.loads(out)["own_fit"]
+    assert own["n_runs"] == 3
+    law = own["compute_law"]
+    assert law is not None and not law.get("error"), own
+    from kiln.planning.scaling import runs_from_mlflow
+
+    runs = sorted(runs_from_mlflow(mlflow_uri, "kiln-scaling"), key=lambda r: r.n_params)
+    assert [(r.n_params, r.tokens, r.loss) for r in runs] == [
+        (s["n_params"], s["tokens_seen"], s["val_loss"]) for s in sorted(summaries, key=lambda s: s["n_params"])]
+    assert [r.flops for r in runs] == [s["flops_per_token"] * s["tokens_seen"] for s in
+                                       sorted(summaries, key=lambda s: s["n_params"])]
+    assert main(["plan", "--mlflow-uri", mlflow_uri, "--experiment", "kiln-scaling", "--budget-flops", "1e18"]) == 0
+    table = capsys.readouterr().out
+    assert "Own scaling fits (3 runs)" in table
+    print("\n[kiln plan, own fit]\n" + table[table.index("Own scaling fits"):])
 
 
 def test_checkpoints_are_complete_verified_and_rotated(run_a):
