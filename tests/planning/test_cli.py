@@ -79,20 +79,7 @@ def test_config_then_flags(tmp_path, capsys):
     assert "planning.mfu = 3" in capsys.readouterr().err  # validated as part of the project config
 
 
-def test_own_fits_from_mlflow(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tmp_path.as_uri())
-    experiment = client.create_experiment("sweep")
-    for n_params, loss in ((1e7, 4.0), (3e7, 3.6), (1e8, 3.3)):
-        run = client.create_run(experiment)
-        client.log_param(run.info.run_id, "n_params", n_params)
-        client.log_param(run.info.run_id, "tokens", 20 * n_params)
-        client.log_metric(run.info.run_id, "final_val_loss", loss)
-        client.set_terminated(run.info.run_id, "FINISHED")
-    assert kiln("--mlflow-uri", tmp_path.as_uri(), "--experiment", "sweep") == 0
-    screen = capsys.readouterr().out
-    assert "Own scaling fits (3 runs)" in screen and "L(C) = " in screen and "at least 5" in screen
-    assert kiln("--mlflow-uri", tmp_path.as_uri()) == 2
+def test_own_fits_need_an_experiment(capsys):
+    """The fit itself is tested on real training runs (tests/training_jobs/test_train_cpu.py)."""
+    assert kiln("--mlflow-uri", "sqlite:///nowhere.db") == 2
     assert "--experiment" in capsys.readouterr().err
