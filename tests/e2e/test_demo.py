@@ -65,6 +65,8 @@ def test_demo_materializes_every_source_and_records_runs(bounded_env):
     assert refresh["trigger"] == "initial" and refresh["files"] is None  # the first refresh: the configured sources
     key = refresh["key"]
     for source in SOURCES:
+        raw = json.loads((data / "raw_documents" / source / key / "_manifest.json").read_text())
+        assert raw["counts"]["records"] == 40  # the bound set above (max_documents), not whatever was read
         manifest = json.loads((data / "curated_documents" / source / key / "_manifest.json").read_text())
         assert manifest["counts"]["documents"] > 0
         assert set(manifest["inputs"]) == {f"filtered_documents/{s}/{key}" for s in SOURCES}
