@@ -2,6 +2,7 @@
 refresh."""
 
 
+import json
 import time
 
 import dagster as dg
@@ -15,6 +16,7 @@ from kiln.filters.registry import build_step
 from kiln.pii import PiiRedaction
 from kiln.readers import SourceFile
 from kiln.refresh import check_pinned, ensure_refresh, load_refreshes, partition, upto
+from kiln.secrets import redact
 from kiln.storage import Store, resume_key
 from kiln.stats import StageStats, chain, funnel_markdown
 from resources import KilnConfig, KilnEngine, KilnStorage
@@ -137,8 +139,9 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
         manifest = writer.commit(
             **version, counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
             stats=stats.to_dict())
+    recorded = json.loads(json.dumps(redact(version["config"])))  # the config as a manifest holds it
     if all((m := store.manifest_or_none(CURATED, p)) is not None and m.inputs == version["inputs"]
-           and m.config == version["config"] for p in inputs):
+           and m.config == recorded for p in inputs):
         remove_shuffle(shuffle)  # the last source of the refresh is done
     funnel = chain([StageStats.from_dict(store.manifest(RAW, here).stats),
                     StageStats.from_dict(inputs[here].stats), stats])
