@@ -1,7 +1,6 @@
 """Curation: raw sources → filtered documents → curated (exactly deduplicated) documents, per source and
 refresh."""
 
-
 import json
 import time
 
