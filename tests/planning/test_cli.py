@@ -19,8 +19,13 @@ def kiln(*argv):
 def test_one_screen_plan(capsys):
     assert kiln("--budget-usd", "1000000", "--price", "2.5", "--gpu", "H100", "--gpus", "256", "--mfu", "0.4") == 0
     screen = capsys.readouterr().out
-    for needle in ("$1,000,000", "256 x H100-SXM", "params", "tokens", "GPU-hours", "days", "TP ", "PP ",
-                   "DP ", "memory/GPU", "GiB"):
+    # By hand: $1,000,000 / $2.5 = 400,000 GPU-hours; x 3,600 s x 989 TFLOP/s (H100 SXM dense BF16) x 0.4
+    # = 5.70e23 FLOPs; 400,000 h / 256 GPUs / 24 = 65.1 days.
+    assert "$1,000,000 on 256 x H100-SXM (32 nodes x 8)" in screen
+    assert "5.7e+23 FLOPs" in screen and "at 989 TFLOP/s peak, MFU 40%" in screen
+    assert "400,000 GPU-hours x $2.5 = $1,000,000" in screen
+    assert "65.1 days" in screen
+    for needle in ("TP ", "PP ", "DP ", "memory/GPU", "GiB"):  # the layout section is there
         assert needle in screen
     assert len(screen.splitlines()) < 40
 
