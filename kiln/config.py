@@ -67,6 +67,9 @@ class Source(_Strict):
 class Reading(_Strict):
     max_document_bytes: int = Field(5_000_000, gt=0)  # larger records are quarantined as too_large
     rows_per_part: int = Field(2_000, gt=0)  # documents per Parquet part: the unit of parallel work
+    # A record whose strings are not valid Unicode (JSON may escape a lone UTF-16 surrogate, "\ud800"): quarantined
+    # as invalid_unicode, or kept with each such code point replaced by U+FFFD (`replace`)
+    unicode_errors: Literal["quarantine", "replace"] = "quarantine"
 
 
 class ExactDedup(_Strict):

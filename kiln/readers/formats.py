@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -64,10 +65,28 @@ def as_internal_records(source: Source) -> Source:
     return source.model_copy(update={"text_field": "text", "id_field": "id", "url_field": "url"})
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unicode_repaired(value: Any) -> Any:
+    """`value` with every lone surrogate (which no UTF-8 writer accepts) replaced by U+FFFD, keys included."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_unicode_repaired(k): _unicode_repaired(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unicode_repaired(v) for v in value]
+    return value
+
+
 def record_to_document(record: Any, source: Source, locator: str, reading: Reading) -> Document | Quarantined:
     """Validate one structured record (a JSON object, a Parquet row) and turn it into a document."""
     if not isinstance(record, dict):
         return Quarantined(source.name, locator, "not_an_object", _excerpt(json.dumps(record, default=str)))
+    if _SURROGATE.search(json.dumps(record, ensure_ascii=False, default=str)):  # text, id, url, meta or a key
+        if reading.unicode_errors == "quarantine":  # the excerpt ASCII-escaped, so it can be written
+            return Quarantined(source.name, locator, "invalid_unicode", _excerpt(json.dumps(record, default=str)))
+        record = _unicode_repaired(record)
     text = record.get(source.text_field)
     if text is None:
         return Quarantined(source.name, locator, "missing_text", _excerpt(json.dumps(record, default=str)))

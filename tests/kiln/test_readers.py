@@ -8,6 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kiln.config import Reading, Source
 from kiln.documents import Document
@@ -129,3 +131,82 @@ def test_package_corpora_read_after_deepspeed_is_imported(corpus):
     src = Source(name=corpus, kind="builtin", corpus=corpus, license="x", domain="reference", profile="p")
     docs, _ = split(list(read_source(src, Reading())))
     assert len(docs) > 50
+
+
+# Valid JSON, invalid Unicode: each line escapes a lone UTF-16 surrogate somewhere (text, id, url, another field,
+# a key). Written as the raw JSON a hostile producer would send.
+SURROGATE_LINES = [
+    r'{"id": "s1", "text": "broken \ud800 text, long enough to keep"}',
+    r'{"id": "s2\udfff", "text": "an id with a lone low surrogate"}',
+    r'{"id": "s3", "text": "a url with one", "url": "https://a.org/\ud83d"}',
+    r'{"id": "s4", "text": "a metadata field with one", "title": "x\ud800y"}',
+    r'{"id": "s5", "text": "a key with one", "\ud800": 1}',
+    r'{"id": "ok", "text": "a pair is fine: \ud83d\ude00"}',
+]
+
+
+@pytest.mark.parametrize("mode", ["quarantine", "replace"])
+def test_lone_surrogates_are_quarantined_or_replaced_and_intake_completes(tmp_path, mode):
+    """Before: the first line passed the JSON decoder and crashed raw_documents inside pyarrow."""
+    from kiln.curation import ingest
+    from kiln.storage import Store
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text("\n".join(SURROGATE_LINES) + "\n", encoding="ascii")
+    reading = Reading(unicode_errors=mode, rows_per_part=2)
+    store = Store(tmp_path / "store")
+    with store.staging("raw", "s") as writer:
+        stats = ingest(source("jsonl", tmp_path / "in", id_field="id"), reading, writer, progress=False)
+        writer.commit(code_version="t", config={}, inputs={}, counts={})
+    kept = store.read_table("raw", "s").to_pylist()
+    quarantined = store.read_table("raw", "s", "quarantine").to_pylist() if store.files("raw", "s", "quarantine") \
+        else []
+    assert stats.docs_in == len(kept) + len(quarantined) == 6
+    by_id = {json.loads(r["meta"])["id"]: r for r in kept}
+    assert by_id["ok"]["text"] == "a pair is fine: \U0001F600"  # a surrogate pair is one valid code point
+    if mode == "quarantine":
+        assert list(by_id) == ["ok"]
+        assert [q["reason"] for q in quarantined] == ["invalid_unicode"] * 5
+        assert [q["locator"] for q in quarantined] == [f"a.jsonl#L{i}" for i in range(1, 6)]
+    else:
+        assert quarantined == [] and len(kept) == 6
+        assert by_id["s1"]["text"] == "broken \ufffd text, long enough to keep"
+        assert "s2\ufffd" in by_id and by_id["s3"]["url"] == "https://a.org/\ufffd"
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(st.characters(), max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(st.characters(), max_size=5), inner,
+                                                               max_size=3), max_leaves=8)
+_records = st.one_of(
+    st.fixed_dictionaries({"text": st.text(st.characters(), min_size=0, max_size=60)},
+                          optional={"id": st.text(st.characters(), max_size=8) | st.integers(),
+                                    "url": st.text(st.characters(), max_size=20) | st.integers(), "x": _json_values})
+    .map(lambda r: json.dumps(r).encode()),  # valid JSON, every code point (lone surrogates escaped)
+    _json_values.map(lambda v: json.dumps(v).encode()),  # valid JSON that is not a record
+    st.binary(min_size=1, max_size=40).filter(lambda b: b"\n" not in b and b.strip()),  # anything at all
+)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(lines=st.lists(_records, min_size=1, max_size=12), mode=st.sampled_from(["quarantine", "replace"]))
+def test_no_jsonl_line_crashes_intake_and_every_line_is_counted_once(lines, mode, tmp_path_factory):
+    """Random JSON (every code point, lone surrogates escaped), non-record JSON and random bytes: the intake always
+    completes, and kept + quarantined = the file's lines, each line's locator once."""
+    from kiln.curation import ingest
+    from kiln.storage import Store
+
+    root = tmp_path_factory.mktemp("fuzz")
+    (root / "in").mkdir()
+    (root / "in" / "a.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    store = Store(root / "store")
+    with store.staging("raw", "s") as writer:
+        stats = ingest(source("jsonl", root / "in", id_field=None), Reading(unicode_errors=mode, rows_per_part=3),
+                       writer, progress=False)
+        writer.commit(code_version="t", config={}, inputs={}, counts={})
+    kept = store.read_table("raw", "s").to_pylist() if store.files("raw", "s", "documents") else []
+    quarantined = store.read_table("raw", "s", "quarantine").to_pylist() if store.files("raw", "s", "quarantine") \
+        else []
+    assert stats.docs_in == len(kept) + len(quarantined) == len(lines)
+    locators = [json.loads(r["meta"])["locator"] for r in kept] + [q["locator"] for q in quarantined]
+    assert sorted(locators) == sorted(f"a.jsonl#L{i}" for i in range(1, len(lines) + 1))
