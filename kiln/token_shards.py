@@ -26,9 +26,9 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from collections.abc import Sequence
 from itertools import chain, repeat
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,9 +39,9 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from kiln.config import Mixture, ShardSettings
+from kiln.engine import SERIAL, Engine
 from kiln.fim import FimIds, fim_split, fim_tokens
 from kiln.forget import RemovalRequest, first_match
-from kiln.engine import SERIAL, Engine
 from kiln.mixture import SourceParts, epoch_warnings, hash_unit, plan_phases, select_documents
 from kiln.shards import TRAIN, VAL, ShardInfo, describe_shard_set, write_shard
 from kiln.storage import part_name, write_parquet_atomic
