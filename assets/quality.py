@@ -114,9 +114,8 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
     inputs = store.files(DEDUPLICATED, source, "documents")
     with store.staging(SCORES, source, resume=resume_key(**version)) as writer:
         started = time.perf_counter()
-        counts = score_parts(inputs, [writer.next_path("documents") for _ in inputs],
-                             classifier_dir, settings, runner,
-                             label=f"quality {source}")
+        counts = score_parts(inputs, [writer.next_path("documents") for _ in inputs], classifier_dir, settings,
+                             runner, label=f"quality {source}")
         seconds = time.perf_counter() - started
         manifest = writer.commit(**version, counts=counts)
     doc_ids, scores, perplexity = read_scores(store.files(SCORES, source, "documents"))

@@ -19,7 +19,6 @@ import functools
 import logging
 import os
 import pickle
-import re
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -173,9 +172,9 @@ def connect(address: str | None, origin: str = ADDRESS_KEY, num_cpus: int | None
         context = ray.init(address=address, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise EngineError(
-            f"{origin} = {redact_url(address)!r}: could not join the Ray cluster: {redact(str(exc))}. If the cluster uses "
-            "token authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) as on its "
-            "nodes") from None
+            f"{origin} = {redact_url(address)!r}: could not join the Ray cluster: {redact(str(exc))}. If the "
+            "cluster uses token authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) "
+            "as on its nodes") from None
     import ray.data
 
     data = ray.data.DataContext.get_current()

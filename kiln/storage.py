@@ -264,6 +264,24 @@ def _local_copy_is(local: Path, data: bytes, manifest: Manifest) -> bool:
     return same
 
 
+@contextmanager
+def lock_then_remove(lock_path: str | Path, wait: bool = True) -> Iterator[bool]:
+    """Hold the file lock at `lock_path` (waiting for it, or not at all when `wait` is false); yields whether it
+    is held. Its file is removed on the way out, still held, so no lock file outlives what it guarded (filelock
+    copes with a lock file unlinked under a waiting process)."""
+    lock = FileLock(lock_path)
+    try:
+        lock.acquire(timeout=-1 if wait else 0)
+    except Timeout:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        Path(lock.lock_file).unlink(missing_ok=True)
+        lock.release()
+
+
 def _remove_stale_staging(final: Path) -> None:
     """Staging folders of `final`'s dataset that no live writer holds — a failed attempt under inputs since
     replaced, a killed run — and old copies a killed swap left: removed after a commit, so they do not pile up.
@@ -271,30 +289,17 @@ def _remove_stale_staging(final: Path) -> None:
     for stale in [*final.parent.glob(f".{final.name}.old-*"), *final.parent.glob(f".{final.name}.trash-*")]:
         shutil.rmtree(stale, ignore_errors=True)
     for folder in [p for p in final.parent.glob(f".{final.name}.staging-*") if p.is_dir()]:
-        lock = FileLock(f"{folder}.lock")
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            continue  # a live writer
-        try:  # moved aside under the lock (a rename: the lock is held for microseconds), removed after
-            trash = final.with_name(f".{final.name}.trash-{uuid.uuid4().hex[:8]}")
-            os.replace(folder, trash)
-            Path(lock.lock_file).unlink(missing_ok=True)
-        finally:
-            lock.release()
+        trash = final.with_name(f".{final.name}.trash-{uuid.uuid4().hex[:8]}")
+        with lock_then_remove(f"{folder}.lock", wait=False) as held:
+            if not held:
+                continue  # a live writer
+            os.replace(folder, trash)  # moved aside under the lock (a rename: held for microseconds), removed after
         shutil.rmtree(trash, ignore_errors=True)
 
 
-@contextmanager
-def _swap_lock(final: Path) -> Iterator[None]:
-    """The dataset's swap lock, its file removed on the way out (filelock copes with a lock file unlinked under a
-    waiting process), so no lock file stays beside the dataset."""
-    lock = FileLock(final.with_name(f".{final.name}.swap.lock"))
-    with lock:
-        try:
-            yield
-        finally:
-            Path(lock.lock_file).unlink(missing_ok=True)
+def _swap_lock(final: Path):
+    """The dataset's swap lock (no lock file stays beside the dataset)."""
+    return lock_then_remove(final.with_name(f".{final.name}.swap.lock"))
 
 
 def _swap_in(staging: Path, final: Path) -> None:

@@ -26,12 +26,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from filelock import FileLock, Timeout
+from filelock import FileLock
 
 from kiln.documents import REJECTED_SCHEMA
 from kiln.engine import SERIAL, Engine
 from kiln.stats import StageStats
-from kiln.storage import resume_part, write_parquet_atomic
+from kiln.storage import lock_then_remove, resume_part, write_parquet_atomic
 
 DEDUP_STAGE = "exact_dedup"
 DUPLICATE = f"{DEDUP_STAGE}.duplicate"
@@ -222,15 +222,7 @@ def exact_dedup(sources: list[HashSource], target: int, writer, scratch: Path, e
 def remove_shuffle(scratch: Path, wait: bool = True) -> bool:
     """Remove a shared shuffle no target needs any more, once no process uses it (`wait=False`: only if none
     does now). Returns whether it was removed."""
-    scratch = Path(scratch)
-    lock = FileLock(f"{scratch}.lock")
-    try:
-        lock.acquire(timeout=-1 if wait else 0)
-    except Timeout:
-        return False
-    try:
-        shutil.rmtree(scratch, ignore_errors=True)
-        Path(lock.lock_file).unlink(missing_ok=True)
-    finally:
-        lock.release()
-    return True
+    with lock_then_remove(f"{scratch}.lock", wait) as held:
+        if held:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return held
