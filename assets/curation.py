@@ -63,7 +63,7 @@ def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, st
 
 @dg.asset(
     key=FILTERED, deps=[RAW], partitions_def=document_partitions, group_name="curation", kinds=KINDS,
-    code_version=code_version("kiln.filters", "kiln.pii", "kiln.curation", "kiln.stats"),
+    code_version=code_version("kiln.filters", "kiln.pii", "kiln.curation", "kiln.removals", "kiln.stats"),
     check_specs=check_specs(FILTERED), automation_condition=FOLLOW,
 )
 def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
@@ -77,13 +77,14 @@ def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     runner = engine.get(config.engine)
     version = dict(code_version=context.assets_def.code_versions_by_key[context.asset_key],
                    config={"profile": config.source(name).profile, "steps": [s.model_dump() for s in steps],
-                           "exact_dedup": config.curation.exact_dedup.model_dump()},
+                           "exact_dedup": config.curation.exact_dedup.model_dump(),
+                           "keep_rejected_text": config.curation.keep_rejected_text},
                    inputs={f"{RAW}/{here}": raw.data_version})
     with store.staging(FILTERED, here, resume=resume_key(**version)) as writer:
         started = time.perf_counter()
         stats = filter_documents(store.files(RAW, here, "documents"), steps, config.curation.exact_dedup, writer,
                                  runner, examples_per_reason=config.curation.examples_per_reason,
-                                 label=f"filter {here}")
+                                 label=f"filter {here}", rejected_text=config.curation.keep_rejected_text)
         seconds = time.perf_counter() - started
         manifest = writer.commit(
             **version, counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
@@ -99,7 +100,7 @@ def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     key=CURATED, partitions_def=document_partitions, group_name="curation", kinds=KINDS,
     # Exact dedup compares every source's hashes, so each partition depends on every source of its refresh.
     deps=[dg.AssetDep(FILTERED, partition_mapping=SAME_REFRESH_EVERY_SOURCE)],
-    code_version=code_version("kiln.dedup.exact", "kiln.stats"),
+    code_version=code_version("kiln.dedup.exact", "kiln.removals", "kiln.stats"),
     check_specs=check_specs(CURATED, "residual_pii"), automation_condition=FOLLOW,
 )
 def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
@@ -122,7 +123,8 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
     version = dict(code_version=context.assets_def.code_versions_by_key[context.asset_key],
                    config={"exact_dedup": dedup.model_dump(), "sources": [s.name for s in config.sources],
                            "quality_tiers": {s.name: s.quality_tier for s in config.sources},
-                           "earlier_refreshes": sorted({p.split("/")[1] for p in earlier})},
+                           "earlier_refreshes": sorted({p.split("/")[1] for p in earlier}),
+                           "keep_rejected_text": config.curation.keep_rejected_text},
                    inputs={**{f"{FILTERED}/{p}": m.data_version for p, m in inputs.items()},
                            **{f"{CURATED}/{p}": m.data_version for p, m in earlier.items()}})
     # Every source of the refresh has this same version, so they share one shuffle (done by the first to get there).
@@ -133,7 +135,8 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
     with store.staging(CURATED, here, resume=resume_key(**version)) as writer:
         started = time.perf_counter()
         stats = exact_dedup(sources, [s.name for s in sources].index(here), writer, shuffle, runner, dedup.enabled,
-                            config.curation.examples_per_reason, label=f"exact dedup {here}")
+                            config.curation.examples_per_reason, label=f"exact dedup {here}",
+                            rejected_text=config.curation.keep_rejected_text)
         seconds = time.perf_counter() - started
         manifest = writer.commit(
             **version, counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},

@@ -18,6 +18,7 @@ from kiln.dedup.report import clusters_markdown, cross_source_markdown, cluster_
 from kiln.manifest import code_version
 from kiln.plots import stacked_bars_markdown
 from kiln.refresh import load_refreshes, partition, upto
+from kiln.removals import example_excerpt
 from kiln.stats import StageStats, chain, funnel_markdown
 from kiln.storage import resume_key
 from resources import DedupIndexStore, KilnConfig, KilnEngine, KilnStorage
@@ -111,7 +112,11 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
                     "boilerplate_lines": len(boilerplate)},
             stats=result.stats)
     stats = result.stats
-    texts = _texts_of(store, parts, stats["example_clusters"], result.decisions)
+    # Cluster members other than the kept copy are dropped later: their text shows only as the config allows.
+    policy = config.curation.keep_rejected_text
+    texts = None if policy == "none" else {
+        doc_id: example_excerpt(text, policy)
+        for doc_id, text in _texts_of(store, parts, stats["example_clusters"], result.decisions).items()}
     return dg.MaterializeResult(
         metadata={
             "documents": len(batch), "near_duplicates": manifest.counts["near_duplicates"],
@@ -155,7 +160,8 @@ def _texts_of(store, parts: list[str], cluster_ids: list[str], decisions) -> dic
 @dg.asset(
     key=DEDUPLICATED, partitions_def=document_partitions, group_name="dedup", kinds={"python", "parquet"},
     deps=[CURATED, dg.AssetDep(INDEX, partition_mapping=SAME_REFRESH)], automation_condition=FOLLOW,
-    code_version=code_version("kiln.dedup.apply", "kiln.dedup.decontaminate", "kiln.dedup.boilerplate", "kiln.stats"),
+    code_version=code_version("kiln.dedup.apply", "kiln.dedup.decontaminate", "kiln.dedup.boilerplate", "kiln.removals",
+                              "kiln.stats"),
     check_specs=check_specs(DEDUPLICATED) + [
         dg.AssetCheckSpec("no_benchmark_overlap", asset=DEDUPLICATED, blocking=True,
                           description="no surviving document shares an n-gram with a declared benchmark item")],
@@ -178,10 +184,11 @@ def deduplicated_documents(context: dg.AssetExecutionContext, kiln_config: KilnC
     with store.staging(DEDUPLICATED, source) as writer:
         stats, contamination = deduplicate_source(
             store.files(CURATED, source, "documents"), removed, boilerplate, lines, benchmarks, decon, writer,
-            examples_per_reason=config.curation.examples_per_reason)
+            examples_per_reason=config.curation.examples_per_reason, rejected_text=config.curation.keep_rejected_text)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"decontamination": decon.model_dump(mode="json"), "boilerplate_lines": lines.model_dump(),
+                    "keep_rejected_text": config.curation.keep_rejected_text,
                     "benchmarks": benchmarks.summary() if benchmarks else {}},
             inputs={f"{CURATED}/{source}": curated.data_version, f"{INDEX}/{refresh}": index.data_version},
             counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},

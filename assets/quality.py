@@ -16,6 +16,7 @@ from kiln.quality.classifier import Example, balanced_sample, train_classifier
 from kiln.quality.rules import decide, decile_rows, filter_parts, threshold_effect
 from kiln.quality.scoring import read_scores, score_parts
 from kiln.refresh import materialized, partition
+from kiln.removals import example_excerpt
 from kiln.stats import StageStats, chain, funnel_markdown
 from kiln.storage import resume_key
 from kiln.tokenizer import read_documents
@@ -124,8 +125,13 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
     metadata = {**engine_metadata(runner, counts["documents"], seconds),
                 "documents": counts["documents"], "data_version": manifest.data_version,
                 "path": dg.MetadataValue.path(str(store.dataset_dir(SCORES, source)))}
-    texts = store.values(SCORES, source, "text", {doc_ids[row] for values in (scores, perplexity)
-                                                  for _, row in decile_rows(values)})
+    # The lowest deciles are what the quality rule will drop: like a removal example, an excerpt only if the config
+    # keeps rejected text (kiln.removals), redacted.
+    policy = config.curation.keep_rejected_text
+    texts = {} if policy == "none" else {
+        doc_id: example_excerpt(text, policy) for doc_id, text in store.values(
+            SCORES, source, "text", {doc_ids[row] for values in (scores, perplexity) for _, row in decile_rows(values)}
+        ).items()}
     for name, values, log in (("quality_score", scores, False), ("perplexity", perplexity, True)):
         if np.isfinite(values).any():
             finite = values[np.isfinite(values)]
@@ -144,7 +150,8 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
 
 @dg.asset(
     key=QUALITY_FILTERED, deps=[SCORES, REQUESTS], partitions_def=document_partitions, group_name="quality",
-    kinds={"python", "parquet"}, automation_condition=FOLLOW, code_version=code_version("kiln.quality.rules", "kiln.forget", "kiln.stats"),
+    kinds={"python", "parquet"}, automation_condition=FOLLOW,
+    code_version=code_version("kiln.quality.rules", "kiln.forget", "kiln.removals", "kiln.stats"),
     check_specs=check_specs(QUALITY_FILTERED),
 )
 def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
@@ -163,10 +170,12 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
     requests, requests_version = load_requests(store)
     requested = _requested(store, source, requests)
     with store.staging(QUALITY_FILTERED, source) as writer:
-        stats = filter_parts(parts, doc_ids, decision, writer, config.curation.examples_per_reason, requested)
+        stats = filter_parts(parts, doc_ids, decision, writer, config.curation.examples_per_reason, requested,
+                             config.curation.keep_rejected_text)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"rule": rule.model_dump(mode="json") if rule else None,
+                    "keep_rejected_text": config.curation.keep_rejected_text,
                     "removal_requests": sorted({r.removeprefix("removal_request:") for r in requested.values()})},
             inputs={f"{SCORES}/{source}": scores_manifest.data_version,
                     **({REQUESTS: requests_version} if requests_version else {})},
@@ -207,11 +216,12 @@ def histogram_markdown(values: np.ndarray, name: str, source: str, log: bool = F
     return figure_markdown(fig, f"{name} histogram")
 
 
-def deciles_markdown(values: np.ndarray, doc_ids: list[str], texts: dict[str, str], name: str) -> str:
-    lines = [f"| decile | {name} | doc_id | excerpt |", "|---:|---:|---|---|"]
+def deciles_markdown(values: np.ndarray, doc_ids: list[str], excerpts: dict[str, str], name: str) -> str:
+    lines = [f"| decile | {name} | doc_id |" + (" excerpt |" if excerpts else ""),
+             "|---:|---:|---|" + ("---|" if excerpts else "")]
     for decile, row in decile_rows(values):
-        excerpt = " ".join(texts.get(doc_ids[row], "").split())[:160].replace("|", "\\|")
-        lines.append(f"| {decile} | {values[row]:.4g} | `{doc_ids[row]}` | {excerpt} |")
+        excerpt = " ".join(excerpts.get(doc_ids[row], "").split())[:160].replace("|", "\\|")
+        lines.append(f"| {decile} | {values[row]:.4g} | `{doc_ids[row]}` |" + (f" {excerpt} |" if excerpts else ""))
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kiln.filters.registry import build_step, step_parameters
 from kiln.planning.plan import PlanRequest
+from kiln.removals import RejectedText
 from training_jobs.settings import TrainingSettings
 
 DEFAULT_CONFIG = "configs/default.yaml"
@@ -83,6 +84,14 @@ class Curation(_Strict):
     pii: dict[str, Any] = Field(default_factory=dict)  # parameters of the `pii` step (runs last)
     exact_dedup: ExactDedup = ExactDedup()
     examples_per_reason: int = Field(3, ge=0, le=20)
+    # What a document removed after intake keeps of its text, in the rejected tables and removal examples
+    # (kiln.removals): none (default), a PII-redacted `excerpt`, or the `full` text, PII-redacted; true = full
+    keep_rejected_text: RejectedText = "none"
+
+    @field_validator("keep_rejected_text", mode="before")
+    @classmethod
+    def _boolean_rejected_text(cls, value):
+        return {True: "full", False: "none"}.get(value, value) if isinstance(value, bool) else value
 
     @field_validator("normalize", "pii")
     @classmethod

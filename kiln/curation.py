@@ -29,6 +29,7 @@ from kiln.filters.base import Step
 from kiln.filters.registry import build_step
 from kiln.readers import Quarantined, SourceFile, read_source
 from kiln.readers.paths import expand
+from kiln.removals import RejectedText, example_excerpt, rejected_row
 from kiln.stats import StageStats
 from kiln.storage import DatasetWriter, part_name, resume_part, write_parquet_atomic
 
@@ -92,7 +93,7 @@ def _read(task: _ReadTask) -> dict:
         if isinstance(record, Quarantined):
             quarantined.append(record.to_row())
             step.dropped[record.reason] += 1
-            stats.add_example(f"read.{record.reason}", record.locator, record.excerpt or "", task.examples_per_reason)
+            stats.add_example(f"read.{record.reason}", record.locator, task.examples_per_reason, excerpt=record.excerpt)
             continue
         rows.append(record.to_row())
         if task.final:  # otherwise the first-id pass counts what it keeps
@@ -134,7 +135,7 @@ def _first_ids(task: _FirstIdTask) -> StageStats:
                              pa.Table.from_pylist([q.to_row() for q in quarantined], schema=QUARANTINE_SCHEMA))
         stats.step("read").dropped[DUPLICATE_DOC_ID] += len(quarantined)
         for q in quarantined:
-            stats.add_example(f"read.{DUPLICATE_DOC_ID}", q.locator, q.excerpt or "", task.examples_per_reason)
+            stats.add_example(f"read.{DUPLICATE_DOC_ID}", q.locator, task.examples_per_reason, excerpt=q.excerpt)
     return stats
 
 
@@ -198,6 +199,7 @@ class _PartTask:
     steps: tuple[tuple[str, str], ...]  # (step name, params as JSON): each worker builds its pipeline once
     dedup: tuple[bool, bool]
     examples_per_reason: int
+    rejected_text: RejectedText
 
 
 @lru_cache(maxsize=8)
@@ -206,9 +208,10 @@ def _pipeline(steps: tuple[tuple[str, str], ...]) -> list[Step]:
     return [build_step(name, json.loads(params)) for name, params in steps]
 
 
-def run_steps(docs: list[Document], steps: list[Step], stats: StageStats, examples: int) -> list[str | None]:
+def run_steps(docs: list[Document], steps: list[Step], stats: StageStats, examples: int,
+              rejected_text: RejectedText = "none") -> list[str | None]:
     """Run a batch of documents through the steps, step by step, rewriting their texts in place; return each
-    one's drop reason, or None. A step with a batch form (`step.batch(docs)`) gets every surviving document at
+    one's drop reason, or None (a removal example shows an excerpt only as `rejected_text` allows). A step with a batch form (`step.batch(docs)`) gets every surviving document at
     once, so it can screen them with one vectorized pass; others are called per document."""
     reasons: list[str | None] = [None] * len(docs)
     alive = list(range(len(docs)))
@@ -226,7 +229,7 @@ def run_steps(docs: list[Document], steps: list[Step], stats: StageStats, exampl
             if not verdict.kept:
                 s.dropped[verdict.drop] += 1
                 s.chars_dropped[verdict.drop] += len(doc.text)
-                stats.add_example(verdict.drop, doc.doc_id, doc.text, examples)
+                stats.add_example(verdict.drop, doc.doc_id, examples, excerpt=example_excerpt(doc.text, rejected_text))
                 reasons[i] = verdict.drop
                 continue
             s.chars_rewritten += max(0, len(doc.text) - len(verdict.text))
@@ -257,7 +260,7 @@ def _filter(task: _PartTask) -> StageStats:
     for batch in pq.ParquetFile(task.input_path).iter_batches(batch_size=1000):
         docs = [Document.from_row(row) for row in batch.to_pylist()]
         originals = [doc.text for doc in docs]
-        reasons = run_steps(docs, steps, stats, task.examples_per_reason)
+        reasons = run_steps(docs, steps, stats, task.examples_per_reason, task.rejected_text)
         for doc, original, reason in zip(docs, originals, reasons):
             stats.docs_in += 1
             stats.chars_in += len(original)
@@ -267,9 +270,7 @@ def _filter(task: _PartTask) -> StageStats:
                 stats.chars_out += len(doc.text)
                 stats.lengths_out.add(len(doc.text))
             else:
-                # The rejected table keeps the document as it came in, so a reviewer sees what was removed.
-                rejected.append({**doc.to_row(), "text": original, "stage": FILTER_STAGE, "reason": reason,
-                                 "duplicate_of": None})
+                rejected.append(rejected_row(doc.to_row(), FILTER_STAGE, reason, task.rejected_text, original))
                 stats.lengths_dropped.add(len(original))
     write_parquet_atomic(Path(task.kept_path), pa.Table.from_pylist(kept, schema=CURATED_SCHEMA))
     if rejected:
@@ -279,11 +280,13 @@ def _filter(task: _PartTask) -> StageStats:
 
 def filter_documents(input_parts: list[Path], steps: list[StepSpec], dedup: ExactDedup, writer: DatasetWriter,
                      engine: Engine = SERIAL, examples_per_reason: int = 3, progress: bool = True,
-                     label: str = "filter") -> StageStats:
-    """Run every part through the steps on `engine`; parts are the unit of parallelism (one task each)."""
+                     label: str = "filter", rejected_text: RejectedText = "none") -> StageStats:
+    """Run every part through the steps on `engine`; parts are the unit of parallelism (one task each). A dropped
+    document's row in the rejected table holds its text only as `rejected_text` says (kiln.removals)."""
     frozen = tuple((s.step, json.dumps(s.params, sort_keys=True)) for s in steps)
     tasks = [_PartTask(str(p), str(writer.next_path("documents")), str(writer.next_path("rejected")), frozen,
-                       (dedup.lowercase, dedup.collapse_whitespace), examples_per_reason) for p in input_parts]
+                       (dedup.lowercase, dedup.collapse_whitespace), examples_per_reason, rejected_text)
+             for p in input_parts]
     total = StageStats()
     for r in engine.map_parts(_filter_part, tasks, desc=label, progress=progress,
                               size=lambda t: os.path.getsize(t.input_path)):

@@ -24,15 +24,22 @@ DOCUMENT_SCHEMA = pa.schema(
 # Filtered and curated documents also carry the hash exact dedup compares (normalized text).
 CURATED_SCHEMA = DOCUMENT_SCHEMA.append(pa.field("content_hash", pa.string(), nullable=False))
 
-# Removed documents: the document plus where, why, and (for duplicates) what was kept instead; near
-# duplicates also carry their cluster and the measured Jaccard similarity with the kept document.
+# Removed documents (kiln.removals): where, why, and (for duplicates) what was kept instead; near duplicates also
+# carry their cluster and the measured Jaccard similarity with the kept document. No text after intake: its length,
+# its hash, and the text itself (PII-redacted, an excerpt or whole) only where `curation.keep_rejected_text` says.
 REJECTED_SCHEMA = pa.schema([
-    *DOCUMENT_SCHEMA,
+    pa.field("doc_id", pa.string(), nullable=False),
+    pa.field("source", pa.string(), nullable=False),
+    pa.field("url", pa.string()),
+    pa.field("license", pa.string()),
     pa.field("stage", pa.string(), nullable=False),
     pa.field("reason", pa.string(), nullable=False),
     pa.field("duplicate_of", pa.string()),
     pa.field("cluster_id", pa.string()),
     pa.field("jaccard", pa.float64()),
+    pa.field("chars", pa.int64(), nullable=False),
+    pa.field("text_hash", pa.string(), nullable=False),
+    pa.field("text", pa.large_string()),
 ])
 
 # Quality-scored documents: the classifier's P(reference) and the reference LM's perplexity, kept next to the

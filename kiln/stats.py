@@ -100,10 +100,12 @@ class StageStats:
     def step(self, name: str) -> StepStats:
         return self.steps.setdefault(name, StepStats())
 
-    def add_example(self, reason: str, doc_id: str, text: str, limit: int) -> None:
+    def add_example(self, reason: str, doc_id: str, limit: int, note: str = "", excerpt: str | None = None) -> None:
+        """An example of a removal: the document's id, a note (what it duplicated, its score), and an excerpt of
+        its text only where the caller may show one (kiln.removals decides after intake)."""
         bucket = self.examples.setdefault(reason, [])
         if len(bucket) < limit:
-            bucket.append({"doc_id": doc_id, "excerpt": text[:300]})
+            bucket.append({"doc_id": doc_id, "note": note} | ({"excerpt": excerpt[:300]} if excerpt else {}))
 
     @property
     def docs_dropped(self) -> int:
@@ -185,8 +187,8 @@ def examples_markdown(stats: StageStats) -> str:
     for reason, items in sorted(stats.examples.items()):
         out.append(f"**`{reason}`**")
         for item in items:
-            excerpt = " ".join(item["excerpt"].split())[:200].replace("|", "\\|")
-            out.append(f"- `{item['doc_id']}`: {excerpt}")
+            said = " ".join(filter(None, (item.get("note"), item.get("excerpt"))))
+            out.append(f"- `{item['doc_id']}`" + (f": {' '.join(said.split())[:200]}" if said else ""))
     return "\n".join(out)
 
 

@@ -17,6 +17,7 @@ from kiln.config import BoilerplateLines, Decontamination
 from kiln.dedup.boilerplate import strip_boilerplate
 from kiln.dedup.decontaminate import BenchmarkIndex, contamination_counts, decontaminate, report_rows, report_table
 from kiln.documents import DOCUMENT_SCHEMA, REJECTED_SCHEMA
+from kiln.removals import RejectedText, example_excerpt, rejected_row
 from kiln.stats import StageStats
 from kiln.storage import DatasetWriter
 
@@ -26,8 +27,10 @@ NEAR_REASON, BOILERPLATE_ONLY = "near_duplicate", "boilerplate_only"
 
 def deduplicate_source(input_parts: list[Path], removed: dict[str, dict[str, Any]], boilerplate: set[int],
                        lines: BoilerplateLines, benchmarks: BenchmarkIndex | None, decon: Decontamination,
-                       writer: DatasetWriter, examples_per_reason: int = 3) -> tuple[StageStats, dict[str, Any]]:
-    """Write one source's survivors and rejects; return the stage stats and the contamination report."""
+                       writer: DatasetWriter, examples_per_reason: int = 3,
+                       rejected_text: RejectedText = "none") -> tuple[StageStats, dict[str, Any]]:
+    """Write one source's survivors and rejects (their text only as `rejected_text` says: kiln.removals); return
+    the stage stats and the contamination report."""
     stats = StageStats()
     contamination: list[dict[str, str]] = []
     columns = [f.name for f in DOCUMENT_SCHEMA]
@@ -38,7 +41,7 @@ def deduplicate_source(input_parts: list[Path], removed: dict[str, dict[str, Any
                 stats.docs_in += 1
                 stats.chars_in += len(row["text"])
                 verdict = _decide(row, removed, boilerplate, lines, benchmarks, decon, stats, contamination,
-                                  examples_per_reason)
+                                  examples_per_reason, rejected_text)
                 if verdict is None:
                     kept.append(row)
                     stats.docs_out += 1
@@ -46,7 +49,7 @@ def deduplicate_source(input_parts: list[Path], removed: dict[str, dict[str, Any
                     stats.lengths_out.add(len(row["text"]))
                 else:
                     rejected.append(verdict)
-                    stats.lengths_dropped.add(len(verdict["text"]))
+                    stats.lengths_dropped.add(verdict["chars"])
         writer.write("documents", pa.Table.from_pylist(kept, schema=DOCUMENT_SCHEMA))
         if rejected:
             writer.write("rejected", pa.Table.from_pylist(rejected, schema=REJECTED_SCHEMA))
@@ -58,7 +61,7 @@ def deduplicate_source(input_parts: list[Path], removed: dict[str, dict[str, Any
 
 
 def _decide(row: dict[str, Any], removed, boilerplate, lines, benchmarks, decon, stats: StageStats,
-            contamination: list, examples: int) -> dict[str, Any] | None:
+            contamination: list, examples: int, rejected_text: RejectedText) -> dict[str, Any] | None:
     """None when the document survives (its row possibly rewritten), else its rejected row."""
     original = row["text"]
     near = stats.step(NEAR_STAGE)
@@ -68,10 +71,10 @@ def _decide(row: dict[str, Any], removed, boilerplate, lines, benchmarks, decon,
         d = removed[row["doc_id"]]
         near.dropped[NEAR_REASON] += 1
         near.chars_dropped[NEAR_REASON] += len(original)
-        stats.add_example(NEAR_REASON, row["doc_id"], f"(J={d['jaccard']:.2f} with {d['duplicate_of']}) {original}",
-                          examples)
-        return {**row, "stage": NEAR_STAGE, "reason": NEAR_REASON, "duplicate_of": d["duplicate_of"],
-                "cluster_id": d["cluster_id"], "jaccard": d["jaccard"]}
+        stats.add_example(NEAR_REASON, row["doc_id"], examples, f"(J={d['jaccard']:.2f} with {d['duplicate_of']})",
+                          example_excerpt(original, rejected_text))
+        return rejected_row(row, NEAR_STAGE, NEAR_REASON, rejected_text, duplicate_of=d["duplicate_of"],
+                            cluster_id=d["cluster_id"], jaccard=d["jaccard"])
     if boilerplate:
         step = stats.step(BOILERPLATE_STAGE)
         step.docs_in += 1
@@ -80,8 +83,8 @@ def _decide(row: dict[str, Any], removed, boilerplate, lines, benchmarks, decon,
         if not text.strip():
             step.dropped[BOILERPLATE_ONLY] += 1
             step.chars_dropped[BOILERPLATE_ONLY] += len(original)
-            stats.add_example(BOILERPLATE_ONLY, row["doc_id"], original, examples)
-            return {**row, "text": original, "stage": BOILERPLATE_STAGE, "reason": BOILERPLATE_ONLY}
+            stats.add_example(BOILERPLATE_ONLY, row["doc_id"], examples, excerpt=example_excerpt(original, rejected_text))
+            return rejected_row(row, BOILERPLATE_STAGE, BOILERPLATE_ONLY, rejected_text, original)
         if n_lines:
             step.counts["lines_removed"] += n_lines
             step.chars_rewritten += len(row["text"]) - len(text)
@@ -96,8 +99,9 @@ def _decide(row: dict[str, Any], removed, boilerplate, lines, benchmarks, decon,
             step.dropped[outcome.reason] += 1
             step.chars_dropped[outcome.reason] += len(original)
             items = ", ".join(sorted({f"{m.benchmark}/{m.item_id}" for m in outcome.matches}))
-            stats.add_example(outcome.reason, row["doc_id"], f"({items}) {original}", examples)
-            return {**row, "text": original, "stage": DECONTAMINATION_STAGE, "reason": outcome.reason}
+            stats.add_example(outcome.reason, row["doc_id"], examples, f"({items})",
+                              example_excerpt(original, rejected_text))
+            return rejected_row(row, DECONTAMINATION_STAGE, outcome.reason, rejected_text, original)
         if outcome.matches:
             step.counts["documents_redacted"] += 1
             step.chars_rewritten += len(row["text"]) - len(outcome.text)

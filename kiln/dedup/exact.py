@@ -30,6 +30,7 @@ from filelock import FileLock
 
 from kiln.documents import REJECTED_SCHEMA
 from kiln.engine import SERIAL, Engine
+from kiln.removals import RejectedText, example_excerpt, rejected_row
 from kiln.stats import StageStats
 from kiln.storage import lock_then_remove, resume_part, write_parquet_atomic
 
@@ -73,6 +74,7 @@ class _Apply:
     kept_path: str
     rejected_path: str
     examples_per_reason: int
+    rejected_text: RejectedText
 
 
 def _part_key(source: int, part: int) -> str:
@@ -184,21 +186,21 @@ def _apply_part(task: _Apply) -> StageStats:
         step.dropped[DUPLICATE] += len(ids)
         step.chars_dropped[DUPLICATE] += sum(lengths)
         stats.lengths_dropped.extend(lengths)
-        for doc_id, kept_id, text in zip(ids[:task.examples_per_reason], copy_of, dropped.column("text").to_pylist()):
-            stats.add_example(DUPLICATE, doc_id, f"(copy of {kept_id}) {text}", task.examples_per_reason)
-        n = len(ids)
-        rejected = dropped.drop_columns(["content_hash"]).append_column(
-            "stage", pa.array([DEDUP_STAGE] * n)).append_column(
-            "reason", pa.array([DUPLICATE] * n)).append_column("duplicate_of", pa.array(copy_of, pa.string()))
-        write_parquet_atomic(Path(task.rejected_path), pa.Table.from_pylist(rejected.to_pylist(), schema=REJECTED_SCHEMA))
+        rows = dropped.to_pylist()
+        for row, kept_id in zip(rows[:task.examples_per_reason], copy_of):
+            stats.add_example(DUPLICATE, row["doc_id"], task.examples_per_reason, f"(copy of {kept_id})",
+                              example_excerpt(row["text"], task.rejected_text))
+        rejected = [rejected_row(row, DEDUP_STAGE, DUPLICATE, task.rejected_text, duplicate_of=kept_id)
+                    for row, kept_id in zip(rows, copy_of)]
+        write_parquet_atomic(Path(task.rejected_path), pa.Table.from_pylist(rejected, schema=REJECTED_SCHEMA))
     return stats
 
 
 def exact_dedup(sources: list[HashSource], target: int, writer, scratch: Path, engine: Engine = SERIAL,
                 enabled: bool = True, examples_per_reason: int = 3, progress: bool = True,
-                label: str = "exact dedup") -> StageStats:
+                label: str = "exact dedup", rejected_text: RejectedText = "none") -> StageStats:
     """Deduplicate `sources[target]` against all `sources` (itself included), writing its kept documents and
-    rejected duplicates through `writer` (`enabled=False`: keep everything).
+    rejected duplicates through `writer` (`enabled=False`: keep everything; `rejected_text`: kiln.removals).
 
     `scratch` holds the shuffle, which serves every target of the same `sources`: the partitions of one refresh
     share one (other processes included), so the corpus is shuffled once per refresh, not once per source.
@@ -210,7 +212,7 @@ def exact_dedup(sources: list[HashSource], target: int, writer, scratch: Path, e
             resume_part(scratch / "shuffle", lambda: find_duplicates(sources, scratch, engine, progress=progress,
                                                                      label=label) or {})
         apply = [_Apply(p, duplicates_dir(scratch, target, j), str(writer.next_path("documents")),
-                        str(writer.next_path("rejected")), examples_per_reason)
+                        str(writer.next_path("rejected")), examples_per_reason, rejected_text)
                  for j, p in enumerate(sources[target].parts)]
         total = StageStats()
         for stats in engine.map_parts(_apply, apply, desc=label, progress=progress,

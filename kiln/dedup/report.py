@@ -30,8 +30,10 @@ def cluster_sizes_markdown(sizes: dict[int, int], width: int = 40) -> str:
     return "\n".join(lines)
 
 
-def clusters_markdown(decisions: pa.Table, cluster_ids: list[str], texts: dict[str, str], excerpt: int = 160) -> str:
-    """The largest clusters, kept document first, each member with its Jaccard and an excerpt."""
+def clusters_markdown(decisions: pa.Table, cluster_ids: list[str], texts: dict[str, str] | None,
+                      excerpt: int = 160) -> str:
+    """The largest clusters, kept document first, each member with its Jaccard and (`texts` given: the removed
+    documents' text may be shown, kiln.removals) an excerpt."""
     if not cluster_ids:
         return "no clusters"
     rows = [r for r in decisions.to_pylist() if r["cluster_id"] in set(cluster_ids)]
@@ -39,11 +41,14 @@ def clusters_markdown(decisions: pa.Table, cluster_ids: list[str], texts: dict[s
     for cid in cluster_ids:
         members = sorted((r for r in rows if r["cluster_id"] == cid), key=lambda r: r["duplicate_of"] is not None)
         out += [f"**cluster `{cid}`** ({len(members)} documents in this run)", "",
-                "| document | source | status | Jaccard with kept | excerpt |", "|---|---|---|---:|---|"]
+                "| document | source | status | Jaccard with kept |" + (" excerpt |" if texts is not None else ""),
+                "|---|---|---|---:|" + ("---|" if texts is not None else "")]
         for r in members:
-            text = " ".join(texts.get(r["doc_id"], "(text not in the current curated sets)").split())[:excerpt]
-            text = text.replace("|", "\\|")
             score = f"{r['jaccard']:.3f}" if r["jaccard"] is not None else ""
-            out.append(f"| `{r['doc_id']}` | {r['source']} | {r['status']} | {score} | {text} |")
+            line = f"| `{r['doc_id']}` | {r['source']} | {r['status']} | {score} |"
+            if texts is not None:
+                text = " ".join(texts.get(r["doc_id"], "(text not in the current curated sets)").split())[:excerpt]
+                line += f" {text.replace('|', chr(92) + '|')} |"
+            out.append(line)
         out.append("")
     return "\n".join(out)

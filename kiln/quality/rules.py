@@ -20,6 +20,7 @@ from kiln.config import QualityRule
 from kiln.documents import QUALITY_REJECTED_SCHEMA, SCORED_SCHEMA
 from kiln.mixture import hash_unit
 from kiln.quality.scoring import PERPLEXITY, SCORE
+from kiln.removals import RejectedText, example_excerpt, rejected_row
 from kiln.stats import StageStats
 from kiln.storage import DatasetWriter
 
@@ -112,8 +113,10 @@ def decile_rows(values: np.ndarray) -> list[tuple[int, int]]:
 
 
 def filter_parts(parts: Sequence[Path], doc_ids: list[str], decision: Decision, writer: DatasetWriter,
-                 examples_per_reason: int = 3, requested: dict[str, str] | None = None) -> StageStats:
-    """Write kept documents (with their scores) and rejects (stage `quality`, reason, scores) per part.
+                 examples_per_reason: int = 3, requested: dict[str, str] | None = None,
+                 rejected_text: RejectedText = "none") -> StageStats:
+    """Write kept documents (with their scores) and rejects (stage `quality`, reason, scores; text only as
+    `rejected_text` says: kiln.removals) per part.
     `requested` (doc_id -> reason) removes documents by removal request first (stage `removal_request`)."""
     removed = {doc_ids[i]: (STAGE, reason) for i, reason in decision.removed.items()}
     removed |= {doc_id: (REQUEST_STAGE, reason) for doc_id, reason in (requested or {}).items()}
@@ -137,13 +140,16 @@ def filter_parts(parts: Sequence[Path], doc_ids: list[str], decision: Decision, 
                 stats.chars_out += n
                 stats.lengths_out.add(n)
             else:
-                rejected.append({**row, "stage": stage, "reason": reason})
+                kept_text = "none" if stage == REQUEST_STAGE else rejected_text  # a takedown keeps none of the text
+                rejected.append(rejected_row(row, stage, reason, kept_text, **{SCORE: row[SCORE],
+                                                                               PERPLEXITY: row[PERPLEXITY]}))
                 step = stats.steps[stage]
                 step.dropped[reason] += 1
                 step.chars_dropped[reason] += n
                 stats.lengths_dropped.add(n)
-                stats.add_example(reason, row["doc_id"], f"(score={_fmt(row[SCORE])}, perplexity="
-                                  f"{_fmt(row[PERPLEXITY])}) {row['text']}", examples_per_reason)
+                stats.add_example(reason, row["doc_id"], examples_per_reason,
+                                  f"(score={_fmt(row[SCORE])}, perplexity={_fmt(row[PERPLEXITY])})",
+                                  example_excerpt(row["text"], kept_text))
         writer.write("documents", pa.Table.from_pylist(kept, schema=SCORED_SCHEMA))
         if rejected:
             writer.write("rejected", pa.Table.from_pylist(rejected, schema=QUALITY_REJECTED_SCHEMA))

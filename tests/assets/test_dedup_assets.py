@@ -81,13 +81,17 @@ def test_cross_source_near_dups_and_decontamination_then_a_refresh(project):
     index_meta = results["index"].asset_materializations_for_node("dedup_index")[0].metadata
     assert index_meta["near_duplicates"].value == 3
     assert "| web | 3 |" in index_meta["cross_source_duplicates"].value
+    # The clusters table names the members and their Jaccard; the removed copies' text is not shown by default.
+    clusters = index_meta["example_clusters"].value
+    assert "near_duplicate" in clusters and "excerpt" not in clusters and project.web_texts[0][:40] not in clusters
     manifest, rows = rejected(project, "web")
     near = [r for r in rows if r["reason"] == "near_duplicate"]
     assert len(near) == 3 and all(r["jaccard"] >= 0.8 and r["duplicate_of"] for r in near)
     ref_ids = {r["doc_id"] for r in json_rows(project, "deduplicated_documents", "ref")}
     assert {r["duplicate_of"] for r in near} <= ref_ids  # the better tier's copy was kept
     bench = [r for r in rows if r["stage"] == "decontamination"]
-    assert len(bench) == 1 and BENCHMARK_ITEM in bench[0]["text"]
+    assert len(bench) == 1 and bench[0]["text"] is None  # no text after intake (kiln.removals)
+    assert bench[0]["chars"] == len(BENCHMARK_ITEM) + 2 * (40 * 7 - 1) + 2  # fillers: 40 six-letter words, spaced
     assert manifest["counts"] == {"input": 9, "documents": 5, "rejected": 4}
     assert manifest["stats"]["contamination"]["per_benchmark"]["lanterns"]["items_contaminated"] == 1
     assert set(manifest["inputs"]) == {f"curated_documents/{project.partition('web')}",

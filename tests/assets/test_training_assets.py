@@ -20,9 +20,15 @@ DATA = ["raw_documents", "filtered_documents", "curated_documents", "minhash_sig
 
 
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
+def mlflow_root(tmp_path_factory):
+    """Where the tracking server keeps its database and artifacts."""
+    return tmp_path_factory.mktemp("mlflow")
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(mlflow_root):
     """A real tracking server on loopback, as users run it."""
-    root = tmp_path_factory.mktemp("mlflow")
+    root = mlflow_root
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -45,19 +51,48 @@ def mlflow_server(tmp_path_factory):
     proc.wait(30)
 
 
+# One of each PII type in a format the redactor is documented to catch (kiln/pii.py), and a phrase that marks
+# documents the filters drop: after raw_documents none of them may be persisted anywhere.
+PLANTED_PII = ["quinn.harlow@fastmail.fm", "(312) 867-5309", "+44 20 7946 0958", "83.149.21.7",
+               "2a03:2880:f10c:83:face:b00c:0:25de", "536-22-8741", "4556 7375 8689 9855",
+               "ghp_4Xq9ZrT2mLp8Vn3Kd7Wb1Yc6Hf5Js0Ae2Gu4"]
+DROPPED_MARK = "velvet okapi canary"
+
+
+def persisted_text(root: Path, skip: Path | None = None) -> dict[str, str]:
+    """Every file under `root` (but `skip`) as text: Parquet decoded row by row, anything else (JSON, YAML, logs,
+    SQLite databases, tokenizer files, binaries) as its bytes read as UTF-8, so a string stored plainly shows."""
+    import pyarrow.parquet as pq
+
+    out = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not (skip and p.is_relative_to(skip))):
+        if path.suffix == ".parquet":
+            out[str(path)] = json.dumps(pq.read_table(path).to_pylist(), default=str, ensure_ascii=False)
+        else:
+            out[str(path)] = path.read_bytes().decode("utf-8", errors="replace")
+    return out
+
+
 @pytest.mark.slow
-def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypatch, mlflow_server):
+def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypatch, mlflow_server, mlflow_root):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     rng = np.random.default_rng(0)
     vocab = ["".join(rng.choice(list(string.ascii_lowercase), 5)) for _ in range(300)]
     # A learnable corpus: documents are runs of a few repeated phrases.
     phrases = [" ".join(rng.choice(vocab, 6)) for _ in range(20)]
     docs = [" ".join(rng.choice(phrases, 30)) + f" doc {i}." for i in range(120)]
-    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": i, "text": t} for i, t in enumerate(docs)])
+    # PII in kept documents (redacted), in documents from a blocked domain (dropped by the filters before the PII
+    # step), and in an exact copy (dropped by exact dedup).
+    with_pii = [f"{docs[i]} Contact {pii} for details." for i, pii in enumerate(PLANTED_PII)]
+    dropped = [f"{DROPPED_MARK}: reach me at {pii} any time." for pii in PLANTED_PII]
+    records = ([{"id": i, "text": t} for i, t in enumerate(with_pii + docs[len(PLANTED_PII):])]
+               + [{"id": f"blocked-{i}", "text": t, "url": f"https://spam.blocked.example/{i}"}
+                  for i, t in enumerate(dropped)] + [{"id": "copy", "text": with_pii[0]}])
+    write_jsonl(tmp_path / "web" / "a.jsonl", records)
     config = {
         "sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC0",
-                     "domain": "web", "profile": "none"}],
-        "profiles": {"none": []},
+                     "domain": "web", "profile": "blocklist"}],
+        "profiles": {"blocklist": ["url_blocklist"]},  # the bundled list blocks blocked.example
         "engine": SERIAL_ENGINE, "dedup": {"near": {"enabled": False}},
         "tokenizer": {"vocab_size": 400},
         "shards": {"seq_len": 64, "val_fraction": 0.1},
@@ -126,8 +161,25 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     from kiln.quality.perplexity import ReferenceModel
 
     reference = ReferenceModel.load(kiln_home / "data" / "checkpoint" / "_all", device="cpu")
-    learned, shuffled = reference.perplexities([docs[0], " ".join(reversed(docs[0].split()))], max_tokens=64)
+    plain = docs[len(PLANTED_PII)]  # a training document without PII
+    learned, shuffled = reference.perplexities([plain, " ".join(reversed(plain.split()))], max_tokens=64)
     assert 1 < learned < shuffled
+
+    # Privacy: after raw_documents, no planted PII and nothing of a dropped document anywhere Kiln, Dagster or
+    # MLflow wrote (the store and its rejected tables, manifests, metadata in the event log, logs, the tokenizer,
+    # MLflow's database and artifacts); the raw layer itself still holds them.
+    raw = kiln_home / "data" / "raw_documents"
+    written = persisted_text(kiln_home, skip=raw) | persisted_text(Path(project.instance.root_directory)) | \
+        persisted_text(mlflow_root)
+    assert len(written) > 50 and any("rejected" in p for p in written)
+    leaks = {(needle, path) for path, text in written.items() for needle in [*PLANTED_PII, DROPPED_MARK]
+             if needle in text}
+    assert not leaks
+    raw_text = "".join(persisted_text(raw).values())
+    assert all(needle in raw_text for needle in [*PLANTED_PII, DROPPED_MARK])
+    filtered = json.loads((kiln_home / "data" / "filtered_documents" / project.partition("web") / "_manifest.json")
+                          .read_text())
+    assert filtered["counts"]["rejected"] == len(dropped)
 
     # The assets never set a process-wide tracking URI: later processes must not inherit this server.
     assert "MLFLOW_TRACKING_URI" not in os.environ

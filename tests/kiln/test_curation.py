@@ -1,5 +1,6 @@
 """The curation engine without Dagster: conservation at every stage, cross-source exact dedup, PII."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -117,11 +118,52 @@ def test_filters_drop_with_reasons_and_pii_is_redacted(corpus):
     stats, _ = run_all(config, store)
     rejected = store.read_table("filtered", "web", "rejected").to_pylist()
     assert [r["reason"] for r in rejected] == ["gopher_repetition.dup_line_frac"]
-    assert rejected[0]["text"].startswith("Click here")  # the rejected table keeps the original text
+    # No text after intake: the junk document's length and hash (blake2b-128 of its UTF-8 text), never the text.
+    junk = "Click here to buy the best cheap watches online today.\n" * 40
+    assert rejected[0]["text"] is None and rejected[0]["chars"] == 55 * 40
+    assert rejected[0]["text_hash"] == hashlib.blake2b(junk.encode(), digest_size=16).hexdigest()
     assert all(r["stage"] == "filter" for r in rejected)
     texts = " ".join(store.read_table("curated", "wiki").column("text").to_pylist())
     assert "jane.doe@example.com" not in texts and "<EMAIL>" in texts and "<PHONE>" in texts
     assert stats["wiki"][1].steps["pii"].counts == {"email": 1, "phone": 1}
+
+
+@pytest.mark.parametrize("keep", ["none", "excerpt", "full"])
+def test_a_dropped_document_leaves_no_pii_and_only_the_text_the_config_allows(tmp_path, keep):
+    """A junk page full of contact details is dropped by the filters, before the PII step: its rejected row and
+    the stage's removal examples hold none of its text by default, and only redacted text when asked to."""
+    line = "Call Jane at (415) 555-0134 or write to jane.doe@example.com today.\n"
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": "junk", "text": line * 40}, {"id": "ok", "text": prose(1)}])
+    config = parse_config({
+        "sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC0",
+                     "domain": "web", "profile": "prose"}],
+        "profiles": {"prose": ["gopher_repetition"]}, "engine": SERIAL_ENGINE,
+        "curation": {"keep_rejected_text": keep}})
+    store = Store(tmp_path / "store")
+    with store.staging("raw", "web") as w:
+        w.commit(code_version="t", config={}, inputs={}, counts={},
+                 stats=ingest(config.sources[0], config.reading, w, progress=False).to_dict())
+    with store.staging("filtered", "web") as w:
+        stats = filter_documents(store.files("raw", "web", "documents"), profile_steps(config, "web"),
+                                 config.curation.exact_dedup, w, progress=False,
+                                 rejected_text=config.curation.keep_rejected_text)
+        w.commit(code_version="t", config={}, inputs={}, counts={}, stats=stats.to_dict())
+    (row,) = store.read_table("filtered", "web", "rejected").to_pylist()
+    assert row["reason"] == "gopher_repetition.dup_line_frac" and row["chars"] == len(line) * 40
+    (example,) = stats.examples["gopher_repetition.dup_line_frac"]
+    if keep == "none":
+        assert row["text"] is None and "excerpt" not in example
+    else:
+        # 68 characters per line: the 200-character excerpt is the first lines, with placeholders for the PII.
+        expected = (line.replace("(415) 555-0134", "<PHONE>").replace("jane.doe@example.com", "<EMAIL>") * 40)
+        assert row["text"] == (expected[:200] if keep == "excerpt" else expected)
+        assert example["excerpt"] == expected[:200]
+    # Everything the stage persisted or reported, Parquet decoded: the kept part (redacted), the rejected table, the
+    # manifest (its stats and examples), the stats Dagster metadata is made from.
+    folder = store.root / "filtered"
+    stored = [json.dumps(pq.read_table(f).to_pylist()) for f in folder.rglob("*.parquet")]
+    stored += [f.read_text() for f in folder.rglob("*.json")] + [json.dumps(stats.to_dict())]
+    assert len(stored) >= 4 and not [pii for pii in ("555-0134", "jane.doe", "example.com") if pii in "".join(stored)]
 
 
 def test_parallel_filtering_matches_serial(corpus, tmp_path):
