@@ -41,6 +41,8 @@ def test_cost_and_days():
 
 def test_dollar_budget_round_trips():
     flops = flops_for_budget_usd(1e6, 2.5, 989e12, 0.4)
+    # By hand: $1e6 / $2.5 = 4e5 GPU-hours = 1.44e9 GPU-seconds, x 989e12 FLOP/s x 0.4 = 5.697e23 FLOPs.
+    assert flops == pytest.approx(5.697e23, rel=1e-3)
     estimate = estimate_compute(flops, peak_flops=989e12, mfu=0.4, n_gpus=256, price_per_gpu_hour=2.5)
     assert estimate.cost_usd == pytest.approx(1e6)
 

@@ -44,11 +44,19 @@ def test_pipeline_only_when_nothing_else_fits():
     assert any("Pipeline parallelism" in line and "drops to 1" in line for line in plan.explanation)
     with_fewer_stages = plan_for(GPT3, "A100-80GB", nodes=8, zero_stage=1)
     assert with_fewer_stages.pp == plan.pp
+    # By hand (Rajbhandari et al. 2020, Sec. 3-5, mixed-precision Adam K = 12): each GPU holds Ψ' = Ψ/(TP·PP) of
+    # the model; ZeRO-1 keeps fp16 weights and gradients whole (2Ψ' + 2Ψ') and shards the optimizer (12Ψ'/DP).
+    # GPT-3 (Brown et al. 2020: 175.0B), TP 8, PP 2, DP 4: Ψ' = 10.94e9, states = 43.75e9 + 32.81e9 = 76.56e9 bytes.
+    assert (plan.tp, plan.pp, plan.dp) == (8, 2, 4) and plan.n_params == pytest.approx(175.0e9, rel=0.01)
+    assert plan.memory.model_states == pytest.approx(76.56e9, rel=0.01)
 
 
 def test_zero3_fits_gpt3_without_pipeline():
     plan = plan_for(GPT3, "A100-80GB", nodes=8, zero_stage=3)
     assert plan.fits and plan.pp == 1
+    # By hand: ZeRO-3 shards all of (2 + 2 + 12)Ψ over the TP x DP = 64 GPUs: 16 x 175.0e9 / 64 = 43.75e9 bytes each,
+    # which leaves room for activations in 80 GB.
+    assert plan.tp * plan.dp == 64 and plan.memory.model_states == pytest.approx(43.75e9, rel=0.01)
 
 
 def test_prefers_a_layout_whose_traffic_hides_behind_compute():
