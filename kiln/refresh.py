@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -234,12 +233,11 @@ def pending_files(landing: str, sources: list[str], refreshes: list[Refresh], se
         if len(parts) < 2 or parts[0] not in sources:
             unknown.add(parts[0] if len(parts) > 1 else relative)
             continue
-        modified = entry.mtime.astimezone(dt.timezone.utc) if entry.mtime else now
         uri = f"s3://{entry.path}" if landing.startswith("s3://") else entry.path
-        f = LandedFile(uri, "/".join(parts[1:]), entry.size, modified.isoformat(timespec="microseconds"))
+        f = _landed(uri, "/".join(parts[1:]), entry, now)
         if f.identity in seen:
             continue
-        if (now - modified).total_seconds() < settle_seconds:
+        if (now - dt.datetime.fromisoformat(f.modified)).total_seconds() < settle_seconds:
             settling += 1
             continue
         found.setdefault(parts[0], []).append(f)
@@ -292,14 +290,19 @@ def pin_sources(config: ProjectConfig) -> dict[str, list[LandedFile]] | None:
     return pinned or None
 
 
+def _landed(uri: str, relative: str, info: pafs.FileInfo, now: dt.datetime | None = None,
+            sha256: str | None = None) -> LandedFile:
+    """A file as a refresh records it: where, its size, its modification time (UTC, to the microsecond; `now`
+    where the filesystem has none) and, for a pinned local file, its sha256."""
+    modified = info.mtime.astimezone(dt.timezone.utc) if info.mtime else (now or dt.datetime.now(dt.timezone.utc))
+    return LandedFile(uri, relative, info.size, modified.isoformat(timespec="microseconds"), sha256)
+
+
 def _pin(f: SourceFile, with_hash: bool = True) -> LandedFile:
-    if f.uri.startswith("s3://"):
-        filesystem, path = _filesystem(f.uri)
-        info = filesystem.get_file_info(path)
-        return LandedFile(f.uri, f.relative, info.size, info.mtime.astimezone(dt.timezone.utc).isoformat())
-    stat = os.stat(f.uri)
-    modified = dt.datetime.fromtimestamp(stat.st_mtime, dt.timezone.utc).isoformat(timespec="microseconds")
-    return LandedFile(f.uri, f.relative, stat.st_size, modified, sha256_file(Path(f.uri)) if with_hash else None)
+    filesystem, path = _filesystem(f.uri)
+    local = not f.uri.startswith("s3://")  # an S3 object is pinned by size and time: hashing it means reading it
+    return _landed(f.uri, f.relative, filesystem.get_file_info(path),
+                   sha256=sha256_file(Path(f.uri)) if with_hash and local else None)
 
 
 def check_pinned(refresh: Refresh, source: Source) -> None:
