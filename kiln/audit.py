@@ -45,6 +45,7 @@ REMOVED = "removed"
 QUARANTINED = "quarantined"
 UNKNOWN = "unknown"
 NEVER_SEEN = "never_seen"
+MAX_COPY_CHAIN = 3  # a kept copy may itself be removed later as a duplicate of another: follow at most this far
 _RANK = [IN_TRAINING, VALIDATION, LEFT_OUT, NOT_IN_SHARDS, UNKNOWN, REMOVED, QUARANTINED, NEVER_SEEN]
 
 NOT_MATERIALIZED = "not materialized"
@@ -362,6 +363,8 @@ class Membership:
     other_matches: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     refresh: str | None = None  # the refresh that brought the document in
+    # A removed duplicate's kept copy: doc_id, verdict, reached_training, summary, checkpoints trained on it
+    kept_copy: dict[str, Any] | None = None
 
     @property
     def reached_training(self) -> bool:
@@ -440,8 +443,10 @@ def membership(store: Store, config: ProjectConfig, text: str | None = None, doc
 
 
 def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, match: str,
-           shard_versions: set[str] | None) -> Membership:
-    """Follow one doc_id through every document stage and the token shards' member lists."""
+           shard_versions: set[str] | None, depth: int = 0) -> Membership:
+    """Follow one doc_id through every document stage and the token shards' member lists (and, for a removed
+    duplicate, its kept copy: `depth` copies deep)."""
+    kept_copy = None
     sources = [s.name for s in config.sources]
     hint: str | None = None
     stages: list[StageRecord] = []
@@ -530,6 +535,14 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
             summary += f", duplicate of {removed.duplicate_of}"
         if removed.jaccard is not None:
             summary += f" (Jaccard {removed.jaccard:.3f})"
+        if removed.duplicate_of and depth < MAX_COPY_CHAIN:
+            # The auditor's real question: a duplicate is removed because its copy was kept; did that copy train?
+            copy = _trace(catalog, config, removed.duplicate_of, query, "doc_id", shard_versions, depth + 1)
+            kept_copy = {"doc_id": copy.doc_id or removed.duplicate_of, "verdict": copy.verdict,
+                         "reached_training": copy.reached_training, "summary": copy.summary,
+                         "checkpoints": sorted({c for s in copy.shards if s.copies > 0 and s.split == "train"
+                                                for c in s.checkpoints})}
+            summary += f"; its kept copy {kept_copy['doc_id']}: {copy.summary}"
     elif shards_gone:
         verdict, summary = UNKNOWN, "UNKNOWN: the checkpoint's token shards are not in the store"
     elif kept:
@@ -541,7 +554,7 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
     source, _, refresh = (hint or "").partition("/")
     return Membership(query, match if (kept or removed or shards) else "none", verdict, summary,
                       doc_id if (kept or removed or shards) else None, source or None, row.get("license"), None, stages,
-                      shards, notes=notes, refresh=refresh or None)
+                      shards, notes=notes, refresh=refresh or None, kept_copy=kept_copy)
 
 
 def _find_in_stage(catalog: Catalog, stage: str, partition: str, doc_id: str) -> tuple[StageRecord | None, dict]:

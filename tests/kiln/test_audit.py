@@ -89,6 +89,13 @@ def test_near_duplicate_and_benchmark_removals_name_the_kept_copy_and_the_reason
     assert (removed.stage, removed.step, removed.reason) == ("deduplicated_documents", "near_dedup", "near_duplicate")
     assert removed.duplicate_of == make_doc_id("ref", "id:r0") and removed.jaccard >= 0.8
     assert f"duplicate of {removed.duplicate_of} (Jaccard" in copy.summary
+    # ...and whether that kept copy reached training, from the token shards' member lists the fixture read.
+    member = built["members"][removed.duplicate_of]
+    trained = member["split"] == "train" and member["copies"] > 0
+    assert copy.kept_copy["doc_id"] == removed.duplicate_of and copy.kept_copy["reached_training"] == trained
+    assert copy.kept_copy["checkpoints"] == ([built["checkpoint"].data_version] if trained else [])
+    assert f"its kept copy {removed.duplicate_of}: " + ("IN TRAINING" if trained else "NOT TRAINED ON") in copy.summary
+    assert copy.to_dict()["kept_copy"]["verdict"] == (audit.IN_TRAINING if trained else copy.kept_copy["verdict"])
     bench = audit.membership(store, config, doc_id=make_doc_id("web", "id:w9"))
     assert bench.verdict == audit.REMOVED and "decontamination.benchmark_overlap" in bench.summary
 
