@@ -173,6 +173,10 @@ class Decontamination(_Strict):
     enabled: bool = True
     ngram: int = Field(13, ge=3, le=64)  # words; GPT-3 and most successors use 13
     min_item_words: int = Field(8, ge=1)  # shorter items use all their words as one n-gram; below this, skipped
+    # Edited copies (words changed, a sentence inserted): also flag a document holding at least this share of an
+    # item's distinct `fuzzy_ngram`-word n-grams (and at least 3 of them); null: the exact `ngram` rule only
+    min_share: float | None = Field(0.4, gt=0, le=1)
+    fuzzy_ngram: int = Field(4, ge=3, le=13)
     mode: Literal["drop", "redact"] = "drop"  # redact cuts the overlapping spans (plus margin) instead
     redact_margin_chars: int = Field(200, ge=0)
     min_chars_after_redact: int = Field(200, ge=0)  # a redacted document shorter than this is dropped

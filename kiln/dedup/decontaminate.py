@@ -6,6 +6,13 @@ reach the token shards. Following GPT-3 and most successors, a document is conta
 one n-gram (13 normalized words by default) with any item; items shorter than that but with at least
 `min_item_words` words contribute one n-gram made of all their words.
 
+Copies get edited on their way around the web: a word changed every dozen words leaves no 13-gram whole. So
+a document is also contaminated when it holds at least `min_share` (0.4) of an item's distinct short n-grams
+(`fuzzy_ngram` words, 4 by default; at least 3 of them), the share being reported. A 4-gram that many items
+share ("which of the following") says nothing about any one of them and is left out of that count, so a
+document that merely uses an item's common phrases is not flagged. Words are normalized first (case,
+punctuation, digits, Unicode), so those edits never count. bench/decon_eval.py measures both sides.
+
 Speed matters (the check runs over every document), so words are hashed once each with a stable 64-bit
 hash (blake2b, not Python's salted `hash`, so results do not change between processes) and n-gram hashes
 are computed for all positions at once with numpy. Character spans are only computed for documents that
@@ -40,9 +47,12 @@ CONTAMINATION_SCHEMA = pa.schema([
     pa.field("doc_id", pa.string(), nullable=False),
     pa.field("source", pa.string(), nullable=False),
     pa.field("action", pa.string(), nullable=False),
+    pa.field("share", pa.float64()),  # of the item's short n-grams found in the document
 ])
 
 NORMALIZATION = ShingleNormalization()  # decontamination always uses the defaults: case, punctuation, digits
+MIN_FUZZY_NGRAMS = 3  # a share counts only from this many of an item's short n-grams found
+COMMON_OWNERS = 10  # a short n-gram of more items than this is a common phrase, not evidence for one item
 
 # Polynomial n-gram hash mod 2**64: hash(w_j..w_j+k-1) = sum_t h(w_j+t) * P**t. With prefix sums of
 # h(w_i) * P**i, every window of every size costs one subtraction and one multiply by P**-j (P is odd,
@@ -65,6 +75,7 @@ class Match:
     item_id: str
     start: int
     end: int
+    share: float | None = None  # of the item's distinct short n-grams found in the text (None: fuzzy matching off)
 
 
 @dataclass(frozen=True)
@@ -155,12 +166,20 @@ class BenchmarkIndex:
     # size -> n-gram hash -> ((benchmark, item_id), ...)
     owners: dict[int, dict[int, tuple[tuple[str, str], ...]]] = field(default_factory=dict)
     stats: dict[str, dict[str, int]] = field(default_factory=dict)  # benchmark -> counts (see summary)
+    # Edited copies: every item's distinct short n-grams (common ones left out), and how many each item has
+    fuzzy_ngram: int | None = None
+    min_share: float | None = None
+    fuzzy_keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
+    fuzzy_owners: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    fuzzy_counts: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @classmethod
-    def from_items(cls, items: Iterable[tuple[str, str, str]], ngram: int = 13,
-                   min_item_words: int = 8) -> BenchmarkIndex:
-        """Index (benchmark, item_id, text) triples."""
+    def from_items(cls, items: Iterable[tuple[str, str, str]], ngram: int = 13, min_item_words: int = 8,
+                   fuzzy_ngram: int | None = None, min_share: float | None = None) -> BenchmarkIndex:
+        """Index (benchmark, item_id, text) triples (and their short n-grams when `min_share` is set)."""
         owners: dict[int, dict[int, set[tuple[str, str]]]] = defaultdict(lambda: defaultdict(set))
+        short: dict[int, set[tuple[str, str]]] = defaultdict(set)
+        fuzzy = fuzzy_ngram if min_share is not None else None
         stats: dict[str, dict[str, int]] = {}
         for benchmark, item_id, text in items:
             s = stats.setdefault(benchmark, {"items": 0, "items_indexed": 0, "items_skipped_short": 0, "ngrams": 0})
@@ -175,61 +194,88 @@ class BenchmarkIndex:
             table = owners[size]
             for h in hashes.tolist():
                 table[h].add(owner)
+            if fuzzy:
+                for h in np.unique(ngram_hashes(ws, fuzzy)).tolist():
+                    short[h].add(owner)
             s["items_indexed"] += 1
             s["ngrams"] += len(hashes)
         frozen = {size: {h: tuple(sorted(o)) for h, o in table.items()} for size, table in sorted(owners.items())}
         keys = {size: np.array(sorted(table), dtype=np.uint64) for size, table in frozen.items()}
-        return cls(ngram, min_item_words, keys, frozen, stats)
+        fuzzy_owners = {h: tuple(sorted(o)) for h, o in short.items() if len(o) <= COMMON_OWNERS}
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        for item_owners in fuzzy_owners.values():
+            for owner in item_owners:
+                counts[owner] += 1
+        return cls(ngram, min_item_words, keys, frozen, stats, fuzzy, min_share,
+                   np.array(sorted(fuzzy_owners), dtype=np.uint64), fuzzy_owners, dict(counts))
 
     def summary(self) -> dict[str, Any]:
         """Per benchmark: items read, indexed, skipped as too short, n-grams; plus distinct n-grams overall."""
         return {"benchmarks": {name: dict(s) for name, s in self.stats.items()},
                 "distinct_ngrams": sum(len(k) for k in self.keys.values()),
-                "ngram_sizes": sorted(self.keys)}
+                "ngram_sizes": sorted(self.keys),
+                "fuzzy": {"ngram": self.fuzzy_ngram, "min_share": self.min_share,
+                          "distinct_ngrams": len(self.fuzzy_keys)} if self.fuzzy_ngram else None}
 
     def __bool__(self) -> bool:
         return bool(self.keys)
 
-    def _hits(self, ws: list[str]) -> list[tuple[int, int, int]]:
-        """(first word, size, hash) of every window of `ws` that is an indexed n-gram."""
+    def _hits(self, ws: list[str]) -> tuple[list[tuple[int, tuple[tuple[str, str], ...], int]], dict]:
+        """(first word, owners, size) of every window of `ws` that makes an item match, and each matched item's
+        share of short n-grams found (only items with a short n-gram in `ws`)."""
         if not self.keys or not ws:
-            return []
-        prefix = inverse = None
+            return [], {}
+        prefix, inverse = _prefix(_word_hash_array(ws))
         hits = []
         for size, keys in self.keys.items():
-            if len(ws) < size:
-                continue
-            if prefix is None:
-                prefix, inverse = _prefix(_word_hash_array(ws))
-            windows = _window_hashes(prefix, inverse, size)
-            at = np.searchsorted(keys, windows)
-            np.minimum(at, len(keys) - 1, out=at)
-            positions = np.flatnonzero(keys[at] == windows)
-            hits.extend((int(j), size, int(windows[j])) for j in positions)
-        return hits
+            if len(ws) >= size:
+                table = self.owners[size]
+                hits += [(j, table[h], size) for j, h in _found(_window_hashes(prefix, inverse, size), keys)]
+        shares: dict[tuple[str, str], float] = {}
+        if self.fuzzy_ngram and len(ws) >= self.fuzzy_ngram and len(self.fuzzy_keys):
+            found = _found(_window_hashes(prefix, inverse, self.fuzzy_ngram), self.fuzzy_keys)
+            distinct: dict[tuple[str, str], set[int]] = defaultdict(set)
+            for _, h in found:
+                for owner in self.fuzzy_owners[h]:
+                    distinct[owner].add(h)
+            shares = {o: len(hs) / self.fuzzy_counts[o] for o, hs in distinct.items()}
+            flagged = {o for o, hs in distinct.items() if len(hs) >= MIN_FUZZY_NGRAMS and shares[o] >= self.min_share}
+            if flagged:
+                for j, h in found:
+                    if owners := tuple(o for o in self.fuzzy_owners[h] if o in flagged):
+                        hits.append((j, owners, self.fuzzy_ngram))
+        return hits, shares
 
     def contains(self, text: str) -> bool:
-        """Whether `text` shares any indexed n-gram (no spans: the fast path for drop-only checks)."""
-        return bool(self._hits(normalized_words(text)))
+        """Whether `text` matches any item (no spans: the fast path for drop-only checks)."""
+        return bool(self._hits(normalized_words(text))[0])
 
     def find(self, text: str) -> list[Match]:
         """Every item found in `text`, ordered by position; one Match per run of overlapping n-grams."""
         ws = normalized_words(text)
-        hits = self._hits(ws)
+        hits, shares = self._hits(ws)
         if not hits:
             return []
         spanned = words(text, NORMALIZATION, with_spans=True)  # spans only for the rare text that hits
         if spanned.words != ws:  # never seen (a test checks both word views agree); stay correct anyway
-            hits = self._hits(spanned.words)
+            hits, shares = self._hits(spanned.words)
         runs: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
-        for first, size, h in hits:
-            for owner in self.owners[size][h]:
+        for first, owners, size in hits:
+            for owner in owners:
                 runs[owner].append((first, first + size))
         matches = []
         for (benchmark, item_id), ranges in runs.items():
+            share = shares.get((benchmark, item_id), 0.0) if self.fuzzy_ngram else None
             for first, end in _merge(ranges):
-                matches.append(Match(benchmark, item_id, spanned.spans[first][0], spanned.spans[end - 1][1]))
+                matches.append(Match(benchmark, item_id, spanned.spans[first][0], spanned.spans[end - 1][1], share))
         return sorted(matches, key=lambda m: (m.start, m.end, m.benchmark, m.item_id))
+
+
+def _found(windows: np.ndarray, keys: np.ndarray) -> list[tuple[int, int]]:
+    """(position, hash) of the windows whose hash is in the sorted `keys`."""
+    at = np.searchsorted(keys, windows)
+    np.minimum(at, len(keys) - 1, out=at)
+    return [(int(j), int(windows[j])) for j in np.flatnonzero(keys[at] == windows)]
 
 
 def _merge(ranges: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:
@@ -304,7 +350,8 @@ def load_benchmarks(settings: Decontamination, base_dir: str | Path | None = Non
                                      f"paths are resolved against {str(Path(base_dir or '.').resolve())!r}) or "
                                      f"remove the entry")
             yield from read_benchmark_file(path, bench.name, bench.text_fields, bench.id_field)
-    return BenchmarkIndex.from_items(items(), settings.ngram, settings.min_item_words)
+    return BenchmarkIndex.from_items(items(), settings.ngram, settings.min_item_words, settings.fuzzy_ngram,
+                                     settings.min_share)
 
 
 def read_benchmark_file(path: Path, name: str, text_fields: list[str],
@@ -361,9 +408,11 @@ def report_rows(doc_id: str, source: str, outcome: Outcome) -> list[dict[str, st
     """One CONTAMINATION_SCHEMA row per benchmark item found in a document (none for a clean one)."""
     if not outcome.matches:
         return []
-    found = sorted({(m.benchmark, m.item_id) for m in outcome.matches})
-    return [{"benchmark": b, "item_id": i, "doc_id": doc_id, "source": source, "action": outcome.action}
-            for b, i in found]
+    shares: dict[tuple[str, str], float | None] = {}
+    for m in outcome.matches:
+        shares[(m.benchmark, m.item_id)] = m.share
+    return [{"benchmark": b, "item_id": i, "doc_id": doc_id, "source": source, "action": outcome.action,
+             "share": shares[(b, i)]} for b, i in sorted(shares)]
 
 
 def contamination_counts(rows: Iterable[dict[str, str]]) -> dict[str, dict[str, int]]:

@@ -42,6 +42,11 @@ DROP = Decontamination()
 REDACT = Decontamination(mode="redact", redact_margin_chars=0, min_chars_after_redact=0)
 
 
+def fuzzy_index(*items: tuple[str, str, str]) -> BenchmarkIndex:
+    """The index as the default settings build it: 13-grams, and the share of each item's 4-grams."""
+    return BenchmarkIndex.from_items(items, DROP.ngram, DROP.min_item_words, DROP.fuzzy_ngram, DROP.min_share)
+
+
 # ---- finding ------------------------------------------------------------------------------------
 
 
@@ -293,3 +298,70 @@ def test_a_planted_item_is_always_found_and_cut(before, after, margin):
     else:  # dropped only when no word is left
         rest = redact_spans(text, [(m.start, m.end) for m in out.matches], margin)
         assert out.reason == TOO_SHORT_REASON and not re.search(r"\w", rest)
+
+
+# ---- edited copies ----------------------------------------------------------------------------------
+# ITEM has 29 words, so 26 distinct 4-grams. Each edit below leaves no 13 words of it in a row (the exact rule
+# misses every one of them); the share of its 4-grams still found is worked out by hand next to each.
+
+
+def _edited(positions_to_words: dict[int, str | None], upper: bool = False, insert: dict[int, str] | None = None):
+    """ITEM with words (1-based positions) replaced, or deleted (None), and sentences inserted after positions."""
+    out = []
+    for i, word in enumerate(ITEM_WORDS, start=1):
+        if i in positions_to_words:
+            word = positions_to_words[i]
+        if word is not None:
+            out.append(word.upper() if upper else word)
+        if insert and i in insert:
+            out.append(insert[i])
+    return FILLER_A + " ".join(out) + FILLER_B
+
+
+EDITS = {
+    # words 6, 16, 26 replaced (10%): windows starting at 3-6, 13-16 and 23-26 are lost, 12 of 26: 14/26
+    "substitution": (_edited({6: "noted", 16: "a", 26: "refuge"}), 14 / 26),
+    # a sentence after words 10 and 20: the 3 windows across each seam are lost: 20/26
+    "insertion": (_edited({}, insert={10: "It was a hard year for the coast.", 20: "Records were kept in ink."}),
+                  20 / 26),
+    # words 8 and 19 deleted: whole windows left in runs 1-7, 9-18, 20-29: 4 + 7 + 7 = 18/26
+    "deletion": (_edited({8: None, 19: None}), 18 / 26),
+    # upper case, commas turned into semicolons (normalized away) and words 10, 20 replaced: 4 + 4 lost: 18/26
+    "case_punctuation": (_edited({10: "every", 20: "a"}, upper=True).replace(",", ";"), 18 / 26),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(EDITS))
+def test_an_edited_copy_is_found_by_its_share_of_short_ngrams(kind):
+    text, share = EDITS[kind]
+    assert index_of(("trivia", "q1", ITEM)).find(text) == []  # the 13-gram rule alone misses it
+    matches = fuzzy_index(("trivia", "q1", ITEM)).find(text)
+    assert {(m.benchmark, m.item_id) for m in matches} == {("trivia", "q1")}
+    assert all(m.share == pytest.approx(share) for m in matches) and share >= DROP.min_share
+    out = decontaminate(text, fuzzy_index(("trivia", "q1", ITEM)), DROP)
+    assert not out.kept and out.reason == DROP_REASON
+    assert report_rows("d1", "web", out)[0]["share"] == pytest.approx(share)
+
+
+def test_shared_common_phrases_and_short_overlaps_are_not_flagged():
+    index = fuzzy_index(("trivia", "q1", ITEM))
+    # two 4-grams of the item in an unrelated text: below 3 found
+    assert index.find(FILLER_A + "They counted the number of ships that came in." + FILLER_B) == []
+    # 12 words in a row: 9 of the 26 4-grams, a share of 0.35 < 0.4 (and no 13-gram)
+    for start in range(0, len(ITEM_WORDS) - 12):
+        assert index.find(planted(12, start)) == []
+    # A phrase eleven items share says nothing about any one of them. Each 8-word item has 5 4-grams, 4 of them
+    # ("which of the following" ... "following is true about") in all eleven: without leaving those out, this
+    # text would hold 4 of 5 (0.8) of every item.
+    quiz = [("quiz", f"q{i}", f"Which of the following is true about {topic}?") for i, topic in enumerate(
+        "tides winds stars maps knots sails ropes anchors flags bells lamps".split())]
+    assert fuzzy_index(*quiz).find(FILLER_A + "Which of the following is true about pruning roses?" + FILLER_B) == []
+    assert [m.item_id for m in fuzzy_index(*quiz).find(FILLER_A + quiz[3][2] + FILLER_B)] == ["q3"]
+
+
+def test_fuzzy_matching_can_be_turned_off():
+    text, _ = EDITS["substitution"]
+    settings_ = Decontamination(min_share=None)
+    index = BenchmarkIndex.from_items([("trivia", "q1", ITEM)], settings_.ngram, settings_.min_item_words,
+                                      settings_.fuzzy_ngram, settings_.min_share)
+    assert index.find(text) == [] and index.summary()["fuzzy"] is None
