@@ -7,8 +7,15 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+# Property tests draw the same examples on every run (CI is reproducible and bounded; a failure reruns as it was);
+# HYPOTHESIS_PROFILE=explore draws new ones each run, to go looking for bugs.
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 CLEAN_PROSE = (
     "The river town was built on the trade of salt and timber, and for two centuries its merchants "

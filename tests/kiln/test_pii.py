@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from kiln.documents import Document
 from kiln.filters.registry import build_step
-from kiln.pii import DOCUMENTATION_NETWORKS, PII_TYPES, PLACEHOLDERS, PiiMatch, PiiRedaction, find_pii, redact
+from kiln.pii import (DOCUMENTATION_NETWORKS, PII_TYPES, PLACEHOLDERS, PiiMatch, PiiRedaction, find_pii, iban_ok,
+                      redact)
 
 
 def red(text: str, **kwargs) -> str:
@@ -110,6 +111,39 @@ POSITIVES = [
     (f"key:\n{PEM}\nafter", "key:\n<SECRET>\nafter"),
     ('k = "' + PEM.replace("\n", "\\n") + '\\n"', 'k = "<SECRET>\\n"'),  # pasted into a string literal
     ("-----BEGIN OPENSSH " + "PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU... (cut)", "<SECRET>... (cut)"),
+    # issue 20: international numbers in everyday formats (groups of any length), validated by libphonenumber
+    ("Tel +49 30 91456342.", "Tel <PHONE>."),  # Berlin: area code 30, then 8 digits
+    ("Mobil: +44 7323 277460", "Mobil: <PHONE>"),  # UK mobile: 4 + 6
+    ("München, +49 (0)89 12345678", "München, <PHONE>"),  # national trunk prefix in parentheses
+    ("(+49) 30 91456342", "<PHONE>"),
+    ("+33.1.23.45.67.89", "<PHONE>"),  # dots throughout
+    ("Fax 0049 30 91456342", "Fax <PHONE>"),  # the international prefix 00 instead of '+'
+    # national formats: with a phone cue on the line, or looking like one on their own
+    ("Tel.: 030 91456342", "Tel.: <PHONE>"),
+    ("Pour toute question, appelez-nous au 06 12 34 56 78.", "Pour toute question, appelez-nous au <PHONE>."),
+    ("Telefon 030/91456342", "Telefon <PHONE>"),
+    ("phone=07852475781 ip", "phone=<PHONE> ip"),  # a bare digit run, after a cue
+    ("name,phone,city\nLi Wang,888249166,Kraków", "name,phone,city\nLi Wang,<PHONE>,Kraków"),  # CSV header
+    ("Jane Roe\njane.roe@mail.de\n320 7629457", "Jane Roe\n<EMAIL>\n<PHONE>"),  # signature block: Italian mobile
+    ("| Emily Johnson | Auckland | (021) 737 8957 |", "| Emily Johnson | Auckland | <PHONE> |"),  # area code
+    ("Elias, Tel. 8 (925) 620-38-13", "Elias, Tel. <PHONE>"),  # Russian trunk prefix 8
+    ("お問い合わせ：090-7385-4464", "お問い合わせ：<PHONE>"),
+    # iban (ISO 13616): compact or in groups of four; the SWIFT registry's example numbers
+    ("IBAN: DE89 3704 0044 0532 0130 00, BIC COBADEFFXXX", "IBAN: <IBAN>, BIC COBADEFFXXX"),
+    ("DE89370400440532013000", "<IBAN>"),
+    ("GB82 WEST 1234 5698 7654 32", "<IBAN>"),  # letters in the BBAN
+    ("pay to NL91ABNA0417164300.", "pay to <IBAN>."),
+    # us_ssn with spaces only under an SSN label
+    ("SSN: 484 42 0512", "SSN: <US_SSN>"),
+    ("name,ssn,email\nZoe Roberts,167 62 9057,x", "name,ssn,email\nZoe Roberts,<US_SSN>,x"),
+    # ipv6 before a colon that ends a phrase, and with a port after a dotted-quad tail
+    ("64 bytes from 2605:6400:e94:0:f928:1abc:16f4:c80c: icmp_seq=1", "64 bytes from <IPV6>: icmp_seq=1"),
+    ("[client ::ffff:163.185.85.103:55120] denied", "[client <IPV6>:55120] denied"),
+    # secrets: a password in a URL (not an e-mail address), HTTP Basic, provider prefixes, symbols in .env values
+    ("mysql://app:n2b2CMmq26ejPhOb9fflaR@db.corp-mail.de/x", "mysql://app:<SECRET>@db.corp-mail.de/x"),
+    ("Authorization: Basic " + "YmVhdHJpejpJQTlmbEJwTThwVUttZw==", "Authorization: Basic <SECRET>"),
+    ("DB_PASSWORD=6j&QO0zGEuDqC0P%R1RyyPYiF?$\nDB_HOST=db", "DB_PASSWORD=<SECRET>\nDB_HOST=db"),
+    ("stripe('" + "sk_" + "live_51lUGOmcUS08VfqUlDhbuJLp0Wd')", "stripe('<SECRET>')"),
 ]
 
 
@@ -200,6 +234,44 @@ NEAR_MISSES = [
     "the password is hunter2hunter2",
     'START = b"-----BEGIN OPENSSH ' + 'PRIVATE KEY-----"',
     "AKIA" + "IOSFODNN7EXAMPL",  # one character short
+    # phone-shaped, and valid in no numbering plan or not written as a phone number
+    "Invalid phone number: +1 (215) 029-5856",  # no NANP exchange starts with 0
+    "Invalid phone number: +44 20 7946 09",  # a digit short
+    "test_phone_rejects('+999 4218 2338')",  # unassigned country code
+    "ExtendedContext.quantize(Decimal('+35236450.6'))",  # a decimal
+    "UTC+05:30, +2024-01-15",
+    # national-looking numbers without a cue: ranges, years, ids, versions, dates, times, table widths
+    "Copyright 2012-2014 The Authors",
+    "per RFCs 2045-2047.",
+    "PEP 3147/488 format",
+    "Prevents CVE-2019-9740.",
+    "Boston, MA 02111-1307, USA",  # ZIP+4
+    ":widths: 25 50 25 25",
+    "Kundennummer 6964-9866, Rechnungsnummer 42010147",
+    "2024-03-15 14:22:05 INFO started",
+    "Termin: 25.10.2015, 04:44 Uhr",
+    "call 0.10.256.0",  # an IPv4 shape after a cue
+    "fax 2024-01-15",  # a date after a cue
+    "call me at 666-12-3456",  # an SSN shape (never issued) after a cue
+    "Device IMEI 868852550097468 registered",
+    "order 943125123, Colissimo ER612468334FR",
+    # iban: wrong check digits, wrong length, unassigned country, part of a longer token
+    "DE88 3704 0044 0532 0130 00",
+    "DE89370400440532013001",
+    "DE8937040044053201300",
+    "XX89370400440532013000",
+    "ID_DE89370400440532013000",
+    # a password in a URL is not an e-mail address; x-filled token shapes are documentation
+    "https://user:password@example.com/",
+    "GITHUB_TOKEN=" + "ghp_" + "x" * 36,
+    "AWS_ACCESS_KEY_ID=" + "AKIA" + "X" * 16,
+    # not a card: a barcode that happens to pass Luhn
+    "barcode=4097470957558&qty=3",
+    # versions, OIDs, multicast
+    "Versión 2.0.0.4 del firmware",
+    "Revision 1.3.2.4 of the spec",
+    "OBJECT IDENTIFIER ::= { id-ce 17 } -- 2.5.29.17",
+    "ff02::1 all-nodes, 224.0.0.251 mDNS",
     # placeholders are never matched again
     " ".join(PLACEHOLDERS.values()),
 ]
@@ -208,6 +280,47 @@ NEAR_MISSES = [
 @pytest.mark.parametrize("text", NEAR_MISSES)
 def test_not_redacted(text):
     assert find_pii(text) == [], [text[m.start : m.end] for m in find_pii(text)]
+
+
+def test_iban_check_digits_computed_by_hand():
+    # ISO 13616 / ISO 7064 mod 97-10, worked by hand for a Norwegian account (BBAN of 11 digits, IBAN of 15):
+    # move "NO00" to the end and letters to numbers (N = 23, O = 24): 12345678903 2324 00 = 12345678903232400.
+    # Mod 97 piecewise: 123456789 mod 97 = 39 (97 x 1,272,750 = 123,456,750); 39|0323240 = 390,323,240 mod 97 = 90
+    # (97 x 4,023,950 = 390,323,150); 90|0 = 900 mod 97 = 27. Check digits = 98 - 27 = 71.
+    assert red("Konto NO71 1234 5678 903.") == "Konto <IBAN>."
+    assert red("NO7112345678903") == "<IBAN>"
+    for wrong in ("70", "72", "17", "00", "99"):
+        assert find_pii(f"NO{wrong}12345678903") == [], wrong
+    assert iban_ok("NO7112345678903") and not iban_ok("NO7112345678930")  # two digits swapped
+    assert iban_ok("be68 5390 0754 7034") and not iban_ok("BE6853900754703")  # registry length: 16
+
+
+def test_iban_is_one_span_not_a_card_or_phone():
+    # The digit groups of an IBAN also look like a card or a phone number: the IBAN wins.
+    assert find_pii("DE89 3704 0044 0532 0130 00") == [PiiMatch("iban", 0, 27)]
+    assert redact("IBAN DE89 3704 0044 0532 0130 00 / card 4111 1111 1111 1111") == (
+        "IBAN <IBAN> / card <CREDIT_CARD>", {"iban": 1, "credit_card": 1})
+
+
+def test_national_numbers_need_their_trunk_prefix():
+    # A German number is written with its trunk prefix 0 ("030 ..."); without it the digits are not one (in
+    # Germany: with every default region, "30 91456342" is a valid Luxembourg number).
+    assert red("Tel.: 030 91456342", phone_regions=["DE"]) == "Tel.: <PHONE>"
+    assert red("Tel.: 30 91456342", phone_regions=["DE"]) == "Tel.: 30 91456342"
+    assert red("Tel.: 07852 475781", phone_regions=["GB"]) == "Tel.: <PHONE>"
+    assert red("Tel.: 7852 475781", phone_regions=["GB"]) == "Tel.: 7852 475781"
+    # Chinese mobiles and North American numbers have none; Russian numbers use 8.
+    assert red("Tel. 15180983892") == "Tel. <PHONE>"
+    assert red("Tel. 8 (903) 591-05-04") == "Tel. <PHONE>"
+
+
+def test_national_numbers_can_be_turned_off():
+    text = "Tel.: 030 91456342, +49 30 91456342, (415) 555-0134"
+    assert red(text, phone_regions=[]) == "Tel.: 030 91456342, <PHONE>, <PHONE>"
+    step = PiiRedaction(phone_regions=["FR"])
+    assert step(Document("d", "s", "Tel. 06 12 34 56 78 / Tel. 030 91456342")).text == "Tel. <PHONE> / Tel. 030 91456342"
+    with pytest.raises(ValueError, match="XY"):
+        PiiRedaction(phone_regions=["XY"])
 
 
 def test_counts_and_types_filter():
@@ -403,6 +516,7 @@ def test_octets_over_255_are_never_redacted(octets, words):
 def test_any_ipv6_in_prose_is_redacted(data, n, form):
     address = ipaddress.IPv6Address(n)
     assume(not is_mask128(n))  # IPv6 netmasks are kept on purpose, like IPv4 ones
+    assume(not address.is_multicast)  # so are multicast groups (ff00::/8): they name a group, not a host
     text = {"compressed": address.compressed, "exploded": address.exploded, "upper": address.compressed.upper()}
     # Compressed forms with one group or no decimal digit ("1000::", "abcd::ef") are left alone on
     # purpose: slices, prefixes and C++ scopes look alike.
