@@ -29,7 +29,7 @@ def bounded_env(tmp_path):
     for source in config["sources"]:
         source["max_documents"] = 40
     config["reading"]["rows_per_part"] = 20
-    config["training"].update(max_steps=30, checkpoint={"every_steps": 10, "keep_last": 2})  # the path, not quality
+    config["training"].update(max_steps=12, checkpoint={"every_steps": 6, "keep_last": 2})  # the path, not quality
     path = tmp_path / "kiln.yaml"
     path.write_text(yaml.safe_dump(config))
     home = tmp_path / "kiln"
@@ -76,7 +76,7 @@ def test_demo_materializes_every_source_and_records_runs(bounded_env):
     assert sum(seg["documents"] for seg in index["segments"]) > 0
     assert "near-dup index:" in proc.stdout and "training: " in proc.stdout and "MLflow run" in proc.stdout
     summary = json.loads((data / "training_run" / "_all" / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["steps"] == 30
+    assert summary["status"] == "completed" and summary["steps"] == 12
     assert json.loads((data / "evaluation" / "_all" / "evaluation.json").read_text())["validation"]["tokens"] > 0
     assert json.loads((data / "token_shards" / key / "_manifest.json").read_text())["config"]["refreshes"] == [key]
     # the runs are in the instance, so `make ui` shows them

@@ -119,13 +119,7 @@ def test_two_node_cluster_gives_the_same_bytes_even_when_a_node_dies_mid_stage(t
 
     cluster = start_cluster(nodes=2)
     try:
-        undisturbed = Store(tmp_path / "undisturbed")
-        ingest_all(config, undisturbed)
-        driver = _driver(cluster, undisturbed.root, corpus)
-        output, _ = driver.communicate(timeout=600)
-        assert driver.returncode == 0, output
-        assert fingerprint(undisturbed) == expected
-
+        # Both nodes run parts until one dies (an undisturbed two-node run adds nothing: every byte is compared)
         disturbed = Store(tmp_path / "disturbed")
         ingest_all(config, disturbed)
         driver = _driver(cluster, disturbed.root, corpus)
