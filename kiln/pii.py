@@ -39,6 +39,10 @@ from kiln.documents import Document
 from kiln.filters.base import Verdict, keep
 from kiln.filters.text_stats import arrow_texts
 
+# libphonenumber compiles its metadata's patterns as it meets each region; `re` caches only 512, fewer than the
+# metadata has, so a corpus of many countries would recompile them over and over. Keep every compiled one.
+phonenumbers.re_util.enable_pattern_cache()
+
 PII_TYPES: tuple[str, ...] = ("email", "phone", "ipv4", "ipv6", "us_ssn", "credit_card", "iban", "secret")
 PLACEHOLDERS: dict[str, str] = {t: f"<{t.upper()}>" for t in PII_TYPES}
 

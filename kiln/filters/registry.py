@@ -13,6 +13,7 @@ from kiln.filters.base import Step
 from kiln.filters.c4 import C4
 from kiln.filters.code import CodeQuality
 from kiln.filters.fineweb import FineWebQuality
+from kiln.filters.garbage import Garbage
 from kiln.filters.gopher import GopherQuality, GopherRepetition
 from kiln.filters.language import LanguageFilter
 from kiln.filters.normalize import UnicodeNormalize
@@ -29,6 +30,7 @@ STEPS: dict[str, type] = {
         GopherRepetition,
         C4,
         FineWebQuality,
+        Garbage,
         BadWords,
         CodeQuality,
         PiiRedaction,
