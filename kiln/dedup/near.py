@@ -100,18 +100,20 @@ def keep_order(batch: Batch, idx: np.ndarray, keep: list[str]) -> np.ndarray:
     return idx[np.lexsort([ids] + keys[::-1])]
 
 
-class _UnionFind:
-    def __init__(self):
-        self.parent: dict[str, str] = {}
+class UnionFind:
+    """Union-find over any hashable ids; `union(keeper, other)` roots the merged tree at keeper's root."""
 
-    def find(self, x: str) -> str:
+    def __init__(self):
+        self.parent: dict = {}
+
+    def find(self, x):
         self.parent.setdefault(x, x)
         while self.parent[x] != x:
             self.parent[x] = self.parent[self.parent[x]]
             x = self.parent[x]
         return x
 
-    def union(self, keeper: str, other: str) -> None:
+    def union(self, keeper, other) -> None:
         a, b = self.find(keeper), self.find(other)
         if a != b:
             self.parent[b] = a
@@ -159,18 +161,20 @@ def near_dedup(batch: Batch, index: DedupIndex, near: NearDedup, batch_name: str
     score = np.full(n, np.nan)
     n_candidates = np.zeros(n, dtype=np.int32)
     accepted = np.zeros(n, dtype=bool)
-    uf = _UnionFind()
+    uf = UnionFind()
     verified = false_candidates = 0
     t0 = time.perf_counter()
     for i in tqdm(keep_order(batch, new, near.keep), desc="near-dup decisions", unit="doc", disable=not progress,
                   mininterval=2):
         mine = batch.shingles(i)
         matches: list[tuple[float, str, str]] = []  # (jaccard, doc_id, source)
-        for c in old_candidates.get(int(i), ()):
+        # A fixed order (earlier refreshes' documents by id, then this refresh's by position), not set order:
+        # the cluster a removed document joins two clusters under is named by the last match it unions.
+        for c in sorted(old_candidates.get(int(i), ())):
             if c in old_shingles and c in old_records:  # a key without a record is an interrupted insert
                 j = jaccard(mine, old_shingles[c])
                 matches.append((j, c, old_records[c].source))
-        for c in lsh.query(lean(batch.signatures[i], index.seed)):
+        for c in sorted(lsh.query(lean(batch.signatures[i], index.seed))):
             if c != i and accepted[c]:
                 matches.append((jaccard(mine, batch.shingles(c)), batch.doc_ids[c], batch.sources[c]))
         n_candidates[i] = len(matches)

@@ -1,0 +1,255 @@
+"""Connected components of a graph held as Parquet edge files, computed as rounds of `Engine.map_parts`.
+
+No process holds the graph: edges are hash-partitioned by a node into `partitions` files, each round is one
+map_parts over those partitions (a task reads its partition's incoming edge files, reduces, and writes its
+output edges into the next round's partitions, named by its own position), and the driver only sees small
+per-task results.
+
+The algorithm is large-star / small-star (Kiveris, Lattanzi, Mirrokni, Rastogi, Vassilvitskii, "Connected
+Components in MapReduce and Beyond", SoCC 2014), on node ids ordered as integers:
+
+- large-star, at node u with neighbours Γ(u): m = min(Γ(u) ∪ {u}); emit (v, m) for every neighbour v > u.
+  (Every larger neighbour is hooked onto the smallest node u can see.)
+- small-star, at node u with smaller neighbours N = {v ∈ Γ(u): v < u}: m = min(N); emit (v, m) for every
+  v ∈ N ∪ {u}, v ≠ m. (u and its smaller neighbours all hook onto the smallest of them.)
+
+Both keep every component connected and never join two components; alternated, they converge (in
+O(log² n) rounds, a handful in practice) to one star per component, centred on its smallest node. The edge
+sets are the state: a large-star task keyed by u reads every edge at u (edges are written in both
+directions), a small-star task keyed by u reads the edges whose larger end is u. Each task also sums a
+64-bit hash of the distinct undirected edges it reads (each edge is read exactly once per round in both
+kinds), so the driver knows the round's input edge set by fingerprint. When a large-star + small-star pair
+hands the next large-star exactly the edge set it started from, the edges are at the fixed point (the
+stars); a last pass labels every node with its star's centre: node -> min of its component.
+
+Memory per task: its partition's edges, plus the degree of a star centre that hashes to it (at the end a
+centre has one edge per member of its component, so a giant component lands in one task).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kiln.dedup.minhash import mix64
+from kiln.engine import SERIAL, Engine
+from kiln.storage import write_parquet_atomic
+
+_M64 = (1 << 64) - 1
+
+EDGE_SCHEMA = pa.schema([pa.field("u", pa.int64(), nullable=False), pa.field("v", pa.int64(), nullable=False)])
+LABEL_SCHEMA = pa.schema([pa.field("node", pa.int64(), nullable=False),
+                          pa.field("label", pa.int64(), nullable=False)])
+
+MAX_ROUNDS = 200  # far beyond O(log² n) for any graph that fits on a store; a guard, not a tuning knob
+
+
+def partition_of(hashes: np.ndarray, partitions: int) -> np.ndarray:
+    """Range partition of 64-bit hashes by their top 32 bits: partition p holds prefixes
+    [ceil(p·2³²/P), ceil((p+1)·2³²/P)), so data written with another P can be read back by overlap."""
+    return (((np.asarray(hashes, dtype=np.uint64) >> np.uint64(32)) * np.uint64(partitions))
+            >> np.uint64(32)).astype(np.int64)
+
+
+def overlapping(p: int, partitions: int, other: int) -> list[int]:
+    """The partitions of an `other`-way split whose prefix ranges meet partition p of a `partitions`-way one."""
+    def bounds(q: int, n: int) -> tuple[int, int]:
+        return -(-(q << 32) // n), -(-((q + 1) << 32) // n)
+
+    lo, hi = bounds(p, partitions)
+    return [q for q in range(other) if max(lo, bounds(q, other)[0]) < min(hi, bounds(q, other)[1])]
+
+
+def node_partition(nodes: np.ndarray, partitions: int) -> np.ndarray:
+    """Where the edges keyed by a node live (a hash, so consecutive ids and hubs spread over partitions)."""
+    return partition_of(mix64(np.asarray(nodes, dtype=np.int64).view(np.uint64)), partitions)
+
+
+def edge_hash(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    return mix64(mix64(lo.view(np.uint64)) ^ hi.view(np.uint64))
+
+
+def read_dir(folder: Path, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table:
+    """All Parquet files of a shuffle folder, in name order (empty outputs are not written)."""
+    files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+    tables = [pq.read_table(f, columns=columns) for f in files]
+    if not tables:
+        wanted = columns or schema.names
+        return pa.schema([schema.field(c) for c in wanted]).empty_table()
+    return pa.concat_tables(tables)
+
+
+def write_partitioned(root: Path, name: str, table: pa.Table, partition: np.ndarray, partitions: int) -> list[int]:
+    """Shuffle write: the rows of `table` for partition q go to root/{q:05d}/{name}.parquet (in their order);
+    empty partitions write nothing. Returns the partitions written."""
+    written = []
+    if table.num_rows == 0:
+        return written
+    order = np.argsort(partition, kind="stable")
+    bounds = np.searchsorted(partition[order], np.arange(partitions + 1))
+    for q in range(partitions):
+        if bounds[q] == bounds[q + 1]:
+            continue
+        folder = root / f"{q:05d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        write_parquet_atomic(folder / f"{name}.parquet", table.take(order[bounds[q]:bounds[q + 1]]))
+        written.append(q)
+    return written
+
+
+def write_edges(cc_dir: Path, name: str, u: np.ndarray, v: np.ndarray, partitions: int) -> None:
+    """Round-0 (large-star) input: every undirected edge in both directions, keyed by its first node."""
+    u, v = np.asarray(u, np.int64), np.asarray(v, np.int64)
+    keep = u != v
+    u, v = u[keep], v[keep]
+    both_u, both_v = np.concatenate([u, v]), np.concatenate([v, u])
+    write_partitioned(_round_dir(cc_dir, 0), name, pa.table({"u": both_u, "v": both_v}, schema=EDGE_SCHEMA),
+                      node_partition(both_u, partitions), partitions)
+
+
+def _round_dir(cc_dir: Path, r: int) -> Path:
+    return cc_dir / f"round-{r:03d}"
+
+
+@dataclass(frozen=True)
+class _RoundTask:
+    cc_dir: str
+    round: int
+    partition: int
+    partitions: int
+
+
+def _read_edges(task: _RoundTask) -> tuple[np.ndarray, np.ndarray]:
+    t = read_dir(_round_dir(Path(task.cc_dir), task.round) / f"{task.partition:05d}", EDGE_SCHEMA)
+    u, v = t.column("u").to_numpy(), t.column("v").to_numpy()
+    if u.size:
+        pairs = np.unique(np.stack([u, v], axis=1), axis=0)  # sorted by (u, v), distinct
+        u, v = pairs[:, 0], pairs[:, 1]
+    return u, v
+
+
+def _fingerprint(lo: np.ndarray, hi: np.ndarray) -> tuple[int, int]:
+    return int(edge_hash(lo, hi).sum(dtype=np.uint64)) if lo.size else 0, int(lo.size)
+
+
+def _group_min(u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For edges sorted by u: (start of each u group, u of each group, min(u, min v) of each group)."""
+    starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
+    keys = u[starts]
+    return starts, keys, np.minimum(keys, np.minimum.reduceat(v, starts))
+
+
+def _cc_round(task: _RoundTask) -> tuple[int, int]:
+    """One large-star (even rounds) or small-star (odd rounds) step over one partition; returns the
+    fingerprint (sum of edge hashes mod 2^64, count) of the distinct undirected edges it read."""
+    u, v = _read_edges(task)
+    out = _round_dir(Path(task.cc_dir), task.round + 1)
+    name = f"{task.partition:05d}"
+    if task.round % 2 == 0:  # large-star: the edges at u, both directions
+        fp = _fingerprint(u[v > u], v[v > u])
+        if not u.size:
+            return fp
+        starts, _, m = _group_min(u, v)
+        m_of = np.repeat(m, np.diff(np.r_[starts, u.size]))
+        larger = v > u
+        a, b = v[larger], m_of[larger]  # (v, m) with m <= u < v: the next (small-star) key is v
+        write_partitioned(out, name, pa.table({"u": a, "v": b}, schema=EDGE_SCHEMA), node_partition(a, task.partitions),
+                          task.partitions)
+        return fp
+    # small-star: the edges whose larger end is u (v < u)
+    assert not (v > u).any(), "small-star input holds an edge keyed by its smaller end"
+    keep = v < u
+    u, v = u[keep], v[keep]
+    fp = _fingerprint(v, u)
+    if not u.size:
+        return fp
+    starts, keys, m = _group_min(u, v)
+    m_of = np.repeat(m, np.diff(np.r_[starts, u.size]))
+    a = np.concatenate([v, keys])  # N ∪ {u}
+    b = np.concatenate([m_of, m])
+    keep = a != b
+    a, b = a[keep], b[keep]
+    both_u, both_v = np.concatenate([a, b]), np.concatenate([b, a])  # the next (large-star) reads both ends
+    write_partitioned(out, name, pa.table({"u": both_u, "v": both_v}, schema=EDGE_SCHEMA),
+                      node_partition(both_u, task.partitions), task.partitions)
+    return fp
+
+
+@dataclass(frozen=True)
+class _LabelTask:
+    cc_dir: str
+    round: int
+    partition: int
+    route: Callable[[np.ndarray], np.ndarray]  # node -> label partition (picklable)
+    label_partitions: int
+
+
+def _cc_labels(task: _LabelTask) -> tuple[list[int], int, int]:
+    """At the fixed point every node's smallest neighbour (or itself) is its component's minimum."""
+    u, v = _read_edges(_RoundTask(task.cc_dir, task.round, task.partition, 0))
+    if not u.size:
+        return [], 0, 0
+    _, keys, m = _group_min(u, v)
+    written = write_partitioned(Path(task.cc_dir) / "labels", f"{task.partition:05d}",
+                                pa.table({"node": keys, "label": m}, schema=LABEL_SCHEMA), task.route(keys),
+                                task.label_partitions)
+    return written, int(keys.size), int((keys == m).sum())
+
+
+@dataclass(frozen=True)
+class HashRoute:
+    """Labels hash-partitioned by node (what the tests and a plain caller use)."""
+
+    partitions: int
+
+    def __call__(self, nodes: np.ndarray) -> np.ndarray:
+        return node_partition(nodes, self.partitions)
+
+
+def connected_components(cc_dir: Path, partitions: int, engine: Engine = SERIAL,
+                         route: Callable[[np.ndarray], np.ndarray] | None = None, label_partitions: int | None = None,
+                         progress: bool = False) -> dict:
+    """Components of the edges written under `cc_dir` by `write_edges` (same `partitions`). Labels (node, label =
+    the component's smallest node) for every node with an edge go to cc_dir/labels/{q:05d}/*.parquet, q =
+    route(node) (default: hash of the node into `partitions`). Returns rounds, nodes, components and the label
+    partitions written."""
+    route = route or HashRoute(partitions)
+    label_partitions = label_partitions or partitions
+    shutil.rmtree(cc_dir / "labels", ignore_errors=True)
+    r, start_fp = 0, None
+    while True:
+        if r >= MAX_ROUNDS:
+            raise RuntimeError(f"connected components did not converge in {MAX_ROUNDS} rounds")
+        shutil.rmtree(_round_dir(cc_dir, r + 1), ignore_errors=True)  # a re-run never reads stale edges
+        tasks = [_RoundTask(str(cc_dir), r, p, partitions) for p in range(partitions)]
+        fps = engine.map_parts(_cc_round, tasks, desc=f"components round {r}", progress=progress)
+        fp = (sum(f[0] for f in fps) & _M64, sum(f[1] for f in fps))
+        if r == 0 and fp[1] == 0:  # no edges: no components
+            return {"rounds": 1, "edges": 0, "nodes": 0, "components": 0, "label_partitions": []}
+        if r % 2 == 0:
+            if fp == start_fp:  # a large-star + small-star pair changed nothing: the stars
+                break
+            start_fp = fp
+        if r > 0:
+            shutil.rmtree(_round_dir(cc_dir, r - 1), ignore_errors=True)  # read by this round only
+        r += 1
+    tasks = [_LabelTask(str(cc_dir), r, p, route, label_partitions) for p in range(partitions)]
+    results = engine.map_parts(_cc_labels, tasks, desc="component labels", progress=progress)
+    return {"rounds": r + 1, "edges": start_fp[1], "nodes": sum(x[1] for x in results),
+            "components": sum(x[2] for x in results),
+            "label_partitions": sorted({q for x in results for q in x[0]})}
+
+
+def read_labels(cc_dir: Path) -> dict[int, int]:
+    """Every label file, as a dict (for tests and small graphs)."""
+    out: dict[int, int] = {}
+    for folder in sorted((cc_dir / "labels").glob("*")):
+        t = read_dir(folder, LABEL_SCHEMA)
+        out.update(zip(t.column("node").to_pylist(), t.column("label").to_pylist()))
+    return out

@@ -1,0 +1,326 @@
+"""Distributed near-dedup (kiln/dedup/buckets.py): the same decisions table as `near_dedup` on planted corpora,
+whatever the engine and the number of partitions; connected components against a union-find; big buckets bounded."""
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kiln import engine as engine_module
+from kiln.config import DedupIndexSettings, NearDedup
+from kiln.dedup.buckets import (BUCKET_SCHEMA, band_keys, bucket_pairs, decide_distributed, read_decisions,
+                                read_index_meta)
+from kiln.dedup.components import connected_components, read_labels, write_edges
+from kiln.dedup.index import open_index
+from kiln.dedup.minhash import _list_array, bands_rows, jaccard, shingle_hashes, signature_schema
+from kiln.dedup.near import KEPT, NEAR_DUPLICATE, Batch, near_dedup
+from kiln.engine import SERIAL, ProcessPool, RayEngine
+from tests.kiln.test_dedup import edited, signature_table, vocabulary
+
+NEAR = NearDedup()
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+def write_parts(root: Path, tables: list[tuple[str, int, pa.Table]], part_rows: int) -> tuple[list[Path], dict]:
+    """Each source's signature table cut into parts of `part_rows` rows (several parts per source), in source order."""
+    root.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for s, (name, _, table) in enumerate(tables):
+        for j, off in enumerate(range(0, max(table.num_rows, 1), part_rows)):
+            path = root / f"sig-{s}-{j:03d}.parquet"
+            pq.write_table(table.slice(off, part_rows), path)
+            parts.append(path)
+    return parts, {name: (tier, s) for s, (name, tier, _) in enumerate(tables)}
+
+
+def reference(tmp: Path, refreshes: list[list[tuple[str, int, pa.Table]]], near=NEAR) -> list[pa.Table]:
+    """near_dedup over the refreshes in turn against one LocalIndex (committed after each)."""
+    out = []
+    with open_index(DedupIndexSettings(), near, tmp) as idx:
+        for r, tables in enumerate(refreshes):
+            batch = Batch.from_tables([(tier, t) for _, tier, t in tables])
+            out.append(near_dedup(batch, idx, near, f"r{r}", progress=False).decisions)
+            idx.commit()
+    return out
+
+
+def distributed(tmp: Path, refreshes: list[list[tuple[str, int, pa.Table]]], near=NEAR, engine=SERIAL, partitions=3,
+                part_rows=7, max_bucket=1000) -> tuple[list[pa.Table], list[dict]]:
+    previous, out, stats = [], [], []
+    for r, tables in enumerate(refreshes):
+        parts, sources = write_parts(tmp / f"sig-{r}", tables, part_rows)
+        stats.append(decide_distributed(parts, sources, previous, tmp / "work", tmp / f"out-{r}", near, f"r{r}",
+                                        engine=engine, partitions=partitions, max_bucket=max_bucket))
+        out.append(read_decisions(tmp / f"out-{r}"))
+        previous.append(tmp / f"out-{r}" / "index")
+    return out, stats
+
+
+def assert_same(got: pa.Table, want: pa.Table) -> None:
+    assert got.schema.equals(want.schema)
+    if not got.equals(want):
+        diff = [(g, w) for g, w in zip(got.to_pylist(), want.to_pylist()) if g != w]
+        raise AssertionError(f"{len(diff)} rows differ, e.g. {diff[:3]}")
+
+
+def family_texts(seed: int, n_bases=25, words=120) -> dict[str, list[str]]:
+    """Three sources holding bases, edited copies, copies of copies (chains), exact copies and unrelated
+    documents: clusters of every shape, J on both sides of the threshold."""
+    rng = np.random.default_rng(seed)
+    vocab = vocabulary(rng, 5_000)
+    bases = [list(rng.choice(vocab, words)) for _ in range(n_bases)]
+    texts: dict[str, list[str]] = {"web": [], "ref": [], "forum": []}
+    for b in bases:
+        texts["web"].append(" ".join(b))
+        one = edited(b, int(rng.integers(1, 4)), rng, vocab)
+        texts["ref" if rng.random() < 0.5 else "forum"].append(" ".join(one))
+        if rng.random() < 0.6:  # a copy of the copy: a chain
+            texts["forum"].append(" ".join(edited(one, int(rng.integers(1, 4)), rng, vocab)))
+        if rng.random() < 0.3:
+            texts["ref"].append(" ".join(b))  # an exact copy in a better tier
+        if rng.random() < 0.3:
+            texts["web"].append(" ".join(rng.choice(vocab, words)))
+    return {s: [t[i] for i in rng.permutation(len(t))] for s, t in texts.items()}
+
+
+def families(seed: int, n_bases=25) -> list[tuple[str, int, pa.Table]]:
+    """family_texts as signature tables: web (tier 2), ref (tier 1), forum (tier 2), in that source order."""
+    texts = family_texts(seed, n_bases)
+    return [(s, tier, signature_table(s, texts[s])) for s, tier in (("web", 2), ("ref", 1), ("forum", 2))]
+
+
+# --------------------------------------------------------------------------------- same as near_dedup
+
+def test_planted_families_same_decisions_as_near_dedup(tmp_path):
+    tables = families(1)
+    want = reference(tmp_path / "idx", [tables])[0]
+    statuses = want.column("status").to_pylist()
+    assert statuses.count(NEAR_DUPLICATE) >= 20 and statuses.count(KEPT) >= 40  # not a vacuous comparison
+    assert len({c for c in want.column("cluster_id").to_pylist() if c}) >= 15
+    for partitions in (1, 3, 8):
+        got, stats = distributed(tmp_path / f"p{partitions}", [tables], partitions=partitions, part_rows=15)
+        assert_same(got[0], want)  # all columns, cluster names too
+    assert stats[0]["verification"]["matches"] >= statuses.count(NEAR_DUPLICATE)
+    assert stats[0]["per_source"]["web"][KEPT] == sum(1 for r in want.to_pylist()
+                                                      if r["source"] == "web" and r["status"] == KEPT)
+
+
+def _chain_texts(seed: int) -> tuple[list[str], list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    vocab = vocabulary(rng)
+    a = list(rng.choice(vocab, 400))
+    b = a[:]
+    b[370:] = rng.choice(vocab, 30)
+    c = b[:]
+    c[:30] = rng.choice(vocab, 30)
+    texts = [" ".join(x) for x in (a, b, c)]
+    return texts, [shingle_hashes(t, NEAR) for t in texts]
+
+
+@pytest.mark.parametrize("order", ["acb", "abc", "bac"])
+def test_chain_a_b_c_where_a_and_c_differ(tmp_path, order):
+    """A ~ B, B ~ C, A !~ C, in three keep orders (the source order, all tier 1)."""
+    texts, sh = _chain_texts(5)
+    j_ab, j_bc, j_ac = jaccard(sh[0], sh[1]), jaccard(sh[1], sh[2]), jaccard(sh[0], sh[2])
+    print(f"J(A,B) = {j_ab:.3f}, J(B,C) = {j_bc:.3f}, J(A,C) = {j_ac:.3f}")
+    assert j_ab >= 0.8 and j_bc >= 0.8 and j_ac < 0.8  # 0.868, 0.868, 0.754
+    by_name = dict(zip("abc", texts))
+    tables = [(f"s{x}", 1, signature_table(f"s{x}", [by_name[x]], [x])) for x in order]
+    want = reference(tmp_path / "idx", [tables])[0]
+    got, _ = distributed(tmp_path, [tables], partitions=3)
+    assert_same(got[0], want)
+    rows = {r["doc_id"]: r for r in want.to_pylist()}
+    if order == "acb":  # B, last, bridges A and C: both kept, one cluster of three
+        assert [rows[x]["status"] for x in "abc"] == [KEPT, NEAR_DUPLICATE, KEPT]
+        assert rows["a"]["cluster_id"] == rows["b"]["cluster_id"] == rows["c"]["cluster_id"]
+    elif order == "abc":  # B removed as A's copy; C never meets an accepted match: kept, unclustered
+        assert [rows[x]["status"] for x in "abc"] == [KEPT, NEAR_DUPLICATE, KEPT] and rows["c"]["cluster_id"] is None
+    else:  # B first: A and C both removed as B's copies
+        assert [rows[x]["status"] for x in "abc"] == [NEAR_DUPLICATE, KEPT, NEAR_DUPLICATE]
+        assert rows["a"]["duplicate_of"] == rows["c"]["duplicate_of"] == "b"
+
+
+@pytest.mark.parametrize("keep", [["quality_tier", "first_seen", "longest"], ["longest", "first_seen"],
+                                  ["longest", "quality_tier"]])
+def test_keep_policy_ties_and_cross_source_tiers(tmp_path, keep):
+    """Identical texts in sources of different and equal tiers, equal lengths (the doc_id decides the last tie)."""
+    rng = np.random.default_rng(3)
+    vocab = vocabulary(rng)
+    base = list(rng.choice(vocab, 200))
+    same = " ".join(base)
+    longer = " ".join(base + ["tail"])
+    near = NEAR.model_copy(update={"keep": keep})
+    tables = [("web", 3, signature_table("web", [same, longer, same], ["w-2", "w-1", "w-0"])),
+              ("ref", 1, signature_table("ref", [same, same], ["r-b", "r-a"])),
+              ("books", 1, signature_table("books", [longer, same], ["b-0", "b-1"]))]
+    want = reference(tmp_path / "idx", [tables], near)[0]
+    got, _ = distributed(tmp_path, [tables], near, partitions=3, part_rows=2)
+    assert_same(got[0], want)
+    assert sum(r["status"] == KEPT for r in want.to_pylist()) == 1
+
+
+def test_second_refresh_against_the_first_refreshs_buckets(tmp_path):
+    """Refresh 2 re-sends refresh 1's documents (already indexed), near-copies of its kept ones, copies of its
+    removed ones, and new families; against the persisted bucket index, as near_dedup against one LocalIndex."""
+    first = families(2)
+    rng = np.random.default_rng(9)
+    vocab = vocabulary(rng, 5_000)
+    first_texts = family_texts(2)
+    texts = [" ".join(edited(t.split(), 1, rng, vocab)) for s in ("web", "forum") for t in first_texts[s][:15]]
+    second = [("web", 2, first[0][2].slice(0, 12)),  # re-sent: already indexed
+              ("copies", 1, signature_table("copies", texts)),
+              *[(f"n-{s}", tier, signature_table(f"n-{s}", family_texts(4, 10)[s]))
+                for s, tier in (("web", 2), ("ref", 1))]]
+    want = reference(tmp_path / "idx", [first, second])
+    got, stats = distributed(tmp_path / "d", [first, second], partitions=3, part_rows=12)
+    assert_same(got[0], want[0])
+    assert_same(got[1], want[1])
+    statuses = want[1].column("status").to_pylist()
+    kept_before = sum(r["status"] == KEPT for r in want[0].to_pylist()[:12])  # removed ones are decided anew
+    assert statuses.count("already_indexed") == kept_before >= 8 and stats[1]["already_indexed"] == kept_before
+    assert stats[1]["matched_earlier_refreshes"] >= 15
+    # An already indexed document shares the cluster of its earlier copy when a new copy of it was removed.
+    assert any(r["status"] == "already_indexed" and r["cluster_id"] for r in want[1].to_pylist())
+    meta = read_index_meta(tmp_path / "d" / "out-1" / "index")
+    assert meta["batch"] == "r1" and meta["documents"] == statuses.count(KEPT)
+    # A third refresh with another number of partitions reads both earlier ones by overlapping key ranges.
+    third = [("again", 1, signature_table("again", texts[:10], [f"x{i}" for i in range(10)]))]
+    want3 = reference(tmp_path / "idx2", [first, second, third])[2]
+    parts, sources = write_parts(tmp_path / "sig-3", third, 4)
+    decide_distributed(parts, sources, [tmp_path / "d" / "out-0" / "index", tmp_path / "d" / "out-1" / "index"],
+                       tmp_path / "work3", tmp_path / "out-3", NEAR, "r2", partitions=5)
+    assert_same(read_decisions(tmp_path / "out-3"), want3)
+    assert set(want3.column("status").to_pylist()) == {NEAR_DUPLICATE}
+
+
+def test_a_larger_corpus_same_decisions_as_near_dedup(tmp_path):
+    """~900 documents, where removed documents join clusters of several kept ones (their cluster is named by the
+    last match unioned: near_dedup and buckets.py both take matches in a fixed order)."""
+    tables = families(11, n_bases=280)
+    want = reference(tmp_path / "idx", [tables])[0]
+    got, _ = distributed(tmp_path, [tables], partitions=4, part_rows=150)
+    assert_same(got[0], want)
+
+
+# ------------------------------------------------------------------------------------------ engines
+
+@pytest.fixture(scope="module")
+def ray_stops():
+    yield
+    engine_module.shutdown()
+
+
+@pytest.mark.parametrize("engine", [ProcessPool(workers=2), RayEngine(workers=2)], ids=["pool-2", "ray-2"])
+def test_every_engine_writes_the_same_bytes(tmp_path, engine, ray_stops):
+    tables = families(6, n_bases=15)
+    _, _ = distributed(tmp_path / "serial", [tables], partitions=2, part_rows=12)
+    _, _ = distributed(tmp_path / "other", [tables], engine=engine, partitions=2, part_rows=12)
+    for sub in ("out-0/decisions", "out-0/index/buckets", "out-0/index/ids", "out-0/index/docs"):
+        a = sorted((tmp_path / "serial" / sub).glob("*.parquet"))
+        b = sorted((tmp_path / "other" / sub).glob("*.parquet"))
+        assert [f.name for f in a] == [f.name for f in b] and a
+        assert [f.read_bytes() for f in a] == [f.read_bytes() for f in b]
+
+
+# ------------------------------------------------------------------------------------- big buckets
+
+def test_bucket_pairs_all_pairs_below_the_limit_and_anchors_above():
+    sizes = np.array([1, 4, 7])
+    starts = np.r_[0, np.cumsum(sizes)[:-1]]
+    a, b = bucket_pairs(starts, sizes, np.zeros(sizes.sum(), bool), max_bucket=7)
+    assert len(a) == 0 + 6 + 21 and len(set(zip(a, b))) == len(a)
+    a, b = bucket_pairs(starts, sizes, np.zeros(sizes.sum(), bool), max_bucket=2)
+    assert set(zip(a.tolist(), b.tolist())) >= {(5, 6), (5, 11), (6, 11)} and len(a) == 0 + (1 + 2 + 2) + (1 + 2 * 5)
+    old = np.array([False, True, True, False, False, False, False, False, False, False, False, False])
+    a, b = bucket_pairs(starts, sizes, old, max_bucket=7)  # the old pair (1, 2) is never emitted
+    assert (1, 2) not in set(zip(a.tolist(), b.tolist())) and len(a) == 6 - 1 + 21
+
+
+def test_a_bucket_of_5000_identical_band_keys_stays_bounded(tmp_path):
+    """5,000 documents share band 0 (one bucket), unrelated otherwise; 20 of them have an exact copy. Pairs stay
+    within 5000 x max_bucket, and the 20 copies are still removed."""
+    near = NEAR
+    bands, rows = bands_rows(near)
+    rng = np.random.default_rng(0)
+    n, copies, max_bucket = 5_000, 20, 20
+    sigs = rng.integers(0, 2**32, (n, near.num_perm), dtype=np.uint64).astype(np.uint32)
+    sigs[:, :rows] = 7  # band 0: one key for all
+    shingles = [np.unique(rng.integers(0, 2**32, 60, dtype=np.uint64).astype(np.uint32)) for _ in range(n)]
+    picked = rng.choice(n, copies, replace=False)
+    sigs = np.concatenate([sigs, sigs[picked]])
+    shingles += [shingles[i] for i in picked]
+    m = n + copies
+    table = pa.table({"doc_id": [f"d{i:05d}" for i in range(m)], "source": ["s"] * m, "chars": np.full(m, 100),
+                      "signature": pa.FixedSizeListArray.from_arrays(pa.array(sigs.ravel()), near.num_perm),
+                      "shingles": _list_array(shingles)}, schema=signature_schema(near.num_perm))
+    parts, sources = write_parts(tmp_path / "sig", [("s", 1, table)], 1_000)
+    stats = decide_distributed(parts, sources, [], tmp_path / "work", tmp_path / "out", near, "r", partitions=4,
+                               max_bucket=max_bucket)
+    assert stats["buckets"]["largest"] == m and stats["buckets"]["oversized"] == 1
+    bound = m * max_bucket + copies * bands  # the big bucket's anchors + each copy with its original in every band
+    assert stats["verification"]["pairs_emitted"] <= bound
+    decisions = read_decisions(tmp_path / "out").to_pylist()
+    removed = {r["doc_id"]: r["duplicate_of"] for r in decisions if r["status"] == NEAR_DUPLICATE}
+    assert removed == {f"d{n + j:05d}": f"d{i:05d}" for j, i in enumerate(picked)}
+    assert pq.read_table(next((tmp_path / "out" / "index" / "buckets").glob("*.parquet"))).schema.equals(BUCKET_SCHEMA)
+    assert band_keys(sigs[:2], bands, rows)[0, 0] == band_keys(sigs[:2], bands, rows)[1, 0]
+
+
+# ------------------------------------------------------------------------------- connected components
+
+def union_find(edges: list[tuple[int, int]]) -> dict[int, int]:
+    parent: dict[int, int] = {}
+
+    def find(x):
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for u, v in edges:
+        if u != v:
+            a, b = find(u), find(v)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    return {x: find(x) for x in parent if any(x in e and e[0] != e[1] for e in edges)}
+
+
+def components_of(tmp: Path, edges: list[tuple[int, int]], partitions: int, chunks: int = 2) -> dict[int, int]:
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    arr = np.array(edges, dtype=np.int64).reshape(-1, 2)
+    for i, chunk in enumerate(np.array_split(arr, chunks)):
+        write_edges(tmp, f"c{i}", chunk[:, 0], chunk[:, 1], partitions)
+    connected_components(tmp, partitions)
+    return read_labels(tmp)
+
+
+graphs = st.one_of(
+    st.lists(st.tuples(st.integers(-30, 30), st.integers(-30, 30)), max_size=60),  # dense, with self-loops
+    st.lists(st.tuples(st.integers(-2**62, 2**62), st.integers(-2**62, 2**62)), max_size=30),  # many small
+    st.permutations(list(range(40))).map(lambda p: list(zip(p[:-1], p[1:]))),  # a long path, any labels
+    # a star and a path with consecutive labels
+    st.integers(2, 60).map(lambda n: [(0, i) for i in range(1, n)] + [(n + i, n + i + 1) for i in range(n)]),
+)
+
+
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edges=graphs, partitions=st.integers(1, 4))
+def test_connected_components_match_union_find(tmp_path, edges, partitions):
+    got = components_of(tmp_path / "cc", edges, partitions)
+    assert got == union_find(edges)  # the same partition, each labelled by its smallest node
+
+
+def test_components_of_long_sorted_and_shuffled_paths(tmp_path):
+    rng = np.random.default_rng(0)
+    for labels in (np.arange(1_000), rng.permutation(1_000) * 1_000_003 - 10**9):
+        edges = list(zip(labels[:-1].tolist(), labels[1:].tolist())) + [(5_000_000, 5_000_001)]
+        got = components_of(tmp_path / "cc", edges, 4)
+        assert got == union_find(edges) and len(set(got.values())) == 2

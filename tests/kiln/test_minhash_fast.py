@@ -1,0 +1,287 @@
+"""The vectorized signer (SCHEME_FAST) against a plain Python implementation of the same definitions, and
+its LSH quality against the S-curve and datasketch.
+
+The reference below is written from the definitions in `kiln/dedup/minhash.py` with integers and loops
+only (no numpy, none of the fast path's helpers): words from `normalized_words`, word and shingle hashes as
+polynomials mod 2^64 finished by splitmix64, fast similarity sketching round by round.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import pytest
+from datasketch import MinHash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kiln.config import NearDedup, ShingleNormalization
+from kiln.dedup import minhash
+from kiln.dedup.minhash import (SCHEME, SCHEME_FAST, SHINGLE_BASE, WORD_BASE, candidate_probability, choose_bands,
+                                jaccard, similarity_sketches, sign_batch, sign_texts)
+from kiln.dedup.text import normalized_words
+
+M64 = 1 << 64
+
+
+# ---------------------------------------------------------------------------------------- reference
+
+def ref_mix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) % M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % M64
+    return x ^ (x >> 31)
+
+
+def ref_polynomial(values: list[int], base: int) -> int:
+    return sum(v * pow(base, k, M64) for k, v in enumerate(values)) % M64
+
+
+@lru_cache(maxsize=None)
+def ref_word_hash(word: str) -> int:
+    return ref_mix64(ref_polynomial([b + 1 for b in word.encode("utf-8", "surrogatepass")], WORD_BASE))
+
+
+def ref_shingles(text: str, near: NearDedup) -> list[int]:
+    words, n = normalized_words(text, near.normalization), near.shingle_size
+    grams = [words[i:i + n] for i in range(max(len(words) - n + 1, 1))]  # no words: one empty shingle
+    return sorted({ref_mix64(ref_polynomial([ref_word_hash(w) for w in g], SHINGLE_BASE)) >> 32 for g in grams})
+
+
+def ref_bin(h: int, num_perm: int) -> int:
+    return (h >> 32) * num_perm >> 32
+
+
+def ref_signature(shingles: list[int], num_perm: int, seed: int) -> list[int]:
+    key = ref_mix64(seed % M64)
+    best: list[tuple[int, int] | None] = [None] * num_perm
+    for r in range(2 * num_perm):
+        for x in shingles:
+            h = ref_mix64(((r << 32) | x) ^ key)
+            if r < num_perm:
+                b = ref_bin(h, num_perm)
+            else:  # walk the bins from where round num_perm put x
+                b = (ref_bin(ref_mix64(((num_perm << 32) | x) ^ key), num_perm) + r - num_perm) % num_perm
+            if best[b] is None or (r, h & 0xFFFFFFFF) < best[b]:
+                best[b] = (r, h & 0xFFFFFFFF)
+        if None not in best:
+            break  # a later round cannot beat an earlier one
+    return [value for _, value in best]
+
+
+def assert_matches_reference(texts: list[str], near: NearDedup) -> None:
+    signatures, values, offsets = sign_batch(texts, near)
+    assert signatures.shape == (len(texts), near.num_perm) and signatures.dtype == np.uint32
+    assert values.dtype == np.uint32 and offsets.dtype == np.int64 and offsets[0] == 0
+    for i, text in enumerate(texts):
+        expected = ref_shingles(text, near)
+        assert values[offsets[i]:offsets[i + 1]].tolist() == expected, repr(text[:200])
+        assert signatures[i].tolist() == ref_signature(expected, near.num_perm, near.seed), repr(text[:200])
+
+
+# ------------------------------------------------------------------------------------ bit for bit
+
+NORMALIZATIONS = [ShingleNormalization(),
+                  ShingleNormalization(lowercase=False, strip_punctuation=False, digits="keep"),
+                  ShingleNormalization(digits="remove"),
+                  ShingleNormalization(strip_punctuation=False, digits="remove")]
+
+HAND_PICKED = [
+    "", " ", "\n\n", "!!! ... ???", "word", "two words", "one two three four", "one two three four five",
+    "The quick brown fox jumps over the lazy dog, again and again: 1984 and 2024.",
+    "ΟΔΟΣ ΑΣ σ Σ aΣ1b aΣ1 Σ1", "İstanbul KELVIN \u212a ß ǅ ﬁ", "a\u0307b e\u0301 \u0345",
+    "lone \ud800 surrogate \udfff", "a\ud83d\ude00b pair as two code points", "emoji 😀😀 mid😀word",
+    "\x00a\x00 nul", "tab\tsep\x1cfile\x1dgroup\x85next\xa0nbsp\u2028line\u3000ideographic",
+    "١٢٣ ٤٥٦ arabic digits ۱۲", "ＡＢＣ ｆｕｌｌ１２ width", "日本語のテキスト 中文文本 한국어 텍스트",
+    "under_score snake_case __dunder__ 0x1F v1.2.3", "12345 67890 000", "A" * 5000,
+    "word " * 3000, " ".join(f"w{i}" for i in range(2000)),
+]
+
+
+@pytest.mark.parametrize("norm", NORMALIZATIONS, ids=lambda n: f"{n.lowercase}-{n.strip_punctuation}-{n.digits}")
+@pytest.mark.parametrize("shingle_size", [1, 2, 5])
+def test_hand_picked_texts_match_the_reference(norm, shingle_size):
+    assert_matches_reference(HAND_PICKED, NearDedup(shingle_size=shingle_size, num_perm=32, normalization=norm))
+
+
+def test_default_settings_and_other_seeds_match_the_reference():
+    for seed in (1, 0, -7, 2**40 + 3):
+        assert_matches_reference(HAND_PICKED[:12], NearDedup(seed=seed))
+    assert_matches_reference(HAND_PICKED[:6], NearDedup(num_perm=1024, shingle_size=3))
+    assert_matches_reference(HAND_PICKED[:6], NearDedup(num_perm=100, shingle_size=3))  # not a power of two
+
+
+def test_a_very_long_text_matches_the_reference():
+    rng = np.random.default_rng(3)
+    vocab = ["alpha", "Beta", "γάμμα", "δ1", "x" * 40_000, "\ud834", "ǈ", "naïve", "2024"]
+    text = " ".join(vocab[i] for i in rng.integers(0, len(vocab), 3000)) + " " + "y" * 100_000
+    assert_matches_reference([text, "short", text[:7000]], NearDedup())
+
+
+CHARACTERS = st.one_of(
+    st.sampled_from(list(" \t\n.,;:!?'\"-_0123456789") + ["Σ", "σ", "ς", "İ", "ß", "\u212a", "\u0307", "\ud800",
+                                                          "\udc00", "😀", "ǅ", "١", "Ａ", "\x00", "\x1c", "\xa0"]),
+    st.characters(codec=None, exclude_categories=()),  # any code point, lone surrogates included
+    st.characters(min_codepoint=ord("A"), max_codepoint=ord("z")),
+)
+NEARS = st.builds(
+    NearDedup, shingle_size=st.integers(1, 6), num_perm=st.sampled_from([16, 32, 128]), seed=st.integers(-5, 2**33),
+    normalization=st.builds(ShingleNormalization, lowercase=st.booleans(), strip_punctuation=st.booleans(),
+                            digits=st.sampled_from(["keep", "zero", "remove"])))
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.text(alphabet=CHARACTERS, max_size=120), min_size=1, max_size=6), NEARS)
+def test_generated_texts_match_the_reference(texts, near):
+    assert_matches_reference(texts, near)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["a", "B", "ΣΑΣ", "x1", "9", "\ud800", "ﬁ", "e\u0301", "__"]), max_size=60),
+       st.lists(st.sampled_from([" ", "\n", ", ", "-", "\u3000"]), min_size=1, max_size=4), NEARS)
+def test_generated_word_sequences_match_the_reference(words, separators, near):
+    text = "".join(w + separators[i % len(separators)] for i, w in enumerate(words))
+    assert_matches_reference([text, text.upper(), text[: len(text) // 2]], near)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet=CHARACTERS, max_size=200), NEARS)
+def test_the_fast_word_view_is_normalized_words(text, near):
+    data = minhash._normalized_bytes([text, "next text"], near.normalization).tobytes()
+    first, second, end = data.split(b"\n")
+    norm = near.normalization
+    assert first.split() == [w.encode("utf-8", "surrogatepass") for w in normalized_words(text, norm)]
+    assert second.split() == [w.encode() for w in normalized_words("next text", norm)] and end == b""
+
+
+def test_a_text_signs_the_same_alone_in_any_batch_and_across_chunks(monkeypatch):
+    near = NearDedup(num_perm=64)
+    texts = [t for t in HAND_PICKED if len(t) < 1000] * 3
+    together = sign_batch(texts, near)
+    monkeypatch.setattr(minhash, "_CHUNK_CHARS", 40)
+    monkeypatch.setattr(minhash, "_CHUNK_TEXTS", 3)
+    chunked = sign_batch(texts, near)
+    assert all(np.array_equal(a, b) for a, b in zip(together, chunked))
+    for i, text in enumerate(texts[:10]):
+        sig, values, _ = sign_batch([text], near)
+        assert np.array_equal(sig[0], together[0][i])
+        assert np.array_equal(values, together[1][together[2][i]:together[2][i + 1]])
+
+
+def test_an_empty_batch():
+    signatures, values, offsets = sign_batch([], NearDedup())
+    assert signatures.shape == (0, 128) and values.size == 0 and offsets.tolist() == [0]
+
+
+def test_the_scheme_is_chosen_by_a_parameter_and_the_old_one_stays_the_default():
+    texts = HAND_PICKED[:10]
+    old = sign_texts(texts, NearDedup())
+    for i, text in enumerate(texts):
+        sh = minhash.shingle_hashes(text, NearDedup())
+        assert np.array_equal(old[1][old[2][i]:old[2][i + 1]], sh)
+        assert np.array_equal(old[0][i], minhash.signature(sh, 128, 1))
+    assert all(np.array_equal(a, b) for a, b in zip(sign_texts(texts, NearDedup(), SCHEME_FAST),
+                                                    sign_batch(texts, NearDedup())))
+    assert sign_texts(texts, NearDedup(), SCHEME)[1].tolist() == old[1].tolist()
+    with pytest.raises(ValueError, match="unknown signature scheme"):
+        sign_texts(texts, NearDedup(), "md5")
+
+
+def test_jaccard_on_fast_shingle_sets_is_exact():
+    near = NearDedup()
+    base = " ".join(f"word{i % 97} token{i % 13}" for i in range(400))
+    variants = [base, base.replace("word5 ", "edited "), base[:1500], base.upper()]
+    _, values, offsets = sign_batch(variants, near)
+    for i in range(len(variants)):
+        for j in range(len(variants)):
+            a, b = set(ref_shingles(variants[i], near)), set(ref_shingles(variants[j], near))
+            got = jaccard(values[offsets[i]:offsets[i + 1]], values[offsets[j]:offsets[j + 1]])
+            assert got == len(a & b) / len(a | b)
+
+
+# ------------------------------------------------------------------------------------------ quality
+
+def planted_pairs(rng, pairs: int, common: int, only: int) -> tuple[np.ndarray, np.ndarray]:
+    """Shingle sets built directly: each pair shares `common` values and has `only` of its own on each side,
+    so its Jaccard is exactly common / (common + 2 only)."""
+    v = rng.integers(0, 2**32, (pairs, common + 2 * only), dtype=np.uint64).astype(np.uint32)
+    while len(repeated := np.flatnonzero((np.diff(np.sort(v, axis=1), axis=1) == 0).any(axis=1))):
+        v[repeated] = rng.integers(0, 2**32, (len(repeated), v.shape[1]), dtype=np.uint64).astype(np.uint32)
+    a = v[:, :common + only]
+    b = np.concatenate([v[:, :common], v[:, common + only:]], axis=1)
+    return a, b
+
+
+def fast_signatures(sets: np.ndarray, num_perm: int, seed: int = 1) -> np.ndarray:
+    text_of = np.repeat(np.arange(len(sets)), sets.shape[1])
+    return similarity_sketches(text_of, sets.reshape(-1), len(sets), num_perm, seed)
+
+
+def datasketch_signatures(sets: np.ndarray, num_perm: int, seed: int = 1) -> np.ndarray:
+    out = []
+    for s in sets:
+        m = MinHash(num_perm=num_perm, seed=seed, hashfunc=int)
+        m.update_batch(s.tolist())
+        out.append(m.hashvalues.astype(np.uint32))
+    return np.array(out)
+
+
+def check_s_curve(sig_a: np.ndarray, sig_b: np.ndarray, common: int, only: int, bands: int, rows: int,
+                  independent_rows: bool) -> None:
+    """Each position agrees with probability j (the mean agreement is within 4.5 standard errors of j); each band
+    collides with probability j^rows, and a pair is a candidate with the S-curve's probability, within 4.5
+    binomial standard deviations.
+
+    A sketch whose bins hold distinct elements samples without replacement: a band then collides with a
+    probability between prod_k (i - k) / (u - k) (i shared of u elements) and j^rows, a little below j^rows for
+    small sets (and its bands are a little less correlated, so candidates come a little more often than the
+    S-curve says). Independent permutations (datasketch) are held to j^rows and the S-curve exactly."""
+    pairs, j = len(sig_a), common / (common + 2 * only)
+    agree = sig_a == sig_b
+    estimates = agree.mean(axis=1)
+    assert abs(estimates.mean() - j) <= 4.5 * estimates.std() / np.sqrt(pairs)
+    band_hits = agree[:, :bands * rows].reshape(pairs, bands, rows).all(axis=2)
+    p_band = j ** rows
+    lowest = p_band if independent_rows else np.prod([(common - k) / (common + 2 * only - k) for k in range(rows)])
+    tolerance = 4.5 * np.sqrt(p_band * (1 - p_band) / pairs)
+    assert np.all((band_hits.mean(axis=0) >= lowest - tolerance) & (band_hits.mean(axis=0) <= p_band + tolerance))
+    p_candidate = candidate_probability(j, bands, rows)
+    tolerance = 4.5 * np.sqrt(p_candidate * (1 - p_candidate) / pairs)
+    assert band_hits.any(axis=1).mean() >= p_candidate - tolerance
+    if independent_rows:
+        assert band_hits.any(axis=1).mean() <= p_candidate + tolerance
+
+
+# (common, only): Jaccard 0.8 (the default threshold) on tiny to large sets, and below it.
+# Many pairs where a fixed pattern across bins would show (tiny sets), fewer where each pair costs more.
+PLANTED = [(8, 1, 20_000), (40, 5, 10_000), (160, 20, 6_000), (800, 100, 3_000), (120, 40, 5_000), (100, 50, 5_000)]
+
+
+@pytest.mark.parametrize("common, only, pairs", PLANTED)
+def test_lsh_bands_catch_pairs_as_the_s_curve_says(common, only, pairs):
+    near = NearDedup()
+    bands, rows = choose_bands(near.num_perm, near.threshold, near.min_recall)
+    a, b = planted_pairs(np.random.default_rng(common), pairs, common, only)
+    check_s_curve(fast_signatures(a, near.num_perm), fast_signatures(b, near.num_perm), common, only, bands, rows,
+                  independent_rows=False)
+
+
+@pytest.mark.parametrize("common, only", [(40, 5), (160, 20)])
+def test_datasketch_passes_the_same_s_curve_check(common, only):
+    """The reference implementation (independent permutations) under the same check: the check is fair."""
+    near = NearDedup()
+    bands, rows = choose_bands(near.num_perm, near.threshold, near.min_recall)
+    a, b = planted_pairs(np.random.default_rng(common + 1), 1_500, common, only)
+    check_s_curve(datasketch_signatures(a, near.num_perm), datasketch_signatures(b, near.num_perm), common, only,
+                  bands, rows, independent_rows=True)
+
+
+def test_recall_at_the_threshold_is_at_least_min_recall():
+    """A precise measurement at the threshold: 30,000 pairs of 45-shingle sets with Jaccard exactly 0.8."""
+    near = NearDedup()
+    bands, rows = choose_bands(near.num_perm, near.threshold, near.min_recall)
+    a, b = planted_pairs(np.random.default_rng(11), 30_000, 40, 5)
+    agree = fast_signatures(a, near.num_perm) == fast_signatures(b, near.num_perm)
+    recall = agree[:, :bands * rows].reshape(len(a), bands, rows).all(axis=2).any(axis=1).mean()
+    assert recall >= near.min_recall
