@@ -1,0 +1,597 @@
+"""Scale benchmark: a deterministic synthetic corpus through curation, exact dedup and distributed near dedup.
+
+    .venv/bin/python bench/scale_bench.py --docs 10000,30000 [--engine local,ray] [--workers 1,2] [--json OUT]
+    .venv/bin/python bench/scale_bench.py --docs 10000 --runs local:1,local:2,ray:2 --json OUT
+
+Corpus (`kiln.synthetic.scale_document`, document i depends only on (seed, i), written as JSONL files of
+`--file-docs` documents, one slice per file): Zipf words from kiln/synthetic.py's vocabulary, log-normal length
+(median 300 words), planted exact copies (3%), near copies at Jaccard 0.95 / 0.9 / 0.85 on word 5-gram shingles
+(6%), and hard negatives that must stay: shared blocks (a block of the previous document, J 0.5-0.65 with it) and
+site templates (64 templates shared by 1% of documents, J < 2/3 between two of them).
+
+Pipeline per run, library calls only (no Dagster), each (engine, workers) in a fresh process of its own:
+  ingest       kiln.curation.ingest of the JSONL files into a kiln.storage.Store (one task per file)
+  filter       kiln.curation.filter_documents with `--profile`: light = normalize + pii only (the profile is empty),
+               prose = the default config's prose profile (its steps, then pii)
+  exact_dedup  kiln.dedup.exact.exact_dedup (the curated documents)
+  signatures   kiln.dedup.minhash.compute_signatures (today's scheme, default dedup.near settings)
+  near_dedup   kiln.dedup.buckets.decide_distributed on the engine (`--partitions`, `--max-bucket`)
+Engines: local = kiln.engine.ProcessPool(workers) (1 worker runs in the driver process itself), ray =
+kiln.engine.RayEngine(workers=...) on an embedded Ray started by the run. The engine is started before the timed
+stages (Ray's start-up and the pool's fork server are not in any stage).
+
+Per run the JSON holds per stage wall_s, docs_per_s, docs_per_s_per_core and mb_per_s_per_core (cores = workers;
+MB = UTF-8 bytes of the texts entering the stage, in 10^6), peak RSS of the driver and of the largest worker
+process (psutil, sampled every `--sample-s` in a thread: the driver and all its descendants — the pool's
+processes, or the embedded Ray's raylet, GCS and workers; Ray's own daemons are reported apart as ray_infra),
+recall per planted Jaccard level and per measured-J bucket (measured with the pipeline's shingling,
+`minhash.shingle_hashes`), precision (each removed document of a sample checked independently: plain-Python
+word 5-gram sets, J >= threshold with the document it names, or equal text after case and whitespace folding
+for exact duplicates), hard negatives removed, and decisions_sha256 (sha256 over the lines
+"doc_id\\tstatus\\tduplicate_of" of every input document sorted by doc_id; status is the filter's reason,
+exact_duplicate, or near dedup's status). With several --docs values, a log-log plot of wall time and peak memory
+against N goes next to the JSON (matplotlib). The sampler also sums CPU seconds per stage over the same processes
+(`cpu_s`, `mb_per_cpu_s`): a rate that other load on the machine disturbs less than wall time does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psutil  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from kiln.synthetic import NEAR_TARGETS, scale_document, scale_plan, write_scale_corpus  # noqa: E402
+
+SOURCE = "scale"
+MIB = 2**20
+RAY_INFRA = ("raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py", "runtime_env", "agent",
+             "ray_client_server", "plasma")
+J_BUCKETS = [(0.0, 0.75), (0.75, 0.8), (0.8, 0.85), (0.85, 0.9), (0.9, 0.95), (0.95, 1.0001)]
+
+
+# ------------------------------------------------------------------------------------------- memory
+
+class RssSampler(threading.Thread):
+    """Peak RSS of this process and of each descendant, per stage (the stage is whatever `stage` names now)."""
+
+    def __init__(self, interval: float):
+        super().__init__(daemon=True)
+        self.interval, self.stage, self.halt = interval, "setup", threading.Event()
+        self.peaks: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.worst: dict[str, str] = {}
+        self._class: dict[int, str] = {}
+        self._cpu: dict[int, float] = {}
+
+    def _classify(self, p: psutil.Process) -> str:
+        if p.pid not in self._class:
+            try:
+                cmd = " ".join(p.cmdline()) or p.name()
+                parent = p.ppid()
+            except (psutil.Error, OSError):
+                cmd, parent = "", None
+            if any(k in cmd for k in RAY_INFRA) and "default_worker" not in cmd:
+                self._class[p.pid] = "ray_infra"
+            elif "resource_tracker" in cmd or ("forkserver" in cmd and parent == os.getpid()):
+                self._class[p.pid] = "pool_infra"  # the fork server itself; its forked children are the workers
+            else:
+                self._class[p.pid] = "worker"
+        return self._class[p.pid]
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + system) used so far by this process and every descendant seen (a process that
+        ended counts with its last sample)."""
+        me = psutil.Process()
+        for p in [me, *me.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                self._cpu[p.pid] = t.user + t.system
+            except psutil.Error:
+                pass
+        return sum(self._cpu.values())
+
+    def sample(self) -> None:
+        me = psutil.Process()
+        driver = me.memory_info().rss
+        by_class: dict[str, float] = defaultdict(float)
+        total = driver
+        worst_worker, worst_cmd = 0, ""
+        for child in me.children(recursive=True):
+            try:
+                rss = child.memory_info().rss
+                t = child.cpu_times()
+                self._cpu[child.pid] = t.user + t.system
+            except psutil.Error:
+                continue
+            cls = self._classify(child)
+            total += rss
+            by_class[cls] = max(by_class[cls], rss)
+            if cls == "worker" and rss > worst_worker:
+                worst_worker = rss
+                try:
+                    worst_cmd = child.name()
+                except psutil.Error:
+                    pass
+        peaks = self.peaks[self.stage]
+        peaks["driver"] = max(peaks["driver"], driver / MIB)
+        peaks["all_processes"] = max(peaks["all_processes"], total / MIB)
+        for cls, rss in by_class.items():
+            peaks[cls] = max(peaks[cls], rss / MIB)
+        if worst_worker / MIB >= peaks["worker"] - 1e-9 and worst_worker:
+            self.worst[self.stage] = worst_cmd
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            try:
+                self.sample()
+            except (psutil.Error, OSError):
+                pass
+            self.halt.wait(self.interval)
+
+
+# ---------------------------------------------------------------------------------------- evaluation
+
+_WORD = re.compile(r"\w+")
+_DIGITS = str.maketrans("0123456789", "0000000000")
+
+
+def plain_shingles(text: str, n: int = 5) -> set[tuple[str, ...]]:
+    """Word n-grams as Python tuples: the near-dedup normalization (lowercase, \\w+ words, digits as 0) written
+    independently of kiln (no hashing, so no collisions)."""
+    w = _WORD.findall(text.lower().translate(_DIGITS))
+    return {tuple(w[k:k + n]) for k in range(max(len(w) - n + 1, 1))} if w else {()}
+
+
+def plain_jaccard(a: str, b: str, n: int = 5) -> float:
+    x, y = plain_shingles(a, n), plain_shingles(b, n)
+    return len(x & y) / len(x | y)
+
+
+def folded(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def decisions_of(store, out_dir: Path) -> dict[str, tuple[str, str | None]]:
+    """doc_id -> (status, duplicate_of) for every ingested document."""
+    from kiln.dedup.buckets import read_decisions
+
+    status: dict[str, tuple[str, str | None]] = {}
+    for d in store.read_table("raw", SOURCE, "documents", columns=["doc_id"]).column("doc_id").to_pylist():
+        status[d] = ("unknown", None)
+    rejected = store.read_table("filtered", SOURCE, "rejected", columns=["doc_id", "reason"])
+    if rejected.num_rows:
+        for d, r in zip(rejected.column("doc_id").to_pylist(), rejected.column("reason").to_pylist()):
+            status[d] = (f"filtered:{r}", None)
+    exact = store.read_table("curated", SOURCE, "rejected", columns=["doc_id", "duplicate_of"])
+    if exact.num_rows:
+        for d, o in zip(exact.column("doc_id").to_pylist(), exact.column("duplicate_of").to_pylist()):
+            status[d] = ("exact_duplicate", o)
+    near = read_decisions(out_dir)
+    for d, s, o in zip(near.column("doc_id").to_pylist(), near.column("status").to_pylist(),
+                       near.column("duplicate_of").to_pylist()):
+        status[d] = (s, o)
+    return status
+
+
+def decisions_sha256(status: dict[str, tuple[str, str | None]]) -> str:
+    h = hashlib.sha256()
+    for d in sorted(status):
+        s, o = status[d]
+        h.update(f"{d}\t{s}\t{o or ''}\n".encode())
+    return h.hexdigest()
+
+
+def evaluate(seed: int, n_docs: int, status: dict[str, tuple[str, str | None]], near, sample: int) -> dict:
+    from kiln.dedup.minhash import jaccard, shingle_hashes
+    from kiln.documents import make_doc_id
+
+    t0 = time.perf_counter()
+    ids = [make_doc_id(SOURCE, f"id:scale-{seed}-{i}") for i in range(n_docs)]
+    index = {d: i for i, d in enumerate(ids)}
+    missing = sum(d not in status for d in ids)
+    if missing:
+        raise RuntimeError(f"{missing} generated documents have no decision: doc ids are not what the bench expects")
+    removed_statuses = {"exact_duplicate", "near_duplicate"}
+
+    @lru_cache(maxsize=4096)
+    def text(i: int) -> str:
+        return scale_document(seed, i)["text"]
+
+    def st(i: int) -> str:
+        return status[ids[i]][0]
+
+    plans = [scale_plan(seed, i) for i in range(n_docs)]
+    kinds = Counter(p.kind for p in plans)
+    by_target: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # target -> [caught, planted]
+    by_bucket: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    exact_copies = [0, 0]
+    excluded_filtered = 0
+    hn = {"shared_block": [0, 0], "template": [0, 0]}  # removed, total
+    shared_j = []
+    for p in plans:
+        if p.kind in ("near_copy", "exact_copy"):
+            if st(p.i).startswith("filtered") or st(p.of).startswith("filtered"):
+                excluded_filtered += 1
+                continue
+            caught = st(p.i) in removed_statuses
+            if p.kind == "exact_copy":
+                exact_copies[0] += caught
+                exact_copies[1] += 1
+                continue
+            j = jaccard(shingle_hashes(text(p.i), near), shingle_hashes(text(p.of), near))
+            by_target[f"{p.target:.2f}"][0] += caught
+            by_target[f"{p.target:.2f}"][1] += 1
+            lo, hi = next(b for b in J_BUCKETS if b[0] <= j < b[1])
+            key = f"[{lo:.2f},{min(hi, 1.0):.2f}{']' if hi > 1 else ')'}"
+            by_bucket[key][0] += caught
+            by_bucket[key][1] += 1
+        elif p.kind in hn:
+            hn[p.kind][1] += 1
+            hn[p.kind][0] += st(p.i) in removed_statuses
+            if p.kind == "shared_block":
+                shared_j.append(jaccard(shingle_hashes(text(p.i), near), shingle_hashes(text(p.of), near)))
+    # Precision: removed documents, checked independently against the document each names.
+    removed = sorted(d for d, (s, _) in status.items() if s in removed_statuses)
+    step = max(1, -(-len(removed) // sample)) if sample else len(removed) + 1
+    checked = correct = planted = 0
+    wrong = []
+    for d in removed[::step]:
+        s, other = status[d]
+        i, k = index[d], index.get(other)
+        checked += 1
+        planted += plans[i].kind in ("near_copy", "exact_copy")
+        if k is None:
+            ok = False
+        elif s == "exact_duplicate":
+            ok = folded(text(i)) == folded(text(k))
+        else:
+            ok = plain_jaccard(text(i), text(k)) >= near.threshold
+        correct += ok
+        if not ok and len(wrong) < 5:
+            wrong.append({"doc": i, "duplicate_of": k, "status": s, "kind": plans[i].kind})
+
+    def rate(x):
+        return round(x[0] / x[1], 4) if x[1] else None
+
+    counts = Counter(s for s, _ in status.values())
+    return {
+        "kinds": dict(kinds),
+        "statuses": dict(counts),
+        "recall_by_target_j": {t: {"recall": rate(v), "caught": v[0], "planted": v[1]}
+                               for t, v in sorted(by_target.items(), reverse=True)},
+        "recall_by_measured_j": {b: {"recall": rate(v), "caught": v[0], "planted": v[1]}
+                                 for b, v in sorted(by_bucket.items(), reverse=True)},
+        "recall_exact_copies": {"recall": rate(exact_copies), "caught": exact_copies[0], "planted": exact_copies[1]},
+        "recall_j_ge_085": rate([sum(v[0] for b, v in by_bucket.items() if float(b[1:5]) >= 0.85),
+                                 sum(v[1] for b, v in by_bucket.items() if float(b[1:5]) >= 0.85)]),
+        "planted_excluded_filtered": excluded_filtered,
+        "precision": {"precision": round(correct / checked, 5) if checked else None, "checked": checked,
+                      "removed": len(removed), "checked_planted": planted, "wrong_examples": wrong},
+        "hard_negatives_removed": hn["shared_block"][0] + hn["template"][0],
+        "hard_negatives": {k: {"removed": v[0], "total": v[1]} for k, v in hn.items()},
+        "shared_block_max_j": round(max(shared_j), 4) if shared_j else None,
+        "eval_s": round(time.perf_counter() - t0, 1),
+    }
+
+
+# -------------------------------------------------------------------------------------------- one run
+
+def file_counts(root: Path) -> dict[str, int]:
+    """Files per top-level folder of a work dir (the small-file count a shuffle leaves)."""
+    out: Counter = Counter()
+    for dirpath, _, files in os.walk(root):
+        rel = Path(dirpath).relative_to(root).parts
+        out[rel[0] if rel else "."] += len(files)
+    return dict(out)
+
+
+def run_one(args) -> dict:
+    from kiln.config import ExactDedup, Reading, Source, load_config
+    from kiln.curation import filter_documents, ingest, profile_steps
+    from kiln.dedup.buckets import decide_distributed
+    from kiln.dedup.exact import HashSource, exact_dedup
+    from kiln.dedup.minhash import compute_signatures
+    from kiln.engine import ProcessPool, RayEngine
+    from kiln.storage import Store
+
+    sampler = RssSampler(args.sample_s)
+    sampler.start()
+    run_dir = Path(args.run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    corpus = Path(args.corpus)
+    meta = json.loads((corpus / "corpus.json").read_text())
+    config = load_config(args.config)
+    profiles = {**config.profiles, "light": []}
+    source = Source(name=SOURCE, kind="jsonl", path=str(corpus / "*.jsonl"), license="CC0-1.0", domain="web",
+                    quality_tier=1, profile=args.profile)
+    config = config.model_copy(update={"sources": [source], "profiles": profiles})
+    reading = Reading(rows_per_part=args.rows_per_part)
+    near = config.dedup.near
+    engine = ProcessPool(args.workers) if args.engine == "local" else RayEngine(workers=args.workers)
+    t0 = time.perf_counter()
+    engine.map_parts(abs, list(range(2 * args.workers)), desc="warm", progress=False)  # pool / Ray started
+    engine_start = time.perf_counter() - t0
+    store = Store(run_dir / "store")
+    stages: dict[str, dict] = {}
+
+    @contextmanager
+    def stage(name: str):
+        sampler.stage = name
+        load = os.getloadavg()
+        rec = {"load_avg_1m_start": round(load[0], 2)}
+        cpu0 = sampler.cpu_seconds()
+        start = time.perf_counter()
+        yield rec
+        rec["wall_s"] = round(time.perf_counter() - start, 3)
+        sampler.sample()
+        rec["cpu_s"] = round(sampler.cpu_seconds() - cpu0, 2)
+        rec["mb_per_cpu_s"] = round(rec["mb"] / max(rec["cpu_s"], 1e-9), 3)
+        rec["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
+        cores = args.workers
+        rec["docs_per_s"] = round(rec["docs"] / rec["wall_s"], 1)
+        rec["docs_per_s_per_core"] = round(rec["docs"] / rec["wall_s"] / cores, 1)
+        rec["mb_per_s_per_core"] = round(rec["mb"] / rec["wall_s"] / cores, 3)
+        stages[name] = rec
+        sampler.stage = "between"
+
+    commit = dict(code_version="bench", config={}, inputs={}, counts={})
+    with stage("ingest") as rec:
+        with store.staging("raw", SOURCE) as w:
+            s = ingest(source, reading, w, engine, progress=False)
+            w.commit(**commit)
+        rec.update(docs=meta["documents"], mb=meta["text_bytes"] / 1e6, docs_out=s.docs_out)
+    with stage("filter") as rec:
+        with store.staging("filtered", SOURCE) as w:
+            s = filter_documents(store.files("raw", SOURCE, "documents"), profile_steps(config, SOURCE),
+                                 ExactDedup(), w, engine, progress=False)
+            w.commit(**commit)
+        rec.update(docs=s.docs_in, mb=s.chars_in / 1e6, docs_out=s.docs_out)
+    with stage("exact_dedup") as rec:
+        with store.staging("curated", SOURCE) as w:
+            hs = [HashSource(SOURCE, 1, tuple(map(str, store.files("filtered", SOURCE, "documents"))))]
+            s = exact_dedup(hs, 0, w, run_dir / "exact-shuffle", engine, progress=False)
+            w.commit(**commit)
+        rec.update(docs=s.docs_in, mb=s.chars_in / 1e6, docs_out=s.docs_out)
+    curated_mb = s.chars_out / 1e6
+    curated = store.files("curated", SOURCE, "documents")
+    sig_dir = run_dir / "signatures"
+    sig_dir.mkdir()
+    sig_parts = [sig_dir / f"signatures-{k:05d}.parquet" for k in range(len(curated))]
+    with stage("signatures") as rec:
+        n, _ = compute_signatures(curated, sig_parts, near, engine=engine, progress=False)
+        rec.update(docs=n, mb=curated_mb)
+    with stage("near_dedup") as rec:
+        result = decide_distributed(sig_parts, {SOURCE: (1, 0)}, [], run_dir / "near-work", run_dir / "near-out",
+                                    near, "bench", engine=engine, partitions=args.partitions,
+                                    max_bucket=args.max_bucket)
+        rec.update(docs=n, mb=curated_mb, substages_s=result["timing"])
+    files = {"near_work": file_counts(run_dir / "near-work"), "near_out": file_counts(run_dir / "near-out"),
+             "exact_shuffle": sum(file_counts(run_dir / "exact-shuffle").values()),
+             "signature_parts": len(sig_parts), "raw_parts": len(store.files("raw", SOURCE, "documents"))}
+    disk = sum(f.stat().st_size for f in run_dir.rglob("*") if f.is_file())
+    sampler.stage = "evaluation"
+    status = decisions_of(store, run_dir / "near-out")
+    sha = decisions_sha256(status)
+    quality = evaluate(meta["seed"], meta["documents"], status, near, args.precision_sample)
+    sampler.halt.set()
+    sampler.join()
+    for name, rec in stages.items():
+        p = sampler.peaks.get(name, {})
+        rec["peak_rss_mib"] = {"driver": round(p.get("driver", 0)), "worker": round(p.get("worker", 0)) or None,
+                               "all_processes": round(p.get("all_processes", 0))}
+        if args.engine == "ray":
+            rec["peak_rss_mib"]["ray_infra"] = round(p.get("ray_infra", 0))
+    pipeline = [sampler.peaks[s] for s in stages if s in sampler.peaks]
+    total_wall = sum(r["wall_s"] for r in stages.values())
+    mb = meta["text_bytes"] / 1e6
+    e2e = stages["signatures"]["wall_s"] + stages["near_dedup"]["wall_s"]
+    out = {
+        "engine": args.engine, "workers": args.workers, "docs": meta["documents"], "seed": meta["seed"],
+        "text_mb": round(mb, 1), "profile": args.profile, "rows_per_part": args.rows_per_part,
+        "partitions": args.partitions, "max_bucket": args.max_bucket, "engine_start_s": round(engine_start, 2),
+        "stages": stages,
+        "total": {"wall_s": round(total_wall, 2), "docs_per_s": round(meta["documents"] / total_wall, 1),
+                  "docs_per_s_per_core": round(meta["documents"] / total_wall / args.workers, 1),
+                  "mb_per_s_per_core": round(mb / total_wall / args.workers, 3)},
+        "near_dedup_end_to_end": {"wall_s": round(e2e, 2), "what": "signatures + near_dedup, from curated text",
+                                  "mb_per_s_per_core": round(curated_mb / e2e / args.workers, 3),
+                                  "docs_per_s_per_core": round(n / e2e / args.workers, 1)},
+        "peak_rss_mib": {"driver": round(max(p.get("driver", 0) for p in pipeline)),
+                         "worker": round(max(p.get("worker", 0) for p in pipeline)) or None,
+                         "all_processes": round(max(p.get("all_processes", 0) for p in pipeline)),
+                         **({"ray_infra": round(max(p.get("ray_infra", 0) for p in pipeline))}
+                            if args.engine == "ray" else {}),
+                         "evaluation_driver": round(sampler.peaks["evaluation"]["driver"]),
+                         "note": "worker = largest single worker process; local with 1 worker runs every stage in "
+                                 "the driver (no worker processes)" if args.engine == "local" and args.workers == 1
+                         else "worker = largest single worker process"},
+        **quality,
+        "decisions_sha256": sha,
+        "near_stats": {k: result[k] for k in ("documents", "kept", "buckets", "verification", "components",
+                                              "cluster_sizes") if k in result},
+        "files": files, "disk_mib": round(disk / MIB),
+    }
+    if args.engine == "ray":
+        from kiln.engine import shutdown
+        shutdown()
+    if not args.keep:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+def prepare_corpus(corpus: Path, n: int, seed: int, file_docs: int, workers: int) -> Path:
+    """The JSONL files of the corpus and corpus.json (documents, seed, files, text bytes), unless already there."""
+    if not (corpus / "corpus.json").is_file():
+        t0 = time.perf_counter()
+        files, text_bytes = write_scale_corpus(corpus, n, seed, file_docs, workers=workers)
+        (corpus / "corpus.json").write_text(json.dumps({"documents": n, "seed": seed, "files": len(files),
+                                                        "text_bytes": text_bytes,
+                                                        "generate_s": round(time.perf_counter() - t0, 1)}))
+    return corpus
+
+
+def run_args(**overrides) -> argparse.Namespace:
+    """The arguments of one run with the command line's defaults (for tests and notebooks)."""
+    return argparse.Namespace(**{**dict(engine="local", workers=1, profile="light", config="configs/default.yaml",
+                                        rows_per_part=500, partitions=8, max_bucket=1000, precision_sample=5000,
+                                        sample_s=0.2, keep=False), **overrides})
+
+
+def parse_runs(args) -> list[tuple[str, int]]:
+    if args.runs:
+        return [(e, int(w)) for e, w in (r.split(":") for r in args.runs.split(","))]
+    return [(e, int(w)) for e in args.engine.split(",") for w in args.workers.split(",")]
+
+
+def print_table(runs: list[dict]) -> None:
+    print(f"\n{'docs':>8} {'engine':>6} {'w':>2} {'stage':<12}{'wall_s':>9}{'docs/s':>10}{'docs/s/core':>12}"
+          f"{'MB/s/core':>10}{'MB/cpu-s':>9}{'drv MiB':>9}{'wrk MiB':>9}{'load':>6}")
+    for r in runs:
+        for name, s in r["stages"].items():
+            p = s["peak_rss_mib"]
+            print(f"{r['docs']:>8,} {r['engine']:>6} {r['workers']:>2} {name:<12}{s['wall_s']:>9.1f}"
+                  f"{s['docs_per_s']:>10,.0f}{s['docs_per_s_per_core']:>12,.0f}{s['mb_per_s_per_core']:>10.2f}"
+                  f"{s['mb_per_cpu_s']:>9.2f}{p['driver']:>9}{p['worker'] or '-':>9}{s['load_avg_1m_start']:>6.1f}")
+        t = r["total"]
+        print(f"{r['docs']:>8,} {r['engine']:>6} {r['workers']:>2} {'TOTAL':<12}{t['wall_s']:>9.1f}"
+              f"{t['docs_per_s']:>10,.0f}{t['docs_per_s_per_core']:>12,.0f}{t['mb_per_s_per_core']:>10.2f}{'':>9}"
+              f"{r['peak_rss_mib']['driver']:>9}{r['peak_rss_mib']['worker'] or '-':>9}")
+        rec = ", ".join(f"J{t}: {v['recall']}" for t, v in r["recall_by_target_j"].items())
+        print(f"{'':>20}recall {rec}; exact {r['recall_exact_copies']['recall']}; measured J>=.85 "
+              f"{r['recall_j_ge_085']}; precision {r['precision']['precision']} ({r['precision']['checked']:,} "
+              f"checked); hard negatives removed {r['hard_negatives_removed']}; sha {r['decisions_sha256'][:12]}")
+
+
+def plot(runs: list[dict], path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed: no plot"
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for key in sorted({(r["engine"], r["workers"]) for r in runs}):
+        rs = sorted((r for r in runs if (r["engine"], r["workers"]) == key), key=lambda r: r["docs"])
+        x = [r["docs"] for r in rs]
+        label = f"{key[0]} x{key[1]}"
+        a.plot(x, [r["total"]["wall_s"] for r in rs], "o-", label=f"{label} total")
+        a.plot(x, [r["stages"]["near_dedup"]["wall_s"] for r in rs], "s--", label=f"{label} near_dedup")
+        b.plot(x, [r["peak_rss_mib"]["driver"] for r in rs], "o-", label=f"{label} driver")
+        if any(r["peak_rss_mib"]["worker"] for r in rs):
+            b.plot(x, [r["peak_rss_mib"]["worker"] or float("nan") for r in rs], "s--", label=f"{label} worker")
+    for ax, title, ylabel in [(a, "wall time", "seconds"), (b, "peak RSS", "MiB")]:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("documents")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return str(path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", default="10000", help="comma-separated corpus sizes")
+    ap.add_argument("--engine", default="local", help="comma-separated: local, ray")
+    ap.add_argument("--workers", default="1,2", help="comma-separated worker counts")
+    ap.add_argument("--runs", default=None, help="explicit engine:workers list, instead of --engine x --workers")
+    ap.add_argument("--json", default=None, help="write the runs here (and the plot next to it)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", default="light", help="light (normalize + pii) or a profile of the config: prose")
+    ap.add_argument("--config", default="configs/default.yaml")
+    ap.add_argument("--rows-per-part", type=int, default=500, help="documents per part (default config: 500)")
+    ap.add_argument("--file-docs", type=int, default=10_000, help="documents per input JSONL file")
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--max-bucket", type=int, default=1000)
+    ap.add_argument("--precision-sample", type=int, default=5000, help="removed documents checked (0: all)")
+    ap.add_argument("--sample-s", type=float, default=0.2, help="RSS sampling interval")
+    ap.add_argument("--work-dir", default=None, help="default: a temporary folder")
+    ap.add_argument("--keep", action="store_true", help="keep the run folders")
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--corpus", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+    if args.one:
+        args.engine, args.workers = args.engine, int(args.workers)
+        Path(args.out).write_text(json.dumps(run_one(args), indent=1))
+        return
+
+    runs_spec = parse_runs(args)
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="kiln-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}; work dir {work}")
+    results = []
+    for n in [int(x) for x in args.docs.split(",")]:
+        corpus = prepare_corpus(work / f"corpus-{n}-{args.seed}", n, args.seed, args.file_docs,
+                                max(w for _, w in runs_spec))
+        meta = json.loads((corpus / "corpus.json").read_text())
+        print(f"corpus: {n:,} documents, {meta['text_bytes'] / 1e6:.1f} MB in {meta['files']} files "
+              f"(generated in {meta['generate_s']} s)", flush=True)
+        for engine, workers in runs_spec:
+            out = work / f"run-{n}-{engine}-{workers}.json"
+            cmd = [sys.executable, __file__, "--one", "--engine", engine, "--workers", str(workers), "--corpus",
+                   str(corpus), "--run-dir", str(work / f"run-{n}-{engine}-{workers}"), "--out", str(out),
+                   "--profile", args.profile, "--config", args.config, "--rows-per-part", str(args.rows_per_part),
+                   "--partitions", str(args.partitions), "--max-bucket", str(args.max_bucket),
+                   "--precision-sample", str(args.precision_sample), "--sample-s", str(args.sample_s)]
+            cmd += ["--keep"] if args.keep else []
+            load = os.getloadavg()
+            t0 = time.perf_counter()
+            subprocess.run(cmd, check=True)
+            r = json.loads(out.read_text())
+            r["load_avg_before"] = [round(x, 2) for x in load]
+            r["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+            r["process_wall_s"] = round(time.perf_counter() - t0, 1)
+            results.append(r)
+            print(f"  {engine} x{workers}: {r['total']['wall_s']:.1f} s in stages, sha {r['decisions_sha256'][:12]}, "
+                  f"load {load[0]:.1f} -> {r['load_avg_after'][0]:.1f}", flush=True)
+            if args.json:  # written after every run: a long series keeps what it has
+                Path(args.json).write_text(json.dumps({"runs": results}, indent=1))
+    print_table(results)
+    sha_equal = {str(n): len({r["decisions_sha256"] for r in results if r["docs"] == n}) == 1
+                 for n in sorted({r["docs"] for r in results})}
+    print(f"\ndecisions_sha256 equal across runs of the same N: {sha_equal}")
+    report = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                          "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
+              "argv": sys.argv[1:], "runs": results, "sha_equal_by_docs": sha_equal}
+    if len({r["docs"] for r in results}) > 1:
+        target = Path(args.json).with_suffix(".png") if args.json else work / "scale_bench.png"
+        report["plot"] = plot(results, target)
+        print(f"plot: {report['plot']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.json}")
+    if not args.work_dir and not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
