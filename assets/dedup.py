@@ -1,10 +1,14 @@
 """Near-duplicate removal across sources and refreshes, and benchmark decontamination."""
 
+import shutil
 import time
+from pathlib import Path
 
 import dagster as dg
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from assets.curation import CURATED
 from assets.partitions import FOLLOW, SAME_REFRESH, document_partitions, refresh_partitions, source_and_refresh
@@ -13,15 +17,17 @@ from kiln.dedup.apply import deduplicate_source
 from kiln.dedup.boilerplate import boilerplate_hashes
 from kiln.dedup.decontaminate import load_benchmarks
 from kiln.dedup.minhash import compute_signatures, lines_table
-from kiln.dedup.near import NEAR_DUPLICATE, Batch, near_dedup, survivor_violations
+from kiln.dedup.buckets import (decide_distributed, doc_id_hash, index_documents, keep_all, survivor_violations,
+                                write_index)
+from kiln.dedup.near import DECISION_SCHEMA, NEAR_DUPLICATE
 from kiln.dedup.report import clusters_markdown, cross_source_markdown, cluster_sizes_markdown
 from kiln.manifest import code_version
 from kiln.plots import stacked_bars_markdown
 from kiln.refresh import load_refreshes, partition, upto
 from kiln.removals import example_excerpt
 from kiln.stats import StageStats, chain, funnel_markdown
-from kiln.storage import resume_key
-from resources import DedupIndexStore, KilnConfig, KilnEngine, KilnStorage
+from kiln.storage import IncompleteDataset, resume_key
+from resources import KilnConfig, KilnEngine, KilnStorage
 
 SIGNATURES, INDEX, DEDUPLICATED = "minhash_signatures", "dedup_index", "deduplicated_documents"
 
@@ -70,9 +76,10 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
 
 @dg.asset(
     key=INDEX, group_name="dedup", kinds={"python", "parquet"}, partitions_def=refresh_partitions,
-    pool="dedup_index",  # one index writer at a time (the index also holds a writer lock); other runs go on
+    pool="dedup_index",  # one writer at a time: a refresh decides against the earlier refreshes' indexes
     deps=[dg.AssetDep(SIGNATURES, partition_mapping=SAME_REFRESH)], automation_condition=FOLLOW,
-    code_version=code_version("kiln.dedup.near", "kiln.dedup.index", "kiln.dedup.boilerplate"),
+    code_version=code_version("kiln.dedup.near", "kiln.dedup.buckets", "kiln.dedup.components",
+                              "kiln.dedup.boilerplate"),
     check_specs=[
         dg.AssetCheckSpec("conservation", asset=INDEX, blocking=True,
                           description="one decision per signed document: kept, near_duplicate or already_indexed"),
@@ -82,53 +89,67 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     ],
 )
 def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
-                dedup_index_store: DedupIndexStore) -> dg.MaterializeResult:
-    """The persistent MinHash LSH index of accepted documents, grown by one refresh, and that refresh's
-    decisions: each document is kept, a near-duplicate (of this refresh or an earlier one), or already indexed."""
+                engine: KilnEngine) -> dg.MaterializeResult:
+    """One refresh's near-duplicate decisions — each document kept, a near-duplicate (of this refresh or an
+    earlier one), or already indexed — and its bucket index (the documents it accepted: band buckets, ids,
+    shingle sets), which later refreshes read as the persistent index (kiln.dedup.buckets)."""
     config, store = kiln_config.load(), storage.store()
     near, lines = config.dedup.near, config.dedup.boilerplate_lines
     refresh = context.partition_key
     parts = [partition(s.name, refresh) for s in config.sources]
     manifests = {p: store.manifest(SIGNATURES, p) for p in parts}
-    batch = Batch.from_tables([(s.quality_tier, store.read_table(SIGNATURES, p, "signatures"))
-                               for s, p in zip(config.sources, parts)])
-    with store.staging(INDEX, refresh) as writer, dedup_index_store.open(near, store.remote) as index:
-        result = near_dedup(batch, index, near, batch_name=refresh, enabled=near.enabled)
-        writer.write("decisions", result.decisions)
+    signature_files = [f for p in parts for f in store.files(SIGNATURES, p, "signatures")]  # config source order
+    sources = {s.name: (s.quality_tier, order) for order, s in enumerate(config.sources)}
+    earlier = earlier_indexes(store, refresh)
+    runner = engine.get(config.engine)
+    with store.staging(INDEX, refresh) as writer:
+        work = writer.scratch("near_dedup")
+        if near.enabled:
+            stats = decide_distributed(signature_files, sources, [path for _, path in earlier], work, writer.dir, near,
+                                       refresh, engine=runner)
+        else:  # every document kept, nothing indexed: an empty index keeps the store's layout uniform
+            stats = keep_all(signature_files, writer.dir)
+            write_index(writer.dir / "index", near, refresh, [])
+            stats["kept"] = 0
+        shutil.rmtree(work)  # the shuffle files, as soon as the decisions are written
+        decision_files = sorted((writer.dir / "decisions").glob("*.parquet"))
+        decided = sum(pq.ParquetFile(f).metadata.num_rows for f in decision_files)
+        distinct = _distinct_ids(decision_files, decided)
+        near_duplicates = sum(int(pc.sum(pc.equal(pq.read_table(f, columns=["status"]).column("status"),
+                                                  NEAR_DUPLICATE)).as_py() or 0) for f in decision_files)
         boilerplate = set()
         if lines.enabled:
             boilerplate = boilerplate_hashes([store.read_table(SIGNATURES, p, "lines") for p in parts], lines)
             writer.write("lines", lines_table({h: 0 for h in boilerplate}))
-        sampled, violations = survivor_violations(batch, result.decisions, near.threshold, near.check_sample)
-        # The index is made durable before this manifest: a crash in between re-runs to the same decisions
-        # (documents already in the index count as kept).
-        result.stats["index"] = index.commit()
+        sampled, violations = survivor_violations(signature_files, decision_files, near.threshold, near.check_sample)
+        stats["index"] = {"documents": index_documents([path for _, path in earlier]) + stats["kept"],
+                          "refreshes": [r for r, _ in earlier] + [refresh]}
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"near": near.model_dump(mode="json"), "boilerplate_lines": lines.model_dump()},
-            inputs={f"{SIGNATURES}/{name}": m.data_version for name, m in manifests.items()},
-            counts={"documents": len(batch), "near_duplicates": int(pc.sum(pc.equal(
-                result.decisions.column("status"), NEAR_DUPLICATE)).as_py() or 0),
-                    "boilerplate_lines": len(boilerplate)},
-            stats=result.stats)
-    stats = result.stats
+            inputs={**{f"{SIGNATURES}/{name}": m.data_version for name, m in manifests.items()},
+                    **{f"{INDEX}/{r}": store.manifest(INDEX, r).data_version for r, _ in earlier}},
+            counts={"documents": decided, "near_duplicates": near_duplicates, "boilerplate_lines": len(boilerplate)},
+            stats=stats)
+    signed = sum(m.counts["documents"] for m in manifests.values())
     # Cluster members other than the kept copy are dropped later: their text shows only as the config allows.
+    examples = _cluster_rows(store.files(INDEX, refresh, "decisions"), stats["example_clusters"])
     policy = config.curation.keep_rejected_text
     texts = None if policy == "none" else {
-        doc_id: example_excerpt(text, policy)
-        for doc_id, text in _texts_of(store, parts, stats["example_clusters"], result.decisions).items()}
+        doc_id: example_excerpt(text, policy) for doc_id, text in _texts_of(store, parts, examples).items()}
     return dg.MaterializeResult(
         metadata={
-            "documents": len(batch), "near_duplicates": manifest.counts["near_duplicates"],
+            "documents": decided, "near_duplicates": near_duplicates,
             "duplicate_rate_per_source": dg.MetadataValue.json(
                 {s: v["duplicate_rate"] for s, v in stats["per_source"].items()}),
             "decisions_per_source": dg.MetadataValue.json(stats["per_source"]),
             "cross_source_duplicates": dg.MetadataValue.md(cross_source_markdown(stats["cross_source"])),
             "cluster_sizes": dg.MetadataValue.md(cluster_sizes_markdown(stats["cluster_sizes"])),
-            "example_clusters": dg.MetadataValue.md(clusters_markdown(result.decisions, stats["example_clusters"], texts)),
-            "lsh": dg.MetadataValue.json(stats["lsh"]), "verification": dg.MetadataValue.json(stats["verification"]),
-            "timing_seconds": dg.MetadataValue.json(stats["timing"]),
-            "index_documents": stats["index"]["documents"], "index_backend": near.index.backend,
+            "example_clusters": dg.MetadataValue.md(clusters_markdown(examples, stats["example_clusters"], texts)),
+            **({"lsh": dg.MetadataValue.json(stats["lsh"]), "verification": dg.MetadataValue.json(stats["verification"]),
+                "buckets": dg.MetadataValue.json(stats["buckets"]), "timing_seconds": dg.MetadataValue.json(stats["timing"]),
+                **engine_metadata(runner, decided, stats["timing"]["total_seconds"])} if near.enabled else {}),
+            "index_documents": stats["index"]["documents"],
             "matched_earlier_refreshes": stats["matched_earlier_refreshes"],
             "boilerplate_lines": len(boilerplate), "data_version": manifest.data_version,
             "accepted_per_refresh": dg.MetadataValue.md(stacked_bars_markdown(
@@ -137,9 +158,8 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
                 "documents the index accepted, by refresh", "documents")),
         },
         check_results=[
-            dg.AssetCheckResult(check_name="conservation", passed=result.decisions.num_rows == len(batch)
-                                and len(set(result.decisions.column("doc_id").to_pylist())) == len(batch),
-                                metadata={"signed": len(batch), "decisions": result.decisions.num_rows}),
+            dg.AssetCheckResult(check_name="conservation", passed=decided == signed and distinct == signed,
+                                metadata={"signed": signed, "decisions": decided, "distinct_doc_ids": distinct}),
             dg.AssetCheckResult(check_name="survivors_distinct", passed=not violations,
                                 severity=dg.AssetCheckSeverity.WARN,
                                 metadata={"sampled": sampled, "violations": len(violations),
@@ -148,9 +168,45 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
         data_version=dg.DataVersion(manifest.data_version))
 
 
-def _texts_of(store, parts: list[str], cluster_ids: list[str], decisions) -> dict[str, str]:
+def earlier_indexes(store, refresh: str) -> list[tuple[str, Path]]:
+    """(refresh, its bucket index folder) of every refresh before `refresh` with a dedup_index, in order (read
+    through the store: with S3 storage they are pulled). A dataset from before the bucket index has none: the
+    store must be migrated first."""
+    out = []
+    for r in upto(load_refreshes(store), refresh):
+        if r.key == refresh or store.manifest_or_none(INDEX, r.key) is None:
+            continue
+        path = store.dataset_dir(INDEX, r.key) / "index"
+        if not (path / "_index.json").is_file():
+            raise IncompleteDataset(f"{INDEX}[{r.key}] has no bucket index (written before Kiln kept its near-dup "
+                                    f"index in the dedup_index datasets); run `kiln dedup migrate-index` once")
+        out.append((r.key, path))
+    return out
+
+
+def _distinct_ids(decision_files, documents: int, per_pass: int = 2_000_000) -> int:
+    """Distinct doc_ids over the decisions, one range of the id hash at a time: at most about `per_pass` ids held."""
+    shards = documents // per_pass + 1
+    total = 0
+    for q in range(shards):
+        seen = set()
+        for f in decision_files:
+            ids = pq.read_table(f, columns=["doc_id"]).column("doc_id").to_pylist()
+            seen.update(d for d, h in zip(ids, doc_id_hash(ids) % np.uint64(shards)) if h == q)
+        total += len(seen)
+    return total
+
+
+def _cluster_rows(decision_files, cluster_ids: list[str]) -> pa.Table:
+    """The decision rows of the example clusters (read part by part, only those rows kept)."""
+    wanted = pa.array(cluster_ids, pa.string())
+    tables = [t.filter(pc.is_in(t.column("cluster_id"), wanted)) for t in map(pq.read_table, decision_files)]
+    return pa.concat_tables(tables) if tables else DECISION_SCHEMA.empty_table()
+
+
+def _texts_of(store, parts: list[str], rows: pa.Table) -> dict[str, str]:
     """Texts of the example clusters' members in this refresh's curated documents (for side-by-side display)."""
-    wanted = set(cluster_ids) | {r["doc_id"] for r in decisions.to_pylist() if r["cluster_id"] in set(cluster_ids)}
+    wanted = set(rows.column("doc_id").to_pylist()) | set(rows.column("cluster_id").to_pylist())
     texts = {}
     for p in parts:
         texts |= store.values(CURATED, p, "text", wanted)

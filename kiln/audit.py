@@ -409,10 +409,10 @@ class Membership:
 
 
 def membership(store: Store, config: ProjectConfig, text: str | None = None, doc_id: str | None = None,
-               checkpoint: str | None = None, index_root: Path | None = None) -> Membership:
+               checkpoint: str | None = None) -> Membership:
     """Whether a document reached training: by `doc_id`, or by `text` (exact normalized-text match, else a
-    near-duplicate through the persistent MinHash index). With `checkpoint`, only the token shards that
-    checkpoint was trained on count. `index_root` defaults to the store's sibling `dedup_index/`."""
+    near-duplicate through the bucket index in the dedup_index datasets). With `checkpoint`, only the token shards
+    that checkpoint was trained on count."""
     if (text is None) == (doc_id is None):
         raise AuditError("give exactly one of a text or a doc_id")
     catalog = Catalog(store)
@@ -427,7 +427,7 @@ def membership(store: Store, config: ProjectConfig, text: str | None = None, doc
         best = results[0]
         best.other_matches = [{"doc_id": r.doc_id, "source": r.source, "verdict": r.verdict} for r in results[1:]]
         return best
-    near, notes = _near_match(catalog, config, text, index_root or store.root.parent / "dedup_index")
+    near, notes = _near_match(catalog, config, text)
     if near is not None:
         matched, score = near
         result = _trace(catalog, config, matched, query, "near_duplicate", shard_versions)
@@ -615,32 +615,40 @@ def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> list[s
     return sorted(set(found))
 
 
-def _near_match(catalog: Catalog, config: ProjectConfig, text: str,
-                index_root: Path) -> tuple[tuple[str, float] | None, list[str]]:
-    """The indexed document most similar to `text` at or above the threshold, by exact Jaccard of the
-    shingle sets (LSH only proposes candidates), with the MinHash settings the index was built with."""
-    from kiln.dedup.index import open_index
-    from kiln.dedup.minhash import jaccard, shingle_hashes, signature
+def _near_match(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[tuple[str, float] | None, list[str]]:
+    """The indexed document most similar to `text` at or above the threshold, by exact Jaccard of the shingle sets
+    (the band buckets only propose candidates), over every refresh's bucket index in the store, with the MinHash
+    settings the index was built with."""
+    from kiln.dedup.buckets import near_matches
+    from kiln.dedup.minhash import shingle_hashes, signature
+    from kiln.refresh import load_refreshes
 
     recorded = catalog.newest(INDEX)
     near = NearDedup.model_validate(recorded.config["near"]) if recorded and "near" in recorded.config \
         else config.dedup.near
-    remote = catalog.store.remote  # with S3 storage the local index is a cache, brought up to date on open
-    if near.index.backend == "local" and remote is None and not (index_root / near.index.name / "index.json").is_file():
-        return None, [f"no near-duplicate index at {index_root / near.index.name}: only exact matches were searched"]
+    folders, unmigrated = [], []
+    for r in load_refreshes(catalog.store):
+        if catalog.manifest(INDEX, r.key) is None:
+            continue
+        path = catalog.store.dataset_dir(INDEX, r.key) / "index"  # with S3 storage, pulled
+        if (path / "_index.json").is_file():
+            folders.append(path)
+        else:
+            unmigrated.append(r.key)
+    notes = [f"dedup_index of refresh(es) {', '.join(unmigrated)} holds no bucket index (written before "
+             "`kiln dedup migrate-index`): not searched"] if unmigrated else []
+    if not folders:
+        return None, notes + ["no near-duplicate index in the store: only exact matches were searched"]
+    shingles = shingle_hashes(text, near)
     try:
-        index = open_index(near.index, near, index_root, remote)
-    except (ConnectionError, ValueError) as exc:
-        return None, [f"near-duplicate search unavailable: {exc}"]
-    with index:
-        shingles = shingle_hashes(text, near)
-        candidates = sorted(index.query_many(signature(shingles, near.num_perm, near.seed)[None, :])[0])
-        stored = index.shingles(candidates)
-        scored = sorted(((jaccard(shingles, stored[c]), c) for c in candidates if c in stored), reverse=True)
-    if scored and scored[0][0] >= near.threshold:
-        return (scored[0][1], round(float(scored[0][0]), 6)), []
-    notes = [f"closest indexed document {scored[0][1]} has Jaccard {scored[0][0]:.3f}, below the near-duplicate "
-             f"threshold {near.threshold}"] if scored else []
+        found = near_matches(folders, shingles, signature(shingles, near.num_perm, near.seed), near)
+    except ValueError as exc:
+        return None, notes + [f"near-duplicate search unavailable: {exc}"]
+    if found and found[0][0] >= near.threshold:
+        return (found[0][1], round(float(found[0][0]), 6)), notes
+    if found:
+        notes.append(f"closest indexed document {found[0][1]} has Jaccard {found[0][0]:.3f}, below the "
+                     f"near-duplicate threshold {near.threshold}")
     return None, notes
 
 

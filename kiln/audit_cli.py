@@ -1,8 +1,8 @@
 """`kiln audit` (lineage, membership and source questions) and `kiln forget` (removal requests) on the
 command line (`add_audit_parser` / `add_forget_parser` register them).
 
-It reads the same store the assets write (`$KILN_HOME/data`, the dedup index in `$KILN_HOME/dedup_index`)
-and the project config (`$KILN_CONFIG`). Human-readable by default, `--json` for machines. A question
+It reads the same store the assets write (`$KILN_HOME/data`; the near-dup index is part of the dedup_index
+datasets) and the project config (`$KILN_CONFIG`). Human-readable by default, `--json` for machines. A question
 the store cannot answer as asked (no such checkpoint, unknown source, missing file) prints
 `kiln audit: <message>` to stderr and returns 2, like argparse's own errors.
 """
@@ -25,7 +25,7 @@ def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
         "audit", help="what went into a checkpoint, whether a document was trained on, where a source went",
         description="Answers from the manifests and data the assets wrote, for auditors, lawyers and data owners.")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--home", type=Path, help="KILN_HOME holding data/ and dedup_index/ (default: $KILN_HOME, "
+    common.add_argument("--home", type=Path, help="KILN_HOME holding data/ (default: $KILN_HOME, "
                                                   "else ./.kiln)")
     common.add_argument("--config", type=Path, help="project config (default: $KILN_CONFIG, else configs/default.yaml)")
     common.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -132,7 +132,7 @@ def run_audit(args: argparse.Namespace) -> int:
             if args.doc_id is not None and not args.doc_id.strip():
                 raise ValueError("--doc-id is empty")
             result = membership(store, config, text=text, doc_id=args.doc_id,
-                                checkpoint=args.checkpoint, index_root=home / "dedup_index")
+                                checkpoint=args.checkpoint)
         elif args.question == "refreshes":
             result = refresh_report(store, config)
         else:
@@ -187,4 +187,53 @@ def run_forget(args: argparse.Namespace) -> int:
     if not request.affected:
         print("  no current checkpoint was trained on matching documents")
     print("  the next materialization of token_shards (and of quality_filtered_documents) excludes them")
+    return EXIT_OK
+
+
+def add_dedup_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `dedup migrate-index`: move an old near-dup index (LocalIndex folder, S3 copy, or Redis) into
+    per-refresh bucket indexes in the dedup_index datasets (kiln.dedup.migrate)."""
+    parser = subparsers.add_parser("dedup", help="near-duplicate index maintenance")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    migrate = actions.add_parser(
+        "migrate-index", help="move the old near-dup index into the dedup_index datasets (once, after upgrading)",
+        description="Gives every refresh's dedup_index dataset written before the bucket index its bucket index, "
+                    "from the old index's records and shingle sets. Refreshes already migrated are left alone.")
+    old = migrate.add_mutually_exclusive_group()
+    old.add_argument("--from", dest="folder", type=Path, metavar="DIR",
+                     help="the old index folder (default: $KILN_HOME/dedup_index/NAME, or its copy on S3 with "
+                          "storage.backend: s3)")
+    old.add_argument("--redis", metavar="URL", help="the old index was on Redis at this URL (default for a "
+                                                    "password: put the URL in KILN_REDIS_URL and pass --redis env)")
+    migrate.add_argument("--name", default="kiln", help="the old index's name (dedup.near.index.name; default kiln)")
+    migrate.add_argument("--home", type=Path, help="KILN_HOME holding data/ (default: $KILN_HOME, else ./.kiln)")
+    migrate.add_argument("--config", type=Path,
+                         help="project config (default: $KILN_CONFIG, else configs/default.yaml)")
+    migrate.set_defaults(func=run_migrate_index)
+    return parser
+
+
+def run_migrate_index(args: argparse.Namespace) -> int:
+    import os
+
+    from kiln.config import kiln_home, load_config
+    from kiln.dedup.migrate import OldRedisIndex, migrate_index, migrate_local
+
+    try:
+        home, config = (args.home or kiln_home()).resolve(), load_config(args.config)
+        store, near = open_store(home, config), config.dedup.near
+        if args.redis:
+            url = os.environ.get("KILN_REDIS_URL", "") if args.redis == "env" else args.redis
+            result = migrate_index(store, OldRedisIndex(url, args.name), near)
+        else:
+            folder = args.folder or (home / "dedup_index" / args.name)
+            result = migrate_local(store, near, folder if folder.exists() or store.remote is None else None,
+                                   args.name)
+    except ValueError as exc:  # ConfigError and MigrationError included
+        return _bad_input("dedup migrate-index", exc)
+    for r, n in result["migrated"].items():
+        print(f"dedup_index[{r}]: bucket index of {n:,} accepted documents written")
+    for r in result["already_migrated"]:
+        print(f"dedup_index[{r}]: already has a bucket index; left alone")
+    print("the old index is no longer read; remove it when you no longer need it")
     return EXIT_OK

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kiln.audit_cli import add_audit_parser, add_forget_parser
+from kiln.audit_cli import add_audit_parser, add_dedup_parser, add_forget_parser
 from kiln.planning.cli import add_plan_parser
 
 
@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_parser(commands)
     add_audit_parser(commands)
     add_forget_parser(commands)
+    add_dedup_parser(commands)
     return parser
 
 

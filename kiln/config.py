@@ -108,14 +108,6 @@ class ShingleNormalization(_Strict):
     digits: Literal["keep", "zero", "remove"] = "zero"  # "zero" maps every digit to 0 (dates, versions, counters)
 
 
-class DedupIndexSettings(_Strict):
-    """Where the persistent MinHash LSH index lives: local files under KILN_HOME, or a shared Redis."""
-
-    backend: Literal["local", "redis"] = "local"
-    name: str = Field("kiln", pattern=r"^[a-z][a-z0-9_-]{0,62}$")  # one index per name; a new name starts afresh
-    redis_url: str = "redis://127.0.0.1:6379/0"
-
-
 class NearDedup(_Strict):
     enabled: bool = True
     shingle_size: int = Field(5, ge=1, le=32)  # words per shingle
@@ -131,7 +123,6 @@ class NearDedup(_Strict):
     # Which document of a cluster is kept; earlier criteria decide first. Documents already in the index
     # (accepted by an earlier refresh) always win: they may already be in token shards.
     keep: list[Literal["quality_tier", "first_seen", "longest"]] = ["quality_tier", "first_seen", "longest"]
-    index: DedupIndexSettings = DedupIndexSettings()
     check_sample: int = Field(500, ge=0)  # survivors re-checked pairwise by exact Jaccard in an asset check
 
     @model_validator(mode="after")
@@ -422,6 +413,11 @@ class EngineSettings(_Strict):
 # Keys that moved; an old config fails with where they live now.
 MOVED_KEYS = {("curation", "workers"): "engine.workers", ("dedup", "workers"): "engine.workers",
               ("shards", "workers"): "engine.workers"}
+# Keys that are gone; an old config fails with what to do instead.
+REMOVED_KEYS = {("dedup", "near", "index"): "removed: the near-dup index is now part of each refresh's dedup_index "
+                                            "dataset (on the store, local or S3; no Redis). Delete dedup.near.index "
+                                            "from the config, and run `kiln dedup migrate-index` once if this store "
+                                            "was indexed before"}
 
 
 class ProjectConfig(_Strict):
@@ -588,6 +584,8 @@ def _describe(error: dict[str, Any]) -> str:
     msg = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden" and tuple(error["loc"]) in MOVED_KEYS:
         return f"  {key}: moved to {MOVED_KEYS[tuple(error['loc'])]} (one setting for every stage); move it there"
+    if error["type"] == "extra_forbidden" and tuple(error["loc"]) in REMOVED_KEYS:
+        return f"  {key}: {REMOVED_KEYS[tuple(error['loc'])]}"
     if error["type"] == "extra_forbidden":
         parent_fields = _fields_at(error["loc"][:-1])
         close = difflib.get_close_matches(str(error["loc"][-1]), parent_fields, n=1)

@@ -41,7 +41,7 @@ from kiln.secrets import redact
 # A file's role is its name's prefix, so any reader can tell documents from rejects, signatures or shards.
 ROLE_PREFIX = {"documents": "part", "rejected": "rejected", "quarantine": "quarantine", "signatures": "signatures",
                "decisions": "decisions", "contamination": "contamination", "lines": "lines", "shard": "shard",
-               "members": "members"}
+               "members": "members", "index_buckets": "buckets", "index_ids": "ids", "index_docs": "indexed"}
 
 
 def write_parquet_atomic(path: Path, table: pa.Table) -> None:

@@ -8,7 +8,7 @@ from assets import curation, dedup, governance, planning, quality, tokens, train
 from assets.partitions import document_partitions, refresh_partitions
 from orchestration.deployments import deployment_resources
 from orchestration.refresh import automation_sensor, landing_sensor, refresh_schedule, removal_requests_sensor
-from resources import DedupIndexStore, KilnConfig, KilnEngine, KilnStorage, MlflowTracking, TrainingLauncher  # noqa: F401 (tests)
+from resources import KilnConfig, KilnEngine, KilnStorage, MlflowTracking, TrainingLauncher  # noqa: F401 (tests)
 
 ASSETS = dg.load_assets_from_modules([curation, dedup, quality, tokens, training, planning, governance])
 EXTERNAL = [governance.removal_requests]  # written outside Dagster (`kiln forget`)

@@ -165,9 +165,10 @@ def summarize(store: Store, sources: list[str]) -> None:
         print(f"\nquality classifier (fastText, {cv['folds']}-fold cross-validated): ROC AUC {cv['auc']}, precision "
               f"{cv['precision']}, recall {cv['recall']} on {cv['positives']} + {cv['negatives']} documents")
     _, index = latest(store, "dedup_index")
-    print(f"near-dup index: {index.stats['index']['documents']:,} accepted documents; LSH "
-          f"{index.stats['lsh']['bands']} bands x {index.stats['lsh']['rows']} rows, "
-          f"{index.stats['verification']['candidate_pairs']:,} candidate pairs verified")
+    lsh = index.stats.get("lsh")  # none with dedup.near.enabled false
+    print(f"near-dup index: {index.stats['index']['documents']:,} accepted documents" + (
+        f"; LSH {lsh['bands']} bands x {lsh['rows']} rows, {index.stats['verification']['candidate_pairs']:,} "
+        "candidate pairs verified" if lsh else ""))
     refresh, shards = latest(store, "token_shards")
     card = store.manifest("tokenizer").stats["card"]
     print(f"tokenizer: {card['vocab_size']:,} pieces, sha256 {card['sha256'][:12]}…; token shards: "

@@ -9,7 +9,7 @@ import os
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 
-from resources import DedupIndexStore, KilnConfig, KilnEngine, KilnStorage, MlflowTracking, TrainingLauncher
+from resources import KilnConfig, KilnEngine, KilnStorage, MlflowTracking, TrainingLauncher
 
 DEPLOYMENTS = ("local", "production")
 
@@ -21,7 +21,7 @@ def deployment_resources(deployment: str | None = None) -> dict[str, object]:
     (`MLFLOW_TRACKING_URI`), the DeepSpeed hostfile and GPUs per node, and the S3 client's region
     (`AWS_REGION`). Backends are chosen in KILN_CONFIG, not here: `storage.backend: s3` puts every artifact in
     a bucket through the `S3Resource` wired below (endpoint and credentials from the standard AWS_*
-    variables or the pod's role), `dedup.near.index.backend: redis` shares the near-dup index, and
+    variables or the pod's role; the near-dup index is part of the dedup_index datasets, so it goes there too), and
     `engine.ray_address` (or the standard `RAY_ADDRESS`) runs the per-document stages on a Ray cluster.
     """
     deployment = deployment or os.environ.get("KILN_DEPLOYMENT") or "local"
@@ -30,7 +30,7 @@ def deployment_resources(deployment: str | None = None) -> dict[str, object]:
     config = KilnConfig()
     s3 = S3Resource(region_name=os.environ.get("AWS_REGION")) if deployment == "production" else S3Resource()
     common = {"kiln_config": config, "storage": KilnStorage(kiln_config=config, s3=s3),
-              "engine": KilnEngine(), "dedup_index_store": _dedup_index_store(),
+              "engine": KilnEngine(),
               "pipes_subprocess_client": dg.PipesSubprocessClient()}
     if deployment == "local":
         return {**common, "training_launcher": TrainingLauncher(), "mlflow_tracking": MlflowTracking()}
@@ -39,9 +39,3 @@ def deployment_resources(deployment: str | None = None) -> dict[str, object]:
                                                   nproc_per_node=dg.EnvVar.int("KILN_GPUS_PER_NODE")),
             "mlflow_tracking": MlflowTracking(tracking_uri=dg.EnvVar("MLFLOW_TRACKING_URI"))}
 
-
-def _dedup_index_store() -> DedupIndexStore:
-    """A Redis URL with a password comes from KILN_REDIS_URL, read when a run starts (Dagster shows the variable's
-    name, never its value), not from the config file."""
-    return DedupIndexStore(redis_url=dg.EnvVar("KILN_REDIS_URL")) if os.environ.get("KILN_REDIS_URL") \
-        else DedupIndexStore()

@@ -1,6 +1,7 @@
 """Near-duplicate decisions without one process holding the corpus: LSH band buckets as Parquet on the store,
 candidate pairs, exact verification and connected components as rounds of `Engine.map_parts`, and today's
-greedy keep policy (`kiln.dedup.near.near_dedup`) applied inside each component — the same decisions table.
+greedy keep policy (`near_dedup`, the single-process implementation this replaced: tests/old_near_dedup.py) applied
+inside each component — the same decisions table.
 
 Stages (every one a map_parts; "→ X/{q}" is a shuffle write: each task writes its rows for partition q to
 X/{q:05d}/{its own position}.parquet, so names never depend on the engine or on arrival order):
@@ -17,7 +18,7 @@ X/{q:05d}/{its own position}.parquet, so names never depend on the engine or on 
    8 route     members and hits → by component
    9 decide    greedy in keep order inside each component → decided rows by part
   10 count     the `candidates` column: per candidate pair, does its first doc count (old, or kept)?
-  11 final     part k: decisions/part-k.parquet (the rows of `near_dedup`, in the same order); its kept docs
+  11 final     part k: decisions/decisions-k.parquet (the rows of `near_dedup`, in the same order); its kept docs
   12 persist   this refresh's index folder: buckets, ids, docs; `_index.json` last
 
 Nodes. A document of this refresh is its position in the batch (`Batch.from_tables` order: source order, then part,
@@ -35,9 +36,10 @@ an earlier refresh written with another `partitions` is read by overlapping rang
 
 The bucket index. Each refresh's index folder (written at the end, never rewritten):
   _index.json                  params (as `index_params`), partitions, batch, the doc-part starts, documents
-  buckets/part-{p}.parquet     (band, key, ref) of its accepted documents, sorted; key-prefix partition p
-  ids/part-{p}.parquet         (h, doc_id, ref), h = blake2b-64 of doc_id, partition of h; sorted by doc_id
-  docs/part-{k}.parquet        (ref, doc_id, source, quality_tier, chars, batch, shingles): its part k's kept docs
+  buckets/buckets-{p}.parquet  (band, key, ref) of its accepted documents, sorted; key-prefix partition p
+  ids/ids-{p}.parquet          (h, doc_id, ref), h = blake2b-64 of doc_id, partition of h; sorted by doc_id
+  docs/indexed-{k}.parquet     (ref, doc_id, source, quality_tier, chars, batch, shingles): its part k's kept docs
+File names carry their store role (`kiln.storage.ROLE_PREFIX`), so the folder can be part of a dataset.
 Earlier refreshes are the persistent index: a new refresh shuffles only its own signatures against them.
 
 Buckets larger than `max_bucket`. Within a bucket, members are ordered earlier-refresh documents first, then by the
@@ -70,7 +72,7 @@ import json
 import shutil
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,14 +85,14 @@ import pyarrow.parquet as pq
 from kiln.config import NearDedup
 from kiln.dedup.components import (LABEL_SCHEMA, connected_components, node_partition, overlapping,
                                    partition_of, read_dir, write_edges, write_partitioned)
-from kiln.dedup.index import IndexMismatch, index_params
-from kiln.dedup.minhash import bands_rows, jaccard, mix64
+from kiln.dedup.minhash import bands_rows, estimated_jaccard, jaccard, mix64
 from kiln.dedup.near import ALREADY_INDEXED, DECISION_SCHEMA, KEPT, NEAR_DUPLICATE, UnionFind
 from kiln.engine import SERIAL, Engine
 from kiln.manifest import write_json_atomic
-from kiln.storage import write_parquet_atomic
+from kiln.storage import part_name, write_parquet_atomic
 
 INDEX_FORMAT = "kiln-bucket-index/1"
+EXAMPLE_CLUSTERS = 5  # the largest clusters named in the stats (shown with their members by the asset)
 _REF_BITS = 40
 _REF_MASK = (1 << _REF_BITS) - 1
 
@@ -127,6 +129,18 @@ COUNT_SCHEMA = pa.schema([pa.field("node", pa.int64(), nullable=False), pa.field
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
+class IndexMismatch(ValueError):
+    """An index on the store was built with other MinHash parameters than the config asks for."""
+
+
+def index_params(near: NearDedup) -> dict[str, Any]:
+    """Everything that must stay fixed for signatures in one index to be comparable."""
+    bands, rows = bands_rows(near)
+    return {"num_perm": near.num_perm, "seed": near.seed, "bands": bands, "rows": rows,
+            "shingle_size": near.shingle_size, "normalization": near.normalization.model_dump(mode="json"),
+            "scheme": "affine32"}
+
 
 def old_node(r: int | np.ndarray, ref: int | np.ndarray) -> np.ndarray:
     return -1 - ((np.asarray(r, np.int64) << _REF_BITS) | np.asarray(ref, np.int64))
@@ -194,6 +208,14 @@ def _dir(root: str | Path, *names: str) -> Path:
     return Path(root).joinpath(*names)
 
 
+_INDEX_ROLES = {"buckets": "index_buckets", "ids": "index_ids", "docs": "index_docs"}
+
+
+def index_file(index: str | Path, kind: str, i: int) -> Path:
+    """File i of an index folder's `kind` (buckets, ids, docs), named by its store role."""
+    return Path(index) / kind / part_name(_INDEX_ROLES[kind], i)
+
+
 def _empty(schema: pa.Schema) -> pa.Table:
     return schema.empty_table()
 
@@ -207,7 +229,7 @@ class Earlier:
     path: str
     partitions: int
     starts: tuple[int, ...]  # its doc-part starts (positions), len parts + 1
-    dp_base: int  # the doc-partition number of its docs/part-00000
+    dp_base: int  # the doc-partition number of its docs/indexed-00000
 
 
 @dataclass(frozen=True)
@@ -269,7 +291,7 @@ class Layout:
             t = pq.read_table(self.parts[dp], columns=columns)
             return self.starts[dp] + np.arange(t.num_rows, dtype=np.int64), t
         r, j = self.earlier_of(dp)
-        t = pq.read_table(Path(self.earlier[r].path) / "docs" / f"part-{j:05d}.parquet", columns=["ref", *columns])
+        t = pq.read_table(index_file(self.earlier[r].path, "docs", j), columns=["ref", *columns])
         return old_node(r, t.column("ref").to_numpy()), t.drop(["ref"])
 
     def w(self, *names: str) -> Path:
@@ -280,7 +302,7 @@ def _earlier_partition(layout: Layout, kind: str, p: int, hash_column: str) -> l
     """Rows of each earlier refresh's `kind` files in this run's partition p (read by overlap, then filtered)."""
     out = []
     for r, e in enumerate(layout.earlier):
-        tables = [pq.read_table(Path(e.path) / kind / f"part-{q:05d}.parquet")
+        tables = [pq.read_table(index_file(e.path, kind, q))
                   for q in overlapping(p, layout.partitions, e.partitions)]
         if not tables:
             continue
@@ -513,7 +535,8 @@ def _decide(task: _Task) -> dict[str, Any]:
     lay, cp = task.layout, task.i
     members = read_dir(lay.w("members", f"{cp:05d}"), MEMBER_SCHEMA)
     if members.num_rows == 0:
-        return {"cluster_sizes": {}, "clusters": 0, "matched_earlier_refreshes": 0, "components": 0}
+        return {"cluster_sizes": {}, "clusters": 0, "matched_earlier_refreshes": 0, "components": 0,
+                "example_clusters": []}
     members = members.sort_by([("comp", "ascending"), ("rank", "ascending")])
     hits = read_dir(lay.w("hit_c", f"{cp:05d}"), HIT_SCHEMA)
     hits_of: dict[int, list[tuple[int, float]]] = {}
@@ -527,6 +550,7 @@ def _decide(task: _Task) -> dict[str, Any]:
     bounds = np.r_[starts, comp.size]
     out: dict[str, list] = {c: [] for c in DECIDED_SCHEMA.names}
     sizes: Counter = Counter()
+    examples: list[tuple[int, str]] = []  # (size, cluster_id) of the largest clusters
     matched_earlier = 0
     for s, e in zip(bounds[:-1], bounds[1:]):
         info = {int(node[i]): (doc_id[i], source[i]) for i in range(s, e)}
@@ -565,11 +589,14 @@ def _decide(task: _Task) -> dict[str, Any]:
             out["duplicate_of_source"].append(best[2] if best else None)
             out["jaccard"].append(best[0] if best else None)
         for root, xs in roots.items():
-            sizes[len(xs) + (0 if any(status.get(x) == KEPT for x in xs) else 1)] += 1
+            size = len(xs) + (0 if any(status.get(x) == KEPT for x in xs) else 1)
+            sizes[size] += 1
+            examples.append((size, info[root][0]))
+        examples = sorted(examples, key=lambda e: (-e[0], e[1]))[:EXAMPLE_CLUSTERS]  # bounded per partition
     table = pa.table(out, schema=DECIDED_SCHEMA)
     write_partitioned(lay.w("decided"), f"{cp:05d}", table, lay.dp_of(table.column("node").to_numpy()), lay.n_parts)
     return {"cluster_sizes": dict(sizes), "clusters": sum(sizes.values()), "matched_earlier_refreshes": matched_earlier,
-            "components": int(starts.size)}
+            "components": int(starts.size), "example_clusters": examples}
 
 
 # --------------------------------------------------------------------------------- 10-12 count, final
@@ -618,13 +645,13 @@ def _final(task: _Task) -> dict[str, Any]:
                           "duplicate_of": dup, "duplicate_of_source": dup_source,
                           "jaccard": pa.array(score, mask=np.isnan(score)), "candidates": candidates},
                          schema=DECISION_SCHEMA)
-    write_parquet_atomic(Path(lay.decisions) / f"part-{k:05d}.parquet", decisions)
+    write_parquet_atomic(Path(lay.decisions) / part_name("decisions", k), decisions)
 
     # This refresh's index: the kept documents' records and shingles (by part), band keys and ids (by partition).
     kept = np.flatnonzero(status == KEPT)
     sig_t = pq.read_table(lay.parts[k], columns=["chars", "signature", "shingles"])
     refs = start + kept
-    write_parquet_atomic(_dir(lay.index, "docs", f"part-{k:05d}.parquet"), pa.table({
+    write_parquet_atomic(index_file(lay.index, "docs", k), pa.table({
         "ref": refs, "doc_id": [doc_ids[i] for i in kept], "source": [sources[i] for i in kept],
         "quality_tier": np.full(kept.size, lay.tiers[k], np.int32), "chars": sig_t.column("chars").take(pa.array(kept)),
         "batch": [lay.batch] * kept.size, "shingles": sig_t.column("shingles").take(pa.array(kept))},
@@ -654,10 +681,10 @@ def _final(task: _Task) -> dict[str, Any]:
 def _persist(task: _Task) -> int:
     lay, p = task.layout, task.i
     keys = read_dir(lay.w("kept_keys", f"{p:05d}"), BUCKET_SCHEMA)
-    write_parquet_atomic(_dir(lay.index, "buckets", f"part-{p:05d}.parquet"),
+    write_parquet_atomic(index_file(lay.index, "buckets", p),
                          keys.sort_by([("band", "ascending"), ("key", "ascending"), ("ref", "ascending")]))
     ids = read_dir(lay.w("kept_ids", f"{p:05d}"), IDS_SCHEMA)
-    write_parquet_atomic(_dir(lay.index, "ids", f"part-{p:05d}.parquet"), ids.sort_by("doc_id"))
+    write_parquet_atomic(index_file(lay.index, "ids", p), ids.sort_by("doc_id"))
     return keys.num_rows
 
 
@@ -678,7 +705,7 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
     source order, one source per part) against each other and the earlier refreshes' index folders `previous`.
 
     `sources`: source name -> (quality tier, source order), as `Batch.from_tables` numbers them. Writes
-    out_dir/decisions/part-{k}.parquet (DECISION_SCHEMA; concatenated in part order they are `near_dedup`'s table)
+    out_dir/decisions/decisions-{k}.parquet (DECISION_SCHEMA; concatenated in part order they are `near_dedup`'s table)
     and this refresh's index folder out_dir/index (`_index.json` last). `work_dir` is scratch, emptied first.
     With `near.enabled` false the caller keeps every document (as `near_dedup(enabled=False)`); this always decides."""
     t_start = time.perf_counter()
@@ -775,6 +802,8 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
                        for s, c in per_source.items()},
         "cross_source": {s: dict(c) for s, c in cross.items()},
         "cluster_sizes": {int(k): v for k, v in sorted(sizes.items())}, "clusters": sum(sizes.values()),
+        "example_clusters": [c for _, c in sorted((e for d in decided for e in d["example_clusters"]),
+                                                  key=lambda e: (-e[0], e[1]))[:EXAMPLE_CLUSTERS]],
         "matched_earlier_refreshes": sum(d["matched_earlier_refreshes"] for d in decided),
         "buckets": {"shared": sum(x["buckets"] for x in paired), "largest": max((x["largest_bucket"] for x in paired),
                                                                                 default=0),
@@ -791,5 +820,147 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
 
 def read_decisions(out_dir: Path) -> pa.Table:
     """The decisions parts of a run, concatenated in part order (`near_dedup`'s table)."""
-    files = sorted((Path(out_dir) / "decisions").glob("part-*.parquet"))
+    files = sorted((Path(out_dir) / "decisions").glob("*.parquet"))
     return pa.concat_tables([pq.read_table(f) for f in files]) if files else DECISION_SCHEMA.empty_table()
+
+
+# ------------------------------------------------------------------------------- index folders, other writers
+
+def write_index(index_dir: Path, near: NearDedup, batch_name: str,
+                doc_parts: Iterable[tuple[pa.Table, np.ndarray]], partitions: int = 8) -> int:
+    """An index folder (as `decide_distributed` persists one) from accepted documents given directly: per docs part
+    (a DOCS_SCHEMA table without `ref`, their signatures). For `migrate` and for a refresh that indexes nothing;
+    holds one refresh's band keys (about bands x 20 bytes per document), never its shingles. Returns documents."""
+    index_dir = Path(index_dir)
+    shutil.rmtree(index_dir, ignore_errors=True)
+    for sub in ("docs", "buckets", "ids"):
+        (index_dir / sub).mkdir(parents=True)
+    bands, rows = bands_rows(near)
+    starts, keys, ids = [0], [], []
+    for k, (docs, signatures) in enumerate(doc_parts):
+        refs = starts[-1] + np.arange(docs.num_rows, dtype=np.int64)
+        write_parquet_atomic(index_file(index_dir, "docs", k), pa.table(
+            {"ref": refs, **{c: docs.column(c) for c in DOCS_SCHEMA.names[1:]}}, schema=DOCS_SCHEMA))
+        starts.append(starts[-1] + docs.num_rows)
+        if docs.num_rows:
+            kb = band_keys(np.asarray(signatures, np.uint32), bands, rows).ravel()
+            keys.append(pa.table({"band": np.tile(np.arange(bands, dtype=np.int32), docs.num_rows), "key": kb,
+                                  "ref": np.repeat(refs, bands)}, schema=BUCKET_SCHEMA))
+            doc_ids = docs.column("doc_id").to_pylist()
+            ids.append(pa.table({"h": doc_id_hash(doc_ids), "doc_id": doc_ids, "ref": refs}, schema=IDS_SCHEMA))
+    all_keys = pa.concat_tables(keys) if keys else _empty(BUCKET_SCHEMA)
+    all_ids = pa.concat_tables(ids) if ids else _empty(IDS_SCHEMA)
+    key_part = partition_of(all_keys.column("key").to_numpy(), partitions)
+    id_part = partition_of(all_ids.column("h").to_numpy(), partitions)
+    for p in range(partitions):
+        write_parquet_atomic(index_file(index_dir, "buckets", p), all_keys.filter(pa.array(key_part == p)).sort_by(
+            [("band", "ascending"), ("key", "ascending"), ("ref", "ascending")]))
+        write_parquet_atomic(index_file(index_dir, "ids", p), all_ids.filter(pa.array(id_part == p)).sort_by("doc_id"))
+    write_json_atomic(index_dir / "_index.json", json.dumps({
+        "format": INDEX_FORMAT, "params": index_params(near), "partitions": partitions, "batch": batch_name,
+        "doc_parts": starts, "documents": starts[-1]}, indent=2))
+    return starts[-1]
+
+
+def keep_all(signature_parts: Sequence[Path], out_dir: Path) -> dict[str, Any]:
+    """Decisions with near-dedup off: every document kept (`near_dedup(enabled=False)`'s table), part by part."""
+    out_dir = Path(out_dir)
+    shutil.rmtree(out_dir / "decisions", ignore_errors=True)
+    (out_dir / "decisions").mkdir(parents=True)
+    per_source: Counter = Counter()
+    for k, path in enumerate(signature_parts):
+        t = pq.read_table(path, columns=["doc_id", "source"])
+        n = t.num_rows
+        per_source.update(t.column("source").to_pylist())
+        write_parquet_atomic(out_dir / "decisions" / part_name("decisions", k), pa.table({
+            "doc_id": t.column("doc_id"), "source": t.column("source"), "status": [KEPT] * n,
+            "cluster_id": pa.nulls(n, pa.string()), "duplicate_of": pa.nulls(n, pa.string()),
+            "duplicate_of_source": pa.nulls(n, pa.string()), "jaccard": pa.nulls(n, pa.float64()),
+            "candidates": np.zeros(n, np.int32)}, schema=DECISION_SCHEMA))
+    return {"documents": sum(per_source.values()),
+            "per_source": {s: {KEPT: c, "duplicate_rate": 0.0} for s, c in per_source.items()},
+            "cross_source": {}, "cluster_sizes": {}, "clusters": 0, "example_clusters": [],
+            "matched_earlier_refreshes": 0}
+
+
+def index_documents(index_dirs: Sequence[Path]) -> int:
+    """Accepted documents in these index folders (from their `_index.json`)."""
+    return sum(read_index_meta(Path(p))["documents"] for p in index_dirs)
+
+
+def near_matches(index_dirs: Sequence[Path], shingles: np.ndarray, signature: np.ndarray,
+                 near: NearDedup) -> list[tuple[float, str, dict[str, Any]]]:
+    """Every indexed document sharing a band with `signature`, as (exact Jaccard, doc_id, its record), best first.
+    Reads one buckets file per index folder and only the docs files holding a candidate."""
+    params = index_params(near)
+    bands, rows = bands_rows(near)
+    keys = band_keys(np.asarray(signature, np.uint32)[None, :], bands, rows)[0]
+    found = []
+    for path in index_dirs:
+        meta = read_index_meta(Path(path))
+        if meta["params"] != params:
+            raise IndexMismatch(f"bucket index {path} was built with other MinHash parameters than {params}")
+        refs: set[int] = set()
+        for p in sorted(set(partition_of(keys, meta["partitions"]).tolist())):
+            t = pq.read_table(index_file(path, "buckets", p))
+            hit = pc.is_in(t.column("key"), pa.array(keys, pa.uint64())).to_numpy(zero_copy_only=False)
+            band, key = t.column("band").to_numpy()[hit], t.column("key").to_numpy()[hit]
+            refs |= set(t.column("ref").to_numpy()[hit][keys[band] == key].tolist())
+        if not refs:
+            continue
+        doc_parts = np.asarray(meta["doc_parts"])
+        wanted = np.array(sorted(refs), np.int64)
+        for j in np.unique(np.searchsorted(doc_parts, wanted, "right") - 1):
+            t = pq.read_table(index_file(path, "docs", int(j)))
+            t = t.filter(pc.is_in(t.column("ref"), pa.array(wanted)))
+            values, offsets = _shingle_arrays(t.column("shingles"))
+            for i, record in enumerate(t.drop(["ref", "shingles"]).to_pylist()):
+                found.append((jaccard(shingles, values[offsets[i]:offsets[i + 1]]), record["doc_id"], record))
+    return sorted(found, key=lambda f: (-f[0], f[1]))
+
+
+def survivor_violations(signature_parts: Sequence[Path], decision_files: Sequence[Path], threshold: float,
+                        sample: int, seed: int = 0, margin: float = 0.15) -> tuple[int, list[tuple[str, str, float]]]:
+    """Check a sample of surviving documents against every survivor by exact Jaccard, independently of the LSH
+    banding (a MinHash estimate >= threshold - margin pre-filters, exact Jaccard decides), one part at a time:
+    only the sample's signatures and shingles are held. Parts and decision files correspond one to one.
+    Returns (documents sampled, violating pairs)."""
+    survivors = [pc.not_equal(pq.read_table(f, columns=["status"]).column("status").combine_chunks(), NEAR_DUPLICATE)
+                 for f in decision_files]
+    counts = np.array([int(pc.sum(s).as_py() or 0) for s in survivors], np.int64)
+    total = int(counts.sum())
+    if total < 2 or sample == 0:
+        return 0, []
+    # The same draw as choosing from the survivors' positions: the k-th survivor in part order.
+    picked = np.sort(np.random.default_rng(seed).choice(total, size=min(sample, total), replace=False))
+    bounds = np.r_[0, np.cumsum(counts)]
+    ids, sigs, shingles = [], [], []
+    for k, path in enumerate(signature_parts):
+        mine = picked[(picked >= bounds[k]) & (picked < bounds[k + 1])] - bounds[k]
+        if mine.size:
+            rows = np.flatnonzero(survivors[k].to_numpy(zero_copy_only=False))[mine]
+            t = pq.read_table(path, columns=["doc_id", "signature", "shingles"]).take(pa.array(rows))
+            ids += t.column("doc_id").to_pylist()
+            sigs.append(_signatures(t))
+            values, offsets = _shingle_arrays(t.column("shingles"))
+            shingles += [values[offsets[i]:offsets[i + 1]] for i in range(t.num_rows)]
+    sigs = np.concatenate(sigs)
+    violations = []
+    for k, path in enumerate(signature_parts):
+        t = pq.read_table(path, columns=["doc_id", "signature", "shingles"]).filter(survivors[k])
+        if t.num_rows == 0:
+            continue
+        others, other_ids = _signatures(t), t.column("doc_id").to_pylist()
+        values, offsets = _shingle_arrays(t.column("shingles"))
+        for i, sig in enumerate(sigs):
+            for j in np.flatnonzero(estimated_jaccard(sig, others) >= threshold - margin):
+                if other_ids[j] != ids[i]:
+                    exact = jaccard(shingles[i], values[offsets[j]:offsets[j + 1]])
+                    if exact >= threshold:
+                        violations.append((ids[i], other_ids[j], round(exact, 4)))
+    return int(picked.size), violations
+
+
+def _signatures(t: pa.Table) -> np.ndarray:
+    sig = t.column("signature").combine_chunks()
+    return sig.values.to_numpy(zero_copy_only=False).reshape(t.num_rows, sig.type.list_size)

@@ -101,7 +101,6 @@ def load_project(config: dict, tmp_path: Path, kiln_home: Path, monkeypatch) -> 
     resources = {"kiln_config": kiln_config,
                  "storage": definitions.KilnStorage(root=str(kiln_home / "data"), kiln_config=kiln_config),
                  "engine": definitions.KilnEngine(),
-                 "dedup_index_store": definitions.DedupIndexStore(root=str(kiln_home / "dedup_index")),
                  "training_launcher": definitions.TrainingLauncher(),
                  "mlflow_tracking": definitions.MlflowTracking(tracking_uri=f"sqlite:///{kiln_home / 'mlflow.db'}",
                                                                artifact_location=str(kiln_home / "mlartifacts")),

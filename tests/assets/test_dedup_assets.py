@@ -147,22 +147,3 @@ def json_rows(project, asset, source):
     base = project.home / "data" / asset / project.partition(source)
     manifest = json.loads((base / "_manifest.json").read_text())
     return [r for f in manifest["files"] if f["role"] == "documents" for r in pq.read_table(base / f["path"]).to_pylist()]
-
-
-def test_a_redis_password_in_the_config_is_never_recorded(tmp_path, kiln_home, monkeypatch, capfd):
-    """The near-dup index on a password-protected Redis named in the config (as a user would first write it): the
-    password reaches no file under KILN_HOME (manifests, S3-bound files, Dagster's storage) and no output."""
-    from tests.redis_server import PASSWORD, redis_server
-
-    (tmp_path / "redis").mkdir()
-    with redis_server(tmp_path / "redis") as url:
-        config = _corpus(tmp_path)[0] | {"dedup": {"near": {"index": {"backend": "redis", "redis_url": url}}}}
-        project = load_project(config, tmp_path, kiln_home, monkeypatch)
-        run_all(project)
-        index = json.loads((kiln_home / "data" / "dedup_index" / project.current() / "_manifest.json").read_text())
-        assert index["config"]["near"]["index"]["redis_url"] == url.replace(f":{PASSWORD}@", "")
-        assert index["counts"]["near_duplicates"] == 3  # the index really ran on Redis
-    leaked = [str(p) for root in (kiln_home, tmp_path / "dagster_home") for p in root.rglob("*")
-              if p.is_file() and PASSWORD.encode() in p.read_bytes()]
-    out, err = capfd.readouterr()
-    assert not leaked and PASSWORD not in out + err

@@ -1,28 +1,25 @@
 """Near-duplicate removal on planted data: known Jaccard levels, cross-source copies, refreshes, backends."""
 
 import hashlib
-import multiprocessing
-from pathlib import Path
 import string
-import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kiln.config import BoilerplateLines, DedupIndexSettings, NearDedup, ShingleNormalization, parse_config
+from kiln.config import BoilerplateLines, NearDedup, ShingleNormalization, parse_config
 from kiln.config import ConfigError
 from kiln.dedup.apply import deduplicate_source
 from kiln.dedup.boilerplate import boilerplate_hashes, strip_boilerplate
-from kiln.dedup.index import IndexMismatch, LocalIndex, index_params, open_index
+from kiln.dedup.buckets import IndexMismatch, decide_distributed, write_index
 from kiln.dedup.minhash import (_list_array, candidate_probability, choose_bands, compute_signatures, jaccard,
                                 shingle_hashes, signature, signature_schema)
-from kiln.dedup.near import ALREADY_INDEXED, KEPT, NEAR_DUPLICATE, Batch, near_dedup, survivor_violations
+from kiln.dedup.near import ALREADY_INDEXED, KEPT, NEAR_DUPLICATE
 from kiln.dedup.text import words
 from kiln.documents import DOCUMENT_SCHEMA, REJECTED_SCHEMA, Document
 from kiln.storage import Store
-from tests.redis_server import PASSWORD, redis_server
+from tests.old_near_dedup import Batch, near_dedup, open_index, survivor_violations
 
 NEAR = NearDedup()
 ALPHABET = list(string.ascii_lowercase)
@@ -51,7 +48,7 @@ def signature_table(source: str, texts: list[str], ids: list[str] | None = None,
 
 @pytest.fixture
 def index(tmp_path):
-    with open_index(DedupIndexSettings(), NEAR, tmp_path / "index") as idx:
+    with open_index(NEAR, tmp_path / "index") as idx:
         yield idx
 
 
@@ -149,7 +146,7 @@ def test_longest_first_policy(tmp_path):
     vocab = vocabulary(rng)
     base = list(rng.choice(vocab, 300))
     near = NEAR.model_copy(update={"keep": ["longest", "first_seen"]})
-    with open_index(DedupIndexSettings(), near, tmp_path) as idx:
+    with open_index(near, tmp_path) as idx:
         batch = Batch.from_tables([(1, signature_table("a", [" ".join(base), " ".join(base + ["tail", "words"])]))])
         rows = {r["doc_id"]: r for r in near_dedup(batch, idx, near, "r", progress=False).decisions.to_pylist()}
     assert rows["a-1"]["status"] == KEPT and rows["a-0"]["duplicate_of"] == "a-1"
@@ -182,14 +179,14 @@ def test_second_refresh_drops_documents_accepted_in_the_first(tmp_path):
     rng = np.random.default_rng(11)
     vocab = vocabulary(rng)
     first = [" ".join(rng.choice(vocab, 200)) for _ in range(50)]
-    with open_index(DedupIndexSettings(), NEAR, tmp_path) as idx:
+    with open_index(NEAR, tmp_path) as idx:
         r1 = near_dedup(Batch.from_tables([(2, signature_table("crawl", first))]), idx, NEAR, "week-1", progress=False)
         assert set(r1.decisions.column("status").to_pylist()) == {KEPT}
         idx.commit()
     # Next week: 20 copies (lightly edited) of last week's pages plus 30 new ones, and last week's batch again.
     copies = [" ".join(edited(t.split(), 2, rng, vocab)) for t in first[:20]]
     fresh = [" ".join(rng.choice(vocab, 200)) for _ in range(30)]
-    with open_index(DedupIndexSettings(), NEAR, tmp_path) as idx:
+    with open_index(NEAR, tmp_path) as idx:
         assert len(idx) == 50
         batch = Batch.from_tables([(1, signature_table("crawl", first)),
                                    (1, signature_table("crawl2", copies + fresh))])
@@ -201,147 +198,25 @@ def test_second_refresh_drops_documents_accepted_in_the_first(tmp_path):
                for i in range(20))  # earlier refreshes win even against a better tier
     assert all(rows[f"crawl2-{i}"]["status"] == KEPT for i in range(20, 50))
     assert r2.stats["matched_earlier_refreshes"] == 20
-    with open_index(DedupIndexSettings(), NEAR, tmp_path) as idx:
+    with open_index(NEAR, tmp_path) as idx:
         assert len(idx) == 80
         assert idx.records(["crawl2-25"])["crawl2-25"].batch == "week-2"
 
 
-def test_uncommitted_inserts_leave_the_index_as_it_was(tmp_path):
-    rng = np.random.default_rng(12)
-    vocab = vocabulary(rng)
-    with open_index(DedupIndexSettings(), NEAR, tmp_path) as idx:
-        near_dedup(Batch.from_tables([(1, signature_table("a", [" ".join(rng.choice(vocab, 50))]))]), idx, NEAR, "1",
-                   progress=False)
-        idx.commit()
-        near_dedup(Batch.from_tables([(1, signature_table("b", [" ".join(rng.choice(vocab, 50))]))]), idx, NEAR, "2",
-                   progress=False)
-        assert len(idx) == 2  # visible to queries at once, but never committed: the "crash"
-    with open_index(DedupIndexSettings(), NEAR, tmp_path) as idx:
-        assert len(idx) == 1 and idx.contains(["a-0", "b-0"]) == [True, False]
+def test_a_bucket_index_with_other_minhash_parameters_is_refused(tmp_path):
+    write_index(tmp_path / "old", NEAR, "r0", [])
+    table = signature_table("a", ["one two three four five six seven"], near=NEAR.model_copy(update={"shingle_size": 7}))
+    pq.write_table(table, tmp_path / "sig.parquet")
+    with pytest.raises(IndexMismatch, match="other MinHash parameters"):
+        decide_distributed([tmp_path / "sig.parquet"], {"a": (1, 0)}, [tmp_path / "old"], tmp_path / "work",
+                           tmp_path / "out", NEAR.model_copy(update={"shingle_size": 7}), "r1")
 
 
-def _commit_batch(root: str, prefix: str, seed: int, start, url: str | None = None) -> None:
-    """A writer process: open the index, near-dedup its 30 documents against it, commit. Writer "a" has 30 new
-    documents; writer "b" lightly edited copies of a's first 15 and 15 of its own. One after the other, whatever
-    the order, the index ends with 45 documents; interleaved, both would keep all 30."""
-    settings = DedupIndexSettings(backend="redis", redis_url=url, name="concurrent") if url else DedupIndexSettings()
-    rng, vocab = np.random.default_rng(1), vocabulary(np.random.default_rng(0))
-    texts = [" ".join(rng.choice(vocab, 120)) for _ in range(30)]
-    if prefix == "b":
-        own = np.random.default_rng(seed)
-        texts = [" ".join(edited(t.split(), 2, own, vocab)) for t in texts[:15]] + \
-            [" ".join(own.choice(vocab, 120)) for _ in range(15)]
-    start.wait()
-    with open_index(settings, NEAR, Path(root)) as idx:
-        near_dedup(Batch.from_tables([(1, signature_table(prefix, texts))]), idx, NEAR, prefix, progress=False)
-        time.sleep(0.5)  # widen the window in which an unlocked second writer would interleave
-        idx.commit()
+def test_the_removed_index_setting_fails_naming_the_key_and_the_fix():
+    with pytest.raises(ConfigError, match=r"dedup\.near\.index: removed.*dedup_index dataset.*migrate-index"):
+        parse_config({"sources": [{"name": "a", "kind": "jsonl", "path": "a.jsonl"}], "profiles": {"none": []},
+                      "dedup": {"near": {"index": {"backend": "redis"}}}})
 
-
-def _run_writers(target, root, url=None) -> None:
-    context = multiprocessing.get_context("spawn")
-    start = context.Barrier(2)
-    writers = [context.Process(target=target, args=(str(root), prefix, seed, start, url))
-               for prefix, seed in (("a", 1), ("b", 2))]
-    for p in writers:
-        p.start()
-    for p in writers:
-        p.join(timeout=120)
-    assert [p.exitcode for p in writers] == [0, 0]
-
-
-def test_two_processes_commit_to_one_index_at_once_and_both_segments_survive(tmp_path):
-    """Writers hold the index from open to close: the second waits, sees the first's documents, and commits a
-    segment of its own name (before, both named theirs segment-00000 and the second deleted the first's)."""
-    import json
-
-    from kiln.manifest import sha256_file
-
-    _run_writers(_commit_batch, tmp_path)
-    meta = json.loads((tmp_path / "kiln" / "index.json").read_text())
-    assert len(meta["segments"]) == 2 and len({s["name"] for s in meta["segments"]}) == 2
-    for seg in meta["segments"]:  # the index verifies: every listed file is there, with its recorded hash
-        assert {f: sha256_file(tmp_path / "kiln" / seg["name"] / f) for f in seg["files"]} == seg["files"]
-    with open_index(DedupIndexSettings(), NEAR, tmp_path) as idx:
-        assert len(idx) == 45 and all(idx.contains([f"{p}-{i}" for p in "ab" for i in range(15, 30)]))
-
-
-_HOLD_AND_DIE = """
-import os, signal, sys
-from pathlib import Path
-from kiln.config import DedupIndexSettings, NearDedup
-from kiln.dedup.index import open_index
-index = open_index(DedupIndexSettings(), NearDedup(), Path(sys.argv[1]))
-print("open", flush=True)
-os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
-def test_a_writer_killed_while_holding_the_index_does_not_block_the_next(tmp_path):
-    import subprocess
-    import sys
-
-    killed = subprocess.run([sys.executable, "-c", _HOLD_AND_DIE, str(tmp_path)], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[2])
-    assert killed.returncode == -9 and killed.stdout == "open\n"
-    with open_index(DedupIndexSettings(), NearDedup(), tmp_path) as idx:  # the OS released its lock
-        assert len(idx) == 0
-
-
-def test_index_refuses_other_minhash_parameters(tmp_path):
-    with open_index(DedupIndexSettings(), NEAR, tmp_path) as idx:
-        idx.add([], np.empty((0, 128), np.uint32), [])
-        idx.commit()
-    (tmp_path / "kiln").mkdir(exist_ok=True)
-    LocalIndex(tmp_path / "kiln", index_params(NEAR)).commit()
-    with pytest.raises(IndexMismatch, match="shingle_size: index 5 vs config 7.*new dedup.near.index.name"):
-        open_index(DedupIndexSettings(), NEAR.model_copy(update={"shingle_size": 7}), tmp_path)
-
-
-# ------------------------------------------------------------------------------------------------ redis
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    with redis_server(tmp_path_factory.mktemp("redis")) as url:
-        yield url
-
-
-def test_redis_backend_is_shared_and_persistent(redis_url):
-    settings = DedupIndexSettings(backend="redis", redis_url=redis_url, name="shared")
-    rng = np.random.default_rng(13)
-    vocab = vocabulary(rng)
-    texts = [" ".join(rng.choice(vocab, 150)) for _ in range(40)]
-    # Worker 1 accepts a batch; worker 2, a separate connection, sees it at once and drops the copies.
-    with open_index(settings, NEAR, None) as worker1:
-        r1 = near_dedup(Batch.from_tables([(2, signature_table("a", texts))]), worker1, NEAR, "w1", progress=False)
-        assert set(r1.decisions.column("status").to_pylist()) == {KEPT}
-    with open_index(settings, NEAR, None) as worker2:
-        assert len(worker2) == 40
-        copies = [" ".join(edited(t.split(), 1, rng, vocab)) for t in texts[:10]]
-        r2 = near_dedup(Batch.from_tables([(2, signature_table("b", copies))]), worker2, NEAR, "w2", progress=False)
-        rows = r2.decisions.to_pylist()
-        assert [r["status"] for r in rows] == [NEAR_DUPLICATE] * 10
-        assert [r["duplicate_of"] for r in rows] == [f"a-{i}" for i in range(10)]
-        assert np.array_equal(worker2.shingles(["a-3"])["a-3"], shingle_hashes(texts[3], NEAR))
-    with pytest.raises(IndexMismatch):
-        open_index(settings, NEAR.model_copy(update={"num_perm": 256}), None)
-
-
-def test_two_processes_share_a_redis_index_one_writer_at_a_time(redis_url, tmp_path):
-    """Redis's own lock (SET NX with a lease): the second writer waits for the first, so it sees all of its
-    documents and keeps none of their near-copies."""
-    _run_writers(_commit_batch, tmp_path, redis_url)
-    settings = DedupIndexSettings(backend="redis", redis_url=redis_url, name="concurrent")
-    with open_index(settings, NEAR, None) as idx:
-        assert len(idx) == 45
-
-
-def test_redis_unreachable_gives_a_clear_error():
-    with pytest.raises(ConnectionError, match="cannot reach Redis.*backend: local"):
-        open_index(DedupIndexSettings(backend="redis", redis_url="redis://127.0.0.1:1/0"), NEAR, None)
-
-
-# ------------------------------------------------------------------------------- signature and apply stages
 
 def write_docs(path, docs: list[Document]):
     pq.write_table(pa.Table.from_pylist([d.to_row() for d in docs], schema=DOCUMENT_SCHEMA), path)
@@ -363,7 +238,7 @@ def test_signature_stage_and_apply_stage_write_explained_rejects(tmp_path):
     boilerplate = boilerplate_hashes([pa.table({"line_hash": pa.array(list(counts), pa.uint64()),
                                                 "documents": list(counts.values())})], lines)
     assert len(boilerplate) == 1
-    with open_index(DedupIndexSettings(), NEAR, tmp_path / "idx") as idx:
+    with open_index(NEAR, tmp_path / "idx") as idx:
         result = near_dedup(Batch.from_tables([(1, pq.read_table(tmp_path / "sig.parquet"))]), idx, NEAR, "r",
                             progress=False)
     store = Store(tmp_path / "data")

@@ -11,13 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kiln import engine as engine_module
-from kiln.config import DedupIndexSettings, NearDedup
+from kiln.config import NearDedup
 from kiln.dedup.buckets import (BUCKET_SCHEMA, band_keys, bucket_pairs, decide_distributed, read_decisions,
                                 read_index_meta)
 from kiln.dedup.components import connected_components, read_labels, write_edges
-from kiln.dedup.index import open_index
 from kiln.dedup.minhash import _list_array, bands_rows, jaccard, shingle_hashes, signature_schema
-from kiln.dedup.near import KEPT, NEAR_DUPLICATE, Batch, near_dedup
+from kiln.dedup.near import KEPT, NEAR_DUPLICATE
+from tests.old_near_dedup import Batch, near_dedup, open_index
 from kiln.engine import SERIAL, ProcessPool, RayEngine
 from tests.kiln.test_dedup import edited, signature_table, vocabulary
 
@@ -41,7 +41,7 @@ def write_parts(root: Path, tables: list[tuple[str, int, pa.Table]], part_rows: 
 def reference(tmp: Path, refreshes: list[list[tuple[str, int, pa.Table]]], near=NEAR) -> list[pa.Table]:
     """near_dedup over the refreshes in turn against one LocalIndex (committed after each)."""
     out = []
-    with open_index(DedupIndexSettings(), near, tmp) as idx:
+    with open_index(near, tmp) as idx:
         for r, tables in enumerate(refreshes):
             batch = Batch.from_tables([(tier, t) for _, tier, t in tables])
             out.append(near_dedup(batch, idx, near, f"r{r}", progress=False).decisions)
@@ -324,3 +324,25 @@ def test_components_of_long_sorted_and_shuffled_paths(tmp_path):
         edges = list(zip(labels[:-1].tolist(), labels[1:].tolist())) + [(5_000_000, 5_000_001)]
         got = components_of(tmp_path / "cc", edges, 4)
         assert got == union_find(edges) and len(set(got.values())) == 2
+
+
+@pytest.mark.parametrize("sample", [7, 100])
+def test_the_part_by_part_survivor_check_finds_what_the_whole_batch_check_finds(tmp_path, sample):
+    """buckets.survivor_violations (one part at a time) against the old whole-Batch check: the same sampled
+    documents (the same draw) and the same violating pairs, on a corpus where every planted copy survived."""
+    from kiln.dedup.buckets import keep_all, survivor_violations
+    from tests.old_near_dedup import survivor_violations as whole_batch
+
+    rng = np.random.default_rng(3)
+    vocab = vocabulary(rng, 2_000)
+    bases = [list(rng.choice(vocab, 60)) for _ in range(12)]
+    texts = [" ".join(b) for b in bases] + [" ".join(edited(b, 1, rng, vocab)) for b in bases[:6]]
+    table = signature_table("s", texts)
+    parts, _ = write_parts(tmp_path / "sig", [("s", 1, table)], 5)
+    keep_all(parts, tmp_path / "out")  # every document survives: the copies are violations
+    files = sorted((tmp_path / "out" / "decisions").glob("*.parquet"))
+    got = survivor_violations(parts, files, NEAR.threshold, sample)
+    want = whole_batch(Batch.from_tables([(1, table)]), read_decisions(tmp_path / "out"), NEAR.threshold, sample)
+    assert got[0] == want[0] and sorted(got[1]) == sorted(want[1])
+    if sample == 100:
+        assert len(want[1]) == 12  # each planted pair, both ways

@@ -8,8 +8,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from kiln.config import DedupIndexSettings, NearDedup
-from kiln.dedup.index import IndexedDoc, open_index
 from kiln.manifest import MANIFEST_NAME, sha256_file
 from kiln.remote import CorruptRemoteFile, MissingBucket, S3Remote
 from kiln.storage import IncompleteDataset, Store
@@ -193,52 +191,3 @@ def test_a_missing_bucket_is_a_clear_error_when_storage_is_opened(s3_endpoint, t
     config["storage"] = {"backend": "local"}
     path.write_text(json.dumps(config))
     assert storage.store().remote is None
-
-
-# ------------------------------------------------------------------------------------------- dedup index
-
-NEAR = NearDedup(num_perm=32, bands=8, rows=4)
-
-
-def add_docs(index, names: list[str]) -> None:
-    rng = np.random.default_rng(len(names))
-    docs = [IndexedDoc(n, "web", 2, 100, "batch") for n in names]
-    index.add(docs, rng.integers(0, 2**32, size=(len(names), 32), dtype=np.uint64).astype(np.uint32),
-              [rng.integers(0, 2**32, size=5, dtype=np.uint64).astype(np.uint32) for _ in names])
-
-
-def test_the_local_dedup_index_is_kept_on_s3(s3, tmp_path):
-    settings = DedupIndexSettings(name="shared")
-    with open_index(settings, NEAR, tmp_path / "machine1", remote(s3)) as index:
-        add_docs(index, ["a", "b"])
-        index.commit()
-    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]}
-    assert "kiln/_dedup_index/shared/index.json" in keys
-    [first_segment] = {k.split("/")[3] for k in keys if k.endswith("/signatures.npy")}
-    assert first_segment.startswith("segment-00000-")  # numbered, with a random suffix: never reused
-
-    # Another machine (an empty cache) sees the index and grows it; the first machine then sees that.
-    with open_index(settings, NEAR, tmp_path / "machine2", remote(s3)) as index:
-        assert index.contains(["a", "b", "c"]) == [True, True, False]
-        add_docs(index, ["c"])
-        index.commit()
-    with open_index(settings, NEAR, tmp_path / "machine1", remote(s3)) as index:
-        assert len(index) == 3 and index.records(["c"])["c"].source == "web"
-
-    # A crash mid-upload: S3 keeps the previous index (the new segment is never listed there).
-    crashing = Recording(s3, fail_after=1)
-    with pytest.raises(ConnectionError), open_index(settings, NEAR, tmp_path / "machine1", remote(crashing)) as index:
-        add_docs(index, ["d"])
-        index.commit()
-    with open_index(settings, NEAR, tmp_path / "machine1", remote(s3)) as index:  # the cache follows S3 again
-        assert len(index) == 3 and index.contains(["d"]) == [False]
-        add_docs(index, ["d"])
-        index.commit()
-    with open_index(settings, NEAR, tmp_path / "machine3", remote(s3)) as index:
-        assert len(index) == 4
-
-    # A tampered segment file is refused.
-    key = f"kiln/_dedup_index/shared/{first_segment}/records.parquet"
-    s3.put_object(Bucket=BUCKET, Key=key, Body=b"not parquet")
-    with pytest.raises(CorruptRemoteFile, match=key):
-        open_index(settings, NEAR, tmp_path / "machine4", remote(s3))

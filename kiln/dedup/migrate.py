@@ -1,0 +1,164 @@
+"""Moving a store's near-dup index from the old single index (a `LocalIndex` folder of segments, on S3 under
+`_dedup_index/<name>/`, or a Redis index) into per-refresh bucket indexes inside the dedup_index datasets.
+
+The old index holds, per accepted document, its record (`batch` = the refresh that accepted it), its shingle set
+and (locally) its signature; Redis keeps no signatures, so they are recomputed from the shingle sets, which is
+exactly how they were made (`minhash.signature`). Each refresh's dataset is rewritten through the store's
+staging (its files as they were, plus `index/`), so a crash leaves it as it was and S3 gets it like any commit.
+A command rather than an upgrade inside `dedup_index`: that asset writes one refresh partition and must not
+rewrite the others, and where the old index lives (a folder, S3, a Redis URL with a password) is only known
+to whoever runs the deployment. Refreshes that already have a bucket index are left alone: re-running is safe.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kiln.config import NearDedup
+from kiln.dedup.buckets import DOCS_SCHEMA, index_params, write_index
+from kiln.dedup.minhash import signature
+from kiln.refresh import load_refreshes
+from kiln.storage import Store
+
+INDEX = "dedup_index"
+RECORD_COLUMNS = ["doc_id", "source", "quality_tier", "chars", "batch"]
+
+
+class MigrationError(ValueError):
+    """The old index cannot be moved as asked; the message says why and what to do."""
+
+
+# ------------------------------------------------------------------------------------------- readers
+
+class OldLocalIndex:
+    """The segments of an old `LocalIndex` folder (`index.json` lists the complete ones)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        meta = self.folder / "index.json"
+        if not meta.is_file():
+            raise MigrationError(f"no old near-dup index at {self.folder} (no index.json)")
+        data = json.loads(meta.read_text())
+        self.params, self.segments = data["params"], [s["name"] for s in data["segments"]]
+
+    def batches(self) -> set[str]:
+        return {b for s in self.segments
+                for b in pq.read_table(self.folder / s / "records.parquet", columns=["batch"]).column("batch").to_pylist()}
+
+    def parts(self, batch: str, near: NearDedup) -> Iterator[tuple[pa.Table, np.ndarray]]:
+        """The documents `batch` accepted, one docs part per segment holding any."""
+        for s in self.segments:
+            d = self.folder / s
+            records = pq.read_table(d / "records.parquet")
+            rows = np.flatnonzero(np.array(records.column("batch").to_pylist(), dtype=object) == batch)
+            if not rows.size:
+                continue
+            values, offsets = np.load(d / "shingles.npy", mmap_mode="r"), np.load(d / "offsets.npy", mmap_mode="r")
+            lengths = offsets[rows + 1] - offsets[rows]
+            flat = np.concatenate([values[offsets[i]:offsets[i + 1]] for i in rows]) if rows.size else []
+            shingles = pa.LargeListArray.from_arrays(pa.array(np.r_[0, np.cumsum(lengths)], pa.int64()),
+                                                     pa.array(np.asarray(flat, np.uint32), pa.uint32()))
+            yield _docs(records.take(pa.array(rows)), shingles), np.asarray(np.load(d / "signatures.npy",
+                                                                                   mmap_mode="r")[rows], np.uint32)
+
+
+class OldRedisIndex:
+    """An old Redis index: records and shingle sets in two hashes (signatures recomputed from the shingles)."""
+
+    def __init__(self, url: str, name: str):
+        import redis
+
+        from kiln.secrets import redact_url
+
+        self.client, self.prefix = redis.Redis.from_url(url), f"kiln:dedup:{name}"
+        try:
+            stored = self.client.get(f"{self.prefix}:params")
+        except redis.exceptions.ConnectionError as exc:
+            raise MigrationError(f"cannot reach Redis at {redact_url(url)} ({type(exc).__name__})") from None
+        if stored is None:
+            raise MigrationError(f"no old near-dup index {self.prefix} in Redis at {redact_url(url)}")
+        self.params = json.loads(stored)
+        self._records = {k.decode(): json.loads(v) for k, v in
+                         self.client.hscan_iter(f"{self.prefix}:records", count=10_000)}
+
+    def batches(self) -> set[str]:
+        return {r["batch"] for r in self._records.values()}
+
+    def parts(self, batch: str, near: NearDedup, chunk: int = 50_000) -> Iterator[tuple[pa.Table, np.ndarray]]:
+        ids = sorted(d for d, r in self._records.items() if r["batch"] == batch)
+        for start in range(0, len(ids), chunk):
+            part = ids[start:start + chunk]
+            sets = [np.frombuffer(v, dtype="<u4").astype(np.uint32)
+                    for v in self.client.hmget(f"{self.prefix}:shingles", part)]
+            records = pa.Table.from_pylist([{c: self._records[d][c] for c in RECORD_COLUMNS} for d in part])
+            shingles = pa.array([s.tolist() for s in sets], pa.large_list(pa.uint32()))
+            yield _docs(records, shingles), np.stack([signature(s, near.num_perm, near.seed) for s in sets])
+
+
+def pull_from_s3(store: Store, name: str, into: Path) -> Path:
+    """The old index's folder as S3 holds it (`<prefix>/_dedup_index/<name>/`), downloaded (sha256-checked)."""
+    base = store.remote.key("_dedup_index", name)
+    data = store.remote.get_bytes(f"{base}/index.json")
+    if data is None:
+        raise MigrationError(f"no old near-dup index on S3 at {store.remote.url(base)}")
+    meta = json.loads(data)
+    into.mkdir(parents=True, exist_ok=True)
+    store.remote.download_files([(f"{base}/{s['name']}/{f}", into / s["name"] / f, sha)
+                                 for s in meta["segments"] for f, sha in s["files"].items()])
+    (into / "index.json").write_bytes(data)
+    return into
+
+
+def _docs(records: pa.Table, shingles: pa.Array) -> pa.Table:
+    return pa.table({"doc_id": records.column("doc_id"), "source": records.column("source"),
+                     "quality_tier": records.column("quality_tier").cast(pa.int32()),
+                     "chars": records.column("chars").cast(pa.int64()), "batch": records.column("batch"),
+                     "shingles": shingles}, schema=pa.schema(list(DOCS_SCHEMA)[1:]))
+
+
+# ------------------------------------------------------------------------------------------- migrate
+
+def migrate_index(store: Store, old: OldLocalIndex | OldRedisIndex, near: NearDedup) -> dict[str, Any]:
+    """Give every refresh's dedup_index dataset that has none a bucket index of the documents the old index says
+    that refresh accepted. Returns {refresh: documents} of those rewritten, and those already migrated."""
+    if old.params != index_params(near):
+        raise MigrationError(f"the old index was built with MinHash parameters {old.params}, the config asks for "
+                             f"{index_params(near)}: restore dedup.near's settings before migrating")
+    refreshes = [r.key for r in load_refreshes(store) if store.manifest_or_none(INDEX, r.key) is not None]
+    orphans = sorted(old.batches() - set(refreshes))
+    if orphans:
+        raise MigrationError(f"the old index holds documents accepted by {orphans}, which are not refreshes with a "
+                             f"dedup_index dataset in {store.root}; nothing was changed")
+    done, skipped = {}, []
+    for r in refreshes:
+        source = store.dataset_dir(INDEX, r)
+        if (source / "index" / "_index.json").is_file():
+            skipped.append(r)
+            continue
+        manifest = store.manifest(INDEX, r)
+        with store.staging(INDEX, r) as writer:
+            for f in manifest.files:
+                (writer.dir / f.path).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source / f.path, writer.dir / f.path)
+            done[r] = write_index(writer.dir / "index", near, r, old.parts(r, near))
+            stats = {**manifest.stats, "migrated_index": {"documents": done[r]}}
+            writer.commit(code_version=manifest.code_version, config=manifest.config, inputs=manifest.inputs,
+                          counts=manifest.counts, stats=stats)
+    return {"migrated": done, "already_migrated": skipped}
+
+
+def migrate_local(store: Store, near: NearDedup, folder: Path | None, name: str = "kiln") -> dict[str, Any]:
+    """From an old local index folder; with S3 storage and no folder, from the copy on S3."""
+    if folder is not None or store.remote is None:
+        return migrate_index(store, OldLocalIndex(folder), near)
+    with tempfile.TemporaryDirectory(dir=store.root) as tmp:
+        return migrate_index(store, OldLocalIndex(pull_from_s3(store, name, Path(tmp) / name)), near)

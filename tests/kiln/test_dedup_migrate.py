@@ -1,0 +1,104 @@
+"""`kiln dedup migrate-index`: a store whose near-dup index is the old single index (built here by the old code
+path: near_dedup committing to a LocalIndex, the dedup_index datasets holding only decisions) gets per-refresh
+bucket indexes, and the next refresh decides exactly as near_dedup against the old index would have."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import yaml
+
+from kiln.cli import main
+from kiln.config import NearDedup
+from kiln.dedup.buckets import decide_distributed, read_decisions, read_index_meta
+from kiln.dedup.migrate import MigrationError, OldLocalIndex, migrate_index
+from tests.old_near_dedup import Batch, near_dedup, open_index
+from kiln.refresh import LandedFile, register_refresh
+from kiln.storage import Store
+from tests.conftest import web_and_ref_sources
+from tests.kiln.test_dedup import edited, signature_table, vocabulary
+from tests.kiln.test_dedup_buckets import assert_same, families, family_texts, write_parts
+
+NEAR = NearDedup()
+INDEX = "dedup_index"
+
+
+def old_refresh(store: Store, idx, key: str, tables) -> pa.Table:
+    """One refresh as the old dedup_index asset ran it: near_dedup against the index, commit, decisions only."""
+    register_refresh(store, None if key == "r0" else {"web": [LandedFile(key, key, 1, "t")]},
+                     "initial" if key == "r0" else "cli", key=key)
+    batch = Batch.from_tables([(tier, t) for _, tier, t in tables])
+    result = near_dedup(batch, idx, NEAR, key, progress=False)
+    idx.commit()
+    with store.staging(INDEX, key) as writer:
+        writer.write("decisions", result.decisions)
+        writer.commit(code_version="old", config={"near": NEAR.model_dump(mode="json")}, inputs={},
+                      counts={"documents": len(batch)}, stats={"per_source": result.stats["per_source"]})
+    return result.decisions
+
+
+def corpora():
+    """Three refreshes: families, then re-sent and edited copies of them and new families, then more copies."""
+    first = families(2)
+    rng = np.random.default_rng(9)
+    vocab = vocabulary(rng, 5_000)
+    texts = [" ".join(edited(t.split(), 1, rng, vocab)) for s in ("web", "forum") for t in family_texts(2)[s][:15]]
+    second = [("web", 2, first[0][2].slice(0, 12)), ("copies", 1, signature_table("copies", texts[:20])),
+              ("n-web", 2, signature_table("n-web", family_texts(4, 10)["web"]))]
+    third = [("web", 2, first[0][2].slice(5, 10)),  # accepted by r0: already indexed
+             ("again", 1, signature_table("again", texts[10:], [f"x{i}" for i in range(len(texts) - 10)])),
+             ("n-ref", 1, signature_table("n-ref", family_texts(5, 10)["ref"]))]
+    return first, second, third
+
+
+def test_an_old_local_index_migrates_and_the_next_refresh_decides_as_the_old_index_would(tmp_path):
+    store = Store(tmp_path / "data")
+    first, second, third = corpora()
+    with open_index(NEAR, tmp_path / "dedup_index") as idx:
+        old = [old_refresh(store, idx, key, tables) for key, tables in (("r0", first), ("r1", second))]
+    before = {r: store.manifest(INDEX, r) for r in ("r0", "r1")}
+
+    assert main(["dedup", "migrate-index", "--home", str(tmp_path), "--config", str(_config(tmp_path))]) == 0
+    for r, decisions in zip(("r0", "r1"), old):
+        manifest = store.manifest(INDEX, r)
+        assert store.read_table(INDEX, r, "decisions").equals(decisions)  # the decisions are untouched
+        assert manifest.counts == before[r].counts and manifest.data_version != before[r].data_version
+        meta = read_index_meta(store.dataset_dir(INDEX, r) / "index")
+        assert meta["batch"] == r and meta["documents"] == decisions.column("status").to_pylist().count("kept")
+        assert {"index_buckets", "index_ids", "index_docs"} <= {f.role for f in manifest.files}
+    # Run again: nothing left to do, nothing rewritten.
+    again = migrate_index(store, OldLocalIndex(tmp_path / "dedup_index" / "kiln"), NEAR)
+    assert again == {"migrated": {}, "already_migrated": ["r0", "r1"]}
+    assert store.manifest(INDEX, "r1").data_version != before["r1"].data_version
+
+    # The next refresh: the old index (the second implementation) against the migrated bucket indexes.
+    with open_index(NEAR, tmp_path / "dedup_index") as idx:
+        want = near_dedup(Batch.from_tables([(tier, t) for _, tier, t in third]), idx, NEAR, "r2",
+                          progress=False).decisions
+    parts, sources = write_parts(tmp_path / "sig", third, 6)
+    decide_distributed(parts, sources, [store.dataset_dir(INDEX, r) / "index" for r in ("r0", "r1")],
+                       tmp_path / "work", tmp_path / "out", NEAR, "r2", partitions=3)
+    got = read_decisions(tmp_path / "out")
+    assert_same(got, want)
+    statuses = want.column("status").to_pylist()
+    assert statuses.count("already_indexed") >= 3 and statuses.count("near_duplicate") >= 10
+
+
+def test_documents_of_an_unknown_refresh_stop_the_migration(tmp_path):
+    store = Store(tmp_path / "data")
+    first, _, _ = corpora()
+    with open_index(NEAR, tmp_path / "idx") as idx:
+        old_refresh(store, idx, "r0", first)
+        near_dedup(Batch.from_tables([(1, signature_table("x", ["some words here and there for a text"]))]), idx,
+                   NEAR, "elsewhere", progress=False)
+        idx.commit()
+    with pytest.raises(MigrationError, match="elsewhere"):
+        migrate_index(store, OldLocalIndex(tmp_path / "idx" / "kiln"), NEAR)
+    assert not (store.dataset_dir(INDEX, "r0") / "index").exists()
+    with pytest.raises(MigrationError, match="other MinHash|restore"):
+        migrate_index(store, OldLocalIndex(tmp_path / "idx" / "kiln"), NEAR.model_copy(update={"num_perm": 64}))
+
+
+def _config(tmp_path):
+    path = tmp_path / "kiln.yaml"
+    path.write_text(yaml.safe_dump({"sources": web_and_ref_sources(tmp_path), "profiles": {"none": []}}))
+    return path
