@@ -328,7 +328,7 @@ class QualityRule(_Strict):
 
 class StorageSettings(_Strict):
     """Where artifacts live: `local` (files under KILN_HOME/data), or `s3`: every dataset, tokenizer, shard set,
-    checkpoint export and the local dedup index durably in a bucket, with KILN_HOME as a cache kept in sync.
+    and checkpoint export (the near-dup index included: it is part of the dedup_index datasets) durably in a bucket, with KILN_HOME as a cache kept in sync.
     Endpoint, region and credentials come from the S3 resource (dagster-aws `S3Resource`: its fields, or the
     standard AWS_* environment variables)."""
 

@@ -1,8 +1,8 @@
 """S3 as Kiln's durable store: a bucket and key prefix, reached through any boto3 S3 client.
 
 Dagster-free: the Dagster resource (`resources.storage.KilnStorage`) builds the client from dagster-aws's
-`S3Resource`; tests and scripts may pass any `boto3.client("s3")`. `kiln.storage.Store` and the local
-dedup index use these operations to keep their local folders and S3 in step. Every download is checked
+`S3Resource`; tests and scripts may pass any `boto3.client("s3")`. `kiln.storage.Store` uses these operations
+to keep its local folders and S3 in step (and `kiln dedup migrate-index` to fetch an old index's S3 copy). Every download is checked
 against the sha256 its manifest records, so a changed or truncated object is refused, never served.
 """
 

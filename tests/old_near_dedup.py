@@ -2,8 +2,9 @@
 in one process against one `LocalIndex` (datasketch MinHashLSH band tables rebuilt from segment files).
 
 Kept in the tests only, as the second implementation the bucket pipeline's decisions are compared with, and to
-build stores in the old format for `kiln dedup migrate-index`'s test. The segment layout (index.json listing
-segments of records.parquet, signatures.npy, shingles.npy, offsets.npy) is what kiln.dedup.migrate reads.
+build stores in the old format for `kiln dedup migrate-index`'s tests. The segment layout (index.json listing
+segments of records.parquet, signatures.npy, shingles.npy, offsets.npy) and the Redis layout (`RedisIndex`) are
+what kiln.dedup.migrate reads.
 """
 
 from __future__ import annotations
@@ -264,6 +265,59 @@ class LocalIndex(DedupIndex):
         for row, doc_id in enumerate(records.column("doc_id").to_pylist()):
             self._where[doc_id] = (n, row)
 
+
+
+# ------------------------------------------------------------------------------------------- redis
+
+class RedisIndex(DedupIndex):
+    """The old Redis backend's layout (git f74afd7, kiln/dedup/index.py), which `migrate.OldRedisIndex` reads:
+    `kiln:dedup:<name>:params` (JSON), datasketch's Redis storage for the band tables under
+    `kiln:dedup:<name>:lsh`, and two hashes by doc_id: `:records` (IndexedDoc as JSON) and `:shingles` (<u4
+    bytes). The old writer's lock is left out: these tests have one writer."""
+
+    def __init__(self, url: str, name: str, params: dict[str, Any]):
+        import redis
+
+        self.client, self.prefix = redis.Redis.from_url(url), f"kiln:dedup:{name}"
+        stored = self.client.get(f"{self.prefix}:params")
+        if stored is None:
+            self.client.set(f"{self.prefix}:params", json.dumps(params, sort_keys=True), nx=True)
+            stored = self.client.get(f"{self.prefix}:params")
+        _check_params(json.loads(stored), params, self.prefix)
+        conn = self.client.connection_pool.connection_kwargs
+        storage = {"type": "redis", "basename": f"{self.prefix}:lsh".encode(),
+                   "redis": {k: conn[k] for k in ("host", "port", "db", "password") if conn.get(k) is not None}}
+        super().__init__(params, _new_lsh(params, storage))
+
+    def __len__(self) -> int:
+        return self.client.hlen(f"{self.prefix}:records")
+
+    def contains(self, doc_ids: list[str]) -> list[bool]:
+        if not doc_ids:
+            return []
+        return [v is not None for v in self.client.hmget(f"{self.prefix}:records", doc_ids)]
+
+    def records(self, doc_ids: list[str]) -> dict[str, IndexedDoc]:
+        if not doc_ids:
+            return {}
+        values = self.client.hmget(f"{self.prefix}:records", doc_ids)
+        return {d: IndexedDoc(**json.loads(v)) for d, v in zip(doc_ids, values) if v is not None}
+
+    def shingles(self, doc_ids: list[str]) -> dict[str, np.ndarray]:
+        if not doc_ids:
+            return {}
+        values = self.client.hmget(f"{self.prefix}:shingles", doc_ids)
+        return {d: np.frombuffer(v, dtype="<u4") for d, v in zip(doc_ids, values) if v is not None}
+
+    def _store(self, docs, signatures, shingles) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for doc, sh in zip(docs, shingles):
+            pipe.hset(f"{self.prefix}:records", doc.doc_id, json.dumps(asdict(doc)))
+            pipe.hset(f"{self.prefix}:shingles", doc.doc_id, np.asarray(sh, dtype="<u4").tobytes())
+        pipe.execute()
+
+    def close(self) -> None:
+        self.client.close()
 
 
 @dataclass

@@ -2,8 +2,10 @@
 
 - `text`: the word view of a document both use (normalized words with their character spans);
 - `minhash`: shingles, MinHash signatures and the LSH bands x rows choice;
-- `index`: the persistent, incremental LSH index of accepted documents (local files or Redis);
-- `near`: verified near-duplicate decisions with union-find clusters and a keep policy;
+- `near`: the decisions table, union-find clusters and the keep policy;
+- `buckets` (+ `components`): the decisions computed as engine rounds over Parquet band buckets, and each
+  refresh's bucket index (the persistent index of accepted documents, in its dedup_index dataset);
+- `migrate`: moving an older Kiln's single index (LocalIndex folder, its S3 copy, Redis) into those;
 - `decontaminate`: n-gram overlap with declared evaluation sets;
 - `boilerplate`: lines that recur across many documents.
 """

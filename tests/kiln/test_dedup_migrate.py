@@ -1,6 +1,6 @@
 """`kiln dedup migrate-index`: a store whose near-dup index is the old single index (built here by the old code
-path: near_dedup committing to a LocalIndex, the dedup_index datasets holding only decisions) gets per-refresh
-bucket indexes, and the next refresh decides exactly as near_dedup against the old index would have."""
+path: near_dedup committing to a LocalIndex or a Redis index, the dedup_index datasets holding only decisions) gets
+per-refresh bucket indexes, and the next refresh decides exactly as near_dedup against the old index would have."""
 
 import numpy as np
 import pyarrow as pa
@@ -9,12 +9,13 @@ import yaml
 
 from kiln.cli import main
 from kiln.config import NearDedup
-from kiln.dedup.buckets import decide_distributed, read_decisions, read_index_meta
+from kiln.dedup.buckets import decide_distributed, index_params, read_decisions, read_index_meta
 from kiln.dedup.migrate import MigrationError, OldLocalIndex, migrate_index
-from tests.old_near_dedup import Batch, near_dedup, open_index
 from kiln.refresh import LandedFile, register_refresh
 from kiln.storage import Store
 from tests.conftest import web_and_ref_sources
+from tests.old_near_dedup import Batch, RedisIndex, near_dedup, open_index
+from tests.redis_server import PASSWORD, redis_server
 from tests.kiln.test_dedup import edited, signature_table, vocabulary
 from tests.kiln.test_dedup_buckets import assert_same, families, family_texts, write_parts
 
@@ -81,6 +82,48 @@ def test_an_old_local_index_migrates_and_the_next_refresh_decides_as_the_old_ind
     assert_same(got, want)
     statuses = want.column("status").to_pylist()
     assert statuses.count("already_indexed") >= 3 and statuses.count("near_duplicate") >= 10
+
+
+def test_an_old_redis_index_migrates_and_the_next_refresh_decides_as_the_old_index_would(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """Redis kept no signatures: the migration recomputes them from the shingle sets. The URL (with a password)
+    comes from KILN_REDIS_URL, and the password shows nowhere."""
+    store = Store(tmp_path / "data")
+    first, second, third = corpora()
+    with redis_server(tmp_path) as url:
+        with RedisIndex(url, "kiln", index_params(NEAR)) as idx:
+            old = [old_refresh(store, idx, key, tables) for key, tables in (("r0", first), ("r1", second))]
+        monkeypatch.setenv("KILN_REDIS_URL", url)
+        assert main(["dedup", "migrate-index", "--redis", "env", "--home", str(tmp_path),
+                     "--config", str(_config(tmp_path))]) == 0
+        # The next refresh on the old path: near_dedup against the Redis index.
+        with RedisIndex(url, "kiln", index_params(NEAR)) as idx:
+            want = near_dedup(Batch.from_tables([(tier, t) for _, tier, t in third]), idx, NEAR, "r2",
+                              progress=False).decisions
+    printed = capsys.readouterr()
+    assert "bucket index of" in printed.out and PASSWORD not in printed.out + printed.err
+    assert not any(PASSWORD.encode() in f.read_bytes() for f in (tmp_path / "data").rglob("*") if f.is_file())
+    for r, decisions in zip(("r0", "r1"), old):
+        assert store.read_table(INDEX, r, "decisions").equals(decisions)
+        meta = read_index_meta(store.dataset_dir(INDEX, r) / "index")
+        assert meta["batch"] == r and meta["documents"] == decisions.column("status").to_pylist().count("kept")
+
+    parts, sources = write_parts(tmp_path / "sig", third, 6)
+    decide_distributed(parts, sources, [store.dataset_dir(INDEX, r) / "index" for r in ("r0", "r1")],
+                       tmp_path / "work", tmp_path / "out", NEAR, "r2", partitions=3)
+    assert_same(read_decisions(tmp_path / "out"), want)
+    statuses = want.column("status").to_pylist()
+    assert statuses.count("already_indexed") >= 3 and statuses.count("near_duplicate") >= 10
+
+
+def test_an_unreachable_redis_exits_2_without_the_password(tmp_path, capsys):
+    register_refresh(Store(tmp_path / "data"), None, "initial", key="r0")
+    with redis_server(tmp_path) as url:
+        pass  # stopped: nothing listens on its port now
+    assert main(["dedup", "migrate-index", "--redis", url, "--home", str(tmp_path),
+                 "--config", str(_config(tmp_path))]) == 2
+    printed = capsys.readouterr()
+    assert "cannot reach Redis" in printed.err and PASSWORD not in printed.out + printed.err
 
 
 def test_documents_of_an_unknown_refresh_stop_the_migration(tmp_path):

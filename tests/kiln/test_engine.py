@@ -78,8 +78,8 @@ def test_addresses_and_recorded_values_lose_their_credentials():
     assert redact_url("ray://admin:s3cret@head:10001") == "ray://head:10001"
     assert redact_url("10.0.0.5:6379") == "10.0.0.5:6379"
     assert redact_url("redis://:pw@127.0.0.1:6380/0") == "redis://127.0.0.1:6380/0"
-    config = {"near": {"index": {"redis_url": "redis://u:pw@r:6379/0"}}, "hosts": ["s3://k:pw@b/x", "a@b.org"]}
-    assert redact(config) == {"near": {"index": {"redis_url": "redis://r:6379/0"}}, "hosts": ["s3://b/x", "a@b.org"]}
+    config = {"engine": {"ray_address": "ray://u:pw@r:10001"}, "hosts": ["s3://k:pw@b/x", "a@b.org"]}
+    assert redact(config) == {"engine": {"ray_address": "ray://r:10001"}, "hosts": ["s3://b/x", "a@b.org"]}
 
 
 def test_a_bad_ray_address_names_the_key_and_the_address(monkeypatch):

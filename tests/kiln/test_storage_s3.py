@@ -1,4 +1,4 @@
-"""Datasets and the dedup index on S3, against moto's server on loopback: uploads with the manifest last,
+"""Datasets on S3, against moto's server on loopback: uploads with the manifest last,
 read-back into an empty cache, tampered objects refused, a crash mid-upload, and the bucket check."""
 
 import json
