@@ -142,6 +142,37 @@ def index_params(near: NearDedup) -> dict[str, Any]:
             "scheme": "affine32"}
 
 
+def params_differences(stored: dict[str, Any], wanted: dict[str, Any]) -> str:
+    """Each index parameter that differs, named by its config key: 'dedup.near.num_perm: index 128, config 64'."""
+    def keys(params: dict[str, Any]) -> dict[str, Any]:
+        out = {("signature scheme" if k == "scheme" else f"dedup.near.{k}"): v
+               for k, v in params.items() if k != "normalization"}
+        out.update({f"dedup.near.normalization.{k}": v for k, v in (params.get("normalization") or {}).items()})
+        return out
+
+    a, b = keys(stored), keys(wanted)
+    differ = [k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+    diff = [f"{k}: index {a.get(k)!r}, config {b.get(k)!r}" for k in differ]
+    if {"dedup.near.bands", "dedup.near.rows"} & set(differ):  # usually changed through these, not set directly
+        diff.append("bands and rows follow dedup.near.threshold and min_recall when not set")
+    return "; ".join(diff)
+
+
+BACKFILL = ("To use the new settings, backfill: re-materialize minhash_signatures (every source) and then dedup_index "
+            "for every refresh partition, from the first refresh to the last, one refresh at a time (each refresh "
+            "decides against the indexes of the refreshes before it, so those must be rebuilt first; earlier "
+            "refreshes' decisions may change). Or restore the index's settings in dedup.near.")
+
+
+def check_index_params(path: str | Path, meta: dict[str, Any], near: NearDedup) -> None:
+    """Refuse an index folder built with other MinHash parameters than `near`'s, saying which and what to do."""
+    wanted = index_params(near)
+    if meta["params"] != wanted:
+        raise IndexMismatch(f"bucket index {path} (refresh {meta.get('batch')}) was built with other MinHash "
+                            f"parameters ({params_differences(meta['params'], wanted)}): signatures would not be "
+                            f"comparable. {BACKFILL}")
+
+
 def old_node(r: int | np.ndarray, ref: int | np.ndarray) -> np.ndarray:
     return -1 - ((np.asarray(r, np.int64) << _REF_BITS) | np.asarray(ref, np.int64))
 
@@ -725,9 +756,7 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
     earlier, base = [], len(signature_parts)
     for path in previous:
         meta = read_index_meta(Path(path))
-        if meta["params"] != params:
-            raise IndexMismatch(f"bucket index {path} was built with other MinHash parameters; signatures would not "
-                                "be comparable")
+        check_index_params(path, meta, near)
         earlier.append(Earlier(str(path), meta["partitions"], tuple(meta["doc_parts"]), base))
         base += len(meta["doc_parts"]) - 1
 
@@ -892,14 +921,12 @@ def near_matches(index_dirs: Sequence[Path], shingles: np.ndarray, signature: np
                  near: NearDedup) -> list[tuple[float, str, dict[str, Any]]]:
     """Every indexed document sharing a band with `signature`, as (exact Jaccard, doc_id, its record), best first.
     Reads one buckets file per index folder and only the docs files holding a candidate."""
-    params = index_params(near)
     bands, rows = bands_rows(near)
     keys = band_keys(np.asarray(signature, np.uint32)[None, :], bands, rows)[0]
     found = []
     for path in index_dirs:
         meta = read_index_meta(Path(path))
-        if meta["params"] != params:
-            raise IndexMismatch(f"bucket index {path} was built with other MinHash parameters than {params}")
+        check_index_params(path, meta, near)
         refs: set[int] = set()
         for p in sorted(set(partition_of(keys, meta["partitions"]).tolist())):
             t = pq.read_table(index_file(path, "buckets", p))

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.config import NearDedup
-from kiln.dedup.buckets import DOCS_SCHEMA, index_params, write_index
+from kiln.dedup.buckets import DOCS_SCHEMA, index_params, params_differences, write_index
 from kiln.dedup.minhash import signature
 from kiln.refresh import load_refreshes
 from kiln.storage import Store
@@ -131,8 +131,11 @@ def migrate_index(store: Store, old: OldLocalIndex | OldRedisIndex, near: NearDe
     """Give every refresh's dedup_index dataset that has none a bucket index of the documents the old index says
     that refresh accepted. Returns {refresh: documents} of those rewritten, and those already migrated."""
     if old.params != index_params(near):
-        raise MigrationError(f"the old index was built with MinHash parameters {old.params}, the config asks for "
-                             f"{index_params(near)}: restore dedup.near's settings before migrating")
+        raise MigrationError(f"the old index was built with other MinHash parameters than the config's "
+                             f"({params_differences(old.params, index_params(near))}): restore those settings in "
+                             "dedup.near to migrate it. Or skip the migration and backfill with the new settings: "
+                             "re-materialize minhash_signatures (every source) and then dedup_index for every "
+                             "refresh partition, from the first refresh to the last, one refresh at a time")
     refreshes = [r.key for r in load_refreshes(store) if store.manifest_or_none(INDEX, r.key) is not None]
     orphans = sorted(old.batches() - set(refreshes))
     if orphans:

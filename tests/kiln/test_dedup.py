@@ -203,13 +203,26 @@ def test_second_refresh_drops_documents_accepted_in_the_first(tmp_path):
         assert idx.records(["crawl2-25"])["crawl2-25"].batch == "week-2"
 
 
-def test_a_bucket_index_with_other_minhash_parameters_is_refused(tmp_path):
+@pytest.mark.parametrize("change, named", [
+    ({"shingle_size": 7}, ["dedup.near.shingle_size: index 5, config 7"]),
+    ({"normalization": ShingleNormalization(digits="keep")},
+     ["dedup.near.normalization.digits: index 'zero', config 'keep'"]),
+    # 16 x 6 at 0.8 (README); a lower threshold needs other bands, named with where they come from.
+    ({"threshold": 0.5}, ["dedup.near.bands: index 16, config ", "follow dedup.near.threshold and min_recall"]),
+])
+def test_a_bucket_index_with_other_minhash_parameters_is_refused_naming_them_and_the_backfill(tmp_path, change,
+                                                                                               named):
     write_index(tmp_path / "old", NEAR, "r0", [])
-    table = signature_table("a", ["one two three four five six seven"], near=NEAR.model_copy(update={"shingle_size": 7}))
-    pq.write_table(table, tmp_path / "sig.parquet")
-    with pytest.raises(IndexMismatch, match="other MinHash parameters"):
+    near = NEAR.model_copy(update=change)
+    pq.write_table(signature_table("a", ["one two three four five six seven"], near=near), tmp_path / "sig.parquet")
+    with pytest.raises(IndexMismatch) as refused:
         decide_distributed([tmp_path / "sig.parquet"], {"a": (1, 0)}, [tmp_path / "old"], tmp_path / "work",
-                           tmp_path / "out", NEAR.model_copy(update={"shingle_size": 7}), "r1")
+                           tmp_path / "out", near, "r1")
+    message = str(refused.value)
+    for part in [*named, "refresh r0", "other MinHash parameters", "backfill", "minhash_signatures", "dedup_index",
+                 "every refresh partition, from the first refresh to the last, one refresh at a time"]:
+        assert part in message, part
+    assert "num_perm" not in message and "seed" not in message  # unchanged parameters are not named
 
 
 def test_the_removed_index_setting_fails_naming_the_key_and_the_fix():
