@@ -154,6 +154,9 @@ class LineageNode:
     files: list[dict[str, Any]] = field(default_factory=list)  # path, role, sha256, bytes, rows
     inputs: dict[str, str] = field(default_factory=dict)  # key -> data version it recorded
     depth: int = 0
+    # Earlier versions whose files are all in this one unchanged (`kiln dedup migrate-index` only added files):
+    # a consumer that recorded one of them read what this version holds.
+    same_files_as: list[str] = field(default_factory=list)
 
     @property
     def bytes(self) -> int:
@@ -181,7 +184,7 @@ class Lineage:
             if n.status == NOT_MATERIALIZED:
                 out.append(f"{n.key}: recorded as an input ({', '.join(n.recorded_versions)}) but not in the store")
             elif n.status == "superseded":
-                older = sorted(set(n.recorded_versions) - {n.data_version})
+                older = sorted(set(n.recorded_versions) - {n.data_version, *n.same_files_as})
                 out.append(f"{n.key}: consumers recorded {', '.join(older)}; the store now holds {n.data_version} "
                            f"(re-materialized since), so the chain below it is the current version's")
         return out
@@ -304,18 +307,19 @@ def lineage(store: Store, checkpoint: str = CHECKPOINT) -> Lineage:
         if m is None:
             nodes[key] = LineageNode(key, asset, partition, NOT_MATERIALIZED, [recorded] if recorded else [], depth=depth)
             continue
+        replaced = (m.stats.get("migrated_index") or {}).get("replaces")
         node = nodes[key] = LineageNode(
             key, asset, partition, "current", [recorded] if recorded else [], m.data_version, m.code_version,
             m.git_commit, m.created_at, dict(m.counts),
             [{"path": f.path, "role": f.role, "sha256": f.sha256, "bytes": f.bytes, "rows": f.rows} for f in m.files],
-            dict(m.inputs), depth)
+            dict(m.inputs), depth, [replaced] if replaced else [])
         _mark(node)
         queue += [(k, v, depth + 1, None) for k, v in sorted(m.inputs.items())]
     return Lineage(node_key(root.asset, root.partition) + f" {root.data_version}", str(store.root), list(nodes.values()))
 
 
 def _mark(node: LineageNode) -> None:
-    if node.data_version and any(v != node.data_version for v in node.recorded_versions):
+    if node.data_version and any(v not in {node.data_version, *node.same_files_as} for v in node.recorded_versions):
         node.status = "superseded"
 
 

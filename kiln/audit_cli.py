@@ -198,7 +198,10 @@ def add_dedup_parser(subparsers: Any) -> argparse.ArgumentParser:
     migrate = actions.add_parser(
         "migrate-index", help="move the old near-dup index into the dedup_index datasets (once, after upgrading)",
         description="Gives every refresh's dedup_index dataset written before the bucket index its bucket index, "
-                    "from the old index's records and shingle sets. Refreshes already migrated are left alone.")
+                    "from the old index's records and shingle sets. Refreshes already migrated are left alone. A "
+                    "migrated dataset gets a new data version (files were added); its manifest names the version it "
+                    "replaces, whose decisions it holds unchanged, so `kiln audit lineage` and the data card do not "
+                    "report its consumers (deduplicated_documents) as built from a superseded version.")
     old = migrate.add_mutually_exclusive_group()
     old.add_argument("--from", dest="folder", type=Path, metavar="DIR",
                      help="the old index folder (default: $KILN_HOME/dedup_index/NAME, or its copy on S3 with "

@@ -5,6 +5,8 @@ The old index holds, per accepted document, its record (`batch` = the refresh th
 and (locally) its signature; Redis keeps no signatures, so they are recomputed from the shingle sets, which is
 exactly how they were made (`minhash.signature`). Each refresh's dataset is rewritten through the store's
 staging (its files as they were, plus `index/`), so a crash leaves it as it was and S3 gets it like any commit.
+That gives it a new data version; its manifest names the one it replaces, which consumers recorded and which
+`kiln audit lineage` and the data card accept as the same decisions.
 A command rather than an upgrade inside `dedup_index`: that asset writes one refresh partition and must not
 rewrite the others, and where the old index lives (a folder, S3, a Redis URL with a password) is only known
 to whoever runs the deployment. Refreshes that already have a bucket index are left alone: re-running is safe.
@@ -153,7 +155,9 @@ def migrate_index(store: Store, old: OldLocalIndex | OldRedisIndex, near: NearDe
                 (writer.dir / f.path).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source / f.path, writer.dir / f.path)
             done[r] = write_index(writer.dir / "index", near, r, old.parts(r, near))
-            stats = {**manifest.stats, "migrated_index": {"documents": done[r]}}
+            # A new data version (the file list grew), but the files consumers read are the same bytes: lineage
+            # takes a consumer's record of `replaces` as current (kiln.audit.lineage).
+            stats = {**manifest.stats, "migrated_index": {"documents": done[r], "replaces": manifest.data_version}}
             writer.commit(code_version=manifest.code_version, config=manifest.config, inputs=manifest.inputs,
                           counts=manifest.counts, stats=stats)
     return {"migrated": done, "already_migrated": skipped}

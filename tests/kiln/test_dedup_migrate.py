@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from kiln.audit import lineage
 from kiln.cli import main
 from kiln.config import NearDedup
 from kiln.dedup.buckets import decide_distributed, index_params, read_decisions, read_index_meta
@@ -57,6 +58,10 @@ def test_an_old_local_index_migrates_and_the_next_refresh_decides_as_the_old_ind
     with open_index(NEAR, tmp_path / "dedup_index") as idx:
         old = [old_refresh(store, idx, key, tables) for key, tables in (("r0", first), ("r1", second))]
     before = {r: store.manifest(INDEX, r) for r in ("r0", "r1")}
+    # A consumer of the old decisions (as deduplicated_documents records them).
+    with store.staging("deduplicated_documents", "web/r1") as writer:
+        writer.write("documents", pa.table({"doc_id": ["web-0"]}))
+        writer.commit(code_version="old", config={}, inputs={f"{INDEX}/r1": before["r1"].data_version}, counts={})
 
     assert main(["dedup", "migrate-index", "--home", str(tmp_path), "--config", str(_config(tmp_path))]) == 0
     for r, decisions in zip(("r0", "r1"), old):
@@ -66,6 +71,9 @@ def test_an_old_local_index_migrates_and_the_next_refresh_decides_as_the_old_ind
         meta = read_index_meta(store.dataset_dir(INDEX, r) / "index")
         assert meta["batch"] == r and meta["documents"] == decisions.column("status").to_pylist().count("kept")
         assert {"index_buckets", "index_ids", "index_docs"} <= {f.role for f in manifest.files}
+    # A new data version (the file list grew), yet the consumer read these very decisions: not superseded.
+    chain = lineage(store, "deduplicated_documents/web/r1")
+    assert chain.node(f"{INDEX}/r1").status == "current" and chain.problems == []
     # Run again: nothing left to do, nothing rewritten.
     again = migrate_index(store, OldLocalIndex(tmp_path / "dedup_index" / "kiln"), NEAR)
     assert again == {"migrated": {}, "already_migrated": ["r0", "r1"]}
