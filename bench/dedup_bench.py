@@ -1,15 +1,16 @@
 """Near-dup dedup throughput and memory on text from this machine, with planted near-copies.
 
-    .venv/bin/python bench/dedup_bench.py [--docs 20000] [--copies 0.3] [--redis redis://127.0.0.1:6379/0]
+    .venv/bin/python bench/dedup_bench.py [--docs 20000] [--copies 0.3]
     .venv/bin/python bench/dedup_bench.py --signers-only [--docs 20000]
 
 Documents are ~2 KB windows of the Python standard library's sources and docs (already on every
-machine); a share of them get a lightly edited copy (so the LSH has real candidates to verify). Prints:
-signatures/s on one core and on all cores, LSH insert and query rate (local; Redis when --redis is
-given or a redis-server binary is on PATH), verification cost per candidate pair, end-to-end docs/s,
-and memory per million documents extrapolated linearly from the measured per-document sizes:
-bytes of the columnar batch (signature + shingle set), of the in-memory LSH band tables (tracemalloc
-over the inserts), and of the local index on disk. Figures are for the machine it runs on.
+machine); a share of them get a lightly edited copy (so the LSH has real candidates to verify). One refresh
+of them goes through `minhash.compute_signatures` and `buckets.decide_distributed` (what `dedup_index` runs) on
+SERIAL (this process) and on a ProcessPool of every core. Prints, per engine: docs/s and MB/s from signature
+parts to decisions and from text to decisions, per core both as wall rate / workers and as MB per CPU-second
+(this process and its workers: fair on a loaded machine), the decide stages' seconds, verification cost per
+candidate pair, and the bucket index's bytes on disk per accepted document; and whether both engines decided
+the same. Figures are for the machine it runs on.
 
 First, the signers alone (`--signers-only` stops there): MB/s of text -> (signature, shingle set) in this one
 process (one core) for today's scheme (blake2b shingles, datasketch affine32 MinHash), the next one
@@ -21,31 +22,28 @@ with exact Jaccard: mean and spread of the estimate, per-band and candidate rate
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import platform
-import shutil
-import socket
-import subprocess
 import sys
 import sysconfig
 import tempfile
 import time
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kiln.config import DedupIndexSettings, NearDedup  # noqa: E402
-from kiln.dedup.index import open_index  # noqa: E402
+from kiln.config import NearDedup  # noqa: E402
+from kiln.dedup.buckets import decide_distributed, read_decisions  # noqa: E402
 from kiln.dedup.minhash import (SCHEME, SCHEME_FAST, candidate_probability, choose_bands,  # noqa: E402
-                                compute_signatures, jaccard, sign_texts, similarity_sketches)
-from kiln.dedup.near import Batch, near_dedup  # noqa: E402
+                                compute_signatures, sign_texts, similarity_sketches)
 from kiln.documents import DOCUMENT_SCHEMA  # noqa: E402
-from kiln.engine import ProcessPool  # noqa: E402
+from kiln.engine import SERIAL, ProcessPool  # noqa: E402
 
 
 def machine_text(limit_bytes: int) -> str:
@@ -173,27 +171,33 @@ def signer_quality(near: NearDedup) -> None:
                   f"{band.any(axis=1).mean():.4f} vs {candidate_probability(j, bands, rows):.4f}")
 
 
-def redis_server() -> tuple[subprocess.Popen | None, str | None]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        return None, None
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([binary, "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
-    time.sleep(0.5)
-    return proc, f"redis://127.0.0.1:{port}/0"
+def cpu_seconds() -> float:
+    """CPU seconds of this process and all its descendants alive now (the pool's forkserver and workers persist)."""
+    me = psutil.Process()
+    procs = [me, *me.children(recursive=True)]
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def index_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=20_000)
     ap.add_argument("--copies", type=float, default=0.3, help="share of documents that are edited copies")
-    ap.add_argument("--redis", default=None, help="a Redis URL; default: start redis-server if installed")
     ap.add_argument("--signers-only", action="store_true", help="only the signers' speed and LSH quality")
     args = ap.parse_args()
     near, cores = NearDedup(), os.cpu_count() or 1
-    print(f"machine: {platform.processor() or platform.machine()}, {cores} cores, Python {platform.python_version()}")
+    print(f"machine: {platform.processor() or platform.machine()}, {cores} cores, Python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.1f}")
     docs = make_documents(args.docs, args.copies)
     mb = sum(len(d.encode()) for d in docs) / 1e6
     print(f"corpus: {len(docs):,} documents, {mb:.1f} MB (stdlib text, {args.copies:.0%} edited copies)")
@@ -205,88 +209,42 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         parts = write_parts(docs, tmp)
-        timings = {}
+        digests = set()
         for workers in sorted({1, cores}):
-            out = [tmp / f"sig-{workers}-{i}.parquet" for i in range(len(parts))]
-            t0 = time.perf_counter()
-            compute_signatures(parts, out, near, engine=ProcessPool(workers=workers), progress=False)
-            timings[workers] = time.perf_counter() - t0
-            print(f"signatures, {workers} process(es): {len(docs) / timings[workers]:,.0f} docs/s, "
-                  f"{mb / timings[workers]:.2f} MB/s ({len(docs) / timings[workers] / workers:,.0f} docs/s per core)")
-        table = pa.concat_tables([pq.read_table(p) for p in out])
-        batch = Batch.from_tables([(1, table)])
-        batch_bytes = batch.signatures.nbytes + batch.shingle_values.nbytes + batch.shingle_offsets.nbytes
-
-        # LSH insert / query on the local backend, with the band tables' memory measured.
-        with open_index(DedupIndexSettings(), near, tmp / "idx-probe") as idx:
-            tracemalloc.start()
-            t0 = time.perf_counter()
-            from kiln.dedup.index import IndexedDoc
-
-            idx.add([IndexedDoc(d, "bench", 1, 0, "probe") for d in batch.doc_ids], batch.signatures,
-                     [batch.shingles(i) for i in range(len(batch))])
-            insert_s = time.perf_counter() - t0
-            lsh_bytes = tracemalloc.get_traced_memory()[0]
-            tracemalloc.stop()
-            t0 = time.perf_counter()
-            found = idx.query_many(batch.signatures)
-            query_s = time.perf_counter() - t0
-            print(f"LSH (local, {idx.params['bands']} bands x {idx.params['rows']} rows): insert "
-                  f"{len(batch) / insert_s:,.0f} docs/s, batched query {len(batch) / query_s:,.0f} docs/s "
-                  f"({np.mean([len(f) for f in found]):.2f} candidates per document)")
-
-        # Verification cost: exact Jaccard on shingle sets, over real candidate pairs.
-        pairs = [(i, int(j[1:])) for i, f in enumerate(found[:5000]) for j in f if int(j[1:]) != i][:20000]
-        t0 = time.perf_counter()
-        for i, j in pairs:
-            jaccard(batch.shingles(i), batch.shingles(j))
-        verify_s = time.perf_counter() - t0
-        print(f"verification: {verify_s / max(len(pairs), 1) * 1e6:.1f} µs per candidate pair "
-              f"({len(pairs):,} pairs, median shingle set {int(np.median(np.diff(batch.shingle_offsets)))})")
-
-        # End to end: signatures (all cores) + decisions against an empty local index + commit.
-        with open_index(DedupIndexSettings(), near, tmp / "idx") as idx:
-            t0 = time.perf_counter()
-            result = near_dedup(batch, idx, near, "bench", progress=False)
-            stats = idx.commit()
-            decide_s = time.perf_counter() - t0
-        removed = len(result.removed())
-        total_s = timings[cores] + decide_s
-        print(f"decisions: {len(batch) / decide_s:,.0f} docs/s ({removed:,} near-duplicates removed, "
-              f"{result.stats['verification']['candidate_pairs']:,} pairs verified, "
-              f"{result.stats['verification']['false_candidate_share']:.0%} false candidates)")
-        print(f"end to end ({cores} cores): {len(batch) / total_s:,.0f} docs/s, {mb / total_s:.2f} MB/s")
-        per_million = 1e6 / len(batch)
-        kept = stats["documents"]
-        print("memory per million documents (linear extrapolation of measured per-document sizes):")
-        print(f"  decision batch (signatures + shingle sets, in RAM): {batch_bytes * per_million / 2**30:.2f} GiB")
-        print(f"  LSH band tables in RAM (tracemalloc over the inserts): {lsh_bytes * per_million / 2**30:.2f} GiB")
-        print(f"  local index on disk (per accepted document): {stats['bytes'] / kept * 1e6 / 2**30:.2f} GiB")
-
-        proc, url = (None, args.redis) if args.redis else redis_server()
-        if url:
-            try:
-                settings = DedupIndexSettings(backend="redis", redis_url=url, name=f"bench{os.getpid()}")
-                with open_index(settings, near, None) as idx:
-                    n = min(len(batch), 5000)
-                    sub = slice(0, n)
-                    from kiln.dedup.index import IndexedDoc
-
-                    t0 = time.perf_counter()
-                    idx.add([IndexedDoc(d, "bench", 1, 0, "probe") for d in batch.doc_ids[sub]], batch.signatures[sub],
-                            [batch.shingles(i) for i in range(n)])
-                    insert_s = time.perf_counter() - t0
-                    t0 = time.perf_counter()
-                    idx.query_many(batch.signatures[sub])
-                    query_s = time.perf_counter() - t0
-                    used = idx.client.info("memory")["used_memory"]
-                    print(f"LSH (redis {url}): insert {n / insert_s:,.0f} docs/s, batched query {n / query_s:,.0f} docs/s, "
-                          f"server memory {used / n * 1e6 / 2**30:.2f} GiB per million documents")
-            finally:
-                if proc:
-                    proc.terminate()
-        else:
-            print("redis: skipped (no redis-server on PATH and no --redis URL)")
+            # Fresh outputs per engine: compute_signatures resumes (skips) parts already written.
+            sig_parts = [tmp / f"sig-{workers}-{i:05d}.parquet" for i in range(len(parts))]
+            engine = SERIAL if workers == 1 else ProcessPool(workers=workers)
+            engine.map_parts(len, [[0], [1]], desc="warm", progress=False)  # the pool's start is not the stage's
+            c0, t0 = cpu_seconds(), time.perf_counter()
+            compute_signatures(parts, sig_parts, near, engine=engine, progress=False)
+            sign_s, sign_cpu = time.perf_counter() - t0, cpu_seconds() - c0
+            out = tmp / f"out-{workers}"
+            c0, t0 = cpu_seconds(), time.perf_counter()
+            stats = decide_distributed(sig_parts, {"bench": (1, 0)}, [], tmp / "work", out, near, "bench",
+                                       engine=engine)
+            decide_s, decide_cpu = time.perf_counter() - t0, cpu_seconds() - c0
+            decisions = read_decisions(out)
+            digests.add(hashlib.sha256(str(decisions.to_pylist()).encode()).hexdigest())
+            name = "SERIAL (this process)" if workers == 1 else f"ProcessPool({workers})"
+            v = stats["verification"]
+            print(f"{name}: {stats['documents']:,} documents, {stats['kept']:,} kept, "
+                  f"{len(docs) - stats['kept']:,} near-duplicates removed; {v['candidate_pairs']:,} candidate pairs "
+                  f"verified, {v['false_candidate_share']:.0%} false")
+            for label, secs, cpu in [("signature parts -> decisions", decide_s, decide_cpu),
+                                     ("text -> signatures -> decisions", sign_s + decide_s, sign_cpu + decide_cpu)]:
+                print(f"  {label:<32} {len(docs) / secs:7,.0f} docs/s, {mb / secs:5.2f} MB/s wall; per core "
+                      f"{len(docs) / secs / workers:7,.0f} docs/s, {mb / secs / workers:5.2f} MB/s (wall / {workers}), "
+                      f"{mb / cpu:5.2f} MB per CPU-second")
+            timing = stats["timing"]
+            print("  decide_distributed stages, seconds (wall): " + ", ".join(
+                f"{k} {v:.2f}" for k, v in timing.items() if k != "total_seconds") + f"; total {timing['total_seconds']:.2f}")
+            print(f"  verification: {timing['verify'] / max(v['verified'], 1) * 1e6:.1f} µs per candidate pair "
+                  f"(the verify stage's wall time, reading included)")
+            size = index_bytes(out / "index")
+            print(f"  bucket index on disk: {size / 1e6:.1f} MB for {stats['kept']:,} accepted documents, "
+                  f"{size / max(stats['kept'], 1):,.0f} bytes per document "
+                  f"({size / max(stats['kept'], 1) * 1e6 / 2**30:.2f} GiB per million; shingle sets included)")
+        print(f"decisions identical on every engine: {len(digests) == 1}")
 
 
 if __name__ == "__main__":
