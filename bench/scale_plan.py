@@ -1,0 +1,276 @@
+"""Kiln at 10 billion documents, on paper: cores, hours, bytes, files and dollars per stage, projected from what
+bench/scale_bench.py measured (docs/scale.md is the narrative around this script's output).
+
+    .venv/bin/python bench/scale_plan.py --bench docs/bench/scale_10k_30k.json [--run-dir WORK/run-30000-local-1]
+        [--docs 10e9] [--text-tb 30] [--cores 2000 | --hours 24] [--core-hour-usd 0.05] [--md docs/scale.md]
+
+CPU: MB of text entering a stage per CPU-second (user + system of the run's processes), not per wall second: the
+bench VM was shared and loaded, so its wall time also counts waiting for a core. Each stage takes the lowest rate of
+the runs at the largest measured N (--run pins one engine:workers); wall = core-hours / (cores x utilization).
+Bytes and files: per document from a run folder kept by `scale_bench.py --keep` (--run-dir: the same seed and config
+as the JSON's run, so the same files); text-bearing folders scale with text, the others with documents, shuffle files
+with their fan-out (per part, part x partition, or part x part bounded by the candidate pairs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pickle
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+STAGES = ["ingest", "filter", "exact_dedup", "signatures", "near_dedup"]
+TEXT_FOLDERS = {"corpus", "raw", "filtered", "curated", "signatures", "index_docs", "work:pairs_a"}  # text, shingles
+PER_PART, PART_X_PART = {"nodes", "cands", "hits"}, {"pairs_a", "counts"}  # other work folders: part x partition
+FOLDERS = {"raw": "store/raw", "filtered": "store/filtered", "curated": "store/curated",
+           "exact_shuffle": "exact-shuffle", "signatures": "signatures", "decisions": "near-out/decisions",
+           "index_buckets": "near-out/index/buckets", "index_ids": "near-out/index/ids",
+           "index_docs": "near-out/index/docs"}
+PERSISTED = ["raw", "filtered", "curated", "signatures", "decisions", "index_buckets", "index_ids", "index_docs"]
+IO = {"ingest": (["corpus"], ["raw"]), "filter": (["raw"], ["filtered"]),
+      "exact_dedup": (["filtered", "exact_shuffle"], ["exact_shuffle", "curated"]),
+      "signatures": (["curated"], ["signatures"]),
+      "near_dedup": (["signatures", "work"], ["work", "decisions", "index_buckets", "index_ids", "index_docs"])}
+TB, GIB = 1e12, 2**30
+
+
+@dataclass
+class Target:
+    docs: float = 10e9
+    text_tb: float = 30.0
+    cores: int | None = None
+    hours: float = 24.0
+    utilization: float = 0.8  # busy share of the cluster's cores (stragglers, I/O waits): an assumption
+    core_hour_usd: float = 0.05  # on-demand, per vCPU-hour (~$0.04-0.05 for general-purpose instances)
+    storage_usd_per_tb_month: float = 23.0  # S3 standard
+    put_usd_per_1k: float = 0.005  # S3 PUT; GET is 0.0004
+    get_usd_per_1k: float = 0.0004
+    rows_per_part: int = 100_000
+    partitions: int = 4096
+    refresh_docs: float | None = None  # a weekly refresh (default docs / 52: a year of refreshes makes `docs`)
+    hot_bucket_share: float = 1e-3  # share of the documents in one band bucket (templated pages): an example
+
+
+def largest_runs(bench: dict, pin: str | None = None) -> list[dict]:
+    runs = [r for r in bench["runs"] if not pin or f"{r['engine']}:{r['workers']}" == pin] or sys.exit(f"no {pin}")
+    return [r for r in runs if r["docs"] == max(r["docs"] for r in runs)]
+
+
+def label(run: dict) -> str:
+    return f"{run['engine']}:{run['workers']} @ {run['docs']:,}"
+
+
+def worker_rss_by_docs(bench: dict) -> str:
+    """Peak RSS of the largest worker (the driver for local:1) per engine:workers and N: flat in N or not."""
+    by: dict[str, list[str]] = {}
+    for r in sorted(bench["runs"], key=lambda r: r["docs"]):
+        rss = r["peak_rss_mib"]["worker"] or r["peak_rss_mib"]["driver"]
+        by.setdefault(f"{r['engine']}:{r['workers']}", []).append(f"{r['docs']:,} docs {rss} MiB")
+    return "; ".join(f"{k}: {', '.join(v)}" for k, v in by.items())
+
+
+def measure_run_dir(run_dir: Path, docs: int) -> dict:
+    """Bytes and files per folder of a kept scale_bench run of `docs` documents (run-{docs}-ENGINE-WORKERS, beside its
+    corpus-{docs}-SEED), and Arrow bytes of a key row and of a signature-part row."""
+    import pyarrow.parquet as pq
+
+    if not run_dir.name.startswith(f"run-{docs}-"):
+        raise SystemExit(f"{run_dir}: not a run of {docs:,} documents (the bench's largest N)")
+
+    def du(path: Path) -> list[int]:
+        files = list(path.rglob("*.parquet")) if path.is_dir() else []
+        return [sum(f.stat().st_size for f in files), len(files)]
+
+    folders = {name: du(run_dir / rel) for name, rel in FOLDERS.items()}
+    corpus = list(run_dir.parent.glob(f"corpus-{docs}-*/*.jsonl"))
+    folders["corpus"] = [sum(f.stat().st_size for f in corpus), len(corpus)]
+    folders.update({f"work:{d.name}": du(d) for d in sorted((run_dir / "near-work").iterdir()) if d.is_dir()})
+    keys = pq.read_table(next((run_dir / "near-work" / "keys").rglob("*.parquet")))
+    sig = pq.read_table(next((run_dir / "signatures").glob("*.parquet")))
+    return {"folders": folders, "key_row_bytes": keys.nbytes / keys.num_rows,
+            "signature_doc_bytes": sig.nbytes / sig.num_rows}
+
+
+def layout_bytes_per_part() -> tuple[float, float]:
+    """Pickled bytes that one signature part / one earlier docs part adds to every task's description (Layout)."""
+    from kiln.dedup.buckets import Earlier, Layout, _Task
+
+    def size(parts: int, earlier: int) -> int:
+        paths = tuple(f"/mnt/kiln/minhash_signatures/web|2025-w02/signatures-{k:05d}.parquet" for k in range(parts))
+        ints = tuple(range(0, 100_000 * parts, 100_000))
+        old = Earlier("/mnt/kiln/dedup_index/2025-w01/index", 4096, tuple(range(0, 100_000 * earlier, 100_000)), parts)
+        lay = Layout(work="/w", index="/i", decisions="/d", partitions=4096, parts=paths, starts=ints + (0,),
+                     seq_starts=ints, tiers=(1,) * parts, orders=(0,) * parts, keep=("quality_tier",), bands=16,
+                     rows=6, threshold=0.8, max_bucket=1000, batch="b", earlier=(old,))
+        return len(pickle.dumps(_Task(lay, 0)))
+    return (size(1000, 0) - size(0, 0)) / 1000, (size(0, 1000) - size(0, 0)) / 1000
+
+
+def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[float, float], bands: int,
+            bucket_row: int, old_rank: int) -> dict:
+    """Per stage rows and named quantities (value, how it was computed) for the target."""
+    ref = runs[0]  # every run at this N has the same corpus, counts and files
+    docs_x, text_x = t.docs / ref["docs"], t.text_tb * TB / (ref["stages"]["ingest"]["mb"] * 1e6)
+    rows = []
+    for s in STAGES:
+        run = min(runs, key=lambda r: r["stages"][s]["mb_per_cpu_s"])
+        st = run["stages"][s]
+        text = st["mb"] * 1e6 * text_x  # bytes of text entering the stage at the target
+        rows.append({"stage": s, "run": label(run), "mb_per_cpu_s": st["mb_per_cpu_s"], "text_tb": text / TB,
+                     "core_hours": text / (st["mb_per_cpu_s"] * 1e6) / 3600,
+                     "worker_mib": st["peak_rss_mib"]["worker"] or st["peak_rss_mib"]["driver"]})
+    core_h = sum(r["core_hours"] for r in rows)
+    cores = t.cores or math.ceil(core_h / (t.hours * t.utilization))
+    for r in rows:
+        r["wall_hours"], r["usd"] = r["core_hours"] / (cores * t.utilization), r["core_hours"] * t.core_hour_usd
+    near, refresh = ref["near_stats"], t.refresh_docs or t.docs / 52
+    new_docs, accepted = t.docs * near["documents"] / ref["docs"], t.docs * near["kept"] / ref["docs"]
+    r_new = refresh * near["documents"] / ref["docs"]  # the refresh's documents reaching near dedup
+    parts, r_parts, e_parts = (math.ceil(n / t.rows_per_part) for n in (new_docs, r_new, accepted))
+    P, lay, lay_e = t.partitions, *layout
+    q = {"cores": (cores, f"{core_h:,.0f} core-hours / ({t.hours} h x {t.utilization})" if not t.cores else "--cores"),
+         "core_hours": (core_h, "sum of the stages"), "compute_usd": (core_h * t.core_hour_usd, "core-hours x price"),
+         "parts": (parts, f"{new_docs:,.0f} documents reaching near dedup / {t.rows_per_part:,} rows per part"),
+         "bucket_index_raw_tb": (accepted * bands * bucket_row / TB,
+                                 f"{accepted:,.0f} accepted x {bands} bands x {bucket_row} B (band 4 + key 8 + ref 8)"),
+         "driver_task_list_gb": (max(parts, P) * parts * lay / 1e9,
+                                 f"max({parts:,} parts, {P:,} partitions) tasks x {parts:,} parts x {lay:.0f} B"),
+         "weekly_docs": (refresh, "--refresh-docs (default: docs / 52)"),
+         "weekly_core_hours": (core_h * refresh / t.docs, "core-hours x refresh / docs"),
+         "weekly_wall_hours": (core_h * refresh / t.docs / (cores * t.utilization), "on the same cores"),
+         "weekly_compute_usd": (core_h * refresh / t.docs * t.core_hour_usd, "weekly core-hours x price"),
+         "weekly_driver_task_list_gb": (max(r_parts, P) * (r_parts * lay + e_parts * lay_e) / 1e9,
+                                        f"max({r_parts:,}, {P:,}) tasks x ({r_parts:,} x {lay:.0f} B + {e_parts:,} "
+                                        f"earlier parts x {lay_e:.1f} B)")}
+    plan = {"stages": rows, "q": q, "runs": [label(r) for r in runs]}
+    if measured is None:
+        return plan
+    f = measured["folders"]
+    per_doc = {k: b / ref["docs"] * (text_x / docs_x if k in TEXT_FOLDERS else 1) for k, (b, _) in f.items()}
+    work = [k for k in f if k.startswith("work:")]
+    per_doc["work"] = sum(per_doc[k] for k in work)
+    for r in rows:
+        r["read_tb"], r["write_tb"] = (sum(per_doc[k] for k in ks) * t.docs / TB for ks in IO[r["stage"]])
+    b_parts, b_pairs, pairs = ref["files"]["signature_parts"], near["verification"]["candidate_pairs"], \
+        near["verification"]["candidate_pairs"] * docs_x
+
+    def fanout(kind: str, n: int, p: int, cand: float) -> float:
+        return n if kind in PER_PART else min(cand, n ** 2) if kind in PART_X_PART else n * p
+
+    files = {k[5:]: f[k][1] * fanout(k[5:], parts, P, pairs) / fanout(k[5:], b_parts, ref["partitions"], b_pairs)
+             for k in work}
+    key_row, old_row, sig_doc = measured["key_row_bytes"], bucket_row + old_rank + 4, \
+        measured["signature_doc_bytes"] * text_x / docs_x
+    persisted_tb, shuffle_files = sum(per_doc[k] for k in PERSISTED) * t.docs / TB, sum(files.values())
+    persisted_files = sum(f[k][1] for k in PERSISTED) * parts / b_parts
+    earlier_tb = (per_doc["index_buckets"] + per_doc["index_ids"]) * t.docs / TB
+    hot, mb = new_docs * t.hot_bucket_share, ref["max_bucket"]
+    q.update({
+        "persisted_tb": (persisted_tb, "raw, filtered, curated, signatures, decisions, bucket index (per document)"),
+        "storage_usd_month": (persisted_tb * t.storage_usd_per_tb_month, "persisted TB x price"),
+        "persisted_put_usd": (persisted_files * t.put_usd_per_1k / 1000, f"{persisted_files:,.0f} files x PUT price"),
+        "shuffle_scratch_tb": (per_doc["work"] * t.docs / TB, "near-work folders per document (shared KILN_HOME)"),
+        "keys_rows": (new_docs * bands, f"{new_docs:,.0f} documents x {bands} bands"),
+        "keys_arrow_tb": (new_docs * bands * key_row / TB, f"rows x {key_row:.0f} B (band, key, node, rank: Arrow)"),
+        "keys_parquet_tb": (per_doc["work:keys"] * t.docs / TB, "keys folder per document (measured)"),
+        "bucket_index_parquet_tb": (per_doc["index_buckets"] * t.docs / TB, "buckets folder per document (measured)"),
+        "keys_task_gib": (t.rows_per_part * (sig_doc + bands * key_row) / GIB,
+                          f"{t.rows_per_part:,} x ({sig_doc:,.0f} B signature row + {bands} x {key_row:.0f} B)"),
+        "pairs_task_gib": (new_docs * bands * key_row / P / GIB, f"key rows in Arrow / {P:,} partitions"),
+        "keys_files_per_round": (parts * P, f"{parts:,} parts x {P:,} partitions"),
+        "keys_file_kib": (per_doc["work:keys"] * t.docs / (parts * P) / 1024, "keys Parquet / files"),
+        "shuffle_files": (shuffle_files, "every near-work folder, by its fan-out (table below)"),
+        "shuffle_files_as_s3_usd": (shuffle_files * (t.put_usd_per_1k + t.get_usd_per_1k) / 1000,
+                                    "if they were S3 objects: files x (PUT + GET)"),
+        "weekly_own_io_tb": (sum(r["read_tb"] + r["write_tb"] for r in rows) * refresh / t.docs,
+                             "every stage's reads + writes x refresh / docs"),
+        "weekly_earlier_min_tb": (earlier_tb, "every earlier bucket and id partition (pairs, already stages)"),
+        "weekly_earlier_max_tb": (earlier_tb + per_doc["index_docs"] * t.docs / TB,
+                                  "+ every earlier docs file (shingles), when candidate pairs touch them all"),
+        "weekly_pairs_task_gib": ((r_new * bands * key_row + accepted * bands * old_row) / P / GIB,
+                                  f"(new x {bands} x {key_row:.0f} B + {accepted:,.0f} earlier x {bands} x {old_row} B)"
+                                  f" / {P:,}"),
+        "weekly_keys_files_per_round": (r_parts * P, f"{r_parts:,} parts x {P:,} partitions"),
+        "hot_bucket_docs": (hot, f"{t.hot_bucket_share:g} of the documents share one (band, key)"),
+        "hot_bucket_pairs": (hot * mb, f"at most members x max_bucket {mb:,} (not members^2 = {hot ** 2:,.0f})"),
+        "hot_bucket_task_gib": ((hot * key_row + hot * mb * 16) / GIB, f"one pairs task: members x {key_row:.0f} B "
+                                                                      "+ pairs x 16 B (a, b), before np.unique")})
+    plan["files"] = files
+    return plan
+
+
+def render(plan: dict, t: Target, md: bool) -> str:
+    def table(header: list[str], rows: list[list]) -> list[str]:
+        cells = [header] + [[c if isinstance(c, str) else f"{c:,.2f}" if abs(c) < 10 else f"{c:,.0f}" for c in r]
+                            for r in rows]
+        if md:
+            return [f"| {' | '.join(r)} |" for r in cells[:1]] + ["|" + "---|" * len(header)] + \
+                   [f"| {' | '.join(r)} |" for r in cells[1:]]
+        w = [max(len(r[i]) for r in cells) for i in range(len(header))]
+        return ["  ".join(c.rjust(w[i]) if i else c.ljust(w[i]) for i, c in enumerate(r)) for r in cells]
+
+    io = "read_tb" in plan["stages"][0]
+    out = [f"Target: {t.docs:,.0f} documents, {t.text_tb:g} TB of text, {plan['q']['cores'][0]:,} cores at "
+           f"{t.utilization:.0%} utilization; ${t.core_hour_usd}/core-hour, ${t.storage_usd_per_tb_month}/TB-month, "
+           f"${t.put_usd_per_1k}/1k PUT; parts of {t.rows_per_part:,} documents, {t.partitions:,} key partitions; "
+           f"rates from the runs {', '.join(plan['runs'])}.", ""]
+    out += table(["stage", "rate from", "MB/CPU-s", "text in TB", "core-hours", "wall h", "worker MiB", "USD"]
+                 + (["read TB", "written TB"] if io else []),
+                 [[r["stage"], r["run"], r["mb_per_cpu_s"], r["text_tb"], r["core_hours"], r["wall_hours"],
+                   r["worker_mib"], r["usd"]] + ([r["read_tb"], r["write_tb"]] if io else []) for r in plan["stages"]])
+    out += [""] + table(["quantity", "value", "how"], [[k, v, how] for k, (v, how) in plan["q"].items()])
+    if io:
+        out += [""] + table(["shuffle folder", "files"], [[k, v] for k, v in plan["files"].items()])
+    return "\n".join(out + ([] if io else ["", "(bytes, files and the shuffle need --run-dir)"]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench", required=True, help="a JSON written by bench/scale_bench.py")
+    ap.add_argument("--run-dir", help="a run folder kept by scale_bench.py --keep (bytes and files per document)")
+    ap.add_argument("--run", help="engine:workers to take every rate from (default: the lowest per stage)")
+    d = Target()
+    for name in ("docs", "text_tb", "utilization", "core_hour_usd", "storage_usd_per_tb_month", "put_usd_per_1k",
+                 "get_usd_per_1k", "refresh_docs", "hot_bucket_share", "rows_per_part", "partitions"):
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int if name in ("rows_per_part", "partitions") else float,
+                        default=getattr(d, name))
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--cores", type=int, help="cluster size (vCPUs); default: what --hours needs")
+    size.add_argument("--hours", type=float, default=d.hours, help="wall hours for the whole pipeline")
+    ap.add_argument("--md", help="write the markdown here (between the scale_plan markers when the file has them)")
+    args = ap.parse_args()
+    t = Target(**{k: v for k, v in vars(args).items() if k in Target.__dataclass_fields__})
+    import numpy as np
+    from kiln.config import load_config
+    from kiln.dedup.buckets import BUCKET_SCHEMA, old_ranks
+    from kiln.dedup.minhash import bands_rows
+
+    bench = json.loads(Path(args.bench).read_text())
+    runs = largest_runs(bench, args.run)
+    measured = measure_run_dir(Path(args.run_dir), runs[0]["docs"]) if args.run_dir else None
+    bands = bands_rows(load_config(ROOT / "configs" / "default.yaml").dedup.near)[0]
+    plan = project(runs, t, measured, layout_bytes_per_part(), bands,
+                   sum(f.type.bit_width // 8 for f in BUCKET_SCHEMA), len(old_ranks(0, np.zeros(1, np.int64))[0]))
+    m, loads = bench.get("machine", {}), [st["load_avg_1m_start"] for r in runs for st in r["stages"].values()]
+    head = (f"Bench: {args.bench}, {m.get('cores')} cores, {m.get('memory_gib')} GiB, 1-minute load average "
+            f"{min(loads)}-{max(loads)} during the stages; signer {runs[0].get('scheme', 'affine32 (no scheme field)')}"
+            f"{'; bytes and files from ' + args.run_dir if args.run_dir else ''}.\n\n")
+    tail = f"\n\nPeak worker RSS by N (local:1: the driver, which runs every stage): {worker_rss_by_docs(bench)}."
+    print(head + render(plan, t, md=False) + tail)
+    if args.md:
+        text, path = head + render(plan, t, md=True) + tail, Path(args.md)
+        begin, end = "<!-- scale_plan:begin -->", "<!-- scale_plan:end -->"
+        old = path.read_text() if path.is_file() else ""
+        if begin in old and end in old:
+            text = old[:old.index(begin) + len(begin)] + "\n" + text + "\n" + old[old.index(end):]
+        path.write_text(text if begin in old else text + "\n")
+        print(f"wrote {path}")
+
+if __name__ == "__main__":
+    main()
