@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -74,6 +75,13 @@ def resume_key(**identity) -> str:
 
 def part_name(role: str, index: int, suffix: str = ".parquet") -> str:
     return f"{ROLE_PREFIX[role]}-{index:05d}{suffix}"
+
+
+def _in_part_order(relative: Path) -> tuple:
+    """A file's place in a dataset: numbers compared as numbers, so part-100000 follows part-99999 (the padding
+    of `part_name` runs out there) and five-digit names keep the order they always had."""
+    return tuple((0, int(run), "") if run.isdigit() else (1, 0, run)
+                 for run in re.split(r"(\d+)", relative.as_posix()) if run)
 
 
 class IncompleteDataset(FileNotFoundError):
@@ -389,7 +397,8 @@ class DatasetWriter:
     def commit(self, *, code_version: str, config: dict, inputs: dict[str, str], counts: dict[str, int],
                stats: dict | None = None) -> Manifest:
         entries = []
-        for path in sorted(p for p in self.dir.rglob("*") if p.is_file()):
+        for path in sorted((p for p in self.dir.rglob("*") if p.is_file()),
+                           key=lambda p: _in_part_order(p.relative_to(self.dir))):
             relative = path.relative_to(self.dir)
             if any(part.startswith(".") for part in relative.parts) or relative.as_posix() == MANIFEST_NAME:
                 continue

@@ -6,8 +6,9 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from kiln.storage import Store
+from kiln.storage import Store, part_name
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,3 +67,16 @@ def test_a_writer_killed_at_any_rename_leaves_the_old_or_the_new_version(tmp_pat
     # Killed at any rename up to the swap's second (which publishes): the old version (the last case is the one
     # that used to leave none: the old folder renamed aside, the new one not yet in); not killed: the new one.
     assert seen == ["old"] * renames + ["new"], seen
+
+
+def test_parts_past_the_five_digit_padding_keep_their_write_order(tmp_path):
+    """part_name pads to 5 digits: part 100000 is named 'part-100000', which sorts before 'part-99999' as text. A
+    dataset's files are its parts in write order, so readers meet part 99999 before part 100000."""
+    with Store(tmp_path).staging("a", "p") as w:
+        for index in (100000, 99999, 2, 10):
+            pq.write_table(pa.table({"x": [index]}), w.dir / part_name("documents", index))
+        w.commit(code_version="1", config={}, inputs={}, counts={})
+    store = Store(tmp_path)
+    assert [p.name for p in store.files("a", "p", "documents")] == [
+        "part-00002.parquet", "part-00010.parquet", "part-99999.parquet", "part-100000.parquet"]
+    assert store.read_table("a", "p").column("x").to_pylist() == [2, 10, 99999, 100000]
