@@ -1,19 +1,22 @@
-"""The per-part stages (intake, filter, exact dedup, MinHash signatures) on a synthetic corpus, on a given engine,
-and a fingerprint of everything they wrote — to compare engines byte for byte.
+"""The per-part stages (intake, filter, exact dedup, MinHash signatures) and the near-dup decisions on a synthetic
+corpus, on a given engine, and a fingerprint of everything they wrote — to compare engines byte for byte.
 
-Also a driver process for a Ray cluster: `python -m tests.engine_stages STORE CORPUS` runs the stages on the
-cluster in RAY_ADDRESS (tests start it so that the cluster can be disturbed while the driver runs).
+Also a driver process for a Ray cluster: `python -m tests.engine_stages STORE CORPUS [stages|near]` runs the
+per-part stages (default) or the near-dup stage on the cluster in RAY_ADDRESS (tests start it so that the cluster can
+be disturbed while the driver runs).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 from pathlib import Path
 
 from kiln.config import NearDedup, ProjectConfig, parse_config
 from kiln.curation import filter_documents, ingest, profile_steps
+from kiln.dedup.buckets import decide_distributed
 from kiln.dedup.exact import HashSource, exact_dedup
 from kiln.dedup.minhash import compute_signatures
 from kiln.engine import SERIAL, Engine, RayEngine
@@ -71,6 +74,22 @@ def run_stages(config: ProjectConfig, store: Store, engine: Engine) -> None:
             writer.commit(code_version="t", config={}, inputs={}, counts={})
 
 
+NEAR_PARTITIONS = 4
+
+
+def near_stage(config: ProjectConfig, store: Store, engine: Engine) -> dict:
+    """signatures (already computed) → near-dup decisions and the refresh's bucket index under near/, as the
+    dedup_index asset calls `decide_distributed` (every source's signature parts in config source order, no earlier
+    refresh); its shuffle folder removed afterwards, as the asset does."""
+    signature_files = [f for s in config.sources for f in store.files("signatures", s.name, "signatures")]
+    sources = {s.name: (s.quality_tier, order) for order, s in enumerate(config.sources)}
+    work = store.root / ".near-work"
+    stats = decide_distributed(signature_files, sources, [], work, store.root / "near", NearDedup(), "r",
+                               engine=engine, partitions=NEAR_PARTITIONS)
+    shutil.rmtree(work)
+    return stats
+
+
 def _without_timings(value):
     if isinstance(value, dict):
         return {k: _without_timings(v) for k, v in value.items() if k not in ("seconds", "created_at", "git_commit")}
@@ -95,7 +114,8 @@ def fingerprint(store: Store, assets=("raw", "filtered", "curated", "signatures"
 
 def main() -> None:
     store, corpus = Store(Path(sys.argv[1])), Path(sys.argv[2])
-    run_stages(corpus_config(corpus), store, RayEngine())  # RAY_ADDRESS: the cluster the test started
+    stage = {"stages": run_stages, "near": near_stage}[sys.argv[3] if len(sys.argv) > 3 else "stages"]
+    stage(corpus_config(corpus), store, RayEngine())  # RAY_ADDRESS: the cluster the test started
 
 
 if __name__ == "__main__":

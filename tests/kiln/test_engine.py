@@ -1,20 +1,25 @@
 """The data engine: the same bytes whatever runs the stages — in this process, a process pool, an embedded Ray with
-1, 2 or 4 workers, a two-node Ray cluster, and that cluster losing a node mid-stage — and clear errors for a bad
-address."""
+1, 2 or 4 workers, a two-node Ray cluster, and that cluster losing a node mid-stage (a filter stage, and the
+near-dup decision rounds) — and clear errors for a bad address."""
 
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from kiln import engine as engine_module
 from kiln.config import parse_config
+from kiln.dedup.buckets import read_decisions
+from kiln.dedup.near import NEAR_DUPLICATE
 from kiln.engine import SERIAL, EngineError, ProcessPool, RayEngine, engine_for
 from kiln.secrets import redact, redact_url
 from kiln.storage import Store
-from tests.engine_stages import REPEATED_IDS, corpus_config, fingerprint, ingest_all, run_stages, write_corpus
+from tests.engine_stages import (REPEATED_IDS, corpus_config, fingerprint, ingest_all, near_stage, run_stages,
+                                 write_corpus)
 from tests.ray_cluster import start_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,13 +33,19 @@ def corpus(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(corpus, tmp_path_factory):
-    """The stages in this process, one part after another: what every engine must reproduce byte for byte."""
+def serial_store(corpus, tmp_path_factory) -> Store:
+    """The stages in this process, one part after another (read only: copy it to write more)."""
     store = Store(tmp_path_factory.mktemp("serial"))
     config = corpus_config(corpus)
     ingest_all(config, store)
     run_stages(config, store, SERIAL)
-    return fingerprint(store)
+    return store
+
+
+@pytest.fixture(scope="module")
+def reference(serial_store):
+    """What every engine must reproduce byte for byte."""
+    return fingerprint(serial_store)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -102,9 +113,24 @@ def test_ray_address_from_the_environment_is_named_as_such(monkeypatch):
         RayEngine().map_parts(abs, [1], desc="t", progress=False)
 
 
-def _driver(cluster, store: Path, corpus: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.engine_stages", str(store), str(corpus)], cwd=REPO,
+def _driver(cluster, store: Path, corpus: Path, stage: str = "stages") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tests.engine_stages", str(store), str(corpus), stage], cwd=REPO,
                             env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _lose_node_1_mid_stage(cluster, driver: subprocess.Popen, started: Callable[[], bool], stage: str) -> None:
+    """SIGKILL node 1's raylet once `started()` holds and node 1 is running a part task right now (a worker machine
+    dying while its task runs); the driver must still finish, its lost tasks redone on the head."""
+    deadline = time.monotonic() + 300
+    while not (started() and cluster.running_map_task(1)):
+        assert driver.poll() is None and time.monotonic() < deadline, f"the {stage} stage never reached node 1"
+        time.sleep(0.02)
+    cluster.kill_node(1)
+    killed_while_running = driver.poll() is None
+    output, _ = driver.communicate(timeout=600)
+    assert driver.returncode == 0, output
+    assert killed_while_running
+    assert cluster.alive_nodes() == 1  # the node really is gone
 
 
 @pytest.mark.slow
@@ -123,19 +149,36 @@ def test_two_node_cluster_gives_the_same_bytes_even_when_a_node_dies_mid_stage(t
         disturbed = Store(tmp_path / "disturbed")
         ingest_all(config, disturbed)
         driver = _driver(cluster, disturbed.root, corpus)
-        deadline = time.monotonic() + 300
         # Mid-stage: the filter has written parts, and the second node is running one right now.
-        while not (list((disturbed.root / "filtered").glob(".web.staging-*/part-*.parquet"))
-                   and cluster.running_map_task(1)):
-            assert driver.poll() is None and time.monotonic() < deadline, "the filter stage never reached node 1"
-            time.sleep(0.02)
-        cluster.kill_node(1)  # the second raylet: a worker machine dying while its task runs
-        killed_while_running = driver.poll() is None
-        output, _ = driver.communicate(timeout=600)
-        assert driver.returncode == 0, output
-        assert killed_while_running
-        assert cluster.alive_nodes() == 1  # the node really is gone; its parts were redone on the head
+        _lose_node_1_mid_stage(
+            cluster, driver, lambda: bool(list((disturbed.root / "filtered").glob(".web.staging-*/part-*.parquet"))),
+            "filter")
         assert fingerprint(disturbed) == expected
         assert not list(disturbed.root.rglob(".*.tmp-*"))  # no half-written part anywhere
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.slow
+def test_near_dup_decisions_are_the_same_when_a_node_dies_mid_stage(corpus, serial_store, tmp_path):
+    """decide_distributed's rounds (shuffle writes named by task position, read by listing) on a two-node cluster
+    that loses a raylet mid-stage: the same decisions and bucket index, byte for byte, as in this process."""
+    config = corpus_config(corpus)
+    # The same signatures on both sides: only the near-dup rounds are disturbed.
+    serial, disturbed = (Store(shutil.copytree(serial_store.root, tmp_path / name)) for name in ("serial", "disturbed"))
+    near_stage(config, serial, SERIAL)
+    expected = fingerprint(serial, assets=("near",))
+    decisions = read_decisions(serial.root / "near")
+    assert decisions.column("status").to_pylist().count(NEAR_DUPLICATE) >= 10  # not a vacuous comparison
+    assert sum(p.startswith("near/decisions/") for p in expected) == 15 and "near/index/_index.json" in expected
+
+    cluster = start_cluster(nodes=2)
+    try:
+        driver = _driver(cluster, disturbed.root, corpus, "near")
+        # Mid-stage: the keys round has written node tables (shuffles under way), and node 1 runs a task right now.
+        _lose_node_1_mid_stage(cluster, driver, lambda: bool(list((disturbed.root / ".near-work" / "nodes").glob(
+            "*.parquet"))), "near-dup")
+        assert fingerprint(disturbed, assets=("near",)) == expected
+        assert not list(disturbed.root.rglob(".*.tmp-*"))  # no half-written file anywhere
     finally:
         cluster.stop()
