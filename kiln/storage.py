@@ -77,6 +77,10 @@ def part_name(role: str, index: int, suffix: str = ".parquet") -> str:
     return f"{ROLE_PREFIX[role]}-{index:05d}{suffix}"
 
 
+def _is_hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
+
+
 def _in_part_order(relative: Path) -> tuple:
     """A file's place in a dataset: numbers compared as numbers, so part-100000 follows part-99999 (the padding
     of `part_name` runs out there) and five-digit names keep the order they always had."""
@@ -400,7 +404,7 @@ class DatasetWriter:
         for path in sorted((p for p in self.dir.rglob("*") if p.is_file()),
                            key=lambda p: _in_part_order(p.relative_to(self.dir))):
             relative = path.relative_to(self.dir)
-            if any(part.startswith(".") for part in relative.parts) or relative.as_posix() == MANIFEST_NAME:
+            if _is_hidden(relative) or relative.as_posix() == MANIFEST_NAME:
                 continue
             role = next((r for r, p in ROLE_PREFIX.items() if path.name.startswith(p + "-")), "artifact")
             rows = pq.ParquetFile(path).metadata.num_rows if path.suffix == ".parquet" else None
@@ -410,7 +414,8 @@ class DatasetWriter:
                             config=redact(config), inputs=inputs, files=entries, counts=counts, stats=redact(stats or {}),
                             git_commit=git_commit(), created_at=now_utc(), data_version=data_version_of(entries))
         write_json_atomic(self.dir / MANIFEST_NAME, manifest.to_json())
-        for hidden in self.dir.glob(".*"):  # scratch folders, temp files of tasks that died: never published
+        # Scratch folders and temp files of tasks that died, at any depth: never published.
+        for hidden in [p for p in self.dir.rglob(".*") if not _is_hidden(p.parent.relative_to(self.dir))]:
             shutil.rmtree(hidden) if hidden.is_dir() else hidden.unlink()
         self._swap()
         self._release(remove=True)

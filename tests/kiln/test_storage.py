@@ -80,3 +80,18 @@ def test_parts_past_the_five_digit_padding_keep_their_write_order(tmp_path):
     assert [p.name for p in store.files("a", "p", "documents")] == [
         "part-00002.parquet", "part-00010.parquet", "part-99999.parquet", "part-100000.parquet"]
     assert store.read_table("a", "p").column("x").to_pylist() == [2, 10, 99999, 100000]
+
+
+def test_temp_files_of_dead_tasks_are_not_published_at_any_depth(tmp_path):
+    """A task killed mid-write leaves '.name.tmp-*' beside its output, in subfolders too (decisions/, index/buckets/):
+    the published folder holds only the manifest's files."""
+    with Store(tmp_path).staging("a", "p") as w:
+        (w.dir / "index" / "buckets").mkdir(parents=True)
+        pq.write_table(pa.table({"x": [1]}), w.dir / "index" / "buckets" / "buckets-00000.parquet")
+        (w.dir / "index" / "buckets" / ".buckets-00001.parquet.tmp-dead").write_bytes(b"half")
+        (w.dir / ".part-00000.parquet.tmp-dead").write_bytes(b"half")
+        manifest = w.commit(code_version="1", config={}, inputs={}, counts={})
+    published = sorted(p.relative_to(tmp_path / "a" / "p").as_posix() for p in (tmp_path / "a" / "p").rglob("*")
+                       if p.is_file())
+    assert [f.path for f in manifest.files] == ["index/buckets/buckets-00000.parquet"]
+    assert published == ["_manifest.json", "index/buckets/buckets-00000.parquet"]
