@@ -17,8 +17,8 @@ from kiln.dedup.apply import deduplicate_source
 from kiln.dedup.boilerplate import boilerplate_hashes
 from kiln.dedup.decontaminate import load_benchmarks
 from kiln.dedup.minhash import compute_signatures, lines_table
-from kiln.dedup.buckets import (decide_distributed, doc_id_hash, index_documents, keep_all, survivor_violations,
-                                write_index)
+from kiln.dedup.buckets import (check_signature_params, decide_distributed, doc_id_hash, index_documents, keep_all,
+                                survivor_violations, write_index)
 from kiln.dedup.near import DECISION_SCHEMA, NEAR_DUPLICATE
 from kiln.dedup.report import clusters_markdown, cross_source_markdown, cluster_sizes_markdown
 from kiln.manifest import code_version
@@ -98,6 +98,9 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
     refresh = context.partition_key
     parts = [partition(s.name, refresh) for s in config.sources]
     manifests = {p: store.manifest(SIGNATURES, p) for p in parts}
+    if near.enabled:  # signatures of another scheme (or shingling) than the index's would silently not match
+        for p, m in manifests.items():
+            check_signature_params(f"{SIGNATURES}/{p}", m.config.get("near", {}), near)
     signature_files = [f for p in parts for f in store.files(SIGNATURES, p, "signatures")]  # config source order
     sources = {s.name: (s.quality_tier, order) for order, s in enumerate(config.sources)}
     earlier = earlier_indexes(store, refresh)

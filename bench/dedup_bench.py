@@ -13,9 +13,9 @@ candidate pair, and the bucket index's bytes on disk per accepted document; and 
 the same. Figures are for the machine it runs on.
 
 First, the signers alone (`--signers-only` stops there): MB/s of text -> (signature, shingle set) in this one
-process (one core) for today's scheme (blake2b shingles, datasketch affine32 MinHash), the next one
-(SCHEME_FAST, vectorized) and datasketch's own MinHash (sha1 per 5-gram of whitespace words) for reference,
-on the stdlib corpus and on a non-ASCII variant of it; then their LSH quality on planted pairs of shingle sets
+process (one core) for the default scheme (SCHEME_FAST, vectorized), the older affine32 (SCHEME: blake2b shingles,
+datasketch MinHash; still selectable with dedup.near.scheme) and datasketch's own MinHash (sha1 per 5-gram of
+whitespace words) for reference, on the stdlib corpus and on a non-ASCII variant of it; then their LSH quality on planted pairs of shingle sets
 with exact Jaccard: mean and spread of the estimate, per-band and candidate rates against the S-curve.
 """
 
@@ -115,8 +115,8 @@ def signer_speeds(docs: list[str], near: NearDedup, repeats: int = 3) -> None:
     machine does not count against it) and per second of wall time, best of `repeats` interleaved runs."""
     for corpus, texts in [("stdlib text", docs), ("non-ASCII variant", non_ascii_variant(docs))]:
         mb = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) / 1e6
-        signers = {f"today ({SCHEME})": lambda: sign_texts(texts, near, SCHEME),
-                   f"next ({SCHEME_FAST})": lambda: sign_texts(texts, near, SCHEME_FAST),
+        signers = {f"{SCHEME}": lambda: sign_texts(texts, near, SCHEME),
+                   f"{SCHEME_FAST} (default)": lambda: sign_texts(texts, near, SCHEME_FAST),
                    "datasketch MinHash, sha1": lambda: datasketch_minhash(texts, near.num_perm)}
         cpu, wall = {name: [] for name in signers}, {name: [] for name in signers}
         for _ in range(repeats):
@@ -128,7 +128,7 @@ def signer_speeds(docs: list[str], near: NearDedup, repeats: int = 3) -> None:
         print(f"signers on {corpus} ({mb:.1f} MB, one process), MB/s per core (CPU time) and wall, best of {repeats}:")
         for name in signers:
             print(f"  {name:<32} {max(cpu[name]):6.2f} per core  {max(wall[name]):6.2f} wall  "
-                  f"({max(cpu[name]) / max(cpu[f'today ({SCHEME})']):.1f}x today)")
+                  f"({max(cpu[name]) / max(cpu[SCHEME]):.1f}x {SCHEME})")
 
 
 def planted_pairs(rng, pairs: int, common: int, only: int) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,8 @@ Pipeline per run, library calls only (no Dagster), each (engine, workers) in a f
   filter       kiln.curation.filter_documents with `--profile`: light = normalize + pii only (the profile is empty),
                prose = the default config's prose profile (its steps, then pii)
   exact_dedup  kiln.dedup.exact.exact_dedup (the curated documents)
-  signatures   kiln.dedup.minhash.compute_signatures (today's scheme, default dedup.near settings)
+  signatures   kiln.dedup.minhash.compute_signatures with --config's dedup.near (default configs/default.yaml:
+               scheme fss-splitmix64-v1; a config with scheme: affine32 measures the older signer)
   near_dedup   kiln.dedup.buckets.decide_distributed on the engine (`--partitions`, `--max-bucket`)
 Engines: local = kiln.engine.ProcessPool(workers) (1 worker runs in the driver process itself), ray =
 kiln.engine.RayEngine(workers=...) on an embedded Ray started by the run. The engine is started before the timed
@@ -24,11 +25,11 @@ Per run the JSON holds per stage wall_s, docs_per_s, docs_per_s_per_core and mb_
 MB = UTF-8 bytes of the texts entering the stage, in 10^6), peak RSS of the driver and of the largest worker
 process (psutil, sampled every `--sample-s` in a thread: the driver and all its descendants — the pool's
 processes, or the embedded Ray's raylet, GCS and workers; Ray's own daemons are reported apart as ray_infra),
-recall per planted Jaccard level and per measured-J bucket (measured with the pipeline's shingling,
-`minhash.shingle_hashes`), precision (each removed document of a sample checked independently: plain-Python
-word 5-gram sets, J >= threshold with the document it names, or equal text after case and whitespace folding
-for exact duplicates), hard negatives removed, and decisions_sha256 (sha256 over the lines
-"doc_id\\tstatus\\tduplicate_of" of every input document sorted by doc_id; status is the filter's reason,
+recall per planted Jaccard level and per measured-J bucket (measured with `minhash.shingle_hashes`: affine32's
+shingling, the same word 5-grams as either scheme, blake2b-hashed), precision (each removed document of a sample
+checked independently: plain-Python word 5-gram sets, J >= threshold with the document it names, or equal text
+after case and whitespace folding for exact duplicates), hard negatives removed, and decisions_sha256 (sha256 over
+the lines "doc_id\\tstatus\\tduplicate_of" of every input document sorted by doc_id; status is the filter's reason,
 exact_duplicate, or near dedup's status). With several --docs values, a log-log plot of wall time and peak memory
 against N goes next to the JSON (matplotlib). The sampler also sums CPU seconds per stage over the same processes
 (`cpu_s`, `mb_per_cpu_s`): a rate that other load on the machine disturbs less than wall time does.
@@ -405,7 +406,7 @@ def run_one(args) -> dict:
     e2e = stages["signatures"]["wall_s"] + stages["near_dedup"]["wall_s"]
     out = {
         "engine": args.engine, "workers": args.workers, "docs": meta["documents"], "seed": meta["seed"],
-        "text_mb": round(mb, 1), "profile": args.profile, "rows_per_part": args.rows_per_part,
+        "text_mb": round(mb, 1), "profile": args.profile, "scheme": near.scheme, "rows_per_part": args.rows_per_part,
         "partitions": args.partitions, "max_bucket": args.max_bucket, "engine_start_s": round(engine_start, 2),
         "stages": stages,
         "total": {"wall_s": round(total_wall, 2), "docs_per_s": round(meta["documents"] / total_wall, 1),

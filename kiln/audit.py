@@ -622,14 +622,14 @@ def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> list[s
 def _near_match(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[tuple[str, float] | None, list[str]]:
     """The indexed document most similar to `text` at or above the threshold, by exact Jaccard of the shingle sets
     (the band buckets only propose candidates), over every refresh's bucket index in the store, with the MinHash
-    settings the index was built with."""
+    settings the index was built with (its signature scheme included: a record without one is affine32)."""
     from kiln.dedup.buckets import near_matches
-    from kiln.dedup.minhash import shingle_hashes, signature
+    from kiln.dedup.minhash import SCHEME, sign_texts
     from kiln.refresh import load_refreshes
 
     recorded = catalog.newest(INDEX)
-    near = NearDedup.model_validate(recorded.config["near"]) if recorded and "near" in recorded.config \
-        else config.dedup.near
+    near = NearDedup.model_validate({"scheme": SCHEME, **recorded.config["near"]}) \
+        if recorded and "near" in recorded.config else config.dedup.near
     folders, unmigrated = [], []
     for r in load_refreshes(catalog.store):
         if catalog.manifest(INDEX, r.key) is None:
@@ -643,9 +643,9 @@ def _near_match(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[tup
              "`kiln dedup migrate-index`): not searched"] if unmigrated else []
     if not folders:
         return None, notes + ["no near-duplicate index in the store: only exact matches were searched"]
-    shingles = shingle_hashes(text, near)
+    signatures, shingles, _ = sign_texts([text], near, near.scheme)  # as the signature stage made the index's
     try:
-        found = near_matches(folders, shingles, signature(shingles, near.num_perm, near.seed), near)
+        found = near_matches(folders, shingles, signatures[0], near)
     except ValueError as exc:
         return None, notes + [f"near-duplicate search unavailable: {exc}"]
     if found and found[0][0] >= near.threshold:

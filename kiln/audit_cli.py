@@ -201,7 +201,10 @@ def add_dedup_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "from the old index's records and shingle sets. Refreshes already migrated are left alone. A "
                     "migrated dataset gets a new data version (files were added); its manifest names the version it "
                     "replaces, whose decisions it holds unchanged, so `kiln audit lineage` and the data card do not "
-                    "report its consumers (deduplicated_documents) as built from a superseded version.")
+                    "report its consumers (deduplicated_documents) as built from a superseded version. Old indexes "
+                    "were all built with the affine32 signature scheme: migrating needs dedup.near.scheme: affine32 "
+                    "in the config (and keeps it for later refreshes); with the default fss-splitmix64-v1 it is "
+                    "refused, and the way to the faster scheme is a backfill instead of a migration.")
     old = migrate.add_mutually_exclusive_group()
     old.add_argument("--from", dest="folder", type=Path, metavar="DIR",
                      help="the old index folder (default: $KILN_HOME/dedup_index/NAME, or its copy on S3 with "

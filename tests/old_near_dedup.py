@@ -5,6 +5,11 @@ Kept in the tests only, as the second implementation the bucket pipeline's decis
 build stores in the old format for `kiln dedup migrate-index`'s tests. The segment layout (index.json listing
 segments of records.parquet, signatures.npy, shingles.npy, offsets.npy) and the Redis layout (`RedisIndex`) are
 what kiln.dedup.migrate reads.
+
+It takes signature rows of either scheme (`dedup.near.scheme`): datasketch's MinHashLSH reads only the signature
+values (`minhash.lean`), and verification is exact Jaccard of the stored shingle sets. The index params it records
+and checks are `buckets.index_params`, the scheme included (the real old indexes are all affine32: the migration
+tests build theirs with NearDedup(scheme="affine32")).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ import pyarrow.parquet as pq
 from kiln.config import NearDedup
 from kiln.dedup.components import (LABEL_SCHEMA, connected_components, node_partition, overlapping,
                                    partition_of, read_dir, write_edges, write_partitioned)
-from kiln.dedup.minhash import bands_rows, estimated_jaccard, jaccard, mix64
+from kiln.dedup.minhash import SCHEME, bands_rows, estimated_jaccard, jaccard, mix64
 from kiln.dedup.near import ALREADY_INDEXED, DECISION_SCHEMA, KEPT, NEAR_DUPLICATE, UnionFind
 from kiln.engine import SERIAL, Engine
 from kiln.manifest import write_json_atomic
@@ -139,22 +139,23 @@ def index_params(near: NearDedup) -> dict[str, Any]:
     bands, rows = bands_rows(near)
     return {"num_perm": near.num_perm, "seed": near.seed, "bands": bands, "rows": rows,
             "shingle_size": near.shingle_size, "normalization": near.normalization.model_dump(mode="json"),
-            "scheme": "affine32"}
+            "scheme": near.scheme}
 
 
-def params_differences(stored: dict[str, Any], wanted: dict[str, Any]) -> str:
+def params_differences(stored: dict[str, Any], wanted: dict[str, Any], stored_as: str = "index") -> str:
     """Each index parameter that differs, named by its config key: 'dedup.near.num_perm: index 128, config 64'."""
     def keys(params: dict[str, Any]) -> dict[str, Any]:
-        out = {("signature scheme" if k == "scheme" else f"dedup.near.{k}"): v
-               for k, v in params.items() if k != "normalization"}
+        out = {f"dedup.near.{k}": v for k, v in params.items() if k != "normalization"}
         out.update({f"dedup.near.normalization.{k}": v for k, v in (params.get("normalization") or {}).items()})
         return out
 
     a, b = keys(stored), keys(wanted)
     differ = [k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
-    diff = [f"{k}: index {a.get(k)!r}, config {b.get(k)!r}" for k in differ]
+    diff = [f"{k}: {stored_as} {a.get(k)!r}, config {b.get(k)!r}" for k in differ]
     if {"dedup.near.bands", "dedup.near.rows"} & set(differ):  # usually changed through these, not set directly
         diff.append("bands and rows follow dedup.near.threshold and min_recall when not set")
+    if "dedup.near.scheme" in differ:
+        diff.append(f"indexes and signatures written before dedup.near.scheme existed are {SCHEME}")
     return "; ".join(diff)
 
 
@@ -171,6 +172,25 @@ def check_index_params(path: str | Path, meta: dict[str, Any], near: NearDedup) 
         raise IndexMismatch(f"bucket index {path} (refresh {meta.get('batch')}) was built with other MinHash "
                             f"parameters ({params_differences(meta['params'], wanted)}): signatures would not be "
                             f"comparable. {BACKFILL}")
+
+
+SIGNED_WITH = ("num_perm", "seed", "shingle_size", "normalization", "scheme")  # what a signature depends on
+
+
+def signed_with(recorded_near: dict[str, Any]) -> dict[str, Any]:
+    """The settings signatures were made with, from the dedup.near config their manifest recorded (a record without
+    `scheme` predates the setting: SCHEME, the only one then)."""
+    return {k: recorded_near.get(k, SCHEME if k == "scheme" else None) for k in SIGNED_WITH}
+
+
+def check_signature_params(name: str, recorded_near: dict[str, Any], near: NearDedup) -> None:
+    """Refuse signatures made with other settings than `near`'s (e.g. minhash_signatures not re-materialized after
+    dedup.near.scheme changed): they would be indexed under parameters they were not made with."""
+    made, wanted = signed_with(recorded_near), signed_with(near.model_dump(mode="json"))
+    if made != wanted:
+        raise IndexMismatch(f"{name} was made with other MinHash settings than the config's "
+                            f"({params_differences(made, wanted, 'signatures')}): re-materialize "
+                            f"it with the config's dedup.near first (or restore those settings)")
 
 
 def old_node(r: int | np.ndarray, ref: int | np.ndarray) -> np.ndarray:

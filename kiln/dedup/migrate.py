@@ -3,7 +3,10 @@
 
 The old index holds, per accepted document, its record (`batch` = the refresh that accepted it), its shingle set
 and (locally) its signature; Redis keeps no signatures, so they are recomputed from the shingle sets, which is
-exactly how they were made (`minhash.signature`). Each refresh's dataset is rewritten through the store's
+exactly how they were made (`minhash.sign_shingles` under the index's scheme). Old indexes are all affine32
+(`minhash.SCHEME`, recorded in their params): with the default dedup.near.scheme (fss-splitmix64-v1) the migration
+is refused like any other parameter change; set `dedup.near.scheme: affine32` to migrate and keep deciding against
+them, or skip the migration and backfill. Each refresh's dataset is rewritten through the store's
 staging (its files as they were, plus `index/`), so a crash leaves it as it was and S3 gets it like any commit.
 That gives it a new data version; its manifest names the one it replaces, which consumers recorded and which
 `kiln audit lineage` and the data card accept as the same decisions.
@@ -27,7 +30,7 @@ import pyarrow.parquet as pq
 
 from kiln.config import NearDedup
 from kiln.dedup.buckets import DOCS_SCHEMA, index_params, params_differences, write_index
-from kiln.dedup.minhash import signature
+from kiln.dedup.minhash import sign_shingles
 from kiln.refresh import load_refreshes
 from kiln.storage import Store
 
@@ -102,8 +105,11 @@ class OldRedisIndex:
             sets = [np.frombuffer(v, dtype="<u4").astype(np.uint32)
                     for v in self.client.hmget(f"{self.prefix}:shingles", part)]
             records = pa.Table.from_pylist([{c: self._records[d][c] for c in RECORD_COLUMNS} for d in part])
-            shingles = pa.array([s.tolist() for s in sets], pa.large_list(pa.uint32()))
-            yield _docs(records, shingles), np.stack([signature(s, near.num_perm, near.seed) for s in sets])
+            offsets = np.r_[0, np.cumsum([s.size for s in sets])].astype(np.int64)
+            values = np.concatenate(sets) if sets else np.empty(0, np.uint32)
+            shingles = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(values, pa.uint32()))
+            # The scheme the shingle sets were hashed with (migrate_index checked it is the config's).
+            yield _docs(records, shingles), sign_shingles(values, offsets, near, self.params["scheme"])
 
 
 def pull_from_s3(store: Store, name: str, into: Path) -> Path:

@@ -1,5 +1,6 @@
-"""Shingles, MinHash signatures (datasketch) and the LSH bands x rows choice; and the next signature
-scheme (SCHEME_FAST, see below), which signs whole batches with numpy and is not yet used by the pipeline.
+"""Shingles, MinHash signatures and the LSH bands x rows choice, under one of two signature schemes
+(`dedup.near.scheme`): SCHEME_FAST (the default, see below), which signs whole batches with numpy, and SCHEME
+(blake2b shingles + datasketch MinHash), what indexes built before the scheme was configurable hold.
 
 A document becomes the set of hashes of its normalized word n-grams ("shingles"); its MinHash
 signature estimates Jaccard similarity between such sets. Signatures and shingle sets are stored as
@@ -28,6 +29,7 @@ from kiln.engine import SERIAL, Engine
 from kiln.storage import resume_part, write_parquet_atomic
 
 SCHEME = "affine32"  # datasketch >= 2.0: 32-bit hash values, collision-free permutations
+SCHEME_FAST = "fss-splitmix64-v1"  # see "the fast signature scheme" below
 
 SIGNATURE_COLUMNS = ["doc_id", "source", "chars", "signature", "shingles"]
 
@@ -51,7 +53,8 @@ def _hash32(data: bytes) -> int:
 
 
 def shingle_hashes(text: str, settings: NearDedup) -> np.ndarray:
-    """Sorted unique 32-bit hashes of the document's word n-grams (all its words if it has fewer)."""
+    """SCHEME's shingle set: sorted unique 32-bit hashes of the document's word n-grams (all its words if it has
+    fewer). `sign_texts` gives the shingle sets of the configured scheme."""
     w = normalized_words(text, settings.normalization)
     n = settings.shingle_size
     grams = [" ".join(w[i:i + n]) for i in range(max(len(w) - n + 1, 1))] if w else [""]
@@ -66,6 +69,7 @@ def _template(num_perm: int, seed: int) -> MinHash:
 
 
 def signature(shingles: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
+    """SCHEME's signature of a SCHEME shingle set."""
     t = _template(num_perm, seed)
     m = MinHash(num_perm=num_perm, seed=seed, hashfunc=int, permutations=t.permutations, scheme=SCHEME)
     m.update_batch(shingles.tolist())
@@ -73,6 +77,8 @@ def signature(shingles: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
 
 
 def lean(sig: np.ndarray, seed: int) -> LeanMinHash:
+    """A stored signature of either scheme as a datasketch LeanMinHash (for datasketch's MinHashLSH, which reads only
+    the values; datasketch knows no SCHEME_FAST, so every signature carries SCHEME's label)."""
     return LeanMinHash(seed=seed, hashvalues=sig, scheme=SCHEME)
 
 
@@ -133,6 +139,9 @@ def line_hashes(text: str, settings: BoilerplateLines) -> set[int]:
     return {line_hash(s) for line in text.splitlines() if len(s := line.strip()) >= settings.min_chars}
 
 
+_SIGN_ROWS = 2048  # documents per `sign_texts` call (it splits larger batches into ~1 MB numpy passes itself)
+
+
 @dataclass(frozen=True)
 class _SignTask:
     input_path: str
@@ -149,30 +158,45 @@ def _sign_part(task: _SignTask) -> tuple[int, Counter]:
 def _sign(task: _SignTask) -> dict:
     near = NearDedup.model_validate_json(task.near)
     lines = BoilerplateLines.model_validate_json(task.lines) if task.lines else None
-    columns = {c: [] for c in SIGNATURE_COLUMNS}
+    ids, sources, chars, signatures, shingle_sets = [], [], [], [], []
     line_counts: Counter = Counter()
-    for batch in pq.ParquetFile(task.input_path).iter_batches(batch_size=500, columns=["doc_id", "source", "text"]):
-        for doc_id, source, text in zip(*(batch.column(c).to_pylist() for c in ("doc_id", "source", "text"))):
-            sh = shingle_hashes(text, near)
-            columns["doc_id"].append(doc_id)
-            columns["source"].append(source)
-            columns["chars"].append(len(text))
-            columns["signature"].append(signature(sh, near.num_perm, near.seed))
-            columns["shingles"].append(sh)
-            if lines is not None:
+    for batch in pq.ParquetFile(task.input_path).iter_batches(batch_size=_SIGN_ROWS,
+                                                             columns=["doc_id", "source", "text"]):
+        texts = batch.column("text").to_pylist()
+        sigs, values, offsets = sign_texts(texts, near, near.scheme)  # the whole batch at once
+        ids.append(batch.column("doc_id"))
+        sources.append(batch.column("source"))
+        chars.extend(len(t) for t in texts)
+        signatures.append(sigs)
+        shingle_sets.append((values, offsets))
+        if lines is not None:
+            for text in texts:
                 line_counts.update(line_hashes(text, lines))
-    schema = signature_schema(near.num_perm)
     table = pa.table({
-        "doc_id": pa.array(columns["doc_id"], pa.string()),
-        "source": pa.array(columns["source"], pa.string()),
-        "chars": pa.array(columns["chars"], pa.int64()),
+        "doc_id": _strings(ids),
+        "source": _strings(sources),
+        "chars": pa.array(chars, pa.int64()),
         "signature": pa.FixedSizeListArray.from_arrays(
-            pa.array(np.concatenate(columns["signature"]) if columns["signature"] else np.empty(0, np.uint32)),
+            pa.array(np.concatenate(signatures).reshape(-1) if signatures else np.empty(0, np.uint32), pa.uint32()),
             near.num_perm),
-        "shingles": _list_array(columns["shingles"]),
-    }, schema=schema)
+        "shingles": _concat_lists(shingle_sets),
+    }, schema=signature_schema(near.num_perm))
     write_parquet_atomic(Path(task.output_path), table)
     return {"documents": table.num_rows, "lines": {str(h): n for h, n in line_counts.items()}}
+
+
+def _strings(arrays: list[pa.Array]) -> pa.Array:
+    return pa.concat_arrays([a.cast(pa.string()) for a in arrays]) if arrays else pa.array([], pa.string())
+
+
+def _concat_lists(parts: list[tuple[np.ndarray, np.ndarray]]) -> pa.LargeListArray:
+    """One large_list<uint32> column from (values, offsets) pairs, each as `sign_texts` returns them."""
+    if not parts:
+        return pa.LargeListArray.from_arrays(pa.array([0], pa.int64()), pa.array([], pa.uint32()))
+    starts = np.cumsum([0] + [v.size for v, _ in parts[:-1]])
+    offsets = np.concatenate([parts[0][1][:1]] + [o[1:] + s for (_, o), s in zip(parts, starts)])
+    return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()),
+                                         pa.array(np.concatenate([v for v, _ in parts]), pa.uint32()))
 
 
 def _list_array(arrays: list[np.ndarray]) -> pa.LargeListArray:
@@ -202,10 +226,10 @@ def lines_table(counts: Counter) -> pa.Table:
                      "documents": pa.array(list(counts.values()), pa.int64())}, schema=LINES_SCHEMA)
 
 
-# ------------------------------------------------------------------------- the next signature scheme
+# ------------------------------------------------------------------------- the fast signature scheme
 #
-# SCHEME_FAST signs a whole batch of documents with a few numpy passes instead of Python calls per
-# word or shingle. Same words as `normalized_words`; other hash functions, so its shingle sets and
+# SCHEME_FAST (the default dedup.near.scheme) signs a whole batch of documents with a few numpy passes instead of
+# Python calls per word or shingle. Same words as `normalized_words`; other hash functions, so its shingle sets and
 # signatures are not comparable with SCHEME's:
 #   word hash      mix64(sum_k (byte_k + 1) * WORD_BASE^k)  over the word's UTF-8 bytes (surrogatepass)
 #   shingle hash   mix64(sum_k word_hash_k * SHINGLE_BASE^k) over n consecutive words (all the words of
@@ -216,8 +240,6 @@ def lines_table(counts: Counter) -> pa.Table:
 #                  max(shingles, num_perm ln num_perm) hashes per text instead of shingles x num_perm.
 # Sums are mod 2^64, so a polynomial over any range is one difference of prefix sums; mix64 (the
 # splitmix64 finalizer) spreads it over all 64 bits.
-
-SCHEME_FAST = "fss-splitmix64-v1"
 
 WORD_BASE = 0x9E3779B97F4A7C15  # odd, so invertible mod 2^64
 SHINGLE_BASE = 0xC2B2AE3D27D4EB4F  # odd
@@ -415,13 +437,20 @@ def _chunks(texts: list[str]):
         yield texts[start:]
 
 
+def _check_scheme(scheme: str) -> None:
+    if scheme not in (SCHEME, SCHEME_FAST):
+        raise ValueError(f"unknown signature scheme {scheme!r}; known: {SCHEME!r}, {SCHEME_FAST!r}")
+
+
 def sign_texts(texts: list[str], settings: NearDedup,
-               scheme: str = SCHEME) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Signatures and shingle sets of `texts` under a signature scheme, as `sign_batch` returns them."""
+               scheme: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Signatures and shingle sets of `texts` under a signature scheme (default `settings.scheme`, as the signature
+    stage signs; anything comparing texts with stored signatures or shingle sets must use theirs), as `sign_batch`
+    returns them."""
+    scheme = settings.scheme if scheme is None else scheme
+    _check_scheme(scheme)
     if scheme == SCHEME_FAST:
         return sign_batch(texts, settings)
-    if scheme != SCHEME:
-        raise ValueError(f"unknown signature scheme {scheme!r}; known: {SCHEME!r}, {SCHEME_FAST!r}")
     shingles = [shingle_hashes(t, settings) for t in texts]
     signatures = np.empty((len(texts), settings.num_perm), dtype=np.uint32)
     for i, sh in enumerate(shingles):
@@ -429,3 +458,26 @@ def sign_texts(texts: list[str], settings: NearDedup,
     offsets = np.zeros(len(texts) + 1, dtype=np.int64)
     np.cumsum([s.size for s in shingles], out=offsets[1:])
     return signatures, np.concatenate(shingles) if shingles else np.empty(0, dtype=np.uint32), offsets
+
+
+def sign_shingles(values: np.ndarray, offsets: np.ndarray, settings: NearDedup,
+                  scheme: str | None = None) -> np.ndarray:
+    """(n, num_perm) signatures of stored shingle sets of `scheme` (set i is values[offsets[i]:offsets[i + 1]]), equal
+    to the signatures `sign_texts` gives with them (a signature is a function of the shingle set)."""
+    scheme = settings.scheme if scheme is None else scheme
+    _check_scheme(scheme)
+    n = len(offsets) - 1
+    out = np.empty((n, settings.num_perm), dtype=np.uint32)
+    if scheme == SCHEME:
+        for i in range(n):
+            out[i] = signature(np.asarray(values[offsets[i]:offsets[i + 1]]), settings.num_perm, settings.seed)
+        return out
+    start = 0
+    while start < n:  # chunks of about _CHUNK_CHARS shingles: the (shingles, rounds) draws stay small
+        end = min(n, start + _CHUNK_TEXTS, max(start + 1, int(np.searchsorted(offsets, offsets[start] + _CHUNK_CHARS))))
+        sizes = np.diff(offsets[start:end + 1])
+        text_of = np.repeat(np.arange(end - start, dtype=np.int64), sizes)
+        out[start:end] = similarity_sketches(text_of, np.asarray(values[offsets[start]:offsets[end]], np.uint32),
+                                             end - start, settings.num_perm, settings.seed)
+        start = end
+    return out

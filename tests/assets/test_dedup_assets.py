@@ -147,3 +147,34 @@ def json_rows(project, asset, source):
     base = project.home / "data" / asset / project.partition(source)
     manifest = json.loads((base / "_manifest.json").read_text())
     return [r for f in manifest["files"] if f["role"] == "documents" for r in pq.read_table(base / f["path"]).to_pylist()]
+
+
+def test_affine32_end_to_end_then_the_default_scheme_needs_new_signatures(tmp_path, kiln_home, monkeypatch):
+    """dedup.near.scheme: affine32 (the older signer) runs the dedup waves as before; switching the config to the
+    default scheme makes dedup_index refuse the affine32 signatures until minhash_signatures is re-materialized."""
+    import yaml
+
+    from kiln.dedup.buckets import read_index_meta
+
+    config, _, _, _ = _corpus(tmp_path)
+    config["dedup"] = {"near": {"scheme": "affine32"}}
+    project = load_project(config, tmp_path, kiln_home, monkeypatch)
+    results = run_all(project)
+    index_meta = results["index"].asset_materializations_for_node("dedup_index")[0].metadata
+    assert index_meta["near_duplicates"].value == 3
+    index_dir = project.home / "data" / "dedup_index" / project.current() / "index"
+    assert read_index_meta(index_dir)["params"]["scheme"] == "affine32"
+
+    del config["dedup"]
+    project.config_path.write_text(yaml.safe_dump(config))
+    refused = project.materialize(["dedup_index"], raise_on_error=False)
+    assert not refused.success
+    failure = next(e for e in refused.all_events if e.event_type_value == "STEP_FAILURE")
+    message = str(failure.event_specific_data.error)
+    assert "minhash_signatures/" in message and "re-materialize" in message
+    assert "dedup.near.scheme: signatures 'affine32', config 'fss-splitmix64-v1'" in message
+    for source in ("web", "ref"):
+        assert project.materialize(["minhash_signatures"], source).success
+    again = project.materialize(["dedup_index"])
+    assert again.asset_materializations_for_node("dedup_index")[0].metadata["near_duplicates"].value == 3
+    assert read_index_meta(index_dir)["params"]["scheme"] == "fss-splitmix64-v1"

@@ -12,9 +12,10 @@ from kiln.config import BoilerplateLines, NearDedup, ShingleNormalization, parse
 from kiln.config import ConfigError
 from kiln.dedup.apply import deduplicate_source
 from kiln.dedup.boilerplate import boilerplate_hashes, strip_boilerplate
-from kiln.dedup.buckets import IndexMismatch, decide_distributed, write_index
+from kiln.dedup.buckets import (IndexMismatch, check_signature_params, decide_distributed, read_decisions,
+                                write_index)
 from kiln.dedup.minhash import (_list_array, candidate_probability, choose_bands, compute_signatures, jaccard,
-                                shingle_hashes, signature, signature_schema)
+                                shingle_hashes, sign_texts, signature_schema)
 from kiln.dedup.near import ALREADY_INDEXED, KEPT, NEAR_DUPLICATE
 from kiln.dedup.text import words
 from kiln.documents import DOCUMENT_SCHEMA, REJECTED_SCHEMA, Document
@@ -37,13 +38,14 @@ def edited(words_: list[str], edits: int, rng, vocab) -> list[str]:
 
 
 def signature_table(source: str, texts: list[str], ids: list[str] | None = None, near=NEAR) -> pa.Table:
-    sh = [shingle_hashes(t, near) for t in texts]
-    sigs = [signature(s, near.num_perm, near.seed) for s in sh]
+    """Signature rows of `texts` under near.scheme, one document at a time (the stage signs whole batches)."""
+    rows = [sign_texts([t], near, near.scheme) for t in texts]
     return pa.table({
         "doc_id": ids or [f"{source}-{i}" for i in range(len(texts))], "source": [source] * len(texts),
         "chars": [len(t) for t in texts],
-        "signature": pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(sigs)), near.num_perm),
-        "shingles": _list_array(sh)}, schema=signature_schema(near.num_perm))
+        "signature": pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate([r[0][0] for r in rows])),
+                                                       near.num_perm),
+        "shingles": _list_array([r[1] for r in rows])}, schema=signature_schema(near.num_perm))
 
 
 @pytest.fixture
@@ -225,6 +227,49 @@ def test_a_bucket_index_with_other_minhash_parameters_is_refused_naming_them_and
     assert "num_perm" not in message and "seed" not in message  # unchanged parameters are not named
 
 
+def test_an_affine32_index_is_refused_under_the_default_scheme_naming_the_key_and_the_way_forward(tmp_path):
+    """Every index written before dedup.near.scheme existed is affine32; the default is now fss-splitmix64-v1."""
+    old = NearDedup(scheme="affine32")
+    write_index(tmp_path / "old", old, "r0", [])
+    pq.write_table(signature_table("a", ["one two three four five six seven"]), tmp_path / "sig.parquet")
+    with pytest.raises(IndexMismatch) as refused:
+        decide_distributed([tmp_path / "sig.parquet"], {"a": (1, 0)}, [tmp_path / "old"], tmp_path / "work",
+                           tmp_path / "out", NEAR, "r1")
+    message = str(refused.value)
+    for part in ["refresh r0", "dedup.near.scheme: index 'affine32', config 'fss-splitmix64-v1'",
+                 "written before dedup.near.scheme existed are affine32", "re-materialize minhash_signatures",
+                 "every refresh partition, from the first refresh to the last", "restore the index's settings"]:
+        assert part in message, part
+    assert "num_perm" not in message and "dedup.near.bands" not in message
+    # With the index's scheme restored, the same index is used.
+    pq.write_table(signature_table("a", ["one two three four five six seven"], near=old), tmp_path / "sig.parquet")
+    decide_distributed([tmp_path / "sig.parquet"], {"a": (1, 0)}, [tmp_path / "old"], tmp_path / "work",
+                       tmp_path / "out", old, "r1")
+
+
+def test_signatures_made_with_other_settings_are_refused_before_indexing():
+    """dedup_index checks each minhash_signatures manifest's recorded dedup.near (a record without `scheme` predates
+    the setting, so it is affine32)."""
+    recorded = NEAR.model_dump(mode="json")
+    check_signature_params("minhash_signatures/web", recorded, NEAR)
+    check_signature_params("minhash_signatures/web", {**recorded, "threshold": 0.5, "keep": ["longest"]}, NEAR)
+    before = {k: v for k, v in recorded.items() if k != "scheme"}
+    check_signature_params("minhash_signatures/web", before, NearDedup(scheme="affine32"))
+    with pytest.raises(IndexMismatch, match=r"minhash_signatures/web .*dedup\.near\.scheme: signatures 'affine32', "
+                                            r"config 'fss-splitmix64-v1'.*re-materialize"):
+        check_signature_params("minhash_signatures/web", before, NEAR)
+    with pytest.raises(IndexMismatch, match=r"dedup\.near\.shingle_size: signatures 5, config 7"):
+        check_signature_params("minhash_signatures/web", recorded, NEAR.model_copy(update={"shingle_size": 7}))
+
+
+def test_the_scheme_setting_names_the_key_and_the_allowed_values():
+    assert NEAR.scheme == "fss-splitmix64-v1"
+    with pytest.raises(ConfigError, match=r"dedup\.near\.scheme = 'md5': .*'fss-splitmix64-v1'.*'affine32'"):
+        parse_config({"sources": [{"name": "a", "kind": "jsonl", "path": "a.jsonl", "license": "x", "domain": "web",
+                                   "profile": "none"}], "profiles": {"none": []},
+                      "dedup": {"near": {"scheme": "md5"}}})
+
+
 def test_the_removed_index_setting_fails_naming_the_key_and_the_fix():
     with pytest.raises(ConfigError, match=r"dedup\.near\.index: removed.*dedup_index dataset.*migrate-index"):
         parse_config({"sources": [{"name": "a", "kind": "jsonl", "path": "a.jsonl"}], "profiles": {"none": []},
@@ -235,7 +280,9 @@ def write_docs(path, docs: list[Document]):
     pq.write_table(pa.Table.from_pylist([d.to_row() for d in docs], schema=DOCUMENT_SCHEMA), path)
 
 
-def test_signature_stage_and_apply_stage_write_explained_rejects(tmp_path):
+@pytest.mark.parametrize("scheme", ["fss-splitmix64-v1", "affine32"])
+def test_signature_stage_and_apply_stage_write_explained_rejects(tmp_path, scheme):
+    near = NEAR.model_copy(update={"scheme": scheme})
     rng = np.random.default_rng(21)
     vocab = vocabulary(rng)
     base = " ".join(rng.choice(vocab, 300))
@@ -245,15 +292,19 @@ def test_signature_stage_and_apply_stage_write_explained_rejects(tmp_path):
         " ".join(rng.choice(vocab, 300)) + "\n" + footer, footer])]
     write_docs(tmp_path / "in.parquet", docs)
     lines = BoilerplateLines(enabled=True, min_documents=2)
-    n, counts = compute_signatures([tmp_path / "in.parquet"], [tmp_path / "sig.parquet"], NEAR, lines,
+    n, counts = compute_signatures([tmp_path / "in.parquet"], [tmp_path / "sig.parquet"], near, lines,
                                    progress=False)
     assert n == 4
     boilerplate = boilerplate_hashes([pa.table({"line_hash": pa.array(list(counts), pa.uint64()),
                                                 "documents": list(counts.values())})], lines)
     assert len(boilerplate) == 1
-    with open_index(NEAR, tmp_path / "idx") as idx:
-        result = near_dedup(Batch.from_tables([(1, pq.read_table(tmp_path / "sig.parquet"))]), idx, NEAR, "r",
+    with open_index(near, tmp_path / "idx") as idx:
+        result = near_dedup(Batch.from_tables([(1, pq.read_table(tmp_path / "sig.parquet"))]), idx, near, "r",
                             progress=False)
+    # The bucket pipeline (what dedup_index runs) on the same signature part decides the same.
+    decide_distributed([tmp_path / "sig.parquet"], {"web": (1, 0)}, [], tmp_path / "work", tmp_path / "out", near,
+                       "r")
+    assert read_decisions(tmp_path / "out").sort_by("doc_id").equals(result.decisions.sort_by("doc_id"))
     store = Store(tmp_path / "data")
     with store.staging("deduplicated_documents", "web") as writer:
         from kiln.config import Decontamination

@@ -18,10 +18,19 @@ from tests.conftest import web_and_ref_sources
 from tests.old_near_dedup import Batch, RedisIndex, near_dedup, open_index
 from tests.redis_server import PASSWORD, redis_server
 from tests.kiln.test_dedup import edited, signature_table, vocabulary
-from tests.kiln.test_dedup_buckets import assert_same, families, family_texts, write_parts
+from tests.kiln.test_dedup_buckets import assert_same, family_texts, write_parts
 
-NEAR = NearDedup()
+NEAR = NearDedup(scheme="affine32")  # every old index was built with affine32 (its params say so)
 INDEX = "dedup_index"
+
+
+def table(source: str, texts: list[str], ids: list[str] | None = None) -> pa.Table:
+    return signature_table(source, texts, ids, near=NEAR)
+
+
+def families(seed: int) -> list[tuple[str, int, pa.Table]]:
+    texts = family_texts(seed)
+    return [(s, tier, table(s, texts[s])) for s, tier in (("web", 2), ("ref", 1), ("forum", 2))]
 
 
 def old_refresh(store: Store, idx, key: str, tables) -> pa.Table:
@@ -44,11 +53,11 @@ def corpora():
     rng = np.random.default_rng(9)
     vocab = vocabulary(rng, 5_000)
     texts = [" ".join(edited(t.split(), 1, rng, vocab)) for s in ("web", "forum") for t in family_texts(2)[s][:15]]
-    second = [("web", 2, first[0][2].slice(0, 12)), ("copies", 1, signature_table("copies", texts[:20])),
-              ("n-web", 2, signature_table("n-web", family_texts(4, 10)["web"]))]
+    second = [("web", 2, first[0][2].slice(0, 12)), ("copies", 1, table("copies", texts[:20])),
+              ("n-web", 2, table("n-web", family_texts(4, 10)["web"]))]
     third = [("web", 2, first[0][2].slice(5, 10)),  # accepted by r0: already indexed
-             ("again", 1, signature_table("again", texts[10:], [f"x{i}" for i in range(len(texts) - 10)])),
-             ("n-ref", 1, signature_table("n-ref", family_texts(5, 10)["ref"]))]
+             ("again", 1, table("again", texts[10:], [f"x{i}" for i in range(len(texts) - 10)])),
+             ("n-ref", 1, table("n-ref", family_texts(5, 10)["ref"]))]
     return first, second, third
 
 
@@ -139,7 +148,7 @@ def test_documents_of_an_unknown_refresh_stop_the_migration(tmp_path):
     first, _, _ = corpora()
     with open_index(NEAR, tmp_path / "idx") as idx:
         old_refresh(store, idx, "r0", first)
-        near_dedup(Batch.from_tables([(1, signature_table("x", ["some words here and there for a text"]))]), idx,
+        near_dedup(Batch.from_tables([(1, table("x", ["some words here and there for a text"]))]), idx,
                    NEAR, "elsewhere", progress=False)
         idx.commit()
     with pytest.raises(MigrationError, match="elsewhere"):
@@ -149,7 +158,28 @@ def test_documents_of_an_unknown_refresh_stop_the_migration(tmp_path):
         migrate_index(store, OldLocalIndex(tmp_path / "idx" / "kiln"), NEAR.model_copy(update={"num_perm": 64}))
 
 
-def _config(tmp_path):
+def test_an_old_index_is_refused_under_the_default_scheme_naming_it_and_the_ways_forward(tmp_path, capsys):
+    store = Store(tmp_path / "data")
+    first, _, _ = corpora()
+    with open_index(NEAR, tmp_path / "dedup_index") as idx:
+        old_refresh(store, idx, "r0", first)
+    with pytest.raises(MigrationError) as refused:
+        migrate_index(store, OldLocalIndex(tmp_path / "dedup_index" / "kiln"), NearDedup())
+    message = str(refused.value)
+    for part in ["dedup.near.scheme: index 'affine32', config 'fss-splitmix64-v1'", "restore those settings",
+                 "skip the migration and backfill", "re-materialize minhash_signatures"]:
+        assert part in message, part
+    assert "num_perm" not in message
+    assert not (store.dataset_dir(INDEX, "r0") / "index").exists()
+    # The command: exit 2 with the same explanation; then with the scheme restored it migrates.
+    assert main(["dedup", "migrate-index", "--home", str(tmp_path), "--config", str(_config(tmp_path, None))]) == 2
+    assert "dedup.near.scheme: index 'affine32'" in capsys.readouterr().err
+    assert main(["dedup", "migrate-index", "--home", str(tmp_path), "--config", str(_config(tmp_path))]) == 0
+    assert read_index_meta(store.dataset_dir(INDEX, "r0") / "index")["params"]["scheme"] == "affine32"
+
+
+def _config(tmp_path, scheme: str | None = "affine32"):
     path = tmp_path / "kiln.yaml"
-    path.write_text(yaml.safe_dump({"sources": web_and_ref_sources(tmp_path), "profiles": {"none": []}}))
+    dedup = {"dedup": {"near": {"scheme": scheme}}} if scheme else {}
+    path.write_text(yaml.safe_dump({"sources": web_and_ref_sources(tmp_path), "profiles": {"none": []}, **dedup}))
     return path

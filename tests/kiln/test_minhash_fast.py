@@ -11,6 +11,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from datasketch import MinHash
 from hypothesis import given, settings
@@ -174,18 +176,92 @@ def test_an_empty_batch():
     assert signatures.shape == (0, 128) and values.size == 0 and offsets.tolist() == [0]
 
 
-def test_the_scheme_is_chosen_by_a_parameter_and_the_old_one_stays_the_default():
+def test_the_scheme_is_chosen_by_a_parameter_or_by_dedup_near_scheme_whose_default_is_the_fast_one():
     texts = HAND_PICKED[:10]
-    old = sign_texts(texts, NearDedup())
+    assert NearDedup().scheme == SCHEME_FAST
+    old = sign_texts(texts, NearDedup(scheme=SCHEME))
     for i, text in enumerate(texts):
         sh = minhash.shingle_hashes(text, NearDedup())
         assert np.array_equal(old[1][old[2][i]:old[2][i + 1]], sh)
         assert np.array_equal(old[0][i], minhash.signature(sh, 128, 1))
-    assert all(np.array_equal(a, b) for a, b in zip(sign_texts(texts, NearDedup(), SCHEME_FAST),
-                                                    sign_batch(texts, NearDedup())))
+    fast = sign_batch(texts, NearDedup())
+    for got in (sign_texts(texts, NearDedup()), sign_texts(texts, NearDedup(scheme=SCHEME), SCHEME_FAST)):
+        assert all(np.array_equal(a, b) for a, b in zip(got, fast))
     assert sign_texts(texts, NearDedup(), SCHEME)[1].tolist() == old[1].tolist()
     with pytest.raises(ValueError, match="unknown signature scheme"):
         sign_texts(texts, NearDedup(), "md5")
+
+
+@pytest.mark.parametrize("scheme", [SCHEME_FAST, SCHEME])
+def test_signatures_recomputed_from_stored_shingle_sets_equal_those_signed_from_the_texts(scheme, monkeypatch):
+    near = NearDedup(num_perm=64, scheme=scheme)
+    texts = HAND_PICKED * 2
+    signatures, values, offsets = sign_texts(texts, near)
+    assert np.array_equal(minhash.sign_shingles(values, offsets, near), signatures)
+    monkeypatch.setattr(minhash, "_CHUNK_CHARS", 50)  # many chunks of a few sets
+    monkeypatch.setattr(minhash, "_CHUNK_TEXTS", 3)
+    assert np.array_equal(minhash.sign_shingles(values, offsets, near), signatures)
+
+
+# ------------------------------------------------------------------------------------- signature stage
+
+def _valid(texts: list[str]) -> list[str]:
+    """Texts Parquet can hold (no lone surrogates: intake quarantines those)."""
+    return [t for t in texts if t and not any(0xD800 <= ord(c) <= 0xDFFF for c in t)]
+
+
+def _documents(path, texts: list[str]) -> None:
+    from kiln.documents import DOCUMENT_SCHEMA, Document
+
+    pq.write_table(pa.Table.from_pylist([Document(f"d{i}", "web", t).to_row() for i, t in enumerate(texts)],
+                                        schema=DOCUMENT_SCHEMA), path)
+
+
+@pytest.mark.parametrize("rows", [2048, 7])
+def test_the_signature_stage_writes_sign_batch_output_under_the_default_config(tmp_path, monkeypatch, rows):
+    """compute_signatures signs whole batches (`rows` documents at a time, so several batches and a short last one
+    at 7); each row's signature and sorted unique shingle set are sign_batch's (itself checked against the plain
+    Python reference above) for that text."""
+    monkeypatch.setattr(minhash, "_SIGN_ROWS", rows)
+    near = NearDedup()
+    texts = _valid(HAND_PICKED) * 3 + ["", "short text"]
+    _documents(tmp_path / "in.parquet", texts)
+    n, _ = minhash.compute_signatures([tmp_path / "in.parquet"], [tmp_path / "sig.parquet"], near, progress=False)
+    table = pq.read_table(tmp_path / "sig.parquet")
+    assert n == len(texts) == table.num_rows
+    assert table.schema.equals(minhash.signature_schema(near.num_perm))
+    signatures, values, offsets = sign_batch(texts, near)
+    assert table.column("doc_id").to_pylist() == [f"d{i}" for i in range(len(texts))]
+    assert table.column("source").to_pylist() == ["web"] * len(texts)
+    assert table.column("chars").to_pylist() == [len(t) for t in texts]
+    got = table.column("signature").to_pylist()
+    shingles = table.column("shingles").to_pylist()
+    for i, text in enumerate(texts):
+        assert got[i] == signatures[i].tolist()
+        assert shingles[i] == values[offsets[i]:offsets[i + 1]].tolist() == sorted(set(shingles[i]))
+        if i < 10:
+            assert shingles[i] == ref_shingles(text, near)
+
+
+def test_the_signature_stage_under_affine32_is_the_per_document_datasketch_path(tmp_path, monkeypatch):
+    monkeypatch.setattr(minhash, "_SIGN_ROWS", 5)
+    near = NearDedup(scheme=SCHEME)
+    texts = _valid(HAND_PICKED)[:12]
+    _documents(tmp_path / "in.parquet", texts)
+    minhash.compute_signatures([tmp_path / "in.parquet"], [tmp_path / "sig.parquet"], near, progress=False)
+    table = pq.read_table(tmp_path / "sig.parquet")
+    for i, text in enumerate(texts):
+        sh = minhash.shingle_hashes(text, near)
+        assert table.column("shingles")[i].as_py() == sh.tolist()
+        assert table.column("signature")[i].as_py() == minhash.signature(sh, near.num_perm, near.seed).tolist()
+
+
+def test_an_empty_part_signs_to_an_empty_table(tmp_path):
+    _documents(tmp_path / "in.parquet", [])
+    n, _ = minhash.compute_signatures([tmp_path / "in.parquet"], [tmp_path / "sig.parquet"], NearDedup(),
+                                      progress=False)
+    table = pq.read_table(tmp_path / "sig.parquet")
+    assert n == 0 == table.num_rows and table.schema.equals(minhash.signature_schema(128))
 
 
 def test_jaccard_on_fast_shingle_sets_is_exact():
