@@ -109,7 +109,7 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
         work = writer.scratch("near_dedup")
         if near.enabled:
             stats = decide_distributed(signature_files, sources, [path for _, path in earlier], work, writer.dir, near,
-                                       refresh, engine=runner)
+                                       refresh, engine=runner, partitions=near.partitions, max_bucket=near.max_bucket)
         else:  # every document kept, nothing indexed: an empty index keeps the store's layout uniform
             stats = keep_all(signature_files, writer.dir)
             write_index(writer.dir / "index", near, refresh, [])

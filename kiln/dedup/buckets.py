@@ -67,6 +67,7 @@ earlier in keep order that were kept; those may lie in other components, so it i
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -74,6 +75,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -366,9 +368,50 @@ def _earlier_partition(layout: Layout, kind: str, p: int, hash_column: str) -> l
 # ------------------------------------------------------------------------------------- 1-2 scan, already
 
 @dataclass(frozen=True)
+class LayoutFile:
+    """A Layout as tasks carry it: written once to the run's work folder, named by its digest. The Layout is a few
+    ints per part, so tasks carrying it would make the task list (pickled per task, through Ray's object store)
+    grow with parts squared; a path and a digest stay a few bytes. Callable as the Layout's route."""
+
+    path: str
+    sha: str
+
+    @classmethod
+    def write(cls, layout: Layout, folder: Path) -> LayoutFile:
+        data = json.dumps(dataclasses.asdict(layout), sort_keys=True).encode()
+        sha = hashlib.sha256(data).hexdigest()
+        path = Path(folder) / f"layout-{sha[:16]}.json"
+        if not path.exists():
+            write_json_atomic(path, data.decode())
+        return cls(str(path), sha)
+
+    def load(self) -> Layout:
+        return _load_layout(self.path, self.sha)
+
+    def __call__(self, nodes: np.ndarray) -> np.ndarray:
+        return self.load().dp_of(nodes)
+
+
+@lru_cache(maxsize=4)
+def _load_layout(path: str, sha: str) -> Layout:
+    """One read per worker process and layout (the digest keys the cache: a reused work folder is never stale)."""
+    data = Path(path).read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise RuntimeError(f"{path}: layout file changed under a running near-dup stage")
+    fields = json.loads(data)
+    fields["earlier"] = [Earlier(**{k: tuple(v) if isinstance(v, list) else v for k, v in e.items()})
+                         for e in fields["earlier"]]
+    return Layout(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+@dataclass(frozen=True)
 class _Task:
-    layout: Layout
+    layout_file: LayoutFile
     i: int
+
+    @property
+    def layout(self) -> Layout:
+        return self.layout_file.load()
 
 
 def _scan(task: _Task) -> tuple[int, dict[str, int]]:
@@ -782,7 +825,9 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
 
     def stage(name, fn, layout, items):
         t0 = time.perf_counter()
-        out = engine.map_parts(fn, [_Task(layout, i) for i in items], desc=f"near-dup {name}", progress=progress)
+        layout_file = LayoutFile.write(layout, work_dir)
+        out = engine.map_parts(fn, [_Task(layout_file, i) for i in items], desc=f"near-dup {name}",
+                               progress=progress)
         timing[name] = round(time.perf_counter() - t0, 3)
         return out
 
@@ -819,8 +864,8 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
     distinct = sum(stage("attach", _attach, lay, touched))
     verified = stage("verify", _verify, lay, range(n_parts))
     t0 = time.perf_counter()
-    cc = connected_components(work_dir / "cc", P, engine, route=lay, label_partitions=lay.doc_partitions,
-                              progress=progress)
+    cc = connected_components(work_dir / "cc", P, engine, route=LayoutFile.write(lay, work_dir),
+                              label_partitions=lay.doc_partitions, progress=progress)
     timing["components"] = round(time.perf_counter() - t0, 3)
     routed = set(cc["label_partitions"]) | set(range(n_parts))
     stage("route", _route, lay, sorted(routed))

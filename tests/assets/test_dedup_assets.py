@@ -151,19 +151,21 @@ def json_rows(project, asset, source):
 
 def test_affine32_end_to_end_then_the_default_scheme_needs_new_signatures(tmp_path, kiln_home, monkeypatch):
     """dedup.near.scheme: affine32 (the older signer) runs the dedup waves as before; switching the config to the
-    default scheme makes dedup_index refuse the affine32 signatures until minhash_signatures is re-materialized."""
+    default scheme makes dedup_index refuse the affine32 signatures until minhash_signatures is re-materialized.
+    The bucket shuffle's partitions come from the config too (3, then the default 8)."""
     import yaml
 
     from kiln.dedup.buckets import read_index_meta
 
     config, _, _, _ = _corpus(tmp_path)
-    config["dedup"] = {"near": {"scheme": "affine32"}}
+    config["dedup"] = {"near": {"scheme": "affine32", "partitions": 3}}
     project = load_project(config, tmp_path, kiln_home, monkeypatch)
     results = run_all(project)
     index_meta = results["index"].asset_materializations_for_node("dedup_index")[0].metadata
     assert index_meta["near_duplicates"].value == 3
     index_dir = project.home / "data" / "dedup_index" / project.current() / "index"
     assert read_index_meta(index_dir)["params"]["scheme"] == "affine32"
+    assert read_index_meta(index_dir)["partitions"] == 3
 
     del config["dedup"]
     project.config_path.write_text(yaml.safe_dump(config))
@@ -178,3 +180,4 @@ def test_affine32_end_to_end_then_the_default_scheme_needs_new_signatures(tmp_pa
     again = project.materialize(["dedup_index"])
     assert again.asset_materializations_for_node("dedup_index")[0].metadata["near_duplicates"].value == 3
     assert read_index_meta(index_dir)["params"]["scheme"] == "fss-splitmix64-v1"
+    assert read_index_meta(index_dir)["partitions"] == 8

@@ -1,6 +1,7 @@
 """Distributed near-dedup (kiln/dedup/buckets.py): the same decisions table as `near_dedup` on planted corpora,
 whatever the engine and the number of partitions; connected components against a union-find; big buckets bounded."""
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -225,6 +226,30 @@ def test_every_engine_writes_the_same_bytes(tmp_path, engine, ray_stops):
         b = sorted((tmp_path / "other" / sub).glob("*.parquet"))
         assert [f.name for f in a] == [f.name for f in b] and a
         assert [f.read_bytes() for f in a] == [f.read_bytes() for f in b]
+
+
+class _TaskSizes(ProcessPool):
+    """SERIAL that records every task's pickled size (what a pool or Ray ships per task)."""
+
+    def __init__(self):
+        super().__init__(workers=1)
+        self.sizes: list[int] = []
+
+    def map_parts(self, fn, tasks, **kwargs):
+        self.sizes.extend(len(pickle.dumps(t)) for t in tasks)
+        return super().map_parts(fn, tasks, **kwargs)
+
+
+def test_a_task_stays_the_same_size_whatever_the_number_of_parts(tmp_path):
+    """Tasks carry the layout as a file name, not the per-part layout itself: with it, 10x the parts made every task
+    ~10x larger and the task list ~100x (parts squared in the driver and in Ray's object store)."""
+    tables = families(6, n_bases=15)
+    few, many = _TaskSizes(), _TaskSizes()
+    few_out, _ = distributed(tmp_path / "few", [tables], engine=few, part_rows=60)
+    many_out, _ = distributed(tmp_path / "many", [tables], engine=many, part_rows=6)
+    assert_same(many_out[0], few_out[0])
+    assert len(many.sizes) > len(few.sizes) + 30  # the many-parts run really has many more part tasks
+    assert max(many.sizes) <= max(few.sizes) + 8 < 1_000  # (+8: the folder name "many" is one letter longer)
 
 
 # ------------------------------------------------------------------------------------- big buckets
