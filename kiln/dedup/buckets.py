@@ -4,7 +4,7 @@ greedy keep policy (`near_dedup`, the single-process implementation this replace
 inside each component — the same decisions table.
 
 Stages (every one a map_parts; "→ X/{q}" is a shuffle write: each task writes its rows for partition q to
-X/{q:05d}/{its own position}.parquet, so names never depend on the engine or on arrival order):
+X/{q:05d}/{its own position}.arrow, Arrow IPC scratch, so names never depend on the engine or on arrival order):
 
   signature parts (one per input part, in source order)        earlier refreshes' index folders
    1 scan      part k: row counts per source ─ ids → ids/{p}   (ids/, buckets/, docs/ per refresh)
@@ -85,8 +85,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.config import NearDedup
-from kiln.dedup.components import (LABEL_SCHEMA, connected_components, node_partition, overlapping,
-                                   partition_of, read_dir, write_edges, write_partitioned)
+from kiln.dedup.components import (LABEL_SCHEMA, SCRATCH, connected_components, node_partition, overlapping,
+                                   partition_of, read_dir, read_scratch, write_edges, write_partitioned, write_scratch)
 from kiln.dedup.minhash import SCHEME, bands_rows, estimated_jaccard, jaccard, mix64
 from kiln.dedup.near import ALREADY_INDEXED, DECISION_SCHEMA, KEPT, NEAR_DUPLICATE, UnionFind
 from kiln.engine import SERIAL, Engine
@@ -433,9 +433,9 @@ def _already(task: _Task) -> int:
     lay, p = task.layout, task.i
     found_node, found_old = [], []
     new_tables = []
-    for f in sorted(lay.w("ids", f"{p:05d}").glob("*.parquet")):
+    for f in sorted(lay.w("ids", f"{p:05d}").glob(f"*{SCRATCH}")):
         k = int(f.stem)
-        t = pq.read_table(f)
+        t = read_scratch(f)
         new_tables.append(t.set_column(2, "node", pa.array(t.column("node").to_numpy() + lay.starts[k])))
     if not new_tables:
         return 0
@@ -479,7 +479,7 @@ def _keys(task: _Task) -> int:
     for i, r in zip(new, new_ranks(lay.keep, np.full(new.size, lay.tiers[k]), np.full(new.size, lay.orders[k]),
                                    lay.seq_starts[k] + new, chars[new], new_ids, nodes[new])):
         ranks[i] = r
-    write_parquet_atomic(lay.w("nodes", f"{k:05d}.parquet"), pa.table({
+    write_scratch(lay.w("nodes", f"{k:05d}{SCRATCH}"), pa.table({
         "node": nodes, "rank": pa.array(ranks, pa.binary()), "doc_id": doc_ids, "source": t.column("source"),
         "old_node": pa.array(old_of, mask=~is_already)}, schema=NODES_SCHEMA))
     if new.size:
@@ -553,7 +553,7 @@ def _attach(task: _Task) -> int:
     if t.num_rows == 0:
         return 0
     pairs = np.unique(np.stack([t.column("a").to_numpy(), t.column("b").to_numpy()], axis=1), axis=0)
-    write_parquet_atomic(lay.w("cands", f"{dp:05d}.parquet"),
+    write_scratch(lay.w("cands", f"{dp:05d}{SCRATCH}"),
                          pa.table({"a": pairs[:, 0], "b": pairs[:, 1]}, schema=PAIR_SCHEMA))
     nodes, docs = lay.docs(dp, ["shingles"])
     if dp < lay.n_parts:
@@ -580,7 +580,7 @@ def _verify(task: _Task) -> tuple[int, int]:
     j = np.array([jaccard(a_values[a_offsets[i]:a_offsets[i + 1]], b_values[b_offsets[r]:b_offsets[r + 1]])
                   for i, r in enumerate(rows)], dtype=np.float64)
     hit = j >= lay.threshold
-    write_parquet_atomic(lay.w("hits", f"{k:05d}.parquet"),
+    write_scratch(lay.w("hits", f"{k:05d}{SCRATCH}"),
                          pa.table({"comp": np.zeros(int(hit.sum()), np.int64), "a": a[hit], "b": b[hit],
                                    "jaccard": j[hit]}, schema=HIT_SCHEMA))
     write_edges(lay.w("cc"), f"v{k:05d}", a[hit], b[hit], lay.partitions)
@@ -598,9 +598,9 @@ def _route(task: _Task) -> int:
     order = np.argsort(labels.column("node").to_numpy(), kind="stable")
     lnode, llabel = labels.column("node").to_numpy()[order], labels.column("label").to_numpy()[order]
     if dp < lay.n_parts:
-        nodes_t = pq.read_table(lay.w("nodes", f"{dp:05d}.parquet"))
+        nodes_t = read_scratch(lay.w("nodes", f"{dp:05d}{SCRATCH}"))
         members = nodes_t.take(pa.array(lnode - lay.starts[dp]))
-        hits = pq.read_table(lay.w("hits", f"{dp:05d}.parquet")) if lay.w("hits", f"{dp:05d}.parquet").is_file() \
+        hits = read_scratch(lay.w("hits", f"{dp:05d}{SCRATCH}")) if lay.w("hits", f"{dp:05d}{SCRATCH}").is_file() \
             else _empty(HIT_SCHEMA)
         if hits.num_rows:
             comp = llabel[np.searchsorted(lnode, hits.column("b").to_numpy())]
@@ -699,10 +699,10 @@ def _count(task: _Task) -> int:
     """`candidates`: per distinct candidate pair (a earlier, b later), b counts a if a is an earlier refresh's
     document (always) or was kept (near_dedup counts candidates accepted when b is decided)."""
     lay, dp = task.layout, task.i
-    f = lay.w("cands", f"{dp:05d}.parquet")
+    f = lay.w("cands", f"{dp:05d}{SCRATCH}")
     if not f.is_file():
         return 0
-    t = pq.read_table(f)
+    t = read_scratch(f)
     a, b = t.column("a").to_numpy(), t.column("b").to_numpy()
     if dp < lay.n_parts:
         decided = read_dir(lay.w("decided", f"{dp:05d}"), DECIDED_SCHEMA, ["node", "status"])
@@ -718,7 +718,7 @@ def _count(task: _Task) -> int:
 def _final(task: _Task) -> dict[str, Any]:
     """Part k's decision rows (in its row order), and its kept documents for this refresh's index."""
     lay, k = task.layout, task.i
-    nodes_t = pq.read_table(lay.w("nodes", f"{k:05d}.parquet"))
+    nodes_t = read_scratch(lay.w("nodes", f"{k:05d}{SCRATCH}"))
     n = nodes_t.num_rows
     start = lay.starts[k]
     already = nodes_t.column("old_node").is_valid().to_numpy(zero_copy_only=False)

@@ -14,6 +14,7 @@ import pytest
 from kiln import engine as engine_module
 from kiln.config import parse_config
 from kiln.dedup.buckets import read_decisions
+from kiln.dedup.components import SCRATCH
 from kiln.dedup.near import NEAR_DUPLICATE
 from kiln.engine import SERIAL, EngineError, ProcessPool, RayEngine, engine_for
 from kiln.secrets import redact, redact_url
@@ -177,7 +178,7 @@ def test_near_dup_decisions_are_the_same_when_a_node_dies_mid_stage(corpus, seri
         driver = _driver(cluster, disturbed.root, corpus, "near")
         # Mid-stage: the keys round has written node tables (shuffles under way), and node 1 runs a task right now.
         _lose_node_1_mid_stage(cluster, driver, lambda: bool(list((disturbed.root / ".near-work" / "nodes").glob(
-            "*.parquet"))), "near-dup")
+            f"*{SCRATCH}"))), "near-dup")
         assert fingerprint(disturbed, assets=("near",)) == expected
         assert not list(disturbed.root.rglob(".*.tmp-*"))  # no half-written file anywhere
     finally:
