@@ -16,7 +16,7 @@ from assets.results import check_specs, engine_metadata, materialize_result, sta
 from kiln.dedup.apply import deduplicate_source
 from kiln.dedup.boilerplate import boilerplate_hashes
 from kiln.dedup.decontaminate import load_benchmarks
-from kiln.dedup.minhash import compute_signatures, lines_table
+from kiln.dedup.minhash import compute_signatures, lines_table, signature_groups
 from kiln.dedup.buckets import (check_signature_params, decide_distributed, doc_id_hash, index_documents, keep_all,
                                 survivor_violations, write_index)
 from kiln.dedup.near import DECISION_SCHEMA, NEAR_DUPLICATE
@@ -52,21 +52,20 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
                    config={"near": near.model_dump(mode="json"), "boilerplate_lines": lines.model_dump()},
                    inputs={f"{CURATED}/{source}": curated.data_version})
     with store.staging(SIGNATURES, source, resume=resume_key(**version)) as writer:
-        outputs = [writer.next_path("signatures") for _ in inputs]
+        groups = signature_groups(inputs, near.rows_per_part)
+        outputs = [writer.next_path("signatures") for _ in groups]
         started = time.perf_counter()
-        documents, line_counts = compute_signatures(inputs, outputs, near, lines if lines.enabled else None,
-                                                    runner, label=f"minhash {source}")
+        signed = compute_signatures(groups, outputs, near, lines if lines.enabled else None, runner,
+                                    label=f"minhash {source}")
+        documents = signed.documents
         seconds = time.perf_counter() - started
         if lines.enabled:
-            writer.write("lines", lines_table(line_counts))
+            writer.write("lines", lines_table(signed.line_counts))
         manifest = writer.commit(**version, counts={"documents": documents})
-    shingles = store.read_table(SIGNATURES, source, "signatures", columns=["shingles"])
-    sizes = (pc.list_value_length(shingles.column("shingles")).to_numpy(zero_copy_only=False)
-             if shingles.num_rows else np.zeros(0))
     expected = curated.counts["documents"]
     return dg.MaterializeResult(
-        metadata={**engine_metadata(runner, documents, seconds),
-                  "documents": documents, "shingles_per_document_median": float(np.median(sizes)) if sizes.size else 0.0,
+        metadata={**engine_metadata(runner, documents, seconds), "documents": documents,
+                  "signature_parts": len(groups), "shingles_per_document_median": signed.median_shingles(),
                   "data_version": manifest.data_version,
                   "path": dg.MetadataValue.path(str(store.dataset_dir(SIGNATURES, source)))},
         check_results=[dg.AssetCheckResult(check_name="complete", passed=documents == expected,

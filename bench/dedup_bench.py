@@ -216,7 +216,7 @@ def main() -> None:
             engine = SERIAL if workers == 1 else ProcessPool(workers=workers)
             engine.map_parts(len, [[0], [1]], desc="warm", progress=False)  # the pool's start is not the stage's
             c0, t0 = cpu_seconds(), time.perf_counter()
-            compute_signatures(parts, sig_parts, near, engine=engine, progress=False)
+            compute_signatures([[p] for p in parts], sig_parts, near, engine=engine, progress=False)
             sign_s, sign_cpu = time.perf_counter() - t0, cpu_seconds() - c0
             out = tmp / f"out-{workers}"
             c0, t0 = cpu_seconds(), time.perf_counter()

@@ -308,7 +308,7 @@ def run_one(args) -> dict:
     from kiln.curation import filter_documents, ingest, profile_steps
     from kiln.dedup.buckets import decide_distributed
     from kiln.dedup.exact import HashSource, exact_dedup
-    from kiln.dedup.minhash import compute_signatures
+    from kiln.dedup.minhash import compute_signatures, signature_groups
     from kiln.engine import ProcessPool, RayEngine
     from kiln.storage import Store
 
@@ -375,9 +375,10 @@ def run_one(args) -> dict:
     curated = store.files("curated", SOURCE, "documents")
     sig_dir = run_dir / "signatures"
     sig_dir.mkdir()
-    sig_parts = [sig_dir / f"signatures-{k:05d}.parquet" for k in range(len(curated))]
+    groups = signature_groups(curated, near.rows_per_part)  # as minhash_signatures joins curated parts
+    sig_parts = [sig_dir / f"signatures-{k:05d}.parquet" for k in range(len(groups))]
     with stage("signatures") as rec:
-        n, _ = compute_signatures(curated, sig_parts, near, engine=engine, progress=False)
+        n = compute_signatures(groups, sig_parts, near, engine=engine, progress=False).documents
         rec.update(docs=n, mb=curated_mb)
     with stage("near_dedup") as rec:
         result = decide_distributed(sig_parts, {SOURCE: (1, 0)}, [], run_dir / "near-work", run_dir / "near-out",

@@ -133,6 +133,9 @@ class NearDedup(_Strict):
     # max_bucket documents pairs each member with its first max_bucket only: boilerplate buckets stay linear.
     partitions: int = Field(8, ge=1, le=65_536)
     max_bucket: int = Field(1_000, ge=2)
+    # Documents per signature part (consecutive curated parts joined): the unit of every near-dup task after the
+    # signatures. Parts of a few hundred documents make tens of thousands of tiny shuffle files per 100k documents.
+    rows_per_part: int = Field(5_000, ge=1)
 
     @model_validator(mode="after")
     def _bands_rows(self):

@@ -23,7 +23,8 @@ from kiln.engine import SERIAL, Engine, RayEngine
 from kiln.manifest import MANIFEST_NAME
 from kiln.storage import Store
 
-SOURCES = ("web", "mirror")  # mirror holds a slice of web's documents again: cross-source duplicates
+SOURCES = ("web", "mirror")
+NEAR = NearDedup()  # mirror holds a slice of web's documents again: cross-source duplicates
 
 
 def corpus_config(corpus: Path, rows_per_part: int = 50) -> ProjectConfig:
@@ -68,9 +69,9 @@ def run_stages(config: ProjectConfig, store: Store, engine: Engine) -> None:
             stats = exact_dedup(hashed, i, writer, writer.scratch("shuffle"), engine, progress=False)
             writer.commit(code_version="t", config={}, inputs={}, counts={}, stats=stats.to_dict())
         with store.staging("signatures", source.name) as writer:
-            inputs = store.files("curated", source.name, "documents")
-            compute_signatures(inputs, [writer.next_path("signatures") for _ in inputs], NearDedup(), None, engine,
-                               progress=False)
+            inputs = store.files("curated", source.name, "documents")  # a signature part each: many small tasks
+            compute_signatures([[p] for p in inputs], [writer.next_path("signatures") for _ in inputs], NEAR, None,
+                               engine, progress=False)
             writer.commit(code_version="t", config={}, inputs={}, counts={})
 
 
@@ -84,7 +85,7 @@ def near_stage(config: ProjectConfig, store: Store, engine: Engine) -> dict:
     signature_files = [f for s in config.sources for f in store.files("signatures", s.name, "signatures")]
     sources = {s.name: (s.quality_tier, order) for order, s in enumerate(config.sources)}
     work = store.root / ".near-work"
-    stats = decide_distributed(signature_files, sources, [], work, store.root / "near", NearDedup(), "r",
+    stats = decide_distributed(signature_files, sources, [], work, store.root / "near", NEAR, "r",
                                engine=engine, partitions=NEAR_PARTITIONS)
     shutil.rmtree(work)
     return stats

@@ -14,6 +14,7 @@ import hashlib
 import os
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -144,15 +145,16 @@ _SIGN_ROWS = 2048  # documents per `sign_texts` call (it splits larger batches i
 
 @dataclass(frozen=True)
 class _SignTask:
-    input_path: str
+    input_paths: tuple[str, ...]  # consecutive curated parts: one signature part
     output_path: str
     near: str  # NearDedup as JSON (picklable, exact)
     lines: str | None  # BoilerplateLines as JSON, when line counting is on
 
 
-def _sign_part(task: _SignTask) -> tuple[int, Counter]:
+def _sign_part(task: _SignTask) -> tuple[int, Counter, Counter]:
     done = resume_part(task.output_path, lambda: _sign(task))
-    return done["documents"], Counter({int(h): n for h, n in done["lines"].items()})
+    return (done["documents"], Counter({int(h): n for h, n in done["lines"].items()}),
+            Counter({int(k): n for k, n in done["shingle_counts"].items()}))
 
 
 def _sign(task: _SignTask) -> dict:
@@ -160,8 +162,9 @@ def _sign(task: _SignTask) -> dict:
     lines = BoilerplateLines.model_validate_json(task.lines) if task.lines else None
     ids, sources, chars, signatures, shingle_sets = [], [], [], [], []
     line_counts: Counter = Counter()
-    for batch in pq.ParquetFile(task.input_path).iter_batches(batch_size=_SIGN_ROWS,
-                                                             columns=["doc_id", "source", "text"]):
+    batches = (batch for path in task.input_paths
+               for batch in pq.ParquetFile(path).iter_batches(batch_size=_SIGN_ROWS, columns=["doc_id", "source", "text"]))
+    for batch in batches:
         texts = batch.column("text").to_pylist()
         sigs, values, offsets = sign_texts(texts, near, near.scheme)  # the whole batch at once
         ids.append(batch.column("doc_id"))
@@ -182,7 +185,9 @@ def _sign(task: _SignTask) -> dict:
         "shingles": _concat_lists(shingle_sets),
     }, schema=signature_schema(near.num_perm))
     write_parquet_atomic(Path(task.output_path), table)
-    return {"documents": table.num_rows, "lines": {str(h): n for h, n in line_counts.items()}}
+    sizes = np.concatenate([np.diff(offsets) for _, offsets in shingle_sets]) if shingle_sets else np.zeros(0, int)
+    return {"documents": table.num_rows, "lines": {str(h): n for h, n in line_counts.items()},
+            "shingle_counts": {str(k): int(n) for k, n in zip(*np.unique(sizes, return_counts=True))}}
 
 
 def _strings(arrays: list[pa.Array]) -> pa.Array:
@@ -206,19 +211,52 @@ def _list_array(arrays: list[np.ndarray]) -> pa.LargeListArray:
     return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint32()))
 
 
-def compute_signatures(input_parts: list[Path], output_paths: list[Path], near: NearDedup,
+def signature_groups(input_parts: Sequence[Path], rows: int) -> list[tuple[Path, ...]]:
+    """Consecutive input parts joined until a group holds at least `rows` documents (the last may hold fewer): one
+    signature part each. Signature parts are the unit of every near-dup task after them, and each task's shuffle
+    writes a file per partition: curated parts of a few hundred documents made ~30,000 files per 100,000 documents,
+    parts of 5,000 a tenth of that, and 4x less CPU to decide the same."""
+    groups, current, n = [], [], 0
+    for part in input_parts:
+        current.append(Path(part))
+        n += pq.ParquetFile(part).metadata.num_rows
+        if n >= rows:
+            groups.append(tuple(current))
+            current, n = [], 0
+    return groups + [tuple(current)] if current else groups
+
+
+@dataclass
+class Signed:
+    documents: int
+    line_counts: Counter  # documents per boilerplate-line hash, when line counting is on
+    shingle_counts: Counter  # documents per number of distinct shingles
+
+    def median_shingles(self) -> float:
+        """Distinct shingles of the median document (the mean of the two middle ones for an even count)."""
+        sizes = sorted(self.shingle_counts)
+        seen = np.cumsum([self.shingle_counts[k] for k in sizes])
+        if not sizes:
+            return 0.0
+        total = int(seen[-1])
+        lo, hi = (sizes[int(np.searchsorted(seen, rank, "right"))] for rank in ((total - 1) // 2, total // 2))
+        return (lo + hi) / 2
+
+
+def compute_signatures(input_groups: Sequence[Sequence[Path]], output_paths: Sequence[Path], near: NearDedup,
                        lines: BoilerplateLines | None = None, engine: Engine = SERIAL, progress: bool = True,
-                       label: str = "minhash") -> tuple[int, Counter]:
-    """Signature parts, one per input part (the unit of parallel work); returns (documents, line counts)
-    where line counts are documents per boilerplate-line hash, when `lines` is given."""
-    tasks = [_SignTask(str(i), str(o), near.model_dump_json(), lines.model_dump_json() if lines else None)
-             for i, o in zip(input_parts, output_paths)]
-    total, line_counts = 0, Counter()
-    for n, counts in engine.map_parts(_sign_part, tasks, desc=label, progress=progress,
-                                      size=lambda t: os.path.getsize(t.input_path)):
-        total += n
-        line_counts.update(counts)
-    return total, line_counts
+                       label: str = "minhash") -> Signed:
+    """One signature part per group of input parts (`signature_groups`; the unit of parallel work)."""
+    tasks = [_SignTask(tuple(map(str, group)), str(o), near.model_dump_json(), lines.model_dump_json() if lines else None)
+             for group, o in zip(input_groups, output_paths)]
+    out = Signed(0, Counter(), Counter())
+    for n, line_counts, shingle_counts in engine.map_parts(
+            _sign_part, tasks, desc=label, progress=progress,
+            size=lambda t: sum(os.path.getsize(p) for p in t.input_paths)):
+        out.documents += n
+        out.line_counts.update(line_counts)
+        out.shingle_counts.update(shingle_counts)
+    return out
 
 
 def lines_table(counts: Counter) -> pa.Table:

@@ -292,8 +292,9 @@ def test_signature_stage_and_apply_stage_write_explained_rejects(tmp_path, schem
         " ".join(rng.choice(vocab, 300)) + "\n" + footer, footer])]
     write_docs(tmp_path / "in.parquet", docs)
     lines = BoilerplateLines(enabled=True, min_documents=2)
-    n, counts = compute_signatures([tmp_path / "in.parquet"], [tmp_path / "sig.parquet"], near, lines,
-                                   progress=False)
+    signed = compute_signatures([[tmp_path / "in.parquet"]], [tmp_path / "sig.parquet"], near, lines,
+                                progress=False)
+    n, counts = signed.documents, signed.line_counts
     assert n == 4
     boilerplate = boilerplate_hashes([pa.table({"line_hash": pa.array(list(counts), pa.uint64()),
                                                 "documents": list(counts.values())})], lines)

@@ -226,7 +226,8 @@ def test_the_signature_stage_writes_sign_batch_output_under_the_default_config(t
     near = NearDedup()
     texts = _valid(HAND_PICKED) * 3 + ["", "short text"]
     _documents(tmp_path / "in.parquet", texts)
-    n, _ = minhash.compute_signatures([tmp_path / "in.parquet"], [tmp_path / "sig.parquet"], near, progress=False)
+    n = minhash.compute_signatures([[tmp_path / "in.parquet"]], [tmp_path / "sig.parquet"], near,
+                                   progress=False).documents
     table = pq.read_table(tmp_path / "sig.parquet")
     assert n == len(texts) == table.num_rows
     assert table.schema.equals(minhash.signature_schema(near.num_perm))
@@ -248,7 +249,7 @@ def test_the_signature_stage_under_affine32_is_the_per_document_datasketch_path(
     near = NearDedup(scheme=SCHEME)
     texts = _valid(HAND_PICKED)[:12]
     _documents(tmp_path / "in.parquet", texts)
-    minhash.compute_signatures([tmp_path / "in.parquet"], [tmp_path / "sig.parquet"], near, progress=False)
+    minhash.compute_signatures([[tmp_path / "in.parquet"]], [tmp_path / "sig.parquet"], near, progress=False)
     table = pq.read_table(tmp_path / "sig.parquet")
     for i, text in enumerate(texts):
         sh = minhash.shingle_hashes(text, near)
@@ -258,8 +259,8 @@ def test_the_signature_stage_under_affine32_is_the_per_document_datasketch_path(
 
 def test_an_empty_part_signs_to_an_empty_table(tmp_path):
     _documents(tmp_path / "in.parquet", [])
-    n, _ = minhash.compute_signatures([tmp_path / "in.parquet"], [tmp_path / "sig.parquet"], NearDedup(),
-                                      progress=False)
+    n = minhash.compute_signatures([[tmp_path / "in.parquet"]], [tmp_path / "sig.parquet"], NearDedup(),
+                                   progress=False).documents
     table = pq.read_table(tmp_path / "sig.parquet")
     assert n == 0 == table.num_rows and table.schema.equals(minhash.signature_schema(128))
 
@@ -361,3 +362,26 @@ def test_recall_at_the_threshold_is_at_least_min_recall():
     agree = fast_signatures(a, near.num_perm) == fast_signatures(b, near.num_perm)
     recall = agree[:, :bands * rows].reshape(len(a), bands, rows).all(axis=2).any(axis=1).mean()
     assert recall >= near.min_recall
+
+
+def test_curated_parts_are_joined_into_signature_parts_in_order(tmp_path):
+    """Parts of 3, 0, 4, 2, 6 and 1 documents, joined until a group holds at least 5: 3+0+4 = 7, then 2+6 = 8, then
+    the last 1 alone. Each group signs to one part holding its documents in order, as each part alone would."""
+    texts = _valid(HAND_PICKED)
+    sizes, parts, start = [3, 0, 4, 2, 6, 1], [], 0
+    for i, n in enumerate(sizes):
+        parts.append(tmp_path / f"part-{i}.parquet")
+        _documents(parts[-1], texts[start:start + n])
+        start += n
+    groups = minhash.signature_groups(parts, 5)
+    assert groups == [tuple(parts[:3]), tuple(parts[3:5]), (parts[5],)]
+    outputs = [tmp_path / f"sig-{g}.parquet" for g in range(len(groups))]
+    signed = minhash.compute_signatures(groups, outputs, NearDedup(), progress=False)
+    assert signed.documents == sum(sizes)
+    assert [pq.ParquetFile(o).metadata.num_rows for o in outputs] == [7, 8, 1]
+    one_each = [tmp_path / f"alone-{i}.parquet" for i in range(len(parts))]
+    minhash.compute_signatures([[p] for p in parts], one_each, NearDedup(), progress=False)
+    assert pa.concat_tables(map(pq.read_table, outputs)).equals(pa.concat_tables(map(pq.read_table, one_each)))
+    # Distinct shingles per document, as the asset's metadata reports their median.
+    lengths = pa.concat_tables(map(pq.read_table, outputs)).column("shingles").to_pylist()
+    assert signed.median_shingles() == float(np.median([len(s) for s in lengths]))
