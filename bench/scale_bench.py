@@ -57,9 +57,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
 
-from kiln.synthetic import NEAR_TARGETS, scale_document, scale_plan, write_scale_corpus  # noqa: E402
+from kiln.synthetic import scale_document, scale_plan, write_scale_corpus  # noqa: E402
 
 SOURCE = "scale"
 MIB = 2**20

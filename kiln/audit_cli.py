@@ -84,9 +84,9 @@ def open_store(home: Path, config) -> Any:
                   for r in refreshes] + [(a, r) for a in ("dedup_index", "token_shards") for r in refreshes] + \
             [(a, None) for a in ("quality_classifier", "tokenizer", "training_run", "checkpoint", "evaluation",
                                  "data_card", REQUESTS)]
-        for asset, partition in wanted:
+        for asset, key in wanted:
             try:
-                store.manifest(asset, partition)
+                store.manifest(asset, key)
             except IncompleteDataset:
                 continue
         return store
