@@ -87,7 +87,7 @@ import pyarrow.parquet as pq
 from kiln.config import NearDedup
 from kiln.dedup.components import (LABEL_SCHEMA, SCRATCH, connected_components, node_partition, overlapping,
                                    partition_of, read_dir, read_scratch, write_edges, write_partitioned, write_scratch)
-from kiln.dedup.minhash import SCHEME, bands_rows, estimated_jaccard, jaccard, mix64
+from kiln.dedup.minhash import HASH_COLUMNS, SCHEME, bands_rows, estimated_jaccard, jaccard, mix64
 from kiln.dedup.near import ALREADY_INDEXED, DECISION_SCHEMA, KEPT, NEAR_DUPLICATE, UnionFind
 from kiln.engine import SERIAL, Engine
 from kiln.manifest import write_json_atomic
@@ -749,7 +749,7 @@ def _final(task: _Task) -> dict[str, Any]:
         "ref": refs, "doc_id": [doc_ids[i] for i in kept], "source": [sources[i] for i in kept],
         "quality_tier": np.full(kept.size, lay.tiers[k], np.int32), "chars": sig_t.column("chars").take(pa.array(kept)),
         "batch": [lay.batch] * kept.size, "shingles": sig_t.column("shingles").take(pa.array(kept))},
-        schema=DOCS_SCHEMA))
+        schema=DOCS_SCHEMA), uncompressed=HASH_COLUMNS)
     if kept.size:
         sig = sig_t.column("signature").combine_chunks()
         sigs = sig.values.to_numpy(zero_copy_only=False).reshape(n, sig.type.list_size)[kept]
@@ -934,7 +934,8 @@ def write_index(index_dir: Path, near: NearDedup, batch_name: str,
     for k, (docs, signatures) in enumerate(doc_parts):
         refs = starts[-1] + np.arange(docs.num_rows, dtype=np.int64)
         write_parquet_atomic(index_file(index_dir, "docs", k), pa.table(
-            {"ref": refs, **{c: docs.column(c) for c in DOCS_SCHEMA.names[1:]}}, schema=DOCS_SCHEMA))
+            {"ref": refs, **{c: docs.column(c) for c in DOCS_SCHEMA.names[1:]}}, schema=DOCS_SCHEMA),
+            uncompressed=HASH_COLUMNS)
         starts.append(starts[-1] + docs.num_rows)
         if docs.num_rows:
             kb = band_keys(np.asarray(signatures, np.uint32), bands, rows).ravel()
