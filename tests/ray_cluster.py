@@ -71,6 +71,20 @@ class RayCluster:
         """SIGKILL a node's raylet, as a machine that dies; its workers lose their raylet and exit."""
         os.kill(self.raylet_pid(node), signal.SIGKILL)
 
+    def ensure_nodes(self, nodes: int) -> None:
+        """Start worker nodes until `nodes` are alive (after a test killed one, the next gets a fresh one)."""
+        for _ in range(nodes - self.alive_nodes()):
+            self.start_node()
+        deadline = time.monotonic() + 60
+        while self.alive_nodes() < nodes:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the {nodes}-node Ray cluster did not come up in 60 s")
+            time.sleep(1)
+
+    @property
+    def newest_node(self) -> int:
+        return len(self.node_pids) - 1
+
     def alive_nodes(self) -> int:
         out = subprocess.run([RAY, "status", f"--address={self.address}"], env=self.env, capture_output=True,
                              text=True, timeout=60).stdout
@@ -107,13 +121,7 @@ def start_cluster(nodes: int = 2) -> RayCluster:
     cluster = RayCluster(temp_dir, env)
     try:
         cluster.start_node(head=True)
-        for _ in range(nodes - 1):
-            cluster.start_node()
-        deadline = time.monotonic() + 60
-        while cluster.alive_nodes() < nodes:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the {nodes}-node Ray cluster did not come up in 60 s")
-            time.sleep(1)
+        cluster.ensure_nodes(nodes)
     except BaseException:
         cluster.stop()
         raise

@@ -99,7 +99,7 @@ def dagster_dev(tmp_path):
     finally:
         # Ctrl-C for the whole group (webserver, daemon, code servers, run workers), then make sure of it.
         stopped_by_ctrl_c = proc.poll() is not None
-        for sig, wait_s in ((signal.SIGINT, 20), (signal.SIGKILL, 10)):
+        for sig, wait_s in ((signal.SIGINT, 45), (signal.SIGKILL, 10)):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
@@ -111,7 +111,7 @@ def dagster_dev(tmp_path):
             if sig is signal.SIGINT:
                 stopped_by_ctrl_c = proc.poll() is not None
                 continue  # children may outlive the parent: SIGKILL whatever is left of the group
-        assert stopped_by_ctrl_c, "`make ui` (dagster dev, then its Ray) did not stop on Ctrl-C within 20 s"
+        assert stopped_by_ctrl_c, "`make ui` (dagster dev, then its Ray) did not stop on Ctrl-C within 45 s"
 
 
 def _graphql(url: str, query: str) -> dict:

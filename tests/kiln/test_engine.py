@@ -119,14 +119,24 @@ def _driver(cluster, store: Path, corpus: Path, stage: str = "stages") -> subpro
                             env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _lose_node_1_mid_stage(cluster, driver: subprocess.Popen, started: Callable[[], bool], stage: str) -> None:
-    """SIGKILL node 1's raylet once `started()` holds and node 1 is running a part task right now (a worker machine
-    dying while its task runs); the driver must still finish, its lost tasks redone on the head."""
+@pytest.fixture(scope="module")
+def cluster():
+    """One two-node loopback cluster for the node-loss tests (each test kills its worker node; the next one starts a
+    fresh worker): one cluster start, not one per test."""
+    started = start_cluster(nodes=2)
+    yield started
+    started.stop()
+
+
+def _lose_a_worker_mid_stage(cluster, driver: subprocess.Popen, started: Callable[[], bool], stage: str) -> None:
+    """SIGKILL the worker node's raylet once `started()` holds and it is running a part task right now (a worker
+    machine dying while its task runs); the driver must still finish, its lost tasks redone on the head."""
+    worker = cluster.newest_node
     deadline = time.monotonic() + 300
-    while not (started() and cluster.running_map_task(1)):
-        assert driver.poll() is None and time.monotonic() < deadline, f"the {stage} stage never reached node 1"
+    while not (started() and cluster.running_map_task(worker)):
+        assert driver.poll() is None and time.monotonic() < deadline, f"the {stage} stage never reached the worker"
         time.sleep(0.02)
-    cluster.kill_node(1)
+    cluster.kill_node(worker)
     killed_while_running = driver.poll() is None
     output, _ = driver.communicate(timeout=600)
     assert driver.returncode == 0, output
@@ -135,7 +145,7 @@ def _lose_node_1_mid_stage(cluster, driver: subprocess.Popen, started: Callable[
 
 
 @pytest.mark.slow
-def test_two_node_cluster_gives_the_same_bytes_even_when_a_node_dies_mid_stage(tmp_path):
+def test_two_node_cluster_gives_the_same_bytes_even_when_a_node_dies_mid_stage(cluster, tmp_path):
     corpus = tmp_path / "corpus"
     write_corpus(corpus, 2000)  # 40 + 10 parts: the filter stage runs long enough to lose a node in it
     config = corpus_config(corpus)
@@ -144,24 +154,21 @@ def test_two_node_cluster_gives_the_same_bytes_even_when_a_node_dies_mid_stage(t
     run_stages(config, serial, SERIAL)
     expected = fingerprint(serial)
 
-    cluster = start_cluster(nodes=2)
-    try:
-        # Both nodes run parts until one dies (an undisturbed two-node run adds nothing: every byte is compared)
-        disturbed = Store(tmp_path / "disturbed")
-        ingest_all(config, disturbed)
-        driver = _driver(cluster, disturbed.root, corpus)
-        # Mid-stage: the filter has written parts, and the second node is running one right now.
-        _lose_node_1_mid_stage(
-            cluster, driver, lambda: bool(list((disturbed.root / "filtered").glob(".web.staging-*/part-*.parquet"))),
-            "filter")
-        assert fingerprint(disturbed) == expected
-        assert not list(disturbed.root.rglob(".*.tmp-*"))  # no half-written part anywhere
-    finally:
-        cluster.stop()
+    cluster.ensure_nodes(2)
+    # Both nodes run parts until one dies (an undisturbed two-node run adds nothing: every byte is compared)
+    disturbed = Store(tmp_path / "disturbed")
+    ingest_all(config, disturbed)
+    driver = _driver(cluster, disturbed.root, corpus)
+    # Mid-stage: the filter has written parts, and the second node is running one right now.
+    _lose_a_worker_mid_stage(
+        cluster, driver, lambda: bool(list((disturbed.root / "filtered").glob(".web.staging-*/part-*.parquet"))),
+        "filter")
+    assert fingerprint(disturbed) == expected
+    assert not list(disturbed.root.rglob(".*.tmp-*"))  # no half-written part anywhere
 
 
 @pytest.mark.slow
-def test_near_dup_decisions_are_the_same_when_a_node_dies_mid_stage(corpus, serial_store, tmp_path):
+def test_near_dup_decisions_are_the_same_when_a_node_dies_mid_stage(cluster, corpus, serial_store, tmp_path):
     """decide_distributed's rounds (shuffle writes named by task position, read by listing) on a two-node cluster
     that loses a raylet mid-stage: the same decisions and bucket index, byte for byte, as in this process."""
     config = corpus_config(corpus)
@@ -173,13 +180,10 @@ def test_near_dup_decisions_are_the_same_when_a_node_dies_mid_stage(corpus, seri
     assert decisions.column("status").to_pylist().count(NEAR_DUPLICATE) >= 10  # not a vacuous comparison
     assert sum(p.startswith("near/decisions/") for p in expected) == 15 and "near/index/_index.json" in expected
 
-    cluster = start_cluster(nodes=2)
-    try:
-        driver = _driver(cluster, disturbed.root, corpus, "near")
-        # Mid-stage: the keys round has written node tables (shuffles under way), and node 1 runs a task right now.
-        _lose_node_1_mid_stage(cluster, driver, lambda: bool(list((disturbed.root / ".near-work" / "nodes").glob(
-            f"*{SCRATCH}"))), "near-dup")
-        assert fingerprint(disturbed, assets=("near",)) == expected
-        assert not list(disturbed.root.rglob(".*.tmp-*"))  # no half-written file anywhere
-    finally:
-        cluster.stop()
+    cluster.ensure_nodes(2)
+    driver = _driver(cluster, disturbed.root, corpus, "near")
+    # Mid-stage: the keys round has written node tables (shuffles under way), and the worker runs a task right now.
+    _lose_a_worker_mid_stage(cluster, driver, lambda: bool(list((disturbed.root / ".near-work" / "nodes").glob(
+        f"*{SCRATCH}"))), "near-dup")
+    assert fingerprint(disturbed, assets=("near",)) == expected
+    assert not list(disturbed.root.rglob(".*.tmp-*"))  # no half-written file anywhere
