@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kiln.config import NearDedup  # noqa: E402
 from kiln.dedup.buckets import decide_distributed, read_decisions  # noqa: E402
 from kiln.dedup.minhash import (SCHEME, SCHEME_FAST, candidate_probability, choose_bands,  # noqa: E402
-                                compute_signatures, sign_texts, similarity_sketches)
+                                compute_signatures, sign_texts, signature_groups, similarity_sketches)
 from kiln.documents import DOCUMENT_SCHEMA  # noqa: E402
 from kiln.engine import SERIAL, ProcessPool  # noqa: E402
 
@@ -208,15 +208,15 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        parts = write_parts(docs, tmp)
+        groups = signature_groups(write_parts(docs, tmp), near.rows_per_part)  # as minhash_signatures joins parts
         digests = set()
         for workers in sorted({1, cores}):
             # Fresh outputs per engine: compute_signatures resumes (skips) parts already written.
-            sig_parts = [tmp / f"sig-{workers}-{i:05d}.parquet" for i in range(len(parts))]
+            sig_parts = [tmp / f"sig-{workers}-{i:05d}.parquet" for i in range(len(groups))]
             engine = SERIAL if workers == 1 else ProcessPool(workers=workers)
             engine.map_parts(len, [[0], [1]], desc="warm", progress=False)  # the pool's start is not the stage's
             c0, t0 = cpu_seconds(), time.perf_counter()
-            compute_signatures([[p] for p in parts], sig_parts, near, engine=engine, progress=False)
+            compute_signatures(groups, sig_parts, near, engine=engine, progress=False)
             sign_s, sign_cpu = time.perf_counter() - t0, cpu_seconds() - c0
             out = tmp / f"out-{workers}"
             c0, t0 = cpu_seconds(), time.perf_counter()
