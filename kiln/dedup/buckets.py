@@ -749,7 +749,7 @@ def _final(task: _Task) -> dict[str, Any]:
         "ref": refs, "doc_id": [doc_ids[i] for i in kept], "source": [sources[i] for i in kept],
         "quality_tier": np.full(kept.size, lay.tiers[k], np.int32), "chars": sig_t.column("chars").take(pa.array(kept)),
         "batch": [lay.batch] * kept.size, "shingles": sig_t.column("shingles").take(pa.array(kept))},
-        schema=DOCS_SCHEMA), uncompressed=HASH_COLUMNS)
+        schema=DOCS_SCHEMA), hash_columns=HASH_COLUMNS)
     if kept.size:
         sig = sig_t.column("signature").combine_chunks()
         sigs = sig.values.to_numpy(zero_copy_only=False).reshape(n, sig.type.list_size)[kept]
@@ -935,7 +935,7 @@ def write_index(index_dir: Path, near: NearDedup, batch_name: str,
         refs = starts[-1] + np.arange(docs.num_rows, dtype=np.int64)
         write_parquet_atomic(index_file(index_dir, "docs", k), pa.table(
             {"ref": refs, **{c: docs.column(c) for c in DOCS_SCHEMA.names[1:]}}, schema=DOCS_SCHEMA),
-            uncompressed=HASH_COLUMNS)
+            hash_columns=HASH_COLUMNS)
         starts.append(starts[-1] + docs.num_rows)
         if docs.num_rows:
             kb = band_keys(np.asarray(signatures, np.uint32), bands, rows).ravel()

@@ -33,7 +33,7 @@ SCHEME = "affine32"  # datasketch >= 2.0: 32-bit hash values, collision-free per
 SCHEME_FAST = "fss-splitmix64-v1"  # see "the fast signature scheme" below
 
 SIGNATURE_COLUMNS = ["doc_id", "source", "chars", "signature", "shingles"]
-HASH_COLUMNS = ("signature", "shingles")  # random 32-bit values: stored uncompressed (write_parquet_atomic)
+HASH_COLUMNS = ("signature", "shingles")  # random 32-bit values: stored plain (write_parquet_atomic)
 
 
 def signature_schema(num_perm: int) -> pa.Schema:
@@ -185,7 +185,7 @@ def _sign(task: _SignTask) -> dict:
             near.num_perm),
         "shingles": _concat_lists(shingle_sets),
     }, schema=signature_schema(near.num_perm))
-    write_parquet_atomic(Path(task.output_path), table, uncompressed=HASH_COLUMNS)
+    write_parquet_atomic(Path(task.output_path), table, hash_columns=HASH_COLUMNS)
     sizes = np.concatenate([np.diff(offsets) for _, offsets in shingle_sets]) if shingle_sets else np.zeros(0, int)
     return {"documents": table.num_rows, "lines": {str(h): n for h, n in line_counts.items()},
             "shingle_counts": {str(k): int(n) for k, n in zip(*np.unique(sizes, return_counts=True))}}
