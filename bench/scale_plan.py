@@ -1,15 +1,18 @@
 """Kiln at 10 billion documents, on paper: cores, hours, bytes, files and dollars per stage, projected from what
 bench/scale_bench.py measured (docs/scale.md is the narrative around this script's output).
 
-    .venv/bin/python bench/scale_plan.py --bench docs/bench/scale_10k_30k.json [--run-dir WORK/run-30000-local-1]
-        [--docs 10e9] [--text-tb 30] [--cores 2000 | --hours 24] [--core-hour-usd 0.05] [--md docs/scale.md]
+    .venv/bin/python bench/scale_plan.py --bench docs/bench/scale_100k_300k.json [--run-dir WORK/run-300000-local-1]
+        [--docs 10e9] [--text-tb 30] [--cores 2000 | --hours 24] [--core-hour-usd 0.05]
+        [--near-rows-per-part 100000] [--partitions 4096] [--md docs/scale.md]
 
 CPU: MB of text entering a stage per CPU-second (user + system of the run's processes), not per wall second: the
 bench VM was shared and loaded, so its wall time also counts waiting for a core. Each stage takes the lowest rate of
 the runs at the largest measured N (--run pins one engine:workers); wall = core-hours / (cores x utilization).
 Bytes and files: per document from a run folder kept by `scale_bench.py --keep` (--run-dir: the same seed and config
 as the JSON's run, so the same files); text-bearing folders scale with text, the others with documents, shuffle files
-with their fan-out (per part, part x partition, or part x part bounded by the candidate pairs).
+with their fan-out (per part, part x partition, or part x part bounded by the candidate pairs). A "part" here is a
+signature part (dedup.near.rows_per_part documents: curated parts joined), the unit of every near-dup task; the
+reading stages' parts (reading.rows_per_part) only set ingest/filter task sizes and are not projected.
 """
 
 from __future__ import annotations
@@ -28,11 +31,14 @@ sys.path.insert(0, str(ROOT))
 STAGES = ["ingest", "filter", "exact_dedup", "signatures", "near_dedup"]
 TEXT_FOLDERS = {"corpus", "raw", "filtered", "curated", "signatures", "index_docs", "work:pairs_a"}  # text, shingles
 PER_PART, PART_X_PART = {"nodes", "cands", "hits"}, {"pairs_a", "counts"}  # other work folders: part x partition
+PARTITION_X_PARTITION = {"cc_rounds"}  # components' star rounds: partition -> partition (cc_labels: x doc-partition)
 FOLDERS = {"raw": "store/raw", "filtered": "store/filtered", "curated": "store/curated",
            "exact_shuffle": "exact-shuffle", "signatures": "signatures", "decisions": "near-out/decisions",
            "index_buckets": "near-out/index/buckets", "index_ids": "near-out/index/ids",
            "index_docs": "near-out/index/docs"}
 PERSISTED = ["raw", "filtered", "curated", "signatures", "decisions", "index_buckets", "index_ids", "index_docs"]
+READING_PARTS, KEY_PARTITIONS = {"raw", "filtered", "curated"}, {"index_buckets", "index_ids"}  # persisted files: the
+# others are one per signature part
 IO = {"ingest": (["corpus"], ["raw"]), "filter": (["raw"], ["filtered"]),
       "exact_dedup": (["filtered", "exact_shuffle"], ["exact_shuffle", "curated"]),
       "signatures": (["curated"], ["signatures"]),
@@ -51,8 +57,8 @@ class Target:
     storage_usd_per_tb_month: float = 23.0  # S3 standard
     put_usd_per_1k: float = 0.005  # S3 PUT; GET is 0.0004
     get_usd_per_1k: float = 0.0004
-    rows_per_part: int = 100_000
-    partitions: int = 4096
+    near_rows_per_part: int = 100_000  # documents per signature part: dedup.near.rows_per_part (config default 5,000)
+    partitions: int = 4096  # key partitions: dedup.near.partitions (config default 8)
     refresh_docs: float | None = None  # a weekly refresh (default docs / 52: a year of refreshes makes `docs`)
     hot_bucket_share: float = 1e-3  # share of the documents in one band bucket (templated pages): an example
 
@@ -77,44 +83,81 @@ def worker_rss_by_docs(bench: dict) -> str:
 
 def measure_run_dir(run_dir: Path, docs: int) -> dict:
     """Bytes and files per folder of a kept scale_bench run of `docs` documents (run-{docs}-ENGINE-WORKERS, beside its
-    corpus-{docs}-SEED), and Arrow bytes of a key row and of a signature-part row."""
+    corpus-{docs}-SEED), and Arrow bytes of a key row, of a signature-part row and of a decisions row. Data files are
+    Parquet (outputs) or Arrow IPC (the near-dup shuffle scratch, `.arrow`); the layout JSONs are not counted."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     if not run_dir.name.startswith(f"run-{docs}-"):
         raise SystemExit(f"{run_dir}: not a run of {docs:,} documents (the bench's largest N)")
 
+    def data_files(path: Path) -> list[Path]:
+        return [f for f in path.rglob("*") if f.suffix in (".parquet", ".arrow") and f.is_file()] if path.is_dir() \
+            else []
+
     def du(path: Path) -> list[int]:
-        files = list(path.rglob("*.parquet")) if path.is_dir() else []
+        files = data_files(path)
         return [sum(f.stat().st_size for f in files), len(files)]
+
+    def read(path: Path) -> pa.Table:
+        if path.suffix == ".parquet":
+            return pq.read_table(path)
+        with pa.OSFile(str(path), "rb") as source:
+            return pa.ipc.open_file(source).read_all()
 
     folders = {name: du(run_dir / rel) for name, rel in FOLDERS.items()}
     corpus = list(run_dir.parent.glob(f"corpus-{docs}-*/*.jsonl"))
     folders["corpus"] = [sum(f.stat().st_size for f in corpus), len(corpus)]
     folders.update({f"work:{d.name}": du(d) for d in sorted((run_dir / "near-work").iterdir()) if d.is_dir()})
-    keys = pq.read_table(next((run_dir / "near-work" / "keys").rglob("*.parquet")))
-    sig = pq.read_table(next((run_dir / "signatures").glob("*.parquet")))
+    cc = run_dir / "near-work" / "cc"
+    if "work:cc" in folders:  # its round folders (the last few are left) fan out by partitions, its labels by parts
+        del folders["work:cc"]
+        rounds = [du(d) for d in cc.glob("round-*")]
+        folders["work:cc_labels"] = du(cc / "labels")
+        folders["work:cc_rounds"] = [sum(b for b, _ in rounds), sum(n for _, n in rounds)]
+    keys = read(min(data_files(run_dir / "near-work" / "keys")))
+    sig = read(min(data_files(run_dir / "signatures")))
+    dec = pa.concat_tables(read(f) for f in sorted(data_files(run_dir / "near-out" / "decisions")))
     return {"folders": folders, "key_row_bytes": keys.nbytes / keys.num_rows,
-            "signature_doc_bytes": sig.nbytes / sig.num_rows}
+            "signature_doc_bytes": sig.nbytes / sig.num_rows, "decision_row_bytes": dec.nbytes / dec.num_rows}
 
 
-def layout_bytes_per_part() -> tuple[float, float]:
-    """Pickled bytes that one signature part / one earlier docs part adds to every task's description (Layout)."""
-    from kiln.dedup.buckets import Earlier, Layout, _Task
+def task_and_layout_bytes() -> tuple[float, float, float]:
+    """What the driver ships per near-dup task, and what the layout file holds. Tasks carry the Layout as a file
+    (LayoutFile: path + sha256, kiln/dedup/buckets.py), so a task's pickle is a constant: the larger of a stage task
+    (_Task) and a component-label task (_LabelTask, whose route is the LayoutFile), with a store path as long as a
+    real one. The layout file (JSON, written once per stage, read once per worker process) grows by the bytes per
+    signature part and per earlier refresh's docs part returned second and third."""
+    import dataclasses
+
+    from kiln.dedup.buckets import Earlier, Layout, LayoutFile, _Task
+    from kiln.dedup.components import _LabelTask
+
+    work = f"/mnt/kiln/store/dedup_index/.2025-w02.staging-{'f' * 16}/.near_dedup"  # DatasetWriter.scratch
+    layout_file = LayoutFile(f"{work}/layout-{'0' * 16}.json", "0" * 64)
+    task = max(len(pickle.dumps(_Task(layout_file, 99_999))),
+               len(pickle.dumps(_LabelTask(f"{work}/cc", 40, 4095, layout_file, 200_000))))
 
     def size(parts: int, earlier: int) -> int:
-        paths = tuple(f"/mnt/kiln/minhash_signatures/web|2025-w02/signatures-{k:05d}.parquet" for k in range(parts))
+        paths = tuple(f"/mnt/kiln/store/minhash_signatures/web|2025-w02/signatures-{k:05d}.parquet"
+                      for k in range(parts))
         ints = tuple(range(0, 100_000 * parts, 100_000))
-        old = Earlier("/mnt/kiln/dedup_index/2025-w01/index", 4096, tuple(range(0, 100_000 * earlier, 100_000)), parts)
-        lay = Layout(work="/w", index="/i", decisions="/d", partitions=4096, parts=paths, starts=ints + (0,),
+        old = Earlier("/mnt/kiln/store/dedup_index/2025-w01/index", 4096,
+                      tuple(range(0, 100_000 * earlier, 100_000)), parts)
+        lay = Layout(work=work, index="/i", decisions="/d", partitions=4096, parts=paths, starts=ints + (0,),
                      seq_starts=ints, tiers=(1,) * parts, orders=(0,) * parts, keep=("quality_tier",), bands=16,
                      rows=6, threshold=0.8, max_bucket=1000, batch="b", earlier=(old,))
-        return len(pickle.dumps(_Task(lay, 0)))
-    return (size(1000, 0) - size(0, 0)) / 1000, (size(0, 1000) - size(0, 0)) / 1000
+        return len(json.dumps(dataclasses.asdict(lay), sort_keys=True).encode())  # as LayoutFile.write
+    return float(task), (size(1000, 0) - size(0, 0)) / 1000, (size(0, 1000) - size(0, 0)) / 1000
 
 
-def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[float, float], bands: int,
+PY_INT_IN_LIST = 36  # bytes: a Python int past the small-int cache (28, sys.getsizeof) + its list slot (8)
+
+
+def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[float, float, float], bands: int,
             bucket_row: int, old_rank: int) -> dict:
-    """Per stage rows and named quantities (value, how it was computed) for the target."""
+    """Per stage rows and named quantities (value, how it was computed) for the target. `layout`: bytes of one
+    pickled task, and layout-file bytes per signature part and per earlier docs part (task_and_layout_bytes)."""
     ref = runs[0]  # every run at this N has the same corpus, counts and files
     docs_x, text_x = t.docs / ref["docs"], t.text_tb * TB / (ref["stages"]["ingest"]["mb"] * 1e6)
     rows = []
@@ -132,22 +175,33 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
     near, refresh = ref["near_stats"], t.refresh_docs or t.docs / 52
     new_docs, accepted = t.docs * near["documents"] / ref["docs"], t.docs * near["kept"] / ref["docs"]
     r_new = refresh * near["documents"] / ref["docs"]  # the refresh's documents reaching near dedup
-    parts, r_parts, e_parts = (math.ceil(n / t.rows_per_part) for n in (new_docs, r_new, accepted))
-    P, lay, lay_e = t.partitions, *layout
+    # signature parts: of the target (one refresh), of the weekly refresh, and of the earlier refreshes a weekly
+    # refresh at the target's size sits on (each earlier refresh's index has one docs file per signature part)
+    rpp = t.near_rows_per_part
+    parts, r_parts, e_parts = (math.ceil(n / rpp) for n in (new_docs, r_new, new_docs))
+    P, (task_b, lay, lay_e) = t.partitions, layout
     q = {"cores": (cores, f"{core_h:,.0f} core-hours / ({t.hours} h x {t.utilization})" if not t.cores else "--cores"),
          "core_hours": (core_h, "sum of the stages"), "compute_usd": (core_h * t.core_hour_usd, "core-hours x price"),
-         "parts": (parts, f"{new_docs:,.0f} documents reaching near dedup / {t.rows_per_part:,} rows per part"),
+         "parts": (parts, f"{new_docs:,.0f} documents reaching near dedup / {rpp:,} per signature part"),
          "bucket_index_raw_tb": (accepted * bands * bucket_row / TB,
                                  f"{accepted:,.0f} accepted x {bands} bands x {bucket_row} B (band 4 + key 8 + ref 8)"),
-         "driver_task_list_gb": (max(parts, P) * parts * lay / 1e9,
-                                 f"max({parts:,} parts, {P:,} partitions) tasks x {parts:,} parts x {lay:.0f} B"),
+         "driver_task_list_gb": (max(parts, P) * task_b / 1e9,
+                                 f"max({parts:,} parts, {P:,} partitions) tasks x {task_b:.0f} B (a task carries "
+                                 "its layout as path + sha256)"),
+         "layout_file_mb": (parts * lay / 1e6, f"{parts:,} parts x {lay:.0f} B (JSON, once per stage; read once per "
+                                               "worker process)"),
+         "pairs_results_gib": (P * parts * PY_INT_IN_LIST / GIB,
+                               f"at most {P:,} partitions x {parts:,} doc-partitions written, as Python ints "
+                               f"({PY_INT_IN_LIST} B) in the driver"),
          "weekly_docs": (refresh, "--refresh-docs (default: docs / 52)"),
          "weekly_core_hours": (core_h * refresh / t.docs, "core-hours x refresh / docs"),
          "weekly_wall_hours": (core_h * refresh / t.docs / (cores * t.utilization), "on the same cores"),
          "weekly_compute_usd": (core_h * refresh / t.docs * t.core_hour_usd, "weekly core-hours x price"),
-         "weekly_driver_task_list_gb": (max(r_parts, P) * (r_parts * lay + e_parts * lay_e) / 1e9,
-                                        f"max({r_parts:,}, {P:,}) tasks x ({r_parts:,} x {lay:.0f} B + {e_parts:,} "
-                                        f"earlier parts x {lay_e:.1f} B)")}
+         "weekly_driver_task_list_gb": (max(r_parts + e_parts, P) * task_b / 1e9,
+                                        f"max({r_parts:,} + {e_parts:,} earlier docs parts, {P:,}) tasks x "
+                                        f"{task_b:.0f} B"),
+         "weekly_layout_file_mb": ((r_parts * lay + e_parts * lay_e) / 1e6,
+                                   f"{r_parts:,} x {lay:.0f} B + {e_parts:,} earlier parts x {lay_e:.1f} B")}
     plan = {"stages": rows, "q": q, "runs": [label(r) for r in runs]}
     if measured is None:
         return plan
@@ -161,30 +215,35 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
         near["verification"]["candidate_pairs"] * docs_x
 
     def fanout(kind: str, n: int, p: int, cand: float) -> float:
-        return n if kind in PER_PART else min(cand, n ** 2) if kind in PART_X_PART else n * p
+        return n if kind in PER_PART else min(cand, n ** 2) if kind in PART_X_PART else p * p \
+            if kind in PARTITION_X_PARTITION else n * p
 
     files = {k[5:]: f[k][1] * fanout(k[5:], parts, P, pairs) / fanout(k[5:], b_parts, ref["partitions"], b_pairs)
              for k in work}
     key_row, old_row, sig_doc = measured["key_row_bytes"], bucket_row + old_rank + 4, \
         measured["signature_doc_bytes"] * text_x / docs_x
     persisted_tb, shuffle_files = sum(per_doc[k] for k in PERSISTED) * t.docs / TB, sum(files.values())
-    persisted_files = sum(f[k][1] for k in PERSISTED) * parts / b_parts
+    # files per dataset: reading parts keep the bench's size (the plan does not change reading.rows_per_part), the
+    # index's buckets and ids are per key partition, the rest per signature part
+    persisted_files = sum(f[k][1] * (docs_x if k in READING_PARTS else P / ref["partitions"] if k in KEY_PARTITIONS
+                                     else parts / b_parts) for k in PERSISTED)
     earlier_tb = (per_doc["index_buckets"] + per_doc["index_ids"]) * t.docs / TB
-    hot, mb = new_docs * t.hot_bucket_share, ref["max_bucket"]
+    hot, mb, dec_row = new_docs * t.hot_bucket_share, ref["max_bucket"], measured["decision_row_bytes"]
     q.update({
         "persisted_tb": (persisted_tb, "raw, filtered, curated, signatures, decisions, bucket index (per document)"),
         "storage_usd_month": (persisted_tb * t.storage_usd_per_tb_month, "persisted TB x price"),
-        "persisted_put_usd": (persisted_files * t.put_usd_per_1k / 1000, f"{persisted_files:,.0f} files x PUT price"),
+        "persisted_put_usd": (persisted_files * t.put_usd_per_1k / 1000,
+                              f"{persisted_files:,.0f} files x PUT price (reading parts of the bench's size)"),
         "shuffle_scratch_tb": (per_doc["work"] * t.docs / TB, "near-work folders per document (shared KILN_HOME)"),
         "keys_rows": (new_docs * bands, f"{new_docs:,.0f} documents x {bands} bands"),
         "keys_arrow_tb": (new_docs * bands * key_row / TB, f"rows x {key_row:.0f} B (band, key, node, rank: Arrow)"),
-        "keys_parquet_tb": (per_doc["work:keys"] * t.docs / TB, "keys folder per document (measured)"),
+        "keys_disk_tb": (per_doc["work:keys"] * t.docs / TB, "keys folder per document (measured; Arrow IPC)"),
         "bucket_index_parquet_tb": (per_doc["index_buckets"] * t.docs / TB, "buckets folder per document (measured)"),
-        "keys_task_gib": (t.rows_per_part * (sig_doc + bands * key_row) / GIB,
-                          f"{t.rows_per_part:,} x ({sig_doc:,.0f} B signature row + {bands} x {key_row:.0f} B)"),
+        "keys_task_gib": (rpp * (sig_doc + bands * key_row) / GIB,
+                          f"{rpp:,} x ({sig_doc:,.0f} B signature row + {bands} x {key_row:.0f} B)"),
         "pairs_task_gib": (new_docs * bands * key_row / P / GIB, f"key rows in Arrow / {P:,} partitions"),
         "keys_files_per_round": (parts * P, f"{parts:,} parts x {P:,} partitions"),
-        "keys_file_kib": (per_doc["work:keys"] * t.docs / (parts * P) / 1024, "keys Parquet / files"),
+        "keys_file_kib": (per_doc["work:keys"] * t.docs / (parts * P) / 1024, "keys on disk / files"),
         "shuffle_files": (shuffle_files, "every near-work folder, by its fan-out (table below)"),
         "shuffle_files_as_s3_usd": (shuffle_files * (t.put_usd_per_1k + t.get_usd_per_1k) / 1000,
                                     "if they were S3 objects: files x (PUT + GET)"),
@@ -197,6 +256,10 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
                                   f"(new x {bands} x {key_row:.0f} B + {accepted:,.0f} earlier x {bands} x {old_row} B)"
                                   f" / {P:,}"),
         "weekly_keys_files_per_round": (r_parts * P, f"{r_parts:,} parts x {P:,} partitions"),
+        "decisions_table_gib": (new_docs * dec_row / GIB,
+                                f"{new_docs:,.0f} rows x {dec_row:.0f} B (Arrow): read whole, per source, by "
+                                "deduplicated_documents"),
+        "weekly_decisions_table_gib": (r_new * dec_row / GIB, f"{r_new:,.0f} rows x {dec_row:.0f} B"),
         "hot_bucket_docs": (hot, f"{t.hot_bucket_share:g} of the documents share one (band, key)"),
         "hot_bucket_pairs": (hot * mb, f"at most members x max_bucket {mb:,} (not members^2 = {hot ** 2:,.0f})"),
         "hot_bucket_task_gib": ((hot * key_row + hot * mb * 16) / GIB, f"one pairs task: members x {key_row:.0f} B "
@@ -205,7 +268,9 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
     return plan
 
 
-def render(plan: dict, t: Target, md: bool) -> str:
+def render(plan: dict, t: Target, md: bool, config: dict | None = None) -> str:
+    """The plan as text or markdown; `config`: the default config's dedup.near.rows_per_part and partitions, named
+    next to the plan's own."""
     def table(header: list[str], rows: list[list]) -> list[str]:
         cells = [header] + [[c if isinstance(c, str) else f"{c:,.2f}" if abs(c) < 10 else f"{c:,.0f}" for c in r]
                             for r in rows]
@@ -218,8 +283,10 @@ def render(plan: dict, t: Target, md: bool) -> str:
     io = "read_tb" in plan["stages"][0]
     out = [f"Target: {t.docs:,.0f} documents, {t.text_tb:g} TB of text, {plan['q']['cores'][0]:,} cores at "
            f"{t.utilization:.0%} utilization; ${t.core_hour_usd}/core-hour, ${t.storage_usd_per_tb_month}/TB-month, "
-           f"${t.put_usd_per_1k}/1k PUT; parts of {t.rows_per_part:,} documents, {t.partitions:,} key partitions; "
-           f"rates from the runs {', '.join(plan['runs'])}.", ""]
+           f"${t.put_usd_per_1k}/1k PUT; signature parts of {t.near_rows_per_part:,} documents "
+           f"(dedup.near.rows_per_part{_default(config, 'rows_per_part')}), {t.partitions:,} key partitions "
+           f"(dedup.near.partitions{_default(config, 'partitions')}); rates from the runs {', '.join(plan['runs'])}.",
+           ""]
     out += table(["stage", "rate from", "MB/CPU-s", "text in TB", "core-hours", "wall h", "worker MiB", "USD"]
                  + (["read TB", "written TB"] if io else []),
                  [[r["stage"], r["run"], r["mb_per_cpu_s"], r["text_tb"], r["core_hours"], r["wall_hours"],
@@ -230,6 +297,16 @@ def render(plan: dict, t: Target, md: bool) -> str:
     return "\n".join(out + ([] if io else ["", "(bytes, files and the shuffle need --run-dir)"]))
 
 
+def _bench_parts(run: dict) -> str:
+    """The bench's signature parts (and so the fan-out the shuffle files are projected from)."""
+    n, docs = run.get("files", {}).get("signature_parts"), run.get("near_stats", {}).get("documents")
+    return f"; {n:,} signature parts of ~{docs / n:,.0f} documents at {run['docs']:,}" if n and docs else ""
+
+
+def _default(config: dict | None, key: str) -> str:
+    return f"; the config's default is {config[key]:,}" if config and key in config else ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", required=True, help="a JSON written by bench/scale_bench.py")
@@ -237,9 +314,9 @@ def main() -> None:
     ap.add_argument("--run", help="engine:workers to take every rate from (default: the lowest per stage)")
     d = Target()
     for name in ("docs", "text_tb", "utilization", "core_hour_usd", "storage_usd_per_tb_month", "put_usd_per_1k",
-                 "get_usd_per_1k", "refresh_docs", "hot_bucket_share", "rows_per_part", "partitions"):
-        ap.add_argument(f"--{name.replace('_', '-')}", type=int if name in ("rows_per_part", "partitions") else float,
-                        default=getattr(d, name))
+                 "get_usd_per_1k", "refresh_docs", "hot_bucket_share", "near_rows_per_part", "partitions"):
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int if name in ("near_rows_per_part", "partitions")
+                        else float, default=getattr(d, name))
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--cores", type=int, help="cluster size (vCPUs); default: what --hours needs")
     size.add_argument("--hours", type=float, default=d.hours, help="wall hours for the whole pipeline")
@@ -254,23 +331,26 @@ def main() -> None:
     bench = json.loads(Path(args.bench).read_text())
     runs = largest_runs(bench, args.run)
     measured = measure_run_dir(Path(args.run_dir), runs[0]["docs"]) if args.run_dir else None
-    bands = bands_rows(load_config(ROOT / "configs" / "default.yaml").dedup.near)[0]
-    plan = project(runs, t, measured, layout_bytes_per_part(), bands,
+    near = load_config(ROOT / "configs" / "default.yaml").dedup.near
+    bands = bands_rows(near)[0]
+    plan = project(runs, t, measured, task_and_layout_bytes(), bands,
                    sum(f.type.bit_width // 8 for f in BUCKET_SCHEMA), len(old_ranks(0, np.zeros(1, np.int64))[0]))
     m, loads = bench.get("machine", {}), [st["load_avg_1m_start"] for r in runs for st in r["stages"].values()]
     head = (f"Bench: {args.bench}, {m.get('cores')} cores, {m.get('memory_gib')} GiB, 1-minute load average "
             f"{min(loads)}-{max(loads)} during the stages; signer {runs[0].get('scheme', 'affine32 (no scheme field)')}"
-            f"{'; bytes and files from ' + args.run_dir if args.run_dir else ''}.\n\n")
+            f"{_bench_parts(runs[0])}{'; bytes and files from ' + args.run_dir if args.run_dir else ''}.\n\n")
     tail = f"\n\nPeak worker RSS by N (local:1: the driver, which runs every stage): {worker_rss_by_docs(bench)}."
-    print(head + render(plan, t, md=False) + tail)
+    config = {"rows_per_part": near.rows_per_part, "partitions": near.partitions}
+    print(head + render(plan, t, md=False, config=config) + tail)
     if args.md:
-        text, path = head + render(plan, t, md=True) + tail, Path(args.md)
+        text, path = head + render(plan, t, md=True, config=config) + tail, Path(args.md)
         begin, end = "<!-- scale_plan:begin -->", "<!-- scale_plan:end -->"
         old = path.read_text() if path.is_file() else ""
         if begin in old and end in old:
             text = old[:old.index(begin) + len(begin)] + "\n" + text + "\n" + old[old.index(end):]
         path.write_text(text if begin in old else text + "\n")
         print(f"wrote {path}")
+
 
 if __name__ == "__main__":
     main()

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+
+from kiln.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("scale_plan", ROOT / "bench" / "scale_plan.py")
@@ -34,16 +38,18 @@ def run(engine: str, workers: int, docs: int = 1000, rates: dict | None = None) 
 FOLDERS = {"corpus": [3_300_000, 1], "raw": [1_000_000, 2], "filtered": [1_000_000, 2], "curated": [1_000_000, 2],
            "exact_shuffle": [50_000, 4], "signatures": [3_000_000, 2], "decisions": [100_000, 2],
            "index_buckets": [200_000, 8], "index_ids": [30_000, 8], "index_docs": [2_000_000, 2],
-           "work:keys": [400_000, 16], "work:nodes": [10_000, 2], "work:pairs_a": [20_000, 3]}
-MEASURED = {"folders": FOLDERS, "key_row_bytes": 90.0, "signature_doc_bytes": 2000.0}
-TARGET = dict(docs=10e9, text_tb=30, rows_per_part=100_000, partitions=1000, refresh_docs=1e8, core_hour_usd=0.05,
+           "work:keys": [400_000, 16], "work:nodes": [10_000, 2], "work:pairs_a": [20_000, 3],
+           "work:cc_rounds": [5_000, 128]}
+MEASURED = {"folders": FOLDERS, "key_row_bytes": 90.0, "signature_doc_bytes": 2000.0, "decision_row_bytes": 50.0}
+TARGET = dict(docs=10e9, text_tb=30, near_rows_per_part=100_000, partitions=1000, refresh_docs=1e8, core_hour_usd=0.05,
               storage_usd_per_tb_month=23.0)
 
 
 def project(runs, measured=MEASURED, **target):
     t = plan_mod.Target(**{**TARGET, **target})
-    # layout: 100 B per signature part, 5 B per earlier docs part; 16 bands; bucket row 20 B; earlier rank 17 B
-    return plan_mod.project(runs, t, measured, (100.0, 5.0), 16, 20, 17)
+    # a pickled task 400 B; layout file: 100 B per signature part, 5 B per earlier docs part; 16 bands; bucket row
+    # 20 B; earlier rank 17 B
+    return plan_mod.project(runs, t, measured, (400.0, 100.0, 5.0), 16, 20, 17)
 
 
 def test_core_hours_wall_and_cost_per_stage():
@@ -88,10 +94,14 @@ def test_bytes_files_shuffle_and_memory():
     assert rows["signatures"]["read_tb"] == pytest.approx(10.0)
     assert rows["signatures"]["write_tb"] == pytest.approx(30.0)
     assert rows["ingest"]["read_tb"] == pytest.approx(33.0)  # corpus 3,300 B/doc
-    # near dedup reads signatures 3,000 + work (400 + 10 + 20) = 3,430 B/doc -> 34.3 TB
-    assert rows["near_dedup"]["read_tb"] == pytest.approx(34.3)
+    # near dedup reads signatures 3,000 + work (400 + 10 + 20 + 5) = 3,435 B/doc -> 34.35 TB
+    assert rows["near_dedup"]["read_tb"] == pytest.approx(34.35)
     # persisted 1,000 x 3 + 3,000 + 100 + 200 + 30 + 2,000 = 8,330 B/doc -> 83.3 TB -> x $23 = $1,915.90 a month
     assert q["persisted_tb"] == pytest.approx(83.3) and q["storage_usd_month"] == pytest.approx(1915.9)
+    # persisted files: raw, filtered, curated 2 each at the bench's reading parts -> 2 x 1e7 x 3 = 6e7; signatures,
+    # decisions, index docs 2 each per 2 signature parts -> 90,000 x 3 = 270,000; index buckets and ids 8 each per 8
+    # key partitions -> 1,000 x 2 = 2,000: 60,272,000 PUTs x $0.005 / 1,000 = $301.36
+    assert q["persisted_put_usd"] == pytest.approx(301.36)
     # near dedup sees 9e9 documents (900 of 1,000) -> 90,000 parts of 100,000; 8e9 accepted
     assert q["parts"] == 90_000
     # bucket index: 8e9 accepted x 16 bands x 20 B = 2.56e12 B
@@ -99,15 +109,23 @@ def test_bytes_files_shuffle_and_memory():
     # band-key shuffle: 9e9 x 16 = 1.44e11 rows x 90 B = 12.96 TB of Arrow; / 1,000 partitions / 2^30 = 12.07 GiB
     assert q["keys_rows"] == pytest.approx(1.44e11) and q["keys_arrow_tb"] == pytest.approx(12.96)
     assert q["pairs_task_gib"] == pytest.approx(12.96e12 / 1000 / 2**30)
-    assert q["keys_parquet_tb"] == pytest.approx(4.0)  # 400 B/doc
+    assert q["keys_disk_tb"] == pytest.approx(4.0)  # 400 B/doc
     # keys task: 100,000 x (2,000 B signature row + 16 x 90 B) = 3.44e8 B
     assert q["keys_task_gib"] == pytest.approx(3.44e8 / 2**30)
     # files: keys 16 = 2 parts x 8 partitions at the bench -> 90,000 x 1,000 = 9e7; nodes 2 per 2 parts -> 90,000;
-    # pairs_a 3 files for min(4 candidate pairs, 2^2) = 4 -> candidate pairs 4 x 1e7 = 4e7 < 90,000^2: 3 x 4e7 / 4
-    assert p["files"] == {"keys": pytest.approx(9e7), "nodes": pytest.approx(9e4), "pairs_a": pytest.approx(3e7)}
+    # pairs_a 3 files for min(4 candidate pairs, 2^2) = 4 -> candidate pairs 4 x 1e7 = 4e7 < 90,000^2: 3 x 4e7 / 4;
+    # the components' rounds: 128 files = 2 x 8^2 partitions -> 2 x 1,000^2 = 2e6
+    assert p["files"] == {"keys": pytest.approx(9e7), "nodes": pytest.approx(9e4), "pairs_a": pytest.approx(3e7),
+                          "cc_rounds": pytest.approx(2e6)}
     assert q["keys_files_per_round"] == 9e7
-    # driver: max(90,000 parts, 1,000 partitions) tasks x 90,000 parts x 100 B = 8.1e11 B
-    assert q["driver_task_list_gb"] == pytest.approx(810.0)
+    # driver: a task carries its layout as a file name, so max(90,000 parts, 1,000 partitions) tasks x 400 B
+    # = 3.6e7 B, whatever the parts; the layout file itself: 90,000 parts x 100 B = 9e6 B, once
+    assert q["driver_task_list_gb"] == pytest.approx(0.036)
+    assert q["layout_file_mb"] == pytest.approx(9.0)
+    # pairs results: at most 1,000 partitions x 90,000 doc-partitions x 36 B = 3.24e9 B
+    assert q["pairs_results_gib"] == pytest.approx(3.24e9 / 2**30)
+    # decisions table read whole by deduplicated_documents: 9e9 rows x 50 B = 4.5e11 B
+    assert q["decisions_table_gib"] == pytest.approx(4.5e11 / 2**30)
     # a hot bucket of 1e-3 of 9e9 = 9e6 members: at most 9e6 x 1,000 anchors = 9e9 pairs
     assert q["hot_bucket_docs"] == pytest.approx(9e6) and q["hot_bucket_pairs"] == pytest.approx(9e9)
 
@@ -122,8 +140,13 @@ def test_weekly_refresh():
     assert q["weekly_earlier_min_tb"] == pytest.approx(2.3) and q["weekly_earlier_max_tb"] == pytest.approx(22.3)
     # pairs task: (9e7 x 16 x 90 B + 8e9 x 16 x (20 + 17 + 4) B) / 1,000 = (1.296e11 + 5.248e12) / 1e3 = 5.3776e9 B
     assert q["weekly_pairs_task_gib"] == pytest.approx(5.3776e9 / 2**30)
-    # driver: max(900, 1,000) tasks x (900 x 100 B + 80,000 earlier parts x 5 B) = 1,000 x 490,000 B = 0.49 GB
-    assert q["weekly_driver_task_list_gb"] == pytest.approx(0.49)
+    # earlier refreshes (the history at the target's size): 9e9 documents reached near dedup -> 90,000 signature
+    # parts, each one docs file of the index. Attach and route may have a task per new part and earlier docs file:
+    # max(900 + 90,000, 1,000) = 90,900 tasks x 400 B = 3.636e7 B; the layout file: 900 x 100 B + 90,000 x 5 B
+    # = 540,000 B
+    assert q["weekly_driver_task_list_gb"] == pytest.approx(0.03636)
+    assert q["weekly_layout_file_mb"] == pytest.approx(0.54)
+    assert q["weekly_decisions_table_gib"] == pytest.approx(9e7 * 50 / 2**30)  # 9e7 rows x 50 B
 
 
 def test_without_a_run_folder_only_cpu_and_driver():
@@ -139,7 +162,52 @@ def test_command_line_writes_between_the_markers(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "scale_plan.py"), "--bench", str(bench), "--cores",
                           "100", "--md", str(md)], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert "near_dedup" in out and "signer affine32" in out
+    # the bench's signature parts: 2 for the 900 documents reaching near dedup; the config's defaults named
+    assert "signer affine32 (no scheme field); 2 signature parts of ~450 documents at 1,000." in out
+    near = load_config(ROOT / "configs" / "default.yaml").dedup.near
+    assert (f"signature parts of 100,000 documents (dedup.near.rows_per_part; the config's default is "
+            f"{near.rows_per_part:,}), 4,096 key partitions (dedup.near.partitions; the config's default is "
+            f"{near.partitions:,})") in out
     text = md.read_text()
     assert text.startswith("# prose before\n<!-- scale_plan:begin -->\nBench:") and text.endswith(
         "<!-- scale_plan:end -->\nprose after\n")
     assert "old table" not in text and "| near_dedup | local:1 @ 1,000 |" in text
+
+
+def test_a_run_folder_counts_parquet_outputs_and_arrow_scratch(tmp_path):
+    """Outputs are Parquet, the near-dup shuffle scratch Arrow IPC (.arrow): both are counted, the layout JSON not."""
+    run_dir = tmp_path / "run-10-local-1"
+    (tmp_path / "corpus-10-0").mkdir()
+    (tmp_path / "corpus-10-0" / "a.jsonl").write_bytes(b"x" * 123)
+    for folder in ("store/raw", "signatures", "near-out/decisions", "near-work/keys/00000", "near-work/keys/00001",
+                   "near-work/cc/labels/00003", "near-work/cc/round-004/00000", "near-work/cc/round-005/00001"):
+        (run_dir / folder).mkdir(parents=True)
+
+    def column(name: str, type_: pa.DataType) -> pa.Table:  # not null: no validity bitmap in the Arrow bytes
+        return pa.table({name: pa.array(range(10), type_)}, schema=pa.schema([pa.field(name, type_, False)]))
+
+    pq.write_table(column("a", pa.int64()), run_dir / "store/raw/part-00000.parquet")
+    pq.write_table(column("s", pa.int64()), run_dir / "signatures/signatures-00000.parquet")
+    pq.write_table(column("d", pa.int32()), run_dir / "near-out/decisions/d-0.parquet")
+    keys = pa.table({"band": pa.array([0] * 4, pa.int32()), "key": pa.array([1] * 4, pa.uint64()),
+                     "node": pa.array(range(4), pa.int64())})
+    for q in ("00000", "00001"):
+        with pa.OSFile(str(run_dir / f"near-work/keys/{q}/00000.arrow"), "wb") as sink, \
+                pa.ipc.new_file(sink, keys.schema) as w:
+            w.write_table(keys)
+    for name in ("cc/labels/00003/00000", "cc/round-004/00000/00000", "cc/round-004/00000/00001",
+                 "cc/round-005/00001/00000"):
+        (run_dir / "near-work" / f"{name}.arrow").write_bytes(b"x" * 10)
+    (run_dir / "near-work" / "layout-0123456789abcdef.json").write_text("{}")
+    m = plan_mod.measure_run_dir(run_dir, 10)
+    f = m["folders"]
+    assert f["corpus"] == [123, 1] and f["raw"][1] == 1 and f["signatures"][1] == 1 and f["decisions"][1] == 1
+    arrow = (run_dir / "near-work/keys/00000/00000.arrow").stat().st_size
+    assert f["work:keys"] == [2 * arrow, 2]
+    # the components' folder splits into its labels (by doc-partition) and its rounds (by partition)
+    assert f["work:cc_labels"] == [10, 1] and f["work:cc_rounds"] == [30, 3]
+    assert set(k for k in f if k.startswith("work:")) == {"work:keys", "work:cc_labels", "work:cc_rounds"}
+    # Arrow bytes per row: key 4 + 8 + 8 = 20 B; signature 8 B; decision 4 B
+    assert (m["key_row_bytes"], m["signature_doc_bytes"], m["decision_row_bytes"]) == (20.0, 8.0, 4.0)
+    with pytest.raises(SystemExit):
+        plan_mod.measure_run_dir(run_dir, 11)
