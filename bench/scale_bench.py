@@ -407,7 +407,7 @@ def run_one(args) -> dict:
     out = {
         "engine": args.engine, "workers": args.workers, "docs": meta["documents"], "seed": meta["seed"],
         "text_mb": round(mb, 1), "profile": args.profile, "scheme": near.scheme, "rows_per_part": args.rows_per_part,
-        "partitions": args.partitions, "max_bucket": args.max_bucket, "engine_start_s": round(engine_start, 2),
+        "partitions": result["partitions"], "max_bucket": args.max_bucket, "engine_start_s": round(engine_start, 2),
         "stages": stages,
         "total": {"wall_s": round(total_wall, 2), "docs_per_s": round(meta["documents"] / total_wall, 1),
                   "docs_per_s_per_core": round(meta["documents"] / total_wall / args.workers, 1),
@@ -454,7 +454,7 @@ def prepare_corpus(corpus: Path, n: int, seed: int, file_docs: int, workers: int
 def run_args(**overrides) -> argparse.Namespace:
     """The arguments of one run with the command line's defaults (for tests and notebooks)."""
     return argparse.Namespace(**{**dict(engine="local", workers=1, profile="light", config="configs/default.yaml",
-                                        rows_per_part=500, partitions=8, max_bucket=1000, precision_sample=5000,
+                                        rows_per_part=500, partitions=None, max_bucket=1000, precision_sample=5000,
                                         sample_s=0.2, keep=False), **overrides})
 
 
@@ -526,7 +526,7 @@ def main() -> None:
     ap.add_argument("--config", default="configs/default.yaml")
     ap.add_argument("--rows-per-part", type=int, default=500, help="documents per part (default config: 500)")
     ap.add_argument("--file-docs", type=int, default=10_000, help="documents per input JSONL file")
-    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--partitions", type=int, default=None, help="key partitions (default: automatic)")
     ap.add_argument("--max-bucket", type=int, default=1000)
     ap.add_argument("--precision-sample", type=int, default=5000, help="removed documents checked (0: all)")
     ap.add_argument("--sample-s", type=float, default=0.2, help="RSS sampling interval")
@@ -561,7 +561,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--one", "--engine", engine, "--workers", str(workers), "--corpus",
                    str(corpus), "--run-dir", str(work / f"run-{n}-{engine}-{workers}"), "--out", str(out),
                    "--profile", args.profile, "--config", args.config, "--rows-per-part", str(args.rows_per_part),
-                   "--partitions", str(args.partitions), "--max-bucket", str(args.max_bucket),
+                   *(["--partitions", str(args.partitions)] if args.partitions else []), "--max-bucket", str(args.max_bucket),
                    "--precision-sample", str(args.precision_sample), "--sample-s", str(args.sample_s)]
             cmd += ["--keep"] if args.keep else []
             load = os.getloadavg()

@@ -128,10 +128,11 @@ class NearDedup(_Strict):
     # (accepted by an earlier refresh) always win: they may already be in token shards.
     keep: list[Literal["quality_tier", "first_seen", "longest"]] = ["quality_tier", "first_seen", "longest"]
     check_sample: int = Field(500, ge=0)  # survivors re-checked pairwise by exact Jaccard in an asset check
-    # The bucket shuffle (kiln.dedup.buckets): key-prefix partitions are the tasks of each shuffled round, so raise
-    # them with the corpus (a partition's rows are one task's memory; docs/scale.md). A bucket of more than
-    # max_bucket documents pairs each member with its first max_bucket only: boilerplate buckets stay linear.
-    partitions: int = Field(8, ge=1, le=65_536)
+    # The bucket shuffle (kiln.dedup.buckets): key-prefix partitions are the tasks of each shuffled round, and a
+    # partition's rows are one task's memory. Unset: one per ~250k band-key rows of this and the earlier refreshes
+    # (at least 8), so that memory stays flat as the corpus grows. A bucket of more than max_bucket documents pairs
+    # each member with its first max_bucket only: boilerplate buckets stay linear.
+    partitions: int | None = Field(None, ge=1, le=65_536)
     max_bucket: int = Field(1_000, ge=2)
     # Documents per signature part (consecutive curated parts joined): the unit of every near-dup task after the
     # signatures. Parts of a few hundred documents make tens of thousands of tiny shuffle files per 100k documents.

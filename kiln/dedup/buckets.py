@@ -791,9 +791,19 @@ def read_index_meta(path: Path) -> dict[str, Any]:
     return json.loads(meta_path.read_text())
 
 
+KEY_ROWS_PER_PARTITION = 250_000  # band-key rows one shuffled task holds (~25 MB in Arrow) when partitions are automatic
+
+
+def auto_partitions(documents: int, bands: int) -> int:
+    """Key-prefix partitions for `documents` (this refresh's and the earlier refreshes' accepted ones): about
+    KEY_ROWS_PER_PARTITION band-key rows each, at least 8, so a task's memory stays flat as the corpus grows (with 8
+    fixed partitions, a pairs task held an eighth of every key row)."""
+    return max(8, -(-documents * bands // KEY_ROWS_PER_PARTITION))
+
+
 def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tuple[int, int]],
                        previous: Sequence[Path], work_dir: Path, out_dir: Path, near: NearDedup, batch_name: str,
-                       engine: Engine = SERIAL, partitions: int = 8, max_bucket: int = 1_000,
+                       engine: Engine = SERIAL, partitions: int | None = None, max_bucket: int = 1_000,
                        progress: bool = False) -> dict[str, Any]:
     """Near-duplicate decisions for the documents of `signature_parts` (`minhash.compute_signatures` output, given in
     source order, one source per part) against each other and the earlier refreshes' index folders `previous`.
@@ -801,6 +811,7 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
     `sources`: source name -> (quality tier, source order), as `Batch.from_tables` numbers them. Writes
     out_dir/decisions/decisions-{k}.parquet (DECISION_SCHEMA; concatenated in part order they are `near_dedup`'s table)
     and this refresh's index folder out_dir/index (`_index.json` last). `work_dir` is scratch, emptied first.
+    `partitions`: of the key shuffle; None: `auto_partitions` (decisions never depend on it).
     With `near.enabled` false the caller keeps every document (as `near_dedup(enabled=False)`); this always decides."""
     t_start = time.perf_counter()
     timing: dict[str, float] = {}
@@ -822,6 +833,9 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
         check_index_params(path, meta, near)
         earlier.append(Earlier(str(path), meta["partitions"], tuple(meta["doc_parts"]), base))
         base += len(meta["doc_parts"]) - 1
+    if partitions is None:
+        documents = sum(pq.ParquetFile(p).metadata.num_rows for p in signature_parts)
+        partitions = auto_partitions(documents + sum(e.starts[-1] for e in earlier), bands)
 
     def stage(name, fn, layout, items):
         t0 = time.perf_counter()
@@ -892,7 +906,7 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
     hits = sum(v[1] for v in verified)
     return {
         "documents": starts[-1], "new_documents": new_docs, "already_indexed": already, "kept": kept,
-        "per_source": {s: {**dict(c), "duplicate_rate": round(c[NEAR_DUPLICATE] / max(sum(c.values()), 1), 4)}
+        "partitions": P, "per_source": {s: {**dict(c), "duplicate_rate": round(c[NEAR_DUPLICATE] / max(sum(c.values()), 1), 4)}
                        for s, c in per_source.items()},
         "cross_source": {s: dict(c) for s, c in cross.items()},
         "cluster_sizes": {int(k): v for k, v in sorted(sizes.items())}, "clusters": sum(sizes.values()),

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kiln import engine as engine_module
+from kiln.dedup import buckets
 from kiln.config import NearDedup
 from kiln.dedup.buckets import (BUCKET_SCHEMA, band_keys, bucket_pairs, decide_distributed, read_decisions,
                                 read_index_meta)
@@ -371,3 +372,18 @@ def test_the_part_by_part_survivor_check_finds_what_the_whole_batch_check_finds(
     assert got[0] == want[0] and sorted(got[1]) == sorted(want[1])
     if sample == 100:
         assert len(want[1]) == 12  # each planted pair, both ways
+
+
+def test_automatic_partitions_follow_the_corpus_and_decide_the_same(tmp_path, monkeypatch):
+    """auto_partitions keeps ~KEY_ROWS_PER_PARTITION band-key rows per task, at least 8: 100,000 documents x 16 bands
+    = 1.6M rows -> 7 -> 8; 300,000 -> 4.8M / 250k = 19.2 -> 20; 1,000,000 -> 64. With a tiny row budget the planted
+    corpus gets many partitions, recorded in the index, and the same decisions as 3 partitions."""
+    assert [buckets.auto_partitions(n, 16) for n in (100_000, 300_000, 1_000_000)] == [8, 20, 64]
+    tables = families(6, n_bases=15)
+    fixed, _ = distributed(tmp_path / "fixed", [tables], partitions=3)
+    monkeypatch.setattr(buckets, "KEY_ROWS_PER_PARTITION", 40)
+    auto, stats = distributed(tmp_path / "auto", [tables], partitions=None)
+    documents = sum(t.num_rows for _, _, t in tables)
+    assert stats[0]["partitions"] == -(-documents * bands_rows(NEAR)[0] // 40) > 8
+    assert read_index_meta(tmp_path / "auto" / "out-0" / "index")["partitions"] == stats[0]["partitions"]
+    assert_same(auto[0], fixed[0])
