@@ -304,7 +304,9 @@ def _bench_parts(run: dict) -> str:
 
 
 def _default(config: dict | None, key: str) -> str:
-    return f"; the config's default is {config[key]:,}" if config and key in config else ""
+    if not config or key not in config:
+        return ""
+    return f"; the config's default is {config[key]:,}" if config[key] is not None else "; automatic in the config"
 
 
 def main() -> None:
