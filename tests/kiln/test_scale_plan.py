@@ -165,9 +165,9 @@ def test_command_line_writes_between_the_markers(tmp_path):
     # the bench's signature parts: 2 for the 900 documents reaching near dedup; the config's defaults named
     assert "signer affine32 (no scheme field); 2 signature parts of ~450 documents at 1,000." in out
     near = load_config(ROOT / "configs" / "default.yaml").dedup.near
+    assert near.partitions is None  # automatic: named as such
     assert (f"signature parts of 100,000 documents (dedup.near.rows_per_part; the config's default is "
-            f"{near.rows_per_part:,}), 4,096 key partitions (dedup.near.partitions; the config's default is "
-            f"{near.partitions:,})") in out
+            f"{near.rows_per_part:,}), 4,096 key partitions (dedup.near.partitions; automatic in the config)") in out
     text = md.read_text()
     assert text.startswith("# prose before\n<!-- scale_plan:begin -->\nBench:") and text.endswith(
         "<!-- scale_plan:end -->\nprose after\n")
