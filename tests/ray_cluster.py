@@ -31,6 +31,7 @@ class RayCluster:
     env: dict[str, str]  # what a driver needs: RAY_ADDRESS and the auth token
     address: str = ""
     node_pids: list[set[int]] = field(default_factory=list)  # per node, the processes its `ray start` started
+    killed: set[int] = field(default_factory=set)  # nodes whose raylet was killed
 
     def _processes(self) -> set[int]:
         mine = set()
@@ -70,10 +71,12 @@ class RayCluster:
     def kill_node(self, node: int) -> None:
         """SIGKILL a node's raylet, as a machine that dies; its workers lose their raylet and exit."""
         os.kill(self.raylet_pid(node), signal.SIGKILL)
+        self.killed.add(node)
 
     def ensure_nodes(self, nodes: int) -> None:
-        """Start worker nodes until `nodes` are alive (after a test killed one, the next gets a fresh one)."""
-        for _ in range(nodes - self.alive_nodes()):
+        """Start worker nodes until `nodes` are alive (after a test killed one, the next gets a fresh one). Counted
+        from the nodes this cluster started and killed, not from `ray status`, which can lag behind a new node."""
+        for _ in range(nodes - (len(self.node_pids) - len(self.killed))):
             self.start_node()
         deadline = time.monotonic() + 60
         while self.alive_nodes() < nodes:
