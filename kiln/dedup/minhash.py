@@ -206,10 +206,10 @@ def _concat_lists(parts: list[tuple[np.ndarray, np.ndarray]]) -> pa.LargeListArr
 
 
 def _list_array(arrays: list[np.ndarray]) -> pa.LargeListArray:
+    """The same column from one shingle array per document."""
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum([a.size for a in arrays], out=offsets[1:])
-    values = np.concatenate(arrays) if arrays else np.empty(0, np.uint32)
-    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint32()))
+    return _concat_lists([(np.concatenate(arrays) if arrays else np.empty(0, np.uint32), offsets)])
 
 
 def signature_groups(input_parts: Sequence[Path], rows: int) -> list[tuple[Path, ...]]:
