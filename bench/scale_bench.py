@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil  # noqa: E402
 
+from kiln.manifest import write_json_atomic  # noqa: E402
 from kiln.synthetic import scale_document, scale_plan, write_scale_corpus  # noqa: E402
 
 SOURCE = "scale"
@@ -391,7 +392,13 @@ def run_one(args) -> dict:
     sampler.stage = "evaluation"
     status = decisions_of(store, run_dir / "near-out")
     sha = decisions_sha256(status)
-    quality = evaluate(meta["seed"], meta["documents"], status, near, args.precision_sample)
+    # The quality figures are a function of the decisions: a run deciding as an earlier one (same sha) reuses them.
+    cached = corpus / f"quality-{sha[:16]}-{args.precision_sample}.json"
+    if cached.is_file():
+        quality = {**json.loads(cached.read_text()), "quality_of": "an earlier run with the same decisions_sha256"}
+    else:
+        quality = evaluate(meta["seed"], meta["documents"], status, near, args.precision_sample)
+        write_json_atomic(cached, json.dumps(quality))
     sampler.halt.set()
     sampler.join()
     for name, rec in stages.items():

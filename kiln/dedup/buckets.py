@@ -3,8 +3,9 @@ candidate pairs, exact verification and connected components as rounds of `Engin
 greedy keep policy (`near_dedup`, the single-process implementation this replaced: tests/old_near_dedup.py) applied
 inside each component — the same decisions table.
 
-Stages (every one a map_parts; "→ X/{q}" is a shuffle write: each task writes its rows for partition q to
-X/{q:05d}/{its own position}.arrow, Arrow IPC scratch, so names never depend on the engine or on arrival order):
+Stages (every one a map_parts; "→ X/{q}" is a shuffle write, `kiln.dedup.shuffle`: each task writes one file
+X/{its own position}.shuffle holding its rows for every partition q, so names never depend on the engine or on
+arrival order, and a reader of q takes its segment of each):
 
   signature parts (one per input part, in source order)        earlier refreshes' index folders
    1 scan      part k: row counts per source ─ ids → ids/{p}   (ids/, buckets/, docs/ per refresh)
@@ -85,8 +86,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.config import NearDedup
-from kiln.dedup.components import (LABEL_SCHEMA, SCRATCH, connected_components, node_partition, overlapping,
-                                   partition_of, read_dir, read_scratch, write_edges, write_partitioned, write_scratch)
+from kiln.dedup.components import (LABEL_SCHEMA, connected_components, node_partition, overlapping, partition_of,
+                                   write_edges)
+from kiln.dedup.shuffle import (SCRATCH, read_partition, read_scratch, read_segments, write_partitioned,
+                                write_scratch)
 from kiln.dedup.minhash import HASH_COLUMNS, SCHEME, bands_rows, estimated_jaccard, jaccard, mix64
 from kiln.dedup.near import ALREADY_INDEXED, DECISION_SCHEMA, KEPT, NEAR_DUPLICATE, UnionFind
 from kiln.engine import SERIAL, Engine
@@ -433,9 +436,8 @@ def _already(task: _Task) -> int:
     lay, p = task.layout, task.i
     found_node, found_old = [], []
     new_tables = []
-    for f in sorted(lay.w("ids", f"{p:05d}").glob(f"*{SCRATCH}")):
-        k = int(f.stem)
-        t = read_scratch(f)
+    for name, t in read_segments(lay.w("ids"), p):
+        k = int(name)
         new_tables.append(t.set_column(2, "node", pa.array(t.column("node").to_numpy() + lay.starts[k])))
     if not new_tables:
         return 0
@@ -462,7 +464,7 @@ def _keys(task: _Task) -> int:
     t = pq.read_table(lay.parts[k], columns=["doc_id", "source", "chars", "signature"])
     n = t.num_rows
     nodes = lay.starts[k] + np.arange(n, dtype=np.int64)
-    already = read_dir(lay.w("already", f"{k:05d}"), ALREADY_SCHEMA)
+    already = read_partition(lay.w("already"), k, ALREADY_SCHEMA)
     old_of = np.full(n, -1, np.int64)
     is_already = np.zeros(n, bool)
     if already.num_rows:
@@ -517,30 +519,47 @@ def bucket_pairs(group_starts: np.ndarray, sizes: np.ndarray, is_old: np.ndarray
     return np.concatenate(firsts), np.concatenate(seconds)
 
 
+@dataclass(frozen=True)
+class _Groups:
+    order: np.ndarray  # rows sorted by (band, key)
+    sizes: np.ndarray  # rows per bucket, buckets in that order
+
+
+def _group_sizes(band: np.ndarray, key: np.ndarray, ordered: bool = False) -> _Groups:
+    """The buckets of band-key rows (numeric sort: no bytes compared)."""
+    order = np.arange(band.size) if ordered else np.lexsort((key, band))
+    b, k = band[order], key[order]
+    starts = np.flatnonzero(np.r_[True, (b[1:] != b[:-1]) | (k[1:] != k[:-1])]) if b.size else np.empty(0, np.int64)
+    return _Groups(order, np.diff(np.r_[starts, b.size]).astype(np.int64))
+
+
 def _pairs(task: _Task) -> dict[str, Any]:
     """Group this key partition's band keys (this refresh's and the earlier refreshes' buckets) and emit the
     candidate pairs (earlier document first), shuffled by the first document's doc-partition."""
     lay, p = task.layout, task.i
-    tables = [read_dir(lay.w("keys", f"{p:05d}"), KEY_SCHEMA)]
+    tables = [read_partition(lay.w("keys"), p, KEY_SCHEMA)]
     if tables[0].num_rows == 0:
         return {"pairs": 0, "buckets": 0, "largest_bucket": 0, "oversized_buckets": 0, "doc_partitions": []}
     for r, old in _earlier_partition(lay, "buckets", p, "key"):
         refs = old.column("ref").to_numpy()
         tables.append(pa.table({"band": old.column("band"), "key": old.column("key"), "node": old_node(r, refs),
                                 "rank": pa.array(old_ranks(r, refs), pa.binary())}, schema=KEY_SCHEMA))
-    t = pa.concat_tables(tables).sort_by([("band", "ascending"), ("key", "ascending"), ("rank", "ascending")])
+    t = pa.concat_tables(tables)
+    sizes = _group_sizes(t.column("band").to_numpy(), t.column("key").to_numpy())
+    # Only shared buckets make pairs: the keep-order sort (on bytes, the costly one) is of their rows alone.
+    t = t.take(pa.array(sizes.order[np.repeat(sizes.sizes, sizes.sizes) > 1]))
+    t = t.sort_by([("band", "ascending"), ("key", "ascending"), ("rank", "ascending")])
     band, key = t.column("band").to_numpy(), t.column("key").to_numpy()
     node = t.column("node").to_numpy()
-    starts = np.flatnonzero(np.r_[True, (band[1:] != band[:-1]) | (key[1:] != key[:-1])])
-    sizes = np.diff(np.r_[starts, band.size])
-    first, second = bucket_pairs(starts, sizes, node < 0, lay.max_bucket)
+    shared = _group_sizes(band, key, ordered=True).sizes
+    starts = np.cumsum(shared) - shared
+    first, second = bucket_pairs(starts, shared, node < 0, lay.max_bucket)
     a, b = node[first], node[second]
     pairs = np.unique(np.stack([a, b], axis=1), axis=0) if a.size else np.empty((0, 2), np.int64)
     table = pa.table({"a": pairs[:, 0], "b": pairs[:, 1]}, schema=PAIR_SCHEMA)
     touched = write_partitioned(lay.w("pairs"), f"{p:05d}", table, lay.dp_of(pairs[:, 0]), lay.doc_partitions)
-    shared = sizes[sizes > 1]
-    return {"pairs": int(a.size), "buckets": int(shared.size), "largest_bucket": int(sizes.max()),
-            "oversized_buckets": int((sizes > lay.max_bucket).sum()), "doc_partitions": touched}
+    return {"pairs": int(a.size), "buckets": int(shared.size), "largest_bucket": int(sizes.sizes.max()),
+            "oversized_buckets": int((shared > lay.max_bucket).sum()), "doc_partitions": touched}
 
 
 # ------------------------------------------------------------------------------------ 5-6 attach, verify
@@ -549,7 +568,7 @@ def _attach(task: _Task) -> int:
     """The distinct pairs whose first document is in this doc-partition, with that document's shingles, shuffled
     by the second document's part (always this refresh's)."""
     lay, dp = task.layout, task.i
-    t = read_dir(lay.w("pairs", f"{dp:05d}"), PAIR_SCHEMA)
+    t = read_partition(lay.w("pairs"), dp, PAIR_SCHEMA)
     if t.num_rows == 0:
         return 0
     pairs = np.unique(np.stack([t.column("a").to_numpy(), t.column("b").to_numpy()], axis=1), axis=0)
@@ -570,7 +589,7 @@ def _attach(task: _Task) -> int:
 def _verify(task: _Task) -> tuple[int, int]:
     """Exact Jaccard of each pair whose second document is in part k; J >= threshold: a hit and a component edge."""
     lay, k = task.layout, task.i
-    t = read_dir(lay.w("pairs_a", f"{k:05d}"), PAIR_A_SCHEMA)
+    t = read_partition(lay.w("pairs_a"), k, PAIR_A_SCHEMA)
     if t.num_rows == 0:
         return 0, 0
     a, b = t.column("a").to_numpy(), t.column("b").to_numpy()
@@ -592,7 +611,7 @@ def _verify(task: _Task) -> tuple[int, int]:
 def _route(task: _Task) -> int:
     """Members of components (with what the decisions need) and this part's hits, shuffled by component."""
     lay, dp = task.layout, task.i
-    labels = read_dir(lay.w("cc", "labels", f"{dp:05d}"), LABEL_SCHEMA)
+    labels = read_partition(lay.w("cc", "labels"), dp, LABEL_SCHEMA)
     if labels.num_rows == 0:
         return 0
     order = np.argsort(labels.column("node").to_numpy(), kind="stable")
@@ -627,12 +646,12 @@ def _route(task: _Task) -> int:
 def _decide(task: _Task) -> dict[str, Any]:
     """near_dedup's greedy, component by component, in keep order."""
     lay, cp = task.layout, task.i
-    members = read_dir(lay.w("members", f"{cp:05d}"), MEMBER_SCHEMA)
+    members = read_partition(lay.w("members"), cp, MEMBER_SCHEMA)
     if members.num_rows == 0:
         return {"cluster_sizes": {}, "clusters": 0, "matched_earlier_refreshes": 0, "components": 0,
                 "example_clusters": []}
     members = members.sort_by([("comp", "ascending"), ("rank", "ascending")])
-    hits = read_dir(lay.w("hit_c", f"{cp:05d}"), HIT_SCHEMA)
+    hits = read_partition(lay.w("hit_c"), cp, HIT_SCHEMA)
     hits_of: dict[int, list[tuple[int, float]]] = {}
     for a, b, j in zip(*(hits.column(c).to_numpy() for c in ("a", "b")), hits.column("jaccard").to_numpy()):
         hits_of.setdefault(int(b), []).append((int(a), float(j)))
@@ -705,7 +724,7 @@ def _count(task: _Task) -> int:
     t = read_scratch(f)
     a, b = t.column("a").to_numpy(), t.column("b").to_numpy()
     if dp < lay.n_parts:
-        decided = read_dir(lay.w("decided", f"{dp:05d}"), DECIDED_SCHEMA, ["node", "status"])
+        decided = read_partition(lay.w("decided"), dp, DECIDED_SCHEMA, ["node", "status"])
         not_kept = decided.filter(pc.not_equal(decided.column("status"), KEPT)).column("node").to_numpy()
         counted = ~np.isin(a, not_kept)  # not in a component: kept
         b = b[counted]
@@ -726,13 +745,13 @@ def _final(task: _Task) -> dict[str, Any]:
     cluster = [None] * n
     dup, dup_source = [None] * n, [None] * n
     score = np.full(n, np.nan)
-    decided = read_dir(lay.w("decided", f"{k:05d}"), DECIDED_SCHEMA)
+    decided = read_partition(lay.w("decided"), k, DECIDED_SCHEMA)
     for x, st, c, d, ds, j in zip(*(decided.column(name).to_pylist() for name in DECIDED_SCHEMA.names)):
         i = x - start
         status[i], cluster[i], dup[i], dup_source[i] = st, c, d, ds
         score[i] = np.nan if j is None else j
     candidates = np.zeros(n, np.int32)
-    counts = read_dir(lay.w("counts", f"{k:05d}"), COUNT_SCHEMA)
+    counts = read_partition(lay.w("counts"), k, COUNT_SCHEMA)
     np.add.at(candidates, counts.column("node").to_numpy() - start, counts.column("n").to_numpy().astype(np.int32))
     doc_ids, sources = nodes_t.column("doc_id").to_pylist(), nodes_t.column("source").to_pylist()
     decisions = pa.table({"doc_id": doc_ids, "source": sources, "status": status.tolist(), "cluster_id": cluster,
@@ -774,10 +793,10 @@ def _final(task: _Task) -> dict[str, Any]:
 
 def _persist(task: _Task) -> int:
     lay, p = task.layout, task.i
-    keys = read_dir(lay.w("kept_keys", f"{p:05d}"), BUCKET_SCHEMA)
-    write_parquet_atomic(index_file(lay.index, "buckets", p),
-                         keys.sort_by([("band", "ascending"), ("key", "ascending"), ("ref", "ascending")]))
-    ids = read_dir(lay.w("kept_ids", f"{p:05d}"), IDS_SCHEMA)
+    keys = read_partition(lay.w("kept_keys"), p, BUCKET_SCHEMA)
+    order = np.lexsort([keys.column(c).to_numpy() for c in ("ref", "key", "band")])  # by band, key, ref
+    write_parquet_atomic(index_file(lay.index, "buckets", p), keys.take(pa.array(order)))
+    ids = read_partition(lay.w("kept_ids"), p, IDS_SCHEMA)
     write_parquet_atomic(index_file(lay.index, "ids", p), ids.sort_by("doc_id"))
     return keys.num_rows
 

@@ -1,9 +1,10 @@
-"""Connected components of a graph held as Parquet edge files, computed as rounds of `Engine.map_parts`.
+"""Connected components of a graph held as edge shuffles (`kiln.dedup.shuffle`), computed as rounds of
+`Engine.map_parts`.
 
-No process holds the graph: edges are hash-partitioned by a node into `partitions` files, each round is one
-map_parts over those partitions (a task reads its partition's incoming edge files, reduces, and writes its
-output edges into the next round's partitions, named by its own position), and the driver only sees small
-per-task results.
+No process holds the graph: edges are hash-partitioned by a node into `partitions`, each round is one
+map_parts over those partitions (a task reads its partition of every incoming edge file, reduces, and writes
+its output edges as one shuffle file for the next round, named by its own position), and the driver only sees
+small per-task results.
 
 The algorithm is large-star / small-star (Kiveris, Lattanzi, Mirrokni, Rastogi, Vassilvitskii, "Connected
 Components in MapReduce and Beyond", SoCC 2014), on node ids ordered as integers:
@@ -28,9 +29,7 @@ centre has one edge per member of its component, so a giant component lands in o
 
 from __future__ import annotations
 
-import os
 import shutil
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from kiln.dedup.minhash import mix64
+from kiln.dedup.shuffle import read_partition, read_shuffle, write_partitioned
 from kiln.engine import SERIAL, Engine
 
 _M64 = (1 << 64) - 1
@@ -75,54 +75,6 @@ def edge_hash(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return mix64(mix64(lo.view(np.uint64)) ^ hi.view(np.uint64))
 
 
-SCRATCH = ".arrow"  # shuffle files: Arrow IPC, not Parquet (no encoding, no compression: read back once, soon)
-
-
-def write_scratch(path: Path, table: pa.Table) -> None:
-    """A shuffle file, under a temporary name and then renamed: readers list whole files only, and a retried task
-    rewrites the same name. Not flushed to disk (the outputs are): scratch never outlives its run, and a run starts
-    by emptying its work folder, so a power loss costs the run, never a wrong answer. Flushing tens of thousands of
-    small files was a quarter of the near-dup stage's time."""
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    os.replace(tmp, path)
-
-
-def read_scratch(path: Path, columns: list[str] | None = None) -> pa.Table:
-    with pa.OSFile(str(path), "rb") as source:
-        table = pa.ipc.open_file(source).read_all()
-    return table.select(columns) if columns else table
-
-
-def read_dir(folder: Path, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table:
-    """All files of a shuffle folder, in name order (empty outputs are not written)."""
-    files = sorted(folder.glob(f"*{SCRATCH}")) if folder.is_dir() else []
-    tables = [read_scratch(f, columns) for f in files]
-    if not tables:
-        wanted = columns or schema.names
-        return pa.schema([schema.field(c) for c in wanted]).empty_table()
-    return pa.concat_tables(tables)
-
-
-def write_partitioned(root: Path, name: str, table: pa.Table, partition: np.ndarray, partitions: int) -> list[int]:
-    """Shuffle write: the rows of `table` for partition q go to root/{q:05d}/{name}.arrow (in their order);
-    empty partitions write nothing. Returns the partitions written."""
-    written = []
-    if table.num_rows == 0:
-        return written
-    order = np.argsort(partition, kind="stable")
-    bounds = np.searchsorted(partition[order], np.arange(partitions + 1))
-    for q in range(partitions):
-        if bounds[q] == bounds[q + 1]:
-            continue
-        folder = root / f"{q:05d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        write_scratch(folder / f"{name}{SCRATCH}", table.take(order[bounds[q]:bounds[q + 1]]))
-        written.append(q)
-    return written
-
-
 def write_edges(cc_dir: Path, name: str, u: np.ndarray, v: np.ndarray, partitions: int) -> None:
     """Round-0 (large-star) input: every undirected edge in both directions, keyed by its first node."""
     u, v = np.asarray(u, np.int64), np.asarray(v, np.int64)
@@ -146,7 +98,7 @@ class _RoundTask:
 
 
 def _read_edges(task: _RoundTask) -> tuple[np.ndarray, np.ndarray]:
-    t = read_dir(_round_dir(Path(task.cc_dir), task.round) / f"{task.partition:05d}", EDGE_SCHEMA)
+    t = read_partition(_round_dir(Path(task.cc_dir), task.round), task.partition, EDGE_SCHEMA)
     u, v = t.column("u").to_numpy(), t.column("v").to_numpy()
     if u.size:
         pairs = np.unique(np.stack([u, v], axis=1), axis=0)  # sorted by (u, v), distinct
@@ -236,7 +188,7 @@ def connected_components(cc_dir: Path, partitions: int, engine: Engine = SERIAL,
                          route: Callable[[np.ndarray], np.ndarray] | None = None, label_partitions: int | None = None,
                          progress: bool = False) -> dict:
     """Components of the edges written under `cc_dir` by `write_edges` (same `partitions`). Labels (node, label =
-    the component's smallest node) for every node with an edge go to cc_dir/labels/{q:05d}/*.arrow, q =
+    the component's smallest node) for every node with an edge go to the shuffle cc_dir/labels, partition
     route(node) (default: hash of the node into `partitions`). Returns rounds, nodes, components and the label
     partitions written."""
     route = route or HashRoute(partitions)
@@ -268,8 +220,5 @@ def connected_components(cc_dir: Path, partitions: int, engine: Engine = SERIAL,
 
 def read_labels(cc_dir: Path) -> dict[int, int]:
     """Every label file, as a dict (for tests and small graphs)."""
-    out: dict[int, int] = {}
-    for folder in sorted((cc_dir / "labels").glob("*")):
-        t = read_dir(folder, LABEL_SCHEMA)
-        out.update(zip(t.column("node").to_pylist(), t.column("label").to_pylist()))
-    return out
+    t = read_shuffle(cc_dir / "labels", LABEL_SCHEMA)
+    return dict(zip(t.column("node").to_pylist(), t.column("label").to_pylist()))
