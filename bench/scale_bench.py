@@ -539,6 +539,8 @@ def main() -> None:
     ap.add_argument("--sample-s", type=float, default=0.2, help="RSS sampling interval")
     ap.add_argument("--work-dir", default=None, help="default: a temporary folder")
     ap.add_argument("--keep", action="store_true", help="keep the run folders")
+    ap.add_argument("--keep-runs", default="", help="keep only these runs' folders (engine:workers, comma-separated; "
+                                                    "for scale_plan.py --run-dir)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--corpus", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
@@ -570,7 +572,7 @@ def main() -> None:
                    "--profile", args.profile, "--config", args.config, "--rows-per-part", str(args.rows_per_part),
                    *(["--partitions", str(args.partitions)] if args.partitions else []), "--max-bucket", str(args.max_bucket),
                    "--precision-sample", str(args.precision_sample), "--sample-s", str(args.sample_s)]
-            cmd += ["--keep"] if args.keep else []
+            cmd += ["--keep"] if args.keep or f"{engine}:{workers}" in args.keep_runs.split(",") else []
             load = os.getloadavg()
             t0 = time.perf_counter()
             subprocess.run(cmd, check=True)

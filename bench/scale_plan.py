@@ -9,8 +9,9 @@ CPU: MB of text entering a stage per CPU-second (user + system of the run's proc
 bench VM was shared and loaded, so its wall time also counts waiting for a core. Each stage takes the lowest rate of
 the runs at the largest measured N (--run pins one engine:workers); wall = core-hours / (cores x utilization).
 Bytes and files: per document from a run folder kept by `scale_bench.py --keep` (--run-dir: the same seed and config
-as the JSON's run, so the same files); text-bearing folders scale with text, the others with documents, shuffle files
-with their fan-out (per part, part x partition, or part x part bounded by the candidate pairs). A "part" here is a
+as the JSON's run, so the same files); text-bearing folders scale with text, the others with documents. A shuffle
+writes one file per writing task (kiln/dedup/shuffle.py), so its files scale with the parts or with the partitions,
+as its writers do; its readers read parts x partitions segments. A "part" here is a
 signature part (dedup.near.rows_per_part documents: curated parts joined), the unit of every near-dup task; the
 reading stages' parts (reading.rows_per_part) only set ingest/filter task sizes and are not projected.
 """
@@ -30,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 STAGES = ["ingest", "filter", "exact_dedup", "signatures", "near_dedup"]
 TEXT_FOLDERS = {"corpus", "raw", "filtered", "curated", "signatures", "index_docs", "work:pairs_a"}  # text, shingles
-PER_PART, PART_X_PART = {"nodes", "cands", "hits"}, {"pairs_a", "counts"}  # other work folders: part x partition
-PARTITION_X_PARTITION = {"cc_rounds"}  # components' star rounds: partition -> partition (cc_labels: x doc-partition)
+PER_PARTITION = {"already", "pairs", "decided", "cc_rounds", "cc_labels"}  # work folders written by a task per key
+# partition; the others by a task per signature part
 FOLDERS = {"raw": "store/raw", "filtered": "store/filtered", "curated": "store/curated",
            "exact_shuffle": "exact-shuffle", "signatures": "signatures", "decisions": "near-out/decisions",
            "index_buckets": "near-out/index/buckets", "index_ids": "near-out/index/ids",
@@ -84,15 +85,18 @@ def worker_rss_by_docs(bench: dict) -> str:
 def measure_run_dir(run_dir: Path, docs: int) -> dict:
     """Bytes and files per folder of a kept scale_bench run of `docs` documents (run-{docs}-ENGINE-WORKERS, beside its
     corpus-{docs}-SEED), and Arrow bytes of a key row, of a signature-part row and of a decisions row. Data files are
-    Parquet (outputs) or Arrow IPC (the near-dup shuffle scratch, `.arrow`); the layout JSONs are not counted."""
+    Parquet (outputs) or the near-dup scratch (`.arrow`, `.shuffle`); the layout JSONs are not counted."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from kiln.dedup.buckets import KEY_SCHEMA
+    from kiln.dedup.shuffle import read_file
 
     if not run_dir.name.startswith(f"run-{docs}-"):
         raise SystemExit(f"{run_dir}: not a run of {docs:,} documents (the bench's largest N)")
 
     def data_files(path: Path) -> list[Path]:
-        return [f for f in path.rglob("*") if f.suffix in (".parquet", ".arrow") and f.is_file()] if path.is_dir() \
+        return [f for f in path.rglob("*") if f.suffix in (".parquet", ".arrow", ".shuffle") and f.is_file()] if path.is_dir() \
             else []
 
     def du(path: Path) -> list[int]:
@@ -100,17 +104,14 @@ def measure_run_dir(run_dir: Path, docs: int) -> dict:
         return [sum(f.stat().st_size for f in files), len(files)]
 
     def read(path: Path) -> pa.Table:
-        if path.suffix == ".parquet":
-            return pq.read_table(path)
-        with pa.OSFile(str(path), "rb") as source:
-            return pa.ipc.open_file(source).read_all()
+        return pq.read_table(path) if path.suffix == ".parquet" else read_file(path, KEY_SCHEMA)
 
     folders = {name: du(run_dir / rel) for name, rel in FOLDERS.items()}
     corpus = list(run_dir.parent.glob(f"corpus-{docs}-*/*.jsonl"))
     folders["corpus"] = [sum(f.stat().st_size for f in corpus), len(corpus)]
     folders.update({f"work:{d.name}": du(d) for d in sorted((run_dir / "near-work").iterdir()) if d.is_dir()})
     cc = run_dir / "near-work" / "cc"
-    if "work:cc" in folders:  # its round folders (the last few are left) fan out by partitions, its labels by parts
+    if "work:cc" in folders:  # its round folders (the last few are left) and its labels: one file per partition task
         del folders["work:cc"]
         rounds = [du(d) for d in cc.glob("round-*")]
         folders["work:cc_labels"] = du(cc / "labels")
@@ -211,15 +212,12 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
     per_doc["work"] = sum(per_doc[k] for k in work)
     for r in rows:
         r["read_tb"], r["write_tb"] = (sum(per_doc[k] for k in ks) * t.docs / TB for ks in IO[r["stage"]])
-    b_parts, b_pairs, pairs = ref["files"]["signature_parts"], near["verification"]["candidate_pairs"], \
-        near["verification"]["candidate_pairs"] * docs_x
+    b_parts = ref["files"]["signature_parts"]
 
-    def fanout(kind: str, n: int, p: int, cand: float) -> float:
-        return n if kind in PER_PART else min(cand, n ** 2) if kind in PART_X_PART else p * p \
-            if kind in PARTITION_X_PARTITION else n * p
+    def writers(kind: str, n: int, p: int) -> int:
+        return p if kind in PER_PARTITION else n
 
-    files = {k[5:]: f[k][1] * fanout(k[5:], parts, P, pairs) / fanout(k[5:], b_parts, ref["partitions"], b_pairs)
-             for k in work}
+    files = {k[5:]: f[k][1] * writers(k[5:], parts, P) / writers(k[5:], b_parts, ref["partitions"]) for k in work}
     key_row, old_row, sig_doc = measured["key_row_bytes"], bucket_row + old_rank + 4, \
         measured["signature_doc_bytes"] * text_x / docs_x
     persisted_tb, shuffle_files = sum(per_doc[k] for k in PERSISTED) * t.docs / TB, sum(files.values())
@@ -242,9 +240,10 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
         "keys_task_gib": (rpp * (sig_doc + bands * key_row) / GIB,
                           f"{rpp:,} x ({sig_doc:,.0f} B signature row + {bands} x {key_row:.0f} B)"),
         "pairs_task_gib": (new_docs * bands * key_row / P / GIB, f"key rows in Arrow / {P:,} partitions"),
-        "keys_files_per_round": (parts * P, f"{parts:,} parts x {P:,} partitions"),
-        "keys_file_kib": (per_doc["work:keys"] * t.docs / (parts * P) / 1024, "keys on disk / files"),
-        "shuffle_files": (shuffle_files, "every near-work folder, by its fan-out (table below)"),
+        "keys_files_per_round": (parts, f"one per writing task: {parts:,} parts"),
+        "keys_segments_per_round": (parts * P, f"{parts:,} parts x {P:,} partitions, each read by one pread"),
+        "keys_segment_kib": (per_doc["work:keys"] * t.docs / (parts * P) / 1024, "keys on disk / segments"),
+        "shuffle_files": (shuffle_files, "every near-work folder, by its writers (table below)"),
         "shuffle_files_as_s3_usd": (shuffle_files * (t.put_usd_per_1k + t.get_usd_per_1k) / 1000,
                                     "if they were S3 objects: files x (PUT + GET)"),
         "weekly_own_io_tb": (sum(r["read_tb"] + r["write_tb"] for r in rows) * refresh / t.docs,
@@ -255,7 +254,7 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
         "weekly_pairs_task_gib": ((r_new * bands * key_row + accepted * bands * old_row) / P / GIB,
                                   f"(new x {bands} x {key_row:.0f} B + {accepted:,.0f} earlier x {bands} x {old_row} B)"
                                   f" / {P:,}"),
-        "weekly_keys_files_per_round": (r_parts * P, f"{r_parts:,} parts x {P:,} partitions"),
+        "weekly_keys_segments_per_round": (r_parts * P, f"{r_parts:,} parts x {P:,} partitions"),
         "decisions_table_gib": (new_docs * dec_row / GIB,
                                 f"{new_docs:,.0f} rows x {dec_row:.0f} B (Arrow): read whole, per source, by "
                                 "deduplicated_documents"),

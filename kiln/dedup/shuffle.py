@@ -108,12 +108,16 @@ def read_partition(root: Path, q: int, schema: pa.Schema, columns: list[str] | N
     return pa.concat_tables(tables)
 
 
+def read_file(path: Path, schema: pa.Schema) -> pa.Table:
+    """Every partition of one shuffle file, in partition order."""
+    with open(path, "rb") as f:
+        f.seek(-8, os.SEEK_END)
+        (count,) = struct.unpack("<q", f.read(8))
+    tables = [pa.ipc.open_stream(seg).read_all() for q in range(count - 1) if (seg := _segment(path, q))]
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
 def read_shuffle(root: Path, schema: pa.Schema) -> pa.Table:
-    """Every partition of a shuffle, partition by partition (for tests and small outputs)."""
-    partitions = 0
-    for path in _files(root):
-        with open(path, "rb") as f:
-            f.seek(-8, os.SEEK_END)
-            partitions = max(partitions, struct.unpack("<q", f.read(8))[0] - 1)
-    tables = [read_partition(root, q, schema) for q in range(partitions)]
+    """Every file of a shuffle, whole (for tests, small outputs and the scale plan)."""
+    tables = [read_file(path, schema) for path in _files(root)]
     return pa.concat_tables(tables) if tables else schema.empty_table()

@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from kiln.config import load_config
+from kiln.dedup.shuffle import write_partitioned, write_scratch
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("scale_plan", ROOT / "bench" / "scale_plan.py")
@@ -38,8 +40,8 @@ def run(engine: str, workers: int, docs: int = 1000, rates: dict | None = None) 
 FOLDERS = {"corpus": [3_300_000, 1], "raw": [1_000_000, 2], "filtered": [1_000_000, 2], "curated": [1_000_000, 2],
            "exact_shuffle": [50_000, 4], "signatures": [3_000_000, 2], "decisions": [100_000, 2],
            "index_buckets": [200_000, 8], "index_ids": [30_000, 8], "index_docs": [2_000_000, 2],
-           "work:keys": [400_000, 16], "work:nodes": [10_000, 2], "work:pairs_a": [20_000, 3],
-           "work:cc_rounds": [5_000, 128]}
+           "work:keys": [400_000, 2], "work:nodes": [10_000, 2], "work:pairs_a": [20_000, 2],
+           "work:cc_rounds": [5_000, 16]}
 MEASURED = {"folders": FOLDERS, "key_row_bytes": 90.0, "signature_doc_bytes": 2000.0, "decision_row_bytes": 50.0}
 TARGET = dict(docs=10e9, text_tb=30, near_rows_per_part=100_000, partitions=1000, refresh_docs=1e8, core_hour_usd=0.05,
               storage_usd_per_tb_month=23.0)
@@ -112,12 +114,13 @@ def test_bytes_files_shuffle_and_memory():
     assert q["keys_disk_tb"] == pytest.approx(4.0)  # 400 B/doc
     # keys task: 100,000 x (2,000 B signature row + 16 x 90 B) = 3.44e8 B
     assert q["keys_task_gib"] == pytest.approx(3.44e8 / 2**30)
-    # files: keys 16 = 2 parts x 8 partitions at the bench -> 90,000 x 1,000 = 9e7; nodes 2 per 2 parts -> 90,000;
-    # pairs_a 3 files for min(4 candidate pairs, 2^2) = 4 -> candidate pairs 4 x 1e7 = 4e7 < 90,000^2: 3 x 4e7 / 4;
-    # the components' rounds: 128 files = 2 x 8^2 partitions -> 2 x 1,000^2 = 2e6
-    assert p["files"] == {"keys": pytest.approx(9e7), "nodes": pytest.approx(9e4), "pairs_a": pytest.approx(3e7),
-                          "cc_rounds": pytest.approx(2e6)}
-    assert q["keys_files_per_round"] == 9e7
+    # files, one per writing task: keys, nodes and pairs_a 2 each, written per signature part (2 at the bench) ->
+    # 90,000 parts; the components' rounds: 16 files = 2 rounds x 8 partition tasks -> 2 x 1,000 = 2,000
+    assert p["files"] == {"keys": pytest.approx(9e4), "nodes": pytest.approx(9e4), "pairs_a": pytest.approx(9e4),
+                          "cc_rounds": pytest.approx(2e3)}
+    assert q["keys_files_per_round"] == 90_000
+    # what the pairs tasks read: 90,000 writers x 1,000 partitions = 9e7 segments of 4.0 TB / 9e7 = 44,444 B
+    assert q["keys_segments_per_round"] == 9e7 and q["keys_segment_kib"] == pytest.approx(4e12 / 9e7 / 1024)
     # driver: a task carries its layout as a file name, so max(90,000 parts, 1,000 partitions) tasks x 400 B
     # = 3.6e7 B, whatever the parts; the layout file itself: 90,000 parts x 100 B = 9e6 B, once
     assert q["driver_task_list_gb"] == pytest.approx(0.036)
@@ -135,7 +138,7 @@ def test_weekly_refresh():
     q = {k: v for k, (v, _) in p["q"].items()}
     # 1e8 new documents: 1416.667 core-hours x 1e8 / 1e10 = 14.17; 9e7 reach near dedup -> 900 parts
     assert q["weekly_core_hours"] == pytest.approx(14.16667, rel=1e-5)
-    assert q["weekly_keys_files_per_round"] == 900 * 1000
+    assert q["weekly_keys_segments_per_round"] == 900 * 1000
     # earlier index read every week: buckets 200 + ids 30 B/doc x 1e10 = 2.3 TB; all docs files too: + 20 TB
     assert q["weekly_earlier_min_tb"] == pytest.approx(2.3) and q["weekly_earlier_max_tb"] == pytest.approx(22.3)
     # pairs task: (9e7 x 16 x 90 B + 8e9 x 16 x (20 + 17 + 4) B) / 1,000 = (1.296e11 + 5.248e12) / 1e3 = 5.3776e9 B
@@ -174,13 +177,14 @@ def test_command_line_writes_between_the_markers(tmp_path):
     assert "old table" not in text and "| near_dedup | local:1 @ 1,000 |" in text
 
 
-def test_a_run_folder_counts_parquet_outputs_and_arrow_scratch(tmp_path):
-    """Outputs are Parquet, the near-dup shuffle scratch Arrow IPC (.arrow): both are counted, the layout JSON not."""
+def test_a_run_folder_counts_parquet_outputs_and_scratch(tmp_path):
+    """Outputs are Parquet, the near-dup scratch Arrow IPC (.arrow, one task's output) and shuffle files (.shuffle,
+    kiln/dedup/shuffle.py): all are counted, the layout JSON not."""
     run_dir = tmp_path / "run-10-local-1"
     (tmp_path / "corpus-10-0").mkdir()
     (tmp_path / "corpus-10-0" / "a.jsonl").write_bytes(b"x" * 123)
-    for folder in ("store/raw", "signatures", "near-out/decisions", "near-work/keys/00000", "near-work/keys/00001",
-                   "near-work/cc/labels/00003", "near-work/cc/round-004/00000", "near-work/cc/round-005/00001"):
+    for folder in ("store/raw", "signatures", "near-out/decisions", "near-work/nodes", "near-work/cc/labels",
+                   "near-work/cc/round-004", "near-work/cc/round-005"):
         (run_dir / folder).mkdir(parents=True)
 
     def column(name: str, type_: pa.DataType) -> pa.Table:  # not null: no validity bitmap in the Arrow bytes
@@ -191,22 +195,21 @@ def test_a_run_folder_counts_parquet_outputs_and_arrow_scratch(tmp_path):
     pq.write_table(column("d", pa.int32()), run_dir / "near-out/decisions/d-0.parquet")
     keys = pa.table({"band": pa.array([0] * 4, pa.int32()), "key": pa.array([1] * 4, pa.uint64()),
                      "node": pa.array(range(4), pa.int64())})
-    for q in ("00000", "00001"):
-        with pa.OSFile(str(run_dir / f"near-work/keys/{q}/00000.arrow"), "wb") as sink, \
-                pa.ipc.new_file(sink, keys.schema) as w:
-            w.write_table(keys)
-    for name in ("cc/labels/00003/00000", "cc/round-004/00000/00000", "cc/round-004/00000/00001",
-                 "cc/round-005/00001/00000"):
-        (run_dir / "near-work" / f"{name}.arrow").write_bytes(b"x" * 10)
+    for name in ("00000", "00001"):  # two writers, each with rows for two of 8 partitions
+        write_partitioned(run_dir / "near-work/keys", name, keys, np.array([0, 0, 5, 5]), 8)
+    write_scratch(run_dir / "near-work/nodes/00000.arrow", keys)
+    for name in ("cc/labels/00003", "cc/round-004/00000", "cc/round-004/00001", "cc/round-005/00000"):
+        (run_dir / "near-work" / f"{name}.shuffle").write_bytes(b"x" * 10)
     (run_dir / "near-work" / "layout-0123456789abcdef.json").write_text("{}")
     m = plan_mod.measure_run_dir(run_dir, 10)
     f = m["folders"]
     assert f["corpus"] == [123, 1] and f["raw"][1] == 1 and f["signatures"][1] == 1 and f["decisions"][1] == 1
-    arrow = (run_dir / "near-work/keys/00000/00000.arrow").stat().st_size
-    assert f["work:keys"] == [2 * arrow, 2]
-    # the components' folder splits into its labels (by doc-partition) and its rounds (by partition)
+    shuffle = (run_dir / "near-work/keys/00000.shuffle").stat().st_size
+    assert f["work:keys"] == [2 * shuffle, 2]
+    assert f["work:nodes"] == [(run_dir / "near-work/nodes/00000.arrow").stat().st_size, 1]
+    # the components' folder splits into its labels and its rounds
     assert f["work:cc_labels"] == [10, 1] and f["work:cc_rounds"] == [30, 3]
-    assert set(k for k in f if k.startswith("work:")) == {"work:keys", "work:cc_labels", "work:cc_rounds"}
+    assert set(k for k in f if k.startswith("work:")) == {"work:keys", "work:nodes", "work:cc_labels", "work:cc_rounds"}
     # Arrow bytes per row: key 4 + 8 + 8 = 20 B; signature 8 B; decision 4 B
     assert (m["key_row_bytes"], m["signature_doc_bytes"], m["decision_row_bytes"]) == (20.0, 8.0, 4.0)
     with pytest.raises(SystemExit):
