@@ -189,7 +189,7 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
     """Validation loss and perplexity overall and per source, probe-set perplexity, sampled continuations, and
     the change since the previous evaluated checkpoint."""
     from training_jobs.evaluate import generate, stream, stream_loss, validation_stream
-    from training_jobs.export import load_model, probe_check
+    from training_jobs.export import load_model
 
     config, store = kiln_config.load(), storage.store()
     settings = config.evaluation

@@ -26,7 +26,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from kiln.config import QualityClassifier  # noqa: E402

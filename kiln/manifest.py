@@ -105,10 +105,16 @@ def code_version(*modules: str) -> str:
     return h.hexdigest()[:12]
 
 
+def temporary_name(path: Path) -> Path:
+    """Where to write `path` before renaming it into place: a hidden sibling, unique per writer, so readers that
+    list a folder skip it and a dataset commit removes what a dead writer left (`kiln.storage`)."""
+    return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+
+
 def write_json_atomic(path: Path, text: str) -> None:
     """Write to a temporary name, flush it to disk, rename over `path`, then flush the folder: after a crash the
     file is the old one or the new one, whole."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp = temporary_name(path)
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()

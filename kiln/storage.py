@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from filelock import FileLock, Timeout
 
 from kiln.manifest import (MANIFEST_NAME, FileEntry, Manifest, data_version_of, fsync_dir, fsync_file, git_commit,
-                           now_utc, sha256_file, write_json_atomic)
+                           now_utc, sha256_file, temporary_name, write_json_atomic)
 from kiln.remote import CorruptRemoteFile, MissingRemoteFile, S3Remote
 from kiln.secrets import redact
 
@@ -49,7 +49,7 @@ def write_parquet_atomic(path: Path, table: pa.Table, hash_columns: tuple[str, .
     """Temporary name, flushed to disk, renamed: never a half file under `path`, also after a power loss. Columns
     are dictionary-encoded and zstd-compressed, except `hash_columns` (random values: dictionary encoding and zstd
     only cost time there, ~3x to write a signature part and ~2.5x to read it, and made it larger)."""
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp = temporary_name(path)
     if hash_columns:
         plain = [c for c in table.column_names if c not in hash_columns]
         pq.write_table(table, tmp, compression={c: "zstd" if c in plain else "none" for c in table.column_names},

@@ -21,7 +21,6 @@ import json
 import math
 import os
 import time
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,6 +34,7 @@ import sentencepiece as spm
 
 from kiln.config import TokenizerSettings
 from kiln.documents import Document
+from kiln.manifest import temporary_name
 from kiln.mixture import SourceParts, hash_unit, select_documents, shares
 from kiln.shards import token_dtype
 
@@ -242,7 +242,7 @@ def train_tokenizer(sample: TrainingSample, settings: TokenizerSettings, out_dir
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp = temporary_name(path)
     try:
         tmp.write_bytes(data)
         os.replace(tmp, path)

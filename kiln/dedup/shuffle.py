@@ -17,22 +17,19 @@ from __future__ import annotations
 
 import os
 import struct
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from kiln.manifest import temporary_name
+
 SCRATCH = ".arrow"  # one task's output, read whole
 SHUFFLE = ".shuffle"  # one task's output for every partition of the next round
 
 
-def _temporary(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-
-
 def write_scratch(path: Path, table: pa.Table) -> None:
-    tmp = _temporary(path)
+    tmp = temporary_name(path)
     with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     os.replace(tmp, path)
@@ -57,7 +54,7 @@ def write_partitioned(root: Path, name: str, table: pa.Table, partition: np.ndar
     ends = np.zeros(partitions + 1, np.int64)
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"{name}{SHUFFLE}"
-    tmp = _temporary(path)
+    tmp = temporary_name(path)
     with open(tmp, "wb") as f:
         for q in written:
             sink = pa.BufferOutputStream()
