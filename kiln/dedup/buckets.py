@@ -519,18 +519,12 @@ def bucket_pairs(group_starts: np.ndarray, sizes: np.ndarray, is_old: np.ndarray
     return np.concatenate(firsts), np.concatenate(seconds)
 
 
-@dataclass(frozen=True)
-class _Groups:
-    order: np.ndarray  # rows sorted by (band, key)
-    sizes: np.ndarray  # rows per bucket, buckets in that order
-
-
-def _group_sizes(band: np.ndarray, key: np.ndarray, ordered: bool = False) -> _Groups:
-    """The buckets of band-key rows (numeric sort: no bytes compared)."""
-    order = np.arange(band.size) if ordered else np.lexsort((key, band))
-    b, k = band[order], key[order]
-    starts = np.flatnonzero(np.r_[True, (b[1:] != b[:-1]) | (k[1:] != k[:-1])]) if b.size else np.empty(0, np.int64)
-    return _Groups(order, np.diff(np.r_[starts, b.size]).astype(np.int64))
+def _bucket_sizes(band: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Rows per bucket of band-key rows sorted by (band, key), buckets in that order."""
+    if not band.size:
+        return np.empty(0, np.int64)
+    starts = np.flatnonzero(np.r_[True, (band[1:] != band[:-1]) | (key[1:] != key[:-1])])
+    return np.diff(np.r_[starts, band.size])
 
 
 def _pairs(task: _Task) -> dict[str, Any]:
@@ -545,20 +539,21 @@ def _pairs(task: _Task) -> dict[str, Any]:
         tables.append(pa.table({"band": old.column("band"), "key": old.column("key"), "node": old_node(r, refs),
                                 "rank": pa.array(old_ranks(r, refs), pa.binary())}, schema=KEY_SCHEMA))
     t = pa.concat_tables(tables)
-    sizes = _group_sizes(t.column("band").to_numpy(), t.column("key").to_numpy())
-    # Only shared buckets make pairs: the keep-order sort (on bytes, the costly one) is of their rows alone.
-    t = t.take(pa.array(sizes.order[np.repeat(sizes.sizes, sizes.sizes) > 1]))
-    t = t.sort_by([("band", "ascending"), ("key", "ascending"), ("rank", "ascending")])
     band, key = t.column("band").to_numpy(), t.column("key").to_numpy()
+    order = np.lexsort((key, band))
+    sizes = _bucket_sizes(band[order], key[order])
+    # Only shared buckets make pairs: the keep-order sort (on bytes, the costly one) is of their rows alone.
+    t = t.take(pa.array(order[np.repeat(sizes, sizes) > 1]))
+    t = t.sort_by([("band", "ascending"), ("key", "ascending"), ("rank", "ascending")])
     node = t.column("node").to_numpy()
-    shared = _group_sizes(band, key, ordered=True).sizes
+    shared = _bucket_sizes(t.column("band").to_numpy(), t.column("key").to_numpy())
     starts = np.cumsum(shared) - shared
     first, second = bucket_pairs(starts, shared, node < 0, lay.max_bucket)
     a, b = node[first], node[second]
     pairs = np.unique(np.stack([a, b], axis=1), axis=0) if a.size else np.empty((0, 2), np.int64)
     table = pa.table({"a": pairs[:, 0], "b": pairs[:, 1]}, schema=PAIR_SCHEMA)
     touched = write_partitioned(lay.w("pairs"), f"{p:05d}", table, lay.dp_of(pairs[:, 0]), lay.doc_partitions)
-    return {"pairs": int(a.size), "buckets": int(shared.size), "largest_bucket": int(sizes.sizes.max()),
+    return {"pairs": int(a.size), "buckets": int(shared.size), "largest_bucket": int(sizes.max()),
             "oversized_buckets": int((shared > lay.max_bucket).sum()), "doc_partitions": touched}
 
 
