@@ -231,9 +231,9 @@ def deduplicated_documents(context: dg.AssetExecutionContext, kiln_config: KilnC
     name, refresh = source_and_refresh(context)
     source = partition(name, refresh)
     curated, index = store.manifest(CURATED, source), store.manifest(INDEX, refresh)
-    decisions = store.read_table(INDEX, refresh, "decisions")
-    mine = decisions.filter(pc.and_(pc.equal(decisions.column("source"), name),
-                                    pc.equal(decisions.column("status"), NEAR_DUPLICATE)))
+    # This source's near-duplicates only: a decisions file holds one source (its signature part's), so the others
+    # are skipped by their statistics, not read whole (a 10B refresh's table is hundreds of GiB: docs/scale.md).
+    mine = store.read_table(INDEX, refresh, "decisions", filters=[("source", "=", name), ("status", "=", NEAR_DUPLICATE)])
     removed = {r["doc_id"]: r for r in mine.to_pylist()}
     lines = config.dedup.boilerplate_lines
     boilerplate = set(store.read_table(INDEX, refresh, "lines").column("line_hash").to_pylist()) if lines.enabled else set()

@@ -146,11 +146,13 @@ class Store:
         return [base / f.path for f in manifest.files_with_role(role)]
 
     def read_table(self, asset: str, partition: str | None, role: str = "documents",
-                   columns: list[str] | None = None) -> pa.Table:
+                   columns: list[str] | None = None, filters: list[tuple] | None = None) -> pa.Table:
+        """A dataset's files of one role as one table; `filters` (pyarrow's, e.g. [("source", "=", "web")]) skip
+        row groups by their statistics before decoding and keep only the matching rows."""
         paths = self.files(asset, partition, role)
         if not paths:
             return pa.table({})
-        return pa.concat_tables([pq.read_table(p, columns=columns) for p in paths])
+        return pa.concat_tables([pq.read_table(p, columns=columns, filters=filters) for p in paths])
 
     def iter_batches(self, asset: str, partition: str | None, role: str = "documents",
                      batch_size: int = 1000, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
