@@ -1,7 +1,7 @@
 """Kiln at 10 billion documents, on paper: cores, hours, bytes, files and dollars per stage, projected from what
 bench/scale_bench.py measured (docs/scale.md is the narrative around this script's output).
 
-    .venv/bin/python bench/scale_plan.py --bench docs/bench/scale_100k_300k.json [--run-dir WORK/run-300000-local-1]
+    .venv/bin/python bench/scale_plan.py --bench docs/bench/scale_100k_1m.json [--run-dir WORK/run-1000000-local-1]
         [--docs 10e9] [--text-tb 30] [--cores 2000 | --hours 24] [--core-hour-usd 0.05]
         [--near-rows-per-part 100000] [--partitions 4096] [--md docs/scale.md]
 
@@ -256,8 +256,8 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
                                   f" / {P:,}"),
         "weekly_keys_segments_per_round": (r_parts * P, f"{r_parts:,} parts x {P:,} partitions"),
         "decisions_table_gib": (new_docs * dec_row / GIB,
-                                f"{new_docs:,.0f} rows x {dec_row:.0f} B (Arrow): read whole, per source, by "
-                                "deduplicated_documents"),
+                                f"{new_docs:,.0f} rows x {dec_row:.0f} B (Arrow): the refresh's table; "
+                                "deduplicated_documents reads one source's near-duplicates of it"),
         "weekly_decisions_table_gib": (r_new * dec_row / GIB, f"{r_new:,.0f} rows x {dec_row:.0f} B"),
         "hot_bucket_docs": (hot, f"{t.hot_bucket_share:g} of the documents share one (band, key)"),
         "hot_bucket_pairs": (hot * mb, f"at most members x max_bucket {mb:,} (not members^2 = {hot ** 2:,.0f})"),
