@@ -68,16 +68,21 @@ def write_partitioned(root: Path, name: str, table: pa.Table, partition: np.ndar
     return written
 
 
-def _segment(path: Path, q: int) -> bytes:
-    """Partition q's bytes of one shuffle file (empty if it has no rows for q)."""
+def _segments(path: Path, wanted: int | None = None) -> list[bytes]:
+    """The bytes of partition `wanted` of one shuffle file (b"" when it has no rows for it), or of every
+    partition (None): one open, the offsets read from its end."""
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         (count,) = struct.unpack("<q", os.pread(fd, 8, size - 8))
-        if not 0 <= q < count - 1:
-            raise IndexError(f"{path}: partition {q} of a shuffle written for {count - 1}")
-        lo, hi = struct.unpack("<qq", os.pread(fd, 16, size - 8 - 8 * count + 8 * q))
-        return os.pread(fd, hi - lo, lo) if hi > lo else b""
+        index = size - 8 - 8 * count
+        if wanted is None:
+            offsets = struct.unpack(f"<{count}q", os.pread(fd, 8 * count, index))
+        elif 0 <= wanted < count - 1:
+            offsets = struct.unpack("<qq", os.pread(fd, 16, index + 8 * wanted))
+        else:
+            raise IndexError(f"{path}: partition {wanted} of a shuffle written for {count - 1}")
+        return [os.pread(fd, hi - lo, lo) if hi > lo else b"" for lo, hi in zip(offsets, offsets[1:])]
     finally:
         os.close(fd)
 
@@ -90,7 +95,7 @@ def read_segments(root: Path, q: int, columns: list[str] | None = None) -> list[
     """(writer's name, its rows) for partition q, from every writer that has some, in name order."""
     out = []
     for path in _files(root):
-        segment = _segment(path, q)
+        (segment,) = _segments(path, q)
         if segment:
             table = pa.ipc.open_stream(segment).read_all()
             out.append((path.name[:-len(SHUFFLE)], table.select(columns) if columns else table))
@@ -107,10 +112,7 @@ def read_partition(root: Path, q: int, schema: pa.Schema, columns: list[str] | N
 
 def read_file(path: Path, schema: pa.Schema) -> pa.Table:
     """Every partition of one shuffle file, in partition order."""
-    with open(path, "rb") as f:
-        f.seek(-8, os.SEEK_END)
-        (count,) = struct.unpack("<q", f.read(8))
-    tables = [pa.ipc.open_stream(seg).read_all() for q in range(count - 1) if (seg := _segment(path, q))]
+    tables = [pa.ipc.open_stream(segment).read_all() for segment in _segments(path) if segment]
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
