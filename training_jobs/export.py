@@ -120,8 +120,7 @@ def hf_config(cfg: ModelConfig, dtype: str, specials: dict[str, tuple[str, int]]
         "head_dim": cfg.head_dim,
         "hidden_act": "silu",
         "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta,  # transformers < 5 reads this ...
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},  # ... 5.x this
+        **hf_rope(cfg),
         "vocab_size": cfg.vocab_size,
         "max_position_embeddings": cfg.max_seq_len,
         "tie_word_embeddings": cfg.tied_embeddings,
@@ -135,6 +134,16 @@ def hf_config(cfg: ModelConfig, dtype: str, specials: dict[str, tuple[str, int]]
         "torch_dtype": dtype,
         "use_cache": True,
     }
+
+
+def hf_rope(cfg: ModelConfig) -> dict[str, Any]:
+    """RoPE settings where transformers reads them: `rope_theta` and `rope_scaling` (< 5), `rope_parameters`
+    (5.x). Position interpolation is rope_type "linear" there."""
+    if cfg.rope_scaling_factor == 1.0:
+        return {"rope_theta": cfg.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta}}
+    scaling = {"rope_type": "linear", "factor": cfg.rope_scaling_factor}
+    return {"rope_theta": cfg.rope_theta, "rope_scaling": scaling,
+            "rope_parameters": {**scaling, "rope_theta": cfg.rope_theta}}
 
 
 def save_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path,

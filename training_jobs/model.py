@@ -34,6 +34,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tied_embeddings: bool = True
     init_std: float = 0.02
+    rope_scaling_factor: float = 1.0  # linear position interpolation (Chen et al. 2023): positions / factor
 
     @property
     def head_dim(self) -> int:
@@ -52,6 +53,19 @@ class ModelConfig:
         return cls(**data)
 
 
+IGNORE = -100  # a target left out of the loss (F.cross_entropy's default ignore_index)
+
+
+def prefix_lm_mask(prefix_len: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Which keys each query may attend to, (B, 1, T, T) bool: causal, plus every query inside row b's first
+    prefix_len[b] positions sees the whole prefix (Raffel et al. 2020, "prefix LM"). prefix_len 0 is causal."""
+    pos = torch.arange(seq_len, device=prefix_len.device)
+    causal = pos[None, :] <= pos[:, None]  # [query, key]
+    in_prefix = pos[None, :] < prefix_len[:, None]  # (B, T)
+    both = in_prefix[:, :, None] & in_prefix[:, None, :]
+    return (causal[None] | both)[:, None]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -65,11 +79,14 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device,
+                scaling_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, (seq_len, head_dim), in fp32. Computed per forward (cheap) rather than kept as a
-    buffer, because DeepSpeed casts buffers to bf16 and RoPE angles need fp32."""
+    buffer, because DeepSpeed casts buffers to bf16 and RoPE angles need fp32. A scaling factor s > 1 is
+    position interpolation: position p is rotated as p / s, so a longer context reuses the angles trained on
+    (HF's rope_type "linear" divides inv_freq by s, the same product)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
-    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
+    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq / scaling_factor)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
 
@@ -90,14 +107,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        # Flash / memory-efficient kernels on GPU; each kv head serves n_heads / n_kv_heads query heads.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        # Flash / memory-efficient kernels on GPU; each kv head serves n_heads / n_kv_heads query heads. An explicit
+        # mask (prefix-LM) rules out the flash kernel: the memory-efficient one reads the (B, 1, T, T) mask.
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                           enable_gqa=self.n_kv_heads != self.n_heads)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -124,8 +144,9 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -156,22 +177,26 @@ class Transformer(nn.Module):
                 std = residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else self.cfg.init_std
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, T, vocab), or the mean next-token cross-entropy when targets are given."""
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
+                prefix_len: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab), or the mean next-token cross-entropy when targets are given (targets of
+        IGNORE are left out). `prefix_len` (B,): prefix-LM attention, bidirectional over each row's first
+        prefix_len tokens (see prefix_lm_mask); None is causal."""
         T = tokens.shape[1]
         if T > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than max_seq_len {self.cfg.max_seq_len}")
-        cos, sin = rope_tables(T, self.cfg.head_dim, self.cfg.rope_theta, tokens.device)
+        cos, sin = rope_tables(T, self.cfg.head_dim, self.cfg.rope_theta, tokens.device, self.cfg.rope_scaling_factor)
+        mask = None if prefix_len is None else prefix_lm_mask(prefix_len.to(tokens.device), T)
         x = self.embed_tokens(tokens)
         for layer in self.layers:
             if self.activation_checkpointing and self.training:
-                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
             else:
-                x = layer(x, cos, sin)
+                x = layer(x, cos, sin, mask)
         logits = self.lm_head(self.norm(x))
         if targets is None:
             return logits
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
 
     def param_count(self, non_embedding: bool = False) -> int:
         """Unique parameters (a tied matrix counts once). `non_embedding` leaves out the embedding table and
@@ -208,4 +233,5 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     return 6.0 * n + 12.0 * cfg.n_layers * cfg.d_model * seq_len
 
 
-__all__ = ["ModelConfig", "Transformer", "apply_rope", "flops_per_token", "param_count", "rope_tables"]
+__all__ = ["IGNORE", "ModelConfig", "Transformer", "apply_rope", "flops_per_token", "param_count", "prefix_lm_mask",
+           "rope_tables"]

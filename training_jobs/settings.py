@@ -44,6 +44,14 @@ def llama_ffn_hidden(d_model: int, multiple_of: int = 64) -> int:
     return multiple_of * math.ceil(8 * d_model / 3 / multiple_of)
 
 
+class RopeScaling(_Strict):
+    """Position interpolation (Chen et al. 2023): positions are divided by `factor`, so a model trained at
+    length L reads L x factor with the angles it knows. Exported to HF as rope_type "linear"."""
+
+    type: Literal["linear"] = "linear"
+    factor: float = Field(gt=1)
+
+
 class ModelSettings(_Strict):
     """A preset shape plus overrides; `architecture()` resolves it to the model's config fields."""
 
@@ -55,7 +63,8 @@ class ModelSettings(_Strict):
     ffn_hidden: int | None = Field(None, gt=0)  # None: 8/3 d_model rounded up to a multiple of 64
     vocab_size: int | None = Field(None, gt=0)  # None: the shard set's vocabulary
     pad_vocab_to_multiple_of: int = Field(64, ge=1)  # embedding rows beyond the tokenizer: faster matmuls on GPU
-    rope_theta: float = Field(10_000.0, gt=0)
+    rope_theta: float = Field(10_000.0, gt=0)  # RoPE base; long-context extension raises it (Code Llama: 1e6)
+    rope_scaling: RopeScaling | None = None  # or position interpolation, e.g. {type: linear, factor: 4}
     norm_eps: float = Field(1e-5, gt=0)
     tied_embeddings: bool = True
     init_std: float = Field(0.02, gt=0)
@@ -83,7 +92,8 @@ class ModelSettings(_Strict):
         return {"vocab_size": m * math.ceil(vocab / m), "d_model": d, "n_layers": shape["n_layers"],
                 "n_heads": heads, "n_kv_heads": kv, "ffn_hidden": shape.get("ffn_hidden") or llama_ffn_hidden(d),
                 "max_seq_len": max_seq_len, "rope_theta": self.rope_theta, "norm_eps": self.norm_eps,
-                "tied_embeddings": self.tied_embeddings, "init_std": self.init_std}
+                "tied_embeddings": self.tied_embeddings, "init_std": self.init_std,
+                "rope_scaling_factor": self.rope_scaling.factor if self.rope_scaling else 1.0}
 
 
 class ScheduleSettings(_Strict):
@@ -242,6 +252,6 @@ def load_deepspeed_config(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"DeepSpeed config {path} is not valid JSON: {exc}") from None
 
 
-__all__ = ["CheckpointSettings", "DEFAULT_DEEPSPEED_CONFIG", "ModelSettings", "MonitorSettings", "PRESETS",
+__all__ = ["CheckpointSettings", "DEFAULT_DEEPSPEED_CONFIG", "ModelSettings", "MonitorSettings", "PRESETS", "RopeScaling",
            "RUN_CONFIG_FORMAT", "RunConfig", "ScheduleSettings", "TrainingSettings", "llama_ffn_hidden",
            "load_deepspeed_config"]

@@ -4,6 +4,7 @@ safetensors and Hugging Face Llama, whose logits must match Kiln's."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -20,6 +21,8 @@ CONFIGS = {
     "tied": ModelConfig(**BASE),
     "untied-gqa-theta": ModelConfig(**{**BASE, "tied_embeddings": False, "n_kv_heads": 2, "rope_theta": 500_000.0,
                                        "norm_eps": 1e-6}),
+    # A long-context extension: a larger base and position interpolation, read at 4x the base's length.
+    "long-context": ModelConfig(**{**BASE, "max_seq_len": 128, "rope_theta": 1_000_000.0, "rope_scaling_factor": 4.0}),
 }
 
 
@@ -45,11 +48,27 @@ def test_hf_export_logits_match(name, tmp_path, token_dataset):
     assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] == cfg.tied_embeddings
     assert (config["num_key_value_heads"], config["rope_theta"], config["rms_norm_eps"]) == \
         (cfg.n_kv_heads, cfg.rope_theta, cfg.norm_eps)
+    assert config["max_position_embeddings"] == cfg.max_seq_len == tokens.shape[1]
+    if cfg.rope_scaling_factor != 1.0:
+        assert config["rope_scaling"] == {"rope_type": "linear", "factor": cfg.rope_scaling_factor}
     assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 0)
     assert (out / "tokenizer.model").read_bytes() == (token_dataset.tokenizer_dir / "tokenizer.model").read_bytes()
     tok_config = json.loads((out / "tokenizer_config.json").read_text())
     assert tok_config["eos_token"] == "<|endoftext|>" and tok_config["tokenizer_class"] == "LlamaTokenizer"
     assert not (out / "tokenizer.json").exists()  # HF's name for a fast tokenizer; Kiln's card is kiln_tokenizer.json
+
+
+def test_the_long_context_check_sees_the_rope_settings(tmp_path):
+    """The long-context match above depends on both settings: exported without the interpolation factor, or
+    with the old base, HF's logits differ at the new length."""
+    cfg = CONFIGS["long-context"]
+    model = Transformer(cfg, seed=7).eval()
+    tokens = torch.randint(0, cfg.vocab_size, (1, cfg.max_seq_len))
+    with torch.no_grad():
+        ours = model(tokens)
+    for wrong in (replace(cfg, rope_scaling_factor=1.0), replace(cfg, rope_theta=10_000.0)):
+        theirs = hf_logits(save_hf(model.state_dict(), wrong, tmp_path / str(wrong.rope_theta)), tokens)
+        assert (theirs - ours).abs().max() > 1e-2
 
 
 def test_a_wrong_rope_layout_would_be_caught(tmp_path):

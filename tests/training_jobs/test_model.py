@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training_jobs.model import ModelConfig, Transformer, flops_per_token, param_count
+from training_jobs.model import IGNORE, ModelConfig, Transformer, flops_per_token, param_count, prefix_lm_mask
 from training_jobs.settings import ModelSettings
 
 TINY = ModelConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, ffn_hidden=96, max_seq_len=16)
@@ -98,3 +98,47 @@ def test_activation_checkpointing_changes_memory_not_math():
 def test_longer_than_max_seq_len_is_refused():
     with pytest.raises(ValueError, match="longer than max_seq_len 16"):
         Transformer(TINY)(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_prefix_lm_mask_by_hand():
+    """Rows are queries, columns keys; prefix of 3 in a sequence of 5 (1 = may attend)."""
+    mask = prefix_lm_mask(torch.tensor([3, 0]), 5)
+    assert mask.shape == (2, 1, 5, 5)
+    assert mask[0, 0].int().tolist() == [[1, 1, 1, 0, 0],
+                                         [1, 1, 1, 0, 0],
+                                         [1, 1, 1, 0, 0],
+                                         [1, 1, 1, 1, 0],
+                                         [1, 1, 1, 1, 1]]
+    assert torch.equal(mask[1, 0], torch.ones(5, 5).tril().bool())  # no prefix: causal
+
+
+def test_prefix_lm_attention_sees_the_whole_prefix_and_only_the_past_after_it():
+    model = Transformer(VARIANTS["gqa"], seed=1).eval()
+    x = torch.randint(0, 128, (1, 16))
+    prefix = torch.tensor([6])
+
+    def changed_at(position: int) -> torch.Tensor:
+        y = x.clone()
+        y[0, position] = (y[0, position] + 1) % 128
+        with torch.no_grad():
+            a, b = model(x, prefix_len=prefix), model(y, prefix_len=prefix)
+        return (a - b)[0].abs().amax(-1) > 1e-5  # which positions' logits moved
+
+    assert changed_at(4)[:4].all()  # a prefix token sees later prefix tokens
+    assert not changed_at(6)[:6].any()  # ... but not the suffix
+    moved = changed_at(10)
+    assert not moved[:10].any() and moved[10:].all()  # a suffix token sees no later token
+    with torch.no_grad():  # a prefix of 0 is the causal model
+        torch.testing.assert_close(model(x, prefix_len=torch.tensor([0])), model(x), atol=1e-5, rtol=0)
+
+
+def test_ignored_targets_leave_the_loss():
+    model = Transformer(TINY, seed=2).eval()
+    x = torch.randint(0, 128, (1, 16))
+    targets = x.roll(-1, 1)
+    kept = targets.clone()
+    kept[0, :10] = IGNORE
+    with torch.no_grad():
+        logits = model(x)
+        expected = torch.nn.functional.cross_entropy(logits[0, 10:], targets[0, 10:])
+        assert model(x, kept).item() == pytest.approx(expected.item(), rel=1e-6)
