@@ -208,6 +208,7 @@ class TokenizerSettings(_Strict):
     normalization: Literal["identity", "nfkc"] = "identity"  # nfkc folds look-alike characters: not exact
     add_dummy_prefix: bool = False  # True prepends a space to every text: not exact
     remove_extra_whitespaces: bool = False  # True collapses runs of spaces (breaks code indentation)
+    sentinel_tokens: int = Field(0, ge=0, le=1000)  # <extra_id_0>.. after the fixed ids: span corruption (T5: 100)
 
 
 def _check_weights(weights: dict[str, float]) -> dict[str, float]:

@@ -43,6 +43,7 @@ CARD_FORMAT = "kiln-tokenizer/1"
 # Fixed ids 0..6, the same in every Kiln tokenizer; the FIM symbols are control symbols: no text maps to them.
 SPECIAL_TOKENS = {"pad": "<pad>", "bos": "<s>", "eos": "<|endoftext|>", "unk": "<unk>",
                   "fim_prefix": "<|fim_prefix|>", "fim_suffix": "<|fim_suffix|>", "fim_middle": "<|fim_middle|>"}
+SENTINEL_PIECE = "<extra_id_{}>"  # T5's sentinels (span corruption), control symbols after the fixed ids
 WHITESPACE_META = "\u2581"  # "▁": sentencepiece's space symbol
 
 
@@ -185,6 +186,10 @@ class TokenizerCard:
         return cls(**json.loads((path / CARD_FILE if path.is_dir() else path).read_text(encoding="utf-8")))
 
 
+def sentinel_pieces(count: int) -> list[str]:
+    return [SENTINEL_PIECE.format(i) for i in range(count)]
+
+
 def trainer_options(settings: TokenizerSettings) -> dict[str, Any]:
     """The sentencepiece trainer arguments a `TokenizerSettings` stands for."""
     return dict(
@@ -197,7 +202,8 @@ def trainer_options(settings: TokenizerSettings) -> dict[str, Any]:
         max_sentence_length=4 * settings.max_sentence_chars + 16,  # bytes; chunks are cut by characters
         pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece=SPECIAL_TOKENS["pad"], bos_piece=SPECIAL_TOKENS["bos"],
         eos_piece=SPECIAL_TOKENS["eos"], unk_piece=SPECIAL_TOKENS["unk"],
-        control_symbols=[SPECIAL_TOKENS["fim_prefix"], SPECIAL_TOKENS["fim_suffix"], SPECIAL_TOKENS["fim_middle"]],
+        control_symbols=[SPECIAL_TOKENS["fim_prefix"], SPECIAL_TOKENS["fim_suffix"], SPECIAL_TOKENS["fim_middle"],
+                         *sentinel_pieces(settings.sentinel_tokens)],
         num_threads=settings.num_threads or os.cpu_count() or 1, minloglevel=2,
     )
 
@@ -233,7 +239,9 @@ def train_tokenizer(sample: TrainingSample, settings: TokenizerSettings, out_dir
     card = TokenizerCard(
         sha256=tokenizer.sha256, vocab_size=tokenizer.vocab_size, model_type=settings.model_type,
         dtype=tokenizer.dtype.name,
-        special_tokens={name: {"piece": piece, "id": tokenizer.piece_to_id(piece)} for name, piece in SPECIAL_TOKENS.items()},
+        special_tokens={name: {"piece": piece, "id": tokenizer.piece_to_id(piece)} for name, piece in
+                        [*SPECIAL_TOKENS.items(), *((f"sentinel_{i}", p) for i, p in
+                                                    enumerate(sentinel_pieces(settings.sentinel_tokens)))]},
         settings=settings.model_dump(),
         sample={"documents": sample.document_count, "chars": sample.chars, "by_source": sample.by_source},
         sentencepiece_version=spm.__version__, seconds=round(seconds, 3))

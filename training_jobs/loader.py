@@ -194,7 +194,64 @@ class ShardLoader:
                                  f"world_size)")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
+    def long_document_share(self, length: int) -> float:
+        """The share of this split's tokens that sit in documents of at least `length` tokens: how much of a
+        long-context phase's data can fill its window with one document (the rest is packed shorter ones)."""
+        long = total = 0
+        for phase in self.phases:
+            for path in phase.paths:
+                sizes = np.diff(open_shard(path, self.tokenizer_sha256).offsets.astype(np.int64))
+                long += int(sizes[sizes >= length].sum())
+                total += int(sizes.sum())
+        return long / total if total else 0.0
+
     @property
     def tokens_per_epoch(self) -> int:
         """Input tokens this rank reads per epoch."""
         return self._epoch_end() * self.seq_len
+
+
+REPLAY_STATE_FORMAT = "kiln-replay-loader/1"
+
+
+class ReplayLoader:
+    """Batches in which a fixed share of the sequences comes from another shard set (continued pretraining's
+    replay of the base run's data). Sequence k of this rank's stream is a replay sequence when
+    floor((k + 1)·share) > floor(k·share): exactly `share` of every long enough stretch, spread evenly, and the
+    same on resume (the state is the count and both loaders' positions). Both loaders read one sequence at a
+    time, each in its own order, rolling into their own next epochs."""
+
+    def __init__(self, main: ShardLoader, replay: ShardLoader, share: float, batch_size: int):
+        if not 0 < share < 1:
+            raise ValueError(f"replay share {share} must be between 0 and 1")
+        if replay.seq_len != main.seq_len or replay.tokenizer_sha256 != main.tokenizer_sha256:
+            raise ShardError(f"replay shards {replay.shard_set.dir} have seq_len {replay.seq_len} / tokenizer "
+                             f"{replay.tokenizer_sha256[:12]}…, the training shards {main.seq_len} / "
+                             f"{main.tokenizer_sha256[:12]}…: replay needs the same tokenizer")
+        self.main, self.replay, self.share, self.batch_size = main, replay, share, batch_size
+        self.seq_len, self.shard_set, self.count = main.seq_len, main.shard_set, 0
+
+    def is_replay(self, k: int) -> bool:
+        return int((k + 1) * self.share) > int(k * self.share)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = []
+        for _ in range(self.batch_size):
+            rows.append((self.replay if self.is_replay(self.count) else self.main).next_batch())
+            self.count += 1
+        return torch.cat([x for x, _ in rows]), torch.cat([y for _, y in rows])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"format": REPLAY_STATE_FORMAT, "share": self.share, "count": self.count,
+                "main": self.main.state_dict(), "replay": self.replay.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("format") != REPLAY_STATE_FORMAT or state["share"] != self.share:
+            raise ShardError(f"cannot resume: the checkpoint's loader state is {state.get('format')!r} with share "
+                             f"{state.get('share')}, this run replays {self.share}; resume with the same mixture.replay")
+        self.main.load_state_dict(state["main"])
+        self.replay.load_state_dict(state["replay"])
+        self.count = int(state["count"])
+
+    def long_document_share(self, length: int) -> float:
+        return self.main.long_document_share(length)

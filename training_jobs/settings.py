@@ -163,6 +163,11 @@ class TrainingSettings(_Strict):
     peak_tflops: float | None = Field(None, gt=0)  # per device, for MFU; None: looked up from the GPU name
     deepspeed_config: str | None = None  # a DeepSpeed JSON; None: training_jobs/configs/zero3.json
     export: list[Literal["safetensors", "hf"]] = ["safetensors", "hf"]  # written from the final checkpoint
+    objective: Literal["clm", "prefix_lm", "span_corruption"] = "clm"  # validation is CLM loss for all three
+    # Continued pretraining: start from these weights (a checkpoint folder, an export, or `latest`: the checkpoint
+    # asset of this KILN_HOME) with a new schedule; the architecture must match, except the context settings.
+    base_checkpoint: str | None = None
+    rewarmup_steps: int | None = Field(None, ge=0)  # with base_checkpoint: the warmup of the new schedule
 
     @model_validator(mode="before")
     @classmethod
@@ -171,6 +176,19 @@ class TrainingSettings(_Strict):
             if data.get("max_steps") is not None and data.get("token_budget") is not None:
                 raise ValueError("set training.max_steps or training.token_budget, not both")
         return data
+
+    @model_validator(mode="after")
+    def _rewarmup_needs_a_base(self):
+        if self.rewarmup_steps is not None and self.base_checkpoint is None:
+            raise ValueError("training.rewarmup_steps is the warmup of a continued run: set training.base_checkpoint "
+                             "as well, or use schedule.warmup_steps for a run from scratch")
+        return self
+
+    def resolved_schedule(self) -> ScheduleSettings:
+        """The LR schedule of this run: a continued run warms up again over rewarmup_steps."""
+        if self.rewarmup_steps is None:
+            return self.schedule
+        return self.schedule.model_copy(update={"warmup_steps": self.rewarmup_steps})
 
     def resolved_max_steps(self, world_size: int, seq_len: int) -> int:
         if self.max_steps is not None:
@@ -187,11 +205,26 @@ class TrainingSettings(_Strict):
 
     def to_run_config(self, *, dataset_dir: str | Path, tokenizer_sha256: str, output_dir: str | Path,
                       tokenizer_dir: str | Path | None = None, experiment: str = "kiln",
-                      run_name: str | None = None, tags: dict[str, str] | None = None) -> RunConfig:
-        """These settings plus what the launching asset knows: the run config every rank reads."""
+                      run_name: str | None = None, tags: dict[str, str] | None = None,
+                      base_checkpoint: str | Path | None = None, replay: Replay | None = None) -> RunConfig:
+        """These settings plus what the launching asset knows: the run config every rank reads.
+        `base_checkpoint`: the resolved folder (the asset resolves `latest`); default training.base_checkpoint."""
+        base = base_checkpoint or self.base_checkpoint
+        if base == "latest":
+            raise ValueError("training.base_checkpoint 'latest' is resolved by the training_run asset (the checkpoint "
+                             "asset of this KILN_HOME); outside Dagster give a checkpoint folder")
         return RunConfig(training=self, dataset_dir=str(dataset_dir), tokenizer_sha256=tokenizer_sha256,
                          output_dir=str(output_dir), experiment=experiment, run_name=run_name, tags=tags or {},
-                         tokenizer_dir=None if tokenizer_dir is None else str(tokenizer_dir))
+                         tokenizer_dir=None if tokenizer_dir is None else str(tokenizer_dir),
+                         base_checkpoint=None if base is None else str(base), replay=replay)
+
+
+class Replay(_Strict):
+    """Continued pretraining's guard against forgetting: this share of the training sequences is drawn from
+    the base run's token shards (Ibrahim et al. 2024 replay 1-5% when the shift is weak, more when strong)."""
+
+    share: float = Field(gt=0, lt=1)
+    dataset_dir: str  # a token_shards folder made with the same tokenizer
 
 
 class RunConfig(_Strict):
@@ -206,6 +239,8 @@ class RunConfig(_Strict):
     experiment: str = "kiln"  # MLflow experiment
     run_name: str | None = None  # MLflow run name
     tags: dict[str, str] = {}  # MLflow tags
+    base_checkpoint: str | None = None  # continued pretraining from this folder (training_jobs.base)
+    replay: Replay | None = None  # with a base: mix in the base's training data
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
@@ -253,5 +288,5 @@ def load_deepspeed_config(path: str | Path) -> dict[str, Any]:
 
 
 __all__ = ["CheckpointSettings", "DEFAULT_DEEPSPEED_CONFIG", "ModelSettings", "MonitorSettings", "PRESETS", "RopeScaling",
-           "RUN_CONFIG_FORMAT", "RunConfig", "ScheduleSettings", "TrainingSettings", "llama_ffn_hidden",
+           "RUN_CONFIG_FORMAT", "Replay", "RunConfig", "ScheduleSettings", "TrainingSettings", "llama_ffn_hidden",
            "load_deepspeed_config"]

@@ -38,11 +38,13 @@ from typing import Any
 import torch
 
 from training_jobs import checkpoint
+from training_jobs.base import BaseWeights, check_compatible, load_base, load_into
 from training_jobs.flops import device_peak_flops, mfu
-from training_jobs.loader import ShardLoader
+from training_jobs.loader import ReplayLoader, ShardLoader
 from training_jobs import scaling_names
 from training_jobs.model import ModelConfig, Transformer, flops_per_token, param_count
 from training_jobs.monitor import ROLLBACK, Event, StabilityMonitor, TrainingDiverged
+from training_jobs.objectives import Objective, make_objective
 from training_jobs.schedule import lambda_lr
 from training_jobs.settings import RunConfig, TrainingSettings, load_deepspeed_config
 
@@ -150,18 +152,20 @@ def deepspeed_config(t: TrainingSettings, precision: str, cfg: ModelConfig) -> d
 
 
 def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any], total_steps: int,
-                 monitor: StabilityMonitor):
-    """A fresh model (the same weights on every rank, from the seed), AdamW and LR schedule, wrapped by
-    DeepSpeed. Called again for a rollback: ZeRO-3 loads checkpoints into fresh engines only."""
+                 monitor: StabilityMonitor, base: BaseWeights | None = None):
+    """A fresh model (the same weights on every rank, from the seed, or the base checkpoint's), AdamW and LR
+    schedule, wrapped by DeepSpeed. Called again for a rollback: ZeRO-3 loads checkpoints into fresh engines only."""
     import deepspeed
 
     model = Transformer(cfg, seed=t.seed, activation_checkpointing=t.model.activation_checkpointing)
+    if base is not None:
+        load_into(model, base)
     # Decay the matrices (and the embedding); norm gains stay out of weight decay.
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=t.schedule.lr, betas=t.betas, eps=t.adam_eps)
-    scheduler = lambda_lr(optimizer, t.schedule, total_steps, scale=monitor.lr_scale)
+    scheduler = lambda_lr(optimizer, t.resolved_schedule(), total_steps, scale=monitor.lr_scale)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config, dist_init_required=False)
     return engine
@@ -201,12 +205,14 @@ class FaultInjector:
         return loss * float("nan") if self.kind == "nan" else loss * self.factor
 
 
-def train_step(engine, loader: ShardLoader, grad_accum: int, step: int, fault: FaultInjector) -> float:
+def train_step(engine, loader: ShardLoader | ReplayLoader, grad_accum: int, step: int, fault: FaultInjector,
+               objective: Objective) -> float:
     """One optimizer step over grad_accum micro-batches; returns the mean loss over every rank."""
     total = torch.zeros((), dtype=torch.float32, device=engine.device)
-    for _ in range(grad_accum):
-        x, y = loader.next_batch()
-        loss = fault(step, engine(x.to(engine.device), y.to(engine.device)))
+    for micro in range(grad_accum):
+        x, y, prefix = objective(*loader.next_batch(), step, micro)
+        d = engine.device
+        loss = fault(step, engine(x.to(d), y.to(d), None if prefix is None else prefix.to(d)))
         engine.backward(loss)  # DeepSpeed divides by grad_accum itself
         engine.step()  # updates only at the accumulation boundary
         total += loss.detach().float()
@@ -214,21 +220,36 @@ def train_step(engine, loader: ShardLoader, grad_accum: int, step: int, fault: F
     return total.item() / (grad_accum * torch.distributed.get_world_size())
 
 
+# Perplexity by position in the window (of the predicted token): a long-context extension should lower the
+# far buckets. MLflow metric names allow no "+", hence "4k-up".
+POSITION_BUCKETS = (("0-1k", 0, 1024), ("1k-4k", 1024, 4096), ("4k-up", 4096, None))
+
+
 @torch.no_grad()
-def evaluate(engine, val: ShardLoader | None, batches: int | None) -> float | None:
-    """Mean loss over the first `batches` validation micro-batches of every rank (the same ones each time)."""
+def evaluate(engine, val: ShardLoader | None, batches: int | None) -> dict[str, Any] | None:
+    """Causal LM loss over the first `batches` validation micro-batches of every rank (the same ones each time),
+    whatever the training objective: {"loss": mean, "ppl_pos": {bucket: perplexity}}."""
     if val is None:
         return None
     engine.eval()
     val.load_state_dict({**val.state_dict(), "epoch": 0, "position": 0})
     n = val.batches_per_epoch if batches is None else min(batches, val.batches_per_epoch)
-    total = torch.zeros((), dtype=torch.float32, device=engine.device)
+    buckets = [(name, lo, hi) for name, lo, hi in POSITION_BUCKETS if lo < val.seq_len]
+    sums = torch.zeros(len(buckets), dtype=torch.float64, device=engine.device)
+    counts = torch.zeros(len(buckets), dtype=torch.float64, device=engine.device)
     for _ in range(n):
         x, y = val.next_batch()
-        total += engine(x.to(engine.device), y.to(engine.device)).float()
-    torch.distributed.all_reduce(total)
+        logits = engine(x.to(engine.device)).float()
+        per_token = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.to(engine.device), reduction="none")
+        by_position = per_token.double().sum(0)  # (T,)
+        for i, (_, lo, hi) in enumerate(buckets):
+            sums[i] += by_position[lo:hi].sum()
+            counts[i] += by_position[lo:hi].numel() * x.shape[0]
+    torch.distributed.all_reduce(sums)
+    torch.distributed.all_reduce(counts)
     engine.train()
-    return total.item() / (n * torch.distributed.get_world_size())
+    return {"loss": (sums.sum() / counts.sum()).item(),
+            "ppl_pos": {name: math.exp(min((sums[i] / counts[i]).item(), 50.0)) for i, (name, _, _) in enumerate(buckets)}}
 
 
 def agree(dist: Dist, *values: float | None) -> list[float | None]:
@@ -329,7 +350,9 @@ class Reporter:
             self.mlflow.log_dict(_json_safe(summary), "summary.json")
             self.mlflow.log_dict(_json_safe(summary["stability_events"]), "stability_events.json")
             if summary.get("val_loss") is not None:
-                self.mlflow.log_metric("val/loss", summary["val_loss"], step=summary["steps"])
+                self.mlflow.log_metrics({"val/loss": summary["val_loss"],
+                                         **{f"val/ppl_pos/{k}": v for k, v in (summary["val_ppl_pos"] or {}).items()}},
+                                        step=summary["steps"])
                 if not failed:  # what `kiln plan --mlflow-uri` fits on (training_jobs.scaling_names)
                     self.mlflow.log_metrics({
                         scaling_names.TOKENS: float(summary["tokens_seen"]),
@@ -337,7 +360,7 @@ class Reporter:
                         scaling_names.FINAL_VAL_LOSS: float(summary["val_loss"])}, step=summary["steps"])
             self.mlflow.end_run(status="FAILED" if failed else "FINISHED")
         if self.pipes is not None and not failed:
-            keys = ("status", "steps", "final_loss", "val_loss", "tokens_seen", "tokens_per_s", "mfu", "n_params",
+            keys = ("status", "steps", "objective", "final_loss", "val_loss", "base_val_loss", "tokens_seen", "tokens_per_s", "mfu", "n_params",
                     "n_params_non_embedding", "world_size", "rollbacks", "mlflow_run_id", "checkpoint", "summary_path")
             metadata = {k: _json_safe(summary[k]) for k in keys if summary.get(k) is not None}
             metadata["stability_events"] = len(summary["stability_events"])
@@ -381,6 +404,35 @@ def check_tokenizer(run: RunConfig) -> None:
                          f"write the run config from the same tokenizer asset the shards were made with")
 
 
+def open_training(run: RunConfig, dist: Dist) -> ShardLoader | ReplayLoader:
+    """The training batches: the run's shards, or with mixture.replay a share of every batch from the base's."""
+    t = run.training
+    if run.replay is None:
+        return ShardLoader(run.dataset_dir, "train", t.seq_len, t.micro_batch_size, dist.rank, dist.world_size,
+                           run.tokenizer_sha256, seed=t.seed)
+    main = ShardLoader(run.dataset_dir, "train", t.seq_len, 1, dist.rank, dist.world_size, run.tokenizer_sha256,
+                       seed=t.seed)
+    replay = ShardLoader(run.replay.dataset_dir, "train", main.seq_len, 1, dist.rank, dist.world_size,
+                         run.tokenizer_sha256, seed=t.seed)
+    return ReplayLoader(main, replay, run.replay.share, t.micro_batch_size)
+
+
+def objective_for(run: RunConfig, dist: Dist) -> Objective:
+    """The training objective; span corruption takes its sentinel ids from the tokenizer card."""
+    t = run.training
+    sentinels, pad_id = [], 0
+    if t.objective == "span_corruption":
+        card = Path(run.tokenizer_dir or "") / "tokenizer.json"
+        if run.tokenizer_dir is None or not card.is_file():
+            raise FileNotFoundError("training.objective span_corruption reads the sentinel ids from the tokenizer card: "
+                                    "the run config needs tokenizer_dir (the tokenizer asset's folder)")
+        specials = json.loads(card.read_text(encoding="utf-8"))["special_tokens"]
+        sentinels = [v["id"] for k, v in sorted(specials.items(), key=lambda kv: kv[1]["id"])
+                     if k.startswith("sentinel_")]
+        pad_id = specials["pad"]["id"]
+    return make_objective(t.objective, t.seed, dist.rank, sentinels, pad_id)
+
+
 def open_validation(run: RunConfig, seq_len: int, dist: Dist) -> ShardLoader | None:
     t = run.training
     try:
@@ -406,9 +458,10 @@ class Trainer:
         self.run, self.dist, self.report = run, dist, report
         check_tokenizer(run)
         torch.manual_seed(t.seed)
-        self.loader = ShardLoader(run.dataset_dir, "train", t.seq_len, t.micro_batch_size, dist.rank,
-                                  dist.world_size, run.tokenizer_sha256, seed=t.seed)
+        self.loader = open_training(run, dist)
+        self.objective = objective_for(run, dist)
         self.seq_len = self.loader.seq_len
+        self.long_document_share = self.loader.long_document_share(self.seq_len)
         self.val = open_validation(run, self.seq_len, dist)
         self.cfg = ModelConfig(**t.model.architecture(self.loader.shard_set.vocab_size, self.seq_len))
         self.max_steps = t.resolved_max_steps(dist.world_size, self.seq_len)
@@ -417,7 +470,13 @@ class Trainer:
         self.precision = resolve_precision(t.precision)
         self.ds_config = deepspeed_config(t, self.precision, self.cfg)
         self.monitor = StabilityMonitor(t.monitor)
-        self.engine = build_engine(self.cfg, t, self.ds_config, self.total_steps, self.monitor)
+        base = None
+        if run.base_checkpoint:  # continued pretraining: the base's weights, checked, then only its description kept
+            base = load_base(run.base_checkpoint)
+            check_compatible(base, self.cfg, run.tokenizer_sha256)
+        self.base = base.describe() if base else None
+        self.engine = build_engine(self.cfg, t, self.ds_config, self.total_steps, self.monitor, base)
+        del base
         self.device_name, self.peak = device_peak_flops(t.peak_tflops)
         self.flops_per_token = flops_per_token(self.cfg, self.seq_len)
         self.n_params, self.n_non_embedding = param_count(self.cfg), param_count(self.cfg, non_embedding=True)
@@ -432,11 +491,13 @@ class Trainer:
         t, p, report = self.t, self.progress, self.report
         self.resume()
         self.start_tracking()
+        if self.base is not None and p.step == 0:  # the base's loss on this run's held-back tokens, before any update
+            self.base_val = self.validate(0)
         t_start = time.perf_counter()
         while p.step < self.max_steps:
             t0 = time.perf_counter()
             lr = current_lr(self.engine)  # the LR of this update (the scheduler moves on inside the step)
-            loss = train_step(self.engine, self.loader, t.grad_accum, p.step + 1, self.fault)
+            loss = train_step(self.engine, self.loader, t.grad_accum, p.step + 1, self.fault, self.objective)
             norm = self.engine.get_global_grad_norm()
             loss, grad_norm = agree(self.dist, loss, None if norm is None else float(norm))
             p.step, p.tokens_seen = p.step + 1, p.tokens_seen + self.tokens_per_step
@@ -450,7 +511,7 @@ class Trainer:
             p.timings.append(dt)
             p.last_loss = loss
             tokens_per_s = self.tokens_per_step / dt
-            metrics = {"train/loss": loss, "train/grad_norm": grad_norm, "train/lr": lr,
+            metrics = {"train/loss": loss, self.objective.loss_name: loss, "train/grad_norm": grad_norm, "train/lr": lr,
                        "train/tokens_per_s": tokens_per_s, "train/tokens_seen": p.tokens_seen,
                        "train/mfu": mfu(self.flops_per_token, tokens_per_s, self.peak, self.dist.world_size),
                        "train/peak_memory_gib": peak_memory_gib()}
@@ -459,16 +520,16 @@ class Trainer:
             if log_now:
                 report.line(progress_line(p.step, self.max_steps, metrics, dt))
             if t.val_every_steps and p.step % t.val_every_steps == 0:
-                report.step(p.step, {"val/loss": self.validate()}, to_mlflow=True)
+                self.validate(p.step)
             if t.checkpoint.every_steps and p.step % t.checkpoint.every_steps == 0:
                 self.save()
         self.train_seconds = time.perf_counter() - t_start
         if p.last_checkpoint is None or p.last_checkpoint.name != checkpoint.tag_for(p.step):
             self.save()
-        val_loss = self.validate()
+        self.final_val = self.validate()
         self.probe = self.loss_probe()
         self.export()
-        return val_loss
+        return self.final_val["loss"] if self.final_val else None
 
     # ------------------------------------------------------------------ components
 
@@ -481,10 +542,15 @@ class Trainer:
     def save(self) -> None:
         p = self.progress
         meta = {"model": self.cfg.to_dict(), "tokens_seen": p.tokens_seen, "loader": self.loader.state_dict(),
-                "stability_events": len(self.monitor.events)}
+                "stability_events": len(self.monitor.events), **self.trained_on()}
         p.last_checkpoint = checkpoint.save(self.engine, self.ckpt_root, p.step, self.kiln_state(),
                                             self.t.checkpoint.keep_last, meta)
         self.report.line(f"step {p.step}: checkpoint {p.last_checkpoint}")
+
+    def trained_on(self) -> dict[str, Any]:
+        """What a later continued run checks and replays from (training_jobs.base reads it back)."""
+        return {"tokenizer_sha256": self.run.tokenizer_sha256, "dataset_dir": self.run.dataset_dir,
+                "base_checkpoint": self.base}
 
     def newest_checkpoint(self) -> checkpoint.Found | None:
         found = checkpoint.find_resumable(self.ckpt_root, warn=self.report.line) if self.dist.main else None
@@ -553,11 +619,19 @@ class Trainer:
         self.engine.train()
         return {"inputs": x[0].tolist(), "targets": y[0].tolist(), "loss": loss}
 
-    def validate(self) -> float | None:
-        val_loss = evaluate(self.engine, self.val, self.t.val_batches)
-        if val_loss is not None:
-            self.report.line(f"step {self.progress.step}: val loss {val_loss:.4f}")
-        return val_loss
+    def validate(self, log_at_step: int | None = None) -> dict[str, Any] | None:
+        """Validation loss and perplexity by position; logged as a step's metrics when log_at_step is given (the
+        final figures go out with the summary instead)."""
+        result = evaluate(self.engine, self.val, self.t.val_batches)
+        if result is None:
+            return None
+        by_position = ", ".join(f"{k} {v:.2f}" for k, v in result["ppl_pos"].items())
+        self.report.line(f"step {self.progress.step}: val loss {result['loss']:.4f}; perplexity by position {by_position}")
+        if log_at_step is not None:
+            self.report.step(log_at_step, {"val/loss": result["loss"],
+                                           **{f"val/ppl_pos/{k}": v for k, v in result["ppl_pos"].items()}},
+                             to_mlflow=True)
+        return result
 
     def export(self) -> None:
         self.exports: dict[str, str] = {}
@@ -566,7 +640,8 @@ class Trainer:
 
             self.exports = export_checkpoint(self.progress.last_checkpoint, Path(self.run.output_dir) / "export",
                                              self.cfg, self.t.export, self.run.tokenizer_dir,
-                                             {"steps": self.progress.step, "tokens_seen": self.progress.tokens_seen})
+                                             {"steps": self.progress.step, "tokens_seen": self.progress.tokens_seen,
+                                              **self.trained_on()})
             self.report.line(f"exported {', '.join(f'{k}: {v}' for k, v in self.exports.items())}")
         torch.distributed.barrier()
 
@@ -577,12 +652,19 @@ class Trainer:
                   "model.flops_per_token": self.flops_per_token, "world_size": self.dist.world_size,
                   "tokens_per_step": self.tokens_per_step, "max_steps": self.max_steps, "precision": self.precision,
                   "device": self.device_name, "dataset_dir": self.run.dataset_dir,
-                  "tokenizer_sha256": self.run.tokenizer_sha256}
+                  "tokenizer_sha256": self.run.tokenizer_sha256,
+                  "data.long_document_token_share": round(self.long_document_share, 4),
+                  "base_checkpoint": self.base["path"] if self.base else None,
+                  "base_checkpoint.sha256": self.base["sha256"] if self.base else None,
+                  "replay.share": self.run.replay.share if self.run.replay else None,
+                  "replay.dataset_dir": self.run.replay.dataset_dir if self.run.replay else None}
         artifacts = {"deepspeed_config.json": self.ds_config, "run_config.json": self.run.model_dump(mode="json"),
                      "model_config.json": cfg.to_dict()}
         self.report.start_mlflow(self.run, getattr(self, "resume_run_id", None), params, artifacts)
         todo = (f"steps {self.progress.step + 1}..{self.max_steps} of {self.tokens_per_step:,} tokens"
                 if self.progress.step < self.max_steps else f"nothing to train: already at step {self.progress.step}")
+        if self.base is not None:
+            self.report.line(f"continued pretraining from {self.base['path']} ({self.base['kind']})")
         self.report.line(f"training {self.n_params:,} parameters ({self.n_non_embedding:,} non-embedding) on "
                          f"{self.dist.world_size} x {self.device_name} in {self.precision}; {todo}")
 
@@ -595,6 +677,10 @@ class Trainer:
         return {
             "format": SUMMARY_FORMAT, "status": status, "error": error,
             "steps": p.step, "max_steps": self.max_steps, "final_loss": p.last_loss, "val_loss": val_loss,
+            "val_ppl_pos": (getattr(self, "final_val", None) or {}).get("ppl_pos"), "objective": self.t.objective,
+            "base_checkpoint": self.base, "base_val_loss": (getattr(self, "base_val", None) or {}).get("loss"),
+            "replay": self.run.replay.model_dump() if self.run.replay else None,
+            "long_document_token_share": self.long_document_share,
             "loss_probe": getattr(self, "probe", None),
             "tokens_seen": p.tokens_seen, "tokens_skipped": p.tokens_skipped, "tokens_per_step": self.tokens_per_step,
             "tokens_per_s": tokens_per_s,

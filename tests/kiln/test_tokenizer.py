@@ -136,3 +136,21 @@ def test_report_has_fertility_per_source_and_language(corpus):
     example = report["examples"][0]
     assert "".join(example["pieces"]).replace("\u2581", " ") .startswith(example["text"][:5].replace("\u2581", " "))
     json.dumps(report)
+
+
+def test_sentinels_are_reserved_after_the_fixed_ids_and_leave_text_alone(corpus, tmp_path):
+    """With tokenizer.sentinel_tokens the T5 sentinels take ids 7.. (control symbols: no text maps to them);
+    round trips stay exact, a tokenizer without them is the same model as before (same bytes for the same
+    sample), and one with them encodes text that spells them as ordinary pieces."""
+    _, _, sample, card, plain = corpus
+    with_sentinels = SMALL_TOKENIZER.model_copy(update={"sentinel_tokens": 5})
+    card5 = train_tokenizer(sample, with_sentinels, tmp_path / "s")
+    tok = Tokenizer.load(tmp_path / "s")
+    assert {k: v["id"] for k, v in card5.special_tokens.items() if k.startswith("sentinel_")} == \
+        {f"sentinel_{i}": 7 + i for i in range(5)}
+    assert [tok.sp.id_to_piece(7 + i) for i in range(5)] == [f"<extra_id_{i}>" for i in range(5)]
+    for text in EDGE_CASES + ["<extra_id_0> spelled out <extra_id_4>"]:
+        ids = tok.encode(text)
+        assert tok.decode(ids) == text and not set(ids) & set(range(7, 12))
+    assert not any(k.startswith("sentinel_") for k in card.special_tokens)  # the default reserves none
+    assert plain.sp.id_to_piece(7) != "<extra_id_0>"
