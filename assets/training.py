@@ -5,13 +5,14 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Optional
 
 import dagster as dg
 
 from assets.partitions import FOLLOW_TRAINING, follow_only
 from assets.quality import QUALITY_FILTERED
 from assets.tokens import ALL_SOURCES, SHARDS, TOKENIZER
-from kiln.config import kiln_home
+from kiln.config import ConfigError, ProjectConfig, kiln_home, merge_config, parse_config
 from kiln.manifest import code_version, git_commit
 from kiln.plots import figure_markdown, pyplot
 from kiln.refresh import latest, load_refreshes, materialized, trained_refresh, upto
@@ -28,6 +29,94 @@ PROBES = REPO / "kiln" / "data" / "probes.json"
 def run_key(shards_version: str, tokenizer_version: str, settings_json: str) -> str:
     """Same data and settings, same run folder: a materialization after a crash resumes that run."""
     return hashlib.sha256(f"{shards_version}\0{tokenizer_version}\0{settings_json}".encode()).hexdigest()[:12]
+
+
+class TrainingLaunch(dg.Config):
+    """One run's changes to the project config's training recipe, from the launchpad (every field left empty keeps
+    the project's value). The names are the project config's keys; the result is validated like the config."""
+
+    base_checkpoint: Optional[str] = None  # training.base_checkpoint: a checkpoint folder, or "latest"
+    rewarmup_steps: Optional[int] = None  # training.rewarmup_steps
+    objective: Optional[str] = None  # training.objective: clm | prefix_lm | span_corruption
+    seq_len: Optional[int] = None  # training.seq_len
+    max_steps: Optional[int] = None  # training.max_steps
+    rope_theta: Optional[float] = None  # training.model.rope_theta
+    rope_scaling_factor: Optional[float] = None  # training.model.rope_scaling: {type: linear, factor: ...}
+    replay_share: Optional[float] = None  # mixture.replay.share
+    replay_from: Optional[str] = None  # mixture.replay.from
+
+    def apply(self, config: ProjectConfig) -> ProjectConfig:
+        training = {k: getattr(self, k) for k in ("base_checkpoint", "rewarmup_steps", "objective", "seq_len",
+                                                  "max_steps") if getattr(self, k) is not None}
+        model = {k: v for k, v in {"rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling_factor and
+                                   {"type": "linear", "factor": self.rope_scaling_factor}}.items() if v is not None}
+        replay = {k: v for k, v in {"share": self.replay_share, "from": self.replay_from}.items() if v is not None}
+        change = {"training": {**training, **({"model": model} if model else {})},
+                  **({"mixture": {"replay": replay}} if replay else {})}
+        if not training and not model and not replay:
+            return config
+        try:
+            return parse_config(merge_config(config.model_dump(mode="json", by_alias=True), change),
+                                origin="training_run launch config")
+        except ConfigError as exc:
+            raise dg.Failure(description=str(exc)) from None
+
+
+def continued_from(config: ProjectConfig, store, tokenizer_sha256: str, shards) -> tuple[dict | None, dict | None]:
+    """A continued run's base checkpoint (its folder, identity and the chain it was built from) and replay data,
+    checked before anything launches; (None, None) for a run from scratch."""
+    from training_jobs.base import BaseCheckpointError, check_compatible, load_base
+    from training_jobs.model import ModelConfig
+
+    t = config.training
+    if t.base_checkpoint is None:
+        return None, None
+    version = None
+    if t.base_checkpoint == "latest":  # the newest checkpoint of this KILN_HOME (its `loads` check is blocking)
+        try:
+            ckpt = store.manifest(CHECKPOINT)
+        except IncompleteDataset:
+            raise dg.Failure(description="training.base_checkpoint is `latest`, but no checkpoint has been "
+                                         "materialized in this KILN_HOME: train a base run first, or give a "
+                                         "checkpoint folder") from None
+        version, chain = ckpt.data_version, base_chain(store, store.dataset_dir(CHECKPOINT))
+        # The base run's own export (its run folder stays): the checkpoint asset's folder is replaced by this run's.
+        deepspeed_dir = Path(ckpt.stats["deepspeed_checkpoint"])
+        export = deepspeed_dir.parents[1] / "export" / "safetensors"
+        folder = export if export.is_dir() else deepspeed_dir
+    else:
+        folder = Path(t.base_checkpoint).expanduser().resolve()
+        chain = base_chain(store, folder)
+    try:
+        info = load_base(folder, weights=False)
+        seq_len = t.seq_len or shards.stats["seq_len"]
+        check_compatible(info, ModelConfig(**t.model.architecture(shards.stats["vocab_size"], seq_len)),
+                         tokenizer_sha256)
+    except (BaseCheckpointError, FileNotFoundError) as exc:
+        raise dg.Failure(description=str(exc)) from None
+    base = {**info.describe(), "checkpoint_data_version": version, "chain": chain}
+    replay = None
+    if config.mixture.replay is not None:
+        source = config.mixture.replay.from_ or info.trained_on
+        if source is None:
+            raise dg.Failure(description=f"mixture.replay.from is needed: base checkpoint {folder} does not record the "
+                                         f"token shards it was trained on; give a token_shards folder")
+        replay = {"share": config.mixture.replay.share, "dataset_dir": str(source)}
+    return base, replay
+
+
+def base_chain(store, folder: Path) -> dict | None:
+    """What the base checkpoint was built from, as its lineage stood when this run started (the checkpoint asset
+    is replaced by the continued run's own later, so the chain is kept here); None for a base from elsewhere."""
+    from kiln.audit import AuditError, lineage
+
+    try:
+        chain = lineage(store, str(folder))
+    except AuditError:
+        return None
+    return {"target": chain.target, "text": chain.render(files_per_node=1),
+            "nodes": [{"key": n.key, "data_version": n.data_version, "created_at": n.created_at, "inputs": n.inputs}
+                      for n in chain.nodes]}
 
 
 def _mlflow_run(tracking: MlflowTracking, run_dir: Path, name: str, tags: dict[str, str]) -> tuple[str, str]:
@@ -48,26 +137,30 @@ def _mlflow_run(tracking: MlflowTracking, run_dir: Path, name: str, tags: dict[s
     pool="training",  # GPU concurrency: `concurrency.pools` in dagster.yaml caps how many runs train at once
     code_version=code_version("training_jobs"),
 )
-def training_run(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
+def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln_config: KilnConfig,
+                 storage: KilnStorage,
                  training_launcher: TrainingLauncher, mlflow_tracking: MlflowTracking,
                  pipes_subprocess_client: dg.PipesSubprocessClient) -> dg.MaterializeResult:
     """A DeepSpeed ZeRO-3 pretraining run on the newest refresh's token shards, tracked in MLflow; a crashed run
     resumes from its newest complete checkpoint when materialized again."""
-    config, store = kiln_config.load(), storage.store()
+    project, store = config.apply(kiln_config.load()), storage.store()
     refresh, shards = latest(store, SHARDS)
     tok = store.manifest(TOKENIZER)
-    settings = config.training
-    key = run_key(shards.data_version, tok.data_version, settings.model_dump_json())
+    settings = project.training
+    base, replay = continued_from(project, store, tok.stats["card"]["sha256"], shards)
+    continued = json.dumps({"base": base and base["sha256"], "replay": replay}) if base else ""
+    key = run_key(shards.data_version, tok.data_version, settings.model_dump_json() + continued)
     run_dir = kiln_home() / "runs" / key
     tags = {"kiln.dagster_run_id": context.run.run_id, "kiln.token_shards.data_version": shards.data_version,
             "kiln.refresh": refresh,
             "kiln.tokenizer.data_version": tok.data_version, "kiln.tokenizer.sha256": tok.stats["card"]["sha256"],
-            "kiln.git_commit": git_commit() or "unknown", "kiln.run_key": key}
+            "kiln.git_commit": git_commit() or "unknown", "kiln.run_key": key,
+            **({"kiln.base_checkpoint.sha256": base["sha256"], "kiln.base_checkpoint": base["path"]} if base else {})}
     experiment_id, mlflow_run_id = _mlflow_run(mlflow_tracking, run_dir, f"kiln-{key}", tags)
     run_config = settings.to_run_config(
         dataset_dir=store.dataset_dir(SHARDS, refresh), tokenizer_sha256=tok.stats["card"]["sha256"], output_dir=run_dir,
         tokenizer_dir=store.dataset_dir(TOKENIZER), experiment=mlflow_tracking.experiment, run_name=f"kiln-{key}",
-        tags=tags).write(run_dir / "run_config.json")
+        tags=tags, base_checkpoint=base and base["path"], replay=replay).write(run_dir / "run_config.json")
     env = {**training_launcher.env(), **mlflow_tracking.env(), "MLFLOW_RUN_ID": mlflow_run_id}
     command = training_launcher.command(run_config)
     try:
@@ -84,11 +177,11 @@ def training_run(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
             shutil.copy2(run_dir / name, writer.dir / name)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"training": settings.model_dump(mode="json"), "launcher": command[:1]},
+            config={"training": settings.model_dump(mode="json"), "launcher": command[:1], "replay": replay},
             inputs={f"{SHARDS}/{refresh}": shards.data_version, TOKENIZER: tok.data_version},
             counts={"steps": summary["steps"], "tokens_seen": summary["tokens_seen"]},
-            stats={"summary": summary, "run_dir": str(run_dir), "mlflow": {"experiment_id": experiment_id,
-                                                                            "run_id": mlflow_run_id}})
+            stats={"summary": summary, "run_dir": str(run_dir), "base_checkpoint": base,
+                   "mlflow": {"experiment_id": experiment_id, "run_id": mlflow_run_id}})
     return dg.MaterializeResult(
         metadata={
             **reported.metadata,
@@ -96,6 +189,9 @@ def training_run(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
             "mlflow_run": dg.MetadataValue.url(mlflow_tracking.run_url(experiment_id, mlflow_run_id)),
             "stability_events": dg.MetadataValue.json(summary["stability_events"]),
             "refresh": refresh, "run_dir": dg.MetadataValue.path(str(run_dir)), "data_version": manifest.data_version,
+            **({"base_checkpoint": dg.MetadataValue.json({k: base[k] for k in ("path", "kind", "sha256",
+                                                                                "checkpoint_data_version")}),
+                "replay": dg.MetadataValue.json(replay)} if base else {}),
         },
         data_version=dg.DataVersion(manifest.data_version))
 
@@ -185,23 +281,29 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 @dg.asset(key=EVALUATION, deps=[CHECKPOINT, SHARDS, TOKENIZER, ALL_SOURCES], group_name="training",
           kinds={"pytorch"}, code_version=code_version("training_jobs.evaluate"), automation_condition=follow_only(CHECKPOINT))
-def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage) -> dg.MaterializeResult:
+def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
+               mlflow_tracking: MlflowTracking) -> dg.MaterializeResult:
     """Validation loss and perplexity overall and per source, probe-set perplexity, sampled continuations, and
-    the change since the previous evaluated checkpoint."""
-    from training_jobs.evaluate import generate, stream, stream_loss, validation_stream
+    the change since the previous evaluated checkpoint. After continued pretraining, also the base checkpoint's
+    loss per domain on the same tokens: forgetting/<domain> in MLflow."""
+    from training_jobs.base import base_model
+    from training_jobs.evaluate import forgetting_by_domain, generate, stream, stream_loss, validation_stream
     from training_jobs.export import load_model
 
     config, store = kiln_config.load(), storage.store()
     settings = config.evaluation
-    ckpt, tok_manifest = store.manifest(CHECKPOINT), store.manifest(TOKENIZER)
-    refresh = trained_refresh(store.manifest(RUN))  # the shard set the checkpoint was trained on
+    ckpt, tok_manifest, run = store.manifest(CHECKPOINT), store.manifest(TOKENIZER), store.manifest(RUN)
+    refresh = trained_refresh(run)  # the shard set the checkpoint was trained on
     shards = store.manifest(SHARDS, refresh)
     model = load_model(store.dataset_dir(CHECKPOINT) / "safetensors")
+    base_info = run.stats.get("base_checkpoint")
+    base = base_model(base_info["path"]) if base_info else None
     tok = Tokenizer.load(store.dataset_dir(TOKENIZER))
-    seq_len = min(model.cfg.max_seq_len, shards.stats["seq_len"])
+    # Both models read the same windows: a long-context run is compared at the length its base can read.
+    seq_len = min(model.cfg.max_seq_len, shards.stats["seq_len"], *([base.cfg.max_seq_len] if base else []))
     result = {"validation": stream_loss(model, validation_stream(store.dataset_dir(SHARDS, refresh), tok.sha256,
                                                                   settings.max_val_tokens), seq_len, settings.batch_size)}
-    result["per_source"] = {}
+    result["per_source"], base_per_source = {}, {}
     included = upto(load_refreshes(store), refresh)
     for s in config.sources:
         docs, n = [], 0
@@ -214,6 +316,10 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
                     break
         tokens = stream(docs, tok.eos_id)[:settings.max_tokens_per_source]
         result["per_source"][s.name] = stream_loss(model, tokens, seq_len, settings.batch_size)
+        if base is not None:
+            base_per_source[s.name] = stream_loss(base, tokens, seq_len, settings.batch_size)
+    result["forgetting"] = forgetting_by_domain(result["per_source"], base_per_source,
+                                                {s.name: s.domain for s in config.sources}) if base else None
     probes = json.loads(PROBES.read_text())
     result["probes"] = {p["name"]: stream_loss(model, stream([tok.encode(p["text"])], tok.eos_id), seq_len)
                         for p in probes["probes"]}
@@ -233,6 +339,11 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
             inputs={CHECKPOINT: ckpt.data_version, f"{SHARDS}/{refresh}": shards.data_version,
                     TOKENIZER: tok_manifest.data_version},
             counts={"validation_tokens": result["validation"]["tokens"]}, stats=result)
+    if result["forgetting"]:
+        client = mlflow_tracking.client()
+        for domain, f in result["forgetting"].items():
+            client.log_metric(run.stats["mlflow"]["run_id"], f"forgetting/{domain}", f["forgetting"],
+                              step=run.stats["summary"]["steps"])
     val = result["validation"]["loss"]
     prev = result["previous"]["validation_loss"] if result["previous"] else None
     return dg.MaterializeResult(
@@ -243,9 +354,18 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
             "probes": dg.MetadataValue.md(_loss_table(result["probes"], "probe")),
             "samples": dg.MetadataValue.md("\n\n".join(f"**{s['prompt']!r}** → `{s['continuation']!r}`"
                                                        for s in result["samples"])),
+            **({"forgetting": dg.MetadataValue.md(_forgetting_table(result["forgetting"]))} if result["forgetting"]
+               else {}),
             "data_version": manifest.data_version,
         },
         data_version=dg.DataVersion(manifest.data_version))
+
+
+def _forgetting_table(forgetting: dict[str, dict]) -> str:
+    lines = ["| domain | tokens | base loss | loss | forgetting |", "|---|---:|---:|---:|---:|"]
+    for domain, f in forgetting.items():
+        lines.append(f"| {domain} | {f['tokens']:,} | {f['base_loss']} | {f['loss']} | {f['forgetting']} |")
+    return "\n".join(lines)
 
 
 def _loss_table(rows: dict[str, dict], label: str) -> str:

@@ -170,6 +170,9 @@ class Lineage:
     target: str
     store: str
     nodes: list[LineageNode]
+    # A continued run's base checkpoint, as the training run recorded it (training_run stats): its identity and
+    # the chain it was built from when the run started.
+    base: dict[str, Any] | None = None
 
     def node(self, key: str) -> LineageNode | None:
         return next((n for n in self.nodes if n.key == key), None)
@@ -191,7 +194,7 @@ class Lineage:
 
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "store": self.store, "problems": self.problems,
-                "nodes": [asdict(n) for n in self.nodes]}
+                "nodes": [asdict(n) for n in self.nodes], "base_checkpoint": self.base}
 
     def render(self, files_per_node: int = 3) -> str:
         """The chain as an indented tree from the target; a dataset reached twice is shown once."""
@@ -228,6 +231,13 @@ class Lineage:
         lines.append("raw sources reached: " + (", ".join(f"{s} ({', '.join(r)})" for s, r in sorted(refreshes.items()))
                                                 or "none"))
         lines += [f"warning: {p}" for p in self.problems]
+        if self.base:
+            b = self.base
+            lines.append(f"continued pretraining from base checkpoint {b['kind']} sha256:{b['sha256'][:16]} "
+                         f"({b['path']}; tokenizer {str(b['tokenizer_sha256'])[:12]}, trained on {b['trained_on']})")
+            chain = (b.get("chain") or {}).get("text")
+            lines += ["  " + line for line in chain.splitlines()] if chain else [
+                "  its chain is unknown: the base came from outside this store"]
         return "\n".join(lines)
 
 
@@ -293,6 +303,7 @@ def lineage(store: Store, checkpoint: str = CHECKPOINT) -> Lineage:
     catalog = Catalog(store)
     root = resolve_target(store, checkpoint, catalog)
     nodes: dict[str, LineageNode] = {}
+    base = None
     queue: list[tuple[str, str | None, int, Manifest | None]] = [
         (node_key(root.asset, root.partition), None, 0, root)]
     while queue:
@@ -314,8 +325,10 @@ def lineage(store: Store, checkpoint: str = CHECKPOINT) -> Lineage:
             [{"path": f.path, "role": f.role, "sha256": f.sha256, "bytes": f.bytes, "rows": f.rows} for f in m.files],
             dict(m.inputs), depth, [replaced] if replaced else [])
         _mark(node)
+        base = base or m.stats.get("base_checkpoint")
         queue += [(k, v, depth + 1, None) for k, v in sorted(m.inputs.items())]
-    return Lineage(node_key(root.asset, root.partition) + f" {root.data_version}", str(store.root), list(nodes.values()))
+    return Lineage(node_key(root.asset, root.partition) + f" {root.data_version}", str(store.root), list(nodes.values()),
+                   base)
 
 
 def _mark(node: LineageNode) -> None:

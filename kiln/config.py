@@ -234,6 +234,15 @@ class Phase(_Strict):
         return _check_weights(value)
 
 
+class ReplaySettings(_Strict):
+    """Continued pretraining only: this share of the training sequences comes from earlier shards (by default
+    those the base checkpoint was trained on), to limit forgetting (Ibrahim et al. 2024)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    share: float = Field(gt=0, lt=1)
+    from_: str | None = Field(None, alias="from")  # a token_shards folder; None: the base checkpoint's shards
+
+
 class Mixture(_Strict):
     """How many tokens each source contributes to training. Weights are shares of training tokens;
     a source is repeated (whole passes plus a deterministic subset) or subsampled to hit its share."""
@@ -242,6 +251,7 @@ class Mixture(_Strict):
     token_budget: int | None = Field(None, gt=0)  # None: the natural total of training tokens
     max_epochs_warning: float = Field(4.0, gt=0)  # warn when a source is repeated more often than this
     phases: list[Phase] = []  # optional curriculum; none means one phase "main"
+    replay: ReplaySettings | None = None  # with training.base_checkpoint: e.g. {share: 0.1}
 
     @field_validator("weights")
     @classmethod
@@ -494,6 +504,16 @@ class ProjectConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _recipes_have_what_they_need(self):
+        if self.mixture.replay is not None and self.training.base_checkpoint is None:
+            raise ValueError("mixture.replay mixes earlier data into a continued run: set training.base_checkpoint "
+                             "(a checkpoint folder, or `latest`), or remove mixture.replay")
+        if self.training.objective == "span_corruption" and self.tokenizer.sentinel_tokens == 0:
+            raise ValueError("training.objective span_corruption needs sentinel tokens: set "
+                             "tokenizer.sentinel_tokens (T5 uses 100) so the tokenizer reserves <extra_id_N>")
+        return self
+
+    @model_validator(mode="after")
     def _mixture_names_sources(self):
         """Weights and FIM sources must name declared sources; non-empty weights must name all of them,
         so adding a source never silently drops it from (or adds it to) training."""
@@ -576,14 +596,39 @@ def config_path() -> Path:
 
 
 def load_config(path: str | Path | None = None) -> ProjectConfig:
+    """The project config at `path` (default: $KILN_CONFIG). A file may start from another with
+    `extends: other.yaml` (relative to itself): its keys are merged over the other's, mappings key by key,
+    anything else (lists and empty mappings included) replaced."""
     path = Path(path) if path is not None else config_path()
+    return parse_config(_read_yaml(path), origin=str(path))
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} not found; set KILN_CONFIG or create {DEFAULT_CONFIG}") from None
+        hint = f"(extended by {seen[-1]})" if seen else f"set KILN_CONFIG or create {DEFAULT_CONFIG}"
+        raise ConfigError(f"config file {str(path)!r} not found; {hint}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return parse_config(raw or {}, origin=str(path))
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a config is a mapping of keys (sources, training, ...), got {type(raw).__name__}")
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    parent_path = (path.parent / str(parent)).resolve()
+    if parent_path in seen or parent_path == path.resolve():
+        raise ConfigError(f"{path}: extends {parent!r} makes a cycle ({' -> '.join(map(str, seen + (path,)))})")
+    return merge_config(_read_yaml(parent_path, seen + (path.resolve(),)), raw)
+
+
+def merge_config(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` over `base`: mappings merge key by key; any other value, and an empty mapping, replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = merge_config(out[key], value) if value and isinstance(value, dict) and \
+            isinstance(out.get(key), dict) else value
+    return out
 
 
 def parse_config(raw: dict[str, Any], origin: str = "<config>") -> ProjectConfig:

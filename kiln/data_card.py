@@ -72,10 +72,14 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
                      "launcher": run.config.get("launcher") if run else None,
                      "summary": {k: summary.get(k) for k in (
                          "status", "steps", "tokens_seen", "final_loss", "val_loss", "tokens_per_s", "mfu", "n_params",
-                         "world_size", "device", "precision", "rollbacks", "train_seconds")},
+                         "world_size", "device", "precision", "rollbacks", "train_seconds", "objective",
+                         "base_val_loss", "val_ppl_pos", "long_document_token_share")},
+                     "base_checkpoint": run.stats.get("base_checkpoint") if run else None,
+                     "replay": run.config.get("replay") if run else None,
                      "stability_events": len(summary.get("stability_events") or [])},
         "evaluation": {"data_version": evaluation.data_version, "validation": evaluation.stats.get("validation"),
                        "per_source": evaluation.stats.get("per_source"),
+                       "forgetting": evaluation.stats.get("forgetting"),
                        "evaluated_checkpoint": evaluation.inputs.get(CHECKPOINT)} if evaluation else None,
         "mlflow": mlflow or None,
         "removal_requests": _removal_requests(store, ckpt.data_version),
@@ -428,10 +432,27 @@ def data_card_markdown(card: dict[str, Any]) -> str:
                f"{_n(s.get('device'))} ({_n(s.get('precision'))}); final training loss {_n(s.get('final_loss'))}, "
                f"validation loss {_n(s.get('val_loss'))}; {tr['stability_events']} stability events. Full settings in "
                f"data_card.json.")
+    base = tr.get("base_checkpoint")
+    if base:
+        replay = tr.get("replay")
+        out += ["", f"Continued pretraining (objective {_n(s.get('objective'))}) from base checkpoint `{base['kind']}` "
+                    f"sha256 `{base['sha256'][:16]}` at `{base['path']}` (trained on `{base['trained_on']}`), "
+                    f"base validation loss on this run's held-back tokens {_n(s.get('base_val_loss'))}; "
+                    + (f"replay: {replay['share']:.0%} of sequences from `{replay['dataset_dir']}`." if replay
+                       else "no replay."),
+                "", "What the base checkpoint was built from, when this run started:", "", "```",
+                (base.get("chain") or {}).get("text") or "unknown: the base came from outside this store", "```"]
     if card.get("evaluation"):
         v = card["evaluation"]["validation"] or {}
         out.append(f"Evaluation `{card['evaluation']['data_version']}`: validation loss {_n(v.get('loss'))}, "
                    f"perplexity {_n(v.get('perplexity'))} over {_n(v.get('tokens'))} tokens.")
+        forgetting = card["evaluation"].get("forgetting")
+        if forgetting:
+            out += ["", "Forgetting per domain (validation loss of this checkpoint minus the base's, same tokens; "
+                        "positive = worse than the base):", ""]
+            out += _table(["domain", "tokens", "base loss", "this loss", "forgetting"],
+                          [[d, _n(f["tokens"]), f["base_loss"], f["loss"], f["forgetting"]]
+                           for d, f in forgetting.items()], "|---|---:|---:|---:|---:|")
 
     lin = card["lineage"]
     out += ["", f"## Lineage ({len(lin['nodes'])} datasets back to the raw sources)", ""]

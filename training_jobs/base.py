@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from training_jobs import checkpoint
-from training_jobs.model import ModelConfig
+from training_jobs.model import ModelConfig, whole
 
 # Fields a continued run may change: the context length and how positions are encoded; init_std only seeds
 # weights the base replaces.
@@ -86,8 +86,9 @@ def _tokenizer_of_hf(folder: Path) -> str | None:
     return _sha256(model) if model.is_file() else None
 
 
-def load_base(path: str | Path) -> BaseWeights:
-    """Read a base checkpoint in any of Kiln's forms (see the module docstring)."""
+def load_base(path: str | Path, weights: bool = True) -> BaseWeights:
+    """Read a base checkpoint in any of Kiln's forms (see the module docstring); `weights=False` reads only what
+    describes it (the launching asset's view: no consolidation, no tensors)."""
     from safetensors.torch import load_file
 
     from training_jobs.export import CONFIG_FILE, MODEL_FILE, consolidate
@@ -101,20 +102,22 @@ def load_base(path: str | Path) -> BaseWeights:
             raise BaseCheckpointError(f"base checkpoint {path} does not verify: {problem}; pick a complete checkpoint")
         manifest = checkpoint.read_manifest(path)
         run = _run_config_near(path)
-        return BaseWeights(path, "deepspeed", ModelConfig.from_dict(manifest["model"]), consolidate(path),
+        return BaseWeights(path, "deepspeed", ModelConfig.from_dict(manifest["model"]),
+                           consolidate(path) if weights else {},
                            manifest.get("tokenizer_sha256") or run.get("tokenizer_sha256"),
                            manifest.get("dataset_dir") or run.get("dataset_dir"), _sha256(path / checkpoint.MANIFEST))
     if (path / CONFIG_FILE).is_file():
         meta = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
         cfg = ModelConfig.from_dict(meta["model"])
-        state = load_file(str(path / MODEL_FILE))
+        state = _tie(load_file(str(path / MODEL_FILE)), cfg) if weights else {}
         tokenizer = meta.get("tokenizer_sha256") or _tokenizer_of_hf(path.parent / "hf")
-        return BaseWeights(path, "safetensors", cfg, _tie(state, cfg), tokenizer, meta.get("dataset_dir"),
+        return BaseWeights(path, "safetensors", cfg, state, tokenizer, meta.get("dataset_dir"),
                            _sha256(path / MODEL_FILE))
     if (path / "config.json").is_file():
         cfg = from_hf_config(json.loads((path / "config.json").read_text(encoding="utf-8")))
-        state = {k.removeprefix("model."): v.float() for k, v in load_file(str(path / MODEL_FILE)).items()}
-        return BaseWeights(path, "hf", cfg, _tie(state, cfg), _tokenizer_of_hf(path), None, _sha256(path / MODEL_FILE))
+        state = _tie({k.removeprefix("model."): v.float() for k, v in load_file(str(path / MODEL_FILE)).items()},
+                     cfg) if weights else {}
+        return BaseWeights(path, "hf", cfg, state, _tokenizer_of_hf(path), None, _sha256(path / MODEL_FILE))
     raise BaseCheckpointError(f"training.base_checkpoint {path} is not a checkpoint: expected a DeepSpeed checkpoint "
                               f"folder (checkpoints/step_N with manifest.json), a Kiln safetensors export "
                               f"({CONFIG_FILE}) or an HF Llama folder (config.json)")
@@ -151,16 +154,28 @@ def check_compatible(base: BaseWeights, cfg: ModelConfig, tokenizer_sha256: str)
 
 def load_into(model: torch.nn.Module, base: BaseWeights) -> None:
     """Copy the base's weights into a freshly built model, strictly: every parameter, with its shape."""
-    own = model.state_dict()
+    # ds_shape: a ZeRO-3 partitioned parameter's whole shape (its .shape is its empty local placeholder).
+    own = {name: tuple(getattr(p, "ds_shape", p.shape)) for name, p in model.named_parameters(remove_duplicate=False)}
     missing, extra = sorted(set(own) - set(base.state)), sorted(set(base.state) - set(own))
-    wrong = [f"{k}: {tuple(base.state[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
-             if k in base.state and base.state[k].shape != v.shape]
+    wrong = [f"{k}: {tuple(base.state[k].shape)} vs {shape}" for k, shape in own.items()
+             if k in base.state and tuple(base.state[k].shape) != shape]
     if missing or extra or wrong:
         raise BaseCheckpointError(f"base checkpoint {base.path} does not fit the model: missing {missing[:5]}, "
                                   f"unexpected {extra[:5]}, other shapes {wrong[:5]}")
     with torch.no_grad():
         for name, param in model.named_parameters():  # a tied matrix appears once
-            param.copy_(base.state[name].to(param.dtype))
+            with whole(param):
+                param.copy_(base.state[name].to(param.dtype))
 
 
-__all__ = ["BaseCheckpointError", "BaseWeights", "check_compatible", "from_hf_config", "load_base", "load_into"]
+def base_model(path: str | Path):
+    """The base as a plain model in eval mode (CPU, fp32): what the evaluation compares a continued run with."""
+    from training_jobs.model import Transformer
+
+    base = load_base(path)
+    model = Transformer(base.cfg)
+    load_into(model, base)
+    return model.eval()
+
+
+__all__ = ["base_model", "BaseCheckpointError", "BaseWeights", "check_compatible", "from_hf_config", "load_base", "load_into"]

@@ -63,6 +63,25 @@ def stream_loss(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, batch_
     return {"loss": round(loss, 5), "perplexity": round(math.exp(min(loss, 50.0)), 3), "tokens": total_tokens}
 
 
+def forgetting_by_domain(per_source: dict[str, dict], base_per_source: dict[str, dict],
+                         domains: dict[str, str]) -> dict[str, dict]:
+    """Per domain: the token-weighted validation loss of both models over that domain's sources (the same
+    tokens for both), and forgetting = loss - base loss (positive: the continued model got worse there)."""
+    out: dict[str, dict] = {}
+    for name, r in per_source.items():
+        b = base_per_source.get(name) or {}
+        if not r.get("tokens") or r.get("loss") is None or b.get("loss") is None:
+            continue
+        d = out.setdefault(domains.get(name, name), {"tokens": 0, "loss_sum": 0.0, "base_sum": 0.0})
+        d["tokens"] += r["tokens"]
+        d["loss_sum"] += r["loss"] * r["tokens"]
+        d["base_sum"] += b["loss"] * r["tokens"]
+    return {domain: {"tokens": d["tokens"], "loss": round(d["loss_sum"] / d["tokens"], 5),
+                     "base_loss": round(d["base_sum"] / d["tokens"], 5),
+                     "forgetting": round((d["loss_sum"] - d["base_sum"]) / d["tokens"], 5)}
+            for domain, d in sorted(out.items())}
+
+
 @torch.no_grad()
 def generate(model: torch.nn.Module, prompt: list[int], max_new_tokens: int, eos_id: int | None = None,
              temperature: float = 0.0, top_k: int | None = None, seed: int = 0, device: str = "cpu") -> list[int]:

@@ -11,6 +11,7 @@ re-interpretation.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -51,6 +52,16 @@ class ModelConfig:
             raise ValueError(f"model config has unknown keys {unknown}; it was written by other code "
                              f"(known keys: {sorted(known)})")
         return cls(**data)
+
+
+def whole(param: nn.Parameter):
+    """A context in which a parameter is whole: a ZeRO-3 partitioned one (built under deepspeed.zero.Init) is
+    gathered, one at a time, and rank 0's changes are written back to every rank's partition."""
+    if not hasattr(param, "ds_id"):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([param], modifier_rank=0)
 
 
 IGNORE = -100  # a target left out of the loss (F.cross_entropy's default ignore_index)
@@ -171,11 +182,12 @@ class Transformer(nn.Module):
         gen = torch.Generator().manual_seed(seed)
         residual_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():  # a tied matrix appears once
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                std = residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else self.cfg.init_std
-                p.copy_(torch.randn(p.shape, generator=gen) * std)
+            with whole(p):
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    std = residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else self.cfg.init_std
+                    p.copy_(torch.randn(p.shape, generator=gen).to(p.device) * std)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
                 prefix_len: torch.Tensor | None = None) -> torch.Tensor:

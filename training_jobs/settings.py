@@ -162,6 +162,7 @@ class TrainingSettings(_Strict):
     monitor: MonitorSettings = MonitorSettings()
     peak_tflops: float | None = Field(None, gt=0)  # per device, for MFU; None: looked up from the GPU name
     deepspeed_config: str | None = None  # a DeepSpeed JSON; None: training_jobs/configs/zero3.json
+    zero_init: bool = True  # ZeRO-3: build the model partitioned (deepspeed.zero.Init), never whole on one rank
     export: list[Literal["safetensors", "hf"]] = ["safetensors", "hf"]  # written from the final checkpoint
     objective: Literal["clm", "prefix_lm", "span_corruption"] = "clm"  # validation is CLM loss for all three
     # Continued pretraining: start from these weights (a checkpoint folder, an export, or `latest`: the checkpoint

@@ -157,13 +157,19 @@ def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any
     schedule, wrapped by DeepSpeed. Called again for a rollback: ZeRO-3 loads checkpoints into fresh engines only."""
     import deepspeed
 
-    model = Transformer(cfg, seed=t.seed, activation_checkpointing=t.model.activation_checkpointing)
+    # Under ZeRO-3 the model is built partitioned (each parameter split across ranks as it is created), so no
+    # process ever holds it whole: what makes a 7B preset fit where each rank's memory is a fraction of it.
+    zero3 = ds_config.get("zero_optimization", {}).get("stage") == 3
+    with deepspeed.zero.Init(config_dict_or_path=ds_config) if zero3 and t.zero_init else contextlib.nullcontext():
+        model = Transformer(cfg, seed=t.seed, activation_checkpointing=t.model.activation_checkpointing)
     if base is not None:
         load_into(model, base)
-    # Decay the matrices (and the embedding); norm gains stay out of weight decay.
+    # Decay the matrices (and the embedding); norm gains stay out of weight decay. ds_shape: a partitioned
+    # parameter's whole shape (built under zero.Init, its own is an empty placeholder).
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    matrix = [len(getattr(p, "ds_shape", p.shape)) >= 2 for p in params]
+    groups = [{"params": [p for p, m in zip(params, matrix) if m], "weight_decay": t.weight_decay},
+              {"params": [p for p, m in zip(params, matrix) if not m], "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=t.schedule.lr, betas=t.betas, eps=t.adam_eps)
     scheduler = lambda_lr(optimizer, t.resolved_schedule(), total_steps, scale=monitor.lr_scale)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,

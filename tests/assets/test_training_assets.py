@@ -190,3 +190,46 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     assert again.success
     rerun = json.loads((kiln_home / "data" / "training_run" / "_all" / "_manifest.json").read_text())["stats"]
     assert rerun["summary"]["steps_this_run"] == 0 and rerun["mlflow"]["run_id"] == run["stats"]["mlflow"]["run_id"]
+
+    # Continued pretraining from `latest` (the checkpoint above) with a re-warmup and 25% replay of the base's
+    # shards: a new run folder, the base recorded with the chain it came from, forgetting measured per domain.
+    base_ckpt = json.loads((kiln_home / "data" / "checkpoint" / "_all" / "_manifest.json").read_text())
+    base_export = Path(summary["exports"]["safetensors"])
+    config["training"] |= {"base_checkpoint": "latest", "rewarmup_steps": 2, "max_steps": 6,
+                           "checkpoint": {"every_steps": 3, "keep_last": 1}}
+    config["mixture"] = {"replay": {"share": 0.25}}
+    resources = project.resources
+    project = load_project(config, tmp_path, kiln_home, monkeypatch)
+    project.resources.update({k: resources[k] for k in ("mlflow_tracking", "training_launcher",
+                                                         "pipes_subprocess_client")})
+    continued = project.materialize(["training_run", "checkpoint", "evaluation", "data_card"])
+    assert continued.success
+    run2 = json.loads((kiln_home / "data" / "training_run" / "_all" / "_manifest.json").read_text())
+    base = run2["stats"]["base_checkpoint"]
+    from training_jobs.checkpoint import sha256_file
+
+    assert base["kind"] == "safetensors" and Path(base["path"]) == base_export
+    assert base["sha256"] == sha256_file(base_export / "model.safetensors")
+    assert base["checkpoint_data_version"] == base_ckpt["data_version"]
+    assert base["trained_on"] == str(kiln_home / "data" / shards_key)
+    assert {"checkpoint", "training_run", shards_key} <= {n["key"] for n in base["chain"]["nodes"]}
+    assert any(n["key"].startswith("raw_documents/web/") for n in base["chain"]["nodes"])
+    assert run2["config"]["replay"] == {"share": 0.25, "dataset_dir": base["trained_on"]}
+    s2 = run2["stats"]["summary"]
+    assert s2["steps"] == 6 and s2["base_val_loss"] < summary["val_loss"] + 0.5  # starts where the base ended
+    assert run2["stats"]["run_dir"] != run["stats"]["run_dir"]
+
+    evaluation2 = json.loads((kiln_home / "data" / "evaluation" / "_all" / "evaluation.json").read_text())
+    web = evaluation2["forgetting"]["web"]
+    assert web["tokens"] == evaluation2["per_source"]["web"]["tokens"]
+    assert web["loss"] == evaluation2["per_source"]["web"]["loss"]
+    assert web["forgetting"] == pytest.approx(web["loss"] - web["base_loss"], abs=2e-5)
+    history = client.get_metric_history(run2["stats"]["mlflow"]["run_id"], "forgetting/web")
+    assert [h.value for h in history] == [web["forgetting"]]
+    card2 = (kiln_home / "data" / "data_card" / "_all" / "data_card.md").read_text()
+    assert "Continued pretraining" in card2 and base["sha256"][:16] in card2 and "Forgetting per domain" in card2
+
+    from kiln.audit import lineage
+
+    text = lineage(project.store, "checkpoint").render()
+    assert "continued pretraining from base checkpoint safetensors" in text and base_ckpt["data_version"] in text

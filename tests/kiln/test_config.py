@@ -67,3 +67,38 @@ def test_a_loaded_config_survives_a_json_round_trip():
     """Engine tasks and benches hand the config to other processes as JSON: it must read back identical."""
     config = load_config(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
     assert ProjectConfig.model_validate_json(config.model_dump_json()) == config
+
+
+def test_a_config_extends_another_key_by_key(tmp_path):
+    (tmp_path / "base.yaml").write_text(DEFAULT.read_text())
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\ntraining:\n  max_steps: 7\n  schedule: {lr: 0.01}\n"
+                                         "mixture:\n  weights: {}\n")
+    base, child = load_config(DEFAULT), load_config(tmp_path / "child.yaml")
+    assert child.training.max_steps == 7 and child.training.schedule.lr == 0.01
+    assert child.training.schedule.min_lr == base.training.schedule.min_lr  # merged, not replaced
+    assert child.mixture.weights == {} and child.sources == base.sources
+    (tmp_path / "loop.yaml").write_text("extends: loop.yaml\n")
+    with pytest.raises(ConfigError, match="makes a cycle"):
+        load_config(tmp_path / "loop.yaml")
+    (tmp_path / "orphan.yaml").write_text("extends: missing.yaml\n")
+    with pytest.raises(ConfigError, match="missing.yaml.*not found; \\(extended by"):
+        load_config(tmp_path / "orphan.yaml")
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (DEFAULT.parent / "recipes").glob("*.yaml")))
+def test_every_recipe_config_is_valid(recipe):
+    config = load_config(DEFAULT.parent / "recipes" / recipe)
+    assert config.sources == load_config(DEFAULT).sources
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"mixture": {"replay": {"share": 0.1}}}, "mixture.replay mixes earlier data into a continued run"),
+    ({"training": {"objective": "span_corruption"}}, "set tokenizer.sentinel_tokens"),
+    ({"training": {"rewarmup_steps": 5}}, "rewarmup_steps is the warmup of a continued run"),
+    ({"training": {"model": {"rope_scaling": {"type": "linear", "factor": 0.5}}}}, "factor"),
+])
+def test_recipe_settings_that_cannot_work_are_refused(change, message):
+    from kiln.config import merge_config
+
+    with pytest.raises(ConfigError, match=message):
+        parse_config(merge_config(minimal(), change))
