@@ -35,20 +35,26 @@ def worker(preset: str, zero_init: bool) -> None:
     from training_jobs.model import ModelConfig, param_count
     from training_jobs.monitor import StabilityMonitor
     from training_jobs.settings import TrainingSettings
-    from training_jobs.train import build_engine, deepspeed_config, init_distributed, resolve_precision
+    from training_jobs.train import build_engine, build_model, deepspeed_config, init_distributed, resolve_precision
+
+    def peaks() -> dict:
+        """Peak resident memory so far (Linux reports KiB) and, on GPUs, peak allocated device memory, in GiB."""
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        device = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+        return {"rss_gib": round(rss, 3), "device_gib": None if device is None else round(device, 3)}
 
     dist = init_distributed()
     t = TrainingSettings(model={"preset": preset}, seq_len=2048, max_steps=10, zero_init=zero_init)
     cfg = ModelConfig(**t.model.architecture(VOCAB, 2048))
     precision = resolve_precision(t.precision)
+    ds = deepspeed_config(t, precision, cfg)
     t0 = time.perf_counter()
-    engine = build_engine(cfg, t, deepspeed_config(t, precision, cfg), 10, StabilityMonitor(t.monitor))
+    model = build_model(cfg, t, ds)
+    built = peaks()
     seconds = time.perf_counter() - t0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
-    device = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    engine = build_engine(cfg, t, ds, 10, StabilityMonitor(t.monitor), model=model)
     out = [None] * dist.world_size
-    torch.distributed.all_gather_object(out, {"rank": dist.rank, "peak_rss_gib": round(rss, 3),
-                                              "peak_device_gib": None if device is None else round(device, 3),
+    torch.distributed.all_gather_object(out, {"rank": dist.rank, "build": built, "initialized": peaks(),
                                               "build_s": round(seconds, 1)})
     if dist.main:
         print("RESULT " + json.dumps({"preset": preset, "zero_init": zero_init, "n_params": param_count(cfg),
@@ -85,15 +91,16 @@ def main() -> None:
     print(f"machine: {machine()}")
     results = [run(args.preset, zero_init, args.nproc) for zero_init in (False, True)]
     for r in results:
-        ranks = r["ranks"]
-        print(f"{r['preset']} ({r['n_params'] / 1e9:.2f}B parameters, {r['precision']}), {len(ranks)} processes, "
-              f"zero.Init {'on ' if r['zero_init'] else 'off'}: peak RSS per rank "
-              f"{', '.join(str(x['peak_rss_gib']) for x in ranks)} GiB"
-              + (f", peak device memory {', '.join(str(x['peak_device_gib']) for x in ranks)} GiB"
-                 if ranks[0]["peak_device_gib"] is not None else "")
-              + f"; build {max(x['build_s'] for x in ranks)} s")
-    off, on = (max(x["peak_rss_gib"] for x in r["ranks"]) for r in results)
-    print(f"largest rank's peak RSS: {off} GiB without zero.Init, {on} GiB with it ({on / off:.2f}x)")
+        for phase, what in (("build", "model built"), ("initialized", "after deepspeed.initialize")):
+            ranks = [x[phase] for x in r["ranks"]]
+            device = (f", device {', '.join(str(x['device_gib']) for x in ranks)} GiB"
+                      if ranks[0]["device_gib"] is not None else "")
+            print(f"{r['preset']} ({r['n_params'] / 1e9:.2f}B parameters, {r['precision']}), {len(ranks)} processes, "
+                  f"zero.Init {'on ' if r['zero_init'] else 'off'}, {what}: peak RSS per rank "
+                  f"{', '.join(str(x['rss_gib']) for x in ranks)} GiB{device}")
+    for phase in ("build", "initialized"):
+        off, on = (max(x[phase]["rss_gib"] for x in r["ranks"]) for r in results)
+        print(f"largest rank's peak RSS, {phase}: {off} GiB without zero.Init, {on} GiB with it ({on / off:.2f}x)")
     if args.json:
         args.json.write_text(json.dumps({"machine": machine(), "results": results}, indent=2))
 

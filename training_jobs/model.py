@@ -187,7 +187,9 @@ class Transformer(nn.Module):
                     p.fill_(1.0)
                 else:
                     std = residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else self.cfg.init_std
-                    p.copy_(torch.randn(p.shape, generator=gen).to(p.device) * std)
+                    # Drawn in fp32 on the CPU from a Tensor method: under zero.Init, torch.randn & co. are patched
+                    # to build on the accelerator in the training dtype, which the CPU generator cannot feed.
+                    p.copy_(p.new_empty(p.shape, dtype=torch.float32, device="cpu").normal_(generator=gen) * std)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
                 prefix_len: torch.Tensor | None = None) -> torch.Tensor:

@@ -151,19 +151,28 @@ def deepspeed_config(t: TrainingSettings, precision: str, cfg: ModelConfig) -> d
     return ds
 
 
-def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any], total_steps: int,
-                 monitor: StabilityMonitor, base: BaseWeights | None = None):
-    """A fresh model (the same weights on every rank, from the seed, or the base checkpoint's), AdamW and LR
-    schedule, wrapped by DeepSpeed. Called again for a rollback: ZeRO-3 loads checkpoints into fresh engines only."""
+def build_model(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any],
+                base: BaseWeights | None = None) -> Transformer:
+    """A fresh model: the same weights on every rank, from the seed, or the base checkpoint's. Under ZeRO-3 it is
+    built partitioned (each parameter split across ranks as it is created), so no process ever holds it whole:
+    what makes a preset fit where each rank's memory is a fraction of it."""
     import deepspeed
 
-    # Under ZeRO-3 the model is built partitioned (each parameter split across ranks as it is created), so no
-    # process ever holds it whole: what makes a 7B preset fit where each rank's memory is a fraction of it.
     zero3 = ds_config.get("zero_optimization", {}).get("stage") == 3
     with deepspeed.zero.Init(config_dict_or_path=ds_config) if zero3 and t.zero_init else contextlib.nullcontext():
         model = Transformer(cfg, seed=t.seed, activation_checkpointing=t.model.activation_checkpointing)
     if base is not None:
         load_into(model, base)
+    return model
+
+
+def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any], total_steps: int,
+                 monitor: StabilityMonitor, base: BaseWeights | None = None, model: Transformer | None = None):
+    """The model (build_model, unless given), AdamW and LR schedule, wrapped by DeepSpeed. Called again for a
+    rollback: ZeRO-3 loads checkpoints into fresh engines only."""
+    import deepspeed
+
+    model = model if model is not None else build_model(cfg, t, ds_config, base)
     # Decay the matrices (and the embedding); norm gains stay out of weight decay. ds_shape: a partitioned
     # parameter's whole shape (built under zero.Init, its own is an empty placeholder).
     params = [p for p in model.parameters() if p.requires_grad]

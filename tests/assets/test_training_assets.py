@@ -233,3 +233,26 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
 
     text = lineage(project.store, "checkpoint").render()
     assert "continued pretraining from base checkpoint safetensors" in text and base_ckpt["data_version"] in text
+
+
+def test_the_launch_config_changes_one_runs_recipe_and_is_validated_like_the_project():
+    import dagster as dg
+
+    from assets.training import TrainingLaunch
+    from kiln.config import load_config
+
+    project = load_config(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
+    assert TrainingLaunch().apply(project) is project
+    changed = TrainingLaunch(base_checkpoint="/runs/a/checkpoints/step_00000300", rewarmup_steps=5, seq_len=512,
+                             rope_theta=1e6, rope_scaling_factor=2.0, replay_share=0.1, objective="prefix_lm",
+                             max_steps=50).apply(project)
+    t = changed.training
+    assert (t.base_checkpoint, t.rewarmup_steps, t.seq_len, t.objective, t.max_steps) == \
+        ("/runs/a/checkpoints/step_00000300", 5, 512, "prefix_lm", 50)
+    assert (t.model.rope_theta, t.model.rope_scaling.factor, t.model.preset) == (1e6, 2.0, project.training.model.preset)
+    assert changed.mixture.replay.share == 0.1 and changed.mixture.replay.from_ is None
+    assert changed.mixture.weights == project.mixture.weights and changed.sources == project.sources
+    with pytest.raises(dg.Failure, match="mixture.replay mixes earlier data into a continued run"):
+        TrainingLaunch(replay_share=0.1).apply(project)
+    with pytest.raises(dg.Failure, match="training.objective"):
+        TrainingLaunch(objective="mlm").apply(project)
