@@ -178,4 +178,5 @@ def base_model(path: str | Path):
     return model.eval()
 
 
-__all__ = ["base_model", "BaseCheckpointError", "BaseWeights", "check_compatible", "from_hf_config", "load_base", "load_into"]
+__all__ = ["BaseCheckpointError", "BaseWeights", "base_model", "check_compatible", "from_hf_config", "load_base",
+           "load_into"]

@@ -248,7 +248,8 @@ class ReplayLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("format") != REPLAY_STATE_FORMAT or state["share"] != self.share:
             raise ShardError(f"cannot resume: the checkpoint's loader state is {state.get('format')!r} with share "
-                             f"{state.get('share')}, this run replays {self.share}; resume with the same mixture.replay")
+                             f"{state.get('share')}, this run replays {self.share}; resume with the same "
+                             f"mixture.replay")
         self.main.load_state_dict(state["main"])
         self.replay.load_state_dict(state["replay"])
         self.count = int(state["count"])

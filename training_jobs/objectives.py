@@ -117,7 +117,8 @@ class SpanCorruption(Objective):
         super().__init__(seed, rank)
         if not sentinels:
             raise ValueError("training.objective span_corruption needs sentinel tokens in the tokenizer: set "
-                             "tokenizer.sentinel_tokens (T5 uses 100) and re-materialize the tokenizer and token shards")
+                             "tokenizer.sentinel_tokens (T5 uses 100) and re-materialize the tokenizer and token "
+                             "shards")
         self.sentinels, self.pad_id = np.asarray(sentinels, dtype=np.int64), pad_id
 
     def __call__(self, x, y, step, micro):

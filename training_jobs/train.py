@@ -264,7 +264,8 @@ def evaluate(engine, val: ShardLoader | None, batches: int | None) -> dict[str, 
     torch.distributed.all_reduce(counts)
     engine.train()
     return {"loss": (sums.sum() / counts.sum()).item(),
-            "ppl_pos": {name: math.exp(min((sums[i] / counts[i]).item(), 50.0)) for i, (name, _, _) in enumerate(buckets)}}
+            "ppl_pos": {name: math.exp(min((sums[i] / counts[i]).item(), 50.0))
+                        for i, (name, _, _) in enumerate(buckets)}}
 
 
 def agree(dist: Dist, *values: float | None) -> list[float | None]:
@@ -375,8 +376,9 @@ class Reporter:
                         scaling_names.FINAL_VAL_LOSS: float(summary["val_loss"])}, step=summary["steps"])
             self.mlflow.end_run(status="FAILED" if failed else "FINISHED")
         if self.pipes is not None and not failed:
-            keys = ("status", "steps", "objective", "final_loss", "val_loss", "base_val_loss", "tokens_seen", "tokens_per_s", "mfu", "n_params",
-                    "n_params_non_embedding", "world_size", "rollbacks", "mlflow_run_id", "checkpoint", "summary_path")
+            keys = ("status", "steps", "objective", "final_loss", "val_loss", "base_val_loss", "tokens_seen",
+                    "tokens_per_s", "mfu", "n_params", "n_params_non_embedding", "world_size", "rollbacks",
+                    "mlflow_run_id", "checkpoint", "summary_path")
             metadata = {k: _json_safe(summary[k]) for k in keys if summary.get(k) is not None}
             metadata["stability_events"] = len(summary["stability_events"])
             self.pipes.report_asset_materialization(metadata=metadata, data_version=summary.get("checkpoint_sha256"))
@@ -439,8 +441,8 @@ def objective_for(run: RunConfig, dist: Dist) -> Objective:
     if t.objective == "span_corruption":
         card = Path(run.tokenizer_dir or "") / "tokenizer.json"
         if run.tokenizer_dir is None or not card.is_file():
-            raise FileNotFoundError("training.objective span_corruption reads the sentinel ids from the tokenizer card: "
-                                    "the run config needs tokenizer_dir (the tokenizer asset's folder)")
+            raise FileNotFoundError("training.objective span_corruption reads the sentinel ids from the tokenizer "
+                                    "card: the run config needs tokenizer_dir (the tokenizer asset's folder)")
         specials = json.loads(card.read_text(encoding="utf-8"))["special_tokens"]
         sentinels = [v["id"] for k, v in sorted(specials.items(), key=lambda kv: kv[1]["id"])
                      if k.startswith("sentinel_")]
@@ -526,7 +528,8 @@ class Trainer:
             p.timings.append(dt)
             p.last_loss = loss
             tokens_per_s = self.tokens_per_step / dt
-            metrics = {"train/loss": loss, self.objective.loss_name: loss, "train/grad_norm": grad_norm, "train/lr": lr,
+            metrics = {"train/loss": loss, self.objective.loss_name: loss, "train/grad_norm": grad_norm,
+                       "train/lr": lr,
                        "train/tokens_per_s": tokens_per_s, "train/tokens_seen": p.tokens_seen,
                        "train/mfu": mfu(self.flops_per_token, tokens_per_s, self.peak, self.dist.world_size),
                        "train/peak_memory_gib": peak_memory_gib()}
@@ -641,7 +644,8 @@ class Trainer:
         if result is None:
             return None
         by_position = ", ".join(f"{k} {v:.2f}" for k, v in result["ppl_pos"].items())
-        self.report.line(f"step {self.progress.step}: val loss {result['loss']:.4f}; perplexity by position {by_position}")
+        self.report.line(f"step {self.progress.step}: val loss {result['loss']:.4f}; perplexity by position "
+                         f"{by_position}")
         if log_at_step is not None:
             self.report.step(log_at_step, {"val/loss": result["loss"],
                                            **{f"val/ppl_pos/{k}": v for k, v in result["ppl_pos"].items()}},
@@ -669,10 +673,10 @@ class Trainer:
                   "device": self.device_name, "dataset_dir": self.run.dataset_dir,
                   "tokenizer_sha256": self.run.tokenizer_sha256,
                   "data.long_document_token_share": round(self.long_document_share, 4),
-                  "base_checkpoint": self.base["path"] if self.base else None,
-                  "base_checkpoint.sha256": self.base["sha256"] if self.base else None,
-                  "replay.share": self.run.replay.share if self.run.replay else None,
-                  "replay.dataset_dir": self.run.replay.dataset_dir if self.run.replay else None}
+                  **({"base_checkpoint": self.base["path"], "base_checkpoint.sha256": self.base["sha256"]}
+                     if self.base else {}),
+                  **({"replay.share": self.run.replay.share, "replay.dataset_dir": self.run.replay.dataset_dir}
+                     if self.run.replay else {})}
         artifacts = {"deepspeed_config.json": self.ds_config, "run_config.json": self.run.model_dump(mode="json"),
                      "model_config.json": cfg.to_dict()}
         self.report.start_mlflow(self.run, getattr(self, "resume_run_id", None), params, artifacts)
