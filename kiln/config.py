@@ -227,6 +227,8 @@ class Phase(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")
     tokens: int = Field(gt=0)  # training tokens drawn in this phase
     weights: dict[str, float] = Field(default_factory=dict)  # empty: mixture.weights (or natural proportions)
+    # Only documents of at least this many tokens: a long-context phase packed from documents that fill its window.
+    min_document_tokens: int | None = Field(None, gt=0)
 
     @field_validator("weights")
     @classmethod
@@ -508,6 +510,11 @@ class ProjectConfig(_Strict):
         if self.mixture.replay is not None and self.training.base_checkpoint is None:
             raise ValueError("mixture.replay mixes earlier data into a continued run: set training.base_checkpoint "
                              "(a checkpoint folder, or `latest`), or remove mixture.replay")
+        phases = [p.name for p in self.mixture.phases] or ["main"]
+        unknown = sorted(set(self.training.phases or []) - set(phases))
+        if unknown:
+            raise ValueError(f"training.phases names {unknown}, which mixture.phases does not define (phases: "
+                             f"{phases}); a run reads curriculum phases of its token shards by name")
         if self.training.objective == "span_corruption" and self.tokenizer.sentinel_tokens == 0:
             raise ValueError("training.objective span_corruption needs sentinel tokens: set "
                              "tokenizer.sentinel_tokens (T5 uses 100) so the tokenizer reserves <extra_id_N>")

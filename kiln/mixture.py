@@ -135,17 +135,20 @@ class PhasePlan:
 
 
 def plan_phases(natural: dict[str, int], weights: dict[str, float], token_budget: int | None,
-                phases: list[tuple[str, int, dict[str, float]]]) -> list[PhasePlan]:
+                phases: list[tuple]) -> list[PhasePlan]:
     """Per phase, the token target of every source. No phases: one phase "main" with `token_budget`
-    (None: the natural total). A phase with empty weights uses `weights` (empty: natural proportions)."""
+    (None: the natural total). A phase is (name, tokens, weights[, natural]): empty weights use `weights`
+    (empty: natural proportions); its own `natural` counts, if given, are what it can draw from (a phase of
+    long documents only), else `natural`."""
     names = list(natural)
     if not phases:
         phases = [("main", token_budget if token_budget is not None else sum(natural.values()), {})]
     plans = []
-    for index, (name, budget, phase_weights) in enumerate(phases):
-        s = shares(names, phase_weights or weights, natural)
+    for index, (name, budget, phase_weights, *own) in enumerate(phases):
+        available = own[0] if own and own[0] is not None else natural
+        s = shares(names, phase_weights or weights, available)
         targets = split_budget(budget, s)
-        plans.append(PhasePlan(name, index, budget, s, {n: SourceDraw(natural[n], targets[n]) for n in names}))
+        plans.append(PhasePlan(name, index, budget, s, {n: SourceDraw(available[n], targets[n]) for n in names}))
     return plans
 
 

@@ -316,23 +316,32 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
 
         train = ~docs.is_val & ~docs.removed
         natural = {n: int(docs.length[train & (docs.source == i)].sum()) for i, n in enumerate(names)}
+        def long_enough(phase) -> np.ndarray:
+            return docs.length >= (phase.min_document_tokens or 0)
+
         plans = plan_phases(natural, mixture.weights, mixture.token_budget,
-                            [(p.name, p.tokens, p.weights) for p in mixture.phases])
+                            [(p.name, p.tokens, p.weights, None if p.min_document_tokens is None else
+                              {n: int(docs.length[train & long_enough(p) & (docs.source == i)].sum())
+                               for i, n in enumerate(names)}) for p in mixture.phases])
+        minimum = {p.name: p.min_document_tokens for p in mixture.phases}
         # Each source's training documents in their fixed selection order (doc_id hash), as global indices.
         orders = {}
         for i, n in enumerate(names):
             members = np.flatnonzero(train & (docs.source == i))
             orders[n] = members[np.argsort(docs.order_key[members], kind="stable")]
-        cursors = dict.fromkeys(names, 0)
+        cursors: dict[tuple[str, int], int] = {}  # per source and length floor: phases continue its cycle
         shards: list[ShardInfo] = []
         composition: dict[str, dict[str, dict[str, int]]] = {}
         copies = docs.is_val.astype(np.int64)  # validation: every document once
         for plan in plans:
             picked = []
+            floor = minimum.get(plan.name) or 0
             for n in names:
                 draw = plan.draws[n]
-                chosen, cursors[n] = select_documents(docs.length[orders[n]], draw.target_tokens, cursors[n])
-                ids = orders[n][chosen]
+                order = orders[n][docs.length[orders[n]] >= floor] if floor else orders[n]
+                chosen, cursors[n, floor] = select_documents(docs.length[order], draw.target_tokens,
+                                                             cursors.get((n, floor), 0))
+                ids = order[chosen]
                 draw.tokens, draw.documents = int(docs.length[ids].sum()), len(ids)
                 picked.append(ids)
             chosen = np.concatenate(picked) if picked else np.zeros(0, np.int64)
@@ -372,7 +381,8 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
             "effective_epochs": round(used / natural[n], 4) if natural[n] else 0.0}
     return ShardSetResult(
         tokenizer_sha256=tok.sha256, vocab_size=tok.vocab_size, eos_id=tok.eos_id, seq_len=settings.seq_len,
-        shards=shards, sources=per_source, phases=[p.to_dict() for p in plans], warnings=warnings,
+        shards=shards, sources=per_source, warnings=warnings,
+        phases=[{**p.to_dict(), "min_document_tokens": minimum.get(p.name)} for p in plans],
         seconds={"tokenize": round(t_tokenized - t_start, 3), "write": round(t_written - t_tokenized, 3)},
         members=str(members_path.relative_to(out_dir)), shard_sources=composition)
 

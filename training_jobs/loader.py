@@ -57,7 +57,7 @@ class ShardLoader:
     def __init__(self, dataset_dir: str | Path, split: str = "train", seq_len: int | None = None,
                  batch_size: int = 8, rank: int = 0, world_size: int = 1,
                  expected_tokenizer_sha256: str | None = None, seed: int = 0, shuffle_epochs: bool = True,
-                 drop_last: bool = True):
+                 drop_last: bool = True, phases: list[str] | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         self.shard_set = read_shard_set(Path(dataset_dir))
@@ -72,7 +72,7 @@ class ShardLoader:
             raise ValueError(f"seq_len ({self.seq_len}) and batch_size ({batch_size}) must be positive")
         self.batch_size, self.seed, self.shuffle_epochs, self.drop_last = batch_size, seed, shuffle_epochs, drop_last
         self.tokenizer_sha256 = sha
-        self.phases = self._open_phases(split, expected_tokenizer_sha256 or sha)
+        self.phases = self._open_phases(split, expected_tokenizer_sha256 or sha, phases)
         # Shards are checked above and mapped again on demand: a bounded number of open maps (each holds a
         # file descriptor), however many shards the dataset has.
         self._tokens = lru_cache(maxsize=64)(lambda path: open_shard(path, expected_tokenizer_sha256 or sha).tokens)
@@ -86,10 +86,19 @@ class ShardLoader:
         self.epoch, self.position = 0, 0  # position: sequences this rank has consumed in this epoch
         self._permutations: dict[tuple[int, int], np.ndarray] = {}
 
-    def _open_phases(self, split: str, sha: str) -> list[_Phase]:
-        """Check every shard (header, size, tokenizer, counts against the manifest) and group them by phase."""
+    def _open_phases(self, split: str, sha: str, wanted: list[str] | None) -> list[_Phase]:
+        """Check every shard (header, size, tokenizer, counts against the manifest) and group them by phase;
+        `wanted`: only these phases (by name, in the shard set's order)."""
+        infos = self.shard_set.split(split)
+        if wanted is not None:
+            present = sorted({i.phase for i in infos})
+            missing = sorted(set(wanted) - set(present))
+            if missing:
+                raise ShardError(f"{self.shard_set.dir} [{split}] has no phase {missing} (phases: {present}); fix "
+                                 f"training.phases or add the phase to mixture.phases and re-materialize token_shards")
+            infos = [i for i in infos if i.phase in wanted]
         phases: dict[int, tuple[str, list[Path], list[int]]] = {}
-        for info in self.shard_set.split(split):
+        for info in infos:
             shard = open_shard(self.shard_set.dir / info.path, expected_tokenizer_sha256=sha)
             if len(shard.tokens) != info.tokens or shard.documents != info.documents:
                 raise ShardError(f"{shard.path} holds {len(shard.tokens)} tokens / {shard.documents} documents but "

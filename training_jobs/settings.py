@@ -165,6 +165,7 @@ class TrainingSettings(_Strict):
     zero_init: bool = True  # ZeRO-3: build the model partitioned (deepspeed.zero.Init), never whole on one rank
     export: list[Literal["safetensors", "hf"]] = ["safetensors", "hf"]  # written from the final checkpoint
     objective: Literal["clm", "prefix_lm", "span_corruption"] = "clm"  # validation is CLM loss for all three
+    phases: list[str] | None = None  # the shard set's curriculum phases this run reads, in order; None: all
     # Continued pretraining: start from these weights (a checkpoint folder, an export, or `latest`: the checkpoint
     # asset of this KILN_HOME) with a new schedule; the architecture must match, except the context settings.
     base_checkpoint: str | None = None

@@ -95,6 +95,7 @@ def test_every_recipe_config_is_valid(recipe):
     ({"mixture": {"replay": {"share": 0.1}}}, "mixture.replay mixes earlier data into a continued run"),
     ({"training": {"objective": "span_corruption"}}, "set tokenizer.sentinel_tokens"),
     ({"training": {"rewarmup_steps": 5}}, "rewarmup_steps is the warmup of a continued run"),
+    ({"training": {"phases": ["long"]}}, r"training.phases names \['long'\], which mixture.phases does not define"),
     ({"training": {"model": {"rope_scaling": {"type": "linear", "factor": 0.5}}}}, "factor"),
 ])
 def test_recipe_settings_that_cannot_work_are_refused(change, message):

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kiln.config import Mixture, Phase
+from kiln.config import Fim, Mixture, Phase
 from kiln.fim import PSM, SPM, FimIds, FimSplit, fim_split, fim_tokens, unfim
 from kiln.mixture import MixtureError, epoch_warnings, plan_phases, select_documents, shares, split_budget
 from kiln.shards import (HEADER_SIZE, ShardError, ShardInfo, describe_shard_set, open_shard, read_shard_set,
@@ -375,3 +375,33 @@ def test_config_defaults_and_a_full_mixture():
                   shards={"seq_len": 1024, "fim": {"rate": 0.9}})
     assert cfg.tokenizer.vocab_size == 8000 and cfg.tokenizer.normalization == "identity"
     assert cfg.mixture.phases[0].weights == {} and cfg.shards.fim.sources is None and cfg.shards.seq_len == 1024
+
+
+def test_a_long_context_phase_holds_only_documents_that_fill_its_window(tmp_path, monkeypatch):
+    """mixture.phases[*].min_document_tokens: the phase draws only documents at least that long (every document in
+    its shards, read back from the shard offsets), and a loader reading that phase alone (training.phases) finds
+    all its tokens in long documents; the other phase keeps the short ones."""
+    from training_jobs.loader import ShardLoader
+
+    sources = [write_source(tmp_path, "web", make_texts("prose", 300, seed=6)),
+               write_source(tmp_path, "code", make_texts("code", 100, seed=7), domain="code")]
+    tok_dir = train_small_tokenizer(tmp_path, sources)
+    mixture = Mixture(phases=[Phase(name="main", tokens=20_000),
+                              Phase(name="long", tokens=8_000, min_document_tokens=64)])
+    writer = DatasetWriter(tmp_path / "store" / "token_shards" / "_all", "token_shards", None)
+    result = write_token_shards(sources, tok_dir, shard_settings(tokens_per_shard=4096, fim=Fim(rate=0.0)), mixture,
+                                writer, progress=False)
+    monkeypatch.setattr("kiln.storage.git_commit", lambda: None)
+    writer.commit(code_version="test", config={}, inputs={}, counts=result.counts(), stats=result.manifest_stats())
+    folder = tmp_path / "store" / "token_shards" / "_all"
+    shard_set = read_shard_set(folder)
+    sizes = {phase: np.concatenate([np.diff(open_shard(folder / s.path).offsets.astype(np.int64))
+                                    for s in shard_set.split("train") if s.phase == phase]) for phase in ("main", "long")}
+    assert sizes["long"].min() >= 64 and (sizes["main"] < 64).any()
+    assert result.phases[1]["min_document_tokens"] == 64 and result.phases[1]["tokens"] == pytest.approx(8_000, rel=0.05)
+    long_only = ShardLoader(folder, "train", seq_len=64, batch_size=2, phases=["long"])
+    assert [p.name for p in long_only.phases] == ["long"] and long_only.long_document_share(64) == 1.0
+    everything = ShardLoader(folder, "train", seq_len=64, batch_size=2)
+    assert everything.long_document_share(64) < 1.0
+    with pytest.raises(ShardError, match=r"has no phase \['annealing'\] \(phases: \['long', 'main'\]\)"):
+        ShardLoader(folder, "train", seq_len=64, batch_size=2, phases=["annealing"])
