@@ -25,9 +25,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory, token_dataset) -> Path:
+    """Two ranks, ZeRO-3 with the model built under zero.Init (the default)."""
     root = tmp_path_factory.mktemp("base")
     out = root / "base"
-    check(launch(write_run(root, token_dataset, out, max_steps=8, schedule=dict(total_steps=8)), nproc=1))
+    check(launch(write_run(root, token_dataset, out, max_steps=8, schedule=dict(total_steps=8)), nproc=2))
     return out
 
 
@@ -150,20 +151,13 @@ def test_span_corruption_trains_with_the_tokenizers_sentinels(tmp_path):
     assert summary["val_loss"] > 0  # validation stays causal LM loss
 
 
-def test_zero_init_builds_the_same_model_partitioned(tmp_path, token_dataset):
-    """Two ranks, ZeRO-3: the model built inside deepspeed.zero.Init (each parameter partitioned as it is created
-    and initialized one gathered parameter at a time) trains exactly like the one built whole and partitioned by
-    deepspeed.initialize: the same seed gives bit-identical losses (the same fp32 numbers in the same order),
-    and the checkpoint exports (gathering every partition) agree."""
-    from training_jobs.export import load_model
-
-    losses = {}
-    for zero_init in (True, False):
-        out = tmp_path / f"zero_init_{zero_init}"
-        check(launch(write_run(tmp_path, token_dataset, out, max_steps=3, zero_init=zero_init,
-                               schedule=dict(total_steps=3)), nproc=2))
-        losses[zero_init] = [read_metrics(out)[s]["train/loss"] for s in (1, 2, 3)]
-    assert losses[True] == losses[False]
-    a, b = (load_model(tmp_path / f"zero_init_{z}" / "export" / "safetensors") for z in (True, False))
-    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
-        assert torch.equal(pa, pb), name
+def test_zero_init_builds_the_same_model_partitioned(base_run, tmp_path, token_dataset):
+    """Two ranks, ZeRO-3: the base run's model was built inside deepspeed.zero.Init (each parameter partitioned as it
+    is created, initialized one gathered parameter at a time); built whole and partitioned by deepspeed.initialize
+    instead, the same seed gives bit-identical losses (the same fp32 numbers in the same order). Three steps are
+    compared: all inside the 3-step warmup, so the shorter schedule gives the same learning rates."""
+    out = tmp_path / "whole"
+    check(launch(write_run(tmp_path, token_dataset, out, max_steps=3, zero_init=False, checkpoint=dict(every_steps=None),
+                           export=[]), nproc=2))
+    assert [read_metrics(out)[s]["train/loss"] for s in (1, 2, 3)] == \
+        [read_metrics(base_run)[s]["train/loss"] for s in (1, 2, 3)]
