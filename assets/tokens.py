@@ -127,7 +127,8 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
         removed = {n: s["removed_by_request"] for n, s in result.sources.items() if s["removed_by_request"]}
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"shards": config.shards.model_dump(mode="json"), "mixture": config.mixture.model_dump(mode="json"),
+            config={"shards": config.shards.model_dump(mode="json"),
+                    "mixture": config.mixture.model_dump(mode="json", exclude={"replay"}),  # replay is the run's
                     "refreshes": [r.key for r in included], "removal_requests": [r.request_id for r in requests]},
             inputs=inputs, counts=result.counts(), stats=result.manifest_stats())
     for warning in result.warnings:
