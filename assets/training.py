@@ -147,6 +147,12 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
     refresh, shards = latest(store, SHARDS)
     tok = store.manifest(TOKENIZER)
     settings = project.training
+    if settings.objective == "span_corruption" and not any(k.startswith("sentinel_")
+                                                           for k in tok.stats["card"]["special_tokens"]):
+        raise dg.Failure(description="training.objective span_corruption needs sentinel tokens, but the tokenizer of "
+                                     "this KILN_HOME was fitted without them (it is fitted once and kept): "
+                                     "re-materialize `tokenizer` and `token_shards` with tokenizer.sentinel_tokens "
+                                     "set, or use a fresh KILN_HOME")
     base, replay = continued_from(project, store, tok.stats["card"]["sha256"], shards)
     continued = json.dumps({"base": base and base["sha256"], "replay": replay}) if base else ""
     key = run_key(shards.data_version, tok.data_version, settings.model_dump_json() + continued)
@@ -166,7 +172,7 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
     try:
         reported = pipes_subprocess_client.run(command=command, context=context,
                                                env=env, cwd=str(REPO)).get_materialize_result()
-    except dg.DagsterPipesExecutionError as exc:
+    except Exception as exc:  # noqa: BLE001: Dagster's Pipes error (not exported by `dagster`); why is in summary.json
         summary = _read_json(run_dir / "summary.json")
         raise dg.Failure(description=f"training {summary.get('status', 'failed')}: {summary.get('error') or exc}",
                          metadata={"run_dir": dg.MetadataValue.path(str(run_dir))}) from None

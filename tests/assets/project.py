@@ -54,7 +54,7 @@ class Project:
         return store_partition(source, self.current())
 
     def materialize(self, selection: list[str], partition: str | None = None, raise_on_error: bool = True,
-                    refresh: str | None = None):
+                    refresh: str | None = None, run_config: dict | None = None):
         """`partition` is a source name for (source, refresh) assets; per-refresh assets take the refresh."""
         refresh = refresh or self.current()
         definition = next(a for a in self.assets if selection[0] in {k.to_user_string() for k in a.keys})
@@ -65,7 +65,7 @@ class Project:
         else:
             key = None
         return dg.materialize(self.assets, selection=selection, partition_key=key, resources=self.resources,
-                              raise_on_error=raise_on_error, instance=self.instance)
+                              raise_on_error=raise_on_error, instance=self.instance, run_config=run_config)
 
     def materialize_refresh(self, refresh: str | None = None, sources: list[str] | None = None) -> bool:
         """Every data asset of a refresh, in the demo's waves."""

@@ -234,6 +234,21 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     text = lineage(project.store, "checkpoint").render()
     assert "continued pretraining from base checkpoint safetensors" in text and base_ckpt["data_version"] in text
 
+    # A run that fails inside the training processes comes back as a Failure with their reason (summary.json), and
+    # one that cannot work is refused before anything launches.
+    missing = tmp_path / "no_such_shards"
+    failed = project.materialize(["training_run"], raise_on_error=False, run_config={
+        "ops": {"training_run": {"config": {"replay_from": str(missing), "max_steps": 7}}}})
+    failure = next(e for e in failed.all_events if e.event_type_value == "STEP_FAILURE")
+    assert not failed.success and "training failed" in failure.step_failure_data.error.message
+    assert str(missing) in failure.step_failure_data.error.message
+    config["tokenizer"]["sentinel_tokens"] = 100  # the config asks for sentinels; the fitted tokenizer has none
+    config["training"]["objective"] = "span_corruption"
+    project = load_project(config, tmp_path, kiln_home, monkeypatch)
+    refused = project.materialize(["training_run"], raise_on_error=False)
+    failure = next(e for e in refused.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "the tokenizer of this KILN_HOME was fitted without them" in failure.step_failure_data.error.message
+
 
 def test_the_launch_config_changes_one_runs_recipe_and_is_validated_like_the_project():
     import dagster as dg
