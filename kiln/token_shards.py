@@ -315,14 +315,17 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
         files = _TokenFiles([Path(t.tokens_path) for t in tasks], tok.dtype)
 
         train = ~docs.is_val & ~docs.removed
-        natural = {n: int(docs.length[train & (docs.source == i)].sum()) for i, n in enumerate(names)}
-        def long_enough(phase) -> np.ndarray:
-            return docs.length >= (phase.min_document_tokens or 0)
 
+        def natural_at_least(floor: int) -> dict[str, int]:
+            """Each source's training tokens in documents of at least `floor` tokens (what a phase can draw)."""
+            return {n: int(docs.length[train & (docs.length >= floor) & (docs.source == i)].sum())
+                    for i, n in enumerate(names)}
+
+        natural = natural_at_least(0)
         plans = plan_phases(natural, mixture.weights, mixture.token_budget,
-                            [(p.name, p.tokens, p.weights, None if p.min_document_tokens is None else
-                              {n: int(docs.length[train & long_enough(p) & (docs.source == i)].sum())
-                               for i, n in enumerate(names)}) for p in mixture.phases])
+                            [(p.name, p.tokens, p.weights,
+                              p.min_document_tokens and natural_at_least(p.min_document_tokens))
+                             for p in mixture.phases])
         minimum = {p.name: p.min_document_tokens for p in mixture.phases}
         # Each source's training documents in their fixed selection order (doc_id hash), as global indices.
         orders = {}
