@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from training_jobs.settings import TrainingSettings
+
 REPO = Path(__file__).resolve().parents[2]
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -98,3 +100,49 @@ def read_metrics(output_dir: Path) -> dict[int, dict]:
         if "train/loss" in row:
             rows[row["step"]] = row
     return rows
+
+
+# ------------------------------------------------------------------------------------ training runs
+
+BASE = dict(seq_len=32, micro_batch_size=4, max_steps=12, log_every_steps=2, val_batches=4,
+            schedule=dict(lr=3e-3, min_lr=3e-4, warmup_steps=3, total_steps=12),
+            checkpoint=dict(every_steps=4, keep_last=2), monitor=dict(window=5, min_history=3))
+
+
+def write_run(root: Path, token_dataset, output: Path, experiment: str = "kiln-tests", **overrides) -> Path:
+    settings = {**BASE, **overrides}
+    for key in ("schedule", "checkpoint", "monitor"):
+        settings[key] = {**BASE[key], **overrides.get(key, {})}
+    run = TrainingSettings(**settings).to_run_config(
+        dataset_dir=token_dataset.dir, tokenizer_sha256=token_dataset.tokenizer_sha256, output_dir=output,
+        tokenizer_dir=token_dataset.tokenizer_dir, experiment=experiment, run_name=output.name)
+    return run.write(root / f"{output.name}.json")
+
+
+def check(done) -> None:
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
+
+
+def summary_of(output: Path) -> dict:
+    return json.loads((output / "summary.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def mlflow_uri(tmp_path_factory) -> str:
+    import mlflow
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    mlflow.MlflowClient(uri).create_experiment("kiln-tests", artifact_location=str(root / "artifacts"))
+    return uri
+
+
+@pytest.fixture(scope="session")
+def run_a(tmp_path_factory, token_dataset, mlflow_uri) -> Path:
+    """The uninterrupted reference: torchrun, 2 ranks, 12 steps, a checkpoint every 4 (keep 2); shared by the
+    training-loop tests and the recipes (a base checkpoint)."""
+    root = tmp_path_factory.mktemp("run_a")
+    out = root / "a"
+    # Validation every 6 steps here only: it must not change a single training loss (the resume tests compare).
+    check(launch(write_run(root, token_dataset, out, val_every_steps=6), nproc=2,
+                 env={"MLFLOW_TRACKING_URI": mlflow_uri}))
+    return out

@@ -2,20 +2,19 @@
 continued pretraining with replay and a re-warmup, a long-context phase (longer seq_len, larger RoPE base) with
 prefix-LM, span corruption, and the refusals a base checkpoint can meet.
 
-The base run: 1 process, 8 steps of the tiny test model. Expected values come from a second implementation
-(export.load_model + evaluate.stream_loss in plain PyTorch on the same held-back tokens) or by hand.
+The base run is conftest's run_a (2 ranks, 12 steps of the tiny test model, ZeRO-3 under zero.Init). Expected
+values come from a second implementation (export.load_model + evaluate.stream_loss in plain PyTorch on the same
+held-back tokens) or by hand.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.training_jobs.conftest import launch, read_metrics
-from tests.training_jobs.test_train_cpu import check, summary_of, write_run
+from tests.training_jobs.conftest import check, launch, read_metrics, summary_of, write_run
 from training_jobs import checkpoint
 from training_jobs.base import BaseCheckpointError, check_compatible, load_base
 from training_jobs.model import ModelConfig
@@ -23,23 +22,14 @@ from training_jobs.model import ModelConfig
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def base_run(tmp_path_factory, token_dataset) -> Path:
-    """Two ranks, ZeRO-3 with the model built under zero.Init (the default)."""
-    root = tmp_path_factory.mktemp("base")
-    out = root / "base"
-    check(launch(write_run(root, token_dataset, out, max_steps=8, schedule=dict(total_steps=8)), nproc=2))
-    return out
-
-
-def test_a_continued_run_starts_from_the_base_weights_and_replays_its_data(base_run, tmp_path, token_dataset):
+def test_a_continued_run_starts_from_the_base_weights_and_replays_its_data(run_a, tmp_path, token_dataset):
     """Two ranks continue the base's ZeRO checkpoint with a re-warmup and 25% replay. Before any update the run
     measures the base's loss on its held-back tokens: it must equal the base export's loss on the same tokens
     computed in plain PyTorch (the weights arrived intact, under ZeRO-3 partitioning)."""
     from training_jobs.evaluate import stream_loss, validation_stream
     from training_jobs.export import load_model
 
-    ckpt = base_run / "checkpoints" / "step_00000008"
+    ckpt = run_a / "checkpoints" / "step_00000012"
     out = tmp_path / "continued"
     run = write_run(tmp_path, token_dataset, out, max_steps=4, base_checkpoint=str(ckpt), rewarmup_steps=2,
                     schedule=dict(total_steps=4), checkpoint=dict(every_steps=4))
@@ -51,7 +41,7 @@ def test_a_continued_run_starts_from_the_base_weights_and_replays_its_data(base_
 
     # val_batches 4 x micro-batch 4 x 2 ranks = the first 32 windows of 32 tokens of the validation stream.
     tokens = validation_stream(token_dataset.dir, token_dataset.tokenizer_sha256)[:32 * 32 + 1]
-    expected = stream_loss(load_model(base_run / "export" / "safetensors"), tokens, 32)["loss"]
+    expected = stream_loss(load_model(run_a / "export" / "safetensors"), tokens, 32)["loss"]
     assert summary["base_val_loss"] == pytest.approx(expected, abs=2e-5)
     assert summary["base_checkpoint"]["kind"] == "deepspeed"
     assert summary["base_checkpoint"]["sha256"] == checkpoint.sha256_file(ckpt / checkpoint.MANIFEST)
@@ -60,7 +50,7 @@ def test_a_continued_run_starts_from_the_base_weights_and_replays_its_data(base_
     metrics = read_metrics(out)
     lr = 3e-3  # BASE schedule's peak; the re-warmup of 2 steps: lr/2, then lr
     assert [metrics[s]["train/lr"] for s in (1, 2)] == pytest.approx([lr / 2, lr])
-    assert metrics[1]["train/loss"] < summary_of(base_run)["final_loss"] + 1.0  # not a fresh model's ~6.2
+    assert metrics[1]["train/loss"] < summary_of(run_a)["final_loss"] + 1.0  # not a fresh model's ~6.2
 
     state = torch.load(out / "checkpoints" / "step_00000004" / "zero_pp_rank_0_mp_rank_00_model_states.pt",
                        weights_only=True)["kiln"]["loader"]
@@ -70,7 +60,7 @@ def test_a_continued_run_starts_from_the_base_weights_and_replays_its_data(base_
     assert manifest["base_checkpoint"]["sha256"] == summary["base_checkpoint"]["sha256"]  # lineage travels on
 
 
-def test_a_long_context_phase_with_prefix_lm_exports_what_it_trained(base_run, tmp_path, token_dataset):
+def test_a_long_context_phase_with_prefix_lm_exports_what_it_trained(run_a, tmp_path, token_dataset):
     """From the base's safetensors export: twice the sequence length, a 10x RoPE base, prefix-LM. The HF export
     of the result gives Kiln's logits at the new length; perplexity by position is reported."""
     transformers = pytest.importorskip("transformers")
@@ -78,7 +68,7 @@ def test_a_long_context_phase_with_prefix_lm_exports_what_it_trained(base_run, t
 
     out = tmp_path / "long"
     check(launch(write_run(tmp_path, token_dataset, out, seq_len=64, max_steps=2, val_batches=2,
-                           base_checkpoint=str(base_run / "export" / "safetensors"), objective="prefix_lm",
+                           base_checkpoint=str(run_a / "export" / "safetensors"), objective="prefix_lm",
                            model={"rope_theta": 100_000.0}, schedule=dict(total_steps=2)), nproc=1))
     summary = summary_of(out)
     assert summary["model"]["rope_theta"] == 100_000.0 and summary["model"]["max_seq_len"] == 64
@@ -96,18 +86,18 @@ def test_a_long_context_phase_with_prefix_lm_exports_what_it_trained(base_run, t
                                    atol=1e-4, rtol=0)
 
 
-def test_every_form_of_a_base_gives_the_same_weights(base_run):
-    deepspeed_form = load_base(base_run / "checkpoints" / "step_00000008")
+def test_every_form_of_a_base_gives_the_same_weights(run_a):
+    deepspeed_form = load_base(run_a / "checkpoints" / "step_00000012")
     for form in ("export/safetensors", "export/hf", "export"):
-        other = load_base(base_run / form)
+        other = load_base(run_a / form)
         assert other.cfg == deepspeed_form.cfg, form
         assert other.tokenizer_sha256 == deepspeed_form.tokenizer_sha256, form
         for name, tensor in deepspeed_form.state.items():
             torch.testing.assert_close(other.state[name], tensor, atol=0, rtol=0, msg=f"{form}: {name}")
 
 
-def test_a_base_from_another_tokenizer_or_shape_is_refused(base_run, tmp_path, token_dataset):
-    base = load_base(base_run / "export")
+def test_a_base_from_another_tokenizer_or_shape_is_refused(run_a, tmp_path, token_dataset):
+    base = load_base(run_a / "export")
     with pytest.raises(BaseCheckpointError, match="trained with tokenizer .* the same ids would mean other text"):
         check_compatible(base, base.cfg, "ab" * 32)
     wider = ModelConfig(**{**base.cfg.to_dict(), "d_model": 128, "ffn_hidden": 384})
@@ -119,7 +109,7 @@ def test_a_base_from_another_tokenizer_or_shape_is_refused(base_run, tmp_path, t
     # Through the entry point: the run stops before training and says why in summary.json.
     import shutil
     foreign = tmp_path / "foreign"
-    shutil.copytree(base_run / "export", foreign)
+    shutil.copytree(run_a / "export", foreign)
     meta = json.loads((foreign / "safetensors" / "model_config.json").read_text())
     (foreign / "safetensors" / "model_config.json").write_text(json.dumps({**meta, "tokenizer_sha256": "cd" * 32}))
     out = tmp_path / "refused"
@@ -151,13 +141,12 @@ def test_span_corruption_trains_with_the_tokenizers_sentinels(tmp_path):
     assert summary["val_loss"] > 0  # validation stays causal LM loss
 
 
-def test_zero_init_builds_the_same_model_partitioned(base_run, tmp_path, token_dataset):
-    """Two ranks, ZeRO-3: the base run's model was built inside deepspeed.zero.Init (each parameter partitioned as it
-    is created, initialized one gathered parameter at a time); built whole and partitioned by deepspeed.initialize
-    instead, the same seed gives bit-identical losses (the same fp32 numbers in the same order). Three steps are
-    compared: all inside the 3-step warmup, so the shorter schedule gives the same learning rates."""
+def test_zero_init_builds_the_same_model_partitioned(run_a, tmp_path, token_dataset):
+    """Two ranks, ZeRO-3: run_a's model was built inside deepspeed.zero.Init (each parameter partitioned as it is
+    created, initialized one gathered parameter at a time); built whole and partitioned by deepspeed.initialize
+    instead, the same seed and schedule give bit-identical losses (the same fp32 numbers in the same order)."""
     out = tmp_path / "whole"
     check(launch(write_run(tmp_path, token_dataset, out, max_steps=3, zero_init=False, checkpoint=dict(every_steps=None),
                            export=[]), nproc=2))
     assert [read_metrics(out)[s]["train/loss"] for s in (1, 2, 3)] == \
-        [read_metrics(base_run)[s]["train/loss"] for s in (1, 2, 3)]
+        [read_metrics(run_a)[s]["train/loss"] for s in (1, 2, 3)]

@@ -19,53 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.training_jobs.conftest import REPO, launch, launch_command, read_metrics
+from tests.training_jobs.conftest import REPO, check, launch, launch_command, read_metrics, summary_of, write_run
 from training_jobs import checkpoint
-from training_jobs.settings import TrainingSettings
 
 pytestmark = pytest.mark.slow
-
-BASE = dict(seq_len=32, micro_batch_size=4, max_steps=12, log_every_steps=2, val_batches=4,
-            schedule=dict(lr=3e-3, min_lr=3e-4, warmup_steps=3, total_steps=12),
-            checkpoint=dict(every_steps=4, keep_last=2), monitor=dict(window=5, min_history=3))
-
-
-def write_run(root: Path, token_dataset, output: Path, experiment: str = "kiln-tests", **overrides) -> Path:
-    settings = {**BASE, **overrides}
-    for key in ("schedule", "checkpoint", "monitor"):
-        settings[key] = {**BASE[key], **overrides.get(key, {})}
-    run = TrainingSettings(**settings).to_run_config(
-        dataset_dir=token_dataset.dir, tokenizer_sha256=token_dataset.tokenizer_sha256, output_dir=output,
-        tokenizer_dir=token_dataset.tokenizer_dir, experiment=experiment, run_name=output.name)
-    return run.write(root / f"{output.name}.json")
-
-
-def check(done) -> None:
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
-
-
-def summary_of(output: Path) -> dict:
-    return json.loads((output / "summary.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def mlflow_uri(tmp_path_factory) -> str:
-    import mlflow
-    root = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    mlflow.MlflowClient(uri).create_experiment("kiln-tests", artifact_location=str(root / "artifacts"))
-    return uri
-
-
-@pytest.fixture(scope="module")
-def run_a(tmp_path_factory, token_dataset, mlflow_uri) -> Path:
-    root = tmp_path_factory.mktemp("run_a")
-    out = root / "a"
-    # Validation every 6 steps here only: it must not change a single training loss (the resume tests compare).
-    check(launch(write_run(root, token_dataset, out, val_every_steps=6), nproc=2,
-                 env={"MLFLOW_TRACKING_URI": mlflow_uri}))
-    return out
-
 
 @pytest.fixture(scope="module")
 def run_b(tmp_path_factory, token_dataset) -> Path:
