@@ -52,10 +52,6 @@ class BaseWeights:
                 "tokenizer_sha256": self.tokenizer_sha256, "trained_on": self.trained_on}
 
 
-def _sha256(path: Path) -> str:
-    return checkpoint.sha256_file(path)
-
-
 def _run_config_near(ckpt: Path) -> dict[str, Any]:
     """The run config of the run a DeepSpeed checkpoint belongs to (<output_dir>/checkpoints/<tag>), if there."""
     path = ckpt.parent.parent / "run_config.json"
@@ -83,7 +79,7 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
 
 def _tokenizer_of_hf(folder: Path) -> str | None:
     model = folder / "tokenizer.model"
-    return _sha256(model) if model.is_file() else None
+    return checkpoint.sha256_file(model) if model.is_file() else None
 
 
 def load_base(path: str | Path, weights: bool = True) -> BaseWeights:
@@ -105,19 +101,21 @@ def load_base(path: str | Path, weights: bool = True) -> BaseWeights:
         return BaseWeights(path, "deepspeed", ModelConfig.from_dict(manifest["model"]),
                            consolidate(path) if weights else {},
                            manifest.get("tokenizer_sha256") or run.get("tokenizer_sha256"),
-                           manifest.get("dataset_dir") or run.get("dataset_dir"), _sha256(path / checkpoint.MANIFEST))
+                           manifest.get("dataset_dir") or run.get("dataset_dir"),
+                           checkpoint.sha256_file(path / checkpoint.MANIFEST))
     if (path / CONFIG_FILE).is_file():
         meta = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
         cfg = ModelConfig.from_dict(meta["model"])
         state = _tie(load_file(str(path / MODEL_FILE)), cfg) if weights else {}
         tokenizer = meta.get("tokenizer_sha256") or _tokenizer_of_hf(path.parent / "hf")
         return BaseWeights(path, "safetensors", cfg, state, tokenizer, meta.get("dataset_dir"),
-                           _sha256(path / MODEL_FILE))
+                           checkpoint.sha256_file(path / MODEL_FILE))
     if (path / "config.json").is_file():
         cfg = from_hf_config(json.loads((path / "config.json").read_text(encoding="utf-8")))
         state = _tie({k.removeprefix("model."): v.float() for k, v in load_file(str(path / MODEL_FILE)).items()},
                      cfg) if weights else {}
-        return BaseWeights(path, "hf", cfg, state, _tokenizer_of_hf(path), None, _sha256(path / MODEL_FILE))
+        return BaseWeights(path, "hf", cfg, state, _tokenizer_of_hf(path), None,
+                           checkpoint.sha256_file(path / MODEL_FILE))
     raise BaseCheckpointError(f"training.base_checkpoint {path} is not a checkpoint: expected a DeepSpeed checkpoint "
                               f"folder (checkpoints/step_N with manifest.json), a Kiln safetensors export "
                               f"({CONFIG_FILE}) or an HF Llama folder (config.json)")
