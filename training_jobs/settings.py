@@ -139,6 +139,38 @@ class MonitorSettings(_Strict):
     lr_reduced_steps: int = Field(100, ge=0)  # ... for this many steps
 
 
+class Parallelism(_Strict):
+    """The 3D layout of a run: tensor x pipeline x data parallel ranks, ZeRO stage, batch split. `kiln plan --json`
+    emits this block (under `training:`) and a run accepts it as is. tp * pp * dp must equal the world size;
+    dp None: whatever the world size leaves. micro_batch / grad_accum / zero_stage None: training.micro_batch_size,
+    training.grad_accum and the DeepSpeed JSON's stage."""
+
+    tp: int = Field(1, gt=0)
+    pp: int = Field(1, gt=0)
+    dp: int | None = Field(None, gt=0)
+    zero_stage: Literal[0, 1, 2, 3] | None = None
+    micro_batch: int | None = Field(None, gt=0)
+    grad_accum: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _pipeline_zero(self):
+        if self.pp > 1 and self.zero_stage is not None and self.zero_stage > 1:
+            raise ValueError(f"training.parallelism: pp {self.pp} with zero_stage {self.zero_stage}: DeepSpeed's "
+                             f"pipeline engine runs ZeRO stage 0 or 1 only; set zero_stage: 1 (or pp: 1)")
+        return self
+
+    def data_parallel(self, world_size: int) -> int:
+        """The data-parallel degree at this world size; a layout that does not divide it is refused."""
+        model_parallel = self.tp * self.pp
+        if world_size % model_parallel or (self.dp is not None and self.dp * model_parallel != world_size):
+            layout = (f"tp {self.tp} x pp {self.pp} x dp {self.dp} = {self.dp * model_parallel} ranks" if self.dp
+                      else f"tp {self.tp} x pp {self.pp} = {model_parallel} ranks per data-parallel replica")
+            raise ValueError(f"training.parallelism ({layout}) does not fit the {world_size} training processes: "
+                             f"launch tp*pp*dp processes (training_launcher nproc_per_node / num_workers) or change "
+                             f"the layout (dp: null takes whatever the world size leaves)")
+        return world_size // model_parallel
+
+
 class TrainingSettings(_Strict):
     """Everything about a training run that belongs in the project config."""
 
@@ -170,6 +202,10 @@ class TrainingSettings(_Strict):
     # asset of this KILN_HOME) with a new schedule; the architecture must match, except the context settings.
     base_checkpoint: str | None = None
     rewarmup_steps: int | None = Field(None, ge=0)  # with base_checkpoint: the warmup of the new schedule
+    # How training processes start: the deepspeed launcher or torchrun on this machine, or Ray Train workers on the
+    # Ray cluster (engine.ray_address / RAY_ADDRESS; an embedded local Ray when unset). The resource may override.
+    launcher: Literal["deepspeed", "torchrun", "ray"] = "deepspeed"
+    parallelism: Parallelism = Parallelism()  # the 3D layout; `kiln plan --json` writes it
 
     @model_validator(mode="before")
     @classmethod
@@ -177,6 +213,24 @@ class TrainingSettings(_Strict):
         if isinstance(data, dict):
             if data.get("max_steps") is not None and data.get("token_budget") is not None:
                 raise ValueError("set training.max_steps or training.token_budget, not both")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _batch_from_layout(cls, data: Any) -> Any:
+        """The layout's micro_batch / grad_accum fill micro_batch_size / grad_accum; both set and different is
+        an error, not a silent choice."""
+        if not isinstance(data, dict) or not isinstance(data.get("parallelism"), dict):
+            return data
+        data = dict(data)
+        for layout_key, key in (("micro_batch", "micro_batch_size"), ("grad_accum", "grad_accum")):
+            value = data["parallelism"].get(layout_key)
+            if value is None:
+                continue
+            if data.get(key) is not None and data[key] != value:
+                raise ValueError(f"training.{key} is {data[key]} but training.parallelism.{layout_key} is {value}; "
+                                 f"set one of them")
+            data[key] = value
         return data
 
     @model_validator(mode="after")
@@ -289,6 +343,6 @@ def load_deepspeed_config(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"DeepSpeed config {path} is not valid JSON: {exc}") from None
 
 
-__all__ = ["CheckpointSettings", "DEFAULT_DEEPSPEED_CONFIG", "ModelSettings", "MonitorSettings", "PRESETS",
+__all__ = ["CheckpointSettings", "DEFAULT_DEEPSPEED_CONFIG", "ModelSettings", "MonitorSettings", "PRESETS", "Parallelism",
            "RopeScaling", "RUN_CONFIG_FORMAT", "Replay", "RunConfig", "ScheduleSettings", "TrainingSettings",
            "llama_ffn_hidden", "load_deepspeed_config"]

@@ -2,6 +2,8 @@
 
 Flags map one-to-one onto `PlanRequest` fields; `--config project.yaml` reads the `planning:` key
 first and flags override it. Invalid input prints `kiln plan: <message>` to stderr and returns 2.
+Output: a table, `--json` (the whole plan; its "training" key is the layout as the project config's
+`training:` section takes it), or `--training-yaml` (only that block, as YAML).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kiln.planning.plan import PlanRequest, make_plan
+from kiln.planning.plan import Plan, PlanRequest, make_plan
 from kiln.planning.scaling import runs_from_mlflow
 
 EXIT_OK = 0
@@ -76,7 +78,10 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     add("--config", type=Path, help="project YAML; its `planning:` mapping is the starting point")
     add("--mlflow-uri", dest="mlflow_uri", help="tracking URI with finished runs to fit own scaling laws")
     add("--experiment", help="MLflow experiment name (with --mlflow-uri)")
-    add("--json", dest="json", action="store_true", help="print JSON instead of the table")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", dest="json", action="store_true", help="print JSON instead of the table")
+    output.add_argument("--training-yaml", dest="training_yaml", action="store_true",
+                        help="print only the layout as YAML to put under `training:` in the project config")
     parser.set_defaults(func=run_plan)
     return parser
 
@@ -135,5 +140,19 @@ def run_plan(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kiln plan: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(json.dumps(plan.to_dict(), indent=2) if getattr(args, "json", False) else plan.render())
+    if getattr(args, "training_yaml", False):
+        print(training_yaml(plan))
+    else:
+        print(json.dumps(plan.to_dict(), indent=2) if getattr(args, "json", False) else plan.render())
     return EXIT_OK
+
+
+def training_yaml(plan: Plan) -> str:
+    """The plan's `training:` keys as YAML with a comment saying where they go (`--training-yaml`)."""
+    lines = [
+        "# under `training:` in the project config; micro_batch and grad_accum there replace",
+        "# training.micro_batch_size and training.grad_accum (remove those, or keep them equal)",
+    ]
+    if not plan.parallelism.fits:
+        lines.append(f"# warning: {plan.warnings[0]}")
+    return "\n".join([*lines, plan.training_yaml()])

@@ -114,6 +114,15 @@ class ParallelismPlan:
     def global_batch_tokens(self) -> int:
         return self.global_batch_sequences * self.seq_len
 
+    def training_block(self) -> dict:
+        """The project config's `training:` keys for this layout, `{"parallelism": {tp, pp, dp, zero_stage,
+        micro_batch, grad_accum}}`, as `training_jobs.settings.Parallelism` reads them (`kiln plan --json`
+        prints it under "training"). Its micro_batch / grad_accum fill training.micro_batch_size / grad_accum."""
+        return {"parallelism": {
+            "tp": self.tp, "pp": self.pp, "dp": self.dp, "zero_stage": self.zero_stage,
+            "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
+        }}
+
     def to_dict(self) -> dict:
         return {
             "tp": self.tp, "pp": self.pp, "dp": self.dp, "zero_stage": self.zero_stage,

@@ -216,6 +216,14 @@ class Plan:
     def steps(self) -> int:
         return math.ceil(self.tokens / self.parallelism.global_batch_tokens)
 
+    def training_yaml(self) -> str:
+        """`training_block()` as YAML lines to paste under the project config's `training:` key."""
+        return "\n".join(f"{key}: {_flow(value)}" for key, value in self.training_block().items())
+
+    def training_block(self) -> dict[str, Any]:
+        """The project config's `training:` keys this plan sets: `{"parallelism": {...}}`."""
+        return self.parallelism.training_block()
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "request": self.request.model_dump(mode="json"),
@@ -242,6 +250,7 @@ class Plan:
             },
             "compute": self.compute.to_dict(),
             "parallelism": self.parallelism.to_dict(),
+            "training": self.training_block(),  # paste into the project config's `training:` section
             "reliability": self.reliability.to_dict(),
             "data": None if self.data is None else self.data.to_dict(),
             "own_fit": self.own_fit,
@@ -375,6 +384,11 @@ def _count(value: float) -> str:
     return f"{value:.3g}"
 
 
+def _flow(mapping: dict[str, Any]) -> str:
+    """A flat mapping as a one-line YAML flow mapping, `{tp: 2, pp: 1}`."""
+    return "{" + ", ".join(f"{key}: {value}" for key, value in mapping.items()) + "}"
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows)]
     line = lambda cells: indent + "  ".join(  # noqa: E731
@@ -427,6 +441,7 @@ def _render(plan: Plan) -> str:
         f"  layout      TP {par.tp} x PP {par.pp} x DP {par.dp}, ZeRO-{par.zero_stage}, "
         f"{par.recompute} recompute, micro-batch {par.micro_batch} x {par.grad_accum} accumulation"
         + (f", bubble {par.bubble_fraction:.0%}" if par.pp > 1 else ""),
+        f"  config      training.{plan.training_yaml()}",
         f"  memory/GPU  {gib(mem.total)} of {gib(par.usable_bytes)} GiB usable"
         + ("" if par.fits else " (DOES NOT FIT)")
         + f": weights {gib(mem.weights)}, grads {gib(mem.gradients)}, optimizer {gib(mem.optimizer)}, "
