@@ -19,7 +19,7 @@ from kiln.refresh import latest, load_refreshes, materialized, trained_refresh, 
 from kiln.storage import IncompleteDataset
 from kiln.token_shards import is_validation
 from kiln.tokenizer import Tokenizer, read_documents
-from resources import KilnConfig, KilnStorage, MlflowTracking, TrainingLauncher
+from resources import KilnConfig, KilnEngine, KilnStorage, MlflowTracking, TrainingLauncher
 
 RUN, CHECKPOINT, EVALUATION = "training_run", "checkpoint", "evaluation"
 REPO = Path(__file__).resolve().parents[1]
@@ -44,10 +44,11 @@ class TrainingLaunch(dg.Config):
     rope_scaling_factor: Optional[float] = None  # training.model.rope_scaling: {type: linear, factor: ...}
     replay_share: Optional[float] = None  # mixture.replay.share
     replay_from: Optional[str] = None  # mixture.replay.from
+    launcher: Optional[str] = None  # training.launcher: deepspeed | torchrun | ray
 
     def apply(self, config: ProjectConfig) -> ProjectConfig:
         training = {k: getattr(self, k) for k in ("base_checkpoint", "rewarmup_steps", "objective", "seq_len",
-                                                  "max_steps") if getattr(self, k) is not None}
+                                                  "max_steps", "launcher") if getattr(self, k) is not None}
         model = {k: v for k, v in {"rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling_factor and
                                    {"type": "linear", "factor": self.rope_scaling_factor}}.items() if v is not None}
         replay = {k: v for k, v in {"share": self.replay_share, "from": self.replay_from}.items() if v is not None}
@@ -140,7 +141,7 @@ def _mlflow_run(tracking: MlflowTracking, run_dir: Path, name: str, tags: dict[s
 def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln_config: KilnConfig,
                  storage: KilnStorage,
                  training_launcher: TrainingLauncher, mlflow_tracking: MlflowTracking,
-                 pipes_subprocess_client: dg.PipesSubprocessClient) -> dg.MaterializeResult:
+                 pipes_subprocess_client: dg.PipesSubprocessClient, engine: KilnEngine) -> dg.MaterializeResult:
     """A DeepSpeed ZeRO-3 pretraining run on the newest refresh's token shards, tracked in MLflow; a crashed run
     resumes from its newest complete checkpoint when materialized again."""
     project, store = config.apply(kiln_config.load()), storage.store()
@@ -153,6 +154,11 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
                                      "this KILN_HOME was fitted without them (it is fitted once and kept): "
                                      "re-materialize `tokenizer` and `token_shards` with tokenizer.sentinel_tokens "
                                      "set, or use a fresh KILN_HOME")
+    launcher, world_size = training_launcher.chosen(settings.launcher), training_launcher.world_size(settings.launcher)
+    try:
+        settings.parallelism.data_parallel(world_size)
+    except ValueError as exc:
+        raise dg.Failure(description=f"{exc} (the {launcher} launcher starts {world_size})") from None
     base, replay = continued_from(project, store, tok.stats["card"]["sha256"], shards)
     continued = json.dumps({"base": base and base["sha256"], "replay": replay}) if base else ""
     key = run_key(shards.data_version, tok.data_version, settings.model_dump_json() + continued)
@@ -168,7 +174,7 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
         tokenizer_dir=store.dataset_dir(TOKENIZER), experiment=mlflow_tracking.experiment, run_name=f"kiln-{key}",
         tags=tags, base_checkpoint=base and base["path"], replay=replay).write(run_dir / "run_config.json")
     env = {**training_launcher.env(), **mlflow_tracking.env(), "MLFLOW_RUN_ID": mlflow_run_id}
-    command = training_launcher.command(run_config)
+    command = training_launcher.command(run_config, settings.launcher, engine.ray_address or project.engine.ray_address)
     try:
         reported = pipes_subprocess_client.run(command=command, context=context,
                                                env=env, cwd=str(REPO)).get_materialize_result()
@@ -183,7 +189,8 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
             shutil.copy2(run_dir / name, writer.dir / name)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"training": settings.model_dump(mode="json"), "launcher": command[:1], "replay": replay},
+            config={"training": settings.model_dump(mode="json"), "replay": replay,
+                    "launcher": {"name": launcher, "world_size": world_size}},
             inputs={f"{SHARDS}/{refresh}": shards.data_version, TOKENIZER: tok.data_version},
             counts={"steps": summary["steps"], "tokens_seen": summary["tokens_seen"]},
             stats={"summary": summary, "run_dir": str(run_dir), "base_checkpoint": base,

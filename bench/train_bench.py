@@ -4,6 +4,10 @@ entry point (torchrun + DeepSpeed ZeRO-3 + training_jobs.train), and the same mo
 
     .venv/bin/python bench/train_bench.py                                   # CPU: tiny, 2 ranks
     .venv/bin/python bench/train_bench.py --preset 125m,350m --seq-len 2048 --micro-batch 8 --steps 50   # GPUs
+    .venv/bin/python bench/train_bench.py --launcher deepspeed,ray --no-plain    # the launchers side by side
+
+--launcher: torchrun (default), deepspeed, ray (training_jobs/ray_launch.py on an embedded local Ray, or on
+RAY_ADDRESS's cluster); each one trains the same run in turn.
 
 Data: random tokens in a synthetic shard set (a 32k vocabulary), so the figures are about compute, not
 learning. Throughput is the steady state reported in summary.json (the first step, which pays for
@@ -110,21 +114,45 @@ def main() -> None:
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--peak-tflops", type=float, default=None, help="per device; default: the GPU table")
     parser.add_argument("--json", action="store_true", help="also print the summary as one JSON line")
+    parser.add_argument("--launcher", default="torchrun", help="comma-separated: torchrun, deepspeed, ray")
+    parser.add_argument("--no-plain", dest="plain", action="store_false", help="skip the plain PyTorch loop")
     args = parser.parse_args()
 
     print(f"machine: {machine()}")
     for preset in args.preset.split(","):
         args.preset = preset.strip()
-        bench_preset(args, on_gpu)
+        summary = None
+        for launcher in args.launcher.split(","):
+            summary = bench_preset(args, on_gpu, launcher.strip())
+        if args.plain:
+            plain_line(args, on_gpu, summary)
 
 
-def bench_preset(args, on_gpu: bool) -> None:
-    settings = TrainingSettings(
+def launch_command(launcher: str, nproc: int, run: Path) -> list[str]:
+    bin_dir = Path(sys.executable).parent
+    entry = ["training_jobs.train", "--run-config", str(run)]
+    if launcher == "torchrun":
+        return [str(bin_dir / "torchrun"), "--standalone", f"--nproc_per_node={nproc}", "-m", *entry]
+    if launcher == "deepspeed":
+        return [str(bin_dir / "deepspeed"), "--num_gpus", str(nproc), "--module", *entry]
+    if launcher == "ray":
+        return [sys.executable, "-m", "training_jobs.ray_launch", "--run-config", str(run), "--num-workers",
+                str(nproc), "--max-failures", "0"]
+    sys.exit(f"--launcher {launcher!r}: expected torchrun, deepspeed or ray")
+
+
+def bench_settings(args) -> TrainingSettings:
+    return TrainingSettings(
         model={"preset": args.preset, "activation_checkpointing": args.activation_checkpointing},
         seq_len=args.seq_len, micro_batch_size=args.micro_batch, grad_accum=args.grad_accum, max_steps=args.steps,
         precision=args.precision, log_every_steps=max(1, args.steps // 5), val_batches=2, peak_tflops=args.peak_tflops,
         schedule={"warmup_steps": 5}, checkpoint={"every_steps": None, "keep_last": 1, "resume": False},
         monitor={"enabled": False}, export=[])
+
+
+def bench_preset(args, on_gpu: bool, launcher: str) -> dict:
+    """One launch of the real entry point; prints its figures and returns its summary.json."""
+    settings = bench_settings(args)
     with tempfile.TemporaryDirectory(prefix="kiln-train-bench-") as tmp:
         tmp = Path(tmp)
         tokens = settings.tokens_per_step(args.nproc, args.seq_len) * (args.steps + 2) + args.seq_len + 1
@@ -138,8 +166,7 @@ def bench_preset(args, on_gpu: bool) -> None:
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
         env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(os.environ.get("KILN_HOME", REPO / ".kiln")).resolve()
                                                    / "torch_extensions"))
-        cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", f"--nproc_per_node={args.nproc}",
-               "-m", "training_jobs.train", "--run-config", str(run)]
+        cmd = launch_command(launcher, args.nproc, run)
         t0 = time.perf_counter()
         done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
@@ -151,19 +178,22 @@ def bench_preset(args, on_gpu: bool) -> None:
     mfu = f"{s['mfu']:.1%}" if s["mfu"] is not None else "n/a (no peak for this device; --peak-tflops to set one)"
     print(f"model: {args.preset}, {s['n_params'] / 1e6:.1f}M parameters ({s['n_params_non_embedding'] / 1e6:.2f}M "
           f"non-embedding), {s['flops_per_token'] / 1e9:.3f} GFLOP/token at seq_len {args.seq_len}")
-    print(f"run: {s['world_size']} x {s['device']}, {s['precision']}, micro-batch {args.micro_batch} x accum "
+    print(f"run ({launcher} launcher): {s['world_size']} x {s['device']}, {s['precision']}, micro-batch {args.micro_batch} x accum "
           f"{args.grad_accum} = {s['tokens_per_step']:,} tokens/step, {s['steps']} steps, ZeRO-3"
           f"{', activation checkpointing' if args.activation_checkpointing else ''}")
     print(f"throughput: {steps_per_s:.2f} steps/s, {s['tokens_per_s']:,.0f} tokens/s "
           f"({s['tokens_per_s'] / s['world_size']:,.0f} per rank), MFU {mfu}")
     print(f"wall: {wall:.1f} s for the whole launch (imports, DeepSpeed init, {s['steps']} steps, final checkpoint)")
     if args.json:
-        print(json.dumps({"preset": args.preset, "steps_per_s": steps_per_s, **{k: s[k] for k in (
+        print(json.dumps({"preset": args.preset, "launcher": launcher, "steps_per_s": steps_per_s, **{k: s[k] for k in (
             "tokens_per_s", "mfu", "world_size", "device", "precision", "tokens_per_step", "n_params",
             "flops_per_token", "peak_flops_per_device")}}))
+    return s
 
 
-    plain = plain_pytorch(settings, args.seq_len, args.micro_batch, min(args.steps, 20))
+def plain_line(args, on_gpu: bool, s: dict) -> None:
+    """The same model in a bare PyTorch loop, against the last launch's figures."""
+    plain = plain_pytorch(bench_settings(args), args.seq_len, args.micro_batch, min(args.steps, 20))
     plain_mfu = f"{plain['mfu']:.1%}" if plain["mfu"] is not None else "n/a"
     # On GPUs compare one device with one device; on CPU the plain loop has every core in one process,
     # the DeepSpeed ranks split them, so compare the machine's totals.

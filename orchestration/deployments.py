@@ -1,6 +1,6 @@
 """Resource wiring per deployment, chosen by `KILN_DEPLOYMENT`: `local` (the default: everything under
-KILN_HOME on this machine) or `production` (deploy/production/README.md: an MLflow server, a multi-node
-DeepSpeed hostfile, values read from the run's environment when a run starts)."""
+KILN_HOME on this machine) or `production` (deploy/production/README.md: an MLflow server, training on
+Ray Train workers across the Ray cluster, values read from the run's environment when a run starts)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def deployment_resources(deployment: str | None = None) -> dict[str, object]:
     """The resources of `orchestration.definitions` for a deployment (default: `$KILN_DEPLOYMENT`, else local).
 
     Production differs only where a resource has something to say about the deployment: the MLflow server
-    (`MLFLOW_TRACKING_URI`), the DeepSpeed hostfile and GPUs per node, and the S3 client's region
+    (`MLFLOW_TRACKING_URI`), the training workers on the Ray cluster, and the S3 client's region
     (`AWS_REGION`). Backends are chosen in KILN_CONFIG, not here: `storage.backend: s3` puts every artifact in
     a bucket through the `S3Resource` wired below (endpoint and credentials from the standard AWS_*
     variables or the pod's role; the near-dup index is part of the dedup_index datasets, so it goes there too), and
@@ -35,7 +35,6 @@ def deployment_resources(deployment: str | None = None) -> dict[str, object]:
     if deployment == "local":
         return {**common, "training_launcher": TrainingLauncher(), "mlflow_tracking": MlflowTracking()}
     return {**common,
-            "training_launcher": TrainingLauncher(launcher="deepspeed", hostfile=dg.EnvVar("KILN_DEEPSPEED_HOSTFILE"),
-                                                  nproc_per_node=dg.EnvVar.int("KILN_GPUS_PER_NODE")),
+            "training_launcher": TrainingLauncher(launcher="ray", num_workers=dg.EnvVar.int("KILN_TRAINING_WORKERS")),
             "mlflow_tracking": MlflowTracking(tracking_uri=dg.EnvVar("MLFLOW_TRACKING_URI"))}
 

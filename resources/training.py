@@ -3,39 +3,65 @@ import shutil
 import socket
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Optional, get_args
 
 import dagster as dg
+from pydantic import field_validator
 
 from kiln.config import kiln_home
+from training_jobs.settings import TrainingSettings
+
+LAUNCHERS = get_args(TrainingSettings.model_fields["launcher"].annotation)
 
 
 class TrainingLauncher(dg.ConfigurableResource):
-    """How a training run's processes start: on this machine (the deepspeed launcher or torchrun with
-    `nproc_per_node` processes), or across the nodes of a DeepSpeed hostfile (multi-node)."""
+    """How a training run's processes start. `launcher` unset follows the project config's `training.launcher`:
+    `deepspeed` or `torchrun` start `nproc_per_node` processes on this machine; `ray` starts `num_workers` Ray
+    Train workers on the Ray cluster the data engine uses (`ray_address` here, else `engine.ray_address`, else
+    RAY_ADDRESS, else an embedded local Ray), restarted from the newest checkpoint when a worker or its node is
+    lost (up to `max_failures` times). Many machines means Ray: training_jobs/ray_launch.py."""
 
-    launcher: Literal["deepspeed", "torchrun"] = "deepspeed"
-    nproc_per_node: int = 2  # GPUs per node; on CPU, processes (gloo)
-    hostfile: str | None = None  # MPI-style "worker-0 slots=8" lines: the deepspeed launcher runs over ssh
-    num_nodes: int | None = None  # with a hostfile: the first N hosts (default: all)
+    launcher: Optional[str] = None  # deepspeed | torchrun | ray; None: training.launcher
+    nproc_per_node: int = 2  # deepspeed / torchrun: GPUs of this machine; on CPU, processes (gloo)
+    num_workers: int | None = None  # ray: training workers (ranks) in all, one GPU each where the cluster has GPUs;
+    # None: nproc_per_node
+    max_failures: int = 3  # ray: restarts of the worker group before the run fails
+    ray_address: str | None = None  # ray: the cluster's GCS address, over engine.ray_address
     master_port: int | None = None  # None: a free port per launch, so runs on one host never collide
 
-    def command(self, run_config: Path) -> list[str]:
+    @field_validator("launcher")
+    @classmethod
+    def _known(cls, value: str | None) -> str | None:
+        if value not in (None, *LAUNCHERS):
+            raise ValueError(f"TrainingLauncher.launcher {value!r}: expected one of {', '.join(LAUNCHERS)}, or leave "
+                             f"it unset to follow training.launcher")
+        return value
+
+    def chosen(self, configured: str) -> str:
+        return self.launcher or configured
+
+    def world_size(self, configured: str) -> int:
+        """The ranks a launch starts: what the layout (training.parallelism) must divide."""
+        return (self.num_workers or self.nproc_per_node) if self.chosen(configured) == "ray" else self.nproc_per_node
+
+    def command(self, run_config: Path, configured: str = "deepspeed", ray_address: str | None = None) -> list[str]:
+        """The launch command; `configured`: training.launcher, `ray_address`: engine.ray_address."""
+        launcher = self.chosen(configured)
         entry = ["training_jobs.train", "--run-config", str(run_config)]
+        if launcher == "ray":
+            address = self.ray_address or ray_address
+            return [sys.executable, "-m", "training_jobs.ray_launch", "--run-config", str(run_config),
+                    "--num-workers", str(self.world_size(launcher)), "--max-failures", str(self.max_failures),
+                    *(["--address", address] if address else [])]
         port = str(self.master_port or _free_port())
-        if self.launcher == "torchrun":
-            if self.hostfile:
-                raise ValueError("TrainingLauncher: a hostfile needs launcher='deepspeed' (torchrun is started per "
-                                 "node by your scheduler); set launcher: deepspeed or drop hostfile")
+        if launcher == "torchrun":
             return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(self.nproc_per_node),
                     "--master_port", port, "-m", *entry]
         binary = shutil.which("deepspeed", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
         if binary is None:
             raise FileNotFoundError("TrainingLauncher: the `deepspeed` launcher is not installed next to this Python; "
-                                    "install deepspeed or set launcher: torchrun")
-        nodes = ["--hostfile", self.hostfile] + (["--num_nodes", str(self.num_nodes)] if self.num_nodes else []) \
-            if self.hostfile else []
-        return [binary, *nodes, "--num_gpus", str(self.nproc_per_node), "--master_port", port, "--module", *entry]
+                                    "install deepspeed or set training.launcher: torchrun")
+        return [binary, "--num_gpus", str(self.nproc_per_node), "--master_port", port, "--module", *entry]
 
     def env(self) -> dict[str, str]:
         """What every training process needs: CPU accelerator when there is no GPU, the JIT-op cache."""

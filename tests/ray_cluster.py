@@ -61,6 +61,16 @@ class RayCluster:
                 continue
         raise LookupError(f"node {node} has no live raylet")
 
+    def node_id(self, node: int) -> str:
+        """Ray's id of node `node` (its raylet's --node_id)."""
+        for arg in psutil.Process(self.raylet_pid(node)).cmdline():
+            if arg.startswith("--node_id="):
+                return arg.partition("=")[2]
+        raise LookupError(f"node {node}'s raylet has no --node_id")
+
+    def live_nodes(self) -> list[int]:
+        return [n for n in range(len(self.node_pids)) if n not in self.killed]
+
     def running_map_task(self, node: int) -> bool:
         """Whether a worker of node `node` is running a Ray Data map task right now (Ray names the process so)."""
         try:

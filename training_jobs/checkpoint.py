@@ -10,6 +10,13 @@
       _rejected/step_00000200/                          a checkpoint that failed verification, moved aside
       zero_to_fp32.py, zero_to_torch.py                 DeepSpeed's recovery scripts
 
+A pipeline-parallel run (training_jobs.pipeline) writes DeepSpeed's pipeline layout instead:
+layer_<i>-model_states.pt (each pipeline layer's weights, written by its stage), mp_rank_<stage>_model_states.pt
+(counters and client_state per stage) and zero_pp_rank_<dp>_mp_rank_<stage>_optim_states.pt (ZeRO-1).
+
+A tensor-parallel run (DeepSpeed AutoTP) adds consolidated_model_states.pt: the whole weights in the training
+dtype, gathered over the tp slices (and ZeRO-3 partitions) by DeepSpeed, for the export.
+
 A checkpoint without manifest.json is incomplete (the run died while saving). At resume the newest
 checkpoint whose manifest exists and whose files match it is loaded; newer incomplete or corrupt ones are
 moved to `_rejected/` with a REJECTED.txt saying why (kept for inspection, and out of the way of a later
@@ -47,6 +54,7 @@ import torch
 CHECKPOINT_FORMAT = "kiln-checkpoint/1"
 CLIENT_STATE_FORMAT = "kiln-client-state/1"
 MANIFEST = "manifest.json"
+CONSOLIDATED = "consolidated_model_states.pt"  # tensor-parallel runs: the whole weights (training dtype), rank 0
 REJECTED = "_rejected"
 TAG = re.compile(r"^step_(\d{8,})$")
 
@@ -225,6 +233,10 @@ def save(engine, root: Path, step: int, kiln_state: dict[str, Any], keep_last: i
     _barrier()
     client_state = {"kiln": {"format": CLIENT_STATE_FORMAT, "step": step, "rng": gather_rng_states(), **kiln_state}}
     engine.save_checkpoint(str(root), tag, client_state=client_state, save_latest=False)
+    if engine.autotp_size() > 1:  # zero_to_fp32 cannot join tensor-parallel slices: DeepSpeed gathers them here
+        whole = engine._consolidated_16bit_state_dict()  # every rank takes part; rank 0 receives the weights
+        if _is_main():
+            torch.save(whole, root / tag / CONSOLIDATED)
     _barrier()  # every rank's files are on disk before they are hashed
     if _is_main():
         meta = {"world_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
@@ -255,11 +267,13 @@ def load(engine, root: Path, found: Found) -> dict[str, Any]:
 
 
 def deepspeed_safe_globals() -> list[type]:
-    """The non-tensor classes DeepSpeed puts into ZeRO checkpoints (checked for deepspeed 0.19)."""
+    """The non-tensor classes DeepSpeed puts into ZeRO checkpoints (checked for deepspeed 0.19); fragment_address
+    (two ints) is in ZeRO-1/2 optimizer states, as a pipeline-parallel run writes them."""
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
 
-    return [ZeroStageEnum, LossScaler, DynamicLossScaler]
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
 
 
 @contextlib.contextmanager
@@ -296,6 +310,6 @@ def check_weights_only(ckpt: Path, allow_deepspeed: bool = False) -> dict[str, s
     return result
 
 
-__all__ = ["CHECKPOINT_FORMAT", "Found", "MANIFEST", "checkpoints", "check_weights_only", "find_resumable", "load",
-           "move_aside", "prune", "read_manifest", "rng_state", "save", "set_rng_state", "tag_for", "verify",
-           "weights_only_loads", "write_manifest"]
+__all__ = ["CHECKPOINT_FORMAT", "CONSOLIDATED", "Found", "MANIFEST", "checkpoints", "check_weights_only",
+           "find_resumable", "load", "move_aside", "prune", "read_manifest", "rng_state", "save", "set_rng_state",
+           "tag_for", "verify", "weights_only_loads", "write_manifest"]

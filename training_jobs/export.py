@@ -12,8 +12,11 @@
       kiln_tokenizer.json             Kiln's tokenizer card (HF reserves the name tokenizer.json)
 
 Consolidation uses DeepSpeed's `get_fp32_state_dict_from_zero_checkpoint` (no huggingface_hub needed),
-with its reads forced to `torch.load(weights_only=True)` (checkpoint.weights_only_loads). Everything written
-here is pickle-free (safetensors and JSON).
+with its reads forced to `torch.load(weights_only=True)` (checkpoint.weights_only_loads). A pipeline-parallel
+checkpoint (layer_XX-model_states.pt files, one per pipeline layer) is read layer by layer instead and renamed
+to the Transformer's names (training_jobs.pipeline.transformer_state); a tensor-parallel one is read from the
+whole weights checkpoint.save adds to it (checkpoint.CONSOLIDATED). Every layout exports the same names and
+shapes. Everything written here is pickle-free (safetensors and JSON).
 
 No permutation of q/k is needed: the model already applies RoPE in HF's rotate-half layout.
 
@@ -31,7 +34,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from training_jobs.checkpoint import read_manifest, verify, weights_only_loads
+from training_jobs.checkpoint import CONSOLIDATED, read_manifest, verify, weights_only_loads
 from training_jobs.model import ModelConfig, Transformer
 
 MODEL_FILE, CONFIG_FILE = "model.safetensors", "model_config.json"
@@ -40,11 +43,20 @@ DEFAULT_SPECIALS = {"pad": ("<pad>", 0), "bos": ("<s>", 1), "eos": ("<|endoftext
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def consolidate(ckpt: Path) -> dict[str, torch.Tensor]:
-    """The full fp32 state dict of a ZeRO checkpoint folder (<root>/<tag>), gathered from every rank's shards."""
+def consolidate(ckpt: Path, cfg: ModelConfig | None = None) -> dict[str, torch.Tensor]:
+    """The full fp32 state dict of a ZeRO checkpoint folder (<root>/<tag>), gathered from every rank's shards; of
+    a pipeline-parallel run's, from its per-layer files, renamed to the Transformer's names (cfg: the manifest's
+    model when not given)."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
+    from training_jobs.pipeline import is_pipeline_checkpoint, transformer_state
+
     ckpt = Path(ckpt)
+    if is_pipeline_checkpoint(ckpt):
+        return transformer_state(ckpt, cfg or ModelConfig.from_dict(read_manifest(ckpt)["model"]))
+    if (ckpt / CONSOLIDATED).is_file():  # tensor-parallel: DeepSpeed's consolidation reads no tp slices
+        whole = torch.load(ckpt / CONSOLIDATED, map_location="cpu", weights_only=True)
+        return {k: v.float() for k, v in whole.items()}
     with weights_only_loads():
         return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
 
@@ -185,7 +197,7 @@ def _write_hf_tokenizer(tokenizer_dir: Path, out_dir: Path, specials: dict[str, 
 def export_checkpoint(ckpt: Path, out_dir: Path, cfg: ModelConfig, formats: list[str] = ("safetensors", "hf"),
                       tokenizer_dir: Path | None = None, metadata: dict[str, Any] | None = None) -> dict[str, str]:
     """Consolidate once, write each requested format under out_dir/<format>; returns {format: folder}."""
-    state = consolidate(ckpt)
+    state = consolidate(ckpt, cfg)
     written = {}
     if "safetensors" in formats:
         written["safetensors"] = str(save_safetensors(state, cfg, Path(out_dir) / "safetensors",

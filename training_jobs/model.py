@@ -121,9 +121,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # Heads from the projections' widths: under tensor parallelism (AutoTP) each rank holds a slice of them.
+        q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # Flash / memory-efficient kernels on GPU; each kv head serves n_heads / n_kv_heads query heads. An explicit
         # mask (prefix-LM) rules out the flash kernel: the memory-efficient one reads the (B, 1, T, T) mask.

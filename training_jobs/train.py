@@ -1,7 +1,9 @@
-"""The training entry point: one process per rank, launched by torchrun or the deepspeed launcher.
+"""The training entry point: one process per rank, launched by torchrun or the deepspeed launcher, or run
+inside a Ray Train worker by training_jobs/ray_launch.py.
 
     torchrun --standalone --nproc_per_node 2 -m training_jobs.train --run-config run.json
     deepspeed --num_gpus 2 --module training_jobs.train --run-config run.json
+    python -m training_jobs.ray_launch --num-workers 2 --run-config run.json   # on a Ray cluster
     python -m training_jobs.train --run-config run.json          # one process, no launcher
 
 On CPU set DS_ACCELERATOR=cpu (the default here when no GPU is visible). Training on CPU skips DeepSpeed's
@@ -33,7 +35,7 @@ import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -116,6 +118,12 @@ def resolve_precision(precision: str) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
 
 
+# Tensor parallelism (Megatron's split of a block): these projections are cut by output rows (each rank computes
+# some heads / hidden units), these by input columns (the ranks' partial products are summed); the rest is replicated.
+TP_COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+TP_ROW = ("o_proj", "down_proj")
+
+
 def deepspeed_config(t: TrainingSettings, precision: str, cfg: ModelConfig) -> dict[str, Any]:
     """The DeepSpeed JSON with its "auto" values filled from the training settings. A value that is set in
     the JSON and disagrees with the settings is an error, not a silent override."""
@@ -148,7 +156,30 @@ def deepspeed_config(t: TrainingSettings, precision: str, cfg: ModelConfig) -> d
                        "stage3_param_persistence_threshold": 10 * d}.items():
         if zero.get(key) == "auto":
             zero[key] = value
+    if t.parallelism.tp > 1:  # DeepSpeed AutoTP, with Kiln's split (it knows HF models' names, not ours)
+        section = ds.setdefault("tensor_parallel", {})
+        fill(section, "autotp_size", t.parallelism.tp, "tensor_parallel.autotp_size")
+        section.setdefault("partition_config", {"use_default_specs": False, "layer_specs": [
+            {"patterns": [rf".*\.{name}\.weight$" for name in TP_COLUMN], "partition_type": "column"},
+            {"patterns": [rf".*\.{name}\.weight$" for name in TP_ROW], "partition_type": "row"}]})
+    stage = zero_stage(t)
+    if stage is not None:
+        if t.deepspeed_config is None:  # the shipped JSON's stage 3 is Kiln's default, not a choice to defend
+            zero["stage"] = "auto"
+        fill(zero, "stage", stage, "zero_optimization.stage")
+    if zero.get("stage", 0) < 3:  # the stage-3 knobs mean nothing below it
+        for key in [k for k in zero if k.startswith("stage3_")]:
+            del zero[key]
     return ds
+
+
+def zero_stage(t: TrainingSettings) -> int | None:
+    """The ZeRO stage the layout asks for: parallelism.zero_stage; with pipeline stages 1 when unset (DeepSpeed's
+    pipeline engine runs stage 0 or 1 only); None leaves the DeepSpeed JSON's."""
+    layout = t.parallelism
+    if layout.zero_stage is not None:
+        return layout.zero_stage
+    return 1 if layout.pp > 1 else None
 
 
 def build_model(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any],
@@ -168,10 +199,15 @@ def build_model(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any]
 
 def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any], total_steps: int,
                  monitor: StabilityMonitor, base: BaseWeights | None = None, model: Transformer | None = None):
-    """The model (build_model, unless given), AdamW and LR schedule, wrapped by DeepSpeed. Called again for a
-    rollback: ZeRO-3 loads checkpoints into fresh engines only."""
+    """The model (build_model, unless given; with parallelism.pp > 1 the pipeline stages of this rank), AdamW and
+    LR schedule, wrapped by DeepSpeed (a PipelineEngine for stages). Called again for a rollback: ZeRO-3 loads
+    checkpoints into fresh engines only."""
     import deepspeed
 
+    if model is None and t.parallelism.pp > 1:
+        from training_jobs.pipeline import pipeline_module
+
+        model = pipeline_module(cfg, t.seed, t.parallelism.pp, t.model.activation_checkpointing, base)
     model = model if model is not None else build_model(cfg, t, ds_config, base)
     # Decay the matrices (and the embedding); norm gains stay out of weight decay. ds_shape: a partitioned
     # parameter's whole shape (built under zero.Init, its own is an empty placeholder).
@@ -200,18 +236,23 @@ def current_lr(engine) -> float:
 
 class FaultInjector:
     """KILN_INJECT_FAULT="spike@K[xF]" or "nan@K": corrupt the loss of step K once; "hang@K": stop in step K
-    so a test can kill the processes mid-step (tests only)."""
+    so a test can kill the processes mid-step; "slow@MS": sleep MS milliseconds in every step, so a test can
+    kill a node while the run is under way (tests only)."""
 
     def __init__(self, spec: str | None):
         self.kind, self.step, self.factor = None, -1, 100.0
         if spec:
             kind, _, rest = spec.partition("@")
             step, _, factor = rest.partition("x")
-            if kind not in ("spike", "nan", "hang") or not step.isdigit():
-                raise ValueError(f"KILN_INJECT_FAULT={spec!r}: expected spike@STEP[xFACTOR], nan@STEP or hang@STEP")
+            if kind not in ("spike", "nan", "hang", "slow") or not step.isdigit():
+                raise ValueError(f"KILN_INJECT_FAULT={spec!r}: expected spike@STEP[xFACTOR], nan@STEP, hang@STEP "
+                                 f"or slow@MILLISECONDS")
             self.kind, self.step, self.factor = kind, int(step), float(factor or 100)
 
     def __call__(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        if self.kind == "slow":
+            time.sleep(self.step / 1000)
+            return loss
         if step != self.step:
             return loss
         self.step = -1  # once: after a rollback the same step number gets other data
@@ -223,6 +264,12 @@ class FaultInjector:
 def train_step(engine, loader: ShardLoader | ReplayLoader, grad_accum: int, step: int, fault: FaultInjector,
                objective: Objective) -> float:
     """One optimizer step over grad_accum micro-batches; returns the mean loss over every rank."""
+    if engine.pipeline_parallelism:
+        # Every stage reads the batches (only the first and last use them), so all ranks' loaders stay at the same
+        # position. DeepSpeed returns the mean over micro-batches and replicas, on every stage. The fault corrupts
+        # the reported loss only: the stages run their own backward passes.
+        batches = [objective(*loader.next_batch(), step, micro)[:2] for micro in range(grad_accum)]
+        return fault(step, engine.train_batch(iter(batches))).item()
     total = torch.zeros((), dtype=torch.float32, device=engine.device)
     for micro in range(grad_accum):
         x, y, prefix = objective(*loader.next_batch(), step, micro)
@@ -252,14 +299,25 @@ def evaluate(engine, val: ShardLoader | None, batches: int | None) -> dict[str, 
     buckets = [(name, lo, hi) for name, lo, hi in POSITION_BUCKETS if lo < val.seq_len]
     sums = torch.zeros(len(buckets), dtype=torch.float64, device=engine.device)
     counts = torch.zeros(len(buckets), dtype=torch.float64, device=engine.device)
-    for _ in range(n):
-        x, y = val.next_batch()
-        logits = engine(x.to(engine.device)).float()
-        per_token = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.to(engine.device), reduction="none")
-        by_position = per_token.double().sum(0)  # (T,)
+
+    def add(by_position: torch.Tensor, rows: int) -> None:  # (T,) summed over `rows` sequences
         for i, (_, lo, hi) in enumerate(buckets):
             sums[i] += by_position[lo:hi].sum()
-            counts[i] += by_position[lo:hi].numel() * x.shape[0]
+            counts[i] += by_position[lo:hi].numel() * rows
+
+    if engine.pipeline_parallelism:  # the last stage has the sums; the other stages add nothing
+        from training_jobs.pipeline import position_sums
+
+        by_position = position_sums(engine, [val.next_batch() for _ in range(n)])
+        if by_position is not None:
+            add(by_position.to(engine.device), n * val.batch_size)
+    else:
+        for _ in range(n):
+            x, y = val.next_batch()
+            logits = engine(x.to(engine.device)).float()
+            per_token = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.to(engine.device),
+                                                          reduction="none")
+            add(per_token.double().sum(0), x.shape[0])
     torch.distributed.all_reduce(sums)
     torch.distributed.all_reduce(counts)
     engine.train()
@@ -393,6 +451,16 @@ def open_pipes(dist: Dist, stack: contextlib.ExitStack):
     return None
 
 
+@dataclass
+class Host:
+    """What a process manager around the entry point adds (the Ray launcher, training_jobs/ray_launch.py); the
+    deepspeed launcher and torchrun need none of it."""
+
+    pipes: Any = None  # rank 0's Pipes messages go here instead of through Pipes' own channel
+    after_checkpoint: Callable[[int, Path], None] | None = None  # on every rank, after each complete checkpoint
+    owns_process_group: bool = True  # False: the host set up torch.distributed and tears it down
+
+
 # -------------------------------------------------------------------------------------------- the run
 
 @dataclass
@@ -461,6 +529,38 @@ def open_validation(run: RunConfig, seq_len: int, dist: Dist) -> ShardLoader | N
         return None
 
 
+def data_shard(dist: Dist, t: TrainingSettings) -> Dist:
+    """This rank's place in the data-parallel split (rank = data-parallel rank, world_size = dp): the tp x pp ranks
+    of one model replica read the same batches. DeepSpeed's pipeline topology numbers ranks stage-major (rank =
+    stage * dp + data rank); AutoTP's groups are runs of tp consecutive ranks (rank = data rank * tp + tp rank)."""
+    layout = t.parallelism
+    dp = layout.data_parallel(dist.world_size)
+    return Dist(dist.rank % dp if layout.pp > 1 else dist.rank // layout.tp, dp, dist.device)
+
+
+def check_layout(t: TrainingSettings, cfg: ModelConfig) -> None:
+    """What the trainer cannot run of a layout that divides the world, said before an engine is built."""
+    layout = t.parallelism
+    if layout.pp > 1:
+        if t.objective != "clm":
+            raise ValueError(f"training.objective {t.objective!r} with training.parallelism.pp {layout.pp}: the "
+                             f"pipeline trains the causal LM objective only (prefix masks and span targets would have "
+                             f"to cross stages); set training.objective: clm or parallelism.pp: 1")
+        if layout.pp > cfg.n_layers:
+            raise ValueError(f"training.parallelism.pp {layout.pp} is more than the model's {cfg.n_layers} blocks "
+                             f"(a stage holds at least one); lower pp or use a deeper model")
+    if layout.tp > 1:
+        if layout.pp > 1:
+            raise ValueError(f"training.parallelism tp {layout.tp} with pp {layout.pp}: the trainer runs tensor or "
+                             f"pipeline parallelism, not both (DeepSpeed AutoTP shards a plain module, the pipeline "
+                             f"engine its own); set tp: 1 or pp: 1")
+        uneven = {k: v for k, v in {"n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+                                    "ffn_hidden": cfg.ffn_hidden}.items() if v % layout.tp}
+        if uneven:
+            raise ValueError(f"training.parallelism.tp {layout.tp} does not divide the model's {uneven}: each rank "
+                             f"holds whole heads and an equal slice of the MLP; pick a tp that divides them")
+
+
 def broadcast_object(dist: Dist, obj: Any) -> Any:
     box = [obj if dist.main else None]
     torch.distributed.broadcast_object_list(box, src=0)
@@ -470,20 +570,22 @@ def broadcast_object(dist: Dist, obj: Any) -> Any:
 class Trainer:
     """One run's components; `fit()` is the training loop."""
 
-    def __init__(self, run: RunConfig, dist: Dist, report: Reporter):
+    def __init__(self, run: RunConfig, dist: Dist, report: Reporter, host: Host | None = None):
         t = self.t = run.training
-        self.run, self.dist, self.report = run, dist, report
+        self.run, self.dist, self.report, self.host = run, dist, report, host or Host()
+        self.shard = data_shard(dist, t)  # refuses a layout that does not fit the world, before anything is read
         check_tokenizer(run)
         torch.manual_seed(t.seed)
-        self.loader = open_training(run, dist)
-        self.objective = objective_for(run, dist)
+        self.loader = open_training(run, self.shard)
+        self.objective = objective_for(run, self.shard)
         self.seq_len = self.loader.seq_len
         self.long_document_share = self.loader.long_document_share(self.seq_len)
-        self.val = open_validation(run, self.seq_len, dist)
+        self.val = open_validation(run, self.seq_len, self.shard)
         self.cfg = ModelConfig(**t.model.architecture(self.loader.shard_set.vocab_size, self.seq_len))
-        self.max_steps = t.resolved_max_steps(dist.world_size, self.seq_len)
+        check_layout(t, self.cfg)
+        self.max_steps = t.resolved_max_steps(self.shard.world_size, self.seq_len)
         self.total_steps = t.schedule.total_steps or self.max_steps
-        self.tokens_per_step = t.tokens_per_step(dist.world_size, self.seq_len)
+        self.tokens_per_step = t.tokens_per_step(self.shard.world_size, self.seq_len)
         self.precision = resolve_precision(t.precision)
         self.ds_config = deepspeed_config(t, self.precision, self.cfg)
         self.monitor = StabilityMonitor(t.monitor)
@@ -564,6 +666,8 @@ class Trainer:
         p.last_checkpoint = checkpoint.save(self.engine, self.ckpt_root, p.step, self.kiln_state(),
                                             self.t.checkpoint.keep_last, meta)
         self.report.line(f"step {p.step}: checkpoint {p.last_checkpoint}")
+        if self.host.after_checkpoint is not None:
+            self.host.after_checkpoint(p.step, p.last_checkpoint)
 
     def trained_on(self) -> dict[str, Any]:
         """What a later continued run checks and replays from (training_jobs.base reads it back)."""
@@ -632,9 +736,14 @@ class Trainer:
             return None
         self.val.load_state_dict({**self.val.state_dict(), "epoch": 0, "position": 0})
         x, y = (t[:1] for t in self.val.next_batch())
-        self.engine.eval()
-        loss = self.engine(x.to(self.engine.device), y.to(self.engine.device)).float().item()
-        self.engine.train()
+        if self.engine.pipeline_parallelism:
+            from training_jobs.pipeline import probe_loss
+
+            loss = probe_loss(self.engine, x, y)
+        else:
+            self.engine.eval()
+            loss = self.engine(x.to(self.engine.device), y.to(self.engine.device)).float().item()
+            self.engine.train()
         return {"inputs": x[0].tolist(), "targets": y[0].tolist(), "loss": loss}
 
     def validate(self, log_at_step: int | None = None) -> dict[str, Any] | None:
@@ -706,6 +815,8 @@ class Trainer:
             "mfu": mfu(self.flops_per_token, tokens_per_s or 0.0, self.peak, self.dist.world_size),
             "steps_this_run": len(p.timings), "train_seconds": round(getattr(self, "train_seconds", 0.0), 3),
             "world_size": self.dist.world_size, "device": self.device_name, "precision": self.precision,
+            "parallelism": {"tp": self.t.parallelism.tp, "pp": self.t.parallelism.pp, "dp": self.shard.world_size,
+                            "zero_stage": self.ds_config["zero_optimization"].get("stage")},
             "peak_flops_per_device": self.peak, "n_params": self.n_params,
             "n_params_non_embedding": self.n_non_embedding, "flops_per_token": self.flops_per_token,
             "model": self.cfg.to_dict(), "stability_events": [e.to_dict() for e in self.monitor.events],
@@ -734,7 +845,7 @@ def progress_line(step: int, max_steps: int, m: dict[str, Any], dt: float) -> st
             f"{m['train/tokens_per_s']:,.0f} tok/s{mfu_text} | {dt:.2f} s/step")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, host: Host | None = None) -> int:
     parser = argparse.ArgumentParser(description="Train a Kiln model on token shards with DeepSpeed ZeRO-3.")
     parser.add_argument("--run-config", required=True, type=Path, help="the run config JSON (RunConfig)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None,
@@ -749,10 +860,11 @@ def main(argv: list[str] | None = None) -> int:
     if dist.main:
         Path(run.output_dir).mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        report = Reporter(run, dist, open_pipes(dist, stack))
+        host = host or Host()
+        report = Reporter(run, dist, host.pipes if host.pipes is not None else open_pipes(dist, stack))
         trainer = None
         try:
-            trainer = Trainer(run, dist, report)
+            trainer = Trainer(run, dist, report, host)
             val_loss = trainer.fit()
             summary = trainer.summary("completed", val_loss)
         except TrainingDiverged as exc:
@@ -774,7 +886,8 @@ def main(argv: list[str] | None = None) -> int:
             report.line(f"done: {summary['status']}, {summary['steps']} steps, final loss {summary['final_loss']}, "
                         f"val loss {summary['val_loss']}; summary {Path(run.output_dir) / 'summary.json'}")
     torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    if host.owns_process_group:
+        torch.distributed.destroy_process_group()
     return 0 if summary["status"] == "completed" else 3
 
 

@@ -193,18 +193,26 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
 
     # Continued pretraining from `latest` (the checkpoint above) with a re-warmup and 25% replay of the base's
     # shards: a new run folder, the base recorded with the chain it came from, forgetting measured per domain.
+    # This run trains on Ray Train workers (training.launcher: ray, the resource following the config; an embedded
+    # local Ray): its Pipes messages and MLflow run must reach the asset all the same.
     base_ckpt = json.loads((kiln_home / "data" / "checkpoint" / "_all" / "_manifest.json").read_text())
     base_export = Path(summary["exports"]["safetensors"])
     config["training"] |= {"base_checkpoint": "latest", "rewarmup_steps": 2, "max_steps": 6,
-                           "checkpoint": {"every_steps": 3, "keep_last": 1}}
+                           "checkpoint": {"every_steps": 3, "keep_last": 1}, "launcher": "ray"}
     config["mixture"] = {"replay": {"share": 0.25}}
     resources = project.resources
     project = load_project(config, tmp_path, kiln_home, monkeypatch)
-    project.resources.update({k: resources[k] for k in ("mlflow_tracking", "training_launcher",
-                                                         "pipes_subprocess_client")})
+    project.resources.update({k: resources[k] for k in ("mlflow_tracking", "pipes_subprocess_client")})
+    project.resources["training_launcher"] = project.definitions.TrainingLauncher(nproc_per_node=2)
     continued = project.materialize(["training_run", "checkpoint", "evaluation", "data_card"])
     assert continued.success
     run2 = json.loads((kiln_home / "data" / "training_run" / "_all" / "_manifest.json").read_text())
+    assert run2["config"]["launcher"] == {"name": "ray", "world_size": 2}
+    reported = continued.asset_materializations_for_node("training_run")[0].metadata  # rank 0's, relayed by Ray
+    assert reported["mlflow_run_id"].value == run2["stats"]["mlflow"]["run_id"]
+    assert reported["steps"].value == 6 and reported["world_size"].value == 2
+    assert client.get_run(run2["stats"]["mlflow"]["run_id"]).info.status == "FINISHED"
+    assert client.get_metric_history(run2["stats"]["mlflow"]["run_id"], "train/loss")  # the workers logged to MLflow
     base = run2["stats"]["base_checkpoint"]
     from training_jobs.checkpoint import sha256_file
 
@@ -237,8 +245,8 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     # A run that fails inside the training processes comes back as a Failure with their reason (summary.json), and
     # one that cannot work is refused before anything launches.
     missing = tmp_path / "no_such_shards"
-    failed = project.materialize(["training_run"], raise_on_error=False, run_config={
-        "ops": {"training_run": {"config": {"replay_from": str(missing), "max_steps": 7}}}})
+    failed = project.materialize(["training_run"], raise_on_error=False, run_config={  # deepspeed: no retries
+        "ops": {"training_run": {"config": {"replay_from": str(missing), "max_steps": 7, "launcher": "deepspeed"}}}})
     failure = next(e for e in failed.all_events if e.event_type_value == "STEP_FAILURE")
     assert not failed.success and "training failed" in failure.step_failure_data.error.message
     assert str(missing) in failure.step_failure_data.error.message

@@ -35,7 +35,7 @@ DUMMY_ENV = {
     "AWS_REGION": "us-east-1", "KILN_CODE_SERVER_HOST": "kiln-code.kiln.svc",
     # the production resources of orchestration/deployments.py
     "KILN_DEPLOYMENT": "production", "MLFLOW_TRACKING_URI": "http://mlflow.kiln.svc:5000",
-    "KILN_DEEPSPEED_HOSTFILE": "/etc/kiln/hostfile", "KILN_GPUS_PER_NODE": "8",
+    "KILN_TRAINING_WORKERS": "16",
 }
 
 
@@ -203,7 +203,8 @@ def test_deployment_resources():
     local, production = deployment_resources("local"), deployment_resources("production")
     assert set(local) == set(production)
     assert production["mlflow_tracking"].tracking_uri == dg.EnvVar("MLFLOW_TRACKING_URI")
-    assert production["training_launcher"].hostfile == dg.EnvVar("KILN_DEEPSPEED_HOSTFILE")
-    assert local["training_launcher"].hostfile is None
+    assert production["training_launcher"].launcher == "ray"  # many machines: Ray Train workers
+    assert production["training_launcher"].num_workers == dg.EnvVar.int("KILN_TRAINING_WORKERS")
+    assert local["training_launcher"].launcher is None  # follows training.launcher
     with pytest.raises(ValueError, match="KILN_DEPLOYMENT='staging'"):
         deployment_resources("staging")

@@ -1,0 +1,177 @@
+"""Pipeline parallelism: Kiln's Transformer as a DeepSpeed `PipelineModule` (training.parallelism.pp > 1).
+
+    layer 0          the token embedding                   (tied: TiedLayerSpec "embed", shared with the head)
+    layers 1..n      the Blocks (each computes its RoPE tables from the sequence length, as Transformer does)
+    layer n+1        the final RMSNorm
+    layer n+2        the output projection                 (tied: the embedding matrix, on the last stage)
+    loss_fn          Transformer.forward's cross-entropy, targets of IGNORE left out
+
+Stages are balanced over the Blocks (partition_method "type:BlockPipe"). The model starts from exactly the
+weights of `Transformer(cfg, seed)` (built on the CPU, each stage copies its layers' tensors, the rest is freed),
+so a pipeline run and a data-parallel run with the same seed start equal. Every layer's parameters keep their
+Transformer names below the layer, so a checkpoint's `layer_XX-model_states.pt` files map back to the
+Transformer's state dict with a prefix per layer (`transformer_state`).
+
+DeepSpeed's pipeline engine trains with `engine.train_batch(iterator)` (grad_accum micro-batches per call) and
+runs ZeRO stage 0 or 1 only; the first stage reads the inputs, the last the targets. Only the causal LM
+objective is wired (prefix-LM masks and span corruption would have to travel between stages).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training_jobs.base import BaseWeights, load_into
+from training_jobs.model import IGNORE, Block, ModelConfig, RMSNorm, Transformer, rope_tables
+
+LAYER_FILE = "layer_{:02d}-model_states.pt"  # DeepSpeed's name for a layer's weights (one pipeline, no tp)
+
+
+class Weights(dict):
+    """The Transformer's initial tensors by name, shared by the layer specs. DeepSpeed prints every spec with its
+    arguments: a short repr, not the tensors."""
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} tensors>"
+
+
+class Embedding(nn.Embedding):
+    """Layer 0 (and, tied, the head's matrix): tokens -> hidden states."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
+        super().__init__(cfg.vocab_size, cfg.d_model)
+        with torch.no_grad():
+            self.weight.copy_(weights["embed_tokens.weight"])
+
+
+def tied_head(embedding: Embedding, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, embedding.weight)
+
+
+class BlockPipe(Block):
+    """A Block that takes only the hidden states: the RoPE tables are recomputed here (cheap, and nothing but one
+    tensor then crosses a stage boundary)."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], index: int):
+        super().__init__(cfg)
+        self.rope = (cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
+        prefix = f"layers.{index}."
+        self.load_state_dict({k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        head_dim, theta, scaling = self.rope
+        cos, sin = rope_tables(x.shape[1], head_dim, theta, x.device, scaling)
+        return super().forward(x, cos, sin)
+
+
+class Norm(RMSNorm):
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
+        super().__init__(cfg.d_model, cfg.norm_eps)
+        self.load_state_dict({"weight": weights["norm.weight"]})
+
+
+class Head(nn.Linear):
+    """The untied output projection."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
+        super().__init__(cfg.d_model, cfg.vocab_size, bias=False)
+        self.load_state_dict({"weight": weights["lm_head.weight"]})
+
+
+def clm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Transformer.forward's loss: mean next-token cross-entropy in fp32, IGNORE targets left out."""
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+
+
+def layer_prefixes(cfg: ModelConfig) -> dict[int, str]:
+    """Pipeline layer index -> the Transformer name prefix of its parameters (the tied head has none)."""
+    prefixes = {0: "embed_tokens.", **{i + 1: f"layers.{i}." for i in range(cfg.n_layers)},
+                cfg.n_layers + 1: "norm."}
+    if not cfg.tied_embeddings:
+        prefixes[cfg.n_layers + 2] = "lm_head."
+    return prefixes
+
+
+def pipeline_module(cfg: ModelConfig, seed: int, stages: int, activation_checkpointing: bool,
+                    base: BaseWeights | None = None):
+    """The PipelineModule of a run, starting from Transformer(cfg, seed)'s weights (or the base's)."""
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+    model = Transformer(cfg, seed=seed)
+    if base is not None:
+        load_into(model, base)
+    weights = Weights(model.state_dict())
+    del model
+    if cfg.tied_embeddings:
+        first = TiedLayerSpec("embed", Embedding, cfg, weights, tied_weight_attr=["weight"])
+        last = TiedLayerSpec("embed", Embedding, cfg, weights, forward_fn=tied_head, tied_weight_attr=["weight"])
+    else:
+        first, last = LayerSpec(Embedding, cfg, weights), LayerSpec(Head, cfg, weights)
+    specs = [first, *(LayerSpec(BlockPipe, cfg, weights, i) for i in range(cfg.n_layers)),
+             LayerSpec(Norm, cfg, weights), last]
+    module = PipelineModule(specs, num_stages=stages, loss_fn=clm_loss, partition_method="type:BlockPipe",
+                            activation_checkpoint_interval=1 if activation_checkpointing else 0,
+                            checkpointable_layers=["BlockPipe"])  # never the embedding: its input needs no grad
+    weights.clear()  # the specs keep a reference; the other stages' tensors are not needed on this rank
+    return module
+
+
+# ------------------------------------------------------------------------------------------ the loop
+
+@torch.no_grad()
+def position_sums(engine, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:
+    """Per-position sums of the token losses over the batches, (T,) float64 on the last stage, None elsewhere."""
+    module = engine.module
+    train_loss = module.loss_fn
+    module.loss_fn = lambda logits, y: F.cross_entropy(
+        logits.float().transpose(1, 2), y, reduction="none").double().sum(0)
+    try:
+        engine.reset_activation_shape()  # the batches may be shaped unlike the training ones
+        engine.total_loss = None  # eval_batch adds to what train_batch left
+        out = engine.eval_batch(iter(batches), reduce_output=None, bcast_loss=False, num_micro_batches=len(batches))
+    finally:
+        module.loss_fn = train_loss
+        engine.reset_activation_shape()
+        engine.train()
+    return torch.stack(out).sum(0) if engine.is_last_stage() else None
+
+
+def probe_loss(engine, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The mean loss of one batch, on every rank. Every replica's last stage computes the same value and the others
+    0: a MAX all-reduce hands it to all ranks unchanged (losses are >= 0)."""
+    sums = position_sums(engine, [(x, y)])
+    loss = torch.zeros((), dtype=torch.float64, device=engine.device)
+    if sums is not None:
+        loss += sums.sum() / y.numel()
+    torch.distributed.all_reduce(loss, op=torch.distributed.ReduceOp.MAX)
+    return loss.item()
+
+
+# ------------------------------------------------------------------------------------------ export
+
+def is_pipeline_checkpoint(ckpt: Path) -> bool:
+    return (Path(ckpt) / LAYER_FILE.format(0)).is_file()
+
+
+def transformer_state(ckpt: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A pipeline checkpoint's weights under the Transformer's names, in fp32, read from its per-layer files
+    (the module's weights: in a bf16 run they are the bf16 ones, not the optimizer's fp32 masters)."""
+    state = {}
+    for index, prefix in layer_prefixes(cfg).items():
+        path = Path(ckpt) / LAYER_FILE.format(index)
+        if not path.is_file():
+            raise FileNotFoundError(f"{ckpt} is a pipeline checkpoint without {path.name}: written by another "
+                                    f"model shape (n_layers {cfg.n_layers}, tied {cfg.tied_embeddings})?")
+        for name, tensor in torch.load(path, map_location="cpu", weights_only=True).items():
+            state[prefix + name] = tensor.float()
+    if cfg.tied_embeddings:
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    return state
+
+
+__all__ = ["BlockPipe", "clm_loss", "is_pipeline_checkpoint", "layer_prefixes", "pipeline_module", "position_sums",
+           "probe_loss", "transformer_state"]
