@@ -24,6 +24,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -134,7 +135,8 @@ def launch_command(launcher: str, nproc: int, run: Path) -> list[str]:
     if launcher == "torchrun":
         return [str(bin_dir / "torchrun"), "--standalone", f"--nproc_per_node={nproc}", "-m", *entry]
     if launcher == "deepspeed":
-        return [str(bin_dir / "deepspeed"), "--num_gpus", str(nproc), "--module", *entry]
+        binary = shutil.which("deepspeed", path=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+        return [binary or "deepspeed", "--num_gpus", str(nproc), "--module", *entry]
     if launcher == "ray":
         return [sys.executable, "-m", "training_jobs.ray_launch", "--run-config", str(run), "--num-workers",
                 str(nproc), "--max-failures", "0"]

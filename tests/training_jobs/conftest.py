@@ -146,3 +146,13 @@ def run_a(tmp_path_factory, token_dataset, mlflow_uri) -> Path:
     check(launch(write_run(root, token_dataset, out, val_every_steps=6), nproc=2,
                  env={"MLFLOW_TRACKING_URI": mlflow_uri}))
     return out
+
+
+@pytest.fixture(scope="session")
+def run_b(tmp_path_factory, token_dataset) -> Path:
+    """run_a's settings stopped at step 8 (of the same 12-step schedule), through the deepspeed launcher: the
+    resume tests continue copies of it; the Ray launcher test compares with it."""
+    root = tmp_path_factory.mktemp("run_b")
+    out = root / "b"
+    check(launch(write_run(root, token_dataset, out, max_steps=8), nproc=2, launcher="deepspeed"))
+    return out

@@ -1,10 +1,13 @@
 """The Ray launcher on a real two-node Ray cluster on loopback (two raylets on 127.0.0.2, one CPU each, so the two
 workers land on different nodes): the same losses as the deepspeed launcher, and a node lost mid-run is survived.
 
-Equality: both launchers run the same entry point with the same seed, data order, world size (2) and collectives
-(gloo on CPU), one compute thread per rank (OMP_NUM_THREADS=1 here, and Ray gives a 1-CPU worker one thread), so
-the float operations are the same ones in the same order. The tolerance is 1e-6 relative: room for the last bits of
-a float32 loss, far below a change of one step's data or one update (those move the loss by 1e-3 or more).
+The references are the training tests' runs with the same settings (conftest.py): run_b through the deepspeed
+launcher (steps 1-8) and run_a through torchrun (steps 1-12, its val loss); test_train_cpu shows those two agree
+bit for bit. Equality: every launcher runs the same entry point with the same seed, data order, world size (2)
+and collectives (gloo on CPU), one compute thread per rank (OMP_NUM_THREADS=1 there, and Ray gives a 1-CPU worker
+one thread), so the float operations are the same ones in the same order. The tolerance is 1e-6 relative: room
+for the last bits of a float32 loss, far below a change of one step's data or one update (those move the loss by
+1e-3 or more).
 """
 
 from __future__ import annotations
@@ -19,12 +22,10 @@ from pathlib import Path
 import pytest
 
 from tests.ray_cluster import start_cluster
-from tests.training_jobs.conftest import REPO, check, launch, launch_command, read_metrics, summary_of, write_run
+from tests.training_jobs.conftest import REPO, launch_command, read_metrics, summary_of, write_run
 
 pytestmark = pytest.mark.slow
 
-STEPS = dict(max_steps=16, schedule=dict(lr=3e-3, min_lr=3e-4, warmup_steps=3, total_steps=16),
-             checkpoint=dict(every_steps=4, keep_last=2))
 RTOL = 1e-6
 
 
@@ -62,19 +63,14 @@ def losses(output: Path) -> dict[int, float]:
     return {step: row["train/loss"] for step, row in read_metrics(output).items()}
 
 
-@pytest.fixture(scope="module")
-def deepspeed_run(tmp_path_factory, token_dataset) -> Path:
-    root = tmp_path_factory.mktemp("ds")
-    out = root / "ds"
-    check(launch(write_run(root, token_dataset, out, **STEPS), nproc=2, launcher="deepspeed"))
-    return out
-
-
-def test_ray_launcher_survives_a_lost_node_with_the_deepspeed_launchers_losses(cluster, deepspeed_run, token_dataset, tmp_path):
+def test_ray_launcher_survives_a_lost_node_with_the_deepspeed_launchers_losses(cluster, run_a, run_b, token_dataset,
+                                                                                 tmp_path):
     cluster.ensure_nodes(2)
     out = tmp_path / "ray-killed"
-    # 0.2 s more per step: time to kill a node after the first checkpoint while the run is still going.
-    driver = Driver(write_run(tmp_path, token_dataset, out, **STEPS), cluster, env={"KILN_INJECT_FAULT": "slow@200"})
+    # run_a's settings (12 steps, a checkpoint every 4). 0.5 s more per step: time to kill a node after the first
+    # checkpoint while the run is still going (a killed raylet's workers run on for a second or two).
+    driver = Driver(write_run(tmp_path, token_dataset, out, val_every_steps=6), cluster,
+                    env={"KILN_INJECT_FAULT": "slow@500"})
     deadline = time.monotonic() + 300
     while not (driver.node() and (out / "checkpoints" / "step_00000004" / "manifest.json").exists()):
         assert driver.process.poll() is None and time.monotonic() < deadline, "".join(driver.lines)[-6000:]
@@ -91,18 +87,21 @@ def test_ray_launcher_survives_a_lost_node_with_the_deepspeed_launchers_losses(c
     output = "".join(line for line in output.splitlines(keepends=True) if "(raylet)" not in line and
                      not line.startswith(" "))
     assert code == 0, output[-6000:]
-    assert killed_at < 16, "the node died after the run had finished: nothing was recovered"
+    assert killed_at < 12, "the node died after the run had finished: nothing was recovered"
     summary = summary_of(out)
-    assert summary["status"] == "completed" and summary["steps"] == 16
+    assert summary["status"] == "completed" and summary["steps"] == 12 and summary["world_size"] == 2
     # Resumed from Kiln's newest verified checkpoint, which may be newer than the last one Ray Train recorded: the
     # workers of a killed raylet can run on for a few steps before Ray declares the node dead.
     assert summary["resumed_from"] is not None
     assert "done: completed" in output  # rank 0's lines reach the driver through the relay
-    assert summary["final_loss"] == pytest.approx(summary_of(deepspeed_run)["final_loss"], rel=RTOL)
-    # Every step equals the deepspeed launcher's: those before the kill, and those the new workers redid from the
+    # Every step equals the references': those before the kill, and those the new workers redid from the
     # checkpoint (metrics.jsonl keeps a redone step's last row).
-    assert losses(out) == pytest.approx(losses(deepspeed_run), rel=RTOL)
-    assert summary["val_loss"] == pytest.approx(summary_of(deepspeed_run)["val_loss"], rel=RTOL)
+    got = losses(out)
+    assert sorted(got) == list(range(1, 13))
+    assert {s: got[s] for s in range(1, 9)} == pytest.approx(losses(run_b), rel=RTOL)  # the deepspeed launcher
+    assert got == pytest.approx(losses(run_a), rel=RTOL)
+    assert summary["final_loss"] == pytest.approx(summary_of(run_a)["final_loss"], rel=RTOL)
+    assert summary["val_loss"] == pytest.approx(summary_of(run_a)["val_loss"], rel=RTOL)
     # Ray Train's own record names Kiln's last checkpoint (a pointer, not a copy of the weights).
     pointers = sorted((out / "ray").rglob("kiln_checkpoint.json"))
     assert pointers and json.loads(pointers[-1].read_text())["path"] == summary["checkpoint"]

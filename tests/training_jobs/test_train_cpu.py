@@ -24,15 +24,6 @@ from training_jobs import checkpoint
 
 pytestmark = pytest.mark.slow
 
-@pytest.fixture(scope="module")
-def run_b(tmp_path_factory, token_dataset) -> Path:
-    """Stopped at step 8 (of a 12-step schedule), through the deepspeed launcher."""
-    root = tmp_path_factory.mktemp("run_b")
-    out = root / "b"
-    check(launch(write_run(root, token_dataset, out, max_steps=8), nproc=2, launcher="deepspeed"))
-    return out
-
-
 def test_two_rank_run_learns_and_reports(run_a):
     summary = summary_of(run_a)
     metrics = read_metrics(run_a)
