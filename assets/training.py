@@ -106,6 +106,17 @@ def continued_from(config: ProjectConfig, store, tokenizer_sha256: str, shards) 
     return base, replay
 
 
+def launch_layout(settings, training_launcher: TrainingLauncher) -> tuple[str, int]:
+    """The launcher this run uses and the ranks it starts, refused before launch when training.parallelism does
+    not fit them."""
+    launcher, world_size = training_launcher.chosen(settings.launcher), training_launcher.world_size(settings.launcher)
+    try:
+        settings.parallelism.data_parallel(world_size)
+    except ValueError as exc:
+        raise dg.Failure(description=f"{exc} (the {launcher} launcher starts {world_size})") from None
+    return launcher, world_size
+
+
 def base_chain(store, folder: Path) -> dict | None:
     """What the base checkpoint was built from, as its lineage stood when this run started (the checkpoint asset
     is replaced by the continued run's own later, so the chain is kept here); None for a base from elsewhere."""
@@ -154,11 +165,7 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
                                      "this KILN_HOME was fitted without them (it is fitted once and kept): "
                                      "re-materialize `tokenizer` and `token_shards` with tokenizer.sentinel_tokens "
                                      "set, or use a fresh KILN_HOME")
-    launcher, world_size = training_launcher.chosen(settings.launcher), training_launcher.world_size(settings.launcher)
-    try:
-        settings.parallelism.data_parallel(world_size)
-    except ValueError as exc:
-        raise dg.Failure(description=f"{exc} (the {launcher} launcher starts {world_size})") from None
+    launcher, world_size = launch_layout(settings, training_launcher)
     base, replay = continued_from(project, store, tok.stats["card"]["sha256"], shards)
     continued = json.dumps({"base": base and base["sha256"], "replay": replay}) if base else ""
     key = run_key(shards.data_version, tok.data_version, settings.model_dump_json() + continued)

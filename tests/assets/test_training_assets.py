@@ -279,3 +279,31 @@ def test_the_launch_config_changes_one_runs_recipe_and_is_validated_like_the_pro
         TrainingLaunch(replay_share=0.1).apply(project)
     with pytest.raises(dg.Failure, match="training.objective"):
         TrainingLaunch(objective="mlm").apply(project)
+
+
+def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_refused_before_launch():
+    import dagster as dg
+
+    from assets.training import TrainingLaunch, launch_layout
+    from kiln.config import load_config
+    from resources import TrainingLauncher
+
+    project = load_config(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
+    assert project.training.launcher == "deepspeed"
+    on_ray = TrainingLaunch(launcher="ray").apply(project).training
+    assert launch_layout(on_ray, TrainingLauncher(nproc_per_node=2)) == ("ray", 2)
+    assert launch_layout(on_ray, TrainingLauncher(launcher="torchrun")) == ("torchrun", 2)  # the resource wins
+    def with_layout(**changes):
+        return type(project.training).model_validate({**project.training.model_dump(), **changes})
+
+    pipeline = with_layout(parallelism={"pp": 2, "zero_stage": 1})
+    assert launch_layout(pipeline, TrainingLauncher(nproc_per_node=4)) == ("deepspeed", 4)
+    with pytest.raises(dg.Failure, match=r"training.parallelism \(tp 1 x pp 2 = 2 ranks per data-parallel replica\) "
+                                         r"does not fit the 3 training processes.*the deepspeed launcher starts 3"):
+        launch_layout(pipeline, TrainingLauncher(nproc_per_node=3))
+    with pytest.raises(dg.Failure, match="tp 1 x pp 2 x dp 4 = 8 ranks.*the ray launcher starts 2"):
+        launch_layout(with_layout(launcher="ray", parallelism={"pp": 2, "dp": 4, "zero_stage": 1}),
+                      TrainingLauncher(num_workers=2))
+    cmd = TrainingLauncher(num_workers=4, max_failures=1).command(Path("run.json"), "ray", "head:6379")
+    assert cmd[1:] == ["-m", "training_jobs.ray_launch", "--run-config", "run.json", "--num-workers", "4",
+                       "--max-failures", "1", "--address", "head:6379"]
