@@ -109,12 +109,28 @@ def continued_from(config: ProjectConfig, store, tokenizer_sha256: str, shards) 
 def launch_layout(settings, training_launcher: TrainingLauncher) -> tuple[str, int]:
     """The launcher this run uses and the ranks it starts, refused before launch when training.parallelism does
     not fit them."""
-    launcher, world_size = training_launcher.chosen(settings.launcher), training_launcher.world_size(settings.launcher)
+    launcher = training_launcher.chosen(settings.launcher)
     try:
+        world_size = training_launcher.world_size(settings.launcher)
         settings.parallelism.data_parallel(world_size)
     except ValueError as exc:
-        raise dg.Failure(description=f"{exc} (the {launcher} launcher starts {world_size})") from None
+        raise dg.Failure(description=f"{exc} (the {launcher} launcher)") from None
     return launcher, world_size
+
+
+def ray_reachable(training_launcher: TrainingLauncher, engine_address: str | None) -> None:
+    """A Ray address nobody answers at fails here in seconds, naming the setting, as the data engine's does
+    (the launched driver would retry for a minute); unset means RAY_ADDRESS or an embedded Ray."""
+    from kiln.engine import EngineError, check_reachable
+
+    named = [(training_launcher.ray_address, "TrainingLauncher.ray_address"), (engine_address, "engine.ray_address"),
+             (os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS")]
+    address, origin = next(((a, o) for a, o in named if a), (None, None))
+    if address is not None:
+        try:
+            check_reachable(address, origin)
+        except EngineError as exc:
+            raise dg.Failure(description=str(exc)) from None
 
 
 def base_chain(store, folder: Path) -> dict | None:
@@ -181,7 +197,10 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
         tokenizer_dir=store.dataset_dir(TOKENIZER), experiment=mlflow_tracking.experiment, run_name=f"kiln-{key}",
         tags=tags, base_checkpoint=base and base["path"], replay=replay).write(run_dir / "run_config.json")
     env = {**training_launcher.env(), **mlflow_tracking.env(), "MLFLOW_RUN_ID": mlflow_run_id}
-    command = training_launcher.command(run_config, settings.launcher, engine.ray_address or project.engine.ray_address)
+    ray_address = engine.ray_address or project.engine.ray_address  # the data engine's cluster, for `ray`
+    if launcher == "ray":
+        ray_reachable(training_launcher, ray_address)
+    command = training_launcher.command(run_config, settings.launcher, ray_address)
     try:
         reported = pipes_subprocess_client.run(command=command, context=context,
                                                env=env, cwd=str(REPO)).get_materialize_result()

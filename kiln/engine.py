@@ -119,7 +119,7 @@ SERIAL = ProcessPool(workers=1)  # in this process, one part after another: libr
 
 # ------------------------------------------------------------------------------------------------ Ray
 
-def _check_reachable(address: str, origin: str) -> None:
+def check_reachable(address: str, origin: str) -> None:
     """Fail in seconds, naming the setting, instead of Ray's minute of connection retries."""
     if address.startswith("ray://"):
         raise EngineError(
@@ -158,7 +158,7 @@ def connect(address: str | None, origin: str = ADDRESS_KEY, num_cpus: int | None
     import ray
 
     if address:
-        _check_reachable(address, origin)
+        check_reachable(address, origin)
     if _session is not None and ray.is_initialized():
         if address in (_session.address, _session.gcs_address):  # the same Ray (an embedded one by its address)
             return _session

@@ -23,9 +23,9 @@ class TrainingLauncher(dg.ConfigurableResource):
 
     launcher: Optional[str] = None  # deepspeed | torchrun | ray; None: training.launcher
     nproc_per_node: int = 2  # deepspeed / torchrun: GPUs of this machine; on CPU, processes (gloo)
-    num_workers: int | None = None  # ray: training workers (ranks) in all, one GPU each where the cluster has GPUs;
-    # None: nproc_per_node
-    max_failures: int = 3  # ray: restarts of the worker group before the run fails
+    # ray: training workers (ranks) in all, one GPU each where the cluster has GPUs; None: nproc_per_node
+    num_workers: int | None = None  # (no Field bounds: a deployment's EnvVar.int is validated as 0 at load time)
+    max_failures: int = 3  # ray: restarts of the worker group before the run fails; -1: no limit
     ray_address: str | None = None  # ray: the cluster's GCS address, over engine.ray_address
     master_port: int | None = None  # None: a free port per launch, so runs on one host never collide
 
@@ -42,7 +42,11 @@ class TrainingLauncher(dg.ConfigurableResource):
 
     def world_size(self, configured: str) -> int:
         """The ranks a launch starts: what the layout (training.parallelism) must divide."""
-        return (self.num_workers or self.nproc_per_node) if self.chosen(configured) == "ray" else self.nproc_per_node
+        ranks = (self.num_workers or self.nproc_per_node) if self.chosen(configured) == "ray" else self.nproc_per_node
+        if ranks < 1:
+            raise ValueError(f"TrainingLauncher starts {ranks} training processes: set nproc_per_node (or num_workers "
+                             f"for ray) to at least 1")
+        return ranks
 
     def command(self, run_config: Path, configured: str = "deepspeed", ray_address: str | None = None) -> list[str]:
         """The launch command; `configured`: training.launcher, `ray_address`: engine.ray_address."""

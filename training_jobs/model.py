@@ -209,9 +209,7 @@ class Transformer(nn.Module):
             else:
                 x = layer(x, cos, sin, mask)
         logits = self.lm_head(self.norm(x))
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+        return logits if targets is None else lm_loss(logits, targets)
 
     def param_count(self, non_embedding: bool = False) -> int:
         """Unique parameters (a tied matrix counts once). `non_embedding` leaves out the embedding table and
@@ -220,6 +218,16 @@ class Transformer(nn.Module):
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         return flops_per_token(self.cfg, seq_len or self.cfg.max_seq_len)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The training loss: mean next-token cross-entropy in fp32, IGNORE targets left out."""
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+
+
+def loss_sums_by_position(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Token losses summed over the batch per position, (T,) float64: validation's perplexity by position."""
+    return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none").double().sum(0)
 
 
 def param_count(cfg: ModelConfig, non_embedding: bool = False) -> int:
@@ -248,5 +256,5 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     return 6.0 * n + 12.0 * cfg.n_layers * cfg.d_model * seq_len
 
 
-__all__ = ["IGNORE", "ModelConfig", "Transformer", "apply_rope", "flops_per_token", "param_count", "prefix_lm_mask",
-           "rope_tables"]
+__all__ = ["IGNORE", "ModelConfig", "Transformer", "apply_rope", "flops_per_token", "lm_loss", "loss_sums_by_position",
+           "param_count", "prefix_lm_mask", "rope_tables"]

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from training_jobs.base import BaseWeights, load_into
-from training_jobs.model import IGNORE, Block, ModelConfig, RMSNorm, Transformer, rope_tables
+from training_jobs.model import Block, ModelConfig, RMSNorm, Transformer, loss_sums_by_position, lm_loss, rope_tables
 
 LAYER_FILE = "layer_{:02d}-model_states.pt"  # DeepSpeed's name for a layer's weights (one pipeline, no tp)
 
@@ -82,11 +82,6 @@ class Head(nn.Linear):
         self.load_state_dict({"weight": weights["lm_head.weight"]})
 
 
-def clm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Transformer.forward's loss: mean next-token cross-entropy in fp32, IGNORE targets left out."""
-    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
-
-
 def layer_prefixes(cfg: ModelConfig) -> dict[int, str]:
     """Pipeline layer index -> the Transformer name prefix of its parameters (the tied head has none)."""
     prefixes = {0: "embed_tokens.", **{i + 1: f"layers.{i}." for i in range(cfg.n_layers)},
@@ -113,7 +108,7 @@ def pipeline_module(cfg: ModelConfig, seed: int, stages: int, activation_checkpo
         first, last = LayerSpec(Embedding, cfg, weights), LayerSpec(Head, cfg, weights)
     specs = [first, *(LayerSpec(BlockPipe, cfg, weights, i) for i in range(cfg.n_layers)),
              LayerSpec(Norm, cfg, weights), last]
-    module = PipelineModule(specs, num_stages=stages, loss_fn=clm_loss, partition_method="type:BlockPipe",
+    module = PipelineModule(specs, num_stages=stages, loss_fn=lm_loss, partition_method="type:BlockPipe",
                             activation_checkpoint_interval=1 if activation_checkpointing else 0,
                             checkpointable_layers=["BlockPipe"])  # never the embedding: its input needs no grad
     weights.clear()  # the specs keep a reference; the other stages' tensors are not needed on this rank
@@ -127,8 +122,7 @@ def position_sums(engine, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> t
     """Per-position sums of the token losses over the batches, (T,) float64 on the last stage, None elsewhere."""
     module = engine.module
     train_loss = module.loss_fn
-    module.loss_fn = lambda logits, y: F.cross_entropy(
-        logits.float().transpose(1, 2), y, reduction="none").double().sum(0)
+    module.loss_fn = loss_sums_by_position
     try:
         engine.reset_activation_shape()  # the batches may be shaped unlike the training ones
         engine.total_loss = None  # eval_batch adds to what train_batch left
@@ -173,5 +167,5 @@ def transformer_state(ckpt: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     return state
 
 
-__all__ = ["BlockPipe", "clm_loss", "is_pipeline_checkpoint", "layer_prefixes", "pipeline_module", "position_sums",
+__all__ = ["BlockPipe", "is_pipeline_checkpoint", "layer_prefixes", "pipeline_module", "position_sums",
            "probe_loss", "transformer_state"]

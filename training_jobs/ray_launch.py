@@ -16,12 +16,13 @@ Dagster sees the run through Pipes: this driver is the process Dagster launched,
 other machines, where Pipes' message file does not exist. So rank 0 hands its messages (progress lines, the
 final materialization) to a Ray queue that lives on this driver's node; the driver prints the lines and passes
 everything to its own Pipes context when it has one. (Worker output stays in Ray's logs on each node: forwarded
-to the driver it would also carry Ray Train's own chatter.) The workers log to MLflow themselves (MLFLOW_* is forwarded: use a tracking server every node
-can reach), and they read shards and write checkpoints under the run config's folders, which every node must
-see at the same path (a shared filesystem), as with any multi-node launcher.
+to the driver it would also carry Ray Train's own chatter.) The workers log to MLflow themselves (MLFLOW_* is
+forwarded: use a tracking server every node can reach), and they read shards and write checkpoints under the run
+config's folders, which every node must see at the same path (a shared filesystem), as with any multi-node
+launcher.
 
-Exit code: 0 when the run completed, 3 when it diverged (the trainer's own codes), 1 when it failed after
-`max_failures` restarts; summary.json says why.
+Exit code: 0 when the run completed, 3 when it diverged (the trainer's own codes), 1 when it failed (after
+`max_failures` restarts); summary.json says why.
 """
 
 from __future__ import annotations
@@ -136,22 +137,29 @@ def run(run_config: Path, num_workers: int, address: str | None, max_failures: i
             scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu),
             run_config=RunConfig(name=kiln_run.run_name or output.name, storage_path=str(output / "ray"),
                                  failure_config=FailureConfig(max_failures=max_failures)))
-        result = _fit_relaying(trainer, channel, pipes)
+        error = _fit_relaying(trainer, channel, pipes)
     finally:
         ray.shutdown()
-    summary = _read_json(output / "summary.json")
-    if result.error is not None:
-        print(f"Ray Train gave up after {max_failures} restarts: {result.error}", file=sys.stderr, flush=True)
+    if error is not None:
+        print(f"Ray Train gave up after {max_failures} restarts: {error}", file=sys.stderr, flush=True)
         return 1
-    return 0 if summary.get("status") == "completed" else 3
+    return {"completed": 0, "diverged": 3}.get(_read_json(output / "summary.json").get("status"), 1)
 
 
-def _fit_relaying(trainer, channel, pipes):
-    """trainer.fit(), meanwhile printing rank 0's lines from the queue and passing its messages to Pipes."""
-    outcome: dict[str, Any] = {}
-    fit = threading.Thread(target=lambda: outcome.update(result=_fit(trainer)), daemon=True)
-    fit.start()
-    while fit.is_alive() or not channel.empty():
+def _fit_relaying(trainer, channel, pipes) -> BaseException | None:
+    """trainer.fit(), meanwhile printing rank 0's lines from the queue and passing its messages to Pipes; returns
+    why Ray Train gave up, or None."""
+    outcome: dict[str, BaseException | None] = {}
+
+    def fit() -> None:
+        try:
+            outcome["error"] = trainer.fit().error
+        except Exception as exc:  # noqa: BLE001: TrainingFailedError and friends; the driver reports it
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=fit, daemon=True)
+    thread.start()
+    while thread.is_alive() or not channel.empty():
         try:
             message = channel.get(timeout=1)
         except stdlib_queue.Empty:  # ray.util.queue.Empty subclasses it
@@ -159,7 +167,7 @@ def _fit_relaying(trainer, channel, pipes):
         except Exception as exc:  # noqa: BLE001: the queue's node was lost; the run goes on without progress lines
             print(f"lost the workers' message queue ({type(exc).__name__}); the run continues, its lines are in "
                   f"Ray's worker logs", file=sys.stderr, flush=True)
-            fit.join()
+            thread.join()
             break
         if message[0] == "log":
             print(message[1], flush=True)
@@ -167,19 +175,7 @@ def _fit_relaying(trainer, channel, pipes):
                 pipes.log.info(message[1])
         elif pipes is not None:
             pipes.report_asset_materialization(metadata=message[1], data_version=message[2])
-    return outcome["result"]
-
-
-class _Failed:
-    def __init__(self, error: BaseException):
-        self.error = error
-
-
-def _fit(trainer):
-    try:
-        return trainer.fit()
-    except Exception as exc:  # noqa: BLE001: TrainingFailedError and friends; the driver reports it
-        return _Failed(exc)
+    return outcome["error"]
 
 
 def _read_json(path: Path) -> dict:

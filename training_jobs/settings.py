@@ -343,6 +343,6 @@ def load_deepspeed_config(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"DeepSpeed config {path} is not valid JSON: {exc}") from None
 
 
-__all__ = ["CheckpointSettings", "DEFAULT_DEEPSPEED_CONFIG", "ModelSettings", "MonitorSettings", "PRESETS", "Parallelism",
-           "RopeScaling", "RUN_CONFIG_FORMAT", "Replay", "RunConfig", "ScheduleSettings", "TrainingSettings",
-           "llama_ffn_hidden", "load_deepspeed_config"]
+__all__ = ["CheckpointSettings", "DEFAULT_DEEPSPEED_CONFIG", "ModelSettings", "MonitorSettings", "PRESETS",
+           "Parallelism", "RopeScaling", "RUN_CONFIG_FORMAT", "Replay", "RunConfig", "ScheduleSettings",
+           "TrainingSettings", "llama_ffn_hidden", "load_deepspeed_config"]

@@ -44,7 +44,7 @@ from training_jobs.base import BaseWeights, check_compatible, load_base, load_in
 from training_jobs.flops import device_peak_flops, mfu
 from training_jobs.loader import ReplayLoader, ShardLoader
 from training_jobs import scaling_names
-from training_jobs.model import ModelConfig, Transformer, flops_per_token, param_count
+from training_jobs.model import ModelConfig, Transformer, flops_per_token, loss_sums_by_position, param_count
 from training_jobs.monitor import ROLLBACK, Event, StabilityMonitor, TrainingDiverged
 from training_jobs.objectives import Objective, make_objective
 from training_jobs.schedule import lambda_lr
@@ -314,10 +314,7 @@ def evaluate(engine, val: ShardLoader | None, batches: int | None) -> dict[str, 
     else:
         for _ in range(n):
             x, y = val.next_batch()
-            logits = engine(x.to(engine.device)).float()
-            per_token = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y.to(engine.device),
-                                                          reduction="none")
-            add(per_token.double().sum(0), x.shape[0])
+            add(loss_sums_by_position(engine(x.to(engine.device)), y.to(engine.device)), x.shape[0])
     torch.distributed.all_reduce(sums)
     torch.distributed.all_reduce(counts)
     engine.train()

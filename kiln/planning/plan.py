@@ -217,12 +217,8 @@ class Plan:
         return math.ceil(self.tokens / self.parallelism.global_batch_tokens)
 
     def training_yaml(self) -> str:
-        """`training_block()` as YAML lines to paste under the project config's `training:` key."""
-        return "\n".join(f"{key}: {_flow(value)}" for key, value in self.training_block().items())
-
-    def training_block(self) -> dict[str, Any]:
-        """The project config's `training:` keys this plan sets: `{"parallelism": {...}}`."""
-        return self.parallelism.training_block()
+        """The project config's `training:` keys this plan sets (ParallelismPlan.training_block) as YAML lines."""
+        return "\n".join(f"{key}: {_flow(value)}" for key, value in self.parallelism.training_block().items())
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -250,7 +246,7 @@ class Plan:
             },
             "compute": self.compute.to_dict(),
             "parallelism": self.parallelism.to_dict(),
-            "training": self.training_block(),  # paste into the project config's `training:` section
+            "training": self.parallelism.training_block(),  # paste into the project config's `training:` section
             "reliability": self.reliability.to_dict(),
             "data": None if self.data is None else self.data.to_dict(),
             "own_fit": self.own_fit,

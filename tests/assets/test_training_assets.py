@@ -284,7 +284,7 @@ def test_the_launch_config_changes_one_runs_recipe_and_is_validated_like_the_pro
 def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_refused_before_launch():
     import dagster as dg
 
-    from assets.training import TrainingLaunch, launch_layout
+    from assets.training import TrainingLaunch, launch_layout, ray_reachable
     from kiln.config import load_config
     from resources import TrainingLauncher
 
@@ -299,11 +299,18 @@ def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_re
     pipeline = with_layout(parallelism={"pp": 2, "zero_stage": 1})
     assert launch_layout(pipeline, TrainingLauncher(nproc_per_node=4)) == ("deepspeed", 4)
     with pytest.raises(dg.Failure, match=r"training.parallelism \(tp 1 x pp 2 = 2 ranks per data-parallel replica\) "
-                                         r"does not fit the 3 training processes.*the deepspeed launcher starts 3"):
+                                         r"does not fit the 3 training processes.*the deepspeed launcher"):
         launch_layout(pipeline, TrainingLauncher(nproc_per_node=3))
-    with pytest.raises(dg.Failure, match="tp 1 x pp 2 x dp 4 = 8 ranks.*the ray launcher starts 2"):
+    with pytest.raises(dg.Failure, match="tp 1 x pp 2 x dp 4 = 8 ranks.*the 2 training processes.*the ray launcher"):
         launch_layout(with_layout(launcher="ray", parallelism={"pp": 2, "dp": 4, "zero_stage": 1}),
                       TrainingLauncher(num_workers=2))
+    with pytest.raises(dg.Failure, match="TrainingLauncher starts 0 training processes"):
+        launch_layout(on_ray, TrainingLauncher(num_workers=0, nproc_per_node=0))
+    # A Ray address nobody answers at is refused before launch, naming the setting it came from.
+    with pytest.raises(dg.Failure, match=r"engine.ray_address = '127\.0\.0\.1:9': no Ray cluster answers there"):
+        ray_reachable(TrainingLauncher(), "127.0.0.1:9")
+    with pytest.raises(dg.Failure, match=r"TrainingLauncher.ray_address = '127\.0\.0\.1:9'"):
+        ray_reachable(TrainingLauncher(ray_address="127.0.0.1:9"), "head:6379")
     cmd = TrainingLauncher(num_workers=4, max_failures=1).command(Path("run.json"), "ray", "head:6379")
     assert cmd[1:] == ["-m", "training_jobs.ray_launch", "--run-config", "run.json", "--num-workers", "4",
                        "--max-failures", "1", "--address", "head:6379"]
