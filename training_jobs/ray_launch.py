@@ -34,6 +34,7 @@ import os
 import queue as stdlib_queue
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -159,16 +160,19 @@ def _fit_relaying(trainer, channel, pipes) -> BaseException | None:
 
     thread = threading.Thread(target=fit, daemon=True)
     thread.start()
-    while thread.is_alive() or not channel.empty():
+    warned = False
+    while thread.is_alive() or _has_messages(channel):
         try:
             message = channel.get(timeout=1)
         except stdlib_queue.Empty:  # ray.util.queue.Empty subclasses it
             continue
-        except Exception as exc:  # noqa: BLE001: the queue's node was lost; the run goes on without progress lines
-            print(f"lost the workers' message queue ({type(exc).__name__}); the run continues, its lines are in "
-                  f"Ray's worker logs", file=sys.stderr, flush=True)
-            thread.join()
-            break
+        except Exception as exc:  # noqa: BLE001: unreachable for a while (a node is failing); training goes on
+            if not warned:
+                print(f"the workers' message queue is unavailable ({type(exc).__name__}); retrying (the lines are "
+                      f"also in Ray's worker logs)", file=sys.stderr, flush=True)
+                warned = True
+            time.sleep(1)
+            continue
         if message[0] == "log":
             print(message[1], flush=True)
             if pipes is not None:
@@ -176,6 +180,13 @@ def _fit_relaying(trainer, channel, pipes) -> BaseException | None:
         elif pipes is not None:
             pipes.report_asset_materialization(metadata=message[1], data_version=message[2])
     return outcome["error"]
+
+
+def _has_messages(channel) -> bool:
+    try:
+        return not channel.empty()
+    except Exception:  # noqa: BLE001: the queue is gone: nothing more will come
+        return False
 
 
 def _read_json(path: Path) -> dict:
