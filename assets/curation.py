@@ -8,17 +8,17 @@ import dagster as dg
 
 from assets.partitions import FOLLOW, SAME_REFRESH_EVERY_SOURCE, document_partitions, source_and_refresh
 from assets.results import check_specs, engine_metadata, materialize_result, standard_checks
-from kiln.curation import filter_documents, ingest, profile_steps
-from kiln.dedup.exact import HashSource, exact_dedup, remove_shuffle
-from kiln.manifest import code_version
-from kiln.filters.registry import build_step
-from kiln.pii import PiiRedaction
-from kiln.pii_audit import residual_pii_batch
-from kiln.readers import SourceFile
-from kiln.refresh import check_pinned, ensure_refresh, load_refreshes, partition, upto
-from kiln.secrets import redact
-from kiln.storage import Store, resume_key
-from kiln.stats import StageStats, chain, funnel_markdown
+from kiln.curation.pipeline import filter_documents, ingest, profile_steps
+from kiln.curation.exact_dedup import HashSource, exact_dedup, remove_shuffle
+from kiln.common.manifest import code_version
+from kiln.curation.filters.registry import build_step
+from kiln.curation.pii import PiiRedaction
+from kiln.curation.pii_audit import residual_pii_batch
+from kiln.curation.readers import SourceFile
+from kiln.governance.refresh import check_pinned, ensure_refresh, load_refreshes, partition, upto
+from kiln.common.secrets import redact
+from kiln.common.storage import Store, resume_key
+from kiln.common.stats import StageStats, chain, funnel_markdown
 from resources import KilnConfig, KilnEngine, KilnStorage
 
 RAW, FILTERED, CURATED = "raw_documents", "filtered_documents", "curated_documents"
@@ -27,7 +27,7 @@ KINDS = {"python", "parquet"}
 
 @dg.asset(
     key=RAW, partitions_def=document_partitions, group_name="curation", kinds=KINDS,
-    code_version=code_version("kiln.readers", "kiln.curation", "kiln.documents", "kiln.storage"),
+    code_version=code_version("kiln.curation.readers", "kiln.curation.pipeline", "kiln.curation.documents", "kiln.common.storage"),
     check_specs=check_specs(RAW),
 )
 def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
@@ -64,7 +64,7 @@ def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, st
 
 @dg.asset(
     key=FILTERED, deps=[RAW], partitions_def=document_partitions, group_name="curation", kinds=KINDS,
-    code_version=code_version("kiln.filters", "kiln.pii", "kiln.curation", "kiln.removals", "kiln.stats"),
+    code_version=code_version("kiln.curation.filters", "kiln.curation.pii", "kiln.curation.pipeline", "kiln.common.removals", "kiln.common.stats"),
     check_specs=check_specs(FILTERED), automation_condition=FOLLOW,
 )
 def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
@@ -101,7 +101,7 @@ def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     key=CURATED, partitions_def=document_partitions, group_name="curation", kinds=KINDS,
     # Exact dedup compares every source's hashes, so each partition depends on every source of its refresh.
     deps=[dg.AssetDep(FILTERED, partition_mapping=SAME_REFRESH_EVERY_SOURCE)],
-    code_version=code_version("kiln.dedup.exact", "kiln.removals", "kiln.stats"),
+    code_version=code_version("kiln.curation.exact_dedup", "kiln.common.removals", "kiln.common.stats"),
     check_specs=check_specs(CURATED, "residual_pii"), automation_condition=FOLLOW,
 )
 def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
@@ -156,7 +156,7 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
 
 
 def residual_pii_check(store: Store, here: str, step: PiiRedaction) -> dg.AssetCheckResult:
-    """Scan the output with a second, independent detector (kiln.pii_audit: its own code and patterns, so it finds
+    """Scan the output with a second, independent detector (kiln.curation.pii_audit: its own code and patterns, so it finds
     what the redactor's own patterns miss, which scanning with them again never could), for the types and exemptions
     the `pii` step is configured with: a type turned off there is not looked for. Any hit means redaction missed
     something. Reports hits per type and document ids only, never the matched text."""

@@ -21,12 +21,12 @@ from kiln.dedup.buckets import (check_signature_params, decide_distributed, doc_
                                 survivor_violations, write_index)
 from kiln.dedup.near import DECISION_SCHEMA, NEAR_DUPLICATE
 from kiln.dedup.report import clusters_markdown, cross_source_markdown, cluster_sizes_markdown
-from kiln.manifest import code_version
-from kiln.plots import stacked_bars_markdown
-from kiln.refresh import load_refreshes, partition, upto
-from kiln.removals import example_excerpt
-from kiln.stats import StageStats, chain, funnel_markdown
-from kiln.storage import IncompleteDataset, resume_key
+from kiln.common.manifest import code_version
+from kiln.common.plots import stacked_bars_markdown
+from kiln.governance.refresh import load_refreshes, partition, upto
+from kiln.common.removals import example_excerpt
+from kiln.common.stats import StageStats, chain, funnel_markdown
+from kiln.common.storage import IncompleteDataset, resume_key
 from resources import KilnConfig, KilnEngine, KilnStorage
 
 SIGNATURES, INDEX, DEDUPLICATED = "minhash_signatures", "dedup_index", "deduplicated_documents"
@@ -218,8 +218,8 @@ def _texts_of(store, parts: list[str], rows: pa.Table) -> dict[str, str]:
 @dg.asset(
     key=DEDUPLICATED, partitions_def=document_partitions, group_name="dedup", kinds={"python", "parquet"},
     deps=[CURATED, dg.AssetDep(INDEX, partition_mapping=SAME_REFRESH)], automation_condition=FOLLOW,
-    code_version=code_version("kiln.dedup.apply", "kiln.dedup.decontaminate", "kiln.dedup.boilerplate", "kiln.removals",
-                              "kiln.stats"),
+    code_version=code_version("kiln.dedup.apply", "kiln.dedup.decontaminate", "kiln.dedup.boilerplate", "kiln.common.removals",
+                              "kiln.common.stats"),
     check_specs=check_specs(DEDUPLICATED) + [
         dg.AssetCheckSpec("no_benchmark_overlap", asset=DEDUPLICATED, blocking=True,
                           description="no surviving document shares an n-gram with a declared benchmark item")],

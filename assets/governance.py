@@ -7,12 +7,12 @@ import dagster as dg
 from assets.partitions import follow_only
 from assets.tokens import SHARDS, TOKENIZER
 from assets.training import CHECKPOINT, EVALUATION, RUN
-from kiln.audit import Catalog, node_key
-from kiln.data_card import build_data_card, data_card_markdown
-from kiln.forget import REQUESTS
-from kiln.lineage import DOCUMENT_STAGES
-from kiln.manifest import code_version
-from kiln.refresh import partition
+from kiln.governance.audit import Catalog, node_key
+from kiln.governance.data_card import build_data_card, data_card_markdown
+from kiln.governance.forget import REQUESTS
+from kiln.governance.lineage import DOCUMENT_STAGES
+from kiln.common.manifest import code_version
+from kiln.governance.refresh import partition
 from resources import KilnConfig, KilnStorage, MlflowTracking
 
 DATA_CARD = "data_card"
@@ -30,7 +30,7 @@ removal_requests = dg.AssetSpec(
     automation_condition=follow_only(CHECKPOINT, EVALUATION),
     deps=[CHECKPOINT, EVALUATION, RUN, SHARDS, TOKENIZER, REQUESTS,
           *[dg.AssetDep(stage, partition_mapping=dg.AllPartitionMapping()) for stage in DOCUMENT_STAGES]],
-    code_version=code_version("kiln.data_card", "kiln.audit", "kiln.lineage", "kiln.forget"),
+    code_version=code_version("kiln.governance.data_card", "kiln.governance.audit", "kiln.governance.lineage", "kiln.governance.forget"),
     check_specs=[dg.AssetCheckSpec("lineage_complete", asset=DATA_CARD, blocking=False,
                                    description="the checkpoint's lineage reaches raw_documents for every source in its "
                                                "token shards, and every recorded input version is the one in the store")],

@@ -1,7 +1,7 @@
 """The partitions the data assets share: every document dataset is one source in one refresh.
 
 The UI shows each document asset as a grid of refreshes by sources. A refresh is a dynamic partition, added
-when the landing sensor, the refresh schedule or the demo registers one (`kiln.refresh`), or by hand in the UI
+when the landing sensor, the refresh schedule or the demo registers one (`kiln.governance.refresh`), or by hand in the UI
 (raw_documents then registers what has landed); assets over every source of a refresh (the dedup index, the
 token shards) are partitioned by refresh alone.
 """
@@ -10,8 +10,8 @@ import warnings
 
 import dagster as dg
 
-from kiln.config import load_config
-from kiln.refresh import partition
+from kiln.common.config import load_config
+from kiln.governance.refresh import partition
 
 LOADED_CONFIG = load_config()  # partitions, automation, schedule and sensor settings: read when the code location loads
 

@@ -5,10 +5,10 @@ import json
 import dagster as dg
 
 from assets.tokens import SHARDS
-from kiln.manifest import code_version
+from kiln.common.manifest import code_version
 from kiln.planning.plan import make_plan
-from kiln.refresh import latest
-from kiln.storage import IncompleteDataset
+from kiln.governance.refresh import latest
+from kiln.common.storage import IncompleteDataset
 from resources import KilnConfig, KilnStorage
 
 PLAN = "training_plan"

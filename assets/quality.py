@@ -9,17 +9,17 @@ import numpy as np
 from assets.dedup import DEDUPLICATED
 from assets.partitions import FOLLOW, ONCE, document_partitions, source_and_refresh
 from assets.results import check_specs, engine_metadata, materialize_result, standard_checks
-from kiln.forget import REQUESTS, first_match, load_requests
-from kiln.manifest import code_version
-from kiln.plots import figure_markdown, pyplot
+from kiln.governance.forget import REQUESTS, first_match, load_requests
+from kiln.common.manifest import code_version
+from kiln.common.plots import figure_markdown, pyplot
 from kiln.quality.classifier import Example, balanced_sample, train_classifier
 from kiln.quality.rules import decide, decile_rows, filter_parts, threshold_effect
 from kiln.quality.scoring import read_scores, score_parts
-from kiln.refresh import materialized, partition
-from kiln.removals import example_excerpt
-from kiln.stats import StageStats, chain, funnel_markdown
-from kiln.storage import resume_key
-from kiln.tokenizer import read_documents
+from kiln.governance.refresh import materialized, partition
+from kiln.common.removals import example_excerpt
+from kiln.common.stats import StageStats, chain, funnel_markdown
+from kiln.common.storage import resume_key
+from kiln.tokens.tokenizer import read_documents
 from resources import KilnConfig, KilnEngine, KilnStorage
 
 CLASSIFIER, SCORES, QUALITY_FILTERED = "quality_classifier", "quality_scores", "quality_filtered_documents"
@@ -126,7 +126,7 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
                 "documents": counts["documents"], "data_version": manifest.data_version,
                 "path": dg.MetadataValue.path(str(store.dataset_dir(SCORES, source)))}
     # The lowest deciles are what the quality rule will drop: like a removal example, an excerpt only if the config
-    # keeps rejected text (kiln.removals), redacted.
+    # keeps rejected text (kiln.common.removals), redacted.
     policy = config.curation.keep_rejected_text
     texts = {} if policy == "none" else {
         doc_id: example_excerpt(text, policy) for doc_id, text in store.values(
@@ -151,7 +151,7 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
 @dg.asset(
     key=QUALITY_FILTERED, deps=[SCORES, REQUESTS], partitions_def=document_partitions, group_name="quality",
     kinds={"python", "parquet"}, automation_condition=FOLLOW,
-    code_version=code_version("kiln.quality.rules", "kiln.forget", "kiln.removals", "kiln.stats"),
+    code_version=code_version("kiln.quality.rules", "kiln.governance.forget", "kiln.common.removals", "kiln.common.stats"),
     check_specs=check_specs(QUALITY_FILTERED),
 )
 def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dagster as dg
 import pyarrow.parquet as pq
 
-from kiln.documents import DOCUMENT_SCHEMA
+from kiln.curation.documents import DOCUMENT_SCHEMA
 from kiln.engine import Engine
-from kiln.manifest import Manifest
-from kiln.stats import StageStats, examples_markdown, funnel_markdown, length_histogram_markdown
-from kiln.storage import Store
+from kiln.common.manifest import Manifest
+from kiln.common.stats import StageStats, examples_markdown, funnel_markdown, length_histogram_markdown
+from kiln.common.storage import Store
 
 CHECKS = ("conservation", "non_empty", "schema")
 

@@ -8,14 +8,14 @@ import dagster as dg
 from assets.partitions import FOLLOW, ONCE, SAME_REFRESH, refresh_partitions
 from assets.quality import QUALITY_FILTERED
 from assets.results import engine_metadata
-from kiln.forget import REQUESTS, load_requests
-from kiln.manifest import code_version
-from kiln.mixture import SourceParts
-from kiln.plots import stacked_bars_markdown
-from kiln.refresh import Refresh, load_refreshes, materialized, upto
-from kiln.shards import ShardError, open_shard, read_shard_set
-from kiln.token_shards import write_token_shards
-from kiln.tokenizer import Tokenizer, draw_training_sample, tokenizer_report, train_tokenizer
+from kiln.governance.forget import REQUESTS, load_requests
+from kiln.common.manifest import code_version
+from kiln.tokens.mixture import SourceParts
+from kiln.common.plots import stacked_bars_markdown
+from kiln.governance.refresh import Refresh, load_refreshes, materialized, upto
+from kiln.tokens.shard_format import ShardError, open_shard, read_shard_set
+from kiln.tokens.shard_writer import write_token_shards
+from kiln.tokens.tokenizer import Tokenizer, draw_training_sample, tokenizer_report, train_tokenizer
 from resources import KilnConfig, KilnEngine, KilnStorage
 
 TOKENIZER, SHARDS = "tokenizer", "token_shards"
@@ -36,7 +36,7 @@ def _sources(config, store, refreshes: list[Refresh]) -> tuple[list[SourceParts]
 
 @dg.asset(
     key=TOKENIZER, deps=[ALL_SOURCES], group_name="tokens", kinds={"python", "sentencepiece"}, automation_condition=ONCE,
-    code_version=code_version("kiln.tokenizer", "kiln.mixture"),
+    code_version=code_version("kiln.tokens.tokenizer", "kiln.tokens.mixture"),
     check_specs=[dg.AssetCheckSpec("round_trip", asset=TOKENIZER, blocking=True,
                                    description="decode(encode(text)) == text on every sampled document")],
 )
@@ -96,7 +96,7 @@ def examples_markdown(examples: list[dict]) -> str:
     # The removal requests are an input: a new request makes every shard version stale (it may name any refresh).
     key=SHARDS, deps=[TOKENIZER, dg.AssetDep(QUALITY_FILTERED, partition_mapping=SAME_REFRESH), REQUESTS],
     partitions_def=refresh_partitions, automation_condition=FOLLOW, group_name="tokens", kinds={"python", "numpy"},
-    code_version=code_version("kiln.token_shards", "kiln.shards", "kiln.mixture", "kiln.fim", "kiln.forget"),
+    code_version=code_version("kiln.tokens.shard_writer", "kiln.tokens.shard_format", "kiln.tokens.mixture", "kiln.tokens.fim", "kiln.governance.forget"),
     check_specs=[
         dg.AssetCheckSpec("shards_verified", asset=SHARDS, blocking=True,
                           description="every shard's header, size and tokenizer hash check out; totals match"),

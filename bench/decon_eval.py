@@ -3,7 +3,7 @@ the share of short n-grams (the default), and how many unrelated documents are f
 
     .venv/bin/python bench/decon_eval.py [--copies 50] [--seed 0] [--min-share S] [--fuzzy-ngram N]
 
-Items: the demo benchmark (kiln/data/benchmarks/demo_eval.jsonl, question + answer). Each copy is an item
+Items: the demo benchmark (kiln/dedup/data/benchmarks/demo_eval.jsonl, question + answer). Each copy is an item
 edited at random positions and set between two paragraphs of unrelated text: `substitution` (10% of its words
 replaced), `insertion` (a sentence inserted at a random word), `deletion` (10% of its words deleted),
 `case_punctuation` (upper case, punctuation swapped, 5% of words replaced), `verbatim` (as published). Unrelated
@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kiln.config import Decontamination  # noqa: E402
+from kiln.common.config import Decontamination  # noqa: E402
 from kiln.dedup.decontaminate import DEMO_BENCHMARK, BenchmarkIndex, read_benchmark_file  # noqa: E402
-from kiln.synthetic import document  # noqa: E402
+from kiln.curation.synthetic import document  # noqa: E402
 
 SENTENCES = ["The weather turned cold that week.", "Nobody in the office could explain why.",
              "It was the third attempt that year.", "A small crowd had gathered by the door."]

@@ -38,11 +38,11 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kiln.config import NearDedup  # noqa: E402
+from kiln.common.config import NearDedup  # noqa: E402
 from kiln.dedup.buckets import decide_distributed, read_decisions  # noqa: E402
 from kiln.dedup.minhash import (SCHEME, SCHEME_FAST, candidate_probability, choose_bands,  # noqa: E402
                                 compute_signatures, sign_texts, signature_groups, similarity_sketches)
-from kiln.documents import DOCUMENT_SCHEMA  # noqa: E402
+from kiln.curation.documents import DOCUMENT_SCHEMA  # noqa: E402
 from kiln.engine import SERIAL, ProcessPool  # noqa: E402
 
 

@@ -9,7 +9,7 @@
 For each engine and worker count: the filter stage (normalize → the source's profile → PII: "the curation chain")
 and exact dedup (the shuffle) in documents/s and documents/s per worker, then the peak resident memory of the driver
 (this process) and of the largest worker process, sampled every 0.2 s. The corpus is read once (`ingest`, not
-timed). The synthetic corpus is `kiln.synthetic` (deterministic; profile `prose`), the demo corpus the embedded
+timed). The synthetic corpus is `kiln.curation.synthetic` (deterministic; profile `prose`), the demo corpus the embedded
 sources of configs/default.yaml with their own profiles. Figures are for the machine it runs on: quote them with
 the machine named.
 """
@@ -32,12 +32,12 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kiln import engine as engines  # noqa: E402
-from kiln.config import ProjectConfig, load_config, parse_config  # noqa: E402
-from kiln.curation import filter_documents, ingest, profile_steps  # noqa: E402
-from kiln.dedup.exact import HashSource, exact_dedup  # noqa: E402
+from kiln.common.config import ProjectConfig, load_config, parse_config  # noqa: E402
+from kiln.curation.pipeline import filter_documents, ingest, profile_steps  # noqa: E402
+from kiln.curation.exact_dedup import HashSource, exact_dedup  # noqa: E402
 from kiln.engine import ProcessPool, RayEngine  # noqa: E402
-from kiln.storage import Store  # noqa: E402
-from kiln.synthetic import write_corpus  # noqa: E402
+from kiln.common.storage import Store  # noqa: E402
+from kiln.curation.synthetic import write_corpus  # noqa: E402
 
 GIB = 1 << 30
 

@@ -29,7 +29,7 @@ profile where the kind turns up (web pages run through `prose`, scraped document
 with real sentences around them (at most as long as the payload: the payload is what the document is). Seeded and
 deterministic for a given machine; a few thousand documents, under a minute on one core.
 
-Every document goes through the real steps (`normalize`, the profile, `pii`: `kiln.curation.run_steps`). Prints the
+Every document goes through the real steps (`normalize`, the profile, `pii`: `kiln.curation.pipeline.run_steps`). Prints the
 catch rate per garbage kind (and per profile), the clean loss per source with its top drop reasons, and docs/s.
 `--without garbage` runs the profiles without that step (the "before" figures). Exits 1 if a kind is caught below
 99% or a clean source loses more than 10%.
@@ -58,11 +58,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kiln.config import StepSpec, load_config  # noqa: E402
-from kiln.curation import run_steps  # noqa: E402
-from kiln.documents import Document  # noqa: E402
-from kiln.filters.registry import build_step  # noqa: E402
-from kiln.stats import StageStats  # noqa: E402
+from kiln.common.config import StepSpec, load_config  # noqa: E402
+from kiln.curation.pipeline import run_steps  # noqa: E402
+from kiln.curation.documents import Document  # noqa: E402
+from kiln.curation.filters.registry import build_step  # noqa: E402
+from kiln.common.stats import StageStats  # noqa: E402
 
 MIN_CATCH = 0.99
 MAX_LOSS = 0.10

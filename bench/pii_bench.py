@@ -3,7 +3,7 @@
     .venv/bin/python bench/pii_bench.py [--data tests/data/pii/eval.jsonl] [--repeats 5] [--show 3]
 
 The set (tests/data/pii/, built by build_eval_set.py from published formats, not by the detector) holds
-texts with labelled PII spans and near-misses with none. `kiln.pii.find_pii` runs on every text with its
+texts with labelled PII spans and near-misses with none. `kiln.curation.pii.find_pii` runs on every text with its
 defaults, and each detection is compared with the labels:
 
 - A detection D *covers* a labelled span L when they have the same type, overlap, and every letter and
@@ -16,7 +16,7 @@ defaults, and each detection is compared with the labels:
   an item, or of something unlabelled in a positive text is a false positive.
 
 Targets (issue 20): recall >= 0.99 and precision >= 0.98 for every type. A type the set labels but
-kiln.pii does not know yet is reported as unsupported and fails. Exit status 1 when any type misses.
+kiln.curation.pii does not know yet is reported as unsupported and fails. Exit status 1 when any type misses.
 
 Speed: `find_pii` over all texts in this process (one core), median of --repeats passes, as docs/s and
 MB/s; the same for the curation step's `PiiRedaction.batch` (screen + redact). Figures are for the
@@ -88,7 +88,7 @@ class Report:
         for t in self.types:
             s = self.scores[t]
             if t not in self.supported:
-                out.append(f"{t}: unsupported by kiln.pii ({s.labelled} labelled spans unfound)")
+                out.append(f"{t}: unsupported by kiln.curation.pii ({s.labelled} labelled spans unfound)")
                 continue
             if s.recall is not None and s.recall < RECALL_TARGET:
                 out.append(f"{t}: recall {s.recall:.4f} < {RECALL_TARGET}")
@@ -151,7 +151,7 @@ def print_report(rep: Report, show: int) -> None:
     for t in rep.types:
         s = rep.scores[t]
         if t not in rep.supported:
-            status = "UNSUPPORTED by kiln.pii"
+            status = "UNSUPPORTED by kiln.curation.pii"
         else:
             status = "ok" if not any(f.startswith(f"{t}:") for f in rep.failures()) else "FAIL"
         print(f"{t:<12}{s.labelled:>9}{s.found:>7}{_fmt(s.recall):>8}{s.detections:>10}{s.true_positives:>6}"
@@ -202,8 +202,8 @@ def main() -> None:
     ap.add_argument("--show", type=int, default=3, help="examples of misses and false positives per type")
     args = ap.parse_args()
 
-    from kiln.documents import Document
-    from kiln.pii import PII_TYPES, PiiRedaction, find_pii
+    from kiln.curation.documents import Document
+    from kiln.curation.pii import PII_TYPES, PiiRedaction, find_pii
 
     records = load(args.data)
     texts = [r["text"] for r in records]
@@ -214,7 +214,7 @@ def main() -> None:
           f"{len(records)} texts ({sum(r['kind'] == 'positive' for r in records)} with PII, "
           f"{sum(r['kind'] == 'near_miss' for r in records)} near-misses), "
           f"{sum(len(r['spans']) for r in records)} labelled spans, {mb:.2f} MB")
-    print(f"kiln.pii types: {', '.join(PII_TYPES)}\n")
+    print(f"kiln.curation.pii types: {', '.join(PII_TYPES)}\n")
 
     rep = score(records, find_pii, PII_TYPES)
     print_report(rep, args.show)

@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from kiln.config import QualityClassifier  # noqa: E402
+from kiln.common.config import QualityClassifier  # noqa: E402
 from kiln.quality.classifier import Example, QualityScorer, train_classifier  # noqa: E402
 from kiln.quality.perplexity import ReferenceModel  # noqa: E402
-from kiln.tokenizer import Tokenizer  # noqa: E402
+from kiln.tokens.tokenizer import Tokenizer  # noqa: E402
 from tests.quality_corpus import junk_texts  # noqa: E402
 from tests.token_corpus import train_small_tokenizer, write_source  # noqa: E402
 from training_jobs.model import ModelConfig, Transformer  # noqa: E402

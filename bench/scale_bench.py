@@ -3,17 +3,17 @@
     .venv/bin/python bench/scale_bench.py --docs 10000,30000 [--engine local,ray] [--workers 1,2] [--json OUT]
     .venv/bin/python bench/scale_bench.py --docs 10000 --runs local:1,local:2,ray:2 --json OUT
 
-Corpus (`kiln.synthetic.scale_document`, document i depends only on (seed, i), written as JSONL files of
-`--file-docs` documents, one slice per file): Zipf words from kiln/synthetic.py's vocabulary, log-normal length
+Corpus (`kiln.curation.synthetic.scale_document`, document i depends only on (seed, i), written as JSONL files of
+`--file-docs` documents, one slice per file): Zipf words from kiln/curation/synthetic.py's vocabulary, log-normal length
 (median 300 words), planted exact copies (3%), near copies at Jaccard 0.95 / 0.9 / 0.85 on word 5-gram shingles
 (6%), and hard negatives that must stay: shared blocks (a block of the previous document, J 0.5-0.65 with it) and
 site templates (64 templates shared by 1% of documents, J < 2/3 between two of them).
 
 Pipeline per run, library calls only (no Dagster), each (engine, workers) in a fresh process of its own:
-  ingest       kiln.curation.ingest of the JSONL files into a kiln.storage.Store (one task per file)
-  filter       kiln.curation.filter_documents with `--profile`: light = normalize + pii only (the profile is empty),
+  ingest       kiln.curation.pipeline.ingest of the JSONL files into a kiln.common.storage.Store (one task per file)
+  filter       kiln.curation.pipeline.filter_documents with `--profile`: light = normalize + pii only (the profile is empty),
                prose = the default config's prose profile (its steps, then pii)
-  exact_dedup  kiln.dedup.exact.exact_dedup (the curated documents)
+  exact_dedup  kiln.curation.exact_dedup.exact_dedup (the curated documents)
   signatures   kiln.dedup.minhash.compute_signatures with --config's dedup.near (default configs/default.yaml:
                scheme fss-splitmix64-v1; a config with scheme: affine32 measures the older signer)
   near_dedup   kiln.dedup.buckets.decide_distributed on the engine (`--partitions`, `--max-bucket`)
@@ -58,8 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil  # noqa: E402
 
-from kiln.manifest import write_json_atomic  # noqa: E402
-from kiln.synthetic import scale_document, scale_plan, write_scale_corpus  # noqa: E402
+from kiln.common.manifest import write_json_atomic  # noqa: E402
+from kiln.curation.synthetic import scale_document, scale_plan, write_scale_corpus  # noqa: E402
 
 SOURCE = "scale"
 MIB = 2**20
@@ -201,7 +201,7 @@ def decisions_sha256(status: dict[str, tuple[str, str | None]]) -> str:
 
 def evaluate(seed: int, n_docs: int, status: dict[str, tuple[str, str | None]], near, sample: int) -> dict:
     from kiln.dedup.minhash import jaccard, shingle_hashes
-    from kiln.documents import make_doc_id
+    from kiln.curation.documents import make_doc_id
 
     t0 = time.perf_counter()
     ids = [make_doc_id(SOURCE, f"id:scale-{seed}-{i}") for i in range(n_docs)]
@@ -304,13 +304,13 @@ def file_counts(root: Path) -> dict[str, int]:
 
 
 def run_one(args) -> dict:
-    from kiln.config import ExactDedup, Reading, Source, load_config
-    from kiln.curation import filter_documents, ingest, profile_steps
+    from kiln.common.config import ExactDedup, Reading, Source, load_config
+    from kiln.curation.pipeline import filter_documents, ingest, profile_steps
     from kiln.dedup.buckets import decide_distributed
-    from kiln.dedup.exact import HashSource, exact_dedup
+    from kiln.curation.exact_dedup import HashSource, exact_dedup
     from kiln.dedup.minhash import compute_signatures, signature_groups
     from kiln.engine import ProcessPool, RayEngine
-    from kiln.storage import Store
+    from kiln.common.storage import Store
 
     sampler = RssSampler(args.sample_s)
     sampler.start()

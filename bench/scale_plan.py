@@ -325,7 +325,7 @@ def main() -> None:
     args = ap.parse_args()
     t = Target(**{k: v for k, v in vars(args).items() if k in Target.__dataclass_fields__})
     import numpy as np
-    from kiln.config import load_config
+    from kiln.common.config import load_config
     from kiln.dedup.buckets import BUCKET_SCHEMA, old_ranks
     from kiln.dedup.minhash import bands_rows
 

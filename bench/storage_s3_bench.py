@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kiln.remote import S3Remote  # noqa: E402
-from kiln.storage import Store  # noqa: E402
+from kiln.common.remote import S3Remote  # noqa: E402
+from kiln.common.storage import Store  # noqa: E402
 
 
 def main() -> None:

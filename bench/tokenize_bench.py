@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pyarrow as pa  # noqa: E402
 
-from kiln.config import Mixture, ShardSettings, TokenizerSettings  # noqa: E402
-from kiln.documents import DOCUMENT_SCHEMA, Document, make_doc_id  # noqa: E402
-from kiln.mixture import SourceParts  # noqa: E402
-from kiln.storage import write_parquet_atomic  # noqa: E402
-from kiln.token_shards import write_token_shards  # noqa: E402
-from kiln.tokenizer import Tokenizer, draw_training_sample, train_tokenizer  # noqa: E402
+from kiln.common.config import Mixture, ShardSettings, TokenizerSettings  # noqa: E402
+from kiln.curation.documents import DOCUMENT_SCHEMA, Document, make_doc_id  # noqa: E402
+from kiln.tokens.mixture import SourceParts  # noqa: E402
+from kiln.common.storage import write_parquet_atomic  # noqa: E402
+from kiln.tokens.shard_writer import write_token_shards  # noqa: E402
+from kiln.tokens.tokenizer import Tokenizer, draw_training_sample, train_tokenizer  # noqa: E402
 
 
 def stdlib_corpus(max_bytes: int) -> tuple[list[str], list[str]]:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from kiln.shards import ShardInfo, describe_shard_set, write_shard  # noqa: E402
+from kiln.tokens.shard_format import ShardInfo, describe_shard_set, write_shard  # noqa: E402
 from training_jobs.settings import TrainingSettings  # noqa: E402
 
 SHA = "00" * 32

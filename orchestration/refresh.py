@@ -10,8 +10,8 @@ import dagster as dg
 
 from assets.curation import FILTERED, RAW
 from assets.partitions import LOADED_CONFIG, partition_key, refresh_partitions
-from kiln.forget import REQUESTS, load_requests
-from kiln.refresh import load_refreshes, next_refresh
+from kiln.governance.forget import REQUESTS, load_requests
+from kiln.governance.refresh import load_refreshes, next_refresh
 from resources import KilnConfig, KilnStorage
 
 _settings = LOADED_CONFIG.refresh
@@ -20,7 +20,7 @@ INTAKE = [dg.AssetKey(RAW), dg.AssetKey(FILTERED)]
 
 def refresh_runs(context, kiln_config: KilnConfig, storage: KilnStorage, trigger: str
                  ) -> list[dg.RunRequest] | dg.SkipReason:
-    """Register what is new (see `kiln.refresh.next_refresh`), mirror the store's refreshes into Dagster's
+    """Register what is new (see `kiln.governance.refresh.next_refresh`), mirror the store's refreshes into Dagster's
     dynamic partitions, and request the intake (raw + filtered documents) of every source for a new refresh;
     the automation sensor takes it from there."""
     config, store = kiln_config.load(), storage.store()

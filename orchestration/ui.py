@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kiln.config import ConfigError, load_config
+from kiln.common.config import ConfigError, load_config
 from kiln.engine import EngineError, shared_local_ray
 
 

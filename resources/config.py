@@ -1,7 +1,7 @@
 
 import dagster as dg
 
-from kiln.config import ProjectConfig, config_path, load_config
+from kiln.common.config import ProjectConfig, config_path, load_config
 
 
 class KilnConfig(dg.ConfigurableResource):

@@ -1,6 +1,6 @@
 import dagster as dg
 
-from kiln.config import EngineSettings
+from kiln.common.config import EngineSettings
 from kiln.engine import Engine, engine_for
 
 

@@ -3,9 +3,9 @@ from pathlib import Path
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 
-from kiln.config import kiln_home, load_config
-from kiln.remote import S3Remote
-from kiln.storage import Store
+from kiln.common.config import kiln_home, load_config
+from kiln.common.remote import S3Remote
+from kiln.common.storage import Store
 from resources.config import KilnConfig
 
 

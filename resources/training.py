@@ -8,7 +8,7 @@ from typing import Optional, get_args
 import dagster as dg
 from pydantic import field_validator
 
-from kiln.config import kiln_home
+from kiln.common.config import kiln_home
 from training_jobs.settings import TrainingSettings
 
 LAUNCHERS = get_args(TrainingSettings.model_fields["launcher"].annotation)

@@ -14,14 +14,14 @@ import shutil
 import sys
 from pathlib import Path
 
-from kiln.config import NearDedup, ProjectConfig, parse_config
-from kiln.curation import filter_documents, ingest, profile_steps
+from kiln.common.config import NearDedup, ProjectConfig, parse_config
+from kiln.curation.pipeline import filter_documents, ingest, profile_steps
 from kiln.dedup.buckets import decide_distributed
-from kiln.dedup.exact import HashSource, exact_dedup
+from kiln.curation.exact_dedup import HashSource, exact_dedup
 from kiln.dedup.minhash import compute_signatures
 from kiln.engine import SERIAL, Engine, RayEngine
-from kiln.manifest import MANIFEST_NAME
-from kiln.storage import Store
+from kiln.common.manifest import MANIFEST_NAME
+from kiln.common.storage import Store
 
 SOURCES = ("web", "mirror")
 NEAR = NearDedup()  # mirror holds a slice of web's documents again: cross-source duplicates
@@ -40,7 +40,7 @@ REPEATED_IDS = 20  # web's last file repeats the first records of its first file
 
 
 def write_corpus(corpus: Path, documents: int) -> None:
-    from kiln.synthetic import write_corpus as synthetic
+    from kiln.curation.synthetic import write_corpus as synthetic
 
     files = synthetic(corpus / "web", documents, seed=1, file_documents=max(1, documents // 3), progress=False)
     first = files[0].read_text(encoding="utf-8").splitlines(keepends=True)

@@ -34,11 +34,11 @@ from datasketch import MinHashLSH
 from filelock import FileLock, Timeout
 from tqdm import tqdm
 
-from kiln.config import NearDedup
+from kiln.common.config import NearDedup
 from kiln.dedup.buckets import IndexMismatch, index_params
 from kiln.dedup.minhash import estimated_jaccard, jaccard, lean
 from kiln.dedup.near import ALREADY_INDEXED, DECISION_SCHEMA, KEPT, NEAR_DUPLICATE, UnionFind
-from kiln.manifest import sha256_file, write_json_atomic
+from kiln.common.manifest import sha256_file, write_json_atomic
 
 
 def _waiting(where: str) -> None:

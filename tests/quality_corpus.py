@@ -87,7 +87,7 @@ def train_reference_model(texts: list[str], root, steps: int = 300, seq_len: int
     import numpy as np
     import torch
 
-    from kiln.tokenizer import Tokenizer
+    from kiln.tokens.tokenizer import Tokenizer
     from tests.token_corpus import train_small_tokenizer, write_source
     from training_jobs.export import save_safetensors
     from training_jobs.model import ModelConfig, Transformer

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kiln.shards import open_shard, read_shard_set
+from kiln.tokens.shard_format import open_shard, read_shard_set
 
 
 def stream(documents: Iterable[list[int] | np.ndarray], eos_id: int) -> np.ndarray:

@@ -38,7 +38,7 @@ from training_jobs.checkpoint import CONSOLIDATED, read_manifest, verify, weight
 from training_jobs.model import ModelConfig, Transformer
 
 MODEL_FILE, CONFIG_FILE = "model.safetensors", "model_config.json"
-# Kiln tokenizers reserve these ids (kiln.tokenizer.SPECIAL_TOKENS); used when no tokenizer card is at hand.
+# Kiln tokenizers reserve these ids (kiln.tokens.tokenizer.SPECIAL_TOKENS); used when no tokenizer card is at hand.
 DEFAULT_SPECIALS = {"pad": ("<pad>", 0), "bos": ("<s>", 1), "eos": ("<|endoftext|>", 2), "unk": ("<unk>", 3)}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -18,7 +18,7 @@ Resuming. `state_dict()` is a small JSON-able dict (epoch and sequences consumed
 every rank, so rank 0's copy in the checkpoint's client_state restores all ranks. Resuming with another
 seq_len, world size, seed, dataset or tokenizer is refused; another batch size is fine.
 
-Imports: numpy, torch, the standard library and kiln.shards only (training may run where Kiln's
+Imports: numpy, torch, the standard library and kiln.tokens.shard_format only (training may run where Kiln's
 processing stack is not installed).
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kiln.shards import ShardError, open_shard, read_shard_set
+from kiln.tokens.shard_format import ShardError, open_shard, read_shard_set
 
 STATE_FORMAT = "kiln-loader/1"
 

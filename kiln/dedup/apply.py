@@ -13,13 +13,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kiln.config import BoilerplateLines, Decontamination
+from kiln.common.config import BoilerplateLines, Decontamination
 from kiln.dedup.boilerplate import strip_boilerplate
 from kiln.dedup.decontaminate import BenchmarkIndex, contamination_counts, decontaminate, report_rows, report_table
-from kiln.documents import DOCUMENT_SCHEMA, REJECTED_SCHEMA
-from kiln.removals import RejectedText, example_excerpt, rejected_row
-from kiln.stats import StageStats
-from kiln.storage import DatasetWriter
+from kiln.curation.documents import DOCUMENT_SCHEMA, REJECTED_SCHEMA
+from kiln.common.removals import RejectedText, example_excerpt, rejected_row
+from kiln.common.stats import StageStats
+from kiln.common.storage import DatasetWriter
 
 NEAR_STAGE, BOILERPLATE_STAGE, DECONTAMINATION_STAGE = "near_dedup", "boilerplate_lines", "decontamination"
 NEAR_REASON, BOILERPLATE_ONLY = "near_duplicate", "boilerplate_only"
@@ -29,7 +29,7 @@ def deduplicate_source(input_parts: list[Path], removed: dict[str, dict[str, Any
                        lines: BoilerplateLines, benchmarks: BenchmarkIndex | None, decon: Decontamination,
                        writer: DatasetWriter, examples_per_reason: int = 3,
                        rejected_text: RejectedText = "none") -> tuple[StageStats, dict[str, Any]]:
-    """Write one source's survivors and rejects (their text only as `rejected_text` says: kiln.removals); return
+    """Write one source's survivors and rejects (their text only as `rejected_text` says: kiln.common.removals); return
     the stage stats and the contamination report."""
     stats = StageStats()
     contamination: list[dict[str, str]] = []

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pyarrow as pa
 
-from kiln.config import BoilerplateLines
+from kiln.common.config import BoilerplateLines
 from kiln.dedup.minhash import line_hash
 
 

@@ -40,7 +40,7 @@ The bucket index. Each refresh's index folder (written at the end, never rewritt
   buckets/buckets-{p}.parquet  (band, key, ref) of its accepted documents, sorted; key-prefix partition p
   ids/ids-{p}.parquet          (h, doc_id, ref), h = blake2b-64 of doc_id, partition of h; sorted by doc_id
   docs/indexed-{k}.parquet     (ref, doc_id, source, quality_tier, chars, batch, shingles): its part k's kept docs
-File names carry their store role (`kiln.storage.ROLE_PREFIX`), so the folder can be part of a dataset.
+File names carry their store role (`kiln.common.storage.ROLE_PREFIX`), so the folder can be part of a dataset.
 Earlier refreshes are the persistent index: a new refresh shuffles only its own signatures against them.
 
 Buckets larger than `max_bucket`. Within a bucket, members are ordered earlier-refresh documents first, then by the
@@ -85,7 +85,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kiln.config import NearDedup
+from kiln.common.config import NearDedup
 from kiln.dedup.components import (LABEL_SCHEMA, connected_components, node_partition, overlapping, partition_of,
                                    write_edges)
 from kiln.dedup.shuffle import (SCRATCH, read_partition, read_scratch, read_segments, write_partitioned,
@@ -93,8 +93,8 @@ from kiln.dedup.shuffle import (SCRATCH, read_partition, read_scratch, read_segm
 from kiln.dedup.minhash import HASH_COLUMNS, SCHEME, bands_rows, estimated_jaccard, jaccard, mix64
 from kiln.dedup.near import ALREADY_INDEXED, DECISION_SCHEMA, KEPT, NEAR_DUPLICATE, UnionFind
 from kiln.engine import SERIAL, Engine
-from kiln.manifest import write_json_atomic
-from kiln.storage import part_name, write_parquet_atomic
+from kiln.common.manifest import write_json_atomic
+from kiln.common.storage import part_name, write_parquet_atomic
 
 INDEX_FORMAT = "kiln-bucket-index/1"
 EXAMPLE_CLUSTERS = 5  # the largest clusters named in the stats (shown with their members by the asset)

@@ -33,12 +33,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kiln.config import Decontamination, ShingleNormalization
+from kiln.common.config import Decontamination, ShingleNormalization
 from kiln.dedup.text import normalized_words, words
 
 DROP_REASON = "decontamination.benchmark_overlap"
 TOO_SHORT_REASON = "decontamination.too_short_after_redact"
-DEMO_BENCHMARK = Path(__file__).resolve().parent.parent / "data" / "benchmarks" / "demo_eval.jsonl"
+DEMO_BENCHMARK = Path(__file__).resolve().parent / "data" / "benchmarks" / "demo_eval.jsonl"
 
 # One row per (benchmark item, document) found together; `action` is "dropped" or "redacted".
 CONTAMINATION_SCHEMA = pa.schema([

@@ -28,11 +28,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kiln.config import NearDedup
+from kiln.common.config import NearDedup
 from kiln.dedup.buckets import DOCS_SCHEMA, index_params, params_differences, write_index
 from kiln.dedup.minhash import sign_shingles
-from kiln.refresh import load_refreshes
-from kiln.storage import Store
+from kiln.governance.refresh import load_refreshes
+from kiln.common.storage import Store
 
 INDEX = "dedup_index"
 RECORD_COLUMNS = ["doc_id", "source", "quality_tier", "chars", "batch"]
@@ -82,7 +82,7 @@ class OldRedisIndex:
     def __init__(self, url: str, name: str):
         import redis
 
-        from kiln.secrets import redact_url
+        from kiln.common.secrets import redact_url
 
         self.client, self.prefix = redis.Redis.from_url(url), f"kiln:dedup:{name}"
         try:
@@ -162,7 +162,7 @@ def migrate_index(store: Store, old: OldLocalIndex | OldRedisIndex, near: NearDe
                 shutil.copy2(source / f.path, writer.dir / f.path)
             done[r] = write_index(writer.dir / "index", near, r, old.parts(r, near))
             # A new data version (the file list grew), but the files consumers read are the same bytes: lineage
-            # takes a consumer's record of `replaces` as current (kiln.audit.lineage).
+            # takes a consumer's record of `replaces` as current (kiln.governance.audit.lineage).
             stats = {**manifest.stats, "migrated_index": {"documents": done[r], "replaces": manifest.data_version}}
             writer.commit(code_version=manifest.code_version, config=manifest.config, inputs=manifest.inputs,
                           counts=manifest.counts, stats=stats)

@@ -24,10 +24,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from datasketch import LeanMinHash, MinHash
 
-from kiln.config import BoilerplateLines, NearDedup, ShingleNormalization
+from kiln.common.config import BoilerplateLines, NearDedup, ShingleNormalization
 from kiln.dedup.text import normalized_words
 from kiln.engine import SERIAL, Engine
-from kiln.storage import resume_part, write_parquet_atomic
+from kiln.common.storage import resume_part, write_parquet_atomic
 
 SCHEME = "affine32"  # datasketch >= 2.0: 32-bit hash values, collision-free permutations
 SCHEME_FAST = "fss-splitmix64-v1"  # see "the fast signature scheme" below

@@ -33,7 +33,7 @@ def cluster_sizes_markdown(sizes: dict[int, int], width: int = 40) -> str:
 def clusters_markdown(decisions: pa.Table, cluster_ids: list[str], texts: dict[str, str] | None,
                       excerpt: int = 160) -> str:
     """The largest clusters, kept document first, each member with its Jaccard and (`texts` given: the removed
-    documents' text may be shown, kiln.removals) an excerpt."""
+    documents' text may be shown, kiln.common.removals) an excerpt."""
     if not cluster_ids:
         return "no clusters"
     rows = [r for r in decisions.to_pylist() if r["cluster_id"] in set(cluster_ids)]

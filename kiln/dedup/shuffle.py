@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from kiln.manifest import temporary_name
+from kiln.common.manifest import temporary_name
 
 SCRATCH = ".arrow"  # one task's output, read whole
 SHUFFLE = ".shuffle"  # one task's output for every partition of the next round

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kiln.config import ShingleNormalization
+from kiln.common.config import ShingleNormalization
 
 _WORD = re.compile(r"\w+")  # letters, digits, underscore, in any script
 _NON_SPACE = re.compile(r"\S+")

@@ -3,10 +3,9 @@
 Every formula cites its paper in the module that implements it: `compute` (6ND, PaLM attention
 FLOPs), `scaling` (Chinchilla, Hoffmann, Kaplan, Sardana, own fits), `memory` (ZeRO, Korthikanti),
 `parallelism` (Megatron-LM 3D layout), `reliability` (Young/Daly), `data` (Muennighoff epochs).
-`plan.make_plan` puts them together; `cli` is `kiln plan`.
+`plan.make_plan` puts them together; `kiln.cli.plan` is `kiln plan`.
 """
 
-from kiln.planning.cli import add_plan_parser, run_plan
 from kiln.planning.compute import estimate_compute, training_flops, training_flops_with_attention
 from kiln.planning.data import data_sufficiency
 from kiln.planning.hardware import GPUS, UnknownGpu, lookup_gpu
@@ -40,7 +39,6 @@ __all__ = [
     "PlanRequest",
     "RunPoint",
     "UnknownGpu",
-    "add_plan_parser",
     "chinchilla_allocation",
     "daly_interval",
     "data_sufficiency",
@@ -58,7 +56,6 @@ __all__ = [
     "model_state_bytes_per_param",
     "pipeline_bubble_fraction",
     "recommend_parallelism",
-    "run_plan",
     "runs_from_mlflow",
     "shape_for_params",
     "training_flops",

@@ -25,11 +25,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kiln.config import QualityClassifier
+from kiln.common.config import QualityClassifier
 from kiln.engine import SERIAL, Engine
-from kiln.manifest import sha256_file, write_json_atomic
-from kiln.mixture import hash_unit
-from kiln.storage import write_parquet_atomic
+from kiln.common.manifest import sha256_file, write_json_atomic
+from kiln.tokens.mixture import hash_unit
+from kiln.common.storage import write_parquet_atomic
 
 MODEL_FILE, CARD_FILE, SAMPLE_FILE = "quality_classifier.bin", "quality_classifier.json", "training_sample.parquet"
 POSITIVE, NEGATIVE = "__label__reference", "__label__web"

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kiln.manifest import sha256_file
-from kiln.tokenizer import Tokenizer
+from kiln.common.manifest import sha256_file
+from kiln.tokens.tokenizer import Tokenizer
 
 
 def resolve_device(device: str) -> str:

@@ -16,13 +16,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kiln.config import QualityRule
-from kiln.documents import QUALITY_REJECTED_SCHEMA, SCORED_SCHEMA
-from kiln.mixture import hash_unit
+from kiln.common.config import QualityRule
+from kiln.curation.documents import QUALITY_REJECTED_SCHEMA, SCORED_SCHEMA
+from kiln.tokens.mixture import hash_unit
 from kiln.quality.scoring import PERPLEXITY, SCORE
-from kiln.removals import RejectedText, example_excerpt, rejected_row
-from kiln.stats import StageStats
-from kiln.storage import DatasetWriter
+from kiln.common.removals import RejectedText, example_excerpt, rejected_row
+from kiln.common.stats import StageStats
+from kiln.common.storage import DatasetWriter
 
 STAGE, REQUEST_STAGE = "quality", "removal_request"
 BELOW_MIN, BOTTOM_FRACTION = "quality_score_below_min", "quality_score_bottom_fraction"
@@ -116,7 +116,7 @@ def filter_parts(parts: Sequence[Path], doc_ids: list[str], decision: Decision, 
                  examples_per_reason: int = 3, requested: dict[str, str] | None = None,
                  rejected_text: RejectedText = "none") -> StageStats:
     """Write kept documents (with their scores) and rejects (stage `quality`, reason, scores; text only as
-    `rejected_text` says: kiln.removals) per part.
+    `rejected_text` says: kiln.common.removals) per part.
     `requested` (doc_id -> reason) removes documents by removal request first (stage `removal_request`)."""
     removed = {doc_ids[i]: (STAGE, reason) for i, reason in decision.removed.items()}
     removed |= {doc_id: (REQUEST_STAGE, reason) for doc_id, reason in (requested or {}).items()}

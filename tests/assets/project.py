@@ -7,10 +7,10 @@ from pathlib import Path
 import dagster as dg
 import yaml
 
-from kiln.config import load_config
-from kiln.refresh import Refresh, load_refreshes, next_refresh
-from kiln.refresh import partition as store_partition
-from kiln.storage import Store  # noqa: F401 (the type of Project.store)
+from kiln.common.config import load_config
+from kiln.governance.refresh import Refresh, load_refreshes, next_refresh
+from kiln.governance.refresh import partition as store_partition
+from kiln.common.storage import Store  # noqa: F401 (the type of Project.store)
 
 
 @dataclass

@@ -90,7 +90,7 @@ def test_cross_source_near_dups_and_decontamination_then_a_refresh(project):
     ref_ids = {r["doc_id"] for r in json_rows(project, "deduplicated_documents", "ref")}
     assert {r["duplicate_of"] for r in near} <= ref_ids  # the better tier's copy was kept
     bench = [r for r in rows if r["stage"] == "decontamination"]
-    assert len(bench) == 1 and bench[0]["text"] is None  # no text after intake (kiln.removals)
+    assert len(bench) == 1 and bench[0]["text"] is None  # no text after intake (kiln.common.removals)
     assert bench[0]["chars"] == len(BENCHMARK_ITEM) + 2 * (40 * 7 - 1) + 2  # fillers: 40 six-letter words, spaced
     assert manifest["counts"] == {"input": 9, "documents": 5, "rejected": 4}
     assert manifest["stats"]["contamination"]["per_benchmark"]["lanterns"]["items_contaminated"] == 1

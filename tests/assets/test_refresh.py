@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from kiln import audit
+from kiln.governance import audit
 from kiln.cli import main
-from kiln.config import load_config
-from kiln.refresh import load_refreshes
+from kiln.common.config import load_config
+from kiln.governance.refresh import load_refreshes
 from tests.assets.project import load_project
 from tests.audit_store import edit, random_text
 from tests.conftest import SERIAL_ENGINE, web_and_ref_sources, write_jsonl

@@ -9,9 +9,9 @@ import string
 import numpy as np
 import pytest
 
-from kiln.manifest import MANIFEST_NAME
-from kiln.remote import S3Remote
-from kiln.storage import Store
+from kiln.common.manifest import MANIFEST_NAME
+from kiln.common.remote import S3Remote
+from kiln.common.storage import Store
 from tests.assets.project import load_project
 from tests.audit_store import edit, random_text
 from tests.conftest import SERIAL_ENGINE, web_and_ref_sources, write_jsonl

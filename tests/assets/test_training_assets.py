@@ -52,7 +52,7 @@ def mlflow_server(mlflow_root):
     proc.wait(30)
 
 
-# One of each PII type in a format the redactor is documented to catch (kiln/pii.py), and a phrase that marks
+# One of each PII type in a format the redactor is documented to catch (kiln/curation/pii.py), and a phrase that marks
 # documents the filters drop: after raw_documents none of them may be persisted anywhere.
 PLANTED_PII = ["quinn.harlow@fastmail.fm", "(312) 867-5309", "+44 20 7946 0958", "83.149.21.7",
                "2a03:2880:f10c:83:face:b00c:0:25de", "536-22-8741", "4556 7375 8689 9855",
@@ -134,8 +134,8 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
 
     client = mlflow.MlflowClient(mlflow_server)
     mlflow_run = client.get_run(run["stats"]["mlflow"]["run_id"])
-    assert mlflow_run.data.tags["kiln.token_shards.data_version"] == run["inputs"][shards_key]
-    assert mlflow_run.data.tags["kiln.refresh"] == project.current()
+    assert mlflow_run.data.tags["kiln.tokens.shard_writer.data_version"] == run["inputs"][shards_key]
+    assert mlflow_run.data.tags["kiln.governance.refresh"] == project.current()
     assert mlflow_run.info.status == "FINISHED"
     assert mlflow_run.data.params["world_size"] == "2" and "training.max_steps" in mlflow_run.data.params
     assert len(client.get_metric_history(mlflow_run.info.run_id, "train/loss")) >= 5
@@ -237,7 +237,7 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     card2 = (kiln_home / "data" / "data_card" / "_all" / "data_card.md").read_text()
     assert "Continued pretraining" in card2 and base["sha256"][:16] in card2 and "Forgetting per domain" in card2
 
-    from kiln.audit import lineage
+    from kiln.governance.audit import lineage
 
     text = lineage(project.store, "checkpoint").render()
     assert "continued pretraining from base checkpoint safetensors" in text and base_ckpt["data_version"] in text
@@ -262,7 +262,7 @@ def test_the_launch_config_changes_one_runs_recipe_and_is_validated_like_the_pro
     import dagster as dg
 
     from assets.training import TrainingLaunch
-    from kiln.config import load_config
+    from kiln.common.config import load_config
 
     project = load_config(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
     assert TrainingLaunch().apply(project) is project
@@ -285,7 +285,7 @@ def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_re
     import dagster as dg
 
     from assets.training import TrainingLaunch, launch_layout, ray_reachable
-    from kiln.config import load_config
+    from kiln.common.config import load_config
     from resources import TrainingLauncher
 
     project = load_config(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")

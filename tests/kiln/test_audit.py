@@ -1,4 +1,4 @@
-"""Audits (kiln.audit and `kiln audit`) on a small store built by materializing the data assets
+"""Audits (kiln.governance.audit and `kiln audit`) on a small store built by materializing the data assets
 (tests/audit_store.py: two sources, near-copies, a filtered, a decontaminated and an unreadable record, a
 mixture that repeats one source and subsamples the other, and a stand-in checkpoint)."""
 
@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from kiln import audit
+from kiln.governance import audit
 from kiln.cli import main
-from kiln.data_card import build_data_card, data_card_markdown
+from kiln.governance.data_card import build_data_card, data_card_markdown
 from kiln.dedup.minhash import jaccard, shingle_hashes
-from kiln.documents import make_doc_id
-from kiln.storage import Store
+from kiln.curation.documents import make_doc_id
+from kiln.common.storage import Store
 from tests.audit_store import SHORT, build_audit_store, edit, random_text
 
 

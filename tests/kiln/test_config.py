@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.config import ConfigError, ProjectConfig, load_config, parse_config
+from kiln.common.config import ConfigError, ProjectConfig, load_config, parse_config
 
 DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 
@@ -99,7 +99,7 @@ def test_every_recipe_config_is_valid(recipe):
     ({"training": {"model": {"rope_scaling": {"type": "linear", "factor": 0.5}}}}, "factor"),
 ])
 def test_recipe_settings_that_cannot_work_are_refused(change, message):
-    from kiln.config import merge_config
+    from kiln.common.config import merge_config
 
     with pytest.raises(ConfigError, match=message):
         parse_config(merge_config(minimal(), change))

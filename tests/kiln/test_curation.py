@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.config import parse_config
-from kiln.curation import content_hash, filter_documents, ingest, profile_steps
-from kiln.dedup.exact import HashSource, exact_dedup
+from kiln.common.config import parse_config
+from kiln.curation.pipeline import content_hash, filter_documents, ingest, profile_steps
+from kiln.curation.exact_dedup import HashSource, exact_dedup
 from kiln.engine import SERIAL, ProcessPool
-from kiln.storage import Store
+from kiln.common.storage import Store
 from tests.conftest import SERIAL_ENGINE, CLEAN_PROSE, prose, write_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -234,7 +234,7 @@ _KILLED_WRITER = """
 import os, signal, sys
 import pyarrow as pa
 from pathlib import Path
-from kiln.storage import Store
+from kiln.common.storage import Store
 w = Store(Path(sys.argv[1])).staging("a", "p")
 w.write("documents", pa.table({"x": [9]}))
 os.kill(os.getpid(), signal.SIGKILL)
@@ -283,7 +283,7 @@ def test_length_histogram_is_small_mergeable_and_close(lengths, parts):
 
     import numpy as np
 
-    from kiln.stats import LengthHistogram
+    from kiln.common.stats import LengthHistogram
 
     merged = LengthHistogram()
     for k in range(parts):

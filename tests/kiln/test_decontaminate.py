@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kiln.config import Benchmark, Decontamination, ShingleNormalization
+from kiln.common.config import Benchmark, Decontamination, ShingleNormalization
 from kiln.dedup.decontaminate import (CONTAMINATION_SCHEMA, DEMO_BENCHMARK, DROP_REASON, TOO_SHORT_REASON,
                                       BenchmarkError, BenchmarkIndex, contamination_counts,
                                       decontaminate, load_benchmarks, ngram_hashes, redact_spans,

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kiln.config import BoilerplateLines, NearDedup, ShingleNormalization, parse_config
-from kiln.config import ConfigError
+from kiln.common.config import BoilerplateLines, NearDedup, ShingleNormalization, parse_config
+from kiln.common.config import ConfigError
 from kiln.dedup.apply import deduplicate_source
 from kiln.dedup.boilerplate import boilerplate_hashes, strip_boilerplate
 from kiln.dedup.buckets import (IndexMismatch, check_signature_params, decide_distributed, read_decisions,
@@ -18,8 +18,8 @@ from kiln.dedup.minhash import (_list_array, candidate_probability, choose_bands
                                 shingle_hashes, sign_texts, signature_schema)
 from kiln.dedup.near import ALREADY_INDEXED, KEPT, NEAR_DUPLICATE
 from kiln.dedup.text import words
-from kiln.documents import DOCUMENT_SCHEMA, REJECTED_SCHEMA, Document
-from kiln.storage import Store
+from kiln.curation.documents import DOCUMENT_SCHEMA, REJECTED_SCHEMA, Document
+from kiln.common.storage import Store
 from tests.old_near_dedup import Batch, near_dedup, open_index, survivor_violations
 
 NEAR = NearDedup()
@@ -308,7 +308,7 @@ def test_signature_stage_and_apply_stage_write_explained_rejects(tmp_path, schem
     assert read_decisions(tmp_path / "out").sort_by("doc_id").equals(result.decisions.sort_by("doc_id"))
     store = Store(tmp_path / "data")
     with store.staging("deduplicated_documents", "web") as writer:
-        from kiln.config import Decontamination
+        from kiln.common.config import Decontamination
 
         stats, report = deduplicate_source([tmp_path / "in.parquet"], result.removed(), boilerplate, lines, None,
                                            Decontamination(), writer)

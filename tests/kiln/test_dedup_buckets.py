@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kiln import engine as engine_module
 from kiln.dedup import buckets
-from kiln.config import NearDedup
+from kiln.common.config import NearDedup
 from kiln.dedup.buckets import (BUCKET_SCHEMA, band_keys, bucket_pairs, decide_distributed, read_decisions,
                                 read_index_meta)
 from kiln.dedup.components import connected_components, read_labels, write_edges

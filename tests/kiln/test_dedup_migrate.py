@@ -7,13 +7,13 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from kiln.audit import lineage
+from kiln.governance.audit import lineage
 from kiln.cli import main
-from kiln.config import NearDedup
+from kiln.common.config import NearDedup
 from kiln.dedup.buckets import decide_distributed, index_params, read_decisions, read_index_meta
 from kiln.dedup.migrate import MigrationError, OldLocalIndex, migrate_index
-from kiln.refresh import LandedFile, register_refresh
-from kiln.storage import Store
+from kiln.governance.refresh import LandedFile, register_refresh
+from kiln.common.storage import Store
 from tests.conftest import web_and_ref_sources
 from tests.old_near_dedup import Batch, RedisIndex, near_dedup, open_index
 from tests.redis_server import PASSWORD, redis_server

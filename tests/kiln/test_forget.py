@@ -5,11 +5,11 @@ import json
 import pytest
 import yaml
 
-from kiln.audit import membership
+from kiln.governance.audit import membership
 from kiln.cli import main
-from kiln.forget import RemovalRequest, load_requests
-from kiln.shards import open_shard
-from kiln.tokenizer import Tokenizer
+from kiln.governance.forget import RemovalRequest, load_requests
+from kiln.tokens.shard_format import open_shard
+from kiln.tokens.tokenizer import Tokenizer
 from tests.audit_store import build_audit_store, members, random_text, stand_in_checkpoint
 from tests.conftest import write_jsonl
 

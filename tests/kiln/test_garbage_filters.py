@@ -16,14 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.config import load_config
-from kiln.curation import run_steps
-from kiln.documents import Document
-from kiln.filters import garbage as g
-from kiln.filters.base import Verdict
-from kiln.filters.garbage import Garbage
-from kiln.filters.registry import STEPS, build_step
-from kiln.stats import StageStats
+from kiln.common.config import load_config
+from kiln.curation.pipeline import run_steps
+from kiln.curation.documents import Document
+from kiln.curation.filters import garbage as g
+from kiln.curation.filters.base import Verdict
+from kiln.curation.filters.garbage import Garbage
+from kiln.curation.filters.registry import STEPS, build_step
+from kiln.common.stats import StageStats
 
 CONFIG = load_config(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
 

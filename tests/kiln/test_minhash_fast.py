@@ -18,7 +18,7 @@ from datasketch import MinHash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.config import NearDedup, ShingleNormalization
+from kiln.common.config import NearDedup, ShingleNormalization
 from kiln.dedup import minhash
 from kiln.dedup.minhash import (SCHEME, SCHEME_FAST, SHINGLE_BASE, WORD_BASE, candidate_probability, choose_bands,
                                 jaccard, similarity_sketches, sign_batch, sign_texts)
@@ -211,7 +211,7 @@ def _valid(texts: list[str]) -> list[str]:
 
 
 def _documents(path, texts: list[str]) -> None:
-    from kiln.documents import DOCUMENT_SCHEMA, Document
+    from kiln.curation.documents import DOCUMENT_SCHEMA, Document
 
     pq.write_table(pa.Table.from_pylist([Document(f"d{i}", "web", t).to_row() for i, t in enumerate(texts)],
                                         schema=DOCUMENT_SCHEMA), path)

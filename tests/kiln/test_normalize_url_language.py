@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
-from kiln.documents import Document
-from kiln.filters.language import _identifier, identify_many
-from kiln.filters.registry import build_step
+from kiln.curation.documents import Document
+from kiln.curation.filters.language import _identifier, identify_many
+from kiln.curation.filters.registry import build_step
 from tests.conftest import prose
 
 

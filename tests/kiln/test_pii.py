@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kiln.documents import Document
-from kiln.filters.registry import build_step
-from kiln.pii import (DOCUMENTATION_NETWORKS, PII_TYPES, PLACEHOLDERS, PiiMatch, PiiRedaction, find_pii, iban_ok,
+from kiln.curation.documents import Document
+from kiln.curation.filters.registry import build_step
+from kiln.curation.pii import (DOCUMENTATION_NETWORKS, PII_TYPES, PLACEHOLDERS, PiiMatch, PiiRedaction, find_pii, iban_ok,
                       redact)
 
 

@@ -2,7 +2,7 @@
 that it is exactly what its generator writes; and the detector's recall and precision on it.
 
 The integrity checks re-validate every labelled item with code written here, independently of both the
-generator and kiln.pii: Luhn and issuer ranges for cards, ISO 7064 mod 97-10 and the registry lengths for
+generator and kiln.curation.pii: Luhn and issuer ranges for cards, ISO 7064 mod 97-10 and the registry lengths for
 IBANs, `ipaddress` for IP addresses, the SSA rules for SSNs, Google's libphonenumber for phone numbers
 (valid, and in the labelled country). Near-misses that imitate a type are checked to really fail it.
 """
@@ -350,7 +350,7 @@ def test_generator_does_not_use_kiln():
     assert not re.search(r"^\s*(?:from|import)\s+phonenumbers\b", source, re.M)
 
 
-# --- (c) the detector against the set (depends on kiln.pii; the targets are issue 20's) ----------
+# --- (c) the detector against the set (depends on kiln.curation.pii; the targets are issue 20's) ----------
 
 def _bench():
     spec = importlib.util.spec_from_file_location("pii_bench", ROOT / "bench" / "pii_bench.py")
@@ -361,13 +361,13 @@ def _bench():
 
 
 def test_detector_meets_recall_and_precision_targets(records):
-    """DETECTOR TEST: kiln.pii.find_pii reaches recall >= 0.99 and precision >= 0.98 for every type on the
+    """DETECTOR TEST: kiln.curation.pii.find_pii reaches recall >= 0.99 and precision >= 0.98 for every type on the
     evaluation set (bench/pii_bench.py's scoring; run the bench for the misses and false positives)."""
-    from kiln.pii import PII_TYPES, find_pii
+    from kiln.curation.pii import PII_TYPES, find_pii
 
     bench = _bench()
     assert (bench.RECALL_TARGET, bench.PRECISION_TARGET) == (0.99, 0.98)
     report = bench.score(records, find_pii, PII_TYPES)
     assert set(TYPES) <= set(report.types)
     failures = report.failures()
-    assert not failures, "kiln.pii misses issue 20's targets on the evaluation set:\n" + "\n".join(failures)
+    assert not failures, "kiln.curation.pii misses issue 20's targets on the evaluation set:\n" + "\n".join(failures)

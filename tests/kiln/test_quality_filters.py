@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.documents import Document
-from kiln.filters import text_stats as ts
-from kiln.filters.badwords import DEFAULT_WORDS_FILE, BadWords, load_word_list
-from kiln.filters.c4 import C4
-from kiln.filters.code import CodeQuality
-from kiln.filters.fineweb import FineWebQuality
-from kiln.filters.gopher import GopherQuality, GopherRepetition
+from kiln.curation.documents import Document
+from kiln.curation.filters import text_stats as ts
+from kiln.curation.filters.badwords import DEFAULT_WORDS_FILE, BadWords, load_word_list
+from kiln.curation.filters.c4 import C4
+from kiln.curation.filters.code import CodeQuality
+from kiln.curation.filters.fineweb import FineWebQuality
+from kiln.curation.filters.gopher import GopherQuality, GopherRepetition
 
 
 def doc(text: str) -> Document:
@@ -523,7 +523,7 @@ gopher_text = st.lists(GOPHER_ALPHABET, max_size=60).map("".join)
 @settings(max_examples=400, deadline=None, derandomize=True)
 @given(st.lists(gopher_text, min_size=1, max_size=6))
 def test_gopher_batch_counts_are_the_tokenizers_counts(texts):
-    from kiln.filters.gopher import _batch_counts, _WordCounts
+    from kiln.curation.filters.gopher import _batch_counts, _WordCounts
 
     got = _batch_counts(texts, chunk_chars=50)  # several chunks, texts split across none
     for text, counts in zip(texts, got):
@@ -570,7 +570,7 @@ def test_badwords_batch_form_decides_as_the_per_document_form(texts):
 
 def test_batch_forms_take_the_per_document_path_on_a_lone_surrogate():
     """Arrow cannot hold a lone surrogate: the RE2 screens step aside, the verdicts stay the per-document ones."""
-    from kiln.pii import PiiRedaction
+    from kiln.curation.pii import PiiRedaction
 
     texts = ["bad \ud800 text with the word fuck and mail a@b.co " * 3, "The cat and the dog. " * 20]
     docs = [doc(t) for t in texts]

@@ -34,9 +34,9 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from kiln.config import Reading, Source
-from kiln.curation import ingest
-from kiln.storage import Store
+from kiln.common.config import Reading, Source
+from kiln.curation.pipeline import ingest
+from kiln.common.storage import Store
 
 LIMIT = 64  # reading.max_document_bytes here, so "huge" strings (at and around the limit) stay cheap
 READ_REASONS = {"invalid_utf8", "invalid_unicode", "not_an_object", "missing_text", "text_not_string", "empty_text",
@@ -575,7 +575,7 @@ def test_compressed_jsonl_never_crashes_intake(lines, suffix, damage, tmp_path_f
 def test_deeply_nested_json_is_quarantined_not_a_crash(tmp_path):
     """Regression: a line nested deeper than Python's recursion limit raised RecursionError out of the JSONL reader
     (json.loads). Now it, and a record nested deeper than MAX_NESTING, is quarantined as too_deep."""
-    from kiln.readers.formats import MAX_NESTING
+    from kiln.curation.readers.formats import MAX_NESTING
 
     lines = [b'{"text": "deep", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}",
              b'{"text": "deep", "x": ' + b"[" * (MAX_NESTING + 1) + b"]" * (MAX_NESTING + 1) + b"}",

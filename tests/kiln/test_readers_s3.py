@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from kiln.config import Reading, Source
-from kiln.documents import Document
-from kiln.readers import Quarantined, read_source
+from kiln.common.config import Reading, Source
+from kiln.curation.documents import Document
+from kiln.curation.readers import Quarantined, read_source
 from tests.conftest import prose
 from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
 

@@ -1,4 +1,4 @@
-"""The refresh registry and the landing scan (kiln.refresh), without Dagster."""
+"""The refresh registry and the landing scan (kiln.governance.refresh), without Dagster."""
 
 import datetime as dt
 import os
@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from kiln.config import ConfigError, parse_config
-from kiln.readers import read_source
-from kiln.readers.paths import SourceFile
-from kiln.refresh import (LandedFile, RefreshError, get_refresh, load_refreshes, new_key, partition, pending_files,
+from kiln.common.config import ConfigError, parse_config
+from kiln.curation.readers import read_source
+from kiln.curation.readers.paths import SourceFile
+from kiln.governance.refresh import (LandedFile, RefreshError, get_refresh, load_refreshes, new_key, partition, pending_files,
                           register_refresh, upto)
-from kiln.storage import Store
+from kiln.common.storage import Store
 from tests.conftest import prose, write_jsonl
 from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
 
@@ -137,7 +137,7 @@ def _append_refreshes(root: str, writer: int, start) -> None:
 
 
 def _append_requests(root: str, writer: int, start) -> None:
-    from kiln.forget import record_request
+    from kiln.governance.forget import record_request
 
     start.wait()
     store = Store(Path(root))
@@ -151,7 +151,7 @@ def test_concurrent_writers_of_a_registry_lose_no_entry(append, tmp_path):
     (without the registry's lock, a writer rewrites the list without the entries another added meanwhile)."""
     import multiprocessing
 
-    from kiln.forget import load_requests
+    from kiln.governance.forget import load_requests
 
     store = Store(tmp_path / "data")
     register_refresh(store, None, "initial", key="first")
@@ -176,7 +176,7 @@ def test_concurrent_writers_of_a_registry_lose_no_entry(append, tmp_path):
 def test_the_first_refresh_is_pinned_to_the_files_it_read(tmp_path):
     """Re-reading the first refresh after its configured files changed would give other data under the same key:
     the files are recorded at registration (size, time, sha256) and any change is an error naming the file."""
-    from kiln.refresh import check_pinned, next_refresh
+    from kiln.governance.refresh import check_pinned, next_refresh
 
     write_jsonl(tmp_path / "web" / "a.jsonl", [{"text": prose(1)}])
     write_jsonl(tmp_path / "web" / "b.jsonl", [{"text": prose(2)}])

@@ -1,4 +1,4 @@
-"""The scale bench's corpus (kiln.synthetic.scale_*) and a tiny end-to-end run of bench/scale_bench.py."""
+"""The scale bench's corpus (kiln.curation.synthetic.scale_*) and a tiny end-to-end run of bench/scale_bench.py."""
 
 import importlib.util
 import itertools
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.synthetic import (NEAR_TARGETS, SHARED_BLOCK_TARGETS, scale_document, scale_documents, scale_plan,
+from kiln.curation.synthetic import (NEAR_TARGETS, SHARED_BLOCK_TARGETS, scale_document, scale_documents, scale_plan,
                             scale_words)
 
 ROOT = Path(__file__).resolve().parents[2]

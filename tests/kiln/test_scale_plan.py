@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kiln.config import load_config
+from kiln.common.config import load_config
 from kiln.dedup.shuffle import write_partitioned, write_scratch
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kiln.storage import Store, part_name
+from kiln.common.storage import Store, part_name
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ _WRITER = """
 import os, signal, sys
 from pathlib import Path
 import pyarrow as pa
-from kiln.storage import Store
+from kiln.common.storage import Store
 kill_at, renames, real_replace = int(sys.argv[2]), [0], os.replace
 def replace(src, dst):
     if renames[0] == kill_at:

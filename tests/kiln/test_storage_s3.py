@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from kiln.manifest import MANIFEST_NAME, sha256_file
-from kiln.remote import CorruptRemoteFile, MissingBucket, S3Remote
-from kiln.storage import IncompleteDataset, Store
+from kiln.common.manifest import MANIFEST_NAME, sha256_file
+from kiln.common.remote import CorruptRemoteFile, MissingBucket, S3Remote
+from kiln.common.storage import IncompleteDataset, Store
 from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
 
 BUCKET = "kiln-test"

@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kiln.config import Fim, Mixture, Phase
-from kiln.fim import PSM, SPM, FimIds, FimSplit, fim_split, fim_tokens, unfim
-from kiln.mixture import MixtureError, epoch_warnings, plan_phases, select_documents, shares, split_budget
-from kiln.shards import (HEADER_SIZE, ShardError, ShardInfo, describe_shard_set, open_shard, read_shard_set,
+from kiln.common.config import Fim, Mixture, Phase
+from kiln.tokens.fim import PSM, SPM, FimIds, FimSplit, fim_split, fim_tokens, unfim
+from kiln.tokens.mixture import MixtureError, epoch_warnings, plan_phases, select_documents, shares, split_budget
+from kiln.tokens.shard_format import (HEADER_SIZE, ShardError, ShardInfo, describe_shard_set, open_shard, read_shard_set,
                          token_dtype, write_shard)
-from kiln.storage import DatasetWriter
+from kiln.common.storage import DatasetWriter
 from kiln.engine import ProcessPool
-from kiln.token_shards import is_validation, write_token_shards
-from kiln.tokenizer import Tokenizer
+from kiln.tokens.shard_writer import is_validation, write_token_shards
+from kiln.tokens.tokenizer import Tokenizer
 from tests.token_corpus import NATURAL, make_texts, shard_settings, standard_sources, train_small_tokenizer, write_source
 
 SHA_A, SHA_B = "ab" * 32, "cd" * 32
@@ -275,7 +275,7 @@ def test_curriculum_phases_are_tagged_and_read_in_order(tmp_path, monkeypatch):
     writer = DatasetWriter(tmp_path / "store" / "token_shards" / "_all", "token_shards", None)
     result = write_token_shards(sources, tok_dir, shard_settings(tokens_per_shard=4096), mixture, writer,
                                 progress=False)
-    monkeypatch.setattr("kiln.storage.git_commit", lambda: None)  # no git in unit tests
+    monkeypatch.setattr("kiln.common.storage.git_commit", lambda: None)  # no git in unit tests
     writer.commit(code_version="test", config={}, inputs={}, counts=result.counts(), stats=result.manifest_stats())
     shard_set = read_shard_set(tmp_path / "store" / "token_shards" / "_all")
     train = shard_set.split("train")
@@ -296,13 +296,13 @@ def test_member_list_says_exactly_which_documents_the_shards_hold(built, tmp_pat
     subsampled (0 copies: left out by the mixture) and validation documents, checked against the shards."""
     import pyarrow.parquet as pq
 
-    from kiln.manifest import sha256_file
+    from kiln.common.manifest import sha256_file
 
     root, sources, tok, _ = built
     mixture = Mixture(weights={"prose": 0.2, "code": 0.3, "unicode": 0.5})
     writer = DatasetWriter(tmp_path / "token_shards" / "_all", "token_shards", None)
     result = write_token_shards(sources, root / "tokenizer", shard_settings(), mixture, writer, progress=False)
-    monkeypatch.setattr("kiln.storage.git_commit", lambda: None)
+    monkeypatch.setattr("kiln.common.storage.git_commit", lambda: None)
     manifest = writer.commit(code_version="test", config={}, inputs={}, counts=result.counts(),
                              stats=result.manifest_stats())
     out = tmp_path / "token_shards" / "_all"
@@ -345,7 +345,7 @@ def test_describe_and_read_shard_set_agree(tmp_path):
 # --------------------------------------------------------------------------------------------- config
 
 def _config(**sections):
-    from kiln.config import parse_config
+    from kiln.common.config import parse_config
     raw = {"sources": [{"name": n, "kind": "text", "path": "x", "license": "MIT", "domain": d, "profile": "p"}
                        for n, d in [("web", "web"), ("code", "code")]],
            "profiles": {"p": []}, **sections}
@@ -365,7 +365,7 @@ def _config(**sections):
     ({"tokenizer": {"model_type": "wordpiece"}}, "tokenizer.model_type"),
 ])
 def test_config_errors_name_the_key_and_the_fix(sections, message):
-    from kiln.config import ConfigError
+    from kiln.common.config import ConfigError
     with pytest.raises(ConfigError, match=message):
         _config(**sections)
 
@@ -391,7 +391,7 @@ def test_a_long_context_phase_holds_only_documents_that_fill_its_window(tmp_path
     writer = DatasetWriter(tmp_path / "store" / "token_shards" / "_all", "token_shards", None)
     result = write_token_shards(sources, tok_dir, shard_settings(tokens_per_shard=4096, fim=Fim(rate=0.0)), mixture,
                                 writer, progress=False)
-    monkeypatch.setattr("kiln.storage.git_commit", lambda: None)
+    monkeypatch.setattr("kiln.common.storage.git_commit", lambda: None)
     writer.commit(code_version="test", config={}, inputs={}, counts=result.counts(), stats=result.manifest_stats())
     folder = tmp_path / "store" / "token_shards" / "_all"
     shard_set = read_shard_set(folder)

@@ -1,4 +1,4 @@
-"""`kiln plan` through a tiny argparse front end, as kiln/cli.py will wire it."""
+"""`kiln plan` through a tiny argparse front end, as kiln/cli/ will wire it."""
 
 import argparse
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.planning.cli import add_plan_parser, run_plan
+from kiln.cli.plan import add_plan_parser, run_plan
 
 
 def kiln(*argv):

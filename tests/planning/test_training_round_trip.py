@@ -2,7 +2,7 @@
 project config's `training:` section takes as is, and what the run then refuses when it does not fit.
 
 Every expected layout value is read from the planner's own output (or set by hand below); the config side
-is loaded with kiln.config's loader, as the training asset loads it.
+is loaded with kiln.common.config's loader, as the training asset loads it.
 """
 
 import json
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from kiln.cli import main
-from kiln.config import ConfigError, load_config
+from kiln.common.config import ConfigError, load_config
 from training_jobs.settings import Parallelism
 
 DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"

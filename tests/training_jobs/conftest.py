@@ -42,7 +42,7 @@ class TokenDataset:
 @pytest.fixture(scope="session")
 def token_dataset(tmp_path_factory) -> TokenDataset:
     """A real tokenizer and token shard set (train + val), built in code from the test corpus."""
-    from kiln.token_shards import write_token_shards
+    from kiln.tokens.shard_writer import write_token_shards
     from tests.token_corpus import NATURAL, shard_settings, standard_sources, train_small_tokenizer
 
     root = tmp_path_factory.mktemp("tokens")

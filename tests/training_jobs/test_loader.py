@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from kiln.config import Mixture, Phase
-from kiln.shards import ShardError, open_shard, read_shard_set
-from kiln.storage import DatasetWriter
-from kiln.token_shards import write_token_shards
+from kiln.common.config import Mixture, Phase
+from kiln.tokens.shard_format import ShardError, open_shard, read_shard_set
+from kiln.common.storage import DatasetWriter
+from kiln.tokens.shard_writer import write_token_shards
 from tests.token_corpus import NATURAL, make_texts, shard_settings, standard_sources, train_small_tokenizer, write_source
 from training_jobs.loader import ShardLoader
 
@@ -22,7 +22,7 @@ SEQ = 16
 
 
 def commit(writer: DatasetWriter, result, monkeypatch) -> Path:
-    monkeypatch.setattr("kiln.storage.git_commit", lambda: None)
+    monkeypatch.setattr("kiln.common.storage.git_commit", lambda: None)
     writer.commit(code_version="test", config={}, inputs={}, counts=result.counts(), stats=result.manifest_stats())
     return writer.final_dir
 
@@ -80,7 +80,7 @@ def test_no_token_lost_or_duplicated_across_ranks(dataset, world_size):
 def counting(tmp_path) -> Path:
     """A hand-made shard set whose token at stream position i is i (two phases, shards of odd sizes), so a
     sequence is identified by its first token."""
-    from kiln.shards import ShardInfo, describe_shard_set, write_shard
+    from kiln.tokens.shard_format import ShardInfo, describe_shard_set, write_shard
     infos, start = [], 0
     for name, (phase, index, size, split) in enumerate([("a", 0, 1001, "train"), ("a", 0, 777, "train"),
                                                         ("b", 1, 1500, "train"), ("val", 0, 300, "val")]):
@@ -231,14 +231,14 @@ def test_validation_split_reads_validation_shards(dataset):
 def test_loader_imports_only_numpy_torch_and_the_shard_format():
     code = ("import sys, training_jobs.loader; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyarrow', 'pandas', 'pydantic', 'dagster', "
-            "'sentencepiece', 'yaml') or (m.startswith('kiln.') and m != 'kiln.shards')); print(bad); sys.exit(bool(bad))")
+            "'sentencepiece', 'yaml') or (m.startswith('kiln.') and m != 'kiln.tokens.shard_format')); print(bad); sys.exit(bool(bad))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_many_shards_keep_few_maps_open(tmp_path):
-    from kiln.shards import ShardInfo, describe_shard_set, write_shard
+    from kiln.tokens.shard_format import ShardInfo, describe_shard_set, write_shard
     infos = []
     for i in range(150):
         write_shard(tmp_path / f"shard-{i:05d}.bin", np.arange(i * 50, i * 50 + 50, dtype=np.uint16), np.array([0, 50]), SHA)

@@ -119,8 +119,8 @@ def test_a_base_from_another_tokenizer_or_shape_is_refused(run_a, tmp_path, toke
 
 
 def test_span_corruption_trains_with_the_tokenizers_sentinels(tmp_path):
-    from kiln.token_shards import write_token_shards
-    from kiln.tokenizer import draw_training_sample, train_tokenizer
+    from kiln.tokens.shard_writer import write_token_shards
+    from kiln.tokens.tokenizer import draw_training_sample, train_tokenizer
     from tests.token_corpus import NATURAL, SMALL_TOKENIZER, shard_settings, standard_sources
     from tests.training_jobs.conftest import TokenDataset
 

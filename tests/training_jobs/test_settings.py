@@ -134,7 +134,7 @@ def test_training_jobs_import_only_the_shard_format_and_dagster_pipes():
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
             for name in names:
                 top = name.split(".")[0]
-                if (top == "kiln" and name != "kiln.shards") or top in ("dagster", "assets", "resources",
+                if (top == "kiln" and name != "kiln.tokens.shard_format") or top in ("dagster", "assets", "resources",
                                                                          "orchestration"):
                     bad.append(f"{path.name}: {name}")
     assert not bad, bad

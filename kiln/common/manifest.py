@@ -1,0 +1,144 @@
+"""The one manifest format every asset output carries (`_manifest.json`, written last).
+
+It names the files (with sha256), the counts, the config and code that produced them and the data
+versions of the inputs. The output's data version is derived from the file hashes, so the same bytes
+always get the same version and any change to them gets a new one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import uuid
+import subprocess
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from kiln import __version__
+
+MANIFEST_NAME = "_manifest.json"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class FileEntry:
+    path: str  # relative to the dataset directory
+    role: str  # documents | rejected | quarantine | artifact
+    sha256: str
+    bytes: int
+    rows: int | None = None
+
+
+@dataclass
+class Manifest:
+    asset: str
+    partition: str | None
+    code_version: str
+    config: dict[str, Any]
+    inputs: dict[str, str]  # "asset/partition" -> data version
+    files: list[FileEntry]
+    counts: dict[str, int]
+    stats: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    kiln_version: str = __version__
+    git_commit: str | None = None
+    created_at: str = ""
+    data_version: str = ""
+
+    def files_with_role(self, role: str) -> list[FileEntry]:
+        return [f for f in self.files if f.role == role]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        data = dict(data)
+        data["files"] = [FileEntry(**f) for f in data["files"]]
+        return cls(**data)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def data_version_of(files: list[FileEntry]) -> str:
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.path):
+        h.update(f"{f.path}\0{f.sha256}\n".encode())
+    return h.hexdigest()[:20]
+
+
+@lru_cache(maxsize=1)
+def git_commit() -> str | None:
+    """The commit of the code that ran (with '-dirty' when the tree has changes), or None outside git."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("-dirty" if dirty else "")
+
+
+def code_version(*modules: str) -> str:
+    """A hash of the source of the named modules (packages: every .py below them): it changes exactly
+    when the code that produces an output changes, with no version string to forget to bump."""
+    import importlib.util
+
+    h = hashlib.sha256()
+    for name in sorted(modules):
+        origin = Path(importlib.util.find_spec(name).origin)
+        files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
+        for f in files:
+            h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def temporary_name(path: Path) -> Path:
+    """Where to write `path` before renaming it into place: a hidden sibling, unique per writer, so readers that
+    list a folder skip it and a dataset commit removes what a dead writer left (`kiln.common.storage`)."""
+    return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+
+
+def write_json_atomic(path: Path, text: str) -> None:
+    """Write to a temporary name, flush it to disk, rename over `path`, then flush the folder: after a crash the
+    file is the old one or the new one, whole."""
+    tmp = temporary_name(path)
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in `path` durable (POSIX: the folder's entry is data of the folder)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def now_utc() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,166 @@
+"""S3 as Kiln's durable store: a bucket and key prefix, reached through any boto3 S3 client.
+
+Dagster-free: the Dagster resource (`resources.storage.KilnStorage`) builds the client from dagster-aws's
+`S3Resource`; tests and scripts may pass any `boto3.client("s3")`. `kiln.common.storage.Store` uses these operations
+to keep its local folders and S3 in step (and `kiln dedup migrate-index` to fetch an old index's S3 copy). Every download is checked
+against the sha256 its manifest records, so a changed or truncated object is refused, never served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TRANSFER_THREADS = 8  # concurrent object transfers: S3 throughput comes from parallel requests
+
+
+class StorageError(RuntimeError):
+    """S3 storage cannot be used as configured; the message says what to change."""
+
+
+class MissingBucket(StorageError):
+    pass
+
+
+class CorruptRemoteFile(StorageError):
+    """An object on S3 does not match the sha256 its manifest records (changed or truncated after upload)."""
+
+
+class MissingRemoteFile(StorageError):
+    """A manifest lists an object that is not on S3."""
+
+
+def _error_code(exc: Exception) -> str:
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+
+
+@dataclass(frozen=True)
+class S3Remote:
+    """Keys `<prefix>/<parts...>` in one bucket. Open it with `connect`, which checks the bucket first."""
+
+    client: Any
+    bucket: str
+    prefix: str = "kiln"
+
+    @classmethod
+    def connect(cls, client: Any, bucket: str, prefix: str = "kiln", create_bucket: bool = False) -> S3Remote:
+        """Check that the bucket exists (creating it when `create_bucket`), so a wrong name fails when storage
+        is opened, not halfway through a write."""
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+        endpoint = client.meta.endpoint_url
+        try:
+            client.head_bucket(Bucket=bucket)
+        except ClientError as exc:
+            code = _error_code(exc)
+            if code not in ("404", "NoSuchBucket", "NotFound"):
+                hint = "; check the credentials' permissions (s3:ListBucket, GetObject, PutObject, DeleteObject)" \
+                    if code in ("403", "AccessDenied") else ""
+                raise StorageError(f"storage: S3 bucket {bucket!r} at {endpoint}: {code or exc}{hint}") from None
+            if not create_bucket:
+                raise MissingBucket(
+                    f"storage: S3 bucket {bucket!r} does not exist at {endpoint}. Create it (`aws s3 mb "
+                    f"s3://{bucket}`), or set `storage.create_bucket: true` in KILN_CONFIG to let Kiln create it, "
+                    f"or fix `storage.bucket`") from None
+            region = client.meta.region_name
+            extra = {"CreateBucketConfiguration": {"LocationConstraint": region}} \
+                if region and region != "us-east-1" else {}
+            try:
+                client.create_bucket(Bucket=bucket, **extra)
+            except ClientError as create_exc:
+                if _error_code(create_exc) not in ("BucketAlreadyOwnedByYou",):  # a concurrent create is fine
+                    raise StorageError(f"storage: cannot create S3 bucket {bucket!r} at {endpoint}: "
+                                       f"{create_exc}") from None
+        except NoCredentialsError:
+            raise StorageError(f"storage: no AWS credentials for S3 bucket {bucket!r}: set AWS_ACCESS_KEY_ID and "
+                               f"AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the S3 resource's credentials") from None
+        except BotoCoreError as exc:
+            raise StorageError(f"storage: cannot reach S3 at {endpoint} for bucket {bucket!r} ({exc}); check "
+                               f"AWS_ENDPOINT_URL or the S3 resource's endpoint_url") from None
+        return cls(client, bucket, prefix.strip("/"))
+
+    def key(self, *parts: str) -> str:
+        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p and p.strip("/"))
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def get_bytes(self, key: str) -> bytes | None:
+        """A small object's bytes (a manifest), or None when there is no such key."""
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except ClientError as exc:
+            if _error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+
+    def upload_files(self, items: list[tuple[Path, str]]) -> None:
+        """Upload (local path, key) pairs in parallel (large files as multipart uploads)."""
+        _parallel(lambda item: self.client.upload_file(str(item[0]), self.bucket, item[1]), items)
+
+    def download_files(self, items: list[tuple[str, Path, str]]) -> None:
+        """Download (key, local path, sha256) triples in parallel, each verified while it streams."""
+        _parallel(lambda item: self._download_verified(*item), items)
+
+    def _download_verified(self, key: str, dest: Path, sha256: str) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+        except ClientError as exc:
+            if _error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+                raise MissingRemoteFile(f"{self.url(key)} is listed in its manifest but is not on S3") from None
+            raise
+        h = hashlib.sha256()
+        with open(dest, "wb") as f:
+            for chunk in body.iter_chunks(1 << 20):
+                h.update(chunk)
+                f.write(chunk)
+        if h.hexdigest() != sha256:
+            dest.unlink(missing_ok=True)
+            raise CorruptRemoteFile(
+                f"{self.url(key)}: sha256 {h.hexdigest()} does not match the manifest's {sha256}; the object was "
+                f"changed or truncated after Kiln wrote it. Restore it, or materialize that dataset again")
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Every key below `prefix/` (a folder: `a/b` never matches `a/bc/...`)."""
+        keys = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                          Prefix=prefix.rstrip("/") + "/"):
+            keys += [o["Key"] for o in page.get("Contents", [])]
+        return keys
+
+    def delete_keys(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
+            reply = self.client.delete_objects(Bucket=self.bucket, Delete={
+                "Objects": [{"Key": k} for k in keys[start:start + 1000]], "Quiet": True})
+            if reply.get("Errors"):
+                raise StorageError(f"storage: could not delete {len(reply['Errors'])} stale object(s) from "
+                                   f"s3://{self.bucket}: {reply['Errors'][:3]}")
+
+
+def _parallel(fn: Callable[[Any], None], items: list) -> None:
+    """Run `fn` on every item on a few threads; the first failure is raised once the others stop."""
+    if len(items) <= 1:
+        for item in items:
+            fn(item)
+        return
+    with ThreadPoolExecutor(min(TRANSFER_THREADS, len(items))) as pool:
+        futures = [pool.submit(fn, item) for item in items]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise

@@ -1,0 +1,48 @@
+"""What a document removed after intake leaves behind: enough for an auditor, none of its text by default.
+
+`raw_documents` holds every record as it came in, behind the raw layer's access control. A document removed by a
+later stage (filtered, duplicate, low quality, taken down) leaves a row with its id, source, url and license, the
+stage and reason, what it duplicated, its length and a hash of its text: an auditor can trace it to the raw record,
+and check a text against it, without the rejected table becoming a second copy of the very PII or secret that may
+have got the document dropped. `curation.keep_rejected_text` opts into an `excerpt` or the `full` text, always
+PII-redacted; the same setting decides whether the removal examples in a stage's metadata show an excerpt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+from kiln.curation.pii import redact
+
+RejectedText = Literal["none", "excerpt", "full"]
+EXCERPT_CHARS = 200
+_CUT_MARGIN = 256  # an excerpt is redacted past its cut, so a PII span crossing the cut is seen whole
+
+
+def text_hash(text: str) -> str:
+    """blake2b-128 of the text as the stage removed it (UTF-8): lets an auditor check a text against a removal."""
+    return hashlib.blake2b(text.encode("utf-8", errors="surrogatepass"), digest_size=16).hexdigest()
+
+
+def kept_text(text: str, policy: RejectedText) -> str | None:
+    """What of a removed document's text may be persisted: nothing, or its excerpt or whole text, PII-redacted."""
+    if policy == "none":
+        return None
+    if policy == "excerpt":
+        return redact(text[:EXCERPT_CHARS + _CUT_MARGIN])[0][:EXCERPT_CHARS]
+    return redact(text)[0]
+
+
+def example_excerpt(text: str, policy: RejectedText) -> str | None:
+    """The excerpt a removal example in a stage's metadata may show (none unless rejected text is kept)."""
+    return None if policy == "none" else kept_text(text, "excerpt")
+
+
+def rejected_row(row: dict[str, Any], stage: str, reason: str, policy: RejectedText, text: str | None = None,
+                 **extra: Any) -> dict[str, Any]:
+    """A rejected table's row for document `row` (text `text` if given: the text as the stage removed it)."""
+    text = row["text"] if text is None else text
+    return {"doc_id": row["doc_id"], "source": row["source"], "url": row.get("url"), "license": row.get("license"),
+            "stage": stage, "reason": reason, "duplicate_of": None, "cluster_id": None, "jaccard": None,
+            "chars": len(text), "text_hash": text_hash(text), "text": kept_text(text, policy), **extra}

@@ -1,0 +1,460 @@
+"""Datasets on disk: a folder of Parquet parts plus `_manifest.json`, written so a crash leaves no half file.
+
+Parts are written to a temporary name and renamed; a whole dataset is staged in a sibling folder and
+swapped in only after its manifest is written, so readers see either the old complete version or the
+new complete one. A folder without a manifest is incomplete and is never read.
+
+With a remote (`storage.backend: s3`), S3 is the durable store and `root` is a local cache kept in sync,
+so every caller still gets local paths (sentencepiece, memmapped shards, safetensors, training processes):
+
+- a commit swaps the dataset in locally, uploads its files under
+  `<prefix>/<asset>/<partition>/<data_version>/`, then `<prefix>/<asset>/<partition>/_manifest.json`
+  LAST, then deletes the keys the new manifest does not list. A manifest on S3 therefore always names
+  complete files: a crash mid-upload leaves the previous manifest, and its files (another version's
+  folder, deleted only after the new manifest is up), readable;
+- a read fetches the remote manifest once per Store (a new Store sees new versions); when the local copy
+  is missing or holds another version it downloads the files, verifying each sha256 against the
+  manifest, into a staging folder and swaps it in, then serves local paths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from filelock import FileLock, Timeout
+
+from kiln.common.manifest import (MANIFEST_NAME, FileEntry, Manifest, data_version_of, fsync_dir, fsync_file, git_commit,
+                           now_utc, sha256_file, temporary_name, write_json_atomic)
+from kiln.common.remote import CorruptRemoteFile, MissingRemoteFile, S3Remote
+from kiln.common.secrets import redact
+
+# A file's role is its name's prefix, so any reader can tell documents from rejects, signatures or shards.
+ROLE_PREFIX = {"documents": "part", "rejected": "rejected", "quarantine": "quarantine", "signatures": "signatures",
+               "decisions": "decisions", "contamination": "contamination", "lines": "lines", "shard": "shard",
+               "members": "members", "index_buckets": "buckets", "index_ids": "ids", "index_docs": "indexed"}
+
+
+def write_parquet_atomic(path: Path, table: pa.Table, hash_columns: tuple[str, ...] = ()) -> None:
+    """Temporary name, flushed to disk, renamed: never a half file under `path`, also after a power loss. Columns
+    are dictionary-encoded and zstd-compressed, except `hash_columns` (random values: dictionary encoding and zstd
+    only cost time there, ~3x to write a signature part and ~2.5x to read it, and made it larger)."""
+    tmp = temporary_name(path)
+    if hash_columns:
+        plain = [c for c in table.column_names if c not in hash_columns]
+        pq.write_table(table, tmp, compression={c: "zstd" if c in plain else "none" for c in table.column_names},
+                       use_dictionary=plain)
+    else:
+        pq.write_table(table, tmp, compression="zstd")
+    fsync_file(tmp)
+    os.replace(tmp, path)
+
+
+def resume_part(output: str | Path, run: Callable[[], dict]) -> dict:
+    """A part task's result (a JSON-able dict): from its completion marker when an earlier attempt already
+    finished this part, else `run()`, then the marker — written after the part's outputs, so a marker always
+    means complete output. Markers live in the staging folder's hidden `.done/` and are never published."""
+    output = Path(output)
+    marker = output.parent / ".done" / f"{output.name}.json"
+    if marker.is_file():
+        return json.loads(marker.read_text(encoding="utf-8"))
+    result = run()
+    marker.parent.mkdir(exist_ok=True)
+    write_json_atomic(marker, json.dumps(result))
+    return result
+
+
+def resume_key(**identity) -> str:
+    """What makes a staged dataset the same one (code version, config, input data versions): a failed step
+    re-run with the same key resumes in the same staging folder."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def part_name(role: str, index: int, suffix: str = ".parquet") -> str:
+    return f"{ROLE_PREFIX[role]}-{index:05d}{suffix}"
+
+
+def _is_hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
+
+
+def _in_part_order(relative: Path) -> tuple:
+    """A file's place in a dataset: numbers compared as numbers, so part-100000 follows part-99999 (the padding
+    of `part_name` runs out there) and five-digit names keep the order they always had."""
+    return tuple((0, int(run), "") if run.isdigit() else (1, 0, run)
+                 for run in re.split(r"(\d+)", relative.as_posix()) if run)
+
+
+class IncompleteDataset(FileNotFoundError):
+    pass
+
+
+@dataclass(frozen=True)
+class Store:
+    """Where Kiln keeps its datasets: `<root>/<asset>/<partition>/`; with a `remote`, durably on S3 and
+    `root` is the local cache (see the module docstring)."""
+
+    root: Path
+    remote: S3Remote | None = None
+    # (asset, partition) -> the remote manifest's bytes (None: not on S3) once this Store has synced it
+    _synced: dict[tuple[str, str | None], bytes | None] = field(default_factory=dict, init=False, repr=False,
+                                                                compare=False)
+
+    def dataset_dir(self, asset: str, partition: str | None = None) -> Path:
+        """The dataset's local folder; with a remote, brought up to date with S3 first."""
+        if self.remote is not None:
+            self._sync(asset, partition)
+        return self._local_dir(asset, partition)
+
+    def _local_dir(self, asset: str, partition: str | None = None) -> Path:
+        path = self.root / asset / (partition or "_all")
+        _restore_if_swapped_out(path)
+        return path
+
+    def manifest(self, asset: str, partition: str | None = None) -> Manifest:
+        path = self._local_dir(asset, partition) / MANIFEST_NAME
+        if self.remote is not None and self._sync(asset, partition) is None:
+            stale = f"; the local copy {path} is not on S3 (an upload that did not finish, or data from before " \
+                    f"storage.backend: s3)" if path.is_file() else ""
+            raise IncompleteDataset(f"{asset}[{partition}] has not been materialized (no "
+                                    f"{self.remote.url(self._remote_dir(asset, partition))}/{MANIFEST_NAME}"
+                                    f"{stale}); materialize it first")
+        if not path.is_file():
+            raise IncompleteDataset(f"{asset}[{partition}] has not been materialized (no {path}); materialize it first")
+        return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+    def manifest_or_none(self, asset: str, partition: str | None = None) -> Manifest | None:
+        """The manifest, or None when the dataset has not been materialized."""
+        try:
+            return self.manifest(asset, partition)
+        except IncompleteDataset:
+            return None
+
+    def files(self, asset: str, partition: str | None, role: str) -> list[Path]:
+        manifest = self.manifest(asset, partition)
+        base = self._local_dir(asset, partition)
+        return [base / f.path for f in manifest.files_with_role(role)]
+
+    def read_table(self, asset: str, partition: str | None, role: str = "documents",
+                   columns: list[str] | None = None, filters: list[tuple] | None = None) -> pa.Table:
+        """A dataset's files of one role as one table; `filters` (pyarrow's, e.g. [("source", "=", "web")]) skip
+        row groups by their statistics before decoding and keep only the matching rows."""
+        paths = self.files(asset, partition, role)
+        if not paths:
+            return pa.table({})
+        return pa.concat_tables([pq.read_table(p, columns=columns, filters=filters) for p in paths])
+
+    def iter_batches(self, asset: str, partition: str | None, role: str = "documents",
+                     batch_size: int = 1000, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+        for path in self.files(asset, partition, role):
+            yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
+
+    def values(self, asset: str, partition: str | None, column: str,
+               doc_ids: set[str] | None = None) -> dict[str, object]:
+        """doc_id -> `column` of a dataset's documents (only `doc_ids` when given), reading two columns."""
+        found = {}
+        for batch in self.iter_batches(asset, partition, columns=["doc_id", column]):
+            for doc_id, value in zip(batch.column("doc_id").to_pylist(), batch.column(column).to_pylist()):
+                if doc_ids is None or doc_id in doc_ids:
+                    found[doc_id] = value
+        return found
+
+    def lock(self, name: str) -> FileLock:
+        """The lock for a read-modify-write of a registry (the refreshes, the removal requests): two processes
+        appending at once would otherwise each rewrite the list without the other's entry. A file lock: it holds
+        across processes of one machine (or one shared KILN_HOME), and the OS drops it when its holder dies."""
+        folder = self.root / ".locks"
+        folder.mkdir(parents=True, exist_ok=True)
+        return FileLock(folder / f"{name}.lock")
+
+    def shared_scratch(self, asset: str, name: str) -> Path:
+        """A folder that several partitions' runs of `asset` share for intermediate work (a refresh's exact-dedup
+        shuffle): hidden beside the datasets, never published; on a cluster, on the shared KILN_HOME like them."""
+        return self.root / asset / f".shared-{name}"
+
+    def staging(self, asset: str, partition: str | None = None, resume: str | None = None) -> DatasetWriter:
+        """A writer for a new version; with `resume` (a `resume_key`), a failed attempt's staging folder is kept
+        and the next attempt with the same key picks up the parts it completed."""
+        return DatasetWriter(self._local_dir(asset, partition), asset, partition, store=self, resume=resume)
+
+    # ----------------------------------------------------------------------------------- S3 sync
+
+    def _remote_dir(self, asset: str, partition: str | None) -> str:
+        return self.remote.key(asset, partition or "_all")
+
+    def _sync(self, asset: str, partition: str | None) -> bytes | None:
+        key = (asset, partition or None)
+        if key not in self._synced:
+            self._synced[key] = self._pull(asset, partition)
+        return self._synced[key]
+
+    def _pull(self, asset: str, partition: str | None) -> bytes | None:
+        """Make the local copy the version on S3; the remote manifest's bytes, or None when S3 has none."""
+        remote_dir, local = self._remote_dir(asset, partition), self._local_dir(asset, partition)
+        data = self.remote.get_bytes(f"{remote_dir}/{MANIFEST_NAME}")
+        while data is not None:
+            manifest = _remote_manifest(data, self.remote.url(f"{remote_dir}/{MANIFEST_NAME}"))
+            if _local_copy_is(local, data, manifest):
+                return data
+            try:
+                self._download(local, f"{remote_dir}/{manifest.data_version}", manifest, data)
+                return data
+            except MissingRemoteFile:
+                # A newer version replaced this one (and deleted its files) while we read: start over with it.
+                newer = self.remote.get_bytes(f"{remote_dir}/{MANIFEST_NAME}")
+                if newer == data:
+                    raise
+                data = newer
+        return None
+
+    def _download(self, local: Path, version_dir: str, manifest: Manifest, data: bytes) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        staging = local.with_name(f".{local.name}.pull-{uuid.uuid4().hex[:8]}")
+        try:
+            for f in manifest.files:
+                (staging / f.path).parent.mkdir(parents=True, exist_ok=True)
+            staging.mkdir(exist_ok=True)
+            self.remote.download_files([(f"{version_dir}/{f.path}", staging / f.path, f.sha256)
+                                        for f in manifest.files])
+            (staging / MANIFEST_NAME).write_bytes(data)  # last, as a writer does
+            if _local_copy_is(local, data, manifest):  # another process (another step) fetched it meanwhile
+                return
+            try:
+                _swap_in(staging, local)
+            except OSError:  # ... or just now: fine if it is this version
+                if not _local_copy_is(local, data, manifest):
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _push(self, asset: str, partition: str | None, manifest: Manifest) -> None:
+        """Upload a just-committed local dataset: files, then the manifest, then delete stale keys."""
+        key = (asset, partition or None)
+        self._synced.pop(key, None)  # until the manifest is up, S3 still holds the previous version
+        local, remote_dir = self._local_dir(asset, partition), self._remote_dir(asset, partition)
+        version_dir = f"{remote_dir}/{manifest.data_version}"
+        data = (local / MANIFEST_NAME).read_bytes()
+        self.remote.upload_files([(local / f.path, f"{version_dir}/{f.path}") for f in manifest.files])
+        self.remote.put_bytes(f"{remote_dir}/{MANIFEST_NAME}", data)
+        self._synced[key] = data
+        keep = {f"{remote_dir}/{MANIFEST_NAME}"} | {f"{version_dir}/{f.path}" for f in manifest.files}
+        self.remote.delete_keys(k for k in self.remote.list_keys(remote_dir) if k not in keep)
+
+
+def _remote_manifest(data: bytes, where: str) -> Manifest:
+    try:
+        manifest = Manifest.from_dict(json.loads(data))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptRemoteFile(f"{where} is not a readable Kiln manifest ({exc})") from None
+    unsafe = [f.path for f in manifest.files if Path(f.path).is_absolute() or ".." in Path(f.path).parts]
+    if unsafe or data_version_of(manifest.files) != manifest.data_version:
+        raise CorruptRemoteFile(f"{where}: its file list does not match its data version {manifest.data_version}"
+                                + (f" (unsafe paths {unsafe[:3]})" if unsafe else "") + "; the manifest was altered")
+    return manifest
+
+
+def _local_copy_is(local: Path, data: bytes, manifest: Manifest) -> bool:
+    """Whether the local folder holds this version (files present with their sizes; the manifest bytes are
+    refreshed in place when only its metadata changed, e.g. the same data re-materialized elsewhere)."""
+    path = local / MANIFEST_NAME
+    if not path.is_file():
+        return False
+    for f in manifest.files:
+        p = local / f.path
+        if not p.is_file() or p.stat().st_size != f.bytes:
+            return False
+    current = path.read_bytes()
+    if current == data:
+        return True
+    try:
+        same = Manifest.from_dict(json.loads(current)).data_version == manifest.data_version
+    except (ValueError, TypeError, KeyError):
+        return False
+    if same:
+        write_json_atomic(path, data.decode("utf-8"))
+    return same
+
+
+@contextmanager
+def lock_then_remove(lock_path: str | Path, wait: bool = True) -> Iterator[bool]:
+    """Hold the file lock at `lock_path` (waiting for it, or not at all when `wait` is false); yields whether it
+    is held. Its file is removed on the way out, still held, so no lock file outlives what it guarded (filelock
+    copes with a lock file unlinked under a waiting process)."""
+    lock = FileLock(lock_path)
+    try:
+        lock.acquire(timeout=-1 if wait else 0)
+    except Timeout:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        Path(lock.lock_file).unlink(missing_ok=True)
+        lock.release()
+
+
+def _remove_stale_staging(final: Path) -> None:
+    """Staging folders of `final`'s dataset that no live writer holds — a failed attempt under inputs since
+    replaced, a killed run — and old copies a killed swap left: removed after a commit, so they do not pile up.
+    A live writer holds its folder's lock, so its folder is skipped."""
+    for stale in [*final.parent.glob(f".{final.name}.old-*"), *final.parent.glob(f".{final.name}.trash-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+    for folder in [p for p in final.parent.glob(f".{final.name}.staging-*") if p.is_dir()]:
+        trash = final.with_name(f".{final.name}.trash-{uuid.uuid4().hex[:8]}")
+        with lock_then_remove(f"{folder}.lock", wait=False) as held:
+            if not held:
+                continue  # a live writer
+            os.replace(folder, trash)  # moved aside under the lock (a rename: held for microseconds), removed after
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def _swap_lock(final: Path):
+    """The dataset's swap lock (no lock file stays beside the dataset)."""
+    return lock_then_remove(final.with_name(f".{final.name}.swap.lock"))
+
+
+def _swap_in(staging: Path, final: Path) -> None:
+    """Replace `final` by the complete folder `staging`: the old folder is renamed aside, the new one renamed in,
+    under the dataset's swap lock; the old copy is removed after. A writer killed between the two renames
+    leaves the old version aside, complete, and the next reader puts it back (`_restore_if_swapped_out`): a
+    reader sees the old version or the new one, never none."""
+    staging_files = [p for p in staging.rglob("*") if p.is_file()]
+    for path in staging_files:  # every file on disk before any rename makes it visible
+        fsync_file(path)
+    for folder in {p.parent for p in staging_files} | {staging}:
+        fsync_dir(folder)
+    old = None
+    with _swap_lock(final):
+        if final.exists():
+            old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+            os.replace(final, old)
+        os.replace(staging, final)
+        fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _restore_if_swapped_out(final: Path) -> None:
+    """A dataset folder missing while the previous version sits aside (`.<name>.old-*`, complete: it was renamed
+    there whole) means its writer died between the two renames of `_swap_in`: rename it back. Under the swap
+    lock, so a live swap (which holds it across both renames) is never undone."""
+    if final.exists() or not final.parent.is_dir():
+        return
+    if not any(final.parent.glob(f".{final.name}.old-*")):
+        return
+    with _swap_lock(final):
+        if final.exists():
+            return
+        aside = [p for p in final.parent.glob(f".{final.name}.old-*") if (p / MANIFEST_NAME).is_file()]
+        if aside:
+            newest = max(aside, key=lambda p: json.loads((p / MANIFEST_NAME).read_text())["created_at"])
+            os.replace(newest, final)
+            fsync_dir(final.parent)
+
+
+class StagingBusy(RuntimeError):
+    """Another process is writing the same version of the same dataset."""
+
+
+class DatasetWriter:
+    """Collects parts in a staging folder; `commit` writes the manifest and swaps the folder in (and, with a
+    remote, uploads it: files, then the manifest; a failed upload fails the commit, leaving S3 at the
+    previous version).
+
+    With `resume`, the staging folder is named by the key and survives a failure, so per-part completion markers
+    (`resume_part`) let a re-run skip what is done; a file lock keeps two processes out of one such folder."""
+
+    def __init__(self, final_dir: Path, asset: str, partition: str | None, store: Store | None = None,
+                 resume: str | None = None):
+        self.final_dir, self.asset, self.partition, self.store = final_dir, asset, partition, store
+        final_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.resume = resume
+        self.dir = final_dir.with_name(f".{final_dir.name}.staging-{resume or uuid.uuid4().hex[:8]}")
+        # Held while this writer lives: it keeps another run out of a resumable folder, and tells a committing
+        # writer of the same dataset which staging folders are live (see _remove_stale_staging).
+        self._lock: FileLock | None = FileLock(f"{self.dir}.lock")
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            raise StagingBusy(f"{asset}[{partition}] is being written by another run with the same inputs "
+                              f"(lock {self._lock.lock_file}); wait for it to finish") from None
+        self.dir.mkdir(exist_ok=bool(resume))
+        self._counters: dict[str, int] = {}
+
+    def next_path(self, role: str, suffix: str = ".parquet") -> Path:
+        i = self._counters.get(role, 0)
+        self._counters[role] = i + 1
+        return self.dir / part_name(role, i, suffix)
+
+    def scratch(self, name: str) -> Path:
+        """A folder for a stage's intermediate files (a shuffle's buckets), beside the parts and never published."""
+        path = self.dir / f".{name}"
+        path.mkdir(exist_ok=True)
+        return path
+
+    def write(self, role: str, table: pa.Table) -> Path:
+        path = self.next_path(role)
+        write_parquet_atomic(path, table)
+        return path
+
+    def commit(self, *, code_version: str, config: dict, inputs: dict[str, str], counts: dict[str, int],
+               stats: dict | None = None) -> Manifest:
+        entries = []
+        for path in sorted((p for p in self.dir.rglob("*") if p.is_file()),
+                           key=lambda p: _in_part_order(p.relative_to(self.dir))):
+            relative = path.relative_to(self.dir)
+            if _is_hidden(relative) or relative.as_posix() == MANIFEST_NAME:
+                continue
+            role = next((r for r, p in ROLE_PREFIX.items() if path.name.startswith(p + "-")), "artifact")
+            rows = pq.ParquetFile(path).metadata.num_rows if path.suffix == ".parquet" else None
+            entries.append(FileEntry(path=relative.as_posix(), role=role, sha256=sha256_file(path),
+                                     bytes=path.stat().st_size, rows=rows))
+        manifest = Manifest(asset=self.asset, partition=self.partition, code_version=code_version,
+                            config=redact(config), inputs=inputs, files=entries, counts=counts, stats=redact(stats or {}),
+                            git_commit=git_commit(), created_at=now_utc(), data_version=data_version_of(entries))
+        write_json_atomic(self.dir / MANIFEST_NAME, manifest.to_json())
+        # Scratch folders and temp files of tasks that died, at any depth: never published.
+        for hidden in [p for p in self.dir.rglob(".*") if not _is_hidden(p.parent.relative_to(self.dir))]:
+            shutil.rmtree(hidden) if hidden.is_dir() else hidden.unlink()
+        self._swap()
+        self._release(remove=True)
+        _remove_stale_staging(self.final_dir)
+        if self.store is not None and self.store.remote is not None:
+            self.store._push(self.asset, self.partition, manifest)
+        return manifest
+
+    def abort(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self._release(remove=True)
+
+    def _release(self, remove: bool = False) -> None:
+        """Release the lock; with `remove`, its file too (the folder is gone; filelock copes with a lock file
+        unlinked under a waiting process)."""
+        if self._lock is not None:
+            if remove:
+                Path(self._lock.lock_file).unlink(missing_ok=True)
+            self._lock.release()
+            self._lock = None
+
+    def _swap(self) -> None:
+        _swap_in(self.dir, self.final_dir)
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and self.resume:
+            self._release()  # keep the completed parts for the next attempt
+        elif exc_type is not None or self.dir.exists():
+            self.abort()
+        self._release()

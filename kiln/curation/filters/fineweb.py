@@ -1,0 +1,54 @@
+"""FineWeb's extra quality rules (Penedo et al. 2024, "The FineWeb Datasets", §3.5).
+
+Exactly DataTrove's FineWebQualityFilter: the rule names are its drop reasons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from kiln.curation.documents import Document
+from kiln.curation.filters import text_stats as ts
+from kiln.curation.filters.base import Verdict, drop, keep
+
+
+# FineWeb custom filters: Penedo et al. 2024 (arXiv:2406.17557) §3.5; as DataTrove fineweb_quality_filter.py.
+@dataclass
+class FineWebQuality:
+    name: ClassVar[str] = "fineweb_quality"
+
+    line_punct_thr: float | None = 0.12  # drop if <= this fraction of lines end in . ' " ! ?
+    line_punct_exclude_zero: bool = False  # True: a page with no such line at all is not dropped by it
+    short_line_thr: float | None = 0.67  # drop if >= this fraction of lines are short
+    short_line_length: int = 30  # "short" means at most this many characters
+    char_duplicates_ratio: float | None = 0.01  # drop if >= this fraction of chars are in repeated lines
+    new_line_ratio: float | None = 0.3  # drop if newlines / words > this (list-like pages)
+
+    def __call__(self, doc: Document) -> Verdict:
+        text = doc.text
+        lines = text.split("\n")  # raw lines, not stripped, as DataTrove
+        n_lines = len(lines)
+
+        if self.line_punct_thr is not None:
+            ratio = sum(1 for line in lines if line.endswith(ts.TERMINAL_PUNCTUATION)) / n_lines
+            if ratio <= self.line_punct_thr and not (ratio == 0 and self.line_punct_exclude_zero):
+                return drop(self.name, "line_punct_ratio", text)
+
+        if self.short_line_thr is not None:
+            ratio = sum(1 for line in lines if len(line) <= self.short_line_length) / n_lines
+            if ratio >= self.short_line_thr:
+                return drop(self.name, "short_line_ratio", text)
+
+        if self.char_duplicates_ratio is not None:
+            n_chars = len(text) - text.count("\n")
+            _, dup_chars = ts.find_duplicates(line for line in lines if line.strip())
+            if n_chars and dup_chars / n_chars >= self.char_duplicates_ratio:
+                return drop(self.name, "char_dup_ratio", text)
+
+        if self.new_line_ratio is not None:
+            n_tokens = len(ts.tokens(text))
+            if text.count("\n") / max(n_tokens, 1) > self.new_line_ratio:
+                return drop(self.name, "list_ratio", text)
+
+        return keep(text)

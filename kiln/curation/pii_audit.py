@@ -1,0 +1,539 @@
+"""Residual-PII audit: a second, independent PII detector for the `residual_pii` asset check.
+
+Scanning the redactor's output with the redactor's own detectors can only find what its fixed point left
+behind, never what it misses by construction: a bug in one of its patterns hides in both passes. This
+module re-implements the same promise (what `kiln.curation.pii` says it redacts) with different code and
+different patterns, so that the check finds what the redactor missed:
+
+- phone: Google's libphonenumber `PhoneNumberMatcher` (its own candidate grammar, date / time-stamp /
+  page-range filters and validity), on short windows: around every '+', after a phone label found with
+  its own word list, and North American shapes. Numbers must be valid (Leniency.VALID; labelled national
+  numbers STRICT_GROUPING), so fictional ones (555-123-4567) are not reported.
+- email: the WHATWG HTML "valid e-mail address" grammar, plus a letter-only top-level domain.
+- iban: its own registry table (by length) and a digit-by-digit mod-97; compact, spaced or dashed.
+- credit_card: its own Luhn (a lookup of doubled digits) and issuer table, 13-19 digits.
+- us_ssn: the SSA rules on AAA-GG-SSSS.
+- ipv4 / ipv6: `ipaddress` on address-shaped tokens.
+- secret: provider token prefixes (AWS AKIA/ASIA, GitHub ghp_/github_pat_, Slack xox?-, Stripe sk_live_/rk_live_,
+  Google AIza, GitLab glpat-, JSON Web Tokens) and private-key blocks with a body.
+
+Very high precision is the point (a blocking check that cries wolf gets switched off), so the audit keeps
+Kiln's documented exemptions, implemented again: placeholders (`<EMAIL>`, ...) are blanked first (a naive
+scan reads "<IPV4>:8080" or "<PHONE> ext. 12" as fragments); documentation addresses (RFC 5737 / 3849, RFC
+2606 example domains), loopback, multicast, netmasks, version numbers and OIDs ("version 1.2.3.4",
+"v1.2.3.4.5", "section-7.1.1.1"), dates, decimals and clause numbers ("+35236450.6", "252.227-7013"),
+part numbers in North American digits ("33471-90901"), decorators and handles ("``@dataclasses.dataclass``",
+"/@user"), SSH remotes (git@github.com:org/repo), retina images (icon@2x.png), locale names
+(sd_IN@devanagari.UTF-8) and x-filled documentation tokens are not reported. Those are the false positives a
+naive WHATWG-e-mail + PhoneNumberMatcher(VALID) scan reports on Kiln's redacted demo corpus (51 on 2,400
+documents; this module: none).
+
+`residual_pii(text)` returns sorted, non-overlapping `(type, start, end)` spans.
+It imports only kiln.curation.pii's constants (type names, placeholders), never its detectors.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime
+import ipaddress
+import re
+from collections.abc import Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from phonenumbers import Leniency, PhoneNumberMatcher
+
+from kiln.curation.pii import PII_TYPES, PLACEHOLDERS
+
+Span = tuple[str, int, int]
+_DIGIT = re.compile(r"[0-9]")
+
+_PLACEHOLDER = re.compile("|".join(re.escape(p) for p in PLACEHOLDERS.values()))
+
+
+def _blank_placeholders(text: str) -> str:
+    """Placeholders become spaces of the same length: offsets stay, and nothing can match inside or across one."""
+    if "<" not in text:
+        return text
+    return _PLACEHOLDER.sub(lambda m: " " * len(m.group()), text)
+
+
+def _word_char(c: str) -> bool:
+    return c.isalnum() or c == "_"
+
+
+# --- email: WHATWG HTML "valid e-mail address" --------------------------------------------------------
+# local = 1*( atext / "." ), domain = label *( "." label ), label = let-dig [ [ ldh-str ] let-dig ] (<= 63).
+# Beyond the grammar: the local part starts with a letter or digit (not "``@decorator``", "/@handle"), the
+# domain has a dot and ends in a letter-only TLD, and the address is a whole token.
+_ATEXT = "A-Za-z0-9.!#$%&'*+/=?^_`{|}~-"
+_WHATWG_EMAIL = re.compile(
+    r"[A-Za-z0-9][" + _ATEXT + r"]{0,63}@"
+    r"((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,63})"
+)
+_RESERVED_DOMAINS = ("example.com", "example.net", "example.org", "example.edu")  # RFC 2606
+_RESERVED_TLDS = frozenset({"example", "test", "invalid", "localhost", "local", "internal", "lan", "home", "arpa",
+                            "localdomain", "domain", "tld"})
+# A "TLD" that is a file extension: icon@2x.png, file@v2.tar, pkg@1.0.whl.
+_FILE_EXTENSIONS = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "bmp", "avif", "tif", "tiff", "pdf",
+                              "css", "js", "mjs", "ts", "tsx", "jsx", "py", "pyc", "md", "rst", "txt", "json", "yaml",
+                              "yml", "toml", "ini", "cfg", "html", "htm", "xml", "zip", "gz", "tgz", "tar", "whl", "so",
+                              "dll", "exe", "sh", "rs", "go", "java", "rb", "php", "lock", "log", "csv", "utf"})
+
+
+def _emails(text: str) -> Iterator[Span]:
+    at = text.find("@")
+    while at != -1:
+        # Start of the local part: walk back over atext (at most 64 characters).
+        start = at
+        while start > 0 and at - start < 64 and text[start - 1] in _ATEXT_SET:
+            start -= 1
+        while start < at and not text[start].isalnum():  # a local part starts with a letter or digit
+            start += 1
+        m = _WHATWG_EMAIL.match(text, start) if start < at else None
+        if m is None:
+            at = text.find("@", at + 1)
+            continue
+        end = m.end()
+        domain = m.group(1).lower()
+        tld = domain.rsplit(".", 1)[1]
+        after = text[end : end + 2]
+        ok = (
+            not (after[:1] and (_word_char(after[0]) or after[0] == "-"))  # "sd_IN@devanagari.UTF-8"
+            and not (after[:1] == ":" and after[1:2] and (after[1].isalnum() or after[1] in "/~"))  # git@host:org/repo
+            and tld not in _RESERVED_TLDS and tld not in _FILE_EXTENSIONS
+            and not any(domain == d or domain.endswith("." + d) for d in _RESERVED_DOMAINS)
+            and not (start > 0 and text[start - 1] in "/@")  # a path or handle: /@user@host
+        )
+        if ok:
+            yield "email", start, end
+        at = text.find("@", end)
+
+
+_ATEXT_SET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.!#$%&'*+/=?^_`{|}~-")
+
+
+# --- phone: libphonenumber's matcher on short windows -------------------------------------------------
+# The matcher is pure Python and slow on whole documents (~2 ms per KB per region), so it only sees windows
+# that could hold a number Kiln redacts: an international one ('+' then a digit), a North American shape,
+# or anything right after a phone label.
+AUDIT_PHONE_REGIONS: tuple[str, ...] = ("US", "GB", "DE", "FR", "IT", "ES", "NL", "BE", "AT", "CH", "IE", "PT", "PL",
+                                        "SE", "DK", "NO", "FI", "CA", "AU", "IN")
+_PLUS = re.compile(r"\+[0-9]")
+_NANP_TAIL = re.compile(r"[0-9]{3}[.-][0-9]{4}")  # 555-0134 / 555.0134: the area code is read by the matcher
+# Labels are found from a stem (str.find in a lowercased copy), then the whole word must be one of these.
+_LABEL_STEMS = ("phone", "tel", "t\u00e9l", "fax", "mobil", "m\u00f3vil", "cell", "handy", "gsm", "portable", "whatsapp",
+                "tlf", "call")
+_LABELS = frozenset({"phone", "telephone", "tel", "t\u00e9l", "t\u00e9l\u00e9phone", "telefon", "telefono",
+                     "tel\u00e9fono", "telefoon", "fax", "mobile", "mobil", "mobiel", "m\u00f3vil", "cell", "cellphone",
+                     "cellulare", "handy", "gsm", "portable", "whatsapp", "tlf"})
+_CALL = re.compile(r"call (?:us|me)(?: (?:at|on))?\b")
+_WINDOW = 32
+_FIRST = frozenset("+(0123456789")
+_LABEL_GAP = 16  # the number starts at most this far after its label
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _digits_in(s: str) -> int:
+    return sum(1 for c in s if "0" <= c <= "9")
+
+
+def _clean_edges(text: str, start: int, end: int) -> bool:
+    """A number that is a whole token: not glued to letters or a longer number, not a decimal or a version."""
+    before = text[max(0, start - 2) : start]
+    after = text[end : end + 2]
+    if before[-1:] and (_word_char(before[-1]) or before[-1] in "+"):
+        return False
+    if len(before) == 2 and before[1] in ".,-/:" and before[0].isdigit():
+        return False
+    if after[:1] and _word_char(after[0]):
+        return False
+    if len(after) == 2 and after[0] in ".,-/:" and after[1].isdigit():
+        return False
+    return True
+
+
+def _is_date(s: str) -> bool:
+    """2024-01-15, 15.01.2024, 01/15/24: three numbers, one separator, and a real calendar day."""
+    for sep in "-./":
+        parts = s.split(sep)
+        if len(parts) == 3 and all(p.isdigit() for p in parts):
+            a, b, c = parts
+            for y, m, d in ((a, b, c), (c, b, a), (c, a, b)) if len(a) == 4 else ((c, b, a), (c, a, b)):
+                if len(y) in (2, 4) and len(m) <= 2 and len(d) <= 2:
+                    try:
+                        datetime.date(int(y) if len(y) == 4 else 2000 + int(y), int(m), int(d))
+                        return True
+                    except ValueError:
+                        pass
+    return False
+
+
+_AFTER_PLUS = re.compile(r"\+[0-9]{1,4}[ .-]?$")
+
+
+def _match_phones(text: str, lo: int, hi: int, region: str, leniency: int) -> Iterator[tuple[int, int]]:
+    window = text[lo:hi]
+    for m in PhoneNumberMatcher(window, region, leniency=leniency, max_tries=8):
+        start, end = lo + m.start, lo + m.end
+        raw = m.raw_string
+        if raw[0] != "+" and _AFTER_PLUS.search(text, max(0, start - 6), start):
+            continue  # the rest of an international number the matcher found invalid: "+1 027-646-5868"
+        # One '.', or '.' beside '-' or ' ', is a decimal or a clause number ("+35236450.6", "252.227-7013"):
+        # numbers written with dots use them between every group.
+        dots = raw.count(".")
+        if (dots and (dots == 1 or "-" in raw or " " in raw.strip())) or _is_date(raw):
+            continue
+        if m.number.extension is None and _clean_edges(text, start, end):
+            yield start, end
+
+
+MIN_PHONE_DIGITS = 7
+
+
+def _phones(text: str, regions: tuple[str, ...]) -> Iterator[Span]:
+    seen: set[tuple[int, int]] = set()
+    for m in _PLUS.finditer(text):  # international: the number names its country
+        if (m.start() > 0 and _word_char(text[m.start() - 1])) or _digits_in(text[m.start() : m.start() + 24]) < 6:
+            continue
+        lo = max(0, m.start() - 1)
+        seen.update(_match_phones(text, lo, min(len(text), m.start() + _WINDOW), "ZZ", Leniency.VALID))
+    for m in _NANP_TAIL.finditer(text):
+        lo, hi = max(0, m.start() - 7), min(len(text), m.end() + 2)
+        # Grouped as North America writes it (3-3-4): part numbers like "33471-90901" hold valid digits too.
+        seen.update(_match_phones(text, lo, hi, "US", Leniency.EXACT_GROUPING))
+    lowered = text.lower()
+    if len(lowered) != len(text):  # "İ" lowercases to two characters
+        lowered = text.translate(_ASCII_LOWER)
+    for stem in _LABEL_STEMS:
+        i = lowered.find(stem)
+        while i != -1:
+            k = i + len(stem)
+            while k < len(text) and text[k].isalpha():
+                k += 1
+            word = lowered[i:k]
+            if word == "call":
+                m = _CALL.match(lowered, i)
+                k = m.end() if m else k
+                word = "call" if m else ""
+            if ((i == 0 or not _word_char(text[i - 1])) and word in _LABELS | {"call"}
+                    and _digits_in(text[k : k + _LABEL_GAP + _WINDOW]) >= 6):
+                hi = min(len(text), k + _LABEL_GAP + _WINDOW)
+                for region in regions:
+                    # The number follows the label, with at most a word or two between ("Tel. (office): ...").
+                    found = [sp for sp in _match_phones(text, k, hi, region, Leniency.STRICT_GROUPING)
+                             if sp[0] - k <= _LABEL_GAP and "\n" not in text[k : sp[0]] and text[sp[0]] in _FIRST]
+                    if found:
+                        seen.add(found[0])
+                        break
+            i = lowered.find(stem, k)
+    for start, end in seen:
+        # A few regions have 4-6 digit numbers, but in text that short a run is an issue or part number far more
+        # often ("cell args bpo-43693" in CPython's own comments): the audit wants certainty.
+        if _digits_in(text[start:end]) >= MIN_PHONE_DIGITS:
+            yield "phone", start, end
+
+
+# --- iban ---------------------------------------------------------------------------------------------
+# The SWIFT IBAN registry, by length: this table is written independently of kiln.curation.pii's (a test compares them).
+_IBAN_BY_LENGTH = {
+    15: "NO", 16: "BE", 18: "DK FI FK FO GL NL SD", 19: "MK SI", 20: "AT BA EE KZ LT LU MN XK",
+    21: "CH HR LI LV", 22: "BG BH CR DE GB GE IE ME RS VA", 23: "AE GI IL IQ OM SO TL", 24: "AD CZ ES MD PK RO SA SE SK TN VG",
+    25: "LY PT ST", 26: "IS TR", 27: "BI DJ FR GR IT MC MR SM", 28: "AL AZ BY CY DO GT HN HU LB NI PL SV",
+    29: "BR EG PS QA UA", 30: "JO KW MU YE", 31: "MT SC", 32: "LC", 33: "RU",
+}
+IBAN_COUNTRY_LENGTHS: dict[str, int] = {c: n for n, cs in _IBAN_BY_LENGTH.items() for c in cs.split()}
+_IBAN_START = re.compile(r"[A-Z]{2}[0-9]{2}")  # upper case, as ISO 13616 writes it
+_IBAN_BODY = re.compile(r"(?:[ -]?[A-Za-z0-9]){11,31}")
+
+
+def _mod97(chars: str) -> int:
+    """The remainder mod 97 of the number whose digits are `chars` with letters as 10..35, digit by digit."""
+    r = 0
+    for c in chars:
+        v = ord(c) - 48 if c <= "9" else ord(c.upper()) - 55
+        r = (r * 100 + v) % 97 if v > 9 else (r * 10 + v) % 97
+    return r
+
+
+def _ibans(text: str) -> Iterator[Span]:
+    for m in _IBAN_START.finditer(text):
+        start = m.start()
+        country = text[start : start + 2].upper()
+        length = IBAN_COUNTRY_LENGTHS.get(country)
+        if length is None or (start > 0 and _word_char(text[start - 1])):
+            continue
+        body = _IBAN_BODY.match(text, m.end())
+        if body is None:
+            continue
+        # Walk the body to the country's length; the IBAN must end a token there.
+        chars, end = [], m.end()
+        for i in range(m.end(), body.end()):
+            if text[i] not in " -":
+                chars.append(text[i])
+                if len(chars) == length - 4:
+                    end = i + 1
+                    break
+        if len(chars) != length - 4 or (end < len(text) and _word_char(text[end])):
+            continue
+        bban = "".join(chars)
+        check = text[start + 2 : start + 4]
+        if check in ("00", "01", "99") or _mod97(bban + country + check) != 1:
+            continue
+        yield "iban", start, end
+
+
+# --- credit cards -------------------------------------------------------------------------------------
+_CARD_RUN = re.compile(r"[0-9](?:[ -]?[0-9]){12,18}")
+_DOUBLED = (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)  # the digit sum of 2*d
+# (first digits, lengths) per issuer; prefixes as ranges of equal-length strings.
+_ISSUERS = (
+    ("4", "4", (13, 16, 19)), ("51", "55", (16,)), ("2221", "2720", (16,)), ("34", "34", (15,)), ("37", "37", (15,)),
+    ("6011", "6011", (16, 17, 18, 19)), ("644", "649", (16, 17, 18, 19)), ("65", "65", (16, 17, 18, 19)),
+    ("62", "62", (16, 17, 18, 19)), ("3528", "3589", (16, 17, 18, 19)), ("300", "305", (14, 15, 16, 17, 18, 19)),
+    ("36", "36", (14, 15, 16, 17, 18, 19)), ("38", "39", (14, 15, 16, 17, 18, 19)), ("2200", "2204", (16, 17, 18, 19)),
+)
+
+
+def _luhn(digits: str) -> bool:
+    odd = digits[-1::-2]
+    even = digits[-2::-2]
+    return (sum(map(int, odd)) + sum(_DOUBLED[int(d)] for d in even)) % 10 == 0
+
+
+def _cards(text: str) -> Iterator[Span]:
+    for m in _CARD_RUN.finditer(text):
+        s = m.group()
+        seps = {c for c in s if not c.isdigit()}
+        if len(seps) > 1 or not _clean_edges(text, m.start(), m.end()):
+            continue
+        digits = s.replace(" ", "").replace("-", "")
+        if digits.endswith("0000"):  # round numbers: amounts and powers (Kiln leaves them)
+            continue
+        label = text[max(0, m.start() - 12) : m.start()].lower().rstrip(" :=#-")
+        if label.endswith(("ean", "ean13", "ean-13", "gtin", "upc", "barcode", "imei", "isbn")):
+            continue  # a barcode or a device id that happens to pass Luhn
+        if any(lo <= digits[: len(lo)] <= hi and len(digits) in lengths for lo, hi, lengths in _ISSUERS) and _luhn(digits):
+            yield "credit_card", m.start(), m.end()
+
+
+# --- us_ssn -------------------------------------------------------------------------------------------
+# Found from the "-GG-SSSS" tail (a pattern that starts with a literal is searched ~25x faster than one that
+# starts with a digit class), then the area is read back.
+_SSN_TAIL = re.compile(r"-([0-9]{2})-([0-9]{4})")
+
+
+def _ssns(text: str) -> Iterator[Span]:
+    for m in _SSN_TAIL.finditer(text):
+        start = m.start() - 3
+        area = text[max(0, start) : m.start()]
+        group, serial = m.groups()
+        if start < 0 or not (area.isdigit() and area.isascii()):
+            continue
+        if area in ("000", "666") or area[0] == "9" or group == "00" or serial == "0000":
+            continue
+        if _clean_edges(text, start, m.end()):
+            yield "us_ssn", start, m.end()
+
+
+# --- ip addresses -------------------------------------------------------------------------------------
+_IPV4_TAIL = re.compile(r"\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}")  # the last three octets; the first is read back
+_IPV6_GATE = re.compile(r":[0-9A-Fa-f]{0,4}:")  # every IPv6 address has two colons at most 4 hex digits apart
+_IPV6_CHARS = frozenset("0123456789abcdefABCDEF:.")
+# Four dotted numbers after these words are versions, sections and OIDs ("version 1.2.3.4", "section-7.1.1.1",
+# __version__ = "0.5.1.2", ObjectIdentifier("2.5.29.9"), "pkg>=3.10.0.2").
+_VERSIONISH = re.compile(
+    r"(?i)(?:(?:versi[oó]n|identifier|revision)\w*|\b(?:ver|rev|release|build|section|sec|chapter|rfc|oid|§)s?)\.?\W{0,4}$"
+    r"|[<>=!~]=\s*$")
+_OID_CONTEXT = ("object identifier", "oid", "{ id-", "{id-")  # anywhere earlier on the line
+_DOC_NETS = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))
+
+
+def _mask(n: int, bits: int) -> bool:
+    return bin(n)[2:].zfill(bits).rstrip("0").count("0") == 0 or bin(n)[2:].zfill(bits).lstrip("0").count("0") == 0
+
+
+def _ipv4s(text: str, keep: frozenset[str], keep_documentation: bool) -> Iterator[Span]:
+    for t in _IPV4_TAIL.finditer(text):
+        start = t.start()
+        while start > 0 and t.start() - start < 3 and "0" <= text[start - 1] <= "9":
+            start -= 1
+        if start == t.start():
+            continue
+        m_start, m_end = start, t.end()
+        s = text[m_start:m_end]
+        before, after = text[max(0, m_start - 1) : m_start], text[m_end : m_end + 2]
+        if (before and (_word_char(before) or before == ".")) or (after[:1] and _word_char(after[0])) or (
+                after[:1] == "." and after[1:2].isalnum()):
+            continue
+        try:
+            addr = ipaddress.IPv4Address(s)  # rejects octets > 255 and leading zeros
+        except ValueError:
+            continue
+        if s in keep or addr.is_loopback or addr.is_unspecified or _mask(int(addr), 32):
+            continue
+        if keep_documentation and any(addr in n for n in _DOC_NETS if n.version == 4):
+            continue
+        if _VERSIONISH.search(text, max(0, m_start - 24), m_start):
+            continue
+        line = text[text.rfind("\n", 0, m_start) + 1 : m_start].lower()
+        if any(c in line for c in _OID_CONTEXT) or addr.is_multicast:
+            continue
+        yield "ipv4", m_start, m_end
+
+
+def _ipv6s(text: str, keep_documentation: bool) -> Iterator[Span]:
+    pos = 0
+    while (g := _IPV6_GATE.search(text, pos)) is not None:
+        start, end = g.start(), g.end()
+        while start > 0 and text[start - 1] in _IPV6_CHARS:
+            start -= 1
+        while end < len(text) and text[end] in _IPV6_CHARS:
+            end += 1
+        pos = end
+        while end > start and text[end - 1] == ".":  # a sentence's full stop
+            end -= 1
+        s = text[start:end]
+        before, after = text[max(0, start - 1) : start], text[end : end + 1]
+        if (before and _word_char(before)) or (after and _word_char(after)) or len(s) > 45:
+            continue
+        if "::" in s and (sum(1 for g in s.split(":") if g) < 2 or not any(c.isdigit() for c in s) or len(s) < 6):
+            continue  # "a::b", "dead::beef", "x[::2]": scopes and slices
+        try:
+            addr = ipaddress.IPv6Address(s)
+        except ValueError:
+            continue
+        if addr.is_loopback or addr.is_unspecified or addr.is_multicast or _mask(int(addr), 128):
+            continue
+        if keep_documentation and any(addr in n for n in _DOC_NETS if n.version == 6):
+            continue
+        yield "ipv6", start, end
+
+
+# --- secrets: provider prefixes and key blocks --------------------------------------------------------
+# (substring that every such token contains, its pattern): each pattern only runs on texts holding its substring.
+_TOKENS = tuple((gate, re.compile(pattern + r"(?![A-Za-z0-9_])")) for gate, pattern in (
+    ("AKIA", r"AKIA[A-Z0-9]{16}"),
+    ("ASIA", r"ASIA[A-Z0-9]{16}"),
+    ("gh", r"gh[pousr]_[A-Za-z0-9]{36,251}"),
+    ("github_pat_", r"github_pat_[A-Za-z0-9_]{22,251}"),
+    ("xox", r"xox[bpas]-[0-9]{6,}-[A-Za-z0-9-]{8,}"),
+    ("k_live_", r"[sr]k_live_[A-Za-z0-9]{20,247}"),
+    ("AIza", r"AIza[0-9A-Za-z_-]{35}"),
+    ("glpat-", r"glpat-[0-9A-Za-z_-]{20,64}"),
+    ("eyJ", r"eyJ[0-9A-Za-z_-]{10,}\.eyJ[0-9A-Za-z_-]{10,}\.[0-9A-Za-z_-]{10,}"),
+))
+_KEY_BLOCK = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----(?:\s|\\n|\\r)+(?:[A-Za-z-]+:[^\n]*\n)*"
+                        r"[A-Za-z0-9+/=]{16,}")
+
+
+def _secrets(text: str) -> Iterator[Span]:
+    for gate, pattern in _TOKENS:
+        if gate not in text:
+            continue
+        for m in pattern.finditer(text):
+            s = m.group()
+            if m.start() > 0 and _word_char(text[m.start() - 1]):
+                continue
+            body = s[4:]
+            if not (any(c.isdigit() for c in body) and any(c.isalpha() for c in body)) or len(set(body)) < 8:
+                continue  # documentation stand-ins: sk_live_xxxxxxxxxxxxxxxxxxxxxxxx, AKIAXXXXXXXXXXXXXXXX
+            yield "secret", m.start(), m.end()
+    if "PRIVATE KEY" in text:
+        for m in _KEY_BLOCK.finditer(text):
+            yield "secret", m.start(), m.end()
+
+
+# --- API ----------------------------------------------------------------------------------------------
+_ORDER = ("secret", "email", "iban", "credit_card", "us_ssn", "ipv6", "ipv4", "phone")  # overlaps: earlier wins
+
+
+def residual_pii(
+    text: str,
+    types: Iterable[str] = PII_TYPES,
+    ipv4_keep: Iterable[str] = ("127.0.0.1", "0.0.0.0", "255.255.255.255"),
+    keep_documentation: bool = True,
+    phone_regions: Iterable[str] = AUDIT_PHONE_REGIONS,
+) -> list[Span]:
+    """PII left in (redacted) `text`, as sorted non-overlapping (type, start, end), for the asked types."""
+    wanted = set(types)
+    unknown = wanted - set(PII_TYPES)
+    if unknown:
+        raise ValueError(f"unknown PII type(s) {sorted(unknown)}; allowed: {', '.join(PII_TYPES)}")
+    text = _blank_placeholders(text)
+    has_digit = _DIGIT.search(text) is not None
+    found: list[Span] = []
+    for kind in _ORDER:
+        if kind not in wanted or (not has_digit and kind not in ("secret", "email", "ipv6")):
+            continue
+        if kind == "secret":
+            found.extend(_secrets(text))
+        elif kind == "email":
+            found.extend(_emails(text))
+        elif kind == "iban":
+            found.extend(_ibans(text))
+        elif kind == "credit_card":
+            found.extend(_cards(text))
+        elif kind == "us_ssn":
+            found.extend(_ssns(text))
+        elif kind == "ipv6":
+            found.extend(_ipv6s(text, keep_documentation))
+        elif kind == "ipv4":
+            found.extend(_ipv4s(text, frozenset(ipv4_keep), keep_documentation))
+        else:
+            found.extend(_phones(text, tuple(phone_regions)))
+    out: list[Span] = []
+    taken: list[tuple[int, int]] = []  # accepted (start, end), sorted and disjoint
+    for kind, start, end in found:  # in _ORDER: a span overlapping an earlier type's is dropped
+        i = bisect.bisect_left(taken, (start, end))
+        if (i > 0 and taken[i - 1][1] > start) or (i < len(taken) and taken[i][0] < end):
+            continue
+        taken.insert(i, (start, end))
+        out.append((kind, start, end))
+    return sorted(out, key=lambda s: s[1])
+
+
+# For each type, an RE2 pattern (pyarrow.compute: one linear C++ pass over a whole column) that every text with a
+# finding of that type matches: a substring every finding contains, made of characters a blanked placeholder
+# never supplies. A text no screen matches is not scanned at all (most of a corpus).
+AUDIT_SCREENS: dict[str, str] = {
+    "secret": r"AKIA|ASIA|gh[pousr]_|github_pat_|xox[bpas]-|[sr]k_live_|AIza|glpat-|eyJ|PRIVATE KEY",
+    "email": "@",
+    "iban": r"[A-Z]{2}[0-9]{2}",
+    "credit_card": r"[0-9](?:[ -]?[0-9]){12}",
+    "us_ssn": r"[0-9]{3}-[0-9]{2}-[0-9]{4}",
+    "ipv4": r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]",
+    "ipv6": r":[0-9A-Fa-f]{0,4}:",
+    "phone": r"\+[0-9]|[0-9]{3}[.-][0-9]{4}"
+             r"|(?i:phone|tel|t\x{e9}l|fax|mobil|m\x{f3}vil|cell|handy|gsm|portable|whatsapp|tlf|call)\pL*[^\n0-9]{0,32}[+(0-9]",
+}
+
+
+def residual_pii_batch(
+    texts: list[str] | pa.Array | pa.ChunkedArray,
+    types: Iterable[str] = PII_TYPES,
+    ipv4_keep: Iterable[str] = ("127.0.0.1", "0.0.0.0", "255.255.255.255"),
+    keep_documentation: bool = True,
+    phone_regions: Iterable[str] = AUDIT_PHONE_REGIONS,
+) -> list[list[Span]]:
+    """`residual_pii` of every text (a list or an Arrow string column), with the types each text cannot hold
+    screened out first."""
+    wanted = tuple(t for t in PII_TYPES if t in set(types))
+    if len(wanted) != len(set(types)):
+        residual_pii("", types)  # raises, naming the unknown types
+    if not isinstance(texts, (pa.Array, pa.ChunkedArray)):
+        try:
+            texts = pa.array(texts, pa.large_string())
+        except UnicodeEncodeError:  # a lone surrogate: no Arrow array, every text is scanned in full
+            return [residual_pii(t, wanted, ipv4_keep, keep_documentation, phone_regions) for t in texts]
+    hits = [pc.match_substring_regex(texts, AUDIT_SCREENS[t]).to_pylist() for t in wanted]
+    keep, regions = tuple(ipv4_keep), tuple(phone_regions)
+    out: list[list[Span]] = []
+    for i, row in enumerate(zip(*hits) if wanted else [()] * len(texts)):
+        screened = tuple(t for t, h in zip(wanted, row) if h)
+        out.append(residual_pii(texts[i].as_py() or "", screened, keep, keep_documentation, regions) if screened else [])
+    return out
+
+
+__all__ = ["AUDIT_PHONE_REGIONS", "AUDIT_SCREENS", "IBAN_COUNTRY_LENGTHS", "residual_pii", "residual_pii_batch"]

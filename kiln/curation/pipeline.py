@@ -1,0 +1,294 @@
+"""Curation: reading a source into documents, running its filter profile, and exact deduplication.
+
+Dagster-free, writing through a `DatasetWriter`:
+- `ingest`: source files → document parts + quarantine (unreadable records, with reasons);
+- `filter_documents`: each document part through normalize → the source's profile → PII redaction, one engine
+  task per part; every drop goes to the rejected table with its reason; kept documents carry the
+  `content_hash` that exact deduplication (`kiln.curation.exact_dedup`) compares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from kiln.common.config import ExactDedup, ProjectConfig, Reading, Source, StepSpec
+from kiln.curation.documents import CURATED_SCHEMA, DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
+from kiln.curation.exact_dedup import HashSource, duplicates_dir, duplicates_in, find_duplicates
+from kiln.engine import SERIAL, Engine
+from kiln.curation.filters.base import Step
+from kiln.curation.filters.registry import build_step
+from kiln.curation.readers import Quarantined, SourceFile, read_source
+from kiln.curation.readers.paths import expand
+from kiln.common.removals import RejectedText, example_excerpt, rejected_row
+from kiln.common.stats import StageStats
+from kiln.common.storage import DatasetWriter, part_name, resume_part, write_parquet_atomic
+
+FILTER_STAGE = "filter"
+
+
+# ---------------------------------------------------------------------------------------------- ingest
+
+DUPLICATE_DOC_ID = "duplicate_doc_id"
+
+
+@dataclass(frozen=True)
+class _ReadTask:
+    source: str  # Source as JSON
+    reading: str  # Reading as JSON
+    files: tuple[SourceFile, ...] | None  # None: what the source itself names (a builtin corpus, its path)
+    namespace: str
+    unit: int
+    out_dir: str
+    final: bool  # the only task: it drops repeated doc ids itself and writes the published parts
+    examples_per_reason: int
+
+
+@dataclass(frozen=True)
+class _FirstIdTask:
+    input_path: str
+    duplicates_dir: str
+    kept_path: str
+    quarantine_path: str
+    source: str
+    examples_per_reason: int
+
+
+def _unit_part(out_dir: str, role: str, unit: int, index: int | None = None) -> Path:
+    tail = "" if index is None else f"-{index:05d}"
+    return Path(out_dir) / part_name(role, unit, f"{tail}.parquet")
+
+
+def _read_unit(task: _ReadTask) -> dict:
+    return resume_part(Path(task.out_dir) / f"read-{task.unit:05d}", lambda: _read(task))
+
+
+def _read(task: _ReadTask) -> dict:
+    source, reading = Source.model_validate_json(task.source), Reading.model_validate_json(task.reading)
+    files = None if task.files is None else list(task.files)
+    stats = StageStats()
+    step = stats.step("read")
+    rows, quarantined, seen_ids, parts = [], [], set(), 0
+
+    def flush() -> None:
+        nonlocal rows, parts
+        write_parquet_atomic(_unit_part(task.out_dir, "documents", task.unit, parts),
+                             pa.Table.from_pylist(rows, schema=DOCUMENT_SCHEMA))
+        rows, parts = [], parts + 1
+
+    for record in read_source(source, reading, files, task.namespace):
+        stats.docs_in += 1
+        if task.final and isinstance(record, Document) and record.doc_id in seen_ids:
+            record = Quarantined(source.name, record.meta.get("locator", record.doc_id), DUPLICATE_DOC_ID,
+                                 record.text[:200])
+        if isinstance(record, Quarantined):
+            quarantined.append(record.to_row())
+            step.dropped[record.reason] += 1
+            stats.add_example(f"read.{record.reason}", record.locator, task.examples_per_reason, excerpt=record.excerpt)
+            continue
+        rows.append(record.to_row())
+        if task.final:  # otherwise the first-id pass counts what it keeps
+            seen_ids.add(record.doc_id)
+            stats.docs_out += 1
+            stats.chars_out += len(record.text)
+            stats.lengths_out.add(len(record.text))
+        if len(rows) >= reading.rows_per_part:
+            flush()
+    if rows:
+        flush()
+    if quarantined:
+        write_parquet_atomic(_unit_part(task.out_dir, "quarantine", task.unit),
+                             pa.Table.from_pylist(quarantined, schema=QUARANTINE_SCHEMA))
+    return {"parts": parts, "stats": stats.to_dict(with_lengths=True)}
+
+
+def _keep_first_ids(task: _FirstIdTask) -> StageStats:
+    return StageStats.from_dict(resume_part(task.kept_path, lambda: _first_ids(task).to_dict(with_lengths=True)))
+
+
+def _first_ids(task: _FirstIdTask) -> StageStats:
+    """A read part without the rows whose doc id an earlier row (in file order) already has: those go to quarantine."""
+    table = pq.read_table(task.input_path)
+    repeated = duplicates_in(task.duplicates_dir)
+    is_repeat = pa.array([row in repeated for row in range(table.num_rows)], pa.bool_())
+    kept = table.filter(pc.invert(is_repeat))
+    if kept.num_rows:  # a part of nothing but repeats leaves no empty part behind
+        write_parquet_atomic(Path(task.kept_path), kept)
+    stats = StageStats()
+    lengths = pc.utf8_length(kept.column("text")).to_pylist()
+    stats.docs_out, stats.chars_out = kept.num_rows, sum(lengths)
+    stats.lengths_out.extend(lengths)
+    if repeated:
+        docs = [Document.from_row(r) for r in table.filter(is_repeat).to_pylist()]
+        quarantined = [Quarantined(task.source, d.meta.get("locator", d.doc_id), DUPLICATE_DOC_ID, d.text[:200])
+                       for d in docs]
+        write_parquet_atomic(Path(task.quarantine_path),
+                             pa.Table.from_pylist([q.to_row() for q in quarantined], schema=QUARANTINE_SCHEMA))
+        stats.step("read").dropped[DUPLICATE_DOC_ID] += len(quarantined)
+        for q in quarantined:
+            stats.add_example(f"read.{DUPLICATE_DOC_ID}", q.locator, task.examples_per_reason, excerpt=q.excerpt)
+    return stats
+
+
+def ingest(source: Source, reading: Reading, writer: DatasetWriter, engine: Engine = SERIAL, progress: bool = True,
+           examples_per_reason: int = 3, files: list[SourceFile] | None = None, namespace: str = "") -> StageStats:
+    """Read a source (or, for a later refresh, its landed `files`: see `read_source`) into document parts of
+    `reading.rows_per_part` rows; quarantine what is unreadable, and every repeat of a doc id (the first in file
+    order stays).
+
+    One engine task per file, writing parts named by (file, part); a doc id repeated anywhere is then found by the
+    exact-dedup shuffle on doc ids, never by one process holding every id. A builtin corpus, and a source capped by
+    `max_documents` (the cap counts across its files in order), are read by one task."""
+    if files is None and source.kind != "builtin":
+        files = expand(source.path) or None  # none matched: read_source quarantines the pattern
+    units: list[tuple[SourceFile, ...] | None]
+    if files is None or source.max_documents is not None or len(files) <= 1:
+        units = [None if files is None else tuple(files)]
+    else:
+        units = [(f,) for f in files]
+    final = len(units) == 1
+    out_dir = writer.dir if final else writer.scratch("read")
+    tasks = [_ReadTask(source.model_dump_json(), reading.model_dump_json(), unit, namespace, i, str(out_dir), final,
+                       examples_per_reason) for i, unit in enumerate(units)]
+    stats = StageStats()
+    read = engine.map_parts(_read_unit, tasks, desc=f"read {source.name}", progress=progress)
+    for r in read:
+        stats.merge(StageStats.from_dict(r["stats"]), examples_per_reason)
+    if not final:
+        parts = [(u, j) for u, r in enumerate(read) for j in range(r["parts"])]
+        paths = [str(_unit_part(str(out_dir), "documents", u, j)) for u, j in parts]
+        scratch = writer.scratch("doc-ids")
+        find_duplicates([HashSource(source.name, 1, tuple(paths))], scratch, engine, key="doc_id", progress=progress,
+                        label=f"read {source.name}: doc ids")
+        first_ids = [_FirstIdTask(path, duplicates_dir(scratch, 0, k), str(_unit_part(str(writer.dir), "documents", u, j)),
+                                  str(_unit_part(str(writer.dir), "quarantine", u, j)), source.name, examples_per_reason)
+                     for k, (path, (u, j)) in enumerate(zip(paths, parts))]
+        for kept in engine.map_parts(_keep_first_ids, first_ids, desc=f"read {source.name}: first ids",
+                                     progress=progress):
+            stats.merge(kept, examples_per_reason)
+        for quarantine in Path(out_dir).glob("quarantine-*.parquet"):  # read-time quarantine, published as read
+            quarantine.replace(Path(writer.dir) / quarantine.name)
+    step = stats.step("read")
+    stats.chars_in = stats.chars_out
+    step.docs_in = stats.docs_in
+    return stats
+
+
+# ----------------------------------------------------------------------------------------------- filter
+
+def profile_steps(config: ProjectConfig, source: str) -> list[StepSpec]:
+    """normalize first, the source's profile, PII redaction last: what `filter_documents` runs."""
+    return [StepSpec(step="normalize", params=config.curation.normalize), *config.profile_for(source),
+            StepSpec(step="pii", params=config.curation.pii)]
+
+
+@dataclass(frozen=True)
+class _PartTask:
+    input_path: str
+    kept_path: str
+    rejected_path: str
+    steps: tuple[tuple[str, str], ...]  # (step name, params as JSON): each worker builds its pipeline once
+    dedup: tuple[bool, bool]
+    examples_per_reason: int
+    rejected_text: RejectedText
+
+
+@lru_cache(maxsize=8)
+def _pipeline(steps: tuple[tuple[str, str], ...]) -> list[Step]:
+    """Steps built once per worker process; params travel as JSON (hashable, picklable, exact)."""
+    return [build_step(name, json.loads(params)) for name, params in steps]
+
+
+def run_steps(docs: list[Document], steps: list[Step], stats: StageStats, examples: int,
+              rejected_text: RejectedText = "none") -> list[str | None]:
+    """Run a batch of documents through the steps, step by step, rewriting their texts in place; return each
+    one's drop reason, or None (a removal example shows an excerpt only as `rejected_text` allows). A step with a batch form (`step.batch(docs)`) gets every surviving document at
+    once, so it can screen them with one vectorized pass; others are called per document."""
+    reasons: list[str | None] = [None] * len(docs)
+    alive = list(range(len(docs)))
+    for step in steps:
+        s = stats.step(step.name)
+        batch = [docs[i] for i in alive]
+        s.docs_in += len(batch)
+        s.chars_in += sum(len(doc.text) for doc in batch)
+        t0 = time.perf_counter()
+        batch_form = getattr(step, "batch", None)
+        verdicts = batch_form(batch) if batch_form is not None else [step(doc) for doc in batch]
+        s.seconds += time.perf_counter() - t0
+        survivors = []
+        for i, doc, verdict in zip(alive, batch, verdicts):
+            if not verdict.kept:
+                s.dropped[verdict.drop] += 1
+                s.chars_dropped[verdict.drop] += len(doc.text)
+                stats.add_example(verdict.drop, doc.doc_id, examples, excerpt=example_excerpt(doc.text, rejected_text))
+                reasons[i] = verdict.drop
+                continue
+            s.chars_rewritten += max(0, len(doc.text) - len(verdict.text))
+            s.counts.update(verdict.counts)
+            doc.text = verdict.text
+            survivors.append(i)
+        alive = survivors
+    return reasons
+
+
+def content_hash(text: str, lowercase: bool = True, collapse_whitespace: bool = True) -> str:
+    """Hash of the text as exact dedup compares it (case and whitespace folded as configured)."""
+    if lowercase:
+        text = text.lower()
+    if collapse_whitespace:
+        text = " ".join(text.split())
+    return hashlib.blake2b(text.encode("utf-8", errors="surrogatepass"), digest_size=16).hexdigest()
+
+
+def _filter_part(task: _PartTask) -> StageStats:
+    return StageStats.from_dict(resume_part(task.kept_path, lambda: _filter(task).to_dict(with_lengths=True)))
+
+
+def _filter(task: _PartTask) -> StageStats:
+    steps = _pipeline(task.steps)
+    stats = StageStats()
+    kept, rejected = [], []
+    for batch in pq.ParquetFile(task.input_path).iter_batches(batch_size=1000):
+        docs = [Document.from_row(row) for row in batch.to_pylist()]
+        originals = [doc.text for doc in docs]
+        reasons = run_steps(docs, steps, stats, task.examples_per_reason, task.rejected_text)
+        for doc, original, reason in zip(docs, originals, reasons):
+            stats.docs_in += 1
+            stats.chars_in += len(original)
+            if reason is None:
+                kept.append({**doc.to_row(), "content_hash": content_hash(doc.text, *task.dedup)})
+                stats.docs_out += 1
+                stats.chars_out += len(doc.text)
+                stats.lengths_out.add(len(doc.text))
+            else:
+                rejected.append(rejected_row(doc.to_row(), FILTER_STAGE, reason, task.rejected_text, original))
+                stats.lengths_dropped.add(len(original))
+    write_parquet_atomic(Path(task.kept_path), pa.Table.from_pylist(kept, schema=CURATED_SCHEMA))
+    if rejected:
+        write_parquet_atomic(Path(task.rejected_path), pa.Table.from_pylist(rejected, schema=REJECTED_SCHEMA))
+    return stats
+
+
+def filter_documents(input_parts: list[Path], steps: list[StepSpec], dedup: ExactDedup, writer: DatasetWriter,
+                     engine: Engine = SERIAL, examples_per_reason: int = 3, progress: bool = True,
+                     label: str = "filter", rejected_text: RejectedText = "none") -> StageStats:
+    """Run every part through the steps on `engine`; parts are the unit of parallelism (one task each). A dropped
+    document's row in the rejected table holds its text only as `rejected_text` says (kiln.common.removals)."""
+    frozen = tuple((s.step, json.dumps(s.params, sort_keys=True)) for s in steps)
+    tasks = [_PartTask(str(p), str(writer.next_path("documents")), str(writer.next_path("rejected")), frozen,
+                       (dedup.lowercase, dedup.collapse_whitespace), examples_per_reason, rejected_text)
+             for p in input_parts]
+    total = StageStats()
+    for r in engine.map_parts(_filter_part, tasks, desc=label, progress=progress,
+                              size=lambda t: os.path.getsize(t.input_path)):
+        total.merge(r, examples_per_reason)
+    return total

@@ -1,0 +1,410 @@
+"""File formats a source may be in: JSON Lines (plain, .gz, .zst), Parquet, text files, WARC/WET."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+
+from kiln.common.config import Reading, Source
+from kiln.curation.documents import Document, make_doc_id
+from kiln.curation.readers.paths import SourceFile
+
+EXCERPT_CHARS = 200
+# A structured record nested deeper than this (lists/objects in lists/objects) is quarantined as too_deep: Python's
+# json recursion limit (~1000) would crash the reader, or a later stage that parses the record's meta, long before.
+MAX_NESTING = 128
+# What a damaged or truncated compressed stream raises while it is read (gzip: OSError, EOFError or zlib.error for
+# corrupt deflate data; zstd: ZstdError, or EOFError from _ZstdStream).
+STREAM_ERRORS = (OSError, EOFError, ValueError, zlib.error, zstandard.ZstdError)
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """A record that could not be read as a document, kept with the reason so nothing vanishes."""
+
+    source: str
+    locator: str
+    reason: str
+    excerpt: str | None
+
+    def to_row(self) -> dict[str, Any]:
+        return {"source": self.source, "locator": self.locator, "reason": self.reason, "excerpt": self.excerpt}
+
+
+def _excerpt(data: bytes | str | None) -> str | None:
+    if data is None:
+        return None
+    if isinstance(data, bytes):
+        data = data[: EXCERPT_CHARS * 4].decode("utf-8", errors="replace")
+    return data[:EXCERPT_CHARS]
+
+
+def decode_utf8(data: bytes, source: str, locator: str) -> str | Quarantined:
+    """The text, or the record quarantined as invalid_utf8 (never decoded with replacement characters)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Quarantined(source, locator, "invalid_utf8", f"{exc}: {_excerpt(data)}")
+
+
+class _ZstdStream(io.RawIOBase):
+    """The decompressed bytes of a stream of zstd frames. Raises EOFError where the input ends inside a frame (a
+    truncated file), which zstandard's own `stream_reader` reports as a clean end: gzip raises EOFError there too.
+    Input goes in small chunks, so one call never inflates more than CHUNK x zstd's maximum ratio."""
+
+    CHUNK = 4096
+
+    def __init__(self, raw):
+        self._raw, self._dctx, self._frame = raw, zstandard.ZstdDecompressor(), None
+        self._input, self._output, self._at = b"", b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self._at >= len(self._output):
+            if not self._input:
+                self._input = self._raw.read(self.CHUNK)
+                if not self._input:
+                    if self._frame is not None:
+                        raise EOFError("zstd stream ended inside a frame (truncated file)")
+                    return 0
+            if self._frame is None:
+                self._frame = self._dctx.decompressobj()
+            chunk, self._input = self._input[: self.CHUNK], self._input[self.CHUNK:]
+            self._output, self._at = self._frame.decompress(chunk), 0
+            if self._frame.eof:  # the next frame, if any, starts in what this one left unread
+                self._input, self._frame = self._frame.unused_data + self._input, None
+        n = min(len(buffer), len(self._output) - self._at)
+        buffer[:n] = self._output[self._at: self._at + n]
+        self._at += n
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def _decompressed(f: SourceFile) -> io.BufferedIOBase:
+    raw = f.open()
+    if f.uri.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw)
+    if f.uri.endswith(".zst"):
+        return io.BufferedReader(_ZstdStream(raw))
+    return raw
+
+
+def as_internal_records(source: Source) -> Source:
+    """The source as it reads records Kiln builds itself ({"text", "id", "url"}), not the user's fields."""
+    return source.model_copy(update={"text_field": "text", "id_field": "id", "url_field": "url"})
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unicode_repaired(value: Any) -> Any:
+    """`value` with every lone surrogate (which no UTF-8 writer accepts) replaced by U+FFFD, keys included."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_unicode_repaired(k): _unicode_repaired(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unicode_repaired(v) for v in value]
+    return value
+
+
+def _nesting(value: Any) -> int:
+    """How deeply lists and objects nest in `value` (a bare value: 0), counted without recursion and only until
+    past MAX_NESTING."""
+    if not isinstance(value, (dict, list, tuple)):
+        return 0
+    deepest, stack = 0, [(value, 1)]
+    while stack and deepest <= MAX_NESTING:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list, tuple)))
+    return deepest
+
+
+def _json_native(value: Any) -> Any:
+    """A Parquet value (from Arrow) as JSON can hold it in a document's meta: bytes as text (invalid UTF-8 as \\x..
+    escapes), dates and times in ISO 8601, decimals, durations and anything else as their str()."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _json_native(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_native(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="backslashreplace")
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def record_to_document(record: Any, source: Source, locator: str, reading: Reading) -> Document | Quarantined:
+    """Validate one structured record (a JSON object, a Parquet row) and turn it into a document."""
+    try:
+        dumped = json.dumps(record, ensure_ascii=False, default=str)
+    except RecursionError:
+        return Quarantined(source.name, locator, "too_deep", None)
+    if dumped.count("[") + dumped.count("{") > MAX_NESTING and _nesting(record) > MAX_NESTING:
+        return Quarantined(source.name, locator, "too_deep", _excerpt(dumped.encode("utf-8", "backslashreplace")))
+    if not isinstance(record, dict):
+        return Quarantined(source.name, locator, "not_an_object", _excerpt(json.dumps(record, default=str)))
+    if _SURROGATE.search(dumped):  # text, id, url, meta or a key
+        if reading.unicode_errors == "quarantine":  # the excerpt ASCII-escaped, so it can be written
+            return Quarantined(source.name, locator, "invalid_unicode", _excerpt(json.dumps(record, default=str)))
+        record = _unicode_repaired(record)
+    text = record.get(source.text_field)
+    if text is None:
+        return Quarantined(source.name, locator, "missing_text", _excerpt(json.dumps(record, default=str)))
+    if not isinstance(text, str):
+        return Quarantined(source.name, locator, "text_not_string", _excerpt(json.dumps(record, default=str)))
+    if not text.strip():
+        return Quarantined(source.name, locator, "empty_text", None)
+    if len(text.encode("utf-8", errors="surrogatepass")) > reading.max_document_bytes:
+        return Quarantined(source.name, locator, "too_large", _excerpt(text))
+    native_id = record.get(source.id_field) if source.id_field else None
+    if native_id is not None:
+        locator = f"id:{native_id}"
+    url = record.get(source.url_field) if source.url_field else None
+    meta = {k: v for k, v in record.items() if k not in {source.text_field, source.url_field}}
+    meta["locator"] = locator
+    return Document(doc_id=make_doc_id(source.name, locator), source=source.name, text=text,
+                    url=url if isinstance(url, str) else None, license=source.license, meta=meta)
+
+
+def read_jsonl(f: SourceFile, source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
+    lines = 0
+    try:
+        with _decompressed(f) as stream:
+            for lineno, line in enumerate(stream, start=1):
+                lines += 1
+                locator = f"{f.relative}#L{lineno}"
+                if not line.strip():
+                    continue  # blank lines separate nothing in JSONL; not a record
+                if len(line) > reading.max_document_bytes:
+                    yield Quarantined(source.name, locator, "too_large", _excerpt(line))
+                    continue
+                decoded = decode_utf8(line, source.name, locator)
+                if isinstance(decoded, Quarantined):
+                    yield decoded
+                    continue
+                try:
+                    record = json.loads(decoded)
+                except json.JSONDecodeError as exc:
+                    yield Quarantined(source.name, locator, "malformed_json", f"{exc.msg}: {_excerpt(decoded)}")
+                    continue
+                except RecursionError:
+                    yield Quarantined(source.name, locator, "too_deep", _excerpt(decoded))
+                    continue
+                yield record_to_document(record, source, locator, reading)
+    except STREAM_ERRORS as exc:  # truncated/corrupt compression, unreadable file
+        yield Quarantined(source.name, f"{f.relative}#L{lines + 1}", "unreadable_file", f"{type(exc).__name__}: {exc}")
+        return
+    if lines == 0:
+        yield Quarantined(source.name, f.relative, "empty_file", None)
+
+
+def read_parquet(f: SourceFile, source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
+    """One record per row, a row group at a time. A file that cannot be opened is one unreadable_file record; a
+    damaged row group ends the file with one unreadable_file record at the first row not read."""
+    try:
+        with f.open() as raw:
+            parquet = pq.ParquetFile(io.BytesIO(raw.read()))
+        declared = parquet.metadata.num_rows
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a corrupt file
+        yield Quarantined(source.name, f.relative, "unreadable_file", f"{type(exc).__name__}: {exc}")
+        return
+    if declared == 0:
+        yield Quarantined(source.name, f.relative, "empty_file", None)
+        return
+    offset = 0  # rows read so far: the next row's number (across row groups and batches)
+    for group in range(parquet.num_row_groups):
+        try:
+            batches = parquet.read_row_group(group).to_batches(max_chunksize=1000)
+        except Exception as exc:  # noqa: BLE001 - a damaged page or row group
+            yield Quarantined(source.name, f"{f.relative}#row{offset}", "unreadable_file",
+                              f"row group {group}: {type(exc).__name__}: {exc}")
+            return
+        for batch in batches:
+            for row in _batch_rows(batch):
+                locator = f"{f.relative}#row{offset}"
+                offset += 1
+                if isinstance(row, tuple):  # (column, exception): a value Arrow cannot turn into Python
+                    column, exc = row
+                    reason = "invalid_utf8" if isinstance(exc, UnicodeDecodeError) else "unreadable_row"
+                    yield Quarantined(source.name, locator, reason, f"column {column!r}: {type(exc).__name__}: {exc}")
+                    continue
+                row = {k: v if k == source.text_field else _json_native(v) for k, v in row.items()}
+                yield record_to_document(row, source, locator, reading)
+    if offset < declared:
+        yield Quarantined(source.name, f"{f.relative}#row{offset}", "unreadable_file",
+                          f"the file ended after {offset} of the {declared} rows its footer declares")
+
+
+def _batch_rows(batch: pa.RecordBatch) -> list[dict | tuple[str, Exception]]:
+    """The batch's rows as dicts; a row with a value that cannot be converted (invalid UTF-8 in a string, a
+    timestamp outside Python's range) as (its column, the exception) instead."""
+    try:
+        return batch.to_pylist()
+    except Exception:  # noqa: BLE001 - find the rows (and columns) that fail, one at a time
+        pass
+    rows: list[dict | tuple[str, Exception]] = []
+    for i in range(batch.num_rows):
+        row: dict | tuple[str, Exception] = {}
+        for name, column in zip(batch.schema.names, batch.columns):
+            try:
+                row[name] = column[i].as_py()
+            except Exception as exc:  # noqa: BLE001
+                row = (name, exc)
+                break
+        rows.append(row)
+    return rows
+
+
+def read_text(f: SourceFile, source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
+    """Each file is one document (a book, a page, a source file)."""
+    try:
+        with _decompressed(f) as stream:
+            data = stream.read(reading.max_document_bytes + 1)
+    except STREAM_ERRORS as exc:
+        yield Quarantined(source.name, f.relative, "unreadable_file", f"{type(exc).__name__}: {exc}")
+        return
+    if len(data) > reading.max_document_bytes:
+        yield Quarantined(source.name, f.relative, "too_large", _excerpt(data))
+        return
+    text = decode_utf8(data, source.name, f.relative)
+    if isinstance(text, Quarantined):
+        yield text
+        return
+    yield record_to_document({"text": text}, as_internal_records(source), f.relative, reading)
+
+
+class _HtmlText(HTMLParser):
+    """Visible text of an HTML page: scripts, styles and head dropped, block elements end lines."""
+
+    SKIP = {"script", "style", "noscript", "head", "template", "svg"}
+    BLOCK = {"p", "div", "br", "li", "ul", "ol", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "section",
+             "article", "blockquote", "table", "header", "footer", "nav", "hr", "title"}
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.skipping = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in self.SKIP:
+            self.skipping += 1
+        elif tag in self.BLOCK:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag):
+        if tag in self.SKIP and self.skipping:
+            self.skipping -= 1
+        elif tag in self.BLOCK:
+            self.parts.append("\n")
+
+    def handle_data(self, data):
+        if not self.skipping:
+            self.parts.append(data)
+
+    def text(self) -> str:
+        lines = (" ".join(line.split()) for line in "".join(self.parts).splitlines())
+        return "\n".join(line for line in lines if line)
+
+
+def html_to_text(html: str) -> str:
+    parser = _HtmlText()
+    parser.feed(html)
+    parser.close()
+    return parser.text()
+
+
+def read_warc(f: SourceFile, source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
+    """WET `conversion` records as they are; WARC `response` records with HTML reduced to visible text. Other record
+    types (warcinfo, request, metadata, resource, revisit) hold no document and are not records here. Damage (an
+    archive warcio cannot parse on, a record without Content-Length, an archive that ends inside a record) ends the
+    file with one unreadable_file record at `#<n+1>`, after the n document records read before it."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    done = 0  # document records read; the one being read is number done + 1
+    try:
+        with f.open() as raw:
+            archive = ArchiveIterator(raw)
+            for record in archive:
+                length = record.rec_headers.get_header("Content-Length") if record.format == "warc" else "0"
+                if not re.fullmatch(r"\s*[0-9]+\s*", length or ""):
+                    # no (valid) Content-Length: a header block cut short, or a record whose end cannot be found
+                    # (warcio would read the rest of the archive as its content, or none of it)
+                    yield Quarantined(source.name, f"{f.relative}#{done + 1}", "unreadable_file",
+                                      f"a {record.rec_type} record with Content-Length {length!r}: "
+                                      f"{_excerpt(str(record.rec_headers))}")
+                    return
+                if record.rec_type not in ("conversion", "response"):
+                    continue
+                outcome = _warc_document(record, done + 1, f, source, reading)
+                done += 1
+                yield outcome
+                if isinstance(outcome, Quarantined) and outcome.reason == "unreadable_file":
+                    return
+            # warcio ends quietly where what is left does not parse as a record (a header cut short, noise):
+            # `offset` is where the last whole record (and the blank lines after it) ended
+            tail = archive.fh.tell() - archive.offset
+    except Exception as exc:  # noqa: BLE001 - warcio raises several types on a damaged archive
+        yield Quarantined(source.name, f"{f.relative}#{done + 1}", "unreadable_file", f"{type(exc).__name__}: {exc}")
+        return
+    if tail > 0:
+        yield Quarantined(source.name, f"{f.relative}#{done + 1}", "unreadable_file",
+                          f"the archive ends with {tail} bytes that are not a whole record")
+    elif done == 0:
+        yield Quarantined(source.name, f.relative, "empty_file", None)
+
+
+def _warc_document(record, ordinal: int, f: SourceFile, source: Source, reading: Reading) -> Document | Quarantined:
+    """The `ordinal`th document record of the archive, as a document or quarantined."""
+    record_id = record.rec_headers.get_header("WARC-Record-ID")
+    locator = f"{f.relative}#{record_id}" if record_id else f"{f.relative}#{ordinal}"
+    record_id = record_id or locator  # no id of its own: where it is (file and ordinal) stands in
+    url = record.rec_headers.get_header("WARC-Target-URI")
+    payload = record.content_stream().read(reading.max_document_bytes + 1)
+    if len(payload) > reading.max_document_bytes:
+        return Quarantined(source.name, locator, "too_large", _excerpt(payload))
+    block = record.raw_stream  # a LimitReader: what is left of the record's Content-Length
+    if getattr(block, "limit", 0) > 0 and not block.read(1):  # a cut file, or a Content-Length past its end
+        return Quarantined(source.name, f"{f.relative}#{ordinal}", "unreadable_file",
+                           f"the archive ends {block.limit} bytes inside record {record_id}: {_excerpt(payload)}")
+    if record.rec_type == "response":
+        content_type = (record.http_headers.get_header("Content-Type") if record.http_headers else "") or ""
+        if "html" not in content_type and "text" not in content_type:
+            return Quarantined(source.name, locator, "not_text", content_type)
+    text = decode_utf8(payload, source.name, locator)
+    if isinstance(text, Quarantined):
+        return text
+    if record.rec_type == "response":
+        try:
+            text = html_to_text(text)
+        except Exception as exc:  # noqa: BLE001 - HTMLParser asserts on some malformed markup (`<![ x ]>`)
+            return Quarantined(source.name, locator, "malformed_html", f"{type(exc).__name__}: {exc}")
+    return record_to_document({"text": text, "id": record_id, "url": url}, as_internal_records(source), locator,
+                              reading)
+
+
+FORMAT_READERS: dict[str, Callable[[SourceFile, Source, Reading], Iterator[Document | Quarantined]]] = {
+    "jsonl": read_jsonl,
+    "parquet": read_parquet,
+    "text": read_text,
+    "warc": read_warc,
+    "wet": read_warc,
+}

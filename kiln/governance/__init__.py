@@ -1,0 +1,5 @@
+"""Governance: what each checkpoint was trained on and how it was filtered, and taking documents out again.
+
+Used by the `data_card` asset and its `lineage_complete` check, the refresh partitions, and `kiln audit|forget`.
+Modules: `lineage` (stage order), `refresh` (the refresh registry), `audit`, `data_card`, `forget`.
+"""

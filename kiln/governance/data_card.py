@@ -1,0 +1,468 @@
+"""The data card of a checkpoint: what went into it, in figures the manifests already hold.
+
+`build_data_card` gathers, for the current checkpoint in a store: sources and licenses, sizes at every
+document stage, the filter funnel, dedup and decontamination figures, PII counts, quality filtering,
+the tokenizer, the mixture and effective epochs, the training settings and results, the MLflow run,
+and the full lineage chain with hashes (`kiln.governance.audit.lineage`). `data_card_markdown` renders it for
+people; the dict itself is the JSON for machines. Nothing is recomputed from the data: a figure that
+is not in a manifest is not on the card, and a stage that is not materialized says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.governance.audit import CHECKPOINT, SHARDS, TRAINING_RUN, Catalog, lineage
+from kiln.common.config import ProjectConfig
+from kiln.dedup.report import cross_source_markdown
+from kiln.governance.lineage import DOCUMENT_STAGES
+from kiln.common.manifest import Manifest, now_utc
+from kiln.governance.refresh import load_refreshes, partition, trained_refresh
+from kiln.common.stats import StageStats, chain, funnel_markdown, funnel_rows
+from kiln.governance.forget import load_requests
+from kiln.common.storage import Store
+
+FORMAT = "kiln.governance.data_card/1"
+TOKENIZER, EVALUATION, INDEX = "tokenizer", "evaluation", "dedup_index"
+CLASSIFIER = "quality_classifier"
+
+
+def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None = None) -> dict[str, Any]:
+    """The card of the store's current checkpoint, as a JSON-ready dict (see the module docstring)."""
+    catalog = Catalog(store)
+    chain_ = lineage(store, CHECKPOINT)
+    ckpt = catalog.manifest(CHECKPOINT)
+    run, tok, evaluation = catalog.manifest(TRAINING_RUN), catalog.manifest(TOKENIZER), catalog.manifest(EVALUATION)
+    refresh = trained_refresh(run)
+    shards = catalog.manifest(SHARDS, refresh) if refresh else None
+    # The refreshes in the checkpoint's token shards: every figure below covers exactly those.
+    refreshes = (shards.config.get("refreshes") or [shards.partition]) if shards else []
+    shard_sources = (shards.stats.get("sources") or {}) if shards else {}
+    declared = [s.name for s in config.sources]  # config order; sources no longer declared follow
+    names = [n for n in declared if n in shard_sources or not shard_sources] + \
+        sorted(n for n in shard_sources if n not in declared)
+    parts = {name: [partition(name, r) for r in refreshes] for name in names}
+    stage_stats = {name: merged_stage_stats(catalog, parts[name]) for name in names}
+    summary = (run.stats.get("summary") or {}) if run else {}
+    mlflow = dict((ckpt.stats.get("mlflow") or (run.stats.get("mlflow") if run else None) or {}))
+    if mlflow_url:
+        mlflow["url"] = mlflow_url
+    return {
+        "format": FORMAT,
+        "generated_at": now_utc(),
+        "checkpoint": {"data_version": ckpt.data_version, "created_at": ckpt.created_at, "git_commit": ckpt.git_commit,
+                       "parameters": ckpt.counts.get("parameters"), "steps": ckpt.counts.get("steps"),
+                       "formats": ckpt.config.get("formats"), "model": ckpt.stats.get("model"),
+                       "path": str(store.dataset_dir(CHECKPOINT)),
+                       "files": [{"path": f.path, "sha256": f.sha256, "bytes": f.bytes} for f in ckpt.files]},
+        "refreshes": _refreshes(store, catalog, refreshes, parts),
+        "sources": [_source(catalog, config, name, shard_sources.get(name), stage_stats[name], parts[name])
+                    for name in names],
+        "funnel": _funnel(stage_stats),
+        "dedup": _dedup(catalog, stage_stats, refreshes),
+        "decontamination": _decontamination(catalog, parts, stage_stats),
+        "pii": {name: dict(s["filtered_documents"].steps["pii"].counts) if "filtered_documents" in s
+                and "pii" in s["filtered_documents"].steps else None for name, s in stage_stats.items()},
+        "quality": _quality(catalog, parts),
+        "tokenizer": _tokenizer(tok),
+        "mixture": _mixture(shards, {n: shard_sources[n] for n in names if n in shard_sources}),
+        "shards": _shards(shards),
+        "training": {"data_version": run.data_version if run else None,
+                     "settings": run.config.get("training") if run else None,
+                     "launcher": run.config.get("launcher") if run else None,
+                     "summary": {k: summary.get(k) for k in (
+                         "status", "steps", "tokens_seen", "final_loss", "val_loss", "tokens_per_s", "mfu", "n_params",
+                         "world_size", "device", "precision", "rollbacks", "train_seconds", "objective",
+                         "base_val_loss", "val_ppl_pos", "long_document_token_share")},
+                     "base_checkpoint": run.stats.get("base_checkpoint") if run else None,
+                     "replay": run.config.get("replay") if run else None,
+                     "stability_events": len(summary.get("stability_events") or [])},
+        "evaluation": {"data_version": evaluation.data_version, "validation": evaluation.stats.get("validation"),
+                       "per_source": evaluation.stats.get("per_source"),
+                       "forgetting": evaluation.stats.get("forgetting"),
+                       "evaluated_checkpoint": evaluation.inputs.get(CHECKPOINT)} if evaluation else None,
+        "mlflow": mlflow or None,
+        "removal_requests": _removal_requests(store, ckpt.data_version),
+        "lineage": chain_.to_dict(),
+    }
+
+
+def _removal_requests(store: Store, checkpoint: str) -> list[dict[str, Any]]:
+    """Removal requests (`kiln forget`) recorded after this checkpoint was trained on documents they name."""
+    requests, _ = load_requests(store)
+    return [{**r.to_dict(), "value": r.value if isinstance(r.value, str) else f"{len(r.value)} doc ids",
+             "affected": next(a for a in r.affected if a["checkpoint"] == checkpoint)}
+            for r in requests if any(a["checkpoint"] == checkpoint for a in r.affected)]
+
+
+def _manifests(catalog: Catalog, stage: str, parts: list[str]) -> dict[str, Manifest]:
+    return {p: m for p in parts if (m := catalog.manifest(stage, p)) is not None}
+
+
+def merged_stage_stats(catalog: Catalog, parts: list[str]) -> dict[str, StageStats]:
+    """Each materialized document stage's statistics for one source over its refreshes, in pipeline order."""
+    out = {}
+    for stage in DOCUMENT_STAGES:
+        for m in _manifests(catalog, stage, parts).values():
+            if "docs_in" in m.stats:
+                out.setdefault(stage, StageStats()).merge(StageStats.from_dict(m.stats))
+    return out
+
+
+def _refreshes(store: Store, catalog: Catalog, keys: list[str], parts: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """Each refresh in the checkpoint's shards: when and how it arrived, and the documents it added."""
+    registered = {r.key: r for r in load_refreshes(store)}
+    out = []
+    for key in keys:
+        r = registered.get(key)
+        mine = [p for ps in parts.values() for p in ps if p.endswith(f"/{key}")]
+        raw, final = _manifests(catalog, DOCUMENT_STAGES[0], mine), _manifests(catalog, DOCUMENT_STAGES[-1], mine)
+        out.append({"key": key, "created_at": r.created_at if r else None, "trigger": r.trigger if r else None,
+                    "landed_files": None if r is None or r.is_initial else sum(len(f) for f in r.files.values()),
+                    "raw_records": sum(m.counts.get("records", 0) for m in raw.values()),
+                    "documents": sum(m.counts.get("documents", 0) for m in final.values())})
+    return out
+
+
+def _source(catalog: Catalog, config: ProjectConfig, name: str, tokens: dict | None,
+            stats: dict[str, StageStats], parts: list[str]) -> dict[str, Any]:
+    raws = _manifests(catalog, DOCUMENT_STAGES[0], parts)
+    recorded = (next(iter(raws.values())).config.get("source") if raws else None) or {}
+    declared = next((s.model_dump(mode="json") for s in config.sources if s.name == name), {})
+    spec = {**declared, **recorded}  # as it was configured when it was read
+    stages = {}
+    for stage in DOCUMENT_STAGES:
+        found = _manifests(catalog, stage, parts)
+        s = stats.get(stage)
+        stages[stage] = "not materialized" if not found else {
+            "data_versions": {p.split("/", 1)[1]: m.data_version for p, m in found.items()},
+            "documents_in": s.docs_in if s else None,
+            "documents": s.docs_out if s else sum(m.counts.get("documents", 0) for m in found.values()),
+            "characters": s.chars_out if s else None,
+            "removed": (s.docs_in - s.docs_out) if s else sum(m.counts.get("rejected", 0) for m in found.values())}
+    return {"name": name, "license": spec.get("license"), "domain": spec.get("domain"),
+            "quality_tier": spec.get("quality_tier"), "kind": spec.get("kind"),
+            "origin": spec.get("corpus") or spec.get("path"), "profile": spec.get("profile"),
+            "max_documents": spec.get("max_documents"), "stages": stages, "tokens": tokens}
+
+
+def _funnel(stage_stats: dict[str, dict[str, StageStats]]) -> dict[str, Any]:
+    per_source, by_stage = {}, {}
+    for name, stats in stage_stats.items():
+        if not stats:
+            continue
+        whole = chain(list(stats.values()))
+        per_source[name] = {"documents_in": whole.docs_in, "documents_out": whole.docs_out,
+                            "characters_in": whole.chars_in, "characters_out": whole.chars_out,
+                            "stages": list(stats), "rows": funnel_rows(whole)}
+        for stage, s in stats.items():
+            by_stage.setdefault(stage, StageStats()).merge(s)
+    # All sources stage by stage, so the funnel's steps read in pipeline order.
+    total = chain([by_stage[s] for s in DOCUMENT_STAGES if s in by_stage]) if by_stage else StageStats()
+    return {"total": {"documents_in": total.docs_in, "documents_out": total.docs_out, "characters_in": total.chars_in,
+                      "characters_out": total.chars_out, "rows": funnel_rows(total)},
+            "per_source": per_source, "markdown": funnel_markdown(total) if total.docs_in else "no document stages"}
+
+
+def _removed(stats: StageStats | None, step: str) -> int:
+    return sum(stats.steps[step].dropped.values()) if stats and step in stats.steps else 0
+
+
+def _dedup(catalog: Catalog, stage_stats: dict[str, dict[str, StageStats]], refreshes: list[str]) -> dict[str, Any]:
+    indexes = {r: m for r in refreshes if (m := catalog.manifest(INDEX, r)) is not None}
+    index = indexes[list(indexes)[-1]] if indexes else None  # the index as of the newest refresh in the shards
+    stats = index.stats if index else {}
+    per_source = {name: {"exact_duplicates": _removed(s.get("curated_documents"), "exact_dedup"),
+                         "near_duplicates": _removed(s.get("deduplicated_documents"), "near_dedup"),
+                         "boilerplate_only": _removed(s.get("deduplicated_documents"), "boilerplate_lines")}
+                  for name, s in stage_stats.items()}
+    return {"per_source": per_source,
+            "index": None if index is None else {
+                "data_version": index.data_version, "near": index.config.get("near"),
+                "documents": (stats.get("index") or {}).get("documents"), "lsh": stats.get("lsh"),
+                "verification": stats.get("verification"), "clusters": stats.get("clusters"),
+                "cross_source": stats.get("cross_source"),
+                "matched_earlier_refreshes": stats.get("matched_earlier_refreshes")},
+            "per_refresh": {r: {"data_version": m.data_version, "documents": m.counts.get("documents"),
+                                "near_duplicates": m.counts.get("near_duplicates"),
+                                "matched_earlier_refreshes": m.stats.get("matched_earlier_refreshes")}
+                            for r, m in indexes.items()}}
+
+
+def _decontamination(catalog: Catalog, parts: dict[str, list[str]], stage_stats) -> dict[str, Any]:
+    per_source, settings = {}, None
+    for name, ps in parts.items():
+        found = _manifests(catalog, "deduplicated_documents", ps)
+        if not found:
+            per_source[name] = "not materialized"
+            continue
+        per_benchmark: dict[str, dict[str, int]] = {}
+        for m in found.values():
+            settings = settings or {"settings": m.config.get("decontamination"),
+                                    "benchmarks": m.config.get("benchmarks")}
+            for bench, counts in ((m.stats.get("contamination") or {}).get("per_benchmark") or {}).items():
+                total = per_benchmark.setdefault(bench, {})
+                for k, n in counts.items():
+                    total[k] = total.get(k, 0) + n
+        per_source[name] = {"documents_removed": _removed(stage_stats[name].get("deduplicated_documents"),
+                                                          "decontamination"), "per_benchmark": per_benchmark}
+    return {**(settings or {}), "per_source": per_source}
+
+
+def _quality(catalog: Catalog, parts: dict[str, list[str]]) -> dict[str, Any]:
+    classifier = catalog.manifest(CLASSIFIER)
+    card = (classifier.stats.get("card") or None) if classifier else None
+    per_source = {}
+    for name, ps in parts.items():
+        found = _manifests(catalog, "quality_filtered_documents", ps)
+        newest = list(found.values())[-1] if found else None
+        per_source[name] = "not materialized" if newest is None else {
+            "rule": newest.config.get("rule"),
+            "cutoffs": {p.split("/", 1)[1]: m.stats.get("cutoffs") for p, m in found.items()},
+            "documents": sum(m.counts.get("documents", 0) for m in found.values()),
+            "removed": sum(m.counts.get("rejected", 0) for m in found.values())}
+    return {"classifier": None if classifier is None else {
+        "data_version": classifier.data_version, "enabled": classifier.config.get("enabled"),
+        "positive_sources": classifier.config.get("positive_sources"),
+        "negative_sources": classifier.config.get("negative_sources"),
+        "sha256": card.get("sha256") if card else None,
+        "cross_validation": card.get("cross_validation") if card else None},
+        "per_source": per_source}
+
+
+def _tokenizer(tok) -> dict[str, Any] | None:
+    if tok is None:
+        return None
+    card = tok.stats.get("card") or {}
+    overall = (tok.stats.get("report") or {}).get("overall")
+    return {"data_version": tok.data_version, "sha256": card.get("sha256"), "vocab_size": card.get("vocab_size"),
+            "model_type": card.get("model_type"), "dtype": card.get("dtype"), "settings": card.get("settings"),
+            "sample": {k: v for k, v in (card.get("sample") or {}).items() if k in ("documents", "chars")},
+            "special_tokens": card.get("special_tokens"), "fit": overall}
+
+
+def _mixture(shards, sources: dict[str, dict]) -> dict[str, Any] | None:
+    if shards is None:
+        return None
+    total = sum(s.get("train_tokens", 0) for s in sources.values())
+    return {"settings": shards.config.get("mixture"), "phases": shards.stats.get("phases"),
+            "warnings": shards.stats.get("warnings"),
+            "per_source": {n: {"natural_train_tokens": s.get("natural_train_tokens"),
+                               "train_tokens": s.get("train_tokens"),
+                               "share": round(s.get("train_tokens", 0) / total, 4) if total else None,
+                               "effective_epochs": s.get("effective_epochs")} for n, s in sources.items()}}
+
+
+
+def _shards(shards) -> dict[str, Any] | None:
+    if shards is None:
+        return None
+    members = shards.files_with_role("members")
+    return {"data_version": shards.data_version, "refresh": shards.partition, "refreshes": shards.config.get("refreshes"),
+            "counts": shards.counts, "seq_len": shards.stats.get("seq_len"),
+            "tokenizer_sha256": shards.stats.get("tokenizer_sha256"), "dtype": shards.stats.get("dtype"),
+            "settings": shards.config.get("shards"),
+            # every removal request in force when the shards were built, and what each source lost to them
+            "removal_requests": shards.config.get("removal_requests", []),
+            "removed_by_request": {n: s["removed_by_request"] for n, s in (shards.stats.get("sources") or {}).items()
+                                   if s.get("removed_by_request")},
+            "member_list": {"path": members[0].path, "sha256": members[0].sha256, "rows": members[0].rows}
+            if members else None}
+
+
+# ---------------------------------------------------------------------------------------------- markdown
+
+def _n(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.4g}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _table(header: list[str], rows: list[list[Any]], align: str | None = None) -> list[str]:
+    align = align or "|" + "---|" * len(header)
+    return ["| " + " | ".join(header) + " |", align] + ["| " + " | ".join(_n(c) for c in r) + " |" for r in rows]
+
+
+def _rule(rule: dict | None) -> str:
+    """A quality rule as its set keys (`keep_top_fraction=0.9`), or "keep everything"."""
+    set_keys = {k: v for k, v in (rule or {}).items() if v is not None and k != "bucket_quantiles"}
+    if "perplexity_buckets" in set_keys:
+        set_keys["bucket_quantiles"] = rule["bucket_quantiles"]
+    return ", ".join(f"{k}={v}" for k, v in set_keys.items()) or "keep everything"
+
+
+def data_card_markdown(card: dict[str, Any]) -> str:
+    """The card for people: one page, the figures an auditor asks for first, the rest in data_card.json."""
+    c, out = card["checkpoint"], []
+    out += [f"# Data card: checkpoint `{c['data_version']}`", "",
+            f"Generated {card['generated_at']} from the manifests in the store; checkpoint created {c['created_at']}, "
+            f"git `{c['git_commit'] or 'unknown'}`, {_n(c['parameters'])} parameters, {_n(c['steps'])} steps."]
+    if card.get("mlflow"):
+        m = card["mlflow"]
+        out.append(f"MLflow run `{m.get('run_id')}` (experiment {m.get('experiment_id')})"
+                   + (f": {m['url']}" if m.get("url") else "") + ".")
+
+    if card.get("removal_requests"):
+        out += ["", "## ⚠ Removal requests affecting this checkpoint", "",
+                "This checkpoint was trained on documents that were later asked to be removed (`kiln forget`). "
+                "The next token shards exclude them; this checkpoint still contains what it learned from them.", ""]
+        out += _table(["request", "recorded", "kind", "value", "reason", "documents trained on", "tokens"],
+                      [[f"`{r['request_id']}`", r["created_at"], r["kind"], r["value"], r["reason"] or "",
+                        r["affected"]["documents"], r["affected"]["tokens"]] for r in card["removal_requests"]])
+
+    out += ["", "## Sources and licenses", ""]
+    rows = []
+    for s in card["sources"]:
+        t = s["tokens"] or {}
+        raw = s["stages"].get(DOCUMENT_STAGES[0])
+        rows.append([s["name"], s["license"], s["domain"], s["quality_tier"], s["origin"],
+                     raw.get("documents_in") if isinstance(raw, dict) else None, t.get("train_documents"),
+                     t.get("train_tokens"), t.get("effective_epochs")])
+    out += _table(["source", "license", "domain", "tier", "origin", "raw records", "train documents", "train tokens",
+                   "epochs"], rows, "|---|---|---|---:|---|---:|---:|---:|---:|")
+
+    out += ["", "## Refreshes in the training data", ""]
+    out += _table(["refresh", "registered", "trigger", "landed files", "raw records", "documents kept"],
+                  [[f"`{r['key']}`", r["created_at"], r["trigger"], "configured sources" if r["landed_files"] is None
+                    else r["landed_files"], r["raw_records"], r["documents"]] for r in card["refreshes"]],
+                  "|---|---|---|---:|---:|---:|")
+
+    out += ["", "## Documents at every stage (all refreshes)", ""]
+    rows = [[s["name"]] + [st["documents"] if isinstance(st, dict) else st for st in s["stages"].values()]
+            for s in card["sources"]]
+    out += _table(["source", *DOCUMENT_STAGES], rows, "|---|" + "---:|" * len(DOCUMENT_STAGES))
+
+    out += ["", "## Filter funnel (all sources, raw records to the last stage)", "", card["funnel"]["markdown"]]
+
+    d = card["dedup"]
+    out += ["", "## Deduplication and decontamination", ""]
+    rows = [[name, v["exact_duplicates"], v["near_duplicates"], v["boilerplate_only"],
+             (card["decontamination"]["per_source"].get(name) or {}).get("documents_removed")
+             if isinstance(card["decontamination"]["per_source"].get(name), dict) else None]
+            for name, v in d["per_source"].items()]
+    out += _table(["source", "exact duplicates", "near duplicates", "boilerplate-only", "benchmark overlap removed"],
+                  rows, "|---|---:|---:|---:|---:|")
+    if d["index"]:
+        i = d["index"]
+        lsh, ver = i.get("lsh") or {}, i.get("verification") or {}
+        out += ["", f"Near-duplicate index: {_n(i['documents'])} accepted documents; Jaccard threshold "
+                    f"{lsh.get('threshold')}, LSH {lsh.get('bands')} bands x {lsh.get('rows')} rows over "
+                    f"{lsh.get('num_perm')} permutations; {_n(ver.get('candidate_pairs'))} candidate pairs verified "
+                    f"exactly.", "", cross_source_markdown(i.get("cross_source") or {})]
+    benchmarks = {}
+    for v in card["decontamination"]["per_source"].values():
+        for name, counts in (v.get("per_benchmark") or {}).items() if isinstance(v, dict) else ():
+            total = benchmarks.setdefault(name, {})
+            for k, n in counts.items():
+                total[k] = total.get(k, 0) + n
+    declared = (card["decontamination"].get("benchmarks") or {}).get("benchmarks") or {}
+    for name in declared:
+        benchmarks.setdefault(name, {})
+    if benchmarks:
+        out += [""] + _table(["benchmark", "items contaminated", "documents affected", "dropped", "redacted"],
+                             [[b, v.get("items_contaminated", 0), v.get("documents_affected", 0),
+                               v.get("documents_dropped", 0), v.get("documents_redacted", 0)]
+                              for b, v in sorted(benchmarks.items())], "|---|---:|---:|---:|---:|")
+    else:
+        out += ["", "No benchmark was declared for decontamination."]
+
+    out += ["", "## PII replaced by placeholders", ""]
+    types = sorted({t for v in card["pii"].values() if v for t in v})
+    out += _table(["source", *types, "total"], [[n, *[(v or {}).get(t, 0) for t in types], sum((v or {}).values())]
+                                                 for n, v in card["pii"].items()],
+                  "|---|" + "---:|" * (len(types) + 1))
+
+    q = card["quality"]
+    out += ["", "## Quality filtering", ""]
+    clf = q["classifier"]
+    if clf is None:
+        out.append("quality_classifier: not materialized.")
+    elif clf.get("enabled"):
+        h = clf.get("cross_validation") or {}
+        out.append(f"fastText classifier `{(clf.get('sha256') or '')[:16]}` (positives "
+                   f"{', '.join(clf['positive_sources'] or [])}; negatives {', '.join(clf['negative_sources'] or [])}), "
+                   f"{h.get('folds')}-fold cross-validated: ROC AUC {_n(h.get('auc'))}, precision {_n(h.get('precision'))}, recall "
+                   f"{_n(h.get('recall'))}.")
+    else:
+        out.append("Classifier off (no positive and negative sources, or disabled).")
+    out += [""] + _table(["source", "rule", "kept", "removed"],
+                         [[n, "not materialized", None, None] if not isinstance(v, dict) else
+                          [n, _rule(v["rule"]), v["documents"], v["removed"]]
+                          for n, v in q["per_source"].items()],
+                         "|---|---|---:|---:|")
+
+    t = card["tokenizer"]
+    out += ["", "## Tokenizer", ""]
+    out.append("not materialized" if t is None else
+               f"sentencepiece {t['model_type']}, {_n(t['vocab_size'])} pieces ({t['dtype']}), sha256 `{t['sha256']}`, "
+               f"trained on {_n(t['sample'].get('documents'))} documents ({_n(t['sample'].get('chars'))} characters); "
+               f"data version `{t['data_version']}`.")
+
+    mix = card["mixture"]
+    out += ["", "## Mixture and effective epochs", ""]
+    if mix is None:
+        out.append("token_shards: not materialized.")
+    else:
+        weights = (mix.get("settings") or {}).get("weights") or {}
+        out += _table(["source", "weight", "natural train tokens", "train tokens", "share", "effective epochs"],
+                      [[n, weights.get(n, "natural"), v["natural_train_tokens"], v["train_tokens"], v["share"],
+                        v["effective_epochs"]] for n, v in mix["per_source"].items()], "|---|---:|---:|---:|---:|---:|")
+        out += [f"- warning: {w}" for w in mix.get("warnings") or []]
+        sh = card["shards"]
+        out += ["", f"Token shards `{sh['data_version']}` (refresh `{sh['refresh']}`): "
+                    f"{_n(sh['counts'].get('train_tokens'))} train and "
+                    f"{_n(sh['counts'].get('val_tokens'))} validation tokens in {_n(sh['counts'].get('shards'))} shards "
+                    f"(seq_len {sh['seq_len']}); member list `{(sh['member_list'] or {}).get('path')}` sha256 "
+                    f"`{(sh['member_list'] or {}).get('sha256')}`."]
+        if sh.get("removal_requests"):
+            lost = ", ".join(f"{n}: {_n(k)}" for n, k in sh["removed_by_request"].items()) or "none matched"
+            out += ["", f"Removal requests honoured by these shards, across every refresh they read: "
+                        f"{', '.join(f'`{r}`' for r in sh['removal_requests'])}; documents left out by source: {lost}."]
+
+    tr = card["training"]
+    out += ["", "## Training", ""]
+    s, settings = tr["summary"], tr.get("settings") or {}
+    model = (settings.get("model") or {}).get("preset") if isinstance(settings.get("model"), dict) else None
+    out.append(f"Run `{tr['data_version']}`: status {_n(s.get('status'))}, {_n(s.get('steps'))} steps, "
+               f"{_n(s.get('tokens_seen'))} tokens seen, preset {_n(model)}, {_n(s.get('world_size'))} processes on "
+               f"{_n(s.get('device'))} ({_n(s.get('precision'))}); final training loss {_n(s.get('final_loss'))}, "
+               f"validation loss {_n(s.get('val_loss'))}; {tr['stability_events']} stability events. Full settings in "
+               f"data_card.json.")
+    base = tr.get("base_checkpoint")
+    if base:
+        replay = tr.get("replay")
+        out += ["", f"Continued pretraining (objective {_n(s.get('objective'))}) from base checkpoint `{base['kind']}` "
+                    f"sha256 `{base['sha256'][:16]}` at `{base['path']}` (trained on `{base['trained_on']}`), "
+                    f"base validation loss on this run's held-back tokens {_n(s.get('base_val_loss'))}; "
+                    + (f"replay: {replay['share']:.0%} of sequences from `{replay['dataset_dir']}`." if replay
+                       else "no replay."),
+                "", "What the base checkpoint was built from, when this run started:", "", "```",
+                (base.get("chain") or {}).get("text") or "unknown: the base came from outside this store", "```"]
+    if card.get("evaluation"):
+        v = card["evaluation"]["validation"] or {}
+        out.append(f"Evaluation `{card['evaluation']['data_version']}`: validation loss {_n(v.get('loss'))}, "
+                   f"perplexity {_n(v.get('perplexity'))} over {_n(v.get('tokens'))} tokens.")
+        forgetting = card["evaluation"].get("forgetting")
+        if forgetting:
+            out += ["", "Forgetting per domain (validation loss of this checkpoint minus the base's, same tokens; "
+                        "positive = worse than the base):", ""]
+            out += _table(["domain", "tokens", "base loss", "this loss", "forgetting"],
+                          [[d, _n(f["tokens"]), f["base_loss"], f["loss"], f["forgetting"]]
+                           for d, f in forgetting.items()], "|---|---:|---:|---:|---:|")
+
+    lin = card["lineage"]
+    out += ["", f"## Lineage ({len(lin['nodes'])} datasets back to the raw sources)", ""]
+    out += _table(["dataset", "data version", "code version", "git commit", "created", "files", "status"],
+                  [[f"`{n['key']}`", f"`{n['data_version']}`", n["code_version"], (n["git_commit"] or "unknown")[:12],
+                    n["created_at"], len(n["files"]), n["status"]] for n in lin["nodes"]],
+                  "|---|---|---|---|---|---:|---|")
+    out += [f"- warning: {p}" for p in lin["problems"]]
+    out += ["", "File hashes (sha256) of every dataset are in `data_card.json` under `lineage`."]
+    return "\n".join(out) + "\n"
+
+
+__all__ = ["FORMAT", "build_data_card", "data_card_markdown", "merged_stage_stats"]

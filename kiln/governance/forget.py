@@ -1,0 +1,156 @@
+"""Removal requests ("forget"): a publisher or data owner asks for documents to be taken out.
+
+`kiln forget` records a request in the store's `removal_requests` dataset (one JSON file, replaced
+atomically through the same DatasetWriter as every asset, so it has a manifest and a data version).
+A request names a whole source, a URL regex, or a list of doc ids. Two assets apply every request: the next
+materialization of `quality_filtered_documents` drops the partition's matching documents into the rejected
+table with `stage: removal_request`, and `token_shards`, which reads every refresh so far (also refreshes
+nobody filters again), leaves every matching document out (kiln.tokens.shard_writer), so the next shards hold none.
+
+When the request is recorded, the current checkpoint's training documents (the token shards' member
+list) are checked against it: the affected checkpoint is written into the request, and its data card
+says so from then on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from kiln.common.config import ProjectConfig
+from kiln.governance.lineage import DOCUMENT_STAGES
+from kiln.common.manifest import now_utc
+from kiln.governance.refresh import materialized, trained_refresh
+from kiln.common.storage import IncompleteDataset, Store
+
+REQUESTS, REQUESTS_FILE = "removal_requests", "removal_requests.json"
+STAGE = "removal_request"
+KINDS = ("source", "url_pattern", "doc_ids")
+FINAL_DOCUMENTS = DOCUMENT_STAGES[-1]  # the last gate before tokenization
+
+
+class ForgetError(ValueError):
+    """A request that cannot be recorded; the message says why and what to do."""
+
+
+@dataclass
+class RemovalRequest:
+    request_id: str
+    created_at: str
+    kind: str  # source | url_pattern | doc_ids
+    value: str | list[str]  # the source name, the URL regex, or the doc ids
+    reason: str
+    affected: list[dict[str, Any]] = field(default_factory=list)  # checkpoints trained on matching documents
+
+    @property
+    def reject_reason(self) -> str:
+        return f"{STAGE}:{self.request_id}"
+
+    def matches(self, doc_id: str, source: str, url: str | None) -> bool:
+        if self.kind == "source":
+            return source == self.value
+        if self.kind == "url_pattern":
+            return url is not None and re.search(self.value, url) is not None
+        return doc_id in self._ids
+
+    @cached_property
+    def _ids(self) -> frozenset[str]:
+        return frozenset(self.value) if self.kind == "doc_ids" else frozenset()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_requests(store: Store) -> tuple[list[RemovalRequest], str | None]:
+    """Every recorded request and the dataset's data version (None: none recorded yet)."""
+    try:
+        manifest = store.manifest(REQUESTS)
+    except IncompleteDataset:
+        return [], None
+    data = json.loads((store.dataset_dir(REQUESTS) / REQUESTS_FILE).read_text(encoding="utf-8"))
+    return [RemovalRequest(**r) for r in data["requests"]], manifest.data_version
+
+
+def first_match(requests: list[RemovalRequest], doc_id: str, source: str, url: str | None) -> RemovalRequest | None:
+    return next((r for r in requests if r.matches(doc_id, source, url)), None)
+
+
+def validate(config: ProjectConfig, kind: str, value: str | list[str]) -> None:
+    if kind == "source":
+        names = [s.name for s in config.sources]
+        if value not in names:
+            raise ForgetError(f"--source {value!r}: no such source; sources: {', '.join(names)}")
+    elif kind == "url_pattern":
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ForgetError(f"--url-pattern {value!r} is not a valid regular expression: {exc}") from None
+        if not value:
+            raise ForgetError("--url-pattern is empty: it would match every URL")
+    elif kind == "doc_ids":
+        if not value:
+            raise ForgetError("--doc-ids: the file lists no doc ids (one per line)")
+    else:
+        raise ForgetError(f"unknown request kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+
+def read_doc_ids(path: Path) -> list[str]:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise ForgetError(f"--doc-ids: no such file {str(path)!r}") from None
+    except (IsADirectoryError, UnicodeDecodeError):
+        raise ForgetError(f"--doc-ids: {str(path)!r} is not a UTF-8 text file of doc ids, one per line") from None
+    return sorted({line.strip() for line in lines if line.strip() and not line.startswith("#")})
+
+
+def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str, Any]]:
+    """The current checkpoint, if the token shards it was trained on hold documents the request matches."""
+    try:
+        checkpoint, run = store.manifest("checkpoint"), store.manifest("training_run")
+        refresh = trained_refresh(run)
+        shards = store.manifest("token_shards", refresh) if refresh else None
+    except IncompleteDataset:
+        return []
+    if shards is None or checkpoint.inputs.get("training_run") != run.data_version or \
+            run.inputs[f"token_shards/{refresh}"] != shards.data_version:
+        return []  # the store no longer holds the shards this checkpoint was trained on
+    members = store.read_table("token_shards", refresh, "members").to_pylist()
+    urls = _urls(store, {m["source"] for m in members}) if request.kind == "url_pattern" else {}
+    trained = [m for m in members if m["split"] == "train" and m["copies"] > 0
+               and request.matches(m["doc_id"], m["source"], urls.get(m["doc_id"]))]
+    if not trained:
+        return []
+    return [{"checkpoint": checkpoint.data_version, "token_shards": shards.data_version, "refresh": refresh,
+             "documents": len(trained),
+             "tokens": sum(m["tokens"] * m["copies"] for m in trained),
+             "sources": sorted({m["source"] for m in trained})}]
+
+
+def _urls(store: Store, sources: set[str]) -> dict[str, str | None]:
+    urls: dict[str, str | None] = {}
+    for part in materialized(store, FINAL_DOCUMENTS, sorted(sources)):
+        urls |= store.values(FINAL_DOCUMENTS, part, "url")
+    return urls
+
+
+def record_request(store: Store, config: ProjectConfig, kind: str, value: str | list[str],
+                   reason: str = "") -> RemovalRequest:
+    """Validate, check the current checkpoint, and append the request (the whole list is rewritten atomically)."""
+    validate(config, kind, value)
+    request = RemovalRequest(request_id=uuid.uuid4().hex[:12], created_at=now_utc(), kind=kind, value=value,
+                             reason=reason)
+    request.affected = affected_checkpoints(store, request)
+    with store.lock(REQUESTS):  # read, append, rewrite: one writer at a time, or a concurrent request is lost
+        requests, _ = load_requests(store)
+        requests.append(request)
+        with store.staging(REQUESTS) as writer:
+            (writer.dir / REQUESTS_FILE).write_text(json.dumps({"requests": [r.to_dict() for r in requests]},
+                                                               indent=2, ensure_ascii=False), encoding="utf-8")
+            writer.commit(code_version="kiln.governance.forget", config={}, inputs={}, counts={"requests": len(requests)})
+    return request

@@ -1,0 +1,233 @@
+"""The one token-shard format: what the token_shards asset writes and the training loader reads.
+
+Imports only the standard library and numpy, because training processes (possibly on other machines)
+import this module and nothing else from Kiln.
+
+File layout (little-endian; one file per shard, `shard-NNNNN.bin`):
+
+    offset  size             field
+    0       8                magic b"KILNTOK1"
+    8       4   uint32       format version (1)
+    12      4   uint32       bytes per token: 2 (uint16) or 4 (uint32)
+    16      8   uint64       token count T
+    24      8   uint64       document count D
+    32      32               sha256 of the tokenizer model (raw digest)
+    64      T * bytes        tokens; every document ends with the tokenizer's EOS id
+    ...     0-7              zero padding to a multiple of 8 bytes
+    ...     (D + 1) * 8      uint64 document offsets: doc i is tokens[offsets[i]:offsets[i + 1]],
+                             offsets[0] == 0 and offsets[D] == T
+
+The header is 64 bytes, so the token array is aligned and memory-maps without a copy. A file whose size
+disagrees with its header is refused (a truncated copy, a half-written file).
+
+A shard set is a dataset folder with `_manifest.json` (written last, by kiln.common.storage); its `stats`
+hold `describe_shard_set(...)`: the tokenizer hash, the dtype and every shard with its split, phase,
+token and document counts. `read_shard_set` reads that with plain json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"KILNTOK1"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<8sIIQQ32s")  # magic, version, bytes per token, tokens, documents, tokenizer sha256
+HEADER_SIZE = HEADER.size  # 64
+DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+MANIFEST_NAME = "_manifest.json"
+SHARD_SET_FORMAT = "kiln-token-shards/1"
+TRAIN, VAL = "train", "val"
+
+
+class ShardError(ValueError):
+    """A shard or shard set that cannot be used as it is; the message says what is wrong and what to do."""
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (vocabularies up to 65,536), else uint32."""
+    return DTYPES[2] if vocab_size <= 1 << 16 else DTYPES[4]
+
+
+def _sha_bytes(tokenizer_sha256: str) -> bytes:
+    try:
+        raw = bytes.fromhex(tokenizer_sha256)
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise ShardError(f"tokenizer sha256 must be 64 hex characters, got {tokenizer_sha256!r}")
+    return raw
+
+
+def _padding(n_bytes: int) -> int:
+    return -n_bytes % 8
+
+
+def expected_file_size(tokens: int, documents: int, bytes_per_token: int) -> int:
+    body = tokens * bytes_per_token
+    return HEADER_SIZE + body + _padding(body) + 8 * (documents + 1)
+
+
+def write_shard(path: Path, tokens: np.ndarray, offsets: np.ndarray, tokenizer_sha256: str) -> None:
+    """Write one shard atomically (temporary name, then rename): a reader never sees half a file.
+
+    `tokens` is uint16 or uint32; `offsets` has one entry per document plus the final end (== len(tokens)).
+    """
+    tokens = np.ascontiguousarray(tokens)
+    if tokens.dtype.itemsize not in DTYPES or tokens.dtype.kind != "u":
+        raise ShardError(f"tokens must be uint16 or uint32, got {tokens.dtype}")
+    tokens = tokens.astype(DTYPES[tokens.dtype.itemsize], copy=False)
+    offsets = np.ascontiguousarray(offsets, dtype="<u8")
+    if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(tokens) or np.any(np.diff(offsets.astype(np.int64)) < 0):
+        raise ShardError(f"offsets must rise from 0 to the token count ({len(tokens)}); got "
+                         f"{offsets[:3].tolist()}...{offsets[-3:].tolist()}")
+    header = HEADER.pack(MAGIC, FORMAT_VERSION, tokens.dtype.itemsize, len(tokens), len(offsets) - 1,
+                         _sha_bytes(tokenizer_sha256))
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header)
+            tokens.tofile(f)
+            f.write(b"\0" * _padding(tokens.nbytes))
+            offsets.tofile(f)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """An open shard: memory-mapped tokens (read on use) and the document offsets (read into memory:
+    8 bytes a document). The map holds a file descriptor until the Shard is dropped."""
+
+    path: Path
+    tokens: np.ndarray  # np.memmap, uint16 or uint32
+    offsets: np.ndarray  # uint64, documents + 1 entries
+    tokenizer_sha256: str
+
+    @property
+    def documents(self) -> int:
+        return len(self.offsets) - 1
+
+    def document(self, i: int) -> np.ndarray:
+        return self.tokens[int(self.offsets[i]):int(self.offsets[i + 1])]
+
+
+def read_header(path: Path) -> tuple[int, int, int, str]:
+    """(bytes per token, tokens, documents, tokenizer sha256) of a shard, after checking it is one."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_SIZE)
+    except FileNotFoundError:
+        raise ShardError(f"shard {path} does not exist; re-materialize the token_shards asset") from None
+    if len(raw) < HEADER_SIZE or raw[:8] != MAGIC:
+        raise ShardError(f"{path} is not a Kiln token shard (magic {raw[:8]!r}, expected {MAGIC!r}); "
+                         f"point the loader at a token_shards dataset folder")
+    magic, version, width, n_tokens, n_docs, sha = HEADER.unpack(raw)
+    if version != FORMAT_VERSION:
+        raise ShardError(f"shard {path} has format version {version}; this code reads version {FORMAT_VERSION}: "
+                         f"re-materialize token_shards with this code version, or run the matching code")
+    if width not in DTYPES:
+        raise ShardError(f"shard {path} declares {width} bytes per token; only 2 (uint16) and 4 (uint32) exist: "
+                         f"the header is corrupt, re-materialize token_shards")
+    size = path.stat().st_size
+    expected = expected_file_size(n_tokens, n_docs, width)
+    if size != expected:
+        raise ShardError(f"shard {path} is {size} bytes but its header ({n_tokens} tokens, {n_docs} documents, "
+                         f"{width} bytes per token) implies {expected}: the file is truncated or corrupt; "
+                         f"re-materialize token_shards")
+    return width, n_tokens, n_docs, sha.hex()
+
+
+def open_shard(path: Path, expected_tokenizer_sha256: str | None = None) -> Shard:
+    """Memory-map a shard's tokens after checking its header, size and (if given) the tokenizer it was
+    written with."""
+    width, n_tokens, n_docs, sha = read_header(path)
+    if expected_tokenizer_sha256 is not None and sha != expected_tokenizer_sha256.lower():
+        raise ShardError(f"shard {path} was written with tokenizer {sha[:12]}…, the loader expects "
+                         f"{expected_tokenizer_sha256[:12]}…; re-materialize token_shards with this tokenizer, "
+                         f"or load the tokenizer these shards were made with")
+    tokens = (np.memmap(path, dtype=DTYPES[width], mode="r", offset=HEADER_SIZE, shape=(n_tokens,)) if n_tokens
+              else np.zeros(0, DTYPES[width]))
+    body = n_tokens * width
+    offsets = np.fromfile(path, dtype="<u8", count=n_docs + 1, offset=HEADER_SIZE + body + _padding(body))
+    if offsets[0] != 0 or offsets[-1] != n_tokens:
+        raise ShardError(f"shard {path} has a corrupt document index (first {int(offsets[0])}, last "
+                         f"{int(offsets[-1])}, tokens {n_tokens}); re-materialize token_shards")
+    return Shard(Path(path), tokens, offsets, sha)
+
+
+# ------------------------------------------------------------------------------------------- shard sets
+
+@dataclass(frozen=True)
+class ShardInfo:
+    path: str  # relative to the dataset folder
+    split: str  # "train" | "val"
+    phase: str  # curriculum phase ("main" without phases; "val" for validation shards)
+    phase_index: int  # phases are read in this order
+    tokens: int
+    documents: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "split": self.split, "phase": self.phase, "phase_index": self.phase_index,
+                "tokens": self.tokens, "documents": self.documents}
+
+
+def describe_shard_set(tokenizer_sha256: str, vocab_size: int, eos_id: int, shards: list[ShardInfo],
+                       **extra: Any) -> dict[str, Any]:
+    """The manifest `stats` dict of a shard set (pass it to `DatasetWriter.commit(stats=...)`); `extra`
+    (mixture report, warnings, ...) is kept alongside and ignored by the reader."""
+    return {"format": SHARD_SET_FORMAT, "shard_version": FORMAT_VERSION, "tokenizer_sha256": tokenizer_sha256,
+            "vocab_size": vocab_size, "eos_id": eos_id, "dtype": token_dtype(vocab_size).name,
+            "shards": [s.to_dict() for s in shards], **extra}
+
+
+@dataclass(frozen=True)
+class ShardSet:
+    """A token_shards dataset: its folder, tokenizer hash and shards in reading order."""
+
+    dir: Path
+    tokenizer_sha256: str
+    vocab_size: int
+    eos_id: int
+    shards: tuple[ShardInfo, ...]
+    stats: dict[str, Any]
+
+    def split(self, split: str) -> list[ShardInfo]:
+        """The shards of one split, phases in order, shards in written order within a phase."""
+        chosen = [s for s in self.shards if s.split == split]
+        if not chosen:
+            raise ShardError(f"{self.dir} has no {split!r} shards (splits present: "
+                             f"{sorted({s.split for s in self.shards})})")
+        return sorted(chosen, key=lambda s: s.phase_index)  # stable: keeps written order within a phase
+
+    def tokens(self, split: str) -> int:
+        return sum(s.tokens for s in self.shards if s.split == split)
+
+
+def read_shard_set(dataset_dir: Path) -> ShardSet:
+    """Read the shard list from a token_shards dataset's `_manifest.json` (plain json, no Kiln import)."""
+    dataset_dir = Path(dataset_dir)
+    path = dataset_dir / MANIFEST_NAME
+    if not path.is_file():
+        raise ShardError(f"{dataset_dir} has no {MANIFEST_NAME}: it is not a complete token_shards dataset "
+                         f"(never materialized, or interrupted); materialize token_shards first")
+    stats = json.loads(path.read_text(encoding="utf-8")).get("stats") or {}
+    if stats.get("format") != SHARD_SET_FORMAT:
+        raise ShardError(f"{path} does not describe token shards (stats.format = {stats.get('format')!r}, "
+                         f"expected {SHARD_SET_FORMAT!r}); point the loader at the token_shards dataset folder")
+    shards = tuple(ShardInfo(**s) for s in stats["shards"])
+    return ShardSet(dataset_dir, stats["tokenizer_sha256"], stats["vocab_size"], stats["eos_id"], shards, stats)
+
+
+__all__ = ["FORMAT_VERSION", "MAGIC", "Shard", "ShardError", "ShardInfo", "ShardSet", "TRAIN", "VAL",
+           "describe_shard_set", "open_shard", "read_header", "read_shard_set", "token_dtype", "write_shard"]
