@@ -8,17 +8,17 @@ import dagster as dg
 
 from assets.partitions import FOLLOW, SAME_REFRESH_EVERY_SOURCE, document_partitions, source_and_refresh
 from assets.results import check_specs, engine_metadata, materialize_result, standard_checks
-from kiln.curation.pipeline import filter_documents, ingest, profile_steps
-from kiln.curation.exact_dedup import HashSource, exact_dedup, remove_shuffle
 from kiln.common.manifest import code_version
+from kiln.common.secrets import redact
+from kiln.common.stats import StageStats, chain, funnel_markdown
+from kiln.common.storage import Store, resume_key
+from kiln.curation.exact_dedup import HashSource, exact_dedup, remove_shuffle
 from kiln.curation.filters.registry import build_step
 from kiln.curation.pii import PiiRedaction
-from kiln.curation.pii_audit import residual_pii_batch
+from kiln.curation.pipeline import filter_documents, ingest, profile_steps
 from kiln.curation.readers import SourceFile
+from kiln.curation.residual_pii import residual_pii_batch
 from kiln.governance.refresh import check_pinned, ensure_refresh, load_refreshes, partition, upto
-from kiln.common.secrets import redact
-from kiln.common.storage import Store, resume_key
-from kiln.common.stats import StageStats, chain, funnel_markdown
 from resources import KilnConfig, KilnEngine, KilnStorage
 
 RAW, FILTERED, CURATED = "raw_documents", "filtered_documents", "curated_documents"
@@ -156,7 +156,7 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
 
 
 def residual_pii_check(store: Store, here: str, step: PiiRedaction) -> dg.AssetCheckResult:
-    """Scan the output with a second, independent detector (kiln.curation.pii_audit: its own code and patterns, so it finds
+    """Scan the output with a second, independent detector (kiln.curation.residual_pii: its own code and patterns, so it finds
     what the redactor's own patterns miss, which scanning with them again never could), for the types and exemptions
     the `pii` step is configured with: a type turned off there is not looked for. Any hit means redaction missed
     something. Reports hits per type and document ids only, never the matched text."""

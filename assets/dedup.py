@@ -13,20 +13,20 @@ import pyarrow.parquet as pq
 from assets.curation import CURATED
 from assets.partitions import FOLLOW, SAME_REFRESH, document_partitions, refresh_partitions, source_and_refresh
 from assets.results import check_specs, engine_metadata, materialize_result, standard_checks
-from kiln.dedup.apply import deduplicate_source
-from kiln.dedup.boilerplate import boilerplate_hashes
-from kiln.dedup.decontaminate import load_benchmarks
-from kiln.dedup.minhash import compute_signatures, lines_table, signature_groups
-from kiln.dedup.buckets import (check_signature_params, decide_distributed, doc_id_hash, index_documents, keep_all,
-                                survivor_violations, write_index)
-from kiln.dedup.near import DECISION_SCHEMA, NEAR_DUPLICATE
-from kiln.dedup.report import clusters_markdown, cross_source_markdown, cluster_sizes_markdown
 from kiln.common.manifest import code_version
 from kiln.common.plots import stacked_bars_markdown
-from kiln.governance.refresh import load_refreshes, partition, upto
 from kiln.common.removals import example_excerpt
 from kiln.common.stats import StageStats, chain, funnel_markdown
 from kiln.common.storage import IncompleteDataset, resume_key
+from kiln.dedup.apply import deduplicate_source
+from kiln.dedup.boilerplate import boilerplate_hashes
+from kiln.dedup.bucket_index import check_signature_params, doc_id_hash, index_documents, write_index
+from kiln.dedup.buckets import decide_distributed, keep_all, survivor_violations
+from kiln.dedup.decontaminate import load_benchmarks
+from kiln.dedup.near import DECISION_SCHEMA, NEAR_DUPLICATE
+from kiln.dedup.report import cluster_sizes_markdown, clusters_markdown, cross_source_markdown
+from kiln.dedup.signing import compute_signatures, lines_table, signature_groups
+from kiln.governance.refresh import load_refreshes, partition, upto
 from resources import KilnConfig, KilnEngine, KilnStorage
 
 SIGNATURES, INDEX, DEDUPLICATED = "minhash_signatures", "dedup_index", "deduplicated_documents"
@@ -34,7 +34,8 @@ SIGNATURES, INDEX, DEDUPLICATED = "minhash_signatures", "dedup_index", "deduplic
 
 @dg.asset(
     key=SIGNATURES, deps=[CURATED], partitions_def=document_partitions, group_name="dedup",
-    kinds={"python", "parquet"}, code_version=code_version("kiln.dedup.minhash", "kiln.dedup.text"),
+    kinds={"python", "parquet"},
+    code_version=code_version("kiln.dedup.signing", "kiln.dedup.minhash", "kiln.dedup.fast_minhash", "kiln.dedup.text"),
     check_specs=[dg.AssetCheckSpec("complete", asset=SIGNATURES, blocking=True,
                                    description="one signature per curated document")],
     automation_condition=FOLLOW,
@@ -77,7 +78,8 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     key=INDEX, group_name="dedup", kinds={"python", "parquet"}, partitions_def=refresh_partitions,
     pool="dedup_index",  # one writer at a time: a refresh decides against the earlier refreshes' indexes
     deps=[dg.AssetDep(SIGNATURES, partition_mapping=SAME_REFRESH)], automation_condition=FOLLOW,
-    code_version=code_version("kiln.dedup.near", "kiln.dedup.buckets", "kiln.dedup.components",
+    code_version=code_version("kiln.dedup.near", "kiln.dedup.buckets", "kiln.dedup.bucket_index",
+                              "kiln.dedup.bucket_layout", "kiln.dedup.bucket_rounds", "kiln.dedup.components",
                               "kiln.dedup.boilerplate"),
     check_specs=[
         dg.AssetCheckSpec("conservation", asset=INDEX, blocking=True,
@@ -91,7 +93,7 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
                 engine: KilnEngine) -> dg.MaterializeResult:
     """One refresh's near-duplicate decisions — each document kept, a near-duplicate (of this refresh or an
     earlier one), or already indexed — and its bucket index (the documents it accepted: band buckets, ids,
-    shingle sets), which later refreshes read as the persistent index (kiln.dedup.buckets)."""
+    shingle sets), which later refreshes read as the persistent index (kiln.dedup.bucket_index)."""
     config, store = kiln_config.load(), storage.store()
     near, lines = config.dedup.near, config.dedup.boilerplate_lines
     refresh = context.partition_key

@@ -7,11 +7,12 @@ import dagster as dg
 from assets.partitions import follow_only
 from assets.tokens import SHARDS, TOKENIZER
 from assets.training import CHECKPOINT, EVALUATION, RUN
-from kiln.governance.audit import Catalog, node_key
-from kiln.governance.data_card import build_data_card, data_card_markdown
+from kiln.common.manifest import code_version
+from kiln.governance.catalog import Catalog, node_key
+from kiln.governance.data_card import build_data_card
+from kiln.governance.data_card_markdown import data_card_markdown
 from kiln.governance.forget import REQUESTS
 from kiln.governance.lineage import DOCUMENT_STAGES
-from kiln.common.manifest import code_version
 from kiln.governance.refresh import partition
 from resources import KilnConfig, KilnStorage, MlflowTracking
 
@@ -30,7 +31,9 @@ removal_requests = dg.AssetSpec(
     automation_condition=follow_only(CHECKPOINT, EVALUATION),
     deps=[CHECKPOINT, EVALUATION, RUN, SHARDS, TOKENIZER, REQUESTS,
           *[dg.AssetDep(stage, partition_mapping=dg.AllPartitionMapping()) for stage in DOCUMENT_STAGES]],
-    code_version=code_version("kiln.governance.data_card", "kiln.governance.audit", "kiln.governance.lineage", "kiln.governance.forget"),
+    code_version=code_version("kiln.governance.data_card", "kiln.governance.data_card_markdown",
+                              "kiln.governance.audit", "kiln.governance.catalog", "kiln.governance.lineage",
+                              "kiln.governance.forget"),
     check_specs=[dg.AssetCheckSpec("lineage_complete", asset=DATA_CARD, blocking=False,
                                    description="the checkpoint's lineage reaches raw_documents for every source in its "
                                                "token shards, and every recorded input version is the one in the store")],

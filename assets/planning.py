@@ -6,9 +6,9 @@ import dagster as dg
 
 from assets.tokens import SHARDS
 from kiln.common.manifest import code_version
-from kiln.planning.plan import make_plan
-from kiln.governance.refresh import latest
 from kiln.common.storage import IncompleteDataset
+from kiln.governance.refresh import latest
+from kiln.planning.plan import make_plan
 from resources import KilnConfig, KilnStorage
 
 PLAN = "training_plan"

@@ -9,16 +9,16 @@ import numpy as np
 from assets.dedup import DEDUPLICATED
 from assets.partitions import FOLLOW, ONCE, document_partitions, source_and_refresh
 from assets.results import check_specs, engine_metadata, materialize_result, standard_checks
-from kiln.governance.forget import REQUESTS, first_match, load_requests
 from kiln.common.manifest import code_version
 from kiln.common.plots import figure_markdown, pyplot
-from kiln.quality.classifier import Example, balanced_sample, train_classifier
-from kiln.quality.rules import decide, decile_rows, filter_parts, threshold_effect
-from kiln.quality.scoring import read_scores, score_parts
-from kiln.governance.refresh import materialized, partition
 from kiln.common.removals import example_excerpt
 from kiln.common.stats import StageStats, chain, funnel_markdown
 from kiln.common.storage import resume_key
+from kiln.governance.forget import REQUESTS, first_match, load_requests
+from kiln.governance.refresh import materialized, partition
+from kiln.quality.classifier import Example, balanced_sample, train_classifier
+from kiln.quality.rules import decide, decile_rows, filter_parts, threshold_effect
+from kiln.quality.scoring import read_scores, score_parts
 from kiln.tokens.tokenizer import read_documents
 from resources import KilnConfig, KilnEngine, KilnStorage
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dagster as dg
 import pyarrow.parquet as pq
 
-from kiln.curation.documents import DOCUMENT_SCHEMA
-from kiln.engine import Engine
 from kiln.common.manifest import Manifest
 from kiln.common.stats import StageStats, examples_markdown, funnel_markdown, length_histogram_markdown
 from kiln.common.storage import Store
+from kiln.curation.documents import DOCUMENT_SCHEMA
+from kiln.engine import Engine
 
 CHECKS = ("conservation", "non_empty", "schema")
 

@@ -8,11 +8,11 @@ import dagster as dg
 from assets.partitions import FOLLOW, ONCE, SAME_REFRESH, refresh_partitions
 from assets.quality import QUALITY_FILTERED
 from assets.results import engine_metadata
-from kiln.governance.forget import REQUESTS, load_requests
 from kiln.common.manifest import code_version
-from kiln.tokens.mixture import SourceParts
 from kiln.common.plots import stacked_bars_markdown
+from kiln.governance.forget import REQUESTS, load_requests
 from kiln.governance.refresh import Refresh, load_refreshes, materialized, upto
+from kiln.tokens.mixture import SourceParts
 from kiln.tokens.shard_format import ShardError, open_shard, read_shard_set
 from kiln.tokens.shard_writer import write_token_shards
 from kiln.tokens.tokenizer import Tokenizer, draw_training_sample, tokenizer_report, train_tokenizer

@@ -15,8 +15,8 @@ from assets.tokens import ALL_SOURCES, SHARDS, TOKENIZER
 from kiln.common.config import ConfigError, ProjectConfig, kiln_home, merge_config, parse_config
 from kiln.common.manifest import code_version, git_commit
 from kiln.common.plots import figure_markdown, pyplot
-from kiln.governance.refresh import latest, load_refreshes, materialized, trained_refresh, upto
 from kiln.common.storage import IncompleteDataset
+from kiln.governance.refresh import latest, load_refreshes, materialized, trained_refresh, upto
 from kiln.tokens.shard_writer import is_validation
 from kiln.tokens.tokenizer import Tokenizer, read_documents
 from resources import KilnConfig, KilnEngine, KilnStorage, MlflowTracking, TrainingLauncher
@@ -136,13 +136,15 @@ def ray_reachable(training_launcher: TrainingLauncher, engine_address: str | Non
 def base_chain(store, folder: Path) -> dict | None:
     """What the base checkpoint was built from, as its lineage stood when this run started (the checkpoint asset
     is replaced by the continued run's own later, so the chain is kept here); None for a base from elsewhere."""
-    from kiln.governance.audit import AuditError, lineage
+    from kiln.governance.audit import lineage
+    from kiln.governance.catalog import AuditError
+    from kiln.governance.render import render_lineage
 
     try:
         chain = lineage(store, str(folder))
     except AuditError:
         return None
-    return {"target": chain.target, "text": chain.render(files_per_node=1),
+    return {"target": chain.target, "text": render_lineage(chain, files_per_node=1),
             "nodes": [{"key": n.key, "data_version": n.data_version, "created_at": n.created_at, "inputs": n.inputs}
                       for n in chain.nodes]}
 
@@ -186,9 +188,9 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
     continued = json.dumps({"base": base and base["sha256"], "replay": replay}) if base else ""
     key = run_key(shards.data_version, tok.data_version, settings.model_dump_json() + continued)
     run_dir = kiln_home() / "runs" / key
-    tags = {"kiln.dagster_run_id": context.run.run_id, "kiln.tokens.shard_writer.data_version": shards.data_version,
-            "kiln.governance.refresh": refresh,
-            "kiln.tokens.tokenizer.data_version": tok.data_version, "kiln.tokens.tokenizer.sha256": tok.stats["card"]["sha256"],
+    tags = {"kiln.dagster_run_id": context.run.run_id, "kiln.token_shards.data_version": shards.data_version,
+            "kiln.refresh": refresh,
+            "kiln.tokenizer.data_version": tok.data_version, "kiln.tokenizer.sha256": tok.stats["card"]["sha256"],
             "kiln.git_commit": git_commit() or "unknown", "kiln.run_key": key,
             **({"kiln.base_checkpoint.sha256": base["sha256"], "kiln.base_checkpoint": base["path"]} if base else {})}
     experiment_id, mlflow_run_id = _mlflow_run(mlflow_tracking, run_dir, f"kiln-{key}", tags)

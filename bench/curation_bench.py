@@ -23,13 +23,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kiln.common.config import load_config  # noqa: E402
-from kiln.curation.pipeline import filter_documents, ingest, profile_steps, run_steps  # noqa: E402
-from kiln.curation.documents import Document  # noqa: E402
-from kiln.engine import ProcessPool  # noqa: E402
-from kiln.curation.filters.registry import build_step  # noqa: E402
-from kiln.curation.readers import read_source  # noqa: E402
 from kiln.common.stats import StageStats  # noqa: E402
 from kiln.common.storage import Store  # noqa: E402
+from kiln.curation.documents import Document  # noqa: E402
+from kiln.curation.filters.registry import build_step  # noqa: E402
+from kiln.curation.pipeline import filter_documents, ingest, profile_steps, run_steps  # noqa: E402
+from kiln.curation.readers import read_source  # noqa: E402
+from kiln.engine import ProcessPool  # noqa: E402
 
 
 def main() -> None:

@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kiln.common.config import Decontamination  # noqa: E402
-from kiln.dedup.decontaminate import DEMO_BENCHMARK, BenchmarkIndex, read_benchmark_file  # noqa: E402
 from kiln.curation.synthetic import document  # noqa: E402
+from kiln.dedup.decontaminate import DEMO_BENCHMARK, BenchmarkIndex, read_benchmark_file  # noqa: E402
 
 SENTENCES = ["The weather turned cold that week.", "Nobody in the office could explain why.",
              "It was the third attempt that year.", "A small crowd had gathered by the door."]

@@ -5,7 +5,7 @@
 
 Documents are ~2 KB windows of the Python standard library's sources and docs (already on every
 machine); a share of them get a lightly edited copy (so the LSH has real candidates to verify). One refresh
-of them goes through `minhash.compute_signatures` and `buckets.decide_distributed` (what `dedup_index` runs) on
+of them goes through `signing.compute_signatures` and `buckets.decide_distributed` (what `dedup_index` runs) on
 SERIAL (this process) and on a ProcessPool of every core. Prints, per engine: docs/s and MB/s from signature
 parts to decisions and from text to decisions, per core both as wall rate / workers and as MB per CPU-second
 (this process and its workers: fair on a loaded machine), the decide stages' seconds, verification cost per
@@ -39,10 +39,11 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kiln.common.config import NearDedup  # noqa: E402
-from kiln.dedup.buckets import decide_distributed, read_decisions  # noqa: E402
-from kiln.dedup.minhash import (SCHEME, SCHEME_FAST, candidate_probability, choose_bands,  # noqa: E402
-                                compute_signatures, sign_texts, signature_groups, similarity_sketches)
 from kiln.curation.documents import DOCUMENT_SCHEMA  # noqa: E402
+from kiln.dedup.buckets import decide_distributed, read_decisions  # noqa: E402
+from kiln.dedup.fast_minhash import similarity_sketches  # noqa: E402
+from kiln.dedup.minhash import SCHEME, SCHEME_FAST, candidate_probability, choose_bands, sign_texts  # noqa: E402
+from kiln.dedup.signing import compute_signatures, signature_groups  # noqa: E402
 from kiln.engine import SERIAL, ProcessPool  # noqa: E402
 
 

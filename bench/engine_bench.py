@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kiln import engine as engines  # noqa: E402
 from kiln.common.config import ProjectConfig, load_config, parse_config  # noqa: E402
-from kiln.curation.pipeline import filter_documents, ingest, profile_steps  # noqa: E402
-from kiln.curation.exact_dedup import HashSource, exact_dedup  # noqa: E402
-from kiln.engine import ProcessPool, RayEngine  # noqa: E402
 from kiln.common.storage import Store  # noqa: E402
+from kiln.curation.exact_dedup import HashSource, exact_dedup  # noqa: E402
+from kiln.curation.pipeline import filter_documents, ingest, profile_steps  # noqa: E402
 from kiln.curation.synthetic import write_corpus  # noqa: E402
+from kiln.engine import ProcessPool, RayEngine  # noqa: E402
 
 GIB = 1 << 30
 

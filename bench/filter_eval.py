@@ -59,10 +59,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kiln.common.config import StepSpec, load_config  # noqa: E402
-from kiln.curation.pipeline import run_steps  # noqa: E402
+from kiln.common.stats import StageStats  # noqa: E402
 from kiln.curation.documents import Document  # noqa: E402
 from kiln.curation.filters.registry import build_step  # noqa: E402
-from kiln.common.stats import StageStats  # noqa: E402
+from kiln.curation.pipeline import run_steps  # noqa: E402
 
 MIN_CATCH = 0.99
 MAX_LOSS = 0.10

@@ -14,7 +14,7 @@ Pipeline per run, library calls only (no Dagster), each (engine, workers) in a f
   filter       kiln.curation.pipeline.filter_documents with `--profile`: light = normalize + pii only (the profile is empty),
                prose = the default config's prose profile (its steps, then pii)
   exact_dedup  kiln.curation.exact_dedup.exact_dedup (the curated documents)
-  signatures   kiln.dedup.minhash.compute_signatures with --config's dedup.near (default configs/default.yaml:
+  signatures   kiln.dedup.signing.compute_signatures with --config's dedup.near (default configs/default.yaml:
                scheme fss-splitmix64-v1; a config with scheme: affine32 measures the older signer)
   near_dedup   kiln.dedup.buckets.decide_distributed on the engine (`--partitions`, `--max-bucket`)
 Engines: local = kiln.engine.ProcessPool(workers) (1 worker runs in the driver process itself), ray =
@@ -200,8 +200,8 @@ def decisions_sha256(status: dict[str, tuple[str, str | None]]) -> str:
 
 
 def evaluate(seed: int, n_docs: int, status: dict[str, tuple[str, str | None]], near, sample: int) -> dict:
-    from kiln.dedup.minhash import jaccard, shingle_hashes
     from kiln.curation.documents import make_doc_id
+    from kiln.dedup.minhash import jaccard, shingle_hashes
 
     t0 = time.perf_counter()
     ids = [make_doc_id(SOURCE, f"id:scale-{seed}-{i}") for i in range(n_docs)]
@@ -305,12 +305,12 @@ def file_counts(root: Path) -> dict[str, int]:
 
 def run_one(args) -> dict:
     from kiln.common.config import ExactDedup, Reading, Source, load_config
+    from kiln.common.storage import Store
+    from kiln.curation.exact_dedup import HashSource, exact_dedup
     from kiln.curation.pipeline import filter_documents, ingest, profile_steps
     from kiln.dedup.buckets import decide_distributed
-    from kiln.curation.exact_dedup import HashSource, exact_dedup
-    from kiln.dedup.minhash import compute_signatures, signature_groups
+    from kiln.dedup.signing import compute_signatures, signature_groups
     from kiln.engine import ProcessPool, RayEngine
-    from kiln.common.storage import Store
 
     sampler = RssSampler(args.sample_s)
     sampler.start()

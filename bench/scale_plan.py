@@ -89,7 +89,7 @@ def measure_run_dir(run_dir: Path, docs: int) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from kiln.dedup.buckets import KEY_SCHEMA
+    from kiln.dedup.bucket_rounds import KEY_SCHEMA
     from kiln.dedup.shuffle import read_file
 
     if not run_dir.name.startswith(f"run-{docs}-"):
@@ -125,13 +125,13 @@ def measure_run_dir(run_dir: Path, docs: int) -> dict:
 
 def task_and_layout_bytes() -> tuple[float, float, float]:
     """What the driver ships per near-dup task, and what the layout file holds. Tasks carry the Layout as a file
-    (LayoutFile: path + sha256, kiln/dedup/buckets.py), so a task's pickle is a constant: the larger of a stage task
-    (_Task) and a component-label task (_LabelTask, whose route is the LayoutFile), with a store path as long as a
-    real one. The layout file (JSON, written once per stage, read once per worker process) grows by the bytes per
+    (LayoutFile: path + sha256, kiln/dedup/bucket_layout.py), so a task's pickle is a constant: the larger of a stage
+    task (_Task) and a component-label task (_LabelTask, whose route is the LayoutFile), with a store path as long as
+    a real one. The layout file (JSON, written once per stage, read once per worker process) grows by the bytes per
     signature part and per earlier refresh's docs part returned second and third."""
     import dataclasses
 
-    from kiln.dedup.buckets import Earlier, Layout, LayoutFile, _Task
+    from kiln.dedup.bucket_layout import Earlier, Layout, LayoutFile, _Task
     from kiln.dedup.components import _LabelTask
 
     work = f"/mnt/kiln/store/dedup_index/.2025-w02.staging-{'f' * 16}/.near_dedup"  # DatasetWriter.scratch
@@ -325,8 +325,10 @@ def main() -> None:
     args = ap.parse_args()
     t = Target(**{k: v for k, v in vars(args).items() if k in Target.__dataclass_fields__})
     import numpy as np
+
     from kiln.common.config import load_config
-    from kiln.dedup.buckets import BUCKET_SCHEMA, old_ranks
+    from kiln.dedup.bucket_index import BUCKET_SCHEMA
+    from kiln.dedup.bucket_layout import old_ranks
     from kiln.dedup.minhash import bands_rows
 
     bench = json.loads(Path(args.bench).read_text())

@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow as pa  # noqa: E402
 
 from kiln.common.config import Mixture, ShardSettings, TokenizerSettings  # noqa: E402
+from kiln.common.storage import write_parquet_atomic  # noqa: E402
 from kiln.curation.documents import DOCUMENT_SCHEMA, Document, make_doc_id  # noqa: E402
 from kiln.tokens.mixture import SourceParts  # noqa: E402
-from kiln.common.storage import write_parquet_atomic  # noqa: E402
 from kiln.tokens.shard_writer import write_token_shards  # noqa: E402
 from kiln.tokens.tokenizer import Tokenizer, draw_training_sample, train_tokenizer  # noqa: E402
 
@@ -145,10 +145,10 @@ def main() -> None:
         print(f"\nshard write (mix, shuffle, copy, write): {len(result.shards)} shards, {shard_mb:.1f} MB, {tokens:,} tokens "
               f"in {write:.2f} s = {shard_mb / write:.0f} MB/s ({tokens / write / 1e6:.0f} M tokens/s)")
 
-        from training_jobs.loader import ShardLoader  # here, not at the top: pool workers re-import this script
-
         # The shards hold no manifest here; write the stats file the loader reads (a DatasetWriter would).
         import json
+
+        from training_jobs.loader import ShardLoader  # here, not at the top: pool workers re-import this script
         (out / "_manifest.json").write_text(json.dumps({"stats": result.manifest_stats()}))
         loader = ShardLoader(out, seq_len=args.seq_len, batch_size=args.batch_size,
                              expected_tokenizer_sha256=tok.sha256)

@@ -1,5 +1,5 @@
 """Peak memory of building a model for ZeRO-3 training, with and without deepspeed.zero.Init: two processes
-(torchrun, gloo on CPU or NCCL on GPUs) each build the preset through training_jobs.train.build_engine
+(torchrun, gloo on CPU or NCCL on GPUs) each build the preset through training_jobs.setup.build_engine
 (the model, AdamW, the LR schedule, deepspeed.initialize) and report their peak resident memory (ru_maxrss;
 on GPUs also the peak allocated device memory). Without zero.Init every rank holds the whole fp32 model before
 DeepSpeed partitions it; with it, each rank only ever holds its partition (plus one parameter being initialized).
@@ -27,7 +27,7 @@ VOCAB = 32_000
 
 
 def worker(preset: str, zero_init: bool) -> None:
-    from training_jobs.train import default_environment
+    from training_jobs.setup import default_environment
 
     default_environment()
     import torch
@@ -35,7 +35,7 @@ def worker(preset: str, zero_init: bool) -> None:
     from training_jobs.model import ModelConfig, param_count
     from training_jobs.monitor import StabilityMonitor
     from training_jobs.settings import TrainingSettings
-    from training_jobs.train import build_engine, build_model, deepspeed_config, init_distributed, resolve_precision
+    from training_jobs.setup import build_engine, build_model, deepspeed_config, init_distributed, resolve_precision
 
     def peaks() -> dict:
         """Peak resident memory so far (Linux reports KiB) and, on GPUs, peak allocated device memory, in GiB."""

@@ -18,14 +18,14 @@ from collections.abc import Callable
 
 import dagster as dg
 
-from kiln.governance.audit import Catalog
 from kiln.common.config import ConfigError, ProjectConfig, load_config
-from kiln.governance.data_card import merged_stage_stats
-from kiln.engine import EngineError, shared_local_ray
-from kiln.governance.lineage import DOCUMENT_STAGES
-from kiln.governance.refresh import latest, load_refreshes, next_refresh, partition
 from kiln.common.stats import StageStats, chain, funnel_rows
 from kiln.common.storage import Store
+from kiln.engine import EngineError, shared_local_ray
+from kiln.governance.catalog import Catalog
+from kiln.governance.data_card import merged_stage_stats
+from kiln.governance.lineage import DOCUMENT_STAGES
+from kiln.governance.refresh import latest, load_refreshes, next_refresh, partition
 
 # Step events at INFO, not Dagster's DEBUG flood; the full event log is in the UI. Steps run in the demo's own
 # process, one after another: the data engine parallelizes inside each step, and a process per step would pay

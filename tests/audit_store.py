@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from kiln.common.config import load_config
-from kiln.governance.refresh import latest
 from kiln.common.storage import Store
+from kiln.governance.refresh import latest
 from tests.assets.project import load_project
 from tests.conftest import SERIAL_ENGINE, web_and_ref_sources, write_jsonl
 

@@ -15,13 +15,13 @@ import sys
 from pathlib import Path
 
 from kiln.common.config import NearDedup, ProjectConfig, parse_config
-from kiln.curation.pipeline import filter_documents, ingest, profile_steps
-from kiln.dedup.buckets import decide_distributed
-from kiln.curation.exact_dedup import HashSource, exact_dedup
-from kiln.dedup.minhash import compute_signatures
-from kiln.engine import SERIAL, Engine, RayEngine
 from kiln.common.manifest import MANIFEST_NAME
 from kiln.common.storage import Store
+from kiln.curation.exact_dedup import HashSource, exact_dedup
+from kiln.curation.pipeline import filter_documents, ingest, profile_steps
+from kiln.dedup.buckets import decide_distributed
+from kiln.dedup.signing import compute_signatures
+from kiln.engine import SERIAL, Engine, RayEngine
 
 SOURCES = ("web", "mirror")
 NEAR = NearDedup()  # mirror holds a slice of web's documents again: cross-source duplicates

@@ -1,4 +1,4 @@
-"""The near-dup path Kiln ran before the bucket index (kiln.dedup.buckets): `near_dedup` deciding a whole refresh
+"""The near-dup path Kiln ran before the bucket index (kiln.dedup.bucket_index): `near_dedup` deciding a whole refresh
 in one process against one `LocalIndex` (datasketch MinHashLSH band tables rebuilt from segment files).
 
 Kept in the tests only, as the second implementation the bucket pipeline's decisions are compared with, and to
@@ -8,7 +8,7 @@ what kiln.dedup.migrate reads.
 
 It takes signature rows of either scheme (`dedup.near.scheme`): datasketch's MinHashLSH reads only the signature
 values (`minhash.lean`), and verification is exact Jaccard of the stored shingle sets. The index params it records
-and checks are `buckets.index_params`, the scheme included (the real old indexes are all affine32: the migration
+and checks are `bucket_index.index_params`, the scheme included (the real old indexes are all affine32: the migration
 tests build theirs with NearDedup(scheme="affine32")).
 """
 
@@ -35,10 +35,10 @@ from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from kiln.common.config import NearDedup
-from kiln.dedup.buckets import IndexMismatch, index_params
+from kiln.common.manifest import sha256_file, write_json_atomic
+from kiln.dedup.bucket_index import IndexMismatch, index_params
 from kiln.dedup.minhash import estimated_jaccard, jaccard, lean
 from kiln.dedup.near import ALREADY_INDEXED, DECISION_SCHEMA, KEPT, NEAR_DUPLICATE, UnionFind
-from kiln.common.manifest import sha256_file, write_json_atomic
 
 
 def _waiting(where: str) -> None:

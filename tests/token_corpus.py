@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from kiln.common.config import Fim, Mixture, ShardSettings, TokenizerSettings
+from kiln.common.storage import write_parquet_atomic
 from kiln.curation.documents import DOCUMENT_SCHEMA, Document, make_doc_id
 from kiln.tokens.mixture import SourceParts
-from kiln.common.storage import write_parquet_atomic
 from kiln.tokens.tokenizer import draw_training_sample, train_tokenizer
 
 WORDS = ("the river town salt timber merchant ledger barge lock price bread winter council market towpath "

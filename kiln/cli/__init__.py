@@ -1,11 +1,15 @@
-"""The `kiln` command line. Bad arguments get a clear message and exit code 2."""
+"""The `kiln` command line, one module per command: `plan`, `audit`, `forget`, `dedup` (and `base`, what they share).
+Bad arguments get a clear message and exit code 2. Outside Dagster: the same library code the assets call,
+over the same store (`$KILN_HOME/data`) and project config (`$KILN_CONFIG`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from kiln.cli.governance import add_audit_parser, add_dedup_parser, add_forget_parser
+from kiln.cli.audit import add_audit_parser
+from kiln.cli.dedup import add_dedup_parser
+from kiln.cli.forget import add_forget_parser
 from kiln.cli.plan import add_plan_parser
 
 

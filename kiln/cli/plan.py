@@ -16,11 +16,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kiln.cli.base import EXIT_BAD_INPUT, EXIT_OK
+from kiln.planning.fits import runs_from_mlflow
 from kiln.planning.plan import Plan, PlanRequest, make_plan
-from kiln.planning.scaling import runs_from_mlflow
-
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
 
 
 def _name_amount(text: str) -> tuple[str, float]:

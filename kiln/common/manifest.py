@@ -11,8 +11,8 @@ import datetime as dt
 import hashlib
 import json
 import os
-import uuid
 import subprocess
+import uuid
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path

@@ -34,8 +34,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from filelock import FileLock, Timeout
 
-from kiln.common.manifest import (MANIFEST_NAME, FileEntry, Manifest, data_version_of, fsync_dir, fsync_file, git_commit,
-                           now_utc, sha256_file, temporary_name, write_json_atomic)
+from kiln.common.manifest import (
+    MANIFEST_NAME,
+    FileEntry,
+    Manifest,
+    data_version_of,
+    fsync_dir,
+    fsync_file,
+    git_commit,
+    now_utc,
+    sha256_file,
+    temporary_name,
+    write_json_atomic,
+)
 from kiln.common.remote import CorruptRemoteFile, MissingRemoteFile, S3Remote
 from kiln.common.secrets import redact
 

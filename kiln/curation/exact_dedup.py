@@ -28,11 +28,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from filelock import FileLock
 
-from kiln.curation.documents import REJECTED_SCHEMA
-from kiln.engine import SERIAL, Engine
 from kiln.common.removals import RejectedText, example_excerpt, rejected_row
 from kiln.common.stats import StageStats
 from kiln.common.storage import lock_then_remove, resume_part, write_parquet_atomic
+from kiln.curation.documents import REJECTED_SCHEMA
+from kiln.engine import SERIAL, Engine
 
 DEDUP_STAGE = "exact_dedup"
 DUPLICATE = f"{DEDUP_STAGE}.duplicate"

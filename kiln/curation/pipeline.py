@@ -22,16 +22,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.common.config import ExactDedup, ProjectConfig, Reading, Source, StepSpec
+from kiln.common.removals import RejectedText, example_excerpt, rejected_row
+from kiln.common.stats import StageStats
+from kiln.common.storage import DatasetWriter, part_name, resume_part, write_parquet_atomic
 from kiln.curation.documents import CURATED_SCHEMA, DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
 from kiln.curation.exact_dedup import HashSource, duplicates_dir, duplicates_in, find_duplicates
-from kiln.engine import SERIAL, Engine
 from kiln.curation.filters.base import Step
 from kiln.curation.filters.registry import build_step
 from kiln.curation.readers import Quarantined, SourceFile, read_source
 from kiln.curation.readers.paths import expand
-from kiln.common.removals import RejectedText, example_excerpt, rejected_row
-from kiln.common.stats import StageStats
-from kiln.common.storage import DatasetWriter, part_name, resume_part, write_parquet_atomic
+from kiln.engine import SERIAL, Engine
 
 FILTER_STAGE = "filter"
 

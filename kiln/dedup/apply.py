@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.common.config import BoilerplateLines, Decontamination
-from kiln.dedup.boilerplate import strip_boilerplate
-from kiln.dedup.decontaminate import BenchmarkIndex, contamination_counts, decontaminate, report_rows, report_table
-from kiln.curation.documents import DOCUMENT_SCHEMA, REJECTED_SCHEMA
 from kiln.common.removals import RejectedText, example_excerpt, rejected_row
 from kiln.common.stats import StageStats
 from kiln.common.storage import DatasetWriter
+from kiln.curation.documents import DOCUMENT_SCHEMA, REJECTED_SCHEMA
+from kiln.dedup.boilerplate import strip_boilerplate
+from kiln.dedup.decontaminate import BenchmarkIndex, contamination_counts, decontaminate, report_rows, report_table
 
 NEAR_STAGE, BOILERPLATE_STAGE, DECONTAMINATION_STAGE = "near_dedup", "boilerplate_lines", "decontamination"
 NEAR_REASON, BOILERPLATE_ONLY = "near_duplicate", "boilerplate_only"

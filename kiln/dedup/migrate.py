@@ -29,10 +29,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.common.config import NearDedup
-from kiln.dedup.buckets import DOCS_SCHEMA, index_params, params_differences, write_index
+from kiln.common.storage import Store
+from kiln.dedup.bucket_index import DOCS_SCHEMA, index_params, params_differences, write_index
 from kiln.dedup.minhash import sign_shingles
 from kiln.governance.refresh import load_refreshes
-from kiln.common.storage import Store
 
 INDEX = "dedup_index"
 RECORD_COLUMNS = ["doc_id", "source", "quality_tier", "chars", "batch"]

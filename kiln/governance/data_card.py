@@ -4,7 +4,7 @@
 document stage, the filter funnel, dedup and decontamination figures, PII counts, quality filtering,
 the tokenizer, the mixture and effective epochs, the training settings and results, the MLflow run,
 and the full lineage chain with hashes (`kiln.governance.audit.lineage`). `data_card_markdown` renders it for
-people; the dict itself is the JSON for machines. Nothing is recomputed from the data: a figure that
+people (its own module); the dict itself is the JSON for machines. Nothing is recomputed from the data: a figure that
 is not in a manifest is not on the card, and a stage that is not materialized says so.
 """
 
@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.governance.audit import CHECKPOINT, SHARDS, TRAINING_RUN, Catalog, lineage
 from kiln.common.config import ProjectConfig
-from kiln.dedup.report import cross_source_markdown
-from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.common.manifest import Manifest, now_utc
-from kiln.governance.refresh import load_refreshes, partition, trained_refresh
 from kiln.common.stats import StageStats, chain, funnel_markdown, funnel_rows
-from kiln.governance.forget import load_requests
 from kiln.common.storage import Store
+from kiln.governance.audit import lineage
+from kiln.governance.catalog import CHECKPOINT, SHARDS, TRAINING_RUN, Catalog
+from kiln.governance.forget import load_requests
+from kiln.governance.lineage import DOCUMENT_STAGES
+from kiln.governance.refresh import load_refreshes, partition, trained_refresh
 
-FORMAT = "kiln.governance.data_card/1"
+FORMAT = "kiln.data_card/1"
 TOKENIZER, EVALUATION, INDEX = "tokenizer", "evaluation", "dedup_index"
 CLASSIFIER = "quality_classifier"
 
@@ -270,199 +270,4 @@ def _shards(shards) -> dict[str, Any] | None:
             if members else None}
 
 
-# ---------------------------------------------------------------------------------------------- markdown
-
-def _n(value: Any) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:,.4g}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-def _table(header: list[str], rows: list[list[Any]], align: str | None = None) -> list[str]:
-    align = align or "|" + "---|" * len(header)
-    return ["| " + " | ".join(header) + " |", align] + ["| " + " | ".join(_n(c) for c in r) + " |" for r in rows]
-
-
-def _rule(rule: dict | None) -> str:
-    """A quality rule as its set keys (`keep_top_fraction=0.9`), or "keep everything"."""
-    set_keys = {k: v for k, v in (rule or {}).items() if v is not None and k != "bucket_quantiles"}
-    if "perplexity_buckets" in set_keys:
-        set_keys["bucket_quantiles"] = rule["bucket_quantiles"]
-    return ", ".join(f"{k}={v}" for k, v in set_keys.items()) or "keep everything"
-
-
-def data_card_markdown(card: dict[str, Any]) -> str:
-    """The card for people: one page, the figures an auditor asks for first, the rest in data_card.json."""
-    c, out = card["checkpoint"], []
-    out += [f"# Data card: checkpoint `{c['data_version']}`", "",
-            f"Generated {card['generated_at']} from the manifests in the store; checkpoint created {c['created_at']}, "
-            f"git `{c['git_commit'] or 'unknown'}`, {_n(c['parameters'])} parameters, {_n(c['steps'])} steps."]
-    if card.get("mlflow"):
-        m = card["mlflow"]
-        out.append(f"MLflow run `{m.get('run_id')}` (experiment {m.get('experiment_id')})"
-                   + (f": {m['url']}" if m.get("url") else "") + ".")
-
-    if card.get("removal_requests"):
-        out += ["", "## ⚠ Removal requests affecting this checkpoint", "",
-                "This checkpoint was trained on documents that were later asked to be removed (`kiln forget`). "
-                "The next token shards exclude them; this checkpoint still contains what it learned from them.", ""]
-        out += _table(["request", "recorded", "kind", "value", "reason", "documents trained on", "tokens"],
-                      [[f"`{r['request_id']}`", r["created_at"], r["kind"], r["value"], r["reason"] or "",
-                        r["affected"]["documents"], r["affected"]["tokens"]] for r in card["removal_requests"]])
-
-    out += ["", "## Sources and licenses", ""]
-    rows = []
-    for s in card["sources"]:
-        t = s["tokens"] or {}
-        raw = s["stages"].get(DOCUMENT_STAGES[0])
-        rows.append([s["name"], s["license"], s["domain"], s["quality_tier"], s["origin"],
-                     raw.get("documents_in") if isinstance(raw, dict) else None, t.get("train_documents"),
-                     t.get("train_tokens"), t.get("effective_epochs")])
-    out += _table(["source", "license", "domain", "tier", "origin", "raw records", "train documents", "train tokens",
-                   "epochs"], rows, "|---|---|---|---:|---|---:|---:|---:|---:|")
-
-    out += ["", "## Refreshes in the training data", ""]
-    out += _table(["refresh", "registered", "trigger", "landed files", "raw records", "documents kept"],
-                  [[f"`{r['key']}`", r["created_at"], r["trigger"], "configured sources" if r["landed_files"] is None
-                    else r["landed_files"], r["raw_records"], r["documents"]] for r in card["refreshes"]],
-                  "|---|---|---|---:|---:|---:|")
-
-    out += ["", "## Documents at every stage (all refreshes)", ""]
-    rows = [[s["name"]] + [st["documents"] if isinstance(st, dict) else st for st in s["stages"].values()]
-            for s in card["sources"]]
-    out += _table(["source", *DOCUMENT_STAGES], rows, "|---|" + "---:|" * len(DOCUMENT_STAGES))
-
-    out += ["", "## Filter funnel (all sources, raw records to the last stage)", "", card["funnel"]["markdown"]]
-
-    d = card["dedup"]
-    out += ["", "## Deduplication and decontamination", ""]
-    rows = [[name, v["exact_duplicates"], v["near_duplicates"], v["boilerplate_only"],
-             (card["decontamination"]["per_source"].get(name) or {}).get("documents_removed")
-             if isinstance(card["decontamination"]["per_source"].get(name), dict) else None]
-            for name, v in d["per_source"].items()]
-    out += _table(["source", "exact duplicates", "near duplicates", "boilerplate-only", "benchmark overlap removed"],
-                  rows, "|---|---:|---:|---:|---:|")
-    if d["index"]:
-        i = d["index"]
-        lsh, ver = i.get("lsh") or {}, i.get("verification") or {}
-        out += ["", f"Near-duplicate index: {_n(i['documents'])} accepted documents; Jaccard threshold "
-                    f"{lsh.get('threshold')}, LSH {lsh.get('bands')} bands x {lsh.get('rows')} rows over "
-                    f"{lsh.get('num_perm')} permutations; {_n(ver.get('candidate_pairs'))} candidate pairs verified "
-                    f"exactly.", "", cross_source_markdown(i.get("cross_source") or {})]
-    benchmarks = {}
-    for v in card["decontamination"]["per_source"].values():
-        for name, counts in (v.get("per_benchmark") or {}).items() if isinstance(v, dict) else ():
-            total = benchmarks.setdefault(name, {})
-            for k, n in counts.items():
-                total[k] = total.get(k, 0) + n
-    declared = (card["decontamination"].get("benchmarks") or {}).get("benchmarks") or {}
-    for name in declared:
-        benchmarks.setdefault(name, {})
-    if benchmarks:
-        out += [""] + _table(["benchmark", "items contaminated", "documents affected", "dropped", "redacted"],
-                             [[b, v.get("items_contaminated", 0), v.get("documents_affected", 0),
-                               v.get("documents_dropped", 0), v.get("documents_redacted", 0)]
-                              for b, v in sorted(benchmarks.items())], "|---|---:|---:|---:|---:|")
-    else:
-        out += ["", "No benchmark was declared for decontamination."]
-
-    out += ["", "## PII replaced by placeholders", ""]
-    types = sorted({t for v in card["pii"].values() if v for t in v})
-    out += _table(["source", *types, "total"], [[n, *[(v or {}).get(t, 0) for t in types], sum((v or {}).values())]
-                                                 for n, v in card["pii"].items()],
-                  "|---|" + "---:|" * (len(types) + 1))
-
-    q = card["quality"]
-    out += ["", "## Quality filtering", ""]
-    clf = q["classifier"]
-    if clf is None:
-        out.append("quality_classifier: not materialized.")
-    elif clf.get("enabled"):
-        h = clf.get("cross_validation") or {}
-        out.append(f"fastText classifier `{(clf.get('sha256') or '')[:16]}` (positives "
-                   f"{', '.join(clf['positive_sources'] or [])}; negatives {', '.join(clf['negative_sources'] or [])}), "
-                   f"{h.get('folds')}-fold cross-validated: ROC AUC {_n(h.get('auc'))}, precision {_n(h.get('precision'))}, recall "
-                   f"{_n(h.get('recall'))}.")
-    else:
-        out.append("Classifier off (no positive and negative sources, or disabled).")
-    out += [""] + _table(["source", "rule", "kept", "removed"],
-                         [[n, "not materialized", None, None] if not isinstance(v, dict) else
-                          [n, _rule(v["rule"]), v["documents"], v["removed"]]
-                          for n, v in q["per_source"].items()],
-                         "|---|---|---:|---:|")
-
-    t = card["tokenizer"]
-    out += ["", "## Tokenizer", ""]
-    out.append("not materialized" if t is None else
-               f"sentencepiece {t['model_type']}, {_n(t['vocab_size'])} pieces ({t['dtype']}), sha256 `{t['sha256']}`, "
-               f"trained on {_n(t['sample'].get('documents'))} documents ({_n(t['sample'].get('chars'))} characters); "
-               f"data version `{t['data_version']}`.")
-
-    mix = card["mixture"]
-    out += ["", "## Mixture and effective epochs", ""]
-    if mix is None:
-        out.append("token_shards: not materialized.")
-    else:
-        weights = (mix.get("settings") or {}).get("weights") or {}
-        out += _table(["source", "weight", "natural train tokens", "train tokens", "share", "effective epochs"],
-                      [[n, weights.get(n, "natural"), v["natural_train_tokens"], v["train_tokens"], v["share"],
-                        v["effective_epochs"]] for n, v in mix["per_source"].items()], "|---|---:|---:|---:|---:|---:|")
-        out += [f"- warning: {w}" for w in mix.get("warnings") or []]
-        sh = card["shards"]
-        out += ["", f"Token shards `{sh['data_version']}` (refresh `{sh['refresh']}`): "
-                    f"{_n(sh['counts'].get('train_tokens'))} train and "
-                    f"{_n(sh['counts'].get('val_tokens'))} validation tokens in {_n(sh['counts'].get('shards'))} shards "
-                    f"(seq_len {sh['seq_len']}); member list `{(sh['member_list'] or {}).get('path')}` sha256 "
-                    f"`{(sh['member_list'] or {}).get('sha256')}`."]
-        if sh.get("removal_requests"):
-            lost = ", ".join(f"{n}: {_n(k)}" for n, k in sh["removed_by_request"].items()) or "none matched"
-            out += ["", f"Removal requests honoured by these shards, across every refresh they read: "
-                        f"{', '.join(f'`{r}`' for r in sh['removal_requests'])}; documents left out by source: {lost}."]
-
-    tr = card["training"]
-    out += ["", "## Training", ""]
-    s, settings = tr["summary"], tr.get("settings") or {}
-    model = (settings.get("model") or {}).get("preset") if isinstance(settings.get("model"), dict) else None
-    out.append(f"Run `{tr['data_version']}`: status {_n(s.get('status'))}, {_n(s.get('steps'))} steps, "
-               f"{_n(s.get('tokens_seen'))} tokens seen, preset {_n(model)}, {_n(s.get('world_size'))} processes on "
-               f"{_n(s.get('device'))} ({_n(s.get('precision'))}); final training loss {_n(s.get('final_loss'))}, "
-               f"validation loss {_n(s.get('val_loss'))}; {tr['stability_events']} stability events. Full settings in "
-               f"data_card.json.")
-    base = tr.get("base_checkpoint")
-    if base:
-        replay = tr.get("replay")
-        out += ["", f"Continued pretraining (objective {_n(s.get('objective'))}) from base checkpoint `{base['kind']}` "
-                    f"sha256 `{base['sha256'][:16]}` at `{base['path']}` (trained on `{base['trained_on']}`), "
-                    f"base validation loss on this run's held-back tokens {_n(s.get('base_val_loss'))}; "
-                    + (f"replay: {replay['share']:.0%} of sequences from `{replay['dataset_dir']}`." if replay
-                       else "no replay."),
-                "", "What the base checkpoint was built from, when this run started:", "", "```",
-                (base.get("chain") or {}).get("text") or "unknown: the base came from outside this store", "```"]
-    if card.get("evaluation"):
-        v = card["evaluation"]["validation"] or {}
-        out.append(f"Evaluation `{card['evaluation']['data_version']}`: validation loss {_n(v.get('loss'))}, "
-                   f"perplexity {_n(v.get('perplexity'))} over {_n(v.get('tokens'))} tokens.")
-        forgetting = card["evaluation"].get("forgetting")
-        if forgetting:
-            out += ["", "Forgetting per domain (validation loss of this checkpoint minus the base's, same tokens; "
-                        "positive = worse than the base):", ""]
-            out += _table(["domain", "tokens", "base loss", "this loss", "forgetting"],
-                          [[d, _n(f["tokens"]), f["base_loss"], f["loss"], f["forgetting"]]
-                           for d, f in forgetting.items()], "|---|---:|---:|---:|---:|")
-
-    lin = card["lineage"]
-    out += ["", f"## Lineage ({len(lin['nodes'])} datasets back to the raw sources)", ""]
-    out += _table(["dataset", "data version", "code version", "git commit", "created", "files", "status"],
-                  [[f"`{n['key']}`", f"`{n['data_version']}`", n["code_version"], (n["git_commit"] or "unknown")[:12],
-                    n["created_at"], len(n["files"]), n["status"]] for n in lin["nodes"]],
-                  "|---|---|---|---|---|---:|---|")
-    out += [f"- warning: {p}" for p in lin["problems"]]
-    out += ["", "File hashes (sha256) of every dataset are in `data_card.json` under `lineage`."]
-    return "\n".join(out) + "\n"
-
-
-__all__ = ["FORMAT", "build_data_card", "data_card_markdown", "merged_stage_stats"]
+__all__ = ["FORMAT", "build_data_card", "merged_stage_stats"]

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from kiln.common.config import ProjectConfig
-from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.common.manifest import now_utc
-from kiln.governance.refresh import materialized, trained_refresh
 from kiln.common.storage import IncompleteDataset, Store
+from kiln.governance.lineage import DOCUMENT_STAGES
+from kiln.governance.refresh import materialized, trained_refresh
 
 REQUESTS, REQUESTS_FILE = "removal_requests", "removal_requests.json"
 STAGE = "removal_request"
@@ -152,5 +152,5 @@ def record_request(store: Store, config: ProjectConfig, kind: str, value: str | 
         with store.staging(REQUESTS) as writer:
             (writer.dir / REQUESTS_FILE).write_text(json.dumps({"requests": [r.to_dict() for r in requests]},
                                                                indent=2, ensure_ascii=False), encoding="utf-8")
-            writer.commit(code_version="kiln.governance.forget", config={}, inputs={}, counts={"requests": len(requests)})
+            writer.commit(code_version="kiln.forget", config={}, inputs={}, counts={"requests": len(requests)})
     return request

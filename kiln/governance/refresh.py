@@ -25,8 +25,8 @@ from pyarrow import fs as pafs
 
 from kiln.common.config import ProjectConfig, Source
 from kiln.common.manifest import Manifest, now_utc, sha256_file
-from kiln.curation.readers.paths import SourceFile, expand
 from kiln.common.storage import IncompleteDataset, Store
+from kiln.curation.readers.paths import SourceFile, expand
 
 REFRESHES, REFRESHES_FILE = "refreshes", "refreshes.json"
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -165,7 +165,7 @@ def _write(store: Store, refreshes: list[Refresh]) -> None:
     with store.staging(REFRESHES) as writer:
         (writer.dir / REFRESHES_FILE).write_text(
             json.dumps({"refreshes": [r.to_dict() for r in refreshes]}, indent=2, ensure_ascii=False), encoding="utf-8")
-        writer.commit(code_version="kiln.governance.refresh", config={}, inputs={},
+        writer.commit(code_version="kiln.refresh", config={}, inputs={},
                       counts={"refreshes": len(refreshes),
                               "landed_files": sum(len(fs) for r in refreshes for fs in (r.files or {}).values())})
 

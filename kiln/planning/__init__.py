@@ -1,13 +1,15 @@
 """Dagster-free run planning: budget → model size, tokens, cost, parallelism, memory, failure costs.
 
 Every formula cites its paper in the module that implements it: `compute` (6ND, PaLM attention
-FLOPs), `scaling` (Chinchilla, Hoffmann, Kaplan, Sardana, own fits), `memory` (ZeRO, Korthikanti),
-`parallelism` (Megatron-LM 3D layout), `reliability` (Young/Daly), `data` (Muennighoff epochs).
-`plan.make_plan` puts them together; `kiln.cli.plan` is `kiln plan`.
+FLOPs), `scaling` (Chinchilla, Hoffmann, Kaplan, Sardana), `fits` (own L(C) and L(N, D) fits to
+finished runs), `memory` (ZeRO, Korthikanti), `parallelism` (Megatron-LM 3D layout), `reliability`
+(Young/Daly), `data` (Muennighoff epochs). `plan.make_plan` puts them together, `render` draws the
+plan as a table; `kiln.cli.plan` is `kiln plan`.
 """
 
 from kiln.planning.compute import estimate_compute, training_flops, training_flops_with_attention
 from kiln.planning.data import data_sufficiency
+from kiln.planning.fits import NotEnoughRuns, RunPoint, fit_compute_law, fit_parametric_law, runs_from_mlflow
 from kiln.planning.hardware import GPUS, UnknownGpu, lookup_gpu
 from kiln.planning.memory import ModelShape, estimate_memory, model_state_bytes_per_param, shape_for_params
 from kiln.planning.parallelism import Cluster, pipeline_bubble_fraction, recommend_parallelism
@@ -15,17 +17,12 @@ from kiln.planning.plan import Plan, PlanRequest, make_plan
 from kiln.planning.reliability import daly_interval, estimate_reliability, young_interval
 from kiln.planning.scaling import (
     HOFFMANN_2022,
-    NotEnoughRuns,
     ParametricLoss,
-    RunPoint,
     chinchilla_allocation,
-    fit_compute_law,
-    fit_parametric_law,
     hoffmann_allocation,
     inference_aware_allocation,
     inference_aware_for_budget,
     kaplan_allocation,
-    runs_from_mlflow,
 )
 
 __all__ = [

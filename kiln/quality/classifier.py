@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.common.config import QualityClassifier
-from kiln.engine import SERIAL, Engine
 from kiln.common.manifest import sha256_file, write_json_atomic
-from kiln.tokens.mixture import hash_unit
 from kiln.common.storage import write_parquet_atomic
+from kiln.engine import SERIAL, Engine
+from kiln.tokens.mixture import hash_unit
 
 MODEL_FILE, CARD_FILE, SAMPLE_FILE = "quality_classifier.bin", "quality_classifier.json", "training_sample.parquet"
 POSITIVE, NEGATIVE = "__label__reference", "__label__web"

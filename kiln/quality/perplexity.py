@@ -10,8 +10,8 @@ on CPU or GPU.
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -17,12 +17,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.common.config import QualityRule
-from kiln.curation.documents import QUALITY_REJECTED_SCHEMA, SCORED_SCHEMA
-from kiln.tokens.mixture import hash_unit
-from kiln.quality.scoring import PERPLEXITY, SCORE
 from kiln.common.removals import RejectedText, example_excerpt, rejected_row
 from kiln.common.stats import StageStats
 from kiln.common.storage import DatasetWriter
+from kiln.curation.documents import QUALITY_REJECTED_SCHEMA, SCORED_SCHEMA
+from kiln.quality.scoring import PERPLEXITY, SCORE
+from kiln.tokens.mixture import hash_unit
 
 STAGE, REQUEST_STAGE = "quality", "removal_request"
 BELOW_MIN, BOTTOM_FRACTION = "quality_score_below_min", "quality_score_bottom_fraction"

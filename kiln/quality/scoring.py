@@ -20,10 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.common.config import QualityPerplexity
+from kiln.common.storage import resume_part, write_parquet_atomic
 from kiln.curation.documents import DOCUMENT_SCHEMA, SCORED_SCHEMA
 from kiln.engine import SERIAL, Engine
 from kiln.quality.classifier import ClassifierCard, QualityScorer
-from kiln.common.storage import resume_part, write_parquet_atomic
 
 if TYPE_CHECKING:  # torch loads only where perplexity is computed
     from kiln.quality.perplexity import ReferenceModel

@@ -39,12 +39,12 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from kiln.common.config import Mixture, ShardSettings
+from kiln.common.storage import part_name, write_parquet_atomic
 from kiln.engine import SERIAL, Engine
-from kiln.tokens.fim import FimIds, fim_split, fim_tokens
 from kiln.governance.forget import RemovalRequest, first_match
+from kiln.tokens.fim import FimIds, fim_split, fim_tokens
 from kiln.tokens.mixture import SourceParts, epoch_warnings, hash_unit, plan_phases, select_documents
 from kiln.tokens.shard_format import TRAIN, VAL, ShardInfo, describe_shard_set, write_shard
-from kiln.common.storage import part_name, write_parquet_atomic
 from kiln.tokens.tokenizer import Tokenizer, TokenizerError
 
 VAL_PHASE = "val"

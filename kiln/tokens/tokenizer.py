@@ -33,8 +33,8 @@ import pyarrow.parquet as pq
 import sentencepiece as spm
 
 from kiln.common.config import TokenizerSettings
-from kiln.curation.documents import Document
 from kiln.common.manifest import temporary_name
+from kiln.curation.documents import Document
 from kiln.tokens.mixture import SourceParts, hash_unit, select_documents, shares
 from kiln.tokens.shard_format import token_dtype
 

@@ -8,9 +8,9 @@ import dagster as dg
 import yaml
 
 from kiln.common.config import load_config
+from kiln.common.storage import Store  # noqa: F401 (the type of Project.store)
 from kiln.governance.refresh import Refresh, load_refreshes, next_refresh
 from kiln.governance.refresh import partition as store_partition
-from kiln.common.storage import Store  # noqa: F401 (the type of Project.store)
 
 
 @dataclass

@@ -155,7 +155,7 @@ def test_affine32_end_to_end_then_the_default_scheme_needs_new_signatures(tmp_pa
     The bucket shuffle's partitions come from the config too (3, then the default 8)."""
     import yaml
 
-    from kiln.dedup.buckets import read_index_meta
+    from kiln.dedup.bucket_index import read_index_meta
 
     config, _, _, _ = _corpus(tmp_path)
     config["dedup"] = {"near": {"scheme": "affine32", "partitions": 3}}

@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from kiln.governance import audit
 from kiln.cli import main
 from kiln.common.config import load_config
+from kiln.governance import audit
 from kiln.governance.refresh import load_refreshes
 from tests.assets.project import load_project
 from tests.audit_store import edit, random_text

@@ -52,7 +52,7 @@ def mlflow_server(mlflow_root):
     proc.wait(30)
 
 
-# One of each PII type in a format the redactor is documented to catch (kiln/curation/pii.py), and a phrase that marks
+# One of each PII type in a format the redactor is documented to catch (kiln/curation/pii/), and a phrase that marks
 # documents the filters drop: after raw_documents none of them may be persisted anywhere.
 PLANTED_PII = ["quinn.harlow@fastmail.fm", "(312) 867-5309", "+44 20 7946 0958", "83.149.21.7",
                "2a03:2880:f10c:83:face:b00c:0:25de", "536-22-8741", "4556 7375 8689 9855",
@@ -134,8 +134,8 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
 
     client = mlflow.MlflowClient(mlflow_server)
     mlflow_run = client.get_run(run["stats"]["mlflow"]["run_id"])
-    assert mlflow_run.data.tags["kiln.tokens.shard_writer.data_version"] == run["inputs"][shards_key]
-    assert mlflow_run.data.tags["kiln.governance.refresh"] == project.current()
+    assert mlflow_run.data.tags["kiln.token_shards.data_version"] == run["inputs"][shards_key]
+    assert mlflow_run.data.tags["kiln.refresh"] == project.current()
     assert mlflow_run.info.status == "FINISHED"
     assert mlflow_run.data.params["world_size"] == "2" and "training.max_steps" in mlflow_run.data.params
     assert len(client.get_metric_history(mlflow_run.info.run_id, "train/loss")) >= 5
@@ -238,8 +238,9 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     assert "Continued pretraining" in card2 and base["sha256"][:16] in card2 and "Forgetting per domain" in card2
 
     from kiln.governance.audit import lineage
+    from kiln.governance.render import render
 
-    text = lineage(project.store, "checkpoint").render()
+    text = render(lineage(project.store, "checkpoint"))
     assert "continued pretraining from base checkpoint safetensors" in text and base_ckpt["data_version"] in text
 
     # A run that fails inside the training processes comes back as a Failure with their reason (summary.json), and

@@ -47,8 +47,8 @@ def _register_refresh(home: Path, dagster_home: Path) -> None:
     it) and Dagster's dynamic `refresh` partitions (the UI offers them), as `make demo` does."""
     import dagster as dg
 
-    from kiln.governance.refresh import register_refresh
     from kiln.common.storage import Store
+    from kiln.governance.refresh import register_refresh
 
     register_refresh(Store(home / "data"), None, "initial", key=REFRESH)
     with dg.DagsterInstance.from_config(str(dagster_home)) as instance:

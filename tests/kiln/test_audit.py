@@ -8,12 +8,16 @@ import json
 
 import pytest
 
-from kiln.governance import audit
 from kiln.cli import main
-from kiln.governance.data_card import build_data_card, data_card_markdown
-from kiln.dedup.minhash import jaccard, shingle_hashes
 from kiln.curation.documents import make_doc_id
-from kiln.common.storage import Store
+from kiln.dedup.minhash import jaccard, shingle_hashes
+from kiln.governance import audit
+from kiln.governance.catalog import AuditError
+from kiln.governance.data_card import build_data_card
+from kiln.governance.data_card_markdown import data_card_markdown
+from kiln.governance.lineage import DOCUMENT_STAGES
+from kiln.governance.membership import IN_TRAINING, LEFT_OUT, NEVER_SEEN, QUARANTINED, REMOVED, VALIDATION, membership
+from kiln.governance.render import render
 from tests.audit_store import SHORT, build_audit_store, edit, random_text
 
 
@@ -38,19 +42,19 @@ def test_a_kept_document_reached_training_by_doc_id_and_by_exact_text(built):
     texts = doc_texts(built, "web")
     doc_id = next(d for d, m in built["members"].items() if m["source"] == "web" and m["copies"] > 0
                   and m["split"] == "train")
-    by_id = audit.membership(store, config, doc_id=doc_id)
-    assert by_id.verdict == audit.IN_TRAINING and by_id.reached_training and by_id.match == "doc_id"
+    by_id = membership(store, config, doc_id=doc_id)
+    assert by_id.verdict == IN_TRAINING and by_id.reached_training and by_id.match == "doc_id"
     assert by_id.source == "web" and by_id.license == "CC-BY-4.0"
     [shard] = by_id.shards
     assert shard.copies == built["members"][doc_id]["copies"] >= 1 and shard.split == "train"
     assert shard.shard_set == store.manifest("token_shards", built["project"].current()).data_version
     assert shard.checkpoints == [built["checkpoint"].data_version]
-    assert [(r.stage, r.status) for r in by_id.stages] == [(stage, "kept") for stage in audit.DOCUMENT_STAGES]
+    assert [(r.stage, r.status) for r in by_id.stages] == [(stage, "kept") for stage in DOCUMENT_STAGES]
     # The text, exactly as stored, and with case and whitespace changed (exact dedup folds both).
     for text in (texts[doc_id], "  " + texts[doc_id].upper().replace(" ", "\n ")):
-        by_text = audit.membership(store, config, text=text)
-        assert by_text.match == "exact" and by_text.doc_id == doc_id and by_text.verdict == audit.IN_TRAINING
-        assert "IN TRAINING" in by_text.render()
+        by_text = membership(store, config, text=text)
+        assert by_text.match == "exact" and by_text.doc_id == doc_id and by_text.verdict == IN_TRAINING
+        assert "IN TRAINING" in render(by_text)
 
 
 def test_a_near_duplicate_of_a_kept_document_is_found_through_the_minhash_index(built):
@@ -59,20 +63,20 @@ def test_a_near_duplicate_of_a_kept_document_is_found_through_the_minhash_index(
     kept = next(d for d, m in built["members"].items() if m["source"] == "ref" and m["copies"] > 0
                 and m["split"] == "train")
     variant = edit(texts[kept], built["rng"], built["vocab"], k=2)
-    result = audit.membership(store, config, text=variant)
+    result = membership(store, config, text=variant)
     assert result.match == "near_duplicate" and result.doc_id == kept
     near = config.dedup.near
     expected = jaccard(shingle_hashes(variant, near), shingle_hashes(texts[kept], near))
     assert result.jaccard == pytest.approx(expected, abs=1e-6) and near.threshold <= result.jaccard < 1
-    assert result.verdict == audit.IN_TRAINING and f"near-duplicate of {kept}: exact Jaccard" in result.render()
+    assert result.verdict == IN_TRAINING and f"near-duplicate of {kept}: exact Jaccard" in render(result)
 
 
 def test_a_filtered_document_says_where_and_why_it_was_removed(built):
     store, config = built["store"], built["config"]
-    by_text = audit.membership(store, config, text=SHORT)  # only the raw documents hold this text
-    by_id = audit.membership(store, config, doc_id=make_doc_id("web", "id:short"))
+    by_text = membership(store, config, text=SHORT)  # only the raw documents hold this text
+    by_id = membership(store, config, doc_id=make_doc_id("web", "id:short"))
     for result in (by_text, by_id):
-        assert result.verdict == audit.REMOVED and not result.reached_training
+        assert result.verdict == REMOVED and not result.reached_training
         removed = next(r for r in result.stages if r.status == "removed")
         assert (removed.stage, removed.step, removed.reason) == ("filtered_documents", "filter",
                                                                  "gopher_quality.min_doc_words")
@@ -83,8 +87,8 @@ def test_a_filtered_document_says_where_and_why_it_was_removed(built):
 
 def test_near_duplicate_and_benchmark_removals_name_the_kept_copy_and_the_reason(built):
     store, config = built["store"], built["config"]
-    copy = audit.membership(store, config, doc_id=make_doc_id("web", "id:w0"))  # an edited copy of ref r0
-    assert copy.verdict == audit.REMOVED
+    copy = membership(store, config, doc_id=make_doc_id("web", "id:w0"))  # an edited copy of ref r0
+    assert copy.verdict == REMOVED
     removed = next(r for r in copy.stages if r.status == "removed")
     assert (removed.stage, removed.step, removed.reason) == ("deduplicated_documents", "near_dedup", "near_duplicate")
     assert removed.duplicate_of == make_doc_id("ref", "id:r0") and removed.jaccard >= 0.8
@@ -95,33 +99,33 @@ def test_near_duplicate_and_benchmark_removals_name_the_kept_copy_and_the_reason
     assert copy.kept_copy["doc_id"] == removed.duplicate_of and copy.kept_copy["reached_training"] == trained
     assert copy.kept_copy["checkpoints"] == ([built["checkpoint"].data_version] if trained else [])
     assert f"its kept copy {removed.duplicate_of}: " + ("IN TRAINING" if trained else "NOT TRAINED ON") in copy.summary
-    assert copy.to_dict()["kept_copy"]["verdict"] == (audit.IN_TRAINING if trained else copy.kept_copy["verdict"])
-    bench = audit.membership(store, config, doc_id=make_doc_id("web", "id:w9"))
-    assert bench.verdict == audit.REMOVED and "decontamination.benchmark_overlap" in bench.summary
+    assert copy.to_dict()["kept_copy"]["verdict"] == (IN_TRAINING if trained else copy.kept_copy["verdict"])
+    bench = membership(store, config, doc_id=make_doc_id("web", "id:w9"))
+    assert bench.verdict == REMOVED and "decontamination.benchmark_overlap" in bench.summary
 
 
 def test_left_out_validation_quarantined_and_never_seen(built):
     store, config = built["store"], built["config"]
     left_out = next(d for d, m in built["members"].items() if m["split"] == "train" and m["copies"] == 0)
-    assert audit.membership(store, config, doc_id=left_out).verdict == audit.LEFT_OUT
+    assert membership(store, config, doc_id=left_out).verdict == LEFT_OUT
     val = next(d for d, m in built["members"].items() if m["split"] == "val")
-    result = audit.membership(store, config, doc_id=val)
-    assert result.verdict == audit.VALIDATION and result.shards[0].split == "val"
+    result = membership(store, config, doc_id=val)
+    assert result.verdict == VALIDATION and result.shards[0].split == "val"
     quarantine = store.read_table("raw_documents", built["project"].partition("web"), "quarantine").to_pylist()
-    bad = audit.membership(store, config, doc_id=make_doc_id("web", quarantine[0]["locator"]))
-    assert bad.verdict == audit.QUARANTINED and bad.stages[0].reason == "malformed_json"
-    unseen = audit.membership(store, config, text=random_text(built["rng"], built["vocab"]))
-    assert unseen.verdict == audit.NEVER_SEEN and unseen.match == "none" and unseen.doc_id is None
-    assert audit.membership(store, config, doc_id="0" * 24).verdict == audit.NEVER_SEEN
+    bad = membership(store, config, doc_id=make_doc_id("web", quarantine[0]["locator"]))
+    assert bad.verdict == QUARANTINED and bad.stages[0].reason == "malformed_json"
+    unseen = membership(store, config, text=random_text(built["rng"], built["vocab"]))
+    assert unseen.verdict == NEVER_SEEN and unseen.match == "none" and unseen.doc_id is None
+    assert membership(store, config, doc_id="0" * 24).verdict == NEVER_SEEN
 
 
 def test_membership_for_a_named_checkpoint(built):
     store, config = built["store"], built["config"]
     doc_id = next(d for d, m in built["members"].items() if m["copies"] > 0)
-    result = audit.membership(store, config, doc_id=doc_id, checkpoint=built["checkpoint"].data_version[:8])
-    assert result.verdict == audit.IN_TRAINING
-    with pytest.raises(audit.AuditError, match="no checkpoint 'ffffffffff'"):
-        audit.membership(store, config, doc_id=doc_id, checkpoint="ffffffffff")
+    result = membership(store, config, doc_id=doc_id, checkpoint=built["checkpoint"].data_version[:8])
+    assert result.verdict == IN_TRAINING
+    with pytest.raises(AuditError, match="no checkpoint 'ffffffffff'"):
+        membership(store, config, doc_id=doc_id, checkpoint="ffffffffff")
 
 
 # --------------------------------------------------------------------------------------- lineage, sources
@@ -132,7 +136,7 @@ def test_lineage_reaches_raw_documents_for_every_source_with_hashes(built):
     assert chain.nodes[0].asset == "checkpoint" and not chain.problems
     refresh = built["project"].current()
     assert sorted(chain.partitions("raw_documents")) == [f"ref/{refresh}", f"web/{refresh}"]
-    every_stage = [f"{stage}/{source}/{refresh}" for stage in audit.DOCUMENT_STAGES for source in ("web", "ref")]
+    every_stage = [f"{stage}/{source}/{refresh}" for stage in DOCUMENT_STAGES for source in ("web", "ref")]
     for key in ["training_run", f"token_shards/{refresh}", "tokenizer", f"dedup_index/{refresh}",
                 f"minhash_signatures/ref/{refresh}", *every_stage]:
         node = chain.node(key)
@@ -140,13 +144,13 @@ def test_lineage_reaches_raw_documents_for_every_source_with_hashes(built):
         assert node.status == "current" and node.data_version == manifest.data_version
         assert node.files and all(len(f["sha256"]) == 64 for f in node.files) and node.git_commit == manifest.git_commit
         assert all(chain.node(k).data_version == v for k, v in node.inputs.items())
-    text = chain.render()
+    text = render(chain)
     assert f"raw sources reached: ref ({refresh}), web ({refresh})" in text and "(listed above)" in text
     # The same chain from a data version prefix or the checkpoint folder; unknown targets say so.
     version = built["checkpoint"].data_version
     assert audit.lineage(store, version[:8]).nodes[0].data_version == version
     assert audit.lineage(store, str(store.dataset_dir("checkpoint"))).nodes[0].data_version == version
-    with pytest.raises(audit.AuditError, match="no checkpoint 'nope'"):
+    with pytest.raises(AuditError, match="no checkpoint 'nope'"):
         audit.lineage(store, "nope")
 
 
@@ -158,11 +162,11 @@ def test_source_usage_lists_shard_sets_shards_and_checkpoints(built):
     stats = store.manifest("token_shards", built["project"].current()).stats["sources"]["ref"]
     assert shard_set.train_tokens == stats["train_tokens"] and shard_set.effective_epochs < 1
     assert sum(s["tokens"] for s in shard_set.shards) == stats["train_tokens"] + stats["val_tokens"]
-    assert [s["stage"] for s in usage.stages] == audit.DOCUMENT_STAGES
+    assert [s["stage"] for s in usage.stages] == DOCUMENT_STAGES
     assert usage.stages[0]["documents"] == 10 and usage.stages[-1]["documents"] == stats["train_documents"] + \
         stats["val_documents"]
-    assert "abc123" in usage.render()
-    with pytest.raises(audit.AuditError, match="unknown source 'nope'; sources: ref, web"):
+    assert "abc123" in render(usage)
+    with pytest.raises(AuditError, match="unknown source 'nope'; sources: ref, web"):
         audit.source_usage(store, config, "nope")
 
 
@@ -215,7 +219,7 @@ def test_data_card_holds_sources_stages_funnel_and_lineage(built):
     assert card["checkpoint"]["data_version"] == built["checkpoint"].data_version
     sources = {s["name"]: s for s in card["sources"]}
     assert sources["web"]["license"] == "CC-BY-4.0" and sources["ref"]["license"] == "CC0-1.0"
-    assert list(sources["web"]["stages"]) == audit.DOCUMENT_STAGES
+    assert list(sources["web"]["stages"]) == DOCUMENT_STAGES
     assert sources["web"]["stages"]["raw_documents"]["documents_in"] == 12  # 10 texts + short + unreadable
     assert sources["web"]["tokens"]["effective_epochs"] > 1 > sources["ref"]["tokens"]["effective_epochs"]
     reasons = {r["reason"] for r in card["funnel"]["total"]["rows"]}

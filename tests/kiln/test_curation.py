@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.common.config import parse_config
-from kiln.curation.pipeline import content_hash, filter_documents, ingest, profile_steps
-from kiln.curation.exact_dedup import HashSource, exact_dedup
-from kiln.engine import SERIAL, ProcessPool
 from kiln.common.storage import Store
-from tests.conftest import SERIAL_ENGINE, CLEAN_PROSE, prose, write_jsonl
+from kiln.curation.exact_dedup import HashSource, exact_dedup
+from kiln.curation.pipeline import content_hash, filter_documents, ingest, profile_steps
+from kiln.engine import SERIAL, ProcessPool
+from tests.conftest import CLEAN_PROSE, SERIAL_ENGINE, prose, write_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 

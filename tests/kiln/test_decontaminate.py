@@ -14,10 +14,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kiln.common.config import Benchmark, Decontamination, ShingleNormalization
-from kiln.dedup.decontaminate import (CONTAMINATION_SCHEMA, DEMO_BENCHMARK, DROP_REASON, TOO_SHORT_REASON,
-                                      BenchmarkError, BenchmarkIndex, contamination_counts,
-                                      decontaminate, load_benchmarks, ngram_hashes, redact_spans,
-                                      report_rows, report_table)
+from kiln.dedup.decontaminate import (
+    CONTAMINATION_SCHEMA,
+    DEMO_BENCHMARK,
+    DROP_REASON,
+    TOO_SHORT_REASON,
+    BenchmarkError,
+    BenchmarkIndex,
+    contamination_counts,
+    decontaminate,
+    load_benchmarks,
+    ngram_hashes,
+    redact_spans,
+    report_rows,
+    report_table,
+)
 from kiln.dedup.text import normalized_words, words
 from tests.conftest import CLEAN_PROSE, write_jsonl
 

@@ -8,18 +8,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kiln.common.config import BoilerplateLines, NearDedup, ShingleNormalization, parse_config
-from kiln.common.config import ConfigError
+from kiln.common.config import BoilerplateLines, ConfigError, NearDedup, ShingleNormalization, parse_config
+from kiln.common.storage import Store
+from kiln.curation.documents import DOCUMENT_SCHEMA, REJECTED_SCHEMA, Document
 from kiln.dedup.apply import deduplicate_source
 from kiln.dedup.boilerplate import boilerplate_hashes, strip_boilerplate
-from kiln.dedup.buckets import (IndexMismatch, check_signature_params, decide_distributed, read_decisions,
-                                write_index)
-from kiln.dedup.minhash import (_list_array, candidate_probability, choose_bands, compute_signatures, jaccard,
-                                shingle_hashes, sign_texts, signature_schema)
+from kiln.dedup.bucket_index import IndexMismatch, check_signature_params, write_index
+from kiln.dedup.buckets import decide_distributed, read_decisions
+from kiln.dedup.minhash import (
+    candidate_probability,
+    choose_bands,
+    jaccard,
+    shingle_hashes,
+    sign_texts,
+    signature_schema,
+)
 from kiln.dedup.near import ALREADY_INDEXED, KEPT, NEAR_DUPLICATE
+from kiln.dedup.signing import _list_array, compute_signatures
 from kiln.dedup.text import words
-from kiln.curation.documents import DOCUMENT_SCHEMA, REJECTED_SCHEMA, Document
-from kiln.common.storage import Store
 from tests.old_near_dedup import Batch, near_dedup, open_index, survivor_violations
 
 NEAR = NearDedup()

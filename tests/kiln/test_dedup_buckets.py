@@ -1,5 +1,6 @@
-"""Distributed near-dedup (kiln/dedup/buckets.py): the same decisions table as `near_dedup` on planted corpora,
-whatever the engine and the number of partitions; connected components against a union-find; big buckets bounded."""
+"""Distributed near-dedup (kiln/dedup/buckets.py and its bucket_* modules): the same decisions table as
+`near_dedup` on planted corpora, whatever the engine and the number of partitions; connected components against a
+union-find; big buckets bounded."""
 
 import pickle
 from pathlib import Path
@@ -12,16 +13,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kiln import engine as engine_module
-from kiln.dedup import buckets
 from kiln.common.config import NearDedup
-from kiln.dedup.buckets import (BUCKET_SCHEMA, band_keys, bucket_pairs, decide_distributed, read_decisions,
-                                read_index_meta)
+from kiln.dedup import buckets
+from kiln.dedup.bucket_index import BUCKET_SCHEMA, band_keys, read_index_meta
+from kiln.dedup.bucket_rounds import bucket_pairs
+from kiln.dedup.buckets import decide_distributed, read_decisions
 from kiln.dedup.components import connected_components, read_labels, write_edges
-from kiln.dedup.minhash import _list_array, bands_rows, jaccard, shingle_hashes, signature_schema
+from kiln.dedup.minhash import bands_rows, jaccard, shingle_hashes, signature_schema
 from kiln.dedup.near import KEPT, NEAR_DUPLICATE
-from tests.old_near_dedup import Batch, near_dedup, open_index
+from kiln.dedup.signing import _list_array
 from kiln.engine import SERIAL, ProcessPool, RayEngine
 from tests.kiln.test_dedup import edited, signature_table, vocabulary
+from tests.old_near_dedup import Batch, near_dedup, open_index
 
 NEAR = NearDedup()
 
@@ -202,7 +205,7 @@ def test_second_refresh_against_the_first_refreshs_buckets(tmp_path):
 
 def test_a_larger_corpus_same_decisions_as_near_dedup(tmp_path):
     """~900 documents, where removed documents join clusters of several kept ones (their cluster is named by the
-    last match unioned: near_dedup and buckets.py both take matches in a fixed order)."""
+    last match unioned: near_dedup and bucket_rounds.py both take matches in a fixed order)."""
     tables = families(11, n_bases=280)
     want = reference(tmp_path / "idx", [tables])[0]
     got, _ = distributed(tmp_path, [tables], partitions=4, part_rows=150)

@@ -7,18 +7,19 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from kiln.governance.audit import lineage
 from kiln.cli import main
 from kiln.common.config import NearDedup
-from kiln.dedup.buckets import decide_distributed, index_params, read_decisions, read_index_meta
-from kiln.dedup.migrate import MigrationError, OldLocalIndex, migrate_index
-from kiln.governance.refresh import LandedFile, register_refresh
 from kiln.common.storage import Store
+from kiln.dedup.bucket_index import index_params, read_index_meta
+from kiln.dedup.buckets import decide_distributed, read_decisions
+from kiln.dedup.migrate import MigrationError, OldLocalIndex, migrate_index
+from kiln.governance.audit import lineage
+from kiln.governance.refresh import LandedFile, register_refresh
 from tests.conftest import web_and_ref_sources
-from tests.old_near_dedup import Batch, RedisIndex, near_dedup, open_index
-from tests.redis_server import PASSWORD, redis_server
 from tests.kiln.test_dedup import edited, signature_table, vocabulary
 from tests.kiln.test_dedup_buckets import assert_same, family_texts, write_parts
+from tests.old_near_dedup import Batch, RedisIndex, near_dedup, open_index
+from tests.redis_server import PASSWORD, redis_server
 
 NEAR = NearDedup(scheme="affine32")  # every old index was built with affine32 (its params say so)
 INDEX = "dedup_index"

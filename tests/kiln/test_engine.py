@@ -13,14 +13,21 @@ import pytest
 
 from kiln import engine as engine_module
 from kiln.common.config import parse_config
-from kiln.dedup.buckets import read_decisions
-from kiln.dedup.shuffle import SCRATCH
-from kiln.dedup.near import NEAR_DUPLICATE
-from kiln.engine import SERIAL, EngineError, ProcessPool, RayEngine, engine_for
 from kiln.common.secrets import redact, redact_url
 from kiln.common.storage import Store
-from tests.engine_stages import (REPEATED_IDS, corpus_config, fingerprint, ingest_all, near_stage, run_stages,
-                                 write_corpus)
+from kiln.dedup.buckets import read_decisions
+from kiln.dedup.near import NEAR_DUPLICATE
+from kiln.dedup.shuffle import SCRATCH
+from kiln.engine import SERIAL, EngineError, ProcessPool, RayEngine, engine_for
+from tests.engine_stages import (
+    REPEATED_IDS,
+    corpus_config,
+    fingerprint,
+    ingest_all,
+    near_stage,
+    run_stages,
+    write_corpus,
+)
 from tests.ray_cluster import start_cluster
 
 REPO = Path(__file__).resolve().parents[2]

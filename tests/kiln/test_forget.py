@@ -5,9 +5,10 @@ import json
 import pytest
 import yaml
 
-from kiln.governance.audit import membership
 from kiln.cli import main
 from kiln.governance.forget import RemovalRequest, load_requests
+from kiln.governance.membership import membership
+from kiln.governance.render import render
 from kiln.tokens.shard_format import open_shard
 from kiln.tokens.tokenizer import Tokenizer
 from tests.audit_store import build_audit_store, members, random_text, stand_in_checkpoint
@@ -61,7 +62,7 @@ def test_forget_a_source_removes_it_from_the_next_shards_and_flags_the_checkpoin
     assert all(m["source"] == "ref" for m in members(store).values())
     # membership says where and why,
     answer = membership(store, built["config"], doc_id=trained_web[0]["doc_id"])
-    assert "removal_request" in answer.render()
+    assert "removal_request" in render(answer)
     # and the data card of the checkpoint trained on them says so.
     assert project.materialize(["data_card"]).success
     card = json.loads((store.dataset_dir("data_card") / "data_card.json").read_text())
@@ -159,7 +160,7 @@ def test_forget_reaches_every_refresh_in_the_next_shards(built, capsys):
     assert card["shards"]["removed_by_request"] == {"web": len(web_ids), "ref": 1}
     assert "Removal requests honoured by these shards" in (store.dataset_dir("data_card") / "data_card.md").read_text()
     answer = membership(store, built["config"], doc_id=ref_id)
-    assert answer.verdict == "removed" and by_id["request_id"] in answer.summary, answer.render()
+    assert answer.verdict == "removed" and by_id["request_id"] in answer.summary, render(answer)
     assert any("re-materialize token_shards" in n for n in answer.notes)  # refresh 1's shards still hold it
 
 

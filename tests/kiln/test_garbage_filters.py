@@ -17,13 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.common.config import load_config
-from kiln.curation.pipeline import run_steps
+from kiln.common.stats import StageStats
 from kiln.curation.documents import Document
 from kiln.curation.filters import garbage as g
 from kiln.curation.filters.base import Verdict
 from kiln.curation.filters.garbage import Garbage
 from kiln.curation.filters.registry import STEPS, build_step
-from kiln.common.stats import StageStats
+from kiln.curation.pipeline import run_steps
 
 CONFIG = load_config(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
 

@@ -1,7 +1,7 @@
 """The vectorized signer (SCHEME_FAST) against a plain Python implementation of the same definitions, and
 its LSH quality against the S-curve and datasketch.
 
-The reference below is written from the definitions in `kiln/dedup/minhash.py` with integers and loops
+The reference below is written from the definitions in `kiln/dedup/fast_minhash.py` with integers and loops
 only (no numpy, none of the fast path's helpers): words from `normalized_words`, word and shingle hashes as
 polynomials mod 2^64 finished by splitmix64, fast similarity sketching round by round.
 """
@@ -19,9 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.common.config import NearDedup, ShingleNormalization
-from kiln.dedup import minhash
-from kiln.dedup.minhash import (SCHEME, SCHEME_FAST, SHINGLE_BASE, WORD_BASE, candidate_probability, choose_bands,
-                                jaccard, similarity_sketches, sign_batch, sign_texts)
+from kiln.dedup import fast_minhash, minhash, signing
+from kiln.dedup.fast_minhash import SHINGLE_BASE, WORD_BASE, sign_batch, similarity_sketches
+from kiln.dedup.minhash import SCHEME, SCHEME_FAST, candidate_probability, choose_bands, jaccard, sign_texts
 from kiln.dedup.text import normalized_words
 
 M64 = 1 << 64
@@ -150,7 +150,7 @@ def test_generated_word_sequences_match_the_reference(words, separators, near):
 @settings(max_examples=60, deadline=None)
 @given(st.text(alphabet=CHARACTERS, max_size=200), NEARS)
 def test_the_fast_word_view_is_normalized_words(text, near):
-    data = minhash._normalized_bytes([text, "next text"], near.normalization).tobytes()
+    data = fast_minhash._normalized_bytes([text, "next text"], near.normalization).tobytes()
     first, second, end = data.split(b"\n")
     norm = near.normalization
     assert first.split() == [w.encode("utf-8", "surrogatepass") for w in normalized_words(text, norm)]
@@ -161,8 +161,8 @@ def test_a_text_signs_the_same_alone_in_any_batch_and_across_chunks(monkeypatch)
     near = NearDedup(num_perm=64)
     texts = [t for t in HAND_PICKED if len(t) < 1000] * 3
     together = sign_batch(texts, near)
-    monkeypatch.setattr(minhash, "_CHUNK_CHARS", 40)
-    monkeypatch.setattr(minhash, "_CHUNK_TEXTS", 3)
+    monkeypatch.setattr(fast_minhash, "_CHUNK_CHARS", 40)
+    monkeypatch.setattr(fast_minhash, "_CHUNK_TEXTS", 3)
     chunked = sign_batch(texts, near)
     assert all(np.array_equal(a, b) for a, b in zip(together, chunked))
     for i, text in enumerate(texts[:10]):
@@ -222,11 +222,11 @@ def test_the_signature_stage_writes_sign_batch_output_under_the_default_config(t
     """compute_signatures signs whole batches (`rows` documents at a time, so several batches and a short last one
     at 7); each row's signature and sorted unique shingle set are sign_batch's (itself checked against the plain
     Python reference above) for that text."""
-    monkeypatch.setattr(minhash, "_SIGN_ROWS", rows)
+    monkeypatch.setattr(signing, "_SIGN_ROWS", rows)
     near = NearDedup()
     texts = _valid(HAND_PICKED) * 3 + ["", "short text"]
     _documents(tmp_path / "in.parquet", texts)
-    n = minhash.compute_signatures([[tmp_path / "in.parquet"]], [tmp_path / "sig.parquet"], near,
+    n = signing.compute_signatures([[tmp_path / "in.parquet"]], [tmp_path / "sig.parquet"], near,
                                    progress=False).documents
     table = pq.read_table(tmp_path / "sig.parquet")
     assert n == len(texts) == table.num_rows
@@ -245,11 +245,11 @@ def test_the_signature_stage_writes_sign_batch_output_under_the_default_config(t
 
 
 def test_the_signature_stage_under_affine32_is_the_per_document_datasketch_path(tmp_path, monkeypatch):
-    monkeypatch.setattr(minhash, "_SIGN_ROWS", 5)
+    monkeypatch.setattr(signing, "_SIGN_ROWS", 5)
     near = NearDedup(scheme=SCHEME)
     texts = _valid(HAND_PICKED)[:12]
     _documents(tmp_path / "in.parquet", texts)
-    minhash.compute_signatures([[tmp_path / "in.parquet"]], [tmp_path / "sig.parquet"], near, progress=False)
+    signing.compute_signatures([[tmp_path / "in.parquet"]], [tmp_path / "sig.parquet"], near, progress=False)
     table = pq.read_table(tmp_path / "sig.parquet")
     for i, text in enumerate(texts):
         sh = minhash.shingle_hashes(text, near)
@@ -259,7 +259,7 @@ def test_the_signature_stage_under_affine32_is_the_per_document_datasketch_path(
 
 def test_an_empty_part_signs_to_an_empty_table(tmp_path):
     _documents(tmp_path / "in.parquet", [])
-    n = minhash.compute_signatures([[tmp_path / "in.parquet"]], [tmp_path / "sig.parquet"], NearDedup(),
+    n = signing.compute_signatures([[tmp_path / "in.parquet"]], [tmp_path / "sig.parquet"], NearDedup(),
                                    progress=False).documents
     table = pq.read_table(tmp_path / "sig.parquet")
     assert n == 0 == table.num_rows and table.schema.equals(minhash.signature_schema(128))
@@ -373,14 +373,14 @@ def test_curated_parts_are_joined_into_signature_parts_in_order(tmp_path):
         parts.append(tmp_path / f"part-{i}.parquet")
         _documents(parts[-1], texts[start:start + n])
         start += n
-    groups = minhash.signature_groups(parts, 5)
+    groups = signing.signature_groups(parts, 5)
     assert groups == [tuple(parts[:3]), tuple(parts[3:5]), (parts[5],)]
     outputs = [tmp_path / f"sig-{g}.parquet" for g in range(len(groups))]
-    signed = minhash.compute_signatures(groups, outputs, NearDedup(), progress=False)
+    signed = signing.compute_signatures(groups, outputs, NearDedup(), progress=False)
     assert signed.documents == sum(sizes)
     assert [pq.ParquetFile(o).metadata.num_rows for o in outputs] == [7, 8, 1]
     one_each = [tmp_path / f"alone-{i}.parquet" for i in range(len(parts))]
-    minhash.compute_signatures([[p] for p in parts], one_each, NearDedup(), progress=False)
+    signing.compute_signatures([[p] for p in parts], one_each, NearDedup(), progress=False)
     assert pa.concat_tables(map(pq.read_table, outputs)).equals(pa.concat_tables(map(pq.read_table, one_each)))
     # Distinct shingles per document, as the asset's metadata reports their median.
     lengths = pa.concat_tables(map(pq.read_table, outputs)).column("shingles").to_pylist()

@@ -16,8 +16,16 @@ from hypothesis import strategies as st
 
 from kiln.curation.documents import Document
 from kiln.curation.filters.registry import build_step
-from kiln.curation.pii import (DOCUMENTATION_NETWORKS, PII_TYPES, PLACEHOLDERS, PiiMatch, PiiRedaction, find_pii, iban_ok,
-                      redact)
+from kiln.curation.pii import (
+    DOCUMENTATION_NETWORKS,
+    PII_TYPES,
+    PLACEHOLDERS,
+    PiiMatch,
+    PiiRedaction,
+    find_pii,
+    iban_ok,
+    redact,
+)
 
 
 def red(text: str, **kwargs) -> str:

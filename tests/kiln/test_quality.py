@@ -11,15 +11,30 @@ import pytest
 
 from kiln import engine as engine_module
 from kiln.common.config import ConfigError, QualityClassifier, QualityPerplexity, QualityRule, parse_config
+from kiln.common.storage import Store, write_parquet_atomic
 from kiln.curation.documents import DOCUMENT_SCHEMA, QUALITY_REJECTED_SCHEMA, SCORED_SCHEMA, Document
 from kiln.engine import SERIAL, ProcessPool, RayEngine
-from kiln.quality.classifier import (CARD_FILE, MODEL_FILE, SAMPLE_FILE, ClassifierCard, QualityScorer, fasttext_text,
-                                     cross_validation_metrics, train_classifier)
+from kiln.quality.classifier import (
+    CARD_FILE,
+    MODEL_FILE,
+    SAMPLE_FILE,
+    ClassifierCard,
+    QualityScorer,
+    cross_validation_metrics,
+    fasttext_text,
+    train_classifier,
+)
 from kiln.quality.perplexity import ReferenceModel
-from kiln.quality.rules import (ABOVE_MAX_PERPLEXITY, BELOW_MIN, BOTTOM_FRACTION, decide, decile_rows, filter_parts,
-                                perplexity_buckets)
+from kiln.quality.rules import (
+    ABOVE_MAX_PERPLEXITY,
+    BELOW_MIN,
+    BOTTOM_FRACTION,
+    decide,
+    decile_rows,
+    filter_parts,
+    perplexity_buckets,
+)
 from kiln.quality.scoring import read_scores, score_parts
-from kiln.common.storage import Store, write_parquet_atomic
 from tests.quality_corpus import labelled_split, reference_texts, train_reference_model, word_salad
 
 
@@ -88,8 +103,8 @@ def test_out_of_fold_scores_come_from_a_model_that_never_saw_the_fold(classifier
     training order, then asked for P(reference) of fold 0's documents."""
     import fasttext
 
-    from kiln.tokens.mixture import hash_unit
     from kiln.quality.classifier import NEGATIVE, POSITIVE
+    from kiln.tokens.mixture import hash_unit
 
     out, _, _, _ = classifier
     settings = QualityClassifier()

@@ -148,8 +148,8 @@ SURROGATE_LINES = [
 @pytest.mark.parametrize("mode", ["quarantine", "replace"])
 def test_lone_surrogates_are_quarantined_or_replaced_and_intake_completes(tmp_path, mode):
     """Before: the first line passed the JSON decoder and crashed raw_documents inside pyarrow."""
-    from kiln.curation.pipeline import ingest
     from kiln.common.storage import Store
+    from kiln.curation.pipeline import ingest
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.jsonl").write_text("\n".join(SURROGATE_LINES) + "\n", encoding="ascii")
@@ -193,8 +193,8 @@ _records = st.one_of(
 def test_no_jsonl_line_crashes_intake_and_every_line_is_counted_once(lines, mode, tmp_path_factory):
     """Random JSON (every code point, lone surrogates escaped), non-record JSON and random bytes: the intake always
     completes, and kept + quarantined = the file's lines, each line's locator once."""
-    from kiln.curation.pipeline import ingest
     from kiln.common.storage import Store
+    from kiln.curation.pipeline import ingest
 
     root = tmp_path_factory.mktemp("fuzz")
     (root / "in").mkdir()

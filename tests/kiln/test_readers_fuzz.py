@@ -35,8 +35,8 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from kiln.common.config import Reading, Source
-from kiln.curation.pipeline import ingest
 from kiln.common.storage import Store
+from kiln.curation.pipeline import ingest
 
 LIMIT = 64  # reading.max_document_bytes here, so "huge" strings (at and around the limit) stay cheap
 READ_REASONS = {"invalid_utf8", "invalid_unicode", "not_an_object", "missing_text", "text_not_string", "empty_text",

@@ -7,11 +7,20 @@ from pathlib import Path
 import pytest
 
 from kiln.common.config import ConfigError, parse_config
+from kiln.common.storage import Store
 from kiln.curation.readers import read_source
 from kiln.curation.readers.paths import SourceFile
-from kiln.governance.refresh import (LandedFile, RefreshError, get_refresh, load_refreshes, new_key, partition, pending_files,
-                          register_refresh, upto)
-from kiln.common.storage import Store
+from kiln.governance.refresh import (
+    LandedFile,
+    RefreshError,
+    get_refresh,
+    load_refreshes,
+    new_key,
+    partition,
+    pending_files,
+    register_refresh,
+    upto,
+)
 from tests.conftest import prose, write_jsonl
 from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
 

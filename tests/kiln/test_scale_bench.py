@@ -7,8 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from kiln.curation.synthetic import (NEAR_TARGETS, SHARED_BLOCK_TARGETS, scale_document, scale_documents, scale_plan,
-                            scale_words)
+from kiln.curation.synthetic import (
+    NEAR_TARGETS,
+    SHARED_BLOCK_TARGETS,
+    scale_document,
+    scale_documents,
+    scale_plan,
+    scale_words,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 1200

@@ -10,15 +10,30 @@ import numpy as np
 import pytest
 
 from kiln.common.config import Fim, Mixture, Phase
-from kiln.tokens.fim import PSM, SPM, FimIds, FimSplit, fim_split, fim_tokens, unfim
-from kiln.tokens.mixture import MixtureError, epoch_warnings, plan_phases, select_documents, shares, split_budget
-from kiln.tokens.shard_format import (HEADER_SIZE, ShardError, ShardInfo, describe_shard_set, open_shard, read_shard_set,
-                         token_dtype, write_shard)
 from kiln.common.storage import DatasetWriter
 from kiln.engine import ProcessPool
+from kiln.tokens.fim import PSM, SPM, FimIds, FimSplit, fim_split, fim_tokens, unfim
+from kiln.tokens.mixture import MixtureError, epoch_warnings, plan_phases, select_documents, shares, split_budget
+from kiln.tokens.shard_format import (
+    HEADER_SIZE,
+    ShardError,
+    ShardInfo,
+    describe_shard_set,
+    open_shard,
+    read_shard_set,
+    token_dtype,
+    write_shard,
+)
 from kiln.tokens.shard_writer import is_validation, write_token_shards
 from kiln.tokens.tokenizer import Tokenizer
-from tests.token_corpus import NATURAL, make_texts, shard_settings, standard_sources, train_small_tokenizer, write_source
+from tests.token_corpus import (
+    NATURAL,
+    make_texts,
+    shard_settings,
+    standard_sources,
+    train_small_tokenizer,
+    write_source,
+)
 
 SHA_A, SHA_B = "ab" * 32, "cd" * 32
 

@@ -6,11 +6,20 @@ import hashlib
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kiln.common.config import TokenizerSettings
-from kiln.tokens.tokenizer import (SPECIAL_TOKENS, Tokenizer, TokenizerCard, TokenizerError, draw_training_sample,
-                            sentence_chunks, tokenizer_report, train_tokenizer)
+from kiln.tokens.tokenizer import (
+    SPECIAL_TOKENS,
+    Tokenizer,
+    TokenizerCard,
+    TokenizerError,
+    draw_training_sample,
+    sentence_chunks,
+    tokenizer_report,
+    train_tokenizer,
+)
 from tests.token_corpus import SMALL_TOKENIZER, UNICODE_BITS, make_texts, standard_sources, write_source
 
 

@@ -6,8 +6,9 @@ import yaml
 from pydantic import ValidationError
 
 from kiln.planning.compute import attention_flops_per_token
+from kiln.planning.fits import RunPoint
 from kiln.planning.plan import DEFAULT_BUDGET_FLOPS, PlanRequest, make_plan
-from kiln.planning.scaling import HOFFMANN_2022, RunPoint
+from kiln.planning.scaling import HOFFMANN_2022
 
 
 def test_defaults_make_a_demo_plan():

@@ -7,14 +7,11 @@ import numpy as np
 import pytest
 
 from kiln.planning.compute import PF_DAY, training_flops
+from kiln.planning.fits import NotEnoughRuns, RunPoint, fit_compute_law, fit_parametric_law
 from kiln.planning.scaling import (
     HOFFMANN_2022,
-    NotEnoughRuns,
     ParametricLoss,
-    RunPoint,
     chinchilla_allocation,
-    fit_compute_law,
-    fit_parametric_law,
     hoffmann_allocation,
     inference_aware_allocation,
     inference_aware_for_budget,

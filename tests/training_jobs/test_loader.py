@@ -12,10 +12,17 @@ import pytest
 import torch
 
 from kiln.common.config import Mixture, Phase
-from kiln.tokens.shard_format import ShardError, open_shard, read_shard_set
 from kiln.common.storage import DatasetWriter
+from kiln.tokens.shard_format import ShardError, open_shard, read_shard_set
 from kiln.tokens.shard_writer import write_token_shards
-from tests.token_corpus import NATURAL, make_texts, shard_settings, standard_sources, train_small_tokenizer, write_source
+from tests.token_corpus import (
+    NATURAL,
+    make_texts,
+    shard_settings,
+    standard_sources,
+    train_small_tokenizer,
+    write_source,
+)
 from training_jobs.loader import ShardLoader
 
 SEQ = 16

@@ -6,11 +6,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from training_jobs.model import IGNORE
-from training_jobs.objectives import (MEAN_SPAN, NOISE_DENSITY, PrefixLM, SpanCorruption, corrupted_length,
-                                      noise_spans, span_corrupt, text_length_for)
+from training_jobs.objectives import (
+    MEAN_SPAN,
+    NOISE_DENSITY,
+    PrefixLM,
+    SpanCorruption,
+    corrupted_length,
+    noise_spans,
+    span_corrupt,
+    text_length_for,
+)
 
 SENTINELS = np.arange(7, 7 + 100)
 

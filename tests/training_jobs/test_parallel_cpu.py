@@ -121,7 +121,7 @@ CFG = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=
 
 
 def test_what_the_trainer_cannot_run_is_refused_before_an_engine_is_built():
-    from training_jobs.train import check_layout
+    from training_jobs.setup import check_layout
 
     with pytest.raises(ValueError, match="training.objective 'prefix_lm' with training.parallelism.pp 2"):
         check_layout(TrainingSettings(objective="prefix_lm", parallelism={"pp": 2}), CFG)
@@ -136,7 +136,7 @@ def test_what_the_trainer_cannot_run_is_refused_before_an_engine_is_built():
 
 def test_the_data_split_follows_deepspeeds_rank_layout():
     """Pipeline: ranks are stage-major (rank = stage * dp + data rank); AutoTP: tp consecutive ranks per replica."""
-    from training_jobs.train import Dist, data_shard
+    from training_jobs.setup import Dist, data_shard
 
     def shards(layout, world):
         t = TrainingSettings(parallelism=layout)
@@ -149,7 +149,7 @@ def test_the_data_split_follows_deepspeeds_rank_layout():
 
 
 def test_the_layout_fills_the_deepspeed_config(tmp_path):
-    from training_jobs.train import deepspeed_config
+    from training_jobs.setup import deepspeed_config
 
     shipped = deepspeed_config(TrainingSettings(), "fp32", CFG)["zero_optimization"]
     assert shipped["stage"] == 3 and "stage3_prefetch_bucket_size" in shipped

@@ -8,9 +8,14 @@ import pytest
 from pydantic import ValidationError
 
 from training_jobs.model import ModelConfig
-from training_jobs.settings import (DEFAULT_DEEPSPEED_CONFIG, ModelSettings, RunConfig, TrainingSettings,
-                                    load_deepspeed_config)
-from training_jobs.train import deepspeed_config, resolve_precision
+from training_jobs.settings import (
+    DEFAULT_DEEPSPEED_CONFIG,
+    ModelSettings,
+    RunConfig,
+    TrainingSettings,
+    load_deepspeed_config,
+)
+from training_jobs.setup import deepspeed_config, resolve_precision
 
 SHA = "ab" * 32
 

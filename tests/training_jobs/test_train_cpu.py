@@ -81,7 +81,7 @@ def test_kiln_plan_fits_a_scaling_law_on_kilns_own_runs(tmp_path, token_dataset,
     assert own["n_runs"] == 3
     law = own["compute_law"]
     assert law is not None and not law.get("error"), own
-    from kiln.planning.scaling import runs_from_mlflow
+    from kiln.planning.fits import runs_from_mlflow
 
     runs = sorted(runs_from_mlflow(mlflow_uri, "kiln-scaling"), key=lambda r: r.n_params)
     assert [(r.n_params, r.tokens, r.loss) for r in runs] == [

@@ -1,0 +1,100 @@
+"""`kiln audit`: lineage, membership, source and refresh questions on the command line (`add_audit_parser`).
+
+It reads the same store the assets write (`$KILN_HOME/data`; the near-dup index is part of the dedup_index
+datasets) and the project config (`$KILN_CONFIG`). Human-readable by default, `--json` for machines. A question
+the store cannot answer as asked (no such checkpoint, unknown source, missing file) prints
+`kiln audit: <message>` to stderr and returns 2, like argparse's own errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kiln.cli.base import EXIT_OK, bad_input, open_store
+
+
+def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `audit` (with `lineage`, `membership`, `source`) on an argparse subparsers object."""
+    parser = subparsers.add_parser(
+        "audit", help="what went into a checkpoint, whether a document was trained on, where a source went",
+        description="Answers from the manifests and data the assets wrote, for auditors, lawyers and data owners.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--home", type=Path, help="KILN_HOME holding data/ (default: $KILN_HOME, "
+                                                  "else ./.kiln)")
+    common.add_argument("--config", type=Path, help="project config (default: $KILN_CONFIG, else configs/default.yaml)")
+    common.add_argument("--json", action="store_true", help="print JSON instead of text")
+    questions = parser.add_subparsers(dest="question", required=True, metavar="QUESTION")
+
+    lineage = questions.add_parser("lineage", parents=[common], help="the chain from a checkpoint back to raw sources",
+                                   description="Every dataset a checkpoint was built from, back to each source's raw "
+                                               "documents: data versions, code versions, git commits, counts, hashes.")
+    lineage.add_argument("checkpoint", metavar="CHECKPOINT",
+                         help="`checkpoint` (the current one), a data version (or 6+ leading characters), or a "
+                              "checkpoint folder")
+
+    member = questions.add_parser("membership", parents=[common], help="was this document in the training data?",
+                                  description="Whether a document (exactly, or as a near-duplicate via the MinHash "
+                                              "index) reached the training set; if not, at which stage and why it "
+                                              "was removed.")
+    which = member.add_mutually_exclusive_group(required=True)
+    which.add_argument("--text", type=Path, metavar="FILE", help="a UTF-8 file holding the document's text ('-': stdin)")
+    which.add_argument("--doc-id", dest="doc_id", metavar="ID", help="the document's Kiln doc_id")
+    member.add_argument("--checkpoint", metavar="C", help="only the token shards this checkpoint was trained on count")
+
+    source = questions.add_parser("source", parents=[common], help="the checkpoints and shards that used a source",
+                                  description="A source's documents per stage and, per token-shard set, its tokens, "
+                                              "shards and the checkpoints trained on them.")
+    source.add_argument("name", metavar="NAME", help="the source's name (sources[].name)")
+
+    questions.add_parser("refreshes", parents=[common], help="which files made up each refresh, and what is pending",
+                         description="Every registered refresh (when, by what, which landed files), its documents per "
+                                     "source and token shards, and the files waiting in the landing area.")
+    parser.set_defaults(func=run_audit)
+    return parser
+
+
+def _read_text(path: Path) -> str:
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"--text: no such file {str(path)!r}") from None
+    except IsADirectoryError:
+        raise ValueError(f"--text: {str(path)!r} is a directory; give a file holding the document's text") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--text: {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if not text.strip():
+        raise ValueError(f"--text: {str(path)!r} is empty")
+    return text
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    """Answer one audit question; exit code 0, or 2 with `kiln audit: <message>` on bad input."""
+    from kiln.common.config import kiln_home, load_config
+    from kiln.governance.audit import lineage, refresh_report, source_usage
+    from kiln.governance.membership import membership
+    from kiln.governance.render import render
+
+    try:
+        home = (args.home or kiln_home()).resolve()
+        config = load_config(args.config)
+        store = open_store(home, config)
+        if args.question == "lineage":
+            result = lineage(store, args.checkpoint)
+        elif args.question == "membership":
+            text = _read_text(args.text) if args.text is not None else None
+            if args.doc_id is not None and not args.doc_id.strip():
+                raise ValueError("--doc-id is empty")
+            result = membership(store, config, text=text, doc_id=args.doc_id,
+                                checkpoint=args.checkpoint)
+        elif args.question == "refreshes":
+            result = refresh_report(store, config)
+        else:
+            result = source_usage(store, config, args.name)
+    except ValueError as exc:  # ConfigError and AuditError included
+        return bad_input("audit", exc)
+    print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False, default=str) if args.json else render(result))
+    return EXIT_OK

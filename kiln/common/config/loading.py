@@ -1,0 +1,97 @@
+"""Reading a config: YAML files (with `extends`), validation, and errors that name the key and the fix."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from kiln.common.config.base import DEFAULT_CONFIG, ConfigError, config_path
+from kiln.common.config.project import ProjectConfig
+
+# Keys that moved; an old config fails with where they live now.
+MOVED_KEYS = {("curation", "workers"): "engine.workers", ("dedup", "workers"): "engine.workers",
+              ("shards", "workers"): "engine.workers"}
+# Keys that are gone; an old config fails with what to do instead.
+REMOVED_KEYS = {("dedup", "near", "index"): "removed: the near-dup index is now part of each refresh's dedup_index "
+                                            "dataset (on the store, local or S3; no Redis). Delete dedup.near.index "
+                                            "from the config, and run `kiln dedup migrate-index` once if this store "
+                                            "was indexed before"}
+
+
+def load_config(path: str | Path | None = None) -> ProjectConfig:
+    """The project config at `path` (default: $KILN_CONFIG). A file may start from another with
+    `extends: other.yaml` (relative to itself): its keys are merged over the other's, mappings key by key,
+    anything else (lists and empty mappings included) replaced."""
+    path = Path(path) if path is not None else config_path()
+    return parse_config(_read_yaml(path), origin=str(path))
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        hint = f"(extended by {seen[-1]})" if seen else f"set KILN_CONFIG or create {DEFAULT_CONFIG}"
+        raise ConfigError(f"config file {str(path)!r} not found; {hint}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a config is a mapping of keys (sources, training, ...), got {type(raw).__name__}")
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    parent_path = (path.parent / str(parent)).resolve()
+    if parent_path in seen or parent_path == path.resolve():
+        raise ConfigError(f"{path}: extends {parent!r} makes a cycle ({' -> '.join(map(str, seen + (path,)))})")
+    return merge_config(_read_yaml(parent_path, seen + (path.resolve(),)), raw)
+
+
+def merge_config(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` over `base`: mappings merge key by key; any other value, and an empty mapping, replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = merge_config(out[key], value) if value and isinstance(value, dict) and \
+            isinstance(out.get(key), dict) else value
+    return out
+
+
+def parse_config(raw: dict[str, Any], origin: str = "<config>") -> ProjectConfig:
+    try:
+        return ProjectConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{origin}: invalid config\n" + "\n".join(_describe(e) for e in exc.errors())) from None
+
+
+def _describe(error: dict[str, Any]) -> str:
+    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]).lstrip(".") or "(top level)"
+    msg = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden" and tuple(error["loc"]) in MOVED_KEYS:
+        return f"  {key}: moved to {MOVED_KEYS[tuple(error['loc'])]} (one setting for every stage); move it there"
+    if error["type"] == "extra_forbidden" and tuple(error["loc"]) in REMOVED_KEYS:
+        return f"  {key}: {REMOVED_KEYS[tuple(error['loc'])]}"
+    if error["type"] == "extra_forbidden":
+        parent_fields = _fields_at(error["loc"][:-1])
+        close = difflib.get_close_matches(str(error["loc"][-1]), parent_fields, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else (f"; allowed keys: {', '.join(parent_fields)}" if parent_fields else "")
+        return f"  {key}: unknown key{hint}"
+    given = error.get("input")
+    shown = "" if isinstance(given, dict) else f" = {given!r}"
+    return f"  {key}{shown}: {msg}"
+
+
+def _fields_at(loc: tuple) -> list[str]:
+    """The allowed keys of the model found at `loc` (for 'did you mean' hints)."""
+    model: type[BaseModel] | None = ProjectConfig
+    for part in loc:
+        if model is None or isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        inner = getattr(ann, "__args__", (ann,))
+        model = next((a for a in inner if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return sorted(model.model_fields) if model else []

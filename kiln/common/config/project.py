@@ -1,0 +1,165 @@
+"""The root config model: every section, and the checks that span sections."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator, model_validator
+
+from kiln.common.config.base import Strict
+from kiln.common.config.curation import Curation, Reading, Source, StepSpec
+from kiln.common.config.dedup import Decontamination, Dedup
+from kiln.common.config.engine import EngineSettings
+from kiln.common.config.evaluation import EvaluationSettings
+from kiln.common.config.quality import Quality
+from kiln.common.config.refresh import RefreshSettings
+from kiln.common.config.storage import StorageSettings
+from kiln.common.config.tokens import Mixture, ShardSettings, TokenizerSettings
+from kiln.curation.filters.registry import build_step
+from kiln.planning.plan import PlanRequest
+from training_jobs.settings import TrainingSettings
+
+
+class ProjectConfig(Strict):
+    sources: list[Source] = Field(min_length=1)
+    profiles: dict[str, list[StepSpec]]
+    reading: Reading = Reading()
+    curation: Curation = Curation()
+    dedup: Dedup = Dedup()
+    decontamination: Decontamination = Decontamination()
+    planning: PlanRequest = PlanRequest()  # `kiln plan` and the training_plan asset start from these
+    training: TrainingSettings = TrainingSettings()  # the model, optimizer, schedule, checkpoints, monitor
+    evaluation: EvaluationSettings = EvaluationSettings()
+    tokenizer: TokenizerSettings = TokenizerSettings()
+    mixture: Mixture = Mixture()
+    shards: ShardSettings = ShardSettings()
+    quality: Quality = Quality()
+    storage: StorageSettings = StorageSettings()  # local files, or S3 with KILN_HOME as the cache
+    refresh: RefreshSettings = RefreshSettings()  # new raw data: landing area, schedule, sensor, automation
+    engine: EngineSettings = EngineSettings()  # Ray (embedded, or a cluster) or a local process pool
+
+    @field_validator("profiles", mode="before")
+    @classmethod
+    def _parse_profiles(cls, value):
+        """Accept `- gopher_quality` or `- gopher_quality: {min_doc_words: 20}` and check each step."""
+        if not isinstance(value, dict):
+            return value
+        parsed = {}
+        for profile, steps in value.items():
+            if not isinstance(steps, list):
+                raise ValueError(f"profile {profile!r} must be a list of steps, got {steps!r}")
+            specs = []
+            for i, item in enumerate(steps):
+                if isinstance(item, str):
+                    name, params = item, {}
+                elif isinstance(item, dict) and set(item) == {"step", "params"}:  # a dumped config, read back
+                    name, params = item["step"], item["params"]
+                elif isinstance(item, dict) and len(item) == 1:
+                    (name, params), = item.items()
+                    params = params or {}
+                else:
+                    raise ValueError(f"profiles.{profile}[{i}]: expected a step name or {{name: {{params}}}}, got {item!r}")
+                try:
+                    build_step(name, params)
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"profiles.{profile}[{i}] ({name}): {exc}") from None
+                specs.append({"step": name, "params": params})
+            parsed[profile] = specs
+        return parsed
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        names = [s.name for s in self.sources]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"source names must be unique; repeated: {dupes}")
+        for s in self.sources:
+            if s.profile not in self.profiles:
+                raise ValueError(f"source {s.name!r} uses profile {s.profile!r}, which is not defined; "
+                                 f"defined profiles: {sorted(self.profiles)}")
+        return self
+
+    @model_validator(mode="after")
+    def _recipes_have_what_they_need(self):
+        if self.mixture.replay is not None and self.training.base_checkpoint is None:
+            raise ValueError("mixture.replay mixes earlier data into a continued run: set training.base_checkpoint "
+                             "(a checkpoint folder, or `latest`), or remove mixture.replay")
+        phases = [p.name for p in self.mixture.phases] or ["main"]
+        unknown = sorted(set(self.training.phases or []) - set(phases))
+        if unknown:
+            raise ValueError(f"training.phases names {unknown}, which mixture.phases does not define (phases: "
+                             f"{phases}); a run reads curriculum phases of its token shards by name")
+        if self.training.objective == "span_corruption" and self.tokenizer.sentinel_tokens == 0:
+            raise ValueError("training.objective span_corruption needs sentinel tokens: set "
+                             "tokenizer.sentinel_tokens (T5 uses 100) so the tokenizer reserves <extra_id_N>")
+        return self
+
+    @model_validator(mode="after")
+    def _mixture_names_sources(self):
+        """Weights and FIM sources must name declared sources; non-empty weights must name all of them,
+        so adding a source never silently drops it from (or adds it to) training."""
+        names = [s.name for s in self.sources]
+        tables = [("mixture.weights", self.mixture.weights)]
+        tables += [(f"mixture.phases[{i}].weights", p.weights) for i, p in enumerate(self.mixture.phases)]
+        for key, weights in tables:
+            unknown = sorted(set(weights) - set(names))
+            if unknown:
+                raise ValueError(f"{key} names unknown source {unknown[0]!r}; sources: {names}")
+            missing = [n for n in names if n not in weights]
+            if weights and missing:
+                raise ValueError(f"{key} gives no weight to source(s) {missing}; list every source (weight 0 "
+                                 f"leaves one out) or leave {key} empty for natural proportions")
+        unknown_fim = sorted(set(self.shards.fim.sources or []) - set(names))
+        if unknown_fim:
+            raise ValueError(f"shards.fim.sources names unknown source {unknown_fim[0]!r}; sources: {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _quality_names_sources(self):
+        names = [s.name for s in self.sources]
+        q = self.quality
+        for key, listed in [("quality.rules", list(q.rules)), ("quality.classifier.positive_sources",
+                             q.classifier.positive_sources or []), ("quality.classifier.negative_sources",
+                                                                     q.classifier.negative_sources or [])]:
+            unknown = sorted(set(listed) - set(names))
+            if unknown:
+                raise ValueError(f"{key} names unknown source {unknown[0]!r}; sources: {names}")
+        positives, negatives = self.quality_classes()
+        if q.classifier.enabled is True and not (positives and negatives):
+            raise ValueError("quality.classifier needs positive and negative sources: set "
+                             "quality.classifier.positive_sources / negative_sources (defaults: domain 'reference' "
+                             "/ 'web'), or set quality.classifier.enabled: false")
+        if set(positives) & set(negatives):
+            raise ValueError(f"quality.classifier: {sorted(set(positives) & set(negatives))} is both positive and "
+                             "negative; a source belongs to one class")
+        for name, rule in q.rules.items():
+            if rule.uses_score and not self.quality_classifier_enabled:
+                raise ValueError(f"quality.rules.{name} filters on the classifier score, but the classifier is off "
+                                 f"(quality.classifier.enabled: {q.classifier.enabled}; positive sources {positives}, "
+                                 f"negative sources {negatives}); enable it or drop min_score / keep_top_fraction")
+            if rule.uses_perplexity and not q.perplexity.model:
+                raise ValueError(f"quality.rules.{name} filters on perplexity, but quality.perplexity.model is not "
+                                 "set; point it at a Kiln checkpoint folder or drop the perplexity rule")
+        return self
+
+    @property
+    def quality_classifier_enabled(self) -> bool:
+        positives, negatives = self.quality_classes()
+        enabled = self.quality.classifier.enabled
+        return enabled is True or (enabled == "auto" and bool(positives) and bool(negatives))
+
+    def quality_classes(self) -> tuple[list[str], list[str]]:
+        """The classifier's positive (reference) and negative (web) sources."""
+        c = self.quality.classifier
+        positives = c.positive_sources if c.positive_sources is not None else [
+            s.name for s in self.sources if s.domain == "reference"]
+        negatives = c.negative_sources if c.negative_sources is not None else [
+            s.name for s in self.sources if s.domain == "web"]
+        return positives, negatives
+
+    def source(self, name: str) -> Source:
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise KeyError(f"no source named {name!r}; sources: {[s.name for s in self.sources]}")
+
+    def profile_for(self, source: str) -> list[StepSpec]:
+        return self.profiles[self.source(source).profile]

@@ -1,0 +1,70 @@
+"""Config section `quality`: the classifier, the perplexity model and each source's filtering rule."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from kiln.common.config.base import Strict
+
+
+class QualityClassifier(Strict):
+    """A fastText "reference vs web" classifier (GPT-3, DCLM): documents of reference sources are the
+    positives, documents of web sources the negatives; every document then gets P(reference)."""
+
+    enabled: bool | Literal["auto"] = "auto"  # auto: on when there are positive and negative sources
+    positive_sources: list[str] | None = None  # None: every source with domain 'reference'
+    negative_sources: list[str] | None = None  # None: every source with domain 'web'
+    max_documents_per_class: int = Field(20_000, gt=0)  # classes are balanced to the smaller one, up to this
+    folds: int = Field(5, ge=2, le=20)  # cross-fitting: out-of-fold scores for the sample's own documents
+    max_words: int = Field(1000, gt=0)  # a document's first words (fastText tokens) the classifier sees
+    epochs: int = Field(20, gt=0)
+    lr: float = Field(0.5, gt=0)
+    word_ngrams: int = Field(2, ge=1, le=5)
+    dim: int = Field(64, gt=0)
+    min_count: int = Field(1, ge=1)
+    threads: int = Field(1, ge=1)  # 1 trains bit-reproducibly; more threads train faster (Hogwild), not reproducibly
+    seed: int = 0
+
+
+class QualityPerplexity(Strict):
+    """CCNet-style perplexity of every document under a reference language model (a Kiln checkpoint)."""
+
+    model: str | None = None  # a checkpoint folder as the checkpoint asset writes it; None: no perplexity
+    max_tokens: int = Field(512, ge=2)  # a document's first tokens are scored (capped by the model's context)
+    batch_size: int = Field(16, gt=0)
+    device: str = "auto"  # auto: cuda when available, else cpu
+
+
+class QualityRule(Strict):
+    """How one source is filtered on its stored scores; the rules present all apply (a document must pass each)."""
+
+    min_score: float | None = Field(None, ge=0, le=1)  # drop below this classifier score
+    keep_top_fraction: float | None = Field(None, gt=0, le=1)  # keep this share with the highest classifier scores
+    max_perplexity: float | None = Field(None, gt=0)  # drop above this perplexity
+    perplexity_buckets: list[Literal["head", "middle", "tail"]] | None = None  # CCNet buckets to keep
+    bucket_quantiles: tuple[float, float] = (0.3, 0.6)  # per-source perplexity quantiles between head|middle|tail
+
+    @model_validator(mode="after")
+    def _valid(self):
+        low, high = self.bucket_quantiles
+        if not 0 < low < high < 1:
+            raise ValueError(f"bucket_quantiles must be two increasing numbers in (0, 1), got {self.bucket_quantiles}")
+        if self.perplexity_buckets is not None and not self.perplexity_buckets:
+            raise ValueError("perplexity_buckets is empty: it would drop every document; list the buckets to keep")
+        return self
+
+    @property
+    def uses_perplexity(self) -> bool:
+        return self.max_perplexity is not None or self.perplexity_buckets is not None
+
+    @property
+    def uses_score(self) -> bool:
+        return self.min_score is not None or self.keep_top_fraction is not None
+
+
+class Quality(Strict):
+    classifier: QualityClassifier = QualityClassifier()
+    perplexity: QualityPerplexity = QualityPerplexity()
+    rules: dict[str, QualityRule] = Field(default_factory=dict)  # source -> rule; unlisted sources keep everything

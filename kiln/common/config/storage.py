@@ -1,0 +1,38 @@
+"""Config section `storage`: local files, or an S3 bucket with KILN_HOME as the cache."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from kiln.common.config.base import Strict
+
+
+class StorageSettings(Strict):
+    """Where artifacts live: `local` (files under KILN_HOME/data), or `s3`: every dataset, tokenizer, shard set,
+    and checkpoint export (the near-dup index included: it is part of the dedup_index datasets) durably in a bucket, with KILN_HOME as a cache kept in sync.
+    Endpoint, region and credentials come from the S3 resource (dagster-aws `S3Resource`: its fields, or the
+    standard AWS_* environment variables)."""
+
+    backend: Literal["local", "s3"] = "local"
+    bucket: str | None = None
+    prefix: str = Field("kiln", pattern=r"^[A-Za-z0-9._/-]*$")  # key prefix inside the bucket ("" for the root)
+    create_bucket: bool = False  # create a missing bucket instead of failing with an error naming it
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket_name(cls, value):
+        import re
+
+        if value is not None and not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", value):
+            raise ValueError(f"{value!r} is not a valid S3 bucket name: 3 to 63 lowercase letters, digits, dots or "
+                             f"hyphens, starting and ending with a letter or digit")
+        return value
+
+    @model_validator(mode="after")
+    def _bucket_for_s3(self):
+        if self.backend == "s3" and not self.bucket:
+            raise ValueError("storage.backend is 's3' but storage.bucket is not set; name the bucket "
+                             "(storage.bucket: my-bucket) or use storage.backend: local")
+        return self

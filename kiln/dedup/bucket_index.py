@@ -1,0 +1,237 @@
+"""Each refresh's bucket index on the store (the persistent index of accepted documents, in its dedup_index
+dataset): its files, the MinHash parameters it was built with and their checks, band keys and id hashes, reading one
+(`read_index_meta`, `index_documents`, `near_matches`) and writing one from accepted documents given directly
+(`write_index`; `kiln.dedup.buckets` persists one per refresh at the end of its rounds).
+
+The bucket index. Each refresh's index folder (written at the end, never rewritten):
+  _index.json                  params (as `index_params`), partitions, batch, the doc-part starts, documents
+  buckets/buckets-{p}.parquet  (band, key, ref) of its accepted documents, sorted; key-prefix partition p
+  ids/ids-{p}.parquet          (h, doc_id, ref), h = blake2b-64 of doc_id, partition of h; sorted by doc_id
+  docs/indexed-{k}.parquet     (ref, doc_id, source, quality_tier, chars, batch, shingles): its part k's kept docs
+File names carry their store role (`kiln.common.storage.ROLE_PREFIX`), so the folder can be part of a dataset.
+Earlier refreshes are the persistent index: a new refresh shuffles only its own signatures against them.
+
+Band keys. Band b of a signature is signature[b*rows:(b+1)*rows], as datasketch's MinHashLSH hashranges, so the
+buckets are datasketch's buckets; the key is a 64-bit hash of (b, those values) (splitmix64 chained over the
+values). Two different bands colliding in 64 bits add a candidate that verification rejects (about n²/2⁶⁵ per band:
+~3e-8 at a million documents per band; a collision can change a decision only if that pair truly is a near-duplicate
+that datasketch did not propose). Key partitions are ranges of the key's top 32 bits (`components.partition_of`), so
+an earlier refresh written with another `partitions` is read by overlapping ranges.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from kiln.common.config import NearDedup
+from kiln.common.manifest import write_json_atomic
+from kiln.common.storage import part_name, write_parquet_atomic
+from kiln.dedup.components import partition_of
+from kiln.dedup.fast_minhash import mix64
+from kiln.dedup.minhash import HASH_COLUMNS, SCHEME, bands_rows, jaccard
+
+INDEX_FORMAT = "kiln-bucket-index/1"
+
+BUCKET_SCHEMA = pa.schema([pa.field("band", pa.int32(), nullable=False), pa.field("key", pa.uint64(), nullable=False),
+                           pa.field("ref", pa.int64(), nullable=False)])
+IDS_SCHEMA = pa.schema([pa.field("h", pa.uint64(), nullable=False), pa.field("doc_id", pa.string(), nullable=False),
+                        pa.field("ref", pa.int64(), nullable=False)])
+DOCS_SCHEMA = pa.schema([pa.field("ref", pa.int64(), nullable=False), pa.field("doc_id", pa.string(), nullable=False),
+                         pa.field("source", pa.string()), pa.field("quality_tier", pa.int32()),
+                         pa.field("chars", pa.int64()), pa.field("batch", pa.string()),
+                         pa.field("shingles", pa.large_list(pa.uint32()), nullable=False)])
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+class IndexMismatch(ValueError):
+    """An index on the store was built with other MinHash parameters than the config asks for."""
+
+
+def index_params(near: NearDedup) -> dict[str, Any]:
+    """Everything that must stay fixed for signatures in one index to be comparable."""
+    bands, rows = bands_rows(near)
+    return {"num_perm": near.num_perm, "seed": near.seed, "bands": bands, "rows": rows,
+            "shingle_size": near.shingle_size, "normalization": near.normalization.model_dump(mode="json"),
+            "scheme": near.scheme}
+
+
+def params_differences(stored: dict[str, Any], wanted: dict[str, Any], stored_as: str = "index") -> str:
+    """Each index parameter that differs, named by its config key: 'dedup.near.num_perm: index 128, config 64'."""
+    def keys(params: dict[str, Any]) -> dict[str, Any]:
+        out = {f"dedup.near.{k}": v for k, v in params.items() if k != "normalization"}
+        out.update({f"dedup.near.normalization.{k}": v for k, v in (params.get("normalization") or {}).items()})
+        return out
+
+    a, b = keys(stored), keys(wanted)
+    differ = [k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+    diff = [f"{k}: {stored_as} {a.get(k)!r}, config {b.get(k)!r}" for k in differ]
+    if {"dedup.near.bands", "dedup.near.rows"} & set(differ):  # usually changed through these, not set directly
+        diff.append("bands and rows follow dedup.near.threshold and min_recall when not set")
+    if "dedup.near.scheme" in differ:
+        diff.append(f"indexes and signatures written before dedup.near.scheme existed are {SCHEME}")
+    return "; ".join(diff)
+
+
+BACKFILL = ("To use the new settings, backfill: re-materialize minhash_signatures (every source) and then dedup_index "
+            "for every refresh partition, from the first refresh to the last, one refresh at a time (each refresh "
+            "decides against the indexes of the refreshes before it, so those must be rebuilt first; earlier "
+            "refreshes' decisions may change). Or restore the index's settings in dedup.near.")
+
+
+def check_index_params(path: str | Path, meta: dict[str, Any], near: NearDedup) -> None:
+    """Refuse an index folder built with other MinHash parameters than `near`'s, saying which and what to do."""
+    wanted = index_params(near)
+    if meta["params"] != wanted:
+        raise IndexMismatch(f"bucket index {path} (refresh {meta.get('batch')}) was built with other MinHash "
+                            f"parameters ({params_differences(meta['params'], wanted)}): signatures would not be "
+                            f"comparable. {BACKFILL}")
+
+
+SIGNED_WITH = ("num_perm", "seed", "shingle_size", "normalization", "scheme")  # what a signature depends on
+
+
+def signed_with(recorded_near: dict[str, Any]) -> dict[str, Any]:
+    """The settings signatures were made with, from the dedup.near config their manifest recorded (a record without
+    `scheme` predates the setting: SCHEME, the only one then)."""
+    return {k: recorded_near.get(k, SCHEME if k == "scheme" else None) for k in SIGNED_WITH}
+
+
+def check_signature_params(name: str, recorded_near: dict[str, Any], near: NearDedup) -> None:
+    """Refuse signatures made with other settings than `near`'s (e.g. minhash_signatures not re-materialized after
+    dedup.near.scheme changed): they would be indexed under parameters they were not made with."""
+    made, wanted = signed_with(recorded_near), signed_with(near.model_dump(mode="json"))
+    if made != wanted:
+        raise IndexMismatch(f"{name} was made with other MinHash settings than the config's "
+                            f"({params_differences(made, wanted, 'signatures')}): re-materialize "
+                            f"it with the config's dedup.near first (or restore those settings)")
+
+
+def doc_id_hash(doc_ids: list[str]) -> np.ndarray:
+    """A stable 64-bit hash of each doc_id (partitions the id join; stored in the index's ids files)."""
+    return np.fromiter((int.from_bytes(hashlib.blake2b(d.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                                       "little") for d in doc_ids), dtype=np.uint64, count=len(doc_ids))
+
+
+def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(n, bands) uint64: per band b the hash of (b, signature[b*rows:(b+1)*rows]) — datasketch's band layout."""
+    out = np.empty((len(signatures), bands), np.uint64)
+    sig = signatures.astype(np.uint64)
+    for b in range(bands):
+        h = mix64(np.full(len(signatures), b, np.uint64))
+        for j in range(b * rows, (b + 1) * rows):
+            h = mix64(h ^ sig[:, j])
+        out[:, b] = h
+    return out
+
+
+def _list_array(values: np.ndarray, offsets: np.ndarray) -> pa.LargeListArray:
+    return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(values, pa.uint32()))
+
+
+def _shingle_arrays(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    offsets = arr.offsets.to_numpy()
+    return arr.values.to_numpy(zero_copy_only=False), offsets
+
+
+_INDEX_ROLES = {"buckets": "index_buckets", "ids": "index_ids", "docs": "index_docs"}
+
+
+def index_file(index: str | Path, kind: str, i: int) -> Path:
+    """File i of an index folder's `kind` (buckets, ids, docs), named by its store role."""
+    return Path(index) / kind / part_name(_INDEX_ROLES[kind], i)
+
+
+def _empty(schema: pa.Schema) -> pa.Table:
+    return schema.empty_table()
+
+
+def read_index_meta(path: Path) -> dict[str, Any]:
+    meta_path = Path(path) / "_index.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{path}: not a complete bucket index (no _index.json)")
+    return json.loads(meta_path.read_text())
+
+
+# ------------------------------------------------------------------------------- index folders, other writers
+
+def write_index(index_dir: Path, near: NearDedup, batch_name: str,
+                doc_parts: Iterable[tuple[pa.Table, np.ndarray]], partitions: int = 8) -> int:
+    """An index folder (as `decide_distributed` persists one) from accepted documents given directly: per docs part
+    (a DOCS_SCHEMA table without `ref`, their signatures). For `migrate` and for a refresh that indexes nothing;
+    holds one refresh's band keys (about bands x 20 bytes per document), never its shingles. Returns documents."""
+    index_dir = Path(index_dir)
+    shutil.rmtree(index_dir, ignore_errors=True)
+    for sub in ("docs", "buckets", "ids"):
+        (index_dir / sub).mkdir(parents=True)
+    bands, rows = bands_rows(near)
+    starts, keys, ids = [0], [], []
+    for k, (docs, signatures) in enumerate(doc_parts):
+        refs = starts[-1] + np.arange(docs.num_rows, dtype=np.int64)
+        write_parquet_atomic(index_file(index_dir, "docs", k), pa.table(
+            {"ref": refs, **{c: docs.column(c) for c in DOCS_SCHEMA.names[1:]}}, schema=DOCS_SCHEMA),
+            hash_columns=HASH_COLUMNS)
+        starts.append(starts[-1] + docs.num_rows)
+        if docs.num_rows:
+            kb = band_keys(np.asarray(signatures, np.uint32), bands, rows).ravel()
+            keys.append(pa.table({"band": np.tile(np.arange(bands, dtype=np.int32), docs.num_rows), "key": kb,
+                                  "ref": np.repeat(refs, bands)}, schema=BUCKET_SCHEMA))
+            doc_ids = docs.column("doc_id").to_pylist()
+            ids.append(pa.table({"h": doc_id_hash(doc_ids), "doc_id": doc_ids, "ref": refs}, schema=IDS_SCHEMA))
+    all_keys = pa.concat_tables(keys) if keys else _empty(BUCKET_SCHEMA)
+    all_ids = pa.concat_tables(ids) if ids else _empty(IDS_SCHEMA)
+    key_part = partition_of(all_keys.column("key").to_numpy(), partitions)
+    id_part = partition_of(all_ids.column("h").to_numpy(), partitions)
+    for p in range(partitions):
+        write_parquet_atomic(index_file(index_dir, "buckets", p), all_keys.filter(pa.array(key_part == p)).sort_by(
+            [("band", "ascending"), ("key", "ascending"), ("ref", "ascending")]))
+        write_parquet_atomic(index_file(index_dir, "ids", p), all_ids.filter(pa.array(id_part == p)).sort_by("doc_id"))
+    write_json_atomic(index_dir / "_index.json", json.dumps({
+        "format": INDEX_FORMAT, "params": index_params(near), "partitions": partitions, "batch": batch_name,
+        "doc_parts": starts, "documents": starts[-1]}, indent=2))
+    return starts[-1]
+
+
+def index_documents(index_dirs: Sequence[Path]) -> int:
+    """Accepted documents in these index folders (from their `_index.json`)."""
+    return sum(read_index_meta(Path(p))["documents"] for p in index_dirs)
+
+
+def near_matches(index_dirs: Sequence[Path], shingles: np.ndarray, signature: np.ndarray,
+                 near: NearDedup) -> list[tuple[float, str, dict[str, Any]]]:
+    """Every indexed document sharing a band with `signature`, as (exact Jaccard, doc_id, its record), best first.
+    Reads one buckets file per index folder and only the docs files holding a candidate."""
+    bands, rows = bands_rows(near)
+    keys = band_keys(np.asarray(signature, np.uint32)[None, :], bands, rows)[0]
+    found = []
+    for path in index_dirs:
+        meta = read_index_meta(Path(path))
+        check_index_params(path, meta, near)
+        refs: set[int] = set()
+        for p in sorted(set(partition_of(keys, meta["partitions"]).tolist())):
+            t = pq.read_table(index_file(path, "buckets", p))
+            hit = pc.is_in(t.column("key"), pa.array(keys, pa.uint64())).to_numpy(zero_copy_only=False)
+            band, key = t.column("band").to_numpy()[hit], t.column("key").to_numpy()[hit]
+            refs |= set(t.column("ref").to_numpy()[hit][keys[band] == key].tolist())
+        if not refs:
+            continue
+        doc_parts = np.asarray(meta["doc_parts"])
+        wanted = np.array(sorted(refs), np.int64)
+        for j in np.unique(np.searchsorted(doc_parts, wanted, "right") - 1):
+            t = pq.read_table(index_file(path, "docs", int(j)))
+            t = t.filter(pc.is_in(t.column("ref"), pa.array(wanted)))
+            values, offsets = _shingle_arrays(t.column("shingles"))
+            for i, record in enumerate(t.drop(["ref", "shingles"]).to_pylist()):
+                found.append((jaccard(shingles, values[offsets[i]:offsets[i + 1]]), record["doc_id"], record))
+    return sorted(found, key=lambda f: (-f[0], f[1]))

@@ -1,0 +1,207 @@
+"""What the tasks of a near-dup run (`kiln.dedup.buckets`) share: how documents are numbered (nodes) and ordered
+(keep-policy ranks as bytes), doc-partitions, and the Layout every task reads its inputs by, carried as a LayoutFile.
+
+Nodes. A document of this refresh is its position in the batch (`Batch.from_tables` order: source order, then part,
+then row): node = start of its part + row. A document accepted by earlier refresh r (position in `previous`) with
+position `ref` in that refresh is node -1 - (r << 40 | ref). A "doc-partition" is one signature part of this
+refresh, or one docs file of an earlier refresh: everything per document (shingles, records, decisions) is read or
+written by doc-partition, so a task holds one part's worth of documents.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kiln.common.manifest import write_json_atomic
+from kiln.dedup.bucket_index import index_file
+from kiln.dedup.components import overlapping, partition_of
+
+_REF_BITS = 40
+_REF_MASK = (1 << _REF_BITS) - 1
+
+
+def old_node(r: int | np.ndarray, ref: int | np.ndarray) -> np.ndarray:
+    return -1 - ((np.asarray(r, np.int64) << _REF_BITS) | np.asarray(ref, np.int64))
+
+
+def _decode_old(nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x = -1 - np.asarray(nodes, np.int64)
+    return x >> _REF_BITS, x & _REF_MASK
+
+
+def _sortable(columns: list[np.ndarray], n: int) -> np.ndarray:
+    """(n, 8·k) bytes: each int64 column big-endian with its sign bit flipped, so bytes compare as the ints do."""
+    if not columns:
+        return np.zeros((n, 0), np.uint8)
+    mats = [(np.asarray(c, np.int64).view(np.uint64) ^ np.uint64(1 << 63)).astype(">u8").view(np.uint8).reshape(n, 8)
+            for c in columns]
+    return np.hstack(mats)
+
+
+def new_ranks(keep: Sequence[str], tiers, source_order, seq, chars, doc_ids: list[str], nodes) -> list[bytes]:
+    """Keep-policy sort keys as bytes (compare as `near.keep_order` sorts: the criteria, then doc_id; the batch
+    position last, only to make duplicate ids total). 0x01 first: after every earlier-refresh document."""
+    n = len(doc_ids)
+    columns = {"quality_tier": [tiers], "first_seen": [source_order, seq], "longest": [-np.asarray(chars, np.int64)]}
+    fixed = _sortable([c for k in keep for c in columns[k]], n)
+    position = _sortable([nodes], n)
+    return [b"\x01" + fixed[i].tobytes() + d.encode("utf-8", "surrogatepass") + b"\x00" + position[i].tobytes()
+            for i, d in enumerate(doc_ids)]
+
+
+def old_ranks(r: int, refs: np.ndarray) -> list[bytes]:
+    packed = _sortable([np.full(len(refs), r), refs], len(refs))
+    return [b"\x00" + row.tobytes() for row in packed]
+
+
+def _dir(root: str | Path, *names: str) -> Path:
+    return Path(root).joinpath(*names)
+
+
+# ------------------------------------------------------------------------------------------- layout
+
+@dataclass(frozen=True)
+class Earlier:
+    """An earlier refresh's index folder, as the tasks need it."""
+
+    path: str
+    partitions: int
+    starts: tuple[int, ...]  # its doc-part starts (positions), len parts + 1
+    dp_base: int  # the doc-partition number of its docs/indexed-00000
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Everything a task needs to find its inputs (small: a few ints per part)."""
+
+    work: str
+    index: str  # this refresh's index folder
+    decisions: str
+    partitions: int
+    parts: tuple[str, ...]
+    starts: tuple[int, ...]  # batch position of each part's first row, len N + 1
+    seq_starts: tuple[int, ...]  # row of each part's first row within its source
+    tiers: tuple[int, ...]  # per part
+    orders: tuple[int, ...]  # source order per part
+    keep: tuple[str, ...]
+    bands: int
+    rows: int
+    threshold: float
+    max_bucket: int
+    batch: str
+    earlier: tuple[Earlier, ...]
+
+    @property
+    def n_parts(self) -> int:
+        return len(self.parts)
+
+    @property
+    def doc_partitions(self) -> int:
+        return self.n_parts + sum(len(e.starts) - 1 for e in self.earlier)
+
+    def dp_of(self, nodes: np.ndarray) -> np.ndarray:
+        """The doc-partition of each node: its signature part, or its earlier refresh's docs file."""
+        nodes = np.asarray(nodes, np.int64)
+        out = np.empty(nodes.size, np.int64)
+        new = nodes >= 0
+        out[new] = np.searchsorted(np.asarray(self.starts), nodes[new], "right") - 1
+        if not new.all():
+            r, ref = _decode_old(nodes[~new])
+            res = np.empty(r.size, np.int64)
+            for i, e in enumerate(self.earlier):
+                sel = r == i
+                res[sel] = e.dp_base + np.searchsorted(np.asarray(e.starts), ref[sel], "right") - 1
+            out[~new] = res
+        return out
+
+    __call__ = dp_of  # the route of component labels
+
+    def earlier_of(self, dp: int) -> tuple[int, int]:
+        """(refresh number, its docs part) of an earlier doc-partition."""
+        for r, e in enumerate(self.earlier):
+            if e.dp_base <= dp < e.dp_base + len(e.starts) - 1:
+                return r, dp - e.dp_base
+        raise IndexError(dp)
+
+    def docs(self, dp: int, columns: list[str]) -> tuple[np.ndarray, pa.Table]:
+        """(nodes, columns) of one doc-partition; `columns` among doc_id, source, shingles."""
+        if dp < self.n_parts:
+            t = pq.read_table(self.parts[dp], columns=columns)
+            return self.starts[dp] + np.arange(t.num_rows, dtype=np.int64), t
+        r, j = self.earlier_of(dp)
+        t = pq.read_table(index_file(self.earlier[r].path, "docs", j), columns=["ref", *columns])
+        return old_node(r, t.column("ref").to_numpy()), t.drop(["ref"])
+
+    def w(self, *names: str) -> Path:
+        return _dir(self.work, *names)
+
+
+def _earlier_partition(layout: Layout, kind: str, p: int, hash_column: str) -> list[tuple[int, pa.Table]]:
+    """Rows of each earlier refresh's `kind` files in this run's partition p (read by overlap, then filtered)."""
+    out = []
+    for r, e in enumerate(layout.earlier):
+        tables = [pq.read_table(index_file(e.path, kind, q))
+                  for q in overlapping(p, layout.partitions, e.partitions)]
+        if not tables:
+            continue
+        t = pa.concat_tables(tables)
+        mine = partition_of(t.column(hash_column).to_numpy(), layout.partitions) == p
+        out.append((r, t.filter(pa.array(mine))))
+    return out
+
+
+@dataclass(frozen=True)
+class LayoutFile:
+    """A Layout as tasks carry it: written once to the run's work folder, named by its digest. The Layout is a few
+    ints per part, so tasks carrying it would make the task list (pickled per task, through Ray's object store)
+    grow with parts squared; a path and a digest stay a few bytes. Callable as the Layout's route."""
+
+    path: str
+    sha: str
+
+    @classmethod
+    def write(cls, layout: Layout, folder: Path) -> LayoutFile:
+        data = json.dumps(dataclasses.asdict(layout), sort_keys=True).encode()
+        sha = hashlib.sha256(data).hexdigest()
+        path = Path(folder) / f"layout-{sha[:16]}.json"
+        if not path.exists():
+            write_json_atomic(path, data.decode())
+        return cls(str(path), sha)
+
+    def load(self) -> Layout:
+        return _load_layout(self.path, self.sha)
+
+    def __call__(self, nodes: np.ndarray) -> np.ndarray:
+        return self.load().dp_of(nodes)
+
+
+@lru_cache(maxsize=4)
+def _load_layout(path: str, sha: str) -> Layout:
+    """One read per worker process and layout (the digest keys the cache: a reused work folder is never stale)."""
+    data = Path(path).read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise RuntimeError(f"{path}: layout file changed under a running near-dup stage")
+    fields = json.loads(data)
+    fields["earlier"] = [Earlier(**{k: tuple(v) if isinstance(v, list) else v for k, v in e.items()})
+                         for e in fields["earlier"]]
+    return Layout(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+@dataclass(frozen=True)
+class _Task:
+    layout_file: LayoutFile
+    i: int
+
+    @property
+    def layout(self) -> Layout:
+        return self.layout_file.load()

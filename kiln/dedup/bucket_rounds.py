@@ -1,0 +1,459 @@
+"""The tasks of a near-dup run's engine rounds (`kiln.dedup.buckets` runs them: stages 1-6 and 8-12 there; 7 is
+`kiln.dedup.components`) and the schemas of the shuffles between them.
+
+Buckets larger than `max_bucket`. Within a bucket, members are ordered earlier-refresh documents first, then by the
+keep policy. The first `max_bucket` members are the bucket's anchors; every member is paired with each anchor
+before it. A bucket of m <= max_bucket members gives exactly all m(m-1)/2 pairs (every earlier member is an
+anchor); a larger one gives at most m·max_bucket pairs, never quadratic. Above the limit a pair of two non-anchors
+that shares no other band is not a candidate: where boilerplate makes a bucket of millions, the documents most likely
+to be kept (the first in keep order) are the anchors, and near-copies share more than one band.
+Pairs between two earlier-refresh documents are never emitted (both are accepted already).
+
+Why per-component greedy equals `near_dedup`'s global greedy. `near_dedup` walks the new documents in keep order;
+document i is removed iff some verified candidate c with J(i, c) >= threshold is accepted when i comes (an
+earlier-refresh document, always accepted, or a new one earlier in keep order that was kept). So i's decision
+depends only on the decisions of its verified matches (J >= threshold), each earlier in keep order; by induction
+it depends only on documents joined to i by a path of verified matches: i's connected component. Replaying the same
+order restricted to the component (earlier refreshes' members first, all accepted) gives every member the same
+decision, the same hits, hence the same `duplicate_of` (the best hit, max of (jaccard, doc_id, source)) and the same
+union-find unions, which only join a document with its hits (inside the component): `cluster_id` is the same.
+The unions are applied in near_dedup's order: earlier-refresh hits by doc_id, then this refresh's by batch position.
+A document already accepted by an earlier refresh is linked to that earlier node by an edge,
+so it shares its component and its cluster_id. `candidates` counts old candidates plus this refresh's candidates
+earlier in keep order that were kept; those may lie in other components, so it is counted after the decisions
+(stage 10) from the distinct candidate pairs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from kiln.common.storage import part_name, write_parquet_atomic
+from kiln.dedup.bucket_index import (
+    BUCKET_SCHEMA,
+    DOCS_SCHEMA,
+    IDS_SCHEMA,
+    _empty,
+    _shingle_arrays,
+    band_keys,
+    doc_id_hash,
+    index_file,
+)
+from kiln.dedup.bucket_layout import _decode_old, _earlier_partition, _Task, new_ranks, old_node, old_ranks
+from kiln.dedup.components import LABEL_SCHEMA, node_partition, partition_of, write_edges
+from kiln.dedup.minhash import HASH_COLUMNS, jaccard
+from kiln.dedup.near import ALREADY_INDEXED, DECISION_SCHEMA, KEPT, NEAR_DUPLICATE, UnionFind
+from kiln.dedup.shuffle import SCRATCH, read_partition, read_scratch, read_segments, write_partitioned, write_scratch
+
+EXAMPLE_CLUSTERS = 5  # the largest clusters named in the stats (shown with their members by the asset)
+
+KEY_SCHEMA = pa.schema([pa.field("band", pa.int32(), nullable=False), pa.field("key", pa.uint64(), nullable=False),
+                        pa.field("node", pa.int64(), nullable=False), pa.field("rank", pa.binary(), nullable=False)])
+NEW_IDS_SCHEMA = pa.schema([pa.field("h", pa.uint64(), nullable=False), pa.field("doc_id", pa.string(), nullable=False),
+                            pa.field("node", pa.int64(), nullable=False)])
+ALREADY_SCHEMA = pa.schema([pa.field("node", pa.int64(), nullable=False),
+                            pa.field("old_node", pa.int64(), nullable=False)])
+NODES_SCHEMA = pa.schema([pa.field("node", pa.int64(), nullable=False), pa.field("rank", pa.binary()),
+                          pa.field("doc_id", pa.string(), nullable=False), pa.field("source", pa.string()),
+                          pa.field("old_node", pa.int64())])  # old_node: the earlier copy of an already indexed doc
+PAIR_SCHEMA = pa.schema([pa.field("a", pa.int64(), nullable=False), pa.field("b", pa.int64(), nullable=False)])
+PAIR_A_SCHEMA = pa.schema([pa.field("a", pa.int64(), nullable=False), pa.field("b", pa.int64(), nullable=False),
+                           pa.field("shingles", pa.large_list(pa.uint32()), nullable=False)])
+HIT_SCHEMA = pa.schema([pa.field("comp", pa.int64(), nullable=False), pa.field("a", pa.int64(), nullable=False),
+                        pa.field("b", pa.int64(), nullable=False), pa.field("jaccard", pa.float64(), nullable=False)])
+MEMBER_SCHEMA = pa.schema([pa.field("comp", pa.int64(), nullable=False), pa.field("node", pa.int64(), nullable=False),
+                           pa.field("rank", pa.binary(), nullable=False),
+                           pa.field("doc_id", pa.string(), nullable=False),
+                           pa.field("source", pa.string()), pa.field("old_node", pa.int64())])
+DECIDED_SCHEMA = pa.schema([pa.field("node", pa.int64(), nullable=False), DECISION_SCHEMA.field("status"),
+                            DECISION_SCHEMA.field("cluster_id"), DECISION_SCHEMA.field("duplicate_of"),
+                            DECISION_SCHEMA.field("duplicate_of_source"), DECISION_SCHEMA.field("jaccard")])
+COUNT_SCHEMA = pa.schema([pa.field("node", pa.int64(), nullable=False), pa.field("n", pa.int64(), nullable=False)])
+
+
+# ------------------------------------------------------------------------------------- 1-2 scan, already
+
+def _scan(task: _Task) -> tuple[int, dict[str, int]]:
+    """Rows per source; with earlier refreshes, this part's ids shuffled by id hash for the join."""
+    lay, k = task.layout, task.i
+    t = pq.read_table(lay.parts[k], columns=["doc_id", "source"])
+    counts = Counter(t.column("source").to_pylist())
+    if lay.earlier and t.num_rows:
+        ids = t.column("doc_id").to_pylist()
+        h = doc_id_hash(ids)
+        table = pa.table({"h": h, "doc_id": ids, "node": np.arange(t.num_rows, dtype=np.int64)},  # row, for now
+                         schema=NEW_IDS_SCHEMA)
+        write_partitioned(lay.w("ids"), f"{k:05d}", table, partition_of(h, lay.partitions), lay.partitions)
+    return t.num_rows, dict(counts)
+
+
+def _already(task: _Task) -> int:
+    """This partition's ids joined with the earlier refreshes' ids: the documents accepted before."""
+    lay, p = task.layout, task.i
+    found_node, found_old = [], []
+    new_tables = []
+    for name, t in read_segments(lay.w("ids"), p):
+        k = int(name)
+        new_tables.append(t.set_column(2, "node", pa.array(t.column("node").to_numpy() + lay.starts[k])))
+    if not new_tables:
+        return 0
+    new = pa.concat_tables(new_tables)
+    for r, old in _earlier_partition(lay, "ids", p, "h"):
+        joined = new.select(["doc_id", "node"]).join(old.select(["doc_id", "ref"]), "doc_id", join_type="inner")
+        found_node.append(joined.column("node").to_numpy())
+        found_old.append(old_node(r, joined.column("ref").to_numpy()))
+    if not found_node:
+        return 0
+    nodes, olds = np.concatenate(found_node), np.concatenate(found_old)
+    order = np.argsort(nodes, kind="stable")
+    table = pa.table({"node": nodes[order], "old_node": olds[order]}, schema=ALREADY_SCHEMA)
+    write_partitioned(lay.w("already"), f"{p:05d}", table, lay.dp_of(table.column("node").to_numpy()), lay.n_parts)
+    return int(nodes.size)
+
+
+# ------------------------------------------------------------------------------------------- 3 keys
+
+def _keys(task: _Task) -> int:
+    """Band keys of this part's new documents (shuffled by key prefix), its node table, and an edge from each
+    already indexed document to its earlier copy (so both share a component)."""
+    lay, k = task.layout, task.i
+    t = pq.read_table(lay.parts[k], columns=["doc_id", "source", "chars", "signature"])
+    n = t.num_rows
+    nodes = lay.starts[k] + np.arange(n, dtype=np.int64)
+    already = read_partition(lay.w("already"), k, ALREADY_SCHEMA)
+    old_of = np.full(n, -1, np.int64)
+    is_already = np.zeros(n, bool)
+    if already.num_rows:
+        rows = already.column("node").to_numpy() - lay.starts[k]
+        old_of[rows] = already.column("old_node").to_numpy()
+        is_already[rows] = True
+        write_edges(lay.w("cc"), f"a{k:05d}", already.column("node").to_numpy(), already.column("old_node").to_numpy(),
+                    lay.partitions)
+    doc_ids = t.column("doc_id").to_pylist()
+    new = np.flatnonzero(~is_already)
+    chars = t.column("chars").to_numpy()
+    ranks: list[bytes | None] = [None] * n
+    new_ids = [doc_ids[i] for i in new]
+    for i, r in zip(new, new_ranks(lay.keep, np.full(new.size, lay.tiers[k]), np.full(new.size, lay.orders[k]),
+                                   lay.seq_starts[k] + new, chars[new], new_ids, nodes[new])):
+        ranks[i] = r
+    write_scratch(lay.w("nodes", f"{k:05d}{SCRATCH}"), pa.table({
+        "node": nodes, "rank": pa.array(ranks, pa.binary()), "doc_id": doc_ids, "source": t.column("source"),
+        "old_node": pa.array(old_of, mask=~is_already)}, schema=NODES_SCHEMA))
+    if new.size:
+        sig = t.column("signature").combine_chunks()
+        sigs = sig.values.to_numpy(zero_copy_only=False).reshape(n, sig.type.list_size)[new]
+        keys = band_keys(sigs, lay.bands, lay.rows)  # (new, bands)
+        table = pa.table({"band": np.tile(np.arange(lay.bands, dtype=np.int32), new.size), "key": keys.ravel(),
+                          "node": np.repeat(nodes[new], lay.bands),
+                          "rank": pa.array([ranks[i] for i in new for _ in range(lay.bands)], pa.binary())},
+                         schema=KEY_SCHEMA)
+        write_partitioned(lay.w("keys"), f"{k:05d}", table, partition_of(keys.ravel(), lay.partitions), lay.partitions)
+    return int(new.size)
+
+
+# ------------------------------------------------------------------------------------------ 4 pairs
+
+def bucket_pairs(group_starts: np.ndarray, sizes: np.ndarray, is_old: np.ndarray,
+                 max_bucket: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row pairs (anchor, member) of buckets laid out consecutively (rows sorted by bucket, then old first, then
+    keep order): each member with every one of the bucket's first `max_bucket` rows before it, never old with old."""
+    pos = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(group_starts, sizes)
+    start_of = np.repeat(group_starts, sizes)
+    firsts, seconds = [], []
+    rows = np.flatnonzero(pos > 0)
+    d = 0
+    while rows.size and d < max_bucket:
+        anchor = start_of[rows] + d
+        ok = ~is_old[rows]  # the member is new (an old member's anchors are old too)
+        firsts.append(anchor[ok])
+        seconds.append(rows[ok])
+        d += 1
+        rows = rows[pos[rows] > d]
+    if not firsts:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    return np.concatenate(firsts), np.concatenate(seconds)
+
+
+def _bucket_sizes(band: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Rows per bucket of band-key rows sorted by (band, key), buckets in that order."""
+    if not band.size:
+        return np.empty(0, np.int64)
+    starts = np.flatnonzero(np.r_[True, (band[1:] != band[:-1]) | (key[1:] != key[:-1])])
+    return np.diff(np.r_[starts, band.size])
+
+
+def _pairs(task: _Task) -> dict[str, Any]:
+    """Group this key partition's band keys (this refresh's and the earlier refreshes' buckets) and emit the
+    candidate pairs (earlier document first), shuffled by the first document's doc-partition."""
+    lay, p = task.layout, task.i
+    tables = [read_partition(lay.w("keys"), p, KEY_SCHEMA)]
+    if tables[0].num_rows == 0:
+        return {"pairs": 0, "buckets": 0, "largest_bucket": 0, "oversized_buckets": 0, "doc_partitions": []}
+    for r, old in _earlier_partition(lay, "buckets", p, "key"):
+        refs = old.column("ref").to_numpy()
+        tables.append(pa.table({"band": old.column("band"), "key": old.column("key"), "node": old_node(r, refs),
+                                "rank": pa.array(old_ranks(r, refs), pa.binary())}, schema=KEY_SCHEMA))
+    t = pa.concat_tables(tables)
+    band, key = t.column("band").to_numpy(), t.column("key").to_numpy()
+    order = np.lexsort((key, band))
+    sizes = _bucket_sizes(band[order], key[order])
+    # Only shared buckets make pairs: the keep-order sort (on bytes, the costly one) is of their rows alone.
+    t = t.take(pa.array(order[np.repeat(sizes, sizes) > 1]))
+    t = t.sort_by([("band", "ascending"), ("key", "ascending"), ("rank", "ascending")])
+    node = t.column("node").to_numpy()
+    shared = _bucket_sizes(t.column("band").to_numpy(), t.column("key").to_numpy())
+    starts = np.cumsum(shared) - shared
+    first, second = bucket_pairs(starts, shared, node < 0, lay.max_bucket)
+    a, b = node[first], node[second]
+    pairs = np.unique(np.stack([a, b], axis=1), axis=0) if a.size else np.empty((0, 2), np.int64)
+    table = pa.table({"a": pairs[:, 0], "b": pairs[:, 1]}, schema=PAIR_SCHEMA)
+    touched = write_partitioned(lay.w("pairs"), f"{p:05d}", table, lay.dp_of(pairs[:, 0]), lay.doc_partitions)
+    return {"pairs": int(a.size), "buckets": int(shared.size), "largest_bucket": int(sizes.max()),
+            "oversized_buckets": int((shared > lay.max_bucket).sum()), "doc_partitions": touched}
+
+
+# ------------------------------------------------------------------------------------ 5-6 attach, verify
+
+def _attach(task: _Task) -> int:
+    """The distinct pairs whose first document is in this doc-partition, with that document's shingles, shuffled
+    by the second document's part (always this refresh's)."""
+    lay, dp = task.layout, task.i
+    t = read_partition(lay.w("pairs"), dp, PAIR_SCHEMA)
+    if t.num_rows == 0:
+        return 0
+    pairs = np.unique(np.stack([t.column("a").to_numpy(), t.column("b").to_numpy()], axis=1), axis=0)
+    write_scratch(lay.w("cands", f"{dp:05d}{SCRATCH}"),
+                         pa.table({"a": pairs[:, 0], "b": pairs[:, 1]}, schema=PAIR_SCHEMA))
+    nodes, docs = lay.docs(dp, ["shingles"])
+    if dp < lay.n_parts:
+        rows = pairs[:, 0] - lay.starts[dp]
+    else:  # an earlier docs file holds only the kept documents (sorted by ref): look the nodes up
+        order = np.argsort(nodes, kind="stable")
+        rows = order[np.searchsorted(nodes[order], pairs[:, 0])]
+    shingles = docs.column("shingles").take(pa.array(rows))
+    table = pa.table({"a": pairs[:, 0], "b": pairs[:, 1], "shingles": shingles}, schema=PAIR_A_SCHEMA)
+    write_partitioned(lay.w("pairs_a"), f"{dp:05d}", table, lay.dp_of(pairs[:, 1]), lay.n_parts)
+    return int(len(pairs))
+
+
+def _verify(task: _Task) -> tuple[int, int]:
+    """Exact Jaccard of each pair whose second document is in part k; J >= threshold: a hit and a component edge."""
+    lay, k = task.layout, task.i
+    t = read_partition(lay.w("pairs_a"), k, PAIR_A_SCHEMA)
+    if t.num_rows == 0:
+        return 0, 0
+    a, b = t.column("a").to_numpy(), t.column("b").to_numpy()
+    a_values, a_offsets = _shingle_arrays(t.column("shingles"))
+    b_values, b_offsets = _shingle_arrays(pq.read_table(lay.parts[k], columns=["shingles"]).column("shingles"))
+    rows = b - lay.starts[k]
+    j = np.array([jaccard(a_values[a_offsets[i]:a_offsets[i + 1]], b_values[b_offsets[r]:b_offsets[r + 1]])
+                  for i, r in enumerate(rows)], dtype=np.float64)
+    hit = j >= lay.threshold
+    write_scratch(lay.w("hits", f"{k:05d}{SCRATCH}"),
+                         pa.table({"comp": np.zeros(int(hit.sum()), np.int64), "a": a[hit], "b": b[hit],
+                                   "jaccard": j[hit]}, schema=HIT_SCHEMA))
+    write_edges(lay.w("cc"), f"v{k:05d}", a[hit], b[hit], lay.partitions)
+    return int(a.size), int(hit.sum())
+
+
+# ---------------------------------------------------------------------------------- 8-9 route, decide
+
+def _route(task: _Task) -> int:
+    """Members of components (with what the decisions need) and this part's hits, shuffled by component."""
+    lay, dp = task.layout, task.i
+    labels = read_partition(lay.w("cc", "labels"), dp, LABEL_SCHEMA)
+    if labels.num_rows == 0:
+        return 0
+    order = np.argsort(labels.column("node").to_numpy(), kind="stable")
+    lnode, llabel = labels.column("node").to_numpy()[order], labels.column("label").to_numpy()[order]
+    if dp < lay.n_parts:
+        nodes_t = read_scratch(lay.w("nodes", f"{dp:05d}{SCRATCH}"))
+        members = nodes_t.take(pa.array(lnode - lay.starts[dp]))
+        hits = read_scratch(lay.w("hits", f"{dp:05d}{SCRATCH}")) if lay.w("hits", f"{dp:05d}{SCRATCH}").is_file() \
+            else _empty(HIT_SCHEMA)
+        if hits.num_rows:
+            comp = llabel[np.searchsorted(lnode, hits.column("b").to_numpy())]
+            hits = hits.set_column(0, "comp", pa.array(comp, pa.int64()))
+            write_partitioned(lay.w("hit_c"), f"{dp:05d}", hits, node_partition(comp, lay.partitions), lay.partitions)
+    else:
+        r, _ = lay.earlier_of(dp)
+        nodes, docs = lay.docs(dp, ["doc_id", "source"])
+        order = np.argsort(nodes, kind="stable")
+        take = order[np.searchsorted(nodes[order], lnode)]
+        refs = _decode_old(lnode)[1]
+        members = pa.table({"node": lnode, "rank": pa.array(old_ranks(r, refs), pa.binary()),
+                            "doc_id": docs.column("doc_id").take(pa.array(take)),
+                            "source": docs.column("source").take(pa.array(take)),
+                            "old_node": pa.nulls(lnode.size, pa.int64())}, schema=NODES_SCHEMA)
+    # An already indexed document has no rank (it is never decided, only clustered): it sorts last.
+    rank = pc.fill_null(members.column("rank"), pa.scalar(b"\x02", pa.binary()))
+    table = pa.table({"comp": llabel, "node": lnode, "rank": rank, "doc_id": members.column("doc_id"),
+                      "source": members.column("source"), "old_node": members.column("old_node")}, schema=MEMBER_SCHEMA)
+    write_partitioned(lay.w("members"), f"{dp:05d}", table, node_partition(llabel, lay.partitions), lay.partitions)
+    return int(lnode.size)
+
+
+def _decide(task: _Task) -> dict[str, Any]:
+    """near_dedup's greedy, component by component, in keep order."""
+    lay, cp = task.layout, task.i
+    members = read_partition(lay.w("members"), cp, MEMBER_SCHEMA)
+    if members.num_rows == 0:
+        return {"cluster_sizes": {}, "clusters": 0, "matched_earlier_refreshes": 0, "components": 0,
+                "example_clusters": []}
+    members = members.sort_by([("comp", "ascending"), ("rank", "ascending")])
+    hits = read_partition(lay.w("hit_c"), cp, HIT_SCHEMA)
+    hits_of: dict[int, list[tuple[int, float]]] = {}
+    for a, b, j in zip(*(hits.column(c).to_numpy() for c in ("a", "b")), hits.column("jaccard").to_numpy()):
+        hits_of.setdefault(int(b), []).append((int(a), float(j)))
+    comp = members.column("comp").to_numpy()
+    node = members.column("node").to_numpy()
+    doc_id, source = members.column("doc_id").to_pylist(), members.column("source").to_pylist()
+    old_of = members.column("old_node").to_pylist()
+    starts = np.flatnonzero(np.r_[True, comp[1:] != comp[:-1]])
+    bounds = np.r_[starts, comp.size]
+    out: dict[str, list] = {c: [] for c in DECIDED_SCHEMA.names}
+    sizes: Counter = Counter()
+    examples: list[tuple[int, str]] = []  # (size, cluster_id) of the largest clusters
+    matched_earlier = 0
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        info = {int(node[i]): (doc_id[i], source[i]) for i in range(s, e)}
+        accepted = {int(node[i]) for i in range(s, e) if node[i] < 0}  # earlier refreshes: always accepted
+        uf = UnionFind()
+        status: dict[int, str] = {}
+        best_of: dict[int, tuple[float, str, str]] = {}
+        for i in range(s, e):
+            x = int(node[i])
+            if x < 0 or old_of[i] is not None:
+                continue
+            found = [(j, *info[a], a) for a, j in hits_of.get(x, ()) if a in accepted]
+            if found:
+                best = max(found, key=lambda f: f[:3])
+                status[x], best_of[x] = NEAR_DUPLICATE, best[:3]
+                matched_earlier += int(best[3] < 0)
+                for f in sorted(found, key=lambda f: (f[3] >= 0, f[1] if f[3] < 0 else "", f[3])):
+                    uf.union(f[3], x)
+            else:
+                status[x] = KEPT
+                accepted.add(x)
+        roots: dict[int, list[int]] = {}
+        for i in range(s, e):
+            x = int(node[i])
+            if x < 0:
+                continue
+            ref = old_of[i] if old_of[i] is not None else x  # an already indexed doc is its earlier copy
+            root = uf.find(ref) if ref in uf.parent else None
+            if root is not None:
+                roots.setdefault(root, []).append(x)
+            best = best_of.get(x)
+            out["node"].append(x)
+            out["status"].append(status.get(x, ALREADY_INDEXED))
+            out["cluster_id"].append(info[root][0] if root is not None else None)
+            out["duplicate_of"].append(best[1] if best else None)
+            out["duplicate_of_source"].append(best[2] if best else None)
+            out["jaccard"].append(best[0] if best else None)
+        for root, xs in roots.items():
+            size = len(xs) + (0 if any(status.get(x) == KEPT for x in xs) else 1)
+            sizes[size] += 1
+            examples.append((size, info[root][0]))
+        examples = sorted(examples, key=lambda e: (-e[0], e[1]))[:EXAMPLE_CLUSTERS]  # bounded per partition
+    table = pa.table(out, schema=DECIDED_SCHEMA)
+    write_partitioned(lay.w("decided"), f"{cp:05d}", table, lay.dp_of(table.column("node").to_numpy()), lay.n_parts)
+    return {"cluster_sizes": dict(sizes), "clusters": sum(sizes.values()), "matched_earlier_refreshes": matched_earlier,
+            "components": int(starts.size), "example_clusters": examples}
+
+
+# --------------------------------------------------------------------------------- 10-12 count, final
+
+def _count(task: _Task) -> int:
+    """`candidates`: per distinct candidate pair (a earlier, b later), b counts a if a is an earlier refresh's
+    document (always) or was kept (near_dedup counts candidates accepted when b is decided)."""
+    lay, dp = task.layout, task.i
+    f = lay.w("cands", f"{dp:05d}{SCRATCH}")
+    if not f.is_file():
+        return 0
+    t = read_scratch(f)
+    a, b = t.column("a").to_numpy(), t.column("b").to_numpy()
+    if dp < lay.n_parts:
+        decided = read_partition(lay.w("decided"), dp, DECIDED_SCHEMA, ["node", "status"])
+        not_kept = decided.filter(pc.not_equal(decided.column("status"), KEPT)).column("node").to_numpy()
+        counted = ~np.isin(a, not_kept)  # not in a component: kept
+        b = b[counted]
+    nodes, n = np.unique(b, return_counts=True)
+    write_partitioned(lay.w("counts"), f"{dp:05d}", pa.table({"node": nodes, "n": n}, schema=COUNT_SCHEMA),
+                      lay.dp_of(nodes), lay.n_parts)
+    return int(n.sum())
+
+
+def _final(task: _Task) -> dict[str, Any]:
+    """Part k's decision rows (in its row order), and its kept documents for this refresh's index."""
+    lay, k = task.layout, task.i
+    nodes_t = read_scratch(lay.w("nodes", f"{k:05d}{SCRATCH}"))
+    n = nodes_t.num_rows
+    start = lay.starts[k]
+    already = nodes_t.column("old_node").is_valid().to_numpy(zero_copy_only=False)
+    status = np.where(already, ALREADY_INDEXED, KEPT).astype(object)
+    cluster = [None] * n
+    dup, dup_source = [None] * n, [None] * n
+    score = np.full(n, np.nan)
+    decided = read_partition(lay.w("decided"), k, DECIDED_SCHEMA)
+    for x, st, c, d, ds, j in zip(*(decided.column(name).to_pylist() for name in DECIDED_SCHEMA.names)):
+        i = x - start
+        status[i], cluster[i], dup[i], dup_source[i] = st, c, d, ds
+        score[i] = np.nan if j is None else j
+    candidates = np.zeros(n, np.int32)
+    counts = read_partition(lay.w("counts"), k, COUNT_SCHEMA)
+    np.add.at(candidates, counts.column("node").to_numpy() - start, counts.column("n").to_numpy().astype(np.int32))
+    doc_ids, sources = nodes_t.column("doc_id").to_pylist(), nodes_t.column("source").to_pylist()
+    decisions = pa.table({"doc_id": doc_ids, "source": sources, "status": status.tolist(), "cluster_id": cluster,
+                          "duplicate_of": dup, "duplicate_of_source": dup_source,
+                          "jaccard": pa.array(score, mask=np.isnan(score)), "candidates": candidates},
+                         schema=DECISION_SCHEMA)
+    write_parquet_atomic(Path(lay.decisions) / part_name("decisions", k), decisions)
+
+    # This refresh's index: the kept documents' records and shingles (by part), band keys and ids (by partition).
+    kept = np.flatnonzero(status == KEPT)
+    sig_t = pq.read_table(lay.parts[k], columns=["chars", "signature", "shingles"])
+    refs = start + kept
+    write_parquet_atomic(index_file(lay.index, "docs", k), pa.table({
+        "ref": refs, "doc_id": [doc_ids[i] for i in kept], "source": [sources[i] for i in kept],
+        "quality_tier": np.full(kept.size, lay.tiers[k], np.int32), "chars": sig_t.column("chars").take(pa.array(kept)),
+        "batch": [lay.batch] * kept.size, "shingles": sig_t.column("shingles").take(pa.array(kept))},
+        schema=DOCS_SCHEMA), hash_columns=HASH_COLUMNS)
+    if kept.size:
+        sig = sig_t.column("signature").combine_chunks()
+        sigs = sig.values.to_numpy(zero_copy_only=False).reshape(n, sig.type.list_size)[kept]
+        keys = band_keys(sigs, lay.bands, lay.rows).ravel()
+        write_partitioned(lay.w("kept_keys"), f"{k:05d}", pa.table({
+            "band": np.tile(np.arange(lay.bands, dtype=np.int32), kept.size), "key": keys,
+            "ref": np.repeat(refs, lay.bands)}, schema=BUCKET_SCHEMA), partition_of(keys, lay.partitions),
+            lay.partitions)
+        ids = [doc_ids[i] for i in kept]
+        h = doc_id_hash(ids)
+        write_partitioned(lay.w("kept_ids"), f"{k:05d}",
+                          pa.table({"h": h, "doc_id": ids, "ref": refs}, schema=IDS_SCHEMA),
+                          partition_of(h, lay.partitions), lay.partitions)
+    per_source: dict[str, Counter] = {}
+    cross: dict[str, Counter] = {}
+    for s, st, ds in zip(sources, status, dup_source):
+        per_source.setdefault(s, Counter())[st] += 1
+        if st == NEAR_DUPLICATE:
+            cross.setdefault(s, Counter())[ds] += 1
+    return {"per_source": per_source, "cross_source": cross, "kept": int(kept.size)}
+
+
+def _persist(task: _Task) -> int:
+    lay, p = task.layout, task.i
+    keys = read_partition(lay.w("kept_keys"), p, BUCKET_SCHEMA)
+    order = np.lexsort([keys.column(c).to_numpy() for c in ("ref", "key", "band")])  # by band, key, ref
+    write_parquet_atomic(index_file(lay.index, "buckets", p), keys.take(pa.array(order)))
+    ids = read_partition(lay.w("kept_ids"), p, IDS_SCHEMA)
+    write_parquet_atomic(index_file(lay.index, "ids", p), ids.sort_by("doc_id"))
+    return keys.num_rows

@@ -1,0 +1,34 @@
+"""What every engine is: `map_parts` over per-part tasks, results in task order, and `describe`.
+
+Every per-document stage is a function of one task (one input Parquet part → its output parts, named by
+the input part's position, never by arrival order) that reads and writes the store itself, so the driver
+holds task descriptions and small per-part results, never documents. The engine only decides where those
+functions run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+class EngineError(RuntimeError):
+    """The engine cannot start or connect; the message names the setting, what was tried and the fix."""
+
+
+class Engine(Protocol):
+    workers: int
+
+    def map_parts(self, fn: Callable[[T], R], tasks: Sequence[T], *, desc: str, progress: bool = True,
+                  size: Callable[[T], int] | None = None) -> list[R]:
+        """`fn` over `tasks`, results in task order. With `size`, the largest tasks start first, so no big
+        part runs alone at the end while the other workers idle."""
+
+    def describe(self) -> dict[str, Any]:
+        """What ran the stage, for metadata and manifests' stats: engine, address (no credentials), workers."""
+
+
+def launch_order(tasks: Sequence[T], size: Callable[[T], int] | None) -> list[int]:
+    return sorted(range(len(tasks)), key=lambda i: -size(tasks[i])) if size else list(range(len(tasks)))

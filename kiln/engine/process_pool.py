@@ -1,0 +1,73 @@
+"""A forkserver process pool on this machine (`engine.backend: processes`), and SERIAL: one part after another
+in this process, the library functions' default."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Any
+
+from tqdm import tqdm
+
+from kiln.engine.base import launch_order
+
+# Preloaded in the forkserver, so forked workers start with every stage's module imported.
+STAGE_MODULES = ["kiln.curation.pipeline", "kiln.curation.exact_dedup", "kiln.dedup.signing", "kiln.quality.scoring", "kiln.tokens.shard_writer"]
+
+
+def worker_pool_context(preload: list[str] = STAGE_MODULES):
+    """forkserver, not fork: the caller may be a threaded process (a Dagster step), where fork is unsafe.
+    A forkserver is single-threaded and, with the stages' modules preloaded, forks workers that start warm."""
+    context = get_context("forkserver")
+    context.set_forkserver_preload(preload)
+    return context
+
+
+@functools.lru_cache(maxsize=4)
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """One pool per size for the life of the process, reused by every stage (starting one costs ~1-2 s)."""
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=worker_pool_context())
+    atexit.register(pool.shutdown, cancel_futures=True)
+    return pool
+
+
+@dataclass(frozen=True)
+class ProcessPool:
+    """A process pool on this machine: `workers` processes (0: one per core)."""
+
+    workers: int = 0
+
+    def map_parts(self, fn, tasks, *, desc, progress=True, size=None):
+        workers = self.workers or os.cpu_count() or 1
+        bar = tqdm(total=len(tasks), desc=desc, unit="part", disable=not progress)
+        results: list = [None] * len(tasks)
+        if workers == 1 or len(tasks) <= 1:
+            for i, task in enumerate(tasks):
+                results[i] = fn(task)
+                bar.update(1)
+        else:
+            pool = _pool(workers)
+            futures = {pool.submit(fn, tasks[i]): i for i in launch_order(tasks, size)}
+            try:
+                for future in as_completed(futures):
+                    results[futures[future]] = future.result()
+                    bar.update(1)
+            except BrokenProcessPool:
+                _pool.cache_clear()  # a worker died (OOM, a kill): the next stage gets a fresh pool
+                raise
+            finally:
+                for future in futures:
+                    future.cancel()
+        bar.close()
+        return results
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "processes", "workers": self.workers or os.cpu_count() or 1}
+
+
+SERIAL = ProcessPool(workers=1)  # in this process, one part after another: library functions' default

@@ -1,0 +1,180 @@
+"""Ray: the tasks as a Ray Data dataset, one block per task (a part is Kiln's block: retried whole when a worker
+or node dies, and its output name does not depend on how Ray would split blocks). Address: `engine.ray_address`
+(`auto` or `host:port`), else Ray's own `RAY_ADDRESS`, else an embedded local Ray started once per process and
+reused by every stage (Ray stops it at interpreter exit)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import pickle
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from tqdm import tqdm
+
+from kiln.common.secrets import redact, redact_url
+from kiln.engine.base import EngineError, launch_order
+
+ADDRESS_KEY = "engine.ray_address"
+
+
+def check_reachable(address: str, origin: str) -> None:
+    """Fail in seconds, naming the setting, instead of Ray's minute of connection retries."""
+    if address.startswith("ray://"):
+        raise EngineError(
+            f"{origin} = {redact_url(address)!r} is a Ray Client address; Ray Data does not run over Ray "
+            "Client (Ray 2.60). Use the cluster's GCS address instead: 'host:6379' (KubeRay: the head "
+            "service, e.g. 'raycluster-head-svc:6379'), or 'auto' on a node of the cluster")
+    if address == "auto" or address.startswith("local"):
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise EngineError(f"{origin} = {redact_url(address)!r} is not 'auto' or 'host:port' "
+                          "(the head node's GCS address, port 6379 by default)")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise EngineError(
+            f"{origin} = {redact_url(address)!r}: no Ray cluster answers there ({exc.strerror or exc}). "
+            f"Start one (`ray start --head`), correct {origin}, or unset it (and RAY_ADDRESS) to run on an "
+            "embedded local Ray") from None
+
+
+@dataclass
+class _Session:
+    address: str | None  # what was asked (None: embedded)
+    gcs_address: str
+    dashboard_url: str | None
+
+
+_session: _Session | None = None
+
+
+def connect(address: str | None, origin: str = ADDRESS_KEY, num_cpus: int | None = None) -> _Session:
+    """Connect this process to Ray once: to `address`, or start an embedded local Ray when it is None.
+    Later calls for the same address reuse the connection, so every stage of a process shares one Ray."""
+    global _session
+    import ray
+
+    if address:
+        check_reachable(address, origin)
+    if _session is not None and ray.is_initialized():
+        if address in (_session.address, _session.gcs_address):  # the same Ray (an embedded one by its address)
+            return _session
+        shutdown()  # another address than this process's Ray: the engine asked for is the engine used
+    options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING,
+                               "configure_logging": True}
+    if address is None:
+        # Logical CPUs: at least one per requested worker, so `workers` means the same on any machine.
+        options |= {"num_cpus": max(os.cpu_count() or 1, num_cpus or 0)}
+    try:
+        context = ray.init(address=address, **options)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise EngineError(
+            f"{origin} = {redact_url(address)!r}: could not join the Ray cluster: {redact(str(exc))}. If the "
+            "cluster uses token authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) "
+            "as on its nodes") from None
+    import ray.data
+
+    data = ray.data.DataContext.get_current()
+    data.enable_progress_bars = False  # Kiln draws one bar per stage; Ray Data's would interleave with it
+    data.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # per-dataset INFO lines; the logs stay in Ray's dir
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled": on purpose
+    _session = _Session(address, context.address_info.get("gcs_address", ""), context.dashboard_url or None)
+    return _session
+
+
+def _run_part(fn: Callable, row: dict[str, Any]) -> dict[str, Any]:
+    # Tasks and results cross the engine pickled: Ray Data would otherwise try to turn them into Arrow columns.
+    try:
+        result = fn(pickle.loads(row["task"]))
+    except FileNotFoundError as exc:
+        raise EngineError(f"{exc.filename}: not found on Ray node {socket.gethostname()}. Workers read and write "
+                          "the store themselves, so KILN_HOME must be one shared filesystem mounted at the same "
+                          "path on every node") from exc
+    return {"i": row["i"], "result": pickle.dumps(result)}
+
+
+@dataclass(frozen=True)
+class RayEngine:
+    """Ray: `address` (`auto`, `host:port`), else `RAY_ADDRESS`, else an embedded local Ray; `workers`
+    concurrent part tasks of one CPU each (0: as many as the cluster has CPUs)."""
+
+    address: str | None = None
+    workers: int = 0
+
+    @property
+    def origin(self) -> str:
+        return ADDRESS_KEY if self.address else "RAY_ADDRESS"
+
+    @property
+    def target(self) -> str | None:
+        return self.address or os.environ.get("RAY_ADDRESS") or None
+
+    def session(self) -> _Session:
+        return connect(self.target, self.origin, num_cpus=self.workers or None)
+
+    def map_parts(self, fn, tasks, *, desc, progress=True, size=None):
+        self.session()
+        import ray
+        import ray.data
+
+        if not tasks:
+            return []
+        order = launch_order(tasks, size)
+        rows = [{"i": i, "task": pickle.dumps(tasks[i])} for i in order]
+        workers = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        dataset = ray.data.from_items(rows, override_num_blocks=len(rows)).map(
+            functools.partial(_run_part, fn), num_cpus=1,
+            compute=ray.data.TaskPoolStrategy(size=min(workers, len(rows))))
+        results: list = [None] * len(tasks)
+        with tqdm(total=len(tasks), desc=desc, unit="part", disable=not progress) as bar:
+            for row in dataset.iter_rows():
+                results[row["i"]] = pickle.loads(row["result"])
+                bar.update(1)
+        return results
+
+    def describe(self) -> dict[str, Any]:
+        session = self.session()
+        import ray
+
+        described = {"engine": "ray", "address": redact_url(session.address) or "embedded",
+                     "gcs_address": session.gcs_address, "nodes": len([n for n in ray.nodes() if n["Alive"]]),
+                     "workers": self.workers or int(ray.cluster_resources().get("CPU", 1))}
+        if session.dashboard_url:
+            described["dashboard"] = session.dashboard_url if "://" in session.dashboard_url \
+                else f"http://{session.dashboard_url}"
+        return described
+
+
+@contextmanager
+def shared_local_ray(settings) -> Iterator[None]:
+    """One embedded Ray for this process and the processes it starts (Dagster's step processes, which would each
+    start their own): started here, its address handed down as RAY_ADDRESS, stopped on exit. Nothing to do when
+    the backend is not Ray or a cluster is named (`engine.ray_address`, RAY_ADDRESS)."""
+    if settings.backend != "ray" or settings.ray_address or os.environ.get("RAY_ADDRESS"):
+        yield
+        return
+    session = connect(None, num_cpus=settings.workers or None)
+    os.environ["RAY_ADDRESS"] = session.gcs_address
+    try:
+        yield
+    finally:
+        os.environ.pop("RAY_ADDRESS", None)
+        shutdown()
+
+
+def shutdown() -> None:
+    """Leave Ray: an embedded Ray stops with it (Ray also does this at interpreter exit)."""
+    global _session
+    if _session is not None:
+        import ray
+
+        ray.shutdown()
+        _session = None

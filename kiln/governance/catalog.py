@@ -1,0 +1,163 @@
+"""Reading the store for audits: the manifests of its datasets, and the dataset a user names.
+
+Audits answer from the same `Store` and `_manifest.json` files the assets write, never from a separate database,
+so an audit says what the data says. `Catalog` is a memoized, read-only view of those manifests; `resolve_target`
+turns what a user types (`checkpoint`, an asset key, a data version, a folder) into one of them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kiln.common.manifest import MANIFEST_NAME, Manifest
+from kiln.common.storage import Store
+from kiln.governance.lineage import DOCUMENT_STAGES
+
+CHECKPOINT, TRAINING_RUN, SHARDS = "checkpoint", "training_run", "token_shards"
+FILTERED, INDEX = "filtered_documents", "dedup_index"
+RAW = DOCUMENT_STAGES[0]
+
+NOT_MATERIALIZED = "not materialized"
+
+
+class AuditError(ValueError):
+    """A question the store cannot answer as asked: unknown checkpoint or source, unreadable input."""
+
+
+def node_key(asset: str, partition: str | None) -> str:
+    """How manifests name their inputs: "asset/partition", or "asset" when unpartitioned."""
+    return f"{asset}/{partition}" if partition else asset
+
+
+def parse_key(key: str) -> tuple[str, str | None]:
+    asset, _, partition = key.partition("/")
+    return asset, partition or None
+
+
+class Catalog:
+    """Read-only view of the manifests in a store, memoized for one audit."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._current: dict[tuple[str, str | None], Manifest | None] = {}
+        self._versions: dict[str, list[Manifest]] = {}
+
+    def manifest(self, asset: str, partition: str | None = None) -> Manifest | None:
+        """The current manifest of a dataset, or None when it has not been materialized."""
+        key = (asset, partition)
+        if key not in self._current:
+            path = self.store.dataset_dir(asset, partition) / MANIFEST_NAME
+            self._current[key] = _load(path) if path.is_file() else None
+        return self._current[key]
+
+    def versions(self, asset: str) -> list[Manifest]:
+        """Every complete manifest found under the asset's folder (every partition, and any older version
+        kept below it), newest first, one per (partition, data version)."""
+        if asset not in self._versions:
+            found: dict[tuple[str | None, str], Manifest] = {}
+            base = self.store.root / asset
+            for path in sorted(base.rglob(MANIFEST_NAME)) if base.is_dir() else []:
+                if any(p.startswith(".") for p in path.relative_to(base).parts):
+                    continue  # a staging folder or one being swapped out: incomplete by definition
+                m = _load(path)
+                found.setdefault((m.partition, m.data_version), m)
+            self._versions[asset] = sorted(found.values(), key=lambda m: m.created_at, reverse=True)
+        return self._versions[asset]
+
+    def partitions(self, asset: str) -> list[str | None]:
+        """Partitions of an asset that have a current manifest: None for an unpartitioned one, `<refresh>` for a
+        per-refresh one, `<source>/<refresh>` for a document dataset."""
+        base = self.store.root / asset
+        found = []
+        for d in [base] if base.is_dir() else []:
+            for child in sorted(d.iterdir()):
+                if not child.is_dir() or child.name.startswith("."):
+                    continue
+                if (child / MANIFEST_NAME).is_file():
+                    found.append(None if child.name == "_all" else child.name)
+                else:
+                    found += [f"{child.name}/{g.name}" for g in sorted(child.iterdir()) if g.is_dir()
+                              and not g.name.startswith(".") and (g / MANIFEST_NAME).is_file()]
+        return sorted(found, key=str)
+
+    def source_partitions(self, asset: str, source: str) -> list[str]:
+        """The partitions holding one source's documents at a stage, one per refresh."""
+        return [p for p in self.partitions(asset) if p and p.split("/")[0] == source and "/" in p]
+
+    def newest(self, asset: str) -> Manifest | None:
+        """The most recently written manifest of an asset over all its partitions (e.g. the latest dedup index)."""
+        versions = self.versions(asset)
+        return versions[0] if versions else None
+
+    def assets(self) -> list[str]:
+        root = self.store.root
+        return sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")) \
+            if root.is_dir() else []
+
+
+def _load(path: Path) -> Manifest:
+    try:
+        return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, TypeError, KeyError) as exc:
+        raise AuditError(f"{path} is not a readable Kiln manifest ({exc})") from None
+
+
+def resolve_target(store: Store, target: str, catalog: Catalog | None = None) -> Manifest:
+    """A checkpoint (or any dataset) from what a user types: the literal `checkpoint` (the current one), an
+    asset key such as `token_shards` or `curated_documents/web`, a data version (or a prefix of at least
+    6 characters), or a folder: a dataset folder with `_manifest.json`, or a run's DeepSpeed checkpoint."""
+    catalog = catalog or Catalog(store)
+    asset, partition = parse_key(target)
+    if not Path(target).is_absolute() and asset in catalog.assets():
+        found = catalog.manifest(asset, partition)
+        if found is not None:
+            return found
+    if target == CHECKPOINT:
+        raise AuditError(f"no checkpoint in {store.root}: materialize `checkpoint` first")
+    path = Path(target).expanduser()
+    if path.is_dir():
+        resolved = path.resolve()
+        for folder in [resolved, *resolved.parents][:3]:  # the dataset folder, or its hf/ or safetensors/ inside
+            if (folder / MANIFEST_NAME).is_file():
+                return _load(folder / MANIFEST_NAME)
+        for m in catalog.versions(CHECKPOINT):
+            ds = m.stats.get("deepspeed_checkpoint")
+            if ds and (Path(ds).resolve() == resolved or resolved in Path(ds).resolve().parents):
+                return m
+        raise AuditError(f"{path} is neither a dataset folder with {MANIFEST_NAME} nor the DeepSpeed checkpoint (or "
+                         f"run folder) of a checkpoint in {store.root}")
+    if len(target) >= 6 and all(c in "0123456789abcdef" for c in target.lower()):
+        hits = {}
+        for name in [CHECKPOINT] + [a for a in catalog.assets() if a != CHECKPOINT]:
+            for m in catalog.versions(name):
+                if m.data_version.startswith(target.lower()):
+                    hits[(m.asset, m.partition, m.data_version)] = m
+            if hits and name == CHECKPOINT:
+                break  # a checkpoint's version wins over a prefix that also matches some other dataset
+        if len(hits) == 1:
+            return next(iter(hits.values()))
+        if len(hits) > 1:
+            raise AuditError(f"data version {target!r} is ambiguous: " + ", ".join(
+                f"{node_key(a, p)} {v}" for a, p, v in sorted(hits)) + "; give more characters")
+    current = catalog.manifest(CHECKPOINT)
+    example = f" (the current one is {current.data_version})" if current else ""
+    raise AuditError(f"no checkpoint {target!r} in {store.root}: give `checkpoint` for the current one, a data "
+                     f"version{example}, or a checkpoint folder")
+
+
+def _shards_of_checkpoint(catalog: Catalog, ckpt: Manifest) -> set[str]:
+    """The token_shards data versions a checkpoint's training run recorded as inputs (via its run's manifest)."""
+    versions = set()
+    for key, version in ckpt.inputs.items():
+        asset, _ = parse_key(key)
+        if asset == SHARDS:
+            versions.add(version)
+        elif asset == TRAINING_RUN:
+            for run in catalog.versions(TRAINING_RUN):
+                if run.data_version == version:
+                    versions |= {v for k, v in run.inputs.items() if parse_key(k)[0] == SHARDS}
+    return versions
+
+
+__all__ = ["AuditError", "Catalog", "node_key", "parse_key", "resolve_target"]

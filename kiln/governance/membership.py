@@ -1,0 +1,366 @@
+"""Whether a document reached training: `membership(store, config, text=... | doc_id=...)`.
+
+A document is found by doc_id, or by its text: exactly (exact dedup's normalization), else as a near-duplicate
+through the MinHash bucket index in the dedup_index datasets. It is then traced through every document stage and
+the token shards' member lists: in the training set, or where and why it left (and, for a removed duplicate,
+whether its kept copy was trained on).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from kiln.common.config import ExactDedup, NearDedup, ProjectConfig
+from kiln.common.storage import Store
+from kiln.curation.documents import make_doc_id
+from kiln.curation.pipeline import content_hash
+from kiln.governance.catalog import (
+    CHECKPOINT,
+    FILTERED,
+    INDEX,
+    NOT_MATERIALIZED,
+    RAW,
+    SHARDS,
+    AuditError,
+    Catalog,
+    _shards_of_checkpoint,
+    node_key,
+    resolve_target,
+)
+from kiln.governance.lineage import DOCUMENT_STAGES
+
+# Membership verdicts, from "it was trained on" to "never seen".
+IN_TRAINING = "in_training"
+VALIDATION = "validation_only"
+LEFT_OUT = "left_out_by_mixture"
+NOT_IN_SHARDS = "not_in_token_shards"
+REMOVED = "removed"
+QUARANTINED = "quarantined"
+UNKNOWN = "unknown"
+NEVER_SEEN = "never_seen"
+MAX_COPY_CHAIN = 3  # a kept copy may itself be removed later as a duplicate of another: follow at most this far
+_RANK = [IN_TRAINING, VALIDATION, LEFT_OUT, NOT_IN_SHARDS, UNKNOWN, REMOVED, QUARANTINED, NEVER_SEEN]
+
+
+@dataclass
+class StageRecord:
+    """Where one stage left a document."""
+
+    stage: str  # the asset (a DOCUMENT_STAGES entry)
+    source: str | None
+    status: str  # kept | removed | quarantined | absent | not reached | not materialized
+    data_version: str | None = None
+    step: str | None = None  # the rejected table's `stage` column: filter, exact_dedup, near_dedup, quality, ...
+    reason: str | None = None
+    duplicate_of: str | None = None
+    jaccard: float | None = None
+    cluster_id: str | None = None
+
+
+@dataclass
+class ShardRecord:
+    """A document's row in a token-shard set's member list."""
+
+    shard_set: str  # the token_shards data version
+    split: str
+    copies: int
+    tokens: int
+    checkpoints: list[str] = field(default_factory=list)  # data versions of checkpoints trained on this set
+    removed_by: str | None = None  # `removal_request:<id>`: the set left the document out
+
+
+@dataclass
+class Membership:
+    query: dict[str, Any]
+    match: str  # doc_id | exact | near_duplicate | none
+    verdict: str
+    summary: str
+    doc_id: str | None = None
+    source: str | None = None
+    license: str | None = None
+    jaccard: float | None = None  # near_duplicate: exact Jaccard between the given text and the matched document
+    stages: list[StageRecord] = field(default_factory=list)
+    shards: list[ShardRecord] = field(default_factory=list)
+    other_matches: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    refresh: str | None = None  # the refresh that brought the document in
+    # A removed duplicate's kept copy: doc_id, verdict, reached_training, summary, checkpoints trained on it
+    kept_copy: dict[str, Any] | None = None
+
+    @property
+    def reached_training(self) -> bool:
+        return self.verdict == IN_TRAINING
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "reached_training": self.reached_training}
+
+
+def membership(store: Store, config: ProjectConfig, text: str | None = None, doc_id: str | None = None,
+               checkpoint: str | None = None) -> Membership:
+    """Whether a document reached training: by `doc_id`, or by `text` (exact normalized-text match, else a
+    near-duplicate through the bucket index in the dedup_index datasets). With `checkpoint`, only the token shards
+    that checkpoint was trained on count."""
+    if (text is None) == (doc_id is None):
+        raise AuditError("give exactly one of a text or a doc_id")
+    catalog = Catalog(store)
+    shard_versions = _checkpoint_shards(catalog, checkpoint) if checkpoint else None
+    if doc_id is not None:
+        return _trace(catalog, config, doc_id.strip(), {"doc_id": doc_id.strip()}, "doc_id", shard_versions)
+    query = {"text_sha256": hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), "chars": len(text)}
+    exact = _exact_matches(catalog, config, text)
+    if exact:
+        results = sorted((_trace(catalog, config, d, query, "exact", shard_versions) for d in exact),
+                         key=lambda r: (_RANK.index(r.verdict), r.doc_id))
+        best = results[0]
+        best.other_matches = [{"doc_id": r.doc_id, "source": r.source, "verdict": r.verdict} for r in results[1:]]
+        return best
+    near, notes = _near_match(catalog, config, text)
+    if near is not None:
+        matched, score = near
+        result = _trace(catalog, config, matched, query, "near_duplicate", shard_versions)
+        result.jaccard = score
+        result.notes = notes + result.notes
+        if result.doc_id is None:  # indexed by an earlier refresh whose datasets the store no longer holds
+            result.match, result.doc_id, result.verdict = "near_duplicate", matched, UNKNOWN
+            result.summary = (f"UNKNOWN: a near-duplicate of {matched}, which the dedup index accepted in an earlier "
+                              f"refresh, but no dataset in the store holds it any more")
+        return result
+    return Membership(query, "none", NEVER_SEEN, "never seen: no document in the store has this text, exactly or as "
+                      "a near-duplicate", notes=notes)
+
+
+def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, match: str,
+           shard_versions: set[str] | None, depth: int = 0) -> Membership:
+    """Follow one doc_id through every document stage and the token shards' member lists (and, for a removed
+    duplicate, its kept copy: `depth` copies deep)."""
+    kept_copy = None
+    sources = [s.name for s in config.sources]
+    hint: str | None = None
+    stages: list[StageRecord] = []
+    row: dict[str, Any] = {}
+    gone = False
+    for stage in DOCUMENT_STAGES:
+        if gone:
+            stages.append(StageRecord(stage, hint, "not reached"))
+            continue
+        partitions = [hint] if hint else sorted(set(catalog.partitions(stage)) | set(sources), key=str)
+        materialized = [p for p in partitions if catalog.manifest(stage, p) is not None]
+        if not materialized:
+            stages.append(StageRecord(stage, hint, NOT_MATERIALIZED))
+            continue
+        record = None
+        for p in materialized:
+            record, found = _find_in_stage(catalog, stage, p, doc_id)
+            if record is not None:
+                row = row or found
+                hint = p
+                break
+        if record is None:
+            record = StageRecord(stage, hint, "absent", catalog.manifest(stage, hint).data_version if hint else None)
+            gone = hint is not None  # seen before and now gone: left without a trace (should not happen)
+        else:
+            gone = record.status in ("removed", "quarantined")
+        stages.append(record)
+
+    shards, notes = [], []
+    shards_gone = shard_versions is not None and not any(m.data_version in shard_versions
+                                                         for m in catalog.versions(SHARDS))
+    for m in catalog.versions(SHARDS):
+        if shard_versions is not None and m.data_version not in shard_versions:
+            continue
+        paths = [catalog.store.dataset_dir(SHARDS, m.partition) / f.path for f in m.files_with_role("members")]
+        if not paths:
+            notes.append(f"token_shards {m.data_version} has no member list (written before member lists existed); "
+                         f"re-materialize token_shards to answer from the shards")
+            continue
+        checkpoints = _checkpoints_using(catalog, m.data_version)
+        for path in paths:
+            for r in pq.read_table(path, filters=[("doc_id", "=", doc_id)]).to_pylist():
+                shards.append(ShardRecord(m.data_version, r["split"], r["copies"], r["tokens"], checkpoints,
+                                          r.get("removed_by")))
+                hint = hint or r["source"]
+    if shards_gone:
+        notes.append(f"the checkpoint was trained on token_shards {', '.join(sorted(shard_versions))}, which is no "
+                     f"longer in the store: its member list cannot be read")
+
+    kept = [r for r in stages if r.status == "kept"]
+    removed = next((r for r in stages if r.status in ("removed", "quarantined")), None)
+    # A shard set that left it out by a removal request (`kiln forget`, applied to every refresh) outranks older
+    # sets that still hold it, unless a checkpoint in the store was trained on those.
+    requested = next((s for s in shards if s.removed_by), None)
+    stale = [s for s in shards if s.copies > 0 and requested and not s.checkpoints]
+    shards_left = [s for s in shards if s not in stale and not s.removed_by]
+    train = [s for s in shards_left if s.split == "train"]
+    where = f"token_shards {', '.join(s.shard_set for s in shards_left)}"
+    if stale:
+        notes.append(f"token_shards {', '.join(s.shard_set for s in stale)} (no checkpoint in the store trained on "
+                     f"it) still hold{'s' if len(stale) == 1 else ''} it: re-materialize token_shards")
+    if any(s.copies > 0 for s in train):
+        s = next(s for s in train if s.copies > 0)
+        verdict = IN_TRAINING
+        summary = (f"IN TRAINING: {s.copies} cop{'y' if s.copies == 1 else 'ies'} in the train split of token_shards "
+                   f"{s.shard_set}" + (f", used by checkpoint {', '.join(s.checkpoints)}" if s.checkpoints else ""))
+        if requested is not None:
+            notes.append(f"token_shards {requested.shard_set} has since left it out ({requested.removed_by}); a "
+                         f"checkpoint trained on {s.shard_set} still holds what it learned from it")
+        elif removed is not None:
+            notes.append(f"{removed.stage} has since removed it ({removed.reason}); the token shards predate that: "
+                         f"re-materialize token_shards")
+    elif requested is not None:
+        verdict = REMOVED
+        summary = f"NOT TRAINED ON: left out of token_shards {requested.shard_set} by {requested.removed_by}"
+    elif any(s.split == "val" for s in shards_left):
+        verdict, summary = VALIDATION, f"NOT TRAINED ON: held out for validation (in the val split of {where})"
+    elif train:
+        verdict, summary = LEFT_OUT, (f"NOT TRAINED ON: left out by the mixture (0 copies in the train split of "
+                                      f"{where}: its source was subsampled)")
+    elif removed is not None:
+        verdict = REMOVED if removed.status == "removed" else QUARANTINED
+        summary = f"NOT TRAINED ON: removed at {removed.stage}" + (f" ({removed.step})" if removed.step else "")
+        summary += f", reason {removed.reason}"
+        if removed.duplicate_of:
+            summary += f", duplicate of {removed.duplicate_of}"
+        if removed.jaccard is not None:
+            summary += f" (Jaccard {removed.jaccard:.3f})"
+        if removed.duplicate_of and depth < MAX_COPY_CHAIN:
+            # The auditor's real question: a duplicate is removed because its copy was kept; did that copy train?
+            copy = _trace(catalog, config, removed.duplicate_of, query, "doc_id", shard_versions, depth + 1)
+            kept_copy = {"doc_id": copy.doc_id or removed.duplicate_of, "verdict": copy.verdict,
+                         "reached_training": copy.reached_training, "summary": copy.summary,
+                         "checkpoints": sorted({c for s in copy.shards if s.copies > 0 and s.split == "train"
+                                                for c in s.checkpoints})}
+            summary += f"; its kept copy {kept_copy['doc_id']}: {copy.summary}"
+    elif shards_gone:
+        verdict, summary = UNKNOWN, "UNKNOWN: the checkpoint's token shards are not in the store"
+    elif kept:
+        verdict = NOT_IN_SHARDS
+        summary = (f"NOT TRAINED ON: kept through {kept[-1].stage} but in no token-shard member list (shards not "
+                   f"materialized, or built before this document arrived)")
+    else:
+        verdict, summary = NEVER_SEEN, f"never seen: no dataset in the store holds doc_id {doc_id}"
+    source, _, refresh = (hint or "").partition("/")
+    return Membership(query, match if (kept or removed or shards) else "none", verdict, summary,
+                      doc_id if (kept or removed or shards) else None, source or None, row.get("license"), None, stages,
+                      shards, notes=notes, refresh=refresh or None, kept_copy=kept_copy)
+
+
+def _find_in_stage(catalog: Catalog, stage: str, partition: str, doc_id: str) -> tuple[StageRecord | None, dict]:
+    m = catalog.manifest(stage, partition)
+    base = catalog.store.dataset_dir(stage, partition)
+    for f in m.files_with_role("documents"):
+        path = base / f.path
+        cols = [c for c in ("doc_id", "source", "license") if c in pq.read_schema(path).names]
+        rows = pq.read_table(path, columns=cols, filters=[("doc_id", "=", doc_id)]).to_pylist()
+        if rows:
+            return StageRecord(stage, partition, "kept", m.data_version), rows[0]
+    for f in m.files_with_role("rejected"):
+        path = base / f.path
+        names = pq.read_schema(path).names
+        cols = [c for c in ("doc_id", "source", "license", "stage", "reason", "duplicate_of", "jaccard", "cluster_id")
+                if c in names]
+        rows = pq.read_table(path, columns=cols, filters=[("doc_id", "=", doc_id)]).to_pylist()
+        if rows:
+            r = rows[0]
+            return StageRecord(stage, partition, "removed", m.data_version, r.get("stage"), r.get("reason"),
+                               r.get("duplicate_of"), r.get("jaccard"), r.get("cluster_id")), r
+    for f in m.files_with_role("quarantine"):
+        table = pq.read_table(base / f.path, columns=["source", "locator", "reason"])
+        for r in table.to_pylist():
+            if make_doc_id(r["source"], r["locator"]) == doc_id:
+                return StageRecord(stage, partition, "quarantined", m.data_version, "read", r["reason"]), r
+    return None, {}
+
+
+def _exact_settings(catalog: Catalog, config: ProjectConfig) -> ExactDedup:
+    """The exact-dedup normalization the store was built with (its manifest), else the config's."""
+    for p in catalog.partitions(FILTERED):
+        recorded = catalog.manifest(FILTERED, p).config.get("exact_dedup")
+        if recorded:
+            return ExactDedup.model_validate(recorded)
+    return config.curation.exact_dedup
+
+
+def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> list[str]:
+    """doc_ids whose text is this text after exact dedup's normalization: the filtered documents' stored
+    content hashes first (text as curated, PII placeholders included), else the raw documents' texts
+    (text as it came in: also finds documents the filters removed)."""
+    settings = _exact_settings(catalog, config)
+    wanted = content_hash(text, settings.lowercase, settings.collapse_whitespace)
+    found: list[str] = []
+    for p in catalog.partitions(FILTERED):
+        for path in catalog.store.files(FILTERED, p, "documents"):
+            if "content_hash" in pq.read_schema(path).names:
+                table = pq.read_table(path, columns=["doc_id"], filters=[("content_hash", "=", wanted)])
+                found += table.column("doc_id").to_pylist()
+    if found:
+        return sorted(set(found))
+    for p in catalog.partitions(RAW):
+        for batch in catalog.store.iter_batches(RAW, p, columns=["doc_id", "text"]):
+            for d, t in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
+                if content_hash(t, settings.lowercase, settings.collapse_whitespace) == wanted:
+                    found.append(d)
+    return sorted(set(found))
+
+
+def _near_match(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[tuple[str, float] | None, list[str]]:
+    """The indexed document most similar to `text` at or above the threshold, by exact Jaccard of the shingle sets
+    (the band buckets only propose candidates), over every refresh's bucket index in the store, with the MinHash
+    settings the index was built with (its signature scheme included: a record without one is affine32)."""
+    from kiln.dedup.bucket_index import near_matches
+    from kiln.dedup.minhash import SCHEME, sign_texts
+    from kiln.governance.refresh import load_refreshes
+
+    recorded = catalog.newest(INDEX)
+    near = NearDedup.model_validate({"scheme": SCHEME, **recorded.config["near"]}) \
+        if recorded and "near" in recorded.config else config.dedup.near
+    folders, unmigrated = [], []
+    for r in load_refreshes(catalog.store):
+        if catalog.manifest(INDEX, r.key) is None:
+            continue
+        path = catalog.store.dataset_dir(INDEX, r.key) / "index"  # with S3 storage, pulled
+        if (path / "_index.json").is_file():
+            folders.append(path)
+        else:
+            unmigrated.append(r.key)
+    notes = [f"dedup_index of refresh(es) {', '.join(unmigrated)} holds no bucket index (written before "
+             "`kiln dedup migrate-index`): not searched"] if unmigrated else []
+    if not folders:
+        return None, notes + ["no near-duplicate index in the store: only exact matches were searched"]
+    signatures, shingles, _ = sign_texts([text], near, near.scheme)  # as the signature stage made the index's
+    try:
+        found = near_matches(folders, shingles, signatures[0], near)
+    except ValueError as exc:
+        return None, notes + [f"near-duplicate search unavailable: {exc}"]
+    if found and found[0][0] >= near.threshold:
+        return (found[0][1], round(float(found[0][0]), 6)), notes
+    if found:
+        notes.append(f"closest indexed document {found[0][1]} has Jaccard {found[0][0]:.3f}, below the "
+                     f"near-duplicate threshold {near.threshold}")
+    return None, notes
+
+
+# ----------------------------------------------------------------------------------- checkpoints & shards
+
+def _checkpoints_using(catalog: Catalog, shards_version: str) -> list[str]:
+    """Data versions of the checkpoints in the store whose training run read this token-shard set."""
+    out = []
+    for ckpt in catalog.versions(CHECKPOINT):
+        if shards_version in _shards_of_checkpoint(catalog, ckpt):
+            out.append(ckpt.data_version)
+    return out
+
+
+def _checkpoint_shards(catalog: Catalog, checkpoint: str) -> set[str]:
+    ckpt = resolve_target(catalog.store, checkpoint, catalog)
+    versions = _shards_of_checkpoint(catalog, ckpt)
+    if not versions:
+        raise AuditError(f"cannot tell which token shards {node_key(ckpt.asset, ckpt.partition)} {ckpt.data_version} "
+                         f"was trained on: its training_run manifest ({ckpt.inputs}) is not in the store")
+    return versions
+
+
+__all__ = ["Membership", "ShardRecord", "StageRecord", "membership"]

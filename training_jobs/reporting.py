@@ -1,0 +1,152 @@
+"""Rank 0's outputs: progress lines (stdout and Dagster Pipes logs), metrics.jsonl, MLflow (Reporter), the
+strict-JSON summary written atomically (write_json_atomic, SUMMARY_FORMAT), and the figures a step reports
+(peak_memory_gib, progress_line)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training_jobs import scaling_names
+from training_jobs.monitor import Event
+from training_jobs.settings import RunConfig
+from training_jobs.setup import Dist
+
+SUMMARY_FORMAT = "kiln-training-summary/1"
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN/Inf as strings: summary.json stays strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        tmp.write_text(json.dumps(_json_safe(data), indent=2), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def flatten(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out.update(flatten(f"{prefix}.{k}" if prefix else k, v))
+        return out
+    return {prefix: value}
+
+
+class Reporter:
+    """Rank 0's outputs: progress lines (stdout, and Dagster Pipes logs), metrics.jsonl, MLflow."""
+
+    def __init__(self, run: RunConfig, dist: Dist, pipes):
+        self.active = dist.main
+        self.pipes = pipes
+        self.metrics_file = Path(run.output_dir) / "metrics.jsonl"
+        self.mlflow = None
+        self.mlflow_run_id: str | None = None
+
+    def start_mlflow(self, run: RunConfig, resume_run_id: str | None, params: dict[str, Any],
+                     artifacts: dict[str, Any]) -> None:
+        if not (self.active and os.environ.get("MLFLOW_TRACKING_URI")):
+            return
+        import mlflow
+
+        self.mlflow = mlflow
+        run_id = os.environ.get("MLFLOW_RUN_ID") or resume_run_id  # a run the launcher made, or the resumed one
+        if run_id is None:
+            mlflow.set_experiment(run.experiment)
+        active = mlflow.start_run(run_id=run_id, run_name=None if run_id else run.run_name,
+                                  tags=run.tags or None)
+        self.mlflow_run_id = active.info.run_id
+        # Params are immutable in MLflow: log them once, into a new run or one the launcher created (Dagster
+        # makes the run to tag it); a resumed run keeps the ones it has.
+        if not active.data.params:
+            mlflow.log_params({k: str(v) for k, v in params.items()})
+        for name, data in artifacts.items():
+            mlflow.log_dict(data, name)
+
+    def line(self, text: str) -> None:
+        if self.active:
+            print(text, flush=True)
+            if self.pipes is not None:
+                self.pipes.log.info(text)
+
+    def step(self, step: int, metrics: dict[str, Any], to_mlflow: bool) -> None:
+        if not self.active:
+            return
+        with open(self.metrics_file, "a", encoding="utf-8") as f:
+            f.write(json.dumps(_json_safe({"step": step, **metrics})) + "\n")
+        if to_mlflow and self.mlflow is not None:
+            finite = {k: float(v) for k, v in metrics.items()
+                      if isinstance(v, (int, float)) and math.isfinite(v)}
+            self.mlflow.log_metrics(finite, step=step)
+
+    def event(self, event: Event) -> None:
+        self.line(f"stability: {event.kind} -> {event.action}: {event.message}")
+        if self.active and self.mlflow is not None:
+            self.mlflow.log_metric(f"stability/{event.kind}", 1.0, step=event.step)
+
+    def finish(self, summary: dict[str, Any], failed: bool) -> None:
+        if not self.active:
+            return
+        if self.mlflow is not None:
+            self.mlflow.log_dict(_json_safe(summary), "summary.json")
+            self.mlflow.log_dict(_json_safe(summary["stability_events"]), "stability_events.json")
+            if summary.get("val_loss") is not None:
+                self.mlflow.log_metrics({"val/loss": summary["val_loss"],
+                                         **{f"val/ppl_pos/{k}": v for k, v in (summary["val_ppl_pos"] or {}).items()}},
+                                        step=summary["steps"])
+                if not failed:  # what `kiln plan --mlflow-uri` fits on (training_jobs.scaling_names)
+                    self.mlflow.log_metrics({
+                        scaling_names.TOKENS: float(summary["tokens_seen"]),
+                        scaling_names.FLOPS: float(summary["flops_per_token"]) * summary["tokens_seen"],
+                        scaling_names.FINAL_VAL_LOSS: float(summary["val_loss"])}, step=summary["steps"])
+            self.mlflow.end_run(status="FAILED" if failed else "FINISHED")
+        if self.pipes is not None and not failed:
+            keys = ("status", "steps", "objective", "final_loss", "val_loss", "base_val_loss", "tokens_seen",
+                    "tokens_per_s", "mfu", "n_params", "n_params_non_embedding", "world_size", "rollbacks",
+                    "mlflow_run_id", "checkpoint", "summary_path")
+            metadata = {k: _json_safe(summary[k]) for k in keys if summary.get(k) is not None}
+            metadata["stability_events"] = len(summary["stability_events"])
+            self.pipes.report_asset_materialization(metadata=metadata, data_version=summary.get("checkpoint_sha256"))
+
+
+def open_pipes(dist: Dist, stack: contextlib.ExitStack):
+    """Rank 0's Dagster Pipes context when launched through Pipes, else None."""
+    from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
+
+    if dist.main and PipesEnvVarParamsLoader().is_dagster_pipes_process():
+        return stack.enter_context(open_dagster_pipes())
+    return None
+
+
+def peak_memory_gib() -> float:
+    """Peak memory of this rank: allocated device memory on a GPU, resident set size on CPU."""
+    if torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated() / 2**30, 3)
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)  # Linux reports KiB
+
+
+def progress_line(step: int, max_steps: int, m: dict[str, Any], dt: float) -> str:
+    mfu_text = f" | mfu {m['train/mfu']:.1%}" if m["train/mfu"] is not None else ""
+    grad = m["train/grad_norm"]
+    return (f"step {step}/{max_steps} | loss {m['train/loss']:.4f} | grad {grad:.3f} | lr {m['train/lr']:.2e} | "
+            f"{m['train/tokens_per_s']:,.0f} tok/s{mfu_text} | {dt:.2f} s/step")

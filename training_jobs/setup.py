@@ -1,0 +1,290 @@
+"""Setting up a training process: the environment DeepSpeed reads at import, the process group (Dist), the
+precision and the DeepSpeed config (ZeRO stage, tensor-parallel split), the model and its DeepSpeed engine, and
+the run's inputs (tokenizer check, training and validation loaders, objective, this rank's data shard, the layout
+check). training_jobs.train's Trainer calls these in its constructor. deepspeed is imported inside the functions
+that use it, so default_environment runs first."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training_jobs import checkpoint
+from training_jobs.base import BaseWeights, load_into
+from training_jobs.loader import ReplayLoader, ShardLoader
+from training_jobs.model import ModelConfig, Transformer
+from training_jobs.monitor import StabilityMonitor
+from training_jobs.objectives import Objective, make_objective
+from training_jobs.schedule import lambda_lr
+from training_jobs.settings import RunConfig, TrainingSettings, load_deepspeed_config
+
+# DeepSpeed's ZeRO-3 calls these on every step; the warning says nothing a user can act on.
+warnings.filterwarnings("ignore",
+                        message=r".*torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated")
+
+
+def default_environment() -> None:
+    """Environment DeepSpeed reads at import; set before importing it. Explicit settings win."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # deepspeed imports mlflow
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if "KILN_HOME" in os.environ:
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(os.environ["KILN_HOME"]) / "torch_extensions"))
+    # Always the same ninja for the JIT-built op: two ninja versions (the venv's, the system's) read each
+    # other's build log as stale and rebuild it (~50 s) whenever the PATH differs between launches.
+    venv_bin = Path(sys.executable).parent
+    if (venv_bin / "ninja").exists() and not os.environ.get("PATH", "").startswith(str(venv_bin)):
+        os.environ["PATH"] = f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"
+    # Without a launcher: a world of one.
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        os.environ.setdefault(key, value)
+    if "MASTER_PORT" not in os.environ:
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+
+
+# --------------------------------------------------------------------------------------- the process
+
+@dataclass
+class Dist:
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> Dist:
+    import deepspeed
+    import deepspeed.ops
+
+    if not torch.cuda.is_available():
+        # DeepSpeed's CPU shared-memory all-reduce serves inference_all_reduce only, never training. Its setup
+        # costs a ~35 s JIT build and was seen spinning forever on /dev/shm flags at start (both ranks asleep in
+        # its polling loop), so training on CPU does without it: gloo does the collectives.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed()  # nccl on GPUs; gloo on CPU without oneCCL
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    return Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), device)
+
+
+def resolve_precision(precision: str) -> str:
+    if precision != "auto":
+        return precision
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+
+
+# ---------------------------------------------------------------------------------------- the engine
+
+# Tensor parallelism (Megatron's split of a block): these projections are cut by output rows (each rank computes
+# some heads / hidden units), these by input columns (the ranks' partial products are summed); the rest is replicated.
+TP_COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+TP_ROW = ("o_proj", "down_proj")
+
+
+def deepspeed_config(t: TrainingSettings, precision: str, cfg: ModelConfig) -> dict[str, Any]:
+    """The DeepSpeed JSON with its "auto" values filled from the training settings. A value that is set in
+    the JSON and disagrees with the settings is an error, not a silent override."""
+    path = t.deepspeed_config_path()
+    ds = load_deepspeed_config(path)
+    for key in ("optimizer", "scheduler"):
+        if key in ds:
+            raise ValueError(f"DeepSpeed config {path} has an {key!r} section; Kiln passes its own torch AdamW and LR "
+                             f"schedule (training.schedule, weight_decay, betas): remove {key!r} from the JSON")
+    if ds.get("fp16", {}).get("enabled") in (True, "auto"):
+        raise ValueError(f"DeepSpeed config {path} enables fp16; Kiln trains in bf16 or fp32 (training.precision): "
+                         f"remove the fp16 section")
+
+    def fill(section: dict, key: str, value: Any, name: str) -> None:
+        given = section.get(key, "auto")
+        if given == "auto":
+            section[key] = value
+        elif given != value:
+            raise ValueError(f"DeepSpeed config {path} sets {name} = {given!r} but the training settings give "
+                             f"{value!r}; set it to \"auto\" (filled from training.*) or change the setting")
+
+    fill(ds, "train_micro_batch_size_per_gpu", t.micro_batch_size, "train_micro_batch_size_per_gpu")
+    fill(ds, "gradient_accumulation_steps", t.grad_accum, "gradient_accumulation_steps")
+    fill(ds, "gradient_clipping", t.grad_clip, "gradient_clipping")
+    fill(ds.setdefault("bf16", {}), "enabled", precision == "bf16", "bf16.enabled")
+    ds.pop("train_batch_size", None) if ds.get("train_batch_size") == "auto" else None
+    d = cfg.d_model  # size-dependent ZeRO buckets, the values HF's integration uses for "auto"
+    zero = ds.setdefault("zero_optimization", {})
+    for key, value in {"reduce_bucket_size": d * d, "stage3_prefetch_bucket_size": int(0.9 * d * d),
+                       "stage3_param_persistence_threshold": 10 * d}.items():
+        if zero.get(key) == "auto":
+            zero[key] = value
+    if t.parallelism.tp > 1:  # DeepSpeed AutoTP, with Kiln's split (it knows HF models' names, not ours)
+        section = ds.setdefault("tensor_parallel", {})
+        fill(section, "autotp_size", t.parallelism.tp, "tensor_parallel.autotp_size")
+        section.setdefault("partition_config", {"use_default_specs": False, "layer_specs": [
+            {"patterns": [rf".*\.{name}\.weight$" for name in TP_COLUMN], "partition_type": "column"},
+            {"patterns": [rf".*\.{name}\.weight$" for name in TP_ROW], "partition_type": "row"}]})
+    stage = zero_stage(t)
+    if stage is not None:
+        if t.deepspeed_config is None:  # the shipped JSON's stage 3 is Kiln's default, not a choice to defend
+            zero["stage"] = "auto"
+        fill(zero, "stage", stage, "zero_optimization.stage")
+    if zero.get("stage", 0) < 3:  # the stage-3 knobs mean nothing below it
+        for key in [k for k in zero if k.startswith("stage3_")]:
+            del zero[key]
+    return ds
+
+
+def zero_stage(t: TrainingSettings) -> int | None:
+    """The ZeRO stage the layout asks for: parallelism.zero_stage; with pipeline stages 1 when unset (DeepSpeed's
+    pipeline engine runs stage 0 or 1 only); None leaves the DeepSpeed JSON's."""
+    layout = t.parallelism
+    if layout.zero_stage is not None:
+        return layout.zero_stage
+    return 1 if layout.pp > 1 else None
+
+
+def build_model(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any],
+                base: BaseWeights | None = None) -> Transformer:
+    """A fresh model: the same weights on every rank, from the seed, or the base checkpoint's. Under ZeRO-3 it is
+    built partitioned (each parameter split across ranks as it is created), so no process ever holds it whole:
+    what makes a preset fit where each rank's memory is a fraction of it."""
+    import deepspeed
+
+    zero3 = ds_config.get("zero_optimization", {}).get("stage") == 3
+    with deepspeed.zero.Init(config_dict_or_path=ds_config) if zero3 and t.zero_init else contextlib.nullcontext():
+        model = Transformer(cfg, seed=t.seed, activation_checkpointing=t.model.activation_checkpointing)
+    if base is not None:
+        load_into(model, base)
+    return model
+
+
+def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any], total_steps: int,
+                 monitor: StabilityMonitor, base: BaseWeights | None = None, model: Transformer | None = None):
+    """The model (build_model, unless given; with parallelism.pp > 1 the pipeline stages of this rank), AdamW and
+    LR schedule, wrapped by DeepSpeed (a PipelineEngine for stages). Called again for a rollback: ZeRO-3 loads
+    checkpoints into fresh engines only."""
+    import deepspeed
+
+    if model is None and t.parallelism.pp > 1:
+        from training_jobs.pipeline import pipeline_module
+
+        model = pipeline_module(cfg, t.seed, t.parallelism.pp, t.model.activation_checkpointing, base)
+    model = model if model is not None else build_model(cfg, t, ds_config, base)
+    # Decay the matrices (and the embedding); norm gains stay out of weight decay. ds_shape: a partitioned
+    # parameter's whole shape (built under zero.Init, its own is an empty placeholder).
+    params = [p for p in model.parameters() if p.requires_grad]
+    matrix = [len(getattr(p, "ds_shape", p.shape)) >= 2 for p in params]
+    groups = [{"params": [p for p, m in zip(params, matrix) if m], "weight_decay": t.weight_decay},
+              {"params": [p for p, m in zip(params, matrix) if not m], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=t.schedule.lr, betas=t.betas, eps=t.adam_eps)
+    scheduler = lambda_lr(optimizer, t.resolved_schedule(), total_steps, scale=monitor.lr_scale)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=ds_config, dist_init_required=False)
+    return engine
+
+
+# ---------------------------------------------------------------------------------- the run's inputs
+
+def check_tokenizer(run: RunConfig) -> None:
+    if run.tokenizer_dir is None:
+        return
+    model = Path(run.tokenizer_dir) / "tokenizer.model"
+    if not model.is_file():
+        raise FileNotFoundError(f"tokenizer_dir {run.tokenizer_dir} has no tokenizer.model; point it at the "
+                                f"tokenizer asset's folder or leave it out")
+    sha = checkpoint.sha256_file(model)
+    if sha != run.tokenizer_sha256.lower():
+        raise ValueError(f"{model} has sha256 {sha[:12]}…, the run config says {run.tokenizer_sha256[:12]}…; "
+                         f"write the run config from the same tokenizer asset the shards were made with")
+
+
+def open_training(run: RunConfig, dist: Dist) -> ShardLoader | ReplayLoader:
+    """The training batches: the run's shards, or with mixture.replay a share of every batch from the base's."""
+    t = run.training
+    if run.replay is None:
+        return ShardLoader(run.dataset_dir, "train", t.seq_len, t.micro_batch_size, dist.rank, dist.world_size,
+                           run.tokenizer_sha256, seed=t.seed, phases=t.phases)
+    main = ShardLoader(run.dataset_dir, "train", t.seq_len, 1, dist.rank, dist.world_size, run.tokenizer_sha256,
+                       seed=t.seed, phases=t.phases)
+    replay = ShardLoader(run.replay.dataset_dir, "train", main.seq_len, 1, dist.rank, dist.world_size,
+                         run.tokenizer_sha256, seed=t.seed)
+    return ReplayLoader(main, replay, run.replay.share, t.micro_batch_size)
+
+
+def objective_for(run: RunConfig, dist: Dist) -> Objective:
+    """The training objective; span corruption takes its sentinel ids from the tokenizer card."""
+    t = run.training
+    sentinels, pad_id = [], 0
+    if t.objective == "span_corruption":
+        card = Path(run.tokenizer_dir or "") / "tokenizer.json"
+        if run.tokenizer_dir is None or not card.is_file():
+            raise FileNotFoundError("training.objective span_corruption reads the sentinel ids from the tokenizer "
+                                    "card: the run config needs tokenizer_dir (the tokenizer asset's folder)")
+        specials = json.loads(card.read_text(encoding="utf-8"))["special_tokens"]
+        sentinels = [v["id"] for k, v in sorted(specials.items(), key=lambda kv: kv[1]["id"])
+                     if k.startswith("sentinel_")]
+        pad_id = specials["pad"]["id"]
+    return make_objective(t.objective, t.seed, dist.rank, sentinels, pad_id)
+
+
+def open_validation(run: RunConfig, seq_len: int, dist: Dist) -> ShardLoader | None:
+    t = run.training
+    try:
+        return ShardLoader(run.dataset_dir, "val", seq_len, t.micro_batch_size, dist.rank, dist.world_size,
+                           run.tokenizer_sha256, seed=t.seed, shuffle_epochs=False)
+    except Exception as exc:  # noqa: BLE001: missing or too little validation data is not fatal
+        if dist.main:
+            print(f"warning: no validation loss: {exc}", flush=True)
+        return None
+
+
+def data_shard(dist: Dist, t: TrainingSettings) -> Dist:
+    """This rank's place in the data-parallel split (rank = data-parallel rank, world_size = dp): the tp x pp ranks
+    of one model replica read the same batches. DeepSpeed's pipeline topology numbers ranks stage-major (rank =
+    stage * dp + data rank); AutoTP's groups are runs of tp consecutive ranks (rank = data rank * tp + tp rank)."""
+    layout = t.parallelism
+    dp = layout.data_parallel(dist.world_size)
+    return Dist(dist.rank % dp if layout.pp > 1 else dist.rank // layout.tp, dp, dist.device)
+
+
+def check_layout(t: TrainingSettings, cfg: ModelConfig) -> None:
+    """What the trainer cannot run of a layout that divides the world, said before an engine is built."""
+    layout = t.parallelism
+    if layout.pp > 1:
+        if t.objective != "clm":
+            raise ValueError(f"training.objective {t.objective!r} with training.parallelism.pp {layout.pp}: the "
+                             f"pipeline trains the causal LM objective only (prefix masks and span targets would have "
+                             f"to cross stages); set training.objective: clm or parallelism.pp: 1")
+        if layout.pp > cfg.n_layers:
+            raise ValueError(f"training.parallelism.pp {layout.pp} is more than the model's {cfg.n_layers} blocks "
+                             f"(a stage holds at least one); lower pp or use a deeper model")
+    if layout.tp > 1:
+        if layout.pp > 1:
+            raise ValueError(f"training.parallelism tp {layout.tp} with pp {layout.pp}: the trainer runs tensor or "
+                             f"pipeline parallelism, not both (DeepSpeed AutoTP shards a plain module, the pipeline "
+                             f"engine its own); set tp: 1 or pp: 1")
+        uneven = {k: v for k, v in {"n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+                                    "ffn_hidden": cfg.ffn_hidden}.items() if v % layout.tp}
+        if uneven:
+            raise ValueError(f"training.parallelism.tp {layout.tp} does not divide the model's {uneven}: each rank "
+                             f"holds whole heads and an equal slice of the MLP; pick a tp that divides them")
+
+
+def broadcast_object(dist: Dist, obj: Any) -> Any:
+    box = [obj if dist.main else None]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
