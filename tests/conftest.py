@@ -49,7 +49,7 @@ def write_jsonl(path: Path, records: list) -> Path:
 
 
 # Most tests run the stages in their own process, one part after another: fast and simple to debug. The Ray
-# engine is tested on its own (tests/kiln/test_engine.py, tests/e2e): same output, by construction and by test.
+# engine is tested on its own (tests/kiln/engine/test_engine.py, tests/e2e): same output, by construction and by test.
 SERIAL_ENGINE = {"backend": "processes", "workers": 1}
 
 

@@ -1,10 +1,7 @@
-"""Dagster-free run planning: budget → model size, tokens, cost, parallelism, memory, failure costs.
+"""Run planning: budget → model size, tokens, cost, parallelism, memory, failure costs; each formula cites its paper.
 
-Every formula cites its paper in the module that implements it: `compute` (6ND, PaLM attention
-FLOPs), `scaling` (Chinchilla, Hoffmann, Kaplan, Sardana), `fits` (own L(C) and L(N, D) fits to
-finished runs), `memory` (ZeRO, Korthikanti), `parallelism` (Megatron-LM 3D layout), `reliability`
-(Young/Daly), `data` (Muennighoff epochs). `plan.make_plan` puts them together, `render` draws the
-plan as a table; `kiln.cli.plan` is `kiln plan`.
+Used by the `training_plan` asset and `kiln plan` (kiln.cli.plan); `plan.make_plan` puts the modules together.
+Modules: `compute`, `scaling` (published laws), `fits` (your own runs), `memory`, `parallelism`, `reliability`, `data`.
 """
 
 from kiln.planning.compute import estimate_compute, training_flops, training_flops_with_attention

@@ -105,7 +105,7 @@ class ParametricLoss:
 
 
 # Hoffmann et al. 2022, Eq. 10 (Approach 3), as printed. The constants are rounded to 2-4 significant
-# digits; N_opt is sensitive to α and β (see tests/planning/test_scaling.py).
+# digits; N_opt is sensitive to α and β (see tests/kiln/planning/test_scaling.py).
 HOFFMANN_2022 = ParametricLoss(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)
 
 

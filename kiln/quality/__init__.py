@@ -1,7 +1,5 @@
-"""Model-based quality signals, stored as columns next to the documents, and filtering on them.
+"""Model-based quality: a fastText classifier and a reference model's perplexity, stored as score columns, then rules.
 
-- `classifier`: the fastText "reference vs web" classifier, trained here on the user's own sources.
-- `perplexity`: perplexity under a reference language model (a Kiln checkpoint), CCNet style.
-- `scoring`: a source's parts streamed through both, the scores stored as columns.
-- `rules`: keep / drop-with-reason from the stored scores, per source, and the filtered output.
+Used by the `quality_classifier`, `quality_scores` and `quality_filtered_documents` assets.
+Modules: `classifier` (reference vs web), `perplexity` (CCNet style), `scoring` (the columns), `rules` (keep or drop).
 """

@@ -16,8 +16,8 @@ from kiln.dedup.migrate import MigrationError, OldLocalIndex, migrate_index
 from kiln.governance.audit import lineage
 from kiln.governance.refresh import LandedFile, register_refresh
 from tests.conftest import web_and_ref_sources
-from tests.kiln.test_dedup import edited, signature_table, vocabulary
-from tests.kiln.test_dedup_buckets import assert_same, family_texts, write_parts
+from tests.kiln.dedup.test_dedup import edited, signature_table, vocabulary
+from tests.kiln.dedup.test_dedup_buckets import assert_same, family_texts, write_parts
 from tests.old_near_dedup import Batch, RedisIndex, near_dedup, open_index
 from tests.redis_server import PASSWORD, redis_server
 

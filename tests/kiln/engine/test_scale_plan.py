@@ -15,7 +15,7 @@ import pytest
 from kiln.common.config import load_config
 from kiln.dedup.shuffle import write_partitioned, write_scratch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 spec = importlib.util.spec_from_file_location("scale_plan", ROOT / "bench" / "scale_plan.py")
 plan_mod = importlib.util.module_from_spec(spec)
 sys.modules["scale_plan"] = plan_mod  # dataclasses look their module up there

@@ -3,7 +3,7 @@
 It must find what the redactor leaves (here: types the redactor is told to skip, so the redactor's own scan
 could never report them), and report nothing on redacted text: placeholders, documentation addresses,
 versions, dates, decorators and the other exemptions Kiln documents. Expected values are written by hand.
-Credential-shaped values are assembled at run time (see tests/kiln/test_pii.py).
+Credential-shaped values are assembled at run time (see tests/kiln/curation/test_pii.py).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def test_audit_respects_the_configured_types_and_exemptions():
 
 def test_the_audit_is_independent_of_the_redactor():
     # It may use kiln.curation.pii's names (types, placeholders), never its detectors.
-    source = Path(__file__).resolve().parents[2] / "kiln" / "curation" / "residual_pii.py"
+    source = Path(__file__).resolve().parents[3] / "kiln" / "curation" / "residual_pii.py"
     # No relative import, and nothing from the redactor's detector modules either.
     imported = {alias.name for node in ast.walk(ast.parse(source.read_text())) if isinstance(node, ast.ImportFrom)
                 and (node.level > 0 or (node.module or "").startswith("kiln.curation.pii")) for alias in node.names}
@@ -146,7 +146,7 @@ def test_batch_form_finds_what_the_per_text_form_finds(texts):
 
 
 def test_redacted_eval_set_is_clean_when_present():
-    path = Path(__file__).resolve().parents[1] / "data" / "pii" / "eval.jsonl"
+    path = Path(__file__).resolve().parents[2] / "data" / "pii" / "eval.jsonl"
     if not path.exists():
         pytest.skip("no labelled eval set")
     texts = [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

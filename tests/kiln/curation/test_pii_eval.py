@@ -23,7 +23,7 @@ from pathlib import Path
 import phonenumbers
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DATA_DIR = ROOT / "tests" / "data" / "pii"
 EVAL = DATA_DIR / "eval.jsonl"
 TYPES = ("email", "phone", "ipv4", "ipv6", "us_ssn", "credit_card", "iban", "secret")

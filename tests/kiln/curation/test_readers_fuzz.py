@@ -15,7 +15,7 @@ locators unique, the union covering every record); every kept string is valid Un
   `unreadable_file` record).
 - compressed JSONL: a non-blank line; damage ends the file with one `unreadable_file` record at the next line.
 
-Bounded time: every test is derandomized with a fixed number of examples (see tests/kiln/test_readers.py for the
+Bounded time: every test is derandomized with a fixed number of examples (see tests/kiln/curation/test_readers.py for the
 plain-JSONL fuzz test).
 """
 

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 
 from kiln.common.storage import Store, part_name
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # A writer of version 2 that kills itself (SIGKILL: no cleanup, no atexit) just before its k-th rename; a
 # negative k never kills and prints how many renames a commit makes.

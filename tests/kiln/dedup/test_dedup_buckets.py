@@ -23,7 +23,7 @@ from kiln.dedup.minhash import bands_rows, jaccard, shingle_hashes, signature_sc
 from kiln.dedup.near import KEPT, NEAR_DUPLICATE
 from kiln.dedup.signing import _list_array
 from kiln.engine import SERIAL, ProcessPool, RayEngine
-from tests.kiln.test_dedup import edited, signature_table, vocabulary
+from tests.kiln.dedup.test_dedup import edited, signature_table, vocabulary
 from tests.old_near_dedup import Batch, near_dedup, open_index
 
 NEAR = NearDedup()

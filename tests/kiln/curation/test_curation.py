@@ -16,7 +16,7 @@ from kiln.curation.pipeline import content_hash, filter_documents, ingest, profi
 from kiln.engine import SERIAL, ProcessPool
 from tests.conftest import CLEAN_PROSE, SERIAL_ENGINE, prose, write_jsonl
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from kiln.curation.synthetic import (
     scale_words,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 N = 1200
 TOLERANCE = 0.02  # |measured J - target| for near copies of documents of at least 100 words
 

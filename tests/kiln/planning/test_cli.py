@@ -67,7 +67,7 @@ def test_argparse_level_errors_also_exit_2(capsys):
 def test_config_then_flags(tmp_path, capsys):
     import yaml
 
-    project = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "default.yaml").read_text())
+    project = yaml.safe_load((Path(__file__).resolve().parents[3] / "configs" / "default.yaml").read_text())
     project["planning"] = {"budget_usd": 50000, "gpu": "A100", "n_gpus": 16, "available_tokens": {"web": 1.0e9}}
     config = tmp_path / "kiln.yaml"
     config.write_text(yaml.safe_dump(project))

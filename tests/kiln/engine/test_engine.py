@@ -30,7 +30,7 @@ from tests.engine_stages import (
 )
 from tests.ray_cluster import start_cluster
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

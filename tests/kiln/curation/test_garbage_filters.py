@@ -25,7 +25,7 @@ from kiln.curation.filters.garbage import Garbage
 from kiln.curation.filters.registry import STEPS, build_step
 from kiln.curation.pipeline import run_steps
 
-CONFIG = load_config(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
+CONFIG = load_config(Path(__file__).resolve().parents[3] / "configs" / "default.yaml")
 
 
 def doc(text: str) -> Document:

@@ -15,7 +15,7 @@ from kiln.cli import main
 from kiln.common.config import ConfigError, load_config
 from training_jobs.settings import Parallelism
 
-DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+DEFAULT = Path(__file__).resolve().parents[3] / "configs" / "default.yaml"
 LAYOUT_KEYS = ["tp", "pp", "dp", "zero_stage", "micro_batch", "grad_accum"]
 
 # Budgets / clusters the planner is run on. default-config: the repo's `planning:` ($100k, 2 nodes x 8 H100);

@@ -4,7 +4,7 @@ import pytest
 
 from kiln.common.config import ConfigError, ProjectConfig, load_config, parse_config
 
-DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+DEFAULT = Path(__file__).resolve().parents[3] / "configs" / "default.yaml"
 
 
 def minimal(**source_overrides):
@@ -65,7 +65,7 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 def test_a_loaded_config_survives_a_json_round_trip():
     """Engine tasks and benches hand the config to other processes as JSON: it must read back identical."""
-    config = load_config(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
+    config = load_config(Path(__file__).resolve().parents[3] / "configs" / "default.yaml")
     assert ProjectConfig.model_validate_json(config.model_dump_json()) == config
 
 
