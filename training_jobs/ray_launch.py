@@ -129,8 +129,10 @@ def run(run_config: Path, num_workers: int, address: str | None, max_failures: i
         nodes = sum(node["Alive"] for node in ray.nodes())
         print(f"Ray cluster of {nodes} nodes; {num_workers} workers ({'one GPU' if use_gpu else 'one CPU'} each); "
               f"driver node {here}", flush=True)
-        channel = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
-            here, soft=True)})
+        # Restartable: should the queue's node die (or be declared dead when its heartbeats lag), Ray restarts it,
+        # elsewhere if need be (soft affinity), and the lines after the outage still reach the driver.
+        channel = Queue(actor_options={"num_cpus": 0, "max_restarts": -1, "scheduling_strategy":
+                                       NodeAffinitySchedulingStrategy(here, soft=True)})
         output = Path(kiln_run.output_dir).resolve()
         trainer = TorchTrainer(
             train_worker,
