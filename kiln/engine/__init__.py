@@ -4,11 +4,11 @@ input gives byte-identical output on any engine and worker count. Used by every 
 """
 
 from kiln.engine.base import Engine, EngineError
-from kiln.engine.process_pool import SERIAL, ProcessPool, worker_pool_context
-from kiln.engine.ray_engine import RayEngine, check_reachable, connect, shared_local_ray, shutdown
+from kiln.engine.process_pool import SERIAL, ProcessPool
+from kiln.engine.ray_engine import RayEngine, check_reachable, shared_local_ray, shutdown
 
-__all__ = ["SERIAL", "Engine", "EngineError", "ProcessPool", "RayEngine", "check_reachable", "connect",
-           "engine_for", "shared_local_ray", "shutdown", "worker_pool_context"]
+__all__ = ["SERIAL", "Engine", "EngineError", "ProcessPool", "RayEngine", "check_reachable", "engine_for",
+           "shared_local_ray", "shutdown"]
 
 
 def engine_for(settings) -> Engine:
