@@ -1,5 +1,6 @@
 """Contact details: e-mail addresses, and phone numbers (North American, international +CC, and the national
-formats of `phone_regions`), validated by libphonenumber."""
+formats of `phone_regions`), checked against libphonenumber's numbering plans: valid numbers, and possible ones
+(unassigned ranges, typos) where a country code or trunk prefix says they are phone numbers."""
 
 from __future__ import annotations
 
@@ -83,11 +84,12 @@ _PHONE_NANP = re.compile(
 # +49 30 91456342, +44 7323 277460, +49 (0)89 1234 5678, +7 (495) 123-45-67, +8613812345678.
 # Each group is a maximal digit run ended by a separator or '(', so there is no ambiguous split to
 # backtrack over. A candidate is a phone number when libphonenumber says the number is valid in the
-# country its code names (the right length and a range that is actually assigned), which rejects
-# scores, formulas, dates, coordinates and timezone offsets that merely start with '+'. When the whole
-# run is not valid, trailing space-separated groups are dropped one by one (a number followed by
-# another number, "+44 20 7946 0958 3"); a run joined by '-' or '.' to more digits is one token and
-# stays whole or nothing.
+# country its code names (the right length and a range that is actually assigned), or possible there:
+# a length and leading digits of a shape that country writes, assigned or not (_possible_number: an
+# unassigned range, a typo). Either rejects scores, formulas, dates, coordinates and timezone offsets
+# that merely start with '+'. When the whole run is neither, trailing space-separated groups are dropped
+# one by one while the rest is valid (a number followed by another number, "+44 20 7946 0958 3"); a run
+# joined by '-' or '.' to more digits is one token and stays whole or nothing.
 _PHONE_SEP = "[ \u00a0\u202f.\\-/]"
 _PHONE_INTL = re.compile(
     r"\+(?<![\w+]\+)[1-9][0-9]*(?P<cc>\))?"
@@ -96,9 +98,10 @@ _PHONE_INTL = re.compile(
 # National formats (no country code: 030 91456342, 06 12 34 56 78, (021) 737 8957, 0459/45.66.33,
 # 8 (925) 620-38-13, 090-7385-4464) are how most people write their number, and look like any list of
 # numbers in code and tables. A national candidate counts when libphonenumber says it is a valid number of
-# one of `phone_regions`, written the way that region writes it (its trunk prefix where the region's own
-# format has one: "030 91456342" in DE, never "30 91456342"; CN mobiles and NANP numbers without), and
-# either
+# one of `phone_regions` (or a possible one, _possible_number, written with the region's trunk prefix and
+# at least _MIN_POSSIBLE_NATIONAL digits after it), written the way that region writes it (its trunk prefix
+# where the region's own format has one: "030 91456342" in DE, never "30 91456342"; CN mobiles and NANP
+# numbers without), and either
 #   - a phone cue precedes it: a label or a calling phrase on its line ("Tel.", "phone=", "Móvil:",
 #     "TEL;TYPE=CELL:", "llámanos al", "appelez-nous au", "Bel ons op", "call me on", "電話", "联系电话",
 #     "전화번호"...), a "phone" column in a CSV / table header above it, or an e-mail address right before
@@ -206,15 +209,34 @@ def _shape_ok(s: str) -> bool:
     return 6 <= sum(c.isdigit() for c in s) <= 17
 
 
-def _international_ok(s: str) -> bool:
-    """+CC...: valid in the country its code names, or a North American number (fictional 555s included)."""
+def _international_ok(s: str, possible: bool = True) -> bool:
+    """+CC...: valid in the country its code names, a North American number (fictional 555s included), or
+    (`possible`) a number the country's plan could hold (_possible_number)."""
     if not _shape_ok(s):
         return False
     try:
         n = phonenumbers.parse(s, None)
     except phonenumbers.NumberParseException:
         return False
-    return n.extension is None and (phonenumbers.is_valid_number(n) or _nanp_shape(n))
+    return n.extension is None and (phonenumbers.is_valid_number(n) or _nanp_shape(n)
+                                    or (possible and _possible_number(n)))
+
+
+def _possible_number(n: phonenumbers.PhoneNumber) -> bool:
+    """A number its country's plan could hold, assigned or not: one of the lengths its numbers have, and the
+    leading digits and length of one of the ways the country writes its numbers (libphonenumber's formats).
+    Validity asks more, a range a carrier actually holds: "+44 20 5876 9083" and "+81 3-0002-0479" are not, but
+    a reader sees phone numbers, and so are most typos of real ones. North American numbers also keep the plan's
+    NXX NXX-XXXX rule (no area code or exchange starts with 0 or 1: "+1 (215) 029-5856" is none)."""
+    if phonenumbers.is_possible_number_with_reason(n) != phonenumbers.ValidationResult.IS_POSSIBLE:
+        return False  # a wrong length, or one only diallable locally (which a number with its country never is)
+    nsn = phonenumbers.national_significant_number(n)
+    if n.country_code == 1 and (nsn[0] in "01" or nsn[3] in "01"):
+        return False
+    region = phonenumbers.region_code_for_country_code(n.country_code)
+    md = (phonenumbers.PhoneMetadata.metadata_for_nongeo_region(n.country_code) if region == "001"
+          else phonenumbers.PhoneMetadata.metadata_for_region(region))
+    return md is not None and _choose_formatting_pattern_for_number(md.number_format, nsn) is not None
 
 
 @lru_cache(maxsize=8)
@@ -256,6 +278,12 @@ def _grouped_as_formatted(written: list[str], formatted: list[str]) -> bool:
 _DIGIT_GROUPS = re.compile(r"[0-9]+")
 
 
+# A national number in no assigned range (valid in none of `regions`, possible in one) must also be long: short
+# digit runs after a 0 are code and tables far more often ("012 0123", a hex dump's "00 00 00 ..."), and its
+# number never starts with the trunk prefix again (0 0...: the international prefix).
+_MIN_POSSIBLE_NATIONAL = 8
+
+
 def _national_ok(s: str, regions: tuple[str, ...], grouped: bool) -> bool:
     """A national-format number valid in one of `regions` and written as that region writes it (see above);
     `grouped`: also grouped as the region groups it."""
@@ -273,13 +301,17 @@ def _national_ok(s: str, regions: tuple[str, ...], grouped: bool) -> bool:
             n = phonenumbers.parse(s, region, keep_raw_input=True)
         except phonenumbers.NumberParseException:
             continue
-        if n.extension is not None or not phonenumbers.is_valid_number(n):
+        valid = phonenumbers.is_valid_number(n)
+        if n.extension is not None or not (valid or _possible_number(n)):
             continue
         if n.country_code_source == phonenumbers.CountryCodeSource.FROM_NUMBER_WITH_IDD:
             return not grouped or len(written) > 1  # 0049 30 91456342: the number names its country
         formatted = phonenumbers.format_number(n, phonenumbers.PhoneNumberFormat.NATIONAL)
         fgroups = _DIGIT_GROUPS.findall(formatted)
         national = phonenumbers.national_significant_number(n)
+        if not valid and not (trunk and digits == trunk + national and len(national) >= _MIN_POSSIBLE_NATIONAL
+                              and not national.startswith(trunk)):
+            continue  # a number in no assigned range counts only with the trunk prefix that says "national number"
         if digits == national and trunk and "".join(fgroups) == trunk + national:
             if not _trunk_optional(region, national):
                 continue  # "30 91456342": a German number needs its 0
@@ -349,15 +381,18 @@ def _phone_cued(text: str, start: int) -> bool:
     return False
 
 
-def _phone_end(text: str, start: int, end: int, ok: Callable[[str], bool], trim: bool) -> int | None:
+def _phone_end(text: str, start: int, end: int, ok: Callable[[str], bool], trim: bool,
+               ok_cut: Callable[[str], bool] | None = None) -> int | None:
     """Where the phone number text[start:end] is ends: `end` if it is one, else (`trim`) the end of its longest
-    prefix cut at a space that is one; None when no such number, or when the run is a slice of a longer token."""
+    prefix cut at a space that is one (by `ok_cut`, default `ok`); None when no such number, or when the run is a
+    slice of a longer token."""
     if (end < len(text) and (text[end].isalnum() or text[end] == "_")) or (
             end + 1 < len(text) and text[end] in ".-:," and text[end + 1].isdigit()):
         return None  # a slice of a longer token, a decimal, or a time ("... 14:22:05")
     while True:
         if ok(text[start:end]):
             return end
+        ok = ok_cut or ok
         cut = end - 1
         while cut > start and text[cut].isdigit():
             cut -= 1
@@ -387,7 +422,10 @@ def _find_phone(text: str, regions: tuple[str, ...] = DEFAULT_PHONE_REGIONS, plu
                 start -= 1
                 if start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
                     continue
-            found = _phone_end(text, start, end, _international_ok, trim=True)
+            # A run cut short must be a valid number: a merely possible prefix of a longer impossible run
+            # ("+86 123 4567" of "+86 123 4567 8901") is no evidence of where a number ends.
+            found = _phone_end(text, start, end, _international_ok, trim=True,
+                               ok_cut=partial(_international_ok, possible=False))
             if found is not None:
                 yield start, found
     if regions:

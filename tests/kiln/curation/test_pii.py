@@ -331,6 +331,69 @@ def test_national_numbers_can_be_turned_off():
         PiiRedaction(phone_regions=["XY"])
 
 
+# Issue 38: numbers a reader takes for phone numbers though no carrier holds their range (libphonenumber calls
+# them invalid): the lengths are the country's and the leading digits are those of a range its plan writes.
+UNASSIGNED = [
+    "+44 20 5876 9083",  # London: 020 + 8 digits (2-4-4); Ofcom assigns 020 3/7/8, not 020 5
+    "+81 3-0002-0479",  # Tokyo: 03 + 8 digits (1-4-4); no subscriber number starts with 0 (it is the trunk prefix)
+    "+1 (921) 502-3038",  # NANP NXX NXX-XXXX; 921 is an area code not in service
+    "+33 6 90 12 34 56",  # French mobile 06 + 8 digits; 0690 is Guadeloupe's, not in metropolitan France's plan
+    "+34 590 123 456",  # Spain: 9 digits (3-3-3); no range of the plan starts with 59
+    "+353 80 891 7064",  # Irish mobile shape 08x + 7 digits; 080 is no operator's code (083 085 086 087 089 are)
+    "+31 6 0123 4567",  # Dutch mobile 06 + 8 digits; 060 is not issued
+]
+# Typos of real numbers: one digit changed (into an unassigned range), written as before.
+TYPOS = [
+    ("+44 20 7946 0958", "+44 20 5946 0958"),
+    ("+81 90-1234-5678", "+81 90-0234-5678"),
+    ("+353 86 891 7064", "+353 80 891 7064"),
+]
+
+
+@pytest.mark.parametrize("number", UNASSIGNED)
+def test_possible_international_numbers_in_unassigned_ranges_are_redacted(number):
+    assert red(f"Call {number} today") == "Call <PHONE> today"
+    assert red(f"{number}") == "<PHONE>"  # no cue needed: '+' and the country code say what it is
+
+
+@pytest.mark.parametrize(("real", "typo"), TYPOS)
+def test_typos_of_real_numbers_are_redacted(real, typo):
+    assert red(f"reach me at {real}.") == red(f"reach me at {typo}.") == "reach me at <PHONE>."
+
+
+def test_possible_numbers_also_through_00_and_the_trunk_prefix():
+    assert red("Fax 00353 80 891 7064") == "Fax <PHONE>"  # 00: the international prefix
+    assert red("0031 6 0123 4567") == "<PHONE>"
+    assert red("+44 (0)20 5876 9083") == "<PHONE>"
+    # National numbers in no assigned range: with the trunk prefix (here 0) that makes them national numbers.
+    assert red("Tel.: 020 5876 9083", phone_regions=["GB"]) == "Tel.: <PHONE>"
+    assert red("03-0002-0479", phone_regions=["JP"]) == "<PHONE>"
+    assert red("Tel.: 090-0234-5678", phone_regions=["JP"]) == "Tel.: <PHONE>"
+
+
+POSSIBLE_NEAR_MISSES = [
+    "+44 7911 12345",  # a UK mobile has 10 digits after +44 (7xxx xxxxxx); 9 is no mobile's length
+    "+44 20 7946 09588",  # London numbers have 10 digits, this 11
+    "+33 1 23 45 67 8",  # French numbers have 9 digits, this 10
+    "+81 3-1234-56789",  # Tokyo numbers have 9 digits, this 10
+    "+86 123 4567 8901",  # Chinese 11-digit numbers are mobiles (13-19); 12 starts none
+    "test_phone_rejects('+86 123 4567 8901')",  # nor is its prefix "+86 123 4567" a number that ends early
+    "+1 415 055 0134",  # NANP exchanges never start with 0 or 1
+    "+1 215 129 5856",
+    "+7 (000) 123-45-67",  # no Russian area code starts with 0
+    "+65 1234 5678",  # Singapore: 8 digits, but 1 starts no range
+    "Tel.: 0015 1234 5678",  # 00 15: no country code 15, and no trunk prefix 0 followed by 0
+    "Tel. 16180983892",  # no trunk prefix nor country code: a national number must then be valid (161: no)
+    "00 00 00 00 00 00 00 00  |........|",  # a hex dump: 0 then 0, never a trunk prefix then a number
+    "'01  012 0123    01234'.expandtabs(4)",  # short runs after a 0
+]
+
+
+@pytest.mark.parametrize("text", POSSIBLE_NEAR_MISSES)
+def test_impossible_or_unplanned_numbers_still_pass(text):
+    assert find_pii(text) == [], [text[m.start : m.end] for m in find_pii(text)]
+
+
 def test_counts_and_types_filter():
     text = "a@b.io, c@d.io, 555-123-4567, 10.1.2.3"
     assert redact(text) == ("<EMAIL>, <EMAIL>, <PHONE>, <IPV4>", {"email": 2, "phone": 1, "ipv4": 1})
