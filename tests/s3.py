@@ -3,6 +3,7 @@ variables pointing boto3 (and dagster-aws's `S3Resource()`) at it. Import the fi
 `from tests.s3 import _moto_server, s3_endpoint  # noqa: F401`."""
 
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -41,3 +42,25 @@ def s3_client(endpoint: str):
     import boto3
 
     return boto3.client("s3", endpoint_url=endpoint)
+
+
+def assert_bucket_holds_every_dataset(client, bucket: str, prefix: str, data: Path, fresh: Path) -> int:
+    """Every dataset under the local cache `data` has its manifest on S3, byte for byte, and a Store with an empty
+    cache at `fresh` reads every file of every one of them back identical. Returns the number of datasets."""
+    from kiln.common.manifest import MANIFEST_NAME
+    from kiln.common.remote import S3Remote
+    from kiln.common.storage import Store
+
+    store = Store(fresh, S3Remote.connect(client, bucket, prefix))
+    local = sorted(p.parent.relative_to(data) for p in data.rglob(MANIFEST_NAME)
+                   if not any(part.startswith(".") for part in p.relative_to(data).parts))
+    for rel in local:
+        key = f"{prefix}/{rel.as_posix()}/{MANIFEST_NAME}"
+        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        assert body == (data / rel / MANIFEST_NAME).read_bytes(), key
+        asset, partition = rel.parts[0], "/".join(rel.parts[1:])
+        partition = None if partition == "_all" else partition
+        for f in store.manifest(asset, partition).files:
+            assert (store.dataset_dir(asset, partition) / f.path).read_bytes() == (data / rel / f.path).read_bytes(), \
+                (rel, f.path)
+    return len(local)

@@ -53,7 +53,8 @@ from kiln.common.secrets import redact
 # A file's role is its name's prefix, so any reader can tell documents from rejects, signatures or shards.
 ROLE_PREFIX = {"documents": "part", "rejected": "rejected", "quarantine": "quarantine", "signatures": "signatures",
                "decisions": "decisions", "contamination": "contamination", "lines": "lines", "shard": "shard",
-               "members": "members", "index_buckets": "buckets", "index_ids": "ids", "index_docs": "indexed"}
+               "members": "members", "positions": "positions", "index_buckets": "buckets", "index_ids": "ids",
+               "index_docs": "indexed"}
 
 
 def write_parquet_atomic(path: Path, table: pa.Table, hash_columns: tuple[str, ...] = ()) -> None:
@@ -205,7 +206,8 @@ class Store:
 
     def _sync(self, asset: str, partition: str | None) -> bytes | None:
         key = (asset, partition or None)
-        if key not in self._synced:
+        if self._synced.get(key) is None:
+            # "Not on S3" is never remembered: another process (a step of the same run) may commit it next.
             self._synced[key] = self._pull(asset, partition)
         return self._synced[key]
 

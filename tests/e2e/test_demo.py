@@ -1,4 +1,5 @@
-"""The demo path end to end: the default config (bounded), a real DAGSTER_HOME, runs through the instance."""
+"""The demo path end to end: the default config (bounded), a real DAGSTER_HOME, runs through the instance, and
+every dataset on an S3-compatible server (moto on loopback), as `storage.backend: s3` users run it."""
 
 import json
 import os
@@ -10,6 +11,8 @@ import dagster as dg
 import psutil
 import pytest
 import yaml
+
+from tests.s3 import _moto_server, assert_bucket_holds_every_dataset, s3_client, s3_endpoint  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("python_docs", "package_readmes", "package_licenses", "stdlib_code")
@@ -38,6 +41,16 @@ def bounded_env(tmp_path):
     return {**os.environ, "KILN_CONFIG": str(path), "KILN_HOME": str(home), "DAGSTER_HOME": str(home / "dagster")}
 
 
+@pytest.fixture
+def demo_on_s3(bounded_env, s3_endpoint):  # noqa: F811
+    """The bounded demo with every dataset stored in a bucket (created by Kiln) behind the local cache."""
+    path = Path(bounded_env["KILN_CONFIG"])
+    config = yaml.safe_load(path.read_text())
+    config["storage"] = {"backend": "s3", "bucket": "kiln-demo", "prefix": "demo", "create_bucket": True}
+    path.write_text(yaml.safe_dump(config))
+    return {**bounded_env, **{k: v for k, v in os.environ.items() if k.startswith("AWS_")}}
+
+
 def ray_processes() -> set[int]:
     """Ray's daemons (GCS server, raylets) on this machine, whoever started them."""
     found = set()
@@ -48,7 +61,8 @@ def ray_processes() -> set[int]:
 
 
 @pytest.mark.slow
-def test_demo_materializes_every_source_and_records_runs(bounded_env):
+def test_demo_materializes_every_source_and_records_runs(demo_on_s3, s3_endpoint, tmp_path):  # noqa: F811
+    bounded_env = demo_on_s3
     before = ray_processes()
     proc = subprocess.run([sys.executable, "-m", "orchestration.demo"], cwd=ROOT, env=bounded_env,
                           capture_output=True, text=True, timeout=900)
@@ -100,6 +114,11 @@ def test_demo_materializes_every_source_and_records_runs(bounded_env):
     assert shards["config"]["refreshes"] == [key, second]
     run = json.loads((data / "training_run" / "_all" / "_manifest.json").read_text())
     assert f"token_shards/{second}" in run["inputs"]  # training reads the newest refresh's shards
+
+    # Every dataset of both refreshes (the classifier, the index, the checkpoint, the card...) is in the bucket, and
+    # a second machine with an empty KILN_HOME on the same bucket reads each one back identical.
+    read_back = assert_bucket_holds_every_dataset(s3_client(s3_endpoint), "kiln-demo", "demo", data, tmp_path / "fresh")
+    assert read_back >= 2 * 5 * len(SOURCES) + 10
 
 
 @pytest.mark.slow

@@ -165,6 +165,15 @@ def test_a_dataset_missing_on_s3_is_not_materialized_even_with_a_local_copy(s3, 
     assert store.dataset_dir("tokenizer") == tmp_path / "data" / "tokenizer" / "_all"  # a path, as before
 
 
+def test_a_store_that_found_nothing_sees_a_dataset_another_process_commits_later(s3, tmp_path):
+    # The demo's long-lived store asks whether the classifier exists, a run's own store commits it, then the
+    # demo reads it back: the first "not on S3" must not be remembered (it once failed `make demo` on S3).
+    reader = Store(tmp_path / "data", remote(s3))
+    assert reader.manifest_or_none("curated_documents", "web") is None
+    written = write_version(Store(tmp_path / "data", remote(s3)), seed=11)
+    assert reader.manifest("curated_documents", "web").data_version == written.data_version
+
+
 def test_a_missing_bucket_is_a_clear_error_when_storage_is_opened(s3_endpoint, tmp_path):  # noqa: F811
     from resources import KilnConfig, KilnStorage
 
