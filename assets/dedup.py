@@ -2,7 +2,6 @@
 
 import shutil
 import time
-from pathlib import Path
 
 import dagster as dg
 import numpy as np
@@ -17,10 +16,10 @@ from kiln.common.manifest import code_version
 from kiln.common.plots import stacked_bars_markdown
 from kiln.common.removals import example_excerpt
 from kiln.common.stats import StageStats, chain, funnel_markdown
-from kiln.common.storage import IncompleteDataset, resume_key
+from kiln.common.storage import resume_key
 from kiln.dedup.apply import deduplicate_source
 from kiln.dedup.boilerplate import boilerplate_hashes
-from kiln.dedup.bucket_index import check_signature_params, doc_id_hash, index_documents, write_index
+from kiln.dedup.bucket_index import check_signature_params, doc_id_hash, index_commit, index_documents, write_index
 from kiln.dedup.buckets import decide_distributed, keep_all, survivor_violations
 from kiln.dedup.decontaminate import load_benchmarks
 from kiln.dedup.near import DECISION_SCHEMA, NEAR_DUPLICATE
@@ -104,9 +103,9 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
             check_signature_params(f"{SIGNATURES}/{p}", m.config.get("near", {}), near)
     signature_files = [f for p in parts for f in store.files(SIGNATURES, p, "signatures")]  # config source order
     sources = {s.name: (s.quality_tier, order) for order, s in enumerate(config.sources)}
-    earlier = earlier_indexes(store, refresh)
     runner = engine.get(config.engine)
-    with store.staging(INDEX, refresh) as writer:
+    # The store's index lock, not only the pool: read the earlier indexes, decide and commit as one writer.
+    with index_commit(store, refresh, context.log.info) as (writer, earlier):
         work = writer.scratch("near_dedup")
         if near.enabled:
             stats = decide_distributed(signature_files, sources, [path for _, path in earlier], work, writer.dir, near,
@@ -170,22 +169,6 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
                                           "pairs": dg.MetadataValue.json(violations[:10])}),
         ],
         data_version=dg.DataVersion(manifest.data_version))
-
-
-def earlier_indexes(store, refresh: str) -> list[tuple[str, Path]]:
-    """(refresh, its bucket index folder) of every refresh before `refresh` with a dedup_index, in order (read
-    through the store: with S3 storage they are pulled). A dataset from before the bucket index has none: the
-    store must be migrated first."""
-    out = []
-    for r in upto(load_refreshes(store), refresh):
-        if r.key == refresh or store.manifest_or_none(INDEX, r.key) is None:
-            continue
-        path = store.dataset_dir(INDEX, r.key) / "index"
-        if not (path / "_index.json").is_file():
-            raise IncompleteDataset(f"{INDEX}[{r.key}] has no bucket index (written before Kiln kept its near-dup "
-                                    f"index in the dedup_index datasets); run `kiln dedup migrate-index` once")
-        out.append((r.key, path))
-    return out
 
 
 def _distinct_ids(decision_files, documents: int, per_pass: int = 2_000_000) -> int:

@@ -8,9 +8,11 @@ vocabulary of good text without its fluency, which a bag of n-grams barely sees 
 
 from __future__ import annotations
 
-import importlib
-import inspect
+import functools
+import json
 import random
+import subprocess
+import sys
 
 from kiln.quality.classifier import Example
 
@@ -29,20 +31,36 @@ NAV = ["Home", "About us", "Contact", "Login", "Sign up", "Privacy policy", "Ter
        "FAQ", "Subscribe to our newsletter", "Follow us on social media", "Cookie settings", "Careers", "Blog"]
 
 
+_COLLECT = """
+import importlib, inspect, json, sys
+seen, out = set(), []
+for name in sys.argv[2:]:
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        continue
+    for obj in [module, *(v for _, v in sorted(vars(module).items()) if inspect.isclass(v) or inspect.isfunction(v))]:
+        doc = inspect.getdoc(obj) or ""
+        if len(doc) >= int(sys.argv[1]) and doc not in seen:
+            seen.add(doc)
+            out.append(doc)
+json.dump(out, sys.stdout)
+"""
+
+
 def reference_texts(min_chars: int = 200) -> list[str]:
-    """Distinct docstrings of at least `min_chars` characters, in a fixed order."""
-    seen, out = set(), []
-    for name in MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        for obj in [module, *(v for _, v in sorted(vars(module).items()) if inspect.isclass(v) or inspect.isfunction(v))]:
-            doc = inspect.getdoc(obj) or ""
-            if len(doc) >= min_chars and doc not in seen:
-                seen.add(doc)
-                out.append(doc)
-    return out
+    """Distinct docstrings of at least `min_chars` characters, in a fixed order. Read in a fresh interpreter with
+    nothing but the standard library (-I -S): in this process, what earlier tests imported may have patched those
+    modules (an import in the suite replaces `inspect.isgenerator` by a wrapper without docstring), and the corpus,
+    and every model trained on it, changed with the order the tests ran in."""
+    return list(_reference_texts(min_chars))
+
+
+@functools.cache
+def _reference_texts(min_chars: int) -> tuple[str, ...]:
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", _COLLECT, str(min_chars), *MODULES],
+                          capture_output=True, text=True, check=True)
+    return tuple(json.loads(done.stdout))
 
 
 def spam_text(rng: random.Random) -> str:
@@ -98,17 +116,25 @@ def train_reference_model(texts: list[str], root, steps: int = 300, seq_len: int
     stream = np.array([t for ids in tok.encode_batch(texts) for t in (*ids, tok.eos_id)], dtype=np.int64)
     cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, ffn_hidden=192,
                       max_seq_len=256)
-    torch.manual_seed(seed)
-    model = Transformer(cfg, seed=seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    rng = np.random.default_rng(seed)
-    for _ in range(steps):
-        starts = rng.integers(0, len(stream) - seq_len - 1, size=16)
-        batch = torch.as_tensor(np.stack([stream[s:s + seq_len + 1] for s in starts]))
-        loss = model(batch[:, :-1], batch[:, 1:])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    # Nothing from the caller's state: the weights from the model's own generator, batches from `seed`, one torch
+    # thread (a reduction's order follows the thread count), the global RNG forked and the thread count restored.
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = Transformer(cfg, seed=seed)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+            rng = np.random.default_rng(seed)
+            for _ in range(steps):
+                starts = rng.integers(0, len(stream) - seq_len - 1, size=16)
+                batch = torch.as_tensor(np.stack([stream[s:s + seq_len + 1] for s in starts]))
+                loss = model(batch[:, :-1], batch[:, 1:])
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
     out = root / "reference_model"
     save_safetensors(model.state_dict(), cfg, out)
     shutil.copy(tok_dir / "tokenizer.model", out / "tokenizer.model")

@@ -17,6 +17,11 @@ values). Two different bands colliding in 64 bits add a candidate that verificat
 ~3e-8 at a million documents per band; a collision can change a decision only if that pair truly is a near-duplicate
 that datasketch did not propose). Key partitions are ranges of the key's top 32 bits (`components.partition_of`), so
 an earlier refresh written with another `partitions` is read by overlapping ranges.
+
+Writers. A refresh's index is decided against the earlier refreshes' and committed with its dataset; every writer
+(the dedup_index asset, `kiln dedup migrate-index`) does that under the store's lock `INDEX` (`index_lock`,
+`index_commit`), not only Dagster's `dedup_index` pool: a second Dagster instance or the command on the same store
+would otherwise read the earlier indexes while another commit is under way, and decide without it or overwrite it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +38,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from filelock import Timeout
 
 from kiln.common.config import NearDedup
 from kiln.common.manifest import write_json_atomic
-from kiln.common.storage import part_name, write_parquet_atomic
+from kiln.common.storage import DatasetWriter, IncompleteDataset, Store, part_name, write_parquet_atomic
 from kiln.dedup.components import partition_of
 from kiln.dedup.fast_minhash import mix64
 from kiln.dedup.minhash import HASH_COLUMNS, SCHEME, bands_rows, jaccard
 
 INDEX_FORMAT = "kiln-bucket-index/1"
+INDEX = "dedup_index"  # the datasets holding each refresh's decisions and bucket index; also the name of their lock
 
 BUCKET_SCHEMA = pa.schema([pa.field("band", pa.int32(), nullable=False), pa.field("key", pa.uint64(), nullable=False),
                            pa.field("ref", pa.int64(), nullable=False)])
@@ -162,6 +170,55 @@ def read_index_meta(path: Path) -> dict[str, Any]:
     if not meta_path.is_file():
         raise FileNotFoundError(f"{path}: not a complete bucket index (no _index.json)")
     return json.loads(meta_path.read_text())
+
+
+# ------------------------------------------------------------------------ the writers' lock, what they read
+
+@contextmanager
+def index_lock(store: Store, log: Callable[[str], Any] | None = None) -> Iterator[None]:
+    """The store's lock for writing the near-dup index (data/.locks/dedup_index.lock): held by whoever reads the
+    earlier refreshes' indexes to commit a refresh's. A file lock, as for the refresh registry: it holds across
+    processes of one machine or one shared KILN_HOME; with S3 storage, machines with their own KILN_HOME are still
+    serialized only by Dagster's pool. Waits as long as the other writer takes (saying so through `log`)."""
+    lock = store.lock(INDEX)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        if log is not None:
+            log(f"waiting for {lock.lock_file}: another writer of the near-dup index (a dedup_index run, `kiln dedup "
+                "migrate-index`) is committing")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def earlier_indexes(store: Store, refresh: str) -> list[tuple[str, Path]]:
+    """(refresh, its bucket index folder) of every refresh before `refresh` with a dedup_index, in order (read
+    through the store: with S3 storage they are pulled). A dataset from before the bucket index has none: the
+    store must be migrated first."""
+    from kiln.governance.refresh import load_refreshes, upto
+
+    out = []
+    for r in upto(load_refreshes(store), refresh):
+        if r.key == refresh or store.manifest_or_none(INDEX, r.key) is None:
+            continue
+        path = store.dataset_dir(INDEX, r.key) / "index"
+        if not (path / "_index.json").is_file():
+            raise IncompleteDataset(f"{INDEX}[{r.key}] has no bucket index (written before Kiln kept its near-dup "
+                                    f"index in the dedup_index datasets); run `kiln dedup migrate-index` once")
+        out.append((r.key, path))
+    return out
+
+
+@contextmanager
+def index_commit(store: Store, refresh: str,
+                 log: Callable[[str], Any] | None = None) -> Iterator[tuple[DatasetWriter, list[tuple[str, Path]]]]:
+    """(a writer for `refresh`'s dedup_index dataset, the earlier refreshes' index folders), under `index_lock`
+    from before those are read until the writer's commit is done: what it decides against is what is committed."""
+    with index_lock(store, log), store.staging(INDEX, refresh) as writer:
+        yield writer, earlier_indexes(store, refresh)
 
 
 # ------------------------------------------------------------------------------- index folders, other writers

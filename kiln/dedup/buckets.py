@@ -90,7 +90,8 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
     out_dir/decisions/decisions-{k}.parquet (DECISION_SCHEMA; concatenated in part order they are `near_dedup`'s table)
     and this refresh's index folder out_dir/index (`_index.json` last). `work_dir` is scratch, emptied first.
     `partitions`: of the key shuffle; None: `auto_partitions` (decisions never depend on it).
-    With `near.enabled` false the caller keeps every document (as `near_dedup(enabled=False)`); this always decides."""
+    With `near.enabled` false the caller keeps every document (as `near_dedup(enabled=False)`); this always decides.
+    A caller committing `out_dir` to a store reads `previous` and commits under `bucket_index.index_commit`."""
     t_start = time.perf_counter()
     timing: dict[str, float] = {}
     work_dir, out_dir = Path(work_dir), Path(out_dir)

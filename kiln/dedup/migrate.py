@@ -13,14 +13,17 @@ That gives it a new data version; its manifest names the one it replaces, which 
 A command rather than an upgrade inside `dedup_index`: that asset writes one refresh partition and must not
 rewrite the others, and where the old index lives (a folder, S3, a Redis URL with a password) is only known
 to whoever runs the deployment. Refreshes that already have a bucket index are left alone: re-running is safe.
+It holds the store's index lock (`bucket_index.index_lock`) throughout, so a dedup_index run on the same store
+neither commits between its reading a dataset and its rewriting it nor reads an index half migrated.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +33,10 @@ import pyarrow.parquet as pq
 
 from kiln.common.config import NearDedup
 from kiln.common.storage import Store
-from kiln.dedup.bucket_index import DOCS_SCHEMA, index_params, params_differences, write_index
+from kiln.dedup.bucket_index import DOCS_SCHEMA, INDEX, index_lock, index_params, params_differences, write_index
 from kiln.dedup.minhash import sign_shingles
 from kiln.governance.refresh import load_refreshes
 
-INDEX = "dedup_index"
 RECORD_COLUMNS = ["doc_id", "source", "quality_tier", "chars", "batch"]
 
 
@@ -135,9 +137,16 @@ def _docs(records: pa.Table, shingles: pa.Array) -> pa.Table:
 
 # ------------------------------------------------------------------------------------------- migrate
 
-def migrate_index(store: Store, old: OldLocalIndex | OldRedisIndex, near: NearDedup) -> dict[str, Any]:
+def migrate_index(store: Store, old: OldLocalIndex | OldRedisIndex, near: NearDedup,
+                  log: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """Give every refresh's dedup_index dataset that has none a bucket index of the documents the old index says
-    that refresh accepted. Returns {refresh: documents} of those rewritten, and those already migrated."""
+    that refresh accepted, under the store's index lock (`log` says when it waits for it). Returns {refresh:
+    documents} of those rewritten, and those already migrated."""
+    with index_lock(store, log or (lambda message: print(message, file=sys.stderr, flush=True))):
+        return _migrate(store, old, near)
+
+
+def _migrate(store: Store, old: OldLocalIndex | OldRedisIndex, near: NearDedup) -> dict[str, Any]:
     if old.params != index_params(near):
         raise MigrationError(f"the old index was built with other MinHash parameters than the config's "
                              f"({params_differences(old.params, index_params(near))}): restore those settings in "

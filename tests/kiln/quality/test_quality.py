@@ -140,10 +140,15 @@ def test_fasttext_text_is_one_lowercase_line_capped_in_words():
     assert fasttext_text("a b c d e", 3) == "a b c"
 
 
+def _train_reference(root):
+    """The reference model of these tests: its own corpus, seed and torch thread (tests.quality_corpus)."""
+    path, _ = train_reference_model(reference_texts()[::2], root, steps=250, seed=0)
+    return path
+
+
 @pytest.fixture(scope="module")
 def reference_path(tmp_path_factory):
-    path, _ = train_reference_model(reference_texts()[::2], tmp_path_factory.mktemp("reference"), steps=250)
-    return path
+    return _train_reference(tmp_path_factory.mktemp("reference"))
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +163,39 @@ def test_in_domain_text_has_lower_perplexity_than_the_same_words_shuffled(refere
     shuffled = model.perplexities([word_salad(t, rng) for t in unseen])
     print(f"\n[perplexity] median in-domain {np.median(natural):.1f}, shuffled {np.median(shuffled):.1f}, "
           f"in-domain lower for {(natural < shuffled).mean():.1%} of documents")
-    assert np.median(natural) < 0.85 * np.median(shuffled)
-    assert (natural < shuffled).mean() >= 0.85
+    # The bounds come from 24 reference models (train_reference_model seeds 0-23: other weights and batch orders,
+    # as another torch or tokenizer version would give): median in-domain / median shuffled 0.752-0.893 (mean 0.803,
+    # sd 0.032; this seed 0.814), in-domain lower for 86.5%-97.1% of the documents (mean 94.9%, sd 2.3%; this seed
+    # 94.7%). Each bound lies beyond every seed and 3 sd; a model that learned only word frequencies (80 steps)
+    # gives 0.99 and 70%.
+    assert np.median(natural) < 0.92 * np.median(shuffled)
+    assert (natural < shuffled).mean() >= 0.84
+
+
+def test_the_reference_model_is_the_same_whatever_ran_before(reference_path, tmp_path):
+    """The fixture again in this process after disturbing what earlier tests leave behind: the global RNGs, torch's
+    thread count, and a patched standard-library function (an import in the suite replaces inspect.isgenerator,
+    whose docstring was in the corpus: the medians above were 44.7 / 52.1 after the whole suite, 41.2 / 50.7
+    alone). The same weights, bit for bit, and the same perplexities."""
+    import inspect
+
+    import torch
+
+    first = ReferenceModel.load(reference_path, device="cpu")
+    threads, isgenerator = torch.get_num_threads(), inspect.isgenerator
+    try:
+        torch.manual_seed(1234)
+        np.random.seed(99)
+        random.seed(7)
+        torch.set_num_threads(1 if threads > 1 else 2)
+        inspect.isgenerator = lambda obj: isgenerator(obj)  # a wrapper without a docstring, as that import's
+        again = ReferenceModel.load(_train_reference(tmp_path), device="cpu")
+    finally:
+        torch.set_num_threads(threads)
+        inspect.isgenerator = isgenerator
+    assert again.model_sha256 == first.model_sha256
+    texts = reference_texts()[1::2]
+    np.testing.assert_array_equal(again.perplexities(texts), first.perplexities(texts))
 
 
 def test_perplexity_does_not_depend_on_batching_or_padding(reference):
