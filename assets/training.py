@@ -16,10 +16,13 @@ from kiln.common.config import ConfigError, ProjectConfig, kiln_home, merge_conf
 from kiln.common.manifest import code_version, git_commit
 from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.storage import IncompleteDataset
+from kiln.governance.forget import load_requests
 from kiln.governance.refresh import latest, load_refreshes, materialized, trained_refresh, upto
+from kiln.governance.replay import write_removed
 from kiln.tokens.shard_writer import is_validation
 from kiln.tokens.tokenizer import Tokenizer, read_documents
 from resources import KilnConfig, KilnEngine, KilnStorage, MlflowTracking, TrainingLauncher
+from training_jobs.span_lengths import sentinel_problem
 
 RUN, CHECKPOINT, EVALUATION = "training_run", "checkpoint", "evaluation"
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +66,22 @@ class TrainingLaunch(dg.Config):
             raise dg.Failure(description=str(exc)) from None
 
 
+def check_sentinels(settings, tokenizer_card: dict, shards_seq_len: int | None) -> None:
+    """Span corruption needs a sentinel per noise span of a window: the tokenizer this KILN_HOME fitted (once, and
+    kept: the config's tokenizer.sentinel_tokens may have changed since) must have them at the seq_len the run reads,
+    or the run fails at step 1 after launching."""
+    if settings.objective != "span_corruption":
+        return
+    have = sum(k.startswith("sentinel_") for k in tokenizer_card["special_tokens"])
+    seq_len, key = ((settings.seq_len, "training.seq_len") if settings.seq_len
+                    else (shards_seq_len, "the token shards' seq_len, shards.seq_len"))
+    problem = sentinel_problem(seq_len, key, have, "the tokenizer of this KILN_HOME was fitted " + (
+        f"with {have}" if have else "without them") + " (it is fitted once and kept)", "re-materialize `tokenizer` "
+        "and `token_shards` with tokenizer.sentinel_tokens ≥ {need}, or use a fresh KILN_HOME")
+    if problem:
+        raise dg.Failure(description=problem)
+
+
 def continued_from(config: ProjectConfig, store, tokenizer_sha256: str, shards) -> tuple[dict | None, dict | None]:
     """A continued run's base checkpoint (its folder, identity and the chain it was built from) and replay data,
     checked before anything launches; (None, None) for a run from scratch."""
@@ -104,6 +123,20 @@ def continued_from(config: ProjectConfig, store, tokenizer_sha256: str, shards) 
                                          f"token shards it was trained on; give a token_shards folder")
         replay = {"share": config.mixture.replay.share, "dataset_dir": str(source)}
     return base, replay
+
+
+def replay_removals(store, replay: dict | None):
+    """The replayed documents the removal requests recorded so far name (kiln.governance.replay), and the requests'
+    data version; (None, None) without replay, or for a folder that is no shard set (the training job refuses it)."""
+    from kiln.governance.replay import ReplayError, plan_replay
+
+    if replay is None or not (Path(replay["dataset_dir"]) / "_manifest.json").is_file():
+        return None, None
+    requests, version = load_requests(store)
+    try:
+        return plan_replay(store, replay["dataset_dir"], requests), version
+    except ReplayError as exc:
+        raise dg.Failure(description=str(exc)) from None
 
 
 def launch_layout(settings, training_launcher: TrainingLauncher) -> tuple[str, int]:
@@ -177,14 +210,12 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
     refresh, shards = latest(store, SHARDS)
     tok = store.manifest(TOKENIZER)
     settings = project.training
-    if settings.objective == "span_corruption" and not any(k.startswith("sentinel_")
-                                                           for k in tok.stats["card"]["special_tokens"]):
-        raise dg.Failure(description="training.objective span_corruption needs sentinel tokens, but the tokenizer of "
-                                     "this KILN_HOME was fitted without them (it is fitted once and kept): "
-                                     "re-materialize `tokenizer` and `token_shards` with tokenizer.sentinel_tokens "
-                                     "set, or use a fresh KILN_HOME")
+    check_sentinels(settings, tok.stats["card"], shards.stats.get("seq_len"))
     launcher, world_size = launch_layout(settings, training_launcher)
     base, replay = continued_from(project, store, tok.stats["card"]["sha256"], shards)
+    removals, requests_version = replay_removals(store, replay)
+    if removals is not None and removals.exclude:  # the loader skips them; a new exclusion is a new run folder
+        replay = {**replay, "exclude": removals.exclude}
     continued = json.dumps({"base": base and base["sha256"], "replay": replay}) if base else ""
     key = run_key(shards.data_version, tok.data_version, settings.model_dump_json() + continued)
     run_dir = kiln_home() / "runs" / key
@@ -215,14 +246,20 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
     with store.staging(RUN) as writer:
         for name in ("summary.json", "run_config.json", "metrics.jsonl"):
             shutil.copy2(run_dir / name, writer.dir / name)
+        inputs = {f"{SHARDS}/{refresh}": shards.data_version, TOKENIZER: tok.data_version}
+        if removals is not None:  # the replayed shards (and the requests applied to them) are inputs too
+            write_removed(writer.dir, removals)
+            inputs |= {k: v for k, v in removals.inputs(requests_version).items() if k not in inputs}
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"training": settings.model_dump(mode="json"), "replay": replay,
+            config={"training": settings.model_dump(mode="json"),
+                    "replay": replay and {k: v for k, v in replay.items() if k != "exclude"},
                     "launcher": {"name": launcher, "world_size": world_size}},
-            inputs={f"{SHARDS}/{refresh}": shards.data_version, TOKENIZER: tok.data_version},
+            inputs=inputs,
             counts={"steps": summary["steps"], "tokens_seen": summary["tokens_seen"]},
             stats={"summary": summary, "run_dir": str(run_dir), "base_checkpoint": base,
-                   "mlflow": {"experiment_id": experiment_id, "run_id": mlflow_run_id}})
+                   "mlflow": {"experiment_id": experiment_id, "run_id": mlflow_run_id},
+                   **({"replay": removals.describe()} if removals is not None else {})})
     return dg.MaterializeResult(
         metadata={
             **reported.metadata,
@@ -232,7 +269,10 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
             "refresh": refresh, "run_dir": dg.MetadataValue.path(str(run_dir)), "data_version": manifest.data_version,
             **({"base_checkpoint": dg.MetadataValue.json({k: base[k] for k in ("path", "kind", "sha256",
                                                                                 "checkpoint_data_version")}),
-                "replay": dg.MetadataValue.json(replay)} if base else {}),
+                "replay": dg.MetadataValue.json(replay and {k: v for k, v in replay.items() if k != "exclude"})}
+               if base else {}),
+            **({"replay_removed": dg.MetadataValue.json({k: removals.describe()[k] for k in (
+                "removal_requests", "removed_documents", "removed_tokens")})} if removals is not None else {}),
         },
         data_version=dg.DataVersion(manifest.data_version))
 

@@ -14,6 +14,11 @@ phase's sequences in a permutation drawn from (seed, e, phase): the same on ever
 stays disjoint. `next_batch()` rolls into the next epoch by itself; iterating yields the rest of the
 current epoch.
 
+Exclusions. `exclude` names documents (by shard and place in its document-offset index) the loader must never
+read: every sequence that would hold one of their tokens is dropped from its phase stream before ranks and epochs
+are laid out, so the rest reads as above. Continued pretraining passes the replayed documents a removal request
+names since the shards were written (kiln.governance.replay).
+
 Resuming. `state_dict()` is a small JSON-able dict (epoch and sequences consumed); it is the same on
 every rank, so rank 0's copy in the checkpoint's client_state restores all ranks. Resuming with another
 seq_len, world size, seed, dataset or tokenizer is refused; another batch size is fine.
@@ -45,6 +50,7 @@ class _Phase:
     starts: np.ndarray  # int64, token offset of each shard within the phase stream, plus the total
     sequences: int  # sequences in the phase stream, before the per-rank cut
     per_rank: int  # sequences each rank reads from this phase
+    kept: np.ndarray | None = None  # with exclusions: the stream's sequence numbers that may be read, in order
 
     @property
     def tokens(self) -> int:
@@ -57,7 +63,8 @@ class ShardLoader:
     def __init__(self, dataset_dir: str | Path, split: str = "train", seq_len: int | None = None,
                  batch_size: int = 8, rank: int = 0, world_size: int = 1,
                  expected_tokenizer_sha256: str | None = None, seed: int = 0, shuffle_epochs: bool = True,
-                 drop_last: bool = True, phases: list[str] | None = None):
+                 drop_last: bool = True, phases: list[str] | None = None,
+                 exclude: dict[str, list[int]] | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         self.shard_set = read_shard_set(Path(dataset_dir))
@@ -72,7 +79,9 @@ class ShardLoader:
             raise ValueError(f"seq_len ({self.seq_len}) and batch_size ({batch_size}) must be positive")
         self.batch_size, self.seed, self.shuffle_epochs, self.drop_last = batch_size, seed, shuffle_epochs, drop_last
         self.tokenizer_sha256 = sha
-        self.phases = self._open_phases(split, expected_tokenizer_sha256 or sha, phases)
+        # What the exclusions cost: documents and their tokens left out, and the sequences skipped for them.
+        self.excluded = {"documents": 0, "tokens": 0, "sequences": 0}
+        self.phases = self._open_phases(split, expected_tokenizer_sha256 or sha, phases, exclude or {})
         # Shards are checked above and mapped again on demand: a bounded number of open maps (each holds a
         # file descriptor), however many shards the dataset has.
         self._tokens = lru_cache(maxsize=64)(lambda path: open_shard(path, expected_tokenizer_sha256 or sha).tokens)
@@ -86,10 +95,15 @@ class ShardLoader:
         self.epoch, self.position = 0, 0  # position: sequences this rank has consumed in this epoch
         self._permutations: dict[tuple[int, int], np.ndarray] = {}
 
-    def _open_phases(self, split: str, sha: str, wanted: list[str] | None) -> list[_Phase]:
+    def _open_phases(self, split: str, sha: str, wanted: list[str] | None,
+                     exclude: dict[str, list[int]]) -> list[_Phase]:
         """Check every shard (header, size, tokenizer, counts against the manifest) and group them by phase;
-        `wanted`: only these phases (by name, in the shard set's order)."""
+        `wanted`: only these phases (by name, in the shard set's order); `exclude`: documents never read."""
         infos = self.shard_set.split(split)
+        unknown = sorted(set(exclude) - {i.path for i in self.shard_set.shards})
+        if unknown:
+            raise ShardError(f"the excluded documents name shard(s) {unknown[:3]} that {self.shard_set.dir} does not "
+                             f"hold: the exclusions were computed for another shard set; compute them again")
         if wanted is not None:
             present = sorted({i.phase for i in infos})
             missing = sorted(set(wanted) - set(present))
@@ -98,6 +112,7 @@ class ShardLoader:
                                  f"training.phases or add the phase to mixture.phases and re-materialize token_shards")
             infos = [i for i in infos if i.phase in wanted]
         phases: dict[int, tuple[str, list[Path], list[int]]] = {}
+        spans: dict[int, list[np.ndarray]] = {}  # phase -> [(start, end)] of excluded documents, within the phase
         for info in infos:
             shard = open_shard(self.shard_set.dir / info.path, expected_tokenizer_sha256=sha)
             if len(shard.tokens) != info.tokens or shard.documents != info.documents:
@@ -106,15 +121,41 @@ class ShardLoader:
                                  f"after it was written; re-materialize token_shards")
             self._dtype = shard.tokens.dtype
             name, paths, sizes = phases.setdefault(info.phase_index, (info.phase, [], []))
+            if exclude.get(info.path):
+                index = np.unique(np.asarray(exclude[info.path], np.int64))
+                if index[0] < 0 or index[-1] >= shard.documents:
+                    raise ShardError(f"the excluded documents of {shard.path} include index {int(index[-1])}, but "
+                                     f"the shard holds {shard.documents} documents: the exclusions were computed "
+                                     f"for another shard set; compute them again")
+                offsets = shard.offsets.astype(np.int64) + sum(sizes)
+                spans.setdefault(info.phase_index, []).append(np.stack([offsets[index], offsets[index + 1]], 1))
+                self.excluded["documents"] += len(index)
+                self.excluded["tokens"] += int((offsets[index + 1] - offsets[index]).sum())
             paths.append(shard.path)
             sizes.append(info.tokens)
         result = []
-        for _, (name, paths, sizes) in sorted(phases.items()):
+        for index, (name, paths, sizes) in sorted(phases.items()):
             starts = np.zeros(len(paths) + 1, np.int64)
             np.cumsum(sizes, out=starts[1:])
             sequences = max(int(starts[-1]) - 1, 0) // self.seq_len
-            result.append(_Phase(name, tuple(paths), starts, sequences, sequences // self.world_size))
+            kept = None
+            if index in spans:
+                kept = self._kept_sequences(np.concatenate(spans[index]), sequences)
+                self.excluded["sequences"] += sequences - len(kept)
+                sequences = len(kept)
+            result.append(_Phase(name, tuple(paths), starts, sequences, sequences // self.world_size, kept))
         return result
+
+    def _kept_sequences(self, spans: np.ndarray, sequences: int) -> np.ndarray:
+        """The sequences of a phase stream that hold no token of the [start, end) spans: sequence g reads
+        tokens [g·L, g·L + L] (its last target included), so it touches [a, b) when g·L < b and g·L + L + 1 > a."""
+        L = self.seq_len
+        bad = np.zeros(sequences + 1, np.int64)
+        lo = np.clip((spans[:, 0] - L - 1) // L + 1, 0, sequences)
+        hi = np.clip((spans[:, 1] - 1) // L + 1, 0, sequences)
+        np.add.at(bad, lo, 1)
+        np.add.at(bad, hi, -1)
+        return np.flatnonzero(np.cumsum(bad)[:sequences] == 0)
 
     # -- reading
 
@@ -135,12 +176,13 @@ class ShardLoader:
         """Which sequence of the phase stream is this rank's j-th in that phase."""
         phase = self.phases[phase_index]
         slot = j * self.world_size + self.rank
-        if epoch == 0 or not self.shuffle_epochs:
-            return slot
-        key = (epoch, phase_index)
-        if key not in self._permutations:
-            self._permutations = {key: np.random.default_rng([self.seed, epoch, phase_index]).permutation(phase.sequences)}
-        return int(self._permutations[key][slot])
+        if epoch != 0 and self.shuffle_epochs:
+            key = (epoch, phase_index)
+            if key not in self._permutations:
+                self._permutations = {key: np.random.default_rng([self.seed, epoch, phase_index])
+                                      .permutation(phase.sequences)}
+            slot = int(self._permutations[key][slot])
+        return slot if phase.kept is None else int(phase.kept[slot])
 
     def _read(self, phase: _Phase, start: int, count: int) -> np.ndarray:
         out = np.empty(count, dtype=self._dtype)
@@ -189,11 +231,15 @@ class ShardLoader:
         return {"format": STATE_FORMAT, "split": self.split, "epoch": self.epoch, "position": self.position,
                 "seq_len": self.seq_len, "world_size": self.world_size, "seed": self.seed,
                 "shuffle_epochs": self.shuffle_epochs, "tokenizer_sha256": self.tokenizer_sha256,
-                "sequences_per_epoch": self.sequences_per_epoch}
+                "sequences_per_epoch": self.sequences_per_epoch, "excluded_sequences": self.excluded["sequences"]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("format") != STATE_FORMAT:
             raise ShardError(f"not a loader state (format {state.get('format')!r}, expected {STATE_FORMAT!r})")
+        if state.get("excluded_sequences", 0) != self.excluded["sequences"]:
+            raise ShardError(f"cannot resume: the checkpoint's loader skipped {state.get('excluded_sequences', 0)} "
+                             f"sequences for excluded documents, this one skips {self.excluded['sequences']}; resume "
+                             f"with the same exclusions (a new removal request starts a new continued run)")
         for key in ("split", "seq_len", "world_size", "seed", "shuffle_epochs", "tokenizer_sha256",
                     "sequences_per_epoch"):
             if state[key] != getattr(self, key):

@@ -25,8 +25,14 @@ import numpy as np
 import torch
 
 from training_jobs.model import IGNORE
-
-NOISE_DENSITY, MEAN_SPAN = 0.15, 3.0
+from training_jobs.span_lengths import (
+    MEAN_SPAN,
+    NOISE_DENSITY,
+    corrupted_length,
+    noise_and_spans,
+    sentinels_needed,
+    text_length_for,
+)
 
 
 def _rng(seed: int, rank: int, step: int, micro: int) -> np.random.Generator:
@@ -45,25 +51,8 @@ def noise_spans(length: int, rng: np.random.Generator, density: float = NOISE_DE
                 mean_span: float = MEAN_SPAN) -> tuple[np.ndarray, np.ndarray]:
     """T5's random_spans_noise_mask as run lengths: (kept run lengths, noise run lengths), alternating kept
     then noise, the same number of each, every run at least one token."""
-    noise = min(max(int(round(length * density)), 1), length - 1)
-    spans = max(int(round(noise / mean_span)), 1)
-    spans = min(spans, noise, length - noise)
+    noise, spans = noise_and_spans(length, density, mean_span)
     return _segments(length - noise, spans, rng), _segments(noise, spans, rng)
-
-
-def corrupted_length(length: int, density: float = NOISE_DENSITY, mean_span: float = MEAN_SPAN) -> int:
-    """Tokens of input + target for a text of `length`: the text plus two sentinels per span."""
-    noise = min(max(int(round(length * density)), 1), length - 1)
-    spans = min(max(int(round(noise / mean_span)), 1), noise, length - noise)
-    return length + 2 * spans
-
-
-def text_length_for(window: int, density: float = NOISE_DENSITY, mean_span: float = MEAN_SPAN) -> int:
-    """The longest text whose input + target fits in `window` tokens."""
-    length = int(window / (1 + 2 * density / mean_span)) + 2
-    while corrupted_length(length, density, mean_span) > window:
-        length -= 1
-    return length
 
 
 def span_corrupt(text: np.ndarray, sentinels: np.ndarray, rng: np.random.Generator, density: float = NOISE_DENSITY,
@@ -72,6 +61,7 @@ def span_corrupt(text: np.ndarray, sentinels: np.ndarray, rng: np.random.Generat
     sentinels[i] followed by span i, for every span in order."""
     kept, noise = noise_spans(len(text), rng, density, mean_span)
     if len(kept) > len(sentinels):
+        # The config and the training_run asset check this before launch (span_lengths.sentinel_problem).
         raise ValueError(f"{len(kept)} noise spans need as many sentinel tokens; the tokenizer has {len(sentinels)} "
                          f"(tokenizer.sentinel_tokens): raise it, or train on shorter sequences")
     inputs, targets, at = [], [], 0
@@ -149,4 +139,4 @@ def make_objective(name: str, seed: int, rank: int, sentinels: list[int] | None 
 
 
 __all__ = ["MEAN_SPAN", "NOISE_DENSITY", "Objective", "PrefixLM", "SpanCorruption", "corrupted_length",
-           "make_objective", "noise_spans", "span_corrupt", "text_length_for"]
+           "make_objective", "noise_spans", "sentinels_needed", "span_corrupt", "text_length_for"]

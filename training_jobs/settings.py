@@ -281,6 +281,10 @@ class Replay(_Strict):
 
     share: float = Field(gt=0, lt=1)
     dataset_dir: str  # a token_shards folder made with the same tokenizer
+    # Replayed documents a removal request names since those shards were written: shard (its path in the folder)
+    # -> places in its document-offset index; no sequence holding one of their tokens is read
+    # (kiln.governance.replay computes them, the training_run asset fills them in).
+    exclude: dict[str, list[int]] = {}
 
 
 class RunConfig(_Strict):

@@ -221,7 +221,7 @@ def open_training(run: RunConfig, dist: Dist) -> ShardLoader | ReplayLoader:
     main = ShardLoader(run.dataset_dir, "train", t.seq_len, 1, dist.rank, dist.world_size, run.tokenizer_sha256,
                        seed=t.seed, phases=t.phases)
     replay = ShardLoader(run.replay.dataset_dir, "train", main.seq_len, 1, dist.rank, dist.world_size,
-                         run.tokenizer_sha256, seed=t.seed)
+                         run.tokenizer_sha256, seed=t.seed, exclude=run.replay.exclude)
     return ReplayLoader(main, replay, run.replay.share, t.micro_batch_size)
 
 

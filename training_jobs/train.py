@@ -337,7 +337,9 @@ class Trainer:
             "steps": p.step, "max_steps": self.max_steps, "final_loss": p.last_loss, "val_loss": val_loss,
             "val_ppl_pos": (getattr(self, "final_val", None) or {}).get("ppl_pos"), "objective": self.t.objective,
             "base_checkpoint": self.base, "base_val_loss": (getattr(self, "base_val", None) or {}).get("loss"),
-            "replay": self.run.replay.model_dump() if self.run.replay else None,
+            # what the replay loader left out for removal requests (documents, their tokens, sequences skipped)
+            "replay": {**self.run.replay.model_dump(exclude={"exclude"}), "excluded": self.loader.replay.excluded}
+            if self.run.replay else None,
             "long_document_token_share": self.long_document_share,
             "loss_probe": getattr(self, "probe", None),
             "tokens_seen": p.tokens_seen, "tokens_skipped": p.tokens_skipped, "tokens_per_step": self.tokens_per_step,

@@ -76,6 +76,8 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
                          "base_val_loss", "val_ppl_pos", "long_document_token_share")},
                      "base_checkpoint": run.stats.get("base_checkpoint") if run else None,
                      "replay": run.config.get("replay") if run else None,
+                     # the replayed shard set, and the removal requests applied to it (kiln.governance.replay)
+                     "replayed_shards": run.stats.get("replay") if run else None,
                      "stability_events": len(summary.get("stability_events") or [])},
         "evaluation": {"data_version": evaluation.data_version, "validation": evaluation.stats.get("validation"),
                        "per_source": evaluation.stats.get("per_source"),

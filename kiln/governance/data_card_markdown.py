@@ -9,6 +9,18 @@ from kiln.dedup.report import cross_source_markdown
 from kiln.governance.lineage import DOCUMENT_STAGES
 
 
+def _replayed(training: dict) -> str:
+    """What the replay left out for removal requests, as the sentence's end."""
+    info = training.get("replayed_shards")
+    if not info:
+        return "."
+    requests = info.get("removal_requests") or []
+    return (f" (token_shards `{info['data_version']}`); {len(requests)} removal request(s) applied to it, "
+            f"{info['removed_documents']:,} replayed document(s) ({info['removed_tokens']:,} tokens) skipped"
+            + (f", {info['unknown_urls']:,} without a known URL (not matchable by a URL pattern)"
+               if info.get("unknown_urls") else "") + ".")
+
+
 def _n(value: Any) -> str:
     if value is None:
         return "–"
@@ -175,8 +187,8 @@ def data_card_markdown(card: dict[str, Any]) -> str:
         out += ["", f"Continued pretraining (objective {_n(s.get('objective'))}) from base checkpoint `{base['kind']}` "
                     f"sha256 `{base['sha256'][:16]}` at `{base['path']}` (trained on `{base['trained_on']}`), "
                     f"base validation loss on this run's held-back tokens {_n(s.get('base_val_loss'))}; "
-                    + (f"replay: {replay['share']:.0%} of sequences from `{replay['dataset_dir']}`." if replay
-                       else "no replay."),
+                    + (f"replay: {replay['share']:.0%} of sequences from `{replay['dataset_dir']}`" + _replayed(tr)
+                       if replay else "no replay."),
                 "", "What the base checkpoint was built from, when this run started:", "", "```",
                 (base.get("chain") or {}).get("text") or "unknown: the base came from outside this store", "```"]
     if card.get("evaluation"):

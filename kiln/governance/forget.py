@@ -8,8 +8,9 @@ table with `stage: removal_request`, and `token_shards`, which reads every refre
 nobody filters again), leaves every matching document out (kiln.tokens.shard_writer), so the next shards hold none.
 
 When the request is recorded, the current checkpoint's training documents (the token shards' member
-list) are checked against it: the affected checkpoint is written into the request, and its data card
-says so from then on.
+list, and those of the shards its run replayed) are checked against it: the affected checkpoint is written into
+the request, and its data card says so from then on. A later continued run that replays shards written before the
+request skips the documents it names (kiln.governance.replay).
 """
 
 from __future__ import annotations
@@ -110,7 +111,10 @@ def read_doc_ids(path: Path) -> list[str]:
 
 
 def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str, Any]]:
-    """The current checkpoint, if the token shards it was trained on hold documents the request matches."""
+    """The current checkpoint, if the token shards it was trained on (or replayed, less what its run already left
+    out of the replay) hold documents the request matches."""
+    from kiln.governance.replay import removed_from_replay, replayed
+
     try:
         checkpoint, run = store.manifest("checkpoint"), store.manifest("training_run")
         refresh = trained_refresh(run)
@@ -120,16 +124,34 @@ def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str
     if shards is None or checkpoint.inputs.get("training_run") != run.data_version or \
             run.inputs[f"token_shards/{refresh}"] != shards.data_version:
         return []  # the store no longer holds the shards this checkpoint was trained on
-    members = store.read_table("token_shards", refresh, "members").to_pylist()
-    urls = _urls(store, {m["source"] for m in members}) if request.kind == "url_pattern" else {}
-    trained = [m for m in members if m["split"] == "train" and m["copies"] > 0
-               and request.matches(m["doc_id"], m["source"], urls.get(m["doc_id"]))]
-    if not trained:
+    trained = _matching(store, refresh, request)
+    replay, replay_info = [], replayed(run)
+    if replay_info and replay_info.get("input") and replay_info["input"] != f"token_shards/{refresh}":
+        replay_refresh = replay_info["input"].split("/", 1)[1]
+        try:
+            current = store.manifest("token_shards", replay_refresh).data_version == replay_info["data_version"]
+        except IncompleteDataset:
+            current = False
+        if current:  # else the store no longer holds the replayed set as the run read it
+            skipped = removed_from_replay(store, run) or {}
+            replay = [m for m in _matching(store, replay_refresh, request) if m["doc_id"] not in skipped]
+    if not trained and not replay:
         return []
     return [{"checkpoint": checkpoint.data_version, "token_shards": shards.data_version, "refresh": refresh,
-             "documents": len(trained),
+             "documents": len({m["doc_id"] for m in trained + replay}),
              "tokens": sum(m["tokens"] * m["copies"] for m in trained),
-             "sources": sorted({m["source"] for m in trained})}]
+             "sources": sorted({m["source"] for m in trained + replay}),
+             **({"replay": {"token_shards": replay_info["data_version"], "refresh": replay_refresh,
+                            "documents": len(replay), "tokens": sum(m["tokens"] * m["copies"] for m in replay)}}
+                if replay else {})}]
+
+
+def _matching(store: Store, refresh: str, request: RemovalRequest) -> list[dict[str, Any]]:
+    """The member rows of a refresh's token shards the request matches, in their train split."""
+    members = store.read_table("token_shards", refresh, "members").to_pylist()
+    urls = _urls(store, {m["source"] for m in members}) if request.kind == "url_pattern" else {}
+    return [m for m in members if m["split"] == "train" and m["copies"] > 0
+            and request.matches(m["doc_id"], m["source"], urls.get(m["doc_id"]))]
 
 
 def _urls(store: Store, sources: set[str]) -> dict[str, str | None]:

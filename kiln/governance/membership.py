@@ -3,7 +3,8 @@
 A document is found by doc_id, or by its text: exactly (exact dedup's normalization), else as a near-duplicate
 through the MinHash bucket index in the dedup_index datasets. It is then traced through every document stage and
 the token shards' member lists: in the training set, or where and why it left (and, for a removed duplicate,
-whether its kept copy was trained on).
+whether its kept copy was trained on). A shard set a continued run replayed counts as that checkpoint's training
+data, except for the documents the run left out of its replay for a removal request (kiln.governance.replay).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from kiln.governance.catalog import (
     NOT_MATERIALIZED,
     RAW,
     SHARDS,
+    TRAINING_RUN,
     AuditError,
     Catalog,
     _shards_of_checkpoint,
@@ -71,6 +73,10 @@ class ShardRecord:
     tokens: int
     checkpoints: list[str] = field(default_factory=list)  # data versions of checkpoints trained on this set
     removed_by: str | None = None  # `removal_request:<id>`: the set left the document out
+    replayed_by: list[str] = field(default_factory=list)  # of `checkpoints`: those that read this set as replay
+    # checkpoints that replayed this set but skipped the document for a removal request, and that request
+    removed_from_replay: list[str] = field(default_factory=list)
+    removed_from_replay_by: str | None = None
 
 
 @dataclass
@@ -178,10 +184,17 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
                          f"re-materialize token_shards to answer from the shards")
             continue
         checkpoints = _checkpoints_using(catalog, m.data_version)
+        replays = {c: _replay_of(catalog, c) for c in checkpoints}
+        replays = {c: r for c, r in replays.items() if r is not None and r[0] == m.data_version}
         for path in paths:
             for r in pq.read_table(path, filters=[("doc_id", "=", doc_id)]).to_pylist():
-                shards.append(ShardRecord(m.data_version, r["split"], r["copies"], r["tokens"], checkpoints,
-                                          r.get("removed_by")))
+                # A checkpoint that replayed this set and left the document out did not train on it from here.
+                skipped = {c: removed[doc_id] for c, (_, removed, main) in replays.items()
+                           if not main and removed is not None and doc_id in removed}
+                shards.append(ShardRecord(m.data_version, r["split"], r["copies"], r["tokens"],
+                                          [c for c in checkpoints if c not in skipped], r.get("removed_by"),
+                                          [c for c, (_, _, main) in replays.items() if not main and c not in skipped],
+                                          sorted(skipped), next(iter(skipped.values()), None)))
                 hint = hint or r["source"]
     if shards_gone:
         notes.append(f"the checkpoint was trained on token_shards {', '.join(sorted(shard_versions))}, which is no "
@@ -192,27 +205,40 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
     # A shard set that left it out by a removal request (`kiln forget`, applied to every refresh) outranks older
     # sets that still hold it, unless a checkpoint in the store was trained on those.
     requested = next((s for s in shards if s.removed_by), None)
-    stale = [s for s in shards if s.copies > 0 and requested and not s.checkpoints]
-    shards_left = [s for s in shards if s not in stale and not s.removed_by]
+    # A set whose every checkpoint replayed it without the document: skipped by a removal request.
+    unreplayed = [s for s in shards if s.removed_from_replay and not s.checkpoints]
+    stale = [s for s in shards if s.copies > 0 and requested and not s.checkpoints and s not in unreplayed]
+    shards_left = [s for s in shards if s not in stale and s not in unreplayed and not s.removed_by]
     train = [s for s in shards_left if s.split == "train"]
     where = f"token_shards {', '.join(s.shard_set for s in shards_left)}"
     if stale:
         notes.append(f"token_shards {', '.join(s.shard_set for s in stale)} (no checkpoint in the store trained on "
                      f"it) still hold{'s' if len(stale) == 1 else ''} it: re-materialize token_shards")
+    skipped = "; ".join(f"skipped by {s.removed_from_replay_by} when checkpoint {', '.join(s.removed_from_replay)} "
+                        f"replayed token_shards {s.shard_set}" for s in shards if s.removed_from_replay)
     if any(s.copies > 0 for s in train):
-        s = next(s for s in train if s.copies > 0)
+        s = next((s for s in train if s.copies > 0 and s.checkpoints), None) or next(s for s in train if s.copies > 0)
         verdict = IN_TRAINING
+        direct = [c for c in s.checkpoints if c not in s.replayed_by]
+        used = ([f"used by checkpoint {', '.join(direct)}"] if direct else []) + \
+            ([f"replayed by checkpoint {', '.join(s.replayed_by)}"] if s.replayed_by else [])
         summary = (f"IN TRAINING: {s.copies} cop{'y' if s.copies == 1 else 'ies'} in the train split of token_shards "
-                   f"{s.shard_set}" + (f", used by checkpoint {', '.join(s.checkpoints)}" if s.checkpoints else ""))
+                   f"{s.shard_set}" + (f", {' and '.join(used)}" if used else ""))
+        summary += "".join(f"; also replayed by checkpoint {', '.join(r.replayed_by)} from token_shards {r.shard_set}"
+                           for r in train if r is not s and r.copies > 0 and r.replayed_by)
+        if skipped:
+            notes.append(f"the document was {skipped}")
         if requested is not None:
             notes.append(f"token_shards {requested.shard_set} has since left it out ({requested.removed_by}); a "
                          f"checkpoint trained on {s.shard_set} still holds what it learned from it")
         elif removed is not None:
             notes.append(f"{removed.stage} has since removed it ({removed.reason}); the token shards predate that: "
                          f"re-materialize token_shards")
-    elif requested is not None:
+    elif requested is not None or unreplayed:
         verdict = REMOVED
-        summary = f"NOT TRAINED ON: left out of token_shards {requested.shard_set} by {requested.removed_by}"
+        summary = "NOT TRAINED ON: " + "; ".join(
+            ([f"left out of token_shards {requested.shard_set} by {requested.removed_by}"] if requested else [])
+            + ([skipped] if skipped else []))
     elif any(s.split == "val" for s in shards_left):
         verdict, summary = VALIDATION, f"NOT TRAINED ON: held out for validation (in the val split of {where})"
     elif train:
@@ -344,6 +370,24 @@ def _near_match(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[tup
 
 
 # ----------------------------------------------------------------------------------- checkpoints & shards
+
+def _replay_of(catalog: Catalog, checkpoint: str) -> tuple[str, dict[str, str] | None, bool] | None:
+    """What a checkpoint's run replayed: (the replayed set's data version, doc_id -> request for the documents it
+    left out (None: the run's dataset is gone, so unknown), whether that set is also its main training set);
+    None for a run without replay."""
+    from kiln.governance.refresh import trained_refresh
+    from kiln.governance.replay import removed_from_replay, replayed
+
+    ckpt = next((m for m in catalog.versions(CHECKPOINT) if m.data_version == checkpoint), None)
+    run_version = ckpt.inputs.get(TRAINING_RUN) if ckpt else None
+    run = next((r for r in catalog.versions(TRAINING_RUN) if r.data_version == run_version), None)
+    info = replayed(run)
+    if info is None:
+        return None
+    refresh = trained_refresh(run)
+    main = refresh is not None and run.inputs.get(f"{SHARDS}/{refresh}") == info["data_version"]
+    return info["data_version"], removed_from_replay(catalog.store, run), main
+
 
 def _checkpoints_using(catalog: Catalog, shards_version: str) -> list[str]:
     """Data versions of the checkpoints in the store whose training run read this token-shard set."""

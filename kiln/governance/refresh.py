@@ -190,8 +190,12 @@ def latest(store: Store, asset: str, refreshes: list[Refresh] | None = None) -> 
 
 
 def trained_refresh(run: Manifest | None) -> str | None:
-    """The refresh whose token shards a training run read (its manifest's `token_shards/<refresh>` input)."""
-    return next((key.split("/", 1)[1] for key in (run.inputs if run else {}) if key.startswith("token_shards/")), None)
+    """The refresh whose token shards a training run read (its manifest's `token_shards/<refresh>` input; not the
+    one it replayed, `stats.replay.input`, unless it is the same)."""
+    keys = [key for key in (run.inputs if run else {}) if key.startswith("token_shards/")]
+    replayed = ((run.stats.get("replay") or {}).get("input")) if run else None
+    key = next((k for k in keys if k != replayed), keys[0] if keys else None)
+    return key.split("/", 1)[1] if key else None
 
 
 # -------------------------------------------------------------------------------------------- landing

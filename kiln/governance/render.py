@@ -106,10 +106,13 @@ def render_membership(answer: Membership) -> str:
             version = f"  {r.data_version}" if r.data_version else ""
             lines.append(f"  {where:<{width}}  {r.status:<16}{version}{detail}".rstrip())
     for s in answer.shards:
-        ckpts = ", ".join(s.checkpoints) or "none in the store"
+        ckpts = ", ".join(c + (" (replay)" if c in s.replayed_by else "") for c in s.checkpoints) or \
+            "none in the store"
         held = f"left out by {s.removed_by}" if s.removed_by else \
             f"split {s.split}, {s.copies} cop{'y' if s.copies == 1 else 'ies'} x {s.tokens:,} tokens"
-        lines.append(f"token_shards {s.shard_set}: {held}; checkpoints: {ckpts}")
+        skipped = f"; skipped in the replay of checkpoint {', '.join(s.removed_from_replay)} by " \
+                  f"{s.removed_from_replay_by}" if s.removed_from_replay else ""
+        lines.append(f"token_shards {s.shard_set}: {held}; checkpoints: {ckpts}{skipped}")
     for o in answer.other_matches:
         lines.append(f"also the same text: {o['doc_id']} ({o['source']}): {o['verdict']}")
     lines += [f"note: {n}" for n in answer.notes]

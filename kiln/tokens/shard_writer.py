@@ -11,7 +11,9 @@
 4. shuffle the chosen documents of each phase (seed, phase) and write shards of ~tokens_per_shard tokens,
    documents never split across shards; validation: every validation document once, shuffled;
 5. the member list (`members-*.parquet`): every input document with its split, how many copies of it the
-   shards hold and its tokens, so an audit can say exactly whether a document was trained on.
+   shards hold and its tokens, so an audit can say exactly whether a document was trained on;
+6. the position list (`positions-*.parquet`): which document of which shard each copy is, so a later run that
+   replays these shards can skip the documents a removal request names since (kiln.governance.replay).
 
 Removal requests (`kiln forget`) are applied here too, to every refresh's documents: a document one names is not
 tokenized, and its member row says which request removed it (the quality filter applies them only to the
@@ -61,6 +63,11 @@ MEMBERS_SCHEMA = pa.schema([pa.field("doc_id", pa.string(), nullable=False),
                             pa.field("copies", pa.int32(), nullable=False),
                             pa.field("tokens", pa.int64(), nullable=False),
                             pa.field("removed_by", pa.string())])  # `removal_request:<id>`: 0 copies, 0 tokens
+
+# One row per document copy in a shard: `index` is its place in the shard's document-offset index.
+POSITIONS_SCHEMA = pa.schema([pa.field("shard", pa.string(), nullable=False),
+                              pa.field("index", pa.int32(), nullable=False),
+                              pa.field("doc_id", pa.string(), nullable=False)])
 
 
 class _Writer(Protocol):  # kiln.common.storage.DatasetWriter, without importing it here
@@ -247,9 +254,10 @@ def _doc_table(results: list[_PartTokens], tasks: list[_PartTask]) -> _Docs:
 
 def _write_split(chosen: np.ndarray, docs: _Docs, files: _TokenFiles, new_path, tokens_per_shard: int,
                  tokenizer_sha256: str, split: str, phase: str, phase_index: int, out_dir: Path,
-                 progress: bool, names: list[str], composition: dict) -> list[ShardInfo]:
+                 progress: bool, names: list[str], composition: dict,
+                 placed: list[tuple[str, np.ndarray]]) -> list[ShardInfo]:
     """Write `chosen` documents (global indices, in this order) into shards of ~tokens_per_shard tokens;
-    each shard's documents and tokens per source go into `composition`."""
+    each shard's documents and tokens per source go into `composition`, its documents in order into `placed`."""
     lengths = docs.length[chosen]
     cum = np.cumsum(lengths)
     shards, i, n = [], 0, len(chosen)
@@ -270,6 +278,7 @@ def _write_split(chosen: np.ndarray, docs: _Docs, files: _TokenFiles, new_path, 
         path = new_path()
         write_shard(path, buf, offsets, tokenizer_sha256)
         shards.append(ShardInfo(str(path.relative_to(out_dir)), split, phase, phase_index, len(buf), end - i))
+        placed.append((shards[-1].path, chosen[i:end]))
         in_shard = docs.source[chosen[i:end]]
         n_docs = np.bincount(in_shard, minlength=len(names))
         n_tokens = np.bincount(in_shard, weights=docs.length[chosen[i:end]], minlength=len(names))
@@ -335,6 +344,7 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
         cursors: dict[tuple[str, int], int] = {}  # per source and length floor: phases continue its cycle
         shards: list[ShardInfo] = []
         composition: dict[str, dict[str, dict[str, int]]] = {}
+        placed: list[tuple[str, np.ndarray]] = []  # (shard, the global indices of its documents in order)
         copies = docs.is_val.astype(np.int64)  # validation: every document once
         for plan in plans:
             picked = []
@@ -351,14 +361,16 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
             copies += np.bincount(chosen, minlength=len(copies))
             chosen = chosen[np.random.default_rng([settings.seed, plan.index]).permutation(len(chosen))]
             shards += _write_split(chosen, docs, files, new_path, settings.tokens_per_shard, tok.sha256, TRAIN,
-                                   plan.name, plan.index, out_dir, progress, names, composition)
+                                   plan.name, plan.index, out_dir, progress, names, composition, placed)
         val_ids = np.flatnonzero(docs.is_val)
         val_ids = val_ids[np.random.default_rng([settings.seed, 1 << 31]).permutation(len(val_ids))]
         shards += _write_split(val_ids, docs, files, new_path, settings.tokens_per_shard, tok.sha256, VAL,
-                               VAL_PHASE, 0, out_dir, progress, names, composition)
-        members_path = output.next_path("members") if not isinstance(output, Path | str) else \
-            out_dir / part_name("members", 0)
-        write_parquet_atomic(members_path, _members_table(tasks, results, docs, copies, names))
+                               VAL_PHASE, 0, out_dir, progress, names, composition, placed)
+        members_path, positions_path = (output.next_path(role) if not isinstance(output, Path | str) else
+                                        out_dir / part_name(role, 0) for role in ("members", "positions"))
+        doc_ids = _doc_ids(tasks, docs)
+        write_parquet_atomic(members_path, _members_table(doc_ids, results, docs, copies, names))
+        write_parquet_atomic(positions_path, _positions_table(doc_ids, placed))
         t_written = time.perf_counter()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -390,15 +402,29 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
         members=str(members_path.relative_to(out_dir)), shard_sources=composition)
 
 
-def _members_table(tasks: list[_PartTask], results: list[_PartTokens], docs: _Docs, copies: np.ndarray,
-                   names: list[str]) -> pa.Table:
-    """Every document of the run in task order (the order of `docs`), with its split, copies and tokens, or the
-    removal request that left it out."""
+def _doc_ids(tasks: list[_PartTask], docs: _Docs) -> pa.Array:
+    """Every document's doc_id in task order (the order of `docs`), read back from the input parts."""
     doc_ids = [chunk for t in tasks for chunk in pq.read_table(t.input_path, columns=["doc_id"]).column(0).chunks]
     doc_ids = pa.chunked_array(doc_ids, pa.string()).combine_chunks()
     if len(doc_ids) != len(docs.length):
         raise RuntimeError(f"member list: {len(doc_ids)} doc_ids read back, {len(docs.length)} documents tokenized; "
                            f"an input part changed while token shards were written; re-run token_shards")
+    return doc_ids
+
+
+def _positions_table(doc_ids: pa.Array, placed: list[tuple[str, np.ndarray]]) -> pa.Table:
+    """Every document copy in every shard: the shard, its index there, its doc_id."""
+    sizes = [len(ids) for _, ids in placed]
+    order = np.concatenate([ids for _, ids in placed]) if placed else np.zeros(0, np.int64)
+    return pa.table({"shard": pa.array([p for p, ids in placed for _ in range(len(ids))], pa.string()),
+                     "index": pa.array(np.concatenate([np.arange(n) for n in sizes]) if sizes else [], pa.int32()),
+                     "doc_id": doc_ids.take(pa.array(order, pa.int64()))}, schema=POSITIONS_SCHEMA)
+
+
+def _members_table(doc_ids: pa.Array, results: list[_PartTokens], docs: _Docs, copies: np.ndarray,
+                   names: list[str]) -> pa.Table:
+    """Every document of the run in task order (the order of `docs`), with its split, copies and tokens, or the
+    removal request that left it out."""
     return pa.table({"doc_id": doc_ids,
                      "source": pa.array(np.asarray(names, dtype=object)[docs.source], pa.string()),
                      "split": pa.array(np.where(docs.is_val, VAL, TRAIN).astype(object), pa.string()),
@@ -408,4 +434,4 @@ def _members_table(tasks: list[_PartTask], results: list[_PartTokens], docs: _Do
                     schema=MEMBERS_SCHEMA)
 
 
-__all__ = ["MEMBERS_SCHEMA", "ShardSetResult", "fim_sources", "is_validation", "tokenize_part", "write_token_shards"]
+__all__ = ["MEMBERS_SCHEMA", "POSITIONS_SCHEMA", "ShardSetResult", "fim_sources", "is_validation", "tokenize_part", "write_token_shards"]

@@ -257,3 +257,76 @@ def test_many_shards_keep_few_maps_open(tmp_path):
     assert np.array_equal(rows.reshape(-1), np.arange(len(rows) * SEQ))
     assert len(rows) == (150 * 50 - 1) // SEQ // 4 * 4
     assert loader._tokens.cache_info().currsize <= 64
+
+
+# ------------------------------------------------------------------------------- excluded documents (replay)
+
+# In `counting`, shard-00000 holds stream tokens 0..1000 (documents [0, 500) and [500, 1001)), shard-00002 the
+# first 1500 tokens of phase b, 1778..3277 (documents [1778, 2528) and [2528, 3278)).
+EXCLUDE = {"shard-00000.bin": [1], "shard-00002.bin": [0]}
+FORBIDDEN = [(500, 1001), (1778, 2528)]
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_excluded_documents_are_never_read_and_nothing_else_is_lost(counting, world_size, epoch):
+    """Worked by hand: sequence g of a phase reads stream tokens 16g..16g+16. Phase a (1778 tokens, 111
+    sequences) loses g = 31..62 (31·16 + 16 = 512 is the first to reach 500, 62·16 = 992 the last to start before
+    1001): 79 left. Phase b (1500 tokens, 93 sequences) loses g = 0..46 (46·16 = 736 < 750): 46 left."""
+    loaders = [ShardLoader(counting, seq_len=SEQ, batch_size=1, rank=r, world_size=world_size, seed=3,
+                           exclude=EXCLUDE) for r in range(world_size)]
+    firsts = []
+    for loader in loaders:
+        loader.load_state_dict({**loader.state_dict(), "epoch": epoch})
+        for x, y in loader:
+            read = np.concatenate([x[0].numpy(), y[0, -1:].numpy()])  # every token the step sees
+            assert np.array_equal(read, read[0] + np.arange(SEQ + 1))
+            assert not any(((read >= a) & (read < b)).any() for a, b in FORBIDDEN), read[0]
+            firsts.append(int(read[0]))
+    assert len(firsts) == len(set(firsts))  # still no sequence twice
+    expected_a = [16 * g for g in range(111) if not 31 <= g <= 62]
+    expected_b = [1778 + 16 * g for g in range(93) if g > 46]
+    per_rank = lambda n: n - n % world_size  # noqa: E731: each phase drops its last count % world_size
+    assert len(firsts) == per_rank(79) + per_rank(46) and set(firsts) <= set(expected_a + expected_b)
+    if epoch == 0:  # file order: each phase's first sequences
+        assert sorted(firsts) == expected_a[:per_rank(79)] + expected_b[:per_rank(46)]
+    assert loaders[0].excluded == {"documents": 2, "tokens": 501 + 750, "sequences": 32 + 47}
+
+
+def test_exclusions_for_another_shard_set_are_refused(counting):
+    with pytest.raises(ShardError, match=r"name shard\(s\) \['shard-09999.bin'\]"):
+        ShardLoader(counting, seq_len=SEQ, exclude={"shard-09999.bin": [0]})
+    with pytest.raises(ShardError, match="include index 2, but the shard holds 2 documents"):
+        ShardLoader(counting, seq_len=SEQ, exclude={"shard-00000.bin": [2]})
+    state = ShardLoader(counting, seq_len=SEQ, batch_size=1).state_dict()
+    with pytest.raises(ShardError, match="skipped 0 sequences for excluded documents, this one skips 79"):
+        ShardLoader(counting, seq_len=SEQ, batch_size=1, exclude=EXCLUDE).load_state_dict(state)
+
+
+def test_the_position_list_says_where_every_copy_of_a_document_sits(dataset):
+    """positions-*.parquet against a second look: each listed place holds the document's own text tokenized
+    (validation documents: plain text, no FIM), and every train copy the member list counts is listed."""
+    import pyarrow.parquet as pq
+
+    from kiln.tokens.tokenizer import Tokenizer
+
+    path, result = dataset
+    positions = pq.read_table(next(path.glob("positions-*.parquet"))).to_pylist()
+    members = {m["doc_id"]: m for m in pq.read_table(next(path.glob("members-*.parquet"))).to_pylist()}
+    train_shards = {s.path for s in result.shards if s.split == "train"}
+    listed: dict[str, int] = {}
+    for p in positions:
+        if p["shard"] in train_shards:
+            listed[p["doc_id"]] = listed.get(p["doc_id"], 0) + 1
+    assert listed == {d: m["copies"] for d, m in members.items() if m["split"] == "train" and m["copies"]}
+    texts = {}
+    for part in sorted((path.parent.parent.parent).glob("*/part-*.parquet")):
+        texts |= {r["doc_id"]: r["text"] for r in pq.read_table(part, columns=["doc_id", "text"]).to_pylist()}
+    tok = Tokenizer.load(path.parent.parent.parent / "tokenizer")
+    checked = 0
+    for p in positions:
+        if p["shard"] not in train_shards and p["doc_id"] in texts:
+            shard = open_shard(path / p["shard"])
+            assert shard.document(p["index"]).tolist() == tok.encode(texts[p["doc_id"]]) + [tok.eos_id]
+            checked += 1
+    assert checked == sum(1 for m in members.values() if m["split"] == "val") > 0

@@ -16,6 +16,7 @@ from kiln.common.config.tokens import Mixture, ShardSettings, TokenizerSettings
 from kiln.curation.filters.registry import build_step
 from kiln.planning.plan import PlanRequest
 from training_jobs.settings import TrainingSettings
+from training_jobs.span_lengths import sentinel_problem
 
 
 class ProjectConfig(Strict):
@@ -87,9 +88,15 @@ class ProjectConfig(Strict):
         if unknown:
             raise ValueError(f"training.phases names {unknown}, which mixture.phases does not define (phases: "
                              f"{phases}); a run reads curriculum phases of its token shards by name")
-        if self.training.objective == "span_corruption" and self.tokenizer.sentinel_tokens == 0:
-            raise ValueError("training.objective span_corruption needs sentinel tokens: set "
-                             "tokenizer.sentinel_tokens (T5 uses 100) so the tokenizer reserves <extra_id_N>")
+        if self.training.objective == "span_corruption":  # every phase of a run reads windows of its one seq_len
+            seq_len, key = ((self.training.seq_len, "training.seq_len") if self.training.seq_len
+                            else (self.shards.seq_len, "shards.seq_len"))
+            problem = sentinel_problem(seq_len, key, self.tokenizer.sentinel_tokens,
+                                       f"tokenizer.sentinel_tokens is {self.tokenizer.sentinel_tokens}",
+                                       "set tokenizer.sentinel_tokens to ≥ {need} (T5 uses 100) so the tokenizer "
+                                       "reserves that many <extra_id_N>")
+            if problem:
+                raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

@@ -303,7 +303,7 @@ def test_curriculum_phases_are_tagged_and_read_in_order(tmp_path, monkeypatch):
         assert p["tokens"] == pytest.approx(budget, rel=0.02)
         assert p["sources"]["code"]["share"] == pytest.approx(code_share, abs=0.02)
     files = json.loads((tmp_path / "store" / "token_shards" / "_all" / "_manifest.json").read_text())["files"]
-    assert {f["role"] for f in files} == {"shard", "members"} and len(files) == len(shard_set.shards) + 1
+    assert {f["role"] for f in files} == {"shard", "members", "positions"} and len(files) == len(shard_set.shards) + 2
 
 
 def test_member_list_says_exactly_which_documents_the_shards_hold(built, tmp_path, monkeypatch):
