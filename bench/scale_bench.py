@@ -26,13 +26,19 @@ MB = UTF-8 bytes of the texts entering the stage, in 10^6), peak RSS of the driv
 process (psutil, sampled every `--sample-s` in a thread: the driver and all its descendants — the pool's
 processes, or the embedded Ray's raylet, GCS and workers; Ray's own daemons are reported apart as ray_infra),
 recall per planted Jaccard level and per measured-J bucket (measured with `minhash.shingle_hashes`: affine32's
-shingling, the same word 5-grams as either scheme, blake2b-hashed), precision (each removed document of a sample
-checked independently: plain-Python word 5-gram sets, J >= threshold with the document it names, or equal text
-after case and whitespace folding for exact duplicates), hard negatives removed, and decisions_sha256 (sha256 over
-the lines "doc_id\\tstatus\\tduplicate_of" of every input document sorted by doc_id; status is the filter's reason,
-exact_duplicate, or near dedup's status). With several --docs values, a log-log plot of wall time and peak memory
-against N goes next to the JSON (matplotlib). The sampler also sums CPU seconds per stage over the same processes
-(`cpu_s`, `mb_per_cpu_s`): a rate that other load on the machine disturbs less than wall time does.
+shingling, the same word 5-grams as either scheme, blake2b-hashed; a planted pair counts as caught when the copy or
+its original was removed naming a document of its planted group), precision from the corpus's planted truth
+(`kiln.curation.synthetic.scale_plan` records which earlier document each exact and near copy was made from: a
+removed document is correct when the document it names as its duplicate is a copy of the same original, or that
+original; every removed document is checked — not a re-check with the Jaccard the pipeline already verified),
+an all-pairs check by a second implementation (`--pairs-sample` first documents, a prefix that holds every planted
+copy's original: exact Jaccard of plain-Python word 5-gram sets for every pair, through an inverted index; the
+pairs at J >= threshold that the decisions left apart, and those the planted truth does not explain), hard
+negatives removed, and decisions_sha256 (sha256 over the lines "doc_id\\tstatus\\tduplicate_of" of every input
+document sorted by doc_id; status is the filter's reason, exact_duplicate, or near dedup's status). With several
+--docs values, a log-log plot of wall time and peak memory against N goes next to the JSON (matplotlib). The
+sampler also sums CPU seconds per stage over the same processes (`cpu_s`, `mb_per_cpu_s`): a rate that other load
+on the machine disturbs less than wall time does.
 """
 
 from __future__ import annotations
@@ -161,12 +167,9 @@ def plain_shingles(text: str, n: int = 5) -> set[tuple[str, ...]]:
 
 
 def plain_jaccard(a: str, b: str, n: int = 5) -> float:
+    """One pair, directly (the tests' reference for `similar_pairs`)."""
     x, y = plain_shingles(a, n), plain_shingles(b, n)
     return len(x & y) / len(x | y)
-
-
-def folded(text: str) -> str:
-    return " ".join(text.lower().split())
 
 
 def decisions_of(store, out_dir: Path) -> dict[str, tuple[str, str | None]]:
@@ -199,6 +202,94 @@ def decisions_sha256(status: dict[str, tuple[str, str | None]]) -> str:
     return h.hexdigest()
 
 
+REMOVED = ("exact_duplicate", "near_duplicate")
+
+
+def planted_root(plan) -> int:
+    """The generator's record of which documents are copies of one another: an exact or near copy belongs to the
+    document it was made from (always a plain one), every other document to itself."""
+    return plan.of if plan.kind in ("exact_copy", "near_copy") else plan.i
+
+
+def planted_precision(status: dict[str, tuple[str, str | None]], ids: list[str], plans: list) -> dict:
+    """Precision of the removals against the planted truth: a removed document (exact or near duplicate) is
+    correct when the document it names is in its planted group (`planted_root`: the same original, or the
+    original itself; either may be the one kept). Independent of the Jaccard the pipeline verifies: a hard
+    negative removed, a document pointed at the wrong original, or a chance match counts against it."""
+    index = {d: i for i, d in enumerate(ids)}
+    removed = wrong = 0
+    examples = []
+    for d, (s, other) in status.items():
+        if s not in REMOVED:
+            continue
+        i, k = index[d], index.get(other)
+        removed += 1
+        if k is None or planted_root(plans[i]) != planted_root(plans[k]):
+            wrong += 1
+            if len(examples) < 5:
+                examples.append({"doc": i, "duplicate_of": k, "status": s, "kind": plans[i].kind,
+                                 "duplicate_of_kind": plans[k].kind if k is not None else None})
+    return {"precision": round((removed - wrong) / removed, 5) if removed else None, "removed": removed,
+            "wrong": wrong, "wrong_examples": examples, "truth": "planted (kiln.curation.synthetic.scale_plan)"}
+
+
+def pipeline_groups(status: dict[str, tuple[str, str | None]], ids: list[str]) -> list[int]:
+    """Per document, a group number: documents a removal joined (removed -> the document it names, transitively)
+    share one."""
+    index = {d: i for i, d in enumerate(ids)}
+    parent = list(range(len(ids)))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for d, (s, other) in status.items():
+        if s in REMOVED and other in index:
+            parent[find(index[d])] = find(index[other])
+    return [find(i) for i in range(len(ids))]
+
+
+def similar_pairs(texts: list[str], threshold: float, n: int = 5) -> dict[tuple[int, int], float]:
+    """Every pair of `texts` with exact Jaccard >= threshold on plain_shingles, by an inverted index (shingle ->
+    the texts holding it): a second implementation, no MinHash, no banding, no sampling of pairs."""
+    sets = [plain_shingles(t, n) for t in texts]
+    postings: dict[tuple, list[int]] = defaultdict(list)
+    for k, shingles in enumerate(sets):
+        for g in shingles:
+            postings[g].append(k)
+    shared: Counter = Counter()
+    for holders in postings.values():
+        for x in range(len(holders)):
+            for y in range(x + 1, len(holders)):
+                shared[holders[x], holders[y]] += 1
+    out = {}
+    for (a, b), c in shared.items():
+        j = c / (len(sets[a]) + len(sets[b]) - c)
+        if j >= threshold:
+            out[a, b] = j
+    return out
+
+
+def all_pairs_check(seed: int, status: dict[str, tuple[str, str | None]], ids: list[str], plans: list,
+                    threshold: float, sample: int) -> dict:
+    """The first `sample` documents (a prefix: every planted copy's original comes before it, so its planted groups
+    are whole), every pair at exact Jaccard >= threshold found by `similar_pairs`: how many the decisions joined
+    (recall of the pipeline on pairs, whatever was planted), and how many are not one planted group (chance
+    duplicates the planted truth would miss: 0 means it is complete for this prefix). Documents a filter dropped
+    are left out."""
+    m = min(sample, len(ids)) if sample else len(ids)
+    keep = [i for i in range(m) if not status[ids[i]][0].startswith("filtered")]
+    pairs = similar_pairs([scale_document(seed, i)["text"] for i in keep], threshold)
+    groups = pipeline_groups(status, ids)
+    joined = sum(groups[keep[a]] == groups[keep[b]] for a, b in pairs)
+    unplanted = [(keep[a], keep[b]) for a, b in pairs if planted_root(plans[keep[a]]) != planted_root(plans[keep[b]])]
+    return {"documents": len(keep), "pairs_j_ge_threshold": len(pairs), "joined": joined,
+            "recall": round(joined / len(pairs), 5) if pairs else None, "unplanted_pairs": len(unplanted),
+            "unplanted_examples": unplanted[:5]}
+
+
 def evaluate(seed: int, n_docs: int, status: dict[str, tuple[str, str | None]], near, sample: int) -> dict:
     from kiln.curation.documents import make_doc_id
     from kiln.dedup.minhash import jaccard, shingle_hashes
@@ -209,7 +300,6 @@ def evaluate(seed: int, n_docs: int, status: dict[str, tuple[str, str | None]], 
     missing = sum(d not in status for d in ids)
     if missing:
         raise RuntimeError(f"{missing} generated documents have no decision: doc ids are not what the bench expects")
-    removed_statuses = {"exact_duplicate", "near_duplicate"}
 
     @lru_cache(maxsize=4096)
     def text(i: int) -> str:
@@ -219,6 +309,12 @@ def evaluate(seed: int, n_docs: int, status: dict[str, tuple[str, str | None]], 
         return status[ids[i]][0]
 
     plans = [scale_plan(seed, i) for i in range(n_docs)]
+
+    def resolved(i: int) -> bool:
+        """Document i was removed as a duplicate of a document of its own planted group."""
+        s, other = status[ids[i]]
+        return s in REMOVED and other in index and planted_root(plans[index[other]]) == planted_root(plans[i])
+
     kinds = Counter(p.kind for p in plans)
     by_target: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # target -> [caught, planted]
     by_bucket: dict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -231,7 +327,7 @@ def evaluate(seed: int, n_docs: int, status: dict[str, tuple[str, str | None]], 
             if st(p.i).startswith("filtered") or st(p.of).startswith("filtered"):
                 excluded_filtered += 1
                 continue
-            caught = st(p.i) in removed_statuses
+            caught = resolved(p.i) or resolved(p.of)  # the copy or its original gone, for the right reason
             if p.kind == "exact_copy":
                 exact_copies[0] += caught
                 exact_copies[1] += 1
@@ -245,28 +341,9 @@ def evaluate(seed: int, n_docs: int, status: dict[str, tuple[str, str | None]], 
             by_bucket[key][1] += 1
         elif p.kind in hn:
             hn[p.kind][1] += 1
-            hn[p.kind][0] += st(p.i) in removed_statuses
+            hn[p.kind][0] += st(p.i) in REMOVED
             if p.kind == "shared_block":
                 shared_j.append(jaccard(shingle_hashes(text(p.i), near), shingle_hashes(text(p.of), near)))
-    # Precision: removed documents, checked independently against the document each names.
-    removed = sorted(d for d, (s, _) in status.items() if s in removed_statuses)
-    step = max(1, -(-len(removed) // sample)) if sample else len(removed) + 1
-    checked = correct = planted = 0
-    wrong = []
-    for d in removed[::step]:
-        s, other = status[d]
-        i, k = index[d], index.get(other)
-        checked += 1
-        planted += plans[i].kind in ("near_copy", "exact_copy")
-        if k is None:
-            ok = False
-        elif s == "exact_duplicate":
-            ok = folded(text(i)) == folded(text(k))
-        else:
-            ok = plain_jaccard(text(i), text(k)) >= near.threshold
-        correct += ok
-        if not ok and len(wrong) < 5:
-            wrong.append({"doc": i, "duplicate_of": k, "status": s, "kind": plans[i].kind})
 
     def rate(x):
         return round(x[0] / x[1], 4) if x[1] else None
@@ -283,8 +360,8 @@ def evaluate(seed: int, n_docs: int, status: dict[str, tuple[str, str | None]], 
         "recall_j_ge_085": rate([sum(v[0] for b, v in by_bucket.items() if float(b[1:5]) >= 0.85),
                                  sum(v[1] for b, v in by_bucket.items() if float(b[1:5]) >= 0.85)]),
         "planted_excluded_filtered": excluded_filtered,
-        "precision": {"precision": round(correct / checked, 5) if checked else None, "checked": checked,
-                      "removed": len(removed), "checked_planted": planted, "wrong_examples": wrong},
+        "precision": planted_precision(status, ids, plans),
+        "all_pairs": all_pairs_check(seed, status, ids, plans, near.threshold, sample),
         "hard_negatives_removed": hn["shared_block"][0] + hn["template"][0],
         "hard_negatives": {k: {"removed": v[0], "total": v[1]} for k, v in hn.items()},
         "shared_block_max_j": round(max(shared_j), 4) if shared_j else None,
@@ -393,11 +470,11 @@ def run_one(args) -> dict:
     status = decisions_of(store, run_dir / "near-out")
     sha = decisions_sha256(status)
     # The quality figures are a function of the decisions: a run deciding as an earlier one (same sha) reuses them.
-    cached = corpus / f"quality-{sha[:16]}-{args.precision_sample}.json"
+    cached = corpus / f"quality-{sha[:16]}-{args.pairs_sample}.json"
     if cached.is_file():
         quality = {**json.loads(cached.read_text()), "quality_of": "an earlier run with the same decisions_sha256"}
     else:
-        quality = evaluate(meta["seed"], meta["documents"], status, near, args.precision_sample)
+        quality = evaluate(meta["seed"], meta["documents"], status, near, args.pairs_sample)
         write_json_atomic(cached, json.dumps(quality))
     sampler.halt.set()
     sampler.join()
@@ -461,7 +538,7 @@ def prepare_corpus(corpus: Path, n: int, seed: int, file_docs: int, workers: int
 def run_args(**overrides) -> argparse.Namespace:
     """The arguments of one run with the command line's defaults (for tests and notebooks)."""
     return argparse.Namespace(**{**dict(engine="local", workers=1, profile="light", config="configs/default.yaml",
-                                        rows_per_part=500, partitions=None, max_bucket=1000, precision_sample=5000,
+                                        rows_per_part=500, partitions=None, max_bucket=1000, pairs_sample=3000,
                                         sample_s=0.2, keep=False), **overrides})
 
 
@@ -486,8 +563,11 @@ def print_table(runs: list[dict]) -> None:
               f"{r['peak_rss_mib']['driver']:>9}{r['peak_rss_mib']['worker'] or '-':>9}")
         rec = ", ".join(f"J{t}: {v['recall']}" for t, v in r["recall_by_target_j"].items())
         print(f"{'':>20}recall {rec}; exact {r['recall_exact_copies']['recall']}; measured J>=.85 "
-              f"{r['recall_j_ge_085']}; precision {r['precision']['precision']} ({r['precision']['checked']:,} "
-              f"checked); hard negatives removed {r['hard_negatives_removed']}; sha {r['decisions_sha256'][:12]}")
+              f"{r['recall_j_ge_085']}; precision (planted truth) {r['precision']['precision']} of "
+              f"{r['precision']['removed']:,} removed; all pairs at J >= threshold in the first "
+              f"{r['all_pairs']['documents']:,}: {r['all_pairs']['joined']}/{r['all_pairs']['pairs_j_ge_threshold']} "
+              f"joined, {r['all_pairs']['unplanted_pairs']} unplanted; hard negatives removed "
+              f"{r['hard_negatives_removed']}; sha {r['decisions_sha256'][:12]}")
 
 
 def plot(runs: list[dict], path: Path) -> str:
@@ -535,7 +615,9 @@ def main() -> None:
     ap.add_argument("--file-docs", type=int, default=10_000, help="documents per input JSONL file")
     ap.add_argument("--partitions", type=int, default=None, help="key partitions (default: automatic)")
     ap.add_argument("--max-bucket", type=int, default=1000)
-    ap.add_argument("--precision-sample", type=int, default=5000, help="removed documents checked (0: all)")
+    ap.add_argument("--pairs-sample", "--precision-sample", dest="pairs_sample", type=int, default=3000,
+                    help="first documents of the corpus in the all-pairs exact Jaccard check (0: all); "
+                         "precision checks every removed document against the planted truth")
     ap.add_argument("--sample-s", type=float, default=0.2, help="RSS sampling interval")
     ap.add_argument("--work-dir", default=None, help="default: a temporary folder")
     ap.add_argument("--keep", action="store_true", help="keep the run folders")
@@ -571,7 +653,7 @@ def main() -> None:
                    str(corpus), "--run-dir", str(work / f"run-{n}-{engine}-{workers}"), "--out", str(out),
                    "--profile", args.profile, "--config", args.config, "--rows-per-part", str(args.rows_per_part),
                    *(["--partitions", str(args.partitions)] if args.partitions else []), "--max-bucket", str(args.max_bucket),
-                   "--precision-sample", str(args.precision_sample), "--sample-s", str(args.sample_s)]
+                   "--pairs-sample", str(args.pairs_sample), "--sample-s", str(args.sample_s)]
             cmd += ["--keep"] if args.keep or f"{engine}:{workers}" in args.keep_runs.split(",") else []
             load = os.getloadavg()
             t0 = time.perf_counter()

@@ -1,5 +1,7 @@
-"""The per-part stages (intake, filter, exact dedup, MinHash signatures) and the near-dup decisions on a synthetic
-corpus, on a given engine, and a fingerprint of everything they wrote — to compare engines byte for byte.
+"""The per-part stages (intake, filter, exact dedup, MinHash signatures), the near-dup decisions, and the stages
+after them that run on the engine (token shards: a tokenize task per curated part; the quality classifier: its
+cross-fitted fold fits and final fit) on a synthetic corpus, on a given engine, and a fingerprint of everything
+they wrote — to compare engines byte for byte.
 
 Also a driver process for a Ray cluster: `python -m tests.engine_stages STORE CORPUS [stages|near]` runs the
 per-part stages (default) or the near-dup stage on the cluster in RAY_ADDRESS (tests start it so that the cluster can
@@ -14,7 +16,16 @@ import shutil
 import sys
 from pathlib import Path
 
-from kiln.common.config import NearDedup, ProjectConfig, parse_config
+from kiln.common.config import (
+    Fim,
+    Mixture,
+    NearDedup,
+    ProjectConfig,
+    QualityClassifier,
+    ShardSettings,
+    TokenizerSettings,
+    parse_config,
+)
 from kiln.common.manifest import MANIFEST_NAME
 from kiln.common.storage import Store
 from kiln.curation.exact_dedup import HashSource, exact_dedup
@@ -22,6 +33,10 @@ from kiln.curation.pipeline import filter_documents, ingest, profile_steps
 from kiln.dedup.buckets import decide_distributed
 from kiln.dedup.signing import compute_signatures
 from kiln.engine import SERIAL, Engine, RayEngine
+from kiln.quality.classifier import CARD_FILE, Example, train_classifier
+from kiln.tokens.mixture import SourceParts
+from kiln.tokens.shard_writer import write_token_shards
+from kiln.tokens.tokenizer import draw_training_sample, read_documents, train_tokenizer
 
 SOURCES = ("web", "mirror")
 NEAR = NearDedup()  # mirror holds a slice of web's documents again: cross-source duplicates
@@ -75,6 +90,45 @@ def run_stages(config: ProjectConfig, store: Store, engine: Engine) -> None:
             writer.commit(code_version="t", config={}, inputs={}, counts={})
 
 
+# Tiny settings: the comparison is of bytes, not of quality. FIM on mirror (prose, but FIM's per-document draws run
+# in the tokenize tasks), and weights that repeat mirror and subsample web (selection by the tasks' order keys).
+TOKENIZER = TokenizerSettings(vocab_size=400, sample_chars=200_000, num_threads=1)
+SHARDS = ShardSettings(seq_len=32, tokens_per_shard=8192, val_fraction=0.1, seed=5,
+                       fim=Fim(rate=0.5, spm_rate=0.5, sources=["mirror"]))
+MIXTURE = Mixture(weights={"web": 0.6, "mirror": 0.4})
+# fastText's input matrix ((words + 2M buckets) x dim floats) stays above glibc's largest mmap threshold (32 MiB):
+# with thread 1 fastText seems to initialize only part of it, the rest being what the allocation held (mmap: zeros).
+# Far smaller matrices (10k-500k buckets x 16) gave fits that differed from run to run or failed with NaN; 2M x 8
+# and 2M x 64 gave the same bytes in 6 of 6 fits. 2M x 16 floats: 128 MB.
+CLASSIFIER = QualityClassifier(folds=3, epochs=5, dim=16)  # 4 fits of about a second in all
+DOWNSTREAM = ("token_shards", "quality_classifier")
+
+
+def curated_parts(config: ProjectConfig, store: Store) -> list[SourceParts]:
+    return [SourceParts(s.name, s.domain, store.files("curated", s.name, "documents")) for s in config.sources]
+
+
+def train_stage_tokenizer(config: ProjectConfig, store: Store, out: Path) -> Path:
+    """The tokenizer the shards use, trained once (not an engine stage) on a store's curated documents."""
+    train_tokenizer(draw_training_sample(curated_parts(config, store), {}, TOKENIZER), TOKENIZER, out)
+    return out
+
+
+def downstream_stages(config: ProjectConfig, store: Store, engine: Engine, tokenizer: Path) -> None:
+    """curated (already computed) → token shards (one tokenize task per curated part on `engine`, as the
+    token_shards asset calls write_token_shards) and the quality classifier (mirror's documents the positives,
+    web's the negatives: the fold fits and the final fit are `engine` tasks, as the quality_classifier asset)."""
+    with store.staging("token_shards") as writer:
+        result = write_token_shards(curated_parts(config, store), tokenizer, SHARDS, MIXTURE, writer, engine,
+                                    progress=False)
+        writer.commit(code_version="t", config={}, inputs={}, counts=result.counts(), stats=result.manifest_stats())
+    web, mirror = ([Example(d.doc_id, d.source, d.text)
+                    for d in read_documents(store.files("curated", name, "documents"))] for name in SOURCES)
+    with store.staging("quality_classifier") as writer:
+        card = train_classifier(mirror, web, CLASSIFIER, writer.dir, engine, progress=False)
+        writer.commit(code_version="t", config={}, inputs={}, counts={}, stats={"card": card.to_dict()})
+
+
 NEAR_PARTITIONS = 4
 
 
@@ -99,16 +153,28 @@ def _without_timings(value):
     return value
 
 
+TIMED_JSON = (MANIFEST_NAME, CARD_FILE)  # JSON files that record how long something took
+
+
 def fingerprint(store: Store, assets=("raw", "filtered", "curated", "signatures")) -> dict[str, str]:
-    """Every file the stages wrote, by path: its sha256 (manifests without their timings)."""
+    """Every file the stages wrote, by path: its sha256 (manifests and the classifier's card without their
+    timings)."""
     found = {}
     for asset in assets:
         for path in sorted((store.root / asset).rglob("*")):
             if not path.is_file():
                 continue
             data = path.read_bytes()
-            if path.name == MANIFEST_NAME:
+            if path.name in TIMED_JSON:
                 data = json.dumps(_without_timings(json.loads(data)), sort_keys=True).encode()
+            if path.name == MANIFEST_NAME and (path.parent / CARD_FILE).is_file():
+                # The card's entry (hash, size) and the data version follow its timings; the card itself is
+                # compared without them above.
+                manifest = json.loads(data)
+                manifest.pop("data_version")
+                manifest["files"] = [{k: v for k, v in f.items() if k not in ("sha256", "bytes")}
+                                     if f["path"] == CARD_FILE else f for f in manifest["files"]]
+                data = json.dumps(manifest, sort_keys=True).encode()
             found[path.relative_to(store.root).as_posix()] = hashlib.sha256(data).hexdigest()
     return found
 

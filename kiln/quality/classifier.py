@@ -119,8 +119,7 @@ def _fit_task(task: _FitTask) -> list[float] | None:
     try:
         model = fasttext.train_supervised(
             str(path), epoch=settings.epochs, lr=settings.lr, wordNgrams=settings.word_ngrams, dim=settings.dim,
-            bucket=settings.buckets, minCount=settings.min_count, thread=settings.threads, seed=settings.seed,
-            verbose=0)
+            minCount=settings.min_count, thread=settings.threads, seed=settings.seed, verbose=0)
     finally:
         path.unlink()
     if task.fold is None:

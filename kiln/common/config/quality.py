@@ -23,8 +23,6 @@ class QualityClassifier(Strict):
     lr: float = Field(0.5, gt=0)
     word_ngrams: int = Field(2, ge=1, le=5)
     dim: int = Field(64, gt=0)
-    # hash buckets of the word n-gram embeddings (fastText's `bucket`); the model file is about buckets x dim x 4 bytes
-    buckets: int = Field(2_000_000, gt=0)
     min_count: int = Field(1, ge=1)
     threads: int = Field(1, ge=1)  # 1 trains bit-reproducibly; more threads train faster (Hogwild), not reproducibly
     seed: int = 0

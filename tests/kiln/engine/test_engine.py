@@ -1,6 +1,7 @@
 """The data engine: the same bytes whatever runs the stages — in this process, a process pool, an embedded Ray with
 1, 2 or 4 workers, a two-node Ray cluster, and that cluster losing a node mid-stage (a filter stage, and the
-near-dup decision rounds) — and clear errors for a bad address."""
+near-dup decision rounds) — and clear errors for a bad address. The stages compared: intake, filters, exact dedup,
+signatures, token shards (tokenize tasks) and the quality classifier's cross-fitted fold fits."""
 
 import shutil
 import subprocess
@@ -9,6 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from kiln import engine as engine_module
@@ -19,13 +22,19 @@ from kiln.dedup.buckets import read_decisions
 from kiln.dedup.near import NEAR_DUPLICATE
 from kiln.dedup.shuffle import SCRATCH
 from kiln.engine import SERIAL, EngineError, ProcessPool, RayEngine, engine_for
+from kiln.quality.classifier import CARD_FILE, MODEL_FILE, SAMPLE_FILE, ClassifierCard
+from kiln.tokens.shard_format import read_shard_set
 from tests.engine_stages import (
+    CLASSIFIER,
+    DOWNSTREAM,
     REPEATED_IDS,
     corpus_config,
+    downstream_stages,
     fingerprint,
     ingest_all,
     near_stage,
     run_stages,
+    train_stage_tokenizer,
     write_corpus,
 )
 from tests.ray_cluster import start_cluster
@@ -51,9 +60,23 @@ def serial_store(corpus, tmp_path_factory) -> Store:
 
 
 @pytest.fixture(scope="module")
-def reference(serial_store):
+def tokenizer(corpus, serial_store, tmp_path_factory) -> Path:
+    """Trained once, in this process: every engine's token shards use the same model."""
+    return train_stage_tokenizer(corpus_config(corpus), serial_store, tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def serial_downstream(corpus, serial_store, tokenizer, tmp_path_factory) -> Store:
+    """Token shards and the quality classifier in this process, on a copy of the serial store's curated data."""
+    store = Store(shutil.copytree(serial_store.root, tmp_path_factory.mktemp("serial-downstream") / "store"))
+    downstream_stages(corpus_config(corpus), store, SERIAL, tokenizer)
+    return store
+
+
+@pytest.fixture(scope="module")
+def reference(serial_store, serial_downstream):
     """What every engine must reproduce byte for byte."""
-    return fingerprint(serial_store)
+    return fingerprint(serial_store) | fingerprint(serial_downstream, assets=DOWNSTREAM)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -76,14 +99,36 @@ def test_reference_run_has_work_for_every_stage(reference, corpus, tmp_path):
     assert store.read_table("raw", "web").num_rows == 600
 
 
+def test_reference_downstream_stages_have_work_for_every_task(serial_downstream, reference):
+    """Token shards from several tokenize tasks per source, FIM applied, mirror repeated; a classifier whose every
+    fold was fitted and scored (a fold that failed or was skipped leaves NaN scores), scores that differ."""
+    shards = read_shard_set(serial_downstream.dataset_dir("token_shards"))
+    assert {s.split for s in shards.shards} == {"train", "val"} and len(shards.shards) >= 3
+    stats = serial_downstream.manifest("token_shards").stats
+    assert stats["sources"]["web"]["parts"] >= 4 and stats["sources"]["mirror"]["parts"] >= 2
+    assert stats["sources"]["mirror"]["fim_documents"] > 0 and stats["sources"]["web"]["fim_documents"] == 0
+    assert stats["sources"]["mirror"]["effective_epochs"] > 1 > stats["sources"]["web"]["effective_epochs"]
+    assert sum(p.startswith("token_shards/") and p.endswith(".bin") for p in reference) == len(shards.shards)
+    folder = serial_downstream.dataset_dir("quality_classifier")
+    sample = pq.read_table(folder / SAMPLE_FILE).to_pydict()
+    scores = np.array(sample["out_of_fold_score"], dtype=float)
+    assert sorted(set(sample["fold"])) == list(range(CLASSIFIER.folds)) and np.isfinite(scores).all()
+    assert len(set(scores.tolist())) > len(scores) // 2  # per-document scores, not one constant
+    assert ClassifierCard.read(folder).cross_validation["folds"] == CLASSIFIER.folds
+    assert {p.rsplit("/", 1)[1] for p in reference if p.startswith("quality_classifier/")} >= {MODEL_FILE, CARD_FILE,
+                                                                                                SAMPLE_FILE}
+
+
 @pytest.mark.parametrize("engine", [ProcessPool(workers=2), RayEngine(workers=4), RayEngine(workers=1),
                                     RayEngine(workers=2)], ids=["pool-2", "ray-4", "ray-1", "ray-2"])
-def test_every_engine_and_worker_count_writes_the_same_bytes(engine, corpus, reference, tmp_path):
+def test_every_engine_and_worker_count_writes_the_same_bytes(engine, corpus, tokenizer, reference, tmp_path):
+    """Every stage from intake to the token shards' bytes and the classifier's model and out-of-fold scores."""
     store = Store(tmp_path / "store")
     config = corpus_config(corpus)
     ingest_all(config, store, engine)
     run_stages(config, store, engine)
-    assert fingerprint(store) == reference
+    downstream_stages(config, store, engine, tokenizer)
+    assert fingerprint(store) | fingerprint(store, assets=DOWNSTREAM) == reference
 
 
 def test_ray_engine_describes_itself_without_credentials():

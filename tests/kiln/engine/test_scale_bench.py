@@ -1,4 +1,6 @@
-"""The scale bench's corpus (kiln.curation.synthetic.scale_*) and a tiny end-to-end run of bench/scale_bench.py."""
+"""The scale bench's corpus (kiln.curation.synthetic.scale_*), its quality figures (precision from the planted truth,
+the all-pairs Jaccard check) on decisions made right and made wrong, and a tiny end-to-end run of
+bench/scale_bench.py."""
 
 import importlib.util
 import itertools
@@ -37,6 +39,23 @@ def corpus() -> list[dict]:
     return list(scale_documents(7, 0, N))
 
 
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("scale_bench", ROOT / "bench" / "scale_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def planted_decisions(plans, ids) -> dict:
+    """What a perfect dedup decides: every planted copy removed, naming the document it was made from."""
+    status = {d: ("kept", None) for d in ids}
+    for p in plans:
+        if p.kind in ("exact_copy", "near_copy"):
+            status[ids[p.i]] = ("exact_duplicate" if p.kind == "exact_copy" else "near_duplicate", ids[p.of])
+    return status
+
+
 def test_a_document_is_the_same_alone_or_in_any_slice(corpus):
     for i in [0, 1, 2, 57, 300, 811, N - 1]:
         assert scale_document(7, i) == corpus[i]
@@ -72,12 +91,70 @@ def test_planted_copies_hit_their_jaccard_and_hard_negatives_stay_below_07(corpu
         assert 0.45 < jaccard(corpus[a.i]["text"], corpus[b.i]["text"]) < 0.7
 
 
+def test_precision_comes_from_the_planted_truth_and_falls_with_each_wrong_removal(bench):
+    plans = [scale_plan(7, i) for i in range(N)]
+    ids = [f"doc-{i}" for i in range(N)]
+    status = planted_decisions(plans, ids)
+    copies = sum(p.kind in ("exact_copy", "near_copy") for p in plans)
+    assert bench.planted_precision(status, ids, plans) | {"wrong_examples": None} == {
+        "precision": 1.0, "removed": copies, "wrong": 0, "wrong_examples": None,
+        "truth": "planted (kiln.curation.synthetic.scale_plan)"}
+    # Kept the copy, removed its original instead (naming the copy): still right.
+    near = next(p for p in plans if p.kind == "near_copy")
+    status[ids[near.i]], status[ids[near.of]] = ("kept", None), ("near_duplicate", ids[near.i])
+    assert bench.planted_precision(status, ids, plans)["precision"] == 1.0
+    # Three wrong removals: a shared block taken for a copy of its anchor, the second of two pages of one template,
+    # a copy pointed at another original.
+    block = next(p for p in plans if p.kind == "shared_block")
+    status[ids[block.i]] = ("near_duplicate", ids[block.of])
+    first, second = next((a, b) for a, b in itertools.combinations([p for p in plans if p.kind == "template"], 2)
+                         if a.template == b.template)
+    status[ids[second.i]] = ("near_duplicate", ids[first.i])
+    copy = next(p for p in plans if p.kind == "exact_copy")
+    other = next(p.i for p in plans if p.kind == "plain" and p.i != copy.of)
+    status[ids[copy.i]] = ("exact_duplicate", ids[other])
+    measured = bench.planted_precision(status, ids, plans)
+    assert (measured["removed"], measured["wrong"]) == (copies + 2, 3)
+    assert measured["precision"] == round((copies - 1) / (copies + 2), 5)
+    assert {(e["doc"], e["duplicate_of"]) for e in measured["wrong_examples"]} == {
+        (block.i, block.of), (second.i, first.i), (copy.i, other)}
+    # A removal naming a document the corpus does not have is wrong too.
+    status[ids[near.of]] = ("near_duplicate", "not-a-document")
+    assert bench.planted_precision(status, ids, plans)["wrong"] == 4
+
+
+def test_all_pairs_check_finds_every_similar_pair_and_the_ones_decisions_left_apart(bench, corpus):
+    texts = [d["text"] for d in corpus[:200]]
+    # Hand-worked: 10 words, one changed at the end: 6 shingles each, 5 shared, J = 5/7.
+    words = "a b c d e f g h i j".split()
+    assert bench.plain_jaccard(" ".join(words), " ".join(words[:-1] + ["z"])) == pytest.approx(5 / 7)
+    # The inverted index against every pair compared directly.
+    sets = [bench.plain_shingles(t) for t in texts]
+    brute = {(a, b): len(sets[a] & sets[b]) / len(sets[a] | sets[b]) for a, b in itertools.combinations(range(200), 2)}
+    assert bench.similar_pairs(texts, 0.8) == pytest.approx({k: j for k, j in brute.items() if j >= 0.8})
+    assert bench.similar_pairs(texts, 0.3) == pytest.approx({k: j for k, j in brute.items() if j >= 0.3})
+
+    plans = [scale_plan(7, i) for i in range(N)]
+    ids = [f"doc-{i}" for i in range(N)]
+    status = planted_decisions(plans, ids)
+    similar = {k for k, j in brute.items() if j >= 0.8}
+    assert similar and all(bench.planted_root(plans[a]) == bench.planted_root(plans[b]) for a, b in similar)
+    perfect = bench.all_pairs_check(7, status, ids, plans, 0.8, 200)
+    assert perfect | {"unplanted_examples": None} == {
+        "documents": 200, "pairs_j_ge_threshold": len(similar), "joined": len(similar), "recall": 1.0,
+        "unplanted_pairs": 0, "unplanted_examples": None}
+    # A missed copy: its pairs (with its original, and with the original's other copies) are left apart.
+    a, b = next(iter(sorted(similar)))
+    missed = b if plans[b].kind != "plain" else a
+    status[ids[missed]] = ("kept", None)
+    apart = sum(missed in pair for pair in similar)
+    measured = bench.all_pairs_check(7, status, ids, plans, 0.8, 200)
+    assert measured["joined"] == len(similar) - apart and measured["recall"] == round(1 - apart / len(similar), 5)
+
+
 @pytest.mark.slow
-def test_tiny_end_to_end_run_catches_planted_copies_and_keeps_hard_negatives(tmp_path, monkeypatch):
+def test_tiny_end_to_end_run_catches_planted_copies_and_keeps_hard_negatives(bench, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    spec = importlib.util.spec_from_file_location("scale_bench", ROOT / "bench" / "scale_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     corpus = bench.prepare_corpus(tmp_path / "corpus", 300, 3, 100, 1)
     out = bench.run_one(bench.run_args(corpus=str(corpus), run_dir=str(tmp_path / "run"), rows_per_part=50,
                                        partitions=3, sample_s=0.5))
@@ -88,7 +165,13 @@ def test_tiny_end_to_end_run_catches_planted_copies_and_keeps_hard_negatives(tmp
     assert out["recall_exact_copies"]["recall"] == 1.0
     assert out["hard_negatives_removed"] == 0
     assert out["hard_negatives"]["shared_block"]["total"] > 0
-    assert out["precision"]["precision"] == 1.0 and out["precision"]["checked"] > 0
+    # Every removal named a document of its planted group; every pair at J >= 0.8 (all 300 documents) was joined.
+    precision = out["precision"]
+    assert precision["removed"] == out["statuses"]["exact_duplicate"] + out["statuses"]["near_duplicate"] > 0
+    assert precision["wrong"] == 0 and precision["precision"] == 1.0
+    pairs = out["all_pairs"]
+    assert pairs["documents"] == 300 and pairs["pairs_j_ge_threshold"] > 0
+    assert pairs["joined"] == pairs["pairs_j_ge_threshold"] and pairs["unplanted_pairs"] == 0
     assert len(out["decisions_sha256"]) == 64
     for stage in ("ingest", "filter", "exact_dedup", "signatures", "near_dedup"):
         s = out["stages"][stage]
