@@ -29,6 +29,7 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR",
                       str(Path(os.environ.get("KILN_HOME") or REPO / ".kiln").resolve() / "torch_extensions"))
 
 SEQ = 32
+PROBE = "tests.training_jobs.construction_probe"  # training_jobs.train with a record of what the engine was given
 
 
 @dataclass(frozen=True)
@@ -56,24 +57,24 @@ def token_dataset(tmp_path_factory) -> TokenDataset:
 
 
 def launch(run_config: Path, nproc: int = 1, launcher: str = "torchrun", env: dict[str, str] | None = None,
-           timeout: int = 300, cpu: bool = True) -> subprocess.CompletedProcess:
-    """Run training_jobs.train in `nproc` processes (on CPU unless cpu=False, even where a GPU is visible);
-    the output is kept for assertion messages."""
-    cmd, full_env = launch_command(run_config, nproc, launcher, env, cpu)
+           timeout: int = 300, cpu: bool = True, module: str = "training_jobs.train") -> subprocess.CompletedProcess:
+    """Run training_jobs.train (or a module that wraps it, e.g. tests.training_jobs.construction_probe) in `nproc`
+    processes (on CPU unless cpu=False, even where a GPU is visible); the output is kept for assertion messages."""
+    cmd, full_env = launch_command(run_config, nproc, launcher, env, cpu, module)
     return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 def launch_command(run_config: Path, nproc: int = 1, launcher: str = "torchrun", env: dict[str, str] | None = None,
-                   cpu: bool = True) -> tuple[list[str], dict[str, str]]:
+                   cpu: bool = True, module: str = "training_jobs.train") -> tuple[list[str], dict[str, str]]:
     bin_dir = Path(sys.executable).parent
     if nproc == 1 and launcher == "python":
-        cmd = [sys.executable, "-m", "training_jobs.train", "--run-config", str(run_config)]
+        cmd = [sys.executable, "-m", module, "--run-config", str(run_config)]
     elif launcher == "torchrun":
-        cmd = [str(bin_dir / "torchrun"), "--standalone", f"--nproc_per_node={nproc}", "-m", "training_jobs.train",
+        cmd = [str(bin_dir / "torchrun"), "--standalone", f"--nproc_per_node={nproc}", "-m", module,
                "--run-config", str(run_config)]
     elif launcher == "deepspeed":
         cmd = [str(bin_dir / "deepspeed"), "--num_gpus", str(nproc), "--master_port", str(free_port()),
-               "--module", "training_jobs.train", "--run-config", str(run_config)]
+               "--module", module, "--run-config", str(run_config)]
     else:
         raise ValueError(launcher)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -139,12 +140,14 @@ def mlflow_uri(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def run_a(tmp_path_factory, token_dataset, mlflow_uri) -> Path:
     """The uninterrupted reference: torchrun, 2 ranks, 12 steps, a checkpoint every 4 (keep 2); shared by the
-    training-loop tests and the recipes (a base checkpoint)."""
+    training-loop tests and the recipes (a base checkpoint). Through construction_probe (training_jobs.train,
+    untouched, plus a record of the model as the engine received it, in a/construction/): the zero.Init test reads
+    it."""
     root = tmp_path_factory.mktemp("run_a")
     out = root / "a"
     # Validation every 6 steps here only: it must not change a single training loss (the resume tests compare).
     check(launch(write_run(root, token_dataset, out, val_every_steps=6), nproc=2,
-                 env={"MLFLOW_TRACKING_URI": mlflow_uri}))
+                 env={"MLFLOW_TRACKING_URI": mlflow_uri}, module=PROBE))
     return out
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.training_jobs.conftest import check, launch, read_metrics, summary_of, write_run
-from training_jobs.model import ModelConfig
-from training_jobs.settings import TrainingSettings
+from tests.training_jobs.conftest import PROBE, check, launch, read_metrics, summary_of, write_run
+from training_jobs.model import ModelConfig, Transformer
+from training_jobs.settings import RunConfig, TrainingSettings
 
 RTOL = 1e-5
 ONE_REPLICA = dict(micro_batch_size=8)  # run_a's 2 x 4 sequences per step, on the one data-parallel replica
@@ -86,17 +86,46 @@ def test_the_pipeline_export_reloads_as_a_transformer(run_a, pp_run):
     assert result["passed"], result
 
 
+# Megatron's split, written out: these weights are cut by output rows, these by input columns (dim 0 / dim 1).
+SPLIT_DIM = {"self_attn.q_proj": 0, "self_attn.k_proj": 0, "self_attn.v_proj": 0, "mlp.gate_proj": 0, "mlp.up_proj": 0,
+             "self_attn.o_proj": 1, "mlp.down_proj": 1}
+
+
 @pytest.mark.slow
 def test_tensor_parallel_trains_like_data_parallel(run_a, tmp_path, token_dataset):
     """DeepSpeed AutoTP (tp 2) on Kiln's Transformer, on CPU: heads and MLP units split over the two ranks, ZeRO-3
-    on top; the export joins the slices (checkpoint.CONSOLIDATED) and reloads."""
+    on top; the export joins the slices (checkpoint.CONSOLIDATED) and reloads.
+
+    Both ranks of a tp group read the same batches, so equal losses alone would also hold with no split at all: the
+    run goes through construction_probe, which records each rank's AutoTP layers as deepspeed.initialize left them.
+    Each rank must hold its own half of every split weight, through the tp group, and the two halves must be the
+    weight of the same seed's model built whole in plain PyTorch here (the second implementation)."""
     from training_jobs.export import load_model, probe_check
 
     out = tmp_path / "tp"
-    check(launch(write_run(tmp_path, token_dataset, out, max_steps=3, checkpoint=dict(every_steps=None),
-                           export=["safetensors"], parallelism={"tp": 2}, **ONE_REPLICA), nproc=2))
+    config = write_run(tmp_path, token_dataset, out, max_steps=3, checkpoint=dict(every_steps=None),
+                       export=["safetensors"], parallelism={"tp": 2}, **ONE_REPLICA)
+    check(launch(config, nproc=2, module=PROBE))
     summary = summary_of(out)
     assert summary["parallelism"] == {"tp": 2, "pp": 1, "dp": 1, "zero_stage": 3}
+
+    cfg = ModelConfig(**summary["model"])
+    full = dict(Transformer(cfg, seed=RunConfig.read(config).training.seed).named_parameters())
+    ranks = [torch.load(out / "construction" / f"rank{r}.pt", weights_only=False)["tp"] for r in (0, 1)]
+    split = {f"layers.{i}.{name}": dim for i in range(cfg.n_layers) for name, dim in SPLIT_DIM.items()}
+    for rank, layers in enumerate(ranks):
+        assert set(layers) == set(split), rank  # every split weight, and nothing else (embedding, norms whole)
+        for name, layer in layers.items():
+            assert (layer["tp_world_size"], layer["tp_index"], layer["group_ranks"], layer["is_tp_group"]) == \
+                (2, rank, [0, 1], True), name
+    for name, dim in split.items():
+        whole, halves = full[f"{name}.weight"], [layers[name]["weight"] for layers in ranks]
+        expected = list(whole.shape)
+        expected[dim] //= 2
+        assert [list(h.shape) for h in halves] == [expected, expected], name  # q (32, 64), down (64, 96), ...
+        assert not torch.equal(halves[0], halves[1]), name
+        assert torch.equal(torch.cat(halves, dim=dim), whole.detach()), name
+
     assert losses(out, (1, 2, 3)) == pytest.approx(losses(run_a, (1, 2, 3)), rel=RTOL)
     model = load_model(Path(summary["exports"]["safetensors"]))
     assert model.layers[0].self_attn.q_proj.weight.shape == (64, 64)  # whole again

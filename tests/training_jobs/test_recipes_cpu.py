@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from tests.training_jobs.conftest import check, launch, read_metrics, summary_of, write_run
+from tests.training_jobs.conftest import PROBE, check, launch, read_metrics, summary_of, write_run
 from training_jobs import checkpoint
 from training_jobs.base import BaseCheckpointError, check_compatible, load_base
 from training_jobs.model import ModelConfig
@@ -142,11 +142,30 @@ def test_span_corruption_trains_with_the_tokenizers_sentinels(tmp_path):
 
 
 def test_zero_init_builds_the_same_model_partitioned(run_a, tmp_path, token_dataset):
-    """Two ranks, ZeRO-3: run_a's model was built inside deepspeed.zero.Init (each parameter partitioned as it is
-    created, initialized one gathered parameter at a time); built whole and partitioned by deepspeed.initialize
-    instead, the same seed and schedule give bit-identical losses (the same fp32 numbers in the same order)."""
+    """Two ranks, ZeRO-3. run_a's trainer built its model inside deepspeed.zero.Init: what it handed to
+    deepspeed.initialize (recorded by construction_probe) was already partitioned, param.data empty on both ranks,
+    the whole size only in ds_numel / ds_shape, each rank's ds_tensor half of it (DeepSpeed pads to an even split),
+    and the two halves joined are the weights of the same seed's model built whole in plain PyTorch here. With
+    zero_init false the trainer hands the model over whole, and the same seed and schedule give bit-identical losses
+    (the same fp32 numbers in the same order): zero.Init changes where the weights live, not what they are."""
+    import math
+
+    from training_jobs.model import Transformer
+    from training_jobs.settings import RunConfig
+
     out = tmp_path / "whole"
-    check(launch(write_run(tmp_path, token_dataset, out, max_steps=3, zero_init=False, checkpoint=dict(every_steps=None),
-                           export=[]), nproc=2))
+    check(launch(write_run(tmp_path, token_dataset, out, max_steps=3, zero_init=False,
+                           checkpoint=dict(every_steps=None), export=[]), nproc=2, module=PROBE))
+    seed = RunConfig.read(run_a.parent / f"{run_a.name}.json").training.seed  # conftest.write_run's file
+    full = dict(Transformer(ModelConfig(**summary_of(run_a)["model"]), seed=seed).named_parameters())
+    partitioned, whole = ([torch.load(run / "construction" / f"rank{r}.pt", weights_only=False)["before"]
+                           for r in (0, 1)] for run in (run_a, out))
+    assert set(partitioned[0]) == set(partitioned[1]) == set(whole[0]) == set(full)  # the tied matrix once
+    for name, param in full.items():
+        n, halves = param.numel(), [rank[name] for rank in partitioned]
+        assert [(h["numel"], h["ds_numel"], h["ds_shape"]) for h in halves] == [(0, n, tuple(param.shape))] * 2, name
+        assert [h["partition"].numel() for h in halves] == [math.ceil(n / 2)] * 2, name
+        assert torch.equal(torch.cat([h["partition"] for h in halves])[:n], param.detach().flatten()), name
+        assert [(rank[name]["numel"], rank[name]["ds_numel"]) for rank in whole] == [(n, None)] * 2, name
     assert [read_metrics(out)[s]["train/loss"] for s in (1, 2, 3)] == \
         [read_metrics(run_a)[s]["train/loss"] for s in (1, 2, 3)]
