@@ -17,7 +17,7 @@ from kiln.curation.filters.registry import build_step
 from kiln.curation.pii import PiiRedaction
 from kiln.curation.pipeline import filter_documents, ingest, profile_steps
 from kiln.curation.readers import SourceFile
-from kiln.curation.residual_pii import residual_pii_batch
+from kiln.curation.residual_pii import residual_pii_batch, residual_pii_fields
 from kiln.governance.refresh import check_pinned, ensure_refresh, load_refreshes, partition, upto
 from resources import KilnConfig, KilnEngine, KilnStorage
 
@@ -27,7 +27,9 @@ KINDS = {"python", "parquet"}
 
 @dg.asset(
     key=RAW, partitions_def=document_partitions, group_name="curation", kinds=KINDS,
-    code_version=code_version("kiln.curation.readers", "kiln.curation.pipeline", "kiln.curation.documents", "kiln.common.storage"),
+    # quarantine excerpts are redacted: the redactor's code is the raw layer's too
+    code_version=code_version("kiln.curation.readers", "kiln.curation.pipeline", "kiln.curation.documents",
+                              "kiln.common.storage", "kiln.common.removals", "kiln.curation.pii"),
     check_specs=check_specs(RAW),
 )
 def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
@@ -46,7 +48,8 @@ def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, st
     started = time.perf_counter()
     with store.staging(RAW, partition(name, key)) as writer:
         stats = ingest(source, config.reading, writer, runner, examples_per_reason=config.curation.examples_per_reason,
-                       files=files, namespace="" if refresh.is_initial else key)
+                       files=files, namespace="" if refresh.is_initial else key,
+                       rejected_text=config.curation.keep_rejected_text)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"source": source.model_dump(mode="json"), "reading": config.reading.model_dump(mode="json"),
@@ -159,17 +162,22 @@ def residual_pii_check(store: Store, here: str, step: PiiRedaction) -> dg.AssetC
     """Scan the output with a second, independent detector (kiln.curation.residual_pii: its own code and patterns, so it finds
     what the redactor's own patterns miss, which scanning with them again never could), for the types and exemptions
     the `pii` step is configured with: a type turned off there is not looked for. Any hit means redaction missed
-    something. Reports hits per type and document ids only, never the matched text."""
+    something. The text, the `url` and the `meta` are scanned (the filter stage redacts all three). Reports hits per
+    type and per field and document ids only, never the matched text."""
     hits: dict[str, int] = {}
+    fields: dict[str, int] = {}
     examples = []
-    for batch in store.iter_batches(CURATED, here, columns=["doc_id", "text"]):
-        found = residual_pii_batch(batch.column("text"), step.types, step.ipv4_keep, step.keep_documentation,
-                                   step.phone_regions)
-        for doc_id, spans in zip(batch.column("doc_id").to_pylist(), found):
-            for kind, _, _ in spans:
+    settings = (step.types, step.ipv4_keep, step.keep_documentation, step.phone_regions)
+    for batch in store.iter_batches(CURATED, here, columns=["doc_id", "text", "url", "meta"]):
+        in_text = residual_pii_batch(batch.column("text"), *settings)
+        in_fields = residual_pii_fields(batch.column("url").to_pylist(), batch.column("meta").to_pylist(), *settings)
+        for doc_id, spans, others in zip(batch.column("doc_id").to_pylist(), in_text, in_fields):
+            for field, kind in [("text", kind) for kind, _, _ in spans] + others:
                 hits[kind] = hits.get(kind, 0) + 1
+                fields[field] = fields.get(field, 0) + 1
                 if len(examples) < 5:
-                    examples.append(f"{doc_id}: {kind}")
+                    examples.append(f"{doc_id}: {kind} in {field}")
     return dg.AssetCheckResult(check_name="residual_pii", passed=not hits,
-                               metadata={"hits": dg.MetadataValue.json(hits), "examples": dg.MetadataValue.json(examples)})
+                               metadata={"hits": dg.MetadataValue.json(hits), "fields": dg.MetadataValue.json(fields),
+                                         "examples": dg.MetadataValue.json(examples)})
 

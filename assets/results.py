@@ -19,7 +19,7 @@ def check_specs(asset: str, *extra: str) -> list[dg.AssetCheckSpec]:
         "conservation": "documents in = kept + rejected (+ quarantined): nothing disappears silently",
         "non_empty": "the output holds at least one document (when any came in)",
         "schema": "every documents part has the document contract's columns and types",
-        "residual_pii": "no PII pattern is left in the output text",
+        "residual_pii": "no PII pattern is left in the output's text, url or meta",
     }
     return [dg.AssetCheckSpec(name, asset=asset, blocking=name != "non_empty", description=descriptions[name])
             for name in (*CHECKS, *extra)]

@@ -20,9 +20,11 @@ EXCERPT_CHARS = 200
 _CUT_MARGIN = 256  # an excerpt is redacted past its cut, so a PII span crossing the cut is seen whole
 
 
-def text_hash(text: str) -> str:
-    """blake2b-128 of the text as the stage removed it (UTF-8): lets an auditor check a text against a removal."""
-    return hashlib.blake2b(text.encode("utf-8", errors="surrogatepass"), digest_size=16).hexdigest()
+def text_hash(text: str | bytes) -> str:
+    """blake2b-128 of the text as the stage removed it (UTF-8; bytes as they are, e.g. a record intake could not
+    decode): lets an auditor check a text against a removal or a quarantined record."""
+    data = text if isinstance(text, bytes) else text.encode("utf-8", errors="surrogatepass")
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 def kept_text(text: str, policy: RejectedText) -> str | None:

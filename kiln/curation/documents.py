@@ -49,13 +49,15 @@ QUALITY_FIELDS = [pa.field("quality_score", pa.float64()), pa.field("perplexity"
 SCORED_SCHEMA = pa.schema([*DOCUMENT_SCHEMA, *QUALITY_FIELDS])
 QUALITY_REJECTED_SCHEMA = pa.schema([*REJECTED_SCHEMA, *QUALITY_FIELDS])
 
-# Records that could not even be read as documents.
+# Records that could not even be read as documents (kiln.curation.readers.quarantine): where, why, a PII-redacted
+# excerpt, and the record's hash.
 QUARANTINE_SCHEMA = pa.schema(
     [
         pa.field("source", pa.string(), nullable=False),
         pa.field("locator", pa.string(), nullable=False),
         pa.field("reason", pa.string(), nullable=False),
         pa.field("excerpt", pa.string()),
+        pa.field("record_hash", pa.string()),
     ]
 )
 

@@ -1,10 +1,12 @@
 """Curation: reading a source into documents, running its filter profile, and exact deduplication.
 
 Dagster-free, writing through a `DatasetWriter`:
-- `ingest`: source files → document parts + quarantine (unreadable records, with reasons);
-- `filter_documents`: each document part through normalize → the source's profile → PII redaction, one engine
-  task per part; every drop goes to the rejected table with its reason; kept documents carry the
-  `content_hash` that exact deduplication (`kiln.curation.exact_dedup`) compares.
+- `ingest`: source files → document parts + quarantine (unreadable records, with reasons, hashes and PII-redacted
+  excerpts);
+- `filter_documents`: each document part through normalize → the source's profile → PII redaction (of the text,
+  then of `url` and `meta`: kiln.curation.pii.fields), one engine task per part; every drop goes to the rejected
+  table with its reason; kept documents carry the `content_hash` that exact deduplication
+  (`kiln.curation.exact_dedup`) compares.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.common.config import ExactDedup, ProjectConfig, Reading, Source, StepSpec
-from kiln.common.removals import RejectedText, example_excerpt, rejected_row
+from kiln.common.removals import RejectedText, example_excerpt, kept_text, rejected_row
 from kiln.common.stats import StageStats
 from kiln.common.storage import DatasetWriter, part_name, resume_part, write_parquet_atomic
 from kiln.curation.documents import CURATED_SCHEMA, DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
 from kiln.curation.exact_dedup import HashSource, duplicates_dir, duplicates_in, find_duplicates
 from kiln.curation.filters.base import Step
 from kiln.curation.filters.registry import build_step
-from kiln.curation.readers import Quarantined, SourceFile, read_source
+from kiln.curation.pii.fields import redact_fields, step_redactor
+from kiln.curation.pii.redaction import PiiRedaction
+from kiln.curation.readers import Quarantined, SourceFile, quarantine, read_source
 from kiln.curation.readers.paths import expand
 from kiln.engine import SERIAL, Engine
 
@@ -51,6 +55,7 @@ class _ReadTask:
     out_dir: str
     final: bool  # the only task: it drops repeated doc ids itself and writes the published parts
     examples_per_reason: int
+    rejected_text: RejectedText
 
 
 @dataclass(frozen=True)
@@ -61,11 +66,20 @@ class _FirstIdTask:
     quarantine_path: str
     source: str
     examples_per_reason: int
+    rejected_text: RejectedText
 
 
 def _unit_part(out_dir: str, role: str, unit: int, index: int | None = None) -> Path:
     tail = "" if index is None else f"-{index:05d}"
     return Path(out_dir) / part_name(role, unit, f"{tail}.parquet")
+
+
+def _quarantine_example(stats: StageStats, record: Quarantined, limit: int, policy: RejectedText) -> None:
+    """A quarantined record as a removal example in the metadata (Dagster's event log, outside the raw layer's
+    access control): its locator redacted (a native id may be an e-mail address), its redacted excerpt only where
+    removed documents may show one (`curation.keep_rejected_text`)."""
+    stats.add_example(f"read.{record.reason}", kept_text(record.locator, "full"), limit,
+                      excerpt=None if policy == "none" else record.excerpt)
 
 
 def _read_unit(task: _ReadTask) -> dict:
@@ -88,12 +102,11 @@ def _read(task: _ReadTask) -> dict:
     for record in read_source(source, reading, files, task.namespace):
         stats.docs_in += 1
         if task.final and isinstance(record, Document) and record.doc_id in seen_ids:
-            record = Quarantined(source.name, record.meta.get("locator", record.doc_id), DUPLICATE_DOC_ID,
-                                 record.text[:200])
+            record = quarantine(source.name, record.meta.get("locator", record.doc_id), DUPLICATE_DOC_ID, record.text)
         if isinstance(record, Quarantined):
             quarantined.append(record.to_row())
             step.dropped[record.reason] += 1
-            stats.add_example(f"read.{record.reason}", record.locator, task.examples_per_reason, excerpt=record.excerpt)
+            _quarantine_example(stats, record, task.examples_per_reason, task.rejected_text)
             continue
         rows.append(record.to_row())
         if task.final:  # otherwise the first-id pass counts what it keeps
@@ -129,25 +142,28 @@ def _first_ids(task: _FirstIdTask) -> StageStats:
     stats.lengths_out.extend(lengths)
     if repeated:
         docs = [Document.from_row(r) for r in table.filter(is_repeat).to_pylist()]
-        quarantined = [Quarantined(task.source, d.meta.get("locator", d.doc_id), DUPLICATE_DOC_ID, d.text[:200])
-                       for d in docs]
+        quarantined = [quarantine(task.source, d.meta.get("locator", d.doc_id), DUPLICATE_DOC_ID, d.text) for d in docs]
         write_parquet_atomic(Path(task.quarantine_path),
                              pa.Table.from_pylist([q.to_row() for q in quarantined], schema=QUARANTINE_SCHEMA))
         stats.step("read").dropped[DUPLICATE_DOC_ID] += len(quarantined)
         for q in quarantined:
-            stats.add_example(f"read.{DUPLICATE_DOC_ID}", q.locator, task.examples_per_reason, excerpt=q.excerpt)
+            _quarantine_example(stats, q, task.examples_per_reason, task.rejected_text)
     return stats
 
 
 def ingest(source: Source, reading: Reading, writer: DatasetWriter, engine: Engine = SERIAL, progress: bool = True,
-           examples_per_reason: int = 3, files: list[SourceFile] | None = None, namespace: str = "") -> StageStats:
+           examples_per_reason: int = 3, files: list[SourceFile] | None = None, namespace: str = "",
+           rejected_text: RejectedText = "none") -> StageStats:
     """Read a source (or, for a later refresh, its landed `files`: see `read_source`) into document parts of
     `reading.rows_per_part` rows; quarantine what is unreadable, and every repeat of a doc id (the first in file
     order stays).
 
     One engine task per file, writing parts named by (file, part); a doc id repeated anywhere is then found by the
     exact-dedup shuffle on doc ids, never by one process holding every id. A builtin corpus, and a source capped by
-    `max_documents` (the cap counts across its files in order), are read by one task."""
+    `max_documents` (the cap counts across its files in order), are read by one task.
+
+    A quarantined record keeps a PII-redacted excerpt and its hash (`quarantine`); its removal example shows an
+    excerpt only as `rejected_text` allows (kiln.common.removals)."""
     if files is None and source.kind != "builtin":
         files = expand(source.path) or None  # none matched: read_source quarantines the pattern
     units: list[tuple[SourceFile, ...] | None]
@@ -158,7 +174,7 @@ def ingest(source: Source, reading: Reading, writer: DatasetWriter, engine: Engi
     final = len(units) == 1
     out_dir = writer.dir if final else writer.scratch("read")
     tasks = [_ReadTask(source.model_dump_json(), reading.model_dump_json(), unit, namespace, i, str(out_dir), final,
-                       examples_per_reason) for i, unit in enumerate(units)]
+                       examples_per_reason, rejected_text) for i, unit in enumerate(units)]
     stats = StageStats()
     read = engine.map_parts(_read_unit, tasks, desc=f"read {source.name}", progress=progress)
     for r in read:
@@ -170,7 +186,8 @@ def ingest(source: Source, reading: Reading, writer: DatasetWriter, engine: Engi
         find_duplicates([HashSource(source.name, 1, tuple(paths))], scratch, engine, key="doc_id", progress=progress,
                         label=f"read {source.name}: doc ids")
         first_ids = [_FirstIdTask(path, duplicates_dir(scratch, 0, k), str(_unit_part(str(writer.dir), "documents", u, j)),
-                                  str(_unit_part(str(writer.dir), "quarantine", u, j)), source.name, examples_per_reason)
+                                  str(_unit_part(str(writer.dir), "quarantine", u, j)), source.name,
+                                  examples_per_reason, rejected_text)
                      for k, (path, (u, j)) in enumerate(zip(paths, parts))]
         for kept in engine.map_parts(_keep_first_ids, first_ids, desc=f"read {source.name}: first ids",
                                      progress=progress):
@@ -255,12 +272,16 @@ def _filter_part(task: _PartTask) -> StageStats:
 
 def _filter(task: _PartTask) -> StageStats:
     steps = _pipeline(task.steps)
+    # url and meta pass the pii step's redaction too (the default one if a caller's steps have none), after the
+    # steps: the URL blocklist decides on the URL as it was read.
+    redact_texts = step_redactor(next((s for s in steps if isinstance(s, PiiRedaction)), None) or PiiRedaction())
     stats = StageStats()
     kept, rejected = [], []
     for batch in pq.ParquetFile(task.input_path).iter_batches(batch_size=1000):
         docs = [Document.from_row(row) for row in batch.to_pylist()]
         originals = [doc.text for doc in docs]
         reasons = run_steps(docs, steps, stats, task.examples_per_reason, task.rejected_text)
+        redact_fields(docs, redact_texts)  # kept and rejected rows alike
         for doc, original, reason in zip(docs, originals, reasons):
             stats.docs_in += 1
             stats.chars_in += len(original)

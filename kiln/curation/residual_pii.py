@@ -7,8 +7,10 @@ different patterns, so that the check finds what the redactor missed:
 
 - phone: Google's libphonenumber `PhoneNumberMatcher` (its own candidate grammar, date / time-stamp /
   page-range filters and validity), on short windows: around every '+', after a phone label found with
-  its own word list, and North American shapes. Numbers must be valid (Leniency.VALID; labelled national
-  numbers STRICT_GROUPING), so fictional ones (555-123-4567) are not reported.
+  its own word list, and North American shapes. International numbers must be possible (Leniency.POSSIBLE)
+  and shaped as their country's plan writes them (libphonenumber groups them; North American ones NXX NXX-XXXX),
+  so numbers in unassigned ranges and typos of real ones are reported too; labelled national numbers must be
+  valid (STRICT_GROUPING), so fictional ones (555-123-4567) are not reported.
 - email: the WHATWG HTML "valid e-mail address" grammar, plus a letter-only top-level domain.
 - iban: its own registry table (by length) and a digit-by-digit mod-97; compact, spaced or dashed.
 - credit_card: its own Luhn (a lookup of doubled digits) and issuer table, 13-19 digits.
@@ -28,7 +30,8 @@ part numbers in North American digits ("33471-90901"), decorators and handles ("
 naive WHATWG-e-mail + PhoneNumberMatcher(VALID) scan reports on Kiln's redacted demo corpus (51 on 2,400
 documents; this module: none).
 
-`residual_pii(text)` returns sorted, non-overlapping `(type, start, end)` spans.
+`residual_pii(text)` returns sorted, non-overlapping `(type, start, end)` spans; `residual_pii_fields` scans the
+`url` and `meta` of documents the same way.
 It imports only kiln.curation.pii's constants (type names, placeholders), never its detectors.
 """
 
@@ -37,12 +40,15 @@ from __future__ import annotations
 import bisect
 import datetime
 import ipaddress
+import json
 import re
 from collections.abc import Iterable, Iterator
+from urllib.parse import unquote, unquote_plus
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from phonenumbers import Leniency, PhoneNumberMatcher
+from phonenumbers import (Leniency, PhoneNumber, PhoneNumberFormat, PhoneNumberMatcher, ValidationResult,
+                          format_number, is_possible_number_with_reason, is_valid_number, national_significant_number)
 
 from kiln.curation.pii import PII_TYPES, PLACEHOLDERS
 
@@ -121,6 +127,7 @@ _ATEXT_SET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123
 AUDIT_PHONE_REGIONS: tuple[str, ...] = ("US", "GB", "DE", "FR", "IT", "ES", "NL", "BE", "AT", "CH", "IE", "PT", "PL",
                                         "SE", "DK", "NO", "FI", "CA", "AU", "IN")
 _PLUS = re.compile(r"\+[0-9]")
+_IDD = re.compile(r"(?<![\w.+/:-])00[1-9]")  # 0049 ...: '00', the international prefix of most countries, for '+'
 _NANP_TAIL = re.compile(r"[0-9]{3}[.-][0-9]{4}")  # 555-0134 / 555.0134: the area code is read by the matcher
 # Labels are found from a stem (str.find in a lowercased copy), then the whole word must be one of these.
 _LABEL_STEMS = ("phone", "tel", "t\u00e9l", "fax", "mobil", "m\u00f3vil", "cell", "handy", "gsm", "portable", "whatsapp",
@@ -173,9 +180,30 @@ def _is_date(s: str) -> bool:
 _AFTER_PLUS = re.compile(r"\+[0-9]{1,4}[ .-]?$")
 
 
-def _match_phones(text: str, lo: int, hi: int, region: str, leniency: int) -> Iterator[tuple[int, int]]:
+_NANP_NSN = re.compile(r"[2-9][0-9]{2}[2-9][0-9]{6}")  # NXX NXX-XXXX: no area code or exchange starts with 0 or 1
+
+
+def _plan_shaped(n: PhoneNumber) -> bool:
+    """A possible number written as its country writes numbers: a length of that country (not one diallable only
+    locally), and a shape libphonenumber's formats group ("+44 20 5876 9083" is grouped; "+44 7911 12345", a
+    digit short for a mobile, comes back as one run of digits)."""
+    if is_possible_number_with_reason(n) != ValidationResult.IS_POSSIBLE:
+        return False
+    nsn = national_significant_number(n)
+    if n.country_code == 1 and not _NANP_NSN.fullmatch(nsn):
+        return False
+    national = format_number(n, PhoneNumberFormat.INTERNATIONAL).split(" ", 1)[-1]
+    return national != nsn and _digits_in(national) == len(nsn)
+
+
+def _match_phones(text: str, lo: int, hi: int, region: str, leniency: int,
+                  idd_only: bool = False) -> Iterator[tuple[int, int]]:
     window = text[lo:hi]
     for m in PhoneNumberMatcher(window, region, leniency=leniency, max_tries=8):
+        if idd_only and (m.start != 0 or not m.raw_string.startswith("00")):
+            continue  # in a region that dials out with 00, a number written from its "00" names its country
+        if leniency == Leniency.POSSIBLE and not (is_valid_number(m.number) or _plan_shaped(m.number)):
+            continue
         start, end = lo + m.start, lo + m.end
         raw = m.raw_string
         if raw[0] != "+" and _AFTER_PLUS.search(text, max(0, start - 6), start):
@@ -198,7 +226,13 @@ def _phones(text: str, regions: tuple[str, ...]) -> Iterator[Span]:
         if (m.start() > 0 and _word_char(text[m.start() - 1])) or _digits_in(text[m.start() : m.start() + 24]) < 6:
             continue
         lo = max(0, m.start() - 1)
-        seen.update(_match_phones(text, lo, min(len(text), m.start() + _WINDOW), "ZZ", Leniency.VALID))
+        seen.update(_match_phones(text, lo, min(len(text), m.start() + _WINDOW), "ZZ", Leniency.POSSIBLE))
+    for m in _IDD.finditer(text):
+        if _digits_in(text[m.start() : m.start() + 24]) < 8:
+            continue
+        # Read in a region whose international prefix is 00; only numbers that name their country by it count.
+        seen.update(_match_phones(text, m.start(), min(len(text), m.start() + _WINDOW), "DE", Leniency.POSSIBLE,
+                                  idd_only=True))
     for m in _NANP_TAIL.finditer(text):
         lo, hi = max(0, m.start() - 7), min(len(text), m.end() + 2)
         # Grouped as North America writes it (3-3-4): part numbers like "33471-90901" hold valid digits too.
@@ -505,7 +539,7 @@ AUDIT_SCREENS: dict[str, str] = {
     "us_ssn": r"[0-9]{3}-[0-9]{2}-[0-9]{4}",
     "ipv4": r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]",
     "ipv6": r":[0-9A-Fa-f]{0,4}:",
-    "phone": r"\+[0-9]|[0-9]{3}[.-][0-9]{4}"
+    "phone": r"\+[0-9]|\b00[1-9]|[0-9]{3}[.-][0-9]{4}"
              r"|(?i:phone|tel|t\x{e9}l|fax|mobil|m\x{f3}vil|cell|handy|gsm|portable|whatsapp|tlf|call)\pL*[^\n0-9]{0,32}[+(0-9]",
 }
 
@@ -536,4 +570,59 @@ def residual_pii_batch(
     return out
 
 
-__all__ = ["AUDIT_PHONE_REGIONS", "AUDIT_SCREENS", "IBAN_COUNTRY_LENGTHS", "residual_pii", "residual_pii_batch"]
+# --- url and meta ------------------------------------------------------------------------------------
+# What a reader of a document's other fields sees, as texts to scan: the URL percent-decoded (its address and
+# path, then each query or fragment parameter as "name: value", in every reading of '+'), and every string of the
+# meta JSON at any depth, keys alone and values after their key ("version: 1.2.3.4" reads as a version here too).
+
+
+def _url_texts(url: str) -> Iterator[str]:
+    head, _, tail = url.partition("?") if "?" in url else url.partition("#")
+    yield unquote(head)
+    for param in re.split(r"[&#]", tail) if tail else ():
+        name, _, value = param.partition("=")
+        name = unquote_plus(name)
+        if not value:
+            yield name
+        readings = {unquote(value), unquote_plus(value), "+" + unquote_plus(value[1:]) if value[:1] == "+" else ""}
+        yield from (f"{name}: {r}" for r in sorted(readings) if r)
+
+
+def _meta_texts(value, key: str = "") -> Iterator[str]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield str(k)
+            yield from _meta_texts(v, str(k))
+    elif isinstance(value, list):
+        for v in value:
+            yield from _meta_texts(v, key)
+    elif isinstance(value, str) and value:
+        yield from (f"{key}: {t}" if key else t for t in (_url_texts(value) if "://" in value else (value,)))
+
+
+def residual_pii_fields(
+    urls: list[str | None],
+    metas: list[str | None],
+    types: Iterable[str] = PII_TYPES,
+    ipv4_keep: Iterable[str] = ("127.0.0.1", "0.0.0.0", "255.255.255.255"),
+    keep_documentation: bool = True,
+    phone_regions: Iterable[str] = AUDIT_PHONE_REGIONS,
+) -> list[list[tuple[str, str]]]:
+    """For each document (its `url` and its `meta` as stored: a JSON object), the (field, type) of every finding:
+    `residual_pii` on what a reader of those fields sees, all documents' texts in one batch."""
+    owners, texts = [], []
+    for i, (url, meta) in enumerate(zip(urls, metas)):
+        for field, found in (("url", _url_texts(url) if url else ()),
+                             ("meta", _meta_texts(json.loads(meta)) if meta else ())):
+            for text in found:
+                owners.append((i, field))
+                texts.append(text)
+    out: list[list[tuple[str, str]]] = [[] for _ in urls]
+    for (i, field), spans in zip(owners, residual_pii_batch(texts, types, ipv4_keep, keep_documentation,
+                                                            phone_regions)):
+        out[i].extend((field, kind) for kind, _, _ in spans)
+    return out
+
+
+__all__ = ["AUDIT_PHONE_REGIONS", "AUDIT_SCREENS", "IBAN_COUNTRY_LENGTHS", "residual_pii", "residual_pii_batch",
+           "residual_pii_fields"]

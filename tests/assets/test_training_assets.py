@@ -9,8 +9,10 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import quote, unquote, unquote_plus
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from tests.assets.project import load_project
@@ -58,6 +60,20 @@ PLANTED_PII = ["quinn.harlow@fastmail.fm", "(312) 867-5309", "+44 20 7946 0958",
                "2a03:2880:f10c:83:face:b00c:0:25de", "536-22-8741", "4556 7375 8689 9855",
                "ghp_4Xq9ZrT2mLp8Vn3Kd7Wb1Yc6Hf5Js0Ae2Gu4"]
 DROPPED_MARK = "velvet okapi canary"
+URL_PASSWORD = "okapi-hunter2"  # in a URL's user:password@
+
+
+def leaked(needle: str, text: str) -> bool:
+    """`needle` in `text` as it is, or percent-encoded (a URL may store it either way)."""
+    return needle in text or needle in unquote(text) or needle in unquote_plus(text)
+
+
+def event_log_text(instance) -> dict[str, str]:
+    """Every event Dagster stored for every run of `instance` (materializations and their metadata, check results,
+    logs), serialized as the event log storage holds it: read through the instance, as a reader of the UI would, so
+    nothing hides in how SQLite lays out its pages."""
+    return {f"event log of run {run.run_id}": "\n".join(e.to_json() for e in instance.all_logs(run.run_id))
+            for run in instance.get_runs()}
 
 
 def persisted_text(root: Path, skip: Path | None = None) -> dict[str, str]:
@@ -83,12 +99,23 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     phrases = [" ".join(rng.choice(vocab, 6)) for _ in range(20)]
     docs = [" ".join(rng.choice(phrases, 30)) + f" doc {i}." for i in range(120)]
     # PII in kept documents (redacted), in documents from a blocked domain (dropped by the filters before the PII
-    # step), and in an exact copy (dropped by exact dedup).
+    # step), and in an exact copy (dropped by exact dedup); in the text, in URL query strings (plain and
+    # percent-encoded, with a password in the address) and in extra fields (meta: named, unnamed, nested); and in
+    # records intake quarantines (a malformed line, a repeated id).
     with_pii = [f"{docs[i]} Contact {pii} for details." for i, pii in enumerate(PLANTED_PII)]
     dropped = [f"{DROPPED_MARK}: reach me at {pii} any time." for pii in PLANTED_PII]
-    records = ([{"id": i, "text": t} for i, t in enumerate(with_pii + docs[len(PLANTED_PII):])]
-               + [{"id": f"blocked-{i}", "text": t, "url": f"https://spam.blocked.example/{i}"}
-                  for i, t in enumerate(dropped)] + [{"id": "copy", "text": with_pii[0]}])
+
+    def fields(host: str, i: int, pii: str) -> dict:
+        return {"url": f"https://reader:{URL_PASSWORD}@{host}/{i}?ref={pii if i % 2 else quote(pii)}&page=2",
+                "contact": pii, "profile": {"note": f"reach me at {pii}", "links": [f"https://{host}/?c={quote(pii)}"]}}
+
+    records = ([{"id": i, "text": t} | (fields("news.example.org", i, PLANTED_PII[i]) if i < len(PLANTED_PII) else {})
+                for i, t in enumerate(with_pii + docs[len(PLANTED_PII):])]
+               + [{"id": f"blocked-{i}", "text": t} | fields("spam.blocked.example", i, pii)
+                  for i, (t, pii) in enumerate(zip(dropped, PLANTED_PII))]
+               + [{"id": "copy", "text": with_pii[0], "author_email": PLANTED_PII[0]}]
+               + ['{"id": "broken", "text": "' + f"{DROPPED_MARK} " + " ".join(PLANTED_PII) + '"',  # no closing brace
+                  {"id": 0, "text": f"{DROPPED_MARK} again: " + " ".join(PLANTED_PII)}])  # id 0 repeated
     write_jsonl(tmp_path / "web" / "a.jsonl", records)
     config = {
         "sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC0",
@@ -168,16 +195,21 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
 
     # Privacy: after raw_documents, no planted PII and nothing of a dropped document anywhere Kiln, Dagster or
     # MLflow wrote (the store and its rejected tables, manifests, metadata in the event log, logs, the tokenizer,
-    # MLflow's database and artifacts); the raw layer itself still holds them.
+    # MLflow's database and artifacts); the raw layer itself still holds them. Dagster's storage is read twice: its
+    # files as bytes (compute logs, SQLite) and its event log through the instance.
     raw = kiln_home / "data" / "raw_documents"
     written = persisted_text(kiln_home, skip=raw) | persisted_text(Path(project.instance.root_directory)) | \
-        persisted_text(mlflow_root)
+        persisted_text(mlflow_root) | event_log_text(project.instance)
     assert len(written) > 50 and any("rejected" in p for p in written)
-    leaks = {(needle, path) for path, text in written.items() for needle in [*PLANTED_PII, DROPPED_MARK]
-             if needle in text}
+    events = "".join(t for p, t in written.items() if p.startswith("event log"))
+    assert "removed_examples" in events and "read.duplicate_doc_id" in events and "read.malformed_json" in events
+    needles = [*PLANTED_PII, DROPPED_MARK, URL_PASSWORD]
+    leaks = {(needle, path) for path, text in written.items() for needle in needles if leaked(needle, text)}
     assert not leaks
     raw_text = "".join(persisted_text(raw).values())
-    assert all(needle in raw_text for needle in [*PLANTED_PII, DROPPED_MARK])
+    assert all(needle in raw_text for needle in needles)
+    quarantined = {r["reason"] for f in raw.rglob("quarantine-*.parquet") for r in pq.read_table(f).to_pylist()}
+    assert quarantined == {"malformed_json", "duplicate_doc_id"}
     filtered = json.loads((kiln_home / "data" / "filtered_documents" / project.partition("web") / "_manifest.json")
                           .read_text())
     assert filtered["counts"]["rejected"] == len(dropped)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from kiln.common.config import Reading, Source
 from kiln.curation.documents import Document, make_doc_id
 from kiln.curation.readers.builtin import read_builtin
-from kiln.curation.readers.formats import FORMAT_READERS, Quarantined
+from kiln.curation.readers.formats import FORMAT_READERS, Quarantined, quarantine
 from kiln.curation.readers.paths import SourceFile, expand
 
 # Files landed for a builtin source (which has no file format of its own) are read by their extension.
@@ -68,4 +68,4 @@ def _namespaced(record: Document | Quarantined, namespace: str) -> Document | Qu
                                meta={**record.meta, "locator": locator})
 
 
-__all__ = ["Quarantined", "SourceFile", "read_source"]
+__all__ = ["Quarantined", "SourceFile", "quarantine", "read_source"]

@@ -17,10 +17,10 @@ import pyarrow.parquet as pq
 import zstandard
 
 from kiln.common.config import Reading, Source
+from kiln.common.removals import EXCERPT_CHARS, kept_text, text_hash
 from kiln.curation.documents import Document, make_doc_id
 from kiln.curation.readers.paths import SourceFile
 
-EXCERPT_CHARS = 200
 # A structured record nested deeper than this (lists/objects in lists/objects) is quarantined as too_deep: Python's
 # json recursion limit (~1000) would crash the reader, or a later stage that parses the record's meta, long before.
 MAX_NESTING = 128
@@ -31,23 +31,34 @@ STREAM_ERRORS = (OSError, EOFError, ValueError, zlib.error, zstandard.ZstdError)
 
 @dataclass(frozen=True)
 class Quarantined:
-    """A record that could not be read as a document, kept with the reason so nothing vanishes."""
+    """A record that could not be read as a document, kept with the reason so nothing vanishes. Built by
+    `quarantine`: what it shows of the record is PII-redacted, and its hash identifies the record exactly."""
 
     source: str
     locator: str
     reason: str
-    excerpt: str | None
+    excerpt: str | None  # what went wrong and the record's start, PII-redacted (kiln.common.removals.kept_text)
+    record_hash: str | None = None  # blake2b-128 of the record (kiln.common.removals.text_hash)
 
     def to_row(self) -> dict[str, Any]:
-        return {"source": self.source, "locator": self.locator, "reason": self.reason, "excerpt": self.excerpt}
+        return {"source": self.source, "locator": self.locator, "reason": self.reason, "excerpt": self.excerpt,
+                "record_hash": self.record_hash}
 
 
-def _excerpt(data: bytes | str | None) -> str | None:
-    if data is None:
-        return None
-    if isinstance(data, bytes):
-        data = data[: EXCERPT_CHARS * 4].decode("utf-8", errors="replace")
-    return data[:EXCERPT_CHARS]
+def quarantine(source: str, locator: str, reason: str, record: bytes | str | None = None,
+               detail: str | None = None) -> Quarantined:
+    """`record` (its bytes or text, when there is one) quarantined for `reason`. Its excerpt (`detail`, what went
+    wrong, then the record's first EXCERPT_CHARS characters) passes the redactor kept text passes, as the quarantine
+    table and the removal examples in Dagster's metadata show it; the record itself is only hashed."""
+    shown = []
+    if detail:
+        shown.append(kept_text(detail, "full"))  # an exception's message may quote the record
+    if record is not None:
+        text = record[: (EXCERPT_CHARS + 256) * 4].decode("utf-8", errors="replace") if isinstance(record, bytes) \
+            else record
+        shown.append(kept_text(text, "excerpt"))
+    return Quarantined(source, locator, reason, ": ".join(x for x in shown if x) or None,
+                       None if record is None else text_hash(record))
 
 
 def decode_utf8(data: bytes, source: str, locator: str) -> str | Quarantined:
@@ -55,7 +66,7 @@ def decode_utf8(data: bytes, source: str, locator: str) -> str | Quarantined:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return Quarantined(source, locator, "invalid_utf8", f"{exc}: {_excerpt(data)}")
+        return quarantine(source, locator, "invalid_utf8", data, str(exc))
 
 
 class _ZstdStream(io.RawIOBase):
@@ -157,24 +168,24 @@ def record_to_document(record: Any, source: Source, locator: str, reading: Readi
     try:
         dumped = json.dumps(record, ensure_ascii=False, default=str)
     except RecursionError:
-        return Quarantined(source.name, locator, "too_deep", None)
+        return quarantine(source.name, locator, "too_deep")
     if dumped.count("[") + dumped.count("{") > MAX_NESTING and _nesting(record) > MAX_NESTING:
-        return Quarantined(source.name, locator, "too_deep", _excerpt(dumped.encode("utf-8", "backslashreplace")))
+        return quarantine(source.name, locator, "too_deep", dumped.encode("utf-8", "backslashreplace"))
     if not isinstance(record, dict):
-        return Quarantined(source.name, locator, "not_an_object", _excerpt(json.dumps(record, default=str)))
+        return quarantine(source.name, locator, "not_an_object", json.dumps(record, default=str))
     if _SURROGATE.search(dumped):  # text, id, url, meta or a key
         if reading.unicode_errors == "quarantine":  # the excerpt ASCII-escaped, so it can be written
-            return Quarantined(source.name, locator, "invalid_unicode", _excerpt(json.dumps(record, default=str)))
+            return quarantine(source.name, locator, "invalid_unicode", json.dumps(record, default=str))
         record = _unicode_repaired(record)
     text = record.get(source.text_field)
     if text is None:
-        return Quarantined(source.name, locator, "missing_text", _excerpt(json.dumps(record, default=str)))
+        return quarantine(source.name, locator, "missing_text", json.dumps(record, default=str))
     if not isinstance(text, str):
-        return Quarantined(source.name, locator, "text_not_string", _excerpt(json.dumps(record, default=str)))
+        return quarantine(source.name, locator, "text_not_string", json.dumps(record, default=str))
     if not text.strip():
-        return Quarantined(source.name, locator, "empty_text", None)
+        return quarantine(source.name, locator, "empty_text")
     if len(text.encode("utf-8", errors="surrogatepass")) > reading.max_document_bytes:
-        return Quarantined(source.name, locator, "too_large", _excerpt(text))
+        return quarantine(source.name, locator, "too_large", text)
     native_id = record.get(source.id_field) if source.id_field else None
     if native_id is not None:
         locator = f"id:{native_id}"
@@ -195,7 +206,7 @@ def read_jsonl(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docu
                 if not line.strip():
                     continue  # blank lines separate nothing in JSONL; not a record
                 if len(line) > reading.max_document_bytes:
-                    yield Quarantined(source.name, locator, "too_large", _excerpt(line))
+                    yield quarantine(source.name, locator, "too_large", line)
                     continue
                 decoded = decode_utf8(line, source.name, locator)
                 if isinstance(decoded, Quarantined):
@@ -204,17 +215,18 @@ def read_jsonl(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docu
                 try:
                     record = json.loads(decoded)
                 except json.JSONDecodeError as exc:
-                    yield Quarantined(source.name, locator, "malformed_json", f"{exc.msg}: {_excerpt(decoded)}")
+                    yield quarantine(source.name, locator, "malformed_json", decoded, exc.msg)
                     continue
                 except RecursionError:
-                    yield Quarantined(source.name, locator, "too_deep", _excerpt(decoded))
+                    yield quarantine(source.name, locator, "too_deep", decoded)
                     continue
                 yield record_to_document(record, source, locator, reading)
     except STREAM_ERRORS as exc:  # truncated/corrupt compression, unreadable file
-        yield Quarantined(source.name, f"{f.relative}#L{lines + 1}", "unreadable_file", f"{type(exc).__name__}: {exc}")
+        yield quarantine(source.name, f"{f.relative}#L{lines + 1}", "unreadable_file",
+                         detail=f"{type(exc).__name__}: {exc}")
         return
     if lines == 0:
-        yield Quarantined(source.name, f.relative, "empty_file", None)
+        yield quarantine(source.name, f.relative, "empty_file")
 
 
 def read_parquet(f: SourceFile, source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
@@ -225,18 +237,18 @@ def read_parquet(f: SourceFile, source: Source, reading: Reading) -> Iterator[Do
             parquet = pq.ParquetFile(io.BytesIO(raw.read()))
         declared = parquet.metadata.num_rows
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a corrupt file
-        yield Quarantined(source.name, f.relative, "unreadable_file", f"{type(exc).__name__}: {exc}")
+        yield quarantine(source.name, f.relative, "unreadable_file", detail=f"{type(exc).__name__}: {exc}")
         return
     if declared == 0:
-        yield Quarantined(source.name, f.relative, "empty_file", None)
+        yield quarantine(source.name, f.relative, "empty_file")
         return
     offset = 0  # rows read so far: the next row's number (across row groups and batches)
     for group in range(parquet.num_row_groups):
         try:
             batches = parquet.read_row_group(group).to_batches(max_chunksize=1000)
         except Exception as exc:  # noqa: BLE001 - a damaged page or row group
-            yield Quarantined(source.name, f"{f.relative}#row{offset}", "unreadable_file",
-                              f"row group {group}: {type(exc).__name__}: {exc}")
+            yield quarantine(source.name, f"{f.relative}#row{offset}", "unreadable_file",
+                             detail=f"row group {group}: {type(exc).__name__}: {exc}")
             return
         for batch in batches:
             for row in _batch_rows(batch):
@@ -245,13 +257,14 @@ def read_parquet(f: SourceFile, source: Source, reading: Reading) -> Iterator[Do
                 if isinstance(row, tuple):  # (column, exception): a value Arrow cannot turn into Python
                     column, exc = row
                     reason = "invalid_utf8" if isinstance(exc, UnicodeDecodeError) else "unreadable_row"
-                    yield Quarantined(source.name, locator, reason, f"column {column!r}: {type(exc).__name__}: {exc}")
+                    yield quarantine(source.name, locator, reason,
+                                     detail=f"column {column!r}: {type(exc).__name__}: {exc}")
                     continue
                 row = {k: v if k == source.text_field else _json_native(v) for k, v in row.items()}
                 yield record_to_document(row, source, locator, reading)
     if offset < declared:
-        yield Quarantined(source.name, f"{f.relative}#row{offset}", "unreadable_file",
-                          f"the file ended after {offset} of the {declared} rows its footer declares")
+        yield quarantine(source.name, f"{f.relative}#row{offset}", "unreadable_file",
+                         detail=f"the file ended after {offset} of the {declared} rows its footer declares")
 
 
 def _batch_rows(batch: pa.RecordBatch) -> list[dict | tuple[str, Exception]]:
@@ -280,10 +293,10 @@ def read_text(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docum
         with _decompressed(f) as stream:
             data = stream.read(reading.max_document_bytes + 1)
     except STREAM_ERRORS as exc:
-        yield Quarantined(source.name, f.relative, "unreadable_file", f"{type(exc).__name__}: {exc}")
+        yield quarantine(source.name, f.relative, "unreadable_file", detail=f"{type(exc).__name__}: {exc}")
         return
     if len(data) > reading.max_document_bytes:
-        yield Quarantined(source.name, f.relative, "too_large", _excerpt(data))
+        yield quarantine(source.name, f.relative, "too_large", data)
         return
     text = decode_utf8(data, source.name, f.relative)
     if isinstance(text, Quarantined):
@@ -348,9 +361,9 @@ def read_warc(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docum
                 if not re.fullmatch(r"\s*[0-9]+\s*", length or ""):
                     # no (valid) Content-Length: a header block cut short, or a record whose end cannot be found
                     # (warcio would read the rest of the archive as its content, or none of it)
-                    yield Quarantined(source.name, f"{f.relative}#{done + 1}", "unreadable_file",
-                                      f"a {record.rec_type} record with Content-Length {length!r}: "
-                                      f"{_excerpt(str(record.rec_headers))}")
+                    yield quarantine(source.name, f"{f.relative}#{done + 1}", "unreadable_file",
+                                     str(record.rec_headers),
+                                     f"a {record.rec_type} record with Content-Length {length!r}")
                     return
                 if record.rec_type not in ("conversion", "response"):
                     continue
@@ -363,13 +376,14 @@ def read_warc(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docum
             # `offset` is where the last whole record (and the blank lines after it) ended
             tail = archive.fh.tell() - archive.offset
     except Exception as exc:  # noqa: BLE001 - warcio raises several types on a damaged archive
-        yield Quarantined(source.name, f"{f.relative}#{done + 1}", "unreadable_file", f"{type(exc).__name__}: {exc}")
+        yield quarantine(source.name, f"{f.relative}#{done + 1}", "unreadable_file",
+                         detail=f"{type(exc).__name__}: {exc}")
         return
     if tail > 0:
-        yield Quarantined(source.name, f"{f.relative}#{done + 1}", "unreadable_file",
-                          f"the archive ends with {tail} bytes that are not a whole record")
+        yield quarantine(source.name, f"{f.relative}#{done + 1}", "unreadable_file",
+                         detail=f"the archive ends with {tail} bytes that are not a whole record")
     elif done == 0:
-        yield Quarantined(source.name, f.relative, "empty_file", None)
+        yield quarantine(source.name, f.relative, "empty_file")
 
 
 def _warc_document(record, ordinal: int, f: SourceFile, source: Source, reading: Reading) -> Document | Quarantined:
@@ -380,15 +394,15 @@ def _warc_document(record, ordinal: int, f: SourceFile, source: Source, reading:
     url = record.rec_headers.get_header("WARC-Target-URI")
     payload = record.content_stream().read(reading.max_document_bytes + 1)
     if len(payload) > reading.max_document_bytes:
-        return Quarantined(source.name, locator, "too_large", _excerpt(payload))
+        return quarantine(source.name, locator, "too_large", payload)
     block = record.raw_stream  # a LimitReader: what is left of the record's Content-Length
     if getattr(block, "limit", 0) > 0 and not block.read(1):  # a cut file, or a Content-Length past its end
-        return Quarantined(source.name, f"{f.relative}#{ordinal}", "unreadable_file",
-                           f"the archive ends {block.limit} bytes inside record {record_id}: {_excerpt(payload)}")
+        return quarantine(source.name, f"{f.relative}#{ordinal}", "unreadable_file", payload,
+                          f"the archive ends {block.limit} bytes inside record {record_id}")
     if record.rec_type == "response":
         content_type = (record.http_headers.get_header("Content-Type") if record.http_headers else "") or ""
         if "html" not in content_type and "text" not in content_type:
-            return Quarantined(source.name, locator, "not_text", content_type)
+            return quarantine(source.name, locator, "not_text", detail=content_type)
     text = decode_utf8(payload, source.name, locator)
     if isinstance(text, Quarantined):
         return text
@@ -396,7 +410,7 @@ def _warc_document(record, ordinal: int, f: SourceFile, source: Source, reading:
         try:
             text = html_to_text(text)
         except Exception as exc:  # noqa: BLE001 - HTMLParser asserts on some malformed markup (`<![ x ]>`)
-            return Quarantined(source.name, locator, "malformed_html", f"{type(exc).__name__}: {exc}")
+            return quarantine(source.name, locator, "malformed_html", detail=f"{type(exc).__name__}: {exc}")
     return record_to_document({"text": text, "id": record_id, "url": url}, as_internal_records(source), locator,
                               reading)
 

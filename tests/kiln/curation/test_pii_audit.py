@@ -35,6 +35,10 @@ MISSED = [
     ("Zentrale +49 (0)89 12345678", "phone", [("phone", "+49 (0)89 12345678")]),
     ("Tel.: 030 91456342", "phone", [("phone", "030 91456342")]),
     ("call (415) 555-0134 today", "phone", [("phone", "(415) 555-0134")]),
+    # possible numbers in unassigned ranges (issue 38): London 020 5..., Tokyo 03-0..., Irish 080, via 00
+    ("Ruf an: +44 20 5876 9083.", "phone", [("phone", "+44 20 5876 9083")]),
+    ("TEL +81 3-0002-0479", "phone", [("phone", "+81 3-0002-0479")]),
+    ("Fax 00353 80 891 7064", "phone", [("phone", "00353 80 891 7064")]),
     ("Mail jane.doe@corp-mail.de now", "email", [("email", "jane.doe@corp-mail.de")]),
     ("IBAN DE89 3704 0044 0532 0130 00.", "iban", [("iban", "DE89 3704 0044 0532 0130 00")]),
     ("card 4111 1111 1111 1111", "credit_card", [("credit_card", "4111 1111 1111 1111")]),
@@ -78,6 +82,10 @@ CLEAN = [
     "barcode=4097470957558&qty=3, ISBN 978-3-16-148410-0, 666-12-3456, 123-45-0000",
     "4111 1111 1111 1112 (fails Luhn), 1234567812345670 (no issuer)",
     "Invalid phone number: +1 027-646-5868, +1 (215) 029-5856",
+    # possible lengths somewhere in the country, but no shape its plan writes: wrong length for the range,
+    # a leading digit no range has (and a possible prefix of an impossible run is no number)
+    "+44 7911 12345, +44 20 7946 09588, +33 1 23 45 67 8, +86 123 4567 8901, +1 415 055 0134, +7 (000) 123-45-67",
+    "00 00 00 00 00 00 00 00  |........|, 0015 1234 5678",
     # documentation tokens
     "GITHUB_TOKEN=" + "ghp_" + "x" * 36 + " AWS=" + "AKIA" + "X" * 16 + " xoxb-your-token-here sk_live_...",
     "-----BEGIN RSA PRIVATE KEY----- goes here",

@@ -1,0 +1,172 @@
+"""What of a record may be stored after intake besides its redacted text: its URL and meta redacted the way its text
+is, and a quarantined record as a hash, a locator and a redacted excerpt."""
+
+import hashlib
+import json
+
+import pytest
+
+from kiln.common.config import parse_config
+from kiln.common.storage import Store
+from kiln.curation.documents import Document
+from kiln.curation.filters.url import UrlBlocklist
+from kiln.curation.pii.fields import named_pii, redact_meta, redact_url, text_lookup
+from kiln.curation.pipeline import filter_documents, ingest, profile_steps
+from kiln.curation.residual_pii import residual_pii_fields
+from tests.conftest import SERIAL_ENGINE, prose, write_jsonl
+
+EMAIL, PHONE, TOKEN = "quinn.harlow@fastmail.fm", "+44 20 7946 0958", "ghp_4Xq9ZrT2mLp8Vn3Kd7Wb1Yc6Hf5Js0Ae2Gu4"
+LOOKUP = text_lookup()
+
+
+@pytest.mark.parametrize("url, expected", [
+    # credentials go, the rest of the address stays
+    ("https://alice:hunter2@shop.example.net/cart?item=42", "https://shop.example.net/cart?item=42"),
+    # an e-mail address in the query, as is and percent-encoded under a name that says nothing
+    (f"https://shop.example.net/p?email={EMAIL}&q=red+shoes", "https://shop.example.net/p?email=<EMAIL>&q=red+shoes"),
+    ("https://shop.example.net/p?ref=quinn.harlow%40fastmail.fm", "https://shop.example.net/p?ref=<EMAIL>"),
+    # a credential by its parameter's name (too short for any detector), and a provider token by its shape
+    ("https://api.example.net/v1/items?token=abc123&page=2", "https://api.example.net/v1/items?token=<SECRET>&page=2"),
+    (f"https://api.example.net/v1/items?t={TOKEN}", "https://api.example.net/v1/items?t=<SECRET>"),
+    ("https://s3.example.net/b/k?X-Amz-Credential=AK%2F2024&X-Amz-Signature=9f3a",
+     "https://s3.example.net/b/k?X-Amz-Credential=<SECRET>&X-Amz-Signature=<SECRET>"),
+    ("https://app.example.net/cb#access_token=xyz&state=7", "https://app.example.net/cb#access_token=<SECRET>&state=7"),
+    # a phone number: encoded, with '+' for spaces, and by a contact name
+    ("https://x.example.net/?c=%2B44%2020%207946%200958", "https://x.example.net/?c=<PHONE>"),
+    ("https://x.example.net/?c=+44+20+7946+0958", "https://x.example.net/?c=<PHONE>"),
+    ("https://x.example.net/?phone=3128675309", "https://x.example.net/?phone=<PHONE>"),
+    # PII in the host and in the path
+    ("http://83.149.21.7:8080/status", "http://<IPV4>:8080/status"),
+    ("https://x.example.net/users/quinn.harlow%40fastmail.fm/posts", "https://x.example.net/users/<EMAIL>/posts"),
+    (f"mailto:{EMAIL}", "mailto:<EMAIL>"),
+])
+def test_a_url_loses_its_credentials_and_the_pii_in_it(url, expected):
+    assert redact_url(url, LOOKUP) == expected
+
+
+@pytest.mark.parametrize("url", [
+    "https://docs.python.org/3.11/search.html?q=os.path&check_keywords=yes&area=default#module-os.path",
+    "https://pypi.org/project/requests/?version=2.31.0.1&sort=desc",  # a version after its name is no IP address
+    "https://example.org/a%20b/?q=caf%C3%A9+au+lait&page=2&tokenizer=bpe",
+    "https://example.org/",
+])
+def test_a_url_with_nothing_in_it_stays_byte_for_byte(url):
+    assert redact_url(url, LOOKUP) == url
+
+
+def test_parameter_names_that_hold_credentials_or_contacts():
+    assert [named_pii(n) for n in ("access_token", "apiKey", "api-key", "X-Amz-Signature", "client_secret",
+                                   "password", "author_email", "phoneNumber", "email_address", "ssn")] == \
+        ["secret"] * 6 + ["email", "phone", "email", "us_ssn"]
+    assert [named_pii(n) for n in ("tokenizer", "key", "monkey", "page", "automobile", "q", "")] == [None] * 7
+
+
+def test_meta_strings_are_redacted_at_any_depth_and_names_that_hold_pii_lose_their_value():
+    meta = {"author_email": EMAIL, "version": "2.8.0.1", "phone": 3128675309, "stars": 12, "ok": True, "none": None,
+            "tags": ["python", f"call {PHONE}"], "profile": {"home": "https://bob:pw@x.example.net/?api_key=k1&lang=en",
+                                                               "ip": "83.149.21.7"},
+            EMAIL: "a key holding PII", "locator": "a.jsonl#L3"}
+    assert redact_meta(meta, LOOKUP) == {
+        "author_email": "<EMAIL>", "version": "2.8.0.1", "phone": "<PHONE>", "stars": 12, "ok": True, "none": None,
+        "tags": ["python", "call <PHONE>"], "profile": {"home": "https://x.example.net/?api_key=<SECRET>&lang=en",
+                                                        "ip": "<IPV4>"},
+        "<EMAIL>": "a key holding PII", "locator": "a.jsonl#L3"}
+
+
+def _filter(tmp_path, records, profile, keep="none"):
+    write_jsonl(tmp_path / "web" / "a.jsonl", records)
+    config = parse_config({
+        "sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC0",
+                     "domain": "web", "profile": "p"}],
+        "profiles": {"p": profile}, "engine": SERIAL_ENGINE, "curation": {"keep_rejected_text": keep}})
+    store = Store(tmp_path / "store")
+    with store.staging("raw", "web") as w:
+        stats = ingest(config.sources[0], config.reading, w, progress=False, rejected_text=keep)
+        w.commit(code_version="t", config={}, inputs={}, counts={}, stats=stats.to_dict())
+    with store.staging("filtered", "web") as w:
+        filter_documents(store.files("raw", "web", "documents"), profile_steps(config, "web"),
+                         config.curation.exact_dedup, w, progress=False)
+        w.commit(code_version="t", config={}, inputs={}, counts={})
+    kept = store.read_table("filtered", "web").to_pylist()
+    rejected = store.read_table("filtered", "web", "rejected").to_pylist() \
+        if store.files("filtered", "web", "rejected") else []
+    return stats, store, kept, rejected
+
+
+def test_the_filter_stage_redacts_url_and_meta_of_kept_and_rejected_rows_after_the_blocklist_decided(tmp_path):
+    """The blocklist decides on the URL as read (a blocked host behind credentials and PII is still blocked, an
+    allowed one still allowed); what both tables store is the redacted URL and meta."""
+    records = [
+        {"id": "kept", "text": prose(1), "url": f"https://alice:hunter2@news.example.org/a?email={EMAIL}&page=2",
+         "author_email": EMAIL, "contact": {"phone": PHONE, "site": "https://news.example.org/"}},
+        {"id": "blocked", "text": prose(2), "url": f"https://bob:pw@spam.blocked.example/x?token=t0k3n&ref={EMAIL}",
+         "author_email": EMAIL},
+    ]
+    decided = [UrlBlocklist()(Document("d", "web", prose(1), url=r["url"])).drop for r in records]
+    assert decided == [None, "url_blocklist.blocked_domain"]
+    _, _, kept, rejected = _filter(tmp_path, records, ["url_blocklist"])
+    (row,) = kept
+    assert row["url"] == "https://news.example.org/a?email=<EMAIL>&page=2"
+    assert json.loads(row["meta"]) == {"id": "kept", "author_email": "<EMAIL>", "locator": "id:kept",
+                                       "contact": {"phone": "<PHONE>", "site": "https://news.example.org/"}}
+    (dropped,) = rejected
+    assert dropped["reason"] == "url_blocklist.blocked_domain"
+    assert dropped["url"] == "https://spam.blocked.example/x?token=<SECRET>&ref=<EMAIL>"
+
+
+def test_quarantined_records_keep_a_redacted_excerpt_and_a_hash_and_metadata_no_raw_text(tmp_path):
+    """A malformed line and a repeated id, both full of PII: the quarantine table holds their hashes (blake2b-128
+    of the line's bytes, of the repeat's text) and redacted excerpts; the stage's examples (Dagster metadata) show
+    redacted locators, and no excerpt unless removed text may be kept."""
+    malformed = '{"id": "m", "text": "write to ' + EMAIL + ' or call ' + PHONE + '"'  # no closing brace
+    repeat_text = f"Second copy: write to {EMAIL} or call {PHONE}."
+    records = [{"id": EMAIL, "text": prose(1)}, malformed, {"id": EMAIL, "text": repeat_text}]
+    for keep in ("none", "excerpt"):
+        stats, store, kept, _ = _filter(tmp_path / keep, records, [], keep)
+        assert len(kept) == 1
+        rows = {q["reason"]: q for q in store.read_table("raw", "web", "quarantine").to_pylist()}
+        assert rows["malformed_json"]["excerpt"] == \
+            'Expecting \',\' delimiter: {"id": "m", "text": "write to <EMAIL> or call <PHONE>"\n'
+        assert rows["malformed_json"]["record_hash"] == \
+            hashlib.blake2b((malformed + "\n").encode(), digest_size=16).hexdigest()
+        assert rows["malformed_json"]["locator"] == "a.jsonl#L2"
+        assert rows["duplicate_doc_id"]["excerpt"] == "Second copy: write to <EMAIL> or call <PHONE>."
+        assert rows["duplicate_doc_id"]["record_hash"] == \
+            hashlib.blake2b(repeat_text.encode(), digest_size=16).hexdigest()
+        examples = stats.examples
+        assert examples["read.duplicate_doc_id"][0]["doc_id"] == "id:<EMAIL>"
+        assert examples["read.malformed_json"][0]["doc_id"] == "a.jsonl#L2"
+        if keep == "none":
+            assert all("excerpt" not in e for items in examples.values() for e in items)
+        else:
+            assert examples["read.duplicate_doc_id"][0]["excerpt"] == rows["duplicate_doc_id"]["excerpt"]
+        assert EMAIL not in json.dumps(stats.to_dict()) and PHONE not in json.dumps(stats.to_dict())
+
+
+def test_a_doc_id_repeated_across_files_is_quarantined_redacted_too(tmp_path):
+    """Two files: the repeat is found by the doc-id shuffle (the first-id pass), not by the reading task."""
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": "x", "text": prose(1)}])
+    write_jsonl(tmp_path / "web" / "b.jsonl", [{"id": "x", "text": f"mail {EMAIL}"}])
+    config = parse_config({"sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"),
+                                        "license": "CC0", "domain": "web", "profile": "p"}],
+                           "profiles": {"p": []}, "engine": SERIAL_ENGINE})
+    store = Store(tmp_path / "store")
+    with store.staging("raw", "web") as w:
+        stats = ingest(config.sources[0], config.reading, w, progress=False, rejected_text="excerpt")
+        w.commit(code_version="t", config={}, inputs={}, counts={})
+    (row,) = store.read_table("raw", "web", "quarantine").to_pylist()
+    assert (row["reason"], row["excerpt"], row["locator"]) == ("duplicate_doc_id", "mail <EMAIL>", "id:x")
+    assert row["record_hash"] == hashlib.blake2b(f"mail {EMAIL}".encode(), digest_size=16).hexdigest()
+    assert stats.examples["read.duplicate_doc_id"] == [{"doc_id": "id:x", "note": "", "excerpt": "mail <EMAIL>"}]
+
+
+def test_the_residual_check_reads_url_and_meta_as_a_reader_would():
+    """The audit's own detector on the fields: PII found where it is plain, encoded or after a '+', none in the
+    redacted forms above, and a version after its name is no IP address."""
+    urls = [f"https://x.example.net/?email={EMAIL}", "https://x.example.net/?c=+44+20+7946+0958",
+            "http://83.149.21.7/", "https://x.example.net/?email=<EMAIL>&token=<SECRET>", None]
+    metas = [None, json.dumps({"author": {"mail": "quinn.harlow%40fastmail.fm",
+                                          "h": f"https://y.example.net/?e={EMAIL}"}}),
+             json.dumps({"version": "2.8.0.1"}), json.dumps({"author_email": "<EMAIL>", "n": 3128675309}), None]
+    assert residual_pii_fields(urls, metas) == [
+        [("url", "email")], [("url", "phone"), ("meta", "email")], [("url", "ipv4")], [], []]
