@@ -6,23 +6,43 @@ reach the token shards. Following GPT-3 and most successors, a document is conta
 one n-gram (13 normalized words by default) with any item; items shorter than that but with at least
 `min_item_words` words contribute one n-gram made of all their words.
 
-Copies get edited on their way around the web: a word changed every dozen words leaves no 13-gram whole. So
-a document is also contaminated when it holds at least `min_share` (0.4) of an item's distinct short n-grams
-(`fuzzy_ngram` words, 4 by default; at least 3 of them), the share being reported. A 4-gram that many items
-share ("which of the following") says nothing about any one of them and is left out of that count, so a
-document that merely uses an item's common phrases is not flagged. Words are normalized first (case,
-punctuation, digits, Unicode), so those edits never count. bench/decon_eval.py measures both sides.
+Copies get edited on their way around the web: a word changed every dozen words leaves no 13-gram whole. Two
+rules find them, both from the item's distinct short n-grams (`fuzzy_ngram` words, 4 by default; a 4-gram of
+more than 10 items, "which of the following", is a common phrase and is left out):
+
+- aligned: the whole item appears in one place of the document with at most `max_edit_share` (0.2) of its
+  words edited: a replaced or deleted item word is one edit, a run of m inserted words (m+1)/2; the fewest
+  edits over every span of the document, by dynamic programming. A 19-word item allows 3 edits. A copy that
+  is the item word for word with one sentence inserted between two of its words (a leaked item annotated) is
+  one edit, whatever the sentence's length; a sentence runs from a word that starts with a capital letter to
+  the first word followed by . ! or ? (read from the raw text). Sibling pages put text where a copy would,
+  but change words around it or insert text that is no sentence: pthread_rwlockattr_setkind_np(3) holds its
+  siblings' "... return 0; on error, they return a nonzero error number." with a sentence after "return 0"
+  and "they return" changed; systemd-path(1) holds systemd-cat(1)'s "... are understood: -h, --help Print a
+  short help text and exit." with an option, "--suffix= Printed paths ...", inserted. Their inserted text is
+  a plain run, 4 and 5 edits on its own, past the 3 those items allow (bench/decon_eval.py, --seed 1 and the
+  default). Only items whose short n-grams the document holds are aligned, and only near them: a copy within
+  E edits keeps at least (the item's n-grams - n * E) of them whole, so that many found is a filter that
+  loses no copy.
+- share: the document holds at least `min_share` (0.4) of the item's short n-grams and at least
+  `min_shared_ngrams` (20) of them: long items cut up or reordered. The count keeps it off short items,
+  where a few common phrases ("can be added to the", "at the head of the list") make a large share: the
+  STAILQ(3) manual page holds 7 of the 16 4-grams of a 19-word sentence of slist(3), and none of its copies.
+
+Words are normalized first (case, punctuation, digits, Unicode), so those edits never count.
+bench/decon_eval.py measures both sides: sibling manual pages and API docs, and edited copies.
 
 Speed matters (the check runs over every document), so words are hashed once each with a stable 64-bit
 hash (blake2b, not Python's salted `hash`, so results do not change between processes) and n-gram hashes
-are computed for all positions at once with numpy. Character spans are only computed for documents that
-hit, which are rare.
+are computed for all positions at once with numpy. Character spans (and sentences) are only computed for
+documents that hit or get as far as the alignment, which are rare.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -51,8 +71,11 @@ CONTAMINATION_SCHEMA = pa.schema([
 ])
 
 NORMALIZATION = ShingleNormalization()  # decontamination always uses the defaults: case, punctuation, digits
-MIN_FUZZY_NGRAMS = 3  # a share counts only from this many of an item's short n-grams found
 COMMON_OWNERS = 10  # a short n-gram of more items than this is a common phrase, not evidence for one item
+INSERTED_RUN_WORD = 0.5  # aligned rule: each inserted word after the first of a run; m words inserted cost (m+1)/2
+# The words of kiln.dedup.text (\w+), one match each: its first character, and the . ! or ? that ends it if any
+_FIRST_CHAR = re.compile(r"(\w)\w*")
+_SENTENCE_END = re.compile(r"\w+(?:[^\w.!?]*([.!?]))?")
 
 # Polynomial n-gram hash mod 2**64: hash(w_j..w_j+k-1) = sum_t h(w_j+t) * P**t. With prefix sums of
 # h(w_i) * P**i, every window of every size costs one subtraction and one multiply by P**-j (P is odd,
@@ -172,15 +195,22 @@ class BenchmarkIndex:
     fuzzy_keys: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
     fuzzy_owners: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     fuzzy_counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    min_shared_ngrams: int = 3
+    # The aligned rule: each item's word hashes, and the edits it allows (floor(max_edit_share * words))
+    max_edit_share: float | None = None
+    item_words: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def from_items(cls, items: Iterable[tuple[str, str, str]], ngram: int = 13, min_item_words: int = 8,
-                   fuzzy_ngram: int | None = None, min_share: float | None = None) -> BenchmarkIndex:
-        """Index (benchmark, item_id, text) triples (and their short n-grams when `min_share` is set)."""
+                   fuzzy_ngram: int | None = None, min_share: float | None = None, *,
+                   max_edit_share: float | None = None, min_shared_ngrams: int = 3) -> BenchmarkIndex:
+        """Index (benchmark, item_id, text) triples; their short n-grams too when `min_share` or
+        `max_edit_share` is set (see the module docstring for both rules)."""
         owners: dict[int, dict[int, set[tuple[str, str]]]] = defaultdict(lambda: defaultdict(set))
         short: dict[int, set[tuple[str, str]]] = defaultdict(set)
-        fuzzy = fuzzy_ngram if min_share is not None else None
+        fuzzy = fuzzy_ngram if (min_share is not None or max_edit_share is not None) else None
         stats: dict[str, dict[str, int]] = {}
+        item_words: dict[tuple[str, str], np.ndarray] = {}
         for benchmark, item_id, text in items:
             s = stats.setdefault(benchmark, {"items": 0, "items_indexed": 0, "items_skipped_short": 0, "ngrams": 0})
             s["items"] += 1
@@ -197,6 +227,8 @@ class BenchmarkIndex:
             if fuzzy:
                 for h in np.unique(ngram_hashes(ws, fuzzy)).tolist():
                     short[h].add(owner)
+            if fuzzy and max_edit_share is not None:
+                item_words[owner] = _word_hash_array(ws).copy()
             s["items_indexed"] += 1
             s["ngrams"] += len(hashes)
         frozen = {size: {h: tuple(sorted(o)) for h, o in table.items()} for size, table in sorted(owners.items())}
@@ -207,7 +239,15 @@ class BenchmarkIndex:
             for owner in item_owners:
                 counts[owner] += 1
         return cls(ngram, min_item_words, keys, frozen, stats, fuzzy, min_share,
-                   np.array(sorted(fuzzy_owners), dtype=np.uint64), fuzzy_owners, dict(counts))
+                   np.array(sorted(fuzzy_owners), dtype=np.uint64), fuzzy_owners, dict(counts),
+                   min_shared_ngrams, max_edit_share if fuzzy else None, item_words)
+
+    @classmethod
+    def from_settings(cls, items: Iterable[tuple[str, str, str]], settings: Decontamination) -> BenchmarkIndex:
+        """The index the `decontamination` settings describe."""
+        return cls.from_items(items, settings.ngram, settings.min_item_words, settings.fuzzy_ngram,
+                              settings.min_share, max_edit_share=settings.max_edit_share,
+                              min_shared_ngrams=settings.min_shared_ngrams)
 
     def summary(self) -> dict[str, Any]:
         """Per benchmark: items read, indexed, skipped as too short, n-grams; plus distinct n-grams overall."""
@@ -215,17 +255,23 @@ class BenchmarkIndex:
                 "distinct_ngrams": sum(len(k) for k in self.keys.values()),
                 "ngram_sizes": sorted(self.keys),
                 "fuzzy": {"ngram": self.fuzzy_ngram, "min_share": self.min_share,
+                          "min_shared_ngrams": self.min_shared_ngrams, "max_edit_share": self.max_edit_share,
                           "distinct_ngrams": len(self.fuzzy_keys)} if self.fuzzy_ngram else None}
 
     def __bool__(self) -> bool:
         return bool(self.keys)
 
-    def _hits(self, ws: list[str]) -> tuple[list[tuple[int, tuple[tuple[str, str], ...], int]], dict]:
-        """(first word, owners, size) of every window of `ws` that makes an item match, and each matched item's
-        share of short n-grams found (only items with a short n-gram in `ws`)."""
+    def allowed_edits(self, owner: tuple[str, str]) -> int:
+        """Edits the aligned rule allows an item: floor(max_edit_share * its words)."""
+        return int(self.max_edit_share * len(self.item_words[owner]) + 1e-9)
+
+    def _hits(self, ws: list[str], text: str) -> tuple[list[tuple[int, tuple[tuple[str, str], ...], int]], dict]:
+        """(first word, owners, size) of every window of `ws` (the words of `text`) that makes an item match, and
+        each matched item's share of short n-grams found (only items with a short n-gram in `ws`)."""
         if not self.keys or not ws:
             return [], {}
-        prefix, inverse = _prefix(_word_hash_array(ws))
+        doc = _word_hash_array(ws)
+        prefix, inverse = _prefix(doc)
         hits = []
         for size, keys in self.keys.items():
             if len(ws) >= size:
@@ -233,32 +279,47 @@ class BenchmarkIndex:
                 hits += [(j, table[h], size) for j, h in _found(_window_hashes(prefix, inverse, size), keys)]
         shares: dict[tuple[str, str], float] = {}
         if self.fuzzy_ngram and len(ws) >= self.fuzzy_ngram and len(self.fuzzy_keys):
-            found = _found(_window_hashes(prefix, inverse, self.fuzzy_ngram), self.fuzzy_keys)
+            n = self.fuzzy_ngram
+            found = _found(_window_hashes(prefix, inverse, n), self.fuzzy_keys)
             distinct: dict[tuple[str, str], set[int]] = defaultdict(set)
-            for _, h in found:
+            where: dict[tuple[str, str], list[int]] = defaultdict(list)
+            for j, h in found:
                 for owner in self.fuzzy_owners[h]:
                     distinct[owner].add(h)
+                    where[owner].append(j)
             shares = {o: len(hs) / self.fuzzy_counts[o] for o, hs in distinct.items()}
-            flagged = {o for o, hs in distinct.items() if len(hs) >= MIN_FUZZY_NGRAMS and shares[o] >= self.min_share}
-            if flagged:
+            if self.min_share is not None:
+                flagged = {o for o, hs in distinct.items()
+                           if len(hs) >= self.min_shared_ngrams and shares[o] >= self.min_share}
                 for j, h in found:
                     if owners := tuple(o for o in self.fuzzy_owners[h] if o in flagged):
-                        hits.append((j, owners, self.fuzzy_ngram))
+                        hits.append((j, owners, n))
+            if self.max_edit_share is not None:
+                sentences = None
+                for owner, hs in distinct.items():
+                    item, allowed = self.item_words[owner], self.allowed_edits(owner)
+                    # n * allowed is the most n-grams `allowed` edits can break: fewer found, no copy here
+                    if len(hs) < self.fuzzy_counts[owner] - n * allowed:
+                        continue
+                    if sentences is None:  # only for the rare document that gets this far
+                        sentences = _sentences(text, len(ws))
+                    if span := _aligned_span(item, doc, where[owner], allowed, sentences):
+                        hits.append((span[0], (owner,), span[1] - span[0]))
         return hits, shares
 
     def contains(self, text: str) -> bool:
         """Whether `text` matches any item (no spans: the fast path for drop-only checks)."""
-        return bool(self._hits(normalized_words(text))[0])
+        return bool(self._hits(normalized_words(text), text)[0])
 
     def find(self, text: str) -> list[Match]:
         """Every item found in `text`, ordered by position; one Match per run of overlapping n-grams."""
         ws = normalized_words(text)
-        hits, shares = self._hits(ws)
+        hits, shares = self._hits(ws, text)
         if not hits:
             return []
         spanned = words(text, NORMALIZATION, with_spans=True)  # spans only for the rare text that hits
         if spanned.words != ws:  # never seen (a test checks both word views agree); stay correct anyway
-            hits, shares = self._hits(spanned.words)
+            hits, shares = self._hits(spanned.words, text)
         runs: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
         for first, owners, size in hits:
             for owner in owners:
@@ -269,6 +330,86 @@ class BenchmarkIndex:
             for first, end in _merge(ranges):
                 matches.append(Match(benchmark, item_id, spanned.spans[first][0], spanned.spans[end - 1][1], share))
         return sorted(matches, key=lambda m: (m.start, m.end, m.benchmark, m.item_id))
+
+
+def _sentences(text: str, n_words: int) -> np.ndarray:
+    """(first word, end) of every sentence of `text` a copy may have had inserted, as indices into its
+    `n_words` normalized words: from a word that starts with a capital letter to the first word at or after it
+    that ends a sentence (followed by . ! or ? before the next word), `end` one past that word. Regular
+    expressions over the whole text, not a loop over its words: a long document costs milliseconds."""
+    firsts = _FIRST_CHAR.findall(text)
+    if len(firsts) != n_words:  # not the words of kiln.dedup.text (never seen): no sentence is cheap
+        return np.empty((0, 2), dtype=np.int64)
+    ends = np.flatnonzero(np.array(_SENTENCE_END.findall(text) or [""]) != "")
+    first = np.flatnonzero(np.fromiter(map(str.isupper, firsts), dtype=bool, count=n_words))
+    at = np.searchsorted(ends, first)  # the first sentence end at or after each capital
+    first, at = first[at < len(ends)], at[at < len(ends)]
+    return np.stack([first, ends[at] + 1], axis=1)
+
+
+def _last_row(item: np.ndarray, seg: np.ndarray, limit: float, sentences: np.ndarray,
+              anchored: bool = False) -> np.ndarray | None:
+    """Entry j of the last line: the fewest edits turning `item` into a span of `seg` that ends before word j
+    (and starts at word 0 when `anchored`, else anywhere). A replaced or deleted item word costs 1, a run of
+    inserted document words 1 + INSERTED_RUN_WORD per word after the first; or one edit in all for the item
+    word for word with one of `sentences` ((first, end) word ranges of `seg`) inserted between two of its
+    words. None once every span needs more than `limit` (a line's minimum never decreases)."""
+    steps = np.arange(len(seg) + 1, dtype=np.float64) * INSERTED_RUN_WORD
+    row = np.zeros(len(seg) + 1)
+    if anchored:
+        row[1:] = np.inf
+        row = _insert_runs(row, steps)
+    exact = np.where(row == 0, 0.0, np.inf)  # the item's first i words word for word, ending before word j
+    cut = np.full(len(seg) + 1, np.inf)  # the same with one sentence inserted: one edit
+    for i, word in enumerate(item.tolist(), start=1):
+        differs = seg != word
+        nxt = np.empty_like(row)
+        nxt[0] = i
+        np.minimum(row[:-1] + differs, row[1:] + 1, out=nxt[1:])  # keep or replace, or delete the item word
+        row = _insert_runs(nxt, steps)
+        exact[1:], cut[1:] = np.where(differs, np.inf, exact[:-1]), np.where(differs, np.inf, cut[:-1])
+        exact[0], cut[0] = np.inf, np.inf
+        if i < len(item) and len(sentences):  # a sentence after item word i, then the rest word for word
+            np.minimum.at(cut, sentences[:, 1], exact[sentences[:, 0]] + 1)
+        if min(row.min(), cut.min()) > limit:
+            return None
+    return np.minimum(row, cut)
+
+
+def _insert_runs(line: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """line[j] = min(line[j], min over k < j of line[k] + 1 + (j - k - 1) * INSERTED_RUN_WORD): document words
+    k..j-1 inserted as one run. With steps[j] = j * INSERTED_RUN_WORD that is a prefix minimum of line - steps."""
+    best = np.minimum.accumulate(line - steps)
+    out = line.copy()
+    out[1:] = np.minimum(line[1:], best[:-1] + steps[1:] + (1 - INSERTED_RUN_WORD))
+    return out
+
+
+def _aligned_span(item: np.ndarray, doc: np.ndarray, positions: list[int], allowed: int,
+                  sentences: np.ndarray) -> tuple[int, int] | None:
+    """Word span [start, end) of `doc` that `item` turns into with the fewest edits, if at most `allowed`;
+    searched near `positions` (where the item's n-grams were found: a copy with few edits keeps some).
+    `sentences`: (first, end) word ranges of `doc` that may cut a copy (see _last_row)."""
+    longest = int((sentences[:, 1] - sentences[:, 0]).max()) if len(sentences) else 0
+    # the longest span within `allowed` edits, or of the item word for word around one sentence
+    reach = len(item) + max(int(allowed / INSERTED_RUN_WORD), longest) + 1
+    segments = list(_merge([(max(0, j - reach), min(len(doc), j + reach)) for j in positions]))
+    best: tuple[float, int, int] | None = None
+    for first, last in segments:
+        seg = doc[first:last]
+        if len(item) - np.count_nonzero(np.isin(item, seg)) > allowed:
+            continue  # each item word the segment lacks costs an edit: cheap, and most phrase-sharing stops here
+        inside = sentences[(sentences[:, 0] >= first) & (sentences[:, 1] <= last)] - first
+        row = _last_row(item, seg, allowed, inside)
+        if row is None:
+            continue
+        end = int(np.argmin(row))
+        if best is None or row[end] < best[0]:
+            # the same edits, read backwards: a sentence (first, end) of seg[:end] is (end - its end, end - first)
+            mirrored = end - inside[inside[:, 1] <= end][:, ::-1]
+            back = _last_row(item[::-1], seg[:end][::-1], allowed, mirrored, anchored=True)
+            best = (float(row[end]), first + end - int(np.argmin(back)), first + end)
+    return (best[1], best[2]) if best else None
 
 
 def _found(windows: np.ndarray, keys: np.ndarray) -> list[tuple[int, int]]:
@@ -350,8 +491,7 @@ def load_benchmarks(settings: Decontamination, base_dir: str | Path | None = Non
                                      f"paths are resolved against {str(Path(base_dir or '.').resolve())!r}) or "
                                      f"remove the entry")
             yield from read_benchmark_file(path, bench.name, bench.text_fields, bench.id_field)
-    return BenchmarkIndex.from_items(items(), settings.ngram, settings.min_item_words, settings.fuzzy_ngram,
-                                     settings.min_share)
+    return BenchmarkIndex.from_settings(items(), settings)
 
 
 def read_benchmark_file(path: Path, name: str, text_fields: list[str],

@@ -86,9 +86,14 @@ class Decontamination(Strict):
     enabled: bool = True
     ngram: int = Field(13, ge=3, le=64)  # words; GPT-3 and most successors use 13
     min_item_words: int = Field(8, ge=1)  # shorter items use all their words as one n-gram; below this, skipped
-    # Edited copies (words changed, a sentence inserted): also flag a document holding at least this share of an
-    # item's distinct `fuzzy_ngram`-word n-grams (and at least 3 of them); null: the exact `ngram` rule only
+    # Edited copies (kiln.dedup.decontaminate explains both rules). Aligned: the whole item in one place with at
+    # most this share of its words replaced, deleted or inserted (a 19-word item: 3 edits; one sentence inserted
+    # into the item word for word: 1); null: off
+    max_edit_share: float | None = Field(0.2, ge=0, lt=1)
+    # Share: at least min_share of an item's distinct `fuzzy_ngram`-word n-grams, and at least min_shared_ngrams
+    # of them (a few common phrases make a large share of a short item); min_share null: off
     min_share: float | None = Field(0.4, gt=0, le=1)
+    min_shared_ngrams: int = Field(20, ge=1)
     fuzzy_ngram: int = Field(4, ge=3, le=13)
     mode: Literal["drop", "redact"] = "drop"  # redact cuts the overlapping spans (plus margin) instead
     redact_margin_chars: int = Field(200, ge=0)

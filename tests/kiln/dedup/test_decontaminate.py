@@ -53,9 +53,10 @@ DROP = Decontamination()
 REDACT = Decontamination(mode="redact", redact_margin_chars=0, min_chars_after_redact=0)
 
 
-def fuzzy_index(*items: tuple[str, str, str]) -> BenchmarkIndex:
-    """The index as the default settings build it: 13-grams, and the share of each item's 4-grams."""
-    return BenchmarkIndex.from_items(items, DROP.ngram, DROP.min_item_words, DROP.fuzzy_ngram, DROP.min_share)
+def fuzzy_index(*items: tuple[str, str, str], **settings_) -> BenchmarkIndex:
+    """The index as the default settings (changed by `settings_`) build it: 13-grams, the aligned rule and the
+    share of each item's 4-grams."""
+    return BenchmarkIndex.from_settings(items, DROP.model_copy(update=settings_))
 
 
 # ---- finding ------------------------------------------------------------------------------------
@@ -312,8 +313,9 @@ def test_a_planted_item_is_always_found_and_cut(before, after, margin):
 
 
 # ---- edited copies ----------------------------------------------------------------------------------
-# ITEM has 29 words, so 26 distinct 4-grams. Each edit below leaves no 13 words of it in a row (the exact rule
-# misses every one of them); the share of its 4-grams still found is worked out by hand next to each.
+# ITEM has 29 words, so 26 distinct 4-grams, and the aligned rule allows floor(0.2 * 29) = 5 edits. Each edit
+# below leaves no 13 words of it in a row (the exact rule misses every one of them); the share of its 4-grams
+# still found is worked out by hand next to each.
 
 
 def _edited(positions_to_words: dict[int, str | None], upper: bool = False, insert: dict[int, str] | None = None):
@@ -332,7 +334,8 @@ def _edited(positions_to_words: dict[int, str | None], upper: bool = False, inse
 EDITS = {
     # words 6, 16, 26 replaced (10%): windows starting at 3-6, 13-16 and 23-26 are lost, 12 of 26: 14/26
     "substitution": (_edited({6: "noted", 16: "a", 26: "refuge"}), 14 / 26),
-    # a sentence after words 10 and 20: the 3 windows across each seam are lost: 20/26
+    # a sentence after words 10 and 20: the 3 windows across each seam are lost: 20/26, just min_shared_ngrams
+    # (20); aligned, the runs of 8 and 5 inserted words cost (8+1)/2 + (5+1)/2 = 7.5 > 5 edits
     "insertion": (_edited({}, insert={10: "It was a hard year for the coast.", 20: "Records were kept in ink."}),
                   20 / 26),
     # words 8 and 19 deleted: whole windows left in runs 1-7, 9-18, 20-29: 4 + 7 + 7 = 18/26
@@ -343,7 +346,7 @@ EDITS = {
 
 
 @pytest.mark.parametrize("kind", sorted(EDITS))
-def test_an_edited_copy_is_found_by_its_share_of_short_ngrams(kind):
+def test_an_edited_copy_is_found_and_reports_its_share_of_short_ngrams(kind):
     text, share = EDITS[kind]
     assert index_of(("trivia", "q1", ITEM)).find(text) == []  # the 13-gram rule alone misses it
     matches = fuzzy_index(("trivia", "q1", ITEM)).find(text)
@@ -372,7 +375,173 @@ def test_shared_common_phrases_and_short_overlaps_are_not_flagged():
 
 def test_fuzzy_matching_can_be_turned_off():
     text, _ = EDITS["substitution"]
-    settings_ = Decontamination(min_share=None)
-    index = BenchmarkIndex.from_items([("trivia", "q1", ITEM)], settings_.ngram, settings_.min_item_words,
-                                      settings_.fuzzy_ngram, settings_.min_share)
+    settings_ = Decontamination(min_share=None, max_edit_share=None)
+    index = BenchmarkIndex.from_settings([("trivia", "q1", ITEM)], settings_)
     assert index.find(text) == [] and index.summary()["fuzzy"] is None
+
+
+def test_the_share_rule_needs_min_shared_ngrams():
+    """The insertion copy holds exactly 20 of ITEM's 26 4-grams; its inserted runs cost 7.5 edits, past the 5
+    the aligned rule allows, so the share rule alone decides it at min_shared_ngrams' boundary."""
+    text, share = EDITS["insertion"]
+    assert {m.item_id for m in fuzzy_index(("trivia", "q1", ITEM), min_shared_ngrams=20).find(text)} == {"q1"}
+    assert fuzzy_index(("trivia", "q1", ITEM), min_shared_ngrams=21).find(text) == []
+    # the share (20/26 = 0.77) at min_share's boundary, the count met
+    assert fuzzy_index(("trivia", "q1", ITEM), min_share=share).find(text) != []
+    assert fuzzy_index(("trivia", "q1", ITEM), min_share=share + 0.01).find(text) == []
+    # aligned, the same copy is found once 7.5 edits are allowed: floor(0.26 * 29) = 7, floor(0.28 * 29) = 8
+    assert fuzzy_index(("trivia", "q1", ITEM), min_share=None, max_edit_share=0.26).find(text) == []
+    assert fuzzy_index(("trivia", "q1", ITEM), min_share=None, max_edit_share=0.28).find(text) != []
+
+
+# ---- short items: phrasing shared is not the item -----------------------------------------------------
+# Issue 38: slist(3)'s sentence as a 19-word item, against the sentence of its sibling STAILQ(3). The item has 16
+# distinct 4-grams; the sibling holds 7 of them ("new elements can be", "elements can be added", "can be added
+# to", "be added to the", "after an existing element", "at the head of", "the head of the"): 7/16 = 0.44 of
+# them, and no 13 words in a row. Aligned, the nearest span needs 4 edits: "list" -> "tail" plus "queue"
+# inserted (2), "or" deleted (1), the last "list" -> "tail" (1: the span ends there); the rule allows
+# floor(0.2 * 19) = 3.
+
+SLIST = "New elements can be added to the list after an existing element or at the head of the list."
+STAILQ = ("A singly linked tail queue is headed by a structure defined by the STAILQ_HEAD() macro. The elements are "
+          "singly linked for minimum space and pointer manipulation overhead at the expense of O(n) removal for "
+          "arbitrary elements. New elements can be added to the tail queue after an existing element, at the head "
+          "of the tail queue, or at the end of the tail queue. A STAILQ_HEAD structure is declared as follows.")
+SLIST_WORDS = SLIST.rstrip(".").split()
+
+
+def test_a_sibling_page_sharing_phrases_of_a_short_item_is_not_flagged():
+    before = Decontamination(max_edit_share=None, min_shared_ngrams=3)  # the rule issue 38 was filed against
+    (m,) = {(m.item_id, m.share) for m in BenchmarkIndex.from_settings([("b", "q", SLIST)], before).find(STAILQ)}
+    assert m == ("q", 7 / 16)
+    assert fuzzy_index(("b", "q", SLIST)).find(STAILQ) == []
+    assert decontaminate(STAILQ, fuzzy_index(("b", "q", SLIST)), DROP).kept
+    # the 4 edits at max_edit_share's boundary: floor(0.22 * 19) = 4 finds it, floor(0.2 * 19) = 3 does not
+    assert {m.item_id for m in fuzzy_index(("b", "q", SLIST), max_edit_share=0.22).find(STAILQ)} == {"q"}
+    assert fuzzy_index(("b", "q", SLIST), max_edit_share=0.2).find(STAILQ) == []
+
+
+def _slist_edited(replace: dict[int, str] | None = None, delete: tuple[int, ...] = (),
+                  insert: dict[int, str] | None = None) -> str:
+    """SLIST with words (1-based) replaced or deleted, and words inserted after positions."""
+    replace, insert, out = replace or {}, insert or {}, []
+    for i, word in enumerate(SLIST_WORDS, start=1):
+        if i not in delete:
+            out.append(replace.get(i, word))
+        if i in insert:
+            out.append(insert[i])
+    return " ".join(out) + "."
+
+
+@pytest.mark.parametrize("copy, edits", [
+    (_slist_edited(replace={8: "queue"}), 1),
+    (_slist_edited(delete=(13,)), 1),
+    (_slist_edited(replace={8: "queue"}, delete=(13,)), 2),
+    (_slist_edited(replace={8: "queue"}, delete=(13,), insert={3: "quickly"}), 3),
+    (_slist_edited(replace={8: "queue", 16: "front"}, delete=(13,), insert={3: "quickly"}), 4),
+    (_slist_edited(insert={12: "as shown below"}), 2),  # a run of 3 inserted words: (3 + 1) / 2
+    (_slist_edited(insert={12: "as shown in the example"}), 3),  # 5 words: 3
+    (_slist_edited(insert={12: "as shown in the example below"}), 3.5),  # 6 words: 3.5
+])
+def test_an_edited_copy_of_a_short_item_is_found_within_its_allowed_edits(copy, edits):
+    """19 words allow 3 edits: each replaced, deleted or inserted word is one, a run of m inserted words
+    (m + 1) / 2. Every 13-word window of the item holds words 7-13, and each copy edits one of them, so none
+    keeps 13 words in a row; nor 20 4-grams (the item has 16)."""
+    index = fuzzy_index(("b", "q", SLIST))
+    assert index_of(("b", "q", SLIST)).find(FILLER_A + copy + FILLER_B) == []
+    found = index.find(FILLER_A + copy + FILLER_B)
+    assert bool(found) == (edits <= 3)
+    if found:  # the match spans the aligned copy, so redaction cuts all of it
+        out = decontaminate(FILLER_A + copy + FILLER_B, index, REDACT)
+        assert out.text == FILLER_A + "\n." + FILLER_B  # the span runs from "New" to the last "list"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["replace", "delete", "insert"]), st.integers(0, 28), OTHER_WORDS
+                          .filter(lambda w: len(normalized_words(w)) == 1)), max_size=5),
+       st.lists(OTHER_WORDS, max_size=30), st.lists(OTHER_WORDS, max_size=30))
+def test_any_copy_within_the_allowed_edits_is_found(edits, before, after):
+    """ITEM (29 words) allows 5 edits (of one word each: "x-ray" is two); the n-gram filter in front of the
+    alignment may never lose such a copy."""
+    ws = list(ITEM_WORDS)
+    for op, at, word in edits:
+        at = min(at, len(ws) - 1)
+        if op == "replace":
+            ws[at] = word
+        elif op == "delete":
+            del ws[at]
+        else:
+            ws.insert(at, word)
+    text = " ".join(before + ws + after)
+    assert [m.item_id for m in fuzzy_index(("trivia", "q1", ITEM)).find(text)] == ["q1"]
+
+
+# ---- a sentence inserted into a copy ----------------------------------------------------------------------
+# The item word for word with one sentence (a word starting with a capital letter up to the first . ! or ?)
+# inserted between two of its words is one edit, whatever the sentence's length; anything else inserted is a
+# run, m words (m + 1) / 2. SLIST (19 words) allows 3 edits, and every 13-word window of it holds words 7-13,
+# so a sentence after word 8 leaves no 13-gram, and 16 4-grams are fewer than min_shared_ngrams (20).
+WEATHER = "The weather turned cold that week."  # 6 words: as a plain run (6 + 1) / 2 = 3.5 edits
+
+
+@pytest.mark.parametrize("copy, found", [
+    (_slist_edited(insert={8: WEATHER}), True),  # one edit
+    (_slist_edited(insert={8: "The " + "long " * 38 + "week."}), True),  # 40 words: still one
+    # "list. The weather ... week. After an": the item cut into two sentences; case and punctuation normalized
+    (_slist_edited(replace={8: "list.", 9: "After"}, insert={8: WEATHER}), True),
+    (_slist_edited(insert={8: WEATHER.lower()}), False),  # no capital: a run of 6, 3.5 edits
+    (_slist_edited(insert={8: WEATHER.rstrip(".")}), False),  # no end: the "sentence" runs to the item's last word
+    (_slist_edited(replace={16: "front"}, insert={8: WEATHER}), False),  # not word for word: 3.5 + 1
+    (_slist_edited(insert={8: "The weather turned cold. Nobody knew why."}), False),  # two sentences: a run of 8, 4.5
+    (_slist_edited(insert={5: WEATHER, 12: "Nobody knew why."}), False),  # two places: 3.5 + 2.5
+])
+def test_a_copy_with_a_sentence_inserted_is_found(copy, found):
+    index = fuzzy_index(("b", "q", SLIST))
+    assert index_of(("b", "q", SLIST)).find(FILLER_A + copy + FILLER_B) == []
+    assert bool(index.find(FILLER_A + copy + FILLER_B)) == found
+    if found:  # the match spans the copy, sentence included, so redaction cuts all of it
+        out = decontaminate(FILLER_A + copy + FILLER_B, index, REDACT)
+        assert out.text == FILLER_A + "\n." + FILLER_B
+
+
+# Sibling manual pages put a sentence where a copy would, but around it they change the item's words or insert
+# text that is no sentence. pthread_attr_init(3)'s 16 words allow 3 edits; pthread_rwlockattr_setkind_np(3) puts a
+# 7-word sentence after "return 0" and changes "they return" to "pthread_rwlockattr_setkind_np() returns": not
+# word for word, so the sentence is a run, (7 + 1) / 2 = 4 edits on its own. Its longest run of the item's words
+# is 8 ("return value ... return 0"): no 13-gram; it holds 6 of the 13 4-grams (5 in the first 8 words, "a
+# nonzero error number"), fewer than 20.
+RETURN_VALUE = "RETURN VALUE On success, these functions return 0; on error, they return a nonzero error number."
+RWLOCK_PAGE = ("RETURN VALUE\nOn success, these functions return 0.\nGiven valid pointer arguments,\n"
+               "pthread_rwlockattr_getkind_np()\nalways succeeds.\nOn error,\npthread_rwlockattr_setkind_np()\n"
+               "returns a nonzero error number.\n")
+# systemd-cat(1)'s 15 words allow 3; systemd-path(1) puts an option between them. That run starts with the option's
+# name, "--suffix=", so it is no sentence: 9 words, (9 + 1) / 2 = 5 edits. "Printed ... string." is a sentence, but
+# the word before it, "suffix", is not the item's. Runs of the item's words: 6 and 9, 3 + 6 of its 12 4-grams.
+OPTIONS = "OPTIONS The following options are understood: -h, --help Print a short help text and exit."
+SUFFIX_PAGE = ("OPTIONS\n\nThe following options are understood:\n\n--suffix=\nPrinted paths are suffixed by the "
+               "specified string.\n\n-h, --help\nPrint a short help text and exit.\n\n--version\nPrint a short "
+               "version string and exit.\n")
+
+
+def test_a_sibling_page_with_a_sentence_where_a_copy_would_have_one_is_not_flagged():
+    assert fuzzy_index(("b", "q", RETURN_VALUE)).find(RWLOCK_PAGE) == []
+    assert fuzzy_index(("b", "q", OPTIONS)).find(SUFFIX_PAGE) == []
+    # the boundaries: with "they return" as the item has it, or without the option's name, each is the item word
+    # for word with one sentence inserted
+    restored = RWLOCK_PAGE.replace("pthread_rwlockattr_setkind_np()\nreturns", "they return")
+    assert [m.item_id for m in fuzzy_index(("b", "q", RETURN_VALUE)).find(restored)] == ["q"]
+    assert [m.item_id for m in fuzzy_index(("b", "q", OPTIONS)).find(SUFFIX_PAGE.replace("--suffix=\n", ""))] == ["q"]
+    # the plain runs at max_edit_share's boundary: floor(0.34 * 15) = 5 finds the option, floor(0.3 * 15) = 4 not
+    assert fuzzy_index(("b", "q", OPTIONS), max_edit_share=0.34).find(SUFFIX_PAGE) != []
+    assert fuzzy_index(("b", "q", OPTIONS), max_edit_share=0.3).find(SUFFIX_PAGE) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, len(SLIST_WORDS) - 1), st.sampled_from(["Quartz", "Ωmega", "Émile", "ZEBRA"]),
+       st.lists(st.sampled_from(["zebra", "nimbus", "plinth", "kettle", "x-ray", "42", "émigré", "—", "(", ")"]),
+                max_size=60), st.sampled_from([".", "!", "?", ".)", '?"']))
+def test_any_sentence_inserted_between_two_words_of_an_item_is_found(at, first, rest, end):
+    """Wherever it goes and however long it is; the n-gram filter in front of the alignment never loses it."""
+    sentence = " ".join([first, *rest]) + end
+    copy = " ".join(SLIST_WORDS[:at] + [sentence] + SLIST_WORDS[at:]) + "."
+    assert [m.item_id for m in fuzzy_index(("b", "q", SLIST)).find(FILLER_A + copy + FILLER_B)] == ["q"]
