@@ -16,6 +16,7 @@ from kiln.common.config import ConfigError, ProjectConfig, kiln_home, merge_conf
 from kiln.common.manifest import code_version, git_commit
 from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.storage import IncompleteDataset
+from kiln.governance.exposure import measure_exposure, write_exposure
 from kiln.governance.forget import load_requests
 from kiln.governance.refresh import latest, load_refreshes, materialized, trained_refresh, upto
 from kiln.governance.replay import write_removed
@@ -243,6 +244,9 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
                          metadata={"run_dir": dg.MetadataValue.path(str(run_dir))}) from None
     summary = _read_json(run_dir / "summary.json")
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    # What the run read, from its loader's final cursor (the last checkpoint's): membership and the data card answer
+    # from it, not from the shards' member list alone.
+    exposure = measure_exposure(run_config, summary["loader"]) if summary.get("loader") else None
     with store.staging(RUN) as writer:
         for name in ("summary.json", "run_config.json", "metrics.jsonl"):
             shutil.copy2(run_dir / name, writer.dir / name)
@@ -250,6 +254,7 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
         if removals is not None:  # the replayed shards (and the requests applied to them) are inputs too
             write_removed(writer.dir, removals)
             inputs |= {k: v for k, v in removals.inputs(requests_version).items() if k not in inputs}
+        exposed = write_exposure(writer.dir, *exposure) if exposure is not None else None
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"training": settings.model_dump(mode="json"),
@@ -259,7 +264,8 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
             counts={"steps": summary["steps"], "tokens_seen": summary["tokens_seen"]},
             stats={"summary": summary, "run_dir": str(run_dir), "base_checkpoint": base,
                    "mlflow": {"experiment_id": experiment_id, "run_id": mlflow_run_id},
-                   **({"replay": removals.describe()} if removals is not None else {})})
+                   **({"replay": removals.describe()} if removals is not None else {}),
+                   **({"exposure": exposed} if exposed is not None else {})})
     return dg.MaterializeResult(
         metadata={
             **reported.metadata,
@@ -271,6 +277,9 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
                                                                                 "checkpoint_data_version")}),
                 "replay": dg.MetadataValue.json(replay and {k: v for k, v in replay.items() if k != "exclude"})}
                if base else {}),
+            **({"exposure": dg.MetadataValue.json({role: {n: {k: v[k] for k in ("tokens_read", "share", "passes")}
+                                                          for n, v in r.get("per_source", {}).items()}
+                                                   for role, r in exposed["roles"].items()})} if exposed else {}),
             **({"replay_removed": dg.MetadataValue.json({k: removals.describe()[k] for k in (
                 "removal_requests", "removed_documents", "removed_tokens")})} if removals is not None else {}),
         },

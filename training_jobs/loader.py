@@ -19,6 +19,11 @@ read: every sequence that would hold one of their tokens is dropped from its pha
 are laid out, so the rest reads as above. Continued pretraining passes the replayed documents a removal request
 names since the shards were written (kiln.governance.replay).
 
+Exposure. `exposure()` says, from the loader's cursor alone, how often every document of its shards was read over all
+ranks up to there (the run records its final cursor in summary.json; kiln.governance.exposure turns the counts into
+doc_ids): a document is read in an epoch when a sequence read in that epoch holds one of its tokens (inputs or the
+last target, as for exclusions); its tokens read are those that were inputs, so they sum to sequences read x seq_len.
+
 Resuming. `state_dict()` is a small JSON-able dict (epoch and sequences consumed); it is the same on
 every rank, so rank 0's copy in the checkpoint's client_state restores all ranks. Resuming with another
 seq_len, world size, seed, dataset or tokenizer is refused; another batch size is fine.
@@ -47,6 +52,7 @@ STATE_FORMAT = "kiln-loader/1"
 class _Phase:
     name: str
     paths: tuple[Path, ...]
+    names: tuple[str, ...]  # each shard's path in the manifest (relative to the dataset folder)
     starts: np.ndarray  # int64, token offset of each shard within the phase stream, plus the total
     sequences: int  # sequences in the phase stream, before the per-rank cut
     per_rank: int  # sequences each rank reads from this phase
@@ -112,6 +118,7 @@ class ShardLoader:
                                  f"training.phases or add the phase to mixture.phases and re-materialize token_shards")
             infos = [i for i in infos if i.phase in wanted]
         phases: dict[int, tuple[str, list[Path], list[int]]] = {}
+        names: dict[int, list[str]] = {}
         spans: dict[int, list[np.ndarray]] = {}  # phase -> [(start, end)] of excluded documents, within the phase
         for info in infos:
             shard = open_shard(self.shard_set.dir / info.path, expected_tokenizer_sha256=sha)
@@ -132,6 +139,7 @@ class ShardLoader:
                 self.excluded["documents"] += len(index)
                 self.excluded["tokens"] += int((offsets[index + 1] - offsets[index]).sum())
             paths.append(shard.path)
+            names.setdefault(info.phase_index, []).append(info.path)
             sizes.append(info.tokens)
         result = []
         for index, (name, paths, sizes) in sorted(phases.items()):
@@ -143,7 +151,8 @@ class ShardLoader:
                 kept = self._kept_sequences(np.concatenate(spans[index]), sequences)
                 self.excluded["sequences"] += sequences - len(kept)
                 sequences = len(kept)
-            result.append(_Phase(name, tuple(paths), starts, sequences, sequences // self.world_size, kept))
+            result.append(_Phase(name, tuple(paths), tuple(names[index]), starts, sequences,
+                                 sequences // self.world_size, kept))
         return result
 
     def _kept_sequences(self, spans: np.ndarray, sequences: int) -> np.ndarray:
@@ -174,15 +183,19 @@ class ShardLoader:
 
     def _global_index(self, epoch: int, phase_index: int, j: int) -> int:
         """Which sequence of the phase stream is this rank's j-th in that phase."""
+        return int(self._stream_sequences(epoch, phase_index, j * self.world_size + self.rank))
+
+    def _stream_sequences(self, epoch: int, phase_index: int, slots):
+        """The phase stream's sequence numbers at these slots of an epoch (an int or an array; slot j·world_size + r
+        is rank r's j-th): the one place the reading order is laid out, for reading and for `exposure`."""
         phase = self.phases[phase_index]
-        slot = j * self.world_size + self.rank
         if epoch != 0 and self.shuffle_epochs:
             key = (epoch, phase_index)
             if key not in self._permutations:
                 self._permutations = {key: np.random.default_rng([self.seed, epoch, phase_index])
                                       .permutation(phase.sequences)}
-            slot = int(self._permutations[key][slot])
-        return slot if phase.kept is None else int(phase.kept[slot])
+            slots = self._permutations[key][slots]
+        return slots if phase.kept is None else phase.kept[slots]
 
     def _read(self, phase: _Phase, start: int, count: int) -> np.ndarray:
         out = np.empty(count, dtype=self._dtype)
@@ -260,6 +273,45 @@ class ShardLoader:
                 total += int(sizes.sum())
         return long / total if total else 0.0
 
+    def roles(self) -> dict[str, "ShardLoader"]:
+        """The shard sets this loader reads, by role (a ReplayLoader adds "replay")."""
+        return {"train": self}
+
+    def exposure(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """How often each document of the shards was read, over all ranks, from the first sequence up to this loader's
+        cursor (load a recorded `state_dict()` first): shard (its path in the manifest) -> (reads, tokens), one entry
+        per document of its offset index. reads: the epochs in which a read sequence held one of its tokens (inputs
+        or the last target, as exclusions count them); tokens: its tokens that were inputs, summed over epochs.
+        Every rank stands at the same cursor, so one loader answers for all ranks."""
+        L, W = self.seq_len, self.world_size
+        # Sequences each rank read per epoch: whole epochs before the cursor's, then its position.
+        read = [self._epoch_end()] * self.epoch + [min(self.position, self._epoch_end())]
+        phase_starts = np.concatenate([[0], self._phase_ends[:-1]]).astype(np.int64)
+        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for p, phase in enumerate(self.phases):
+            total = max(phase.tokens - 1, 0) // L  # the phase stream's sequences, excluded ones included
+            shards = [open_shard(path, self.tokenizer_sha256).offsets.astype(np.int64) for path in phase.paths]
+            a = np.concatenate([o[:-1] + phase.starts[s] for s, o in enumerate(shards)])  # document spans [a, b)
+            b = np.concatenate([o[1:] + phase.starts[s] for s, o in enumerate(shards)])
+            reads, tokens = np.zeros(len(a), np.int32), np.zeros(len(a), np.int64)
+            lo = np.clip((a - L - 1) // L + 1, 0, total)  # sequence g touches [a, b) when g·L < b and g·L + L + 1 > a
+            hi = np.clip((b - 1) // L + 1, 0, total)
+            for epoch, n in enumerate(read):
+                j = int(np.clip(n - phase_starts[p], 0, phase.per_rank))
+                if not j:
+                    continue
+                hit = np.zeros(total + 1, np.int64)  # 1 for each sequence read in this epoch (+ a never-read end)
+                hit[self._stream_sequences(epoch, p, np.arange(j * W))] = 1
+                before = np.concatenate([[0], np.cumsum(hit[:total])])  # sequences read among the first g
+                reads += (before[hi] > before[lo]).astype(np.int32)
+                # input tokens t < x: L per read sequence wholly below x, plus x mod L of sequence x // L if read
+                ka, kb = np.minimum(a // L, total), np.minimum(b // L, total)
+                tokens += L * (before[kb] - before[ka]) + hit[kb] * (b % L) - hit[ka] * (a % L)
+            bounds = np.cumsum([0] + [len(o) - 1 for o in shards])
+            for s, name in enumerate(phase.names):
+                out[name] = (reads[bounds[s]:bounds[s + 1]], tokens[bounds[s]:bounds[s + 1]])
+        return out
+
     @property
     def tokens_per_epoch(self) -> int:
         """Input tokens this rank reads per epoch."""
@@ -311,3 +363,6 @@ class ReplayLoader:
 
     def long_document_share(self, length: int) -> float:
         return self.main.long_document_share(length)
+
+    def roles(self) -> dict[str, ShardLoader]:
+        return {"train": self.main, "replay": self.replay}

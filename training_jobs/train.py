@@ -341,6 +341,9 @@ class Trainer:
             "replay": {**self.run.replay.model_dump(exclude={"exclude"}), "excluded": self.loader.replay.excluded}
             if self.run.replay else None,
             "long_document_token_share": self.long_document_share,
+            # the loader's cursor at the end (the last checkpoint's): what the run read is derived from it after the
+            # run (kiln.governance.exposure), instead of logging every document read
+            "loader": self.loader.state_dict(),
             "loss_probe": getattr(self, "probe", None),
             "tokens_seen": p.tokens_seen, "tokens_skipped": p.tokens_skipped, "tokens_per_step": self.tokens_per_step,
             "tokens_per_s": tokens_per_s,

@@ -146,6 +146,26 @@ def resolve_target(store: Store, target: str, catalog: Catalog | None = None) ->
                      f"version{example}, or a checkpoint folder")
 
 
+def run_dataset(store: Store, run: Manifest | None) -> Path | None:
+    """The folder of a training run's dataset, or None when the store's current training_run is another run (a
+    later run replaced it): what the run wrote beside its manifest (exposure, replay removals) is gone with it."""
+    if run is None:
+        return None
+    folder = store.dataset_dir(TRAINING_RUN, run.partition)
+    current = folder / MANIFEST_NAME
+    if not current.is_file() or json.loads(current.read_text(encoding="utf-8")).get("data_version") != \
+            run.data_version:
+        return None
+    return folder
+
+
+def run_of_checkpoint(catalog: Catalog, checkpoint: str) -> Manifest | None:
+    """The training_run manifest a checkpoint (by data version) was made from, when the store still lists it."""
+    ckpt = next((m for m in catalog.versions(CHECKPOINT) if m.data_version == checkpoint), None)
+    version = ckpt.inputs.get(TRAINING_RUN) if ckpt else None
+    return next((r for r in catalog.versions(TRAINING_RUN) if r.data_version == version), None)
+
+
 def _shards_of_checkpoint(catalog: Catalog, ckpt: Manifest) -> set[str]:
     """The token_shards data versions a checkpoint's training run recorded as inputs (via its run's manifest)."""
     versions = set()
@@ -160,4 +180,4 @@ def _shards_of_checkpoint(catalog: Catalog, ckpt: Manifest) -> set[str]:
     return versions
 
 
-__all__ = ["AuditError", "Catalog", "node_key", "parse_key", "resolve_target"]
+__all__ = ["AuditError", "Catalog", "node_key", "parse_key", "resolve_target", "run_dataset", "run_of_checkpoint"]

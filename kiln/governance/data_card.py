@@ -2,7 +2,8 @@
 
 `build_data_card` gathers, for the current checkpoint in a store: sources and licenses, sizes at every
 document stage, the filter funnel, dedup and decontamination figures, PII counts, quality filtering,
-the tokenizer, the mixture and effective epochs, the training settings and results, the MLflow run,
+the tokenizer, the mixture and effective epochs (the plan), what the run read of each source (its exposure:
+kiln.governance.exposure), the training settings and results, the MLflow run,
 and the full lineage chain with hashes (`kiln.governance.audit.lineage`). `data_card_markdown` renders it for
 people (its own module); the dict itself is the JSON for machines. Nothing is recomputed from the data: a figure that
 is not in a manifest is not on the card, and a stage that is not materialized says so.
@@ -56,8 +57,8 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
                        "path": str(store.dataset_dir(CHECKPOINT)),
                        "files": [{"path": f.path, "sha256": f.sha256, "bytes": f.bytes} for f in ckpt.files]},
         "refreshes": _refreshes(store, catalog, refreshes, parts),
-        "sources": [_source(catalog, config, name, shard_sources.get(name), stage_stats[name], parts[name])
-                    for name in names],
+        "sources": [{**_source(catalog, config, name, shard_sources.get(name), stage_stats[name], parts[name]),
+                     "exposure": _source_exposure(run, name)} for name in names],
         "funnel": _funnel(stage_stats),
         "dedup": _dedup(catalog, stage_stats, refreshes),
         "decontamination": _decontamination(catalog, parts, stage_stats),
@@ -78,6 +79,8 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
                      "replay": run.config.get("replay") if run else None,
                      # the replayed shard set, and the removal requests applied to it (kiln.governance.replay)
                      "replayed_shards": run.stats.get("replay") if run else None,
+                     # what the run read, per role (train, replay), phase and source, and the per-document file
+                     "exposure": _exposure(run),
                      "stability_events": len(summary.get("stability_events") or [])},
         "evaluation": {"data_version": evaluation.data_version, "validation": evaluation.stats.get("validation"),
                        "per_source": evaluation.stats.get("per_source"),
@@ -87,6 +90,21 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
         "removal_requests": _removal_requests(store, ckpt.data_version),
         "lineage": chain_.to_dict(),
     }
+
+
+def _exposure(run: Manifest | None) -> dict[str, Any] | None:
+    """The run's recorded exposure (`stats.exposure`) with its file's hash; None for a run that recorded none."""
+    info = (run.stats.get("exposure") if run else None) or None
+    if info is None:
+        return None
+    f = next((f for f in run.files if f.path == info["file"]), None)
+    return {**info, "sha256": f.sha256 if f else None, "rows": f.rows if f else None}
+
+
+def _source_exposure(run: Manifest | None, name: str) -> dict[str, Any] | None:
+    """What the run read of one source of its own shards (role `train`), beside the mixture's planned epochs."""
+    roles = ((run.stats.get("exposure") or {}).get("roles") if run else None) or {}
+    return (roles.get("train") or {}).get("per_source", {}).get(name)
 
 
 def _removal_requests(store: Store, checkpoint: str) -> list[dict[str, Any]]:

@@ -21,6 +21,26 @@ def _replayed(training: dict) -> str:
                if info.get("unknown_urls") else "") + ".")
 
 
+def _exposure_markdown(exposure: dict | None) -> list[str]:
+    """What the run read per source, against the mixture's plan (a run may stop long before its planned epochs)."""
+    if exposure is None:
+        return ["", "The run recorded no exposure (trained before it was recorded): the epochs above are the "
+                    "mixture's plan, not what the run read."]
+    out = ["", f"What the run read (from its loader's final cursor; per document in `{exposure['file']}` sha256 "
+               f"`{exposure.get('sha256')}`): tokens read as inputs, their share of the source's tokens in the "
+               f"shards, passes over the source's own data, and documents reached.", ""]
+    rows = []
+    for role, r in exposure["roles"].items():
+        if r.get("unavailable"):
+            out.append(f"- {role} (token_shards `{r['data_version']}`): {r['unavailable']}")
+            continue
+        rows += [[role, n, v["tokens_read"], v["tokens"], v["share"], v["passes"], v["planned_epochs"],
+                  f"{v['documents_read']:,} / {v['documents']:,}"] for n, v in r["per_source"].items()]
+    out += _table(["read as", "source", "tokens read", "tokens in shards", "share read", "passes read",
+                   "planned epochs", "documents reached"], rows, "|---|---|---:|---:|---:|---:|---:|---:|")
+    return out
+
+
 def _n(value: Any) -> str:
     if value is None:
         return "–"
@@ -68,11 +88,13 @@ def data_card_markdown(card: dict[str, Any]) -> str:
     for s in card["sources"]:
         t = s["tokens"] or {}
         raw = s["stages"].get(DOCUMENT_STAGES[0])
+        read = s.get("exposure") or {}
         rows.append([s["name"], s["license"], s["domain"], s["quality_tier"], s["origin"],
                      raw.get("documents_in") if isinstance(raw, dict) else None, t.get("train_documents"),
-                     t.get("train_tokens"), t.get("effective_epochs")])
+                     t.get("train_tokens"), t.get("effective_epochs"), read.get("tokens_read"), read.get("passes")])
     out += _table(["source", "license", "domain", "tier", "origin", "raw records", "train documents", "train tokens",
-                   "epochs"], rows, "|---|---|---|---:|---|---:|---:|---:|---:|")
+                   "planned epochs", "tokens read", "passes read"], rows,
+                  "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
 
     out += ["", "## Refreshes in the training data", ""]
     out += _table(["refresh", "registered", "trigger", "landed files", "raw records", "documents kept"],
@@ -181,6 +203,7 @@ def data_card_markdown(card: dict[str, Any]) -> str:
                f"{_n(s.get('device'))} ({_n(s.get('precision'))}); final training loss {_n(s.get('final_loss'))}, "
                f"validation loss {_n(s.get('val_loss'))}; {tr['stability_events']} stability events. Full settings in "
                f"data_card.json.")
+    out += _exposure_markdown(tr.get("exposure"))
     base = tr.get("base_checkpoint")
     if base:
         replay = tr.get("replay")

@@ -5,6 +5,10 @@ through the MinHash bucket index in the dedup_index datasets. It is then traced 
 the token shards' member lists: in the training set, or where and why it left (and, for a removed duplicate,
 whether its kept copy was trained on). A shard set a continued run replayed counts as that checkpoint's training
 data, except for the documents the run left out of its replay for a removal request (kiln.governance.replay).
+Whether a checkpoint read a document of its shards, and how many times each copy, comes from what its run recorded
+it read (kiln.governance.exposure): a run that stopped before reaching a document did not train on it. A run that
+recorded no exposure (from before it was recorded, or whose dataset a later run replaced) counts as having read
+every document of its shards, as the member list says, with a note.
 """
 
 from __future__ import annotations
@@ -26,17 +30,19 @@ from kiln.governance.catalog import (
     NOT_MATERIALIZED,
     RAW,
     SHARDS,
-    TRAINING_RUN,
     AuditError,
     Catalog,
     _shards_of_checkpoint,
     node_key,
     resolve_target,
+    run_of_checkpoint,
 )
+from kiln.governance.exposure import exposure_of
 from kiln.governance.lineage import DOCUMENT_STAGES
 
 # Membership verdicts, from "it was trained on" to "never seen".
 IN_TRAINING = "in_training"
+NOT_REACHED = "in_shards_not_reached"  # in the train split of a checkpoint's shards, but its run stopped before it
 VALIDATION = "validation_only"
 LEFT_OUT = "left_out_by_mixture"
 NOT_IN_SHARDS = "not_in_token_shards"
@@ -45,7 +51,7 @@ QUARANTINED = "quarantined"
 UNKNOWN = "unknown"
 NEVER_SEEN = "never_seen"
 MAX_COPY_CHAIN = 3  # a kept copy may itself be removed later as a duplicate of another: follow at most this far
-_RANK = [IN_TRAINING, VALIDATION, LEFT_OUT, NOT_IN_SHARDS, UNKNOWN, REMOVED, QUARANTINED, NEVER_SEEN]
+_RANK = [IN_TRAINING, NOT_REACHED, VALIDATION, LEFT_OUT, NOT_IN_SHARDS, UNKNOWN, REMOVED, QUARANTINED, NEVER_SEEN]
 
 
 @dataclass
@@ -77,6 +83,21 @@ class ShardRecord:
     # checkpoints that replayed this set but skipped the document for a removal request, and that request
     removed_from_replay: list[str] = field(default_factory=list)
     removed_from_replay_by: str | None = None
+    # of `checkpoints`, those whose run recorded what it read: the times it read each copy (most read first)
+    reads: dict[str, list[int]] = field(default_factory=dict)
+    # of `checkpoints`: those that read the document (or recorded nothing to say otherwise), and those that did not
+    reached_by: list[str] = field(default_factory=list)
+    not_reached_by: list[str] = field(default_factory=list)
+    read_share: dict[str, float] = field(default_factory=dict)  # per checkpoint: the share of the set's tokens read
+
+    def times(self, checkpoint: str) -> str:
+        """` (read N times: a, b by copy)` for a checkpoint whose run recorded its reads, else nothing."""
+        if checkpoint not in self.reads:
+            return ""
+        reads = self.reads[checkpoint]
+        total = sum(reads)
+        by_copy = f": {', '.join(map(str, reads))} by copy" if len(reads) > 1 else ""
+        return f" (read {total} time{'' if total == 1 else 's'}{by_copy})"
 
 
 @dataclass
@@ -113,13 +134,13 @@ def membership(store: Store, config: ProjectConfig, text: str | None = None, doc
     if (text is None) == (doc_id is None):
         raise AuditError("give exactly one of a text or a doc_id")
     catalog = Catalog(store)
-    shard_versions = _checkpoint_shards(catalog, checkpoint) if checkpoint else None
+    only, shard_versions = _checkpoint_shards(catalog, checkpoint) if checkpoint else (None, None)
     if doc_id is not None:
-        return _trace(catalog, config, doc_id.strip(), {"doc_id": doc_id.strip()}, "doc_id", shard_versions)
+        return _trace(catalog, config, doc_id.strip(), {"doc_id": doc_id.strip()}, "doc_id", shard_versions, only)
     query = {"text_sha256": hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), "chars": len(text)}
     exact = _exact_matches(catalog, config, text)
     if exact:
-        results = sorted((_trace(catalog, config, d, query, "exact", shard_versions) for d in exact),
+        results = sorted((_trace(catalog, config, d, query, "exact", shard_versions, only) for d in exact),
                          key=lambda r: (_RANK.index(r.verdict), r.doc_id))
         best = results[0]
         best.other_matches = [{"doc_id": r.doc_id, "source": r.source, "verdict": r.verdict} for r in results[1:]]
@@ -127,7 +148,7 @@ def membership(store: Store, config: ProjectConfig, text: str | None = None, doc
     near, notes = _near_match(catalog, config, text)
     if near is not None:
         matched, score = near
-        result = _trace(catalog, config, matched, query, "near_duplicate", shard_versions)
+        result = _trace(catalog, config, matched, query, "near_duplicate", shard_versions, only)
         result.jaccard = score
         result.notes = notes + result.notes
         if result.doc_id is None:  # indexed by an earlier refresh whose datasets the store no longer holds
@@ -140,9 +161,10 @@ def membership(store: Store, config: ProjectConfig, text: str | None = None, doc
 
 
 def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, match: str,
-           shard_versions: set[str] | None, depth: int = 0) -> Membership:
+           shard_versions: set[str] | None, only: str | None = None, depth: int = 0) -> Membership:
     """Follow one doc_id through every document stage and the token shards' member lists (and, for a removed
-    duplicate, its kept copy: `depth` copies deep)."""
+    duplicate, its kept copy: `depth` copies deep); with `only` (a checkpoint's data version), that checkpoint's
+    reading alone counts."""
     kept_copy = None
     sources = [s.name for s in config.sources]
     hint: str | None = None
@@ -173,6 +195,7 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
         stages.append(record)
 
     shards, notes = [], []
+    exposures: dict[str, Any] = {}  # checkpoint -> this document's copies its run read (None: not recorded)
     shards_gone = shard_versions is not None and not any(m.data_version in shard_versions
                                                          for m in catalog.versions(SHARDS))
     for m in catalog.versions(SHARDS):
@@ -183,7 +206,7 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
             notes.append(f"token_shards {m.data_version} has no member list (written before member lists existed); "
                          f"re-materialize token_shards to answer from the shards")
             continue
-        checkpoints = _checkpoints_using(catalog, m.data_version)
+        checkpoints = [c for c in _checkpoints_using(catalog, m.data_version) if only is None or c == only]
         replays = {c: _replay_of(catalog, c) for c in checkpoints}
         replays = {c: r for c, r in replays.items() if r is not None and r[0] == m.data_version}
         for path in paths:
@@ -191,10 +214,13 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
                 # A checkpoint that replayed this set and left the document out did not train on it from here.
                 skipped = {c: removed[doc_id] for c, (_, removed, main) in replays.items()
                            if not main and removed is not None and doc_id in removed}
-                shards.append(ShardRecord(m.data_version, r["split"], r["copies"], r["tokens"],
-                                          [c for c in checkpoints if c not in skipped], r.get("removed_by"),
-                                          [c for c, (_, _, main) in replays.items() if not main and c not in skipped],
-                                          sorted(skipped), next(iter(skipped.values()), None)))
+                record = ShardRecord(m.data_version, r["split"], r["copies"], r["tokens"],
+                                     [c for c in checkpoints if c not in skipped], r.get("removed_by"),
+                                     [c for c, (_, _, main) in replays.items() if not main and c not in skipped],
+                                     sorted(skipped), next(iter(skipped.values()), None))
+                if r["split"] == "train" and r["copies"] > 0:
+                    _add_reads(catalog, record, doc_id, exposures)
+                shards.append(record)
                 hint = hint or r["source"]
     if shards_gone:
         notes.append(f"the checkpoint was trained on token_shards {', '.join(sorted(shard_versions))}, which is no "
@@ -216,16 +242,24 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
                      f"it) still hold{'s' if len(stale) == 1 else ''} it: re-materialize token_shards")
     skipped = "; ".join(f"skipped by {s.removed_from_replay_by} when checkpoint {', '.join(s.removed_from_replay)} "
                         f"replayed token_shards {s.shard_set}" for s in shards if s.removed_from_replay)
-    if any(s.copies > 0 for s in train):
-        s = next((s for s in train if s.copies > 0 and s.checkpoints), None) or next(s for s in train if s.copies > 0)
+    held = [s for s in train if s.copies > 0]
+    unread = [f"checkpoint {c} did not reach it in token_shards {s.shard_set}" + _share(s, c)
+              for s in held for c in s.not_reached_by]
+    # Trained on: a checkpoint read it, or it waits in shards no checkpoint has trained on yet (the training set).
+    if any(s.reached_by or not s.checkpoints for s in held):
+        s = next((s for s in held if s.reached_by), None) or next(s for s in held if not s.checkpoints)
         verdict = IN_TRAINING
-        direct = [c for c in s.checkpoints if c not in s.replayed_by]
+        direct = [c + s.times(c) for c in s.reached_by if c not in s.replayed_by]
+        again = [c + s.times(c) for c in s.reached_by if c in s.replayed_by]
         used = ([f"used by checkpoint {', '.join(direct)}"] if direct else []) + \
-            ([f"replayed by checkpoint {', '.join(s.replayed_by)}"] if s.replayed_by else [])
+            ([f"replayed by checkpoint {', '.join(again)}"] if again else [])
         summary = (f"IN TRAINING: {s.copies} cop{'y' if s.copies == 1 else 'ies'} in the train split of token_shards "
                    f"{s.shard_set}" + (f", {' and '.join(used)}" if used else ""))
-        summary += "".join(f"; also replayed by checkpoint {', '.join(r.replayed_by)} from token_shards {r.shard_set}"
-                           for r in train if r is not s and r.copies > 0 and r.replayed_by)
+        for r in held:
+            replays = [c + r.times(c) for c in r.reached_by if c in r.replayed_by]
+            if r is not s and replays:
+                summary += f"; also replayed by checkpoint {', '.join(replays)} from token_shards {r.shard_set}"
+        notes += unread
         if skipped:
             notes.append(f"the document was {skipped}")
         if requested is not None:
@@ -234,6 +268,15 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
         elif removed is not None:
             notes.append(f"{removed.stage} has since removed it ({removed.reason}); the token shards predate that: "
                          f"re-materialize token_shards")
+    elif held:
+        verdict = NOT_REACHED
+        s = held[0]
+        summary = (f"NOT TRAINED ON: in the shards but not reached: {s.copies} cop{'y' if s.copies == 1 else 'ies'} in "
+                   f"the train split of token_shards {s.shard_set}, but " + "; ".join(unread))
+        if skipped:
+            notes.append(f"the document was {skipped}")
+        if requested is not None:
+            notes.append(f"token_shards {requested.shard_set} has since left it out ({requested.removed_by})")
     elif requested is not None or unreplayed:
         verdict = REMOVED
         summary = "NOT TRAINED ON: " + "; ".join(
@@ -254,11 +297,11 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
             summary += f" (Jaccard {removed.jaccard:.3f})"
         if removed.duplicate_of and depth < MAX_COPY_CHAIN:
             # The auditor's real question: a duplicate is removed because its copy was kept; did that copy train?
-            copy = _trace(catalog, config, removed.duplicate_of, query, "doc_id", shard_versions, depth + 1)
+            copy = _trace(catalog, config, removed.duplicate_of, query, "doc_id", shard_versions, only, depth + 1)
             kept_copy = {"doc_id": copy.doc_id or removed.duplicate_of, "verdict": copy.verdict,
                          "reached_training": copy.reached_training, "summary": copy.summary,
                          "checkpoints": sorted({c for s in copy.shards if s.copies > 0 and s.split == "train"
-                                                for c in s.checkpoints})}
+                                                for c in s.reached_by})}
             summary += f"; its kept copy {kept_copy['doc_id']}: {copy.summary}"
     elif shards_gone:
         verdict, summary = UNKNOWN, "UNKNOWN: the checkpoint's token shards are not in the store"
@@ -378,15 +421,42 @@ def _replay_of(catalog: Catalog, checkpoint: str) -> tuple[str, dict[str, str] |
     from kiln.governance.refresh import trained_refresh
     from kiln.governance.replay import removed_from_replay, replayed
 
-    ckpt = next((m for m in catalog.versions(CHECKPOINT) if m.data_version == checkpoint), None)
-    run_version = ckpt.inputs.get(TRAINING_RUN) if ckpt else None
-    run = next((r for r in catalog.versions(TRAINING_RUN) if r.data_version == run_version), None)
+    run = run_of_checkpoint(catalog, checkpoint)
     info = replayed(run)
     if info is None:
         return None
     refresh = trained_refresh(run)
     main = refresh is not None and run.inputs.get(f"{SHARDS}/{refresh}") == info["data_version"]
     return info["data_version"], removed_from_replay(catalog.store, run), main
+
+
+def _add_reads(catalog: Catalog, record: ShardRecord, doc_id: str, exposures: dict[str, Any]) -> None:
+    """Which of the record's checkpoints read the document, and how often each copy, from what their runs recorded
+    (kiln.governance.exposure); a checkpoint whose run recorded nothing for this set counts as having read it."""
+    for c in record.checkpoints:
+        if c not in exposures:
+            run = run_of_checkpoint(catalog, c)
+            exposures[c] = (exposure_of(catalog.store, run, doc_id), run)
+        found, run = exposures[c]
+        if found is None or record.shard_set not in found:
+            record.reached_by.append(c)
+            continue
+        per_copy: dict[tuple[str, int], int] = {}  # a set a run both trains on and replays: both roles' reads
+        for row in found[record.shard_set]:
+            per_copy[row["shard"], row["index"]] = per_copy.get((row["shard"], row["index"]), 0) + row["reads"]
+        reads = sorted(per_copy.values(), reverse=True)
+        record.reads[c] = reads + [0] * max(record.copies - len(reads), 0)
+        (record.reached_by if reads else record.not_reached_by).append(c)
+        roles = [r for r in run.stats["exposure"]["roles"].values() if r["data_version"] == record.shard_set]
+        tokens = sum(p["tokens"] for r in roles[:1] for p in r["per_phase"].values())
+        if tokens:
+            record.read_share[c] = round(sum(r["tokens_read"] for r in roles) / tokens, 4)
+
+
+def _share(record: ShardRecord, checkpoint: str) -> str:
+    share = record.read_share.get(checkpoint)
+    return f" (its run stopped after reading {share:.1%} of that set's train tokens)" if share is not None else \
+        " (its run stopped before it)"
 
 
 def _checkpoints_using(catalog: Catalog, shards_version: str) -> list[str]:
@@ -398,13 +468,14 @@ def _checkpoints_using(catalog: Catalog, shards_version: str) -> list[str]:
     return out
 
 
-def _checkpoint_shards(catalog: Catalog, checkpoint: str) -> set[str]:
+def _checkpoint_shards(catalog: Catalog, checkpoint: str) -> tuple[str, set[str]]:
+    """A checkpoint's data version and the token_shards versions it was trained on."""
     ckpt = resolve_target(catalog.store, checkpoint, catalog)
     versions = _shards_of_checkpoint(catalog, ckpt)
     if not versions:
         raise AuditError(f"cannot tell which token shards {node_key(ckpt.asset, ckpt.partition)} {ckpt.data_version} "
                          f"was trained on: its training_run manifest ({ckpt.inputs}) is not in the store")
-    return versions
+    return ckpt.data_version, versions
 
 
 __all__ = ["Membership", "ShardRecord", "StageRecord", "membership"]

@@ -106,8 +106,7 @@ def render_membership(answer: Membership) -> str:
             version = f"  {r.data_version}" if r.data_version else ""
             lines.append(f"  {where:<{width}}  {r.status:<16}{version}{detail}".rstrip())
     for s in answer.shards:
-        ckpts = ", ".join(c + (" (replay)" if c in s.replayed_by else "") for c in s.checkpoints) or \
-            "none in the store"
+        ckpts = ", ".join(c + _how_read(s, c) for c in s.checkpoints) or "none in the store"
         held = f"left out by {s.removed_by}" if s.removed_by else \
             f"split {s.split}, {s.copies} cop{'y' if s.copies == 1 else 'ies'} x {s.tokens:,} tokens"
         skipped = f"; skipped in the replay of checkpoint {', '.join(s.removed_from_replay)} by " \
@@ -117,6 +116,17 @@ def render_membership(answer: Membership) -> str:
         lines.append(f"also the same text: {o['doc_id']} ({o['source']}): {o['verdict']}")
     lines += [f"note: {n}" for n in answer.notes]
     return "\n".join(lines)
+
+
+def _how_read(s, checkpoint: str) -> str:
+    """` (replay, read 3 times: 2, 1 by copy)`: how a checkpoint used a shard set's copies of the document."""
+    tags = ["replay"] if checkpoint in s.replayed_by else []
+    if checkpoint in s.not_reached_by:
+        tags.append("not reached" + (f": its run read {s.read_share[checkpoint]:.1%} of the set"
+                                     if checkpoint in s.read_share else ""))
+    elif checkpoint in s.reads:
+        tags.append(s.times(checkpoint)[2:-1])
+    return f" ({', '.join(tags)})" if tags else ""
 
 
 @render.register(SourceUsage)

@@ -330,3 +330,116 @@ def test_the_position_list_says_where_every_copy_of_a_document_sits(dataset):
             assert shard.document(p["index"]).tolist() == tok.encode(texts[p["doc_id"]]) + [tok.eos_id]
             checked += 1
     assert checked == sum(1 for m in members.values() if m["split"] == "val") > 0
+
+
+# The counting set's documents (two per shard), as stream token values: [start, end).
+SPANS = {("shard-00000.bin", 0): (0, 500), ("shard-00000.bin", 1): (500, 1001), ("shard-00001.bin", 0): (1001, 1389),
+         ("shard-00001.bin", 1): (1389, 1778), ("shard-00002.bin", 0): (1778, 2528),
+         ("shard-00002.bin", 1): (2528, 3278)}
+
+
+def exposure_table(loader) -> dict[tuple[str, int], tuple[int, int]]:
+    return {(shard, i): (int(r[i]), int(t[i])) for shard, (r, t) in loader.exposure().items() for i in range(len(r))}
+
+
+@pytest.mark.parametrize("world_size, expected", [
+    # 40 sequences: inputs 0..639, last target 640
+    (1, {("shard-00000.bin", 0): (1, 500), ("shard-00000.bin", 1): (1, 140)}),
+    # 2 x 40 sequences: inputs 0..1279, last target 1280
+    (2, {("shard-00000.bin", 0): (1, 500), ("shard-00000.bin", 1): (1, 501), ("shard-00001.bin", 0): (1, 279)})])
+def test_exposure_partway_through_the_first_epoch_worked_by_hand(counting, world_size, expected):
+    loader = ShardLoader(counting, seq_len=SEQ, batch_size=4, world_size=world_size, seed=5)
+    for _ in range(10):
+        loader.next_batch()
+    assert (loader.epoch, loader.position) == (0, 40)
+    assert exposure_table(loader) == {k: expected.get(k, (0, 0)) for k in SPANS}
+
+
+def test_exposure_counts_a_document_whose_last_target_alone_was_read(counting):
+    """With the first shard's document boundary at 512 instead of 500, 32 sequences (inputs 0..511, last target
+    512) end exactly on it: the document after it is read once, through its first token (a target), with 0 input
+    tokens."""
+    from kiln.tokens.shard_format import write_shard
+    write_shard(counting / "shard-00000.bin", np.arange(1001, dtype=np.uint16), np.array([0, 512, 1001]), SHA)
+    loader = ShardLoader(counting, seq_len=SEQ, batch_size=4, seed=5)
+    loader.load_state_dict({**loader.state_dict(), "position": 32})
+    assert exposure_table(loader)[("shard-00000.bin", 0)] == (1, 512)
+    assert exposure_table(loader)[("shard-00000.bin", 1)] == (1, 0)
+
+
+def reads_from_batches(log, spans=SPANS) -> dict[tuple[str, int], tuple[int, int]]:
+    """The second look: from the tokens the loaders handed out (token value = stream position), per epoch the
+    documents any read token (inputs or the last target) falls in, and the input tokens in each."""
+    touched: dict[int, set] = {}
+    tokens = dict.fromkeys(spans, 0)
+    for epoch, x, y in log:
+        for row_x, row_y in zip(x.numpy(), y.numpy()):
+            seen = np.concatenate([row_x, row_y[-1:]])
+            for key, (a, b) in spans.items():
+                if ((seen >= a) & (seen < b)).any():
+                    touched.setdefault(epoch, set()).add(key)
+                tokens[key] += int(((row_x >= a) & (row_x < b)).sum())
+    return {k: (sum(k in t for t in touched.values()), tokens[k]) for k in spans}
+
+
+def recorded(loader, log: list) -> None:
+    """Log every batch a loader hands out, with the epoch it belongs to."""
+    def next_batch(inner=loader.next_batch):
+        x, y = inner()
+        log.append((loader.epoch, x, y))
+        return x, y
+    loader.next_batch = next_batch
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+# An epoch is 102 batches of 2 on one rank (204 sequences), 50 on two (55 + 46 sequences a rank, cut to 100):
+# stop partway through epoch 0, or partway through the shuffled epoch 1.
+@pytest.mark.parametrize("epochs", [0.37, 1.6])
+def test_exposure_from_a_recorded_cursor_matches_what_the_ranks_read(counting, world_size, epochs):
+    log: list = []
+    batches = int(epochs * (102 if world_size == 1 else 50))
+    for rank in range(world_size):
+        loader = ShardLoader(counting, seq_len=SEQ, batch_size=2, rank=rank, world_size=world_size, seed=5)
+        recorded(loader, log)
+        for _ in range(batches):
+            loader.next_batch()
+    assert loader.epoch == int(epochs) and 0 < loader.position < loader.sequences_per_epoch
+    # A fresh rank-0 loader, told only the last cursor, answers for every rank.
+    fresh = ShardLoader(counting, seq_len=SEQ, batch_size=2, world_size=world_size, seed=5)
+    fresh.load_state_dict(loader.state_dict())
+    got = exposure_table(fresh)
+    assert got == reads_from_batches(log)
+    assert sum(t for _, t in got.values()) == world_size * 2 * batches * SEQ  # every input token, once
+    if epochs > 1:  # a whole epoch, then part of one: every document read once, then again
+        assert {r for r, _ in got.values()} == {2}
+        # phases in order: epoch 1 read all of phase a (its first document whole twice) and stopped in phase b
+        assert got[("shard-00000.bin", 0)] == (2, 1000)
+        assert all(b - a - SEQ < t < 2 * (b - a) - SEQ for (a, b), (_, t) in
+                   [(SPANS[k], got[k]) for k in [("shard-00002.bin", 0), ("shard-00002.bin", 1)]])
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_exposure_with_replay_and_exclusions(counting, world_size):
+    """A quarter of the sequences replayed from a set with two documents excluded: the replay's reads are its own
+    role's, the excluded documents are never read, and both loaders' counts match what they handed out."""
+    from training_jobs.loader import ReplayLoader
+
+    logs: dict[str, list] = {"train": [], "replay": []}
+    for rank in range(world_size):
+        main = ShardLoader(counting, seq_len=SEQ, batch_size=1, rank=rank, world_size=world_size, seed=5)
+        replay = ShardLoader(counting, seq_len=SEQ, batch_size=1, rank=rank, world_size=world_size, seed=5,
+                             exclude=EXCLUDE)
+        loader = ReplayLoader(main, replay, 0.25, batch_size=4)
+        for role, part in loader.roles().items():
+            recorded(part, logs[role])
+        for _ in range(120):  # 480 sequences a rank: 120 replayed, past the replay's epoch of 79 + 46 (world 1)
+            loader.next_batch()
+    fresh = ReplayLoader(ShardLoader(counting, seq_len=SEQ, batch_size=1, world_size=world_size, seed=5),
+                         ShardLoader(counting, seq_len=SEQ, batch_size=1, world_size=world_size, seed=5,
+                                     exclude=EXCLUDE), 0.25, batch_size=4)
+    fresh.load_state_dict(loader.state_dict())
+    got = {role: exposure_table(part) for role, part in fresh.roles().items()}
+    assert got == {role: reads_from_batches(log) for role, log in logs.items()}
+    assert got["replay"][("shard-00000.bin", 1)] == got["replay"][("shard-00002.bin", 0)] == (0, 0)
+    assert sum(t for _, t in got["replay"].values()) == world_size * 120 * SEQ
+    assert sum(t for _, t in got["train"].values()) == world_size * 360 * SEQ

@@ -1,0 +1,137 @@
+"""Membership and the data card answer from what the run read: a stand-in run over the audit store's real token
+shards, two ranks stopped partway through the first epoch, records its exposure as the training_run asset does
+(from the loader's final cursor); the expected figures are worked from the shards' offsets and the loader's
+documented file order (epoch 0: sequence j·world_size + r is rank r's j-th; sequence g reads tokens 16g..16g+16)."""
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from kiln.governance.data_card import build_data_card
+from kiln.governance.data_card_markdown import data_card_markdown
+from kiln.governance.membership import membership
+from kiln.governance.refresh import latest
+from kiln.governance.render import render
+from kiln.tokens.shard_format import open_shard
+from tests.audit_store import build_audit_store, stand_in_checkpoint
+from training_jobs.settings import RunConfig, TrainingSettings
+from training_jobs.setup import Dist, open_training
+
+SEQ, WORLD, BATCH = 16, 2, 2
+
+
+@pytest.fixture(scope="module")
+def partway(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        built = build_audit_store(tmp_path_factory.mktemp("exposure"), monkeypatch)
+        store = built["store"]
+        refresh, shards = latest(store, "token_shards")
+        folder = store.dataset_dir("token_shards", refresh)
+        run_config = TrainingSettings(seq_len=SEQ, micro_batch_size=BATCH).to_run_config(
+            dataset_dir=folder, tokenizer_sha256=shards.stats["tokenizer_sha256"],
+            output_dir=built["home"] / "run").write(built["home"] / "run" / "run_config.json")
+        # Both ranks as the training process opens them, each stopped at the same cursor (2/5 of an epoch).
+        loaders = [open_training(RunConfig.read(run_config), Dist(r, WORLD, torch.device("cpu"))) for r in range(WORLD)]
+        steps = 2 * loaders[0].batches_per_epoch // 5
+        for loader in loaders:
+            for _ in range(steps):
+                loader.next_batch()
+        ckpt = stand_in_checkpoint(store, run_config, loaders[0].state_dict())
+        yield {**built, "ckpt": ckpt.data_version, "expected": expected_reads(folder, steps * BATCH * WORLD * SEQ),
+               "shards": shards}
+
+
+def expected_reads(folder, end: int) -> dict[str, list[tuple[int, int]]]:
+    """doc_id -> (reads, input tokens read) per train copy, for a run whose ranks together read stream tokens
+    [0, end) as inputs and token `end` as the last target: a copy at [a, b) is read when a <= end."""
+    positions = {(r["shard"], r["index"]): r["doc_id"] for p in folder.glob("positions-*.parquet")
+                 for r in pq.read_table(p).to_pylist()}
+    shards = [s for s in json.loads((folder / "_manifest.json").read_text())["stats"]["shards"] if s["split"] == "train"]
+    out: dict[str, list[tuple[int, int]]] = {}
+    start = 0
+    for s in sorted(shards, key=lambda s: s["phase_index"]):
+        offsets = open_shard(folder / s["path"]).offsets.astype(np.int64) + start
+        for i, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+            out.setdefault(positions[s["path"], i], []).append((int(a <= end), max(0, min(b, end) - a)))
+        start += s["tokens"]
+    return out
+
+
+def test_the_run_records_what_it_read(partway):
+    store, expected = partway["store"], partway["expected"]
+    run = store.manifest("training_run")
+    rows = pq.read_table(store.dataset_dir("training_run") / run.stats["exposure"]["file"]).to_pylist()
+    got: dict[str, list[tuple[int, int]]] = {}
+    for r in rows:
+        assert r["role"] == "train" and r["shard_set"] == partway["shards"].data_version
+        got.setdefault(r["doc_id"], []).append((r["reads"], r["tokens_read"]))
+    assert {d: sorted(c) for d, c in got.items()} == \
+        {d: sorted(c for c in copies if c[0]) for d, copies in expected.items() if any(r for r, _ in copies)}
+    train = run.stats["exposure"]["roles"]["train"]
+    total = sum(t for copies in expected.values() for _, t in copies)
+    assert train["tokens_read"] == total == train["cursor"]["position"] * WORLD * SEQ  # position: sequences a rank read
+    # Per source: what its documents' copies read, against its tokens in the set and its natural tokens.
+    members = {m["doc_id"]: m for p in store.dataset_dir("token_shards", latest(store, "token_shards")[0])
+               .glob("members-*.parquet") for m in pq.read_table(p).to_pylist()}
+    sources = partway["shards"].stats["sources"]
+    for name, v in train["per_source"].items():
+        read = sum(t for d, copies in expected.items() if members[d]["source"] == name for _, t in copies)
+        assert v["tokens_read"] == read and v["tokens"] == sources[name]["train_tokens"]
+        assert v["passes"] == round(read / sources[name]["natural_train_tokens"], 4)
+        assert v["documents_read"] == sum(1 for d, c in expected.items() if members[d]["source"] == name
+                                          and any(r for r, _ in c))
+    assert 0 < total < sum(s["train_tokens"] for s in sources.values()) / 2  # partway: most was not read
+
+
+def test_membership_says_trained_not_reached_or_not_in_the_shards(partway):
+    store, config, ckpt, expected = partway["store"], partway["config"], partway["ckpt"], partway["expected"]
+    unread = next(d for d, copies in sorted(expected.items()) if not any(r for r, _ in copies))
+    answer = membership(store, config, doc_id=unread)
+    assert answer.verdict == "in_shards_not_reached" and not answer.reached_training, render(answer)
+    assert answer.summary.startswith("NOT TRAINED ON: in the shards but not reached")
+    assert f"checkpoint {ckpt} did not reach it" in answer.summary
+    [record] = [s for s in answer.shards if s.split == "train"]
+    assert record.not_reached_by == [ckpt] and record.reached_by == [] and record.reads == {
+        ckpt: [0] * len(expected[unread])}
+    assert "not reached: its run read" in render(answer)
+    assert membership(store, config, doc_id=unread, checkpoint=ckpt).verdict == "in_shards_not_reached"
+
+    read = next(d for d, copies in sorted(expected.items()) if all(r for r, _ in copies))
+    answer = membership(store, config, doc_id=read)
+    assert answer.verdict == "in_training", render(answer)
+    times = len(expected[read])
+    assert f"used by checkpoint {ckpt} (read {times} time" in answer.summary
+    [record] = [s for s in answer.shards if s.split == "train"]
+    assert record.reads == {ckpt: [1] * times} and record.reached_by == [ckpt]
+
+    # A document of several copies, some read, some not: read once by copy, and the rest 0.
+    mixed = [d for d, copies in sorted(expected.items()) if len({r for r, _ in copies}) == 2]
+    for d in mixed[:1]:
+        answer = membership(store, config, doc_id=d)
+        n = sum(r for r, _ in expected[d])
+        assert answer.verdict == "in_training"
+        assert answer.shards[0].reads[ckpt] == sorted((r for r, _ in expected[d]), reverse=True)
+        assert f"(read {n} time{'' if n == 1 else 's'}: " in answer.summary
+
+    # Not in the shards at all: the mixture left it out (0 copies), as before.
+    left_out = next(d for d, m in sorted(partway["members"].items()) if m["split"] == "train" and m["copies"] == 0)
+    assert membership(store, config, doc_id=left_out).verdict == "left_out_by_mixture"
+
+
+def test_the_data_card_reports_what_the_run_read_beside_the_plan(partway):
+    store, config = partway["store"], partway["config"]
+    card = build_data_card(store, config)
+    roles = store.manifest("training_run").stats["exposure"]["roles"]
+    for s in card["sources"]:
+        assert s["exposure"] == roles["train"]["per_source"][s["name"]]
+        assert s["exposure"]["planned_epochs"] == s["tokens"]["effective_epochs"]
+    exposure = card["training"]["exposure"]
+    assert exposure["file"] == "exposure.parquet" and len(exposure["sha256"]) == 64
+    markdown = data_card_markdown(card)
+    assert "| planned epochs | tokens read | passes read |" in markdown
+    assert "What the run read" in markdown
+    web = roles["train"]["per_source"]["web"]
+    assert f"| train | web | {web['tokens_read']:,} | {web['tokens']:,} |" in markdown
