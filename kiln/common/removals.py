@@ -18,6 +18,7 @@ from kiln.curation.pii import redact
 RejectedText = Literal["none", "excerpt", "full"]
 EXCERPT_CHARS = 200
 _CUT_MARGIN = 256  # an excerpt is redacted past its cut, so a PII span crossing the cut is seen whole
+EXCERPT_READS = EXCERPT_CHARS + _CUT_MARGIN  # the characters of a text an excerpt is made from
 
 
 def text_hash(text: str | bytes) -> str:
@@ -32,7 +33,7 @@ def kept_text(text: str, policy: RejectedText) -> str | None:
     if policy == "none":
         return None
     if policy == "excerpt":
-        return redact(text[:EXCERPT_CHARS + _CUT_MARGIN])[0][:EXCERPT_CHARS]
+        return redact(text[:EXCERPT_READS])[0][:EXCERPT_CHARS]
     return redact(text)[0]
 
 

@@ -24,9 +24,10 @@ import pyarrow.parquet as pq
 
 from kiln.common.manifest import MANIFEST_NAME, Manifest
 from kiln.common.storage import Store, write_parquet_atomic
+from kiln.governance.catalog import run_dataset
 from kiln.governance.forget import REQUESTS, RemovalRequest, _urls, first_match
 
-SHARDS, TRAINING_RUN = "token_shards", "training_run"
+SHARDS = "token_shards"
 REMOVED_FILE = "replay_removed.parquet"
 REMOVED_SCHEMA = pa.schema([pa.field("doc_id", pa.string(), nullable=False),
                             pa.field("source", pa.string(), nullable=False),
@@ -144,10 +145,8 @@ def removed_from_replay(store: Store, run: Manifest) -> dict[str, str] | None:
     info = replayed(run)
     if info is None or not info.get("removed_file"):
         return {}
-    folder = store.dataset_dir(TRAINING_RUN, run.partition)
-    current = folder / MANIFEST_NAME
-    if not current.is_file() or json.loads(current.read_text(encoding="utf-8")).get("data_version") != \
-            run.data_version:
+    folder = run_dataset(store, run)
+    if folder is None:
         return None
     table = pq.read_table(folder / info["removed_file"], columns=["doc_id", "removed_by"])
     return dict(zip(table.column("doc_id").to_pylist(), table.column("removed_by").to_pylist()))

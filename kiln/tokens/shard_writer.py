@@ -434,4 +434,5 @@ def _members_table(doc_ids: pa.Array, results: list[_PartTokens], docs: _Docs, c
                     schema=MEMBERS_SCHEMA)
 
 
-__all__ = ["MEMBERS_SCHEMA", "POSITIONS_SCHEMA", "ShardSetResult", "fim_sources", "is_validation", "tokenize_part", "write_token_shards"]
+__all__ = ["MEMBERS_SCHEMA", "POSITIONS_SCHEMA", "ShardSetResult", "fim_sources", "is_validation", "tokenize_part",
+           "write_token_shards"]
