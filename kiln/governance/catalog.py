@@ -159,11 +159,19 @@ def run_dataset(store: Store, run: Manifest | None) -> Path | None:
     return folder
 
 
+def made_from(checkpoint: Manifest, run: Manifest) -> bool:
+    """Whether a checkpoint was exported from this training run: the run version it recorded, or the same run
+    recorded again (materializing training_run over a finished run finds it and writes a new manifest for the same
+    training; the run's MLflow run is its identity)."""
+    run_id = checkpoint.stats.get("mlflow", {}).get("run_id")
+    return checkpoint.inputs.get(TRAINING_RUN) == run.data_version or \
+        (run_id is not None and run_id == run.stats.get("mlflow", {}).get("run_id"))
+
+
 def run_of_checkpoint(catalog: Catalog, checkpoint: str) -> Manifest | None:
     """The training_run manifest a checkpoint (by data version) was made from, when the store still lists it."""
     ckpt = next((m for m in catalog.versions(CHECKPOINT) if m.data_version == checkpoint), None)
-    version = ckpt.inputs.get(TRAINING_RUN) if ckpt else None
-    return next((r for r in catalog.versions(TRAINING_RUN) if r.data_version == version), None)
+    return next((r for r in catalog.versions(TRAINING_RUN) if made_from(ckpt, r)), None) if ckpt else None
 
 
 def _shards_of_checkpoint(catalog: Catalog, ckpt: Manifest) -> set[str]:
@@ -180,4 +188,5 @@ def _shards_of_checkpoint(catalog: Catalog, ckpt: Manifest) -> set[str]:
     return versions
 
 
-__all__ = ["AuditError", "Catalog", "node_key", "parse_key", "resolve_target", "run_dataset", "run_of_checkpoint"]
+__all__ = ["AuditError", "Catalog", "made_from", "node_key", "parse_key", "resolve_target", "run_dataset",
+           "run_of_checkpoint"]

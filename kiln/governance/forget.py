@@ -26,6 +26,7 @@ from typing import Any
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import now_utc
 from kiln.common.storage import IncompleteDataset, Store
+from kiln.governance.catalog import made_from
 from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.governance.refresh import materialized, trained_refresh
 
@@ -121,7 +122,7 @@ def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str
         shards = store.manifest("token_shards", refresh) if refresh else None
     except IncompleteDataset:
         return []
-    if shards is None or checkpoint.inputs.get("training_run") != run.data_version or \
+    if shards is None or not made_from(checkpoint, run) or \
             run.inputs[f"token_shards/{refresh}"] != shards.data_version:
         return []  # the store no longer holds the shards this checkpoint was trained on
     trained = _matching(store, refresh, request)

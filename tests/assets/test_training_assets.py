@@ -8,15 +8,25 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from urllib.parse import quote, unquote, unquote_plus
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
+from kiln.common.config import load_config
+from kiln.governance.forget import record_request
+from kiln.governance.membership import membership
+from kiln.governance.render import render
+from kiln.tokens.tokenizer import Tokenizer
 from tests.assets.project import load_project
 from tests.conftest import SERIAL_ENGINE, write_jsonl
+from training_jobs.loader import ShardLoader
+from training_jobs.settings import RunConfig
+from training_jobs.setup import Dist, open_training
 
 DATA = ["raw_documents", "filtered_documents", "curated_documents", "minhash_signatures"]
 
@@ -61,6 +71,17 @@ PLANTED_PII = ["quinn.harlow@fastmail.fm", "(312) 867-5309", "+44 20 7946 0958",
                "ghp_4Xq9ZrT2mLp8Vn3Kd7Wb1Yc6Hf5Js0Ae2Gu4"]
 DROPPED_MARK = "velvet okapi canary"
 URL_PASSWORD = "okapi-hunter2"  # in a URL's user:password@
+
+
+def _grams(tokens, n: int = 12) -> set[tuple[int, ...]]:
+    """Every run of n tokens: content shared by chance is shorter in these corpora."""
+    tokens = list(tokens)
+    return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
+
+
+def _sequences(loader, count: int) -> list[list[int]]:
+    """The next `count` sequences of a one-sequence-per-batch loader, inputs and the last target."""
+    return [[*x[0].tolist(), int(y[0, -1])] for x, y in (loader.next_batch() for _ in range(count))]
 
 
 def leaked(needle: str, text: str) -> bool:
@@ -223,11 +244,36 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     rerun = json.loads((kiln_home / "data" / "training_run" / "_all" / "_manifest.json").read_text())["stats"]
     assert rerun["summary"]["steps_this_run"] == 0 and rerun["mlflow"]["run_id"] == run["stats"]["mlflow"]["run_id"]
 
+    # A takedown between the base run and the continued run: refresh 2 lands, and the documents the continued run's
+    # replay of the base's shards (refresh 1's, which still hold them) would read first are forgotten.
+    store, a_dir = project.store, kiln_home / "data" / shards_key
+    base_ckpt = json.loads((kiln_home / "data" / "checkpoint" / "_all" / "_manifest.json").read_text())
+    seed = run["config"]["training"]["seed"]
+    base_web = project.partition("web")
+    new_docs = [" ".join(rng.choice(phrases, 30)) + f" new {i}." for i in range(20)]
+    write_jsonl(kiln_home / "landing" / "web" / "b.jsonl",
+                [{"id": f"new-{i}", "text": t} for i, t in enumerate(new_docs)])
+    second = project.refresh().key
+    replay_first = set().union(*(_grams(seq) for rank in range(2) for seq in _sequences(
+        ShardLoader(a_dir, "train", None, 1, rank, 2, seed=seed), 6)))  # 6 steps x 4 x 25%: 6 per rank
+    tok = Tokenizer.load(store.dataset_dir("tokenizer"))
+    texts = {r["doc_id"]: r["text"] for p in store.files("quality_filtered_documents", base_web, "documents")
+             for r in pq.read_table(p, columns=["doc_id", "text"]).to_pylist()}
+    # A document's own content: its 12-grams no other document has (these documents share their phrases; each
+    # ends in its own number and some in their own contact).
+    doc_grams = {doc: _grams(tok.encode(text) + [tok.eos_id]) for doc, text in texts.items()}
+    seen = Counter(g for grams in doc_grams.values() for g in grams)
+    own = {doc: {g for g in grams if seen[g] == 1} for doc, grams in doc_grams.items()}
+    forgotten = sorted(doc for doc, grams in own.items() if grams & replay_first)
+    assert 1 <= len(forgotten) < len(texts) // 4
+    request = record_request(store, load_config(project.config_path), "doc_ids", forgotten, "owner asked")
+    assert [a["checkpoint"] for a in request.affected] == [base_ckpt["data_version"]]  # it trained on them
+    assert project.materialize_refresh(sources=["web"]) and project.current() == second
+
     # Continued pretraining from `latest` (the checkpoint above) with a re-warmup and 25% replay of the base's
     # shards: a new run folder, the base recorded with the chain it came from, forgetting measured per domain.
     # This run trains on Ray Train workers (training.launcher: ray, the resource following the config; an embedded
     # local Ray): its Pipes messages and MLflow run must reach the asset all the same.
-    base_ckpt = json.loads((kiln_home / "data" / "checkpoint" / "_all" / "_manifest.json").read_text())
     base_export = Path(summary["exports"]["safetensors"])
     config["training"] |= {"base_checkpoint": "latest", "rewarmup_steps": 2, "max_steps": 6,
                            "checkpoint": {"every_steps": 3, "keep_last": 1}, "launcher": "ray"}
@@ -255,6 +301,28 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     assert {"checkpoint", "training_run", shards_key} <= {n["key"] for n in base["chain"]["nodes"]}
     assert any(n["key"].startswith("raw_documents/web/") for n in base["chain"]["nodes"])
     assert run2["config"]["replay"] == {"share": 0.25, "dataset_dir": base["trained_on"]}
+    assert run2["inputs"].keys() == {f"token_shards/{second}", shards_key, "tokenizer", "removal_requests"}
+    # What the run's replay loader read, rebuilt from its recorded run config and final cursor (both ranks), checked
+    # by content: none of the forgotten documents' 12-grams; without the exclusions, the same count of sequences
+    # holds them.
+    recorded = RunConfig.from_json((kiln_home / "data" / "training_run" / "_all" / "run_config.json").read_text())
+    cursor = run2["stats"]["summary"]["loader"]["replay"]
+    read = cursor["epoch"] * cursor["sequences_per_epoch"] + cursor["position"]
+    assert recorded.replay.exclude and read >= 6
+
+    def replay_read(run_config) -> set:
+        return set().union(*(_grams(seq) for rank in range(2) for seq in _sequences(
+            open_training(run_config, Dist(rank, 2, torch.device("cpu"))).replay, read)))
+
+    gone = set().union(*(own[d] for d in forgotten))
+    assert not gone & replay_read(recorded)
+    unexcluded = recorded.model_copy(update={"replay": recorded.replay.model_copy(update={"exclude": {}})})
+    assert gone & replay_read(unexcluded)
+    ckpt2 = json.loads((kiln_home / "data" / "checkpoint" / "_all" / "_manifest.json").read_text())["data_version"]
+    for doc in forgotten:
+        answer = membership(store, load_config(project.config_path), doc_id=doc)
+        assert answer.verdict == "removed" and not answer.reached_training, render(answer)
+        assert f"when checkpoint {ckpt2} replayed token_shards {run['inputs'][shards_key]}" in answer.summary
     s2 = run2["stats"]["summary"]
     assert s2["steps"] == 6 and s2["base_val_loss"] < summary["val_loss"] + 0.5  # starts where the base ended
     assert run2["stats"]["run_dir"] != run["stats"]["run_dir"]
