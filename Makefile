@@ -29,8 +29,11 @@ $(DAGSTER_HOME)/dagster.yaml:
 demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m orchestration.demo
 
+# Tests run in parallel processes, whole modules each (module fixtures are built once); TEST_WORKERS=0: in-process.
+TEST_WORKERS ?= 3
+
 test: install $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"

@@ -33,6 +33,26 @@ def prose(i: int) -> str:
     return f"Chapter {i}. " + CLEAN_PROSE.replace("two centuries", f"{i + 2} centuries")
 
 
+# The longest modules, longest first (measured with --durations), then every other module with slow tests:
+# `make test` runs pytest-xdist with whole modules as work units handed out in collection order, so a long module
+# started last would run alone at the end.
+LONGEST_FIRST = ["tests/e2e/test_demo.py", "tests/assets/test_training_assets.py",
+                 "tests/training_jobs/test_ray_launcher.py", "tests/kiln/engine/test_engine.py",
+                 "tests/training_jobs/test_train_cpu.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+
+    def rank(item) -> tuple[int, int]:
+        module = item.nodeid.split("::")[0]
+        if module in LONGEST_FIRST:
+            return 0, LONGEST_FIRST.index(module)
+        return (1, 0) if module in slow else (2, 0)
+
+    items.sort(key=rank)  # stable: tests keep their order within a module
+
+
 @pytest.fixture
 def kiln_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "kiln"

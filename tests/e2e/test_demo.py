@@ -51,23 +51,25 @@ def demo_on_s3(bounded_env, s3_endpoint):  # noqa: F811
     return {**bounded_env, **{k: v for k, v in os.environ.items() if k.startswith("AWS_")}}
 
 
-def ray_processes() -> set[int]:
-    """Ray's daemons (GCS server, raylets) on this machine, whoever started them."""
-    found = set()
-    for p in psutil.process_iter(["pid", "exe"]):
-        if Path(p.info["exe"] or "").name in ("gcs_server", "raylet"):
-            found.add(p.info["pid"])
-    return found
+def run_demo(env: dict) -> tuple[subprocess.CompletedProcess, set[int]]:
+    """`python -m orchestration.demo`, and the Ray daemons of the session it started still alive after it exits.
+    Ray names a session after the pid of the driver that started it; other tests' Ray clusters (pytest-xdist
+    runs them at the same time) are not the demo's."""
+    proc = subprocess.Popen([sys.executable, "-m", "orchestration.demo"], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stdout, stderr = proc.communicate(timeout=900)
+    left = {p.info["pid"] for p in psutil.process_iter(["pid", "exe", "cmdline"])
+            if Path(p.info["exe"] or "").name in ("gcs_server", "raylet")
+            and any(a.startswith("--session-name=") and a.endswith(f"_{proc.pid}") for a in p.info["cmdline"] or [])}
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), left
 
 
 @pytest.mark.slow
 def test_demo_materializes_every_source_and_records_runs(demo_on_s3, s3_endpoint, tmp_path):  # noqa: F811
     bounded_env = demo_on_s3
-    before = ray_processes()
-    proc = subprocess.run([sys.executable, "-m", "orchestration.demo"], cwd=ROOT, env=bounded_env,
-                          capture_output=True, text=True, timeout=900)
+    proc, left = run_demo(bounded_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert ray_processes() <= before  # the demo's embedded Ray is stopped with it
+    assert not left  # the demo's embedded Ray is stopped with it
     assert "package_licenses" in proc.stdout and "outputs:" in proc.stdout
     data = Path(bounded_env["KILN_HOME"]) / "data"
     with dg.DagsterInstance.from_config(bounded_env["DAGSTER_HOME"]) as instance:
@@ -101,9 +103,8 @@ def test_demo_materializes_every_source_and_records_runs(demo_on_s3, s3_endpoint
     landing = Path(bounded_env["KILN_HOME"]) / "landing" / "package_readmes"
     landing.mkdir(parents=True)
     (landing / "notes.jsonl").write_text(json.dumps({"id": "n1", "text": PAGE}) + "\n")
-    again = subprocess.run([sys.executable, "-m", "orchestration.demo"], cwd=ROOT, env=bounded_env,
-                           capture_output=True, text=True, timeout=900)
-    assert again.returncode == 0, again.stderr[-3000:]
+    again, left = run_demo(bounded_env)
+    assert again.returncode == 0 and not left, again.stderr[-3000:]
     registry = json.loads((data / "refreshes" / "_all" / "refreshes.json").read_text())["refreshes"]
     assert [r["key"] for r in registry][0] == key and len(registry) == 2
     second = registry[1]["key"]
