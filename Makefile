@@ -30,7 +30,7 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m orchestration.demo
 
 # Tests run in parallel processes, whole modules each (module fixtures are built once); TEST_WORKERS=0: in-process.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 
 test: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
