@@ -36,7 +36,7 @@ test: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: install
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 ui: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m orchestration.ui -w workspace.yaml -h 127.0.0.1 -p 3000
