@@ -5,7 +5,9 @@ over the same store (`$KILN_HOME/data`) and project config (`$KILN_CONFIG`)."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 from kiln.cli.audit import add_audit_parser
 from kiln.cli.dedup import add_dedup_parser
@@ -13,8 +15,36 @@ from kiln.cli.forget import add_forget_parser
 from kiln.cli.plan import add_plan_parser
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse that names a mistyped flag, with the flag it was probably meant to be, before anything else:
+    `--doc_id` gets "did you mean --doc-id?", not "one of the arguments --text --doc-id is required". Every
+    subcommand's parser is one too (argparse builds them with the parent's class)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        if not any(isinstance(a, argparse._SubParsersAction) for a in self._actions):  # a command's own flags
+            flags = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+            for token in sys.argv[1:] if args is None else args:
+                if token == "--":
+                    break
+                name = token.split("=", 1)[0]
+                if " " in name:  # a value, as argparse reads it ("--reason '--see ticket 12'")
+                    continue
+                if name.startswith("--") and not any(f.startswith(name) for f in flags):  # prefixes are allowed
+                    close = difflib.get_close_matches(name.replace("_", "-"), flags, n=1)
+                    self.error(f"unrecognized argument {name}" + (f": did you mean {close[0]}?" if close else ""))
+        return super().parse_known_args(args, namespace)
+
+
+def kiln_version() -> str:
+    try:
+        return version("kiln-pretrain")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kiln", description="Kiln: raw text corpora to a pretrained model.")
+    parser = Parser(prog="kiln", description="Kiln: raw text corpora to a pretrained model.")
+    parser.add_argument("--version", action="version", version=f"kiln {kiln_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_plan_parser(commands)
     add_audit_parser(commands)

@@ -1,0 +1,42 @@
+"""The `kiln` command line as a user types it: its version, and a mistyped flag named as such."""
+
+import subprocess
+import sys
+
+import pytest
+
+from kiln.cli import main
+
+
+def test_version_is_the_installed_package_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    # The installed distribution's version, read independently of the CLI (pip's own metadata).
+    shown = subprocess.run([sys.executable, "-m", "pip", "show", "kiln-pretrain"], capture_output=True, text=True,
+                           check=True).stdout
+    expected = next(line.split(":", 1)[1].strip() for line in shown.splitlines() if line.startswith("Version:"))
+    assert capsys.readouterr().out.strip() == f"kiln {expected}"
+
+
+@pytest.mark.parametrize("argv, message", [
+    # required one-of group: argparse alone reports "one of the arguments --text --doc-id is required"
+    (["audit", "membership", "--doc_id", "x"], "unrecognized argument --doc_id: did you mean --doc-id?"),
+    (["forget", "--sorce", "web"], "unrecognized argument --sorce: did you mean --source?"),
+    (["plan", "--budget_usd=5"], "unrecognized argument --budget_usd: did you mean --budget-usd?"),
+    (["audit", "lineage", "checkpoint", "--frobnicate"], "unrecognized argument --frobnicate"),
+])
+def test_a_mistyped_flag_is_named_with_a_suggestion(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_abbreviated_and_exact_flags_still_parse():
+    from kiln.cli import build_parser
+
+    args = build_parser().parse_args(["audit", "membership", "--doc", "abc", "--json"])  # --doc: --doc-id
+    assert args.doc_id == "abc" and args.json
+    args = build_parser().parse_args(["forget", "--source=web", "--reason", "--ticket 12"])  # a value, not a flag
+    assert args.source == "web"
