@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 $(DAGSTER_HOME)/dagster.yaml:
 	@mkdir -p $(DAGSTER_HOME)
-	@printf 'telemetry:\n  enabled: false\nconcurrency:\n  runs:\n    max_concurrent_runs: 4\n  pools:\n    default_limit: 1\n' > $@
+	@printf 'telemetry:\n  enabled: false\nnux:\n  enabled: false\nconcurrency:\n  runs:\n    max_concurrent_runs: 4\n  pools:\n    default_limit: 1\n' > $@
 
 demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m orchestration.demo
