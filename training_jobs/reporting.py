@@ -1,4 +1,4 @@
-"""Rank 0's outputs: progress lines (stdout and Dagster Pipes logs), metrics.jsonl, MLflow (Reporter), the
+"""Rank 0's outputs: progress lines (stdout, or Dagster's log under Pipes), metrics.jsonl, MLflow (Reporter), the
 strict-JSON summary written atomically (write_json_atomic, SUMMARY_FORMAT), and the figures a step reports
 (peak_memory_gib, progress_line)."""
 
@@ -52,7 +52,7 @@ def flatten(prefix: str, value: Any) -> dict[str, Any]:
 
 
 class Reporter:
-    """Rank 0's outputs: progress lines (stdout, and Dagster Pipes logs), metrics.jsonl, MLflow."""
+    """Rank 0's outputs: progress lines (stdout, or Dagster's log under Pipes), metrics.jsonl, MLflow."""
 
     def __init__(self, run: RunConfig, dist: Dist, pipes):
         self.active = dist.main
@@ -82,10 +82,13 @@ class Reporter:
             mlflow.log_dict(data, name)
 
     def line(self, text: str) -> None:
+        """Under Dagster Pipes the line goes to Dagster's log only (its console and the UI show it); printing it
+        as well showed every line twice in the terminal."""
         if self.active:
-            print(text, flush=True)
             if self.pipes is not None:
                 self.pipes.log.info(text)
+            else:
+                print(text, flush=True)
 
     def step(self, step: int, metrics: dict[str, Any], to_mlflow: bool) -> None:
         if not self.active:
@@ -145,8 +148,19 @@ def peak_memory_gib() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)  # Linux reports KiB
 
 
-def progress_line(step: int, max_steps: int, m: dict[str, Any], dt: float) -> str:
+def progress_line(step: int, max_steps: int, m: dict[str, Any], dt: float, eta_s: float | None = None) -> str:
+    """One progress line; `eta_s`: the seconds left at this run's pace so far (validation and checkpoints in)."""
     mfu_text = f" | mfu {m['train/mfu']:.1%}" if m["train/mfu"] is not None else ""
     grad = m["train/grad_norm"]
+    eta = f" | ETA {duration(eta_s)}" if eta_s is not None else ""
     return (f"step {step}/{max_steps} | loss {m['train/loss']:.4f} | grad {grad:.3f} | lr {m['train/lr']:.2e} | "
-            f"{m['train/tokens_per_s']:,.0f} tok/s{mfu_text} | {dt:.2f} s/step")
+            f"{m['train/tokens_per_s']:,.0f} tok/s{mfu_text} | {dt:.2f} s/step{eta}")
+
+
+def duration(seconds: float) -> str:
+    """4s, 1m05s, 2h03m, 3d04h: two units at most."""
+    s = int(round(seconds))
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if s >= size:
+            return f"{s // size}{unit}{(s % size) // sub_size:02d}{sub}"
+    return f"{s}s"

@@ -142,7 +142,7 @@ class Trainer:
         self.start_tracking()
         if self.base is not None and p.step == 0:  # the base's loss on this run's held-back tokens, before any update
             self.base_val = self.validate(0)
-        t_start = time.perf_counter()
+        t_start, first_step = time.perf_counter(), p.step
         while p.step < self.max_steps:
             t0 = time.perf_counter()
             lr = current_lr(self.engine)  # the LR of this update (the scheduler moves on inside the step)
@@ -168,7 +168,8 @@ class Trainer:
             log_now = p.step % t.log_every_steps == 0 or p.step == self.max_steps
             report.step(p.step, metrics, to_mlflow=log_now)
             if log_now:
-                report.line(progress_line(p.step, self.max_steps, metrics, dt))
+                pace = (time.perf_counter() - t_start) / max(p.step - first_step, 1)  # this run's s/step, all in
+                report.line(progress_line(p.step, self.max_steps, metrics, dt, pace * (self.max_steps - p.step)))
             if t.val_every_steps and p.step % t.val_every_steps == 0:
                 self.validate(p.step)
             if t.checkpoint.every_steps and p.step % t.checkpoint.every_steps == 0:
