@@ -91,3 +91,15 @@ def shard_settings(**overrides) -> ShardSettings:
 
 
 NATURAL = Mixture()
+
+
+def token_grams(tokens, n: int = 12) -> set[tuple[int, ...]]:
+    """Every run of n tokens: how tests check by content what a loader read (shorter runs recur by chance in
+    their small vocabularies)."""
+    tokens = list(tokens)
+    return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
+
+
+def read_sequences(loader, count: int) -> list[list[int]]:
+    """The next `count` sequences of a one-sequence-per-batch ShardLoader: the inputs and the last target."""
+    return [[*x[0].tolist(), int(y[0, -1])] for x, y in (loader.next_batch() for _ in range(count))]

@@ -24,6 +24,7 @@ from kiln.governance.render import render
 from kiln.tokens.tokenizer import Tokenizer
 from tests.assets.project import load_project
 from tests.conftest import SERIAL_ENGINE, write_jsonl
+from tests.token_corpus import read_sequences, token_grams
 from training_jobs.loader import ShardLoader
 from training_jobs.settings import RunConfig
 from training_jobs.setup import Dist, open_training
@@ -71,17 +72,6 @@ PLANTED_PII = ["quinn.harlow@fastmail.fm", "(312) 867-5309", "+44 20 7946 0958",
                "ghp_4Xq9ZrT2mLp8Vn3Kd7Wb1Yc6Hf5Js0Ae2Gu4"]
 DROPPED_MARK = "velvet okapi canary"
 URL_PASSWORD = "okapi-hunter2"  # in a URL's user:password@
-
-
-def _grams(tokens, n: int = 12) -> set[tuple[int, ...]]:
-    """Every run of n tokens: content shared by chance is shorter in these corpora."""
-    tokens = list(tokens)
-    return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
-
-
-def _sequences(loader, count: int) -> list[list[int]]:
-    """The next `count` sequences of a one-sequence-per-batch loader, inputs and the last target."""
-    return [[*x[0].tolist(), int(y[0, -1])] for x, y in (loader.next_batch() for _ in range(count))]
 
 
 def leaked(needle: str, text: str) -> bool:
@@ -254,14 +244,14 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     write_jsonl(kiln_home / "landing" / "web" / "b.jsonl",
                 [{"id": f"new-{i}", "text": t} for i, t in enumerate(new_docs)])
     second = project.refresh().key
-    replay_first = set().union(*(_grams(seq) for rank in range(2) for seq in _sequences(
+    replay_first = set().union(*(token_grams(seq) for rank in range(2) for seq in read_sequences(
         ShardLoader(a_dir, "train", None, 1, rank, 2, seed=seed), 6)))  # 6 steps x 4 x 25%: 6 per rank
     tok = Tokenizer.load(store.dataset_dir("tokenizer"))
     texts = {r["doc_id"]: r["text"] for p in store.files("quality_filtered_documents", base_web, "documents")
              for r in pq.read_table(p, columns=["doc_id", "text"]).to_pylist()}
     # A document's own content: its 12-grams no other document has (these documents share their phrases; each
     # ends in its own number and some in their own contact).
-    doc_grams = {doc: _grams(tok.encode(text) + [tok.eos_id]) for doc, text in texts.items()}
+    doc_grams = {doc: token_grams(tok.encode(text) + [tok.eos_id]) for doc, text in texts.items()}
     seen = Counter(g for grams in doc_grams.values() for g in grams)
     own = {doc: {g for g in grams if seen[g] == 1} for doc, grams in doc_grams.items()}
     forgotten = sorted(doc for doc, grams in own.items() if grams & replay_first)
@@ -311,7 +301,7 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     assert recorded.replay.exclude and read >= 6
 
     def replay_read(run_config) -> set:
-        return set().union(*(_grams(seq) for rank in range(2) for seq in _sequences(
+        return set().union(*(token_grams(seq) for rank in range(2) for seq in read_sequences(
             open_training(run_config, Dist(rank, 2, torch.device("cpu"))).replay, read)))
 
     gone = set().union(*(own[d] for d in forgotten))

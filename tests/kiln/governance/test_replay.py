@@ -5,7 +5,6 @@ the data card) answer from that."""
 import json
 import shutil
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -20,6 +19,7 @@ from kiln.governance.replay import ReplayError, plan_replay, removed_from_replay
 from kiln.tokens.tokenizer import Tokenizer
 from tests.audit_store import build_audit_store, members, random_text
 from tests.conftest import write_jsonl
+from tests.token_corpus import read_sequences, token_grams
 from training_jobs.settings import TrainingSettings
 from training_jobs.setup import Dist, open_training
 
@@ -69,12 +69,8 @@ def _read_replay(built, exclude: bool) -> set[tuple[int, ...]]:
                                  tokenizer_sha256=built["b"].stats["tokenizer_sha256"], output_dir=built["home"] / "o",
                                  replay=replay)
     loader = open_training(run, Dist(0, 1, torch.device("cpu"))).replay
-    rows = [np.concatenate([x[0].numpy(), y[0, -1:].numpy()]).tolist() for x, y in loader]
-    return set().union(*map(_grams, rows)) | _grams([t for r in rows for t in r[:-1]])
-
-
-def _grams(tokens, n=12) -> set[tuple[int, ...]]:
-    return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
+    rows = read_sequences(loader, loader.sequences_per_epoch)
+    return set().union(*map(token_grams, rows)) | token_grams([t for r in rows for t in r[:-1]])
 
 
 def test_the_continued_run_reads_none_of_the_forgotten_documents_tokens(replayed):
@@ -88,7 +84,7 @@ def test_the_continued_run_reads_none_of_the_forgotten_documents_tokens(replayed
     tok = Tokenizer.load(store.dataset_dir("tokenizer"))
     text = next(r["text"] for p in store.files("quality_filtered_documents", f"ref/{replayed['first']}", "documents")
                 for r in pq.read_table(p, columns=["doc_id", "text"]).to_pylist() if r["doc_id"] == d)
-    forgotten = _grams(tok.encode(text) + [tok.eos_id])
+    forgotten = token_grams(tok.encode(text) + [tok.eos_id])
     assert len(forgotten) > 20 and not forgotten & _read_replay(replayed, exclude=True)
     # As replayed before this change: all of it, but for a tail shorter than a sequence that no run reads.
     assert len(forgotten - _read_replay(replayed, exclude=False)) < 16
