@@ -2,20 +2,29 @@
 quality-filtered documents."""
 
 import time
+from pathlib import Path
 
 import dagster as dg
 
-from assets.partitions import FOLLOW, ONCE, SAME_REFRESH, refresh_partitions
+from assets.partitions import FOLLOW, LOADED_CONFIG, ONCE, SAME_REFRESH, refresh_partitions
 from assets.quality import QUALITY_FILTERED
 from assets.results import engine_metadata
-from kiln.common.manifest import code_version
+from kiln.common.manifest import code_version, sha256_file
 from kiln.common.plots import stacked_bars_markdown
 from kiln.governance.forget import REQUESTS, load_requests
 from kiln.governance.refresh import Refresh, load_refreshes, materialized, upto
+from kiln.tokens.interchange import export_shards, verify_export
 from kiln.tokens.mixture import SourceParts
 from kiln.tokens.shard_format import ShardError, open_shard, read_shard_set
 from kiln.tokens.shard_writer import write_token_shards
-from kiln.tokens.tokenizer import Tokenizer, draw_training_sample, tokenizer_report, train_tokenizer
+from kiln.tokens.tokenizer import (
+    Tokenizer,
+    TokenizerError,
+    bring_tokenizer,
+    draw_training_sample,
+    tokenizer_report,
+    train_tokenizer,
+)
 from resources import KilnConfig, KilnEngine, KilnStorage
 
 TOKENIZER, SHARDS = "tokenizer", "token_shards"
@@ -38,29 +47,35 @@ def _sources(config, store, refreshes: list[Refresh]) -> tuple[list[SourceParts]
     key=TOKENIZER, deps=[ALL_SOURCES], group_name="tokens", kinds={"python", "sentencepiece"}, automation_condition=ONCE,
     code_version=code_version("kiln.tokens.tokenizer", "kiln.tokens.mixture"),
     check_specs=[dg.AssetCheckSpec("round_trip", asset=TOKENIZER, blocking=True,
-                                   description="decode(encode(text)) == text on every sampled document")],
+                                   description="decode(encode(text)) == text on every sampled document (a brought "
+                                               "tokenizer that changes some text: a warning, with the count)")],
 )
 def tokenizer(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage) -> dg.MaterializeResult:
     """The sentencepiece BPE tokenizer (byte fallback, exact round trip, BOS/EOS/PAD/FIM tokens) trained on a
-    sample drawn by the mixture weights from every refresh so far. Fitted once: a new tokenizer invalidates
-    every refresh's token shards."""
+    sample drawn by the mixture weights from every refresh so far, or the file `tokenizer.source` names, measured on
+    that sample. Fitted once: a new tokenizer invalidates every refresh's token shards."""
     config, store = kiln_config.load(), storage.store()
     sources, inputs = _sources(config, store, load_refreshes(store))
     sample = draw_training_sample(sources, config.mixture.weights, config.tokenizer)
     with store.staging(TOKENIZER) as writer:
-        card = train_tokenizer(sample, config.tokenizer, writer.dir)
+        trained = config.tokenizer.source == "train"
+        try:
+            card = (train_tokenizer if trained else bring_tokenizer)(sample, config.tokenizer, writer.dir)
+        except TokenizerError as exc:  # what to change is in the message: show it as the failure itself
+            raise dg.Failure(description=str(exc)) from None
         tok = Tokenizer.load(writer.dir)
         report = tokenizer_report(tok, sample.documents)
         broken = [d.doc_id for docs in sample.documents.values() for d in docs if tok.decode(tok.encode(d.text)) != d.text]
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"tokenizer": config.tokenizer.model_dump(mode="json"), "mixture_weights": config.mixture.weights},
+            config=tokenizer_recipe(config),
             inputs=inputs, counts={"vocab_size": card.vocab_size, "sample_documents": card.sample["documents"],
                                    "sample_chars": card.sample["chars"]},
             stats={"card": card.to_dict(), "report": report})
     return dg.MaterializeResult(
         metadata={
             "sha256": card.sha256, "vocab_size": card.vocab_size, "dtype": card.dtype,
+            "source": card.source, "kind": f"{card.kind} {card.model_type}",
             "sample": dg.MetadataValue.json(card.sample),
             "fit_per_source": dg.MetadataValue.md(fit_markdown(report["sources"], "source")),
             "fit_per_language": dg.MetadataValue.md(fit_markdown(report["languages"], "language")),
@@ -69,10 +84,22 @@ def tokenizer(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
             "training_seconds": card.seconds, "data_version": manifest.data_version,
             "path": dg.MetadataValue.path(str(store.dataset_dir(TOKENIZER))),
         },
+        # A trained tokenizer that loses text is a bug (blocks); a brought one may normalize by design (warns).
         check_results=[dg.AssetCheckResult(check_name="round_trip", passed=not broken,
+                                           severity=dg.AssetCheckSeverity.ERROR if trained else
+                                           dg.AssetCheckSeverity.WARN,
                                            metadata={"documents_checked": card.sample["documents"],
+                                                     "documents_changed": len(broken),
                                                      "broken": dg.MetadataValue.json(broken[:10])})],
         data_version=dg.DataVersion(manifest.data_version))
+
+
+def tokenizer_recipe(config) -> dict:
+    """What the tokenizer is built from, as its manifest records it (`make demo` rebuilds it when this changes): the
+    settings and, for a brought tokenizer, its file's sha256 (the same path may hold a new file)."""
+    brought = config.tokenizer.source != "train"
+    return {"tokenizer": config.tokenizer.applicable(), "mixture_weights": config.mixture.weights,
+            **({"source_sha256": sha256_file(Path(config.tokenizer.source).expanduser())} if brought else {})}
 
 
 def fit_markdown(rows: dict[str, dict], label: str) -> str:
@@ -121,8 +148,11 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
     runner = engine.get(config.engine)
     with store.staging(SHARDS, refresh) as writer:
         started = time.perf_counter()
-        result = write_token_shards(sources, store.dataset_dir(TOKENIZER), config.shards, config.mixture, writer,
-                                    runner, requests=requests)
+        try:
+            result = write_token_shards(sources, store.dataset_dir(TOKENIZER), config.shards, config.mixture, writer,
+                                        runner, requests=requests)
+        except TokenizerError as exc:  # e.g. FIM on, and a brought tokenizer without FIM symbols
+            raise dg.Failure(description=str(exc)) from None
         seconds = time.perf_counter() - started
         removed = {n: s["removed_by_request"] for n, s in result.sources.items() if s["removed_by_request"]}
         manifest = writer.commit(
@@ -181,3 +211,45 @@ def sources_markdown(sources: dict[str, dict]) -> str:
         lines.append(f"| {name} | {s['train_documents']:,} / {s['val_documents']:,} | {s['natural_train_tokens']:,} | "
                      f"{s['train_tokens']:,} | {s['effective_epochs']:.2f} | {s['fim_documents']:,} |")
     return "\n".join(lines)
+
+
+EXPORTS = "shard_exports"
+
+
+@dg.asset(
+    key=EXPORTS, deps=[SHARDS], partitions_def=refresh_partitions, group_name="tokens", kinds={"parquet", "megatron"},
+    # Follows new shards only when the config asks for an export (`shards.export`); by hand otherwise.
+    automation_condition=FOLLOW if LOADED_CONFIG.shards.export else None,
+    code_version=code_version("kiln.tokens.interchange", "kiln.tokens.shard_format"),
+    check_specs=[dg.AssetCheckSpec("matches_shards", asset=EXPORTS, blocking=True,
+                                   description="every exported split holds the documents and tokens of its shards "
+                                               "(Megatron file sizes, Parquet rows and token ids)")],
+)
+def shard_exports(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
+                  storage: KilnStorage) -> dg.MaterializeResult:
+    """The refresh's token shards in the formats other trainers read (`shards.export`): Megatron-LM / NeMo's
+    indexed dataset (`megatron/<split>.bin/.idx`) and Parquet token ids for Hugging Face `datasets`
+    (`parquet/<split>-NNNNN.parquet`), token for token, one document per Megatron document / Parquet row."""
+    config, store = kiln_config.load(), storage.store()
+    refresh = context.partition_key
+    shards = store.manifest(SHARDS, refresh)
+    formats = config.shards.export
+    if not formats:
+        context.log.warning("shards.export is []: nothing exported; set shards.export: [megatron, parquet] "
+                            "in the config to write the shards for Megatron-LM and Hugging Face datasets")
+    with store.staging(EXPORTS, refresh) as writer:
+        stats = export_shards(store.dataset_dir(SHARDS, refresh), writer.dir, formats)
+        problems = verify_export(writer.dir, stats)
+        counts = {f"{split}_{what}": entry[what] for split, entry in stats["splits"].items()
+                  for what in ("documents", "tokens")}
+        manifest = writer.commit(code_version=context.assets_def.code_versions_by_key[context.asset_key],
+                                 config={"export": formats}, inputs={f"{SHARDS}/{refresh}": shards.data_version},
+                                 counts=counts, stats=stats)
+    base = store.dataset_dir(EXPORTS, refresh)
+    return dg.MaterializeResult(
+        metadata={**counts, "formats": dg.MetadataValue.json(formats), "megatron_dtype": str(stats["megatron_dtype"]),
+                  "token_shards": shards.data_version, "data_version": manifest.data_version,
+                  "path": dg.MetadataValue.path(str(base))},
+        check_results=[dg.AssetCheckResult(check_name="matches_shards", passed=not problems,
+                                           metadata={"problems": dg.MetadataValue.json(problems[:10])})],
+        data_version=dg.DataVersion(manifest.data_version))

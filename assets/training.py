@@ -76,9 +76,15 @@ def check_sentinels(settings, tokenizer_card: dict, shards_seq_len: int | None) 
     have = sum(k.startswith("sentinel_") for k in tokenizer_card["special_tokens"])
     seq_len, key = ((settings.seq_len, "training.seq_len") if settings.seq_len
                     else (shards_seq_len, "the token shards' seq_len, shards.seq_len"))
-    problem = sentinel_problem(seq_len, key, have, "the tokenizer of this KILN_HOME was fitted " + (
-        f"with {have}" if have else "without them") + " (it is fitted once and kept)", "re-materialize `tokenizer` "
-        "and `token_shards` with tokenizer.sentinel_tokens ≥ {need}, or use a fresh KILN_HOME")
+    if tokenizer_card.get("source", "train") == "train":
+        have_text, fix = ("the tokenizer of this KILN_HOME was fitted " + (f"with {have}" if have else "without them")
+                          + " (it is fitted once and kept)", "re-materialize `tokenizer` and `token_shards` with "
+                          "tokenizer.sentinel_tokens ≥ {need}, or use a fresh KILN_HOME")
+    else:  # brought: its sentinels are the <extra_id_0>, <extra_id_1>, ... tokens of the file
+        have_text, fix = (f"the brought tokenizer (tokenizer.source {tokenizer_card['source']!r}) has {have} "
+                          f"<extra_id_N> tokens", "add {need} of them, <extra_id_0> onwards, to it "
+                          "(tokenizers: add_special_tokens) and re-materialize `tokenizer` and `token_shards`")
+    problem = sentinel_problem(seq_len, key, have, have_text, fix)
     if problem:
         raise dg.Failure(description=problem)
 

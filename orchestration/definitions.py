@@ -26,7 +26,8 @@ documents_job = dg.define_asset_job(
                 "(with the refresh's dedup index), quality scores and filter.")
 refresh_job = dg.define_asset_job(
     "refresh_datasets", selection=_assets_partitioned_by(refresh_partitions),
-    description="One refresh over every source: the near-duplicate index decisions, the token shards.")
+    description="One refresh over every source: the near-duplicate index decisions, the token shards and their "
+                "exports for other trainers (shards.export).")
 kiln_job = dg.define_asset_job(
     "kiln", selection=dg.AssetSelection.groups("curation", "dedup", "quality", "tokens", "training", "governance")
     - _assets_partitioned_by(document_partitions) - _assets_partitioned_by(refresh_partitions),

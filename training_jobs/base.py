@@ -26,6 +26,7 @@ import torch
 
 from training_jobs import checkpoint
 from training_jobs.model import ModelConfig, whole
+from training_jobs.tokenizer_files import HF_FILE, SENTENCEPIECE_FILE
 
 # Fields a continued run may change: the context length and how positions are encoded; init_std only seeds
 # weights the base replaces.
@@ -78,8 +79,9 @@ def from_hf_config(config: dict[str, Any]) -> ModelConfig:
 
 
 def _tokenizer_of_hf(folder: Path) -> str | None:
-    model = folder / "tokenizer.model"
-    return checkpoint.sha256_file(model) if model.is_file() else None
+    """The sha256 of an HF folder's tokenizer: tokenizer.model (SentencePiece) or tokenizer.json (`tokenizers`)."""
+    model = next((p for p in (folder / SENTENCEPIECE_FILE, folder / HF_FILE) if p.is_file()), None)
+    return checkpoint.sha256_file(model) if model is not None else None
 
 
 def load_base(path: str | Path, weights: bool = True) -> BaseWeights:
@@ -132,14 +134,14 @@ def check_compatible(base: BaseWeights, cfg: ModelConfig, tokenizer_sha256: str)
     """Refuse a base whose weights do not fit this run's model, or that was trained with another tokenizer."""
     if base.tokenizer_sha256 is None:
         raise BaseCheckpointError(
-            f"base checkpoint {base.path} does not say which tokenizer it was trained with (no tokenizer.model beside "
-            f"it, no record in its manifest), so continued pretraining cannot check that token ids mean the same "
+            f"base checkpoint {base.path} does not say which tokenizer it was trained with (no tokenizer.model or "
+            f"tokenizer.json beside it, no record in its manifest), so continued pretraining cannot check that token ids mean the same "
             f"text; use the checkpoint asset's folder or a checkpoint written by Kiln")
     if base.tokenizer_sha256.lower() != tokenizer_sha256.lower():
         raise BaseCheckpointError(
             f"base checkpoint {base.path} was trained with tokenizer {base.tokenizer_sha256[:12]}…, but this run's "
             f"token shards were made with {tokenizer_sha256[:12]}…: the same ids would mean other text. Tokenize the "
-            f"new data with the base's tokenizer, or train from scratch (remove training.base_checkpoint)")
+            f"new data with the base's tokenizer (tokenizer.source: its tokenizer.model or tokenizer.json), or train from scratch (remove training.base_checkpoint)")
     ours, theirs = cfg.to_dict(), base.cfg.to_dict()
     differ = {k: (theirs[k], ours[k]) for k in ours if k not in CONTEXT_FIELDS and ours[k] != theirs[k]}
     if differ:

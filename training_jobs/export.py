@@ -7,7 +7,8 @@
       config.json                     LlamaConfig fields, architectures ["LlamaForCausalLM"]
       model.safetensors               HF parameter names ("model.layers.0.self_attn.q_proj.weight", ...)
       generation_config.json
-      tokenizer.model                 the sentencepiece model, copied
+      tokenizer.model                 the sentencepiece model, copied (or tokenizer.json: a brought `tokenizers`
+                                      file, with tokenizer_class PreTrainedTokenizerFast)
       tokenizer_config.json, special_tokens_map.json
       kiln_tokenizer.json             Kiln's tokenizer card (HF reserves the name tokenizer.json)
 
@@ -36,6 +37,7 @@ from safetensors.torch import load_file, save_file
 
 from training_jobs.checkpoint import CONSOLIDATED, read_manifest, verify, weights_only_loads
 from training_jobs.model import ModelConfig, Transformer
+from training_jobs.tokenizer_files import CARD_FILE, EXPORT_CARD_FILE, HF_FILE, SENTENCEPIECE_FILE, model_file
 
 MODEL_FILE, CONFIG_FILE = "model.safetensors", "model_config.json"
 # Kiln tokenizers reserve these ids (kiln.tokens.tokenizer.SPECIAL_TOKENS); used when no tokenizer card is at hand.
@@ -112,11 +114,12 @@ def hf_name(name: str) -> str:
 
 
 def _special_tokens(tokenizer_dir: Path | None) -> dict[str, tuple[str, int]]:
-    card = tokenizer_dir / "tokenizer.json" if tokenizer_dir else None
-    if card is not None and card.is_file():
-        specials = json.loads(card.read_text(encoding="utf-8")).get("special_tokens", {})
-        return {k: (v["piece"], v["id"]) for k, v in specials.items() if k in DEFAULT_SPECIALS} | \
-            {k: v for k, v in DEFAULT_SPECIALS.items() if k not in specials}
+    """bos, eos, pad (always on a card: a brought tokenizer's stand in with eos) and unk where the tokenizer has one,
+    from Kiln's card in `tokenizer_dir` (the tokenizer asset's tokenizer.json, or an export's kiln_tokenizer.json)."""
+    for card in ([tokenizer_dir / EXPORT_CARD_FILE, tokenizer_dir / CARD_FILE] if tokenizer_dir else []):
+        data = json.loads(card.read_text(encoding="utf-8")) if card.is_file() else {}
+        if str(data.get("format", "")).startswith("kiln-tokenizer"):  # an export's tokenizer.json is HF's own
+            return {k: (v["piece"], v["id"]) for k, v in data["special_tokens"].items() if k in DEFAULT_SPECIALS}
     return dict(DEFAULT_SPECIALS)
 
 
@@ -180,16 +183,20 @@ def save_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path
 
 def _write_hf_tokenizer(tokenizer_dir: Path, out_dir: Path, specials: dict[str, tuple[str, int]],
                         max_len: int) -> None:
-    model = tokenizer_dir / "tokenizer.model"
-    if not model.is_file():
-        raise FileNotFoundError(f"{tokenizer_dir} has no tokenizer.model; point tokenizer_dir at the tokenizer "
-                                f"asset's folder")
-    shutil.copyfile(model, out_dir / "tokenizer.model")
-    if (tokenizer_dir / "tokenizer.json").is_file():
-        shutil.copyfile(tokenizer_dir / "tokenizer.json", out_dir / "kiln_tokenizer.json")
+    try:
+        model = model_file(tokenizer_dir)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{exc}; point tokenizer_dir at the tokenizer asset's folder") from None
+    # The model file byte for byte (its sha256 is the tokenizer's identity), under the name transformers reads.
+    sentencepiece = model.name == SENTENCEPIECE_FILE
+    shutil.copyfile(model, out_dir / (SENTENCEPIECE_FILE if sentencepiece else HF_FILE))
+    if (tokenizer_dir / CARD_FILE).is_file() and model.name != CARD_FILE:
+        shutil.copyfile(tokenizer_dir / CARD_FILE, out_dir / EXPORT_CARD_FILE)
     tokens = {f"{k}_token": piece for k, (piece, _) in specials.items()}
-    config = {"tokenizer_class": "LlamaTokenizer", **tokens, "add_bos_token": False, "add_eos_token": False,
-              "model_max_length": max_len, "clean_up_tokenization_spaces": False, "legacy": False}
+    config = {"tokenizer_class": "LlamaTokenizer", "legacy": False} if sentencepiece else \
+        {"tokenizer_class": "PreTrainedTokenizerFast"}
+    config |= {**tokens, "add_bos_token": False, "add_eos_token": False, "model_max_length": max_len,
+               "clean_up_tokenization_spaces": False}
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     (out_dir / "special_tokens_map.json").write_text(json.dumps(tokens, indent=2), encoding="utf-8")
 

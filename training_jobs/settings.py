@@ -294,7 +294,7 @@ class RunConfig(_Strict):
     training: TrainingSettings = TrainingSettings()
     dataset_dir: str  # a token_shards dataset folder (with _manifest.json)
     tokenizer_sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")  # the shards must have been made with it
-    tokenizer_dir: str | None = None  # tokenizer.model (+ Kiln's tokenizer.json card): checked, copied to the HF export
+    tokenizer_dir: str | None = None  # the tokenizer asset folder (model file + card): checked, copied to the HF export
     output_dir: str  # summary.json, checkpoints/, export/
     experiment: str = "kiln"  # MLflow experiment
     run_name: str | None = None  # MLflow run name

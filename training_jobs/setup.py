@@ -25,6 +25,7 @@ from training_jobs.monitor import StabilityMonitor
 from training_jobs.objectives import Objective, make_objective
 from training_jobs.schedule import lambda_lr
 from training_jobs.settings import RunConfig, TrainingSettings, load_deepspeed_config
+from training_jobs.tokenizer_files import model_file
 
 # DeepSpeed's ZeRO-3 calls these on every step; the warning says nothing a user can act on.
 warnings.filterwarnings("ignore",
@@ -202,10 +203,11 @@ def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any
 def check_tokenizer(run: RunConfig) -> None:
     if run.tokenizer_dir is None:
         return
-    model = Path(run.tokenizer_dir) / "tokenizer.model"
-    if not model.is_file():
-        raise FileNotFoundError(f"tokenizer_dir {run.tokenizer_dir} has no tokenizer.model; point it at the "
-                                f"tokenizer asset's folder or leave it out")
+    try:
+        model = model_file(run.tokenizer_dir)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"tokenizer_dir: {exc}; point it at the tokenizer asset's folder or leave it "
+                                f"out") from None
     sha = checkpoint.sha256_file(model)
     if sha != run.tokenizer_sha256.lower():
         raise ValueError(f"{model} has sha256 {sha[:12]}…, the run config says {run.tokenizer_sha256[:12]}…; "

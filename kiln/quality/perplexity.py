@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from kiln.common.manifest import sha256_file
 from kiln.tokens.tokenizer import Tokenizer
+from training_jobs.tokenizer_files import HF_FILE, SENTENCEPIECE_FILE
 
 
 def resolve_device(device: str) -> str:
@@ -45,12 +46,16 @@ class ReferenceModel:
 
         path = Path(path)
         weights = path / "safetensors" if (path / "safetensors").is_dir() else path
-        tokenizer = path / "hf" / "tokenizer.model" if (path / "hf").is_dir() else path / "tokenizer.model"
+        folder = path / "hf" if (path / "hf").is_dir() else path
+        # tokenizer.model (SentencePiece) or, for a brought `tokenizers` tokenizer, tokenizer.json
+        tokenizer = next((folder / n for n in (SENTENCEPIECE_FILE, HF_FILE) if (folder / n).is_file()),
+                         folder / SENTENCEPIECE_FILE)
         missing = [str(p) for p in (weights / MODEL_FILE, tokenizer) if not p.is_file()]
         if missing:
             raise FileNotFoundError(f"quality.perplexity.model = {str(path)!r} is not a Kiln checkpoint: missing "
                                     f"{', '.join(missing)}; point it at a checkpoint folder (the checkpoint asset's "
-                                    "output) or a folder with model.safetensors, model_config.json, tokenizer.model")
+                                    "output) or a folder with model.safetensors, model_config.json, tokenizer.model "
+                                    "(or tokenizer.json)")
         return weights, tokenizer
 
     @classmethod

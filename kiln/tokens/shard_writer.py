@@ -47,7 +47,7 @@ from kiln.governance.forget import RemovalRequest, first_match
 from kiln.tokens.fim import FimIds, fim_split, fim_tokens
 from kiln.tokens.mixture import SourceParts, epoch_warnings, hash_unit, plan_phases, select_documents
 from kiln.tokens.shard_format import TRAIN, VAL, ShardInfo, describe_shard_set, write_shard
-from kiln.tokens.tokenizer import Tokenizer, TokenizerError
+from kiln.tokens.tokenizer import FIM_ROLES, Tokenizer, TokenizerError
 
 VAL_PHASE = "val"
 _VAL_SALT = "kiln-val-split"
@@ -127,7 +127,9 @@ def _tokenizer(path: str, sha256: str) -> Tokenizer:
 def tokenize_part(task: _PartTask) -> _PartTokens:
     """One Parquet part → a raw token file (documents back to back, each ending in EOS) + per-doc arrays."""
     tok = _tokenizer(task.tokenizer_path, task.tokenizer_sha256)
-    ids = FimIds(tok.fim_prefix_id, tok.fim_suffix_id, tok.fim_middle_id, tok.eos_id)
+    eos = tok.eos_id
+    # Only a part that may be rearranged needs the FIM symbols (a brought tokenizer may lack them).
+    ids = FimIds(*tok.require(FIM_ROLES, "fill-in-the-middle (shards.fim)"), eos) if task.fim and task.fim[0] else None
     lengths, is_val, keys, removed_by = [], [], [], {}
     fim_docs = chars = n_bytes = 0
     parquet = pq.ParquetFile(task.input_path)
@@ -159,7 +161,7 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
                 if cut is _REMOVED:
                     docs.append([])
                 elif cut is None:
-                    docs.append(encoded[k] + [ids.eos])
+                    docs.append(encoded[k] + [eos])
                     k += 1
                 else:
                     docs.append(fim_tokens(cut, encoded[k], encoded[k + 1], encoded[k + 2], ids))
@@ -299,7 +301,6 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
     `counts=result.counts()`."""
     t_start = time.perf_counter()
     tok = Tokenizer.load(tokenizer_path)
-    model_path = Path(tokenizer_path) / "tokenizer.model" if Path(tokenizer_path).is_dir() else Path(tokenizer_path)
     if isinstance(output, Path | str):
         out_dir = Path(output)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -310,10 +311,13 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
         new_path = lambda: output.next_path("shard", ".bin")  # noqa: E731
     names = [s.name for s in sources]
     fim_names = fim_sources(sources, settings.fim.sources)
+    if fim_names and settings.fim.rate > 0:  # before any work: a brought tokenizer may lack the FIM symbols
+        tok.require(FIM_ROLES, f"fill-in-the-middle (shards.fim.rate {settings.fim.rate} on {sorted(fim_names)})",
+                    "; or set shards.fim.rate: 0")
     scratch = out_dir / f".tokenize-{uuid.uuid4().hex[:8]}"
     scratch.mkdir()
     try:
-        tasks = [_PartTask(i, str(part), str(scratch / f"{i:04d}-{j:06d}.tok"), str(model_path), tok.sha256,
+        tasks = [_PartTask(i, str(part), str(scratch / f"{i:04d}-{j:06d}.tok"), str(tokenizer_path), tok.sha256,
                            (settings.fim.rate, settings.fim.spm_rate) if s.name in fim_names else None,
                            settings.val_fraction, settings.seed, tuple(requests))
                  for i, s in enumerate(sources) for j, part in enumerate(s.parts)]

@@ -1,11 +1,16 @@
-"""The tokenizer: a sentencepiece model trained on a mixture-weighted sample, a small exact wrapper, a report.
+"""The tokenizer: a sentencepiece model trained on a mixture-weighted sample, or one brought as a file, behind one
+small interface, and a report.
 
 - `draw_training_sample`: documents from every source in the proportions of the mixture weights (by
   characters), chosen by doc_id hash so the same inputs always give the same sample;
 - `train_tokenizer`: sentencepiece BPE (or unigram) with byte fallback and reserved special tokens,
   written atomically as `tokenizer.model`, `tokenizer.vocab` and the `tokenizer.json` card;
-- `Tokenizer`: load, encode, decode, ids, dtype. decode(encode(text)) == text for any text with the
-  default settings (identity normalization, no dummy prefix, whitespace kept, byte fallback);
+- `bring_tokenizer`: `tokenizer.source: <path>`, a Hugging Face `tokenizers` file (tokenizer.json, read by the
+  `tokenizers` library) or a SentencePiece model (.model, read by sentencepiece as a trained one is), copied byte
+  for byte so its sha256 is its identity; special tokens resolved by role or a clear error;
+- `Tokenizer`: load, encode, decode, special ids, vocab size, dtype, sha256, whichever kind. A trained one:
+  decode(encode(text)) == text for any text with the default settings (identity normalization, no dummy prefix,
+  whitespace kept, byte fallback); a brought one as exact as its file makes it (the asset's check counts);
 - `tokenizer_report`: fertility, bytes per token and byte-fallback share per source and language.
 
 Exactness: sentencepiece writes spaces as U+2581 "▁" internally and turns every "▁" back into a space
@@ -20,6 +25,7 @@ import io
 import json
 import math
 import os
+import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -31,18 +37,25 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import sentencepiece as spm
+import tokenizers as hf_tokenizers
 
 from kiln.common.config import TokenizerSettings
+from kiln.common.config.tokens import SPECIAL_ROLES
 from kiln.common.manifest import temporary_name
 from kiln.curation.documents import Document
 from kiln.tokens.mixture import SourceParts, hash_unit, select_documents, shares
 from kiln.tokens.shard_format import token_dtype
+from training_jobs.tokenizer_files import ASSET_HF_FILE, CARD_FILE, EXPORT_CARD_FILE, model_file
+from training_jobs.tokenizer_files import SENTENCEPIECE_FILE as MODEL_FILE
 
-MODEL_FILE, VOCAB_FILE, CARD_FILE = "tokenizer.model", "tokenizer.vocab", "tokenizer.json"
+VOCAB_FILE = "tokenizer.vocab"
 CARD_FORMAT = "kiln-tokenizer/1"
+SENTENCEPIECE, TOKENIZERS = "sentencepiece", "tokenizers"  # the library that reads a model file
+BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")  # byte-fallback pieces, in sentencepiece's and tokenizers' spelling
 # Fixed ids 0..6, the same in every Kiln tokenizer; the FIM symbols are control symbols: no text maps to them.
 SPECIAL_TOKENS = {"pad": "<pad>", "bos": "<s>", "eos": "<|endoftext|>", "unk": "<unk>",
                   "fim_prefix": "<|fim_prefix|>", "fim_suffix": "<|fim_suffix|>", "fim_middle": "<|fim_middle|>"}
+FIM_ROLES = ("fim_prefix", "fim_suffix", "fim_middle")  # in kiln.tokens.fim.FimIds order
 SENTINEL_PIECE = "<extra_id_{}>"  # T5's sentinels (span corruption), control symbols after the fixed ids
 WHITESPACE_META = "\u2581"  # "▁": sentencepiece's space symbol
 
@@ -159,23 +172,27 @@ def sentence_chunks(text: str, max_chars: int) -> Iterator[str]:
         start = end
 
 
-# ---------------------------------------------------------------------------------------------- training
+# ---------------------------------------------------------------------------------------------- card
 
 @dataclass
 class TokenizerCard:
-    """What `tokenizer.json` holds: enough to tell which tokenizer made a shard and how it was trained."""
+    """What `tokenizer.json` holds: enough to tell which tokenizer made a shard and how it was trained or where it
+    was brought from."""
 
-    sha256: str
+    sha256: str  # of the model file (files["model"]): the tokenizer's identity in shards, runs and cards
     vocab_size: int
     model_type: str
     dtype: str
-    special_tokens: dict[str, dict[str, Any]]  # name -> {piece, id}
-    settings: dict[str, Any]
-    sample: dict[str, Any]  # documents, chars, by_source
-    sentencepiece_version: str
+    special_tokens: dict[str, dict[str, Any]]  # name -> {piece, id} (+ "same_as": "eos" where one stands in)
+    settings: dict[str, Any]  # TokenizerSettings.applicable()
+    sample: dict[str, Any]  # documents, chars, by_source: what it was trained on, or (brought) what it was measured on
+    sentencepiece_version: str | None
     seconds: float
     files: dict[str, str] = field(default_factory=lambda: {"model": MODEL_FILE, "vocab": VOCAB_FILE})
     format: str = CARD_FORMAT
+    source: str = "train"  # `train`, or the path of the brought file as the config gave it
+    kind: str = SENTENCEPIECE  # which library reads the model file: sentencepiece | tokenizers
+    tokenizers_version: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -185,6 +202,23 @@ class TokenizerCard:
         path = Path(path)
         return cls(**json.loads((path / CARD_FILE if path.is_dir() else path).read_text(encoding="utf-8")))
 
+
+def _write_card(tokenizer: Tokenizer, out_dir: Path, settings: TokenizerSettings, sample: TrainingSample,
+                model_type: str, seconds: float, model_file: str) -> TokenizerCard:
+    """`tokenizer.vocab` and the card, beside the model file `model_file` already in `out_dir`."""
+    _write_atomic(out_dir / VOCAB_FILE, tokenizer.vocab_tsv().encode("utf-8"))
+    card = TokenizerCard(
+        sha256=tokenizer.sha256, vocab_size=tokenizer.vocab_size, model_type=model_type, dtype=tokenizer.dtype.name,
+        special_tokens=tokenizer.special_tokens(), settings=settings.applicable(),
+        sample={"documents": sample.document_count, "chars": sample.chars, "by_source": sample.by_source},
+        sentencepiece_version=spm.__version__ if tokenizer.kind == SENTENCEPIECE else None, seconds=round(seconds, 3),
+        files={"model": model_file, "vocab": VOCAB_FILE}, source=settings.source, kind=tokenizer.kind,
+        tokenizers_version=hf_tokenizers.__version__ if tokenizer.kind == TOKENIZERS else None)
+    _write_atomic(out_dir / CARD_FILE, json.dumps(card.to_dict(), indent=2, ensure_ascii=False).encode("utf-8"))
+    return card
+
+
+# ---------------------------------------------------------------------------------------------- training
 
 def sentinel_pieces(count: int) -> list[str]:
     return [SENTINEL_PIECE.format(i) for i in range(count)]
@@ -234,19 +268,27 @@ def train_tokenizer(sample: TrainingSample, settings: TokenizerSettings, out_dir
     seconds = time.perf_counter() - t0
     data = model.getvalue()
     _write_atomic(out_dir / MODEL_FILE, data)
-    tokenizer = Tokenizer(data)
-    _write_atomic(out_dir / VOCAB_FILE, tokenizer.vocab_tsv().encode("utf-8"))
-    card = TokenizerCard(
-        sha256=tokenizer.sha256, vocab_size=tokenizer.vocab_size, model_type=settings.model_type,
-        dtype=tokenizer.dtype.name,
-        special_tokens={name: {"piece": piece, "id": tokenizer.piece_to_id(piece)} for name, piece in
-                        [*SPECIAL_TOKENS.items(), *((f"sentinel_{i}", p) for i, p in
-                                                    enumerate(sentinel_pieces(settings.sentinel_tokens)))]},
-        settings=settings.model_dump(),
-        sample={"documents": sample.document_count, "chars": sample.chars, "by_source": sample.by_source},
-        sentencepiece_version=spm.__version__, seconds=round(seconds, 3))
-    _write_atomic(out_dir / CARD_FILE, json.dumps(card.to_dict(), indent=2, ensure_ascii=False).encode("utf-8"))
-    return card
+    tokenizer = SentencePieceTokenizer(data, sentinels=settings.sentinel_tokens)
+    return _write_card(tokenizer, out_dir, settings, sample, settings.model_type, seconds, MODEL_FILE)
+
+
+def bring_tokenizer(sample: TrainingSample, settings: TokenizerSettings, out_dir: Path) -> TokenizerCard:
+    """The tokenizer file `settings.source` copied byte for byte into `out_dir` (its sha256 stays its identity),
+    with `tokenizer.vocab` and the card; its special tokens resolved (`settings.special_tokens` first), or a
+    `TokenizerError` naming the key to set. `sample` is recorded as what its reports are measured on."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    try:
+        data = Path(settings.source).expanduser().read_bytes()
+    except OSError as exc:
+        raise TokenizerError(f"tokenizer.source = {settings.source!r} cannot be read ({exc.strerror}); give the path "
+                             f"of a tokenizer.json or SentencePiece .model, or `train`") from None
+    tokenizer = Tokenizer.from_bytes(data, dict(settings.special_tokens), origin=f"tokenizer.source = "
+                                                                                f"{settings.source!r}")
+    name = MODEL_FILE if tokenizer.kind == SENTENCEPIECE else ASSET_HF_FILE
+    _write_atomic(out_dir / name, data)
+    return _write_card(tokenizer, out_dir, settings, sample, tokenizer.model_type, time.perf_counter() - t0, name)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -261,43 +303,225 @@ def _write_atomic(path: Path, data: bytes) -> None:
 # ---------------------------------------------------------------------------------------------- wrapper
 
 class Tokenizer:
-    """A trained Kiln tokenizer: exact encode/decode, special ids, the token dtype for shards."""
+    """What Kiln needs of a tokenizer, whichever library reads it: exact-as-the-file encode/decode, the special ids
+    by role, the vocabulary size and token dtype, and the model file's sha256 (its identity).
 
-    def __init__(self, model: bytes):
-        self.sha256 = hashlib.sha256(model).hexdigest()
-        self.sp = spm.SentencePieceProcessor(model_proto=model, num_threads=1)
-        self.vocab_size = self.sp.get_piece_size()
-        self.pad_id, self.bos_id, self.eos_id, self.unk_id = (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id(),
-                                                              self.sp.unk_id())
-        self.fim_prefix_id, self.fim_suffix_id, self.fim_middle_id = (
-            self.piece_to_id(SPECIAL_TOKENS[k]) for k in ("fim_prefix", "fim_suffix", "fim_middle"))
-        # A literal "▁" is written as its UTF-8 byte pieces (see the module docstring).
-        byte_ids = [self.sp.piece_to_id(f"<0x{b:02X}>") for b in WHITESPACE_META.encode("utf-8")]
-        self._meta_ids = byte_ids if all(self.sp.is_byte(i) for i in byte_ids) else [self.unk_id]
+    `Tokenizer.load(path)` reads a model file or a folder Kiln wrote (see training_jobs.tokenizer_files); the
+    subclasses are the two kinds: `SentencePieceTokenizer` (trained here, or a brought .model) and
+    `HFTokenizer` (a brought Hugging Face `tokenizers` file). Special ids: `eos` is required; `bos` and `pad` fall
+    back to `eos` (pad only fills positions no loss reads); `unk`, the FIM symbols and sentinels may be absent
+    (None / []) and are asked for with `require` where a stage needs them."""
 
-    @classmethod
-    def load(cls, path: str | Path) -> Tokenizer:
-        """From `tokenizer.model` or the folder holding it."""
+    kind: str
+    model_type: str
+    sha256: str
+    vocab_size: int
+    specials: dict[str, tuple[str, int]]  # role -> (piece, id), bos/eos/pad always present
+    sentinel_ids: list[int]  # <extra_id_0>, <extra_id_1>, ... while consecutive from 0
+    origin: str  # how errors name where the tokenizer came from
+
+    @staticmethod
+    def load(path: str | Path, special_tokens: Mapping[str, str] | None = None) -> Tokenizer:
+        """From a model file, or a folder holding one (the tokenizer asset's folder, an HF export). The Kiln card
+        beside the file, when it describes that file, supplies the special tokens the tokenizer asset resolved
+        (tokenizer.special_tokens included), unless `special_tokens` are given."""
         path = Path(path)
-        if path.is_dir():
-            path = path / MODEL_FILE
         try:
-            return cls(path.read_bytes())
+            file = model_file(path)
+            data = file.read_bytes()
         except FileNotFoundError:
             raise TokenizerError(f"no tokenizer model at {path}; materialize the tokenizer asset first") from None
+        if special_tokens is None:
+            cards = [file.parent / EXPORT_CARD_FILE] + ([file.parent / CARD_FILE] if file.name != CARD_FILE else [])
+            card = next((json.loads(c.read_text(encoding="utf-8")) for c in cards if c.is_file()), None)
+            if card is not None and card.get("sha256") == hashlib.sha256(data).hexdigest():
+                special_tokens = {k: v["piece"] for k, v in card.get("special_tokens", {}).items()
+                                  if k in SPECIAL_ROLES and "same_as" not in v}
+        return Tokenizer.from_bytes(data, special_tokens, origin=str(file))
 
-    def piece_to_id(self, piece: str) -> int:
-        i = self.sp.piece_to_id(piece)
-        if i == self.unk_id and piece != SPECIAL_TOKENS["unk"]:
-            raise TokenizerError(f"the tokenizer has no piece {piece!r}: it was not trained by kiln.tokens.tokenizer")
-        return i
+    @staticmethod
+    def from_bytes(data: bytes, special_tokens: Mapping[str, str] | None = None, origin: str = "the tokenizer",
+                   sentinels: int | None = None) -> Tokenizer:
+        """A JSON file is a `tokenizers` file (or a Kiln card, refused); anything else a SentencePiece model."""
+        if data.lstrip()[:1] == b"{":
+            return HFTokenizer(data, special_tokens, origin)
+        return SentencePieceTokenizer(data, special_tokens, origin, sentinels)
+
+    # -------------------------------------------------------------- what a kind provides
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        raise NotImplementedError
+
+    def id_to_piece(self, i: int) -> str:
+        raise NotImplementedError
+
+    def token_to_id(self, piece: str) -> int | None:
+        """The id of `piece` as one whole token, None when the vocabulary lacks it."""
+        raise NotImplementedError
+
+    def byte_mask(self) -> np.ndarray:
+        """True at the ids of byte-fallback pieces (<0x00>..<0xFF>)."""
+        raise NotImplementedError
+
+    def score(self, i: int) -> str:
+        return ""
+
+    # -------------------------------------------------------------- shared
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def pieces(self, ids: Iterable[int] | np.ndarray) -> list[str]:
+        ids = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+        return [self.id_to_piece(int(i)) for i in ids]
 
     @property
     def dtype(self) -> np.dtype:
         return token_dtype(self.vocab_size)
 
-    def encode(self, text: str) -> list[int]:
-        return self.encode_batch([text])[0]
+    @property
+    def eos_id(self) -> int:
+        return self.specials["eos"][1]
+
+    @property
+    def bos_id(self) -> int:
+        return self.specials["bos"][1]
+
+    @property
+    def pad_id(self) -> int:
+        return self.specials["pad"][1]
+
+    @property
+    def unk_id(self) -> int | None:
+        return self.specials["unk"][1] if "unk" in self.specials else None
+
+    @property
+    def fim_prefix_id(self) -> int | None:
+        return self.specials["fim_prefix"][1] if "fim_prefix" in self.specials else None
+
+    @property
+    def fim_suffix_id(self) -> int | None:
+        return self.specials["fim_suffix"][1] if "fim_suffix" in self.specials else None
+
+    @property
+    def fim_middle_id(self) -> int | None:
+        return self.specials["fim_middle"][1] if "fim_middle" in self.specials else None
+
+    def require(self, roles: Sequence[str], needed_by: str, otherwise: str = "") -> list[int]:
+        """The ids of `roles`, or a TokenizerError naming the missing ones, who needs them and the ways to fix it
+        (`otherwise`: one more, e.g. "; or turn it off with ...")."""
+        missing = [r for r in roles if r not in self.specials]
+        if missing:
+            raise TokenizerError(missing_tokens_message(self.origin, missing, needed_by, otherwise))
+        return [self.specials[r][1] for r in roles]
+
+    def special_tokens(self) -> dict[str, dict[str, Any]]:
+        """The card's form: role -> {piece, id}, sentinels as sentinel_<i>; a stand-in says `same_as`."""
+        out: dict[str, dict[str, Any]] = {}
+        for role in SPECIAL_ROLES:
+            if role in self.specials:
+                piece, i = self.specials[role]
+                out[role] = {"piece": piece, "id": i}
+                if role in self._stand_ins:
+                    out[role]["same_as"] = self._stand_ins[role]
+        out |= {f"sentinel_{k}": {"piece": SENTINEL_PIECE.format(k), "id": i} for k, i in enumerate(self.sentinel_ids)}
+        return out
+
+    def vocab_tsv(self) -> str:
+        """id, piece, score per line (score empty where the model has none); backslash, tab, CR and LF in pieces
+        are written as \\\\ \\t \\r \\n."""
+        esc = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+        return "".join(f"{i}\t{self.id_to_piece(i).translate(esc)}\t{self.score(i)}\n" for i in range(self.vocab_size))
+
+    def _resolve(self, special_tokens: Mapping[str, str] | None, native: Mapping[str, int]) -> None:
+        """Special ids by role: the configured piece, else the model's own declaration (`native`), else the first
+        alias the vocabulary has. eos must be found; bos and pad stand in with eos."""
+        special_tokens = dict(special_tokens or {})
+        self.specials, self._stand_ins = {}, {}
+        for role in SPECIAL_ROLES:
+            if role in special_tokens:
+                i = self.token_to_id(special_tokens[role])
+                if i is None:
+                    raise TokenizerError(f"tokenizer.special_tokens.{role} = {special_tokens[role]!r} is not a token "
+                                         f"of {self.origin}; give one of its tokens (see tokenizer.vocab), or remove "
+                                         f"the key to use {' / '.join(map(repr, ALIASES[role]))}")
+            else:
+                i = native.get(role)
+                if i is None:
+                    i = next((j for p in ALIASES[role] if (j := self.token_to_id(p)) is not None), None)
+            if i is not None:
+                self.specials[role] = (self.id_to_piece(i), i)
+        if "eos" not in self.specials:
+            raise TokenizerError(missing_tokens_message(self.origin, ["eos"], "Kiln (EOS ends every document in "
+                                                                             "the token shards)"))
+        for role in ("bos", "pad"):
+            if role not in self.specials:
+                self.specials[role], self._stand_ins[role] = self.specials["eos"], "eos"
+        self.sentinel_ids = []
+        while (i := self.token_to_id(SENTINEL_PIECE.format(len(self.sentinel_ids)))) is not None:
+            self.sentinel_ids.append(i)
+
+
+# What other tokenizers call Kiln's special tokens (Kiln's own piece first), tried in order when neither the config
+# (tokenizer.special_tokens) nor the model itself names one: GPT-2/Qwen, Llama 2/Mistral/T5, Llama 3, Gemma,
+# StarCoder, BERT.
+ALIASES = {
+    "eos": ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>"),
+    "bos": ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>"),
+    "pad": ("<pad>", "<|pad|>", "[PAD]"),
+    "unk": ("<unk>", "[UNK]"),
+    "fim_prefix": ("<|fim_prefix|>", "<fim_prefix>"),
+    "fim_suffix": ("<|fim_suffix|>", "<fim_suffix>"),
+    "fim_middle": ("<|fim_middle|>", "<fim_middle>"),
+}
+
+
+def missing_tokens_message(origin: str, roles: Sequence[str], needed_by: str, otherwise: str = "") -> str:
+    looked = "; ".join(f"{r}: none of {' '.join(ALIASES[r])}" for r in roles)
+    keys = ", ".join(f"tokenizer.special_tokens.{r}" for r in roles)
+    pieces = ", ".join(repr(ALIASES[r][0]) for r in roles)
+    return (f"{origin}: {needed_by} needs special tokens {', '.join(roles)}, which it lacks ({looked}). Name the "
+            f"tokens it has for them with {keys} in the config, or add them to the tokenizer and materialize "
+            f"`tokenizer` again (Hugging Face tokenizers: `tok = Tokenizer.from_file(path); "
+            f"tok.add_special_tokens([{pieces}]); tok.save(path)`; SentencePiece: retrain with "
+            f"control_symbols=[{pieces}], or eos_piece for eos){otherwise}")
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A SentencePiece model. Kiln's trained ones round-trip exactly (see the module docstring); a brought model
+    round-trips as its normalization allows (the tokenizer asset's round_trip check counts what it changes)."""
+
+    kind = SENTENCEPIECE
+
+    def __init__(self, model: bytes, special_tokens: Mapping[str, str] | None = None,
+                 origin: str = "the tokenizer", sentinels: int | None = None):
+        self.sha256, self.origin = hashlib.sha256(model).hexdigest(), origin
+        try:
+            self.sp = spm.SentencePieceProcessor(model_proto=model, num_threads=1)
+        except RuntimeError as exc:
+            raise TokenizerError(f"{origin} is not a SentencePiece model ({exc}); give a tokenizer.json or "
+                                 f".model file") from None
+        self.model_type = sentencepiece_model_type(model)
+        self.vocab_size = self.sp.get_piece_size()
+        native = {role: i for role, i in (("bos", self.sp.bos_id()), ("eos", self.sp.eos_id()),
+                                          ("pad", self.sp.pad_id()), ("unk", self.sp.unk_id())) if i >= 0}
+        self._resolve(special_tokens, native)
+        if sentinels is not None:
+            self.sentinel_ids = self.sentinel_ids[:sentinels]
+        # A literal "▁" is written as its UTF-8 byte pieces (see the module docstring).
+        byte_ids = [self.sp.piece_to_id(f"<0x{b:02X}>") for b in WHITESPACE_META.encode("utf-8")]
+        self._meta_ids = byte_ids if all(self.sp.is_byte(i) for i in byte_ids) else [self.sp.unk_id()]
+
+    def token_to_id(self, piece: str) -> int | None:
+        i = self.sp.piece_to_id(piece)
+        return i if self.sp.id_to_piece(i) == piece else None
+
+    def id_to_piece(self, i: int) -> str:
+        return self.sp.id_to_piece(int(i))
+
+    def score(self, i: int) -> str:
+        return f"{self.sp.get_score(i):g}"
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         """Encode many texts in one sentencepiece call (`num_threads` > 1 uses its thread pool)."""
@@ -319,19 +543,96 @@ class Tokenizer:
         ids = ids.tolist() if isinstance(ids, np.ndarray) else [int(i) for i in ids]
         return self.sp.decode(ids)
 
-    def pieces(self, ids: Iterable[int] | np.ndarray) -> list[str]:
-        ids = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
-        return [self.sp.id_to_piece(int(i)) for i in ids]
-
     def byte_mask(self) -> np.ndarray:
-        """True at the ids of byte-fallback pieces."""
         return np.array([self.sp.is_byte(i) for i in range(self.vocab_size)], dtype=bool)
 
-    def vocab_tsv(self) -> str:
-        """id, piece, score per line; backslash, tab, CR and LF in pieces are written as \\\\ \\t \\r \\n."""
-        esc = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-        return "".join(f"{i}\t{self.sp.id_to_piece(i).translate(esc)}\t{self.sp.get_score(i):g}\n"
-                       for i in range(self.vocab_size))
+
+def sentencepiece_model_type(model: bytes) -> str:
+    """ModelProto.trainer_spec(2).model_type(3), read from the protobuf wire format: sentencepiece's Python API does
+    not expose it, and its generated protobuf module needs a newer protobuf runtime than the pinned one."""
+    def fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
+        i = 0
+        while i < len(buf):
+            key, i = varint(buf, i)
+            number, wire = key >> 3, key & 7
+            if wire == 0:
+                value, i = varint(buf, i)
+            elif wire == 2:
+                n, i = varint(buf, i)
+                value, i = buf[i:i + n], i + n
+            elif wire in (1, 5):
+                value, i = None, i + (8 if wire == 1 else 4)
+            else:
+                return
+            yield number, wire, value
+
+    def varint(buf: bytes, i: int) -> tuple[int, int]:
+        shift = value = 0
+        while True:
+            b = buf[i]
+            i += 1
+            value |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return value, i
+
+    spec = next((v for n, w, v in fields(model) if n == 2 and w == 2), b"")
+    kind = next((v for n, w, v in fields(spec) if n == 3 and w == 0), 1)  # the proto's default: UNIGRAM
+    return {1: "unigram", 2: "bpe", 3: "word", 4: "char"}.get(kind, "unknown")
+
+
+class HFTokenizer(Tokenizer):
+    """A Hugging Face `tokenizers` file (tokenizer.json), read by the `tokenizers` library itself. Kiln adds no
+    special tokens (EOS between documents is its own), turns off any truncation or padding the file sets (a
+    document is never cut), and encodes text that spells a special token as ordinary text."""
+
+    kind = TOKENIZERS
+
+    def __init__(self, data: bytes, special_tokens: Mapping[str, str] | None = None, origin: str = "the tokenizer"):
+        self.sha256, self.origin = hashlib.sha256(data).hexdigest(), origin
+        try:
+            spec = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TokenizerError(f"{origin} is not valid JSON ({exc}); give a Hugging Face tokenizer.json") from None
+        if isinstance(spec, dict) and str(spec.get("format", "")).startswith("kiln-tokenizer"):
+            raise TokenizerError(f"{origin} is a Kiln tokenizer card, not a tokenizer: give the tokenizer asset's "
+                                 f"folder, or its {spec.get('files', {}).get('model', MODEL_FILE)}")
+        try:
+            self.hf = hf_tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as exc:  # the Rust side raises plain Exception
+            raise TokenizerError(f"{origin} is not a Hugging Face tokenizers file ({exc}); give a tokenizer.json "
+                                 f"saved by `tokenizers` (Tokenizer.save) or a SentencePiece .model") from None
+        self.hf.no_truncation()
+        self.hf.no_padding()
+        self.hf.encode_special_tokens = True
+        self.model_type = str(spec.get("model", {}).get("type", "unknown")).lower()
+        vocab = self.hf.get_vocab(with_added_tokens=True)
+        self.vocab_size = max(vocab.values()) + 1  # ids may leave gaps: the largest id sizes the embedding
+        self._pieces = {i: p for p, i in vocab.items()}
+        self._resolve(special_tokens, {})
+
+    def token_to_id(self, piece: str) -> int | None:
+        return self.hf.token_to_id(piece)
+
+    def id_to_piece(self, i: int) -> str:
+        return self._pieces.get(int(i), "")
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+        """One thread by default, as sentencepiece's: engine workers are one per core already (and `tokenizers`'
+        own batch parallelism measured slower than a loop on 2 busy cores); `num_threads` > 1 uses its pool."""
+        if num_threads > 1:
+            return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+        return [self.hf.encode(t, add_special_tokens=False).ids for t in texts]
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        ids = ids.tolist() if isinstance(ids, np.ndarray) else [int(i) for i in ids]
+        return self.hf.decode(ids, skip_special_tokens=False)
+
+    def byte_mask(self) -> np.ndarray:
+        mask = np.zeros(self.vocab_size, dtype=bool)
+        for i, p in self._pieces.items():
+            mask[i] = BYTE_PIECE.fullmatch(p) is not None
+        return mask
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -383,5 +684,6 @@ def tokenizer_report(tokenizer: Tokenizer, documents_by_source: Mapping[str, Ite
             "examples": examples}
 
 
-__all__ = ["SPECIAL_TOKENS", "Tokenizer", "TokenizerCard", "TokenizerError", "TrainingSample",
-           "draw_training_sample", "read_documents", "sentence_chunks", "tokenizer_report", "train_tokenizer"]
+__all__ = ["ALIASES", "FIM_ROLES", "SPECIAL_TOKENS", "HFTokenizer", "SentencePieceTokenizer", "Tokenizer", "TokenizerCard",
+           "TokenizerError", "TrainingSample", "bring_tokenizer", "draw_training_sample", "read_documents",
+           "sentence_chunks", "tokenizer_report", "train_tokenizer"]

@@ -62,6 +62,9 @@ GRAPH_SNAPSHOT = {
                   "partitions": None, "automation": "on_missing"},
     "token_shards": {"group": "tokens", "deps": ["quality_filtered_documents", "removal_requests", "tokenizer"],
                      "checks": ["mixture_on_target", "shards_verified"], "partitions": REFRESH, "automation": "eager"},
+    # Follows the shards only when `shards.export` names a format (this project's config names none).
+    "shard_exports": {"group": "tokens", "deps": ["token_shards"], "checks": ["matches_shards"], "partitions": REFRESH,
+                      "automation": None},
     # Training starts only by hand unless `refresh.train: true`; what follows a checkpoint follows it.
     "training_run": {"group": "training", "deps": ["token_shards", "tokenizer"], "checks": [], "partitions": None,
                      "automation": None},

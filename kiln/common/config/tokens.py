@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -9,10 +10,23 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from kiln.common.config.base import Strict
 
 
-class TokenizerSettings(Strict):
-    """The sentencepiece model trained on a mixture-weighted sample. The defaults keep text exact:
-    decode(encode(text)) == text for any text; changing the normalization keys gives that up."""
+SPECIAL_ROLES = ("bos", "eos", "pad", "unk", "fim_prefix", "fim_suffix", "fim_middle")
+# The keys that only shape a tokenizer trained here; a brought one has its own vocabulary and special tokens.
+TRAINING_KEYS = ("vocab_size", "model_type", "byte_fallback", "split_digits", "character_coverage", "max_piece_length",
+                 "max_sentence_chars", "num_threads", "normalization", "add_dummy_prefix", "remove_extra_whitespaces",
+                 "sentinel_tokens")
 
+
+class TokenizerSettings(Strict):
+    """The sentencepiece model trained on a mixture-weighted sample, or a tokenizer brought as a file. The training
+    defaults keep text exact: decode(encode(text)) == text for any text; changing the normalization keys gives that up.
+    The sample keys (sample_documents, sample_chars, seed) also choose the documents a brought tokenizer's round-trip
+    and fit reports are measured on."""
+
+    # `train`, or a local path to a Hugging Face `tokenizers` file (tokenizer.json) or a SentencePiece model (.model)
+    source: str = "train"
+    # role -> token, for a brought tokenizer whose special tokens have other names (e.g. {eos: "<|end_of_text|>"})
+    special_tokens: dict[Literal[SPECIAL_ROLES], str] = Field(default_factory=dict)
     # 7 special tokens and 256 byte pieces come first, so below ~300 nothing is left to learn
     vocab_size: int = Field(8000, ge=300, le=1 << 20)
     model_type: Literal["bpe", "unigram"] = "bpe"
@@ -29,6 +43,44 @@ class TokenizerSettings(Strict):
     add_dummy_prefix: bool = False  # True prepends a space to every text: not exact
     remove_extra_whitespaces: bool = False  # True collapses runs of spaces (breaks code indentation)
     sentinel_tokens: int = Field(0, ge=0, le=1000)  # <extra_id_0>.. after the fixed ids: span corruption (T5: 100)
+
+    def applicable(self) -> dict:
+        """The settings that shape the tokenizer, as manifests and cards record them: every key when it is trained
+        here; the source, special tokens and sample keys when it is brought (the file fixes the rest)."""
+        return self.model_dump(mode="json", exclude=set(TRAINING_KEYS) if self.source != "train" else None)
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if value == "train":
+            return value
+        path = Path(value).expanduser()
+        if path.suffix not in (".json", ".model"):
+            raise ValueError(f"give `train`, or a Hugging Face tokenizers file (tokenizer.json) or a SentencePiece "
+                             f"model (*.model); {value!r} ends in neither .json nor .model")
+        if not path.is_file():
+            raise ValueError(f"no such file{' (a folder)' if path.is_dir() else ''} (relative paths are read from "
+                             f"{Path.cwd()}); give the path of an existing tokenizer.json or .model, or `train`")
+        return value
+
+    @model_validator(mode="after")
+    def _keys_fit_the_source(self):
+        if self.source == "train":
+            if self.special_tokens:
+                raise ValueError("tokenizer.special_tokens names the special tokens of a brought tokenizer "
+                                 "(tokenizer.source: <file>); a tokenizer trained here has Kiln's own: remove it")
+            return self
+        # Refused rather than ignored: the recorded config would say e.g. vocab_size 8000 of a 32k tokenizer. A key
+        # left at its default (as a dumped config has it) says nothing and passes.
+        given = [k for k in TRAINING_KEYS if k in self.model_fields_set
+                 and getattr(self, k) != type(self).model_fields[k].default]
+        if given:
+            raise ValueError(f"{', '.join('tokenizer.' + k for k in given)} only shape{'s' * (len(given) == 1)} a "
+                             f"tokenizer trained here; "
+                             f"tokenizer.source is the file {self.source!r}, whose vocabulary, normalization and "
+                             f"special tokens are its own: remove {'them' if len(given) > 1 else 'it'} (or set "
+                             f"tokenizer.source: train)")
+        return self
 
 
 def _check_weights(weights: dict[str, float]) -> dict[str, float]:
@@ -106,3 +158,7 @@ class ShardSettings(Strict):
     val_fraction: float = Field(0.01, ge=0, lt=1)  # share of documents held out (by doc_id hash)
     seed: int = 1234  # shuffle, repetition subsets and FIM draws
     fim: Fim = Fim()
+    # Copies of the shards for other trainers (the shard_exports asset, kiln.tokens.interchange): Megatron-LM's
+    # indexed dataset (.bin/.idx) and Parquet token ids for Hugging Face `datasets`. Each costs about the shards'
+    # own disk again; [] (the default) exports nothing and the asset does not follow new shards.
+    export: list[Literal["megatron", "parquet"]] = []

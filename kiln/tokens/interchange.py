@@ -1,0 +1,265 @@
+"""Token shards in the formats other trainers read: Megatron-LM's indexed dataset and Parquet for Hugging Face.
+
+`export_shards(shard_dir, out_dir, formats)` reads a token_shards dataset (kiln.tokens.shard_format) and writes,
+per split (`train`, `val`), in the order Kiln's own loader reads the shards (phases in order, shards in written
+order, documents in shard order):
+
+- `megatron/<split>.bin` + `megatron/<split>.idx`: Megatron-LM / NeMo's MMapIndexedDataset (`IndexedDataset` in
+  megatron.core.datasets.indexed_dataset), one Megatron sequence and one document per Kiln document, so document
+  boundaries survive; token dtype chosen from the vocabulary size as Megatron's preprocessing does
+  (`DType.optimal_dtype`: uint16 below 65,500 ids, else int32);
+- `parquet/<split>-NNNNN.parquet`: one file per Kiln shard, one row per document: `doc_id`, `source`, `phase`,
+  `input_ids` (list<int32>), which `datasets.load_dataset("parquet", data_dir=<out>/parquet)` loads as the
+  `train` and `validation` splits;
+- `export.json`: the shard set it came from (asset, partition, data version, tokenizer sha256, EOS id) and the
+  export format version. It is one of the hashed files, so the export's data version changes with either.
+
+Tokens are copied exactly: every document keeps the tokenizer's EOS at its end (Megatron's `--append-eod`), FIM
+documents keep their sentinels, a document the mixture repeats appears as often as the shards hold it.
+
+Megatron's published .idx layout (little-endian), written here without importing megatron-core:
+
+    9 bytes  b"MMIDIDX\\x00\\x00"        8  uint64 version (1)          1  uint8 dtype code (uint16: 8, int32: 4)
+    8  uint64 sequence count S         8  uint64 document-index count (documents + 1)
+    S * 4  int32 sequence lengths      S * 8  int64 sequence byte offsets into .bin
+    (D + 1) * 8  int64 document indices: document d is sequences [idx[d], idx[d + 1])
+
+Every file is written under a temporary name and renamed, so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from kiln.common.manifest import MANIFEST_NAME, fsync_file, temporary_name, write_json_atomic
+from kiln.tokens.shard_format import TRAIN, VAL, ShardError, ShardSet, open_shard, read_shard_set
+
+EXPORT_FORMAT = "kiln-shard-export/1"
+EXPORT_VERSION = 1  # bump when the bytes an export writes change: it is part of the export's data version
+FORMATS = ("megatron", "parquet")
+EXPORT_JSON = "export.json"
+MEGATRON_DIR, PARQUET_DIR = "megatron", "parquet"
+
+MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
+MEGATRON_DTYPE_CODES = {np.dtype("uint16"): 8, np.dtype("int32"): 4}  # megatron.core DType enum values
+MEGATRON_HEADER_SIZE = 9 + 8 + 1 + 8 + 8  # magic, version, dtype code, sequence count, document-index count
+
+PARQUET_SCHEMA = pa.schema([pa.field("doc_id", pa.string()), pa.field("source", pa.string()),
+                            pa.field("phase", pa.string(), nullable=False),
+                            pa.field("input_ids", pa.list_(pa.field("item", pa.int32(), nullable=False)),
+                                     nullable=False)])
+_ROW_GROUP_TOKENS = 1 << 23  # ~32 MB of int32 ids per Parquet row group: bounded memory to write and to read
+_COPY_TOKENS = 1 << 24  # tokens per write when streaming a shard into a .bin
+
+
+def megatron_dtype(vocab_size: int) -> np.dtype:
+    """Megatron's own choice (`DType.optimal_dtype(vocab_size)` in preprocess_data.py): uint16 when the vocabulary
+    has fewer than 65,500 ids, else int32. Kiln's shards switch at 65,536, so 65,500..65,536 is widened here."""
+    return np.dtype("uint16") if vocab_size < 65_500 else np.dtype("int32")
+
+
+def megatron_idx_size(documents: int) -> int:
+    """The size of a one-sequence-per-document .idx file (how a reader can tell a whole one)."""
+    return MEGATRON_HEADER_SIZE + documents * (4 + 8) + (documents + 1) * 8
+
+
+def _check_formats(formats: Sequence[str]) -> list[str]:
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise ShardError(f"shards.export: unknown format {unknown[0]!r}; choose from {list(FORMATS)} "
+                         f"(or [] for no export)")
+    return [f for f in FORMATS if f in formats]  # fixed order, duplicates dropped
+
+
+def _source_manifest(shard_dir: Path) -> dict[str, Any]:
+    return json.loads((shard_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
+
+
+def _split_documents(shard_set: ShardSet, split: str):
+    """(ShardInfo, open Shard) of one split in reading order; none when the split has no shards."""
+    if not any(s.split == split for s in shard_set.shards):
+        return []
+    return [(info, open_shard(shard_set.dir / info.path, shard_set.tokenizer_sha256))
+            for info in shard_set.split(split)]
+
+
+def _write_atomic_binary(path: Path, write) -> None:
+    tmp = temporary_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        fsync_file(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_megatron(shards, vocab_size: int, prefix: Path) -> dict[str, Any]:
+    """`<prefix>.bin` and `<prefix>.idx` from a split's open shards, one sequence (and document) per document."""
+    dtype = megatron_dtype(vocab_size)
+    lengths = (np.concatenate([np.diff(s.offsets.astype(np.int64)) for _, s in shards]) if shards
+               else np.zeros(0, np.int64))
+    if len(lengths) and lengths.max() >= 1 << 31:
+        raise ShardError(f"a document of {int(lengths.max())} tokens does not fit Megatron's int32 sequence length")
+
+    def write_bin(f) -> None:
+        for _, shard in shards:
+            for start in range(0, len(shard.tokens), _COPY_TOKENS):
+                np.asarray(shard.tokens[start:start + _COPY_TOKENS]).astype(dtype, copy=False).tofile(f)
+
+    pointers = np.zeros(len(lengths), np.int64)
+    np.cumsum(lengths[:-1] * dtype.itemsize, out=pointers[1:])
+
+    def write_idx(f) -> None:
+        f.write(MEGATRON_MAGIC)
+        f.write(struct.pack("<QBQQ", 1, MEGATRON_DTYPE_CODES[dtype], len(lengths), len(lengths) + 1))
+        f.write(lengths.astype("<i4").tobytes())
+        f.write(pointers.astype("<i8").tobytes())
+        f.write(np.arange(len(lengths) + 1, dtype="<i8").tobytes())  # one sequence per document
+
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    # .bin first: a reader that finds the .idx finds its data
+    _write_atomic_binary(prefix.with_name(prefix.name + ".bin"), write_bin)
+    _write_atomic_binary(prefix.with_name(prefix.name + ".idx"), write_idx)
+    return {"documents": len(lengths), "tokens": int(lengths.sum()), "dtype": dtype.name}
+
+
+def _positions(shard_dir: Path, manifest: dict[str, Any]) -> tuple[dict[str, pa.Array], pa.Table]:
+    """Each shard's doc_ids in document order (from the positions list) and the member list (doc_id -> source)."""
+    files = {role: [shard_dir / f["path"] for f in manifest["files"] if f["role"] == role]
+             for role in ("positions", "members")}
+    if not files["positions"] or not files["members"]:
+        raise ShardError(f"{shard_dir} has no positions or member list (written by an older Kiln); "
+                         f"re-materialize token_shards before exporting it to Parquet")
+    positions = pa.concat_tables([pq.read_table(p) for p in files["positions"]])
+    members = pa.concat_tables([pq.read_table(p, columns=["doc_id", "source"]) for p in files["members"]])
+    positions = positions.sort_by([("shard", "ascending"), ("index", "ascending")])
+    shard_col = positions.column("shard").combine_chunks()
+    names, starts = np.unique(np.asarray(shard_col.to_numpy(zero_copy_only=False), dtype=object), return_index=True)
+    ends = list(starts[1:]) + [len(positions)]
+    doc_ids = positions.column("doc_id").combine_chunks()
+    by_shard = {str(n): doc_ids.slice(int(a), int(b) - int(a)) for n, a, b in zip(names, starts, ends)}
+    return by_shard, members
+
+
+def write_parquet(shards, split: str, folder: Path, doc_ids: dict[str, pa.Array],
+                  members: pa.Table) -> dict[str, Any]:
+    """`<folder>/<split>-NNNNN.parquet`, one per shard: one row per document with its doc_id, source and phase."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files, documents, tokens = [], 0, 0
+    for k, (info, shard) in enumerate(shards):
+        ids = doc_ids.get(info.path)
+        if ids is None or len(ids) != shard.documents:
+            raise ShardError(f"{info.path}: the positions list names {0 if ids is None else len(ids)} documents, "
+                             f"the shard holds {shard.documents}; re-materialize token_shards")
+        sources = members.column("source").combine_chunks().take(
+            pc.index_in(ids, value_set=members.column("doc_id").combine_chunks()))
+        offsets = shard.offsets.astype(np.int64)
+        path = folder / f"{split}-{k:05d}.parquet"
+
+        def write(f, ids=ids, sources=sources, offsets=offsets, shard=shard, phase=info.phase) -> None:
+            with pq.ParquetWriter(f, PARQUET_SCHEMA, compression="zstd") as writer:
+                first = 0
+                while first < shard.documents:
+                    # documents [first, last): whole documents up to ~_ROW_GROUP_TOKENS (at least one)
+                    last = max(first + 1, int(np.searchsorted(offsets, offsets[first] + _ROW_GROUP_TOKENS,
+                                                              side="right")) - 1)
+                    last = min(last, shard.documents)
+                    base = offsets[first]
+                    values = np.asarray(shard.tokens[base:offsets[last]]).astype(np.int32)
+                    lists = pa.ListArray.from_arrays(pa.array((offsets[first:last + 1] - base).astype(np.int32)),
+                                                     pa.array(values, pa.int32()),
+                                                     type=PARQUET_SCHEMA.field("input_ids").type)
+                    writer.write_batch(pa.record_batch(
+                        [ids.slice(first, last - first), sources.slice(first, last - first),
+                         pa.array([phase] * (last - first), pa.string()), lists], schema=PARQUET_SCHEMA))
+                    first = last
+
+        _write_atomic_binary(path, write)
+        files.append(path.relative_to(folder.parent).as_posix())
+        documents += shard.documents
+        tokens += len(shard.tokens)
+    return {"files": files, "documents": documents, "tokens": tokens}
+
+
+def export_shards(shard_dir: Path, out_dir: Path, formats: Sequence[str]) -> dict[str, Any]:
+    """Export the token_shards dataset at `shard_dir` into `out_dir` (a staging folder or any folder) in `formats`
+    (see FORMATS); returns what `export.json` holds (for the export's manifest `stats`)."""
+    shard_dir, out_dir = Path(shard_dir), Path(out_dir)
+    formats = _check_formats(formats)
+    shard_set = read_shard_set(shard_dir)
+    manifest = _source_manifest(shard_dir)
+    doc_ids, members = _positions(shard_dir, manifest) if "parquet" in formats else ({}, None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    splits: dict[str, Any] = {}
+    for split in (TRAIN, VAL):
+        shards = _split_documents(shard_set, split)
+        phases, first = [], 0
+        for info, shard in shards:  # phases are contiguous in reading order
+            if phases and phases[-1]["name"] == info.phase:
+                phases[-1]["documents"] += shard.documents
+                phases[-1]["tokens"] += len(shard.tokens)
+            else:
+                phases.append({"name": info.phase, "first_document": first, "documents": shard.documents,
+                               "tokens": len(shard.tokens)})
+            first += shard.documents
+        entry: dict[str, Any] = {"documents": sum(s.documents for _, s in shards),
+                                 "tokens": sum(len(s.tokens) for _, s in shards), "phases": phases}
+        if shards and "megatron" in formats:
+            write_megatron(shards, shard_set.vocab_size, out_dir / MEGATRON_DIR / split)
+            entry["megatron_prefix"] = f"{MEGATRON_DIR}/{split}"
+        if shards and "parquet" in formats:
+            entry["parquet_files"] = write_parquet(shards, split, out_dir / PARQUET_DIR, doc_ids, members)["files"]
+        splits[split] = entry
+    stats = {
+        "format": EXPORT_FORMAT, "export_version": EXPORT_VERSION, "formats": formats,
+        "source": {"asset": manifest.get("asset"), "partition": manifest.get("partition"),
+                   "data_version": manifest.get("data_version"), "code_version": manifest.get("code_version")},
+        "tokenizer_sha256": shard_set.tokenizer_sha256, "vocab_size": shard_set.vocab_size,
+        "eos_id": shard_set.eos_id, "seq_len": shard_set.stats.get("seq_len"),
+        "megatron_dtype": megatron_dtype(shard_set.vocab_size).name if "megatron" in formats else None,
+        "splits": splits,
+    }
+    write_json_atomic(out_dir / EXPORT_JSON, json.dumps(stats, indent=2, sort_keys=True))
+    return stats
+
+
+def verify_export(out_dir: Path, stats: dict[str, Any]) -> list[str]:
+    """What does not add up between the written files and `stats` (empty when all do): Megatron file sizes from
+    the published layout, Parquet row and token-id counts from the file footers."""
+    out_dir, problems = Path(out_dir), []
+    dtype = np.dtype(stats["megatron_dtype"]) if stats.get("megatron_dtype") else None
+    for split, entry in stats["splits"].items():
+        if "megatron_prefix" in entry:
+            prefix = out_dir / entry["megatron_prefix"]
+            sizes = {s: (prefix.with_name(prefix.name + s).stat().st_size
+                         if prefix.with_name(prefix.name + s).is_file() else None) for s in (".bin", ".idx")}
+            want = {".bin": entry["tokens"] * dtype.itemsize, ".idx": megatron_idx_size(entry["documents"])}
+            problems += [f"{entry['megatron_prefix']}{s}: {sizes[s]} bytes, expected {want[s]}"
+                         for s in sizes if sizes[s] != want[s]]
+        if "parquet_files" in entry:
+            rows = values = 0
+            for name in entry["parquet_files"]:
+                meta = pq.ParquetFile(out_dir / name).metadata
+                rows += meta.num_rows
+                column = next(i for i in range(meta.num_columns)
+                              if meta.schema.column(i).path.split(".")[0] == "input_ids")  # the ids' leaf column
+                values += sum(meta.row_group(g).column(column).num_values for g in range(meta.num_row_groups))
+            if (rows, values) != (entry["documents"], entry["tokens"]):
+                problems.append(f"parquet {split}: {rows} rows / {values} token ids, expected "
+                                f"{entry['documents']} / {entry['tokens']}")
+    return problems
+
+
+__all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "FORMATS", "PARQUET_SCHEMA", "export_shards", "megatron_dtype",
+           "megatron_idx_size", "verify_export", "write_megatron", "write_parquet"]
