@@ -1,4 +1,4 @@
-"""Governance: the data card of the current checkpoint (sources, licenses, funnel, lineage with hashes)."""
+"""Governance: the data card of the current checkpoint (uses, sources, licences, languages, funnel, lineage)."""
 
 import json
 
@@ -8,15 +8,15 @@ from assets.partitions import follow_only
 from assets.tokens import SHARDS, TOKENIZER
 from assets.training import CHECKPOINT, EVALUATION, RUN
 from kiln.common.manifest import code_version
+from kiln.common.plots import png_markdown
 from kiln.governance.catalog import Catalog, node_key
-from kiln.governance.data_card import build_data_card
-from kiln.governance.data_card_markdown import data_card_markdown
+from kiln.governance.data_card import DATA_CARD, build_data_card
+from kiln.governance.data_card_markdown import FUNNEL_PNG, FUNNEL_TITLE, data_card_markdown, funnel_png
 from kiln.governance.forget import REQUESTS
 from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.governance.refresh import partition
 from resources import KilnConfig, KilnStorage, MlflowTracking
 
-DATA_CARD = "data_card"
 
 # Recorded by `kiln forget`, outside Dagster; `removal_requests_sensor` reports each new version, so the assets that
 # apply the requests (the quality filter, the token shards) show as stale until they are materialized again.
@@ -32,23 +32,31 @@ removal_requests = dg.AssetSpec(
     deps=[CHECKPOINT, EVALUATION, RUN, SHARDS, TOKENIZER, REQUESTS,
           *[dg.AssetDep(stage, partition_mapping=dg.AllPartitionMapping()) for stage in DOCUMENT_STAGES]],
     code_version=code_version("kiln.governance.data_card", "kiln.governance.data_card_markdown",
-                              "kiln.governance.audit", "kiln.governance.catalog", "kiln.governance.lineage",
-                              "kiln.governance.forget"),
+                              "kiln.governance.data_card_documents", "kiln.common.plots", "kiln.governance.audit",
+                              "kiln.governance.catalog", "kiln.governance.lineage", "kiln.governance.forget"),
     check_specs=[dg.AssetCheckSpec("lineage_complete", asset=DATA_CARD, blocking=False,
                                    description="the checkpoint's lineage reaches raw_documents for every source in its "
                                                "token shards, and every recorded input version is the one in the store")],
 )
 def data_card(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
               mlflow_tracking: MlflowTracking) -> dg.MaterializeResult:
-    """The checkpoint's data card (markdown + JSON): sources and licenses, sizes at every stage, the filter
-    funnel, dedup, decontamination and PII figures, tokenizer, mixture and epochs, training settings, the
+    """The checkpoint's data card (markdown + JSON + the funnel chart as a PNG): intended use and limitations (the
+    `card:` config), sources, the documents' own licences and languages, sizes at every stage, the filter funnel,
+    dedup, decontamination and PII figures, tokenizer, mixture and epochs, what the run read, training settings, the
     MLflow run, and the lineage chain back to the raw sources with hashes."""
     config, store = kiln_config.load(), storage.store()
     run = store.manifest(RUN)
     mlflow = run.stats.get("mlflow") or {}
-    url = mlflow_tracking.run_url(mlflow["experiment_id"], mlflow["run_id"]) if mlflow.get("run_id") else None
-    card = build_data_card(store, config, mlflow_url=url)
-    markdown = data_card_markdown(card)
+    tracking_uri = mlflow_tracking.tracking_uri
+    # A tracking server's run page; a local store is linked from the card by a relative path (a loopback UI
+    # address would not open on a reviewer's machine).
+    url = mlflow_tracking.run_url(mlflow["experiment_id"], mlflow["run_id"]) \
+        if mlflow.get("run_id") and tracking_uri.startswith(("http://", "https://")) else None
+    card = build_data_card(store, config, mlflow_url=url, tracking_uri=tracking_uri)
+    card["funnel"]["chart"] = FUNNEL_PNG
+    chart = funnel_png(card)
+    unknown = config.card.list_unknown_licenses
+    markdown = data_card_markdown(card, f"![{FUNNEL_TITLE}]({FUNNEL_PNG})", unknown)
     chain, catalog = card["lineage"], Catalog(store)
     found = [(a, None) for a in (CHECKPOINT, EVALUATION, RUN, TOKENIZER)] + \
         [(SHARDS, card["shards"]["refresh"] if card["shards"] else None)] + \
@@ -58,11 +66,13 @@ def data_card(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
     inputs = {node_key(a, p): m.data_version for a, p in found if (m := catalog.manifest(a, p)) is not None}
     with store.staging(DATA_CARD) as writer:
         (writer.dir / "data_card.md").write_text(markdown, encoding="utf-8")
+        (writer.dir / FUNNEL_PNG).write_bytes(chart)
         (writer.dir / "data_card.json").write_text(json.dumps(card, indent=2, ensure_ascii=False, default=str),
                                                    encoding="utf-8")
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"sources": [s["name"] for s in card["sources"]]}, inputs=inputs,
+            config={"sources": [s["name"] for s in card["sources"]], "card": config.card.model_dump(mode="json")},
+            inputs=inputs,
             counts={"sources": len(card["sources"]), "lineage_datasets": len(chain["nodes"])},
             stats={"checkpoint": card["checkpoint"]["data_version"], "format": card["format"]})
     base = store.dataset_dir(DATA_CARD)
@@ -70,9 +80,12 @@ def data_card(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
     # (the card's own lineage: writing the card does not touch the checkpoint's chain).
     raw = {n["partition"].split("/")[0] for n in chain["nodes"] if n["asset"] == DOCUMENT_STAGES[0]}
     missing = sorted(s["name"] for s in card["sources"] if s["name"] not in raw)
-    links = {"mlflow_run": dg.MetadataValue.url(url) if url else "none"}
+    links = {"mlflow_run": dg.MetadataValue.url(url) if url else
+             f"run {mlflow['run_id']} in {tracking_uri}" if mlflow.get("run_id") else "none"}
+    # The UI shows no files beside the metadata: the chart goes inline there.
+    shown = data_card_markdown(card, png_markdown(chart, FUNNEL_TITLE), unknown)
     return dg.MaterializeResult(
-        metadata={"data_card": dg.MetadataValue.md(markdown), "removal_requests": len(card["removal_requests"]),
+        metadata={"data_card": dg.MetadataValue.md(shown), "removal_requests": len(card["removal_requests"]),
                   "path": dg.MetadataValue.path(str(base / "data_card.md")),
                   "json": dg.MetadataValue.path(str(base / "data_card.json")),
                   "checkpoint": card["checkpoint"]["data_version"],

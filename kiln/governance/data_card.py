@@ -1,17 +1,22 @@
 """The data card of a checkpoint: what went into it, in figures the manifests already hold.
 
-`build_data_card` gathers, for the current checkpoint in a store: sources and licenses, sizes at every
-document stage, the filter funnel, dedup and decontamination figures, PII counts, quality filtering,
+`build_data_card` gathers, for the current checkpoint in a store: the statements of the `card:` config section
+(intended and out-of-scope use, limitations, biases, maintainers: kiln.common.config.card), sources and their
+declared licenses, the licences and languages of the documents themselves (kiln.governance.data_card_documents),
+sizes at every document stage, the filter funnel, dedup and decontamination figures, PII counts, quality filtering,
 the tokenizer, the mixture and effective epochs (the plan), what the run read of each source (its exposure:
-kiln.governance.exposure), the training settings and results, the MLflow run,
+kiln.governance.exposure), the training settings and results, the MLflow run and where it is tracked,
 and the full lineage chain with hashes (`kiln.governance.audit.lineage`). `data_card_markdown` renders it for
-people (its own module); the dict itself is the JSON for machines. Nothing is recomputed from the data: a figure that
-is not in a manifest is not on the card, and a stage that is not materialized says so.
+people (its own module); the dict itself is the JSON for machines. Every other figure comes from the manifests, not
+recomputed: a figure that is not in a manifest is not on the card, and a stage that is not materialized says so.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest, now_utc
@@ -19,6 +24,7 @@ from kiln.common.stats import StageStats, chain, funnel_markdown, funnel_rows
 from kiln.common.storage import Store
 from kiln.governance.audit import lineage
 from kiln.governance.catalog import CHECKPOINT, SHARDS, TRAINING_RUN, Catalog
+from kiln.governance.data_card_documents import licenses_and_languages
 from kiln.governance.forget import load_requests
 from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.governance.refresh import load_refreshes, partition, trained_refresh
@@ -26,10 +32,14 @@ from kiln.governance.refresh import load_refreshes, partition, trained_refresh
 FORMAT = "kiln.data_card/1"
 TOKENIZER, EVALUATION, INDEX = "tokenizer", "evaluation", "dedup_index"
 CLASSIFIER = "quality_classifier"
+DATA_CARD = "data_card"
 
 
-def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None = None) -> dict[str, Any]:
-    """The card of the store's current checkpoint, as a JSON-ready dict (see the module docstring)."""
+def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None = None,
+                    tracking_uri: str | None = None) -> dict[str, Any]:
+    """The card of the store's current checkpoint, as a JSON-ready dict (see the module docstring). `mlflow_url`:
+    the run's page on a tracking server; `tracking_uri`: where runs are tracked (for a local store, the card links
+    the store by a path relative to the card's folder, which works wherever the folders are copied together)."""
     catalog = Catalog(store)
     chain_ = lineage(store, CHECKPOINT)
     ckpt = catalog.manifest(CHECKPOINT)
@@ -46,8 +56,11 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
     stage_stats = {name: merged_stage_stats(catalog, parts[name]) for name in names}
     summary = (run.stats.get("summary") or {}) if run else {}
     mlflow = dict((ckpt.stats.get("mlflow") or (run.stats.get("mlflow") if run else None) or {}))
-    if mlflow_url:
+    if mlflow and mlflow_url:
         mlflow["url"] = mlflow_url
+    if mlflow and tracking_uri:
+        mlflow.update(mlflow_store(tracking_uri, store.dataset_dir(DATA_CARD)))
+    licenses, languages = licenses_and_languages(store, catalog, config, parts, shards)
     return {
         "format": FORMAT,
         "generated_at": now_utc(),
@@ -56,9 +69,12 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
                        "formats": ckpt.config.get("formats"), "model": ckpt.stats.get("model"),
                        "path": str(store.dataset_dir(CHECKPOINT)),
                        "files": [{"path": f.path, "sha256": f.sha256, "bytes": f.bytes} for f in ckpt.files]},
+        "statements": _statements(config),
         "refreshes": _refreshes(store, catalog, refreshes, parts),
         "sources": [{**_source(catalog, config, name, shard_sources.get(name), stage_stats[name], parts[name]),
                      "exposure": _source_exposure(run, name)} for name in names],
+        "licenses": licenses,
+        "languages": languages,
         "funnel": _funnel(stage_stats),
         "dedup": _dedup(catalog, stage_stats, refreshes),
         "decontamination": _decontamination(catalog, parts, stage_stats),
@@ -90,6 +106,28 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
         "removal_requests": _removal_requests(store, ckpt.data_version),
         "lineage": chain_.to_dict(),
     }
+
+
+def mlflow_store(tracking_uri: str, card_dir: Path) -> dict[str, Any]:
+    """Where the run is tracked, as the card gives it: the configured URI, and for a local store (SQLite, a file
+    store) its path relative to the card's folder; never a loopback UI address the reader may not have."""
+    out: dict[str, Any] = {"tracking_uri": tracking_uri}
+    scheme = urlparse(tracking_uri).scheme
+    if scheme == "sqlite":  # SQLAlchemy: sqlite:///relative.db, sqlite:////absolute.db
+        local = tracking_uri.removeprefix("sqlite:///")
+    elif scheme == "file":
+        local = unquote(urlparse(tracking_uri).path)
+    elif not scheme:  # a plain folder: MLflow's file store (mlruns)
+        local = tracking_uri
+    else:
+        return out
+    out["store"] = Path(os.path.relpath(Path(local).resolve(), Path(card_dir).resolve())).as_posix()
+    return out
+
+
+def _statements(config: ProjectConfig) -> dict[str, Any]:
+    """The card's statements from `card:` (kiln.common.config.card), without the settings that only steer it."""
+    return config.card.model_dump(mode="json", exclude={"license_fields", "list_unknown_licenses"})
 
 
 def _exposure(run: Manifest | None) -> dict[str, Any] | None:
@@ -258,7 +296,8 @@ def _tokenizer(tok) -> dict[str, Any] | None:
     return {"data_version": tok.data_version, "sha256": card.get("sha256"), "vocab_size": card.get("vocab_size"),
             "model_type": card.get("model_type"), "dtype": card.get("dtype"), "settings": card.get("settings"),
             "sample": {k: v for k, v in (card.get("sample") or {}).items() if k in ("documents", "chars")},
-            "special_tokens": card.get("special_tokens"), "fit": overall}
+            "special_tokens": card.get("special_tokens"), "fit": overall,
+            "source": card.get("source", "train"), "kind": card.get("kind", "sentencepiece")}
 
 
 def _mixture(shards, sources: dict[str, dict]) -> dict[str, Any] | None:
@@ -290,4 +329,4 @@ def _shards(shards) -> dict[str, Any] | None:
             if members else None}
 
 
-__all__ = ["FORMAT", "build_data_card", "merged_stage_stats"]
+__all__ = ["DATA_CARD", "FORMAT", "build_data_card", "merged_stage_stats", "mlflow_store"]

@@ -3,9 +3,12 @@ the dict `build_data_card` returns is the JSON for machines."""
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Any
 
+from kiln.common.plots import figure_png, stacked_bars
 from kiln.dedup.report import cross_source_markdown
+from kiln.governance.data_card_documents import UNKNOWN
 from kiln.governance.lineage import DOCUMENT_STAGES
 
 
@@ -28,7 +31,8 @@ def _exposure_markdown(exposure: dict | None) -> list[str]:
                     "mixture's plan, not what the run read."]
     out = ["", f"What the run read (from its loader's final cursor; per document in `{exposure['file']}` sha256 "
                f"`{exposure.get('sha256')}`): tokens read as inputs, their share of the source's tokens in the "
-               f"shards, passes over the source's own data, and documents reached.", ""]
+               f"shards, epochs read (tokens read over the source's own data, before the mixture repeated or "
+               f"subsampled it) against the mixture's planned epochs, and documents reached.", ""]
     rows = []
     for role, r in exposure["roles"].items():
         if r.get("unavailable"):
@@ -36,7 +40,7 @@ def _exposure_markdown(exposure: dict | None) -> list[str]:
             continue
         rows += [[role, n, v["tokens_read"], v["tokens"], v["share"], v["passes"], v["planned_epochs"],
                   f"{v['documents_read']:,} / {v['documents']:,}"] for n, v in r["per_source"].items()]
-    out += _table(["read as", "source", "tokens read", "tokens in shards", "share read", "passes read",
+    out += _table(["read as", "source", "tokens read", "tokens in shards", "share read", "epochs read",
                    "planned epochs", "documents reached"], rows, "|---|---|---:|---:|---:|---:|---:|---:|")
     return out
 
@@ -64,16 +68,125 @@ def _rule(rule: dict | None) -> str:
     return ", ".join(f"{k}={v}" for k, v in set_keys.items()) or "keep everything"
 
 
-def data_card_markdown(card: dict[str, Any]) -> str:
-    """The card for people: one page, the figures an auditor asks for first, the rest in data_card.json."""
+def _mlflow_markdown(m: dict[str, Any]) -> str:
+    """The run and where it is tracked: the server's page, or the local store by a path relative to this card."""
+    line = f"MLflow run `{m.get('run_id')}` (experiment {m.get('experiment_id')})"
+    if m.get("url"):
+        return f"{line}: {m['url']}."
+    if m.get("store"):
+        return (f"{line}, tracked in `{m['tracking_uri']}`: the store is [`{m['store']}`]({m['store']}) relative to "
+                f"this card (browse it with `make mlflow` here, or `mlflow ui --backend-store-uri` on that store "
+                f"where it is copied).")
+    return f"{line}" + (f", tracked at `{m['tracking_uri']}`." if m.get("tracking_uri") else ".")
+
+
+# (heading, key, what a reviewer reads when the config says nothing): Datasheets for Datasets / HF dataset cards
+_STATEMENTS = [("Summary", "summary"), ("Intended use", "intended_use"), ("Out-of-scope use", "out_of_scope_use"),
+               ("Limitations", "limitations"), ("Known biases", "known_biases")]
+
+
+def _statements_markdown(statements: dict[str, Any] | None) -> list[str]:
+    """The `card:` statements, each under its heading; an unset one says so and names its key."""
+    statements, out = statements or {}, []
+    for heading, key in _STATEMENTS:
+        value = statements.get(key)
+        out += ["", f"## {heading}", ""]
+        if not value:
+            out.append(f"Not stated (set `card.{key}` in the project config).")
+        else:
+            out += [value] if isinstance(value, str) else [f"- {v}" for v in value]
+    out += ["", "## Maintenance, contact and citation", ""]
+    maintainers = statements.get("maintainers") or []
+    out.append(f"Maintainers: {', '.join(maintainers) if maintainers else 'not stated (set `card.maintainers`)'}; "
+               f"contact: {statements.get('contact') or 'not stated (set `card.contact`)'}.")
+    if statements.get("citation"):
+        out += ["", "```", statements["citation"].strip(), "```"]
+    return out
+
+
+def _license_cell(source: dict[str, Any], card: dict[str, Any]) -> str:
+    """The source's declared licence, or for one whose documents carry their own, how many there are."""
+    mine = ((card.get("licenses") or {}).get("per_source") or {}).get(source["name"])
+    if not isinstance(mine, dict) or mine["field"] == "license":
+        return source["license"]
+    known = len([lic for lic in mine["licenses"] if lic != UNKNOWN])
+    return f"per document (`{mine['field']}`): {known} licences, {mine['unknown']:,} documents unknown"
+
+
+def _licenses_markdown(card: dict[str, Any], list_unknown: int) -> list[str]:
+    info = card.get("licenses") or {}
+    out = ["", "## Licenses of the documents", "",
+           f"Each document's own licence, over the documents the token shards were built from (`{info.get('stage')}`, "
+           f"every refresh in them); in train shards: documents with at least one copy in the shards' training split; "
+           f"train tokens: their copies x tokens. `unknown`: the licence field is missing, null, empty or UNKNOWN.", ""]
+    rows, listed = [], []
+    for name, v in (info.get("per_source") or {}).items():
+        if not isinstance(v, dict):
+            rows.append([name, v, None, None, None, None])
+            continue
+        rows += [[name, f"`{v['field']}`", lic, r["documents"], r["in_train_shards"], r["train_tokens"]]
+                 for lic, r in v["licenses"].items()]
+        if v["unknown"]:
+            shown = v["unknown_listed"][:list_unknown]
+            more = v["unknown"] - len(shown)
+            listed.append(f"- {name}: {v['unknown']:,} document(s) of unknown licence: "
+                          + ", ".join(f"`{d['locator'] or d['doc_id']}` ({d['doc_id']}"
+                                      + (", in train shards)" if d["in_train_shards"] else ")") for d in shown)
+                          + (f", and {more:,} more (data_card.json lists up to 1,000)" if more > 0 else ""))
+    out += _table(["source", "licence from", "licence", "documents", "in train shards", "train tokens"], rows,
+                  "|---|---|---|---:|---:|---:|")
+    out += [""] + (listed or ["No document of unknown licence."])
+    return out
+
+
+def _languages_markdown(card: dict[str, Any]) -> list[str]:
+    info = card.get("languages") or {}
+    out = ["", "## Languages", "",
+           f"`meta.language` as the `language` step identified it (py3langid, ISO 639-1), over `{info.get('stage')}`; "
+           "\"not identified\": the source's filter profile has no `language` step.", ""]
+    rows = []
+    for name, v in (info.get("per_source") or {}).items():
+        if not isinstance(v, dict):
+            rows.append([name, v, None, None, None, None])
+            continue
+        settings = v.get("settings")
+        step = (f"kept {', '.join(settings.get('languages') or ['en'])} at score ≥ "
+                f"{settings.get('min_score', 0.65)}" if settings is not None else
+                f"off (profile `{v.get('profile')}`)")
+        total = sum(r["documents"] for r in v["languages"].values()) or 1
+        rows += [[name, step, lang, r["documents"], f"{r['documents'] / total:.1%}", r["train_tokens"]]
+                 for lang, r in v["languages"].items()]
+    return out + _table(["source", "language step", "language", "documents", "share", "train tokens"], rows,
+                        "|---|---|---|---:|---:|---:|")
+
+
+FUNNEL_PNG = "data_card_funnel.png"  # written next to data_card.md, which links it relatively
+FUNNEL_TITLE = "Documents kept after each stage, by source (all refreshes)"
+
+
+def funnel_png(card: dict[str, Any]) -> bytes:
+    """The funnel as a chart: records read, then the documents each stage kept, one bar per stage stacked by
+    source (the figures of the "Documents kept after each stage" table)."""
+    bars: dict[str, dict[str, float]] = {"records read": {}}
+    for s in card["sources"]:
+        raw = s["stages"].get(DOCUMENT_STAGES[0])
+        bars["records read"][s["name"]] = raw.get("documents_in") or 0 if isinstance(raw, dict) else 0
+        for stage, st in s["stages"].items():
+            bars.setdefault(stage.removesuffix("_documents"), {})[s["name"]] = \
+                st["documents"] if isinstance(st, dict) else 0
+    return figure_png(stacked_bars(bars, FUNNEL_TITLE, "documents", legend="upper right"))
+
+
+def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, list_unknown: int = 20) -> str:
+    """The card for people: one page, the figures an auditor asks for first, the rest in data_card.json.
+    `funnel_image`: the funnel chart as a markdown image (a relative link to its PNG, or inlined);
+    `list_unknown`: documents of unknown licence listed per source (`card.list_unknown_licenses`)."""
     c, out = card["checkpoint"], []
     out += [f"# Data card: checkpoint `{c['data_version']}`", "",
-            f"Generated {card['generated_at']} from the manifests in the store; checkpoint created {c['created_at']}, "
+            f"Generated {card['generated_at']} from the store; checkpoint created {c['created_at']}, "
             f"git `{c['git_commit'] or 'unknown'}`, {_n(c['parameters'])} parameters, {_n(c['steps'])} steps."]
     if card.get("mlflow"):
-        m = card["mlflow"]
-        out.append(f"MLflow run `{m.get('run_id')}` (experiment {m.get('experiment_id')})"
-                   + (f": {m['url']}" if m.get("url") else "") + ".")
+        out.append(_mlflow_markdown(card["mlflow"]))
 
     if card.get("removal_requests"):
         out += ["", "## ⚠ Removal requests affecting this checkpoint", "",
@@ -83,18 +196,22 @@ def data_card_markdown(card: dict[str, Any]) -> str:
                       [[f"`{r['request_id']}`", r["created_at"], r["kind"], r["value"], r["reason"] or "",
                         r["affected"]["documents"], r["affected"]["tokens"]] for r in card["removal_requests"]])
 
+    out += _statements_markdown(card.get("statements"))
+
     out += ["", "## Sources and licenses", ""]
     rows = []
     for s in card["sources"]:
         t = s["tokens"] or {}
         raw = s["stages"].get(DOCUMENT_STAGES[0])
         read = s.get("exposure") or {}
-        rows.append([s["name"], s["license"], s["domain"], s["quality_tier"], s["origin"],
+        rows.append([s["name"], _license_cell(s, card), s["domain"], s["quality_tier"], s["origin"],
                      raw.get("documents_in") if isinstance(raw, dict) else None, t.get("train_documents"),
                      t.get("train_tokens"), t.get("effective_epochs"), read.get("tokens_read"), read.get("passes")])
-    out += _table(["source", "license", "domain", "tier", "origin", "raw records", "train documents", "train tokens",
-                   "planned epochs", "tokens read", "passes read"], rows,
+    out += _table(["source", "license", "domain", "tier", "origin", "raw records", "train split documents",
+                   "train tokens", "planned epochs", "tokens read", "epochs read"], rows,
                   "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    out += _licenses_markdown(card, list_unknown)
+    out += _languages_markdown(card)
 
     out += ["", "## Refreshes in the training data", ""]
     out += _table(["refresh", "registered", "trigger", "landed files", "raw records", "documents kept"],
@@ -102,12 +219,20 @@ def data_card_markdown(card: dict[str, Any]) -> str:
                     else r["landed_files"], r["raw_records"], r["documents"]] for r in card["refreshes"]],
                   "|---|---|---|---:|---:|---:|")
 
-    out += ["", "## Documents at every stage (all refreshes)", ""]
-    rows = [[s["name"]] + [st["documents"] if isinstance(st, dict) else st for st in s["stages"].values()]
-            for s in card["sources"]]
-    out += _table(["source", *DOCUMENT_STAGES], rows, "|---|" + "---:|" * len(DOCUMENT_STAGES))
+    out += ["", "## Documents kept after each stage (all refreshes)", "",
+            "Records read, then the documents each stage kept (its output); the funnel below lists what each step "
+            "removed.", ""]
+    rows = []
+    for s in card["sources"]:
+        raw = s["stages"].get(DOCUMENT_STAGES[0])
+        rows.append([s["name"], raw.get("documents_in") if isinstance(raw, dict) else None]
+                    + [st["documents"] if isinstance(st, dict) else st for st in s["stages"].values()])
+    out += _table(["source", "records read", *[f"kept after {st}" for st in DOCUMENT_STAGES]], rows,
+                  "|---|---:|" + "---:|" * len(DOCUMENT_STAGES))
 
-    out += ["", "## Filter funnel (all sources, raw records to the last stage)", "", card["funnel"]["markdown"]]
+    out += ["", "## Filter funnel (all sources, raw records to the last stage)", ""]
+    out += [funnel_image, ""] if funnel_image else []
+    out.append(card["funnel"]["markdown"])
 
     d = card["dedup"]
     out += ["", "## Deduplication and decontamination", ""]
@@ -168,9 +293,12 @@ def data_card_markdown(card: dict[str, Any]) -> str:
 
     t = card["tokenizer"]
     out += ["", "## Tokenizer", ""]
+    # A brought tokenizer (tokenizer.source: a file) was measured on the sample, not trained on it.
+    brought = t is not None and t.get("source", "train") != "train"
     out.append("not materialized" if t is None else
-               f"sentencepiece {t['model_type']}, {_n(t['vocab_size'])} pieces ({t['dtype']}), sha256 `{t['sha256']}`, "
-               f"trained on {_n(t['sample'].get('documents'))} documents ({_n(t['sample'].get('chars'))} characters); "
+               f"{t.get('kind', 'sentencepiece')} {t['model_type']}, {_n(t['vocab_size'])} pieces ({t['dtype']}), "
+               f"sha256 `{t['sha256']}`, " + (f"brought as `{PurePath(t['source']).name}`, measured" if brought else "trained") +
+               f" on {_n(t['sample'].get('documents'))} documents ({_n(t['sample'].get('chars'))} characters); "
                f"data version `{t['data_version']}`.")
 
     mix = card["mixture"]
@@ -194,6 +322,9 @@ def data_card_markdown(card: dict[str, Any]) -> str:
             out += ["", f"Removal requests honoured by these shards, across every refresh they read: "
                         f"{', '.join(f'`{r}`' for r in sh['removal_requests'])}; documents left out by source: {lost}."]
 
+    out += ["", "## Exposure per source (what the run read)"]
+    out += _exposure_markdown(card["training"].get("exposure"))
+
     tr = card["training"]
     out += ["", "## Training", ""]
     s, settings = tr["summary"], tr.get("settings") or {}
@@ -203,7 +334,6 @@ def data_card_markdown(card: dict[str, Any]) -> str:
                f"{_n(s.get('device'))} ({_n(s.get('precision'))}); final training loss {_n(s.get('final_loss'))}, "
                f"validation loss {_n(s.get('val_loss'))}; {tr['stability_events']} stability events. Full settings in "
                f"data_card.json.")
-    out += _exposure_markdown(tr.get("exposure"))
     base = tr.get("base_checkpoint")
     if base:
         replay = tr.get("replay")

@@ -22,13 +22,16 @@ def test_data_card_asset_writes_markdown_and_json_with_lineage(built):
     metadata = result.asset_materializations_for_node("data_card")[0].metadata
     base = store.dataset_dir("data_card")
     markdown = (base / "data_card.md").read_text()
-    assert metadata["data_card"].value == markdown and "# Data card: checkpoint" in markdown
+    assert "# Data card: checkpoint" in markdown
+    # The UI's copy is the page with the funnel chart inlined (the file links the PNG beside it).
+    assert metadata["data_card"].value.split("![")[0] == markdown.split("![")[0]
+    assert "](data_card_funnel.png)" in markdown and "](data:image/png;base64," in metadata["data_card"].value
     assert metadata["checkpoint"].value == built["checkpoint"].data_version
     assert "abc123" in metadata["mlflow_run"].value  # the local store's run, as MlflowTracking names it
     card = json.loads((base / "data_card.json").read_text())
     manifest = store.manifest("data_card")
     assert metadata["data_version"].value == manifest.data_version
-    assert {f.path for f in manifest.files} == {"data_card.md", "data_card.json"}
+    assert {f.path for f in manifest.files} == {"data_card.md", "data_card.json", "data_card_funnel.png"}
     assert manifest.inputs["checkpoint"] == built["checkpoint"].data_version
     web = built["project"].partition("web")
     assert manifest.inputs[f"raw_documents/{web}"] == store.manifest("raw_documents", web).data_version

@@ -1,10 +1,12 @@
 """The one project config: YAML (`KILN_CONFIG`, default `configs/default.yaml`) validated with pydantic.
 
-One module per section (`curation`, `dedup`, `tokens`, `quality`, `evaluation`, `storage`, `refresh`, `engine`),
+One module per section (`curation`, `dedup`, `tokens`, `quality`, `evaluation`, `storage`, `refresh`, `engine`,
+`card`),
 the root model in `project`, reading and error messages naming the key and the fix in `loading`.
 """
 
 from kiln.common.config.base import ConfigError, config_path, kiln_home
+from kiln.common.config.card import CardSettings
 from kiln.common.config.curation import Curation, ExactDedup, Reading, Source, StepSpec
 from kiln.common.config.dedup import (
     Benchmark,
@@ -24,7 +26,7 @@ from kiln.common.config.storage import StorageSettings
 from kiln.common.config.tokens import Fim, Mixture, Phase, ShardSettings, TokenizerSettings
 
 __all__ = [
-    "Benchmark", "BoilerplateLines", "ConfigError", "Curation", "Decontamination", "Dedup", "EngineSettings",
+    "Benchmark", "BoilerplateLines", "CardSettings", "ConfigError", "Curation", "Decontamination", "Dedup", "EngineSettings",
     "EvaluationSettings", "ExactDedup", "Fim", "Mixture", "NearDedup", "Phase", "ProjectConfig", "Quality",
     "QualityClassifier", "QualityPerplexity", "QualityRule", "Reading", "RefreshSettings", "ShardSettings",
     "ShingleNormalization", "Source", "StepSpec", "StorageSettings", "TokenizerSettings", "config_path",

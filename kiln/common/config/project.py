@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from kiln.common.config.base import Strict
+from kiln.common.config.card import CardSettings
 from kiln.common.config.curation import Curation, Reading, Source, StepSpec
 from kiln.common.config.dedup import Decontamination, Dedup
 from kiln.common.config.engine import EngineSettings
@@ -36,6 +37,7 @@ class ProjectConfig(Strict):
     storage: StorageSettings = StorageSettings()  # local files, or S3 with KILN_HOME as the cache
     refresh: RefreshSettings = RefreshSettings()  # new raw data: landing area, schedule, sensor, automation
     engine: EngineSettings = EngineSettings()  # Ray (embedded, or a cluster) or a local process pool
+    card: CardSettings = CardSettings()  # the data card's statements (intended use, limitations) and licence fields
 
     @field_validator("profiles", mode="before")
     @classmethod
@@ -88,7 +90,9 @@ class ProjectConfig(Strict):
         if unknown:
             raise ValueError(f"training.phases names {unknown}, which mixture.phases does not define (phases: "
                              f"{phases}); a run reads curriculum phases of its token shards by name")
-        if self.training.objective == "span_corruption":  # every phase of a run reads windows of its one seq_len
+        # Every phase of a run reads windows of its one seq_len. A brought tokenizer's sentinels are counted from its
+        # file, at launch (assets.training.check_sentinels).
+        if self.training.objective == "span_corruption" and self.tokenizer.source == "train":
             seq_len, key = ((self.training.seq_len, "training.seq_len") if self.training.seq_len
                             else (self.shards.seq_len, "shards.seq_len"))
             problem = sentinel_problem(seq_len, key, self.tokenizer.sentinel_tokens,
@@ -145,6 +149,14 @@ class ProjectConfig(Strict):
             if rule.uses_perplexity and not q.perplexity.model:
                 raise ValueError(f"quality.rules.{name} filters on perplexity, but quality.perplexity.model is not "
                                  "set; point it at a Kiln checkpoint folder or drop the perplexity rule")
+        return self
+
+    @model_validator(mode="after")
+    def _card_names_sources(self):
+        names = [s.name for s in self.sources]
+        unknown = sorted(set(self.card.license_fields) - set(names))
+        if unknown:
+            raise ValueError(f"card.license_fields names unknown source {unknown[0]!r}; sources: {names}")
         return self
 
     @property

@@ -131,7 +131,7 @@ def test_the_data_card_reports_what_the_run_read_beside_the_plan(partway):
     exposure = card["training"]["exposure"]
     assert exposure["file"] == "exposure.parquet" and len(exposure["sha256"]) == 64
     markdown = data_card_markdown(card)
-    assert "| planned epochs | tokens read | passes read |" in markdown
+    assert "| planned epochs | tokens read | epochs read |" in markdown
     assert "What the run read" in markdown
     web = roles["train"]["per_source"]["web"]
     assert f"| train | web | {web['tokens_read']:,} | {web['tokens']:,} |" in markdown
