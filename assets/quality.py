@@ -45,7 +45,7 @@ def quality_classifier(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     with store.staging(CLASSIFIER) as writer:
         inputs = {f"{DEDUPLICATED}/{p}": m.data_version for p, m in (pos_parts | neg_parts).items()}
         card = None
-        if config.quality_classifier_enabled:
+        if config.quality_classifier_enabled:  # else classifier_recipe says enabled: False
             # Choose the sample by id first, then read only its texts: a web source may be far larger.
             pos_ids, neg_ids = balanced_sample(_ids(store, pos_parts), _ids(store, neg_parts),
                                                settings.max_documents_per_class)
@@ -54,8 +54,7 @@ def quality_classifier(context: dg.AssetExecutionContext, kiln_config: KilnConfi
                                     settings, writer.dir, runner)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
-            config={"classifier": settings.model_dump(mode="json"), "positive_sources": positives,
-                    "negative_sources": negatives, "enabled": card is not None},
+            config=classifier_recipe(config),
             inputs=inputs, counts={"training_documents": sum(card.sample["per_source"].values()) if card else 0},
             stats={"card": card.to_dict() if card else None})
     if card is None:
@@ -76,6 +75,13 @@ def quality_classifier(context: dg.AssetExecutionContext, kiln_config: KilnConfi
         check_results=[dg.AssetCheckResult(check_name="separates", passed=cv["auc"] is not None and cv["auc"] >= 0.8,
                                            severity=dg.AssetCheckSeverity.WARN, metadata={"auc": cv["auc"]})],
         data_version=dg.DataVersion(manifest.data_version))
+
+
+def classifier_recipe(config) -> dict:
+    """What the classifier is fitted with, as its manifest records it (`make demo` refits when this changes)."""
+    positives, negatives = config.quality_classes()
+    return {"classifier": config.quality.classifier.model_dump(mode="json"), "positive_sources": positives,
+            "negative_sources": negatives, "enabled": config.quality_classifier_enabled}
 
 
 def _ids(store, parts) -> list[str]:

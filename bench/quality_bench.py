@@ -1,11 +1,14 @@
 """Quality-model throughput: fastText classifier training and scoring, and reference-LM perplexity.
 
     .venv/bin/python bench/quality_bench.py [--docs 4000] [--presets tiny,small] [--max-tokens 512]
+                                            [--demo-store .kiln/data]
 
 Corpus: reference documents are this machine's standard-library docstrings (module, class and function),
 junk documents are generated keyword-spam and navigation pages (tests/quality_corpus.py), as many as the
 reference ones. Prints, for the machine named first:
-- classifier training seconds (cross-fitted: `folds` models plus the final one) and cross-validated AUC;
+- classifier training seconds (cross-fitted: `folds` models plus the final one), cross-validated AUC and model
+  size, full (every hash bucket) and quantized (`quality.classifier.quantize_cutoff`); with `--demo-store`, the
+  same on the training sample of the classifier `make demo` built (its documents read from the store);
 - classifier scoring documents/s on one core (fastText's predict is single-threaded);
 - perplexity documents/s with `--max-tokens` tokens per document, on CPU with one thread and with every
   core, for Kiln model presets with random weights (speed does not depend on the weights), and on the
@@ -18,6 +21,7 @@ import argparse
 import ast
 import os
 import platform
+import shutil
 import sys
 import sysconfig
 import tempfile
@@ -26,12 +30,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
 from kiln.common.config import QualityClassifier  # noqa: E402
-from kiln.quality.classifier import Example, QualityScorer, train_classifier  # noqa: E402
+from kiln.quality.classifier import MODEL_FILE, SAMPLE_FILE, Example, QualityScorer, train_classifier  # noqa: E402
 from kiln.quality.perplexity import ReferenceModel  # noqa: E402
-from kiln.tokens.tokenizer import Tokenizer  # noqa: E402
+from kiln.tokens.tokenizer import Tokenizer, read_documents  # noqa: E402
 from tests.quality_corpus import junk_texts  # noqa: E402
 from tests.token_corpus import train_small_tokenizer, write_source  # noqa: E402
 from training_jobs.model import ModelConfig, Transformer  # noqa: E402
@@ -58,6 +63,30 @@ def stdlib_docstrings(limit: int) -> list[str]:
     return docs
 
 
+def compare_sizes(positives: list[Example], negatives: list[Example], settings: QualityClassifier, out: Path) -> None:
+    """Train the full and the quantized classifier; print time, cross-validated AUC and model size of each."""
+    for name, variant in (("full", settings.model_copy(update={"quantize_cutoff": None})), ("quantized", settings)):
+        started = time.perf_counter()
+        card = train_classifier(positives, negatives, variant, out / name, progress=False)
+        seconds = time.perf_counter() - started
+        size = (out / name / MODEL_FILE).stat().st_size / 1e6
+        print(f"  classifier {name:<9} (cutoff {variant.quantize_cutoff}): {size:8.2f} MB, cross-validated AUC "
+              f"{card.cross_validation['auc']}, {seconds:.1f} s for {variant.folds} folds + final model on "
+              f"{card.sample['positive']} + {card.sample['negative']:,} documents ({variant.epochs} epochs, "
+              f"{variant.word_ngrams}-grams, dim {variant.dim}, 1 thread)")
+        shutil.rmtree(out / name)
+
+
+def demo_sample(data: Path) -> tuple[list[Example], list[Example]]:
+    """The documents of the demo classifier's training sample, read back from the store's deduplicated ones."""
+    sample = pq.read_table(data / "quality_classifier" / "_all" / SAMPLE_FILE).to_pylist()
+    label = {r["doc_id"]: r["label"] for r in sample}
+    found = {d.doc_id: d for d in read_documents(sorted((data / "deduplicated_documents").rglob("part-*.parquet")))
+             if d.doc_id in label}
+    examples = [Example(i, found[i].source, found[i].text) for i in label if i in found]
+    return [e for e in examples if label[e.doc_id] == "reference"], [e for e in examples if label[e.doc_id] == "web"]
+
+
 def rate(n: int, seconds: float) -> str:
     return f"{n / seconds:,.0f} docs/s"
 
@@ -68,6 +97,7 @@ def main() -> None:
     parser.add_argument("--presets", default="tiny,small", help="Kiln model presets for the perplexity figures")
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--perplexity-docs", type=int, default=256)
+    parser.add_argument("--demo-store", help="a store's data folder (e.g. .kiln/data after `make demo`)")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -83,13 +113,12 @@ def main() -> None:
     settings = QualityClassifier()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        started = time.perf_counter()
-        card = train_classifier(positives, negatives, settings, tmp / "classifier")
-        seconds = time.perf_counter() - started
-        print(f"classifier training: {seconds:.1f} s for {settings.folds} folds + final model on "
-              f"{card.sample['positive'] + card.sample['negative']:,} documents ({settings.epochs} epochs, "
-              f"{settings.word_ngrams}-grams, dim {settings.dim}, 1 thread); cross-validated AUC "
-              f"{card.cross_validation['auc']}")
+        if args.demo_store:
+            print(f"the demo's classifier sample ({args.demo_store}):")
+            compare_sizes(*demo_sample(Path(args.demo_store)), settings, tmp / "demo")
+        print("this corpus:")
+        compare_sizes(positives, negatives, settings, tmp / "full")
+        card = train_classifier(positives, negatives, settings, tmp / "classifier", progress=False)
         scorer = QualityScorer.load(tmp / "classifier")
         texts = [e.text for e in positives + negatives]
         scorer.score(texts[:100])

@@ -100,7 +100,7 @@ MIXTURE = Mixture(weights={"web": 0.6, "mirror": 0.4})
 # with thread 1 fastText seems to initialize only part of it, the rest being what the allocation held (mmap: zeros).
 # Far smaller matrices (10k-500k buckets x 16) gave fits that differed from run to run or failed with NaN; 2M x 8
 # and 2M x 64 gave the same bytes in 6 of 6 fits. 2M x 16 floats: 128 MB.
-CLASSIFIER = QualityClassifier(folds=3, epochs=5, dim=16)  # 4 fits of about a second in all
+CLASSIFIER = QualityClassifier(folds=3, epochs=5, dim=16, quantize_cutoff=1_000)  # 4 fits of about a second in all
 DOWNSTREAM = ("token_shards", "quality_classifier")
 
 

@@ -120,6 +120,8 @@ def _fit_task(task: _FitTask) -> list[float] | None:
         model = fasttext.train_supervised(
             str(path), epoch=settings.epochs, lr=settings.lr, wordNgrams=settings.word_ngrams, dim=settings.dim,
             minCount=settings.min_count, thread=settings.threads, seed=settings.seed, verbose=0)
+        if settings.quantize_cutoff:  # the fold models too, so cross-validation measures what is shipped
+            model.quantize(cutoff=settings.quantize_cutoff)  # fastText's defaults otherwise: measured best here
     finally:
         path.unlink()
     if task.fold is None:

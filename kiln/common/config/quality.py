@@ -26,6 +26,11 @@ class QualityClassifier(Strict):
     min_count: int = Field(1, ge=1)
     threads: int = Field(1, ge=1)  # 1 trains bit-reproducibly; more threads train faster (Hogwild), not reproducibly
     seed: int = 0
+    # fastText's quantize (Joulin et al. 2016, "FastText.zip"): keep this many features of largest norm and
+    # product-quantize them. Under 1 MB instead of (2M hash buckets + vocabulary) x dim x 4 bytes, 515 MB at dim 64;
+    # the cross-validated AUC is measured on quantized fold models. Quantizing adds ~4.5 s per fit at 10,000 (k-means
+    # over the kept rows, one core); raise it for samples far larger than the demo's. None: keep the full model.
+    quantize_cutoff: int | None = Field(10_000, ge=1_000)
 
 
 class QualityPerplexity(Strict):

@@ -37,12 +37,15 @@ from kiln.quality.rules import (
 from kiln.quality.scoring import read_scores, score_parts
 from tests.quality_corpus import labelled_split, reference_texts, train_reference_model, word_salad
 
+# Quantizing 10,000 kept features adds ~4.5 s per fit; 2,000 keeps these tests quick and still quantizes.
+SETTINGS = QualityClassifier(quantize_cutoff=2_000)
+
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory):
     train_pos, train_neg, test_pos, test_neg = labelled_split()
     out = tmp_path_factory.mktemp("classifier")
-    card = train_classifier(train_pos, train_neg, QualityClassifier(), out)
+    card = train_classifier(train_pos, train_neg, SETTINGS, out)
     return out, card, test_pos, test_neg
 
 
@@ -86,14 +89,14 @@ def test_sample_documents_get_their_out_of_fold_score(classifier):
 def test_single_thread_training_is_reproducible(classifier, tmp_path):
     out, card, _, _ = classifier
     train_pos, train_neg, _, _ = labelled_split()
-    assert train_classifier(train_pos, train_neg, QualityClassifier(), tmp_path).sha256 == card.sha256
+    assert train_classifier(train_pos, train_neg, SETTINGS, tmp_path).sha256 == card.sha256
 
 
 def test_parallel_fits_give_the_same_model_and_out_of_fold_scores(classifier, tmp_path):
     """The fits run as parallel engine tasks; two worker processes must give what one gave, bit for bit."""
     out, card, _, _ = classifier
     train_pos, train_neg, _, _ = labelled_split()
-    parallel = train_classifier(train_pos, train_neg, QualityClassifier(), tmp_path, ProcessPool(2), progress=False)
+    parallel = train_classifier(train_pos, train_neg, SETTINGS, tmp_path, ProcessPool(2), progress=False)
     assert parallel.sha256 == card.sha256 and parallel.cross_validation == card.cross_validation
     assert pq.read_table(tmp_path / SAMPLE_FILE).equals(pq.read_table(out / SAMPLE_FILE))
 
@@ -107,7 +110,7 @@ def test_out_of_fold_scores_come_from_a_model_that_never_saw_the_fold(classifier
     from kiln.tokens.mixture import hash_unit
 
     out, _, _, _ = classifier
-    settings = QualityClassifier()
+    settings = SETTINGS
     train_pos, train_neg, _, _ = labelled_split()
     texts = {e.doc_id: e.text for e in train_pos + train_neg}
     sample = sorted(pq.read_table(out / SAMPLE_FILE).to_pylist(),
@@ -119,10 +122,26 @@ def test_out_of_fold_scores_come_from_a_model_that_never_saw_the_fold(classifier
     model = fasttext.train_supervised(str(path), epoch=settings.epochs, lr=settings.lr, wordNgrams=settings.word_ngrams,
                                       dim=settings.dim, minCount=settings.min_count, thread=1, seed=settings.seed,
                                       verbose=0)
+    model.quantize(cutoff=settings.quantize_cutoff)
     held_out = [r for r in sample if r["fold"] == 0]
     labels, probs = model.predict([fasttext_text(texts[r["doc_id"]], settings.max_words) for r in held_out], k=2)
     expected = [min(1.0, max(0.0, dict(zip(ls, ps)).get(POSITIVE, 0.0))) for ls, ps in zip(labels, probs)]
     assert [r["out_of_fold_score"] for r in held_out] == expected
+
+
+def test_the_shipped_model_is_quantized_and_small_unless_told_otherwise(classifier, tmp_path):
+    """fastText's full supervised model is (2M hash buckets + vocabulary) x dim floats: 2M x 64 x 4 bytes is
+    512 MB before any word. Quantized (10k features kept by default, 8-bit product codes) it is under 1 MB."""
+    import fasttext
+
+    out, _, _, _ = classifier
+    assert fasttext.load_model(str(out / MODEL_FILE)).is_quantized()
+    assert (out / MODEL_FILE).stat().st_size < 10 * 2**20
+    train_pos, train_neg, _, _ = labelled_split()
+    full = SETTINGS.model_copy(update={"quantize_cutoff": None, "dim": 4, "folds": 2})
+    train_classifier(train_pos, train_neg, full, tmp_path, progress=False)
+    assert not fasttext.load_model(str(tmp_path / MODEL_FILE)).is_quantized()
+    assert (tmp_path / MODEL_FILE).stat().st_size >= 2_000_000 * 4 * 4  # every hash bucket's row, dim 4
 
 
 def test_a_model_file_changed_after_training_is_refused(classifier, tmp_path):
