@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 export KILN_HOME ?= $(CURDIR)/.kiln
-export KILN_CONFIG ?= $(CURDIR)/configs/default.yaml
+# The demo's config: configs/default.yaml plus its toy decontamination set (set KILN_CONFIG for your own project).
+export KILN_CONFIG ?= $(CURDIR)/configs/demo.yaml
 export DAGSTER_HOME := $(KILN_HOME)/dagster
 export MLFLOW_DISABLE_TELEMETRY := true
 export TORCH_EXTENSIONS_DIR := $(KILN_HOME)/torch_extensions
@@ -38,8 +39,10 @@ test: install $(DAGSTER_HOME)/dagster.yaml
 test-fast: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
+UI_PORT ?= 3000
+
 ui: install $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/python -m orchestration.ui -w workspace.yaml -h 127.0.0.1 -p 3000
+	$(BIN)/python -m orchestration.ui -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
 
 mlflow: install
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(KILN_HOME)/mlflow.db -h 127.0.0.1 -p 5000

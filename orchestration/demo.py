@@ -12,9 +12,11 @@ The per-document stages run on one embedded local Ray that the demo starts and s
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import dagster as dg
 
@@ -41,7 +43,7 @@ REFRESH_WAVES = [(["raw_documents", "filtered_documents"], DOCUMENTS),
                  (["curated_documents", "minhash_signatures"], DOCUMENTS), (["dedup_index"], REFRESH),
                  (["deduplicated_documents"], DOCUMENTS), (["quality_classifier"], ONCE),
                  (["quality_scores", "quality_filtered_documents"], DOCUMENTS), (["tokenizer"], ONCE),
-                 (["token_shards"], REFRESH)]
+                 (["token_shards", "shard_exports"], REFRESH)]
 # Then once, on the newest refresh's token shards.
 TRAINING_WAVES = [["training_run", "checkpoint", "evaluation"], ["data_card"]]
 JOB_OF = {DOCUMENTS: "documents", REFRESH: "refresh_datasets", ONCE: "kiln"}
@@ -50,19 +52,45 @@ JOB_OF = {DOCUMENTS: "documents", REFRESH: "refresh_datasets", ONCE: "kiln"}
 Materialize = Callable[[list[str], "dg.MultiPartitionKey | str | None"], bool]
 
 
-def materialize_refresh(materialize: Materialize, store: Store, refresh: str, sources: list[str]) -> bool:
-    """Every data asset of one refresh, in waves (shared by the demo and the tests)."""
+def materialize_refresh(materialize: Materialize, store: Store, refresh: str, sources: list[str],
+                        refit: set[str] | None = None) -> bool:
+    """Every data asset of one refresh, in waves (shared by the demo and the tests). A fitted-once asset named in
+    `refit` is fitted again (and taken out of the set)."""
     from assets.partitions import partition_key
 
+    refit = refit if refit is not None else set()
     for assets, kind in REFRESH_WAVES:
         if kind == ONCE:
-            if store.manifest_or_none(assets[0]) is None and not materialize(assets, None):
-                return False
+            if store.manifest_or_none(assets[0]) is None or assets[0] in refit:
+                if not materialize(assets, None):
+                    return False
+                refit.discard(assets[0])
             continue
         keys = [partition_key(s, refresh) for s in sources] if kind == DOCUMENTS else [refresh]
         if not all(materialize(assets, key) for key in keys):
             return False
     return True
+
+
+def changed_fits(store: Store, config: ProjectConfig) -> dict[str, list[str]]:
+    """The fitted-once assets (the quality classifier, the tokenizer) whose settings in `config` differ from those
+    they were fitted with, each with what changed ("tokenizer.vocab_size: 8000 -> 4000")."""
+    from assets.quality import classifier_recipe
+    from assets.tokens import tokenizer_recipe
+
+    changed = {}
+    for asset, recipe in (("quality_classifier", classifier_recipe), ("tokenizer", tokenizer_recipe)):
+        manifest = store.manifest_or_none(asset)
+        if manifest is not None and (diff := _differences(manifest.config, recipe(config))):
+            changed[asset] = diff
+    return changed
+
+
+def _differences(old, new, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for key in sorted(set(old) | set(new), key=str)
+                for d in _differences(old.get(key), new.get(key), f"{prefix}{key}.")]
+    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
 
 
 def job_named(name: str) -> dg.JobDefinition:
@@ -94,7 +122,13 @@ def _runner(instance: dg.DagsterInstance) -> Materialize:
     return run
 
 
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+
+
 def main() -> int:
+    # Unset KILN_CONFIG: the demo's config (default.yaml plus the demo's toy benchmark); set here, not passed down,
+    # so the code location the runs load reads the same file.
+    os.environ.setdefault("KILN_CONFIG", str(DEMO_CONFIG))
     try:
         config = load_config()
         job_named("kiln")  # loading the code location validates the config once more, with Dagster's view
@@ -122,14 +156,21 @@ def run_demo(config: ProjectConfig) -> int:
     refreshes = load_refreshes(store)
     known = set(instance.get_dynamic_partitions(refresh_partitions.name))
     instance.add_dynamic_partitions(refresh_partitions.name, [r.key for r in refreshes if r.key not in known])
-    # The new refresh, and any registered one whose token shards were never built; else the newest again.
+    # The new refresh, and any registered one whose token shards were never built; else the newest again. A refitted
+    # classifier re-scores every refresh; a rebuilt tokenizer needs only the newest shards (they hold every refresh).
+    refit = changed_fits(store, config)
+    for asset, diff in refit.items():
+        print(f"[kiln demo] {asset}: settings changed ({'; '.join(diff)}); fitting it again, and what depends on it")
     todo = [r.key for r in refreshes if store.manifest_or_none("token_shards", r.key) is None] or [refreshes[-1].key]
+    if "quality_classifier" in refit:
+        todo = [r.key for r in refreshes]
     print(f"[kiln demo] refreshes: {', '.join(r.key for r in refreshes)}"
           + (f" (new: {new.key}, trigger {new.trigger})" if new else "") + f"; materializing {', '.join(todo)}")
     run = _runner(instance)
     sources = [s.name for s in config.sources]
+    refit = set(refit)
     for key in todo:
-        if not materialize_refresh(run, store, key, sources):
+        if not materialize_refresh(run, store, key, sources, refit):
             return 1
     for wave in TRAINING_WAVES:
         if not run(wave, None):
@@ -145,8 +186,10 @@ def run_demo(config: ProjectConfig) -> int:
 
 
 def summarize(store: Store, sources: list[str]) -> None:
-    print(f"\n{'source':<18}{'raw':>7}{'quarant.':>9}{'filtered':>9}{'exact':>7}{'near':>6}{'bench':>6}"
-          f"{'quality':>8}{'final':>7}{'kept':>6}   biggest removal   (all refreshes)")
+    # Documents read, then removed at each stage (quarantined: unreadable records), then kept: one meaning per word.
+    print(f"\n{'':<25}{'documents removed by':-^45}")
+    print(f"{'source':<18}{'read':>7}{'quarant.':>9}{'filters':>9}{'exact':>7}{'near':>6}{'bench':>6}"
+          f"{'quality':>8}{'kept':>7}{'share':>6}   biggest removal   (all refreshes)")
     catalog, refreshes = Catalog(store), load_refreshes(store)
     for p in sources:
         merged = merged_stage_stats(catalog, [partition(p, r.key) for r in refreshes])

@@ -18,7 +18,7 @@ from kiln.cli.base import EXIT_OK, bad_input, open_store
 
 
 def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `audit` (with `lineage`, `membership`, `source`) on an argparse subparsers object."""
+    """Register `audit` (`lineage`, `membership`, `source`, `refreshes`, `rejected`) on an argparse subparsers object."""
     parser = subparsers.add_parser(
         "audit", help="what went into a checkpoint, whether a document was trained on, where a source went",
         description="Answers from the manifests and data the assets wrote, for auditors, lawyers and data owners.")
@@ -53,6 +53,18 @@ def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
     questions.add_parser("refreshes", parents=[common], help="which files made up each refresh, and what is pending",
                          description="Every registered refresh (when, by what, which landed files), its documents per "
                                      "source and token shards, and the files waiting in the landing area.")
+    rejected = questions.add_parser("rejected", parents=[common], help="a sample of what one rule removed",
+                                    description="Ids, urls and PII-redacted excerpts of documents a stage removed for "
+                                                "a reason, the text read back from raw_documents (which only a user "
+                                                "allowed to read the raw layer can open). Documents under a removal "
+                                                "request are never shown.")
+    rejected.add_argument("--stage", required=True, help="filtered_documents, curated_documents, "
+                                                         "deduplicated_documents or quality_filtered_documents")
+    rejected.add_argument("--reason", required=True, help="e.g. gopher_quality.min_stop_words, or gopher_quality "
+                                                          "for all of its rules; a wrong one lists the stage's reasons")
+    rejected.add_argument("--sample", type=int, default=5, help="documents to show (default 5)")
+    rejected.add_argument("--source", action="append", help="only this source (repeatable; default: all)")
+    rejected.add_argument("--refresh", help="only this refresh (default: all)")
     parser.set_defaults(func=run_audit)
     return parser
 
@@ -76,6 +88,7 @@ def run_audit(args: argparse.Namespace) -> int:
     from kiln.common.config import kiln_home, load_config
     from kiln.governance.audit import lineage, refresh_report, source_usage
     from kiln.governance.membership import membership
+    from kiln.governance.rejected import rejected_sample
     from kiln.governance.render import render
 
     try:
@@ -92,6 +105,14 @@ def run_audit(args: argparse.Namespace) -> int:
                                 checkpoint=args.checkpoint)
         elif args.question == "refreshes":
             result = refresh_report(store, config)
+        elif args.question == "rejected":
+            if args.sample < 1:
+                raise ValueError(f"--sample {args.sample}: give at least 1")
+            unknown = set(args.source or []) - {s.name for s in config.sources}
+            if unknown:
+                raise ValueError(f"--source {', '.join(sorted(unknown))}: no such source in the config")
+            result = rejected_sample(store, args.stage, args.reason, args.sample,
+                                     args.source or [s.name for s in config.sources], args.refresh)
         else:
             result = source_usage(store, config, args.name)
     except ValueError as exc:  # ConfigError and AuditError included

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,8 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="tokens available in a source (repeatable)")
     add("--weight", dest="mixture_weights", action="append", type=_name_amount, metavar="NAME=WEIGHT",
         help="mixture weight of a source (repeatable; default: proportional to tokens)")
-    add("--config", type=Path, help="project YAML; its `planning:` mapping is the starting point")
+    add("--config", type=Path, help="project YAML; its `planning:` mapping is the starting point "
+        "(default: $KILN_CONFIG, else configs/default.yaml when it exists, else the defaults alone)")
     add("--mlflow-uri", dest="mlflow_uri", help="tracking URI with finished runs to fit own scaling laws")
     add("--experiment", help="MLflow experiment name (with --mlflow-uri)")
     output = parser.add_mutually_exclusive_group()
@@ -91,12 +93,27 @@ def _config_values(path: Path) -> dict[str, Any]:
     return load_config(path).planning.model_dump(exclude_unset=True)
 
 
+def _project_config(given: dict[str, Any]) -> Path | None:
+    """--config, else the project config every kiln command reads ($KILN_CONFIG, else configs/default.yaml); the
+    plan needs no project, so without either it starts from the defaults."""
+    from kiln.common.config import config_path
+
+    if "config" in given:
+        return given["config"]
+    path = config_path()
+    return path if "KILN_CONFIG" in os.environ or path.is_file() else None
+
+
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
     given = vars(args)
-    values = _config_values(given["config"]) if "config" in given else {}
-    if "budget_usd" in given or "budget_flops" in given:  # a budget flag replaces the config's budget
-        values.pop("budget_usd", None)
-        values.pop("budget_flops", None)
+    config = _project_config(given)
+    values = _config_values(config) if config is not None else {}
+    # A flag replaces the config's values of the same quantity, given in whichever form.
+    for flags, keys in ((("budget_usd", "budget_flops"), ("budget_usd", "budget_flops")),
+                        (("n_gpus", "nodes"), ("n_gpus", "nodes"))):
+        if any(f in given for f in flags):
+            for key in keys:
+                values.pop(key, None)
     for key in ("available_tokens", "mixture_weights"):
         if key in given:
             values[key] = {**values.get(key, {}), **dict(given[key])}

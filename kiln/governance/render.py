@@ -1,7 +1,7 @@
 """Audit answers as text for a terminal: `kiln audit` without --json (the JSON is each answer's `to_dict`).
 
 `render(answer)` picks the function for the answer's type: a checkpoint's lineage, a document's membership, a
-source's usage, or the refresh report.
+source's usage, the refresh report, or a sample of what a rule removed.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 from kiln.governance.audit import Lineage, RefreshReport, SourceUsage
 from kiln.governance.catalog import NOT_MATERIALIZED, RAW, node_key
 from kiln.governance.membership import Membership
+from kiln.governance.rejected import RAW, RejectedSample
 
 
 @singledispatch
@@ -183,4 +184,24 @@ def render_refresh_report(answer: RefreshReport) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["render", "render_lineage", "render_membership", "render_refresh_report", "render_source_usage"]
+
+@render.register(RejectedSample)
+def render_rejected(answer: RejectedSample) -> str:
+    removed = ", ".join(f"{s} {n:,}" for s, n in answer.removed.items())
+    lines = [f"{answer.stage}, reason {answer.reason}: {sum(answer.removed.values()):,} documents removed ({removed}); "
+             f"{len(answer.shown)} shown, excerpts PII-redacted from {RAW}"]
+    if answer.withheld:
+        lines.append(f"({answer.withheld} more under a removal request: never shown)")
+    if answer.raw_unreadable:
+        lines.append(f"(no excerpts: {answer.raw_unreadable})")
+    for r in answer.shown:
+        lines.append(f"\n{r['doc_id']}  [{r['source']} {r['refresh']}]  {r['reason']}  {r['chars']:,} chars"
+                     + (f"  {r['url']}" if r["url"] else ""))
+        if r["excerpt"] is not None:
+            lines.append("  " + r["excerpt"].replace("\n", "\n  ") + (" …" if r["chars"] > len(r["excerpt"]) else ""))
+    if answer.other_reasons:
+        lines.append("\nother reasons at this stage: " + ", ".join(f"{r} ({n:,})" for r, n in answer.other_reasons.items()))
+    return "\n".join(lines)
+
+
+__all__ = ["render", "render_lineage", "render_membership", "render_refresh_report", "render_rejected", "render_source_usage"]

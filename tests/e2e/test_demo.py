@@ -100,11 +100,21 @@ def test_demo_materializes_every_source_and_records_runs(demo_on_s3, s3_endpoint
     assert len(runs) >= 8
 
     # A second demo with new files in the landing area: they become the next refresh, and only it is processed.
+    # The tokenizer's vocabulary changed in the config meanwhile: the demo says so and builds it again.
     landing = Path(bounded_env["KILN_HOME"]) / "landing" / "package_readmes"
     landing.mkdir(parents=True)
     (landing / "notes.jsonl").write_text(json.dumps({"id": "n1", "text": PAGE}) + "\n")
+    config = yaml.safe_load(Path(bounded_env["KILN_CONFIG"]).read_text())
+    first_tokenizer = json.loads((data / "tokenizer" / "_all" / "_manifest.json").read_text())
+    assert first_tokenizer["counts"]["vocab_size"] == config["tokenizer"]["vocab_size"] == 8000
+    config["tokenizer"]["vocab_size"] = 4000
+    Path(bounded_env["KILN_CONFIG"]).write_text(yaml.safe_dump(config))
     again, left = run_demo(bounded_env)
     assert again.returncode == 0 and not left, again.stderr[-3000:]
+    assert "tokenizer: settings changed (tokenizer.vocab_size: 8000 -> 4000)" in again.stdout
+    assert "quality_classifier: settings changed" not in again.stdout
+    tokenizer = json.loads((data / "tokenizer" / "_all" / "_manifest.json").read_text())
+    assert tokenizer["counts"]["vocab_size"] == 4000 and tokenizer["data_version"] != first_tokenizer["data_version"]
     registry = json.loads((data / "refreshes" / "_all" / "refreshes.json").read_text())["refreshes"]
     assert [r["key"] for r in registry][0] == key and len(registry) == 2
     second = registry[1]["key"]
@@ -113,6 +123,7 @@ def test_demo_materializes_every_source_and_records_runs(demo_on_s3, s3_endpoint
     assert raw["counts"] == {"records": 1, "documents": 1, "quarantined": 0}
     shards = json.loads((data / "token_shards" / second / "_manifest.json").read_text())
     assert shards["config"]["refreshes"] == [key, second]
+    assert shards["inputs"]["tokenizer"] == tokenizer["data_version"]  # the newest shards use the new tokenizer
     run = json.loads((data / "training_run" / "_all" / "_manifest.json").read_text())
     assert f"token_shards/{second}" in run["inputs"]  # training reads the newest refresh's shards
 

@@ -239,3 +239,67 @@ def test_materialize_a_partition_from_the_ui(dagster_dev, tmp_path):
     assert sorted(p.name for p in (tmp_path / "screenshots").iterdir()) == [
         "1_asset_graph.png", "2_curation_group.png", "3_launch_dialog.png", "4_finished_run.png",
         "5_partitions.png"]
+
+
+@pytest.mark.slow
+def test_make_ui_stops_everything_it_started_on_sigterm(tmp_path):
+    """`docker stop`, systemd and CI runners send SIGTERM to `make ui` alone, not to its process group as a
+    terminal's Ctrl-C does: every process it started (dagster dev, webserver, daemon, code servers, Ray) must still
+    stop, runs in flight included: the landing sensor of a fresh store starts the first refresh's runs. The
+    processes are collected while it runs: its descendants, and the Ray daemons of the session its driver started
+    (Ray names a session after the driver's pid)."""
+    import psutil
+
+    config = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())
+    for source in config["sources"]:
+        source["max_documents"] = 20
+    (tmp_path / "kiln.yaml").write_text(yaml.safe_dump(config))
+    port = _free_port()
+    env = {**os.environ, "KILN_CONFIG": str(tmp_path / "kiln.yaml"), "KILN_HOME": str(tmp_path / "kiln")}
+    env.pop("DAGSTER_HOME", None)  # the Makefile's: $(KILN_HOME)/dagster, with the dagster.yaml it writes
+    make = subprocess.Popen(["make", "--no-print-directory", "ui", f"UI_PORT={port}"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    started: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while not (_answers(f"http://127.0.0.1:{port}/server_info")
+                   and any("code-server" in c or "api grpc" in c for c in started.values())
+                   and any("spawn_main" in c for c in started.values())):  # a run worker
+            assert make.poll() is None and time.monotonic() < deadline, "make ui did not start a run"
+            time.sleep(1)
+            tree = psutil.Process(make.pid).children(recursive=True)
+            drivers = {p.pid for p in tree if "orchestration.ui" in " ".join(p.cmdline())}
+            ray = [p for p in psutil.process_iter(["cmdline"])
+                   if any(a.startswith("--session-name=") and int(a.rsplit("_", 1)[-1]) in drivers
+                          for a in p.info["cmdline"] or [] if a.rsplit("_", 1)[-1].isdigit())]
+            started = {p.pid: " ".join(p.cmdline()) for p in tree + ray}
+        assert any("gcs_server" in c for c in started.values()), started  # the UI's embedded Ray
+        make.send_signal(signal.SIGTERM)  # to make alone
+        assert make.wait(timeout=60) is not None
+        deadline = time.monotonic() + 10  # a code server left alone would stop on its own only after its heartbeat
+        while (left := {pid: c for pid, c in started.items() if _alive(pid)}) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not left, f"still running after make ui got SIGTERM: {left}"
+    finally:
+        for pid in [make.pid, *started]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False

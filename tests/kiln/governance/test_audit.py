@@ -210,6 +210,58 @@ def test_cli_argument_errors_exit_2(built, capsys, tmp_path):
     assert "no Kiln store at" in capsys.readouterr().err
 
 
+# ---------------------------------------------------------------------------------------------- rejected
+
+def test_rejected_shows_what_a_rule_removed_with_redacted_raw_excerpts(built, capsys):
+    """The web source's one short document fell to the filter profile's min_doc_words; the three near-copies of ref
+    documents (w0-w2) to near-dedup. Their texts are known here, so each excerpt is checked against them."""
+    assert kiln(built, "rejected", "--stage", "filtered_documents", "--reason", "gopher_quality", "--json") == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["removed"] == {"web": 1} and answer["withheld"] == 0
+    [row] = answer["shown"]
+    assert row["doc_id"] == make_doc_id("web", "id:short") and row["reason"] == "gopher_quality.min_doc_words"
+    assert row["excerpt"] == SHORT  # 32 characters, no PII: the whole text, unchanged by redaction
+    assert kiln(built, "rejected", "--stage", "deduplicated_documents", "--reason", "near_duplicate",
+                "--sample", "2") == 0
+    out = capsys.readouterr().out
+    assert out.startswith("deduplicated_documents, reason near_duplicate: 3 documents removed (web 3); 2 shown")
+    shown = [t[:200] for t in built["web"][:3] if t[:200] in out]  # an excerpt is a text's first 200 characters
+    assert len(shown) == 2 and "decontamination.benchmark_overlap (1)" in out  # the stage's other reason
+
+
+def test_rejected_redacts_pii_and_never_shows_a_taken_down_document(built, capsys, monkeypatch):
+    from kiln.common.storage import Store
+    from kiln.governance import rejected
+    from kiln.governance.forget import RemovalRequest
+
+    real_values = Store.values
+
+    def with_pii(self, asset, partition, column, doc_ids=None):  # the raw text as if it held an address
+        return {k: f"mail jane.doe@example.com {v}" for k, v in real_values(self, asset, partition, column,
+                                                                              doc_ids).items()}
+
+    monkeypatch.setattr(Store, "values", with_pii)
+    answer = rejected.rejected_sample(built["store"], "filtered_documents", "gopher_quality.min_doc_words", 5, ["web"])
+    [row] = answer.shown
+    assert "jane.doe@example.com" not in row["excerpt"] and row["excerpt"].endswith(SHORT)
+    taken_down = RemovalRequest("r1", "2026-11-28T00:00:00Z", "doc_ids", [row["doc_id"]], "owner asked")
+    monkeypatch.setattr(rejected, "load_requests", lambda store: ([taken_down], "v1"))
+    answer = rejected.rejected_sample(built["store"], "filtered_documents", "gopher_quality", 5, ["web"])
+    assert answer.shown == [] and answer.withheld == 1 and answer.removed == {"web": 1}
+    assert SHORT not in render(answer)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--stage", "raw_documents", "--reason", "x"], "documents are removed at filtered_documents"),
+    (["--stage", "filtered_documents", "--reason", "nope"], "its reasons: gopher_quality.min_doc_words (1)"),
+    (["--stage", "filtered_documents", "--reason", "x", "--source", "nope"], "--source nope: no such source"),
+    (["--stage", "filtered_documents", "--reason", "x", "--sample", "0"], "--sample 0: give at least 1"),
+])
+def test_rejected_bad_questions_exit_2_with_a_message(built, capsys, argv, message):
+    assert kiln(built, "rejected", *argv) == 2
+    assert message in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------------------------- data card
 
 def test_data_card_holds_sources_stages_funnel_and_lineage(built):

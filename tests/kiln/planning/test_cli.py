@@ -9,6 +9,13 @@ import pytest
 from kiln.cli.plan import add_plan_parser, run_plan
 
 
+@pytest.fixture(autouse=True)
+def no_project(tmp_path_factory, monkeypatch):
+    """Most tests plan from flags and defaults alone: no $KILN_CONFIG, no configs/default.yaml in the cwd."""
+    monkeypatch.delenv("KILN_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+
+
 def kiln(*argv):
     parser = argparse.ArgumentParser(prog="kiln")
     add_plan_parser(parser.add_subparsers(dest="command", required=True))
@@ -82,6 +89,36 @@ def test_config_then_flags(tmp_path, capsys):
     config.write_text(yaml.safe_dump(project))
     assert kiln("--config", str(config)) == 2
     assert "planning.mfu = 3" in capsys.readouterr().err  # validated as part of the project config
+
+
+def test_the_project_config_is_read_like_every_kiln_command(tmp_path, monkeypatch, capsys):
+    """Without --config, `kiln plan` starts from $KILN_CONFIG's `planning:` (else configs/default.yaml), and a flag
+    replaces the config's value of the same quantity, in whichever form the config gave it."""
+    import yaml
+
+    repo = Path(__file__).resolve().parents[3]
+    project = yaml.safe_load((repo / "configs" / "default.yaml").read_text())
+    project["planning"] = {"budget_usd": 50000, "gpu": "A100", "nodes": 2, "gpus_per_node": 8}
+    config = tmp_path / "kiln.yaml"
+    config.write_text(yaml.safe_dump(project))
+    monkeypatch.setenv("KILN_CONFIG", str(config))
+    assert kiln("--json") == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["request"]["budget_usd"] == 50000 and plan["cluster"]["n_gpus"] == 16
+    assert plan["gpu"]["name"] == "A100-80GB"
+    assert kiln("--gpus", "32", "--json") == 0  # not a conflict with the config's nodes: 2
+    assert json.loads(capsys.readouterr().out)["cluster"]["n_gpus"] == 32
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({**project, "planning": {"gpu": "H200"}}))
+    assert kiln("--config", str(other), "--json") == 0  # --config wins over $KILN_CONFIG
+    assert json.loads(capsys.readouterr().out)["gpu"]["name"] == "H200"
+    monkeypatch.setenv("KILN_CONFIG", str(tmp_path / "gone.yaml"))  # set but missing: said, not ignored
+    assert kiln() == 2 and "gone.yaml' not found" in capsys.readouterr().err
+    monkeypatch.delenv("KILN_CONFIG")
+    monkeypatch.chdir(repo)  # configs/default.yaml in the working directory, as for every kiln command
+    assert kiln("--json") == 0
+    default = yaml.safe_load((repo / "configs" / "default.yaml").read_text())["planning"]
+    assert json.loads(capsys.readouterr().out)["request"]["budget_usd"] == default["budget_usd"]
 
 
 def test_own_fits_need_an_experiment(capsys):
