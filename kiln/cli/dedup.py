@@ -30,7 +30,9 @@ def add_dedup_parser(subparsers: Any) -> argparse.ArgumentParser:
                           "storage.backend: s3)")
     old.add_argument("--redis", metavar="URL", help="the old index was on Redis at this URL (default for a "
                                                     "password: put the URL in KILN_REDIS_URL and pass --redis env)")
-    migrate.add_argument("--name", default="kiln", help="the old index's name (dedup.near.index.name; default kiln)")
+    migrate.add_argument("--name", default="kiln",
+                         help="the name the old index was written under: its Redis keys kiln:dedup:NAME, or its "
+                              "folder dedup_index/NAME (default kiln)")
     migrate.add_argument("--home", type=Path, help="KILN_HOME holding data/ (default: $KILN_HOME, else ./.kiln)")
     migrate.add_argument("--config", type=Path,
                          help="project config (default: $KILN_CONFIG, else configs/default.yaml)")
