@@ -30,34 +30,48 @@ def main(args: list[str]) -> int:
             # SIGTERM of `docker stop`, systemd or a CI runner, which reaches only this process. Its webserver,
             # daemon, code servers and run workers all stop, not only `dagster dev`; then Ray stops.
             child = subprocess.Popen([str(dagster), "dev", *args], process_group=0)
+            stop = _GroupStop(child.pid)
             for signum in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(signum, lambda signum, _: _signal_group(child.pid, signum))
-            code = child.wait()
-            _reap_group(child.pid)
-            return code
+                signal.signal(signum, stop.forward)
+            return stop.wait(child)
     except EngineError as exc:
         print(f"[kiln ui] {exc}", file=sys.stderr)
         return 2
 
 
-def _signal_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except ProcessLookupError:
-        pass
+class _GroupStop:
+    """Forwards a stop signal to Dagster's process group; STOP_GRACE_S after the first one, SIGKILLs what is left
+    (`docker stop` waits 10 s by default, systemd 90 s: a clean stop in between beats a kill)."""
 
+    STOP_GRACE_S = 15
 
-def _reap_group(pgid: int, grace_s: float = 20) -> None:
-    """Wait for what is left of Dagster's group (code servers stop on their own), then SIGKILL the rest."""
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
+    def __init__(self, pgid: int):
+        self.pgid, self.asked = pgid, None
+
+    def forward(self, signum: int, _frame) -> None:
+        self.asked = self.asked or time.monotonic()
+        self.signal(signum)
+
+    def signal(self, signum: int) -> bool:
         try:
-            os.killpg(pgid, 0)
+            os.killpg(self.pgid, signum)
+            return True
         except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    print(f"[kiln ui] Dagster processes still running after {grace_s:.0f} s: killing them", file=sys.stderr)
-    _signal_group(pgid, signal.SIGKILL)
+            return False  # nobody left in the group
+
+    def wait(self, child: subprocess.Popen) -> int:
+        """dagster dev's exit code, once nothing of its group is left (code servers and run workers included)."""
+        while child.poll() is None or self.signal(0):
+            if self.asked is None and child.poll() is not None:
+                self.asked = time.monotonic()  # dagster dev ended on its own: its leftovers get the same grace
+            if self.asked is not None and time.monotonic() - self.asked > self.STOP_GRACE_S:
+                print(f"[kiln ui] Dagster processes still running {self.STOP_GRACE_S} s after the stop: killing them",
+                      file=sys.stderr)
+                self.signal(signal.SIGKILL)
+                child.wait()
+                break
+            time.sleep(0.2)
+        return child.returncode
 
 
 if __name__ == "__main__":

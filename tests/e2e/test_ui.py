@@ -275,7 +275,9 @@ def test_make_ui_stops_everything_it_started_on_sigterm(tmp_path):
             started = {p.pid: " ".join(p.cmdline()) for p in tree + ray}
         assert any("gcs_server" in c for c in started.values()), started  # the UI's embedded Ray
         make.send_signal(signal.SIGTERM)  # to make alone
-        assert make.wait(timeout=60) is not None
+        asked = time.monotonic()
+        assert make.wait(timeout=60) is not None  # orchestration/ui.py SIGKILLs what is left after 15 s, then Ray
+        print(f"\n[make ui] exited {time.monotonic() - asked:.1f} s after SIGTERM")
         deadline = time.monotonic() + 10  # a code server left alone would stop on its own only after its heartbeat
         while (left := {pid: c for pid, c in started.items() if _alive(pid)}) and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -220,15 +220,19 @@ def test_the_default_config_ships_no_toy_benchmark_and_the_demo_adds_it(tmp_path
     default, demo = load_config(ROOT / "configs" / "default.yaml"), load_config(ROOT / "configs" / "demo.yaml")
     assert default.decontamination.benchmarks == []
     assert [b.name for b in demo.decontamination.benchmarks] == ["demo_eval"]
-    assert demo.model_dump(exclude={"decontamination"}) == default.model_dump(exclude={"decontamination"})
+    # The demo adds its toy benchmark and its card statements, nothing else.
+    assert demo.model_dump(exclude={"decontamination", "card"}) == default.model_dump(exclude={"decontamination", "card"})
     assert Path(demo.decontamination.benchmarks[0].path).is_file()  # relative to the repository root, as run
     # The demo and `make` pick the demo's config when KILN_CONFIG is not set otherwise.
     assert "export KILN_CONFIG ?= $(CURDIR)/configs/demo.yaml" in (ROOT / "Makefile").read_text()
     from orchestration.demo import DEMO_CONFIG
     assert DEMO_CONFIG == ROOT / "configs" / "demo.yaml"
-    # The default card states what the embedded corpora are for, and reads the packages' own licences.
-    assert default.card.intended_use and default.card.limitations and default.card.out_of_scope_use
-    assert default.card.license_fields == {"package_readmes": "package_license", "package_licenses": "package_license"}
+    # The demo's card states what the embedded corpora are for and reads the packages' own licences; the default
+    # one states nothing a user would inherit for other data.
+    assert demo.card.intended_use and demo.card.limitations and demo.card.out_of_scope_use
+    assert demo.card.license_fields == {"package_readmes": "package_license", "package_licenses": "package_license"}
+    assert not (default.card.summary or default.card.intended_use or default.card.limitations
+                or default.card.license_fields)
     assert os.path.exists(ROOT / "kiln" / "dedup" / "data" / "benchmarks" / "demo_eval.jsonl")
 
 
