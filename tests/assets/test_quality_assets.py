@@ -37,7 +37,7 @@ def test_classifier_scores_and_rules_from_stored_scores(tmp_path, kiln_home, mon
         ],
         "profiles": {"none": []},
         "engine": SERIAL_ENGINE, "decontamination": {"enabled": False},
-        "quality": {"classifier": {"folds": 3}, "perplexity": {"model": str(reference_model), "max_tokens": 64},
+        "quality": {"classifier": {"folds": 3, "quantize_cutoff": 1000}, "perplexity": {"model": str(reference_model), "max_tokens": 64},
                     "rules": {"web": {"min_score": 0.5}}},
     }
     project = load_project(config, tmp_path, kiln_home, monkeypatch)

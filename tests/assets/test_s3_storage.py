@@ -37,7 +37,7 @@ def project(tmp_path, kiln_home, monkeypatch, s3_endpoint):  # noqa: F811
         "sources": web_and_ref_sources(tmp_path),
         "profiles": {"none": []},
         "engine": SERIAL_ENGINE, "decontamination": {"enabled": False},
-        "quality": {"classifier": {"folds": 2, "epochs": 5}},
+        "quality": {"classifier": {"folds": 2, "epochs": 5, "quantize_cutoff": 1000}},
         "tokenizer": {"vocab_size": 400},
         "shards": {"seq_len": 16, "val_fraction": 0.2},
         "storage": {"backend": "s3", "bucket": BUCKET, "prefix": PREFIX, "create_bucket": True},
