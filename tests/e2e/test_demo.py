@@ -1,4 +1,4 @@
-"""The demo path end to end: the default config (bounded), a real DAGSTER_HOME, runs through the instance, and
+"""The demo path end to end: the demo's config (bounded), a real DAGSTER_HOME, runs through the instance, and
 every dataset on an S3-compatible server (moto on loopback), as `storage.backend: s3` users run it."""
 
 import json
@@ -9,8 +9,11 @@ from pathlib import Path
 
 import dagster as dg
 import psutil
+import pyarrow.parquet as pq
 import pytest
 import yaml
+
+from kiln.common.config.loading import merge_config
 
 from tests.s3 import _moto_server, assert_bucket_holds_every_dataset, s3_client, s3_endpoint  # noqa: F401
 
@@ -28,7 +31,9 @@ PAGE = ("# Lantern tools\n\nLantern tools is a small library for reading the cop
 
 @pytest.fixture
 def bounded_env(tmp_path):
-    config = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())
+    overlay = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())  # what `make demo` reads
+    assert overlay.pop("extends") == "default.yaml"
+    config = merge_config(yaml.safe_load((ROOT / "configs" / "default.yaml").read_text()), overlay)
     for source in config["sources"]:
         source["max_documents"] = 40
     config["reading"]["rows_per_part"] = 20
@@ -96,6 +101,7 @@ def test_demo_materializes_every_source_and_records_runs(demo_on_s3, s3_endpoint
     assert summary["status"] == "completed" and summary["steps"] == 12
     assert json.loads((data / "evaluation" / "_all" / "evaluation.json").read_text())["validation"]["tokens"] > 0
     assert json.loads((data / "token_shards" / key / "_manifest.json").read_text())["config"]["refreshes"] == [key]
+    assert_the_card_holds_what_a_reviewer_signs(data)
     # the runs are in the instance, so `make ui` shows them
     runs = list((Path(bounded_env["DAGSTER_HOME"]) / "storage").iterdir())
     assert len(runs) >= 8
@@ -132,6 +138,31 @@ def test_demo_materializes_every_source_and_records_runs(demo_on_s3, s3_endpoint
     # a second machine with an empty KILN_HOME on the same bucket reads each one back identical.
     read_back = assert_bucket_holds_every_dataset(s3_client(s3_endpoint), "kiln-demo", "demo", data, tmp_path / "fresh")
     assert read_back >= 2 * 5 * len(SOURCES) + 10
+
+
+def assert_the_card_holds_what_a_reviewer_signs(data: Path) -> None:
+    """The demo's data card: each README's and licence file's own licence (the package metadata's), counted here
+    from the documents the shards were built from; languages, the card statements, exposure and the chart."""
+    card = json.loads((data / "data_card" / "_all" / "data_card.json").read_text())
+    for source in ("package_readmes", "package_licenses"):
+        counted: dict[str, int] = {}
+        for part in (data / "quality_filtered_documents" / source).rglob("part-*.parquet"):
+            for meta in pq.read_table(part, columns=["meta"]).column("meta").to_pylist():
+                declared = (json.loads(meta).get("package_license") or "").strip()
+                known = declared and declared.upper() not in ("UNKNOWN", "NONE", "NULL", "N/A")
+                counted[declared if known else "unknown"] = counted.get(declared if known else "unknown", 0) + 1
+        table = card["licenses"]["per_source"][source]
+        assert table["field"] == "meta.package_license"
+        assert {name: row["documents"] for name, row in table["licenses"].items()} == counted
+        assert table["unknown"] == counted.get("unknown", 0) == len(table["unknown_listed"])
+    assert card["languages"]["per_source"]["python_docs"]["languages"]["en"]["documents"] > 0
+    markdown = (data / "data_card" / "_all" / "data_card.md").read_text()
+    for section in ("## Intended use", "## Limitations", "## Licenses of the documents", "## Languages",
+                    "## Exposure per source (what the run read)"):
+        assert section in markdown
+    assert "Not stated" not in markdown.split("## Maintenance")[0]  # the demo states intended use and limitations
+    assert "127.0.0.1" not in markdown and "](data_card_funnel.png)" in markdown
+    assert (data / "data_card" / "_all" / "data_card_funnel.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow

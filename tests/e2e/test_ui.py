@@ -257,8 +257,10 @@ def test_make_ui_stops_everything_it_started_on_sigterm(tmp_path):
     port = _free_port()
     env = {**os.environ, "KILN_CONFIG": str(tmp_path / "kiln.yaml"), "KILN_HOME": str(tmp_path / "kiln")}
     env.pop("DAGSTER_HOME", None)  # the Makefile's: $(KILN_HOME)/dagster, with the dagster.yaml it writes
+    log = open(tmp_path / "make_ui.log", "wb")
     make = subprocess.Popen(["make", "--no-print-directory", "ui", f"UI_PORT={port}"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_stop_signals_as_in_a_shell)
     started: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 120
@@ -267,27 +269,54 @@ def test_make_ui_stops_everything_it_started_on_sigterm(tmp_path):
                    and any("spawn_main" in c for c in started.values())):  # a run worker
             assert make.poll() is None and time.monotonic() < deadline, "make ui did not start a run"
             time.sleep(1)
-            tree = psutil.Process(make.pid).children(recursive=True)
-            drivers = {p.pid for p in tree if "orchestration.ui" in " ".join(p.cmdline())}
-            ray = [p for p in psutil.process_iter(["cmdline"])
+            tree = {p.pid: _command(p) for p in psutil.Process(make.pid).children(recursive=True)}
+            drivers = {pid for pid, command in tree.items() if "orchestration.ui" in command}
+            ray = {p.pid: " ".join(p.info["cmdline"]) for p in psutil.process_iter(["cmdline"])
                    if any(a.startswith("--session-name=") and int(a.rsplit("_", 1)[-1]) in drivers
-                          for a in p.info["cmdline"] or [] if a.rsplit("_", 1)[-1].isdigit())]
-            started = {p.pid: " ".join(p.cmdline()) for p in tree + ray}
+                          for a in p.info["cmdline"] or [] if a.rsplit("_", 1)[-1].isdigit())}
+            started = {pid: c for pid, c in (tree | ray).items() if c}  # "": it ended while being listed
         assert any("gcs_server" in c for c in started.values()), started  # the UI's embedded Ray
         make.send_signal(signal.SIGTERM)  # to make alone
         asked = time.monotonic()
-        assert make.wait(timeout=60) is not None  # orchestration/ui.py SIGKILLs what is left after 15 s, then Ray
+        try:
+            make.wait(timeout=60)  # orchestration/ui.py SIGKILLs what is left of Dagster after 15 s, then stops Ray
+        except subprocess.TimeoutExpired:
+            alive = {pid: c[:120] for pid, c in started.items() if _alive(pid)}
+            pytest.fail(f"make ui still running 60 s after SIGTERM; alive: {alive}\n"
+                        + (tmp_path / "make_ui.log").read_text(errors="replace")[-3000:])
         print(f"\n[make ui] exited {time.monotonic() - asked:.1f} s after SIGTERM")
         deadline = time.monotonic() + 10  # a code server left alone would stop on its own only after its heartbeat
         while (left := {pid: c for pid, c in started.items() if _alive(pid)}) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not left, f"still running after make ui got SIGTERM: {left}"
     finally:
+        log.close()
+        try:
+            started |= {p.pid: "" for p in psutil.Process(make.pid).children(recursive=True)}
+        except psutil.Error:
+            pass
         for pid in [make.pid, *started]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _command(process) -> str:
+    import psutil
+
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:  # ended (or became a zombie) between the listing and the read
+        return ""
+
+
+def _stop_signals_as_in_a_shell() -> None:
+    """SIGTERM and SIGINT back to their defaults for make: an ignored signal stays ignored across exec, and GNU
+    make keeps a signal it starts with ignored (so it neither stops nor forwards it). An earlier test in the same
+    pytest worker may have left SIGTERM ignored; a shell, docker or systemd starts `make ui` with the defaults."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _alive(pid: int) -> bool:
