@@ -13,10 +13,11 @@ import json
 import os
 import subprocess
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from kiln import __version__
 
@@ -121,6 +122,20 @@ def write_json_atomic(path: Path, text: str) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def write_file_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """`write(f)` into a temporary sibling (binary), flushed to disk, then renamed over `path`: a reader sees the
+    old file or the new one, whole, never half of one; a failed write leaves nothing under `path`."""
+    tmp = temporary_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def fsync_file(path: Path) -> None:

@@ -30,7 +30,6 @@ Every file is written under a temporary name and renamed, so a reader never sees
 from __future__ import annotations
 
 import json
-import os
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kiln.common.manifest import MANIFEST_NAME, fsync_file, temporary_name, write_json_atomic
+from kiln.common.manifest import MANIFEST_NAME, write_file_atomic, write_json_atomic
 from kiln.tokens.shard_format import TRAIN, VAL, ShardError, ShardSet, open_shard, read_shard_set
 
 EXPORT_FORMAT = "kiln-shard-export/1"
@@ -93,17 +92,6 @@ def _split_documents(shard_set: ShardSet, split: str):
             for info in shard_set.split(split)]
 
 
-def _write_atomic_binary(path: Path, write) -> None:
-    tmp = temporary_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        fsync_file(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def write_megatron(shards, vocab_size: int, prefix: Path) -> dict[str, Any]:
     """`<prefix>.bin` and `<prefix>.idx` from a split's open shards, one sequence (and document) per document."""
     dtype = megatron_dtype(vocab_size)
@@ -129,8 +117,8 @@ def write_megatron(shards, vocab_size: int, prefix: Path) -> dict[str, Any]:
 
     prefix.parent.mkdir(parents=True, exist_ok=True)
     # .bin first: a reader that finds the .idx finds its data
-    _write_atomic_binary(prefix.with_name(prefix.name + ".bin"), write_bin)
-    _write_atomic_binary(prefix.with_name(prefix.name + ".idx"), write_idx)
+    write_file_atomic(prefix.with_name(prefix.name + ".bin"), write_bin)
+    write_file_atomic(prefix.with_name(prefix.name + ".idx"), write_idx)
     return {"documents": len(lengths), "tokens": int(lengths.sum()), "dtype": dtype.name}
 
 
@@ -185,7 +173,7 @@ def write_parquet(shards, split: str, folder: Path, doc_ids: dict[str, pa.Array]
                          pa.array([phase] * (last - first), pa.string()), lists], schema=PARQUET_SCHEMA))
                     first = last
 
-        _write_atomic_binary(path, write)
+        write_file_atomic(path, write)
         files.append(path.relative_to(folder.parent).as_posix())
         documents += shard.documents
         tokens += len(shard.tokens)

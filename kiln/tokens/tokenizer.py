@@ -27,6 +27,7 @@ import math
 import os
 import re
 import time
+from abc import ABC, abstractmethod
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -41,7 +42,7 @@ import tokenizers as hf_tokenizers
 
 from kiln.common.config import TokenizerSettings
 from kiln.common.config.tokens import SPECIAL_ROLES
-from kiln.common.manifest import temporary_name
+from kiln.common.manifest import write_file_atomic
 from kiln.curation.documents import Document
 from kiln.tokens.mixture import SourceParts, hash_unit, select_documents, shares
 from kiln.tokens.shard_format import token_dtype
@@ -292,17 +293,12 @@ def bring_tokenizer(sample: TrainingSample, settings: TokenizerSettings, out_dir
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = temporary_name(path)
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_file_atomic(path, lambda f: f.write(data))
 
 
 # ---------------------------------------------------------------------------------------------- wrapper
 
-class Tokenizer:
+class Tokenizer(ABC):
     """What Kiln needs of a tokenizer, whichever library reads it: exact-as-the-file encode/decode, the special ids
     by role, the vocabulary size and token dtype, and the model file's sha256 (its identity).
 
@@ -348,22 +344,25 @@ class Tokenizer:
         return SentencePieceTokenizer(data, special_tokens, origin, sentinels)
 
     # -------------------------------------------------------------- what a kind provides
+    @abstractmethod
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
-        raise NotImplementedError
+        """Each text's ids, no special token added, nothing cut."""
 
+    @abstractmethod
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
-        raise NotImplementedError
+        """The text of `ids`."""
 
+    @abstractmethod
     def id_to_piece(self, i: int) -> str:
-        raise NotImplementedError
+        """The vocabulary entry of id `i`."""
 
+    @abstractmethod
     def token_to_id(self, piece: str) -> int | None:
         """The id of `piece` as one whole token, None when the vocabulary lacks it."""
-        raise NotImplementedError
 
+    @abstractmethod
     def byte_mask(self) -> np.ndarray:
         """True at the ids of byte-fallback pieces (<0x00>..<0xFF>)."""
-        raise NotImplementedError
 
     def score(self, i: int) -> str:
         return ""
@@ -392,21 +391,25 @@ class Tokenizer:
     def pad_id(self) -> int:
         return self.specials["pad"][1]
 
+    def optional_id(self, role: str) -> int | None:
+        """The id of a special token the tokenizer may lack (unk, the FIM symbols), None when it does."""
+        return self.specials[role][1] if role in self.specials else None
+
     @property
     def unk_id(self) -> int | None:
-        return self.specials["unk"][1] if "unk" in self.specials else None
+        return self.optional_id("unk")
 
     @property
     def fim_prefix_id(self) -> int | None:
-        return self.specials["fim_prefix"][1] if "fim_prefix" in self.specials else None
+        return self.optional_id("fim_prefix")
 
     @property
     def fim_suffix_id(self) -> int | None:
-        return self.specials["fim_suffix"][1] if "fim_suffix" in self.specials else None
+        return self.optional_id("fim_suffix")
 
     @property
     def fim_middle_id(self) -> int | None:
-        return self.specials["fim_middle"][1] if "fim_middle" in self.specials else None
+        return self.optional_id("fim_middle")
 
     def require(self, roles: Sequence[str], needed_by: str, otherwise: str = "") -> list[int]:
         """The ids of `roles`, or a TokenizerError naming the missing ones, who needs them and the ways to fix it
