@@ -17,7 +17,8 @@ from kiln.curation.readers.paths import SourceFile, expand
 
 # Files landed for a builtin source (which has no file format of its own) are read by their extension.
 EXTENSION_KINDS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".warc": "warc",
-                   ".wet": "wet", ".txt": "text", ".md": "text", ".rst": "text", ".py": "text"}  # a text file: one document
+                   ".wet": "wet", ".html": "html", ".htm": "html", ".xhtml": "html",  # a page: its main content
+                   ".txt": "text", ".md": "text", ".rst": "text", ".py": "text"}  # a text file: one document
 
 
 def read_source(source: Source, reading: Reading, files: list[SourceFile] | None = None,

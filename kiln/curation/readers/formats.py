@@ -1,4 +1,4 @@
-"""File formats a source may be in: JSON Lines (plain, .gz, .zst), Parquet, text files, WARC/WET."""
+"""File formats a source may be in: JSON Lines (plain, .gz, .zst), Parquet, text files, WARC/WET, HTML files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import re
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from html.parser import HTMLParser
 from typing import Any
 
 import pyarrow as pa
@@ -19,6 +18,8 @@ import zstandard
 from kiln.common.config import Reading, Source
 from kiln.common.removals import EXCERPT_READS, kept_text, text_hash
 from kiln.curation.documents import Document, make_doc_id
+# html_to_text: the visible-text reader, importable here as before
+from kiln.curation.readers.html import Extracted, decode_html, extract, html_to_text  # noqa: F401
 from kiln.curation.readers.paths import SourceFile
 
 # A structured record nested deeper than this (lists/objects in lists/objects) is quarantined as too_deep: Python's
@@ -118,7 +119,7 @@ def _decompressed(f: SourceFile) -> io.BufferedIOBase:
 
 def as_internal_records(source: Source) -> Source:
     """The source as it reads records Kiln builds itself ({"text", "id", "url"}), not the user's fields."""
-    return source.model_copy(update={"text_field": "text", "id_field": "id", "url_field": "url"})
+    return source.model_copy(update={"text_field": "text", "id_field": "id", "url_field": "url", "html_field": None})
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -177,11 +178,25 @@ def record_to_document(record: Any, source: Source, locator: str, reading: Readi
         if reading.unicode_errors == "quarantine":  # the excerpt ASCII-escaped, so it can be written
             return quarantine(source.name, locator, "invalid_unicode", json.dumps(record, default=str))
         record = _unicode_repaired(record)
-    text = record.get(source.text_field)
+    text_field = source.html_field or source.text_field
+    text = record.get(text_field)
     if text is None:
         return quarantine(source.name, locator, "missing_text", json.dumps(record, default=str))
+    if source.html_field and isinstance(text, bytes):  # a Parquet binary column: the page's bytes, as crawled
+        text = decoded_html(text, None, source.name, locator)
+        if isinstance(text, Quarantined):
+            return text
     if not isinstance(text, str):
         return quarantine(source.name, locator, "text_not_string", json.dumps(record, default=str))
+    if source.html_field:  # the text is the page's main content; what the page says of itself joins the meta
+        url = record.get(source.url_field) if source.url_field else None
+        page = extracted(text, source, reading, locator, url if isinstance(url, str) else None)
+        if isinstance(page, Quarantined):
+            return page
+        text = page.text
+        if page.canonical_url and source.url_field and not isinstance(url, str):  # no url of its own
+            record = {**record, source.url_field: page.canonical_url}
+        record = {**{k: v for k, v in page.meta().items() if k not in record}, **record}  # the record's own win
     if not text.strip():
         return quarantine(source.name, locator, "empty_text")
     if len(text.encode("utf-8", errors="surrogatepass")) > reading.max_document_bytes:
@@ -190,7 +205,7 @@ def record_to_document(record: Any, source: Source, locator: str, reading: Readi
     if native_id is not None:
         locator = f"id:{native_id}"
     url = record.get(source.url_field) if source.url_field else None
-    meta = {k: v for k, v in record.items() if k not in {source.text_field, source.url_field}}
+    meta = {k: v for k, v in record.items() if k not in {text_field, source.url_field}}
     meta["locator"] = locator
     return Document(doc_id=make_doc_id(source.name, locator), source=source.name, text=text,
                     url=url if isinstance(url, str) else None, license=source.license, meta=meta)
@@ -260,7 +275,7 @@ def read_parquet(f: SourceFile, source: Source, reading: Reading) -> Iterator[Do
                     yield quarantine(source.name, locator, reason,
                                      detail=f"column {column!r}: {type(exc).__name__}: {exc}")
                     continue
-                row = {k: v if k == source.text_field else _json_native(v) for k, v in row.items()}
+                row = {k: v if k in (source.text_field, source.html_field) else _json_native(v) for k, v in row.items()}
                 yield record_to_document(row, source, locator, reading)
     if offset < declared:
         yield quarantine(source.name, f"{f.relative}#row{offset}", "unreadable_file",
@@ -287,66 +302,79 @@ def _batch_rows(batch: pa.RecordBatch) -> list[dict | tuple[str, Exception]]:
     return rows
 
 
-def read_text(f: SourceFile, source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
-    """Each file is one document (a book, a page, a source file)."""
+def _whole_file(f: SourceFile, source: Source, reading: Reading) -> bytes | Quarantined:
+    """A file that is one document: its bytes (decompressed), or unreadable_file / too_large."""
     try:
         with _decompressed(f) as stream:
             data = stream.read(reading.max_document_bytes + 1)
     except STREAM_ERRORS as exc:
-        yield quarantine(source.name, f.relative, "unreadable_file", detail=f"{type(exc).__name__}: {exc}")
-        return
+        return quarantine(source.name, f.relative, "unreadable_file", detail=f"{type(exc).__name__}: {exc}")
     if len(data) > reading.max_document_bytes:
-        yield quarantine(source.name, f.relative, "too_large", data)
-        return
-    text = decode_utf8(data, source.name, f.relative)
+        return quarantine(source.name, f.relative, "too_large", data)
+    return data
+
+
+def read_text(f: SourceFile, source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
+    """Each file is one document (a book, a page, a source file)."""
+    data = _whole_file(f, source, reading)
+    text = data if isinstance(data, Quarantined) else decode_utf8(data, source.name, f.relative)
     if isinstance(text, Quarantined):
         yield text
         return
     yield record_to_document({"text": text}, as_internal_records(source), f.relative, reading)
 
 
-class _HtmlText(HTMLParser):
-    """Visible text of an HTML page: scripts, styles and head dropped, block elements end lines."""
-
-    SKIP = {"script", "style", "noscript", "head", "template", "svg"}
-    BLOCK = {"p", "div", "br", "li", "ul", "ol", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "section",
-             "article", "blockquote", "table", "header", "footer", "nav", "hr", "title"}
-
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.parts: list[str] = []
-        self.skipping = 0
-
-    def handle_starttag(self, tag, attrs):
-        if tag in self.SKIP:
-            self.skipping += 1
-        elif tag in self.BLOCK:
-            self.parts.append("\n")
-
-    def handle_endtag(self, tag):
-        if tag in self.SKIP and self.skipping:
-            self.skipping -= 1
-        elif tag in self.BLOCK:
-            self.parts.append("\n")
-
-    def handle_data(self, data):
-        if not self.skipping:
-            self.parts.append(data)
-
-    def text(self) -> str:
-        lines = (" ".join(line.split()) for line in "".join(self.parts).splitlines())
-        return "\n".join(line for line in lines if line)
+HTML_SUFFIXES = (".html", ".htm", ".xhtml")
 
 
-def html_to_text(html: str) -> str:
-    parser = _HtmlText()
-    parser.feed(html)
-    parser.close()
-    return parser.text()
+def read_html(f: SourceFile, source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
+    """Each file is one page: its main content (`extracted`), its url the page's canonical link, else its locator.
+    Files of other types (a site's stylesheets, scripts, images) are quarantined as unsupported_format."""
+    if not f.uri.lower().removesuffix(".gz").removesuffix(".zst").endswith(HTML_SUFFIXES):
+        yield quarantine(source.name, f.relative, "unsupported_format",
+                         detail=f"{f.relative}: an html source reads {', '.join(HTML_SUFFIXES)} files "
+                                f"(optionally .gz/.zst); a glob such as site/**/*.html names only those")
+        return
+    data = _whole_file(f, source, reading)
+    if isinstance(data, Quarantined):
+        yield data
+        return
+    if not data.strip():
+        yield quarantine(source.name, f.relative, "empty_file")
+        return
+    html = decoded_html(data, None, source.name, f.relative)
+    page = html if isinstance(html, Quarantined) else extracted(html, source, reading, f.relative, None)
+    if isinstance(page, Quarantined):
+        yield page
+        return
+    yield record_to_document({"text": page.text, "url": page.canonical_url or f.relative, **page.meta()},
+                             as_internal_records(source), f.relative, reading)
+
+
+def decoded_html(data: bytes, content_type: str | None, source: str, locator: str) -> str | Quarantined:
+    """A page's text in the charset it declares (`decode_html`), or the page quarantined: invalid_utf8 (UTF-8,
+    declared or not, and the bytes are not), or invalid_charset (a charset Python does not know, or bytes not
+    valid in the one declared)."""
+    text, charset = decode_html(data, content_type)
+    if text is not None:
+        return text
+    reason = "invalid_utf8" if charset in ("utf-8", "utf-8-sig") else "invalid_charset"
+    return quarantine(source, locator, reason, data, f"not valid {charset}")
+
+
+def extracted(html: str, source: Source, reading: Reading, locator: str, url: str | None) -> Extracted | Quarantined:
+    """The page's main content by the source's extractor (its html_extractor, else reading.html.extractor), or the
+    page quarantined: no_main_content (never an empty document), or malformed_html where a parser gives up."""
+    try:
+        page = extract(html, source.html_extractor or reading.html.extractor, url)
+    except Exception as exc:  # noqa: BLE001 - parsers raise many types on hostile markup (HTMLParser: `<![ x ]>`)
+        return quarantine(source.name, locator, "malformed_html", html, f"{type(exc).__name__}: {exc}")
+    return page if page is not None else quarantine(source.name, locator, "no_main_content", html)
 
 
 def read_warc(f: SourceFile, source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
-    """WET `conversion` records as they are; WARC `response` records with HTML reduced to visible text. Other record
+    """WET `conversion` records as they are; WARC `response` records of HTML as their main content (`extracted`), of
+    other text as it is, in the charset they declare. Other record
     types (warcinfo, request, metadata, resource, revisit) hold no document and are not records here. Damage (an
     archive warcio cannot parse on, a record without Content-Length, an archive that ends inside a record) ends the
     file with one unreadable_file record at `#<n+1>`, after the n document records read before it."""
@@ -399,20 +427,23 @@ def _warc_document(record, ordinal: int, f: SourceFile, source: Source, reading:
     if getattr(block, "limit", 0) > 0 and not block.read(1):  # a cut file, or a Content-Length past its end
         return quarantine(source.name, f"{f.relative}#{ordinal}", "unreadable_file", payload,
                           f"the archive ends {block.limit} bytes inside record {record_id}")
-    if record.rec_type == "response":
-        content_type = (record.http_headers.get_header("Content-Type") if record.http_headers else "") or ""
+    meta = {}
+    if record.rec_type == "conversion":
+        text = decode_utf8(payload, source.name, locator)
+    else:
+        content_type = ((record.http_headers.get_header("Content-Type") if record.http_headers else "") or "").lower()
         if "html" not in content_type and "text" not in content_type:
             return quarantine(source.name, locator, "not_text", detail=content_type)
-    text = decode_utf8(payload, source.name, locator)
+        text = decoded_html(payload, content_type, source.name, locator)
+        if "html" in content_type and not isinstance(text, Quarantined):  # other text (text/plain) as it is
+            page = extracted(text, source, reading, locator, url)
+            if isinstance(page, Quarantined):
+                return page
+            text, meta = page.text, page.meta()
     if isinstance(text, Quarantined):
         return text
-    if record.rec_type == "response":
-        try:
-            text = html_to_text(text)
-        except Exception as exc:  # noqa: BLE001 - HTMLParser asserts on some malformed markup (`<![ x ]>`)
-            return quarantine(source.name, locator, "malformed_html", detail=f"{type(exc).__name__}: {exc}")
-    return record_to_document({"text": text, "id": record_id, "url": url}, as_internal_records(source), locator,
-                              reading)
+    return record_to_document({"text": text, "id": record_id, "url": url, **meta}, as_internal_records(source),
+                              locator, reading)
 
 
 FORMAT_READERS: dict[str, Callable[[SourceFile, Source, Reading], Iterator[Document | Quarantined]]] = {
@@ -421,4 +452,5 @@ FORMAT_READERS: dict[str, Callable[[SourceFile, Source, Reading], Iterator[Docum
     "text": read_text,
     "warc": read_warc,
     "wet": read_warc,
+    "html": read_html,
 }

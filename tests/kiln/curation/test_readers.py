@@ -98,7 +98,9 @@ def test_warc_html_and_wet(tmp_path):
     writer.write_record(writer.create_warc_record("https://example.org/wet", "conversion",
                                                   payload=io.BytesIO(prose(1).encode())))
     (tmp_path / "x.warc.gz").write_bytes(buf.getvalue())
-    docs, bad = split(list(read_source(source("warc", tmp_path / "x.warc.gz"), Reading())))
+    # the visible-text reader here; main-content extraction of WARC pages: tests/test_html_extraction.py
+    reading = Reading(html={"extractor": "visible_text"})
+    docs, bad = split(list(read_source(source("warc", tmp_path / "x.warc.gz"), reading)))
     assert not bad
     assert docs[0].text == "Hello world." and docs[0].url == "https://example.org/page"
     assert docs[1].text == prose(1)

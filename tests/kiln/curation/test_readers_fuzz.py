@@ -41,7 +41,7 @@ from kiln.curation.pipeline import ingest
 LIMIT = 64  # reading.max_document_bytes here, so "huge" strings (at and around the limit) stay cheap
 READ_REASONS = {"invalid_utf8", "invalid_unicode", "not_an_object", "missing_text", "text_not_string", "empty_text",
                 "too_large", "too_deep", "malformed_json", "malformed_html", "not_text", "unreadable_row",
-                "unreadable_file", "empty_file", "duplicate_doc_id"}
+                "unreadable_file", "empty_file", "duplicate_doc_id", "no_main_content", "invalid_charset"}
 
 
 def fuzz(examples: int) -> settings:
@@ -403,7 +403,8 @@ def test_warc_hostile_html_and_wrong_content_lengths(tmp_path):
                        ("short", _warc_record("conversion", b"claims less than it has", "<urn:d>", length=6))]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "x.warc").write_bytes(head + tail + last)
-        _, kept, quarantined = intake(tmp_path / name, source("warc", tmp_path / name / "x.warc"), Reading())
+        _, kept, quarantined = intake(tmp_path / name, source("warc", tmp_path / name / "x.warc"),
+                                      Reading(html={"extractor": "visible_text"}))  # the reader HTMLParser rejects
         texts = {json.loads(r["meta"])["id"]: r["text"] for r in kept}
         reasons = {q["locator"]: q["reason"] for q in quarantined}
         assert texts | {"<urn:b>": None} == {"<urn:a>": "a fine page of text", "<urn:c>": "read after the hostile page",
@@ -530,6 +531,34 @@ def test_damaged_compressed_files_are_quarantined_not_a_crash(tmp_path, suffix, 
             assert not kept
         else:
             assert quarantined[0]["locator"] == f"{name}#L{len(kept) + 1}" and len(kept) <= 40
+
+
+# ------------------------------------------------------------------------------------------------------- HTML
+
+_html_files = st.one_of(
+    _html.map(str.encode),  # hostile markup: `<![ x ]>`, cut tags, stray entities, unclosed script / comment
+    st.tuples(_html, _texts).map(lambda a: f"<html><body><p>{a[1]}</p>{a[0]}".encode()),
+    st.tuples(_texts, st.sampled_from(["utf-16", "latin-1", "cp1252"])).map(  # wrong or declared charset
+        lambda a: f'<meta charset="{a[1]}"><p>{a[0]}</p>'.encode(a[1], errors="replace")),
+    st.binary(max_size=80),
+    _text_files,
+)
+
+
+@fuzz(60)
+@given(data=_html_files, extractor=st.sampled_from(["trafilatura", "resiliparse", "visible_text"]),
+       suffix=st.sampled_from(["", ".gz"]))
+def test_every_html_file_is_one_record(data, extractor, suffix, tmp_path_factory):
+    """Malformed HTML (hostile markup, truncated tags, random bytes, a charset that is wrong or declared), read by
+    each extractor: each file is exactly one record, kept or quarantined with a reason, never a crash."""
+    root = tmp_path_factory.mktemp("html")
+    name = f"x.html{suffix}"
+    (root / name).write_bytes(_compressed(data, suffix))
+    _, kept, quarantined = intake(root, source("html", root / name, html_extractor=extractor), Reading(
+        max_document_bytes=LIMIT * 4))
+    outcome = [json.loads(r["meta"])["locator"] for r in kept] + [q["locator"] for q in quarantined]
+    assert outcome == [name]
+    assert all(r["text"].strip() for r in kept)  # never an empty document
 
 
 # ------------------------------------------------------------------------------------------- compressed JSONL

@@ -99,9 +99,9 @@ def test_records_of_a_later_refresh_get_their_own_doc_ids(tmp_path):
     later = list(read_source(config.source("web"), config.reading, files, namespace="week2"))
     assert first[0].doc_id != later[0].doc_id and later[0].meta["locator"] == "week2/id:7"
     assert later[1].locator == "week2/a.jsonl#L2" and later[1].reason == "malformed_json"
-    (tmp_path / "page.html").write_text("<p>hi</p>")
+    (tmp_path / "page.pdf").write_bytes(b"%PDF-1.7")
     records = list(read_source(config.source("docs"), config.reading,
-                               [SourceFile(str(path), "a.jsonl"), SourceFile(str(tmp_path / "page.html"), "page.html")]))
+                               [SourceFile(str(path), "a.jsonl"), SourceFile(str(tmp_path / "page.pdf"), "page.pdf")]))
     assert records[0].text == prose(1) and records[-1].reason == "unsupported_format"
 
 

@@ -1,0 +1,293 @@
+"""HTML main-content extraction (kiln.curation.readers.html) on real pages: five pages of Python's documentation
+(tests/data/html, PSF licence) with boilerplate planted around their real text: navigation links, a cookie banner,
+related links, a comment thread and a footer, each carrying a marker word found nowhere else. Main content keeps
+the article's paragraphs and none of the markers; WARC responses and the `html` source kind read through it."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import lxml.html
+import pytest
+
+from kiln.common.config import ConfigError, Reading, Source
+from kiln.common.config.loading import parse_config
+from kiln.curation.readers import Quarantined, read_source
+from kiln.curation.readers.html import EXTRACTORS, decode_html, extract
+
+PAGES = sorted((Path(__file__).parent / "data" / "html").glob("*.html"))
+MARKERS = {"nav": "qxnavmarker", "cookie": "qxcookiemarker", "related": "qxrelatedmarker",
+           "comment": "qxcommentmarker", "footer": "qxfootermarker", "share": "qxsharemarker"}
+MAIN_EXTRACTORS = ("trafilatura", "resiliparse")
+
+COOKIE = ('<div id="cookie-consent" class="cookie-banner" role="dialog"><p>We use cookies to give you the best '
+          f'experience on our website. By continuing to browse you agree to our use of cookies {MARKERS["cookie"]}. '
+          '<a href="/privacy">Learn more</a></p><button class="accept">Accept all cookies</button></div>')
+RELATED = ('<aside class="related-posts"><h3>Related articles</h3><ul>'
+           f'<li><a href="/blog/ten-tips">Ten tips for faster Python scripts {MARKERS["related"]}</a></li>'
+           '<li><a href="/blog/packaging">Packaging your first project the easy way</a></li>'
+           '<li><a href="/blog/typing">A gentle introduction to type hints</a></li></ul></aside>')
+COMMENTS = ('<section id="comments" class="comments-area"><h3>2 comments</h3><ol class="comment-list">'
+            '<li class="comment"><p class="comment-author">alex_dev on March 3, 2024</p>'
+            f'<p>Great write-up, this helped me a lot with my own scripts at work {MARKERS["comment"]}.</p></li>'
+            '<li class="comment"><p class="comment-author">maria on March 4, 2024</p>'
+            '<p>Thanks, I had been wondering about this for a long time.</p></li></ol>'
+            '<form class="comment-form"><p>Leave a reply</p><textarea name="comment"></textarea></form></section>')
+FOOTER = ('<footer class="site-footer"><p>Copyright 2024 Example Developer Blog. All rights reserved '
+          f'{MARKERS["footer"]}.</p><ul><li><a href="/privacy">Privacy policy</a></li><li><a href="/terms">Terms of '
+          'use</a></li><li><a href="/contact">Contact us</a></li></ul></footer>')
+
+
+def _main(page: str):
+    return lxml.html.fromstring(page).xpath('//div[@role="main"]')[0]
+
+
+def paragraphs(page: str) -> list[str]:
+    """The article's own paragraphs (Sphinx's main region), whitespace-normalized: what extraction must keep."""
+    return [" ".join(p.text_content().split()) for p in _main(page).iter("p") if len(p.text_content().split()) >= 8]
+
+
+def planted_sphinx(page: str) -> str:
+    """The real page with markers planted in its own boilerplate (the navigation bar, the sidebar, the footer) and a
+    cookie banner, related links and a comment thread added where sites put them."""
+    nav = f'<li><a href="/blog/">Blog {MARKERS["nav"]}</a></li><li><a href="/about/">About us</a></li>'
+    out = page.replace('<body>', f'<body>{COOKIE}', 1)
+    out = re.sub(r'(<div class="related" role="navigation"[^>]*>\s*<h3>Navigation</h3>\s*<ul>)', rf'\1{nav}', out,
+                 count=1)
+    out = out.replace('<div class="sphinxsidebar"', f'{RELATED}{COMMENTS}<div class="sphinxsidebar"', 1)
+    out = out.replace('<div class="footer">', f'<div class="footer"><p>Site maintained by the docs team '
+                      f'{MARKERS["footer"]}.</p>', 1)
+    assert all(m in out for k, m in MARKERS.items() if k != "share")
+    return out
+
+
+def planted_blog(page: str) -> str:
+    """The page's article (its main region) inside a blog template: site header and menu, byline, share bar,
+    related posts, comments and site footer around it."""
+    main = _main(page)
+    body = "".join(lxml.html.tostring(child, encoding="unicode") for child in main)
+    title = " ".join(main.xpath("string(.//h1)").split()).rstrip("¶")
+    menu = "".join(f'<li><a href="/{w.lower()}/">{w}</a></li>' for w in ("Home", "Tutorials", "News", "Events"))
+    return (f'<!DOCTYPE html><html lang="en-GB"><head><meta charset="utf-8"><title>{title} | Example Developer Blog'
+            '</title><link rel="canonical" href="/blog/article.html">'
+            '<meta property="article:published_time" content="2024-03-02T09:30:00+00:00"></head><body>'
+            f'{COOKIE}<header class="site-header"><a class="logo" href="/">Example Developer Blog</a>'
+            f'<nav class="main-navigation"><ul>{menu}<li><a href="/jobs/">Jobs {MARKERS["nav"]}</a></li></ul></nav>'
+            '</header><main id="main"><article class="post"><div class="entry-content">'
+            f'{body}</div><div class="share-buttons">Share this article: <a href="#">Twitter</a> '
+            f'<a href="#">Facebook</a> <a href="#">LinkedIn {MARKERS["share"]}</a></div></article>{RELATED}'
+            f'{COMMENTS}</main>{FOOTER}</body></html>')
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split())
+
+
+def kept_share(page: str, text: str) -> float:
+    """The share of the page's article paragraphs found whole in `text`."""
+    text, article = _norm(text).replace("¶", ""), paragraphs(page)
+    return sum(_norm(p.replace("¶", "")) in text for p in article) / len(article)
+
+
+@pytest.fixture(scope="module")
+def pages() -> dict[str, str]:
+    assert len(PAGES) == 5, f"the real pages are missing from {PAGES[0].parent if PAGES else 'tests/data/html'}"
+    return {p.name: p.read_text(encoding="utf-8") for p in PAGES}
+
+
+@pytest.mark.parametrize("extractor", MAIN_EXTRACTORS)
+@pytest.mark.parametrize("template", [planted_sphinx, planted_blog])
+def test_main_content_keeps_the_article_and_drops_planted_boilerplate(pages, extractor, template):
+    for name, page in pages.items():
+        out = extract(template(page), extractor, url="https://example.org/blog/x")
+        text = _norm(out.text)
+        leaked = [m for m in MARKERS.values() if m in text]
+        assert not leaked, f"{extractor} kept boilerplate {leaked} of {name}"
+        assert kept_share(page, out.text) >= 0.9, f"{extractor} lost paragraphs of {name}"
+    # code blocks and tables are kept: a line of the sorting HOWTO's code, a cell of the curses HOWTO's table
+    assert ">>> sorted([5, 2, 3, 1, 4])" in extract(template(pages["howto-sorting.html"]), extractor).text
+    assert "curs_set()" in extract(template(pages["howto-curses.html"]), extractor).text
+
+
+@pytest.mark.parametrize("extractor", MAIN_EXTRACTORS)
+def test_paragraphs_are_lines_and_code_keeps_its_lines(pages, extractor):
+    """The source wraps paragraphs at 80 columns (a browser shows spaces there); a code block's lines stay lines."""
+    lines = extract(pages["howto-sorting.html"], extractor).text.splitlines()
+    assert ("Python lists have a built-in list.sort() method that modifies the list in-place. There is also a sorted() "
+            "built-in function that builds a new sorted list from an iterable.") in lines
+    at = lines.index(">>> a = [5, 2, 3, 1, 4]")
+    assert lines[at + 1: at + 4] == [">>> a.sort()", ">>> a", "[1, 2, 3, 4, 5]"]
+
+
+def test_visible_text_keeps_everything_visible(pages):
+    text = extract(planted_sphinx(pages["tutorial-appetite.html"]), "visible_text").text
+    assert all(m in text for k, m in MARKERS.items() if k != "share")  # the old reader: boilerplate included
+
+
+@pytest.mark.parametrize("extractor", EXTRACTORS)
+def test_metadata_from_the_page(pages, extractor):
+    out = extract(planted_blog(pages["tutorial-appetite.html"]), extractor, url="https://example.org/blog/x")
+    assert out.canonical_url == "https://example.org/blog/article.html"  # resolved against the page's url
+    assert out.language == "en-gb" and out.date == "2024-03-02"
+    assert "Whetting Your Appetite" in out.title
+    assert out.meta() == {"title": out.title, "date": "2024-03-02", "html_language": "en-gb",
+                          "canonical_url": "https://example.org/blog/article.html"}
+
+
+def test_a_page_of_boilerplate_only_has_no_main_content():
+    page = ("<html><head><title>Home</title></head><body><nav class='main-nav'><ul><li><a href='/'>Home</a></li>"
+            "<li><a href='/blog/'>Blog</a></li></ul></nav><footer class='site-footer'>(c) 2024 Example</footer>"
+            "</body></html>")
+    assert extract(page, "resiliparse") is None
+    assert extract(page, "trafilatura").text == "Home Blog"  # its fallback, a stub the length rules drop
+    assert extract(page, "visible_text").text == "Home\nBlog\n(c) 2024 Example"
+
+
+@pytest.mark.parametrize("extractor", EXTRACTORS)
+def test_a_page_without_text_is_none(extractor):
+    assert extract("<html><head><title>t</title><script>var x = 1;</script></head><body>  </body></html>",
+                   extractor) is None
+
+
+def test_charsets_as_declared():
+    page = '<html><head><meta charset="windows-1252"></head><body><p>Caf\u00e9 cr\u00e8me</p></body></html>'
+    assert decode_html(page.encode("cp1252")) == (page, "cp1252")
+    assert decode_html(page.encode("utf-8"), "text/html; charset=UTF-8")[0] == page  # the HTTP header wins
+    assert decode_html(b"\xef\xbb\xbf<p>x</p>") == ("<p>x</p>", "utf-8-sig")
+    assert decode_html("<p>\u00e9</p>".encode("latin-1"))[0] is None  # undeclared: UTF-8, and it is not
+    assert decode_html(b"<p>x</p>", "text/html; charset=klingon")[0] is None
+
+
+# ------------------------------------------------------------------------------------------------ readers
+
+def source(kind, path, **kw):
+    return Source(name="s", kind=kind, path=str(path), license="PSF-2.0", domain="docs", profile="prose", **kw)
+
+
+def split(records):
+    return [r for r in records if not isinstance(r, Quarantined)], [r for r in records if isinstance(r, Quarantined)]
+
+
+def _warc(responses: list[tuple[str, bytes, str]]) -> bytes:
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+
+    buf = io.BytesIO()
+    writer = WARCWriter(buf, gzip=True)
+    for url, body, content_type in responses:
+        http = StatusAndHeaders("200 OK", [("Content-Type", content_type)], protocol="HTTP/1.1")
+        writer.write_record(writer.create_warc_record(url, "response", payload=io.BytesIO(body), http_headers=http))
+    return buf.getvalue()
+
+
+LATIN = ("<html><body><article><p>Caf\u00e9 cr\u00e8me, na\u00efve fa\u00e7ades: a page written in Latin-1.</p>"
+         "</article></body></html>")
+
+
+def test_warc_responses_are_main_content_and_bad_pages_are_quarantined(pages, tmp_path):
+    names = sorted(pages)
+    good = [(f"https://example.org/{n}", planted_blog(pages[n]).encode(), "text/html; charset=utf-8") for n in names]
+    app_shell = b"<html><head><script src='/app.js'></script></head><body><div id='root'></div></body></html>"
+    bad = [("https://example.org/empty", app_shell, "text/html"),
+           ("https://example.org/binary", bytes(range(256)) * 4, "text/html"),
+           ("https://example.org/latin", LATIN.encode("latin-1"), "text/html; charset=iso-8859-1")]
+    (tmp_path / "x.warc.gz").write_bytes(_warc(good + bad))
+    docs, quarantined = split(list(read_source(source("warc", tmp_path / "x.warc.gz"), Reading())))
+    assert [d.url for d in docs] == [u for u, _, _ in good] + ["https://example.org/latin"]
+    for d, name in zip(docs, names):
+        assert not [m for m in MARKERS.values() if m in d.text]
+        assert kept_share(pages[name], d.text) >= 0.9
+        assert d.meta["canonical_url"] == "https://example.org/blog/article.html"
+        assert d.meta["html_language"] == "en-gb" and d.meta["date"] == "2024-03-02"
+    assert docs[-1].text == LATIN[LATIN.index("Caf"):LATIN.index("</p>")]  # decoded as declared (as cp1252)
+    assert [q.reason for q in quarantined] == ["no_main_content", "invalid_utf8"]
+
+
+def test_warc_extractor_per_source(pages, tmp_path):
+    (tmp_path / "x.warc.gz").write_bytes(_warc([("https://example.org/a", planted_sphinx(
+        pages["tutorial-appetite.html"]).encode(), "text/html")]))
+    docs, _ = split(list(read_source(source("warc", tmp_path / "x.warc.gz", html_extractor="visible_text"),
+                                     Reading(html={"extractor": "trafilatura"}))))
+    assert MARKERS["nav"] in docs[0].text  # the source's visible_text beats reading.html.extractor
+
+
+def test_html_source_kind_from_a_folder(pages, tmp_path):
+    site = tmp_path / "site"
+    (site / "blog").mkdir(parents=True)
+    (site / "blog" / "a.html").write_text(planted_blog(pages["howto-sorting.html"]))
+    venv = pages["tutorial-venv.html"]
+    canonical = re.search(r'<link rel="canonical"[^>]*>', venv)[0]  # Debian's build links to file:///usr/share/...
+    (site / "b.htm").write_text(planted_sphinx(venv.replace(canonical, "")))
+    (site / "empty.html").write_text("<html><body><div class='cookie-banner'>Accept cookies</div></body></html>")
+    (site / "broken.html").write_bytes(b"<html><body><p>caf\xe9 \xff\xfe</p>")
+    docs, quarantined = split(list(read_source(source("html", site), Reading())))
+    assert [d.meta["locator"] for d in docs] == ["b.htm", "blog/a.html"]
+    assert docs[0].url == "b.htm"  # no canonical link: the file's locator
+    assert docs[1].url == "/blog/article.html"  # its canonical link (no page url to resolve it against)
+    assert docs[1].meta["title"] == "Sorting HOW TO | Example Developer Blog"
+    assert docs[1].meta["html_language"] == "en-gb"
+    assert all(m not in d.text for d in docs for m in MARKERS.values())
+    assert sorted((q.locator, q.reason) for q in quarantined) == [("broken.html", "invalid_utf8"),
+                                                                  ("empty.html", "no_main_content")]
+
+
+def test_html_in_a_jsonl_field(pages, tmp_path):
+    rows = [{"id": "p1", "url": "https://example.org/p1", "raw": planted_blog(pages["tutorial-floatingpoint.html"]),
+             "crawl": "2024-10"},
+            {"id": "p2", "raw": "<html><body><footer>(c) 2024</footer></body></html>"},
+            {"id": "p3", "raw": 42}]
+    (tmp_path / "x.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    docs, quarantined = split(list(read_source(source("jsonl", tmp_path / "x.jsonl", html_field="raw"),
+                                               Reading(html={"extractor": "resiliparse"}))))
+    assert len(docs) == 1 and docs[0].url == "https://example.org/p1"
+    assert "Floating Point Arithmetic: Issues and Limitations" in docs[0].text
+    assert MARKERS["comment"] not in docs[0].text
+    assert "raw" not in docs[0].meta and docs[0].meta["crawl"] == "2024-10" and docs[0].meta["date"] == "2024-03-02"
+    assert [(q.locator, q.reason) for q in quarantined] == [("x.jsonl#L2", "no_main_content"),
+                                                                 ("x.jsonl#L3", "text_not_string")]
+
+
+def test_html_in_a_parquet_binary_column(pages, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    page = planted_blog(pages["howto-sorting.html"]).replace('charset="utf-8"', 'charset="windows-1252"')
+    odd = b'<meta charset="utf-16"><p>\x00' * 3  # declares UTF-16, odd length: not UTF-16
+    pq.write_table(pa.table({"id": ["a", "b"], "html": [page.encode("cp1252", errors="replace"), odd]}),
+                   tmp_path / "x.parquet")
+    docs, quarantined = split(list(read_source(source("parquet", tmp_path / "x.parquet", html_field="html"),
+                                               Reading())))
+    assert "Python lists have a built-in list.sort() method" in docs[0].text and docs[0].url == "/blog/article.html"
+    assert [(q.locator, q.reason) for q in quarantined] == [("x.parquet#row1", "invalid_charset")]
+
+
+def test_malformed_html_never_crashes_a_read(tmp_path):
+    """Truncated tags, unbalanced nesting, hostile declarations, NUL bytes, deep nesting: each page is a document or
+    quarantined with a reason, for every extractor."""
+    hostile = ["<p>x</p><![ x ]>", "<html><body><p>An unclosed para<div><table><tr><td>cell",
+               "<p>Text with a NUL \x00 byte and a truncated tag <a href='x", "<!DOCTYPE html><?php ?><svg><p>a",
+               "<div>" * 5000 + "deep text in many divs" + "</div>" * 10, "&#xd800;&#x110000;<p>&amp</p>", "<", ""]
+    for i, page in enumerate(hostile):
+        (tmp_path / f"p{i}.html").write_text(page)
+    for extractor in EXTRACTORS:
+        docs, quarantined = split(list(read_source(source("html", tmp_path, html_extractor=extractor), Reading())))
+        assert len(docs) + len(quarantined) == len(hostile)
+        assert {q.reason for q in quarantined} <= {"no_main_content", "malformed_html", "empty_text", "empty_file"}
+        for d in docs:
+            d.text.encode("utf-8")  # strict: valid Unicode
+
+
+def test_bad_extractor_names_the_key_and_the_choices():
+    base = {"sources": [], "reading": {"html": {"extractor": "readability"}}}
+    with pytest.raises(ConfigError, match=r"reading\.html\.extractor = 'readability'.*'trafilatura', "
+                                          r"'resiliparse' or 'visible_text'"):
+        parse_config(base)
+    with pytest.raises(ConfigError, match=r"html_field is for kind jsonl or parquet.*use kind: html"):
+        parse_config({"sources": [{"name": "w", "kind": "text", "path": "x", "license": "x", "domain": "web",
+                                   "profile": "prose", "html_field": "raw"}]})
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.html_extractor = 'jusText'"):
+        parse_config({"sources": [{"name": "w", "kind": "html", "path": "x", "license": "x", "domain": "web",
+                                   "profile": "prose", "html_extractor": "jusText"}]})
