@@ -79,6 +79,7 @@ def tokenizer(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
             "sample": dg.MetadataValue.json(card.sample),
             "fit_per_source": dg.MetadataValue.md(fit_markdown(report["sources"], "source")),
             "fit_per_language": dg.MetadataValue.md(fit_markdown(report["languages"], "language")),
+            "fit_per_script": dg.MetadataValue.md(fit_markdown(report["scripts"], "script")),
             "examples": dg.MetadataValue.md(examples_markdown(report["examples"])),
             "special_tokens": dg.MetadataValue.json(card.special_tokens),
             "training_seconds": card.seconds, "data_version": manifest.data_version,
@@ -103,11 +104,12 @@ def tokenizer_recipe(config) -> dict:
 
 
 def fit_markdown(rows: dict[str, dict], label: str) -> str:
-    lines = [f"| {label} | documents | tokens | fertility (tokens/word) | bytes/token | byte-fallback share |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [f"| {label} | documents | tokens | fertility (tokens/word) | tokens/char | bytes/token | byte-fallback share |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in rows.items():
-        lines.append(f"| {name} | {r['documents']:,} | {r['tokens']:,} | {r['fertility']} | {r['bytes_per_token']} | "
-                     f"{r['byte_fallback_share']:.2%} |" if r["tokens"] else f"| {name} | {r['documents']:,} | 0 | | | |")
+        lines.append(f"| {name} | {r['documents']:,} | {r['tokens']:,} | {r['fertility']} | {r['tokens_per_char']} | "
+                     f"{r['bytes_per_token']} | {r['byte_fallback_share']:.2%} |"
+                     if r["tokens"] else f"| {name} | {r['documents']:,} | 0 | | | | |")
     return "\n".join(lines)
 
 

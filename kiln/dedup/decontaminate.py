@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ import numpy as np
 import pyarrow as pa
 
 from kiln.common.config import Decontamination, ShingleNormalization
+from kiln.common.text_units import WORD_PATTERN, Splitter
 from kiln.dedup.text import normalized_words, words
 
 DROP_REASON = "decontamination.benchmark_overlap"
@@ -73,9 +73,10 @@ CONTAMINATION_SCHEMA = pa.schema([
 NORMALIZATION = ShingleNormalization()  # decontamination always uses the defaults: case, punctuation, digits
 COMMON_OWNERS = 10  # a short n-gram of more items than this is a common phrase, not evidence for one item
 INSERTED_RUN_WORD = 0.5  # aligned rule: each inserted word after the first of a run; m words inserted cost (m+1)/2
-# The words of kiln.dedup.text (\w+), one match each: its first character, and the . ! or ? that ends it if any
-_FIRST_CHAR = re.compile(r"(\w)\w*")
-_SENTENCE_END = re.compile(r"\w+(?:[^\w.!?]*([.!?]))?")
+# The words of kiln.dedup.text (text_units.WORDS), one match each: its first character, and the . ! ? (or 。！？)
+# that ends it if any
+_FIRST_CHAR = Splitter(r"(\w)\w*", rf"(?=(.))(?:{WORD_PATTERN})")
+_SENTENCE_END = Splitter(r"\w+(?:[^\w.!?]*([.!?]))?", rf"(?:{WORD_PATTERN})(?:[^\w.!?。！？]*([.!?。！？]))?")
 
 # Polynomial n-gram hash mod 2**64: hash(w_j..w_j+k-1) = sum_t h(w_j+t) * P**t. With prefix sums of
 # h(w_i) * P**i, every window of every size costs one subtraction and one multiply by P**-j (P is odd,

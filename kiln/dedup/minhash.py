@@ -3,7 +3,8 @@
 numpy, and SCHEME (blake2b shingles + datasketch MinHash), what indexes built before the scheme was configurable
 hold. The signature stage that signs curated Parquet parts with them is `kiln.dedup.signing`.
 
-A document becomes the set of hashes of its normalized word n-grams ("shingles"); its MinHash
+A document becomes the set of hashes of its normalized word n-grams ("shingles"; in scripts written without spaces
+a word is a character, and a shingle spans n words' worth of them: `kiln.dedup.text.shingle_ranges`); its MinHash
 signature estimates Jaccard similarity between such sets. Signatures and shingle sets are stored as
 plain arrays (Parquet lists), never pickled, so any later run (or another machine) can verify a
 candidate pair exactly.
@@ -19,8 +20,9 @@ import pyarrow as pa
 from datasketch import LeanMinHash, MinHash
 
 from kiln.common.config import BoilerplateLines, NearDedup
+from kiln.common.text_units import plain
 from kiln.dedup.fast_minhash import _CHUNK_CHARS, _CHUNK_TEXTS, sign_batch, similarity_sketches
-from kiln.dedup.text import normalized_words
+from kiln.dedup.text import normalized_words, shingle_ranges, word_weights
 
 SCHEME = "affine32"  # datasketch >= 2.0: 32-bit hash values, collision-free permutations
 SCHEME_FAST = "fss-splitmix64-v1"  # see kiln.dedup.fast_minhash
@@ -48,7 +50,11 @@ def shingle_hashes(text: str, settings: NearDedup) -> np.ndarray:
     fewer). `sign_texts` gives the shingle sets of the configured scheme."""
     w = normalized_words(text, settings.normalization)
     n = settings.shingle_size
-    grams = [" ".join(w[i:i + n]) for i in range(max(len(w) - n + 1, 1))] if w else [""]
+    if plain(text):  # spaced words only: every n consecutive words
+        grams = [" ".join(w[i:i + n]) for i in range(max(len(w) - n + 1, 1))] if w else [""]
+    else:  # no-space characters weigh less than a word: a shingle spans n words' worth (text.shingle_ranges)
+        _, starts, ends = shingle_ranges(word_weights(w), np.zeros(1, np.int64), np.array([len(w)]), n)
+        grams = [" ".join(w[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
     return np.unique(np.fromiter((_hash32(g.encode("utf-8", "surrogatepass")) for g in grams),
                                  dtype=np.uint32, count=len(grams)))
 

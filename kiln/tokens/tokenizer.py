@@ -43,6 +43,7 @@ import tokenizers as hf_tokenizers
 from kiln.common.config import TokenizerSettings
 from kiln.common.config.tokens import SPECIAL_ROLES
 from kiln.common.manifest import write_file_atomic
+from kiln.common.text_units import count_words, dominant_script
 from kiln.curation.documents import Document
 from kiln.tokens.mixture import SourceParts, hash_unit, select_documents, shares
 from kiln.tokens.shard_format import token_dtype
@@ -263,8 +264,13 @@ def train_tokenizer(sample: TrainingSample, settings: TokenizerSettings, out_dir
     try:
         spm.SentencePieceTrainer.train(sentence_iterator=sentences(), model_writer=model, **trainer_options(settings))
     except RuntimeError as exc:
-        hint = ("; lower tokenizer.vocab_size or give the tokenizer a larger sample (sample_chars / "
-                "sample_documents, or more data)") if "Vocabulary size" in str(exc) else ""
+        if "required_chars" in str(exc):  # Chinese or Japanese text: thousands of characters must each have a piece
+            hint = "; raise tokenizer.vocab_size above the characters it names, or lower tokenizer.character_coverage"
+        elif "Vocabulary size" in str(exc):
+            hint = ("; lower tokenizer.vocab_size or give the tokenizer a larger sample (sample_chars / "
+                    "sample_documents, or more data)")
+        else:
+            hint = ""
         raise TokenizerError(f"sentencepiece training failed: {exc}{hint}") from None
     seconds = time.perf_counter() - t0
     data = model.getvalue()
@@ -642,10 +648,13 @@ class HFTokenizer(Tokenizer):
 
 def tokenizer_report(tokenizer: Tokenizer, documents_by_source: Mapping[str, Iterable[Document]],
                      examples_per_source: int = 2, example_chars: int = 160) -> dict[str, Any]:
-    """How well the tokenizer fits each source and language: fertility (tokens per whitespace word),
-    UTF-8 bytes per token, the share of byte-fallback tokens, and a few documents shown as pieces."""
+    """How well the tokenizer fits each source, language and script: fertility (tokens per word: whitespace words, a
+    character per word in Chinese, Japanese, Thai ... as `text_units.count_words` counts), tokens per character (the
+    figure that compares across scripts), UTF-8 bytes per token, the share of byte-fallback tokens, and a few
+    documents shown as pieces. A document's script is the one most of its letters are written in."""
     is_byte = tokenizer.byte_mask()
-    totals: dict[str, dict[str, Counter]] = {"sources": defaultdict(Counter), "languages": defaultdict(Counter)}
+    totals: dict[str, dict[str, Counter]] = {"sources": defaultdict(Counter), "languages": defaultdict(Counter),
+                                             "scripts": defaultdict(Counter)}
     examples = []
     for source, docs in documents_by_source.items():
         seen = set()
@@ -654,11 +663,12 @@ def tokenizer_report(tokenizer: Tokenizer, documents_by_source: Mapping[str, Ite
         def flush() -> None:
             for doc, ids in zip(batch, tokenizer.encode_batch([d.text for d in batch])):
                 ids = np.asarray(ids, dtype=np.int64)
-                counts = Counter(documents=1, words=len(doc.text.split()), tokens=len(ids),
+                counts = Counter(documents=1, words=count_words(doc.text), tokens=len(ids), chars=len(doc.text),
                                  bytes=len(doc.text.encode("utf-8", "surrogatepass")),
                                  byte_tokens=int(is_byte[ids].sum()) if len(ids) else 0)
                 totals["sources"][source].update(counts)
                 totals["languages"][str(doc.meta.get("language") or "unknown")].update(counts)
+                totals["scripts"][dominant_script(doc.text)].update(counts)
             batch.clear()
 
         for doc in docs:
@@ -677,6 +687,7 @@ def tokenizer_report(tokenizer: Tokenizer, documents_by_source: Mapping[str, Ite
     def summary(c: Counter) -> dict[str, Any]:
         return {"documents": c["documents"], "words": c["words"], "tokens": c["tokens"], "bytes": c["bytes"],
                 "fertility": round(c["tokens"] / c["words"], 4) if c["words"] else None,
+                "tokens_per_char": round(c["tokens"] / c["chars"], 4) if c["chars"] else None,
                 "bytes_per_token": round(c["bytes"] / c["tokens"], 4) if c["tokens"] else None,
                 "byte_fallback_share": round(c["byte_tokens"] / c["tokens"], 6) if c["tokens"] else None}
 
@@ -684,6 +695,7 @@ def tokenizer_report(tokenizer: Tokenizer, documents_by_source: Mapping[str, Ite
     return {"tokenizer_sha256": tokenizer.sha256, "vocab_size": tokenizer.vocab_size, "overall": summary(everything),
             "sources": {k: summary(v) for k, v in totals["sources"].items()},
             "languages": {k: summary(v) for k, v in sorted(totals["languages"].items())},
+            "scripts": {k: summary(v) for k, v in sorted(totals["scripts"].items())},
             "examples": examples}
 
 

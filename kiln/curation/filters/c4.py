@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kiln.common.text_units import whitespace_words
 from kiln.curation.documents import Document
 from kiln.curation.filters import text_stats as ts
 from kiln.curation.filters.base import Verdict, drop, keep
@@ -50,7 +51,7 @@ class C4:
             line = raw.strip()
             if not line:
                 continue  # blank separators are not "removed lines"; C4 joins kept lines with "\n"
-            split = line.split()
+            split = whitespace_words(line)  # line.split(); a character per word in Chinese, Japanese, Thai ...
             if self.max_word_length is not None and any(len(w) > self.max_word_length for w in split):
                 removed += 1
                 continue

@@ -4,6 +4,7 @@ Everything here is a pure function over `str` / `list[str]`, fast enough to run 
 The word tokenizer is a regex approximation of the NLTK/spaCy tokenizers DataTrove uses: word runs
 (keeping inner apostrophes and hyphens: "don't", "state-of-the-art") and punctuation marks as
 separate tokens ("..." stays one token), so ratios such as "words with a letter" behave the same.
+Words come from `kiln.common.text_units`: scripts without spaces (Chinese, Japanese, Thai ...) give a word per character.
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
-# A token is a word run or a single punctuation/symbol mark ("..." kept whole).
-_TOKEN_RE = re.compile(r"\w+(?:['’\-]\w+)*|\.\.\.|[^\w\s]")
-# A word is a token with at least one letter, digit or underscore (DataTrove: "non-symbol word").
-_WORD_RE = re.compile(r"\w+(?:['’\-]\w+)*")
+from kiln.common import text_units
+
 _ALPHA_RE = re.compile(r"[^\W\d_]")  # one letter, any script
 _LETTER_TO_END_RE = re.compile(r"[^\W\d_][^\0]*")
 _PARAGRAPH_RE = re.compile(r"\n{2,}")
@@ -25,8 +24,10 @@ _LINE_RUN_RE = re.compile(r"\n+")
 # A sentence ends in . ! ? or … optionally followed by closing quotes/brackets, then space or end.
 _SENTENCE_END_RE = re.compile(r"[.!?…]+[\"'”’)\]]*(?=\s|$)")
 
-# C4 (TFDS c4_utils) and FineWeb: a line "ends in terminal punctuation" if it ends with one of these.
-TERMINAL_PUNCTUATION: tuple[str, ...] = (".", "?", "!", '"', "'")
+# C4 (TFDS c4_utils) and FineWeb: a line "ends in terminal punctuation" if it ends with one of these; after C4's
+# five, the sentence ends and closing quotes of other scripts (ideographic and fullwidth full stop, marks and corner
+# brackets; Devanagari danda; Arabic question mark and Urdu full stop): without them every Chinese line "has none".
+TERMINAL_PUNCTUATION: tuple[str, ...] = (".", "?", "!", '"', "'", "。", "．", "！", "？", "」", "』", "।", "॥", "؟", "۔")
 # Gopher: the ellipsis in both spellings.
 ELLIPSES: tuple[str, ...] = ("...", "…")
 # Gopher (as DataTrove): a bullet line starts with one of these after leading whitespace.
@@ -65,13 +66,15 @@ def chunks(items: Iterable, limit: int, size=len) -> Iterator[list]:
 
 
 def tokens(text: str) -> list[str]:
-    """Words and punctuation marks, in order (the "words" of DataTrove's word_tokenize)."""
-    return _TOKEN_RE.findall(text)
+    """Words and punctuation marks, in order (the "words" of DataTrove's word_tokenize): a word run or a single
+    punctuation/symbol mark ("..." kept whole)."""
+    return text_units.TOKENS.findall(text)
 
 
 def words(text: str) -> list[str]:
-    """Word tokens only (no standalone punctuation/symbols)."""
-    return _WORD_RE.findall(text)
+    """Word tokens only (no standalone punctuation/symbols): a token with at least one letter, digit or underscore
+    (DataTrove: "non-symbol word")."""
+    return text_units.TOKEN_WORDS.findall(text)
 
 
 def word_tokens(toks: list[str]) -> list[str]:

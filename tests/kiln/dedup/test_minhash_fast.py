@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.common.config import NearDedup, ShingleNormalization
+from kiln.common.text_units import NO_SPACE_BLOCKS
 from kiln.dedup import fast_minhash, minhash, signing
 from kiln.dedup.fast_minhash import SHINGLE_BASE, WORD_BASE, sign_batch, similarity_sketches
 from kiln.dedup.minhash import SCHEME, SCHEME_FAST, candidate_probability, choose_bands, jaccard, sign_texts
@@ -45,9 +46,23 @@ def ref_word_hash(word: str) -> int:
     return ref_mix64(ref_polynomial([b + 1 for b in word.encode("utf-8", "surrogatepass")], WORD_BASE))
 
 
+def ref_is_unit(word: str) -> bool:
+    return any(a <= ord(word[0]) <= b for a, b, _ in NO_SPACE_BLOCKS) and word[0].isalnum()
+
+
 def ref_shingles(text: str, near: NearDedup) -> list[int]:
+    """Shingles: from each word, the words up to the first that brings the weight to n words (a no-space character
+    weighs 5/8 of a word); no start reaches it: one shingle of all the words (none: one empty shingle)."""
     words, n = normalized_words(text, near.normalization), near.shingle_size
-    grams = [words[i:i + n] for i in range(max(len(words) - n + 1, 1))]  # no words: one empty shingle
+    grams = []
+    for i in range(len(words)):
+        weight = 0
+        for j in range(i, len(words)):
+            weight += 5 if ref_is_unit(words[j]) else 8
+            if weight >= 8 * n:
+                grams.append(words[i:j + 1])
+                break
+    grams = grams or [words]
     return sorted({ref_mix64(ref_polynomial([ref_word_hash(w) for w in g], SHINGLE_BASE)) >> 32 for g in grams})
 
 
@@ -150,7 +165,7 @@ def test_generated_word_sequences_match_the_reference(words, separators, near):
 @settings(max_examples=60, deadline=None)
 @given(st.text(alphabet=CHARACTERS, max_size=200), NEARS)
 def test_the_fast_word_view_is_normalized_words(text, near):
-    data = fast_minhash._normalized_bytes([text, "next text"], near.normalization).tobytes()
+    data = fast_minhash._normalized_bytes([text, "next text"], near.normalization)[0].tobytes()
     first, second, end = data.split(b"\n")
     norm = near.normalization
     assert first.split() == [w.encode("utf-8", "surrogatepass") for w in normalized_words(text, norm)]

@@ -163,3 +163,26 @@ def test_sentinels_are_reserved_after_the_fixed_ids_and_leave_text_alone(corpus,
         assert tok.decode(ids) == text and not set(ids) & set(range(7, 12))
     assert not any(k.startswith("sentinel_") for k in card.special_tokens)  # the default reserves none
     assert plain.sp.id_to_piece(7) != "<extra_id_0>"
+
+
+def test_default_settings_round_trip_chinese_and_japanese_and_report_per_script(tmp_path):
+    """Trained on real Chinese, Japanese and English text (translated manual pages) with the default character
+    coverage and byte fallback, the tokenizer gives back every text exactly, characters it never saw included; the
+    report has a row per script, with tokens per character for the scripts whose words are characters."""
+    from tests.man_pages import man_pages
+    from tests.token_corpus import write_source
+
+    texts = {"zh": man_pages("zh_CN", 12), "ja": man_pages("ja", 12), "en": make_texts("prose", 60)}
+    sources = [write_source(tmp_path, lang, t, language=lang) for lang, t in texts.items()]
+    settings = TokenizerSettings(vocab_size=3000, sample_chars=400_000, num_threads=1)
+    sample = draw_training_sample(sources, {}, settings)
+    train_tokenizer(sample, settings, tmp_path / "tok")
+    tok = Tokenizer.load(tmp_path / "tok")
+    unseen = "龘靐齉 𠀋𪚥 ゟ"  # rare Han (one beyond the BMP) and a kana ligature: in no page, so byte fallback
+    for text in [*texts["zh"][:3], *texts["ja"][:3], unseen]:
+        assert tok.decode(tok.encode(text)) == text
+    assert sum(p.startswith("<0x") for p in tok.pieces(tok.encode(unseen))) == 3 * 3 + 2 * 4 + 3  # UTF-8 bytes
+    report = tokenizer_report(tok, sample.documents)
+    assert {"Han", "Kana", "Latin"} <= set(report["scripts"])
+    # Frequent characters have pieces of their own and merge: fewer tokens than characters.
+    assert 0 < report["scripts"]["Han"]["tokens_per_char"] < 1 and 0 < report["scripts"]["Kana"]["tokens_per_char"] < 1
