@@ -96,6 +96,9 @@ class StageStats:
     examples: dict[str, list[dict[str, str]]] = field(default_factory=dict)  # reason -> [{doc_id, excerpt}]
     lengths_out: LengthHistogram = field(default_factory=LengthHistogram)  # characters per kept document
     lengths_dropped: LengthHistogram = field(default_factory=LengthHistogram)
+    # identified language -> documents of the stage's input the language step identified as it / of those kept
+    languages_in: Counter = field(default_factory=Counter)
+    languages_out: Counter = field(default_factory=Counter)
 
     def step(self, name: str) -> StepStats:
         return self.steps.setdefault(name, StepStats())
@@ -123,21 +126,29 @@ class StageStats:
             bucket.extend(items[: max(0, examples_limit - len(bucket))])
         self.lengths_out.merge(other.lengths_out)
         self.lengths_dropped.merge(other.lengths_dropped)
+        self.languages_in.update(other.languages_in)
+        self.languages_out.update(other.languages_out)
 
     def to_dict(self, with_lengths: bool = False) -> dict[str, Any]:
         d = {"docs_in": self.docs_in, "chars_in": self.chars_in, "docs_out": self.docs_out,
              "chars_out": self.chars_out, "steps": {n: s.to_dict() for n, s in self.steps.items()},
              "examples": self.examples}
+        if self.languages_in:
+            d["languages"] = {lang: {"in": n, "kept": self.languages_out[lang]}
+                              for lang, n in sorted(self.languages_in.items(), key=lambda kv: (-kv[1], kv[0]))}
         if with_lengths:
             d |= {"lengths_out": self.lengths_out.to_dict(), "lengths_dropped": self.lengths_dropped.to_dict()}
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StageStats:
+        languages = d.get("languages", {})
         return cls(d["docs_in"], d["chars_in"], d["docs_out"], d["chars_out"],
                    {k: StepStats.from_dict(v) for k, v in d["steps"].items()}, d["examples"],
                    LengthHistogram.from_dict(d.get("lengths_out", {})),
-                   LengthHistogram.from_dict(d.get("lengths_dropped", {})))
+                   LengthHistogram.from_dict(d.get("lengths_dropped", {})),
+                   Counter({k: v["in"] for k, v in languages.items()}),
+                   Counter({k: v["kept"] for k, v in languages.items() if v["kept"]}))
 
 
 def funnel_rows(stats: StageStats) -> list[dict[str, Any]]:
@@ -163,6 +174,11 @@ def funnel_markdown(stats: StageStats) -> str:
         for n, s in rewrites:
             counts = ", ".join(f"{k}={v:,}" for k, v in sorted(s.counts.items()))
             lines.append(f"| {n} | {s.chars_rewritten:,} | {counts} |")
+    if stats.languages_in:
+        lines += ["", "| language (identified) | docs in | kept | % kept |", "|---|---:|---:|---:|"]
+        for lang, n in sorted(stats.languages_in.items(), key=lambda kv: (-kv[1], kv[0])):
+            kept = stats.languages_out[lang]
+            lines.append(f"| {lang} | {n:,} | {kept:,} | {kept / n:.1%} |")
     return "\n".join(lines)
 
 

@@ -30,7 +30,8 @@ from kiln.common.storage import DatasetWriter, part_name, resume_part, write_par
 from kiln.curation.documents import CURATED_SCHEMA, DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
 from kiln.curation.exact_dedup import HashSource, duplicates_dir, duplicates_in, find_duplicates
 from kiln.curation.filters.base import Step
-from kiln.curation.filters.registry import build_step
+from kiln.curation.filters.language import LanguageFilter
+from kiln.curation.filters.registry import build_step, unwrapped
 from kiln.curation.pii.fields import redact_fields, step_redactor
 from kiln.curation.pii.redaction import PiiRedaction
 from kiln.curation.readers import Quarantined, SourceFile, quarantine, read_source
@@ -213,16 +214,22 @@ class _PartTask:
     input_path: str
     kept_path: str
     rejected_path: str
-    steps: tuple[tuple[str, str], ...]  # (step name, params as JSON): each worker builds its pipeline once
+    steps: tuple[tuple[str, str, str], ...]  # (step name, params, per_language as JSON): built once per worker
     dedup: tuple[bool, bool]
     examples_per_reason: int
     rejected_text: RejectedText
 
 
+def build_steps(specs: list[StepSpec]) -> list[Step]:
+    """The steps of a profile as `filter_documents` runs them (per language where they have settings per language:
+    kiln.curation.filters.registry)."""
+    return [build_step(s.step, s.params, s.per_language) for s in specs]
+
+
 @lru_cache(maxsize=8)
-def _pipeline(steps: tuple[tuple[str, str], ...]) -> list[Step]:
+def _pipeline(steps: tuple[tuple[str, str, str], ...]) -> list[Step]:
     """Steps built once per worker process; params travel as JSON (hashable, picklable, exact)."""
-    return [build_step(name, json.loads(params)) for name, params in steps]
+    return [build_step(name, json.loads(params), json.loads(per_language)) for name, params, per_language in steps]
 
 
 def run_steps(docs: list[Document], steps: list[Step], stats: StageStats, examples: int,
@@ -274,7 +281,9 @@ def _filter(task: _PartTask) -> StageStats:
     steps = _pipeline(task.steps)
     # url and meta pass the pii step's redaction too (the default one if a caller's steps have none), after the
     # steps: the URL blocklist decides on the URL as it was read.
-    redact_texts = step_redactor(next((s for s in steps if isinstance(s, PiiRedaction)), None) or PiiRedaction())
+    redact_texts = step_redactor(next((s for s in map(unwrapped, steps) if isinstance(s, PiiRedaction)), None)
+                                 or PiiRedaction())
+    identifies = any(isinstance(unwrapped(s), LanguageFilter) for s in steps)
     stats = StageStats()
     kept, rejected = [], []
     for batch in pq.ParquetFile(task.input_path).iter_batches(batch_size=1000):
@@ -285,6 +294,11 @@ def _filter(task: _PartTask) -> StageStats:
         for doc, original, reason in zip(docs, originals, reasons):
             stats.docs_in += 1
             stats.chars_in += len(original)
+            # Per identified language: the documents that reached the language step, and those kept.
+            language = doc.meta.get("language") if identifies and "language_score" in doc.meta else None
+            if language is not None:
+                stats.languages_in[language] += 1
+                stats.languages_out[language] += reason is None
             if reason is None:
                 kept.append({**doc.to_row(), "content_hash": content_hash(doc.text, *task.dedup)})
                 stats.docs_out += 1
@@ -304,7 +318,8 @@ def filter_documents(input_parts: list[Path], steps: list[StepSpec], dedup: Exac
                      label: str = "filter", rejected_text: RejectedText = "none") -> StageStats:
     """Run every part through the steps on `engine`; parts are the unit of parallelism (one task each). A dropped
     document's row in the rejected table holds its text only as `rejected_text` says (kiln.common.removals)."""
-    frozen = tuple((s.step, json.dumps(s.params, sort_keys=True)) for s in steps)
+    frozen = tuple((s.step, json.dumps(s.params, sort_keys=True), json.dumps(s.per_language, sort_keys=True))
+                   for s in steps)
     tasks = [_PartTask(str(p), str(writer.next_path("documents")), str(writer.next_path("rejected")), frozen,
                        (dedup.lowercase, dedup.collapse_whitespace), examples_per_reason, rejected_text)
              for p in input_parts]

@@ -14,10 +14,39 @@ from kiln.common.config.quality import Quality
 from kiln.common.config.refresh import RefreshSettings
 from kiln.common.config.storage import StorageSettings
 from kiln.common.config.tokens import Mixture, ShardSettings, TokenizerSettings
+from kiln.curation.filters.language import known_languages
 from kiln.curation.filters.registry import build_step
 from kiln.planning.plan import PlanRequest
 from training_jobs.settings import TrainingSettings
 from training_jobs.span_lengths import sentinel_problem
+
+
+def _per_language(key: str, name: str, value, after_language: bool) -> dict[str, dict]:
+    """A step's `per_language` settings, checked: known language codes, a mapping of parameters each, and the
+    language step before the step (it writes the `language` each document is judged by)."""
+    if not value:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{key}.per_language must map language codes to parameters, e.g. {{zh: {{min_doc_words: "
+                         f"50}}}}; got {value!r}")
+    if name == "language":
+        raise ValueError(f"{key}.per_language: the language step decides each document's language, so it has no "
+                         "per-language settings; set them on the steps after it")
+    if not after_language:
+        raise ValueError(f"{key}.per_language: documents get their language from the `language` step, which must "
+                         f"run before {name!r}: move `- language` above `- {name}` in the profile (or add it)")
+    known = known_languages()
+    for language, params in value.items():
+        if language not in known:
+            raise ValueError(f"{key}.per_language: unknown language code {language!r}; use the ISO 639-1 codes the "
+                             f"language step identifies, such as de, fr, ja, ru, zh")
+        if not isinstance(params, dict):
+            raise ValueError(f"{key}.per_language.{language} must be a mapping of {name}'s parameters, got {params!r}")
+        try:
+            build_step(name, params)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{key}.per_language.{language}: {exc}") from None
+    return value
 
 
 class ProjectConfig(Strict):
@@ -42,7 +71,8 @@ class ProjectConfig(Strict):
     @field_validator("profiles", mode="before")
     @classmethod
     def _parse_profiles(cls, value):
-        """Accept `- gopher_quality` or `- gopher_quality: {min_doc_words: 20}` and check each step."""
+        """Accept `- gopher_quality` or `- gopher_quality: {min_doc_words: 20, per_language: {zh: {...}}}` and check
+        each step."""
         if not isinstance(value, dict):
             return value
         parsed = {}
@@ -51,20 +81,27 @@ class ProjectConfig(Strict):
                 raise ValueError(f"profile {profile!r} must be a list of steps, got {steps!r}")
             specs = []
             for i, item in enumerate(steps):
+                per_language = None
                 if isinstance(item, str):
                     name, params = item, {}
-                elif isinstance(item, dict) and set(item) == {"step", "params"}:  # a dumped config, read back
-                    name, params = item["step"], item["params"]
+                elif isinstance(item, dict) and {"step", "params"} <= set(item) <= {"step", "params", "per_language"}:
+                    name, params, per_language = item["step"], item["params"], item.get("per_language")  # read back
                 elif isinstance(item, dict) and len(item) == 1:
                     (name, params), = item.items()
                     params = params or {}
                 else:
                     raise ValueError(f"profiles.{profile}[{i}]: expected a step name or {{name: {{params}}}}, got {item!r}")
+                key = f"profiles.{profile}[{i}] ({name})"
+                if isinstance(params, dict) and per_language is None:
+                    params = dict(params)
+                    per_language = params.pop("per_language", None)
+                per_language = _per_language(key, name, per_language, after_language="language" in [
+                    s["step"] for s in specs])
                 try:
-                    build_step(name, params)
+                    build_step(name, params, per_language)
                 except (TypeError, ValueError) as exc:
-                    raise ValueError(f"profiles.{profile}[{i}] ({name}): {exc}") from None
-                specs.append({"step": name, "params": params})
+                    raise ValueError(f"{key}: {exc}") from None
+                specs.append({"step": name, "params": params, "per_language": per_language})
             parsed[profile] = specs
         return parsed
 

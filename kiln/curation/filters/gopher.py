@@ -9,12 +9,14 @@ from __future__ import annotations
 import functools
 import re
 import sys
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
+from kiln.common.text_units import plain
 from kiln.curation.documents import Document
 from kiln.curation.filters import text_stats as ts
 from kiln.curation.filters.base import Verdict, drop, keep
@@ -34,15 +36,32 @@ class GopherQuality:
     max_ellipsis_lines_ratio: float | None = 0.3
     max_non_alpha_words_ratio: float | None = 0.8  # i.e. at least 80% of tokens must contain a letter
     min_stop_words: int | None = 2
+    # Not Gopher's: the share of words that are stop words. Where words are characters (Chinese, Japanese), two stop
+    # words are no sign of running text: random characters of the language hold 1-2.5% of its stop characters,
+    # its pages 5-30% (bench/multilingual_filter_eval.py), so the language defaults set it there.
+    min_stop_word_ratio: float | None = None
+    # None: Gopher's eight English words. Another language's (kiln.curation.filters.stopwords) reach the step
+    # through its per-language settings (kiln.curation.filters.registry).
+    stop_words: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        given = self.stop_words is not None
+        self._stops = frozenset(unicodedata.normalize("NFC", w.lower()) for w in self.stop_words) if given \
+            else ts.STOP_WORDS
+        self._numpy_stops = self._stops == ts.STOP_WORDS  # the batch form keys exactly these (_STOP_KEYS)
 
     def __call__(self, doc: Document) -> Verdict:
-        return self._verdict(doc.text, _WordCounts(doc.text, self.min_stop_words or 0))
+        return self._verdict(doc.text, _WordCounts(doc.text, self.min_stop_words or 0, self._stops))
 
     def batch(self, docs: list[Document]) -> list[Verdict]:
-        """The same verdicts as one call per document, with the words of the whole batch counted at once in numpy."""
-        return [self._verdict(d.text, c) for d, c in zip(docs, _batch_counts([d.text for d in docs]))]
+        """The same verdicts as one call per document, with the words of the whole batch counted at once in numpy
+        (other stop words than Gopher's: counted per document, when the rule is reached)."""
+        counts = _batch_counts([d.text for d in docs])
+        if not self._numpy_stops:
+            counts = [_OtherStops(c, d.text, self.min_stop_words or 0, self._stops) for d, c in zip(docs, counts)]
+        return [self._verdict(d.text, c) for d, c in zip(docs, counts)]
 
-    def _verdict(self, text: str, c: _WordCounts | _BatchCounts) -> Verdict:
+    def _verdict(self, text: str, c: _WordCounts | _BatchCounts | _OtherStops) -> Verdict:
         n_toks, n_words = c.tokens, c.words
         if self.min_doc_words is not None and n_words < self.min_doc_words:
             return drop(self.name, "min_doc_words", text)
@@ -77,6 +96,8 @@ class GopherQuality:
 
         if self.min_stop_words is not None and c.stop_words < self.min_stop_words:
             return drop(self.name, "min_stop_words", text)
+        if self.min_stop_word_ratio is not None and c.stop_word_share < self.min_stop_word_ratio:
+            return drop(self.name, "min_stop_word_ratio", text)
 
         return keep(text)
 
@@ -84,10 +105,11 @@ class GopherQuality:
 class _WordCounts:
     """The counts the rules use, from the text's tokens (each computed when a rule first needs it)."""
 
-    def __init__(self, text: str, stop_words_needed: int):
+    def __init__(self, text: str, stop_words_needed: int, stops: frozenset[str] = ts.STOP_WORDS):
         toks = ts.tokens(text)
         self._words = ts.word_tokens(toks)  # tokens that are not pure punctuation/symbols
         self._needed = stop_words_needed
+        self._stops = stops
         self.tokens, self.words = len(toks), len(self._words)
 
     @property
@@ -100,13 +122,22 @@ class _WordCounts:
 
     @property
     def stop_words(self) -> int:
-        found = 0  # counted up to what the rule needs
-        for w in self._words:
-            if w.lower() in ts.STOP_WORDS:
-                found += 1
-                if found >= self._needed:
-                    break
-        return found
+        return _count_stops(self._words, self._stops, self._needed)
+
+    @property
+    def stop_word_share(self) -> float:
+        return _count_stops(self._words, self._stops, sys.maxsize) / max(self.words, 1)
+
+
+def _count_stops(words: list[str], stops: frozenset[str], needed: int) -> int:
+    """Stop words among the words, counted up to what the rule needs."""
+    found = 0
+    for w in words:
+        if w.lower() in stops:
+            found += 1
+            if found >= needed:
+                break
+    return found
 
 
 @dataclass(frozen=True)
@@ -115,7 +146,28 @@ class _BatchCounts:
     words: int
     word_chars: int
     alpha_words: int
-    stop_words: int
+    stop_words: int  # all of them (Gopher's English stop words)
+
+    @property
+    def stop_word_share(self) -> float:
+        return self.stop_words / max(self.words, 1)
+
+
+class _OtherStops:
+    """A document's batch counts, its stop words counted from its words (only if the stop-word rule is reached)."""
+
+    def __init__(self, counts: _BatchCounts, text: str, needed: int, stops: frozenset[str]):
+        self.tokens, self.words, self.word_chars, self.alpha_words = (
+            counts.tokens, counts.words, counts.word_chars, counts.alpha_words)
+        self._text, self._needed, self._stops = text, needed, stops
+
+    @property
+    def stop_words(self) -> int:
+        return _count_stops(ts.words(self._text), self._stops, self._needed)
+
+    @property
+    def stop_word_share(self) -> float:
+        return _count_stops(ts.words(self._text), self._stops, sys.maxsize) / max(self.words, 1)
 
 
 # text_stats.tokens as classes of code points: a word character, a joiner (' ’ -: inside a word between two word
@@ -162,7 +214,11 @@ def _shift(a: np.ndarray, by: int) -> np.ndarray:
 
 def _batch_counts(texts: list[str], chunk_chars: int = 1 << 22) -> list[_BatchCounts]:
     """_WordCounts of every text, in numpy over code points, a chunk of about `chunk_chars` characters at a time."""
-    return [counts for chunk in ts.chunks(texts, chunk_chars) for counts in _count_chunk(chunk)]
+    counts = [counts for chunk in ts.chunks(texts, chunk_chars) for counts in _count_chunk(chunk)]
+    # A text with no-space-script characters or combining marks: text_units splits it otherwise, count its tokens.
+    fields = _BatchCounts.__annotations__
+    return [c if plain(t) else _BatchCounts(*(getattr(_WordCounts(t, sys.maxsize), k) for k in fields))
+            for t, c in zip(texts, counts)]
 
 
 def _count_chunk(texts: list[str]) -> list[_BatchCounts]:

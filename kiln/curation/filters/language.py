@@ -101,6 +101,11 @@ def _identifier() -> BatchIdentifier:
     return BatchIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
 
 
+def known_languages() -> frozenset[str]:
+    """The ISO 639-1 codes the identifier can answer."""
+    return frozenset(_identifier().nb_classes)
+
+
 def identify(text: str, max_chars: int = 4000) -> tuple[str, float]:
     """(ISO 639-1 code, probability). The head of a long document is enough and keeps this fast."""
     return identify_many([text], max_chars)[0]
@@ -118,7 +123,7 @@ class LanguageFilter:
     max_chars: int = 4000
 
     def __post_init__(self):
-        known = set(_identifier().nb_classes)
+        known = known_languages()
         unknown = [lang for lang in self.languages if lang not in known]
         if unknown:
             raise ValueError(f"unknown language code(s) {unknown}; py3langid knows ISO 639-1 codes such as en, de, fr, zh")

@@ -1,15 +1,23 @@
 """Curation steps by name: the names a config's filter profiles use.
 
 `from kiln.curation.filters.registry import build_step; build_step("gopher_quality", {"min_doc_words": 20})`
+
+Settings per language: a step is judged with the settings of each document's language, the `language` meta key the
+language step writes (documents without one get the step's own settings). For a language, a step's parameters are
+its published defaults, replaced by the language's defaults (kiln.curation.filters.stopwords: Gopher's stop words
+and word lengths per language), by the profile's parameters, then by the profile's `per_language` entry for it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 from typing import Any
 
+from kiln.curation.documents import Document
+
 from kiln.curation.filters.badwords import BadWords
-from kiln.curation.filters.base import Step
+from kiln.curation.filters.base import Step, Verdict
 from kiln.curation.filters.c4 import C4
 from kiln.curation.filters.code import CodeQuality
 from kiln.curation.filters.fineweb import FineWebQuality
@@ -17,6 +25,7 @@ from kiln.curation.filters.garbage import Garbage
 from kiln.curation.filters.gopher import GopherQuality, GopherRepetition
 from kiln.curation.filters.language import LanguageFilter
 from kiln.curation.filters.normalize import UnicodeNormalize
+from kiln.curation.filters.stopwords import LANGUAGE_DEFAULTS
 from kiln.curation.filters.url import UrlBlocklist
 from kiln.curation.pii import PiiRedaction
 
@@ -49,11 +58,16 @@ def step_parameters(name: str) -> dict[str, Any]:
     return out
 
 
-def build_step(name: str, params: dict[str, Any] | None = None) -> Step:
-    """Instantiate a step; unknown names or parameters raise ValueError saying what is allowed."""
-    if name not in STEPS:
-        raise ValueError(f"unknown step {name!r}; allowed: {', '.join(sorted(STEPS))}")
-    params = dict(params or {})
+def step_params(name: str, params: dict[str, Any] | None, language: str | None,
+                per_language: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The parameters `name` runs with on documents in `language` (None: documents without one)."""
+    if language is None:
+        return dict(params or {})
+    return {**LANGUAGE_DEFAULTS.get(name, {}).get(language, {}), **(params or {}),
+            **(per_language or {}).get(language, {})}
+
+
+def _instantiate(name: str, params: dict[str, Any]) -> Step:
     allowed = step_parameters(name)
     unknown = sorted(set(params) - set(allowed))
     if unknown:
@@ -61,4 +75,58 @@ def build_step(name: str, params: dict[str, Any] | None = None) -> Step:
     return STEPS[name](**params)
 
 
-__all__ = ["STEPS", "build_step", "step_parameters"]
+class PerLanguage:
+    """A step judging each document with its language's settings: one instance per language met (built when first
+    met), a batch split by language and each part given to its instance's batch form."""
+
+    def __init__(self, name: str, params: dict[str, Any], per_language: dict[str, dict[str, Any]]):
+        self.name = name
+        self._params, self._per_language = params, per_language
+        self.base = _instantiate(name, params)
+        self._by_language: dict[str, Step] = {}
+        for language in {*LANGUAGE_DEFAULTS.get(name, {}), *per_language}:  # every setting checked up front
+            self.for_language(language)
+
+    def for_language(self, language: str | None) -> Step:
+        if language is None:
+            return self.base
+        if language not in self._by_language:
+            params = step_params(self.name, self._params, language, self._per_language)
+            self._by_language[language] = self.base if params == self._params else _instantiate(self.name, params)
+        return self._by_language[language]
+
+    def __call__(self, doc: Document) -> Verdict:
+        return self.batch([doc])[0]
+
+    def batch(self, docs: list[Document]) -> list[Verdict]:
+        groups: dict[str | None, list[int]] = defaultdict(list)
+        for i, doc in enumerate(docs):
+            groups[doc.meta.get("language")].append(i)
+        verdicts: list[Verdict | None] = [None] * len(docs)
+        for language, indices in groups.items():
+            step = self.for_language(language)
+            part = [docs[i] for i in indices]
+            batch_form = getattr(step, "batch", None)
+            for i, verdict in zip(indices, batch_form(part) if batch_form is not None else map(step, part)):
+                verdicts[i] = verdict
+        return verdicts
+
+
+def build_step(name: str, params: dict[str, Any] | None = None,
+               per_language: dict[str, dict[str, Any]] | None = None) -> Step:
+    """Instantiate a step (per language where it has language defaults or `per_language` settings); unknown names
+    or parameters raise ValueError saying what is allowed."""
+    if name not in STEPS:
+        raise ValueError(f"unknown step {name!r}; allowed: {', '.join(sorted(STEPS))}")
+    params = dict(params or {})
+    if per_language or name in LANGUAGE_DEFAULTS:
+        return PerLanguage(name, params, dict(per_language or {}))
+    return _instantiate(name, params)
+
+
+def unwrapped(step: Step) -> Step:
+    """The step itself, for a step built per language: its instance for documents without a language."""
+    return getattr(step, "base", step)
+
+
+__all__ = ["STEPS", "PerLanguage", "build_step", "step_parameters", "step_params", "unwrapped"]

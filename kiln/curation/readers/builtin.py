@@ -6,6 +6,9 @@
   real URLs and e-mail addresses.
 - `package_licenses`: license files shipped by the installed distributions (heavy natural duplication).
 - `stdlib_code`: the standard library's Python source.
+- `multilingual`: the translated manual pages installed under /usr/share/man/<language>/ (Debian's manpages-de,
+  -fr, -es, -it, -pl, -ru, -ja, -zh, ...), rendered to text by groff, one document per page, its directory's
+  language in `meta.expected_language`.
 
 Items are ordered by a hash of their locator, so a `max_documents` cap takes a stable, unbiased sample.
 """
@@ -13,8 +16,12 @@ Items are ordered by a hash of their locator, so a `max_documents` cap takes a s
 from __future__ import annotations
 
 import ast
+import gzip
 import hashlib
 import importlib.metadata
+import os
+import re
+import subprocess
 import sys
 import sysconfig
 from collections.abc import Iterator
@@ -22,7 +29,8 @@ from pathlib import Path
 
 from kiln.common.config import Reading, Source
 from kiln.curation.documents import Document
-from kiln.curation.readers.formats import Quarantined, as_internal_records, decode_utf8, record_to_document
+from kiln.curation.readers.formats import (Quarantined, as_internal_records, decode_utf8, quarantine,
+                                           record_to_document)
 
 PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 EXCLUDED_STDLIB_DIRS = {"site-packages", "test", "tests", "idle_test", "__pycache__", "dist-packages"}
@@ -131,17 +139,116 @@ def _stdlib_code() -> Iterator[dict]:
                "url": None}
 
 
+MAN_ROOT = Path("/usr/share/man")
+MAN_WIDTH = 78  # columns, as `man` at MANWIDTH=80 sets groff's line length
+MAN_RENDER_SECONDS = 60
+_MAN_FILE = re.compile(r"^(?P<name>.+)\.(?P<section>[1-9][a-z0-9]*)(?:\.gz)?$")
+_OVERSTRIKE = re.compile(r".\x08")  # what `col -b` removes, should a page still carry one
+
+
+class ManPageError(Exception):
+    """A manual page that cannot be rendered; `reason` is the quarantine reason, the message says why."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+def render_man_page(path: str | Path) -> str:
+    """A manual page (troff source, plain or .gz) as plain UTF-8 text, the same bytes on every run: groff's `man`
+    macros at a fixed width in the C.UTF-8 locale, no justification or hyphenation (they would pad and split words),
+    no bold / underline overstrikes (as `col -b`), trailing spaces and blank edges removed. Raises ManPageError
+    (reason `man_unreadable`, `invalid_utf8`, `man_alias`, `man_render_failed` or `man_render_empty`)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+        if path.suffix == ".gz":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise ManPageError("man_unreadable", f"{path}: {exc}") from None
+    try:
+        source = raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:  # Debian policy: pages under /usr/share/man are UTF-8
+        raise ManPageError("invalid_utf8", f"{path}: {exc}") from None
+    if _man_alias(source):
+        raise ManPageError("man_alias", f"{path} only includes another page (.so)")
+    # `.na`/`.nh` first: filled, unhyphenated lines; -t runs tbl, harmless on pages without tables.
+    command = ["groff", "-Tutf8", "-man", "-t", "-k", "-Kutf-8", "-P-cbou", "-rcR=1",
+               f"-rLL={MAN_WIDTH}n", f"-rLT={MAN_WIDTH}n"]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}  # no GROFF_* from the caller
+    try:
+        done = subprocess.run(command, input=(".na\n.nh\n" + source).encode("utf-8"), capture_output=True,
+                              env=env, timeout=MAN_RENDER_SECONDS, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ManPageError("man_render_failed", f"{path}: {exc}") from None
+    if done.returncode != 0:
+        message = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
+        raise ManPageError("man_render_failed", f"{path}: groff exited {done.returncode}: {message[0][:200]}")
+    text = _OVERSTRIKE.sub("", done.stdout.decode("utf-8", "replace"))
+    text = "\n".join(line.rstrip() for line in text.splitlines()).strip("\n")
+    if not text.strip():
+        raise ManPageError("man_render_empty", f"{path} renders to no text")
+    return text + "\n"
+
+
+def _man_alias(source: str) -> bool:
+    """A page whose only request is `.so other/page` (an alias of another page), comments aside."""
+    lines = [line for line in source.splitlines() if line.strip() and not line.startswith(('.\\"', "'\\\"", '\\"'))]
+    return len(lines) == 1 and lines[0].startswith(".so ")
+
+
+def man_language(directory: str) -> str:
+    """The ISO 639-1 code of a /usr/share/man/<directory> (`zh_CN` → `zh`, `pt_BR` → `pt`, `de` → `de`)."""
+    return directory.split("_")[0].split(".")[0].split("@")[0]
+
+
+def translated_man_pages(root: Path | None = None) -> list[tuple[str, str, str, str, Path]]:
+    """(locator, directory, section, page, path) of every translated page under `root` (MAN_ROOT)/<language>/man<N>/,
+    in a stable hashed order. Symbolic links are other names of a page listed already: not pages."""
+    root = MAN_ROOT if root is None else root
+    items = []
+    if not root.is_dir():
+        return items
+    for lang_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("man")):
+        for section_dir in sorted(lang_dir.glob("man*")):
+            for path in sorted(section_dir.iterdir()):
+                m = _MAN_FILE.match(path.name)
+                if m is None or path.is_symlink() or not path.is_file():
+                    continue
+                items.append((f"man/{lang_dir.name}/{section_dir.name}/{path.name}", lang_dir.name,
+                              m["section"], m["name"], path))
+    return _stable_order(items)
+
+
+def _multilingual() -> Iterator[dict]:
+    for locator, directory, section, page, path in translated_man_pages():
+        try:
+            text = render_man_page(path)
+        except ManPageError as exc:
+            if exc.reason != "man_alias":
+                yield {"id": locator, "quarantine": exc.reason, "detail": str(exc)}
+            continue
+        lang = man_language(directory)
+        # `expected_language`, not `language`: the language step writes `language` (what it identified).
+        yield {"id": locator, "text": text, "url": f"man:{page}({section})@{directory}", "expected_language": lang,
+               "man_locale": directory, "man_section": section, "man_page": page}
+
+
 CORPORA = {
     "python_docs": _python_docs,
     "package_readmes": _package_readmes,
     "package_licenses": _package_licenses,
     "stdlib_code": _stdlib_code,
+    "multilingual": _multilingual,
 }
 
 
 def read_builtin(source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
     as_records = as_internal_records(source)
     for record in CORPORA[source.corpus]():
+        if "quarantine" in record:  # a page that failed to render: its reason, never a crash
+            yield quarantine(source.name, record["id"], record["quarantine"], detail=record["detail"])
+            continue
         if "path_bytes" in record:  # files: decode here so invalid UTF-8 is quarantined like any source's
             text = decode_utf8(record.pop("path_bytes"), source.name, record["id"])
             if isinstance(text, Quarantined):

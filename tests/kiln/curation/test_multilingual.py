@@ -1,0 +1,192 @@
+"""Settings per language (Gopher's stop words per language, `per_language` in profiles), the per-language funnel, and
+the `multilingual` builtin corpus (translated manual pages rendered by groff)."""
+
+import gzip
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from kiln.common.config import ConfigError, Reading, Source, parse_config
+from kiln.common.stats import StageStats, funnel_markdown
+from kiln.common.storage import Store
+from kiln.curation.documents import Document
+from kiln.curation.filters.registry import build_step
+from kiln.curation.pipeline import build_steps, filter_documents, ingest, profile_steps, run_steps
+from kiln.curation.readers import Quarantined, builtin
+from tests.conftest import SERIAL_ENGINE, write_jsonl
+from tests.man_pages import man_pages
+
+# 38 words. German stop words (FineWeb-2's list): Die, der, und, das, in, dem, des, Mit, wurde; Gopher's English
+# ones: none.
+GERMAN = ("Dieses Programm zeigt Informationen über Dateien an. Die Einträge werden alphabetisch sortiert, falls "
+          "keine andere Sortierung angegeben wurde. Mit der Option kann man versteckte Dateien anzeigen lassen, und "
+          "das Ergebnis erscheint in einer Liste auf dem Bildschirm des Benutzers.")
+# 38 words. Gopher's stop words: the (x5), of, and, with, that, have; German ones: none.
+ENGLISH = ("The program lists information about the files of the directory and sorts the entries alphabetically when "
+           "no other order is given with the sort option, so that users have a clear view of their data on the "
+           "screen every time.")
+FRENCH = ("Cette commande affiche des informations sur les fichiers du répertoire courant. Les entrées sont triées "
+          "par ordre alphabétique si aucune autre option de tri n'est indiquée par l'utilisateur dans la ligne de "
+          "commande.")
+
+
+def doc(text: str, language: str | None = None) -> Document:
+    return Document(doc_id=text[:10], source="s", text=text, meta={} if language is None else {"language": language})
+
+
+def test_gopher_stop_words_follow_the_documents_language():
+    """German text has none of Gopher's eight English stop words: judged as English (no language) it is dropped,
+    judged as German it is kept; English text judged with German stop words is dropped. Batch and per-document
+    verdicts agree, and a mixed batch keeps its order."""
+    step = build_step("gopher_quality", {"min_doc_words": 20})
+    assert step(doc(GERMAN)).drop == "gopher_quality.min_stop_words"
+    assert step(doc(GERMAN, "de")).kept
+    assert step(doc(ENGLISH)).kept and step(doc(ENGLISH, "en")).kept
+    assert step(doc(ENGLISH, "de")).drop == "gopher_quality.min_stop_words"
+    batch = [doc(GERMAN, "de"), doc(ENGLISH, "de"), doc(GERMAN), doc(ENGLISH, "en"), doc(GERMAN, "de")]
+    assert [v.drop for v in step.batch(batch)] == [step(d).drop for d in batch] == [
+        None, "gopher_quality.min_stop_words", "gopher_quality.min_stop_words", None, None]
+
+
+def test_chinese_needs_a_share_of_stop_characters_not_just_two():
+    """Chinese words are characters (kiln.common.text_units): 2 stop characters (的, 是) in 34 are 5.9%, kept; the
+    same 2 in 98 characters are 2.0%, under zh's 4% (min_stop_word_ratio), dropped; English has no such rule."""
+    plain = "显示文件信息目录内容列出全部选项"  # 16 characters, none of them a zh stop character
+    step = build_step("gopher_quality", {"min_doc_words": 20})
+    assert step(doc("的" + plain + "是" + plain, "zh")).kept
+    assert step(doc("的" + plain * 6 + "是", "zh")).drop == "gopher_quality.min_stop_word_ratio"
+    assert step.batch([doc("的" + plain * 6 + "是", "zh")])[0].drop == "gopher_quality.min_stop_word_ratio"
+
+
+def test_a_profiles_per_language_settings_reach_the_step_after_the_language_step():
+    """The language step identifies each document; gopher_quality then runs with the settings of that language:
+    German with min_doc_words 1000 (the profile's per_language), English with the profile's 20."""
+    config = parse_config({
+        "sources": [{"name": "s", "kind": "jsonl", "path": "x", "license": "CC0", "domain": "web", "profile": "p"}],
+        "profiles": {"p": [{"language": {"languages": ["de", "en"]}},
+                           {"gopher_quality": {"min_doc_words": 20, "per_language": {"de": {"min_doc_words": 1000}}}}]},
+        "engine": SERIAL_ENGINE})
+    spec = config.profiles["p"][1]
+    assert spec.params == {"min_doc_words": 20} and spec.per_language == {"de": {"min_doc_words": 1000}}
+    docs = [doc(GERMAN), doc(ENGLISH)]
+    reasons = run_steps(docs, build_steps(profile_steps(config, "s")), StageStats(), 0)
+    assert [d.meta["language"] for d in docs] == ["de", "en"]
+    assert reasons == ["gopher_quality.min_doc_words", None]
+    # A dumped config reads back to the same settings.
+    again = parse_config(config.model_dump())
+    assert again.profiles["p"][1] == spec
+
+
+def _profile_error(steps) -> str:
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"sources": [{"name": "s", "kind": "jsonl", "path": "x", "license": "CC0", "domain": "web",
+                                   "profile": "p"}], "profiles": {"p": steps}})
+    return str(exc.value)
+
+
+def test_per_language_settings_are_checked_when_the_config_loads():
+    message = _profile_error(["language", {"gopher_quality": {"per_language": {"german": {"min_doc_words": 5}}}}])
+    assert "profiles.p[1] (gopher_quality).per_language: unknown language code 'german'" in message
+    assert "ISO 639-1" in message
+    message = _profile_error(["language", {"gopher_quality": {"per_language": {"de": {"min_words": 5}}}}])
+    assert "profiles.p[1] (gopher_quality).per_language.de: step 'gopher_quality' has no parameter(s) ['min_words']" \
+        in message
+    message = _profile_error([{"gopher_quality": {"per_language": {"de": {"min_doc_words": 5}}}}, "language"])
+    assert "profiles.p[0] (gopher_quality).per_language" in message
+    assert "move `- language` above `- gopher_quality`" in message
+    message = _profile_error([{"language": {"per_language": {"de": {"min_score": 0.3}}}}])
+    assert "profiles.p[0] (language).per_language" in message and "no per-language settings" in message
+    message = _profile_error(["language", {"gopher_quality": {"per_language": {"de": 5}}}])
+    assert "profiles.p[1] (gopher_quality).per_language.de must be a mapping" in message
+
+
+def test_the_filter_funnel_counts_documents_per_identified_language(tmp_path):
+    """German, English and French documents through a profile keeping de and en: 1 in / 1 kept for de and en, 1 in /
+    0 kept for fr, in the stage's statistics, their dict form and the funnel's markdown (counts only, no text)."""
+    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": "de", "text": GERMAN}, {"id": "en", "text": ENGLISH},
+                                               {"id": "fr", "text": FRENCH}])
+    config = parse_config({
+        "sources": [{"name": "s", "kind": "jsonl", "path": str(tmp_path / "src"), "license": "CC0", "domain": "web",
+                     "profile": "p"}],
+        "profiles": {"p": [{"language": {"languages": ["de", "en"]}}, {"gopher_quality": {"min_doc_words": 20}}]},
+        "engine": SERIAL_ENGINE})
+    store = Store(tmp_path / "store")
+    with store.staging("raw", "s") as w:
+        w.commit(code_version="t", config={}, inputs={}, counts={},
+                 stats=ingest(config.sources[0], config.reading, w, progress=False).to_dict())
+    with store.staging("filtered", "s") as w:
+        stats = filter_documents(store.files("raw", "s", "documents"), profile_steps(config, "s"),
+                                 config.curation.exact_dedup, w, progress=False)
+        w.commit(code_version="t", config={}, inputs={}, counts={}, stats=stats.to_dict())
+    assert dict(stats.languages_in) == {"de": 1, "en": 1, "fr": 1}
+    assert +stats.languages_out == {"de": 1, "en": 1}
+    as_dict = stats.to_dict()
+    assert as_dict["languages"] == {"de": {"in": 1, "kept": 1}, "en": {"in": 1, "kept": 1},
+                                    "fr": {"in": 1, "kept": 0}}
+    again = StageStats.from_dict(as_dict)
+    assert again.languages_in == stats.languages_in and +again.languages_out == +stats.languages_out
+    markdown = funnel_markdown(stats)
+    assert "| fr | 1 | 0 | 0.0% |" in markdown and "| de | 1 | 1 | 100.0% |" in markdown
+    assert "Dateien" not in markdown and "fichiers" not in markdown
+
+
+# ---- the multilingual builtin corpus --------------------------------------------------------------------------------
+
+PAGE = """.\\" a hand-written page
+.TH FOO 1 "2024-01-01" "Kiln" "Benutzerbefehle"
+.SH NAME
+foo \\- zeigt etwas an
+.SH BESCHREIBUNG
+Der Befehl zeigt die Dateien und Verzeichnisse.
+"""
+
+
+def _gz(path: Path, text: str | bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(text.encode() if isinstance(text, str) else text))
+
+
+def test_multilingual_corpus_renders_pages_skips_aliases_and_quarantines_what_fails(tmp_path, monkeypatch):
+    _gz(tmp_path / "de" / "man1" / "foo.1.gz", PAGE)
+    (tmp_path / "de" / "man1" / "bar.1.gz").symlink_to("foo.1.gz")  # another name of foo
+    _gz(tmp_path / "de" / "man1" / "baz.1.gz", ".so man1/foo.1\n")  # an alias by inclusion
+    (tmp_path / "de" / "man1" / "bad.1.gz").write_bytes(b"\x1f\x8b not gzip at all")
+    (tmp_path / "zh_CN" / "man8").mkdir(parents=True)
+    (tmp_path / "zh_CN" / "man8" / "qux.8").write_text(".TH QUX 8\n.SH 名称\nqux \\- 修改用户的帐户信息\n", "utf-8")
+    monkeypatch.setattr(builtin, "MAN_ROOT", tmp_path)
+    source = Source(name="ml", kind="builtin", corpus="multilingual", license="GPL-3.0-or-later", domain="reference",
+                    profile="p")
+    records = list(builtin.read_builtin(source, Reading()))
+    docs = {d.meta["man_page"]: d for d in records if isinstance(d, Document)}
+    (bad,) = [r for r in records if isinstance(r, Quarantined)]
+    assert sorted(docs) == ["foo", "qux"] and len(records) == 3
+    assert bad.reason == "man_unreadable" and bad.locator == "man/de/man1/bad.1.gz"
+    foo = docs["foo"]
+    assert foo.url == "man:foo(1)@de" and foo.meta["expected_language"] == "de" and foo.meta["man_section"] == "1"
+    assert "language" not in foo.meta  # the language step's key stays free
+    lines = foo.text.splitlines()
+    assert lines[0].split() == ["FOO(1)", "Benutzerbefehle", "FOO(1)"]
+    assert "       Der Befehl zeigt die Dateien und Verzeichnisse." in lines
+    assert "       foo - zeigt etwas an" in lines
+    assert docs["qux"].meta["expected_language"] == "zh" and "修改用户的帐户信息" in docs["qux"].text
+    assert [r.doc_id for r in builtin.read_builtin(source, Reading()) if isinstance(r, Document)] == \
+        [r.doc_id for r in records if isinstance(r, Document)]
+
+
+def _script_share(text: str, script: str) -> float:
+    letters = [c for c in text if c.isalpha()]
+    return sum(script in unicodedata.name(c, "") for c in letters) / max(len(letters), 1)
+
+
+@pytest.mark.parametrize("directory,check", [
+    ("de", lambda t: _script_share(t, "LATIN") > 0.9 and any(c in t for c in "äöüßÄÖÜ")),
+    ("ru", lambda t: _script_share(t, "CYRILLIC") > 0.3),
+    ("ja", lambda t: _script_share(t, "HIRAGANA") + _script_share(t, "KATAKANA") > 0.05),
+    ("zh_CN", lambda t: _script_share(t, "CJK UNIFIED") > 0.2),
+])
+def test_installed_translated_pages_render_in_their_script(directory, check):
+    """Two installed pages per language (Debian's manpages-de, -ru, -ja, -zh; .ci/run installs them) render to text
+    in that language's script."""
+    texts = man_pages(directory, 2)
+    assert all(t.strip() and check(t) for t in texts)
