@@ -1,7 +1,8 @@
 """Garbage catch rate and clean loss of the default filter profiles, on a mixed corpus assembled from this machine.
 
     .venv/bin/python bench/filter_eval.py [--config configs/default.yaml] [--per-source 400] [--per-cell 150]
-                                          [--seed 0] [--without garbage]
+                                          [--per-web-cell 400] [--per-group 40] [--split heldout|dev|all]
+                                          [--web-profile web] [--seed 0] [--without garbage]
 
 Clean documents are real text already on the machine, labelled by source kind, each run through the profile a
 user would pick for it (configs/default.yaml's profile names):
@@ -17,22 +18,39 @@ user would pick for it (configs/default.yaml's profile names):
     debian_copyright legal           /usr/share/doc/*/copyright
     prose            prose           paragraphs of prose from the documents above, a few per document
 
+and clean technical web pages: the installed HTML documentation bench/extraction_pages.py finds (Sphinx, MkDocs,
+texinfo, man, DocBook, Doxygen, gtk-doc, Node, npm, mdBook, rustdoc; at most --per-group pages per package or book),
+read as a WARC or html source reads a page (kiln.curation.readers.html.extract, the default extractor, given the
+whole page), through the `web` profile (the default for web pages; `prose` with a config that has none) and, for
+comparison, `technical_docs` and `prose`. A page counts when the region its generator marks as content has 30 words or
+more and it does not declare a language other than English. Its wrapped set (real text in boilerplate written here)
+is shown on its own row, outside the web pages' total.
+
 A clean document has at least 30 words (code: any size); C headers marked generated in their first lines are left
 out (code_quality drops those by design). Garbage documents come from seeded generators, one set per kind and
-profile where the kind turns up (web pages run through `prose`, scraped documentation through `technical_docs`, ...):
+profile where the kind turns up (web pages run through `web` and `prose`, scraped documentation through
+`technical_docs`, ...):
 
     boilerplate      navigation / link-list pages: menus, breadcrumbs, footers, Markdown or bare-URL link lists
     char_soup        random printable ASCII, random letters, symbol runs, binary decoded as Latin-1 / UTF-8
     encoded_blob     base64 (MIME lines, data: URIs, PEM), hex (dumps, digests, C arrays), uuencode
     minified_code    minified JavaScript (alone in code sources)
+    repeated_lines   web pages of 2-6 lines repeated 10-200 times, verbatim or with a counter, a date or a name
+                     changing, in order or shuffled (comments, listings, logs, SEO spam, share bars, ...)
+    stub             very short web pages: errors (404, 403, 500), login / cookie / bot-check / age walls, parked
+                     domains, "enable JavaScript", placeholders, a title and one line
 
-with real sentences around them (at most as long as the payload: the payload is what the document is). Seeded and
-deterministic for a given machine; a few thousand documents, under a minute on one core.
+with real sentences around them (at most as long as the payload: the payload is what the document is).
 
-Every document goes through the real steps (`normalize`, the profile, `pii`: `kiln.curation.pipeline.run_steps`). Prints the
-catch rate per garbage kind (and per profile), the clean loss per source with its top drop reasons, and docs/s.
-`--without garbage` runs the profiles without that step (the "before" figures). Exits 1 if a kind is caught below
-99% or a clean source loses more than 10%.
+Held out: web pages (by a hash of their path) and the repeated-line and stub families (by a hash of their name) are
+split in two; rules are tuned on `--split dev` only, and the default `--split heldout` reports the other half.
+Seeded and deterministic for a given machine (what is installed decides the pages); a few minutes on one core.
+
+Every document goes through the real steps (`normalize`, the profile, `pii`: `kiln.curation.pipeline.run_steps`).
+Prints the catch rate per garbage kind (and per profile; the web-page kinds count in the web profile, the others'
+figures are for comparison), the clean loss per source and per web-page generator with its top drop reasons, and
+docs/s. `--without garbage` runs the profiles without that step (the "before" figures). Exits 1 if a kind is caught
+below 99%, a clean source loses more than 10%, or the web pages lose more than 10% in the web profile.
 """
 
 from __future__ import annotations
@@ -295,6 +313,64 @@ CLEAN: dict[str, tuple[str, Callable[[int, random.Random], list[str]]]] = {
     "prose": ("prose", prose),
 }
 
+# ================================================================================================ clean web pages
+
+# Real HTML documentation installed on the machine (bench/extraction_pages.py's page sources: Sphinx, MkDocs, texinfo,
+# man, DocBook, Doxygen, gtk-doc, Node, npm, mdBook and rustdoc pages, by package or book), each page turned into text
+# as a WARC or html source reads it: Kiln's main-content extraction with its default extractor, given the whole page.
+# Its wrapped set (real article text in boilerplate written here) is reported on its own row.
+
+
+def held_out(key: str) -> bool:
+    """The held-out half: a page (by its path) or a garbage family (by its name), chosen by a hash. Rules are tuned
+    on the other (dev) half only."""
+    return hashlib.blake2b(key.encode(), digest_size=8).digest()[0] % 2 == 1
+
+
+def _in_split(key: str, split: str) -> bool:
+    return split == "all" or held_out(key) == (split == "heldout")
+
+
+def _default_extractor() -> str:
+    from kiln.curation.readers.html import DEFAULT_EXTRACTOR
+
+    return DEFAULT_EXTRACTOR
+
+
+def page_text(html: str, english: bool = False) -> str | None:
+    """A page's main content as Kiln reads it; None when it has none (or, with `english`, when the page declares a
+    language other than English: the profiles here keep English, other languages are the multilingual set's)."""
+    from kiln.curation.readers.html import extract
+
+    found = extract(html)
+    if found is None or english and found.language and not found.language.startswith("en"):
+        return None
+    return found.text
+
+
+def web_pages(per_group: int, split: str) -> dict[str, list[str]]:
+    """Up to `per_group` pages of each package or book in the split (`dev`, `heldout` or `all`), as text, by
+    generator (`wrapped`: the wrapped set). A page is content when the region its generator marks as content has
+    MIN_WORDS words or more (fewer: a stub or a redirect by the page's own markup, neither clean nor garbage here);
+    pages that declare a language other than English (rust-by-example's translations) are left out."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import extraction_pages as ep
+
+    out: dict[str, list[str]] = defaultdict(list)
+    for source in ep.SOURCES:
+        n = 0
+        for page in ep.real_pages(source, 0, Counter()):  # lazily, in the page set's hash order
+            if n >= per_group:
+                break
+            if _in_split(page.path, split) and len(page.gold.split()) >= MIN_WORDS and \
+                    (text := page_text(page.html, english=True)):
+                out[source.set].append(text)
+                n += 1
+    wrapped = [p for p in ep.wrapped_pages(0) if _in_split(p.path, split)][:per_group * 4]
+    out["wrapped"] = [t for p in wrapped if (t := page_text(p.html))]
+    return dict(out)
+
+
 # ================================================================================================ garbage
 
 NAV_ITEMS = ("Home", "About", "About Us", "Contact", "Contact Us", "Blog", "News", "Products", "Services", "Pricing",
@@ -540,11 +616,181 @@ def minified_code(rng: random.Random, sentences: list[str], in_prose: bool = Tru
     return "\n\n".join(p for p in (before, code, after) if p)
 
 
+# ---- web-page garbage: repeated lines and stubs. Each is built from families (line pools, stub kinds) split by a hash
+# of the family's name into a dev half (what the rules were tuned on) and a held-out half (what is reported).
+
+FIRST = ("alex", "maria", "john", "li", "fatima", "sam", "olga", "pierre", "kenji", "ana", "david", "nina", "omar")
+CITIES = ("Boston", "Austin", "Denver", "Leeds", "Lyon", "Osaka", "Porto", "Perth", "Dublin", "Seattle", "Miami")
+MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December")
+DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+
+
+def _fill(rng: random.Random, template: str) -> str:
+    """A template's {placeholders} drawn afresh."""
+    topic = rng.choice(TOPIC)
+    values = {"t": topic, "T": topic.title(), "city": rng.choice(CITIES), "n": rng.randint(2, 99),
+              "user": rng.choice(FIRST) + rng.choice(("", "_", "")) + str(rng.randint(1, 9999)),
+              "name": rng.choice(FIRST).title(), "price": f"{rng.randint(3, 999)}.{rng.randint(0, 99):02d}",
+              "month": rng.choice(MONTHS), "day": rng.randint(1, 28), "year": rng.randint(2009, 2026),
+              "weekday": rng.choice(DAYS), "time": f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}",
+              "date": rng.choice((f"{rng.choice(MONTHS)} {rng.randint(1, 28)}, {rng.randint(2009, 2026)}",
+                                  f"{rng.randint(2009, 2026)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+                                  f"{rng.randint(1, 28)}/{rng.randint(1, 12)}/{rng.randint(2009, 2026)}")),
+              "site": rng.choice(DOMAINS), "Headline": _headline(rng), "temp": rng.randint(-10, 38),
+              "ray": "".join(rng.choice("0123456789abcdef") for _ in range(16))}
+    return template.format(**values)
+
+
+REPEATED_FAMILIES: dict[str, tuple[str, ...]] = {
+    "newsletter": ("Subscribe to our newsletter", "Get the latest {t} news delivered to your inbox.", "Sign up now",
+                   "No spam, unsubscribe at any time.", "Join {n},000 readers"),
+    "comments": ("{user} says:", "{date} at {time}", "Great post, thanks for sharing!", "Reply", "Nice article."),
+    "post_list": ("{Headline}", "Posted on {date} by admin", "Read more »", "{n} comments", "Filed under {T}"),
+    "products": ("Buy cheap {t} online", "Price: ${price}", "Add to cart", "Free shipping on orders over $50",
+                 "In stock - ships in {n} days", "Rated {n} out of 5"),
+    "server_log": ("{date} {time} INFO heartbeat ok", "{date} {time} DEBUG polling queue {t}",
+                   "{date} {time} WARN retrying connection to db ({n}/5)", "{date} {time} INFO request served"),
+    "seo_spam": ("best {t} in {city}", "cheap {t} {city}", "{t} near me", "top rated {t} {year}",
+                 "{t} deals {city} {year}"),
+    "loading": ("Loading...", "Please wait while the page loads.", "Retrying in {n} seconds", "Still loading"),
+    "calendar": ("{weekday}, {month} {day}", "No events scheduled", "View calendar", "Add to my calendar"),
+    "share_bar": ("Share on Facebook", "Share on Twitter", "Tweet", "Pin it", "Email this", "Print"),
+    "forum": ("Re: {Headline}", "Quote", "Posted by {user} » {date}", "Top", "Report this post"),
+    "php_errors": ("Warning: mysqli_connect(): (HY000/2002): Connection refused in /var/www/html/{t}.php on line {n}",
+                   "Notice: Undefined index: {t} in /var/www/html/index.php on line {n}",
+                   "Deprecated: Function create_function() is deprecated in /var/www/html/lib.php on line {n}"),
+    "weather": ("{city}: {temp}°C, partly cloudy", "Wind {n} km/h", "Humidity {n}%", "Updated {time}"),
+    "sentences": (),  # real sentences from the machine's prose, each repeated
+    "headlines": ("{Headline}", "{Headline}", "{Headline}"),
+}
+
+
+def repeated_lines(rng: random.Random, sentences: list[str], family: str) -> str:
+    """A page made of 2-6 distinct lines repeated 10-200 times, in order or shuffled, verbatim or with a counter,
+    a date or a name changing between repeats; sometimes under a title and over a footer."""
+    pool = REPEATED_FAMILIES[family] or tuple(rng.sample(sentences, 6))
+    k = rng.randint(2, min(6, len(pool)))
+    templates = rng.sample(pool, k)
+    repeats = int(round(10 * 20 ** rng.random()))  # 10-200, log-uniform
+    vary = rng.choice(("none", "fields", "counter", "date"))
+    fixed = [_fill(rng, t) for t in templates]
+    lines = []
+    for i in range(repeats):
+        block = [_fill(rng, t) for t in templates] if vary == "fields" else list(fixed)
+        if vary == "counter":
+            block[0] = rng.choice((f"{i + 1}. {block[0]}", f"{block[0]} ({i + 1})", f"#{i + 1} {block[0]}",
+                                   f"Page {i + 1} of {repeats}: {block[0]}"))
+        elif vary == "date":
+            block[0] = f"{_fill(rng, '{date}')} {block[0]}"
+        lines += block
+    if rng.random() < 0.3:
+        rng.shuffle(lines)
+    if rng.random() < 0.4:
+        lines.insert(0, _headline(rng))
+    if rng.random() < 0.3:
+        lines.append(f"© {rng.randint(2005, 2026)} {rng.choice(DOMAINS)}. {FOOTER[0]}")
+    return rng.choice(("\n", "\n\n")).join(lines)
+
+
+STUB_FAMILIES: dict[str, tuple[tuple[str, ...], ...]] = {  # variants, each a few lines
+    "not_found": (("404 Not Found", "The requested URL was not found on this server."),
+                  ("Page not found", "Sorry, the page you are looking for does not exist or has been moved.",
+                   "Go to homepage"),
+                  ("Oops! That page can’t be found.", "It looks like nothing was found at this location. "
+                   "Maybe try a search?"),),
+    "enable_js": (("You need to enable JavaScript to run this app.",),
+                  ("{T} | {site}", "JavaScript is disabled in your browser. Please enable JavaScript to view this "
+                   "site."),
+                  ("This site requires JavaScript.", "Please turn on JavaScript and reload the page."),),
+    "login_wall": (("Sign in", "Email", "Password", "Remember me", "Forgot your password?",
+                    "Don't have an account? Sign up"),
+                   ("Log in to continue to {site}", "Username or email address", "Password", "Log in",
+                    "New here? Create an account."),
+                   ("Members only", "You must be logged in to view this page.", "Log in | Register"),),
+    "parked_domain": (("{site}", "This domain is for sale!", "Buy this domain", "Related searches",
+                       "{T} Deals", "Cheap {T}", "{T} Online"),
+                      ("{site} is parked free, courtesy of a domain registrar.", "Get this domain"),
+                      ("The domain {site} may be for sale. Click here to inquire about this domain.",),),
+    "access_denied": (("403 Forbidden", "You don't have permission to access this resource."),
+                      ("Access Denied", "You don't have permission to access \"http://{site}/\" on this server.",
+                       "Reference #18.{ray}"),),
+    "bot_check": (("Checking your browser before accessing {site}.", "This process is automatic. Your browser will "
+                   "redirect to your requested content shortly.", "Please allow up to 5 seconds…",
+                   "Ray ID: {ray}"),
+                  ("Just a moment...", "Verify you are human by completing the action below.",
+                   "{site} needs to review the security of your connection before proceeding."),),
+    "coming_soon": (("Coming soon", "Our new website is under construction. Stay tuned!"),
+                    ("{T} Co.", "We're launching soon.", "Enter your email to be notified.", "Notify me"),),
+    "maintenance": (("We'll be back soon!", "Sorry for the inconvenience but we're performing some maintenance at "
+                     "the moment. We'll be back online shortly!", "— The Team"),
+                    ("Site under maintenance", "Please check back later."),),
+    "paywall": (("{Headline}", "Subscribe to continue reading.", "You have reached your limit of free articles "
+                 "this month."),
+                ("{Headline}", "This article is for subscribers only.", "Already a subscriber? Sign in"),),
+    "cookie_wall": (("We value your privacy", "We and our partners use cookies to store and access information on "
+                     "your device for personalised ads and content, ad and content measurement and audience "
+                     "insights.", "Accept all", "Reject all", "Manage preferences"),
+                    ("This website uses cookies to ensure you get the best experience.", "Got it!",
+                     "Learn more"),),
+    "age_gate": (("Are you 18 or older?", "You must be of legal age to enter this site.", "Yes", "No"),
+                 ("Please verify your age", "Enter your date of birth", "Month", "Day", "Year", "Enter"),),
+    "moved": (("Moved Permanently", "The document has moved here."),
+              ("Redirecting…", "If you are not redirected automatically, follow this link to the new page."),),
+    "server_error": (("500 Internal Server Error", "The server encountered an internal error or misconfiguration "
+                      "and was unable to complete your request.", "Apache/2.4.41 (Ubuntu) Server at {site} Port 80"),
+                     ("502 Bad Gateway", "nginx"),
+                     ("Service Unavailable", "The server is temporarily unable to service your request due to "
+                      "maintenance downtime or capacity problems. Please try again later."),),
+    "suspended": (("Account Suspended", "This account has been suspended.",
+                   "Contact your hosting provider for more information."),),
+    "default_page": (("Welcome to nginx!", "If you see this page, the nginx web server is successfully installed "
+                      "and working. Further configuration is required.", "Thank you for using nginx."),
+                     ("It works!",),
+                     ("Apache2 Debian Default Page", "It works!"),),
+    "empty_results": (("Search results for \"{t}\"", "No results found.", "Try different keywords."),
+                      ("Your cart is empty", "Continue shopping"),
+                      ("{T}", "There are no posts in this category yet."),),
+    "title_and_line": (("{Headline}", "@sentence"),
+                       ("{T} - {site}", "@sentence"),
+                       ("{Headline}", "{date}"),),
+    "media_only": (("{Headline}", "Watch later", "Share", "0:00 / {n}:{day}",
+                    "Your browser does not support the video tag."),
+                   ("{T} gallery", "Photo 1 of {n}", "Previous", "Next"),),
+}
+
+
+def stub(rng: random.Random, sentences: list[str], family: str) -> str:
+    """A very short page that is not content: an error, a wall (login, cookies, paywall, bot check, age), a parked
+    domain, a placeholder, or a title and one line; sometimes with a site name over it and a footer under it."""
+    lines = [rng.choice(sentences) if t == "@sentence" else _fill(rng, t)
+             for t in rng.choice(STUB_FAMILIES[family])]
+    if rng.random() < 0.3:
+        lines.insert(0, rng.choice(DOMAINS))
+    if rng.random() < 0.3:
+        lines.append(rng.choice((f"© {rng.randint(2005, 2026)} {rng.choice(DOMAINS)}", "Privacy Policy | Terms",
+                                 "Powered by WordPress", "Home")))
+    return "\n".join(lines)
+
+
+def family_documents(families: dict, make: Callable[..., str], n: int, rng: random.Random, sentences: list[str],
+                     split: str) -> list[str]:
+    """`n` documents from the families of the split, in turn."""
+    names = [f for f in sorted(families) if _in_split(f, split)]
+    return [make(rng, sentences, names[i % len(names)]) for i in range(n)]
+
+
+WEB = "web"  # the default profile for web pages (WARC and html sources), when the config has it
 GARBAGE: dict[str, tuple[tuple[str, ...], Callable[..., str]]] = {
-    "boilerplate": (("prose", "technical_docs"), boilerplate),
-    "char_soup": (("prose", "technical_docs", "legal", "code"), char_soup),
-    "encoded_blob": (("prose", "technical_docs", "legal", "code"), encoded_blob),
-    "minified_code": (("prose", "technical_docs", "code"), minified_code),
+    "boilerplate": ((WEB, "prose", "technical_docs"), boilerplate),
+    "char_soup": ((WEB, "prose", "technical_docs", "legal", "code"), char_soup),
+    "encoded_blob": ((WEB, "prose", "technical_docs", "legal", "code"), encoded_blob),
+    "minified_code": ((WEB, "prose", "technical_docs", "code"), minified_code),
+}
+# Web-page kinds, from families split into dev and held-out halves.
+WEB_GARBAGE: dict[str, tuple[tuple[str, ...], dict, Callable[..., str]]] = {
+    "repeated_lines": ((WEB, "prose", "technical_docs"), REPEATED_FAMILIES, repeated_lines),
+    "stub": ((WEB, "prose", "technical_docs"), STUB_FAMILIES, stub),
 }
 
 
@@ -556,17 +802,27 @@ def sentences_for_garbage() -> list[str]:
     return out
 
 
-def garbage_documents(per_cell: int, seed: int) -> Iterator[tuple[str, str, str]]:
-    """(kind, profile, text) for `per_cell` documents of each kind in each profile it turns up in."""
+def garbage_documents(per_cell: int, seed: int, per_web_cell: int = 0, split: str = "heldout",
+                      profiles: set[str] | None = None) -> Iterator[tuple[str, str, str]]:
+    """(kind, profile, text) for `per_cell` documents of each kind in each profile it turns up in (of `profiles`,
+    when given), and `per_web_cell` of each web-page kind from the families of `split`."""
     sentences = sentences_for_garbage()
-    for kind, (profiles, make) in GARBAGE.items():
-        for profile in profiles:
+    for kind, (kind_profiles, make) in GARBAGE.items():
+        for profile in kind_profiles:
+            if profiles is not None and profile not in profiles:
+                continue
             rng = random.Random(f"{seed}/{kind}/{profile}")
             for _ in range(per_cell):
                 if kind == "minified_code":
                     yield kind, profile, make(rng, sentences, in_prose=profile != "code")
                 else:
                     yield kind, profile, make(rng, sentences)
+    for kind, (kind_profiles, families, make) in WEB_GARBAGE.items():
+        for profile in kind_profiles:
+            if profiles is None or profile in profiles:
+                rng = random.Random(f"{seed}/{kind}/{profile}/{split}")
+                for text in family_documents(families, make, per_web_cell, rng, sentences, split):
+                    yield kind, profile, text
 
 
 MIN_WORDS = 30  # a clean document has at least this many words: shorter ones are the length rules' business
@@ -600,25 +856,47 @@ def run(docs: list[str], steps: list, label: str) -> list[str | None]:
     return out
 
 
+def _top(reasons: list[str | None], n: int = 3) -> str:
+    return ", ".join(f"{r} {c}" for r, c in Counter(r for r in reasons if r).most_common(n))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=os.environ.get("KILN_CONFIG", "configs/default.yaml"))
     ap.add_argument("--per-source", type=int, default=400, help="clean documents per source (at most)")
     ap.add_argument("--per-cell", type=int, default=150, help="garbage documents per kind and profile")
+    ap.add_argument("--per-web-cell", type=int, default=400,
+                    help="documents per web-page garbage kind (repeated lines, stubs) and profile")
+    ap.add_argument("--per-group", type=int, default=40,
+                    help="clean web pages per package or book (at most; the wrapped set: 4 times as many)")
+    ap.add_argument("--split", choices=("heldout", "dev", "all"), default="heldout",
+                    help="which half of the web pages and web-page garbage families (tune on dev only)")
+    ap.add_argument("--web-profile", default=None,
+                    help=f"the profile web pages get (default: '{WEB}' if the config has it, else 'prose')")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--without", action="append", default=[], help="leave this step out of every profile")
     args = ap.parse_args()
     config = load_config(args.config)
     profiles = build_profiles(config, set(args.without))
+    web = args.web_profile or (WEB if WEB in profiles else "prose")
+    if web not in profiles:
+        ap.error(f"--web-profile {web!r} is not a profile of {args.config}; it has {', '.join(profiles)}")
 
     t0 = time.perf_counter()
     clean = list(clean_documents(args.per_source, args.seed))
+    pages = web_pages(args.per_group, args.split)
     garbage: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for kind, profile, text in garbage_documents(args.per_cell, args.seed):
+    for kind, profile, text in garbage_documents(args.per_cell, args.seed, args.per_web_cell, args.split,
+                                                 set(profiles)):
         garbage[kind, profile].append(text)
-    n_docs = sum(len(t) for *_, t in clean) + sum(map(len, garbage.values()))
+    n_docs = sum(len(t) for *_, t in clean) + sum(map(len, garbage.values())) + sum(map(len, pages.values()))
     print(f"corpus: {n_docs:,} documents assembled in {time.perf_counter() - t0:.1f}s "
-          f"(profiles from {args.config}{'; without ' + ', '.join(args.without) if args.without else ''})\n")
+          f"(profiles from {args.config}{'; without ' + ', '.join(args.without) if args.without else ''})")
+    print(f"web pages and web-page garbage families: the {args.split} half "
+          f"({'held out: no rule was tuned on it' if args.split == 'heldout' else 'rules may be tuned on it'}); "
+          f"web pages are run through '{web}' (the default profile for web pages) and, for comparison, "
+          f"'technical_docs' and 'prose'; pages turned into text by Kiln's main-content extraction "
+          f"(kiln.curation.readers.html.extract, its default extractor: {_default_extractor()})\n")
 
     t0, failed = time.perf_counter(), []
     print(f"{'garbage kind':<15}{'profile':<16}{'docs':>6}{'caught':>9}   top reasons")
@@ -627,10 +905,13 @@ def main() -> int:
     for (kind, profile), texts in garbage.items():
         reasons = run(texts, profiles[profile], f"{kind}/{profile}")
         caught = sum(r is not None for r in reasons)
+        if kind in WEB_GARBAGE and profile != web:  # the other profiles' figures on web garbage are for comparison
+            rows.append(f"{kind:<15}{profile:<16}{len(texts):>6}{caught / len(texts):>9.1%}   {_top(reasons)}"
+                        "   (comparison)")
+            continue
         by_kind[kind][0] += caught
         by_kind[kind][1] += len(texts)
-        top = ", ".join(f"{r} {c}" for r, c in Counter(r for r in reasons if r).most_common(3))
-        rows.append(f"{kind:<15}{profile:<16}{len(texts):>6}{caught / len(texts):>9.1%}   {top}")
+        rows.append(f"{kind:<15}{profile:<16}{len(texts):>6}{caught / len(texts):>9.1%}   {_top(reasons)}")
     print("\n".join(rows))
     for kind, (caught, total) in by_kind.items():
         ok = caught / total >= MIN_CATCH
@@ -638,26 +919,50 @@ def main() -> int:
         print(f"{kind:<15}{'all':<16}{total:>6}{caught / total:>9.1%}   {'ok' if ok else 'BELOW 99%'}")
 
     print(f"\n{'clean source':<18}{'profile':<16}{'docs':>6}{'lost':>8}{'garbage.*':>11}   top reasons")
-    n_clean = 0
     for source, profile, texts in clean:
         if not texts:
             print(f"{source:<18}{profile:<16}{0:>6}      -    (nothing on this machine)")
             continue
         reasons = run(texts, profiles[profile], source)
         lost = sum(r is not None for r in reasons)
-        n_clean += len(texts)
         ok = lost / len(texts) <= MAX_LOSS
         failed += [] if ok else [f"{source} lost {lost / len(texts):.1%}"]
-        top = ", ".join(f"{r} {c}" for r, c in Counter(r for r in reasons if r).most_common(3))
         ours = sum(r is not None and r.startswith("garbage.") for r in reasons)
-        print(f"{source:<18}{profile:<16}{len(texts):>6}{lost / len(texts):>8.1%}{ours / len(texts):>11.1%}   {top}"
-              f"{'' if ok else '  OVER 10%'}")
+        print(f"{source:<18}{profile:<16}{len(texts):>6}{lost / len(texts):>8.1%}{ours / len(texts):>11.1%}   "
+              f"{_top(reasons)}{'' if ok else '  OVER 10%'}")
+
+    print(f"\n{'web pages':<18}{'profile':<16}{'docs':>6}{'lost':>8}{'garbage.*':>11}   top reasons "
+          f"({args.split} half)")
+    for profile in dict.fromkeys((web, "technical_docs", "prose")):
+        if profile not in profiles:
+            continue
+        everything: list[str | None] = []
+        for site, texts in pages.items():
+            if not texts:
+                print(f"{site:<18}{profile:<16}{0:>6}      -    (nothing on this machine)")
+                continue
+            reasons = run(texts, profiles[profile], f"web/{site}")
+            everything += reasons if site != "wrapped" else []  # the goal is on pages nobody here wrote
+            lost = sum(r is not None for r in reasons)
+            ours = sum(r is not None and r.startswith("garbage.") for r in reasons)
+            print(f"{site:<18}{profile:<16}{len(texts):>6}{lost / len(texts):>8.1%}{ours / len(texts):>11.1%}   "
+                  f"{_top(reasons)}")
+        lost = sum(r is not None for r in everything)
+        ok = lost / max(len(everything), 1) <= MAX_LOSS
+        label = "real web pages"
+        if profile == web:
+            failed += [] if ok else [f"web pages lost {lost / max(len(everything), 1):.1%} in '{web}'"]
+        ours = sum(r is not None and r.startswith("garbage.") for r in everything)
+        print(f"{label:<18}{profile:<16}{len(everything):>6}{lost / max(len(everything), 1):>8.1%}"
+              f"{ours / max(len(everything), 1):>11.1%}   {_top(everything)}"
+              f"{'' if profile != web else '   ok' if ok else '   OVER 10%'}\n")
     dt = time.perf_counter() - t0
-    print(f"\n{n_docs:,} documents through their profiles in {dt:.1f}s: {n_docs / dt:,.0f} docs/s on one core")
+    print(f"{n_docs:,} documents through their profiles in {dt:.1f}s: {n_docs / dt:,.0f} docs/s on one core")
     if failed:
         print("FAILED: " + "; ".join(failed))
         return 1
-    print(f"ok: every garbage kind caught >= {MIN_CATCH:.0%}, every clean source lost <= {MAX_LOSS:.0%}")
+    print(f"ok: every garbage kind caught >= {MIN_CATCH:.0%} (web-page kinds in '{web}'), every clean source and "
+          f"the web pages in '{web}' lost <= {MAX_LOSS:.0%}")
     return 0
 
 

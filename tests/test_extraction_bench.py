@@ -1,0 +1,104 @@
+"""The extraction benchmark's scorer and gold-region finder (bench/extraction_bench.py, bench/extraction_pages.py),
+on hand-worked cases: the figures it prints rest on these two."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load("extraction_bench")
+pages = _load("extraction_pages")
+
+
+def test_bag_of_words_scores_a_hand_worked_case():
+    gold, out = Counter(pages.words("a b c d")), Counter(pages.words("A b x"))
+    tp = bench.overlap(gold, out)
+    assert tp == 2  # a, b (lowercased)
+    p, r, f = bench.prf(tp, sum(out.values()), sum(gold.values()))
+    assert p == pytest.approx(2 / 3) and r == pytest.approx(2 / 4)
+    assert f == pytest.approx(2 * (2 / 3) * (1 / 2) / (2 / 3 + 1 / 2))  # 4/7
+
+
+def test_overlap_counts_repeated_words_once_per_occurrence():
+    # multiset: gold has "the" 3 times, output 5 times -> 3 match, 2 are extra
+    gold, out = Counter(pages.words("the cat the dog the end")), Counter(pages.words("the the the the the cat"))
+    assert bench.overlap(gold, out) == 4
+    p, r, _ = bench.prf(4, 6, 6)
+    assert (p, r) == (pytest.approx(4 / 6), pytest.approx(4 / 6))
+
+
+def test_no_output_is_recall_zero_and_no_precision():
+    assert bench.prf(0, 0, 10) == (None, 0.0, 0.0)
+
+
+def test_tokens_are_lowercased_word_runs():
+    assert pages.words("Don't re-use os.path¶ — «Straße» 3.11") == \
+        ["don", "t", "re", "use", "os", "path", "straße", "3", "11"]
+
+
+SPHINX_PAGE = """<!DOCTYPE html><html><head><title>json — JSON encoder</title><script>var x = "hidden words";</script>
+</head><body>
+<div class="related" role="navigation"><h3>Navigation</h3><ul><li><a href="genindex.html">index</a></li>
+<li><a href="modules.html">modules</a></li></ul></div>
+<div class="document"><div class="documentwrapper"><div class="bodywrapper">
+<div class="body" role="main">
+<section id="json"><h1>json<a class="headerlink" href="#json">¶</a></h1>
+<p>Encode<em>s</em> objects.</p><p>Second</p><div style="display: none">invisible</div>
+<pre>json.dumps(obj)</pre>
+<div class="prev-next-area"><a href="a.html">previous page</a></div>
+</section></div></div></div>
+<div class="sphinxsidebar" role="navigation"><h3>Table of Contents</h3><ul><li>json module</li></ul>
+<div id="searchbox" style="display: none">Quick search</div></div></div>
+<div class="footer">© Copyright 2001 Python Software Foundation.</div>
+</body></html>"""
+
+
+def test_sphinx_gold_is_the_main_region_text():
+    marker, gold, inside, outside = pages.gold_of(SPHINX_PAGE, pages.sphinx_gold)
+    assert marker == "role=main"
+    # headerlink ¶ is no word; <em> inline keeps "Encodes" whole; blocks split "objects." from "Second";
+    # display:none and the theme's prev/next bar are left out
+    assert pages.words(gold) == ["json", "encodes", "objects", "second", "json", "dumps", "obj"]
+    assert inside["code"] == Counter({"json": 1, "dumps": 1, "obj": 1})
+    assert inside["heading"] == Counter({"json": 1})
+    # outside the gold: Sphinx's div.related bar and the prev/next bar, the sidebar, the footer (the hidden search
+    # box and the <head> script not at all)
+    assert outside == {"related": Counter(pages.words("Navigation index modules previous page")),
+                       "sidebar": Counter(pages.words("Table of Contents json module")),
+                       "footer": Counter(pages.words("© Copyright 2001 Python Software Foundation."))}
+
+
+def test_sphinx_markers_by_theme():
+    rtd = ('<html><body><div role="main" class="document"><div role="navigation">Docs » json</div>'
+           '<div itemprop="articleBody"><p>Body text here</p></div></div></body></html>')
+    django = ('<html><body><div id="hd">Django documentation</div><div id="yui-main"><p>Topic body</p></div>'
+              '<div id="sidebar">Contents</div></body></html>')
+    none = "<html><body><p>No marker at all</p></body></html>"
+    assert pages.gold_of(rtd, pages.sphinx_gold)[:2] == ("itemprop=articleBody", "Body text here")
+    assert pages.gold_of(django, pages.sphinx_gold)[:2] == ("div#yui-main", "Topic body")
+    assert pages.gold_of(none, pages.sphinx_gold) is None
+
+
+def test_texi2html_navigation_tables_are_not_gold():
+    page = ('<html><body><table cellpadding="1"><tr><td>[<a href="a.html"> &lt;&lt; </a>]</td><td> &nbsp; </td>'
+            '<td>[<a href="t.html">Top</a>]</td></tr></table><hr><h1>5. Templates</h1><p>Text of the chapter.</p>'
+            '<table><tr><td>cell one</td><td>cell two</td></tr></table>'
+            '<p><font size="-2">This document was generated by me using texi2html</font></p></body></html>')
+    marker, gold, _, _ = pages.gold_of(page, pages.texinfo_gold)
+    assert marker.startswith("texi2html")
+    assert gold.split("\n") == ["5. Templates", "Text of the chapter.", "cell one", "cell two"]
