@@ -216,9 +216,12 @@ def _batch_counts(texts: list[str], chunk_chars: int = 1 << 22) -> list[_BatchCo
     """_WordCounts of every text, in numpy over code points, a chunk of about `chunk_chars` characters at a time."""
     counts = [counts for chunk in ts.chunks(texts, chunk_chars) for counts in _count_chunk(chunk)]
     # A text with no-space-script characters or combining marks: text_units splits it otherwise, count its tokens.
-    fields = _BatchCounts.__annotations__
-    return [c if plain(t) else _BatchCounts(*(getattr(_WordCounts(t, sys.maxsize), k) for k in fields))
-            for t, c in zip(texts, counts)]
+    return [c if plain(t) else _per_document_counts(t) for t, c in zip(texts, counts)]
+
+
+def _per_document_counts(text: str) -> _BatchCounts:
+    counted = _WordCounts(text, sys.maxsize)  # once: each field reads the same tokens
+    return _BatchCounts(*(getattr(counted, k) for k in _BatchCounts.__annotations__))
 
 
 def _count_chunk(texts: list[str]) -> list[_BatchCounts]:
