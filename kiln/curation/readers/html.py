@@ -25,8 +25,8 @@ from kiln.common.config.curation import HtmlExtractor, HtmlReading
 # trafilatura logs every page it finds nothing in at ERROR, with its URL: the quarantine counts those pages instead
 logging.getLogger("trafilatura").setLevel(logging.CRITICAL)
 
-EXTRACTORS: tuple[str, ...] = HtmlExtractor.__args__  # trafilatura, resiliparse, visible_text
-# reading.html.extractor's default, chosen by measurement on Python's Sphinx pages (see docs/curation.md)
+EXTRACTORS: tuple[str, ...] = HtmlExtractor.__args__  # resiliparse, trafilatura, visible_text
+# reading.html.extractor's default, chosen by bench/extraction_bench.py (docs/curation.md)
 DEFAULT_EXTRACTOR = HtmlReading().extractor
 
 
@@ -50,11 +50,14 @@ def extract(html: str, extractor: str = DEFAULT_EXTRACTOR, url: str | None = Non
     markup a parser rejects outright; readers quarantine that as malformed_html."""
     if extractor not in EXTRACTORS:
         raise ValueError(f"unknown HTML extractor {extractor!r}; use one of {', '.join(EXTRACTORS)}")
-    head = _head(html, url)
+    from resiliparse.parse.html import HTMLTree
+
+    tree = HTMLTree.parse(html)  # parsed once: the metadata, then resiliparse's extraction, read the same tree
+    head = _head(tree, url)
     if extractor == "trafilatura":
         text = _trafilatura(html, url)
     elif extractor == "resiliparse":
-        text = _resiliparse(html)
+        text = _resiliparse(tree)
     else:
         text = html_to_text(html)
     text = _tidy(text)
@@ -103,7 +106,7 @@ def _unwrapped(body):
     return body
 
 
-def _resiliparse(html: str) -> str:
+def _resiliparse(html) -> str:
     from resiliparse.extract.html2text import extract_plain_text
 
     # main_content: its boilerplate heuristics (nav, header, footer, sidebars, comments, share buttons);
@@ -163,12 +166,10 @@ _DATE_META = ('meta[property="article:published_time"]', 'meta[property="og:publ
 _ISO_DATE = re.compile(r"\s*(\d{4})-(\d{2})-(\d{2})")
 
 
-def _head(html: str, url: str | None) -> dict:
-    """Title, declared date, <html lang> and canonical URL, read with lexbor (resiliparse's parser): the same for
-    every extractor, and ~1,000 pages/s, against ~20 for trafilatura's own metadata."""
-    from resiliparse.parse.html import HTMLTree
-
-    document = HTMLTree.parse(html).document
+def _head(tree, url: str | None) -> dict:
+    """Title, declared date, <html lang> and canonical URL, read from lexbor's tree (resiliparse's parser): the same
+    for every extractor, and ~1,000 pages/s, against ~20 for trafilatura's own metadata."""
+    document = tree.document
     title = document.query_selector("title")
     canonical = document.query_selector('link[rel="canonical"]')
     root = document.query_selector("html")
