@@ -34,7 +34,7 @@ from kiln.curation.filters.language import LanguageFilter
 from kiln.curation.filters.registry import build_step, unwrapped
 from kiln.curation.pii.fields import redact_fields, step_redactor
 from kiln.curation.pii.redaction import PiiRedaction
-from kiln.curation.readers import Quarantined, SourceFile, quarantine, read_source
+from kiln.curation.readers import Quarantined, SourceFile, one_document_per_file, quarantine, read_source
 from kiln.curation.readers.paths import expand
 from kiln.engine import SERIAL, Engine
 
@@ -152,6 +152,26 @@ def _first_ids(task: _FirstIdTask) -> StageStats:
     return stats
 
 
+def _read_units(source: Source, files: list[SourceFile], files_per_unit: int) -> list[tuple[SourceFile, ...]]:
+    """Files in order, one per unit, except runs of one-document files (text, html): `files_per_unit` per unit."""
+    units: list[tuple[SourceFile, ...]] = []
+    run: list[SourceFile] = []
+    for f in files:
+        if one_document_per_file(source, f):
+            run.append(f)
+            if len(run) == files_per_unit:
+                units.append(tuple(run))
+                run = []
+            continue
+        if run:
+            units.append(tuple(run))
+            run = []
+        units.append((f,))
+    if run:
+        units.append(tuple(run))
+    return units
+
+
 def ingest(source: Source, reading: Reading, writer: DatasetWriter, engine: Engine = SERIAL, progress: bool = True,
            examples_per_reason: int = 3, files: list[SourceFile] | None = None, namespace: str = "",
            rejected_text: RejectedText = "none") -> StageStats:
@@ -159,9 +179,11 @@ def ingest(source: Source, reading: Reading, writer: DatasetWriter, engine: Engi
     `reading.rows_per_part` rows; quarantine what is unreadable, and every repeat of a doc id (the first in file
     order stays).
 
-    One engine task per file, writing parts named by (file, part); a doc id repeated anywhere is then found by the
-    exact-dedup shuffle on doc ids, never by one process holding every id. A builtin corpus, and a source capped by
-    `max_documents` (the cap counts across its files in order), are read by one task.
+    One engine task per file, writing parts named by (task, part); a doc id repeated anywhere is then found by the
+    exact-dedup shuffle on doc ids, never by one process holding every id. Files of one document (`text`, `html`)
+    go `reading.rows_per_part` consecutive files to a task: a site of 100,000 pages is 200 tasks and parts at 500,
+    not 100,000 tiny ones. A builtin corpus, and a source capped by `max_documents` (the cap counts across its
+    files in order), are read by one task.
 
     A quarantined record keeps a PII-redacted excerpt and its hash (`quarantine`); its removal example shows an
     excerpt only as `rejected_text` allows (kiln.common.removals)."""
@@ -171,7 +193,7 @@ def ingest(source: Source, reading: Reading, writer: DatasetWriter, engine: Engi
     if files is None or source.max_documents is not None or len(files) <= 1:
         units = [None if files is None else tuple(files)]
     else:
-        units = [(f,) for f in files]
+        units = _read_units(source, files, reading.rows_per_part)
     final = len(units) == 1
     out_dir = writer.dir if final else writer.scratch("read")
     tasks = [_ReadTask(source.model_dump_json(), reading.model_dump_json(), unit, namespace, i, str(out_dir), final,

@@ -56,6 +56,14 @@ def _read_files(source: Source, reading: Reading, files: list[SourceFile]) -> It
         yield from FORMAT_READERS[kind](f, source, reading)
 
 
+# Kinds whose file is one document: `ingest` reads many of them per task.
+ONE_DOCUMENT_KINDS = frozenset({"text", "html"})
+
+
+def one_document_per_file(source: Source, f: SourceFile) -> bool:
+    return (source.kind if source.kind != "builtin" else _kind_of(f.uri)) in ONE_DOCUMENT_KINDS
+
+
 def _kind_of(uri: str) -> str | None:
     name = uri.rsplit("/", 1)[-1].lower().removesuffix(".gz").removesuffix(".zst")
     return next((k for ext, k in EXTENSION_KINDS.items() if name.endswith(ext)), None)
@@ -69,4 +77,4 @@ def _namespaced(record: Document | Quarantined, namespace: str) -> Document | Qu
                                meta={**record.meta, "locator": locator})
 
 
-__all__ = ["Quarantined", "SourceFile", "quarantine", "read_source"]
+__all__ = ["Quarantined", "SourceFile", "one_document_per_file", "quarantine", "read_source"]

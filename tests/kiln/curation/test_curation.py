@@ -13,6 +13,7 @@ from kiln.common.config import parse_config
 from kiln.common.storage import Store
 from kiln.curation.exact_dedup import HashSource, exact_dedup
 from kiln.curation.pipeline import content_hash, filter_documents, ingest, profile_steps
+from kiln.curation.readers import read_source
 from kiln.engine import SERIAL, ProcessPool
 from tests.conftest import CLEAN_PROSE, SERIAL_ENGINE, prose, write_jsonl
 
@@ -345,3 +346,23 @@ def test_a_capped_source_is_read_by_one_task_across_its_files(tmp_path):
     assert stats.docs_out == 4
     assert [json.loads(m)["locator"] for m in store.read_table("raw", "src").column("meta").to_pylist()] == [
         "id:0", "id:1", "id:2", "id:3"]
+
+
+def test_files_of_one_document_are_read_many_to_a_task(tmp_path):
+    """A folder of 7 text files at rows_per_part 3 is 3 read tasks (3 + 3 + 1 files) and 3 parts, not 7; the
+    documents, in file order, are those one sequential reader gives, on every engine."""
+    for i in range(7):
+        (tmp_path / "site").mkdir(exist_ok=True)
+        (tmp_path / "site" / f"page-{i}.txt").write_text(f"page {i}: {prose(i)}", encoding="utf-8")
+    config = parse_config({"sources": [{"name": "site", "kind": "text", "path": str(tmp_path / "site"),
+                                        "license": "CC-BY", "domain": "web", "profile": "p"}],
+                           "profiles": {"p": []}, "reading": {"rows_per_part": 3}, "engine": SERIAL_ENGINE})
+    sequential = [d.text for d in read_source(config.sources[0], config.reading)]
+    for k, engine in enumerate([SERIAL, ProcessPool(2)]):
+        store = Store(tmp_path / f"store-{k}")
+        with store.staging("raw", "site") as w:
+            stats = ingest(config.sources[0], config.reading, w, engine, progress=False)
+            w.commit(code_version="t", config={}, inputs={}, counts={}, stats=stats.to_dict())
+        assert store.read_table("raw", "site").column("text").to_pylist() == sequential
+        assert sorted(p.name for p in (store.root / "raw" / "site").glob("part-*.parquet")) == [
+            "part-00000-00000.parquet", "part-00001-00000.parquet", "part-00002-00000.parquet"]
