@@ -5,10 +5,18 @@ The copy kept is the one from the best quality tier (earlier refreshes are tier 
 shards), then the source listed first, then the earliest document (part, then row) in that source. No process
 holds the corpus's hashes; three rounds of part-sized tasks on the engine:
 
-1. scatter: each input part's (doc_id, content_hash) rows go to hash buckets (files under `scratch`);
-2. decide: each bucket, sorted by (hash, tier, source, part, row), names the duplicates and the copy kept, written
-   back per input part;
+1. scatter: each input part's (doc_id, content_hash) rows go to hash buckets (one shuffle file per part, under
+   `scratch/scatter`);
+2. decide: each bucket, sorted by (hash, tier, source, part, row), names the duplicates and the copy kept, shuffled
+   back by input part (one file per bucket, under `scratch/decided`);
 3. apply: each part of the partition being curated splits into kept documents and rejected duplicates.
+
+The shuffles are `kiln.dedup.shuffle`'s: one file per task (Arrow IPC segments and an offsets footer), written
+under a temporary name and renamed, not flushed to disk; parts + buckets files in all, where a file per (part,
+bucket) made 10,003 fsynced files at 1M documents. A reader lists only renamed files; a SIGKILLed writer leaves only
+a temporary name, which the retried task rewrites. A task's file is its completion mark (every task writes one,
+even with no rows): a run resumed after a crash skips the tasks whose file is whole (`is_whole`: its footer
+matches its size, which also turns away a file a power loss emptied) and redoes the others.
 
 Rounds 1 and 2 serve every source of the refresh: they run once, in a scratch folder the sources' runs share.
 Decisions depend only on the hash and the order above, so the bucket count and the engine never change them.
@@ -23,6 +31,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -32,11 +41,14 @@ from kiln.common.removals import RejectedText, example_excerpt, rejected_row
 from kiln.common.stats import StageStats
 from kiln.common.storage import lock_then_remove, resume_part, write_parquet_atomic
 from kiln.curation.documents import REJECTED_SCHEMA
+from kiln.dedup.shuffle import SHUFFLE, is_whole, partitions_of, read_segments, write_partitioned
 from kiln.engine import SERIAL, Engine
 
 DEDUP_STAGE = "exact_dedup"
 DUPLICATE = f"{DEDUP_STAGE}.duplicate"
 ROWS_PER_BUCKET = 500_000  # a bucket is sorted in one task: this bounds its memory (~100 MB)
+SCATTER, DECIDED = "scatter", "decided"  # the two shuffles' folders under the scratch folder
+DUPLICATE_SCHEMA = pa.schema([pa.field("row", pa.int64()), pa.field("duplicate_of", pa.string())])
 
 
 @dataclass(frozen=True)
@@ -65,12 +77,23 @@ class _Decide:
     bucket: int
     scratch: str
     key: str
+    starts: tuple[int, ...]  # each source's first part in the numbering of all parts (the decide shuffle's partitions)
+    writers: int  # scatter files expected: one per part
+
+
+@dataclass(frozen=True)
+class DuplicateRows:
+    """Where one part's decisions lie: partition `partition` of the decide shuffle, written by `buckets` tasks."""
+
+    folder: str
+    partition: int
+    buckets: int
 
 
 @dataclass(frozen=True)
 class _Apply:
     input_path: str
-    duplicates_dir: str
+    duplicates: DuplicateRows | None  # None: dedup disabled
     kept_path: str
     rejected_path: str
     examples_per_reason: int
@@ -81,82 +104,120 @@ def _part_key(source: int, part: int) -> str:
     return f"{source:05d}-{part:06d}"
 
 
-def _bucket_of(hashes: pa.ChunkedArray, buckets: int) -> list[int]:  # hex digests: their head is uniform
-    return [int(h[:8], 16) % buckets for h in hashes.to_pylist()]
+def _bucket_of(hashes: pa.ChunkedArray, buckets: int) -> np.ndarray:  # hex digests: their head is uniform
+    return np.array([int(h[:8], 16) % buckets for h in hashes.to_pylist()], np.int64)
+
+
+def _done(path: Path) -> bool:
+    """A task's one shuffle file is its completion mark: renamed into place only when whole (`kiln.dedup.shuffle`);
+    the footer check also turns away a file that a power loss left empty or short (it is not flushed to disk)."""
+    return is_whole(path)
 
 
 def _scatter(task: _Scatter) -> int:
-    marker = Path(task.scratch) / f"scatter-{_part_key(task.source, task.part)}"
-    return resume_part(marker, lambda: {"rows": _scatter_part(task)})["rows"]
-
-
-def _scatter_part(task: _Scatter) -> int:
+    """Round 1: this part's (doc_id, key, tier, source, part, row) rows, to their hash buckets: one shuffle file."""
+    name = _part_key(task.source, task.part)
+    if _done(Path(task.scratch) / SCATTER / f"{name}{SHUFFLE}"):
+        return -1  # an earlier attempt finished it
     table = pq.read_table(task.path, columns=list(dict.fromkeys(["doc_id", task.key])))
     n = table.num_rows
     table = table.append_column("tier", pa.array([task.tier] * n, pa.int32())).append_column(
         "source", pa.array([task.source] * n, pa.int32())).append_column(
         "part", pa.array([task.part] * n, pa.int32())).append_column("row", pa.array(range(n), pa.int64()))
-    bucket = pa.array(_bucket_of(table.column(task.key), task.buckets), pa.int32())
-    for b in pc.unique(bucket).to_pylist():
-        folder = Path(task.scratch) / f"bucket-{b:05d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        write_parquet_atomic(folder / f"{_part_key(task.source, task.part)}.parquet",
-                             table.filter(pc.equal(bucket, b)))
+    write_partitioned(Path(task.scratch) / SCATTER, name, table, _bucket_of(table.column(task.key), task.buckets),
+                      task.buckets, keep_empty=True)
     return n
 
 
 def _decide(task: _Decide) -> int:
-    """Sort one bucket and write, per input part, its duplicates and the doc_id kept instead."""
-    marker = Path(task.scratch) / f"decide-{task.bucket:05d}"
-    return resume_part(marker, lambda: {"duplicates": _decide_bucket(task)})["duplicates"]
+    """Round 2: sort one bucket and write its duplicates and the doc_id kept instead, partitioned by input part:
+    one shuffle file."""
+    scratch = Path(task.scratch)
+    if _done(scratch / DECIDED / f"{task.bucket:05d}{SHUFFLE}"):
+        return -1
+    found = len(list(_shuffle_files(scratch / SCATTER)))
+    if found != task.writers:
+        raise RuntimeError(f"exact dedup shuffle {scratch}: {found} of {task.writers} scatter files; "
+                           "delete the folder and re-run")
+    tables = [t for _, t in read_segments(scratch / SCATTER, task.bucket)]
+    dups = _duplicates(pa.concat_tables(tables), task.key) if tables else None
+    if dups is None or dups.num_rows == 0:
+        dups, part_of = DUPLICATE_SCHEMA.empty_table(), np.empty(0, np.int64)
+    else:
+        starts = np.array(task.starts, np.int64)
+        part_of = starts[dups.column("source").to_numpy()] + dups.column("part").to_numpy()
+        dups = dups.select(DUPLICATE_SCHEMA.names).cast(DUPLICATE_SCHEMA)
+    write_partitioned(scratch / DECIDED, f"{task.bucket:05d}", dups, part_of, task.starts[-1], keep_empty=True)
+    return dups.num_rows
 
 
-def _decide_bucket(task: _Decide) -> int:
-    folder = Path(task.scratch) / f"bucket-{task.bucket:05d}"
-    if not folder.is_dir():
-        return 0
-    table = pa.concat_tables([pq.read_table(p) for p in sorted(folder.glob("*.parquet"))])
-    table = table.sort_by([(task.key, "ascending"), ("tier", "ascending"), ("source", "ascending"),
+def _duplicates(table: pa.Table, key: str) -> pa.Table:
+    """A bucket's rows that repeat an earlier row's key, in (key, tier, source, part, row) order, each with the
+    doc_id of its group's first row."""
+    table = table.sort_by([(key, "ascending"), ("tier", "ascending"), ("source", "ascending"),
                            ("part", "ascending"), ("row", "ascending")])
-    hashes, ids = table.column(task.key).to_pylist(), table.column("doc_id").to_pylist()
+    hashes, ids = table.column(key).to_pylist(), table.column("doc_id").to_pylist()
     kept_of, is_dup, previous, first = [], [], None, None
     for h, doc_id in zip(hashes, ids):
         is_dup.append(h == previous)  # every row of a group but its first
         if h != previous:
             previous, first = h, doc_id
         kept_of.append(first)
-    dups = table.append_column("duplicate_of", pa.array(kept_of, pa.string())).filter(pa.array(is_dup, pa.bool_()))
-    for source, part in {(s, p) for s, p in zip(dups.column("source").to_pylist(), dups.column("part").to_pylist())}:
-        mine = dups.filter(pc.and_(pc.equal(dups.column("source"), source), pc.equal(dups.column("part"), part)))
-        folder = Path(task.scratch) / "duplicates" / _part_key(source, part)
-        folder.mkdir(parents=True, exist_ok=True)
-        write_parquet_atomic(folder / f"bucket-{task.bucket:05d}.parquet", mine.select(["row", "duplicate_of"]))
-    return dups.num_rows
+    return table.append_column("duplicate_of", pa.array(kept_of, pa.string())).filter(pa.array(is_dup, pa.bool_()))
+
+
+def _shuffle_files(folder: Path):
+    return folder.glob(f"*{SHUFFLE}") if folder.is_dir() else iter(())
+
+
+def _layout(sources: list[HashSource], scratch: Path) -> tuple[tuple[int, ...], int]:
+    """Each source's first part in the numbering of all parts (and their total, last), and the bucket count: from
+    a whole scatter file's footer when an earlier target or attempt wrote one (no need to read every part's
+    metadata again), else from the row count."""
+    starts = [0]
+    for s in sources:
+        starts.append(starts[-1] + len(s.parts))
+    for path in _shuffle_files(scratch / SCATTER):
+        if is_whole(path):
+            return tuple(starts), partitions_of(path)
+    rows = sum(pq.ParquetFile(p).metadata.num_rows for s in sources for p in s.parts)
+    return tuple(starts), max(1, math.ceil(rows / ROWS_PER_BUCKET))
 
 
 def find_duplicates(sources: list[HashSource], scratch: Path, engine: Engine, key: str = "content_hash",
-                    progress: bool = True, label: str = "exact dedup") -> None:
-    """Rounds 1 and 2 (scatter, decide) over every part of `sources`: afterwards `duplicates_in` names, for each
-    part, its rows that repeat an earlier row's `key` and the doc_id of the row kept."""
-    rows = sum(pq.ParquetFile(p).metadata.num_rows for s in sources for p in s.parts)
-    buckets = max(1, math.ceil(rows / ROWS_PER_BUCKET))
+                    progress: bool = True, label: str = "exact dedup") -> list[list[DuplicateRows]]:
+    """Rounds 1 and 2 (scatter, decide) over every part of `sources`. Returns, per source and part, where
+    `duplicates_in` finds the part's rows that repeat an earlier row's `key` and the doc_id of the row kept.
+
+    Each task writes one shuffle file (`kiln.dedup.shuffle`): parts + buckets files in all, none flushed to disk.
+    A task whose file is already whole is done: a run stopped at any point (a SIGKILLed worker, a crashed driver, a
+    power loss) resumes where it was, and a shuffle already complete costs only the check of its decide files."""
+    scratch = Path(scratch)
+    starts, buckets = _layout(sources, scratch)
+    where = [[DuplicateRows(str(scratch / DECIDED), starts[i] + j, buckets) for j in range(len(s.parts))]
+             for i, s in enumerate(sources)]
+    if all(_done(scratch / DECIDED / f"{b:05d}{SHUFFLE}") for b in range(buckets)):
+        return where
     scatter = [_Scatter(p, i, s.tier, j, buckets, str(scratch), key) for i, s in enumerate(sources)
                for j, p in enumerate(s.parts)]
     engine.map_parts(_scatter, scatter, desc=f"{label}: hash buckets", progress=progress,
                      size=lambda t: os.path.getsize(t.path))
-    engine.map_parts(_decide, [_Decide(b, str(scratch), key) for b in range(buckets)], desc=f"{label}: decide",
-                     progress=progress)
+    engine.map_parts(_decide, [_Decide(b, str(scratch), key, starts, len(scatter)) for b in range(buckets)],
+                     desc=f"{label}: decide", progress=progress)
+    return where
 
 
-def duplicates_dir(scratch: Path, source: int, part: int) -> str:
-    return str(Path(scratch) / "duplicates" / _part_key(source, part))
-
-
-def duplicates_in(folder: str) -> dict[int, str]:
-    """A part's duplicate rows (from `find_duplicates`): row -> doc_id of the copy kept. A few files, one per bucket."""
+def duplicates_in(where: DuplicateRows | None) -> dict[int, str]:
+    """A part's duplicate rows (from `find_duplicates`; None: no dedup, none): row -> doc_id of the copy kept. One
+    segment of each decide task's file."""
+    if where is None:
+        return {}
+    found = len(list(_shuffle_files(Path(where.folder))))
+    if found != where.buckets:  # a missing file would silently keep its duplicates
+        raise RuntimeError(f"exact dedup shuffle {where.folder}: {found} of {where.buckets} decide files; "
+                           "delete the folder and re-run")
     duplicates: dict[int, str] = {}
-    for path in sorted(Path(folder).glob("*.parquet")):
-        found = pq.read_table(path)
+    for _, found in read_segments(Path(where.folder), where.partition):
         duplicates.update(zip(found.column("row").to_pylist(), found.column("duplicate_of").to_pylist()))
     return duplicates
 
@@ -167,7 +228,7 @@ def _apply(task: _Apply) -> StageStats:
 
 def _apply_part(task: _Apply) -> StageStats:
     table = pq.read_table(task.input_path)
-    duplicates = duplicates_in(task.duplicates_dir)
+    duplicates = duplicates_in(task.duplicates)
     stats = StageStats()
     step = stats.step(DEDUP_STAGE)
     is_dup = pa.array([row in duplicates for row in range(table.num_rows)], type=pa.bool_())
@@ -208,10 +269,9 @@ def exact_dedup(sources: list[HashSource], target: int, writer, scratch: Path, e
     scratch = Path(scratch)
     with FileLock(f"{scratch}.lock"):
         scratch.mkdir(parents=True, exist_ok=True)
-        if enabled:
-            resume_part(scratch / "shuffle", lambda: find_duplicates(sources, scratch, engine, progress=progress,
-                                                                     label=label) or {})
-        apply = [_Apply(p, duplicates_dir(scratch, target, j), str(writer.next_path("documents")),
+        # A no-op when an earlier target (or attempt) finished it.
+        where = find_duplicates(sources, scratch, engine, progress=progress, label=label) if enabled else None
+        apply = [_Apply(p, where[target][j] if where else None, str(writer.next_path("documents")),
                         str(writer.next_path("rejected")), examples_per_reason, rejected_text)
                  for j, p in enumerate(sources[target].parts)]
         total = StageStats()

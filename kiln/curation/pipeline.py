@@ -28,7 +28,7 @@ from kiln.common.removals import RejectedText, example_excerpt, kept_text, rejec
 from kiln.common.stats import StageStats
 from kiln.common.storage import DatasetWriter, part_name, resume_part, write_parquet_atomic
 from kiln.curation.documents import CURATED_SCHEMA, DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
-from kiln.curation.exact_dedup import HashSource, duplicates_dir, duplicates_in, find_duplicates
+from kiln.curation.exact_dedup import DuplicateRows, HashSource, duplicates_in, find_duplicates
 from kiln.curation.filters.base import Step
 from kiln.curation.filters.language import LanguageFilter
 from kiln.curation.filters.registry import build_step, unwrapped
@@ -62,7 +62,7 @@ class _ReadTask:
 @dataclass(frozen=True)
 class _FirstIdTask:
     input_path: str
-    duplicates_dir: str
+    duplicates: DuplicateRows
     kept_path: str
     quarantine_path: str
     source: str
@@ -132,7 +132,7 @@ def _keep_first_ids(task: _FirstIdTask) -> StageStats:
 def _first_ids(task: _FirstIdTask) -> StageStats:
     """A read part without the rows whose doc id an earlier row (in file order) already has: those go to quarantine."""
     table = pq.read_table(task.input_path)
-    repeated = duplicates_in(task.duplicates_dir)
+    repeated = duplicates_in(task.duplicates)
     is_repeat = pa.array([row in repeated for row in range(table.num_rows)], pa.bool_())
     kept = table.filter(pc.invert(is_repeat))
     if kept.num_rows:  # a part of nothing but repeats leaves no empty part behind
@@ -206,9 +206,9 @@ def ingest(source: Source, reading: Reading, writer: DatasetWriter, engine: Engi
         parts = [(u, j) for u, r in enumerate(read) for j in range(r["parts"])]
         paths = [str(_unit_part(str(out_dir), "documents", u, j)) for u, j in parts]
         scratch = writer.scratch("doc-ids")
-        find_duplicates([HashSource(source.name, 1, tuple(paths))], scratch, engine, key="doc_id", progress=progress,
-                        label=f"read {source.name}: doc ids")
-        first_ids = [_FirstIdTask(path, duplicates_dir(scratch, 0, k), str(_unit_part(str(writer.dir), "documents", u, j)),
+        (where,) = find_duplicates([HashSource(source.name, 1, tuple(paths))], scratch, engine, key="doc_id",
+                                   progress=progress, label=f"read {source.name}: doc ids")
+        first_ids = [_FirstIdTask(path, where[k], str(_unit_part(str(writer.dir), "documents", u, j)),
                                   str(_unit_part(str(writer.dir), "quarantine", u, j)), source.name,
                                   examples_per_reason, rejected_text)
                      for k, (path, (u, j)) in enumerate(zip(paths, parts))]

@@ -9,8 +9,10 @@ writing and renaming them was about half of the stage's time.
 
 Scratch is Arrow IPC, not Parquet (no encoding, no compression: read back once, soon) and is not flushed to
 disk: it never outlives its run, and a run starts by emptying its work folder, so a power loss costs the run,
-never a wrong answer. Every file is written under a temporary name and renamed: readers list whole files only,
-and a retried task rewrites the same name.
+never a wrong answer. Every file is written under a temporary name and renamed: a reader lists only renamed
+files, so it never sees a half-written one; a SIGKILLed writer leaves only a temporary name (hidden, never listed),
+which the retried task rewrites under the same final name. `is_whole` checks a file's footer against its size: a
+resumed run (exact dedup's) can tell a file that a power loss emptied or cut short from a whole one.
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ def read_scratch(path: Path, columns: list[str] | None = None) -> pa.Table:
     return table.select(columns) if columns else table
 
 
-def write_partitioned(root: Path, name: str, table: pa.Table, partition: np.ndarray, partitions: int) -> list[int]:
+def write_partitioned(root: Path, name: str, table: pa.Table, partition: np.ndarray, partitions: int,
+                      keep_empty: bool = False) -> list[int]:
     """Shuffle write: root/{name}.shuffle holds the rows of `table` for each partition q < `partitions` (in
-    their order). An empty table writes nothing. Returns the partitions that got rows."""
-    if table.num_rows == 0:
+    their order). An empty table writes nothing, unless `keep_empty` (a file of empty segments: its presence then
+    says the task ran). Returns the partitions that got rows."""
+    if table.num_rows == 0 and not keep_empty:
         return []
     partition = np.asarray(partition, np.int64)
     order = np.argsort(partition, kind="stable")
@@ -85,6 +89,33 @@ def _segments(path: Path, wanted: int | None = None) -> list[bytes]:
         return [os.pread(fd, hi - lo, lo) if hi > lo else b"" for lo, hi in zip(offsets, offsets[1:])]
     finally:
         os.close(fd)
+
+
+def is_whole(path: Path) -> bool:
+    """Whether `path` is a complete shuffle file: its footer's offsets end where the footer begins."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        if size < 16:
+            return False
+        (count,) = struct.unpack("<q", os.pread(fd, 8, size - 8))
+        index = size - 8 - 8 * count
+        if count < 1 or index < 0:
+            return False
+        (last,) = struct.unpack("<q", os.pread(fd, 8, index + 8 * (count - 1)))
+        return last == index
+    finally:
+        os.close(fd)
+
+
+def partitions_of(path: Path) -> int:
+    """The number of partitions a (whole) shuffle file was written for."""
+    with open(path, "rb") as f:
+        f.seek(-8, os.SEEK_END)
+        return struct.unpack("<q", f.read(8))[0] - 1
 
 
 def _files(root: Path) -> list[Path]:
