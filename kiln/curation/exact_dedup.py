@@ -41,7 +41,7 @@ from kiln.common.removals import RejectedText, example_excerpt, rejected_row
 from kiln.common.stats import StageStats
 from kiln.common.storage import lock_then_remove, resume_part, write_parquet_atomic
 from kiln.curation.documents import REJECTED_SCHEMA
-from kiln.dedup.shuffle import SHUFFLE, is_whole, partitions_of, read_segments, write_partitioned
+from kiln.dedup.shuffle import SHUFFLE, is_whole, partitions_of, read_segments, shuffle_files, write_partitioned
 from kiln.engine import SERIAL, Engine
 
 DEDUP_STAGE = "exact_dedup"
@@ -108,16 +108,10 @@ def _bucket_of(hashes: pa.ChunkedArray, buckets: int) -> np.ndarray:  # hex dige
     return np.array([int(h[:8], 16) % buckets for h in hashes.to_pylist()], np.int64)
 
 
-def _done(path: Path) -> bool:
-    """A task's one shuffle file is its completion mark: renamed into place only when whole (`kiln.dedup.shuffle`);
-    the footer check also turns away a file that a power loss left empty or short (it is not flushed to disk)."""
-    return is_whole(path)
-
-
 def _scatter(task: _Scatter) -> int:
     """Round 1: this part's (doc_id, key, tier, source, part, row) rows, to their hash buckets: one shuffle file."""
     name = _part_key(task.source, task.part)
-    if _done(Path(task.scratch) / SCATTER / f"{name}{SHUFFLE}"):
+    if is_whole(Path(task.scratch) / SCATTER / f"{name}{SHUFFLE}"):
         return -1  # an earlier attempt finished it
     table = pq.read_table(task.path, columns=list(dict.fromkeys(["doc_id", task.key])))
     n = table.num_rows
@@ -133,9 +127,9 @@ def _decide(task: _Decide) -> int:
     """Round 2: sort one bucket and write its duplicates and the doc_id kept instead, partitioned by input part:
     one shuffle file."""
     scratch = Path(task.scratch)
-    if _done(scratch / DECIDED / f"{task.bucket:05d}{SHUFFLE}"):
+    if is_whole(scratch / DECIDED / f"{task.bucket:05d}{SHUFFLE}"):
         return -1
-    found = len(list(_shuffle_files(scratch / SCATTER)))
+    found = len(shuffle_files(scratch / SCATTER))
     if found != task.writers:
         raise RuntimeError(f"exact dedup shuffle {scratch}: {found} of {task.writers} scatter files; "
                            "delete the folder and re-run")
@@ -166,10 +160,6 @@ def _duplicates(table: pa.Table, key: str) -> pa.Table:
     return table.append_column("duplicate_of", pa.array(kept_of, pa.string())).filter(pa.array(is_dup, pa.bool_()))
 
 
-def _shuffle_files(folder: Path):
-    return folder.glob(f"*{SHUFFLE}") if folder.is_dir() else iter(())
-
-
 def _layout(sources: list[HashSource], scratch: Path) -> tuple[tuple[int, ...], int]:
     """Each source's first part in the numbering of all parts (and their total, last), and the bucket count: from
     a whole scatter file's footer when an earlier target or attempt wrote one (no need to read every part's
@@ -177,7 +167,7 @@ def _layout(sources: list[HashSource], scratch: Path) -> tuple[tuple[int, ...], 
     starts = [0]
     for s in sources:
         starts.append(starts[-1] + len(s.parts))
-    for path in _shuffle_files(scratch / SCATTER):
+    for path in shuffle_files(scratch / SCATTER):
         if is_whole(path):
             return tuple(starts), partitions_of(path)
     rows = sum(pq.ParquetFile(p).metadata.num_rows for s in sources for p in s.parts)
@@ -196,7 +186,7 @@ def find_duplicates(sources: list[HashSource], scratch: Path, engine: Engine, ke
     starts, buckets = _layout(sources, scratch)
     where = [[DuplicateRows(str(scratch / DECIDED), starts[i] + j, buckets) for j in range(len(s.parts))]
              for i, s in enumerate(sources)]
-    if all(_done(scratch / DECIDED / f"{b:05d}{SHUFFLE}") for b in range(buckets)):
+    if all(is_whole(scratch / DECIDED / f"{b:05d}{SHUFFLE}") for b in range(buckets)):
         return where
     scatter = [_Scatter(p, i, s.tier, j, buckets, str(scratch), key) for i, s in enumerate(sources)
                for j, p in enumerate(s.parts)]
@@ -212,7 +202,7 @@ def duplicates_in(where: DuplicateRows | None) -> dict[int, str]:
     segment of each decide task's file."""
     if where is None:
         return {}
-    found = len(list(_shuffle_files(Path(where.folder))))
+    found = len(shuffle_files(Path(where.folder)))
     if found != where.buckets:  # a missing file would silently keep its duplicates
         raise RuntimeError(f"exact dedup shuffle {where.folder}: {found} of {where.buckets} decide files; "
                            "delete the folder and re-run")

@@ -118,14 +118,15 @@ def partitions_of(path: Path) -> int:
         return struct.unpack("<q", f.read(8))[0] - 1
 
 
-def _files(root: Path) -> list[Path]:
+def shuffle_files(root: Path) -> list[Path]:
+    """The shuffle's files renamed into place (a temporary name is hidden, never listed), in name order."""
     return sorted(root.glob(f"*{SHUFFLE}")) if root.is_dir() else []
 
 
 def read_segments(root: Path, q: int, columns: list[str] | None = None) -> list[tuple[str, pa.Table]]:
     """(writer's name, its rows) for partition q, from every writer that has some, in name order."""
     out = []
-    for path in _files(root):
+    for path in shuffle_files(root):
         (segment,) = _segments(path, q)
         if segment:
             table = pa.ipc.open_stream(segment).read_all()
@@ -149,5 +150,5 @@ def read_file(path: Path, schema: pa.Schema) -> pa.Table:
 
 def read_shuffle(root: Path, schema: pa.Schema) -> pa.Table:
     """Every file of a shuffle, whole (for tests, small outputs and the scale plan)."""
-    tables = [read_file(path, schema) for path in _files(root)]
+    tables = [read_file(path, schema) for path in shuffle_files(root)]
     return pa.concat_tables(tables) if tables else schema.empty_table()

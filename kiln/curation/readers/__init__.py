@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from kiln.common.config import Reading, Source
 from kiln.curation.documents import Document, make_doc_id
 from kiln.curation.readers.builtin import read_builtin
-from kiln.curation.readers.formats import FORMAT_READERS, Quarantined, quarantine
+from kiln.curation.readers.formats import FORMAT_READERS, HTML_SUFFIXES, Quarantined, quarantine
 from kiln.curation.readers.paths import SourceFile, expand
 
 # Files landed for a builtin source (which has no file format of its own) are read by their extension.
 EXTENSION_KINDS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".warc": "warc",
-                   ".wet": "wet", ".html": "html", ".htm": "html", ".xhtml": "html",  # a page: its main content
+                   ".wet": "wet", **dict.fromkeys(HTML_SUFFIXES, "html"),  # a page: its main content
                    ".txt": "text", ".md": "text", ".rst": "text", ".py": "text"}  # a text file: one document
 
 
@@ -47,7 +47,7 @@ def read_source(source: Source, reading: Reading, files: list[SourceFile] | None
 
 def _read_files(source: Source, reading: Reading, files: list[SourceFile]) -> Iterator[Document | Quarantined]:
     for f in files:
-        kind = source.kind if source.kind != "builtin" else _kind_of(f.uri)
+        kind = source.kind if source.kind != "builtin" else _kind_of(f)
         if kind is None:
             yield Quarantined(source.name, f.relative, "unsupported_format",
                               f"{f.relative}: a builtin source reads landed files by extension "
@@ -61,12 +61,11 @@ ONE_DOCUMENT_KINDS = frozenset({"text", "html"})
 
 
 def one_document_per_file(source: Source, f: SourceFile) -> bool:
-    return (source.kind if source.kind != "builtin" else _kind_of(f.uri)) in ONE_DOCUMENT_KINDS
+    return (source.kind if source.kind != "builtin" else _kind_of(f)) in ONE_DOCUMENT_KINDS
 
 
-def _kind_of(uri: str) -> str | None:
-    name = uri.rsplit("/", 1)[-1].lower().removesuffix(".gz").removesuffix(".zst")
-    return next((k for ext, k in EXTENSION_KINDS.items() if name.endswith(ext)), None)
+def _kind_of(f: SourceFile) -> str | None:
+    return next((k for ext, k in EXTENSION_KINDS.items() if f.bare_name.endswith(ext)), None)
 
 
 def _namespaced(record: Document | Quarantined, namespace: str) -> Document | Quarantined:

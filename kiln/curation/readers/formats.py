@@ -18,8 +18,7 @@ import zstandard
 from kiln.common.config import Reading, Source
 from kiln.common.removals import EXCERPT_READS, kept_text, text_hash
 from kiln.curation.documents import Document, make_doc_id
-# html_to_text: the visible-text reader, importable here as before
-from kiln.curation.readers.html import Extracted, decode_html, extract, html_to_text  # noqa: F401
+from kiln.curation.readers.html import Extracted, decode_html, extract
 from kiln.curation.readers.paths import SourceFile
 
 # A structured record nested deeper than this (lists/objects in lists/objects) is quarantined as too_deep: Python's
@@ -330,7 +329,7 @@ HTML_SUFFIXES = (".html", ".htm", ".xhtml")
 def read_html(f: SourceFile, source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
     """Each file is one page: its main content (`extracted`), its url the page's canonical link, else its locator.
     Files of other types (a site's stylesheets, scripts, images) are quarantined as unsupported_format."""
-    if not f.uri.lower().removesuffix(".gz").removesuffix(".zst").endswith(HTML_SUFFIXES):
+    if not f.bare_name.endswith(HTML_SUFFIXES):
         yield quarantine(source.name, f.relative, "unsupported_format",
                          detail=f"{f.relative}: an html source reads {', '.join(HTML_SUFFIXES)} files "
                                 f"(optionally .gz/.zst); a glob such as site/**/*.html names only those")

@@ -18,6 +18,11 @@ class SourceFile:
     uri: str  # what the user would recognise: a local path or s3://bucket/key
     relative: str  # stable locator used in doc ids: the path below the source's root
 
+    @property
+    def bare_name(self) -> str:
+        """The file's name in lower case without a compression suffix (.gz, .zst): its format's extension ends it."""
+        return self.uri.rsplit("/", 1)[-1].lower().removesuffix(".gz").removesuffix(".zst")
+
     def open(self) -> BinaryIO:
         if self.uri.startswith("s3://"):
             filesystem, path = s3_filesystem(self.uri)
