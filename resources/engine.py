@@ -10,7 +10,7 @@ class KilnEngine(dg.ConfigurableResource):
     (e.g. `dg.EnvVar("KILN_RAY_ADDRESS")`), which wins over the config file.
 
     A small resource of Kiln's own rather than dagster-ray's: dagster-ray's resources connect through Ray
-    Client by default (which cannot run Ray Data in Ray 2.60) or run a plain `ray.init()` per step, and the
+    Client by default (which Ray advises against for data and ML work; Kiln joins as a driver) or run a plain `ray.init()` per step, and the
     same engine must also serve the CLI and the benches, outside Dagster (`kiln.engine`)."""
 
     ray_address: str | None = None

@@ -72,9 +72,10 @@ class RayCluster:
         return [n for n in range(len(self.node_pids)) if n not in self.killed]
 
     def running_map_task(self, node: int) -> bool:
-        """Whether a worker of node `node` is running a Ray Data map task right now (Ray names the process so)."""
+        """Whether a worker of node `node` is running a part task right now (Ray names the process after the task's
+        function while it runs it)."""
         try:
-            return any(p.name().startswith("ray::Map") for p in psutil.Process(self.raylet_pid(node)).children())
+            return any(p.name().startswith("ray::_run_part") for p in psutil.Process(self.raylet_pid(node)).children())
         except (psutil.NoSuchProcess, LookupError):
             return False
 

@@ -1,14 +1,15 @@
-"""Ray: the tasks as a Ray Data dataset, one block per task (a part is Kiln's block: retried whole when a worker
-or node dies, and its output name does not depend on how Ray would split blocks). Address: `engine.ray_address`
-(`auto` or `host:port`), else Ray's own `RAY_ADDRESS`, else an embedded local Ray started once per process and
-reused by every stage (Ray stops it at interpreter exit)."""
+"""Ray: each part task is a plain Ray task of one CPU (retried whole by Ray when its worker or node dies; its output
+name does not depend on where or how often it ran), at most `workers` in flight, the largest first. Not Ray Data:
+a round of part tasks is no dataset (workers read and write the store themselves, the driver gets small results),
+and a Ray Data job per round cost planning, an executor thread and about twice the pool's CPU per MB. Address:
+`engine.ray_address` (`auto` or `host:port`), else Ray's own `RAY_ADDRESS`, else an embedded local Ray started once
+per process and reused by every stage (Ray stops it at interpreter exit)."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import os
-import pickle
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,8 +28,8 @@ def check_reachable(address: str, origin: str) -> None:
     """Fail in seconds, naming the setting, instead of Ray's minute of connection retries."""
     if address.startswith("ray://"):
         raise EngineError(
-            f"{origin} = {redact_url(address)!r} is a Ray Client address; Ray Data does not run over Ray "
-            "Client (Ray 2.60). Use the cluster's GCS address instead: 'host:6379' (KubeRay: the head "
+            f"{origin} = {redact_url(address)!r} is a Ray Client address; Kiln joins the cluster as a driver, "
+            "which Ray recommends over Ray Client for data and ML work. Use the cluster's GCS address instead: 'host:6379' (KubeRay: the head "
             "service, e.g. 'raycluster-head-svc:6379'), or 'auto' on a node of the cluster")
     if address == "auto" or address.startswith("local"):
         return
@@ -79,26 +80,29 @@ def connect(address: str | None, origin: str = ADDRESS_KEY, num_cpus: int | None
             f"{origin} = {redact_url(address)!r}: could not join the Ray cluster: {redact(str(exc))}. If the "
             "cluster uses token authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) "
             "as on its nodes") from None
-    import ray.data
-
-    data = ray.data.DataContext.get_current()
-    data.enable_progress_bars = False  # Kiln draws one bar per stage; Ray Data's would interleave with it
-    data.print_on_execution_start = False
-    logging.getLogger("ray.data").setLevel(logging.WARNING)  # per-dataset INFO lines; the logs stay in Ray's dir
-    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled": on purpose
     _session = _Session(address, context.address_info.get("gcs_address", ""), context.dashboard_url or None)
     return _session
 
 
-def _run_part(fn: Callable, row: dict[str, Any]) -> dict[str, Any]:
-    # Tasks and results cross the engine pickled: Ray Data would otherwise try to turn them into Arrow columns.
+# Ray's default for tasks: a task whose worker or node dies is run again elsewhere, up to this many times; an
+# exception raised by the task itself is not retried (it would fail the same way).
+NODE_FAILURE_RETRIES = 3
+
+
+def _run_part(fn: Callable, task: Any) -> Any:
     try:
-        result = fn(pickle.loads(row["task"]))
+        return fn(task)
     except FileNotFoundError as exc:
         raise EngineError(f"{exc.filename}: not found on Ray node {socket.gethostname()}. Workers read and write "
                           "the store themselves, so KILN_HOME must be one shared filesystem mounted at the same "
                           "path on every node") from exc
-    return {"i": row["i"], "result": pickle.dumps(result)}
+
+
+@functools.cache
+def _remote_part():
+    import ray
+
+    return ray.remote(num_cpus=1, max_retries=NODE_FAILURE_RETRIES, retry_exceptions=False)(_run_part)
 
 
 @dataclass(frozen=True)
@@ -123,21 +127,34 @@ class RayEngine:
     def map_parts(self, fn, tasks, *, desc, progress=True, size=None):
         self.session()
         import ray
-        import ray.data
 
         if not tasks:
             return []
-        order = launch_order(tasks, size)
-        rows = [{"i": i, "task": pickle.dumps(tasks[i])} for i in order]
         workers = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        dataset = ray.data.from_items(rows, override_num_blocks=len(rows)).map(
-            functools.partial(_run_part, fn), num_cpus=1,
-            compute=ray.data.TaskPoolStrategy(size=min(workers, len(rows))))
+        run = _remote_part()
+        shared_fn = ray.put(fn)  # serialized once per round, not once per task
+        queue = iter(launch_order(tasks, size))
+        running: dict = {}  # ObjectRef -> task index; at most `workers`: back-pressure, and `workers` means concurrency
+
+        def launch() -> None:
+            i = next(queue, None)
+            if i is not None:
+                running[run.remote(shared_fn, tasks[i])] = i
+
         results: list = [None] * len(tasks)
         with tqdm(total=len(tasks), desc=desc, unit="part", disable=not progress) as bar:
-            for row in dataset.iter_rows():
-                results[row["i"]] = pickle.loads(row["result"])
-                bar.update(1)
+            try:
+                for _ in range(min(workers, len(tasks))):
+                    launch()
+                while running:
+                    done, _ = ray.wait(list(running), num_returns=1)
+                    i = running.pop(done[0])
+                    results[i] = ray.get(done[0])  # a task's own exception is raised here, as its own type
+                    launch()
+                    bar.update(1)
+            finally:
+                for ref in running:  # a failed round stops its other tasks instead of leaving them to run on
+                    ray.cancel(ref)
         return results
 
     def describe(self) -> dict[str, Any]:
