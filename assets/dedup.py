@@ -17,7 +17,7 @@ from kiln.common.plots import stacked_bars_markdown
 from kiln.common.removals import example_excerpt
 from kiln.common.stats import StageStats, chain, funnel_markdown
 from kiln.common.storage import resume_key
-from kiln.dedup.apply import deduplicate_source
+from kiln.dedup.apply import decisions_by_part, deduplicate_source
 from kiln.dedup.boilerplate import boilerplate_hashes
 from kiln.dedup.bucket_index import check_signature_params, doc_id_hash, index_commit, index_documents, write_index
 from kiln.dedup.buckets import decide_distributed, keep_all, survivor_violations
@@ -209,25 +209,21 @@ def _texts_of(store, parts: list[str], rows: pa.Table) -> dict[str, str]:
         dg.AssetCheckSpec("no_benchmark_overlap", asset=DEDUPLICATED, blocking=True,
                           description="no surviving document shares an n-gram with a declared benchmark item")],
 )
-def deduplicated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
-                           storage: KilnStorage) -> dg.MaterializeResult:
-    """One source's documents with near-duplicates, boilerplate lines and benchmark overlap removed."""
+def deduplicated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
+                           engine: KilnEngine) -> dg.MaterializeResult:
+    """One source's documents with near-duplicates, boilerplate lines and benchmark overlap removed, one engine
+    task per curated part (kiln.dedup.apply)."""
     config, store = kiln_config.load(), storage.store()
     name, refresh = source_and_refresh(context)
     source = partition(name, refresh)
     curated, index = store.manifest(CURATED, source), store.manifest(INDEX, refresh)
-    # This source's near-duplicates only: a decisions file holds one source (its signature part's), so the others
-    # are skipped by their statistics, not read whole (a 10B refresh's table is hundreds of GiB: docs/scale.md).
-    mine = store.read_table(INDEX, refresh, "decisions", filters=[("source", "=", name), ("status", "=", NEAR_DUPLICATE)])
-    removed = {r["doc_id"]: r for r in mine.to_pylist()}
-    lines = config.dedup.boilerplate_lines
-    boilerplate = set(store.read_table(INDEX, refresh, "lines").column("line_hash").to_pylist()) if lines.enabled else set()
-    decon = config.decontamination
+    lines, decon = config.dedup.boilerplate_lines, config.decontamination
     benchmarks = load_benchmarks(decon) if decon.enabled and decon.benchmarks else None
+    runner = engine.get(config.engine)
+    started = time.perf_counter()
     with store.staging(DEDUPLICATED, source) as writer:
-        stats, contamination = deduplicate_source(
-            store.files(CURATED, source, "documents"), removed, boilerplate, lines, benchmarks, decon, writer,
-            examples_per_reason=config.curation.examples_per_reason, rejected_text=config.curation.keep_rejected_text)
+        stats, contamination = apply_decisions(store, config, name, refresh, writer, runner)
+        seconds = time.perf_counter() - started
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"decontamination": decon.model_dump(mode="json"), "boilerplate_lines": lines.model_dump(),
@@ -244,10 +240,42 @@ def deduplicated_documents(context: dg.AssetExecutionContext, kiln_config: KilnC
                             metadata={"documents_with_overlap": len(overlap),
                                       "examples": dg.MetadataValue.json(overlap[:5])})]
     return materialize_result(
-        manifest, stats, store, checks,
+        manifest, stats, store, checks, **engine_metadata(runner, stats.docs_in, seconds),
         contamination=dg.MetadataValue.json(contamination["per_benchmark"]),
         contaminated_items=dg.MetadataValue.md(contamination["markdown"]),
         full_funnel=dg.MetadataValue.md("From raw records to deduplicated documents:\n\n" + funnel_markdown(funnel)))
+
+
+def apply_decisions(store, config, name: str, refresh: str, writer, engine, progress: bool = True):
+    """Write one source's deduplicated documents through `writer`, one engine task per curated part, each reading its
+    part and its part's decisions only (kiln.dedup.apply); returns (stage stats, contamination report)."""
+    source = partition(name, refresh)
+    curated, index = store.manifest(CURATED, source), store.manifest(INDEX, refresh)
+    return deduplicate_source(
+        store.files(CURATED, source, "documents"), _decisions_of_parts(store, config, name, refresh, curated, index),
+        store.files(INDEX, refresh, "lines"), config.dedup.boilerplate_lines, config.decontamination, writer, engine,
+        examples_per_reason=config.curation.examples_per_reason, rejected_text=config.curation.keep_rejected_text,
+        progress=progress, label=f"dedup apply {source}")
+
+
+def _decisions_of_parts(store, config, name: str, refresh: str, curated, index) -> list:
+    """Each curated part's decisions file in the refresh's index, from the manifests' row counts alone (no decision
+    is read here): the index numbered the signature parts of every source in config order (`dedup_index`)."""
+    names = [s.name for s in config.sources]
+    signatures = {n: store.manifest(SIGNATURES, partition(n, refresh)) for n in names}
+    offset = sum(len(signatures[n].files_with_role("signatures")) for n in names[:names.index(name)])
+    mine = slice(offset, offset + len(signatures[name].files_with_role("signatures")))
+    decisions = store.files(INDEX, refresh, "decisions")[mine]
+    return decisions_by_part(_rows(store, curated, "documents"), _rows(store, signatures[name], "signatures"),
+                             decisions, _rows(store, index, "decisions")[mine],
+                             f"{CURATED}/{curated.partition} and {INDEX}/{refresh}")
+
+
+def _rows(store, manifest, role: str) -> list[int]:
+    """Rows per file of one role, as the manifest recorded them (from the footer where it did not)."""
+    paths = store.files(manifest.asset, manifest.partition, role)
+    return [f.rows if f.rows is not None else pq.ParquetFile(p).metadata.num_rows
+            for f, p in zip(manifest.files_with_role(role), paths)]
 
 
 def _residual_overlap(store, source: str, benchmarks) -> list[str]:

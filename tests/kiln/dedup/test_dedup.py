@@ -316,8 +316,10 @@ def test_signature_stage_and_apply_stage_write_explained_rejects(tmp_path, schem
     with store.staging("deduplicated_documents", "web") as writer:
         from kiln.common.config import Decontamination
 
-        stats, report = deduplicate_source([tmp_path / "in.parquet"], result.removed(), boilerplate, lines, None,
-                                           Decontamination(), writer)
+        pq.write_table(pa.table({"line_hash": pa.array(sorted(boilerplate), pa.uint64())}), tmp_path / "lines.parquet")
+        stats, report = deduplicate_source([tmp_path / "in.parquet"], [tmp_path / "out/decisions/decisions-00000.parquet"],
+                                           [tmp_path / "lines.parquet"], lines, Decontamination(benchmarks=[]), writer,
+                                           progress=False)
         writer.commit(code_version="t", config={}, inputs={}, counts={})
     kept = store.read_table("deduplicated_documents", "web").to_pylist()
     rejected = {r["doc_id"]: r for r in store.read_table("deduplicated_documents", "web", "rejected").to_pylist()}
