@@ -72,11 +72,20 @@ def ingest_all(config: ProjectConfig, store: Store, engine: Engine = SERIAL) -> 
 
 def run_stages(config: ProjectConfig, store: Store, engine: Engine) -> None:
     """raw (already ingested) → filtered → curated → signatures, every stage on `engine`."""
+    filter_stage(config, store, engine)
+    exact_and_signature_stages(config, store, engine)
+
+
+def filter_stage(config: ProjectConfig, store: Store, engine: Engine) -> None:
     for source in config.sources:
         with store.staging("filtered", source.name) as writer:
             stats = filter_documents(store.files("raw", source.name, "documents"), profile_steps(config, source.name),
                                      config.curation.exact_dedup, writer, engine, progress=False)
             writer.commit(code_version="t", config={}, inputs={}, counts={}, stats=stats.to_dict())
+
+
+def exact_and_signature_stages(config: ProjectConfig, store: Store, engine: Engine) -> None:
+    """filtered (already written) → curated (exact dedup's shuffle) → signatures."""
     hashed = [HashSource(s.name, s.quality_tier, tuple(map(str, store.files("filtered", s.name, "documents"))))
               for s in config.sources]
     for i, source in enumerate(config.sources):
@@ -181,7 +190,7 @@ def fingerprint(store: Store, assets=("raw", "filtered", "curated", "signatures"
 
 def main() -> None:
     store, corpus = Store(Path(sys.argv[1])), Path(sys.argv[2])
-    stage = {"stages": run_stages, "near": near_stage}[sys.argv[3] if len(sys.argv) > 3 else "stages"]
+    stage = {"stages": run_stages, "exact": exact_and_signature_stages, "near": near_stage}[sys.argv[3] if len(sys.argv) > 3 else "stages"]
     stage(corpus_config(corpus), store, RayEngine())  # RAY_ADDRESS: the cluster the test started
 
 

@@ -20,7 +20,7 @@ from kiln.common.secrets import redact, redact_url
 from kiln.common.storage import Store
 from kiln.dedup.buckets import read_decisions
 from kiln.dedup.near import NEAR_DUPLICATE
-from kiln.dedup.shuffle import SCRATCH
+from kiln.dedup.shuffle import SCRATCH, SHUFFLE
 from kiln.engine import SERIAL, EngineError, ProcessPool, RayEngine, engine_for
 from kiln.quality.classifier import CARD_FILE, MODEL_FILE, SAMPLE_FILE, ClassifierCard
 from kiln.tokens.shard_format import read_shard_set
@@ -30,6 +30,8 @@ from tests.engine_stages import (
     REPEATED_IDS,
     corpus_config,
     downstream_stages,
+    exact_and_signature_stages,
+    filter_stage,
     fingerprint,
     ingest_all,
     near_stage,
@@ -221,6 +223,30 @@ def test_two_node_cluster_gives_the_same_bytes_even_when_a_node_dies_mid_stage(c
         "filter")
     assert fingerprint(disturbed) == expected
     assert not list(disturbed.root.rglob(".*.tmp-*"))  # no half-written part anywhere
+
+
+@pytest.mark.slow
+def test_exact_dedup_gives_the_same_bytes_when_a_node_dies_mid_shuffle(cluster, tmp_path):
+    """Exact dedup's two shuffle rounds (scatter per part, decide per bucket: one file per task, read by listing) on
+    a two-node cluster that loses a raylet mid-stage: the same curated parts and signatures as in this process."""
+    corpus = tmp_path / "corpus"
+    write_corpus(corpus, 2000)  # 40 + 10 filtered parts: scatter tasks enough to lose a node among them
+    config = corpus_config(corpus)
+    serial = Store(tmp_path / "serial")
+    ingest_all(config, serial)
+    filter_stage(config, serial, SERIAL)
+    disturbed = Store(shutil.copytree(serial.root, tmp_path / "disturbed"))  # the same filtered parts on both sides
+    exact_and_signature_stages(config, serial, SERIAL)
+    expected = fingerprint(serial, assets=("curated", "signatures"))
+    assert any(p.startswith("curated/") for p in expected)
+
+    cluster.ensure_nodes(2)
+    driver = _driver(cluster, disturbed.root, corpus, "exact")
+    # Mid-stage: the scatter round has written shuffle files, and the worker runs a task right now.
+    _lose_a_worker_mid_stage(cluster, driver, lambda: bool(list((disturbed.root / "curated").glob(
+        f".*.staging-*/.shuffle/scatter/*{SHUFFLE}"))), "exact dedup")
+    assert fingerprint(disturbed, assets=("curated", "signatures")) == expected
+    assert not list(disturbed.root.rglob(".*.tmp-*"))  # no half-written file anywhere
 
 
 @pytest.mark.slow
