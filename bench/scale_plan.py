@@ -30,9 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 STAGES = ["ingest", "filter", "exact_dedup", "signatures", "near_dedup"]
-TEXT_FOLDERS = {"corpus", "raw", "filtered", "curated", "signatures", "index_docs", "work:pairs_a"}  # text, shingles
-PER_PARTITION = {"already", "pairs", "decided", "cc_rounds", "cc_labels"}  # work folders written by a task per key
-# partition; the others by a task per signature part
+TEXT_FOLDERS = {"corpus", "raw", "filtered", "curated", "signatures", "index_docs", "work:pairs_a",
+                "work:seconds"}  # text, shingles
+# work folders written by a task per key partition; the others by a task per signature part
+PER_PARTITION = {"already", "pairs", "pairs_b", "decided", "uncounted", "cc_rounds", "cc_labels"}
 FOLDERS = {"raw": "store/raw", "filtered": "store/filtered", "curated": "store/curated",
            "exact_shuffle": "exact-shuffle", "signatures": "signatures", "decisions": "near-out/decisions",
            "index_buckets": "near-out/index/buckets", "index_ids": "near-out/index/ids",
@@ -126,18 +127,18 @@ def measure_run_dir(run_dir: Path, docs: int) -> dict:
 def task_and_layout_bytes() -> tuple[float, float, float]:
     """What the driver ships per near-dup task, and what the layout file holds. Tasks carry the Layout as a file
     (LayoutFile: path + sha256, kiln/dedup/bucket_layout.py), so a task's pickle is a constant: the larger of a stage
-    task (_Task) and a component-label task (_LabelTask, whose route is the LayoutFile), with a store path as long as
-    a real one. The layout file (JSON, written once per stage, read once per worker process) grows by the bytes per
-    signature part and per earlier refresh's docs part returned second and third."""
+    task (_Task) and a components-round task (_RoundTask, whose route for the labels is the LayoutFile), with a
+    store path as long as a real one. The layout file (JSON, written once per stage, read once per worker process)
+    grows by the bytes per signature part and per earlier refresh's docs part returned second and third."""
     import dataclasses
 
     from kiln.dedup.bucket_layout import Earlier, Layout, LayoutFile, _Task
-    from kiln.dedup.components import _LabelTask
+    from kiln.dedup.components import _RoundTask
 
     work = f"/mnt/kiln/store/dedup_index/.2025-w02.staging-{'f' * 16}/.near_dedup"  # DatasetWriter.scratch
     layout_file = LayoutFile(f"{work}/layout-{'0' * 16}.json", "0" * 64)
     task = max(len(pickle.dumps(_Task(layout_file, 99_999))),
-               len(pickle.dumps(_LabelTask(f"{work}/cc", 40, 4095, layout_file, 200_000))))
+               len(pickle.dumps(_RoundTask(f"{work}/cc", 40, 4095, 4096, layout_file, 200_000))))
 
     def size(parts: int, earlier: int) -> int:
         paths = tuple(f"/mnt/kiln/store/minhash_signatures/web|2025-w02/signatures-{k:05d}.parquet"
@@ -257,7 +258,7 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
         "weekly_keys_segments_per_round": (r_parts * P, f"{r_parts:,} parts x {P:,} partitions"),
         "decisions_table_gib": (new_docs * dec_row / GIB,
                                 f"{new_docs:,.0f} rows x {dec_row:.0f} B (Arrow): the refresh's table; "
-                                "deduplicated_documents reads one source's near-duplicates of it"),
+                                "deduplicated_documents reads one signature part's decisions per task"),
         "weekly_decisions_table_gib": (r_new * dec_row / GIB, f"{r_new:,.0f} rows x {dec_row:.0f} B"),
         "hot_bucket_docs": (hot, f"{t.hot_bucket_share:g} of the documents share one (band, key)"),
         "hot_bucket_pairs": (hot * mb, f"at most members x max_bucket {mb:,} (not members^2 = {hot ** 2:,.0f})"),
@@ -336,8 +337,9 @@ def main() -> None:
     measured = measure_run_dir(Path(args.run_dir), runs[0]["docs"]) if args.run_dir else None
     near = load_config(ROOT / "configs" / "default.yaml").dedup.near
     bands = bands_rows(near)[0]
+    old_rank = len(old_ranks(0, np.zeros(1, np.int64))[0].as_py())
     plan = project(runs, t, measured, task_and_layout_bytes(), bands,
-                   sum(f.type.bit_width // 8 for f in BUCKET_SCHEMA), len(old_ranks(0, np.zeros(1, np.int64))[0]))
+                   sum(f.type.bit_width // 8 for f in BUCKET_SCHEMA), old_rank)
     m, loads = bench.get("machine", {}), [st["load_avg_1m_start"] for r in runs for st in r["stages"].values()]
     head = (f"Bench: {args.bench}, {m.get('cores')} cores, {m.get('memory_gib')} GiB, 1-minute load average "
             f"{min(loads)}-{max(loads)} during the stages; signer {runs[0].get('scheme', 'affine32 (no scheme field)')}"

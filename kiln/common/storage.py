@@ -57,17 +57,19 @@ ROLE_PREFIX = {"documents": "part", "rejected": "rejected", "quarantine": "quara
                "index_docs": "indexed"}
 
 
-def write_parquet_atomic(path: Path, table: pa.Table, hash_columns: tuple[str, ...] = ()) -> None:
+def write_parquet_atomic(path: Path, table: pa.Table, hash_columns: tuple[str, ...] = (),
+                         row_group_size: int | None = None) -> None:
     """Temporary name, flushed to disk, renamed: never a half file under `path`, also after a power loss. Columns
     are dictionary-encoded and zstd-compressed, except `hash_columns` (random values: dictionary encoding and zstd
-    only cost time there, ~3x to write a signature part and ~2.5x to read it, and made it larger)."""
+    only cost time there, ~3x to write a signature part and ~2.5x to read it, and made it larger).
+    `row_group_size`: rows per row group (None: Parquet's default), for files read a few rows at a time."""
     tmp = temporary_name(path)
     if hash_columns:
         plain = [c for c in table.column_names if c not in hash_columns]
         pq.write_table(table, tmp, compression={c: "zstd" if c in plain else "none" for c in table.column_names},
-                       use_dictionary=plain)
+                       use_dictionary=plain, row_group_size=row_group_size)
     else:
-        pq.write_table(table, tmp, compression="zstd")
+        pq.write_table(table, tmp, compression="zstd", row_group_size=row_group_size)
     fsync_file(tmp)
     os.replace(tmp, path)
 

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.common.manifest import write_json_atomic
-from kiln.dedup.bucket_index import index_file
+from kiln.dedup.bucket_index import index_file, read_doc_refs
 from kiln.dedup.components import overlapping, partition_of
 
 _REF_BITS = 40
@@ -48,20 +49,31 @@ def _sortable(columns: list[np.ndarray], n: int) -> np.ndarray:
     return np.hstack(mats)
 
 
-def new_ranks(keep: Sequence[str], tiers, source_order, seq, chars, doc_ids: list[str], nodes) -> list[bytes]:
+def _fixed_binary(rows: np.ndarray) -> pa.Array:
+    """(n, w) uint8 rows as a binary array of n values of w bytes each."""
+    n, w = rows.shape
+    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(w), n, [None, pa.py_buffer(np.ascontiguousarray(rows))])
+    return fixed.cast(pa.binary())
+
+
+def new_ranks(keep: Sequence[str], tiers, source_order, seq, chars, doc_ids: pa.Array | pa.ChunkedArray,
+              nodes) -> pa.Array:
     """Keep-policy sort keys as bytes (compare as `near.keep_order` sorts: the criteria, then doc_id; the batch
-    position last, only to make duplicate ids total). 0x01 first: after every earlier-refresh document."""
+    position last, only to make duplicate ids total). 0x01 first: after every earlier-refresh document.
+    Built column-wise in Arrow (a bytes object per document cost more than the rest of the keys round)."""
     n = len(doc_ids)
     columns = {"quality_tier": [tiers], "first_seen": [source_order, seq], "longest": [-np.asarray(chars, np.int64)]}
-    fixed = _sortable([c for k in keep for c in columns[k]], n)
-    position = _sortable([nodes], n)
-    return [b"\x01" + fixed[i].tobytes() + d.encode("utf-8", "surrogatepass") + b"\x00" + position[i].tobytes()
-            for i, d in enumerate(doc_ids)]
+    head = np.hstack([np.ones((n, 1), np.uint8), _sortable([c for k in keep for c in columns[k]], n)])
+    tail = np.hstack([np.zeros((n, 1), np.uint8), _sortable([nodes], n)])
+    ids = doc_ids.combine_chunks() if isinstance(doc_ids, pa.ChunkedArray) else doc_ids
+    # Arrow strings are UTF-8 already: their bytes are what encode("utf-8", "surrogatepass") gave.
+    return pc.binary_join_element_wise(_fixed_binary(head), ids.cast(pa.binary()), _fixed_binary(tail), b"")
 
 
-def old_ranks(r: int, refs: np.ndarray) -> list[bytes]:
-    packed = _sortable([np.full(len(refs), r), refs], len(refs))
-    return [b"\x00" + row.tobytes() for row in packed]
+def old_ranks(r: int, refs: np.ndarray) -> pa.Array:
+    """Earlier refresh r's documents' sort keys: 0x00 first, before every document of this refresh."""
+    n = len(refs)
+    return _fixed_binary(np.hstack([np.zeros((n, 1), np.uint8), _sortable([np.full(n, r), refs], n)]))
 
 
 def _dir(root: str | Path, *names: str) -> Path:
@@ -133,14 +145,18 @@ class Layout:
                 return r, dp - e.dp_base
         raise IndexError(dp)
 
-    def docs(self, dp: int, columns: list[str]) -> tuple[np.ndarray, pa.Table]:
-        """(nodes, columns) of one doc-partition; `columns` among doc_id, source, shingles."""
+    def doc_rows(self, dp: int, nodes: np.ndarray, columns: list[str]) -> pa.Table:
+        """`columns` (among doc_id, source, shingles) of these nodes of doc-partition dp, in their order. An earlier
+        refresh's docs file is read by row group (`read_doc_refs`): a refresh that touches a few of its documents
+        reads a few row groups, not the whole shingle store."""
+        nodes = np.asarray(nodes, np.int64)
         if dp < self.n_parts:
-            t = pq.read_table(self.parts[dp], columns=columns)
-            return self.starts[dp] + np.arange(t.num_rows, dtype=np.int64), t
+            return pq.read_table(self.parts[dp], columns=columns).take(pa.array(nodes - self.starts[dp]))
         r, j = self.earlier_of(dp)
-        t = pq.read_table(index_file(self.earlier[r].path, "docs", j), columns=["ref", *columns])
-        return old_node(r, t.column("ref").to_numpy()), t.drop(["ref"])
+        refs = _decode_old(nodes)[1]
+        t = read_doc_refs(index_file(self.earlier[r].path, "docs", j), refs, columns)
+        found = t.column("ref").to_numpy()  # sorted: a docs file is in ref order
+        return t.drop(["ref"]).take(pa.array(np.searchsorted(found, refs)))
 
     def w(self, *names: str) -> Path:
         return _dir(self.work, *names)

@@ -1,4 +1,4 @@
-"""The tasks of a near-dup run's engine rounds (`kiln.dedup.buckets` runs them: stages 1-6 and 8-12 there; 7 is
+"""The tasks of a near-dup run's engine rounds (`kiln.dedup.buckets` runs them: stages 1-6 and 8-11 there; 7 is
 `kiln.dedup.components`) and the schemas of the shuffles between them.
 
 Buckets larger than `max_bucket`. Within a bucket, members are ordered earlier-refresh documents first, then by the
@@ -20,8 +20,9 @@ union-find unions, which only join a document with its hits (inside the componen
 The unions are applied in near_dedup's order: earlier-refresh hits by doc_id, then this refresh's by batch position.
 A document already accepted by an earlier refresh is linked to that earlier node by an edge,
 so it shares its component and its cluster_id. `candidates` counts old candidates plus this refresh's candidates
-earlier in keep order that were kept; those may lie in other components, so it is counted after the decisions
-(stage 10) from the distinct candidate pairs.
+earlier in keep order that were kept; those may lie in other components, so it is counted from the distinct
+candidate pairs: verify counts each second document's, route sends the pairs whose first document is in a component
+(a document not kept always is) to that component, and decide subtracts those whose first document it did not keep.
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ import pyarrow.parquet as pq
 
 from kiln.common.storage import part_name, write_parquet_atomic
 from kiln.dedup.bucket_index import (
+    BUCKET_HASH_COLUMNS,
     BUCKET_SCHEMA,
+    DOCS_ROW_GROUP_ROWS,
     DOCS_SCHEMA,
+    IDS_HASH_COLUMNS,
     IDS_SCHEMA,
     _empty,
     _shingle_arrays,
@@ -48,7 +52,7 @@ from kiln.dedup.bucket_index import (
 )
 from kiln.dedup.bucket_layout import _decode_old, _earlier_partition, _Task, new_ranks, old_node, old_ranks
 from kiln.dedup.components import LABEL_SCHEMA, node_partition, partition_of, write_edges
-from kiln.dedup.minhash import HASH_COLUMNS, jaccard
+from kiln.dedup.minhash import HASH_COLUMNS
 from kiln.dedup.near import ALREADY_INDEXED, DECISION_SCHEMA, KEPT, NEAR_DUPLICATE, UnionFind
 from kiln.dedup.shuffle import SCRATCH, read_partition, read_scratch, read_segments, write_partitioned, write_scratch
 
@@ -66,6 +70,9 @@ NODES_SCHEMA = pa.schema([pa.field("node", pa.int64(), nullable=False), pa.field
 PAIR_SCHEMA = pa.schema([pa.field("a", pa.int64(), nullable=False), pa.field("b", pa.int64(), nullable=False)])
 PAIR_A_SCHEMA = pa.schema([pa.field("a", pa.int64(), nullable=False), pa.field("b", pa.int64(), nullable=False),
                            pa.field("shingles", pa.large_list(pa.uint32()), nullable=False)])
+B_SCHEMA = pa.schema([pa.field("node", pa.int64(), nullable=False)])
+SECOND_SCHEMA = pa.schema([pa.field("node", pa.int64(), nullable=False),
+                           pa.field("shingles", pa.large_list(pa.uint32()), nullable=False)])
 HIT_SCHEMA = pa.schema([pa.field("comp", pa.int64(), nullable=False), pa.field("a", pa.int64(), nullable=False),
                         pa.field("b", pa.int64(), nullable=False), pa.field("jaccard", pa.float64(), nullable=False)])
 MEMBER_SCHEMA = pa.schema([pa.field("comp", pa.int64(), nullable=False), pa.field("node", pa.int64(), nullable=False),
@@ -75,6 +82,8 @@ MEMBER_SCHEMA = pa.schema([pa.field("comp", pa.int64(), nullable=False), pa.fiel
 DECIDED_SCHEMA = pa.schema([pa.field("node", pa.int64(), nullable=False), DECISION_SCHEMA.field("status"),
                             DECISION_SCHEMA.field("cluster_id"), DECISION_SCHEMA.field("duplicate_of"),
                             DECISION_SCHEMA.field("duplicate_of_source"), DECISION_SCHEMA.field("jaccard")])
+CAND_C_SCHEMA = pa.schema([pa.field("comp", pa.int64(), nullable=False), pa.field("a", pa.int64(), nullable=False),
+                           pa.field("b", pa.int64(), nullable=False)])
 COUNT_SCHEMA = pa.schema([pa.field("node", pa.int64(), nullable=False), pa.field("n", pa.int64(), nullable=False)])
 
 
@@ -83,15 +92,15 @@ COUNT_SCHEMA = pa.schema([pa.field("node", pa.int64(), nullable=False), pa.field
 def _scan(task: _Task) -> tuple[int, dict[str, int]]:
     """Rows per source; with earlier refreshes, this part's ids shuffled by id hash for the join."""
     lay, k = task.layout, task.i
-    t = pq.read_table(lay.parts[k], columns=["doc_id", "source"])
-    counts = Counter(t.column("source").to_pylist())
+    t = pq.read_table(lay.parts[k], columns=["doc_id", "source"] if lay.earlier else ["source"])
+    counts = {c["values"]: c["counts"] for c in pc.value_counts(t.column("source")).to_pylist()}
     if lay.earlier and t.num_rows:
         ids = t.column("doc_id").to_pylist()
         h = doc_id_hash(ids)
         table = pa.table({"h": h, "doc_id": ids, "node": np.arange(t.num_rows, dtype=np.int64)},  # row, for now
                          schema=NEW_IDS_SCHEMA)
         write_partitioned(lay.w("ids"), f"{k:05d}", table, partition_of(h, lay.partitions), lay.partitions)
-    return t.num_rows, dict(counts)
+    return t.num_rows, counts
 
 
 def _already(task: _Task) -> int:
@@ -136,24 +145,23 @@ def _keys(task: _Task) -> int:
         is_already[rows] = True
         write_edges(lay.w("cc"), f"a{k:05d}", already.column("node").to_numpy(), already.column("old_node").to_numpy(),
                     lay.partitions)
-    doc_ids = t.column("doc_id").to_pylist()
     new = np.flatnonzero(~is_already)
     chars = t.column("chars").to_numpy()
-    ranks: list[bytes | None] = [None] * n
-    new_ids = [doc_ids[i] for i in new]
-    for i, r in zip(new, new_ranks(lay.keep, np.full(new.size, lay.tiers[k]), np.full(new.size, lay.orders[k]),
-                                   lay.seq_starts[k] + new, chars[new], new_ids, nodes[new])):
-        ranks[i] = r
+    new_rank = new_ranks(lay.keep, np.full(new.size, lay.tiers[k]), np.full(new.size, lay.orders[k]),
+                         lay.seq_starts[k] + new, chars[new], t.column("doc_id").take(pa.array(new)), nodes[new])
+    of_row = np.full(n, -1, np.int64)  # row -> its position among the new documents (-1: already indexed)
+    of_row[new] = np.arange(new.size)
     write_scratch(lay.w("nodes", f"{k:05d}{SCRATCH}"), pa.table({
-        "node": nodes, "rank": pa.array(ranks, pa.binary()), "doc_id": doc_ids, "source": t.column("source"),
-        "old_node": pa.array(old_of, mask=~is_already)}, schema=NODES_SCHEMA))
+        "node": nodes, "rank": new_rank.take(pa.array(of_row, mask=of_row < 0)), "doc_id": t.column("doc_id"),
+        "source": t.column("source"), "old_node": pa.array(old_of, mask=~is_already)}, schema=NODES_SCHEMA))
     if new.size:
         sig = t.column("signature").combine_chunks()
         sigs = sig.values.to_numpy(zero_copy_only=False).reshape(n, sig.type.list_size)[new]
         keys = band_keys(sigs, lay.bands, lay.rows)  # (new, bands)
+        write_scratch(lay.w("band_keys", f"{k:05d}{SCRATCH}"), pa.table({"key": keys.ravel()}))  # for final
         table = pa.table({"band": np.tile(np.arange(lay.bands, dtype=np.int32), new.size), "key": keys.ravel(),
                           "node": np.repeat(nodes[new], lay.bands),
-                          "rank": pa.array([ranks[i] for i in new for _ in range(lay.bands)], pa.binary())},
+                          "rank": new_rank.take(pa.array(np.repeat(np.arange(new.size), lay.bands)))},
                          schema=KEY_SCHEMA)
         write_partitioned(lay.w("keys"), f"{k:05d}", table, partition_of(keys.ravel(), lay.partitions), lay.partitions)
     return int(new.size)
@@ -196,11 +204,12 @@ def _pairs(task: _Task) -> dict[str, Any]:
     lay, p = task.layout, task.i
     tables = [read_partition(lay.w("keys"), p, KEY_SCHEMA)]
     if tables[0].num_rows == 0:
-        return {"pairs": 0, "buckets": 0, "largest_bucket": 0, "oversized_buckets": 0, "doc_partitions": []}
+        return {"pairs": 0, "buckets": 0, "largest_bucket": 0, "oversized_buckets": 0, "doc_partitions": [],
+                "b_parts": []}
     for r, old in _earlier_partition(lay, "buckets", p, "key"):
         refs = old.column("ref").to_numpy()
         tables.append(pa.table({"band": old.column("band"), "key": old.column("key"), "node": old_node(r, refs),
-                                "rank": pa.array(old_ranks(r, refs), pa.binary())}, schema=KEY_SCHEMA))
+                                "rank": old_ranks(r, refs)}, schema=KEY_SCHEMA))
     t = pa.concat_tables(tables)
     band, key = t.column("band").to_numpy(), t.column("key").to_numpy()
     order = np.lexsort((key, band))
@@ -216,32 +225,75 @@ def _pairs(task: _Task) -> dict[str, Any]:
     pairs = np.unique(np.stack([a, b], axis=1), axis=0) if a.size else np.empty((0, 2), np.int64)
     table = pa.table({"a": pairs[:, 0], "b": pairs[:, 1]}, schema=PAIR_SCHEMA)
     touched = write_partitioned(lay.w("pairs"), f"{p:05d}", table, lay.dp_of(pairs[:, 0]), lay.doc_partitions)
+    # The second documents, by their part: the attach task of that part sets their shingles aside for verify.
+    seconds = np.unique(pairs[:, 1])
+    b_parts = write_partitioned(lay.w("pairs_b"), f"{p:05d}", pa.table({"node": seconds}, schema=B_SCHEMA),
+                                lay.dp_of(seconds), lay.n_parts)
     return {"pairs": int(a.size), "buckets": int(shared.size), "largest_bucket": int(sizes.max()),
-            "oversized_buckets": int((shared > lay.max_bucket).sum()), "doc_partitions": touched}
+            "oversized_buckets": int((shared > lay.max_bucket).sum()), "doc_partitions": touched,
+            "b_parts": b_parts}
 
 
 # ------------------------------------------------------------------------------------ 5-6 attach, verify
 
 def _attach(task: _Task) -> int:
     """The distinct pairs whose first document is in this doc-partition, with that document's shingles, shuffled
-    by the second document's part (always this refresh's)."""
+    by the second document's part (always this refresh's); and, of a part of this refresh, the shingles of its
+    documents that are some pair's second (a scratch file verify reads instead of the whole part again)."""
     lay, dp = task.layout, task.i
     t = read_partition(lay.w("pairs"), dp, PAIR_SCHEMA)
+    seconds = read_partition(lay.w("pairs_b"), dp, B_SCHEMA).column("node").to_numpy() if dp < lay.n_parts \
+        else np.empty(0, np.int64)
+    if t.num_rows == 0 and seconds.size == 0:
+        return 0
+    part = pq.read_table(lay.parts[dp], columns=["shingles"]).column("shingles") if dp < lay.n_parts else None
+    if seconds.size:
+        seconds = np.unique(seconds)
+        write_scratch(lay.w("seconds", f"{dp:05d}{SCRATCH}"), pa.table(
+            {"node": seconds, "shingles": part.take(pa.array(seconds - lay.starts[dp]))}, schema=SECOND_SCHEMA))
     if t.num_rows == 0:
         return 0
     pairs = np.unique(np.stack([t.column("a").to_numpy(), t.column("b").to_numpy()], axis=1), axis=0)
     write_scratch(lay.w("cands", f"{dp:05d}{SCRATCH}"),
-                         pa.table({"a": pairs[:, 0], "b": pairs[:, 1]}, schema=PAIR_SCHEMA))
-    nodes, docs = lay.docs(dp, ["shingles"])
-    if dp < lay.n_parts:
-        rows = pairs[:, 0] - lay.starts[dp]
-    else:  # an earlier docs file holds only the kept documents (sorted by ref): look the nodes up
-        order = np.argsort(nodes, kind="stable")
-        rows = order[np.searchsorted(nodes[order], pairs[:, 0])]
-    shingles = docs.column("shingles").take(pa.array(rows))
+                  pa.table({"a": pairs[:, 0], "b": pairs[:, 1]}, schema=PAIR_SCHEMA))
+    shingles = part.take(pa.array(pairs[:, 0] - lay.starts[dp])) if part is not None \
+        else lay.doc_rows(dp, pairs[:, 0], ["shingles"]).column("shingles")
     table = pa.table({"a": pairs[:, 0], "b": pairs[:, 1], "shingles": shingles}, schema=PAIR_A_SCHEMA)
     write_partitioned(lay.w("pairs_a"), f"{dp:05d}", table, lay.dp_of(pairs[:, 1]), lay.n_parts)
     return int(len(pairs))
+
+
+def _segment_keys(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Sets values[starts[i]:starts[i] + lengths[i]] concatenated, each value tagged with its set's number i in
+    the high 32 bits (uint64), so the concatenation is sorted when every set is."""
+    total = int(lengths.sum())
+    pair = np.repeat(np.arange(lengths.size, dtype=np.uint64), lengths)
+    first = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)  # value index minus output index
+    return (pair << np.uint64(32)) | values[first + np.arange(total, dtype=np.int64)].astype(np.uint64)
+
+
+def pair_jaccard(a_values: np.ndarray, a_offsets: np.ndarray, b_values: np.ndarray, b_offsets: np.ndarray,
+                 b_rows: np.ndarray) -> np.ndarray:
+    """Exact Jaccard (as `minhash.jaccard`) of pair i: set i of the a list (a_offsets[i]:a_offsets[i + 1]) and set
+    b_rows[i] of the b list, every set sorted and unique (the shingles column). All pairs at once: both sides as
+    (pair, shingle) keys and one binary search of a's keys in b's, instead of an intersect1d per pair."""
+    n = len(b_rows)
+    a_offsets, b_rows = np.asarray(a_offsets, np.int64), np.asarray(b_rows, np.int64)
+    b_offsets = np.asarray(b_offsets, np.int64)
+    a_len = np.diff(a_offsets[:n + 1])
+    b_start = b_offsets[b_rows]
+    b_len = b_offsets[b_rows + 1] - b_start
+    a_keys = _segment_keys(a_values, a_offsets[:n], a_len)
+    b_keys = _segment_keys(b_values, b_start, b_len)
+    if b_keys.size > 1 and not (b_keys[1:] >= b_keys[:-1]).all():
+        b_keys.sort()  # an unsorted set: still exact, for a price
+    inter = np.zeros(n, np.int64)
+    if a_keys.size and b_keys.size:
+        at = np.minimum(np.searchsorted(b_keys, a_keys), b_keys.size - 1)
+        found = b_keys[at] == a_keys
+        inter = np.bincount((a_keys[found] >> np.uint64(32)).astype(np.int64), minlength=n)
+    union = a_len + b_len - inter
+    return np.where(union > 0, inter / np.maximum(union, 1), 1.0)
 
 
 def _verify(task: _Task) -> tuple[int, int]:
@@ -252,15 +304,17 @@ def _verify(task: _Task) -> tuple[int, int]:
         return 0, 0
     a, b = t.column("a").to_numpy(), t.column("b").to_numpy()
     a_values, a_offsets = _shingle_arrays(t.column("shingles"))
-    b_values, b_offsets = _shingle_arrays(pq.read_table(lay.parts[k], columns=["shingles"]).column("shingles"))
-    rows = b - lay.starts[k]
-    j = np.array([jaccard(a_values[a_offsets[i]:a_offsets[i + 1]], b_values[b_offsets[r]:b_offsets[r + 1]])
-                  for i, r in enumerate(rows)], dtype=np.float64)
+    seconds = read_scratch(lay.w("seconds", f"{k:05d}{SCRATCH}"))  # every b of this part, sorted, with shingles
+    b_values, b_offsets = _shingle_arrays(seconds.column("shingles"))
+    j = pair_jaccard(a_values, a_offsets, b_values, b_offsets,
+                     np.searchsorted(seconds.column("node").to_numpy(), b))
     hit = j >= lay.threshold
     write_scratch(lay.w("hits", f"{k:05d}{SCRATCH}"),
                          pa.table({"comp": np.zeros(int(hit.sum()), np.int64), "a": a[hit], "b": b[hit],
                                    "jaccard": j[hit]}, schema=HIT_SCHEMA))
     write_edges(lay.w("cc"), f"v{k:05d}", a[hit], b[hit], lay.partitions)
+    nodes, n = np.unique(b, return_counts=True)  # b's distinct candidate pairs (those of a not kept: decide's)
+    write_scratch(lay.w("cand_n", f"{k:05d}{SCRATCH}"), pa.table({"node": nodes, "n": n}, schema=COUNT_SCHEMA))
     return int(a.size), int(hit.sum())
 
 
@@ -283,15 +337,22 @@ def _route(task: _Task) -> int:
             comp = llabel[np.searchsorted(lnode, hits.column("b").to_numpy())]
             hits = hits.set_column(0, "comp", pa.array(comp, pa.int64()))
             write_partitioned(lay.w("hit_c"), f"{dp:05d}", hits, node_partition(comp, lay.partitions), lay.partitions)
+        cands = lay.w("cands", f"{dp:05d}{SCRATCH}")
+        if cands.is_file():  # pairs whose first document may not be kept: decide says (the `candidates` column)
+            t = read_scratch(cands)
+            a, b = t.column("a").to_numpy(), t.column("b").to_numpy()
+            at = np.minimum(np.searchsorted(lnode, a), lnode.size - 1)
+            mine = lnode[at] == a  # a is in a component (a document that is not kept always is)
+            comp = llabel[at[mine]]
+            write_partitioned(lay.w("cand_c"), f"{dp:05d}",
+                              pa.table({"comp": comp, "a": a[mine], "b": b[mine]}, schema=CAND_C_SCHEMA),
+                              node_partition(comp, lay.partitions), lay.partitions)
     else:
         r, _ = lay.earlier_of(dp)
-        nodes, docs = lay.docs(dp, ["doc_id", "source"])
-        order = np.argsort(nodes, kind="stable")
-        take = order[np.searchsorted(nodes[order], lnode)]
+        docs = lay.doc_rows(dp, lnode, ["doc_id", "source"])
         refs = _decode_old(lnode)[1]
-        members = pa.table({"node": lnode, "rank": pa.array(old_ranks(r, refs), pa.binary()),
-                            "doc_id": docs.column("doc_id").take(pa.array(take)),
-                            "source": docs.column("source").take(pa.array(take)),
+        members = pa.table({"node": lnode, "rank": old_ranks(r, refs),
+                            "doc_id": docs.column("doc_id"), "source": docs.column("source"),
                             "old_node": pa.nulls(lnode.size, pa.int64())}, schema=NODES_SCHEMA)
     # An already indexed document has no rank (it is never decided, only clustered): it sorts last.
     rank = pc.fill_null(members.column("rank"), pa.scalar(b"\x02", pa.binary()))
@@ -366,31 +427,20 @@ def _decide(task: _Task) -> dict[str, Any]:
         examples = sorted(examples, key=lambda e: (-e[0], e[1]))[:EXAMPLE_CLUSTERS]  # bounded per partition
     table = pa.table(out, schema=DECIDED_SCHEMA)
     write_partitioned(lay.w("decided"), f"{cp:05d}", table, lay.dp_of(table.column("node").to_numpy()), lay.n_parts)
+    # `candidates`: b counts a unless a is of this refresh and not kept; those a are decided here.
+    cands = read_partition(lay.w("cand_c"), cp, CAND_C_SCHEMA)
+    if cands.num_rows:
+        decided_nodes = table.column("node").to_numpy()
+        not_kept = decided_nodes[pc.not_equal(table.column("status"), KEPT).to_numpy(zero_copy_only=False)]
+        a, b = cands.column("a").to_numpy(), cands.column("b").to_numpy()
+        nodes, n = np.unique(b[np.isin(a, not_kept)], return_counts=True)
+        write_partitioned(lay.w("uncounted"), f"{cp:05d}", pa.table({"node": nodes, "n": n}, schema=COUNT_SCHEMA),
+                          lay.dp_of(nodes), lay.n_parts)
     return {"cluster_sizes": dict(sizes), "clusters": sum(sizes.values()), "matched_earlier_refreshes": matched_earlier,
             "components": int(starts.size), "example_clusters": examples}
 
 
-# --------------------------------------------------------------------------------- 10-12 count, final
-
-def _count(task: _Task) -> int:
-    """`candidates`: per distinct candidate pair (a earlier, b later), b counts a if a is an earlier refresh's
-    document (always) or was kept (near_dedup counts candidates accepted when b is decided)."""
-    lay, dp = task.layout, task.i
-    f = lay.w("cands", f"{dp:05d}{SCRATCH}")
-    if not f.is_file():
-        return 0
-    t = read_scratch(f)
-    a, b = t.column("a").to_numpy(), t.column("b").to_numpy()
-    if dp < lay.n_parts:
-        decided = read_partition(lay.w("decided"), dp, DECIDED_SCHEMA, ["node", "status"])
-        not_kept = decided.filter(pc.not_equal(decided.column("status"), KEPT)).column("node").to_numpy()
-        counted = ~np.isin(a, not_kept)  # not in a component: kept
-        b = b[counted]
-    nodes, n = np.unique(b, return_counts=True)
-    write_partitioned(lay.w("counts"), f"{dp:05d}", pa.table({"node": nodes, "n": n}, schema=COUNT_SCHEMA),
-                      lay.dp_of(nodes), lay.n_parts)
-    return int(n.sum())
-
+# --------------------------------------------------------------------------------------- 10-11 final
 
 def _final(task: _Task) -> dict[str, Any]:
     """Part k's decision rows (in its row order), and its kept documents for this refresh's index."""
@@ -399,53 +449,59 @@ def _final(task: _Task) -> dict[str, Any]:
     n = nodes_t.num_rows
     start = lay.starts[k]
     already = nodes_t.column("old_node").is_valid().to_numpy(zero_copy_only=False)
-    status = np.where(already, ALREADY_INDEXED, KEPT).astype(object)
-    cluster = [None] * n
-    dup, dup_source = [None] * n, [None] * n
-    score = np.full(n, np.nan)
     decided = read_partition(lay.w("decided"), k, DECIDED_SCHEMA)
-    for x, st, c, d, ds, j in zip(*(decided.column(name).to_pylist() for name in DECIDED_SCHEMA.names)):
-        i = x - start
-        status[i], cluster[i], dup[i], dup_source[i] = st, c, d, ds
-        score[i] = np.nan if j is None else j
-    candidates = np.zeros(n, np.int32)
-    counts = read_partition(lay.w("counts"), k, COUNT_SCHEMA)
-    np.add.at(candidates, counts.column("node").to_numpy() - start, counts.column("n").to_numpy().astype(np.int32))
-    doc_ids, sources = nodes_t.column("doc_id").to_pylist(), nodes_t.column("source").to_pylist()
-    decisions = pa.table({"doc_id": doc_ids, "source": sources, "status": status.tolist(), "cluster_id": cluster,
-                          "duplicate_of": dup, "duplicate_of_source": dup_source,
-                          "jaccard": pa.array(score, mask=np.isnan(score)), "candidates": candidates},
-                         schema=DECISION_SCHEMA)
+    row = np.full(n, -1, np.int64)  # row -> its decided row (-1: in no component)
+    row[decided.column("node").to_numpy() - start] = np.arange(decided.num_rows)
+    of_row = pa.array(row, mask=row < 0)
+    status = np.where(already, ALREADY_INDEXED, KEPT).astype(object)
+    status[row >= 0] = np.asarray(decided.column("status").to_pylist(), object)[row[row >= 0]]
+    candidates = np.zeros(n, np.int64)
+    if lay.w("cand_n", f"{k:05d}{SCRATCH}").is_file():
+        counts = read_scratch(lay.w("cand_n", f"{k:05d}{SCRATCH}"))
+        candidates[counts.column("node").to_numpy() - start] = counts.column("n").to_numpy()
+    uncounted = read_partition(lay.w("uncounted"), k, COUNT_SCHEMA)
+    np.subtract.at(candidates, uncounted.column("node").to_numpy() - start, uncounted.column("n").to_numpy())
+    candidates = candidates.astype(np.int32)
+    doc_ids, sources = nodes_t.column("doc_id"), nodes_t.column("source")
+    dup_source = decided.column("duplicate_of_source").take(of_row)
+    decisions = pa.table({"doc_id": doc_ids, "source": sources, "status": status.tolist(),
+                          "cluster_id": decided.column("cluster_id").take(of_row),
+                          "duplicate_of": decided.column("duplicate_of").take(of_row),
+                          "duplicate_of_source": dup_source, "jaccard": decided.column("jaccard").take(of_row),
+                          "candidates": candidates}, schema=DECISION_SCHEMA)
     write_parquet_atomic(Path(lay.decisions) / part_name("decisions", k), decisions)
 
     # This refresh's index: the kept documents' records and shingles (by part), band keys and ids (by partition).
     kept = np.flatnonzero(status == KEPT)
-    sig_t = pq.read_table(lay.parts[k], columns=["chars", "signature", "shingles"])
+    sig_t = pq.read_table(lay.parts[k], columns=["chars", "shingles"])
     refs = start + kept
+    kept_ids = doc_ids.take(pa.array(kept))
     write_parquet_atomic(index_file(lay.index, "docs", k), pa.table({
-        "ref": refs, "doc_id": [doc_ids[i] for i in kept], "source": [sources[i] for i in kept],
+        "ref": refs, "doc_id": kept_ids, "source": sources.take(pa.array(kept)),
         "quality_tier": np.full(kept.size, lay.tiers[k], np.int32), "chars": sig_t.column("chars").take(pa.array(kept)),
-        "batch": [lay.batch] * kept.size, "shingles": sig_t.column("shingles").take(pa.array(kept))},
-        schema=DOCS_SCHEMA), hash_columns=HASH_COLUMNS)
+        "batch": pa.array([lay.batch] * kept.size, pa.string()),
+        "shingles": sig_t.column("shingles").take(pa.array(kept))},
+        schema=DOCS_SCHEMA), hash_columns=HASH_COLUMNS, row_group_size=DOCS_ROW_GROUP_ROWS)
     if kept.size:
-        sig = sig_t.column("signature").combine_chunks()
-        sigs = sig.values.to_numpy(zero_copy_only=False).reshape(n, sig.type.list_size)[kept]
-        keys = band_keys(sigs, lay.bands, lay.rows).ravel()
+        # The keys round's band keys of the new documents (a kept document is new): no second read of signatures.
+        new_keys = read_scratch(lay.w("band_keys", f"{k:05d}{SCRATCH}")).column("key").to_numpy()
+        keys = new_keys.reshape(-1, lay.bands)[(np.cumsum(~already) - 1)[kept]].ravel()
         write_partitioned(lay.w("kept_keys"), f"{k:05d}", pa.table({
             "band": np.tile(np.arange(lay.bands, dtype=np.int32), kept.size), "key": keys,
             "ref": np.repeat(refs, lay.bands)}, schema=BUCKET_SCHEMA), partition_of(keys, lay.partitions),
             lay.partitions)
-        ids = [doc_ids[i] for i in kept]
-        h = doc_id_hash(ids)
+        h = doc_id_hash(kept_ids.to_pylist())
         write_partitioned(lay.w("kept_ids"), f"{k:05d}",
-                          pa.table({"h": h, "doc_id": ids, "ref": refs}, schema=IDS_SCHEMA),
+                          pa.table({"h": h, "doc_id": kept_ids, "ref": refs}, schema=IDS_SCHEMA),
                           partition_of(h, lay.partitions), lay.partitions)
     per_source: dict[str, Counter] = {}
     cross: dict[str, Counter] = {}
-    for s, st, ds in zip(sources, status, dup_source):
-        per_source.setdefault(s, Counter())[st] += 1
-        if st == NEAR_DUPLICATE:
-            cross.setdefault(s, Counter())[ds] += 1
+    by = pa.table({"s": sources, "st": status.tolist(), "ds": dup_source})
+    for g in by.group_by(["s", "st"]).aggregate([([], "count_all")]).to_pylist():
+        per_source.setdefault(g["s"], Counter())[g["st"]] += g["count_all"]
+    dups = by.filter(pc.equal(by.column("st"), NEAR_DUPLICATE))
+    for g in dups.group_by(["s", "ds"]).aggregate([([], "count_all")]).to_pylist():
+        cross.setdefault(g["s"], Counter())[g["ds"]] += g["count_all"]
     return {"per_source": per_source, "cross_source": cross, "kept": int(kept.size)}
 
 
@@ -453,7 +509,8 @@ def _persist(task: _Task) -> int:
     lay, p = task.layout, task.i
     keys = read_partition(lay.w("kept_keys"), p, BUCKET_SCHEMA)
     order = np.lexsort([keys.column(c).to_numpy() for c in ("ref", "key", "band")])  # by band, key, ref
-    write_parquet_atomic(index_file(lay.index, "buckets", p), keys.take(pa.array(order)))
+    write_parquet_atomic(index_file(lay.index, "buckets", p), keys.take(pa.array(order)),
+                         hash_columns=BUCKET_HASH_COLUMNS)
     ids = read_partition(lay.w("kept_ids"), p, IDS_SCHEMA)
-    write_parquet_atomic(index_file(lay.index, "ids", p), ids.sort_by("doc_id"))
+    write_parquet_atomic(index_file(lay.index, "ids", p), ids.sort_by("doc_id"), hash_columns=IDS_HASH_COLUMNS)
     return keys.num_rows

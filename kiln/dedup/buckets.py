@@ -11,16 +11,23 @@ arrival order, and a reader of q takes its segment of each):
    1 scan      part k: row counts per source ─ ids → ids/{p}   (ids/, buckets/, docs/ per refresh)
    2 already   ids/{p} ⋈ earlier ids (doc_id) → already/{k}          │
    3 keys      part k: the new documents' band keys → keys/{p};      │
-               node table → nodes/{k}; (doc, its earlier copy) edges │
-   4 pairs     keys/{p} + earlier buckets/{p} grouped by (band, key) ┘ → pairs by the first doc's part
-   5 attach    distinct pairs of doc-partition d + d's shingles → by the second doc's part
-   6 verify    exact Jaccard with part k's shingles; J >= threshold → component edges + hits
-   7 components (kiln.dedup.components: large-star / small-star rounds) → labels by doc-partition
-   8 route     members and hits → by component
-   9 decide    greedy in keep order inside each component → decided rows by part
-  10 count     the `candidates` column: per candidate pair, does its first doc count (old, or kept)?
-  11 final     part k: decisions/decisions-k.parquet (the rows of `near_dedup`, in the same order); its kept docs
-  12 persist   this refresh's index folder: buckets, ids, docs; `_index.json` last
+               node table → nodes/{k}; (doc, its earlier copy) edges │  (its band keys also kept for 11)
+   4 pairs     keys/{p} + earlier buckets/{p} grouped by (band, key) ┘ → pairs by the first doc's part, the
+               second docs by theirs
+   5 attach    distinct pairs of doc-partition d + d's shingles → by the second doc's part; of a part of this
+               refresh, its second docs' shingles set aside (read by row group from an earlier docs file)
+   6 verify    exact Jaccard of every pair at once with those shingles; J >= threshold → component edges + hits
+   7 components (kiln.dedup.components: large-star / small-star rounds; the last one labels) → labels by
+               doc-partition
+   8 route     members, hits and the candidate pairs of their first docs → by component
+   9 decide    greedy in keep order inside each component → decided rows by part; per second doc, its pairs
+               whose first doc was not kept (the `candidates` column is verify's count less these)
+  10 final     part k: decisions/decisions-k.parquet (the rows of `near_dedup`, in the same order); its kept docs
+  11 persist   this refresh's index folder: buckets, ids, docs; `_index.json` last
+
+With no earlier refresh that is 8 rounds (scan is read from the parts' footers when their statistics show one
+source each) and the components' (3 when every component's edges come from one writer: `components.local_stars`);
+two more (scan, already) against earlier refreshes.
 
 The rounds' tasks are in `kiln.dedup.bucket_rounds`; the nodes, doc-partitions and Layout they find their inputs
 by, in `kiln.dedup.bucket_layout`; the index folders they read and write, in `kiln.dedup.bucket_index`. This module:
@@ -52,7 +59,6 @@ from kiln.dedup.bucket_rounds import (
     EXAMPLE_CLUSTERS,
     _already,
     _attach,
-    _count,
     _decide,
     _final,
     _keys,
@@ -79,6 +85,24 @@ def auto_partitions(documents: int, bands: int) -> int:
     return max(8, -(-documents * bands // KEY_ROWS_PER_PARTITION))
 
 
+def _footer_scan(path: Path) -> tuple[int, dict[str, int]] | None:
+    """(rows, {source: rows}) of a signature part from its Parquet footer alone, when the `source` statistics of
+    every row group show one value and no nulls; None when they do not say (short of exact, equal min and max)."""
+    meta = pq.ParquetFile(path).metadata
+    if meta.num_rows == 0:
+        return 0, {}
+    leaf = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == "source"), None)
+    values = set()
+    for g in range(meta.num_row_groups) if leaf is not None else ():
+        stats = meta.row_group(g).column(leaf).statistics
+        if stats is None or not stats.has_min_max or stats.null_count != 0 or stats.min != stats.max:
+            return None
+        values.add(stats.min)
+    if len(values) != 1 or not isinstance(next(iter(values)), str):
+        return None
+    return meta.num_rows, {values.pop(): meta.num_rows}
+
+
 def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tuple[int, int]],
                        previous: Sequence[Path], work_dir: Path, out_dir: Path, near: NearDedup, batch_name: str,
                        engine: Engine = SERIAL, partitions: int | None = None, max_bucket: int = 1_000,
@@ -101,9 +125,8 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
         shutil.rmtree(out_dir / sub, ignore_errors=True)
     for sub in ("decisions", "index/docs", "index/buckets", "index/ids"):
         (out_dir / sub).mkdir(parents=True)
-    (work_dir / "nodes").mkdir()
-    (work_dir / "hits").mkdir()
-    (work_dir / "cands").mkdir()
+    for sub in ("nodes", "hits", "cands", "seconds", "band_keys", "cand_n"):
+        (work_dir / sub).mkdir()
     params = index_params(near)
     bands, rows = bands_rows(near)
     earlier, base = [], len(signature_parts)
@@ -131,7 +154,10 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
     n_parts = len(signature_parts)
     scan_layout = Layout(**common, starts=(0,) * (n_parts + 1), seq_starts=(0,) * n_parts, tiers=(0,) * n_parts,
                          orders=(0,) * n_parts)
-    scanned = stage("scan", _scan, scan_layout, range(n_parts))
+    # Without earlier refreshes the scan only counts rows per source: a part's footer says as much when its
+    # statistics show one source (else, or with earlier refreshes, whose ids the scan shuffles, it is a round).
+    footers = [] if earlier else [_footer_scan(p) for p in signature_parts]
+    scanned = footers if footers and None not in footers else stage("scan", _scan, scan_layout, range(n_parts))
     starts, seq_starts, tiers, orders, seen = [0], [], [], [], Counter()
     for k, (n, counts) in enumerate(scanned):
         names = [s for s in counts if counts[s]]
@@ -154,7 +180,7 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
     new_docs = sum(stage("keys", _keys, lay, range(n_parts)))
     paired = stage("pairs", _pairs, lay, range(P))
     touched = sorted({d for x in paired for d in x["doc_partitions"]})
-    distinct = sum(stage("attach", _attach, lay, touched))
+    distinct = sum(stage("attach", _attach, lay, sorted(set(touched) | {d for x in paired for d in x["b_parts"]})))
     verified = stage("verify", _verify, lay, range(n_parts))
     t0 = time.perf_counter()
     cc = connected_components(work_dir / "cc", P, engine, route=LayoutFile.write(lay, work_dir),
@@ -163,7 +189,6 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
     routed = set(cc["label_partitions"]) | set(range(n_parts))
     stage("route", _route, lay, sorted(routed))
     decided = stage("decide", _decide, lay, range(P))
-    stage("count", _count, lay, touched)
     finals = stage("final", _final, lay, range(n_parts))
     stage("persist", _persist, lay, range(P))
     kept = sum(f["kept"] for f in finals)

@@ -51,9 +51,12 @@ def write_partitioned(root: Path, name: str, table: pa.Table, partition: np.ndar
     if table.num_rows == 0 and not keep_empty:
         return []
     partition = np.asarray(partition, np.int64)
-    order = np.argsort(partition, kind="stable")
-    bounds = np.searchsorted(partition[order], np.arange(partitions + 1))
-    rows = table.take(pa.array(order))
+    if partition.size < 2 or (partition[1:] >= partition[:-1]).all():  # in partition order already: no copy
+        bounds, rows = np.searchsorted(partition, np.arange(partitions + 1)), table
+    else:
+        order = np.argsort(partition, kind="stable")
+        bounds = np.searchsorted(partition[order], np.arange(partitions + 1))
+        rows = table.take(pa.array(order))
     written = np.flatnonzero(np.diff(bounds)).tolist()
     ends = np.zeros(partitions + 1, np.int64)
     root.mkdir(parents=True, exist_ok=True)
