@@ -89,7 +89,8 @@ def _marks() -> list[int]:
 _UNITS = _unit_chars()
 _N = _class_body([c for c in _UNITS if c <= 0xFFFF])  # BMP classes: `re` tests them with one table lookup
 _N_ASTRAL = _class_body([c for c in _UNITS if c > 0xFFFF])  # a few ranges (CJK extensions B-H, Tangut, kana ...)
-_M = _class_body(_marks())
+_MARKS = _marks()  # listed once: 65,536 unicodedata lookups
+_M = _class_body(_MARKS)
 _UNIT = rf"(?:[{_N}]|[{_N_ASTRAL}])[{_M}]*"  # one character of a no-space script, with its marks
 _W = rf"(?![{_N_ASTRAL}])[^\W{_N}][{_M}]*"  # a word character of a spaced script, with its marks
 # Anything that can make the aware split differ from the old regex: a no-space-script character or a combining mark.
@@ -181,7 +182,7 @@ def unit_code_points() -> frozenset[int]:
 
 @cache
 def mark_code_points() -> frozenset[int]:
-    return frozenset(_marks())
+    return frozenset(_MARKS)
 
 
 # ---- scripts -----------------------------------------------------------------------------------------------------

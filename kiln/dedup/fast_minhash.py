@@ -1,9 +1,10 @@
 """The fast signature scheme, `minhash.SCHEME_FAST` (`minhash.sign_texts` dispatches between the two schemes).
 
-SCHEME_FAST (the default dedup.near.scheme) signs a whole batch of documents with a few numpy passes instead of
-Python calls per word or shingle. Same words and shingles as `normalized_words` and `text.shingle_ranges` (a character
-of a script written without spaces is a word of its own); other hash functions, so its shingle sets and
-signatures are not comparable with SCHEME's:
+SCHEME_FAST (the default dedup.near.scheme) signs a whole batch of documents with a few numpy passes (code points,
+scripts, normalization) and compiled loops (`kiln.dedup._kernels`: word and shingle hashes, each text's sorted unique
+shingle set, the sketches) instead of Python calls per word or shingle. Same words and shingles as
+`normalized_words` and `text.shingle_ranges` (a character of a script written without spaces is a word of its own);
+other hash functions, so its shingle sets and signatures are not comparable with SCHEME's:
   word hash      mix64(sum_k (byte_k + 1) * WORD_BASE^k)  over the word's UTF-8 bytes (surrogatepass)
   shingle hash   mix64(sum_k word_hash_k * SHINGLE_BASE^k) over n consecutive words (n words' worth of no-space
                  characters, `text.shingle_ranges`; all the words of a shorter document, none for an empty one),
@@ -71,6 +72,15 @@ def _code_point_map(strip_punctuation: bool, zero_digits: bool) -> np.ndarray:
     return out
 
 
+@lru_cache(maxsize=8)
+def _ascii_map(strip_punctuation: bool, zero_digits: bool, lowercase: bool) -> np.ndarray:
+    """`_code_point_map` of the ASCII code points, then str.lower (A-Z to a-z: ASCII lowercases within ASCII), as
+    bytes: the UTF-8 that the general path gives an ASCII text."""
+    mapped = _code_point_map(strip_punctuation, zero_digits)[:128] & _U32(_CODE_BITS)  # no ASCII flag is set
+    text = mapped.astype("<u4").tobytes().decode("utf-32-le")
+    return np.frombuffer((text.lower() if lowercase else text).encode("ascii"), dtype=np.uint8).copy()
+
+
 def _split_units(codes: np.ndarray, mapped: np.ndarray) -> tuple[np.ndarray, bool]:
     """The mapped code points of a chunk with no-space characters or combining marks, as `text_units.WORDS` /
     `NON_SPACE` split them, and whether it has a no-space character: a combining mark stays in the word of the
@@ -89,10 +99,17 @@ def _split_units(codes: np.ndarray, mapped: np.ndarray) -> tuple[np.ndarray, boo
     attached = marks[has_prev & (before != _SPACE) & (before != _NEWLINE)]
     base[attached] = codes[attached]  # \w mode maps marks to a space: a mark inside a word keeps its code point
     unit_marks = marks[has_prev & ((flags[np.maximum(prev, 0)] & _U32(2)) != 0)]
-    members = np.union1d(units, unit_marks)  # a no-space character or one of its marks
-    after = members + 1
-    breaks = np.union1d(units, after[~np.isin(after, unit_marks)])
-    return np.insert(base, breaks, _SPACE), units.size > 0
+    # Boolean masks over the positions, not np.union1d / np.isin (hash tables of every element: 30x slower here).
+    member = np.zeros(base.size + 1, dtype=bool)
+    member[units] = True
+    is_unit_mark = np.zeros(base.size + 1, dtype=bool)
+    is_unit_mark[unit_marks] = True
+    member |= is_unit_mark  # a no-space character or one of its marks
+    after = np.flatnonzero(member[:base.size]) + 1
+    breaks = np.zeros(base.size + 1, dtype=bool)
+    breaks[units] = True
+    breaks[after[~is_unit_mark[after]]] = True
+    return np.insert(base, np.flatnonzero(breaks), _SPACE), units.size > 0
 
 
 class _Powers:
@@ -116,7 +133,7 @@ class _Powers:
         return np.multiply.accumulate(out)
 
 
-_WORD_POWERS, _SHINGLE_POWERS = _Powers(WORD_BASE), _Powers(SHINGLE_BASE)
+_SHINGLE_POWERS = _Powers(SHINGLE_BASE)
 
 
 def _range_polynomials(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, powers: _Powers) -> np.ndarray:
@@ -128,12 +145,21 @@ def _range_polynomials(values: np.ndarray, starts: np.ndarray, ends: np.ndarray,
         return (prefix[ends] - prefix[starts]) * down[starts]
 
 
-def _normalized_bytes(texts: list[str], norm: ShingleNormalization) -> tuple[np.ndarray, bool]:
+def _normalized_bytes(texts: list[str], norm: ShingleNormalization,
+                      lengths: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
     """UTF-8 of the texts' normalized words, spaces between words and a newline after each text; and whether any
-    word is a no-space character (a chunk without any takes the plain path: the same bytes as before text_units)."""
-    original = np.frombuffer("\n".join(texts).encode("utf-32-le", "surrogatepass") + b"\n\0\0\0", dtype="<u4")
+    word is a no-space character (a chunk without any takes the plain path: the same bytes as before text_units).
+    `lengths`: the texts' lengths, when the caller has them."""
+    joined = "\n".join(texts)
+    ends = np.cumsum((_lengths(texts) if lengths is None else lengths) + 1) - 1
+    if joined.isascii():  # (a flag of the str, no scan) one byte per character, mapped and lowercased by one table
+        data = np.take(_ascii_map(norm.strip_punctuation, norm.digits == "zero", norm.lowercase),
+                       np.frombuffer(joined.encode("ascii") + b"\n", dtype=np.uint8))
+        data[ends] = _NEWLINE
+        return _digits_removed(data) if norm.digits == "remove" else data, False
+    original = np.frombuffer(joined.encode("utf-32-le", "surrogatepass") + b"\n\0\0\0", dtype="<u4")
     codes = np.take(_code_point_map(norm.strip_punctuation, norm.digits == "zero"), original)
-    codes[np.cumsum([len(t) + 1 for t in texts]) - 1] = _NEWLINE  # no other newline is left
+    codes[ends] = _NEWLINE  # no other newline is left
     units = False
     if codes.max() > _CODE_BITS:  # a flagged character: the script-aware split
         codes, units = _split_units(original, codes)
@@ -144,8 +170,12 @@ def _normalized_bytes(texts: list[str], norm: ShingleNormalization) -> tuple[np.
         text = text.lower()
     data = np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
     if norm.digits == "remove":  # after lowercasing, as in `normalize_word`: a digit can end a final sigma
-        data = data[(data < ord("0")) | (data > ord("9"))]  # ASCII digits are whole bytes in UTF-8
+        data = _digits_removed(data)
     return data, units
+
+
+def _digits_removed(data: np.ndarray) -> np.ndarray:
+    return data[(data < ord("0")) | (data > ord("9"))]  # ASCII digits are whole bytes in UTF-8
 
 
 def _unit_words(data: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -160,13 +190,17 @@ def _unit_words(data: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return out
 
 
-def _shingle_sets(texts: list[str], settings: NearDedup) -> tuple[np.ndarray, np.ndarray]:
-    """(document index, shingle hash) of every distinct shingle, sorted by both."""
-    data, units = _normalized_bytes(texts, settings.normalization)
+def _shingle_sets(texts: list[str], settings: NearDedup, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every text's distinct shingle hashes, sorted, text after text (uint32), and how many each text has."""
+    data, units = _normalized_bytes(texts, settings.normalization, lengths)
+    if not units:  # spaced words only: every n consecutive words, in one compiled pass
+        hashes, counts = _compiled().spaced_shingles(data, len(texts), settings.shingle_size, _U64(WORD_BASE),
+                                                    _U64(SHINGLE_BASE))
+        return _compiled().sorted_unique_sets(_bounds(counts), hashes)
     in_word = np.concatenate(([False], (data != _SPACE) & (data != _NEWLINE), [False]))
     edges = np.flatnonzero(in_word[1:] != in_word[:-1])
     word_starts, word_ends = edges[0::2], edges[1::2]
-    word_hashes = mix64(_range_polynomials(data.astype(np.uint64) + _U64(1), word_starts, word_ends, _WORD_POWERS))
+    word_hashes = _compiled().word_hashes(data, word_starts, word_ends, _U64(WORD_BASE))
     # Words per text: the newline closing text d is the (d+1)-th one.
     text_ends = np.flatnonzero(data == _NEWLINE)
     first_word = np.searchsorted(word_starts, np.concatenate(([0], text_ends[:-1])))
@@ -181,7 +215,7 @@ def _shingle_sets(texts: list[str], settings: NearDedup) -> tuple[np.ndarray, np
         # (first_word is non-decreasing; a word's text is the last one starting at or before it with words)
         weighted &= words_in > 0
         shingles_in[weighted] = 0
-    text_of = np.repeat(np.arange(len(texts), dtype=np.uint64), shingles_in)
+    text_of = np.repeat(np.arange(len(texts), dtype=np.int64), shingles_in)
     starts = np.repeat(first_word, shingles_in) + (np.arange(shingles_in.sum()) -
                                                    np.repeat(np.cumsum(shingles_in) - shingles_in, shingles_in))
     ends = starts + np.repeat(np.minimum(words_in, n), shingles_in)
@@ -189,25 +223,18 @@ def _shingle_sets(texts: list[str], settings: NearDedup) -> tuple[np.ndarray, np
         which = np.flatnonzero(weighted)
         sub_of, sub_starts, sub_ends = shingle_ranges(np.where(unit, UNIT_WEIGHT, WORD_WEIGHT), first_word[which],
                                                       words_in[which], n)
-        text_of = np.concatenate((text_of, which[sub_of].astype(np.uint64)))  # keys are sorted below
+        text_of = np.concatenate((text_of, which[sub_of]))
         starts, ends = np.concatenate((starts, sub_starts)), np.concatenate((ends, sub_ends))
-    hashes = mix64(_range_polynomials(word_hashes, starts, ends, _SHINGLE_POWERS)) >> _U64(32)
-    keys = _sorted_unique((text_of << _U64(32)) | hashes)
-    return (keys >> _U64(32)).astype(np.int64), (keys & _U64(0xFFFFFFFF)).astype(np.uint32)
-
-
-def _sorted_unique(keys: np.ndarray) -> np.ndarray:
-    keys.sort()
-    return keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
-
-
-def _bins(h: np.ndarray, num_perm: int) -> np.ndarray:
-    return ((h >> _U64(32)) * _U64(num_perm) >> _U64(32)).astype(np.int64)  # high bits, range-reduced
+        order = np.argsort(text_of, kind="stable")  # each text's shingles as one run, for the kernels
+        text_of, starts, ends = text_of[order], starts[order], ends[order]
+    hashes = (mix64(_range_polynomials(word_hashes, starts, ends, _SHINGLE_POWERS)) >> _U64(32)).astype(np.uint32)
+    return _compiled().sorted_unique_sets(_bounds(np.bincount(text_of, minlength=len(texts))), hashes)
 
 
 def similarity_sketches(text_of: np.ndarray, shingles: np.ndarray, texts: int, num_perm: int,
                         seed: int) -> np.ndarray:
-    """(texts, num_perm) uint32 signatures by fast similarity sketching (Dahlgaard, Knudsen, Thorup 2017).
+    """(texts, num_perm) uint32 signatures by fast similarity sketching (Dahlgaard, Knudsen, Thorup 2017) of the
+    shingles of each text (shingle i belongs to text text_of[i]).
 
     In round r = 0 .. 2 num_perm - 1 every shingle x draws h = mix64((r << 32 | x) ^ mix64(seed)) and lands in
     one bin: the bin of h's high bits while r < num_perm, then, from round num_perm on, the bins in order from
@@ -218,40 +245,30 @@ def similarity_sketches(text_of: np.ndarray, shingles: np.ndarray, texts: int, n
     depend on a fixed bin-to-bin pattern, so the rows of an LSH band stay close to independent.
 
     Work is about max(shingles, num_perm ln num_perm) hashes per text: a round cannot beat an earlier one, so
-    a text stops once all its bins are filled; rounds are taken in blocks sized so one block usually does."""
-    empty = np.iinfo(np.uint64).max
-    sizes = np.bincount(text_of, minlength=texts)
-    best = np.full((texts, num_perm), empty, dtype=np.uint64)  # per bin: round << 32 | value
-    rounds_from = np.zeros(texts, dtype=np.int64)
-    # A first block of about num_perm ln num_perm draws (coupon collector) fills most texts' bins.
-    rounds_to = np.clip(np.ceil(num_perm * np.log(num_perm) / np.maximum(sizes, 1)), 1, 2 * num_perm)
-    rounds_to = rounds_to.astype(np.int64)
-    pending = sizes > 0
-    while pending.any():
-        # Texts with the same rounds to draw are one (shingles x rounds) array: no per-draw repeats.
-        blocks = rounds_from * (4 * num_perm) + rounds_to
-        for block in np.unique(blocks[pending]):
-            rounds = np.arange(block // (4 * num_perm), block % (4 * num_perm), dtype=np.uint64)
-            mine = (pending & (blocks == block))[text_of]
-            _draw(best, text_of[mine], shingles[mine], rounds, num_perm, seed)
-        rounds_from[pending] = rounds_to[pending]
-        pending &= (best == empty).any(axis=1)
-        rounds_to[pending] = np.minimum(2 * num_perm, 2 * rounds_from[pending])
-    return (best & _U64(0xFFFFFFFF)).astype(np.uint32)
+    a text stops once all its bins are filled (`_kernels.sketches`)."""
+    text_of = np.asarray(text_of, dtype=np.int64)
+    shingles = np.asarray(shingles, dtype=np.uint32)
+    if text_of.size and np.any(text_of[1:] < text_of[:-1]):  # the kernel reads each text's shingles as one run
+        order = np.argsort(text_of, kind="stable")
+        text_of, shingles = text_of[order], shingles[order]
+    return _sketches(_bounds(np.bincount(text_of, minlength=texts)), shingles, num_perm, seed)
 
 
-def _draw(best: np.ndarray, text_of: np.ndarray, shingles: np.ndarray, rounds: np.ndarray, num_perm: int,
-          seed: int) -> None:
-    """Every shingle's draws in `rounds`, each kept in its bin if it is the smallest (round, value) there."""
-    keyed = shingles.astype(np.uint64)[:, None] ^ _U64(_mix64_int(seed))
-    h = mix64(keyed ^ (rounds << _U64(32)))
-    bins = _bins(h, num_perm)
-    walking = rounds >= num_perm
-    if walking.any():  # from round num_perm on: the next bin after round num_perm's
-        start = _bins(mix64(keyed ^ (_U64(num_perm) << _U64(32))), num_perm)
-        bins[:, walking] = (start + (rounds[walking] - _U64(num_perm)).astype(np.int64)) % num_perm
-    cells = text_of[:, None] * num_perm + bins
-    np.minimum.at(best.reshape(-1), cells.reshape(-1), (rounds << _U64(32) | (h & _U64(0xFFFFFFFF))).reshape(-1))
+def _bounds(counts: np.ndarray) -> np.ndarray:
+    out = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def _sketches(bounds: np.ndarray, shingles: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
+    return _compiled().sketches(bounds, shingles, num_perm, _U64(_mix64_int(seed)))
+
+
+def _compiled():
+    """The compiled loops, imported on first use (numba's import and cached code load cost ~0.3 s a process)."""
+    from kiln.dedup import _kernels
+
+    return _kernels
 
 
 def sign_batch(texts: list[str], settings: NearDedup) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -259,11 +276,12 @@ def sign_batch(texts: list[str], settings: NearDedup) -> tuple[np.ndarray, np.nd
     values uint32, shingle offsets int64 (n + 1)); text i's shingle set, sorted and unique, is
     values[offsets[i]:offsets[i + 1]]."""
     signatures, values, counts = [], [], []
-    for chunk in _chunks(texts):
-        text_of, shingles = _shingle_sets(chunk, settings)
-        signatures.append(similarity_sketches(text_of, shingles, len(chunk), settings.num_perm, settings.seed))
+    lengths = _lengths(texts)
+    for start, end in _chunks(lengths):
+        shingles, count = _shingle_sets(texts[start:end], settings, lengths[start:end])
+        signatures.append(_sketches(_bounds(count), shingles, settings.num_perm, settings.seed))
         values.append(shingles)
-        counts.append(np.bincount(text_of, minlength=len(chunk)))
+        counts.append(count)
     offsets = np.zeros(len(texts) + 1, dtype=np.int64)
     if texts:
         np.cumsum(np.concatenate(counts), out=offsets[1:])
@@ -271,12 +289,18 @@ def sign_batch(texts: list[str], settings: NearDedup) -> tuple[np.ndarray, np.nd
             np.concatenate(values) if texts else np.empty(0, dtype=np.uint32), offsets)
 
 
-def _chunks(texts: list[str]):
-    start, size = 0, 0
-    for i, t in enumerate(texts):
-        size += len(t)
-        if size >= _CHUNK_CHARS or i + 1 - start >= _CHUNK_TEXTS:
-            yield texts[start:i + 1]
-            start, size = i + 1, 0
-    if start < len(texts):
-        yield texts[start:]
+def _lengths(texts: list[str]) -> np.ndarray:
+    return np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+
+
+def _chunks(lengths: np.ndarray):
+    """(start, end) of consecutive texts: up to and including the text that brings a chunk to _CHUNK_CHARS
+    characters or _CHUNK_TEXTS texts."""
+    ends = np.cumsum(lengths)
+    start = 0
+    while start < lengths.size:
+        before = int(ends[start - 1]) if start else 0
+        last = min(int(np.searchsorted(ends, before + _CHUNK_CHARS, side="left")), start + _CHUNK_TEXTS - 1)
+        end = min(last + 1, lengths.size)
+        yield start, end
+        start = end

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.common.config import BoilerplateLines, NearDedup
@@ -52,7 +53,7 @@ def _sign(task: _SignTask) -> dict:
         sigs, values, offsets = sign_texts(texts, near, near.scheme)  # the whole batch at once
         ids.append(batch.column("doc_id"))
         sources.append(batch.column("source"))
-        chars.extend(len(t) for t in texts)
+        chars.append(pc.utf8_length(batch.column("text")).to_numpy())  # code points, as len(str)
         signatures.append(sigs)
         shingle_sets.append((values, offsets))
         if lines is not None:
@@ -61,7 +62,7 @@ def _sign(task: _SignTask) -> dict:
     table = pa.table({
         "doc_id": _strings(ids),
         "source": _strings(sources),
-        "chars": pa.array(chars, pa.int64()),
+        "chars": pa.array(np.concatenate(chars) if chars else np.empty(0, np.int64), pa.int64()),
         "signature": pa.FixedSizeListArray.from_arrays(
             pa.array(np.concatenate(signatures).reshape(-1) if signatures else np.empty(0, np.uint32), pa.uint32()),
             near.num_perm),

@@ -186,6 +186,27 @@ def test_a_text_signs_the_same_alone_in_any_batch_and_across_chunks(monkeypatch)
         assert np.array_equal(values, together[1][together[2][i]:together[2][i + 1]])
 
 
+def test_a_varied_batch_matches_the_reference_and_sketches_take_shingles_in_any_order():
+    """Batches of texts from 0 to 1,500 words (so per-text round counts from 1 to 2 num_perm) against the reference:
+    ASCII only (one byte table instead of the code point map and str.lower), spaced words only (the compiled
+    one-pass shingler), and with no-space characters and combining marks mixed in; the sketch of shingles given out
+    of text order, and of a text with no shingles (every bin empty: all ones)."""
+    rng = np.random.default_rng(36)
+    ascii_words = ["alpha", "Beta", "X1", "2024", "_", "don't", "a-b", "\t", "\x00", "~"]
+    spaced = ascii_words + ["e\u0301", "ΣΑΣ", "😀", "क्ष"]
+    near = NearDedup(num_perm=64, seed=5)
+    for vocab in (ascii_words, spaced, spaced + ["日本", "語", "ไทย"]):
+        texts = [" ".join(rng.choice(vocab, size=n)) for n in (0, 1, 2, 4, 5, 9, 40, 300, 1500)]
+        for norm in NORMALIZATIONS if vocab is ascii_words else NORMALIZATIONS[:1]:
+            assert_matches_reference(texts, near.model_copy(update={"normalization": norm}))
+    signatures, values, offsets = sign_batch(texts, near)
+    text_of = np.repeat(np.arange(len(texts)), np.diff(offsets))
+    order = rng.permutation(values.size)
+    assert np.array_equal(similarity_sketches(text_of[order], values[order], len(texts), 64, 5), signatures)
+    lone = similarity_sketches(np.array([0]), np.array([7], np.uint32), 2, 16, 1)
+    assert lone[0].tolist() == ref_signature([7], 16, 1) and lone[1].tolist() == [0xFFFFFFFF] * 16
+
+
 def test_an_empty_batch():
     signatures, values, offsets = sign_batch([], NearDedup())
     assert signatures.shape == (0, 128) and values.size == 0 and offsets.tolist() == [0]

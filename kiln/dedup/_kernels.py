@@ -1,0 +1,175 @@
+"""Compiled loops (numba) of `kiln.dedup.fast_minhash`: the same definitions, one pass per text instead of
+numpy's many passes over temporary arrays (the signature stage's CPU per MB halved). Imported on first use only,
+so a process that never signs does not pay numba's import. All arithmetic is on uint64 (mod 2^64, as the
+scheme defines): every constant is a np.uint64, since numba turns mixed uint64/int64 arithmetic into float64.
+Compiled code is cached next to this file (`cache=True`), so only a machine's first process compiles."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31, _S32 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(32)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
+_ONE = np.uint64(1)
+
+
+@numba.njit(cache=True, inline="always")
+def mix64(x):
+    """splitmix64's finalizer (`fast_minhash.mix64`) of one uint64."""
+    x = x + _GOLDEN
+    x = (x ^ (x >> _S30)) * _M1
+    x = (x ^ (x >> _S27)) * _M2
+    return x ^ (x >> _S31)
+
+
+@numba.njit(cache=True)
+def word_hashes(data, starts, ends, base):
+    """mix64(sum_k (data[s + k] + 1) * base^k) over each byte range [s, e)."""
+    out = np.empty(starts.size, dtype=np.uint64)
+    for w in range(starts.size):
+        acc = np.uint64(0)
+        power = np.uint64(1)
+        for k in range(starts[w], ends[w]):
+            acc += (np.uint64(data[k]) + _ONE) * power
+            power *= base
+        out[w] = mix64(acc)
+    return out
+
+
+@numba.njit(cache=True)
+def spaced_shingles(data, texts, n, word_base, shingle_base):
+    """The shingle hashes of a chunk whose words are all spaced words (`fast_minhash._shingle_sets` without
+    no-space characters), in one pass over its normalized bytes (words split by a space, each text closed by a
+    newline): every n consecutive words of a text, or all its words when it has fewer (none: the empty shingle),
+    each mix64(sum_k word_hash_k * shingle_base^k) >> 32. Returns (hashes text after text, count per text)."""
+    out = np.empty(data.size + texts, dtype=np.uint32)
+    counts = np.zeros(texts, dtype=np.int64)
+    window = np.zeros(n, dtype=np.uint64)  # the text's last n word hashes, the newest last (no modulo per word)
+    powers = np.empty(n, dtype=np.uint64)
+    powers[0] = _ONE
+    for k in range(1, n):
+        powers[k] = powers[k - 1] * shingle_base
+    t = 0
+    words = 0  # in the current text
+    k_out = 0
+    acc = np.uint64(0)
+    power = np.uint64(1)
+    in_word = False
+    for i in range(data.size):
+        b = data[i]
+        if b == 0x20 or b == 0x0A:
+            if in_word:
+                for k in range(n - 1):
+                    window[k] = window[k + 1]
+                window[n - 1] = mix64(acc)
+                words += 1
+                in_word = False
+                if words >= n:  # the shingle of the last n words
+                    poly = np.uint64(0)
+                    for k in range(n):
+                        poly += window[k] * powers[k]
+                    out[k_out] = np.uint32(mix64(poly) >> _S32)
+                    k_out += 1
+                    counts[t] += 1
+            if b == 0x0A:
+                if words < n:  # one shingle of all the text's words (the last `words` of the window)
+                    poly = np.uint64(0)
+                    for k in range(words):
+                        poly += window[n - words + k] * powers[k]
+                    out[k_out] = np.uint32(mix64(poly) >> _S32)
+                    k_out += 1
+                    counts[t] += 1
+                t += 1
+                words = 0
+        else:
+            if not in_word:
+                acc = np.uint64(0)
+                power = np.uint64(1)
+                in_word = True
+            acc += (np.uint64(b) + _ONE) * power
+            power *= word_base
+    return out[:k_out], counts
+
+
+@numba.njit(cache=True)
+def sorted_unique_sets(bounds, hashes):
+    """Each text's hashes[bounds[t]:bounds[t + 1]] sorted and unique: (values, text after text; counts per text).
+    A stable radix sort of the whole chunk by hash (11 + 11 + 10 bits), then by text (counting sort): linear
+    time, ~3x a comparison sort of each text's hashes."""
+    texts = bounds.size - 1
+    n = hashes.size
+    keys = hashes.copy()
+    owner = np.empty(n, dtype=np.int32)
+    for t in range(texts):
+        owner[bounds[t]:bounds[t + 1]] = t
+    keys2 = np.empty(n, dtype=np.uint32)
+    owner2 = np.empty(n, dtype=np.int32)
+    for shift in (0, 11, 22):
+        count = np.zeros(2049, dtype=np.int64)
+        for i in range(n):
+            count[((keys[i] >> shift) & 2047) + 1] += 1
+        for d in range(2048):
+            count[d + 1] += count[d]
+        for i in range(n):
+            d = (keys[i] >> shift) & 2047
+            at = count[d]
+            keys2[at] = keys[i]
+            owner2[at] = owner[i]
+            count[d] = at + 1
+        keys, keys2 = keys2, keys
+        owner, owner2 = owner2, owner
+    at = bounds[:-1].copy()  # by text, stable: each text's run sorted by hash
+    for i in range(n):
+        t = owner[i]
+        keys2[at[t]] = keys[i]
+        at[t] += 1
+    out = np.empty(n, dtype=np.uint32)
+    counts = np.zeros(texts, dtype=np.int64)
+    k = 0
+    for t in range(texts):
+        for i in range(bounds[t], bounds[t + 1]):
+            if i == bounds[t] or keys2[i] != keys2[i - 1]:
+                out[k] = keys2[i]
+                k += 1
+                counts[t] += 1
+    return out[:k], counts
+
+
+@numba.njit(cache=True)
+def sketches(bounds, shingles, num_perm, key):
+    """Fast similarity sketching (`fast_minhash.similarity_sketches`), text by text: rounds r = 0, 1, ... until
+    every bin holds a draw (a later round cannot beat an earlier one), each bin keeping the smallest
+    (round, low 32 bits of h); a text without shingles keeps every bin empty (all ones)."""
+    texts = bounds.size - 1
+    perm = np.uint64(num_perm)
+    out = np.empty((texts, num_perm), dtype=np.uint32)
+    best = np.empty(num_perm, dtype=np.uint64)
+    for t in range(texts):
+        a, b = bounds[t], bounds[t + 1]
+        best[:] = _EMPTY
+        filled = 0
+        if a < b:
+            for r in range(2 * num_perm):
+                shifted = np.uint64(r) << _S32
+                for i in range(a, b):
+                    keyed = np.uint64(shingles[i]) ^ key
+                    h = mix64(keyed ^ shifted)
+                    if r < num_perm:
+                        cell = ((h >> _S32) * perm) >> _S32
+                    else:  # from round num_perm on: the next bin after round num_perm's
+                        start = ((mix64(keyed ^ (perm << _S32)) >> _S32) * perm) >> _S32
+                        cell = (start + np.uint64(r - num_perm)) % perm
+                    value = shifted | (h & _LOW32)
+                    if value < best[cell]:
+                        if best[cell] == _EMPTY:
+                            filled += 1
+                        best[cell] = value
+                if filled == num_perm:
+                    break
+        for j in range(num_perm):
+            out[t, j] = np.uint32(best[j] & _LOW32)
+    return out
