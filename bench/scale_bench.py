@@ -102,17 +102,22 @@ class RssSampler(threading.Thread):
                 self._class[p.pid] = "worker"
         return self._class[p.pid]
 
-    def cpu_seconds(self) -> float:
+    def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system) used so far by this process and every descendant seen (a process that
-        ended counts with its last sample)."""
+        ended counts with its last sample), by kind of process: driver, worker, ray_infra, pool_infra."""
         me = psutil.Process()
         for p in [me, *me.children(recursive=True)]:
             try:
                 t = p.cpu_times()
                 self._cpu[p.pid] = t.user + t.system
             except psutil.Error:
-                pass
-        return sum(self._cpu.values())
+                continue
+            if p.pid != me.pid:
+                self._classify(p)
+        by_class: dict[str, float] = defaultdict(float)
+        for pid, seconds in self._cpu.items():
+            by_class["driver" if pid == me.pid else self._class.get(pid, "worker")] += seconds
+        return by_class
 
     def sample(self) -> None:
         me = psutil.Process()
@@ -420,7 +425,9 @@ def run_one(args) -> dict:
         yield rec
         rec["wall_s"] = round(time.perf_counter() - start, 3)
         sampler.sample()
-        rec["cpu_s"] = round(sampler.cpu_seconds() - cpu0, 2)
+        cpu1 = sampler.cpu_seconds()
+        rec["cpu_s_by_process"] = {kind: round(cpu1[kind] - cpu0.get(kind, 0.0), 2) for kind in sorted(cpu1)}
+        rec["cpu_s"] = round(sum(rec["cpu_s_by_process"].values()), 2)
         rec["mb_per_cpu_s"] = round(rec["mb"] / max(rec["cpu_s"], 1e-9), 3)
         rec["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
         cores = args.workers
@@ -540,6 +547,37 @@ def run_args(**overrides) -> argparse.Namespace:
     return argparse.Namespace(**{**dict(engine="local", workers=1, profile="light", config="configs/default.yaml",
                                         rows_per_part=500, partitions=None, max_bucket=1000, pairs_sample=3000,
                                         sample_s=0.2, keep=False), **overrides})
+
+
+def goals(runs: list[dict]) -> dict:
+    """Issue 36's figures from the runs: Ray's CPU per MB over the pool's for each stage at the same workers and N,
+    two workers' speed-up over one (stage wall seconds) per engine and N, near dedup's text -> decisions MB per
+    second per core (curated MB / (signatures + near_dedup wall seconds) / workers), and each run's peak RSS at the
+    largest N over the smallest (driver and largest worker)."""
+    by = {(r["engine"], r["workers"], r["docs"]): r for r in runs}
+    out: dict = {"ray_cpu_per_mb_over_pool": {}, "speedup_2_over_1": {}, "near_text_to_decisions_mb_s_core": {},
+                 "peak_rss_largest_over_smallest_n": {}}
+    for (engine, workers, docs), r in sorted(by.items()):
+        key = f"{engine}:{workers}@{docs}"
+        sig, near = r["stages"]["signatures"], r["stages"]["near_dedup"]
+        out["near_text_to_decisions_mb_s_core"][key] = round(sig["mb"] / (sig["wall_s"] + near["wall_s"]) / workers, 2)
+        pool = by.get(("local", workers, docs))
+        if engine == "ray" and pool:
+            out["ray_cpu_per_mb_over_pool"][key] = {
+                stage: round(pool["stages"][stage]["mb_per_cpu_s"] / s["mb_per_cpu_s"], 3) for stage, s in r["stages"].items()}
+        one = by.get((engine, 1, docs))
+        if workers == 2 and one:
+            out["speedup_2_over_1"][f"{engine}@{docs}"] = {
+                **{stage: round(one["stages"][stage]["wall_s"] / s["wall_s"], 2) for stage, s in r["stages"].items()},
+                "total": round(one["total"]["wall_s"] / r["total"]["wall_s"], 2)}
+    sizes = sorted({d for _, _, d in by})
+    for engine, workers in sorted({(e, w) for e, w, _ in by}):
+        small, large = by.get((engine, workers, sizes[0])), by.get((engine, workers, sizes[-1]))
+        if small and large and small is not large:
+            out["peak_rss_largest_over_smallest_n"][f"{engine}:{workers}"] = {
+                kind: round(large["peak_rss_mib"][kind] / small["peak_rss_mib"][kind], 3)
+                for kind in ("driver", "worker") if small["peak_rss_mib"].get(kind) and large["peak_rss_mib"].get(kind)}
+    return out
 
 
 def parse_runs(args) -> list[tuple[str, int]]:
@@ -671,9 +709,14 @@ def main() -> None:
     sha_equal = {str(n): len({r["decisions_sha256"] for r in results if r["docs"] == n}) == 1
                  for n in sorted({r["docs"] for r in results})}
     print(f"\ndecisions_sha256 equal across runs of the same N: {sha_equal}")
+    summary = goals(results)
+    for name, values in summary.items():
+        print(f"{name}:")
+        for key, value in values.items():
+            print(f"  {key}: {value}")
     report = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                           "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
-              "argv": sys.argv[1:], "runs": results, "sha_equal_by_docs": sha_equal}
+              "argv": sys.argv[1:], "runs": results, "sha_equal_by_docs": sha_equal, "goals": summary}
     if len({r["docs"] for r in results}) > 1:
         target = Path(args.json).with_suffix(".png") if args.json else work / "scale_bench.png"
         report["plot"] = plot(results, target)
