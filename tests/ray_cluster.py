@@ -75,7 +75,7 @@ class RayCluster:
         """Whether a worker of node `node` is running a part task right now (Ray names the process after the task's
         function while it runs it)."""
         try:
-            return any(p.name().startswith("ray::_run_part") for p in psutil.Process(self.raylet_pid(node)).children())
+            return any(p.name().startswith("ray::_run_parts") for p in psutil.Process(self.raylet_pid(node)).children())
         except (psutil.NoSuchProcess, LookupError):
             return False
 

@@ -1,5 +1,8 @@
-"""Ray: each part task is a plain Ray task of one CPU (retried whole by Ray when its worker or node dies; its output
-name does not depend on where or how often it ran), at most `workers` in flight, the largest first. Not Ray Data:
+"""Ray: part tasks run as plain Ray tasks of one CPU (retried whole by Ray when its worker or node dies; a part's
+output name does not depend on where or how often it ran), at most `workers` in flight, the largest first. A Ray
+task costs about 4.5 ms of driver and raylet CPU (measured: 801 exact-dedup tasks), half the work of a small part's
+task, so a round of many tasks runs them in chunks of consecutive ones in launch order, still at least
+`CHUNKS_PER_WORKER` chunks per worker so that the workers finish together. Not Ray Data:
 a round of part tasks is no dataset (workers read and write the store themselves, the driver gets small results),
 and a Ray Data job per round cost planning, an executor thread and about twice the pool's CPU per MB. Address:
 `engine.ray_address` (`auto` or `host:port`), else Ray's own `RAY_ADDRESS`, else an embedded local Ray started once
@@ -87,6 +90,7 @@ def connect(address: str | None, origin: str = ADDRESS_KEY, num_cpus: int | None
 # Ray's default for tasks: a task whose worker or node dies is run again elsewhere, up to this many times; an
 # exception raised by the task itself is not retried (it would fail the same way).
 NODE_FAILURE_RETRIES = 3
+CHUNKS_PER_WORKER = 16
 
 
 def _run_part(fn: Callable, task: Any) -> Any:
@@ -98,11 +102,21 @@ def _run_part(fn: Callable, task: Any) -> Any:
                           "path on every node") from exc
 
 
+def _run_parts(fn: Callable, tasks: list) -> list:
+    return [_run_part(fn, task) for task in tasks]
+
+
 @functools.cache
-def _remote_part():
+def _remote_parts():
     import ray
 
-    return ray.remote(num_cpus=1, max_retries=NODE_FAILURE_RETRIES, retry_exceptions=False)(_run_part)
+    return ray.remote(num_cpus=1, max_retries=NODE_FAILURE_RETRIES, retry_exceptions=False)(_run_parts)
+
+
+def chunks(order: list[int], workers: int) -> list[list[int]]:
+    """Consecutive runs of the launch order, at least CHUNKS_PER_WORKER per worker (one task each when that few)."""
+    per = max(1, len(order) // (workers * CHUNKS_PER_WORKER))
+    return [order[i:i + per] for i in range(0, len(order), per)]
 
 
 @dataclass(frozen=True)
@@ -131,27 +145,29 @@ class RayEngine:
         if not tasks:
             return []
         workers = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        run = _remote_part()
+        run = _remote_parts()
         shared_fn = ray.put(fn)  # serialized once per round, not once per task
-        queue = iter(launch_order(tasks, size))
-        running: dict = {}  # ObjectRef -> task index; at most `workers`: back-pressure, and `workers` means concurrency
+        queue = iter(chunks(launch_order(tasks, size), workers))
+        running: dict = {}  # ObjectRef -> its task indices; at most `workers` in flight: back-pressure, and
+        # `workers` means concurrency
 
         def launch() -> None:
-            i = next(queue, None)
-            if i is not None:
-                running[run.remote(shared_fn, tasks[i])] = i
+            chunk = next(queue, None)
+            if chunk is not None:
+                running[run.remote(shared_fn, [tasks[i] for i in chunk])] = chunk
 
         results: list = [None] * len(tasks)
         with tqdm(total=len(tasks), desc=desc, unit="part", disable=not progress) as bar:
             try:
-                for _ in range(min(workers, len(tasks))):
+                for _ in range(workers):
                     launch()
                 while running:
                     done, _ = ray.wait(list(running), num_returns=1)
-                    i = running.pop(done[0])
-                    results[i] = ray.get(done[0])  # a task's own exception is raised here, as its own type
+                    chunk = running.pop(done[0])
+                    for i, result in zip(chunk, ray.get(done[0])):  # a task's own exception is raised here, as its type
+                        results[i] = result
                     launch()
-                    bar.update(1)
+                    bar.update(len(chunk))
             finally:
                 for ref in running:  # a failed round stops its other tasks instead of leaving them to run on
                     ray.cancel(ref)
