@@ -57,6 +57,13 @@ ROLE_PREFIX = {"documents": "part", "rejected": "rejected", "quarantine": "quara
                "index_docs": "indexed"}
 
 
+def row_group_stats(meta: pq.FileMetaData, column: str) -> list:
+    """Each row group's footer statistics of top-level `column` (None where the writer kept none), in row-group
+    order; [] when the file has no such column."""
+    leaf = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == column), None)
+    return [] if leaf is None else [meta.row_group(g).column(leaf).statistics for g in range(meta.num_row_groups)]
+
+
 def write_parquet_atomic(path: Path, table: pa.Table, hash_columns: tuple[str, ...] = (),
                          row_group_size: int | None = None) -> None:
     """Temporary name, flushed to disk, renamed: never a half file under `path`, also after a power loss. Columns

@@ -42,7 +42,14 @@ from filelock import Timeout
 
 from kiln.common.config import NearDedup
 from kiln.common.manifest import write_json_atomic
-from kiln.common.storage import DatasetWriter, IncompleteDataset, Store, part_name, write_parquet_atomic
+from kiln.common.storage import (
+    DatasetWriter,
+    IncompleteDataset,
+    Store,
+    part_name,
+    row_group_stats,
+    write_parquet_atomic,
+)
 from kiln.dedup.components import partition_of
 from kiln.dedup.fast_minhash import mix64
 from kiln.dedup.minhash import HASH_COLUMNS, SCHEME, bands_rows, jaccard
@@ -179,10 +186,8 @@ def read_doc_refs(path: str | Path, refs: np.ndarray, columns: Sequence[str]) ->
     file = pq.ParquetFile(path)
     meta = file.metadata
     refs = np.unique(np.asarray(refs, np.int64))
-    ref_leaf = next(i for i in range(meta.num_columns) if meta.schema.column(i).path == "ref")
     groups = []
-    for g in range(meta.num_row_groups):
-        stats = meta.row_group(g).column(ref_leaf).statistics
+    for g, stats in enumerate(row_group_stats(meta, "ref")):
         if stats is None or not stats.has_min_max:
             groups.append(g)
             continue

@@ -52,7 +52,7 @@ import pyarrow.parquet as pq
 
 from kiln.common.config import NearDedup
 from kiln.common.manifest import write_json_atomic
-from kiln.common.storage import part_name, write_parquet_atomic
+from kiln.common.storage import part_name, row_group_stats, write_parquet_atomic
 from kiln.dedup.bucket_index import INDEX_FORMAT, _shingle_arrays, check_index_params, index_params, read_index_meta
 from kiln.dedup.bucket_layout import Earlier, Layout, LayoutFile, _Task
 from kiln.dedup.bucket_rounds import (
@@ -91,10 +91,8 @@ def _footer_scan(path: Path) -> tuple[int, dict[str, int]] | None:
     meta = pq.ParquetFile(path).metadata
     if meta.num_rows == 0:
         return 0, {}
-    leaf = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == "source"), None)
     values = set()
-    for g in range(meta.num_row_groups) if leaf is not None else ():
-        stats = meta.row_group(g).column(leaf).statistics
+    for stats in row_group_stats(meta, "source"):
         if stats is None or not stats.has_min_max or stats.null_count != 0 or stats.min != stats.max:
             return None
         values.add(stats.min)
