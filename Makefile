@@ -9,18 +9,24 @@ export KILN_CONFIG ?= $(CURDIR)/configs/demo.yaml
 export DAGSTER_HOME := $(KILN_HOME)/dagster
 export MLFLOW_DISABLE_TELEMETRY := true
 export TORCH_EXTENSIONS_DIR := $(KILN_HOME)/torch_extensions
+# DeepSpeed on CPU where no NVIDIA GPU is visible; with one, training uses the GPUs (docs/training.md#on-gpus).
+ifeq ($(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu),)
 export DS_ACCELERATOR ?= cpu
+endif
 export PYTHONUNBUFFERED := 1
 
 .PHONY: install demo test test-fast ui mlflow bench clean
 
 install: $(VENV)/.installed
 
-# One pip command with torch==2.13.0 pinned alongside everything else, or pip pulls a CUDA torch.
+# One pip command with torch==2.13.0 pinned alongside everything else, or pip pulls another torch. TORCH_INDEX: where
+# that torch comes from, e.g. https://download.pytorch.org/whl/cu128 for a CUDA 12.8 build on a GPU machine.
+TORCH_INDEX ?=
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0 -e ".[test,production]"
+	$(BIN)/python -m pip install -q -c constraints.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
+	  torch==2.13.0 -e ".[test,production]"
 	@touch $@
 
 $(DAGSTER_HOME)/dagster.yaml:

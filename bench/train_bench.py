@@ -1,20 +1,30 @@
-"""Training throughput: tokens/s and MFU (on GPUs), steps/s on CPU, for a model preset, through the real
-entry point (torchrun + DeepSpeed ZeRO-3 + training_jobs.train), and the same model in a plain PyTorch loop
-(one process, AdamW, no DeepSpeed) for comparison.
+"""Training throughput in one run: Kiln's trainer through its real launcher, and a reference loop written to be
+as fast as plain PyTorch can be, on the same device, with the same model, data and tokens per step; the ratio,
+MFU and goodput of each.
 
-    .venv/bin/python bench/train_bench.py                                   # CPU: tiny, 2 ranks
-    .venv/bin/python bench/train_bench.py --preset 125m,350m --seq-len 2048 --micro-batch 8 --steps 50   # GPUs
-    .venv/bin/python bench/train_bench.py --launcher deepspeed,ray --no-plain    # the launchers side by side
+    .venv/bin/python bench/train_bench.py                                        # CPU: tiny and small
+    .venv/bin/python bench/train_bench.py --preset 125m,350m,1b --json-out docs/bench/train_bench_h200.json
+    .venv/bin/python bench/train_bench.py --preset 1b --zero-stage 3 --no-reference      # ZeRO-3 forced
+    .venv/bin/python bench/train_bench.py --launcher deepspeed,ray --no-reference     # the launchers side by side
 
---launcher: torchrun (default), deepspeed, ray (training_jobs/ray_launch.py on an embedded local Ray, or on
-RAY_ADDRESS's cluster); each one trains the same run in turn.
+Kiln: `training_jobs.train` under --launcher (torchrun by default, deepspeed, or ray: training_jobs/ray_launch.py)
+with the run's default layout (ZeRO stage, micro-batch, compile: what a user gets) unless --zero-stage,
+--micro-batch or --compile set them. Its step throughput is summary.json's `tokens_per_s` (optimizer steps; the
+first, which pays for warm-up and compilation, left out); its goodput is the run's tokens over the whole wall time
+of the training loop (`goodput_tokens_per_s`: logging, validation and checkpoints at --checkpoint-every
+included), when the summary has it.
 
-Data: random tokens in a synthetic shard set (a 32k vocabulary), so the figures are about compute, not
-learning. Throughput is the steady state reported in summary.json (the first step, which pays for
-warm-up, is left out); validation, checkpoint and export time are not in it. MFU counts
-6·(N_non_embedding + V·d) + 12·L·d·T FLOPs per token (training_jobs.model.flops_per_token) against the
-dense bf16 peak of the GPU (training_jobs.flops), or --peak-tflops. Figures are for the machine printed
-first; quote them with it.
+Reference: nanoGPT's train loop (Karpathy, train.py) around the same `training_jobs.model.Transformer`: one
+process per device, fp32 weights under bf16 autocast on GPUs, `torch.compile`, fused AdamW, SDPA's flash kernel,
+batches read from the same shards into pinned memory and copied without blocking while the previous micro-batch
+computes, the loss read back only once at the end. It trains Kiln's micro-batch × accumulation (the same tokens per
+step), or --ref-micro-batch. Timed between two synchronizations after --warmup steps.
+
+On CPU both run on the same cores: Kiln with --nproc ranks (default 1, so both are one process), the reference in
+one process. Data: random tokens in a synthetic shard set (a 32k vocabulary), so the figures are about compute,
+not learning. MFU counts 6·(N_non_embedding + V·d) + 12·L·d·T FLOPs per token
+(training_jobs.model.flops_per_token) against the dense bf16 peak of the GPU (training_jobs.flops), or
+--peak-tflops. Figures are for the machine printed first; quote them with it.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import shutil
@@ -37,7 +48,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from kiln.tokens.shard_format import ShardInfo, describe_shard_set, write_shard  # noqa: E402
+from kiln.tokens.shard_format import ShardInfo, describe_shard_set, open_shard, write_shard  # noqa: E402
 from training_jobs.settings import TrainingSettings  # noqa: E402
 
 SHA = "00" * 32
@@ -69,65 +80,73 @@ def synthetic_shards(folder: Path, tokens: int, seed: int = 0) -> Path:
     return folder
 
 
-def plain_pytorch(settings: TrainingSettings, seq_len: int, micro_batch: int, steps: int) -> dict:
-    """The same model and optimizer in a bare loop on one device: what DeepSpeed's machinery costs."""
+# ------------------------------------------------------------------------------------------ the reference loop
+
+def reference_loop(settings: TrainingSettings, data: Path, seq_len: int, micro_batch: int, grad_accum: int,
+                   steps: int, warmup: int, compile_model: bool) -> dict:
+    """nanoGPT's loop around Kiln's model, on one device: as fast as plain PyTorch goes without a framework."""
     from training_jobs.flops import device_peak_flops, mfu
     from training_jobs.model import ModelConfig, Transformer, flops_per_token
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
+    bf16 = on_gpu and torch.cuda.is_bf16_supported() and settings.precision != "fp32"
+    if on_gpu:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     cfg = ModelConfig(**settings.model.architecture(VOCAB, seq_len))
-    model = Transformer(cfg, seed=0).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
-    bf16 = device == "cuda" and torch.cuda.is_bf16_supported() and settings.precision != "fp32"
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    timings = []
-    for _ in range(steps):
-        batch = torch.randint(3, VOCAB, (micro_batch, seq_len + 1), generator=gen).to(device)
-        t0 = time.perf_counter()
-        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
-            loss = model(batch[:, :-1], batch[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    model = Transformer(cfg, seed=0, activation_checkpointing=settings.model.activation_checkpointing).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), fused=on_gpu)
+    step_model = torch.compile(model) if compile_model else model
+
+    tokens = open_shard(data / "shard-00000.bin").tokens
+    sequences = (len(tokens) - 1) // seq_len
+    cursor = 0
+
+    def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
+        nonlocal cursor
+        rows = [(cursor + i) % sequences for i in range(micro_batch)]
+        cursor += micro_batch
+        batch = torch.from_numpy(np.stack([tokens[r * seq_len: r * seq_len + seq_len + 1] for r in rows])
+                                 .astype(np.int64))
+        if on_gpu:
+            batch = batch.pin_memory().to(device, non_blocking=True)
+        return batch[:, :-1], batch[:, 1:]
+
+    def sync() -> None:
+        if on_gpu:
+            torch.cuda.synchronize()
+
+    x, y = next_batch()
+    loss = None
+    for step in range(warmup + steps):
+        if step == warmup:
+            sync()
+            t0 = time.perf_counter()
+        for _ in range(grad_accum):
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = step_model(x, y) / grad_accum
+            x, y = next_batch()  # the next micro-batch's copy overlaps this one's backward
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        timings.append(time.perf_counter() - t0)
-    steady = timings[1:] or timings
-    tokens_per_s = micro_batch * seq_len * len(steady) / sum(steady)
-    _, peak = device_peak_flops(settings.peak_tflops)
+    sync()
+    seconds = time.perf_counter() - t0
+    final_loss = float(loss.detach()) * grad_accum
+    if not math.isfinite(final_loss):
+        raise RuntimeError(f"the reference loop diverged (loss {final_loss})")
+    tokens_per_s = micro_batch * grad_accum * seq_len * steps / seconds
+    name, peak = device_peak_flops(settings.peak_tflops)
     return {"tokens_per_s": tokens_per_s, "mfu": mfu(flops_per_token(cfg, seq_len), tokens_per_s, peak, 1),
-            "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
-            "precision": "bf16" if bf16 else "fp32"}
+            "device": name, "precision": "bf16" if bf16 else "fp32", "micro_batch": micro_batch,
+            "grad_accum": grad_accum, "compile": compile_model, "steps_timed": steps, "final_loss": final_loss,
+            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None}
 
 
-def main() -> None:
-    on_gpu = torch.cuda.is_available()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="125m,350m" if on_gpu else "tiny,small",
-                        help="comma-separated presets: tiny, small, 125m, 350m, 1b")
-    parser.add_argument("--seq-len", type=int, default=2048 if on_gpu else 256)
-    parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--grad-accum", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=40 if on_gpu else 30)
-    parser.add_argument("--nproc", type=int, default=torch.cuda.device_count() if on_gpu else 2)
-    parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
-    parser.add_argument("--activation-checkpointing", action="store_true")
-    parser.add_argument("--peak-tflops", type=float, default=None, help="per device; default: the GPU table")
-    parser.add_argument("--json", action="store_true", help="also print the summary as one JSON line")
-    parser.add_argument("--launcher", default="torchrun", help="comma-separated: torchrun, deepspeed, ray")
-    parser.add_argument("--no-plain", dest="plain", action="store_false", help="skip the plain PyTorch loop")
-    args = parser.parse_args()
-
-    print(f"machine: {machine()}")
-    for preset in args.preset.split(","):
-        args.preset = preset.strip()
-        summary = None
-        for launcher in args.launcher.split(","):
-            summary = bench_preset(args, on_gpu, launcher.strip())
-        if args.plain:
-            plain_line(args, on_gpu, summary)
-
+# ---------------------------------------------------------------------------------------------- Kiln's trainer
 
 def launch_command(launcher: str, nproc: int, run: Path) -> list[str]:
     bin_dir = Path(sys.executable).parent
@@ -144,66 +163,130 @@ def launch_command(launcher: str, nproc: int, run: Path) -> list[str]:
 
 
 def bench_settings(args) -> TrainingSettings:
+    """The run a user gets, on synthetic data: what the bench does not set stays the trainer's default."""
+    optional = {"micro_batch_size": args.micro_batch, "compile": args.compile}
+    checkpoint = {"keep_last": 1, "resume": False}
+    if args.checkpoint_every is not None:
+        checkpoint["every_steps"] = args.checkpoint_every or None
     return TrainingSettings(
         model={"preset": args.preset, "activation_checkpointing": args.activation_checkpointing},
-        seq_len=args.seq_len, micro_batch_size=args.micro_batch, grad_accum=args.grad_accum, max_steps=args.steps,
-        precision=args.precision, log_every_steps=max(1, args.steps // 5), val_batches=2, peak_tflops=args.peak_tflops,
-        schedule={"warmup_steps": 5}, checkpoint={"every_steps": None, "keep_last": 1, "resume": False},
-        monitor={"enabled": False}, export=[])
+        seq_len=args.seq_len, grad_accum=args.grad_accum, max_steps=args.steps, precision=args.precision,
+        log_every_steps=max(1, args.steps // 5), val_batches=2, peak_tflops=args.peak_tflops,
+        schedule={"warmup_steps": 5}, checkpoint=checkpoint, monitor={"enabled": False}, export=[],
+        **({"parallelism": {"zero_stage": args.zero_stage}} if args.zero_stage is not None else {}),
+        **{k: v for k, v in optional.items() if v is not None})
 
 
-def bench_preset(args, on_gpu: bool, launcher: str) -> dict:
-    """One launch of the real entry point; prints its figures and returns its summary.json."""
+def kiln_run(args, settings: TrainingSettings, launcher: str, data: Path, tmp: Path) -> dict:
+    """One launch of the real entry point; its summary.json plus the launch's wall time."""
+    run = settings.to_run_config(dataset_dir=data, tokenizer_sha256=SHA, output_dir=tmp / "out").write(tmp / "run.json")
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONUNBUFFERED": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)  # a benchmark is not an experiment
+    if not torch.cuda.is_available():
+        env.setdefault("DS_ACCELERATOR", "cpu")
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(os.environ.get("KILN_HOME", REPO / ".kiln")).resolve()
+                                               / "torch_extensions"))
+    t0 = time.perf_counter()
+    done = subprocess.run(launch_command(launcher, args.nproc, run), cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        sys.exit(f"training failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+    shutil.rmtree(tmp / "out" / "checkpoints", ignore_errors=True)
+    return {**json.loads((tmp / "out" / "summary.json").read_text()), "launch_wall_s": wall}
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def bench_preset(args, launcher: str) -> dict:
+    """Kiln's trainer, then (unless --no-reference) the reference loop on the same data and tokens per step."""
     settings = bench_settings(args)
     with tempfile.TemporaryDirectory(prefix="kiln-train-bench-") as tmp:
         tmp = Path(tmp)
-        tokens = settings.tokens_per_step(args.nproc, args.seq_len) * (args.steps + 2) + args.seq_len + 1
-        data = synthetic_shards(tmp / "shards", tokens)
-        run = settings.to_run_config(dataset_dir=data, tokenizer_sha256=SHA, output_dir=tmp / "out")
-        run = run.write(tmp / "run.json")
-        env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONUNBUFFERED": "1"}
-        env.pop("MLFLOW_TRACKING_URI", None)  # a benchmark is not an experiment
-        if not on_gpu:
-            env.setdefault("DS_ACCELERATOR", "cpu")
-            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
-        env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(os.environ.get("KILN_HOME", REPO / ".kiln")).resolve()
-                                                   / "torch_extensions"))
-        cmd = launch_command(launcher, args.nproc, run)
-        t0 = time.perf_counter()
-        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        if done.returncode != 0:
-            sys.exit(f"training failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
-        s = json.loads((tmp / "out" / "summary.json").read_text())
+        # the loaders wrap into a new epoch when the shard runs out: it needs only hold the largest batch a layout
+        # may choose (512 sequences), or the steps at the settings' batch, whichever is more
+        sequences = max(512, settings.tokens_per_step(args.nproc, args.seq_len) // args.seq_len
+                        * (args.steps + args.warmup + 2))
+        data = synthetic_shards(tmp / "shards", sequences * args.seq_len + 1)
+        s = kiln_run(args, settings, launcher, data, tmp)
+        layout = s.get("layout") or {}
+        micro = layout.get("micro_batch", settings.micro_batch_size)
+        accum = layout.get("grad_accum", settings.grad_accum)
+        print(f"model: {args.preset}, {s['n_params'] / 1e6:.1f}M parameters ({s['n_params_non_embedding'] / 1e6:.2f}M "
+              f"non-embedding), {s['flops_per_token'] / 1e9:.3f} GFLOP/token at seq_len {args.seq_len}")
+        print(f"kiln ({launcher}): {s['world_size']} x {s['device']}, {s['precision']}, micro-batch {micro} x accum "
+              f"{accum} = {s['tokens_per_step']:,} tokens/step, ZeRO-{s['parallelism']['zero_stage']}, "
+              f"compile {s.get('compile', 'n/a')}, {s['steps']} steps"
+              f"{', activation checkpointing' if args.activation_checkpointing else ''}")
+        goodput = s.get("goodput_tokens_per_s")
+        print(f"  step throughput {s['tokens_per_s']:,.0f} tokens/s ({s['tokens_per_s'] / s['world_size']:,.0f} per "
+              f"rank), MFU {pct(s['mfu'])}; goodput "
+              + (f"{goodput:,.0f} tokens/s ({goodput / s['tokens_per_s']:.2f} of step), MFU {pct(s.get('goodput_mfu'))}"
+                 if goodput else "n/a (not in this trainer's summary)")
+              + f"; launch {s['launch_wall_s']:.0f} s")
+        result = {"preset": args.preset, "seq_len": args.seq_len, "launcher": launcher, "kiln": {k: s.get(k) for k in (
+            "tokens_per_s", "goodput_tokens_per_s", "mfu", "goodput_mfu", "world_size", "device", "precision",
+            "tokens_per_step", "steps", "parallelism", "layout", "compile", "time_breakdown", "checkpoint_stall_s",
+            "peak_flops_per_device", "n_params", "flops_per_token", "launch_wall_s")}}
+        if args.reference:
+            ref_micro = args.ref_micro_batch or micro
+            ref_accum = max(1, micro * accum // ref_micro)
+            ref = reference_loop(settings, data, args.seq_len, ref_micro, ref_accum, args.steps, args.warmup,
+                                 torch.cuda.is_available() if args.ref_compile is None else args.ref_compile)
+            per_device = s["tokens_per_s"] / s["world_size"]
+            ratio = per_device / ref["tokens_per_s"]
+            print(f"reference (nanoGPT loop, 1 x {ref['device']}, {ref['precision']}, micro-batch {ref_micro} x accum "
+                  f"{ref_accum}, compile {ref['compile']}): {ref['tokens_per_s']:,.0f} tokens/s, MFU {pct(ref['mfu'])}")
+            print(f"  kiln / reference = {ratio:.2f} per device (step throughput)"
+                  + (f", {goodput / s['world_size'] / ref['tokens_per_s']:.2f} by goodput" if goodput else ""))
+            result.update(reference=ref, kiln_over_reference=ratio)
+        print()
+        return result
 
-    steps_per_s = s["tokens_per_s"] / s["tokens_per_step"]
-    mfu = f"{s['mfu']:.1%}" if s["mfu"] is not None else "n/a (no peak for this device; --peak-tflops to set one)"
-    print(f"model: {args.preset}, {s['n_params'] / 1e6:.1f}M parameters ({s['n_params_non_embedding'] / 1e6:.2f}M "
-          f"non-embedding), {s['flops_per_token'] / 1e9:.3f} GFLOP/token at seq_len {args.seq_len}")
-    print(f"run ({launcher} launcher): {s['world_size']} x {s['device']}, {s['precision']}, micro-batch {args.micro_batch} x accum "
-          f"{args.grad_accum} = {s['tokens_per_step']:,} tokens/step, {s['steps']} steps, ZeRO-3"
-          f"{', activation checkpointing' if args.activation_checkpointing else ''}")
-    print(f"throughput: {steps_per_s:.2f} steps/s, {s['tokens_per_s']:,.0f} tokens/s "
-          f"({s['tokens_per_s'] / s['world_size']:,.0f} per rank), MFU {mfu}")
-    print(f"wall: {wall:.1f} s for the whole launch (imports, DeepSpeed init, {s['steps']} steps, final checkpoint)")
-    if args.json:
-        print(json.dumps({"preset": args.preset, "launcher": launcher, "steps_per_s": steps_per_s, **{k: s[k] for k in (
-            "tokens_per_s", "mfu", "world_size", "device", "precision", "tokens_per_step", "n_params",
-            "flops_per_token", "peak_flops_per_device")}}))
-    return s
 
+def main() -> None:
+    on_gpu = torch.cuda.is_available()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="125m,350m,1b" if on_gpu else "tiny,small",
+                        help="comma-separated presets: tiny, small, 125m, 350m, 1b")
+    parser.add_argument("--seq-len", type=int, default=2048 if on_gpu else 256)
+    parser.add_argument("--micro-batch", type=int, default=None, help="default: the trainer's layout choice")
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=60 if on_gpu else 20, help="optimizer steps timed")
+    parser.add_argument("--warmup", type=int, default=5 if on_gpu else 2, help="reference steps before timing")
+    parser.add_argument("--nproc", type=int, default=torch.cuda.device_count() if on_gpu else 1)
+    parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
+    parser.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=None,
+                        help="force a ZeRO stage (default: the trainer's layout choice)")
+    parser.add_argument("--compile", default=None, choices=["auto", "true", "false"],
+                        help="training.compile (default: the trainer's default)")
+    parser.add_argument("--checkpoint-every", type=int, default=None,
+                        help="checkpoint.every_steps (0: only at the end; default: the trainer's default cadence)")
+    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="per device; default: the GPU table")
+    parser.add_argument("--launcher", default="torchrun", help="comma-separated: torchrun, deepspeed, ray")
+    parser.add_argument("--no-reference", dest="reference", action="store_false", help="skip the reference loop")
+    parser.add_argument("--ref-micro-batch", type=int, default=None, help="default: Kiln's micro-batch")
+    parser.add_argument("--ref-compile", type=lambda v: v == "true", default=None, metavar="true|false",
+                        help="torch.compile in the reference (default: on GPUs)")
+    parser.add_argument("--json-out", type=Path, default=None, help="write every figure to this JSON file")
+    args = parser.parse_args()
 
-def plain_line(args, on_gpu: bool, s: dict) -> None:
-    """The same model in a bare PyTorch loop, against the last launch's figures."""
-    plain = plain_pytorch(bench_settings(args), args.seq_len, args.micro_batch, min(args.steps, 20))
-    plain_mfu = f"{plain['mfu']:.1%}" if plain["mfu"] is not None else "n/a"
-    # On GPUs compare one device with one device; on CPU the plain loop has every core in one process,
-    # the DeepSpeed ranks split them, so compare the machine's totals.
-    ours = s["tokens_per_s"] / s["world_size"] if on_gpu else s["tokens_per_s"]
-    print(f"plain PyTorch (1 x {plain['device']}, {plain['precision']}, no DeepSpeed): {plain['tokens_per_s']:,.0f} "
-          f"tokens/s, MFU {plain_mfu}; DeepSpeed ZeRO-3 / plain = {ours / plain['tokens_per_s']:.2f} "
-          f"({'per device' if on_gpu else 'whole machine'})")
-    print()
+    print(f"machine: {machine()}")
+    report = {"machine": machine(), "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "runs": []}
+    for preset in args.preset.split(","):
+        args.preset = preset.strip()
+        for i, launcher in enumerate(args.launcher.split(",")):
+            reference = args.reference
+            args.reference = reference and i == len(args.launcher.split(",")) - 1  # one reference per preset
+            report["runs"].append(bench_preset(args, launcher.strip()))
+            args.reference = reference
+            if args.json_out:  # after every run: a suite cut short keeps what it measured
+                tmp = args.json_out.with_suffix(".tmp")
+                tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
+                tmp.replace(args.json_out)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from kiln.common.config import kiln_home
 from training_jobs.settings import TrainingSettings
 
 LAUNCHERS = get_args(TrainingSettings.model_fields["launcher"].annotation)
+CPU_RANKS = 2  # processes of a training run on a machine without GPUs: the gloo data-parallel path, tested here
 
 
 class TrainingLauncher(dg.ConfigurableResource):
@@ -22,7 +23,9 @@ class TrainingLauncher(dg.ConfigurableResource):
     lost (up to `max_failures` times). Many machines means Ray: training_jobs/ray_launch.py."""
 
     launcher: Optional[str] = None  # deepspeed | torchrun | ray; None: training.launcher
-    nproc_per_node: int = 2  # deepspeed / torchrun: GPUs of this machine; on CPU, processes (gloo)
+    # deepspeed / torchrun: processes on this machine, one per GPU; None: every visible GPU (CUDA_VISIBLE_DEVICES
+    # narrows them), or CPU_RANKS processes (gloo) where there is none
+    nproc_per_node: int | None = None
     # ray: training workers (ranks) in all, one GPU each where the cluster has GPUs; None: nproc_per_node
     num_workers: int | None = None  # (no Field bounds: a deployment's EnvVar.int is validated as 0 at load time)
     max_failures: int = 3  # ray: restarts of the worker group before the run fails; -1: no limit
@@ -40,9 +43,17 @@ class TrainingLauncher(dg.ConfigurableResource):
     def chosen(self, configured: str) -> str:
         return self.launcher or configured
 
+    def ranks_per_node(self) -> int:
+        """nproc_per_node, or this machine's GPUs: a machine with GPUs trains on all of them unless told otherwise."""
+        if self.nproc_per_node is not None:
+            return self.nproc_per_node
+        import torch
+
+        return torch.cuda.device_count() or CPU_RANKS
+
     def world_size(self, configured: str) -> int:
         """The ranks a launch starts: what the layout (training.parallelism) must divide."""
-        ranks = (self.num_workers or self.nproc_per_node) if self.chosen(configured) == "ray" else self.nproc_per_node
+        ranks = (self.num_workers or self.ranks_per_node()) if self.chosen(configured) == "ray" else self.ranks_per_node()
         if ranks < 1:
             raise ValueError(f"TrainingLauncher starts {ranks} training processes: set nproc_per_node (or num_workers "
                              f"for ray) to at least 1")
@@ -59,13 +70,13 @@ class TrainingLauncher(dg.ConfigurableResource):
                     *(["--address", address] if address else [])]
         port = str(self.master_port or _free_port())
         if launcher == "torchrun":
-            return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(self.nproc_per_node),
+            return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(self.ranks_per_node()),
                     "--master_port", port, "-m", *entry]
         binary = shutil.which("deepspeed", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
         if binary is None:
             raise FileNotFoundError("TrainingLauncher: the `deepspeed` launcher is not installed next to this Python; "
                                     "install deepspeed or set training.launcher: torchrun")
-        return [binary, "--num_gpus", str(self.nproc_per_node), "--master_port", port, "--module", *entry]
+        return [binary, "--num_gpus", str(self.ranks_per_node()), "--master_port", port, "--module", *entry]
 
     def env(self) -> dict[str, str]:
         """What every training process needs: CPU accelerator when there is no GPU, the JIT-op cache."""

@@ -372,6 +372,18 @@ def test_the_launch_config_changes_one_runs_recipe_and_is_validated_like_the_pro
         TrainingLaunch(objective="mlm").apply(project)
 
 
+def test_a_launcher_left_unset_trains_on_every_visible_gpu_and_on_two_cpu_processes_without_one(monkeypatch):
+    from resources import TrainingLauncher
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert TrainingLauncher().world_size("deepspeed") == 8
+    assert TrainingLauncher().command(Path("run.json"))[1:3] == ["--num_gpus", "8"]
+    assert TrainingLauncher(nproc_per_node=2).world_size("torchrun") == 2  # a setting wins over the machine
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert TrainingLauncher().world_size("torchrun") == 2
+    assert TrainingLauncher().command(Path("run.json"), "torchrun")[3:5] == ["--nproc_per_node", "2"]
+
+
 def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_refused_before_launch():
     import dagster as dg
 
