@@ -1,0 +1,52 @@
+"""A run of a checkpoint written by Kiln before issue 34 (commit 4e5cb2d: ZeRO-3 on one CPU rank, fp32, the
+unfused loss, per-step syncs): tests/data/checkpoint_before_issue34/ holds its step-4 checkpoint and the losses
+that code logged for steps 5 to 8 when it ran on. The shards are regenerated here, bit for bit, from a seed.
+
+    python -m tests.training_jobs.old_run DIR    # writes DIR/shards, DIR/run.json (how the fixture was made:
+                                                 # then torchrun --nproc_per_node 1 -m training_jobs.train ...)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from kiln.tokens.shard_format import ShardInfo, describe_shard_set, write_shard
+from training_jobs.settings import TrainingSettings
+
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "checkpoint_before_issue34"
+SHA = "ab" * 32
+VOCAB = 64
+
+
+def shards(folder: Path) -> Path:
+    """Random tokens from a fixed seed: 20,000 for training, 4,000 for validation."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(34)
+    infos = []
+    for name, split, n in (("shard-00000.bin", "train", 20_000), ("shard-00001.bin", "val", 4_000)):
+        write_shard(folder / name, rng.integers(3, VOCAB, n, dtype=np.uint16), np.array([0, n]), SHA)
+        infos.append(ShardInfo(name, split, "main" if split == "train" else "val", 0, n, 1))
+    (folder / "_manifest.json").write_text(json.dumps({"stats": describe_shard_set(SHA, VOCAB, 2, infos)}))
+    return folder
+
+
+def settings(max_steps: int = 8) -> TrainingSettings:
+    return TrainingSettings(
+        model={"preset": "tiny", "d_model": 16, "n_layers": 1, "n_heads": 2, "pad_vocab_to_multiple_of": 8},
+        seq_len=32, micro_batch_size=4, max_steps=max_steps, log_every_steps=1, val_batches=2, precision="fp32",
+        schedule={"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 2, "total_steps": 8},
+        checkpoint={"every_steps": 4, "keep_last": 2}, export=[])
+
+
+def run_config(root: Path, max_steps: int = 8) -> Path:
+    run = settings(max_steps).to_run_config(dataset_dir=shards(root / "shards"), tokenizer_sha256=SHA,
+                                            output_dir=root / "out")
+    return run.write(root / "run.json")
+
+
+if __name__ == "__main__":
+    print(run_config(Path(sys.argv[1])))
