@@ -1,10 +1,11 @@
 """Pipeline parallelism: Kiln's Transformer as a DeepSpeed `PipelineModule` (training.parallelism.pp > 1).
 
     layer 0          the token embedding                   (tied: TiedLayerSpec "embed", shared with the head)
-    layers 1..n      the Blocks (each computes its RoPE tables from the sequence length, as Transformer does)
+    layers 1..n      the Blocks (each keeps its RoPE tables by sequence length, as Transformer does)
     layer n+1        the final RMSNorm
     layer n+2        the output projection                 (tied: the embedding matrix, on the last stage)
-    loss_fn          Transformer.forward's cross-entropy, targets of IGNORE left out
+    loss_fn          lm_loss on the head's logits, targets of IGNORE left out (the plain cross-entropy with whole
+                     logits: the head is a layer of its own here, the loss a separate function of its output)
 
 Stages are balanced over the Blocks (partition_method "type:BlockPipe"). The model starts from exactly the
 weights of `Transformer(cfg, seed)` (built on the CPU, each stage copies its layers' tensors, the rest is freed),
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from training_jobs.base import BaseWeights, load_into
-from training_jobs.model import Block, ModelConfig, RMSNorm, Transformer, loss_sums_by_position, lm_loss, rope_tables
+from training_jobs.model import Block, ModelConfig, RMSNorm, Transformer, RopeTables, loss_sums_by_position, lm_loss
 
 LAYER_FILE = "layer_{:02d}-model_states.pt"  # DeepSpeed's name for a layer's weights (one pipeline, no tp)
 
@@ -53,19 +54,17 @@ def tied_head(embedding: Embedding, x: torch.Tensor) -> torch.Tensor:
 
 
 class BlockPipe(Block):
-    """A Block that takes only the hidden states: the RoPE tables are recomputed here (cheap, and nothing but one
-    tensor then crosses a stage boundary)."""
+    """A Block that takes only the hidden states: the RoPE tables are its own (computed once per shape, and nothing
+    but one tensor then crosses a stage boundary)."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], index: int):
         super().__init__(cfg)
-        self.rope = (cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
+        self.rope = RopeTables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
         prefix = f"layers.{index}."
         self.load_state_dict({k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        head_dim, theta, scaling = self.rope
-        cos, sin = rope_tables(x.shape[1], head_dim, theta, x.device, scaling)
-        return super().forward(x, cos, sin)
+        return super().forward(x, *self.rope(x.shape[1], x.device, x.dtype))
 
 
 class Norm(RMSNorm):
