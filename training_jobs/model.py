@@ -114,8 +114,9 @@ class RopeTables:
     def __call__(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         key = (seq_len, device, dtype)
         if key not in self.tables:
-            cos, sin = rope_tables(seq_len, self.head_dim, self.theta, device, self.scaling_factor)
-            self.tables[key] = cos.to(dtype), sin.to(dtype)
+            with torch.inference_mode(False):  # tables made first under inference_mode must serve training too
+                cos, sin = rope_tables(seq_len, self.head_dim, self.theta, device, self.scaling_factor)
+                self.tables[key] = cos.to(dtype), sin.to(dtype)
         return self.tables[key]
 
 
@@ -331,7 +332,8 @@ class LMHead(nn.Linear):
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The training loss: mean next-token cross-entropy in fp32, IGNORE targets left out."""
+    """Mean next-token cross-entropy in fp32, IGNORE targets left out, from whole logits: the plain form of the
+    training loss, which linear_cross_entropy computes without them."""
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
 
 

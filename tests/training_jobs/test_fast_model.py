@@ -140,6 +140,14 @@ def test_cached_rope_tables_equal_fresh_ones(dtype):
     assert "rope" not in " ".join(model.state_dict())  # not a buffer: nothing for DeepSpeed to cast
 
 
+def test_tables_first_made_under_inference_mode_still_serve_training():
+    model = Transformer(TINY)
+    x = torch.randint(0, TINY.vocab_size, (1, 8))
+    with torch.inference_mode():
+        model(x)
+    model(x, x).backward()  # an inference tensor would refuse to be saved for backward
+
+
 def test_fused_adamw_steps_like_the_unfused_one():
     t = TrainingSettings()
     x = torch.randint(0, TINY.vocab_size, (2, 16))
