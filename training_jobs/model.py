@@ -12,6 +12,7 @@ re-interpretation.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -92,14 +93,31 @@ class RMSNorm(nn.Module):
 
 def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device,
                 scaling_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, (seq_len, head_dim), in fp32. Computed per forward (cheap) rather than kept as a
-    buffer, because DeepSpeed casts buffers to bf16 and RoPE angles need fp32. A scaling factor s > 1 is
-    position interpolation: position p is rotated as p / s, so a longer context reuses the angles trained on
-    (HF's rope_type "linear" divides inv_freq by s, the same product)."""
+    """cos and sin, (seq_len, head_dim), in fp32. A scaling factor s > 1 is position interpolation: position p is
+    rotated as p / s, so a longer context reuses the angles trained on (HF's rope_type "linear" divides inv_freq
+    by s, the same product)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
     angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq / scaling_factor)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
+
+
+class RopeTables:
+    """rope_tables for one model, computed once per (seq_len, device, dtype) and kept, rounded to the dtype the
+    activations have (what apply_rope did to them on every call). A plain dict, not a registered buffer:
+    DeepSpeed casts buffers to bf16, and the angles must be computed in fp32 before the cos and sin are rounded."""
+
+    def __init__(self, head_dim: int, theta: float, scaling_factor: float):
+        self.head_dim, self.theta, self.scaling_factor = head_dim, theta, scaling_factor
+        self.tables: dict[tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (seq_len, device, dtype)
+        if key not in self.tables:
+            with torch.inference_mode(False):  # tables made first under inference_mode must serve training too
+                cos, sin = rope_tables(seq_len, self.head_dim, self.theta, device, self.scaling_factor)
+                self.tables[key] = cos.to(dtype), sin.to(dtype)
+        return self.tables[key]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -170,7 +188,8 @@ class Transformer(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = LMHead(cfg.d_model, cfg.vocab_size)
+        self.rope = RopeTables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
         if cfg.tied_embeddings:
             self.lm_head.weight = self.embed_tokens.weight  # one Parameter, two uses
         self.reset_parameters(seed)
@@ -200,16 +219,15 @@ class Transformer(nn.Module):
         T = tokens.shape[1]
         if T > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than max_seq_len {self.cfg.max_seq_len}")
-        cos, sin = rope_tables(T, self.cfg.head_dim, self.cfg.rope_theta, tokens.device, self.cfg.rope_scaling_factor)
         mask = None if prefix_len is None else prefix_lm_mask(prefix_len.to(tokens.device), T)
         x = self.embed_tokens(tokens)
+        cos, sin = self.rope(T, x.device, x.dtype)
         for layer in self.layers:
             if self.activation_checkpointing and self.training:
                 x = checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
             else:
                 x = layer(x, cos, sin, mask)
-        logits = self.lm_head(self.norm(x))
-        return logits if targets is None else lm_loss(logits, targets)
+        return self.lm_head(self.norm(x), targets)
 
     def param_count(self, non_embedding: bool = False) -> int:
         """Unique parameters (a tied matrix counts once). `non_embedding` leaves out the embedding table and
@@ -220,8 +238,103 @@ class Transformer(nn.Module):
         return flops_per_token(self.cfg, seq_len or self.cfg.max_seq_len)
 
 
+# The fp32 logits of one chunk of tokens in linear_cross_entropy stay under this many bytes, so the loss never holds
+# the whole (tokens, vocab) logits: at micro-batch 8 x 2048 tokens and a 32k vocabulary those are 2 GiB in fp32, and
+# the plain path holds the bf16 logits, their fp32 copy and the fp32 log-softmax kept for backward, then the
+# gradient. 256 MiB is about 2,100 tokens a chunk at a 32k vocabulary (500 at 128k): matmuls large enough to run at
+# full speed on a GPU. A chunk's peak is about twice this (logsumexp's temporary beside the fp32 logits).
+LOSS_CHUNK_BYTES = 256 * 2**20
+
+
+def loss_chunk_tokens(vocab_size: int) -> int:
+    return max(1, LOSS_CHUNK_BYTES // (4 * vocab_size))
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """mean cross-entropy of (hidden @ weight.T, targets), IGNORE targets left out: the value of
+    F.cross_entropy(F.linear(hidden, weight).float(), targets), computed chunk by chunk over the tokens.
+
+    The gradients are computed in the same pass (the design of Liger Kernel's fused linear cross-entropy, Hsu et
+    al. 2024): for a chunk, d loss / d logits = (softmax - one_hot(target)) / n_valid, from which the chunk's
+    rows of d/d hidden and its share of d/d weight follow; the logits are then dropped. Backward only scales the
+    stored gradients by grad_output. The weight's gradient is summed in fp32 across chunks and rounded once."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                chunk_tokens: int) -> torch.Tensor:
+        want_hidden, want_weight = ctx.needs_input_grad[:2]
+        valid = targets != IGNORE
+        n_valid = valid.sum().float()
+        loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_weight else None
+        for start in range(0, hidden.shape[0], chunk_tokens):
+            rows = slice(start, start + chunk_tokens)
+            h, t, keep = hidden[rows], targets[rows].masked_fill(~valid[rows], 0), valid[rows]
+            logits = (h @ weight.T).float()  # in the compute dtype, as nn.Linear would; then fp32 for the softmax
+            logsumexp = logits.logsumexp(-1)
+            loss_sum += ((logsumexp - logits.gather(1, t[:, None]).squeeze(1)) * keep).sum()
+            if not (want_hidden or want_weight):
+                continue
+            grad = logits.sub_(logsumexp[:, None]).exp_()  # softmax, in place of the logits
+            grad.scatter_add_(1, t[:, None], -keep[:, None].float())
+            grad = grad.mul_((keep / n_valid)[:, None]).to(hidden.dtype)
+            if want_hidden:
+                grad_hidden[rows] = grad @ weight
+            if want_weight:
+                grad_weight += (grad.T @ h).float()
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        return loss_sum / n_valid
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        if grad_hidden is not None:
+            grad_hidden = grad_hidden * grad_output.to(grad_hidden.dtype)
+        if grad_weight is not None:
+            grad_weight = (grad_weight * grad_output).to(ctx.weight_dtype)
+        return grad_hidden, grad_weight, None, None
+
+
+@functools.cache
+def liger_loss():
+    """Liger Kernel's fused linear cross-entropy (Triton, CUDA only) when it is installed, else None."""
+    try:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+    except ImportError:
+        return None
+    return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         chunk_tokens: int | None = None) -> torch.Tensor:
+    """lm_loss(F.linear(hidden, weight), targets) without the whole logits: hidden (..., d), targets (...).
+    On CUDA with liger-kernel installed, its Triton kernel (the same numbers within bf16 rounding); otherwise
+    LinearCrossEntropy, chunk_tokens tokens at a time (default: LOSS_CHUNK_BYTES of fp32 logits)."""
+    hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    if hidden.is_cuda and chunk_tokens is None and liger_loss() is not None:
+        return liger_loss()(weight, hidden, targets)
+    if not torch.is_grad_enabled():  # no gradients wanted: do not compute them
+        hidden, weight = hidden.detach(), weight.detach()
+    return LinearCrossEntropy.apply(hidden, weight, targets, chunk_tokens or loss_chunk_tokens(weight.shape[0]))
+
+
+class LMHead(nn.Linear):
+    """The output projection: logits, or, given targets, the loss straight from the hidden states
+    (linear_cross_entropy). The loss is computed here, inside the module that owns the weight, because ZeRO-3
+    gathers a partitioned weight only for its module's forward."""
+
+    def __init__(self, d_model: int, vocab_size: int):
+        super().__init__(d_model, vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, self.weight) if targets is None else linear_cross_entropy(x, self.weight, targets)
+
+
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The training loss: mean next-token cross-entropy in fp32, IGNORE targets left out."""
+    """Mean next-token cross-entropy in fp32, IGNORE targets left out, from whole logits: the plain form of the
+    training loss, which linear_cross_entropy computes without them."""
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
 
 
@@ -256,5 +369,6 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     return 6.0 * n + 12.0 * cfg.n_layers * cfg.d_model * seq_len
 
 
-__all__ = ["IGNORE", "ModelConfig", "Transformer", "apply_rope", "flops_per_token", "lm_loss", "loss_sums_by_position",
-           "param_count", "prefix_lm_mask", "rope_tables"]
+__all__ = ["IGNORE", "LMHead", "LOSS_CHUNK_BYTES", "LinearCrossEntropy", "ModelConfig", "RopeTables", "Transformer",
+           "apply_rope", "flops_per_token", "linear_cross_entropy", "lm_loss", "loss_sums_by_position", "param_count",
+           "prefix_lm_mask", "rope_tables"]

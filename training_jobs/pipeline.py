@@ -1,10 +1,12 @@
 """Pipeline parallelism: Kiln's Transformer as a DeepSpeed `PipelineModule` (training.parallelism.pp > 1).
 
     layer 0          the token embedding                   (tied: TiedLayerSpec "embed", shared with the head)
-    layers 1..n      the Blocks (each computes its RoPE tables from the sequence length, as Transformer does)
+    layers 1..n      the Blocks (each keeps its RoPE tables by sequence length, as Transformer does)
     layer n+1        the final RMSNorm
-    layer n+2        the output projection                 (tied: the embedding matrix, on the last stage)
-    loss_fn          Transformer.forward's cross-entropy, targets of IGNORE left out
+    layer n+2        the output projection's weight        (tied: the embedding matrix, on the last stage); the layer
+                     passes the hidden states through, and
+    loss_fn          HeadLoss applies the projection: linear_cross_entropy, as Transformer's LMHead, so the
+                     logits are never whole; targets of IGNORE left out
 
 Stages are balanced over the Blocks (partition_method "type:BlockPipe"). The model starts from exactly the
 weights of `Transformer(cfg, seed)` (built on the CPU, each stage copies its layers' tensors, the rest is freed),
@@ -26,7 +28,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from training_jobs.base import BaseWeights, load_into
-from training_jobs.model import Block, ModelConfig, RMSNorm, Transformer, loss_sums_by_position, lm_loss, rope_tables
+from training_jobs.model import (
+    Block,
+    ModelConfig,
+    RMSNorm,
+    RopeTables,
+    Transformer,
+    linear_cross_entropy,
+    loss_sums_by_position,
+)
 
 LAYER_FILE = "layer_{:02d}-model_states.pt"  # DeepSpeed's name for a layer's weights (one pipeline, no tp)
 
@@ -49,23 +59,21 @@ class Embedding(nn.Embedding):
 
 
 def tied_head(embedding: Embedding, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, embedding.weight)
+    return x  # the projection by embedding.weight is HeadLoss's
 
 
 class BlockPipe(Block):
-    """A Block that takes only the hidden states: the RoPE tables are recomputed here (cheap, and nothing but one
-    tensor then crosses a stage boundary)."""
+    """A Block that takes only the hidden states: the RoPE tables are its own (computed once per shape, and nothing
+    but one tensor then crosses a stage boundary)."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], index: int):
         super().__init__(cfg)
-        self.rope = (cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
+        self.rope = RopeTables(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
         prefix = f"layers.{index}."
         self.load_state_dict({k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        head_dim, theta, scaling = self.rope
-        cos, sin = rope_tables(x.shape[1], head_dim, theta, x.device, scaling)
-        return super().forward(x, cos, sin)
+        return super().forward(x, *self.rope(x.shape[1], x.device, x.dtype))
 
 
 class Norm(RMSNorm):
@@ -75,11 +83,29 @@ class Norm(RMSNorm):
 
 
 class Head(nn.Linear):
-    """The untied output projection."""
+    """The untied output projection's weight; HeadLoss applies it."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
         super().__init__(cfg.d_model, cfg.vocab_size, bias=False)
         self.load_state_dict({"weight": weights["lm_head.weight"]})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class HeadLoss:
+    """The pipeline's loss_fn, on the last stage: the output projection and the loss in one, from the final hidden
+    states (DeepSpeed hands a loss_fn the last layer's output and the targets, nothing else, so the head's layer
+    passes the hidden states through). Training: linear_cross_entropy. Validation (per_position): the logits'
+    token losses summed by position. The weight is whole here: the pipeline engine runs ZeRO stage 0 or 1."""
+
+    def __init__(self, weight: nn.Parameter | None, per_position: bool = False):
+        self.weight, self.per_position = weight, per_position
+
+    def __call__(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.per_position:
+            return loss_sums_by_position(F.linear(hidden, self.weight), targets)
+        return linear_cross_entropy(hidden, self.weight, targets)
 
 
 def layer_prefixes(cfg: ModelConfig) -> dict[int, str]:
@@ -108,11 +134,20 @@ def pipeline_module(cfg: ModelConfig, seed: int, stages: int, activation_checkpo
         first, last = LayerSpec(Embedding, cfg, weights), LayerSpec(Head, cfg, weights)
     specs = [first, *(LayerSpec(BlockPipe, cfg, weights, i) for i in range(cfg.n_layers)),
              LayerSpec(Norm, cfg, weights), last]
-    module = PipelineModule(specs, num_stages=stages, loss_fn=lm_loss, partition_method="type:BlockPipe",
+    module = PipelineModule(specs, num_stages=stages, partition_method="type:BlockPipe",
                             activation_checkpoint_interval=1 if activation_checkpointing else 0,
                             checkpointable_layers=["BlockPipe"])  # never the embedding: its input needs no grad
     weights.clear()  # the specs keep a reference; the other stages' tensors are not needed on this rank
+    module.loss_fn = HeadLoss(head_weight(module, cfg))
     return module
+
+
+def head_weight(module, cfg: ModelConfig) -> nn.Parameter | None:
+    """The output projection's weight where this stage holds the head (the last), else None."""
+    last = module.forward_funcs[-1] if module.forward_funcs else None
+    if cfg.tied_embeddings:
+        return module.tied_modules["embed"].weight if getattr(last, "func", None) is tied_head else None
+    return last.weight if isinstance(last, Head) else None
 
 
 # ------------------------------------------------------------------------------------------ the loop
@@ -122,7 +157,7 @@ def position_sums(engine, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> t
     """Per-position sums of the token losses over the batches, (T,) float64 on the last stage, None elsewhere."""
     module = engine.module
     train_loss = module.loss_fn
-    module.loss_fn = loss_sums_by_position
+    module.loss_fn = HeadLoss(train_loss.weight, per_position=True)
     try:
         engine.reset_activation_shape()  # the batches may be shaped unlike the training ones
         engine.total_loss = None  # eval_batch adds to what train_batch left
@@ -167,5 +202,5 @@ def transformer_state(ckpt: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     return state
 
 
-__all__ = ["BlockPipe", "is_pipeline_checkpoint", "layer_prefixes", "pipeline_module", "position_sums",
+__all__ = ["BlockPipe", "HeadLoss", "is_pipeline_checkpoint", "layer_prefixes", "pipeline_module", "position_sums",
            "probe_loss", "transformer_state"]
