@@ -58,6 +58,7 @@ class Reporter:
         self.active = dist.main
         self.pipes = pipes
         self.metrics_file = Path(run.output_dir) / "metrics.jsonl"
+        self.rows: list[str] = []  # metrics.jsonl lines not written yet
         self.mlflow = None
         self.mlflow_run_id: str | None = None
 
@@ -91,14 +92,23 @@ class Reporter:
                 print(text, flush=True)
 
     def step(self, step: int, metrics: dict[str, Any], to_mlflow: bool) -> None:
+        """A row of metrics.jsonl, kept until the next logging interval (`to_mlflow`) instead of opening the file
+        every step; `flush()` writes it earlier (before a checkpoint, at the end, when the run fails)."""
         if not self.active:
             return
-        with open(self.metrics_file, "a", encoding="utf-8") as f:
-            f.write(json.dumps(_json_safe({"step": step, **metrics})) + "\n")
-        if to_mlflow and self.mlflow is not None:
-            finite = {k: float(v) for k, v in metrics.items()
-                      if isinstance(v, (int, float)) and math.isfinite(v)}
-            self.mlflow.log_metrics(finite, step=step)
+        self.rows.append(json.dumps(_json_safe({"step": step, **metrics})) + "\n")
+        if to_mlflow:
+            self.flush()
+            if self.mlflow is not None:
+                finite = {k: float(v) for k, v in metrics.items()
+                          if isinstance(v, (int, float)) and math.isfinite(v)}
+                self.mlflow.log_metrics(finite, step=step)
+
+    def flush(self) -> None:
+        if self.rows:
+            with open(self.metrics_file, "a", encoding="utf-8") as f:
+                f.write("".join(self.rows))
+            self.rows.clear()
 
     def event(self, event: Event) -> None:
         self.line(f"stability: {event.kind} -> {event.action}: {event.message}")
@@ -108,6 +118,7 @@ class Reporter:
     def finish(self, summary: dict[str, Any], failed: bool) -> None:
         if not self.active:
             return
+        self.flush()
         if self.mlflow is not None:
             self.mlflow.log_dict(_json_safe(summary), "summary.json")
             self.mlflow.log_dict(_json_safe(summary["stability_events"]), "stability_events.json")
