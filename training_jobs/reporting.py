@@ -162,9 +162,9 @@ def peak_memory_gib() -> float:
 def progress_line(step: int, max_steps: int, m: dict[str, Any], dt: float, eta_s: float | None = None) -> str:
     """One progress line; `eta_s`: the seconds left at this run's pace so far (validation and checkpoints in)."""
     mfu_text = f" | mfu {m['train/mfu']:.1%}" if m["train/mfu"] is not None else ""
-    grad = m["train/grad_norm"]
+    grad = "n/a" if m["train/grad_norm"] is None else f"{m['train/grad_norm']:.3f}"  # None: DeepSpeed computed none
     eta = f" | ETA {duration(eta_s)}" if eta_s is not None else ""
-    return (f"step {step}/{max_steps} | loss {m['train/loss']:.4f} | grad {grad:.3f} | lr {m['train/lr']:.2e} | "
+    return (f"step {step}/{max_steps} | loss {m['train/loss']:.4f} | grad {grad} | lr {m['train/lr']:.2e} | "
             f"{m['train/tokens_per_s']:,.0f} tok/s{mfu_text} | {dt:.2f} s/step{eta}")
 
 
