@@ -14,7 +14,6 @@ import torch
 from training_jobs.loader import Prefetcher, ReplayLoader, ShardLoader
 from training_jobs.model import loss_sums_by_position
 from training_jobs.objectives import Objective
-from training_jobs.setup import Dist
 
 
 def refresh_lr(engine) -> None:
@@ -88,7 +87,7 @@ class StepFigures:
     once the next step is queued, it returns as soon as this step is done, and the device never runs dry. On CPU
     everything is synchronous and `read()` returns at once."""
 
-    def __init__(self, dist: Dist, loss: torch.Tensor, grad_norm: torch.Tensor | float | None):
+    def __init__(self, loss: torch.Tensor, grad_norm: torch.Tensor | float | None):
         self.has_norm = grad_norm is not None  # None when DeepSpeed computes no norm: the same on every rank
         norm = torch.as_tensor(math.nan if grad_norm is None else grad_norm, device=loss.device)
         values = torch.stack([loss.to(torch.float64).reshape(()), norm.to(torch.float64).reshape(())])

@@ -202,7 +202,7 @@ class Trainer:
         started = time.perf_counter()
         lr = current_lr(self.engine)  # the LR of this update (the scheduler moves on inside the step)
         loss = train_step(self.engine, self.loader, self.t.grad_accum, p.step + 1, self.fault, self.objective)
-        figures = StepFigures(self.dist, loss, self.engine.get_global_grad_norm())
+        figures = StepFigures(loss, self.engine.get_global_grad_norm())
         p.step, p.tokens_seen = p.step + 1, p.tokens_seen + self.tokens_per_step
         return Launched(p.step, lr, p.tokens_seen, figures, self.loader.state_dict(), started, time.perf_counter())
 
@@ -397,7 +397,8 @@ class Trainer:
             "val_ppl_pos": (getattr(self, "final_val", None) or {}).get("ppl_pos"), "objective": self.t.objective,
             "base_checkpoint": self.base, "base_val_loss": (getattr(self, "base_val", None) or {}).get("loss"),
             # what the replay loader left out for removal requests (documents, their tokens, sequences skipped)
-            "replay": {**self.run.replay.model_dump(exclude={"exclude"}), "excluded": self.loader.source.replay.excluded}
+            "replay": {**self.run.replay.model_dump(exclude={"exclude"}),
+                       "excluded": self.loader.source.replay.excluded}
             if self.run.replay else None,
             "long_document_token_share": self.long_document_share,
             # the loader's cursor at the end (the last checkpoint's): what the run read is derived from it after the
