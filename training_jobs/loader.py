@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -437,8 +438,10 @@ class Prefetcher:
     def _start(self) -> None:
         self._stop = threading.Event()
         self._queue = queue.Queue(maxsize=self.depth)
-        self._thread = threading.Thread(target=self._read_ahead, args=(self._queue, self._stop),
+        # The thread holds no reference to self: a prefetcher dropped without close() is collected and stops it.
+        self._thread = threading.Thread(target=_read_ahead, args=(self.source, self.device, self._queue, self._stop),
                                         name="kiln-prefetch", daemon=True)
+        weakref.finalize(self, self._stop.set)
         self._thread.start()
 
     def _halt(self) -> None:
@@ -450,18 +453,22 @@ class Prefetcher:
         if self._error is None:
             self.source.load_state_dict(self._state)  # forget what was read ahead
 
-    def _read_ahead(self, out: queue.Queue, stop: threading.Event) -> None:
-        if self.device is not None:
-            torch.cuda.set_device(self.device)  # pinned memory belongs to the current device's context
-        try:
-            while not stop.is_set():
-                x, y = self.source.next_batch()
-                if self.device is not None:
-                    x, y = _pinned(x), _pinned(y)
-                if not _put(out, (x, y, self.source.state_dict()), stop):
-                    return
-        except BaseException as exc:  # handed to the caller, raised at its next batch
-            _put(out, exc, stop)
+
+
+def _read_ahead(source: ShardLoader | ReplayLoader, device: torch.device | None, out: queue.Queue,
+                stop: threading.Event) -> None:
+    """The prefetch thread: batches with the source's position after each, or the exception that stopped it."""
+    if device is not None:
+        torch.cuda.set_device(device)  # pinned memory belongs to the current device's context
+    try:
+        while not stop.is_set():
+            x, y = source.next_batch()
+            if device is not None:
+                x, y = _pinned(x), _pinned(y)
+            if not _put(out, (x, y, source.state_dict()), stop):
+                return
+    except BaseException as exc:  # handed to the caller, raised at its next batch
+        _put(out, exc, stop)
 
 
 def _pinned(t: torch.Tensor) -> torch.Tensor:

@@ -538,3 +538,17 @@ def test_an_error_in_the_prefetch_thread_is_raised_at_its_batch():
     prefetcher.load_state_dict({"read": 0})  # a new position clears the error
     assert prefetcher.next_batch()[0].tolist() == [[1, 1]]
     prefetcher.close()
+
+
+def test_a_prefetcher_dropped_without_close_stops_its_thread(counting):
+    import gc
+
+    from training_jobs.loader import Prefetcher
+
+    prefetcher = Prefetcher(ShardLoader(counting, seq_len=SEQ, batch_size=2))
+    prefetcher.next_batch()
+    thread = prefetcher._thread
+    del prefetcher
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
