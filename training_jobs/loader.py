@@ -454,7 +454,6 @@ class Prefetcher:
             self.source.load_state_dict(self._state)  # forget what was read ahead
 
 
-
 def _read_ahead(source: ShardLoader | ReplayLoader, device: torch.device | None, out: queue.Queue,
                 stop: threading.Event) -> None:
     """The prefetch thread: batches with the source's position after each, or the exception that stopped it."""
