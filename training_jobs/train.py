@@ -44,6 +44,7 @@ import torch
 from training_jobs import checkpoint, scaling_names
 from training_jobs.base import check_compatible, load_base
 from training_jobs.flops import device_peak_flops, mfu
+from training_jobs.loader import Prefetcher
 from training_jobs.model import ModelConfig, flops_per_token, param_count
 from training_jobs.monitor import ROLLBACK, Event, StabilityMonitor, TrainingDiverged
 from training_jobs.reporting import (
@@ -71,7 +72,6 @@ from training_jobs.setup import (
     open_validation,
     resolve_precision,
 )
-from training_jobs.loader import Prefetcher
 from training_jobs.step import FaultInjector, StepFigures, current_lr, evaluate, refresh_lr, train_step
 
 
