@@ -28,12 +28,19 @@ Resuming. `state_dict()` is a small JSON-able dict (epoch and sequences consumed
 every rank, so rank 0's copy in the checkpoint's client_state restores all ranks. Resuming with another
 seq_len, world size, seed, dataset or tokenizer is refused; another batch size is fine.
 
+Prefetching. `Prefetcher` reads either loader a couple of batches ahead on a background thread (into pinned memory
+on CUDA, so the copy to the device can be asynchronous); it hands out the same batches in the same order, and its
+`state_dict()` is the position of the batches handed out, not of those read ahead.
+
 Imports: numpy, torch, the standard library and kiln.tokens.shard_format only (training may run where Kiln's
 processing stack is not installed).
 """
 
 from __future__ import annotations
 
+import queue
+import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -366,3 +373,114 @@ class ReplayLoader:
 
     def roles(self) -> dict[str, ShardLoader]:
         return {"train": self.main, "replay": self.replay}
+
+
+class Prefetcher:
+    """`source.next_batch()` run `depth` batches ahead on a daemon thread, so the training step never waits for the
+    shards to be read and stacked. On a CUDA device the batches come in pinned memory (contiguous), so
+    `.to(device, non_blocking=True)` overlaps the copy with compute; elsewhere pinning is no use and is skipped.
+
+    The thread alone touches `source` while it runs. `state_dict()` is the source's position after the last batch
+    handed out (recorded with each batch by the thread): what a checkpoint must store, since the batches read ahead
+    were not trained on. Stopping the thread (`load_state_dict`, `close`) puts the source back at that position.
+    An exception in the thread is raised in the caller at the batch where it happened, and again on later calls."""
+
+    def __init__(self, source: ShardLoader | ReplayLoader, depth: int = 2, device: torch.device | None = None):
+        if depth < 1:
+            raise ValueError(f"prefetch depth {depth} must be at least 1")
+        self.source, self.depth = source, depth
+        self.device = device if device is not None and device.type == "cuda" else None  # pin only for CUDA
+        self._state = source.state_dict()
+        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue | None = None
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def seq_len(self) -> int:
+        return self.source.seq_len
+
+    @property
+    def shard_set(self):
+        return self.source.shard_set
+
+    def long_document_share(self, length: int) -> float:
+        return self.source.long_document_share(length)
+
+    def roles(self) -> dict[str, ShardLoader]:
+        return self.source.roles()
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._error is not None:
+            raise self._error
+        if self._thread is None:
+            self._start()
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            self._error = item
+            self._halt()
+            raise item
+        x, y, self._state = item
+        return x, y
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self._state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._halt()
+        self.source.load_state_dict(state)
+        self._state, self._error = self.source.state_dict(), None
+
+    def close(self) -> None:
+        """Stop the thread; the source stands at the position of the batches handed out."""
+        self._halt()
+
+    def _start(self) -> None:
+        self._stop = threading.Event()
+        self._queue = queue.Queue(maxsize=self.depth)
+        # The thread holds no reference to self: a prefetcher dropped without close() is collected and stops it.
+        self._thread = threading.Thread(target=_read_ahead, args=(self.source, self.device, self._queue, self._stop),
+                                        name="kiln-prefetch", daemon=True)
+        weakref.finalize(self, self._stop.set)
+        self._thread.start()
+
+    def _halt(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = self._queue = None
+        if self._error is None:
+            self.source.load_state_dict(self._state)  # forget what was read ahead
+
+
+def _read_ahead(source: ShardLoader | ReplayLoader, device: torch.device | None, out: queue.Queue,
+                stop: threading.Event) -> None:
+    """The prefetch thread: batches with the source's position after each, or the exception that stopped it."""
+    if device is not None:
+        torch.cuda.set_device(device)  # pinned memory belongs to the current device's context
+    try:
+        while not stop.is_set():
+            x, y = source.next_batch()
+            if device is not None:
+                x, y = _pinned(x), _pinned(y)
+            if not _put(out, (x, y, source.state_dict()), stop):
+                return
+    except BaseException as exc:  # handed to the caller, raised at its next batch
+        _put(out, exc, stop)
+
+
+def _pinned(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy in page-locked memory: an asynchronous copy to the GPU needs both."""
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+
+
+def _put(out: queue.Queue, item: Any, stop: threading.Event) -> bool:
+    """Put unless told to stop (checked while the queue is full); False when stopped."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False

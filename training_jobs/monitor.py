@@ -1,6 +1,8 @@
 """Training stability monitor: loss spikes, gradient explosions, NaN/Inf, plateaus.
 
-A pure class fed numbers, one call per optimizer step; the train loop acts on what it returns:
+A pure class fed numbers, one call per optimizer step (the train loop feeds each step's figures a step late, so
+as not to wait for the device, and every step's before it is validated or checkpointed); the loop acts on what it
+returns:
 
     event = monitor.observe(step, loss, grad_norm)
     if event and event.action == "rollback": ...   # restore the last good checkpoint, skip the data since

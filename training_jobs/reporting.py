@@ -58,6 +58,7 @@ class Reporter:
         self.active = dist.main
         self.pipes = pipes
         self.metrics_file = Path(run.output_dir) / "metrics.jsonl"
+        self.rows: list[str] = []  # metrics.jsonl lines not written yet
         self.mlflow = None
         self.mlflow_run_id: str | None = None
 
@@ -91,14 +92,23 @@ class Reporter:
                 print(text, flush=True)
 
     def step(self, step: int, metrics: dict[str, Any], to_mlflow: bool) -> None:
+        """A row of metrics.jsonl, kept until the next logging interval (`to_mlflow`) instead of opening the file
+        every step; `flush()` writes it earlier (before a checkpoint, at the end, when the run fails)."""
         if not self.active:
             return
-        with open(self.metrics_file, "a", encoding="utf-8") as f:
-            f.write(json.dumps(_json_safe({"step": step, **metrics})) + "\n")
-        if to_mlflow and self.mlflow is not None:
-            finite = {k: float(v) for k, v in metrics.items()
-                      if isinstance(v, (int, float)) and math.isfinite(v)}
-            self.mlflow.log_metrics(finite, step=step)
+        self.rows.append(json.dumps(_json_safe({"step": step, **metrics})) + "\n")
+        if to_mlflow:
+            self.flush()
+            if self.mlflow is not None:
+                finite = {k: float(v) for k, v in metrics.items()
+                          if isinstance(v, (int, float)) and math.isfinite(v)}
+                self.mlflow.log_metrics(finite, step=step)
+
+    def flush(self) -> None:
+        if self.rows:
+            with open(self.metrics_file, "a", encoding="utf-8") as f:
+                f.write("".join(self.rows))
+            self.rows.clear()
 
     def event(self, event: Event) -> None:
         self.line(f"stability: {event.kind} -> {event.action}: {event.message}")
@@ -108,6 +118,7 @@ class Reporter:
     def finish(self, summary: dict[str, Any], failed: bool) -> None:
         if not self.active:
             return
+        self.flush()
         if self.mlflow is not None:
             self.mlflow.log_dict(_json_safe(summary), "summary.json")
             self.mlflow.log_dict(_json_safe(summary["stability_events"]), "stability_events.json")
@@ -151,9 +162,9 @@ def peak_memory_gib() -> float:
 def progress_line(step: int, max_steps: int, m: dict[str, Any], dt: float, eta_s: float | None = None) -> str:
     """One progress line; `eta_s`: the seconds left at this run's pace so far (validation and checkpoints in)."""
     mfu_text = f" | mfu {m['train/mfu']:.1%}" if m["train/mfu"] is not None else ""
-    grad = m["train/grad_norm"]
+    grad = "n/a" if m["train/grad_norm"] is None else f"{m['train/grad_norm']:.3f}"  # None: DeepSpeed computed none
     eta = f" | ETA {duration(eta_s)}" if eta_s is not None else ""
-    return (f"step {step}/{max_steps} | loss {m['train/loss']:.4f} | grad {grad:.3f} | lr {m['train/lr']:.2e} | "
+    return (f"step {step}/{max_steps} | loss {m['train/loss']:.4f} | grad {grad} | lr {m['train/lr']:.2e} | "
             f"{m['train/tokens_per_s']:,.0f} tok/s{mfu_text} | {dt:.2f} s/step{eta}")
 
 

@@ -1,6 +1,7 @@
 """One optimizer step and what the loop measures around it: the LR helpers, the test-only fault injector
-(KILN_INJECT_FAULT), train_step, the validation pass (evaluate, perplexity by position) and agree (rank 0's
-figures on every rank, so all ranks take the same decision)."""
+(KILN_INJECT_FAULT), train_step, StepFigures (a step's loss and grad norm, rank 0's on every rank so all ranks take
+the same decision, read by the host without stalling the device) and the validation pass (evaluate, perplexity by
+position)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,9 @@ from typing import Any
 
 import torch
 
-from training_jobs.loader import ReplayLoader, ShardLoader
+from training_jobs.loader import Prefetcher, ReplayLoader, ShardLoader
 from training_jobs.model import loss_sums_by_position
 from training_jobs.objectives import Objective
-from training_jobs.setup import Dist
 
 
 def refresh_lr(engine) -> None:
@@ -51,29 +51,62 @@ class FaultInjector:
             return loss
         self.step = -1  # once: after a rollback the same step number gets other data
         if self.kind == "hang":
+            print(f"KILN_INJECT_FAULT: hanging in step {step}", flush=True)  # a test kills the run on this line
             time.sleep(3600)
         return loss * float("nan") if self.kind == "nan" else loss * self.factor
 
 
-def train_step(engine, loader: ShardLoader | ReplayLoader, grad_accum: int, step: int, fault: FaultInjector,
-               objective: Objective) -> float:
-    """One optimizer step over grad_accum micro-batches; returns the mean loss over every rank."""
+def train_step(engine, loader: Prefetcher | ShardLoader | ReplayLoader, grad_accum: int, step: int,
+               fault: FaultInjector, objective: Objective) -> torch.Tensor:
+    """One optimizer step over grad_accum micro-batches; returns the mean loss over every rank as a float64 scalar
+    on the device, without waiting for it (the caller reads it a step later, see StepFigures)."""
     if engine.pipeline_parallelism:
         # Every stage reads the batches (only the first and last use them), so all ranks' loaders stay at the same
         # position. DeepSpeed returns the mean over micro-batches and replicas, on every stage. The fault corrupts
         # the reported loss only: the stages run their own backward passes.
         batches = [objective(*loader.next_batch(), step, micro)[:2] for micro in range(grad_accum)]
-        return fault(step, engine.train_batch(iter(batches))).item()
+        return fault(step, engine.train_batch(iter(batches))).detach().to(torch.float64)
     total = torch.zeros((), dtype=torch.float32, device=engine.device)
+    d = engine.device
     for micro in range(grad_accum):
         x, y, prefix = objective(*loader.next_batch(), step, micro)
-        d = engine.device
-        loss = fault(step, engine(x.to(d), y.to(d), None if prefix is None else prefix.to(d)))
+        # non_blocking: the prefetcher's batches are pinned on CUDA, so the copy overlaps the work queued before it
+        x, y = x.to(d, non_blocking=True), y.to(d, non_blocking=True)
+        loss = fault(step, engine(x, y, None if prefix is None else prefix.to(d, non_blocking=True)))
         engine.backward(loss)  # DeepSpeed divides by grad_accum itself
         engine.step()  # updates only at the accumulation boundary
         total += loss.detach().float()
     torch.distributed.all_reduce(total)
-    return total.item() / (grad_accum * torch.distributed.get_world_size())
+    return total.to(torch.float64) / (grad_accum * torch.distributed.get_world_size())
+
+
+class StepFigures:
+    """A step's loss and grad norm on their way to the host. Rank 0's values are broadcast on the device right after
+    the step's work, so every rank reads the same numbers and takes the same decision (rollback or not); on CUDA they
+    are then copied into pinned memory asynchronously, behind an event. `read()` waits for that event only: called
+    once the next step is queued, it returns as soon as this step is done, and the device never runs dry. On CPU
+    everything is synchronous and `read()` returns at once."""
+
+    def __init__(self, loss: torch.Tensor, grad_norm: torch.Tensor | float | None):
+        self.has_norm = grad_norm is not None  # None when DeepSpeed computes no norm: the same on every rank
+        norm = torch.as_tensor(math.nan if grad_norm is None else grad_norm, device=loss.device)
+        values = torch.stack([loss.to(torch.float64).reshape(()), norm.to(torch.float64).reshape(())])
+        torch.distributed.broadcast(values, 0)
+        self.asynchronous = values.is_cuda
+        if self.asynchronous:
+            self._host = torch.empty(2, dtype=torch.float64, pin_memory=True)
+            self._host.copy_(values, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host = values
+
+    def read(self) -> tuple[float, float | None]:
+        """(loss, grad norm or None), rank 0's; waits until the step is done on the device."""
+        if self.asynchronous:
+            self._ready.synchronize()
+        loss, norm = self._host.tolist()
+        return loss, norm if self.has_norm else None
 
 
 # Perplexity by position in the window (of the predicted token): a long-context extension should lower the
@@ -115,12 +148,3 @@ def evaluate(engine, val: ShardLoader | None, batches: int | None) -> dict[str, 
     return {"loss": (sums.sum() / counts.sum()).item(),
             "ppl_pos": {name: math.exp(min((sums[i] / counts[i]).item(), 50.0))
                         for i, (name, _, _) in enumerate(buckets)}}
-
-
-def agree(dist: Dist, *values: float | None) -> list[float | None]:
-    """Rank 0's values on every rank, so every rank takes the same decision (rollback or not)."""
-    t = torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float64)
-    if dist.device.type == "cuda":
-        t = t.to(dist.device)
-    torch.distributed.broadcast(t, 0)
-    return [float(v) for v in t.tolist()]

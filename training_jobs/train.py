@@ -11,7 +11,8 @@ shared-memory all-reduce op (see setup.init_distributed), so nothing is JIT-buil
 $KILN_HOME/torch_extensions when KILN_HOME is set) keeps any op that a DeepSpeed config does build.
 
 Writes into the run config's output_dir: checkpoints/ (see checkpoint.py), export/ (see export.py),
-metrics.jsonl (every step, rank 0) and summary.json (at the end, atomically, also when the run fails).
+metrics.jsonl (a row every step, rank 0; written at each logging interval, before a checkpoint and at the end,
+also when the run fails) and summary.json (at the end, atomically, also when the run fails).
 Metrics go to MLflow when MLFLOW_TRACKING_URI is set, and the final figures to Dagster when launched
 through Dagster Pipes.
 
@@ -29,6 +30,7 @@ import argparse
 import contextlib
 import gc
 import logging
+import math
 import os
 import sys
 import time
@@ -42,6 +44,7 @@ import torch
 from training_jobs import checkpoint, scaling_names
 from training_jobs.base import check_compatible, load_base
 from training_jobs.flops import device_peak_flops, mfu
+from training_jobs.loader import Prefetcher
 from training_jobs.model import ModelConfig, flops_per_token, param_count
 from training_jobs.monitor import ROLLBACK, Event, StabilityMonitor, TrainingDiverged
 from training_jobs.reporting import (
@@ -69,7 +72,7 @@ from training_jobs.setup import (
     open_validation,
     resolve_precision,
 )
-from training_jobs.step import FaultInjector, agree, current_lr, evaluate, refresh_lr, train_step
+from training_jobs.step import FaultInjector, StepFigures, current_lr, evaluate, refresh_lr, train_step
 
 
 @dataclass
@@ -97,6 +100,22 @@ class Progress:
     last_loss: float | None = None
 
 
+@dataclass
+class Launched:
+    """An optimizer step whose work is queued on the device; its figures are not read yet."""
+
+    step: int
+    lr: float
+    tokens_seen: int
+    figures: StepFigures
+    loader_after: dict[str, Any]  # the loader's position after this step's batches: a rollback rewinds to it
+    started: float  # perf_counter when the step was launched ...
+    queued: float  # ... and when its work was all queued (on CPU: done)
+
+
+KEPT, REJECTED, ROLLED_BACK = "kept", "rejected", "rolled back"  # what the monitor's judgement did to a step
+
+
 class Trainer:
     """One run's components; `fit()` is the training loop."""
 
@@ -106,7 +125,8 @@ class Trainer:
         self.shard = data_shard(dist, t)  # refuses a layout that does not fit the world, before anything is read
         check_tokenizer(run)
         torch.manual_seed(t.seed)
-        self.loader = open_training(run, self.shard)
+        # Read ahead on a thread; the checkpoints store the position of the batches trained on.
+        self.loader = Prefetcher(open_training(run, self.shard), depth=2, device=dist.device)
         self.objective = objective_for(run, self.shard)
         self.seq_len = self.loader.seq_len
         self.long_document_share = self.loader.long_document_share(self.seq_len)
@@ -142,45 +162,78 @@ class Trainer:
         self.start_tracking()
         if self.base is not None and p.step == 0:  # the base's loss on this run's held-back tokens, before any update
             self.base_val = self.validate(0)
-        t_start, first_step = time.perf_counter(), p.step
+        self.t_start, self.first_step, self.last_ready = time.perf_counter(), p.step, -math.inf
+        # The monitor judges each step one step late: step k is launched, then step k-1's figures are read (done by
+        # then, and the device has step k queued behind them). Before anything keeps a step (validation, a
+        # checkpoint, the end) the loop drains: the step's own figures are read and judged first, so a spike or NaN
+        # rolls back before it can reach a checkpoint. When step k-1 is rolled back, step k has run too, on weights
+        # the rollback discards: its work is dropped and the loader rewound to the end of step k-1's batches, so the
+        # data skipped (tokens_skipped, the event's skipped_steps) is exactly that of the steps from the checkpoint to
+        # the bad one, as if it had been judged at once.
+        pending: Launched | None = None  # the newest step, not judged yet
         while p.step < self.max_steps:
-            t0 = time.perf_counter()
-            lr = current_lr(self.engine)  # the LR of this update (the scheduler moves on inside the step)
-            loss = train_step(self.engine, self.loader, t.grad_accum, p.step + 1, self.fault, self.objective)
-            norm = self.engine.get_global_grad_norm()
-            loss, grad_norm = agree(self.dist, loss, None if norm is None else float(norm))
-            p.step, p.tokens_seen = p.step + 1, p.tokens_seen + self.tokens_per_step
-            event = self.monitor.observe(p.step, loss, grad_norm)
-            if event is not None and event.action == ROLLBACK:
-                self.roll_back(event)
+            launched = self.launch()
+            if pending is not None and self.settle(pending) == ROLLED_BACK:
+                pending = None
                 continue
-            if event is not None:
-                report.event(event)
-            dt = time.perf_counter() - t0
-            p.timings.append(dt)
-            p.last_loss = loss
-            tokens_per_s = self.tokens_per_step / dt
-            metrics = {"train/loss": loss, self.objective.loss_name: loss, "train/grad_norm": grad_norm,
-                       "train/lr": lr,
-                       "train/tokens_per_s": tokens_per_s, "train/tokens_seen": p.tokens_seen,
-                       "train/mfu": mfu(self.flops_per_token, tokens_per_s, self.peak, self.dist.world_size),
-                       "train/peak_memory_gib": peak_memory_gib()}
-            log_now = p.step % t.log_every_steps == 0 or p.step == self.max_steps
-            report.step(p.step, metrics, to_mlflow=log_now)
-            if log_now:
-                pace = (time.perf_counter() - t_start) / max(p.step - first_step, 1)  # this run's s/step, all in
-                report.line(progress_line(p.step, self.max_steps, metrics, dt, pace * (self.max_steps - p.step)))
-            if t.val_every_steps and p.step % t.val_every_steps == 0:
+            pending = launched
+            validate_now = bool(t.val_every_steps) and p.step % t.val_every_steps == 0
+            save_now = bool(t.checkpoint.every_steps) and p.step % t.checkpoint.every_steps == 0
+            if validate_now or save_now or p.step == self.max_steps:
+                verdict, pending = self.settle(pending), None  # drain: judged before it is kept
+                if verdict != KEPT:
+                    continue
+            if validate_now:
                 self.validate(p.step)
-            if t.checkpoint.every_steps and p.step % t.checkpoint.every_steps == 0:
+            if save_now:
                 self.save()
-        self.train_seconds = time.perf_counter() - t_start
+        self.train_seconds = time.perf_counter() - self.t_start
+        self.loader.close()
         if p.last_checkpoint is None or p.last_checkpoint.name != checkpoint.tag_for(p.step):
             self.save()
         self.final_val = self.validate()
         self.probe = self.loss_probe()
         self.export()
         return self.final_val["loss"] if self.final_val else None
+
+    def launch(self) -> Launched:
+        """Queue one optimizer step; nothing here waits for the device."""
+        p = self.progress
+        started = time.perf_counter()
+        lr = current_lr(self.engine)  # the LR of this update (the scheduler moves on inside the step)
+        loss = train_step(self.engine, self.loader, self.t.grad_accum, p.step + 1, self.fault, self.objective)
+        figures = StepFigures(loss, self.engine.get_global_grad_norm())
+        p.step, p.tokens_seen = p.step + 1, p.tokens_seen + self.tokens_per_step
+        return Launched(p.step, lr, p.tokens_seen, figures, self.loader.state_dict(), started, time.perf_counter())
+
+    def settle(self, done: Launched) -> str:
+        """Read a launched step's figures, let the monitor judge them and report the step: KEPT, REJECTED (an anomaly
+        with no checkpoint to return to: the LR is lowered and the step not reported) or ROLLED_BACK."""
+        t, p, report = self.t, self.progress, self.report
+        loss, grad_norm = done.figures.read()
+        # Seconds per step: from its launch (or the previous step's end, if later) to its figures on the host; on
+        # CPU the step ended when its work was queued.
+        ready = max(done.queued, time.perf_counter()) if done.figures.asynchronous else done.queued
+        dt, self.last_ready = ready - max(done.started, self.last_ready), ready
+        event = self.monitor.observe(done.step, loss, grad_norm)
+        if event is not None and event.action == ROLLBACK:
+            return ROLLED_BACK if self.roll_back(event, done.loader_after) else REJECTED
+        if event is not None:
+            report.event(event)
+        p.timings.append(dt)
+        p.last_loss = loss
+        tokens_per_s = self.tokens_per_step / dt
+        metrics = {"train/loss": loss, self.objective.loss_name: loss, "train/grad_norm": grad_norm,
+                   "train/lr": done.lr,
+                   "train/tokens_per_s": tokens_per_s, "train/tokens_seen": done.tokens_seen,
+                   "train/mfu": mfu(self.flops_per_token, tokens_per_s, self.peak, self.dist.world_size),
+                   "train/peak_memory_gib": peak_memory_gib()}
+        log_now = done.step % t.log_every_steps == 0 or done.step == self.max_steps
+        report.step(done.step, metrics, to_mlflow=log_now)  # metrics.jsonl is written when MLflow is
+        if log_now:
+            pace = (time.perf_counter() - self.t_start) / max(done.step - self.first_step, 1)  # s/step, all in
+            report.line(progress_line(done.step, self.max_steps, metrics, dt, pace * (self.max_steps - done.step)))
+        return KEPT
 
     # ------------------------------------------------------------------ components
 
@@ -192,6 +245,7 @@ class Trainer:
 
     def save(self) -> None:
         p = self.progress
+        self.report.flush()  # metrics.jsonl holds every step a checkpoint holds
         meta = {"model": self.cfg.to_dict(), "tokens_seen": p.tokens_seen, "loader": self.loader.state_dict(),
                 "stability_events": len(self.monitor.events), **self.trained_on()}
         p.last_checkpoint = checkpoint.save(self.engine, self.ckpt_root, p.step, self.kiln_state(),
@@ -235,9 +289,10 @@ class Trainer:
         refresh_lr(self.engine)
         self.report.line(f"resumed from {found.path} at step {found.step}")
 
-    def roll_back(self, event: Event) -> None:
-        """Back to the last good checkpoint in a fresh engine; the loader keeps its position, so the data
-        between that checkpoint and the spike is skipped; the LR is lowered for a while."""
+    def roll_back(self, event: Event, loader_after: dict[str, Any]) -> bool:
+        """Back to the last good checkpoint in a fresh engine; the data between that checkpoint and the spike is
+        skipped (the loader stands after the spike step's batches, `loader_after`); the LR is lowered for a while.
+        False when there is no checkpoint to return to: then only the LR is lowered."""
         found = self.newest_checkpoint()
         if found is None:
             if event.kind == "nan":
@@ -245,7 +300,7 @@ class Trainer:
                                        f"back to; lower schedule.lr or raise warmup_steps (and checkpoint earlier)")
             self.monitor.reduce_lr_without_rollback(event)
             self.report.event(event)
-            return
+            return False
         del self.engine
         gc.collect()
         self.engine = build_engine(self.cfg, self.t, self.ds_config, self.total_steps, self.monitor)
@@ -253,10 +308,13 @@ class Trainer:
         state = self.load(found)
         self.monitor.rolled_back(event, found.step, state["monitor"])  # raises TrainingDiverged when out of retries
         self.progress.tokens_skipped += (spike_step - found.step) * self.tokens_per_step
+        if self.loader.state_dict() != loader_after:  # the step after the spike read on: its batches are read again
+            self.loader.load_state_dict(loader_after)
         refresh_lr(self.engine)
         self.report.event(event)
         self.report.line(f"rolled back to step {found.step} ({found.path.name}); skipping the data of steps "
                          f"{found.step + 1}..{spike_step}; LR x{event.lr_factor} until step {event.lr_reduced_until}")
+        return True
 
     @torch.no_grad()
     def loss_probe(self) -> dict[str, Any] | None:
@@ -339,7 +397,8 @@ class Trainer:
             "val_ppl_pos": (getattr(self, "final_val", None) or {}).get("ppl_pos"), "objective": self.t.objective,
             "base_checkpoint": self.base, "base_val_loss": (getattr(self, "base_val", None) or {}).get("loss"),
             # what the replay loader left out for removal requests (documents, their tokens, sequences skipped)
-            "replay": {**self.run.replay.model_dump(exclude={"exclude"}), "excluded": self.loader.replay.excluded}
+            "replay": {**self.run.replay.model_dump(exclude={"exclude"}),
+                       "excluded": self.loader.source.replay.excluded}
             if self.run.replay else None,
             "long_document_token_share": self.long_document_share,
             # the loader's cursor at the end (the last checkpoint's): what the run read is derived from it after the
@@ -392,6 +451,7 @@ def main(argv: list[str] | None = None, host: Host | None = None) -> int:
                 raise
             summary = trainer.summary("diverged", error=str(exc))
         except Exception:
+            report.flush()  # the steps before the failure stay in metrics.jsonl
             if dist.main:  # the launching asset reads why from summary.json
                 error = traceback.format_exc(limit=5)
                 failed = (trainer.summary("failed", error=error) if trainer is not None else

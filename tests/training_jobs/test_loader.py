@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -443,3 +444,111 @@ def test_exposure_with_replay_and_exclusions(counting, world_size):
     assert got["replay"][("shard-00000.bin", 1)] == got["replay"][("shard-00002.bin", 0)] == (0, 0)
     assert sum(t for _, t in got["replay"].values()) == world_size * 120 * SEQ
     assert sum(t for _, t in got["train"].values()) == world_size * 360 * SEQ
+
+
+# ------------------------------------------------------------------------------------------ prefetching
+
+def same_batch(got, want) -> bool:
+    return torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_the_prefetcher_hands_out_the_same_batches_and_the_position_of_those_handed_out(counting):
+    """300 batches (50 an epoch: six epochs, reshuffled) equal a plain loader's; its state is the plain loader's after
+    as many batches, though the thread has read ahead; a fresh prefetcher resumed mid-stream (state through JSON,
+    as checkpoints store it) and a running one rewound (as a rollback does) continue exactly."""
+    from training_jobs.loader import Prefetcher
+
+    kwargs = dict(seq_len=SEQ, batch_size=2, rank=1, world_size=2, seed=5)
+    reference = ShardLoader(counting, **kwargs)
+    expected, states = [], []
+    for _ in range(300):
+        expected.append(reference.next_batch())
+        states.append(reference.state_dict())
+    assert reference.epoch == 5
+
+    prefetcher = Prefetcher(ShardLoader(counting, **kwargs), depth=2)
+    try:
+        for k in range(137):
+            assert same_batch(prefetcher.next_batch(), expected[k]) and prefetcher.state_dict() == states[k], k
+        deadline = time.monotonic() + 10
+        while not prefetcher._queue.full():  # the thread reads two batches ahead ...
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        # ... unseen (a third may be read, waiting for room in the queue)
+        assert prefetcher.source.state_dict() in states[138:140] and prefetcher.state_dict() == states[136]
+        prefetcher.load_state_dict(states[99])  # a rollback's rewind, while the thread runs
+        assert all(same_batch(prefetcher.next_batch(), want) for want in expected[100:150])
+    finally:
+        prefetcher.close()
+    assert prefetcher.source.state_dict() == states[149]  # closed: the source stands where batches were handed out
+
+    resumed = Prefetcher(ShardLoader(counting, **kwargs))
+    resumed.load_state_dict(json.loads(json.dumps(states[136])))
+    try:
+        assert all(same_batch(resumed.next_batch(), want) for want in expected[137:])
+        assert resumed.state_dict() == states[-1]
+    finally:
+        resumed.close()
+
+
+def test_the_prefetcher_reads_a_replay_mixture_unchanged(counting):
+    from training_jobs.loader import Prefetcher, ReplayLoader
+
+    def mixture():
+        return ReplayLoader(ShardLoader(counting, seq_len=SEQ, batch_size=1, seed=5),
+                            ShardLoader(counting, seq_len=SEQ, batch_size=1, seed=6, exclude=EXCLUDE), 0.25, 4)
+
+    reference, prefetcher = mixture(), Prefetcher(mixture())
+    try:
+        for _ in range(120):  # past both loaders' first epoch
+            assert same_batch(prefetcher.next_batch(), reference.next_batch())
+        assert prefetcher.state_dict() == reference.state_dict()
+    finally:
+        prefetcher.close()
+
+
+class FailsAtThree:
+    """A source whose fourth batch cannot be read."""
+
+    def __init__(self):
+        self.read = 0
+
+    def state_dict(self):
+        return {"read": self.read}
+
+    def load_state_dict(self, state):
+        self.read = state["read"]
+
+    def next_batch(self):
+        if self.read == 3:
+            raise ShardError("shard-00003.bin: read error")
+        self.read += 1
+        return torch.full((1, 2), self.read), torch.full((1, 2), -self.read)
+
+
+def test_an_error_in_the_prefetch_thread_is_raised_at_its_batch():
+    from training_jobs.loader import Prefetcher
+
+    prefetcher = Prefetcher(FailsAtThree())
+    assert [prefetcher.next_batch()[0].tolist() for _ in range(3)] == [[[1, 1]], [[2, 2]], [[3, 3]]]
+    for _ in range(2):  # at the batch it failed on, and again after
+        with pytest.raises(ShardError, match="read error"):
+            prefetcher.next_batch()
+    assert prefetcher._thread is None and prefetcher.state_dict() == {"read": 3}
+    prefetcher.load_state_dict({"read": 0})  # a new position clears the error
+    assert prefetcher.next_batch()[0].tolist() == [[1, 1]]
+    prefetcher.close()
+
+
+def test_a_prefetcher_dropped_without_close_stops_its_thread(counting):
+    import gc
+
+    from training_jobs.loader import Prefetcher
+
+    prefetcher = Prefetcher(ShardLoader(counting, seq_len=SEQ, batch_size=2))
+    prefetcher.next_batch()
+    thread = prefetcher._thread
+    del prefetcher
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()

@@ -1,5 +1,6 @@
 """Progress lines: an ETA a person can read, and each line shown once."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +22,7 @@ def test_the_progress_line_ends_with_the_eta():
     line = progress_line(87, 100, METRICS, 0.5, eta_s=13 * 5.0)
     assert line == "step 87/100 | loss 2.5000 | grad 0.750 | lr 3.00e-04 | 12,346 tok/s | 0.50 s/step | ETA 1m05s"
     assert "ETA" not in progress_line(87, 100, METRICS, 0.5)
+    assert "| grad n/a |" in progress_line(87, 100, {**METRICS, "train/grad_norm": None}, 0.5)  # DeepSpeed gave none
 
 
 def test_a_line_goes_to_dagsters_log_under_pipes_and_to_stdout_otherwise(capsys):
@@ -32,3 +34,24 @@ def test_a_line_goes_to_dagsters_log_under_pipes_and_to_stdout_otherwise(capsys)
     assert capsys.readouterr().out == "step 2/2\n"
     Reporter.line(SimpleNamespace(active=False, pipes=None), "rank 1")
     assert capsys.readouterr().out == ""
+
+
+def test_metrics_rows_are_written_at_the_logging_interval_and_none_is_lost_at_the_end(tmp_path):
+    report = Reporter(SimpleNamespace(output_dir=tmp_path), SimpleNamespace(main=True), None)
+    written = tmp_path / "metrics.jsonl"
+
+    def steps() -> list[int]:
+        return [json.loads(line)["step"] for line in written.read_text().splitlines()]
+
+    report.step(1, {"train/loss": 3.0}, to_mlflow=False)
+    report.step(2, {"train/loss": float("nan")}, to_mlflow=False)
+    assert not written.exists()  # kept, not written every step
+    report.step(3, {"train/loss": 2.0}, to_mlflow=True)  # a logging step: its row and those before it
+    assert steps() == [1, 2, 3] and json.loads(written.read_text().splitlines()[1])["train/loss"] == "nan"
+    report.step(4, {"train/loss": 1.5}, to_mlflow=False)
+    report.flush()  # before a checkpoint
+    report.step(5, {"train/loss": 1.4}, to_mlflow=False)
+    report.finish({}, failed=True)  # the end of a run, failed or not
+    assert steps() == [1, 2, 3, 4, 5]
+    Reporter(SimpleNamespace(output_dir=tmp_path), SimpleNamespace(main=False), None).step(6, {}, to_mlflow=True)
+    assert steps() == [1, 2, 3, 4, 5]  # other ranks write nothing

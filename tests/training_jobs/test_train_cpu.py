@@ -179,30 +179,27 @@ def kill_every_process_of(run_config: Path) -> None:
             pass
 
 
-def logged(output: Path, step: int) -> bool:
-    try:
-        return step in read_metrics(output)
-    except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or a line half written
-        return False
-
-
 def test_a_killed_run_resumes_exactly(run_a, tmp_path, token_dataset):
     """SIGKILL every process in the middle of step 10 (checkpoint 8 is complete), start again: the run resumes
     from step 8 and steps 9..12 equal the uninterrupted run's bit for bit."""
     out = tmp_path / "killed"
     config = write_run(tmp_path, token_dataset, out)
     cmd, env = launch_command(config, nproc=2, env={"KILN_INJECT_FAULT": "hang@10"})
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    log = tmp_path / "killed.log"  # the injector says when a rank is in step 10 (step 9 is judged a step late)
+    with open(log, "wb") as stdout:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=stdout, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        while not ((out / "checkpoints" / "step_00000008" / checkpoint.MANIFEST).is_file() and logged(out, 9)):
+        while not ((out / "checkpoints" / "step_00000008" / checkpoint.MANIFEST).is_file() and
+                   b"hanging in step 10" in log.read_bytes()):
             assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 10"
             time.sleep(0.2)
     finally:
         kill_every_process_of(config)
         proc.wait(30)
     assert not (out / "summary.json").exists()  # killed, not finished
+    assert sorted(read_metrics(out)) == list(range(1, 9))  # written before checkpoint 8; step 9 was never judged
     time.sleep(1)
     assert not processes_of(config), "a rank survived the kill"
     check(launch(config, nproc=2))
@@ -233,7 +230,9 @@ def test_a_corrupt_newest_checkpoint_is_skipped(run_a, run_b, tmp_path, token_da
 
 
 def test_a_loss_spike_rolls_back_skips_data_and_finishes(tmp_path, token_dataset):
-    """One rank, launched through Dagster Pipes as the training_run asset will; step 10's loss is x100."""
+    """One rank, launched through Dagster Pipes as the training_run asset will; step 7's loss is x100. The monitor
+    judges step 7 a step late, once step 8 is under way: the rollback to checkpoint 4 still comes before step 8's
+    checkpoint, which is written only from the redone steps."""
     import sys
 
     from dagster import PipesSubprocessClient, asset, materialize
@@ -247,7 +246,7 @@ def test_a_loss_spike_rolls_back_skips_data_and_finishes(tmp_path, token_dataset
     def trained_model(context):
         command = [sys.executable, "-m", "training_jobs.train", "--run-config", str(run_config)]
         return context.resources.pipes.run(command=command, context=context, cwd=str(REPO), env={
-            "KILN_INJECT_FAULT": "spike@10", "OMP_NUM_THREADS": "1"}).get_materialize_result()
+            "KILN_INJECT_FAULT": "spike@7", "OMP_NUM_THREADS": "1"}).get_materialize_result()
 
     result = materialize([trained_model], resources={"pipes": PipesSubprocessClient()})
     assert result.success
@@ -258,19 +257,24 @@ def test_a_loss_spike_rolls_back_skips_data_and_finishes(tmp_path, token_dataset
     summary = summary_of(out)
     (event,) = summary["stability_events"]
     assert (event["kind"], event["action"], event["step"], event["rollback_to"], event["skipped_steps"]) == \
-        ("loss_spike", "rollback", 10, 8, 2)
-    assert summary["tokens_skipped"] == 2 * 4 * 32 and summary["tokens_seen"] == 12 * 4 * 32
+        ("loss_spike", "rollback", 7, 4, 3)
+    tokens_per_step = 4 * 32
+    assert summary["tokens_skipped"] == 3 * tokens_per_step and summary["tokens_seen"] == 12 * tokens_per_step
 
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows if "train/loss" in r]
-    assert steps == [1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 10, 11, 12]  # step 10 was rolled back, 9 redone
-    first9, second9 = [r for r in rows if r["step"] == 9 and "train/loss" in r]
-    assert second9["train/lr"] == pytest.approx(first9["train/lr"] * 0.5)  # lowered LR ...
-    assert second9["train/loss"] != first9["train/loss"]  # ... on other data (the window was skipped)
+    assert steps == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8, 9, 10, 11, 12]  # step 7 was rolled back, 5 and 6 redone
+    first5, second5 = [r for r in rows if r["step"] == 5 and "train/loss" in r]
+    assert second5["train/lr"] == pytest.approx(first5["train/lr"] * 0.5)  # lowered LR ...
+    assert second5["train/loss"] != first5["train/loss"]  # ... on other data (the window was skipped)
 
-    final = out / "checkpoints" / "step_00000012" / "zero_pp_rank_0_mp_rank_00_model_states.pt"
-    events = torch.load(final, weights_only=True)["kiln"]["monitor"]["events"]
-    assert [e["kind"] for e in events] == ["loss_spike"]  # recorded in the checkpoint's client_state too
+    # Checkpoint 8 came after the rollback: it skipped steps 5-7's data, so its loader stands 3 steps further on.
+    kiln_state = {step: torch.load(out / "checkpoints" / checkpoint.tag_for(step) /
+                                   "zero_pp_rank_0_mp_rank_00_model_states.pt", weights_only=True)["kiln"]
+                  for step in (8, 12)}
+    assert kiln_state[8]["tokens_skipped"] == 3 * tokens_per_step
+    assert kiln_state[8]["loader"]["position"] == (8 + 3) * 4
+    assert [e["kind"] for e in kiln_state[12]["monitor"]["events"]] == ["loss_spike"]  # in the client_state too
 
 
 def test_nan_before_the_first_checkpoint_stops_the_run_as_diverged(tmp_path, token_dataset):
