@@ -67,6 +67,7 @@ from training_jobs.setup import (
     objective_for,
     open_training,
     open_validation,
+    resolve_compile,
     resolve_precision,
 )
 from training_jobs.step import FaultInjector, agree, current_lr, evaluate, refresh_lr, train_step
@@ -124,7 +125,9 @@ class Trainer:
             base = load_base(run.base_checkpoint)
             check_compatible(base, self.cfg, run.tokenizer_sha256)
         self.base = base.describe() if base else None
-        self.engine = build_engine(self.cfg, t, self.ds_config, self.total_steps, self.monitor, base)
+        self.compiled, self.compile_why = resolve_compile(t)
+        self.engine = build_engine(self.cfg, t, self.ds_config, self.total_steps, self.monitor, base,
+                                   compiled=self.compiled)
         del base
         self.device_name, self.peak = device_peak_flops(t.peak_tflops)
         self.flops_per_token = flops_per_token(self.cfg, self.seq_len)
@@ -248,7 +251,8 @@ class Trainer:
             return
         del self.engine
         gc.collect()
-        self.engine = build_engine(self.cfg, self.t, self.ds_config, self.total_steps, self.monitor)
+        self.engine = build_engine(self.cfg, self.t, self.ds_config, self.total_steps, self.monitor,
+                                   compiled=self.compiled)
         spike_step = event.step
         state = self.load(found)
         self.monitor.rolled_back(event, found.step, state["monitor"])  # raises TrainingDiverged when out of retries
@@ -310,6 +314,7 @@ class Trainer:
                   scaling_names.N_PARAMS: self.n_params, "model.n_params_non_embedding": self.n_non_embedding,
                   "model.flops_per_token": self.flops_per_token, "world_size": self.dist.world_size,
                   "tokens_per_step": self.tokens_per_step, "max_steps": self.max_steps, "precision": self.precision,
+                  "compile": self.compiled, "compile.why": self.compile_why,
                   "device": self.device_name, "dataset_dir": self.run.dataset_dir,
                   "tokenizer_sha256": self.run.tokenizer_sha256,
                   "data.long_document_token_share": round(self.long_document_share, 4),
@@ -351,6 +356,7 @@ class Trainer:
             "mfu": mfu(self.flops_per_token, tokens_per_s or 0.0, self.peak, self.dist.world_size),
             "steps_this_run": len(p.timings), "train_seconds": round(getattr(self, "train_seconds", 0.0), 3),
             "world_size": self.dist.world_size, "device": self.device_name, "precision": self.precision,
+            "compile": {"enabled": self.compiled, "why": self.compile_why},
             "parallelism": {"tp": self.t.parallelism.tp, "pp": self.t.parallelism.pp, "dp": self.shard.world_size,
                             "zero_stage": self.ds_config["zero_optimization"].get("stage")},
             "peak_flops_per_device": self.peak, "n_params": self.n_params,
