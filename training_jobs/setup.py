@@ -199,9 +199,9 @@ def compile_blocks(model: Transformer, zero3: bool) -> None:
     compiled code and its guards see gathered parameters: no graph break at ZeRO 0-3, and the blocks share one graph
     per variant (causal or prefix-LM mask; training or no_grad validation). The embedding, the masks, RoPE and the
     head and loss stay eager and outside. dynamic=False: micro_batch_size and seq_len fix the shapes, so a dynamic
-    graph would only be slower (a batch of another size, as the loss probe's, compiles once more). No wrapper module,
-    so parameter names (checkpoints, exports) are unchanged. KILN_COMPILE_BACKEND overrides inductor (the CPU tests
-    use aot_eager: inductor's C++ build takes minutes on two cores)."""
+    graph would only be slower (another batch size compiles once more; the loss probe's batch of 1 runs eager). No
+    wrapper module, so parameter names (checkpoints, exports) are unchanged. KILN_COMPILE_BACKEND overrides inductor
+    (the CPU tests use aot_eager: inductor's C++ build takes minutes on two cores)."""
     backend = os.environ.get("KILN_COMPILE_BACKEND", "inductor")
     if zero3:
         from deepspeed.utils import set_z3_leaf_modules
