@@ -70,6 +70,7 @@ from training_jobs.setup import (
     objective_for,
     open_training,
     open_validation,
+    resolve_compile,
     resolve_precision,
 )
 from training_jobs.step import FaultInjector, StepFigures, current_lr, evaluate, refresh_lr, train_step
@@ -144,7 +145,9 @@ class Trainer:
             base = load_base(run.base_checkpoint)
             check_compatible(base, self.cfg, run.tokenizer_sha256)
         self.base = base.describe() if base else None
-        self.engine = build_engine(self.cfg, t, self.ds_config, self.total_steps, self.monitor, base)
+        self.compiled, self.compile_why = resolve_compile(t)
+        self.engine = build_engine(self.cfg, t, self.ds_config, self.total_steps, self.monitor, base,
+                                   compiled=self.compiled)
         del base
         self.device_name, self.peak = device_peak_flops(t.peak_tflops)
         self.flops_per_token = flops_per_token(self.cfg, self.seq_len)
@@ -303,7 +306,8 @@ class Trainer:
             return False
         del self.engine
         gc.collect()
-        self.engine = build_engine(self.cfg, self.t, self.ds_config, self.total_steps, self.monitor)
+        self.engine = build_engine(self.cfg, self.t, self.ds_config, self.total_steps, self.monitor,
+                                   compiled=self.compiled)
         spike_step = event.step
         state = self.load(found)
         self.monitor.rolled_back(event, found.step, state["monitor"])  # raises TrainingDiverged when out of retries
@@ -331,7 +335,8 @@ class Trainer:
             loss = probe_loss(self.engine, x, y)
         else:
             self.engine.eval()
-            loss = self.engine(x.to(self.engine.device), y.to(self.engine.device)).float().item()
+            with torch.compiler.set_stance("force_eager"):  # one forward at batch 1: not worth compiling a graph for
+                loss = self.engine(x.to(self.engine.device), y.to(self.engine.device)).float().item()
             self.engine.train()
         return {"inputs": x[0].tolist(), "targets": y[0].tolist(), "loss": loss}
 
@@ -368,6 +373,7 @@ class Trainer:
                   scaling_names.N_PARAMS: self.n_params, "model.n_params_non_embedding": self.n_non_embedding,
                   "model.flops_per_token": self.flops_per_token, "world_size": self.dist.world_size,
                   "tokens_per_step": self.tokens_per_step, "max_steps": self.max_steps, "precision": self.precision,
+                  "compile": self.compiled, "compile.why": self.compile_why,
                   "device": self.device_name, "dataset_dir": self.run.dataset_dir,
                   "tokenizer_sha256": self.run.tokenizer_sha256,
                   "data.long_document_token_share": round(self.long_document_share, 4),
@@ -410,6 +416,7 @@ class Trainer:
             "mfu": mfu(self.flops_per_token, tokens_per_s or 0.0, self.peak, self.dist.world_size),
             "steps_this_run": len(p.timings), "train_seconds": round(getattr(self, "train_seconds", 0.0), 3),
             "world_size": self.dist.world_size, "device": self.device_name, "precision": self.precision,
+            "compile": {"enabled": self.compiled, "why": self.compile_why},
             "parallelism": {"tp": self.t.parallelism.tp, "pp": self.t.parallelism.pp, "dp": self.shard.world_size,
                             "zero_stage": self.ds_config["zero_optimization"].get("stage")},
             "peak_flops_per_device": self.peak, "n_params": self.n_params,

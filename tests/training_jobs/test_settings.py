@@ -15,7 +15,7 @@ from training_jobs.settings import (
     TrainingSettings,
     load_deepspeed_config,
 )
-from training_jobs.setup import deepspeed_config, resolve_precision
+from training_jobs.setup import deepspeed_config, resolve_compile, resolve_precision
 
 SHA = "ab" * 32
 
@@ -117,6 +117,24 @@ def test_deepspeed_config_conflicts_are_errors(tmp_path):
         deepspeed_config(t, "fp32", cfg)
     with pytest.raises(FileNotFoundError, match="fix training.deepspeed_config"):
         deepspeed_config(TrainingSettings(deepspeed_config=str(tmp_path / "nope.json")), "fp32", cfg)
+
+
+def test_compile_auto_is_on_for_cuda_only_and_bad_values_name_the_key(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert TrainingSettings().compile == "auto" and resolve_compile(TrainingSettings())[0] is False
+    assert resolve_compile(TrainingSettings(compile=True)) == (True, "set by training.compile")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_compile(TrainingSettings())[0] is True
+    assert resolve_compile(TrainingSettings(compile=False))[0] is False
+    assert resolve_compile(TrainingSettings(parallelism={"pp": 2}))[0] is False  # auto stays off with stages
+    with pytest.raises(ValueError, match=r"training\.compile: true with training\.parallelism\.pp > 1.*set "
+                                         r"training\.compile: auto or false, or pp: 1"):
+        resolve_compile(TrainingSettings(compile=True, parallelism={"pp": 2}))
+    with pytest.raises(ValidationError, match=r"(?s)compile\.literal\['auto'\]\n  Input should be 'auto'.*"
+                                              r"compile\.bool"):
+        TrainingSettings(compile="fast")
 
 
 def test_settings_module_imports_no_torch():

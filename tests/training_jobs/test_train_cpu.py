@@ -123,6 +123,7 @@ def test_mlflow_has_params_metrics_and_the_deepspeed_config(run_a, mlflow_uri):
     run = client.get_run(summary_of(run_a)["mlflow_run_id"])
     assert run.info.status == "FINISHED" and run.info.run_name == "a"
     assert run.data.params["model.n_params"] == "139584" and run.data.params["world_size"] == "2"
+    assert run.data.params["compile"] == "False" and "off on CPU" in run.data.params["compile.why"]  # auto, on CPU
     history = client.get_metric_history(run.info.run_id, "train/loss")
     assert [m.step for m in history] == [2, 4, 6, 8, 10, 12]
     assert history[-1].value == pytest.approx(summary_of(run_a)["final_loss"])
