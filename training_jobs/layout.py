@@ -137,10 +137,12 @@ def choose_layout(cfg: ModelConfig, *, seq_len: int, precision: str, device_memo
                          f"micro-batch {micro_batch}")
     splits = [micro_batch] if micro_batch else [m for m in range(sequences_per_rank, 0, -1)
                                                  if sequences_per_rank % m == 0]
-    chosen = tuple(name for name, given in (("zero_stage", zero_stage), ("micro_batch", micro_batch))
-                   if given is None)
-    if pp > 1 and zero_stage is None:
+    stage_given = zero_stage is not None
+    if pp > 1 and not stage_given:
         zero_stage, zero_stage_from = 1, "pipeline stages: DeepSpeed's pipeline engine runs ZeRO-0/1 only"
+    # what this function decided (the rest was given); on CPU the stage stays the JSON's unless pipelined
+    chosen = tuple(name for name, decided in (("zero_stage", not stage_given and (device_memory or zero_stage)),
+                                              ("micro_batch", micro_batch is None)) if decided)
     if device_memory is None:
         micro = micro_batch or max(m for m in splits if m <= DEFAULT_MICRO_BATCH)
         stage = f"ZeRO-{zero_stage} ({zero_stage_from})" if zero_stage is not None else "the DeepSpeed JSON's stage"

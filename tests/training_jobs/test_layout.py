@@ -96,7 +96,7 @@ def test_what_the_user_sets_is_kept():
 def test_cpu_keeps_the_json_stage_and_micro_batch_8():
     layout = choose_layout(GPT_SMALL, seq_len=2048, precision="fp32", device_memory=None, dp=2, sequences_per_rank=24)
     assert (layout.zero_stage, layout.micro_batch, layout.grad_accum, layout.memory) == (None, 8, 3, None)
-    assert "no accelerator" in layout.reason
+    assert "no accelerator" in layout.reason and layout.chosen == ("micro_batch",)
 
 
 # ---------------------------------------------------------------------- through the run config
