@@ -140,9 +140,10 @@ def choose_layout(cfg: ModelConfig, *, seq_len: int, precision: str, device_memo
     stage_given = zero_stage is not None
     if pp > 1 and not stage_given:
         zero_stage, zero_stage_from = 1, "pipeline stages: DeepSpeed's pipeline engine runs ZeRO-0/1 only"
-    # what this function decided (the rest was given); on CPU the stage stays the JSON's unless pipelined
-    chosen = tuple(name for name, decided in (("zero_stage", not stage_given and (device_memory or zero_stage)),
-                                              ("micro_batch", micro_batch is None)) if decided)
+    # what this function decides (the rest was given); on CPU the stage stays the JSON's unless pipelined
+    stage_decided = not stage_given and (device_memory is not None or pp > 1)
+    chosen = tuple(name for name, decided in (("zero_stage", stage_decided), ("micro_batch", micro_batch is None))
+                   if decided)
     if device_memory is None:
         micro = micro_batch or max(m for m in splits if m <= DEFAULT_MICRO_BATCH)
         stage = f"ZeRO-{zero_stage} ({zero_stage_from})" if zero_stage is not None else "the DeepSpeed JSON's stage"
