@@ -12,7 +12,8 @@ settings fix them (training.parallelism.zero_stage, a stage in the user's DeepSp
   engine runs 0 or 1).
 - micro-batch: the largest divisor of the per-rank batch (micro_batch_size x grad_accum, 8 x grad_accum when
   "auto": the global batch of the settings is kept) that fits; grad_accum = per-rank batch / micro-batch. A
-  divisor always exists (1), so the global batch never changes.
+  divisor always exists (1), so the global batch never changes. With pipeline stages, only splits that leave
+  at least 4·pp micro-batches per step (where the batch allows), as the planner does.
 - fits: the estimate below within 90% of the device's memory (the planner's headroom,
   kiln.planning.parallelism), the rest for the CUDA context, NCCL and the allocator's fragmentation.
 - on CPU there is no device memory to plan against: the DeepSpeed JSON's stage and micro-batch 8, as before.
@@ -46,6 +47,7 @@ from training_jobs.settings import DEFAULT_MICRO_BATCH
 USABLE_FRACTION = 0.9  # of the device's memory; the planner's default (recommend_parallelism)
 LOSS_BYTES_PER_LOGIT = 12  # lm_loss at its peak: bf16 logits 2 + fp32 copy 4 + log-softmax 4 (+ its gradients)
 WORKING_BYTES = {"bf16": 2, "fp32": 4}  # activations, gathered weights and gradient buckets
+MICROBATCHES_PER_STAGE = 4  # with pipeline stages, as kiln.planning.parallelism
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,9 @@ def choose_layout(cfg: ModelConfig, *, seq_len: int, precision: str, device_memo
                          f"micro-batch {micro_batch}")
     splits = [micro_batch] if micro_batch else [m for m in range(sequences_per_rank, 0, -1)
                                                  if sequences_per_rank % m == 0]
+    if pp > 1 and not micro_batch and device_memory is not None:  # the planner's rule: >= 4·pp micro-batches per
+        # step keep the 1F1B bubble (pp-1)/(m+pp-1) near 20% or below (kiln.planning.parallelism)
+        splits = [m for m in splits if sequences_per_rank // m >= MICROBATCHES_PER_STAGE * pp] or splits[-1:]
     stage_given = zero_stage is not None
     if pp > 1 and not stage_given:
         zero_stage, zero_stage_from = 1, "pipeline stages: DeepSpeed's pipeline engine runs ZeRO-0/1 only"
