@@ -21,9 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RUN_CONFIG_FORMAT = "kiln-run-config/1"
 DEFAULT_DEEPSPEED_CONFIG = Path(__file__).resolve().parent / "configs" / "zero3.json"
-# micro_batch_size "auto": a step still takes this many sequences per rank per accumulation step (the global batch
-# is micro-batch 8 x grad_accum x dp, as before "auto"); the run splits them into the largest micro-batch that fits
-# the device (training_jobs.layout).
+# micro_batch_size "auto" keeps the 8 x grad_accum sequences per rank per step that micro-batch 8 gave, and splits
+# them into the largest micro-batch that fits the device (training_jobs.layout); on CPU into 8 x grad_accum.
 DEFAULT_MICRO_BATCH = 8
 
 
@@ -359,6 +358,6 @@ def load_deepspeed_config(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"DeepSpeed config {path} is not valid JSON: {exc}") from None
 
 
-__all__ = ["CheckpointSettings", "DEFAULT_DEEPSPEED_CONFIG", "DEFAULT_MICRO_BATCH", "ModelSettings", "MonitorSettings", "PRESETS",
-           "Parallelism", "RopeScaling", "RUN_CONFIG_FORMAT", "Replay", "RunConfig", "ScheduleSettings",
+__all__ = ["CheckpointSettings", "DEFAULT_DEEPSPEED_CONFIG", "DEFAULT_MICRO_BATCH", "ModelSettings", "MonitorSettings",
+           "PRESETS", "Parallelism", "RopeScaling", "RUN_CONFIG_FORMAT", "Replay", "RunConfig", "ScheduleSettings",
            "TrainingSettings", "llama_ffn_hidden", "load_deepspeed_config"]

@@ -101,7 +101,8 @@ def test_deepspeed_autos_are_filled_from_the_settings():
     assert ds["bf16"]["enabled"] is True
     zero = ds["zero_optimization"]
     # DeepSpeed's defaults (5e8, 5e7, 1e5), the buckets capped at the model's parameters: the tiny preset over a
-    # 512-token vocabulary (500 padded to a multiple of 64) has 2 x (4·64² + 3·64·192 + 2·64) + 64 + 512·64 = 139,584
+    # 512-token vocabulary (500 padded to a multiple of 64) has 2 x (4·64² + 3·64·192 + 2·64) + 64 + 512·64
+    # = 139,584
     zero_keys = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
     assert tuple(zero[k] for k in zero_keys) == (139_584, 139_584, 100_000)
     assert deepspeed_config(t, "fp32", cfg)["bf16"]["enabled"] is False
@@ -144,6 +145,7 @@ def test_training_jobs_import_only_the_shard_format_and_dagster_pipes():
             for name in names:
                 top = name.split(".")[0]
                 allowed = ("kiln.tokens.shard_format", "kiln.planning.memory")
-                if (top == "kiln" and name not in allowed) or top in ("dagster", "assets", "resources", "orchestration"):
+                if (top == "kiln" and name not in allowed) or top in ("dagster", "assets", "resources",
+                                                                      "orchestration"):
                     bad.append(f"{path.name}: {name}")
     assert not bad, bad
