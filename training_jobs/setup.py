@@ -323,11 +323,13 @@ def resolve_layout(run: RunConfig, dist: Dist, shard: Dist) -> tuple[RunConfig, 
         stage, stage_from = checkpointed_stage(run.checkpoint_dir(), zero.get("stage"))
     micro, micro_from = t.micro_batch_size, "training.micro_batch_size"
     if micro == "auto":  # a micro-batch or accumulation written in the DeepSpeed JSON cannot be re-split
-        fixed = {k: ds.get(k) for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
-        micro = fixed["train_micro_batch_size_per_gpu"]
-        micro, micro_from = ((micro, f"train_micro_batch_size_per_gpu of {own_json}") if isinstance(micro, int) else
-                             (DEFAULT_MICRO_BATCH, f"gradient_accumulation_steps of {own_json}")
-                             if isinstance(fixed["gradient_accumulation_steps"], int) else (None, ""))
+        json_micro, json_accum = ds.get("train_micro_batch_size_per_gpu"), ds.get("gradient_accumulation_steps")
+        if isinstance(json_micro, int):
+            micro, micro_from = json_micro, f"train_micro_batch_size_per_gpu of {own_json}"
+        elif isinstance(json_accum, int):
+            micro, micro_from = DEFAULT_MICRO_BATCH, f"gradient_accumulation_steps of {own_json}"
+        else:
+            micro = None
     buckets = {k: zero.get(k) if isinstance(zero.get(k), int) else v for k, v in zero_buckets(cfg).items()}
     device_memory = (torch.cuda.get_device_properties(dist.device).total_memory if dist.device.type == "cuda"
                      else None)

@@ -152,6 +152,9 @@ def test_user_settings_are_never_overridden(token_dataset, tmp_path, on_gpu):
     t, layout, ds = resolved(run_config(token_dataset, tmp_path, seq_len=32, deepspeed_config=str(own)), on_gpu())
     assert t.parallelism.zero_stage is None and layout.zero_stage == 2 and ds["zero_optimization"]["stage"] == 2
     assert layout.chosen == ("micro_batch",) and f"zero_optimization.stage of {own}" in layout.reason
+    own.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2}))  # and so is a micro-batch written there
+    t, layout, ds = resolved(run_config(token_dataset, tmp_path, seq_len=32, deepspeed_config=str(own)), on_gpu())
+    assert (t.micro_batch_size, ds["train_micro_batch_size_per_gpu"], layout.chosen) == (2, 2, ("zero_stage",))
 
 
 def test_a_resumed_run_keeps_the_stage_of_its_checkpoint(token_dataset, tmp_path, on_gpu):
