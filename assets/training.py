@@ -278,6 +278,8 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
             "loss_curve": dg.MetadataValue.md(loss_plot_markdown(metrics)),
             "mlflow_run": dg.MetadataValue.url(mlflow_tracking.run_url(experiment_id, mlflow_run_id)),
             "stability_events": dg.MetadataValue.json(summary["stability_events"]),
+            # the ZeRO stage and micro-batch the run chose (or was given) and why (training_jobs/layout.py)
+            **({"layout": dg.MetadataValue.json(summary["layout"])} if summary.get("layout") else {}),
             "refresh": refresh, "run_dir": dg.MetadataValue.path(str(run_dir)), "data_version": manifest.data_version,
             **({"base_checkpoint": dg.MetadataValue.json({k: base[k] for k in ("path", "kind", "sha256",
                                                                                 "checkpoint_data_version")}),

@@ -15,12 +15,15 @@ import math
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RUN_CONFIG_FORMAT = "kiln-run-config/1"
 DEFAULT_DEEPSPEED_CONFIG = Path(__file__).resolve().parent / "configs" / "zero3.json"
+# micro_batch_size "auto" keeps the 8 x grad_accum sequences per rank per step that micro-batch 8 gave, and splits
+# them into the largest micro-batch that fits the device (training_jobs.layout); on CPU into 8 x grad_accum.
+DEFAULT_MICRO_BATCH = 8
 
 
 class _Strict(BaseModel):
@@ -176,7 +179,9 @@ class TrainingSettings(_Strict):
 
     model: ModelSettings = ModelSettings()
     seq_len: int | None = Field(None, ge=8)  # None: the shard set's seq_len
-    micro_batch_size: int = Field(8, gt=0)  # sequences per rank per forward pass
+    # Sequences per rank per forward pass. "auto": the largest that fits the device, the global batch kept at
+    # 8 x grad_accum x dp (grad_accum recomputed to make it up; training_jobs.layout); 8 on CPU.
+    micro_batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] = "auto"
     grad_accum: int = Field(1, gt=0)  # micro-batches per optimizer step
     max_steps: int | None = Field(None, gt=0)  # optimizer steps; default 1000 unless token_budget is set
     token_budget: int | None = Field(None, gt=0)  # training tokens; max_steps = ceil(budget / tokens per step)
@@ -230,7 +235,7 @@ class TrainingSettings(_Strict):
             value = data["parallelism"].get(layout_key)
             if value is None:
                 continue
-            if data.get(key) is not None and data[key] != value:
+            if data.get(key) not in (None, "auto") and data[key] != value:
                 raise ValueError(f"training.{key} is {data[key]} but training.parallelism.{layout_key} is {value}; "
                                  f"set one of them")
             data[key] = value
@@ -257,7 +262,13 @@ class TrainingSettings(_Strict):
         return math.ceil(self.token_budget / self.tokens_per_step(world_size, seq_len))
 
     def tokens_per_step(self, world_size: int, seq_len: int) -> int:
-        return self.micro_batch_size * self.grad_accum * world_size * seq_len
+        return self.sequences_per_rank * world_size * seq_len
+
+    @property
+    def sequences_per_rank(self) -> int:
+        """Sequences per rank per optimizer step: the global batch / dp, however "auto" splits it."""
+        micro = DEFAULT_MICRO_BATCH if self.micro_batch_size == "auto" else self.micro_batch_size
+        return micro * self.grad_accum
 
     def deepspeed_config_path(self) -> Path:
         return Path(self.deepspeed_config) if self.deepspeed_config else DEFAULT_DEEPSPEED_CONFIG
@@ -350,6 +361,6 @@ def load_deepspeed_config(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"DeepSpeed config {path} is not valid JSON: {exc}") from None
 
 
-__all__ = ["CheckpointSettings", "DEFAULT_DEEPSPEED_CONFIG", "ModelSettings", "MonitorSettings", "PRESETS",
-           "Parallelism", "RopeScaling", "RUN_CONFIG_FORMAT", "Replay", "RunConfig", "ScheduleSettings",
+__all__ = ["CheckpointSettings", "DEFAULT_DEEPSPEED_CONFIG", "DEFAULT_MICRO_BATCH", "ModelSettings", "MonitorSettings",
+           "PRESETS", "Parallelism", "RopeScaling", "RUN_CONFIG_FORMAT", "Replay", "RunConfig", "ScheduleSettings",
            "TrainingSettings", "llama_ffn_hidden", "load_deepspeed_config"]

@@ -19,12 +19,14 @@ import torch
 
 from training_jobs import checkpoint
 from training_jobs.base import BaseWeights, load_into
+from kiln.tokens.shard_format import read_shard_set
+from training_jobs.layout import Layout, choose_layout
 from training_jobs.loader import ReplayLoader, ShardLoader
-from training_jobs.model import Block, ModelConfig, Transformer
+from training_jobs.model import Block, ModelConfig, Transformer, param_count
 from training_jobs.monitor import StabilityMonitor
 from training_jobs.objectives import Objective, make_objective
 from training_jobs.schedule import lambda_lr
-from training_jobs.settings import RunConfig, TrainingSettings, load_deepspeed_config
+from training_jobs.settings import DEFAULT_MICRO_BATCH, RunConfig, TrainingSettings, load_deepspeed_config
 from training_jobs.tokenizer_files import model_file
 
 # DeepSpeed's ZeRO-3 calls these on every step; the warning says nothing a user can act on.
@@ -143,10 +145,8 @@ def deepspeed_config(t: TrainingSettings, precision: str, cfg: ModelConfig) -> d
     fill(ds, "gradient_clipping", t.grad_clip, "gradient_clipping")
     fill(ds.setdefault("bf16", {}), "enabled", precision == "bf16", "bf16.enabled")
     ds.pop("train_batch_size", None) if ds.get("train_batch_size") == "auto" else None
-    d = cfg.d_model  # size-dependent ZeRO buckets, the values HF's integration uses for "auto"
     zero = ds.setdefault("zero_optimization", {})
-    for key, value in {"reduce_bucket_size": d * d, "stage3_prefetch_bucket_size": int(0.9 * d * d),
-                       "stage3_param_persistence_threshold": 10 * d}.items():
+    for key, value in zero_buckets(cfg).items():
         if zero.get(key) == "auto":
             zero[key] = value
     if t.parallelism.tp > 1:  # DeepSpeed AutoTP, with Kiln's split (it knows HF models' names, not ours)
@@ -164,6 +164,25 @@ def deepspeed_config(t: TrainingSettings, precision: str, cfg: ModelConfig) -> d
         for key in [k for k in zero if k.startswith("stage3_")]:
             del zero[key]
     return ds
+
+
+# ZeRO's buckets, in elements: DeepSpeed's documented defaults (deepspeed/runtime/zero/config.py; the config-json
+# docs), reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold 1e5, each bucket
+# capped at the model's parameter count: DeepSpeed allocates the reduce buffers whole (two with overlap_comm), and a
+# bucket larger than all the gradients is never filled (5e8 would be 4 GB of fp32 buffers per rank for the CPU demo's
+# tiny model). Hugging Face's "auto" sizes, used before (d², 0.9·d², 10·d), made the prefetch smaller than one MLP
+# matrix and kept only norm gains whole, so ZeRO-3 gathered every weight on demand in small pieces. Not measured on a
+# GPU here; training_jobs.layout counts the buffers in its memory estimate.
+DEEPSPEED_BUCKETS = {"reduce_bucket_size": 500_000_000, "stage3_prefetch_bucket_size": 50_000_000,
+                     "stage3_param_persistence_threshold": 100_000}
+
+
+def zero_buckets(cfg: ModelConfig) -> dict[str, int]:
+    """The "auto" ZeRO bucket sizes for a model (see DEEPSPEED_BUCKETS)."""
+    n = param_count(cfg)
+    return {"reduce_bucket_size": min(DEEPSPEED_BUCKETS["reduce_bucket_size"], n),
+            "stage3_prefetch_bucket_size": min(DEEPSPEED_BUCKETS["stage3_prefetch_bucket_size"], n),
+            "stage3_param_persistence_threshold": DEEPSPEED_BUCKETS["stage3_param_persistence_threshold"]}
 
 
 def zero_stage(t: TrainingSettings) -> int | None:
@@ -338,6 +357,65 @@ def check_layout(t: TrainingSettings, cfg: ModelConfig) -> None:
         if uneven:
             raise ValueError(f"training.parallelism.tp {layout.tp} does not divide the model's {uneven}: each rank "
                              f"holds whole heads and an equal slice of the MLP; pick a tp that divides them")
+
+
+def resolve_layout(run: RunConfig, dist: Dist, shard: Dist) -> tuple[RunConfig, Layout]:
+    """The run config with the ZeRO stage, micro-batch and grad_accum the settings leave open filled in from
+    training_jobs.layout, and that layout. Every rank computes it and rank 0's is used, so ranks agree. A run that
+    resumes keeps the stage its checkpoint was written with: DeepSpeed loads a checkpoint into that stage only."""
+    t = run.training
+    shard_set = read_shard_set(Path(run.dataset_dir))
+    seq_len = int(t.seq_len or shard_set.stats.get("seq_len") or 0)
+    cfg = ModelConfig(**t.model.architecture(shard_set.vocab_size, seq_len))
+    ds = load_deepspeed_config(t.deepspeed_config_path())
+    zero, own_json = ds.get("zero_optimization", {}), t.deepspeed_config
+    stage, stage_from = t.parallelism.zero_stage, "training.parallelism.zero_stage"
+    if stage is None and own_json is not None and isinstance(zero.get("stage"), int):
+        stage, stage_from = zero["stage"], f"zero_optimization.stage of {own_json}"
+    settled = stage is not None  # by the user: deepspeed_config() fills and checks it
+    if stage is None and t.checkpoint.resume:
+        stage, stage_from = checkpointed_stage(run.checkpoint_dir(), zero.get("stage"))
+    micro, micro_from = t.micro_batch_size, "training.micro_batch_size"
+    if micro == "auto":  # a micro-batch or accumulation written in the DeepSpeed JSON cannot be re-split
+        json_micro, json_accum = ds.get("train_micro_batch_size_per_gpu"), ds.get("gradient_accumulation_steps")
+        if isinstance(json_micro, int):
+            micro, micro_from = json_micro, f"train_micro_batch_size_per_gpu of {own_json}"
+        elif isinstance(json_accum, int):
+            micro, micro_from = DEFAULT_MICRO_BATCH, f"gradient_accumulation_steps of {own_json}"
+        else:
+            micro = None
+    buckets = {k: zero.get(k) if isinstance(zero.get(k), int) else v for k, v in zero_buckets(cfg).items()}
+    device_memory = (torch.cuda.get_device_properties(dist.device).total_memory if dist.device.type == "cuda"
+                     else None)
+    layout = choose_layout(
+        cfg, seq_len=seq_len, precision=resolve_precision(t.precision), device_memory=device_memory,
+        dp=shard.world_size, sequences_per_rank=(micro or DEFAULT_MICRO_BATCH) * t.grad_accum,
+        tp=t.parallelism.tp, pp=t.parallelism.pp, zero_stage=stage, micro_batch=micro,
+        activation_checkpointing=t.model.activation_checkpointing,
+        reduce_bucket_size=buckets["reduce_bucket_size"], prefetch_bucket_size=buckets["stage3_prefetch_bucket_size"],
+        zero_stage_from=stage_from, micro_batch_from=micro_from)
+    layout = broadcast_object(dist, layout)
+    update: dict[str, Any] = {"micro_batch_size": layout.micro_batch, "grad_accum": layout.grad_accum}
+    if not settled and layout.zero_stage is not None:
+        update["parallelism"] = t.parallelism.model_copy(update={"zero_stage": layout.zero_stage})
+    return run.model_copy(update={"training": t.model_copy(update=update)}), layout
+
+
+def checkpointed_stage(root: Path, json_stage: Any) -> tuple[int | None, str]:
+    """(stage, why) of the newest complete checkpoint under root, or (None, "") when there is none. One written
+    before layouts were chosen (no "layout" in its manifest) was written with the DeepSpeed JSON's stage."""
+    complete = checkpoint.checkpoints(root)
+    if not complete:
+        return None, ""
+    newest = complete[-1].path
+    try:
+        kept = checkpoint.read_manifest(newest).get("layout")
+    except (OSError, ValueError):  # unreadable: find_resumable moves it aside later and takes an older one
+        return None, ""
+    if kept is None:
+        return (json_stage if isinstance(json_stage, int) else None,
+                f"the DeepSpeed JSON's, which {newest.name} (written before layouts were chosen) was saved with")
+    return kept["zero_stage"], f"the stage {newest.name} was saved with, which this run resumes"
 
 
 def broadcast_object(dist: Dist, obj: Any) -> Any:

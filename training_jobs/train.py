@@ -71,6 +71,7 @@ from training_jobs.setup import (
     open_training,
     open_validation,
     resolve_compile,
+    resolve_layout,
     resolve_precision,
 )
 from training_jobs.step import FaultInjector, StepFigures, current_lr, evaluate, refresh_lr, train_step
@@ -125,6 +126,10 @@ class Trainer:
         self.run, self.dist, self.report, self.host = run, dist, report, host or Host()
         self.shard = data_shard(dist, t)  # refuses a layout that does not fit the world, before anything is read
         check_tokenizer(run)
+        # The ZeRO stage, micro-batch and grad_accum the settings leave open, chosen for this device (layout.py)
+        run, self.layout = resolve_layout(run, dist, self.shard)
+        self.run, self.t = run, run.training
+        t = self.t
         torch.manual_seed(t.seed)
         # Read ahead on a thread; the checkpoints store the position of the batches trained on.
         self.loader = Prefetcher(open_training(run, self.shard), depth=2, device=dist.device)
@@ -250,12 +255,16 @@ class Trainer:
         p = self.progress
         self.report.flush()  # metrics.jsonl holds every step a checkpoint holds
         meta = {"model": self.cfg.to_dict(), "tokens_seen": p.tokens_seen, "loader": self.loader.state_dict(),
-                "stability_events": len(self.monitor.events), **self.trained_on()}
+                "stability_events": len(self.monitor.events), "layout": self.layout_record(), **self.trained_on()}
         p.last_checkpoint = checkpoint.save(self.engine, self.ckpt_root, p.step, self.kiln_state(),
                                             self.t.checkpoint.keep_last, meta)
         self.report.line(f"step {p.step}: checkpoint {p.last_checkpoint}")
         if self.host.after_checkpoint is not None:
             self.host.after_checkpoint(p.step, p.last_checkpoint)
+
+    def layout_record(self) -> dict[str, Any]:
+        """The layout and why (layout.py), with the ZeRO stage the engine runs (the JSON's when none was chosen)."""
+        return {**self.layout.to_dict(), "zero_stage": self.ds_config["zero_optimization"].get("stage")}
 
     def trained_on(self) -> dict[str, Any]:
         """What a later continued run checks and replays from (training_jobs.base reads it back)."""
@@ -377,6 +386,7 @@ class Trainer:
                   "device": self.device_name, "dataset_dir": self.run.dataset_dir,
                   "tokenizer_sha256": self.run.tokenizer_sha256,
                   "data.long_document_token_share": round(self.long_document_share, 4),
+                  **flatten("layout", self.layout_record()),
                   **({"base_checkpoint": self.base["path"], "base_checkpoint.sha256": self.base["sha256"]}
                      if self.base else {}),
                   **({"replay.share": self.run.replay.share, "replay.dataset_dir": self.run.replay.dataset_dir}
@@ -388,6 +398,7 @@ class Trainer:
                 if self.progress.step < self.max_steps else f"nothing to train: already at step {self.progress.step}")
         if self.base is not None:
             self.report.line(f"continued pretraining from {self.base['path']} ({self.base['kind']})")
+        self.report.line(f"layout: {self.layout_record()['reason']}")
         self.report.line(f"training {self.n_params:,} parameters ({self.n_non_embedding:,} non-embedding) on "
                          f"{self.dist.world_size} x {self.device_name} in {self.precision}; {todo}")
 
@@ -419,6 +430,7 @@ class Trainer:
             "compile": {"enabled": self.compiled, "why": self.compile_why},
             "parallelism": {"tp": self.t.parallelism.tp, "pp": self.t.parallelism.pp, "dp": self.shard.world_size,
                             "zero_stage": self.ds_config["zero_optimization"].get("stage")},
+            "layout": self.layout_record(),  # the stage and micro-batch, who chose them and why
             "peak_flops_per_device": self.peak, "n_params": self.n_params,
             "n_params_non_embedding": self.n_non_embedding, "flops_per_token": self.flops_per_token,
             "model": self.cfg.to_dict(), "stability_events": [e.to_dict() for e in self.monitor.events],

@@ -117,15 +117,23 @@ def shape_for_params(n_params: float, vocab_size: int, aspect_ratio: float | Non
     return ModelShape(n_layers=n_layers, d_model=d_model, n_heads=n_heads, vocab_size=vocab_size)
 
 
-def model_state_bytes_per_param(zero_stage: int, dp: int) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes per parameter on each GPU (ZeRO Sec. 5, Fig. 1)."""
+# Training in fp32 instead: fp32 weights and gradients, Adam m and v, no master copy (16 bytes as well).
+FP32_STATE_BYTES = (4, 4, 8)
+
+
+def model_state_bytes_per_param(zero_stage: int, dp: int, precision: str = "bf16") -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per parameter on each GPU (ZeRO Sec. 5, Fig. 1), mixed precision
+    (bf16) or plain fp32."""
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0 (plain DDP), 1, 2 or 3, got {zero_stage}")
     if dp < 1:
         raise ValueError(f"data-parallel degree must be >= 1, got {dp}")
-    weights = BYTES_PARAM / dp if zero_stage >= 3 else BYTES_PARAM
-    grads = BYTES_GRAD / dp if zero_stage >= 2 else BYTES_GRAD
-    optimizer = BYTES_OPTIMIZER / dp if zero_stage >= 1 else BYTES_OPTIMIZER
+    if precision not in ("bf16", "fp32"):
+        raise ValueError(f"precision must be 'bf16' or 'fp32', got {precision!r}")
+    param, grad, optimizer = (BYTES_PARAM, BYTES_GRAD, BYTES_OPTIMIZER) if precision == "bf16" else FP32_STATE_BYTES
+    weights = param / dp if zero_stage >= 3 else param
+    grads = grad / dp if zero_stage >= 2 else grad
+    optimizer = optimizer / dp if zero_stage >= 1 else optimizer
     return weights, grads, optimizer
 
 

@@ -130,6 +130,12 @@ def test_mlflow_has_params_metrics_and_the_deepspeed_config(run_a, mlflow_uri):
     assert "val/loss" in run.data.metrics and "train/tokens_per_s" in run.data.metrics
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"deepspeed_config.json", "run_config.json", "summary.json"} <= artifacts
+    # the layout and why: on CPU the shipped JSON's ZeRO-3 and the micro-batch the settings give (4)
+    assert (run.data.params["layout.zero_stage"], run.data.params["layout.micro_batch"]) == ("3", "4")
+    assert "no accelerator" in run.data.params["layout.reason"]
+    summary = summary_of(run_a)
+    manifest = checkpoint.read_manifest(Path(summary["checkpoint"]))
+    assert summary["layout"] == manifest["layout"] and summary["layout"]["grad_accum"] == 1
 
 
 def test_exports_of_the_trained_model_agree(run_a):

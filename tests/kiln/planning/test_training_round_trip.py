@@ -133,13 +133,18 @@ def test_a_batch_setting_that_disagrees_with_the_layout_is_refused(key, layout_k
 
 
 def test_default_yaml_batch_keys_left_in_place_are_named(tmp_path, capsys):
-    """Pasting without removing default.yaml's micro_batch_size: 8 fails with a message, not a silent choice."""
+    """Pasting without removing default.yaml's batch keys: its micro_batch_size `auto` gives way to the layout's
+    micro_batch; its grad_accum: 1, a number, fails with a message when the layout's differs, not a silent choice."""
     block = plan_json(CASES["default-config"], capsys)["training"]
     kept = project_with(block, drop_batch_keys=False)
-    if kept["training"]["micro_batch_size"] == block["parallelism"]["micro_batch"]:
-        pytest.skip("the plan's micro-batch happens to equal default.yaml's")
-    with pytest.raises(ConfigError, match=r"training\.micro_batch_size is 8 but training\.parallelism\.micro_batch"):
+    assert kept["training"]["micro_batch_size"] == "auto"
+    if block["parallelism"]["grad_accum"] == kept["training"]["grad_accum"]:
+        assert load(kept, tmp_path).training.micro_batch_size == block["parallelism"]["micro_batch"]
+        pytest.skip("the plan's grad_accum happens to equal default.yaml's")
+    with pytest.raises(ConfigError, match=r"training\.grad_accum is 1 but training\.parallelism\.grad_accum"):
         load(kept, tmp_path)
+    del kept["training"]["grad_accum"]
+    assert load(kept, tmp_path).training.micro_batch_size == block["parallelism"]["micro_batch"]
 
 
 def test_pipeline_with_zero3_is_refused(tmp_path, capsys):

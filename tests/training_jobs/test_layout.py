@@ -1,0 +1,187 @@
+"""The layout chosen for speed (training_jobs/layout.py): the ZeRO stage and micro-batch from the memory estimate, on
+hand-worked cases; what the user sets is kept; the DeepSpeed config that results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kiln.tokens.shard_format import read_shard_set
+from training_jobs import checkpoint, setup
+from training_jobs.layout import choose_layout, estimate
+from training_jobs.model import ModelConfig, param_count
+from training_jobs.settings import ModelSettings, RunConfig, TrainingSettings
+from training_jobs.setup import Dist, deepspeed_config, resolve_layout
+
+GIB = 2**30
+# 125m (GPT-3 Small's shape) over a 32,000-token vocabulary, tied: 12 x (4·768² + 3·768·2048 + 2·768) + 768
+# + 32,000·768 = 109,529,856 parameters.
+GPT_SMALL = ModelConfig(**ModelSettings(preset="125m").architecture(32_000, 2048))
+# Llama 2 7B's shape: 32 x (4·4096² + 3·4096·11,008 + 2·4096) + 4096 + 2·32,000·4096 = 6,738,415,616 parameters.
+LLAMA_7B = ModelConfig(vocab_size=32_000, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_hidden=11_008,
+                       max_seq_len=2048, tied_embeddings=False)
+N_SMALL = 109_529_856
+# Per sequence of 2048 tokens, 125m in bf16: activations 2048 x (12 layers x (16·768 + 6·768 + 4·768 + 8·2048
+# = 36,352) + 8·768 for the final norm and lm_head input) = 905,969,664 B; loss 12 B x 2048 x 32,000 logits
+# = 786,432,000 B.
+SMALL_PER_SEQUENCE = 905_969_664 + 786_432_000
+# ZeRO-1 over one rank: 16 B per parameter (bf16 weights and gradients, fp32 master + Adam m, v: 2 + 2 + 12) and two
+# reduce buckets of min(5e8, N) = N bf16 elements (overlap_comm's double buffer): 16 N + 4 N.
+SMALL_FIXED_ZERO1 = 16 * N_SMALL + 4 * N_SMALL
+
+
+def test_a_model_that_fits_runs_zero1_with_the_whole_batch_in_one_micro_batch():
+    """125m on an 80 GiB GPU, one rank: 20 x 109,529,856 + 8 x 1,692,401,664 = 15,729,810,432 B (14.6 GiB) at
+    micro-batch 8, far inside 0.9 x 80 GiB = 72 GiB: ZeRO-1 (the lowest stage Kiln picks), micro-batch 8, no
+    accumulation."""
+    kwargs = dict(seq_len=2048, precision="bf16", dp=1, reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL,
+                  whole_logits=True)
+    assert SMALL_FIXED_ZERO1 + 8 * SMALL_PER_SEQUENCE == 15_729_810_432
+    assert estimate(GPT_SMALL, micro_batch=8, zero_stage=1, **kwargs).total == 15_729_810_432
+    layout = choose_layout(GPT_SMALL, device_memory=80 * GIB, sequences_per_rank=8, **kwargs)
+    assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (1, 8, 1)
+    assert layout.chosen == ("zero_stage", "micro_batch")
+    assert layout.reason.startswith("ZeRO-1: model states 1.6 GiB per rank fit") and "14.6 GiB" in layout.reason
+
+
+def test_the_estimate_agrees_with_the_h200_measurement():
+    """docs/bench/long_context_125m_h200.json: 125m at seq_len 2048, micro-batch 8, ZeRO-3 on one H200 with the old
+    buckets (d² = 589,824 reduce, 0.9·d² = 530,841 prefetch) peaked at 14.046 GiB allocated."""
+    use = estimate(GPT_SMALL, seq_len=2048, micro_batch=8, precision="bf16", zero_stage=3, dp=1,
+                   reduce_bucket_size=768 * 768, prefetch_bucket_size=530_841, whole_logits=True)
+    assert use.total / GIB == pytest.approx(14.046, rel=0.05)
+
+
+def test_the_micro_batch_is_the_largest_split_of_the_per_rank_batch_that_fits():
+    """125m on a 24 GiB GPU with grad_accum 4 (per-rank batch 4 x 8 = 32): usable 0.9 x 24 GiB = 23,192,823,398 B;
+    micro-batch 16 needs 2,190,597,120 + 16 x 1,692,401,664 = 29,269,023,744 B (too much), 8 needs 15,729,810,432 B:
+    micro-batch 8 x grad_accum 4, the same 32 sequences per step."""
+    layout = choose_layout(GPT_SMALL, seq_len=2048, precision="bf16", device_memory=24 * GIB, dp=1,
+                           sequences_per_rank=32, reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL,
+                           whole_logits=True)
+    assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (1, 8, 4)
+    assert "16 would need 27.3 GiB" in layout.reason and "grad_accum 4 keeps the global batch" in layout.reason
+
+
+def test_the_chunked_loss_leaves_room_for_twice_the_micro_batch():
+    """The same case with the trainer's loss, linear_cross_entropy in chunks of 268,435,456 / (4 x 32,000) = 2,097
+    tokens. At micro-batch 16 (32,768 tokens) the loss holds 8 x 2,097 x 32,000 (a chunk's fp32 logits and their
+    gradient) + 32,768 x 768 x 2 (the hidden states' gradient) + 4 x 32,000 x 768 (the weight's fp32 gradient)
+    = 685,467,648 B, where whole logits took 12 x 32,768 x 32,000 = 12,582,912,000. With the states and buckets
+    (2,190,597,120) and the activations (16 x 905,969,664) that is 17,371,579,392 B, inside the usable 23,192,823,398:
+    micro-batch 16 x grad_accum 2 (32 needs 2,190,597,120 + 32 x 905,969,664 = 31,181,626,368 B before its loss)."""
+    layout = choose_layout(GPT_SMALL, seq_len=2048, precision="bf16", device_memory=24 * GIB, dp=1,
+                           sequences_per_rank=32, reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL)
+    assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (1, 16, 2)
+    assert layout.memory.loss == 685_467_648
+    assert layout.memory.total == 2_190_597_120 + 16 * 905_969_664 + 685_467_648 == 17_371_579_392
+
+
+def test_a_model_that_does_not_fit_otherwise_takes_zero3():
+    """7B on 24 GiB GPUs, 8 ranks, activation checkpointing. ZeRO-2's model states alone, (2 + 14/8) x 6,738,415,616
+    = 25,269,058,560 B, exceed the usable 23,192,823,398 B (ZeRO-1's, 5.5 B per parameter, more so). ZeRO-3:
+    16/8 x 6,738,415,616 = 13,476,831,232 B of states + 2 x 5e8 x 2 B of buckets + 4 B x 131,072,000 (the
+    embedding, the largest layer, gathered) + 5e7 x 2 B prefetch = 16,101,119,232 B; per sequence 2048 x (32 x 8192
+    (each block's bf16 input) + 194,560 (one block recomputed) + 8·4096) + 786,432,000 (loss) = 1,788,870,656 B.
+    Micro-batch 2: 19,678,860,544 B fits; 4: 23,256,602,112 B does not."""
+    layout = choose_layout(LLAMA_7B, seq_len=2048, precision="bf16", device_memory=24 * GIB, dp=8,
+                           sequences_per_rank=8, activation_checkpointing=True,
+                           reduce_bucket_size=500_000_000, prefetch_bucket_size=50_000_000, whole_logits=True)
+    assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (3, 2, 4)
+    assert layout.memory.total == 16_101_119_232 + 2 * 1_788_870_656
+    assert layout.reason.startswith("ZeRO-3: ZeRO-2 needs")
+
+
+def test_what_the_user_sets_is_kept():
+    common = dict(seq_len=2048, precision="bf16", device_memory=80 * GIB, dp=1, sequences_per_rank=8,
+                  reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL)
+    both = choose_layout(GPT_SMALL, zero_stage=3, micro_batch=2, **common)
+    assert (both.zero_stage, both.micro_batch, both.grad_accum, both.chosen) == (3, 2, 4, ())
+    assert both.reason.startswith("ZeRO-3: training.parallelism.zero_stage")
+    micro_only = choose_layout(GPT_SMALL, micro_batch=4, **common)
+    assert (micro_only.zero_stage, micro_only.micro_batch, micro_only.chosen) == (1, 4, ("zero_stage",))
+    with pytest.raises(ValueError, match="not a multiple of the micro-batch 3"):
+        choose_layout(GPT_SMALL, micro_batch=3, **common)
+    piped = choose_layout(GPT_SMALL, pp=2, **{**common, "sequences_per_rank": 32})
+    # DeepSpeed's pipeline engine runs ZeRO-0/1 only; 4·pp = 8 micro-batches per step keep the bubble small: 32 / 8
+    assert (piped.zero_stage, piped.micro_batch, piped.grad_accum) == (1, 4, 8)
+
+
+def test_cpu_keeps_the_json_stage_and_micro_batch_8():
+    layout = choose_layout(GPT_SMALL, seq_len=2048, precision="fp32", device_memory=None, dp=2, sequences_per_rank=24)
+    assert (layout.zero_stage, layout.micro_batch, layout.grad_accum, layout.memory) == (None, 8, 3, None)
+    assert "no accelerator" in layout.reason and layout.chosen == ("micro_batch",)
+
+
+# ---------------------------------------------------------------------- through the run config
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    """resolve_layout as on one GPU of `memory` bytes, without one: one rank, no process group."""
+    def device(memory: int = 80 * GIB) -> Dist:
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=memory))
+        return Dist(0, 1, torch.device("cuda", 0))
+
+    monkeypatch.setattr(setup, "broadcast_object", lambda dist, obj: obj)
+    return device
+
+
+def run_config(token_dataset, tmp_path, **training) -> RunConfig:
+    return TrainingSettings(precision="bf16", **training).to_run_config(
+        dataset_dir=token_dataset.dir, tokenizer_sha256=token_dataset.tokenizer_sha256, output_dir=tmp_path / "out")
+
+
+def resolved(run: RunConfig, dist: Dist):
+    """The resolved settings, the layout, and the DeepSpeed config the trainer would build from them."""
+    run, layout = resolve_layout(run, dist, dist)
+    cfg = ModelConfig(**run.training.model.architecture(read_shard_set(Path(run.dataset_dir)).vocab_size, 32))
+    return run.training, layout, deepspeed_config(run.training, "bf16", cfg)
+
+
+def test_a_chosen_layout_fills_the_settings_and_the_deepspeed_config(token_dataset, tmp_path, on_gpu):
+    t, layout, ds = resolved(run_config(token_dataset, tmp_path, seq_len=32, grad_accum=2), on_gpu())
+    assert (t.micro_batch_size, t.grad_accum, t.parallelism.zero_stage) == (16, 1, 1)  # 8 x 2 in one micro-batch
+    assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (16, 1)
+    assert ds["zero_optimization"]["stage"] == 1 and not any(k.startswith("stage3_") for k in ds["zero_optimization"])
+    cfg = ModelConfig(**ModelSettings().architecture(token_dataset.vocab_size, 32))
+    assert ds["zero_optimization"]["reduce_bucket_size"] == param_count(cfg)  # the tiny model is far below 5e8
+
+    forced = run_config(token_dataset, tmp_path, seq_len=32, parallelism={"zero_stage": 3})
+    t, layout, ds = resolved(forced, on_gpu())
+    zero = ds["zero_optimization"]
+    assert zero["stage"] == 3 and layout.chosen == ("micro_batch",)
+    buckets = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+    assert tuple(zero[k] for k in buckets) == (param_count(cfg), param_count(cfg), 100_000)  # 5e8, 5e7 capped; 1e5
+    assert zero["overlap_comm"] is zero["contiguous_gradients"] is True
+
+
+def test_user_settings_are_never_overridden(token_dataset, tmp_path, on_gpu):
+    given = run_config(token_dataset, tmp_path, seq_len=32, micro_batch_size=2, grad_accum=3)
+    t, layout, ds = resolved(given, on_gpu())
+    assert (t.micro_batch_size, t.grad_accum, ds["train_micro_batch_size_per_gpu"]) == (2, 3, 2)
+    own = tmp_path / "ds.json"  # a stage in the user's DeepSpeed JSON is theirs
+    own.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    t, layout, ds = resolved(run_config(token_dataset, tmp_path, seq_len=32, deepspeed_config=str(own)), on_gpu())
+    assert t.parallelism.zero_stage is None and layout.zero_stage == 2 and ds["zero_optimization"]["stage"] == 2
+    assert layout.chosen == ("micro_batch",) and f"zero_optimization.stage of {own}" in layout.reason
+    own.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2}))  # and so is a micro-batch written there
+    t, layout, ds = resolved(run_config(token_dataset, tmp_path, seq_len=32, deepspeed_config=str(own)), on_gpu())
+    assert (t.micro_batch_size, ds["train_micro_batch_size_per_gpu"], layout.chosen) == (2, 2, ("zero_stage",))
+
+
+def test_a_resumed_run_keeps_the_stage_of_its_checkpoint(token_dataset, tmp_path, on_gpu):
+    run = run_config(token_dataset, tmp_path, seq_len=32)
+    ckpt = run.checkpoint_dir() / checkpoint.tag_for(4)
+    ckpt.mkdir(parents=True)
+    checkpoint.write_manifest(ckpt, 4, {"layout": {"zero_stage": 3, "micro_batch": 8}})
+    t, layout, ds = resolved(run, on_gpu())
+    assert ds["zero_optimization"]["stage"] == 3 and "step_00000004 was saved with" in layout.reason
+    checkpoint.write_manifest(ckpt, 4, {})  # written before layouts were chosen: with the shipped JSON's ZeRO-3
+    t, layout, ds = resolved(run, on_gpu())
+    assert ds["zero_optimization"]["stage"] == 3 and "written before layouts were chosen" in layout.reason
+    fresh = run_config(token_dataset, tmp_path, seq_len=32, checkpoint={"resume": False})  # the checkpoint is ignored
+    assert resolved(fresh, on_gpu())[0].parallelism.zero_stage == 1
