@@ -104,6 +104,14 @@ def test_kiln_plan_fits_a_scaling_law_on_kilns_own_runs(tmp_path, token_dataset,
     assert main(["plan", "--mlflow-uri", mlflow_uri, "--experiment", "kiln-scaling", "--budget-flops", "1e18"]) == 0
     table = capsys.readouterr().out
     assert "Own scaling fits (3 runs)" in table
+    # The same runs as the plan's default MFU reads them, from MLflow and from summary.json (CPU: no GPU kind).
+    from kiln.planning import own_mfu
+
+    tracked = sorted(own_mfu.runs_from_mlflow(mlflow_uri, "kiln-scaling"), key=lambda r: r.model_flops)
+    expected = sorted((own_mfu.from_summary(s, "") for s in summaries), key=lambda r: r.model_flops)
+    assert [(r.device, r.gpu_seconds, r.gpu) for r in tracked] == [(r.device, r.gpu_seconds, None) for r in expected]
+    assert [r.model_flops for r in tracked] == pytest.approx([r.model_flops for r in expected])
+    assert [r.mlflow_run_id for r in tracked] == [r.mlflow_run_id for r in expected]
     print("\n[kiln plan, own fit]\n" + table[table.index("Own scaling fits"):])
 
 
