@@ -165,14 +165,14 @@ class Stopwatch:
             self.parts[part] += self.clock() - start
 
 
-TIME_PARTS = ("checkpoint", "validation", "rollback", "export")
+TIME_PARTS = ("startup", "checkpoint", "validation", "rollback", "export")  # startup: resume, MLflow
 
 
 def goodput(tokens_counted: int, step_seconds: float, stopwatch: Stopwatch, flops_per_token: float,
             peak_flops: float | None, world_size: int) -> dict[str, Any]:
     """Goodput: the tokens of the optimizer steps that counted (rolled-back steps do not) over the whole wall time,
     checkpoints, validation, logging, rollbacks and export included; and where that time went. `other_s` is what
-    no part claims (resume, logging, steps later rolled back, the loss probe): the parts sum to `wall_s`."""
+    no part claims (logging, steps later rolled back, the loss probe): the parts sum to `wall_s`."""
     wall = stopwatch.wall()
     spent = {"train_s": step_seconds, **{f"{part}_s": stopwatch.parts.get(part, 0.0) for part in TIME_PARTS}}
     spent["other_s"] = wall - sum(spent.values())

@@ -145,10 +145,11 @@ class Trainer:
         """Train to max_steps (resuming if a checkpoint exists), then checkpoint, validate and export."""
         t, p, report = self.t, self.progress, self.report
         self.stopwatch.start()
-        self.resume()
+        with self.stopwatch.timing("startup"):
+            self.resume()
+            self.start_tracking()
         self.tokens_at_start = p.tokens_seen
         self.cadence = self.checkpoint_cadence()
-        self.start_tracking()
         if self.base is not None and p.step == 0:  # the base's loss on this run's held-back tokens, before any update
             self.base_val = self.validate(0)
         t_start, first_step = time.perf_counter(), p.step
