@@ -47,8 +47,8 @@ from training_jobs.monitor import ROLLBACK, Event, StabilityMonitor, TrainingDiv
 from training_jobs.reporting import (
     SUMMARY_FORMAT,
     Reporter,
-    flatten,
     Stopwatch,
+    flatten,
     goodput,
     open_pipes,
     peak_memory_gib,
@@ -134,7 +134,7 @@ class Trainer:
         self.ckpt_root = run.checkpoint_dir()
         self.progress = Progress()
         self.fault = FaultInjector(os.environ.get("KILN_INJECT_FAULT"))
-        self.manifests = checkpoint.ManifestWriter()  # rank 0's hashes checkpoints off the loop (idle elsewhere)
+        self.manifests = checkpoint.ManifestWriter()  # on rank 0 it hashes checkpoints off the loop (idle elsewhere)
         self.unreported: list[tuple[int, Path]] = []  # checkpoints not yet handed to host.after_checkpoint
         self.stopwatch = Stopwatch()  # where fit()'s wall time went, besides the steps (p.timings)
         self.stalls: list[float] = []  # seconds each save held the loop up
