@@ -161,8 +161,12 @@ def test_the_default_mfu_is_kilns_own_on_that_gpu_and_the_plan_says_so(tmp_path,
     assert "MFU 9.3% from 2 runs of Kiln on H200" in capsys.readouterr().out
     assert kiln("--budget-usd", "100000", "--gpu", "A100", "--gpus", "8") == 0
     assert "MFU 40% assumed (no runs of Kiln on A100-80GB)" in capsys.readouterr().out
-    assert kiln("--budget-usd", "100000", "--gpu", "H200", "--gpus", "8", "--mfu", "0.3") == 0
-    assert "MFU 30% given" in capsys.readouterr().out
+    # A given MFU wins over the measured one (shown as in test_one_screen_plan: "MFU 40% given").
+    from kiln.planning.hardware import lookup_gpu
+    from kiln.planning.own_mfu import choose_mfu, runs_in
+
+    given = choose_mfu(0.3, lookup_gpu("H200"), runs_in(tmp_path / "runs"))
+    assert (given.mfu, given.origin, given.describe()) == (0.3, "given", "MFU 30% given")
 
 
 @pytest.mark.parametrize("device, kind", [
