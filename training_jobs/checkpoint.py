@@ -188,7 +188,8 @@ def move_aside(ckpt: Path, reason: str) -> Path:
 
 def find_resumable(root: Path, warn=print) -> Found | None:
     """The newest checkpoint that verifies. Newer ones that do not (incomplete, corrupt) are moved aside
-    with a warning. Call on one rank and broadcast the result."""
+    with a warning. Call on one rank, once its ManifestWriter has no pending work (a checkpoint still being hashed
+    would be moved aside), and broadcast the result."""
     for found in reversed(checkpoints(root, complete_only=False)):
         problem = verify(found.path)
         if problem is None:
