@@ -5,9 +5,11 @@ import json
 import dagster as dg
 
 from assets.tokens import SHARDS
+from kiln.common.config import kiln_home
 from kiln.common.manifest import code_version
 from kiln.common.storage import IncompleteDataset
 from kiln.governance.refresh import latest
+from kiln.planning import own_mfu
 from kiln.planning.plan import make_plan
 from resources import KilnConfig, KilnStorage
 
@@ -33,7 +35,7 @@ def training_plan(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
             request = type(request).model_validate({**request.model_dump(), "available_tokens": available,
                                                     "mixture_weights": weights})
             inputs[f"{SHARDS}/{refresh}"] = shards.data_version
-    plan = make_plan(request)
+    plan = make_plan(request, throughputs=own_mfu.runs_in(kiln_home() / "runs"))  # Kiln's MFU unless the config has one
     with store.staging(PLAN) as writer:
         (writer.dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2, default=str))
         (writer.dir / "plan.txt").write_text(plan.render())

@@ -17,7 +17,10 @@ layer_<i>-model_states.pt (each pipeline layer's weights, written by its stage),
 A tensor-parallel run (DeepSpeed AutoTP) adds consolidated_model_states.pt: the whole weights in the training
 dtype, gathered over the tp slices (and ZeRO-3 partitions) by DeepSpeed, for the export.
 
-A checkpoint without manifest.json is incomplete (the run died while saving). At resume the newest
+A checkpoint without manifest.json is incomplete (the run died while saving, or while rank 0 was still hashing it).
+Hashing is off the training loop's critical path: `save` returns once every rank's files are on disk, and rank 0's
+`ManifestWriter` thread hashes them, writes the manifest and only then rotates (`prune` counts complete checkpoints
+only, so neither the one being hashed nor the newest complete one is ever deleted). At resume the newest
 checkpoint whose manifest exists and whose files match it is loaded; newer incomplete or corrupt ones are
 moved to `_rejected/` with a REJECTED.txt saying why (kept for inspection, and out of the way of a later
 save under the same tag).
@@ -44,6 +47,8 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,11 +118,12 @@ def _atomic_write_text(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def write_manifest(ckpt: Path, step: int, meta: dict[str, Any]) -> dict[str, Any]:
+def write_manifest(ckpt: Path, step: int, meta: dict[str, Any],
+                   hash_file: Callable[[Path], str] = sha256_file) -> dict[str, Any]:
     """Hash every file of a checkpoint and write manifest.json last: from then on it counts as complete."""
     files = {}
     for path in sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != MANIFEST):
-        files[path.relative_to(ckpt).as_posix()] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+        files[path.relative_to(ckpt).as_posix()] = {"sha256": hash_file(path), "bytes": path.stat().st_size}
     manifest = {"format": CHECKPOINT_FORMAT, "tag": ckpt.name, "step": step,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **meta, "files": files}
     _atomic_write_text(ckpt / MANIFEST, json.dumps(manifest, indent=2))
@@ -182,7 +188,8 @@ def move_aside(ckpt: Path, reason: str) -> Path:
 
 def find_resumable(root: Path, warn=print) -> Found | None:
     """The newest checkpoint that verifies. Newer ones that do not (incomplete, corrupt) are moved aside
-    with a warning. Call on one rank and broadcast the result."""
+    with a warning. Call on one rank, once its ManifestWriter has no pending work (a checkpoint still being hashed
+    would be moved aside), and broadcast the result."""
     for found in reversed(checkpoints(root, complete_only=False)):
         problem = verify(found.path)
         if problem is None:
@@ -221,9 +228,70 @@ def gather_rng_states() -> list[dict[str, Any]]:
     return out
 
 
+class ManifestWriter:
+    """Rank 0's background thread that completes saved checkpoints: it hashes one's files, writes its manifest and
+    then rotates, while training goes on. One thread, so checkpoints complete in the order they were saved.
+
+    An error in the thread (a full disk) is raised on the training thread at the next `submit` or `wait`.
+    `hash_file` is for tests (one that blocks keeps a checkpoint incomplete for as long as a test needs)."""
+
+    def __init__(self, hash_file: Callable[[Path], str] = sha256_file):
+        self.hash_file = hash_file
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-manifest")
+        self.pending: list[Future] = []
+
+    def submit(self, ckpt: Path, step: int, meta: dict[str, Any], keep_last: int) -> None:
+        self._reap(block=False)
+        self.pending.append(self.pool.submit(self._complete, Path(ckpt), step, meta, keep_last))
+
+    def _complete(self, ckpt: Path, step: int, meta: dict[str, Any], keep_last: int) -> None:
+        write_manifest(ckpt, step, meta, self.hash_file)
+        prune(ckpt.parent, keep_last)  # after the manifest: the new checkpoint counts among the kept ones
+
+    def wait(self) -> float:
+        """Block until every submitted checkpoint is complete (or its completion failed: raised here); returns
+        the seconds this waited."""
+        start = time.perf_counter()
+        self._reap(block=True)
+        return time.perf_counter() - start
+
+    def _reap(self, block: bool) -> None:
+        done = [f for f in self.pending if block or f.done()]
+        self.pending = [f for f in self.pending if f not in done]
+        for future in done:
+            future.result()  # re-raises what the thread raised
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+class Cadence:
+    """When to save: every `every_steps` steps and/or once `every_minutes` have passed since the last save
+    (rank 0's clock decides, at every `check_every`-th step only, so the decision's one collective stays off most
+    steps; `agree` gives every rank rank 0's decision). Every rank calls `due` at every step and `saved` after
+    each save, with its own clock."""
+
+    def __init__(self, every_steps: int | None, every_minutes: float | None, check_every: int, now: float,
+                 agree: Callable[[bool], bool] = lambda wanted: wanted):
+        self.every_steps, self.every_minutes, self.check_every = every_steps, every_minutes, check_every
+        self.agree = agree
+        self.last_save = now
+
+    def due(self, step: int, now: float) -> bool:
+        if self.every_steps and step % self.every_steps == 0:
+            return True  # every rank knows this without asking
+        if self.every_minutes is None or step % self.check_every:
+            return False
+        return self.agree(now - self.last_save >= 60.0 * self.every_minutes)
+
+    def saved(self, now: float) -> None:
+        self.last_save = now
+
+
 def save(engine, root: Path, step: int, kiln_state: dict[str, Any], keep_last: int,
-         manifest_meta: dict[str, Any] | None = None) -> Path:
-    """Save a checkpoint on every rank (all must call), then rank 0 writes the manifest and prunes."""
+         manifest_meta: dict[str, Any] | None = None, manifests: ManifestWriter | None = None) -> Path:
+    """Save a checkpoint on every rank (all must call, all with a ManifestWriter or none); then rank 0 writes the
+    manifest and prunes: in its writer's thread, returning at once, or without one before every rank returns."""
     root = Path(root)
     tag = tag_for(step)
     if _is_main():
@@ -241,9 +309,13 @@ def save(engine, root: Path, step: int, kiln_state: dict[str, Any], keep_last: i
     if _is_main():
         meta = {"world_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
                 **(manifest_meta or {})}
-        write_manifest(root / tag, step, meta)
-        prune(root, keep_last)
-    _barrier()
+        if manifests is not None:
+            manifests.submit(root / tag, step, meta, keep_last)
+        else:
+            write_manifest(root / tag, step, meta)
+            prune(root, keep_last)
+    if manifests is None:
+        _barrier()  # the manifest is there before any rank goes on
     return root / tag
 
 
@@ -310,6 +382,7 @@ def check_weights_only(ckpt: Path, allow_deepspeed: bool = False) -> dict[str, s
     return result
 
 
-__all__ = ["CHECKPOINT_FORMAT", "CONSOLIDATED", "Found", "MANIFEST", "checkpoints", "check_weights_only",
+__all__ = ["CHECKPOINT_FORMAT", "CONSOLIDATED", "Cadence", "Found", "MANIFEST", "ManifestWriter", "checkpoints",
+           "check_weights_only",
            "find_resumable", "load", "move_aside", "prune", "read_manifest", "rng_state", "save", "set_rng_state",
            "tag_for", "verify", "weights_only_loads", "write_manifest"]

@@ -1,6 +1,6 @@
 """Rank 0's outputs: progress lines (stdout, or Dagster's log under Pipes), metrics.jsonl, MLflow (Reporter), the
-strict-JSON summary written atomically (write_json_atomic, SUMMARY_FORMAT), and the figures a step reports
-(peak_memory_gib, progress_line)."""
+strict-JSON summary written atomically (write_json_atomic, SUMMARY_FORMAT), the figures a step reports
+(peak_memory_gib, progress_line), and where a run's wall time went (Stopwatch, goodput)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ import contextlib
 import json
 import math
 import os
+import time
 import uuid
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from training_jobs import scaling_names
+from training_jobs.flops import mfu
 from training_jobs.monitor import Event
 from training_jobs.settings import RunConfig
 from training_jobs.setup import Dist
@@ -122,6 +125,7 @@ class Reporter:
         if self.mlflow is not None:
             self.mlflow.log_dict(_json_safe(summary), "summary.json")
             self.mlflow.log_dict(_json_safe(summary["stability_events"]), "stability_events.json")
+            self.mlflow.log_metrics(throughput_metrics(summary), step=summary["steps"])
             if summary.get("val_loss") is not None:
                 self.mlflow.log_metrics({"val/loss": summary["val_loss"],
                                          **{f"val/ppl_pos/{k}": v for k, v in (summary["val_ppl_pos"] or {}).items()}},
@@ -134,11 +138,70 @@ class Reporter:
             self.mlflow.end_run(status="FAILED" if failed else "FINISHED")
         if self.pipes is not None and not failed:
             keys = ("status", "steps", "objective", "final_loss", "val_loss", "base_val_loss", "tokens_seen",
-                    "tokens_per_s", "mfu", "n_params", "n_params_non_embedding", "world_size", "rollbacks",
+                    "tokens_per_s", "mfu", "goodput_tokens_per_s", "goodput_mfu", "n_params", "n_params_non_embedding",
+                    "world_size", "rollbacks",
                     "mlflow_run_id", "checkpoint", "summary_path")
             metadata = {k: _json_safe(summary[k]) for k in keys if summary.get(k) is not None}
             metadata["stability_events"] = len(summary["stability_events"])
             self.pipes.report_asset_materialization(metadata=metadata, data_version=summary.get("checkpoint_sha256"))
+
+
+class Stopwatch:
+    """The wall time of a span (start .. stop, or .. now) and the seconds spent in named parts of it; parts must
+    not nest (each second counts once)."""
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
+        self.started: float | None = None
+        self.stopped: float | None = None
+        self.parts: dict[str, float] = defaultdict(float)
+
+    def start(self) -> None:
+        self.started, self.stopped = self.clock(), None
+
+    def stop(self) -> None:
+        self.stopped = self.clock()
+
+    def wall(self) -> float:
+        if self.started is None:
+            return 0.0
+        return (self.stopped if self.stopped is not None else self.clock()) - self.started
+
+    @contextlib.contextmanager
+    def timing(self, part: str):
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self.parts[part] += self.clock() - start
+
+
+TIME_PARTS = ("startup", "checkpoint", "validation", "rollback", "export")  # startup: resume, MLflow
+
+
+def goodput(tokens_counted: int, step_seconds: float, stopwatch: Stopwatch, flops_per_token: float,
+            peak_flops: float | None, world_size: int) -> dict[str, Any]:
+    """Goodput: the tokens of the optimizer steps that counted (rolled-back steps do not) over the whole wall time,
+    checkpoints, validation, logging, rollbacks and export included; and where that time went. `other_s` is what
+    no part claims (logging, steps later rolled back, the loss probe): the parts sum to `wall_s`."""
+    wall = stopwatch.wall()
+    spent = {"train_s": step_seconds, **{f"{part}_s": stopwatch.parts.get(part, 0.0) for part in TIME_PARTS}}
+    spent["other_s"] = wall - sum(spent.values())
+    tokens_per_s = tokens_counted / wall if wall > 0 else None
+    return {"goodput_tokens_per_s": tokens_per_s,
+            "goodput_mfu": mfu(flops_per_token, tokens_per_s or 0.0, peak_flops, world_size),
+            "time": {"wall_s": round(wall, 3), **{k: round(v, 3) for k, v in spent.items()}}}
+
+
+def throughput_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The run's throughput figures as MLflow metrics: step throughput and goodput side by side, the time breakdown
+    and the checkpoint stall (finite numbers only: MFU is None without a known peak)."""
+    figures = {"run/tokens_per_s": summary.get("tokens_per_s"), "run/mfu": summary.get("mfu"),
+               "run/goodput_tokens_per_s": summary.get("goodput_tokens_per_s"),
+               "run/goodput_mfu": summary.get("goodput_mfu"),
+               **{f"run/time/{k}": v for k, v in (summary.get("time") or {}).items()},
+               **{f"checkpoint/stall_{k}": v for k, v in (summary.get("checkpoint_stall") or {}).items()}}
+    return {k: float(v) for k, v in figures.items() if isinstance(v, (int, float)) and math.isfinite(v)}
 
 
 def open_pipes(dist: Dist, stack: contextlib.ExitStack):

@@ -50,7 +50,9 @@ from training_jobs.monitor import ROLLBACK, Event, StabilityMonitor, TrainingDiv
 from training_jobs.reporting import (
     SUMMARY_FORMAT,
     Reporter,
+    Stopwatch,
     flatten,
+    goodput,
     open_pipes,
     peak_memory_gib,
     progress_line,
@@ -160,14 +162,22 @@ class Trainer:
         self.ckpt_root = run.checkpoint_dir()
         self.progress = Progress()
         self.fault = FaultInjector(os.environ.get("KILN_INJECT_FAULT"))
+        self.manifests = checkpoint.ManifestWriter()  # on rank 0 it hashes checkpoints off the loop (idle elsewhere)
+        self.unreported: list[tuple[int, Path]] = []  # checkpoints not yet handed to host.after_checkpoint
+        self.stopwatch = Stopwatch()  # where fit()'s wall time went, besides the steps (p.timings)
+        self.stalls: list[float] = []  # seconds each save held the loop up
 
     # ------------------------------------------------------------------ the loop
 
     def fit(self) -> float | None:
         """Train to max_steps (resuming if a checkpoint exists), then checkpoint, validate and export."""
         t, p, report = self.t, self.progress, self.report
-        self.resume()
-        self.start_tracking()
+        self.stopwatch.start()
+        with self.stopwatch.timing("startup"):
+            self.resume()
+            self.start_tracking()
+        self.tokens_at_start = p.tokens_seen
+        self.cadence = self.checkpoint_cadence()
         if self.base is not None and p.step == 0:  # the base's loss on this run's held-back tokens, before any update
             self.base_val = self.validate(0)
         self.t_start, self.first_step, self.last_ready = time.perf_counter(), p.step, -math.inf
@@ -186,7 +196,7 @@ class Trainer:
                 continue
             pending = launched
             validate_now = bool(t.val_every_steps) and p.step % t.val_every_steps == 0
-            save_now = bool(t.checkpoint.every_steps) and p.step % t.checkpoint.every_steps == 0
+            save_now = self.cadence.due(p.step, time.monotonic())  # every rank, every step: see Cadence
             if validate_now or save_now or p.step == self.max_steps:
                 verdict, pending = self.settle(pending), None  # drain: judged before it is kept
                 if verdict != KEPT:
@@ -199,9 +209,12 @@ class Trainer:
         self.loader.close()
         if p.last_checkpoint is None or p.last_checkpoint.name != checkpoint.tag_for(p.step):
             self.save()
+        with self.stopwatch.timing("checkpoint"):  # the export and summary need the last checkpoint complete
+            self.report_complete_checkpoints()
         self.final_val = self.validate()
         self.probe = self.loss_probe()
         self.export()
+        self.stopwatch.stop()
         return self.final_val["loss"] if self.final_val else None
 
     def launch(self) -> Launched:
@@ -251,16 +264,42 @@ class Trainer:
                 "loader": self.loader.state_dict(),
                 "monitor": self.monitor.state_dict(), "mlflow_run_id": self.report.mlflow_run_id}
 
+    def checkpoint_cadence(self) -> checkpoint.Cadence:
+        c = self.t.checkpoint
+        return checkpoint.Cadence(c.every_steps, c.every_minutes, self.t.log_every_steps, time.monotonic(),
+                                  agree=lambda wanted: bool(broadcast_object(self.dist, wanted)))
+
     def save(self) -> None:
+        """Write a checkpoint; rank 0's ManifestWriter completes it (hashes, manifest, rotation) in the background.
+        The seconds this call held the loop up are its stall."""
         p = self.progress
-        self.report.flush()  # metrics.jsonl holds every step a checkpoint holds
-        meta = {"model": self.cfg.to_dict(), "tokens_seen": p.tokens_seen, "loader": self.loader.state_dict(),
-                "stability_events": len(self.monitor.events), "layout": self.layout_record(), **self.trained_on()}
-        p.last_checkpoint = checkpoint.save(self.engine, self.ckpt_root, p.step, self.kiln_state(),
-                                            self.t.checkpoint.keep_last, meta)
-        self.report.line(f"step {p.step}: checkpoint {p.last_checkpoint}")
-        if self.host.after_checkpoint is not None:
-            self.host.after_checkpoint(p.step, p.last_checkpoint)
+        start = time.perf_counter()
+        with self.stopwatch.timing("checkpoint"):
+            self.report.flush()  # metrics.jsonl holds every step a checkpoint holds
+            if self.unreported:  # the previous checkpoint has had a whole interval to complete
+                self.report_complete_checkpoints()
+            meta = {"model": self.cfg.to_dict(), "tokens_seen": p.tokens_seen, "loader": self.loader.state_dict(),
+                    "stability_events": len(self.monitor.events), "layout": self.layout_record(),
+                    **self.trained_on()}
+            p.last_checkpoint = checkpoint.save(self.engine, self.ckpt_root, p.step, self.kiln_state(),
+                                                self.t.checkpoint.keep_last, meta, self.manifests)
+            self.unreported.append((p.step, p.last_checkpoint))
+        self.cadence.saved(time.monotonic())
+        stall = time.perf_counter() - start
+        self.stalls.append(stall)
+        self.report.step(p.step, {"checkpoint/stall_s": stall}, to_mlflow=True)
+        self.report.line(f"step {p.step}: checkpoint {p.last_checkpoint} (training waited {stall:.2f} s; hashed in "
+                         f"the background)")
+
+    def report_complete_checkpoints(self) -> None:
+        """Wait for rank 0's pending manifests, then hand the now complete checkpoints to the host (on every rank:
+        a host's report may be collective, as Ray Train's is)."""
+        if self.dist.main:
+            self.manifests.wait()
+        for step, path in self.unreported:
+            if self.host.after_checkpoint is not None:
+                self.host.after_checkpoint(step, path)
+        self.unreported = []
 
     def layout_record(self) -> dict[str, Any]:
         """The layout and why (layout.py), with the ZeRO stage the engine runs (the JSON's when none was chosen)."""
@@ -272,6 +311,8 @@ class Trainer:
                 "base_checkpoint": self.base}
 
     def newest_checkpoint(self) -> checkpoint.Found | None:
+        if self.dist.main:
+            self.manifests.wait()  # a checkpoint still being hashed is complete soon, not one to move aside
         found = checkpoint.find_resumable(self.ckpt_root, warn=self.report.line) if self.dist.main else None
         return broadcast_object(self.dist, found)
 
@@ -305,6 +346,10 @@ class Trainer:
         """Back to the last good checkpoint in a fresh engine; the data between that checkpoint and the spike is
         skipped (the loader stands after the spike step's batches, `loader_after`); the LR is lowered for a while.
         False when there is no checkpoint to return to: then only the LR is lowered."""
+        with self.stopwatch.timing("rollback"):
+            return self._roll_back(event, loader_after)
+
+    def _roll_back(self, event: Event, loader_after: dict[str, Any]) -> bool:
         found = self.newest_checkpoint()
         if found is None:
             if event.kind == "nan":
@@ -352,7 +397,8 @@ class Trainer:
     def validate(self, log_at_step: int | None = None) -> dict[str, Any] | None:
         """Validation loss and perplexity by position; logged as a step's metrics when log_at_step is given (the
         final figures go out with the summary instead)."""
-        result = evaluate(self.engine, self.val, self.t.val_batches)
+        with self.stopwatch.timing("validation"):
+            result = evaluate(self.engine, self.val, self.t.val_batches)
         if result is None:
             return None
         by_position = ", ".join(f"{k} {v:.2f}" for k, v in result["ppl_pos"].items())
@@ -365,6 +411,10 @@ class Trainer:
         return result
 
     def export(self) -> None:
+        with self.stopwatch.timing("export"):
+            self._export()
+
+    def _export(self) -> None:
         self.exports: dict[str, str] = {}
         if self.dist.main and self.t.export:
             from training_jobs.export import export_checkpoint
@@ -406,8 +456,13 @@ class Trainer:
         p = self.progress
         steady = p.timings[1:] or p.timings  # the first step pays for warm-up
         tokens_per_s = self.tokens_per_step * len(steady) / sum(steady) if steady else None
+        if self.dist.main and status != "completed":  # fit() waited already when it got to the end
+            with contextlib.suppress(Exception):  # a failed manifest write only leaves that checkpoint incomplete
+                self.manifests.wait()
         ckpt = p.last_checkpoint
         manifest = ckpt / checkpoint.MANIFEST if ckpt is not None else None
+        spent = goodput(p.tokens_seen - getattr(self, "tokens_at_start", p.tokens_seen), sum(p.timings),
+                        self.stopwatch, self.flops_per_token, self.peak, self.dist.world_size)
         return {
             "format": SUMMARY_FORMAT, "status": status, "error": error,
             "steps": p.step, "max_steps": self.max_steps, "final_loss": p.last_loss, "val_loss": val_loss,
@@ -423,8 +478,11 @@ class Trainer:
             "loader": self.loader.state_dict(),
             "loss_probe": getattr(self, "probe", None),
             "tokens_seen": p.tokens_seen, "tokens_skipped": p.tokens_skipped, "tokens_per_step": self.tokens_per_step,
-            "tokens_per_s": tokens_per_s,
+            "tokens_per_s": tokens_per_s,  # optimizer steps only (the first, warm-up, left out)
             "mfu": mfu(self.flops_per_token, tokens_per_s or 0.0, self.peak, self.dist.world_size),
+            **spent,  # goodput_tokens_per_s, goodput_mfu: over the whole of fit(); time: where that went
+            "checkpoint_stall": {"count": len(self.stalls), "total_s": round(sum(self.stalls), 3),
+                                 "max_s": round(max(self.stalls, default=0.0), 3)},
             "steps_this_run": len(p.timings), "train_seconds": round(getattr(self, "train_seconds", 0.0), 3),
             "world_size": self.dist.world_size, "device": self.device_name, "precision": self.precision,
             "compile": {"enabled": self.compiled, "why": self.compile_why},

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kiln.cli.base import EXIT_BAD_INPUT, EXIT_OK
+from kiln.planning import own_mfu
 from kiln.planning.fits import runs_from_mlflow
 from kiln.planning.plan import Plan, PlanRequest, make_plan
 
@@ -51,7 +52,8 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     add("--nodes", type=int, help="nodes (x --gpus-per-node)")
     add("--gpus-per-node", dest="gpus_per_node", type=int, help="GPUs per node (default 8)")
     add("--price", dest="price_per_gpu_hour", type=float, help="USD per GPU-hour")
-    add("--mfu", type=float, help="model FLOPs utilisation, 0 < mfu <= 1 (default 0.4)")
+    add("--mfu", type=float, help="model FLOPs utilisation, 0 < mfu <= 1 (default: the goodput MFU of Kiln's "
+        "finished runs on this GPU kind, in KILN_HOME/runs and --mlflow-uri's experiment; without any, 0.4)")
     add("--inter-node-gb-s", dest="inter_node_gb_s", type=float, help="network GB/s per GPU per direction")
     add("--intra-node-gb-s", dest="intra_node_gb_s", type=float, help="NVLink GB/s per GPU per direction")
     add("--sizing", choices=["auto", "chinchilla", "hoffmann", "kaplan", "inference"], help="sizing rule")
@@ -142,12 +144,13 @@ def run_plan(args: argparse.Namespace) -> int:
     """Print the plan (table or --json); exit code 0, or 2 with `kiln plan: <message>` on bad input."""
     try:
         request = request_from_args(args)
-        runs = None
+        runs, tracked = None, []
         if "mlflow_uri" in args:
             if "experiment" not in args:
                 raise ValueError("--mlflow-uri needs --experiment NAME")
             runs = runs_from_mlflow(args.mlflow_uri, args.experiment)
-        plan = make_plan(request, runs)
+            tracked = own_mfu.runs_from_mlflow(args.mlflow_uri, args.experiment)
+        plan = make_plan(request, runs, own_mfu.merged(tracked, own_mfu.runs_in(kiln_runs_dir())))
     except ValidationError as exc:
         for line in validation_messages(exc):
             print(f"kiln plan: {line}", file=sys.stderr)
@@ -160,6 +163,13 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         print(json.dumps(plan.to_dict(), indent=2) if getattr(args, "json", False) else plan.render())
     return EXIT_OK
+
+
+def kiln_runs_dir() -> Path:
+    """Where the training asset keeps its runs (assets/training.py), each with its summary.json."""
+    from kiln.common.config import kiln_home
+
+    return kiln_home() / "runs"
 
 
 def training_yaml(plan: Plan) -> str:

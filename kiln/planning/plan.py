@@ -5,7 +5,8 @@ into a `Plan` with `.to_dict()` (JSON-ready) and `.render()` (a terminal table, 
 
 A budget is model FLOPs as PaLM counts them, attention included
 (`compute.training_flops_with_attention`, the numerator of MFU); dollars become FLOPs at the given
-price, peak and MFU. The scaling laws size models in 6·N·D FLOPs, so the part of the budget they see
+price, peak and MFU (the user's, else Kiln's own measured on that GPU kind, else 0.4: `own_mfu`). The scaling
+laws size models in 6·N·D FLOPs, so the part of the budget they see
 is budget / (1 + attention share), and the token count is whatever makes the chosen shape spend the
 whole budget. Kaplan's N counts non-embedding parameters; the plan builds a shape with that many
 parameters in total (embeddings are a few percent at the sizes it proposes).
@@ -31,6 +32,7 @@ from kiln.planning.data import DataSufficiency, data_sufficiency
 from kiln.planning.fits import NotEnoughRuns, RunPoint, fit_compute_law, fit_parametric_law
 from kiln.planning.hardware import GpuSpec, lookup_gpu
 from kiln.planning.memory import GIB, ModelShape, shape_for_params
+from kiln.planning.own_mfu import MfuChoice, RunThroughput, choose_mfu
 from kiln.planning.parallelism import Cluster, ParallelismPlan, recommend_parallelism
 from kiln.planning.reliability import LLAMA3_GPU_MTBF_HOURS, ReliabilityEstimate, estimate_reliability
 from kiln.planning.render import _flow, _render
@@ -87,7 +89,8 @@ class PlanRequest(BaseModel):
     nodes: int | None = Field(default=None, ge=1)
     gpus_per_node: int = Field(default=8, ge=1)
     price_per_gpu_hour: float = Field(default=2.5, gt=0, description="USD; a rough 2025 cloud H100 rate")
-    mfu: float = Field(default=0.4, gt=0, le=1, description="model FLOPs utilisation, 0 < mfu <= 1")
+    mfu: float | None = Field(default=None, gt=0, le=1, description="model FLOPs utilisation, 0 < mfu <= 1; "
+                              "None: Kiln's own on this GPU kind from its finished runs, else 0.4")
     intra_node_gb_s: float | None = Field(default=None, gt=0, description="per GPU per direction; None: table")
     inter_node_gb_s: float = Field(default=50.0, gt=0, description="per GPU per direction (400 Gb/s NIC)")
     # Model and batch.
@@ -174,11 +177,11 @@ class PlanRequest(BaseModel):
         nodes, per_node = self._resolve_cluster()
         return Cluster(self.gpu_spec(), nodes, per_node, self.inter_node_gb_s, self.intra_node_gb_s)
 
-    def total_flops(self) -> float:
+    def total_flops(self, mfu: float) -> float:
         if self.budget_flops is not None:
             return self.budget_flops
         gpu = self.gpu_spec()
-        return flops_for_budget_usd(self.budget_usd, self.price_per_gpu_hour, gpu.peak_flops, self.mfu)
+        return flops_for_budget_usd(self.budget_usd, self.price_per_gpu_hour, gpu.peak_flops, mfu)
 
     def resolved_sizing(self) -> str:
         if self.sizing != "auto":
@@ -202,6 +205,7 @@ class Plan:
     reliability: ReliabilityEstimate
     data: DataSufficiency | None
     own_fit: dict[str, Any] | None
+    mfu: MfuChoice
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -241,6 +245,7 @@ class Plan:
                 "steps": self.steps,
             },
             "compute": self.compute.to_dict(),
+            "mfu": self.mfu.to_dict(),
             "parallelism": self.parallelism.to_dict(),
             "training": self.parallelism.training_block(),  # paste into the project config's `training:` section
             "reliability": self.reliability.to_dict(),
@@ -277,11 +282,14 @@ def _own_fit(runs: Sequence[RunPoint], n_params: float, tokens: float, sizing_fl
     return out
 
 
-def make_plan(request: PlanRequest, runs: Sequence[RunPoint] | None = None) -> Plan:
-    """Size, cost and lay out a training run for `request`; `runs` (finished runs) adds own fits."""
+def make_plan(request: PlanRequest, runs: Sequence[RunPoint] | None = None,
+              throughputs: Sequence[RunThroughput] = ()) -> Plan:
+    """Size, cost and lay out a training run for `request`; `runs` (finished runs) adds own fits; `throughputs`
+    (Kiln's finished runs, `own_mfu`) give the MFU when the request has none."""
     cluster = request.cluster()
     gpu = cluster.gpu
-    budget = request.total_flops()
+    chosen = choose_mfu(request.mfu, gpu, throughputs)
+    budget = request.total_flops(chosen.mfu)
     method = request.resolved_sizing() if request.model is None else "fixed shape"
 
     # Size the model on the 6ND share of the budget; the attention share depends on the shape, so
@@ -310,12 +318,12 @@ def make_plan(request: PlanRequest, runs: Sequence[RunPoint] | None = None) -> P
         same_loss = inference_aware_allocation(sizing_flops, request.inference_tokens)
 
     compute = estimate_compute(
-        budget, peak_flops=gpu.peak_flops, mfu=request.mfu, n_gpus=cluster.n_gpus,
+        budget, peak_flops=gpu.peak_flops, mfu=chosen.mfu, n_gpus=cluster.n_gpus,
         price_per_gpu_hour=request.price_per_gpu_hour,
     )
     parallelism = recommend_parallelism(
         shape, cluster, seq_len=request.seq_len, global_batch_tokens=request.global_batch_tokens,
-        flops_per_token=flops_per_token, mfu=request.mfu, zero_stage=request.zero_stage,
+        flops_per_token=flops_per_token, mfu=chosen.mfu, zero_stage=request.zero_stage,
         recompute=None if request.recompute == "auto" else request.recompute,
         flash_attention=request.flash_attention, offload_optimizer=request.offload_optimizer,
         offload_params=request.offload_params, usable_memory_fraction=request.usable_memory_fraction,
@@ -333,7 +341,7 @@ def make_plan(request: PlanRequest, runs: Sequence[RunPoint] | None = None) -> P
 
     plan = Plan(
         request, cluster, method, sizing_flops, target, alternatives, same_loss, shape, tokens, compute,
-        parallelism, reliability, data, own_fit,
+        parallelism, reliability, data, own_fit, chosen,
     )
     plan.warnings.extend(_warnings(plan))
     return plan
@@ -346,8 +354,8 @@ def _warnings(plan: Plan) -> list[str]:
             f"the model does not fit: {plan.parallelism.memory.total / GIB:.1f} GiB per GPU needed, "
             f"{plan.parallelism.usable_bytes / GIB:.1f} GiB usable"
         )
-    if plan.request.mfu > HIGH_MFU:
-        out.append(f"mfu={plan.request.mfu:g} is optimistic: large runs report 0.38-0.46 (PaLM, Llama 3)")
+    if plan.mfu.mfu > HIGH_MFU:
+        out.append(f"mfu={plan.mfu.mfu:g} is optimistic: large runs report 0.38-0.46 (PaLM, Llama 3)")
     if plan.steps < MIN_STEPS:
         out.append(
             f"only {plan.steps} optimizer steps of {plan.parallelism.global_batch_tokens:,} tokens: "

@@ -51,7 +51,7 @@ def _render(plan: Plan) -> str:
         f"Kiln training plan: {budget} on {cluster.n_gpus} x {cluster.gpu.name} "
         f"({cluster.nodes} node{'s' if cluster.nodes > 1 else ''} x {cluster.gpus_per_node})",
         f"  compute     {c.flops:.3g} FLOPs incl. attention ({plan.sizing_flops:.3g} as 6ND) at "
-        f"{c.peak_flops / 1e12:.0f} TFLOP/s peak, MFU {c.mfu:.0%}",
+        f"{c.peak_flops / 1e12:.0f} TFLOP/s peak, {plan.mfu.describe()}",
         f"  cost        {c.gpu_hours:,.0f} GPU-hours x ${c.price_per_gpu_hour:g} = ${c.cost_usd:,.0f}",
         f"  time        {c.wall_clock_days:.1f} days ({rel.wall_clock_days_expected:.1f} with failures)",
         "",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import random
+import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +87,110 @@ def test_keep_last_k_counts_complete_checkpoints_only(tmp_path):
     deleted = checkpoint.prune(tmp_path, keep_last=2)
     assert [p.name for p in deleted] == ["step_00000002", "step_00000004"]
     assert [f.step for f in checkpoint.checkpoints(tmp_path, complete_only=False)] == [6, 8, 10]
+
+
+class FakeEngine:
+    """What checkpoint.save asks of a DeepSpeed engine, in one process: files under root/tag."""
+
+    def save_checkpoint(self, root, tag, client_state, save_latest):
+        folder = Path(root) / tag
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save({"kiln": client_state["kiln"]["step"]}, folder / "zero_pp_rank_0_mp_rank_00_model_states.pt")
+        (folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"optim" * 300)
+
+    def autotp_size(self):
+        return 1
+
+
+class HeldHashing:
+    """A hash function that waits until released: hashing as slow as a test needs."""
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def __call__(self, path):
+        assert self.release.wait(30), "the test never released the hashing"
+        return checkpoint.sha256_file(path)
+
+
+def test_save_returns_before_the_hashing_and_the_manifest_appears_later(tmp_path):
+    held = HeldHashing()
+    writer = checkpoint.ManifestWriter(hash_file=held)
+    try:
+        path = checkpoint.save(FakeEngine(), tmp_path, 4, {}, keep_last=2, manifests=writer)
+        assert path == tmp_path / "step_00000004" and not (path / checkpoint.MANIFEST).exists()
+        assert checkpoint.checkpoints(tmp_path) == []  # not complete while hashing
+        held.release.set()
+        writer.wait()
+        assert checkpoint.verify(path) is None and checkpoint.read_manifest(path)["step"] == 4
+        assert [f.step for f in checkpoint.checkpoints(tmp_path)] == [4]
+    finally:
+        held.release.set()
+        writer.close()
+
+
+def test_a_run_killed_while_hashing_resumes_from_the_checkpoint_before(tmp_path):
+    """The folder as a SIGKILL during the background hashing leaves it (copied while the hashing is held): the
+    unhashed checkpoint is incomplete, resume takes the one before it."""
+    live, killed = tmp_path / "live", tmp_path / "killed"
+    fake_checkpoint(live, 4)
+    held = HeldHashing()
+    writer = checkpoint.ManifestWriter(hash_file=held)
+    try:
+        checkpoint.save(FakeEngine(), live, 8, {}, keep_last=1, manifests=writer)
+        shutil.copytree(live, killed)
+        warnings = []
+        assert checkpoint.find_resumable(killed, warn=warnings.append).step == 4
+        assert "step_00000008: no manifest.json" in warnings[0]
+        # Rotation (keep_last 1) waits for the manifest: the last complete checkpoint stays until then.
+        assert [f.step for f in checkpoint.checkpoints(live, complete_only=False)] == [4, 8]
+        held.release.set()
+        writer.wait()
+        assert [f.step for f in checkpoint.checkpoints(live, complete_only=False)] == [8]
+    finally:
+        held.release.set()
+        writer.close()
+
+
+def test_a_failed_manifest_write_is_raised_on_the_training_thread(tmp_path):
+    def broken_disk(path):
+        raise OSError("No space left on device")
+
+    writer = checkpoint.ManifestWriter(hash_file=broken_disk)
+    checkpoint.save(FakeEngine(), tmp_path, 4, {}, keep_last=2, manifests=writer)
+    with pytest.raises(OSError, match="No space left"):
+        writer.wait()
+    writer.close()
+    assert checkpoint.find_resumable(tmp_path, warn=lambda _: None) is None  # never complete
+
+
+def saved_steps(cadence, steps, seconds_per_step):
+    saved = []
+    for step in range(1, steps + 1):
+        now = step * seconds_per_step
+        if cadence.due(step, now):
+            cadence.saved(now)
+            saved.append(step)
+    return saved
+
+
+def test_the_wall_time_cadence_saves_at_the_expected_steps():
+    # 7 s a step, a save due after 60 s, checked every 5 steps: at step 10 (70 s since the start), 20 (70 s since
+    # step 10), 30; every_steps 12 as well: 10, 12 (by steps), then 20 is 56 s after step 12 (no), 24 (by steps),
+    # 25 and 30 are 7 s and 42 s after step 24 (no).
+    asked = []
+
+    def rank0(wanted):
+        asked.append(wanted)
+        return wanted
+
+    assert saved_steps(checkpoint.Cadence(None, 1.0, 5, now=0.0), 30, 7.0) == [10, 20, 30]
+    assert saved_steps(checkpoint.Cadence(12, 1.0, 5, now=0.0, agree=rank0), 30, 7.0) == [10, 12, 24]
+    assert asked == [False, True, False, False, False, False]  # steps 5, 10, ... 30 ask; 12 and 24 need not
+    assert saved_steps(checkpoint.Cadence(12, None, 5, now=0.0, agree=rank0), 30, 7.0) == [12, 24]
+    assert len(asked) == 6  # without every_minutes there is nothing to agree on
+    # Every rank takes rank 0's decision: a rank whose own clock says "not yet" still saves.
+    assert saved_steps(checkpoint.Cadence(None, 1.0, 5, now=0.0, agree=lambda wanted: True), 12, 0.1) == [5, 10]
 
 
 def test_peak_flops_table_matches_device_names():

@@ -39,6 +39,19 @@ def test_two_rank_run_learns_and_reports(run_a):
     assert summary["stability_events"] == [] and summary["rollbacks"] == 0
     assert summary["n_params"] == 139_584 and summary["flops_per_token"] == 886_656
     assert summary["checkpoint"].endswith("step_00000012") and summary["mlflow_run_id"]
+    # Goodput: the counted tokens over all of fit()'s wall time; its parts (steps, checkpoints 4, 8, 12,
+    # validation at 6 and 12 and the final one, export) sum to it, with what none claims as other_s (>= 0).
+    time_spent = summary["time"]
+    assert 0 < summary["goodput_tokens_per_s"] <= summary["tokens_per_s"] and summary["goodput_mfu"] is None
+    assert summary["goodput_tokens_per_s"] == pytest.approx(12 * 256 / time_spent["wall_s"], rel=1e-3)
+    assert sum(v for k, v in time_spent.items() if k != "wall_s") == pytest.approx(time_spent["wall_s"], abs=0.01)
+    assert time_spent["other_s"] >= -0.005 and min(time_spent[k] for k in ("train_s", "startup_s", "checkpoint_s",
+                                                                            "validation_s", "export_s")) > 0
+    stall = summary["checkpoint_stall"]
+    assert stall["count"] == 3 and 0 < stall["max_s"] <= stall["total_s"] <= time_spent["checkpoint_s"]
+    stalls = [json.loads(line) for line in (run_a / "metrics.jsonl").read_text().splitlines() if "stall_s" in line]
+    assert [r["step"] for r in stalls] == [4, 8, 12]
+    assert sum(r["checkpoint/stall_s"] for r in stalls) == pytest.approx(stall["total_s"], abs=0.002)
 
 
 def test_the_export_reproduces_the_loss_recorded_at_save_time_and_other_weights_do_not(run_a):
@@ -91,6 +104,14 @@ def test_kiln_plan_fits_a_scaling_law_on_kilns_own_runs(tmp_path, token_dataset,
     assert main(["plan", "--mlflow-uri", mlflow_uri, "--experiment", "kiln-scaling", "--budget-flops", "1e18"]) == 0
     table = capsys.readouterr().out
     assert "Own scaling fits (3 runs)" in table
+    # The same runs as the plan's default MFU reads them, from MLflow and from summary.json (CPU: no GPU kind).
+    from kiln.planning import own_mfu
+
+    tracked = sorted(own_mfu.runs_from_mlflow(mlflow_uri, "kiln-scaling"), key=lambda r: r.model_flops)
+    expected = sorted((own_mfu.from_summary(s, "") for s in summaries), key=lambda r: r.model_flops)
+    assert [(r.device, r.gpu_seconds, r.gpu) for r in tracked] == [(r.device, r.gpu_seconds, None) for r in expected]
+    assert [r.model_flops for r in tracked] == pytest.approx([r.model_flops for r in expected])
+    assert [r.mlflow_run_id for r in tracked] == [r.mlflow_run_id for r in expected]
     print("\n[kiln plan, own fit]\n" + table[table.index("Own scaling fits"):])
 
 
@@ -128,6 +149,8 @@ def test_mlflow_has_params_metrics_and_the_deepspeed_config(run_a, mlflow_uri):
     assert [m.step for m in history] == [2, 4, 6, 8, 10, 12]
     assert history[-1].value == pytest.approx(summary_of(run_a)["final_loss"])
     assert "val/loss" in run.data.metrics and "train/tokens_per_s" in run.data.metrics
+    assert run.data.metrics["run/goodput_tokens_per_s"] == pytest.approx(summary_of(run_a)["goodput_tokens_per_s"])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "checkpoint/stall_s")] == [4, 8, 12]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"deepspeed_config.json", "run_config.json", "summary.json"} <= artifacts
     # the layout and why: on CPU the shipped JSON's ZeRO-3 and the micro-batch the settings give (4)

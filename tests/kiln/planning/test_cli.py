@@ -14,6 +14,7 @@ def no_project(tmp_path_factory, monkeypatch):
     """Most tests plan from flags and defaults alone: no $KILN_CONFIG, no configs/default.yaml in the cwd."""
     monkeypatch.delenv("KILN_CONFIG", raising=False)
     monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    monkeypatch.setenv("KILN_HOME", str(tmp_path_factory.mktemp("kiln-home")))  # no finished runs: MFU 0.4 assumed
 
 
 def kiln(*argv):
@@ -29,7 +30,7 @@ def test_one_screen_plan(capsys):
     # By hand: $1,000,000 / $2.5 = 400,000 GPU-hours; x 3,600 s x 989 TFLOP/s (H100 SXM dense BF16) x 0.4
     # = 5.70e23 FLOPs; 400,000 h / 256 GPUs / 24 = 65.1 days.
     assert "$1,000,000 on 256 x H100-SXM (32 nodes x 8)" in screen
-    assert "5.7e+23 FLOPs" in screen and "at 989 TFLOP/s peak, MFU 40%" in screen
+    assert "5.7e+23 FLOPs" in screen and "at 989 TFLOP/s peak, MFU 40% given" in screen
     assert "400,000 GPU-hours x $2.5 = $1,000,000" in screen
     assert "65.1 days" in screen
     for needle in ("TP ", "PP ", "DP ", "memory/GPU", "GiB"):  # the layout section is there
@@ -125,3 +126,55 @@ def test_own_fits_need_an_experiment(capsys):
     """The fit itself is tested on real training runs (tests/training_jobs/test_train_cpu.py)."""
     assert kiln("--mlflow-uri", "sqlite:///nowhere.db") == 2
     assert "--experiment" in capsys.readouterr().err
+
+
+def finished_run(home: Path, key: str, **summary) -> None:
+    """A hand-made summary.json where the training asset writes one (KILN_HOME/runs/<key>/)."""
+    folder = home / "runs" / key
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"status": "completed", "flops_per_token": 1e9, "world_size": 1,
+                                                     **summary}))
+
+
+def test_the_default_mfu_is_kilns_own_on_that_gpu_and_the_plan_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KILN_HOME", str(tmp_path))
+    # Two H200 runs: 100k tok/s x 1e9 FLOPs/token for 1,000 s on 1 GPU = 1e17 FLOPs in 1,000 GPU-s; 150k tok/s on 2
+    # GPUs for 250 s = 3.75e16 FLOPs in 500 GPU-s. Pooled: 1.375e17 / (989e12 x 1,500) = 0.09269 (the mean of
+    # the two runs' MFUs, 0.1011 and 0.0758, would be 0.0885).
+    finished_run(tmp_path, "a", device="NVIDIA H200", goodput_tokens_per_s=100_000.0, time={"wall_s": 1000.0},
+                 mfu=0.5)
+    finished_run(tmp_path, "b", device="NVIDIA H200", goodput_tokens_per_s=150_000.0, time={"wall_s": 250.0},
+                 world_size=2)
+    # Not counted: another GPU kind, a failed run, a CPU run, a run from before goodput was reported.
+    finished_run(tmp_path, "c", device="NVIDIA H100 80GB HBM3", goodput_tokens_per_s=9e5, time={"wall_s": 100.0})
+    finished_run(tmp_path, "d", device="NVIDIA H200", goodput_tokens_per_s=9e5, time={"wall_s": 100.0},
+                 status="failed")
+    finished_run(tmp_path, "e", device="cpu", goodput_tokens_per_s=9e5, time={"wall_s": 100.0})
+    finished_run(tmp_path, "f", device="NVIDIA H200", tokens_per_s=9e5, mfu=0.9)
+    assert kiln("--budget-usd", "100000", "--price", "2.5", "--gpu", "H200", "--gpus", "8", "--json") == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["mfu"]["origin"] == "measured" and plan["mfu"]["n_runs"] == 2
+    assert plan["mfu"]["mfu"] == pytest.approx(1.375e17 / (989e12 * 1500))
+    # $100,000 / $2.5 = 40,000 GPU-hours x 3,600 s x 989e12 FLOP/s x 0.09269
+    assert plan["compute"]["flops"] == pytest.approx(40_000 * 3600 * 1.375e17 / 1500)
+    assert kiln("--budget-usd", "100000", "--gpu", "H200", "--gpus", "8") == 0
+    assert "MFU 9.3% from 2 runs of Kiln on H200" in capsys.readouterr().out
+    assert kiln("--budget-usd", "100000", "--gpu", "A100", "--gpus", "8") == 0
+    assert "MFU 40% assumed (no runs of Kiln on A100-80GB)" in capsys.readouterr().out
+    # A given MFU wins over the measured one (shown as in test_one_screen_plan: "MFU 40% given").
+    from kiln.planning.hardware import lookup_gpu
+    from kiln.planning.own_mfu import choose_mfu, runs_in
+
+    given = choose_mfu(0.3, lookup_gpu("H200"), runs_in(tmp_path / "runs"))
+    assert (given.mfu, given.origin, given.describe()) == (0.3, "given", "MFU 30% given")
+
+
+@pytest.mark.parametrize("device, kind", [
+    ("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100-SXM"), ("NVIDIA H100 PCIe", "H100-PCIe"),
+    ("NVIDIA A100-SXM4-40GB", "A100-40GB"), ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA A10G", "A10G"),
+    ("NVIDIA A10", "A10"), ("NVIDIA L40S", "L40S"), ("NVIDIA L4", "L4"), ("NVIDIA L40", None),
+    ("NVIDIA GH200 480GB", None), ("cpu", None)])
+def test_cuda_device_names_map_to_the_planners_gpus(device, kind):
+    from kiln.planning.own_mfu import gpu_kind
+
+    assert gpu_kind(device) == kind

@@ -1,0 +1,147 @@
+"""The MFU a plan assumes when the user gives none: Kiln's own, measured on finished runs on the same GPU kind.
+
+Every training run ends with a summary.json (training_jobs.train) that says on which device it ran and its
+goodput: the tokens of the steps that counted over the whole wall time of the run, checkpoints, validation,
+logging and rollbacks included. A plan turns a budget into GPU-hours of wall time, so goodput MFU is the figure
+it needs; the step MFU (`mfu`, optimizer steps only) would promise more than a run delivers. Runs are pooled by
+work, not averaged: MFU = their model FLOPs / (peak x their GPU-seconds), so a long run counts for more than a
+short one whose warm-up dominates.
+
+Runs are found in Kiln's run folders (KILN_HOME/runs/*/summary.json, where the training asset writes them) and,
+with `kiln plan --mlflow-uri`, in an MLflow experiment (the metrics every run logs at the end).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kiln.planning.hardware import GpuSpec
+
+ASSUMED_MFU = 0.4  # when the user gives none and Kiln has no finished run on that GPU kind
+
+# torch.cuda.get_device_name() -> the planner's GPU name; the first pattern found in the lower-cased name wins,
+# so variants come before families (e.g. "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-40GB").
+# None: a GPU the planner has no entry for (its runs must not stand for another kind).
+DEVICE_KINDS: list[tuple[str, str | None]] = [
+    ("gh200", None), ("h200", "H200"), ("h100 pcie", "H100-PCIe"), ("h100 nvl", None), ("h100", "H100-SXM"),
+    ("b200", "B200"), ("a100-sxm4-40gb", "A100-40GB"), ("a100-pcie-40gb", "A100-40GB"), ("a100", "A100-80GB"),
+    ("a10g", "A10G"), ("a10", "A10"), ("l40s", "L40S"), ("l40", None), ("l4", "L4"), ("mi300x", "MI300X"),
+]
+
+
+def gpu_kind(device_name: str) -> str | None:
+    """The planner's name for a device name as CUDA reports it, or None (CPU, or a GPU the planner lacks)."""
+    name = device_name.lower()
+    for pattern, kind in DEVICE_KINDS:
+        if pattern in name:
+            return kind
+    return None
+
+
+@dataclass(frozen=True)
+class RunThroughput:
+    """What one finished run did with its GPUs."""
+
+    device: str  # as CUDA names it, e.g. "NVIDIA H200"
+    model_flops: float  # the model FLOPs of the steps that counted (PaLM's count, attention included)
+    gpu_seconds: float  # wall time x devices
+    source: str  # the summary's path or the MLflow run id
+    mlflow_run_id: str | None = None
+
+    @property
+    def gpu(self) -> str | None:
+        return gpu_kind(self.device)
+
+
+def from_summary(summary: dict[str, Any], source: str) -> RunThroughput | None:
+    """A completed run's throughput from its summary.json, or None (not completed, or from before goodput)."""
+    goodput, wall = summary.get("goodput_tokens_per_s"), (summary.get("time") or {}).get("wall_s")
+    if summary.get("status") != "completed" or not goodput or not wall:
+        return None
+    return RunThroughput(str(summary.get("device")), goodput * wall * summary["flops_per_token"],
+                         wall * summary["world_size"], source, summary.get("mlflow_run_id"))
+
+
+def runs_in(runs_dir: Path) -> list[RunThroughput]:
+    """The completed runs in Kiln's run folders (one summary.json each)."""
+    found = []
+    for path in sorted(Path(runs_dir).glob("*/summary.json")):
+        try:
+            summary = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):  # a run writing it right now, or a damaged file
+            continue
+        run = from_summary(summary, str(path))
+        if run is not None:
+            found.append(run)
+    return found
+
+
+def runs_from_mlflow(tracking_uri: str, experiment_name: str) -> list[RunThroughput]:
+    """The FINISHED runs of an MLflow experiment that logged goodput (training_jobs.reporting.throughput_metrics)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name(experiment_name)
+    if experiment is None:
+        raise ValueError(f"no MLflow experiment named {experiment_name!r} at {tracking_uri}")
+    found, page_token = [], None
+    while True:
+        page = client.search_runs([experiment.experiment_id], filter_string="attributes.status = 'FINISHED'",
+                                  page_token=page_token)
+        for run in page:
+            params, metrics = run.data.params, run.data.metrics
+            needed = {"device", "world_size", "model.flops_per_token"} <= set(params) and \
+                {"run/goodput_tokens_per_s", "run/time/wall_s"} <= set(metrics)
+            if needed:
+                wall, per_token = metrics["run/time/wall_s"], float(params["model.flops_per_token"])
+                found.append(RunThroughput(params["device"], metrics["run/goodput_tokens_per_s"] * wall * per_token,
+                                           wall * int(params["world_size"]), run.info.run_id, run.info.run_id))
+        page_token = page.token
+        if not page_token:
+            return found
+
+
+def merged(*sources: Iterable[RunThroughput]) -> list[RunThroughput]:
+    """Runs from several sources, each once (a run in both a run folder and MLflow counts once)."""
+    out, seen = [], set()
+    for run in (r for source in sources for r in source):
+        key = run.mlflow_run_id or run.source
+        if key not in seen:
+            seen.add(key)
+            out.append(run)
+    return out
+
+
+@dataclass(frozen=True)
+class MfuChoice:
+    mfu: float
+    origin: str  # "given", "measured" or "assumed"
+    gpu: str
+    n_runs: int = 0
+
+    def describe(self) -> str:
+        if self.origin == "given":
+            return f"MFU {self.mfu:.0%} given"
+        if self.origin == "measured":
+            return f"MFU {self.mfu:.1%} from {self.n_runs} run{'s' if self.n_runs > 1 else ''} of Kiln on {self.gpu}"
+        return f"MFU {self.mfu:.0%} assumed (no runs of Kiln on {self.gpu})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mfu": self.mfu, "origin": self.origin, "gpu": self.gpu, "n_runs": self.n_runs,
+                "text": self.describe()}
+
+
+def choose_mfu(given: float | None, gpu: GpuSpec, runs: Sequence[RunThroughput]) -> MfuChoice:
+    """The user's MFU if given; else the goodput MFU of Kiln's runs on this GPU kind, pooled, against this plan's
+    peak (an overridden peak included); else ASSUMED_MFU."""
+    if given is not None:
+        return MfuChoice(given, "given", gpu.name)
+    same = [r for r in runs if r.gpu == gpu.name and r.gpu_seconds > 0]
+    if not same:
+        return MfuChoice(ASSUMED_MFU, "assumed", gpu.name)
+    measured = sum(r.model_flops for r in same) / (gpu.peak_flops * sum(r.gpu_seconds for r in same))
+    return MfuChoice(min(measured, 1.0), "measured", gpu.name, len(same))
