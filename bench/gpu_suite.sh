@@ -27,7 +27,7 @@ unset DS_ACCELERATOR MLFLOW_TRACKING_URI
 # PRESETS=tiny SEQ_LEN=128 STEPS=4 to keep it short).
 gpu=$("$PY" -c "import torch; n = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'; \
 print(next((w for w in n.split() if w[0] in 'ABHL' and w[1:2].isdigit()), n.split()[-1]).lower())") || exit 1
-PRESETS="${PRESETS:-125m,350m,1b}" SEQ_LEN="${SEQ_LEN:-2048}" STEPS="${STEPS:-60}"
+PRESETS="${PRESETS:-125m,350m,1b}" SEQ_LEN="${SEQ_LEN:-2048}" STEPS="${STEPS:-120}"
 LOG="$FIGURES/gpu_suite_$gpu.log"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$LOG" 2>&1 || echo "no nvidia-smi" > "$LOG"
 status=0

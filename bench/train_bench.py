@@ -171,7 +171,7 @@ def bench_settings(args) -> TrainingSettings:
     return TrainingSettings(
         model={"preset": args.preset, "activation_checkpointing": args.activation_checkpointing},
         seq_len=args.seq_len, grad_accum=args.grad_accum, max_steps=args.steps, precision=args.precision,
-        log_every_steps=max(1, args.steps // 5), val_batches=2, peak_tflops=args.peak_tflops,
+        val_batches=2, peak_tflops=args.peak_tflops,
         schedule={"warmup_steps": 5}, checkpoint=checkpoint, monitor={"enabled": False}, export=[],
         **({"parallelism": {"zero_stage": args.zero_stage}} if args.zero_stage is not None else {}),
         **{k: v for k, v in optional.items() if v is not None})
@@ -194,6 +194,13 @@ def kiln_run(args, settings: TrainingSettings, launcher: str, data: Path, tmp: P
         sys.exit(f"training failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
     shutil.rmtree(tmp / "out" / "checkpoints", ignore_errors=True)
     return {**json.loads((tmp / "out" / "summary.json").read_text()), "launch_wall_s": wall}
+
+
+def loop_goodput(s: dict) -> float:
+    """Goodput without the run's one-time costs (startup: resume, MLflow; the final export), which a long run
+    amortizes: what the training loop delivers with its checkpoints, validation and logging at their cadence."""
+    t = s["time"]
+    return s["goodput_tokens_per_s"] * t["wall_s"] / (t["wall_s"] - t["startup_s"] - t["export_s"])
 
 
 def pct(x: float | None) -> str:
@@ -220,16 +227,23 @@ def bench_preset(args, launcher: str) -> dict:
               f"{accum} = {s['tokens_per_step']:,} tokens/step, ZeRO-{s['parallelism']['zero_stage']}, "
               f"compile {s.get('compile', 'n/a')}, {s['steps']} steps"
               f"{', activation checkpointing' if args.activation_checkpointing else ''}")
-        goodput = s.get("goodput_tokens_per_s")
+        goodput = s.get("goodput_tokens_per_s")  # None: a trainer from before goodput was reported
+        loop = loop_goodput(s) if goodput else None
         print(f"  step throughput {s['tokens_per_s']:,.0f} tokens/s ({s['tokens_per_s'] / s['world_size']:,.0f} per "
               f"rank), MFU {pct(s['mfu'])}; goodput "
-              + (f"{goodput:,.0f} tokens/s ({goodput / s['tokens_per_s']:.2f} of step), MFU {pct(s.get('goodput_mfu'))}"
-                 if goodput else "n/a (not in this trainer's summary)")
-              + f"; launch {s['launch_wall_s']:.0f} s")
-        result = {"preset": args.preset, "seq_len": args.seq_len, "launcher": launcher, "kiln": {k: s.get(k) for k in (
-            "tokens_per_s", "goodput_tokens_per_s", "mfu", "goodput_mfu", "world_size", "device", "precision",
-            "tokens_per_step", "steps", "parallelism", "layout", "compile", "time_breakdown", "checkpoint_stall_s",
-            "peak_flops_per_device", "n_params", "flops_per_token", "launch_wall_s")}}
+              + (f"{goodput:,.0f} tokens/s, MFU {pct(s['goodput_mfu'])} ({goodput / s['tokens_per_s']:.2f} of step; "
+                 f"{loop / s['tokens_per_s']:.2f} without startup and export)" if goodput else "n/a"))
+        if goodput:
+            print(f"  wall {s['time']['wall_s']:.1f} s: " + ", ".join(f"{k[:-2]} {v:.1f}" for k, v in s["time"].items()
+                                                                       if k != "wall_s")
+                  + f"; checkpoint stall {s['checkpoint_stall']['total_s']:.2f} s over "
+                  f"{s['checkpoint_stall']['count']}; launch {s['launch_wall_s']:.0f} s")
+        result = {"preset": args.preset, "seq_len": args.seq_len, "launcher": launcher, "kiln": {
+            **{k: s.get(k) for k in (
+                "tokens_per_s", "mfu", "goodput_tokens_per_s", "goodput_mfu", "time", "checkpoint_stall", "world_size",
+                "device", "precision", "tokens_per_step", "steps", "parallelism", "layout", "compile",
+                "peak_flops_per_device", "n_params", "flops_per_token", "launch_wall_s")},
+            "loop_goodput_tokens_per_s": loop}}
         if args.reference:
             ref_micro = args.ref_micro_batch or micro
             ref_accum = max(1, micro * accum // ref_micro)
@@ -254,7 +268,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=2048 if on_gpu else 256)
     parser.add_argument("--micro-batch", type=int, default=None, help="default: the trainer's layout choice")
     parser.add_argument("--grad-accum", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=60 if on_gpu else 20, help="optimizer steps timed")
+    parser.add_argument("--steps", type=int, default=120 if on_gpu else 20,
+                        help="optimizer steps (on GPUs past the default checkpoint cadence of 100)")
     parser.add_argument("--warmup", type=int, default=5 if on_gpu else 2, help="reference steps before timing")
     parser.add_argument("--nproc", type=int, default=torch.cuda.device_count() if on_gpu else 1)
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
