@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The whole GPU measurement in one prepared script, under 8 minutes on one H100/H200:
-#   1. the GPU tests (tests marked gpu: bf16, nccl, MFU, compile and the fused loss on CUDA, HF export);
-#   2. bench/train_bench.py at seq_len 2048 for the 125m, 350m and 1b presets: Kiln's trainer with its default
-#      layout against the reference loop, in one invocation (ratio, MFU, goodput);
-#   3. the 1b preset forced to ZeRO-3, against the stage the layout chose in 2.
+#   1. bench/train_bench.py at seq_len 2048 for the 125m, 350m and 1b presets: Kiln's trainer with its default
+#      settings against the reference loop, in one invocation (ratio, MFU, goodput);
+#   2. the GPU tests (tests marked gpu: bf16, compile, the layout, the chunked loss and pinned input on CUDA, HF
+#      export);
+#   3. the 1b preset forced to ZeRO-3, against the stage the layout chose in 1.
+# The figures come first: each step has a time limit, and each bench run is written to its JSON as it ends.
 # Figures go to $FIGURES (default docs/bench; $OUT when the device tool runs it) as train_bench_<gpu>.json and
 # train_bench_1b_zero3_<gpu>.json, each with the machine, the command and the date; logs beside them.
 #
@@ -27,7 +29,7 @@ unset DS_ACCELERATOR MLFLOW_TRACKING_URI
 # PRESETS=tiny SEQ_LEN=128 STEPS=4 to keep it short).
 gpu=$("$PY" -c "import torch; n = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'; \
 print(next((w for w in n.split() if w[0] in 'ABHL' and w[1:2].isdigit()), n.split()[-1]).lower())") || exit 1
-PRESETS="${PRESETS:-125m,350m,1b}" SEQ_LEN="${SEQ_LEN:-2048}" STEPS="${STEPS:-120}"
+PRESETS="${PRESETS:-125m,350m,1b}" SEQ_LEN="${SEQ_LEN:-2048}" STEPS="${STEPS:-60}"
 LOG="$FIGURES/gpu_suite_$gpu.log"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$LOG" 2>&1 || echo "no nvidia-smi" > "$LOG"
 status=0
@@ -39,10 +41,10 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, log it, and go 
   [ "$rc" = 0 ] || status=1
   echo "== $name: rc $rc, $((SECONDS - t0)) s" | tee -a "$LOG"
 }
-step 120 "GPU tests" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/training_jobs
 step 300 "train_bench $PRESETS" "$PY" bench/train_bench.py --preset "$PRESETS" --seq-len "$SEQ_LEN" --steps "$STEPS" \
   --json-out "$FIGURES/train_bench_$gpu.json"
+step 120 "GPU tests" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/training_jobs
 big="${PRESETS##*,}"  # the largest preset, forced to ZeRO-3
-step 75 "train_bench $big ZeRO-3" "$PY" bench/train_bench.py --preset "$big" --seq-len "$SEQ_LEN" --steps "$STEPS" \
+step 60 "train_bench $big ZeRO-3" "$PY" bench/train_bench.py --preset "$big" --seq-len "$SEQ_LEN" --steps "$STEPS" \
   --zero-stage 3 --no-reference --json-out "$FIGURES/train_bench_${big}_zero3_$gpu.json"
 exit $status

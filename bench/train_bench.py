@@ -225,7 +225,7 @@ def bench_preset(args, launcher: str) -> dict:
               f"non-embedding), {s['flops_per_token'] / 1e9:.3f} GFLOP/token at seq_len {args.seq_len}")
         print(f"kiln ({launcher}): {s['world_size']} x {s['device']}, {s['precision']}, micro-batch {micro} x accum "
               f"{accum} = {s['tokens_per_step']:,} tokens/step, ZeRO-{s['parallelism']['zero_stage']}, "
-              f"compile {s.get('compile', 'n/a')}, {s['steps']} steps"
+              f"compile {(s.get('compile') or {}).get('enabled', 'n/a')}, {s['steps']} steps"
               f"{', activation checkpointing' if args.activation_checkpointing else ''}")
         goodput = s.get("goodput_tokens_per_s")  # None: a trainer from before goodput was reported
         loop = loop_goodput(s) if goodput else None
@@ -268,8 +268,9 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=2048 if on_gpu else 256)
     parser.add_argument("--micro-batch", type=int, default=None, help="default: the trainer's layout choice")
     parser.add_argument("--grad-accum", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=120 if on_gpu else 20,
-                        help="optimizer steps (on GPUs past the default checkpoint cadence of 100)")
+    parser.add_argument("--steps", type=int, default=60 if on_gpu else 20,
+                        help="optimizer steps; the run checkpoints at its end (one save per run, more often than the "
+                             "default cadence of 100 steps: goodput errs low)")
     parser.add_argument("--warmup", type=int, default=5 if on_gpu else 2, help="reference steps before timing")
     parser.add_argument("--nproc", type=int, default=torch.cuda.device_count() if on_gpu else 1)
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])

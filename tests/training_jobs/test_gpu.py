@@ -35,6 +35,8 @@ def test_one_gpu_run_trains_in_bf16_and_reports_mfu(tmp_path, token_dataset):
     # the tiny model fits one GPU many times over: ZeRO-1, not ZeRO-3 (training_jobs/layout.py), and its checkpoint
     # still exports below
     assert summary["parallelism"]["zero_stage"] == summary["layout"]["zero_stage"] == 1
+    assert summary["compile"]["enabled"]  # auto: on for CUDA (inductor), and the run still learned
+    assert summary["goodput_tokens_per_s"] <= summary["tokens_per_s"]
 
     transformers = pytest.importorskip("transformers")
     from training_jobs.export import load_model
@@ -43,3 +45,42 @@ def test_one_gpu_run_trains_in_bf16_and_reports_mfu(tmp_path, token_dataset):
     tokens = torch.randint(0, 500, (2, 32))
     with torch.no_grad():
         torch.testing.assert_close(hf(tokens).logits, kiln(tokens), atol=1e-4, rtol=0)
+
+
+def test_the_chunked_loss_matches_the_plain_one_in_bf16_on_the_gpu():
+    """linear_cross_entropy (chunked, or Liger's kernel where installed) against F.cross_entropy on whole fp32 logits,
+    at a training shape: bf16 rounds the gradient at other points in each (tolerance as on CPU's bf16 case)."""
+    import torch.nn.functional as F
+
+    from training_jobs.model import IGNORE, linear_cross_entropy
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    hidden = torch.randn(4096, 512, device="cuda", generator=gen).bfloat16().requires_grad_()
+    weight = (torch.randn(32_000, 512, device="cuda", generator=gen) * 0.02).bfloat16().requires_grad_()
+    targets = torch.randint(0, 32_000, (4096,), device="cuda", generator=gen)
+    targets[::7] = IGNORE
+    loss = linear_cross_entropy(hidden, weight, targets)
+    loss.backward()
+    grads = hidden.grad.float(), weight.grad.float()
+    hidden.grad = weight.grad = None
+    plain = F.cross_entropy((hidden @ weight.T).float(), targets, ignore_index=IGNORE)
+    plain.backward()
+    torch.testing.assert_close(loss.float(), plain, rtol=1e-3, atol=0)
+    torch.testing.assert_close(grads[0], hidden.grad.float(), rtol=2e-2, atol=1e-5)
+    torch.testing.assert_close(grads[1], weight.grad.float(), rtol=2e-2, atol=1e-5)
+
+
+def test_prefetched_batches_arrive_pinned_and_equal_the_plain_loaders(token_dataset):
+    from training_jobs.loader import Prefetcher, ShardLoader
+
+    def loader() -> ShardLoader:
+        return ShardLoader(token_dataset.dir, "train", 32, 4, 0, 1, token_dataset.tokenizer_sha256)
+
+    plain, ahead = loader(), Prefetcher(loader(), device=torch.device("cuda", 0))
+    try:
+        for _ in range(20):
+            (x, y), (px, py) = plain.next_batch(), ahead.next_batch()
+            assert px.is_pinned() and py.is_pinned() and px.is_contiguous()
+            assert torch.equal(x, px) and torch.equal(y, py)
+    finally:
+        ahead.close()
