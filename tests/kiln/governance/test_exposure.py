@@ -135,3 +135,18 @@ def test_the_data_card_reports_what_the_run_read_beside_the_plan(partway):
     assert "What the run read" in markdown
     web = roles["train"]["per_source"]["web"]
     assert f"| train | web | {web['tokens_read']:,} | {web['tokens']:,} |" in markdown
+
+
+def test_a_run_config_that_left_the_micro_batch_to_the_layout_gives_the_same_exposure(partway, tmp_path):
+    """The default config says micro_batch_size: auto (the trainer's layout resolves it, summary.json's `layout` says
+    to what): the exposure is read from the cursor, which counts sequences, so any micro-batch gives the same rows."""
+    from kiln.governance.exposure import measure_exposure
+
+    given = partway["home"] / "run" / "run_config.json"
+    state = json.loads((partway["store"].dataset_dir("training_run") / "summary.json").read_text())["loader"]
+    run = RunConfig.read(given)
+    auto = run.model_copy(update={"training": run.training.model_copy(update={"micro_batch_size": "auto"})})
+    expected = measure_exposure(given, state)
+    for micro_batch in (None, 16):  # the layout's choice, or none recorded
+        table, stats = measure_exposure(auto.write(tmp_path / "auto.json"), state, micro_batch)
+        assert table.equals(expected[0]) and stats == expected[1]
