@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from kiln.common.config.base import Strict
 
@@ -31,6 +31,17 @@ class QualityClassifier(Strict):
     # the cross-validated AUC is measured on quantized fold models. Quantizing adds ~4.5 s per fit at 10,000 (k-means
     # over the kept rows, one core); raise it for samples far larger than the demo's. None: keep the full model.
     quantize_cutoff: int | None = Field(10_000, ge=1_000)
+
+    @field_validator("dim")
+    @classmethod
+    def _dim_fasttext_trains_right(cls, dim: int) -> int:
+        # Measured with fasttext-numpy2 0.10.4, thread 1, seed 0: below 8 the same fit gives different models call
+        # after call in one process and fails with "Encountered NaN" every few calls (whatever lr); from 8 up, the
+        # same model every time.
+        if dim < 8:
+            raise ValueError(f"dim is {dim}: fastText trains unreproducibly below 8 (different models from the same "
+                             "data, 'Encountered NaN'); use 8 or more (default 64)")
+        return dim
 
 
 class QualityPerplexity(Strict):

@@ -138,10 +138,10 @@ def test_the_shipped_model_is_quantized_and_small_unless_told_otherwise(classifi
     assert fasttext.load_model(str(out / MODEL_FILE)).is_quantized()
     assert (out / MODEL_FILE).stat().st_size < 10 * 2**20
     train_pos, train_neg, _, _ = labelled_split()
-    full = SETTINGS.model_copy(update={"quantize_cutoff": None, "dim": 4, "folds": 2})
+    full = SETTINGS.model_copy(update={"quantize_cutoff": None, "dim": 8, "folds": 2})
     train_classifier(train_pos, train_neg, full, tmp_path, progress=False)
     assert not fasttext.load_model(str(tmp_path / MODEL_FILE)).is_quantized()
-    assert (tmp_path / MODEL_FILE).stat().st_size >= 2_000_000 * 4 * 4  # every hash bucket's row, dim 4
+    assert (tmp_path / MODEL_FILE).stat().st_size >= 2_000_000 * 8 * 4  # every hash bucket's row, dim 8
 
 
 def test_a_model_file_changed_after_training_is_refused(classifier, tmp_path):
@@ -349,6 +349,7 @@ BASE = {"sources": [{"name": "ref", "kind": "jsonl", "path": "r.jsonl", "license
     ({"classifier": {"enabled": True, "negative_sources": []}}, "needs positive and negative sources"),
     ({"classifier": {"enabled": False}, "rules": {"web": {"keep_top_fraction": 0.5}}}, "the classifier is off"),
     ({"rules": {"web": {"perplexity_buckets": ["head"], "bucket_quantiles": [0.6, 0.3]}}}, "bucket_quantiles"),
+    ({"classifier": {"dim": 4}}, r"quality.classifier.dim.*fastText trains unreproducibly below 8"),
 ])
 def test_bad_quality_config_names_the_key_and_the_fix(quality, message):
     with pytest.raises(ConfigError, match=message):
