@@ -19,27 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.planning.hardware import GpuSpec
+from kiln.planning.hardware import GpuSpec, cuda_device
 
 ASSUMED_MFU = 0.4  # when the user gives none and Kiln has no finished run on that GPU kind
 
-# torch.cuda.get_device_name() -> the planner's GPU name; the first pattern found in the lower-cased name wins,
-# so variants come before families (e.g. "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-40GB").
-# None: a GPU the planner has no entry for (its runs must not stand for another kind).
-DEVICE_KINDS: list[tuple[str, str | None]] = [
-    ("gh200", None), ("h200", "H200"), ("h100 pcie", "H100-PCIe"), ("h100 nvl", None), ("h100", "H100-SXM"),
-    ("b200", "B200"), ("a100-sxm4-40gb", "A100-40GB"), ("a100-pcie-40gb", "A100-40GB"), ("a100", "A100-80GB"),
-    ("a10g", "A10G"), ("a10", "A10"), ("l40s", "L40S"), ("l40", None), ("l4", "L4"), ("mi300x", "MI300X"),
-]
-
-
 def gpu_kind(device_name: str) -> str | None:
     """The planner's name for a device name as CUDA reports it, or None (CPU, or a GPU the planner lacks)."""
-    name = device_name.lower()
-    for pattern, kind in DEVICE_KINDS:
-        if pattern in name:
-            return kind
-    return None
+    return cuda_device(device_name)[0]
 
 
 @dataclass(frozen=True)

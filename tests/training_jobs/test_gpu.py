@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def test_this_gpu_is_in_the_peak_table():
     name = torch.cuda.get_device_name()
-    assert peak_flops_for(name) is not None, f"add {name!r} to training_jobs.flops.PEAK_BF16_FLOPS"
+    assert peak_flops_for(name) is not None, f"add {name!r} to kiln.planning.hardware.CUDA_NAMES"
 
 
 def test_one_gpu_run_trains_in_bf16_and_reports_mfu(tmp_path, token_dataset):
