@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from kiln.tokens.shard_format import ShardInfo, describe_shard_set, open_shard, write_shard  # noqa: E402
+from kiln.tokens.shard_format import open_shard, write_random_shard_set  # noqa: E402
 from training_jobs.settings import TrainingSettings  # noqa: E402
 
 SHA = "00" * 32
@@ -70,14 +70,7 @@ def machine() -> str:
 
 def synthetic_shards(folder: Path, tokens: int, seed: int = 0) -> Path:
     """Random-token shards: one train shard of `tokens`, one small val shard."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    infos = []
-    for name, split, n in (("shard-00000.bin", "train", tokens), ("shard-00001.bin", "val", max(tokens // 50, 20_000))):
-        write_shard(folder / name, rng.integers(3, VOCAB, n, dtype=np.uint16), np.array([0, n]), SHA)
-        infos.append(ShardInfo(name, split, "main" if split == "train" else "val", 0, n, 1))
-    (folder / "_manifest.json").write_text(json.dumps({"stats": describe_shard_set(SHA, VOCAB, 2, infos)}))
-    return folder
+    return write_random_shard_set(folder, tokens, max(tokens // 50, 20_000), VOCAB, seed, SHA)
 
 
 # ------------------------------------------------------------------------------------------ the reference loop

@@ -229,5 +229,23 @@ def read_shard_set(dataset_dir: Path) -> ShardSet:
     return ShardSet(dataset_dir, stats["tokenizer_sha256"], stats["vocab_size"], stats["eos_id"], shards, stats)
 
 
+def write_random_shard_set(folder: Path, train_tokens: int, val_tokens: int, vocab_size: int, seed: int,
+                           tokenizer_sha256: str = "00" * 32) -> Path:
+    """A shard set of uniformly random token ids (3 to vocab_size - 1; one document per split, no tokenizer), for
+    benchmarks and tests that need data of a given size: the train shard's tokens are drawn first, then val's."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    dtype = token_dtype(vocab_size)
+    infos = []
+    for name, split, n in (("shard-00000.bin", TRAIN, train_tokens), ("shard-00001.bin", VAL, val_tokens)):
+        write_shard(folder / name, rng.integers(3, vocab_size, n, dtype=dtype), np.array([0, n]), tokenizer_sha256)
+        infos.append(ShardInfo(name, split, "main" if split == TRAIN else "val", 0, n, 1))
+    (folder / MANIFEST_NAME).write_text(json.dumps({"stats": describe_shard_set(tokenizer_sha256, vocab_size, 2,
+                                                                                infos)}))
+    return folder
+
+
 __all__ = ["FORMAT_VERSION", "MAGIC", "Shard", "ShardError", "ShardInfo", "ShardSet", "TRAIN", "VAL",
-           "describe_shard_set", "open_shard", "read_header", "read_shard_set", "token_dtype", "write_shard"]
+           "describe_shard_set", "open_shard", "read_header", "read_shard_set", "token_dtype", "write_random_shard_set",
+           "write_shard"]

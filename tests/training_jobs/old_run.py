@@ -12,9 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
-from kiln.tokens.shard_format import ShardInfo, describe_shard_set, write_shard
+from kiln.tokens.shard_format import write_random_shard_set
 from training_jobs.settings import TrainingSettings
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "checkpoint_before_issue34"
@@ -24,14 +22,7 @@ VOCAB = 64
 
 def shards(folder: Path) -> Path:
     """Random tokens from a fixed seed: 20,000 for training, 4,000 for validation."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(34)
-    infos = []
-    for name, split, n in (("shard-00000.bin", "train", 20_000), ("shard-00001.bin", "val", 4_000)):
-        write_shard(folder / name, rng.integers(3, VOCAB, n, dtype=np.uint16), np.array([0, n]), SHA)
-        infos.append(ShardInfo(name, split, "main" if split == "train" else "val", 0, n, 1))
-    (folder / "_manifest.json").write_text(json.dumps({"stats": describe_shard_set(SHA, VOCAB, 2, infos)}))
-    return folder
+    return write_random_shard_set(folder, 20_000, 4_000, VOCAB, seed=34, tokenizer_sha256=SHA)
 
 
 def settings(max_steps: int = 8) -> TrainingSettings:
