@@ -36,14 +36,15 @@ $(DAGSTER_HOME)/dagster.yaml:
 demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/python -m orchestration.demo
 
-# Tests run in parallel processes, whole modules each (module fixtures are built once); TEST_WORKERS=0: in-process.
+# Tests run in parallel processes, whole modules each (module fixtures are built once), the longest modules first
+# (tests/conftest.py); TEST_WORKERS=0: in-process. More workers than cores is slower: the tests are CPU-bound.
 TEST_WORKERS ?= 2
 
 test: install $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-fast: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow"
 
 UI_PORT ?= 3000
 
