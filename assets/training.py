@@ -252,8 +252,7 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     # What the run read, from its loader's final cursor (the last checkpoint's): membership and the data card answer
     # from it, not from the shards' member list alone.
-    exposure = (measure_exposure(run_config, summary["loader"], (summary.get("layout") or {}).get("micro_batch"))
-                if summary.get("loader") else None)
+    exposure = measure_exposure(run_config, summary["loader"]) if summary.get("loader") else None
     with store.staging(RUN) as writer:
         for name in ("summary.json", "run_config.json", "metrics.jsonl"):
             shutil.copy2(run_dir / name, writer.dir / name)

@@ -42,20 +42,18 @@ EXPOSURE_SCHEMA = pa.schema([pa.field("role", pa.string(), nullable=False),  # t
                              pa.field("tokens_read", pa.int64(), nullable=False)])  # its input tokens, all epochs
 
 
-def measure_exposure(run_config: str | Path, loader_state: dict[str, Any],
-                     micro_batch: int | None = None) -> tuple[pa.Table, dict[str, Any]]:
+def measure_exposure(run_config: str | Path, loader_state: dict[str, Any]) -> tuple[pa.Table, dict[str, Any]]:
     """(EXPOSURE_SCHEMA rows, the manifest's `stats.exposure`) of the run `run_config` describes, its loader at
     `loader_state` (summary.json's `loader`). A loader state the run's shards and settings do not give is refused
-    as on resume (training_jobs.loader). `micro_batch`: the one the run trained with (summary.json's `layout`), for
-    a run config that left it `auto`; what was read does not depend on it (the cursor counts sequences)."""
+    as on resume (training_jobs.loader)."""
     import torch
 
     from training_jobs.settings import DEFAULT_MICRO_BATCH, RunConfig
     from training_jobs.setup import Dist, open_training
 
     run = RunConfig.read(run_config)
-    if run.training.micro_batch_size == "auto":
-        training = run.training.model_copy(update={"micro_batch_size": micro_batch or DEFAULT_MICRO_BATCH})
+    if run.training.micro_batch_size == "auto":  # the trainer's layout chose it: any reads the same (the cursor
+        training = run.training.model_copy(update={"micro_batch_size": DEFAULT_MICRO_BATCH})  # counts sequences)
         run = run.model_copy(update={"training": training})
     world_size = int(loader_state.get("main", loader_state)["world_size"])  # data-parallel ranks
     loader = open_training(run, Dist(0, world_size, torch.device("cpu")))

@@ -145,8 +145,8 @@ def test_a_run_config_that_left_the_micro_batch_to_the_layout_gives_the_same_exp
     given = partway["home"] / "run" / "run_config.json"
     state = json.loads((partway["store"].dataset_dir("training_run") / "summary.json").read_text())["loader"]
     run = RunConfig.read(given)
-    auto = run.model_copy(update={"training": run.training.model_copy(update={"micro_batch_size": "auto"})})
     expected = measure_exposure(given, state)
-    for micro_batch in (None, 16):  # the layout's choice, or none recorded
-        table, stats = measure_exposure(auto.write(tmp_path / "auto.json"), state, micro_batch)
+    for micro_batch in ("auto", 16):  # left to the layout, or another micro-batch than the run's
+        changed = run.model_copy(update={"training": run.training.model_copy(update={"micro_batch_size": micro_batch})})
+        table, stats = measure_exposure(changed.write(tmp_path / f"{micro_batch}.json"), state)
         assert table.equals(expected[0]) and stats == expected[1]
