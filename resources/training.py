@@ -17,12 +17,12 @@ CPU_RANKS = 2  # processes of a training run on a machine without GPUs: the gloo
 
 class TrainingLauncher(dg.ConfigurableResource):
     """How a training run's processes start. `launcher` unset follows the project config's `training.launcher`:
-    `deepspeed` or `torchrun` start `nproc_per_node` processes on this machine; `ray` starts `num_workers` Ray
+    `torchrun` or `deepspeed` start `nproc_per_node` processes on this machine; `ray` starts `num_workers` Ray
     Train workers on the Ray cluster the data engine uses (`ray_address` here, else `engine.ray_address`, else
     RAY_ADDRESS, else an embedded local Ray), restarted from the newest checkpoint when a worker or its node is
     lost (up to `max_failures` times). Many machines means Ray: training_jobs/ray_launch.py."""
 
-    launcher: Optional[str] = None  # deepspeed | torchrun | ray; None: training.launcher
+    launcher: Optional[str] = None  # torchrun | deepspeed | ray; None: training.launcher
     # deepspeed / torchrun: processes on this machine, one per GPU; None: every visible GPU (CUDA_VISIBLE_DEVICES
     # narrows them), or CPU_RANKS processes (gloo) where there is none
     nproc_per_node: int | None = None
@@ -59,7 +59,7 @@ class TrainingLauncher(dg.ConfigurableResource):
                              f"for ray) to at least 1")
         return ranks
 
-    def command(self, run_config: Path, configured: str = "deepspeed", ray_address: str | None = None) -> list[str]:
+    def command(self, run_config: Path, configured: str = "torchrun", ray_address: str | None = None) -> list[str]:
         """The launch command; `configured`: training.launcher, `ray_address`: engine.ray_address."""
         launcher = self.chosen(configured)
         entry = ["training_jobs.train", "--run-config", str(run_config)]

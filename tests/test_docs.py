@@ -431,7 +431,7 @@ def test_a_wrong_key_or_default_in_a_table_is_reported():
     assert len(problems) == 5, problems
     assert any("treshold" in p for p in problems) and any("top_fraction" in p for p in problems)
     assert any("num_perm" in p and "128" in p for p in problems)
-    assert any("launcher" in p and "deepspeed" in p for p in problems)
+    assert any("launcher" in p and "torchrun" in p for p in problems)
     assert any("sources[].kind" in p and "requires" in p for p in problems)
 
 

@@ -215,9 +215,12 @@ class TrainingSettings(_Strict):
     # asset of this KILN_HOME) with a new schedule; the architecture must match, except the context settings.
     base_checkpoint: str | None = None
     rewarmup_steps: int | None = Field(None, ge=0)  # with base_checkpoint: the warmup of the new schedule
-    # How training processes start: the deepspeed launcher or torchrun on this machine, or Ray Train workers on the
+    # How training processes start: torchrun or the deepspeed launcher on this machine, or Ray Train workers on the
     # Ray cluster (engine.ray_address / RAY_ADDRESS; an embedded local Ray when unset). The resource may override.
-    launcher: Literal["deepspeed", "torchrun", "ray"] = "deepspeed"
+    # torchrun by default: the same ranks and losses, but up in 2.6 s and gone 0.9 s after the last rank, where the
+    # deepspeed launcher's runner and launch.py each import DeepSpeed first: 10.3 s and 5.1 s (bench/launch_bench.py,
+    # 2 ranks on the 2-core VM).
+    launcher: Literal["deepspeed", "torchrun", "ray"] = "torchrun"
     parallelism: Parallelism = Parallelism()  # the 3D layout; `kiln plan --json` writes it
 
     @model_validator(mode="before")

@@ -549,4 +549,8 @@ def main(argv: list[str] | None = None, host: Host | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Python's last collections at exit walk every object torch, dynamo and DeepSpeed made: 2.1 s per rank on the
+    # 2-core VM. The run's files are closed and the exit handlers still run; only that walk is skipped.
+    gc.freeze()
+    sys.exit(code)

@@ -1,4 +1,5 @@
-"""Training through Dagster: the deepspeed launcher via Pipes, a real `mlflow server`, checkpoint, evaluation."""
+"""Training through Dagster: torchrun and Ray Train via Pipes, a real `mlflow server`, checkpoint, evaluation (the
+deepspeed launcher: tests/training_jobs/conftest.py's run_b)."""
 
 import json
 import os
@@ -143,8 +144,7 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     project = load_project(config, tmp_path, kiln_home, monkeypatch)
     project.resources["mlflow_tracking"] = project.definitions.MlflowTracking(tracking_uri=mlflow_server,
                                                                               experiment="kiln-test")
-    project.resources["training_launcher"] = project.definitions.TrainingLauncher(launcher="deepspeed",
-                                                                                  nproc_per_node=2)
+    project.resources["training_launcher"] = project.definitions.TrainingLauncher(nproc_per_node=2)  # torchrun
     project.resources["pipes_subprocess_client"] = project.definitions.dg.PipesSubprocessClient()
     assert project.materialize(DATA, "web").success
     assert project.materialize(["dedup_index"]).success
@@ -379,7 +379,8 @@ def test_a_launcher_left_unset_trains_on_every_visible_gpu_and_on_two_cpu_proces
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     assert TrainingLauncher().world_size("deepspeed") == 8
-    assert TrainingLauncher().command(Path("run.json"))[1:3] == ["--num_gpus", "8"]
+    assert TrainingLauncher().command(Path("run.json"))[3:5] == ["--nproc_per_node", "8"]  # torchrun by default
+    assert TrainingLauncher().command(Path("run.json"), "deepspeed")[1:3] == ["--num_gpus", "8"]
     assert TrainingLauncher(nproc_per_node=2).world_size("torchrun") == 2  # a setting wins over the machine
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert TrainingLauncher().world_size("torchrun") == 2
@@ -394,7 +395,7 @@ def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_re
     from resources import TrainingLauncher
 
     project = load_config(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
-    assert project.training.launcher == "deepspeed"
+    assert project.training.launcher == "torchrun"
     on_ray = TrainingLaunch(launcher="ray").apply(project).training
     assert launch_layout(on_ray, TrainingLauncher(nproc_per_node=2)) == ("ray", 2)
     assert launch_layout(on_ray, TrainingLauncher(launcher="torchrun")) == ("torchrun", 2)  # the resource wins
@@ -402,9 +403,9 @@ def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_re
         return type(project.training).model_validate({**project.training.model_dump(), **changes})
 
     pipeline = with_layout(parallelism={"pp": 2, "zero_stage": 1})
-    assert launch_layout(pipeline, TrainingLauncher(nproc_per_node=4)) == ("deepspeed", 4)
+    assert launch_layout(pipeline, TrainingLauncher(nproc_per_node=4)) == ("torchrun", 4)
     with pytest.raises(dg.Failure, match=r"training.parallelism \(tp 1 x pp 2 = 2 ranks per data-parallel replica\) "
-                                         r"does not fit the 3 training processes.*the deepspeed launcher"):
+                                         r"does not fit the 3 training processes.*the torchrun launcher"):
         launch_layout(pipeline, TrainingLauncher(nproc_per_node=3))
     with pytest.raises(dg.Failure, match="tp 1 x pp 2 x dp 4 = 8 ranks.*the 2 training processes.*the ray launcher"):
         launch_layout(with_layout(launcher="ray", parallelism={"pp": 2, "dp": 4, "zero_stage": 1}),
