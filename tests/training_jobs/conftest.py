@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
+from filelock import FileLock
 
 from training_jobs.settings import TrainingSettings
 
@@ -40,20 +43,41 @@ class TokenDataset:
     vocab_size: int
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder `build` filled, once per test session: pytest-xdist's workers share it (their base temp folders
+    have one parent), the first to ask builds it under a file lock and the others wait for it, as pytest-xdist's
+    docs suggest for session fixtures. Tests read it and never write into it."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = shared / name
+    with FileLock(str(shared / f"{name}.lock")):
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed part-way
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def token_dataset(tmp_path_factory) -> TokenDataset:
     """A real tokenizer and token shard set (train + val), built in code from the test corpus."""
-    from kiln.tokens.shard_writer import write_token_shards
-    from tests.token_corpus import NATURAL, shard_settings, standard_sources, train_small_tokenizer
+    def build(root: Path) -> None:
+        from kiln.tokens.shard_writer import write_token_shards
+        from tests.token_corpus import NATURAL, shard_settings, standard_sources, train_small_tokenizer
 
-    root = tmp_path_factory.mktemp("tokens")
-    sources = standard_sources(root)
-    tok_dir = train_small_tokenizer(root, sources)
-    out = root / "token_shards"
-    result = write_token_shards(sources, tok_dir, shard_settings(seq_len=SEQ, val_fraction=0.15), NATURAL, out,
-                                progress=False)
-    (out / "_manifest.json").write_text(json.dumps({"stats": result.manifest_stats()}), encoding="utf-8")
-    return TokenDataset(out, tok_dir, result.tokenizer_sha256, result.vocab_size)
+        sources = standard_sources(root)
+        tok_dir = train_small_tokenizer(root, sources)
+        result = write_token_shards(sources, tok_dir, shard_settings(seq_len=SEQ, val_fraction=0.15), NATURAL,
+                                    root / "token_shards", progress=False)
+        (root / "token_shards" / "_manifest.json").write_text(json.dumps({"stats": result.manifest_stats()}),
+                                                              encoding="utf-8")
+        (root / "dataset.json").write_text(json.dumps({"tokenizer_dir": str(tok_dir), "sha256": result.tokenizer_sha256,
+                                                       "vocab_size": result.vocab_size}))
+
+    root = built_once(tmp_path_factory, "tokens", build)
+    made = json.loads((root / "dataset.json").read_text())
+    return TokenDataset(root / "token_shards", Path(made["tokenizer_dir"]), made["sha256"], made["vocab_size"])
 
 
 def launch(run_config: Path, nproc: int = 1, launcher: str = "torchrun", env: dict[str, str] | None = None,
@@ -128,34 +152,40 @@ def summary_of(output: Path) -> dict:
     return json.loads((output / "summary.json").read_text())
 
 
-@pytest.fixture(scope="session")
-def mlflow_uri(tmp_path_factory) -> str:
+def mlflow_store(root: Path, experiment: str) -> str:
+    """A SQLite MLflow store in `root` with `experiment` created; its tracking URI."""
     import mlflow
-    root = tmp_path_factory.mktemp("mlflow")
+
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    mlflow.MlflowClient(uri).create_experiment("kiln-tests", artifact_location=str(root / "artifacts"))
+    mlflow.MlflowClient(uri).create_experiment(experiment, artifact_location=str(root / "artifacts"))
     return uri
 
 
+def run_a_mlflow_uri(run_a: Path) -> str:
+    """The MLflow store run_a logged to."""
+    return f"sqlite:///{run_a.parent / 'mlflow.db'}"
+
+
 @pytest.fixture(scope="session")
-def run_a(tmp_path_factory, token_dataset, mlflow_uri) -> Path:
-    """The uninterrupted reference: torchrun, 2 ranks, 12 steps, a checkpoint every 4 (keep 2); shared by the
-    training-loop tests and the recipes (a base checkpoint). Through construction_probe (training_jobs.train,
-    untouched, plus a record of the model as the engine received it, in a/construction/): the zero.Init test reads
-    it."""
-    root = tmp_path_factory.mktemp("run_a")
-    out = root / "a"
-    # Validation every 6 steps here only: it must not change a single training loss (the resume tests compare).
-    check(launch(write_run(root, token_dataset, out, val_every_steps=6), nproc=2,
-                 env={"MLFLOW_TRACKING_URI": mlflow_uri}, module=PROBE))
-    return out
+def run_a(tmp_path_factory, token_dataset) -> Path:
+    """The uninterrupted reference: torchrun, 2 ranks, 12 steps, a checkpoint every 4 (keep 2), logged to its own
+    MLflow store (run_a_mlflow_uri); shared by the training-loop tests and the recipes (a base checkpoint). Through
+    construction_probe (training_jobs.train, untouched, plus a record of the model as the engine received it, in
+    a/construction/): the zero.Init test reads it."""
+    def build(root: Path) -> None:
+        uri = mlflow_store(root, "kiln-tests")
+        # Validation every 6 steps here only: it must not change a single training loss (the resume tests compare).
+        check(launch(write_run(root, token_dataset, root / "a", val_every_steps=6), nproc=2,
+                     env={"MLFLOW_TRACKING_URI": uri}, module=PROBE))
+
+    return built_once(tmp_path_factory, "run_a", build) / "a"
 
 
 @pytest.fixture(scope="session")
 def run_b(tmp_path_factory, token_dataset) -> Path:
     """run_a's settings stopped at step 8 (of the same 12-step schedule), through the deepspeed launcher: the
     resume tests continue copies of it; the Ray launcher test compares with it."""
-    root = tmp_path_factory.mktemp("run_b")
-    out = root / "b"
-    check(launch(write_run(root, token_dataset, out, max_steps=8), nproc=2, launcher="deepspeed"))
-    return out
+    def build(root: Path) -> None:
+        check(launch(write_run(root, token_dataset, root / "b", max_steps=8), nproc=2, launcher="deepspeed"))
+
+    return built_once(tmp_path_factory, "run_b", build) / "b"

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.training_jobs.conftest import REPO, check, launch, launch_command, read_metrics, summary_of, write_run
+from tests.training_jobs.conftest import (REPO, check, launch, launch_command, mlflow_store, read_metrics,
+                                         run_a_mlflow_uri, summary_of, write_run)
 from training_jobs import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -71,15 +72,13 @@ def test_the_export_reproduces_the_loss_recorded_at_save_time_and_other_weights_
     assert not bad["passed"] and abs(bad["reloaded_loss"] - probe["loss"]) > 0.01, bad
 
 
-def test_kiln_plan_fits_a_scaling_law_on_kilns_own_runs(tmp_path, token_dataset, mlflow_uri, capsys):
+def test_kiln_plan_fits_a_scaling_law_on_kilns_own_runs(tmp_path, token_dataset, capsys):
     """Three real training runs of different sizes log what the planner needs under one set of names; `kiln plan
     --mlflow-uri` reads them (not hand-made records) and fits L(C). Expected values come from each run's own
     summary.json, independently of MLflow."""
-    import mlflow
-
     from kiln.cli import main
 
-    mlflow.MlflowClient(mlflow_uri).create_experiment("kiln-scaling", artifact_location=str(tmp_path / "artifacts"))
+    mlflow_uri = mlflow_store(tmp_path, "kiln-scaling")
     summaries = []
     for d_model in (16, 32, 64):
         out = tmp_path / f"d{d_model}"
@@ -138,9 +137,9 @@ def test_nothing_persisted_needs_pickle(run_a):
     assert state["tokens_seen"] == 12 * 256 and state["monitor"]["format"] == "kiln-monitor/1"
 
 
-def test_mlflow_has_params_metrics_and_the_deepspeed_config(run_a, mlflow_uri):
+def test_mlflow_has_params_metrics_and_the_deepspeed_config(run_a):
     import mlflow
-    client = mlflow.MlflowClient(mlflow_uri)
+    client = mlflow.MlflowClient(run_a_mlflow_uri(run_a))
     run = client.get_run(summary_of(run_a)["mlflow_run_id"])
     assert run.info.status == "FINISHED" and run.info.run_name == "a"
     assert run.data.params["model.n_params"] == "139584" and run.data.params["world_size"] == "2"
