@@ -65,7 +65,7 @@ def build_audit_store(tmp: Path, monkeypatch) -> dict:
                                             "text_fields": ["question", "answer"]}]},
         "quality": {"classifier": {"enabled": False}},  # every stage runs; no classifier to train on 20 documents
     }
-    project = load_project(config, tmp, home, monkeypatch)
+    project = load_project(config, tmp, home, monkeypatch, in_memory=True)
     assert project.materialize_refresh(sources=["web", "ref"])  # the demo's waves, up to the token shards
     store = Store(home / "data")
     checkpoint = stand_in_checkpoint(store)

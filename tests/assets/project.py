@@ -78,8 +78,10 @@ class Project:
             instance=self.instance).success, self.store, refresh, sources)
 
 
-def load_project(config: dict, tmp_path: Path, kiln_home: Path, monkeypatch) -> Project:
-    """Partitions are read from the config at import, so every asset module is reloaded after writing it."""
+def load_project(config: dict, tmp_path: Path, kiln_home: Path, monkeypatch, in_memory: bool = False) -> Project:
+    """Partitions are read from the config at import, so every asset module is reloaded after writing it.
+    `in_memory`: Dagster's runs and events in memory, for tests about Kiln's data and not Dagster's storage (a
+    SQLite instance spends two thirds of a small materialization opening its per-run databases)."""
     path = tmp_path / "kiln.yaml"
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setenv("KILN_CONFIG", str(path))
@@ -106,5 +108,6 @@ def load_project(config: dict, tmp_path: Path, kiln_home: Path, monkeypatch) -> 
                                                                artifact_location=str(kiln_home / "mlartifacts")),
                  "pipes_subprocess_client": dg.PipesSubprocessClient()}
     (tmp_path / "dagster_home").mkdir(exist_ok=True)
-    instance = dg.DagsterInstance.local_temp(tempdir=str(tmp_path / "dagster_home"))
+    instance = (dg.DagsterInstance.ephemeral if in_memory else dg.DagsterInstance.local_temp)(
+        tempdir=str(tmp_path / "dagster_home"))
     return Project(definitions, resources, kiln_home, path, instance)

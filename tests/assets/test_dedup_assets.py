@@ -16,7 +16,7 @@ CURATION = ["raw_documents", "filtered_documents"]
 @pytest.fixture
 def project(tmp_path, kiln_home, monkeypatch):
     config, rng, vocab, web = _corpus(tmp_path)
-    p = load_project(config, tmp_path, kiln_home, monkeypatch)
+    p = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
     p.rng, p.vocab, p.web_texts, p.web_dir = rng, vocab, web, tmp_path / "web"
     return p
 
@@ -160,7 +160,7 @@ def test_affine32_end_to_end_then_the_default_scheme_needs_new_signatures(tmp_pa
 
     config, _, _, _ = _corpus(tmp_path)
     config["dedup"] = {"near": {"scheme": "affine32", "partitions": 3}}
-    project = load_project(config, tmp_path, kiln_home, monkeypatch)
+    project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
     results = run_all(project)
     index_meta = results["index"].asset_materializations_for_node("dedup_index")[0].metadata
     assert index_meta["near_duplicates"].value == 3

@@ -40,7 +40,7 @@ def test_classifier_scores_and_rules_from_stored_scores(tmp_path, kiln_home, mon
         "quality": {"classifier": {"folds": 3, "quantize_cutoff": 1000}, "perplexity": {"model": str(reference_model), "max_tokens": 64},
                     "rules": {"web": {"min_score": 0.5}}},
     }
-    project = load_project(config, tmp_path, kiln_home, monkeypatch)
+    project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
     for wave in UPSTREAM:
         for source in SOURCES:
             assert project.materialize(wave, source).success

@@ -42,7 +42,7 @@ def project(tmp_path, kiln_home, monkeypatch, s3_endpoint):  # noqa: F811
         "shards": {"seq_len": 16, "val_fraction": 0.2},
         "storage": {"backend": "s3", "bucket": BUCKET, "prefix": PREFIX, "create_bucket": True},
     }
-    project = load_project(config, tmp_path, kiln_home, monkeypatch)
+    project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
     project.ref_texts = ref
     return project
 

@@ -23,7 +23,7 @@ def project_with(export, tmp_path, kiln_home, monkeypatch):
     config = {"sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC0",
                            "domain": "web", "profile": "none"}],
               "profiles": {"none": []}, "engine": SERIAL_ENGINE, "shards": {"export": export}}
-    return load_project(config, tmp_path, kiln_home, monkeypatch)
+    return load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
 
 
 def commit_token_shards(project) -> str:

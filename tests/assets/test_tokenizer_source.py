@@ -26,7 +26,7 @@ def brought_project(source: str, tmp_path, kiln_home, monkeypatch, **tokenizer):
     config = {"sources": sources, "profiles": {"none": []}, "engine": SERIAL_ENGINE,
               "tokenizer": {"source": source, **tokenizer},
               "shards": {"seq_len": 16, "tokens_per_shard": 1024, "val_fraction": 0.2}}
-    project = load_project(config, tmp_path, kiln_home, monkeypatch)
+    project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
     for name, texts in TEXTS.items():  # what quality_filtered_documents would have committed
         with project.store.staging("quality_filtered_documents", project.partition(name)) as writer:
             rows = [Document(make_doc_id(name, str(i)), name, t, meta={"language": "en"}).to_row()

@@ -66,7 +66,7 @@ def carded(tmp_path_factory):
             "quality": {"classifier": {"enabled": False}},
             "card": {**STATEMENTS, "license_fields": {"web": "package_license"}, "list_unknown_licenses": 2},
         }
-        project = load_project(config, tmp, home, monkeypatch)
+        project = load_project(config, tmp, home, monkeypatch, in_memory=True)
         assert project.materialize_refresh(sources=["web", "ref"])
         store = project.store
         refresh, shards = latest(store, "token_shards")
