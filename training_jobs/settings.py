@@ -217,9 +217,8 @@ class TrainingSettings(_Strict):
     rewarmup_steps: int | None = Field(None, ge=0)  # with base_checkpoint: the warmup of the new schedule
     # How training processes start: torchrun or the deepspeed launcher on this machine, or Ray Train workers on the
     # Ray cluster (engine.ray_address / RAY_ADDRESS; an embedded local Ray when unset). The resource may override.
-    # torchrun by default: the same ranks and losses, but up in 2.6 s and gone 0.9 s after the last rank, where the
-    # deepspeed launcher's runner and launch.py each import DeepSpeed first: 10.3 s and 5.1 s (bench/launch_bench.py,
-    # 2 ranks on the 2-core VM).
+    # torchrun by default: the same ranks and losses, started and ended several seconds sooner than by the deepspeed
+    # launcher, whose runner and launch.py each import DeepSpeed first (docs/training.md#speed, bench/launch_bench.py).
     launcher: Literal["deepspeed", "torchrun", "ray"] = "torchrun"
     parallelism: Parallelism = Parallelism()  # the 3D layout; `kiln plan --json` writes it
 

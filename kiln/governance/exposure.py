@@ -52,8 +52,9 @@ def measure_exposure(run_config: str | Path, loader_state: dict[str, Any]) -> tu
     from training_jobs.setup import Dist, open_training
 
     run = RunConfig.read(run_config)
-    if run.training.micro_batch_size == "auto":  # the trainer's layout chose it: any reads the same (the cursor
-        training = run.training.model_copy(update={"micro_batch_size": DEFAULT_MICRO_BATCH})  # counts sequences)
+    # `auto`: the trainer's layout chose it. Any micro-batch reads the same sequences (the cursor counts sequences).
+    if run.training.micro_batch_size == "auto":
+        training = run.training.model_copy(update={"micro_batch_size": DEFAULT_MICRO_BATCH})
         run = run.model_copy(update={"training": training})
     world_size = int(loader_state.get("main", loader_state)["world_size"])  # data-parallel ranks
     loader = open_training(run, Dist(0, world_size, torch.device("cpu")))
