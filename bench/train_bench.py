@@ -49,6 +49,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from kiln.tokens.shard_format import open_shard, write_random_shard_set  # noqa: E402
+from training_jobs.launch import launch_command  # noqa: E402
 from training_jobs.settings import TrainingSettings  # noqa: E402
 
 SHA = "00" * 32
@@ -141,20 +142,6 @@ def reference_loop(settings: TrainingSettings, data: Path, seq_len: int, micro_b
 
 # ---------------------------------------------------------------------------------------------- Kiln's trainer
 
-def launch_command(launcher: str, nproc: int, run: Path) -> list[str]:
-    bin_dir = Path(sys.executable).parent
-    entry = ["training_jobs.train", "--run-config", str(run)]
-    if launcher == "torchrun":
-        return [str(bin_dir / "torchrun"), "--standalone", f"--nproc_per_node={nproc}", "-m", *entry]
-    if launcher == "deepspeed":
-        binary = shutil.which("deepspeed", path=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
-        return [binary or "deepspeed", "--num_gpus", str(nproc), "--module", *entry]
-    if launcher == "ray":
-        return [sys.executable, "-m", "training_jobs.ray_launch", "--run-config", str(run), "--num-workers",
-                str(nproc), "--max-failures", "0"]
-    sys.exit(f"--launcher {launcher!r}: expected torchrun, deepspeed or ray")
-
-
 def bench_settings(args) -> TrainingSettings:
     """The run a user gets, on synthetic data: what the bench does not set stays the trainer's default."""
     optional = {"micro_batch_size": args.micro_batch, "compile": args.compile}
@@ -181,7 +168,7 @@ def kiln_run(args, settings: TrainingSettings, launcher: str, data: Path, tmp: P
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(os.environ.get("KILN_HOME", REPO / ".kiln")).resolve()
                                                / "torch_extensions"))
     t0 = time.perf_counter()
-    done = subprocess.run(launch_command(launcher, args.nproc, run), cwd=REPO, env=env, capture_output=True, text=True)
+    done = subprocess.run(launch_command(launcher, run, args.nproc, max_failures=0), cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         sys.exit(f"training failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
@@ -282,6 +269,9 @@ def main() -> None:
                         help="torch.compile in the reference (default: on GPUs)")
     parser.add_argument("--json-out", type=Path, default=None, help="write every figure to this JSON file")
     args = parser.parse_args()
+    unknown = set(map(str.strip, args.launcher.split(","))) - {"torchrun", "deepspeed", "ray"}
+    if unknown:
+        parser.error(f"--launcher {', '.join(sorted(unknown))}: expected torchrun, deepspeed or ray")
 
     print(f"machine: {machine()}")
     report = {"machine": machine(), "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "runs": []}

@@ -1,7 +1,4 @@
 import os
-import shutil
-import socket
-import sys
 from pathlib import Path
 from typing import Optional, get_args
 
@@ -9,6 +6,7 @@ import dagster as dg
 from pydantic import field_validator
 
 from kiln.common.config import kiln_home
+from training_jobs.launch import launch_command
 from training_jobs.settings import TrainingSettings
 
 LAUNCHERS = get_args(TrainingSettings.model_fields["launcher"].annotation)
@@ -62,21 +60,11 @@ class TrainingLauncher(dg.ConfigurableResource):
     def command(self, run_config: Path, configured: str = "torchrun", ray_address: str | None = None) -> list[str]:
         """The launch command; `configured`: training.launcher, `ray_address`: engine.ray_address."""
         launcher = self.chosen(configured)
-        entry = ["training_jobs.train", "--run-config", str(run_config)]
-        if launcher == "ray":
-            address = self.ray_address or ray_address
-            return [sys.executable, "-m", "training_jobs.ray_launch", "--run-config", str(run_config),
-                    "--num-workers", str(self.world_size(launcher)), "--max-failures", str(self.max_failures),
-                    *(["--address", address] if address else [])]
-        port = str(self.master_port or _free_port())
-        if launcher == "torchrun":
-            return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(self.ranks_per_node()),
-                    "--master_port", port, "-m", *entry]
-        binary = shutil.which("deepspeed", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
-        if binary is None:
-            raise FileNotFoundError("TrainingLauncher: the `deepspeed` launcher is not installed next to this Python; "
-                                    "install deepspeed or set training.launcher: torchrun")
-        return [binary, "--num_gpus", str(self.ranks_per_node()), "--master_port", port, "--module", *entry]
+        try:
+            return launch_command(launcher, run_config, self.world_size(configured), master_port=self.master_port,
+                                  max_failures=self.max_failures, ray_address=self.ray_address or ray_address)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"TrainingLauncher: {exc}") from None
 
     def env(self) -> dict[str, str]:
         """What every training process needs: CPU accelerator when there is no GPU, the JIT-op cache."""
@@ -87,12 +75,6 @@ class TrainingLauncher(dg.ConfigurableResource):
         if "DS_ACCELERATOR" in os.environ:
             env["DS_ACCELERATOR"] = os.environ["DS_ACCELERATOR"]
         return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MlflowTracking(dg.ConfigurableResource):

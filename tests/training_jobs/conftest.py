@@ -21,6 +21,7 @@ import pytest
 import torch
 from filelock import FileLock
 
+from training_jobs.launch import launch_command as training_launch_command
 from training_jobs.settings import TrainingSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,17 +91,13 @@ def launch(run_config: Path, nproc: int = 1, launcher: str = "torchrun", env: di
 
 def launch_command(run_config: Path, nproc: int = 1, launcher: str = "torchrun", env: dict[str, str] | None = None,
                    cpu: bool = True, module: str = "training_jobs.train") -> tuple[list[str], dict[str, str]]:
+    """The launcher's command (training_jobs.launch, as the Dagster resource builds it; `python`: one plain process)
+    and the environment of a test run: one OpenMP thread per rank, no MLflow unless `env` names one."""
     bin_dir = Path(sys.executable).parent
     if nproc == 1 and launcher == "python":
         cmd = [sys.executable, "-m", module, "--run-config", str(run_config)]
-    elif launcher == "torchrun":
-        cmd = [str(bin_dir / "torchrun"), "--standalone", f"--nproc_per_node={nproc}", "-m", module,
-               "--run-config", str(run_config)]
-    elif launcher == "deepspeed":
-        cmd = [str(bin_dir / "deepspeed"), "--num_gpus", str(nproc), "--master_port", str(free_port()),
-               "--module", module, "--run-config", str(run_config)]
     else:
-        raise ValueError(launcher)
+        cmd = training_launch_command(launcher, run_config, nproc, module=module)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     full_env.pop("MLFLOW_TRACKING_URI", None)  # a test that wants MLflow passes it in `env`
     if cpu:
@@ -108,13 +105,6 @@ def launch_command(run_config: Path, nproc: int = 1, launcher: str = "torchrun",
     full_env.update(env or {})
     full_env["PATH"] = f"{bin_dir}{os.pathsep}{full_env.get('PATH', '')}"
     return cmd, full_env
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_metrics(output_dir: Path) -> dict[int, dict]:
