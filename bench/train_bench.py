@@ -168,7 +168,8 @@ def kiln_run(args, settings: TrainingSettings, launcher: str, data: Path, tmp: P
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(os.environ.get("KILN_HOME", REPO / ".kiln")).resolve()
                                                / "torch_extensions"))
     t0 = time.perf_counter()
-    done = subprocess.run(launch_command(launcher, run, args.nproc, max_failures=0), cwd=REPO, env=env, capture_output=True, text=True)
+    done = subprocess.run(launch_command(launcher, run, args.nproc, max_failures=0), cwd=REPO, env=env,
+                          capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         sys.exit(f"training failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")

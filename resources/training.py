@@ -28,7 +28,7 @@ class TrainingLauncher(dg.ConfigurableResource):
     num_workers: int | None = None  # (no Field bounds: a deployment's EnvVar.int is validated as 0 at load time)
     max_failures: int = 3  # ray: restarts of the worker group before the run fails; -1: no limit
     ray_address: str | None = None  # ray: the cluster's GCS address, over engine.ray_address
-    master_port: int | None = None  # None: a free port per launch (torchrun picks it itself), so runs on one host never collide
+    master_port: int | None = None  # None: a free port per launch (torchrun picks it): runs on one host never collide
 
     @field_validator("launcher")
     @classmethod
