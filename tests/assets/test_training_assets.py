@@ -385,6 +385,11 @@ def test_a_launcher_left_unset_trains_on_every_visible_gpu_and_on_two_cpu_proces
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert TrainingLauncher().world_size("torchrun") == 2
     assert TrainingLauncher().command(Path("run.json"), "torchrun")[3:5] == ["--nproc_per_node", "2"]
+    # torchrun picks its rendezvous port itself unless one is set; the deepspeed launcher is always given one
+    assert "--standalone" in TrainingLauncher().command(Path("run.json")) and "--master_port" not in \
+        TrainingLauncher().command(Path("run.json"))
+    assert TrainingLauncher(master_port=29511).command(Path("run.json"))[5:7] == ["--master_port", "29511"]
+    assert TrainingLauncher(master_port=29511).command(Path("run.json"), "deepspeed")[3:5] == ["--master_port", "29511"]
 
 
 def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_refused_before_launch():
