@@ -1,6 +1,6 @@
-"""What a training launch costs before the first step and after the last: each launcher's own command (the
-`TrainingLauncher` resource's, as `training_run` runs it) with the entry module swapped for a probe that reports
-when its rank is up and exits at once.
+"""What a training launch costs before the first step and after the last: each launcher's own command
+(`training_jobs.launch`, the one the `TrainingLauncher` resource gives `training_run`) with the entry module a
+probe that reports when its rank is up and exits at once.
 
     .venv/bin/python bench/launch_bench.py                       # torchrun and deepspeed, 2 ranks, 3 repeats
     .venv/bin/python bench/launch_bench.py --launcher deepspeed --nproc 1 --repeats 5
@@ -27,10 +27,9 @@ PROBE = "bench.launch_probe"
 
 
 def probe_command(launcher: str, nproc: int) -> list[str]:
-    from resources import TrainingLauncher
+    from training_jobs.launch import launch_command
 
-    command = TrainingLauncher(launcher=launcher, nproc_per_node=nproc).command(Path("unused.json"), launcher)
-    return [PROBE if part == "training_jobs.train" else part for part in command]
+    return launch_command(launcher, Path("unused.json"), nproc, module=PROBE)
 
 
 def time_launch(launcher: str, nproc: int) -> tuple[float, float]:
