@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/scale_bench.py --docs 10000,30000 [--engine local,ray] [--workers 1,2] [--json OUT]
     .venv/bin/python bench/scale_bench.py --docs 10000 --runs local:1,local:2,ray:2 --json OUT
+    .venv/bin/python bench/scale_bench.py --docs 1000000 --runs local:2,ray:2 --repeat 2 --json OUT  # both orders
 
 Corpus (`kiln.curation.synthetic.scale_document`, document i depends only on (seed, i), written as JSONL files of
 `--file-docs` documents, one slice per file): Zipf words from kiln/curation/synthetic.py's vocabulary, log-normal length
@@ -550,6 +551,25 @@ def run_args(**overrides) -> argparse.Namespace:
 
 
 def goals(runs: list[dict]) -> dict:
+    """`goals_of` the runs; with --repeat, each figure as [min, max] over the repetitions (a spread, where a shared
+    machine makes one run's CPU seconds vary by tens of percent), and every repetition's own under `by_repeat`."""
+    repeats = sorted({r.get("repeat", 0) for r in runs})
+    if len(repeats) == 1:
+        return goals_of(runs)
+    each = [goals_of([r for r in runs if r.get("repeat", 0) == k]) for k in repeats]
+    return {**spread(each), "by_repeat": each}
+
+
+def spread(figures: list[dict]) -> dict:
+    """The same nested dict of numbers from several repetitions -> [min, max] per number."""
+    out: dict = {}
+    for key, value in figures[0].items():
+        values = [f[key] for f in figures if key in f]
+        out[key] = spread(values) if isinstance(value, dict) else [min(values), max(values)]
+    return out
+
+
+def goals_of(runs: list[dict]) -> dict:
     """Issue 36's figures from the runs: Ray's CPU per MB over the pool's for each stage at the same workers and N,
     two workers' speed-up over one (stage wall seconds) per engine and N, near dedup's text -> decisions MB per
     second per core (curated MB / (signatures + near_dedup wall seconds) / workers), and each run's peak RSS at the
@@ -617,10 +637,12 @@ def plot(runs: list[dict], path: Path) -> str:
     except ImportError:
         return "matplotlib not installed: no plot"
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for key in sorted({(r["engine"], r["workers"]) for r in runs}):
-        rs = sorted((r for r in runs if (r["engine"], r["workers"]) == key), key=lambda r: r["docs"])
+    repeated = len({r.get("repeat", 0) for r in runs}) > 1
+    for key in sorted({(r["engine"], r["workers"], r.get("repeat", 0)) for r in runs}):
+        rs = sorted((r for r in runs if (r["engine"], r["workers"], r.get("repeat", 0)) == key),
+                    key=lambda r: r["docs"])
         x = [r["docs"] for r in rs]
-        label = f"{key[0]} x{key[1]}"
+        label = f"{key[0]} x{key[1]}" + (f" #{key[2]}" if repeated else "")
         a.plot(x, [r["total"]["wall_s"] for r in rs], "o-", label=f"{label} total")
         a.plot(x, [r["stages"]["near_dedup"]["wall_s"] for r in rs], "s--", label=f"{label} near_dedup")
         b.plot(x, [r["peak_rss_mib"]["driver"] for r in rs], "o-", label=f"{label} driver")
@@ -645,6 +667,9 @@ def main() -> None:
     ap.add_argument("--engine", default="local", help="comma-separated: local, ray")
     ap.add_argument("--workers", default="1,2", help="comma-separated worker counts")
     ap.add_argument("--runs", default=None, help="explicit engine:workers list, instead of --engine x --workers")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the list this many times, reversed every other time, so that each engine runs first "
+                         "and last; the goals give each figure's [min, max] over the repetitions")
     ap.add_argument("--json", default=None, help="write the runs here (and the plot next to it)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default="light", help="light (normalize + pii) or a profile of the config: prose")
@@ -685,10 +710,12 @@ def main() -> None:
         meta = json.loads((corpus / "corpus.json").read_text())
         print(f"corpus: {n:,} documents, {meta['text_bytes'] / 1e6:.1f} MB in {meta['files']} files "
               f"(generated in {meta['generate_s']} s)", flush=True)
-        for engine, workers in runs_spec:
-            out = work / f"run-{n}-{engine}-{workers}.json"
+        for k, (engine, workers) in [(k, run) for k in range(args.repeat)
+                                     for run in (runs_spec if k % 2 == 0 else runs_spec[::-1])]:
+            name = f"run-{n}-{engine}-{workers}" + (f"-r{k}" if args.repeat > 1 else "")
+            out = work / f"{name}.json"
             cmd = [sys.executable, __file__, "--one", "--engine", engine, "--workers", str(workers), "--corpus",
-                   str(corpus), "--run-dir", str(work / f"run-{n}-{engine}-{workers}"), "--out", str(out),
+                   str(corpus), "--run-dir", str(work / name), "--out", str(out),
                    "--profile", args.profile, "--config", args.config, "--rows-per-part", str(args.rows_per_part),
                    *(["--partitions", str(args.partitions)] if args.partitions else []), "--max-bucket", str(args.max_bucket),
                    "--pairs-sample", str(args.pairs_sample), "--sample-s", str(args.sample_s)]
@@ -700,8 +727,10 @@ def main() -> None:
             r["load_avg_before"] = [round(x, 2) for x in load]
             r["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
             r["process_wall_s"] = round(time.perf_counter() - t0, 1)
+            r["repeat"] = k
             results.append(r)
-            print(f"  {engine} x{workers}: {r['total']['wall_s']:.1f} s in stages, sha {r['decisions_sha256'][:12]}, "
+            print(f"  {engine} x{workers}{f' #{k}' if args.repeat > 1 else ''}: {r['total']['wall_s']:.1f} s in stages, "
+                  f"sha {r['decisions_sha256'][:12]}, "
                   f"load {load[0]:.1f} -> {r['load_avg_after'][0]:.1f}", flush=True)
             if args.json:  # written after every run: a long series keeps what it has
                 Path(args.json).write_text(json.dumps({"runs": results}, indent=1))
@@ -711,6 +740,8 @@ def main() -> None:
     print(f"\ndecisions_sha256 equal across runs of the same N: {sha_equal}")
     summary = goals(results)
     for name, values in summary.items():
+        if name == "by_repeat":
+            continue
         print(f"{name}:")
         for key, value in values.items():
             print(f"  {key}: {value}")

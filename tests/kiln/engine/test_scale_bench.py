@@ -176,3 +176,22 @@ def test_tiny_end_to_end_run_catches_planted_copies_and_keeps_hard_negatives(ben
     for stage in ("ingest", "filter", "exact_dedup", "signatures", "near_dedup"):
         s = out["stages"][stage]
         assert s["wall_s"] > 0 and s["docs_per_s_per_core"] > 0 and s["peak_rss_mib"]["driver"] > 0
+
+
+def test_repeated_runs_give_each_goal_as_its_spread_over_the_repetitions(bench):
+    """Two repetitions of local:2 and ray:2, hand-made: Ray's CPU per MB over the pool's is the pool's MB per
+    CPU-second over Ray's, 10 / 8 = 1.25 in the first and 10 / 11 = 0.909 in the second, so the spread is
+    [0.909, 1.25]; each repetition's own figures stay under by_repeat."""
+    def run(engine: str, mb_per_cpu_s: float, repeat: int) -> dict:
+        stage = {"mb": 100.0, "wall_s": 10.0, "mb_per_cpu_s": mb_per_cpu_s}
+        return {"engine": engine, "workers": 2, "docs": 1000, "repeat": repeat, "total": {"wall_s": 20.0},
+                "peak_rss_mib": {"driver": 100, "worker": 200},
+                "stages": {"signatures": stage, "near_dedup": stage}}
+
+    runs = [run("local", 10.0, 0), run("ray", 8.0, 0), run("ray", 11.0, 1), run("local", 10.0, 1)]
+    goals = bench.goals(runs)
+    assert goals["ray_cpu_per_mb_over_pool"]["ray:2@1000"]["near_dedup"] == [0.909, 1.25]
+    assert [g["ray_cpu_per_mb_over_pool"]["ray:2@1000"]["signatures"] for g in goals["by_repeat"]] == [1.25, 0.909]
+    # 100 MB / (10 + 10) s / 2 workers = 2.5 MB/s per core, the same in both repetitions
+    assert goals["near_text_to_decisions_mb_s_core"]["local:2@1000"] == [2.5, 2.5]
+    assert bench.goals(runs[:2]) == bench.goals_of(runs[:2])  # one repetition: the figures themselves
