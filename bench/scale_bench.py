@@ -57,6 +57,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -163,6 +164,66 @@ class RssSampler(threading.Thread):
 
 _WORD = re.compile(r"\w+")
 _DIGITS = str.maketrans("0123456789", "0000000000")
+
+
+# ------------------------------------------------------------------------------------------- rounds
+
+class TimedTask:
+    """A part task that appends its round, start, end and CPU seconds to its process's file in `folder`. Ray
+    pickles this class by value; the pool's workers import this script as their __main__."""
+
+    def __init__(self, fn: Callable, round: int, folder: str):
+        self.fn, self.round, self.folder = fn, round, folder
+
+    def __call__(self, task):
+        cpu, start = time.process_time(), time.time()
+        try:
+            return self.fn(task)
+        finally:
+            line = f"{self.round}\t{start:.4f}\t{time.time():.4f}\t{time.process_time() - cpu:.4f}\n"
+            with open(Path(self.folder) / f"{os.getpid()}.tsv", "a", encoding="utf-8") as f:
+                f.write(line)
+
+
+class TimedEngine:
+    """The run's engine, each round's wall time recorded under the current stage and each task timed (`TimedTask`):
+    where a stage's worker time goes (`round_figures`)."""
+
+    def __init__(self, engine, folder: Path):
+        self.engine, self.folder, self.rounds, self.stage = engine, folder, [], None
+
+    def map_parts(self, fn, tasks, *, desc, **kwargs):
+        k, start = len(self.rounds), time.time()
+        self.rounds.append({"stage": self.stage, "round": desc, "tasks": len(tasks)})
+        try:
+            return self.engine.map_parts(TimedTask(fn, k, str(self.folder)), tasks, desc=desc, **kwargs)
+        finally:
+            self.rounds[k]["wall_s"] = time.time() - start
+
+    def describe(self):
+        return self.engine.describe()
+
+
+def round_figures(rounds: list[dict], folder: Path, workers: int, stage: str, stage_wall_s: float) -> dict:
+    """One stage's rounds of tasks: per round its wall seconds, the seconds its tasks ran (task_wall_s) and their
+    CPU seconds, and idle_worker_s = workers x wall - task_wall_s (a round's start, its tail, any gap between
+    tasks); per stage `busy` = task seconds / (workers x stage wall), what share of the task seconds was CPU
+    (the rest: waiting on the disk, or on a core another process held) and the seconds outside any round (the
+    driver alone)."""
+    timed = defaultdict(lambda: [0.0, 0.0])  # round -> [task wall, task CPU]
+    for path in folder.glob("*.tsv"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            k, start, end, cpu = line.split("\t")
+            timed[int(k)][0] += float(end) - float(start)
+            timed[int(k)][1] += float(cpu)
+    out = [{"round": r["round"], "tasks": r["tasks"], "wall_s": round(r["wall_s"], 3),
+            "task_wall_s": round(timed[k][0], 3), "task_cpu_s": round(timed[k][1], 3),
+            "idle_worker_s": round(workers * r["wall_s"] - timed[k][0], 3)}
+           for k, r in enumerate(rounds) if r["stage"] == stage]
+    task_wall, task_cpu = sum(r["task_wall_s"] for r in out), sum(r["task_cpu_s"] for r in out)
+    return {"busy": round(task_wall / (workers * stage_wall_s), 3),
+            "task_cpu_over_wall": round(task_cpu / task_wall, 3) if task_wall else None,
+            "outside_rounds_s": round(stage_wall_s - sum(r["wall_s"] for r in out), 3), "rounds": out}
 
 
 def plain_shingles(text: str, n: int = 5) -> set[tuple[str, ...]]:
@@ -413,12 +474,13 @@ def run_one(args) -> dict:
     t0 = time.perf_counter()
     engine.map_parts(abs, list(range(2 * args.workers)), desc="warm", progress=False)  # pool / Ray started
     engine_start = time.perf_counter() - t0
+    engine = TimedEngine(engine, Path(tempfile.mkdtemp(prefix="kiln-task-times-")))
     store = Store(run_dir / "store")
     stages: dict[str, dict] = {}
 
     @contextmanager
     def stage(name: str):
-        sampler.stage = name
+        sampler.stage = engine.stage = name
         load = os.getloadavg()
         rec = {"load_avg_1m_start": round(load[0], 2)}
         cpu0 = sampler.cpu_seconds()
@@ -435,6 +497,7 @@ def run_one(args) -> dict:
         rec["docs_per_s"] = round(rec["docs"] / rec["wall_s"], 1)
         rec["docs_per_s_per_core"] = round(rec["docs"] / rec["wall_s"] / cores, 1)
         rec["mb_per_s_per_core"] = round(rec["mb"] / rec["wall_s"] / cores, 3)
+        rec["tasks"] = round_figures(engine.rounds, engine.folder, args.workers, name, rec["wall_s"])
         stages[name] = rec
         sampler.stage = "between"
 
@@ -525,6 +588,7 @@ def run_one(args) -> dict:
     if args.engine == "ray":
         from kiln.engine import shutdown
         shutdown()
+    shutil.rmtree(engine.folder, ignore_errors=True)
     if not args.keep:
         shutil.rmtree(run_dir, ignore_errors=True)
     return out
@@ -575,8 +639,8 @@ def goals_of(runs: list[dict]) -> dict:
     second per core (curated MB / (signatures + near_dedup wall seconds) / workers), and each run's peak RSS at the
     largest N over the smallest (driver and largest worker)."""
     by = {(r["engine"], r["workers"], r["docs"]): r for r in runs}
-    out: dict = {"ray_cpu_per_mb_over_pool": {}, "speedup_2_over_1": {}, "near_text_to_decisions_mb_s_core": {},
-                 "peak_rss_largest_over_smallest_n": {}}
+    out: dict = {"ray_cpu_per_mb_over_pool": {}, "speedup_2_over_1": {}, "speedup_2_over_1_factors": {},
+                 "near_text_to_decisions_mb_s_core": {}, "peak_rss_largest_over_smallest_n": {}}
     for (engine, workers, docs), r in sorted(by.items()):
         key = f"{engine}:{workers}@{docs}"
         sig, near = r["stages"]["signatures"], r["stages"]["near_dedup"]
@@ -590,6 +654,10 @@ def goals_of(runs: list[dict]) -> dict:
             out["speedup_2_over_1"][f"{engine}@{docs}"] = {
                 **{stage: round(one["stages"][stage]["wall_s"] / s["wall_s"], 2) for stage, s in r["stages"].items()},
                 "total": round(one["total"]["wall_s"] / r["total"]["wall_s"], 2)}
+            factors = {stage: speedup_factors(one["stages"][stage]["tasks"], s["tasks"])
+                       for stage, s in r["stages"].items() if "tasks" in s and "tasks" in one["stages"][stage]}
+            if factors:
+                out["speedup_2_over_1_factors"][f"{engine}@{docs}"] = factors
     sizes = sorted({d for _, _, d in by})
     for engine, workers in sorted({(e, w) for e, w, _ in by}):
         small, large = by.get((engine, workers, sizes[0])), by.get((engine, workers, sizes[-1]))
@@ -600,6 +668,18 @@ def goals_of(runs: list[dict]) -> dict:
     return out
 
 
+def speedup_factors(one: dict, two: dict) -> dict:
+    """Where a stage's two-worker speed-up goes, from the `round_figures` of its one- and two-worker runs. A stage's
+    wall time is its task CPU seconds / (task_cpu_over_wall x busy x workers), so the speed-up is exactly
+    2 x busy x cpu_share x cpu: `busy` the two-worker run's busy over the one-worker run's (workers idle between or
+    at the ends of rounds), `cpu_share` the same for task_cpu_over_wall (tasks waiting on the disk or for a core),
+    `cpu` one worker's task CPU seconds over two workers' (the same work costing more CPU when two run at once)."""
+    cpu = lambda t: sum(r["task_cpu_s"] for r in t["rounds"])  # noqa: E731
+    return {"busy": round(two["busy"] / one["busy"], 3),
+            "cpu_share": round(two["task_cpu_over_wall"] / one["task_cpu_over_wall"], 3),
+            "cpu": round(cpu(one) / cpu(two), 3)}
+
+
 def parse_runs(args) -> list[tuple[str, int]]:
     if args.runs:
         return [(e, int(w)) for e, w in (r.split(":") for r in args.runs.split(","))]
@@ -608,13 +688,14 @@ def parse_runs(args) -> list[tuple[str, int]]:
 
 def print_table(runs: list[dict]) -> None:
     print(f"\n{'docs':>8} {'engine':>6} {'w':>2} {'stage':<12}{'wall_s':>9}{'docs/s':>10}{'docs/s/core':>12}"
-          f"{'MB/s/core':>10}{'MB/cpu-s':>9}{'drv MiB':>9}{'wrk MiB':>9}{'load':>6}")
+          f"{'MB/s/core':>10}{'MB/cpu-s':>9}{'drv MiB':>9}{'wrk MiB':>9}{'load':>6}{'busy':>6}{'cpu/wall':>9}")
     for r in runs:
         for name, s in r["stages"].items():
-            p = s["peak_rss_mib"]
+            p, t = s["peak_rss_mib"], s.get("tasks", {})
             print(f"{r['docs']:>8,} {r['engine']:>6} {r['workers']:>2} {name:<12}{s['wall_s']:>9.1f}"
                   f"{s['docs_per_s']:>10,.0f}{s['docs_per_s_per_core']:>12,.0f}{s['mb_per_s_per_core']:>10.2f}"
-                  f"{s['mb_per_cpu_s']:>9.2f}{p['driver']:>9}{p['worker'] or '-':>9}{s['load_avg_1m_start']:>6.1f}")
+                  f"{s['mb_per_cpu_s']:>9.2f}{p['driver']:>9}{p['worker'] or '-':>9}{s['load_avg_1m_start']:>6.1f}"
+                  f"{t.get('busy', '-'):>6}{t.get('task_cpu_over_wall') or '-':>9}")
         t = r["total"]
         print(f"{r['docs']:>8,} {r['engine']:>6} {r['workers']:>2} {'TOTAL':<12}{t['wall_s']:>9.1f}"
               f"{t['docs_per_s']:>10,.0f}{t['docs_per_s_per_core']:>12,.0f}{t['mb_per_s_per_core']:>10.2f}{'':>9}"
@@ -712,7 +793,8 @@ def main() -> None:
               f"(generated in {meta['generate_s']} s)", flush=True)
         for k, (engine, workers) in [(k, run) for k in range(args.repeat)
                                      for run in (runs_spec if k % 2 == 0 else runs_spec[::-1])]:
-            name = f"run-{n}-{engine}-{workers}" + (f"-r{k}" if args.repeat > 1 else "")
+            repetition = f"-r{k}" if args.repeat > 1 else ""
+            name = f"run-{n}-{engine}-{workers}{repetition}"
             out = work / f"{name}.json"
             cmd = [sys.executable, __file__, "--one", "--engine", engine, "--workers", str(workers), "--corpus",
                    str(corpus), "--run-dir", str(work / name), "--out", str(out),
@@ -729,7 +811,7 @@ def main() -> None:
             r["process_wall_s"] = round(time.perf_counter() - t0, 1)
             r["repeat"] = k
             results.append(r)
-            print(f"  {engine} x{workers}{f' #{k}' if args.repeat > 1 else ''}: {r['total']['wall_s']:.1f} s in stages, "
+            print(f"  {engine} x{workers}{repetition}: {r['total']['wall_s']:.1f} s in stages, "
                   f"sha {r['decisions_sha256'][:12]}, "
                   f"load {load[0]:.1f} -> {r['load_avg_after'][0]:.1f}", flush=True)
             if args.json:  # written after every run: a long series keeps what it has

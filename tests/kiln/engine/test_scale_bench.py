@@ -176,6 +176,11 @@ def test_tiny_end_to_end_run_catches_planted_copies_and_keeps_hard_negatives(ben
     for stage in ("ingest", "filter", "exact_dedup", "signatures", "near_dedup"):
         s = out["stages"][stage]
         assert s["wall_s"] > 0 and s["docs_per_s_per_core"] > 0 and s["peak_rss_mib"]["driver"] > 0
+        # One worker: its tasks cannot run longer than the stage, nor use more CPU than their wall time
+        assert 0 < s["tasks"]["busy"] <= 1 and 0 < s["tasks"]["task_cpu_over_wall"] <= 1.05
+    rounds = out["stages"]["exact_dedup"]["tasks"]["rounds"]
+    assert [r["round"] for r in rounds] == ["exact dedup: hash buckets", "exact dedup: decide", "exact dedup"]
+    assert rounds[0]["tasks"] == rounds[2]["tasks"] == out["files"]["raw_parts"]  # a task per part, 50 rows each
 
 
 def test_repeated_runs_give_each_goal_as_its_spread_over_the_repetitions(bench):
@@ -195,3 +200,29 @@ def test_repeated_runs_give_each_goal_as_its_spread_over_the_repetitions(bench):
     # 100 MB / (10 + 10) s / 2 workers = 2.5 MB/s per core, the same in both repetitions
     assert goals["near_text_to_decisions_mb_s_core"]["local:2@1000"] == [2.5, 2.5]
     assert bench.goals(runs[:2]) == bench.goals_of(runs[:2])  # one repetition: the figures themselves
+
+
+def test_round_figures_split_a_two_worker_speed_up_into_idle_workers_waiting_tasks_and_extra_cpu(bench, tmp_path):
+    """Hand-worked. One worker: a 10 s stage, one 9 s round of 3 tasks of 3 s wall and 2.4 s CPU each, so busy =
+    9 / 10 = 0.9 and CPU / wall = 7.2 / 9 = 0.8. Two workers: a 6 s stage, one 5.5 s round of the same 3 tasks at
+    3.5 s wall and 2.8 s CPU each (two processes), so busy = 10.5 / (2 x 6) = 0.875, CPU / wall = 8.4 / 10.5 = 0.8
+    and 2 x 5.5 - 10.5 = 0.5 idle worker-seconds. Speed-up 10 / 6 = 1.667 = 2 x (0.875 / 0.9) x (0.8 / 0.8) x
+    (7.2 / 8.4)."""
+    def figures(folder, stage_wall, round_wall, workers, tasks_by_pid):
+        folder.mkdir()
+        for pid, tasks in tasks_by_pid.items():
+            (folder / f"{pid}.tsv").write_text("".join(f"0\t{start}\t{start + wall}\t{cpu}\n"
+                                                       for start, wall, cpu in tasks))
+        rounds = [{"stage": "signatures", "round": "minhash", "tasks": 3, "wall_s": round_wall},
+                  {"stage": "near_dedup", "round": "keys", "tasks": 1, "wall_s": 1.0}]  # another stage's
+        return bench.round_figures(rounds, folder, workers, "signatures", stage_wall)
+
+    one = figures(tmp_path / "one", 10.0, 9.0, 1, {11: [(0.5, 3.0, 2.4), (3.5, 3.0, 2.4), (6.5, 3.0, 2.4)]})
+    two = figures(tmp_path / "two", 6.0, 5.5, 2, {21: [(0.2, 3.5, 2.8), (3.7, 3.5, 2.8)], 22: [(0.2, 3.5, 2.8)]})
+    assert one == {"busy": 0.9, "task_cpu_over_wall": 0.8, "outside_rounds_s": 1.0, "rounds": [
+        {"round": "minhash", "tasks": 3, "wall_s": 9.0, "task_wall_s": 9.0, "task_cpu_s": 7.2, "idle_worker_s": 0.0}]}
+    assert two["busy"] == 0.875 and two["task_cpu_over_wall"] == 0.8 and two["outside_rounds_s"] == 0.5
+    assert two["rounds"][0]["idle_worker_s"] == 0.5
+    factors = bench.speedup_factors(one, two)
+    assert factors == {"busy": 0.972, "cpu_share": 1.0, "cpu": 0.857}
+    assert 2 * factors["busy"] * factors["cpu_share"] * factors["cpu"] == pytest.approx(10 / 6, abs=0.002)
