@@ -386,8 +386,8 @@ def test_a_launcher_left_unset_trains_on_every_visible_gpu_and_on_two_cpu_proces
     assert TrainingLauncher().world_size("torchrun") == 2
     assert TrainingLauncher().command(Path("run.json"), "torchrun")[3:5] == ["--nproc_per_node", "2"]
     # torchrun picks its rendezvous port itself unless one is set; the deepspeed launcher is always given one
-    assert "--standalone" in TrainingLauncher().command(Path("run.json")) and "--master_port" not in \
-        TrainingLauncher().command(Path("run.json"))
+    default = TrainingLauncher().command(Path("run.json"))
+    assert "--standalone" in default and "--master_port" not in default
     assert TrainingLauncher(master_port=29511).command(Path("run.json"))[5:7] == ["--master_port", "29511"]
     assert TrainingLauncher(master_port=29511).command(Path("run.json"), "deepspeed")[3:5] == ["--master_port", "29511"]
 
