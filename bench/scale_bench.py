@@ -39,7 +39,9 @@ negatives removed, and decisions_sha256 (sha256 over the lines "doc_id\\tstatus\
 document sorted by doc_id; status is the filter's reason, exact_duplicate, or near dedup's status). With several
 --docs values, a log-log plot of wall time and peak memory against N goes next to the JSON (matplotlib). The
 sampler also sums CPU seconds per stage over the same processes (`cpu_s`, `mb_per_cpu_s`): a rate that other load
-on the machine disturbs less than wall time does.
+on the machine disturbs less than wall time does. Every round and task is timed too (`stages.*.tasks`,
+`round_figures`), and the goals split two workers' speed-up into idle workers, waiting tasks and extra CPU
+(`speedup_factors`).
 """
 
 from __future__ import annotations

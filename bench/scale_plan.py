@@ -66,7 +66,9 @@ class Target:
 
 
 def largest_runs(bench: dict, pin: str | None = None) -> list[dict]:
-    runs = [r for r in bench["runs"] if not pin or f"{r['engine']}:{r['workers']}" == pin] or sys.exit(f"no {pin}")
+    """The runs of the largest N (of `pin`, engine:workers, only); of a `--repeat` bench, its first repetition's."""
+    runs = [r for r in bench["runs"] if r.get("repeat", 0) == 0 and (not pin or f"{r['engine']}:{r['workers']}" == pin)] \
+        or sys.exit(f"no {pin}")
     return [r for r in runs if r["docs"] == max(r["docs"] for r in runs)]
 
 

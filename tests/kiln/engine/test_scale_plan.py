@@ -56,7 +56,8 @@ def project(runs, measured=MEASURED, **target):
 
 def test_core_hours_wall_and_cost_per_stage():
     bench = {"runs": [run("local", 1), run("ray", 2, rates={"near_dedup": 10.0}), run("ray", 2, docs=100,
-                                                                                  rates={"ingest": 1.0})]}
+                                                                                  rates={"ingest": 1.0}),
+                      {**run("ray", 2, rates={"near_dedup": 5.0}), "repeat": 1}]}  # a --repeat's 2nd: not used
     runs = plan_mod.largest_runs(bench)
     assert [(r["engine"], r["docs"]) for r in runs] == [("local", 1000), ("ray", 1000)]
     p = project(runs, cores=100, utilization=0.5)
