@@ -19,11 +19,14 @@ so every caller still gets local paths (sentencepiece, memmapped shards, safeten
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
 import re
 import shutil
+import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -64,11 +67,16 @@ def row_group_stats(meta: pq.FileMetaData, column: str) -> list:
     return [] if leaf is None else [meta.row_group(g).column(leaf).statistics for g in range(meta.num_row_groups)]
 
 
+# The files the part task running in this thread has written (`resume_part`), None outside a part task.
+_part_task = threading.local()
+
+
 def write_parquet_atomic(path: Path, table: pa.Table, hash_columns: tuple[str, ...] = (),
                          row_group_size: int | None = None) -> None:
-    """Temporary name, flushed to disk, renamed: never a half file under `path`, also after a power loss. Columns
-    are dictionary-encoded and zstd-compressed, except `hash_columns` (random values: dictionary encoding and zstd
-    only cost time there, ~3x to write a signature part and ~2.5x to read it, and made it larger).
+    """Temporary name, flushed to disk, renamed: never a half file under `path`, also after a power loss. Inside a
+    part task (`resume_part`) the flush waits for the dataset's commit instead, which flushes every part at once.
+    Columns are dictionary-encoded and zstd-compressed, except `hash_columns` (random values: dictionary encoding
+    and zstd only cost time there, ~3x to write a signature part and ~2.5x to read it, and made it larger).
     `row_group_size`: rows per row group (None: Parquet's default), for files read a few rows at a time."""
     tmp = temporary_name(path)
     if hash_columns:
@@ -77,22 +85,74 @@ def write_parquet_atomic(path: Path, table: pa.Table, hash_columns: tuple[str, .
                        use_dictionary=plain, row_group_size=row_group_size)
     else:
         pq.write_table(table, tmp, compression="zstd", row_group_size=row_group_size)
-    fsync_file(tmp)
+    written = getattr(_part_task, "files", None)
+    if written is None:
+        fsync_file(tmp)
+    else:
+        written.append(Path(path))
     os.replace(tmp, path)
 
 
 def resume_part(output: str | Path, run: Callable[[], dict]) -> dict:
     """A part task's result (a JSON-able dict): from its completion marker when an earlier attempt already
-    finished this part, else `run()`, then the marker — written after the part's outputs, so a marker always
-    means complete output. Markers live in the staging folder's hidden `.done/` and are never published."""
+    finished this part, else `run()`, then the marker — written after the part's outputs. Markers live in the
+    staging folder's hidden `.done/` and are never published.
+
+    The task's Parquet files are not flushed to disk one by one: with two workers, each waiting on the other's
+    journal commits cost a fifth of the tasks' time (docs/dedup.md). The marker names each file with its size
+    instead, and is trusted only while every file it names is whole (that size, a readable footer): a power
+    loss that emptied or cut a file, or the marker, makes the task run again. `DatasetWriter.commit` flushes
+    the whole dataset before its manifest names it."""
     output = Path(output)
     marker = output.parent / ".done" / f"{output.name}.json"
-    if marker.is_file():
-        return json.loads(marker.read_text(encoding="utf-8"))
-    result = run()
+    done = _completed(marker)
+    if done is not None:
+        return done
+    _part_task.files = []
+    try:
+        result = run()
+        files = {os.path.relpath(f, output.parent): f.stat().st_size for f in _part_task.files}
+    finally:
+        _part_task.files = None
     marker.parent.mkdir(exist_ok=True)
-    write_json_atomic(marker, json.dumps(result))
+    tmp = temporary_name(marker)
+    tmp.write_text(json.dumps({"result": result, "files": files}), encoding="utf-8")
+    os.replace(tmp, marker)  # not flushed either: a marker a power loss took means the task runs again
     return result
+
+
+def _completed(marker: Path) -> dict | None:
+    """The result a completion marker records, if it and every file it names are whole; else None."""
+    try:
+        done = json.loads(marker.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+    if set(done) != {"result", "files"}:
+        return done  # an earlier Kiln's marker, written after its files were flushed one by one
+    for name, size in done["files"].items():
+        path = marker.parent.parent / name
+        try:
+            if path.stat().st_size != size:
+                return None
+            pq.read_metadata(path)
+        except (OSError, pa.ArrowInvalid):
+            return None
+    return done["result"]
+
+
+def flush_to_disk(folder: Path) -> None:
+    """Everything written under `folder` on disk: one syncfs(2) of its filesystem on Linux, else an fsync of each
+    file and folder."""
+    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+    if libc is not None and hasattr(libc, "syncfs"):
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if libc.syncfs(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    for path in [folder, *folder.rglob("*")]:
+        fsync_dir(path) if path.is_dir() else fsync_file(path)
 
 
 def resume_key(**identity) -> str:
@@ -444,6 +504,7 @@ class DatasetWriter:
         manifest = Manifest(asset=self.asset, partition=self.partition, code_version=code_version,
                             config=redact(config), inputs=inputs, files=entries, counts=counts, stats=redact(stats or {}),
                             git_commit=git_commit(), created_at=now_utc(), data_version=data_version_of(entries))
+        flush_to_disk(self.dir)  # the parts' tasks did not (`resume_part`): on disk before the manifest names them
         write_json_atomic(self.dir / MANIFEST_NAME, manifest.to_json())
         # Scratch folders and temp files of tasks that died, at any depth: never published.
         for hidden in [p for p in self.dir.rglob(".*") if not _is_hidden(p.parent.relative_to(self.dir))]:

@@ -1,6 +1,7 @@
 """Crash windows of the store: a writer SIGKILLed at any step of a commit leaves readers the old version or the
 new one, never none and never a mix."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kiln.common.storage import Store, part_name
+import kiln.common.storage as storage
+from kiln.common.manifest import MANIFEST_NAME
+from kiln.common.storage import Store, part_name, resume_part, write_parquet_atomic
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -95,3 +98,52 @@ def test_temp_files_of_dead_tasks_are_not_published_at_any_depth(tmp_path):
                        if p.is_file())
     assert [f.path for f in manifest.files] == ["index/buckets/buckets-00000.parquet"]
     assert published == ["_manifest.json", "index/buckets/buckets-00000.parquet"]
+
+
+def test_a_part_task_is_resumed_only_while_every_file_its_marker_names_is_whole(tmp_path):
+    """A part task's files are not flushed one by one, so after a power loss a file its marker names may be cut
+    short, zeroed or gone, and the marker itself emptied: each makes the task run again."""
+    calls = []
+    kept, rejected = tmp_path / "part-00000.parquet", tmp_path / "rejected-00000.parquet"
+
+    def run() -> dict:
+        calls.append(1)
+        write_parquet_atomic(kept, pa.table({"x": list(range(100))}))
+        write_parquet_atomic(rejected, pa.table({"x": [1]}))
+        return {"documents": 100}
+
+    assert resume_part(kept, run) == {"documents": 100} and len(calls) == 1
+    assert resume_part(kept, run) == {"documents": 100} and len(calls) == 1  # whole: the marker stands
+    whole = rejected.read_bytes()
+    marker = tmp_path / ".done" / "part-00000.parquet.json"
+    damages = [lambda: rejected.write_bytes(whole[:-10]),  # cut short
+               lambda: rejected.write_bytes(bytes(len(whole))),  # its size, but zeroes: no footer
+               rejected.unlink,
+               lambda: marker.write_text('{"result": {"documents": 1')]  # the marker cut short
+    for k, damage in enumerate(damages, start=2):
+        damage()
+        assert resume_part(kept, run) == {"documents": 100} and len(calls) == k
+        assert pq.read_table(rejected).column("x").to_pylist() == [1]
+    marker.write_text(json.dumps({"documents": 7}))  # an earlier Kiln's marker: its files were flushed one by one
+    assert resume_part(kept, run) == {"documents": 7} and len(calls) == len(damages) + 1
+
+
+def test_a_part_tasks_files_reach_the_disk_with_the_commit_before_its_manifest(tmp_path, monkeypatch):
+    flushed, committed = [], []
+    monkeypatch.setattr(storage, "fsync_file", lambda path: flushed.append(Path(path).name))
+    flush_to_disk = storage.flush_to_disk
+    monkeypatch.setattr(storage, "flush_to_disk",
+                        lambda folder: (committed.append((folder / MANIFEST_NAME).exists()), flush_to_disk(folder)))
+    with Store(tmp_path / "store").staging("raw", "src") as writer:
+        path = writer.next_path("documents")
+
+        def task() -> dict:
+            write_parquet_atomic(path, pa.table({"x": [1]}))
+            return {"documents": 1}
+
+        resume_part(path, task)
+        assert flushed == []  # a part task's file: left to the commit
+        writer.write("documents", pa.table({"x": [2]}))  # outside a part task: flushed at once
+        assert len(flushed) == 1
+        writer.commit(code_version="test", config={}, inputs={}, counts={"documents": 2})
+    assert committed == [False]  # flushed once, before the manifest existed
