@@ -20,6 +20,7 @@ so every caller still gets local paths (sentencepiece, memmapped shards, safeten
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -140,19 +141,29 @@ def _completed(marker: Path) -> dict | None:
     return done["result"]
 
 
+@functools.cache
+def _syncfs() -> Callable[[int], int] | None:
+    """libc's syncfs(2) (Linux), else None."""
+    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+    return getattr(libc, "syncfs", None)
+
+
 def flush_to_disk(folder: Path) -> None:
     """Everything written under `folder` on disk: one syncfs(2) of its filesystem on Linux, else an fsync of each
     file and folder."""
-    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-    if libc is not None and hasattr(libc, "syncfs"):
+    syncfs = _syncfs()
+    if syncfs is not None:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            if libc.syncfs(fd) == 0:
+            if syncfs(fd) == 0:
                 return
         finally:
             os.close(fd)
     for path in [folder, *folder.rglob("*")]:
-        fsync_dir(path) if path.is_dir() else fsync_file(path)
+        if path.is_dir():
+            fsync_dir(path)
+        else:
+            fsync_file(path)
 
 
 def resume_key(**identity) -> str:
