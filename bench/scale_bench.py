@@ -16,7 +16,8 @@ Pipeline per run, library calls only (no Dagster), each (engine, workers) in a f
                prose = the default config's prose profile (its steps, then pii)
   exact_dedup  kiln.curation.exact_dedup.exact_dedup (the curated documents)
   signatures   kiln.dedup.signing.compute_signatures with --config's dedup.near (default configs/default.yaml:
-               scheme fss-splitmix64-v1; a config with scheme: affine32 measures the older signer)
+               scheme fss-splitmix64-v1; a config with scheme: affine32 measures the older signer), then the
+               flush to disk that the asset's commit does
   near_dedup   kiln.dedup.buckets.decide_distributed on the engine (`--partitions`, `--max-bucket`)
 Engines: local = kiln.engine.ProcessPool(workers) (1 worker runs in the driver process itself), ray =
 kiln.engine.RayEngine(workers=...) on an embedded Ray started by the run. The engine is started before the timed
@@ -451,7 +452,7 @@ def file_counts(root: Path) -> dict[str, int]:
 
 def run_one(args) -> dict:
     from kiln.common.config import ExactDedup, Reading, Source, load_config
-    from kiln.common.storage import Store
+    from kiln.common.storage import Store, flush_to_disk
     from kiln.curation.exact_dedup import HashSource, exact_dedup
     from kiln.curation.pipeline import filter_documents, ingest, profile_steps
     from kiln.dedup.buckets import decide_distributed
@@ -529,6 +530,7 @@ def run_one(args) -> dict:
     sig_parts = [sig_dir / f"signatures-{k:05d}.parquet" for k in range(len(groups))]
     with stage("signatures") as rec:
         n = compute_signatures(groups, sig_parts, near, engine=engine, progress=False).documents
+        flush_to_disk(sig_dir)  # as the minhash_signatures asset's commit does: its tasks leave the flush to it
         rec.update(docs=n, mb=curated_mb)
     with stage("near_dedup") as rec:
         result = decide_distributed(sig_parts, {SOURCE: (1, 0)}, [], run_dir / "near-work", run_dir / "near-out",

@@ -469,7 +469,8 @@ def _final(task: _Task) -> dict[str, Any]:
                           "duplicate_of": decided.column("duplicate_of").take(of_row),
                           "duplicate_of_source": dup_source, "jaccard": decided.column("jaccard").take(of_row),
                           "candidates": candidates}, schema=DECISION_SCHEMA)
-    write_parquet_atomic(Path(lay.decisions) / part_name("decisions", k), decisions)
+    # Not flushed one by one: `decide_distributed` flushes the output folder once, before `_index.json` names it.
+    write_parquet_atomic(Path(lay.decisions) / part_name("decisions", k), decisions, flush=False)
 
     # This refresh's index: the kept documents' records and shingles (by part), band keys and ids (by partition).
     kept = np.flatnonzero(status == KEPT)
@@ -481,7 +482,7 @@ def _final(task: _Task) -> dict[str, Any]:
         "quality_tier": np.full(kept.size, lay.tiers[k], np.int32), "chars": sig_t.column("chars").take(pa.array(kept)),
         "batch": pa.array([lay.batch] * kept.size, pa.string()),
         "shingles": sig_t.column("shingles").take(pa.array(kept))},
-        schema=DOCS_SCHEMA), hash_columns=HASH_COLUMNS, row_group_size=DOCS_ROW_GROUP_ROWS)
+        schema=DOCS_SCHEMA), hash_columns=HASH_COLUMNS, row_group_size=DOCS_ROW_GROUP_ROWS, flush=False)
     if kept.size:
         # The keys round's band keys of the new documents (a kept document is new): no second read of signatures.
         new_keys = read_scratch(lay.w("band_keys", f"{k:05d}{SCRATCH}")).column("key").to_numpy()
@@ -510,7 +511,8 @@ def _persist(task: _Task) -> int:
     keys = read_partition(lay.w("kept_keys"), p, BUCKET_SCHEMA)
     order = np.lexsort([keys.column(c).to_numpy() for c in ("ref", "key", "band")])  # by band, key, ref
     write_parquet_atomic(index_file(lay.index, "buckets", p), keys.take(pa.array(order)),
-                         hash_columns=BUCKET_HASH_COLUMNS)
+                         hash_columns=BUCKET_HASH_COLUMNS, flush=False)
     ids = read_partition(lay.w("kept_ids"), p, IDS_SCHEMA)
-    write_parquet_atomic(index_file(lay.index, "ids", p), ids.sort_by("doc_id"), hash_columns=IDS_HASH_COLUMNS)
+    write_parquet_atomic(index_file(lay.index, "ids", p), ids.sort_by("doc_id"), hash_columns=IDS_HASH_COLUMNS,
+                         flush=False)
     return keys.num_rows

@@ -52,7 +52,7 @@ import pyarrow.parquet as pq
 
 from kiln.common.config import NearDedup
 from kiln.common.manifest import write_json_atomic
-from kiln.common.storage import part_name, row_group_stats, write_parquet_atomic
+from kiln.common.storage import flush_to_disk, part_name, row_group_stats, write_parquet_atomic
 from kiln.dedup.bucket_index import INDEX_FORMAT, _shingle_arrays, check_index_params, index_params, read_index_meta
 from kiln.dedup.bucket_layout import Earlier, Layout, LayoutFile, _Task
 from kiln.dedup.bucket_rounds import (
@@ -190,6 +190,7 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
     finals = stage("final", _final, lay, range(n_parts))
     stage("persist", _persist, lay, range(P))
     kept = sum(f["kept"] for f in finals)
+    flush_to_disk(out_dir)  # the final and persist rounds' files, at once (they skip a flush per file)
     write_json_atomic(out_dir / "index" / "_index.json", json.dumps({
         "format": INDEX_FORMAT, "params": params, "partitions": P, "batch": batch_name, "doc_parts": starts,
         "documents": kept}, indent=2))

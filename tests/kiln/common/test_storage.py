@@ -129,8 +129,11 @@ def test_a_part_task_is_resumed_only_while_every_file_its_marker_names_is_whole(
 
 
 def test_a_part_tasks_files_reach_the_disk_with_the_commit_before_its_manifest(tmp_path, monkeypatch):
-    flushed, committed = [], []
+    flushed, committed, started = [], [], []
     monkeypatch.setattr(storage, "fsync_file", lambda path: flushed.append(Path(path).name))
+    start_writeback = storage.start_writeback
+    monkeypatch.setattr(storage, "start_writeback",
+                        lambda path: (started.append(Path(path).name), start_writeback(path)))
     flush_to_disk = storage.flush_to_disk
     monkeypatch.setattr(storage, "flush_to_disk",
                         lambda folder: (committed.append((folder / MANIFEST_NAME).exists()), flush_to_disk(folder)))
@@ -142,8 +145,27 @@ def test_a_part_tasks_files_reach_the_disk_with_the_commit_before_its_manifest(t
             return {"documents": 1}
 
         resume_part(path, task)
-        assert flushed == []  # a part task's file: left to the commit
+        assert flushed == []  # a part task's file: left to the commit, its writing to disk started
+        assert len(started) == 1 and started[0].startswith(f".{path.name}.tmp-")
         writer.write("documents", pa.table({"x": [2]}))  # outside a part task: flushed at once
         assert len(flushed) == 1
         writer.commit(code_version="test", config={}, inputs={}, counts={"documents": 2})
     assert committed == [False]  # flushed once, before the manifest existed
+
+
+def test_flush_to_disk_fsyncs_every_file_and_folder_under_it_and_nothing_else(tmp_path, monkeypatch):
+    """Only the folder's own data: a syncfs(2) would also write out the scratch beside it."""
+    fsynced = []
+    monkeypatch.setattr(storage, "fsync_file", lambda path: fsynced.append(("file", Path(path))))
+    monkeypatch.setattr(storage, "fsync_dir", lambda path: fsynced.append(("dir", Path(path))))
+    out = tmp_path / "out"
+    for name in ("decisions/decisions-00000.parquet", "index/docs/indexed-00000.parquet", "index/_index.json"):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(b"x")
+    (tmp_path / "scratch.arrow").write_bytes(b"y")
+    storage.flush_to_disk(out)
+    assert sorted(fsynced) == sorted([("dir", out), ("dir", out / "decisions"), ("dir", out / "index"),
+                                      ("dir", out / "index" / "docs"),
+                                      ("file", out / "decisions/decisions-00000.parquet"),
+                                      ("file", out / "index/docs/indexed-00000.parquet"),
+                                      ("file", out / "index/_index.json")])

@@ -115,6 +115,23 @@ def test_planted_families_same_decisions_as_near_dedup(tmp_path):
                                                       if r["source"] == "web" and r["status"] == KEPT)
 
 
+def test_the_output_is_flushed_once_before_the_index_names_it(tmp_path, monkeypatch):
+    """The final and persist rounds' Parquet files skip a flush each (a power loss only costs the run: its output
+    folder is emptied first and `_index.json` comes last); the folder is flushed once, before `_index.json`."""
+    from kiln.common import storage
+
+    fsynced, flushed = [], []
+    monkeypatch.setattr(storage, "fsync_file", lambda path: fsynced.append(Path(path).name))
+    monkeypatch.setattr(buckets, "flush_to_disk", lambda folder: flushed.append(
+        (Path(folder), (Path(folder) / "index" / "_index.json").exists(),
+         len(list(Path(folder).rglob("*.parquet"))))))
+    distributed(tmp_path, [families(1, n_bases=8)], part_rows=15)
+    assert [f for f in fsynced if ".parquet" in f] == []
+    parquet_files = len(list((tmp_path / "out-0").rglob("*.parquet")))
+    assert parquet_files >= 4  # decisions, index docs, buckets and ids
+    assert flushed == [(tmp_path / "out-0", False, parquet_files)]  # once, every file written, no _index.json yet
+
+
 def _chain_texts(seed: int) -> tuple[list[str], list[np.ndarray]]:
     rng = np.random.default_rng(seed)
     vocab = vocabulary(rng)
