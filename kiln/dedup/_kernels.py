@@ -41,11 +41,13 @@ def word_hashes(data, starts, ends, base):
 
 
 @numba.njit(cache=True)
-def spaced_shingles(data, texts, n, word_base, shingle_base):
+def spaced_shingles(data, ends, byte_map, n, word_base, shingle_base):
     """The shingle hashes of a chunk whose words are all spaced words (`fast_minhash._shingle_sets` without
-    no-space characters), in one pass over its normalized bytes (words split by a space, each text closed by a
-    newline): every n consecutive words of a text, or all its words when it has fewer (none: the empty shingle),
-    each mix64(sum_k word_hash_k * shingle_base^k) >> 32. Returns (hashes text after text, count per text)."""
+    no-space characters), in one pass over its normalized bytes byte_map[data] (words split by a space; text t
+    closed by the byte at ends[t]): every n consecutive words of a text, or all its words when it has fewer (none:
+    the empty shingle), each mix64(sum_k word_hash_k * shingle_base^k) >> 32. Mapping each byte as it is read
+    saves a pass and a copy of the chunk. Returns (hashes text after text, count per text)."""
+    texts = ends.size
     out = np.empty(data.size + texts, dtype=np.uint32)
     counts = np.zeros(texts, dtype=np.int64)
     window = np.zeros(n, dtype=np.uint64)  # the text's last n word hashes, the newest last (no modulo per word)
@@ -60,8 +62,9 @@ def spaced_shingles(data, texts, n, word_base, shingle_base):
     power = np.uint64(1)
     in_word = False
     for i in range(data.size):
-        b = data[i]
-        if b == 0x20 or b == 0x0A:
+        closes = t < texts and i == ends[t]
+        b = byte_map[data[i]]
+        if closes or b == 0x20:
             if in_word:
                 for k in range(n - 1):
                     window[k] = window[k + 1]
@@ -75,7 +78,7 @@ def spaced_shingles(data, texts, n, word_base, shingle_base):
                     out[k_out] = np.uint32(mix64(poly) >> _S32)
                     k_out += 1
                     counts[t] += 1
-            if b == 0x0A:
+            if closes:
                 if words < n:  # one shingle of all the text's words (the last `words` of the window)
                     poly = np.uint64(0)
                     for k in range(words):

@@ -192,11 +192,16 @@ def _unit_words(data: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 def _shingle_sets(texts: list[str], settings: NearDedup, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every text's distinct shingle hashes, sorted, text after text (uint32), and how many each text has."""
-    data, units = _normalized_bytes(texts, settings.normalization, lengths)
+    norm = settings.normalization
+    if norm.digits != "remove" and all(map(str.isascii, texts)):  # (a flag of each str, no scan)
+        # ASCII, the common case: the kernel reads the texts' own bytes through `_ascii_map` (what
+        # `_normalized_bytes` makes a mapped copy of), each text closed where the join put its newline.
+        raw = np.frombuffer("\n".join(texts).encode("ascii") + b"\n", dtype=np.uint8)
+        byte_map = _ascii_map(norm.strip_punctuation, norm.digits == "zero", norm.lowercase)
+        return _spaced_shingle_sets(raw, np.cumsum(lengths + 1) - 1, byte_map, settings)
+    data, units = _normalized_bytes(texts, norm, lengths)
     if not units:  # spaced words only: every n consecutive words, in one compiled pass
-        hashes, counts = _compiled().spaced_shingles(data, len(texts), settings.shingle_size, _U64(WORD_BASE),
-                                                    _U64(SHINGLE_BASE))
-        return _compiled().sorted_unique_sets(_bounds(counts), hashes)
+        return _spaced_shingle_sets(data, np.flatnonzero(data == _NEWLINE), _IDENTITY, settings)
     in_word = np.concatenate(([False], (data != _SPACE) & (data != _NEWLINE), [False]))
     edges = np.flatnonzero(in_word[1:] != in_word[:-1])
     word_starts, word_ends = edges[0::2], edges[1::2]
@@ -229,6 +234,18 @@ def _shingle_sets(texts: list[str], settings: NearDedup, lengths: np.ndarray) ->
         text_of, starts, ends = text_of[order], starts[order], ends[order]
     hashes = (mix64(_range_polynomials(word_hashes, starts, ends, _SHINGLE_POWERS)) >> _U64(32)).astype(np.uint32)
     return _compiled().sorted_unique_sets(_bounds(np.bincount(text_of, minlength=len(texts))), hashes)
+
+
+_IDENTITY = np.arange(256, dtype=np.uint8)  # the byte map of bytes normalized already
+
+
+def _spaced_shingle_sets(data: np.ndarray, ends: np.ndarray, byte_map: np.ndarray,
+                         settings: NearDedup) -> tuple[np.ndarray, np.ndarray]:
+    """`_shingle_sets` of a chunk of spaced words only, given as bytes read through `byte_map`, text t closed by
+    the byte at ends[t]."""
+    hashes, counts = _compiled().spaced_shingles(data, ends, byte_map, settings.shingle_size, _U64(WORD_BASE),
+                                                _U64(SHINGLE_BASE))
+    return _compiled().sorted_unique_sets(_bounds(counts), hashes)
 
 
 def similarity_sketches(text_of: np.ndarray, shingles: np.ndarray, texts: int, num_perm: int,
