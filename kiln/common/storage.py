@@ -90,13 +90,13 @@ def write_parquet_atomic(path: Path, table: pa.Table, hash_columns: tuple[str, .
                        use_dictionary=plain, row_group_size=row_group_size)
     else:
         pq.write_table(table, tmp, compression="zstd", row_group_size=row_group_size)
-    written = getattr(_part_task, "files", None)
-    if written is not None:
-        written.append(Path(path))
-    if flush and written is None:
+    part_files = getattr(_part_task, "files", None)
+    if flush and part_files is None:
         fsync_file(tmp)
-    else:
+    else:  # flushed later, by the dataset's commit or the caller: the disk can start on it now
         start_writeback(tmp)
+        if part_files is not None:
+            part_files.append(Path(path))
     os.replace(tmp, path)
 
 
