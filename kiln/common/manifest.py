@@ -112,16 +112,19 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
 
 
-def write_json_atomic(path: Path, text: str) -> None:
+def write_json_atomic(path: Path, text: str, flush: bool = True) -> None:
     """Write to a temporary name, flush it to disk, rename over `path`, then flush the folder: after a crash the
-    file is the old one or the new one, whole."""
+    file is the old one or the new one, whole. `flush=False` skips both flushes: after a power loss the file may
+    be the old one, the new one or cut short, never half of one after a process crash."""
     tmp = temporary_name(path)
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+        if flush:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if flush:
+        fsync_dir(path.parent)
 
 
 def write_file_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:

@@ -122,9 +122,8 @@ def resume_part(output: str | Path, run: Callable[[], dict]) -> dict:
     finally:
         _part_task.files = None
     marker.parent.mkdir(exist_ok=True)
-    tmp = temporary_name(marker)
-    tmp.write_text(json.dumps({"result": result, "files": files}), encoding="utf-8")
-    os.replace(tmp, marker)  # not flushed either: a marker a power loss took means the task runs again
+    # Not flushed either: a marker a power loss took or cut means the task runs again.
+    write_json_atomic(marker, json.dumps({"result": result, "files": files}), flush=False)
     return result
 
 
@@ -174,10 +173,14 @@ def start_writeback(path: Path) -> None:
 
 
 def flush_to_disk(folder: Path) -> None:
-    """Everything written under `folder` on disk: an fsync of each file and folder, several at once so that the
+    """Everything published under `folder` on disk: an fsync of each file and folder, several at once so that the
     filesystem's journal commits them together. Not syncfs(2): that also writes out every other dirty file of the
-    filesystem, a run's scratch included (twice the time for near dedup's output at 200k documents, docs/dedup.md)."""
-    paths = [folder, *folder.rglob("*")]
+    filesystem, a run's scratch included (twice the time for near dedup's output at 200k documents, docs/dedup.md).
+    Hidden entries are skipped: a commit never publishes them (scratch, completion markers, temporary files)."""
+    paths = [folder]
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        paths += [Path(root, name) for name in dirs + files if not name.startswith(".")]
     with ThreadPoolExecutor(_FLUSH_THREADS) as pool:  # fsync releases the GIL
         list(pool.map(lambda p: fsync_dir(p) if p.is_dir() else fsync_file(p), paths))
 

@@ -154,7 +154,8 @@ def test_a_part_tasks_files_reach_the_disk_with_the_commit_before_its_manifest(t
 
 
 def test_flush_to_disk_fsyncs_every_file_and_folder_under_it_and_nothing_else(tmp_path, monkeypatch):
-    """Only the folder's own data: a syncfs(2) would also write out the scratch beside it."""
+    """Only what the folder publishes: a syncfs(2) would also write out the scratch beside it, and hidden entries
+    (a stage's scratch folder, completion markers, a dead writer's temporary file) are never published."""
     fsynced = []
     monkeypatch.setattr(storage, "fsync_file", lambda path: fsynced.append(("file", Path(path))))
     monkeypatch.setattr(storage, "fsync_dir", lambda path: fsynced.append(("dir", Path(path))))
@@ -163,6 +164,10 @@ def test_flush_to_disk_fsyncs_every_file_and_folder_under_it_and_nothing_else(tm
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_bytes(b"x")
     (tmp_path / "scratch.arrow").write_bytes(b"y")
+    for hidden in (".near_dedup/keys/00000.shuffle", ".done/decisions-00000.parquet.json",
+                   "decisions/.decisions-00001.parquet.tmp-dead"):
+        (out / hidden).parent.mkdir(parents=True, exist_ok=True)
+        (out / hidden).write_bytes(b"z")
     storage.flush_to_disk(out)
     assert sorted(fsynced) == sorted([("dir", out), ("dir", out / "decisions"), ("dir", out / "index"),
                                       ("dir", out / "index" / "docs"),
