@@ -176,8 +176,10 @@ def test_tiny_end_to_end_run_catches_planted_copies_and_keeps_hard_negatives(ben
     for stage in ("ingest", "filter", "exact_dedup", "signatures", "near_dedup"):
         s = out["stages"][stage]
         assert s["wall_s"] > 0 and s["docs_per_s_per_core"] > 0 and s["peak_rss_mib"]["driver"] > 0
-        # One worker: its tasks cannot run longer than the stage, nor use more CPU than their wall time
-        assert 0 < s["tasks"]["busy"] <= 1 and 0 < s["tasks"]["task_cpu_over_wall"] <= 1.05
+        # One worker: its tasks cannot run longer than the stage. Their CPU is the process's (time.process_time):
+        # one worker runs them in the driver, so Arrow's reader threads and the bench's RSS sampler thread count
+        # too, and on tasks of a few milliseconds that reached 1.074 in CI. A task counted twice would read ~2.
+        assert 0 < s["tasks"]["busy"] <= 1 and 0 < s["tasks"]["task_cpu_over_wall"] <= 1.5
     rounds = out["stages"]["exact_dedup"]["tasks"]["rounds"]
     assert [r["round"] for r in rounds] == ["exact dedup: hash buckets", "exact dedup: decide", "exact dedup"]
     assert rounds[0]["tasks"] == rounds[2]["tasks"] == out["files"]["raw_parts"]  # a task per part, 50 rows each
