@@ -1,6 +1,7 @@
 """Compiled loops (numba) of `kiln.dedup.fast_minhash`: the same definitions, one pass per text instead of
-numpy's many passes over temporary arrays (the signature stage's CPU per MB halved). Imported on first use only,
-so a process that never signs does not pay numba's import. All arithmetic is on uint64 (mod 2^64, as the
+numpy's many passes over temporary arrays (the signature stage's CPU per MB halved); and near dedup's verify
+(`bucket_rounds.pair_jaccard`): one merge of two sorted shingle sets per candidate pair. Imported on first use only,
+so a process that neither signs nor verifies does not pay numba's import. All arithmetic is on uint64 (mod 2^64, as the
 scheme defines): every constant is a np.uint64, since numba turns mixed uint64/int64 arithmetic into float64.
 Compiled code is cached next to this file (`cache=True`), so only a machine's first process compiles."""
 
@@ -175,4 +176,37 @@ def sketches(bounds, shingles, num_perm, key):
                     break
         for j in range(num_perm):
             out[t, j] = np.uint32(best[j] & _LOW32)
+    return out
+
+
+@numba.njit(cache=True)
+def sets_sorted(values, offsets):
+    """Whether every set values[offsets[i]:offsets[i + 1]] is strictly increasing (sorted and unique)."""
+    for i in range(offsets.size - 1):
+        for k in range(offsets[i] + 1, offsets[i + 1]):
+            if values[k] <= values[k - 1]:
+                return False
+    return True
+
+
+@numba.njit(cache=True)
+def pair_intersections(a_values, a_offsets, b_values, b_offsets, b_rows):
+    """|A_i & B_b_rows[i]| for each pair i (A_i = a_values[a_offsets[i]:a_offsets[i + 1]], B_r likewise), every
+    set strictly increasing: one merge of the two sets, linear in their sizes."""
+    out = np.empty(b_rows.size, dtype=np.int64)
+    for i in range(b_rows.size):
+        x, x_end = a_offsets[i], a_offsets[i + 1]
+        y, y_end = b_offsets[b_rows[i]], b_offsets[b_rows[i] + 1]
+        inter = 0
+        while x < x_end and y < y_end:
+            u, v = a_values[x], b_values[y]
+            if u < v:
+                x += 1
+            elif v < u:
+                y += 1
+            else:
+                inter += 1
+                x += 1
+                y += 1
+        out[i] = inter
     return out

@@ -205,7 +205,7 @@ def _shingle_sets(texts: list[str], settings: NearDedup, lengths: np.ndarray) ->
     in_word = np.concatenate(([False], (data != _SPACE) & (data != _NEWLINE), [False]))
     edges = np.flatnonzero(in_word[1:] != in_word[:-1])
     word_starts, word_ends = edges[0::2], edges[1::2]
-    word_hashes = _compiled().word_hashes(data, word_starts, word_ends, _U64(WORD_BASE))
+    word_hashes = compiled_kernels().word_hashes(data, word_starts, word_ends, _U64(WORD_BASE))
     # Words per text: the newline closing text d is the (d+1)-th one.
     text_ends = np.flatnonzero(data == _NEWLINE)
     first_word = np.searchsorted(word_starts, np.concatenate(([0], text_ends[:-1])))
@@ -233,7 +233,7 @@ def _shingle_sets(texts: list[str], settings: NearDedup, lengths: np.ndarray) ->
         order = np.argsort(text_of, kind="stable")  # each text's shingles as one run, for the kernels
         text_of, starts, ends = text_of[order], starts[order], ends[order]
     hashes = (mix64(_range_polynomials(word_hashes, starts, ends, _SHINGLE_POWERS)) >> _U64(32)).astype(np.uint32)
-    return _compiled().sorted_unique_sets(_bounds(np.bincount(text_of, minlength=len(texts))), hashes)
+    return compiled_kernels().sorted_unique_sets(_bounds(np.bincount(text_of, minlength=len(texts))), hashes)
 
 
 _IDENTITY = np.arange(256, dtype=np.uint8)  # the byte map of bytes normalized already
@@ -243,9 +243,9 @@ def _spaced_shingle_sets(data: np.ndarray, ends: np.ndarray, byte_map: np.ndarra
                          settings: NearDedup) -> tuple[np.ndarray, np.ndarray]:
     """`_shingle_sets` of a chunk of spaced words only, given as bytes read through `byte_map`, text t closed by
     the byte at ends[t]."""
-    hashes, counts = _compiled().spaced_shingles(data, ends, byte_map, settings.shingle_size, _U64(WORD_BASE),
+    hashes, counts = compiled_kernels().spaced_shingles(data, ends, byte_map, settings.shingle_size, _U64(WORD_BASE),
                                                 _U64(SHINGLE_BASE))
-    return _compiled().sorted_unique_sets(_bounds(counts), hashes)
+    return compiled_kernels().sorted_unique_sets(_bounds(counts), hashes)
 
 
 def similarity_sketches(text_of: np.ndarray, shingles: np.ndarray, texts: int, num_perm: int,
@@ -278,10 +278,10 @@ def _bounds(counts: np.ndarray) -> np.ndarray:
 
 
 def _sketches(bounds: np.ndarray, shingles: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
-    return _compiled().sketches(bounds, shingles, num_perm, _U64(_mix64_int(seed)))
+    return compiled_kernels().sketches(bounds, shingles, num_perm, _U64(_mix64_int(seed)))
 
 
-def _compiled():
+def compiled_kernels():
     """The compiled loops, imported on first use (numba's import and cached code load cost ~0.3 s a process)."""
     from kiln.dedup import _kernels
 

@@ -302,6 +302,13 @@ def test_pair_jaccard_all_pairs_at_once_equals_minhash_jaccard_pair_by_pair():
     assert got[0] == 1.0 and got[1] == 1.0  # two empty sets; a set and itself
     assert got.tolist() == want.tolist()
     assert (want == 0).sum() > 10 and ((want > 0) & (want < 1)).sum() > 100  # not a vacuous comparison
+    # Sets out of order cannot be merged: they take the search, with the same answer.
+    shuffled = np.concatenate([rng.permutation(sets[i]) for i in a_idx])
+    assert not np.array_equal(shuffled, a_values)
+    assert pair_jaccard(shuffled, a_offsets, b_values, b_offsets, b_idx).tolist() == want.tolist()
+    reversed_b = pa.array([None, *[s[::-1] for s in sets]], pa.large_list(pa.uint32())).slice(1)
+    assert pair_jaccard(a_values, a_offsets, reversed_b.values.to_numpy(), reversed_b.offsets.to_numpy(),
+                        b_idx).tolist() == want.tolist()
 
 
 def test_a_larger_corpus_same_decisions_as_near_dedup(tmp_path):
