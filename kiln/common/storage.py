@@ -95,8 +95,8 @@ def write_parquet_atomic(path: Path, table: pa.Table, hash_columns: tuple[str, .
         fsync_file(tmp)
     else:  # flushed later, by the dataset's commit or the caller: the disk can start on it now
         start_writeback(tmp)
-        if part_files is not None:
-            part_files.append(Path(path))
+        if part_files is not None:  # what the commit's manifest says of it, found here, in parallel
+            part_files.append((Path(path), table.num_rows, sha256_file(tmp)))
     os.replace(tmp, path)
 
 
@@ -109,7 +109,8 @@ def resume_part(output: str | Path, run: Callable[[], dict]) -> dict:
     journal commits cost a fifth of the tasks' time (docs/dedup.md). The marker names each file with its size
     instead, and is trusted only while every file it names is whole (that size, a readable footer): a power
     loss that emptied or cut a file, or the marker, makes the task run again. `DatasetWriter.commit` flushes
-    the whole dataset before its manifest names it."""
+    the whole dataset before its manifest names it, and takes each file's rows and SHA-256 from the marker
+    (the task hashed what it wrote), so the driver does not read every part again alone."""
     output = Path(output)
     marker = output.parent / ".done" / f"{output.name}.json"
     done = _completed(marker)
@@ -118,13 +119,30 @@ def resume_part(output: str | Path, run: Callable[[], dict]) -> dict:
     _part_task.files = []
     try:
         result = run()
-        files = {os.path.relpath(f, output.parent): f.stat().st_size for f in _part_task.files}
+        files = {os.path.relpath(f, output.parent): {"bytes": f.stat().st_size, "rows": rows, "sha256": sha256}
+                 for f, rows, sha256 in _part_task.files}
     finally:
         _part_task.files = None
     marker.parent.mkdir(exist_ok=True)
     # Not flushed either: a marker a power loss took or cut means the task runs again.
     write_json_atomic(marker, json.dumps({"result": result, "files": files}), flush=False)
     return result
+
+
+def _recorded_files(folder: Path) -> dict[Path, dict]:
+    """What the completion markers under `folder` record of each file their tasks wrote: path -> bytes, rows,
+    sha256 (a marker cut short, or from before Kiln recorded them, records nothing)."""
+    recorded = {}
+    for root, _, names in os.walk(folder):
+        if os.path.basename(root) != ".done":
+            continue
+        for name in names:
+            try:
+                files = json.loads(Path(root, name).read_text(encoding="utf-8")).get("files", {})
+            except (OSError, ValueError, AttributeError):
+                continue
+            recorded |= {Path(root).parent / f: facts for f, facts in files.items() if isinstance(facts, dict)}
+    return recorded
 
 
 def _completed(marker: Path) -> dict | None:
@@ -135,10 +153,10 @@ def _completed(marker: Path) -> dict | None:
         return None
     if set(done) != {"result", "files"}:
         return done  # an earlier Kiln's marker, written after its files were flushed one by one
-    for name, size in done["files"].items():
+    for name, facts in done["files"].items():
         path = marker.parent.parent / name
         try:
-            if path.stat().st_size != size:
+            if path.stat().st_size != (facts["bytes"] if isinstance(facts, dict) else facts):  # or the size alone
                 return None
             pq.read_metadata(path)
         except (OSError, pa.ArrowInvalid):
@@ -435,16 +453,18 @@ def _swap_lock(final: Path):
     return lock_then_remove(final.with_name(f".{final.name}.swap.lock"))
 
 
-def _swap_in(staging: Path, final: Path) -> None:
+def _swap_in(staging: Path, final: Path, flushed: bool = False) -> None:
     """Replace `final` by the complete folder `staging`: the old folder is renamed aside, the new one renamed in,
     under the dataset's swap lock; the old copy is removed after. A writer killed between the two renames
     leaves the old version aside, complete, and the next reader puts it back (`_restore_if_swapped_out`): a
-    reader sees the old version or the new one, never none."""
-    staging_files = [p for p in staging.rglob("*") if p.is_file()]
-    for path in staging_files:  # every file on disk before any rename makes it visible
-        fsync_file(path)
-    for folder in {p.parent for p in staging_files} | {staging}:
-        fsync_dir(folder)
+    reader sees the old version or the new one, never none. Every file is on disk before any rename makes it
+    visible: flushed here, unless the caller did (`flushed`)."""
+    if not flushed:
+        staging_files = [p for p in staging.rglob("*") if p.is_file()]
+        for path in staging_files:
+            fsync_file(path)
+        for folder in {p.parent for p in staging_files} | {staging}:
+            fsync_dir(folder)
     old = None
     with _swap_lock(final):
         if final.exists():
@@ -522,15 +542,20 @@ class DatasetWriter:
     def commit(self, *, code_version: str, config: dict, inputs: dict[str, str], counts: dict[str, int],
                stats: dict | None = None) -> Manifest:
         entries = []
+        recorded = _recorded_files(self.dir)
         for path in sorted((p for p in self.dir.rglob("*") if p.is_file()),
                            key=lambda p: _in_part_order(p.relative_to(self.dir))):
             relative = path.relative_to(self.dir)
             if _is_hidden(relative) or relative.as_posix() == MANIFEST_NAME:
                 continue
             role = next((r for r, p in ROLE_PREFIX.items() if path.name.startswith(p + "-")), "artifact")
-            rows = pq.ParquetFile(path).metadata.num_rows if path.suffix == ".parquet" else None
-            entries.append(FileEntry(path=relative.as_posix(), role=role, sha256=sha256_file(path),
-                                     bytes=path.stat().st_size, rows=rows))
+            size = path.stat().st_size
+            facts = recorded.get(path)
+            if facts is None or facts["bytes"] != size:  # not a part task's, or not as it left it: read it
+                facts = {"sha256": sha256_file(path),
+                         "rows": pq.ParquetFile(path).metadata.num_rows if path.suffix == ".parquet" else None}
+            entries.append(FileEntry(path=relative.as_posix(), role=role, sha256=facts["sha256"], bytes=size,
+                                     rows=facts["rows"]))
         manifest = Manifest(asset=self.asset, partition=self.partition, code_version=code_version,
                             config=redact(config), inputs=inputs, files=entries, counts=counts, stats=redact(stats or {}),
                             git_commit=git_commit(), created_at=now_utc(), data_version=data_version_of(entries))
@@ -560,7 +585,7 @@ class DatasetWriter:
             self._lock = None
 
     def _swap(self) -> None:
-        _swap_in(self.dir, self.final_dir)
+        _swap_in(self.dir, self.final_dir, flushed=True)  # by commit: flush_to_disk, then the manifest
 
     def __enter__(self) -> DatasetWriter:
         return self

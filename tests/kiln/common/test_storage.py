@@ -1,6 +1,7 @@
 """Crash windows of the store: a writer SIGKILLed at any step of a commit leaves readers the old version or the
 new one, never none and never a mix."""
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -126,6 +127,30 @@ def test_a_part_task_is_resumed_only_while_every_file_its_marker_names_is_whole(
         assert pq.read_table(rejected).column("x").to_pylist() == [1]
     marker.write_text(json.dumps({"documents": 7}))  # an earlier Kiln's marker: its files were flushed one by one
     assert resume_part(kept, run) == {"documents": 7} and len(calls) == len(damages) + 1
+    sizes = {kept.name: kept.stat().st_size, rejected.name: rejected.stat().st_size}
+    marker.write_text(json.dumps({"result": {"documents": 8}, "files": sizes}))  # one naming sizes alone
+    assert resume_part(kept, run) == {"documents": 8} and len(calls) == len(damages) + 1
+
+
+def test_the_commit_takes_each_part_tasks_rows_and_sha256_from_its_marker(tmp_path, monkeypatch):
+    """The task hashed and counted what it wrote, in parallel with the others: the commit reads again only the
+    files no marker describes as they are (one written outside a part task, one rewritten since)."""
+    store = Store(tmp_path / "store")
+    with store.staging("raw", "src") as writer:
+        a, b = writer.next_path("documents"), writer.next_path("documents")
+        for path, n in ((a, 3), (b, 5)):
+            resume_part(path, lambda path=path, n=n: write_parquet_atomic(path, pa.table({"x": list(range(n))})) or {})
+        c = writer.write("documents", pa.table({"x": [9]}))
+        write_parquet_atomic(b, pa.table({"x": list(range(50))}))  # not what b's task left: another size
+        hashed, sha256_file = [], storage.sha256_file
+        monkeypatch.setattr(storage, "sha256_file", lambda path: hashed.append(Path(path).name) or sha256_file(path))
+        manifest = writer.commit(code_version="test", config={}, inputs={}, counts={})
+    assert sorted(hashed) == sorted([b.name, c.name])
+    final = store.dataset_dir("raw", "src")
+    assert [(f.path, f.rows) for f in manifest.files] == [(a.name, 3), (b.name, 50), (c.name, 1)]
+    for f in manifest.files:
+        assert f.sha256 == hashlib.sha256((final / f.path).read_bytes()).hexdigest()
+        assert f.bytes == (final / f.path).stat().st_size
 
 
 def test_a_part_tasks_files_reach_the_disk_with_the_commit_before_its_manifest(tmp_path, monkeypatch):
