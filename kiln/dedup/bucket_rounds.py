@@ -51,7 +51,7 @@ from kiln.dedup.bucket_index import (
     index_file,
 )
 from kiln.dedup.bucket_layout import _decode_old, _earlier_partition, _Task, new_ranks, old_node, old_ranks
-from kiln.dedup.components import LABEL_SCHEMA, node_partition, partition_of, write_edges
+from kiln.dedup.components import LABEL_SCHEMA, distinct_pairs, node_partition, partition_of, write_edges
 from kiln.dedup.fast_minhash import compiled_kernels
 from kiln.dedup.minhash import HASH_COLUMNS
 from kiln.dedup.near import ALREADY_INDEXED, DECISION_SCHEMA, KEPT, NEAR_DUPLICATE, UnionFind
@@ -222,15 +222,15 @@ def _pairs(task: _Task) -> dict[str, Any]:
     shared = _bucket_sizes(t.column("band").to_numpy(), t.column("key").to_numpy())
     starts = np.cumsum(shared) - shared
     first, second = bucket_pairs(starts, shared, node < 0, lay.max_bucket)
-    a, b = node[first], node[second]
-    pairs = np.unique(np.stack([a, b], axis=1), axis=0) if a.size else np.empty((0, 2), np.int64)
-    table = pa.table({"a": pairs[:, 0], "b": pairs[:, 1]}, schema=PAIR_SCHEMA)
-    touched = write_partitioned(lay.w("pairs"), f"{p:05d}", table, lay.dp_of(pairs[:, 0]), lay.doc_partitions)
+    emitted = first.size
+    a, b = distinct_pairs(node[first], node[second])
+    table = pa.table({"a": a, "b": b}, schema=PAIR_SCHEMA)
+    touched = write_partitioned(lay.w("pairs"), f"{p:05d}", table, lay.dp_of(a), lay.doc_partitions)
     # The second documents, by their part: the attach task of that part sets their shingles aside for verify.
-    seconds = np.unique(pairs[:, 1])
+    seconds = np.unique(b)
     b_parts = write_partitioned(lay.w("pairs_b"), f"{p:05d}", pa.table({"node": seconds}, schema=B_SCHEMA),
                                 lay.dp_of(seconds), lay.n_parts)
-    return {"pairs": int(a.size), "buckets": int(shared.size), "largest_bucket": int(sizes.max()),
+    return {"pairs": int(emitted), "buckets": int(shared.size), "largest_bucket": int(sizes.max()),
             "oversized_buckets": int((shared > lay.max_bucket).sum()), "doc_partitions": touched,
             "b_parts": b_parts}
 
@@ -254,14 +254,13 @@ def _attach(task: _Task) -> int:
             {"node": seconds, "shingles": part.take(pa.array(seconds - lay.starts[dp]))}, schema=SECOND_SCHEMA))
     if t.num_rows == 0:
         return 0
-    pairs = np.unique(np.stack([t.column("a").to_numpy(), t.column("b").to_numpy()], axis=1), axis=0)
-    write_scratch(lay.w("cands", f"{dp:05d}{SCRATCH}"),
-                  pa.table({"a": pairs[:, 0], "b": pairs[:, 1]}, schema=PAIR_SCHEMA))
-    shingles = part.take(pa.array(pairs[:, 0] - lay.starts[dp])) if part is not None \
-        else lay.doc_rows(dp, pairs[:, 0], ["shingles"]).column("shingles")
-    table = pa.table({"a": pairs[:, 0], "b": pairs[:, 1], "shingles": shingles}, schema=PAIR_A_SCHEMA)
-    write_partitioned(lay.w("pairs_a"), f"{dp:05d}", table, lay.dp_of(pairs[:, 1]), lay.n_parts)
-    return int(len(pairs))
+    a, b = distinct_pairs(t.column("a").to_numpy(), t.column("b").to_numpy())
+    write_scratch(lay.w("cands", f"{dp:05d}{SCRATCH}"), pa.table({"a": a, "b": b}, schema=PAIR_SCHEMA))
+    shingles = part.take(pa.array(a - lay.starts[dp])) if part is not None \
+        else lay.doc_rows(dp, a, ["shingles"]).column("shingles")
+    table = pa.table({"a": a, "b": b, "shingles": shingles}, schema=PAIR_A_SCHEMA)
+    write_partitioned(lay.w("pairs_a"), f"{dp:05d}", table, lay.dp_of(b), lay.n_parts)
+    return int(a.size)
 
 
 def _segment_keys(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -123,13 +123,19 @@ class _RoundTask:
     label_partitions: int = 0
 
 
+def distinct_pairs(u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct pairs (u[i], v[i]), sorted by u then v: np.unique(np.stack([u, v], axis=1), axis=0)'s answer
+    from one lexsort (np.unique over rows sorts a structured view, several times slower)."""
+    order = np.lexsort((v, u))
+    u, v = u[order], v[order]
+    first = np.ones(u.size, bool)
+    first[1:] = (u[1:] != u[:-1]) | (v[1:] != v[:-1])
+    return u[first], v[first]
+
+
 def _read_edges(task: _RoundTask) -> tuple[np.ndarray, np.ndarray]:
     t = read_partition(_round_dir(Path(task.cc_dir), task.round), task.partition, EDGE_SCHEMA)
-    u, v = t.column("u").to_numpy(), t.column("v").to_numpy()
-    if u.size:
-        pairs = np.unique(np.stack([u, v], axis=1), axis=0)  # sorted by (u, v), distinct
-        u, v = pairs[:, 0], pairs[:, 1]
-    return u, v
+    return distinct_pairs(t.column("u").to_numpy(), t.column("v").to_numpy())
 
 
 def _fingerprint(lo: np.ndarray, hi: np.ndarray) -> tuple[int, int]:

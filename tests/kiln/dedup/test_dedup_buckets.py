@@ -18,7 +18,7 @@ from kiln.dedup import bucket_index, bucket_rounds, buckets
 from kiln.dedup.bucket_index import BUCKET_SCHEMA, band_keys, read_index_meta
 from kiln.dedup.bucket_rounds import bucket_pairs, pair_jaccard
 from kiln.dedup.buckets import decide_distributed, read_decisions
-from kiln.dedup.components import connected_components, read_labels, write_edges
+from kiln.dedup.components import connected_components, distinct_pairs, read_labels, write_edges
 from kiln.dedup.minhash import bands_rows, jaccard, shingle_hashes, signature_schema
 from kiln.dedup.near import KEPT, NEAR_DUPLICATE
 from kiln.dedup.signing import _list_array
@@ -283,6 +283,20 @@ def test_a_part_of_several_sources_or_out_of_source_order_is_refused(tmp_path, e
     with pytest.raises(ValueError, match="parts must come in source order"):
         decide_distributed([tmp_path / "b.parquet", tmp_path / "a.parquet"], {"a": (1, 0), "b": (1, 1)}, previous,
                            tmp_path / "w", tmp_path / "o", NEAR, "r1", partitions=2)
+
+
+def test_distinct_pairs_are_numpys_unique_rows():
+    """Against np.unique over rows (the code it replaced): negative nodes (earlier refreshes') sort first, repeats
+    go, and a pair and its reverse are two pairs."""
+    rng = np.random.default_rng(5)
+    u, v = rng.integers(-50, 50, 2000), rng.integers(-50, 50, 2000)
+    u, v = np.r_[u, v[:40], u[:300]], np.r_[v, u[:40], v[:300]]
+    want = np.unique(np.stack([u, v], axis=1), axis=0)
+    got = distinct_pairs(u, v)
+    assert got[0].tolist() == want[:, 0].tolist() and got[1].tolist() == want[:, 1].tolist()
+    assert len(want) < len(u) and (want[:, 0] < 0).any()  # not vacuous: repeats and negative nodes were there
+    empty = distinct_pairs(np.empty(0, np.int64), np.empty(0, np.int64))
+    assert empty[0].size == empty[1].size == 0 and empty[0].dtype == np.int64
 
 
 def test_pair_jaccard_all_pairs_at_once_equals_minhash_jaccard_pair_by_pair():
