@@ -37,7 +37,7 @@ from tqdm import tqdm
 from kiln.common.config import NearDedup
 from kiln.common.manifest import sha256_file, write_json_atomic
 from kiln.dedup.bucket_index import IndexMismatch, index_params
-from kiln.dedup.minhash import estimated_jaccard, jaccard, lean
+from kiln.dedup.minhash import estimated_jaccard, jaccard, lean, shingle_arrays
 from kiln.dedup.near import ALREADY_INDEXED, DECISION_SCHEMA, KEPT, NEAR_DUPLICATE, UnionFind
 
 
@@ -361,9 +361,8 @@ class Batch:
             chars.append(table.column("chars").to_numpy())
             sig = table.column("signature").combine_chunks()
             sigs.append(sig.values.to_numpy(zero_copy_only=False).reshape(n, sig.type.list_size))
-            sh = table.column("shingles").combine_chunks()
-            offsets = sh.offsets.to_numpy()
-            values.append(sh.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]])
+            sh_values, offsets = shingle_arrays(table.column("shingles"))
+            values.append(sh_values[offsets[0]:offsets[-1]])
             lengths.append(np.diff(offsets))
 
         def cat(xs, dtype):

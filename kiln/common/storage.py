@@ -82,12 +82,13 @@ def write_parquet_atomic(path: Path, table: pa.Table, hash_columns: tuple[str, .
     `flush=False` leaves it to a caller that flushes the folder itself (`flush_to_disk`) before anything names
     the file. Columns are dictionary-encoded and zstd-compressed, except `hash_columns` (random values: dictionary
     encoding and zstd only cost time there, ~3x to write a signature part and ~2.5x to read it, and made it
-    larger). `row_group_size`: rows per row group (None: Parquet's default), for files read a few rows at a time."""
+    larger; nor have they min/max statistics, which no reader could use). `row_group_size`: rows per row group
+    (None: Parquet's default), for files read a few rows at a time."""
     tmp = temporary_name(path)
     if hash_columns:
         plain = [c for c in table.column_names if c not in hash_columns]
         pq.write_table(table, tmp, compression={c: "zstd" if c in plain else "none" for c in table.column_names},
-                       use_dictionary=plain, row_group_size=row_group_size)
+                       use_dictionary=plain, write_statistics=plain, row_group_size=row_group_size)
     else:
         pq.write_table(table, tmp, compression="zstd", row_group_size=row_group_size)
     part_files = getattr(_part_task, "files", None)

@@ -52,7 +52,7 @@ from kiln.common.storage import (
 )
 from kiln.dedup.components import partition_of
 from kiln.dedup.fast_minhash import mix64
-from kiln.dedup.minhash import HASH_COLUMNS, SCHEME, bands_rows, jaccard
+from kiln.dedup.minhash import HASH_COLUMNS, SCHEME, SHINGLES_TYPE, bands_rows, jaccard, shingle_arrays
 
 INDEX_FORMAT = "kiln-bucket-index/1"
 INDEX = "dedup_index"  # the datasets holding each refresh's decisions and bucket index; also the name of their lock
@@ -64,7 +64,7 @@ IDS_SCHEMA = pa.schema([pa.field("h", pa.uint64(), nullable=False), pa.field("do
 DOCS_SCHEMA = pa.schema([pa.field("ref", pa.int64(), nullable=False), pa.field("doc_id", pa.string(), nullable=False),
                          pa.field("source", pa.string()), pa.field("quality_tier", pa.int32()),
                          pa.field("chars", pa.int64()), pa.field("batch", pa.string()),
-                         pa.field("shingles", pa.large_list(pa.uint32()), nullable=False)])
+                         pa.field("shingles", SHINGLES_TYPE, nullable=False)])
 # Random 64-bit values stored plain (no dictionary, no zstd: `write_parquet_atomic`): 4x cheaper to write.
 BUCKET_HASH_COLUMNS = ("key",)
 IDS_HASH_COLUMNS = ("h",)
@@ -154,16 +154,6 @@ def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
             h = mix64(h ^ sig[:, j])
         out[:, b] = h
     return out
-
-
-def _list_array(values: np.ndarray, offsets: np.ndarray) -> pa.LargeListArray:
-    return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(values, pa.uint32()))
-
-
-def _shingle_arrays(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    offsets = arr.offsets.to_numpy()
-    return arr.values.to_numpy(zero_copy_only=False), offsets
 
 
 _INDEX_ROLES = {"buckets": "index_buckets", "ids": "index_ids", "docs": "index_docs"}
@@ -328,7 +318,7 @@ def near_matches(index_dirs: Sequence[Path], shingles: np.ndarray, signature: np
         wanted = np.array(sorted(refs), np.int64)
         for j in np.unique(np.searchsorted(doc_parts, wanted, "right") - 1):
             t = read_doc_refs(index_file(path, "docs", int(j)), wanted, DOCS_SCHEMA.names[1:])
-            values, offsets = _shingle_arrays(t.column("shingles"))
+            values, offsets = shingle_arrays(t.column("shingles"))
             for i, record in enumerate(t.drop(["ref", "shingles"]).to_pylist()):
                 found.append((jaccard(shingles, values[offsets[i]:offsets[i + 1]]), record["doc_id"], record))
     return sorted(found, key=lambda f: (-f[0], f[1]))

@@ -45,7 +45,6 @@ from kiln.dedup.bucket_index import (
     IDS_HASH_COLUMNS,
     IDS_SCHEMA,
     _empty,
-    _shingle_arrays,
     band_keys,
     doc_id_hash,
     index_file,
@@ -53,7 +52,7 @@ from kiln.dedup.bucket_index import (
 from kiln.dedup.bucket_layout import _decode_old, _earlier_partition, _Task, new_ranks, old_node, old_ranks
 from kiln.dedup.components import LABEL_SCHEMA, distinct_pairs, node_partition, partition_of, write_edges
 from kiln.dedup.fast_minhash import compiled_kernels
-from kiln.dedup.minhash import HASH_COLUMNS
+from kiln.dedup.minhash import HASH_COLUMNS, SHINGLES_TYPE, packed_shingles, shingle_arrays
 from kiln.dedup.near import ALREADY_INDEXED, DECISION_SCHEMA, KEPT, NEAR_DUPLICATE, UnionFind
 from kiln.dedup.shuffle import SCRATCH, read_partition, read_scratch, read_segments, write_partitioned, write_scratch
 
@@ -70,10 +69,10 @@ NODES_SCHEMA = pa.schema([pa.field("node", pa.int64(), nullable=False), pa.field
                           pa.field("old_node", pa.int64())])  # old_node: the earlier copy of an already indexed doc
 PAIR_SCHEMA = pa.schema([pa.field("a", pa.int64(), nullable=False), pa.field("b", pa.int64(), nullable=False)])
 PAIR_A_SCHEMA = pa.schema([pa.field("a", pa.int64(), nullable=False), pa.field("b", pa.int64(), nullable=False),
-                           pa.field("shingles", pa.large_list(pa.uint32()), nullable=False)])
+                           pa.field("shingles", SHINGLES_TYPE, nullable=False)])
 B_SCHEMA = pa.schema([pa.field("node", pa.int64(), nullable=False)])
 SECOND_SCHEMA = pa.schema([pa.field("node", pa.int64(), nullable=False),
-                           pa.field("shingles", pa.large_list(pa.uint32()), nullable=False)])
+                           pa.field("shingles", SHINGLES_TYPE, nullable=False)])
 HIT_SCHEMA = pa.schema([pa.field("comp", pa.int64(), nullable=False), pa.field("a", pa.int64(), nullable=False),
                         pa.field("b", pa.int64(), nullable=False), pa.field("jaccard", pa.float64(), nullable=False)])
 MEMBER_SCHEMA = pa.schema([pa.field("comp", pa.int64(), nullable=False), pa.field("node", pa.int64(), nullable=False),
@@ -247,7 +246,8 @@ def _attach(task: _Task) -> int:
         else np.empty(0, np.int64)
     if t.num_rows == 0 and seconds.size == 0:
         return 0
-    part = pq.read_table(lay.parts[dp], columns=["shingles"]).column("shingles") if dp < lay.n_parts else None
+    part = packed_shingles(pq.read_table(lay.parts[dp], columns=["shingles"]).column("shingles")) \
+        if dp < lay.n_parts else None
     if seconds.size:
         seconds = np.unique(seconds)
         write_scratch(lay.w("seconds", f"{dp:05d}{SCRATCH}"), pa.table(
@@ -257,7 +257,7 @@ def _attach(task: _Task) -> int:
     a, b = distinct_pairs(t.column("a").to_numpy(), t.column("b").to_numpy())
     write_scratch(lay.w("cands", f"{dp:05d}{SCRATCH}"), pa.table({"a": a, "b": b}, schema=PAIR_SCHEMA))
     shingles = part.take(pa.array(a - lay.starts[dp])) if part is not None \
-        else lay.doc_rows(dp, a, ["shingles"]).column("shingles")
+        else packed_shingles(lay.doc_rows(dp, a, ["shingles"]).column("shingles"))
     table = pa.table({"a": a, "b": b, "shingles": shingles}, schema=PAIR_A_SCHEMA)
     write_partitioned(lay.w("pairs_a"), f"{dp:05d}", table, lay.dp_of(b), lay.n_parts)
     return int(a.size)
@@ -313,9 +313,9 @@ def _verify(task: _Task) -> tuple[int, int]:
     if t.num_rows == 0:
         return 0, 0
     a, b = t.column("a").to_numpy(), t.column("b").to_numpy()
-    a_values, a_offsets = _shingle_arrays(t.column("shingles"))
+    a_values, a_offsets = shingle_arrays(t.column("shingles"))
     seconds = read_scratch(lay.w("seconds", f"{k:05d}{SCRATCH}"))  # every b of this part, sorted, with shingles
-    b_values, b_offsets = _shingle_arrays(seconds.column("shingles"))
+    b_values, b_offsets = shingle_arrays(seconds.column("shingles"))
     j = pair_jaccard(a_values, a_offsets, b_values, b_offsets,
                      np.searchsorted(seconds.column("node").to_numpy(), b))
     hit = j >= lay.threshold
@@ -491,7 +491,7 @@ def _final(task: _Task) -> dict[str, Any]:
         "ref": refs, "doc_id": kept_ids, "source": sources.take(pa.array(kept)),
         "quality_tier": np.full(kept.size, lay.tiers[k], np.int32), "chars": sig_t.column("chars").take(pa.array(kept)),
         "batch": pa.array([lay.batch] * kept.size, pa.string()),
-        "shingles": sig_t.column("shingles").take(pa.array(kept))},
+        "shingles": packed_shingles(sig_t.column("shingles")).take(pa.array(kept))},
         schema=DOCS_SCHEMA), hash_columns=HASH_COLUMNS, row_group_size=DOCS_ROW_GROUP_ROWS, flush=False)
     if kept.size:
         # The keys round's band keys of the new documents (a kept document is new): no second read of signatures.

@@ -53,7 +53,7 @@ import pyarrow.parquet as pq
 from kiln.common.config import NearDedup
 from kiln.common.manifest import write_json_atomic
 from kiln.common.storage import flush_to_disk, part_name, row_group_stats, write_parquet_atomic
-from kiln.dedup.bucket_index import INDEX_FORMAT, _shingle_arrays, check_index_params, index_params, read_index_meta
+from kiln.dedup.bucket_index import INDEX_FORMAT, check_index_params, index_params, read_index_meta
 from kiln.dedup.bucket_layout import Earlier, Layout, LayoutFile, _Task
 from kiln.dedup.bucket_rounds import (
     EXAMPLE_CLUSTERS,
@@ -69,7 +69,7 @@ from kiln.dedup.bucket_rounds import (
     _verify,
 )
 from kiln.dedup.components import connected_components
-from kiln.dedup.minhash import bands_rows, estimated_jaccard, jaccard
+from kiln.dedup.minhash import bands_rows, estimated_jaccard, jaccard, shingle_arrays
 from kiln.dedup.near import DECISION_SCHEMA, KEPT, NEAR_DUPLICATE
 from kiln.engine import SERIAL, Engine
 
@@ -279,7 +279,7 @@ def survivor_violations(signature_parts: Sequence[Path], decision_files: Sequenc
             t = pq.read_table(path, columns=["doc_id", "signature", "shingles"]).take(pa.array(rows))
             ids += t.column("doc_id").to_pylist()
             sigs.append(_signatures(t))
-            values, offsets = _shingle_arrays(t.column("shingles"))
+            values, offsets = shingle_arrays(t.column("shingles"))
             shingles += [values[offsets[i]:offsets[i + 1]] for i in range(t.num_rows)]
     sigs = np.concatenate(sigs)
     violations = []
@@ -288,7 +288,7 @@ def survivor_violations(signature_parts: Sequence[Path], decision_files: Sequenc
         if t.num_rows == 0:
             continue
         others, other_ids = _signatures(t), t.column("doc_id").to_pylist()
-        values, offsets = _shingle_arrays(t.column("shingles"))
+        values, offsets = shingle_arrays(t.column("shingles"))
         for i, sig in enumerate(sigs):
             for j in np.flatnonzero(estimated_jaccard(sig, others) >= threshold - margin):
                 if other_ids[j] != ids[i]:

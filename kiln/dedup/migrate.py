@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from kiln.common.config import NearDedup
 from kiln.common.storage import Store
 from kiln.dedup.bucket_index import DOCS_SCHEMA, INDEX, index_lock, index_params, params_differences, write_index
-from kiln.dedup.minhash import sign_shingles
+from kiln.dedup.minhash import pack_shingles, sign_shingles
 from kiln.governance.refresh import load_refreshes
 
 RECORD_COLUMNS = ["doc_id", "source", "quality_tier", "chars", "batch"]
@@ -72,8 +72,7 @@ class OldLocalIndex:
             values, offsets = np.load(d / "shingles.npy", mmap_mode="r"), np.load(d / "offsets.npy", mmap_mode="r")
             lengths = offsets[rows + 1] - offsets[rows]
             flat = np.concatenate([values[offsets[i]:offsets[i + 1]] for i in rows]) if rows.size else []
-            shingles = pa.LargeListArray.from_arrays(pa.array(np.r_[0, np.cumsum(lengths)], pa.int64()),
-                                                     pa.array(np.asarray(flat, np.uint32), pa.uint32()))
+            shingles = pack_shingles(np.asarray(flat, np.uint32), np.r_[0, np.cumsum(lengths)])
             yield _docs(records.take(pa.array(rows)), shingles), np.asarray(np.load(d / "signatures.npy",
                                                                                    mmap_mode="r")[rows], np.uint32)
 
@@ -109,7 +108,7 @@ class OldRedisIndex:
             records = pa.Table.from_pylist([{c: self._records[d][c] for c in RECORD_COLUMNS} for d in part])
             offsets = np.r_[0, np.cumsum([s.size for s in sets])].astype(np.int64)
             values = np.concatenate(sets) if sets else np.empty(0, np.uint32)
-            shingles = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(values, pa.uint32()))
+            shingles = pack_shingles(values, offsets)
             # The scheme the shingle sets were hashed with (migrate_index checked it is the config's).
             yield _docs(records, shingles), sign_shingles(values, offsets, near, self.params["scheme"])
 

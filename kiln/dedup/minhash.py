@@ -29,6 +29,10 @@ SCHEME_FAST = "fss-splitmix64-v1"  # see kiln.dedup.fast_minhash
 
 SIGNATURE_COLUMNS = ["doc_id", "source", "chars", "signature", "shingles"]
 HASH_COLUMNS = ("signature", "shingles")  # random 32-bit values: stored plain (write_parquet_atomic)
+# A document's shingle set, sorted and unique, as its uint32 hashes' little-endian bytes. Not large_list<uint32>
+# (as before 2026-11-29, still read): Parquet decodes a list value by value through its repetition levels, where
+# bytes are copied, so a signature part of 5,000 documents wrote in 9 ms instead of 42 and read in 8 instead of 30.
+SHINGLES_TYPE = pa.large_binary()
 
 
 def signature_schema(num_perm: int) -> pa.Schema:
@@ -37,8 +41,33 @@ def signature_schema(num_perm: int) -> pa.Schema:
         pa.field("source", pa.string(), nullable=False),
         pa.field("chars", pa.int64(), nullable=False),
         pa.field("signature", pa.list_(pa.uint32(), num_perm), nullable=False),
-        pa.field("shingles", pa.large_list(pa.uint32()), nullable=False),  # sorted, unique
+        pa.field("shingles", SHINGLES_TYPE, nullable=False),
     ])
+
+
+def pack_shingles(values: np.ndarray, offsets: np.ndarray) -> pa.LargeBinaryArray:
+    """The shingles column (SHINGLES_TYPE) of sets values[offsets[i]:offsets[i + 1]]."""
+    offsets = np.asarray(offsets, np.int64)
+    values = np.ascontiguousarray(np.asarray(values)[offsets[0]:offsets[-1]], "<u4")
+    return pa.LargeBinaryArray.from_buffers(SHINGLES_TYPE, offsets.size - 1,
+                                            [None, pa.py_buffer((offsets - offsets[0]) * 4), pa.py_buffer(values)])
+
+
+def shingle_arrays(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(values, offsets) of a shingles column, stored as SHINGLES_TYPE or as the large_list<uint32> of older files:
+    set i is values[offsets[i]:offsets[i + 1]] (without copying the values)."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_large_list(arr.type):
+        return arr.values.to_numpy(zero_copy_only=False), arr.offsets.to_numpy()
+    _, offsets, data = arr.buffers()
+    offsets = np.frombuffer(offsets, np.int64, count=len(arr) + 1, offset=8 * arr.offset)
+    values = np.frombuffer(data, "<u4", count=int(offsets[-1]) // 4) if data is not None else np.empty(0, "<u4")
+    return values, offsets // 4
+
+
+def packed_shingles(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """A shingles column as SHINGLES_TYPE: itself when it is, converted from an older file's large_list<uint32>."""
+    return pack_shingles(*shingle_arrays(column)) if pa.types.is_large_list(column.type) else column
 
 
 def _hash32(data: bytes) -> int:

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from kiln.common.config import BoilerplateLines, NearDedup
 from kiln.common.storage import resume_part, write_parquet_atomic
-from kiln.dedup.minhash import HASH_COLUMNS, line_hashes, sign_texts, signature_schema
+from kiln.dedup.minhash import HASH_COLUMNS, line_hashes, pack_shingles, sign_texts, signature_schema
 from kiln.engine import SERIAL, Engine
 
 LINES_SCHEMA = pa.schema([pa.field("line_hash", pa.uint64(), nullable=False),
@@ -66,7 +66,7 @@ def _sign(task: _SignTask) -> dict:
         "signature": pa.FixedSizeListArray.from_arrays(
             pa.array(np.concatenate(signatures).reshape(-1) if signatures else np.empty(0, np.uint32), pa.uint32()),
             near.num_perm),
-        "shingles": _concat_lists(shingle_sets),
+        "shingles": _concat_shingles(shingle_sets),
     }, schema=signature_schema(near.num_perm))
     write_parquet_atomic(Path(task.output_path), table, hash_columns=HASH_COLUMNS)
     sizes = np.concatenate([np.diff(offsets) for _, offsets in shingle_sets]) if shingle_sets else np.zeros(0, int)
@@ -78,21 +78,20 @@ def _strings(arrays: list[pa.Array]) -> pa.Array:
     return pa.concat_arrays([a.cast(pa.string()) for a in arrays]) if arrays else pa.array([], pa.string())
 
 
-def _concat_lists(parts: list[tuple[np.ndarray, np.ndarray]]) -> pa.LargeListArray:
-    """One large_list<uint32> column from (values, offsets) pairs, each as `sign_texts` returns them."""
+def _concat_shingles(parts: list[tuple[np.ndarray, np.ndarray]]) -> pa.LargeBinaryArray:
+    """One shingles column from (values, offsets) pairs, each as `sign_texts` returns them."""
     if not parts:
-        return pa.LargeListArray.from_arrays(pa.array([0], pa.int64()), pa.array([], pa.uint32()))
+        return pack_shingles(np.empty(0, np.uint32), np.zeros(1, np.int64))
     starts = np.cumsum([0] + [v.size for v, _ in parts[:-1]])
     offsets = np.concatenate([parts[0][1][:1]] + [o[1:] + s for (_, o), s in zip(parts, starts)])
-    return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()),
-                                         pa.array(np.concatenate([v for v, _ in parts]), pa.uint32()))
+    return pack_shingles(np.concatenate([v for v, _ in parts]), offsets)
 
 
-def _list_array(arrays: list[np.ndarray]) -> pa.LargeListArray:
+def shingles_column(arrays: list[np.ndarray]) -> pa.LargeBinaryArray:
     """The same column from one shingle array per document."""
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum([a.size for a in arrays], out=offsets[1:])
-    return _concat_lists([(np.concatenate(arrays) if arrays else np.empty(0, np.uint32), offsets)])
+    return _concat_shingles([(np.concatenate(arrays) if arrays else np.empty(0, np.uint32), offsets)])
 
 
 def signature_groups(input_parts: Sequence[Path], rows: int) -> list[tuple[Path, ...]]:

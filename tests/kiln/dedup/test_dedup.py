@@ -24,7 +24,7 @@ from kiln.dedup.minhash import (
     signature_schema,
 )
 from kiln.dedup.near import ALREADY_INDEXED, KEPT, NEAR_DUPLICATE
-from kiln.dedup.signing import _list_array, compute_signatures
+from kiln.dedup.signing import compute_signatures, shingles_column
 from kiln.dedup.text import words
 from tests.old_near_dedup import Batch, near_dedup, open_index, survivor_violations
 
@@ -51,7 +51,7 @@ def signature_table(source: str, texts: list[str], ids: list[str] | None = None,
         "chars": [len(t) for t in texts],
         "signature": pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate([r[0][0] for r in rows])),
                                                        near.num_perm),
-        "shingles": _list_array([r[1] for r in rows])}, schema=signature_schema(near.num_perm))
+        "shingles": shingles_column([r[1] for r in rows])}, schema=signature_schema(near.num_perm))
 
 
 @pytest.fixture

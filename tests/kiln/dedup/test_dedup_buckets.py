@@ -21,7 +21,7 @@ from kiln.dedup.buckets import decide_distributed, read_decisions
 from kiln.dedup.components import connected_components, distinct_pairs, read_labels, write_edges
 from kiln.dedup.minhash import bands_rows, jaccard, shingle_hashes, signature_schema
 from kiln.dedup.near import KEPT, NEAR_DUPLICATE
-from kiln.dedup.signing import _list_array
+from kiln.dedup.signing import shingles_column
 from kiln.engine import SERIAL, ProcessPool, RayEngine
 from tests.kiln.dedup.test_dedup import edited, signature_table, vocabulary
 from tests.old_near_dedup import Batch, near_dedup, open_index
@@ -220,6 +220,41 @@ def test_second_refresh_against_the_first_refreshs_buckets(tmp_path):
     assert set(want3.column("status").to_pylist()) == {NEAR_DUPLICATE}
 
 
+def as_lists(path: Path) -> None:
+    """Rewrite a Parquet file's shingles column as large_list<uint32>, as Kiln stored it before 2026-11-29."""
+    t = pq.read_table(path)
+    sets = [np.frombuffer(b, "<u4").tolist() for b in t.column("shingles").to_pylist()]
+    field = pa.field("shingles", pa.large_list(pa.uint32()), nullable=False)
+    pq.write_table(t.set_column(t.schema.get_field_index("shingles"), field, pa.array(sets, field.type)), path)
+
+
+def test_signature_parts_and_an_index_of_shingle_lists_decide_the_same(tmp_path):
+    """Files from before the shingles column was stored as bytes (minhash.SHINGLES_TYPE): signature parts and an
+    earlier refresh's index docs with large_list<uint32> shingles decide as near_dedup does."""
+    first = families(2)
+    rng = np.random.default_rng(9)
+    vocab = vocabulary(rng, 5_000)
+    copies = [" ".join(edited(t.split(), 1, rng, vocab)) for t in family_texts(2)["web"][:15]]
+    second = [("copies", 1, signature_table("copies", copies))]
+    want = reference(tmp_path / "idx", [first, second])
+    parts, sources = write_parts(tmp_path / "sig-0", first, 12)
+    for path in parts:
+        as_lists(path)
+    decide_distributed(parts, sources, [], tmp_path / "work", tmp_path / "out-0", NEAR, "r0", partitions=3)
+    assert_same(read_decisions(tmp_path / "out-0"), want[0])
+    docs = sorted((tmp_path / "out-0" / "index" / "docs").glob("*.parquet"))
+    for path in docs:
+        as_lists(path)
+    parts, sources = write_parts(tmp_path / "sig-1", second, 12)
+    stats = decide_distributed(parts, sources, [tmp_path / "out-0" / "index"], tmp_path / "work", tmp_path / "out-1",
+                               NEAR, "r1", partitions=3)
+    assert_same(read_decisions(tmp_path / "out-1"), want[1])
+    assert stats["matched_earlier_refreshes"] >= 10  # verified against the old docs' shingle lists
+    assert pq.read_schema(docs[0]).field("shingles").type == pa.large_list(pa.uint32())
+    new_docs = sorted((tmp_path / "out-1" / "index" / "docs").glob("*.parquet"))
+    assert pq.read_schema(new_docs[0]).field("shingles").type == pa.large_binary()
+
+
 def test_a_later_refresh_reads_only_the_row_groups_of_earlier_docs_it_needs(tmp_path, monkeypatch):
     """Attach (shingles) and route (records) read an earlier refresh's docs file by row group, only those holding a
     document some candidate pair touches: never the whole file, so what a task reads does not grow with the earlier
@@ -408,7 +443,7 @@ def test_a_bucket_of_5000_identical_band_keys_stays_bounded(tmp_path):
     m = n + copies
     table = pa.table({"doc_id": [f"d{i:05d}" for i in range(m)], "source": ["s"] * m, "chars": np.full(m, 100),
                       "signature": pa.FixedSizeListArray.from_arrays(pa.array(sigs.ravel()), near.num_perm),
-                      "shingles": _list_array(shingles)}, schema=signature_schema(near.num_perm))
+                      "shingles": shingles_column(shingles)}, schema=signature_schema(near.num_perm))
     parts, sources = write_parts(tmp_path / "sig", [("s", 1, table)], 1_000)
     stats = decide_distributed(parts, sources, [], tmp_path / "work", tmp_path / "out", near, "r", partitions=4,
                                max_bucket=max_bucket)
