@@ -5,6 +5,8 @@ bench/scale_bench.py."""
 import importlib.util
 import itertools
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -157,7 +159,7 @@ def test_tiny_end_to_end_run_catches_planted_copies_and_keeps_hard_negatives(ben
     monkeypatch.chdir(ROOT)
     corpus = bench.prepare_corpus(tmp_path / "corpus", 300, 3, 100, 1)
     out = bench.run_one(bench.run_args(corpus=str(corpus), run_dir=str(tmp_path / "run"), rows_per_part=50,
-                                       partitions=3, sample_s=0.5))
+                                       partitions=3, sample_s=0.5, keep=True))
     assert out["docs"] == 300 and out["engine"] == "local" and out["workers"] == 1
     for level in ("0.95", "0.90"):
         assert out["recall_by_target_j"][level]["planted"] > 0
@@ -183,6 +185,12 @@ def test_tiny_end_to_end_run_catches_planted_copies_and_keeps_hard_negatives(ben
     rounds = out["stages"]["exact_dedup"]["tasks"]["rounds"]
     assert [r["round"] for r in rounds] == ["exact dedup: hash buckets", "exact dedup: decide", "exact dedup"]
     assert rounds[0]["tasks"] == rounds[2]["tasks"] == out["files"]["raw_parts"]  # a task per part, 50 rows each
+    # bench/near_profile.py profiles the signature and decide stages again over the kept run's curated parts.
+    profiled = subprocess.run([sys.executable, str(ROOT / "bench" / "near_profile.py"), "--run-dir",
+                               str(tmp_path / "run"), "--top", "3"], capture_output=True, text=True, check=True).stdout
+    documents = out["stages"]["signatures"]["docs"]
+    assert f"signatures: {documents:,} documents" in profiled and re.search(r"decide: [\d.]+ s wall", profiled)
+    assert "keys" in profiled and "final" in profiled and "persist" in profiled  # every round's seconds
 
 
 def test_repeated_runs_give_each_goal_as_its_spread_over_the_repetitions(bench):
