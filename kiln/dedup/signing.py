@@ -91,7 +91,7 @@ def shingles_column(arrays: list[np.ndarray]) -> pa.LargeBinaryArray:
     """The same column from one shingle array per document."""
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum([a.size for a in arrays], out=offsets[1:])
-    return _concat_shingles([(np.concatenate(arrays) if arrays else np.empty(0, np.uint32), offsets)])
+    return pack_shingles(np.concatenate(arrays) if arrays else np.empty(0, np.uint32), offsets)
 
 
 def signature_groups(input_parts: Sequence[Path], rows: int) -> list[tuple[Path, ...]]:
