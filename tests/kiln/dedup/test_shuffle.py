@@ -1,6 +1,7 @@
 """The near-dup rounds' shuffle files (kiln/dedup/shuffle.py): one file per writer, and a reader of partition q gets
 exactly the rows a plain filter gives, in writer-name order then row order."""
 
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -72,3 +73,34 @@ def test_a_partition_beyond_the_writers_count_is_an_error(tmp_path):
     write_partitioned(tmp_path, "w", table_of([(1, "a", [])]), np.array([0]), 3)
     with pytest.raises(IndexError, match="partition 3 of a shuffle written for 3"):
         read_partition(Path(tmp_path), 3, SCHEMA)
+
+
+def test_an_offset_table_longer_than_the_footer_read_at_once(tmp_path):
+    partitions = 3_000  # 24 kB of offsets: read beyond the first read of the file's tail
+    t = table_of([(i, str(i), [i]) for i in range(10)])
+    write_partitioned(tmp_path, "w", t, np.array([0, 1, 2, 600, 1500, 2998, 2999, 2999, 2999, 2999]), partitions)
+    assert read_partition(tmp_path, 0, SCHEMA).column("x").to_pylist() == [0]
+    assert read_partition(tmp_path, 1500, SCHEMA).column("x").to_pylist() == [4]
+    assert read_partition(tmp_path, 2999, SCHEMA).column("x").to_pylist() == [6, 7, 8, 9]
+    assert read_partition(tmp_path, 1000, SCHEMA).num_rows == 0
+    assert read_shuffle(tmp_path, SCHEMA).column("x").to_pylist() == list(range(10))
+
+
+def test_a_file_of_the_previous_layout_reads_the_same(tmp_path):
+    """Before: each segment a whole IPC stream (schema and batch), no schema at the head, so the first offset is 0.
+    A resumed exact dedup may meet such a file. Written here by hand, as that layout was."""
+    t = table_of([(1, "a", [1]), (2, "b", [2]), (3, "c", [])])
+    ends = [0]
+    with open(tmp_path / f"w{SHUFFLE}", "wb") as f:
+        for rows in (t.slice(0, 2), t.slice(0, 0), t.slice(2, 1)):  # partitions 0, 1 (empty) and 2
+            if rows.num_rows:
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, SCHEMA) as writer:
+                    writer.write_table(rows)
+                f.write(sink.getvalue())
+            ends.append(f.tell())
+        f.write(np.array(ends, "<i8").tobytes() + struct.pack("<q", len(ends)))
+    assert read_partition(tmp_path, 0, SCHEMA).column("x").to_pylist() == [1, 2]
+    assert read_partition(tmp_path, 1, SCHEMA).num_rows == 0
+    assert read_partition(tmp_path, 2, SCHEMA).column("l").to_pylist() == [[]]
+    assert read_shuffle(tmp_path, SCHEMA).column("s").to_pylist() == ["a", "b", "c"]
