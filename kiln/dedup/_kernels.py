@@ -41,61 +41,74 @@ def word_hashes(data, starts, ends, base):
     return out
 
 
+@numba.njit(cache=True, inline="always")
+def _rolled(word, poly, words, ring, slot, powers, inverse):
+    """The polynomial of a text's last n words after `word` (`spaced_shingles`)."""
+    n = ring.size
+    if words < n:
+        return poly + word * powers[words]
+    return (poly - ring[slot]) * inverse + word * powers[n - 1]
+
+
 @numba.njit(cache=True)
 def spaced_shingles(data, ends, byte_map, n, word_base, shingle_base):
     """The shingle hashes of a chunk whose words are all spaced words (`fast_minhash._shingle_sets` without
     no-space characters), in one pass over its normalized bytes byte_map[data] (words split by a space; text t
-    closed by the byte at ends[t]): every n consecutive words of a text, or all its words when it has fewer (none:
+    ends before the byte at ends[t]): every n consecutive words of a text, or all its words when it has fewer (none:
     the empty shingle), each mix64(sum_k word_hash_k * shingle_base^k) >> 32. Mapping each byte as it is read
-    saves a pass and a copy of the chunk. Returns (hashes text after text, count per text)."""
+    saves a pass and a copy of the chunk. The polynomial of a text's last n words is rolled from word to word
+    (P' = (P - oldest) * shingle_base^-1 + newest * shingle_base^(n-1), the oldest kept in a ring): two
+    multiplications a word instead of n, a quarter of the kernel's time. Returns (hashes text after text, count per
+    text)."""
     texts = ends.size
     out = np.empty(data.size + texts, dtype=np.uint32)
     counts = np.zeros(texts, dtype=np.int64)
-    window = np.zeros(n, dtype=np.uint64)  # the text's last n word hashes, the newest last (no modulo per word)
+    ring = np.zeros(n, dtype=np.uint64)  # the text's last n word hashes; the oldest at `slot` once it has n words
     powers = np.empty(n, dtype=np.uint64)
     powers[0] = _ONE
     for k in range(1, n):
         powers[k] = powers[k - 1] * shingle_base
-    t = 0
-    words = 0  # in the current text
+    inverse = shingle_base  # of an odd number mod 2^64, by Newton's iteration: 3 correct bits, doubled each time
+    for _ in range(5):
+        inverse *= np.uint64(2) - shingle_base * inverse
     k_out = 0
-    acc = np.uint64(0)
-    power = np.uint64(1)
-    in_word = False
-    for i in range(data.size):
-        closes = t < texts and i == ends[t]
-        b = byte_map[data[i]]
-        if closes or b == 0x20:
-            if in_word:
-                for k in range(n - 1):
-                    window[k] = window[k + 1]
-                window[n - 1] = mix64(acc)
+    start = 0
+    for t in range(texts):
+        end = ends[t]
+        words, slot = 0, 0
+        poly = np.uint64(0)
+        acc = np.uint64(0)
+        power = np.uint64(0)  # 0: between words (a power of an odd base is never 0)
+        for i in range(start, end):
+            b = byte_map[data[i]]
+            if b != 0x20:
+                if power == 0:
+                    acc = np.uint64(0)
+                    power = _ONE
+                acc += (np.uint64(b) + _ONE) * power
+                power *= word_base
+            elif power != 0:
+                word = mix64(acc)
+                poly = _rolled(word, poly, words, ring, slot, powers, inverse)
+                ring[slot] = word
                 words += 1
-                in_word = False
+                slot = slot + 1 if slot + 1 < n else 0
+                power = np.uint64(0)
                 if words >= n:  # the shingle of the last n words
-                    poly = np.uint64(0)
-                    for k in range(n):
-                        poly += window[k] * powers[k]
                     out[k_out] = np.uint32(mix64(poly) >> _S32)
                     k_out += 1
-                    counts[t] += 1
-            if closes:
-                if words < n:  # one shingle of all the text's words (the last `words` of the window)
-                    poly = np.uint64(0)
-                    for k in range(words):
-                        poly += window[n - words + k] * powers[k]
-                    out[k_out] = np.uint32(mix64(poly) >> _S32)
-                    k_out += 1
-                    counts[t] += 1
-                t += 1
-                words = 0
-        else:
-            if not in_word:
-                acc = np.uint64(0)
-                power = np.uint64(1)
-                in_word = True
-            acc += (np.uint64(b) + _ONE) * power
-            power *= word_base
+        if power != 0:  # the text's end closes its last word
+            word = mix64(acc)
+            poly = _rolled(word, poly, words, ring, slot, powers, inverse)
+            words += 1
+            if words >= n:
+                out[k_out] = np.uint32(mix64(poly) >> _S32)
+                k_out += 1
+        if words < n:  # one shingle of all the text's words
+            out[k_out] = np.uint32(mix64(poly) >> _S32)
+            k_out += 1
+        counts[t] = max(words - n + 1, 1)
+        start = end + 1
     return out[:k_out], counts
 
 

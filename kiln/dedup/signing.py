@@ -47,7 +47,8 @@ def _sign(task: _SignTask) -> dict:
     ids, sources, chars, signatures, shingle_sets = [], [], [], [], []
     line_counts: Counter = Counter()
     batches = (batch for path in task.input_paths
-               for batch in pq.ParquetFile(path).iter_batches(batch_size=_SIGN_ROWS, columns=["doc_id", "source", "text"]))
+               for batch in pq.ParquetFile(path).iter_batches(batch_size=_SIGN_ROWS, columns=["doc_id", "source", "text"],
+                                                             use_threads=False))
     for batch in batches:
         texts = batch.column("text").to_pylist()
         sigs, values, offsets = sign_texts(texts, near, near.scheme)  # the whole batch at once
