@@ -197,6 +197,8 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
          "pairs_results_gib": (P * parts * PY_INT_IN_LIST / GIB,
                                f"at most {P:,} partitions x {parts:,} doc-partitions written, as Python ints "
                                f"({PY_INT_IN_LIST} B) in the driver"),
+         "verify_segments_per_round": (parts * parts, f"{parts:,} doc partitions x {parts:,} parts: every verify task "
+                                                      "opens every attach task's file"),
          "weekly_docs": (refresh, "--refresh-docs (default: docs / 52)"),
          "weekly_core_hours": (core_h * refresh / t.docs, "core-hours x refresh / docs"),
          "weekly_wall_hours": (core_h * refresh / t.docs / (cores * t.utilization), "on the same cores"),
@@ -204,6 +206,8 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
          "weekly_driver_task_list_gb": (max(r_parts + e_parts, P) * task_b / 1e9,
                                         f"max({r_parts:,} + {e_parts:,} earlier docs parts, {P:,}) tasks x "
                                         f"{task_b:.0f} B"),
+         "weekly_verify_segments_per_round": ((r_parts + e_parts) * r_parts,
+                                              f"({r_parts:,} + {e_parts:,} earlier docs parts) x {r_parts:,} parts"),
          "weekly_layout_file_mb": ((r_parts * lay + e_parts * lay_e) / 1e6,
                                    f"{r_parts:,} x {lay:.0f} B + {e_parts:,} earlier parts x {lay_e:.1f} B")}
     plan = {"stages": rows, "q": q, "runs": [label(r) for r in runs]}
