@@ -54,6 +54,10 @@ def write_partitioned(root: Path, name: str, table: pa.Table, partition: np.ndar
     says the task ran). Returns the partitions that got rows."""
     if table.num_rows == 0 and not keep_empty:
         return []
+    coded = [f.name for f in table.schema if pa.types.is_dictionary(f.type)]
+    if coded:  # a batch message carries no dictionary: its reader could not decode the column
+        raise TypeError(f"shuffle {root / name}: dictionary-encoded columns {coded}; decode them first "
+                        "(table.cast with their value types)")
     partition = np.asarray(partition, np.int64)
     if partition.size < 2 or (partition[1:] >= partition[:-1]).all():  # in partition order already: no copy
         bounds, rows = np.searchsorted(partition, np.arange(partitions + 1)), table
@@ -87,7 +91,8 @@ _TAIL = 4096  # footer bytes read at once: the whole offset table of a shuffle o
 def _segments(path: str | Path, wanted: int | None = None) -> tuple[pa.Schema | None, list[bytes]]:
     """(the file's schema, the bytes of partition `wanted`'s segment) of one shuffle file (b"" when it has no rows
     for it), or of every partition's (None); one open, the offsets read from its end. The schema is None for a file
-    of the previous layout, whose segments are whole IPC streams."""
+    of the previous layout, whose segments are whole IPC streams (and when every segment asked for is empty: it is
+    read only to decode one)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
@@ -104,10 +109,10 @@ def _segments(path: str | Path, wanted: int | None = None) -> tuple[pa.Schema | 
                 struct.unpack("<q", os.pread(fd, 8, at))[0]
 
         head = offset(0)
-        schema = _schema(os.pread(fd, head, 0)) if head else None
         bounds = [head] + [offset(i) for i in range(1, count)] if wanted is None else \
             [offset(wanted), offset(wanted + 1)]
-        return schema, [os.pread(fd, hi - lo, lo) if hi > lo else b"" for lo, hi in zip(bounds, bounds[1:])]
+        segments = [os.pread(fd, hi - lo, lo) if hi > lo else b"" for lo, hi in zip(bounds, bounds[1:])]
+        return (_schema(os.pread(fd, head, 0)) if head and any(segments) else None), segments
     finally:
         os.close(fd)
 

@@ -104,3 +104,10 @@ def test_a_file_of_the_previous_layout_reads_the_same(tmp_path):
     assert read_partition(tmp_path, 1, SCHEMA).num_rows == 0
     assert read_partition(tmp_path, 2, SCHEMA).column("l").to_pylist() == [[]]
     assert read_shuffle(tmp_path, SCHEMA).column("s").to_pylist() == ["a", "b", "c"]
+
+
+def test_a_dictionary_encoded_column_is_refused_with_the_fix(tmp_path):
+    t = pa.table({"s": pa.array(["a", "b", "a"]).dictionary_encode()})
+    with pytest.raises(TypeError, match=r"dictionary-encoded columns \['s'\]; decode them first"):
+        write_partitioned(tmp_path, "w", t, np.array([0, 1, 0]), 2)
+    assert not list(tmp_path.iterdir())
