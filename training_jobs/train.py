@@ -273,8 +273,9 @@ class Trainer:
         """Write a checkpoint; rank 0's ManifestWriter completes it (hashes, manifest, rotation) in the background.
         The seconds this call held the loop up are its stall."""
         p = self.progress
-        start = time.perf_counter()
         with self.stopwatch.timing("checkpoint"):
+            # Timed inside the stopwatch's window, so the stalls never add up to more than its checkpoint seconds.
+            start = time.perf_counter()
             self.report.flush()  # metrics.jsonl holds every step a checkpoint holds
             if self.unreported:  # the previous checkpoint has had a whole interval to complete
                 self.report_complete_checkpoints()
@@ -284,8 +285,8 @@ class Trainer:
             p.last_checkpoint = checkpoint.save(self.engine, self.ckpt_root, p.step, self.kiln_state(),
                                                 self.t.checkpoint.keep_last, meta, self.manifests)
             self.unreported.append((p.step, p.last_checkpoint))
-        self.cadence.saved(time.monotonic())
-        stall = time.perf_counter() - start
+            self.cadence.saved(time.monotonic())
+            stall = time.perf_counter() - start
         self.stalls.append(stall)
         self.report.step(p.step, {"checkpoint/stall_s": stall}, to_mlflow=True)
         self.report.line(f"step {p.step}: checkpoint {p.last_checkpoint} (training waited {stall:.2f} s; hashed in "
