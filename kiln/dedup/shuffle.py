@@ -109,8 +109,7 @@ def _segments(path: str | Path, wanted: int | None = None) -> tuple[pa.Schema | 
                 struct.unpack("<q", os.pread(fd, 8, at))[0]
 
         head = offset(0)
-        bounds = [head] + [offset(i) for i in range(1, count)] if wanted is None else \
-            [offset(wanted), offset(wanted + 1)]
+        bounds = [offset(i) for i in range(count)] if wanted is None else [offset(wanted), offset(wanted + 1)]
         segments = [os.pread(fd, hi - lo, lo) if hi > lo else b"" for lo, hi in zip(bounds, bounds[1:])]
         return (_schema(os.pread(fd, head, 0)) if head and any(segments) else None), segments
     finally:
