@@ -184,6 +184,8 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
     rpp = t.near_rows_per_part
     parts, r_parts, e_parts = (math.ceil(n / rpp) for n in (new_docs, r_new, new_docs))
     P, (task_b, lay, lay_e) = t.partitions, layout
+    pairs_per_doc = near["verification"]["candidate_pairs"] / near["documents"]
+    pairs = new_docs * pairs_per_doc
     q = {"cores": (cores, f"{core_h:,.0f} core-hours / ({t.hours} h x {t.utilization})" if not t.cores else "--cores"),
          "core_hours": (core_h, "sum of the stages"), "compute_usd": (core_h * t.core_hour_usd, "core-hours x price"),
          "parts": (parts, f"{new_docs:,.0f} documents reaching near dedup / {rpp:,} per signature part"),
@@ -197,8 +199,11 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
          "pairs_results_gib": (P * parts * PY_INT_IN_LIST / GIB,
                                f"at most {P:,} partitions x {parts:,} doc-partitions written, as Python ints "
                                f"({PY_INT_IN_LIST} B) in the driver"),
-         "verify_segments_per_round": (parts * parts, f"{parts:,} doc partitions x {parts:,} parts: every verify task "
-                                                      "opens every attach task's file"),
+         "candidate_pairs": (pairs, f"{new_docs:,.0f} x {pairs_per_doc:.4f} distinct candidate pairs per document "
+                                    "(the bench's)"),
+         "verify_segments_per_round": (min(parts * parts, pairs),
+                                       f"min({parts:,} doc partitions x {parts:,} parts, {pairs:,.0f} candidate "
+                                       "pairs): a verify task opens only the attach files holding its pairs"),
          "weekly_docs": (refresh, "--refresh-docs (default: docs / 52)"),
          "weekly_core_hours": (core_h * refresh / t.docs, "core-hours x refresh / docs"),
          "weekly_wall_hours": (core_h * refresh / t.docs / (cores * t.utilization), "on the same cores"),
@@ -206,8 +211,9 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
          "weekly_driver_task_list_gb": (max(r_parts + e_parts, P) * task_b / 1e9,
                                         f"max({r_parts:,} + {e_parts:,} earlier docs parts, {P:,}) tasks x "
                                         f"{task_b:.0f} B"),
-         "weekly_verify_segments_per_round": ((r_parts + e_parts) * r_parts,
-                                              f"({r_parts:,} + {e_parts:,} earlier docs parts) x {r_parts:,} parts"),
+         "weekly_verify_segments_per_round": (min((r_parts + e_parts) * r_parts, r_new * pairs_per_doc),
+                                              f"min(({r_parts:,} + {e_parts:,} earlier docs parts) x {r_parts:,} "
+                                              f"parts, {r_new * pairs_per_doc:,.0f} candidate pairs)"),
          "weekly_layout_file_mb": ((r_parts * lay + e_parts * lay_e) / 1e6,
                                    f"{r_parts:,} x {lay:.0f} B + {e_parts:,} earlier parts x {lay_e:.1f} B")}
     plan = {"stages": rows, "q": q, "runs": [label(r) for r in runs]}

@@ -217,6 +217,7 @@ def _load_layout(path: str, sha: str) -> Layout:
 class _Task:
     layout_file: LayoutFile
     i: int
+    writers: tuple[str, ...] | None = None  # the shuffle files that hold rows for i (None: list the folder)
 
     @property
     def layout(self) -> Layout:

@@ -236,16 +236,17 @@ def _pairs(task: _Task) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------ 5-6 attach, verify
 
-def _attach(task: _Task) -> int:
+def _attach(task: _Task) -> tuple[int, list[int]]:
     """The distinct pairs whose first document is in this doc-partition, with that document's shingles, shuffled
     by the second document's part (always this refresh's); and, of a part of this refresh, the shingles of its
-    documents that are some pair's second (a scratch file verify reads instead of the whole part again)."""
+    documents that are some pair's second (a scratch file verify reads instead of the whole part again).
+    Returns the distinct pairs and the parts they went to (verify opens only their writers' files)."""
     lay, dp = task.layout, task.i
     t = read_partition(lay.w("pairs"), dp, PAIR_SCHEMA)
     seconds = read_partition(lay.w("pairs_b"), dp, B_SCHEMA).column("node").to_numpy() if dp < lay.n_parts \
         else np.empty(0, np.int64)
     if t.num_rows == 0 and seconds.size == 0:
-        return 0
+        return 0, []
     part = packed_shingles(pq.read_table(lay.parts[dp], columns=["shingles"]).column("shingles")) \
         if dp < lay.n_parts else None
     if seconds.size:
@@ -253,14 +254,18 @@ def _attach(task: _Task) -> int:
         write_scratch(lay.w("seconds", f"{dp:05d}{SCRATCH}"), pa.table(
             {"node": seconds, "shingles": part.take(pa.array(seconds - lay.starts[dp]))}, schema=SECOND_SCHEMA))
     if t.num_rows == 0:
-        return 0
+        return 0, []
     a, b = distinct_pairs(t.column("a").to_numpy(), t.column("b").to_numpy())
     write_scratch(lay.w("cands", f"{dp:05d}{SCRATCH}"), pa.table({"a": a, "b": b}, schema=PAIR_SCHEMA))
     shingles = part.take(pa.array(a - lay.starts[dp])) if part is not None \
         else packed_shingles(lay.doc_rows(dp, a, ["shingles"]).column("shingles"))
     table = pa.table({"a": a, "b": b, "shingles": shingles}, schema=PAIR_A_SCHEMA)
-    write_partitioned(lay.w("pairs_a"), f"{dp:05d}", table, lay.dp_of(b), lay.n_parts)
-    return int(a.size)
+    return int(a.size), write_partitioned(lay.w("pairs_a"), attach_writer(dp), table, lay.dp_of(b), lay.n_parts)
+
+
+def attach_writer(dp: int) -> str:
+    """The name of doc-partition dp's attach file in the pairs_a shuffle."""
+    return f"{dp:05d}"
 
 
 def _segment_keys(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -309,7 +314,7 @@ def _searched_intersections(a_values: np.ndarray, a_offsets: np.ndarray, a_len: 
 def _verify(task: _Task) -> tuple[int, int]:
     """Exact Jaccard of each pair whose second document is in part k; J >= threshold: a hit and a component edge."""
     lay, k = task.layout, task.i
-    t = read_partition(lay.w("pairs_a"), k, PAIR_A_SCHEMA)
+    t = read_partition(lay.w("pairs_a"), k, PAIR_A_SCHEMA, writers=task.writers)
     if t.num_rows == 0:
         return 0, 0
     a, b = t.column("a").to_numpy(), t.column("b").to_numpy()

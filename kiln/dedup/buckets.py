@@ -67,6 +67,7 @@ from kiln.dedup.bucket_rounds import (
     _route,
     _scan,
     _verify,
+    attach_writer,
 )
 from kiln.dedup.components import connected_components
 from kiln.dedup.minhash import bands_rows, estimated_jaccard, jaccard, shingle_arrays
@@ -137,11 +138,11 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
         documents = sum(pq.ParquetFile(p).metadata.num_rows for p in signature_parts)
         partitions = auto_partitions(documents + sum(e.starts[-1] for e in earlier), bands)
 
-    def stage(name, fn, layout, items):
+    def stage(name, fn, layout, items, writers=None):
         t0 = time.perf_counter()
         layout_file = LayoutFile.write(layout, work_dir)
-        out = engine.map_parts(fn, [_Task(layout_file, i) for i in items], desc=f"near-dup {name}",
-                               progress=progress)
+        tasks = [_Task(layout_file, i, None if writers is None else tuple(writers[i])) for i in items]
+        out = engine.map_parts(fn, tasks, desc=f"near-dup {name}", progress=progress)
         timing[name] = round(time.perf_counter() - t0, 3)
         return out
 
@@ -178,8 +179,15 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
     new_docs = sum(stage("keys", _keys, lay, range(n_parts)))
     paired = stage("pairs", _pairs, lay, range(P))
     touched = sorted({d for x in paired for d in x["doc_partitions"]})
-    distinct = sum(stage("attach", _attach, lay, sorted(set(touched) | {d for x in paired for d in x["b_parts"]})))
-    verified = stage("verify", _verify, lay, range(n_parts))
+    attach_parts = sorted(set(touched) | {d for x in paired for d in x["b_parts"]})
+    attached = stage("attach", _attach, lay, attach_parts)
+    # Each verify task opens the attach files that hold its rows, not all of them (parts x parts opens at scale).
+    attach_writers: list[list[str]] = [[] for _ in range(n_parts)]
+    for dp, (_, parts) in zip(attach_parts, attached):
+        for k in parts:
+            attach_writers[k].append(attach_writer(dp))
+    distinct = sum(n for n, _ in attached)
+    verified = stage("verify", _verify, lay, range(n_parts), writers=attach_writers)
     t0 = time.perf_counter()
     cc = connected_components(work_dir / "cc", P, engine, route=LayoutFile.write(lay, work_dir),
                               label_partitions=lay.doc_partitions, progress=progress)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -167,10 +168,14 @@ def shuffle_files(root: Path) -> list[Path]:
     return [root / name for name in sorted(names) if name.endswith(SHUFFLE)]
 
 
-def read_segments(root: Path, q: int, columns: list[str] | None = None) -> list[tuple[str, pa.Table]]:
-    """(writer's name, its rows) for partition q, from every writer that has some, in name order."""
+def read_segments(root: Path, q: int, columns: list[str] | None = None,
+                  writers: Sequence[str] | None = None) -> list[tuple[str, pa.Table]]:
+    """(writer's name, its rows) for partition q, from every writer that has some, in name order. `writers`: the
+    names of the only files that hold rows for q (as their `write_partitioned` returned), opened without listing
+    the folder: a reader of a sparse shuffle opens its own writers' files, not every file."""
+    paths = shuffle_files(root) if writers is None else [root / f"{name}{SHUFFLE}" for name in sorted(writers)]
     out = []
-    for path in shuffle_files(root):
+    for path in paths:
         schema, (segment,) = _segments(path, q)
         if segment:
             table = _decode(schema, segment)
@@ -178,9 +183,10 @@ def read_segments(root: Path, q: int, columns: list[str] | None = None) -> list[
     return out
 
 
-def read_partition(root: Path, q: int, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table:
-    """Partition q of a shuffle: every writer's rows for it, in writer-name order."""
-    tables = [t for _, t in read_segments(root, q, columns)]
+def read_partition(root: Path, q: int, schema: pa.Schema, columns: list[str] | None = None,
+                   writers: Sequence[str] | None = None) -> pa.Table:
+    """Partition q of a shuffle: every writer's rows for it, in writer-name order (`writers`: as `read_segments`)."""
+    tables = [t for _, t in read_segments(root, q, columns, writers)]
     if not tables:
         return pa.schema([schema.field(c) for c in columns or schema.names]).empty_table()
     return pa.concat_tables(tables)

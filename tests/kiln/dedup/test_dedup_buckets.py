@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kiln import engine as engine_module
 from kiln.common.config import NearDedup
-from kiln.dedup import bucket_index, bucket_rounds, buckets
+from kiln.dedup import bucket_index, bucket_rounds, buckets, shuffle
 from kiln.dedup.bucket_index import BUCKET_SCHEMA, band_keys, read_index_meta
 from kiln.dedup.bucket_rounds import bucket_pairs, pair_jaccard
 from kiln.dedup.buckets import decide_distributed, read_decisions
@@ -358,6 +358,30 @@ def test_pair_jaccard_all_pairs_at_once_equals_minhash_jaccard_pair_by_pair():
     reversed_b = pa.array([None, *[s[::-1] for s in sets]], pa.large_list(pa.uint32())).slice(1)
     assert pair_jaccard(a_values, a_offsets, reversed_b.values.to_numpy(), reversed_b.offsets.to_numpy(),
                         b_idx).tolist() == want.tolist()
+
+
+def test_verify_opens_only_the_attach_files_holding_its_pairs(tmp_path, monkeypatch):
+    """Not every attach file per verify task (parts x parts opens at scale): only those whose rows it reads, so every
+    segment a verify task opens holds rows, and the decisions are still near_dedup's."""
+    tables = families(11, n_bases=280)
+    want = reference(tmp_path / "idx", [tables])[0]
+    opened: list[tuple[str, int]] = []
+    segments = shuffle._segments
+
+    def recording(path, wanted=None):
+        schema, found = segments(path, wanted)
+        if Path(path).parent.name == "pairs_a":
+            opened.append((path.name, len(found[0])))
+        return schema, found
+
+    monkeypatch.setattr(shuffle, "_segments", recording)
+    got, stats = distributed(tmp_path, [tables], partitions=4, part_rows=60)
+    assert_same(got[0], want)
+    attach_files = len(list((tmp_path / "work" / "pairs_a").iterdir()))
+    parts = len(list((tmp_path / "sig-0").glob("*.parquet")))
+    assert attach_files >= 10 and parts >= 10  # a shuffle where listing would open many empty segments
+    assert opened and all(size > 0 for _, size in opened)
+    assert len(opened) < attach_files * parts
 
 
 def test_a_larger_corpus_same_decisions_as_near_dedup(tmp_path):

@@ -53,6 +53,18 @@ def test_one_file_per_writer_whatever_the_partitions(tmp_path):
     assert read_partition(tmp_path, 499, SCHEMA, ["s"]).column_names == ["s"]
 
 
+def test_a_reader_given_its_writers_opens_only_their_files(tmp_path):
+    t = table_of([(i, str(i), [i]) for i in range(6)])
+    assert write_partitioned(tmp_path, "a", t, np.array([0, 0, 1, 1, 2, 2]), 4) == [0, 1, 2]
+    assert write_partitioned(tmp_path, "b", t, np.array([3, 3, 3, 1, 1, 1]), 4) == [1, 3]
+    assert write_partitioned(tmp_path, "c", t, np.full(6, 2), 4) == [2]
+    (tmp_path / f"c{SHUFFLE}").write_bytes(b"not a shuffle file")  # opened, it would fail to parse
+    # partition 1: rows 2, 3 of a, then 3, 4, 5 of b (name order, whatever order the writers are given in)
+    assert read_partition(tmp_path, 1, SCHEMA, writers=["b", "a"]).column("x").to_pylist() == [2, 3, 3, 4, 5]
+    assert read_partition(tmp_path, 3, SCHEMA, writers=["b"]).column("x").to_pylist() == [0, 1, 2]
+    assert read_partition(tmp_path, 0, SCHEMA, writers=[]).num_rows == 0
+
+
 def test_empty_writes_nothing_and_reads_empty(tmp_path):
     assert write_partitioned(tmp_path / "a", "w", SCHEMA.empty_table(), np.empty(0, np.int64), 4) == []
     assert not (tmp_path / "a").exists()

@@ -122,8 +122,10 @@ def test_bytes_files_shuffle_and_memory():
     assert q["keys_files_per_round"] == 90_000
     # what the pairs tasks read: 90,000 writers x 1,000 partitions = 9e7 segments of 4.0 TB / 9e7 = 44,444 B
     assert q["keys_segments_per_round"] == 9e7 and q["keys_segment_kib"] == pytest.approx(4e12 / 9e7 / 1024)
-    # what the verify tasks read: 90,000 attach tasks (one per doc partition) x 90,000 parts = 8.1e9 segments
-    assert q["verify_segments_per_round"] == 8.1e9
+    # what the verify tasks read: only the attach files holding their pairs, so at most one segment per distinct
+    # candidate pair: 4 pairs per 900 documents x 9e9 = 4e7, far under 90,000 attach tasks x 90,000 parts = 8.1e9
+    assert q["candidate_pairs"] == pytest.approx(4e7)
+    assert q["verify_segments_per_round"] == pytest.approx(4e7)
     # driver: a task carries its layout as a file name, so max(90,000 parts, 1,000 partitions) tasks x 400 B
     # = 3.6e7 B, whatever the parts; the layout file itself: 90,000 parts x 100 B = 9e6 B, once
     assert q["driver_task_list_gb"] == pytest.approx(0.036)
@@ -142,8 +144,9 @@ def test_weekly_refresh():
     # 1e8 new documents: 1416.667 core-hours x 1e8 / 1e10 = 14.17; 9e7 reach near dedup -> 900 parts
     assert q["weekly_core_hours"] == pytest.approx(14.16667, rel=1e-5)
     assert q["weekly_keys_segments_per_round"] == 900 * 1000
-    # verify: (900 new + 90,000 earlier docs parts) attach tasks x 900 parts
-    assert q["weekly_verify_segments_per_round"] == (900 + 90_000) * 900
+    # verify: at most 4 / 900 candidate pairs per document x 9e7 = 4e5 segments, under (900 new + 90,000 earlier
+    # docs parts) attach tasks x 900 parts = 8.18e7
+    assert q["weekly_verify_segments_per_round"] == pytest.approx(4e5)
     # earlier index read every week: buckets 200 + ids 30 B/doc x 1e10 = 2.3 TB; all docs files too: + 20 TB
     assert q["weekly_earlier_min_tb"] == pytest.approx(2.3) and q["weekly_earlier_max_tb"] == pytest.approx(22.3)
     # pairs task: (9e7 x 16 x 90 B + 8e9 x 16 x (20 + 17 + 4) B) / 1,000 = (1.296e11 + 5.248e12) / 1e3 = 5.3776e9 B
