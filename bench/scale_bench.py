@@ -42,7 +42,8 @@ document sorted by doc_id; status is the filter's reason, exact_duplicate, or ne
 sampler also sums CPU seconds per stage over the same processes (`cpu_s`, `mb_per_cpu_s`): a rate that other load
 on the machine disturbs less than wall time does. Every round and task is timed too (`stages.*.tasks`,
 `round_figures`), and the goals split two workers' speed-up into idle workers, waiting tasks and extra CPU
-(`speedup_factors`).
+(`speedup_factors`). Per stage, `machine` holds the whole machine's CPU seconds by kind (user, system, iowait,
+steal, idle: what the runs' own processes do not account for), page reclaim counters and the page cache at the end.
 """
 
 from __future__ import annotations
@@ -205,6 +206,34 @@ class TimedEngine:
 
     def describe(self):
         return self.engine.describe()
+
+
+VMSTAT = ("pgscan_kswapd", "pgscan_direct", "pgsteal_kswapd", "pgsteal_direct", "allocstall_normal",
+          "allocstall_movable", "pgmajfault")
+
+
+def machine_counters() -> dict[str, float]:
+    """The whole machine's CPU seconds by kind (/proc/stat: what other processes, the kernel's writeback and reclaim,
+    and the hypervisor took), page reclaim counters (/proc/vmstat) and page cache (/proc/meminfo). Linux only: {}
+    elsewhere."""
+    try:
+        cpu = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        vm = dict(line.split() for line in Path("/proc/vmstat").read_text().splitlines())
+        mem = {k: v.split()[0] for k, v in (line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())}
+    except OSError:
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    kinds = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+    out = {f"cpu_{k}_s": int(v) / tick for k, v in zip(kinds, cpu)}
+    out |= {k: int(vm.get(k, 0)) for k in VMSTAT}
+    out |= {"cached_gib": int(mem["Cached"]) / 2**20, "dirty_gib": int(mem["Dirty"]) / 2**20,
+            "available_gib": int(mem["MemAvailable"]) / 2**20}
+    return out
+
+
+def machine_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Counters as differences over a stage; page cache figures as they were at its end."""
+    return {k: round(after[k] - before[k] if k.startswith(("cpu_",) + VMSTAT) else after[k], 2) for k in after}
 
 
 def round_figures(rounds: list[dict], folder: Path, workers: int, stage: str, stage_wall_s: float) -> dict:
@@ -486,10 +515,11 @@ def run_one(args) -> dict:
         sampler.stage = engine.stage = name
         load = os.getloadavg()
         rec = {"load_avg_1m_start": round(load[0], 2)}
-        cpu0 = sampler.cpu_seconds()
+        cpu0, machine0 = sampler.cpu_seconds(), machine_counters()
         start = time.perf_counter()
         yield rec
         rec["wall_s"] = round(time.perf_counter() - start, 3)
+        rec["machine"] = machine_delta(machine0, machine_counters())
         sampler.sample()
         cpu1 = sampler.cpu_seconds()
         rec["cpu_s_by_process"] = {kind: round(cpu1[kind] - cpu0.get(kind, 0.0), 2) for kind in sorted(cpu1)}

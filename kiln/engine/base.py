@@ -32,3 +32,14 @@ class Engine(Protocol):
 
 def launch_order(tasks: Sequence[T], size: Callable[[T], int] | None) -> list[int]:
     return sorted(range(len(tasks)), key=lambda i: -size(tasks[i])) if size else list(range(len(tasks)))
+
+
+CHUNKS_PER_WORKER = 16
+
+
+def chunks(order: list[int], workers: int) -> list[list[int]]:
+    """The launch order in consecutive runs, one per dispatch: at least CHUNKS_PER_WORKER per worker (one task each
+    when that few), so a round of thousands of small part tasks does not pay the engine's per-task cost (pickling,
+    queues, a Ray task's scheduling) on each, and the workers still finish together."""
+    per = max(1, len(order) // (workers * CHUNKS_PER_WORKER))
+    return [order[i:i + per] for i in range(0, len(order), per)]

@@ -14,7 +14,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from kiln.engine.base import launch_order
+from kiln.engine.base import chunks, launch_order
 
 # Preloaded in the forkserver, so forked workers start with every stage's module imported.
 STAGE_MODULES = ["kiln.curation.pipeline", "kiln.curation.exact_dedup", "kiln.dedup.signing", "kiln.quality.scoring", "kiln.tokens.shard_writer"]
@@ -26,6 +26,10 @@ def worker_pool_context(preload: list[str] = STAGE_MODULES):
     context = get_context("forkserver")
     context.set_forkserver_preload(preload)
     return context
+
+
+def _run_chunk(fn, tasks: list) -> list:
+    return [fn(task) for task in tasks]
 
 
 @functools.lru_cache(maxsize=4)
@@ -52,11 +56,14 @@ class ProcessPool:
                 bar.update(1)
         else:
             pool = _pool(workers)
-            futures = {pool.submit(fn, tasks[i]): i for i in launch_order(tasks, size)}
+            futures = {pool.submit(_run_chunk, fn, [tasks[i] for i in chunk]): chunk
+                       for chunk in chunks(launch_order(tasks, size), workers)}
             try:
                 for future in as_completed(futures):
-                    results[futures[future]] = future.result()
-                    bar.update(1)
+                    chunk = futures[future]
+                    for i, result in zip(chunk, future.result()):
+                        results[i] = result
+                    bar.update(len(chunk))
             except BrokenProcessPool:
                 _pool.cache_clear()  # a worker died (OOM, a kill): the next stage gets a fresh pool
                 raise

@@ -22,7 +22,7 @@ from typing import Any
 from tqdm import tqdm
 
 from kiln.common.secrets import redact, redact_url
-from kiln.engine.base import EngineError, launch_order
+from kiln.engine.base import EngineError, chunks, launch_order
 
 ADDRESS_KEY = "engine.ray_address"
 
@@ -90,7 +90,6 @@ def connect(address: str | None, origin: str = ADDRESS_KEY, num_cpus: int | None
 # Ray's default for tasks: a task whose worker or node dies is run again elsewhere, up to this many times; an
 # exception raised by the task itself is not retried (it would fail the same way).
 NODE_FAILURE_RETRIES = 3
-CHUNKS_PER_WORKER = 16
 
 
 def _run_part(fn: Callable, task: Any) -> Any:
@@ -111,12 +110,6 @@ def _remote_parts():
     import ray
 
     return ray.remote(num_cpus=1, max_retries=NODE_FAILURE_RETRIES, retry_exceptions=False)(_run_parts)
-
-
-def chunks(order: list[int], workers: int) -> list[list[int]]:
-    """Consecutive runs of the launch order, at least CHUNKS_PER_WORKER per worker (one task each when that few)."""
-    per = max(1, len(order) // (workers * CHUNKS_PER_WORKER))
-    return [order[i:i + per] for i in range(0, len(order), per)]
 
 
 @dataclass(frozen=True)

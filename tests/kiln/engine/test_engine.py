@@ -22,6 +22,7 @@ from kiln.dedup.buckets import read_decisions
 from kiln.dedup.near import NEAR_DUPLICATE
 from kiln.dedup.shuffle import SCRATCH, SHUFFLE
 from kiln.engine import SERIAL, EngineError, ProcessPool, RayEngine, engine_for
+from kiln.engine.base import CHUNKS_PER_WORKER, chunks
 from kiln.quality.classifier import CARD_FILE, MODEL_FILE, SAMPLE_FILE, ClassifierCard
 from kiln.tokens.shard_format import read_shard_set
 from tests.engine_stages import (
@@ -131,6 +132,22 @@ def test_every_engine_and_worker_count_writes_the_same_bytes(engine, corpus, tok
     run_stages(config, store, engine)
     downstream_stages(config, store, engine, tokenizer)
     assert fingerprint(store) | fingerprint(store, assets=DOWNSTREAM) == reference
+
+
+@pytest.mark.parametrize("n, workers, per", [(2000, 2, 62), (40, 2, 1), (31, 1, 1), (5000, 7, 44)])
+def test_a_round_is_dispatched_in_consecutive_chunks_of_the_launch_order(n, workers, per):
+    """2,000 tasks on 2 workers: 2,000 // (2 x 16) = 62 a chunk, 33 chunks (the last of 16), not 2,000 dispatches."""
+    order = list(range(n))[::-1]  # a launch order (largest first) that is not the task order
+    got = chunks(order, workers)
+    assert [i for chunk in got for i in chunk] == order  # every task once, launch order kept
+    assert {len(c) for c in got[:-1]} == {per} and 1 <= len(got[-1]) <= per
+    assert len(got) >= min(n, workers * CHUNKS_PER_WORKER)
+
+
+def test_a_pool_round_of_many_small_tasks_returns_each_result_at_its_task():
+    tasks = list(range(1000))
+    assert ProcessPool(workers=2).map_parts(abs, [-t for t in tasks], desc="t", progress=False,
+                                            size=lambda t: t % 7) == tasks
 
 
 def test_ray_engine_describes_itself_without_credentials():
