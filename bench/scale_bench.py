@@ -180,11 +180,12 @@ class TimedTask:
         self.fn, self.round, self.folder = fn, round, folder
 
     def __call__(self, task):
-        cpu, start = time.process_time(), time.time()
+        cpu, own, start = time.process_time(), time.thread_time(), time.time()
         try:
             return self.fn(task)
         finally:
-            line = f"{self.round}\t{start:.4f}\t{time.time():.4f}\t{time.process_time() - cpu:.4f}\n"
+            line = (f"{self.round}\t{start:.4f}\t{time.time():.4f}\t{time.process_time() - cpu:.4f}"
+                    f"\t{time.thread_time() - own:.4f}\n")
             with open(Path(self.folder) / f"{os.getpid()}.tsv", "a", encoding="utf-8") as f:
                 f.write(line)
 
@@ -241,16 +242,18 @@ def round_figures(rounds: list[dict], folder: Path, workers: int, stage: str, st
     CPU seconds, and idle_worker_s = workers x wall - task_wall_s (a round's start, its tail, any gap between
     tasks); per stage `busy` = task seconds / (workers x stage wall), what share of the task seconds was CPU
     (the rest: waiting on the disk, or on a core another process held) and the seconds outside any round (the
-    driver alone)."""
-    timed = defaultdict(lambda: [0.0, 0.0])  # round -> [task wall, task CPU]
+    driver alone). task_thread_cpu_s: the CPU seconds of the thread that ran the task alone (task_cpu_s is its
+    whole process's over the task: with an engine's own threads, e.g. a Ray worker's, and Arrow's pool)."""
+    timed = defaultdict(lambda: [0.0, 0.0, 0.0])  # round -> [task wall, task CPU, task thread's CPU]
     for path in folder.glob("*.tsv"):
         for line in path.read_text(encoding="utf-8").splitlines():
-            k, start, end, cpu = line.split("\t")
+            k, start, end, cpu, own = line.split("\t")
             timed[int(k)][0] += float(end) - float(start)
             timed[int(k)][1] += float(cpu)
+            timed[int(k)][2] += float(own)
     out = [{"round": r["round"], "tasks": r["tasks"], "wall_s": round(r["wall_s"], 3),
             "task_wall_s": round(timed[k][0], 3), "task_cpu_s": round(timed[k][1], 3),
-            "idle_worker_s": round(workers * r["wall_s"] - timed[k][0], 3)}
+            "task_thread_cpu_s": round(timed[k][2], 3), "idle_worker_s": round(workers * r["wall_s"] - timed[k][0], 3)}
            for k, r in enumerate(rounds) if r["stage"] == stage]
     task_wall, task_cpu = sum(r["task_wall_s"] for r in out), sum(r["task_cpu_s"] for r in out)
     return {"busy": round(task_wall / (workers * stage_wall_s), 3),

@@ -221,8 +221,8 @@ def test_round_figures_split_a_two_worker_speed_up_into_idle_workers_waiting_tas
     def figures(folder, stage_wall, round_wall, workers, tasks_by_pid):
         folder.mkdir()
         for pid, tasks in tasks_by_pid.items():
-            (folder / f"{pid}.tsv").write_text("".join(f"0\t{start}\t{start + wall}\t{cpu}\n"
-                                                       for start, wall, cpu in tasks))
+            (folder / f"{pid}.tsv").write_text("".join(f"0\t{start}\t{start + wall}\t{cpu}\t{cpu - 0.4}\n"
+                                                       for start, wall, cpu in tasks))  # 0.4 s a task off its thread
         rounds = [{"stage": "signatures", "round": "minhash", "tasks": 3, "wall_s": round_wall},
                   {"stage": "near_dedup", "round": "keys", "tasks": 1, "wall_s": 1.0}]  # another stage's
         return bench.round_figures(rounds, folder, workers, "signatures", stage_wall)
@@ -230,7 +230,8 @@ def test_round_figures_split_a_two_worker_speed_up_into_idle_workers_waiting_tas
     one = figures(tmp_path / "one", 10.0, 9.0, 1, {11: [(0.5, 3.0, 2.4), (3.5, 3.0, 2.4), (6.5, 3.0, 2.4)]})
     two = figures(tmp_path / "two", 6.0, 5.5, 2, {21: [(0.2, 3.5, 2.8), (3.7, 3.5, 2.8)], 22: [(0.2, 3.5, 2.8)]})
     assert one == {"busy": 0.9, "task_cpu_over_wall": 0.8, "outside_rounds_s": 1.0, "rounds": [
-        {"round": "minhash", "tasks": 3, "wall_s": 9.0, "task_wall_s": 9.0, "task_cpu_s": 7.2, "idle_worker_s": 0.0}]}
+        {"round": "minhash", "tasks": 3, "wall_s": 9.0, "task_wall_s": 9.0, "task_cpu_s": 7.2, "task_thread_cpu_s": 6.0,
+         "idle_worker_s": 0.0}]}
     assert two["busy"] == 0.875 and two["task_cpu_over_wall"] == 0.8 and two["outside_rounds_s"] == 0.5
     assert two["rounds"][0]["idle_worker_s"] == 0.5
     factors = bench.speedup_factors(one, two)
