@@ -3,6 +3,7 @@
 near-dup decision rounds) — and clear errors for a bad address. The stages compared: intake, filters, exact dedup,
 signatures, token shards (tokenize tasks) and the quality classifier's cross-fitted fold fits."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -148,6 +149,27 @@ def test_a_pool_round_of_many_small_tasks_returns_each_result_at_its_task():
     tasks = list(range(1000))
     assert ProcessPool(workers=2).map_parts(abs, [-t for t in tasks], desc="t", progress=False,
                                             size=lambda t: t % 7) == tasks
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ray_never_runs_more_tasks_at_once_than_its_workers(workers, tmp_path):
+    """With as many workers as Ray has CPUs, twice that many chunks are in flight (the next one queued at each
+    worker's lease) and Ray's CPU accounting still runs only `workers` at once; with fewer, only `workers` are in
+    flight. Each task records when it ran; no instant is inside more than `workers` of them."""
+    cpus = max(os.cpu_count() or 1, workers)  # the embedded Ray's CPUs (ray_engine.connect)
+    folder = str(tmp_path)
+
+    def timed(task):
+        start = time.time()
+        time.sleep(0.1)
+        Path(folder, f"{task}.txt").write_text(f"{start} {time.time()}")
+        return task
+
+    assert RayEngine(workers=workers).map_parts(timed, list(range(24)), desc="t", progress=False) == list(range(24))
+    spans = [tuple(map(float, p.read_text().split())) for p in tmp_path.glob("*.txt")]
+    assert len(spans) == 24
+    most = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)
+    assert 1 <= most <= min(workers, cpus)
 
 
 def test_ray_engine_describes_itself_without_credentials():
