@@ -14,10 +14,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from kiln.engine.base import chunks, launch_order
-
-# Preloaded in the forkserver, so forked workers start with every stage's module imported.
-STAGE_MODULES = ["kiln.curation.pipeline", "kiln.curation.exact_dedup", "kiln.dedup.signing", "kiln.quality.scoring", "kiln.tokens.shard_writer"]
+from kiln.engine.base import STAGE_MODULES, chunks, launch_order
 
 
 def worker_pool_context(preload: list[str] = STAGE_MODULES):
