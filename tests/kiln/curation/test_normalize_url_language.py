@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
 from kiln.curation.documents import Document
-from kiln.curation.filters.language import _identifier, identify_many
+from kiln.curation.filters.language import LANGUAGES, _identifier, identify_many
 from kiln.curation.filters.registry import build_step
 from tests.conftest import prose
 
@@ -83,3 +83,8 @@ def test_language_batch_is_py3langids_own_classification(texts):
     assert identify_many(texts, max_chars=4000) == expected
     assert [(lang, float(p)) for lang, p in _identifier().classify_many([t[:4000] for t in texts], chunk_bytes=64)] \
         == expected  # many chunks
+
+
+def test_the_codes_a_config_may_name_are_the_models_classes():
+    """Config parsing checks codes against `LANGUAGES` without loading the model; py3langid's model file decides."""
+    assert LANGUAGES == frozenset(_reference_identifier().nb_classes)
