@@ -48,6 +48,7 @@ def trial(args) -> dict:
     scratch.mkdir(parents=True)
     engine = ProcessPool(args.workers) if args.engine == "local" else RayEngine(workers=args.workers)
     engine.map_parts(abs, list(range(2 * args.workers)), desc="warm", progress=False)  # pool / Ray started
+    near = load_config(args.config).dedup.near  # before the clock, as scale_bench reads it once per run
     sampler = RssSampler(1.0)
     cpu0, machine0 = sampler.cpu_seconds(), machine_counters()
     start = time.perf_counter()
@@ -60,7 +61,6 @@ def trial(args) -> dict:
         out = {"docs_out": stats.docs_out}
     else:
         parts = sorted((run / "signatures").glob("*.parquet"))
-        near = load_config(args.config).dedup.near
         result = decide_distributed(parts, {SOURCE: (1, 0)}, [], scratch / "work", scratch / "out", near, "bench",
                                     engine=engine)
         out = {"kept": result["kept"], "rounds_s": result["timing"]}
