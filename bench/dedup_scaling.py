@@ -42,12 +42,14 @@ def trial(args) -> dict:
     from kiln.curation.exact_dedup import HashSource, exact_dedup
     from kiln.dedup.buckets import decide_distributed
     from kiln.engine import ProcessPool, RayEngine
+    from kiln.engine.base import warm_worker
 
     run, scratch = Path(args.run_dir), Path(args.scratch)
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     engine = ProcessPool(args.workers) if args.engine == "local" else RayEngine(workers=args.workers)
-    engine.map_parts(abs, list(range(2 * args.workers)), desc="warm", progress=False)  # pool / Ray started
+    # pool / Ray started, its workers' modules imported (the pool's forkserver preloads them; Ray's import on use)
+    engine.map_parts(warm_worker, list(range(2 * args.workers)), desc="warm", progress=False)
     near = load_config(args.config).dedup.near  # before the clock, as scale_bench reads it once per run
     sampler = RssSampler(1.0)
     cpu0, machine0 = sampler.cpu_seconds(), machine_counters()

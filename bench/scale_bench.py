@@ -490,6 +490,7 @@ def run_one(args) -> dict:
     from kiln.dedup.buckets import decide_distributed
     from kiln.dedup.signing import compute_signatures, signature_groups
     from kiln.engine import ProcessPool, RayEngine
+    from kiln.engine.base import warm_worker
 
     sampler = RssSampler(args.sample_s)
     sampler.start()
@@ -507,7 +508,8 @@ def run_one(args) -> dict:
     near = config.dedup.near
     engine = ProcessPool(args.workers) if args.engine == "local" else RayEngine(workers=args.workers)
     t0 = time.perf_counter()
-    engine.map_parts(abs, list(range(2 * args.workers)), desc="warm", progress=False)  # pool / Ray started
+    # pool / Ray started, its workers' modules imported (the pool's forkserver preloads them; Ray's import on use)
+    engine.map_parts(warm_worker, list(range(2 * args.workers)), desc="warm", progress=False)
     engine_start = time.perf_counter() - t0
     engine = TimedEngine(engine, Path(tempfile.mkdtemp(prefix="kiln-task-times-")))
     store = Store(run_dir / "store")

@@ -35,15 +35,16 @@ def launch_order(tasks: Sequence[T], size: Callable[[T], int] | None) -> list[in
     return sorted(range(len(tasks)), key=lambda i: -size(tasks[i])) if size else list(range(len(tasks)))
 
 
-# What a worker imports before its first task, on every engine: the stages' modules, the dedup rounds', their
-# compiled kernels (numba's cached code) and pyarrow's dataset reader, ~2 CPU-seconds a process. The process pool's
-# forkserver imports them once and forks warm workers; each Ray worker imports them as it starts, so a stage's first
-# tasks on Ray do not pay it (at 1M documents it was 4-5 of Ray's CPU-seconds in a two-worker near dedup).
+# The stages' modules, the dedup kernels (numba's cached code) and pyarrow's dataset reader: ~2 CPU-seconds to
+# import. The process pool's forkserver imports them once and forks its workers warm. A Ray worker imports what its
+# tasks need on first use, once per worker and Ray job: a setup hook importing all of them as each worker starts
+# measured worse (every worker Ray prestarts for each Dagster step's job paid for all of them: `make test` +1.7
+# CPU-minutes). Benches warm either engine with `warm_worker` before their clocks.
 STAGE_MODULES = ["kiln.curation.pipeline", "kiln.curation.exact_dedup", "kiln.dedup.signing", "kiln.dedup.buckets",
                  "kiln.dedup._kernels", "kiln.quality.scoring", "kiln.tokens.shard_writer", "pyarrow.dataset"]
 
 
-def warm_worker() -> None:
+def warm_worker(_: object = None) -> None:
     for module in STAGE_MODULES:
         importlib.import_module(module)
 

@@ -72,9 +72,7 @@ def connect(address: str | None, origin: str = ADDRESS_KEY, num_cpus: int | None
             return _session
         shutdown()  # another address than this process's Ray: the engine asked for is the engine used
     options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING,
-                               "configure_logging": True,
-                               # this job's workers import the stages' modules as they start (base.STAGE_MODULES)
-                               "runtime_env": {"worker_process_setup_hook": "kiln.engine.base.warm_worker"}}
+                               "configure_logging": True}
     if address is None:
         # Logical CPUs: at least one per requested worker, so `workers` means the same on any machine.
         options |= {"num_cpus": max(os.cpu_count() or 1, num_cpus or 0)}

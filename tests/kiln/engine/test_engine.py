@@ -23,7 +23,7 @@ from kiln.dedup.buckets import read_decisions
 from kiln.dedup.near import NEAR_DUPLICATE
 from kiln.dedup.shuffle import SCRATCH, SHUFFLE
 from kiln.engine import SERIAL, EngineError, ProcessPool, RayEngine, engine_for
-from kiln.engine.base import CHUNKS_PER_WORKER, STAGE_MODULES, chunks
+from kiln.engine.base import CHUNKS_PER_WORKER, chunks
 from kiln.quality.classifier import CARD_FILE, MODEL_FILE, SAMPLE_FILE, ClassifierCard
 from kiln.tokens.shard_format import read_shard_set
 from tests.engine_stages import (
@@ -170,19 +170,6 @@ def test_ray_never_runs_more_tasks_at_once_than_its_workers(workers, tmp_path):
     assert len(spans) == 24
     most = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)
     assert 1 <= most <= min(workers, cpus)
-
-
-def test_ray_workers_start_with_the_stages_modules_imported():
-    """As the process pool's forkserver does: a stage's first tasks on a fresh Ray find the stages' modules (and the
-    dedup kernels) already imported by the worker's setup hook. Without the hook, `kiln.dedup._kernels` and
-    `pyarrow.dataset` are missing in a worker that has only run Kiln's task wrapper."""
-    engine_module.shutdown()  # a fresh embedded Ray: its workers have run no task yet
-
-    def missing(_):
-        return [module for module in STAGE_MODULES if module not in sys.modules]
-
-    assert "kiln.dedup._kernels" in STAGE_MODULES and "pyarrow.dataset" in STAGE_MODULES
-    assert RayEngine(workers=2).map_parts(missing, list(range(4)), desc="t", progress=False) == [[]] * 4
 
 
 def test_ray_engine_describes_itself_without_credentials():
