@@ -36,10 +36,9 @@ def launch_order(tasks: Sequence[T], size: Callable[[T], int] | None) -> list[in
 
 
 # The stages' modules, the dedup kernels (numba's cached code) and pyarrow's dataset reader: ~2 CPU-seconds to
-# import. The process pool's forkserver imports them once and forks its workers warm. A Ray worker imports what its
-# tasks need on first use, once per worker and Ray job: a setup hook importing all of them as each worker starts
-# measured worse (every worker Ray prestarts for each Dagster step's job paid for all of them: `make test` +1.7
-# CPU-minutes). Benches warm either engine with `warm_worker` before their clocks.
+# import. The process pool's forkserver imports them once and forks its workers warm; a Ray worker imports what its
+# tasks need on first use (importing all of them in every worker Ray starts cost more: docs/dedup.md). Benches warm
+# either engine with `warm_worker` before their clocks.
 STAGE_MODULES = ["kiln.curation.pipeline", "kiln.curation.exact_dedup", "kiln.dedup.signing", "kiln.dedup.buckets",
                  "kiln.dedup._kernels", "kiln.quality.scoring", "kiln.tokens.shard_writer", "pyarrow.dataset"]
 

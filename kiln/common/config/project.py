@@ -14,7 +14,7 @@ from kiln.common.config.quality import Quality
 from kiln.common.config.refresh import RefreshSettings
 from kiln.common.config.storage import StorageSettings
 from kiln.common.config.tokens import Mixture, ShardSettings, TokenizerSettings
-from kiln.curation.filters.language import known_languages
+from kiln.curation.filters.language import LANGUAGES
 from kiln.curation.filters.registry import build_step
 from kiln.planning.plan import PlanRequest
 from training_jobs.settings import TrainingSettings
@@ -35,9 +35,8 @@ def _per_language(key: str, name: str, value, after_language: bool) -> dict[str,
     if not after_language:
         raise ValueError(f"{key}.per_language: documents get their language from the `language` step, which must "
                          f"run before {name!r}: move `- language` above `- {name}` in the profile (or add it)")
-    known = known_languages()
     for language, params in value.items():
-        if language not in known:
+        if language not in LANGUAGES:
             raise ValueError(f"{key}.per_language: unknown language code {language!r}; use the ISO 639-1 codes the "
                              f"language step identifies, such as de, fr, ja, ru, zh")
         if not isinstance(params, dict):

@@ -110,11 +110,6 @@ LANGUAGES = frozenset(
     "sk sl sn so sq sr st sv sw ta te tg th tk tl tr tt ug uk ur uz uzs vec vi vo wa wuu xh yo yue zh zu zxx".split())
 
 
-def known_languages() -> frozenset[str]:
-    """The ISO 639-1 codes the identifier can answer."""
-    return LANGUAGES
-
-
 def identify(text: str, max_chars: int = 4000) -> tuple[str, float]:
     """(ISO 639-1 code, probability). The head of a long document is enough and keeps this fast."""
     return identify_many([text], max_chars)[0]
@@ -132,8 +127,7 @@ class LanguageFilter:
     max_chars: int = 4000
 
     def __post_init__(self):
-        known = known_languages()
-        unknown = [lang for lang in self.languages if lang not in known]
+        unknown = [lang for lang in self.languages if lang not in LANGUAGES]
         if unknown:
             raise ValueError(f"unknown language code(s) {unknown}; py3langid knows ISO 639-1 codes such as en, de, fr, zh")
 
