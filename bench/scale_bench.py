@@ -572,7 +572,8 @@ def run_one(args) -> dict:
                                     near, "bench", engine=engine, partitions=args.partitions,
                                     max_bucket=args.max_bucket)
         rec.update(docs=n, mb=curated_mb, substages_s=result["timing"])
-    files = {"near_work": file_counts(run_dir / "near-work"), "near_out": file_counts(run_dir / "near-out"),
+    files = {"near_work": {name: v["files"] for name, v in result["scratch"].items()},  # dropped during the run
+             "near_out": file_counts(run_dir / "near-out"),
              "exact_shuffle": sum(file_counts(run_dir / "exact-shuffle").values()),
              "signature_parts": len(sig_parts), "raw_parts": len(store.files("raw", SOURCE, "documents"))}
     disk = sum(f.stat().st_size for f in run_dir.rglob("*") if f.is_file())
@@ -621,7 +622,7 @@ def run_one(args) -> dict:
         **quality,
         "decisions_sha256": sha,
         "near_stats": {k: result[k] for k in ("documents", "kept", "buckets", "verification", "components",
-                                              "cluster_sizes") if k in result},
+                                              "cluster_sizes", "scratch") if k in result},
         "files": files, "disk_mib": round(disk / MIB),
     }
     if args.engine == "ray":

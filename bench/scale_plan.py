@@ -33,7 +33,7 @@ STAGES = ["ingest", "filter", "exact_dedup", "signatures", "near_dedup"]
 TEXT_FOLDERS = {"corpus", "raw", "filtered", "curated", "signatures", "index_docs", "work:pairs_a",
                 "work:seconds"}  # text, shingles
 # work folders written by a task per key partition; the others by a task per signature part
-PER_PARTITION = {"already", "pairs", "pairs_b", "decided", "uncounted", "cc_rounds", "cc_labels"}
+PER_PARTITION = {"already", "pairs", "pairs_b", "decided", "uncounted", "cc"}
 FOLDERS = {"raw": "store/raw", "filtered": "store/filtered", "curated": "store/curated",
            "exact_shuffle": "exact-shuffle", "signatures": "signatures", "decisions": "near-out/decisions",
            "index_buckets": "near-out/index/buckets", "index_ids": "near-out/index/ids",
@@ -87,42 +87,33 @@ def worker_rss_by_docs(bench: dict) -> str:
 
 def measure_run_dir(run_dir: Path, docs: int) -> dict:
     """Bytes and files per folder of a kept scale_bench run of `docs` documents (run-{docs}-ENGINE-WORKERS, beside its
-    corpus-{docs}-SEED), and Arrow bytes of a key row, of a signature-part row and of a decisions row. Data files are
-    Parquet (outputs) or the near-dup scratch (`.arrow`, `.shuffle`); the layout JSONs are not counted."""
+    corpus-{docs}-SEED and its JSON), and Arrow bytes of a key row, of a signature-part row and of a decisions row.
+    Data files are Parquet (outputs) or shuffle files (`.shuffle`, `.arrow`); the near-dup scratch, dropped during
+    the run, is as the run's JSON recorded it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from kiln.dedup.bucket_rounds import KEY_SCHEMA
-    from kiln.dedup.shuffle import read_file
 
     if not run_dir.name.startswith(f"run-{docs}-"):
         raise SystemExit(f"{run_dir}: not a run of {docs:,} documents (the bench's largest N)")
 
     def data_files(path: Path) -> list[Path]:
-        return [f for f in path.rglob("*") if f.suffix in (".parquet", ".arrow", ".shuffle") and f.is_file()] if path.is_dir() \
-            else []
+        return [f for f in path.rglob("*") if f.suffix in (".parquet", ".arrow", ".shuffle") and f.is_file()] \
+            if path.is_dir() else []
 
     def du(path: Path) -> list[int]:
         files = data_files(path)
         return [sum(f.stat().st_size for f in files), len(files)]
 
-    def read(path: Path) -> pa.Table:
-        return pq.read_table(path) if path.suffix == ".parquet" else read_file(path, KEY_SCHEMA)
-
     folders = {name: du(run_dir / rel) for name, rel in FOLDERS.items()}
     corpus = list(run_dir.parent.glob(f"corpus-{docs}-*/*.jsonl"))
     folders["corpus"] = [sum(f.stat().st_size for f in corpus), len(corpus)]
-    folders.update({f"work:{d.name}": du(d) for d in sorted((run_dir / "near-work").iterdir()) if d.is_dir()})
-    cc = run_dir / "near-work" / "cc"
-    if "work:cc" in folders:  # its round folders (the last few are left) and its labels: one file per partition task
-        del folders["work:cc"]
-        rounds = [du(d) for d in cc.glob("round-*")]
-        folders["work:cc_labels"] = du(cc / "labels")
-        folders["work:cc_rounds"] = [sum(b for b, _ in rounds), sum(n for _, n in rounds)]
-    keys = read(min(data_files(run_dir / "near-work" / "keys")))
-    sig = read(min(data_files(run_dir / "signatures")))
-    dec = pa.concat_tables(read(f) for f in sorted(data_files(run_dir / "near-out" / "decisions")))
-    return {"folders": folders, "key_row_bytes": keys.nbytes / keys.num_rows,
+    # The near-dup scratch is dropped as the run goes (`buckets.LAST_READER`): the run's JSON, beside its folder,
+    # holds each folder's bytes and files as they were when dropped, and the Arrow bytes of its band-key rows.
+    near = json.loads((run_dir.parent / f"{run_dir.name}.json").read_text())["near_stats"]
+    folders.update({f"work:{name}": [v["bytes"], v["files"]] for name, v in near["scratch"].items()})
+    sig = pq.read_table(min(data_files(run_dir / "signatures")))
+    dec = pa.concat_tables(pq.read_table(f) for f in sorted(data_files(run_dir / "near-out" / "decisions")))
+    return {"folders": folders, "key_row_bytes": near["buckets"]["key_row_bytes"],
             "signature_doc_bytes": sig.nbytes / sig.num_rows, "decision_row_bytes": dec.nbytes / dec.num_rows}
 
 

@@ -205,11 +205,12 @@ def _pairs(task: _Task) -> dict[str, Any]:
     tables = [read_partition(lay.w("keys"), p, KEY_SCHEMA)]
     if tables[0].num_rows == 0:
         return {"pairs": 0, "buckets": 0, "largest_bucket": 0, "oversized_buckets": 0, "doc_partitions": [],
-                "b_parts": []}
+                "b_parts": [], "key_rows": 0, "key_bytes": 0}
     for r, old in _earlier_partition(lay, "buckets", p, "key"):
         refs = old.column("ref").to_numpy()
         tables.append(pa.table({"band": old.column("band"), "key": old.column("key"), "node": old_node(r, refs),
                                 "rank": old_ranks(r, refs)}, schema=KEY_SCHEMA))
+    key_rows, key_bytes = tables[0].num_rows, tables[0].nbytes  # this refresh's band-key rows, in Arrow
     t = pa.concat_tables(tables)
     band, key = t.column("band").to_numpy(), t.column("key").to_numpy()
     order = np.lexsort((key, band))
@@ -231,7 +232,7 @@ def _pairs(task: _Task) -> dict[str, Any]:
                                 lay.dp_of(seconds), lay.n_parts)
     return {"pairs": int(emitted), "buckets": int(shared.size), "largest_bucket": int(sizes.max()),
             "oversized_buckets": int((shared > lay.max_bucket).sum()), "doc_partitions": touched,
-            "b_parts": b_parts}
+            "b_parts": b_parts, "key_rows": key_rows, "key_bytes": key_bytes}
 
 
 # ------------------------------------------------------------------------------------ 5-6 attach, verify

@@ -41,6 +41,7 @@ import json
 import shutil
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,43 @@ def auto_partitions(documents: int, bands: int) -> int:
     KEY_ROWS_PER_PARTITION band-key rows each, at least 8, so a task's memory stays flat as the corpus grows (with 8
     fixed partitions, a pairs task held an eighth of every key row)."""
     return max(8, -(-documents * bands // KEY_ROWS_PER_PARTITION))
+
+
+# Each scratch folder by the round that reads it last: dropped as that round ends (`_Scratch`).
+LAST_READER = {"already": ("ids",), "keys": ("already",), "pairs": ("keys",), "attach": ("pairs", "pairs_b"),
+               "verify": ("pairs_a", "seconds"), "route": ("cc", "hits", "cands"),
+               "decide": ("members", "hit_c", "cand_c"),
+               "final": ("nodes", "band_keys", "cand_n", "decided", "uncounted"), "persist": ("kept_keys", "kept_ids")}
+
+
+class _Scratch:
+    """Drops a run's scratch folders once no later round reads them, so the kernel can discard their pages before
+    writing them: kept to the end, the keys (1.4 GB at 1M documents) and pairs_a pushed the final round's writes
+    past the dirty-page limit, and its workers waited on the disk (2 of 10 core-seconds with two workers). The store
+    also holds less scratch at once. One background thread unlinks (~0.3 s of kernel time at 1M, overlapped with the
+    next round) after recording each folder's bytes and files, which the run's stats report."""
+
+    def __init__(self, root: Path):
+        self.root, self.sizes = root, {}
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-scratch")
+        self._pending: list[Future] = []
+
+    def drop(self, names: Sequence[str]) -> None:
+        self._pending += [self._thread.submit(self._drop, name) for name in names]
+
+    def _drop(self, name: str) -> None:
+        path = self.root / name
+        if path.is_dir():
+            files = [f for f in path.rglob("*") if f.is_file()]
+            self.sizes[name] = {"bytes": sum(f.stat().st_size for f in files), "files": len(files)}
+            shutil.rmtree(path)
+
+    def close(self) -> dict[str, dict[str, int]]:
+        """Waits for the drops (raising what one raised); the dropped folders' sizes, by name."""
+        self._thread.shutdown(wait=True)
+        for future in self._pending:
+            future.result()
+        return dict(sorted(self.sizes.items()))
 
 
 def _footer_scan(path: Path) -> tuple[int, dict[str, int]] | None:
@@ -138,11 +176,14 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
         documents = sum(pq.ParquetFile(p).metadata.num_rows for p in signature_parts)
         partitions = auto_partitions(documents + sum(e.starts[-1] for e in earlier), bands)
 
+    scratch = _Scratch(work_dir)
+
     def stage(name, fn, layout, items, writers=None):
         t0 = time.perf_counter()
         layout_file = LayoutFile.write(layout, work_dir)
         tasks = [_Task(layout_file, i, None if writers is None else tuple(writers[i])) for i in items]
         out = engine.map_parts(fn, tasks, desc=f"near-dup {name}", progress=progress)
+        scratch.drop(LAST_READER.get(name, ()))
         timing[name] = round(time.perf_counter() - t0, 3)
         return out
 
@@ -175,28 +216,31 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
     lay = Layout(**common, starts=tuple(starts), seq_starts=tuple(seq_starts), tiers=tuple(tiers), orders=tuple(orders))
     P = partitions
 
-    already = sum(stage("already", _already, lay, range(P))) if earlier else 0
-    new_docs = sum(stage("keys", _keys, lay, range(n_parts)))
-    paired = stage("pairs", _pairs, lay, range(P))
-    touched = sorted({d for x in paired for d in x["doc_partitions"]})
-    attach_parts = sorted(set(touched) | {d for x in paired for d in x["b_parts"]})
-    attached = stage("attach", _attach, lay, attach_parts)
-    # Each verify task opens the attach files that hold its rows, not all of them (parts x parts opens at scale).
-    attach_writers: list[list[str]] = [[] for _ in range(n_parts)]
-    for dp, (_, parts) in zip(attach_parts, attached):
-        for k in parts:
-            attach_writers[k].append(attach_writer(dp))
-    distinct = sum(n for n, _ in attached)
-    verified = stage("verify", _verify, lay, range(n_parts), writers=attach_writers)
-    t0 = time.perf_counter()
-    cc = connected_components(work_dir / "cc", P, engine, route=LayoutFile.write(lay, work_dir),
-                              label_partitions=lay.doc_partitions, progress=progress)
-    timing["components"] = round(time.perf_counter() - t0, 3)
-    routed = set(cc["label_partitions"]) | set(range(n_parts))
-    stage("route", _route, lay, sorted(routed))
-    decided = stage("decide", _decide, lay, range(P))
-    finals = stage("final", _final, lay, range(n_parts))
-    stage("persist", _persist, lay, range(P))
+    try:
+        already = sum(stage("already", _already, lay, range(P))) if earlier else 0
+        new_docs = sum(stage("keys", _keys, lay, range(n_parts)))
+        paired = stage("pairs", _pairs, lay, range(P))
+        touched = sorted({d for x in paired for d in x["doc_partitions"]})
+        attach_parts = sorted(set(touched) | {d for x in paired for d in x["b_parts"]})
+        attached = stage("attach", _attach, lay, attach_parts)
+        # Each verify task opens the attach files that hold its rows, not all of them (parts x parts opens at scale).
+        attach_writers: list[list[str]] = [[] for _ in range(n_parts)]
+        for dp, (_, parts) in zip(attach_parts, attached):
+            for k in parts:
+                attach_writers[k].append(attach_writer(dp))
+        distinct = sum(n for n, _ in attached)
+        verified = stage("verify", _verify, lay, range(n_parts), writers=attach_writers)
+        t0 = time.perf_counter()
+        cc = connected_components(work_dir / "cc", P, engine, route=LayoutFile.write(lay, work_dir),
+                                  label_partitions=lay.doc_partitions, progress=progress)
+        timing["components"] = round(time.perf_counter() - t0, 3)
+        routed = set(cc["label_partitions"]) | set(range(n_parts))
+        stage("route", _route, lay, sorted(routed))
+        decided = stage("decide", _decide, lay, range(P))
+        finals = stage("final", _final, lay, range(n_parts))
+        stage("persist", _persist, lay, range(P))
+    finally:
+        dropped = scratch.close()
     kept = sum(f["kept"] for f in finals)
     flush_to_disk(out_dir)  # the final and persist rounds' files, at once (they skip a flush per file)
     write_json_atomic(out_dir / "index" / "_index.json", json.dumps({
@@ -214,6 +258,7 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
     for d in decided:
         sizes.update(d["cluster_sizes"])
     pairs_checked = sum(v[0] for v in verified)
+    key_rows = sum(x["key_rows"] for x in paired)
     hits = sum(v[1] for v in verified)
     return {
         "documents": starts[-1], "new_documents": new_docs, "already_indexed": already, "kept": kept,
@@ -226,13 +271,15 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
         "matched_earlier_refreshes": sum(d["matched_earlier_refreshes"] for d in decided),
         "buckets": {"shared": sum(x["buckets"] for x in paired), "largest": max((x["largest_bucket"] for x in paired),
                                                                                 default=0),
-                    "oversized": sum(x["oversized_buckets"] for x in paired), "max_bucket": max_bucket},
+                    "oversized": sum(x["oversized_buckets"] for x in paired), "max_bucket": max_bucket,
+                    "key_rows": key_rows, "key_row_bytes": round(sum(x["key_bytes"] for x in paired) / max(key_rows, 1), 1)},
         "verification": {"pairs_emitted": sum(x["pairs"] for x in paired), "candidate_pairs": distinct,
                          "verified": pairs_checked, "matches": hits, "false_candidates": pairs_checked - hits,
                          "false_candidate_share": round((pairs_checked - hits) / max(pairs_checked, 1), 4)},
         "components": {k: v for k, v in cc.items() if k != "label_partitions"},
         "lsh": {"bands": bands, "rows": rows, "num_perm": near.num_perm, "threshold": near.threshold},
         "partitions": P, "engine": engine.describe() if hasattr(engine, "describe") else None,
+        "scratch": dropped,  # bytes and files of each scratch folder (`_Scratch`)
         "timing": {**timing, "total_seconds": round(time.perf_counter() - t_start, 3)},
     }
 

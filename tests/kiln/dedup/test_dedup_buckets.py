@@ -377,11 +377,58 @@ def test_verify_opens_only_the_attach_files_holding_its_pairs(tmp_path, monkeypa
     monkeypatch.setattr(shuffle, "_segments", recording)
     got, stats = distributed(tmp_path, [tables], partitions=4, part_rows=60)
     assert_same(got[0], want)
-    attach_files = len(list((tmp_path / "work" / "pairs_a").iterdir()))
+    attach_files = stats[0]["scratch"]["pairs_a"]["files"]  # the folder itself is dropped after verify
     parts = len(list((tmp_path / "sig-0").glob("*.parquet")))
     assert attach_files >= 10 and parts >= 10  # a shuffle where listing would open many empty segments
     assert opened and all(size > 0 for _, size in opened)
     assert len(opened) < attach_files * parts
+
+
+def test_each_scratch_folder_is_dropped_after_the_last_round_that_reads_it(tmp_path, monkeypatch):
+    """Scratch is deleted as the run goes (`buckets.LAST_READER`), not at its end: the rounds that read each folder
+    are observed here, from the shuffle and scratch readers; each folder must outlive its last reader (a reader of a
+    deleted folder would find no rows, silently), and nothing is left but the layout files. The sizes reported are
+    the folders' own."""
+    round_now = [None]
+    reads: dict[str, list[str]] = {}
+    work = tmp_path / "work"
+
+    def seen(path):
+        rel = Path(path).relative_to(work).parts if Path(path).is_relative_to(work) else ()
+        if rel and not rel[0].startswith("layout-"):
+            reads.setdefault(rel[0], []).append(round_now[0])
+
+    listing, segments, scratch = shuffle.shuffle_files, shuffle._segments, bucket_rounds.read_scratch
+    monkeypatch.setattr(shuffle, "shuffle_files", lambda root: (seen(root), listing(root))[1])
+    monkeypatch.setattr(shuffle, "_segments", lambda path, wanted=None: (seen(path), segments(path, wanted))[1])
+    monkeypatch.setattr(bucket_rounds, "read_scratch", lambda path, columns=None: (seen(path), scratch(path, columns))[1])
+    sizes: dict[str, list[int]] = {}
+
+    class Observed:  # names the round whose tasks run (in this process), and sizes every folder as each round ends
+        workers = 1
+
+        def map_parts(self, fn, tasks, *, desc, **kwargs):
+            round_now[0] = desc.removeprefix("near-dup ")
+            out = SERIAL.map_parts(fn, tasks, desc=desc, **kwargs)
+            for d in work.iterdir():
+                if d.is_dir():
+                    files = [f for f in d.rglob("*") if f.is_file()]
+                    sizes[d.name] = [sum(f.stat().st_size for f in files), len(files)]
+            return out
+
+    first = families(2, n_bases=8)
+    second = [("web", 2, first[0][2].slice(0, 12)),  # re-sent: the already round finds them
+              *[(f"n-{s}", tier, signature_table(f"n-{s}", family_texts(4, 8)[s])) for s, tier in (("web", 2), ("ref", 1))]]
+    _, stats = distributed(tmp_path, [first, second], engine=Observed(), partitions=3, part_rows=9)
+    last_reader = {folder: rounds[-1] for folder, rounds in reads.items()}
+    assert {"ids", "already", "keys", "pairs_a", "nodes", "cc", "members", "kept_keys"} <= last_reader.keys()
+    declared = {folder: r for r, folders in buckets.LAST_READER.items() for folder in folders}
+    assert {f: declared.get(f) for f in last_reader} == last_reader
+    assert [f for f in work.rglob("*") if f.is_file() and not f.name.startswith("layout-")] == []
+    dropped = stats[-1]["scratch"]
+    assert dropped["keys"]["bytes"] > 0 and dropped["already"]["bytes"] > 0 and dropped["pairs_a"]["files"] > 0
+    assert {f: [v["bytes"], v["files"]] for f, v in dropped.items() if f != "cc"} == \
+        {f: sizes[f] for f in dropped if f != "cc"}  # cc's round folders come and go within its own rounds
 
 
 def test_a_larger_corpus_same_decisions_as_near_dedup(tmp_path):

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kiln.common.config import load_config
-from kiln.dedup.shuffle import write_partitioned, write_scratch
+from kiln.dedup.shuffle import write_partitioned
 
 ROOT = Path(__file__).resolve().parents[3]
 spec = importlib.util.spec_from_file_location("scale_plan", ROOT / "bench" / "scale_plan.py")
@@ -41,7 +41,7 @@ FOLDERS = {"corpus": [3_300_000, 1], "raw": [1_000_000, 2], "filtered": [1_000_0
            "exact_shuffle": [50_000, 4], "signatures": [3_000_000, 2], "decisions": [100_000, 2],
            "index_buckets": [200_000, 8], "index_ids": [30_000, 8], "index_docs": [2_000_000, 2],
            "work:keys": [400_000, 2], "work:nodes": [10_000, 2], "work:pairs_a": [20_000, 2],
-           "work:cc_rounds": [5_000, 16]}
+           "work:cc": [5_000, 16]}
 MEASURED = {"folders": FOLDERS, "key_row_bytes": 90.0, "signature_doc_bytes": 2000.0, "decision_row_bytes": 50.0}
 TARGET = dict(docs=10e9, text_tb=30, near_rows_per_part=100_000, partitions=1000, refresh_docs=1e8, core_hour_usd=0.05,
               storage_usd_per_tb_month=23.0)
@@ -116,9 +116,9 @@ def test_bytes_files_shuffle_and_memory():
     # keys task: 100,000 x (2,000 B signature row + 16 x 90 B) = 3.44e8 B
     assert q["keys_task_gib"] == pytest.approx(3.44e8 / 2**30)
     # files, one per writing task: keys, nodes and pairs_a 2 each, written per signature part (2 at the bench) ->
-    # 90,000 parts; the components' rounds: 16 files = 2 rounds x 8 partition tasks -> 2 x 1,000 = 2,000
+    # 90,000 parts; the components' folder: 16 files = 2 rounds x 8 partition tasks -> 2 x 1,000 = 2,000
     assert p["files"] == {"keys": pytest.approx(9e4), "nodes": pytest.approx(9e4), "pairs_a": pytest.approx(9e4),
-                          "cc_rounds": pytest.approx(2e3)}
+                          "cc": pytest.approx(2e3)}
     assert q["keys_files_per_round"] == 90_000
     # what the pairs tasks read: 90,000 writers x 1,000 partitions = 9e7 segments of 4.0 TB / 9e7 = 44,444 B
     assert q["keys_segments_per_round"] == 9e7 and q["keys_segment_kib"] == pytest.approx(4e12 / 9e7 / 1024)
@@ -185,14 +185,13 @@ def test_command_line_writes_between_the_markers(tmp_path):
     assert "old table" not in text and "| near_dedup | local:1 @ 1,000 |" in text
 
 
-def test_a_run_folder_counts_parquet_outputs_and_scratch(tmp_path):
-    """Outputs are Parquet, the near-dup scratch Arrow IPC (.arrow, one task's output) and shuffle files (.shuffle,
-    kiln/dedup/shuffle.py): all are counted, the layout JSON not."""
+def test_a_run_folder_counts_its_outputs_and_the_scratch_its_json_recorded(tmp_path):
+    """Outputs are Parquet and the exact-dedup shuffle's files, counted on disk (the layout JSON not); the near-dup
+    scratch is dropped during the run, so its folders and the Arrow bytes of a key row come from the run's JSON."""
     run_dir = tmp_path / "run-10-local-1"
     (tmp_path / "corpus-10-0").mkdir()
     (tmp_path / "corpus-10-0" / "a.jsonl").write_bytes(b"x" * 123)
-    for folder in ("store/raw", "signatures", "near-out/decisions", "near-work/nodes", "near-work/cc/labels",
-                   "near-work/cc/round-004", "near-work/cc/round-005"):
+    for folder in ("store/raw", "signatures", "near-out/decisions", "exact-shuffle/scatter", "near-work"):
         (run_dir / folder).mkdir(parents=True)
 
     def column(name: str, type_: pa.DataType) -> pa.Table:  # not null: no validity bitmap in the Arrow bytes
@@ -201,24 +200,20 @@ def test_a_run_folder_counts_parquet_outputs_and_scratch(tmp_path):
     pq.write_table(column("a", pa.int64()), run_dir / "store/raw/part-00000.parquet")
     pq.write_table(column("s", pa.int64()), run_dir / "signatures/signatures-00000.parquet")
     pq.write_table(column("d", pa.int32()), run_dir / "near-out/decisions/d-0.parquet")
-    keys = pa.table({"band": pa.array([0] * 4, pa.int32()), "key": pa.array([1] * 4, pa.uint64()),
-                     "node": pa.array(range(4), pa.int64())})
     for name in ("00000", "00001"):  # two writers, each with rows for two of 8 partitions
-        write_partitioned(run_dir / "near-work/keys", name, keys, np.array([0, 0, 5, 5]), 8)
-    write_scratch(run_dir / "near-work/nodes/00000.arrow", keys)
-    for name in ("cc/labels/00003", "cc/round-004/00000", "cc/round-004/00001", "cc/round-005/00000"):
-        (run_dir / "near-work" / f"{name}.shuffle").write_bytes(b"x" * 10)
+        write_partitioned(run_dir / "exact-shuffle/scatter", name, column("h", pa.uint64()), np.array([0, 5] * 5), 8)
     (run_dir / "near-work" / "layout-0123456789abcdef.json").write_text("{}")
+    (tmp_path / "run-10-local-1.json").write_text(json.dumps({"near_stats": {
+        "scratch": {"keys": {"bytes": 400, "files": 2}, "cc": {"bytes": 30, "files": 3}},
+        "buckets": {"key_row_bytes": 21.0}}}))
     m = plan_mod.measure_run_dir(run_dir, 10)
     f = m["folders"]
     assert f["corpus"] == [123, 1] and f["raw"][1] == 1 and f["signatures"][1] == 1 and f["decisions"][1] == 1
-    shuffle = (run_dir / "near-work/keys/00000.shuffle").stat().st_size
-    assert f["work:keys"] == [2 * shuffle, 2]
-    assert f["work:nodes"] == [(run_dir / "near-work/nodes/00000.arrow").stat().st_size, 1]
-    # the components' folder splits into its labels and its rounds
-    assert f["work:cc_labels"] == [10, 1] and f["work:cc_rounds"] == [30, 3]
-    assert set(k for k in f if k.startswith("work:")) == {"work:keys", "work:nodes", "work:cc_labels", "work:cc_rounds"}
-    # Arrow bytes per row: key 4 + 8 + 8 = 20 B; signature 8 B; decision 4 B
-    assert (m["key_row_bytes"], m["signature_doc_bytes"], m["decision_row_bytes"]) == (20.0, 8.0, 4.0)
+    shuffle = (run_dir / "exact-shuffle/scatter/00000.shuffle").stat().st_size
+    assert f["exact_shuffle"] == [2 * shuffle, 2]
+    assert f["work:keys"] == [400, 2] and f["work:cc"] == [30, 3]
+    assert set(k for k in f if k.startswith("work:")) == {"work:keys", "work:cc"}
+    # Arrow bytes per row: signature 8 B; decision 4 B; a key row as the run measured it
+    assert (m["key_row_bytes"], m["signature_doc_bytes"], m["decision_row_bytes"]) == (21.0, 8.0, 4.0)
     with pytest.raises(SystemExit):
         plan_mod.measure_run_dir(run_dir, 11)
