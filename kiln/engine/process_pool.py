@@ -14,7 +14,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from kiln.engine.base import STAGE_MODULES, chunks, launch_order
+from kiln.engine.base import STAGE_MODULES, chunks
 
 
 def worker_pool_context(preload: list[str] = STAGE_MODULES):
@@ -54,7 +54,7 @@ class ProcessPool:
         else:
             pool = _pool(workers)
             futures = {pool.submit(_run_chunk, fn, [tasks[i] for i in chunk]): chunk
-                       for chunk in chunks(launch_order(tasks, size), workers)}
+                       for chunk in chunks(tasks, workers, size)}
             try:
                 for future in as_completed(futures):
                     chunk = futures[future]

@@ -1,8 +1,8 @@
 """Ray: part tasks run as plain Ray tasks of one CPU (retried whole by Ray when its worker or node dies; a part's
 output name does not depend on where or how often it ran), at most `workers` running at once, the largest first. A Ray
 task costs about 4.5 ms of driver and raylet CPU (measured: 801 exact-dedup tasks), half the work of a small part's
-task, so a round of many tasks runs them in chunks of consecutive ones in launch order, still at least
-`CHUNKS_PER_WORKER` chunks per worker so that the workers finish together. Not Ray Data:
+task, so a round runs its tasks in chunks of consecutive ones in launch order, shrinking to single tasks at the end
+so that the workers finish together (`base.chunks`). Not Ray Data:
 a round of part tasks is no dataset (workers read and write the store themselves, the driver gets small results),
 and a Ray Data job per round cost planning, an executor thread and about twice the pool's CPU per MB. Address:
 `engine.ray_address` (`auto` or `host:port`), else Ray's own `RAY_ADDRESS`, else an embedded local Ray started once
@@ -22,7 +22,7 @@ from typing import Any
 from tqdm import tqdm
 
 from kiln.common.secrets import redact, redact_url
-from kiln.engine.base import EngineError, chunks, launch_order
+from kiln.engine.base import EngineError, chunks
 
 ADDRESS_KEY = "engine.ray_address"
 
@@ -141,7 +141,7 @@ class RayEngine:
         workers = self.workers or cpus
         run = _remote_parts()
         shared_fn = ray.put(fn)  # serialized once per round, not once per task
-        queue = iter(chunks(launch_order(tasks, size), workers))
+        queue = iter(chunks(tasks, workers, size))
         # In flight: `workers` (back-pressure, and `workers` means concurrency), or twice that when the cluster's CPUs
         # already cap the concurrency at `workers` (each task takes one): a worker that finishes a chunk then finds the
         # next one queued at its lease instead of idling for a round trip to the driver (at 1M documents, near dedup's

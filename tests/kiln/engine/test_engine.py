@@ -23,7 +23,7 @@ from kiln.dedup.buckets import read_decisions
 from kiln.dedup.near import NEAR_DUPLICATE
 from kiln.dedup.shuffle import SCRATCH, SHUFFLE
 from kiln.engine import SERIAL, EngineError, ProcessPool, RayEngine, engine_for
-from kiln.engine.base import CHUNKS_PER_WORKER, chunks
+from kiln.engine.base import GUIDED, chunks
 from kiln.quality.classifier import CARD_FILE, MODEL_FILE, SAMPLE_FILE, ClassifierCard
 from kiln.tokens.shard_format import read_shard_set
 from tests.engine_stages import (
@@ -135,14 +135,30 @@ def test_every_engine_and_worker_count_writes_the_same_bytes(engine, corpus, tok
     assert fingerprint(store) | fingerprint(store, assets=DOWNSTREAM) == reference
 
 
-@pytest.mark.parametrize("n, workers, per", [(2000, 2, 62), (40, 2, 1), (31, 1, 1), (5000, 7, 44)])
-def test_a_round_is_dispatched_in_consecutive_chunks_of_the_launch_order(n, workers, per):
-    """2,000 tasks on 2 workers: 2,000 // (2 x 16) = 62 a chunk, 33 chunks (the last of 16), not 2,000 dispatches."""
-    order = list(range(n))[::-1]  # a launch order (largest first) that is not the task order
-    got = chunks(order, workers)
-    assert [i for chunk in got for i in chunk] == order  # every task once, launch order kept
-    assert {len(c) for c in got[:-1]} == {per} and 1 <= len(got[-1]) <= per
-    assert len(got) >= min(n, workers * CHUNKS_PER_WORKER)
+def test_a_round_is_dispatched_in_runs_that_shrink_to_single_tasks():
+    """182 equal tasks on 2 workers, each run 1/(GUIDED x 2) = 1/4 of the tasks left, at least one, worked by hand:
+    182/4 = 45.5 -> 45; 137/4 -> 34; 103/4 -> 25; 78/4 -> 19; 59/4 -> 14; 45/4 -> 11; 34/4 -> 8; 26/4 -> 6; 20/4 -> 5;
+    15/4 -> 3; 12/4 -> 3; 9/4 -> 2; then 7 tasks left, each run under 2: one task each."""
+    assert GUIDED == 2
+    got = chunks(list(range(182)), 2)
+    assert [len(c) for c in got] == [45, 34, 25, 19, 14, 11, 8, 6, 5, 3, 3, 2] + [1] * 7
+    assert [i for c in got for i in c] == list(range(182))  # consecutive runs of the task order
+
+
+@pytest.mark.parametrize("n, workers", [(2000, 2), (40, 2), (31, 1), (5000, 7), (1, 3)])
+def test_sized_rounds_go_largest_first_and_no_run_holds_more_than_its_share(n, workers):
+    """With sizes: the launch order is the largest first, every task once; a run holds at most 1/(GUIDED x workers)
+    of the work left when it starts, unless it is one task larger than that; the last run is one task."""
+    sizes = [(i * 7919) % 1000 + 1 + (1000 * n if i == n // 2 else 0) for i in range(n)]  # one above any share
+    got = chunks([f"task-{i}" for i in range(n)], workers, size=lambda t: sizes[int(t[5:])])
+    order = [i for c in got for i in c]
+    assert sorted(order) == list(range(n)) and [sizes[i] for i in order] == sorted(sizes, reverse=True)
+    left = sum(sizes)
+    for c in got:
+        work = sum(sizes[i] for i in c)
+        assert len(c) == 1 or work <= left / (GUIDED * workers)
+        left -= work
+    assert len(got[-1]) == 1 and got[0] == [n // 2]
 
 
 def test_a_pool_round_of_many_small_tasks_returns_each_result_at_its_task():
