@@ -41,8 +41,8 @@ import json
 import shutil
 import time
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +259,7 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
         sizes.update(d["cluster_sizes"])
     pairs_checked = sum(v[0] for v in verified)
     key_rows = sum(x["key_rows"] for x in paired)
+    key_row_bytes = round(sum(x["key_bytes"] for x in paired) / max(key_rows, 1), 1)
     hits = sum(v[1] for v in verified)
     return {
         "documents": starts[-1], "new_documents": new_docs, "already_indexed": already, "kept": kept,
@@ -272,7 +273,7 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
         "buckets": {"shared": sum(x["buckets"] for x in paired), "largest": max((x["largest_bucket"] for x in paired),
                                                                                 default=0),
                     "oversized": sum(x["oversized_buckets"] for x in paired), "max_bucket": max_bucket,
-                    "key_rows": key_rows, "key_row_bytes": round(sum(x["key_bytes"] for x in paired) / max(key_rows, 1), 1)},
+                    "key_rows": key_rows, "key_row_bytes": key_row_bytes},
         "verification": {"pairs_emitted": sum(x["pairs"] for x in paired), "candidate_pairs": distinct,
                          "verified": pairs_checked, "matches": hits, "false_candidates": pairs_checked - hits,
                          "false_candidate_share": round((pairs_checked - hits) / max(pairs_checked, 1), 4)},
