@@ -79,9 +79,11 @@ def label(run: dict) -> str:
 def worker_rss_by_docs(bench: dict) -> str:
     """Peak RSS of the largest worker (the driver for local:1) per engine:workers and N: flat in N or not."""
     by: dict[str, list[str]] = {}
-    for r in sorted(bench["runs"], key=lambda r: r["docs"]):
+    repeated = len({r.get("repeat", 0) for r in bench["runs"]}) > 1
+    for r in sorted(bench["runs"], key=lambda r: (r["docs"], r.get("repeat", 0))):
         rss = r["peak_rss_mib"]["worker"] or r["peak_rss_mib"]["driver"]
-        by.setdefault(f"{r['engine']}:{r['workers']}", []).append(f"{r['docs']:,} docs {rss} MiB")
+        which = f" (repetition {r.get('repeat', 0) + 1})" if repeated else ""
+        by.setdefault(f"{r['engine']}:{r['workers']}", []).append(f"{r['docs']:,} docs{which} {rss} MiB")
     return "; ".join(f"{k}: {', '.join(v)}" for k, v in by.items())
 
 
