@@ -38,7 +38,6 @@ import functools
 import hashlib
 import os
 import random
-import re
 import sys
 import time
 from collections import Counter, defaultdict
@@ -49,7 +48,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kiln.common.config import StepSpec, load_config  # noqa: E402
 from kiln.common.stats import StageStats  # noqa: E402
 from kiln.curation.documents import Document  # noqa: E402
-from kiln.curation.filters import text_stats as ts  # noqa: E402
 from kiln.curation.pipeline import build_steps, run_steps  # noqa: E402
 from kiln.curation.readers.builtin import (MAN_ROOT, ManPageError, man_language, render_man_page,  # noqa: E402
                                            translated_man_pages)

@@ -118,7 +118,7 @@ def main() -> None:
             compare_sizes(*demo_sample(Path(args.demo_store)), settings, tmp / "demo")
         print("this corpus:")
         compare_sizes(positives, negatives, settings, tmp / "full")
-        card = train_classifier(positives, negatives, settings, tmp / "classifier", progress=False)
+        train_classifier(positives, negatives, settings, tmp / "classifier", progress=False)
         scorer = QualityScorer.load(tmp / "classifier")
         texts = [e.text for e in positives + negatives]
         scorer.score(texts[:100])

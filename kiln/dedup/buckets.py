@@ -149,7 +149,8 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
 
     `sources`: source name -> (quality tier, source order), as `Batch.from_tables` numbers them. Writes
     out_dir/decisions/decisions-{k}.parquet (DECISION_SCHEMA; concatenated in part order they are `near_dedup`'s table)
-    and this refresh's index folder out_dir/index (`_index.json` last). `work_dir` is scratch, emptied first.
+    and this refresh's index folder out_dir/index (`_index.json` last). `work_dir` is scratch, emptied first; each
+    folder in it is deleted once no later round reads it (`_Scratch`).
     `partitions`: of the key shuffle; None: `auto_partitions` (decisions never depend on it).
     With `near.enabled` false the caller keeps every document (as `near_dedup(enabled=False)`); this always decides.
     A caller committing `out_dir` to a store reads `previous` and commits under `bucket_index.index_commit`."""
