@@ -10,7 +10,8 @@ Corpus (`kiln.curation.synthetic.scale_document`, document i depends only on (se
 (6%), and hard negatives that must stay: shared blocks (a block of the previous document, J 0.5-0.65 with it) and
 site templates (64 templates shared by 1% of documents, J < 2/3 between two of them).
 
-Pipeline per run, library calls only (no Dagster), each (engine, workers) in a fresh process of its own:
+Pipeline per run, library calls only (no Dagster); each stage of each run (engine, workers) in a fresh process of its
+own, stage by stage across the runs (`--order stages`, `schedule`; `--order runs`: each run whole in one process):
   ingest       kiln.curation.pipeline.ingest of the JSONL files into a kiln.common.storage.Store (one task per file)
   filter       kiln.curation.pipeline.filter_documents with `--profile`: light = normalize + pii only (the profile is empty),
                prose = the default config's prose profile (its steps, then pii)
@@ -20,8 +21,8 @@ Pipeline per run, library calls only (no Dagster), each (engine, workers) in a f
                flush to disk that the asset's commit does
   near_dedup   kiln.dedup.buckets.decide_distributed on the engine (`--partitions`, `--max-bucket`)
 Engines: local = kiln.engine.ProcessPool(workers) (1 worker runs in the driver process itself), ray =
-kiln.engine.RayEngine(workers=...) on an embedded Ray started by the run. The engine is started before the timed
-stages (Ray's start-up and the pool's fork server are not in any stage).
+kiln.engine.RayEngine(workers=...) on an embedded Ray started by the run's process. The engine is started before
+the timed stage (Ray's start-up and the pool's fork server are not in any stage).
 
 Per run the JSON holds per stage wall_s, docs_per_s, docs_per_s_per_core and mb_per_s_per_core (cores = workers;
 MB = UTF-8 bytes of the texts entering the stage, in 10^6), peak RSS of the driver and of the largest worker
@@ -40,7 +41,7 @@ negatives removed, and decisions_sha256 (sha256 over the lines "doc_id\\tstatus\
 document sorted by doc_id; status is the filter's reason, exact_duplicate, or near dedup's status). With several
 --docs values, a log-log plot of wall time and peak memory against N goes next to the JSON (matplotlib). The
 sampler also sums CPU seconds per stage over the same processes (`cpu_s`, `mb_per_cpu_s`): a rate that other load
-on the machine disturbs less than wall time does. Every round and task is timed too (`stages.*.tasks`,
+on the machine disturbs less than wall time does; the sampler's own CPU is kept out of it (`bench_sampler_cpu_s`). Every round and task is timed too (`stages.*.tasks`,
 `round_figures`), and the goals split two workers' speed-up into idle workers, waiting tasks and extra CPU
 (`speedup_factors`). Per stage, `machine` holds the whole machine's CPU seconds by kind (user, system, iowait,
 steal, idle: what the runs' own processes do not account for), page reclaim counters and the page cache at the end.
@@ -92,6 +93,9 @@ class RssSampler(threading.Thread):
         self.worst: dict[str, str] = {}
         self._class: dict[int, str] = {}
         self._cpu: dict[int, float] = {}
+        # The sampler's own CPU (psutil on every process, 5 times a second: ~2% of a core on Ray's dozen
+        # processes, near nothing on one process) is the instrument's, not the engine's: kept out of `driver`.
+        self.own_cpu_s = 0.0
 
     def _classify(self, p: psutil.Process) -> str:
         if p.pid not in self._class:
@@ -110,7 +114,9 @@ class RssSampler(threading.Thread):
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system) used so far by this process and every descendant seen (a process that
-        ended counts with its last sample), by kind of process: driver, worker, ray_infra, pool_infra."""
+        ended counts with its last sample), by kind of process: driver (less the sampler's own CPU), worker,
+        ray_infra, pool_infra."""
+        own = time.thread_time()
         me = psutil.Process()
         for p in [me, *me.children(recursive=True)]:
             try:
@@ -123,9 +129,18 @@ class RssSampler(threading.Thread):
         by_class: dict[str, float] = defaultdict(float)
         for pid, seconds in self._cpu.items():
             by_class["driver" if pid == me.pid else self._class.get(pid, "worker")] += seconds
+        self.own_cpu_s += time.thread_time() - own
+        by_class["driver"] -= self.own_cpu_s
         return by_class
 
     def sample(self) -> None:
+        own = time.thread_time()
+        try:
+            self._sample()
+        finally:
+            self.own_cpu_s += time.thread_time() - own
+
+    def _sample(self) -> None:
         me = psutil.Process()
         driver = me.memory_info().rss
         by_class: dict[str, float] = defaultdict(float)
@@ -482,7 +497,14 @@ def file_counts(root: Path) -> dict[str, int]:
     return dict(out)
 
 
-def run_one(args) -> dict:
+STAGES = ("ingest", "filter", "exact_dedup", "signatures", "near_dedup")
+STATE = "bench-run.json"  # a run's stage records and what later stages need, between its processes
+
+
+def run_one(args, stages: tuple[str, ...] = STAGES) -> dict | None:
+    """Run `stages` of one run (engine, workers) in this process, on an engine started here (untimed), and return
+    the run's figures once its last stage has run (else None). A run split over several processes (one per stage:
+    `schedule`) carries its stage records and what later stages read in `run_dir/bench-run.json`."""
     from kiln.common.config import ExactDedup, Reading, Source, load_config
     from kiln.common.storage import Store, flush_to_disk
     from kiln.curation.exact_dedup import HashSource, exact_dedup
@@ -495,8 +517,11 @@ def run_one(args) -> dict:
     sampler = RssSampler(args.sample_s)
     sampler.start()
     run_dir = Path(args.run_dir)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
+    if stages[0] == STAGES[0]:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        write_json_atomic(run_dir / STATE, json.dumps({"stages": {}, "engine_start_s": {}}))
+    state = json.loads((run_dir / STATE).read_text())
     corpus = Path(args.corpus)
     meta = json.loads((corpus / "corpus.json").read_text())
     config = load_config(args.config)
@@ -510,17 +535,17 @@ def run_one(args) -> dict:
     t0 = time.perf_counter()
     # pool / Ray started, its workers' modules imported (the pool's forkserver preloads them; Ray's import on use)
     engine.map_parts(warm_worker, list(range(2 * args.workers)), desc="warm", progress=False)
-    engine_start = time.perf_counter() - t0
+    state["engine_start_s"][stages[0]] = round(time.perf_counter() - t0, 2)
     engine = TimedEngine(engine, Path(tempfile.mkdtemp(prefix="kiln-task-times-")))
     store = Store(run_dir / "store")
-    stages: dict[str, dict] = {}
+    records: dict[str, dict] = state["stages"]
 
     @contextmanager
     def stage(name: str):
         sampler.stage = engine.stage = name
         load = os.getloadavg()
         rec = {"load_avg_1m_start": round(load[0], 2)}
-        cpu0, machine0 = sampler.cpu_seconds(), machine_counters()
+        cpu0, machine0, sampler0 = sampler.cpu_seconds(), machine_counters(), sampler.own_cpu_s
         start = time.perf_counter()
         yield rec
         rec["wall_s"] = round(time.perf_counter() - start, 3)
@@ -529,6 +554,7 @@ def run_one(args) -> dict:
         cpu1 = sampler.cpu_seconds()
         rec["cpu_s_by_process"] = {kind: round(cpu1[kind] - cpu0.get(kind, 0.0), 2) for kind in sorted(cpu1)}
         rec["cpu_s"] = round(sum(rec["cpu_s_by_process"].values()), 2)
+        rec["bench_sampler_cpu_s"] = round(sampler.own_cpu_s - sampler0, 2)  # not in cpu_s
         rec["mb_per_cpu_s"] = round(rec["mb"] / max(rec["cpu_s"], 1e-9), 3)
         rec["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
         cores = args.workers
@@ -536,46 +562,73 @@ def run_one(args) -> dict:
         rec["docs_per_s_per_core"] = round(rec["docs"] / rec["wall_s"] / cores, 1)
         rec["mb_per_s_per_core"] = round(rec["mb"] / rec["wall_s"] / cores, 3)
         rec["tasks"] = round_figures(engine.rounds, engine.folder, args.workers, name, rec["wall_s"])
-        stages[name] = rec
+        p = sampler.peaks[name]
+        rec["peak_rss_mib"] = {"driver": round(p.get("driver", 0)), "worker": round(p.get("worker", 0)) or None,
+                               "all_processes": round(p.get("all_processes", 0)),
+                               **({"ray_infra": round(p.get("ray_infra", 0))} if args.engine == "ray" else {})}
+        records[name] = rec
         sampler.stage = "between"
 
     commit = dict(code_version="bench", config={}, inputs={}, counts={})
-    with stage("ingest") as rec:
-        with store.staging("raw", SOURCE) as w:
-            s = ingest(source, reading, w, engine, progress=False)
-            w.commit(**commit)
-        rec.update(docs=meta["documents"], mb=meta["text_bytes"] / 1e6, docs_out=s.docs_out)
-    with stage("filter") as rec:
-        with store.staging("filtered", SOURCE) as w:
-            s = filter_documents(store.files("raw", SOURCE, "documents"), profile_steps(config, SOURCE),
-                                 ExactDedup(), w, engine, progress=False)
-            w.commit(**commit)
-        rec.update(docs=s.docs_in, mb=s.chars_in / 1e6, docs_out=s.docs_out)
-    with stage("exact_dedup") as rec:
-        with store.staging("curated", SOURCE) as w:
-            hs = [HashSource(SOURCE, 1, tuple(map(str, store.files("filtered", SOURCE, "documents"))))]
-            s = exact_dedup(hs, 0, w, run_dir / "exact-shuffle", engine, progress=False)
-            w.commit(**commit)
-        rec.update(docs=s.docs_in, mb=s.chars_in / 1e6, docs_out=s.docs_out)
-    curated_mb = s.chars_out / 1e6
-    curated = store.files("curated", SOURCE, "documents")
     sig_dir = run_dir / "signatures"
-    sig_dir.mkdir()
-    groups = signature_groups(curated, near.rows_per_part)  # as minhash_signatures joins curated parts
-    sig_parts = [sig_dir / f"signatures-{k:05d}.parquet" for k in range(len(groups))]
-    with stage("signatures") as rec:
-        n = compute_signatures(groups, sig_parts, near, engine=engine, progress=False).documents
-        flush_to_disk(sig_dir)  # as the minhash_signatures asset's commit does: its tasks leave the flush to it
-        rec.update(docs=n, mb=curated_mb)
-    with stage("near_dedup") as rec:
-        result = decide_distributed(sig_parts, {SOURCE: (1, 0)}, [], run_dir / "near-work", run_dir / "near-out",
-                                    near, "bench", engine=engine, partitions=args.partitions,
-                                    max_bucket=args.max_bucket)
-        rec.update(docs=n, mb=curated_mb, substages_s=result["timing"])
+    result: dict = {}
+    for name in stages:
+        if name == "ingest":
+            with stage(name) as rec:
+                with store.staging("raw", SOURCE) as w:
+                    s = ingest(source, reading, w, engine, progress=False)
+                    w.commit(**commit)
+                rec.update(docs=meta["documents"], mb=meta["text_bytes"] / 1e6, docs_out=s.docs_out)
+        elif name == "filter":
+            with stage(name) as rec:
+                with store.staging("filtered", SOURCE) as w:
+                    s = filter_documents(store.files("raw", SOURCE, "documents"), profile_steps(config, SOURCE),
+                                         ExactDedup(), w, engine, progress=False)
+                    w.commit(**commit)
+                rec.update(docs=s.docs_in, mb=s.chars_in / 1e6, docs_out=s.docs_out)
+        elif name == "exact_dedup":
+            with stage(name) as rec:
+                with store.staging("curated", SOURCE) as w:
+                    hs = [HashSource(SOURCE, 1, tuple(map(str, store.files("filtered", SOURCE, "documents"))))]
+                    s = exact_dedup(hs, 0, w, run_dir / "exact-shuffle", engine, progress=False)
+                    w.commit(**commit)
+                rec.update(docs=s.docs_in, mb=s.chars_in / 1e6, docs_out=s.docs_out)
+            state["curated_mb"] = s.chars_out / 1e6
+        elif name == "signatures":
+            curated = store.files("curated", SOURCE, "documents")
+            shutil.rmtree(sig_dir, ignore_errors=True)
+            sig_dir.mkdir()
+            groups = signature_groups(curated, near.rows_per_part)  # as minhash_signatures joins curated parts
+            sig_parts = [sig_dir / f"signatures-{k:05d}.parquet" for k in range(len(groups))]
+            with stage(name) as rec:
+                n = compute_signatures(groups, sig_parts, near, engine=engine, progress=False).documents
+                flush_to_disk(sig_dir)  # as the minhash_signatures asset's commit does: its tasks leave the flush to it
+                rec.update(docs=n, mb=state["curated_mb"])
+            state["signature_parts"] = [str(p) for p in sig_parts]
+        elif name == "near_dedup":
+            with stage(name) as rec:
+                result = decide_distributed(list(map(Path, state["signature_parts"])), {SOURCE: (1, 0)}, [],
+                                            run_dir / "near-work", run_dir / "near-out", near, "bench",
+                                            engine=engine, partitions=args.partitions, max_bucket=args.max_bucket)
+                rec.update(docs=records["signatures"]["docs"], mb=state["curated_mb"], substages_s=result["timing"])
+        else:
+            raise ValueError(f"unknown stage {name!r}: one of {', '.join(STAGES)}")
+    write_json_atomic(run_dir / STATE, json.dumps(state))
+    shutil.rmtree(engine.folder, ignore_errors=True)
+    if STAGES[-1] not in stages:
+        sampler.halt.set()
+        sampler.join()
+        if args.engine == "ray":
+            from kiln.engine import shutdown
+            shutdown()
+        return None
+
+    n, curated_mb = records["signatures"]["docs"], state["curated_mb"]
     files = {"near_work": {name: v["files"] for name, v in result["scratch"].items()},  # dropped during the run
              "near_out": file_counts(run_dir / "near-out"),
              "exact_shuffle": sum(file_counts(run_dir / "exact-shuffle").values()),
-             "signature_parts": len(sig_parts), "raw_parts": len(store.files("raw", SOURCE, "documents"))}
+             "signature_parts": len(state["signature_parts"]),
+             "raw_parts": len(store.files("raw", SOURCE, "documents"))}
     disk = sum(f.stat().st_size for f in run_dir.rglob("*") if f.is_file())
     sampler.stage = "evaluation"
     status = decisions_of(store, run_dir / "near-out")
@@ -589,32 +642,27 @@ def run_one(args) -> dict:
         write_json_atomic(cached, json.dumps(quality))
     sampler.halt.set()
     sampler.join()
-    for name, rec in stages.items():
-        p = sampler.peaks.get(name, {})
-        rec["peak_rss_mib"] = {"driver": round(p.get("driver", 0)), "worker": round(p.get("worker", 0)) or None,
-                               "all_processes": round(p.get("all_processes", 0))}
-        if args.engine == "ray":
-            rec["peak_rss_mib"]["ray_infra"] = round(p.get("ray_infra", 0))
-    pipeline = [sampler.peaks[s] for s in stages if s in sampler.peaks]
-    total_wall = sum(r["wall_s"] for r in stages.values())
+    stages_run = {name: records[name] for name in STAGES}
+    pipeline = [s["peak_rss_mib"] for s in stages_run.values()]
+    total_wall = sum(r["wall_s"] for r in stages_run.values())
     mb = meta["text_bytes"] / 1e6
-    e2e = stages["signatures"]["wall_s"] + stages["near_dedup"]["wall_s"]
+    e2e = stages_run["signatures"]["wall_s"] + stages_run["near_dedup"]["wall_s"]
     out = {
         "engine": args.engine, "workers": args.workers, "docs": meta["documents"], "seed": meta["seed"],
         "text_mb": round(mb, 1), "profile": args.profile, "scheme": near.scheme, "rows_per_part": args.rows_per_part,
-        "partitions": result["partitions"], "max_bucket": args.max_bucket, "engine_start_s": round(engine_start, 2),
-        "stages": stages,
+        "partitions": result["partitions"], "max_bucket": args.max_bucket,
+        "engine_start_s": max(state["engine_start_s"].values()),
+        "stages": stages_run,
         "total": {"wall_s": round(total_wall, 2), "docs_per_s": round(meta["documents"] / total_wall, 1),
                   "docs_per_s_per_core": round(meta["documents"] / total_wall / args.workers, 1),
                   "mb_per_s_per_core": round(mb / total_wall / args.workers, 3)},
         "near_dedup_end_to_end": {"wall_s": round(e2e, 2), "what": "signatures + near_dedup, from curated text",
                                   "mb_per_s_per_core": round(curated_mb / e2e / args.workers, 3),
                                   "docs_per_s_per_core": round(n / e2e / args.workers, 1)},
-        "peak_rss_mib": {"driver": round(max(p.get("driver", 0) for p in pipeline)),
-                         "worker": round(max(p.get("worker", 0) for p in pipeline)) or None,
-                         "all_processes": round(max(p.get("all_processes", 0) for p in pipeline)),
-                         **({"ray_infra": round(max(p.get("ray_infra", 0) for p in pipeline))}
-                            if args.engine == "ray" else {}),
+        "peak_rss_mib": {"driver": max(p["driver"] for p in pipeline),
+                         "worker": max(p["worker"] or 0 for p in pipeline) or None,
+                         "all_processes": max(p["all_processes"] for p in pipeline),
+                         **({"ray_infra": max(p["ray_infra"] for p in pipeline)} if args.engine == "ray" else {}),
                          "evaluation_driver": round(sampler.peaks["evaluation"]["driver"]),
                          "note": "worker = largest single worker process; local with 1 worker runs every stage in "
                                  "the driver (no worker processes)" if args.engine == "local" and args.workers == 1
@@ -628,7 +676,6 @@ def run_one(args) -> dict:
     if args.engine == "ray":
         from kiln.engine import shutdown
         shutdown()
-    shutil.rmtree(engine.folder, ignore_errors=True)
     if not args.keep:
         shutil.rmtree(run_dir, ignore_errors=True)
     return out
@@ -720,6 +767,22 @@ def speedup_factors(one: dict, two: dict) -> dict:
             "cpu": round(cpu(one) / cpu(two), 3)}
 
 
+def schedule(runs: list[tuple[str, int]], repeat: int, order: str) -> list[tuple[int, tuple[str, int], tuple[str, ...]]]:
+    """The processes of a series, as (repetition, run, its stages), in the order they run. The list of runs is
+    reversed every other repetition; with order "stages", every other stage too, so on each stage two neighbours
+    of the list run back to back and each run is as often first as last. A shared machine's speed drifts by tens
+    of percent within the hour: comparing two runs of a stage minutes apart, not a whole run apart, keeps most of
+    that drift out of Ray-over-pool and two-over-one."""
+    out = []
+    for k in range(repeat):
+        listed = runs if k % 2 == 0 else runs[::-1]
+        if order == "runs":
+            out += [(k, run, STAGES) for run in listed]
+        else:
+            out += [(k, run, (stage,)) for i, stage in enumerate(STAGES) for run in (listed if i % 2 == 0 else listed[::-1])]
+    return out
+
+
 def parse_runs(args) -> list[tuple[str, int]]:
     if args.runs:
         return [(e, int(w)) for e, w in (r.split(":") for r in args.runs.split(","))]
@@ -791,6 +854,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1,
                     help="run the list this many times, reversed every other time, so that each engine runs first "
                          "and last; the goals give each figure's [min, max] over the repetitions")
+    ap.add_argument("--order", choices=("stages", "runs"), default="stages",
+                    help="stages: each stage on every run before the next stage, each (run, stage) in a process of "
+                         "its own, so the runs compared on a stage ran it minutes apart; runs: each run whole")
     ap.add_argument("--json", default=None, help="write the runs here (and the plot next to it)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default="light", help="light (normalize + pii) or a profile of the config: prose")
@@ -811,12 +877,15 @@ def main() -> None:
     ap.add_argument("--corpus", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--stages", default=",".join(STAGES), help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
     if args.one:
         args.engine, args.workers = args.engine, int(args.workers)
-        Path(args.out).write_text(json.dumps(run_one(args), indent=1))
+        out = run_one(args, tuple(args.stages.split(",")))
+        if out is not None:
+            Path(args.out).write_text(json.dumps(out, indent=1))
         return
 
     runs_spec = parse_runs(args)
@@ -831,24 +900,27 @@ def main() -> None:
         meta = json.loads((corpus / "corpus.json").read_text())
         print(f"corpus: {n:,} documents, {meta['text_bytes'] / 1e6:.1f} MB in {meta['files']} files "
               f"(generated in {meta['generate_s']} s)", flush=True)
-        for k, (engine, workers) in [(k, run) for k in range(args.repeat)
-                                     for run in (runs_spec if k % 2 == 0 else runs_spec[::-1])]:
+        started: dict[str, tuple[float, tuple[float, ...]]] = {}  # run name -> process seconds, load at its start
+        for k, (engine, workers), stages in schedule(runs_spec, args.repeat, args.order):
             repetition = f"-r{k}" if args.repeat > 1 else ""
             name = f"run-{n}-{engine}-{workers}{repetition}"
             out = work / f"{name}.json"
             cmd = [sys.executable, __file__, "--one", "--engine", engine, "--workers", str(workers), "--corpus",
-                   str(corpus), "--run-dir", str(work / name), "--out", str(out),
+                   str(corpus), "--run-dir", str(work / name), "--out", str(out), "--stages", ",".join(stages),
                    "--profile", args.profile, "--config", args.config, "--rows-per-part", str(args.rows_per_part),
                    *(["--partitions", str(args.partitions)] if args.partitions else []), "--max-bucket", str(args.max_bucket),
                    "--pairs-sample", str(args.pairs_sample), "--sample-s", str(args.sample_s)]
             cmd += ["--keep"] if args.keep or f"{engine}:{workers}" in args.keep_runs.split(",") else []
-            load = os.getloadavg()
+            seconds, load = started.get(name, (0.0, os.getloadavg()))
             t0 = time.perf_counter()
             subprocess.run(cmd, check=True)
+            started[name] = (seconds + time.perf_counter() - t0, load)
+            if STAGES[-1] not in stages:
+                continue
             r = json.loads(out.read_text())
             r["load_avg_before"] = [round(x, 2) for x in load]
             r["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
-            r["process_wall_s"] = round(time.perf_counter() - t0, 1)
+            r["process_wall_s"] = round(started[name][0], 1)
             r["repeat"] = k
             results.append(r)
             print(f"  {engine} x{workers}{repetition}: {r['total']['wall_s']:.1f} s in stages, "

@@ -191,6 +191,29 @@ def test_tiny_end_to_end_run_catches_planted_copies_and_keeps_hard_negatives(ben
     documents = out["stages"]["signatures"]["docs"]
     assert f"signatures: {documents:,} documents" in profiled and re.search(r"decide: [\d.]+ s wall", profiled)
     assert "keys" in profiled and "final" in profiled and "persist" in profiled  # every round's seconds
+    # The same run split into a process per stage (as --order stages runs it), here one call per stage: each call
+    # continues from the run folder, and the run decides the same and reports every stage.
+    split = bench.run_args(corpus=str(corpus), run_dir=str(tmp_path / "split"), rows_per_part=50, partitions=3,
+                           sample_s=0.5)
+    assert [bench.run_one(split, (stage,)) for stage in bench.STAGES[:-1]] == [None] * 4
+    last = bench.run_one(split, bench.STAGES[-1:])
+    assert last["decisions_sha256"] == out["decisions_sha256"] and list(last["stages"]) == list(bench.STAGES)
+    assert [s["docs"] for s in last["stages"].values()] == [s["docs"] for s in out["stages"].values()]
+    assert not (tmp_path / "split").exists()  # not kept: dropped after its last stage
+
+
+def test_schedule_runs_neighbours_back_to_back_on_each_stage_and_each_run_as_often_first_as_last(bench):
+    """Hand-worked for local:1 and ray:1, twice: the list, then the list reversed; by stage, every other stage
+    reversed too."""
+    l1, r1 = ("local", 1), ("ray", 1)
+    ingest, filter_, exact, signatures, near = ((s,) for s in bench.STAGES)
+    assert bench.schedule([l1, r1], 2, "stages") == [
+        (0, l1, ingest), (0, r1, ingest), (0, r1, filter_), (0, l1, filter_), (0, l1, exact), (0, r1, exact),
+        (0, r1, signatures), (0, l1, signatures), (0, l1, near), (0, r1, near),
+        (1, r1, ingest), (1, l1, ingest), (1, l1, filter_), (1, r1, filter_), (1, r1, exact), (1, l1, exact),
+        (1, l1, signatures), (1, r1, signatures), (1, r1, near), (1, l1, near)]
+    assert bench.schedule([l1, r1], 2, "runs") == [(0, l1, bench.STAGES), (0, r1, bench.STAGES),
+                                                   (1, r1, bench.STAGES), (1, l1, bench.STAGES)]
 
 
 def test_repeated_runs_give_each_goal_as_its_spread_over_the_repetitions(bench):
@@ -237,3 +260,19 @@ def test_round_figures_split_a_two_worker_speed_up_into_idle_workers_waiting_tas
     factors = bench.speedup_factors(one, two)
     assert factors == {"busy": 0.972, "cpu_share": 1.0, "cpu": 0.857}
     assert 2 * factors["busy"] * factors["cpu_share"] * factors["cpu"] == pytest.approx(10 / 6, abs=0.002)
+
+
+def test_the_samplers_own_cpu_is_kept_out_of_the_drivers(bench):
+    """The driver sleeps while the sampler polls it 1,000 times a second: the driver's CPU seconds over that second
+    are about none, the sampler's its own (counted apart), not the sum."""
+    import time
+
+    sampler = bench.RssSampler(0.001)
+    before, own_before = sampler.cpu_seconds()["driver"], sampler.own_cpu_s
+    sampler.start()
+    time.sleep(1.0)
+    sampler.halt.set()
+    sampler.join()
+    driver, own = sampler.cpu_seconds()["driver"] - before, sampler.own_cpu_s - own_before
+    assert own > 0.05  # psutil on this process, ~1,000 times
+    assert driver < own / 4
