@@ -41,9 +41,9 @@ negatives removed, and decisions_sha256 (sha256 over the lines "doc_id\\tstatus\
 document sorted by doc_id; status is the filter's reason, exact_duplicate, or near dedup's status). With several
 --docs values, a log-log plot of wall time and peak memory against N goes next to the JSON (matplotlib). The
 sampler also sums CPU seconds per stage over the same processes (`cpu_s`, `mb_per_cpu_s`): a rate that other load
-on the machine disturbs less than wall time does; the sampler's own CPU is kept out of it (`bench_sampler_cpu_s`). Every round and task is timed too (`stages.*.tasks`,
-`round_figures`), and the goals split two workers' speed-up into idle workers, waiting tasks and extra CPU
-(`speedup_factors`). Per stage, `machine` holds the whole machine's CPU seconds by kind (user, system, iowait,
+on the machine disturbs less than wall time does; the sampler's own CPU is kept out of it (`bench_sampler_cpu_s`).
+Every round and task is timed too (`stages.*.tasks`, `round_figures`), and the goals split two workers' speed-up
+into idle workers, waiting tasks and extra CPU (`speedup_factors`). Per stage, `machine` holds the whole machine's CPU seconds by kind (user, system, iowait,
 steal, idle: what the runs' own processes do not account for), page reclaim counters and the page cache at the end.
 """
 
@@ -703,12 +703,31 @@ def run_args(**overrides) -> argparse.Namespace:
 
 def goals(runs: list[dict]) -> dict:
     """`goals_of` the runs; with --repeat, each figure as [min, max] over the repetitions (a spread, where a shared
-    machine makes one run's CPU seconds vary by tens of percent), and every repetition's own under `by_repeat`."""
+    machine makes one run's CPU seconds vary by tens of percent), every repetition's own under `by_repeat`, and the
+    figures of the repetitions pooled under `pooled` (`pool_repetitions`)."""
     repeats = sorted({r.get("repeat", 0) for r in runs})
     if len(repeats) == 1:
         return goals_of(runs)
     each = [goals_of([r for r in runs if r.get("repeat", 0) == k]) for k in repeats]
-    return {**spread(each), "by_repeat": each}
+    return {**spread(each), "by_repeat": each, "pooled": goals_of(pool_repetitions(runs))}
+
+
+def pool_repetitions(runs: list[dict]) -> list[dict]:
+    """One run per (engine, workers, docs) whose seconds and MB are the sums over its repetitions (a ratio of two
+    pooled runs is summed seconds over summed seconds) and whose peak memory is the largest; no task figures."""
+    by: dict[tuple, list[dict]] = defaultdict(list)
+    for r in runs:
+        by[(r["engine"], r["workers"], r["docs"])].append(r)
+    pooled = []
+    for (engine, workers, docs), reps in by.items():
+        stages = {}
+        for name in reps[0]["stages"]:
+            mb, wall, cpu = (sum(r["stages"][name][k] for r in reps) for k in ("mb", "wall_s", "cpu_s"))
+            stages[name] = {"mb": mb, "wall_s": wall, "cpu_s": cpu, "mb_per_cpu_s": mb / cpu}
+        peak = {kind: max(r["peak_rss_mib"][kind] or 0 for r in reps) for kind in ("driver", "worker")}
+        pooled.append({"engine": engine, "workers": workers, "docs": docs, "stages": stages,
+                       "total": {"wall_s": sum(r["total"]["wall_s"] for r in reps)}, "peak_rss_mib": peak})
+    return pooled
 
 
 def spread(figures: list[dict]) -> dict:

@@ -219,9 +219,10 @@ def test_schedule_runs_neighbours_back_to_back_on_each_stage_and_each_run_as_oft
 def test_repeated_runs_give_each_goal_as_its_spread_over_the_repetitions(bench):
     """Two repetitions of local:2 and ray:2, hand-made: Ray's CPU per MB over the pool's is the pool's MB per
     CPU-second over Ray's, 10 / 8 = 1.25 in the first and 10 / 11 = 0.909 in the second, so the spread is
-    [0.909, 1.25]; each repetition's own figures stay under by_repeat."""
+    [0.909, 1.25]; each repetition's own figures stay under by_repeat. Pooled, Ray's CPU seconds are 100 / 8 +
+    100 / 11 = 21.59 against the pool's 20: 1.08."""
     def run(engine: str, mb_per_cpu_s: float, repeat: int) -> dict:
-        stage = {"mb": 100.0, "wall_s": 10.0, "mb_per_cpu_s": mb_per_cpu_s}
+        stage = {"mb": 100.0, "wall_s": 10.0, "cpu_s": 100.0 / mb_per_cpu_s, "mb_per_cpu_s": mb_per_cpu_s}
         return {"engine": engine, "workers": 2, "docs": 1000, "repeat": repeat, "total": {"wall_s": 20.0},
                 "peak_rss_mib": {"driver": 100, "worker": 200},
                 "stages": {"signatures": stage, "near_dedup": stage}}
@@ -232,6 +233,8 @@ def test_repeated_runs_give_each_goal_as_its_spread_over_the_repetitions(bench):
     assert [g["ray_cpu_per_mb_over_pool"]["ray:2@1000"]["signatures"] for g in goals["by_repeat"]] == [1.25, 0.909]
     # 100 MB / (10 + 10) s / 2 workers = 2.5 MB/s per core, the same in both repetitions
     assert goals["near_text_to_decisions_mb_s_core"]["local:2@1000"] == [2.5, 2.5]
+    assert goals["pooled"]["ray_cpu_per_mb_over_pool"]["ray:2@1000"]["near_dedup"] == 1.08
+    assert goals["pooled"]["near_text_to_decisions_mb_s_core"]["local:2@1000"] == 2.5  # 200 MB / 40 s / 2
     assert bench.goals(runs[:2]) == bench.goals_of(runs[:2])  # one repetition: the figures themselves
 
 
