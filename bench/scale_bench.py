@@ -258,11 +258,15 @@ def round_figures(rounds: list[dict], folder: Path, workers: int, stage: str, st
     tasks); per stage `busy` = task seconds / (workers x stage wall), what share of the task seconds was CPU
     (the rest: waiting on the disk, or on a core another process held) and the seconds outside any round (the
     driver alone). task_thread_cpu_s: the CPU seconds of the thread that ran the task alone (task_cpu_s is its
-    whole process's over the task: with an engine's own threads, e.g. a Ray worker's, and Arrow's pool)."""
+    whole process's over the task: with an engine's own threads, e.g. a Ray worker's, and Arrow's pool).
+    `processes`: how many processes ran the stage's tasks (each one's first task pays its imports: more processes
+    than workers means cold ones joined mid-stage)."""
     timed = defaultdict(lambda: [0.0, 0.0, 0.0])  # round -> [task wall, task CPU, task thread's CPU]
+    ran = defaultdict(set)  # round -> the processes that ran its tasks
     for path in folder.glob("*.tsv"):
         for line in path.read_text(encoding="utf-8").splitlines():
             k, start, end, cpu, own = line.split("\t")
+            ran[int(k)].add(path.stem)
             timed[int(k)][0] += float(end) - float(start)
             timed[int(k)][1] += float(cpu)
             timed[int(k)][2] += float(own)
@@ -271,7 +275,8 @@ def round_figures(rounds: list[dict], folder: Path, workers: int, stage: str, st
             "task_thread_cpu_s": round(timed[k][2], 3), "idle_worker_s": round(workers * r["wall_s"] - timed[k][0], 3)}
            for k, r in enumerate(rounds) if r["stage"] == stage]
     task_wall, task_cpu = sum(r["task_wall_s"] for r in out), sum(r["task_cpu_s"] for r in out)
-    return {"busy": round(task_wall / (workers * stage_wall_s), 3),
+    processes = set().union(*(ran[k] for k, r in enumerate(rounds) if r["stage"] == stage))
+    return {"busy": round(task_wall / (workers * stage_wall_s), 3), "processes": len(processes),
             "task_cpu_over_wall": round(task_cpu / task_wall, 3) if task_wall else None,
             "outside_rounds_s": round(stage_wall_s - sum(r["wall_s"] for r in out), 3), "rounds": out}
 

@@ -255,10 +255,11 @@ def test_round_figures_split_a_two_worker_speed_up_into_idle_workers_waiting_tas
 
     one = figures(tmp_path / "one", 10.0, 9.0, 1, {11: [(0.5, 3.0, 2.4), (3.5, 3.0, 2.4), (6.5, 3.0, 2.4)]})
     two = figures(tmp_path / "two", 6.0, 5.5, 2, {21: [(0.2, 3.5, 2.8), (3.7, 3.5, 2.8)], 22: [(0.2, 3.5, 2.8)]})
-    assert one == {"busy": 0.9, "task_cpu_over_wall": 0.8, "outside_rounds_s": 1.0, "rounds": [
+    assert one == {"busy": 0.9, "processes": 1, "task_cpu_over_wall": 0.8, "outside_rounds_s": 1.0, "rounds": [
         {"round": "minhash", "tasks": 3, "wall_s": 9.0, "task_wall_s": 9.0, "task_cpu_s": 7.2, "task_thread_cpu_s": 6.0,
          "idle_worker_s": 0.0}]}
     assert two["busy"] == 0.875 and two["task_cpu_over_wall"] == 0.8 and two["outside_rounds_s"] == 0.5
+    assert two["processes"] == 2
     assert two["rounds"][0]["idle_worker_s"] == 0.5
     factors = bench.speedup_factors(one, two)
     assert factors == {"busy": 0.972, "cpu_share": 1.0, "cpu": 0.857}
