@@ -537,6 +537,7 @@ def run_one(args, stages: tuple[str, ...] = STAGES) -> dict | None:
     reading = Reading(rows_per_part=args.rows_per_part)
     near = config.dedup.near
     engine = ProcessPool(args.workers) if args.engine == "local" else RayEngine(workers=args.workers)
+    one_process = args.engine == "local" and args.workers == 1  # a child seen then is a helper (1 MiB), no worker
     t0 = time.perf_counter()
     # pool / Ray started, its workers' modules imported (the pool's forkserver preloads them; Ray's import on use)
     engine.map_parts(warm_worker, list(range(2 * args.workers)), desc="warm", progress=False)
@@ -568,7 +569,8 @@ def run_one(args, stages: tuple[str, ...] = STAGES) -> dict | None:
         rec["mb_per_s_per_core"] = round(rec["mb"] / rec["wall_s"] / cores, 3)
         rec["tasks"] = round_figures(engine.rounds, engine.folder, args.workers, name, rec["wall_s"])
         p = sampler.peaks[name]
-        rec["peak_rss_mib"] = {"driver": round(p.get("driver", 0)), "worker": round(p.get("worker", 0)) or None,
+        worker = None if one_process else round(p.get("worker", 0)) or None
+        rec["peak_rss_mib"] = {"driver": round(p.get("driver", 0)), "worker": worker,
                                "all_processes": round(p.get("all_processes", 0)),
                                **({"ray_infra": round(p.get("ray_infra", 0))} if args.engine == "ray" else {})}
         records[name] = rec

@@ -76,12 +76,19 @@ def label(run: dict) -> str:
     return f"{run['engine']}:{run['workers']} @ {run['docs']:,}"
 
 
+def worker_mib(run: dict, peaks: dict) -> int:
+    """The largest worker's peak RSS in `peaks` (a run's or a stage's); the driver's for local:1, whose driver runs
+    every task (a short-lived helper child seen there is no worker)."""
+    one_process = run["engine"] == "local" and run["workers"] == 1
+    return peaks["driver"] if one_process else peaks["worker"] or peaks["driver"]
+
+
 def worker_rss_by_docs(bench: dict) -> str:
     """Peak RSS of the largest worker (the driver for local:1) per engine:workers and N: flat in N or not."""
     by: dict[str, list[str]] = {}
     repeated = len({r.get("repeat", 0) for r in bench["runs"]}) > 1
     for r in sorted(bench["runs"], key=lambda r: (r["docs"], r.get("repeat", 0))):
-        rss = r["peak_rss_mib"]["worker"] or r["peak_rss_mib"]["driver"]
+        rss = worker_mib(r, r["peak_rss_mib"])
         which = f" (repetition {r.get('repeat', 0) + 1})" if repeated else ""
         by.setdefault(f"{r['engine']}:{r['workers']}", []).append(f"{r['docs']:,} docs{which} {rss} MiB")
     return "; ".join(f"{k}: {', '.join(v)}" for k, v in by.items())
@@ -164,7 +171,7 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
         text = st["mb"] * 1e6 * text_x  # bytes of text entering the stage at the target
         rows.append({"stage": s, "run": label(run), "mb_per_cpu_s": st["mb_per_cpu_s"], "text_tb": text / TB,
                      "core_hours": text / (st["mb_per_cpu_s"] * 1e6) / 3600,
-                     "worker_mib": st["peak_rss_mib"]["worker"] or st["peak_rss_mib"]["driver"]})
+                     "worker_mib": worker_mib(run, st["peak_rss_mib"])})
     core_h = sum(r["core_hours"] for r in rows)
     cores = t.cores or math.ceil(core_h / (t.hours * t.utilization))
     for r in rows:
