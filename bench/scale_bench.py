@@ -43,8 +43,9 @@ document sorted by doc_id; status is the filter's reason, exact_duplicate, or ne
 sampler also sums CPU seconds per stage over the same processes (`cpu_s`, `mb_per_cpu_s`): a rate that other load
 on the machine disturbs less than wall time does; the sampler's own CPU is kept out of it (`bench_sampler_cpu_s`).
 Every round and task is timed too (`stages.*.tasks`, `round_figures`), and the goals split two workers' speed-up
-into idle workers, waiting tasks and extra CPU (`speedup_factors`). Per stage, `machine` holds the whole machine's CPU seconds by kind (user, system, iowait,
-steal, idle: what the runs' own processes do not account for), page reclaim counters and the page cache at the end.
+into idle workers, waiting tasks and extra CPU (`speedup_factors`). Per stage, `machine` holds the whole machine's
+CPU seconds by kind (user, system, iowait, steal, idle: what the runs' own processes do not account for), page
+reclaim counters and the page cache at the end.
 """
 
 from __future__ import annotations
@@ -793,7 +794,10 @@ def speedup_factors(one: dict, two: dict) -> dict:
             "cpu": round(cpu(one) / cpu(two), 3)}
 
 
-def schedule(runs: list[tuple[str, int]], repeat: int, order: str) -> list[tuple[int, tuple[str, int], tuple[str, ...]]]:
+Run = tuple[str, int]  # (engine, workers)
+
+
+def schedule(runs: list[Run], repeat: int, order: str) -> list[tuple[int, Run, tuple[str, ...]]]:
     """The processes of a series, as (repetition, run, its stages), in the order they run. The list of runs is
     reversed every other repetition; with order "stages", every other stage too, so on each stage two neighbours
     of the list run back to back and each run is as often first as last. A shared machine's speed drifts by tens
@@ -805,11 +809,12 @@ def schedule(runs: list[tuple[str, int]], repeat: int, order: str) -> list[tuple
         if order == "runs":
             out += [(k, run, STAGES) for run in listed]
         else:
-            out += [(k, run, (stage,)) for i, stage in enumerate(STAGES) for run in (listed if i % 2 == 0 else listed[::-1])]
+            out += [(k, run, (stage,)) for i, stage in enumerate(STAGES)
+                    for run in (listed if i % 2 == 0 else listed[::-1])]
     return out
 
 
-def parse_runs(args) -> list[tuple[str, int]]:
+def parse_runs(args) -> list[Run]:
     if args.runs:
         return [(e, int(w)) for e, w in (r.split(":") for r in args.runs.split(","))]
     return [(e, int(w)) for e in args.engine.split(",") for w in args.workers.split(",")]

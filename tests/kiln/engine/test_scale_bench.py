@@ -267,16 +267,12 @@ def test_round_figures_split_a_two_worker_speed_up_into_idle_workers_waiting_tas
 
 
 def test_the_samplers_own_cpu_is_kept_out_of_the_drivers(bench):
-    """The driver sleeps while the sampler polls it 1,000 times a second: the driver's CPU seconds over that second
-    are about none, the sampler's its own (counted apart), not the sum."""
-    import time
-
-    sampler = bench.RssSampler(0.001)
+    """500 samples of this process: the driver's CPU seconds over them are about none (a loop's), the sampler's
+    its own (counted apart), not the sum. The sampler's thread counts the same way (time.thread_time)."""
+    sampler = bench.RssSampler(1.0)
     before, own_before = sampler.cpu_seconds()["driver"], sampler.own_cpu_s
-    sampler.start()
-    time.sleep(1.0)
-    sampler.halt.set()
-    sampler.join()
+    for _ in range(500):
+        sampler.sample()
     driver, own = sampler.cpu_seconds()["driver"] - before, sampler.own_cpu_s - own_before
-    assert own > 0.05  # psutil on this process, ~1,000 times
+    assert own > 0.02  # psutil on this process, 500 times
     assert driver < own / 4
