@@ -623,12 +623,16 @@ def run_one(args, stages: tuple[str, ...] = STAGES) -> dict | None:
             raise ValueError(f"unknown stage {name!r}: one of {', '.join(STAGES)}")
     write_json_atomic(run_dir / STATE, json.dumps(state))
     shutil.rmtree(engine.folder, ignore_errors=True)
-    if STAGES[-1] not in stages:
+
+    def stop() -> None:  # the sampler, and the embedded Ray this process started
         sampler.halt.set()
         sampler.join()
         if args.engine == "ray":
             from kiln.engine import shutdown
             shutdown()
+
+    if STAGES[-1] not in stages:
+        stop()
         return None
 
     n, curated_mb = records["signatures"]["docs"], state["curated_mb"]
@@ -648,8 +652,7 @@ def run_one(args, stages: tuple[str, ...] = STAGES) -> dict | None:
     else:
         quality = evaluate(meta["seed"], meta["documents"], status, near, args.pairs_sample)
         write_json_atomic(cached, json.dumps(quality))
-    sampler.halt.set()
-    sampler.join()
+    stop()
     stages_run = {name: records[name] for name in STAGES}
     pipeline = [s["peak_rss_mib"] for s in stages_run.values()]
     total_wall = sum(r["wall_s"] for r in stages_run.values())
@@ -673,7 +676,7 @@ def run_one(args, stages: tuple[str, ...] = STAGES) -> dict | None:
                          **({"ray_infra": max(p["ray_infra"] for p in pipeline)} if args.engine == "ray" else {}),
                          "evaluation_driver": round(sampler.peaks["evaluation"]["driver"]),
                          "note": "worker = largest single worker process; local with 1 worker runs every stage in "
-                                 "the driver (no worker processes)" if args.engine == "local" and args.workers == 1
+                                 "the driver (no worker processes)" if one_process
                          else "worker = largest single worker process"},
         **quality,
         "decisions_sha256": sha,
@@ -681,9 +684,6 @@ def run_one(args, stages: tuple[str, ...] = STAGES) -> dict | None:
                                               "cluster_sizes", "scratch") if k in result},
         "files": files, "disk_mib": round(disk / MIB),
     }
-    if args.engine == "ray":
-        from kiln.engine import shutdown
-        shutdown()
     if not args.keep:
         shutil.rmtree(run_dir, ignore_errors=True)
     return out
