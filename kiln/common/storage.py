@@ -130,20 +130,39 @@ def resume_part(output: str | Path, run: Callable[[], dict]) -> dict:
     return result
 
 
-def _recorded_files(folder: Path) -> dict[Path, dict]:
-    """What the completion markers under `folder` record of each file their tasks wrote: path -> bytes, rows,
-    sha256 (a marker cut short, or from before Kiln recorded them, records nothing)."""
+def _recorded_files(folder: Path) -> dict[str, dict]:
+    """What the completion markers under `folder` record of each file their tasks wrote: path relative to `folder`
+    (posix) -> bytes, rows, sha256 (a marker cut short, or from before Kiln recorded them, records nothing)."""
     recorded = {}
     for root, _, names in os.walk(folder):
         if os.path.basename(root) != ".done":
             continue
+        base = Path(os.path.relpath(os.path.dirname(root), folder))
         for name in names:
             try:
                 files = json.loads(Path(root, name).read_text(encoding="utf-8")).get("files", {})
             except (OSError, ValueError, AttributeError):
                 continue
-            recorded |= {Path(root).parent / f: facts for f, facts in files.items() if isinstance(facts, dict)}
+            recorded |= {(base / f).as_posix(): facts for f, facts in files.items() if isinstance(facts, dict)}
     return recorded
+
+
+def _staged_files(folder: Path) -> tuple[list[str], list[Path]]:
+    """A staging folder's files to publish (relative posix paths, in part order; not the manifest) and its hidden
+    entries (tasks' markers and temp files, at any depth, not inside another hidden one). One walk, plain strings:
+    a dataset of thousands of parts is listed while the workers wait."""
+    published, hidden = [], []
+    for root, dirs, names in os.walk(folder):
+        rel = os.path.relpath(root, folder)
+        prefix = "" if rel == "." else Path(rel).as_posix() + "/"
+        hidden += [Path(root, d) for d in dirs if d.startswith(".")]
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in names:
+            if name.startswith("."):
+                hidden.append(Path(root, name))
+            elif prefix + name != MANIFEST_NAME:
+                published.append(prefix + name)
+    return sorted(published, key=_in_part_order), hidden
 
 
 def _completed(marker: Path) -> dict | None:
@@ -196,12 +215,15 @@ def flush_to_disk(folder: Path) -> None:
     filesystem's journal commits them together. Not syncfs(2): that also writes out every other dirty file of the
     filesystem, a run's scratch included (twice the time for near dedup's output at 200k documents, docs/dedup.md).
     Hidden entries are skipped: a commit never publishes them (scratch, completion markers, temporary files)."""
-    paths = [folder]
-    for root, dirs, files in os.walk(folder):
+    folders, files = [folder], []
+    for root, dirs, names in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        paths += [Path(root, name) for name in dirs + files if not name.startswith(".")]
+        folders += [os.path.join(root, d) for d in dirs]
+        files += [os.path.join(root, name) for name in names if not name.startswith(".")]
+    # A slice of the files per thread, not a future per file: thousands of parts are flushed while the workers wait.
     with ThreadPoolExecutor(_FLUSH_THREADS) as pool:  # fsync releases the GIL
-        list(pool.map(lambda p: fsync_dir(p) if p.is_dir() else fsync_file(p), paths))
+        list(pool.map(lambda some: [fsync_file(f) for f in some], [files[i::_FLUSH_THREADS] for i in range(_FLUSH_THREADS)]))
+        list(pool.map(fsync_dir, folders))
 
 
 def resume_key(**identity) -> str:
@@ -214,15 +236,11 @@ def part_name(role: str, index: int, suffix: str = ".parquet") -> str:
     return f"{ROLE_PREFIX[role]}-{index:05d}{suffix}"
 
 
-def _is_hidden(relative: Path) -> bool:
-    return any(part.startswith(".") for part in relative.parts)
-
-
-def _in_part_order(relative: Path) -> tuple:
-    """A file's place in a dataset: numbers compared as numbers, so part-100000 follows part-99999 (the padding
-    of `part_name` runs out there) and five-digit names keep the order they always had."""
-    return tuple((0, int(run), "") if run.isdigit() else (1, 0, run)
-                 for run in re.split(r"(\d+)", relative.as_posix()) if run)
+def _in_part_order(relative: str) -> tuple:
+    """A file's place in a dataset (its posix path relative to the dataset): numbers compared as numbers, so
+    part-100000 follows part-99999 (the padding of `part_name` runs out there) and five-digit names keep the order
+    they always had."""
+    return tuple((0, int(run), "") if run.isdigit() else (1, 0, run) for run in re.split(r"(\d+)", relative) if run)
 
 
 class IncompleteDataset(FileNotFoundError):
@@ -544,18 +562,17 @@ class DatasetWriter:
                stats: dict | None = None) -> Manifest:
         entries = []
         recorded = _recorded_files(self.dir)
-        for path in sorted((p for p in self.dir.rglob("*") if p.is_file()),
-                           key=lambda p: _in_part_order(p.relative_to(self.dir))):
-            relative = path.relative_to(self.dir)
-            if _is_hidden(relative) or relative.as_posix() == MANIFEST_NAME:
-                continue
-            role = next((r for r, p in ROLE_PREFIX.items() if path.name.startswith(p + "-")), "artifact")
-            size = path.stat().st_size
-            facts = recorded.get(path)
+        published, hidden = _staged_files(self.dir)
+        for relative in published:
+            path = self.dir / relative
+            name = relative.rsplit("/", 1)[-1]
+            role = next((r for r, p in ROLE_PREFIX.items() if name.startswith(p + "-")), "artifact")
+            size = os.stat(path).st_size
+            facts = recorded.get(relative)
             if facts is None or facts["bytes"] != size:  # not a part task's, or not as it left it: read it
                 facts = {"sha256": sha256_file(path),
                          "rows": pq.ParquetFile(path).metadata.num_rows if path.suffix == ".parquet" else None}
-            entries.append(FileEntry(path=relative.as_posix(), role=role, sha256=facts["sha256"], bytes=size,
+            entries.append(FileEntry(path=relative, role=role, sha256=facts["sha256"], bytes=size,
                                      rows=facts["rows"]))
         manifest = Manifest(asset=self.asset, partition=self.partition, code_version=code_version,
                             config=redact(config), inputs=inputs, files=entries, counts=counts, stats=redact(stats or {}),
@@ -563,8 +580,8 @@ class DatasetWriter:
         flush_to_disk(self.dir)  # the parts' tasks did not (`resume_part`): on disk before the manifest names them
         write_json_atomic(self.dir / MANIFEST_NAME, manifest.to_json())
         # Scratch folders and temp files of tasks that died, at any depth: never published.
-        for hidden in [p for p in self.dir.rglob(".*") if not _is_hidden(p.parent.relative_to(self.dir))]:
-            shutil.rmtree(hidden) if hidden.is_dir() else hidden.unlink()
+        for path in hidden:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
         self._swap()
         self._release(remove=True)
         _remove_stale_staging(self.final_dir)

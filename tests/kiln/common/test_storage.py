@@ -101,6 +101,27 @@ def test_temp_files_of_dead_tasks_are_not_published_at_any_depth(tmp_path):
     assert published == ["_manifest.json", "index/buckets/buckets-00000.parquet"]
 
 
+def test_the_commit_takes_rows_and_sha256_from_the_part_tasks_markers_in_subfolders_too(tmp_path, monkeypatch):
+    """Part tasks hashed what they wrote: the driver lists the dataset and reads nothing again. A file no marker
+    names (written outside a part task) is read."""
+    with Store(tmp_path).staging("a", "p") as w:
+        for name in ("part-00000.parquet", "index/buckets/buckets-00000.parquet"):
+            out = w.dir / name
+            out.parent.mkdir(parents=True, exist_ok=True)
+            resume_part(out, lambda out=out: write_parquet_atomic(out, pa.table({"x": [1, 2, 3]})) or {})
+        (w.dir / "notes.txt").write_text("by hand")
+        expected = {f: hashlib.sha256((w.dir / f).read_bytes()).hexdigest()
+                    for f in ("part-00000.parquet", "index/buckets/buckets-00000.parquet", "notes.txt")}
+        hashed = []
+        real = storage.sha256_file
+        monkeypatch.setattr(storage, "sha256_file", lambda path: hashed.append(Path(path).name) or real(path))
+        manifest = w.commit(code_version="1", config={}, inputs={}, counts={})
+    assert hashed == ["notes.txt"]
+    assert {f.path: f.sha256 for f in manifest.files} == expected
+    assert {f.path: f.rows for f in manifest.files} == {"part-00000.parquet": 3,
+                                                         "index/buckets/buckets-00000.parquet": 3, "notes.txt": None}
+
+
 def test_a_part_task_is_resumed_only_while_every_file_its_marker_names_is_whole(tmp_path):
     """A part task's files are not flushed one by one, so after a power loss a file its marker names may be cut
     short, zeroed or gone, and the marker itself emptied: each makes the task run again."""
