@@ -182,6 +182,7 @@ def test_tiny_end_to_end_run_catches_planted_copies_and_keeps_hard_negatives(ben
         # one worker runs them in the driver, so Arrow's reader threads and the bench's RSS sampler thread count
         # too, and on tasks of a few milliseconds that reached 1.074 in CI. A task counted twice would read ~2.
         assert 0 < s["tasks"]["busy"] <= 1 and 0 < s["tasks"]["task_cpu_over_wall"] <= 1.5
+        assert s["inputs"]["warmed"] and s["inputs"]["bytes"] > 0  # read before the clock
     rounds = out["stages"]["exact_dedup"]["tasks"]["rounds"]
     assert [r["round"] for r in rounds] == ["exact dedup: hash buckets", "exact dedup: decide", "exact dedup"]
     assert rounds[0]["tasks"] == rounds[2]["tasks"] == out["files"]["raw_parts"]  # a task per part, 50 rows each
@@ -264,6 +265,14 @@ def test_round_figures_split_a_two_worker_speed_up_into_idle_workers_waiting_tas
     factors = bench.speedup_factors(one, two)
     assert factors == {"busy": 0.972, "cpu_share": 1.0, "cpu": 0.857}
     assert 2 * factors["busy"] * factors["cpu_share"] * factors["cpu"] == pytest.approx(10 / 6, abs=0.002)
+
+
+def test_a_stages_inputs_are_read_before_its_clock_unless_they_outgrow_the_budget(bench, tmp_path):
+    files = [tmp_path / "a", tmp_path / "b"]
+    files[0].write_bytes(b"abc")
+    files[1].write_bytes(b"defgh")
+    assert {k: v for k, v in bench.warm_inputs(files, 8).items() if k != "read_s"} == {"bytes": 8, "warmed": True}
+    assert {k: v for k, v in bench.warm_inputs(files, 7).items() if k != "read_s"} == {"bytes": 8, "warmed": False}
 
 
 def test_the_samplers_own_cpu_is_kept_out_of_the_drivers(bench):
