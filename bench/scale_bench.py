@@ -608,16 +608,17 @@ def run_one(args, stages: tuple[str, ...] = STAGES) -> dict | None:
                     w.commit(**commit)
                 rec.update(docs=meta["documents"], mb=meta["text_bytes"] / 1e6, docs_out=s.docs_out)
         elif name == "filter":
-            with stage(name, store.files("raw", SOURCE, "documents")) as rec:
+            raw = store.files("raw", SOURCE, "documents")
+            with stage(name, raw) as rec:
                 with store.staging("filtered", SOURCE) as w:
-                    s = filter_documents(store.files("raw", SOURCE, "documents"), profile_steps(config, SOURCE),
-                                         ExactDedup(), w, engine, progress=False)
+                    s = filter_documents(raw, profile_steps(config, SOURCE), ExactDedup(), w, engine, progress=False)
                     w.commit(**commit)
                 rec.update(docs=s.docs_in, mb=s.chars_in / 1e6, docs_out=s.docs_out)
         elif name == "exact_dedup":
-            with stage(name, store.files("filtered", SOURCE, "documents")) as rec:
+            filtered = store.files("filtered", SOURCE, "documents")
+            with stage(name, filtered) as rec:
                 with store.staging("curated", SOURCE) as w:
-                    hs = [HashSource(SOURCE, 1, tuple(map(str, store.files("filtered", SOURCE, "documents"))))]
+                    hs = [HashSource(SOURCE, 1, tuple(map(str, filtered)))]
                     s = exact_dedup(hs, 0, w, run_dir / "exact-shuffle", engine, progress=False)
                     w.commit(**commit)
                 rec.update(docs=s.docs_in, mb=s.chars_in / 1e6, docs_out=s.docs_out)
@@ -634,8 +635,9 @@ def run_one(args, stages: tuple[str, ...] = STAGES) -> dict | None:
                 rec.update(docs=n, mb=state["curated_mb"])
             state["signature_parts"] = [str(p) for p in sig_parts]
         elif name == "near_dedup":
-            with stage(name, list(map(Path, state["signature_parts"]))) as rec:
-                result = decide_distributed(list(map(Path, state["signature_parts"])), {SOURCE: (1, 0)}, [],
+            sig_parts = list(map(Path, state["signature_parts"]))
+            with stage(name, sig_parts) as rec:
+                result = decide_distributed(sig_parts, {SOURCE: (1, 0)}, [],
                                             run_dir / "near-work", run_dir / "near-out", near, "bench",
                                             engine=engine, partitions=args.partitions, max_bucket=args.max_bucket)
                 rec.update(docs=records["signatures"]["docs"], mb=state["curated_mb"], substages_s=result["timing"])

@@ -222,7 +222,8 @@ def flush_to_disk(folder: Path) -> None:
         files += [os.path.join(root, name) for name in names if not name.startswith(".")]
     # A slice of the files per thread, not a future per file: thousands of parts are flushed while the workers wait.
     with ThreadPoolExecutor(_FLUSH_THREADS) as pool:  # fsync releases the GIL
-        list(pool.map(lambda some: [fsync_file(f) for f in some], [files[i::_FLUSH_THREADS] for i in range(_FLUSH_THREADS)]))
+        slices = [files[i::_FLUSH_THREADS] for i in range(_FLUSH_THREADS)]
+        list(pool.map(lambda some: [fsync_file(f) for f in some], slices))
         list(pool.map(fsync_dir, folders))
 
 
