@@ -46,7 +46,9 @@ on the machine disturbs less than wall time does; the sampler's own CPU is kept 
 Every round and task is timed too (`stages.*.tasks`, `round_figures`), and the goals split two workers' speed-up
 into idle workers, waiting tasks and extra CPU (`speedup_factors`). Per stage, `machine` holds the whole machine's
 CPU seconds by kind (user, system, iowait, steal, idle: what the runs' own processes do not account for), page
-reclaim counters and the page cache at the end.
+reclaim counters and the page cache at the end. Before and after the series, `machine.host_noise` holds the
+machine's own drift (bench/host_noise.py: the same fixed work's CPU seconds, 20 times): above its QUIET_CV, two
+runs compared minutes apart differ by as much as the goals' margins for reasons no engine controls.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil  # noqa: E402
 
+from bench.host_noise import QUIET_CV  # noqa: E402
+from bench.host_noise import measure as measure_host_noise  # noqa: E402
 from kiln.common.manifest import write_json_atomic  # noqa: E402
 from kiln.curation.synthetic import scale_document, scale_plan, write_scale_corpus  # noqa: E402
 
@@ -898,6 +902,16 @@ def plot(runs: list[dict], path: Path) -> str:
     return str(path)
 
 
+def report_host_noise(when: str) -> dict:
+    """The machine's own drift (bench/host_noise.py, ~15 s), next to the ratios it can move."""
+    noise = measure_host_noise()
+    verdict = "quiet" if noise["quiet"] else (f"NOT quiet: above {QUIET_CV}, the drift is as large as the goals' "
+                                              "margins, and a ratio can miss or meet its goal by chance")
+    print(f"host noise {when}: fixed work's CPU seconds cv {noise['cv']}, max/min {noise['max_over_min']} "
+          f"({verdict})", flush=True)
+    return noise
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", default="10000", help="comma-separated corpus sizes")
@@ -946,6 +960,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}; work dir {work}")
+    host_noise = {"before": report_host_noise("before the series")}
     results = []
     for n in [int(x) for x in args.docs.split(",")]:
         corpus = prepare_corpus(work / f"corpus-{n}-{args.seed}", n, args.seed, args.file_docs,
@@ -981,6 +996,7 @@ def main() -> None:
                   f"load {load[0]:.1f} -> {r['load_avg_after'][0]:.1f}", flush=True)
             if args.json:  # written after every run: a long series keeps what it has
                 Path(args.json).write_text(json.dumps({"runs": results}, indent=1))
+    host_noise["after"] = report_host_noise("after the series")
     print_table(results)
     sha_equal = {str(n): len({r["decisions_sha256"] for r in results if r["docs"] == n}) == 1
                  for n in sorted({r["docs"] for r in results})}
@@ -993,7 +1009,7 @@ def main() -> None:
         for key, value in values.items():
             print(f"  {key}: {value}")
     report = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                          "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
+                          "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "host_noise": host_noise},
               "argv": sys.argv[1:], "runs": results, "sha_equal_by_docs": sha_equal, "goals": summary}
     if len({r["docs"] for r in results}) > 1:
         target = Path(args.json).with_suffix(".png") if args.json else work / "scale_bench.png"

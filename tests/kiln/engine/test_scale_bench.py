@@ -285,3 +285,15 @@ def test_the_samplers_own_cpu_is_kept_out_of_the_drivers(bench):
     driver, own = sampler.cpu_seconds()["driver"] - before, sampler.own_cpu_s - own_before
     assert own > 0.02  # psutil on this process, 500 times
     assert driver < own / 4
+
+
+def test_host_noise_is_the_spread_of_the_same_works_cpu_seconds(bench):
+    """Hand-worked: 0.2, 0.2, 0.3, 0.3 s: mean 0.25, population sd 0.05, cv 0.2, max / min 1.5, not quiet; ten
+    equal timings: cv 0, quiet. `measure` times the real fixed work (scale_bench.py records it around a series)."""
+    from bench.host_noise import measure, spread
+
+    assert spread([0.2, 0.2, 0.3, 0.3]) == {"samples": 4, "median_s": 0.25, "min_s": 0.2, "max_s": 0.3,
+                                            "max_over_min": 1.5, "cv": 0.2, "quiet": False}
+    assert spread([0.25] * 10)["cv"] == 0 and spread([0.25] * 10)["quiet"]
+    measured = measure(samples=2, pause_s=0)
+    assert measured["samples"] == 2 and 0 < measured["min_s"] <= measured["max_s"]
