@@ -75,8 +75,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil  # noqa: E402
 
-from bench.host_noise import QUIET_CV  # noqa: E402
 from bench.host_noise import measure as measure_host_noise  # noqa: E402
+from bench.host_noise import verdict  # noqa: E402
 from kiln.common.manifest import write_json_atomic  # noqa: E402
 from kiln.curation.synthetic import scale_document, scale_plan, write_scale_corpus  # noqa: E402
 
@@ -905,10 +905,8 @@ def plot(runs: list[dict], path: Path) -> str:
 def report_host_noise(when: str) -> dict:
     """The machine's own drift (bench/host_noise.py, ~15 s), next to the ratios it can move."""
     noise = measure_host_noise()
-    verdict = "quiet" if noise["quiet"] else (f"NOT quiet: above {QUIET_CV}, the drift is as large as the goals' "
-                                              "margins, and a ratio can miss or meet its goal by chance")
     print(f"host noise {when}: fixed work's CPU seconds cv {noise['cv']}, max/min {noise['max_over_min']} "
-          f"({verdict})", flush=True)
+          f"({verdict(noise)})", flush=True)
     return noise
 
 
