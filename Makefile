@@ -21,12 +21,15 @@ install: $(VENV)/.installed
 
 # One pip command with torch==2.13.0 pinned alongside everything else, or pip pulls another torch. TORCH_INDEX: where
 # that torch comes from, e.g. https://download.pytorch.org/whl/cu128 for a CUDA 12.8 build on a GPU machine.
+# Bytecode is compiled after pip, on every core: pip compiles its ~30,000 files on one (97 s of a 167 s install on
+# 2 cores, 63 s this way). Like pip, it skips the few files that only parse on a newer Python (torch's py312 tests).
 TORCH_INDEX ?=
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
+	$(BIN)/python -m pip install -q --no-compile -c constraints.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
 	  torch==2.13.0 -e ".[test,production]"
+	-@$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1
 	@touch $@
 
 $(DAGSTER_HOME)/dagster.yaml:
