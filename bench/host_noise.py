@@ -43,9 +43,11 @@ def spread(samples: list[float]) -> dict:
             "max_over_min": round(max(samples) / min(samples), 3), "cv": round(cv, 4), "quiet": cv <= QUIET_CV}
 
 
-def verdict(noise: dict) -> str:
-    return "quiet" if noise["quiet"] else (f"NOT quiet: above {QUIET_CV}, the drift is as large as the goals' margins, "
-                                           "and a ratio can miss or meet its goal by chance")
+def describe(noise: dict) -> str:
+    verdict = "quiet" if noise["quiet"] else (f"NOT quiet: above {QUIET_CV}, the drift is as large as the goals' "
+                                              "margins, and a ratio can miss or meet its goal by chance")
+    return (f"fixed work, {noise['samples']} samples: median {noise['median_s']} s, min {noise['min_s']}, max "
+            f"{noise['max_s']} (max/min {noise['max_over_min']}), cv {noise['cv']}: {verdict}")
 
 
 def measure(samples: int = 20, pause_s: float = 0.5) -> dict:
@@ -64,8 +66,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     result = measure(args.samples, args.pause_s)
-    print(f"fixed work, {result['samples']} samples: median {result['median_s']} s, min {result['min_s']}, "
-          f"max {result['max_s']} (max/min {result['max_over_min']}), cv {result['cv']}: {verdict(result)}")
+    print(describe(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 

@@ -75,8 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil  # noqa: E402
 
-from bench.host_noise import measure as measure_host_noise  # noqa: E402
-from bench.host_noise import verdict  # noqa: E402
+from bench import host_noise as host_probe  # noqa: E402
 from kiln.common.manifest import write_json_atomic  # noqa: E402
 from kiln.curation.synthetic import scale_document, scale_plan, write_scale_corpus  # noqa: E402
 
@@ -904,9 +903,8 @@ def plot(runs: list[dict], path: Path) -> str:
 
 def report_host_noise(when: str) -> dict:
     """The machine's own drift (bench/host_noise.py, ~15 s), next to the ratios it can move."""
-    noise = measure_host_noise()
-    print(f"host noise {when}: fixed work's CPU seconds cv {noise['cv']}, max/min {noise['max_over_min']} "
-          f"({verdict(noise)})", flush=True)
+    noise = host_probe.measure()
+    print(f"host noise {when}: {host_probe.describe(noise)}", flush=True)
     return noise
 
 
