@@ -49,7 +49,8 @@ def mlflow_server(mlflow_root):
     proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
                              f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
                              "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # as `make mlflow`
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120  # its first start migrates a fresh SQLite store: slow on a loaded machine
     while True:
