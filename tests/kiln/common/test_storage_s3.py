@@ -200,3 +200,18 @@ def test_a_missing_bucket_is_a_clear_error_when_storage_is_opened(s3_endpoint, t
     config["storage"] = {"backend": "local"}
     path.write_text(json.dumps(config))
     assert storage.store().remote is None
+
+
+def test_steps_share_one_client_per_settings_and_aws_environment(s3_endpoint, monkeypatch):  # noqa: F811
+    from dagster_aws.s3 import S3Resource
+
+    from resources.storage import s3_client as storage_client
+
+    first = storage_client(S3Resource())
+    assert storage_client(S3Resource()) is first  # every step's store(): one client, built once
+    assert first.meta.endpoint_url == s3_endpoint
+    other = storage_client(S3Resource(endpoint_url="http://127.0.0.1:9"))  # other settings: their own client
+    assert other is not first and other.meta.endpoint_url == "http://127.0.0.1:9"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the environment boto3 reads changed
+    moved = storage_client(S3Resource())
+    assert moved is not first and moved.meta.endpoint_url == "http://127.0.0.1:9"
