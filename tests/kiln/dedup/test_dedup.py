@@ -32,8 +32,9 @@ NEAR = NearDedup()
 ALPHABET = list(string.ascii_lowercase)
 
 
-def vocabulary(rng, size=20_000):
-    return ["".join(rng.choice(ALPHABET, 7)) for _ in range(size)]
+def vocabulary(rng, size=20_000) -> np.ndarray:
+    """`size` random 7-letter words, as an array: `rng.choice` on a list converts the whole list on every draw."""
+    return np.array(["".join(letters) for letters in rng.choice(ALPHABET, (size, 7)).tolist()])
 
 
 def edited(words_: list[str], edits: int, rng, vocab) -> list[str]:
