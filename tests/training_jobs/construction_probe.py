@@ -20,7 +20,7 @@ import torch
 
 from training_jobs import train
 from training_jobs.settings import RunConfig
-from training_jobs.setup import default_environment
+from training_jobs.setup import default_environment, import_deepspeed
 
 
 def before_engine(model: torch.nn.Module) -> dict[str, dict]:
@@ -48,7 +48,7 @@ def tp_layers(module: torch.nn.Module) -> dict[str, dict]:
 
 def main(argv: list[str]) -> int:
     default_environment()  # before deepspeed is imported, as train.main does
-    import deepspeed
+    deepspeed = import_deepspeed()  # as init_distributed imports it (without MLflow)
 
     out = Path(RunConfig.read(Path(argv[argv.index("--run-config") + 1])).output_dir) / "construction"
     original, seen = deepspeed.initialize, []
