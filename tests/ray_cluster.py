@@ -130,7 +130,11 @@ def start_cluster(nodes: int = 2) -> RayCluster:
     """`nodes` raylets of one CPU each on 127.0.0.2; the caller stops it (`RayCluster.stop`)."""
     # Short: Ray's socket paths live under it and Unix sockets allow ~107 characters.
     temp_dir = Path(tempfile.mkdtemp(prefix="kr", dir="/tmp"))
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
+           # The GCS declares a killed node dead after 3 missed health checks 1 s apart (Ray's default: 5 checks 3 s
+           # apart with a 10 s timeout, ~15 s), so the node-loss tests wait 4 s for it, not 15.
+           "RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "2000",
+           "RAY_health_check_failure_threshold": "3"}
     env.pop("RAY_ADDRESS", None)
     cluster = RayCluster(temp_dir, env)
     try:
