@@ -33,14 +33,15 @@ def prose(i: int) -> str:
     return f"Chapter {i}. " + CLEAN_PROSE.replace("two centuries", f"{i + 2} centuries")
 
 
-# The longest modules, longest first (test-seconds measured with --durations=0 on the 2-core VM: 363, 308, 295,
-# 258, 161, 158, 150, 79, 61, 38), then every other module with slow tests: `make test` runs pytest-xdist with
+# The longest modules, longest first (test-seconds measured with --durations=0 on the 2-core VM: 195, 193, 141,
+# 127, 118, 87, 76, 56, 38, 29), then every other module with slow tests: `make test` runs pytest-xdist with
 # whole modules as work units handed out in collection order (--no-loadscope-reorder: xdist's own order is most
 # tests first, which starts the longest modules last), so none of them is left to run alone at the end.
-LONGEST_FIRST = ["tests/e2e/test_demo.py", "tests/kiln/engine/test_engine.py", "tests/assets/test_training_assets.py",
-                 "tests/training_jobs/test_train_cpu.py", "tests/training_jobs/test_ray_launcher.py",
-                 "tests/e2e/test_ui.py", "tests/kiln/quality/test_quality.py", "tests/training_jobs/test_recipes_cpu.py",
-                 "tests/training_jobs/test_parallel_cpu.py", "tests/kiln/governance/test_forget.py"]
+LONGEST_FIRST = ["tests/e2e/test_demo.py", "tests/kiln/engine/test_engine.py",
+                 "tests/training_jobs/test_train_cpu.py", "tests/assets/test_training_assets.py",
+                 "tests/training_jobs/test_ray_launcher.py", "tests/e2e/test_ui.py", "tests/kiln/quality/test_quality.py",
+                 "tests/training_jobs/test_recipes_cpu.py", "tests/training_jobs/test_parallel_cpu.py",
+                 "tests/kiln/governance/test_forget.py"]
 
 
 def pytest_collection_modifyitems(config, items):
