@@ -62,7 +62,8 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 # MLflow's job runner (nine processes for its GenAI jobs, each importing mlflow: ~45 CPU-seconds at start) serves
 # nothing Kiln logs: off.
 mlflow: install
-	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow ui --backend-store-uri sqlite:///$(KILN_HOME)/mlflow.db -h 127.0.0.1 -p 5000
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false \
+	  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(KILN_HOME)/mlflow.db -h 127.0.0.1 -p 5000
 
 bench: install
 	$(BIN)/python bench/curation_bench.py

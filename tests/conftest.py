@@ -39,9 +39,9 @@ def prose(i: int) -> str:
 # tests first, which starts the longest modules last), so none of them is left to run alone at the end.
 LONGEST_FIRST = ["tests/e2e/test_demo.py", "tests/kiln/engine/test_engine.py",
                  "tests/training_jobs/test_train_cpu.py", "tests/assets/test_training_assets.py",
-                 "tests/training_jobs/test_ray_launcher.py", "tests/e2e/test_ui.py", "tests/kiln/quality/test_quality.py",
-                 "tests/training_jobs/test_recipes_cpu.py", "tests/training_jobs/test_parallel_cpu.py",
-                 "tests/kiln/governance/test_forget.py"]
+                 "tests/training_jobs/test_ray_launcher.py", "tests/e2e/test_ui.py",
+                 "tests/kiln/quality/test_quality.py", "tests/training_jobs/test_recipes_cpu.py",
+                 "tests/training_jobs/test_parallel_cpu.py", "tests/kiln/governance/test_forget.py"]
 
 
 def pytest_collection_modifyitems(config, items):

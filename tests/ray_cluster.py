@@ -131,8 +131,8 @@ def start_cluster(nodes: int = 2) -> RayCluster:
     # Short: Ray's socket paths live under it and Unix sockets allow ~107 characters.
     temp_dir = Path(tempfile.mkdtemp(prefix="kr", dir="/tmp"))
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
-           # The GCS declares a killed node dead after 3 missed health checks 1 s apart (Ray's default: 5 checks 3 s
-           # apart with a 10 s timeout, ~15 s), so the node-loss tests wait 4 s for it, not 15.
+           # The GCS declares a killed node dead after 3 missed health checks 1 s apart, not Ray's default 5 checks
+           # 3 s apart with a 10 s timeout: a node-loss test saw it dead 6-10 s after the kill, not 15-20 s.
            "RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "2000",
            "RAY_health_check_failure_threshold": "3"}
     env.pop("RAY_ADDRESS", None)
