@@ -11,7 +11,7 @@ version() { .venv/bin/python -c "import importlib.metadata as m; print(m.version
 # DeepSpeed ships an sdist only: build its pure-Python wheel here (no ops are compiled at install time).
 $PIP wheel -q --no-deps --no-build-isolation -w .whl "deepspeed==$(version deepspeed)"
 for pkg in hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions \
-           dill einops msgpack psutil tabulate tqdm wcwidth; do
+           dill einops msgpack psutil tabulate tqdm wcwidth dagster-pipes safetensors; do
   $PIP download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .whl "$pkg==$(version "$pkg")"
