@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The whole GPU measurement in one prepared script, under 8 minutes on one H100/H200:
+# The whole GPU measurement in one prepared script, on one H100/H200. Measured on an H200 (2026-11-30): 125m and 350m
+# took 304 s of the first step's 300 s limit, and 1b alone 239 s more, so 1b and its ZeRO-3 run did not fit; the
+# device tool allows 600 s a call: run PRESETS=125m,350m, then PRESETS=1b, as two calls.
 #   1. bench/train_bench.py at seq_len 2048 for the 125m, 350m and 1b presets: Kiln's trainer with its default
 #      settings against the reference loop, in one invocation (ratio, MFU, goodput);
 #   2. the GPU tests (tests marked gpu: bf16, compile, the layout, the chunked loss and pinned input on CUDA, HF
