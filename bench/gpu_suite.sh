@@ -47,6 +47,6 @@ step 300 "train_bench $PRESETS" "$PY" bench/train_bench.py --preset "$PRESETS" -
   --json-out "$FIGURES/train_bench_$gpu.json"
 step 120 "GPU tests" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/training_jobs
 big="${PRESETS##*,}"  # the largest preset, forced to ZeRO-3
-step 60 "train_bench $big ZeRO-3" "$PY" bench/train_bench.py --preset "$big" --seq-len "$SEQ_LEN" --steps "$STEPS" \
+step 200 "train_bench $big ZeRO-3" "$PY" bench/train_bench.py --preset "$big" --seq-len "$SEQ_LEN" --steps "$STEPS" \
   --zero-stage 3 --no-reference --json-out "$FIGURES/train_bench_${big}_zero3_$gpu.json"
 exit $status
