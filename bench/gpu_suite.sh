@@ -6,7 +6,8 @@
 #      settings against the reference loop, in one invocation (ratio, MFU, goodput);
 #   2. the GPU tests (tests marked gpu: bf16, compile, the layout, the chunked loss and pinned input on CUDA, HF
 #      export);
-#   3. the 1b preset forced to ZeRO-3, against the stage the layout chose in 1.
+#   3. the smallest preset forced to ZeRO-1 (the layout's choice before ZeRO-0 on one GPU), against ZeRO-0 in 1;
+#   4. the 1b preset forced to ZeRO-3, against the stage the layout chose in 1.
 # The figures come first: each step has a time limit, and each bench run is written to its JSON as it ends.
 # Figures go to $FIGURES (default docs/bench; $OUT when the device tool runs it) as train_bench_<gpu>.json and
 # train_bench_1b_zero3_<gpu>.json, each with the machine, the command and the date; logs beside them.
@@ -45,6 +46,9 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, log it, and go 
 }
 step 300 "train_bench $PRESETS" "$PY" bench/train_bench.py --preset "$PRESETS" --seq-len "$SEQ_LEN" --steps "$STEPS" \
   --json-out "$FIGURES/train_bench_$gpu.json"
+small="${PRESETS%%,*}"  # the smallest preset, forced to ZeRO-1: how much ZeRO-0 saves where overhead weighs most
+step 90 "train_bench $small ZeRO-1" "$PY" bench/train_bench.py --preset "$small" --seq-len "$SEQ_LEN" --steps "$STEPS" \
+  --zero-stage 1 --no-reference --json-out "$FIGURES/train_bench_${small}_zero1_$gpu.json"
 step 120 "GPU tests" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/training_jobs
 big="${PRESETS##*,}"  # the largest preset, forced to ZeRO-3
 step 200 "train_bench $big ZeRO-3" "$PY" bench/train_bench.py --preset "$big" --seq-len "$SEQ_LEN" --steps "$STEPS" \

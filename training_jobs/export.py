@@ -16,7 +16,8 @@ Consolidation uses DeepSpeed's `get_fp32_state_dict_from_zero_checkpoint` (no hu
 with its reads forced to `torch.load(weights_only=True)` (checkpoint.weights_only_loads). A pipeline-parallel
 checkpoint (layer_XX-model_states.pt files, one per pipeline layer) is read layer by layer instead and renamed
 to the Transformer's names (training_jobs.pipeline.transformer_state); a tensor-parallel one is read from the
-whole weights checkpoint.save adds to it (checkpoint.CONSOLIDATED). Every layout exports the same names and
+whole weights checkpoint.save adds to it (checkpoint.CONSOLIDATED); a ZeRO-0 one (no optimizer-states files: the
+module's own fp32 weights, in fp32 or under bf16 autocast) from DeepSpeed's model-states file. Every layout exports the same names and
 shapes. Everything written here is pickle-free (safetensors and JSON).
 
 No permutation of q/k is needed: the model already applies RoPE in HF's rotate-half layout.
@@ -40,6 +41,7 @@ from training_jobs.model import ModelConfig, Transformer
 from training_jobs.tokenizer_files import CARD_FILE, EXPORT_CARD_FILE, HF_FILE, SENTENCEPIECE_FILE, model_file
 
 MODEL_FILE, CONFIG_FILE = "model.safetensors", "model_config.json"
+ZERO0_MODEL_STATES = "mp_rank_00_model_states.pt"  # DeepSpeed's name for the whole module and optimizer at ZeRO-0
 # Kiln tokenizers reserve these ids (kiln.tokens.tokenizer.SPECIAL_TOKENS); used when no tokenizer card is at hand.
 DEFAULT_SPECIALS = {"pad": ("<pad>", 0), "bos": ("<s>", 1), "eos": ("<|endoftext|>", 2), "unk": ("<unk>", 3)}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -59,6 +61,10 @@ def consolidate(ckpt: Path, cfg: ModelConfig | None = None) -> dict[str, torch.T
     if (ckpt / CONSOLIDATED).is_file():  # tensor-parallel: DeepSpeed's consolidation reads no tp slices
         whole = torch.load(ckpt / CONSOLIDATED, map_location="cpu", weights_only=True)
         return {k: v.float() for k, v in whole.items()}
+    if not any(ckpt.glob("*optim_states.pt")):  # ZeRO-0 in fp32 or under autocast: the module's weights are fp32
+        with weights_only_loads():
+            module = torch.load(ckpt / ZERO0_MODEL_STATES, map_location="cpu")["module"]
+        return {k: v.float() for k, v in module.items()}
     with weights_only_loads():
         return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
 

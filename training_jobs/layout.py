@@ -5,11 +5,14 @@ step for ZeRO-1 and 2, the same as plain data parallelism (Rajbhandari et al. 20
 Face's DeepSpeed guide ranks speed 0 > 1 > 2 > 3. Larger micro-batches keep the matmuls large. So, unless the
 settings fix them (training.parallelism.zero_stage, a stage in the user's DeepSpeed JSON, micro_batch_size):
 
-- ZeRO stage: the lower of 1 and 2 that reaches the largest micro-batch either reaches; ZeRO-3 only when neither
-  fits micro-batch 1 (it partitions the weights as well). Never 0: Kiln's export and continued pretraining read a
-  checkpoint's fp32 weights with DeepSpeed's zero_to_fp32, which needs the files ZeRO-1 and up write; at dp 1
-  ZeRO-1 partitions nothing and runs as plain data parallelism. With pipeline stages: 1 (DeepSpeed's pipeline
-  engine runs 0 or 1).
+- ZeRO stage: on one data-parallel rank without tensor or pipeline parallelism, 0 when it reaches the largest
+  micro-batch any stage reaches: there ZeRO has nothing to partition and no gradient to reduce, yet its per-parameter
+  gradient hooks, bucket copies and per-tensor norms cost host time every step (bench/step_overhead.py), while
+  ZeRO-0 runs torch's fused AdamW on fp32 weights under bf16 autocast (uses_autocast), as the reference loop of
+  bench/train_bench.py does.
+  Otherwise the lower of 1 and 2 that reaches the largest micro-batch either reaches; ZeRO-3 only when neither fits
+  micro-batch 1 (it partitions the weights as well). With pipeline stages: 1 (DeepSpeed's pipeline engine runs 0
+  or 1).
 - micro-batch: the largest divisor of the per-rank batch (micro_batch_size x grad_accum, 8 x grad_accum when
   "auto": the global batch of the settings is kept) that fits; grad_accum = per-rank batch / micro-batch. A
   divisor always exists (1), so the global batch never changes. With pipeline stages, only splits that leave
@@ -29,7 +32,9 @@ block with a GELU MLP and dropout), in bytes per token and layer, bf16, flash at
     SwiGLU: gate, silu(gate), up and their product, each f wide: 8f
 
 i.e. 16h + (6h + 4kv + 8f)/tp (AutoTP splits heads and the MLP, not the norms), kv = n_kv_heads·head_dim, f the
-MLP width; double that in fp32. The loss (loss_bytes): linear_cross_entropy holds one chunk of fp32 logits and its
+MLP width; double that in fp32. Under autocast (ZeRO-0 in bf16) the residual stream and the norms' outputs are
+fp32, and the projections keep their own bf16 copy of their input: 4h more per layer (two norm outputs at 4h, not
+2h), 2h more for the final norm, and the loss's hidden-state gradient in fp32. The loss (loss_bytes): linear_cross_entropy holds one chunk of fp32 logits and its
 gradient (2 x 4 bytes a logit), the hidden states' gradient and the weight's fp32 gradient; the whole-logits loss
 the trainer had before (whole_logits=True; LOSS_BYTES_PER_LOGIT) bf16 logits, their fp32 copy and log-softmax,
 then two fp32 gradients in backward. Checked against docs/bench/long_context_125m_h200.json (125m, seq_len 2048,
@@ -71,18 +76,27 @@ class MemoryUse:
         return {name: round(getattr(self, name) / GIB, 3) for name in parts}
 
 
-def activation_bytes_per_token_layer(cfg: ModelConfig, precision: str, tp: int = 1) -> float:
+def uses_autocast(zero_stage: int | None, precision: str) -> bool:
+    """Whether a run trains fp32 weights under bf16 autocast (DeepSpeed's torch_autocast) rather than DeepSpeed's
+    bf16 weights with fp32 master copies: at ZeRO-0 in bf16, where DeepSpeed would otherwise wrap the optimizer in
+    its BF16_Optimizer (per-parameter hooks again); the same math as the reference loop."""
+    return zero_stage == 0 and precision == "bf16"
+
+
+def activation_bytes_per_token_layer(cfg: ModelConfig, precision: str, tp: int = 1, autocast: bool = False) -> float:
     """What one of Kiln's blocks keeps for backward per token (the module docstring's count)."""
     h, kv, f = cfg.d_model, cfg.n_kv_heads * cfg.head_dim, cfg.ffn_hidden
-    return (16 * h + (6 * h + 4 * kv + 8 * f) / tp) * WORKING_BYTES[precision] / 2
+    return (16 * h + (6 * h + 4 * kv + 8 * f) / tp) * WORKING_BYTES[precision] / 2 + (4 * h if autocast else 0)
 
 
-def loss_bytes(cfg: ModelConfig, tokens: int, precision: str, whole_logits: bool = False) -> float:
+def loss_bytes(cfg: ModelConfig, tokens: int, precision: str, whole_logits: bool = False,
+               autocast: bool = False) -> float:
     """The loss's peak (the module docstring's count)."""
     if whole_logits:
         return LOSS_BYTES_PER_LOGIT * tokens * cfg.vocab_size
     chunk = min(tokens, loss_chunk_tokens(cfg.vocab_size))
-    return 8 * chunk * cfg.vocab_size + tokens * cfg.d_model * WORKING_BYTES[precision] + 4 * cfg.vocab_size * cfg.d_model
+    hidden_grad = 4 if autocast else WORKING_BYTES[precision]
+    return 8 * chunk * cfg.vocab_size + tokens * cfg.d_model * hidden_grad + 4 * cfg.vocab_size * cfg.d_model
 
 
 def estimate(cfg: ModelConfig, *, seq_len: int, micro_batch: int, precision: str, zero_stage: int, dp: int,
@@ -90,25 +104,27 @@ def estimate(cfg: ModelConfig, *, seq_len: int, micro_batch: int, precision: str
              reduce_bucket_size: int = 0, prefetch_bucket_size: int = 0, whole_logits: bool = False) -> MemoryUse:
     """Per-rank memory of one layout (see the module docstring for each term)."""
     word = WORKING_BYTES[precision]
+    autocast = uses_autocast(zero_stage, precision)
     body = param_count(cfg, non_embedding=True)
     params = (body / tp + (param_count(cfg) - body)) / pp  # AutoTP splits the blocks, not the embedding
-    states = params * sum(model_state_bytes_per_param(zero_stage, dp, precision))
+    # under autocast the states are fp32 weights, gradients and Adam moments: 4 + 4 + 8 B
+    states = params * sum(model_state_bytes_per_param(zero_stage, dp, "fp32" if autocast else precision))
     buckets = 2.0 * reduce_bucket_size * word if zero_stage >= 1 else 0.0
     zero3 = 0.0
     if zero_stage == 3:
         largest = max(cfg.vocab_size * cfg.d_model, cfg.d_model * cfg.ffn_hidden)
         zero3 = BYTES_GATHERED_LAYER * word / 2 * largest + prefetch_bucket_size * word
     tokens = seq_len * micro_batch
-    per_layer = activation_bytes_per_token_layer(cfg, precision, tp)
+    per_layer = activation_bytes_per_token_layer(cfg, precision, tp, autocast)
     layers = cfg.n_layers / pp
     if activation_checkpointing:  # each block keeps its input; one block's activations during its recompute
         kept = layers * cfg.d_model * word + per_layer
     else:
         kept = layers * per_layer
     in_flight = min(pp, grad_accum)  # 1F1B: the first stage holds up to pp micro-batches (Narayanan et al. 2021)
-    head = 8 * cfg.d_model * word / 2  # the final norm and the lm_head's input
+    head = 8 * cfg.d_model * word / 2 + (2 * cfg.d_model if autocast else 0)  # the final norm, the lm_head's input
     activations = tokens * (kept * in_flight + head)
-    return MemoryUse(states, buckets, zero3, activations, loss_bytes(cfg, tokens, precision, whole_logits))
+    return MemoryUse(states, buckets, zero3, activations, loss_bytes(cfg, tokens, precision, whole_logits, autocast))
 
 
 @dataclass(frozen=True)
@@ -182,13 +198,17 @@ def choose_layout(cfg: ModelConfig, *, seq_len: int, precision: str, device_memo
         stage, micro = zero_stage, largest_fitting(zero_stage)
         why_stage = f"ZeRO-{stage}: {zero_stage_from}"
     else:
-        reach = {s: largest_fitting(s) for s in (1, 2)}
+        single = dp == 1 and tp == 1 and pp == 1
+        reach = {s: largest_fitting(s) for s in ((0, 1, 2) if single else (1, 2))}
         best = max((m for m in reach.values() if m), default=None)
         if best is not None:
             stage, micro = min(s for s, m in reach.items() if m == best), best
             states = use(stage, micro).model_states
             why_stage = (f"ZeRO-{stage}: model states {_gib(states)} per rank fit without partitioning the weights "
                          f"(no ZeRO-3 re-gathering)")
+            if stage == 0:
+                why_stage += ("; one data-parallel rank leaves ZeRO nothing to partition or reduce (no per-parameter "
+                              "gradient hooks)" + ("; fp32 weights under bf16 autocast" * uses_autocast(0, precision)))
             if stage == 2:
                 why_stage += (f"; ZeRO-1 reaches only micro-batch {reach[1]}" if reach[1] else
                               f"; ZeRO-1 needs {_gib(use(1, splits[-1]).total)} at micro-batch {splits[-1]}")
@@ -217,4 +237,4 @@ def choose_layout(cfg: ModelConfig, *, seq_len: int, precision: str, device_memo
 
 
 __all__ = ["LOSS_BYTES_PER_LOGIT", "loss_bytes", "USABLE_FRACTION", "Layout", "MemoryUse", "activation_bytes_per_token_layer",
-           "choose_layout", "estimate"]
+           "choose_layout", "estimate", "uses_autocast"]

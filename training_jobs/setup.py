@@ -20,7 +20,7 @@ import torch
 from training_jobs import checkpoint
 from training_jobs.base import BaseWeights, load_into
 from kiln.tokens.shard_format import read_shard_set
-from training_jobs.layout import Layout, choose_layout
+from training_jobs.layout import Layout, choose_layout, uses_autocast
 from training_jobs.loader import ReplayLoader, ShardLoader
 from training_jobs.model import Block, ModelConfig, Transformer, param_count
 from training_jobs.monitor import StabilityMonitor
@@ -158,7 +158,13 @@ def deepspeed_config(t: TrainingSettings, precision: str, cfg: ModelConfig) -> d
     fill(ds, "train_micro_batch_size_per_gpu", t.micro_batch_size, "train_micro_batch_size_per_gpu")
     fill(ds, "gradient_accumulation_steps", t.grad_accum, "gradient_accumulation_steps")
     fill(ds, "gradient_clipping", t.grad_clip, "gradient_clipping")
-    fill(ds.setdefault("bf16", {}), "enabled", precision == "bf16", "bf16.enabled")
+    stage = zero_stage(t)
+    autocast = uses_autocast(stage if stage is not None else ds.get("zero_optimization", {}).get("stage", 0), precision)
+    # bf16 at ZeRO-0: fp32 weights under torch autocast instead of DeepSpeed's bf16 weights (layout.uses_autocast)
+    fill(ds.setdefault("bf16", {}), "enabled", precision == "bf16" and not autocast, "bf16.enabled")
+    if autocast:
+        fill(ds.setdefault("torch_autocast", {}), "enabled", True, "torch_autocast.enabled")
+        fill(ds["torch_autocast"], "dtype", "bfloat16", "torch_autocast.dtype")
     ds.pop("train_batch_size", None) if ds.get("train_batch_size") == "auto" else None
     zero = ds.setdefault("zero_optimization", {})
     for key, value in zero_buckets(cfg).items():
@@ -170,7 +176,6 @@ def deepspeed_config(t: TrainingSettings, precision: str, cfg: ModelConfig) -> d
         section.setdefault("partition_config", {"use_default_specs": False, "layer_specs": [
             {"patterns": [rf".*\.{name}\.weight$" for name in TP_COLUMN], "partition_type": "column"},
             {"patterns": [rf".*\.{name}\.weight$" for name in TP_ROW], "partition_type": "row"}]})
-    stage = zero_stage(t)
     if stage is not None:
         if t.deepspeed_config is None:  # the shipped JSON's stage 3 is Kiln's default, not a choice to defend
             zero["stage"] = "auto"
@@ -283,7 +288,21 @@ def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any
     scheduler = lambda_lr(optimizer, t.resolved_schedule(), total_steps, scale=monitor.lr_scale)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config, dist_init_required=False)
+    if not engine.zero_optimization() and not engine.bfloat16_enabled() and not engine.pipeline_parallelism:
+        clip_with_torch(engine, params)
     return engine
+
+
+def clip_with_torch(engine, params: list[torch.nn.Parameter]) -> None:
+    """At ZeRO-0 without DeepSpeed's bf16 (fp32, or bf16 autocast) DeepSpeed clips with its own loop over the
+    tensors and drops the norm, so get_global_grad_norm() would be None and the stability monitor blind to it.
+    torch's clip_grad_norm_ does the same clipping in a few multi-tensor kernels and returns the norm, on the
+    device (no host sync), which the engine then reports. DeepSpeed calls it at each optimizer step, after the
+    gradients are averaged over the accumulation and the data-parallel ranks."""
+    def clip() -> None:
+        engine._global_grad_norm = torch.nn.utils.clip_grad_norm_(params, engine.gradient_clipping(), foreach=True)
+
+    engine.clip_fp32_gradients = clip
 
 
 # ---------------------------------------------------------------------------------- the run's inputs

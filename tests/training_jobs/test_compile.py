@@ -1,5 +1,12 @@
-"""training.compile: the compiled blocks (setup.compile_blocks) train as the eager model does, inside a real DeepSpeed
-engine built in this process (a world of one, gloo), at ZeRO stage 0 and at stage 3 with activation checkpointing.
+"""The trainer's DeepSpeed engine built in this process (a world of one, gloo; one module, because DeepSpeed keeps
+its process groups for the life of the process):
+
+- training.compile: the compiled blocks (setup.compile_blocks) train as the eager model does, at ZeRO stage 0 and at
+  stage 3 with activation checkpointing;
+- ZeRO-0, the layout of a run on one data-parallel rank (training_jobs/layout.py): in bf16 it trains fp32 weights
+  under torch autocast with torch's fused AdamW, the gradient norm from torch's clip_grad_norm_
+  (setup.clip_with_torch), checked against a second implementation, the plain PyTorch loop written out here (the
+  math of bench/train_bench.py's reference loop); its checkpoint resumes exactly and exports the engine's weights.
 
 The backend is aot_eager (KILN_COMPILE_BACKEND): Dynamo's capture, guards and AOTAutograd's joint graph and partition,
 which is where ZeRO-3's hooks, the masks and the recompiles meet the compiler, without inductor's C++ build (minutes
@@ -7,6 +14,7 @@ on two cores). Inductor was checked by hand at stage 3 (see /work/notes/docs-com
 
 from __future__ import annotations
 
+import math
 import socket
 from pathlib import Path
 
@@ -14,7 +22,8 @@ import pytest
 import torch
 
 from training_jobs import checkpoint
-from training_jobs.model import ModelConfig
+from training_jobs.export import consolidate
+from training_jobs.model import ModelConfig, Transformer
 from training_jobs.monitor import StabilityMonitor
 from training_jobs.settings import TrainingSettings
 from training_jobs.setup import build_engine, deepspeed_config, init_distributed
@@ -112,3 +121,99 @@ def test_compiled_blocks_train_as_eager_does_and_resume_from_its_checkpoints(wor
     # the eager run; its blocks reuse the graphs: nothing compiles again.
     resumed, _ = train(stage, True, tmp_path / "eager", resume=True)
     assert resumed == pytest.approx(eager[STEPS // 2:], rel=RTOL) and graphs() == (graphs_after, breaks_after)
+
+
+# ------------------------------------------------------------------------------ ZeRO-0 under autocast
+
+ZERO0_STEPS = 6
+LR = 1e-2
+# Between this run's gradient norms (1.11 to 1.52): steps 1, 2 and 6 are clipped, the others not. Clipping every step
+# would scale every gradient alike, which Adam's normalisation cancels; mixed, it moves the trajectory: without the
+# clip the losses of steps 4 and 6 differ by 4e-5 and 1.4e-4 relative (measured), far above the 1e-6 checked.
+CLIP = 1.4
+
+
+def zero0_settings() -> TrainingSettings:
+    # warmup 0 and min_lr = lr: the cosine schedule is a constant LR, which the plain loop below uses as is
+    return TrainingSettings(micro_batch_size=2, precision="bf16", grad_clip=CLIP, parallelism={"zero_stage": 0},
+                            schedule={"lr": LR, "min_lr": LR, "warmup_steps": 0})
+
+
+def batches() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(0, CFG.vocab_size, (2, CFG.max_seq_len + 1), generator=gen) for _ in range(ZERO0_STEPS)]
+
+
+def engine_for(t: TrainingSettings):
+    return build_engine(CFG, t, deepspeed_config(t, "bf16", CFG), ZERO0_STEPS, StabilityMonitor(t.monitor))
+
+
+def test_zero0_in_bf16_trains_as_the_plain_autocast_loop(world_of_one):
+    t = zero0_settings()
+    ds = deepspeed_config(t, "bf16", CFG)
+    assert ds["bf16"]["enabled"] is False and ds["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
+    engine = engine_for(t)
+
+    plain = Transformer(CFG, seed=t.seed)  # the same init (the seed's private generator)
+    params = list(plain.parameters())
+    matrix = [p for p in params if p.dim() >= 2]
+    opt = torch.optim.AdamW([{"params": matrix, "weight_decay": t.weight_decay},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=LR, betas=t.betas, eps=t.adam_eps, fused=True)
+    norms = []
+    for step, batch in enumerate(batches()):
+        x, y = batch[:, :-1], batch[:, 1:]
+        loss = engine(x, y)
+        engine.backward(loss)
+        engine.step()
+
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            expected = plain(x, y)
+        expected.backward()
+        # the global norm and clipping by hand: sqrt of the sum of squares; scale by clip / (norm + 1e-6) if below 1
+        norm = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in params))
+        for p in params:
+            p.grad.mul_(min(1.0, CLIP / (norm + 1e-6)))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+        assert loss.dtype == torch.float32 and loss.item() == pytest.approx(expected.item(), rel=1e-6), step
+        assert float(engine.get_global_grad_norm()) == pytest.approx(norm, rel=1e-5), step
+        norms.append(norm)
+    assert min(norms) < CLIP < max(norms)  # some steps clipped, some not: Adam does not cancel the clipping out
+    for (name, ours), theirs in zip(engine.module.named_parameters(), params):
+        assert ours.dtype == torch.float32, name  # fp32 weights; autocast rounds only the matmuls' inputs
+        torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_zero0_checkpoint_resumes_exactly_and_exports_the_trained_weights(world_of_one, tmp_path):
+    t, data = zero0_settings(), batches()
+
+    def run(engine, steps) -> list[float]:
+        losses = []
+        for batch in steps:
+            loss = engine(batch[:, :-1], batch[:, 1:])
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        return losses
+
+    first = engine_for(t)
+    run(first, data[:3])
+    ckpt = checkpoint.save(first, tmp_path, 3, {}, keep_last=1, manifest_meta={"model": CFG.to_dict()})
+    after = run(first, data[3:])
+    trained = {k: v.detach().clone() for k, v in first.module.state_dict().items()}
+
+    assert not list(ckpt.glob("*optim_states.pt"))  # ZeRO-0: the module and AdamW in one model-states file
+    resumed = engine_for(t)
+    checkpoint.load(resumed, tmp_path, checkpoint.Found(3, ckpt))
+    assert run(resumed, data[3:]) == after  # the same losses, bit for bit
+
+    # the export reads the checkpoint's fp32 weights: those of step 3, under the module's own names
+    exported = consolidate(ckpt)
+    again = engine_for(t)
+    run(again, data[:3])
+    assert list(exported) == list(again.module.state_dict())
+    for name, value in again.module.state_dict().items():
+        assert torch.equal(exported[name], value), name
+    assert not torch.equal(exported["layers.0.mlp.up_proj.weight"], trained["layers.0.mlp.up_proj.weight"])

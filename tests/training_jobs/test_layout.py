@@ -29,23 +29,42 @@ N_SMALL = 109_529_856
 # = 36,352) + 8·768 for the final norm and lm_head input) = 905,969,664 B; loss 12 B x 2048 x 32,000 logits
 # = 786,432,000 B.
 SMALL_PER_SEQUENCE = 905_969_664 + 786_432_000
-# ZeRO-1 over one rank: 16 B per parameter (bf16 weights and gradients, fp32 master + Adam m, v: 2 + 2 + 12) and two
-# reduce buckets of min(5e8, N) = N bf16 elements (overlap_comm's double buffer): 16 N + 4 N.
-SMALL_FIXED_ZERO1 = 16 * N_SMALL + 4 * N_SMALL
+# ZeRO-1 over two ranks: 10 B per parameter (bf16 weights and gradients 2 + 2, the fp32 master and Adam m, v split
+# in two: 12 / 2) and two reduce buckets of min(5e8, N) = N bf16 elements (overlap_comm's double buffer): 10 N + 4 N.
+SMALL_FIXED_ZERO1_DP2 = 10 * N_SMALL + 4 * N_SMALL
+# ZeRO-0 in bf16 is fp32 weights under autocast: 16 B per parameter (4 + 4 + 8: weights, gradients, Adam m and v),
+# no buckets; per sequence 4·768 more per layer (the two norms' outputs in fp32) and 2·768 for the final norm:
+# 2048 x (12 x (36,352 + 3,072) + 8·768 + 2·768) = 984,612,864 B of activations, the same 786,432,000 B of loss.
+SMALL_FIXED_ZERO0 = 16 * N_SMALL
+SMALL_PER_SEQUENCE_AUTOCAST = 984_612_864 + 786_432_000
 
 
-def test_a_model_that_fits_runs_zero1_with_the_whole_batch_in_one_micro_batch():
-    """125m on an 80 GiB GPU, one rank: 20 x 109,529,856 + 8 x 1,692,401,664 = 15,729,810,432 B (14.6 GiB) at
-    micro-batch 8, far inside 0.9 x 80 GiB = 72 GiB: ZeRO-1 (the lowest stage Kiln picks), micro-batch 8, no
-    accumulation."""
+def test_one_rank_runs_zero0_under_autocast_with_the_whole_batch_in_one_micro_batch():
+    """125m on an 80 GiB GPU, one rank: 16 x 109,529,856 + 8 x 1,771,044,864 = 15,920,836,608 B (14.8 GiB) at
+    micro-batch 8, far inside 0.9 x 80 GiB = 72 GiB. ZeRO-0 reaches micro-batch 8 as ZeRO-1 and 2 do, and with one
+    data-parallel rank there is nothing for them to partition: ZeRO-0, micro-batch 8, no accumulation."""
     kwargs = dict(seq_len=2048, precision="bf16", dp=1, reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL,
                   whole_logits=True)
-    assert SMALL_FIXED_ZERO1 + 8 * SMALL_PER_SEQUENCE == 15_729_810_432
-    assert estimate(GPT_SMALL, micro_batch=8, zero_stage=1, **kwargs).total == 15_729_810_432
+    assert SMALL_FIXED_ZERO0 + 8 * SMALL_PER_SEQUENCE_AUTOCAST == 15_920_836_608
+    assert estimate(GPT_SMALL, micro_batch=8, zero_stage=0, **kwargs).total == 15_920_836_608
+    layout = choose_layout(GPT_SMALL, device_memory=80 * GIB, sequences_per_rank=8, **kwargs)
+    assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (0, 8, 1)
+    assert layout.chosen == ("zero_stage", "micro_batch")
+    assert layout.reason.startswith("ZeRO-0: model states 1.6 GiB per rank fit") and "14.8 GiB" in layout.reason
+    assert "fp32 weights under bf16 autocast" in layout.reason
+
+
+def test_two_ranks_run_zero1_with_the_whole_batch_in_one_micro_batch():
+    """The same on two ranks: 14 x 109,529,856 + 8 x 1,692,401,664 = 15,072,631,296 B (14.0 GiB) at micro-batch 8.
+    ZeRO-0 would keep the whole optimizer state on each rank and reduce the gradients only after backward: ZeRO-1
+    (the lowest stage Kiln picks over more than one rank), micro-batch 8."""
+    kwargs = dict(seq_len=2048, precision="bf16", dp=2, reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL,
+                  whole_logits=True)
+    assert SMALL_FIXED_ZERO1_DP2 + 8 * SMALL_PER_SEQUENCE == 15_072_631_296
+    assert estimate(GPT_SMALL, micro_batch=8, zero_stage=1, **kwargs).total == 15_072_631_296
     layout = choose_layout(GPT_SMALL, device_memory=80 * GIB, sequences_per_rank=8, **kwargs)
     assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (1, 8, 1)
-    assert layout.chosen == ("zero_stage", "micro_batch")
-    assert layout.reason.startswith("ZeRO-1: model states 1.6 GiB per rank fit") and "14.6 GiB" in layout.reason
+    assert layout.reason.startswith("ZeRO-1: model states 1.0 GiB per rank fit") and "14.0 GiB" in layout.reason
 
 
 def test_the_estimate_agrees_with_the_h200_measurement():
@@ -57,12 +76,13 @@ def test_the_estimate_agrees_with_the_h200_measurement():
 
 
 def test_the_micro_batch_is_the_largest_split_of_the_per_rank_batch_that_fits():
-    """125m on a 24 GiB GPU with grad_accum 4 (per-rank batch 4 x 8 = 32): usable 0.9 x 24 GiB = 23,192,823,398 B;
+    """125m on a 24 GiB GPU at ZeRO-1 (16 N + 4 N of states and buckets over one rank) with grad_accum 4
+    (per-rank batch 4 x 8 = 32): usable 0.9 x 24 GiB = 23,192,823,398 B;
     micro-batch 16 needs 2,190,597,120 + 16 x 1,692,401,664 = 29,269,023,744 B (too much), 8 needs 15,729,810,432 B:
     micro-batch 8 x grad_accum 4, the same 32 sequences per step."""
     layout = choose_layout(GPT_SMALL, seq_len=2048, precision="bf16", device_memory=24 * GIB, dp=1,
                            sequences_per_rank=32, reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL,
-                           whole_logits=True)
+                           whole_logits=True, zero_stage=1)
     assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (1, 8, 4)
     assert "16 would need 27.3 GiB" in layout.reason and "grad_accum 4 keeps the global batch" in layout.reason
 
@@ -75,7 +95,8 @@ def test_the_chunked_loss_leaves_room_for_twice_the_micro_batch():
     (2,190,597,120) and the activations (16 x 905,969,664) that is 17,371,579,392 B, inside the usable 23,192,823,398:
     micro-batch 16 x grad_accum 2 (32 needs 2,190,597,120 + 32 x 905,969,664 = 31,181,626,368 B before its loss)."""
     layout = choose_layout(GPT_SMALL, seq_len=2048, precision="bf16", device_memory=24 * GIB, dp=1,
-                           sequences_per_rank=32, reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL)
+                           sequences_per_rank=32, reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL,
+                           zero_stage=1)
     assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (1, 16, 2)
     assert layout.memory.loss == 685_467_648
     assert layout.memory.total == 2_190_597_120 + 16 * 905_969_664 + 685_467_648 == 17_371_579_392
@@ -103,7 +124,7 @@ def test_what_the_user_sets_is_kept():
     assert (both.zero_stage, both.micro_batch, both.grad_accum, both.chosen) == (3, 2, 4, ())
     assert both.reason.startswith("ZeRO-3: training.parallelism.zero_stage")
     micro_only = choose_layout(GPT_SMALL, micro_batch=4, **common)
-    assert (micro_only.zero_stage, micro_only.micro_batch, micro_only.chosen) == (1, 4, ("zero_stage",))
+    assert (micro_only.zero_stage, micro_only.micro_batch, micro_only.chosen) == (0, 4, ("zero_stage",))
     with pytest.raises(ValueError, match="not a multiple of the micro-batch 3"):
         choose_layout(GPT_SMALL, micro_batch=3, **common)
     piped = choose_layout(GPT_SMALL, pp=2, **{**common, "sequences_per_rank": 32})
@@ -144,9 +165,11 @@ def resolved(run: RunConfig, dist: Dist):
 
 def test_a_chosen_layout_fills_the_settings_and_the_deepspeed_config(token_dataset, tmp_path, on_gpu):
     t, layout, ds = resolved(run_config(token_dataset, tmp_path, seq_len=32, grad_accum=2), on_gpu())
-    assert (t.micro_batch_size, t.grad_accum, t.parallelism.zero_stage) == (16, 1, 1)  # 8 x 2 in one micro-batch
+    assert (t.micro_batch_size, t.grad_accum, t.parallelism.zero_stage) == (16, 1, 0)  # 8 x 2 in one micro-batch
     assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (16, 1)
-    assert ds["zero_optimization"]["stage"] == 1 and not any(k.startswith("stage3_") for k in ds["zero_optimization"])
+    assert ds["zero_optimization"]["stage"] == 0 and not any(k.startswith("stage3_") for k in ds["zero_optimization"])
+    # one rank in bf16: fp32 weights under torch autocast, not DeepSpeed's bf16 weights
+    assert ds["bf16"]["enabled"] is False and ds["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
     cfg = ModelConfig(**ModelSettings().architecture(token_dataset.vocab_size, 32))
     assert ds["zero_optimization"]["reduce_bucket_size"] == param_count(cfg)  # the tiny model is far below 5e8
 
@@ -154,6 +177,7 @@ def test_a_chosen_layout_fills_the_settings_and_the_deepspeed_config(token_datas
     t, layout, ds = resolved(forced, on_gpu())
     zero = ds["zero_optimization"]
     assert zero["stage"] == 3 and layout.chosen == ("micro_batch",)
+    assert ds["bf16"]["enabled"] is True and "torch_autocast" not in ds
     buckets = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
     assert tuple(zero[k] for k in buckets) == (param_count(cfg), param_count(cfg), 100_000)  # 5e8, 5e7 capped; 1e5
     assert zero["overlap_comm"] is zero["contiguous_gradients"] is True
@@ -184,4 +208,4 @@ def test_a_resumed_run_keeps_the_stage_of_its_checkpoint(token_dataset, tmp_path
     t, layout, ds = resolved(run, on_gpu())
     assert ds["zero_optimization"]["stage"] == 3 and "written before layouts were chosen" in layout.reason
     fresh = run_config(token_dataset, tmp_path, seq_len=32, checkpoint={"resume": False})  # the checkpoint is ignored
-    assert resolved(fresh, on_gpu())[0].parallelism.zero_stage == 1
+    assert resolved(fresh, on_gpu())[0].parallelism.zero_stage == 0
