@@ -18,9 +18,11 @@ A tensor-parallel run (DeepSpeed AutoTP) adds consolidated_model_states.pt: the 
 dtype, gathered over the tp slices (and ZeRO-3 partitions) by DeepSpeed, for the export.
 
 A checkpoint without manifest.json is incomplete (the run died while saving, or while rank 0 was still hashing it).
-Hashing is off the training loop's critical path: `save` returns once every rank's files are on disk, and rank 0's
-`ManifestWriter` thread hashes them, writes the manifest and only then rotates (`prune` counts complete checkpoints
-only, so neither the one being hashed nor the newest complete one is ever deleted). At resume the newest
+Writing and hashing are off the training loop's critical path: with a `BackgroundWriter` (the trainer's) `save`
+returns once each rank's state is copied to host memory; each rank's thread writes its files (temporary name, then
+rename) and leaves a `.written-rank-<r>` marker; rank 0's `ManifestWriter` thread waits for every rank's marker,
+removes them, hashes the files, writes the manifest and only then rotates (`prune` counts complete checkpoints
+only, so neither the one being written or hashed nor the newest complete one is ever deleted). At resume the newest
 checkpoint whose manifest exists and whose files match it is loaded; newer incomplete or corrupt ones are
 moved to `_rejected/` with a REJECTED.txt saying why (kept for inspection, and out of the way of a later
 save under the same tag).
@@ -39,12 +41,14 @@ hashes all the files.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
 import random
 import re
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -228,29 +232,22 @@ def gather_rng_states() -> list[dict[str, Any]]:
     return out
 
 
-class ManifestWriter:
-    """Rank 0's background thread that completes saved checkpoints: it hashes one's files, writes its manifest and
-    then rotates, while training goes on. One thread, so checkpoints complete in the order they were saved.
+class _OneThread:
+    """One background thread that runs jobs in the order given; a job's error is raised on the caller's thread at
+    the next `_reap` (every submit) or `wait`."""
 
-    An error in the thread (a full disk) is raised on the training thread at the next `submit` or `wait`.
-    `hash_file` is for tests (one that blocks keeps a checkpoint incomplete for as long as a test needs)."""
-
-    def __init__(self, hash_file: Callable[[Path], str] = sha256_file):
-        self.hash_file = hash_file
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-manifest")
+    def __init__(self, name: str):
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.pending: list[Future] = []
 
-    def submit(self, ckpt: Path, step: int, meta: dict[str, Any], keep_last: int) -> None:
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         self._reap(block=False)
-        self.pending.append(self.pool.submit(self._complete, Path(ckpt), step, meta, keep_last))
-
-    def _complete(self, ckpt: Path, step: int, meta: dict[str, Any], keep_last: int) -> None:
-        write_manifest(ckpt, step, meta, self.hash_file)
-        prune(ckpt.parent, keep_last)  # after the manifest: the new checkpoint counts among the kept ones
+        future = self.pool.submit(fn, *args)
+        self.pending.append(future)
+        return future
 
     def wait(self) -> float:
-        """Block until every submitted checkpoint is complete (or its completion failed: raised here); returns
-        the seconds this waited."""
+        """Block until every submitted job is done (or failed: raised here); returns the seconds this waited."""
         start = time.perf_counter()
         self._reap(block=True)
         return time.perf_counter() - start
@@ -263,6 +260,175 @@ class ManifestWriter:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+
+
+# ------------------------------------------------------------------------------- writes off the loop
+
+WRITTEN = ".written-rank-"  # + rank: this rank's files of a checkpoint are all on disk (BackgroundWriter)
+HOST_MEMORY_SHARE = 0.5  # of the host's available memory, over the ranks of this host, that snapshots may hold
+
+
+def to_host(obj: Any, memo: dict | None = None) -> Any:
+    """A copy of a (nested) state dict whose tensors are in host memory and no longer change with training: CUDA
+    tensors copied into pinned host memory without blocking (queued on the current stream, so the copy reads the
+    values before any later kernel changes them; wait for it before reading, see BackgroundWriter.save), CPU tensors
+    cloned, containers rebuilt, other values deep-copied. Tensors that are the same view of the same storage (a
+    tied weight under two names) stay one tensor, as torch.save would keep them. torch's caching host allocator
+    keeps the pinned blocks for the next checkpoint: only the first pays for pinning them."""
+    memo = {} if memo is None else memo
+    if isinstance(obj, torch.Tensor):
+        key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape), tuple(obj.stride()),
+               obj.dtype, obj.device)
+        if key not in memo:
+            if obj.is_cuda:
+                memo[key] = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True)
+                memo[key].copy_(obj.detach(), non_blocking=True)
+            else:
+                memo[key] = obj.detach().clone(memory_format=torch.contiguous_format)
+        return memo[key]
+    if isinstance(obj, dict):
+        out = copy.copy(obj)  # keeps the dict's type (OrderedDict, defaultdict's factory)
+        for k, v in obj.items():
+            out[k] = to_host(v, memo)
+        return out
+    if isinstance(obj, list):
+        return [to_host(v, memo) for v in obj]
+    if isinstance(obj, tuple):
+        items = [to_host(v, memo) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    return copy.deepcopy(obj)
+
+
+def tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def save_atomically(obj: Any, path: Path, zipfile: bool = True) -> None:
+    """torch.save under a temporary name, then a rename: a crash leaves no half file under the real name."""
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        torch.save(obj, tmp, _use_new_zipfile_serialization=zipfile)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class BackgroundWriter(_OneThread):
+    """This rank's checkpoint files written on a thread, so that a save holds training up only while the state is
+    copied to host memory (`to_host`), not while gigabytes go to disk: the copy is what the loop waits for (on a
+    GPU only to queue it), then training changes the weights while the thread writes the copy (`save_atomically`),
+    in order. After a
+    checkpoint's last file, `mark_written` leaves an empty `.written-rank-<r>` in it; rank 0's ManifestWriter waits
+    for every rank's marker before it hashes, and removes them. One snapshot at a time: `save` waits for the
+    previous writes first, which bounds the host memory to one checkpoint's share of this rank.
+
+    When a snapshot would take more than HOST_MEMORY_SHARE of the host's available memory (shared by the
+    `local_ranks` on this host), that file is written on the caller's thread instead, as DeepSpeed would, and
+    `synchronous_because` says why (the trainer reports it)."""
+
+    def __init__(self, local_ranks: int = 1):
+        super().__init__("kiln-checkpoint-write")
+        self.local_ranks = max(1, local_ranks)
+        self.synchronous_because: str | None = None
+
+    def save(self, state: Any, path: str | Path, zipfile: bool = True) -> None:
+        import psutil
+
+        path, size = Path(path), tensor_bytes(state)
+        available = psutil.virtual_memory().available
+        if size * self.local_ranks > HOST_MEMORY_SHARE * available:
+            self.synchronous_because = (
+                f"{path.name}: {size / 2**30:.1f} GiB x {self.local_ranks} rank(s) on this host is more than "
+                f"{HOST_MEMORY_SHARE:.0%} of the {available / 2**30:.1f} GiB of host memory available")
+            self.wait()
+            save_atomically(state, path, zipfile)
+            return
+        snapshot = to_host(state)
+        copied = torch.cuda.Event() if torch.cuda.is_available() else None
+        if copied is not None:
+            copied.record()  # after the device-to-host copies to_host queued
+        self._submit(self._write, snapshot, path, zipfile, copied)
+
+    @staticmethod
+    def _write(snapshot: Any, path: Path, zipfile: bool, copied: Any) -> None:
+        if copied is not None:
+            copied.synchronize()  # the copies are in host memory
+        save_atomically(snapshot, path, zipfile)
+
+    def mark_written(self, ckpt: Path, rank: int) -> None:
+        self._submit((Path(ckpt) / f"{WRITTEN}{rank}").touch)
+
+
+@contextlib.contextmanager
+def writes_through(engine, writer: BackgroundWriter):
+    """Within the block DeepSpeed's engine saves its files through `writer` (its checkpoint engine wrapped: every
+    other call, load and commit included, goes to DeepSpeed's own)."""
+    inner = engine.checkpoint_engine
+
+    class Deferred:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inner, name)
+
+        def save(self, state_dict: Any, path: str) -> None:
+            writer.save(state_dict, path, getattr(inner, "zipfile_serialization", True))
+
+        def preserves_storage_sharing(self) -> bool:
+            return False  # to_host copies each view compactly: DeepSpeed's own clone on the device is not needed
+
+    engine.checkpoint_engine = Deferred()
+    try:
+        yield
+    finally:
+        engine.checkpoint_engine = inner
+
+
+class ManifestWriter(_OneThread):
+    """Rank 0's background thread that completes saved checkpoints: it waits until every rank's files are written
+    (their BackgroundWriter markers), hashes the files, writes the manifest and then rotates, while training goes
+    on. One thread, so checkpoints complete in the order they were saved.
+
+    An error in the thread (a full disk) is raised on the training thread at the next `submit` or `wait`.
+    `hash_file` is for tests (one that blocks keeps a checkpoint incomplete for as long as a test needs)."""
+
+    MARKER_TIMEOUT_S = 3600.0  # a rank still writing after this long is a failed save
+
+    def __init__(self, hash_file: Callable[[Path], str] = sha256_file):
+        super().__init__("kiln-manifest")
+        self.hash_file = hash_file
+        self.abandoned = threading.Event()
+
+    def submit(self, ckpt: Path, step: int, meta: dict[str, Any], keep_last: int, written_by: int = 0,
+               after: list[Future] = ()) -> None:
+        """Complete `ckpt` once the jobs `after` (rank 0's own writes) are done and `written_by` ranks have left
+        their markers (0: the files were written before this call)."""
+        self._submit(self._complete, Path(ckpt), step, meta, keep_last, written_by, list(after))
+
+    def _complete(self, ckpt: Path, step: int, meta: dict[str, Any], keep_last: int, written_by: int,
+                  after: list[Future]) -> None:
+        for future in after:
+            future.result()  # rank 0's own write failed: so does the checkpoint, at once
+        markers = [ckpt / f"{WRITTEN}{rank}" for rank in range(written_by)]
+        deadline = time.monotonic() + self.MARKER_TIMEOUT_S
+        while not all(m.exists() for m in markers):
+            if self.abandoned.is_set() or time.monotonic() > deadline:
+                missing = [m.name.removeprefix(WRITTEN) for m in markers if not m.exists()]
+                raise RuntimeError(f"checkpoint {ckpt.name}: rank(s) {', '.join(missing)} did not finish writing "
+                                   f"their files; the checkpoint stays incomplete")
+            time.sleep(0.05)
+        for marker in markers:
+            marker.unlink()
+        write_manifest(ckpt, step, meta, self.hash_file)
+        prune(ckpt.parent, keep_last)  # after the manifest: the new checkpoint counts among the kept ones
+
+    def abandon(self) -> None:
+        """A failing run: stop waiting for other ranks' files (their processes may be gone)."""
+        self.abandoned.set()
 
 
 class Cadence:
@@ -289,28 +455,44 @@ class Cadence:
 
 
 def save(engine, root: Path, step: int, kiln_state: dict[str, Any], keep_last: int,
-         manifest_meta: dict[str, Any] | None = None, manifests: ManifestWriter | None = None) -> Path:
-    """Save a checkpoint on every rank (all must call, all with a ManifestWriter or none); then rank 0 writes the
-    manifest and prunes: in its writer's thread, returning at once, or without one before every rank returns."""
+         manifest_meta: dict[str, Any] | None = None, manifests: ManifestWriter | None = None,
+         writer: BackgroundWriter | None = None) -> Path:
+    """Save a checkpoint on every rank (all must call, all with the same helpers or none). With a BackgroundWriter
+    each rank's files are written on its thread, and this returns once the state is copied to host memory; with a
+    ManifestWriter rank 0 completes the checkpoint (manifest, rotation) on its thread once every rank's files are
+    written. Without them, everything is done before any rank returns."""
+    if writer is not None and manifests is None:
+        raise ValueError("checkpoint.save: a BackgroundWriter needs a ManifestWriter, which completes the checkpoint "
+                         "once every rank's files are written")
     root = Path(root)
     tag = tag_for(step)
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    if writer is not None:
+        writer.wait()  # the previous checkpoint's files are written: one snapshot in host memory at a time
     if _is_main():
         root.mkdir(parents=True, exist_ok=True)
         if (root / tag).exists():  # leftovers under this tag (a rolled-back branch, an earlier attempt)
             move_aside(root / tag, "replaced by a new save under the same tag")
     _barrier()
     client_state = {"kiln": {"format": CLIENT_STATE_FORMAT, "step": step, "rng": gather_rng_states(), **kiln_state}}
-    engine.save_checkpoint(str(root), tag, client_state=client_state, save_latest=False)
+    with writes_through(engine, writer) if writer is not None else contextlib.nullcontext():
+        engine.save_checkpoint(str(root), tag, client_state=client_state, save_latest=False)
     if engine.autotp_size() > 1:  # zero_to_fp32 cannot join tensor-parallel slices: DeepSpeed gathers them here
         whole = engine._consolidated_16bit_state_dict()  # every rank takes part; rank 0 receives the weights
-        if _is_main():
+        if _is_main() and writer is not None:
+            writer.save(whole, root / tag / CONSOLIDATED)
+        elif _is_main():
             torch.save(whole, root / tag / CONSOLIDATED)
-    _barrier()  # every rank's files are on disk before they are hashed
+    if writer is not None:
+        writer.mark_written(root / tag, rank)
+    else:
+        _barrier()  # every rank's files are on disk before they are hashed
     if _is_main():
-        meta = {"world_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
-                **(manifest_meta or {})}
+        meta = {"world_size": world, **(manifest_meta or {})}
         if manifests is not None:
-            manifests.submit(root / tag, step, meta, keep_last)
+            manifests.submit(root / tag, step, meta, keep_last, written_by=world if writer is not None else 0,
+                             after=writer.pending if writer is not None else ())
         else:
             write_manifest(root / tag, step, meta)
             prune(root, keep_last)
@@ -382,7 +564,8 @@ def check_weights_only(ckpt: Path, allow_deepspeed: bool = False) -> dict[str, s
     return result
 
 
-__all__ = ["CHECKPOINT_FORMAT", "CONSOLIDATED", "Cadence", "Found", "MANIFEST", "ManifestWriter", "checkpoints",
+__all__ = ["BackgroundWriter", "CHECKPOINT_FORMAT", "CONSOLIDATED", "Cadence", "Found", "MANIFEST", "ManifestWriter",
+           "checkpoints", "save_atomically", "to_host", "writes_through",
            "check_weights_only",
            "find_resumable", "load", "move_aside", "prune", "read_manifest", "rng_state", "save", "set_rng_state",
            "tag_for", "verify", "weights_only_loads", "write_manifest"]

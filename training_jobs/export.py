@@ -17,8 +17,8 @@ with its reads forced to `torch.load(weights_only=True)` (checkpoint.weights_onl
 checkpoint (layer_XX-model_states.pt files, one per pipeline layer) is read layer by layer instead and renamed
 to the Transformer's names (training_jobs.pipeline.transformer_state); a tensor-parallel one is read from the
 whole weights checkpoint.save adds to it (checkpoint.CONSOLIDATED); a ZeRO-0 one (no optimizer-states files: the
-module's own fp32 weights, in fp32 or under bf16 autocast) from DeepSpeed's model-states file. Every layout exports the same names and
-shapes. Everything written here is pickle-free (safetensors and JSON).
+module's own fp32 weights, in fp32 or under bf16 autocast) from DeepSpeed's model-states file. Every layout
+exports the same names and shapes. Everything written here is pickle-free (safetensors and JSON).
 
 No permutation of q/k is needed: the model already applies RoPE in HF's rotate-half layout.
 

@@ -176,7 +176,9 @@ class Stopwatch:
             self.parts[part] += self.clock() - start
 
 
-TIME_PARTS = ("startup", "checkpoint", "validation", "rollback", "export")  # startup: resume, MLflow
+# startup: resume, MLflow; checkpoint: the saves at the cadence; final_checkpoint: the last save and waiting until
+# every checkpoint is written and hashed, once per run
+TIME_PARTS = ("startup", "checkpoint", "validation", "rollback", "final_checkpoint", "export")
 
 
 def goodput(tokens_counted: int, step_seconds: float, stopwatch: Stopwatch, flops_per_token: float,

@@ -162,7 +162,12 @@ class Trainer:
         self.ckpt_root = run.checkpoint_dir()
         self.progress = Progress()
         self.fault = FaultInjector(os.environ.get("KILN_INJECT_FAULT"))
-        self.manifests = checkpoint.ManifestWriter()  # on rank 0 it hashes checkpoints off the loop (idle elsewhere)
+        # Checkpoint files are written on a thread (every rank; its host's ranks share the memory for the copies:
+        # torchrun and Ray Train say how many in LOCAL_WORLD_SIZE, the deepspeed launcher in LOCAL_SIZE) and hashed
+        # on another (rank 0; idle elsewhere).
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or 1)
+        self.writer = checkpoint.BackgroundWriter(local_ranks)
+        self.manifests = checkpoint.ManifestWriter()
         self.unreported: list[tuple[int, Path]] = []  # checkpoints not yet handed to host.after_checkpoint
         self.stopwatch = Stopwatch()  # where fit()'s wall time went, besides the steps (p.timings)
         self.stalls: list[float] = []  # seconds each save held the loop up
@@ -171,7 +176,7 @@ class Trainer:
 
     def fit(self) -> float | None:
         """Train to max_steps (resuming if a checkpoint exists), then checkpoint, validate and export."""
-        t, p, report = self.t, self.progress, self.report
+        t, p = self.t, self.progress
         self.stopwatch.start()
         with self.stopwatch.timing("startup"):
             self.resume()
@@ -207,9 +212,11 @@ class Trainer:
                 self.save()
         self.train_seconds = time.perf_counter() - self.t_start
         self.loader.close()
-        if p.last_checkpoint is None or p.last_checkpoint.name != checkpoint.tag_for(p.step):
-            self.save()
-        with self.stopwatch.timing("checkpoint"):  # the export and summary need the last checkpoint complete
+        # Once per run, however long: the last save, and waiting until every checkpoint is written and hashed (the
+        # export and summary need the last one complete). Its own part of the wall time, apart from the cadence's.
+        with self.stopwatch.timing("final_checkpoint"):
+            if p.last_checkpoint is None or p.last_checkpoint.name != checkpoint.tag_for(p.step):
+                self._save()
             self.report_complete_checkpoints()
         self.final_val = self.validate()
         self.probe = self.loss_probe()
@@ -270,33 +277,42 @@ class Trainer:
                                   agree=lambda wanted: bool(broadcast_object(self.dist, wanted)))
 
     def save(self) -> None:
-        """Write a checkpoint; rank 0's ManifestWriter completes it (hashes, manifest, rotation) in the background.
-        The seconds this call held the loop up are its stall."""
-        p = self.progress
+        """A checkpoint at the cadence: the stopwatch's "checkpoint" part."""
         with self.stopwatch.timing("checkpoint"):
-            # Timed inside the stopwatch's window, so the stalls never add up to more than its checkpoint seconds.
-            start = time.perf_counter()
-            self.report.flush()  # metrics.jsonl holds every step a checkpoint holds
-            if self.unreported:  # the previous checkpoint has had a whole interval to complete
-                self.report_complete_checkpoints()
-            meta = {"model": self.cfg.to_dict(), "tokens_seen": p.tokens_seen, "loader": self.loader.state_dict(),
-                    "stability_events": len(self.monitor.events), "layout": self.layout_record(),
-                    **self.trained_on()}
-            p.last_checkpoint = checkpoint.save(self.engine, self.ckpt_root, p.step, self.kiln_state(),
-                                                self.t.checkpoint.keep_last, meta, self.manifests)
-            self.unreported.append((p.step, p.last_checkpoint))
-            self.cadence.saved(time.monotonic())
-            stall = time.perf_counter() - start
+            self._save()
+
+    def _save(self) -> None:
+        """Write a checkpoint: every rank's files on its BackgroundWriter's thread, then rank 0's ManifestWriter
+        completes it (hashes, manifest, rotation), both in the background. The seconds this call held the loop up
+        (copying the state to host memory, mostly) are its stall; callers time it inside a stopwatch part, so the
+        stalls never add up to more than the parts."""
+        p = self.progress
+        start = time.perf_counter()
+        self.report.flush()  # metrics.jsonl holds every step a checkpoint holds
+        if self.unreported:  # the previous checkpoint has had a whole interval to complete
+            self.report_complete_checkpoints()
+        meta = {"model": self.cfg.to_dict(), "tokens_seen": p.tokens_seen, "loader": self.loader.state_dict(),
+                "stability_events": len(self.monitor.events), "layout": self.layout_record(), **self.trained_on()}
+        synchronous_before = self.writer.synchronous_because
+        p.last_checkpoint = checkpoint.save(self.engine, self.ckpt_root, p.step, self.kiln_state(),
+                                            self.t.checkpoint.keep_last, meta, self.manifests, self.writer)
+        self.unreported.append((p.step, p.last_checkpoint))
+        self.cadence.saved(time.monotonic())
+        stall = time.perf_counter() - start
         self.stalls.append(stall)
         self.report.step(p.step, {"checkpoint/stall_s": stall}, to_mlflow=True)
-        self.report.line(f"step {p.step}: checkpoint {p.last_checkpoint} (training waited {stall:.2f} s; hashed in "
-                         f"the background)")
+        self.report.line(f"step {p.step}: checkpoint {p.last_checkpoint} (training waited {stall:.2f} s; written "
+                         f"and hashed in the background)")
+        if self.writer.synchronous_because != synchronous_before:
+            self.report.line(f"warning: checkpoint file written before training went on: "
+                             f"{self.writer.synchronous_because}")
 
     def report_complete_checkpoints(self) -> None:
-        """Wait for rank 0's pending manifests, then hand the now complete checkpoints to the host (on every rank:
-        a host's report may be collective, as Ray Train's is)."""
+        """Wait for this rank's pending writes and rank 0's pending manifests, then hand the now complete checkpoints
+        to the host (on every rank: a host's report may be collective, as Ray Train's is)."""
+        self.writer.wait()  # this rank's files
         if self.dist.main:
-            self.manifests.wait()
+            self.manifests.wait()  # every rank's, hashed
         for step, path in self.unreported:
             if self.host.after_checkpoint is not None:
                 self.host.after_checkpoint(step, path)
@@ -457,8 +473,12 @@ class Trainer:
         p = self.progress
         steady = p.timings[1:] or p.timings  # the first step pays for warm-up
         tokens_per_s = self.tokens_per_step * len(steady) / sum(steady) if steady else None
-        if self.dist.main and status != "completed":  # fit() waited already when it got to the end
-            with contextlib.suppress(Exception):  # a failed manifest write only leaves that checkpoint incomplete
+        if status != "completed":  # fit() waited already when it got to the end
+            with contextlib.suppress(Exception):  # a failed write only leaves that checkpoint incomplete
+                self.writer.wait()
+            if status == "failed":  # only rank 0 gets here: the other ranks may be gone, their files with them
+                self.manifests.abandon()
+            with contextlib.suppress(Exception):
                 self.manifests.wait()
         ckpt = p.last_checkpoint
         manifest = ckpt / checkpoint.MANIFEST if ckpt is not None else None

@@ -8,6 +8,8 @@ import json
 import random
 import shutil
 import threading
+import time
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -89,14 +91,28 @@ def test_keep_last_k_counts_complete_checkpoints_only(tmp_path):
     assert [f.step for f in checkpoint.checkpoints(tmp_path, complete_only=False)] == [6, 8, 10]
 
 
+class TorchSaves:
+    """DeepSpeed's default checkpoint engine, as far as a save goes: torch.save to the path."""
+
+    def save(self, state, path):
+        torch.save(state, path)
+
+
 class FakeEngine:
-    """What checkpoint.save asks of a DeepSpeed engine, in one process: files under root/tag."""
+    """What checkpoint.save asks of a DeepSpeed engine, in one process: its files under root/tag, written through
+    its checkpoint engine, as DeepSpeed's save_checkpoint does."""
+
+    def __init__(self):
+        self.checkpoint_engine = TorchSaves()
+        self.weights = torch.arange(1000, dtype=torch.float32)
 
     def save_checkpoint(self, root, tag, client_state, save_latest):
         folder = Path(root) / tag
         folder.mkdir(parents=True, exist_ok=True)
-        torch.save({"kiln": client_state["kiln"]["step"]}, folder / "zero_pp_rank_0_mp_rank_00_model_states.pt")
-        (folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"optim" * 300)
+        self.checkpoint_engine.save({"kiln": client_state["kiln"]["step"], "module": {"w": self.weights}},
+                                    str(folder / "zero_pp_rank_0_mp_rank_00_model_states.pt"))
+        self.checkpoint_engine.save({"optim": self.weights * 2},
+                                    str(folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt"))
 
     def autotp_size(self):
         return 1
@@ -162,6 +178,135 @@ def test_a_failed_manifest_write_is_raised_on_the_training_thread(tmp_path):
         writer.wait()
     writer.close()
     assert checkpoint.find_resumable(tmp_path, warn=lambda _: None) is None  # never complete
+
+
+# ------------------------------------------------------------------------------- background writes
+
+@pytest.fixture
+def held_writes(monkeypatch):
+    """The background writes wait until the returned event is set (writing as slow as a test needs); with
+    `failing` set they then fail as on a full disk."""
+    release, real = threading.Event(), checkpoint.save_atomically
+
+    def slow(obj, path, zipfile=True):
+        assert release.wait(30), "the test never released the writes"
+        if getattr(release, "failing", False):
+            raise OSError("No space left on device")
+        real(obj, path, zipfile)
+
+    monkeypatch.setattr(checkpoint, "save_atomically", slow)
+    yield release
+    release.set()
+
+
+def test_a_background_save_writes_the_state_as_it_was_when_save_returned(tmp_path, held_writes):
+    engine, writer, manifests = FakeEngine(), checkpoint.BackgroundWriter(), checkpoint.ManifestWriter()
+    release = held_writes
+    try:
+        path = checkpoint.save(engine, tmp_path, 4, {}, keep_last=2, manifests=manifests, writer=writer)
+        assert list(path.iterdir()) == []  # nothing written yet: save returned after the copy to host memory
+        engine.weights += 1000  # training goes on, in place, while the thread writes
+        release.set()
+        writer.wait()
+        manifests.wait()
+        model = torch.load(path / "zero_pp_rank_0_mp_rank_00_model_states.pt", weights_only=True)
+        assert torch.equal(model["module"]["w"], torch.arange(1000, dtype=torch.float32))  # the values at save time
+        assert checkpoint.verify(path) is None and sorted(checkpoint.read_manifest(path)["files"]) == [
+            "zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+        assert not list(path.glob(".*"))  # the marker and the temporary names are gone
+    finally:
+        release.set()
+        writer.close(), manifests.close()
+
+
+def test_a_run_killed_while_writing_resumes_from_the_checkpoint_before(tmp_path, held_writes):
+    """The folder as a SIGKILL during the background write leaves it (copied while the writes are held): no files
+    or a temporary one, no marker, no manifest; resume takes the checkpoint before."""
+    live, killed = tmp_path / "live", tmp_path / "killed"
+    fake_checkpoint(live, 4)
+    writer, manifests = checkpoint.BackgroundWriter(), checkpoint.ManifestWriter()
+    release = held_writes
+    try:
+        checkpoint.save(FakeEngine(), live, 8, {}, keep_last=1, manifests=manifests, writer=writer)
+        (live / "step_00000008" / ".zero_pp_rank_0_mp_rank_00_model_states.pt.tmp-0123abcd").write_bytes(b"half")
+        shutil.copytree(live, killed)
+        warnings = []
+        assert checkpoint.find_resumable(killed, warn=warnings.append).step == 4
+        assert "step_00000008: no manifest.json" in warnings[0]
+        release.set()
+        writer.wait(), manifests.wait()
+        assert [f.step for f in checkpoint.checkpoints(live, complete_only=False)] == [8]  # rotated once complete
+    finally:
+        release.set()
+        writer.close(), manifests.close()
+
+
+def test_a_checkpoint_completes_only_once_every_rank_has_written(tmp_path):
+    """Rank 0 hashes only when every rank's marker is there (two ranks here, rank 1's files late)."""
+    path = fake_checkpoint(tmp_path, 4, complete=False)
+    (path / f"{checkpoint.WRITTEN}0").touch()
+    manifests = checkpoint.ManifestWriter()
+    try:
+        manifests.submit(path, 4, {}, keep_last=2, written_by=2)
+        for _ in range(10):  # half a second: it is still waiting
+            time.sleep(0.05)
+            assert not (path / checkpoint.MANIFEST).exists()
+        (path / f"{checkpoint.WRITTEN}1").touch()
+        manifests.wait()
+        assert checkpoint.verify(path) is None and not list(path.glob(".written-*"))
+        assert sorted(checkpoint.read_manifest(path)["files"]) == sorted(p.name for p in path.glob("*.pt"))
+    finally:
+        manifests.close()
+
+
+def test_a_failing_run_stops_waiting_for_other_ranks(tmp_path):
+    path = fake_checkpoint(tmp_path, 4, complete=False)
+    manifests = checkpoint.ManifestWriter()
+    manifests.submit(path, 4, {}, keep_last=2, written_by=2)  # no rank ever writes its marker
+    manifests.abandon()
+    with pytest.raises(RuntimeError, match="rank.s. 0, 1 did not finish writing"):
+        manifests.wait()
+    manifests.close()
+    assert not (path / checkpoint.MANIFEST).exists()
+
+
+def test_a_failed_background_write_is_raised_and_the_checkpoint_never_completes(tmp_path, held_writes):
+    held_writes.failing = True
+    writer, manifests = checkpoint.BackgroundWriter(), checkpoint.ManifestWriter()
+    checkpoint.save(FakeEngine(), tmp_path, 4, {}, keep_last=2, manifests=manifests, writer=writer)
+    held_writes.set()  # after save returned: the disk fills while the thread writes
+    with pytest.raises(OSError, match="No space left"):
+        writer.wait()
+    with pytest.raises(OSError, match="No space left"):  # rank 0's manifest waited on its own writes
+        manifests.wait()
+    writer.close(), manifests.close()
+    assert checkpoint.find_resumable(tmp_path, warn=lambda _: None) is None
+
+
+def test_without_the_host_memory_for_a_copy_the_file_is_written_at_once(tmp_path, monkeypatch):
+    import psutil
+
+    engine, writer, manifests = FakeEngine(), checkpoint.BackgroundWriter(local_ranks=8), checkpoint.ManifestWriter()
+    # 4,000 B of weights x 8 ranks on this host against half of 40,000 B available: too much to copy
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": 40_000})())
+    path = checkpoint.save(engine, tmp_path, 4, {}, keep_last=2, manifests=manifests, writer=writer)
+    assert (path / "zero_pp_rank_0_mp_rank_00_model_states.pt").is_file()  # written before save returned
+    assert "x 8 rank(s) on this host is more than 50% of the 0.0 GiB" in writer.synchronous_because
+    writer.wait(), manifests.wait()
+    assert checkpoint.verify(path) is None
+    writer.close(), manifests.close()
+
+
+def test_to_host_copies_tensors_keeps_containers_and_ties():
+    weight = torch.arange(6.0)
+    flat = torch.arange(10.0)
+    state = OrderedDict(embed=weight, head=weight.detach(), view=flat[2:5], meta={"step": 3, "names": ("a", "b")})
+    copied = checkpoint.to_host(state)
+    weight += 100  # the original changes; the copy does not
+    assert type(copied) is OrderedDict and copied["meta"] == {"step": 3, "names": ("a", "b")}
+    assert torch.equal(copied["embed"], torch.arange(6.0)) and copied["embed"] is copied["head"]  # a tie stays one
+    assert torch.equal(copied["view"], torch.tensor([2.0, 3.0, 4.0]))
+    assert copied["view"].untyped_storage().nbytes() == 12  # the view alone, not its flat buffer
 
 
 def saved_steps(cadence, steps, seconds_per_step):

@@ -88,3 +88,18 @@ def test_prefetched_batches_arrive_pinned_and_equal_the_plain_loaders(token_data
             assert torch.equal(x, px) and torch.equal(y, py)
     finally:
         ahead.close()
+
+
+def test_a_background_save_writes_the_device_state_as_it_was_when_save_returned(tmp_path):
+    """The copy to pinned host memory is only queued when save returns; the kernels queued after it (training
+    going on) must not reach the file."""
+    from training_jobs import checkpoint
+
+    weights = torch.arange(50_000_000, dtype=torch.float32, device="cuda")  # 200 MB: the copy takes a while
+    writer = checkpoint.BackgroundWriter()
+    writer.save({"w": weights}, tmp_path / "state.pt")
+    weights.mul_(-1)  # on the same stream, after the queued copy
+    writer.wait()
+    writer.close()
+    saved = torch.load(tmp_path / "state.pt", weights_only=True)["w"]
+    assert saved.device.type == "cpu" and torch.equal(saved, torch.arange(50_000_000, dtype=torch.float32))

@@ -73,7 +73,8 @@ def test_goodput_counts_the_whole_wall_time_and_the_parts_sum_to_it():
     assert figures["goodput_tokens_per_s"] == pytest.approx(12_000)
     assert figures["goodput_mfu"] == pytest.approx(0.036)
     assert figures["time"] == {"wall_s": 100.0, "train_s": 60.0, "startup_s": 2.0, "checkpoint_s": 10.0,
-                               "validation_s": 5.0, "rollback_s": 0.0, "export_s": 3.0, "other_s": 20.0}
+                               "validation_s": 5.0, "rollback_s": 0.0, "final_checkpoint_s": 0.0, "export_s": 3.0,
+                               "other_s": 20.0}
     assert goodput(100, 1.0, watch, 6e6, None, 1)["goodput_mfu"] is None  # no peak (CPU): no MFU
     metrics = throughput_metrics({"tokens_per_s": 20_000.0, "mfu": None, **figures,
                                   "checkpoint_stall": {"count": 2, "total_s": 4.0, "max_s": 3.0}})
