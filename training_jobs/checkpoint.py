@@ -323,9 +323,8 @@ class BackgroundWriter(_OneThread):
     """This rank's checkpoint files written on a thread, so that a save holds training up only while the state is
     copied to host memory (`to_host`), not while gigabytes go to disk: the copy is what the loop waits for (on a
     GPU only to queue it), then training changes the weights while the thread writes the copy (`save_atomically`),
-    in order. After a
-    checkpoint's last file, `mark_written` leaves an empty `.written-rank-<r>` in it; rank 0's ManifestWriter waits
-    for every rank's marker before it hashes, and removes them. One snapshot at a time: `save` waits for the
+    in order. After a checkpoint's last file, `mark_written` leaves an empty `.written-rank-<r>` in it; rank 0's
+    ManifestWriter waits for every rank's marker before it hashes, and removes them. One snapshot at a time: `save` waits for the
     previous writes first, which bounds the host memory to one checkpoint's share of this rank.
 
     When a snapshot would take more than HOST_MEMORY_SHARE of the host's available memory (shared by the
@@ -377,9 +376,6 @@ def writes_through(engine, writer: BackgroundWriter):
 
         def save(self, state_dict: Any, path: str) -> None:
             writer.save(state_dict, path, getattr(inner, "zipfile_serialization", True))
-
-        def preserves_storage_sharing(self) -> bool:
-            return False  # to_host copies each view compactly: DeepSpeed's own clone on the device is not needed
 
     engine.checkpoint_engine = Deferred()
     try:
