@@ -4,6 +4,7 @@ hand-worked cases; what the user sets is kept; the DeepSpeed config that results
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -39,32 +40,25 @@ SMALL_FIXED_ZERO0 = 16 * N_SMALL
 SMALL_PER_SEQUENCE_AUTOCAST = 984_612_864 + 786_432_000
 
 
-def test_one_rank_runs_zero0_under_autocast_with_the_whole_batch_in_one_micro_batch():
-    """125m on an 80 GiB GPU, one rank: 16 x 109,529,856 + 8 x 1,771,044,864 = 15,920,836,608 B (14.8 GiB) at
-    micro-batch 8, far inside 0.9 x 80 GiB = 72 GiB. ZeRO-0 reaches micro-batch 8 as ZeRO-1 and 2 do, and with one
-    data-parallel rank there is nothing for them to partition: ZeRO-0, micro-batch 8, no accumulation."""
-    kwargs = dict(seq_len=2048, precision="bf16", dp=1, reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL,
+@pytest.mark.parametrize("dp, stage, total, reason", [
+    # One rank: 16 x 109,529,856 + 8 x 1,771,044,864 = 15,920,836,608 B (14.8 GiB). ZeRO-0 reaches micro-batch 8 as
+    # ZeRO-1 and 2 do, and with one data-parallel rank there is nothing for them to partition: ZeRO-0 under autocast.
+    (1, 0, SMALL_FIXED_ZERO0 + 8 * SMALL_PER_SEQUENCE_AUTOCAST,
+     "ZeRO-0: model states 1.6 GiB per rank fit .*fp32 weights under bf16 autocast; .*14.8 GiB"),
+    # Two ranks: 14 x 109,529,856 + 8 x 1,692,401,664 = 15,072,631,296 B (14.0 GiB). ZeRO-0 would keep the whole
+    # optimizer state on each rank and reduce only after backward: ZeRO-1, the lowest stage over more than one rank.
+    (2, 1, SMALL_FIXED_ZERO1_DP2 + 8 * SMALL_PER_SEQUENCE, "ZeRO-1: model states 1.0 GiB per rank fit .*14.0 GiB"),
+])
+def test_a_model_that_fits_takes_the_lowest_stage_with_the_whole_batch_in_one_micro_batch(dp, stage, total, reason):
+    """125m on an 80 GiB GPU at micro-batch 8, far inside 0.9 x 80 GiB = 72 GiB: no accumulation."""
+    kwargs = dict(seq_len=2048, precision="bf16", dp=dp, reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL,
                   whole_logits=True)
-    assert SMALL_FIXED_ZERO0 + 8 * SMALL_PER_SEQUENCE_AUTOCAST == 15_920_836_608
-    assert estimate(GPT_SMALL, micro_batch=8, zero_stage=0, **kwargs).total == 15_920_836_608
+    assert total == {1: 15_920_836_608, 2: 15_072_631_296}[dp]
+    assert estimate(GPT_SMALL, micro_batch=8, zero_stage=stage, **kwargs).total == total
     layout = choose_layout(GPT_SMALL, device_memory=80 * GIB, sequences_per_rank=8, **kwargs)
-    assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (0, 8, 1)
+    assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (stage, 8, 1)
     assert layout.chosen == ("zero_stage", "micro_batch")
-    assert layout.reason.startswith("ZeRO-0: model states 1.6 GiB per rank fit") and "14.8 GiB" in layout.reason
-    assert "fp32 weights under bf16 autocast" in layout.reason
-
-
-def test_two_ranks_run_zero1_with_the_whole_batch_in_one_micro_batch():
-    """The same on two ranks: 14 x 109,529,856 + 8 x 1,692,401,664 = 15,072,631,296 B (14.0 GiB) at micro-batch 8.
-    ZeRO-0 would keep the whole optimizer state on each rank and reduce the gradients only after backward: ZeRO-1
-    (the lowest stage Kiln picks over more than one rank), micro-batch 8."""
-    kwargs = dict(seq_len=2048, precision="bf16", dp=2, reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL,
-                  whole_logits=True)
-    assert SMALL_FIXED_ZERO1_DP2 + 8 * SMALL_PER_SEQUENCE == 15_072_631_296
-    assert estimate(GPT_SMALL, micro_batch=8, zero_stage=1, **kwargs).total == 15_072_631_296
-    layout = choose_layout(GPT_SMALL, device_memory=80 * GIB, sequences_per_rank=8, **kwargs)
-    assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (1, 8, 1)
-    assert layout.reason.startswith("ZeRO-1: model states 1.0 GiB per rank fit") and "14.0 GiB" in layout.reason
+    assert re.match(reason, layout.reason), layout.reason
 
 
 def test_the_estimate_agrees_with_the_h200_measurement():
