@@ -290,6 +290,10 @@ def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any
                                            config=ds_config, dist_init_required=False)
     if not engine.zero_optimization() and not engine.bfloat16_enabled() and not engine.pipeline_parallelism:
         clip_with_torch(engine, params)
+    if not engine.zero_optimization() and engine.dp_world_size == 1:
+        # ZeRO-0 all-reduces the gradients after backward even over one data-parallel rank: each step it copied
+        # them into flat buffers of up to 5e8 elements (2 GB in fp32, uncounted by the layout) and back
+        engine.enable_backward_allreduce = False
     return engine
 
 

@@ -181,6 +181,7 @@ def test_zero0_in_bf16_trains_as_the_plain_autocast_loop(world_of_one):
         assert float(engine.get_global_grad_norm()) == pytest.approx(norm, rel=1e-5), step
         norms.append(norm)
     assert min(norms) < CLIP < max(norms)  # some steps clipped, some not: Adam does not cancel the clipping out
+    assert not engine.enable_backward_allreduce  # one data-parallel rank: no gradient all-reduce to flat buffers
     for (name, ours), theirs in zip(engine.module.named_parameters(), params):
         assert ours.dtype == torch.float32, name  # fp32 weights; autocast rounds only the matmuls' inputs
         torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-5, atol=1e-6, msg=name)
