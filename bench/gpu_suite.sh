@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The whole GPU measurement in one prepared script, on one H100/H200. Measured on an H200 (2026-11-30): 125m and 350m
-# took 304 s of the first step's 300 s limit, and 1b alone 239 s more, so 1b and its ZeRO-3 run did not fit; the
-# device tool allows 600 s a call: run PRESETS=125m,350m, then PRESETS=1b, as two calls.
-#   1. bench/train_bench.py at seq_len 2048 for the 125m, 350m and 1b presets: Kiln's trainer with its default
-#      settings against the reference loop, in one invocation (ratio, MFU, goodput);
-#   2. the GPU tests (tests marked gpu: bf16, compile, the layout, the chunked loss and pinned input on CUDA, HF
-#      export);
-#   3. the smallest preset forced to ZeRO-1 (the layout's choice before ZeRO-0 on one GPU), against ZeRO-0 in 1;
-#   4. the 1b preset forced to ZeRO-3, against the stage the layout chose in 1.
+# The whole GPU measurement in one prepared script, on one H100/H200. The device tool allows 600 s a call and about
+# 900 s a session: run it as two calls, PRESETS=125m,350m (about 420 s on the H200 of 2026-11-30) and then
+# PRESETS=1b (about 440 s); with less time left, STEPS=40.
+#   1. bench/train_bench.py at seq_len 2048 for PRESETS: Kiln's trainer with its default settings against the
+#      reference loop, in one invocation (ratio, MFU, goodput; a save half-way and at the end), two steps of each
+#      profiled (the GPU's busy fraction; operator tables in profile_<gpu>/);
+#   2. $ZERO1_PRESET (default 125m, when in PRESETS) forced to ZeRO-1, the layout's choice on one GPU before ZeRO-0;
+#   3. the GPU tests (tests marked gpu: bf16, compile, the layout, the chunked loss, pinned input and background
+#      checkpoint writes on CUDA, HF export); they need Kiln's whole stack (dagster), which the lent machines lack;
+#   4. $ZERO3_PRESET (default 1b, when in PRESETS) forced to ZeRO-3, against the stage the layout chose in 1.
 # The figures come first: each step has a time limit, and each bench run is written to its JSON as it ends.
-# Figures go to $FIGURES (default docs/bench; $OUT when the device tool runs it) as train_bench_<gpu>.json and
-# train_bench_1b_zero3_<gpu>.json, each with the machine, the command and the date; logs beside them.
+# Figures go to $FIGURES (default docs/bench; $OUT when the device tool runs it) as train_bench_<gpu>.json,
+# train_bench_<preset>_zero1_<gpu>.json and train_bench_<preset>_zero3_<gpu>.json, each with the machine, the
+# command and the date; logs beside them. A dry run on CPU: PRESETS=tiny SEQ_LEN=128 STEPS=6 ZERO1_PRESET=tiny
+# ZERO3_PRESET=tiny.
 #
 # On a machine without a package index (the lent GPU machines: PyTorch and Triton installed, Python 3.12), first
 # run bench/gpu_wheels.sh here and carry .whl; this script installs it into /tmp/site. Elsewhere it uses the
@@ -47,12 +50,16 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, log it, and go 
 # A save half-way as well as the last one: far more often than the default cadence (30 minutes), so the loop's
 # goodput errs low, and the stall of a save at the cadence (the copy to host memory) is measured.
 step 300 "train_bench $PRESETS" "$PY" bench/train_bench.py --preset "$PRESETS" --seq-len "$SEQ_LEN" --steps "$STEPS" \
-  --checkpoint-every $((STEPS / 2)) --json-out "$FIGURES/train_bench_$gpu.json"
-small="${PRESETS%%,*}"  # the smallest preset, forced to ZeRO-1: how much ZeRO-0 saves where overhead weighs most
-step 90 "train_bench $small ZeRO-1" "$PY" bench/train_bench.py --preset "$small" --seq-len "$SEQ_LEN" --steps "$STEPS" \
-  --zero-stage 1 --no-reference --json-out "$FIGURES/train_bench_${small}_zero1_$gpu.json"
+  --checkpoint-every $((STEPS / 2)) --profile "$FIGURES/profile_$gpu" --json-out "$FIGURES/train_bench_$gpu.json"
+in_presets() { case ",$PRESETS," in *",$1,"*) return 0 ;; esac; return 1; }
+ZERO1_PRESET="${ZERO1_PRESET:-125m}" ZERO3_PRESET="${ZERO3_PRESET:-1b}"
+if in_presets "$ZERO1_PRESET"; then  # where per-step overhead weighs most: what ZeRO-0 saves
+  step 90 "train_bench $ZERO1_PRESET ZeRO-1" "$PY" bench/train_bench.py --preset "$ZERO1_PRESET" --seq-len "$SEQ_LEN" \
+    --steps "$STEPS" --zero-stage 1 --no-reference --json-out "$FIGURES/train_bench_${ZERO1_PRESET}_zero1_$gpu.json"
+fi
 step 120 "GPU tests" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/training_jobs
-big="${PRESETS##*,}"  # the largest preset, forced to ZeRO-3
-step 200 "train_bench $big ZeRO-3" "$PY" bench/train_bench.py --preset "$big" --seq-len "$SEQ_LEN" --steps "$STEPS" \
-  --zero-stage 3 --no-reference --json-out "$FIGURES/train_bench_${big}_zero3_$gpu.json"
+if in_presets "$ZERO3_PRESET"; then
+  step 200 "train_bench $ZERO3_PRESET ZeRO-3" "$PY" bench/train_bench.py --preset "$ZERO3_PRESET" --seq-len "$SEQ_LEN" \
+    --steps "$STEPS" --zero-stage 3 --no-reference --json-out "$FIGURES/train_bench_${ZERO3_PRESET}_zero3_$gpu.json"
+fi
 exit $status

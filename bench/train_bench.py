@@ -77,10 +77,12 @@ def synthetic_shards(folder: Path, tokens: int, seed: int = 0) -> Path:
 # ------------------------------------------------------------------------------------------ the reference loop
 
 def reference_loop(settings: TrainingSettings, data: Path, seq_len: int, micro_batch: int, grad_accum: int,
-                   steps: int, warmup: int, compile_model: bool) -> dict:
-    """nanoGPT's loop around Kiln's model, on one device: as fast as plain PyTorch goes without a framework."""
+                   steps: int, warmup: int, compile_model: bool, profile_dir: Path | None = None) -> dict:
+    """nanoGPT's loop around Kiln's model, on one device: as fast as plain PyTorch goes without a framework.
+    With `profile_dir`, PROFILED_STEPS more steps after the timed ones under training_jobs.profiling's profiler."""
     from training_jobs.flops import device_peak_flops, mfu
     from training_jobs.model import ModelConfig, Transformer, flops_per_token
+    from training_jobs.profiling import StepProfiler
 
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
@@ -115,10 +117,9 @@ def reference_loop(settings: TrainingSettings, data: Path, seq_len: int, micro_b
 
     x, y = next_batch()
     loss = None
-    for step in range(warmup + steps):
-        if step == warmup:
-            sync()
-            t0 = time.perf_counter()
+
+    def train_step() -> None:
+        nonlocal x, y, loss
         for _ in range(grad_accum):
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss = step_model(x, y) / grad_accum
@@ -127,8 +128,23 @@ def reference_loop(settings: TrainingSettings, data: Path, seq_len: int, micro_b
         torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    for step in range(warmup + steps):
+        if step == warmup:
+            sync()
+            t0 = time.perf_counter()
+        train_step()
     sync()
     seconds = time.perf_counter() - t0
+    profile = None
+    if profile_dir is not None:  # after the timed steps: the profiler's overhead is not in the figures above
+        window = (warmup + steps + 1, warmup + steps + PROFILED_STEPS)
+        profiler = StepProfiler(window, profile_dir, active=True)
+        for step in range(window[0], window[1] + 1):
+            profiler.before_launch(step)
+            train_step()
+            profiler.after(step)
+        profile = profiler.result
     final_loss = float(loss.detach()) * grad_accum
     if not math.isfinite(final_loss):
         raise RuntimeError(f"the reference loop diverged (loss {final_loss})")
@@ -137,14 +153,27 @@ def reference_loop(settings: TrainingSettings, data: Path, seq_len: int, micro_b
     return {"tokens_per_s": tokens_per_s, "mfu": mfu(flops_per_token(cfg, seq_len), tokens_per_s, peak, 1),
             "device": name, "precision": "bf16" if bf16 else "fp32", "micro_batch": micro_batch,
             "grad_accum": grad_accum, "compile": compile_model, "steps_timed": steps, "final_loss": final_loss,
-            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None}
+            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None, "profile": profile}
 
 
 # ---------------------------------------------------------------------------------------------- Kiln's trainer
 
+PROFILED_STEPS = 2  # with --profile: Kiln's last steps but one (left out of its step throughput), the reference's
+# steps after its timed ones
+
+
+def profile_window(args) -> tuple[int, int] | None:
+    if not args.profile:
+        return None
+    last = args.steps - 1  # not the last step: the run's end (its checkpoint, the drain) is not a step's work
+    if last - PROFILED_STEPS + 1 < 3:
+        sys.exit(f"--profile needs --steps of at least {PROFILED_STEPS + 3} (the profiled steps come after warm-up)")
+    return last - PROFILED_STEPS + 1, last
+
+
 def bench_settings(args) -> TrainingSettings:
     """The run a user gets, on synthetic data: what the bench does not set stays the trainer's default."""
-    optional = {"micro_batch_size": args.micro_batch, "compile": args.compile}
+    optional = {"micro_batch_size": args.micro_batch, "compile": args.compile, "profile_steps": profile_window(args)}
     checkpoint = {"keep_last": 1, "resume": False}
     if args.checkpoint_every is not None:
         checkpoint["every_steps"] = args.checkpoint_every or None
@@ -174,7 +203,12 @@ def kiln_run(args, settings: TrainingSettings, launcher: str, data: Path, tmp: P
     if done.returncode != 0:
         sys.exit(f"training failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
     shutil.rmtree(tmp / "out" / "checkpoints", ignore_errors=True)
-    return {**json.loads((tmp / "out" / "summary.json").read_text()), "launch_wall_s": wall}
+    summary = json.loads((tmp / "out" / "summary.json").read_text())
+    if summary.get("profile"):  # the operator table outlives the temporary folder
+        kept = args.profile / f"{args.preset}_kiln_{launcher}_ops.txt"
+        shutil.copyfile(summary["profile"]["ops"], kept)
+        summary["profile"] = {**summary["profile"], "ops": str(kept), "trace": None}
+    return {**summary, "launch_wall_s": wall}
 
 
 def loop_goodput(s: dict) -> float:
@@ -188,6 +222,12 @@ def loop_goodput(s: dict) -> float:
 
 def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
+
+
+def profile_line(profile: dict) -> str:
+    first, last = profile["steps"]
+    return (f"  profile of steps {first}-{last}: {profile['wall_s']:.3f} s, the device busy "
+            f"{pct(profile['device_busy_fraction'])} of it; operators in {profile['ops']}")
 
 
 def bench_preset(args, launcher: str) -> dict:
@@ -221,21 +261,30 @@ def bench_preset(args, launcher: str) -> dict:
                                                                        if k != "wall_s")
                   + f"; checkpoint stall {s['checkpoint_stall']['total_s']:.2f} s over "
                   f"{s['checkpoint_stall']['count']}; launch {s['launch_wall_s']:.0f} s")
+        if s.get("profile"):
+            print(profile_line(s["profile"]))
         result = {"preset": args.preset, "seq_len": args.seq_len, "launcher": launcher, "kiln": {
             **{k: s.get(k) for k in (
                 "tokens_per_s", "mfu", "goodput_tokens_per_s", "goodput_mfu", "time", "checkpoint_stall", "world_size",
                 "device", "precision", "tokens_per_step", "steps", "parallelism", "layout", "compile",
-                "peak_flops_per_device", "n_params", "flops_per_token", "launch_wall_s")},
+                "peak_flops_per_device", "n_params", "flops_per_token", "launch_wall_s", "profile")},
             "loop_goodput_tokens_per_s": loop}}
         if args.reference:
             ref_micro = args.ref_micro_batch or micro
             ref_accum = max(1, micro * accum // ref_micro)
             ref = reference_loop(settings, data, args.seq_len, ref_micro, ref_accum, args.steps, args.warmup,
-                                 torch.cuda.is_available() if args.ref_compile is None else args.ref_compile)
+                                 torch.cuda.is_available() if args.ref_compile is None else args.ref_compile,
+                                 tmp / "reference_profile" if args.profile else None)
+            if ref["profile"]:
+                kept = args.profile / f"{args.preset}_reference_ops.txt"
+                shutil.copyfile(ref["profile"]["ops"], kept)
+                ref["profile"] = {**ref["profile"], "ops": str(kept), "trace": None}
             per_device = s["tokens_per_s"] / s["world_size"]
             ratio = per_device / ref["tokens_per_s"]
             print(f"reference (nanoGPT loop, 1 x {ref['device']}, {ref['precision']}, micro-batch {ref_micro} x accum "
                   f"{ref_accum}, compile {ref['compile']}): {ref['tokens_per_s']:,.0f} tokens/s, MFU {pct(ref['mfu'])}")
+            if ref["profile"]:
+                print(profile_line(ref["profile"]))
             print(f"  kiln / reference = {ratio:.2f} per device (step throughput)"
                   + (f", {goodput / s['world_size'] / ref['tokens_per_s']:.2f} by goodput" if goodput else ""))
             result.update(reference=ref, kiln_over_reference=ratio)
@@ -271,7 +320,13 @@ def main() -> None:
     parser.add_argument("--ref-compile", type=lambda v: v == "true", default=None, metavar="true|false",
                         help="torch.compile in the reference (default: on GPUs)")
     parser.add_argument("--json-out", type=Path, default=None, help="write every figure to this JSON file")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help=f"profile {PROFILED_STEPS} steps of Kiln's run (training.profile_steps; left out of its "
+                             f"step throughput) and of the reference (after its timed steps): operator tables into "
+                             f"DIR, the device's busy fraction in the figures")
     args = parser.parse_args()
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     unknown = set(map(str.strip, args.launcher.split(","))) - {"torchrun", "deepspeed", "ray"}
     if unknown:
         parser.error(f"--launcher {', '.join(sorted(unknown))}: expected torchrun, deepspeed or ray")

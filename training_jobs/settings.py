@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 RUN_CONFIG_FORMAT = "kiln-run-config/1"
 DEFAULT_DEEPSPEED_CONFIG = Path(__file__).resolve().parent / "configs" / "zero3.json"
@@ -206,6 +206,9 @@ class TrainingSettings(_Strict):
     log_every_steps: int = Field(10, gt=0)  # progress lines and MLflow metrics
     val_every_steps: int | None = Field(None, gt=0)  # None: validation loss at the end only
     val_batches: int | None = Field(50, gt=0)  # micro-batches per rank per validation; None: the whole split
+    # [first, last]: torch.profiler over these optimizer steps on rank 0, written to <output_dir>/profile/ with the
+    # GPU's busy fraction in summary.json (training_jobs/profiling.py); None: no profiling
+    profile_steps: tuple[PositiveInt, PositiveInt] | None = None
     checkpoint: CheckpointSettings = CheckpointSettings()
     monitor: MonitorSettings = MonitorSettings()
     peak_tflops: float | None = Field(None, gt=0)  # per device, for MFU; None: looked up from the GPU name
@@ -224,6 +227,13 @@ class TrainingSettings(_Strict):
     # launcher, whose runner and launch.py each import DeepSpeed first (docs/training.md#speed, bench/launch_bench.py).
     launcher: Literal["deepspeed", "torchrun", "ray"] = "torchrun"
     parallelism: Parallelism = Parallelism()  # the 3D layout; `kiln plan --json` writes it
+
+    @model_validator(mode="after")
+    def _profile_window(self):
+        if self.profile_steps and self.profile_steps[0] > self.profile_steps[1]:
+            raise ValueError(f"training.profile_steps {list(self.profile_steps)}: the first step comes after the last; "
+                             f"give [first, last], e.g. [20, 24]")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -47,6 +47,7 @@ from training_jobs.flops import device_peak_flops, mfu
 from training_jobs.loader import Prefetcher
 from training_jobs.model import ModelConfig, flops_per_token, param_count
 from training_jobs.monitor import ROLLBACK, Event, StabilityMonitor, TrainingDiverged
+from training_jobs.profiling import StepProfiler
 from training_jobs.reporting import (
     SUMMARY_FORMAT,
     Reporter,
@@ -101,6 +102,7 @@ class Progress:
     last_checkpoint: Path | None = None
     resumed_from: str | None = None
     timings: list[float] = field(default_factory=list)  # seconds per step in this process
+    profiled: list[float] = field(default_factory=list)  # ... of the steps under training.profile_steps, apart
     last_loss: float | None = None
 
 
@@ -171,6 +173,7 @@ class Trainer:
         self.unreported: list[tuple[int, Path]] = []  # checkpoints not yet handed to host.after_checkpoint
         self.stopwatch = Stopwatch()  # where fit()'s wall time went, besides the steps (p.timings)
         self.stalls: list[float] = []  # seconds each save held the loop up
+        self.profiler = StepProfiler(t.profile_steps, Path(run.output_dir), active=dist.main)
 
     # ------------------------------------------------------------------ the loop
 
@@ -195,7 +198,9 @@ class Trainer:
         # the bad one, as if it had been judged at once.
         pending: Launched | None = None  # the newest step, not judged yet
         while p.step < self.max_steps:
+            self.profiler.before_launch(p.step + 1)
             launched = self.launch()
+            self.profiler.after(p.step)
             if pending is not None and self.settle(pending) == ROLLED_BACK:
                 pending = None
                 continue
@@ -248,7 +253,8 @@ class Trainer:
             return ROLLED_BACK if self.roll_back(event, done.loader_after) else REJECTED
         if event is not None:
             report.event(event)
-        p.timings.append(dt)
+        # a profiled step is slower than the others: kept out of the step throughput, not out of the wall time
+        (p.profiled if self.profiler.covers(done.step) else p.timings).append(dt)
         p.last_loss = loss
         tokens_per_s = self.tokens_per_step / dt
         metrics = {"train/loss": loss, self.objective.loss_name: loss, "train/grad_norm": grad_norm,
@@ -482,7 +488,7 @@ class Trainer:
                 self.manifests.wait()
         ckpt = p.last_checkpoint
         manifest = ckpt / checkpoint.MANIFEST if ckpt is not None else None
-        spent = goodput(p.tokens_seen - getattr(self, "tokens_at_start", p.tokens_seen), sum(p.timings),
+        spent = goodput(p.tokens_seen - getattr(self, "tokens_at_start", p.tokens_seen), sum(p.timings + p.profiled),
                         self.stopwatch, self.flops_per_token, self.peak, self.dist.world_size)
         return {
             "format": SUMMARY_FORMAT, "status": status, "error": error,
@@ -499,12 +505,13 @@ class Trainer:
             "loader": self.loader.state_dict(),
             "loss_probe": getattr(self, "probe", None),
             "tokens_seen": p.tokens_seen, "tokens_skipped": p.tokens_skipped, "tokens_per_step": self.tokens_per_step,
-            "tokens_per_s": tokens_per_s,  # optimizer steps only (the first, warm-up, left out)
+            "tokens_per_s": tokens_per_s,  # optimizer steps only (the first, warm-up, and profiled ones left out)
             "mfu": mfu(self.flops_per_token, tokens_per_s or 0.0, self.peak, self.dist.world_size),
             **spent,  # goodput_tokens_per_s, goodput_mfu: over the whole of fit(); time: where that went
             "checkpoint_stall": {"count": len(self.stalls), "total_s": round(sum(self.stalls), 3),
                                  "max_s": round(max(self.stalls, default=0.0), 3)},
-            "steps_this_run": len(p.timings), "train_seconds": round(getattr(self, "train_seconds", 0.0), 3),
+            "profile": self.profiler.result,  # training.profile_steps: the window, the GPU's busy fraction, files
+            "steps_this_run": len(p.timings + p.profiled), "train_seconds": round(getattr(self, "train_seconds", 0.0), 3),
             "world_size": self.dist.world_size, "device": self.device_name, "precision": self.precision,
             "compile": {"enabled": self.compiled, "why": self.compile_why},
             "parallelism": {"tp": self.t.parallelism.tp, "pp": self.t.parallelism.pp, "dp": self.shard.world_size,

@@ -168,3 +168,11 @@ def test_training_jobs_import_only_the_shard_format_and_dagster_pipes():
                                                                       "orchestration"):
                     bad.append(f"{path.name}: {name}")
     assert not bad, bad
+
+
+def test_a_profile_window_is_first_then_last():
+    assert TrainingSettings(profile_steps=[20, 24]).profile_steps == (20, 24)
+    with pytest.raises(ValidationError, match=r"profile_steps \[24, 20\]: the first step comes after the last"):
+        TrainingSettings(profile_steps=[24, 20])
+    with pytest.raises(ValidationError, match="profile_steps"):
+        TrainingSettings(profile_steps=[0, 4])  # steps count from 1

@@ -74,6 +74,18 @@ def test_the_export_reproduces_the_loss_recorded_at_save_time_and_other_weights_
     assert not bad["passed"] and abs(bad["reloaded_loss"] - probe["loss"]) > 0.01, bad
 
 
+def test_a_profile_of_two_steps_is_written(run_a):
+    """training.profile_steps [3, 4] (run_a's): rank 0's torch.profiler window, in profile/. That it changes no loss
+    is shown by the resume tests: run_b, without a profile, has run_a's losses bit for bit."""
+    profile = summary_of(run_a)["profile"]
+    assert profile["steps"] == [3, 4] and profile["wall_s"] > 0
+    assert profile["device_busy_fraction"] is None  # no device on CPU
+    ops = (run_a / "profile" / "ops.txt").read_text()
+    assert "Self CPU" in ops and "aten::mm" in ops  # the blocks' matmuls, forward and backward
+    events = json.loads((run_a / "profile" / "trace.json").read_text())["traceEvents"]
+    assert any(e.get("name", "").startswith("aten::") for e in events)
+
+
 def test_kiln_plan_fits_a_scaling_law_on_kilns_own_runs(tmp_path, token_dataset, capsys):
     """Three real training runs of different sizes log what the planner needs under one set of names; `kiln plan
     --mlflow-uri` reads them (not hand-made records) and fits L(C). Expected values come from each run's own

@@ -1,0 +1,74 @@
+"""Where a step's time goes: `training.profile_steps: [first, last]` runs torch.profiler over those optimizer steps
+on rank 0 and writes, into <output_dir>/profile/,
+
+    ops.txt       torch.profiler's table of operators and kernels, by self device time (self CPU time on CPU)
+    trace.json    the Chrome / Perfetto trace of the window (chrome://tracing, ui.perfetto.dev)
+
+and summary.json's `profile`: the window's wall seconds and, on a GPU, the share of it the device spent in kernels
+(`device_busy_fraction`). A step whose kernels take less time than the host takes to queue them leaves the GPU
+idle: a busy fraction well below 1 says the loop (Python, DeepSpeed's hooks, launches) is what limits the step, not
+the model's arithmetic. Only operator names and timings are recorded (no shapes, no data)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PROFILE_DIR = "profile"
+
+
+class StepProfiler:
+    """Profiles optimizer steps first..last (1-based, as the progress lines count) on the rank that is `active`.
+    The loop calls `before_launch(step)` before it queues a step and `after(step)` once that step is launched; the
+    window closes after `last` with one device synchronisation, so it holds the whole of those steps' work."""
+
+    def __init__(self, steps: tuple[int, int] | None, output_dir: Path, active: bool):
+        self.first, self.last = steps if steps else (0, -1)
+        self.folder = Path(output_dir) / PROFILE_DIR
+        self.active = active and steps is not None
+        self.profiler: Any = None
+        self.started = 0.0
+        self.result: dict[str, Any] | None = None
+
+    def covers(self, step: int) -> bool:
+        """Whether `step` is in the window (on every rank: the others wait for the profiled one at collectives)."""
+        return self.first <= step <= self.last
+
+    def before_launch(self, step: int) -> None:
+        if not self.active or step != self.first or self.profiler is not None:
+            return
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+            torch.cuda.synchronize()  # the window starts with an idle device: its kernels are this window's
+        self.profiler = torch.profiler.profile(activities=activities, record_shapes=False)
+        self.profiler.__enter__()
+        self.started = time.perf_counter()
+
+    def after(self, step: int) -> None:
+        if self.profiler is None or step != self.last:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - self.started
+        self.profiler.__exit__(None, None, None)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        averages = self.profiler.key_averages()
+        on_gpu = torch.cuda.is_available()
+        sort_by = "self_device_time_total" if on_gpu else "self_cpu_time_total"
+        (self.folder / "ops.txt").write_text(averages.table(sort_by=sort_by, row_limit=60) + "\n", encoding="utf-8")
+        self.profiler.export_chrome_trace(str(self.folder / "trace.json"))
+        busy = None
+        if on_gpu:  # the device's own events (kernels, copies): the operators that launched them would count twice
+            device = [e for e in self.profiler.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            busy = sum(e.time_range.elapsed_us() for e in device) / 1e6 / wall if wall > 0 else None
+        self.result = {"steps": [self.first, self.last], "wall_s": round(wall, 4),
+                       "device_busy_fraction": None if busy is None else round(busy, 4),
+                       "ops": str(self.folder / "ops.txt"), "trace": str(self.folder / "trace.json")}
+        self.profiler = None
+
+
+__all__ = ["PROFILE_DIR", "StepProfiler"]
