@@ -204,11 +204,17 @@ def kiln_run(args, settings: TrainingSettings, launcher: str, data: Path, tmp: P
         sys.exit(f"training failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
     shutil.rmtree(tmp / "out" / "checkpoints", ignore_errors=True)
     summary = json.loads((tmp / "out" / "summary.json").read_text())
-    if summary.get("profile"):  # the operator table outlives the temporary folder
-        kept = args.profile / f"{args.preset}_kiln_{launcher}_ops.txt"
-        shutil.copyfile(summary["profile"]["ops"], kept)
-        summary["profile"] = {**summary["profile"], "ops": str(kept), "trace": None}
+    summary["profile"] = kept_profile(summary.get("profile"), args.profile, f"{args.preset}_kiln_{launcher}_ops.txt")
     return {**summary, "launch_wall_s": wall}
+
+
+def kept_profile(profile: dict | None, folder: Path | None, name: str) -> dict | None:
+    """A profile's operator table copied out of the temporary folder to folder/name (the trace is left behind)."""
+    if not profile:
+        return None
+    table = folder / name
+    shutil.copyfile(profile["ops"], table)
+    return {**profile, "ops": str(table), "trace": None}
 
 
 def loop_goodput(s: dict) -> float:
@@ -275,10 +281,7 @@ def bench_preset(args, launcher: str) -> dict:
             ref = reference_loop(settings, data, args.seq_len, ref_micro, ref_accum, args.steps, args.warmup,
                                  torch.cuda.is_available() if args.ref_compile is None else args.ref_compile,
                                  tmp / "reference_profile" if args.profile else None)
-            if ref["profile"]:
-                kept = args.profile / f"{args.preset}_reference_ops.txt"
-                shutil.copyfile(ref["profile"]["ops"], kept)
-                ref["profile"] = {**ref["profile"], "ops": str(kept), "trace": None}
+            ref["profile"] = kept_profile(ref["profile"], args.profile, f"{args.preset}_reference_ops.txt")
             per_device = s["tokens_per_s"] / s["world_size"]
             ratio = per_device / ref["tokens_per_s"]
             print(f"reference (nanoGPT loop, 1 x {ref['device']}, {ref['precision']}, micro-batch {ref_micro} x accum "
