@@ -5,7 +5,7 @@ its process groups for the life of the process):
   stage 3 with activation checkpointing;
 - ZeRO-0, the layout of a run on one data-parallel rank (training_jobs/layout.py): in bf16 it trains fp32 weights
   under torch autocast with torch's fused AdamW, the gradient norm from torch's clip_grad_norm_
-  (setup.clip_with_torch), checked against a second implementation, the plain PyTorch loop written out here (the
+  (setup.torch_step_parts), checked against a second implementation, the plain PyTorch loop written out here (the
   math of bench/train_bench.py's reference loop); its checkpoint resumes exactly and exports the engine's weights.
 
 The backend is aot_eager (KILN_COMPILE_BACKEND): Dynamo's capture, guards and AOTAutograd's joint graph and partition,
