@@ -261,7 +261,8 @@ def bench_preset(args, launcher: str) -> dict:
         print(f"  step throughput {s['tokens_per_s']:,.0f} tokens/s ({s['tokens_per_s'] / s['world_size']:,.0f} per "
               f"rank), MFU {pct(s['mfu'])}; goodput "
               + (f"{goodput:,.0f} tokens/s, MFU {pct(s['goodput_mfu'])} ({goodput / s['tokens_per_s']:.2f} of step; "
-                 f"{loop / s['tokens_per_s']:.2f} without startup, the last checkpoint and export)" if goodput else "n/a"))
+                 f"{loop / s['tokens_per_s']:.2f} without startup, the last checkpoint and export)"
+                 if goodput else "n/a"))
         if goodput:
             print(f"  wall {s['time']['wall_s']:.1f} s: " + ", ".join(f"{k[:-2]} {v:.1f}" for k, v in s["time"].items()
                                                                        if k != "wall_s")

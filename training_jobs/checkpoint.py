@@ -324,8 +324,8 @@ class BackgroundWriter(_OneThread):
     copied to host memory (`to_host`), not while gigabytes go to disk: the copy is what the loop waits for (on a
     GPU only to queue it), then training changes the weights while the thread writes the copy (`save_atomically`),
     in order. After a checkpoint's last file, `mark_written` leaves an empty `.written-rank-<r>` in it; rank 0's
-    ManifestWriter waits for every rank's marker before it hashes, and removes them. One snapshot at a time: `save` waits for the
-    previous writes first, which bounds the host memory to one checkpoint's share of this rank.
+    ManifestWriter waits for every rank's marker before it hashes, and removes them. One snapshot at a time: `save`
+    waits for the previous writes first, which bounds the host memory to one checkpoint's share of this rank.
 
     When a snapshot would take more than HOST_MEMORY_SHARE of the host's available memory (shared by the
     `local_ranks` on this host), that file is written on the caller's thread instead, as DeepSpeed would, and

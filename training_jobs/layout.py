@@ -37,9 +37,10 @@ fp32, and the projections keep their own bf16 copy of their input: 4h more per l
 2h), 2h more for the final norm, and the loss's hidden-state gradient in fp32. The loss (loss_bytes):
 linear_cross_entropy holds one chunk of fp32 logits and its gradient (2 x 4 bytes a logit), the hidden states'
 gradient and the weight's fp32 gradient; the whole-logits loss the trainer had before (whole_logits=True;
-LOSS_BYTES_PER_LOGIT) bf16 logits, their fp32 copy and log-softmax, then two fp32 gradients in backward. Checked against docs/bench/long_context_125m_h200.json (125m, seq_len 2048,
-micro-batch 8, ZeRO-3 with the old d²-sized buckets, one H200): 14.05 GiB peak allocated, 14.3 GiB estimated
-(tests/training_jobs/test_layout.py works it through, with that run's whole-logits loss).
+LOSS_BYTES_PER_LOGIT) bf16 logits, their fp32 copy and log-softmax, then two fp32 gradients in backward. Checked
+against docs/bench/long_context_125m_h200.json (125m, seq_len 2048, micro-batch 8, ZeRO-3 with the old d²-sized
+buckets, one H200): 14.05 GiB peak allocated, 14.3 GiB estimated (tests/training_jobs/test_layout.py works it
+through, with that run's whole-logits loss).
 """
 
 from __future__ import annotations

@@ -511,7 +511,8 @@ class Trainer:
             "checkpoint_stall": {"count": len(self.stalls), "total_s": round(sum(self.stalls), 3),
                                  "max_s": round(max(self.stalls, default=0.0), 3)},
             "profile": self.profiler.result,  # training.profile_steps: the window, the GPU's busy fraction, files
-            "steps_this_run": len(p.timings + p.profiled), "train_seconds": round(getattr(self, "train_seconds", 0.0), 3),
+            "steps_this_run": len(p.timings + p.profiled),
+            "train_seconds": round(getattr(self, "train_seconds", 0.0), 3),
             "world_size": self.dist.world_size, "device": self.device_name, "precision": self.precision,
             "compile": {"enabled": self.compiled, "why": self.compile_why},
             "parallelism": {"tp": self.t.parallelism.tp, "pp": self.t.parallelism.pp, "dp": self.shard.world_size,
