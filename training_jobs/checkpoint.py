@@ -55,7 +55,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -110,13 +110,17 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def write_atomically(path: Path, write: Callable[[BinaryIO], object], fsync: bool = False) -> None:
+    """`write(f)` into a hidden temporary sibling, then a rename over `path`: a crash leaves the old file or the new
+    one, never half of one under the real name. `fsync`: flushed to disk before the rename (the manifest, which
+    says a checkpoint is complete). training_jobs' one atomic write (kiln.common.manifest's is not importable here)."""
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        with open(tmp, "wb") as f:
+            write(f)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -130,7 +134,7 @@ def write_manifest(ckpt: Path, step: int, meta: dict[str, Any],
         files[path.relative_to(ckpt).as_posix()] = {"sha256": hash_file(path), "bytes": path.stat().st_size}
     manifest = {"format": CHECKPOINT_FORMAT, "tag": ckpt.name, "step": step,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **meta, "files": files}
-    _atomic_write_text(ckpt / MANIFEST, json.dumps(manifest, indent=2))
+    write_atomically(ckpt / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=2).encode("utf-8")), fsync=True)
     return manifest
 
 
@@ -310,13 +314,8 @@ def tensor_bytes(obj: Any) -> int:
 
 
 def save_atomically(obj: Any, path: Path, zipfile: bool = True) -> None:
-    """torch.save under a temporary name, then a rename: a crash leaves no half file under the real name."""
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        torch.save(obj, tmp, _use_new_zipfile_serialization=zipfile)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """torch.save under a temporary name, then a rename (write_atomically)."""
+    write_atomically(path, lambda f: torch.save(obj, f, _use_new_zipfile_serialization=zipfile))
 
 
 class BackgroundWriter(_OneThread):
@@ -561,7 +560,7 @@ def check_weights_only(ckpt: Path, allow_deepspeed: bool = False) -> dict[str, s
 
 
 __all__ = ["BackgroundWriter", "CHECKPOINT_FORMAT", "CONSOLIDATED", "Cadence", "Found", "MANIFEST", "ManifestWriter",
-           "checkpoints", "save_atomically", "to_host", "writes_through",
+           "checkpoints", "save_atomically", "to_host", "write_atomically", "writes_through",
            "check_weights_only",
            "find_resumable", "load", "move_aside", "prune", "read_manifest", "rng_state", "save", "set_rng_state",
            "tag_for", "verify", "weights_only_loads", "write_manifest"]

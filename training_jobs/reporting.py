@@ -9,7 +9,6 @@ import json
 import math
 import os
 import time
-import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import torch
 
 from training_jobs import scaling_names
+from training_jobs.checkpoint import write_atomically
 from training_jobs.flops import mfu
 from training_jobs.monitor import Event
 from training_jobs.settings import RunConfig
@@ -37,12 +37,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        tmp.write_text(json.dumps(_json_safe(data), indent=2), encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomically(path, lambda f: f.write(json.dumps(_json_safe(data), indent=2).encode("utf-8")))
 
 
 def flatten(prefix: str, value: Any) -> dict[str, Any]:
