@@ -199,7 +199,7 @@ class TrainingSettings(_Strict):
     adam_eps: float = Field(1e-8, gt=0)
     grad_clip: float = Field(1.0, ge=0)  # global norm; 0 disables
     precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 on GPUs that support it, else fp32
-    # torch.compile of each transformer block (training_jobs.setup.compile_blocks). auto: on when training on CUDA,
+    # torch.compile of the model (training_jobs.setup.compile_model: whole, or by block at ZeRO-3). auto: on for CUDA,
     # off on CPU (minutes of compilation a short CPU run never wins back) and with pipeline or tensor parallelism.
     compile: Literal["auto"] | bool = "auto"
     seed: int = 1337

@@ -110,7 +110,7 @@ def resolve_precision(precision: str) -> str:
 
 
 def resolve_compile(t: TrainingSettings) -> tuple[bool, str]:
-    """Whether the blocks are compiled (training.compile), and why: the run records both."""
+    """Whether the model is compiled (training.compile; compile_model), and why: the run records both."""
     layout = t.parallelism
     split = "pp" if layout.pp > 1 else "tp" if layout.tp > 1 else None
     if t.compile is True and split:
@@ -241,33 +241,48 @@ def adamw(groups: list[dict[str, Any]], t: TrainingSettings, device_type: str) -
     return torch.optim.AdamW(groups, lr=t.schedule.lr, betas=t.betas, eps=t.adam_eps, **kernel)
 
 
-def compile_blocks(model: Transformer, zero3: bool) -> None:
-    """torch.compile each transformer block's forward, in place: regional compilation, as torchtitan does, rather
-    than DeepSpeed's engine.compile() of the whole module. Under ZeRO-3 every submodule carries gather/release hooks
-    that DeepSpeed marks torch.compiler.disable, so a whole-model graph breaks at each Linear and norm (measured on a
-    2-block model: 33 graphs and ~30 breaks); here each Block is a ZeRO-3 leaf module (its hooks gather the block's
-    parameters at once, its children get none) and only `forward` is compiled, so the hooks run eagerly around the
-    compiled code and its guards see gathered parameters: no graph break at ZeRO 0-3, and the blocks share one graph
-    per variant (causal or prefix-LM mask; training or no_grad validation). The embedding, the masks, RoPE and the
-    head and loss stay eager and outside. dynamic=False: micro_batch_size and seq_len fix the shapes, so a dynamic
-    graph would only be slower (another batch size compiles once more; the loss probe's batch of 1 runs eager). No
-    wrapper module, so parameter names (checkpoints, exports) are unchanged. KILN_COMPILE_BACKEND overrides inductor
-    (the CPU tests use aot_eager: inductor's C++ build takes minutes on two cores)."""
-    backend = os.environ.get("KILN_COMPILE_BACKEND", "inductor")
-    if zero3:
-        from deepspeed.utils import set_z3_leaf_modules
+def compile_model(model: Transformer, zero3: bool) -> None:
+    """torch.compile the model in place: its whole forward at ZeRO stages 0-2; each transformer block's forward and
+    the head's (the output projection with the chunked loss) at ZeRO-3.
 
-        set_z3_leaf_modules(model, [Block])
-    for block in model.layers:
-        block.forward = torch.compile(block.forward, backend=backend, dynamic=False)
+    Whole: the embedding, RoPE, the masks, the blocks, the head and the chunked loss in one graph, the region the
+    reference loop compiles (bench/train_bench.py); nothing hooks into the forward at these stages. Inductor fuses
+    the loss's softmax and gradient arithmetic (eager, each is a pass over a chunk's fp32 logits), and the host
+    makes one compiled call a step instead of one per block: each region's call costs host time (guards, the
+    autograd wrapper), which a small model on a fast GPU waits for. Measured on CPU with an 8-layer toy model, where
+    the host is all there is: 7.0 ms a step whole, 10.4 ms by region, 14.0 ms eager. The price is compilation
+    growing with depth, once per run (26.9 s at 2 layers, 35.8 s at 8, against a flat 23-27 s by region, there).
+
+    Regional at ZeRO-3, as torchtitan compiles its blocks and its loss, rather than DeepSpeed's engine.compile() of
+    the whole module: every submodule carries gather/release hooks that DeepSpeed marks torch.compiler.disable, so
+    a whole-model graph breaks at each Linear and norm (measured on a 2-block model: 33 graphs and ~30 breaks). Here
+    each Block is a ZeRO-3 leaf module (its hooks gather the block's parameters at once, its children get none), the
+    head has no children, and only `forward` is compiled, so the hooks run eagerly around the compiled code and its
+    guards see gathered parameters: no graph break, and the blocks share one graph per variant. The embedding, the
+    final norm, the masks and RoPE stay eager there.
+
+    One graph per variant either way (causal or prefix-LM mask; training or no_grad validation). dynamic=False:
+    micro_batch_size and seq_len fix the shapes, so a dynamic graph would only be slower (another batch size compiles
+    once more; the loss probe's batch of 1 runs eager). `forward` is replaced on the module itself, with no wrapper
+    module, so parameter names (checkpoints, exports) are unchanged. KILN_COMPILE_BACKEND overrides inductor (the CPU
+    tests use aot_eager: inductor's C++ build takes minutes on two cores)."""
+    backend = os.environ.get("KILN_COMPILE_BACKEND", "inductor")
+    if not zero3:
+        model.forward = torch.compile(model.forward, backend=backend, dynamic=False)
+        return
+    from deepspeed.utils import set_z3_leaf_modules
+
+    set_z3_leaf_modules(model, [Block])
+    for module in (*model.layers, model.lm_head):
+        module.forward = torch.compile(module.forward, backend=backend, dynamic=False)
 
 
 def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any], total_steps: int,
                  monitor: StabilityMonitor, base: BaseWeights | None = None, model: Transformer | None = None,
                  compiled: bool = False):
-    """The model (build_model, unless given; with parallelism.pp > 1 the pipeline stages of this rank), its blocks
-    compiled if `compiled` (resolve_compile), AdamW and LR schedule, wrapped by DeepSpeed (a PipelineEngine for
-    stages). Called again for a rollback: ZeRO-3 loads checkpoints into fresh engines only; the fresh blocks reuse the
+    """The model (build_model, unless given; with parallelism.pp > 1 the pipeline stages of this rank), compiled if
+    `compiled` (resolve_compile, compile_model), AdamW and LR schedule, wrapped by DeepSpeed (a PipelineEngine for
+    stages). Called again for a rollback: ZeRO-3 loads checkpoints into fresh engines only; the fresh model reuses the
     graphs compiled for the first (the same code and guards), so a rollback compiles nothing again."""
     import deepspeed
 
@@ -277,7 +292,7 @@ def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any
         model = pipeline_module(cfg, t.seed, t.parallelism.pp, t.model.activation_checkpointing, base)
     model = model if model is not None else build_model(cfg, t, ds_config, base)
     if compiled:  # before deepspeed.initialize, which sets the ZeRO-3 hooks by leaf modules
-        compile_blocks(model, zero3=ds_config.get("zero_optimization", {}).get("stage") == 3)
+        compile_model(model, zero3=ds_config.get("zero_optimization", {}).get("stage") == 3)
     # Decay the matrices (and the embedding); norm gains stay out of weight decay. ds_shape: a partitioned
     # parameter's whole shape (built under zero.Init, its own is an empty placeholder).
     params = [p for p in model.parameters() if p.requires_grad]
