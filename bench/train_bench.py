@@ -11,8 +11,10 @@ Kiln: `training_jobs.train` under --launcher (torchrun by default, deepspeed, or
 with the run's default layout (ZeRO stage, micro-batch, compile: what a user gets) unless --zero-stage,
 --micro-batch or --compile set them. Its step throughput is summary.json's `tokens_per_s` (optimizer steps; the
 first, which pays for warm-up and compilation, left out); its goodput is the run's tokens over the whole wall time
-of the training loop (`goodput_tokens_per_s`: logging, validation and checkpoints at --checkpoint-every
-included), when the summary has it.
+of fit() (`goodput_tokens_per_s`: compilation, logging, validation, checkpoints at --checkpoint-every and at the end,
+export, all included), and its steady goodput the same without what a run pays once whatever its length
+(training_jobs.reporting.ONE_TIME_PARTS: startup, the first step, the last checkpoint, the final validation, the
+export), which a long run approaches and a bench of a few dozen steps cannot show otherwise.
 
 Reference: nanoGPT's train loop (Karpathy, train.py) around the same `training_jobs.model.Transformer`: one
 process per device, fp32 weights under bf16 autocast on GPUs, `torch.compile`, fused AdamW, SDPA's flash kernel,
@@ -50,6 +52,7 @@ import torch  # noqa: E402
 
 from kiln.tokens.shard_format import open_shard, write_random_shard_set  # noqa: E402
 from training_jobs.launch import launch_command  # noqa: E402
+from training_jobs.reporting import ONE_TIME_PARTS, steady_goodput  # noqa: E402
 from training_jobs.settings import TrainingSettings  # noqa: E402
 
 SHA = "00" * 32
@@ -217,15 +220,6 @@ def kept_profile(profile: dict | None, folder: Path | None, name: str) -> dict |
     return {**profile, "ops": str(table), "trace": None}
 
 
-def loop_goodput(s: dict) -> float:
-    """Goodput without the run's one-time costs (startup: resume, MLflow; the last checkpoint and waiting for it to
-    be written and hashed; the final export), which a long run amortizes: what the training loop delivers with its
-    checkpoints, validation and logging at their cadence."""
-    t = s["time"]
-    once = t["startup_s"] + t.get("final_checkpoint_s", 0.0) + t["export_s"]
-    return s["goodput_tokens_per_s"] * t["wall_s"] / (t["wall_s"] - once)
-
-
 def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
@@ -257,11 +251,11 @@ def bench_preset(args, launcher: str) -> dict:
               f"compile {(s.get('compile') or {}).get('enabled', 'n/a')}, {s['steps']} steps"
               f"{', activation checkpointing' if args.activation_checkpointing else ''}")
         goodput = s.get("goodput_tokens_per_s")  # None: a trainer from before goodput was reported
-        loop = loop_goodput(s) if goodput else None
+        steady = steady_goodput(s) if goodput else None
         print(f"  step throughput {s['tokens_per_s']:,.0f} tokens/s ({s['tokens_per_s'] / s['world_size']:,.0f} per "
               f"rank), MFU {pct(s['mfu'])}; goodput "
               + (f"{goodput:,.0f} tokens/s, MFU {pct(s['goodput_mfu'])} ({goodput / s['tokens_per_s']:.2f} of step; "
-                 f"{loop / s['tokens_per_s']:.2f} without startup, the last checkpoint and export)"
+                 f"{steady / s['tokens_per_s']:.2f} without the one-time parts: {', '.join(ONE_TIME_PARTS)})"
                  if goodput else "n/a"))
         if goodput:
             print(f"  wall {s['time']['wall_s']:.1f} s: " + ", ".join(f"{k[:-2]} {v:.1f}" for k, v in s["time"].items()
@@ -275,7 +269,7 @@ def bench_preset(args, launcher: str) -> dict:
                 "tokens_per_s", "mfu", "goodput_tokens_per_s", "goodput_mfu", "time", "checkpoint_stall", "world_size",
                 "device", "precision", "tokens_per_step", "steps", "parallelism", "layout", "compile",
                 "peak_flops_per_device", "n_params", "flops_per_token", "launch_wall_s", "profile")},
-            "loop_goodput_tokens_per_s": loop}}
+            "steady_goodput_tokens_per_s": steady}}
         if args.reference:
             ref_micro = args.ref_micro_batch or micro
             ref_accum = max(1, micro * accum // ref_micro)
@@ -290,7 +284,8 @@ def bench_preset(args, launcher: str) -> dict:
             if ref["profile"]:
                 print(profile_line(ref["profile"]))
             print(f"  kiln / reference = {ratio:.2f} per device (step throughput)"
-                  + (f", {goodput / s['world_size'] / ref['tokens_per_s']:.2f} by goodput" if goodput else ""))
+                  + (f", {goodput / s['world_size'] / ref['tokens_per_s']:.2f} by goodput" if goodput else "")
+                  + (f", {steady / s['world_size'] / ref['tokens_per_s']:.2f} by steady goodput" if steady else ""))
             result.update(reference=ref, kiln_over_reference=ratio)
         print()
         return result
@@ -306,7 +301,7 @@ def main() -> None:
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--steps", type=int, default=60 if on_gpu else 20,
                         help="optimizer steps; the run checkpoints at its end (a one-time cost, kept apart in the "
-                             "loop's goodput) and at the default cadence (every 30 minutes) or --checkpoint-every")
+                             "steady goodput) and at the default cadence (every 30 minutes) or --checkpoint-every")
     parser.add_argument("--warmup", type=int, default=5 if on_gpu else 2, help="reference steps before timing")
     parser.add_argument("--nproc", type=int, default=torch.cuda.device_count() if on_gpu else 1)
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])

@@ -171,23 +171,39 @@ class Stopwatch:
             self.parts[part] += self.clock() - start
 
 
-# startup: resume, MLflow; checkpoint: the saves at the cadence; final_checkpoint: the last save and waiting until
-# every checkpoint is written and hashed, once per run
-TIME_PARTS = ("startup", "checkpoint", "validation", "rollback", "final_checkpoint", "export")
+# startup: resume, MLflow; checkpoint: the saves at the cadence; validation: at val_every_steps (and the base model's
+# before continued pretraining). Once per run, however long: final_checkpoint (the last save and waiting until every
+# checkpoint is written and hashed), final_validation, export.
+TIME_PARTS = ("startup", "checkpoint", "validation", "rollback", "final_checkpoint", "final_validation", "export")
+# What a run pays once whatever its length (the first step's compilation among them): a long run amortizes these,
+# a benchmark of a few dozen steps does not, so bench/train_bench.py reports its goodput without them too.
+ONE_TIME_PARTS = ("startup", "warmup", "final_checkpoint", "final_validation", "export")
 
 
-def goodput(tokens_counted: int, step_seconds: float, stopwatch: Stopwatch, flops_per_token: float,
-            peak_flops: float | None, world_size: int) -> dict[str, Any]:
+def goodput(tokens_counted: int, step_seconds: float, warmup_seconds: float, stopwatch: Stopwatch,
+            flops_per_token: float, peak_flops: float | None, world_size: int) -> dict[str, Any]:
     """Goodput: the tokens of the optimizer steps that counted (rolled-back steps do not) over the whole wall time,
-    checkpoints, validation, logging, rollbacks and export included; and where that time went. `other_s` is what
-    no part claims (logging, steps later rolled back, the loss probe): the parts sum to `wall_s`."""
+    checkpoints, validation, logging, rollbacks and export included; and where that time went: `train_s` the steps,
+    `warmup_s` the first of them (compilation, autotuning, the allocator's first blocks), the stopwatch's parts, and
+    `other_s`, what none claims (logging, steps later rolled back, the loss probe). The parts sum to `wall_s`."""
     wall = stopwatch.wall()
-    spent = {"train_s": step_seconds, **{f"{part}_s": stopwatch.parts.get(part, 0.0) for part in TIME_PARTS}}
+    spent = {"train_s": step_seconds - warmup_seconds, "warmup_s": warmup_seconds,
+             **{f"{part}_s": stopwatch.parts.get(part, 0.0) for part in TIME_PARTS}}
     spent["other_s"] = wall - sum(spent.values())
     tokens_per_s = tokens_counted / wall if wall > 0 else None
     return {"goodput_tokens_per_s": tokens_per_s,
             "goodput_mfu": mfu(flops_per_token, tokens_per_s or 0.0, peak_flops, world_size),
             "time": {"wall_s": round(wall, 3), **{k: round(v, 3) for k, v in spent.items()}}}
+
+
+def steady_goodput(summary: dict[str, Any]) -> float | None:
+    """Goodput without the one-time parts (ONE_TIME_PARTS) and the first step's tokens: what the training loop
+    delivers with its checkpoints, validation and logging at their cadence, the figure a long run approaches."""
+    t = summary.get("time") or {}
+    seconds = t.get("wall_s", 0.0) - sum(t.get(f"{part}_s", 0.0) for part in ONE_TIME_PARTS)
+    tokens = (summary.get("goodput_tokens_per_s") or 0.0) * t.get("wall_s", 0.0)
+    tokens -= summary.get("tokens_per_step", 0) if t.get("warmup_s") else 0
+    return tokens / seconds if seconds > 0 and tokens > 0 else None
 
 
 def throughput_metrics(summary: dict[str, Any]) -> dict[str, float]:

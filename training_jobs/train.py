@@ -223,7 +223,7 @@ class Trainer:
             if p.last_checkpoint is None or p.last_checkpoint.name != checkpoint.tag_for(p.step):
                 self._save()
             self.report_complete_checkpoints()
-        self.final_val = self.validate()
+        self.final_val = self.validate(part="final_validation")
         self.probe = self.loss_probe()
         self.export()
         self.stopwatch.stop()
@@ -417,10 +417,10 @@ class Trainer:
             self.engine.train()
         return {"inputs": x[0].tolist(), "targets": y[0].tolist(), "loss": loss}
 
-    def validate(self, log_at_step: int | None = None) -> dict[str, Any] | None:
-        """Validation loss and perplexity by position; logged as a step's metrics when log_at_step is given (the
-        final figures go out with the summary instead)."""
-        with self.stopwatch.timing("validation"):
+    def validate(self, log_at_step: int | None = None, part: str = "validation") -> dict[str, Any] | None:
+        """Validation loss and perplexity by position, timed as the stopwatch's `part`; logged as a step's metrics
+        when log_at_step is given (the final figures go out with the summary instead)."""
+        with self.stopwatch.timing(part):
             result = evaluate(self.engine, self.val, self.t.val_batches)
         if result is None:
             return None
@@ -477,7 +477,7 @@ class Trainer:
 
     def summary(self, status: str, val_loss: float | None = None, error: str | None = None) -> dict[str, Any]:
         p = self.progress
-        steady = p.timings[1:] or p.timings  # the first step pays for warm-up
+        steady = p.timings[1:] or p.timings  # the first step pays for warm-up (goodput's warmup_s)
         tokens_per_s = self.tokens_per_step * len(steady) / sum(steady) if steady else None
         if status != "completed":  # fit() waited already when it got to the end
             with contextlib.suppress(Exception):  # a failed write only leaves that checkpoint incomplete
@@ -489,7 +489,7 @@ class Trainer:
         ckpt = p.last_checkpoint
         manifest = ckpt / checkpoint.MANIFEST if ckpt is not None else None
         spent = goodput(p.tokens_seen - getattr(self, "tokens_at_start", p.tokens_seen), sum(p.timings + p.profiled),
-                        self.stopwatch, self.flops_per_token, self.peak, self.dist.world_size)
+                        sum(p.timings[:1]), self.stopwatch, self.flops_per_token, self.peak, self.dist.world_size)
         return {
             "format": SUMMARY_FORMAT, "status": status, "error": error,
             "steps": p.step, "max_steps": self.max_steps, "final_loss": p.last_loss, "val_loss": val_loss,
