@@ -3,7 +3,7 @@
 # 900 s a session: run it as two calls, PRESETS=125m,350m (about 420 s on the H200 of 2026-11-30) and then
 # PRESETS=1b (about 440 s); with less time left, STEPS=40.
 #   1. bench/train_bench.py at seq_len 2048 for PRESETS: Kiln's trainer with its default settings against the
-#      reference loop, in one invocation (ratio, MFU, goodput; a save half-way and at the end), two steps of each
+#      reference loop, in one invocation (ratio, MFU, goodput; saves at 1/3, 2/3 and the end), two steps of each
 #      profiled (the GPU's busy fraction; operator tables in profile_<gpu>/);
 #   2. $ZERO1_PRESET (default 125m, when in PRESETS) forced to ZeRO-1, the layout's choice on one GPU before ZeRO-0;
 #   3. the GPU tests (tests marked gpu: bf16, compile, the layout, the chunked loss, pinned input and background
@@ -47,10 +47,11 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, log it, and go 
   [ "$rc" = 0 ] || status=1
   echo "== $name: rc $rc, $((SECONDS - t0)) s" | tee -a "$LOG"
 }
-# A save half-way as well as the last one: far more often than the default cadence (30 minutes), so the loop's
-# goodput errs low, and the stall of a save at the cadence (the copy to host memory) is measured.
+# Saves at a third and two thirds of the run as well as the last one: far more often than the default cadence (30
+# minutes), so the steady goodput errs low; the stall of a save at the cadence (the copy to host memory) is
+# measured twice: the first save pins its host buffers (checkpoint_stall max_s), the second reuses them.
 step 300 "train_bench $PRESETS" "$PY" bench/train_bench.py --preset "$PRESETS" --seq-len "$SEQ_LEN" --steps "$STEPS" \
-  --checkpoint-every $((STEPS / 2)) --profile "$FIGURES/profile_$gpu" --json-out "$FIGURES/train_bench_$gpu.json"
+  --checkpoint-every $((STEPS / 3)) --profile "$FIGURES/profile_$gpu" --json-out "$FIGURES/train_bench_$gpu.json"
 in_presets() { case ",$PRESETS," in *",$1,"*) return 0 ;; esac; return 1; }
 ZERO1_PRESET="${ZERO1_PRESET:-125m}" ZERO3_PRESET="${ZERO3_PRESET:-1b}"
 if in_presets "$ZERO1_PRESET"; then  # where per-step overhead weighs most: what ZeRO-0 saves

@@ -147,15 +147,17 @@ def batches() -> list[torch.Tensor]:
     return [torch.randint(0, CFG.vocab_size, (2, CFG.max_seq_len + 1), generator=gen) for _ in range(ZERO0_STEPS)]
 
 
-def engine_for(t: TrainingSettings):
-    return build_engine(CFG, t, deepspeed_config(t, "bf16", CFG), ZERO0_STEPS, StabilityMonitor(t.monitor))
+def engine_for(t: TrainingSettings, compiled: bool = False):
+    return build_engine(CFG, t, deepspeed_config(t, "bf16", CFG), ZERO0_STEPS, StabilityMonitor(t.monitor),
+                        compiled=compiled)
 
 
-def test_zero0_in_bf16_trains_as_the_plain_autocast_loop(world_of_one):
+@pytest.mark.parametrize("compiled", [False, True])  # compiled: one GPU's default (the whole forward, under autocast)
+def test_zero0_in_bf16_trains_as_the_plain_autocast_loop(world_of_one, compiled):
     t = zero0_settings()
     ds = deepspeed_config(t, "bf16", CFG)
     assert ds["bf16"]["enabled"] is False and ds["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
-    engine = engine_for(t)
+    engine = engine_for(t, compiled)
 
     plain = Transformer(CFG, seed=t.seed)  # the same init (the seed's private generator)
     params = list(plain.parameters())
