@@ -50,7 +50,9 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, log it, and go 
 # Saves at a third and two thirds of the run as well as the last one: far more often than the default cadence (30
 # minutes), so the steady goodput errs low; the stall of a save at the cadence (the copy to host memory) is
 # measured twice: the first save pins its host buffers (checkpoint_stall max_s), the second reuses them.
-step 300 "train_bench $PRESETS" "$PY" bench/train_bench.py --preset "$PRESETS" --seq-len "$SEQ_LEN" --steps "$STEPS" \
+# 340 s: in stop 58 125m and 350m took about 200 s; the whole-model compilation since lengthens each launch by a time
+# no GPU has measured yet.
+step 340 "train_bench $PRESETS" "$PY" bench/train_bench.py --preset "$PRESETS" --seq-len "$SEQ_LEN" --steps "$STEPS" \
   --checkpoint-every $((STEPS / 3)) --profile "$FIGURES/profile_$gpu" --json-out "$FIGURES/train_bench_$gpu.json"
 in_presets() { case ",$PRESETS," in *",$1,"*) return 0 ;; esac; return 1; }
 ZERO1_PRESET="${ZERO1_PRESET:-125m}" ZERO3_PRESET="${ZERO3_PRESET:-1b}"
