@@ -100,7 +100,9 @@ class Reporter:
             if self.mlflow is not None:
                 finite = {k: float(v) for k, v in metrics.items()
                           if isinstance(v, (int, float)) and math.isfinite(v)}
-                self.mlflow.log_metrics(finite, step=step)
+                # MLflow's own thread sends them: a round trip to the tracking server each interval would hold up
+                # the loop, and the GPU with it (finish() flushes the queue before the run ends)
+                self.mlflow.log_metrics(finite, step=step, synchronous=False)
 
     def flush(self) -> None:
         if self.rows:
@@ -130,6 +132,7 @@ class Reporter:
                         scaling_names.TOKENS: float(summary["tokens_seen"]),
                         scaling_names.FLOPS: float(summary["flops_per_token"]) * summary["tokens_seen"],
                         scaling_names.FINAL_VAL_LOSS: float(summary["val_loss"])}, step=summary["steps"])
+            self.mlflow.flush_async_logging()  # end_run only stops the queue; the steps' metrics must have landed
             self.mlflow.end_run(status="FAILED" if failed else "FINISHED")
         if self.pipes is not None and not failed:
             keys = ("status", "steps", "objective", "final_loss", "val_loss", "base_val_loss", "tokens_seen",
