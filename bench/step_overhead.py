@@ -7,6 +7,10 @@ models, small micro-batches) the GPU waits for it.
 
     .venv/bin/python bench/step_overhead.py                   # ZeRO 0, 1, 2, 3 and the plain loop, fp32 on CPU
     .venv/bin/python bench/step_overhead.py --stages 0,1 --steps 200
+    .venv/bin/python bench/step_overhead.py --stages 0 --compile     # compiled, as on a GPU: what is left of the host
+
+With --compile both are compiled as on a GPU (inductor, or KILN_COMPILE_BACKEND): the plain model's whole forward as
+the reference loop compiles it, Kiln's by training_jobs.setup.compile_model. Compilation comes first, untimed.
 
 One process, a world of one (gloo), one intra-op thread. Each figure is the fastest of --repeats runs of --steps
 steps (after --warmup steps), as timeit advises: on a shared host the slower runs measure the neighbours, and the
@@ -42,10 +46,11 @@ def settings(stage: int) -> TrainingSettings:
                             precision="fp32", parallelism={"zero_stage": stage})
 
 
-def kiln_step(stage: int):
+def kiln_step(stage: int, compiled: bool):
     t = settings(stage)
     cfg = ModelConfig(**t.model.architecture(VOCAB, SEQ))
-    engine = build_engine(cfg, t, deepspeed_config(t, "fp32", cfg), 10_000, StabilityMonitor(t.monitor))
+    engine = build_engine(cfg, t, deepspeed_config(t, "fp32", cfg), 10_000, StabilityMonitor(t.monitor),
+                          compiled=compiled)
     x, y = (torch.randint(0, VOCAB, (1, SEQ), generator=torch.Generator().manual_seed(i)) for i in range(2))
 
     def step() -> None:  # what training_jobs.step.train_step and Trainer.launch do for one micro-batch
@@ -57,15 +62,16 @@ def kiln_step(stage: int):
     return step, sum(1 for _ in engine.module.parameters())
 
 
-def plain_step():
+def plain_step(compiled: bool):
     cfg = ModelConfig(**settings(0).model.architecture(VOCAB, SEQ))
     model = Transformer(cfg, seed=0)
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
     x, y = (torch.randint(0, VOCAB, (1, SEQ), generator=torch.Generator().manual_seed(i)) for i in range(2))
+    forward = torch.compile(model, backend=os.environ.get("KILN_COMPILE_BACKEND", "inductor")) if compiled else model
 
     def step() -> None:  # bench/train_bench.py's reference loop, one micro-batch
-        model(x, y).backward()
+        forward(x, y).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -88,6 +94,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--compile", action="store_true", help="compile the plain model and Kiln's, as on a GPU")
     args = parser.parse_args()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     default_environment()
@@ -96,16 +103,17 @@ def main() -> None:
     import logging
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    plain = plain_step()
-    engines = {int(s): kiln_step(int(s)) for s in args.stages.split(",")}
+    plain = plain_step(args.compile)
+    engines = {int(s): kiln_step(int(s), args.compile) for s in args.stages.split(",")}
     times: dict[str, list[float]] = {"plain": [], **{f"ZeRO-{s}": [] for s in engines}}
     for _ in range(args.repeats):
         for stage, (step, _) in engines.items():
             times["plain"].append(ms_per_step(plain, args.steps, args.warmup))
             times[f"ZeRO-{stage}"].append(ms_per_step(step, args.steps, args.warmup))
     tensors = next(iter(engines.values()))[1]
+    compiled = f"compiled ({os.environ.get('KILN_COMPILE_BACKEND', 'inductor')})" if args.compile else "eager"
     print(f"machine: {os.cpu_count()} cores, torch {torch.__version__}; 12 blocks, {tensors} parameter tensors, fp32, "
-          f"{args.steps} steps x {args.repeats} repeats (fastest; median in brackets)")
+          f"{compiled}, {args.steps} steps x {args.repeats} repeats (fastest; median in brackets)")
     base = min(times["plain"])
     for name, values in times.items():
         ms = min(values)
