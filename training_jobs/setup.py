@@ -63,6 +63,7 @@ class Dist:
     rank: int
     world_size: int
     device: torch.device
+    host_group: Any = None  # gloo, for the ranks' host-side agreements (broadcast_object); None: the default group
 
     @property
     def main(self) -> bool:
@@ -100,7 +101,10 @@ def init_distributed() -> Dist:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    return Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), device)
+    world_size = torch.distributed.get_world_size()
+    # A gloo group even on CPU, where the default group is gloo already: one code path, the one CI runs.
+    host_group = torch.distributed.new_group(backend="gloo") if world_size > 1 else None
+    return Dist(torch.distributed.get_rank(), world_size, device, host_group)
 
 
 def resolve_precision(precision: str) -> str:
@@ -479,6 +483,11 @@ def checkpointed_stage(root: Path, json_stage: Any) -> tuple[int | None, str]:
 
 
 def broadcast_object(dist: Dist, obj: Any) -> Any:
+    """Rank 0's `obj` on every rank, over the host group: over NCCL, broadcast_object_list copies the pickle to the
+    device and its size back, which waits for every kernel queued before it. The time-based checkpoint cadence asks
+    at each logging interval, and the loop would drain there. A world of one asks no one."""
+    if dist.world_size == 1:
+        return obj
     box = [obj if dist.main else None]
-    torch.distributed.broadcast_object_list(box, src=0)
+    torch.distributed.broadcast_object_list(box, src=0, group=dist.host_group)
     return box[0]

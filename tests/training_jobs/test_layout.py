@@ -136,13 +136,26 @@ def test_cpu_keeps_the_json_stage_and_micro_batch_8():
 
 @pytest.fixture
 def on_gpu(monkeypatch):
-    """resolve_layout as on one GPU of `memory` bytes, without one: one rank, no process group."""
+    """resolve_layout as on one GPU of `memory` bytes, without one: one rank, no process group (a world of one asks no
+    one: test_a_world_of_one_agrees_without_a_collective)."""
     def device(memory: int = 80 * GIB) -> Dist:
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=memory))
         return Dist(0, 1, torch.device("cuda", 0))
 
-    monkeypatch.setattr(setup, "broadcast_object", lambda dist, obj: obj)
     return device
+
+
+def test_a_world_of_one_agrees_without_a_collective(monkeypatch):
+    """setup.broadcast_object: a collective over NCCL waits for the device, which one rank need not do (the
+    time-based checkpoint cadence asks at every logging interval)."""
+    def collective(*args, **kwargs):
+        raise AssertionError("a collective in a world of one")
+
+    monkeypatch.setattr(torch.distributed, "broadcast_object_list", collective)
+    found = {"step": 12}
+    assert setup.broadcast_object(Dist(0, 1, torch.device("cpu")), found) is found
+    with pytest.raises(AssertionError, match="a collective"):  # two ranks do ask
+        setup.broadcast_object(Dist(0, 2, torch.device("cpu")), found)
 
 
 def run_config(token_dataset, tmp_path, **training) -> RunConfig:
