@@ -170,6 +170,10 @@ def deepspeed_config(t: TrainingSettings, precision: str, cfg: ModelConfig) -> d
         fill(ds.setdefault("torch_autocast", {}), "enabled", True, "torch_autocast.enabled")
         fill(ds["torch_autocast"], "dtype", "bfloat16", "torch_autocast.dtype")
     ds.pop("train_batch_size", None) if ds.get("train_batch_size") == "auto" else None
+    # DeepSpeed's throughput timer, on by default for an engine without its own data loader, synchronizes the device
+    # at every forward and every step, so the host never ran ahead of the GPU; Kiln measures throughput itself. A JSON
+    # that turns it on keeps it.
+    ds.setdefault("timers", {}).setdefault("throughput", {}).setdefault("enabled", False)
     zero = ds.setdefault("zero_optimization", {})
     for key, value in zero_buckets(cfg).items():
         if zero.get(key) == "auto":

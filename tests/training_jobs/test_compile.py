@@ -7,7 +7,8 @@ its process groups for the life of the process):
 - ZeRO-0, the layout of a run on one data-parallel rank (training_jobs/layout.py): in bf16 it trains fp32 weights
   under torch autocast with torch's fused AdamW, the gradient norm from torch's clip_grad_norm_
   (setup.torch_step_parts), checked against a second implementation, the plain PyTorch loop written out here (the
-  math of bench/train_bench.py's reference loop); its checkpoint resumes exactly and exports the engine's weights.
+  math of bench/train_bench.py's reference loop); its checkpoint resumes exactly and exports the engine's weights;
+- no step synchronizes the device at ZeRO-0 or 1 (DeepSpeed's throughput timer is off).
 
 The backend is aot_eager (KILN_COMPILE_BACKEND): Dynamo's capture, guards and AOTAutograd's joint graph and partition,
 which is where ZeRO-3's hooks, the masks and the recompiles meet the compiler, without inductor's C++ build (minutes
@@ -190,6 +191,26 @@ def test_zero0_in_bf16_trains_as_the_plain_autocast_loop(world_of_one, compiled)
     for (name, ours), theirs in zip(engine.module.named_parameters(), params):
         assert ours.dtype == torch.float32, name  # fp32 weights; autocast rounds only the matmuls' inputs
         torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_a_step_never_waits_for_the_device(world_of_one, monkeypatch, stage):
+    """The host runs ahead of the GPU only if nothing in a step synchronizes the device. DeepSpeed's throughput timer,
+    on by default for an engine without its own data loader, synchronized twice a micro-batch (at forward and at
+    step), from the third step on; Kiln measures throughput itself. Counted on CPU through the accelerator that
+    DeepSpeed's own calls go through."""
+    from deepspeed.accelerator import get_accelerator
+
+    t = zero0_settings().model_copy(update={"parallelism": zero0_settings().parallelism.model_copy(
+        update={"zero_stage": stage})})
+    engine = engine_for(t)
+    synchronized = []
+    monkeypatch.setattr(get_accelerator(), "synchronize", lambda *args, **kwargs: synchronized.append(args))
+    for batch in batches():
+        loss = engine(batch[:, :-1], batch[:, 1:])
+        engine.backward(loss)
+        engine.step()
+    assert synchronized == []
 
 
 def test_a_zero0_checkpoint_resumes_exactly_and_exports_the_trained_weights(world_of_one, tmp_path):
