@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -302,6 +303,11 @@ class LinearCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None
 
 
+# Looked up once, without importing it: inside a compiled forward, calling the cached liger_loss() makes Dynamo trace
+# its import attempt (and warn that it ignores the cache) in every process that compiles on a GPU.
+HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
+
+
 @functools.cache
 def liger_loss():
     """Liger Kernel's fused linear cross-entropy (Triton, CUDA only) when it is installed, else None."""
@@ -318,7 +324,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     On CUDA with liger-kernel installed, its Triton kernel (the same numbers within bf16 rounding); otherwise
     LinearCrossEntropy, chunk_tokens tokens at a time (default: LOSS_CHUNK_BYTES of fp32 logits)."""
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-    if hidden.is_cuda and chunk_tokens is None and liger_loss() is not None:
+    if hidden.is_cuda and chunk_tokens is None and HAS_LIGER and liger_loss() is not None:
         return liger_loss()(weight, hidden, targets)
     if not torch.is_grad_enabled():  # no gradients wanted: do not compute them
         hidden, weight = hidden.detach(), weight.detach()
