@@ -147,6 +147,7 @@ def reference_loop(settings: TrainingSettings, data: Path, seq_len: int, micro_b
             profiler.before_launch(step)
             train_step()
             profiler.after(step)
+        profiler.report()
         profile = profiler.result
     final_loss = float(loss.detach()) * grad_accum
     if not math.isfinite(final_loss):

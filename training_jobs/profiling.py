@@ -23,14 +23,17 @@ PROFILE_DIR = "profile"
 class StepProfiler:
     """Profiles optimizer steps first..last (1-based, as the progress lines count) on the rank that is `active`.
     The loop calls `before_launch(step)` before it queues a step and `after(step)` once that step is launched; the
-    window closes after `last` with one device synchronisation, so it holds the whole of those steps' work."""
+    window closes after `last` with one device synchronisation, so it holds the whole of those steps' work. The
+    tables and the trace are written by `report()`, which the trainer calls after the loop: that work (seconds for a
+    long trace) is not a step's."""
 
     def __init__(self, steps: tuple[int, int] | None, output_dir: Path, active: bool):
         self.first, self.last = steps if steps else (0, -1)
         self.folder = Path(output_dir) / PROFILE_DIR
         self.active = active and steps is not None
-        self.profiler: Any = None
-        self.started = 0.0
+        self.profiler: Any = None  # while the window is open
+        self.stopped: Any = None  # once it has closed, until report()
+        self.started, self.wall = 0.0, 0.0
         self.result: dict[str, Any] | None = None
 
     def covers(self, step: int) -> bool:
@@ -53,22 +56,28 @@ class StepProfiler:
             return
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        wall = time.perf_counter() - self.started
+        self.wall = time.perf_counter() - self.started
         self.profiler.__exit__(None, None, None)
+        self.stopped, self.profiler = self.profiler, None
+
+    def report(self) -> None:
+        """The window's operator table, trace and busy fraction (`result`), once it has closed."""
+        profile, self.stopped = self.stopped, None
+        if profile is None:
+            return
         self.folder.mkdir(parents=True, exist_ok=True)
-        averages = self.profiler.key_averages()
         on_gpu = torch.cuda.is_available()
         sort_by = "self_device_time_total" if on_gpu else "self_cpu_time_total"
-        (self.folder / "ops.txt").write_text(averages.table(sort_by=sort_by, row_limit=60) + "\n", encoding="utf-8")
-        self.profiler.export_chrome_trace(str(self.folder / "trace.json"))
+        table = profile.key_averages().table(sort_by=sort_by, row_limit=60)
+        (self.folder / "ops.txt").write_text(table + "\n", encoding="utf-8")
+        profile.export_chrome_trace(str(self.folder / "trace.json"))
         busy = None
         if on_gpu:  # the device's own events (kernels, copies): the operators that launched them would count twice
-            device = [e for e in self.profiler.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-            busy = sum(e.time_range.elapsed_us() for e in device) / 1e6 / wall if wall > 0 else None
-        self.result = {"steps": [self.first, self.last], "wall_s": round(wall, 4),
+            device = [e for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            busy = sum(e.time_range.elapsed_us() for e in device) / 1e6 / self.wall if self.wall > 0 else None
+        self.result = {"steps": [self.first, self.last], "wall_s": round(self.wall, 4),
                        "device_busy_fraction": None if busy is None else round(busy, 4),
                        "ops": str(self.folder / "ops.txt"), "trace": str(self.folder / "trace.json")}
-        self.profiler = None
 
 
 __all__ = ["PROFILE_DIR", "StepProfiler"]

@@ -178,19 +178,22 @@ class Stopwatch:
 # before continued pretraining). Once per run, however long: final_checkpoint (the last save and waiting until every
 # checkpoint is written and hashed), final_validation, export.
 TIME_PARTS = ("startup", "checkpoint", "validation", "rollback", "final_checkpoint", "final_validation", "export")
-# What a run pays once whatever its length (the first step's compilation among them): a long run amortizes these,
-# a benchmark of a few dozen steps does not, so bench/train_bench.py reports its goodput without them too.
-ONE_TIME_PARTS = ("startup", "warmup", "final_checkpoint", "final_validation", "export")
+# What a run pays once whatever its length (the first step's compilation, a profiled window among them): a long run
+# amortizes these, a benchmark of a few dozen steps does not, so bench/train_bench.py reports goodput without them too.
+ONE_TIME_PARTS = ("startup", "warmup", "profile", "final_checkpoint", "final_validation", "export")
 
 
-def goodput(tokens_counted: int, step_seconds: float, warmup_seconds: float, stopwatch: Stopwatch,
-            flops_per_token: float, peak_flops: float | None, world_size: int) -> dict[str, Any]:
+def goodput(tokens_counted: int, step_seconds: float, warmup_seconds: float, profiled_seconds: float,
+            stopwatch: Stopwatch, flops_per_token: float, peak_flops: float | None, world_size: int) -> dict[str, Any]:
     """Goodput: the tokens of the optimizer steps that counted (rolled-back steps do not) over the whole wall time,
-    checkpoints, validation, logging, rollbacks and export included; and where that time went: `train_s` the steps,
-    `warmup_s` the first of them (compilation, autotuning, the allocator's first blocks), the stopwatch's parts, and
-    `other_s`, what none claims (logging, steps later rolled back, the loss probe). The parts sum to `wall_s`."""
+    checkpoints, validation, logging, rollbacks and export included; and where that time went: `train_s` the steps
+    (`step_seconds`) but the first, `warmup_s` the first (compilation, autotuning, the allocator's first blocks),
+    `profile_s` the steps under training.profile_steps and the stopwatch's "profile" part (writing their report),
+    the other parts, and `other_s`, what none claims (logging, steps later rolled back, the loss probe). The parts
+    sum to `wall_s`."""
     wall = stopwatch.wall()
     spent = {"train_s": step_seconds - warmup_seconds, "warmup_s": warmup_seconds,
+             "profile_s": profiled_seconds + stopwatch.parts.get("profile", 0.0),
              **{f"{part}_s": stopwatch.parts.get(part, 0.0) for part in TIME_PARTS}}
     spent["other_s"] = wall - sum(spent.values())
     tokens_per_s = tokens_counted / wall if wall > 0 else None
@@ -200,12 +203,15 @@ def goodput(tokens_counted: int, step_seconds: float, warmup_seconds: float, sto
 
 
 def steady_goodput(summary: dict[str, Any]) -> float | None:
-    """Goodput without the one-time parts (ONE_TIME_PARTS) and the first step's tokens: what the training loop
-    delivers with its checkpoints, validation and logging at their cadence, the figure a long run approaches."""
+    """Goodput without the one-time parts (ONE_TIME_PARTS) and the tokens of the steps they hold (the first, the
+    profiled ones): what the training loop delivers with its checkpoints, validation and logging at their cadence,
+    the figure a long run approaches."""
     t = summary.get("time") or {}
     seconds = t.get("wall_s", 0.0) - sum(t.get(f"{part}_s", 0.0) for part in ONE_TIME_PARTS)
+    first, last = (summary.get("profile") or {}).get("steps") or (1, 0)
+    steps_apart = (1 if t.get("warmup_s") else 0) + last - first + 1
     tokens = (summary.get("goodput_tokens_per_s") or 0.0) * t.get("wall_s", 0.0)
-    tokens -= summary.get("tokens_per_step", 0) if t.get("warmup_s") else 0
+    tokens -= summary.get("tokens_per_step", 0) * steps_apart
     return tokens / seconds if seconds > 0 and tokens > 0 else None
 
 

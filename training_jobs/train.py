@@ -217,6 +217,8 @@ class Trainer:
                 self.save()
         self.train_seconds = time.perf_counter() - self.t_start
         self.loader.close()
+        with self.stopwatch.timing("profile"):  # training.profile_steps' table and trace, once the loop is done
+            self.profiler.report()
         # Once per run, however long: the last save, and waiting until every checkpoint is written and hashed (the
         # export and summary need the last one complete). Its own part of the wall time, apart from the cadence's.
         with self.stopwatch.timing("final_checkpoint"):
@@ -488,8 +490,9 @@ class Trainer:
                 self.manifests.wait()
         ckpt = p.last_checkpoint
         manifest = ckpt / checkpoint.MANIFEST if ckpt is not None else None
-        spent = goodput(p.tokens_seen - getattr(self, "tokens_at_start", p.tokens_seen), sum(p.timings + p.profiled),
-                        sum(p.timings[:1]), self.stopwatch, self.flops_per_token, self.peak, self.dist.world_size)
+        spent = goodput(p.tokens_seen - getattr(self, "tokens_at_start", p.tokens_seen), sum(p.timings),
+                        sum(p.timings[:1]), sum(p.profiled), self.stopwatch, self.flops_per_token, self.peak,
+                        self.dist.world_size)
         return {
             "format": SUMMARY_FORMAT, "status": status, "error": error,
             "steps": p.step, "max_steps": self.max_steps, "final_loss": p.last_loss, "val_loss": val_loss,

@@ -69,26 +69,29 @@ def test_goodput_counts_the_whole_wall_time_and_the_parts_sum_to_it():
     now = [0.0]
     watch = Stopwatch(clock=lambda: now[0])
     watch.start()
-    for part, seconds in (("startup", 2.0), ("checkpoint", 10.0), ("validation", 5.0), ("final_validation", 1.0),
-                          ("export", 3.0)):
+    for part, seconds in (("startup", 2.0), ("checkpoint", 10.0), ("validation", 5.0), ("profile", 1.0),
+                          ("final_validation", 1.0), ("export", 3.0)):
         with watch.timing(part):
             now[0] += seconds
     now[0] = 100.0
     watch.stop()
     now[0] = 500.0  # after stop: not counted
-    # 1.2M tokens in 100 s of wall time: 12,000 tok/s; 60 s of it in steps (the first, 8 s, is the warm-up), 21 s in
-    # the parts above, 19 s other. MFU: 6e6 FLOPs/token x 12,000 tok/s / (2 devices x 1e12 FLOP/s) = 0.036.
-    figures = goodput(1_200_000, 60.0, 8.0, watch, 6e6, 1e12, 2)
+    # 1.2M tokens in 100 s of wall time: 12,000 tok/s. 60 s in steps (the first, 8 s, is the warm-up), 4 s in two
+    # profiled steps; 22 s in the parts above (the profile's report, 1 s, joins the profiled steps: profile_s 5 s);
+    # 14 s other. MFU: 6e6 FLOPs/token x 12,000 tok/s / (2 devices x 1e12 FLOP/s) = 0.036.
+    figures = goodput(1_200_000, 60.0, 8.0, 4.0, watch, 6e6, 1e12, 2)
     assert figures["goodput_tokens_per_s"] == pytest.approx(12_000)
     assert figures["goodput_mfu"] == pytest.approx(0.036)
-    assert figures["time"] == {"wall_s": 100.0, "train_s": 52.0, "warmup_s": 8.0, "startup_s": 2.0,
-                               "checkpoint_s": 10.0, "validation_s": 5.0, "rollback_s": 0.0,
-                               "final_checkpoint_s": 0.0, "final_validation_s": 1.0, "export_s": 3.0, "other_s": 19.0}
-    assert goodput(100, 1.0, 1.0, watch, 6e6, None, 1)["goodput_mfu"] is None  # no peak (CPU): no MFU
-    # Steady: without startup, the first step, final validation and export (2 + 8 + 1 + 3 s) and without the first
-    # step's 20,000 tokens: 1.18M tokens in 86 s.
-    assert steady_goodput({**figures, "tokens_per_step": 20_000}) == pytest.approx(1_180_000 / 86)
+    assert figures["time"] == {"wall_s": 100.0, "train_s": 52.0, "warmup_s": 8.0, "profile_s": 5.0,
+                               "startup_s": 2.0, "checkpoint_s": 10.0, "validation_s": 5.0, "rollback_s": 0.0,
+                               "final_checkpoint_s": 0.0, "final_validation_s": 1.0, "export_s": 3.0, "other_s": 14.0}
+    assert goodput(100, 1.0, 1.0, 0.0, watch, 6e6, None, 1)["goodput_mfu"] is None  # no peak (CPU): no MFU
+    # Steady: without startup, the first step, the profile, final validation and export (2 + 8 + 5 + 1 + 3 s) and
+    # without the tokens of the first step and the two profiled ones (3 x 20,000): 1.14M tokens in 81 s.
+    summary = {**figures, "tokens_per_step": 20_000, "profile": {"steps": [4, 5]}}
+    assert steady_goodput(summary) == pytest.approx(1_140_000 / 81)
+    assert steady_goodput({**summary, "profile": None}) == pytest.approx(1_180_000 / 81)
     metrics = throughput_metrics({"tokens_per_s": 20_000.0, "mfu": None, **figures,
                                   "checkpoint_stall": {"count": 2, "total_s": 4.0, "max_s": 3.0}})
     assert metrics["run/goodput_tokens_per_s"] == pytest.approx(12_000) and "run/mfu" not in metrics
-    assert metrics["run/time/other_s"] == 19.0 and metrics["checkpoint/stall_total_s"] == 4.0
+    assert metrics["run/time/other_s"] == 14.0 and metrics["checkpoint/stall_total_s"] == 4.0

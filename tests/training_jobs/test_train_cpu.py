@@ -40,15 +40,17 @@ def test_two_rank_run_learns_and_reports(run_a):
     assert summary["stability_events"] == [] and summary["rollbacks"] == 0
     assert summary["n_params"] == 139_584 and summary["flops_per_token"] == 886_656
     assert summary["checkpoint"].endswith("step_00000012") and summary["mlflow_run_id"]
-    # Goodput: the counted tokens over all of fit()'s wall time; its parts (the first step, the others, checkpoints 4,
-    # 8, 12, validation at 6 and 12, waiting at the end for the checkpoints to be written and hashed, the final
-    # validation, export) sum to it, with what none claims as other_s (>= 0).
+    # Goodput: the counted tokens over all of fit()'s wall time; its parts (the first step, the profiled steps 3-4 and
+    # their report, the other steps, checkpoints 4, 8, 12, validation at 6 and 12, waiting at the end for the
+    # checkpoints to be written and hashed, the final validation, export) sum to it, with what none claims as
+    # other_s (>= 0).
     time_spent = summary["time"]
     assert 0 < summary["goodput_tokens_per_s"] <= summary["tokens_per_s"] and summary["goodput_mfu"] is None
     assert summary["goodput_tokens_per_s"] == pytest.approx(12 * 256 / time_spent["wall_s"], rel=1e-3)
     assert sum(v for k, v in time_spent.items() if k != "wall_s") == pytest.approx(time_spent["wall_s"], abs=0.01)
     assert time_spent["other_s"] >= -0.005 and min(time_spent[k] for k in (
-        "train_s", "warmup_s", "startup_s", "checkpoint_s", "validation_s", "final_validation_s", "export_s")) > 0
+        "train_s", "warmup_s", "profile_s", "startup_s", "checkpoint_s", "validation_s", "final_validation_s",
+        "export_s")) > 0
     assert time_spent["final_checkpoint_s"] >= 0  # step 12 was saved at the cadence: only its completion waited for
     stall = summary["checkpoint_stall"]
     assert stall["count"] == 3 and 0 < stall["max_s"] <= stall["total_s"] <= time_spent["checkpoint_s"]
