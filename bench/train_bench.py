@@ -13,8 +13,9 @@ with the run's default layout (ZeRO stage, micro-batch, compile: what a user get
 first, which pays for warm-up and compilation, left out); its goodput is the run's tokens over the whole wall time
 of fit() (`goodput_tokens_per_s`: compilation, logging, validation, checkpoints at --checkpoint-every and at the end,
 export, all included), and its steady goodput the same without what a run pays once whatever its length
-(training_jobs.reporting.ONE_TIME_PARTS: startup, the first step, the last checkpoint, the final validation, the
-export), which a long run approaches and a bench of a few dozen steps cannot show otherwise.
+(training_jobs.reporting.ONE_TIME_PARTS: startup, the first step, a --profile window, the last checkpoint, the final
+validation, the export) and their steps' tokens, which a long run approaches and a bench of a few dozen steps cannot
+show otherwise.
 
 Reference: nanoGPT's train loop (Karpathy, train.py) around the same `training_jobs.model.Transformer`: one
 process per device, fp32 weights under bf16 autocast on GPUs, `torch.compile`, fused AdamW, SDPA's flash kernel,
