@@ -201,9 +201,9 @@ def test_a_step_never_waits_for_the_device(world_of_one, monkeypatch, stage):
     DeepSpeed's own calls go through."""
     from deepspeed.accelerator import get_accelerator
 
-    t = zero0_settings().model_copy(update={"parallelism": zero0_settings().parallelism.model_copy(
-        update={"zero_stage": stage})})
-    engine = engine_for(t)
+    base = zero0_settings()
+    engine = engine_for(base.model_copy(update={"parallelism": base.parallelism.model_copy(
+        update={"zero_stage": stage})}))
     synchronized = []
     monkeypatch.setattr(get_accelerator(), "synchronize", lambda *args, **kwargs: synchronized.append(args))
     for batch in batches():
