@@ -228,8 +228,10 @@ def pct(x: float | None) -> str:
 
 def profile_line(profile: dict) -> str:
     first, last = profile["steps"]
+    waits = profile.get("host_waits")
     return (f"  profile of steps {first}-{last}: {profile['wall_s']:.3f} s, the device busy "
-            f"{pct(profile['device_busy_fraction'])} of it; operators in {profile['ops']}")
+            f"{pct(profile['device_busy_fraction'])} of it; operators in {profile['ops']}"
+            + (f"; host waits: {', '.join(f'{k} {v}' for k, v in waits.items())}" if waits else ""))
 
 
 def bench_preset(args, launcher: str) -> dict:

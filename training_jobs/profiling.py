@@ -5,9 +5,10 @@ on rank 0 and writes, into <output_dir>/profile/,
     trace.json    the Chrome / Perfetto trace of the window (chrome://tracing, ui.perfetto.dev)
 
 and summary.json's `profile`: the window's wall seconds and, on a GPU, the share of it the device spent in kernels
-(`device_busy_fraction`). A step whose kernels take less time than the host takes to queue them leaves the GPU
-idle: a busy fraction well below 1 says the loop (Python, DeepSpeed's hooks, launches) is what limits the step, not
-the model's arithmetic. Only operator names and timings are recorded (no shapes, no data)."""
+(`device_busy_fraction`) and the CUDA calls in which the host waited for the device (`host_waits`). A step whose
+kernels take less time than the host takes to queue them leaves the GPU idle: a busy fraction well below 1 says the
+loop (Python, DeepSpeed's hooks, launches) is what limits the step, not the model's arithmetic. Only operator names
+and timings are recorded (no shapes, no data)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ from typing import Any
 import torch
 
 PROFILE_DIR = "profile"
+# CUDA runtime calls in which the host waits for the device. In a window of a loop that runs ahead of the GPU: one
+# cudaDeviceSynchronize (the window's close), one cudaEventSynchronize a step (the loss and grad norm of the step
+# before, read while this one is queued: training_jobs.step.StepFigures), and nothing else.
+HOST_WAITS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
 
 
 class StepProfiler:
@@ -71,13 +76,16 @@ class StepProfiler:
         table = profile.key_averages().table(sort_by=sort_by, row_limit=60)
         (self.folder / "ops.txt").write_text(table + "\n", encoding="utf-8")
         profile.export_chrome_trace(str(self.folder / "trace.json"))
+        events = profile.events()
+        names = [e.name for e in events]
+        waits = {name: names.count(name) for name in HOST_WAITS}  # none on CPU
         busy = None
         if on_gpu:  # the device's own events (kernels, copies): the operators that launched them would count twice
-            device = [e for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
             busy = sum(e.time_range.elapsed_us() for e in device) / 1e6 / self.wall if self.wall > 0 else None
         self.result = {"steps": [self.first, self.last], "wall_s": round(self.wall, 4),
-                       "device_busy_fraction": None if busy is None else round(busy, 4),
+                       "device_busy_fraction": None if busy is None else round(busy, 4), "host_waits": waits,
                        "ops": str(self.folder / "ops.txt"), "trace": str(self.folder / "trace.json")}
 
 
-__all__ = ["PROFILE_DIR", "StepProfiler"]
+__all__ = ["HOST_WAITS", "PROFILE_DIR", "StepProfiler"]

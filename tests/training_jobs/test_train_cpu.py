@@ -81,7 +81,8 @@ def test_a_profile_of_two_steps_is_written(run_a):
     is shown by the resume tests: run_b, without a profile, has run_a's losses bit for bit."""
     profile = summary_of(run_a)["profile"]
     assert profile["steps"] == [3, 4] and profile["wall_s"] > 0
-    assert profile["device_busy_fraction"] is None  # no device on CPU
+    assert profile["device_busy_fraction"] is None  # no device on CPU, and no CUDA call to wait in
+    assert profile["host_waits"] == {"cudaDeviceSynchronize": 0, "cudaStreamSynchronize": 0, "cudaEventSynchronize": 0}
     ops = (run_a / "profile" / "ops.txt").read_text()
     assert "Self CPU" in ops and "aten::mm" in ops  # the blocks' matmuls, forward and backward
     events = json.loads((run_a / "profile" / "trace.json").read_text())["traceEvents"]
