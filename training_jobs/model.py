@@ -116,14 +116,16 @@ class RopeTables:
         if torch.compiler.is_compiling():
             # In a compiled graph (setup.compile_model) the graph computes them, fused, in microseconds. Looking them
             # up here would make the dict's contents a guard, which fails once the first call fills it: a recompile.
-            cos, sin = rope_tables(seq_len, self.head_dim, self.theta, device, self.scaling_factor)
-            return cos.to(dtype), sin.to(dtype)
+            return self.make(seq_len, device, dtype)
         key = (seq_len, device, dtype)
         if key not in self.tables:
             with torch.inference_mode(False):  # tables made first under inference_mode must serve training too
-                cos, sin = rope_tables(seq_len, self.head_dim, self.theta, device, self.scaling_factor)
-                self.tables[key] = cos.to(dtype), sin.to(dtype)
+                self.tables[key] = self.make(seq_len, device, dtype)
         return self.tables[key]
+
+    def make(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = rope_tables(seq_len, self.head_dim, self.theta, device, self.scaling_factor)
+        return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

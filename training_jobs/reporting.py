@@ -183,17 +183,17 @@ TIME_PARTS = ("startup", "checkpoint", "validation", "rollback", "final_checkpoi
 ONE_TIME_PARTS = ("startup", "warmup", "profile", "final_checkpoint", "final_validation", "export")
 
 
-def goodput(tokens_counted: int, step_seconds: float, warmup_seconds: float, profiled_seconds: float,
-            stopwatch: Stopwatch, flops_per_token: float, peak_flops: float | None, world_size: int) -> dict[str, Any]:
+def goodput(tokens_counted: int, step_times: list[float], profiled_times: list[float], stopwatch: Stopwatch,
+            flops_per_token: float, peak_flops: float | None, world_size: int) -> dict[str, Any]:
     """Goodput: the tokens of the optimizer steps that counted (rolled-back steps do not) over the whole wall time,
     checkpoints, validation, logging, rollbacks and export included; and where that time went: `train_s` the steps
-    (`step_seconds`) but the first, `warmup_s` the first (compilation, autotuning, the allocator's first blocks),
-    `profile_s` the steps under training.profile_steps and the stopwatch's "profile" part (writing their report),
-    the other parts, and `other_s`, what none claims (logging, steps later rolled back, the loss probe). The parts
-    sum to `wall_s`."""
+    (`step_times`, in order) but the first, `warmup_s` the first (compilation, autotuning, the allocator's first
+    blocks), `profile_s` the steps under training.profile_steps (`profiled_times`) and the stopwatch's "profile" part
+    (writing their report), the other parts, and `other_s`, what none claims (logging, steps later rolled back, the
+    loss probe). The parts sum to `wall_s`."""
     wall = stopwatch.wall()
-    spent = {"train_s": step_seconds - warmup_seconds, "warmup_s": warmup_seconds,
-             "profile_s": profiled_seconds + stopwatch.parts.get("profile", 0.0),
+    spent = {"train_s": sum(step_times[1:]), "warmup_s": sum(step_times[:1]),
+             "profile_s": sum(profiled_times) + stopwatch.parts.get("profile", 0.0),
              **{f"{part}_s": stopwatch.parts.get(part, 0.0) for part in TIME_PARTS}}
     spent["other_s"] = wall - sum(spent.values())
     tokens_per_s = tokens_counted / wall if wall > 0 else None

@@ -490,9 +490,8 @@ class Trainer:
                 self.manifests.wait()
         ckpt = p.last_checkpoint
         manifest = ckpt / checkpoint.MANIFEST if ckpt is not None else None
-        spent = goodput(p.tokens_seen - getattr(self, "tokens_at_start", p.tokens_seen), sum(p.timings),
-                        sum(p.timings[:1]), sum(p.profiled), self.stopwatch, self.flops_per_token, self.peak,
-                        self.dist.world_size)
+        spent = goodput(p.tokens_seen - getattr(self, "tokens_at_start", p.tokens_seen), p.timings, p.profiled,
+                        self.stopwatch, self.flops_per_token, self.peak, self.dist.world_size)
         return {
             "format": SUMMARY_FORMAT, "status": status, "error": error,
             "steps": p.step, "max_steps": self.max_steps, "final_loss": p.last_loss, "val_loss": val_loss,

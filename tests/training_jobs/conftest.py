@@ -159,10 +159,9 @@ def run_a_mlflow_uri(run_a: Path) -> str:
 @pytest.fixture(scope="session")
 def run_a(tmp_path_factory, token_dataset) -> Path:
     """The uninterrupted reference: torchrun, 2 ranks, 12 steps, a checkpoint every 4 (keep 2), steps 3-4 profiled,
-    logged to its own
-    MLflow store (run_a_mlflow_uri); shared by the training-loop tests and the recipes (a base checkpoint). Through
-    construction_probe (training_jobs.train, untouched, plus a record of the model as the engine received it, in
-    a/construction/): the zero.Init test reads it."""
+    logged to its own MLflow store (run_a_mlflow_uri); shared by the training-loop tests and the recipes (a base
+    checkpoint). Through construction_probe (training_jobs.train, untouched, plus a record of the model as the engine
+    received it, in a/construction/): the zero.Init test reads it."""
     def build(root: Path) -> None:
         uri = mlflow_store(root, "kiln-tests")
         # Validation every 6 steps and a profile of steps 3 and 4 here only: neither may change a single training

@@ -79,13 +79,13 @@ def test_goodput_counts_the_whole_wall_time_and_the_parts_sum_to_it():
     # 1.2M tokens in 100 s of wall time: 12,000 tok/s. 60 s in steps (the first, 8 s, is the warm-up), 4 s in two
     # profiled steps; 22 s in the parts above (the profile's report, 1 s, joins the profiled steps: profile_s 5 s);
     # 14 s other. MFU: 6e6 FLOPs/token x 12,000 tok/s / (2 devices x 1e12 FLOP/s) = 0.036.
-    figures = goodput(1_200_000, 60.0, 8.0, 4.0, watch, 6e6, 1e12, 2)
+    figures = goodput(1_200_000, [8.0, 30.0, 22.0], [1.5, 2.5], watch, 6e6, 1e12, 2)
     assert figures["goodput_tokens_per_s"] == pytest.approx(12_000)
     assert figures["goodput_mfu"] == pytest.approx(0.036)
     assert figures["time"] == {"wall_s": 100.0, "train_s": 52.0, "warmup_s": 8.0, "profile_s": 5.0,
                                "startup_s": 2.0, "checkpoint_s": 10.0, "validation_s": 5.0, "rollback_s": 0.0,
                                "final_checkpoint_s": 0.0, "final_validation_s": 1.0, "export_s": 3.0, "other_s": 14.0}
-    assert goodput(100, 1.0, 1.0, 0.0, watch, 6e6, None, 1)["goodput_mfu"] is None  # no peak (CPU): no MFU
+    assert goodput(100, [1.0], [], watch, 6e6, None, 1)["goodput_mfu"] is None  # no peak (CPU): no MFU
     # Steady: without startup, the first step, the profile, final validation and export (2 + 8 + 5 + 1 + 3 s) and
     # without the tokens of the first step and the two profiled ones (3 x 20,000): 1.14M tokens in 81 s.
     summary = {**figures, "tokens_per_step": 20_000, "profile": {"steps": [4, 5]}}
