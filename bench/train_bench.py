@@ -53,7 +53,7 @@ import torch  # noqa: E402
 
 from kiln.tokens.shard_format import open_shard, write_random_shard_set  # noqa: E402
 from training_jobs.launch import launch_command  # noqa: E402
-from training_jobs.reporting import ONE_TIME_PARTS, steady_goodput  # noqa: E402
+from training_jobs.reporting import ONE_TIME_PARTS  # noqa: E402
 from training_jobs.settings import TrainingSettings  # noqa: E402
 
 SHA = "00" * 32
@@ -255,12 +255,12 @@ def bench_preset(args, launcher: str) -> dict:
               f"compile {(s.get('compile') or {}).get('enabled', 'n/a')}, {s['steps']} steps"
               f"{', activation checkpointing' if args.activation_checkpointing else ''}")
         goodput = s.get("goodput_tokens_per_s")  # None: a trainer from before goodput was reported
-        steady = steady_goodput(s) if goodput else None
+        steady = s.get("steady_goodput_tokens_per_s")
+        steady_share = f"{steady / s['tokens_per_s']:.2f}" if steady else "n/a"
         print(f"  step throughput {s['tokens_per_s']:,.0f} tokens/s ({s['tokens_per_s'] / s['world_size']:,.0f} per "
               f"rank), MFU {pct(s['mfu'])}; goodput "
               + (f"{goodput:,.0f} tokens/s, MFU {pct(s['goodput_mfu'])} ({goodput / s['tokens_per_s']:.2f} of step; "
-                 f"{steady / s['tokens_per_s']:.2f} without the one-time parts: {', '.join(ONE_TIME_PARTS)})"
-                 if goodput else "n/a"))
+                 f"{steady_share} without the one-time parts: {', '.join(ONE_TIME_PARTS)})" if goodput else "n/a"))
         if goodput:
             print(f"  wall {s['time']['wall_s']:.1f} s: " + ", ".join(f"{k[:-2]} {v:.1f}" for k, v in s["time"].items()
                                                                        if k != "wall_s")
@@ -272,8 +272,8 @@ def bench_preset(args, launcher: str) -> dict:
             **{k: s.get(k) for k in (
                 "tokens_per_s", "mfu", "goodput_tokens_per_s", "goodput_mfu", "time", "checkpoint_stall", "world_size",
                 "device", "precision", "tokens_per_step", "steps", "parallelism", "layout", "compile",
-                "peak_flops_per_device", "n_params", "flops_per_token", "launch_wall_s", "profile")},
-            "steady_goodput_tokens_per_s": steady}}
+                "peak_flops_per_device", "n_params", "flops_per_token", "launch_wall_s", "profile",
+                "steady_goodput_tokens_per_s")}}}
         if args.reference:
             ref_micro = args.ref_micro_batch or micro
             ref_accum = max(1, micro * accum // ref_micro)

@@ -136,9 +136,9 @@ class Reporter:
             self.mlflow.end_run(status="FAILED" if failed else "FINISHED")
         if self.pipes is not None and not failed:
             keys = ("status", "steps", "objective", "final_loss", "val_loss", "base_val_loss", "tokens_seen",
-                    "tokens_per_s", "mfu", "goodput_tokens_per_s", "goodput_mfu", "n_params", "n_params_non_embedding",
-                    "world_size", "rollbacks",
-                    "mlflow_run_id", "checkpoint", "summary_path")
+                    "tokens_per_s", "mfu", "goodput_tokens_per_s", "goodput_mfu", "steady_goodput_tokens_per_s",
+                    "n_params", "n_params_non_embedding", "world_size", "rollbacks", "mlflow_run_id", "checkpoint",
+                    "summary_path")
             metadata = {k: _json_safe(summary[k]) for k in keys if summary.get(k) is not None}
             metadata["stability_events"] = len(summary["stability_events"])
             self.pipes.report_asset_materialization(metadata=metadata, data_version=summary.get("checkpoint_sha256"))
@@ -183,36 +183,38 @@ TIME_PARTS = ("startup", "checkpoint", "validation", "rollback", "final_checkpoi
 ONE_TIME_PARTS = ("startup", "warmup", "profile", "final_checkpoint", "final_validation", "export")
 
 
-def goodput(tokens_counted: int, step_times: list[float], profiled_times: list[float], stopwatch: Stopwatch,
-            flops_per_token: float, peak_flops: float | None, world_size: int) -> dict[str, Any]:
-    """Goodput: the tokens of the optimizer steps that counted (rolled-back steps do not) over the whole wall time,
-    checkpoints, validation, logging, rollbacks and export included; and where that time went: `train_s` the steps
-    (`step_times`, in order) but the first, `warmup_s` the first (compilation, autotuning, the allocator's first
-    blocks), `profile_s` the steps under training.profile_steps (`profiled_times`) and the stopwatch's "profile" part
-    (writing their report), the other parts, and `other_s`, what none claims (logging, steps later rolled back, the
-    loss probe). The parts sum to `wall_s`."""
+def throughput(tokens_per_step: int, tokens_counted: int, step_times: list[float], profiled_times: list[float],
+               stopwatch: Stopwatch, flops_per_token: float, peak_flops: float | None,
+               world_size: int) -> dict[str, Any]:
+    """The run's throughput three ways, and where its wall time went.
+
+    - `tokens_per_s`, `mfu`: step throughput, over the optimizer steps (`step_times`, in order) but the first, which
+      pays for compilation, autotuning and the allocator's first blocks (all of them if there is only one).
+    - `goodput_tokens_per_s`, `goodput_mfu`: the tokens of the optimizer steps that counted (`tokens_counted`:
+      rolled-back steps do not) over the whole wall time, checkpoints, validation, logging, rollbacks and export
+      included.
+    - `steady_goodput_tokens_per_s`: goodput without the one-time parts (ONE_TIME_PARTS) and the tokens of the steps
+      they hold (the first, the profiled ones): what the loop delivers with its checkpoints, validation and logging at
+      their cadence, the figure a long run approaches.
+    - `time`: `train_s` the steps but the first, `warmup_s` the first, `profile_s` the steps under
+      training.profile_steps (`profiled_times`) and the stopwatch's "profile" part (writing their report), the
+      other parts, and `other_s`, what none claims (logging, steps later rolled back, the loss probe). The parts sum
+      to `wall_s`."""
     wall = stopwatch.wall()
+    steady_steps = step_times[1:] or step_times
+    tokens_per_s = tokens_per_step * len(steady_steps) / sum(steady_steps) if sum(steady_steps) > 0 else None
     spent = {"train_s": sum(step_times[1:]), "warmup_s": sum(step_times[:1]),
              "profile_s": sum(profiled_times) + stopwatch.parts.get("profile", 0.0),
              **{f"{part}_s": stopwatch.parts.get(part, 0.0) for part in TIME_PARTS}}
     spent["other_s"] = wall - sum(spent.values())
-    tokens_per_s = tokens_counted / wall if wall > 0 else None
-    return {"goodput_tokens_per_s": tokens_per_s,
-            "goodput_mfu": mfu(flops_per_token, tokens_per_s or 0.0, peak_flops, world_size),
+    goodput = tokens_counted / wall if wall > 0 else None
+    steady_s = wall - sum(spent[f"{part}_s"] for part in ONE_TIME_PARTS)
+    steady_tokens = tokens_counted - tokens_per_step * (len(step_times[:1]) + len(profiled_times))
+    return {"tokens_per_s": tokens_per_s, "mfu": mfu(flops_per_token, tokens_per_s or 0.0, peak_flops, world_size),
+            "goodput_tokens_per_s": goodput,
+            "goodput_mfu": mfu(flops_per_token, goodput or 0.0, peak_flops, world_size),
+            "steady_goodput_tokens_per_s": steady_tokens / steady_s if steady_s > 0 and steady_tokens > 0 else None,
             "time": {"wall_s": round(wall, 3), **{k: round(v, 3) for k, v in spent.items()}}}
-
-
-def steady_goodput(summary: dict[str, Any]) -> float | None:
-    """Goodput without the one-time parts (ONE_TIME_PARTS) and the tokens of the steps they hold (the first, the
-    profiled ones): what the training loop delivers with its checkpoints, validation and logging at their cadence,
-    the figure a long run approaches."""
-    t = summary.get("time") or {}
-    seconds = t.get("wall_s", 0.0) - sum(t.get(f"{part}_s", 0.0) for part in ONE_TIME_PARTS)
-    first, last = (summary.get("profile") or {}).get("steps") or (1, 0)
-    steps_apart = (1 if t.get("warmup_s") else 0) + last - first + 1
-    tokens = (summary.get("goodput_tokens_per_s") or 0.0) * t.get("wall_s", 0.0)
-    tokens -= summary.get("tokens_per_step", 0) * steps_apart
-    return tokens / seconds if seconds > 0 and tokens > 0 else None
 
 
 def throughput_metrics(summary: dict[str, Any]) -> dict[str, float]:
@@ -221,6 +223,7 @@ def throughput_metrics(summary: dict[str, Any]) -> dict[str, float]:
     figures = {"run/tokens_per_s": summary.get("tokens_per_s"), "run/mfu": summary.get("mfu"),
                "run/goodput_tokens_per_s": summary.get("goodput_tokens_per_s"),
                "run/goodput_mfu": summary.get("goodput_mfu"),
+               "run/steady_goodput_tokens_per_s": summary.get("steady_goodput_tokens_per_s"),
                **{f"run/time/{k}": v for k, v in (summary.get("time") or {}).items()},
                **{f"checkpoint/stall_{k}": v for k, v in (summary.get("checkpoint_stall") or {}).items()}}
     return {k: float(v) for k, v in figures.items() if isinstance(v, (int, float)) and math.isfinite(v)}

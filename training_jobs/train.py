@@ -53,10 +53,10 @@ from training_jobs.reporting import (
     Reporter,
     Stopwatch,
     flatten,
-    goodput,
     open_pipes,
     peak_memory_gib,
     progress_line,
+    throughput,
     write_json_atomic,
 )
 from training_jobs.settings import RunConfig
@@ -479,8 +479,6 @@ class Trainer:
 
     def summary(self, status: str, val_loss: float | None = None, error: str | None = None) -> dict[str, Any]:
         p = self.progress
-        steady = p.timings[1:] or p.timings  # the first step pays for warm-up (goodput's warmup_s)
-        tokens_per_s = self.tokens_per_step * len(steady) / sum(steady) if steady else None
         if status != "completed":  # fit() waited already when it got to the end
             with contextlib.suppress(Exception):  # a failed write only leaves that checkpoint incomplete
                 self.writer.wait()
@@ -490,8 +488,9 @@ class Trainer:
                 self.manifests.wait()
         ckpt = p.last_checkpoint
         manifest = ckpt / checkpoint.MANIFEST if ckpt is not None else None
-        spent = goodput(p.tokens_seen - getattr(self, "tokens_at_start", p.tokens_seen), p.timings, p.profiled,
-                        self.stopwatch, self.flops_per_token, self.peak, self.dist.world_size)
+        figures = throughput(self.tokens_per_step, p.tokens_seen - getattr(self, "tokens_at_start", p.tokens_seen),
+                             p.timings, p.profiled, self.stopwatch, self.flops_per_token, self.peak,
+                             self.dist.world_size)
         return {
             "format": SUMMARY_FORMAT, "status": status, "error": error,
             "steps": p.step, "max_steps": self.max_steps, "final_loss": p.last_loss, "val_loss": val_loss,
@@ -507,9 +506,9 @@ class Trainer:
             "loader": self.loader.state_dict(),
             "loss_probe": getattr(self, "probe", None),
             "tokens_seen": p.tokens_seen, "tokens_skipped": p.tokens_skipped, "tokens_per_step": self.tokens_per_step,
-            "tokens_per_s": tokens_per_s,  # optimizer steps only (the first, warm-up, and profiled ones left out)
-            "mfu": mfu(self.flops_per_token, tokens_per_s or 0.0, self.peak, self.dist.world_size),
-            **spent,  # goodput_tokens_per_s, goodput_mfu: over the whole of fit(); time: where that went
+            # step throughput (tokens_per_s, mfu), goodput over the whole of fit() and without its one-time parts,
+            # and where the time went (reporting.throughput)
+            **figures,
             "checkpoint_stall": {"count": len(self.stalls), "total_s": round(sum(self.stalls), 3),
                                  "max_s": round(max(self.stalls, default=0.0), 3)},
             "profile": self.profiler.result,  # training.profile_steps: the window, the GPU's busy fraction, files

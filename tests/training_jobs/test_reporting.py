@@ -9,9 +9,8 @@ from training_jobs.reporting import (
     Reporter,
     Stopwatch,
     duration,
-    goodput,
     progress_line,
-    steady_goodput,
+    throughput,
     throughput_metrics,
 )
 
@@ -65,7 +64,7 @@ def test_metrics_rows_are_written_at_the_logging_interval_and_none_is_lost_at_th
     assert steps() == [1, 2, 3, 4, 5]  # other ranks write nothing
 
 
-def test_goodput_counts_the_whole_wall_time_and_the_parts_sum_to_it():
+def test_throughput_goodput_and_steady_goodput_on_a_hand_worked_run():
     now = [0.0]
     watch = Stopwatch(clock=lambda: now[0])
     watch.start()
@@ -76,22 +75,29 @@ def test_goodput_counts_the_whole_wall_time_and_the_parts_sum_to_it():
     now[0] = 100.0
     watch.stop()
     now[0] = 500.0  # after stop: not counted
-    # 1.2M tokens in 100 s of wall time: 12,000 tok/s. 60 s in steps (the first, 8 s, is the warm-up), 4 s in two
-    # profiled steps; 22 s in the parts above (the profile's report, 1 s, joins the profiled steps: profile_s 5 s);
-    # 14 s other. MFU: 6e6 FLOPs/token x 12,000 tok/s / (2 devices x 1e12 FLOP/s) = 0.036.
-    figures = goodput(1_200_000, [8.0, 30.0, 22.0], [1.5, 2.5], watch, 6e6, 1e12, 2)
+    # Five steps of 240,000 tokens counted, 1.2M tokens in 100 s of wall time: goodput 12,000 tok/s. Three timed steps
+    # (8, 30, 22 s; the first, 8 s, is the warm-up) and two profiled (1.5, 2.5 s). Step throughput: the two steps after
+    # the warm-up, 480,000 tokens in 52 s. Time: 22 s in the parts above (the profile's report, 1 s, joins the
+    # profiled steps: profile_s 5 s); 14 s other. MFU: 6e6 FLOPs/token x tokens/s / (2 devices x 1e12 FLOP/s).
+    figures = throughput(240_000, 1_200_000, [8.0, 30.0, 22.0], [1.5, 2.5], watch, 6e6, 1e12, 2)
+    assert figures["tokens_per_s"] == pytest.approx(480_000 / 52)
+    assert figures["mfu"] == pytest.approx(6e6 * 480_000 / 52 / 2e12)
     assert figures["goodput_tokens_per_s"] == pytest.approx(12_000)
     assert figures["goodput_mfu"] == pytest.approx(0.036)
     assert figures["time"] == {"wall_s": 100.0, "train_s": 52.0, "warmup_s": 8.0, "profile_s": 5.0,
                                "startup_s": 2.0, "checkpoint_s": 10.0, "validation_s": 5.0, "rollback_s": 0.0,
                                "final_checkpoint_s": 0.0, "final_validation_s": 1.0, "export_s": 3.0, "other_s": 14.0}
-    assert goodput(100, [1.0], [], watch, 6e6, None, 1)["goodput_mfu"] is None  # no peak (CPU): no MFU
     # Steady: without startup, the first step, the profile, final validation and export (2 + 8 + 5 + 1 + 3 s) and
-    # without the tokens of the first step and the two profiled ones (3 x 20,000): 1.14M tokens in 81 s.
-    summary = {**figures, "tokens_per_step": 20_000, "profile": {"steps": [4, 5]}}
-    assert steady_goodput(summary) == pytest.approx(1_140_000 / 81)
-    assert steady_goodput({**summary, "profile": None}) == pytest.approx(1_180_000 / 81)
-    metrics = throughput_metrics({"tokens_per_s": 20_000.0, "mfu": None, **figures,
+    # without the tokens of the first step and the two profiled ones (3 x 240,000): 480,000 tokens in 81 s.
+    assert figures["steady_goodput_tokens_per_s"] == pytest.approx(480_000 / 81)
+    unprofiled = throughput(240_000, 1_200_000, [8.0, 30.0, 22.0], [], watch, 6e6, None, 1)
+    assert unprofiled["steady_goodput_tokens_per_s"] == pytest.approx(960_000 / 85)  # the report's 1 s still out
+    assert unprofiled["mfu"] is None and unprofiled["goodput_mfu"] is None  # no peak (CPU): no MFU
+    one_step = throughput(240_000, 240_000, [8.0], [], watch, 6e6, None, 1)
+    assert one_step["tokens_per_s"] == pytest.approx(30_000)  # a single step is all there is to time
+    assert one_step["steady_goodput_tokens_per_s"] is None  # nothing left once the warm-up is out
+    metrics = throughput_metrics({**figures, "mfu": None,
                                   "checkpoint_stall": {"count": 2, "total_s": 4.0, "max_s": 3.0}})
     assert metrics["run/goodput_tokens_per_s"] == pytest.approx(12_000) and "run/mfu" not in metrics
     assert metrics["run/time/other_s"] == 14.0 and metrics["checkpoint/stall_total_s"] == 4.0
+    assert metrics["run/steady_goodput_tokens_per_s"] == pytest.approx(480_000 / 81)

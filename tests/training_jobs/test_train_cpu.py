@@ -52,6 +52,11 @@ def test_two_rank_run_learns_and_reports(run_a):
         "train_s", "warmup_s", "profile_s", "startup_s", "checkpoint_s", "validation_s", "final_validation_s",
         "export_s")) > 0
     assert time_spent["final_checkpoint_s"] >= 0  # step 12 was saved at the cadence: only its completion waited for
+    # Steady goodput: the 9 steps neither first nor profiled, over the time left without the one-time parts
+    one_time = sum(time_spent[k] for k in ("startup_s", "warmup_s", "profile_s", "final_checkpoint_s",
+                                            "final_validation_s", "export_s"))
+    assert summary["steady_goodput_tokens_per_s"] == pytest.approx(9 * 256 / (time_spent["wall_s"] - one_time),
+                                                                   rel=1e-3)
     stall = summary["checkpoint_stall"]
     assert stall["count"] == 3 and 0 < stall["max_s"] <= stall["total_s"] <= time_spent["checkpoint_s"]
     stalls = [json.loads(line) for line in (run_a / "metrics.jsonl").read_text().splitlines() if "stall_s" in line]
@@ -166,6 +171,8 @@ def test_mlflow_has_params_metrics_and_the_deepspeed_config(run_a):
     assert history[-1].value == pytest.approx(summary_of(run_a)["final_loss"])
     assert "val/loss" in run.data.metrics and "train/tokens_per_s" in run.data.metrics
     assert run.data.metrics["run/goodput_tokens_per_s"] == pytest.approx(summary_of(run_a)["goodput_tokens_per_s"])
+    assert run.data.metrics["run/steady_goodput_tokens_per_s"] == pytest.approx(
+        summary_of(run_a)["steady_goodput_tokens_per_s"])
     assert [m.step for m in client.get_metric_history(run.info.run_id, "checkpoint/stall_s")] == [4, 8, 12]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"deepspeed_config.json", "run_config.json", "summary.json"} <= artifacts
