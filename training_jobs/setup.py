@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import warnings
@@ -174,6 +175,11 @@ def deepspeed_config(t: TrainingSettings, precision: str, cfg: ModelConfig) -> d
     # at every forward and every step, so the host never ran ahead of the GPU; Kiln measures throughput itself. A JSON
     # that turns it on keeps it.
     ds.setdefault("timers", {}).setdefault("throughput", {}).setdefault("enabled", False)
+    # DeepSpeed's bf16 overflow check (ZeRO-1 and 2) reads a flag from the device every step to skip a step with
+    # inf/NaN gradients; Kiln's stability monitor reads every step's grad norm anyway, a step late, and rolls a
+    # non-finite one back. A JSON that turns the check on keeps it.
+    if ds["bf16"]["enabled"]:
+        ds["bf16"].setdefault("check_grad_overflow", False)
     zero = ds.setdefault("zero_optimization", {})
     for key, value in zero_buckets(cfg).items():
         if zero.get(key) == "auto":
@@ -313,6 +319,8 @@ def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any
                                            config=ds_config, dist_init_required=False)
     if not engine.zero_optimization() and not engine.bfloat16_enabled() and not engine.pipeline_parallelism:
         torch_step_parts(engine, params)
+    if engine.zero_optimization_stage() in (1, 2):
+        clip_without_reading(engine.optimizer)
     if not engine.zero_optimization() and engine.dp_world_size == 1:
         # ZeRO-0 all-reduces the gradients after backward even over one data-parallel rank: each step it copied
         # them into flat buffers of up to 5e8 elements (2 GB in fp32, uncounted by the layout) and back
@@ -337,6 +345,28 @@ def torch_step_parts(engine, params: list[torch.nn.Parameter]) -> None:
 
     engine.clip_fp32_gradients = clip
     engine.zero_grad = zero_grad
+
+
+def clip_without_reading(optimizer) -> None:
+    """ZeRO-1 and 2 clip the gradient partitions with a norm that DeepSpeed first checks on the host (`if
+    is_invalid_grad_norm(norm)`, a read that waits for the device) to replace a non-finite one by inf. The same
+    arithmetic, with the replacement made on the device: the clip factor is max(1, (norm + 1e-6) / max_norm), inf
+    for a non-finite norm, as in DeepSpeed's unscale_and_clip_grads; the stability monitor then rolls the step back
+    (it reads the same norm, from get_global_grad_norm())."""
+    def unscale_and_clip_grads(grad_groups_flat: list, total_norm) -> None:
+        if optimizer.clip_grad == 0.0 and optimizer.loss_scale == 1.0:
+            return
+        combined_scale = optimizer.loss_scale
+        if optimizer.clip_grad > 0.0:
+            norm = torch.as_tensor(total_norm, dtype=torch.float, device=optimizer.device)
+            norm = torch.where(torch.isfinite(norm) & (norm >= 0), norm, math.inf)
+            clip = torch.clamp(((norm / optimizer.loss_scale) + 1e-6) / optimizer.clip_grad, min=1.0)
+            combined_scale = clip * optimizer.loss_scale
+        for grad in grad_groups_flat:
+            for g in grad if isinstance(grad, list) else [grad]:
+                g.data.mul_(1. / combined_scale)
+
+    optimizer.unscale_and_clip_grads = unscale_and_clip_grads
 
 
 # ---------------------------------------------------------------------------------- the run's inputs

@@ -8,7 +8,9 @@ its process groups for the life of the process):
   under torch autocast with torch's fused AdamW, the gradient norm from torch's clip_grad_norm_
   (setup.torch_step_parts), checked against a second implementation, the plain PyTorch loop written out here (the
   math of bench/train_bench.py's reference loop); its checkpoint resumes exactly and exports the engine's weights;
-- no step synchronizes the device at ZeRO-0 or 1 (DeepSpeed's throughput timer is off).
+- no step synchronizes the device or reads a value from it at ZeRO-0, 1 or 2 (DeepSpeed's throughput timer is off,
+  its bf16 overflow check too, and ZeRO-1 and 2 clip without reading the norm: setup.clip_without_reading, checked
+  against DeepSpeed's own clipping).
 
 The backend is aot_eager (KILN_COMPILE_BACKEND): Dynamo's capture, guards and AOTAutograd's joint graph and partition,
 which is where ZeRO-3's hooks, the masks and the recompiles meet the compiler, without inductor's C++ build (minutes
@@ -16,12 +18,15 @@ on two cores). Inductor was checked by hand at stage 3 (see /work/notes/docs-com
 
 from __future__ import annotations
 
+import contextlib
 import math
 import socket
+import traceback
 from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from training_jobs import checkpoint
 from training_jobs.export import consolidate
@@ -29,6 +34,7 @@ from training_jobs.model import ModelConfig, Transformer
 from training_jobs.monitor import StabilityMonitor
 from training_jobs.settings import TrainingSettings
 from training_jobs.setup import build_engine, deepspeed_config, init_distributed
+from training_jobs.step import StepFigures
 
 # DeepSpeed's ZeRO-3 calls torch.distributed's old collective names each step (the trainer filters these too).
 pytestmark = pytest.mark.filterwarnings("ignore:.*torch.distributed.*is deprecated:FutureWarning")
@@ -193,24 +199,72 @@ def test_zero0_in_bf16_trains_as_the_plain_autocast_loop(world_of_one, compiled)
         torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("stage", [0, 1])
+class HostReads(TorchDispatchMode):
+    """Counts where a tensor's value is read on the host (`.item()`, `float()`, `bool()`, `if tensor:`): on a GPU each
+    waits until the device has run everything queued before it."""
+
+    def __init__(self):
+        super().__init__()
+        self.sites: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default):
+            caller = [f for f in traceback.extract_stack()[:-1] if "torch" not in Path(f.filename).parts][-1]
+            self.sites.append(f"{caller.filename}:{caller.lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+def zero_stage_settings(stage: int) -> TrainingSettings:
+    base = zero0_settings()
+    return base.model_copy(update={"parallelism": base.parallelism.model_copy(update={"zero_stage": stage})})
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
 def test_a_step_never_waits_for_the_device(world_of_one, monkeypatch, stage):
-    """The host runs ahead of the GPU only if nothing in a step synchronizes the device. DeepSpeed's throughput timer,
-    on by default for an engine without its own data loader, synchronized twice a micro-batch (at forward and at
-    step), from the third step on; Kiln measures throughput itself. Counted on CPU through the accelerator that
-    DeepSpeed's own calls go through."""
+    """The host runs ahead of the GPU only if nothing in a step synchronizes the device, explicitly or by reading a
+    value. DeepSpeed's throughput timer, on by default for an engine without its own data loader, synchronized twice a
+    micro-batch (at forward and at step), from the third step on; Kiln measures throughput itself. At ZeRO-1 and 2 in
+    bf16 DeepSpeed read its overflow flag (`.item()`) and checked the norm before clipping (`bool()`), 4 reads a step
+    with this model's two parameter groups. Counted on CPU: the accelerator's synchronize that DeepSpeed's own calls
+    go through, and the reads of a value, through the dispatcher, over a step as the trainer runs it (the step's figures
+    broadcast for reading a step later, step.StepFigures)."""
     from deepspeed.accelerator import get_accelerator
 
-    base = zero0_settings()
-    engine = engine_for(base.model_copy(update={"parallelism": base.parallelism.model_copy(
-        update={"zero_stage": stage})}))
-    synchronized = []
+    engine = engine_for(zero_stage_settings(stage))
+    synchronized, reads = [], HostReads()
     monkeypatch.setattr(get_accelerator(), "synchronize", lambda *args, **kwargs: synchronized.append(args))
-    for batch in batches():
-        loss = engine(batch[:, :-1], batch[:, 1:])
-        engine.backward(loss)
-        engine.step()
+    for i, batch in enumerate(batches()):
+        with reads if i >= 2 else contextlib.nullcontext():  # after the first steps, which set things up once
+            loss = engine(batch[:, :-1], batch[:, 1:])
+            engine.backward(loss)
+            engine.step()
+            StepFigures(loss, engine.get_global_grad_norm())
     assert synchronized == []
+    assert reads.sites == []
+
+
+def test_zero1_clips_as_deepspeed_does_without_reading_the_norm(world_of_one):
+    """setup.clip_without_reading against DeepSpeed's own unscale_and_clip_grads (the second implementation, with its
+    bf16 overflow check on, as DeepSpeed ships it): the same weights, bit for bit, over steps that clip and steps that
+    do not. A non-finite gradient still reaches the norm the stability monitor reads, which rolls the step back."""
+    ours, theirs = engine_for(zero_stage_settings(1)), engine_for(zero_stage_settings(1))
+    assert "unscale_and_clip_grads" in vars(ours.optimizer) and ours.optimizer.check_grad_overflow is False
+    del theirs.optimizer.unscale_and_clip_grads  # DeepSpeed's method again
+    theirs.optimizer.check_grad_overflow = True
+    norms = []
+    for batch in batches():
+        for engine in (ours, theirs):
+            engine.backward(engine(batch[:, :-1], batch[:, 1:]))
+            engine.step()
+        norms.append(float(ours.get_global_grad_norm()))
+        assert norms[-1] == float(theirs.get_global_grad_norm())
+    assert min(norms) < CLIP < max(norms)  # some steps clipped, some not
+    for (name, a), b in zip(ours.module.named_parameters(), theirs.module.parameters()):
+        assert torch.equal(a, b), name
+    batch = batches()[0]
+    ours.backward(ours(batch[:, :-1], batch[:, 1:]) * float("nan"))
+    ours.step()
+    assert not math.isfinite(float(ours.get_global_grad_norm()))
 
 
 def test_a_zero0_checkpoint_resumes_exactly_and_exports_the_trained_weights(world_of_one, tmp_path):
