@@ -227,7 +227,8 @@ def test_a_step_never_waits_for_the_device(world_of_one, monkeypatch, stage):
     bf16 DeepSpeed read its overflow flag (`.item()`) and checked the norm before clipping (`bool()`), 4 reads a step
     with this model's two parameter groups. Counted on CPU: the accelerator's synchronize that DeepSpeed's own calls
     go through, and the reads of a value, through the dispatcher, over a step as the trainer runs it (the step's figures
-    broadcast for reading a step later, step.StepFigures)."""
+    broadcast for reading a step later, step.StepFigures). Not seen here: the synchronize DeepSpeed makes with
+    overlap_comm at the end of each ZeRO-1/2 backward on a GPU only (`resolves_data_dependency()` is true on CPU)."""
     from deepspeed.accelerator import get_accelerator
 
     engine = engine_for(zero_stage_settings(stage))
