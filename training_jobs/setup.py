@@ -319,7 +319,9 @@ def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any
                                            config=ds_config, dist_init_required=False)
     if not engine.zero_optimization() and not engine.bfloat16_enabled() and not engine.pipeline_parallelism:
         torch_step_parts(engine, params)
-    if engine.zero_optimization_stage() in (1, 2):
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    if isinstance(engine.optimizer, DeepSpeedZeroOptimizer):  # ZeRO-1 and 2
         clip_without_reading(engine.optimizer)
     if not engine.zero_optimization() and engine.dp_world_size == 1:
         # ZeRO-0 all-reduces the gradients after backward even over one data-parallel rank: each step it copied
