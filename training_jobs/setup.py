@@ -299,6 +299,7 @@ def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any
     stages). Called again for a rollback: ZeRO-3 loads checkpoints into fresh engines only; the fresh model reuses the
     graphs compiled for the first (the same code and guards), so a rollback compiles nothing again."""
     import deepspeed
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     if model is None and t.parallelism.pp > 1:
         from training_jobs.pipeline import pipeline_module
@@ -319,8 +320,6 @@ def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any
                                            config=ds_config, dist_init_required=False)
     if not engine.zero_optimization() and not engine.bfloat16_enabled() and not engine.pipeline_parallelism:
         torch_step_parts(engine, params)
-    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
-
     if isinstance(engine.optimizer, DeepSpeedZeroOptimizer):  # ZeRO-1 and 2
         clip_without_reading(engine.optimizer)
     if not engine.zero_optimization() and engine.dp_world_size == 1:
