@@ -9,6 +9,7 @@ step 8 (deepspeed launcher, same LR curve through schedule.total_steps=12); copi
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -328,6 +329,24 @@ def test_a_loss_spike_rolls_back_skips_data_and_finishes(tmp_path, token_dataset
     assert kiln_state[8]["tokens_skipped"] == 3 * tokens_per_step
     assert kiln_state[8]["loader"]["position"] == (8 + 3) * 4
     assert [e["kind"] for e in kiln_state[12]["monitor"]["events"]] == ["loss_spike"]  # in the client_state too
+
+
+def test_a_nan_at_zero1_in_bf16_is_rolled_back_by_the_monitor(tmp_path, token_dataset):
+    """At ZeRO-1 and 2 in bf16 DeepSpeed's own overflow check is off (it read a flag from the GPU every step,
+    setup.deepspeed_config): a NaN gradient is no longer skipped by DeepSpeed but reaches the weights and the reported
+    grad norm, and the stability monitor rolls the step back to the last checkpoint (4), as at every other stage."""
+    out = tmp_path / "nan_zero1"
+    run = write_run(tmp_path, token_dataset, out, precision="bf16", parallelism={"zero_stage": 1})
+    done = launch(run, launcher="python", env={"KILN_INJECT_FAULT": "nan@7", "OMP_NUM_THREADS": "1"})
+    check(done)
+    summary = summary_of(out)
+    assert summary["parallelism"]["zero_stage"] == 1 and summary["precision"] == "bf16"
+    (event,) = summary["stability_events"]
+    assert (event["kind"], event["action"], event["step"], event["rollback_to"]) == ("nan", "rollback", 7, 4)
+    assert summary["status"] == "completed" and summary["steps"] == 12 and math.isfinite(summary["final_loss"])
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "train/loss" in line]
+    assert [r["step"] for r in rows][-6:] == [7, 8, 9, 10, 11, 12]  # redone from checkpoint 4 on finite weights
+    assert all(math.isfinite(r["train/loss"]) and math.isfinite(r["train/grad_norm"]) for r in rows[-6:])
 
 
 def test_nan_before_the_first_checkpoint_stops_the_run_as_diverged(tmp_path, token_dataset):
