@@ -12,6 +12,7 @@ and timings are recorded (no shapes, no data)."""
 
 from __future__ import annotations
 
+import collections
 import time
 from pathlib import Path
 from typing import Any
@@ -77,8 +78,8 @@ class StepProfiler:
         (self.folder / "ops.txt").write_text(table + "\n", encoding="utf-8")
         profile.export_chrome_trace(str(self.folder / "trace.json"))
         events = profile.events()
-        names = [e.name for e in events]
-        waits = {name: names.count(name) for name in HOST_WAITS}  # none on CPU
+        counts = collections.Counter(e.name for e in events)
+        waits = {name: counts[name] for name in HOST_WAITS}  # none on CPU
         busy = None
         if on_gpu:  # the device's own events (kernels, copies): the operators that launched them would count twice
             device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]

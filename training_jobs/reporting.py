@@ -179,7 +179,7 @@ class Stopwatch:
 # checkpoint is written and hashed), final_validation, export.
 TIME_PARTS = ("startup", "checkpoint", "validation", "rollback", "final_checkpoint", "final_validation", "export")
 # What a run pays once whatever its length (the first step's compilation, a profiled window among them): a long run
-# amortizes these, a benchmark of a few dozen steps does not, so bench/train_bench.py reports goodput without them too.
+# amortizes these, a benchmark of a few dozen steps does not, so throughput() reports goodput without them too.
 ONE_TIME_PARTS = ("startup", "warmup", "profile", "final_checkpoint", "final_validation", "export")
 
 
