@@ -52,7 +52,7 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     add("--nodes", type=int, help="nodes (x --gpus-per-node)")
     add("--gpus-per-node", dest="gpus_per_node", type=int, help="GPUs per node (default 8)")
     add("--price", dest="price_per_gpu_hour", type=float, help="USD per GPU-hour")
-    add("--mfu", type=float, help="model FLOPs utilisation, 0 < mfu <= 1 (default: the goodput MFU of Kiln's "
+    add("--mfu", type=float, help="model FLOPs utilisation, 0 < mfu <= 1 (default: the steady goodput MFU of Kiln's "
         "finished runs on this GPU kind, in KILN_HOME/runs and --mlflow-uri's experiment; without any, 0.4)")
     add("--inter-node-gb-s", dest="inter_node_gb_s", type=float, help="network GB/s per GPU per direction")
     add("--intra-node-gb-s", dest="intra_node_gb_s", type=float, help="NVLink GB/s per GPU per direction")

@@ -1,11 +1,14 @@
 """The MFU a plan assumes when the user gives none: Kiln's own, measured on finished runs on the same GPU kind.
 
 Every training run ends with a summary.json (training_jobs.train) that says on which device it ran and its
-goodput: the tokens of the steps that counted over the whole wall time of the run, checkpoints, validation,
-logging and rollbacks included. A plan turns a budget into GPU-hours of wall time, so goodput MFU is the figure
-it needs; the step MFU (`mfu`, optimizer steps only) would promise more than a run delivers. Runs are pooled by
-work, not averaged: MFU = their model FLOPs / (peak x their GPU-seconds), so a long run counts for more than a
-short one whose warm-up dominates.
+goodput: the tokens of the steps that counted over the wall time, checkpoints, validation, logging and rollbacks
+included. A plan turns a budget into GPU-hours of wall time, so goodput is the figure it needs; the step MFU (`mfu`,
+optimizer steps only) would promise more than a run delivers. But not the whole run's goodput: the parts a run
+pays once (startup, the first step's compilation, the final save and validation, the export) are most of a short
+trial run and nothing of the weeks a plan sizes, and the plan adds restarts itself (`reliability`). So a run counts
+by its steady goodput (`steady_goodput_tokens_per_s` over `steady_s`, training_jobs.reporting.throughput), or by
+its whole goodput if it is from before steady goodput was recorded. Runs are pooled by work, not averaged: MFU =
+their model FLOPs / (peak x their GPU-seconds), so a long run counts for more than a short one.
 
 Runs are found in Kiln's run folders (KILN_HOME/runs/*/summary.json, where the training asset writes them) and,
 with `kiln plan --mlflow-uri`, in an MLflow experiment (the metrics every run logs at the end).
@@ -34,7 +37,7 @@ class RunThroughput:
 
     device: str  # as CUDA names it, e.g. "NVIDIA H200"
     model_flops: float  # the model FLOPs of the steps that counted (PaLM's count, attention included)
-    gpu_seconds: float  # wall time x devices
+    gpu_seconds: float  # the seconds they are counted over (steady, else wall) x devices
     source: str  # the summary's path or the MLflow run id
     mlflow_run_id: str | None = None
 
@@ -45,11 +48,25 @@ class RunThroughput:
 
 def from_summary(summary: dict[str, Any], source: str) -> RunThroughput | None:
     """A completed run's throughput from its summary.json, or None (not completed, or from before goodput)."""
-    goodput, wall = summary.get("goodput_tokens_per_s"), (summary.get("time") or {}).get("wall_s")
-    if summary.get("status") != "completed" or not goodput or not wall:
+    if summary.get("status") != "completed":
         return None
-    return RunThroughput(str(summary.get("device")), goodput * wall * summary["flops_per_token"],
-                         wall * summary["world_size"], source, summary.get("mlflow_run_id"))
+    counted = counted_throughput(summary.get("steady_goodput_tokens_per_s"), summary.get("steady_s"),
+                                 summary.get("goodput_tokens_per_s"), (summary.get("time") or {}).get("wall_s"))
+    if counted is None:
+        return None
+    tokens_per_s, seconds = counted
+    return RunThroughput(str(summary.get("device")), tokens_per_s * seconds * summary["flops_per_token"],
+                         seconds * summary["world_size"], source, summary.get("mlflow_run_id"))
+
+
+def counted_throughput(steady: float | None, steady_s: float | None, goodput: float | None,
+                       wall_s: float | None) -> tuple[float, float] | None:
+    """(tokens/s, seconds) a run counts by: its steady goodput where it has one, else its whole goodput."""
+    if steady and steady_s:
+        return steady, steady_s
+    if goodput and wall_s:
+        return goodput, wall_s
+    return None
 
 
 def runs_in(runs_dir: Path) -> list[RunThroughput]:
@@ -67,7 +84,8 @@ def runs_in(runs_dir: Path) -> list[RunThroughput]:
 
 
 def runs_from_mlflow(tracking_uri: str, experiment_name: str) -> list[RunThroughput]:
-    """The FINISHED runs of an MLflow experiment that logged goodput (training_jobs.reporting.throughput_metrics)."""
+    """The FINISHED runs of an MLflow experiment that logged goodput (training_jobs.reporting.throughput_metrics),
+    counted as from_summary counts them."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
@@ -80,12 +98,12 @@ def runs_from_mlflow(tracking_uri: str, experiment_name: str) -> list[RunThrough
                                   page_token=page_token)
         for run in page:
             params, metrics = run.data.params, run.data.metrics
-            needed = {"device", "world_size", "model.flops_per_token"} <= set(params) and \
-                {"run/goodput_tokens_per_s", "run/time/wall_s"} <= set(metrics)
-            if needed:
-                wall, per_token = metrics["run/time/wall_s"], float(params["model.flops_per_token"])
-                found.append(RunThroughput(params["device"], metrics["run/goodput_tokens_per_s"] * wall * per_token,
-                                           wall * int(params["world_size"]), run.info.run_id, run.info.run_id))
+            counted = counted_throughput(metrics.get("run/steady_goodput_tokens_per_s"), metrics.get("run/steady_s"),
+                                         metrics.get("run/goodput_tokens_per_s"), metrics.get("run/time/wall_s"))
+            if counted and {"device", "world_size", "model.flops_per_token"} <= set(params):
+                (tokens_per_s, seconds), per_token = counted, float(params["model.flops_per_token"])
+                found.append(RunThroughput(params["device"], tokens_per_s * seconds * per_token,
+                                           seconds * int(params["world_size"]), run.info.run_id, run.info.run_id))
         page_token = page.token
         if not page_token:
             return found
@@ -122,8 +140,8 @@ class MfuChoice:
 
 
 def choose_mfu(given: float | None, gpu: GpuSpec, runs: Sequence[RunThroughput]) -> MfuChoice:
-    """The user's MFU if given; else the goodput MFU of Kiln's runs on this GPU kind, pooled, against this plan's
-    peak (an overridden peak included); else ASSUMED_MFU."""
+    """The user's MFU if given; else the steady goodput MFU of Kiln's runs on this GPU kind, pooled, against this
+    plan's peak (an overridden peak included); else ASSUMED_MFU."""
     if given is not None:
         return MfuChoice(given, "given", gpu.name)
     same = [r for r in runs if r.gpu == gpu.name and r.gpu_seconds > 0]

@@ -89,15 +89,16 @@ def test_throughput_goodput_and_steady_goodput_on_a_hand_worked_run():
                                "final_checkpoint_s": 0.0, "final_validation_s": 1.0, "export_s": 3.0, "other_s": 14.0}
     # Steady: without startup, the first step, the profile, final validation and export (2 + 8 + 5 + 1 + 3 s) and
     # without the tokens of the first step and the two profiled ones (3 x 240,000): 480,000 tokens in 81 s.
-    assert figures["steady_goodput_tokens_per_s"] == pytest.approx(480_000 / 81)
+    assert figures["steady_goodput_tokens_per_s"] == pytest.approx(480_000 / 81) and figures["steady_s"] == 81.0
     unprofiled = throughput(240_000, 1_200_000, [8.0, 30.0, 22.0], [], watch, 6e6, None, 1)
     assert unprofiled["steady_goodput_tokens_per_s"] == pytest.approx(960_000 / 85)  # the report's 1 s still out
     assert unprofiled["mfu"] is None and unprofiled["goodput_mfu"] is None  # no peak (CPU): no MFU
     one_step = throughput(240_000, 240_000, [8.0], [], watch, 6e6, None, 1)
     assert one_step["tokens_per_s"] == pytest.approx(30_000)  # a single step is all there is to time
-    assert one_step["steady_goodput_tokens_per_s"] is None  # nothing left once the warm-up is out
+    # nothing left once the warm-up is out
+    assert one_step["steady_goodput_tokens_per_s"] is None and one_step["steady_s"] is None
     metrics = throughput_metrics({**figures, "mfu": None,
                                   "checkpoint_stall": {"count": 2, "total_s": 4.0, "max_s": 3.0}})
     assert metrics["run/goodput_tokens_per_s"] == pytest.approx(12_000) and "run/mfu" not in metrics
     assert metrics["run/time/other_s"] == 14.0 and metrics["checkpoint/stall_total_s"] == 4.0
-    assert metrics["run/steady_goodput_tokens_per_s"] == pytest.approx(480_000 / 81)
+    assert metrics["run/steady_goodput_tokens_per_s"] == pytest.approx(480_000 / 81) and metrics["run/steady_s"] == 81.0

@@ -138,13 +138,17 @@ def finished_run(home: Path, key: str, **summary) -> None:
 
 def test_the_default_mfu_is_kilns_own_on_that_gpu_and_the_plan_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KILN_HOME", str(tmp_path))
-    # Two H200 runs: 100k tok/s x 1e9 FLOPs/token for 1,000 s on 1 GPU = 1e17 FLOPs in 1,000 GPU-s; 150k tok/s on 2
-    # GPUs for 250 s = 3.75e16 FLOPs in 500 GPU-s. Pooled: 1.375e17 / (989e12 x 1,500) = 0.09269 (the mean of
-    # the two runs' MFUs, 0.1011 and 0.0758, would be 0.0885).
+    # Three H200 runs. Two from before steady goodput was recorded count by their whole goodput: 100k tok/s x 1e9
+    # FLOPs/token for 1,000 s on 1 GPU = 1e17 FLOPs in 1,000 GPU-s; 150k tok/s on 2 GPUs for 250 s = 3.75e16 FLOPs in
+    # 500 GPU-s. The third counts by its steady goodput, not its whole (50k tok/s over 400 s: startup and compilation
+    # in): 80k tok/s x 1e9 for 300 s = 2.4e16 FLOPs in 300 GPU-s. Pooled: 1.615e17 / (989e12 x 1,800) = 0.09072
+    # (the mean of the three runs' MFUs, 0.1011, 0.0758 and 0.0809, would be 0.0859).
     finished_run(tmp_path, "a", device="NVIDIA H200", goodput_tokens_per_s=100_000.0, time={"wall_s": 1000.0},
                  mfu=0.5)
     finished_run(tmp_path, "b", device="NVIDIA H200", goodput_tokens_per_s=150_000.0, time={"wall_s": 250.0},
                  world_size=2)
+    finished_run(tmp_path, "g", device="NVIDIA H200", goodput_tokens_per_s=50_000.0, time={"wall_s": 400.0},
+                 steady_goodput_tokens_per_s=80_000.0, steady_s=300.0)
     # Not counted: another GPU kind, a failed run, a CPU run, a run from before goodput was reported.
     finished_run(tmp_path, "c", device="NVIDIA H100 80GB HBM3", goodput_tokens_per_s=9e5, time={"wall_s": 100.0})
     finished_run(tmp_path, "d", device="NVIDIA H200", goodput_tokens_per_s=9e5, time={"wall_s": 100.0},
@@ -153,12 +157,12 @@ def test_the_default_mfu_is_kilns_own_on_that_gpu_and_the_plan_says_so(tmp_path,
     finished_run(tmp_path, "f", device="NVIDIA H200", tokens_per_s=9e5, mfu=0.9)
     assert kiln("--budget-usd", "100000", "--price", "2.5", "--gpu", "H200", "--gpus", "8", "--json") == 0
     plan = json.loads(capsys.readouterr().out)
-    assert plan["mfu"]["origin"] == "measured" and plan["mfu"]["n_runs"] == 2
-    assert plan["mfu"]["mfu"] == pytest.approx(1.375e17 / (989e12 * 1500))
-    # $100,000 / $2.5 = 40,000 GPU-hours x 3,600 s x 989e12 FLOP/s x 0.09269
-    assert plan["compute"]["flops"] == pytest.approx(40_000 * 3600 * 1.375e17 / 1500)
+    assert plan["mfu"]["origin"] == "measured" and plan["mfu"]["n_runs"] == 3
+    assert plan["mfu"]["mfu"] == pytest.approx(1.615e17 / (989e12 * 1800))
+    # $100,000 / $2.5 = 40,000 GPU-hours x 3,600 s x 989e12 FLOP/s x 0.09072
+    assert plan["compute"]["flops"] == pytest.approx(40_000 * 3600 * 1.615e17 / 1800)
     assert kiln("--budget-usd", "100000", "--gpu", "H200", "--gpus", "8") == 0
-    assert "MFU 9.3% from 2 runs of Kiln on H200" in capsys.readouterr().out
+    assert "MFU 9.1% from 3 runs of Kiln on H200" in capsys.readouterr().out
     assert kiln("--budget-usd", "100000", "--gpu", "A100", "--gpus", "8") == 0
     assert "MFU 40% assumed (no runs of Kiln on A100-80GB)" in capsys.readouterr().out
     # A given MFU wins over the measured one (shown as in test_one_screen_plan: "MFU 40% given").
