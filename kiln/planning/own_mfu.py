@@ -126,6 +126,7 @@ class MfuChoice:
     origin: str  # "given", "measured" or "assumed"
     gpu: str
     n_runs: int = 0
+    runs: tuple[str, ...] = ()  # the pooled runs: summary paths or MLflow run ids
 
     def describe(self) -> str:
         if self.origin == "given":
@@ -136,7 +137,7 @@ class MfuChoice:
 
     def to_dict(self) -> dict[str, Any]:
         return {"mfu": self.mfu, "origin": self.origin, "gpu": self.gpu, "n_runs": self.n_runs,
-                "text": self.describe()}
+                "runs": list(self.runs), "text": self.describe()}
 
 
 def choose_mfu(given: float | None, gpu: GpuSpec, runs: Sequence[RunThroughput]) -> MfuChoice:
@@ -148,4 +149,4 @@ def choose_mfu(given: float | None, gpu: GpuSpec, runs: Sequence[RunThroughput])
     if not same:
         return MfuChoice(ASSUMED_MFU, "assumed", gpu.name)
     measured = sum(r.model_flops for r in same) / (gpu.peak_flops * sum(r.gpu_seconds for r in same))
-    return MfuChoice(min(measured, 1.0), "measured", gpu.name, len(same))
+    return MfuChoice(min(measured, 1.0), "measured", gpu.name, len(same), tuple(r.source for r in same))

@@ -158,6 +158,7 @@ def test_the_default_mfu_is_kilns_own_on_that_gpu_and_the_plan_says_so(tmp_path,
     assert kiln("--budget-usd", "100000", "--price", "2.5", "--gpu", "H200", "--gpus", "8", "--json") == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["mfu"]["origin"] == "measured" and plan["mfu"]["n_runs"] == 3
+    assert plan["mfu"]["runs"] == [str(tmp_path / "runs" / key / "summary.json") for key in "abg"]
     assert plan["mfu"]["mfu"] == pytest.approx(1.615e17 / (989e12 * 1800))
     # $100,000 / $2.5 = 40,000 GPU-hours x 3,600 s x 989e12 FLOP/s x 0.09072
     assert plan["compute"]["flops"] == pytest.approx(40_000 * 3600 * 1.615e17 / 1800)
