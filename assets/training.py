@@ -276,6 +276,7 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
         metadata={
             **reported.metadata,
             "loss_curve": dg.MetadataValue.md(loss_plot_markdown(metrics)),
+            "time_breakdown": dg.MetadataValue.md(time_plot_markdown(summary)),
             "mlflow_run": dg.MetadataValue.url(mlflow_tracking.run_url(experiment_id, mlflow_run_id)),
             "stability_events": dg.MetadataValue.json(summary["stability_events"]),
             # the ZeRO stage and micro-batch the run chose (or was given) and why (training_jobs/layout.py)
@@ -315,6 +316,29 @@ def loss_plot_markdown(metrics: list[dict]) -> str:
                label="lr")
     lr_ax.set_ylabel("learning rate")
     return figure_markdown(fig, "training loss")
+
+
+def time_plot_markdown(summary: dict) -> str:
+    """Where the run's wall time went (summary.json's `time`), longest part first: what stands between the step
+    throughput and the goodput."""
+    wall, parts = (summary.get("time") or {}).get("wall_s"), {
+        k.removesuffix("_s"): v for k, v in (summary.get("time") or {}).items() if k != "wall_s" and v > 0}
+    if not wall or not parts:
+        return "no time recorded"
+    names = sorted(parts, key=parts.get)
+    fig, ax = pyplot().subplots(figsize=(6, 1 + 0.25 * len(names)), dpi=100)
+    ax.barh(names, [parts[n] for n in names])
+    for i, name in enumerate(names):
+        ax.text(parts[name], i, f" {parts[name]:,.1f} s ({parts[name] / wall:.0%})", va="center", fontsize=7)
+    ax.set_xlim(0, max(parts.values()) * 1.3)
+    ax.set_xlabel("seconds")
+    ax.tick_params(axis="y", labelsize=7)
+    step, goodput, steady = (summary.get(k) for k in ("tokens_per_s", "goodput_tokens_per_s",
+                                                      "steady_goodput_tokens_per_s"))
+    share = f": goodput {goodput / step:.0%} of step throughput" if step and goodput else ""
+    share += f" (steady {steady / step:.0%})" if share and steady else ""
+    ax.set_title(f"Wall time {wall:,.1f} s{share}", fontsize=9)
+    return figure_markdown(fig, "where the wall time went")
 
 
 @dg.asset(key=CHECKPOINT, deps=[RUN], group_name="training", kinds={"pytorch", "safetensors"},

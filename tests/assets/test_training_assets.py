@@ -161,6 +161,7 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     assert all(e.passed for e in result.get_asset_check_evaluations())
     run_meta = result.asset_materializations_for_node("training_run")[0].metadata
     assert "data:image/png;base64" in run_meta["loss_curve"].value
+    assert "data:image/png;base64" in run_meta["time_breakdown"].value  # summary.json's time, part by part
     layout = run_meta["layout"].value  # the run's layout and why (training_jobs/layout.py): on CPU, the JSON's ZeRO-3
     assert layout["zero_stage"] == 3 and layout["micro_batch"] == 4 and "no accelerator" in layout["reason"]
     run = json.loads((kiln_home / "data" / "training_run" / "_all" / "_manifest.json").read_text())
