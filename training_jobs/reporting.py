@@ -195,7 +195,7 @@ def throughput(tokens_per_step: int, tokens_counted: int, step_times: list[float
       included.
     - `steady_goodput_tokens_per_s`: goodput without the one-time parts (ONE_TIME_PARTS) and the tokens of the steps
       they hold (the first, the profiled ones): what the loop delivers with its checkpoints, validation and logging at
-      their cadence, the figure a long run approaches; `steady_s` the seconds it is over (kiln plan pools runs by them).
+      their cadence, the figure a long run approaches; `steady_s`, the seconds it is over (kiln plan pools by them).
     - `time`: `train_s` the steps but the first, `warmup_s` the first, `profile_s` the steps under
       training.profile_steps (`profiled_times`) and the stopwatch's "profile" part (writing their report), the
       other parts, and `other_s`, what none claims (logging, steps later rolled back, the loss probe). The parts sum
@@ -210,11 +210,12 @@ def throughput(tokens_per_step: int, tokens_counted: int, step_times: list[float
     goodput = tokens_counted / wall if wall > 0 else None
     steady_s = wall - sum(spent[f"{part}_s"] for part in ONE_TIME_PARTS)
     steady_tokens = tokens_counted - tokens_per_step * (len(step_times[:1]) + len(profiled_times))
+    steady = steady_s > 0 and steady_tokens > 0
     return {"tokens_per_s": tokens_per_s, "mfu": mfu(flops_per_token, tokens_per_s or 0.0, peak_flops, world_size),
             "goodput_tokens_per_s": goodput,
             "goodput_mfu": mfu(flops_per_token, goodput or 0.0, peak_flops, world_size),
-            **({"steady_goodput_tokens_per_s": steady_tokens / steady_s, "steady_s": steady_s}
-               if steady_s > 0 and steady_tokens > 0 else {"steady_goodput_tokens_per_s": None, "steady_s": None}),
+            "steady_goodput_tokens_per_s": steady_tokens / steady_s if steady else None,
+            "steady_s": steady_s if steady else None,
             "time": {"wall_s": round(wall, 3), **{k: round(v, 3) for k, v in spent.items()}}}
 
 
