@@ -41,13 +41,13 @@ from training_jobs.step import StepFigures  # noqa: E402
 SEQ, VOCAB = 16, 256
 
 
-def settings(stage: int) -> TrainingSettings:
+def settings(stage: int, compiled: bool = False) -> TrainingSettings:
     return TrainingSettings(model={"preset": "125m", "d_model": 48, "n_heads": 12}, seq_len=SEQ, micro_batch_size=1,
-                            precision="fp32", parallelism={"zero_stage": stage})
+                            precision="fp32", parallelism={"zero_stage": stage}, compile=compiled)
 
 
 def kiln_step(stage: int, compiled: bool):
-    t = settings(stage)
+    t = settings(stage, compiled)  # the DeepSpeed config the trainer builds for it (overlap_comm off when compiled)
     cfg = ModelConfig(**t.model.architecture(VOCAB, SEQ))
     engine = build_engine(cfg, t, deepspeed_config(t, "fp32", cfg), 10_000, StabilityMonitor(t.monitor),
                           compiled=compiled)

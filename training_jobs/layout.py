@@ -22,8 +22,9 @@ settings fix them (training.parallelism.zero_stage, a stage in the user's DeepSp
 - on CPU there is no device memory to plan against: the DeepSpeed JSON's stage and micro-batch 8, as before.
 
 The estimate per rank: model states from the planner's memory model (kiln.planning.memory: ZeRO Sec. 5) for the
-exact parameter count; ZeRO's gradient buckets (overlap_comm keeps two of reduce_bucket_size elements); under
-ZeRO-3 the gathered largest layer and the prefetch bucket; the activations Kiln's own block keeps for backward;
+exact parameter count; ZeRO's gradient buckets (two of reduce_bucket_size elements, as overlap_comm keeps; one
+without it, as a compiled model at ZeRO-1/2 runs, still counted as two); under ZeRO-3 the gathered largest layer and
+the prefetch bucket; the activations Kiln's own block keeps for backward;
 the loss. The activations are counted from training_jobs/model.py instead of Korthikanti et al.'s 34·s·b·h (a GPT
 block with a GELU MLP and dropout), in bytes per token and layer, bf16, flash attention (no scores kept):
 

@@ -194,10 +194,22 @@ def deepspeed_config(t: TrainingSettings, precision: str, cfg: ModelConfig) -> d
         if t.deepspeed_config is None:  # the shipped JSON's stage 3 is Kiln's default, not a choice to defend
             zero["stage"] = "auto"
         fill(zero, "stage", stage, "zero_optimization.stage")
+    if zero.get("overlap_comm", "auto") == "auto":
+        zero["overlap_comm"] = overlaps_communication(zero.get("stage", 0), resolve_compile(t)[0])
     if zero.get("stage", 0) < 3:  # the stage-3 knobs mean nothing below it
         for key in [k for k in zero if k.startswith("stage3_")]:
             del zero[key]
     return ds
+
+
+def overlaps_communication(stage: int, compiled: bool) -> bool:
+    """overlap_comm's "auto": reduce gradients on a stream of their own only where that overlaps the backward. At
+    ZeRO-3 each block's hooks reduce its gradients while the blocks before it run backward (compile_model compiles
+    block by block there), and at ZeRO-1/2 so do an eager model's per-parameter hooks. With the whole model compiled
+    (ZeRO-1/2 on CUDA) every gradient comes out of one compiled backward and every hook runs after it (tested), so
+    the reduction only waits for the backward's end, and overlap_comm costs a device synchronize at the end of each
+    backward (before DeepSpeed reuses its buffers) for nothing. ZeRO-0 has no such hooks."""
+    return stage == 3 or (stage in (1, 2) and not compiled)
 
 
 # ZeRO's buckets, in elements: DeepSpeed's documented defaults (deepspeed/runtime/zero/config.py; the config-json

@@ -10,7 +10,8 @@ its process groups for the life of the process):
   math of bench/train_bench.py's reference loop); its checkpoint resumes exactly and exports the engine's weights;
 - no step synchronizes the device or reads a value from it at ZeRO-0, 1 or 2 (DeepSpeed's throughput timer is off,
   its bf16 overflow check too, and ZeRO-1 and 2 clip without reading the norm: setup.clip_without_reading, checked
-  against DeepSpeed's own clipping).
+  against DeepSpeed's own clipping; a compiled model at ZeRO-1/2 reduces its gradients without overlap_comm, whose
+  synchronize at the end of each backward would buy nothing there).
 
 The backend is aot_eager (KILN_COMPILE_BACKEND): Dynamo's capture, guards and AOTAutograd's joint graph and partition,
 which is where ZeRO-3's hooks, the masks and the recompiles meet the compiler, without inductor's C++ build (minutes
@@ -227,8 +228,8 @@ def test_a_step_never_waits_for_the_device(world_of_one, monkeypatch, stage):
     bf16 DeepSpeed read its overflow flag (`.item()`) and checked the norm before clipping (`bool()`), 4 reads a step
     with this model's two parameter groups. Counted on CPU: the accelerator's synchronize that DeepSpeed's own calls
     go through, and the reads of a value, through the dispatcher, over a step as the trainer runs it (the step's figures
-    broadcast for reading a step later, step.StepFigures). Not seen here: the synchronize DeepSpeed makes with
-    overlap_comm at the end of each ZeRO-1/2 backward on a GPU only (`resolves_data_dependency()` is true on CPU)."""
+    broadcast for reading a step later, step.StepFigures). DeepSpeed's waits on its CUDA path only (overlap_comm's) are
+    in test_a_compiled_zero12_model_reduces_in_line_and_never_synchronizes."""
     from deepspeed.accelerator import get_accelerator
 
     engine = engine_for(zero_stage_settings(stage))
@@ -242,6 +243,71 @@ def test_a_step_never_waits_for_the_device(world_of_one, monkeypatch, stage):
             StepFigures(loss, engine.get_global_grad_norm())
     assert synchronized == []
     assert reads.sites == []
+
+
+def accumulating_nodes(loss: torch.Tensor) -> list[str]:
+    """The autograd nodes that hand parameters their gradients (whose next functions include an AccumulateGrad, where
+    DeepSpeed's ZeRO-1/2 gradient hooks fire)."""
+    found, seen, stack = [], set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        children = [child for child, _ in node.next_functions]
+        if any(type(child).__name__ == "AccumulateGrad" for child in children):
+            found.append(type(node).__name__)
+        stack.extend(children)
+    return found
+
+
+class NoStream:
+    """What DeepSpeed's CUDA code path asks of a stream, on CPU (which has none)."""
+
+    def wait_stream(self, *args):
+        pass
+
+    def wait_event(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_a_compiled_zero12_model_reduces_in_line_and_never_synchronizes(world_of_one, monkeypatch, stage):
+    """overlap_comm "auto" (setup.overlaps_communication) is off at ZeRO-1/2 with the whole model compiled, several
+    GPUs' default: every parameter gets its gradient from the one compiled backward, so DeepSpeed's hooks, which
+    reduce the gradients, all run after it and there is no backward left to overlap; with overlap_comm on, DeepSpeed
+    would still synchronize the device at the end of each backward. That synchronize is on its CUDA path only
+    (`resolves_data_dependency()` is true on CPU), taken here with the streams stubbed: once a step with overlap_comm,
+    never without. Eager, the hooks fire as backward reaches each parameter, and overlap_comm stays on."""
+    from deepspeed.accelerator import get_accelerator
+
+    compiled = zero_stage_settings(stage).model_copy(update={"compile": True})
+    eager = compiled.model_copy(update={"compile": False})
+    assert deepspeed_config(compiled, "bf16", CFG)["zero_optimization"]["overlap_comm"] is False
+    assert deepspeed_config(eager, "bf16", CFG)["zero_optimization"]["overlap_comm"] is True
+    zero3 = compiled.model_copy(update={"parallelism": compiled.parallelism.model_copy(update={"zero_stage": 3})})
+    assert deepspeed_config(zero3, "bf16", CFG)["zero_optimization"]["overlap_comm"] is True  # block by block
+
+    batch = batches()[0]
+    assert len(accumulating_nodes(engine_for(eager)(batch[:, :-1], batch[:, 1:]))) > 1
+
+    synchronized = []
+    monkeypatch.setattr(get_accelerator(), "resolves_data_dependency", lambda: False)
+    monkeypatch.setattr(get_accelerator(), "current_stream", lambda *args: NoStream())
+    monkeypatch.setattr(get_accelerator(), "synchronize", lambda *args: synchronized.append(args))
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda tensor, stream: None)
+    for overlap in (False, True):
+        ds = deepspeed_config(compiled, "bf16", CFG)
+        ds["zero_optimization"]["overlap_comm"] = overlap
+        engine = build_engine(CFG, compiled, ds, ZERO0_STEPS, StabilityMonitor(compiled.monitor), compiled=True)
+        engine.optimizer.reduction_stream = NoStream()
+        synchronized.clear()
+        for batch in batches()[:4]:
+            loss = engine(batch[:, :-1], batch[:, 1:])
+            assert accumulating_nodes(loss) == ["CompiledFunctionBackward"]
+            engine.backward(loss)
+            engine.step()
+        assert len(synchronized) == (4 if overlap else 0), overlap
 
 
 def test_zero1_clips_as_deepspeed_does_without_reading_the_norm(world_of_one):
