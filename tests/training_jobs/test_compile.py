@@ -229,7 +229,7 @@ def test_a_step_never_waits_for_the_device(world_of_one, monkeypatch, stage):
     with this model's two parameter groups. Counted on CPU: the accelerator's synchronize that DeepSpeed's own calls
     go through, and the reads of a value, through the dispatcher, over a step as the trainer runs it (the step's figures
     broadcast for reading a step later, step.StepFigures). DeepSpeed's waits on its CUDA path only (overlap_comm's) are
-    in test_a_compiled_zero12_model_reduces_in_line_and_never_synchronizes."""
+    in test_a_compiled_zero12_model_has_nothing_to_overlap_and_never_synchronizes."""
     from deepspeed.accelerator import get_accelerator
 
     engine = engine_for(zero_stage_settings(stage))
@@ -272,7 +272,7 @@ class NoStream:
 
 
 @pytest.mark.parametrize("stage", [1, 2])
-def test_a_compiled_zero12_model_reduces_in_line_and_never_synchronizes(world_of_one, monkeypatch, stage):
+def test_a_compiled_zero12_model_has_nothing_to_overlap_and_never_synchronizes(world_of_one, monkeypatch, stage):
     """overlap_comm "auto" (setup.overlaps_communication) is off at ZeRO-1/2 with the whole model compiled, several
     GPUs' default: every parameter gets its gradient from the one compiled backward, so DeepSpeed's hooks, which
     reduce the gradients, all run after it and there is no backward left to overlap; with overlap_comm on, DeepSpeed
