@@ -5,7 +5,8 @@
 #   1. bench/train_bench.py at seq_len 2048 for PRESETS: Kiln's trainer with its default settings against the
 #      reference loop, in one invocation (ratio, MFU, goodput at the default cadence, a save's stall), two steps of
 #      each profiled (the GPU's busy fraction; operator tables in profile_<gpu>/);
-#   2. $ZERO1_PRESET (default 125m, when in PRESETS) forced to ZeRO-1, the layout's choice on one GPU before ZeRO-0;
+#   2. $ZERO1_PRESET (default 125m, when in PRESETS) forced to ZeRO-1, the layout's choice on one GPU before ZeRO-0
+#      and several GPUs' default, with a profile of two steps;
 #   3. $ZERO3_PRESET (default 1b, when in PRESETS) forced to ZeRO-3, against the stage the layout chose in 1;
 #   4. unless GPU_TESTS=0, the GPU tests (tests/training_jobs/test_gpu.py: bf16, compile, the layout, the chunked
 #      loss, pinned input and background checkpoint writes on CUDA, HF export), that file alone: collecting the others
@@ -57,9 +58,11 @@ step 340 "train_bench $PRESETS" "$PY" bench/train_bench.py --preset "$PRESETS" -
   --profile "$FIGURES/profile_$gpu" --json-out "$FIGURES/train_bench_$gpu.json"
 in_presets() { case ",$PRESETS," in *",$1,"*) return 0 ;; esac; return 1; }
 ZERO1_PRESET="${ZERO1_PRESET:-125m}" ZERO3_PRESET="${ZERO3_PRESET:-1b}"
-if in_presets "$ZERO1_PRESET"; then  # where per-step overhead weighs most: what ZeRO-0 saves
-  step 90 "train_bench $ZERO1_PRESET ZeRO-1" "$PY" bench/train_bench.py --preset "$ZERO1_PRESET" --seq-len "$SEQ_LEN" \
-    --steps "$STEPS" --zero-stage 1 --no-reference --json-out "$FIGURES/train_bench_${ZERO1_PRESET}_zero1_$gpu.json"
+if in_presets "$ZERO1_PRESET"; then  # where per-step overhead weighs most: what ZeRO-0 saves; its profile's host
+  # waits show whether a step still synchronizes (overlap_comm, off for a compiled model since stop 62)
+  step 100 "train_bench $ZERO1_PRESET ZeRO-1" "$PY" bench/train_bench.py --preset "$ZERO1_PRESET" --seq-len "$SEQ_LEN" \
+    --steps "$STEPS" --zero-stage 1 --no-reference --profile "$FIGURES/profile_${ZERO1_PRESET}_zero1_$gpu" \
+    --json-out "$FIGURES/train_bench_${ZERO1_PRESET}_zero1_$gpu.json"
 fi
 if in_presets "$ZERO3_PRESET"; then
   step 200 "train_bench $ZERO3_PRESET ZeRO-3" "$PY" bench/train_bench.py --preset "$ZERO3_PRESET" --seq-len "$SEQ_LEN" \
