@@ -208,7 +208,8 @@ def overlaps_communication(stage: int, compiled: bool) -> bool:
     block by block there), and at ZeRO-1/2 so do an eager model's per-parameter hooks. With the whole model compiled
     (ZeRO-1/2 on CUDA) every gradient comes out of one compiled backward and every hook runs after it (tested), so
     the reduction only waits for the backward's end, and overlap_comm costs a device synchronize at the end of each
-    backward (before DeepSpeed reuses its buffers) for nothing. ZeRO-0 has no such hooks."""
+    backward (before DeepSpeed reuses its buffers) for nothing; off there is also DeepSpeed's own default (on at
+    ZeRO-3 only, zero/config.py). ZeRO-0 has no such hooks."""
     return stage == 3 or (stage in (1, 2) and not compiled)
 
 
