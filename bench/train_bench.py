@@ -15,7 +15,8 @@ of fit() (`goodput_tokens_per_s`: compilation, logging, validation, checkpoints 
 export, all included), and its steady goodput the same without what a run pays once whatever its length
 (training_jobs.reporting.ONE_TIME_PARTS: startup, the first step, a --profile window, the last checkpoint, the final
 validation, the export) and their steps' tokens, which a long run approaches and a bench of a few dozen steps cannot
-show otherwise.
+show otherwise. At the default cadence (a save every 30 minutes, none inside a bench) it also prints the goodput a
+long run would get, projected from the steady goodput and the stall of the run's one save (goodput_at_cadence).
 
 Reference: nanoGPT's train loop (Karpathy, train.py) around the same `training_jobs.model.Transformer`: one
 process per device, fp32 weights under bf16 autocast on GPUs, `torch.compile`, fused AdamW, SDPA's flash kernel,
@@ -191,6 +192,13 @@ def bench_settings(args) -> TrainingSettings:
         **{k: v for k, v in optional.items() if v is not None})
 
 
+def goodput_at_cadence(steady: float, stall_s: float, cadence_s: float) -> float:
+    """The goodput a long run at a cadence of `cadence_s` would get: the steady goodput, with no save inside a bench
+    this short, less one save's stall a cadence. The stall is the bench's one save, its last, which also pinned its
+    host buffers, as only a run's first save does: the slowest save a run makes."""
+    return steady * cadence_s / (cadence_s + stall_s)
+
+
 def kiln_run(args, settings: TrainingSettings, launcher: str, data: Path, tmp: Path) -> dict:
     """One launch of the real entry point; its summary.json plus the launch's wall time."""
     run = settings.to_run_config(dataset_dir=data, tokenizer_sha256=SHA, output_dir=tmp / "out").write(tmp / "run.json")
@@ -266,6 +274,13 @@ def bench_preset(args, launcher: str) -> dict:
                                                                        if k != "wall_s")
                   + f"; checkpoint stall {s['checkpoint_stall']['total_s']:.2f} s over "
                   f"{s['checkpoint_stall']['count']}; launch {s['launch_wall_s']:.0f} s")
+        at_cadence = None
+        cadence_min = settings.checkpoint.every_minutes
+        if steady and settings.checkpoint.every_steps is None and cadence_min and s["checkpoint_stall"]["count"] == 1:
+            at_cadence = goodput_at_cadence(steady, s["checkpoint_stall"]["max_s"], 60 * cadence_min)
+            print(f"  at the default cadence (a save every {cadence_min:g} minutes, each stalling "
+                  f"{s['checkpoint_stall']['max_s']:.2f} s as this run's did): goodput {at_cadence:,.0f} tokens/s, "
+                  f"{at_cadence / s['tokens_per_s']:.3f} of step throughput (projected)")
         if s.get("profile"):
             print(profile_line(s["profile"]))
         result = {"preset": args.preset, "seq_len": args.seq_len, "launcher": launcher, "kiln": {
@@ -273,7 +288,7 @@ def bench_preset(args, launcher: str) -> dict:
                 "tokens_per_s", "mfu", "goodput_tokens_per_s", "goodput_mfu", "time", "checkpoint_stall", "world_size",
                 "device", "precision", "tokens_per_step", "steps", "parallelism", "layout", "compile",
                 "peak_flops_per_device", "n_params", "flops_per_token", "launch_wall_s", "profile",
-                "steady_goodput_tokens_per_s")}}}
+                "steady_goodput_tokens_per_s")}, "goodput_at_default_cadence_tokens_per_s": at_cadence}}
         if args.reference:
             ref_micro = args.ref_micro_batch or micro
             ref_accum = max(1, micro * accum // ref_micro)
