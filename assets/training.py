@@ -321,8 +321,9 @@ def loss_plot_markdown(metrics: list[dict]) -> str:
 def time_plot_markdown(summary: dict) -> str:
     """Where the run's wall time went (summary.json's `time`), longest part first: what stands between the step
     throughput and the goodput."""
-    wall, parts = (summary.get("time") or {}).get("wall_s"), {
-        k.removesuffix("_s"): v for k, v in (summary.get("time") or {}).items() if k != "wall_s" and v > 0}
+    spent = summary.get("time") or {}
+    wall = spent.get("wall_s")
+    parts = {k.removesuffix("_s"): v for k, v in spent.items() if k != "wall_s" and v > 0}
     if not wall or not parts:
         return "no time recorded"
     names = sorted(parts, key=parts.get)

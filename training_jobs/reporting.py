@@ -201,8 +201,8 @@ def throughput(tokens_per_step: int, tokens_counted: int, step_times: list[float
       other parts, and `other_s`, what none claims (logging, steps later rolled back, the loss probe). The parts sum
       to `wall_s`."""
     wall = stopwatch.wall()
-    steady_steps = step_times[1:] or step_times
-    tokens_per_s = tokens_per_step * len(steady_steps) / sum(steady_steps) if sum(steady_steps) > 0 else None
+    timed = step_times[1:] or step_times  # the steps step throughput times: all but the warm-up
+    tokens_per_s = tokens_per_step * len(timed) / sum(timed) if sum(timed) > 0 else None
     spent = {"train_s": sum(step_times[1:]), "warmup_s": sum(step_times[:1]),
              "profile_s": sum(profiled_times) + stopwatch.parts.get("profile", 0.0),
              **{f"{part}_s": stopwatch.parts.get(part, 0.0) for part in TIME_PARTS}}
