@@ -22,9 +22,10 @@ settings fix them (training.parallelism.zero_stage, a stage in the user's DeepSp
 - on CPU there is no device memory to plan against: the DeepSpeed JSON's stage and micro-batch 8, as before.
 
 The estimate per rank: model states from the planner's memory model (kiln.planning.memory: ZeRO Sec. 5) for the
-exact parameter count; ZeRO's gradient buckets (two of reduce_bucket_size elements, as overlap_comm keeps; one
-without it, as a compiled model at ZeRO-1/2 runs, still counted as two); under ZeRO-3 the gathered largest layer and
-the prefetch bucket; the activations Kiln's own block keeps for backward;
+exact parameter count; ZeRO's gradient buckets of reduce_bucket_size elements, as DeepSpeed allocates them with
+contiguous_gradients (the shipped JSON's): at ZeRO-1/2 two with overlap_comm (a double buffer), one without it (a
+compiled model's default, overlaps_communication), at ZeRO-3 one (its reduction stream waits on the one buffer);
+under ZeRO-3 the gathered largest layer and the prefetch bucket; the activations Kiln's own block keeps for backward;
 the loss. The activations are counted from training_jobs/model.py instead of Korthikanti et al.'s 34·s·b·h (a GPT
 block with a GELU MLP and dropout), in bytes per token and layer, bf16, flash attention (no scores kept):
 
@@ -85,6 +86,25 @@ def uses_autocast(zero_stage: int | None, precision: str) -> bool:
     return zero_stage == 0 and precision == "bf16"
 
 
+def overlaps_communication(stage: int, compiled: bool) -> bool:
+    """overlap_comm's "auto": reduce gradients on a stream of their own only where that overlaps the backward. At
+    ZeRO-3 each block's hooks reduce its gradients while the blocks before it run backward (setup.compile_model
+    compiles block by block there), and at ZeRO-1/2 so do an eager model's per-parameter hooks. With the whole model
+    compiled (ZeRO-1/2 on CUDA) every gradient comes out of one compiled backward and every hook runs after it
+    (tested), so the reduction only waits for the backward's end, and overlap_comm costs a device synchronize at the
+    end of each backward (before DeepSpeed reuses its buffers) for nothing; off there is also DeepSpeed's own default
+    (on at ZeRO-3 only, zero/config.py). ZeRO-0 has no such hooks."""
+    return stage == 3 or (stage in (1, 2) and not compiled)
+
+
+def reduce_buffers(stage: int, overlap_comm: bool) -> int:
+    """How many reduce buckets DeepSpeed allocates (contiguous_gradients): ZeRO-1/2 a second one with overlap_comm
+    (stage_1_and_2.py, setup_buckets), ZeRO-3 one whatever overlap_comm (stage3.py), ZeRO-0 none."""
+    if stage == 0:
+        return 0
+    return 2 if stage in (1, 2) and overlap_comm else 1
+
+
 def activation_bytes_per_token_layer(cfg: ModelConfig, precision: str, tp: int = 1, autocast: bool = False) -> float:
     """What one of Kiln's blocks keeps for backward per token (the module docstring's count)."""
     h, kv, f = cfg.d_model, cfg.n_kv_heads * cfg.head_dim, cfg.ffn_hidden
@@ -103,7 +123,8 @@ def loss_bytes(cfg: ModelConfig, tokens: int, precision: str, whole_logits: bool
 
 def estimate(cfg: ModelConfig, *, seq_len: int, micro_batch: int, precision: str, zero_stage: int, dp: int,
              tp: int = 1, pp: int = 1, grad_accum: int = 1, activation_checkpointing: bool = False,
-             reduce_bucket_size: int = 0, prefetch_bucket_size: int = 0, whole_logits: bool = False) -> MemoryUse:
+             reduce_bucket_size: int = 0, prefetch_bucket_size: int = 0, whole_logits: bool = False,
+             overlap_comm: bool = True) -> MemoryUse:
     """Per-rank memory of one layout (see the module docstring for each term)."""
     word = WORKING_BYTES[precision]
     autocast = uses_autocast(zero_stage, precision)
@@ -111,7 +132,7 @@ def estimate(cfg: ModelConfig, *, seq_len: int, micro_batch: int, precision: str
     params = (body / tp + (param_count(cfg) - body)) / pp  # AutoTP splits the blocks, not the embedding
     # under autocast the states are fp32 weights, gradients and Adam moments: 4 + 4 + 8 B
     states = params * sum(model_state_bytes_per_param(zero_stage, dp, "fp32" if autocast else precision))
-    buckets = 2.0 * reduce_bucket_size * word if zero_stage >= 1 else 0.0
+    buckets = float(reduce_buffers(zero_stage, overlap_comm) * reduce_bucket_size * word)
     zero3 = 0.0
     if zero_stage == 3:
         largest = max(cfg.vocab_size * cfg.d_model, cfg.d_model * cfg.ffn_hidden)
@@ -156,11 +177,13 @@ def choose_layout(cfg: ModelConfig, *, seq_len: int, precision: str, device_memo
                   sequences_per_rank: int, tp: int = 1, pp: int = 1, zero_stage: int | None = None,
                   micro_batch: int | None = None, activation_checkpointing: bool = False,
                   reduce_bucket_size: int = 0, prefetch_bucket_size: int = 0, whole_logits: bool = False,
+                  compiled: bool = False, overlap_comm: bool | None = None,
                   zero_stage_from: str = "training.parallelism.zero_stage",
                   micro_batch_from: str = "training.micro_batch_size") -> Layout:
     """The layout of a run (rules in the module docstring). `zero_stage` / `micro_batch` given: kept, and
     `*_from` says who gave them; `sequences_per_rank`: the global batch / dp, which the layout keeps;
-    `device_memory`: bytes per device, None on CPU."""
+    `device_memory`: bytes per device, None on CPU; `compiled` (the whole model at ZeRO-1/2) and `overlap_comm`
+    (the DeepSpeed JSON's, None for "auto") decide each stage's reduce buckets."""
     if micro_batch is not None and sequences_per_rank % micro_batch:
         raise ValueError(f"the per-rank batch of {sequences_per_rank} sequences is not a multiple of the "
                          f"micro-batch {micro_batch}")
@@ -190,7 +213,8 @@ def choose_layout(cfg: ModelConfig, *, seq_len: int, precision: str, device_memo
                         pp=pp, grad_accum=sequences_per_rank // micro,
                         activation_checkpointing=activation_checkpointing,
                         reduce_bucket_size=reduce_bucket_size, prefetch_bucket_size=prefetch_bucket_size,
-                        whole_logits=whole_logits)
+                        whole_logits=whole_logits, overlap_comm=overlap_comm if overlap_comm is not None
+                        else overlaps_communication(stage, compiled))
 
     def largest_fitting(stage: int) -> int | None:
         return next((m for m in splits if use(stage, m).total <= usable), None)
@@ -239,4 +263,4 @@ def choose_layout(cfg: ModelConfig, *, seq_len: int, precision: str, device_memo
 
 
 __all__ = ["LOSS_BYTES_PER_LOGIT", "loss_bytes", "USABLE_FRACTION", "Layout", "MemoryUse", "activation_bytes_per_token_layer",
-           "choose_layout", "estimate", "uses_autocast"]
+           "choose_layout", "estimate", "overlaps_communication", "reduce_buffers", "uses_autocast"]

@@ -21,7 +21,7 @@ import torch
 from training_jobs import checkpoint
 from training_jobs.base import BaseWeights, load_into
 from kiln.tokens.shard_format import read_shard_set
-from training_jobs.layout import Layout, choose_layout, uses_autocast
+from training_jobs.layout import Layout, choose_layout, overlaps_communication, uses_autocast
 from training_jobs.loader import ReplayLoader, ShardLoader
 from training_jobs.model import Block, ModelConfig, Transformer, param_count
 from training_jobs.monitor import StabilityMonitor
@@ -202,20 +202,9 @@ def deepspeed_config(t: TrainingSettings, precision: str, cfg: ModelConfig) -> d
     return ds
 
 
-def overlaps_communication(stage: int, compiled: bool) -> bool:
-    """overlap_comm's "auto": reduce gradients on a stream of their own only where that overlaps the backward. At
-    ZeRO-3 each block's hooks reduce its gradients while the blocks before it run backward (compile_model compiles
-    block by block there), and at ZeRO-1/2 so do an eager model's per-parameter hooks. With the whole model compiled
-    (ZeRO-1/2 on CUDA) every gradient comes out of one compiled backward and every hook runs after it (tested), so
-    the reduction only waits for the backward's end, and overlap_comm costs a device synchronize at the end of each
-    backward (before DeepSpeed reuses its buffers) for nothing; off there is also DeepSpeed's own default (on at
-    ZeRO-3 only, zero/config.py). ZeRO-0 has no such hooks."""
-    return stage == 3 or (stage in (1, 2) and not compiled)
-
-
 # ZeRO's buckets, in elements: DeepSpeed's documented defaults (deepspeed/runtime/zero/config.py; the config-json
 # docs), reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold 1e5, each bucket
-# capped at the model's parameter count: DeepSpeed allocates the reduce buffers whole (two with overlap_comm), and a
+# capped at the model's parameter count: DeepSpeed allocates the reduce buffers whole (layout.reduce_buffers), and a
 # bucket larger than all the gradients is never filled (5e8 would be 4 GB of fp32 buffers per rank for the CPU demo's
 # tiny model). Hugging Face's "auto" sizes, used before (d², 0.9·d², 10·d), made the prefetch smaller than one MLP
 # matrix and kept only norm gains whole, so ZeRO-3 gathered every weight on demand in small pieces. Not measured on a
@@ -497,6 +486,7 @@ def resolve_layout(run: RunConfig, dist: Dist, shard: Dist) -> tuple[RunConfig, 
         else:
             micro = None
     buckets = {k: zero.get(k) if isinstance(zero.get(k), int) else v for k, v in zero_buckets(cfg).items()}
+    json_overlap = zero.get("overlap_comm")  # "auto" (the shipped JSON's): overlaps_communication, per stage
     device_memory = (torch.cuda.get_device_properties(dist.device).total_memory if dist.device.type == "cuda"
                      else None)
     layout = choose_layout(
@@ -505,6 +495,7 @@ def resolve_layout(run: RunConfig, dist: Dist, shard: Dist) -> tuple[RunConfig, 
         tp=t.parallelism.tp, pp=t.parallelism.pp, zero_stage=stage, micro_batch=micro,
         activation_checkpointing=t.model.activation_checkpointing,
         reduce_bucket_size=buckets["reduce_bucket_size"], prefetch_bucket_size=buckets["stage3_prefetch_bucket_size"],
+        compiled=resolve_compile(t)[0], overlap_comm=json_overlap if isinstance(json_overlap, bool) else None,
         zero_stage_from=stage_from, micro_batch_from=micro_from)
     layout = broadcast_object(dist, layout)
     update: dict[str, Any] = {"micro_batch_size": layout.micro_batch, "grad_accum": layout.grad_accum}

@@ -11,7 +11,8 @@ its process groups for the life of the process):
 - no step synchronizes the device or reads a value from it at ZeRO-0, 1 or 2 (DeepSpeed's throughput timer is off,
   its bf16 overflow check too, and ZeRO-1 and 2 clip without reading the norm: setup.clip_without_reading, checked
   against DeepSpeed's own clipping; a compiled model at ZeRO-1/2 reduces its gradients without overlap_comm, whose
-  synchronize at the end of each backward would buy nothing there).
+  synchronize at the end of each backward would buy nothing there);
+- the layout's memory estimate counts the reduce buffers a real engine allocates at each stage.
 
 The backend is aot_eager (KILN_COMPILE_BACKEND): Dynamo's capture, guards and AOTAutograd's joint graph and partition,
 which is where ZeRO-3's hooks, the masks and the recompiles meet the compiler, without inductor's C++ build (minutes
@@ -273,7 +274,7 @@ class NoStream:
 
 @pytest.mark.parametrize("stage", [1, 2])
 def test_a_compiled_zero12_model_has_nothing_to_overlap_and_never_synchronizes(world_of_one, monkeypatch, stage):
-    """overlap_comm "auto" (setup.overlaps_communication) is off at ZeRO-1/2 with the whole model compiled, several
+    """overlap_comm "auto" (layout.overlaps_communication) is off at ZeRO-1/2 with the whole model compiled, several
     GPUs' default: every parameter gets its gradient from the one compiled backward, so DeepSpeed's hooks, which
     reduce the gradients, all run after it and there is no backward left to overlap; with overlap_comm on, DeepSpeed
     would still synchronize the device at the end of each backward. That synchronize is on its CUDA path only
@@ -308,6 +309,35 @@ def test_a_compiled_zero12_model_has_nothing_to_overlap_and_never_synchronizes(w
             engine.backward(loss)
             engine.step()
         assert len(synchronized) == (4 if overlap else 0), overlap
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_the_layout_counts_the_reduce_buffers_deepspeed_allocates(world_of_one, stage):
+    """layout.reduce_buffers, which the memory estimate multiplies by reduce_bucket_size, against the buffers a real
+    engine holds (ZeRO-1/2 allocate theirs as backward starts handing out gradients, setup_buckets, and release them
+    at its end; ZeRO-3 keeps its own), with overlap_comm off and on: ZeRO-1/2 double-buffer with it, ZeRO-3 never."""
+    from training_jobs.layout import reduce_buffers
+
+    t = zero_stage_settings(stage)
+    for overlap in (False, True):
+        ds = deepspeed_config(t, "bf16", CFG)
+        ds["zero_optimization"]["overlap_comm"] = overlap
+        engine = build_engine(CFG, t, ds, ZERO0_STEPS, StabilityMonitor(t.monitor))
+        batch = batches()[0]
+        optimizer, seen = engine.optimizer, []
+
+        def held() -> list[torch.Tensor]:
+            return [b for bucket in optimizer.ipg_buckets.values()
+                    for b in (bucket.buffer if isinstance(bucket.buffer, list) else [bucket.buffer])]
+
+        if stage < 3:
+            allocate = optimizer.setup_buckets
+            optimizer.setup_buckets = lambda: (allocate(), seen.append(held()))
+        engine.backward(engine(batch[:, :-1], batch[:, 1:]))
+        engine.step()
+        buffers = seen[-1] if stage < 3 else held()
+        assert {b.numel() for b in buffers} == {ds["zero_optimization"]["reduce_bucket_size"]}
+        assert len(buffers) == reduce_buffers(stage, overlap), overlap
 
 
 def test_zero1_clips_as_deepspeed_does_without_reading_the_norm(world_of_one):

@@ -99,16 +99,38 @@ def test_the_chunked_loss_leaves_room_for_twice_the_micro_batch():
 def test_a_model_that_does_not_fit_otherwise_takes_zero3():
     """7B on 24 GiB GPUs, 8 ranks, activation checkpointing. ZeRO-2's model states alone, (2 + 14/8) x 6,738,415,616
     = 25,269,058,560 B, exceed the usable 23,192,823,398 B (ZeRO-1's, 5.5 B per parameter, more so). ZeRO-3:
-    16/8 x 6,738,415,616 = 13,476,831,232 B of states + 2 x 5e8 x 2 B of buckets + 4 B x 131,072,000 (the
-    embedding, the largest layer, gathered) + 5e7 x 2 B prefetch = 16,101,119,232 B; per sequence 2048 x (32 x 8192
-    (each block's bf16 input) + 194,560 (one block recomputed) + 8·4096) + 786,432,000 (loss) = 1,788,870,656 B.
-    Micro-batch 2: 19,678,860,544 B fits; 4: 23,256,602,112 B does not."""
+    16/8 x 6,738,415,616 = 13,476,831,232 B of states + one reduce bucket of 5e8 x 2 B (ZeRO-3 allocates one,
+    overlap_comm or not) + 4 B x 131,072,000 (the embedding, the largest layer, gathered) + 5e7 x 2 B prefetch
+    = 15,101,119,232 B; per sequence 2048 x (32 x 8192 (each block's bf16 input) + 194,560 (one block recomputed)
+    + 8·4096) + 786,432,000 (loss) = 1,788,870,656 B. Micro-batch 4: 22,256,601,856 B fits; 8: 29,412,084,480 B
+    does not. (Counting a second bucket, as the estimate did before, made micro-batch 4 need 23,256,601,856 B, over
+    the budget, and halved the micro-batch.)"""
     layout = choose_layout(LLAMA_7B, seq_len=2048, precision="bf16", device_memory=24 * GIB, dp=8,
                            sequences_per_rank=8, activation_checkpointing=True,
                            reduce_bucket_size=500_000_000, prefetch_bucket_size=50_000_000, whole_logits=True)
-    assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (3, 2, 4)
-    assert layout.memory.total == 16_101_119_232 + 2 * 1_788_870_656
+    assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (3, 4, 2)
+    assert layout.memory.buckets == 500_000_000 * 2
+    assert layout.memory.total == 15_101_119_232 + 4 * 1_788_870_656 == 22_256_601_856
     assert layout.reason.startswith("ZeRO-3: ZeRO-2 needs")
+
+
+@pytest.mark.parametrize("stage, compiled, json_overlap, buckets", [
+    (1, False, None, 2),  # eager: overlap_comm "auto" is on, DeepSpeed double-buffers the reduction
+    (1, True, None, 1),   # the whole model compiled: "auto" is off, one buffer
+    (2, True, None, 1),
+    (1, True, True, 2),   # a JSON that sets overlap_comm keeps it, and its second buffer is counted
+    (3, False, None, 1),  # ZeRO-3: one buffer whatever overlap_comm
+    (3, True, True, 1),
+    (0, True, None, 0),   # ZeRO-0 reduces nothing (one rank)
+])
+def test_the_estimate_counts_the_reduce_buckets_deepspeed_allocates(stage, compiled, json_overlap, buckets):
+    """125m over two ranks (one at ZeRO-0) with reduce_bucket_size N = 109,529,856 bf16 elements: N x 2 B per
+    bucket, as DeepSpeed allocates them with contiguous_gradients (stage_1_and_2.py setup_buckets: a second buffer
+    only with overlap_comm; stage3.py: one)."""
+    layout = choose_layout(GPT_SMALL, seq_len=2048, precision="bf16", device_memory=80 * GIB, dp=1 if stage == 0 else 2,
+                           sequences_per_rank=8, zero_stage=stage, reduce_bucket_size=N_SMALL,
+                           prefetch_bucket_size=N_SMALL, compiled=compiled, overlap_comm=json_overlap)
+    assert layout.memory.buckets == buckets * N_SMALL * 2
 
 
 def test_what_the_user_sets_is_kept():
