@@ -281,6 +281,10 @@ def bench_preset(args, launcher: str) -> dict:
             print(f"  at the default cadence (a save every {cadence_min:g} minutes, each stalling "
                   f"{s['checkpoint_stall']['max_s']:.2f} s as this run's did): goodput {at_cadence:,.0f} tokens/s, "
                   f"{at_cadence / s['tokens_per_s']:.3f} of step throughput (projected)")
+        estimated = (layout.get("memory_gib") or {}).get("total")
+        if estimated and s.get("peak_memory_gib") and torch.cuda.is_available():
+            print(f"  peak memory {s['peak_memory_gib']:.2f} GiB allocated, the layout estimated {estimated:.2f} GiB "
+                  f"(measured / estimated {s['peak_memory_gib'] / estimated:.2f})")
         if s.get("profile"):
             print(profile_line(s["profile"]))
         result = {"preset": args.preset, "seq_len": args.seq_len, "launcher": launcher, "kiln": {
@@ -288,7 +292,8 @@ def bench_preset(args, launcher: str) -> dict:
                 "tokens_per_s", "mfu", "goodput_tokens_per_s", "goodput_mfu", "time", "checkpoint_stall", "world_size",
                 "device", "precision", "tokens_per_step", "steps", "parallelism", "layout", "compile",
                 "peak_flops_per_device", "n_params", "flops_per_token", "launch_wall_s", "profile",
-                "steady_goodput_tokens_per_s")}, "goodput_at_default_cadence_tokens_per_s": at_cadence}}
+                "steady_goodput_tokens_per_s", "peak_memory_gib")},
+            "goodput_at_default_cadence_tokens_per_s": at_cadence}}
         if args.reference:
             ref_micro = args.ref_micro_batch or micro
             ref_accum = max(1, micro * accum // ref_micro)

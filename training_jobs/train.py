@@ -519,6 +519,8 @@ class Trainer:
             "parallelism": {"tp": self.t.parallelism.tp, "pp": self.t.parallelism.pp, "dp": self.shard.world_size,
                             "zero_stage": self.ds_config["zero_optimization"].get("stage")},
             "layout": self.layout_record(),  # the stage and micro-batch, who chose them and why
+            # rank 0's peak: device memory allocated on a GPU (what the layout's estimate predicts), RSS on CPU
+            "peak_memory_gib": peak_memory_gib(),
             "peak_flops_per_device": self.peak, "n_params": self.n_params,
             "n_params_non_embedding": self.n_non_embedding, "flops_per_token": self.flops_per_token,
             "model": self.cfg.to_dict(), "stability_events": [e.to_dict() for e in self.monitor.events],

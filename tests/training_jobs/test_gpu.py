@@ -41,6 +41,7 @@ def test_one_gpu_run_trains_in_bf16_and_reports_mfu(tmp_path, token_dataset):
     assert len(grad_norms) == 20 and all(n is not None and n > 0 for n in grad_norms)
     assert summary["compile"]["enabled"]  # auto: on for CUDA (inductor), and the run still learned
     assert summary["goodput_tokens_per_s"] <= summary["tokens_per_s"]
+    assert 0 < summary["peak_memory_gib"] < torch.cuda.get_device_properties(0).total_memory / 2**30
 
     transformers = pytest.importorskip("transformers")
     from training_jobs.export import load_model

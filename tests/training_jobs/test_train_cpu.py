@@ -40,6 +40,8 @@ def test_two_rank_run_learns_and_reports(run_a):
     assert summary["mfu"] is None and metrics[5]["train/mfu"] is None  # no peak on CPU, no guess
     assert summary["stability_events"] == [] and summary["rollbacks"] == 0
     assert summary["n_params"] == 139_584 and summary["flops_per_token"] == 886_656
+    # on CPU rank 0's peak resident set: at least torch and DeepSpeed (hundreds of MB), far below the 24 GiB machine
+    assert 0.2 < summary["peak_memory_gib"] < 8
     assert summary["checkpoint"].endswith("step_00000012") and summary["mlflow_run_id"]
     # Goodput: the counted tokens over all of fit()'s wall time; its parts (the first step, the profiled steps 3-4 and
     # their report, the other steps, checkpoints 4, 8, 12, validation at 6 and 12, waiting at the end for the
