@@ -24,7 +24,7 @@ settings fix them (training.parallelism.zero_stage, a stage in the user's DeepSp
 The estimate per rank: model states from the planner's memory model (kiln.planning.memory: ZeRO Sec. 5) for the
 exact parameter count; ZeRO's gradient buckets of reduce_bucket_size elements, as DeepSpeed allocates them with
 contiguous_gradients (the shipped JSON's): at ZeRO-1/2 two with overlap_comm (a double buffer), one without it (a
-compiled model's default, overlaps_communication), at ZeRO-3 one (its reduction stream waits on the one buffer);
+compiled model's default, overlaps_communication), at ZeRO-3 one, overlap_comm or not;
 under ZeRO-3 the gathered largest layer and the prefetch bucket; the activations Kiln's own block keeps for backward;
 the loss. The activations are counted from training_jobs/model.py instead of Korthikanti et al.'s 34·s·b·h (a GPT
 block with a GELU MLP and dropout), in bytes per token and layer, bf16, flash attention (no scores kept):
