@@ -36,7 +36,11 @@ block with a GELU MLP and dropout), in bytes per token and layer, bf16, flash at
 i.e. 16h + (6h + 4kv + 8f)/tp (AutoTP splits heads and the MLP, not the norms), kv = n_kv_heads·head_dim, f the
 MLP width; double that in fp32. Under autocast (ZeRO-0 in bf16) the residual stream and the norms' outputs are
 fp32, and the projections keep their own bf16 copy of their input: 4h more per layer (two norm outputs at 4h, not
-2h), 2h more for the final norm, and the loss's hidden-state gradient in fp32. The loss (loss_bytes):
+2h), 2h more for the final norm, and the loss's hidden-state gradient in fp32. Eager (compile off) autocast casts
+again at each projection: q, k and v each keep a bf16 copy of the first norm's output, gate and up of the second's,
+6h more per layer, and each block matrix's bf16 copy (2 B a parameter) is kept for backward; a compiled graph casts
+each once. Checked against what autograd saves for an eager block, on CPU (tests/training_jobs/test_layout.py): the
+count is 3-4% above it in bf16 and under autocast (the reshaped copy into o_proj is a view there). The loss (loss_bytes):
 linear_cross_entropy holds one chunk of fp32 logits and its gradient (2 x 4 bytes a logit), the hidden states'
 gradient and the weight's fp32 gradient; the whole-logits loss the trainer had before (whole_logits=True;
 LOSS_BYTES_PER_LOGIT) bf16 logits, their fp32 copy and log-softmax, then two fp32 gradients in backward. Checked
@@ -105,10 +109,13 @@ def reduce_buffers(stage: int, overlap_comm: bool) -> int:
     return 2 if stage in (1, 2) and overlap_comm else 1
 
 
-def activation_bytes_per_token_layer(cfg: ModelConfig, precision: str, tp: int = 1, autocast: bool = False) -> float:
+def activation_bytes_per_token_layer(cfg: ModelConfig, precision: str, tp: int = 1, autocast: bool = False,
+                                     compiled: bool = False) -> float:
     """What one of Kiln's blocks keeps for backward per token (the module docstring's count)."""
     h, kv, f = cfg.d_model, cfg.n_kv_heads * cfg.head_dim, cfg.ffn_hidden
-    return (16 * h + (6 * h + 4 * kv + 8 * f) / tp) * WORKING_BYTES[precision] / 2 + (4 * h if autocast else 0)
+    eager_casts = 6 * h if autocast and not compiled else 0  # q, k, v, gate and up cast their inputs each
+    return ((16 * h + (6 * h + 4 * kv + 8 * f) / tp) * WORKING_BYTES[precision] / 2 + (4 * h if autocast else 0)
+            + eager_casts)
 
 
 def loss_bytes(cfg: ModelConfig, tokens: int, precision: str, whole_logits: bool = False,
@@ -124,21 +131,23 @@ def loss_bytes(cfg: ModelConfig, tokens: int, precision: str, whole_logits: bool
 def estimate(cfg: ModelConfig, *, seq_len: int, micro_batch: int, precision: str, zero_stage: int, dp: int,
              tp: int = 1, pp: int = 1, grad_accum: int = 1, activation_checkpointing: bool = False,
              reduce_bucket_size: int = 0, prefetch_bucket_size: int = 0, whole_logits: bool = False,
-             overlap_comm: bool = True) -> MemoryUse:
-    """Per-rank memory of one layout (see the module docstring for each term)."""
+             compiled: bool = False, overlap_comm: bool | None = None) -> MemoryUse:
+    """Per-rank memory of one layout (see the module docstring for each term). `compiled`: training.compile
+    resolved; `overlap_comm`: the DeepSpeed JSON's, None for "auto" (overlaps_communication)."""
     word = WORKING_BYTES[precision]
     autocast = uses_autocast(zero_stage, precision)
     body = param_count(cfg, non_embedding=True)
     params = (body / tp + (param_count(cfg) - body)) / pp  # AutoTP splits the blocks, not the embedding
     # under autocast the states are fp32 weights, gradients and Adam moments: 4 + 4 + 8 B
     states = params * sum(model_state_bytes_per_param(zero_stage, dp, "fp32" if autocast else precision))
-    buckets = float(reduce_buffers(zero_stage, overlap_comm) * reduce_bucket_size * word)
+    overlap = overlap_comm if overlap_comm is not None else overlaps_communication(zero_stage, compiled)
+    buckets = float(reduce_buffers(zero_stage, overlap) * reduce_bucket_size * word)
     zero3 = 0.0
     if zero_stage == 3:
         largest = max(cfg.vocab_size * cfg.d_model, cfg.d_model * cfg.ffn_hidden)
         zero3 = BYTES_GATHERED_LAYER * word / 2 * largest + prefetch_bucket_size * word
     tokens = seq_len * micro_batch
-    per_layer = activation_bytes_per_token_layer(cfg, precision, tp, autocast)
+    per_layer = activation_bytes_per_token_layer(cfg, precision, tp, autocast, compiled)
     layers = cfg.n_layers / pp
     if activation_checkpointing:  # each block keeps its input; one block's activations during its recompute
         kept = layers * cfg.d_model * word + per_layer
@@ -147,6 +156,8 @@ def estimate(cfg: ModelConfig, *, seq_len: int, micro_batch: int, precision: str
     in_flight = min(pp, grad_accum)  # 1F1B: the first stage holds up to pp micro-batches (Narayanan et al. 2021)
     head = 8 * cfg.d_model * word / 2 + (2 * cfg.d_model if autocast else 0)  # the final norm, the lm_head's input
     activations = tokens * (kept * in_flight + head)
+    if autocast and not compiled:  # eager autocast's bf16 copies of the block weights, kept for backward
+        activations += 2 * body / tp / pp
     return MemoryUse(states, buckets, zero3, activations, loss_bytes(cfg, tokens, precision, whole_logits, autocast))
 
 
@@ -182,8 +193,7 @@ def choose_layout(cfg: ModelConfig, *, seq_len: int, precision: str, device_memo
                   micro_batch_from: str = "training.micro_batch_size") -> Layout:
     """The layout of a run (rules in the module docstring). `zero_stage` / `micro_batch` given: kept, and
     `*_from` says who gave them; `sequences_per_rank`: the global batch / dp, which the layout keeps;
-    `device_memory`: bytes per device, None on CPU; `compiled` (the whole model at ZeRO-1/2) and `overlap_comm`
-    (the DeepSpeed JSON's, None for "auto") decide each stage's reduce buckets."""
+    `device_memory`: bytes per device, None on CPU; `compiled`, `overlap_comm`: as estimate's."""
     if micro_batch is not None and sequences_per_rank % micro_batch:
         raise ValueError(f"the per-rank batch of {sequences_per_rank} sequences is not a multiple of the "
                          f"micro-batch {micro_batch}")
@@ -213,8 +223,7 @@ def choose_layout(cfg: ModelConfig, *, seq_len: int, precision: str, device_memo
                         pp=pp, grad_accum=sequences_per_rank // micro,
                         activation_checkpointing=activation_checkpointing,
                         reduce_bucket_size=reduce_bucket_size, prefetch_bucket_size=prefetch_bucket_size,
-                        whole_logits=whole_logits, overlap_comm=overlap_comm if overlap_comm is not None
-                        else overlaps_communication(stage, compiled))
+                        whole_logits=whole_logits, compiled=compiled, overlap_comm=overlap_comm)
 
     def largest_fitting(stage: int) -> int | None:
         return next((m for m in splits if use(stage, m).total <= usable), None)

@@ -31,8 +31,9 @@ N_SMALL = 109_529_856
 # = 786,432,000 B.
 SMALL_PER_SEQUENCE = 905_969_664 + 786_432_000
 # ZeRO-1 over two ranks: 10 B per parameter (bf16 weights and gradients 2 + 2, the fp32 master and Adam m, v split
-# in two: 12 / 2) and two reduce buckets of min(5e8, N) = N bf16 elements (overlap_comm's double buffer): 10 N + 4 N.
-SMALL_FIXED_ZERO1_DP2 = 10 * N_SMALL + 4 * N_SMALL
+# in two: 12 / 2) and one reduce bucket of min(5e8, N) = N bf16 elements (compiled, so overlap_comm is off and
+# DeepSpeed keeps one buffer): 10 N + 2 N.
+SMALL_FIXED_ZERO1_DP2 = 10 * N_SMALL + 2 * N_SMALL
 # ZeRO-0 in bf16 is fp32 weights under autocast: 16 B per parameter (4 + 4 + 8: weights, gradients, Adam m and v),
 # no buckets; per sequence 4·768 more per layer (the two norms' outputs in fp32) and 2·768 for the final norm:
 # 2048 x (12 x (36,352 + 3,072) + 8·768 + 2·768) = 984,612,864 B of activations, the same 786,432,000 B of loss.
@@ -45,20 +46,58 @@ SMALL_PER_SEQUENCE_AUTOCAST = 984_612_864 + 786_432_000
     # ZeRO-1 and 2 do, and with one data-parallel rank there is nothing for them to partition: ZeRO-0 under autocast.
     (1, 0, SMALL_FIXED_ZERO0 + 8 * SMALL_PER_SEQUENCE_AUTOCAST,
      "ZeRO-0: model states 1.6 GiB per rank fit .*fp32 weights under bf16 autocast; .*14.8 GiB"),
-    # Two ranks: 14 x 109,529,856 + 8 x 1,692,401,664 = 15,072,631,296 B (14.0 GiB). ZeRO-0 would keep the whole
+    # Two ranks: 12 x 109,529,856 + 8 x 1,692,401,664 = 14,853,571,584 B (13.8 GiB). ZeRO-0 would keep the whole
     # optimizer state on each rank and reduce only after backward: ZeRO-1, the lowest stage over more than one rank.
-    (2, 1, SMALL_FIXED_ZERO1_DP2 + 8 * SMALL_PER_SEQUENCE, "ZeRO-1: model states 1.0 GiB per rank fit .*14.0 GiB"),
+    (2, 1, SMALL_FIXED_ZERO1_DP2 + 8 * SMALL_PER_SEQUENCE, "ZeRO-1: model states 1.0 GiB per rank fit .*13.8 GiB"),
 ])
 def test_a_model_that_fits_takes_the_lowest_stage_with_the_whole_batch_in_one_micro_batch(dp, stage, total, reason):
-    """125m on an 80 GiB GPU at micro-batch 8, far inside 0.9 x 80 GiB = 72 GiB: no accumulation."""
+    """125m on an 80 GiB GPU at micro-batch 8, far inside 0.9 x 80 GiB = 72 GiB: no accumulation. Compiled, as
+    training on CUDA is by default."""
     kwargs = dict(seq_len=2048, precision="bf16", dp=dp, reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL,
-                  whole_logits=True)
-    assert total == {1: 15_920_836_608, 2: 15_072_631_296}[dp]
+                  whole_logits=True, compiled=True)
+    assert total == {1: 15_920_836_608, 2: 14_853_571_584}[dp]
     assert estimate(GPT_SMALL, micro_batch=8, zero_stage=stage, **kwargs).total == total
     layout = choose_layout(GPT_SMALL, device_memory=80 * GIB, sequences_per_rank=8, **kwargs)
     assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (stage, 8, 1)
     assert layout.chosen == ("zero_stage", "micro_batch")
     assert re.match(reason, layout.reason), layout.reason
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_the_activation_count_covers_what_autograd_keeps_for_an_eager_block(autocast):
+    """The second implementation: autograd's saved tensors. One of Kiln's blocks, eager, on CPU: in bf16 (ZeRO-1/2/3)
+    or with fp32 weights under bf16 autocast (ZeRO-0), every distinct storage saved for backward (the weights and
+    RoPE tables aside, which the estimate counts elsewhere or not at all), against the layout's count per token and
+    layer, plus, under eager autocast, the block matrices' bf16 copies (2 B a parameter). The count is a bound: it
+    also holds a reshaped copy of the attention output that CPU's (and flash's) output layout makes a view, and leaves
+    out the per-row statistics (the norms' rsqrt, the softmax's logsumexp). It fails if the block comes to keep more
+    than counted, or if the count drifts more than 6% above what is kept."""
+    from training_jobs.layout import activation_bytes_per_token_layer
+    from training_jobs.model import Block
+
+    cfg = ModelConfig(vocab_size=512, d_model=128, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=352,
+                      max_seq_len=256)
+    torch.manual_seed(0)
+    block = Block(cfg) if autocast else Block(cfg).bfloat16()
+    batch, seq = 4, 256
+    x = torch.randn(batch, seq, cfg.d_model, dtype=torch.float32 if autocast else torch.bfloat16, requires_grad=True)
+    cos, sin = torch.randn(seq, cfg.head_dim).bfloat16(), torch.randn(seq, cfg.head_dim).bfloat16()
+    counted_elsewhere = {t.untyped_storage().data_ptr() for t in [*block.parameters(), cos, sin]}
+    kept: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in counted_elsewhere:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            out = block(x, cos, sin)
+    out.float().sum().backward()  # what was kept is what backward needs
+    weight_copies = 2 * sum(p.numel() for p in block.parameters()) if autocast else 0
+    counted = batch * seq * activation_bytes_per_token_layer(cfg, "bf16", autocast=autocast, compiled=False)
+    assert sum(kept.values()) <= counted + weight_copies <= 1.06 * sum(kept.values())
 
 
 def test_the_estimate_agrees_with_the_h200_measurement():
