@@ -25,7 +25,8 @@ The estimate per rank: model states from the planner's memory model (kiln.planni
 exact parameter count; ZeRO's gradient buckets of reduce_bucket_size elements, as DeepSpeed allocates them with
 contiguous_gradients (the shipped JSON's): at ZeRO-1/2 two with overlap_comm (a double buffer), one without it (a
 compiled model's default, overlaps_communication), at ZeRO-3 one, overlap_comm or not;
-under ZeRO-3 the gathered largest layer and the prefetch bucket; the activations Kiln's own block keeps for backward;
+under ZeRO-3 the weights it keeps gathered (zero3_gathered_params) and one leaf module's gradient (a Block, or the
+embedding, whichever is larger); the activations Kiln's own block keeps for backward;
 the loss. The activations are counted from training_jobs/model.py instead of Korthikanti et al.'s 34·s·b·h (a GPT
 block with a GELU MLP and dropout), in bytes per token and layer, bf16, flash attention (no scores kept):
 
@@ -45,7 +46,7 @@ linear_cross_entropy holds one chunk of fp32 logits and its gradient (2 x 4 byte
 gradient and the weight's fp32 gradient; the whole-logits loss the trainer had before (whole_logits=True;
 LOSS_BYTES_PER_LOGIT) bf16 logits, their fp32 copy and log-softmax, then two fp32 gradients in backward. Checked
 against docs/bench/long_context_125m_h200.json (125m, seq_len 2048, micro-batch 8, ZeRO-3 with the old d²-sized
-buckets, one H200): 14.05 GiB peak allocated, 14.3 GiB estimated (tests/training_jobs/test_layout.py works it
+buckets, one H200): 14.05 GiB peak allocated, 14.5 GiB estimated (tests/training_jobs/test_layout.py works it
 through, with that run's whole-logits loss).
 """
 
@@ -54,7 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kiln.planning.memory import BYTES_GATHERED_LAYER, GIB, model_state_bytes_per_param
+from kiln.planning.memory import GIB, ZERO3_LIVE, model_state_bytes_per_param, zero3_gathered_params
 from training_jobs.model import ModelConfig, loss_chunk_tokens, param_count
 from training_jobs.settings import DEFAULT_MICRO_BATCH
 
@@ -70,7 +71,7 @@ class MemoryUse:
 
     model_states: float  # weights, gradients, optimizer states (this rank's share)
     buckets: float  # ZeRO's gradient reduction buffers
-    zero3_working_set: float  # the gathered largest layer and the prefetch bucket
+    zero3_working_set: float  # ZeRO-3's gathered weights and one leaf module's gradient
     activations: float
     loss: float
 
@@ -130,10 +131,12 @@ def loss_bytes(cfg: ModelConfig, tokens: int, precision: str, whole_logits: bool
 
 def estimate(cfg: ModelConfig, *, seq_len: int, micro_batch: int, precision: str, zero_stage: int, dp: int,
              tp: int = 1, pp: int = 1, grad_accum: int = 1, activation_checkpointing: bool = False,
-             reduce_bucket_size: int = 0, prefetch_bucket_size: int = 0, whole_logits: bool = False,
-             compiled: bool = False, overlap_comm: bool | None = None) -> MemoryUse:
+             reduce_bucket_size: int = 0, whole_logits: bool = False, compiled: bool = False,
+             overlap_comm: bool | None = None, max_live_parameters: int = ZERO3_LIVE["stage3_max_live_parameters"],
+             max_reuse_distance: int = ZERO3_LIVE["stage3_max_reuse_distance"]) -> MemoryUse:
     """Per-rank memory of one layout (see the module docstring for each term). `compiled`: training.compile
-    resolved; `overlap_comm`: the DeepSpeed JSON's, None for "auto" (overlaps_communication)."""
+    resolved; `overlap_comm`: the DeepSpeed JSON's, None for "auto" (overlaps_communication); the last two: the
+    JSON's stage3_max_live_parameters and stage3_max_reuse_distance."""
     word = WORKING_BYTES[precision]
     autocast = uses_autocast(zero_stage, precision)
     body = param_count(cfg, non_embedding=True)
@@ -143,9 +146,9 @@ def estimate(cfg: ModelConfig, *, seq_len: int, micro_batch: int, precision: str
     overlap = overlap_comm if overlap_comm is not None else overlaps_communication(zero_stage, compiled)
     buckets = float(reduce_buffers(zero_stage, overlap) * reduce_bucket_size * word)
     zero3 = 0.0
-    if zero_stage == 3:
-        largest = max(cfg.vocab_size * cfg.d_model, cfg.d_model * cfg.ffn_hidden)
-        zero3 = BYTES_GATHERED_LAYER * word / 2 * largest + prefetch_bucket_size * word
+    if zero_stage == 3:  # a Block is a ZeRO-3 leaf: gathered whole, its gradient whole until reduced
+        leaf = max(cfg.vocab_size * cfg.d_model, body / cfg.n_layers / tp)
+        zero3 = (zero3_gathered_params(params, leaf, max_live_parameters, max_reuse_distance) + leaf) * word
     tokens = seq_len * micro_batch
     per_layer = activation_bytes_per_token_layer(cfg, precision, tp, autocast, compiled)
     layers = cfg.n_layers / pp
@@ -187,13 +190,16 @@ def _gib(value: float) -> str:
 def choose_layout(cfg: ModelConfig, *, seq_len: int, precision: str, device_memory: int | None, dp: int,
                   sequences_per_rank: int, tp: int = 1, pp: int = 1, zero_stage: int | None = None,
                   micro_batch: int | None = None, activation_checkpointing: bool = False,
-                  reduce_bucket_size: int = 0, prefetch_bucket_size: int = 0, whole_logits: bool = False,
-                  compiled: bool = False, overlap_comm: bool | None = None,
+                  reduce_bucket_size: int = 0, whole_logits: bool = False, compiled: bool = False,
+                  overlap_comm: bool | None = None,
+                  max_live_parameters: int = ZERO3_LIVE["stage3_max_live_parameters"],
+                  max_reuse_distance: int = ZERO3_LIVE["stage3_max_reuse_distance"],
                   zero_stage_from: str = "training.parallelism.zero_stage",
                   micro_batch_from: str = "training.micro_batch_size") -> Layout:
     """The layout of a run (rules in the module docstring). `zero_stage` / `micro_batch` given: kept, and
     `*_from` says who gave them; `sequences_per_rank`: the global batch / dp, which the layout keeps;
-    `device_memory`: bytes per device, None on CPU; `compiled`, `overlap_comm`: as estimate's."""
+    `device_memory`: bytes per device, None on CPU; the DeepSpeed settings after `reduce_bucket_size`: as
+    estimate's."""
     if micro_batch is not None and sequences_per_rank % micro_batch:
         raise ValueError(f"the per-rank batch of {sequences_per_rank} sequences is not a multiple of the "
                          f"micro-batch {micro_batch}")
@@ -222,8 +228,9 @@ def choose_layout(cfg: ModelConfig, *, seq_len: int, precision: str, device_memo
         return estimate(cfg, seq_len=seq_len, micro_batch=micro, precision=precision, zero_stage=stage, dp=dp, tp=tp,
                         pp=pp, grad_accum=sequences_per_rank // micro,
                         activation_checkpointing=activation_checkpointing,
-                        reduce_bucket_size=reduce_bucket_size, prefetch_bucket_size=prefetch_bucket_size,
-                        whole_logits=whole_logits, compiled=compiled, overlap_comm=overlap_comm)
+                        reduce_bucket_size=reduce_bucket_size, whole_logits=whole_logits, compiled=compiled,
+                        overlap_comm=overlap_comm, max_live_parameters=max_live_parameters,
+                        max_reuse_distance=max_reuse_distance)
 
     def largest_fitting(stage: int) -> int | None:
         return next((m for m in splits if use(stage, m).total <= usable), None)

@@ -21,7 +21,7 @@ import torch
 from training_jobs import checkpoint
 from training_jobs.base import BaseWeights, load_into
 from kiln.tokens.shard_format import read_shard_set
-from training_jobs.layout import Layout, choose_layout, overlaps_communication, uses_autocast
+from training_jobs.layout import ZERO3_LIVE, Layout, choose_layout, overlaps_communication, uses_autocast
 from training_jobs.loader import ReplayLoader, ShardLoader
 from training_jobs.model import Block, ModelConfig, Transformer, param_count
 from training_jobs.monitor import StabilityMonitor
@@ -487,6 +487,7 @@ def resolve_layout(run: RunConfig, dist: Dist, shard: Dist) -> tuple[RunConfig, 
             micro = None
     buckets = {k: zero.get(k) if isinstance(zero.get(k), int) else v for k, v in zero_buckets(cfg).items()}
     json_overlap = zero.get("overlap_comm")  # "auto" (the shipped JSON's): overlaps_communication, per stage
+    live = {k: zero[k] if isinstance(zero.get(k), (int, float)) else v for k, v in ZERO3_LIVE.items()}
     device_memory = (torch.cuda.get_device_properties(dist.device).total_memory if dist.device.type == "cuda"
                      else None)
     layout = choose_layout(
@@ -494,8 +495,9 @@ def resolve_layout(run: RunConfig, dist: Dist, shard: Dist) -> tuple[RunConfig, 
         dp=shard.world_size, sequences_per_rank=(micro or DEFAULT_MICRO_BATCH) * t.grad_accum,
         tp=t.parallelism.tp, pp=t.parallelism.pp, zero_stage=stage, micro_batch=micro,
         activation_checkpointing=t.model.activation_checkpointing,
-        reduce_bucket_size=buckets["reduce_bucket_size"], prefetch_bucket_size=buckets["stage3_prefetch_bucket_size"],
-        compiled=resolve_compile(t)[0], overlap_comm=json_overlap if isinstance(json_overlap, bool) else None,
+        reduce_bucket_size=buckets["reduce_bucket_size"], compiled=resolve_compile(t)[0],
+        overlap_comm=json_overlap if isinstance(json_overlap, bool) else None,
+        max_live_parameters=live["stage3_max_live_parameters"], max_reuse_distance=live["stage3_max_reuse_distance"],
         zero_stage_from=stage_from, micro_batch_from=micro_from)
     layout = broadcast_object(dist, layout)
     update: dict[str, Any] = {"micro_batch_size": layout.micro_batch, "grad_accum": layout.grad_accum}

@@ -29,9 +29,23 @@ BYTES_PARAM = 2  # bf16 weights (ZeRO Sec. 3.1: 2Ψ)
 BYTES_GRAD = 2  # bf16 gradients (2Ψ)
 BYTES_OPTIMIZER = 12  # fp32 master weights + Adam m + Adam v (K = 12, KΨ)
 BYTES_LOGIT = 4  # one fp32 copy of the logits for the cross-entropy (not in Korthikanti's per-layer count)
-# DeepSpeed's own ZeRO-3 estimator (estimate_zero3_model_states_mem_needs) budgets 4 bytes per parameter
-# of the largest layer: its all-gathered bf16 weights and bf16 gradients, unpartitioned on every GPU.
-BYTES_GATHERED_LAYER = 4
+
+# DeepSpeed's defaults (zero/config.py), which Kiln's shipped DeepSpeed JSON keeps: how many parameters ZeRO-3 may keep
+# gathered, and within how many parameters fetched a parameter used again is kept instead of released. DeepSpeed's own
+# ZeRO-3 estimator (estimate_zero3_model_states_mem_needs) counts only the largest layer gathered; with these limits a
+# rank holds far more (zero3_gathered_params).
+ZERO3_LIVE = {"stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000}
+
+
+def zero3_gathered_params(params: float, leaf: float, max_live: float, max_reuse: float) -> float:
+    """A bound on the parameters ZeRO-3 holds gathered (whole, on every rank) at once, of `params`: its prefetcher
+    fetches ahead until `max_live` are gathered; a parameter to be used again within `max_reuse` parameters fetched is
+    kept instead of released, and the way from a module's forward to its backward passes every later module kept
+    that way twice, so those are at most half of it; and the module being fetched, which DeepSpeed fetches whatever
+    the limits (`leaf`, the largest: a layer, or a Kiln Block, which ZeRO-3 gathers whole). With DeepSpeed's
+    defaults a model under a billion parameters stays gathered from forward to backward. Checked on CPU against the
+    parameters a real engine holds (tests/training_jobs/test_compile.py)."""
+    return min(params, max(max_live, max_reuse / 2) + leaf)
 
 
 @dataclass(frozen=True)
@@ -166,7 +180,7 @@ class MemoryEstimate:
     weights: float
     gradients: float
     optimizer: float
-    gathered_layer: float  # ZeRO-3 working set
+    zero3_working_set: float  # the weights ZeRO-3 keeps gathered and the largest layer's gradient
     activations: float
     logits: float
     cpu_offloaded: float
@@ -177,10 +191,10 @@ class MemoryEstimate:
 
     @property
     def total(self) -> float:
-        return self.model_states + self.gathered_layer + self.activations + self.logits
+        return self.model_states + self.zero3_working_set + self.activations + self.logits
 
     def to_dict(self) -> dict[str, float]:
-        parts = ("weights", "gradients", "optimizer", "gathered_layer", "activations", "logits")
+        parts = ("weights", "gradients", "optimizer", "zero3_working_set", "activations", "logits")
         out = {f"{name}_gib": getattr(self, name) / GIB for name in (*parts, "cpu_offloaded")}
         out.update({"model_states_gib": self.model_states / GIB, "total_gib": self.total / GIB})
         return out
@@ -218,7 +232,12 @@ def estimate_memory(
         cpu, optimizer = cpu + optimizer, 0.0
     if offload_params:
         cpu, weights = cpu + weights, 0.0
-    gathered = BYTES_GATHERED_LAYER * shape.largest_layer_params / tp if zero_stage == 3 else 0.0
+    gathered = 0.0
+    if zero_stage == 3:  # the weights kept whole, and the largest layer's gradient until it is reduced
+        largest = shape.largest_layer_params / tp
+        live = zero3_gathered_params(shape.n_params / (tp * pp), largest, ZERO3_LIVE["stage3_max_live_parameters"],
+                                     ZERO3_LIVE["stage3_max_reuse_distance"])
+        gathered = BYTES_PARAM * live + BYTES_GRAD * largest
     in_flight = min(pp, microbatches_in_flight) if microbatches_in_flight is not None else pp
     per_layer = activation_bytes_per_layer(
         seq_len, micro_batch, shape.d_model, shape.n_heads, tp, sequence_parallel, recompute

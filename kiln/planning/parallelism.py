@@ -268,7 +268,7 @@ def _explain(
         lines.append(
             f"Per GPU: {_gib(memory.model_states)} of model states (ZeRO-{plan.zero_stage} over DP {plan.dp}) "
             f"+ {_gib(memory.activations)} of activations at micro-batch {plan.micro_batch} "
-            f"+ {_gib(memory.gathered_layer + memory.logits)} other = {_gib(memory.total)}, within {usable}."
+            f"+ {_gib(memory.zero3_working_set + memory.logits)} other = {_gib(memory.total)}, within {usable}."
         )
     if plan.fits and plan.tp > 1:
         lines.append(

@@ -85,7 +85,7 @@ def _render(plan: Plan) -> str:
         f"  memory/GPU  {gib(mem.total)} of {gib(par.usable_bytes)} GiB usable"
         + ("" if par.fits else " (DOES NOT FIT)")
         + f": weights {gib(mem.weights)}, grads {gib(mem.gradients)}, optimizer {gib(mem.optimizer)}, "
-        f"activations {gib(mem.activations)}, other {gib(mem.gathered_layer + mem.logits)}"
+        f"activations {gib(mem.activations)}, other {gib(mem.zero3_working_set + mem.logits)}"
         + (f"; CPU {gib(mem.cpu_offloaded)}" if mem.cpu_offloaded else ""),
         f"  failures    cluster MTBF {rel.cluster_mtbf_hours:,.0f} h, ~{rel.expected_failures:.0f} failures; "
         f"checkpoint every {rel.daly_interval_minutes:.0f} min (Daly; Young {rel.young_interval_minutes:.0f}), "

@@ -12,7 +12,8 @@ its process groups for the life of the process):
   its bf16 overflow check too, and ZeRO-1 and 2 clip without reading the norm: setup.clip_without_reading, checked
   against DeepSpeed's own clipping; a compiled model at ZeRO-1/2 reduces its gradients without overlap_comm, whose
   synchronize at the end of each backward would buy nothing there);
-- the layout's memory estimate counts the reduce buffers a real engine allocates at each stage.
+- the layout's memory estimate counts the reduce buffers a real engine allocates at each stage, and bounds the weights
+  ZeRO-3 keeps gathered.
 
 The backend is aot_eager (KILN_COMPILE_BACKEND): Dynamo's capture, guards and AOTAutograd's joint graph and partition,
 which is where ZeRO-3's hooks, the masks and the recompiles meet the compiler, without inductor's C++ build (minutes
@@ -338,6 +339,48 @@ def test_the_layout_counts_the_reduce_buffers_deepspeed_allocates(world_of_one, 
         buffers = seen[-1] if stage < 3 else held()
         assert {b.numel() for b in buffers} == {ds["zero_optimization"]["reduce_bucket_size"]}
         assert len(buffers) == reduce_buffers(stage, overlap), overlap
+
+
+@pytest.mark.parametrize("live, reuse, prefetch", [(0.5, 0, 0.5), (3, 0, 1), (0, 4, 0), (2, 2, 2), (None, None, None)])
+def test_the_layout_bounds_the_weights_zero3_keeps_gathered(world_of_one, live, reuse, prefetch):
+    """layout.zero3_gathered_params against the parameters a real ZeRO-3 engine holds whole (`param.data` full, not an
+    empty placeholder) at any module's forward or backward, over steps after the first (which records the trace the
+    prefetcher follows). Limits in blocks of this 8-block model: stage3_max_live_parameters, max_reuse_distance,
+    prefetch_bucket_size; None: the shipped JSON's (DeepSpeed's defaults), under which the whole model stays
+    gathered. The persistence threshold is 0 here: at the shipped 1e5 every weight of this small model would be
+    persistent, never partitioned."""
+    from training_jobs.layout import zero3_gathered_params
+
+    cfg = ModelConfig(vocab_size=256, d_model=64, n_layers=8, n_heads=4, n_kv_heads=2, ffn_hidden=176, max_seq_len=16)
+    block = sum(p.numel() for p in Transformer(cfg).layers[0].parameters())
+    t = zero_stage_settings(3)
+    ds = deepspeed_config(t, "bf16", cfg)
+    zero = ds["zero_optimization"]
+    zero["stage3_param_persistence_threshold"] = 0
+    if live is not None:
+        zero.update(stage3_max_live_parameters=int(live * block), stage3_max_reuse_distance=int(reuse * block),
+                    stage3_prefetch_bucket_size=int(prefetch * block))
+    engine = build_engine(cfg, t, ds, ZERO0_STEPS, StabilityMonitor(t.monitor))
+    whole = sum(p.ds_numel for p in engine.module.parameters())
+    peak = []
+
+    def note(*_) -> None:
+        peak.append(sum(p.data.numel() for p in engine.module.parameters()))
+
+    for module in engine.module.modules():
+        module.register_forward_hook(note)
+        module.register_full_backward_hook(note)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(3):
+        tokens = torch.randint(0, cfg.vocab_size, (2, cfg.max_seq_len + 1), generator=gen)
+        peak.clear()
+        engine.backward(engine(tokens[:, :-1], tokens[:, 1:]))
+        engine.step()
+    leaf = max(block, cfg.vocab_size * cfg.d_model)
+    bound = zero3_gathered_params(whole, leaf, zero["stage3_max_live_parameters"], zero["stage3_max_reuse_distance"])
+    assert max(peak) <= bound
+    if live is None:
+        assert max(peak) == whole
 
 
 def test_zero1_clips_as_deepspeed_does_without_reading_the_norm(world_of_one):

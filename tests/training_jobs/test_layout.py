@@ -53,8 +53,7 @@ SMALL_PER_SEQUENCE_AUTOCAST = 984_612_864 + 786_432_000
 def test_a_model_that_fits_takes_the_lowest_stage_with_the_whole_batch_in_one_micro_batch(dp, stage, total, reason):
     """125m on an 80 GiB GPU at micro-batch 8, far inside 0.9 x 80 GiB = 72 GiB: no accumulation. Compiled, as
     training on CUDA is by default."""
-    kwargs = dict(seq_len=2048, precision="bf16", dp=dp, reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL,
-                  whole_logits=True, compiled=True)
+    kwargs = dict(seq_len=2048, precision="bf16", dp=dp, reduce_bucket_size=N_SMALL, whole_logits=True, compiled=True)
     assert total == {1: 15_920_836_608, 2: 14_853_571_584}[dp]
     assert estimate(GPT_SMALL, micro_batch=8, zero_stage=stage, **kwargs).total == total
     layout = choose_layout(GPT_SMALL, device_memory=80 * GIB, sequences_per_rank=8, **kwargs)
@@ -102,9 +101,11 @@ def test_the_activation_count_covers_what_autograd_keeps_for_an_eager_block(auto
 
 def test_the_estimate_agrees_with_the_h200_measurement():
     """docs/bench/long_context_125m_h200.json: 125m at seq_len 2048, micro-batch 8, ZeRO-3 on one H200 with the old
-    buckets (d² = 589,824 reduce, 0.9·d² = 530,841 prefetch) peaked at 14.046 GiB allocated."""
+    buckets (d² = 589,824 reduce) peaked at 14.046 GiB allocated (estimated 14.49: the whole model stays gathered,
+    as DeepSpeed's defaults keep a model under a billion parameters)."""
     use = estimate(GPT_SMALL, seq_len=2048, micro_batch=8, precision="bf16", zero_stage=3, dp=1,
-                   reduce_bucket_size=768 * 768, prefetch_bucket_size=530_841, whole_logits=True)
+                   reduce_bucket_size=768 * 768, whole_logits=True)
+    assert use.zero3_working_set == (N_SMALL + 32_000 * 768) * 2  # every weight gathered, the embedding's gradient
     assert use.total / GIB == pytest.approx(14.046, rel=0.05)
 
 
@@ -114,8 +115,8 @@ def test_the_micro_batch_is_the_largest_split_of_the_per_rank_batch_that_fits():
     micro-batch 16 needs 2,190,597,120 + 16 x 1,692,401,664 = 29,269,023,744 B (too much), 8 needs 15,729,810,432 B:
     micro-batch 8 x grad_accum 4, the same 32 sequences per step."""
     layout = choose_layout(GPT_SMALL, seq_len=2048, precision="bf16", device_memory=24 * GIB, dp=1,
-                           sequences_per_rank=32, reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL,
-                           whole_logits=True, zero_stage=1)
+                           sequences_per_rank=32, reduce_bucket_size=N_SMALL, whole_logits=True,
+                           zero_stage=1)
     assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (1, 8, 4)
     assert "16 would need 27.3 GiB" in layout.reason and "grad_accum 4 keeps the global batch" in layout.reason
 
@@ -128,8 +129,7 @@ def test_the_chunked_loss_leaves_room_for_twice_the_micro_batch():
     (2,190,597,120) and the activations (16 x 905,969,664) that is 17,371,579,392 B, inside the usable 23,192,823,398:
     micro-batch 16 x grad_accum 2 (32 needs 2,190,597,120 + 32 x 905,969,664 = 31,181,626,368 B before its loss)."""
     layout = choose_layout(GPT_SMALL, seq_len=2048, precision="bf16", device_memory=24 * GIB, dp=1,
-                           sequences_per_rank=32, reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL,
-                           zero_stage=1)
+                           sequences_per_rank=32, reduce_bucket_size=N_SMALL, zero_stage=1)
     assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (1, 16, 2)
     assert layout.memory.loss == 685_467_648
     assert layout.memory.total == 2_190_597_120 + 16 * 905_969_664 + 685_467_648 == 17_371_579_392
@@ -139,17 +139,18 @@ def test_a_model_that_does_not_fit_otherwise_takes_zero3():
     """7B on 24 GiB GPUs, 8 ranks, activation checkpointing. ZeRO-2's model states alone, (2 + 14/8) x 6,738,415,616
     = 25,269,058,560 B, exceed the usable 23,192,823,398 B (ZeRO-1's, 5.5 B per parameter, more so). ZeRO-3:
     16/8 x 6,738,415,616 = 13,476,831,232 B of states + one reduce bucket of 5e8 x 2 B (ZeRO-3 allocates one,
-    overlap_comm or not) + 4 B x 131,072,000 (the embedding, the largest layer, gathered) + 5e7 x 2 B prefetch
-    = 15,101,119,232 B; per sequence 2048 x (32 x 8192 (each block's bf16 input) + 194,560 (one block recomputed)
-    + 8·4096) + 786,432,000 (loss) = 1,788,870,656 B. Micro-batch 4: 22,256,601,856 B fits; 8: 29,412,084,480 B
-    does not. (Counting a second bucket, as the estimate did before, made micro-batch 4 need 23,256,601,856 B, over
-    the budget, and halved the micro-batch.)"""
+    overlap_comm or not) + the gathered weights: DeepSpeed's defaults keep up to 1e9 parameters live, plus the block
+    being fetched (6,476,271,616 / 32 = 202,383,488 parameters, larger than the 131,072,000 of the embedding), and
+    that block's gradient: (1e9 + 2 x 202,383,488) x 2 B = 2,809,533,952 B; in all 17,286,365,184 B. Per sequence
+    2048 x (32 x 8192 (each block's bf16 input) + 194,560 (one block recomputed) + 8·4096) + 786,432,000 (loss)
+    = 1,788,870,656 B. Micro-batch 2: 20,864,106,496 B fits; 4: 24,441,847,808 B does not."""
     layout = choose_layout(LLAMA_7B, seq_len=2048, precision="bf16", device_memory=24 * GIB, dp=8,
                            sequences_per_rank=8, activation_checkpointing=True,
-                           reduce_bucket_size=500_000_000, prefetch_bucket_size=50_000_000, whole_logits=True)
-    assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (3, 4, 2)
+                           reduce_bucket_size=500_000_000, whole_logits=True)
+    assert (layout.zero_stage, layout.micro_batch, layout.grad_accum) == (3, 2, 4)
     assert layout.memory.buckets == 500_000_000 * 2
-    assert layout.memory.total == 15_101_119_232 + 4 * 1_788_870_656 == 22_256_601_856
+    assert layout.memory.zero3_working_set == (1_000_000_000 + 2 * 202_383_488) * 2
+    assert layout.memory.total == 17_286_365_184 + 2 * 1_788_870_656 == 20_864_106_496
     assert layout.reason.startswith("ZeRO-3: ZeRO-2 needs")
 
 
@@ -167,14 +168,14 @@ def test_the_estimate_counts_the_reduce_buckets_deepspeed_allocates(stage, compi
     bucket, as DeepSpeed allocates them with contiguous_gradients (stage_1_and_2.py setup_buckets: a second buffer
     only with overlap_comm; stage3.py: one)."""
     layout = choose_layout(GPT_SMALL, seq_len=2048, precision="bf16", device_memory=80 * GIB, dp=1 if stage == 0 else 2,
-                           sequences_per_rank=8, zero_stage=stage, reduce_bucket_size=N_SMALL,
-                           prefetch_bucket_size=N_SMALL, compiled=compiled, overlap_comm=json_overlap)
+                           sequences_per_rank=8, zero_stage=stage, reduce_bucket_size=N_SMALL, compiled=compiled,
+                           overlap_comm=json_overlap)
     assert layout.memory.buckets == buckets * N_SMALL * 2
 
 
 def test_what_the_user_sets_is_kept():
     common = dict(seq_len=2048, precision="bf16", device_memory=80 * GIB, dp=1, sequences_per_rank=8,
-                  reduce_bucket_size=N_SMALL, prefetch_bucket_size=N_SMALL)
+                  reduce_bucket_size=N_SMALL)
     both = choose_layout(GPT_SMALL, zero_stage=3, micro_batch=2, **common)
     assert (both.zero_stage, both.micro_batch, both.grad_accum, both.chosen) == (3, 2, 4, ())
     assert both.reason.startswith("ZeRO-3: training.parallelism.zero_stage")

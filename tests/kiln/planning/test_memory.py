@@ -35,7 +35,22 @@ def test_estimate_memory_shards_model_states():
     for stage in (0, 1, 2, 3):
         memory = estimate_memory(shape, seq_len=2048, micro_batch=1, dp=16, tp=2, pp=1, zero_stage=stage)
         assert memory.model_states == pytest.approx(shape.n_params / 2 * by_hand[stage])  # tp = 2 halves them
-        assert (memory.gathered_layer > 0) == (stage == 3)
+        assert (memory.zero3_working_set > 0) == (stage == 3)
+
+
+def test_zero3_keeps_deepspeeds_live_parameters_gathered():
+    """ZeRO-3's working set with DeepSpeed's defaults (stage3_max_live_parameters and stage3_max_reuse_distance 1e9,
+    as Kiln's JSON keeps them), by hand: Llama 2 7B's shape (GELU width 4d here) over 8 GPUs; the largest layer is
+    the embedding, 32,000 x 4096 = 131,072,000 parameters. The prefetcher keeps up to 1e9 parameters gathered, plus
+    the layer being fetched, in bf16: (1e9 + 131,072,000) x 2 B, and that layer's gradient, 131,072,000 x 2 B:
+    2,524,288,000 B, where DeepSpeed's own estimator counts only the layer, 4 x 131,072,000 = 524,288,000 B. A model
+    under 1e9 parameters stays gathered whole: 125m's shape, its parameters and the embedding's gradient."""
+    shape = ModelShape(n_layers=32, d_model=4096, n_heads=32, vocab_size=32000)
+    memory = estimate_memory(shape, seq_len=2048, micro_batch=1, dp=8, zero_stage=3)
+    assert memory.zero3_working_set == 2 * (1_000_000_000 + 131_072_000) + 2 * 131_072_000 == 2_524_288_000
+    small = ModelShape(n_layers=12, d_model=768, n_heads=12, vocab_size=32000)
+    assert estimate_memory(small, seq_len=2048, micro_batch=1, dp=8, zero_stage=3).zero3_working_set == (
+        2 * small.n_params + 2 * 32000 * 768)
 
 
 def test_cpu_offload_moves_optimizer_and_parameters():
