@@ -263,8 +263,15 @@ def choose_layout(cfg: ModelConfig, *, seq_len: int, precision: str, device_memo
     memory = use(stage, micro)
     grad_accum = sequences_per_rank // micro
     if not fits:
+        remedies = ["set training.model.activation_checkpointing"] * (not activation_checkpointing)
+        remedies += ["use more GPUs", "a shorter seq_len"]
+        if stage == 3:  # the limits DeepSpeed keeps gathered weights within (zero3_gathered_params)
+            remedies.append(f"lower zero_optimization.stage3_max_live_parameters and stage3_max_reuse_distance "
+                            f"({max_live_parameters:.3g} and {max_reuse_distance:.3g}) in the DeepSpeed JSON "
+                            f"(training.deepspeed_config), within which ZeRO-3's working set is "
+                            f"{_gib(memory.zero3_working_set)}")
         why_micro = (f"micro-batch {micro}: does not fit by this estimate ({_gib(memory.total)} > {budget}); expect "
-                     f"out-of-memory: set training.model.activation_checkpointing, use more GPUs or a shorter seq_len")
+                     f"out-of-memory: {', '.join(remedies[:-1])} or {remedies[-1]}")
     elif micro_batch:
         why_micro = f"micro-batch {micro}: {micro_batch_from} ({_gib(memory.total)} of {budget})"
     elif micro == sequences_per_rank:

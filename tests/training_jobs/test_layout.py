@@ -154,6 +154,21 @@ def test_a_model_that_does_not_fit_otherwise_takes_zero3():
     assert layout.reason.startswith("ZeRO-3: ZeRO-2 needs")
 
 
+def test_a_zero3_layout_that_does_not_fit_names_the_limits_that_keep_weights_gathered():
+    """7B over 8 ranks of 16 GiB at ZeRO-3 (usable 15,461,882,265 B): the states alone are 13,476,831,232 B and the
+    gathered weights (1e9 + 2 x 202,383,488) x 2 B = 2,809,533,952 B more, so not even micro-batch 1 fits; the
+    reason names DeepSpeed's two limits and what they keep, besides more GPUs and a shorter sequence.
+    2,809,533,952 B is 2.6 GiB."""
+    layout = choose_layout(LLAMA_7B, seq_len=2048, precision="bf16", device_memory=16 * GIB, dp=8,
+                           sequences_per_rank=8, activation_checkpointing=True, reduce_bucket_size=500_000_000)
+    assert (layout.zero_stage, layout.micro_batch) == (3, 1)
+    assert "does not fit by this estimate" in layout.reason
+    assert layout.reason.endswith(
+        "expect out-of-memory: use more GPUs, a shorter seq_len or lower zero_optimization.stage3_max_live_parameters "
+        "and stage3_max_reuse_distance (1e+09 and 1e+09) in the DeepSpeed JSON (training.deepspeed_config), within "
+        "which ZeRO-3's working set is 2.6 GiB")  # activation checkpointing is on already: not suggested
+
+
 @pytest.mark.parametrize("stage, compiled, json_overlap, buckets", [
     (1, False, None, 2),  # eager: overlap_comm "auto" is on, DeepSpeed double-buffers the reduction
     (1, True, None, 1),   # the whole model compiled: "auto" is off, one buffer
