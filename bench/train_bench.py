@@ -282,7 +282,7 @@ def bench_preset(args, launcher: str) -> dict:
                   f"{s['checkpoint_stall']['max_s']:.2f} s as this run's did): goodput {at_cadence:,.0f} tokens/s, "
                   f"{at_cadence / s['tokens_per_s']:.3f} of step throughput (projected)")
         estimated = (layout.get("memory_gib") or {}).get("total")
-        if estimated and s.get("peak_memory_gib") and torch.cuda.is_available():
+        if estimated and s.get("peak_memory_gib"):  # the layout estimates device memory only (None on CPU)
             print(f"  peak memory {s['peak_memory_gib']:.2f} GiB allocated, the layout estimated {estimated:.2f} GiB "
                   f"(measured / estimated {s['peak_memory_gib'] / estimated:.2f})")
         if s.get("profile"):

@@ -21,7 +21,8 @@ import torch
 from training_jobs import checkpoint
 from training_jobs.base import BaseWeights, load_into
 from kiln.tokens.shard_format import read_shard_set
-from training_jobs.layout import ZERO3_LIVE, Layout, choose_layout, overlaps_communication, uses_autocast
+from kiln.planning.memory import ZERO3_LIVE
+from training_jobs.layout import Layout, choose_layout, overlaps_communication, uses_autocast
 from training_jobs.loader import ReplayLoader, ShardLoader
 from training_jobs.model import Block, ModelConfig, Transformer, param_count
 from training_jobs.monitor import StabilityMonitor
@@ -485,9 +486,10 @@ def resolve_layout(run: RunConfig, dist: Dist, shard: Dist) -> tuple[RunConfig, 
             micro, micro_from = DEFAULT_MICRO_BATCH, f"gradient_accumulation_steps of {own_json}"
         else:
             micro = None
-    buckets = {k: zero.get(k) if isinstance(zero.get(k), int) else v for k, v in zero_buckets(cfg).items()}
+    # the JSON's sizes where it gives numbers, else the "auto" ones (buckets) and DeepSpeed's defaults (live limits)
+    sizes = {k: zero[k] if isinstance(zero.get(k), (int, float)) else v
+             for k, v in {**zero_buckets(cfg), **ZERO3_LIVE}.items()}
     json_overlap = zero.get("overlap_comm")  # "auto" (the shipped JSON's): overlaps_communication, per stage
-    live = {k: zero[k] if isinstance(zero.get(k), (int, float)) else v for k, v in ZERO3_LIVE.items()}
     device_memory = (torch.cuda.get_device_properties(dist.device).total_memory if dist.device.type == "cuda"
                      else None)
     layout = choose_layout(
@@ -495,9 +497,9 @@ def resolve_layout(run: RunConfig, dist: Dist, shard: Dist) -> tuple[RunConfig, 
         dp=shard.world_size, sequences_per_rank=(micro or DEFAULT_MICRO_BATCH) * t.grad_accum,
         tp=t.parallelism.tp, pp=t.parallelism.pp, zero_stage=stage, micro_batch=micro,
         activation_checkpointing=t.model.activation_checkpointing,
-        reduce_bucket_size=buckets["reduce_bucket_size"], compiled=resolve_compile(t)[0],
+        reduce_bucket_size=sizes["reduce_bucket_size"], compiled=resolve_compile(t)[0],
         overlap_comm=json_overlap if isinstance(json_overlap, bool) else None,
-        max_live_parameters=live["stage3_max_live_parameters"], max_reuse_distance=live["stage3_max_reuse_distance"],
+        max_live_parameters=sizes["stage3_max_live_parameters"], max_reuse_distance=sizes["stage3_max_reuse_distance"],
         zero_stage_from=stage_from, micro_batch_from=micro_from)
     layout = broadcast_object(dist, layout)
     update: dict[str, Any] = {"micro_batch_size": layout.micro_batch, "grad_accum": layout.grad_accum}
