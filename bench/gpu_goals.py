@@ -65,7 +65,7 @@ def preset_rows(report: dict) -> list[dict]:
 
 
 def forced_line(label: str, forced: dict | None, chosen: dict | None) -> str:
-    if forced is None:
+    if not (forced or {}).get("runs"):  # no file, or a run cut short before its figures
         return f"{label}: not measured"
     run = forced["runs"][0]
     tokens = run["kiln"].get("tokens_per_s")

@@ -68,3 +68,5 @@ def test_no_figures_at_all_reads_not_measured(tmp_path):
     for preset in ("125m", "350m", "1b"):
         assert row(text, preset).split() == [preset, "not", "measured"]
     assert "forced" not in text
+    write(tmp_path, "train_bench_1b_zero3_h100.json", [], "2026-12-01")  # cut short before its one run ended
+    assert "1b forced to ZeRO-3: not measured" in goals.summary("h100", [tmp_path])
