@@ -9,6 +9,7 @@ from assets.tokens import SHARDS, TOKENIZER
 from assets.training import CHECKPOINT, EVALUATION, RUN
 from kiln.common.manifest import code_version
 from kiln.common.plots import png_markdown
+from kiln.common.secrets import redact_url
 from kiln.governance.catalog import Catalog, node_key
 from kiln.governance.data_card import DATA_CARD, build_data_card
 from kiln.governance.data_card_markdown import FUNNEL_PNG, FUNNEL_TITLE, data_card_markdown, funnel_png
@@ -47,7 +48,7 @@ def data_card(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
     config, store = kiln_config.load(), storage.store()
     run = store.manifest(RUN)
     mlflow = run.stats.get("mlflow") or {}
-    tracking_uri = mlflow_tracking.tracking_uri
+    tracking_uri = mlflow_tracking.tracking_uri  # its credentials never reach the card or the metadata
     # A tracking server's run page; a local store is linked from the card by a relative path (a loopback UI
     # address would not open on a reviewer's machine).
     url = mlflow_tracking.run_url(mlflow["experiment_id"], mlflow["run_id"]) \
@@ -81,7 +82,7 @@ def data_card(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
     raw = {n["partition"].split("/")[0] for n in chain["nodes"] if n["asset"] == DOCUMENT_STAGES[0]}
     missing = sorted(s["name"] for s in card["sources"] if s["name"] not in raw)
     links = {"mlflow_run": dg.MetadataValue.url(url) if url else
-             f"run {mlflow['run_id']} in {tracking_uri}" if mlflow.get("run_id") else "none"}
+             f"run {mlflow['run_id']} in {redact_url(tracking_uri)}" if mlflow.get("run_id") else "none"}
     # The UI shows no files beside the metadata: the chart goes inline there.
     shown = data_card_markdown(card, png_markdown(chart, FUNNEL_TITLE), unknown)
     return dg.MaterializeResult(

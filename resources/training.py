@@ -6,6 +6,7 @@ import dagster as dg
 from pydantic import field_validator
 
 from kiln.common.config import kiln_home
+from kiln.common.secrets import redact_url
 from training_jobs.launch import launch_command
 from training_jobs.settings import TrainingSettings
 
@@ -105,6 +106,7 @@ class MlflowTracking(dg.ConfigurableResource):
         return {"MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_EXPERIMENT_NAME": self.experiment}
 
     def run_url(self, experiment_id: str, run_id: str) -> str:
-        """The run's page in the MLflow UI: the tracking server's, or `make mlflow`'s for a local store."""
-        base = self.tracking_uri if self.tracking_uri.startswith("http") else self.ui_url
+        """The run's page in the MLflow UI: the tracking server's (without the URI's credentials: the page goes into
+        Dagster's metadata and the data card), or `make mlflow`'s for a local store."""
+        base = redact_url(self.tracking_uri) if self.tracking_uri.startswith("http") else self.ui_url
         return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"

@@ -20,6 +20,7 @@ from urllib.parse import unquote, urlparse
 
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest, now_utc
+from kiln.common.secrets import redact_url
 from kiln.common.stats import StageStats, chain, funnel_markdown, funnel_rows
 from kiln.common.storage import Store
 from kiln.governance.audit import lineage
@@ -110,8 +111,9 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
 
 def mlflow_store(tracking_uri: str, card_dir: Path) -> dict[str, Any]:
     """Where the run is tracked, as the card gives it: the configured URI, and for a local store (SQLite, a file
-    store) its path relative to the card's folder; never a loopback UI address the reader may not have."""
-    out: dict[str, Any] = {"tracking_uri": tracking_uri}
+    store) its path relative to the card's folder; never a loopback UI address the reader may not have, nor the
+    URI's credentials (MLFLOW_TRACKING_URI may hold a user and password)."""
+    out: dict[str, Any] = {"tracking_uri": redact_url(tracking_uri)}
     scheme = urlparse(tracking_uri).scheme
     if scheme == "sqlite":  # SQLAlchemy: sqlite:///relative.db, sqlite:////absolute.db
         local = tracking_uri.removeprefix("sqlite:///")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kiln.common.secrets import redact_url
 from kiln.planning.compute import training_flops
 from kiln.planning.scaling import Allocation, ParametricLoss
 
@@ -268,7 +269,7 @@ def runs_from_mlflow(tracking_uri: str, experiment_name: str) -> list[RunPoint]:
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None:
-        raise ValueError(f"no MLflow experiment named {experiment_name!r} at {tracking_uri}")
+        raise ValueError(f"no MLflow experiment named {experiment_name!r} at {redact_url(tracking_uri)}")
     points: list[RunPoint] = []
     page_token = None
     while True:

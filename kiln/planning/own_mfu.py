@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiln.common.secrets import redact_url
 from kiln.planning.hardware import GpuSpec, cuda_device
 
 ASSUMED_MFU = 0.4  # when the user gives none and Kiln has no finished run on that GPU kind
@@ -91,7 +92,7 @@ def runs_from_mlflow(tracking_uri: str, experiment_name: str) -> list[RunThrough
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None:
-        raise ValueError(f"no MLflow experiment named {experiment_name!r} at {tracking_uri}")
+        raise ValueError(f"no MLflow experiment named {experiment_name!r} at {redact_url(tracking_uri)}")
     found, page_token = [], None
     while True:
         page = client.search_runs([experiment.experiment_id], filter_string="attributes.status = 'FINISHED'",

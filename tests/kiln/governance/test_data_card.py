@@ -216,6 +216,20 @@ def test_a_tracking_server_is_linked_as_configured(carded, tmp_path):
     assert mlflow_store(f"sqlite:///{tmp_path}/m.db", card_dir)["store"] == "../../../m.db"
 
 
+def test_the_tracking_uris_credentials_reach_neither_the_card_nor_the_run_link(carded):
+    """MLFLOW_TRACKING_URI may carry a user and password (basic auth); the card and Dagster's metadata show the
+    server without them."""
+    from resources import MlflowTracking
+
+    uri = "https://alice:s3cr3tTok3n@mlflow.example.org"
+    tracking = MlflowTracking(tracking_uri=uri)
+    url = tracking.run_url("1", "abc123")
+    assert url == "https://mlflow.example.org/#/experiments/1/runs/abc123"
+    card = build_data_card(carded["store"], carded["config"], mlflow_url=url, tracking_uri=uri)
+    assert card["mlflow"]["tracking_uri"] == "https://mlflow.example.org"
+    assert "s3cr3tTok3n" not in json.dumps(card) and "s3cr3tTok3n" not in data_card_markdown(card)
+
+
 def test_the_default_config_ships_no_toy_benchmark_and_the_demo_adds_it(tmp_path, monkeypatch):
     default, demo = load_config(ROOT / "configs" / "default.yaml"), load_config(ROOT / "configs" / "demo.yaml")
     assert default.decontamination.benchmarks == []
