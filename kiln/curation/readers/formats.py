@@ -172,21 +172,21 @@ def record_to_document(record: Any, source: Source, locator: str, reading: Readi
     if dumped.count("[") + dumped.count("{") > MAX_NESTING and _nesting(record) > MAX_NESTING:
         return quarantine(source.name, locator, "too_deep", dumped.encode("utf-8", "backslashreplace"))
     if not isinstance(record, dict):
-        return quarantine(source.name, locator, "not_an_object", json.dumps(record, default=str))
+        return quarantine(source.name, locator, "not_an_object", dumped)  # not ASCII-escaped: the redactor reads it
     if _SURROGATE.search(dumped):  # text, id, url, meta or a key
-        if reading.unicode_errors == "quarantine":  # the excerpt ASCII-escaped, so it can be written
-            return quarantine(source.name, locator, "invalid_unicode", json.dumps(record, default=str))
+        if reading.unicode_errors == "quarantine":  # the lone surrogates escaped, so it can be written
+            return quarantine(source.name, locator, "invalid_unicode", dumped.encode("utf-8", "backslashreplace"))
         record = _unicode_repaired(record)
     text_field = source.html_field or source.text_field
     text = record.get(text_field)
     if text is None:
-        return quarantine(source.name, locator, "missing_text", json.dumps(record, default=str))
+        return quarantine(source.name, locator, "missing_text", dumped)
     if source.html_field and isinstance(text, bytes):  # a Parquet binary column: the page's bytes, as crawled
         text = decoded_html(text, None, source.name, locator)
         if isinstance(text, Quarantined):
             return text
     if not isinstance(text, str):
-        return quarantine(source.name, locator, "text_not_string", json.dumps(record, default=str))
+        return quarantine(source.name, locator, "text_not_string", dumped)
     if source.html_field:  # the text is the page's main content; what the page says of itself joins the meta
         url = record.get(source.url_field) if source.url_field else None
         page = extracted(text, source, reading, locator, url if isinstance(url, str) else None)

@@ -170,3 +170,21 @@ def test_the_residual_check_reads_url_and_meta_as_a_reader_would():
              json.dumps({"version": "2.8.0.1"}), json.dumps({"author_email": "<EMAIL>", "n": 3128675309}), None]
     assert residual_pii_fields(urls, metas) == [
         [("url", "email")], [("url", "phone"), ("meta", "email")], [("url", "ipv4")], [], []]
+
+
+def test_a_quarantined_records_excerpt_is_redacted_whatever_its_script(tmp_path):
+    """Records quarantined whole (no text field, a text that is not a string, not an object, a lone surrogate) are
+    shown by their JSON: ASCII-escaped, "jürgen" is "j\\u00fcrgen", which no detector reads as an address, and a
+    no-break space between a number's groups hides the number. The excerpt keeps the characters as written."""
+    email, phone = "jürgen.müller@example.de", "030\u00a091456342"
+    said = f"Ruf an: {phone}, mail {email}"
+    records = [{"id": "a", "body": said}, {"id": "b", "text": 7, "note": said}, [said],
+               '{"id": "c", "note": "' + said + ' \\ud800", "text": "' + prose(1) + '"}', {"id": "d", "text": prose(2)}]
+    _, store, kept, _ = _filter(tmp_path, records, [], "excerpt")
+    assert len(kept) == 1
+    rows = {q["reason"]: q["excerpt"] for q in store.read_table("raw", "web", "quarantine").to_pylist()}
+    assert set(rows) == {"missing_text", "text_not_string", "not_an_object", "invalid_unicode"}
+    for reason, excerpt in rows.items():
+        assert "Ruf an: <PHONE>, mail <EMAIL>" in excerpt, (reason, excerpt)
+        assert "91456342" not in excerpt and "müller" not in excerpt and "m\\u00fcller" not in excerpt
+    assert "\\ud800" in rows["invalid_unicode"]  # the lone surrogate escaped, so the row could be written
