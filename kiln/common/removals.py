@@ -18,7 +18,10 @@ from kiln.curation.pii import redact
 RejectedText = Literal["none", "excerpt", "full"]
 EXCERPT_CHARS = 200
 _CUT_MARGIN = 256  # an excerpt is redacted past its cut, so a PII span crossing the cut is seen whole
-EXCERPT_READS = EXCERPT_CHARS + _CUT_MARGIN  # the characters of a text an excerpt is made from
+EXCERPT_READS = EXCERPT_CHARS + _CUT_MARGIN  # the characters of a text an excerpt is made from, at least
+# ... and at most, in practice: a window doubles past EXCERPT_READS only where redaction shortened it by more than
+# _CUT_MARGIN, and no text is shortened from this many characters to EXCERPT_READS
+EXCERPT_MOST_READS = 64 * 1024
 
 
 def text_hash(text: str | bytes) -> str:
@@ -33,8 +36,26 @@ def kept_text(text: str, policy: RejectedText) -> str | None:
     if policy == "none":
         return None
     if policy == "excerpt":
-        return redact(text[:EXCERPT_READS])[0][:EXCERPT_CHARS]
+        return _redacted_excerpt(text)
     return redact(text)[0]
+
+
+def _redacted_excerpt(text: str) -> str:
+    """The first EXCERPT_CHARS characters of the redacted text, redacting only as much of it as that needs: a
+    window whose last _CUT_MARGIN characters the redactor left alone, after the excerpt's, so that no PII span of
+    the excerpt crosses the window's cut. A fixed window is not enough: a placeholder shortens what it replaces (a
+    PEM key by some 400 characters), pulling text from near the cut into the excerpt. The window doubles until
+    then, or is the whole text."""
+    size = EXCERPT_READS
+    while True:
+        window = text[:size]
+        redacted = redact(window)[0]
+        untouched = 0  # the characters at the window's end that the redactor left as they were
+        while untouched < min(len(redacted), len(window)) and redacted[-1 - untouched] == window[-1 - untouched]:
+            untouched += 1
+        if size >= len(text) or (untouched >= _CUT_MARGIN and len(redacted) - untouched >= EXCERPT_CHARS):
+            return redacted[:EXCERPT_CHARS]
+        size *= 2
 
 
 def example_excerpt(text: str, policy: RejectedText) -> str | None:

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import zstandard
 
 from kiln.common.config import Reading, Source
-from kiln.common.removals import EXCERPT_READS, kept_text, text_hash
+from kiln.common.removals import EXCERPT_MOST_READS, kept_text, text_hash
 from kiln.curation.documents import Document, make_doc_id
 from kiln.curation.readers.html import Extracted, decode_html, extract
 from kiln.curation.readers.paths import SourceFile
@@ -54,7 +54,7 @@ def quarantine(source: str, locator: str, reason: str, record: bytes | str | Non
     if detail:
         shown.append(kept_text(detail, "full"))  # an exception's message may quote the record
     if record is not None:
-        text = record[:EXCERPT_READS * 4].decode("utf-8", errors="replace") if isinstance(record, bytes) \
+        text = record[:EXCERPT_MOST_READS * 4].decode("utf-8", errors="replace") if isinstance(record, bytes) \
             else record
         shown.append(kept_text(text, "excerpt"))
     return Quarantined(source, locator, reason, ": ".join(x for x in shown if x) or None,

@@ -188,3 +188,21 @@ def test_a_quarantined_records_excerpt_is_redacted_whatever_its_script(tmp_path)
         assert "Ruf an: <PHONE>, mail <EMAIL>" in excerpt, (reason, excerpt)
         assert "91456342" not in excerpt and "müller" not in excerpt and "m\\u00fcller" not in excerpt
     assert "\\ud800" in rows["invalid_unicode"]  # the lone surrogate escaped, so the row could be written
+
+
+def test_an_excerpt_after_a_long_secret_still_redacts_the_secret_at_the_excerpts_end():
+    """A private key early in a text is one 8-character placeholder for its ~300 characters: the redacted excerpt's
+    200 characters then reach ~450 characters into the text, where a fixed window of 456 cut a GitHub token in two
+    and its first 15 characters went through undetected."""
+    from kiln.common.removals import kept_text
+
+    body = "".join("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[i * 7 % 64] for i in range(240))
+    pem = "-----BEGIN PRIVATE KEY-----\n" + "\n".join(body[i:i + 64] for i in range(0, 240, 64)) + \
+        "\n-----END PRIVATE KEY-----"
+    head = "Deploy key:\n" + pem + "\nthen "
+    text = head + "x" * (440 - len(head)) + " " + TOKEN + " for the bot. " + "More words follow here. " * 20
+    assert text.index(TOKEN) == 441  # across the old window's cut at 456
+    expected = ("Deploy key:\n<SECRET>\nthen " + "x" * (440 - len(head)) + " <SECRET> for the bot. "
+                + "More words follow here. " * 20)[:200]
+    assert kept_text(text, "excerpt") == expected
+    assert kept_text(prose(3), "excerpt") == prose(3)[:200]  # nothing to redact: the text's first 200 characters
