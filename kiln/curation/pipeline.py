@@ -30,7 +30,7 @@ from kiln.common.storage import DatasetWriter, part_name, resume_part, write_par
 from kiln.curation.documents import CURATED_SCHEMA, DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
 from kiln.curation.exact_dedup import DuplicateRows, HashSource, duplicates_in, find_duplicates
 from kiln.curation.filters.base import Step
-from kiln.curation.filters.language import LanguageFilter
+from kiln.curation.filters.language import LanguageFilter, identified_language
 from kiln.curation.filters.registry import build_step, unwrapped
 from kiln.curation.pii.fields import redact_fields, step_redactor
 from kiln.curation.pii.redaction import PiiRedaction
@@ -215,8 +215,8 @@ def ingest(source: Source, reading: Reading, writer: DatasetWriter, engine: Engi
         for kept in engine.map_parts(_keep_first_ids, first_ids, desc=f"read {source.name}: first ids",
                                      progress=progress):
             stats.merge(kept, examples_per_reason)
-        for quarantine in Path(out_dir).glob("quarantine-*.parquet"):  # read-time quarantine, published as read
-            quarantine.replace(Path(writer.dir) / quarantine.name)
+        for part in Path(out_dir).glob("quarantine-*.parquet"):  # read-time quarantine, published as read
+            part.replace(Path(writer.dir) / part.name)
     step = stats.step("read")
     stats.chars_in = stats.chars_out
     step.docs_in = stats.docs_in
@@ -317,7 +317,7 @@ def _filter(task: _PartTask) -> StageStats:
             stats.docs_in += 1
             stats.chars_in += len(original)
             # Per identified language: the documents that reached the language step, and those kept.
-            language = doc.meta.get("language") if identifies and "language_score" in doc.meta else None
+            language = identified_language(doc.meta) if identifies else None
             if language is not None:
                 stats.languages_in[language] += 1
                 stats.languages_out[language] += reason is None

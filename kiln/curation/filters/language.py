@@ -110,6 +110,16 @@ LANGUAGES = frozenset(
     "sk sl sn so sq sr st sv sw ta te tg th tk tl tr tt ug uk ur uz uzs vec vi vo wa wuu xh yo yue zh zu zxx".split())
 
 
+def identified_language(meta: dict) -> str | None:
+    """The language the `language` step identified for a document (it sets `language` and `language_score`), or
+    None: a record's own `language` field of another shape (a list, a number) is the record's, not an
+    identification, and never a key of per-language settings."""
+    language = meta.get("language")
+    if isinstance(language, str) and language in LANGUAGES and isinstance(meta.get("language_score"), float | int):
+        return language
+    return None
+
+
 def identify(text: str, max_chars: int = 4000) -> tuple[str, float]:
     """(ISO 639-1 code, probability). The head of a long document is enough and keeps this fast."""
     return identify_many([text], max_chars)[0]

@@ -32,7 +32,9 @@ FRENCH = ("Cette commande affiche des informations sur les fichiers du répertoi
 
 
 def doc(text: str, language: str | None = None) -> Document:
-    return Document(doc_id=text[:10], source="s", text=text, meta={} if language is None else {"language": language})
+    """A document as the language step leaves it: identified as `language` (with a score), or not identified."""
+    meta = {} if language is None else {"language": language, "language_score": 0.99}
+    return Document(doc_id=text[:10], source="s", text=text, meta=meta)
 
 
 def test_gopher_stop_words_follow_the_documents_language():
@@ -47,6 +49,16 @@ def test_gopher_stop_words_follow_the_documents_language():
     batch = [doc(GERMAN, "de"), doc(ENGLISH, "de"), doc(GERMAN), doc(ENGLISH, "en"), doc(GERMAN, "de")]
     assert [v.drop for v in step.batch(batch)] == [step(d).drop for d in batch] == [
         None, "gopher_quality.min_stop_words", "gopher_quality.min_stop_words", None, None]
+
+
+def test_a_records_own_language_field_is_no_identification_and_never_crashes_the_step():
+    """Readers keep a record's fields in its meta: a `language` of its own (a list, a number, a code with no score)
+    is not what the language step identified, so the step's own settings judge it, as a document with none."""
+    step = build_step("gopher_quality", {"min_doc_words": 20})
+    records = [Document(doc_id=f"r{i}", source="s", text=GERMAN, meta={"language": value})
+               for i, value in enumerate((["de", "fr"], 7, {"code": "de"}, "de"))]
+    assert [v.drop for v in step.batch(records)] == ["gopher_quality.min_stop_words"] * 4
+    assert step.batch([doc(GERMAN, "de")])[0].kept  # identified as German: German stop words
 
 
 def test_chinese_needs_a_share_of_stop_characters_not_just_two():
