@@ -112,15 +112,24 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], object], fsync: bool = False) -> None:
     """`write(f)` into a hidden temporary sibling, then a rename over `path`: a crash leaves the old file or the new
-    one, never half of one under the real name. `fsync`: flushed to disk before the rename (the manifest, which
-    says a checkpoint is complete). training_jobs' one atomic write (kiln.common.manifest's is not importable here)."""
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
+    one, never half of one under the real name; a file hard-linked elsewhere (an export a published checkpoint
+    links) keeps its old bytes there. `fsync`: flushed to disk before the rename (the manifest, which says a
+    checkpoint is complete). training_jobs' one atomic write (kiln.common.manifest's is not importable here)."""
+    def to_file(tmp: Path) -> None:
         with open(tmp, "wb") as f:
             write(f)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
+
+    write_path_atomically(path, to_file)
+
+
+def write_path_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """write_atomically for a writer that takes a path (safetensors' save_file, a file copy)."""
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -560,7 +569,7 @@ def check_weights_only(ckpt: Path, allow_deepspeed: bool = False) -> dict[str, s
 
 
 __all__ = ["BackgroundWriter", "CHECKPOINT_FORMAT", "CONSOLIDATED", "Cadence", "Found", "MANIFEST", "ManifestWriter",
-           "checkpoints", "save_atomically", "to_host", "write_atomically", "writes_through",
+           "checkpoints", "save_atomically", "to_host", "write_atomically", "write_path_atomically", "writes_through",
            "check_weights_only",
            "find_resumable", "load", "move_aside", "prune", "read_manifest", "rng_state", "save", "set_rng_state",
            "tag_for", "verify", "weights_only_loads", "write_manifest"]

@@ -36,7 +36,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from training_jobs.checkpoint import CONSOLIDATED, read_manifest, verify, weights_only_loads
+from training_jobs.checkpoint import (CONSOLIDATED, read_manifest, verify, weights_only_loads,
+                                      write_path_atomically)
 from training_jobs.model import ModelConfig, Transformer
 from training_jobs.tokenizer_files import CARD_FILE, EXPORT_CARD_FILE, HF_FILE, SENTENCEPIECE_FILE, model_file
 
@@ -78,13 +79,27 @@ def _untie(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, t
     return out
 
 
+# Every file of an export is written under a temporary name and renamed: the checkpoint asset publishes the export by
+# hard links, so a file rewritten in place (an export made again into the same run folder) would change, or be cut
+# short by a crash, in a published dataset too.
+def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    write_path_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+
+
+def _write_json(path: Path, data: Any) -> None:
+    write_path_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2), encoding="utf-8"))
+
+
+def _copy(source: Path, path: Path) -> None:
+    write_path_atomically(path, lambda tmp: shutil.copyfile(source, tmp))
+
+
 def save_safetensors(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path,
                      metadata: dict[str, Any] | None = None) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(_untie(state_dict, cfg), str(out_dir / MODEL_FILE), metadata={"format": "pt"})
-    (out_dir / CONFIG_FILE).write_text(json.dumps({"model": cfg.to_dict(), **(metadata or {})}, indent=2),
-                                       encoding="utf-8")
+    _save_tensors(_untie(state_dict, cfg), out_dir / MODEL_FILE)
+    _write_json(out_dir / CONFIG_FILE, {"model": cfg.to_dict(), **(metadata or {})})
     return out_dir
 
 
@@ -177,11 +192,11 @@ def save_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else None
     specials = _special_tokens(tokenizer_dir)
     tensors = {hf_name(k): v.to(DTYPES[dtype]).contiguous() for k, v in _untie(state_dict, cfg).items()}
-    save_file(tensors, str(out_dir / MODEL_FILE), metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(hf_config(cfg, dtype, specials), indent=2), encoding="utf-8")
+    _save_tensors(tensors, out_dir / MODEL_FILE)
+    _write_json(out_dir / "config.json", hf_config(cfg, dtype, specials))
     generation = {"bos_token_id": specials["bos"][1], "eos_token_id": specials["eos"][1],
                   "pad_token_id": specials["pad"][1]}
-    (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
+    _write_json(out_dir / "generation_config.json", generation)
     if tokenizer_dir is not None:
         _write_hf_tokenizer(tokenizer_dir, out_dir, specials, cfg.max_seq_len)
     return out_dir
@@ -195,16 +210,16 @@ def _write_hf_tokenizer(tokenizer_dir: Path, out_dir: Path, specials: dict[str, 
         raise FileNotFoundError(f"{exc}; point tokenizer_dir at the tokenizer asset's folder") from None
     # The model file byte for byte (its sha256 is the tokenizer's identity), under the name transformers reads.
     sentencepiece = model.name == SENTENCEPIECE_FILE
-    shutil.copyfile(model, out_dir / (SENTENCEPIECE_FILE if sentencepiece else HF_FILE))
+    _copy(model, out_dir / (SENTENCEPIECE_FILE if sentencepiece else HF_FILE))
     if (tokenizer_dir / CARD_FILE).is_file() and model.name != CARD_FILE:
-        shutil.copyfile(tokenizer_dir / CARD_FILE, out_dir / EXPORT_CARD_FILE)
+        _copy(tokenizer_dir / CARD_FILE, out_dir / EXPORT_CARD_FILE)
     tokens = {f"{k}_token": piece for k, (piece, _) in specials.items()}
     config = {"tokenizer_class": "LlamaTokenizer", "legacy": False} if sentencepiece else \
         {"tokenizer_class": "PreTrainedTokenizerFast"}
     config |= {**tokens, "add_bos_token": False, "add_eos_token": False, "model_max_length": max_len,
                "clean_up_tokenization_spaces": False}
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    (out_dir / "special_tokens_map.json").write_text(json.dumps(tokens, indent=2), encoding="utf-8")
+    _write_json(out_dir / "tokenizer_config.json", config)
+    _write_json(out_dir / "special_tokens_map.json", tokens)
 
 
 def export_checkpoint(ckpt: Path, out_dir: Path, cfg: ModelConfig, formats: list[str] = ("safetensors", "hf"),

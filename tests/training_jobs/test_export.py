@@ -102,3 +102,29 @@ def test_safetensors_round_trip(name, tmp_path):
     for (k, a), b in zip(model.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), k
     assert json.loads((out / "model_config.json").read_text())["steps"] == 5
+
+
+def test_an_export_made_again_leaves_the_published_links_as_they_were(tmp_path, token_dataset):
+    """The checkpoint asset publishes an export by hard links; exporting again into the same run folder replaces
+    each file (a new inode), so the published copy keeps the first export's bytes whole, never half of the second."""
+    import os
+
+    cfg = CONFIGS["tied"]
+    state = Transformer(cfg, seed=3).state_dict()
+    first = {"safetensors": save_safetensors(state, cfg, tmp_path / "run" / "st", {"steps": 5}),
+             "hf": save_hf(state, cfg, tmp_path / "run" / "hf", tokenizer_dir=token_dataset.tokenizer_dir)}
+    published = {}
+    for fmt, folder in first.items():
+        for path in folder.iterdir():
+            link = tmp_path / "published" / fmt / path.name
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.link(path, link)
+            published[link] = path.read_bytes()
+    assert len(published) == 2 + 7  # model, config; model, config, generation, tokenizer model and card, 2 configs
+    again = Transformer(cfg, seed=4).state_dict()
+    save_safetensors(again, cfg, tmp_path / "run" / "st", {"steps": 9})
+    save_hf(again, cfg, tmp_path / "run" / "hf", tokenizer_dir=token_dataset.tokenizer_dir)
+    assert all(link.read_bytes() == data for link, data in published.items())
+    assert json.loads((tmp_path / "run" / "st" / "model_config.json").read_text())["steps"] == 9
+    assert json.loads((tmp_path / "published" / "safetensors" / "model_config.json").read_text())["steps"] == 5
+    assert not [p for p in (tmp_path / "run").rglob(".*")]  # no temporary file left behind
