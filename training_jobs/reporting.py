@@ -49,6 +49,32 @@ def flatten(prefix: str, value: Any) -> dict[str, Any]:
     return {prefix: value}
 
 
+def drop_torn_line(path: Path) -> None:
+    """A run killed while appending to a JSON-lines file leaves its last line cut short: cut that line off before a
+    resumed run appends, so every line stays a whole row (a row's steps are logged again after the resume)."""
+    try:
+        f = open(path, "rb+")
+    except FileNotFoundError:
+        return
+    with f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return  # its last line whole
+        end = size
+        while end > 0:  # back to the last newline, 64 KiB at a time
+            start = max(0, end - 65_536)
+            f.seek(start)
+            newline = f.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                f.truncate(start + newline + 1)
+                return
+            end = start
+        f.truncate(0)  # one line, cut short
+
+
 class Reporter:
     """Rank 0's outputs: progress lines (stdout, or Dagster's log under Pipes), metrics.jsonl, MLflow."""
 
@@ -57,6 +83,8 @@ class Reporter:
         self.pipes = pipes
         self.metrics_file = Path(run.output_dir) / "metrics.jsonl"
         self.rows: list[str] = []  # metrics.jsonl lines not written yet
+        if self.active:
+            drop_torn_line(self.metrics_file)
         self.mlflow = None
         self.mlflow_run_id: str | None = None
 

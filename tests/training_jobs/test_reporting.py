@@ -8,6 +8,7 @@ import pytest
 from training_jobs.reporting import (
     Reporter,
     Stopwatch,
+    drop_torn_line,
     duration,
     progress_line,
     throughput,
@@ -62,6 +63,28 @@ def test_metrics_rows_are_written_at_the_logging_interval_and_none_is_lost_at_th
     assert steps() == [1, 2, 3, 4, 5]
     Reporter(SimpleNamespace(output_dir=tmp_path), SimpleNamespace(main=False), None).step(6, {}, to_mlflow=True)
     assert steps() == [1, 2, 3, 4, 5]  # other ranks write nothing
+
+
+def test_a_run_resumed_after_a_kill_mid_append_cuts_the_torn_row_and_appends_whole_ones(tmp_path):
+    """SIGKILL while metrics.jsonl is appended leaves its last row cut short; the resumed run's Reporter cuts it off,
+    so every line parses (the training_run asset reads them all), and the resumed rows follow."""
+    written = tmp_path / "metrics.jsonl"
+    written.write_text('{"step": 1, "train/loss": 3.0}\n{"step": 2, "train/loss": 2.9}\n{"step": 3, "tr')
+    report = Reporter(SimpleNamespace(output_dir=tmp_path), SimpleNamespace(main=True), None)
+    report.step(3, {"train/loss": 2.8}, to_mlflow=True)
+    assert [json.loads(line)["step"] for line in written.read_text().splitlines()] == [1, 2, 3]
+    # whole lines stay as they are; a lone torn row goes; a torn row longer than one read (64 KiB) is found
+    written.write_text('{"step": 1}\n')
+    drop_torn_line(written)
+    assert written.read_text() == '{"step": 1}\n'
+    written.write_text('{"step": 1, "no')
+    drop_torn_line(written)
+    assert written.read_text() == ""
+    written.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "x": "' + "y" * 100_000)
+    drop_torn_line(written)
+    assert written.read_text() == '{"step": 1}\n{"step": 2}\n'
+    drop_torn_line(tmp_path / "none.jsonl")  # no file yet: nothing to do
+    assert not (tmp_path / "none.jsonl").exists()
 
 
 def test_throughput_goodput_and_steady_goodput_on_a_hand_worked_run():
