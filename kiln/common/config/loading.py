@@ -38,6 +38,12 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise ConfigError(f"config file {str(path)!r} not found; {hint}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save the config as UTF-8") \
+            from None
+    except IsADirectoryError:
+        where = f"extends {path.name!r} in {seen[-1]}" if seen else "KILN_CONFIG or the path given"
+        raise ConfigError(f"{path}: a directory, not a config file; point {where} at a YAML file") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a config is a mapping of keys (sources, training, ...), got {type(raw).__name__}")
     parent = raw.pop("extends", None)

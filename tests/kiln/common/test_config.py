@@ -61,6 +61,14 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("sources: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("card: {summary: 'Fran\u00e7ais'}\n".encode("latin-1"))  # ç is byte 0xe7 there
+    with pytest.raises(ConfigError, match=r"latin1.yaml: not UTF-8 text \(byte 21: .*save the config as UTF-8"):
+        load_config(latin1)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "child.yaml").write_text("extends: configs\n")
+    with pytest.raises(ConfigError, match=r"configs: a directory, not a config file; point extends 'configs' in "):
+        load_config(tmp_path / "child.yaml")
 
 
 def test_a_loaded_config_survives_a_json_round_trip():
