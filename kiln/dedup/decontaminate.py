@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -499,7 +500,17 @@ def read_benchmark_file(path: Path, name: str, text_fields: list[str],
                         id_field: str | None) -> Iterator[tuple[str, str, str]]:
     """(benchmark, item_id, text) per non-blank line of a JSONL (or .jsonl.gz) file."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
+    try:
+        yield from _benchmark_items(opener(path, "rt", encoding="utf-8"), path, name, text_fields, id_field)
+    except (UnicodeDecodeError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        what = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else "a damaged or cut-short gzip file"
+        raise BenchmarkError(f"{path} (benchmark {name!r}): {what} ({exc}); write the items as UTF-8 JSONL, gzipped "
+                             f"whole or not at all") from None
+
+
+def _benchmark_items(f, path: Path, name: str, text_fields: list[str],
+                     id_field: str | None) -> Iterator[tuple[str, str, str]]:
+    with f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue

@@ -260,6 +260,19 @@ def test_bad_jsonl_names_file_line_and_fix(tmp_path, line, expected):
         load_benchmarks(s)
 
 
+def test_a_benchmark_file_that_is_not_utf8_or_a_cut_short_gzip_names_the_file_and_the_fix(tmp_path):
+    import gzip
+
+    whole = (json.dumps({"id": 1, "text": ITEM}) + "\n").encode("utf-8") * 50
+    (tmp_path / "latin1.jsonl").write_bytes(whole + b'{"id": 2, "text": "caf\xe9"}\n')
+    (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(whole)[:-20])
+    for name, expected in (("latin1.jsonl", "not UTF-8 text"), ("cut.jsonl.gz", "a damaged or cut-short gzip file")):
+        s = Decontamination(benchmarks=[Benchmark(name="b", path=str(tmp_path / name))])
+        with pytest.raises(BenchmarkError, match=re.escape(f"{tmp_path / name} (benchmark 'b'): {expected} (")
+                           + r".*write the items as UTF-8 JSONL, gzipped whole or not at all"):
+            load_benchmarks(s)
+
+
 def test_missing_file_names_the_config_key(tmp_path):
     s = Decontamination(benchmarks=[Benchmark(name="ok", path=str(DEMO_BENCHMARK), text_fields=["question", "answer"]),
                                     Benchmark(name="gone", path="nope/eval.jsonl")])
