@@ -211,7 +211,7 @@ def record_to_document(record: Any, source: Source, locator: str, reading: Readi
 
 
 def read_jsonl(f: SourceFile, source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
-    lines = 0
+    lines = records = 0
     try:
         with _decompressed(f) as stream:
             for lineno, line in enumerate(stream, start=1):
@@ -219,6 +219,7 @@ def read_jsonl(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docu
                 locator = f"{f.relative}#L{lineno}"
                 if not line.strip():
                     continue  # blank lines separate nothing in JSONL; not a record
+                records += 1
                 if len(line) > reading.max_document_bytes:
                     yield quarantine(source.name, locator, "too_large", line)
                     continue
@@ -239,7 +240,7 @@ def read_jsonl(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docu
         yield quarantine(source.name, f"{f.relative}#L{lines + 1}", "unreadable_file",
                          detail=f"{type(exc).__name__}: {exc}")
         return
-    if lines == 0:
+    if records == 0:  # no bytes, or blank lines only: the file is reported, not silently nothing
         yield quarantine(source.name, f.relative, "empty_file")
 
 

@@ -34,12 +34,14 @@ def test_corrupt_jsonl_is_quarantined_and_counted_while_the_rest_is_read(tmp_pat
                                 {"id": 5, "text": prose(5)}])
     (d / "b.jsonl").write_bytes(b'{"id": 6, "text": "caf\xe9 au lait"}\n' + json.dumps({"id": 7, "text": prose(7)}).encode() + b"\n")
     (d / "c.jsonl").write_bytes(b"")
+    (d / "e.jsonl").write_bytes(b"\n\n  \n")  # blank lines only: no record, reported as empty all the same
     (d / "d.jsonl").write_text(json.dumps({"id": 8, "text": "x" * 2000}) + "\n")
     docs, bad = split(list(read_source(source("jsonl", d), Reading(max_document_bytes=1000))))
     assert [doc.meta["id"] for doc in docs] == [1, 5, 7]
     reasons = sorted(q.reason for q in bad)
     assert reasons == sorted(["malformed_json", "missing_text", "text_not_string", "empty_text", "not_an_object",
-                              "invalid_utf8", "empty_file", "too_large"])
+                              "invalid_utf8", "empty_file", "empty_file", "too_large"])
+    assert {q.locator for q in bad if q.reason == "empty_file"} == {"c.jsonl", "e.jsonl"}
     assert {q.locator for q in bad if q.reason == "malformed_json"} == {"a.jsonl#L2"}
     assert docs[0].url == "https://a.org/1" and docs[0].license == "CC0"
 
