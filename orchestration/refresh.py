@@ -10,6 +10,7 @@ import dagster as dg
 
 from assets.curation import FILTERED, RAW
 from assets.partitions import LOADED_CONFIG, partition_key, refresh_partitions
+from kiln.common.config import ConfigError
 from kiln.governance.forget import REQUESTS, load_requests
 from kiln.governance.refresh import load_refreshes, next_refresh
 from resources import KilnConfig, KilnStorage
@@ -53,13 +54,21 @@ def landing_sensor(context: dg.SensorEvaluationContext, kiln_config: KilnConfig,
     return refresh_runs(context, kiln_config, storage, "sensor")
 
 
-@dg.schedule(name="refresh_schedule", target=INTAKE, cron_schedule=_settings.schedule.cron,
-             execution_timezone=_settings.schedule.timezone,
-             default_status=_status(_settings.schedule.enabled, dg.DefaultScheduleStatus),
-             description="The periodic corpus refresh (refresh.schedule.cron, default weekly): whatever landed since "
-                         "the last refresh becomes the next one.")
-def refresh_schedule(context: dg.ScheduleEvaluationContext, kiln_config: KilnConfig, storage: KilnStorage):
+def _refresh_schedule(context: dg.ScheduleEvaluationContext, kiln_config: KilnConfig, storage: KilnStorage):
     return refresh_runs(context, kiln_config, storage, "schedule")
+
+
+try:  # Dagster's own cron check (its field ranges: minute 0-59, ...), with the config's key named
+    refresh_schedule = dg.schedule(
+        name="refresh_schedule", target=INTAKE, cron_schedule=_settings.schedule.cron,
+        execution_timezone=_settings.schedule.timezone,
+        default_status=_status(_settings.schedule.enabled, dg.DefaultScheduleStatus),
+        description="The periodic corpus refresh (refresh.schedule.cron, default weekly): whatever landed since the "
+                    "last refresh becomes the next one.")(_refresh_schedule)
+except dg.DagsterInvalidDefinitionError as exc:
+    raise ConfigError(f"refresh.schedule.cron: {_settings.schedule.cron!r} is not a schedule Dagster can run "
+                      f"({exc}); write 5 fields in their ranges (minute 0-59, hour 0-23, day 1-31, month 1-12, "
+                      f"weekday 0-6), e.g. '0 3 * * 1' for Mondays 03:00") from None
 
 
 @dg.sensor(name="removal_requests_sensor", minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,

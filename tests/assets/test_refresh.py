@@ -2,6 +2,7 @@
 downstream, repeats of the first are dropped, new documents reach the second refresh's token shards, and the
 lineage of both shard sets stays intact."""
 
+import os
 import string
 
 import dagster as dg
@@ -160,3 +161,20 @@ def test_a_second_refresh_drops_repeats_and_versions_the_shards(project, capsys)
     failed = project.materialize(["raw_documents"], "web", refresh="empty", raise_on_error=False)
     assert not failed.success
     assert "nothing new landed" in str(failed.get_step_failure_events()[0].step_failure_data.error)
+
+
+def test_a_cron_dagster_cannot_run_fails_the_code_location_naming_the_config_key(tmp_path):
+    """'99 3 * * 1' has the 5 fields the config checks, but minute 99 is out of range: Dagster refuses the schedule
+    when the code location loads, and the message names refresh.schedule.cron, the value and the fix."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    config = tmp_path / "kiln.yaml"
+    config.write_text(f"extends: {root / 'configs' / 'default.yaml'}\nrefresh: {{schedule: {{cron: '99 3 * * 1'}}}}\n")
+    done = subprocess.run([sys.executable, "-c", "import orchestration.refresh"], cwd=root, capture_output=True,
+                          text=True, env={**os.environ, "KILN_CONFIG": str(config), "KILN_HOME": str(tmp_path)})
+    assert done.returncode != 0
+    assert "ConfigError: refresh.schedule.cron: '99 3 * * 1' is not a schedule Dagster can run" in done.stderr
+    assert "e.g. '0 3 * * 1' for Mondays 03:00" in done.stderr

@@ -90,7 +90,12 @@ class ProjectConfig(Strict):
                     params = params or {}
                 else:
                     raise ValueError(f"profiles.{profile}[{i}]: expected a step name or {{name: {{params}}}}, got {item!r}")
+                if not isinstance(name, str):
+                    raise ValueError(f"profiles.{profile}[{i}]: a step's name is a string, got {name!r}")
                 key = f"profiles.{profile}[{i}] ({name})"
+                if not isinstance(params, dict):
+                    raise ValueError(f"{key}: its parameters are a mapping of name: value, got {params!r}; write "
+                                     f"`- {name}: {{parameter: value}}`, or `- {name}` for its defaults")
                 if isinstance(params, dict) and per_language is None:
                     params = dict(params)
                     per_language = params.pop("per_language", None)

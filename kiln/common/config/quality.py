@@ -50,7 +50,7 @@ class QualityPerplexity(Strict):
     model: str | None = None  # a checkpoint folder as the checkpoint asset writes it; None: no perplexity
     max_tokens: int = Field(512, ge=2)  # a document's first tokens are scored (capped by the model's context)
     batch_size: int = Field(16, gt=0)
-    device: str = "auto"  # auto: cuda when available, else cpu
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")  # auto: cuda when available, else cpu
 
 
 class QualityRule(Strict):

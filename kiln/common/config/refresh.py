@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
 from pydantic import Field, field_validator
 
 from kiln.common.config.base import Strict, kiln_home
@@ -18,6 +20,16 @@ class RefreshSchedule(Strict):
         if len(value.split()) != 5:
             raise ValueError(f"{value!r} is not a cron expression of 5 fields (minute hour day month weekday), "
                              f"e.g. '0 3 * * 1' for Mondays 03:00")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value):
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"{value!r} is not an IANA time zone; write one such as 'UTC', 'Europe/Berlin' or "
+                             f"'America/New_York'") from None
         return value
 
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from functools import cache
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from kiln.curation.documents import Document
 
@@ -67,12 +70,32 @@ def step_params(name: str, params: dict[str, Any] | None, language: str | None,
             **(per_language or {}).get(language, {})}
 
 
+@cache
+def _checker(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
+def _problem(error: dict[str, Any], defaults: dict[str, Any]) -> str:
+    """One of pydantic's errors as the config's reader needs it: the parameter, what is wrong, what was given, the
+    default (a step's own check, in __post_init__, names no parameter: its message says it all)."""
+    msg = error["msg"].removeprefix("Value error, ")
+    if not error["loc"]:
+        return msg
+    name = error["loc"][0]
+    return (f"{'.'.join(map(str, error['loc']))}: {msg} (given {error['input']!r}"
+            + (f"; default {defaults[name]!r})" if name in defaults else ")"))
+
+
 def _instantiate(name: str, params: dict[str, Any]) -> Step:
     allowed = step_parameters(name)
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise ValueError(f"step {name!r} has no parameter(s) {unknown}; allowed: {', '.join(sorted(allowed))}")
-    return STEPS[name](**params)
+    try:  # each value against its field's type, when the config loads rather than at the first document
+        _checker(STEPS[name]).validate_python(params)
+    except ValidationError as exc:
+        raise ValueError("; ".join(_problem(e, allowed) for e in exc.errors())) from None
+    return STEPS[name](**params)  # as given: the check above only refuses
 
 
 class PerLanguage:

@@ -42,6 +42,10 @@ def test_profile_steps_parse_both_forms():
     (lambda c: c.update(curation={"workers": 2}), ["curation.workers", "moved to engine.workers"]),
     (lambda c: c.update(engine={"backend": "spark"}), ["engine.backend", "'spark'", "'ray'", "'processes'"]),
     (lambda c: c.update(curation={"pii": {"types": ["email", "passport"]}}), ["curation.pii", "passport", "email"]),
+    (lambda c: c.update(refresh={"schedule": {"timezone": "Mars/Olympus"}}),
+     ["refresh.schedule.timezone", "'Mars/Olympus' is not an IANA time zone", "'Europe/Berlin'"]),
+    (lambda c: c.update(quality={"perplexity": {"device": "tpu"}}),
+     ["quality.perplexity.device", "'tpu'", "auto|cpu|cuda"]),
 ])
 def test_bad_config_names_key_value_and_what_is_allowed(mutate, expected):
     raw = minimal()

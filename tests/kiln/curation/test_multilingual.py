@@ -97,6 +97,22 @@ def _profile_error(steps) -> str:
     return str(exc.value)
 
 
+def test_a_steps_parameter_values_are_checked_against_their_types_when_the_config_loads():
+    """Before, a wrong value loaded and the stage failed at its first document ("'<' not supported between
+    instances of 'int' and 'str'"): now the config names the step, the parameter, the value and the default."""
+    message = _profile_error([{"gopher_quality": {"min_doc_words": "many"}}])
+    assert ("profiles.p[0] (gopher_quality): min_doc_words: Input should be a valid integer, unable to parse string "
+            "as an integer (given 'many'; default 50)") in message
+    assert "form: Input should be 'NFC', 'NFKC', 'NFD' or 'NFKD' (given 'NFX'; default 'NFC')" in \
+        _profile_error([{"normalize": {"form": "NFX"}}])
+    assert ("profiles.p[1] (gopher_quality).per_language.de: min_stop_words: Input should be a valid integer "
+            "(given [1]; default 2)") in \
+        _profile_error(["language", {"gopher_quality": {"per_language": {"de": {"min_stop_words": [1]}}}}])
+    assert "profiles.p[0] (c4): its parameters are a mapping of name: value, got 5" in \
+        _profile_error([{"step": "c4", "params": 5}])
+    assert "profiles.p[0]: a step's name is a string, got ['c4']" in _profile_error([{"step": ["c4"], "params": {}}])
+
+
 def test_per_language_settings_are_checked_when_the_config_loads():
     message = _profile_error(["language", {"gopher_quality": {"per_language": {"german": {"min_doc_words": 5}}}}])
     assert "profiles.p[1] (gopher_quality).per_language: unknown language code 'german'" in message
