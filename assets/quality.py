@@ -14,7 +14,7 @@ from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.removals import example_excerpt
 from kiln.common.stats import StageStats, chain, funnel_markdown
 from kiln.common.storage import resume_key
-from kiln.governance.forget import REQUESTS, first_match, load_requests
+from kiln.governance.forget import REQUESTS, first_match, load_requests, with_intake_urls
 from kiln.governance.refresh import materialized, partition
 from kiln.quality.classifier import Example, balanced_sample, train_classifier
 from kiln.quality.rules import decide, decile_rows, filter_parts, threshold_effect
@@ -197,9 +197,11 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
 
 
 def _requested(store, source: str, requests: list) -> dict[str, str]:
-    """doc_id -> `removal_request:<id>` for this source's documents that a removal request names."""
+    """doc_id -> `removal_request:<id>` for this source's documents that a removal request names (a URL pattern
+    matched against their URLs as read: raw_documents' partition of the same source and refresh)."""
     if not requests:
         return {}
+    requests = with_intake_urls(store, requests, [source])
     out = {}
     for batch in store.iter_batches(SCORES, source, columns=["doc_id", "source", "url"]):
         for doc_id, src, url in zip(*(batch.column(c).to_pylist() for c in ("doc_id", "source", "url"))):

@@ -11,7 +11,7 @@ from assets.quality import QUALITY_FILTERED
 from assets.results import engine_metadata
 from kiln.common.manifest import code_version, sha256_file
 from kiln.common.plots import stacked_bars_markdown
-from kiln.governance.forget import REQUESTS, load_requests
+from kiln.governance.forget import REQUESTS, load_requests, raw_partitions, with_intake_urls
 from kiln.governance.refresh import Refresh, load_refreshes, materialized, upto
 from kiln.tokens.interchange import export_shards, verify_export
 from kiln.tokens.mixture import SourceParts
@@ -147,12 +147,14 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
     requests, requests_version = load_requests(store)
     if requests_version:
         inputs[REQUESTS] = requests_version
+    # a URL pattern matched against the URLs as read (the documents' own are redacted): the ids it names go along
+    matchers = with_intake_urls(store, requests, raw_partitions(store, [s.name for s in sources], included))
     runner = engine.get(config.engine)
     with store.staging(SHARDS, refresh) as writer:
         started = time.perf_counter()
         try:
             result = write_token_shards(sources, store.dataset_dir(TOKENIZER), config.shards, config.mixture, writer,
-                                        runner, requests=requests)
+                                        runner, requests=matchers)
         except TokenizerError as exc:  # e.g. FIM on, and a brought tokenizer without FIM symbols
             raise dg.Failure(description=str(exc)) from None
         seconds = time.perf_counter() - started

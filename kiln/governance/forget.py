@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -26,14 +27,12 @@ from typing import Any
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import now_utc
 from kiln.common.storage import IncompleteDataset, Store
-from kiln.governance.catalog import made_from
-from kiln.governance.lineage import DOCUMENT_STAGES
+from kiln.governance.catalog import RAW, made_from  # RAW: where a URL is whole (IntakeMatched)
 from kiln.governance.refresh import materialized, trained_refresh
 
 REQUESTS, REQUESTS_FILE = "removal_requests", "removal_requests.json"
 STAGE = "removal_request"
 KINDS = ("source", "url_pattern", "doc_ids")
-FINAL_DOCUMENTS = DOCUMENT_STAGES[-1]  # the last gate before tokenization
 
 
 class ForgetError(ValueError):
@@ -78,7 +77,57 @@ def load_requests(store: Store) -> tuple[list[RemovalRequest], str | None]:
     return [RemovalRequest(**r) for r in data["requests"]], manifest.data_version
 
 
-def first_match(requests: list[RemovalRequest], doc_id: str, source: str, url: str | None) -> RemovalRequest | None:
+@dataclass(frozen=True)
+class IntakeMatched:
+    """A url_pattern request with the documents whose URL, as intake read it, the pattern matches. A requester writes
+    the pattern against the address they know; after raw_documents every stage stores the URL PII-redacted (an IP
+    as <IPV4>, an e-mail as <EMAIL>), which such a pattern misses. raw_documents also still holds the documents a
+    filter or an earlier request removed, whose URLs the later stages no longer have (a replay needs them)."""
+
+    request: RemovalRequest
+    doc_ids: frozenset[str]
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def reject_reason(self) -> str:
+        return self.request.reject_reason
+
+    def matches(self, doc_id: str, source: str, url: str | None) -> bool:
+        return doc_id in self.doc_ids or self.request.matches(doc_id, source, url)
+
+
+def with_intake_urls(store: Store, requests: list[RemovalRequest], partitions: Iterable[str],
+                     unseen: set[str] | None = None) -> list[RemovalRequest | IntakeMatched]:
+    """`requests`, each url_pattern one matched against the URLs of raw_documents' `partitions` (IntakeMatched);
+    the URLs are read here, in memory, and go nowhere else. `unseen`: doc ids to look for; those read are taken out
+    of it, so it ends holding those whose raw record (and URL) the store no longer has."""
+    patterns = [(r, re.compile(r.value)) for r in requests if r.kind == "url_pattern"]
+    if not patterns:
+        return list(requests)
+    ids: dict[str, set[str]] = {r.request_id: set() for r, _ in patterns}
+    for part in partitions:
+        for batch in store.iter_batches(RAW, part, columns=["doc_id", "url"]):
+            for doc_id, url in zip(batch.column("doc_id").to_pylist(), batch.column("url").to_pylist()):
+                if unseen is not None:
+                    unseen.discard(doc_id)
+                if url is None:
+                    continue
+                for request, pattern in patterns:
+                    if pattern.search(url):
+                        ids[request.request_id].add(doc_id)
+    return [IntakeMatched(r, frozenset(ids[r.request_id])) if r.kind == "url_pattern" else r for r in requests]
+
+
+def raw_partitions(store: Store, sources: Iterable[str], refreshes: list | None = None) -> list[str]:
+    """raw_documents' partitions of `sources`, in `refreshes` (default: every registered one)."""
+    return list(materialized(store, RAW, sorted(set(sources)), refreshes))
+
+
+def first_match(requests: list[RemovalRequest | IntakeMatched], doc_id: str, source: str,
+                url: str | None) -> RemovalRequest | IntakeMatched | None:
     return next((r for r in requests if r.matches(doc_id, source, url)), None)
 
 
@@ -150,16 +199,9 @@ def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str
 def _matching(store: Store, refresh: str, request: RemovalRequest) -> list[dict[str, Any]]:
     """The member rows of a refresh's token shards the request matches, in their train split."""
     members = store.read_table("token_shards", refresh, "members").to_pylist()
-    urls = _urls(store, {m["source"] for m in members}) if request.kind == "url_pattern" else {}
+    [matcher] = with_intake_urls(store, [request], raw_partitions(store, {m["source"] for m in members}))
     return [m for m in members if m["split"] == "train" and m["copies"] > 0
-            and request.matches(m["doc_id"], m["source"], urls.get(m["doc_id"]))]
-
-
-def _urls(store: Store, sources: set[str]) -> dict[str, str | None]:
-    urls: dict[str, str | None] = {}
-    for part in materialized(store, FINAL_DOCUMENTS, sorted(sources)):
-        urls |= store.values(FINAL_DOCUMENTS, part, "url")
-    return urls
+            and matcher.matches(m["doc_id"], m["source"], None)]
 
 
 def record_request(store: Store, config: ProjectConfig, kind: str, value: str | list[str],

@@ -14,13 +14,12 @@ from typing import Any
 
 from kiln.common.removals import kept_text
 from kiln.common.storage import Store
-from kiln.governance.catalog import AuditError
-from kiln.governance.forget import first_match, load_requests
+from kiln.governance.catalog import RAW, AuditError
+from kiln.governance.forget import first_match, load_requests, with_intake_urls
 from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.governance.refresh import load_refreshes, materialized
 from kiln.tokens.mixture import hash_unit
 
-RAW = DOCUMENT_STAGES[0]
 STAGES = DOCUMENT_STAGES[1:]  # the stages that remove documents (raw_documents quarantines unreadable records)
 
 
@@ -64,6 +63,10 @@ def rejected_sample(store: Store, stage: str, reason: str, sample: int, sources:
         raise AuditError(f"--reason {reason!r}: {stage} removed no document for it; its reasons: {known}")
     rows.sort(key=lambda r: hash_unit("audit-rejected", r["doc_id"]))
     requests, _ = load_requests(store)
+    try:  # a URL pattern is matched against the URL as read (the rows' are redacted)
+        requests = with_intake_urls(store, requests, sorted({r["partition"] for r in rows}))
+    except PermissionError:  # the raw layer is not readable by this user: no text is shown either (below)
+        pass
     chosen, withheld = [], 0
     for r in rows:
         if len(chosen) == sample:

@@ -12,7 +12,7 @@ from typing import Any
 from kiln.governance.audit import Lineage, RefreshReport, SourceUsage
 from kiln.governance.catalog import NOT_MATERIALIZED, RAW, node_key
 from kiln.governance.membership import Membership
-from kiln.governance.rejected import RAW, RejectedSample
+from kiln.governance.rejected import RejectedSample
 
 
 @singledispatch

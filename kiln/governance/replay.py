@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from kiln.common.manifest import MANIFEST_NAME, Manifest
 from kiln.common.storage import Store, write_parquet_atomic
 from kiln.governance.catalog import run_dataset
-from kiln.governance.forget import REQUESTS, RemovalRequest, _urls, first_match
+from kiln.governance.forget import REQUESTS, RemovalRequest, first_match, raw_partitions, with_intake_urls
 
 SHARDS = "token_shards"
 REMOVED_FILE = "replay_removed.parquet"
@@ -50,7 +50,8 @@ class ReplayPlan:
     requests: list[str]  # ids of the requests applied (every request recorded when the run starts)
     removed: list[dict[str, Any]] = field(default_factory=list)  # REMOVED_SCHEMA rows
     exclude: dict[str, list[int]] = field(default_factory=dict)  # shard -> places in its document-offset index
-    unknown_urls: int = 0  # replayed documents whose URL no dataset holds any more (a URL pattern cannot see them)
+    unknown_urls: int = 0  # replayed documents whose raw record (its URL) the store no longer holds: a URL pattern
+    # cannot see them
 
     def inputs(self, requests_version: str | None) -> dict[str, str]:
         """The training run's manifest inputs besides its own shards: the replayed set (when it is this store's)
@@ -91,11 +92,12 @@ def plan_replay(store: Store, dataset_dir: str | Path, requests: list[RemovalReq
                           f"token_shards partition (it then leaves them out), or replay a set written since")
     rows = [m for p in members for m in pq.read_table(p).to_pylist()
             if m["split"] == "train" and m["copies"] > 0 and not m.get("removed_by")]
-    urls = _urls(store, {m["source"] for m in rows}) if any(r.kind == "url_pattern" for r in requests) else {}
-    if urls or any(r.kind == "url_pattern" for r in requests):
-        plan.unknown_urls = sum(1 for m in rows if m["doc_id"] not in urls)
+    unseen = {m["doc_id"] for m in rows}
+    matchers = with_intake_urls(store, requests, raw_partitions(store, {m["source"] for m in rows}), unseen)
+    if any(r.kind == "url_pattern" for r in requests):
+        plan.unknown_urls = len(unseen)
     for m in rows:
-        request = first_match(requests, m["doc_id"], m["source"], urls.get(m["doc_id"]))
+        request = first_match(matchers, m["doc_id"], m["source"], None)
         if request is not None:
             plan.removed.append({"doc_id": m["doc_id"], "source": m["source"], "removed_by": request.reject_reason,
                                  "copies": m["copies"], "tokens": m["tokens"]})

@@ -43,7 +43,7 @@ from tqdm import tqdm
 from kiln.common.config import Mixture, ShardSettings
 from kiln.common.storage import part_name, write_parquet_atomic
 from kiln.engine import SERIAL, Engine
-from kiln.governance.forget import RemovalRequest, first_match
+from kiln.governance.forget import IntakeMatched, RemovalRequest, first_match
 from kiln.tokens.fim import FimIds, fim_split, fim_tokens
 from kiln.tokens.mixture import SourceParts, epoch_warnings, hash_unit, plan_phases, select_documents
 from kiln.tokens.shard_format import TRAIN, VAL, ShardInfo, describe_shard_set, write_shard
@@ -98,7 +98,7 @@ class _PartTask:
     fim: tuple[float, float] | None  # (rate, spm_rate) for FIM sources
     val_fraction: float
     seed: int
-    requests: tuple[RemovalRequest, ...] = ()  # documents they name are left out
+    requests: tuple[RemovalRequest | IntakeMatched, ...] = ()  # documents they name are left out
 
 
 @dataclass
@@ -294,7 +294,7 @@ def _write_split(chosen: np.ndarray, docs: _Docs, files: _TokenFiles, new_path, 
 
 def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, settings: ShardSettings,
                        mixture: Mixture, output: _Writer | Path, engine: Engine = SERIAL,
-                       progress: bool = True, requests: Sequence[RemovalRequest] = ()) -> ShardSetResult:
+                       progress: bool = True, requests: Sequence[RemovalRequest | IntakeMatched] = ()) -> ShardSetResult:
     """Tokenize the sources and write train/validation shards into `output` (a DatasetWriter: shards go to
     `writer.next_path("shard", ".bin")`; or a folder), leaving out every document a removal request in
     `requests` names. The caller commits the manifest with `stats=result.manifest_stats()` and

@@ -191,3 +191,68 @@ def test_a_request_needs_exactly_one_selector():
     with pytest.raises(SystemExit) as exc:
         main(["forget", "--source", "web", "--url-pattern", "x"])
     assert exc.value.code == 2
+
+
+def test_a_url_pattern_reaches_documents_by_their_url_as_read_though_stored_redacted(tmp_path, monkeypatch):
+    """A requester writes the pattern against the address they know; after intake the URL is stored PII-redacted
+    (http://83.149.21.7/... as http://<IPV4>/...), and a document the quality filter removed for a request is gone
+    from the later stages. The pattern is matched against raw_documents' URLs: the checkpoint is flagged, the
+    quality filter and the next shards leave the document out, and a replay of shards written before the request
+    skips every document it names (here, those of a publisher the quality filter already applied)."""
+    import shutil
+    import string
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from assets.training import replay_removals
+    from kiln.common.config import load_config
+    from kiln.governance.replay import read_manifest
+    from kiln.common.storage import Store
+    from kiln.governance.forget import record_request
+    from tests.assets.project import load_project
+    from tests.conftest import SERIAL_ENGINE, web_and_ref_sources
+
+    home = tmp_path / "kiln"
+    monkeypatch.setenv("KILN_HOME", str(home))
+    rng = np.random.default_rng(7)
+    vocab = ["".join(rng.choice(list(string.ascii_lowercase), 6)) for _ in range(5000)]
+    urls = ["http://83.149.21.7/personal-blog/p0"] + [f"https://victim.example.net/p{i}" for i in range(1, 6)] + \
+        [f"https://other.example.org/p{i}" for i in range(6, 10)]
+    write_jsonl(tmp_path / "ref" / "a.jsonl", [{"id": f"r{i}", "text": random_text(rng, vocab), "url": url}
+                                               for i, url in enumerate(urls)])
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": f"w{i}", "text": random_text(rng, vocab)} for i in range(6)])
+    config = {"sources": web_and_ref_sources(tmp_path), "profiles": {"none": []}, "engine": SERIAL_ENGINE,
+              "tokenizer": {"vocab_size": 400}, "mixture": {"weights": {"web": 0.5, "ref": 0.5}},
+              "shards": {"seq_len": 16, "val_fraction": 0.1}, "quality": {"classifier": {"enabled": False}}}
+    project = load_project(config, tmp_path, home, monkeypatch, in_memory=True)
+    assert project.materialize_refresh(sources=["web", "ref"])
+    store, first = Store(home / "data"), project.current()
+    stand_in_checkpoint(store)
+    base = tmp_path / "base_shards"  # the shard set a run trained on, as a later continued run replays it
+    shutil.copytree(store.dataset_dir("token_shards", first), base)
+    raw = store.read_table("raw_documents", f"ref/{first}", columns=["doc_id", "meta"]).to_pylist()
+    doc = {json.loads(r["meta"])["id"]: r["doc_id"] for r in raw}  # the input's ids -> Kiln's doc ids
+    stored = store.values("quality_filtered_documents", f"ref/{first}", "url")
+    assert stored[doc["r0"]] == "http://<IPV4>/personal-blog/p0"  # what every stage after intake holds
+
+    config = load_config(tmp_path / "kiln.yaml")
+    by_ip = record_request(store, config, "url_pattern", r"83\.149\.21\.7", "the blog's owner")
+    assert [a["documents"] for a in by_ip.affected] == [1]  # the stand-in checkpoint trained on r0
+    assert project.materialize(["quality_filtered_documents"], partition="ref").success
+    assert project.materialize(["token_shards"]).success
+    rejected = {r["doc_id"]: r["reason"] for r in
+                store.read_table("quality_filtered_documents", f"ref/{first}", "rejected").to_pylist()}
+    assert rejected == {doc["r0"]: f"removal_request:{by_ip.request_id}"}
+    assert doc["r0"] not in {d for d, m in members(store).items() if m["copies"] > 0}
+
+    publisher = record_request(store, config, "url_pattern", r"victim\.example\.net", "publisher takedown")
+    assert project.materialize(["quality_filtered_documents"], partition="ref").success  # gone from later stages
+    base_train = {r["doc_id"] for f in read_manifest(base).files_with_role("members")
+                  for r in pq.read_table(base / f.path).to_pylist() if r["split"] == "train" and r["copies"] > 0}
+    named = {doc[f"r{i}"] for i in range(6)} & base_train  # r0 (the IP) and r1-r5 (the publisher), where trained
+    assert len(named) >= 3
+    plan, _ = replay_removals(store, {"share": 0.25, "dataset_dir": str(base)})
+    assert {r["doc_id"] for r in plan.removed} == named and plan.unknown_urls == 0
+    assert {r["removed_by"] for r in plan.removed if r["doc_id"] != doc["r0"]} == \
+        {f"removal_request:{publisher.request_id}"}
