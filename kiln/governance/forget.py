@@ -109,7 +109,7 @@ def with_intake_urls(store: Store, requests: list[RemovalRequest], partitions: I
         return list(requests)
     ids: dict[str, set[str]] = {r.request_id: set() for r, _ in patterns}
     for part in partitions:
-        for batch in store.iter_batches(RAW, part, columns=["doc_id", "url"]):
+        for batch in _raw_batches(store, part):
             for doc_id, url in zip(batch.column("doc_id").to_pylist(), batch.column("url").to_pylist()):
                 if unseen is not None:
                     unseen.discard(doc_id)
@@ -119,6 +119,14 @@ def with_intake_urls(store: Store, requests: list[RemovalRequest], partitions: I
                     if pattern.search(url):
                         ids[request.request_id].add(doc_id)
     return [IntakeMatched(r, frozenset(ids[r.request_id])) if r.kind == "url_pattern" else r for r in requests]
+
+
+def _raw_batches(store: Store, part: str):
+    try:
+        yield from store.iter_batches(RAW, part, columns=["doc_id", "url"])
+    except PermissionError as exc:  # the raw layer is access-controlled; a pattern is never matched half-blind
+        raise ForgetError(f"a URL pattern is matched against the URLs as read, in {RAW}, which this user cannot read "
+                          f"({exc.filename}); run this as a user allowed to read the raw layer") from None
 
 
 def raw_partitions(store: Store, sources: Iterable[str], refreshes: list | None = None) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any
 from kiln.common.removals import kept_text
 from kiln.common.storage import Store
 from kiln.governance.catalog import RAW, AuditError
-from kiln.governance.forget import first_match, load_requests, with_intake_urls
+from kiln.governance.forget import ForgetError, first_match, load_requests, with_intake_urls
 from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.governance.refresh import load_refreshes, materialized
 from kiln.tokens.mixture import hash_unit
@@ -65,7 +65,7 @@ def rejected_sample(store: Store, stage: str, reason: str, sample: int, sources:
     requests, _ = load_requests(store)
     try:  # a URL pattern is matched against the URL as read (the rows' are redacted)
         requests = with_intake_urls(store, requests, sorted({r["partition"] for r in rows}))
-    except PermissionError:  # the raw layer is not readable by this user: no text is shown either (below)
+    except ForgetError:  # the raw layer is not readable by this user: no text is shown either (below)
         pass
     chosen, withheld = [], 0
     for r in rows:

@@ -256,3 +256,23 @@ def test_a_url_pattern_reaches_documents_by_their_url_as_read_though_stored_reda
     assert {r["doc_id"] for r in plan.removed} == named and plan.unknown_urls == 0
     assert {r["removed_by"] for r in plan.removed if r["doc_id"] != doc["r0"]} == \
         {f"removal_request:{publisher.request_id}"}
+
+
+def test_a_url_pattern_is_never_matched_half_blind_where_the_raw_layer_is_unreadable(tmp_path, monkeypatch):
+    """The raw layer may be closed to this user: a URL pattern then fails, saying why, instead of matching only the
+    redacted URLs; a request of another kind needs no URL and goes through."""
+    from kiln.common.storage import Store
+    from kiln.governance.forget import ForgetError, with_intake_urls
+
+    store = Store(tmp_path / "data")
+
+    def closed(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "data" / "raw_documents"))
+        yield  # a generator, as iter_batches is
+
+    monkeypatch.setattr(Store, "iter_batches", closed)
+    by_url = RemovalRequest("x", "t", "url_pattern", r"83\.149\.21\.7", "")
+    by_ids = RemovalRequest("y", "t", "doc_ids", ["d1"], "")
+    with pytest.raises(ForgetError, match=r"raw_documents, which this user cannot read .*raw_documents\); run this as"):
+        with_intake_urls(store, [by_url, by_ids], ["web/r1"])
+    assert with_intake_urls(store, [by_ids], ["web/r1"]) == [by_ids]
