@@ -17,7 +17,7 @@ from kiln.common.manifest import code_version, git_commit
 from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.storage import IncompleteDataset
 from kiln.governance.exposure import measure_exposure, write_exposure
-from kiln.governance.forget import load_requests
+from kiln.governance.forget import load_requests, unapplied_requests
 from kiln.governance.refresh import latest, load_refreshes, materialized, trained_refresh, upto
 from kiln.governance.replay import write_removed
 from kiln.tokens.shard_writer import is_validation
@@ -215,6 +215,11 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
     resumes from its newest complete checkpoint when materialized again."""
     project, store = config.apply(kiln_config.load()), storage.store()
     refresh, shards = latest(store, SHARDS)
+    if pending := unapplied_requests(store, refresh, shards):
+        raise dg.Failure(description=(
+            f"{SHARDS}/{refresh} hold documents that removal request(s) {', '.join(r.request_id for r in pending)} "
+            f"name, recorded after they were written: materialize {SHARDS} again first (the UI shows it stale; "
+            f"quality_filtered_documents too), so that no run reads them"))
     tok = store.manifest(TOKENIZER)
     settings = project.training
     check_sentinels(settings, tok.stats["card"], shards.stats.get("seq_len"))

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.common.config import ProjectConfig
-from kiln.common.manifest import now_utc
+from kiln.common.manifest import Manifest, now_utc
 from kiln.common.storage import IncompleteDataset, Store
 from kiln.governance.catalog import RAW, made_from  # RAW: where a URL is whole (IntakeMatched)
 from kiln.governance.refresh import materialized, trained_refresh
@@ -202,6 +202,13 @@ def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str
              **({"replay": {"token_shards": replay_info["data_version"], "refresh": replay_refresh,
                             "documents": len(replay), "tokens": sum(m["tokens"] * m["copies"] for m in replay)}}
                 if replay else {})}]
+
+
+def unapplied_requests(store: Store, refresh: str, shards: Manifest) -> list[RemovalRequest]:
+    """The requests recorded since a refresh's token shards were written (not among those they applied) that name
+    any of their training documents: a run on these shards would read what was asked to be removed."""
+    applied = set(shards.config.get("removal_requests") or [])
+    return [r for r in load_requests(store)[0] if r.request_id not in applied and _matching(store, refresh, r)]
 
 
 def _matching(store: Store, refresh: str, request: RemovalRequest) -> list[dict[str, Any]]:

@@ -276,3 +276,27 @@ def test_a_url_pattern_is_never_matched_half_blind_where_the_raw_layer_is_unread
     with pytest.raises(ForgetError, match=r"raw_documents, which this user cannot read .*raw_documents\); run this as"):
         with_intake_urls(store, [by_url, by_ids], ["web/r1"])
     assert with_intake_urls(store, [by_ids], ["web/r1"]) == [by_ids]
+
+
+def test_training_refuses_shards_written_before_a_request_that_names_their_documents(built, capsys):
+    """kiln forget records a request; until token_shards is materialized again its current shards still hold the
+    document, and a run started then would read it: training_run refuses them, naming the request. A request that
+    names none of their documents does not stop it."""
+    from kiln.governance.forget import unapplied_requests
+    from kiln.governance.refresh import latest
+
+    store, project = built["store"], built["project"]
+    trained = next(d for d, m in sorted(built["members"].items()) if m["split"] == "train" and m["copies"] > 0)
+    (ids := built["home"] / "ids.txt").write_text("not-a-document\n")
+    _, elsewhere, _ = forget(built, capsys, "--doc-ids", str(ids))
+    assert unapplied_requests(store, *latest(store, "token_shards")) == []
+    ids.write_text(trained + "\n")
+    _, naming, _ = forget(built, capsys, "--doc-ids", str(ids))
+    assert [r.request_id for r in unapplied_requests(store, *latest(store, "token_shards"))] == [naming["request_id"]]
+    result = project.materialize(["training_run"], raise_on_error=False)
+    assert not result.success
+    [failure] = result.get_step_failure_events()
+    assert f"removal request(s) {naming['request_id']} name, recorded after they were written" in \
+        failure.step_failure_data.user_failure_data.description
+    assert project.materialize(["token_shards"]).success  # it leaves the document out, and records both requests
+    assert unapplied_requests(store, *latest(store, "token_shards")) == []
