@@ -13,7 +13,7 @@ from assets.partitions import FOLLOW_TRAINING, follow_only
 from assets.quality import QUALITY_FILTERED
 from assets.tokens import ALL_SOURCES, SHARDS, TOKENIZER
 from kiln.common.config import ConfigError, ProjectConfig, kiln_home, merge_config, parse_config
-from kiln.common.manifest import code_version, git_commit
+from kiln.common.manifest import code_version, git_commit, write_json_atomic
 from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.storage import IncompleteDataset
 from kiln.governance.exposure import measure_exposure, write_exposure
@@ -197,7 +197,7 @@ def _mlflow_run(tracking: MlflowTracking, run_dir: Path, name: str, tags: dict[s
         return experiment_id, id_file.read_text().strip()
     run = tracking.client().create_run(experiment_id, run_name=name, tags=tags)
     run_dir.mkdir(parents=True, exist_ok=True)
-    id_file.write_text(run.info.run_id)
+    write_json_atomic(id_file, run.info.run_id)  # a retry reads it back: never an empty id after a crash
     return experiment_id, run.info.run_id
 
 
