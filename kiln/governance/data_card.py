@@ -20,6 +20,7 @@ from urllib.parse import unquote, urlparse
 
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest, now_utc
+from kiln.common.removals import kept_text
 from kiln.common.secrets import redact_url
 from kiln.common.stats import StageStats, chain, funnel_markdown, funnel_rows
 from kiln.common.storage import Store
@@ -148,9 +149,11 @@ def _source_exposure(run: Manifest | None, name: str) -> dict[str, Any] | None:
 
 
 def _removal_requests(store: Store, checkpoint: str) -> list[dict[str, Any]]:
-    """Removal requests (`kiln forget`) recorded after this checkpoint was trained on documents they name."""
+    """Removal requests (`kiln forget`) recorded after this checkpoint was trained on documents they name. The card
+    is published: a request's free-text reason ("asked by jane@example.org") passes the PII redactor."""
     requests, _ = load_requests(store)
     return [{**r.to_dict(), "value": r.value if isinstance(r.value, str) else f"{len(r.value)} doc ids",
+             "reason": kept_text(r.reason, "full") if r.reason else r.reason,
              "affected": next(a for a in r.affected if a["checkpoint"] == checkpoint)}
             for r in requests if any(a["checkpoint"] == checkpoint for a in r.affected)]
 

@@ -38,7 +38,8 @@ def test_forget_a_source_removes_it_from_the_next_shards_and_flags_the_checkpoin
     trained_web = [m for m in built["members"].values() if m["source"] == "web" and m["split"] == "train"
                    and m["copies"] > 0]
     assert trained_web
-    code, request, _ = forget(built, capsys, "--source", "web", "--reason", "publisher request #12")
+    code, request, _ = forget(built, capsys, "--source", "web", "--reason",
+                              "publisher request #12, from quinn.harlow@fastmail.fm")
     assert code == 0
     [affected] = request["affected"]
     assert affected["checkpoint"] == built["checkpoint"].data_version and affected["documents"] == len(trained_web)
@@ -68,7 +69,11 @@ def test_forget_a_source_removes_it_from_the_next_shards_and_flags_the_checkpoin
     card = json.loads((store.dataset_dir("data_card") / "data_card.json").read_text())
     [flag] = card["removal_requests"]
     assert flag["request_id"] == request["request_id"] and flag["affected"]["documents"] == len(trained_web)
-    assert "Removal requests affecting this checkpoint" in (store.dataset_dir("data_card") / "data_card.md").read_text()
+    markdown = (store.dataset_dir("data_card") / "data_card.md").read_text()
+    assert "Removal requests affecting this checkpoint" in markdown
+    # the card is published: the reason's e-mail address is redacted there (the request keeps it, for the record)
+    assert flag["reason"] == "publisher request #12, from <EMAIL>" and "quinn.harlow" not in markdown
+    assert load_requests(store)[0][0].reason.endswith("quinn.harlow@fastmail.fm")
 
 
 def _holds(tokens, needle) -> bool:
