@@ -50,10 +50,13 @@ def _redacted_excerpt(text: str) -> str:
     while True:
         window = text[:size]
         redacted = redact(window)[0]
-        untouched = 0  # the characters at the window's end that the redactor left as they were
-        while untouched < min(len(redacted), len(window)) and redacted[-1 - untouched] == window[-1 - untouched]:
+        untouched = 0  # the characters at the window's end that the redactor left as they were (enough: the margin)
+        while untouched < min(len(redacted), len(window), _CUT_MARGIN) and \
+                redacted[-1 - untouched] == window[-1 - untouched]:
             untouched += 1
-        if size >= len(text) or (untouched >= _CUT_MARGIN and len(redacted) - untouched >= EXCERPT_CHARS):
+        # the excerpt ends at least _CUT_MARGIN characters of the text before the cut: either inside that untouched
+        # end (then the redacted text goes on past it by as many) or before it
+        if size >= len(text) or min(untouched, len(redacted) - EXCERPT_CHARS) >= _CUT_MARGIN:
             return redacted[:EXCERPT_CHARS]
         size *= 2
 

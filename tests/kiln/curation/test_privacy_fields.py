@@ -190,7 +190,7 @@ def test_a_quarantined_records_excerpt_is_redacted_whatever_its_script(tmp_path)
     assert "\\ud800" in rows["invalid_unicode"]  # the lone surrogate escaped, so the row could be written
 
 
-def test_an_excerpt_after_a_long_secret_still_redacts_the_secret_at_the_excerpts_end():
+def test_an_excerpt_after_a_long_secret_still_redacts_the_secret_at_the_excerpts_end(monkeypatch):
     """A private key early in a text is one 8-character placeholder for its ~300 characters: the redacted excerpt's
     200 characters then reach ~450 characters into the text, where a fixed window of 456 cut a GitHub token in two
     and its first 15 characters went through undetected."""
@@ -205,4 +205,9 @@ def test_an_excerpt_after_a_long_secret_still_redacts_the_secret_at_the_excerpts
     expected = ("Deploy key:\n<SECRET>\nthen " + "x" * (440 - len(head)) + " <SECRET> for the bot. "
                 + "More words follow here. " * 20)[:200]
     assert kept_text(text, "excerpt") == expected
-    assert kept_text(prose(3), "excerpt") == prose(3)[:200]  # nothing to redact: the text's first 200 characters
+    # nothing to redact: the first 200 characters, from one window of 456 (not the whole 13,640-character text)
+    import kiln.common.removals as removals
+
+    windows = []
+    monkeypatch.setattr(removals, "redact", lambda t: windows.append(len(t)) or (t, {}))
+    assert kept_text(prose(3) * 20, "excerpt") == (prose(3) * 20)[:200] and windows == [456]
