@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
@@ -55,7 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `kiln plan | head`: the reader left; as Python's docs advise, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 1
 
 
 if __name__ == "__main__":

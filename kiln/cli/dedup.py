@@ -50,7 +50,10 @@ def run_migrate_index(args: argparse.Namespace) -> int:
         home, config = (args.home or kiln_home()).resolve(), load_config(args.config)
         store, near = open_store(home, config), config.dedup.near
         if args.redis:
-            url = os.environ.get("KILN_REDIS_URL", "") if args.redis == "env" else args.redis
+            url = os.environ.get("KILN_REDIS_URL") if args.redis == "env" else args.redis
+            if not url:
+                raise ValueError("--redis env: KILN_REDIS_URL is not set; export it (redis://host:6379/0) or pass "
+                                 "the URL itself as --redis")
             result = migrate_index(store, OldRedisIndex(url, args.name), near)
         else:
             folder = args.folder or (home / "dedup_index" / args.name)

@@ -50,7 +50,8 @@ def rejected_sample(store: Store, stage: str, reason: str, sample: int, sources:
         raise AuditError(f"--stage {stage!r}: documents are removed at {', '.join(STAGES)}")
     refreshes = [r for r in load_refreshes(store) if refresh is None or r.key == refresh]
     if not refreshes:
-        raise AuditError(f"--refresh {refresh!r}: no such refresh (`kiln audit refreshes` lists them)")
+        raise AuditError(f"--refresh {refresh!r}: no such refresh (`kiln audit refreshes` lists them)" if refresh
+                         else "this store has no refresh yet: materialize the pipeline first (`make demo`)")
     rows, reasons = [], Counter()
     for part in materialized(store, stage, sources, refreshes):
         table = store.read_table(stage, part, "rejected", columns=["doc_id", "source", "url", "reason", "chars"])

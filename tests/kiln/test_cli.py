@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +41,13 @@ def test_abbreviated_and_exact_flags_still_parse():
     assert args.doc_id == "abc" and args.json
     args = build_parser().parse_args(["forget", "--source=web", "--reason", "--ticket 12"])  # a value, not a flag
     assert args.source == "web"
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`kiln plan | head -1`: once the reader has gone, the next write fails (EPIPE); the command ends quietly."""
+    kiln = str(Path(sys.executable).with_name("kiln"))  # the installed command
+    proc = subprocess.Popen([kiln, "plan", "--budget-usd", "1000000", "--gpu", "H100"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first line is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1 and "Traceback" not in err and "BrokenPipeError" not in err, err

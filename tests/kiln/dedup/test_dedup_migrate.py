@@ -144,6 +144,14 @@ def test_an_unreachable_redis_exits_2_without_the_password(tmp_path, capsys):
     assert "cannot reach Redis" in printed.err and PASSWORD not in printed.out + printed.err
 
 
+def test_redis_env_without_kiln_redis_url_exits_2_naming_the_variable(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("KILN_REDIS_URL", raising=False)
+    register_refresh(Store(tmp_path / "data"), None, "initial", key="r0")
+    assert main(["dedup", "migrate-index", "--redis", "env", "--home", str(tmp_path),
+                 "--config", str(_config(tmp_path))]) == 2
+    assert "--redis env: KILN_REDIS_URL is not set; export it" in capsys.readouterr().err
+
+
 def test_documents_of_an_unknown_refresh_stop_the_migration(tmp_path):
     store = Store(tmp_path / "data")
     first, _, _ = corpora()
