@@ -73,6 +73,11 @@ class ModelSettings(_Strict):
     init_std: float = Field(0.02, gt=0)
     activation_checkpointing: bool = False  # recompute each block in backward: less memory, ~30% more compute
 
+    @model_validator(mode="after")
+    def _shape_works(self):
+        self.architecture(vocab_size=1, max_seq_len=8)  # its checks need the shape only: at load, not after launch
+        return self
+
     def architecture(self, vocab_size: int, max_seq_len: int) -> dict[str, Any]:
         """The model config fields (training_jobs.model.ModelConfig) for a tokenizer vocabulary and seq_len."""
         shape = {**PRESETS[self.preset], **{k: getattr(self, k) for k in
@@ -132,6 +137,14 @@ class CheckpointSettings(_Strict):
     dir: str | None = None  # None: <output_dir>/checkpoints
     resume: bool = True  # continue from the newest complete checkpoint in dir, if any
 
+    @model_validator(mode="after")
+    def _some_cadence(self):
+        if self.every_steps is None and self.every_minutes is None:
+            raise ValueError("training.checkpoint: every_steps and every_minutes are both null, so a run would save "
+                             "only at its end (a crash loses all of it, and a loss spike has nothing to roll back "
+                             "to); set one of them (every_minutes: 30 is the default)")
+        return self
+
 
 class MonitorSettings(_Strict):
     """Training stability: what counts as a loss spike, a gradient explosion or a plateau, and the response."""
@@ -148,6 +161,14 @@ class MonitorSettings(_Strict):
     max_rollbacks: int = Field(3, ge=0)  # then the run stops as diverged
     lr_factor: float = Field(0.5, gt=0, le=1)  # after a rollback the LR is multiplied by this ...
     lr_reduced_steps: int = Field(100, ge=0)  # ... for this many steps
+
+    @model_validator(mode="after")
+    def _history_fits_the_window(self):
+        if self.min_history > self.window:
+            raise ValueError(f"training.monitor.min_history {self.min_history} is more than its window {self.window}: "
+                             f"the window never holds that many steps, so no spike would ever be judged; lower "
+                             f"min_history or raise window")
+        return self
 
 
 class Parallelism(_Strict):
@@ -195,14 +216,14 @@ class TrainingSettings(_Strict):
     token_budget: int | None = Field(None, gt=0)  # training tokens; max_steps = ceil(budget / tokens per step)
     schedule: ScheduleSettings = ScheduleSettings()
     weight_decay: float = Field(0.1, ge=0)  # on weight matrices and the embedding, not on norm gains
-    betas: tuple[float, float] = (0.9, 0.95)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.95)  # AdamW's
     adam_eps: float = Field(1e-8, gt=0)
     grad_clip: float = Field(1.0, ge=0)  # global norm; 0 disables
     precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 on GPUs that support it, else fp32
     # torch.compile of the model (training_jobs.setup.compile_model: whole, or by block at ZeRO-3). auto: on for CUDA,
     # off on CPU (minutes of compilation a short CPU run never wins back) and with pipeline or tensor parallelism.
     compile: Literal["auto"] | bool = "auto"
-    seed: int = 1337
+    seed: int = Field(1337, ge=0)  # numpy's generators take non-negative seeds
     log_every_steps: int = Field(10, gt=0)  # progress lines and MLflow metrics
     val_every_steps: int | None = Field(None, gt=0)  # None: validation loss at the end only
     val_batches: int | None = Field(50, gt=0)  # micro-batches per rank per validation; None: the whole split
@@ -216,7 +237,8 @@ class TrainingSettings(_Strict):
     zero_init: bool = True  # ZeRO-3: build the model partitioned (deepspeed.zero.Init), never whole on one rank
     export: list[Literal["safetensors", "hf"]] = ["safetensors", "hf"]  # written from the final checkpoint
     objective: Literal["clm", "prefix_lm", "span_corruption"] = "clm"  # validation is CLM loss for all three
-    phases: list[str] | None = None  # the shard set's curriculum phases this run reads, in order; None: all
+    phases: list[str] | None = Field(None, min_length=1)  # the shard set's curriculum phases this run reads, in
+    # order; None: all
     # Continued pretraining: start from these weights (a checkpoint folder, an export, or `latest`: the checkpoint
     # asset of this KILN_HOME) with a new schedule; the architecture must match, except the context settings.
     base_checkpoint: str | None = None
@@ -260,6 +282,16 @@ class TrainingSettings(_Strict):
                                  f"set one of them")
             data[key] = value
         return data
+
+    @model_validator(mode="after")
+    def _compile_runs(self):
+        layout = self.parallelism
+        split = "pp" if layout.pp > 1 else "tp" if layout.tp > 1 else None
+        if self.compile is True and split:
+            raise ValueError(f"training.compile: true with training.parallelism.{split} > 1: the trainer compiles the "
+                             f"blocks of a plain model, not pipeline stages or tensor-parallel slices (untested "
+                             f"there); set training.compile: auto or false, or {split}: 1")
+        return self
 
     @model_validator(mode="after")
     def _rewarmup_needs_a_base(self):

@@ -118,11 +118,7 @@ def resolve_precision(precision: str) -> str:
 def resolve_compile(t: TrainingSettings) -> tuple[bool, str]:
     """Whether the model is compiled (training.compile; compile_model), and why: the run records both."""
     layout = t.parallelism
-    split = "pp" if layout.pp > 1 else "tp" if layout.tp > 1 else None
-    if t.compile is True and split:
-        raise ValueError(f"training.compile: true with training.parallelism.{split} > 1: the trainer compiles the "
-                         f"blocks of a plain model, not pipeline stages or tensor-parallel slices (untested there); "
-                         f"set training.compile: auto or false, or {split}: 1")
+    split = "pp" if layout.pp > 1 else "tp" if layout.tp > 1 else None  # compile: true with one: refused at load
     if t.compile != "auto":
         return t.compile, "set by training.compile"
     if split:

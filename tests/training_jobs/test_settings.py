@@ -133,9 +133,9 @@ def test_compile_auto_is_on_for_cuda_only_and_bad_values_name_the_key(monkeypatc
     assert resolve_compile(TrainingSettings())[0] is True
     assert resolve_compile(TrainingSettings(compile=False))[0] is False
     assert resolve_compile(TrainingSettings(parallelism={"pp": 2}))[0] is False  # auto stays off with stages
-    with pytest.raises(ValueError, match=r"training\.compile: true with training\.parallelism\.pp > 1.*set "
-                                         r"training\.compile: auto or false, or pp: 1"):
-        resolve_compile(TrainingSettings(compile=True, parallelism={"pp": 2}))
+    with pytest.raises(ValidationError, match=r"training\.compile: true with training\.parallelism\.pp > 1.*set "
+                                              r"training\.compile: auto or false, or pp: 1"):
+        TrainingSettings(compile=True, parallelism={"pp": 2})  # refused when the settings load
     with pytest.raises(ValidationError, match=r"(?s)compile\.literal\['auto'\]\n  Input should be 'auto'.*"
                                               r"compile\.bool"):
         TrainingSettings(compile="fast")
@@ -176,3 +176,27 @@ def test_a_profile_window_is_first_then_last():
         TrainingSettings(profile_steps=[24, 20])
     with pytest.raises(ValidationError, match="profile_steps"):
         TrainingSettings(profile_steps=[0, 4])  # steps count from 1
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"model": {"d_model": 100, "n_heads": 3}}, "d_model 100 is not divisible by n_heads 3"),
+    ({"betas": [1.5, 0.95]}, "betas.0"),
+    ({"betas": [0.9, -0.1]}, "betas.1"),
+    ({"seed": -1}, "seed"),
+    ({"monitor": {"window": 5, "min_history": 50}}, "min_history 50 is more than its window 5"),
+    ({"checkpoint": {"every_steps": None, "every_minutes": None}}, "every_steps and every_minutes are both null"),
+    ({"phases": []}, "phases"),
+])
+def test_settings_that_would_fail_after_launch_are_refused_when_they_load(settings, message):
+    """Each of these loaded before and failed minutes into a run (torch's AdamW on a beta, numpy on a negative seed at
+    the second epoch) or quietly did nothing (spike detection never judging, no save before the end)."""
+    with pytest.raises(ValidationError, match=message):
+        TrainingSettings.model_validate(settings)
+
+
+def test_the_project_config_needs_the_safetensors_export_the_checkpoint_asset_reads():
+    from kiln.common.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match=r"training.export \['hf'\]: the checkpoint asset publishes"):
+        parse_config({"sources": [{"name": "w", "kind": "jsonl", "path": "/x", "license": "CC0", "domain": "web",
+                                   "profile": "p"}], "profiles": {"p": []}, "training": {"export": ["hf"]}})

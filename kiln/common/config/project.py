@@ -126,6 +126,9 @@ class ProjectConfig(Strict):
         if self.mixture.replay is not None and self.training.base_checkpoint is None:
             raise ValueError("mixture.replay mixes earlier data into a continued run: set training.base_checkpoint "
                              "(a checkpoint folder, or `latest`), or remove mixture.replay")
+        if "safetensors" not in self.training.export:
+            raise ValueError(f"training.export {self.training.export}: the checkpoint asset publishes and evaluates "
+                             f"the safetensors export, so the list must hold safetensors (hf beside it is optional)")
         phases = [p.name for p in self.mixture.phases] or ["main"]
         unknown = sorted(set(self.training.phases or []) - set(phases))
         if unknown:
