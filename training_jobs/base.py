@@ -86,12 +86,24 @@ def _tokenizer_of_hf(folder: Path) -> str | None:
 
 def load_base(path: str | Path, weights: bool = True) -> BaseWeights:
     """Read a base checkpoint in any of Kiln's forms (see the module docstring); `weights=False` reads only what
-    describes it (the launching asset's view: no consolidation, no tensors)."""
+    describes it (the launching asset's view: no consolidation, no tensors). A folder whose description is not
+    Kiln's (a config.json of another kind, a model_config.json without the model) is refused, saying so."""
+    path = Path(path)
+    try:
+        return _load_base(path, weights)
+    except BaseCheckpointError:
+        raise
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise BaseCheckpointError(f"training.base_checkpoint {path}: its description does not read as a Kiln or HF "
+                                  f"Llama checkpoint ({type(exc).__name__}: {exc}); point it at a complete "
+                                  f"checkpoint folder, a Kiln safetensors export or a Kiln HF export") from None
+
+
+def _load_base(path: Path, weights: bool) -> BaseWeights:
     from safetensors.torch import load_file
 
     from training_jobs.export import CONFIG_FILE, MODEL_FILE, consolidate
 
-    path = Path(path)
     if (path / "safetensors" / CONFIG_FILE).is_file():  # the checkpoint asset's folder
         path = path / "safetensors"
     if (path / checkpoint.MANIFEST).is_file() or checkpoint.TAG.match(path.name):

@@ -156,9 +156,14 @@ def verify(ckpt: Path) -> str | None:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         return f"unreadable {MANIFEST}: {exc}"
-    if manifest.get("format") != CHECKPOINT_FORMAT:
-        return f"{MANIFEST} has format {manifest.get('format')!r}, expected {CHECKPOINT_FORMAT!r}"
-    for name, info in manifest["files"].items():
+    if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        return f"{MANIFEST} has format {found!r}, expected {CHECKPOINT_FORMAT!r}"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(isinstance(i, dict) and {"bytes", "sha256"} <= set(i)
+                                              for i in files.values()):
+        return f"{MANIFEST} lists no files as Kiln writes them ({{name: {{sha256, bytes}}}})"
+    for name, info in files.items():
         file = ckpt / name
         if not file.is_file():
             return f"{name} is missing"
@@ -503,6 +508,25 @@ def save(engine, root: Path, step: int, kiln_state: dict[str, Any], keep_last: i
     if manifests is None:
         _barrier()  # the manifest is there before any rank goes on
     return root / tag
+
+
+def not_this_run(ckpt: Path, model: dict[str, Any], tokenizer_sha256: str | None) -> str | None:
+    """Why a resumable checkpoint is not this run's to continue (None: it is): written for another model, or with
+    another tokenizer (a checkpoint.dir shared by two runs, an output_dir reused with other settings). DeepSpeed
+    would fail on a shape far into loading, or load a different rope_theta or norm_eps without a word."""
+    manifest = read_manifest(ckpt)
+    written = manifest.get("model") or {}
+    differs = {k: (written.get(k), v) for k, v in model.items() if k in written and written[k] != v}
+    differs |= {k: (written[k], None) for k in written if k not in model}
+    tokenizer = manifest.get("tokenizer_sha256")
+    if tokenizer and tokenizer_sha256 and tokenizer != tokenizer_sha256:
+        differs["tokenizer_sha256"] = (tokenizer[:12], tokenizer_sha256[:12])
+    if not differs:
+        return None
+    return (f"{ckpt} was written by a run of another model or tokenizer ("
+            + ", ".join(f"{k}: {a!r} there, {b!r} here" for k, a, b in ((k, *v) for k, v in differs.items()))
+            + "); a run resumes its own checkpoints only: give this run another output_dir or checkpoint.dir, or "
+              "train the model those checkpoints belong to")
 
 
 def load(engine, root: Path, found: Found) -> dict[str, Any]:

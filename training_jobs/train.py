@@ -358,6 +358,10 @@ class Trainer:
         found = self.newest_checkpoint()
         if found is None:
             return
+        problem = checkpoint.not_this_run(found.path, self.cfg.to_dict(), self.run.tokenizer_sha256) \
+            if self.dist.main else None
+        if problem := broadcast_object(self.dist, problem):
+            raise ValueError(problem)
         state = self.load(found)
         self.loader.load_state_dict(state["loader"])
         self.monitor.load_state_dict(state["monitor"])

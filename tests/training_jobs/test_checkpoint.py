@@ -59,6 +59,12 @@ def test_manifest_lists_every_file_and_verifies(tmp_path):
     (lambda p: (p / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"optim" * 299 + b"OPTIM"), "sha256"),
     (lambda p: (p / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"short"), "bytes, the manifest says"),
     (lambda p: (p / "zero_pp_rank_0_mp_rank_00_model_states.pt").unlink(), "is missing"),
+    # manifests that are not Kiln's: each a reason, not a KeyError or AttributeError out of resume
+    (lambda p: (p / "manifest.json").write_text('{"format": "kiln-checkpoint/1"}'), "lists no files as Kiln"),
+    (lambda p: (p / "manifest.json").write_text('{"format": "kiln-checkpoint/1", "files": {"a.pt": 5}}'),
+     "lists no files as Kiln"),
+    (lambda p: (p / "manifest.json").write_text("[]"), "has format 'list'"),
+    (lambda p: (p / "manifest.json").write_text("null"), "has format 'NoneType'"),
 ])
 def test_damage_is_detected(tmp_path, damage, problem):
     path = fake_checkpoint(tmp_path, 4)
@@ -351,3 +357,27 @@ def test_peak_flops_table_matches_device_names():
 def test_mfu_is_none_without_a_peak():
     assert mfu(1e9, 1000.0, None, 2) is None
     assert mfu(6e9, 100_000.0, 989e12, 8) == pytest.approx(6e9 * 1e5 / (989e12 * 8))
+
+
+def test_a_checkpoint_of_another_model_or_tokenizer_is_not_resumed(tmp_path):
+    """A checkpoint.dir shared by two runs, or an output_dir reused with other settings: resuming would fail deep in
+    DeepSpeed on a shape, or load another rope_theta without a word. The manifest records the model and tokenizer."""
+    from dataclasses import replace
+
+    from training_jobs.model import ModelConfig
+
+    cfg = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, ffn_hidden=192, max_seq_len=32)
+    path = tmp_path / checkpoint.tag_for(4)
+    path.mkdir()
+    (path / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"model")
+    checkpoint.write_manifest(path, 4, {"model": cfg.to_dict(), "tokenizer_sha256": "a" * 64})
+    assert checkpoint.not_this_run(path, cfg.to_dict(), "a" * 64) is None
+    problem = checkpoint.not_this_run(path, replace(cfg, n_layers=3, rope_theta=5e5).to_dict(), "a" * 64)
+    assert "n_layers: 2 there, 3 here" in problem and "rope_theta: 10000.0 there, 500000.0 here" in problem
+    assert "give this run another output_dir or checkpoint.dir" in problem
+    assert "tokenizer_sha256: 'aaaaaaaaaaaa' there, 'bbbbbbbbbbbb' here" in \
+        checkpoint.not_this_run(path, cfg.to_dict(), "b" * 64)
+    # a checkpoint written before a model field existed (its default then) still resumes
+    older = {k: v for k, v in cfg.to_dict().items() if k != "rope_scaling_factor"}
+    checkpoint.write_manifest(path, 4, {"model": older, "tokenizer_sha256": "a" * 64})
+    assert checkpoint.not_this_run(path, cfg.to_dict(), "a" * 64) is None

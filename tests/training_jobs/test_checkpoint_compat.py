@@ -25,3 +25,20 @@ def test_a_checkpoint_written_before_issue_34_resumes_and_trains_on_as_that_code
     expected = json.loads((old_run.FIXTURE / "expected.json").read_text())["losses_after_resume"]
     logged = read_metrics(tmp_path / "out")
     assert {step: logged[int(step)]["train/loss"] for step in expected} == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("files, found", [
+    ({"config.json": "not json"}, "JSONDecodeError"),
+    ({"config.json": '{"model_type": "llama"}'}, "KeyError: 'vocab_size'"),
+    ({"model_config.json": "{}"}, "KeyError: 'model'"),
+])
+def test_a_base_checkpoint_that_is_not_kilns_is_refused_saying_so(tmp_path, files, found):
+    """training.base_checkpoint pointing at a folder whose description is someone else's: BaseCheckpointError (the
+    launching asset turns it into a failure naming the key), not a raw JSONDecodeError or KeyError."""
+    from training_jobs.base import BaseCheckpointError, load_base
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(BaseCheckpointError, match=rf"training.base_checkpoint {tmp_path}: its description does not "
+                                                  rf"read as a Kiln or HF Llama checkpoint \({found}"):
+        load_base(tmp_path, weights=False)
