@@ -36,6 +36,15 @@ def lr_at(step: int, s: ScheduleSettings, total_steps: int) -> float:
     return s.lr + progress * (s.min_lr - s.lr)
 
 
+def warmup_problem(s: ScheduleSettings, total_steps: int) -> str | None:
+    """Why this schedule never does what its settings say, if it does not: a warmup as long as the run."""
+    if s.warmup_steps < total_steps:
+        return None
+    return (f"the warmup ({s.warmup_steps} steps) is not shorter than the schedule's {total_steps} steps: the learning "
+            f"rate never reaches training.schedule.lr {s.lr:g} (it ends at {lr_at(total_steps - 1, s, total_steps):g}) "
+            f"and never decays; lower schedule.warmup_steps (or rewarmup_steps) below the run's steps")
+
+
 def lambda_lr(optimizer: torch.optim.Optimizer, s: ScheduleSettings, total_steps: int,
               scale: Callable[[int], float] = lambda step: 1.0) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR (every param group's base lr is s.lr) whose factor also takes `scale(step)` (the stability

@@ -59,6 +59,7 @@ from training_jobs.reporting import (
     throughput,
     write_json_atomic,
 )
+from training_jobs.schedule import warmup_problem
 from training_jobs.settings import RunConfig
 from training_jobs.setup import (
     Dist,
@@ -478,6 +479,8 @@ class Trainer:
         if self.base is not None:
             self.report.line(f"continued pretraining from {self.base['path']} ({self.base['kind']})")
         self.report.line(f"layout: {self.layout_record()['reason']}")
+        if problem := warmup_problem(self.t.resolved_schedule(), self.total_steps):  # a warning: a smoke run may
+            self.report.line(f"warning: {problem}")  # want it so
         self.report.line(f"training {self.n_params:,} parameters ({self.n_non_embedding:,} non-embedding) on "
                          f"{self.dist.world_size} x {self.device_name} in {self.precision}; {todo}")
 

@@ -50,3 +50,15 @@ def test_lambda_lr_drives_the_optimizer_and_takes_a_scale():
         sched.step()
     expected = [lr_at(s, COSINE, 100) * (0.5 if s >= 5 else 1.0) for s in range(8)]
     assert seen == pytest.approx(expected)
+
+
+def test_a_warmup_as_long_as_the_run_is_named_with_where_the_rate_ends():
+    """The default config's 30 warmup steps on a 10-step run: the rate climbs lr/30 a step and stops at step 10's
+    10/30 x 3e-3 = 1e-3, a third of the peak, and never decays (the trainer prints this as a warning)."""
+    from training_jobs.schedule import warmup_problem
+
+    s = ScheduleSettings(lr=3e-3, min_lr=3e-4, warmup_steps=30)
+    assert warmup_problem(s, 31) is None
+    assert warmup_problem(s, 10) == ("the warmup (30 steps) is not shorter than the schedule's 10 steps: the learning "
+                                     "rate never reaches training.schedule.lr 0.003 (it ends at 0.001) and never "
+                                     "decays; lower schedule.warmup_steps (or rewarmup_steps) below the run's steps")
