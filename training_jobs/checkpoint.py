@@ -160,8 +160,8 @@ def verify(ckpt: Path) -> str | None:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         return f"{MANIFEST} has format {found!r}, expected {CHECKPOINT_FORMAT!r}"
     files = manifest.get("files")
-    if not isinstance(files, dict) or not all(isinstance(i, dict) and {"bytes", "sha256"} <= set(i)
-                                              for i in files.values()):
+    if not isinstance(files, dict) or not files or not all(isinstance(i, dict) and {"bytes", "sha256"} <= set(i)
+                                                           for i in files.values()):  # none: nothing to load
         return f"{MANIFEST} lists no files as Kiln writes them ({{name: {{sha256, bytes}}}})"
     for name, info in files.items():
         file = ckpt / name

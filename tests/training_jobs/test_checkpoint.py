@@ -63,6 +63,8 @@ def test_manifest_lists_every_file_and_verifies(tmp_path):
     (lambda p: (p / "manifest.json").write_text('{"format": "kiln-checkpoint/1"}'), "lists no files as Kiln"),
     (lambda p: (p / "manifest.json").write_text('{"format": "kiln-checkpoint/1", "files": {"a.pt": 5}}'),
      "lists no files as Kiln"),
+    (lambda p: (p / "manifest.json").write_text('{"format": "kiln-checkpoint/1", "files": {}}'),
+     "lists no files as Kiln"),  # a manifest listing nothing would verify nothing
     (lambda p: (p / "manifest.json").write_text("[]"), "has format 'list'"),
     (lambda p: (p / "manifest.json").write_text("null"), "has format 'NoneType'"),
 ])
