@@ -29,7 +29,8 @@ KINDS = {"python", "parquet"}
     key=RAW, partitions_def=document_partitions, group_name="curation", kinds=KINDS,
     # quarantine excerpts are redacted: the redactor's code is the raw layer's too
     code_version=code_version("kiln.curation.readers", "kiln.curation.pipeline", "kiln.curation.documents",
-                              "kiln.common.storage", "kiln.common.removals", "kiln.curation.pii"),
+                              "kiln.common.storage", "kiln.common.removals", "kiln.curation.pii",
+                              "kiln.curation.exact_dedup", "kiln.dedup.shuffle"),  # the doc-id repeats' shuffle
     check_specs=check_specs(RAW),
 )
 def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
@@ -67,7 +68,8 @@ def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, st
 
 @dg.asset(
     key=FILTERED, deps=[RAW], partitions_def=document_partitions, group_name="curation", kinds=KINDS,
-    code_version=code_version("kiln.curation.filters", "kiln.curation.pii", "kiln.curation.pipeline", "kiln.common.removals", "kiln.common.stats"),
+    code_version=code_version("kiln.curation.filters", "kiln.curation.pii", "kiln.curation.pipeline", "kiln.common.removals",
+                              "kiln.common.stats", "kiln.common.text_units", "kiln.curation.documents"),
     check_specs=check_specs(FILTERED), automation_condition=FOLLOW,
 )
 def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
@@ -104,7 +106,8 @@ def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     key=CURATED, partitions_def=document_partitions, group_name="curation", kinds=KINDS,
     # Exact dedup compares every source's hashes, so each partition depends on every source of its refresh.
     deps=[dg.AssetDep(FILTERED, partition_mapping=SAME_REFRESH_EVERY_SOURCE)],
-    code_version=code_version("kiln.curation.exact_dedup", "kiln.common.removals", "kiln.common.stats"),
+    code_version=code_version("kiln.curation.exact_dedup", "kiln.common.removals", "kiln.common.stats",
+                              "kiln.curation.documents"),
     check_specs=check_specs(CURATED, "residual_pii"), automation_condition=FOLLOW,
 )
 def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,

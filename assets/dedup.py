@@ -34,7 +34,8 @@ SIGNATURES, INDEX, DEDUPLICATED = "minhash_signatures", "dedup_index", "deduplic
 @dg.asset(
     key=SIGNATURES, deps=[CURATED], partitions_def=document_partitions, group_name="dedup",
     kinds={"python", "parquet"},
-    code_version=code_version("kiln.dedup.signing", "kiln.dedup.minhash", "kiln.dedup.fast_minhash", "kiln.dedup.text"),
+    code_version=code_version("kiln.dedup.signing", "kiln.dedup.minhash", "kiln.dedup.fast_minhash", "kiln.dedup.text",
+                              "kiln.dedup._kernels", "kiln.common.text_units"),
     check_specs=[dg.AssetCheckSpec("complete", asset=SIGNATURES, blocking=True,
                                    description="one signature per curated document")],
     automation_condition=FOLLOW,
@@ -79,7 +80,8 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     deps=[dg.AssetDep(SIGNATURES, partition_mapping=SAME_REFRESH)], automation_condition=FOLLOW,
     code_version=code_version("kiln.dedup.near", "kiln.dedup.buckets", "kiln.dedup.bucket_index",
                               "kiln.dedup.bucket_layout", "kiln.dedup.bucket_rounds", "kiln.dedup.components",
-                              "kiln.dedup.boilerplate"),
+                              "kiln.dedup.boilerplate", "kiln.dedup._kernels", "kiln.dedup.minhash",
+                              "kiln.dedup.fast_minhash"),  # pair Jaccard, the bands and the bucket keys
     check_specs=[
         dg.AssetCheckSpec("conservation", asset=INDEX, blocking=True,
                           description="one decision per signed document: kept, near_duplicate or already_indexed"),
@@ -204,7 +206,7 @@ def _texts_of(store, parts: list[str], rows: pa.Table) -> dict[str, str]:
     key=DEDUPLICATED, partitions_def=document_partitions, group_name="dedup", kinds={"python", "parquet"},
     deps=[CURATED, dg.AssetDep(INDEX, partition_mapping=SAME_REFRESH)], automation_condition=FOLLOW,
     code_version=code_version("kiln.dedup.apply", "kiln.dedup.decontaminate", "kiln.dedup.boilerplate", "kiln.common.removals",
-                              "kiln.common.stats"),
+                              "kiln.common.stats", "kiln.common.text_units", "kiln.dedup.text", "kiln.dedup.minhash"),
     check_specs=check_specs(DEDUPLICATED) + [
         dg.AssetCheckSpec("no_benchmark_overlap", asset=DEDUPLICATED, blocking=True,
                           description="no surviving document shares an n-gram with a declared benchmark item")],

@@ -34,7 +34,8 @@ removal_requests = dg.AssetSpec(
           *[dg.AssetDep(stage, partition_mapping=dg.AllPartitionMapping()) for stage in DOCUMENT_STAGES]],
     code_version=code_version("kiln.governance.data_card", "kiln.governance.data_card_markdown",
                               "kiln.governance.data_card_documents", "kiln.common.plots", "kiln.governance.audit",
-                              "kiln.governance.catalog", "kiln.governance.lineage", "kiln.governance.forget"),
+                              "kiln.governance.catalog", "kiln.governance.lineage", "kiln.governance.forget",
+                              "kiln.common.stats", "kiln.dedup.report"),  # the card's funnel and cross-source table
     check_specs=[dg.AssetCheckSpec("lineage_complete", asset=DATA_CARD, blocking=False,
                                    description="the checkpoint's lineage reaches raw_documents for every source in its "
                                                "token shards, and every recorded input version is the one in the store")],

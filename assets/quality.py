@@ -28,7 +28,7 @@ CLASSIFIER, SCORES, QUALITY_FILTERED = "quality_classifier", "quality_scores", "
 @dg.asset(
     key=CLASSIFIER, group_name="quality", kinds={"python", "fasttext"},
     deps=[dg.AssetDep(DEDUPLICATED, partition_mapping=dg.AllPartitionMapping())], automation_condition=ONCE,
-    code_version=code_version("kiln.quality.classifier"),
+    code_version=code_version("kiln.quality.classifier", "kiln.tokens.mixture"),  # hash_unit: the sample, the folds
     check_specs=[dg.AssetCheckSpec("separates", asset=CLASSIFIER, blocking=False,
                                    description="cross-validated ROC AUC of at least 0.8 (reference vs web documents)")],
 )
@@ -96,7 +96,8 @@ def _examples(store, parts, wanted: set[str]) -> list[Example]:
 @dg.asset(
     key=SCORES, deps=[DEDUPLICATED, CLASSIFIER], partitions_def=document_partitions, group_name="quality",
     kinds={"python", "parquet"}, automation_condition=FOLLOW,
-    code_version=code_version("kiln.quality.scoring", "kiln.quality.classifier", "kiln.quality.perplexity"),
+    code_version=code_version("kiln.quality.scoring", "kiln.quality.classifier", "kiln.quality.perplexity",
+                              "kiln.tokens.tokenizer", "training_jobs.export", "training_jobs.model"),  # perplexity
     check_specs=[dg.AssetCheckSpec("complete", asset=SCORES, blocking=True,
                                    description="every document is kept with its scores, each in range")],
 )
@@ -157,7 +158,8 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
 @dg.asset(
     key=QUALITY_FILTERED, deps=[SCORES, REQUESTS], partitions_def=document_partitions, group_name="quality",
     kinds={"python", "parquet"}, automation_condition=FOLLOW,
-    code_version=code_version("kiln.quality.rules", "kiln.governance.forget", "kiln.common.removals", "kiln.common.stats"),
+    code_version=code_version("kiln.quality.rules", "kiln.governance.forget", "kiln.common.removals", "kiln.common.stats",
+                              "kiln.curation.documents"),
     check_specs=check_specs(QUALITY_FILTERED),
 )
 def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,

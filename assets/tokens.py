@@ -125,7 +125,8 @@ def examples_markdown(examples: list[dict]) -> str:
     # The removal requests are an input: a new request makes every shard version stale (it may name any refresh).
     key=SHARDS, deps=[TOKENIZER, dg.AssetDep(QUALITY_FILTERED, partition_mapping=SAME_REFRESH), REQUESTS],
     partitions_def=refresh_partitions, automation_condition=FOLLOW, group_name="tokens", kinds={"python", "numpy"},
-    code_version=code_version("kiln.tokens.shard_writer", "kiln.tokens.shard_format", "kiln.tokens.mixture", "kiln.tokens.fim", "kiln.governance.forget"),
+    code_version=code_version("kiln.tokens.shard_writer", "kiln.tokens.shard_format", "kiln.tokens.mixture", "kiln.tokens.fim",
+                              "kiln.governance.forget", "kiln.tokens.tokenizer"),  # encode_batch: the token ids
     check_specs=[
         dg.AssetCheckSpec("shards_verified", asset=SHARDS, blocking=True,
                           description="every shard's header, size and tokenizer hash check out; totals match"),

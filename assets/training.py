@@ -205,7 +205,8 @@ def _mlflow_run(tracking: MlflowTracking, run_dir: Path, name: str, tags: dict[s
     key=RUN, deps=[SHARDS, TOKENIZER], group_name="training", kinds={"pytorch", "deepspeed", "mlflow"},
     automation_condition=FOLLOW_TRAINING,  # only with `refresh.train: true`: training is never started by surprise
     pool="training",  # GPU concurrency: `concurrency.pools` in dagster.yaml caps how many runs train at once
-    code_version=code_version("training_jobs"),
+    code_version=code_version("training_jobs", "kiln.governance.exposure", "kiln.governance.replay",
+                              "kiln.tokens.shard_format", "kiln.planning.memory"),
 )
 def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln_config: KilnConfig,
                  storage: KilnStorage,
@@ -408,7 +409,9 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 @dg.asset(key=EVALUATION, deps=[CHECKPOINT, SHARDS, TOKENIZER, ALL_SOURCES], group_name="training",
-          kinds={"pytorch"}, code_version=code_version("training_jobs.evaluate"), automation_condition=follow_only(CHECKPOINT))
+          kinds={"pytorch"}, code_version=code_version("training_jobs.evaluate", "training_jobs.model", "training_jobs.export", "training_jobs.base",
+                                    "kiln.tokens.shard_writer", "kiln.tokens.tokenizer"),  # the forward pass, the split
+          automation_condition=follow_only(CHECKPOINT))
 def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
                mlflow_tracking: MlflowTracking) -> dg.MaterializeResult:
     """Validation loss and perplexity overall and per source, probe-set perplexity, sampled continuations, and
