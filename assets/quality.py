@@ -18,6 +18,7 @@ from kiln.governance.forget import REQUESTS, first_match, load_requests, with_in
 from kiln.governance.refresh import materialized, partition
 from kiln.quality.classifier import Example, balanced_sample, train_classifier
 from kiln.quality.rules import decide, decile_rows, filter_parts, threshold_effect
+from kiln.quality.scoring import out_of_range as scores_out_of_range
 from kiln.quality.scoring import read_scores, score_parts
 from kiln.tokens.tokenizer import read_documents
 from resources import KilnConfig, KilnEngine, KilnStorage
@@ -128,7 +129,7 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
         manifest = writer.commit(**version, counts=counts)
     doc_ids, scores, perplexity = read_scores(store.files(SCORES, source, "documents"))
     expected = deduplicated.counts["documents"]
-    out_of_range = int(((scores < 0) | (scores > 1)).sum() + (perplexity < 1).sum())  # NaN compares False
+    out_of_range = scores_out_of_range(scores, perplexity, classifier_dir is not None, settings.model is not None)
     metadata = {**engine_metadata(runner, counts["documents"], seconds),
                 "documents": counts["documents"], "data_version": manifest.data_version,
                 "path": dg.MetadataValue.path(str(store.dataset_dir(SCORES, source)))}

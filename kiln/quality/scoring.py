@@ -118,3 +118,11 @@ def read_scores(parts: Sequence[Path]) -> tuple[list[str], np.ndarray, np.ndarra
         return table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)  # nulls become NaN
 
     return table.column("doc_id").to_pylist(), floats(SCORE), floats(PERPLEXITY)
+
+
+def out_of_range(scores: np.ndarray, perplexity: np.ndarray, classified: bool, perplexed: bool) -> int:
+    """The documents whose stored scores are not what scoring gives: a classifier score outside [0, 1], a perplexity
+    below 1, or NaN ("not scored") where a classifier (`classified`) or a reference model (`perplexed`) scored."""
+    bad_score = (scores < 0) | (scores > 1) | (np.isnan(scores) & classified)
+    bad_perplexity = (perplexity < 1) | (np.isnan(perplexity) & perplexed)
+    return int((bad_score | bad_perplexity).sum())

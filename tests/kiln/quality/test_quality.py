@@ -361,3 +361,19 @@ def test_classifier_classes_default_to_reference_and_web_domains():
     assert config.quality_classes() == (["ref"], ["web"]) and config.quality_classifier_enabled
     only_code = parse_config({**BASE, "sources": BASE["sources"][2:]})
     assert not only_code.quality_classifier_enabled  # auto: off without both classes, no error
+
+
+def test_the_scores_complete_check_counts_nan_as_missing_only_where_something_scored():
+    """NaN is "not scored": with no classifier and no reference model every document has it, in range; where one
+    scored, a NaN is a document it missed. By hand: rows 1 (score 1.2), 2 (NaN score) and 3 (perplexity 0.5)."""
+    import numpy as np
+
+    from kiln.quality.scoring import out_of_range
+
+    scores = np.array([0.3, 1.2, np.nan, 0.9])
+    perplexity = np.array([12.0, 30.0, 8.0, 0.5])
+    assert out_of_range(scores, perplexity, classified=True, perplexed=True) == 3
+    assert out_of_range(scores, perplexity, classified=False, perplexed=True) == 2  # the NaN score is "not scored"
+    unscored = np.full(4, np.nan)
+    assert out_of_range(unscored, unscored, classified=False, perplexed=False) == 0
+    assert out_of_range(scores, unscored, classified=True, perplexed=True) == 4  # no perplexity where a model scored
