@@ -19,6 +19,7 @@ so every caller still gets local paths (sentencepiece, memmapped shards, safeten
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -278,9 +279,17 @@ class Store:
             raise IncompleteDataset(f"{asset}[{partition}] has not been materialized (no "
                                     f"{self.remote.url(self._remote_dir(asset, partition))}/{MANIFEST_NAME}"
                                     f"{stale}); materialize it first")
-        if not path.is_file():
-            raise IncompleteDataset(f"{asset}[{partition}] has not been materialized (no {path}); materialize it first")
-        return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        try:
+            return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            pass
+        if path.parent.parent.is_dir():  # between a swap's two renames there is no folder: wait for the swap
+            with _swap_lock(path.parent):
+                pass
+            _restore_if_swapped_out(path.parent)
+            with contextlib.suppress(FileNotFoundError):
+                return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        raise IncompleteDataset(f"{asset}[{partition}] has not been materialized (no {path}); materialize it first")
 
     def manifest_or_none(self, asset: str, partition: str | None = None) -> Manifest | None:
         """The manifest, or None when the dataset has not been materialized."""
@@ -464,7 +473,10 @@ def _remove_stale_staging(final: Path) -> None:
         with lock_then_remove(f"{folder}.lock", wait=False) as held:
             if not held:
                 continue  # a live writer
-            os.replace(folder, trash)  # moved aside under the lock (a rename: held for microseconds), removed after
+            try:
+                os.replace(folder, trash)  # moved aside under the lock (a rename: held for microseconds), removed after
+            except FileNotFoundError:
+                continue  # its writer swapped it in (and let go of its lock) since it was listed
         shutil.rmtree(trash, ignore_errors=True)
 
 
@@ -507,11 +519,20 @@ def _restore_if_swapped_out(final: Path) -> None:
     with _swap_lock(final):
         if final.exists():
             return
-        aside = [p for p in final.parent.glob(f".{final.name}.old-*") if (p / MANIFEST_NAME).is_file()]
-        if aside:
-            newest = max(aside, key=lambda p: json.loads((p / MANIFEST_NAME).read_text())["created_at"])
-            os.replace(newest, final)
+        aside = [(m.created_at, p.name, p) for p in final.parent.glob(f".{final.name}.old-*")
+                 if (m := _whole(p)) is not None]
+        if aside:  # the newest whole one (one whose removal a second crash cut short has lost files)
+            os.replace(max(aside)[2], final)
             fsync_dir(final.parent)
+
+
+def _whole(folder: Path) -> Manifest | None:
+    """The manifest of a dataset folder whose files are all there, else None."""
+    try:
+        manifest = Manifest.from_dict(json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return manifest if all((folder / f.path).is_file() for f in manifest.files) else None
 
 
 class StagingBusy(RuntimeError):

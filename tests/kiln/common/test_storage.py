@@ -3,6 +3,7 @@ new one, never none and never a mix."""
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -220,3 +221,79 @@ def test_flush_to_disk_fsyncs_every_file_and_folder_under_it_and_nothing_else(tm
                                       ("file", out / "decisions/decisions-00000.parquet"),
                                       ("file", out / "index/docs/indexed-00000.parquet"),
                                       ("file", out / "index/_index.json")])
+
+
+def test_a_reader_between_a_swaps_two_renames_waits_for_the_new_version(tmp_path, monkeypatch):
+    """A live swap renames the old folder aside, then the new one in, holding the swap lock across both. A reader
+    that found the folder, then finds no manifest because the swap began in between (it used to read "not
+    materialized"), waits for the lock and reads the new version."""
+    import threading
+    import time
+
+    root = tmp_path / "store"
+    _commit_v1(root)
+    with Store(tmp_path / "other").staging("a", "p") as w:  # a second version, staged elsewhere
+        w.write("documents", pa.table({"x": [2]}))
+        v2 = w.commit(code_version="2", config={}, inputs={}, counts={}).data_version
+    final = root / "a" / "p"
+    staged = final.with_name(".p.staging-test")
+    (tmp_path / "other" / "a" / "p").rename(staged)
+    renamed_aside = threading.Event()
+
+    def swap() -> None:  # _swap_in's two renames, with a pause between them
+        with storage._swap_lock(final):
+            final.rename(final.with_name(".p.old-test"))
+            renamed_aside.set()
+            time.sleep(0.5)
+            staged.rename(final)
+
+    restore, writer = storage._restore_if_swapped_out, threading.Thread(target=swap)
+
+    def found_then_swapped(path):  # the reader finds the folder; the writer's swap starts right after
+        restore(path)
+        if not writer.is_alive() and not renamed_aside.is_set():
+            writer.start()
+            renamed_aside.wait()
+
+    monkeypatch.setattr(storage, "_restore_if_swapped_out", found_then_swapped)
+    assert Store(root).manifest("a", "p").data_version == v2
+    writer.join()
+
+
+def test_a_cleanup_listing_a_staging_folder_its_writer_then_swaps_in_goes_on(tmp_path, monkeypatch):
+    """Two writers of one dataset: the second's cleanup lists the first's staging folder, which the first swaps in
+    (and lets go of its lock) before the cleanup takes that lock; the cleanup used to fail on the rename, after the
+    second's own version was already in (so an S3 store never got it pushed)."""
+    final = tmp_path / "a" / "p"
+    staging = final.with_name(".p.staging-first")
+    staging.mkdir(parents=True)
+    real = storage.lock_then_remove
+
+    def swapped_in_meanwhile(path, wait=True):
+        if str(path) == f"{staging}.lock":
+            staging.rename(final)  # the first writer's swap, between the listing and the lock
+        return real(path, wait)
+
+    monkeypatch.setattr(storage, "lock_then_remove", swapped_in_meanwhile)
+    storage._remove_stale_staging(final)
+    assert final.is_dir() and not list(final.parent.glob(".p.trash-*"))
+
+
+def test_after_two_crashes_the_restore_takes_the_newest_whole_copy(tmp_path):
+    """A writer killed while removing its old copy leaves one with its manifest but not all its files; a second
+    writer killed between its renames leaves its own old copy aside too. The restore takes the newest copy whose
+    files are all there, not the half-removed one (whose manifest may even be the newer)."""
+    root = tmp_path / "store"
+    _commit_v1(root)
+    final = root / "a" / "p"
+    whole = final.with_name(".p.old-whole")
+    final.rename(whole)
+    half = final.with_name(".p.old-half")
+    shutil.copytree(whole, half)
+    manifest = json.loads((half / MANIFEST_NAME).read_text())
+    (half / MANIFEST_NAME).write_text(json.dumps({**manifest, "created_at": "2999-01-01T00:00:00Z"}))
+    for entry in manifest["files"]:
+        (half / entry["path"]).unlink()  # removed before the kill; the manifest was not
+    reader = Store(root)
+    assert reader.read_table("a", "p").column("x").to_pylist() == [1]
+    assert not whole.exists()
