@@ -558,3 +558,25 @@ def test_any_sentence_inserted_between_two_words_of_an_item_is_found(at, first, 
     sentence = " ".join([first, *rest]) + end
     copy = " ".join(SLIST_WORDS[:at] + [sentence] + SLIST_WORDS[at:]) + "."
     assert [m.item_id for m in fuzzy_index(("b", "q", SLIST)).find(FILLER_A + copy + FILLER_B)] == ["q"]
+
+
+def test_the_independent_look_finds_exact_copies_by_its_own_reading_and_only_what_the_detector_finds():
+    """kiln.dedup.residual_overlap, the no_benchmark_overlap check: its own words (\\w+ of the lowercased text) and
+    n-grams. By hand: ITEM has 29 such words; 13 of them in a row are one of its n-grams, 12 are not; the upper-case
+    copy is the same words; an 8-word item is one whole n-gram and a 7-word one is skipped (min_item_words 8).
+    Wherever it finds a copy, the detector finds one too (a second implementation of the exact rule, stricter)."""
+    from kiln.dedup.residual_overlap import ItemNgrams
+
+    items = ItemNgrams([ITEM, "one two three four five six seven eight", "only seven words in this short item"],
+                       ngram=13, min_item_words=8)
+    assert len(re.findall(r"\w+", ITEM)) == 29 and set(items.by_size) == {13, 8}
+    detector = index_of(("b", "q", ITEM), ("b", "e", "one two three four five six seven eight"),
+                        ("b", "s", "only seven words in this short item"))
+    cases = {planted(13): True, planted(12): False, (FILLER_A + ITEM + FILLER_B).upper(): True,
+             FILLER_A + "One two three four five six seven eight." + FILLER_B: True,
+             FILLER_A + "one two three four five six seven" + FILLER_B: False,
+             FILLER_A + "only seven words in this short item" + FILLER_B: False, CLEAN_PROSE: False}
+    for text, expected in cases.items():
+        assert items.overlaps(text) is expected, text
+        if expected:
+            assert detector.find(text), text

@@ -1,0 +1,52 @@
+"""A second look for benchmark text in what decontamination kept, by code of its own (as kiln.curation.residual_pii
+is to the PII redactor): the `no_benchmark_overlap` check. Re-running the detector (kiln.dedup.decontaminate) on its
+own output could only agree with it, so a detector bug (a copy it misses) would pass.
+
+The rule read here is the detector's exact rule, read more strictly: an item's words are Python's `\\w+` runs of its
+lowercased text (the detector also maps digits to 0 and splits CJK text into characters, which only makes more
+texts equal); an item of at least `min_item_words` words contributes its `ngram`-word n-grams (a shorter item: the
+whole item as one); a document overlaps when one of its n-grams is an item's. Every overlap found here is one the
+detector's exact rule also finds, so a hit is a detector bug, never a false alarm. (The detector's edited-copy
+rules find more; this look does not try to.)
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+
+_WORD = re.compile(r"\w+")
+
+
+class ItemNgrams:
+    """The n-grams of benchmark items, by size, with the words that start one (a cheap first test per position)."""
+
+    def __init__(self, items: Iterable[str], ngram: int, min_item_words: int):
+        self.by_size: dict[int, set[tuple[str, ...]]] = defaultdict(set)
+        for text in items:
+            words = _WORD.findall(text.lower())
+            if len(words) < min_item_words:
+                continue  # the detector skips such an item too
+            n = min(ngram, len(words))
+            self.by_size[n].update(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
+        self.starts = {gram[0] for grams in self.by_size.values() for gram in grams}
+
+    def overlaps(self, text: str) -> bool:
+        words = _WORD.findall(text.lower())
+        for i, word in enumerate(words):
+            if word in self.starts and any(tuple(words[i:i + n]) in grams for n, grams in self.by_size.items()):
+                return True
+        return False
+
+
+def item_ngrams(settings) -> ItemNgrams:
+    """The n-grams of every item of `decontamination.benchmarks` (kiln.common.config.Decontamination), read from
+    their files as the detector reads them (the file reading is shared; the matching is not)."""
+    from pathlib import Path
+
+    from kiln.dedup.decontaminate import read_benchmark_file
+
+    texts = (text for b in settings.benchmarks
+             for _, _, text in read_benchmark_file(Path(b.path), b.name, b.text_fields, b.id_field))
+    return ItemNgrams(texts, settings.ngram, settings.min_item_words)
