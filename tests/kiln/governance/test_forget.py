@@ -169,16 +169,35 @@ def test_forget_reaches_every_refresh_in_the_next_shards(built, capsys):
     assert any("re-materialize token_shards" in n for n in answer.notes)  # refresh 1's shards still hold it
 
 
-def test_requests_by_url_pattern_and_doc_ids(built, capsys, tmp_path):
+def test_requests_by_url_pattern_and_doc_ids_and_training_refuses_shards_written_before_them(built, capsys,
+                                                                                              tmp_path):
+    """Until token_shards is materialized again after a request, its shards still hold the documents it names,
+    and a run started then would read them: training_run refuses those shards, naming the request. A request that
+    names none of their documents does not stop it."""
+    from kiln.governance.forget import unapplied_requests
+    from kiln.governance.refresh import latest
+
+    store, project = built["store"], built["project"]
     ids = tmp_path / "ids.txt"
-    some = sorted(built["members"])[:2]
-    ids.write_text("# ticket 7\n" + "\n".join(some) + "\n\n")
+    ids.write_text("not-a-document\n")
+    forget(built, capsys, "--doc-ids", str(ids))
+    assert unapplied_requests(store, *latest(store, "token_shards")) == []
+    trained = sorted(d for d, m in built["members"].items() if m["split"] == "train" and m["copies"] > 0)[:2]
+    ids.write_text("# ticket 7\n" + "\n".join(trained) + "\n\n")
     code, request, _ = forget(built, capsys, "--doc-ids", str(ids))
-    assert code == 0 and request["value"] == sorted(some)
+    assert code == 0 and request["value"] == trained
     r = RemovalRequest(**request)
-    assert r.matches(some[0], "any", None) and not r.matches("other", "web", None)
+    assert r.matches(trained[0], "any", None) and not r.matches("other", "web", None)
     by_url = RemovalRequest("x", "t", "url_pattern", r"^https://spam\.example/", "")
     assert by_url.matches("d", "web", "https://spam.example/a") and not by_url.matches("d", "web", None)
+
+    assert [u.request_id for u in unapplied_requests(store, *latest(store, "token_shards"))] == [request["request_id"]]
+    result = project.materialize(["training_run"], raise_on_error=False)
+    [failure] = result.get_step_failure_events()
+    assert f"removal request(s) {request['request_id']} name, recorded after they were written" in \
+        failure.step_failure_data.user_failure_data.description
+    assert project.materialize(["token_shards"]).success  # it leaves the documents out, and records both requests
+    assert unapplied_requests(store, *latest(store, "token_shards")) == []
 
 
 @pytest.mark.parametrize("args, message", [
@@ -281,27 +300,3 @@ def test_a_url_pattern_is_never_matched_half_blind_where_the_raw_layer_is_unread
     with pytest.raises(ForgetError, match=r"raw_documents, which this user cannot read .*raw_documents\); run this as"):
         with_intake_urls(store, [by_url, by_ids], ["web/r1"])
     assert with_intake_urls(store, [by_ids], ["web/r1"]) == [by_ids]
-
-
-def test_training_refuses_shards_written_before_a_request_that_names_their_documents(built, capsys):
-    """kiln forget records a request; until token_shards is materialized again its current shards still hold the
-    document, and a run started then would read it: training_run refuses them, naming the request. A request that
-    names none of their documents does not stop it."""
-    from kiln.governance.forget import unapplied_requests
-    from kiln.governance.refresh import latest
-
-    store, project = built["store"], built["project"]
-    trained = next(d for d, m in sorted(built["members"].items()) if m["split"] == "train" and m["copies"] > 0)
-    (ids := built["home"] / "ids.txt").write_text("not-a-document\n")
-    _, elsewhere, _ = forget(built, capsys, "--doc-ids", str(ids))
-    assert unapplied_requests(store, *latest(store, "token_shards")) == []
-    ids.write_text(trained + "\n")
-    _, naming, _ = forget(built, capsys, "--doc-ids", str(ids))
-    assert [r.request_id for r in unapplied_requests(store, *latest(store, "token_shards"))] == [naming["request_id"]]
-    result = project.materialize(["training_run"], raise_on_error=False)
-    assert not result.success
-    [failure] = result.get_step_failure_events()
-    assert f"removal request(s) {naming['request_id']} name, recorded after they were written" in \
-        failure.step_failure_data.user_failure_data.description
-    assert project.materialize(["token_shards"]).success  # it leaves the document out, and records both requests
-    assert unapplied_requests(store, *latest(store, "token_shards")) == []
