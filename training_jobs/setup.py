@@ -507,14 +507,12 @@ def resolve_layout(run: RunConfig, dist: Dist, shard: Dist) -> tuple[RunConfig, 
 def checkpointed_stage(root: Path, json_stage: Any) -> tuple[int | None, str]:
     """(stage, why) of the newest complete checkpoint under root, or (None, "") when there is none. One written
     before layouts were chosen (no "layout" in its manifest) was written with the DeepSpeed JSON's stage."""
-    complete = checkpoint.checkpoints(root)
-    if not complete:
+    # the one find_resumable will take: the newest whose files are all there (the hashes it checks later)
+    newest = next((c.path for c in reversed(checkpoint.checkpoints(root))
+                   if checkpoint.verify(c.path, hashes=False) is None), None)
+    if newest is None:
         return None, ""
-    newest = complete[-1].path
-    try:
-        kept = checkpoint.read_manifest(newest).get("layout")
-    except (OSError, ValueError):  # unreadable: find_resumable moves it aside later and takes an older one
-        return None, ""
+    kept = checkpoint.read_manifest(newest).get("layout")
     if kept is None:
         return (json_stage if isinstance(json_stage, int) else None,
                 f"the DeepSpeed JSON's, which {newest.name} (written before layouts were chosen) was saved with")

@@ -383,3 +383,20 @@ def test_a_checkpoint_of_another_model_or_tokenizer_is_not_resumed(tmp_path):
     older = {k: v for k, v in cfg.to_dict().items() if k != "rope_scaling_factor"}
     checkpoint.write_manifest(path, 4, {"model": older, "tokenizer_sha256": "a" * 64})
     assert checkpoint.not_this_run(path, cfg.to_dict(), "a" * 64) is None
+
+
+def test_the_stage_a_run_resumes_with_is_the_checkpoint_it_will_resume(tmp_path):
+    """The layout keeps the ZeRO stage of the checkpoint it resumes (DeepSpeed loads into that stage only). The newest
+    checkpoint has lost a file, so resume will set it aside and take the one before: its stage is the one kept."""
+    from training_jobs.setup import checkpointed_stage
+
+    for step, stage in ((4, 1), (8, 3)):
+        path = tmp_path / checkpoint.tag_for(step)
+        path.mkdir()
+        (path / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"model" * step)
+        checkpoint.write_manifest(path, step, {"model": {}, "layout": {"zero_stage": stage}})
+    assert checkpointed_stage(tmp_path, 0)[0] == 3
+    (tmp_path / checkpoint.tag_for(8) / "zero_pp_rank_0_mp_rank_00_model_states.pt").unlink()
+    stage, why = checkpointed_stage(tmp_path, 0)
+    assert (stage, why) == (1, f"the stage {checkpoint.tag_for(4)} was saved with, which this run resumes")
+    assert checkpoint.find_resumable(tmp_path).step == 4  # the one resume takes: the same

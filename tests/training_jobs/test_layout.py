@@ -285,6 +285,7 @@ def test_a_resumed_run_keeps_the_stage_of_its_checkpoint(token_dataset, tmp_path
     run = run_config(token_dataset, tmp_path, seq_len=32)
     ckpt = run.checkpoint_dir() / checkpoint.tag_for(4)
     ckpt.mkdir(parents=True)
+    (ckpt / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"model")  # a checkpoint holds files
     checkpoint.write_manifest(ckpt, 4, {"layout": {"zero_stage": 3, "micro_batch": 8}})
     t, layout, ds = resolved(run, on_gpu())
     assert ds["zero_optimization"]["stage"] == 3 and "step_00000004 was saved with" in layout.reason
