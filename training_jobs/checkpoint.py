@@ -525,7 +525,7 @@ def not_this_run(ckpt: Path, model: dict[str, Any], tokenizer_sha256: str | None
     if not differs:
         return None
     return (f"{ckpt} was written by a run of another model or tokenizer ("
-            + ", ".join(f"{k}: {a!r} there, {b!r} here" for k, a, b in ((k, *v) for k, v in differs.items()))
+            + ", ".join(f"{k}: {there!r} there, {here!r} here" for k, (there, here) in differs.items())
             + "); a run resumes its own checkpoints only: give this run another output_dir or checkpoint.dir, or "
               "train the model those checkpoints belong to")
 

@@ -15,6 +15,9 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable
+from pathlib import Path
+
+from kiln.dedup.decontaminate import read_benchmark_file
 
 _WORD = re.compile(r"\w+")
 
@@ -43,10 +46,6 @@ class ItemNgrams:
 def item_ngrams(settings) -> ItemNgrams:
     """The n-grams of every item of `decontamination.benchmarks` (kiln.common.config.Decontamination), read from
     their files as the detector reads them (the file reading is shared; the matching is not)."""
-    from pathlib import Path
-
-    from kiln.dedup.decontaminate import read_benchmark_file
-
     texts = (text for b in settings.benchmarks
              for _, _, text in read_benchmark_file(Path(b.path), b.name, b.text_fields, b.id_field))
     return ItemNgrams(texts, settings.ngram, settings.min_item_words)

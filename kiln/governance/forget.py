@@ -88,10 +88,6 @@ class IntakeMatched:
     doc_ids: frozenset[str]
 
     @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
     def reject_reason(self) -> str:
         return self.request.reject_reason
 

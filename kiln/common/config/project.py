@@ -96,7 +96,7 @@ class ProjectConfig(Strict):
                 if not isinstance(params, dict):
                     raise ValueError(f"{key}: its parameters are a mapping of name: value, got {params!r}; write "
                                      f"`- {name}: {{parameter: value}}`, or `- {name}` for its defaults")
-                if isinstance(params, dict) and per_language is None:
+                if per_language is None:
                     params = dict(params)
                     per_language = params.pop("per_language", None)
                 per_language = _per_language(key, name, per_language, after_language="language" in [
