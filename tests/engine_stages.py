@@ -37,6 +37,7 @@ from kiln.quality.classifier import CARD_FILE, Example, train_classifier
 from kiln.tokens.mixture import SourceParts
 from kiln.tokens.shard_writer import write_token_shards
 from kiln.tokens.tokenizer import draw_training_sample, read_documents, train_tokenizer
+from tests.store_files import published_files
 
 SOURCES = ("web", "mirror")
 NEAR = NearDedup()  # mirror holds a slice of web's documents again: cross-source duplicates
@@ -170,9 +171,7 @@ def fingerprint(store: Store, assets=("raw", "filtered", "curated", "signatures"
     timings)."""
     found = {}
     for asset in assets:
-        for path in sorted((store.root / asset).rglob("*")):
-            if not path.is_file():
-                continue
+        for path in published_files(store.root / asset):
             data = path.read_bytes()
             if path.name in TIMED_JSON:
                 data = json.dumps(_without_timings(json.loads(data)), sort_keys=True).encode()

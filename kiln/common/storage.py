@@ -1,8 +1,11 @@
 """Datasets on disk: a folder of Parquet parts plus `_manifest.json`, written so a crash leaves no half file.
 
 Parts are written to a temporary name and renamed; a whole dataset is staged in a sibling folder and
-swapped in only after its manifest is written, so readers see either the old complete version or the
-new complete one. A folder without a manifest is incomplete and is never read.
+published only after its manifest is written. A dataset `<asset>/<partition>` is a symbolic link to its current
+version's hidden folder `.<partition>.v-<id>` beside it, and publishing replaces the link (a rename: atomic). A
+reader resolves the link once per read (`Store.snapshot`), so it reads one version whole even while a writer
+replaces it: a replaced version is kept `Store.keep_replaced_s` (`storage.keep_replaced_minutes`) before it is
+removed. A folder without a manifest is incomplete and is never read.
 
 With a remote (`storage.backend: s3`), S3 is the durable store and `root` is a local cache kept in sync,
 so every caller still gets local paths (sentencepiece, memmapped shards, safetensors, training processes):
@@ -29,6 +32,7 @@ import re
 import shutil
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -250,18 +254,51 @@ class IncompleteDataset(FileNotFoundError):
 
 
 @dataclass(frozen=True)
+class Snapshot:
+    """One version of a dataset as a reader sees it: its manifest and the folder of that version's files. Every path
+    it gives is that version's, whatever a writer publishes meanwhile (it is kept `Store.keep_replaced_s` after
+    being replaced)."""
+
+    folder: Path
+    manifest: Manifest
+
+    def files(self, role: str) -> list[Path]:
+        return [self.folder / f.path for f in self.manifest.files_with_role(role)]
+
+    def read_table(self, role: str = "documents", columns: list[str] | None = None,
+                   filters: list[tuple] | None = None) -> pa.Table:
+        """This version's files of one role as one table; `filters` (pyarrow's, e.g. [("source", "=", "web")])
+        skip row groups by their statistics before decoding and keep only the matching rows."""
+        paths = self.files(role)
+        if not paths:
+            return pa.table({})
+        return pa.concat_tables([pq.read_table(p, columns=columns, filters=filters) for p in paths])
+
+    def iter_batches(self, role: str = "documents", batch_size: int = 1000,
+                     columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+        for path in self.files(role):
+            yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
+
+
+# How long a replaced version stays for the readers that resolved it before the replace (storage.keep_replaced_minutes).
+KEEP_REPLACED_S = 3600.0
+
+
+@dataclass(frozen=True)
 class Store:
-    """Where Kiln keeps its datasets: `<root>/<asset>/<partition>/`; with a `remote`, durably on S3 and
-    `root` is the local cache (see the module docstring)."""
+    """Where Kiln keeps its datasets: `<root>/<asset>/<partition>/`, each a link to its current version's folder;
+    with a `remote`, durably on S3 and `root` is the local cache (see the module docstring)."""
 
     root: Path
     remote: S3Remote | None = None
+    keep_replaced_s: float = KEEP_REPLACED_S
     # (asset, partition) -> the remote manifest's bytes (None: not on S3) once this Store has synced it
     _synced: dict[tuple[str, str | None], bytes | None] = field(default_factory=dict, init=False, repr=False,
                                                                 compare=False)
 
     def dataset_dir(self, asset: str, partition: str | None = None) -> Path:
-        """The dataset's local folder; with a remote, brought up to date with S3 first."""
+        """The dataset's local path (the link to its current version; with a remote, brought up to date with S3
+        first). A path under it is resolved when it is opened: a reader of several files takes a `snapshot`."""
         if self.remote is not None:
             self._sync(asset, partition)
         return self._local_dir(asset, partition)
@@ -271,25 +308,33 @@ class Store:
         _restore_if_swapped_out(path)
         return path
 
-    def manifest(self, asset: str, partition: str | None = None) -> Manifest:
-        path = self._local_dir(asset, partition) / MANIFEST_NAME
+    def snapshot(self, asset: str, partition: str | None = None) -> Snapshot:
+        """The dataset's current version, pinned: its manifest and its folder, both of one version."""
+        final = self._local_dir(asset, partition)
         if self.remote is not None and self._sync(asset, partition) is None:
-            stale = f"; the local copy {path} is not on S3 (an upload that did not finish, or data from before " \
-                    f"storage.backend: s3)" if path.is_file() else ""
+            stale = f"; the local copy {final} is not on S3 (an upload that did not finish, or data from before " \
+                    f"storage.backend: s3)" if (final / MANIFEST_NAME).is_file() else ""
             raise IncompleteDataset(f"{asset}[{partition}] has not been materialized (no "
                                     f"{self.remote.url(self._remote_dir(asset, partition))}/{MANIFEST_NAME}"
                                     f"{stale}); materialize it first")
-        try:
-            return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except FileNotFoundError:
-            pass
-        if path.parent.parent.is_dir():  # between a swap's two renames there is no folder: wait for the swap
-            with _swap_lock(path.parent):
+        for last in (False, True):
+            folder = _version_of(final)
+            try:
+                return Snapshot(folder, Manifest.from_dict(json.loads((folder / MANIFEST_NAME).read_text(
+                    encoding="utf-8"))))
+            except FileNotFoundError:
                 pass
-            _restore_if_swapped_out(path.parent)
-            with contextlib.suppress(FileNotFoundError):
-                return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        raise IncompleteDataset(f"{asset}[{partition}] has not been materialized (no {path}); materialize it first")
+            if last or not final.parent.is_dir():
+                break
+            # Between a swap's two renames (a plain folder made a link) there is no folder: wait for the swap.
+            with _swap_lock(final):
+                pass
+            _restore_if_swapped_out(final)
+        raise IncompleteDataset(f"{asset}[{partition}] has not been materialized (no {final / MANIFEST_NAME}); "
+                                f"materialize it first")
+
+    def manifest(self, asset: str, partition: str | None = None) -> Manifest:
+        return self.snapshot(asset, partition).manifest
 
     def manifest_or_none(self, asset: str, partition: str | None = None) -> Manifest | None:
         """The manifest, or None when the dataset has not been materialized."""
@@ -299,23 +344,15 @@ class Store:
             return None
 
     def files(self, asset: str, partition: str | None, role: str) -> list[Path]:
-        manifest = self.manifest(asset, partition)
-        base = self._local_dir(asset, partition)
-        return [base / f.path for f in manifest.files_with_role(role)]
+        return self.snapshot(asset, partition).files(role)
 
     def read_table(self, asset: str, partition: str | None, role: str = "documents",
                    columns: list[str] | None = None, filters: list[tuple] | None = None) -> pa.Table:
-        """A dataset's files of one role as one table; `filters` (pyarrow's, e.g. [("source", "=", "web")]) skip
-        row groups by their statistics before decoding and keep only the matching rows."""
-        paths = self.files(asset, partition, role)
-        if not paths:
-            return pa.table({})
-        return pa.concat_tables([pq.read_table(p, columns=columns, filters=filters) for p in paths])
+        return self.snapshot(asset, partition).read_table(role, columns, filters)
 
     def iter_batches(self, asset: str, partition: str | None, role: str = "documents",
                      batch_size: int = 1000, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-        for path in self.files(asset, partition, role):
-            yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
+        return self.snapshot(asset, partition).iter_batches(role, batch_size, columns)
 
     def values(self, asset: str, partition: str | None, column: str,
                doc_ids: set[str] | None = None) -> dict[str, object]:
@@ -396,14 +433,15 @@ class Store:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def _push(self, asset: str, partition: str | None, manifest: Manifest) -> None:
-        """Upload a just-committed local dataset: files, then the manifest, then delete stale keys."""
+    def _push(self, asset: str, partition: str | None, manifest: Manifest, folder: Path) -> None:
+        """Upload a just-committed local dataset (its version's `folder`): files, then the manifest, then delete
+        stale keys."""
         key = (asset, partition or None)
         self._synced.pop(key, None)  # until the manifest is up, S3 still holds the previous version
-        local, remote_dir = self._local_dir(asset, partition), self._remote_dir(asset, partition)
+        remote_dir = self._remote_dir(asset, partition)
         version_dir = f"{remote_dir}/{manifest.data_version}"
-        data = (local / MANIFEST_NAME).read_bytes()
-        self.remote.upload_files([(local / f.path, f"{version_dir}/{f.path}") for f in manifest.files])
+        data = (folder / MANIFEST_NAME).read_bytes()
+        self.remote.upload_files([(folder / f.path, f"{version_dir}/{f.path}") for f in manifest.files])
         self.remote.put_bytes(f"{remote_dir}/{MANIFEST_NAME}", data)
         self._synced[key] = data
         keep = {f"{remote_dir}/{MANIFEST_NAME}"} | {f"{version_dir}/{f.path}" for f in manifest.files}
@@ -425,6 +463,7 @@ def _remote_manifest(data: bytes, where: str) -> Manifest:
 def _local_copy_is(local: Path, data: bytes, manifest: Manifest) -> bool:
     """Whether the local folder holds this version (files present with their sizes; the manifest bytes are
     refreshed in place when only its metadata changed, e.g. the same data re-materialized elsewhere)."""
+    local = _version_of(local)
     path = local / MANIFEST_NAME
     if not path.is_file():
         return False
@@ -464,10 +503,12 @@ def lock_then_remove(lock_path: str | Path, wait: bool = True) -> Iterator[bool]
 
 def _remove_stale_staging(final: Path) -> None:
     """Staging folders of `final`'s dataset that no live writer holds — a failed attempt under inputs since
-    replaced, a killed run — and old copies a killed swap left: removed after a commit, so they do not pile up.
-    A live writer holds its folder's lock, so its folder is skipped."""
-    for stale in [*final.parent.glob(f".{final.name}.old-*"), *final.parent.glob(f".{final.name}.trash-*")]:
-        shutil.rmtree(stale, ignore_errors=True)
+    replaced, a killed run — and what a killed swap left (an old copy, a link never put in place): removed after a
+    commit, so they do not pile up. A live writer holds its folder's lock, so its folder is skipped."""
+    for stale in [*final.parent.glob(f".{final.name}.old-*"), *final.parent.glob(f".{final.name}.trash-*"),
+                  *final.parent.glob(f".{final.name}.link-*")]:
+        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() and not stale.is_symlink() else \
+            stale.unlink(missing_ok=True)
     for folder in [p for p in final.parent.glob(f".{final.name}.staging-*") if p.is_dir()]:
         trash = final.with_name(f".{final.name}.trash-{uuid.uuid4().hex[:8]}")
         with lock_then_remove(f"{folder}.lock", wait=False) as held:
@@ -478,6 +519,10 @@ def _remove_stale_staging(final: Path) -> None:
             except FileNotFoundError:
                 continue  # its writer swapped it in (and let go of its lock) since it was listed
         shutil.rmtree(trash, ignore_errors=True)
+    for lock in final.parent.glob(f".{final.name}.staging-*.lock"):  # of a writer killed after its folder went in
+        if not lock.with_suffix("").exists():
+            with lock_then_remove(lock, wait=False):
+                pass
 
 
 def _swap_lock(final: Path):
@@ -485,27 +530,101 @@ def _swap_lock(final: Path):
     return lock_then_remove(final.with_name(f".{final.name}.swap.lock"))
 
 
-def _swap_in(staging: Path, final: Path, flushed: bool = False) -> None:
-    """Replace `final` by the complete folder `staging`: the old folder is renamed aside, the new one renamed in,
-    under the dataset's swap lock; the old copy is removed after. A writer killed between the two renames
-    leaves the old version aside, complete, and the next reader puts it back (`_restore_if_swapped_out`): a
-    reader sees the old version or the new one, never none. Every file is on disk before any rename makes it
-    visible: flushed here, unless the caller did (`flushed`)."""
+def _version_of(final: Path) -> Path:
+    """The folder of the version of `final` a reader reads now: the one its link names (resolved once, so every
+    file a reader opens comes from one version), else `final` itself (a folder written before versioned folders,
+    or nothing)."""
+    try:
+        return final.parent / os.readlink(final)
+    except OSError:  # not a link, or nothing there
+        return final
+
+
+def _replaced_marker(version: Path) -> Path:
+    """A file beside a version folder whose time is when the version was replaced (`_remove_replaced`)."""
+    return version.with_name(f"{version.name}.replaced")
+
+
+def _swap_in(staging: Path, final: Path, flushed: bool = False) -> Path:
+    """Publish the complete folder `staging` as `final`'s new version; returns the version's folder. The folder is
+    renamed to a new version folder `.<name>.v-<id>` and a link to it replaces `final` (a rename: atomic), under
+    the dataset's swap lock; the replaced version is marked with the time and kept for its readers
+    (`_remove_replaced`). A writer killed at any step leaves `final` on the old version, complete. Every file is on
+    disk before the link makes it visible: flushed here, unless the caller did (`flushed`).
+
+    A plain folder at `final` (a store written before versioned folders) is renamed aside first, as swaps used to
+    do: a writer killed before the link is in leaves it aside, complete, and the next reader puts it back
+    (`_restore_if_swapped_out`)."""
     if not flushed:
         staging_files = [p for p in staging.rglob("*") if p.is_file()]
         for path in staging_files:
             fsync_file(path)
         for folder in {p.parent for p in staging_files} | {staging}:
             fsync_dir(folder)
-    old = None
+    version = final.with_name(f".{final.name}.v-{uuid.uuid4().hex[:12]}")
+    link = final.with_name(f".{final.name}.link-{uuid.uuid4().hex[:8]}")
+    plain = None
     with _swap_lock(final):
-        if final.exists():
-            old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
-            os.replace(final, old)
-        os.replace(staging, final)
+        os.replace(staging, version)
+        os.symlink(version.name, link)  # relative: the store may be moved or mounted elsewhere
+        if final.is_symlink():
+            _replaced_marker(_version_of(final)).touch()  # before the link moves: a replaced version always has one
+        elif final.exists():
+            plain = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+            os.replace(final, plain)
+        os.replace(link, final)
         fsync_dir(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    if plain is not None:
+        shutil.rmtree(plain, ignore_errors=True)
+    return version
+
+
+def _remove_replaced(final: Path, keep_s: float) -> None:
+    """Remove the version folders of `final` no reader can need: those replaced more than `keep_s` ago, and those
+    never published (a writer killed before its link went in: no marker). Under the swap lock, so a writer between
+    its version's rename and its link is never cut short."""
+    versions = [p for p in final.parent.glob(f".{final.name}.v-*") if p.is_dir() and not p.is_symlink()]
+    markers = [p for p in final.parent.glob(f".{final.name}.v-*.replaced")]
+    if not versions and not markers:
+        return
+    now, doomed = time.time(), []
+    with _swap_lock(final):
+        current = _version_of(final)
+        for version in versions:
+            marker = _replaced_marker(version)
+            try:
+                replaced_at = marker.stat().st_mtime
+            except FileNotFoundError:
+                replaced_at = None
+            if version == current or (replaced_at is not None and now - replaced_at <= keep_s):
+                continue
+            doomed.append(final.with_name(f".{final.name}.trash-{uuid.uuid4().hex[:8]}"))
+            os.replace(version, doomed[-1])
+            marker.unlink(missing_ok=True)
+        for marker in markers:  # of a version already gone
+            if not marker.with_name(marker.name.removesuffix(".replaced")).exists():
+                marker.unlink(missing_ok=True)
+    for trash in doomed:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def remove_replaced_versions(root: Path, keep_s: float) -> None:
+    """`_remove_replaced` for every dataset of the store at `root` with a version replaced more than `keep_s` ago
+    (each commit does it, so a dataset never written again does not keep its old version)."""
+    now = time.time()
+    homes = [a for a in root.iterdir() if a.is_dir() and not a.is_symlink() and not a.name.startswith(".")] \
+        if root.is_dir() else []
+    # Partitions are `<refresh>`, `_all` or `<source>/<refresh>`: markers sit in an asset's folder or one below.
+    homes += [d for a in list(homes) for d in a.iterdir()
+              if d.is_dir() and not d.is_symlink() and not d.name.startswith(".") and not (d / MANIFEST_NAME).exists()]
+    due = set()
+    for home in homes:
+        for marker in home.glob(".*.v-*.replaced"):
+            with contextlib.suppress(FileNotFoundError):
+                if now - marker.stat().st_mtime > keep_s:
+                    due.add(home / marker.name[1:].rsplit(".v-", 1)[0])
+    for final in sorted(due):
+        _remove_replaced(final, keep_s)
 
 
 def _restore_if_swapped_out(final: Path) -> None:
@@ -604,11 +723,16 @@ class DatasetWriter:
         # Scratch folders and temp files of tasks that died, at any depth: never published.
         for path in hidden:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-        self._swap()
+        version = _swap_in(self.dir, self.final_dir, flushed=True)  # flushed above, then the manifest
         self._release(remove=True)
         _remove_stale_staging(self.final_dir)
+        if self.store is None:
+            _remove_replaced(self.final_dir, KEEP_REPLACED_S)
+        else:
+            _remove_replaced(self.final_dir, self.store.keep_replaced_s)
+            remove_replaced_versions(self.store.root, self.store.keep_replaced_s)
         if self.store is not None and self.store.remote is not None:
-            self.store._push(self.asset, self.partition, manifest)
+            self.store._push(self.asset, self.partition, manifest, version)
         return manifest
 
     def abort(self) -> None:
@@ -623,9 +747,6 @@ class DatasetWriter:
                 Path(self._lock.lock_file).unlink(missing_ok=True)
             self._lock.release()
             self._lock = None
-
-    def _swap(self) -> None:
-        _swap_in(self.dir, self.final_dir, flushed=True)  # by commit: flush_to_disk, then the manifest
 
     def __enter__(self) -> DatasetWriter:
         return self

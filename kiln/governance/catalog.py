@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from kiln.common.manifest import MANIFEST_NAME, Manifest
-from kiln.common.storage import Store
+from kiln.common.storage import IncompleteDataset, Snapshot, Store
 from kiln.governance.lineage import DOCUMENT_STAGES
 
 CHECKPOINT, TRAINING_RUN, SHARDS = "checkpoint", "training_run", "token_shards"
@@ -40,29 +40,37 @@ class Catalog:
 
     def __init__(self, store: Store):
         self.store = store
-        self._current: dict[tuple[str, str | None], Manifest | None] = {}
+        self._current: dict[tuple[str, str | None], Snapshot | None] = {}
         self._versions: dict[str, list[Manifest]] = {}
+
+    def snapshot(self, asset: str, partition: str | None = None) -> Snapshot | None:
+        """The current version of a dataset, pinned for the whole audit (its files are read from the version
+        whose manifest the audit judged), or None when it has not been materialized."""
+        key = (asset, partition)
+        if key not in self._current:
+            try:
+                self._current[key] = self.store.snapshot(asset, partition)
+            except IncompleteDataset:
+                self._current[key] = None
+            except (json.JSONDecodeError, TypeError, KeyError) as exc:
+                raise AuditError(f"{self.store.dataset_dir(asset, partition) / MANIFEST_NAME} is not a readable "
+                                 f"Kiln manifest ({exc})") from None
+        return self._current[key]
 
     def manifest(self, asset: str, partition: str | None = None) -> Manifest | None:
         """The current manifest of a dataset, or None when it has not been materialized."""
-        key = (asset, partition)
-        if key not in self._current:
-            path = self.store.dataset_dir(asset, partition) / MANIFEST_NAME
-            self._current[key] = _load(path) if path.is_file() else None
-        return self._current[key]
+        snapshot = self.snapshot(asset, partition)
+        return snapshot.manifest if snapshot is not None else None
+
+    def folder(self, asset: str, partition: str | None = None) -> Path:
+        """The folder of the version `manifest` gives (the dataset must have one)."""
+        return self.snapshot(asset, partition).folder
 
     def versions(self, asset: str) -> list[Manifest]:
-        """Every complete manifest found under the asset's folder (every partition, and any older version
-        kept below it), newest first, one per (partition, data version)."""
+        """The current manifest of every partition of the asset, newest first."""
         if asset not in self._versions:
-            found: dict[tuple[str | None, str], Manifest] = {}
-            base = self.store.root / asset
-            for path in sorted(base.rglob(MANIFEST_NAME)) if base.is_dir() else []:
-                if any(p.startswith(".") for p in path.relative_to(base).parts):
-                    continue  # a staging folder or one being swapped out: incomplete by definition
-                m = _load(path)
-                found.setdefault((m.partition, m.data_version), m)
-            self._versions[asset] = sorted(found.values(), key=lambda m: m.created_at, reverse=True)
+            found = [m for p in self.partitions(asset) if (m := self.manifest(asset, p)) is not None]
+            self._versions[asset] = sorted(found, key=lambda m: m.created_at, reverse=True)
         return self._versions[asset]
 
     def partitions(self, asset: str) -> list[str | None]:

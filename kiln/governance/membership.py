@@ -201,7 +201,7 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
     for m in catalog.versions(SHARDS):
         if shard_versions is not None and m.data_version not in shard_versions:
             continue
-        paths = [catalog.store.dataset_dir(SHARDS, m.partition) / f.path for f in m.files_with_role("members")]
+        paths = [catalog.folder(SHARDS, m.partition) / f.path for f in m.files_with_role("members")]
         if not paths:
             notes.append(f"token_shards {m.data_version} has no member list (written before member lists existed); "
                          f"re-materialize token_shards to answer from the shards")
@@ -318,8 +318,7 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
 
 
 def _find_in_stage(catalog: Catalog, stage: str, partition: str, doc_id: str) -> tuple[StageRecord | None, dict]:
-    m = catalog.manifest(stage, partition)
-    base = catalog.store.dataset_dir(stage, partition)
+    m, base = catalog.manifest(stage, partition), catalog.folder(stage, partition)
     for f in m.files_with_role("documents"):
         path = base / f.path
         cols = [c for c in ("doc_id", "source", "license") if c in pq.read_schema(path).names]

@@ -19,6 +19,8 @@ class StorageSettings(Strict):
     bucket: str | None = None
     prefix: str = Field("kiln", pattern=r"^[A-Za-z0-9._/-]*$")  # key prefix inside the bucket ("" for the root)
     create_bucket: bool = False  # create a missing bucket instead of failing with an error naming it
+    # How long a replaced version of a dataset stays on local disk for the readers that began before the replace.
+    keep_replaced_minutes: float = Field(60, ge=0)
 
     @field_validator("bucket")
     @classmethod

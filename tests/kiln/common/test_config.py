@@ -46,6 +46,8 @@ def test_profile_steps_parse_both_forms():
      ["refresh.schedule.timezone", "'Mars/Olympus' is not an IANA time zone", "'Europe/Berlin'"]),
     (lambda c: c.update(quality={"perplexity": {"device": "tpu"}}),
      ["quality.perplexity.device", "'tpu'", "auto|cpu|cuda"]),
+    (lambda c: c.update(storage={"keep_replaced_minutes": -5}),
+     ["storage.keep_replaced_minutes", "-5", "greater than or equal to 0"]),
 ])
 def test_bad_config_names_key_value_and_what_is_allowed(mutate, expected):
     raw = minimal()

@@ -3,6 +3,7 @@ new one, never none and never a mix."""
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -69,6 +70,13 @@ def test_a_writer_killed_at_any_rename_leaves_the_old_or_the_new_version(tmp_pat
         seen.append("old" if manifest.data_version == v1 else "new")
         if seen[-1] == "new":
             assert manifest.code_version == "2"
+        # What the killed writer left (a version folder never linked, a link file, a staging folder) goes with the
+        # next commit; the version it replaced stays for its readers, marked.
+        with Store(root).staging("a", "p") as w:
+            w.write("documents", pa.table({"x": [5]}))
+            w.commit(code_version="3", config={}, inputs={}, counts={})
+        assert sorted(_versions_beside(root / "a" / "p").values()) == \
+            ["current", "replaced"] + ["replaced"] * (seen[-1] == "new"), _versions_beside(root / "a" / "p")
     # Killed at any rename up to the swap's second (which publishes): the old version (the last case is the one
     # that used to leave none: the old folder renamed aside, the new one not yet in); not killed: the new one.
     assert seen == ["old"] * renames + ["new"], seen
@@ -223,21 +231,29 @@ def test_flush_to_disk_fsyncs_every_file_and_folder_under_it_and_nothing_else(tm
                                       ("file", out / "index/_index.json")])
 
 
+def _plain(final: Path) -> None:
+    """Make a dataset a plain folder, as stores wrote them before versioned folders."""
+    version = storage._version_of(final)
+    final.unlink()
+    version.rename(final)
+
+
 def test_a_reader_between_a_swaps_two_renames_waits_for_the_new_version(tmp_path, monkeypatch):
-    """A live swap renames the old folder aside, then the new one in, holding the swap lock across both. A reader
-    that found the folder, then finds no manifest because the swap began in between (it used to read "not
-    materialized"), waits for the lock and reads the new version."""
+    """A swap over a plain dataset folder (a store from before versioned folders) renames it aside, then the link
+    in, holding the swap lock across both. A reader that found the folder, then finds no manifest because the swap
+    began in between (it used to read "not materialized"), waits for the lock and reads the new version."""
     import threading
     import time
 
     root = tmp_path / "store"
     _commit_v1(root)
+    final = root / "a" / "p"
+    _plain(final)
     with Store(tmp_path / "other").staging("a", "p") as w:  # a second version, staged elsewhere
         w.write("documents", pa.table({"x": [2]}))
         v2 = w.commit(code_version="2", config={}, inputs={}, counts={}).data_version
-    final = root / "a" / "p"
     staged = final.with_name(".p.staging-test")
-    (tmp_path / "other" / "a" / "p").rename(staged)
+    shutil.copytree(tmp_path / "other" / "a" / "p", staged)
     renamed_aside = threading.Event()
 
     def swap() -> None:  # _swap_in's two renames, with a pause between them
@@ -282,10 +298,12 @@ def test_a_cleanup_listing_a_staging_folder_its_writer_then_swaps_in_goes_on(tmp
 def test_after_two_crashes_the_restore_takes_the_newest_whole_copy(tmp_path):
     """A writer killed while removing its old copy leaves one with its manifest but not all its files; a second
     writer killed between its renames leaves its own old copy aside too. The restore takes the newest copy whose
-    files are all there, not the half-removed one (whose manifest may even be the newer)."""
+    files are all there, not the half-removed one (whose manifest may even be the newer). (Plain folders: a store
+    from before versioned folders, whose swaps renamed the old folder aside.)"""
     root = tmp_path / "store"
     _commit_v1(root)
     final = root / "a" / "p"
+    _plain(final)
     whole = final.with_name(".p.old-whole")
     final.rename(whole)
     half = final.with_name(".p.old-half")
@@ -297,3 +315,96 @@ def test_after_two_crashes_the_restore_takes_the_newest_whole_copy(tmp_path):
     reader = Store(root)
     assert reader.read_table("a", "p").column("x").to_pylist() == [1]
     assert not whole.exists()
+
+
+# A writer publishing versions 1..n of a dataset of four parts, every row of version v holding v.
+_VERSIONS = """
+import sys
+from pathlib import Path
+import pyarrow as pa
+from kiln.common.storage import Store
+store = Store(Path(sys.argv[1]), keep_replaced_s=0)
+for v in range(1, int(sys.argv[2]) + 1):
+    with store.staging("a", "p") as w:
+        for _ in range(4):
+            w.write("documents", pa.table({"x": [v] * 2000}))
+        w.commit(code_version=str(v), config={}, inputs={}, counts={})
+"""
+
+
+def test_a_reader_reads_one_version_whole_while_another_process_replaces_it(tmp_path):
+    """A reader lists a dataset's files, then opens them one by one; a writer in another process publishes new
+    versions meanwhile. Each read holds one version's rows only (before versioned folders, a read that spanned a
+    swap got the first parts of one version and the rest of the next, or a missing file). Replaced versions are
+    removed at once here (keep_replaced_s=0), so a read that outlived its version could only fail, never mix."""
+    root = tmp_path / "store"
+    _commit_v1(root)
+    writer = subprocess.Popen([sys.executable, "-c", _VERSIONS, str(root), "60"], cwd=REPO, stderr=subprocess.PIPE,
+                              text=True)
+    reader, seen, failed = Store(root), set(), 0
+    while writer.poll() is None:
+        try:
+            rows = reader.read_table("a", "p").column("x").to_pylist()
+        except FileNotFoundError:  # the version this read pinned was removed before it opened every file
+            failed += 1
+            continue
+        assert len(set(rows)) == 1 and len(rows) in (1, 8000), (sorted(set(rows)), len(rows))
+        seen.add(rows[0])
+    assert writer.wait() == 0, writer.stderr.read()
+    assert len(seen) >= 5, seen  # the reads overlapped the writer's commits
+    assert reader.read_table("a", "p").column("x").to_pylist() == [60] * 8000
+
+
+def _versions_beside(final: Path) -> dict[str, str]:
+    """The hidden entries beside a dataset: version folders as current / replaced (with a marker) / orphan."""
+    current = storage._version_of(final)
+    out = {}
+    for p in final.parent.glob(f".{final.name}.*"):
+        if p.name.endswith(".replaced"):
+            continue
+        out[p.name] = ("current" if p == current else "replaced" if p.with_name(p.name + ".replaced").exists()
+                       else "other")
+    return out
+
+
+def test_a_replaced_version_is_kept_for_its_readers_then_removed(tmp_path):
+    root = tmp_path / "store"
+    store = Store(root)  # keeps a replaced version an hour
+    _commit_v1(root)
+    pinned = store.snapshot("a", "p")
+    with store.staging("a", "p") as w:
+        w.write("documents", pa.table({"x": [2]}))
+        w.commit(code_version="2", config={}, inputs={}, counts={})
+    assert pinned.read_table().column("x").to_pylist() == [1]  # the reader that pinned v1 still reads it
+    assert store.read_table("a", "p").column("x").to_pylist() == [2]
+    final = root / "a" / "p"
+    assert sorted(_versions_beside(final).values()) == ["current", "replaced"]
+
+    # An hour later, any commit to the store (here another dataset's) removes it.
+    marker = storage._replaced_marker(pinned.folder)
+    os.utime(marker, (marker.stat().st_mtime - 3601,) * 2)
+    with store.staging("b", "src/r1") as w:
+        w.write("documents", pa.table({"x": [9]}))
+        w.commit(code_version="1", config={}, inputs={}, counts={})
+    assert list(_versions_beside(final).values()) == ["current"] and not marker.exists()
+    assert not pinned.folder.exists()
+
+    # Kept for no time: removed by the commit that replaces it.
+    eager = Store(root, keep_replaced_s=0)
+    with eager.staging("b", "src/r1") as w:
+        w.write("documents", pa.table({"x": [10]}))
+        w.commit(code_version="2", config={}, inputs={}, counts={})
+    assert list(_versions_beside(root / "b" / "src" / "r1").values()) == ["current"]
+
+
+def test_a_plain_dataset_folder_from_before_versions_is_replaced_by_a_link(tmp_path):
+    root = tmp_path / "store"
+    _commit_v1(root)
+    final = root / "a" / "p"
+    _plain(final)
+    assert Store(root).read_table("a", "p").column("x").to_pylist() == [1]  # still read as it is
+    with Store(root).staging("a", "p") as w:
+        w.write("documents", pa.table({"x": [2]}))
+        w.commit(code_version="2", config={}, inputs={}, counts={})
+    assert final.is_symlink() and list(_versions_beside(final).values()) == ["current"]
+    assert Store(root).read_table("a", "p").column("x").to_pylist() == [2]

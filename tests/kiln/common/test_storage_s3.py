@@ -2,6 +2,7 @@
 read-back into an empty cache, tampered objects refused, a crash mid-upload, and the bucket check."""
 
 import json
+import os
 import threading
 
 import numpy as np
@@ -104,7 +105,8 @@ def test_a_fresh_store_with_an_empty_cache_reads_the_dataset_back_byte_identical
     # One remote manifest fetch and one download per file, however often this Store is asked.
     reader.files("curated_documents", "web", "documents")
     assert len(client.names("get_object")) == 1 + len(written.files)
-    assert not list((tmp_path / "reader" / "curated_documents").glob(".*"))  # no staging folder left
+    # No staging folder left: only the version the link names.
+    assert [p.name for p in local.parent.glob(".*")] == [os.readlink(local)]
 
     # A new version written elsewhere: this Store keeps what it synced; a new Store sees the new version,
     # and one whose cache already holds it downloads nothing.
@@ -187,10 +189,11 @@ def test_a_missing_bucket_is_a_clear_error_when_storage_is_opened(s3_endpoint, t
                                             r"Create it .* or set `storage.create_bucket: true`"):
         storage.store()
 
-    config["storage"]["create_bucket"] = True
+    config["storage"] |= {"create_bucket": True, "keep_replaced_minutes": 5}
     path.write_text(json.dumps(config))
     store = storage.store()
     assert store.remote.bucket == "no-such-bucket" and store.remote.prefix == "kiln"
+    assert store.keep_replaced_s == 300  # 5 minutes
     buckets = [b["Name"] for b in s3_client(s3_endpoint).list_buckets()["Buckets"]]
     assert "no-such-bucket" in buckets
     write_version(store, seed=11)

@@ -27,6 +27,7 @@ from kiln.engine import SERIAL, ProcessPool, RayEngine
 from kiln.engine import shutdown as ray_shutdown
 from kiln.governance.catalog import Catalog
 from kiln.governance.data_card_documents import licenses_and_languages
+from tests.store_files import leftovers, published_files
 
 REFRESH = "r1"
 PART_ROWS = 5
@@ -110,7 +111,7 @@ def apply_all(store: Store, config, engine) -> dict[str, bytes]:
             writer.commit(code_version="t", config={}, inputs={}, counts={},
                           stats={**stats.to_dict(with_lengths=True), "contamination": report})
     base = store.root / "deduplicated_documents"
-    return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*.parquet"))} | {
+    return {str(p.relative_to(base)): p.read_bytes() for p in published_files(base) if p.suffix == ".parquet"} | {
         f"{n}/stats": json.dumps(store.manifest("deduplicated_documents", f"{n}/{REFRESH}").stats, sort_keys=True).encode()
         for n in ("web", "mirror")}
 
@@ -151,7 +152,7 @@ def test_each_part_gets_its_own_decisions_and_the_rejects_are_numbered_in_part_o
     examples = store.manifest("deduplicated_documents", f"web/{REFRESH}").stats["examples"]
     assert set(examples) == {"near_duplicate", "boilerplate_only", "decontamination.benchmark_overlap"}
     assert all("excerpt" not in e for ex in examples.values() for e in ex)
-    assert not [p for p in (store.root / "deduplicated_documents").rglob(".*")]
+    assert [leftovers(d) for d in (store.root / "deduplicated_documents").iterdir()] == [[], []]
     contamination = pq.read_table(store.dataset_dir("deduplicated_documents", f"web/{REFRESH}")
                                   / "contamination-00000.parquet").to_pylist()
     assert [(r["benchmark"], r["item_id"], r["doc_id"]) for r in contamination] == [("toy", "q1", CONTAMINATED)]
