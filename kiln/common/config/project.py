@@ -23,7 +23,8 @@ from training_jobs.span_lengths import sentinel_problem
 
 def _per_language(key: str, name: str, value, after_language: bool) -> dict[str, dict]:
     """A step's `per_language` settings, checked: known language codes, a mapping of parameters each, and the
-    language step before the step (it writes the `language` each document is judged by)."""
+    language step before the step (it writes the `language` each document is judged by). The parameters themselves
+    are checked as each language runs with them, over the profile's (build_step: `per_language.<code>: ...`)."""
     if not value:
         return {}
     if not isinstance(value, dict):
@@ -41,10 +42,6 @@ def _per_language(key: str, name: str, value, after_language: bool) -> dict[str,
                              f"language step identifies, such as de, fr, ja, ru, zh")
         if not isinstance(params, dict):
             raise ValueError(f"{key}.per_language.{language} must be a mapping of {name}'s parameters, got {params!r}")
-        try:
-            build_step(name, params)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{key}.per_language.{language}: {exc}") from None
     return value
 
 
@@ -103,8 +100,8 @@ class ProjectConfig(Strict):
                     s["step"] for s in specs])
                 try:
                     build_step(name, params, per_language)
-                except (TypeError, ValueError) as exc:
-                    raise ValueError(f"{key}: {exc}") from None
+                except (TypeError, ValueError) as exc:  # `per_language.de: ...` continues the key
+                    raise ValueError(f"{key}{'.' if str(exc).startswith('per_language.') else ': '}{exc}") from None
                 specs.append({"step": name, "params": params, "per_language": per_language})
             parsed[profile] = specs
         return parsed

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from kiln.curation.documents import Document
 from kiln.curation.filters import text_stats as ts
-from kiln.curation.filters.base import Verdict, drop, keep
+from kiln.curation.filters.base import Fraction, Verdict, drop, keep
 from kiln.curation.filters.wordlists import load_wordlist
 
 DEFAULT_WORDS_FILE = Path(__file__).resolve().parent.parent / "data" / "badwords_en.txt"
@@ -88,7 +88,7 @@ def _screen_pattern(first_words: set[str]) -> str | None:
 class BadWords:
     name: ClassVar[str] = "badwords"
 
-    max_ratio: float | None = 0.01  # None disables; 0.0 = C4's drop on any match
+    max_ratio: Fraction | None = 0.01  # None disables; 0.0 = C4's drop on any match
     words_file: str | None = None  # None: the bundled kiln/curation/pipeline/data/badwords_en.txt
 
     def batch(self, docs: list[Document]) -> list[Verdict]:

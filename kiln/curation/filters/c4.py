@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from pydantic import NonNegativeInt, PositiveInt
+
 from kiln.common.text_units import whitespace_words
 from kiln.curation.documents import Document
 from kiln.curation.filters import text_stats as ts
@@ -33,14 +35,14 @@ class C4:
     # line rules (a failing line is removed; the page goes on)
     remove_citations: bool = True  # strip wiki-style "[1]", "[edit]", "[citation needed]"
     filter_no_terminal_punct: bool = True  # keep only lines ending in . ? ! " ' (and not in "...")
-    min_words_per_line: int | None = 3
-    max_word_length: int | None = 1000  # remove lines with a whitespace-separated word longer than this
+    min_words_per_line: NonNegativeInt | None = 3
+    max_word_length: PositiveInt | None = 1000  # remove lines with a whitespace-separated word longer than this
     filter_javascript: bool = True  # remove lines mentioning "javascript"
     filter_policy: bool = True  # remove lines with cookie / privacy-policy / terms-of-use phrases
     # page rules (evaluated on lines that survived the rules above, as in C4)
     filter_lorem_ipsum: bool = True  # drop the page if a line contains "lorem ipsum"
     filter_curly_bracket: bool = True  # drop the page if a line contains "{"
-    min_num_sentences: int | None = 5  # drop the page if fewer sentences remain after cleanup
+    min_num_sentences: NonNegativeInt | None = 5  # drop the page if fewer sentences remain after cleanup
     drop_empty: bool = True  # drop the page if no line remains
 
     def __call__(self, doc: Document) -> Verdict:

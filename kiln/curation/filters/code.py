@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import pyarrow.compute as pc
+from annotated_types import MinLen
+from pydantic import NonNegativeInt, PositiveFloat, PositiveInt
 
 from kiln.curation.documents import Document
-from kiln.curation.filters.base import Verdict, drop, keep
+from kiln.curation.filters.base import Fraction, Verdict, drop, keep, ordered
 from kiln.curation.filters.text_stats import arrow_texts
 
 AUTOGEN_MARKERS: tuple[str, ...] = (
@@ -58,17 +60,19 @@ def alnum_count(text: str) -> int:
 class CodeQuality:
     name: ClassVar[str] = "code_quality"
 
-    min_chars: int | None = 20  # Kiln's floor (see module docstring)
-    max_chars: int | None = 1_000_000  # The Stack: files over 1 MB excluded
-    max_line_length: int | None = 1000
-    max_avg_line_length: float | None = 100
-    min_alnum_fraction: float | None = 0.25
-    autogen_scan_lines: int | None = 5  # None disables the auto-generated check
-    autogen_markers: tuple[str, ...] = AUTOGEN_MARKERS  # matched case-insensitively
-    max_encoded_match_chars: int | None = 1024  # drop if one encoded-data match is longer
-    max_encoded_fraction: float | None = 0.5  # drop if encoded-data matches cover more of the file
+    min_chars: NonNegativeInt | None = 20  # Kiln's floor (see module docstring)
+    max_chars: PositiveInt | None = 1_000_000  # The Stack: files over 1 MB excluded; at least min_chars
+    max_line_length: PositiveInt | None = 1000
+    max_avg_line_length: PositiveFloat | None = 100
+    min_alnum_fraction: Fraction | None = 0.25
+    autogen_scan_lines: NonNegativeInt | None = 5  # None (or 0) disables the auto-generated check
+    # matched case-insensitively; an empty marker would match every file
+    autogen_markers: tuple[Annotated[str, MinLen(1)], ...] = AUTOGEN_MARKERS
+    max_encoded_match_chars: NonNegativeInt | None = 1024  # drop if one encoded-data match is longer
+    max_encoded_fraction: Fraction | None = 0.5  # drop if encoded-data matches cover more of the file
 
     def __post_init__(self) -> None:
+        ordered(self, "min_chars", "max_chars")
         self.autogen_markers = tuple(m.lower() for m in self.autogen_markers)
 
     def __call__(self, doc: Document) -> Verdict:

@@ -6,7 +6,10 @@ Exactly DataTrove's FineWebQualityFilter: the rule names are its drop reasons.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
+
+from annotated_types import Interval
+from pydantic import NonNegativeFloat, NonNegativeInt
 
 from kiln.curation.documents import Document
 from kiln.curation.filters import text_stats as ts
@@ -18,12 +21,15 @@ from kiln.curation.filters.base import Verdict, drop, keep
 class FineWebQuality:
     name: ClassVar[str] = "fineweb_quality"
 
-    line_punct_thr: float | None = 0.12  # drop if <= this fraction of lines end in . ' " ! ?
+    # A fraction, under 1 (at 1 every page is dropped): drop if <= this fraction of lines end in . ' " ! ?
+    line_punct_thr: Annotated[float, Interval(ge=0, lt=1)] | None = 0.12
     line_punct_exclude_zero: bool = False  # True: a page with no such line at all is not dropped by it
-    short_line_thr: float | None = 0.67  # drop if >= this fraction of lines are short
-    short_line_length: int = 30  # "short" means at most this many characters
-    char_duplicates_ratio: float | None = 0.01  # drop if >= this fraction of chars are in repeated lines
-    new_line_ratio: float | None = 0.3  # drop if newlines / words > this (list-like pages)
+    # Fractions over 0 (at 0 every page is dropped):
+    short_line_thr: Annotated[float, Interval(gt=0, le=1)] | None = 0.67  # drop if >= this fraction of lines are short
+    short_line_length: NonNegativeInt = 30  # "short" means at most this many characters
+    # drop if >= this fraction of chars are in repeated lines
+    char_duplicates_ratio: Annotated[float, Interval(gt=0, le=1)] | None = 0.01
+    new_line_ratio: NonNegativeFloat | None = 0.3  # drop if newlines / words > this (list-like pages; may exceed 1)
 
     def __call__(self, doc: Document) -> Verdict:
         text = doc.text

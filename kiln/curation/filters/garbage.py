@@ -58,14 +58,16 @@ import re
 import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from annotated_types import Interval
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveInt
 
 from kiln.curation.documents import Document
-from kiln.curation.filters.base import Verdict, drop, keep
+from kiln.curation.filters.base import Fraction, Verdict, drop, keep
 from kiln.curation.filters.c4 import POLICY_SUBSTRINGS
 
 # ---- encoded_blob -----------------------------------------------------------------------------------------------
@@ -553,23 +555,28 @@ def windows(text: str) -> list[str]:
     return [text[s:s + WINDOW] for s in range(0, n - WINDOW, step)] + [text[n - WINDOW:]]
 
 
+# A rule drops at `share >= threshold`: a threshold of 0 would drop every document its screen passes.
+_Threshold = Annotated[float, Interval(gt=0, le=1)]
+
+
 @dataclass
 class Garbage:
     name: ClassVar[str] = "garbage"
 
-    max_encoded_fraction: float | None = 0.3  # of the non-space characters (StarCoder2: 0.5 of a file)
-    max_minified_fraction: float | None = 0.3  # of the characters, in minified lines
-    minified_line_chars: int = 200
-    max_soup_fraction: float | None = 0.3  # of the non-space characters, in soup lines
-    soup_class_changes: float = 0.4  # per non-space character of a line
-    soup_symbol_changes: float = 0.4  # per non-space character of a line
-    soup_rare_pairs: float = 0.25  # per letter pair of a line
-    soup_screen: float = 0.05  # soup signs per byte of a window before a document's lines are measured
-    max_boilerplate_fraction: float | None = 0.5  # of the words, in boilerplate lines
-    link_density: float = 0.5  # of a line's words in link text or URLs: a link line (jusText: 0.2 per block)
-    boilerplate_screen: float = 0.5  # title-like lines, links and separators per line (of the windows) to classify
-    max_repeated_line_fraction: float | None = None  # of the non-space characters, in repeated lines (web: 0.7)
-    min_content_words: int | None = None  # in content lines, notices left out (web: 30)
+    max_encoded_fraction: _Threshold | None = 0.3  # of the non-space characters (StarCoder2: 0.5 of a file)
+    max_minified_fraction: _Threshold | None = 0.3  # of the characters, in minified lines
+    minified_line_chars: PositiveInt = 200
+    max_soup_fraction: _Threshold | None = 0.3  # of the non-space characters, in soup lines
+    soup_class_changes: _Threshold = 0.4  # per non-space character of a line
+    soup_symbol_changes: _Threshold = 0.4  # per non-space character of a line
+    soup_rare_pairs: _Threshold = 0.25  # per letter pair of a line
+    soup_screen: Fraction = 0.05  # soup signs per byte of a window before a document's lines are measured
+    max_boilerplate_fraction: _Threshold | None = 0.5  # of the words, in boilerplate lines
+    link_density: Fraction = 0.5  # of a line's words in link text or URLs: a link line (jusText: 0.2 per block)
+    # title-like lines, links and separators per line (of the windows) to classify (a line may hold several)
+    boilerplate_screen: NonNegativeFloat = 0.5
+    max_repeated_line_fraction: _Threshold | None = None  # of the non-space characters, in repeated lines (web: 0.7)
+    min_content_words: NonNegativeInt | None = None  # in content lines, notices left out (web: 30)
 
     def __call__(self, doc: Document) -> Verdict:
         return self.batch([doc])[0]

@@ -12,14 +12,16 @@ import sys
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import numpy as np
+from annotated_types import Ge, MinLen
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveInt
 
 from kiln.common.text_units import plain
 from kiln.curation.documents import Document
 from kiln.curation.filters import text_stats as ts
-from kiln.curation.filters.base import Verdict, drop, keep
+from kiln.curation.filters.base import Fraction, Verdict, drop, keep, ordered
 
 
 # Gopher quality filter: Rae et al. 2021 (arXiv:2112.11446) App. A.1.1; as DataTrove gopher_quality_filter.py.
@@ -27,24 +29,26 @@ from kiln.curation.filters.base import Verdict, drop, keep
 class GopherQuality:
     name: ClassVar[str] = "gopher_quality"
 
-    min_doc_words: int | None = 50
-    max_doc_words: int | None = 100_000
-    min_avg_word_length: float | None = 3
-    max_avg_word_length: float | None = 10
-    max_symbol_word_ratio: float | None = 0.1  # for "#" and for "..."/"…", each against all tokens
-    max_bullet_lines_ratio: float | None = 0.9
-    max_ellipsis_lines_ratio: float | None = 0.3
-    max_non_alpha_words_ratio: float | None = 0.8  # i.e. at least 80% of tokens must contain a letter
-    min_stop_words: int | None = 2
+    min_doc_words: NonNegativeInt | None = 50
+    max_doc_words: PositiveInt | None = 100_000  # at least min_doc_words
+    min_avg_word_length: NonNegativeFloat | None = 3
+    max_avg_word_length: Annotated[float, Ge(1)] | None = 10  # a word has a character; at least min_avg_word_length
+    max_symbol_word_ratio: Fraction | None = 0.1  # for "#" and for "..."/"…", each against all tokens
+    max_bullet_lines_ratio: Fraction | None = 0.9
+    max_ellipsis_lines_ratio: Fraction | None = 0.3
+    max_non_alpha_words_ratio: Fraction | None = 0.8  # i.e. at least 80% of tokens must contain a letter
+    min_stop_words: NonNegativeInt | None = 2
     # Not Gopher's: the share of words that are stop words. Where words are characters (Chinese, Japanese), two stop
     # words are no sign of running text: random characters of the language hold 1-2.5% of its stop characters,
     # its pages 5-30% (bench/multilingual_filter_eval.py), so the language defaults set it there.
-    min_stop_word_ratio: float | None = None
+    min_stop_word_ratio: Fraction | None = None
     # None: Gopher's eight English words. Another language's (kiln.curation.filters.stopwords) reach the step
     # through its per-language settings (kiln.curation.filters.registry).
-    stop_words: list[str] | None = None
+    stop_words: Annotated[list[str], MinLen(1)] | None = None
 
     def __post_init__(self) -> None:
+        ordered(self, "min_doc_words", "max_doc_words")
+        ordered(self, "min_avg_word_length", "max_avg_word_length")
         given = self.stop_words is not None
         self._stops = frozenset(unicodedata.normalize("NFC", w.lower()) for w in self.stop_words) if given \
             else ts.STOP_WORDS
@@ -279,14 +283,14 @@ def _pairs(value: Iterable[Iterable[float]] | None) -> tuple[tuple[int, float], 
 class GopherRepetition:
     name: ClassVar[str] = "gopher_repetition"
 
-    dup_line_frac: float | None = 0.3
-    dup_para_frac: float | None = 0.3
-    dup_line_char_frac: float | None = 0.2
-    dup_para_char_frac: float | None = 0.2
+    dup_line_frac: Fraction | None = 0.3
+    dup_para_frac: Fraction | None = 0.3
+    dup_line_char_frac: Fraction | None = 0.2
+    dup_para_char_frac: Fraction | None = 0.2
     # (n, max fraction of characters in the most frequent n-gram); None disables all.
-    top_n_grams: tuple[tuple[int, float], ...] | None = ((2, 0.20), (3, 0.18), (4, 0.16))
+    top_n_grams: tuple[tuple[PositiveInt, Fraction], ...] | None = ((2, 0.20), (3, 0.18), (4, 0.16))
     # (n, max fraction of characters in repeated n-grams); None disables all.
-    dup_n_grams: tuple[tuple[int, float], ...] | None = (
+    dup_n_grams: tuple[tuple[PositiveInt, Fraction], ...] | None = (
         (5, 0.15),
         (6, 0.14),
         (7, 0.13),

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import numpy as np
+from annotated_types import MinLen
 from py3langid.langid import MODEL_FILE, LanguageIdentifier
+from pydantic import PositiveInt
 
 from kiln.curation.documents import Document
-from kiln.curation.filters.base import Verdict, drop, keep
+from kiln.curation.filters.base import Fraction, Verdict, drop, keep
 from kiln.curation.filters.text_stats import chunks
 
 _SEPARATOR = 0xFF  # never in UTF-8, and no feature contains it: the automaton returns to its root on it
@@ -132,9 +134,9 @@ def identify_many(texts: list[str], max_chars: int = 4000) -> list[tuple[str, fl
 @dataclass
 class LanguageFilter:
     name: ClassVar[str] = "language"
-    languages: list[str] = field(default_factory=lambda: ["en"])
-    min_score: float = 0.65  # FineWeb keeps English with fastText score >= 0.65
-    max_chars: int = 4000
+    languages: Annotated[list[str], MinLen(1)] = field(default_factory=lambda: ["en"])  # none would drop everything
+    min_score: Fraction = 0.65  # a probability; FineWeb keeps English with fastText score >= 0.65
+    max_chars: PositiveInt = 4000
 
     def __post_init__(self):
         unknown = [lang for lang in self.languages if lang not in LANGUAGES]

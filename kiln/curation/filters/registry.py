@@ -6,14 +6,20 @@ Settings per language: a step is judged with the settings of each document's lan
 language step writes (documents without one get the step's own settings). For a language, a step's parameters are
 its published defaults, replaced by the language's defaults (kiln.curation.filters.stopwords: Gopher's stop words
 and word lengths per language), by the profile's parameters, then by the profile's `per_language` entry for it.
+
+Every setting is checked when the step is built (at config load): the parameters exist, each value has its field's
+type and lies in its range (the bounds its type carries, e.g. a `Fraction` from 0 to 1), and the step's own checks
+pass (a minimum not above its maximum).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from collections import defaultdict
 from functools import cache
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -75,14 +81,47 @@ def _checker(cls: type) -> TypeAdapter:
     return TypeAdapter(cls)
 
 
-def _problem(error: dict[str, Any], defaults: dict[str, Any]) -> str:
+_BOUND_WORDS = {"ge": "at least", "gt": "over", "le": "at most", "lt": "under"}
+
+
+def _allowed(cls: type, loc: tuple) -> str:
+    """The range the value at `loc` (a field, then indices into its tuples) must lie in, in words ("at least 0 and at
+    most 1", and "or null" where the field may be None), from the bounds its type carries; "" if it has none."""
+    hint = typing.get_type_hints(cls, include_extras=True).get(loc[0])
+    bounds: dict[str, Any] = {}
+    nullable = False
+    for depth, index in enumerate((*loc[1:], None)):
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            nullable = depth == 0 and len(args) < len(typing.get_args(hint))
+            hint = args[0] if len(args) == 1 else None
+        if typing.get_origin(hint) is Annotated:
+            for meta in hint.__metadata__:
+                bounds.update({k: getattr(meta, k) for k in _BOUND_WORDS if getattr(meta, k, None) is not None})
+            hint = typing.get_args(hint)[0]
+        if index is None or not isinstance(index, int):
+            break
+        bounds, nullable = {}, False  # an element of a tuple or list: its own bounds
+        args = typing.get_args(hint)
+        hint = args[0] if len(args) == 1 or (len(args) == 2 and args[1] is Ellipsis) else \
+            args[index] if index < len(args) else None
+    if not bounds:
+        return ""
+    return " and ".join(f"{_BOUND_WORDS[k]} {v!r}" for k, v in bounds.items()) + (", or null" if nullable else "")
+
+
+def _problem(cls: type, error: dict[str, Any], defaults: dict[str, Any]) -> str:
     """One of pydantic's errors as the config's reader needs it: the parameter, what is wrong, what was given, the
-    default (a step's own check, in __post_init__, names no parameter: its message says it all)."""
+    range allowed (for a value out of it), the default (a step's own check, in __post_init__, names no parameter:
+    its message says it all)."""
     msg = error["msg"].removeprefix("Value error, ")
     if not error["loc"]:
         return msg
     name = error["loc"][0]
+    allowed = _allowed(cls, error["loc"]) if error["type"] in ("greater_than", "greater_than_equal", "less_than",
+                                                                 "less_than_equal") else ""
     return (f"{'.'.join(map(str, error['loc']))}: {msg} (given {error['input']!r}"
+            + (f"; allowed: {allowed}" if allowed else "")
             + (f"; default {defaults[name]!r})" if name in defaults else ")"))
 
 
@@ -94,7 +133,7 @@ def _instantiate(name: str, params: dict[str, Any]) -> Step:
     try:  # each value against its field's type, when the config loads rather than at the first document
         _checker(STEPS[name]).validate_python(params)
     except ValidationError as exc:
-        raise ValueError("; ".join(_problem(e, allowed) for e in exc.errors())) from None
+        raise ValueError("; ".join(_problem(STEPS[name], e, allowed) for e in exc.errors())) from None
     return STEPS[name](**params)  # as given: the check above only refuses
 
 
@@ -105,10 +144,17 @@ class PerLanguage:
     def __init__(self, name: str, params: dict[str, Any], per_language: dict[str, dict[str, Any]]):
         self.name = name
         self._params, self._per_language = params, per_language
-        self.base = _instantiate(name, params)
+        self.base = _instantiate(name, params)  # the profile's parameters: a problem there is theirs
         self._by_language: dict[str, Step] = {}
-        for language in {*LANGUAGE_DEFAULTS.get(name, {}), *per_language}:  # every setting checked up front
-            self.for_language(language)
+        for language in sorted({*LANGUAGE_DEFAULTS.get(name, {}), *per_language}):  # every setting checked up front
+            try:
+                self.for_language(language)
+            except ValueError as exc:  # said as where the language's settings come from
+                raise ValueError(
+                    f"per_language.{language}: {exc}" if language in per_language else
+                    f"settings for {language!r} documents (Kiln's defaults for the language, in "
+                    f"kiln.curation.filters.stopwords, then the profile's parameters; per_language.{language} can set "
+                    f"any of them): {exc}") from None
 
     def for_language(self, language: str | None) -> Step:
         if language is None:

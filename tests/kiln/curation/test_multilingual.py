@@ -11,7 +11,8 @@ from kiln.common.config import ConfigError, Reading, Source, parse_config
 from kiln.common.stats import StageStats, funnel_markdown
 from kiln.common.storage import Store
 from kiln.curation.documents import Document
-from kiln.curation.filters.registry import build_step
+from kiln.curation.filters.registry import STEPS, build_step
+from kiln.curation.filters.stopwords import LANGUAGE_DEFAULTS
 from kiln.curation.pipeline import build_steps, filter_documents, ingest, profile_steps, run_steps
 from kiln.curation.readers import Quarantined, builtin
 from tests.conftest import SERIAL_ENGINE, write_jsonl
@@ -111,6 +112,80 @@ def test_a_steps_parameter_values_are_checked_against_their_types_when_the_confi
     assert "profiles.p[0] (c4): its parameters are a mapping of name: value, got 5" in \
         _profile_error([{"step": "c4", "params": 5}])
     assert "profiles.p[0]: a step's name is a string, got ['c4']" in _profile_error([{"step": ["c4"], "params": {}}])
+
+
+def test_a_steps_parameter_values_are_checked_against_their_ranges_when_the_config_loads():
+    """Before, a fraction of 1.5 or a negative count loaded and the step silently kept or dropped everything: now the
+    config names the step, the parameter, the value, the range allowed and the default."""
+    assert ("profiles.p[0] (gopher_quality): max_bullet_lines_ratio: Input should be less than or equal to 1 "
+            "(given 1.5; allowed: at least 0 and at most 1, or null; default 0.9)") in \
+        _profile_error([{"gopher_quality": {"max_bullet_lines_ratio": 1.5}}])
+    assert ("profiles.p[0] (gopher_repetition): dup_line_frac: Input should be greater than or equal to 0 "
+            "(given -0.2; allowed: at least 0 and at most 1, or null; default 0.3)") in \
+        _profile_error([{"gopher_repetition": {"dup_line_frac": -0.2}}])
+    assert ("profiles.p[0] (c4): min_words_per_line: Input should be greater than or equal to 0 (given -1; allowed: "
+            "at least 0, or null; default 3)") in _profile_error([{"c4": {"min_words_per_line": -1}}])
+    # An n-gram size of 0 and a fraction over 1 inside the pairs: each named by its place in the list.
+    message = _profile_error([{"gopher_repetition": {"top_n_grams": [[0, 0.2], [3, 1.2]]}}])
+    assert "top_n_grams.0.0: Input should be greater than 0 (given 0; allowed: over 0; default ((2, 0.2)," in message
+    assert "top_n_grams.1.1: Input should be less than or equal to 1 (given 1.2; allowed: at least 0 and at most 1;" \
+        in message
+    # Where the edge itself drops every page: FineWeb drops at line_punct ratio <= thr and short lines >= thr.
+    assert ("profiles.p[0] (fineweb_quality): line_punct_thr: Input should be less than 1 (given 1; allowed: at "
+            "least 0 and under 1, or null; default 0.12)") in \
+        _profile_error([{"fineweb_quality": {"line_punct_thr": 1}}])
+    assert "short_line_thr: Input should be greater than 0 (given 0; allowed: over 0 and at most 1, or null;" in \
+        _profile_error([{"fineweb_quality": {"short_line_thr": 0}}])
+    assert "profiles.p[0] (language): languages: List should have at least 1 item" in \
+        _profile_error([{"language": {"languages": []}}])
+    # In a per-language setting: the key goes on to the language.
+    assert ("profiles.p[1] (gopher_quality).per_language.de: min_stop_word_ratio: Input should be less than or equal "
+            "to 1 (given 4; allowed: at least 0 and at most 1, or null; default None)") in \
+        _profile_error(["language", {"gopher_quality": {"per_language": {"de": {"min_stop_word_ratio": 4}}}}])
+
+
+def test_a_minimum_above_its_maximum_is_refused_for_the_profile_and_for_each_language():
+    assert ("profiles.p[0] (gopher_quality): min_doc_words (200) is above max_doc_words (100), so no document can "
+            "pass both: lower min_doc_words or raise max_doc_words (null turns a rule off)") in \
+        _profile_error([{"gopher_quality": {"min_doc_words": 200, "max_doc_words": 100}}])
+    assert "profiles.p[0] (code_quality): min_chars (30) is above max_chars (20)" in \
+        _profile_error([{"code_quality": {"min_chars": 30, "max_chars": 20}}])
+    # The profile's 200 words for every language, Chinese's own maximum 100: refused for zh.
+    assert "profiles.p[1] (gopher_quality).per_language.zh: min_doc_words (200) is above max_doc_words (100)" in \
+        _profile_error(["language", {"gopher_quality": {"min_doc_words": 200,
+                                                        "per_language": {"zh": {"max_doc_words": 100}}}}])
+    # A per-language maximum below the published English minimum (3) but not German's own (0): accepted.
+    build_step("gopher_quality", {}, {"de": {"max_avg_word_length": 2}})
+    # A profile's minimum average word length of 10 is within English's 3-10, above Japanese's default maximum of 6.
+    message = _profile_error(["language", {"gopher_quality": {"min_avg_word_length": 10}}])
+    assert "profiles.p[1] (gopher_quality): settings for 'ja' documents" in message
+    assert "per_language.ja can set any of them): min_avg_word_length (10.0) is above max_avg_word_length (6.0)" \
+        in message
+
+
+def test_boundary_values_of_a_range_are_accepted_where_they_mean_something():
+    """0 and 1 for rules that drop above a threshold (0: drop on any match, as C4's bad words), a minimum equal to
+    its maximum, null for any rule; every step with its defaults and every language's defaults."""
+    for name, params in [("badwords", {"max_ratio": 0.0}), ("badwords", {"max_ratio": 1}),
+                         ("gopher_quality", {"min_doc_words": 0, "max_symbol_word_ratio": 0,
+                                             "max_bullet_lines_ratio": 1, "min_stop_words": 0,
+                                             "min_stop_word_ratio": 1}),
+                         ("gopher_quality", {"min_doc_words": 10, "max_doc_words": 10}),
+                         ("gopher_quality", {"min_doc_words": None, "max_doc_words": 1, "max_avg_word_length": 1,
+                                             "min_avg_word_length": 0}),
+                         ("gopher_repetition", {"dup_line_frac": 0, "dup_para_frac": 1, "top_n_grams": [[1, 0]]}),
+                         ("fineweb_quality", {"line_punct_thr": 0, "short_line_thr": 1, "char_duplicates_ratio": 1,
+                                              "short_line_length": 0, "new_line_ratio": 2.5}),
+                         ("garbage", {"max_soup_fraction": 1, "soup_screen": 0, "link_density": 0,
+                                      "boilerplate_screen": 3}),
+                         ("code_quality", {"min_chars": 0, "max_chars": 1, "min_alnum_fraction": 1,
+                                           "max_encoded_fraction": 0, "autogen_scan_lines": 0}),
+                         ("language", {"min_score": 0}), ("language", {"min_score": 1}),
+                         ("c4", {"min_words_per_line": 0, "min_num_sentences": 0, "max_word_length": 1})]:
+        build_step(name, params)
+    for name in STEPS:
+        build_step(name)
+    assert sorted(build_step("gopher_quality")._by_language) == sorted(LANGUAGE_DEFAULTS["gopher_quality"])
 
 
 def test_per_language_settings_are_checked_when_the_config_loads():
