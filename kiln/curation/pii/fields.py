@@ -6,7 +6,9 @@
   signature, email, phone, ...) loses its value whatever it looks like: a short session token has no shape to
   detect. A URL in which nothing is found stays as it was, byte for byte.
 - meta: every string, at any depth (keys too); a string that is a URL is redacted as one; a value (a number too)
-  under a credential or contact name is replaced.
+  under a credential or contact name (or its plural: `phones`, `api_keys`) is replaced; an int of 7 or more digits
+  is redacted as its digits would be ("contact: 14155552671" is a phone number; a timestamp, an id, a count after a
+  name that is no phone cue stays an int).
 A value is redacted after its name, as the redactor reads a label in text ("version: 1.2.3.4" is a version, not an
 IP address; "tel: 030 91456342" is a phone number). The filter stage runs this after its steps, so the URL
 blocklist and every other filter decide on the fields as they were read.
@@ -29,16 +31,38 @@ Lookup = Callable[[str], str]  # a text -> the text redacted
 BatchRedactor = Callable[[list[str]], list[str]]  # texts -> the same texts redacted, in order
 
 # Names (split into lowercase words: "X-Amz-Signature", "apiKey", "author_email") whose value is a credential or a
-# contact detail whatever it looks like: the last word, or the last two.
+# contact detail whatever it looks like: the last word, or the last two. A plural holds what its singular holds
+# ("phones", "api_keys", "email_addresses": a list of them), except where the plural is mostly something else in
+# a corpus's records: "tokens" a token count or a tokenizer's tokens ("num_tokens", "input_tokens"; a credential
+# only after a word that says so: "access_tokens"), "signatures" a function's, "passes" a count, "cells" a
+# notebook's. A plural after a count word ("num_emails", "number_of_phones") is a count.
 _SECRET_WORDS = frozenset({"token", "secret", "password", "passwd", "pwd", "passphrase", "pass", "apikey", "signature",
-                           "sig", "credential", "credentials", "auth", "authorization", "jwt", "otp", "sessionid"})
+                           "sig", "credential", "credentials", "auth", "authorization", "jwt", "otp", "sessionid",
+                           "secrets", "passwords", "passwds", "pwds", "passphrases", "apikeys", "jwts", "otps",
+                           "sessionids"})
 _SECRET_PAIRS = frozenset({("api", "key"), ("access", "key"), ("secret", "key"), ("private", "key"),
-                           ("session", "id"), ("session", "key")})
+                           ("session", "id"), ("session", "key"),
+                           ("api", "keys"), ("access", "keys"), ("secret", "keys"), ("private", "keys"),
+                           ("session", "ids"), ("session", "keys"),
+                           *((kind, "tokens") for kind in ("access", "refresh", "api", "auth", "bearer", "session",
+                                                           "oauth", "csrf", "secret"))})
 _CONTACT_WORDS = {"email": "email", "mail": "email", "phone": "phone", "telephone": "phone", "tel": "phone",
-                  "mobile": "phone", "cell": "phone", "fax": "phone", "msisdn": "phone", "ssn": "us_ssn"}
-_NAME_TAILS = ("number", "no", "address", "addr")  # "phone_number", "email_address": the word before decides
+                  "mobile": "phone", "cell": "phone", "fax": "phone", "msisdn": "phone", "ssn": "us_ssn",
+                  "emails": "email", "mails": "email", "phones": "phone", "telephones": "phone", "tels": "phone",
+                  "mobiles": "phone", "faxes": "phone", "msisdns": "phone", "ssns": "us_ssn"}
+_NAME_TAILS = ("number", "no", "address", "addr",  # "phone_number", "email_address": the word before decides
+               "numbers", "nos", "addresses", "addrs")
+_PLURALS = frozenset({"secrets", "passwords", "passwds", "pwds", "passphrases", "apikeys", "jwts", "otps",
+                      "sessionids", "keys", "ids", "tokens", "emails", "mails", "phones", "telephones", "tels",
+                      "mobiles", "faxes", "msisdns", "ssns", "numbers", "nos", "addresses", "addrs"})
+_COUNT_WORDS = frozenset({"num", "n", "nb", "number", "count", "total", "max", "min"})
 _WORDS = re.compile(r"[a-z]+|[0-9]+")
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
+# An int with fewer digits is no number any detector finds (a national phone number has 7 or more). A bare number
+# is never a phone number to the detector; after a phone cue ("contact", "tel", "mobile_...", "call_...") one
+# valid in a phone region is, a timestamp too ("contact_time: 1700000000" is an Israeli number), as its digits
+# are in a string.
+_MIN_NUMBER = 10 ** 6
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 _PATH_SAFE = "/<>@:!$&'()*+,;=~"  # what a redacted path keeps unescaped: its separators and the placeholders
 _VALUE_SAFE = "<>@:/!$'()*,;~"  # in a query value, '&', '=', '+' and '#' would change what the URL says
@@ -49,9 +73,10 @@ def named_pii(name: str) -> str | None:
     """The PII type a field or parameter called `name` holds by its name ("secret" for `access_token`, "email"
     for `author_email`), or None."""
     words = _WORDS.findall(_CAMEL.sub(r"\1_\2", name).lower())
+    plural = bool(words) and words[-1] in _PLURALS
     if len(words) > 1 and words[-1] in _NAME_TAILS:
         words = words[:-1]
-    if not words:
+    if not words or (plural and _COUNT_WORDS.intersection(words[:-1])):
         return None
     if words[-1] in _SECRET_WORDS or tuple(words[-2:]) in _SECRET_PAIRS:
         return "secret"
@@ -113,7 +138,8 @@ def redact_url(url: str, lookup: Lookup) -> str:
 
 
 def redact_meta(value: Any, lookup: Lookup, name: str = "") -> Any:
-    """A document's meta (any JSON value) as it may be stored: every string redacted, keys too."""
+    """A document's meta (any JSON value) as it may be stored: every string redacted, keys too, and every int of 7
+    or more digits read as its digits after its name ("contact: 14155552671"), left an int unless one was found."""
     if isinstance(value, dict):
         return {_labelled("", str(k), lookup): redact_meta(v, lookup, str(k)) for k, v in value.items()}
     if isinstance(value, list):
@@ -123,6 +149,10 @@ def redact_meta(value: Any, lookup: Lookup, name: str = "") -> Any:
         return PLACEHOLDERS[kind]
     if isinstance(value, str):
         return redact_url(value, lookup) if _URL.fullmatch(value) else _labelled(name, value, lookup)
+    if type(value) is int and abs(value) >= _MIN_NUMBER:  # a phone number (or a card) kept as an int
+        digits = str(value)
+        red = _labelled(name, digits, lookup)
+        return value if red == digits else red
     return value
 
 

@@ -10,7 +10,8 @@ from kiln.common.config import parse_config
 from kiln.common.storage import Store
 from kiln.curation.documents import Document
 from kiln.curation.filters.url import UrlBlocklist
-from kiln.curation.pii.fields import named_pii, redact_meta, redact_url, text_lookup
+from kiln.curation.pii.fields import named_pii, redact_fields, redact_meta, redact_url, step_redactor, text_lookup
+from kiln.curation.pii.redaction import PiiRedaction
 from kiln.curation.pipeline import filter_documents, ingest, profile_steps
 from kiln.curation.residual_pii import residual_pii_fields
 from tests.conftest import SERIAL_ENGINE, prose, write_jsonl
@@ -71,6 +72,52 @@ def test_meta_strings_are_redacted_at_any_depth_and_names_that_hold_pii_lose_the
         "tags": ["python", "call <PHONE>"], "profile": {"home": "https://x.example.net/?api_key=<SECRET>&lang=en",
                                                         "ip": "<IPV4>"},
         "<EMAIL>": "a key holding PII", "locator": "a.jsonl#L3"}
+
+
+def test_plural_and_list_names_hold_what_their_singular_holds_and_counts_stay_counts():
+    assert [named_pii(n) for n in ("phones", "emails", "phone_numbers", "contact_emails", "api_keys", "apiKeys",
+                                   "email_addresses", "secrets", "passwords", "access_tokens", "refreshTokens",
+                                   "session_ids", "faxes", "ssns")] == \
+        ["phone", "email", "phone", "email"] + ["secret"] * 2 + ["email"] + ["secret"] * 5 + ["phone", "us_ssn"]
+    # a token count is no credential, a notebook's cells are no phones, a count of e-mails is a number
+    assert [named_pii(n) for n in ("tokens", "num_tokens", "token_count", "max_tokens", "input_tokens", "n_tokens",
+                                   "cells", "num_emails", "number_of_phones", "n_phone_numbers", "email_count",
+                                   "signatures", "passes", "names", "titles", "urls", "keys")] == [None] * 17
+    assert [named_pii(n) for n in ("name", "title", "url", "token", "tokenizer")] == [None, None, None, "secret", None]
+
+
+# meta with numbers: a phone number kept as an int under a plural name or a contact label, and numbers that are
+# counts, years, ids, sizes and timestamps
+NUMBERS_META = {"phones": [14155552671, PHONE], "emails": [EMAIL, "x"], "phone_numbers": [3128675309],
+                "contact_emails": "team", "api_keys": ["k1"], "contact": 14155552671, "tel": 4915123456789,
+                "author": {"mobile": 3128675309, "id": 3128675309},
+                "created": 1700000000, "timestamp": 1700000000, "year": 2024, "tokens": 512, "num_tokens": 2048,
+                "token_count": 4096, "num_emails": 3, "size": 2147483647, "n": 3128675309, "score": 0.5,
+                "stars": 1234567, "ok": True}
+NUMBERS_REDACTED = {"phones": ["<PHONE>", "<PHONE>"], "emails": ["<EMAIL>", "<EMAIL>"], "phone_numbers": ["<PHONE>"],
+                    "contact_emails": "<EMAIL>", "api_keys": ["<SECRET>"], "contact": "<PHONE>", "tel": "<PHONE>",
+                    "author": {"mobile": "<PHONE>", "id": 3128675309},
+                    "created": 1700000000, "timestamp": 1700000000, "year": 2024, "tokens": 512, "num_tokens": 2048,
+                    "token_count": 4096, "num_emails": 3, "size": 2147483647, "n": 3128675309, "score": 0.5,
+                    "stars": 1234567, "ok": True}
+
+
+def test_numbers_in_meta_are_read_after_their_name_as_strings_are():
+    """An int of 7 or more digits passes the redactor as its digits after its key ("contact: 14155552671" is a
+    phone number); it stays an int unless something is found. A bare number, or one under a name that is no phone
+    cue (a timestamp, an id, a size), is not a phone number."""
+    assert redact_meta(NUMBERS_META, LOOKUP) == NUMBERS_REDACTED
+    assert LOOKUP("1700000000") == "1700000000" and LOOKUP("14155552671") == "14155552671"
+
+
+def test_the_batched_redaction_of_fields_gives_what_one_lookup_gives():
+    """`redact_fields` collects a batch's texts in a first pass: a number's digits are among them, so a document
+    whose only finding is a number is passed again."""
+    metas = [dict(NUMBERS_META), {"contact": 14155552671, "stars": 3}, {"created": 1700000000, "tokens": 512}]
+    docs = [Document(str(i), "web", "t", meta=meta) for i, meta in enumerate(metas)]
+    redact_fields(docs, step_redactor(PiiRedaction()))
+    assert [d.meta for d in docs] == [NUMBERS_REDACTED, {"contact": "<PHONE>", "stars": 3},
+                                      {"created": 1700000000, "tokens": 512}]
 
 
 def _filter(tmp_path, records, profile, keep="none"):
