@@ -37,24 +37,16 @@ BatchRedactor = Callable[[list[str]], list[str]]  # texts -> the same texts reda
 # only after a word that says so: "access_tokens"), "signatures" a function's, "passes" a count, "cells" a
 # notebook's. A plural after a count word ("num_emails", "number_of_phones") is a count.
 _SECRET_WORDS = frozenset({"token", "secret", "password", "passwd", "pwd", "passphrase", "pass", "apikey", "signature",
-                           "sig", "credential", "credentials", "auth", "authorization", "jwt", "otp", "sessionid",
-                           "secrets", "passwords", "passwds", "pwds", "passphrases", "apikeys", "jwts", "otps",
-                           "sessionids"})
+                           "sig", "credential", "credentials", "auth", "authorization", "jwt", "otp", "sessionid"})
 _SECRET_PAIRS = frozenset({("api", "key"), ("access", "key"), ("secret", "key"), ("private", "key"),
                            ("session", "id"), ("session", "key"),
-                           ("api", "keys"), ("access", "keys"), ("secret", "keys"), ("private", "keys"),
-                           ("session", "ids"), ("session", "keys"),
                            *((kind, "tokens") for kind in ("access", "refresh", "api", "auth", "bearer", "session",
                                                            "oauth", "csrf", "secret"))})
 _CONTACT_WORDS = {"email": "email", "mail": "email", "phone": "phone", "telephone": "phone", "tel": "phone",
-                  "mobile": "phone", "cell": "phone", "fax": "phone", "msisdn": "phone", "ssn": "us_ssn",
-                  "emails": "email", "mails": "email", "phones": "phone", "telephones": "phone", "tels": "phone",
-                  "mobiles": "phone", "faxes": "phone", "msisdns": "phone", "ssns": "us_ssn"}
-_NAME_TAILS = ("number", "no", "address", "addr",  # "phone_number", "email_address": the word before decides
-               "numbers", "nos", "addresses", "addrs")
-_PLURALS = frozenset({"secrets", "passwords", "passwds", "pwds", "passphrases", "apikeys", "jwts", "otps",
-                      "sessionids", "keys", "ids", "tokens", "emails", "mails", "phones", "telephones", "tels",
-                      "mobiles", "faxes", "msisdns", "ssns", "numbers", "nos", "addresses", "addrs"})
+                  "mobile": "phone", "cell": "phone", "fax": "phone", "msisdn": "phone", "ssn": "us_ssn"}
+_NAME_TAILS = ("number", "no", "address", "addr")  # "phone_number", "email_address": the word before decides
+_SINGULARS = _SECRET_WORDS | set(_CONTACT_WORDS) | set(_NAME_TAILS) | {"key", "id"}
+_OTHER_PLURALS = frozenset({"tokens", "signatures", "sigs", "passes", "cells"})
 _COUNT_WORDS = frozenset({"num", "n", "nb", "number", "count", "total", "max", "min"})
 _WORDS = re.compile(r"[a-z]+|[0-9]+")
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
@@ -69,14 +61,26 @@ _VALUE_SAFE = "<>@:/!$'()*,;~"  # in a query value, '&', '=', '+' and '#' would 
 
 
 @lru_cache(maxsize=4096)  # a corpus has few field and parameter names, each seen on every document
+def _singular(word: str) -> str:
+    """A plural of one of the names' words as its singular ("phones", "addresses", "keys"); any other word as it is."""
+    if word not in _OTHER_PLURALS:
+        for ending in ("es", "s"):
+            if word.endswith(ending) and word[:-len(ending)] in _SINGULARS:
+                return word[:-len(ending)]
+    return word
+
+
 def named_pii(name: str) -> str | None:
     """The PII type a field or parameter called `name` holds by its name ("secret" for `access_token`, "email"
     for `author_email`), or None."""
     words = _WORDS.findall(_CAMEL.sub(r"\1_\2", name).lower())
-    plural = bool(words) and words[-1] in _PLURALS
+    if words and (singular := _singular(words[-1])) != words[-1]:
+        if _COUNT_WORDS.intersection(words[:-1]):
+            return None
+        words[-1] = singular
     if len(words) > 1 and words[-1] in _NAME_TAILS:
         words = words[:-1]
-    if not words or (plural and _COUNT_WORDS.intersection(words[:-1])):
+    if not words:
         return None
     if words[-1] in _SECRET_WORDS or tuple(words[-2:]) in _SECRET_PAIRS:
         return "secret"
