@@ -598,6 +598,8 @@ def _meta_texts(value, key: str = "") -> Iterator[str]:
             yield from _meta_texts(v, key)
     elif isinstance(value, str) and value:
         yield from (f"{key}: {t}" if key else t for t in (_url_texts(value) if "://" in value else (value,)))
+    elif type(value) is int:  # a phone number kept as a number reads as one after its name
+        yield f"{key}: {value}" if key else str(value)
 
 
 def residual_pii_fields(

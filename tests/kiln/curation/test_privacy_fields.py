@@ -214,9 +214,10 @@ def test_the_residual_check_reads_url_and_meta_as_a_reader_would():
             "http://83.149.21.7/", "https://x.example.net/?email=<EMAIL>&token=<SECRET>", None]
     metas = [None, json.dumps({"author": {"mail": "quinn.harlow%40fastmail.fm",
                                           "h": f"https://y.example.net/?e={EMAIL}"}}),
-             json.dumps({"version": "2.8.0.1"}), json.dumps({"author_email": "<EMAIL>", "n": 3128675309}), None]
+             json.dumps({"version": "2.8.0.1"}), json.dumps({"author_email": "<EMAIL>", "n": 3128675309}),
+             json.dumps({"tel": 4930914563420})]
     assert residual_pii_fields(urls, metas) == [
-        [("url", "email")], [("url", "phone"), ("meta", "email")], [("url", "ipv4")], [], []]
+        [("url", "email")], [("url", "phone"), ("meta", "email")], [("url", "ipv4")], [], [("meta", "phone")]]
 
 
 def test_a_quarantined_records_excerpt_is_redacted_whatever_its_script(tmp_path):
