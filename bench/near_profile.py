@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import glob
 import pstats
 import shutil
 import sys
@@ -52,7 +53,9 @@ def main() -> None:
     args = parser.parse_args()
 
     near = load_config(args.config).dedup.near
-    curated = sorted((Path(args.run_dir) / "store" / "curated").rglob("part-*.parquet"))
+    # glob follows each dataset's link to its current version and skips the hidden version folders
+    curated = sorted(map(Path, glob.glob(f"{Path(args.run_dir) / 'store' / 'curated'}/**/part-*.parquet",
+                                         recursive=True)))
     if not curated:
         sys.exit(f"{args.run_dir}: no curated parts under store/curated (keep a run with --keep-runs local:1)")
     work = Path(args.work or tempfile.mkdtemp(prefix="kiln-near-profile-"))

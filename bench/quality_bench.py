@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import glob
 import os
 import platform
 import shutil
@@ -81,7 +82,8 @@ def demo_sample(data: Path) -> tuple[list[Example], list[Example]]:
     """The documents of the demo classifier's training sample, read back from the store's deduplicated ones."""
     sample = pq.read_table(data / "quality_classifier" / "_all" / SAMPLE_FILE).to_pylist()
     label = {r["doc_id"]: r["label"] for r in sample}
-    found = {d.doc_id: d for d in read_documents(sorted((data / "deduplicated_documents").rglob("part-*.parquet")))
+    found = {d.doc_id: d for d in read_documents(sorted(map(Path, glob.glob(
+        f"{data / 'deduplicated_documents'}/**/part-*.parquet", recursive=True))))
              if d.doc_id in label}
     examples = [Example(i, found[i].source, found[i].text) for i in label if i in found]
     return [e for e in examples if label[e.doc_id] == "reference"], [e for e in examples if label[e.doc_id] == "web"]

@@ -50,10 +50,10 @@ def assert_bucket_holds_every_dataset(client, bucket: str, prefix: str, data: Pa
     from kiln.common.manifest import MANIFEST_NAME
     from kiln.common.remote import S3Remote
     from kiln.common.storage import Store
+    from tests.store_files import published_files
 
     store = Store(fresh, S3Remote.connect(client, bucket, prefix))
-    local = sorted(p.parent.relative_to(data) for p in data.rglob(MANIFEST_NAME)
-                   if not any(part.startswith(".") for part in p.relative_to(data).parts))
+    local = sorted(p.parent.relative_to(data) for p in published_files(data) if p.name == MANIFEST_NAME)
     for rel in local:
         key = f"{prefix}/{rel.as_posix()}/{MANIFEST_NAME}"
         body = client.get_object(Bucket=bucket, Key=key)["Body"].read()

@@ -16,6 +16,7 @@ import yaml
 from kiln.common.config.loading import merge_config
 
 from tests.s3 import _moto_server, assert_bucket_holds_every_dataset, s3_client, s3_endpoint  # noqa: F401
+from tests.store_files import published_files
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("python_docs", "package_readmes", "package_licenses", "stdlib_code")
@@ -146,7 +147,8 @@ def assert_the_card_holds_what_a_reviewer_signs(data: Path) -> None:
     card = json.loads((data / "data_card" / "_all" / "data_card.json").read_text())
     for source in ("package_readmes", "package_licenses"):
         counted: dict[str, int] = {}
-        for part in (data / "quality_filtered_documents" / source).rglob("part-*.parquet"):
+        for part in [p for p in published_files(data / "quality_filtered_documents" / source)
+                     if p.name.startswith("part-")]:
             for meta in pq.read_table(part, columns=["meta"]).column("meta").to_pylist():
                 declared = (json.loads(meta).get("package_license") or "").strip()
                 known = declared and declared.upper() not in ("UNKNOWN", "NONE", "NULL", "N/A")
