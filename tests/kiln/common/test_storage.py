@@ -368,8 +368,11 @@ def _versions_beside(final: Path) -> dict[str, str]:
 
 
 def test_a_replaced_version_is_kept_for_its_readers_then_removed(tmp_path):
+    from kiln.common.config.storage import StorageSettings
+
     root = tmp_path / "store"
-    store = Store(root)  # keeps a replaced version an hour
+    store = Store(root)  # keeps a replaced version an hour, as the config's default says
+    assert store.keep_replaced_s == StorageSettings().keep_replaced_minutes * 60 == 3600
     _commit_v1(root)
     pinned = store.snapshot("a", "p")
     with store.staging("a", "p") as w:
