@@ -38,6 +38,7 @@ processing stack is not installed).
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import weakref
@@ -50,7 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kiln.tokens.shard_format import ShardError, open_shard, read_shard_set
+from kiln.tokens.shard_format import ShardError, hold_folder, open_shard, read_shard_set
 
 STATE_FORMAT = "kiln-loader/1"
 
@@ -81,6 +82,8 @@ class ShardLoader:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         self.shard_set = read_shard_set(Path(dataset_dir))
+        # The version read stays on disk while this loader lives, whatever is materialized meanwhile.
+        weakref.finalize(self, os.close, hold_folder(self.shard_set.dir))
         sha = self.shard_set.tokenizer_sha256
         if expected_tokenizer_sha256 is not None and sha != expected_tokenizer_sha256.lower():
             raise ShardError(f"{dataset_dir} was written with tokenizer {sha[:12]}…, the loader expects "

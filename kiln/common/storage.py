@@ -596,7 +596,7 @@ def _remove_replaced(final: Path, keep_s: float) -> None:
                 replaced_at = marker.stat().st_mtime
             except FileNotFoundError:
                 replaced_at = None
-            if version == current or (replaced_at is not None and now - replaced_at <= keep_s):
+            if version == current or (replaced_at is not None and now - replaced_at <= keep_s) or _held(version):
                 continue
             doomed.append(final.with_name(f".{final.name}.trash-{uuid.uuid4().hex[:8]}"))
             os.replace(version, doomed[-1])
@@ -606,6 +606,20 @@ def _remove_replaced(final: Path, keep_s: float) -> None:
                 marker.unlink(missing_ok=True)
     for trash in doomed:
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def _held(folder: Path) -> bool:
+    """Whether a reader holds the version folder (a shared lock on it: kiln.tokens.shard_format.hold_folder)."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # and with it the lock, if taken
+    return False
 
 
 def remove_replaced_versions(root: Path, keep_s: float) -> None:

@@ -215,8 +215,10 @@ class ShardSet:
 
 
 def read_shard_set(dataset_dir: Path) -> ShardSet:
-    """Read the shard list from a token_shards dataset's `_manifest.json` (plain json, no Kiln import)."""
-    dataset_dir = Path(dataset_dir)
+    """Read the shard list from a token_shards dataset's `_manifest.json` (plain json, no Kiln import). A store's
+    dataset path is a link to its current version's folder: resolved here once, so the list and every shard opened
+    later are of one version, even if the dataset is materialized again meanwhile."""
+    dataset_dir = Path(os.path.realpath(dataset_dir))
     path = dataset_dir / MANIFEST_NAME
     if not path.is_file():
         raise ShardError(f"{dataset_dir} has no {MANIFEST_NAME}: it is not a complete token_shards dataset "
@@ -227,6 +229,18 @@ def read_shard_set(dataset_dir: Path) -> ShardSet:
                          f"expected {SHARD_SET_FORMAT!r}); point the loader at the token_shards dataset folder")
     shards = tuple(ShardInfo(**s) for s in stats["shards"])
     return ShardSet(dataset_dir, stats["tokenizer_sha256"], stats["vocab_size"], stats["eos_id"], shards, stats)
+
+
+def hold_folder(folder: Path) -> int:
+    """Keep a dataset version's folder on disk while it is read: a shared lock on the folder (flock, released when
+    the returned descriptor is closed, or the process dies). The store does not remove a replaced version whose
+    folder someone holds (kiln.common.storage `_remove_replaced`); a reader that maps its files over hours, a
+    training run's loader, holds it."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
 
 
 def write_random_shard_set(folder: Path, train_tokens: int, val_tokens: int, vocab_size: int, seed: int,

@@ -552,3 +552,38 @@ def test_a_prefetcher_dropped_without_close_stops_its_thread(counting):
     gc.collect()
     thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+def test_a_loader_reads_its_version_while_the_dataset_is_materialized_again(dataset, tmp_path):
+    """A training run's loader maps shards on demand, over hours. The dataset materialized again meanwhile (a
+    second version published, the first due for removal at once: keep_replaced_s=0) does not change what the
+    loader reads, nor remove its folder under it; once the loader is gone, the next commit removes it."""
+    import gc
+    import shutil
+
+    from kiln.common.manifest import MANIFEST_NAME
+    from kiln.common.storage import Store
+
+    path, result = dataset
+    stats = json.loads((path / MANIFEST_NAME).read_text())["stats"]
+    store = Store(tmp_path / "store", keep_replaced_s=0)
+
+    def publish(note: str) -> None:
+        with store.staging("token_shards") as writer:
+            for f in path.iterdir():
+                if f.name != MANIFEST_NAME:
+                    shutil.copy2(f, writer.dir / f.name)
+            (writer.dir / "note.txt").write_text(note)  # another version of the same shards
+            writer.commit(code_version="t", config={}, inputs={}, counts={}, stats=stats)
+
+    publish("first")
+    first = store.snapshot("token_shards").folder
+    loader = ShardLoader(store.dataset_dir("token_shards"), seq_len=SEQ, batch_size=4, shuffle_epochs=False)
+    publish("second")
+    assert store.snapshot("token_shards").folder != first and first.is_dir()  # held: kept
+    assert np.concatenate([x.numpy().ravel() for x, _ in loader]).tolist() == \
+        np.concatenate(all_inputs(ShardLoader(path, seq_len=SEQ, batch_size=4, shuffle_epochs=False))).ravel().tolist()
+    del loader
+    gc.collect()
+    publish("third")
+    assert not first.exists()
