@@ -9,13 +9,20 @@ against the sha256 its manifest records, so a changed or truncated object is ref
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 TRANSFER_THREADS = 8  # concurrent object transfers: S3 throughput comes from parallel requests
+LEASE_S = 120.0  # a lock's holder renews it every LEASE_S / 4; one that stopped renewing (died) loses it after this
 
 
 class StorageError(RuntimeError):
@@ -32,6 +39,10 @@ class CorruptRemoteFile(StorageError):
 
 class MissingRemoteFile(StorageError):
     """A manifest lists an object that is not on S3."""
+
+
+class LostLock(StorageError):
+    """A lock's holder stalled past its lease and another process took the lock over."""
 
 
 def _error_code(exc: Exception) -> str:
@@ -103,6 +114,97 @@ class S3Remote:
     def put_bytes(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
 
+    @contextmanager
+    def lock(self, key: str, lease_s: float = LEASE_S) -> Iterator[Callable[[], None]]:
+        """Hold the lock at `key` for every process on every machine that uses the bucket: an object created only
+        where there is none (S3 conditional writes: PutObject If-None-Match), renewed while held (If-Match its
+        ETag), taken over once its holder has not renewed it for `lease_s` (by S3's clock: no two machines' clocks
+        are compared). A live holder is waited for however long it holds. Yields a check that raises `LostLock`
+        when the lease was lost (this process stalled past `lease_s`): call it right before the write it guards."""
+        self._check_conditional_writes()
+        body = json.dumps({"owner": uuid.uuid4().hex, "host": socket.gethostname()}).encode()
+        etag = None
+        while etag is None:
+            etag = self._put_if(key, body, IfNoneMatch="*")
+            if etag is None:
+                held = self._lock_holder(key)
+                if held is not None and held[1] > lease_s:  # its holder stopped renewing it: take it over
+                    etag = self._put_if(key, body, IfMatch=held[0])
+                if etag is None:
+                    time.sleep(min(1.0, lease_s / 8))
+        state = {"etag": etag, "lost": False}
+        stop = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(lease_s / 4):
+                renewed = self._put_if(key, body, IfMatch=state["etag"])
+                if renewed is None:
+                    state["lost"] = True
+                    return
+                state["etag"] = renewed
+
+        def check() -> None:
+            if state["lost"]:
+                raise LostLock(f"{self.url(key)}: this process stalled past the lock's {lease_s:.0f} s lease and "
+                               f"another took it over; nothing more was written. Run the step again")
+
+        renewer = threading.Thread(target=renew, daemon=True, name="kiln-s3-lock")
+        renewer.start()
+        try:
+            yield check
+        finally:
+            stop.set()
+            renewer.join()
+            held = self._lock_holder(key)
+            if held is not None and held[0] == state["etag"]:  # still ours (not taken over after a stall)
+                self.client.delete_object(Bucket=self.bucket, Key=key)
+
+    def _check_conditional_writes(self) -> None:
+        """Refuse an S3-compatible store that ignores conditional writes (every writer would think it holds the
+        lock): a second create-if-absent of one key must fail. Once per process and bucket."""
+        where = (self.client.meta.endpoint_url, self.bucket)
+        if where in _CONDITIONAL_WRITES:
+            return
+        probe = self.key(f".kiln-probe-{uuid.uuid4().hex}")
+        try:
+            first, second = (self._put_if(probe, b"", IfNoneMatch="*") for _ in range(2))
+        finally:
+            self.client.delete_object(Bucket=self.bucket, Key=probe)
+        if first is None or second is not None:
+            raise StorageError(f"storage: the S3 endpoint {where[0]} ignores conditional writes (PutObject "
+                               f"If-None-Match), which Kiln's commit lock needs so that two writers of a dataset on "
+                               f"different machines take turns; use AWS S3 or an S3-compatible store that supports "
+                               f"them")
+        _CONDITIONAL_WRITES.add(where)
+
+    def _put_if(self, key: str, data: bytes, **condition: str) -> str | None:
+        """Put `data` at `key` if the condition holds (IfNoneMatch="*", IfMatch=etag): the new ETag, else None."""
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.put_object(Bucket=self.bucket, Key=key, Body=data, **condition)["ETag"]
+        except ClientError as exc:
+            # 412: the condition failed; 409: a concurrent conditional write to the key won; 404: IfMatch on none
+            if _error_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey",
+                                    "404"):
+                return None
+            raise
+
+    def _lock_holder(self, key: str) -> tuple[str, float] | None:
+        """The lock object's ETag and how many seconds ago it was last renewed (S3's Date less its Last-Modified),
+        or None when there is none."""
+        from botocore.exceptions import ClientError
+        from email.utils import parsedate_to_datetime
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if _error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+        now = parsedate_to_datetime(head["ResponseMetadata"]["HTTPHeaders"]["date"])
+        return head["ETag"], (now - head["LastModified"]).total_seconds()
+
     def upload_files(self, items: list[tuple[Path, str]]) -> None:
         """Upload (local path, key) pairs in parallel (large files as multipart uploads)."""
         _parallel(lambda item: self.client.upload_file(str(item[0]), self.bucket, item[1]), items)
@@ -147,6 +249,9 @@ class S3Remote:
             if reply.get("Errors"):
                 raise StorageError(f"storage: could not delete {len(reply['Errors'])} stale object(s) from "
                                    f"s3://{self.bucket}: {reply['Errors'][:3]}")
+
+
+_CONDITIONAL_WRITES: set[tuple[str, str]] = set()  # (endpoint, bucket) found to honour conditional writes
 
 
 def _parallel(fn: Callable[[Any], None], items: list) -> None:

@@ -280,6 +280,8 @@ class Snapshot:
             yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
 
 
+COMMIT_LOCK = "_commit.lock"  # beside a dataset's manifest on S3, while a writer publishes it
+
 # How long a replaced version stays for the readers that resolved it before the replace (storage.keep_replaced_minutes).
 KEEP_REPLACED_S = 3600.0
 
@@ -441,11 +443,16 @@ class Store:
         remote_dir = self._remote_dir(asset, partition)
         version_dir = f"{remote_dir}/{manifest.data_version}"
         data = (folder / MANIFEST_NAME).read_bytes()
-        self.remote.upload_files([(folder / f.path, f"{version_dir}/{f.path}") for f in manifest.files])
-        self.remote.put_bytes(f"{remote_dir}/{MANIFEST_NAME}", data)
-        self._synced[key] = data
-        keep = {f"{remote_dir}/{MANIFEST_NAME}"} | {f"{version_dir}/{f.path}" for f in manifest.files}
-        self.remote.delete_keys(k for k in self.remote.list_keys(remote_dir) if k not in keep)
+        lock = f"{remote_dir}/{COMMIT_LOCK}"
+        # One writer at a time per dataset, on every machine: another's stale-key deletion would take files this
+        # one has uploaded but not yet named in the manifest.
+        with self.remote.lock(lock) as still_held:
+            self.remote.upload_files([(folder / f.path, f"{version_dir}/{f.path}") for f in manifest.files])
+            still_held()
+            self.remote.put_bytes(f"{remote_dir}/{MANIFEST_NAME}", data)
+            self._synced[key] = data
+            keep = {f"{remote_dir}/{MANIFEST_NAME}", lock} | {f"{version_dir}/{f.path}" for f in manifest.files}
+            self.remote.delete_keys(k for k in self.remote.list_keys(remote_dir) if k not in keep)
 
 
 def _remote_manifest(data: bytes, where: str) -> Manifest:

@@ -4,21 +4,23 @@ read-back into an empty cache, tampered objects refused, a crash mid-upload, and
 import json
 import os
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from kiln.common.manifest import MANIFEST_NAME, sha256_file
-from kiln.common.remote import CorruptRemoteFile, MissingBucket, S3Remote
-from kiln.common.storage import IncompleteDataset, Store
+from kiln.common.remote import CorruptRemoteFile, LostLock, MissingBucket, S3Remote, StorageError
+from kiln.common.storage import COMMIT_LOCK, IncompleteDataset, Store
 from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
 
 BUCKET = "kiln-test"
 
 
 class Recording:
-    """A boto3 client that logs each call (when it completes) and can crash after `fail_after` uploads."""
+    """A boto3 client that logs each call (when it completes) and can crash after `fail_after` uploads (the commit
+    lock's objects and its conditional-write probe are not counted: `names` leaves them out)."""
 
     def __init__(self, client, fail_after: int | None = None):
         self._client, self.fail_after, self.calls, self._lock = client, fail_after, [], threading.Lock()
@@ -30,9 +32,9 @@ class Recording:
 
         def call(*args, **kwargs):
             key = kwargs.get("Key") or (args[2] if name == "upload_file" else None)
-            if name in ("upload_file", "put_object") and self.fail_after is not None:
+            if name in ("upload_file", "put_object") and self.fail_after is not None and not _of_the_lock(key):
                 with self._lock:
-                    uploads = sum(1 for n, _ in self.calls if n in ("upload_file", "put_object"))
+                    uploads = len(self.names("upload_file", "put_object"))
                     if uploads >= self.fail_after:
                         raise ConnectionError("simulated crash: connection lost mid-upload")
                     self.calls.append((name, key))  # reserve the slot, so parallel uploads count too
@@ -45,7 +47,11 @@ class Recording:
         return call
 
     def names(self, *wanted: str) -> list[str]:
-        return [key for n, key in self.calls if n in wanted]
+        return [key for n, key in self.calls if n in wanted and not _of_the_lock(key or "")]
+
+
+def _of_the_lock(key: str) -> bool:
+    return key.endswith(COMMIT_LOCK) or "/.kiln-probe-" in key
 
 
 @pytest.fixture
@@ -218,3 +224,102 @@ def test_steps_share_one_client_per_settings_and_aws_environment(s3_endpoint, mo
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the environment boto3 reads changed
     moved = storage_client(S3Resource())
     assert moved is not first and moved.meta.endpoint_url == "http://127.0.0.1:9"
+
+
+class Slowed:
+    """A boto3 client whose uploads return `after_upload` seconds late (the object already on S3) and whose manifest
+    puts start `before_manifest` seconds late: two writers' commits made to overlap."""
+
+    def __init__(self, client, after_upload: float = 0.0, before_manifest: float = 0.0):
+        self._client, self.after_upload, self.before_manifest = client, after_upload, before_manifest
+
+    def __getattr__(self, name):
+        attr = getattr(self._client, name)
+        if name == "upload_file":
+            def upload(*args, **kwargs):
+                attr(*args, **kwargs)
+                time.sleep(self.after_upload)
+            return upload
+        if name == "put_object":
+            def put(**kwargs):
+                if kwargs["Key"].endswith(MANIFEST_NAME):
+                    time.sleep(self.before_manifest)
+                return attr(**kwargs)
+            return put
+        return attr
+
+
+def test_two_machines_committing_one_dataset_at_once_leave_s3_whole(s3, tmp_path):
+    """Writer A names its version in the manifest 0.3 s in, writer B's uploads are on S3 by then but its commit goes
+    on for a second. Unserialized, A's cleanup deleted B's files before B's manifest named them: S3's dataset lost
+    files. With the commit lock one waits for the other, and S3 holds one whole version (the last published)."""
+    a = Store(tmp_path / "a", remote(Slowed(s3, before_manifest=0.3)))
+    b = Store(tmp_path / "b", remote(Slowed(s3, after_upload=1.0)))
+    written = {}
+    threads = [threading.Thread(target=lambda s=s, n=n: written.setdefault(n, write_version(s, seed=n)))
+               for n, s in ((1, a), (2, b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    reader = Store(tmp_path / "reader", remote(s3))
+    manifest = reader.manifest("curated_documents", "web")
+    assert manifest in (written[1], written[2])
+    local = reader.dataset_dir("curated_documents", "web")
+    assert all(sha256_file(local / f.path) == f.sha256 for f in manifest.files)  # every file there, intact
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    assert all(manifest.data_version in k or k.endswith(MANIFEST_NAME) for k in keys)  # nothing else left, no lock
+
+
+def test_the_commit_lock_waits_for_a_live_holder_and_takes_over_a_dead_ones(s3):
+    lock = remote(s3).key("curated_documents", "web", COMMIT_LOCK)
+    events = []
+
+    def hold(seconds: float) -> None:
+        with remote(s3).lock(lock, lease_s=2):  # renewed every 0.5 s: never stale while held
+            events.append("first in")
+            time.sleep(seconds)
+            events.append("first out")
+
+    holder = threading.Thread(target=hold, args=(3.5,))
+    holder.start()
+    while not events:
+        time.sleep(0.05)
+    with remote(s3).lock(lock, lease_s=2):
+        events.append("second in")
+    holder.join()
+    assert events == ["first in", "first out", "second in"]  # held past its 2 s lease, and still waited for
+    assert remote(s3).get_bytes(lock) is None  # released
+
+    s3.put_object(Bucket=BUCKET, Key=lock, Body=b'{"owner": "a process that died"}')  # never renewed, never released
+    started = time.monotonic()
+    with remote(s3).lock(lock, lease_s=2) as still_held:
+        still_held()
+    assert 2 <= time.monotonic() - started < 10
+
+
+def test_a_holder_that_lost_its_lease_is_told_and_leaves_the_new_holders_lock(s3):
+    lock = remote(s3).key("curated_documents", "web", COMMIT_LOCK)
+    with pytest.raises(LostLock, match="stalled past the lock's 2 s lease"):
+        with remote(s3).lock(lock, lease_s=2) as still_held:
+            s3.put_object(Bucket=BUCKET, Key=lock, Body=b'{"owner": "the process that took it over"}')
+            time.sleep(1.0)  # the holder's next renewal (every 0.5 s) finds the lock is not its own
+            still_held()
+    assert remote(s3).get_bytes(lock) == b'{"owner": "the process that took it over"}'
+
+
+def test_a_store_that_ignores_conditional_writes_is_refused_before_anything_is_written(s3, tmp_path):
+    class Unconditional:  # an S3-compatible endpoint that drops If-None-Match / If-Match
+        def __getattr__(self, name):
+            attr = getattr(s3, name)
+            if name != "put_object":
+                return attr
+            return lambda **kw: attr(**{k: v for k, v in kw.items() if k not in ("IfNoneMatch", "IfMatch")})
+
+    from kiln.common import remote as remote_module
+
+    remote_module._CONDITIONAL_WRITES.clear()  # this process has seen moto honour them
+    with pytest.raises(StorageError, match="ignores conditional writes .* commit lock"):
+        write_version(Store(tmp_path / "w", remote(Unconditional())), seed=3)
+    assert not [k for k in (o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET).get("Contents", []))
+                if k.endswith(MANIFEST_NAME) or "/curated_documents/" in k]
