@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -123,7 +124,7 @@ class S3Remote:
         when the lease was lost (this process stalled past `lease_s`): call it right before the write it guards."""
         self._check_conditional_writes()
         body = json.dumps({"owner": uuid.uuid4().hex, "host": socket.gethostname()}).encode()
-        etag = None
+        etag, waited = None, False
         while etag is None:
             etag = self._put_if(key, body, IfNoneMatch="*")
             if etag is None:
@@ -131,6 +132,10 @@ class S3Remote:
                 if held is not None and held[1] > lease_s:  # its holder stopped renewing it: take it over
                     etag = self._put_if(key, body, IfMatch=held[0])
                 if etag is None:
+                    if not waited:  # a step that waits says why (in Dagster, its captured stderr)
+                        print(f"kiln: waiting for {self.url(key)}: another process is publishing this dataset",
+                              file=sys.stderr, flush=True)
+                        waited = True
                     time.sleep(min(1.0, lease_s / 8))
         state = {"etag": etag, "lost": False}
         stop = threading.Event()

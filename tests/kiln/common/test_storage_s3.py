@@ -271,7 +271,7 @@ def test_two_machines_committing_one_dataset_at_once_leave_s3_whole(s3, tmp_path
     assert all(manifest.data_version in k or k.endswith(MANIFEST_NAME) for k in keys)  # nothing else left, no lock
 
 
-def test_the_commit_lock_waits_for_a_live_holder_and_takes_over_a_dead_ones(s3):
+def test_the_commit_lock_waits_for_a_live_holder_and_takes_over_a_dead_ones(s3, capsys):
     lock = remote(s3).key("curated_documents", "web", COMMIT_LOCK)
     events = []
 
@@ -289,6 +289,7 @@ def test_the_commit_lock_waits_for_a_live_holder_and_takes_over_a_dead_ones(s3):
         events.append("second in")
     holder.join()
     assert events == ["first in", "first out", "second in"]  # held past its 2 s lease, and still waited for
+    assert f"waiting for s3://{BUCKET}/{lock}: another process is publishing" in capsys.readouterr().err
     assert remote(s3).get_bytes(lock) is None  # released
 
     s3.put_object(Bucket=BUCKET, Key=lock, Body=b'{"owner": "a process that died"}')  # never renewed, never released
