@@ -8,6 +8,7 @@ against the sha256 its manifest records, so a changed or truncated object is ref
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import socket
@@ -137,21 +138,27 @@ class S3Remote:
                               file=sys.stderr, flush=True)
                         waited = True
                     time.sleep(min(1.0, lease_s / 8))
-        state = {"etag": etag, "lost": False}
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        state = {"etag": etag, "lost": False, "renewed": time.monotonic()}
         stop = threading.Event()
 
         def renew() -> None:
             while not stop.wait(lease_s / 4):
-                renewed = self._put_if(key, body, IfMatch=state["etag"])
-                if renewed is None:
+                try:
+                    renewed = self._put_if(key, body, IfMatch=state["etag"])
+                except (BotoCoreError, ClientError):
+                    continue  # a network error: tried again, and the lease counts as lost once it is near its end
+                if renewed is None:  # another process holds it now
                     state["lost"] = True
                     return
-                state["etag"] = renewed
+                state["etag"], state["renewed"] = renewed, time.monotonic()
 
         def check() -> None:
-            if state["lost"]:
-                raise LostLock(f"{self.url(key)}: this process stalled past the lock's {lease_s:.0f} s lease and "
-                               f"another took it over; nothing more was written. Run the step again")
+            if state["lost"] or time.monotonic() - state["renewed"] > 0.75 * lease_s:
+                raise LostLock(f"{self.url(key)}: this process's hold on the lock lapsed (no renewal within its "
+                               f"{lease_s:.0f} s lease) and another may hold it now; nothing more was written. Run "
+                               f"the step again")
 
         renewer = threading.Thread(target=renew, daemon=True, name="kiln-s3-lock")
         renewer.start()
@@ -160,9 +167,10 @@ class S3Remote:
         finally:
             stop.set()
             renewer.join()
-            held = self._lock_holder(key)
-            if held is not None and held[0] == state["etag"]:  # still ours (not taken over after a stall)
-                self.client.delete_object(Bucket=self.bucket, Key=key)
+            with contextlib.suppress(BotoCoreError, ClientError):  # else it lapses after its lease
+                held = self._lock_holder(key)
+                if held is not None and held[0] == state["etag"]:  # still ours (not taken over after a stall)
+                    self.client.delete_object(Bucket=self.bucket, Key=key)
 
     def _check_conditional_writes(self) -> None:
         """Refuse an S3-compatible store that ignores conditional writes (every writer would think it holds the

@@ -301,7 +301,7 @@ def test_the_commit_lock_waits_for_a_live_holder_and_takes_over_a_dead_ones(s3, 
 
 def test_a_holder_that_lost_its_lease_is_told_and_leaves_the_new_holders_lock(s3):
     lock = remote(s3).key("curated_documents", "web", COMMIT_LOCK)
-    with pytest.raises(LostLock, match="stalled past the lock's 2 s lease"):
+    with pytest.raises(LostLock, match="hold on the lock lapsed .* 2 s lease"):
         with remote(s3).lock(lock, lease_s=2) as still_held:
             s3.put_object(Bucket=BUCKET, Key=lock, Body=b'{"owner": "the process that took it over"}')
             time.sleep(1.0)  # the holder's next renewal (every 0.5 s) finds the lock is not its own
@@ -324,3 +324,33 @@ def test_a_store_that_ignores_conditional_writes_is_refused_before_anything_is_w
         write_version(Store(tmp_path / "w", remote(Unconditional())), seed=3)
     assert not [k for k in (o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET).get("Contents", []))
                 if k.endswith(MANIFEST_NAME) or "/curated_documents/" in k]
+
+
+def test_a_holder_cut_off_from_s3_stops_before_its_lease_could_have_passed_to_another(s3):
+    """Renewals that fail on the network are tried again, but once the last renewal is three quarters of a lease
+    old the holder no longer counts on the lock (another process may take it over at the lease's end)."""
+    from botocore.exceptions import EndpointConnectionError
+
+    class CutOff:
+        cut = False
+
+        def __getattr__(self, name):
+            attr = getattr(s3, name)
+            if name != "put_object":
+                return attr
+
+            def put(**kwargs):
+                if self.cut and "IfMatch" in kwargs:
+                    raise EndpointConnectionError(endpoint_url="http://s3.example")
+                return attr(**kwargs)
+            return put
+
+    client = CutOff()
+    lock = remote(s3).key("curated_documents", "web", COMMIT_LOCK)
+    with pytest.raises(LostLock):
+        with remote(client).lock(lock, lease_s=2) as still_held:
+            client.cut = True
+            time.sleep(0.8)
+            still_held()  # renewed at 0.5 s? no: that one failed, but the hold is still young
+            time.sleep(1.0)
+            still_held()
