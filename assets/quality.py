@@ -14,7 +14,7 @@ from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.removals import example_excerpt
 from kiln.common.stats import StageStats, chain, funnel_markdown
 from kiln.common.storage import resume_key
-from kiln.governance.forget import REQUESTS, first_match, load_requests, with_intake_urls
+from kiln.governance.forget import REQUESTS, applied_requests, first_match, load_requests, with_intake_urls
 from kiln.governance.refresh import materialized, partition
 from kiln.quality.classifier import Example, balanced_sample, train_classifier
 from kiln.quality.rules import decide, decile_rows, filter_parts, threshold_effect
@@ -178,6 +178,8 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
     decision = decide(doc_ids, scores, perplexity, rule)
     requests, requests_version = load_requests(store)
     requested = _requested(store, source, requests)
+    applied = sorted({r.removeprefix("removal_request:") for r in requested.values()})
+    newly_applied = set(applied) - applied_requests(store.manifest_or_none(QUALITY_FILTERED, source))
     with store.staging(QUALITY_FILTERED, source) as writer:
         stats = filter_parts(parts, doc_ids, decision, writer, config.curation.examples_per_reason, requested,
                              config.curation.keep_rejected_text)
@@ -185,11 +187,12 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"rule": rule.model_dump(mode="json") if rule else None,
                     "keep_rejected_text": config.curation.keep_rejected_text,
-                    "removal_requests": sorted({r.removeprefix("removal_request:") for r in requested.values()})},
+                    "removal_requests": applied},
             inputs={f"{SCORES}/{source}": scores_manifest.data_version,
                     **({REQUESTS: requests_version} if requests_version else {})},
             counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
-            stats={**stats.to_dict(), "cutoffs": decision.cutoffs})
+            stats={**stats.to_dict(), "cutoffs": decision.cutoffs},
+            forget_replaced=bool(newly_applied))  # the documents replaced may include what a request removes now
     funnel = chain([StageStats.from_dict(store.manifest(a, source).stats) for a in
                     ("raw_documents", "filtered_documents", "curated_documents", DEDUPLICATED)] + [stats])
     return materialize_result(

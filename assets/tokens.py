@@ -11,7 +11,7 @@ from assets.quality import QUALITY_FILTERED
 from assets.results import engine_metadata
 from kiln.common.manifest import code_version, sha256_file
 from kiln.common.plots import stacked_bars_markdown
-from kiln.governance.forget import REQUESTS, load_requests, raw_partitions, with_intake_urls
+from kiln.governance.forget import REQUESTS, applied_requests, load_requests, raw_partitions, with_intake_urls
 from kiln.governance.refresh import Refresh, load_refreshes, materialized, upto
 from kiln.tokens.interchange import export_shards, verify_export
 from kiln.tokens.mixture import SourceParts
@@ -151,6 +151,7 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
     # a URL pattern matched against the URLs as read (the documents' own are redacted): the ids it names go along
     matchers = with_intake_urls(store, requests, raw_partitions(store, [s.name for s in sources], included))
     runner = engine.get(config.engine)
+    newly_applied = {r.request_id for r in requests} - applied_requests(store.manifest_or_none(SHARDS, refresh))
     with store.staging(SHARDS, refresh) as writer:
         started = time.perf_counter()
         try:
@@ -165,7 +166,8 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
             config={"shards": config.shards.model_dump(mode="json"),
                     "mixture": config.mixture.model_dump(mode="json", exclude={"replay"}),  # replay is the run's
                     "refreshes": [r.key for r in included], "removal_requests": [r.request_id for r in requests]},
-            inputs=inputs, counts=result.counts(), stats=result.manifest_stats())
+            inputs=inputs, counts=result.counts(), stats=result.manifest_stats(),
+            forget_replaced=bool(newly_applied))  # the shards replaced may hold what the new requests remove
     for warning in result.warnings:
         context.log.warning(warning)
     base = store.dataset_dir(SHARDS, refresh)

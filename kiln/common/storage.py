@@ -603,7 +603,7 @@ def _remove_replaced(final: Path, keep_s: float) -> None:
                 replaced_at = marker.stat().st_mtime
             except FileNotFoundError:
                 replaced_at = None
-            if version == current or (replaced_at is not None and now - replaced_at <= keep_s) or _held(version):
+            if version == current or (replaced_at is not None and now - replaced_at < keep_s) or _held(version):
                 continue
             doomed.append(final.with_name(f".{final.name}.trash-{uuid.uuid4().hex[:8]}"))
             os.replace(version, doomed[-1])
@@ -721,7 +721,10 @@ class DatasetWriter:
         return path
 
     def commit(self, *, code_version: str, config: dict, inputs: dict[str, str], counts: dict[str, int],
-               stats: dict | None = None) -> Manifest:
+               stats: dict | None = None, forget_replaced: bool = False) -> Manifest:
+        """Publish the staged version. `forget_replaced`: the version replaced may hold documents a removal request
+        took out of this one, so it is removed now rather than kept for readers (a reader holding it, a training
+        run, keeps it until it lets go)."""
         entries = []
         recorded = _recorded_files(self.dir)
         published, hidden = _staged_files(self.dir)
@@ -747,11 +750,10 @@ class DatasetWriter:
         version = _swap_in(self.dir, self.final_dir, flushed=True)  # flushed above, then the manifest
         self._release(remove=True)
         _remove_stale_staging(self.final_dir)
-        if self.store is None:
-            _remove_replaced(self.final_dir, KEEP_REPLACED_S)
-        else:
-            _remove_replaced(self.final_dir, self.store.keep_replaced_s)
-            remove_replaced_versions(self.store.root, self.store.keep_replaced_s)
+        keep_s = KEEP_REPLACED_S if self.store is None else self.store.keep_replaced_s
+        _remove_replaced(self.final_dir, 0 if forget_replaced else keep_s)
+        if self.store is not None:
+            remove_replaced_versions(self.store.root, keep_s)
         if self.store is not None and self.store.remote is not None:
             self.store._push(self.asset, self.partition, manifest, version)
         return manifest

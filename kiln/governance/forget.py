@@ -200,10 +200,15 @@ def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str
                 if replay else {})}]
 
 
+def applied_requests(version: Manifest | None) -> set[str]:
+    """The ids of the removal requests a dataset version applied (token shards, quality-filtered documents)."""
+    return set(version.config.get("removal_requests") or []) if version is not None else set()
+
+
 def unapplied_requests(store: Store, refresh: str, shards: Manifest) -> list[RemovalRequest]:
     """The requests recorded since a refresh's token shards were written (not among those they applied) that name
     any of their training documents: a run on these shards would read what was asked to be removed."""
-    applied = set(shards.config.get("removal_requests") or [])
+    applied = applied_requests(shards)
     return [r for r in load_requests(store)[0] if r.request_id not in applied and _matching(store, refresh, r)]
 
 

@@ -411,3 +411,26 @@ def test_a_plain_dataset_folder_from_before_versions_is_replaced_by_a_link(tmp_p
         w.commit(code_version="2", config={}, inputs={}, counts={})
     assert final.is_symlink() and list(_versions_beside(final).values()) == ["current"]
     assert Store(root).read_table("a", "p").column("x").to_pylist() == [2]
+
+
+def test_a_version_replaced_for_a_removal_request_goes_at_once_unless_held(tmp_path):
+    """forget_replaced: the version replaced may hold documents a takedown removed; it is not kept an hour for
+    readers, only for one that holds it (a training run), until it lets go."""
+    from kiln.tokens.shard_format import hold_folder
+
+    root = tmp_path / "store"
+    store = Store(root)  # keeps replaced versions an hour
+    _commit_v1(root)
+    final, first = root / "a" / "p", store.snapshot("a", "p").folder
+    held = hold_folder(first)
+    for x in (2, 3):
+        with store.staging("a", "p") as w:
+            w.write("documents", pa.table({"x": [x]}))
+            w.commit(code_version=str(x), config={}, inputs={}, counts={}, forget_replaced=True)
+        assert first.is_dir()  # held
+        assert sorted(_versions_beside(final).values()) == ["current", "replaced"]  # only the held one kept
+    os.close(held)
+    with store.staging("a", "p") as w:
+        w.write("documents", pa.table({"x": [4]}))
+        w.commit(code_version="4", config={}, inputs={}, counts={}, forget_replaced=True)
+    assert list(_versions_beside(final).values()) == ["current"] and not first.exists()

@@ -1,6 +1,7 @@
 """`kiln forget`: a removal request drops documents from the next shards and flags the checkpoint trained on them."""
 
 import json
+import os
 
 import pytest
 import yaml
@@ -138,6 +139,9 @@ def test_forget_reaches_every_refresh_in_the_next_shards(built, capsys):
     assert _shards_status(project, second) == "STALE"
     assert project.materialize(["token_shards"]).success  # refresh 2's shards again, nothing upstream
     assert _shards_status(project, second) == "FRESH"
+    # The shards they replaced, which held the forgotten documents, are gone from disk at once (not kept an hour)
+    shard_dir = store.root / "token_shards"
+    assert [p.name for p in shard_dir.glob(f".{second}.v-*")] == [os.readlink(shard_dir / second)]
 
     after = members(store)
     gone = set(web_ids) | {ref_id}
