@@ -23,12 +23,11 @@ class KilnStorage(dg.ConfigurableResource):
     def store(self) -> Store:
         """The store for one step; with S3, the bucket is checked (or created) here, before any work."""
         settings = (self.kiln_config.load() if self.kiln_config is not None else load_config()).storage
-        keep_replaced_s = settings.keep_replaced_minutes * 60
         if settings.backend == "local":
-            return Store(Path(self.root), keep_replaced_s=keep_replaced_s)
+            return Store(Path(self.root), keep_replaced_s=settings.keep_replaced_s)
         client = s3_client(self.s3 or S3Resource())
         return Store(Path(self.root), S3Remote.connect(client, settings.bucket, settings.prefix,
-                                                       settings.create_bucket), keep_replaced_s=keep_replaced_s)
+                                                       settings.create_bucket), keep_replaced_s=settings.keep_replaced_s)
 
 
 def s3_client(s3: S3Resource) -> Any:

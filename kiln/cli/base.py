@@ -29,7 +29,7 @@ def open_store(home: Path, config) -> Any:
         settings = config.storage
         store = Store(home / "data", S3Remote.connect(boto3.client("s3"), settings.bucket, settings.prefix,
                                                       settings.create_bucket),
-                      keep_replaced_s=settings.keep_replaced_minutes * 60)
+                      keep_replaced_s=settings.keep_replaced_s)
         # The audit reads the local folders: bring every current dataset it may read into the cache first.
         refreshes = [r.key for r in load_refreshes(store)]
         wanted = [(stage, partition(s.name, r)) for stage in DOCUMENT_STAGES for s in config.sources
@@ -44,7 +44,7 @@ def open_store(home: Path, config) -> Any:
         return store
     if not (home / "data").is_dir():
         raise ValueError(f"no Kiln store at {home / 'data'}; set KILN_HOME or --home (`make demo` creates one)")
-    return Store(home / "data", keep_replaced_s=config.storage.keep_replaced_minutes * 60)
+    return Store(home / "data", keep_replaced_s=config.storage.keep_replaced_s)
 
 
 def bad_input(command: str, exc: Exception) -> int:

@@ -22,6 +22,11 @@ class StorageSettings(Strict):
     # How long a replaced version of a dataset stays on local disk for the readers that began before the replace.
     keep_replaced_minutes: float = Field(60, ge=0)
 
+    @property
+    def keep_replaced_s(self) -> float:
+        """`keep_replaced_minutes` as the Store takes it."""
+        return self.keep_replaced_minutes * 60
+
     @field_validator("bucket")
     @classmethod
     def _bucket_name(cls, value):
