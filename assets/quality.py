@@ -109,8 +109,9 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
     (the reference LM on a GPU runs in this step, which owns the GPU)."""
     config, store = kiln_config.load(), storage.store()
     source, settings = partition(*source_and_refresh(context)), config.quality.perplexity
-    deduplicated, classifier = store.manifest(DEDUPLICATED, source), store.manifest(CLASSIFIER)
-    classifier_dir = store.dataset_dir(CLASSIFIER) if classifier.stats["card"] else None
+    # both pinned: the versions recorded are the ones scored
+    deduplicated, classifier = store.snapshot(DEDUPLICATED, source), store.snapshot(CLASSIFIER)
+    classifier_dir = classifier.folder if classifier.manifest.stats["card"] else None
     reference = {"reference_model_sha256": None, "reference_tokenizer_sha256": None}
     if settings.model:
         from kiln.quality.perplexity import ReferenceModel
@@ -119,8 +120,9 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
     runner = engine.get(config.engine)
     version = dict(code_version=context.assets_def.code_versions_by_key[context.asset_key],
                    config={"perplexity": settings.model_dump(mode="json"), **reference},
-                   inputs={f"{DEDUPLICATED}/{source}": deduplicated.data_version, CLASSIFIER: classifier.data_version})
-    inputs = store.files(DEDUPLICATED, source, "documents")
+                   inputs={f"{DEDUPLICATED}/{source}": deduplicated.manifest.data_version,
+                           CLASSIFIER: classifier.manifest.data_version})
+    inputs = deduplicated.files("documents")
     with store.staging(SCORES, source, resume=resume_key(**version)) as writer:
         started = time.perf_counter()
         counts = score_parts(inputs, [writer.next_path("documents") for _ in inputs], classifier_dir, settings,
@@ -128,7 +130,7 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
         seconds = time.perf_counter() - started
         manifest = writer.commit(**version, counts=counts)
     doc_ids, scores, perplexity = read_scores(store.files(SCORES, source, "documents"))
-    expected = deduplicated.counts["documents"]
+    expected = deduplicated.manifest.counts["documents"]
     out_of_range = scores_out_of_range(scores, perplexity, classifier_dir is not None, settings.model is not None)
     metadata = {**engine_metadata(runner, counts["documents"], seconds),
                 "documents": counts["documents"], "data_version": manifest.data_version,

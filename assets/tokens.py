@@ -143,8 +143,8 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
     refresh = context.partition_key
     included = upto(load_refreshes(store), refresh)
     sources, inputs = _sources(config, store, included)
-    tok_manifest = store.manifest(TOKENIZER)
-    inputs[TOKENIZER] = tok_manifest.data_version
+    tok = store.snapshot(TOKENIZER)  # the version recorded is the one encoded with
+    inputs[TOKENIZER] = tok.manifest.data_version
     requests, requests_version = load_requests(store)
     if requests_version:
         inputs[REQUESTS] = requests_version
@@ -155,7 +155,7 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
     with store.staging(SHARDS, refresh) as writer:
         started = time.perf_counter()
         try:
-            result = write_token_shards(sources, store.dataset_dir(TOKENIZER), config.shards, config.mixture, writer,
+            result = write_token_shards(sources, tok.folder, config.shards, config.mixture, writer,
                                         runner, requests=matchers)
         except TokenizerError as exc:  # e.g. FIM on, and a brought tokenizer without FIM symbols
             raise dg.Failure(description=str(exc)) from None
@@ -175,7 +175,7 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
     shard_set = read_shard_set(base)
     for info in manifest.stats["shards"]:
         try:
-            shard = open_shard(base / info["path"], expected_tokenizer_sha256=tok_manifest.stats["card"]["sha256"])
+            shard = open_shard(base / info["path"], expected_tokenizer_sha256=tok.manifest.stats["card"]["sha256"])
             if len(shard.tokens) != info["tokens"]:
                 problems.append(f"{info['path']}: {len(shard.tokens)} tokens, manifest says {info['tokens']}")
         except ShardError as exc:
@@ -239,23 +239,24 @@ def shard_exports(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
     (`parquet/<split>-NNNNN.parquet`), token for token, one document per Megatron document / Parquet row."""
     config, store = kiln_config.load(), storage.store()
     refresh = context.partition_key
-    shards = store.manifest(SHARDS, refresh)
+    shards = store.snapshot(SHARDS, refresh)  # the version recorded is the one exported
     formats = config.shards.export
     if not formats:
         context.log.warning("shards.export is []: nothing exported; set shards.export: [megatron, parquet] "
                             "in the config to write the shards for Megatron-LM and Hugging Face datasets")
     with store.staging(EXPORTS, refresh) as writer:
-        stats = export_shards(store.dataset_dir(SHARDS, refresh), writer.dir, formats)
+        stats = export_shards(shards.folder, writer.dir, formats)
         problems = verify_export(writer.dir, stats)
         counts = {f"{split}_{what}": entry[what] for split, entry in stats["splits"].items()
                   for what in ("documents", "tokens")}
         manifest = writer.commit(code_version=context.assets_def.code_versions_by_key[context.asset_key],
-                                 config={"export": formats}, inputs={f"{SHARDS}/{refresh}": shards.data_version},
+                                 config={"export": formats},
+                                 inputs={f"{SHARDS}/{refresh}": shards.manifest.data_version},
                                  counts=counts, stats=stats)
     base = store.dataset_dir(EXPORTS, refresh)
     return dg.MaterializeResult(
         metadata={**counts, "formats": dg.MetadataValue.json(formats), "megatron_dtype": str(stats["megatron_dtype"]),
-                  "token_shards": shards.data_version, "data_version": manifest.data_version,
+                  "token_shards": shards.manifest.data_version, "data_version": manifest.data_version,
                   "path": dg.MetadataValue.path(str(base))},
         check_results=[dg.AssetCheckResult(check_name="matches_shards", passed=not problems,
                                            metadata={"problems": dg.MetadataValue.json(problems[:10])})],

@@ -238,10 +238,14 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
             "kiln.git_commit": git_commit() or "unknown", "kiln.run_key": key,
             **({"kiln.base_checkpoint.sha256": base["sha256"], "kiln.base_checkpoint": base["path"]} if base else {})}
     experiment_id, mlflow_run_id = _mlflow_run(mlflow_tracking, run_dir, f"kiln-{key}", tags)
+    # The versions checked above are the ones every rank reads: a partition materialized again before the loaders
+    # open it is refused, not read unchecked.
+    pinned_replay = replay and {**replay, "data_version": removals and removals.data_version}
     run_config = settings.to_run_config(
         dataset_dir=store.dataset_dir(SHARDS, refresh), tokenizer_sha256=tok.stats["card"]["sha256"], output_dir=run_dir,
         tokenizer_dir=store.dataset_dir(TOKENIZER), experiment=mlflow_tracking.experiment, run_name=f"kiln-{key}",
-        tags=tags, base_checkpoint=base and base["path"], replay=replay).write(run_dir / "run_config.json")
+        tags=tags, base_checkpoint=base and base["path"], replay=pinned_replay,
+        dataset_data_version=shards.data_version).write(run_dir / "run_config.json")
     env = {**training_launcher.env(), **mlflow_tracking.env(), "MLFLOW_RUN_ID": mlflow_run_id}
     ray_address = engine.ray_address or project.engine.ray_address  # the data engine's cluster, for `ray`
     if launcher == "ray":
@@ -423,16 +427,18 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
 
     config, store = kiln_config.load(), storage.store()
     settings = config.evaluation
-    ckpt, tok_manifest, run = store.manifest(CHECKPOINT), store.manifest(TOKENIZER), store.manifest(RUN)
+    # Each input pinned (Store.snapshot): what is read is the version recorded below, whatever is published meanwhile.
+    ckpt, tok, run = store.snapshot(CHECKPOINT), store.snapshot(TOKENIZER), store.manifest(RUN)
     refresh = trained_refresh(run)  # the shard set the checkpoint was trained on
-    shards = store.manifest(SHARDS, refresh)
-    model = load_model(store.dataset_dir(CHECKPOINT) / "safetensors")
+    shards = store.snapshot(SHARDS, refresh)
+    model = load_model(ckpt.folder / "safetensors")
     base_info = run.stats.get("base_checkpoint")
     base = base_model(base_info["path"]) if base_info else None
-    tok = Tokenizer.load(store.dataset_dir(TOKENIZER))
+    tokenizer = Tokenizer.load(tok.folder)
     # Both models read the same windows: a long-context run is compared at the length its base can read.
-    seq_len = min(model.cfg.max_seq_len, shards.stats["seq_len"], *([base.cfg.max_seq_len] if base else []))
-    result = {"validation": stream_loss(model, validation_stream(store.dataset_dir(SHARDS, refresh), tok.sha256,
+    seq_len = min(model.cfg.max_seq_len, shards.manifest.stats["seq_len"],
+                  *([base.cfg.max_seq_len] if base else []))
+    result = {"validation": stream_loss(model, validation_stream(shards.folder, tokenizer.sha256,
                                                                   settings.max_val_tokens), seq_len, settings.batch_size)}
     result["per_source"], base_per_source = {}, {}
     included = upto(load_refreshes(store), refresh)
@@ -441,21 +447,22 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
         parts = materialized(store, QUALITY_FILTERED, [s.name], included)
         for doc in read_documents([f for p in parts for f in store.files(QUALITY_FILTERED, p, "documents")]):
             if is_validation(doc.doc_id, config.shards.val_fraction):
-                docs.append(tok.encode(doc.text))
+                docs.append(tokenizer.encode(doc.text))
                 n += len(docs[-1]) + 1
                 if n >= settings.max_tokens_per_source:
                     break
-        tokens = stream(docs, tok.eos_id)[:settings.max_tokens_per_source]
+        tokens = stream(docs, tokenizer.eos_id)[:settings.max_tokens_per_source]
         result["per_source"][s.name] = stream_loss(model, tokens, seq_len, settings.batch_size)
         if base is not None:
             base_per_source[s.name] = stream_loss(base, tokens, seq_len, settings.batch_size)
     result["forgetting"] = forgetting_by_domain(result["per_source"], base_per_source,
                                                 {s.name: s.domain for s in config.sources}) if base else None
     probes = json.loads(PROBES.read_text())
-    result["probes"] = {p["name"]: stream_loss(model, stream([tok.encode(p["text"])], tok.eos_id), seq_len)
+    result["probes"] = {p["name"]: stream_loss(model, stream([tokenizer.encode(p["text"])], tokenizer.eos_id), seq_len)
                         for p in probes["probes"]}
-    result["samples"] = [{"prompt": prompt, "continuation": tok.decode(generate(
-        model, tok.encode(prompt), settings.sample_tokens, eos_id=tok.eos_id))} for prompt in probes["prompts"]]
+    result["samples"] = [{"prompt": prompt, "continuation": tokenizer.decode(generate(
+        model, tokenizer.encode(prompt), settings.sample_tokens, eos_id=tokenizer.eos_id))}
+        for prompt in probes["prompts"]]
     try:
         previous = store.manifest(EVALUATION)
         result["previous"] = {"checkpoint": previous.inputs.get(CHECKPOINT),
@@ -467,8 +474,8 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"evaluation": settings.model_dump()},
-            inputs={CHECKPOINT: ckpt.data_version, f"{SHARDS}/{refresh}": shards.data_version,
-                    TOKENIZER: tok_manifest.data_version},
+            inputs={CHECKPOINT: ckpt.manifest.data_version, f"{SHARDS}/{refresh}": shards.manifest.data_version,
+                    TOKENIZER: tok.manifest.data_version},
             counts={"validation_tokens": result["validation"]["tokens"]}, stats=result)
     if result["forgetting"]:
         client = mlflow_tracking.client()

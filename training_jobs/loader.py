@@ -71,6 +71,10 @@ class _Phase:
         return int(self.starts[-1])
 
 
+class DatasetReplaced(ShardError):
+    """The shard set is no longer the version the run was set up on."""
+
+
 class ShardLoader:
     """Batches of (inputs, targets), LongTensors of shape (batch_size, seq_len), from a token_shards dataset."""
 
@@ -78,12 +82,18 @@ class ShardLoader:
                  batch_size: int = 8, rank: int = 0, world_size: int = 1,
                  expected_tokenizer_sha256: str | None = None, seed: int = 0, shuffle_epochs: bool = True,
                  drop_last: bool = True, phases: list[str] | None = None,
-                 exclude: dict[str, list[int]] | None = None):
+                 exclude: dict[str, list[int]] | None = None, expected_data_version: str | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         self.shard_set = read_shard_set(Path(dataset_dir))
         # The version read stays on disk while this loader lives, whatever is materialized meanwhile.
         weakref.finalize(self, os.close, hold_folder(self.shard_set.dir))
+        version = self.shard_set.data_version
+        if expected_data_version is not None and version != expected_data_version:
+            raise DatasetReplaced(f"{dataset_dir} is now version {version}, this run was set up on version "
+                             f"{expected_data_version} (its lineage, removal requests and replay exclusions were "
+                             f"checked against that one): the shards were materialized again meanwhile. Start the run "
+                             f"again (in Dagster: materialize training_run) to train on the new version")
         sha = self.shard_set.tokenizer_sha256
         if expected_tokenizer_sha256 is not None and sha != expected_tokenizer_sha256.lower():
             raise ShardError(f"{dataset_dir} was written with tokenizer {sha[:12]}…, the loader expects "

@@ -328,7 +328,8 @@ class TrainingSettings(_Strict):
     def to_run_config(self, *, dataset_dir: str | Path, tokenizer_sha256: str, output_dir: str | Path,
                       tokenizer_dir: str | Path | None = None, experiment: str = "kiln",
                       run_name: str | None = None, tags: dict[str, str] | None = None,
-                      base_checkpoint: str | Path | None = None, replay: Replay | None = None) -> RunConfig:
+                      base_checkpoint: str | Path | None = None, replay: Replay | None = None,
+                      dataset_data_version: str | None = None) -> RunConfig:
         """These settings plus what the launching asset knows: the run config every rank reads.
         `base_checkpoint`: the resolved folder (the asset resolves `latest`); default training.base_checkpoint."""
         base = base_checkpoint or self.base_checkpoint
@@ -338,7 +339,8 @@ class TrainingSettings(_Strict):
         return RunConfig(training=self, dataset_dir=str(dataset_dir), tokenizer_sha256=tokenizer_sha256,
                          output_dir=str(output_dir), experiment=experiment, run_name=run_name, tags=tags or {},
                          tokenizer_dir=None if tokenizer_dir is None else str(tokenizer_dir),
-                         base_checkpoint=None if base is None else str(base), replay=replay)
+                         base_checkpoint=None if base is None else str(base), replay=replay,
+                         dataset_data_version=dataset_data_version)
 
 
 class Replay(_Strict):
@@ -351,6 +353,7 @@ class Replay(_Strict):
     # -> places in its document-offset index; no sequence holding one of their tokens is read
     # (kiln.governance.replay computes them, the training_run asset fills them in).
     exclude: dict[str, list[int]] = {}
+    data_version: str | None = None  # the version of dataset_dir those places are in; the loader refuses another
 
 
 class RunConfig(_Strict):
@@ -359,6 +362,10 @@ class RunConfig(_Strict):
     format: Literal["kiln-run-config/1"] = RUN_CONFIG_FORMAT
     training: TrainingSettings = TrainingSettings()
     dataset_dir: str  # a token_shards dataset folder (with _manifest.json)
+    # The store's version of dataset_dir the launching asset checked (lineage, removal requests). Every loader of
+    # every rank refuses another, so one run reads one version whatever is materialized while it starts; None: the
+    # version rank 0 reads at start (training_jobs.setup.pin_data_versions).
+    dataset_data_version: str | None = None
     tokenizer_sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")  # the shards must have been made with it
     tokenizer_dir: str | None = None  # the tokenizer asset folder (model file + card): checked, copied to the HF export
     output_dir: str  # summary.json, checkpoints/, export/

@@ -23,7 +23,7 @@ from training_jobs.base import BaseWeights, load_into
 from kiln.tokens.shard_format import read_shard_set
 from kiln.planning.memory import ZERO3_LIVE
 from training_jobs.layout import Layout, choose_layout, overlaps_communication, uses_autocast
-from training_jobs.loader import ReplayLoader, ShardLoader
+from training_jobs.loader import DatasetReplaced, ReplayLoader, ShardLoader
 from training_jobs.model import Block, ModelConfig, Transformer, param_count
 from training_jobs.monitor import StabilityMonitor
 from training_jobs.objectives import Objective, make_objective
@@ -385,16 +385,34 @@ def check_tokenizer(run: RunConfig) -> None:
                          f"write the run config from the same tokenizer asset the shards were made with")
 
 
+def pin_data_versions(run: RunConfig, dist: Dist) -> RunConfig:
+    """The run config with the shard sets' versions every loader of every rank must find: the launching asset's
+    (the ones it checked), or where it names none, the current ones as rank 0 reads them. A dataset materialized
+    again while the ranks start is then refused (training_jobs.loader), never read as two versions."""
+    versions = None
+    if dist.main:
+        def current(folder: str) -> str | None:
+            return read_shard_set(Path(folder)).data_version
+
+        versions = (run.dataset_data_version or current(run.dataset_dir),
+                    run.replay and (run.replay.data_version or current(run.replay.dataset_dir)))
+    main, replay = broadcast_object(dist, versions)
+    return run.model_copy(update={"dataset_data_version": main,
+                                  "replay": run.replay and run.replay.model_copy(update={"data_version": replay})})
+
+
 def open_training(run: RunConfig, dist: Dist) -> ShardLoader | ReplayLoader:
     """The training batches: the run's shards, or with mixture.replay a share of every batch from the base's."""
     t = run.training
     if run.replay is None:
         return ShardLoader(run.dataset_dir, "train", t.seq_len, t.micro_batch_size, dist.rank, dist.world_size,
-                           run.tokenizer_sha256, seed=t.seed, phases=t.phases)
+                           run.tokenizer_sha256, seed=t.seed, phases=t.phases,
+                           expected_data_version=run.dataset_data_version)
     main = ShardLoader(run.dataset_dir, "train", t.seq_len, 1, dist.rank, dist.world_size, run.tokenizer_sha256,
-                       seed=t.seed, phases=t.phases)
+                       seed=t.seed, phases=t.phases, expected_data_version=run.dataset_data_version)
     replay = ShardLoader(run.replay.dataset_dir, "train", main.seq_len, 1, dist.rank, dist.world_size,
-                         run.tokenizer_sha256, seed=t.seed, exclude=run.replay.exclude)
+                         run.tokenizer_sha256, seed=t.seed, exclude=run.replay.exclude,
+                         expected_data_version=run.replay.data_version)
     return ReplayLoader(main, replay, run.replay.share, t.micro_batch_size)
 
 
@@ -418,7 +436,10 @@ def open_validation(run: RunConfig, seq_len: int, dist: Dist) -> ShardLoader | N
     t = run.training
     try:
         return ShardLoader(run.dataset_dir, "val", seq_len, t.micro_batch_size, dist.rank, dist.world_size,
-                           run.tokenizer_sha256, seed=t.seed, shuffle_epochs=False)
+                           run.tokenizer_sha256, seed=t.seed, shuffle_epochs=False,
+                           expected_data_version=run.dataset_data_version)
+    except DatasetReplaced:
+        raise
     except Exception as exc:  # noqa: BLE001: missing or too little validation data is not fatal
         if dist.main:
             print(f"warning: no validation loss: {exc}", flush=True)

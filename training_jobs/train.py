@@ -74,6 +74,7 @@ from training_jobs.setup import (
     objective_for,
     open_training,
     open_validation,
+    pin_data_versions,
     resolve_compile,
     resolve_layout,
     resolve_precision,
@@ -131,6 +132,7 @@ class Trainer:
         self.run, self.dist, self.report, self.host = run, dist, report, host or Host()
         self.shard = data_shard(dist, t)  # refuses a layout that does not fit the world, before anything is read
         check_tokenizer(run)
+        run = pin_data_versions(run, dist)  # one version of each shard set for every rank and split
         # The ZeRO stage, micro-batch and grad_accum the settings leave open, chosen for this device (layout.py)
         run, self.layout = resolve_layout(run, dist, self.shard)
         self.run, self.t = run, run.training
@@ -334,7 +336,7 @@ class Trainer:
     def trained_on(self) -> dict[str, Any]:
         """What a later continued run checks and replays from (training_jobs.base reads it back)."""
         return {"tokenizer_sha256": self.run.tokenizer_sha256, "dataset_dir": self.run.dataset_dir,
-                "base_checkpoint": self.base}
+                "dataset_data_version": self.run.dataset_data_version, "base_checkpoint": self.base}
 
     def newest_checkpoint(self) -> checkpoint.Found | None:
         if self.dist.main:
@@ -464,6 +466,7 @@ class Trainer:
                   "tokens_per_step": self.tokens_per_step, "max_steps": self.max_steps, "precision": self.precision,
                   "compile": self.compiled, "compile.why": self.compile_why,
                   "device": self.device_name, "dataset_dir": self.run.dataset_dir,
+                  "dataset_data_version": self.run.dataset_data_version,
                   "tokenizer_sha256": self.run.tokenizer_sha256,
                   "data.long_document_token_share": round(self.long_document_share, 4),
                   **flatten("layout", self.layout_record()),

@@ -15,6 +15,7 @@ request). Lineage, membership, `affected_checkpoints` and the data card read the
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ def read_manifest(dataset_dir: Path) -> Manifest:
 
 def plan_replay(store: Store, dataset_dir: str | Path, requests: list[RemovalRequest]) -> ReplayPlan:
     """The replayed documents `requests` name, and where their copies sit in the replayed shards."""
-    folder = Path(dataset_dir)
+    folder = Path(os.path.realpath(dataset_dir))  # a store's link resolved once: one version's files throughout
     manifest = read_manifest(folder)
     own = manifest.asset == SHARDS and folder.resolve() == store.root.joinpath(
         SHARDS, manifest.partition or "_all").resolve()
@@ -87,7 +88,7 @@ def plan_replay(store: Store, dataset_dir: str | Path, requests: list[RemovalReq
         return plan
     members = [folder / f.path for f in manifest.files_with_role("members")]
     if not members:
-        raise ReplayError(f"mixture.replay: {folder} has no member list, so the removal requests "
+        raise ReplayError(f"mixture.replay: {dataset_dir} has no member list, so the removal requests "
                           f"({', '.join(plan.requests)}) cannot be checked against it; re-materialize that "
                           f"token_shards partition (it then leaves them out), or replay a set written since")
     rows = [m for p in members for m in pq.read_table(p).to_pylist()
@@ -105,10 +106,10 @@ def plan_replay(store: Store, dataset_dir: str | Path, requests: list[RemovalReq
         return plan
     positions = [folder / f.path for f in manifest.files_with_role("positions")]
     if not positions:
-        raise ReplayError(f"mixture.replay: {len(plan.removed)} replayed document(s) of {folder} are named by removal "
-                          f"requests, but the set has no position list (written before position lists existed), so "
-                          f"they cannot be skipped; re-materialize that token_shards partition (it then leaves them "
-                          f"out), or replay a set written since")
+        raise ReplayError(f"mixture.replay: {len(plan.removed)} replayed document(s) of {dataset_dir} are named by "
+                          f"removal requests, but the set has no position list (written before position lists "
+                          f"existed), so they cannot be skipped; re-materialize that token_shards partition (it then "
+                          f"leaves them out), or replay a set written since")
     wanted = sorted({r["doc_id"] for r in plan.removed})
     found: dict[str, int] = {}
     for path in positions:
@@ -118,7 +119,7 @@ def plan_replay(store: Store, dataset_dir: str | Path, requests: list[RemovalReq
             found[doc_id] = found.get(doc_id, 0) + 1
     missing = [r["doc_id"] for r in plan.removed if found.get(r["doc_id"], 0) != r["copies"]]
     if missing:
-        raise ReplayError(f"mixture.replay: the position list of {folder} disagrees with its member list for "
+        raise ReplayError(f"mixture.replay: the position list of {dataset_dir} disagrees with its member list for "
                           f"{len(missing)} document(s) (e.g. {missing[0]}): the set was altered after it was written; "
                           f"re-materialize that token_shards partition")
     plan.exclude = {s: sorted(ix) for s, ix in sorted(plan.exclude.items())}

@@ -186,8 +186,8 @@ def export_shards(shard_dir: Path, out_dir: Path, formats: Sequence[str]) -> dic
     shard_dir, out_dir = Path(shard_dir), Path(out_dir)
     formats = _check_formats(formats)
     shard_set = read_shard_set(shard_dir)
-    manifest = _source_manifest(shard_dir)
-    doc_ids, members = _positions(shard_dir, manifest) if "parquet" in formats else ({}, None)
+    manifest = _source_manifest(shard_set.dir)  # the version read_shard_set resolved: one version's files throughout
+    doc_ids, members = _positions(shard_set.dir, manifest) if "parquet" in formats else ({}, None)
     out_dir.mkdir(parents=True, exist_ok=True)
     splits: dict[str, Any] = {}
     for split in (TRAIN, VAL):

@@ -201,6 +201,7 @@ class ShardSet:
     eos_id: int
     shards: tuple[ShardInfo, ...]
     stats: dict[str, Any]
+    data_version: str | None = None  # the store's version of these files (None for a folder outside a store)
 
     def split(self, split: str) -> list[ShardInfo]:
         """The shards of one split, phases in order, shards in written order within a phase."""
@@ -223,12 +224,14 @@ def read_shard_set(dataset_dir: Path) -> ShardSet:
     if not path.is_file():
         raise ShardError(f"{dataset_dir} has no {MANIFEST_NAME}: it is not a complete token_shards dataset "
                          f"(never materialized, or interrupted); materialize token_shards first")
-    stats = json.loads(path.read_text(encoding="utf-8")).get("stats") or {}
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    stats = manifest.get("stats") or {}
     if stats.get("format") != SHARD_SET_FORMAT:
         raise ShardError(f"{path} does not describe token shards (stats.format = {stats.get('format')!r}, "
                          f"expected {SHARD_SET_FORMAT!r}); point the loader at the token_shards dataset folder")
     shards = tuple(ShardInfo(**s) for s in stats["shards"])
-    return ShardSet(dataset_dir, stats["tokenizer_sha256"], stats["vocab_size"], stats["eos_id"], shards, stats)
+    return ShardSet(dataset_dir, stats["tokenizer_sha256"], stats["vocab_size"], stats["eos_id"], shards, stats,
+                    manifest.get("data_version") or None)
 
 
 def hold_folder(folder: Path) -> int:

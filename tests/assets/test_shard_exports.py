@@ -26,11 +26,11 @@ def project_with(export, tmp_path, kiln_home, monkeypatch):
     return load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
 
 
-def commit_token_shards(project) -> str:
+def commit_token_shards(project, shards=SHARDS) -> str:
     """A small token_shards version of the current refresh, as the token_shards asset commits one."""
     with project.store.staging("token_shards", project.current()) as writer:
         infos, positions = [], []
-        for k, (split, docs) in enumerate(SHARDS):
+        for k, (split, docs) in enumerate(shards):
             path = writer.next_path("shard", ".bin")
             tokens = np.array([t for d in docs for t in d], np.uint16)
             write_shard(path, tokens, np.cumsum([0] + [len(d) for d in docs]).astype(np.uint64), SHA)
@@ -41,8 +41,8 @@ def commit_token_shards(project) -> str:
              "doc_id": [p[2] for p in positions]}, schema=POSITIONS_SCHEMA))
         write_parquet_atomic(writer.next_path("members"), pa.table(
             {"doc_id": [p[2] for p in positions], "source": ["web"] * len(positions),
-             "split": [s for s, docs in SHARDS for _ in docs], "copies": [1] * len(positions),
-             "tokens": [len(d) for _, docs in SHARDS for d in docs], "removed_by": [None] * len(positions)},
+             "split": [s for s, docs in shards for _ in docs], "copies": [1] * len(positions),
+             "tokens": [len(d) for _, docs in shards for d in docs], "removed_by": [None] * len(positions)},
             schema=MEMBERS_SCHEMA))
         manifest = writer.commit(code_version="t", config={}, inputs={}, counts={},
                                  stats=describe_shard_set(SHA, 500, 2, infos))
@@ -77,6 +77,31 @@ def test_exports_follow_the_shards_with_their_lineage(tmp_path, kiln_home, monke
     rows = pa.concat_tables([pq.read_table(base / f"parquet/train-0000{i}.parquet") for i in (0, 1)])
     assert rows.column("input_ids").to_pylist() == [[10, 11, 2], [12, 2], [13, 14, 15, 2]]
     assert rows.column("doc_id").to_pylist() == ["doc00", "doc01", "doc10"]
+    assert (base / "megatron" / "train.bin").read_bytes() == np.array([10, 11, 2, 12, 2, 13, 14, 15, 2],
+                                                                       "<u2").tobytes()
+
+
+def test_an_export_is_of_the_shards_version_it_records_when_they_are_replaced_meanwhile(tmp_path, kiln_home,
+                                                                                        monkeypatch):
+    """token_shards materialized again after shard_exports read their manifest and before it read their files (a
+    refresh's takedown, say): the export holds the version it records as its input, not the new files under the
+    old version's name."""
+    import assets.tokens
+
+    project = project_with(["megatron"], tmp_path, kiln_home, monkeypatch)
+    recorded = commit_token_shards(project)
+    export = assets.tokens.export_shards
+
+    def replaced_meanwhile(shard_dir, out_dir, formats):
+        commit_token_shards(project, [("train", [[20, 21, 2]]), ("val", [[22, 2]])])
+        return export(shard_dir, out_dir, formats)
+
+    monkeypatch.setattr(assets.tokens, "export_shards", replaced_meanwhile)
+    assert project.materialize(["shard_exports"]).success
+    refresh = project.current()
+    assert project.store.manifest("token_shards", refresh).data_version != recorded  # it was replaced
+    assert project.store.manifest("shard_exports", refresh).inputs == {f"token_shards/{refresh}": recorded}
+    base = project.store.dataset_dir("shard_exports", refresh)
     assert (base / "megatron" / "train.bin").read_bytes() == np.array([10, 11, 2, 12, 2, 13, 14, 15, 2],
                                                                        "<u2").tobytes()
 

@@ -305,6 +305,9 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     cursor = run2["stats"]["summary"]["loader"]["replay"]
     read = cursor["epoch"] * cursor["sequences_per_epoch"] + cursor["position"]
     assert recorded.replay.exclude and read >= 6
+    # the versions checked before launch (lineage, requests, exclusions) are the ones every loader was held to
+    assert recorded.dataset_data_version == run2["inputs"][f"token_shards/{second}"]
+    assert recorded.replay.data_version == run2["inputs"][shards_key]
 
     def replay_read(run_config) -> set:
         return set().union(*(token_grams(seq) for rank in range(2) for seq in read_sequences(

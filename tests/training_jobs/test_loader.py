@@ -554,36 +554,70 @@ def test_a_prefetcher_dropped_without_close_stops_its_thread(counting):
     assert not thread.is_alive()
 
 
+def _publish(store, path: Path, note: str) -> str:
+    """The shards of `path` committed as another version of the store's token_shards (a note file makes it differ);
+    its data version."""
+    import shutil
+
+    from kiln.common.manifest import MANIFEST_NAME
+
+    stats = json.loads((path / MANIFEST_NAME).read_text())["stats"]
+    with store.staging("token_shards") as writer:
+        for f in path.iterdir():
+            if f.name != MANIFEST_NAME:
+                shutil.copy2(f, writer.dir / f.name)
+        (writer.dir / "note.txt").write_text(note)
+        return writer.commit(code_version="t", config={}, inputs={}, counts={}, stats=stats).data_version
+
+
 def test_a_loader_reads_its_version_while_the_dataset_is_materialized_again(dataset, tmp_path):
     """A training run's loader maps shards on demand, over hours. The dataset materialized again meanwhile (a
     second version published, the first due for removal at once: keep_replaced_s=0) does not change what the
     loader reads, nor remove its folder under it; once the loader is gone, the next commit removes it."""
     import gc
-    import shutil
 
-    from kiln.common.manifest import MANIFEST_NAME
     from kiln.common.storage import Store
 
     path, result = dataset
-    stats = json.loads((path / MANIFEST_NAME).read_text())["stats"]
     store = Store(tmp_path / "store", keep_replaced_s=0)
-
-    def publish(note: str) -> None:
-        with store.staging("token_shards") as writer:
-            for f in path.iterdir():
-                if f.name != MANIFEST_NAME:
-                    shutil.copy2(f, writer.dir / f.name)
-            (writer.dir / "note.txt").write_text(note)  # another version of the same shards
-            writer.commit(code_version="t", config={}, inputs={}, counts={}, stats=stats)
-
-    publish("first")
+    _publish(store, path, "first")
     first = store.snapshot("token_shards").folder
     loader = ShardLoader(store.dataset_dir("token_shards"), seq_len=SEQ, batch_size=4, shuffle_epochs=False)
-    publish("second")
+    _publish(store, path, "second")
     assert store.snapshot("token_shards").folder != first and first.is_dir()  # held: kept
     assert np.concatenate([x.numpy().ravel() for x, _ in loader]).tolist() == \
         np.concatenate(all_inputs(ShardLoader(path, seq_len=SEQ, batch_size=4, shuffle_epochs=False))).ravel().tolist()
     del loader
     gc.collect()
-    publish("third")
+    _publish(store, path, "third")
     assert not first.exists()
+
+
+def test_a_run_reads_the_version_it_was_set_up_on_or_refuses(dataset, tmp_path):
+    """The training_run asset checks lineage and removal requests against one token_shards version and names it in
+    the run config. A partition materialized again before a loader opens it is refused, by the training and the
+    validation loader alike (validation errors are otherwise only warnings), not read unchecked. A run config that
+    names no version gets the one rank 0 reads, for every rank and split."""
+    from kiln.common.storage import Store
+    from training_jobs.loader import DatasetReplaced
+    from training_jobs.settings import TrainingSettings
+    from training_jobs.setup import Dist, open_validation, pin_data_versions
+
+    path, _ = dataset
+    store = Store(tmp_path / "store")
+    checked = _publish(store, path, "checked by the asset")
+    stable = store.dataset_dir("token_shards")
+    run = TrainingSettings(seq_len=SEQ, micro_batch_size=4).to_run_config(
+        dataset_dir=stable, tokenizer_sha256="0" * 64, output_dir=tmp_path / "run", dataset_data_version=checked)
+    assert ShardLoader(stable, seq_len=SEQ, batch_size=4, expected_data_version=checked).shard_set.data_version \
+        == checked
+    newer = _publish(store, path, "a takedown applied after the check")
+    assert newer != checked
+    with pytest.raises(DatasetReplaced, match=f"now version {newer}, this run was set up on version {checked}"):
+        ShardLoader(stable, seq_len=SEQ, batch_size=4, expected_data_version=checked)
+    one = Dist(0, 1, torch.device("cpu"))
+    with pytest.raises(DatasetReplaced):
+        open_validation(run, SEQ, one)
+    assert pin_data_versions(run, one).dataset_data_version == checked  # the asset's stays
+    unnamed = run.model_copy(update={"dataset_data_version": None})
+    assert pin_data_versions(unnamed, one).dataset_data_version == newer
