@@ -78,17 +78,17 @@ def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     config, store = kiln_config.load(), storage.store()
     name, key = source_and_refresh(context)
     here = partition(name, key)
-    raw = store.manifest(RAW, here)
+    raw = store.snapshot(RAW, here)  # pinned: the version recorded is the one filtered
     steps = profile_steps(config, name)
     runner = engine.get(config.engine)
     version = dict(code_version=context.assets_def.code_versions_by_key[context.asset_key],
                    config={"profile": config.source(name).profile, "steps": [s.model_dump() for s in steps],
                            "exact_dedup": config.curation.exact_dedup.model_dump(),
                            "keep_rejected_text": config.curation.keep_rejected_text},
-                   inputs={f"{RAW}/{here}": raw.data_version})
+                   inputs={f"{RAW}/{here}": raw.manifest.data_version})
     with store.staging(FILTERED, here, resume=resume_key(**version)) as writer:
         started = time.perf_counter()
-        stats = filter_documents(store.files(RAW, here, "documents"), steps, config.curation.exact_dedup, writer,
+        stats = filter_documents(raw.files("documents"), steps, config.curation.exact_dedup, writer,
                                  runner, examples_per_reason=config.curation.examples_per_reason,
                                  label=f"filter {here}", rejected_text=config.curation.keep_rejected_text)
         seconds = time.perf_counter() - started
@@ -96,7 +96,8 @@ def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfi
             **version, counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
             stats=stats.to_dict())
     pii = dict(stats.steps["pii"].counts) if "pii" in stats.steps else {}
-    return materialize_result(manifest, stats, store, standard_checks(store, manifest, raw.counts["documents"]),
+    checks = standard_checks(store, manifest, raw.manifest.counts["documents"])
+    return materialize_result(manifest, stats, store, checks,
                               **engine_metadata(runner, stats.docs_in, seconds),
                               pii_redactions=dg.MetadataValue.json(pii), pii_total=sum(pii.values()),
                               step_seconds=dg.MetadataValue.json({n: round(s.seconds, 2) for n, s in stats.steps.items()}))
@@ -117,23 +118,24 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
     config, store = kiln_config.load(), storage.store()
     name, key = source_and_refresh(context)
     here = partition(name, key)
-    inputs = {partition(s.name, key): store.manifest(FILTERED, partition(s.name, key)) for s in config.sources}
+    # Every input pinned (Store.snapshot): the versions recorded are the ones compared.
+    inputs = {partition(s.name, key): store.snapshot(FILTERED, partition(s.name, key)) for s in config.sources}
     # Earlier refreshes' curated documents, as "tier 0": better than any copy in this refresh. A source added to
     # the config later has no dataset in earlier refreshes; the manifest lists exactly what was compared.
     earlier = {p: m for r in upto(load_refreshes(store), key)[:-1] for s in config.sources
-               if (m := store.manifest_or_none(CURATED, p := partition(s.name, r.key))) is not None}
+               if (m := store.snapshot_or_none(CURATED, p := partition(s.name, r.key))) is not None}
     dedup = config.curation.exact_dedup
-    sources = [HashSource(p, 0, tuple(map(str, store.files(CURATED, p, "documents")))) for p in earlier] + [
-        HashSource(p, config.source(p.split("/")[0]).quality_tier, tuple(map(str, store.files(FILTERED, p, "documents"))))
-        for p in inputs]
+    sources = [HashSource(p, 0, tuple(map(str, m.files("documents")))) for p, m in earlier.items()] + [
+        HashSource(p, config.source(p.split("/")[0]).quality_tier, tuple(map(str, m.files("documents"))))
+        for p, m in inputs.items()]
     runner = engine.get(config.engine)
     version = dict(code_version=context.assets_def.code_versions_by_key[context.asset_key],
                    config={"exact_dedup": dedup.model_dump(), "sources": [s.name for s in config.sources],
                            "quality_tiers": {s.name: s.quality_tier for s in config.sources},
                            "earlier_refreshes": sorted({p.split("/")[1] for p in earlier}),
                            "keep_rejected_text": config.curation.keep_rejected_text},
-                   inputs={**{f"{FILTERED}/{p}": m.data_version for p, m in inputs.items()},
-                           **{f"{CURATED}/{p}": m.data_version for p, m in earlier.items()}})
+                   inputs={**{f"{FILTERED}/{p}": m.manifest.data_version for p, m in inputs.items()},
+                           **{f"{CURATED}/{p}": m.manifest.data_version for p, m in earlier.items()}})
     # Every source of the refresh has this same version, so they share one shuffle (done by the first to get there).
     shuffle = store.shared_scratch(CURATED, f"exact-dedup-{key}-{resume_key(**version)}")
     for stale in shuffle.parent.glob(f".shared-exact-dedup-{key}-*"):
@@ -153,8 +155,8 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
            and m.config == recorded for p in inputs):
         remove_shuffle(shuffle)  # the last source of the refresh is done
     funnel = chain([StageStats.from_dict(store.manifest(RAW, here).stats),
-                    StageStats.from_dict(inputs[here].stats), stats])
-    checks = standard_checks(store, manifest, inputs[here].counts["documents"]) + [
+                    StageStats.from_dict(inputs[here].manifest.stats), stats])
+    checks = standard_checks(store, manifest, inputs[here].manifest.counts["documents"]) + [
         residual_pii_check(store, here, build_step("pii", config.curation.pii))]
     return materialize_result(manifest, stats, store, checks, **engine_metadata(runner, stats.docs_in, seconds),
                               full_funnel=dg.MetadataValue.md("From raw records to curated documents:\n\n"

@@ -2,6 +2,7 @@
 
 import shutil
 import time
+from dataclasses import dataclass
 
 import dagster as dg
 import numpy as np
@@ -16,7 +17,7 @@ from kiln.common.manifest import code_version
 from kiln.common.plots import stacked_bars_markdown
 from kiln.common.removals import example_excerpt
 from kiln.common.stats import StageStats, chain, funnel_markdown
-from kiln.common.storage import resume_key
+from kiln.common.storage import Snapshot, resume_key
 from kiln.dedup.apply import decisions_by_part, deduplicate_source
 from kiln.dedup.boilerplate import boilerplate_hashes
 from kiln.dedup.bucket_index import check_signature_params, doc_id_hash, index_commit, index_documents, write_index
@@ -47,12 +48,12 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     config, store = kiln_config.load(), storage.store()
     source = partition(*source_and_refresh(context))
     near, lines = config.dedup.near, config.dedup.boilerplate_lines
-    curated = store.manifest(CURATED, source)
-    inputs = store.files(CURATED, source, "documents")
+    curated = store.snapshot(CURATED, source)  # pinned: the version recorded is the one signed
+    inputs = curated.files("documents")
     runner = engine.get(config.engine)
     version = dict(code_version=context.assets_def.code_versions_by_key[context.asset_key],
                    config={"near": near.model_dump(mode="json"), "boilerplate_lines": lines.model_dump()},
-                   inputs={f"{CURATED}/{source}": curated.data_version})
+                   inputs={f"{CURATED}/{source}": curated.manifest.data_version})
     with store.staging(SIGNATURES, source, resume=resume_key(**version)) as writer:
         groups = signature_groups(inputs, near.rows_per_part)
         outputs = [writer.next_path("signatures") for _ in groups]
@@ -64,7 +65,7 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
         if lines.enabled:
             writer.write("lines", lines_table(signed.line_counts))
         manifest = writer.commit(**version, counts={"documents": documents})
-    expected = curated.counts["documents"]
+    expected = curated.manifest.counts["documents"]
     return dg.MaterializeResult(
         metadata={**engine_metadata(runner, documents, seconds), "documents": documents,
                   "signature_parts": len(groups), "shingles_per_document_median": signed.median_shingles(),
@@ -100,11 +101,12 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
     near, lines = config.dedup.near, config.dedup.boilerplate_lines
     refresh = context.partition_key
     parts = [partition(s.name, refresh) for s in config.sources]
-    manifests = {p: store.manifest(SIGNATURES, p) for p in parts}
+    # pinned (Store.snapshot): the versions recorded are the ones decided
+    signature_sets = {p: store.snapshot(SIGNATURES, p) for p in parts}
     if near.enabled:  # signatures of another scheme (or shingling) than the index's would silently not match
-        for p, m in manifests.items():
-            check_signature_params(f"{SIGNATURES}/{p}", m.config.get("near", {}), near)
-    signature_files = [f for p in parts for f in store.files(SIGNATURES, p, "signatures")]  # config source order
+        for p, m in signature_sets.items():
+            check_signature_params(f"{SIGNATURES}/{p}", m.manifest.config.get("near", {}), near)
+    signature_files = [f for m in signature_sets.values() for f in m.files("signatures")]  # config source order
     sources = {s.name: (s.quality_tier, order) for order, s in enumerate(config.sources)}
     runner = engine.get(config.engine)
     # The store's index lock, not only the pool: read the earlier indexes, decide and commit as one writer.
@@ -125,7 +127,7 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
                                                   NEAR_DUPLICATE)).as_py() or 0) for f in decision_files)
         boilerplate = set()
         if lines.enabled:
-            boilerplate = boilerplate_hashes([store.read_table(SIGNATURES, p, "lines") for p in parts], lines)
+            boilerplate = boilerplate_hashes([m.read_table("lines") for m in signature_sets.values()], lines)
             writer.write("lines", lines_table({h: 0 for h in boilerplate}))
         sampled, violations = survivor_violations(signature_files, decision_files, near.threshold, near.check_sample)
         stats["index"] = {"documents": index_documents([path for _, path in earlier]) + stats["kept"],
@@ -133,11 +135,11 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"near": near.model_dump(mode="json"), "boilerplate_lines": lines.model_dump()},
-            inputs={**{f"{SIGNATURES}/{name}": m.data_version for name, m in manifests.items()},
+            inputs={**{f"{SIGNATURES}/{name}": m.manifest.data_version for name, m in signature_sets.items()},
                     **{f"{INDEX}/{r}": store.manifest(INDEX, r).data_version for r, _ in earlier}},
             counts={"documents": decided, "near_duplicates": near_duplicates, "boilerplate_lines": len(boilerplate)},
             stats=stats)
-    signed = sum(m.counts["documents"] for m in manifests.values())
+    signed = sum(m.manifest.counts["documents"] for m in signature_sets.values())
     # Cluster members other than the kept copy are dropped later: their text shows only as the config allows.
     examples = _cluster_rows(store.files(INDEX, refresh, "decisions"), stats["example_clusters"])
     policy = config.curation.keep_rejected_text
@@ -220,13 +222,14 @@ def deduplicated_documents(context: dg.AssetExecutionContext, kiln_config: KilnC
     config, store = kiln_config.load(), storage.store()
     name, refresh = source_and_refresh(context)
     source = partition(name, refresh)
-    curated, index = store.manifest(CURATED, source), store.manifest(INDEX, refresh)
+    inputs = pinned_inputs(store, config, name, refresh)
+    curated, index = inputs.curated.manifest, inputs.index.manifest
     lines, decon = config.dedup.boilerplate_lines, config.decontamination
     benchmarks = load_benchmarks(decon) if decon.enabled and decon.benchmarks else None
     runner = engine.get(config.engine)
     started = time.perf_counter()
     with store.staging(DEDUPLICATED, source) as writer:
-        stats, contamination = apply_decisions(store, config, name, refresh, writer, runner)
+        stats, contamination = apply_decisions(inputs, config, writer, runner)
         seconds = time.perf_counter() - started
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
@@ -250,36 +253,50 @@ def deduplicated_documents(context: dg.AssetExecutionContext, kiln_config: KilnC
         full_funnel=dg.MetadataValue.md("From raw records to deduplicated documents:\n\n" + funnel_markdown(funnel)))
 
 
-def apply_decisions(store, config, name: str, refresh: str, writer, engine, progress: bool = True):
+@dataclass(frozen=True)
+class DedupInputs:
+    """What one source's dedup apply reads, each pinned to one version (Store.snapshot): its curated documents, the
+    refresh's index, and every source's signatures (whose part counts place this source's decisions in the index).
+    Decisions are matched to parts by row counts, so a version of one read with another's would drop the wrong
+    documents."""
+
+    source: str
+    curated: Snapshot
+    index: Snapshot
+    signatures: dict[str, Snapshot]  # source name -> its signatures, config order
+
+
+def pinned_inputs(store, config, name: str, refresh: str) -> DedupInputs:
+    return DedupInputs(name, store.snapshot(CURATED, partition(name, refresh)), store.snapshot(INDEX, refresh),
+                       {s.name: store.snapshot(SIGNATURES, partition(s.name, refresh)) for s in config.sources})
+
+
+def apply_decisions(inputs: DedupInputs, config, writer, engine, progress: bool = True):
     """Write one source's deduplicated documents through `writer`, one engine task per curated part, each reading its
     part and its part's decisions only (kiln.dedup.apply); returns (stage stats, contamination report)."""
-    source = partition(name, refresh)
-    curated, index = store.manifest(CURATED, source), store.manifest(INDEX, refresh)
     return deduplicate_source(
-        store.files(CURATED, source, "documents"), _decisions_of_parts(store, config, name, refresh, curated, index),
-        store.files(INDEX, refresh, "lines"), config.dedup.boilerplate_lines, config.decontamination, writer, engine,
+        inputs.curated.files("documents"), _decisions_of_parts(inputs), inputs.index.files("lines"),
+        config.dedup.boilerplate_lines, config.decontamination, writer, engine,
         examples_per_reason=config.curation.examples_per_reason, rejected_text=config.curation.keep_rejected_text,
-        progress=progress, label=f"dedup apply {source}")
+        progress=progress, label=f"dedup apply {inputs.curated.manifest.partition}")
 
 
-def _decisions_of_parts(store, config, name: str, refresh: str, curated, index) -> list:
+def _decisions_of_parts(inputs: DedupInputs) -> list:
     """Each curated part's decisions file in the refresh's index, from the manifests' row counts alone (no decision
     is read here): the index numbered the signature parts of every source in config order (`dedup_index`)."""
-    names = [s.name for s in config.sources]
-    signatures = {n: store.manifest(SIGNATURES, partition(n, refresh)) for n in names}
-    offset = sum(len(signatures[n].files_with_role("signatures")) for n in names[:names.index(name)])
-    mine = slice(offset, offset + len(signatures[name].files_with_role("signatures")))
-    decisions = store.files(INDEX, refresh, "decisions")[mine]
-    return decisions_by_part(_rows(store, curated, "documents"), _rows(store, signatures[name], "signatures"),
-                             decisions, _rows(store, index, "decisions")[mine],
-                             f"{CURATED}/{curated.partition} and {INDEX}/{refresh}")
+    names = list(inputs.signatures)
+    offset = sum(len(inputs.signatures[n].files("signatures")) for n in names[:names.index(inputs.source)])
+    mine = slice(offset, offset + len(inputs.signatures[inputs.source].files("signatures")))
+    index = inputs.index
+    return decisions_by_part(_rows(inputs.curated, "documents"), _rows(inputs.signatures[inputs.source], "signatures"),
+                             index.files("decisions")[mine], _rows(index, "decisions")[mine],
+                             f"{CURATED}/{inputs.curated.manifest.partition} and {INDEX}/{index.manifest.partition}")
 
 
-def _rows(store, manifest, role: str) -> list[int]:
+def _rows(dataset: Snapshot, role: str) -> list[int]:
     """Rows per file of one role, as the manifest recorded them (from the footer where it did not)."""
-    paths = store.files(manifest.asset, manifest.partition, role)
     return [f.rows if f.rows is not None else pq.ParquetFile(p).metadata.num_rows
-            for f, p in zip(manifest.files_with_role(role), paths)]
+            for f, p in zip(dataset.manifest.files_with_role(role), dataset.files(role))]
 
 
 def _residual_overlap(store, source: str, items) -> list[str]:

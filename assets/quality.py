@@ -13,7 +13,7 @@ from kiln.common.manifest import code_version
 from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.removals import example_excerpt
 from kiln.common.stats import StageStats, chain, funnel_markdown
-from kiln.common.storage import resume_key
+from kiln.common.storage import Snapshot, resume_key
 from kiln.governance.forget import REQUESTS, applied_requests, first_match, load_requests, with_intake_urls
 from kiln.governance.refresh import materialized, partition
 from kiln.quality.classifier import Example, balanced_sample, train_classifier
@@ -44,14 +44,13 @@ def quality_classifier(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     settings = config.quality.classifier
     pos_parts, neg_parts = materialized(store, DEDUPLICATED, positives), materialized(store, DEDUPLICATED, negatives)
     with store.staging(CLASSIFIER) as writer:
-        inputs = {f"{DEDUPLICATED}/{p}": m.data_version for p, m in (pos_parts | neg_parts).items()}
+        inputs = {f"{DEDUPLICATED}/{p}": m.manifest.data_version for p, m in (pos_parts | neg_parts).items()}
         card = None
         if config.quality_classifier_enabled:  # else classifier_recipe says enabled: False
             # Choose the sample by id first, then read only its texts: a web source may be far larger.
-            pos_ids, neg_ids = balanced_sample(_ids(store, pos_parts), _ids(store, neg_parts),
-                                               settings.max_documents_per_class)
+            pos_ids, neg_ids = balanced_sample(_ids(pos_parts), _ids(neg_parts), settings.max_documents_per_class)
             runner = engine.get(config.engine)
-            card = train_classifier(_examples(store, pos_parts, set(pos_ids)), _examples(store, neg_parts, set(neg_ids)),
+            card = train_classifier(_examples(pos_parts, set(pos_ids)), _examples(neg_parts, set(neg_ids)),
                                     settings, writer.dir, runner)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
@@ -85,13 +84,13 @@ def classifier_recipe(config) -> dict:
             "negative_sources": negatives, "enabled": config.quality_classifier_enabled}
 
 
-def _ids(store, parts) -> list[str]:
-    return [i for p in parts for i in store.read_table(DEDUPLICATED, p, columns=["doc_id"]).column("doc_id").to_pylist()]
+def _ids(parts: dict[str, Snapshot]) -> list[str]:
+    return [i for m in parts.values() for i in m.read_table(columns=["doc_id"]).column("doc_id").to_pylist()]
 
 
-def _examples(store, parts, wanted: set[str]) -> list[Example]:
-    return [Example(d.doc_id, d.source, d.text) for p in parts
-            for d in read_documents(store.files(DEDUPLICATED, p, "documents")) if d.doc_id in wanted]
+def _examples(parts: dict[str, Snapshot], wanted: set[str]) -> list[Example]:
+    return [Example(d.doc_id, d.source, d.text) for m in parts.values()
+            for d in read_documents(m.files("documents")) if d.doc_id in wanted]
 
 
 @dg.asset(
@@ -174,12 +173,12 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
     name, refresh = source_and_refresh(context)
     source = partition(name, refresh)
     rule = config.quality.rules.get(name)
-    scores_manifest = store.manifest(SCORES, source)
-    parts = store.files(SCORES, source, "documents")
+    scored = store.snapshot(SCORES, source)  # pinned: the version recorded is the one filtered
+    parts = scored.files("documents")
     doc_ids, scores, perplexity = read_scores(parts)
     decision = decide(doc_ids, scores, perplexity, rule)
     requests, requests_version = load_requests(store)
-    requested = _requested(store, source, requests)
+    requested = _requested(store, scored, requests)
     applied = sorted({r.removeprefix("removal_request:") for r in requested.values()})
     newly_applied = set(applied) - applied_requests(store.manifest_or_none(QUALITY_FILTERED, source))
     with store.staging(QUALITY_FILTERED, source) as writer:
@@ -190,7 +189,7 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
             config={"rule": rule.model_dump(mode="json") if rule else None,
                     "keep_rejected_text": config.curation.keep_rejected_text,
                     "removal_requests": applied},
-            inputs={f"{SCORES}/{source}": scores_manifest.data_version,
+            inputs={f"{SCORES}/{source}": scored.manifest.data_version,
                     **({REQUESTS: requests_version} if requests_version else {})},
             counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
             stats={**stats.to_dict(), "cutoffs": decision.cutoffs},
@@ -198,20 +197,20 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
     funnel = chain([StageStats.from_dict(store.manifest(a, source).stats) for a in
                     ("raw_documents", "filtered_documents", "curated_documents", DEDUPLICATED)] + [stats])
     return materialize_result(
-        manifest, stats, store, standard_checks(store, manifest, scores_manifest.counts["documents"]),
+        manifest, stats, store, standard_checks(store, manifest, scored.manifest.counts["documents"]),
         rule=dg.MetadataValue.json(rule.model_dump(mode="json") if rule else {"keep": "everything"}),
         cutoffs=dg.MetadataValue.json(decision.cutoffs),
         full_funnel=dg.MetadataValue.md("From raw records to quality-filtered documents:\n\n" + funnel_markdown(funnel)))
 
 
-def _requested(store, source: str, requests: list) -> dict[str, str]:
-    """doc_id -> `removal_request:<id>` for this source's documents that a removal request names (a URL pattern
-    matched against their URLs as read: raw_documents' partition of the same source and refresh)."""
+def _requested(store, scored: Snapshot, requests: list) -> dict[str, str]:
+    """doc_id -> `removal_request:<id>` for the scored documents (the version filtered) that a removal request names
+    (a URL pattern matched against their URLs as read: raw_documents' partition of the same source and refresh)."""
     if not requests:
         return {}
-    requests = with_intake_urls(store, requests, [source])
+    requests = with_intake_urls(store, requests, [scored.manifest.partition])
     out = {}
-    for batch in store.iter_batches(SCORES, source, columns=["doc_id", "source", "url"]):
+    for batch in scored.iter_batches(columns=["doc_id", "source", "url"]):
         for doc_id, src, url in zip(*(batch.column(c).to_pylist() for c in ("doc_id", "source", "url"))):
             if (request := first_match(requests, doc_id, src, url)) is not None:
                 out[doc_id] = request.reject_reason

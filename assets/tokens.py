@@ -37,9 +37,8 @@ def _sources(config, store, refreshes: list[Refresh]) -> tuple[list[SourceParts]
     parts, inputs = [], {}
     for s in config.sources:
         found = materialized(store, QUALITY_FILTERED, [s.name], refreshes)
-        inputs |= {f"{QUALITY_FILTERED}/{p}": m.data_version for p, m in found.items()}
-        parts.append(SourceParts(s.name, s.domain, [f for p in found for f in store.files(QUALITY_FILTERED, p,
-                                                                                            "documents")]))
+        inputs |= {f"{QUALITY_FILTERED}/{p}": m.manifest.data_version for p, m in found.items()}
+        parts.append(SourceParts(s.name, s.domain, [f for m in found.values() for f in m.files("documents")]))
     return parts, inputs
 
 

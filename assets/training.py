@@ -445,7 +445,7 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
     for s in config.sources:
         docs, n = [], 0
         parts = materialized(store, QUALITY_FILTERED, [s.name], included)
-        for doc in read_documents([f for p in parts for f in store.files(QUALITY_FILTERED, p, "documents")]):
+        for doc in read_documents([f for m in parts.values() for f in m.files("documents")]):
             if is_validation(doc.doc_id, config.shards.val_fraction):
                 docs.append(tokenizer.encode(doc.text))
                 n += len(docs[-1]) + 1

@@ -340,8 +340,13 @@ class Store:
 
     def manifest_or_none(self, asset: str, partition: str | None = None) -> Manifest | None:
         """The manifest, or None when the dataset has not been materialized."""
+        found = self.snapshot_or_none(asset, partition)
+        return None if found is None else found.manifest
+
+    def snapshot_or_none(self, asset: str, partition: str | None = None) -> Snapshot | None:
+        """The pinned current version, or None when the dataset has not been materialized."""
         try:
-            return self.manifest(asset, partition)
+            return self.snapshot(asset, partition)
         except IncompleteDataset:
             return None
 

@@ -25,7 +25,7 @@ from pyarrow import fs as pafs
 
 from kiln.common.config import ProjectConfig, Source
 from kiln.common.manifest import Manifest, now_utc, sha256_file
-from kiln.common.storage import IncompleteDataset, Store
+from kiln.common.storage import IncompleteDataset, Snapshot, Store
 from kiln.curation.readers.paths import SourceFile, expand
 
 REFRESHES, REFRESHES_FILE = "refreshes", "refreshes.json"
@@ -171,12 +171,13 @@ def _write(store: Store, refreshes: list[Refresh]) -> None:
 
 
 def materialized(store: Store, asset: str, sources: list[str], refreshes: list[Refresh] | None = None,
-                 ) -> dict[str, Manifest]:
-    """Store partition -> manifest of `asset` for each source in each refresh (default: every registered one),
-    source by source, oldest refresh first; datasets not materialized are left out."""
+                 ) -> dict[str, Snapshot]:
+    """Store partition -> the current version of `asset` (pinned: its manifest and files of one version) for each
+    source in each refresh (default: every registered one), source by source, oldest refresh first; datasets not
+    materialized are left out."""
     refreshes = load_refreshes(store) if refreshes is None else refreshes
     return {p: m for s in sources for r in refreshes
-            if (m := store.manifest_or_none(asset, p := partition(s, r.key))) is not None}
+            if (m := store.snapshot_or_none(asset, p := partition(s, r.key))) is not None}
 
 
 def latest(store: Store, asset: str, refreshes: list[Refresh] | None = None) -> tuple[str, Manifest]:

@@ -182,3 +182,34 @@ def test_affine32_end_to_end_then_the_default_scheme_needs_new_signatures(tmp_pa
     assert again.asset_materializations_for_node("dedup_index")[0].metadata["near_duplicates"].value == 3
     assert read_index_meta(index_dir)["params"]["scheme"] == "fss-splitmix64-v1"
     assert read_index_meta(index_dir)["partitions"] == 8
+
+
+def test_dedup_apply_reads_the_versions_it_records_when_an_input_is_replaced_meanwhile(project, monkeypatch):
+    """deduplicated_documents matches the index's decisions to curated parts by row counts. curated_documents
+    materialized again after the asset pinned its inputs and before it read their files: it still reads the version
+    it records (before, the new parts met the old decisions: refused for a row-count mismatch, or, with equal counts,
+    the wrong documents dropped)."""
+    import assets.dedup
+
+    for assets_ in (CURATION, ["curated_documents", "minhash_signatures"]):
+        for source in ("web", "ref"):
+            assert project.materialize(assets_, source).success
+    assert project.materialize(["dedup_index"]).success
+    store, web = project.store, project.partition("web")
+    recorded = store.manifest("curated_documents", web)
+    apply = assets.dedup.apply_decisions
+
+    def replaced_meanwhile(*args, **kwargs):
+        current = store.snapshot("curated_documents", web)
+        with store.staging("curated_documents", web) as writer:
+            writer.write("documents", current.read_table().slice(0, 2))
+            writer.commit(code_version="t", config={}, inputs={}, counts={"documents": 2},
+                          stats=current.manifest.stats)
+        return apply(*args, **kwargs)
+
+    monkeypatch.setattr(assets.dedup, "apply_decisions", replaced_meanwhile)
+    assert project.materialize(["deduplicated_documents"], "web").success
+    assert store.manifest("curated_documents", web).counts["documents"] == 2  # replaced meanwhile
+    deduplicated = store.manifest("deduplicated_documents", web)
+    assert deduplicated.inputs[f"curated_documents/{web}"] == recorded.data_version
+    assert deduplicated.counts["input"] == recorded.counts["documents"] > 2

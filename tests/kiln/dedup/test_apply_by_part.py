@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from assets.dedup import apply_decisions
+from assets.dedup import apply_decisions, pinned_inputs
 from kiln.common.config import parse_config
 from kiln.common.storage import Store
 from kiln.curation.documents import DOCUMENT_SCHEMA, Document
@@ -107,7 +107,8 @@ def apply_all(store: Store, config, engine) -> dict[str, bytes]:
     """Every source deduplicated on `engine`; the bytes of every file written, by path."""
     for name in ("web", "mirror"):
         with store.staging("deduplicated_documents", f"{name}/{REFRESH}") as writer:
-            stats, report = apply_decisions(store, config, name, REFRESH, writer, engine, progress=False)
+            stats, report = apply_decisions(pinned_inputs(store, config, name, REFRESH), config, writer, engine,
+                                            progress=False)
             writer.commit(code_version="t", config={}, inputs={}, counts={},
                           stats={**stats.to_dict(with_lengths=True), "contamination": report})
     base = store.root / "deduplicated_documents"
