@@ -186,6 +186,10 @@ class Parallelism(_Strict):
 
     @model_validator(mode="after")
     def _pipeline_zero(self):
+        if self.tp > 1 and self.pp > 1:
+            raise ValueError(f"training.parallelism: tp {self.tp} with pp {self.pp}: the trainer runs tensor or "
+                             f"pipeline parallelism, not both (DeepSpeed AutoTP shards a plain module, the pipeline "
+                             f"engine its own); set tp: 1 or pp: 1 (`kiln plan` names the best layout Kiln runs)")
         if self.pp > 1 and self.zero_stage is not None and self.zero_stage > 1:
             raise ValueError(f"training.parallelism: pp {self.pp} with zero_stage {self.zero_stage}: DeepSpeed's "
                              f"pipeline engine runs ZeRO stage 0 or 1 only; set zero_stage: 1 (or pp: 1)")

@@ -466,11 +466,7 @@ def check_layout(t: TrainingSettings, cfg: ModelConfig) -> None:
         if layout.pp > cfg.n_layers:
             raise ValueError(f"training.parallelism.pp {layout.pp} is more than the model's {cfg.n_layers} blocks "
                              f"(a stage holds at least one); lower pp or use a deeper model")
-    if layout.tp > 1:
-        if layout.pp > 1:
-            raise ValueError(f"training.parallelism tp {layout.tp} with pp {layout.pp}: the trainer runs tensor or "
-                             f"pipeline parallelism, not both (DeepSpeed AutoTP shards a plain module, the pipeline "
-                             f"engine its own); set tp: 1 or pp: 1")
+    if layout.tp > 1:  # with pp 1: both at once is refused when the settings load (Parallelism)
         uneven = {k: v for k, v in {"n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
                                     "ffn_hidden": cfg.ffn_hidden}.items() if v % layout.tp}
         if uneven:

@@ -107,6 +107,11 @@ class ParallelismPlan:
         return self.memory.total <= self.usable_bytes
 
     @property
+    def kiln_trains_it(self) -> bool:
+        """Kiln's trainer runs tensor or pipeline parallelism, not both (training_jobs.settings.Parallelism)."""
+        return self.tp == 1 or self.pp == 1
+
+    @property
     def global_batch_sequences(self) -> int:
         return self.micro_batch * self.grad_accum * self.dp
 
@@ -165,9 +170,11 @@ def recommend_parallelism(
     offload_optimizer: bool = False,
     offload_params: bool = False,
     usable_memory_fraction: float = 0.9,
+    tp_with_pp: bool = True,
 ) -> ParallelismPlan:
     """The recommended layout (selection rules in the module docstring); memory must fit in
-    `usable_memory_fraction` of the GPU. If nothing fits, the closest layout with `fits` False."""
+    `usable_memory_fraction` of the GPU. If nothing fits, the closest layout with `fits` False.
+    `tp_with_pp` False: only layouts with TP or PP of 1, the ones Kiln's trainer runs."""
     n = cluster.n_gpus
     usable = usable_memory_fraction * cluster.gpu.memory_bytes
     target_sequences = max(1, round(global_batch_tokens / seq_len))
@@ -212,7 +219,8 @@ def recommend_parallelism(
     for pp in sorted({p for t in tps for p in pipeline_parallel_candidates(shape.n_layers, n, t)}):
         stage = zero_stage if pp == 1 else min(zero_stage, 1)
         layouts = [
-            layout(tp, pp, stage, mode) for mode in recompute_options for tp in tps if n % (tp * pp) == 0
+            layout(tp, pp, stage, mode) for mode in recompute_options for tp in tps
+            if n % (tp * pp) == 0 and (tp_with_pp or tp == 1 or pp == 1)
         ]
         attempts.extend(layouts)
         fitting = [c for c in layouts if c.fits]

@@ -207,10 +207,18 @@ class Plan:
     own_fit: dict[str, Any] | None
     mfu: MfuChoice
     warnings: list[str] = field(default_factory=list)
+    # The best layout Kiln's trainer runs, when the recommended one combines TP and PP (which it does not run)
+    kiln_layout: ParallelismPlan | None = None
 
     @property
     def n_params(self) -> int:
         return self.shape.n_params
+
+    @property
+    def training_layout(self) -> ParallelismPlan:
+        """The layout the `training:` config gets: the recommended one, or where Kiln cannot train that, its own
+        best one (if it fits)."""
+        return self.kiln_layout if self.kiln_layout is not None and self.kiln_layout.fits else self.parallelism
 
     @property
     def steps(self) -> int:
@@ -218,7 +226,7 @@ class Plan:
 
     def training_yaml(self) -> str:
         """The project config's `training:` keys this plan sets (ParallelismPlan.training_block) as YAML lines."""
-        return "\n".join(f"{key}: {_flow(value)}" for key, value in self.parallelism.training_block().items())
+        return "\n".join(f"{key}: {_flow(value)}" for key, value in self.training_layout.training_block().items())
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -247,7 +255,8 @@ class Plan:
             "compute": self.compute.to_dict(),
             "mfu": self.mfu.to_dict(),
             "parallelism": self.parallelism.to_dict(),
-            "training": self.parallelism.training_block(),  # paste into the project config's `training:` section
+            "kiln_layout": None if self.kiln_layout is None else self.kiln_layout.to_dict(),
+            "training": self.training_layout.training_block(),  # paste into the project config's `training:` section
             "reliability": self.reliability.to_dict(),
             "data": None if self.data is None else self.data.to_dict(),
             "own_fit": self.own_fit,
@@ -321,13 +330,16 @@ def make_plan(request: PlanRequest, runs: Sequence[RunPoint] | None = None,
         budget, peak_flops=gpu.peak_flops, mfu=chosen.mfu, n_gpus=cluster.n_gpus,
         price_per_gpu_hour=request.price_per_gpu_hour,
     )
-    parallelism = recommend_parallelism(
-        shape, cluster, seq_len=request.seq_len, global_batch_tokens=request.global_batch_tokens,
+    layout_args = dict(
+        seq_len=request.seq_len, global_batch_tokens=request.global_batch_tokens,
         flops_per_token=flops_per_token, mfu=chosen.mfu, zero_stage=request.zero_stage,
         recompute=None if request.recompute == "auto" else request.recompute,
         flash_attention=request.flash_attention, offload_optimizer=request.offload_optimizer,
         offload_params=request.offload_params, usable_memory_fraction=request.usable_memory_fraction,
     )
+    parallelism = recommend_parallelism(shape, cluster, **layout_args)
+    kiln_layout = None if parallelism.kiln_trains_it else recommend_parallelism(
+        shape, cluster, **layout_args, tp_with_pp=False)
     reliability = estimate_reliability(
         n_gpus=cluster.n_gpus, gpu_mtbf_hours=request.gpu_mtbf_hours,
         checkpoint_write_seconds=request.checkpoint_write_seconds,
@@ -341,7 +353,7 @@ def make_plan(request: PlanRequest, runs: Sequence[RunPoint] | None = None,
 
     plan = Plan(
         request, cluster, method, sizing_flops, target, alternatives, same_loss, shape, tokens, compute,
-        parallelism, reliability, data, own_fit, chosen,
+        parallelism, reliability, data, own_fit, chosen, kiln_layout=kiln_layout,
     )
     plan.warnings.extend(_warnings(plan))
     return plan
@@ -367,6 +379,19 @@ def _warnings(plan: Plan) -> list[str]:
             f"(asked {plan.request.global_batch_tokens:,}): {plan.parallelism.dp} data-parallel ranks "
             "need at least one sequence each"
         )
+    if plan.kiln_layout is not None:
+        par, kiln = plan.parallelism, plan.kiln_layout
+        own = (f"TP {kiln.tp} x PP {kiln.pp} x DP {kiln.dp}, ZeRO-{kiln.zero_stage}, {kiln.recompute} recompute, "
+               f"micro-batch {kiln.micro_batch} x {kiln.grad_accum}"
+               + (f", bubble {kiln.bubble_fraction:.0%}" if kiln.pp > 1 else "")
+               + f", {kiln.memory.total / GIB:.1f} GiB per GPU")
+        out.append(
+            f"Kiln's trainer runs tensor or pipeline parallelism, not both: TP {par.tp} x PP {par.pp} is a layout "
+            f"for a 3D-parallel trainer (Megatron-LM, Megatron-DeepSpeed), and Kiln refuses it. "
+            + (f"The best layout Kiln runs is {own}; the `training:` config is that one"
+               if kiln.fits else
+               f"No layout Kiln runs fits (closest: {own}, {kiln.usable_bytes / GIB:.1f} GiB usable): use more "
+               f"GPUs, CPU offload or a shorter sequence"))
     if plan.data is not None:
         out.extend(plan.data.warnings)
     return out

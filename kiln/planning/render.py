@@ -81,7 +81,8 @@ def _render(plan: Plan) -> str:
         f"  layout      TP {par.tp} x PP {par.pp} x DP {par.dp}, ZeRO-{par.zero_stage}, "
         f"{par.recompute} recompute, micro-batch {par.micro_batch} x {par.grad_accum} accumulation"
         + (f", bubble {par.bubble_fraction:.0%}" if par.pp > 1 else ""),
-        f"  config      training.{plan.training_yaml()}",
+        f"  config      training.{plan.training_yaml()}"
+        + (" (the layout Kiln runs: see Warnings)" if plan.training_layout is not par else ""),
         f"  memory/GPU  {gib(mem.total)} of {gib(par.usable_bytes)} GiB usable"
         + ("" if par.fits else " (DOES NOT FIT)")
         + f": weights {gib(mem.weights)}, grads {gib(mem.gradients)}, optimizer {gib(mem.optimizer)}, "

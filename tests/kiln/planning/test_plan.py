@@ -109,3 +109,26 @@ def test_cluster_resolution():
     assert PlanRequest(n_gpus=4).cluster().n_gpus == 4
     assert PlanRequest(n_gpus=64).cluster().nodes == 8
     assert PlanRequest(nodes=2, gpus_per_node=4).cluster().n_gpus == 8
+
+
+def test_a_layout_kiln_cannot_train_comes_with_the_best_one_it_can():
+    """GPT-3 on 64 A100-80GB at ZeRO-2 plans as TP 8 x PP 2 (Narayanan et al. 2021's shape; test_parallelism checks
+    it by hand). Kiln's trainer runs TP or PP, not both, and refuses that block when the config loads; the plan says
+    so and its `training:` block is the best layout with one of the two at 1, which loads."""
+    from training_jobs.settings import TrainingSettings
+
+    plan = make_plan(PlanRequest(budget_flops=1e24, gpu="A100-80GB", nodes=8, zero_stage=2,
+                                 model={"n_layers": 96, "d_model": 12288, "n_heads": 96}))
+    par, kiln = plan.parallelism, plan.kiln_layout
+    assert (par.tp, par.pp) == (8, 2) and not par.kiln_trains_it
+    with pytest.raises(ValidationError, match="tp 8 with pp 2: the trainer runs tensor or pipeline parallelism"):
+        TrainingSettings(**par.training_block())
+    assert kiln is not None and kiln.fits and kiln.kiln_trains_it and kiln.tp * kiln.pp * kiln.dp == 64
+    block = plan.to_dict()["training"]
+    assert block == kiln.training_block() and TrainingSettings(**block).parallelism.pp == kiln.pp
+    assert plan.to_dict()["kiln_layout"]["pp"] == kiln.pp
+    assert any(w.startswith("Kiln's trainer runs tensor or pipeline parallelism, not both: TP 8 x PP 2")
+               for w in plan.warnings)
+    assert "(the layout Kiln runs: see Warnings)" in plan.render()
+    small = make_plan(PlanRequest(budget_flops=1e21))  # fits one layout Kiln runs: nothing added
+    assert small.kiln_layout is None and small.to_dict()["training"] == small.parallelism.training_block()
