@@ -91,9 +91,10 @@ class ShardLoader:
         version = self.shard_set.data_version
         if expected_data_version is not None and version != expected_data_version:
             raise DatasetReplaced(f"{dataset_dir} is now version {version}, this run was set up on version "
-                             f"{expected_data_version} (its lineage, removal requests and replay exclusions were "
-                             f"checked against that one): the shards were materialized again meanwhile. Start the run "
-                             f"again (in Dagster: materialize training_run) to train on the new version")
+                                  f"{expected_data_version} (its lineage, removal requests and replay exclusions "
+                                  f"were checked against that one): the shards were materialized again meanwhile. "
+                                  f"Start the run again (in Dagster: materialize training_run) to train on the new "
+                                  f"version")
         sha = self.shard_set.tokenizer_sha256
         if expected_tokenizer_sha256 is not None and sha != expected_tokenizer_sha256.lower():
             raise ShardError(f"{dataset_dir} was written with tokenizer {sha[:12]}…, the loader expects "
