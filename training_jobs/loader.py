@@ -265,7 +265,8 @@ class ShardLoader:
         return {"format": STATE_FORMAT, "split": self.split, "epoch": self.epoch, "position": self.position,
                 "seq_len": self.seq_len, "world_size": self.world_size, "seed": self.seed,
                 "shuffle_epochs": self.shuffle_epochs, "tokenizer_sha256": self.tokenizer_sha256,
-                "sequences_per_epoch": self.sequences_per_epoch, "excluded_sequences": self.excluded["sequences"]}
+                "sequences_per_epoch": self.sequences_per_epoch, "excluded_sequences": self.excluded["sequences"],
+                "data_version": self.shard_set.data_version}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("format") != STATE_FORMAT:
@@ -274,6 +275,14 @@ class ShardLoader:
             raise ShardError(f"cannot resume: the checkpoint's loader skipped {state.get('excluded_sequences', 0)} "
                              f"sequences for excluded documents, this one skips {self.excluded['sequences']}; resume "
                              f"with the same exclusions (a new removal request starts a new continued run)")
+        # A position in one version of the shards is no position in another (a takedown, new data): refused even
+        # where the counts agree. States written before versions were recorded (or outside a store) hold None.
+        recorded, current = state.get("data_version"), self.shard_set.data_version
+        if recorded is not None and current is not None and recorded != current:
+            raise DatasetReplaced(f"cannot resume: the checkpoint's loader read version {recorded} of the {self.split} "
+                                  f"shards, they are now version {current} (materialized again since), where its "
+                                  f"position means nothing. Start a new run (another output_dir), or continue this one on "
+                                  f"the new version with training.base_checkpoint set to the checkpoint")
         for key in ("split", "seq_len", "world_size", "seed", "shuffle_epochs", "tokenizer_sha256",
                     "sequences_per_epoch"):
             if state[key] != getattr(self, key):

@@ -621,3 +621,32 @@ def test_a_run_reads_the_version_it_was_set_up_on_or_refuses(dataset, tmp_path):
     assert pin_data_versions(run, one).dataset_data_version == checked  # the asset's stays
     unnamed = run.model_copy(update={"dataset_data_version": None})
     assert pin_data_versions(unnamed, one).dataset_data_version == newer
+
+
+def test_a_checkpoint_resumes_only_on_the_version_its_loader_read(dataset, tmp_path):
+    """A run without a pinned version (the CLI, a restart) that crashes, then finds its shards materialized again
+    with the same number of sequences (here: the same tokens, another version): the checkpoint's position is in the
+    old version, so the resume is refused, naming both. A state from before versions were recorded still loads, and
+    the same version resumes where it stood."""
+    from kiln.common.storage import Store
+    from training_jobs.loader import DatasetReplaced
+
+    path, _ = dataset
+    store = Store(tmp_path / "store")
+    old = _publish(store, path, "read before the crash")
+    stable = store.dataset_dir("token_shards")
+    before = ShardLoader(stable, seq_len=SEQ, batch_size=4)
+    before.next_batch()
+    state = before.state_dict()
+    assert state["data_version"] == old and state["position"] == 4
+    same = ShardLoader(stable, seq_len=SEQ, batch_size=4)
+    same.load_state_dict(state)
+    assert (same.epoch, same.position) == (0, 4)
+    new = _publish(store, path, "materialized again while the run was down")
+    after = ShardLoader(stable, seq_len=SEQ, batch_size=4)
+    assert after.sequences_per_epoch == before.sequences_per_epoch  # the counts alone would not tell
+    with pytest.raises(DatasetReplaced, match=f"read version {old} of the train shards, they are now version {new}"):
+        after.load_state_dict(state)
+    assert (after.epoch, after.position) == (0, 0)
+    after.load_state_dict({k: v for k, v in state.items() if k != "data_version"})  # written before versions
+    assert after.position == 4
