@@ -279,8 +279,8 @@ class ShardLoader:
         # where the counts agree. States written before versions were recorded (or outside a store) hold None.
         recorded, current = state.get("data_version"), self.shard_set.data_version
         if recorded is not None and current is not None and recorded != current:
-            raise DatasetReplaced(f"cannot resume: the checkpoint's loader read version {recorded} of the {self.split} "
-                                  f"shards, they are now version {current} (materialized again since), where its "
+            raise DatasetReplaced(f"cannot resume: the checkpoint's loader read version {recorded} of the "
+                                  f"{self.split} shards, they are now version {current} (materialized again since), where its "
                                   f"position means nothing. Start a new run (another output_dir), or continue this one on "
                                   f"the new version with training.base_checkpoint set to the checkpoint")
         for key in ("split", "seq_len", "world_size", "seed", "shuffle_epochs", "tokenizer_sha256",
