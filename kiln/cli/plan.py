@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from kiln.cli.base import EXIT_BAD_INPUT, EXIT_OK
 from kiln.planning import own_mfu
 from kiln.planning.fits import runs_from_mlflow
+from kiln.planning.memory import GIB
 from kiln.planning.plan import Plan, PlanRequest, make_plan
 
 
@@ -178,6 +179,11 @@ def training_yaml(plan: Plan) -> str:
         "# under `training:` in the project config; micro_batch and grad_accum there replace",
         "# training.micro_batch_size and training.grad_accum (remove those, or keep them equal)",
     ]
-    if not plan.parallelism.fits:
-        lines.append(f"# warning: {plan.warnings[0]}")
+    layout = plan.training_layout
+    if plan.kiln_layout is not None:  # the recommended layout is TP x PP at once: say why this one, and its cost
+        lines.append(f"# the best layout Kiln's trainer runs (TP or PP at 1), not the plan's TP {plan.parallelism.tp} "
+                     f"x PP {plan.parallelism.pp}: see `kiln plan`'s warnings")
+    if not layout.fits:
+        lines.append(f"# warning: it does not fit: {layout.memory.total / GIB:.1f} GiB per GPU needed, "
+                     f"{layout.usable_bytes / GIB:.1f} GiB usable")
     return "\n".join([*lines, plan.training_yaml()])

@@ -217,8 +217,8 @@ class Plan:
     @property
     def training_layout(self) -> ParallelismPlan:
         """The layout the `training:` config gets: the recommended one, or where Kiln cannot train that, its own
-        best one (if it fits)."""
-        return self.kiln_layout if self.kiln_layout is not None and self.kiln_layout.fits else self.parallelism
+        best one (never a block the config refuses; `fits` says whether it fits)."""
+        return self.kiln_layout or self.parallelism
 
     @property
     def steps(self) -> int:
@@ -390,8 +390,8 @@ def _warnings(plan: Plan) -> list[str]:
             f"for a 3D-parallel trainer (Megatron-LM, Megatron-DeepSpeed), and Kiln refuses it. "
             + (f"The best layout Kiln runs is {own}; the `training:` config is that one"
                if kiln.fits else
-               f"No layout Kiln runs fits (closest: {own}, {kiln.usable_bytes / GIB:.1f} GiB usable): use more "
-               f"GPUs, CPU offload or a shorter sequence"))
+               f"No layout Kiln runs fits (closest, the `training:` config: {own}, {kiln.usable_bytes / GIB:.1f} "
+               f"GiB usable): use more GPUs, CPU offload or a shorter sequence"))
     if plan.data is not None:
         out.extend(plan.data.warnings)
     return out

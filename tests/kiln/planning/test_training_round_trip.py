@@ -174,3 +174,20 @@ def test_a_layout_without_dp_takes_what_the_world_size_leaves():
     assert layout.data_parallel(16) == 4
     with pytest.raises(ValueError, match=r"training\.parallelism \(tp 1 x pp 4 = 4 ranks"):
         layout.data_parallel(18)
+
+
+def test_where_nothing_fits_the_block_is_still_one_kiln_runs(capsys):
+    """GPT-3 on 32 A100-80GB: no layout fits (the planner's closest is TP 8 x PP 4, 82 GiB of 72 usable). The block
+    is still Kiln's closest (TP or PP at 1), which the config loads (and the launch then refuses for memory), and
+    `--training-yaml` says both: why not the plan's layout, and that it does not fit."""
+    argv = [*CASES["gpt3-pipeline"][:8], "--gpus", "32", *CASES["gpt3-pipeline"][12:]]
+    assert "--nodes" not in argv and "--zero-stage" in argv
+    plan = plan_json(argv, capsys)
+    assert not plan["parallelism"]["fits"] and plan["parallelism"]["tp"] > 1 and plan["parallelism"]["pp"] > 1
+    layout = plan["training"]["parallelism"]
+    assert layout == {key: plan["kiln_layout"][key] for key in LAYOUT_KEYS} and 1 in (layout["tp"], layout["pp"])
+    assert Parallelism(**layout).data_parallel(32) == layout["dp"]
+    assert main(["plan", *argv, "--training-yaml"]) == 0
+    text = capsys.readouterr().out
+    assert "# the best layout Kiln's trainer runs (TP or PP at 1), not the plan's TP 8 x PP 4" in text
+    assert "# warning: it does not fit:" in text and yaml.safe_load(text) == plan["training"]
