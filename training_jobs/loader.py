@@ -280,9 +280,10 @@ class ShardLoader:
         recorded, current = state.get("data_version"), self.shard_set.data_version
         if recorded is not None and current is not None and recorded != current:
             raise DatasetReplaced(f"cannot resume: the checkpoint's loader read version {recorded} of the "
-                                  f"{self.split} shards, they are now version {current} (materialized again since), where its "
-                                  f"position means nothing. Start a new run (another output_dir), or continue this one on "
-                                  f"the new version with training.base_checkpoint set to the checkpoint")
+                                  f"{self.split} shards, they are now version {current} (materialized again "
+                                  f"since), where its position means nothing. Start a new run (another output_dir), "
+                                  f"or continue this one on the new version with training.base_checkpoint set to "
+                                  f"the checkpoint")
         for key in ("split", "seq_len", "world_size", "seed", "shuffle_epochs", "tokenizer_sha256",
                     "sequences_per_epoch"):
             if state[key] != getattr(self, key):

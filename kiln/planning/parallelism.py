@@ -83,6 +83,11 @@ def pipeline_parallel_candidates(n_layers: int, n_gpus: int, tp: int) -> list[in
     return [p for p in range(1, n_layers + 1) if n_layers % p == 0 and n_gpus % (tp * p) == 0]
 
 
+def kiln_trains(tp: int, pp: int) -> bool:
+    """Kiln's trainer runs tensor or pipeline parallelism, not both (training_jobs.settings.Parallelism)."""
+    return tp == 1 or pp == 1
+
+
 @dataclass(frozen=True)
 class ParallelismPlan:
     tp: int
@@ -108,8 +113,13 @@ class ParallelismPlan:
 
     @property
     def kiln_trains_it(self) -> bool:
-        """Kiln's trainer runs tensor or pipeline parallelism, not both (training_jobs.settings.Parallelism)."""
-        return self.tp == 1 or self.pp == 1
+        return kiln_trains(self.tp, self.pp)
+
+    def describe(self) -> str:
+        """The layout in words, as `kiln plan` prints it."""
+        return (f"TP {self.tp} x PP {self.pp} x DP {self.dp}, ZeRO-{self.zero_stage}, {self.recompute} recompute, "
+                f"micro-batch {self.micro_batch} x {self.grad_accum} accumulation"
+                + (f", bubble {self.bubble_fraction:.0%}" if self.pp > 1 else ""))
 
     @property
     def global_batch_sequences(self) -> int:
@@ -220,7 +230,7 @@ def recommend_parallelism(
         stage = zero_stage if pp == 1 else min(zero_stage, 1)
         layouts = [
             layout(tp, pp, stage, mode) for mode in recompute_options for tp in tps
-            if n % (tp * pp) == 0 and (tp_with_pp or tp == 1 or pp == 1)
+            if n % (tp * pp) == 0 and (tp_with_pp or kiln_trains(tp, pp))
         ]
         attempts.extend(layouts)
         fitting = [c for c in layouts if c.fits]

@@ -381,10 +381,7 @@ def _warnings(plan: Plan) -> list[str]:
         )
     if plan.kiln_layout is not None:
         par, kiln = plan.parallelism, plan.kiln_layout
-        own = (f"TP {kiln.tp} x PP {kiln.pp} x DP {kiln.dp}, ZeRO-{kiln.zero_stage}, {kiln.recompute} recompute, "
-               f"micro-batch {kiln.micro_batch} x {kiln.grad_accum}"
-               + (f", bubble {kiln.bubble_fraction:.0%}" if kiln.pp > 1 else "")
-               + f", {kiln.memory.total / GIB:.1f} GiB per GPU")
+        own = f"{kiln.describe()}, {kiln.memory.total / GIB:.1f} GiB per GPU"
         out.append(
             f"Kiln's trainer runs tensor or pipeline parallelism, not both: TP {par.tp} x PP {par.pp} is a layout "
             f"for a 3D-parallel trainer (Megatron-LM, Megatron-DeepSpeed), and Kiln refuses it. "

@@ -78,9 +78,7 @@ def _render(plan: Plan) -> str:
         f"  tokens      {_count(plan.tokens)} ({plan.tokens / plan.n_params:.1f} per param), "
         f"{plan.steps:,} steps of {par.global_batch_tokens:,}; "
         f"loss ~ {HOFFMANN_2022.loss(plan.n_params, plan.tokens):.3f}",
-        f"  layout      TP {par.tp} x PP {par.pp} x DP {par.dp}, ZeRO-{par.zero_stage}, "
-        f"{par.recompute} recompute, micro-batch {par.micro_batch} x {par.grad_accum} accumulation"
-        + (f", bubble {par.bubble_fraction:.0%}" if par.pp > 1 else ""),
+        f"  layout      {par.describe()}",
         f"  config      training.{plan.training_yaml()}"
         + (" (the layout Kiln runs: see Warnings)" if plan.training_layout is not par else ""),
         f"  memory/GPU  {gib(mem.total)} of {gib(par.usable_bytes)} GiB usable"
