@@ -22,7 +22,8 @@ config's folders, which every node must see at the same path (a shared filesyste
 launcher.
 
 Exit code: 0 when the run completed, 3 when it diverged (the trainer's own codes), 1 when it failed (after
-`max_failures` restarts); summary.json says why.
+`max_failures` restarts, or at once when its inputs were refused: `train.REFUSALS`, which a restart cannot change);
+summary.json says why.
 """
 
 from __future__ import annotations
@@ -100,7 +101,10 @@ def train_worker(config: dict[str, Any]) -> None:
         relay.log.info(f"restarted by Ray Train; its last reported checkpoint is {pointer['path']} (step "
                        f"{pointer['step']}); resuming from Kiln's newest verified checkpoint")
     host = train.Host(pipes=relay, after_checkpoint=report_checkpoint, owns_process_group=False)
-    code = train.main(["--run-config", config["run_config"]], host=host)
+    try:
+        code = train.main(["--run-config", config["run_config"]], host=host)
+    except train.REFUSALS:
+        return  # summary.json says why; a restart would read the same inputs and be refused again
     if code not in (0, 3):
         raise RuntimeError(f"training_jobs.train exited with {code}")
 
@@ -146,7 +150,11 @@ def run(run_config: Path, num_workers: int, address: str | None, max_failures: i
     if error is not None:
         print(f"Ray Train gave up after {max_failures} restarts: {error}", file=sys.stderr, flush=True)
         return 1
-    return {"completed": 0, "diverged": 3}.get(_read_json(output / "summary.json").get("status"), 1)
+    summary = _read_json(output / "summary.json")
+    if summary.get("status") == "failed":  # refused (train.REFUSALS): not restarted
+        print(f"training refused, not restarted: {summary['error'].strip().splitlines()[-1]}", file=sys.stderr,
+              flush=True)
+    return {"completed": 0, "diverged": 3}.get(summary.get("status"), 1)
 
 
 def _fit_relaying(trainer, channel, pipes) -> BaseException | None:

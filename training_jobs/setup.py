@@ -20,7 +20,7 @@ import torch
 
 from training_jobs import checkpoint
 from training_jobs.base import BaseWeights, load_into
-from kiln.tokens.shard_format import read_shard_set
+from kiln.tokens.shard_format import ShardError, read_shard_set
 from kiln.planning.memory import ZERO3_LIVE
 from training_jobs.layout import Layout, choose_layout, overlaps_communication, uses_autocast
 from training_jobs.loader import DatasetReplaced, ReplayLoader, ShardLoader
@@ -389,14 +389,20 @@ def pin_data_versions(run: RunConfig, dist: Dist) -> RunConfig:
     """The run config with the shard sets' versions every loader of every rank must find: the launching asset's
     (the ones it checked), or where it names none, the current ones as rank 0 reads them. A dataset materialized
     again while the ranks start is then refused (training_jobs.loader), never read as two versions."""
-    versions = None
+    versions = refusal = None
     if dist.main:
         def current(folder: str) -> str | None:
             return read_shard_set(Path(folder)).data_version
 
-        versions = (run.dataset_data_version or current(run.dataset_dir),
-                    run.replay and (run.replay.data_version or current(run.replay.dataset_dir)))
-    main, replay = broadcast_object(dist, versions)
+        try:
+            versions = (run.dataset_data_version or current(run.dataset_dir),
+                        run.replay and (run.replay.data_version or current(run.replay.dataset_dir)))
+        except ShardError as exc:  # refused on every rank alike, as in open_data
+            refusal = exc
+    versions, refusal = broadcast_object(dist, (versions, refusal))
+    if refusal is not None:
+        raise refusal
+    main, replay = versions
     return run.model_copy(update={"dataset_data_version": main,
                                   "replay": run.replay and run.replay.model_copy(update={"data_version": replay})})
 
@@ -430,6 +436,25 @@ def objective_for(run: RunConfig, dist: Dist) -> Objective:
                      if k.startswith("sentinel_")]
         pad_id = specials["pad"]["id"]
     return make_objective(t.objective, t.seed, dist.rank, sentinels, pad_id)
+
+
+def open_data(run: RunConfig, dist: Dist, shard: Dist) -> tuple[ShardLoader | ReplayLoader, ShardLoader | None]:
+    """This rank's training and validation loaders (`shard`: its data-parallel place), or on every rank the refusal
+    (ShardError, DatasetReplaced among them) of the lowest rank that met one. The ranks open their loaders each on
+    its own and can disagree (shards materialized again between two ranks' opens): a rank refusing alone would leave
+    the others waiting in their next collective until it timed out."""
+    try:
+        train = open_training(run, shard)
+        opened, refusal = (train, open_validation(run, train.seq_len, shard)), None
+    except ShardError as exc:
+        opened, refusal = None, exc
+    if dist.world_size > 1:
+        refusals = [None] * dist.world_size
+        torch.distributed.all_gather_object(refusals, refusal, group=dist.host_group)
+        refusal = next((r for r in refusals if r is not None), None)
+    if refusal is not None:
+        raise refusal
+    return opened
 
 
 def open_validation(run: RunConfig, seq_len: int, dist: Dist) -> ShardLoader | None:

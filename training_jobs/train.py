@@ -41,8 +41,9 @@ from typing import Any, Callable
 
 import torch
 
+from kiln.tokens.shard_format import ShardError
 from training_jobs import checkpoint, scaling_names
-from training_jobs.base import check_compatible, load_base
+from training_jobs.base import BaseCheckpointError, check_compatible, load_base
 from training_jobs.flops import device_peak_flops, mfu
 from training_jobs.loader import Prefetcher
 from training_jobs.model import ModelConfig, flops_per_token, param_count
@@ -72,8 +73,7 @@ from training_jobs.setup import (
     default_environment,
     init_distributed,
     objective_for,
-    open_training,
-    open_validation,
+    open_data,
     pin_data_versions,
     resolve_compile,
     resolve_layout,
@@ -121,6 +121,11 @@ class Launched:
     queued: float  # ... and when its work was all queued (on CPU: done)
 
 
+# What restarting the run cannot change: its inputs refused, on every rank alike (the shards, among them a version
+# materialized again since the run was set up, or the base checkpoint; the message says what to do). A launcher that
+# restarts failed workers (Ray Train) stops at the first.
+REFUSALS = (ShardError, BaseCheckpointError)
+
 KEPT, REJECTED, ROLLED_BACK = "kept", "rejected", "rolled back"  # what the monitor's judgement did to a step
 
 
@@ -139,11 +144,11 @@ class Trainer:
         t = self.t
         torch.manual_seed(t.seed)
         # Read ahead on a thread; the checkpoints store the position of the batches trained on.
-        self.loader = Prefetcher(open_training(run, self.shard), depth=2, device=dist.device)
+        train, self.val = open_data(run, dist, self.shard)
+        self.loader = Prefetcher(train, depth=2, device=dist.device)
         self.objective = objective_for(run, self.shard)
         self.seq_len = self.loader.seq_len
         self.long_document_share = self.loader.long_document_share(self.seq_len)
-        self.val = open_validation(run, self.seq_len, self.shard)
         self.cfg = ModelConfig(**t.model.architecture(self.loader.shard_set.vocab_size, self.seq_len))
         check_layout(t, self.cfg)
         self.max_steps = t.resolved_max_steps(self.shard.world_size, self.seq_len)

@@ -623,6 +623,46 @@ def test_a_run_reads_the_version_it_was_set_up_on_or_refuses(dataset, tmp_path):
     assert pin_data_versions(unnamed, one).dataset_data_version == newer
 
 
+def _open_data_as_rank(rank: int, tmp_path: Path) -> None:
+    """One rank of a two-process gloo world (torch.multiprocessing.spawn): open_data with this rank's run config;
+    what happened goes to rank-<rank>.txt."""
+    from training_jobs.settings import RunConfig
+    from training_jobs.setup import Dist, open_data
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=rank,
+                                         world_size=2)
+    dist = Dist(rank, 2, torch.device("cpu"))
+    try:
+        train, _ = open_data(RunConfig.read(tmp_path / f"run-{rank}.json"), dist, dist)
+        outcome = f"opened {train.shard_set.data_version}"
+    except ShardError as exc:
+        outcome = f"refused: {type(exc).__name__}: {exc}"
+    (tmp_path / f"rank-{rank}.txt").write_text(outcome)
+    torch.distributed.destroy_process_group()
+
+
+def test_a_dataset_one_rank_refuses_is_refused_on_every_rank(dataset, tmp_path):
+    """Each rank opens its loaders itself, so two ranks can see two versions (a partition materialized again between
+    their opens). Here rank 1 expects the version before the newest, as if it had opened after a replacement: it
+    refuses, and so does rank 0, with rank 1's reason, instead of training on into a collective rank 1 never joins
+    (a Ray Train worker that refused returns: a restart would be refused again, training_jobs/ray_launch.py)."""
+    from kiln.common.storage import Store
+    from training_jobs.settings import TrainingSettings
+
+    path, _ = dataset
+    store = Store(tmp_path / "store")
+    older = _publish(store, path, "what rank 1 expects")
+    newer = _publish(store, path, "what rank 0 expects, the current one")
+    for rank, version in enumerate((newer, older)):
+        TrainingSettings(seq_len=SEQ, micro_batch_size=4).to_run_config(
+            dataset_dir=store.dataset_dir("token_shards"), tokenizer_sha256=read_shard_set(path).tokenizer_sha256,
+            output_dir=tmp_path / "run", dataset_data_version=version).write(tmp_path / f"run-{rank}.json")
+    torch.multiprocessing.spawn(_open_data_as_rank, args=(tmp_path,), nprocs=2)
+    reason = (f"refused: DatasetReplaced: {store.dataset_dir('token_shards')} is now version {newer}, this run was set "
+              f"up on version {older}")
+    assert [(tmp_path / f"rank-{rank}.txt").read_text().split(" (")[0] for rank in (0, 1)] == [reason, reason]
+
+
 def test_a_checkpoint_resumes_only_on_the_version_its_loader_read(dataset, tmp_path):
     """A run without a pinned version (the CLI, a restart) that crashes, then finds its shards materialized again
     with the same number of sequences (here: the same tokens, another version): the checkpoint's position is in the

@@ -106,3 +106,22 @@ def test_ray_launcher_survives_a_lost_node_with_the_deepspeed_launchers_losses(c
     pointers = sorted((out / "ray").rglob("kiln_checkpoint.json"))
     assert pointers and json.loads(pointers[-1].read_text())["path"] == summary["checkpoint"]
     assert not list((out / "ray").rglob("*.pt"))
+
+
+def test_a_run_whose_inputs_are_refused_is_not_restarted(cluster, token_dataset, tmp_path):
+    """Ray Train restarts a worker group whatever a worker raised. A run whose inputs are refused (here its shards
+    are not the version the run was set up on, as when the partition is materialized again after the asset checked
+    it) would be refused again by each restart: the launcher stops at the first, with the reason."""
+    from training_jobs.settings import RunConfig
+
+    cluster.ensure_nodes(2)
+    out = tmp_path / "refused"
+    path = write_run(tmp_path, token_dataset, out)
+    RunConfig.read(path).model_copy(update={"dataset_data_version": "a-version-since-replaced"}).write(path)
+    code, output = Driver(path, cluster).wait()  # --max-failures 2
+    assert code == 1, output[-6000:]
+    assert "training refused, not restarted: training_jobs.loader.DatasetReplaced: " in output, output[-6000:]
+    assert "gave up" not in output
+    summary = summary_of(out)
+    assert summary["status"] == "failed" and "this run was set up on version a-version-since-replaced" in \
+        summary["error"]
