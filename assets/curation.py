@@ -11,7 +11,7 @@ from assets.results import check_specs, engine_metadata, materialize_result, sta
 from kiln.common.manifest import code_version
 from kiln.common.secrets import redact
 from kiln.common.stats import StageStats, chain, funnel_markdown
-from kiln.common.storage import Store, resume_key
+from kiln.common.storage import Snapshot, resume_key
 from kiln.curation.exact_dedup import HashSource, exact_dedup, remove_shuffle
 from kiln.curation.filters.registry import build_step
 from kiln.curation.pii import PiiRedaction
@@ -60,7 +60,7 @@ def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, st
                                "quarantined": stats.docs_in - stats.docs_out},
             stats=stats.to_dict())
     quarantined = dict(stats.steps["read"].dropped)
-    return materialize_result(manifest, stats, store, standard_checks(store, manifest, stats.docs_in),
+    return materialize_result(manifest, stats, store, standard_checks(writer.committed, stats.docs_in),
                               quarantined=sum(quarantined.values()),
                               quarantine_reasons=dg.MetadataValue.json(quarantined),
                               **engine_metadata(runner, stats.docs_in, time.perf_counter() - started))
@@ -96,7 +96,7 @@ def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfi
             **version, counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
             stats=stats.to_dict())
     pii = dict(stats.steps["pii"].counts) if "pii" in stats.steps else {}
-    checks = standard_checks(store, manifest, raw.manifest.counts["documents"])
+    checks = standard_checks(writer.committed, raw.manifest.counts["documents"])
     return materialize_result(manifest, stats, store, checks,
                               **engine_metadata(runner, stats.docs_in, seconds),
                               pii_redactions=dg.MetadataValue.json(pii), pii_total=sum(pii.values()),
@@ -156,14 +156,14 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
         remove_shuffle(shuffle)  # the last source of the refresh is done
     funnel = chain([StageStats.from_dict(store.manifest(RAW, here).stats),
                     StageStats.from_dict(inputs[here].manifest.stats), stats])
-    checks = standard_checks(store, manifest, inputs[here].manifest.counts["documents"]) + [
-        residual_pii_check(store, here, build_step("pii", config.curation.pii))]
+    checks = standard_checks(writer.committed, inputs[here].manifest.counts["documents"]) + [
+        residual_pii_check(writer.committed, build_step("pii", config.curation.pii))]
     return materialize_result(manifest, stats, store, checks, **engine_metadata(runner, stats.docs_in, seconds),
                               full_funnel=dg.MetadataValue.md("From raw records to curated documents:\n\n"
                                                               + funnel_markdown(funnel)))
 
 
-def residual_pii_check(store: Store, here: str, step: PiiRedaction) -> dg.AssetCheckResult:
+def residual_pii_check(output: Snapshot, step: PiiRedaction) -> dg.AssetCheckResult:
     """Scan the output with a second, independent detector (kiln.curation.residual_pii: its own code and patterns, so it finds
     what the redactor's own patterns miss, which scanning with them again never could), for the types and exemptions
     the `pii` step is configured with: a type turned off there is not looked for. Any hit means redaction missed
@@ -173,7 +173,7 @@ def residual_pii_check(store: Store, here: str, step: PiiRedaction) -> dg.AssetC
     fields: dict[str, int] = {}
     examples = []
     settings = (step.types, step.ipv4_keep, step.keep_documentation, step.phone_regions)
-    for batch in store.iter_batches(CURATED, here, columns=["doc_id", "text", "url", "meta"]):
+    for batch in output.iter_batches(columns=["doc_id", "text", "url", "meta"]):
         in_text = residual_pii_batch(batch.column("text"), *settings)
         in_fields = residual_pii_fields(batch.column("url").to_pylist(), batch.column("meta").to_pylist(), *settings)
         for doc_id, spans, others in zip(batch.column("doc_id").to_pylist(), in_text, in_fields):

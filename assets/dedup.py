@@ -141,7 +141,7 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
             stats=stats)
     signed = sum(m.manifest.counts["documents"] for m in signature_sets.values())
     # Cluster members other than the kept copy are dropped later: their text shows only as the config allows.
-    examples = _cluster_rows(store.files(INDEX, refresh, "decisions"), stats["example_clusters"])
+    examples = _cluster_rows(writer.committed.files("decisions"), stats["example_clusters"])
     policy = config.curation.keep_rejected_text
     texts = None if policy == "none" else {
         doc_id: example_excerpt(text, policy) for doc_id, text in _texts_of(store, parts, examples).items()}
@@ -241,8 +241,8 @@ def deduplicated_documents(context: dg.AssetExecutionContext, kiln_config: KilnC
             stats={**stats.to_dict(), "contamination": contamination})
     funnel = chain([StageStats.from_dict(store.manifest(a, source).stats)
                     for a in ("raw_documents", "filtered_documents", CURATED)] + [stats])
-    overlap = _residual_overlap(store, source, item_ngrams(decon) if benchmarks is not None else None)
-    checks = standard_checks(store, manifest, curated.counts["documents"]) + [
+    overlap = _residual_overlap(writer.committed, item_ngrams(decon) if benchmarks is not None else None)
+    checks = standard_checks(writer.committed, curated.counts["documents"]) + [
         dg.AssetCheckResult(check_name="no_benchmark_overlap", passed=not overlap,
                             metadata={"documents_with_overlap": len(overlap),
                                       "examples": dg.MetadataValue.json(overlap[:5])})]
@@ -299,12 +299,12 @@ def _rows(dataset: Snapshot, role: str) -> list[int]:
             for f, p in zip(dataset.manifest.files_with_role(role), dataset.files(role))]
 
 
-def _residual_overlap(store, source: str, items) -> list[str]:
+def _residual_overlap(output: Snapshot, items) -> list[str]:
     """The kept documents an independent look (kiln.dedup.residual_overlap) still finds benchmark n-grams in."""
     if items is None:
         return []
     found = []
-    for batch in store.iter_batches(DEDUPLICATED, source, columns=["doc_id", "text"]):
+    for batch in output.iter_batches(columns=["doc_id", "text"]):
         for doc_id, text in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
             if items.overlaps(text):
                 found.append(doc_id)

@@ -128,7 +128,7 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
                              runner, label=f"quality {source}")
         seconds = time.perf_counter() - started
         manifest = writer.commit(**version, counts=counts)
-    doc_ids, scores, perplexity = read_scores(store.files(SCORES, source, "documents"))
+    doc_ids, scores, perplexity = read_scores(writer.committed.files("documents"))
     expected = deduplicated.manifest.counts["documents"]
     out_of_range = scores_out_of_range(scores, perplexity, classifier_dir is not None, settings.model is not None)
     metadata = {**engine_metadata(runner, counts["documents"], seconds),
@@ -138,9 +138,8 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
     # keeps rejected text (kiln.common.removals), redacted.
     policy = config.curation.keep_rejected_text
     texts = {} if policy == "none" else {
-        doc_id: example_excerpt(text, policy) for doc_id, text in store.values(
-            SCORES, source, "text", {doc_ids[row] for values in (scores, perplexity) for _, row in decile_rows(values)}
-        ).items()}
+        doc_id: example_excerpt(text, policy) for doc_id, text in writer.committed.values(
+            "text", {doc_ids[row] for values in (scores, perplexity) for _, row in decile_rows(values)}).items()}
     for name, values, log in (("quality_score", scores, False), ("perplexity", perplexity, True)):
         if np.isfinite(values).any():
             finite = values[np.isfinite(values)]
@@ -197,7 +196,7 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
     funnel = chain([StageStats.from_dict(store.manifest(a, source).stats) for a in
                     ("raw_documents", "filtered_documents", "curated_documents", DEDUPLICATED)] + [stats])
     return materialize_result(
-        manifest, stats, store, standard_checks(store, manifest, scored.manifest.counts["documents"]),
+        manifest, stats, store, standard_checks(writer.committed, scored.manifest.counts["documents"]),
         rule=dg.MetadataValue.json(rule.model_dump(mode="json") if rule else {"keep": "everything"}),
         cutoffs=dg.MetadataValue.json(decision.cutoffs),
         full_funnel=dg.MetadataValue.md("From raw records to quality-filtered documents:\n\n" + funnel_markdown(funnel)))

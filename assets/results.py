@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 
 from kiln.common.manifest import Manifest
 from kiln.common.stats import StageStats, examples_markdown, funnel_markdown, length_histogram_markdown
-from kiln.common.storage import Store
+from kiln.common.storage import Snapshot, Store
 from kiln.curation.documents import DOCUMENT_SCHEMA
 from kiln.engine import Engine
 
@@ -25,15 +25,16 @@ def check_specs(asset: str, *extra: str) -> list[dg.AssetCheckSpec]:
             for name in (*CHECKS, *extra)]
 
 
-def standard_checks(store: Store, manifest: Manifest, docs_in: int) -> list[dg.AssetCheckResult]:
-    """Checks computed from what is on disk (file row counts), not from the counters that wrote it."""
+def standard_checks(output: Snapshot, docs_in: int) -> list[dg.AssetCheckResult]:
+    """Checks of the version just committed (`DatasetWriter.committed`) computed from what is on disk (file row
+    counts), not from the counters that wrote it."""
+    manifest = output.manifest
     rows = {role: sum(f.rows or 0 for f in manifest.files_with_role(role))
             for role in ("documents", "rejected", "quarantine")}
     accounted = rows["documents"] + rows["rejected"] + rows["quarantine"]
-    base = store.dataset_dir(manifest.asset, manifest.partition)
     bad_schema = []
     for f in manifest.files_with_role("documents"):
-        schema = pq.read_schema(base / f.path)
+        schema = pq.read_schema(output.folder / f.path)
         missing = [fld.name for fld in DOCUMENT_SCHEMA if schema.get_field_index(fld.name) < 0
                    or not schema.field(fld.name).type.equals(fld.type)]
         if missing:

@@ -169,12 +169,12 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
             forget_replaced=bool(newly_applied))  # the shards replaced may hold what the new requests remove
     for warning in result.warnings:
         context.log.warning(warning)
-    base = store.dataset_dir(SHARDS, refresh)
+    base, written = store.dataset_dir(SHARDS, refresh), writer.committed.folder
     problems = []
-    shard_set = read_shard_set(base)
+    shard_set = read_shard_set(written)
     for info in manifest.stats["shards"]:
         try:
-            shard = open_shard(base / info["path"], expected_tokenizer_sha256=tok.manifest.stats["card"]["sha256"])
+            shard = open_shard(written / info["path"], expected_tokenizer_sha256=tok.manifest.stats["card"]["sha256"])
             if len(shard.tokens) != info["tokens"]:
                 problems.append(f"{info['path']}: {len(shard.tokens)} tokens, manifest says {info['tokens']}")
         except ShardError as exc:

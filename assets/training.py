@@ -391,8 +391,8 @@ def checkpoint(context: dg.AssetExecutionContext, storage: KilnStorage,
     base = store.dataset_dir(CHECKPOINT)
     mlflow_run = run.stats["mlflow"]["run_id"]
     client = mlflow_tracking.client()
-    for fmt in summary["exports"]:
-        client.log_artifacts(mlflow_run, str(base / fmt), artifact_path=f"checkpoint/{fmt}")
+    for fmt in summary["exports"]:  # this version's exports, whatever is committed meanwhile
+        client.log_artifacts(mlflow_run, str(writer.committed.folder / fmt), artifact_path=f"checkpoint/{fmt}")
     return dg.MaterializeResult(
         metadata={"parameters": summary["n_params"], "steps": summary["steps"], "formats": sorted(summary["exports"]),
                   "files": dg.MetadataValue.json({f.path: f.sha256[:16] for f in manifest.files}),

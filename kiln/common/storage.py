@@ -279,6 +279,15 @@ class Snapshot:
         for path in self.files(role):
             yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
 
+    def values(self, column: str, doc_ids: set[str] | None = None) -> dict[str, object]:
+        """doc_id -> `column` of this version's documents (only `doc_ids` when given), reading two columns."""
+        found = {}
+        for batch in self.iter_batches("documents", columns=["doc_id", column]):
+            for doc_id, value in zip(batch.column("doc_id").to_pylist(), batch.column(column).to_pylist()):
+                if doc_ids is None or doc_id in doc_ids:
+                    found[doc_id] = value
+        return found
+
 
 COMMIT_LOCK = "_commit.lock"  # beside a dataset's manifest on S3, while a writer publishes it
 
@@ -363,13 +372,8 @@ class Store:
 
     def values(self, asset: str, partition: str | None, column: str,
                doc_ids: set[str] | None = None) -> dict[str, object]:
-        """doc_id -> `column` of a dataset's documents (only `doc_ids` when given), reading two columns."""
-        found = {}
-        for batch in self.iter_batches(asset, partition, columns=["doc_id", column]):
-            for doc_id, value in zip(batch.column("doc_id").to_pylist(), batch.column(column).to_pylist()):
-                if doc_ids is None or doc_id in doc_ids:
-                    found[doc_id] = value
-        return found
+        """doc_id -> `column` of a dataset's current documents (only `doc_ids` when given)."""
+        return self.snapshot(asset, partition).values(column, doc_ids)
 
     def lock(self, name: str) -> FileLock:
         """The lock for a read-modify-write of a registry (the refreshes, the removal requests): two processes
@@ -708,6 +712,7 @@ class DatasetWriter:
                               f"(lock {self._lock.lock_file}); wait for it to finish") from None
         self.dir.mkdir(exist_ok=bool(resume))
         self._counters: dict[str, int] = {}
+        self.committed: Snapshot | None = None  # the version commit() published
 
     def next_path(self, role: str, suffix: str = ".parquet") -> Path:
         i = self._counters.get(role, 0)
@@ -727,9 +732,10 @@ class DatasetWriter:
 
     def commit(self, *, code_version: str, config: dict, inputs: dict[str, str], counts: dict[str, int],
                stats: dict | None = None, forget_replaced: bool = False) -> Manifest:
-        """Publish the staged version. `forget_replaced`: the version replaced may hold documents a removal request
-        took out of this one, so it is removed now rather than kept for readers (a reader holding it, a training
-        run, keeps it until it lets go)."""
+        """Publish the staged version; afterwards `committed` is it (a Snapshot): the asset's checks and metadata read
+        their own output there, not through the dataset's link, which another run may have moved on meanwhile.
+        `forget_replaced`: the version replaced may hold documents a removal request took out of this one, so it is
+        removed now rather than kept for readers (a reader holding it, a training run, keeps it until it lets go)."""
         entries = []
         recorded = _recorded_files(self.dir)
         published, hidden = _staged_files(self.dir)
@@ -753,6 +759,8 @@ class DatasetWriter:
         for path in hidden:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         version = _swap_in(self.dir, self.final_dir, flushed=True)  # flushed above, then the manifest
+        # What the caller checks and describes after committing is this version, whatever is committed next.
+        self.committed = Snapshot(version, manifest)
         self._release(remove=True)
         _remove_stale_staging(self.final_dir)
         keep_s = KEEP_REPLACED_S if self.store is None else self.store.keep_replaced_s

@@ -209,3 +209,37 @@ def test_a_failed_step_resumes_from_the_parts_it_completed(project):
     assert materialize(project, ["filtered_documents"], "web").success  # from zero
     again = json.loads((final / "_manifest.json").read_text())
     assert again["data_version"] == resumed["data_version"] and again["counts"] == resumed["counts"]
+
+
+def test_the_checks_are_of_the_version_the_asset_committed_when_another_run_commits_next(project, monkeypatch):
+    """Two runs of one partition at once (a backfill and a run from the UI): the other commits its version right
+    after this one's. The checks and metadata that read this run's output after its commit (schema, residual PII)
+    read the version it committed and reports as its data version, not whatever the dataset's link names by then.
+    The other version here holds one part of another name, with an unredacted e-mail address. Read through the link
+    (before), the schema check found no part-00000 there and the asset failed; residual_pii would scan the other's
+    text."""
+    from kiln.common.storage import DatasetWriter
+
+    for source in ("web", "ref"):
+        assert materialize(project, ["raw_documents", "filtered_documents"], source).success
+    store, web = project.store, project.partition("web")
+    commit = DatasetWriter.commit
+
+    def another_run_commits_next(writer, **kwargs):
+        manifest = commit(writer, **kwargs)
+        if writer.asset == "curated_documents" and writer.partition == web:
+            with store.staging("curated_documents", web) as other:
+                table = store.snapshot("curated_documents", web).read_table().slice(0, 1)  # this run's, still current
+                other.next_path("documents")  # its one part is part-00001: no part-00000 in this version
+                other.write("documents", table.set_column(table.schema.get_field_index("text"), "text",
+                                                          [["Write to alice.jones@example.org."]]))
+                commit(other, code_version="t", config={}, inputs={}, counts={"documents": 1}, stats={})
+        return manifest
+
+    monkeypatch.setattr(DatasetWriter, "commit", another_run_commits_next)
+    result = materialize(project, ["curated_documents"], "web")
+    committed = result.asset_materializations_for_node("curated_documents")[0].metadata["data_version"].value
+    assert store.manifest("curated_documents", web).data_version != committed  # the other run's is current
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert all(e.passed for e in evaluations.values()), {n: e.metadata for n, e in evaluations.items() if not e.passed}
+    assert evaluations["residual_pii"].metadata["hits"].value == {}
