@@ -371,6 +371,10 @@ def clip_without_reading(optimizer) -> None:
 
 # ---------------------------------------------------------------------------------- the run's inputs
 
+class TokenizerMismatch(ValueError):
+    """tokenizer_dir holds another model file than the one the run config (and its shards) were made with."""
+
+
 def check_tokenizer(run: RunConfig) -> None:
     if run.tokenizer_dir is None:
         return
@@ -381,7 +385,7 @@ def check_tokenizer(run: RunConfig) -> None:
                                 f"out") from None
     sha = checkpoint.sha256_file(model)
     if sha != run.tokenizer_sha256.lower():
-        raise ValueError(f"{model} has sha256 {sha[:12]}…, the run config says {run.tokenizer_sha256[:12]}…; "
+        raise TokenizerMismatch(f"{model} has sha256 {sha[:12]}…, the run config says {run.tokenizer_sha256[:12]}…; "
                          f"write the run config from the same tokenizer asset the shards were made with")
 
 

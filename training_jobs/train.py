@@ -64,6 +64,7 @@ from training_jobs.schedule import warmup_problem
 from training_jobs.settings import RunConfig
 from training_jobs.setup import (
     Dist,
+    TokenizerMismatch,
     broadcast_object,
     build_engine,
     check_layout,
@@ -122,9 +123,9 @@ class Launched:
 
 
 # What restarting the run cannot change: its inputs refused, on every rank alike (the shards, among them a version
-# materialized again since the run was set up, or the base checkpoint; the message says what to do). A launcher that
-# restarts failed workers (Ray Train) stops at the first.
-REFUSALS = (ShardError, BaseCheckpointError)
+# materialized again since the run was set up, the tokenizer file or the base checkpoint; the message says what to
+# do). A launcher that restarts failed workers (Ray Train) stops at the first.
+REFUSALS = (ShardError, TokenizerMismatch, BaseCheckpointError)
 
 KEPT, REJECTED, ROLLED_BACK = "kept", "rejected", "rolled back"  # what the monitor's judgement did to a step
 

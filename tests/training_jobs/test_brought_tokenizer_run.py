@@ -59,9 +59,10 @@ def test_a_run_trains_on_shards_of_a_brought_tokenizer(kind, tmp_path):
 
 def test_a_run_config_pointing_at_another_tokenizer_file_is_refused(tmp_path):
     """The run's own check (training_jobs.setup.check_tokenizer): the model file in tokenizer_dir must be the one
-    the shards were made with."""
+    the shards were made with. A refusal a restart cannot change (train.REFUSALS: Ray Train does not retry it)."""
     from training_jobs.settings import RunConfig
     from training_jobs.setup import check_tokenizer
+    from training_jobs.train import REFUSALS
 
     sources = standard_sources(tmp_path / "docs", {"prose": 60, "code": 20, "unicode": 20})
     theirs = build_hf_tokenizer(tmp_path / "theirs" / "tokenizer.json", texts_of(sources), vocab_size=400)
@@ -70,5 +71,5 @@ def test_a_run_config_pointing_at_another_tokenizer_file_is_refused(tmp_path):
     run = RunConfig(dataset_dir=str(tmp_path), tokenizer_sha256=hashlib.sha256(theirs.read_bytes()).hexdigest(),
                     tokenizer_dir=str(tmp_path / "tok"), output_dir=str(tmp_path / "o"))
     check_tokenizer(run)  # the same file: fine
-    with pytest.raises(ValueError, match="hf_tokenizer.json has sha256"):
+    with pytest.raises(REFUSALS, match="hf_tokenizer.json has sha256"):
         check_tokenizer(run.model_copy(update={"tokenizer_sha256": "0" * 64}))
