@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -59,6 +60,7 @@ from kiln.common.manifest import (
 )
 from kiln.common.remote import CorruptRemoteFile, MissingRemoteFile, S3Remote
 from kiln.common.secrets import redact
+from kiln.tokens.shard_format import hold_folder
 
 # A file's role is its name's prefix, so any reader can tell documents from rejects, signatures or shards.
 ROLE_PREFIX = {"documents": "part", "rejected": "rejected", "quarantine": "quarantine", "signatures": "signatures",
@@ -598,7 +600,8 @@ def _swap_in(staging: Path, final: Path, flushed: bool = False) -> Path:
 def _remove_replaced(final: Path, keep_s: float) -> None:
     """Remove the version folders of `final` no reader can need: those replaced more than `keep_s` ago, and those
     never published (a writer killed before its link went in: no marker). Under the swap lock, so a writer between
-    its version's rename and its link is never cut short."""
+    its version's rename and its link is never cut short. A version someone holds stays; with `keep_s` 0 (forgotten:
+    a removal request) its marker is dated back, so the first commit to the store after it is let go removes it."""
     versions = [p for p in final.parent.glob(f".{final.name}.v-*") if p.is_dir() and not p.is_symlink()]
     markers = [p for p in final.parent.glob(f".{final.name}.v-*.replaced")]
     if not versions and not markers:
@@ -612,7 +615,11 @@ def _remove_replaced(final: Path, keep_s: float) -> None:
                 replaced_at = marker.stat().st_mtime
             except FileNotFoundError:
                 replaced_at = None
-            if version == current or (replaced_at is not None and now - replaced_at < keep_s) or _held(version):
+            if version == current or (replaced_at is not None and now - replaced_at < keep_s):
+                continue
+            if _held(version):
+                if keep_s == 0 and replaced_at is not None:  # forgotten: due at the first commit after it is let go
+                    os.utime(marker, (0, 0))
                 continue
             doomed.append(final.with_name(f".{final.name}.trash-{uuid.uuid4().hex[:8]}"))
             os.replace(version, doomed[-1])
@@ -625,7 +632,8 @@ def _remove_replaced(final: Path, keep_s: float) -> None:
 
 
 def _held(folder: Path) -> bool:
-    """Whether a reader holds the version folder (a shared lock on it: kiln.tokens.shard_format.hold_folder)."""
+    """Whether a reader holds the version folder (a shared lock on it: kiln.tokens.shard_format.hold_folder; the
+    writer that committed it, while it lives)."""
     import fcntl
 
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -758,8 +766,12 @@ class DatasetWriter:
         # Scratch folders and temp files of tasks that died, at any depth: never published.
         for path in hidden:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
+        # What the caller checks and describes after committing is this version, whatever is committed next; held
+        # while this writer lives (a shared lock, which follows the folder through its rename), so that a next commit
+        # that forgets the versions it replaces leaves it until then.
+        held = hold_folder(self.dir)
+        weakref.finalize(self, os.close, held)
         version = _swap_in(self.dir, self.final_dir, flushed=True)  # flushed above, then the manifest
-        # What the caller checks and describes after committing is this version, whatever is committed next.
         self.committed = Snapshot(version, manifest)
         self._release(remove=True)
         _remove_stale_staging(self.final_dir)

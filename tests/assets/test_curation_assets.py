@@ -1,6 +1,7 @@
 """The curation assets through Dagster: partitions, checks, metadata, data versions, lineage."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -215,10 +216,10 @@ def test_the_checks_are_of_the_version_the_asset_committed_when_another_run_comm
     """Two runs of one partition at once (a backfill and a run from the UI): the other commits its version right
     after this one's. The checks and metadata that read this run's output after its commit (schema, residual PII)
     read the version it committed and reports as its data version, not whatever the dataset's link names by then.
-    The other version here holds one part of another name, with an unredacted e-mail address. Read through the link
-    (before), the schema check found no part-00000 there and the asset failed; residual_pii would scan the other's
-    text."""
-    from kiln.common.storage import DatasetWriter
+    The other version here holds one part of another name, with an unredacted e-mail address, and forgets the
+    versions it replaces. Read through the link (before), the schema check found no part-00000 there and the asset
+    failed; residual_pii would scan the other's text."""
+    from kiln.common.storage import DatasetWriter, remove_replaced_versions
 
     for source in ("web", "ref"):
         assert materialize(project, ["raw_documents", "filtered_documents"], source).success
@@ -233,7 +234,11 @@ def test_the_checks_are_of_the_version_the_asset_committed_when_another_run_comm
                 other.next_path("documents")  # its one part is part-00001: no part-00000 in this version
                 other.write("documents", table.set_column(table.schema.get_field_index("text"), "text",
                                                           [["Write to alice.jones@example.org."]]))
-                commit(other, code_version="t", config={}, inputs={}, counts={"documents": 1}, stats={})
+                # and forgets the version it replaced (as a commit applying a removal request does): this run's
+                # stays while this run's writer, which holds it, lives
+                commit(other, code_version="t", config={}, inputs={}, counts={"documents": 1}, stats={},
+                       forget_replaced=True)
+                assert writer.committed.folder.is_dir()
         return manifest
 
     monkeypatch.setattr(DatasetWriter, "commit", another_run_commits_next)
@@ -243,3 +248,11 @@ def test_the_checks_are_of_the_version_the_asset_committed_when_another_run_comm
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert all(e.passed for e in evaluations.values()), {n: e.metadata for n, e in evaluations.items() if not e.passed}
     assert evaluations["residual_pii"].metadata["hits"].value == {}
+    # Forgotten while held: the first commit to the store after the run let go removes it (each commit sweeps).
+    folder = store.dataset_dir("curated_documents", web)
+    def versions() -> list[Path]:
+        return sorted(p for p in folder.parent.glob(f".{folder.name}.v-*") if p.is_dir())
+
+    assert len(versions()) == 2
+    remove_replaced_versions(store.root, store.keep_replaced_s)  # as any commit does, with the store's 60 minutes
+    assert versions() == [folder.resolve()]
