@@ -250,6 +250,7 @@ def test_the_checks_are_of_the_version_the_asset_committed_when_another_run_comm
     assert evaluations["residual_pii"].metadata["hits"].value == {}
     # Forgotten while held: the first commit to the store after the run let go removes it (each commit sweeps).
     folder = store.dataset_dir("curated_documents", web)
+
     def versions() -> list[Path]:
         return sorted(p for p in folder.parent.glob(f".{folder.name}.v-*") if p.is_dir())
 
