@@ -386,7 +386,7 @@ def check_tokenizer(run: RunConfig) -> None:
     sha = checkpoint.sha256_file(model)
     if sha != run.tokenizer_sha256.lower():
         raise TokenizerMismatch(f"{model} has sha256 {sha[:12]}…, the run config says {run.tokenizer_sha256[:12]}…; "
-                         f"write the run config from the same tokenizer asset the shards were made with")
+                                f"write the run config from the same tokenizer asset the shards were made with")
 
 
 def pin_data_versions(run: RunConfig, dist: Dist) -> RunConfig:
@@ -401,12 +401,10 @@ def pin_data_versions(run: RunConfig, dist: Dist) -> RunConfig:
         try:
             versions = (run.dataset_data_version or current(run.dataset_dir),
                         run.replay and (run.replay.data_version or current(run.replay.dataset_dir)))
-        except ShardError as exc:  # refused on every rank alike, as in open_data
+        except ShardError as exc:
             refusal = exc
-    versions, refusal = broadcast_object(dist, (versions, refusal))
-    if refusal is not None:
-        raise refusal
-    main, replay = versions
+    refuse_together(dist, refusal)
+    main, replay = broadcast_object(dist, versions)
     return run.model_copy(update={"dataset_data_version": main,
                                   "replay": run.replay and run.replay.model_copy(update={"data_version": replay})})
 
@@ -442,22 +440,28 @@ def objective_for(run: RunConfig, dist: Dist) -> Objective:
     return make_objective(t.objective, t.seed, dist.rank, sentinels, pad_id)
 
 
-def open_data(run: RunConfig, dist: Dist, shard: Dist) -> tuple[ShardLoader | ReplayLoader, ShardLoader | None]:
-    """This rank's training and validation loaders (`shard`: its data-parallel place), or on every rank the refusal
-    (ShardError, DatasetReplaced among them) of the lowest rank that met one. The ranks open their loaders each on
-    its own and can disagree (shards materialized again between two ranks' opens): a rank refusing alone would leave
-    the others waiting in their next collective until it timed out."""
-    try:
-        train = open_training(run, shard)
-        opened, refusal = (train, open_validation(run, train.seq_len, shard)), None
-    except ShardError as exc:
-        opened, refusal = None, exc
+def refuse_together(dist: Dist, refusal: Exception | None) -> None:
+    """Raise, on every rank, the refusal of the lowest rank that met one (None: this rank met none). Ranks read their
+    inputs each on its own and can disagree (shards materialized again between two ranks' reads): a rank refusing
+    alone would leave the others waiting in their next collective until it timed out."""
     if dist.world_size > 1:
         refusals = [None] * dist.world_size
         torch.distributed.all_gather_object(refusals, refusal, group=dist.host_group)
         refusal = next((r for r in refusals if r is not None), None)
     if refusal is not None:
         raise refusal
+
+
+def open_data(run: RunConfig, dist: Dist, shard: Dist) -> tuple[ShardLoader | ReplayLoader, ShardLoader | None]:
+    """This rank's training and validation loaders (`shard`: its data-parallel place), or on every rank the refusal
+    (ShardError, DatasetReplaced among them) of the lowest rank that met one (refuse_together)."""
+    opened, refusal = None, None
+    try:
+        train = open_training(run, shard)
+        opened = train, open_validation(run, train.seq_len, shard)
+    except ShardError as exc:
+        refusal = exc
+    refuse_together(dist, refusal)
     return opened
 
 
