@@ -7,10 +7,9 @@ import time
 import dagster as dg
 
 from assets.partitions import FOLLOW, SAME_REFRESH_EVERY_SOURCE, document_partitions, source_and_refresh
-from assets.results import check_specs, engine_metadata, materialize_result, standard_checks
+from assets.results import check_specs, engine_metadata, full_funnel, materialize_result, standard_checks
 from kiln.common.manifest import code_version
 from kiln.common.secrets import redact
-from kiln.common.stats import StageStats, chain, funnel_markdown
 from kiln.common.storage import Snapshot, resume_key
 from kiln.curation.exact_dedup import HashSource, exact_dedup, remove_shuffle
 from kiln.curation.filters.registry import build_step
@@ -154,13 +153,10 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
     if all((m := store.manifest_or_none(CURATED, p)) is not None and m.inputs == version["inputs"]
            and m.config == recorded for p in inputs):
         remove_shuffle(shuffle)  # the last source of the refresh is done
-    funnel = chain([StageStats.from_dict(store.manifest(RAW, here).stats),
-                    StageStats.from_dict(inputs[here].manifest.stats), stats])
     checks = standard_checks(writer.committed, inputs[here].manifest.counts["documents"]) + [
         residual_pii_check(writer.committed, build_step("pii", config.curation.pii))]
     return materialize_result(manifest, stats, store, checks, **engine_metadata(runner, stats.docs_in, seconds),
-                              full_funnel=dg.MetadataValue.md("From raw records to curated documents:\n\n"
-                                                              + funnel_markdown(funnel)))
+                              **full_funnel(store, manifest, stats, "curated documents"))
 
 
 def residual_pii_check(output: Snapshot, step: PiiRedaction) -> dg.AssetCheckResult:

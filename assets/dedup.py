@@ -12,11 +12,10 @@ import pyarrow.parquet as pq
 
 from assets.curation import CURATED
 from assets.partitions import FOLLOW, SAME_REFRESH, document_partitions, refresh_partitions, source_and_refresh
-from assets.results import check_specs, engine_metadata, materialize_result, standard_checks
+from assets.results import check_specs, engine_metadata, full_funnel, materialize_result, standard_checks
 from kiln.common.manifest import code_version
 from kiln.common.plots import stacked_bars_markdown
 from kiln.common.removals import example_excerpt
-from kiln.common.stats import StageStats, chain, funnel_markdown
 from kiln.common.storage import Snapshot, resume_key
 from kiln.dedup.apply import decisions_by_part, deduplicate_source
 from kiln.dedup.boilerplate import boilerplate_hashes
@@ -239,8 +238,6 @@ def deduplicated_documents(context: dg.AssetExecutionContext, kiln_config: KilnC
             inputs={f"{CURATED}/{source}": curated.data_version, f"{INDEX}/{refresh}": index.data_version},
             counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
             stats={**stats.to_dict(), "contamination": contamination})
-    funnel = chain([StageStats.from_dict(store.manifest(a, source).stats)
-                    for a in ("raw_documents", "filtered_documents", CURATED)] + [stats])
     overlap = _residual_overlap(writer.committed, item_ngrams(decon) if benchmarks is not None else None)
     checks = standard_checks(writer.committed, curated.counts["documents"]) + [
         dg.AssetCheckResult(check_name="no_benchmark_overlap", passed=not overlap,
@@ -250,7 +247,7 @@ def deduplicated_documents(context: dg.AssetExecutionContext, kiln_config: KilnC
         manifest, stats, store, checks, **engine_metadata(runner, stats.docs_in, seconds),
         contamination=dg.MetadataValue.json(contamination["per_benchmark"]),
         contaminated_items=dg.MetadataValue.md(contamination["markdown"]),
-        full_funnel=dg.MetadataValue.md("From raw records to deduplicated documents:\n\n" + funnel_markdown(funnel)))
+        **full_funnel(store, manifest, stats, "deduplicated documents"))
 
 
 @dataclass(frozen=True)

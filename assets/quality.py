@@ -8,11 +8,10 @@ import numpy as np
 
 from assets.dedup import DEDUPLICATED
 from assets.partitions import FOLLOW, ONCE, document_partitions, source_and_refresh
-from assets.results import check_specs, engine_metadata, materialize_result, standard_checks
+from assets.results import check_specs, engine_metadata, full_funnel, materialize_result, standard_checks
 from kiln.common.manifest import code_version
 from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.removals import example_excerpt
-from kiln.common.stats import StageStats, chain, funnel_markdown
 from kiln.common.storage import Snapshot, resume_key
 from kiln.governance.forget import REQUESTS, applied_requests, first_match, load_requests, with_intake_urls
 from kiln.governance.refresh import materialized, partition
@@ -193,13 +192,11 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
             counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
             stats={**stats.to_dict(), "cutoffs": decision.cutoffs},
             forget_replaced=bool(newly_applied))  # the documents replaced may include what a request removes now
-    funnel = chain([StageStats.from_dict(store.manifest(a, source).stats) for a in
-                    ("raw_documents", "filtered_documents", "curated_documents", DEDUPLICATED)] + [stats])
     return materialize_result(
         manifest, stats, store, standard_checks(writer.committed, scored.manifest.counts["documents"]),
         rule=dg.MetadataValue.json(rule.model_dump(mode="json") if rule else {"keep": "everything"}),
         cutoffs=dg.MetadataValue.json(decision.cutoffs),
-        full_funnel=dg.MetadataValue.md("From raw records to quality-filtered documents:\n\n" + funnel_markdown(funnel)))
+        **full_funnel(store, manifest, stats, "quality-filtered documents"))
 
 
 def _requested(store, scored: Snapshot, requests: list) -> dict[str, str]:

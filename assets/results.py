@@ -6,10 +6,11 @@ import dagster as dg
 import pyarrow.parquet as pq
 
 from kiln.common.manifest import Manifest
-from kiln.common.stats import StageStats, examples_markdown, funnel_markdown, length_histogram_markdown
+from kiln.common.stats import StageStats, chain, examples_markdown, funnel_markdown, length_histogram_markdown
 from kiln.common.storage import Snapshot, Store
 from kiln.curation.documents import DOCUMENT_SCHEMA
 from kiln.engine import Engine
+from kiln.governance.catalog import RAW, stages_read
 
 CHECKS = ("conservation", "non_empty", "schema")
 
@@ -68,6 +69,16 @@ def stage_metadata(manifest: Manifest, stats: StageStats, store: Store) -> dict:
         "data_version": manifest.data_version,
         "git_commit": manifest.git_commit or "unknown",
     }
+
+
+def full_funnel(store: Store, manifest: Manifest, stats: StageStats, output: str) -> dict:
+    """The funnel from raw records to this output, over the versions of the stages it was built from (never
+    over a stage materialized again since)."""
+    stages = stages_read(store, manifest)
+    start = "raw records" if stages and stages[0].asset == RAW else \
+        f"`{(stages[0] if stages else manifest).asset}` (the versions read before it predate the store's history)"
+    funnel = chain([StageStats.from_dict(m.stats) for m in stages] + [stats])
+    return {"full_funnel": dg.MetadataValue.md(f"From {start} to {output}:\n\n" + funnel_markdown(funnel))}
 
 
 def engine_metadata(engine: Engine, documents: int, seconds: float) -> dict:

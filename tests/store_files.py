@@ -16,9 +16,11 @@ def published_files(base: Path) -> list[Path]:
 
 def leftovers(folder: Path) -> list[str]:
     """The hidden entries of `folder` (beside its datasets' links) that no reader needs: neither a dataset's current
-    version, nor a replaced version kept for its readers, nor that version's `.replaced` marker."""
+    version, nor a replaced version kept for its readers, nor that version's `.replaced` marker, nor the dataset's
+    history of manifests."""
     names = {p.name for p in folder.iterdir()}
-    current = {os.readlink(p) for p in folder.iterdir() if p.is_symlink()}
+    links = [p for p in folder.iterdir() if p.is_symlink()]
+    current = {os.readlink(p) for p in links} | {f".{p.name}.history" for p in links}
     kept = {n.removesuffix(".replaced") for n in names if n.endswith(".replaced")} & names
     return sorted(n for n in names if n.startswith(".") and n not in current | kept
                   and n.removesuffix(".replaced") not in kept)

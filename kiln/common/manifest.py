@@ -58,11 +58,24 @@ class Manifest:
         data = asdict(replace(self, files=[])) | {"files": [vars(f) for f in self.files]}
         return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
+    def for_history(self) -> Manifest:
+        """The manifest as a store's history keeps it after its version is gone: all of it but the removal examples,
+        the one part that may quote a document (an opt-in excerpt), which a removal request must be able to erase."""
+        return replace(self, stats=_without_examples(self.stats))
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
         data = dict(data)
         data["files"] = [FileEntry(**f) for f in data["files"]]
         return cls(**data)
+
+
+def _without_examples(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_examples(v) for k, v in value.items() if k != "examples"}
+    if isinstance(value, list):
+        return [_without_examples(v) for v in value]
+    return value
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

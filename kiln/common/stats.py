@@ -144,7 +144,8 @@ class StageStats:
     def from_dict(cls, d: dict[str, Any]) -> StageStats:
         languages = d.get("languages", {})
         return cls(d["docs_in"], d["chars_in"], d["docs_out"], d["chars_out"],
-                   {k: StepStats.from_dict(v) for k, v in d["steps"].items()}, d["examples"],
+                   {k: StepStats.from_dict(v) for k, v in d["steps"].items()},
+                   d.get("examples", {}),  # none in a manifest from the store's history (Manifest.for_history)
                    LengthHistogram.from_dict(d.get("lengths_out", {})),
                    LengthHistogram.from_dict(d.get("lengths_dropped", {})),
                    Counter({k: v["in"] for k, v in languages.items()}),

@@ -5,7 +5,9 @@ published only after its manifest is written. A dataset `<asset>/<partition>` is
 version's hidden folder `.<partition>.v-<id>` beside it, and publishing replaces the link (a rename: atomic). A
 reader resolves the link once per read (`Store.snapshot`), so it reads one version whole even while a writer
 replaces it: a replaced version is kept `Store.keep_replaced_s` (`storage.keep_replaced_minutes`) before it is
-removed. A folder without a manifest is incomplete and is never read.
+removed. A folder without a manifest is incomplete and is never read. Every version's manifest also stays in
+`.<partition>.history/<data_version>.json` beside it (`Store.manifest_at`), so the versions consumers recorded can
+be described after they are replaced.
 
 With a remote (`storage.backend: s3`), S3 is the durable store and `root` is a local cache kept in sync,
 so every caller still gets local paths (sentencepiece, memmapped shards, safetensors, training processes):
@@ -14,7 +16,8 @@ so every caller still gets local paths (sentencepiece, memmapped shards, safeten
   `<prefix>/<asset>/<partition>/<data_version>/`, then `<prefix>/<asset>/<partition>/_manifest.json`
   LAST, then deletes the keys the new manifest does not list. A manifest on S3 therefore always names
   complete files: a crash mid-upload leaves the previous manifest, and its files (another version's
-  folder, deleted only after the new manifest is up), readable;
+  folder, deleted only after the new manifest is up), readable; the history entry goes up before the manifest,
+  to `<prefix>/<asset>/<partition>/_history/<data_version>.json`, and stays;
 - a read fetches the remote manifest once per Store (a new Store sees new versions); when the local copy
   is missing or holds another version it downloads the files, verifying each sha256 against the
   manifest, into a staging folder and swaps it in, then serves local paths.
@@ -292,6 +295,7 @@ class Snapshot:
 
 
 COMMIT_LOCK = "_commit.lock"  # beside a dataset's manifest on S3, while a writer publishes it
+HISTORY = "_history"  # beside a dataset's manifest on S3: `<data_version>.json` for every version published
 
 # How long a replaced version stays for the readers that resolved it before the replace (storage.keep_replaced_minutes).
 KEEP_REPLACED_S = 3600.0
@@ -348,6 +352,25 @@ class Store:
 
     def manifest(self, asset: str, partition: str | None = None) -> Manifest:
         return self.snapshot(asset, partition).manifest
+
+    def manifest_at(self, asset: str, partition: str | None, data_version: str) -> Manifest | None:
+        """The manifest of one version of a dataset: the current version's, else the store's history's (every version
+        it has published, without the removal examples), or None when the store never published it (or did before
+        it kept a history)."""
+        current = self.manifest_or_none(asset, partition)
+        if current is not None and current.data_version == data_version:
+            return current
+        if not re.fullmatch(r"[0-9a-f]{1,64}", data_version):
+            return None  # not a data version: never a path to open
+        name = f"{data_version}.json"
+        with contextlib.suppress(FileNotFoundError):
+            return Manifest.from_dict(json.loads((_history_dir(self._local_dir(asset, partition)) / name).read_text(
+                encoding="utf-8")))
+        if self.remote is not None:
+            key = f"{self._remote_dir(asset, partition)}/{HISTORY}/{name}"
+            if (data := self.remote.get_bytes(key)) is not None:
+                return _remote_manifest(data, self.remote.url(key))
+        return None
 
     def manifest_or_none(self, asset: str, partition: str | None = None) -> Manifest | None:
         """The manifest, or None when the dataset has not been materialized."""
@@ -459,11 +482,14 @@ class Store:
         # one has uploaded but not yet named in the manifest.
         with self.remote.lock(lock) as still_held:
             self.remote.upload_files([(folder / f.path, f"{version_dir}/{f.path}") for f in manifest.files])
+            self.remote.put_bytes(f"{remote_dir}/{HISTORY}/{manifest.data_version}.json",
+                                  manifest.for_history().to_json().encode())
             still_held()
             self.remote.put_bytes(f"{remote_dir}/{MANIFEST_NAME}", data)
             self._synced[key] = data
             keep = {f"{remote_dir}/{MANIFEST_NAME}", lock} | {f"{version_dir}/{f.path}" for f in manifest.files}
-            self.remote.delete_keys(k for k in self.remote.list_keys(remote_dir) if k not in keep)
+            self.remote.delete_keys(k for k in self.remote.list_keys(remote_dir)
+                                    if k not in keep and not k.startswith(f"{remote_dir}/{HISTORY}/"))
 
 
 def _remote_manifest(data: bytes, where: str) -> Manifest:
@@ -556,6 +582,12 @@ def _version_of(final: Path) -> Path:
         return final.parent / os.readlink(final)
     except OSError:  # not a link, or nothing there
         return final
+
+
+def _history_dir(final: Path) -> Path:
+    """Where the manifest of every version `final` has published stays (`Manifest.for_history`), after the version's
+    files are removed: consumers record the versions they read, and lineage follows them there."""
+    return final.with_name(f".{final.name}.history")
 
 
 def _replaced_marker(version: Path) -> Path:
@@ -763,6 +795,9 @@ class DatasetWriter:
                             git_commit=git_commit(), created_at=now_utc(), data_version=data_version_of(entries))
         flush_to_disk(self.dir)  # the parts' tasks did not (`resume_part`): on disk before the manifest names them
         write_json_atomic(self.dir / MANIFEST_NAME, manifest.to_json())
+        history = _history_dir(self.final_dir)
+        history.mkdir(exist_ok=True)
+        write_json_atomic(history / f"{manifest.data_version}.json", manifest.for_history().to_json())
         # Scratch folders and temp files of tasks that died, at any depth: never published.
         for path in hidden:
             shutil.rmtree(path) if path.is_dir() else path.unlink()

@@ -8,9 +8,11 @@ and `kiln.governance.render` turns each answer into text. The questions here:
 - `source_usage(store, config, name)`: the token-shard sets and checkpoints that used a source;
 - `refresh_report(store, config)`: every registered refresh, and what is waiting to land.
 
-The store keeps the current version of each dataset. Where a consumer recorded an input version that
-the store no longer holds, the chain says "superseded" rather than pretending; every manifest found
-under an asset's folder is listed, so kept older versions show up without changes here.
+The store keeps the current version of each dataset, and the manifest of every version it published
+(`Store.manifest_at`). Where a consumer recorded an input version the store has replaced since, the chain
+describes the recorded version from that history ("replaced", naming the version now current), so it stays
+what the checkpoint was built from. Only where consumers recorded different versions of one dataset, or the
+recorded one predates the history, does it say "superseded" and follow the current version, rather than pretend.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ class LineageNode:
     key: str
     asset: str
     partition: str | None
-    status: str  # "current" | "superseded" (a consumer used another version) | "not materialized"
+    # "current" | "replaced" (the version consumers recorded, from the store's history; the store now holds
+    # `current_version`) | "superseded" (consumers recorded versions not described here) | "not materialized"
+    status: str
     recorded_versions: list[str]  # the data versions consumers recorded for it (none for the target)
     data_version: str | None = None
     code_version: str | None = None
@@ -57,6 +61,7 @@ class LineageNode:
     # Earlier versions whose files are all in this one unchanged (`kiln dedup migrate-index` only added files):
     # a consumer that recorded one of them read what this version holds.
     same_files_as: list[str] = field(default_factory=list)
+    current_version: str | None = None  # the version the store holds now (None: it holds none)
 
     @property
     def bytes(self) -> int:
@@ -88,8 +93,10 @@ class Lineage:
                 out.append(f"{n.key}: recorded as an input ({', '.join(n.recorded_versions)}) but not in the store")
             elif n.status == "superseded":
                 older = sorted(set(n.recorded_versions) - {n.data_version, *n.same_files_as})
-                out.append(f"{n.key}: consumers recorded {', '.join(older)}; the store now holds {n.data_version} "
-                           f"(re-materialized since), so the chain below it is the current version's")
+                which = "the store's current version" if n.data_version == n.current_version else \
+                    "from the store's history"
+                out.append(f"{n.key}: consumers also recorded {', '.join(older)}; the chain below it is "
+                           f"{n.data_version}'s ({which})")
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,20 +121,28 @@ def lineage(store: Store, checkpoint: str = CHECKPOINT) -> Lineage:
             continue
         asset, partition = parse_key(key)
         m = manifest or catalog.manifest(asset, partition)
+        current = m
+        if recorded and (m is None or recorded not in {m.data_version, *_same_files_as(m)}):
+            m = catalog.manifest_at(asset, partition, recorded) or m  # what the consumer read, replaced since
         if m is None:
             nodes[key] = LineageNode(key, asset, partition, NOT_MATERIALIZED, [recorded] if recorded else [], depth=depth)
             continue
-        replaced = (m.stats.get("migrated_index") or {}).get("replaces")
         node = nodes[key] = LineageNode(
-            key, asset, partition, "current", [recorded] if recorded else [], m.data_version, m.code_version,
-            m.git_commit, m.created_at, dict(m.counts),
+            key, asset, partition, "current" if m is current else "replaced", [recorded] if recorded else [],
+            m.data_version, m.code_version, m.git_commit, m.created_at, dict(m.counts),
             [{"path": f.path, "role": f.role, "sha256": f.sha256, "bytes": f.bytes, "rows": f.rows} for f in m.files],
-            dict(m.inputs), depth, [replaced] if replaced else [])
+            dict(m.inputs), depth, _same_files_as(m),
+            current_version=current.data_version if current is not None else None)
         _mark(node)
         base = base or m.stats.get("base_checkpoint")
         queue += [(k, v, depth + 1, None) for k, v in sorted(m.inputs.items())]
     return Lineage(node_key(root.asset, root.partition) + f" {root.data_version}", str(store.root), list(nodes.values()),
                    base)
+
+
+def _same_files_as(m: Manifest) -> list[str]:
+    replaced = (m.stats.get("migrated_index") or {}).get("replaces")
+    return [replaced] if replaced else []
 
 
 def _mark(node: LineageNode) -> None:

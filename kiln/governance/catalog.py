@@ -36,16 +36,29 @@ def parse_key(key: str) -> tuple[str, str | None]:
 
 
 class Catalog:
-    """Read-only view of the manifests in a store, memoized for one audit."""
+    """Read-only view of the manifests in a store, memoized for one audit. With `pins` (node key -> data version:
+    a checkpoint's lineage), a pinned dataset is that version, from the store's history when replaced since."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, pins: dict[str, str] | None = None):
         self.store = store
+        self.pins = pins or {}
         self._current: dict[tuple[str, str | None], Snapshot | None] = {}
         self._versions: dict[str, list[Manifest]] = {}
+        self._history: dict[tuple[str, str | None, str], Manifest | None] = {}
 
     def snapshot(self, asset: str, partition: str | None = None) -> Snapshot | None:
         """The current version of a dataset, pinned for the whole audit (its files are read from the version
-        whose manifest the audit judged), or None when it has not been materialized."""
+        whose manifest the audit judged), or None when it has not been materialized or is pinned to another
+        version (whose files are not read)."""
+        found = self._current_snapshot(asset, partition)
+        pinned = self.pins.get(node_key(asset, partition))
+        return found if pinned is None or (found is not None and found.manifest.data_version == pinned) else None
+
+    def replaced(self, asset: str, partition: str | None = None) -> bool:
+        """Whether the dataset is pinned to a version the store no longer holds as current."""
+        return node_key(asset, partition) in self.pins and self.snapshot(asset, partition) is None
+
+    def _current_snapshot(self, asset: str, partition: str | None) -> Snapshot | None:
         key = (asset, partition)
         if key not in self._current:
             try:
@@ -58,9 +71,24 @@ class Catalog:
         return self._current[key]
 
     def manifest(self, asset: str, partition: str | None = None) -> Manifest | None:
-        """The current manifest of a dataset, or None when it has not been materialized."""
-        snapshot = self.snapshot(asset, partition)
+        """The current manifest of a dataset (the pinned version's, when pinned), or None when it has not been
+        materialized."""
+        pinned = self.pins.get(node_key(asset, partition))
+        return self.manifest_at(asset, partition, pinned) if pinned else self.current_manifest(asset, partition)
+
+    def current_manifest(self, asset: str, partition: str | None = None) -> Manifest | None:
+        snapshot = self._current_snapshot(asset, partition)
         return snapshot.manifest if snapshot is not None else None
+
+    def manifest_at(self, asset: str, partition: str | None, data_version: str) -> Manifest | None:
+        """One version's manifest: the current one's, else the store's history's (`Store.manifest_at`)."""
+        current = self.current_manifest(asset, partition)
+        if current is not None and current.data_version == data_version:
+            return current
+        key = (asset, partition, data_version)
+        if key not in self._history:
+            self._history[key] = self.store.manifest_at(asset, partition, data_version)
+        return self._history[key]
 
     def folder(self, asset: str, partition: str | None = None) -> Path:
         """The folder of the version `manifest` gives (the dataset must have one)."""
@@ -154,6 +182,20 @@ def resolve_target(store: Store, target: str, catalog: Catalog | None = None) ->
                      f"version{example}, or a checkpoint folder")
 
 
+def stages_read(store: Store, manifest: Manifest) -> list[Manifest]:
+    """The document stages one partition's output was built from, raw first, each at the version the next one
+    recorded (from the store's history where replaced since): a funnel over them adds up what fed this output. It
+    starts later where a version is not found (recorded before the store kept a history)."""
+    found, m = [], manifest
+    while (read := next(((*parse_key(k), v) for k, v in sorted(m.inputs.items())
+                         if parse_key(k)[1] == manifest.partition), None)) is not None:
+        if (m := store.manifest_at(*read)) is None:
+            break
+        if m.asset in DOCUMENT_STAGES:
+            found.append(m)
+    return found[::-1]
+
+
 def run_dataset(store: Store, run: Manifest | None) -> Path | None:
     """The folder of a training run's dataset, or None when the store's current training_run is another run (a
     later run replaced it): what the run wrote beside its manifest (exposure, replay removals) is gone with it."""
@@ -197,4 +239,4 @@ def _shards_of_checkpoint(catalog: Catalog, ckpt: Manifest) -> set[str]:
 
 
 __all__ = ["AuditError", "Catalog", "made_from", "node_key", "parse_key", "resolve_target", "run_dataset",
-           "run_of_checkpoint"]
+           "run_of_checkpoint", "stages_read"]

@@ -42,8 +42,9 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
     """The card of the store's current checkpoint, as a JSON-ready dict (see the module docstring). `mlflow_url`:
     the run's page on a tracking server; `tracking_uri`: where runs are tracked (for a local store, the card links
     the store by a path relative to the card's folder, which works wherever the folders are copied together)."""
-    catalog = Catalog(store)
     chain_ = lineage(store, CHECKPOINT)
+    # Every figure is of the version the checkpoint was built from, also where one was materialized again since.
+    catalog = Catalog(store, pins={n.key: n.data_version for n in chain_.nodes if n.data_version})
     ckpt = catalog.manifest(CHECKPOINT)
     run, tok, evaluation = catalog.manifest(TRAINING_RUN), catalog.manifest(TOKENIZER), catalog.manifest(EVALUATION)
     refresh = trained_refresh(run)
@@ -62,7 +63,7 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
         mlflow["url"] = mlflow_url
     if mlflow and tracking_uri:
         mlflow.update(mlflow_store(tracking_uri, store.dataset_dir(DATA_CARD)))
-    licenses, languages = licenses_and_languages(store, catalog, config, parts, shards)
+    licenses, languages = licenses_and_languages(catalog, config, parts, shards)
     return {
         "format": FORMAT,
         "generated_at": now_utc(),

@@ -30,7 +30,6 @@ import pyarrow.parquet as pq
 
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest
-from kiln.common.storage import Store
 from kiln.governance.catalog import FILTERED, NOT_MATERIALIZED, SHARDS, Catalog
 from kiln.governance.lineage import DOCUMENT_STAGES
 
@@ -122,8 +121,8 @@ class _PartMembers:
     """Each document part's member rows, a part at a time: its run of its source's rows in the list, checked by doc
     id, else looked up."""
 
-    def __init__(self, store: Store, shards: Manifest | None, batch: int):
-        paths = store.files(SHARDS, shards.partition, "members") if shards is not None else []
+    def __init__(self, catalog: Catalog, shards: Manifest | None, batch: int):
+        paths = catalog.snapshot(SHARDS, shards.partition).files("members") if shards is not None else []
         self.members = MemberList(paths, batch) if paths else None
         self.runs = self.members.source_runs() if self.members else {}
 
@@ -160,7 +159,10 @@ def _ordered(table: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     return dict(sorted(table.items(), key=lambda kv: (-kv[1]["documents"], kv[0])))
 
 
-def licenses_and_languages(store: Store, catalog: Catalog, config: ProjectConfig, parts: dict[str, list[str]],
+REPLACED = "replaced since the checkpoint's training: the version trained on is no longer read"
+
+
+def licenses_and_languages(catalog: Catalog, config: ProjectConfig, parts: dict[str, list[str]],
                            shards: Manifest | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(licences, languages) per source over `parts` (each source's partitions in the checkpoint's shards)."""
     stage = DOCUMENT_STAGES[-1]
@@ -168,12 +170,17 @@ def licenses_and_languages(store: Store, catalog: Catalog, config: ProjectConfig
     # The member list is read in batches of the biggest part (manifests from before row counts: a fixed size).
     biggest = max((f.rows or 0 for ms in found.values() for m in ms.values() for f in m.files_with_role("documents")),
                   default=0) or 65_536
-    members = _PartMembers(store, shards, biggest)
+    shards_replaced = shards is not None and catalog.replaced(SHARDS, shards.partition)
+    members = _PartMembers(catalog, shards if not shards_replaced else None, biggest)
     licenses: dict[str, Any] = {}
     languages: dict[str, Any] = {}
     for name in parts:
         if not found[name]:
             licenses[name] = languages[name] = NOT_MATERIALIZED
+            continue
+        if shards_replaced or any(catalog.replaced(stage, p) for p in found[name]):
+            # Counted over the documents trained on, or not at all: the store holds other versions now.
+            licenses[name] = languages[name] = REPLACED
             continue
         field = config.card.license_fields.get(name)
         filtered = {p: f for p in found[name] if (f := catalog.manifest(FILTERED, p)) is not None}
@@ -183,7 +190,7 @@ def licenses_and_languages(store: Store, catalog: Catalog, config: ProjectConfig
         unknown: list[dict[str, Any]] = []
         offset = 0  # documents of this source before the part, in the order the shard writer read them
         for p in found[name]:
-            for path in store.files(stage, p, "documents"):
+            for path in catalog.snapshot(stage, p).files("documents"):
                 part = pq.read_table(path, columns=["doc_id", "license", "meta"])
                 train = members.of(name, offset, part.column("doc_id"))
                 offset += part.num_rows
@@ -207,4 +214,5 @@ def licenses_and_languages(store: Store, catalog: Catalog, config: ProjectConfig
     return {"stage": stage, "per_source": licenses}, {"stage": stage, "per_source": languages}
 
 
-__all__ = ["NOT_IDENTIFIED", "UNKNOWN", "document_license", "MemberList", "licenses_and_languages", "train_in"]
+__all__ = ["NOT_IDENTIFIED", "REPLACED", "UNKNOWN", "document_license", "MemberList", "licenses_and_languages",
+           "train_in"]

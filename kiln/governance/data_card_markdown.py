@@ -360,7 +360,9 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
     out += ["", f"## Lineage ({len(lin['nodes'])} datasets back to the raw sources)", ""]
     out += _table(["dataset", "data version", "code version", "git commit", "created", "files", "status"],
                   [[f"`{n['key']}`", f"`{n['data_version']}`", n["code_version"], (n["git_commit"] or "unknown")[:12],
-                    n["created_at"], len(n["files"]), n["status"]] for n in lin["nodes"]],
+                    n["created_at"], len(n["files"]), n["status"] + (f" (now `{n['current_version']}`)"
+                                                                    if n["status"] == "replaced" else "")]
+                   for n in lin["nodes"]],
                   "|---|---|---|---|---|---:|---|")
     out += [f"- warning: {p}" for p in lin["problems"]]
     out += ["", "File hashes (sha256) of every dataset are in `data_card.json` under `lineage`."]

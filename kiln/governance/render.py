@@ -37,7 +37,8 @@ def render_lineage(answer: Lineage, files_per_node: int = 3) -> str:
         if n.status == NOT_MATERIALIZED:
             lines.append(f"{pad}{key}  NOT MATERIALIZED (recorded {', '.join(n.recorded_versions)})")
             return
-        flag = "  SUPERSEDED" if n.status == "superseded" else ""
+        flag = {"superseded": "  SUPERSEDED", "replaced": f"  REPLACED since (now {n.current_version or 'none'})"}.get(
+            n.status, "")
         lines.append(f"{pad}{key}  {n.data_version}{flag}  created {n.created_at}  code {n.code_version}  "
                      f"git {_short_commit(n.git_commit)}")
         if n.counts:

@@ -356,15 +356,42 @@ def test_a_reader_reads_one_version_whole_while_another_process_replaces_it(tmp_
 
 
 def _versions_beside(final: Path) -> dict[str, str]:
-    """The hidden entries beside a dataset: version folders as current / replaced (with a marker) / orphan."""
+    """The hidden entries beside a dataset: version folders as current / replaced (with a marker) / orphan (the
+    history of manifests is not a version: test_every_version_published_is_described_after_its_files_are_gone)."""
     current = storage._version_of(final)
     out = {}
     for p in final.parent.glob(f".{final.name}.*"):
-        if p.name.endswith(".replaced"):
+        if p.name.endswith(".replaced") or p == storage._history_dir(final):
             continue
         out[p.name] = ("current" if p == current else "replaced" if p.with_name(p.name + ".replaced").exists()
                        else "other")
     return out
+
+
+def test_every_version_published_is_described_after_its_files_are_gone(tmp_path):
+    """Consumers record the versions they read; lineage must describe them after they are replaced and removed."""
+    store = Store(tmp_path, keep_replaced_s=0)  # a replaced version goes at the next commit
+    made = []
+    for n in (1, 2, 3):
+        with store.staging("a", "p") as w:
+            w.write("documents", pa.table({"x": [n]}))
+            example = {"doc_id": f"d{n}", "note": "", "excerpt": f"dropped text {n}"}
+            made.append(w.commit(code_version=str(n), config={"n": n}, inputs={"up/p": f"{n:020x}"},
+                                 counts={"documents": 1},
+                                 stats={"docs_in": 1, "examples": {"too_short": [example]},
+                                        "per_step": {"len": {"docs_in": 1, "examples": {"x": [example]}}}}))
+    assert list(_versions_beside(tmp_path / "a" / "p").values()) == ["current"]  # the first two's files are gone
+    for m in made:
+        found = store.manifest_at("a", "p", m.data_version)
+        assert (found.config, found.inputs, found.files, found.code_version, found.created_at) == \
+            (m.config, m.inputs, m.files, m.code_version, m.created_at)
+    # The removal examples, the one part of a manifest that may quote a document, are not kept past the version.
+    old = store.manifest_at("a", "p", made[0].data_version)
+    assert old.stats == {"docs_in": 1, "per_step": {"len": {"docs_in": 1}}}
+    assert store.manifest_at("a", "p", made[2].data_version) == made[2]  # the current one: whole
+    assert store.manifest_at("a", "p", "0" * 20) is None  # never published
+    assert store.manifest_at("a", "p", "../p/_manifest") is None  # not a data version: never a path to open
+    assert store.manifest_at("a", "q", made[0].data_version) is None  # another dataset's
 
 
 def test_a_replaced_version_is_kept_for_its_readers_then_removed(tmp_path):

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from kiln.common.manifest import MANIFEST_NAME, sha256_file
+from kiln.common.manifest import MANIFEST_NAME, Manifest, sha256_file
 from kiln.common.remote import CorruptRemoteFile, LostLock, MissingBucket, S3Remote, StorageError
 from kiln.common.storage import COMMIT_LOCK, IncompleteDataset, Store
 from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
@@ -86,8 +86,11 @@ def test_commit_uploads_every_file_then_the_manifest_last(s3, tmp_path):
     manifest = write_version(Store(tmp_path / "a", remote(client)), seed=1)
     uploads = client.names("upload_file", "put_object")
     base = "kiln/curated_documents/web"
-    assert uploads[-1] == f"{base}/{MANIFEST_NAME}" and len(uploads) == len(manifest.files) + 1
-    assert sorted(uploads[:-1]) == sorted(f"{base}/{manifest.data_version}/{f.path}" for f in manifest.files)
+    # The files, then the version's entry in the history of manifests, then the manifest that publishes it.
+    assert uploads[-1] == f"{base}/{MANIFEST_NAME}" and len(uploads) == len(manifest.files) + 2
+    assert uploads[-2] == f"{base}/_history/{manifest.data_version}.json"
+    assert sorted(uploads[:-2]) == sorted(f"{base}/{manifest.data_version}/{f.path}" for f in manifest.files)
+    assert Manifest.from_dict(json.loads(object_bytes(s3, uploads[-2]))) == manifest  # no examples to leave out
     assert {f.path for f in manifest.files} == {"part-00000.parquet", "part-00001.parquet", "model/weights.bin"}
     local = tmp_path / "a" / "curated_documents" / "web"
     assert object_bytes(s3, f"{base}/{MANIFEST_NAME}") == (local / MANIFEST_NAME).read_bytes()
@@ -125,13 +128,16 @@ def test_a_fresh_store_with_an_empty_cache_reads_the_dataset_back_byte_identical
 
 
 def test_the_writer_does_not_download_the_version_it_replaces(s3, tmp_path):
-    write_version(Store(tmp_path / "first", remote(s3)), seed=4)
+    first = write_version(Store(tmp_path / "first", remote(s3)), seed=4)
     client = Recording(s3)
     newer = write_version(Store(tmp_path / "second", remote(client)), seed=5)
     assert client.names("get_object") == []  # staging and commit never read the old version
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]}  # and its keys are gone
     base = "kiln/curated_documents/web"
-    assert keys == {f"{base}/{MANIFEST_NAME}"} | {f"{base}/{newer.data_version}/{f.path}" for f in newer.files}
+    assert keys == {f"{base}/{MANIFEST_NAME}"} | {f"{base}/{newer.data_version}/{f.path}" for f in newer.files} | \
+        {f"{base}/_history/{m.data_version}.json" for m in (first, newer)}  # but not its manifest
+    # A third machine, whose cache never saw the first version, describes it from S3's history.
+    assert Store(tmp_path / "third", remote(s3)).manifest_at("curated_documents", "web", first.data_version) == first
 
 
 def test_a_tampered_remote_file_is_refused_with_the_key(s3, tmp_path):
@@ -161,7 +167,8 @@ def test_a_crash_mid_upload_leaves_the_previous_version_readable(s3, tmp_path):
     # The next successful commit removes the first version and the crashed attempt's orphan objects.
     final = write_version(Store(tmp_path / "writer", remote(s3)), seed=9)
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]}
-    assert all(final.data_version in k or k.endswith(MANIFEST_NAME) for k in keys)
+    assert all(final.data_version in k or k.endswith(MANIFEST_NAME) for k in keys - _history(keys))
+    assert _history(keys) == {f"kiln/curated_documents/web/_history/{m.data_version}.json" for m in (first, final)}
 
 
 def test_a_dataset_missing_on_s3_is_not_materialized_even_with_a_local_copy(s3, tmp_path):
@@ -268,7 +275,13 @@ def test_two_machines_committing_one_dataset_at_once_leave_s3_whole(s3, tmp_path
     local = reader.dataset_dir("curated_documents", "web")
     assert all(sha256_file(local / f.path) == f.sha256 for f in manifest.files)  # every file there, intact
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]}
-    assert all(manifest.data_version in k or k.endswith(MANIFEST_NAME) for k in keys)  # nothing else left, no lock
+    # Nothing else left, no lock; both versions in the history of manifests.
+    assert all(manifest.data_version in k or k.endswith(MANIFEST_NAME) for k in keys - _history(keys))
+    assert _history(keys) == {f"kiln/curated_documents/web/_history/{m.data_version}.json" for m in written.values()}
+
+
+def _history(keys: set[str]) -> set[str]:
+    return {k for k in keys if "/_history/" in k}
 
 
 def test_the_commit_lock_waits_for_a_live_holder_and_takes_over_a_dead_ones(s3, capsys):

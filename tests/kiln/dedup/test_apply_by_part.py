@@ -274,7 +274,7 @@ def expected_card() -> dict:
 def test_the_card_joins_documents_and_members_a_part_at_a_time(tmp_path, capped, order):
     store, config, shards = card_store(tmp_path, order)
     parts = {n: [f"{n}/{REFRESH}"] for n in CARD_PARTS}
-    licenses, languages = licenses_and_languages(store, Catalog(store), config, parts, shards)
+    licenses, languages = licenses_and_languages(Catalog(store), config, parts, shards)
     got = {n: licenses["per_source"][n]["licenses"] for n in CARD_PARTS}
     assert got == expected_card()
     assert sum(len(p) for p in CARD_PARTS["web"]) > CAP  # the member list is bigger than any one read may be

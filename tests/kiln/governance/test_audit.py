@@ -212,6 +212,44 @@ def test_cli_argument_errors_exit_2(built, capsys, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- rejected
 
+def test_the_card_describes_what_the_checkpoint_was_built_from_after_its_inputs_are_materialized_again(
+        built, tmp_path):
+    """filtered_documents, the last document stage and the token shards of web are materialized again after the
+    checkpoint (here: committed with one row of the old version's first part). The card must still be the card of
+    the data trained on."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from kiln.common.storage import Store
+    from kiln.governance.data_card_documents import REPLACED
+
+    before = build_data_card(built["store"], built["config"])
+    shutil.copytree(built["store"].root, tmp_path / "data", symlinks=True)
+    store = Store(tmp_path / "data")
+    web = built["project"].partition("web")
+    again = {}
+    for asset, partition in (("filtered_documents", web), (DOCUMENT_STAGES[-1], web),
+                             ("token_shards", built["project"].current())):
+        old = store.snapshot(asset, partition)
+        with store.staging(asset, partition) as w:
+            role = "members" if asset == "token_shards" else "documents"
+            w.write(role, pq.read_table(old.files(role)[0]).slice(0, 1))
+            again[asset] = w.commit(code_version="new", config={"changed": True}, inputs=old.manifest.inputs,
+                                    counts={"documents": 1}, stats={})
+    card = build_data_card(store, built["config"])
+    for asset in ("filtered_documents", DOCUMENT_STAGES[-1]):
+        was = next(s for s in before["sources"] if s["name"] == "web")["stages"][asset]
+        now = next(s for s in card["sources"] if s["name"] == "web")["stages"][asset]
+        assert now == was and now["data_versions"] != {web.split("/")[1]: again[asset].data_version}
+    assert card["funnel"] == before["funnel"] and card["shards"] == before["shards"]
+    assert card["mixture"] == before["mixture"] and card["decontamination"] == before["decontamination"]
+    # The documents trained on are not in the store now: their licences are not counted from another version's.
+    assert card["licenses"]["per_source"]["web"] == REPLACED == card["licenses"]["per_source"]["ref"]
+    nodes = {n["key"]: n for n in card["lineage"]["nodes"]}
+    assert nodes[f"filtered_documents/{web}"]["status"] == "replaced" and card["lineage"]["problems"] == []
+    assert f"replaced (now `{again['filtered_documents'].data_version}`)" in data_card_markdown(card)
+
 def test_rejected_shows_what_a_rule_removed_with_redacted_raw_excerpts(built, capsys):
     """The web source's one short document fell to the filter profile's min_doc_words; the three near-copies of ref
     documents (w0-w2) to near-dedup. Their texts are known here, so each excerpt is checked against them."""
