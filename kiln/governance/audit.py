@@ -231,7 +231,7 @@ def source_usage(store: Store, config: ProjectConfig, name: str) -> SourceUsage:
                 shards.append({"path": info["path"], "split": info["split"], "documents": None, "tokens": None})
         total_train = (m.stats.get("totals") or {}).get("train_tokens") or m.counts.get("train_tokens") or 0
         checkpoints = []
-        for ckpt in catalog.versions(CHECKPOINT):
+        for ckpt in catalog.published(CHECKPOINT):
             if m.data_version in _shards_of_checkpoint(catalog, ckpt):
                 checkpoints.append({"data_version": ckpt.data_version, "created_at": ckpt.created_at,
                                     "steps": ckpt.counts.get("steps"),

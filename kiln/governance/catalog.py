@@ -45,6 +45,7 @@ class Catalog:
         self._current: dict[tuple[str, str | None], Snapshot | None] = {}
         self._versions: dict[str, list[Manifest]] = {}
         self._history: dict[tuple[str, str | None, str], Manifest | None] = {}
+        self._published: dict[str, list[Manifest]] = {}
 
     def snapshot(self, asset: str, partition: str | None = None) -> Snapshot | None:
         """The current version of a dataset, pinned for the whole audit (its files are read from the version
@@ -101,6 +102,15 @@ class Catalog:
             self._versions[asset] = sorted(found, key=lambda m: m.created_at, reverse=True)
         return self._versions[asset]
 
+    def published(self, asset: str) -> list[Manifest]:
+        """Every version of every partition of the asset the store has published (its history of manifests, with
+        the current ones), newest first: a checkpoint or training run a later one replaced is still one."""
+        if asset not in self._published:
+            found = {m.data_version: m for p in self.partitions(asset) for m in self.store.history(asset, p)}
+            found |= {m.data_version: m for m in self.versions(asset)}  # current: whole, and in stores before history
+            self._published[asset] = sorted(found.values(), key=lambda m: m.created_at, reverse=True)
+        return self._published[asset]
+
     def partitions(self, asset: str) -> list[str | None]:
         """Partitions of an asset that have a current manifest: None for an unpartitioned one, `<refresh>` for a
         per-refresh one, `<source>/<refresh>` for a document dataset."""
@@ -142,7 +152,8 @@ def _load(path: Path) -> Manifest:
 def resolve_target(store: Store, target: str, catalog: Catalog | None = None) -> Manifest:
     """A checkpoint (or any dataset) from what a user types: the literal `checkpoint` (the current one), an
     asset key such as `token_shards` or `curated_documents/web`, a data version (or a prefix of at least
-    6 characters), or a folder: a dataset folder with `_manifest.json`, or a run's DeepSpeed checkpoint."""
+    6 characters; any checkpoint the store published, a replaced one too), or a folder: a dataset folder with
+    `_manifest.json`, or a run's DeepSpeed checkpoint."""
     catalog = catalog or Catalog(store)
     asset, partition = parse_key(target)
     if not Path(target).is_absolute() and asset in catalog.assets():
@@ -157,7 +168,7 @@ def resolve_target(store: Store, target: str, catalog: Catalog | None = None) ->
         for folder in [resolved, *resolved.parents][:3]:  # the dataset folder, or its hf/ or safetensors/ inside
             if (folder / MANIFEST_NAME).is_file():
                 return _load(folder / MANIFEST_NAME)
-        for m in catalog.versions(CHECKPOINT):
+        for m in catalog.published(CHECKPOINT):
             ds = m.stats.get("deepspeed_checkpoint")
             if ds and (Path(ds).resolve() == resolved or resolved in Path(ds).resolve().parents):
                 return m
@@ -166,7 +177,7 @@ def resolve_target(store: Store, target: str, catalog: Catalog | None = None) ->
     if len(target) >= 6 and all(c in "0123456789abcdef" for c in target.lower()):
         hits = {}
         for name in [CHECKPOINT] + [a for a in catalog.assets() if a != CHECKPOINT]:
-            for m in catalog.versions(name):
+            for m in catalog.published(name) if name == CHECKPOINT else catalog.versions(name):
                 if m.data_version.startswith(target.lower()):
                     hits[(m.asset, m.partition, m.data_version)] = m
             if hits and name == CHECKPOINT:
@@ -219,9 +230,12 @@ def made_from(checkpoint: Manifest, run: Manifest) -> bool:
 
 
 def run_of_checkpoint(catalog: Catalog, checkpoint: str) -> Manifest | None:
-    """The training_run manifest a checkpoint (by data version) was made from, when the store still lists it."""
-    ckpt = next((m for m in catalog.versions(CHECKPOINT) if m.data_version == checkpoint), None)
-    return next((r for r in catalog.versions(TRAINING_RUN) if made_from(ckpt, r)), None) if ckpt else None
+    """The training_run manifest a checkpoint (by data version) was made from: the current one, else from the store's
+    history; None when neither holds it."""
+    ckpt = next((m for m in catalog.published(CHECKPOINT) if m.data_version == checkpoint), None)
+    # The store's current run first: the same training recorded again is a newer manifest, with what it wrote beside.
+    runs = (r for found in (catalog.versions(TRAINING_RUN), catalog.published(TRAINING_RUN)) for r in found)
+    return next((r for r in runs if made_from(ckpt, r)), None) if ckpt else None
 
 
 def _shards_of_checkpoint(catalog: Catalog, ckpt: Manifest) -> set[str]:
@@ -232,7 +246,7 @@ def _shards_of_checkpoint(catalog: Catalog, ckpt: Manifest) -> set[str]:
         if asset == SHARDS:
             versions.add(version)
         elif asset == TRAINING_RUN:
-            for run in catalog.versions(TRAINING_RUN):
+            for run in catalog.published(TRAINING_RUN):
                 if run.data_version == version:
                     versions |= {v for k, v in run.inputs.items() if parse_key(k)[0] == SHARDS}
     return versions

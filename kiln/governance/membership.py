@@ -206,7 +206,10 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
             notes.append(f"token_shards {m.data_version} has no member list (written before member lists existed); "
                          f"re-materialize token_shards to answer from the shards")
             continue
-        checkpoints = [c for c in _checkpoints_using(catalog, m.data_version) if only is None or c == only]
+        # The verdict is about the store's current checkpoints (or the one asked about, a replaced one too).
+        every = _checkpoints_using(catalog, m.data_version, replaced_too=True)
+        checkpoints = [c for c in every if c == only] if only else _checkpoints_using(catalog, m.data_version)
+        earlier = [] if only else [c for c in every if c not in checkpoints]
         replays = {c: _replay_of(catalog, c) for c in checkpoints}
         replays = {c: r for c, r in replays.items() if r is not None and r[0] == m.data_version}
         for path in paths:
@@ -220,6 +223,10 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
                                      sorted(skipped), next(iter(skipped.values()), None))
                 if r["split"] == "train" and r["copies"] > 0:
                     _add_reads(catalog, record, doc_id, exposures)
+                    if earlier:  # not the checkpoints the verdict is about, but a model that may still be in use
+                        notes.append(f"checkpoint {', '.join(earlier)}, replaced in the store since, was trained on "
+                                     f"token_shards {m.data_version}, which holds {r['copies']} cop"
+                                     f"{'y' if r['copies'] == 1 else 'ies'} of it in its train split")
                 shards.append(record)
                 hint = hint or r["source"]
     if shards_gone:
@@ -458,10 +465,11 @@ def _share(record: ShardRecord, checkpoint: str) -> str:
         " (its run stopped before it)"
 
 
-def _checkpoints_using(catalog: Catalog, shards_version: str) -> list[str]:
-    """Data versions of the checkpoints in the store whose training run read this token-shard set."""
+def _checkpoints_using(catalog: Catalog, shards_version: str, replaced_too: bool = False) -> list[str]:
+    """Data versions of the checkpoints in the store whose training run read this token-shard set; `replaced_too`:
+    also those a later checkpoint replaced (the store's history)."""
     out = []
-    for ckpt in catalog.versions(CHECKPOINT):
+    for ckpt in catalog.published(CHECKPOINT) if replaced_too else catalog.versions(CHECKPOINT):
         if shards_version in _shards_of_checkpoint(catalog, ckpt):
             out.append(ckpt.data_version)
     return out

@@ -322,6 +322,9 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
         answer = membership(store, load_config(project.config_path), doc_id=doc)
         assert answer.verdict == "removed" and not answer.reached_training, render(answer)
         assert f"when checkpoint {ckpt2} replayed token_shards {run['inputs'][shards_key]}" in answer.summary
+        # The base checkpoint, replaced in the store by the continued one, did train on it: said, not judged.
+        assert f"checkpoint {base_ckpt['data_version']}, replaced in the store since, was trained on token_shards " \
+               f"{run['inputs'][shards_key]}" in " ".join(answer.notes), render(answer)
     s2 = run2["stats"]["summary"]
     assert s2["steps"] == 6 and s2["base_val_loss"] < summary["val_loss"] + 0.5  # starts where the base ended
     assert run2["stats"]["run_dir"] != run["stats"]["run_dir"]
@@ -337,7 +340,6 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     assert "Continued pretraining" in card2 and base["sha256"][:16] in card2 and "Forgetting per domain" in card2
 
     from kiln.governance.audit import lineage
-    from kiln.governance.render import render
 
     text = render(lineage(project.store, "checkpoint"))
     assert "continued pretraining from base checkpoint safetensors" in text and base_ckpt["data_version"] in text

@@ -392,6 +392,7 @@ def test_every_version_published_is_described_after_its_files_are_gone(tmp_path)
     assert store.manifest_at("a", "p", "0" * 20) is None  # never published
     assert store.manifest_at("a", "p", "../p/_manifest") is None  # not a data version: never a path to open
     assert store.manifest_at("a", "q", made[0].data_version) is None  # another dataset's
+    assert {m.data_version for m in store.history("a", "p")} == {m.data_version for m in made}
 
 
 def test_a_replaced_version_is_kept_for_its_readers_then_removed(tmp_path):

@@ -137,7 +137,10 @@ def test_the_writer_does_not_download_the_version_it_replaces(s3, tmp_path):
     assert keys == {f"{base}/{MANIFEST_NAME}"} | {f"{base}/{newer.data_version}/{f.path}" for f in newer.files} | \
         {f"{base}/_history/{m.data_version}.json" for m in (first, newer)}  # but not its manifest
     # A third machine, whose cache never saw the first version, describes it from S3's history.
-    assert Store(tmp_path / "third", remote(s3)).manifest_at("curated_documents", "web", first.data_version) == first
+    third = Store(tmp_path / "third", remote(s3))
+    assert third.manifest_at("curated_documents", "web", first.data_version) == first
+    assert {m.data_version for m in third.history("curated_documents", "web")} == {first.data_version,
+                                                                                   newer.data_version}
 
 
 def test_a_tampered_remote_file_is_refused_with_the_key(s3, tmp_path):

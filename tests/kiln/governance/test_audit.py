@@ -128,6 +128,33 @@ def test_membership_for_a_named_checkpoint(built):
         membership(store, config, doc_id=doc_id, checkpoint="ffffffffff")
 
 
+
+def test_membership_of_a_checkpoint_a_later_one_replaced(built, tmp_path):
+    """A later training (on other data: its run reads no shard set of this store) replaces the checkpoint. The
+    document is still answered for the earlier checkpoint by name, and noted without it."""
+    import shutil
+
+    from kiln.common.storage import Store
+
+    shutil.copytree(built["store"].root, tmp_path / "data", symlinks=True)
+    store, config = Store(tmp_path / "data"), built["config"]
+    with store.staging("training_run") as w:
+        (w.dir / "summary.json").write_text("{}")
+        run = w.commit(code_version="test", config={}, inputs={}, counts={"steps": 1})
+    with store.staging("checkpoint") as w:
+        (w.dir / "weights.bin").write_bytes(b"later weights")
+        w.commit(code_version="test", config={}, inputs={"training_run": run.data_version}, counts={"steps": 1})
+    earlier = built["checkpoint"].data_version
+    doc_id = next(d for d, m in built["members"].items() if m["copies"] > 0 and m["split"] == "train")
+    named = membership(store, config, doc_id=doc_id, checkpoint=earlier[:8])
+    assert named.verdict == IN_TRAINING and named.shards[0].checkpoints == [earlier]
+    assert f"used by checkpoint {earlier}" in named.summary
+    current = membership(store, config, doc_id=doc_id)
+    assert current.shards[0].checkpoints == []  # the store's checkpoint was not trained on these shards
+    assert any(n.startswith(f"checkpoint {earlier}, replaced in the store since, was trained on token_shards "
+                            f"{current.shards[0].shard_set}") for n in current.notes), current.notes
+    assert audit.lineage(store, earlier[:8]).nodes[0].data_version == earlier
+
 # --------------------------------------------------------------------------------------- lineage, sources
 
 def test_lineage_reaches_raw_documents_for_every_source_with_hashes(built):

@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from kiln.common.storage import Store
 from kiln.governance import audit
-from kiln.governance.catalog import stages_read
+from kiln.governance.catalog import Catalog, run_of_checkpoint, stages_read
 from kiln.governance.render import render
 
 
@@ -100,3 +100,22 @@ def test_an_outputs_funnel_adds_up_the_stage_versions_it_was_built_from(tmp_path
     assert text.startswith("From raw records to curated documents:\n\n**9 documents in → 4 kept** (44.4%")
     assert [line.split(" | ")[1:3] for line in text.splitlines() if line.startswith("| ") and "`" in line] == [
         ["`quarantine.dropped`", "1"], ["`gopher.dropped`", "3"], ["`exact_dedup.dropped`", "1"]]
+
+
+def test_an_earlier_checkpoint_is_audited_after_a_later_one_replaced_it(tmp_path):
+    store = Store(tmp_path, keep_replaced_s=0)
+    shards1 = commit(store, "token_shards", "r1", [1], {})
+    run1 = commit(store, "training_run", None, [1], {"token_shards/r1": shards1})
+    ckpt1 = commit(store, "checkpoint", None, [1], {"training_run": run1})
+    # The next training: new shards, a new run, a new checkpoint; the first one's datasets are all replaced.
+    shards2 = commit(store, "token_shards", "r1", [2], {})
+    run2 = commit(store, "training_run", None, [2], {"token_shards/r1": shards2})
+    ckpt2 = commit(store, "checkpoint", None, [2], {"training_run": run2})
+
+    first = audit.lineage(store, ckpt1[:8])  # by its data version, as a user types it
+    assert first.nodes[0].data_version == ckpt1 and first.problems == []
+    assert (first.node("training_run").data_version, first.node("token_shards/r1").data_version) == (run1, shards1)
+    assert audit.lineage(store, "checkpoint").nodes[0].data_version == ckpt2
+    catalog = Catalog(store)
+    assert {m.data_version for m in catalog.published("checkpoint")} == {ckpt1, ckpt2}
+    assert run_of_checkpoint(catalog, ckpt1).data_version == run1
