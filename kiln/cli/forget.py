@@ -50,9 +50,10 @@ def run_forget(args: argparse.Namespace) -> int:
     print(f"removal request {request.request_id} recorded ({request.kind}: {shown})")
     for a in request.affected:
         print(f"  affected checkpoint {a['checkpoint']}: trained on {a['documents']:,} matching documents "
-              f"({a['tokens']:,} tokens) from {', '.join(a['sources'])}; its data card says so from its next "
-              "materialization")
+              f"({a['tokens']:,} tokens) from {', '.join(a['sources'])}; " +
+              ("its data card says so from its next materialization" if a["current"] else
+               "replaced in the store since (a model that may still be in use)"))
     if not request.affected:
-        print("  no current checkpoint was trained on matching documents")
+        print("  no checkpoint in the store was trained on matching documents")
     print("  the next materialization of token_shards (and of quality_filtered_documents) excludes them")
     return EXIT_OK

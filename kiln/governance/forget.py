@@ -27,7 +27,7 @@ from typing import Any
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest, now_utc
 from kiln.common.storage import IncompleteDataset, Store
-from kiln.governance.catalog import RAW, made_from  # RAW: where a URL is whole (IntakeMatched)
+from kiln.governance.catalog import CHECKPOINT, RAW, SHARDS, Catalog, run_of_checkpoint  # RAW: a URL is whole there
 from kiln.governance.refresh import materialized, trained_refresh
 
 REQUESTS, REQUESTS_FILE = "removal_requests", "removal_requests.json"
@@ -165,39 +165,40 @@ def read_doc_ids(path: Path) -> list[str]:
 
 
 def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str, Any]]:
-    """The current checkpoint, if the token shards it was trained on (or replayed, less what its run already left
-    out of the replay) hold documents the request matches."""
+    """Each checkpoint the store published, newest first (the current one, and those a later one replaced:
+    `current` says which), whose token shards (or replayed shards, less what its run already left out of the replay)
+    hold documents the request matches, where the store still holds those shards as its run read them."""
     from kiln.governance.replay import removed_from_replay, replayed
 
-    try:
-        checkpoint, run = store.manifest("checkpoint"), store.manifest("training_run")
-        refresh = trained_refresh(run)
-        shards = store.manifest("token_shards", refresh) if refresh else None
-    except IncompleteDataset:
-        return []
-    if shards is None or not made_from(checkpoint, run) or \
-            run.inputs[f"token_shards/{refresh}"] != shards.data_version:
-        return []  # the store no longer holds the shards this checkpoint was trained on
-    trained = _matching(store, refresh, request)
-    replay, replay_info = [], replayed(run)
-    if replay_info and replay_info.get("input") and replay_info["input"] != f"token_shards/{refresh}":
-        replay_refresh = replay_info["input"].split("/", 1)[1]
-        try:
-            current = store.manifest("token_shards", replay_refresh).data_version == replay_info["data_version"]
-        except IncompleteDataset:
-            current = False
-        if current:  # else the store no longer holds the replayed set as the run read it
-            skipped = removed_from_replay(store, run) or {}
-            replay = [m for m in _matching(store, replay_refresh, request) if m["doc_id"] not in skipped]
-    if not trained and not replay:
-        return []
-    return [{"checkpoint": checkpoint.data_version, "token_shards": shards.data_version, "refresh": refresh,
-             "documents": len({m["doc_id"] for m in trained + replay}),
-             "tokens": sum(m["tokens"] * m["copies"] for m in trained),
-             "sources": sorted({m["source"] for m in trained + replay}),
-             **({"replay": {"token_shards": replay_info["data_version"], "refresh": replay_refresh,
-                            "documents": len(replay), "tokens": sum(m["tokens"] * m["copies"] for m in replay)}}
-                if replay else {})}]
+    catalog = Catalog(store)
+    current = catalog.current_manifest(CHECKPOINT)
+    out = []
+    for checkpoint in catalog.published(CHECKPOINT):
+        run = run_of_checkpoint(catalog, checkpoint.data_version)
+        refresh = trained_refresh(run) if run is not None else None
+        shards = catalog.current_manifest(SHARDS, refresh) if refresh else None
+        if shards is None or run.inputs[f"{SHARDS}/{refresh}"] != shards.data_version:
+            continue  # the store no longer holds the shards this checkpoint was trained on
+        trained = _matching(store, refresh, request)
+        replay, replay_info = [], replayed(run)
+        if replay_info and replay_info.get("input") and replay_info["input"] != f"{SHARDS}/{refresh}":
+            replay_refresh = replay_info["input"].split("/", 1)[1]
+            held = catalog.current_manifest(SHARDS, replay_refresh)
+            if held is not None and held.data_version == replay_info["data_version"]:
+                # else the store no longer holds the replayed set as the run read it
+                skipped = removed_from_replay(store, run) or {}
+                replay = [m for m in _matching(store, replay_refresh, request) if m["doc_id"] not in skipped]
+        if not trained and not replay:
+            continue
+        out.append({"checkpoint": checkpoint.data_version, "current": checkpoint == current,
+                    "token_shards": shards.data_version, "refresh": refresh,
+                    "documents": len({m["doc_id"] for m in trained + replay}),
+                    "tokens": sum(m["tokens"] * m["copies"] for m in trained),
+                    "sources": sorted({m["source"] for m in trained + replay}),
+                    **({"replay": {"token_shards": replay_info["data_version"], "refresh": replay_refresh,
+                                   "documents": len(replay), "tokens": sum(m["tokens"] * m["copies"] for m in replay)}}
+                       if replay else {})})
+    return out
 
 
 def applied_requests(version: Manifest | None) -> set[str]:

@@ -154,6 +154,15 @@ def test_membership_of_a_checkpoint_a_later_one_replaced(built, tmp_path):
     assert any(n.startswith(f"checkpoint {earlier}, replaced in the store since, was trained on token_shards "
                             f"{current.shards[0].shard_set}") for n in current.notes), current.notes
     assert audit.lineage(store, earlier[:8]).nodes[0].data_version == earlier
+    # A removal request of the document names the replaced checkpoint that was trained on it, as replaced.
+    from kiln.governance.forget import RemovalRequest, affected_checkpoints
+
+    request = RemovalRequest("x", "t", "doc_ids", [doc_id], "")
+    copies, tokens = built["members"][doc_id]["copies"], built["members"][doc_id]["tokens"]
+    assert [(a["checkpoint"], a["current"], a["documents"], a["tokens"]) for a in affected_checkpoints(
+        store, request)] == [(earlier, False, 1, copies * tokens)]
+    assert [(a["checkpoint"], a["current"]) for a in affected_checkpoints(built["store"], request)] == [
+        (earlier, True)]
 
 # --------------------------------------------------------------------------------------- lineage, sources
 

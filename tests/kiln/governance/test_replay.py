@@ -120,7 +120,7 @@ def test_membership_says_removed_from_replay_and_in_training_via_replay(replayed
 
 
 def test_a_new_request_flags_the_checkpoint_for_its_replayed_documents(replayed):
-    store, config, d = replayed["store"], replayed["config"], replayed["d"]
+    store, d = replayed["store"], replayed["d"]
     b_members = members(store)
     other = next(doc for doc, m in sorted(replayed["a_members"].items()) if m["split"] == "train"
                  and m["copies"] > 0 and doc != d)
