@@ -78,6 +78,7 @@ class Catalog:
         return self.manifest_at(asset, partition, pinned) if pinned else self.current_manifest(asset, partition)
 
     def current_manifest(self, asset: str, partition: str | None = None) -> Manifest | None:
+        """The store's current manifest of a dataset, pinned or not."""
         snapshot = self._current_snapshot(asset, partition)
         return snapshot.manifest if snapshot is not None else None
 

@@ -171,7 +171,7 @@ def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str
     from kiln.governance.replay import removed_from_replay, replayed
 
     catalog = Catalog(store)
-    current = catalog.current_manifest(CHECKPOINT)
+    current = getattr(catalog.current_manifest(CHECKPOINT), "data_version", None)
     out = []
     for checkpoint in catalog.published(CHECKPOINT):
         run = run_of_checkpoint(catalog, checkpoint.data_version)
@@ -190,7 +190,7 @@ def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str
                 replay = [m for m in _matching(store, replay_refresh, request) if m["doc_id"] not in skipped]
         if not trained and not replay:
             continue
-        out.append({"checkpoint": checkpoint.data_version, "current": checkpoint == current,
+        out.append({"checkpoint": checkpoint.data_version, "current": checkpoint.data_version == current,
                     "token_shards": shards.data_version, "refresh": refresh,
                     "documents": len({m["doc_id"] for m in trained + replay}),
                     "tokens": sum(m["tokens"] * m["copies"] for m in trained),
