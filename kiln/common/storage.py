@@ -374,18 +374,13 @@ class Store:
 
     def history(self, asset: str, partition: str | None = None) -> list[Manifest]:
         """Every version of a dataset the store has published (as `manifest_at` gives it), oldest first."""
-        found: dict[str, Manifest] = {}
         folder = _history_dir(self._local_dir(asset, partition))
-        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-            m = Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
-            found[m.data_version] = m
+        names = {p.name for p in folder.glob("*.json")} if folder.is_dir() else set()
         if self.remote is not None:
-            for key in self.remote.list_keys(f"{self._remote_dir(asset, partition)}/{HISTORY}"):
-                if key.rsplit("/", 1)[-1].removesuffix(".json") not in found and \
-                        (data := self.remote.get_bytes(key)) is not None:
-                    m = _remote_manifest(data, self.remote.url(key))
-                    found[m.data_version] = m
-        return sorted(found.values(), key=lambda m: m.created_at)
+            names |= {k.rsplit("/", 1)[-1] for k in self.remote.list_keys(
+                f"{self._remote_dir(asset, partition)}/{HISTORY}")}
+        found = (self.manifest_at(asset, partition, name.removesuffix(".json")) for name in names)
+        return sorted((m for m in found if m is not None), key=lambda m: m.created_at)
 
     def manifest_or_none(self, asset: str, partition: str | None = None) -> Manifest | None:
         """The manifest, or None when the dataset has not been materialized."""

@@ -207,9 +207,10 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
                          f"re-materialize token_shards to answer from the shards")
             continue
         # The verdict is about the store's current checkpoints (or the one asked about, a replaced one too).
-        every = _checkpoints_using(catalog, m.data_version, replaced_too=True)
-        checkpoints = [c for c in every if c == only] if only else _checkpoints_using(catalog, m.data_version)
-        earlier = [] if only else [c for c in every if c not in checkpoints]
+        every = _checkpoints_using(catalog, m.data_version)
+        current = {c.data_version for c in catalog.versions(CHECKPOINT)}
+        checkpoints = [c for c in every if (c == only if only else c in current)]
+        earlier = [] if only else [c for c in every if c not in current]
         replays = {c: _replay_of(catalog, c) for c in checkpoints}
         replays = {c: r for c, r in replays.items() if r is not None and r[0] == m.data_version}
         for path in paths:
@@ -465,11 +466,11 @@ def _share(record: ShardRecord, checkpoint: str) -> str:
         " (its run stopped before it)"
 
 
-def _checkpoints_using(catalog: Catalog, shards_version: str, replaced_too: bool = False) -> list[str]:
-    """Data versions of the checkpoints in the store whose training run read this token-shard set; `replaced_too`:
-    also those a later checkpoint replaced (the store's history)."""
+def _checkpoints_using(catalog: Catalog, shards_version: str) -> list[str]:
+    """Data versions of the checkpoints the store published (those a later one replaced too), newest first, whose
+    training run read this token-shard set."""
     out = []
-    for ckpt in catalog.published(CHECKPOINT) if replaced_too else catalog.versions(CHECKPOINT):
+    for ckpt in catalog.published(CHECKPOINT):
         if shards_version in _shards_of_checkpoint(catalog, ckpt):
             out.append(ckpt.data_version)
     return out
