@@ -216,7 +216,7 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
     resumes from its newest complete checkpoint when materialized again."""
     project, store = config.apply(kiln_config.load()), storage.store()
     refresh, shards = latest(store, SHARDS)
-    if pending := unapplied_requests(store, refresh, shards):
+    if pending := unapplied_requests(store, shards):
         raise dg.Failure(description=(
             f"{SHARDS}/{refresh} hold documents that removal request(s) {', '.join(r.request_id for r in pending)} "
             f"name, recorded after they were written: materialize {SHARDS} again first (the UI shows it stale; "

@@ -7,7 +7,8 @@ reader resolves the link once per read (`Store.snapshot`), so it reads one versi
 replaces it: a replaced version is kept `Store.keep_replaced_s` (`storage.keep_replaced_minutes`) before it is
 removed. A folder without a manifest is incomplete and is never read. Every version's manifest also stays in
 `.<partition>.history/<data_version>.json` beside it (`Store.manifest_at`), so the versions consumers recorded can
-be described after they are replaced.
+be described after they are replaced, with its record files (HISTORY_ROLES: member lists, exposure) in
+`.<partition>.history/<data_version>/`, hard links to the version's own (`Store.version_file`).
 
 With a remote (`storage.backend: s3`), S3 is the durable store and `root` is a local cache kept in sync,
 so every caller still gets local paths (sentencepiece, memmapped shards, safetensors, training processes):
@@ -17,7 +18,8 @@ so every caller still gets local paths (sentencepiece, memmapped shards, safeten
   LAST, then deletes the keys the new manifest does not list. A manifest on S3 therefore always names
   complete files: a crash mid-upload leaves the previous manifest, and its files (another version's
   folder, deleted only after the new manifest is up), readable; the history entry goes up before the manifest,
-  to `<prefix>/<asset>/<partition>/_history/<data_version>.json`, and stays;
+  to `<prefix>/<asset>/<partition>/_history/<data_version>.json` (its record files below
+  `_history/<data_version>/`, before it), and stays;
 - a read fetches the remote manifest once per Store (a new Store sees new versions); when the local copy
   is missing or holds another version it downloads the files, verifying each sha256 against the
   manifest, into a staging folder and swaps it in, then serves local paths.
@@ -69,7 +71,11 @@ from kiln.tokens.shard_format import hold_folder
 ROLE_PREFIX = {"documents": "part", "rejected": "rejected", "quarantine": "quarantine", "signatures": "signatures",
                "decisions": "decisions", "contamination": "contamination", "lines": "lines", "shard": "shard",
                "members": "members", "positions": "positions", "index_buckets": "buckets", "index_ids": "ids",
-               "index_docs": "indexed"}
+               "index_docs": "indexed", "exposure": "exposure", "replay_removed": "replay_removed"}
+# Files that record what a version was made of, by doc id and count (never text): a token-shard set's member list, a
+# training run's exposure and replay removals. The store's history keeps them with the manifest, so membership and
+# removal requests still answer for a checkpoint after the shards it read are replaced (`Store.version_file`).
+HISTORY_ROLES = frozenset({"members", "exposure", "replay_removed"})
 
 
 def row_group_stats(meta: pq.FileMetaData, column: str) -> list:
@@ -295,7 +301,9 @@ class Snapshot:
 
 
 COMMIT_LOCK = "_commit.lock"  # beside a dataset's manifest on S3, while a writer publishes it
-HISTORY = "_history"  # beside a dataset's manifest on S3: `<data_version>.json` for every version published
+# beside a dataset's manifest on S3: `<data_version>.json` for every version published, its record files in
+# `<data_version>/`
+HISTORY = "_history"
 
 # How long a replaced version stays for the readers that resolved it before the replace (storage.keep_replaced_minutes).
 KEEP_REPLACED_S = 3600.0
@@ -371,6 +379,37 @@ class Store:
             if (data := self.remote.get_bytes(key)) is not None:
                 return _remote_manifest(data, self.remote.url(key))
         return None
+
+    def version_file(self, asset: str, partition: str | None, data_version: str, path: str) -> Path | None:
+        """A file of one version of a dataset, by its path in the version: the current version's, else the history's
+        copy of a record file (HISTORY_ROLES) of a version replaced since (from S3's history when the local one has
+        none); None when the store holds no such file of that version (not a record file, or a version from before
+        the history kept them)."""
+        current = self.snapshot_or_none(asset, partition)
+        if current is not None and current.manifest.data_version == data_version:
+            return current.folder / path
+        if not re.fullmatch(r"[0-9a-f]{1,64}", data_version) or Path(path).is_absolute() or ".." in Path(path).parts:
+            return None  # never a path outside the history to open
+        kept = _history_dir(self._local_dir(asset, partition)) / data_version / path
+        if kept.is_file():
+            return kept
+        if self.remote is None:
+            return None
+        manifest = self.manifest_at(asset, partition, data_version)
+        entry = next((f for f in manifest.files if f.path == path), None) if manifest else None
+        if entry is None or entry.role not in HISTORY_ROLES:
+            return None
+        pulled = kept.with_name(f".{kept.name}.pull-{uuid.uuid4().hex[:8]}")
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.remote.download_files([(f"{self._remote_dir(asset, partition)}/{HISTORY}/{data_version}/{path}",
+                                         pulled, entry.sha256)])
+            os.replace(pulled, kept)
+        except MissingRemoteFile:  # published before S3's history kept record files
+            return None
+        finally:
+            pulled.unlink(missing_ok=True)
+        return kept
 
     def history(self, asset: str, partition: str | None = None) -> list[Manifest]:
         """Every version of a dataset the store has published (as `manifest_at` gives it), oldest first."""
@@ -491,7 +530,9 @@ class Store:
         # One writer at a time per dataset, on every machine: another's stale-key deletion would take files this
         # one has uploaded but not yet named in the manifest.
         with self.remote.lock(lock) as still_held:
-            self.remote.upload_files([(folder / f.path, f"{version_dir}/{f.path}") for f in manifest.files])
+            self.remote.upload_files([(folder / f.path, f"{version_dir}/{f.path}") for f in manifest.files] +
+                                     [(folder / f.path, f"{remote_dir}/{HISTORY}/{manifest.data_version}/{f.path}")
+                                      for f in manifest.files if f.role in HISTORY_ROLES])
             self.remote.put_bytes(f"{remote_dir}/{HISTORY}/{manifest.data_version}.json",
                                   manifest.for_history().to_json().encode())
             still_held()
@@ -598,6 +639,30 @@ def _history_dir(final: Path) -> Path:
     """Where the manifest of every version `final` has published stays (`Manifest.for_history`), after the version's
     files are removed: consumers record the versions they read, and lineage follows them there."""
     return final.with_name(f".{final.name}.history")
+
+
+def _keep_records(history: Path, manifest: Manifest, folder: Path) -> None:
+    """The version's record files (HISTORY_ROLES) into `history/<data_version>/`, whole or not at all: hard links to
+    the version's own, so they cost no space until the version is removed."""
+    records = [f for f in manifest.files if f.role in HISTORY_ROLES]
+    kept = history / manifest.data_version
+    if not records or kept.is_dir():  # kept already: the same version again, the same files (its data version says)
+        return
+    staging = history / f".{manifest.data_version}.staging-{uuid.uuid4().hex[:8]}"
+    try:
+        for f in records:
+            (staging / f.path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(folder / f.path, staging / f.path)
+            except OSError:  # a file system without hard links
+                shutil.copyfile(folder / f.path, staging / f.path)
+                fsync_file(staging / f.path)
+        fsync_dir(staging)
+        with contextlib.suppress(OSError):  # a writer of the same version got there first: the same files
+            os.rename(staging, kept)
+            fsync_dir(history)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _replaced_marker(version: Path) -> Path:
@@ -792,7 +857,8 @@ class DatasetWriter:
         for relative in published:
             path = self.dir / relative
             name = relative.rsplit("/", 1)[-1]
-            role = next((r for r, p in ROLE_PREFIX.items() if name.startswith(p + "-")), "artifact")
+            role = next((r for r, p in ROLE_PREFIX.items() if name.startswith(p + "-") or name.partition(".")[0] == p),
+                        "artifact")
             size = os.stat(path).st_size
             facts = recorded.get(relative)
             if facts is None or facts["bytes"] != size:  # not a part task's, or not as it left it: read it
@@ -807,6 +873,7 @@ class DatasetWriter:
         write_json_atomic(self.dir / MANIFEST_NAME, manifest.to_json())
         history = _history_dir(self.final_dir)
         history.mkdir(exist_ok=True)
+        _keep_records(history, manifest, self.dir)  # before the entry that names them
         write_json_atomic(history / f"{manifest.data_version}.json", manifest.for_history().to_json())
         # Scratch folders and temp files of tasks that died, at any depth: never published.
         for path in hidden:

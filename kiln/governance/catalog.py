@@ -208,17 +208,13 @@ def stages_read(store: Store, manifest: Manifest) -> list[Manifest]:
     return found[::-1]
 
 
-def run_dataset(store: Store, run: Manifest | None) -> Path | None:
-    """The folder of a training run's dataset, or None when the store's current training_run is another run (a
-    later run replaced it): what the run wrote beside its manifest (exposure, replay removals) is gone with it."""
-    if run is None:
+def run_file(store: Store, run: Manifest | None, path: str | None) -> Path | None:
+    """A file a training run wrote beside its manifest (its exposure, its replay removals): the current run's, else
+    the store's history's copy (a later run replaced it); None when the store holds it no more (a run from before the
+    history kept such files)."""
+    if run is None or not path:
         return None
-    folder = store.dataset_dir(TRAINING_RUN, run.partition)
-    current = folder / MANIFEST_NAME
-    if not current.is_file() or json.loads(current.read_text(encoding="utf-8")).get("data_version") != \
-            run.data_version:
-        return None
-    return folder
+    return store.version_file(TRAINING_RUN, run.partition, run.data_version, path)
 
 
 def made_from(checkpoint: Manifest, run: Manifest) -> bool:
@@ -234,24 +230,28 @@ def run_of_checkpoint(catalog: Catalog, checkpoint: str) -> Manifest | None:
     """The training_run manifest a checkpoint (by data version) was made from: the current one, else from the store's
     history; None when neither holds it."""
     ckpt = next((m for m in catalog.published(CHECKPOINT) if m.data_version == checkpoint), None)
-    # The store's current run first: the same training recorded again is a newer manifest, with what it wrote beside.
-    runs = (r for found in (catalog.versions(TRAINING_RUN), catalog.published(TRAINING_RUN)) for r in found)
-    return next((r for r in runs if made_from(ckpt, r)), None) if ckpt else None
+    if ckpt is None:
+        return None
+    # The version it recorded; else the same training recorded again (the store's current run first).
+    runs = [*catalog.versions(TRAINING_RUN), *catalog.published(TRAINING_RUN)]
+    return next((r for r in runs if r.data_version == ckpt.inputs.get(TRAINING_RUN)), None) or \
+        next((r for r in runs if made_from(ckpt, r)), None)
 
 
-def _shards_of_checkpoint(catalog: Catalog, ckpt: Manifest) -> set[str]:
-    """The token_shards data versions a checkpoint's training run recorded as inputs (via its run's manifest)."""
-    versions = set()
+def _shards_of_checkpoint(catalog: Catalog, ckpt: Manifest) -> dict[str, str | None]:
+    """The token_shards data versions a checkpoint's training run recorded as inputs (via its run's manifest), each
+    with its partition."""
+    versions: dict[str, str | None] = {}
     for key, version in ckpt.inputs.items():
-        asset, _ = parse_key(key)
+        asset, partition = parse_key(key)
         if asset == SHARDS:
-            versions.add(version)
+            versions[version] = partition
         elif asset == TRAINING_RUN:
             for run in catalog.published(TRAINING_RUN):
                 if run.data_version == version:
-                    versions |= {v for k, v in run.inputs.items() if parse_key(k)[0] == SHARDS}
+                    versions |= {v: parse_key(k)[1] for k, v in run.inputs.items() if parse_key(k)[0] == SHARDS}
     return versions
 
 
-__all__ = ["AuditError", "Catalog", "made_from", "node_key", "parse_key", "resolve_target", "run_dataset",
+__all__ = ["AuditError", "Catalog", "made_from", "node_key", "parse_key", "resolve_target", "run_file",
            "run_of_checkpoint", "stages_read"]

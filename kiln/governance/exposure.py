@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from kiln.common.manifest import MANIFEST_NAME, Manifest
 from kiln.common.storage import Store, write_parquet_atomic
-from kiln.governance.catalog import run_dataset
+from kiln.governance.catalog import run_file
 
 EXPOSURE_FILE = "exposure.parquet"
 EXPOSURE_SCHEMA = pa.schema([pa.field("role", pa.string(), nullable=False),  # train | replay
@@ -136,14 +136,15 @@ def write_exposure(folder: Path, table: pa.Table, stats: dict[str, Any]) -> dict
 def exposure_of(store: Store, run: Manifest | None, doc_id: str) -> dict[str, list[dict[str, Any]]] | None:
     """A document's copies that `run` read, by shard set data version (only copies read at least once); None when the
     run recorded no exposure (a run from before exposure was recorded, or its shards had no position list) or the
-    store no longer holds the run's dataset (a later run replaced it), so it cannot be told."""
+    store no longer holds it (a run a later one replaced, from before the store's history kept exposure), so it
+    cannot be told."""
     info = (run.stats.get("exposure") if run else None) or {}
-    folder = run_dataset(store, run) if info.get("file") else None
-    if folder is None:
+    path = run_file(store, run, info.get("file"))
+    if path is None:
         return None
     known = {r["data_version"] for r in info["roles"].values() if not r.get("unavailable")}
     out: dict[str, list[dict[str, Any]]] = {v: [] for v in known}
-    for r in pq.read_table(folder / info["file"], filters=[("doc_id", "=", doc_id)]).to_pylist():
+    for r in pq.read_table(path, filters=[("doc_id", "=", doc_id)]).to_pylist():
         out.setdefault(r["shard_set"], []).append(r)
     return out
 

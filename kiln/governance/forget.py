@@ -7,9 +7,10 @@ materialization of `quality_filtered_documents` drops the partition's matching d
 table with `stage: removal_request`, and `token_shards`, which reads every refresh so far (also refreshes
 nobody filters again), leaves every matching document out (kiln.tokens.shard_writer), so the next shards hold none.
 
-When the request is recorded, the current checkpoint's training documents (the token shards' member
-list, and those of the shards its run replayed) are checked against it: the affected checkpoint is written into
-the request, and its data card says so from then on. A later continued run that replays shards written before the
+When the request is recorded, the training documents of every checkpoint the store published (the member list of
+the token shards its run read, and of the shards it replayed: the current sets', or the store's history's of sets
+replaced since) are checked against it: the affected checkpoints are written into the request, and the current
+one's data card says so from then on. A later continued run that replays shards written before the
 request skips the documents it names (kiln.governance.replay).
 """
 
@@ -23,6 +24,9 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest, now_utc
@@ -167,7 +171,8 @@ def read_doc_ids(path: Path) -> list[str]:
 def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str, Any]]:
     """Each checkpoint the store published, newest first (the current one, and those a later one replaced:
     `current` says which), whose token shards (or replayed shards, less what its run already left out of the replay)
-    hold documents the request matches, where the store still holds those shards as its run read them."""
+    hold documents the request matches, where the store still holds those shards' member list as its run read them
+    (the current set's, or the history's of a set replaced since)."""
     from kiln.governance.replay import removed_from_replay, replayed
 
     catalog = Catalog(store)
@@ -176,18 +181,19 @@ def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str
     for checkpoint in catalog.published(CHECKPOINT):
         run = run_of_checkpoint(catalog, checkpoint.data_version)
         refresh = trained_refresh(run) if run is not None else None
-        shards = catalog.current_manifest(SHARDS, refresh) if refresh else None
-        if shards is None or run.inputs[f"{SHARDS}/{refresh}"] != shards.data_version:
-            continue  # the store no longer holds the shards this checkpoint was trained on
-        trained = _matching(store, refresh, request)
+        # The shards as the run read them: the current set, or the history's member list of a set replaced since.
+        shards = catalog.manifest_at(SHARDS, refresh, run.inputs[f"{SHARDS}/{refresh}"]) if refresh else None
+        trained = _matching(store, shards, request) if shards is not None else None
+        if trained is None:
+            continue  # the store no longer holds the member list of the shards this checkpoint was trained on
         replay, replay_info = [], replayed(run)
         if replay_info and replay_info.get("input") and replay_info["input"] != f"{SHARDS}/{refresh}":
             replay_refresh = replay_info["input"].split("/", 1)[1]
-            held = catalog.current_manifest(SHARDS, replay_refresh)
-            if held is not None and held.data_version == replay_info["data_version"]:
-                # else the store no longer holds the replayed set as the run read it
-                skipped = removed_from_replay(store, run) or {}
-                replay = [m for m in _matching(store, replay_refresh, request) if m["doc_id"] not in skipped]
+            held = catalog.manifest_at(SHARDS, replay_refresh, replay_info["data_version"])
+            skipped = removed_from_replay(store, run) or {}
+            # none when the store no longer holds the replayed set's member list
+            replay = [m for m in (_matching(store, held, request) if held is not None else None) or []
+                      if m["doc_id"] not in skipped]
         if not trained and not replay:
             continue
         out.append({"checkpoint": checkpoint.data_version, "current": checkpoint.data_version == current,
@@ -206,16 +212,21 @@ def applied_requests(version: Manifest | None) -> set[str]:
     return set(version.config.get("removal_requests") or []) if version is not None else set()
 
 
-def unapplied_requests(store: Store, refresh: str, shards: Manifest) -> list[RemovalRequest]:
+def unapplied_requests(store: Store, shards: Manifest) -> list[RemovalRequest]:
     """The requests recorded since a refresh's token shards were written (not among those they applied) that name
     any of their training documents: a run on these shards would read what was asked to be removed."""
     applied = applied_requests(shards)
-    return [r for r in load_requests(store)[0] if r.request_id not in applied and _matching(store, refresh, r)]
+    return [r for r in load_requests(store)[0] if r.request_id not in applied and _matching(store, shards, r)]
 
 
-def _matching(store: Store, refresh: str, request: RemovalRequest) -> list[dict[str, Any]]:
-    """The member rows of a refresh's token shards the request matches, in their train split."""
-    members = store.read_table("token_shards", refresh, "members").to_pylist()
+def _matching(store: Store, shards: Manifest, request: RemovalRequest) -> list[dict[str, Any]] | None:
+    """The member rows of a token-shard set (the current one, or one replaced since, by the store's history) the
+    request matches, in their train split; None when the store no longer holds its member list."""
+    paths = [store.version_file(SHARDS, shards.partition, shards.data_version, f.path)
+             for f in shards.files_with_role("members")]
+    if not paths or None in paths:
+        return None
+    members = pa.concat_tables([pq.read_table(p) for p in paths]).to_pylist()
     [matcher] = with_intake_urls(store, [request], raw_partitions(store, {m["source"] for m in members}))
     return [m for m in members if m["split"] == "train" and m["copies"] > 0
             and matcher.matches(m["doc_id"], m["source"], None)]

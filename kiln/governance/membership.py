@@ -7,8 +7,9 @@ whether its kept copy was trained on). A shard set a continued run replayed coun
 data, except for the documents the run left out of its replay for a removal request (kiln.governance.replay).
 Whether a checkpoint read a document of its shards, and how many times each copy, comes from what its run recorded
 it read (kiln.governance.exposure): a run that stopped before reaching a document did not train on it. A run that
-recorded no exposure (from before it was recorded, or whose dataset a later run replaced) counts as having read
-every document of its shards, as the member list says, with a note.
+recorded no exposure (from before it was recorded, or replaced before the store's history kept it) counts as having
+read every document of its shards, as the member list says, with a note. The shard sets and runs of checkpoints a
+later one replaced are read from the store's history (their member lists and exposure: `Store.version_file`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from kiln.common.config import ExactDedup, NearDedup, ProjectConfig
+from kiln.common.manifest import Manifest
 from kiln.common.storage import Store
 from kiln.curation.documents import make_doc_id
 from kiln.curation.pipeline import content_hash
@@ -196,21 +198,27 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
 
     shards, notes = [], []
     exposures: dict[str, Any] = {}  # checkpoint -> this document's copies its run read (None: not recorded)
-    shards_gone = shard_versions is not None and not any(m.data_version in shard_versions
-                                                         for m in catalog.versions(SHARDS))
-    for m in catalog.versions(SHARDS):
+    current = {c.data_version for c in catalog.versions(CHECKPOINT)}
+    held = {m.data_version for m in catalog.versions(SHARDS)}
+    read: set[str] = set()  # the shard sets whose member lists were read
+    for m in _shard_sets(catalog):
         if shard_versions is not None and m.data_version not in shard_versions:
-            continue
-        paths = [catalog.folder(SHARDS, m.partition) / f.path for f in m.files_with_role("members")]
-        if not paths:
-            notes.append(f"token_shards {m.data_version} has no member list (written before member lists existed); "
-                         f"re-materialize token_shards to answer from the shards")
             continue
         # The verdict is about the store's current checkpoints (or the one asked about, a replaced one too).
         every = _checkpoints_using(catalog, m.data_version)
-        current = {c.data_version for c in catalog.versions(CHECKPOINT)}
         checkpoints = [c for c in every if (c == only if only else c in current)]
         earlier = [] if only else [c for c in every if c not in current]
+        replaced = m.data_version not in held  # read from the history: a checkpoint was trained on it
+        paths = [catalog.store.version_file(SHARDS, m.partition, m.data_version, f.path)
+                 for f in m.files_with_role("members")]
+        if not paths or None in paths:
+            notes.append(f"token_shards {m.data_version} has no member list (written before member lists existed); "
+                         f"re-materialize token_shards to answer from the shards" if not replaced else
+                         f"token_shards {m.data_version}, replaced in the store since, kept no member list (replaced "
+                         f"before the store's history kept member lists): checkpoint {', '.join(every)} cannot be "
+                         f"answered for")
+            continue
+        read.add(m.data_version)
         replays = {c: _replay_of(catalog, c) for c in checkpoints}
         replays = {c: r for c, r in replays.items() if r is not None and r[0] == m.data_version}
         for path in paths:
@@ -224,15 +232,15 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
                                      sorted(skipped), next(iter(skipped.values()), None))
                 if r["split"] == "train" and r["copies"] > 0:
                     _add_reads(catalog, record, doc_id, exposures)
-                    if earlier:  # not the checkpoints the verdict is about, but a model that may still be in use
-                        notes.append(f"checkpoint {', '.join(earlier)}, replaced in the store since, was trained on "
-                                     f"token_shards {m.data_version}, which holds {r['copies']} cop"
-                                     f"{'y' if r['copies'] == 1 else 'ies'} of it in its train split")
-                shards.append(record)
+                    # not the checkpoints the verdict is about, but models that may still be in use
+                    notes += [_earlier_note(catalog, m.data_version, r, c, doc_id, exposures) for c in earlier]
                 hint = hint or r["source"]
+                if not replaced or checkpoints:  # a replaced set only replaced checkpoints read: noted, not judged
+                    shards.append(record)
+    shards_gone = shard_versions is not None and not read & set(shard_versions)
     if shards_gone:
-        notes.append(f"the checkpoint was trained on token_shards {', '.join(sorted(shard_versions))}, which is no "
-                     f"longer in the store: its member list cannot be read")
+        notes.append(f"the checkpoint was trained on token_shards {', '.join(sorted(shard_versions))}, whose member "
+                     f"list the store no longer holds")
 
     kept = [r for r in stages if r.status == "kept"]
     removed = next((r for r in stages if r.status in ("removed", "quarantined")), None)
@@ -312,7 +320,8 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
                                                 for c in s.reached_by})}
             summary += f"; its kept copy {kept_copy['doc_id']}: {copy.summary}"
     elif shards_gone:
-        verdict, summary = UNKNOWN, "UNKNOWN: the checkpoint's token shards are not in the store"
+        verdict = UNKNOWN
+        summary = "UNKNOWN: the store no longer holds the member list of the checkpoint's token shards"
     elif kept:
         verdict = NOT_IN_SHARDS
         summary = (f"NOT TRAINED ON: kept through {kept[-1].stage} but in no token-shard member list (shards not "
@@ -458,6 +467,30 @@ def _add_reads(catalog: Catalog, record: ShardRecord, doc_id: str, exposures: di
         tokens = sum(p["tokens"] for r in roles[:1] for p in r["per_phase"].values())
         if tokens:
             record.read_share[c] = round(sum(r["tokens_read"] for r in roles) / tokens, 4)
+
+
+def _earlier_note(catalog: Catalog, shard_set: str, row: dict[str, Any], checkpoint: str, doc_id: str,
+                  exposures: dict[str, Any]) -> str:
+    """What a checkpoint the store has replaced since read of the document, from the member list row of a set it
+    was trained on and what its run recorded reading."""
+    record = ShardRecord(shard_set, row["split"], row["copies"], row["tokens"], [checkpoint])
+    _add_reads(catalog, record, doc_id, exposures)
+    copies = f"{row['copies']} cop{'y' if row['copies'] == 1 else 'ies'}"
+    reading = (f", and read it{record.times(checkpoint)}" if record.reached_by else
+               f", but did not reach it{_share(record, checkpoint)}") if checkpoint in record.reads else ""
+    return (f"checkpoint {checkpoint}, replaced in the store since, was trained on token_shards {shard_set}, which "
+            f"holds {copies} of it in its train split{reading}")
+
+
+def _shard_sets(catalog: Catalog) -> list[Manifest]:
+    """The token-shard sets to look in: the store's current ones, newest first, then each set a checkpoint the store
+    published was trained on and a later set has replaced since (its manifest from the store's history)."""
+    found = {m.data_version: m for m in catalog.versions(SHARDS)}
+    for ckpt in catalog.published(CHECKPOINT):
+        for version, partition in _shards_of_checkpoint(catalog, ckpt).items():
+            if version not in found and (m := catalog.manifest_at(SHARDS, partition, version)) is not None:
+                found[version] = m
+    return list(found.values())
 
 
 def _share(record: ShardRecord, checkpoint: str) -> str:

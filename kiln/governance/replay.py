@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from kiln.common.manifest import MANIFEST_NAME, Manifest
 from kiln.common.storage import Store, write_parquet_atomic
-from kiln.governance.catalog import run_dataset
+from kiln.governance.catalog import run_file
 from kiln.governance.forget import REQUESTS, RemovalRequest, first_match, raw_partitions, with_intake_urls
 
 SHARDS = "token_shards"
@@ -144,14 +144,14 @@ def replayed(run: Manifest | None) -> dict[str, Any] | None:
 
 def removed_from_replay(store: Store, run: Manifest) -> dict[str, str] | None:
     """doc_id -> the request, for every document `run` left out of its replay; None when the store no longer
-    holds that run's dataset (a later run replaced it), so it cannot be told."""
+    holds that list (a run a later one replaced, from before the store's history kept it), so it cannot be told."""
     info = replayed(run)
     if info is None or not info.get("removed_file"):
         return {}
-    folder = run_dataset(store, run)
-    if folder is None:
+    path = run_file(store, run, info["removed_file"])
+    if path is None:
         return None
-    table = pq.read_table(folder / info["removed_file"], columns=["doc_id", "removed_by"])
+    table = pq.read_table(path, columns=["doc_id", "removed_by"])
     return dict(zip(table.column("doc_id").to_pylist(), table.column("removed_by").to_pylist()))
 
 

@@ -395,6 +395,48 @@ def test_every_version_published_is_described_after_its_files_are_gone(tmp_path)
     assert {m.data_version for m in store.history("a", "p")} == {m.data_version for m in made}
 
 
+def test_the_history_keeps_a_versions_record_files_and_nothing_else(tmp_path):
+    """A checkpoint stays answerable after its shards are replaced: the history keeps each version's record files
+    (member lists, a run's exposure and replay removals: doc ids and counts), never its documents."""
+    store = Store(tmp_path, keep_replaced_s=0)
+    made = []
+    for n in (1, 2):
+        with store.staging("a", "p") as w:
+            w.write("documents", pa.table({"text": [f"text {n}"]}))
+            w.write("members", pa.table({"doc_id": [f"d{n}"], "copies": [n]}))
+            pq.write_table(pa.table({"doc_id": [f"d{n}"], "reads": [n]}), w.dir / "exposure.parquet")
+            pq.write_table(pa.table({"doc_id": [f"r{n}"]}), w.dir / "replay_removed.parquet")
+            made.append(w.commit(code_version=str(n), config={}, inputs={}, counts={}))
+            kept = {f.path: tmp_path / "a" / ".p.history" / made[-1].data_version / f.path for f in made[-1].files}
+            # While the version is current its record files are hard links to its own: no second copy on disk.
+            assert all(os.stat(kept[f]).st_nlink == 2 for f in ("members-00000.parquet", "exposure.parquet"))
+    first, second = made
+    assert {f.path: f.role for f in first.files} == {
+        "part-00000.parquet": "documents", "members-00000.parquet": "members", "exposure.parquet": "exposure",
+        "replay_removed.parquet": "replay_removed"}
+    assert list(_versions_beside(tmp_path / "a" / "p").values()) == ["current"]  # the first one's files are gone
+    sha = {f.path: f.sha256 for f in first.files}
+    for path, column, value in (("members-00000.parquet", "doc_id", "d1"), ("exposure.parquet", "reads", 1),
+                                ("replay_removed.parquet", "doc_id", "r1")):
+        found = store.version_file("a", "p", first.data_version, path)
+        assert found.parent.name == first.data_version and hashlib.sha256(found.read_bytes()).hexdigest() == sha[path]
+        assert pq.read_table(found).column(column).to_pylist() == [value]
+    assert store.version_file("a", "p", first.data_version, "part-00000.parquet") is None  # documents are not kept
+    assert store.version_file("a", "p", second.data_version, "part-00000.parquet") == \
+        store.snapshot("a", "p").folder / "part-00000.parquet"  # the current version: its own files
+    assert store.version_file("a", "p", "0" * 20, "members-00000.parquet") is None  # never published
+    assert store.version_file("a", "p", first.data_version, "../../p/_manifest.json") is None  # never outside
+    # The same version committed again (same files, same data version) keeps what the history holds.
+    with store.staging("a", "p") as w:
+        w.write("documents", pa.table({"text": ["text 2"]}))
+        w.write("members", pa.table({"doc_id": ["d2"], "copies": [2]}))
+        pq.write_table(pa.table({"doc_id": ["d2"], "reads": [2]}), w.dir / "exposure.parquet")
+        pq.write_table(pa.table({"doc_id": ["r2"]}), w.dir / "replay_removed.parquet")
+        assert w.commit(code_version="2", config={}, inputs={}, counts={}).data_version == second.data_version
+    assert sorted(p.name for p in (tmp_path / "a" / ".p.history").iterdir()) == sorted(
+        [first.data_version, f"{first.data_version}.json", second.data_version, f"{second.data_version}.json"])
+
+
 def test_a_replaced_version_is_kept_for_its_readers_then_removed(tmp_path):
     from kiln.common.config.storage import StorageSettings
 

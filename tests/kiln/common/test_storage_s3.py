@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from kiln.common.manifest import MANIFEST_NAME, Manifest, sha256_file
@@ -141,6 +142,32 @@ def test_the_writer_does_not_download_the_version_it_replaces(s3, tmp_path):
     assert third.manifest_at("curated_documents", "web", first.data_version) == first
     assert {m.data_version for m in third.history("curated_documents", "web")} == {first.data_version,
                                                                                    newer.data_version}
+
+
+def test_a_replaced_versions_member_list_stays_on_s3_for_a_machine_that_never_saw_it(s3, tmp_path):
+    """Membership answers for a checkpoint whose shards were replaced from their member list in S3's history."""
+    client = Recording(s3)
+    made = []
+    for n in (1, 2):
+        with Store(tmp_path / "writer", remote(client)).staging("token_shards", "r1") as writer:
+            writer.write("documents", pa.table({"text": [f"text {n}"]}))
+            writer.write("members", pa.table({"doc_id": [f"d{n}"], "copies": [n]}))
+            made.append(writer.commit(code_version="test", config={}, inputs={}, counts={}))
+    first, newer = made
+    base = "kiln/token_shards/r1"
+    uploads = client.names("upload_file", "put_object")
+    # The first version's record file goes up with its files, before the history entry that names it.
+    assert uploads.index(f"{base}/_history/{first.data_version}/members-00000.parquet") < \
+        uploads.index(f"{base}/_history/{first.data_version}.json")
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    assert {k for k in keys if first.data_version in k} == {
+        f"{base}/_history/{first.data_version}.json", f"{base}/_history/{first.data_version}/members-00000.parquet"}
+    third = Store(tmp_path / "third", remote(s3))
+    kept = third.version_file("token_shards", "r1", first.data_version, "members-00000.parquet")
+    assert kept.is_relative_to(tmp_path / "third") and pq.read_table(kept).to_pylist() == [{"doc_id": "d1",
+                                                                                            "copies": 1}]
+    assert third.version_file("token_shards", "r1", first.data_version, "part-00000.parquet") is None
+    assert [p.name for p in kept.parent.iterdir()] == ["members-00000.parquet"]  # no download left half-done
 
 
 def test_a_tampered_remote_file_is_refused_with_the_key(s3, tmp_path):

@@ -150,3 +150,60 @@ def test_a_run_config_that_left_the_micro_batch_to_the_layout_gives_the_same_exp
         changed = run.model_copy(update={"training": run.training.model_copy(update={"micro_batch_size": micro_batch})})
         table, stats = measure_exposure(changed.write(tmp_path / f"{micro_batch}.json"), state)
         assert table.equals(expected[0]) and stats == expected[1]
+
+
+def test_a_checkpoint_is_answered_for_after_its_shards_and_its_run_are_replaced(partway, tmp_path):
+    """The shard set is materialized again and a later run (on other data) replaces the run and the checkpoint, and
+    the old versions' files are removed: membership and removal requests still answer for the checkpoint, from the
+    member list and the exposure the store's history kept."""
+    import shutil
+
+    import pyarrow as pa
+
+    from kiln.common.storage import Store
+    from kiln.governance.forget import RemovalRequest, affected_checkpoints
+    from kiln.tokens.shard_writer import MEMBERS_SCHEMA
+
+    shutil.copytree(partway["store"].root, tmp_path / "data", symlinks=True)
+    store = Store(tmp_path / "data", keep_replaced_s=0)  # a replaced version's files go at the next commit
+    config, ckpt, expected, old = partway["config"], partway["ckpt"], partway["expected"], partway["shards"]
+    read = next(d for d, copies in sorted(expected.items()) if all(r for r, _ in copies))
+    unread = next(d for d, copies in sorted(expected.items()) if not any(r for r, _ in copies))
+    with store.staging("token_shards", old.partition) as w:
+        w.write("members", pa.Table.from_pylist([{"doc_id": "another", "source": "web", "split": "train",
+                                                  "copies": 1, "tokens": 5, "removed_by": None}],
+                                                schema=MEMBERS_SCHEMA))
+        w.commit(code_version="test", config={}, inputs={}, counts={})
+    with store.staging("training_run") as w:
+        (w.dir / "summary.json").write_text("{}")
+        run = w.commit(code_version="test", config={}, inputs={}, counts={"steps": 1})
+    with store.staging("checkpoint") as w:
+        (w.dir / "weights.bin").write_bytes(b"later weights")
+        w.commit(code_version="test", config={}, inputs={"training_run": run.data_version}, counts={"steps": 1})
+    for asset in ("token_shards", "training_run", "checkpoint"):  # only the new versions' folders are left
+        versions = [p for p in (tmp_path / "data" / asset).glob(".*.v-*") if p.is_dir()]
+        assert len(versions) == 1 and ckpt not in str(versions[0]) and old.data_version not in str(versions[0])
+
+    times = len(expected[read])  # every copy read once: partway through the first epoch
+    named = membership(store, config, doc_id=read, checkpoint=ckpt)
+    assert named.verdict == "in_training", render(named)
+    assert named.shards[0].shard_set == old.data_version and named.shards[0].reads == {ckpt: [1] * times}
+    assert f"used by checkpoint {ckpt} (read {times} time" in named.summary
+    assert membership(store, config, doc_id=unread, checkpoint=ckpt).verdict == "in_shards_not_reached"
+
+    # Without naming it, the verdict is about the store's checkpoint (trained on other data); the earlier one is noted.
+    copies = f"{times} cop{'y' if times == 1 else 'ies'}"
+    note = (f"checkpoint {ckpt}, replaced in the store since, was trained on token_shards {old.data_version}, which "
+            f"holds {copies} of it in its train split")
+    answer = membership(store, config, doc_id=read)
+    assert answer.verdict == "not_in_token_shards" and not answer.shards, render(answer)
+    assert f"{note}, and read it (read {times} time" in " ".join(answer.notes), answer.notes
+    unread_copies = len(expected[unread])
+    assert (f"{note.replace(copies, f'''{unread_copies} cop{'y' if unread_copies == 1 else 'ies'}''')}, but did not "
+            f"reach it (its run stopped after reading") in " ".join(membership(store, config, doc_id=unread).notes)
+
+    # A removal request of the document names the checkpoint, replaced, with the copies and tokens it held.
+    member = partway["members"][read]
+    [affected] = affected_checkpoints(store, RemovalRequest("x", "t", "doc_ids", [read], ""))
+    assert (affected["checkpoint"], affected["current"], affected["token_shards"], affected["documents"],
+            affected["tokens"]) == (ckpt, False, old.data_version, 1, member["copies"] * member["tokens"])
