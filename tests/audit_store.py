@@ -96,6 +96,16 @@ def stand_in_checkpoint(store: Store, run_config: Path | None = None, loader_sta
                              counts={"parameters": 1, "steps": 3}, stats={"mlflow": run.stats["mlflow"]})
 
 
+def later_training_on_other_data(store: Store) -> None:
+    """A training run that read no shard set of this store, and its checkpoint: they replace the store's."""
+    with store.staging("training_run") as w:
+        (w.dir / "summary.json").write_text("{}")
+        run = w.commit(code_version="test", config={}, inputs={}, counts={"steps": 1})
+    with store.staging("checkpoint") as w:
+        (w.dir / "weights.bin").write_bytes(b"later weights")
+        w.commit(code_version="test", config={}, inputs={"training_run": run.data_version}, counts={"steps": 1})
+
+
 def members(store: Store) -> dict[str, dict]:
     """doc_id -> its row of the token shards' member list."""
     return {r["doc_id"]: r for r in store.read_table("token_shards", latest(store, "token_shards")[0],

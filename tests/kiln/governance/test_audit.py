@@ -18,7 +18,7 @@ from kiln.governance.data_card_markdown import data_card_markdown
 from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.governance.membership import IN_TRAINING, LEFT_OUT, NEVER_SEEN, QUARANTINED, REMOVED, VALIDATION, membership
 from kiln.governance.render import render
-from tests.audit_store import SHORT, build_audit_store, edit, random_text
+from tests.audit_store import SHORT, build_audit_store, edit, later_training_on_other_data, random_text
 
 
 @pytest.fixture(scope="module")
@@ -138,12 +138,7 @@ def test_membership_of_a_checkpoint_a_later_one_replaced(built, tmp_path):
 
     shutil.copytree(built["store"].root, tmp_path / "data", symlinks=True)
     store, config = Store(tmp_path / "data"), built["config"]
-    with store.staging("training_run") as w:
-        (w.dir / "summary.json").write_text("{}")
-        run = w.commit(code_version="test", config={}, inputs={}, counts={"steps": 1})
-    with store.staging("checkpoint") as w:
-        (w.dir / "weights.bin").write_bytes(b"later weights")
-        w.commit(code_version="test", config={}, inputs={"training_run": run.data_version}, counts={"steps": 1})
+    later_training_on_other_data(store)
     earlier = built["checkpoint"].data_version
     doc_id = next(d for d, m in built["members"].items() if m["copies"] > 0 and m["split"] == "train")
     named = membership(store, config, doc_id=doc_id, checkpoint=earlier[:8])

@@ -16,7 +16,7 @@ from kiln.governance.membership import membership
 from kiln.governance.refresh import latest
 from kiln.governance.render import render
 from kiln.tokens.shard_format import open_shard
-from tests.audit_store import build_audit_store, stand_in_checkpoint
+from tests.audit_store import build_audit_store, later_training_on_other_data, stand_in_checkpoint
 from training_jobs.settings import RunConfig, TrainingSettings
 from training_jobs.setup import Dist, open_training
 
@@ -174,12 +174,7 @@ def test_a_checkpoint_is_answered_for_after_its_shards_and_its_run_are_replaced(
                                                   "copies": 1, "tokens": 5, "removed_by": None}],
                                                 schema=MEMBERS_SCHEMA))
         w.commit(code_version="test", config={}, inputs={}, counts={})
-    with store.staging("training_run") as w:
-        (w.dir / "summary.json").write_text("{}")
-        run = w.commit(code_version="test", config={}, inputs={}, counts={"steps": 1})
-    with store.staging("checkpoint") as w:
-        (w.dir / "weights.bin").write_bytes(b"later weights")
-        w.commit(code_version="test", config={}, inputs={"training_run": run.data_version}, counts={"steps": 1})
+    later_training_on_other_data(store)
     for asset in ("token_shards", "training_run", "checkpoint"):  # only the new versions' folders are left
         versions = [p for p in (tmp_path / "data" / asset).glob(".*.v-*") if p.is_dir()]
         assert len(versions) == 1 and ckpt not in str(versions[0]) and old.data_version not in str(versions[0])
