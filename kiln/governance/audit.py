@@ -30,10 +30,11 @@ from kiln.governance.catalog import (
     SHARDS,
     AuditError,
     Catalog,
-    _shards_of_checkpoint,
+    checkpoints_using,
     node_key,
     parse_key,
     resolve_target,
+    trained_shard_sets,
 )
 from kiln.governance.lineage import DOCUMENT_STAGES
 
@@ -165,6 +166,7 @@ class ShardSetUsage:
     share_of_train_tokens: float
     shards: list[dict[str, Any]]  # path, split, documents and tokens of this source in that shard
     checkpoints: list[dict[str, Any]]  # data_version, created_at, steps, mlflow_run_id
+    replaced: bool = False  # replaced in the store since (described by its history): a published checkpoint read it
 
 
 @dataclass
@@ -185,9 +187,11 @@ class SourceUsage:
 
 
 def source_usage(store: Store, config: ProjectConfig, name: str) -> SourceUsage:
-    """Which token-shard sets and checkpoints used source `name`, with its tokens and documents in each."""
+    """Which token-shard sets and checkpoints used source `name`, with its tokens and documents in each: the store's
+    current sets, and those a published checkpoint was trained on that the store has replaced since."""
     catalog = Catalog(store)
-    shard_sets = catalog.versions(SHARDS)
+    shard_sets = trained_shard_sets(catalog)
+    current = {m.data_version for m in catalog.versions(SHARDS)}
     declared = {s.name: s for s in config.sources}
     seen = set(declared) | {p.split("/")[0] for st in DOCUMENT_STAGES for p in catalog.partitions(st) if p} | \
         {n for m in shard_sets for n in (m.stats.get("sources") or {})}
@@ -230,16 +234,14 @@ def source_usage(store: Store, config: ProjectConfig, name: str) -> SourceUsage:
             else:
                 shards.append({"path": info["path"], "split": info["split"], "documents": None, "tokens": None})
         total_train = (m.stats.get("totals") or {}).get("train_tokens") or m.counts.get("train_tokens") or 0
-        checkpoints = []
-        for ckpt in catalog.published(CHECKPOINT):
-            if m.data_version in _shards_of_checkpoint(catalog, ckpt):
-                checkpoints.append({"data_version": ckpt.data_version, "created_at": ckpt.created_at,
-                                    "steps": ckpt.counts.get("steps"),
-                                    "mlflow_run_id": (ckpt.stats.get("mlflow") or {}).get("run_id")})
+        checkpoints = [{"data_version": c.data_version, "created_at": c.created_at, "steps": c.counts.get("steps"),
+                        "mlflow_run_id": (c.stats.get("mlflow") or {}).get("run_id")}
+                       for c in checkpoints_using(catalog, m.data_version)]
         usages.append(ShardSetUsage(
             m.data_version, m.created_at, mine["train_tokens"], mine["val_tokens"], mine["train_documents"],
             mine["val_documents"], mine["natural_train_tokens"], mine["effective_epochs"],
-            round(mine["train_tokens"] / total_train, 6) if total_train else 0.0, shards, checkpoints))
+            round(mine["train_tokens"] / total_train, 6) if total_train else 0.0, shards, checkpoints,
+            m.data_version not in current))
     return SourceUsage(name, license, domain, stages, usages, notes)
 
 

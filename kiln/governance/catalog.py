@@ -253,5 +253,24 @@ def _shards_of_checkpoint(catalog: Catalog, ckpt: Manifest) -> dict[str, str | N
     return versions
 
 
-__all__ = ["AuditError", "Catalog", "made_from", "node_key", "parse_key", "resolve_target", "run_file",
-           "run_of_checkpoint", "stages_read"]
+def checkpoints_using(catalog: Catalog, shards_version: str) -> list[Manifest]:
+    """The checkpoints the store published (those a later one replaced too), newest first, whose training run read
+    this token-shard set."""
+    return [c for c in catalog.published(CHECKPOINT) if shards_version in _shards_of_checkpoint(catalog, c)]
+
+
+def trained_shard_sets(catalog: Catalog) -> list[Manifest]:
+    """The token-shard sets a question about training looks in: the store's current ones, newest first, then each set
+    a checkpoint the store published was trained on and a later set has replaced since (its manifest from the store's
+    history), newest first."""
+    found = {m.data_version: m for m in catalog.versions(SHARDS)}
+    replaced = {}
+    for ckpt in catalog.published(CHECKPOINT):
+        for version, partition in _shards_of_checkpoint(catalog, ckpt).items():
+            if version not in found and (m := catalog.manifest_at(SHARDS, partition, version)) is not None:
+                replaced[version] = m
+    return [*found.values(), *sorted(replaced.values(), key=lambda m: m.created_at, reverse=True)]
+
+
+__all__ = ["AuditError", "Catalog", "checkpoints_using", "made_from", "node_key", "parse_key", "resolve_target", "run_file",
+           "run_of_checkpoint", "stages_read", "trained_shard_sets"]

@@ -21,7 +21,6 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from kiln.common.config import ExactDedup, NearDedup, ProjectConfig
-from kiln.common.manifest import Manifest
 from kiln.common.storage import Store
 from kiln.curation.documents import make_doc_id
 from kiln.curation.pipeline import content_hash
@@ -35,9 +34,11 @@ from kiln.governance.catalog import (
     AuditError,
     Catalog,
     _shards_of_checkpoint,
+    checkpoints_using,
     node_key,
     resolve_target,
     run_of_checkpoint,
+    trained_shard_sets,
 )
 from kiln.governance.exposure import exposure_of
 from kiln.governance.lineage import DOCUMENT_STAGES
@@ -201,11 +202,11 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
     current = {c.data_version for c in catalog.versions(CHECKPOINT)}
     held = {m.data_version for m in catalog.versions(SHARDS)}
     read: set[str] = set()  # the shard sets whose member lists were read
-    for m in _shard_sets(catalog):
+    for m in trained_shard_sets(catalog):
         if shard_versions is not None and m.data_version not in shard_versions:
             continue
         # The verdict is about the store's current checkpoints (or the one asked about, a replaced one too).
-        every = _checkpoints_using(catalog, m.data_version)
+        every = [c.data_version for c in checkpoints_using(catalog, m.data_version)]
         checkpoints = [c for c in every if (c == only if only else c in current)]
         earlier = [] if only else [c for c in every if c not in current]
         replaced = m.data_version not in held  # read from the history: a checkpoint was trained on it
@@ -482,31 +483,10 @@ def _earlier_note(catalog: Catalog, shard_set: str, row: dict[str, Any], checkpo
             f"holds {copies} of it in its train split{reading}")
 
 
-def _shard_sets(catalog: Catalog) -> list[Manifest]:
-    """The token-shard sets to look in: the store's current ones, newest first, then each set a checkpoint the store
-    published was trained on and a later set has replaced since (its manifest from the store's history)."""
-    found = {m.data_version: m for m in catalog.versions(SHARDS)}
-    for ckpt in catalog.published(CHECKPOINT):
-        for version, partition in _shards_of_checkpoint(catalog, ckpt).items():
-            if version not in found and (m := catalog.manifest_at(SHARDS, partition, version)) is not None:
-                found[version] = m
-    return list(found.values())
-
-
 def _share(record: ShardRecord, checkpoint: str) -> str:
     share = record.read_share.get(checkpoint)
     return f" (its run stopped after reading {share:.1%} of that set's train tokens)" if share is not None else \
         " (its run stopped before it)"
-
-
-def _checkpoints_using(catalog: Catalog, shards_version: str) -> list[str]:
-    """Data versions of the checkpoints the store published (those a later one replaced too), newest first, whose
-    training run read this token-shard set."""
-    out = []
-    for ckpt in catalog.published(CHECKPOINT):
-        if shards_version in _shards_of_checkpoint(catalog, ckpt):
-            out.append(ckpt.data_version)
-    return out
 
 
 def _checkpoint_shards(catalog: Catalog, checkpoint: str) -> tuple[str, set[str]]:

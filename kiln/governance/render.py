@@ -145,7 +145,8 @@ def render_source_usage(answer: SourceUsage) -> str:
     if not answer.shard_sets:
         lines.append("token shards: none in the store use this source")
     for u in answer.shard_sets:
-        lines.append(f"token_shards {u.data_version} ({u.created_at}): {u.train_tokens:,} train tokens "
+        replaced = ", replaced in the store since" if u.replaced else ""
+        lines.append(f"token_shards {u.data_version} ({u.created_at}{replaced}): {u.train_tokens:,} train tokens "
                      f"({u.share_of_train_tokens:.1%} of the set, {u.effective_epochs:.2f} epochs of "
                      f"{u.natural_train_tokens:,}), {u.val_tokens:,} val tokens; documents {u.train_documents:,} "
                      f"train / {u.val_documents:,} val")

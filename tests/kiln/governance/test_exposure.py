@@ -202,3 +202,12 @@ def test_a_checkpoint_is_answered_for_after_its_shards_and_its_run_are_replaced(
     [affected] = affected_checkpoints(store, RemovalRequest("x", "t", "doc_ids", [read], ""))
     assert (affected["checkpoint"], affected["current"], affected["token_shards"], affected["documents"],
             affected["tokens"]) == (ckpt, False, old.data_version, 1, member["copies"] * member["tokens"])
+
+    # Which models used the source: the checkpoint, from the replaced set it was trained on.
+    from kiln.governance import audit
+
+    usage = audit.source_usage(store, config, "web")
+    [used] = [u for u in usage.shard_sets if u.data_version == old.data_version]
+    assert used.replaced and [c["data_version"] for c in used.checkpoints] == [ckpt] and ckpt in usage.checkpoints
+    assert used.train_tokens == old.stats["sources"]["web"]["train_tokens"] > 0
+    assert f"token_shards {old.data_version} ({old.created_at}, replaced in the store since)" in render(usage)
