@@ -55,6 +55,7 @@ UNKNOWN = "unknown"
 NEVER_SEEN = "never_seen"
 MAX_COPY_CHAIN = 3  # a kept copy may itself be removed later as a duplicate of another: follow at most this far
 _RANK = [IN_TRAINING, NOT_REACHED, VALIDATION, LEFT_OUT, NOT_IN_SHARDS, UNKNOWN, REMOVED, QUARANTINED, NEVER_SEEN]
+UNREADABLE = "unreadable"  # a stage's status where this user may not read it (an access-controlled raw layer)
 
 
 @dataclass
@@ -141,7 +142,7 @@ def membership(store: Store, config: ProjectConfig, text: str | None = None, doc
     if doc_id is not None:
         return _trace(catalog, config, doc_id.strip(), {"doc_id": doc_id.strip()}, "doc_id", shard_versions, only)
     query = {"text_sha256": hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), "chars": len(text)}
-    exact = _exact_matches(catalog, config, text)
+    exact, unread = _exact_matches(catalog, config, text)
     if exact:
         results = sorted((_trace(catalog, config, d, query, "exact", shard_versions, only) for d in exact),
                          key=lambda r: (_RANK.index(r.verdict), r.doc_id))
@@ -149,6 +150,7 @@ def membership(store: Store, config: ProjectConfig, text: str | None = None, doc
         best.other_matches = [{"doc_id": r.doc_id, "source": r.source, "verdict": r.verdict} for r in results[1:]]
         return best
     near, notes = _near_match(catalog, config, text)
+    notes = unread + notes
     if near is not None:
         matched, score = near
         result = _trace(catalog, config, matched, query, "near_duplicate", shard_versions, only)
@@ -159,6 +161,10 @@ def membership(store: Store, config: ProjectConfig, text: str | None = None, doc
             result.summary = (f"UNKNOWN: a near-duplicate of {matched}, which the dedup index accepted in an earlier "
                               f"refresh, but no dataset in the store holds it any more")
         return result
+    if unread:
+        return Membership(query, "none", UNKNOWN, "UNKNOWN: no document this user can read has this text, exactly or "
+                          "as a near-duplicate; raw_documents, which a filter may have removed it from, is not "
+                          "readable by this user", notes=notes)
     return Membership(query, "none", NEVER_SEEN, "never seen: no document in the store has this text, exactly or as "
                       "a near-duplicate", notes=notes)
 
@@ -173,23 +179,29 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
     hint: str | None = None
     stages: list[StageRecord] = []
     row: dict[str, Any] = {}
+    notes: list[str] = []
     gone = False
     for stage in DOCUMENT_STAGES:
         if gone:
             stages.append(StageRecord(stage, hint, "not reached"))
             continue
-        partitions = [hint] if hint else sorted(set(catalog.partitions(stage)) | set(sources), key=str)
-        materialized = [p for p in partitions if catalog.manifest(stage, p) is not None]
-        if not materialized:
-            stages.append(StageRecord(stage, hint, NOT_MATERIALIZED))
+        try:
+            partitions = [hint] if hint else sorted(set(catalog.partitions(stage)) | set(sources), key=str)
+            materialized = [p for p in partitions if catalog.manifest(stage, p) is not None]
+            if not materialized:
+                stages.append(StageRecord(stage, hint, NOT_MATERIALIZED))
+                continue
+            record = None
+            for p in materialized:
+                record, found = _find_in_stage(catalog, stage, p, doc_id)
+                if record is not None:
+                    row = row or found
+                    hint = p
+                    break
+        except PermissionError as exc:  # the raw layer may be closed to an auditor: answer from what is readable
+            stages.append(StageRecord(stage, hint, UNREADABLE))
+            notes.append(_unreadable(stage, exc))
             continue
-        record = None
-        for p in materialized:
-            record, found = _find_in_stage(catalog, stage, p, doc_id)
-            if record is not None:
-                row = row or found
-                hint = p
-                break
         if record is None:
             record = StageRecord(stage, hint, "absent", catalog.manifest(stage, hint).data_version if hint else None)
             gone = hint is not None  # seen before and now gone: left without a trace (should not happen)
@@ -197,7 +209,7 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
             gone = record.status in ("removed", "quarantined")
         stages.append(record)
 
-    shards, notes = [], []
+    shards = []
     exposures: dict[str, Any] = {}  # checkpoint -> this document's copies its run read (None: not recorded)
     current = {c.data_version for c in catalog.versions(CHECKPOINT)}
     held = {m.data_version for m in catalog.versions(SHARDS)}
@@ -327,6 +339,10 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
         verdict = NOT_IN_SHARDS
         summary = (f"NOT TRAINED ON: kept through {kept[-1].stage} but in no token-shard member list (shards not "
                    f"materialized, or built before this document arrived)")
+    elif any(r.status == UNREADABLE for r in stages):
+        verdict = UNKNOWN
+        summary = (f"UNKNOWN: no dataset this user can read holds doc_id {doc_id}; "
+                   f"{', '.join(r.stage for r in stages if r.status == UNREADABLE)} may")
     else:
         verdict, summary = NEVER_SEEN, f"never seen: no dataset in the store holds doc_id {doc_id}"
     source, _, refresh = (hint or "").partition("/")
@@ -361,6 +377,10 @@ def _find_in_stage(catalog: Catalog, stage: str, partition: str, doc_id: str) ->
     return None, {}
 
 
+def _unreadable(stage: str, exc: PermissionError) -> str:
+    return f"{stage} is not readable by this user ({exc.filename}); ask its owner for access"
+
+
 def _exact_settings(catalog: Catalog, config: ProjectConfig) -> ExactDedup:
     """The exact-dedup normalization the store was built with (its manifest), else the config's."""
     for p in catalog.partitions(FILTERED):
@@ -370,10 +390,10 @@ def _exact_settings(catalog: Catalog, config: ProjectConfig) -> ExactDedup:
     return config.curation.exact_dedup
 
 
-def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> list[str]:
+def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[list[str], list[str]]:
     """doc_ids whose text is this text after exact dedup's normalization: the filtered documents' stored
     content hashes first (text as curated, PII placeholders included), else the raw documents' texts
-    (text as it came in: also finds documents the filters removed)."""
+    (text as it came in: also finds documents the filters removed); with a note where those are not readable."""
     settings = _exact_settings(catalog, config)
     wanted = content_hash(text, settings.lowercase, settings.collapse_whitespace)
     found: list[str] = []
@@ -383,13 +403,16 @@ def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> list[s
                 table = pq.read_table(path, columns=["doc_id"], filters=[("content_hash", "=", wanted)])
                 found += table.column("doc_id").to_pylist()
     if found:
-        return sorted(set(found))
-    for p in catalog.partitions(RAW):
-        for batch in catalog.store.iter_batches(RAW, p, columns=["doc_id", "text"]):
-            for d, t in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
-                if content_hash(t, settings.lowercase, settings.collapse_whitespace) == wanted:
-                    found.append(d)
-    return sorted(set(found))
+        return sorted(set(found)), []
+    try:
+        for p in catalog.partitions(RAW):
+            for batch in catalog.store.iter_batches(RAW, p, columns=["doc_id", "text"]):
+                for d, t in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
+                    if content_hash(t, settings.lowercase, settings.collapse_whitespace) == wanted:
+                        found.append(d)
+    except PermissionError as exc:
+        return sorted(set(found)), [_unreadable(RAW, exc) + ": the texts filters removed were not searched"]
+    return sorted(set(found)), []
 
 
 def _near_match(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[tuple[str, float] | None, list[str]]:

@@ -129,6 +129,48 @@ def test_membership_for_a_named_checkpoint(built):
 
 
 
+def test_membership_answers_from_what_it_can_read_where_the_raw_layer_is_closed(built, monkeypatch):
+    """An auditor may not be allowed to read the raw layer (docs/governance.md): a kept document is still answered
+    from the later stages and the shards; a record only the raw layer holds, or a text a filter removed, is UNKNOWN
+    rather than never seen; each answer says what it could not read."""
+    import pyarrow.parquet as pq
+
+    from kiln.common.storage import Store
+    from kiln.governance.membership import UNKNOWN
+
+    store, config = built["store"], built["config"]
+    quarantine = store.read_table("raw_documents", built["project"].partition("web"), "quarantine").to_pylist()
+    raw = str(store.root / "raw_documents")
+
+    def closed(real):
+        def read(path, *args, **kwargs):
+            if str(path).startswith(raw):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real(path, *args, **kwargs)
+        return read
+
+    for name in ("read_table", "read_schema"):
+        monkeypatch.setattr(pq, name, closed(getattr(pq, name)))
+    batches = Store.iter_batches
+
+    def closed_batches(self, asset, *args, **kwargs):
+        if asset == "raw_documents":
+            raise PermissionError(13, "Permission denied", raw)
+        yield from batches(self, asset, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "iter_batches", closed_batches)
+    kept = next(d for d, m in built["members"].items() if m["copies"] > 0 and m["split"] == "train")
+    answer = membership(store, config, doc_id=kept)
+    assert answer.verdict == IN_TRAINING and answer.stages[0].status == "unreadable", render(answer)
+    assert [r.status for r in answer.stages[1:]] == ["kept"] * (len(DOCUMENT_STAGES) - 1)
+    assert any(n.startswith("raw_documents is not readable by this user (") for n in answer.notes)
+    bad = membership(store, config, doc_id=make_doc_id("web", quarantine[0]["locator"]))  # only raw names it
+    assert bad.verdict == UNKNOWN and "raw_documents may" in bad.summary, render(bad)
+    by_text = membership(store, config, text=SHORT)  # a filter removed it: only the raw texts hold it
+    assert by_text.verdict == UNKNOWN and "raw_documents" in by_text.summary, render(by_text)
+    assert any("the texts filters removed were not searched" in n for n in by_text.notes)
+
+
 def test_membership_of_a_checkpoint_a_later_one_replaced(built, tmp_path):
     """A later training (on other data: its run reads no shard set of this store) replaces the checkpoint. The
     document is still answered for the earlier checkpoint by name, and noted without it."""
