@@ -60,12 +60,14 @@ def data_card(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
     unknown = config.card.list_unknown_licenses
     markdown = data_card_markdown(card, f"![{FUNNEL_TITLE}]({FUNNEL_PNG})", unknown)
     chain, catalog = card["lineage"], Catalog(store)
-    found = [(a, None) for a in (CHECKPOINT, EVALUATION, RUN, TOKENIZER)] + \
+    found = [(a, None) for a in (CHECKPOINT, RUN, TOKENIZER)] + \
         [(SHARDS, card["shards"]["refresh"] if card["shards"] else None)] + \
         [(stage, partition(s["name"], r["key"])) for stage in DOCUMENT_STAGES for s in card["sources"]
          for r in card["refreshes"]]
     found.append((REQUESTS, None))  # removal requests recorded after training are part of the card
     inputs = {node_key(a, p): m.data_version for a, p in found if (m := catalog.manifest(a, p)) is not None}
+    if card["evaluation"]:  # the evaluation of this checkpoint the card shows
+        inputs[EVALUATION] = card["evaluation"]["data_version"]
     with store.staging(DATA_CARD) as writer:
         (writer.dir / "data_card.md").write_text(markdown, encoding="utf-8")
         (writer.dir / FUNNEL_PNG).write_bytes(chart)

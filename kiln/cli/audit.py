@@ -1,4 +1,5 @@
-"""`kiln audit`: lineage, membership, source and refresh questions on the command line (`add_audit_parser`).
+"""`kiln audit`: lineage, membership, source, data card and refresh questions on the command line
+(`add_audit_parser`).
 
 It reads the same store the assets write (`$KILN_HOME/data`; the near-dup index is part of the dedup_index
 datasets) and the project config (`$KILN_CONFIG`). Human-readable by default, `--json` for machines. A question
@@ -12,13 +13,18 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.cli.base import EXIT_OK, bad_input, open_store
 
+if TYPE_CHECKING:
+    from kiln.common.config import ProjectConfig
+    from kiln.common.storage import Store
+
 
 def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `audit` (`lineage`, `membership`, `source`, `refreshes`, `rejected`) on an argparse subparsers object."""
+    """Register `audit` (`lineage`, `membership`, `source`, `card`, `refreshes`, `rejected`) on an argparse subparsers
+    object."""
     parser = subparsers.add_parser(
         "audit", help="what went into a checkpoint, whether a document was trained on, where a source went",
         description="Answers from the manifests and data the assets wrote, for auditors, lawyers and data owners.")
@@ -49,6 +55,15 @@ def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
                                   description="A source's documents per stage and, per token-shard set, its tokens, "
                                               "shards and the checkpoints trained on them.")
     source.add_argument("name", metavar="NAME", help="the source's name (sources[].name)")
+
+    card = questions.add_parser("card", parents=[common], help="the data card of a checkpoint, a replaced one too",
+                                description="The data card of a checkpoint the store published: the current one, or "
+                                            "one a later training replaced (described from the store's history of "
+                                            "manifests, as it was trained). Markdown, or JSON with --json.")
+    card.add_argument("checkpoint", metavar="CHECKPOINT", nargs="?", default="checkpoint",
+                      help="as for lineage (default: the current checkpoint)")
+    card.add_argument("--out", type=Path, metavar="DIR",
+                      help="write data_card.md, data_card.json and the funnel chart (PNG) into DIR instead")
 
     questions.add_parser("refreshes", parents=[common], help="which files made up each refresh, and what is pending",
                          description="Every registered refresh (when, by what, which landed files), its documents per "
@@ -103,6 +118,8 @@ def run_audit(args: argparse.Namespace) -> int:
                 raise ValueError("--doc-id is empty")
             result = membership(store, config, text=text, doc_id=args.doc_id,
                                 checkpoint=args.checkpoint)
+        elif args.question == "card":
+            return _card(store, config, args.checkpoint, args.out, args.json)
         elif args.question == "refreshes":
             result = refresh_report(store, config)
         elif args.question == "rejected":
@@ -118,4 +135,27 @@ def run_audit(args: argparse.Namespace) -> int:
     except ValueError as exc:  # ConfigError and AuditError included
         return bad_input("audit", exc)
     print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False, default=str) if args.json else render(result))
+    return EXIT_OK
+
+
+def _card(store: Store, config: ProjectConfig, checkpoint: str, out: Path | None, as_json: bool) -> int:
+    """Print a checkpoint's data card, or write it into `out` as the data_card asset does (each file atomically)."""
+    from kiln.common.manifest import write_file_atomic, write_json_atomic
+    from kiln.governance.data_card import build_data_card
+    from kiln.governance.data_card_markdown import FUNNEL_PNG, FUNNEL_TITLE, data_card_markdown, funnel_png
+
+    card = build_data_card(store, config, checkpoint)
+    unknown = config.card.list_unknown_licenses
+    if out is None:
+        print(json.dumps(card, indent=2, ensure_ascii=False, default=str) if as_json else
+              data_card_markdown(card, None, unknown))
+        return EXIT_OK
+    out.mkdir(parents=True, exist_ok=True)
+    card["funnel"]["chart"] = FUNNEL_PNG
+    chart = funnel_png(card)
+    write_file_atomic(out / FUNNEL_PNG, lambda f: f.write(chart))
+    write_json_atomic(out / "data_card.json", json.dumps(card, indent=2, ensure_ascii=False, default=str))
+    write_json_atomic(out / "data_card.md", data_card_markdown(card, f"![{FUNNEL_TITLE}]({FUNNEL_PNG})", unknown))
+    print(f"data card of checkpoint {card['checkpoint']['data_version']}: {out / 'data_card.md'} (with data_card.json "
+          f"and {FUNNEL_PNG})")
     return EXIT_OK

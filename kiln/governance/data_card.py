@@ -1,6 +1,7 @@
 """The data card of a checkpoint: what went into it, in figures the manifests already hold.
 
-`build_data_card` gathers, for the current checkpoint in a store: the statements of the `card:` config section
+`build_data_card` gathers, for a checkpoint in a store (the current one, or one a later training replaced, from the
+store's history of manifests: `kiln audit card`): the statements of the `card:` config section
 (intended and out-of-scope use, limitations, biases, maintainers: kiln.common.config.card), sources and their
 declared licenses, the licences and languages of the documents themselves (kiln.governance.data_card_documents),
 sizes at every document stage, the filter funnel, dedup and decontamination figures, PII counts, quality filtering,
@@ -37,16 +38,22 @@ CLASSIFIER = "quality_classifier"
 DATA_CARD = "data_card"
 
 
-def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None = None,
+def build_data_card(store: Store, config: ProjectConfig, checkpoint: str = CHECKPOINT, mlflow_url: str | None = None,
                     tracking_uri: str | None = None) -> dict[str, Any]:
-    """The card of the store's current checkpoint, as a JSON-ready dict (see the module docstring). `mlflow_url`:
-    the run's page on a tracking server; `tracking_uri`: where runs are tracked (for a local store, the card links
-    the store by a path relative to the card's folder, which works wherever the folders are copied together)."""
-    chain_ = lineage(store, CHECKPOINT)
+    """The card of a checkpoint (`checkpoint`: the store's current one by default, else as `kiln audit lineage` takes
+    it), as a JSON-ready dict (see the module docstring). `mlflow_url`: the run's page on a tracking server;
+    `tracking_uri`: where runs are tracked (for a local store, the card links the store by a path relative to the
+    card's folder, which works wherever the folders are copied together)."""
+    chain_ = lineage(store, checkpoint)
     # Every figure is of the version the checkpoint was built from, also where one was materialized again since.
     catalog = Catalog(store, pins={n.key: n.data_version for n in chain_.nodes if n.data_version})
     ckpt = catalog.manifest(CHECKPOINT)
-    run, tok, evaluation = catalog.manifest(TRAINING_RUN), catalog.manifest(TOKENIZER), catalog.manifest(EVALUATION)
+    now = catalog.current_manifest(CHECKPOINT)
+    replaced_by = now.data_version if now is not None and catalog.replaced(CHECKPOINT) else None
+    run, tok = catalog.manifest(TRAINING_RUN), catalog.manifest(TOKENIZER)
+    # The newest evaluation of this checkpoint (not of whichever checkpoint the store's evaluation is of now).
+    evaluation = next((e for e in catalog.published(EVALUATION) if e.inputs.get(CHECKPOINT) == ckpt.data_version),
+                      None)
     refresh = trained_refresh(run)
     shards = catalog.manifest(SHARDS, refresh) if refresh else None
     # The refreshes in the checkpoint's token shards: every figure below covers exactly those.
@@ -70,7 +77,9 @@ def build_data_card(store: Store, config: ProjectConfig, mlflow_url: str | None 
         "checkpoint": {"data_version": ckpt.data_version, "created_at": ckpt.created_at, "git_commit": ckpt.git_commit,
                        "parameters": ckpt.counts.get("parameters"), "steps": ckpt.counts.get("steps"),
                        "formats": ckpt.config.get("formats"), "model": ckpt.stats.get("model"),
-                       "path": str(store.dataset_dir(CHECKPOINT)),
+                       # a checkpoint a later training replaced: the one the store holds now (its files are gone)
+                       "replaced_by": replaced_by,
+                       "path": str(store.dataset_dir(CHECKPOINT)) if replaced_by is None else None,
                        "files": [{"path": f.path, "sha256": f.sha256, "bytes": f.bytes} for f in ckpt.files]},
         "statements": _statements(config),
         "refreshes": _refreshes(store, catalog, refreshes, parts),

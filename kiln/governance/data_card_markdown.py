@@ -185,6 +185,9 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
     out += [f"# Data card: checkpoint `{c['data_version']}`", "",
             f"Generated {card['generated_at']} from the store; checkpoint created {c['created_at']}, "
             f"git `{c['git_commit'] or 'unknown'}`, {_n(c['parameters'])} parameters, {_n(c['steps'])} steps."]
+    if c.get("replaced_by"):
+        out += ["", f"This checkpoint was replaced in the store since (now `{c['replaced_by']}`): the card describes it "
+                f"from the store's history of manifests, as it was trained."]
     if card.get("mlflow"):
         out.append(_mlflow_markdown(card["mlflow"]))
 

@@ -323,6 +323,55 @@ def test_the_card_describes_what_the_checkpoint_was_built_from_after_its_inputs_
     assert nodes[f"filtered_documents/{web}"]["status"] == "replaced" and card["lineage"]["problems"] == []
     assert f"replaced (now `{again['filtered_documents'].data_version}`)" in data_card_markdown(card)
 
+def test_the_card_of_a_checkpoint_a_later_training_replaced(built, tmp_path, capsys):
+    """`kiln audit card <version>`: the card of a checkpoint a later training (on other data) replaced, built from
+    the store's history: every figure as on its card while it was current, the later checkpoint named, and no path
+    to weights that are gone."""
+    import shutil
+
+    from kiln.common.storage import Store
+
+    before = build_data_card(built["store"], built["config"])
+    shutil.copytree(built["store"].root, tmp_path / "data", symlinks=True)
+    store = Store(tmp_path / "data")
+    earlier = built["checkpoint"].data_version
+
+    def evaluate(checkpoint: str, loss: float):
+        with store.staging("evaluation") as w:
+            (w.dir / "evaluation.json").write_text(json.dumps({"loss": loss}))
+            return w.commit(code_version="test", config={}, inputs={"checkpoint": checkpoint}, counts={},
+                            stats={"validation": {"loss": loss}})
+
+    evaluation = evaluate(earlier, 5.5)
+    later_training_on_other_data(store)
+    later = store.manifest("checkpoint").data_version
+    evaluate(later, 4.25)  # the store's evaluation is now of the later checkpoint
+    card = build_data_card(store, built["config"], earlier[:8])
+    for key in ("sources", "licenses", "languages", "funnel", "dedup", "decontamination", "quality", "tokenizer",
+                "mixture", "shards", "training", "removal_requests"):
+        assert card[key] == before[key], key
+    assert before["evaluation"] is None  # the fixture evaluated nothing
+    assert {k: card["evaluation"][k] for k in ("data_version", "validation", "evaluated_checkpoint")} == \
+        {"data_version": evaluation.data_version, "validation": {"loss": 5.5}, "evaluated_checkpoint": earlier}
+    assert before["checkpoint"]["replaced_by"] is None and before["checkpoint"]["path"] is not None
+    assert (card["checkpoint"]["data_version"], card["checkpoint"]["replaced_by"], card["checkpoint"]["path"]) == \
+        (earlier, later, None)
+
+    argv = ["--home", str(tmp_path), "--config", str(built["config_path"])]
+    assert main(["audit", "card", earlier[:8], *argv]) == 0
+    assert f"This checkpoint was replaced in the store since (now `{later}`)" in capsys.readouterr().out
+    out = tmp_path / "card"
+    assert main(["audit", "card", earlier, "--out", str(out), *argv]) == 0
+    assert f"data card of checkpoint {earlier}: {out / 'data_card.md'}" in capsys.readouterr().out
+    written = json.loads((out / "data_card.json").read_text())
+    assert written["checkpoint"]["replaced_by"] == later and written["funnel"]["chart"] == "data_card_funnel.png"
+    assert "](data_card_funnel.png)" in (out / "data_card.md").read_text()
+    assert (out / "data_card_funnel.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in out.iterdir()) == ["data_card.json", "data_card.md", "data_card_funnel.png"]
+    assert main(["audit", "card", "ffffffffff", *argv]) == 2
+    assert "no checkpoint 'ffffffffff'" in capsys.readouterr().err
+
+
 def test_rejected_shows_what_a_rule_removed_with_redacted_raw_excerpts(built, capsys):
     """The web source's one short document fell to the filter profile's min_doc_words; the three near-copies of ref
     documents (w0-w2) to near-dedup. Their texts are known here, so each excerpt is checked against them."""
