@@ -49,8 +49,12 @@ def run_forget(args: argparse.Namespace) -> int:
     shown = request.value if isinstance(request.value, str) else f"{len(request.value)} doc ids"
     print(f"removal request {request.request_id} recorded ({request.kind}: {shown})")
     for a in request.affected:
-        print(f"  affected checkpoint {a['checkpoint']}: trained on {a['documents']:,} matching documents "
-              f"({a['tokens']:,} tokens) from {', '.join(a['sources'])}; " +
+        read = a.get("read")
+        reached = "its run recorded no exposure" if read is None else \
+            f"its run read {read['documents']:,} of them ({read['tokens']:,} tokens read)"
+        print(f"  affected checkpoint {a['checkpoint']}: its training set held {a['documents']:,} matching "
+              f"document{'' if a['documents'] == 1 else 's'} ({a['tokens']:,} tokens) from {', '.join(a['sources'])}, "
+              f"{reached}; " +
               ("its data card says so from its next materialization" if a["current"] else
                "replaced in the store since (a model that may still be in use)"))
     if not request.affected:

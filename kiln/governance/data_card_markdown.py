@@ -177,6 +177,11 @@ def funnel_png(card: dict[str, Any]) -> bytes:
     return figure_png(stacked_bars(bars, FUNNEL_TITLE, "documents", legend="upper right"))
 
 
+def _read(read: dict[str, int] | None) -> list[Any]:
+    """What the run read of a request's documents, as two table cells ("not recorded" where it recorded nothing)."""
+    return ["not recorded"] * 2 if read is None else [read["documents"], read["tokens"]]
+
+
 def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, list_unknown: int = 20) -> str:
     """The card for people: one page, the figures an auditor asks for first, the rest in data_card.json.
     `funnel_image`: the funnel chart as a markdown image (a relative link to its PNG, or inlined);
@@ -195,9 +200,11 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
         out += ["", "## ⚠ Removal requests affecting this checkpoint", "",
                 "This checkpoint was trained on documents that were later asked to be removed (`kiln forget`). "
                 "The next token shards exclude them; this checkpoint still contains what it learned from them.", ""]
-        out += _table(["request", "recorded", "kind", "value", "reason", "documents trained on", "tokens"],
+        out += _table(["request", "recorded", "kind", "value", "reason", "documents in its training set", "tokens",
+                       "documents read", "tokens read"],
                       [[f"`{r['request_id']}`", r["created_at"], r["kind"], r["value"], r["reason"] or "",
-                        r["affected"]["documents"], r["affected"]["tokens"]] for r in card["removal_requests"]])
+                        r["affected"]["documents"], r["affected"]["tokens"], *_read(r["affected"].get("read"))]
+                       for r in card["removal_requests"]])
 
     out += _statements_markdown(card.get("statements"))
 

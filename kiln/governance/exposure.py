@@ -149,4 +149,20 @@ def exposure_of(store: Store, run: Manifest | None, doc_id: str) -> dict[str, li
     return out
 
 
-__all__ = ["EXPOSURE_FILE", "EXPOSURE_SCHEMA", "exposure_of", "measure_exposure", "write_exposure"]
+def read_of(store: Store, run: Manifest | None, doc_ids: set[str]) -> dict[str, int] | None:
+    """How much of these documents `run` read: the documents with a copy read at least once, and their input tokens
+    read over all epochs; None when the run recorded no exposure (or the store holds it no more), so it cannot be
+    told."""
+    info = (run.stats.get("exposure") if run else None) or {}
+    path = run_file(store, run, info.get("file"))
+    if path is None:
+        return None
+    table = pq.read_table(path, columns=["doc_id", "reads", "tokens_read"],
+                          filters=[("doc_id", "in", sorted(doc_ids)), ("reads", ">", 0)]) if doc_ids else None
+    if table is None or table.num_rows == 0:
+        return {"documents": 0, "tokens": 0}
+    return {"documents": len(pc.unique(table.column("doc_id"))),
+            "tokens": int(pc.sum(table.column("tokens_read")).as_py())}
+
+
+__all__ = ["EXPOSURE_FILE", "EXPOSURE_SCHEMA", "exposure_of", "measure_exposure", "read_of", "write_exposure"]

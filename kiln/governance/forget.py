@@ -172,7 +172,9 @@ def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str
     """Each checkpoint the store published, newest first (the current one, and those a later one replaced:
     `current` says which), whose token shards (or replayed shards, less what its run already left out of the replay)
     hold documents the request matches, where the store still holds those shards' member list as its run read them
-    (the current set's, or the history's of a set replaced since)."""
+    (the current set's, or the history's of a set replaced since): the documents and tokens the shards hold, and
+    `read`, what its run read of them (a run may stop before it reaches a document; None: not recorded)."""
+    from kiln.governance.exposure import read_of
     from kiln.governance.replay import removed_from_replay, replayed
 
     catalog = Catalog(store)
@@ -196,7 +198,10 @@ def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str
                       if m["doc_id"] not in skipped]
         if not trained and not replay:
             continue
+        # what its run read of them (None: it recorded no exposure), where the shards hold what it could have read
+        read = read_of(store, run, {m["doc_id"] for m in trained + replay})
         out.append({"checkpoint": checkpoint.data_version, "current": checkpoint.data_version == current,
+                    "read": read,
                     "token_shards": shards.data_version, "refresh": refresh,
                     "documents": len({m["doc_id"] for m in trained + replay}),
                     "tokens": sum(m["tokens"] * m["copies"] for m in trained),

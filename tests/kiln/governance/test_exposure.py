@@ -152,7 +152,7 @@ def test_a_run_config_that_left_the_micro_batch_to_the_layout_gives_the_same_exp
         assert table.equals(expected[0]) and stats == expected[1]
 
 
-def test_a_checkpoint_is_answered_for_after_its_shards_and_its_run_are_replaced(partway, tmp_path):
+def test_a_checkpoint_is_answered_for_after_its_shards_and_its_run_are_replaced(partway, tmp_path, capsys):
     """The shard set is materialized again and a later run (on other data) replaces the run and the checkpoint, and
     the old versions' files are removed: membership and removal requests still answer for the checkpoint, from the
     member list and the exposure the store's history kept."""
@@ -160,6 +160,7 @@ def test_a_checkpoint_is_answered_for_after_its_shards_and_its_run_are_replaced(
 
     import pyarrow as pa
 
+    from kiln.cli import main
     from kiln.common.storage import Store
     from kiln.governance.forget import RemovalRequest, affected_checkpoints
     from kiln.tokens.shard_writer import MEMBERS_SCHEMA
@@ -202,6 +203,17 @@ def test_a_checkpoint_is_answered_for_after_its_shards_and_its_run_are_replaced(
     [affected] = affected_checkpoints(store, RemovalRequest("x", "t", "doc_ids", [read], ""))
     assert (affected["checkpoint"], affected["current"], affected["token_shards"], affected["documents"],
             affected["tokens"]) == (ckpt, False, old.data_version, 1, member["copies"] * member["tokens"])
+    # ... and what its run read of it: every copy, the input tokens the offsets walk gives
+    assert affected["read"] == {"documents": 1, "tokens": sum(t for _, t in expected[read])}
+    [unreached] = affected_checkpoints(store, RemovalRequest("y", "t", "doc_ids", [unread], ""))
+    assert unreached["documents"] == 1 and unreached["read"] == {"documents": 0, "tokens": 0}
+    (tmp_path / "ids.txt").write_text(f"{read}\n")
+    assert main(["forget", "--doc-ids", str(tmp_path / "ids.txt"), "--home", str(tmp_path), "--config",
+                 str(partway["config_path"])]) == 0
+    assert (f"affected checkpoint {ckpt}: its training set held 1 matching document "
+            f"({member['copies'] * member['tokens']:,} tokens) from {member['source']}, its run read 1 of them "
+            f"({sum(t for _, t in expected[read]):,} tokens read); replaced in the store since (a model that may "
+            f"still be in use)") in capsys.readouterr().out
 
     # Which models used the source: the checkpoint, from the replaced set it was trained on.
     from kiln.governance import audit

@@ -44,7 +44,7 @@ def test_forget_a_source_removes_it_from_the_next_shards_and_flags_the_checkpoin
     assert code == 0
     [affected] = request["affected"]
     assert affected["checkpoint"] == built["checkpoint"].data_version and affected["documents"] == len(trained_web)
-    assert affected["sources"] == ["web"]
+    assert affected["sources"] == ["web"] and affected["read"] is None  # the stand-in run recorded no exposure
     requests, version = load_requests(store)
     assert [r.request_id for r in requests] == [request["request_id"]] and version
 
@@ -72,6 +72,7 @@ def test_forget_a_source_removes_it_from_the_next_shards_and_flags_the_checkpoin
     assert flag["request_id"] == request["request_id"] and flag["affected"]["documents"] == len(trained_web)
     markdown = (store.dataset_dir("data_card") / "data_card.md").read_text()
     assert "Removal requests affecting this checkpoint" in markdown
+    assert f"| {len(trained_web)} | {flag['affected']['tokens']:,} | not recorded | not recorded |" in markdown
     # the card is published: the reason's e-mail address is redacted there (the request keeps it, for the record)
     assert flag["reason"] == "publisher request #12, from <EMAIL>" and "quinn.harlow" not in markdown
     assert load_requests(store)[0][0].reason.endswith("quinn.harlow@fastmail.fm")
