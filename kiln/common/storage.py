@@ -416,9 +416,10 @@ class Store:
         folder = _history_dir(self._local_dir(asset, partition))
         names = {p.name for p in folder.glob("*.json")} if folder.is_dir() else set()
         if self.remote is not None:
-            names |= {k.rsplit("/", 1)[-1] for k in self.remote.list_keys(
-                f"{self._remote_dir(asset, partition)}/{HISTORY}")}
-        found = (self.manifest_at(asset, partition, name.removesuffix(".json")) for name in names)
+            prefix = f"{self._remote_dir(asset, partition)}/{HISTORY}/"
+            names |= {k.removeprefix(prefix) for k in self.remote.list_keys(prefix)}  # with the record files' keys
+        found = (self.manifest_at(asset, partition, name.removesuffix(".json")) for name in names
+                 if name.endswith(".json") and "/" not in name)
         return sorted((m for m in found if m is not None), key=lambda m: m.created_at)
 
     def manifest_or_none(self, asset: str, partition: str | None = None) -> Manifest | None:

@@ -168,6 +168,7 @@ def test_a_replaced_versions_member_list_stays_on_s3_for_a_machine_that_never_sa
                                                                                             "copies": 1}]
     assert third.version_file("token_shards", "r1", first.data_version, "part-00000.parquet") is None
     assert [p.name for p in kept.parent.iterdir()] == ["members-00000.parquet"]  # no download left half-done
+    assert {m.data_version for m in third.history("token_shards", "r1")} == {first.data_version, newer.data_version}
 
 
 def test_a_tampered_remote_file_is_refused_with_the_key(s3, tmp_path):
