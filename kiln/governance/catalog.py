@@ -253,6 +253,17 @@ def _shards_of_checkpoint(catalog: Catalog, ckpt: Manifest) -> dict[str, str | N
     return versions
 
 
+def member_lists(store: Store, shards: Manifest | None) -> list[Path] | None:
+    """The member list files of a token-shard set: the current set's, or the store's history's of a set replaced
+    since; None when there is no set, or the store holds no (whole) member list of it (a set written before member
+    lists existed, or replaced before the history kept them)."""
+    if shards is None:
+        return None
+    paths = [store.version_file(SHARDS, shards.partition, shards.data_version, f.path)
+             for f in shards.files_with_role("members")]
+    return paths if paths and None not in paths else None
+
+
 def checkpoints_using(catalog: Catalog, shards_version: str) -> list[Manifest]:
     """The checkpoints the store published (those a later one replaced too), newest first, whose training run read
     this token-shard set."""
@@ -272,5 +283,5 @@ def trained_shard_sets(catalog: Catalog) -> list[Manifest]:
     return [*found.values(), *sorted(replaced.values(), key=lambda m: m.created_at, reverse=True)]
 
 
-__all__ = ["AuditError", "Catalog", "checkpoints_using", "made_from", "node_key", "parse_key", "resolve_target", "run_file",
-           "run_of_checkpoint", "stages_read", "trained_shard_sets"]
+__all__ = ["AuditError", "Catalog", "checkpoints_using", "made_from", "member_lists", "node_key", "parse_key",
+           "resolve_target", "run_file", "run_of_checkpoint", "stages_read", "trained_shard_sets"]

@@ -133,16 +133,20 @@ def write_exposure(folder: Path, table: pa.Table, stats: dict[str, Any]) -> dict
     return {"file": EXPOSURE_FILE, "roles": stats}
 
 
+def _exposure_file(store: Store, run: Manifest | None) -> Path | None:
+    """The run's exposure file (the current run's, or the store's history's copy), or None when it recorded none or
+    the store holds it no more."""
+    return run_file(store, run, ((run.stats.get("exposure") if run else None) or {}).get("file"))
+
+
 def exposure_of(store: Store, run: Manifest | None, doc_id: str) -> dict[str, list[dict[str, Any]]] | None:
     """A document's copies that `run` read, by shard set data version (only copies read at least once); None when the
     run recorded no exposure (a run from before exposure was recorded, or its shards had no position list) or the
     store no longer holds it (a run a later one replaced, from before the store's history kept exposure), so it
     cannot be told."""
-    info = (run.stats.get("exposure") if run else None) or {}
-    path = run_file(store, run, info.get("file"))
-    if path is None:
+    if (path := _exposure_file(store, run)) is None:
         return None
-    known = {r["data_version"] for r in info["roles"].values() if not r.get("unavailable")}
+    known = {r["data_version"] for r in run.stats["exposure"]["roles"].values() if not r.get("unavailable")}
     out: dict[str, list[dict[str, Any]]] = {v: [] for v in known}
     for r in pq.read_table(path, filters=[("doc_id", "=", doc_id)]).to_pylist():
         out.setdefault(r["shard_set"], []).append(r)
@@ -153,9 +157,7 @@ def read_of(store: Store, run: Manifest | None, doc_ids: set[str]) -> dict[str, 
     """How much of these documents `run` read: the documents with a copy read at least once, and their input tokens
     read over all epochs; None when the run recorded no exposure (or the store holds it no more), so it cannot be
     told."""
-    info = (run.stats.get("exposure") if run else None) or {}
-    path = run_file(store, run, info.get("file"))
-    if path is None:
+    if (path := _exposure_file(store, run)) is None:
         return None
     table = pq.read_table(path, columns=["doc_id", "reads", "tokens_read"],
                           filters=[("doc_id", "in", sorted(doc_ids)), ("reads", ">", 0)]) if doc_ids else None

@@ -31,7 +31,8 @@ import pyarrow.parquet as pq
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest, now_utc
 from kiln.common.storage import IncompleteDataset, Store
-from kiln.governance.catalog import CHECKPOINT, RAW, SHARDS, Catalog, run_of_checkpoint  # RAW: a URL is whole there
+# RAW: a URL is whole there
+from kiln.governance.catalog import CHECKPOINT, RAW, SHARDS, Catalog, member_lists, run_of_checkpoint
 from kiln.governance.refresh import materialized, trained_refresh
 
 REQUESTS, REQUESTS_FILE = "removal_requests", "removal_requests.json"
@@ -185,7 +186,7 @@ def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str
         refresh = trained_refresh(run) if run is not None else None
         # The shards as the run read them: the current set, or the history's member list of a set replaced since.
         shards = catalog.manifest_at(SHARDS, refresh, run.inputs[f"{SHARDS}/{refresh}"]) if refresh else None
-        trained = _matching(store, shards, request) if shards is not None else None
+        trained = _matching(store, shards, request)
         if trained is None:
             continue  # the store no longer holds the member list of the shards this checkpoint was trained on
         replay, replay_info = [], replayed(run)
@@ -194,8 +195,7 @@ def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str
             held = catalog.manifest_at(SHARDS, replay_refresh, replay_info["data_version"])
             skipped = removed_from_replay(store, run) or {}
             # none when the store no longer holds the replayed set's member list
-            replay = [m for m in (_matching(store, held, request) if held is not None else None) or []
-                      if m["doc_id"] not in skipped]
+            replay = [m for m in _matching(store, held, request) or [] if m["doc_id"] not in skipped]
         if not trained and not replay:
             continue
         # what its run read of them (None: it recorded no exposure), where the shards hold what it could have read
@@ -224,12 +224,10 @@ def unapplied_requests(store: Store, shards: Manifest) -> list[RemovalRequest]:
     return [r for r in load_requests(store)[0] if r.request_id not in applied and _matching(store, shards, r)]
 
 
-def _matching(store: Store, shards: Manifest, request: RemovalRequest) -> list[dict[str, Any]] | None:
+def _matching(store: Store, shards: Manifest | None, request: RemovalRequest) -> list[dict[str, Any]] | None:
     """The member rows of a token-shard set (the current one, or one replaced since, by the store's history) the
-    request matches, in their train split; None when the store no longer holds its member list."""
-    paths = [store.version_file(SHARDS, shards.partition, shards.data_version, f.path)
-             for f in shards.files_with_role("members")]
-    if not paths or None in paths:
+    request matches, in their train split; None when the store holds no member list of it."""
+    if (paths := member_lists(store, shards)) is None:
         return None
     members = pa.concat_tables([pq.read_table(p) for p in paths]).to_pylist()
     [matcher] = with_intake_urls(store, [request], raw_partitions(store, {m["source"] for m in members}))

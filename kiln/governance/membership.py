@@ -35,6 +35,7 @@ from kiln.governance.catalog import (
     Catalog,
     _shards_of_checkpoint,
     checkpoints_using,
+    member_lists,
     node_key,
     resolve_target,
     run_of_checkpoint,
@@ -222,9 +223,8 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
         checkpoints = [c for c in every if (c == only if only else c in current)]
         earlier = [] if only else [c for c in every if c not in current]
         replaced = m.data_version not in held  # read from the history: a checkpoint was trained on it
-        paths = [catalog.store.version_file(SHARDS, m.partition, m.data_version, f.path)
-                 for f in m.files_with_role("members")]
-        if not paths or None in paths:
+        paths = member_lists(catalog.store, m)
+        if paths is None:
             notes.append(f"token_shards {m.data_version} has no member list (written before member lists existed); "
                          f"re-materialize token_shards to answer from the shards" if not replaced else
                          f"token_shards {m.data_version}, replaced in the store since, kept no member list (replaced "
