@@ -150,12 +150,16 @@ def _card(store: Store, config: ProjectConfig, checkpoint: str, out: Path | None
         print(json.dumps(card, indent=2, ensure_ascii=False, default=str) if as_json else
               data_card_markdown(card, None, unknown))
         return EXIT_OK
-    out.mkdir(parents=True, exist_ok=True)
     card["funnel"]["chart"] = FUNNEL_PNG
     chart = funnel_png(card)
-    write_file_atomic(out / FUNNEL_PNG, lambda f: f.write(chart))
-    write_json_atomic(out / "data_card.json", json.dumps(card, indent=2, ensure_ascii=False, default=str))
-    write_json_atomic(out / "data_card.md", data_card_markdown(card, f"![{FUNNEL_TITLE}]({FUNNEL_PNG})", unknown))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_file_atomic(out / FUNNEL_PNG, lambda f: f.write(chart))
+        write_json_atomic(out / "data_card.json", json.dumps(card, indent=2, ensure_ascii=False, default=str))
+        write_json_atomic(out / "data_card.md", data_card_markdown(card, f"![{FUNNEL_TITLE}]({FUNNEL_PNG})", unknown))
+    except OSError as exc:  # a file where the folder should be, no permission, a full disk: said, not a traceback
+        raise ValueError(f"--out {str(out)!r}: cannot write the card there ({exc.strerror or exc}); give a folder "
+                         f"you can write to") from None
     print(f"data card of checkpoint {card['checkpoint']['data_version']}: {out / 'data_card.md'} (with data_card.json "
           f"and {FUNNEL_PNG})")
     return EXIT_OK

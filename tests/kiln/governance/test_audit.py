@@ -370,6 +370,10 @@ def test_the_card_of_a_checkpoint_a_later_training_replaced(built, tmp_path, cap
     assert sorted(p.name for p in out.iterdir()) == ["data_card.json", "data_card.md", "data_card_funnel.png"]
     assert main(["audit", "card", "ffffffffff", *argv]) == 2
     assert "no checkpoint 'ffffffffff'" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("kept")  # --out naming a file: a clear error, and the file left as it was
+    assert main(["audit", "card", earlier, "--out", str(tmp_path / "a-file"), *argv]) == 2
+    assert f"--out '{tmp_path / 'a-file'}': cannot write the card there" in capsys.readouterr().err
+    assert (tmp_path / "a-file").read_text() == "kept"
 
 
 def test_rejected_shows_what_a_rule_removed_with_redacted_raw_excerpts(built, capsys):
