@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,19 @@ def pytest_collection_modifyitems(config, items):
         return (1, 0) if module in slow else (2, 0)
 
     items.sort(key=rank)  # stable: tests keep their order within a module
+
+
+@pytest.fixture(autouse=True)
+def pristine_linear():
+    """torch.nn.functional.linear put back after each test. DeepSpeed's zero.Init replaces it for the whole process
+    with its memory-efficient ZeRO-3 linear and leaves it so ("This will persist unless manually reset", says its
+    log; it keeps the original as linear_bk): after a test that built a ZeRO-3 engine in this process, every later
+    test's Linear layers would save other tensors for backward (test_layout's count of them failed so)."""
+    yield
+    zero = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
+    original = getattr(getattr(zero, "InsertPostInitMethodToModuleSubClasses", None), "linear_bk", None)
+    if original is not None:
+        sys.modules["torch.nn.functional"].linear = original
 
 
 @pytest.fixture
