@@ -174,4 +174,15 @@ def fsync_dir(path: Path) -> None:
 
 
 def now_utc() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    """The time in UTC, ISO 8601 to the microsecond: versions, refreshes and requests sort by it as text (a store's
+    history, the newest evaluation of a checkpoint), and two commits of one asset within a second are common. Records
+    written to the second before this (`...:05+00:00`) still sort before any written since: '+' < '.'."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+def to_the_second(iso: str | None) -> str | None:
+    """A recorded time as people read it (audits, data cards): `now_utc`'s microseconds dropped."""
+    try:
+        return dt.datetime.fromisoformat(iso).isoformat(timespec="seconds") if iso else iso
+    except ValueError:
+        return iso

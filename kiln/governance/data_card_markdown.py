@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import PurePath
 from typing import Any
 
+from kiln.common.manifest import to_the_second
 from kiln.common.plots import figure_png, stacked_bars
 from kiln.dedup.report import cross_source_markdown
 from kiln.governance.data_card_documents import UNKNOWN
@@ -188,7 +189,7 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
     `list_unknown`: documents of unknown licence listed per source (`card.list_unknown_licenses`)."""
     c, out = card["checkpoint"], []
     out += [f"# Data card: checkpoint `{c['data_version']}`", "",
-            f"Generated {card['generated_at']} from the store; checkpoint created {c['created_at']}, "
+            f"Generated {to_the_second(card['generated_at'])} from the store; checkpoint created {to_the_second(c['created_at'])}, "
             f"git `{c['git_commit'] or 'unknown'}`, {_n(c['parameters'])} parameters, {_n(c['steps'])} steps."]
     if c.get("replaced_by"):
         out += ["", f"This checkpoint was replaced in the store since (now `{c['replaced_by']}`): the card describes it "
@@ -202,7 +203,7 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
                 "The next token shards exclude them; this checkpoint still contains what it learned from them.", ""]
         out += _table(["request", "recorded", "kind", "value", "reason", "documents in its training set", "tokens",
                        "documents read", "tokens read"],
-                      [[f"`{r['request_id']}`", r["created_at"], r["kind"], r["value"], r["reason"] or "",
+                      [[f"`{r['request_id']}`", to_the_second(r["created_at"]), r["kind"], r["value"], r["reason"] or "",
                         r["affected"]["documents"], r["affected"]["tokens"], *_read(r["affected"].get("read"))]
                        for r in card["removal_requests"]])
 
@@ -225,7 +226,7 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
 
     out += ["", "## Refreshes in the training data", ""]
     out += _table(["refresh", "registered", "trigger", "landed files", "raw records", "documents kept"],
-                  [[f"`{r['key']}`", r["created_at"], r["trigger"], "configured sources" if r["landed_files"] is None
+                  [[f"`{r['key']}`", to_the_second(r["created_at"]), r["trigger"], "configured sources" if r["landed_files"] is None
                     else r["landed_files"], r["raw_records"], r["documents"]] for r in card["refreshes"]],
                   "|---|---|---|---:|---:|---:|")
 
@@ -370,7 +371,7 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
     out += ["", f"## Lineage ({len(lin['nodes'])} datasets back to the raw sources)", ""]
     out += _table(["dataset", "data version", "code version", "git commit", "created", "files", "status"],
                   [[f"`{n['key']}`", f"`{n['data_version']}`", n["code_version"], (n["git_commit"] or "unknown")[:12],
-                    n["created_at"], len(n["files"]), n["status"] + (f" (now `{n['current_version']}`)"
+                    to_the_second(n["created_at"]), len(n["files"]), n["status"] + (f" (now `{n['current_version']}`)"
                                                                     if n["status"] == "replaced" else "")]
                    for n in lin["nodes"]],
                   "|---|---|---|---|---|---:|---|")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from functools import singledispatch
 from typing import Any
 
+from kiln.common.manifest import to_the_second
 from kiln.governance.audit import Lineage, RefreshReport, SourceUsage
 from kiln.governance.catalog import NOT_MATERIALIZED, RAW, node_key
 from kiln.governance.membership import Membership
@@ -39,7 +40,7 @@ def render_lineage(answer: Lineage, files_per_node: int = 3) -> str:
             return
         flag = {"superseded": "  SUPERSEDED", "replaced": f"  REPLACED since (now {n.current_version or 'none'})"}.get(
             n.status, "")
-        lines.append(f"{pad}{key}  {n.data_version}{flag}  created {n.created_at}  code {n.code_version}  "
+        lines.append(f"{pad}{key}  {n.data_version}{flag}  created {to_the_second(n.created_at)}  code {n.code_version}  "
                      f"git {_short_commit(n.git_commit)}")
         if n.counts:
             lines.append(f"{pad}    counts " + ", ".join(f"{k}={v:,}" for k, v in n.counts.items()))
@@ -146,7 +147,7 @@ def render_source_usage(answer: SourceUsage) -> str:
         lines.append("token shards: none in the store use this source")
     for u in answer.shard_sets:
         replaced = ", replaced in the store since" if u.replaced else ""
-        lines.append(f"token_shards {u.data_version} ({u.created_at}{replaced}): {u.train_tokens:,} train tokens "
+        lines.append(f"token_shards {u.data_version} ({to_the_second(u.created_at)}{replaced}): {u.train_tokens:,} train tokens "
                      f"({u.share_of_train_tokens:.1%} of the set, {u.effective_epochs:.2f} epochs of "
                      f"{u.natural_train_tokens:,}), {u.val_tokens:,} val tokens; documents {u.train_documents:,} "
                      f"train / {u.val_documents:,} val")
@@ -158,7 +159,7 @@ def render_source_usage(answer: SourceUsage) -> str:
                 more = f" +{len(group) - 4} more" if len(group) > 4 else ""
                 lines.append(f"  {label} shards with this source: {len(group)}: {shown}{more}")
         for c in u.checkpoints:
-            lines.append(f"  checkpoint {c['data_version']} ({c['created_at']}): {c['steps']} steps, MLflow run "
+            lines.append(f"  checkpoint {c['data_version']} ({to_the_second(c['created_at'])}): {c['steps']} steps, MLflow run "
                          f"{c['mlflow_run_id'] or 'unknown'}")
         if not u.checkpoints:
             lines.append("  checkpoints: none in the store trained on this shard set")
@@ -174,7 +175,7 @@ def render_refresh_report(answer: RefreshReport) -> str:
             "; ".join(f"{s}: {', '.join(fs[:3])}" + (f" +{len(fs) - 3} more" if len(fs) > 3 else "")
                       for s, fs in r["landed_files"].items()) or "no files"
         shards = f"token_shards {r['token_shards']}" if r["token_shards"] else "token_shards not materialized"
-        lines.append(f"{r['key']}  registered {r['created_at']} by {r['trigger']}: {files}; {shards}")
+        lines.append(f"{r['key']}  registered {to_the_second(r['created_at'])} by {r['trigger']}: {files}; {shards}")
         for source, n in r["sources"].items():
             lines.append(f"  {source:<20} {n['raw_records']:>8,} raw records -> {n['documents']:>8,} documents"
                          if n else f"  {source:<20} not materialized")

@@ -392,7 +392,10 @@ def test_every_version_published_is_described_after_its_files_are_gone(tmp_path)
     assert store.manifest_at("a", "p", "0" * 20) is None  # never published
     assert store.manifest_at("a", "p", "../p/_manifest") is None  # not a data version: never a path to open
     assert store.manifest_at("a", "q", made[0].data_version) is None  # another dataset's
-    assert {m.data_version for m in store.history("a", "p")} == {m.data_version for m in made}
+    # Oldest first, in the order they were published, though the three came within a second (to the second, their
+    # times were equal and their order in the history arbitrary).
+    assert made[0].created_at < made[1].created_at < made[2].created_at
+    assert [m.data_version for m in store.history("a", "p")] == [m.data_version for m in made]
 
 
 def test_the_history_keeps_a_versions_record_files_and_nothing_else(tmp_path):

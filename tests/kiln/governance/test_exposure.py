@@ -222,4 +222,4 @@ def test_a_checkpoint_is_answered_for_after_its_shards_and_its_run_are_replaced(
     [used] = [u for u in usage.shard_sets if u.data_version == old.data_version]
     assert used.replaced and [c["data_version"] for c in used.checkpoints] == [ckpt] and ckpt in usage.checkpoints
     assert used.train_tokens == old.stats["sources"]["web"]["train_tokens"] > 0
-    assert f"token_shards {old.data_version} ({old.created_at}, replaced in the store since)" in render(usage)
+    assert f"token_shards {old.data_version} ({old.created_at[:19]}+00:00, replaced in the store since)" in render(usage)
