@@ -608,8 +608,8 @@ def main(argv: list[str] | None = None, host: Host | None = None) -> int:
 
 def exit_now(code: int) -> None:
     """End a rank whose work is done and written without Python's teardown. The teardown frees DeepSpeed's and
-    torch's objects in whatever order it finds them while gloo's threads still run: one 2-rank CPU run in about 350
-    ended in SIGABRT ("terminate called without an active exception") after its summary was written, and its
+    torch's objects in whatever order it finds them while gloo's threads still run: a 2-rank CPU run ended in SIGABRT
+    ("terminate called without an active exception") after its summary was written, once in seven test suites, and its
     collections took 2.1 s per rank on the 2-core VM. The files are closed by then; logging and stdio are flushed
     here. torch's compile workers watch their parent and leave with it."""
     logging.shutdown()

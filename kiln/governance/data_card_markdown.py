@@ -189,8 +189,9 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
     `list_unknown`: documents of unknown licence listed per source (`card.list_unknown_licenses`)."""
     c, out = card["checkpoint"], []
     out += [f"# Data card: checkpoint `{c['data_version']}`", "",
-            f"Generated {to_the_second(card['generated_at'])} from the store; checkpoint created {to_the_second(c['created_at'])}, "
-            f"git `{c['git_commit'] or 'unknown'}`, {_n(c['parameters'])} parameters, {_n(c['steps'])} steps."]
+            f"Generated {to_the_second(card['generated_at'])} from the store; checkpoint created "
+            f"{to_the_second(c['created_at'])}, git `{c['git_commit'] or 'unknown'}`, {_n(c['parameters'])} "
+            f"parameters, {_n(c['steps'])} steps."]
     if c.get("replaced_by"):
         out += ["", f"This checkpoint was replaced in the store since (now `{c['replaced_by']}`): the card describes it "
                 f"from the store's history of manifests, as it was trained."]
@@ -203,8 +204,9 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
                 "The next token shards exclude them; this checkpoint still contains what it learned from them.", ""]
         out += _table(["request", "recorded", "kind", "value", "reason", "documents in its training set", "tokens",
                        "documents read", "tokens read"],
-                      [[f"`{r['request_id']}`", to_the_second(r["created_at"]), r["kind"], r["value"], r["reason"] or "",
-                        r["affected"]["documents"], r["affected"]["tokens"], *_read(r["affected"].get("read"))]
+                      [[f"`{r['request_id']}`", to_the_second(r["created_at"]), r["kind"], r["value"],
+                        r["reason"] or "", r["affected"]["documents"], r["affected"]["tokens"],
+                        *_read(r["affected"].get("read"))]
                        for r in card["removal_requests"]])
 
     out += _statements_markdown(card.get("statements"))
@@ -226,8 +228,9 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
 
     out += ["", "## Refreshes in the training data", ""]
     out += _table(["refresh", "registered", "trigger", "landed files", "raw records", "documents kept"],
-                  [[f"`{r['key']}`", to_the_second(r["created_at"]), r["trigger"], "configured sources" if r["landed_files"] is None
-                    else r["landed_files"], r["raw_records"], r["documents"]] for r in card["refreshes"]],
+                  [[f"`{r['key']}`", to_the_second(r["created_at"]), r["trigger"],
+                    "configured sources" if r["landed_files"] is None else r["landed_files"], r["raw_records"],
+                    r["documents"]] for r in card["refreshes"]],
                   "|---|---|---|---:|---:|---:|")
 
     out += ["", "## Documents kept after each stage (all refreshes)", "",

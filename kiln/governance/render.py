@@ -40,8 +40,8 @@ def render_lineage(answer: Lineage, files_per_node: int = 3) -> str:
             return
         flag = {"superseded": "  SUPERSEDED", "replaced": f"  REPLACED since (now {n.current_version or 'none'})"}.get(
             n.status, "")
-        lines.append(f"{pad}{key}  {n.data_version}{flag}  created {to_the_second(n.created_at)}  code {n.code_version}  "
-                     f"git {_short_commit(n.git_commit)}")
+        lines.append(f"{pad}{key}  {n.data_version}{flag}  created {to_the_second(n.created_at)}  "
+                     f"code {n.code_version}  git {_short_commit(n.git_commit)}")
         if n.counts:
             lines.append(f"{pad}    counts " + ", ".join(f"{k}={v:,}" for k, v in n.counts.items()))
         described = [f"{f['path']} sha256:{f['sha256'][:16]}" for f in n.files[:files_per_node]]
@@ -147,8 +147,9 @@ def render_source_usage(answer: SourceUsage) -> str:
         lines.append("token shards: none in the store use this source")
     for u in answer.shard_sets:
         replaced = ", replaced in the store since" if u.replaced else ""
-        lines.append(f"token_shards {u.data_version} ({to_the_second(u.created_at)}{replaced}): {u.train_tokens:,} train tokens "
-                     f"({u.share_of_train_tokens:.1%} of the set, {u.effective_epochs:.2f} epochs of "
+        lines.append(f"token_shards {u.data_version} ({to_the_second(u.created_at)}{replaced}): "
+                     f"{u.train_tokens:,} train tokens ({u.share_of_train_tokens:.1%} of the set, "
+                     f"{u.effective_epochs:.2f} epochs of "
                      f"{u.natural_train_tokens:,}), {u.val_tokens:,} val tokens; documents {u.train_documents:,} "
                      f"train / {u.val_documents:,} val")
         train = [s for s in u.shards if s["split"] == "train"]
@@ -159,8 +160,8 @@ def render_source_usage(answer: SourceUsage) -> str:
                 more = f" +{len(group) - 4} more" if len(group) > 4 else ""
                 lines.append(f"  {label} shards with this source: {len(group)}: {shown}{more}")
         for c in u.checkpoints:
-            lines.append(f"  checkpoint {c['data_version']} ({to_the_second(c['created_at'])}): {c['steps']} steps, MLflow run "
-                         f"{c['mlflow_run_id'] or 'unknown'}")
+            lines.append(f"  checkpoint {c['data_version']} ({to_the_second(c['created_at'])}): {c['steps']} steps, "
+                         f"MLflow run {c['mlflow_run_id'] or 'unknown'}")
         if not u.checkpoints:
             lines.append("  checkpoints: none in the store trained on this shard set")
     lines += [f"note: {n}" for n in answer.notes]
