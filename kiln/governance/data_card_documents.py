@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest
-from kiln.governance.catalog import FILTERED, NOT_MATERIALIZED, SHARDS, Catalog
+from kiln.governance.catalog import FILTERED, NOT_MATERIALIZED, SHARDS, Catalog, member_lists
 from kiln.governance.lineage import DOCUMENT_STAGES
 
 UNKNOWN = "unknown"
@@ -122,7 +122,7 @@ class _PartMembers:
     id, else looked up."""
 
     def __init__(self, catalog: Catalog, shards: Manifest | None, batch: int):
-        paths = catalog.snapshot(SHARDS, shards.partition).files("members") if shards is not None else []
+        paths = member_lists(catalog.store, shards)  # a set replaced since: the store's history's
         self.members = MemberList(paths, batch) if paths else None
         self.runs = self.members.source_runs() if self.members else {}
 
@@ -170,15 +170,17 @@ def licenses_and_languages(catalog: Catalog, config: ProjectConfig, parts: dict[
     # The member list is read in batches of the biggest part (manifests from before row counts: a fixed size).
     biggest = max((f.rows or 0 for ms in found.values() for m in ms.values() for f in m.files_with_role("documents")),
                   default=0) or 65_536
-    shards_replaced = shards is not None and catalog.replaced(SHARDS, shards.partition)
-    members = _PartMembers(catalog, shards if not shards_replaced else None, biggest)
+    members = _PartMembers(catalog, shards, biggest)
+    # A set replaced since keeps its member list in the store's history (one replaced before that: no answer), and
+    # the documents it read are still read where their partitions are the versions it read (older refreshes' are).
+    unanswerable = shards is not None and members.members is None and catalog.replaced(SHARDS, shards.partition)
     licenses: dict[str, Any] = {}
     languages: dict[str, Any] = {}
     for name in parts:
         if not found[name]:
             licenses[name] = languages[name] = NOT_MATERIALIZED
             continue
-        if shards_replaced or any(catalog.replaced(stage, p) for p in found[name]):
+        if unanswerable or any(catalog.replaced(stage, p) for p in found[name]):
             # Counted over the documents trained on, or not at all: the store holds other versions now.
             licenses[name] = languages[name] = REPLACED
             continue

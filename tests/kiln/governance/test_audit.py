@@ -317,8 +317,16 @@ def test_the_card_describes_what_the_checkpoint_was_built_from_after_its_inputs_
         assert now == was and now["data_versions"] != {web.split("/")[1]: again[asset].data_version}
     assert card["funnel"] == before["funnel"] and card["shards"] == before["shards"]
     assert card["mixture"] == before["mixture"] and card["decontamination"] == before["decontamination"]
-    # The documents trained on are not in the store now: their licences are not counted from another version's.
-    assert card["licenses"]["per_source"]["web"] == REPLACED == card["licenses"]["per_source"]["ref"]
+    # web's documents trained on are not in the store now: their licences are not counted from another version's.
+    # ref's are the versions the shards read: counted as before, their membership from the history's member list.
+    assert card["licenses"]["per_source"]["web"] == REPLACED == card["languages"]["per_source"]["web"]
+    for table in ("licenses", "languages"):
+        assert card[table]["per_source"]["ref"] == before[table]["per_source"]["ref"]
+    assert any(n["in_train_shards"] for n in card["licenses"]["per_source"]["ref"]["licenses"].values())
+    # A set replaced before the history kept member lists: which of ref's documents it held is not known.
+    for kept in (tmp_path / "data" / "token_shards").glob(".*.history/*/members-*.parquet"):
+        kept.unlink()
+    assert build_data_card(store, built["config"])["licenses"]["per_source"]["ref"] == REPLACED
     nodes = {n["key"]: n for n in card["lineage"]["nodes"]}
     assert nodes[f"filtered_documents/{web}"]["status"] == "replaced" and card["lineage"]["problems"] == []
     assert f"replaced (now `{again['filtered_documents'].data_version}`)" in data_card_markdown(card)
