@@ -68,4 +68,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    train.exit_now(main(sys.argv[1:]))  # as training_jobs.train ends a rank
