@@ -207,7 +207,7 @@ def _read_json(path: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Train a Kiln model on Ray Train workers (DeepSpeed ZeRO-3).")
+    parser = argparse.ArgumentParser(description="Train a Kiln model on Ray Train workers (DeepSpeed).")
     parser.add_argument("--run-config", required=True, type=Path, help="the run config JSON (RunConfig)")
     parser.add_argument("--num-workers", type=int, required=True, help="training workers (ranks) in all")
     parser.add_argument("--address", default=None,

@@ -386,19 +386,24 @@ def test_the_launch_config_changes_one_runs_recipe_and_is_validated_like_the_pro
 def test_a_launcher_left_unset_trains_on_every_visible_gpu_and_on_two_cpu_processes_without_one(monkeypatch):
     from resources import TrainingLauncher
 
+    def launcher(*args, **settings) -> list[str]:  # the launcher's own command, without the supervisor before it
+        cmd = TrainingLauncher(**settings).command(Path("run.json"), *args)
+        assert cmd[:3] == [sys.executable, "-m", "training_jobs.launch"]  # training_jobs.launch.supervise
+        return cmd[3:]
+
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     assert TrainingLauncher().world_size("deepspeed") == 8
-    assert TrainingLauncher().command(Path("run.json"))[3:5] == ["--nproc_per_node", "8"]  # torchrun by default
-    assert TrainingLauncher().command(Path("run.json"), "deepspeed")[1:3] == ["--num_gpus", "8"]
+    assert launcher()[3:5] == ["--nproc_per_node", "8"]  # torchrun by default
+    assert launcher("deepspeed")[1:3] == ["--num_gpus", "8"]
     assert TrainingLauncher(nproc_per_node=2).world_size("torchrun") == 2  # a setting wins over the machine
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert TrainingLauncher().world_size("torchrun") == 2
-    assert TrainingLauncher().command(Path("run.json"), "torchrun")[3:5] == ["--nproc_per_node", "2"]
+    assert launcher("torchrun")[3:5] == ["--nproc_per_node", "2"]
     # torchrun picks its rendezvous port itself unless one is set; the deepspeed launcher is always given one
-    default = TrainingLauncher().command(Path("run.json"))
+    default = launcher()
     assert "--standalone" in default and "--master_port" not in default
-    assert TrainingLauncher(master_port=29511).command(Path("run.json"))[5:7] == ["--master_port", "29511"]
-    assert TrainingLauncher(master_port=29511).command(Path("run.json"), "deepspeed")[3:5] == ["--master_port", "29511"]
+    assert launcher(master_port=29511)[5:7] == ["--master_port", "29511"]
+    assert launcher("deepspeed", master_port=29511)[3:5] == ["--master_port", "29511"]
 
 
 def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_refused_before_launch():
@@ -432,5 +437,5 @@ def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_re
     with pytest.raises(dg.Failure, match=r"TrainingLauncher.ray_address = '127\.0\.0\.1:9'"):
         ray_reachable(TrainingLauncher(ray_address="127.0.0.1:9"), "head:6379")
     cmd = TrainingLauncher(num_workers=4, max_failures=1).command(Path("run.json"), "ray", "head:6379")
-    assert cmd[1:] == ["-m", "training_jobs.ray_launch", "--run-config", "run.json", "--num-workers", "4",
+    assert cmd[4:] == ["-m", "training_jobs.ray_launch", "--run-config", "run.json", "--num-workers", "4",
                        "--max-failures", "1", "--address", "head:6379"]
