@@ -49,6 +49,9 @@ def fmt(value: float | None, spec: str) -> str:
 def preset_rows(report: dict) -> list[dict]:
     rows = []
     for run in report.get("runs", []):
+        if "kiln" not in run:  # Kiln's run failed (the bench goes on to the next preset)
+            rows.append({"preset": run["preset"], "error": run.get("error", "no figures")})
+            continue
         kiln = run["kiln"]
         layout = kiln.get("layout") or {}
         step = kiln.get("tokens_per_s")
@@ -60,7 +63,8 @@ def preset_rows(report: dict) -> list[dict]:
             "reference_mfu": (run.get("reference") or {}).get("mfu"), "ratio": run.get("kiln_over_reference"),
             "goodput_share": at_cadence / step if at_cadence and step else None,
             "busy": ((kiln.get("profile") or {}).get("device_busy_fraction")),
-            "memory": kiln["peak_memory_gib"] / estimated if estimated and kiln.get("peak_memory_gib") else None})
+            "memory": kiln["peak_memory_gib"] / estimated if estimated and kiln.get("peak_memory_gib") else None,
+            "error": run.get("error")})  # the reference's, after Kiln's figures
     return rows
 
 
@@ -68,6 +72,8 @@ def forced_line(label: str, forced: dict | None, chosen: dict | None) -> str:
     if not (forced or {}).get("runs"):  # no file, or a run cut short before its figures
         return f"{label}: not measured"
     run = forced["runs"][0]
+    if "kiln" not in run:
+        return f"{label}: failed ({run.get('error', 'no figures')})"
     tokens = run["kiln"].get("tokens_per_s")
     stage = (run["kiln"].get("parallelism") or {}).get("zero_stage")
     line = f"{label}: ZeRO-{stage} {fmt(tokens, ',.0f')} tokens/s, MFU {fmt(run['kiln'].get('mfu'), '.1%')}"
@@ -95,6 +101,9 @@ def summary(gpu: str, folders: list[Path]) -> str:
             if preset in MFU_GOAL:
                 lines.append(f"{preset:<7} not measured")
             continue
+        if "tokens_per_s" not in row:
+            lines.append(f"{preset:<7} failed: {row['error']}")
+            continue
         goal = preset in MFU_GOAL  # the goals are the issue's presets' (a dry run's tiny gets figures only)
         lines.append(
             f"{preset:<7}{fmt(row['stage'], 'd'):>6}{fmt(row['micro_batch'], 'd'):>6}{fmt(row['tokens_per_s'], ',.0f'):>11}"
@@ -103,6 +112,7 @@ def summary(gpu: str, folders: list[Path]) -> str:
             f"{verdict(row['ratio'], RATIO_GOAL if goal else None):<13}{fmt(row['goodput_share'], '.3f'):>8} "
             f"{verdict(row['goodput_share'], GOODPUT_GOAL if goal else None):<13}"
             f"{fmt(row['busy'], '.0%'):>6}{fmt(row['memory'], '.2f'):>8}")
+    lines += [f"{preset}: {row['error']}" for preset, row in rows.items() if "tokens_per_s" in row and row["error"]]
     lines.append("goodput: at the default cadence, over step throughput; busy: the device's busy share of two profiled "
                  "steps; mem/est: peak allocated over the layout's estimate")
     for stage, names in forced.items():

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole GPU measurement in one prepared script, on one H100/H200, in parts taken in the order of issue 34's
 # "Done means" (PARTS, default all four; the device tool allows 600 s a call and about 900 s a session, the machine's
-# start included, so on a lent machine run two calls: PARTS=bench with timeout_s 600, then PARTS="zero3 tests zero1"
-# with what is left; with too little left, STEPS=40):
+# start included, so on a lent machine run two calls: PARTS=bench BUDGET_S=595 with timeout_s 600, then
+# PARTS="zero3 tests zero1" with BUDGET_S 5 s under the timeout_s that is left; BUDGET_S caps every part's limit to
+# what remains of it, skips a part that would get under 30 s, and keeps time for a cut run's stop and the table):
 #   bench  bench/train_bench.py at seq_len 2048 for PRESETS (default 125m,350m,1b): Kiln's trainer with its default
 #          settings against the reference loop, in one invocation (ratio, MFU, goodput at the default cadence, a
 #          save's stall, peak memory against the layout's estimate), two steps of each profiled (the GPU's busy
@@ -13,8 +14,11 @@
 #          Kiln's stack (mlflow, dagster) than the lent machines have;
 #   zero1  $ZERO1_PRESET (default 125m) forced to ZeRO-1, the layout's choice on one GPU before ZeRO-0 and several
 #          GPUs' default, with a profile of two steps (a diagnosis, not a goal: last).
-# Each part has a time limit and goes on when one fails; each bench run is written to its JSON as it ends, so a part
-# cut short keeps what it measured. Last, bench/gpu_goals.py prints the goals against every figure in $FIGURES.
+# Each part has a time limit and goes on when one fails; each bench run is written to its JSON after Kiln's run and
+# again after the reference, so a part cut short keeps what it measured, and a preset that fails is recorded with its
+# error while the next one runs (Kiln's output in train_bench_*_<preset>_torchrun.log beside the JSON); a part's
+# time limit stops every rank of the run it cut (bench/train_bench.py: stop_tree) before the next part starts.
+# Last, bench/gpu_goals.py prints the goals against every figure in $FIGURES.
 # Figures go to $FIGURES (default docs/bench; $OUT when the device tool runs it) as train_bench_<gpu>.json,
 # train_bench_<preset>_zero3_<gpu>.json and train_bench_<preset>_zero1_<gpu>.json, each with the machine, the
 # command and the date; logs beside them. A dry run on CPU: PRESETS=tiny SEQ_LEN=128 STEPS=6 ZERO1_PRESET=tiny
@@ -28,7 +32,12 @@ cd "$(dirname "$0")/.."
 FIGURES="${FIGURES:-${OUT:-docs/bench}}"
 mkdir -p "$FIGURES"
 PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
-if ! "$PY" -c "import deepspeed, pydantic, phonenumbers, py3langid, ftfy, zstandard" 2>/dev/null && [ -d .whl ]; then
+if ! "$PY" -c "import deepspeed, pydantic, phonenumbers, py3langid, ftfy, zstandard" 2>/dev/null; then
+  if [ ! -d .whl ]; then
+    echo "gpu_suite: $PY lacks DeepSpeed or Kiln's text dependencies, and there is no .whl/ to install them from: run" \
+      "bash bench/gpu_wheels.sh on a machine with a package index and carry .whl (the device tool: carry [\".whl\"])" >&2
+    exit 1
+  fi
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
   export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -50,10 +59,20 @@ in_parts() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 LOG="$FIGURES/gpu_suite_${gpu}_$(echo $PARTS | tr ' ' -).log"  # one per call, named by its parts
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$LOG" 2>&1 || echo "no nvidia-smi" > "$LOG"
 status=0
+BUDGET_S="${BUDGET_S:-}"  # seconds for this call in all; unset: each part's own limit
+KILL_AFTER=30  # after a limit's SIGINT: the bench stops its run's ranks (up to 15 s) before it is killed
+RESERVE=$((KILL_AFTER + 15))  # for the last part's stop and the closing table
 step() {  # step SECONDS NAME COMMAND...: run with a time limit, log it, and go on when it fails
-  local limit=$1 name=$2 t0=$SECONDS rc; shift 2
+  local limit=$1 name=$2 t0=$SECONDS rc left; shift 2
+  if [ -n "$BUDGET_S" ]; then
+    left=$((BUDGET_S - SECONDS - RESERVE))
+    if [ "$left" -lt 30 ]; then
+      echo "== $name: skipped, ${left} s of BUDGET_S=$BUDGET_S left" | tee -a "$LOG"; status=1; return
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   echo "== $name (limit ${limit} s): $*" | tee -a "$LOG"
-  timeout --signal=INT --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$LOG"
+  timeout --signal=INT --kill-after=$KILL_AFTER "$limit" "$@" 2>&1 | tee -a "$LOG"
   rc=${PIPESTATUS[0]}
   [ "$rc" = 0 ] || status=1
   echo "== $name: rc $rc, $((SECONDS - t0)) s" | tee -a "$LOG"
@@ -77,7 +96,7 @@ if in_parts zero3; then  # the throughput ZeRO-3 costs where the model fits with
     --steps "$STEPS" --zero-stage 3 --no-reference --json-out "$FIGURES/train_bench_${ZERO3_PRESET}_zero3_$gpu.json"
 fi
 if in_parts tests; then
-  step 150 "GPU tests" "$PY" -m pytest -q -p no:cacheprovider tests/training_jobs/test_gpu.py
+  step 240 "GPU tests" "$PY" -m pytest -q -p no:cacheprovider tests/training_jobs/test_gpu.py
 fi
 if in_parts zero1; then  # where per-step overhead weighs most: what ZeRO-0 saves; its profile's host waits show
   # whether a step still synchronizes (overlap_comm, off for a compiled model since stop 62)

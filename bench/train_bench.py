@@ -34,6 +34,7 @@ not learning. MFU counts 6·(N_non_embedding + V·d) + 12·L·d·T FLOPs per tok
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.metadata
 import json
 import math
@@ -45,6 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -94,6 +96,7 @@ def reference_loop(settings: TrainingSettings, data: Path, seq_len: int, micro_b
     bf16 = on_gpu and torch.cuda.is_bf16_supported() and settings.precision != "fp32"
     if on_gpu:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        torch.cuda.reset_peak_memory_stats()  # this run's peak, not an earlier preset's
     cfg = ModelConfig(**settings.model.architecture(VOCAB, seq_len))
     model = Transformer(cfg, seed=0, activation_checkpointing=settings.model.activation_checkpointing).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -162,6 +165,15 @@ def reference_loop(settings: TrainingSettings, data: Path, seq_len: int, micro_b
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None, "profile": profile}
 
 
+def release_device_memory() -> None:
+    """Give back what a reference loop held on the device: this process lives on, and the next preset's Kiln run
+    chooses its layout from the device's memory. Dynamo's caches hold the compiled model, so they go first."""
+    if torch.cuda.is_available():
+        gc.collect()
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+
+
 # ---------------------------------------------------------------------------------------------- Kiln's trainer
 
 PROFILED_STEPS = 2  # with --profile: Kiln's last steps but one (left out of its step throughput), the reference's
@@ -199,8 +211,35 @@ def goodput_at_cadence(steady: float, stall_s: float, cadence_s: float) -> float
     return steady * cadence_s / (cadence_s + stall_s)
 
 
-def kiln_run(args, settings: TrainingSettings, launcher: str, data: Path, tmp: Path) -> dict:
-    """One launch of the real entry point; its summary.json plus the launch's wall time."""
+class BenchRunFailed(RuntimeError):
+    """Kiln's run for one preset failed; the message ends with its log's tail."""
+
+
+def stop_tree(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM `proc` and every process under it, SIGKILL what is left after `grace_s`. torchrun starts each rank in
+    a session of its own, so a time limit's signal to the bench's process group never reaches them, and a rank left
+    running holds the GPU (its memory included) into the next part of the suite."""
+    import psutil  # a dependency of DeepSpeed
+
+    try:
+        procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def kiln_run(args, settings: TrainingSettings, launcher: str, data: Path, tmp: Path, log: Path) -> dict:
+    """One launch of the real entry point, its output into `log`; its summary.json plus the launch's wall time."""
     run = settings.to_run_config(dataset_dir=data, tokenizer_sha256=SHA, output_dir=tmp / "out").write(tmp / "run.json")
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONUNBUFFERED": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)  # a benchmark is not an experiment
@@ -210,11 +249,18 @@ def kiln_run(args, settings: TrainingSettings, launcher: str, data: Path, tmp: P
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(os.environ.get("KILN_HOME", REPO / ".kiln")).resolve()
                                                / "torch_extensions"))
     t0 = time.perf_counter()
-    done = subprocess.run(launch_command(launcher, run, args.nproc, max_failures=0), cwd=REPO, env=env,
-                          capture_output=True, text=True)
+    with open(log, "wb") as out:  # written as it runs: a run cut short by a time limit still says how far it got
+        proc = subprocess.Popen(launch_command(launcher, run, args.nproc, max_failures=0), cwd=REPO, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        code = proc.wait()
+    except BaseException:  # the suite's time limit (SIGINT), Ctrl-C
+        stop_tree(proc)
+        raise
     wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        sys.exit(f"training failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+    if code != 0:
+        tail = log.read_bytes()[-6000:].decode("utf-8", "replace")
+        raise BenchRunFailed(f"training failed ({code}); the end of {log}:\n{tail}")
     shutil.rmtree(tmp / "out" / "checkpoints", ignore_errors=True)
     summary = json.loads((tmp / "out" / "summary.json").read_text())
     summary["profile"] = kept_profile(summary.get("profile"), args.profile, f"{args.preset}_kiln_{launcher}_ops.txt")
@@ -242,8 +288,9 @@ def profile_line(profile: dict) -> str:
             + (f"; host waits: {', '.join(f'{k} {v}' for k, v in waits.items())}" if waits else ""))
 
 
-def bench_preset(args, launcher: str) -> dict:
-    """Kiln's trainer, then (unless --no-reference) the reference loop on the same data and tokens per step."""
+def bench_preset(args, launcher: str, result: dict, save: Callable[[], None]) -> None:
+    """Kiln's trainer, then (unless --no-reference) the reference loop on the same data and tokens per step, into
+    `result`; `save()` after each, so a time limit during the reference keeps Kiln's figures."""
     settings = bench_settings(args)
     with tempfile.TemporaryDirectory(prefix="kiln-train-bench-") as tmp:
         tmp = Path(tmp)
@@ -252,7 +299,9 @@ def bench_preset(args, launcher: str) -> dict:
         sequences = max(512, settings.tokens_per_step(args.nproc, args.seq_len) // args.seq_len
                         * (args.steps + args.warmup + 2))
         data = synthetic_shards(tmp / "shards", sequences * args.seq_len + 1)
-        s = kiln_run(args, settings, launcher, data, tmp)
+        log = (args.json_out.with_name(f"{args.json_out.stem}_{args.preset}_{launcher}.log") if args.json_out
+               else tmp / "kiln.log")
+        s = kiln_run(args, settings, launcher, data, tmp, log)
         layout = s.get("layout") or {}
         micro = layout.get("micro_batch", settings.micro_batch_size)
         accum = layout.get("grad_accum", settings.grad_accum)
@@ -287,19 +336,23 @@ def bench_preset(args, launcher: str) -> dict:
                   f"(measured / estimated {s['peak_memory_gib'] / estimated:.2f})")
         if s.get("profile"):
             print(profile_line(s["profile"]))
-        result = {"preset": args.preset, "seq_len": args.seq_len, "launcher": launcher, "kiln": {
+        result["kiln"] = {
             **{k: s.get(k) for k in (
                 "tokens_per_s", "mfu", "goodput_tokens_per_s", "goodput_mfu", "time", "checkpoint_stall", "world_size",
                 "device", "precision", "tokens_per_step", "steps", "parallelism", "layout", "compile",
                 "peak_flops_per_device", "n_params", "flops_per_token", "launch_wall_s", "profile",
                 "steady_goodput_tokens_per_s", "peak_memory_gib")},
-            "goodput_at_default_cadence_tokens_per_s": at_cadence}}
+            "goodput_at_default_cadence_tokens_per_s": at_cadence}
+        save()
         if args.reference:
             ref_micro = args.ref_micro_batch or micro
             ref_accum = max(1, micro * accum // ref_micro)
-            ref = reference_loop(settings, data, args.seq_len, ref_micro, ref_accum, args.steps, args.warmup,
-                                 torch.cuda.is_available() if args.ref_compile is None else args.ref_compile,
-                                 tmp / "reference_profile" if args.profile else None)
+            try:
+                ref = reference_loop(settings, data, args.seq_len, ref_micro, ref_accum, args.steps, args.warmup,
+                                     torch.cuda.is_available() if args.ref_compile is None else args.ref_compile,
+                                     tmp / "reference_profile" if args.profile else None)
+            finally:
+                release_device_memory()
             ref["profile"] = kept_profile(ref["profile"], args.profile, f"{args.preset}_reference_ops.txt")
             per_device = s["tokens_per_s"] / s["world_size"]
             ratio = per_device / ref["tokens_per_s"]
@@ -312,7 +365,6 @@ def bench_preset(args, launcher: str) -> dict:
                   + (f", {steady / s['world_size'] / ref['tokens_per_s']:.2f} by steady goodput" if steady else ""))
             result.update(reference=ref, kiln_over_reference=ratio)
         print()
-        return result
 
 
 def main() -> None:
@@ -356,17 +408,32 @@ def main() -> None:
 
     print(f"machine: {machine()}")
     report = {"machine": machine(), "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "runs": []}
+
+    def save() -> None:  # after every part of every run: a suite cut short keeps what it measured
+        if args.json_out:
+            tmp = args.json_out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
+            tmp.replace(args.json_out)
+
+    failed = []
     for preset in args.preset.split(","):
         args.preset = preset.strip()
         for i, launcher in enumerate(args.launcher.split(",")):
             reference = args.reference
             args.reference = reference and i == len(args.launcher.split(",")) - 1  # one reference per preset
-            report["runs"].append(bench_preset(args, launcher.strip()))
+            result = {"preset": args.preset, "seq_len": args.seq_len, "launcher": launcher.strip()}
+            report["runs"].append(result)
+            try:
+                bench_preset(args, launcher.strip(), result, save)
+            except Exception as exc:  # noqa: BLE001 - one preset's failure (a crash, out of memory) is its figure
+                first_line = next(iter(str(exc).splitlines()), "")  # a failed run's names its log
+                result["error"] = f"{type(exc).__name__}: {first_line}"
+                failed.append(args.preset)
+                print(f"{args.preset} ({launcher.strip()}) failed: {type(exc).__name__}: {exc}\n", file=sys.stderr)
             args.reference = reference
-            if args.json_out:  # after every run: a suite cut short keeps what it measured
-                tmp = args.json_out.with_suffix(".tmp")
-                tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
-                tmp.replace(args.json_out)
+            save()
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)} (each recorded with its error; the others measured)")
 
 
 if __name__ == "__main__":

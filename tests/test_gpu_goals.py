@@ -70,3 +70,20 @@ def test_no_figures_at_all_reads_not_measured(tmp_path):
     assert "forced" not in text
     write(tmp_path, "train_bench_1b_zero3_h100.json", [], "2026-12-01")  # cut short before its one run ended
     assert "1b forced to ZeRO-3: not measured" in goals.summary("h100", [tmp_path])
+
+
+def test_a_failed_run_reads_failed_with_its_error_and_the_others_keep_their_verdicts(tmp_path):
+    failed = {"preset": "1b", "error": "BenchRunFailed: training failed (1); the end of out/train_bench_h200_1b.log:"}
+    no_reference = {**bench_run("350m", 0, 150_000, 0.41), "error": "OutOfMemoryError: CUDA out of memory"}
+    write(tmp_path, "train_bench_h200.json", [bench_run("125m", 0, 400_000, 0.36, 0.38, 0.96, 380_000),
+                                              no_reference, failed], "2026-12-02")
+    write(tmp_path, "train_bench_1b_zero3_h200.json", [{"preset": "1b", "error": "BenchRunFailed: timed out"}],
+          "2026-12-02")
+    text = goals.summary("h200", [tmp_path])
+    assert row(text, "1b") == ("1b      failed: BenchRunFailed: training failed (1); the end of "
+                               "out/train_bench_h200_1b.log:")
+    # Kiln's figures stand when only the reference failed: 0.41 >= 0.40; no ratio
+    assert row(text, "350m").split()[4:9] == ["41.0%", "met", "n/a", "n/a", "not"]
+    assert "350m: OutOfMemoryError: CUDA out of memory" in text
+    assert row(text, "125m").split()[5] == "met"
+    assert "1b forced to ZeRO-3: failed (BenchRunFailed: timed out)" in text
