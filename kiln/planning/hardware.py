@@ -65,11 +65,11 @@ GPUS: dict[str, GpuSpec] = {
 # spec for (its runs must not stand for another kind). The first pattern found in the lower-cased name wins, so
 # variants come before families: "NVIDIA H100 80GB HBM3" (SXM), "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-40GB".
 CUDA_NAMES: list[tuple[str, str | float]] = [
-    ("gh200", 989 * TERA), ("h200", "H200"), ("h100 pcie", "H100-PCIe"), ("h100 nvl", 835 * TERA),
-    ("h100", "H100-SXM"), ("h800", 989 * TERA), ("b200", "B200"), ("a100-sxm4-40gb", "A100-40GB"),
-    ("a100-pcie-40gb", "A100-40GB"), ("a100", "A100-80GB"), ("a800", 312 * TERA), ("a10g", "A10G"), ("a10", "A10"),
-    ("l40s", "L40S"), ("l40", 181 * TERA), ("l4", "L4"), ("rtx 6000 ada", 364 * TERA), ("a6000", 155 * TERA),
-    ("mi300x", "MI300X"), ("mi250x", 383 * TERA),
+    ("gh200", 989 * TERA), ("h200 nvl", 835 * TERA), ("h200", "H200"), ("h100 pcie", "H100-PCIe"),
+    ("h100 nvl", 835 * TERA), ("h100", "H100-SXM"), ("h800", 989 * TERA), ("b200", "B200"),
+    ("a100-sxm4-40gb", "A100-40GB"), ("a100-pcie-40gb", "A100-40GB"), ("a100", "A100-80GB"), ("a800", 312 * TERA),
+    ("a10g", "A10G"), ("a10", "A10"), ("l40s", "L40S"), ("l40", 181 * TERA), ("l4", "L4"), ("rtx 6000 ada", 364 * TERA),
+    ("a6000", 155 * TERA), ("mi300x", "MI300X"), ("mi250x", 383 * TERA),
 ]
 
 

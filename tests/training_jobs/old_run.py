@@ -8,7 +8,6 @@ that code logged for steps 5 to 8 when it ran on. The shards are regenerated her
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 

@@ -350,6 +350,7 @@ def test_peak_flops_table_matches_device_names():
     assert peak_flops_for("NVIDIA H100 80GB HBM3") == 989e12
     assert peak_flops_for("NVIDIA H100 PCIe") == 756e12
     assert peak_flops_for("NVIDIA H200") == 989e12
+    assert peak_flops_for("NVIDIA H200 NVL") == 835e12  # 1,671 TFLOP/s with 2:4 sparsity on its datasheet
     assert peak_flops_for("NVIDIA A100-SXM4-80GB") == 312e12
     assert peak_flops_for("NVIDIA L40S") == 362e12
     assert peak_flops_for("NVIDIA A10G") == 70e12 and peak_flops_for("NVIDIA A10") == 125e12
