@@ -60,6 +60,7 @@ def launcher_command(launcher: str, run_config: Path, ranks: int, master_port: i
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SESSION_EXIT_S = 10.0  # what is left of the session after the launcher: SIGTERM, then SIGKILL after this
+PARENT_CHECK_S = 1.0  # how often the supervisor looks whether the process that started it is still there
 
 
 def _session_members(sid: int) -> list:
@@ -86,7 +87,11 @@ def supervise(command: list[str]) -> int:
     handles signals only for multi-node pdsh launches: it ended and left its launcher and every rank training,
     holding the GPUs and writing checkpoints into the run folder the next attempt uses. The Ray driver shuts its
     embedded Ray down, but on a busy machine Ray Train's actors and ranks, and Ray's agents still starting,
-    outlived it. Everything those two start is in the launcher's session."""
+    outlived it. Everything those two start is in the launcher's session.
+
+    The launch also stops with the process that started it (SIGTERM to the launcher once this process's parent is
+    gone, looked at every PARENT_CHECK_S): a Dagster step process that is killed (SIGKILL, the out-of-memory
+    killer) sends no signal, and its training would go on, unseen, beside the next attempt in the same run folder."""
     child: subprocess.Popen | None = None
     pending: list[int] = []
 
@@ -99,10 +104,20 @@ def supervise(command: list[str]) -> int:
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
+    parent = os.getppid()
     child = subprocess.Popen(command, start_new_session=True)
     for signum in pending:  # arrived while the child was starting
         child.send_signal(signum)
-    code = child.wait()
+    orphaned = False
+    while True:
+        try:
+            code = child.wait(PARENT_CHECK_S)
+            break
+        except subprocess.TimeoutExpired:
+            if not orphaned and os.getppid() != parent:  # adopted by init or a subreaper: the parent is gone
+                orphaned = True
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(signal.SIGTERM)
     left = _session_members(child.pid)
     if left:
         import psutil

@@ -1,14 +1,17 @@
-"""A signal to a training launcher's process alone stops the whole run, with every launcher.
+"""A signal to a training launcher's process alone stops the whole run, with every launcher, and so does the end of
+the process that started the launch.
 
 Terminating a run in the Dagster UI sends SIGINT to the launch command's process and to nothing else
 (dagster.PipesSubprocessClient with its default forward_termination); `kill PID` and process supervisors send
-SIGTERM the same way. A rank left running holds its GPU and goes on writing checkpoints into the run folder.
+SIGTERM the same way; a Dagster step process killed outright sends nothing. A rank left running holds its GPU and
+goes on writing checkpoints into the run folder.
 """
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
@@ -16,6 +19,35 @@ import pytest
 
 from tests.training_jobs.conftest import REPO, launch_command, write_run
 from training_jobs import checkpoint
+
+
+def start_and_wait_for_step_10(launcher: str, tmp_path, token_dataset, parent: list[str] = ()) -> subprocess.Popen:
+    """A 2-rank run through the launch command (under `parent`, a command that starts it, if given), once both ranks
+    are in step 10, after checkpoint 8: whatever the launcher prints and however long its start took."""
+    out = tmp_path / "run"
+    config = write_run(tmp_path, token_dataset, out, max_steps=40, schedule={"total_steps": 40})
+    cmd, env = launch_command(config, nproc=2, launcher=launcher, env={"KILN_INJECT_FAULT": "hang@10"})
+    with open(tmp_path / "launch.log", "wb") as log:
+        launched = subprocess.Popen([*parent, *cmd], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # the test's signal reaches the launcher alone
+    deadline = time.monotonic() + 240
+    while not (out / "checkpoints" / "step_00000008" / checkpoint.MANIFEST).is_file():
+        if launched.poll() is not None or time.monotonic() > deadline:
+            kill_all([psutil.Process(launched.pid), *psutil.Process(launched.pid).children(recursive=True)])
+            output = (tmp_path / "launch.log").read_text()
+            pytest.fail(f"the run ended or stalled before checkpoint 8:\n{output[-3000:]}")
+        time.sleep(0.2)
+    time.sleep(2)  # into step 10
+    return launched
+
+
+def kill_all(procs: list[psutil.Process]) -> None:
+    """What a failed test leaves, by the ids it saw."""
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
 
 
 def running(procs: list[psutil.Process]) -> list[str]:
@@ -35,22 +67,9 @@ def running(procs: list[psutil.Process]) -> list[str]:
                                               ("deepspeed", signal.SIGTERM), ("ray", signal.SIGINT),
                                               ("ray", signal.SIGTERM)])
 def test_a_signal_to_the_launcher_alone_stops_every_rank(launcher, signum, tmp_path, token_dataset):
-    out = tmp_path / "run"
-    config = write_run(tmp_path, token_dataset, out, max_steps=40, schedule={"total_steps": 40})
-    # Both ranks stop in step 10, after checkpoint 8: the signal comes while the run is training, whatever the launcher
-    # prints and however long its start took.
-    cmd, env = launch_command(config, nproc=2, launcher=launcher, env={"KILN_INJECT_FAULT": "hang@10"})
-    with open(tmp_path / "launch.log", "wb") as log:
-        launched = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)  # the test's signal reaches the launcher alone
+    launched = start_and_wait_for_step_10(launcher, tmp_path, token_dataset)
     tree = [psutil.Process(launched.pid)]
     try:
-        deadline = time.monotonic() + 240
-        while not (out / "checkpoints" / "step_00000008" / checkpoint.MANIFEST).is_file():
-            assert launched.poll() is None and time.monotonic() < deadline, (
-                "the run ended or stalled before checkpoint 8:\n" + (tmp_path / "launch.log").read_text()[-3000:])
-            time.sleep(0.2)
-        time.sleep(2)  # into step 10
         tree += tree[0].children(recursive=True)
         assert len(tree) >= 3, [p.cmdline() for p in tree]  # the launcher and at least its two ranks
         launched.send_signal(signum)
@@ -59,10 +78,26 @@ def test_a_signal_to_the_launcher_alone_stops_every_rank(launcher, signum, tmp_p
         assert not alive, (f"still running after the launcher exited ({code}): {alive}\n"
                            + (tmp_path / "launch.log").read_text()[-3000:])
         assert code != 0  # stopped, not finished
-        assert not (out / "summary.json").exists()
-    finally:  # what survived a failure, by the ids this test saw
-        for proc in tree:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
+        assert not (tmp_path / "run" / "summary.json").exists()
+    finally:
+        kill_all(tree)
+
+
+@pytest.mark.slow
+def test_a_launch_whose_parent_is_killed_stops_every_rank(tmp_path, token_dataset):
+    """The process that started the launch (a Dagster step) killed outright, so no signal reaches the launch: it sees
+    within seconds that its parent is gone and stops the run."""
+    step = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(3600)"]
+    started = start_and_wait_for_step_10("torchrun", tmp_path, token_dataset, parent=step)
+    tree = [psutil.Process(started.pid), *psutil.Process(started.pid).children(recursive=True)]
+    try:
+        assert len(tree) >= 5, [p.cmdline() for p in tree]  # the step, the launch, torchrun and its two ranks
+        started.kill()
+        started.wait()
+        deadline = time.monotonic() + 60
+        while (alive := running(tree)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not alive, f"still running 60 s after the step was killed: {alive}"
+        assert not (tmp_path / "run" / "summary.json").exists()
+    finally:
+        kill_all(tree)
