@@ -5,7 +5,7 @@ dependencies (bench/train_bench.py) builds the same command a materialization ru
 Every launcher runs under `python -m training_jobs.launch` (supervise): a SIGINT or SIGTERM to the launch command's
 process alone stops every rank and every process the launcher started before that process exits. That is what
 Dagster Pipes sends when a run is terminated from the UI (PipesSubprocessClient's forward_termination), and what
-`kill PID` and process supervisors send.
+`kill PID` and process supervisors send. A launch also stops when the process that started it is gone.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def launcher_command(launcher: str, run_config: Path, ranks: int, master_port: i
                 "--num-workers", str(ranks), "--max-failures", str(max_failures),
                 *(["--address", ray_address] if ray_address else [])]
     raise ValueError(f"launcher {launcher!r}: expected torchrun, deepspeed or ray")
+
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SESSION_EXIT_S = 10.0  # what is left of the session after the launcher: SIGTERM, then SIGKILL after this

@@ -557,7 +557,7 @@ class Trainer:
 
 
 def main(argv: list[str] | None = None, host: Host | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Train a Kiln model on token shards with DeepSpeed ZeRO-3.")
+    parser = argparse.ArgumentParser(description="Train a Kiln model on token shards with DeepSpeed.")
     parser.add_argument("--run-config", required=True, type=Path, help="the run config JSON (RunConfig)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None,
                         help="set by the deepspeed launcher (torchrun sets LOCAL_RANK instead)")
