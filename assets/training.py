@@ -23,6 +23,7 @@ from kiln.governance.replay import write_removed
 from kiln.tokens.shard_writer import is_validation
 from kiln.tokens.tokenizer import Tokenizer, read_documents
 from resources import KilnConfig, KilnEngine, KilnStorage, MlflowTracking, TrainingLauncher
+from training_jobs.launch import busy
 from training_jobs.span_lengths import sentinel_problem
 
 RUN, CHECKPOINT, EVALUATION = "training_run", "checkpoint", "evaluation"
@@ -212,8 +213,8 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
                  storage: KilnStorage,
                  training_launcher: TrainingLauncher, mlflow_tracking: MlflowTracking,
                  pipes_subprocess_client: dg.PipesSubprocessClient, engine: KilnEngine) -> dg.MaterializeResult:
-    """A DeepSpeed ZeRO-3 pretraining run on the newest refresh's token shards, tracked in MLflow; a crashed run
-    resumes from its newest complete checkpoint when materialized again."""
+    """A DeepSpeed pretraining run (the ZeRO stage its layout chooses) on the newest refresh's token shards, tracked
+    in MLflow; a crashed or stopped run resumes from its newest complete checkpoint when materialized again."""
     project, store = config.apply(kiln_config.load()), storage.store()
     refresh, shards = latest(store, SHARDS)
     if pending := unapplied_requests(store, shards):
@@ -232,6 +233,9 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
     continued = json.dumps({"base": base and base["sha256"], "replay": replay}) if base else ""
     key = run_key(shards.data_version, tok.data_version, settings.model_dump_json() + continued)
     run_dir = kiln_home() / "runs" / key
+    if reason := busy(run_dir):  # before anything is written there (the launch itself is refused too)
+        raise dg.Failure(description=f"training_run: {reason}",
+                         metadata={"run_dir": dg.MetadataValue.path(str(run_dir))})
     tags = {"kiln.dagster_run_id": context.run.run_id, "kiln.token_shards.data_version": shards.data_version,
             "kiln.refresh": refresh,
             "kiln.tokenizer.data_version": tok.data_version, "kiln.tokenizer.sha256": tok.stats["card"]["sha256"],

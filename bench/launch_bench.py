@@ -12,11 +12,13 @@ it imports the trainer), and from then until the launcher has exited. Figures ar
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,18 +28,24 @@ sys.path.insert(0, str(REPO))
 PROBE = "bench.launch_probe"
 
 
-def probe_command(launcher: str, nproc: int) -> list[str]:
+def probe_command(launcher: str, nproc: int, folder: Path) -> list[str]:
+    """The launch command with the probe as its entry; its run config only names the run folder, whose lock the
+    launch holds (the probe reads nothing)."""
     from training_jobs.launch import launch_command
 
-    return launch_command(launcher, Path("unused.json"), nproc, module=PROBE)
+    run_config = folder / "run.json"
+    run_config.write_text(json.dumps({"output_dir": str(folder / "out")}))
+    return launch_command(launcher, run_config, nproc, module=PROBE)
 
 
 def time_launch(launcher: str, nproc: int) -> tuple[float, float]:
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONPATH": str(REPO)}
     env.setdefault("DS_ACCELERATOR", "cpu")
-    start = time.time()
-    done = subprocess.run(probe_command(launcher, nproc), cwd=REPO, env=env, capture_output=True, text=True)
-    end = time.time()
+    with tempfile.TemporaryDirectory(prefix="kiln-launch-bench-") as folder:
+        command = probe_command(launcher, nproc, Path(folder))
+        start = time.time()
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+        end = time.time()
     ups = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("kiln-probe-up")]
     if done.returncode != 0 or len(ups) != nproc:
         raise SystemExit(f"{launcher}: exit {done.returncode}, {len(ups)} of {nproc} ranks up\n{done.stderr[-3000:]}")

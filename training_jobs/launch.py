@@ -5,18 +5,22 @@ dependencies (bench/train_bench.py) builds the same command a materialization ru
 Every launcher runs under `python -m training_jobs.launch` (supervise): a SIGINT or SIGTERM to the launch command's
 process alone stops every rank and every process the launcher started before that process exits. That is what
 Dagster Pipes sends when a run is terminated from the UI (PipesSubprocessClient's forward_termination), and what
-`kill PID` and process supervisors send. A launch also stops when the process that started it is gone.
+`kill PID` and process supervisors send. A launch also stops when the process that started it is gone, and holds
+its run folder's lock (`.launch.lock`, flock) while it runs: a second launch of the same folder is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ENTRY = "training_jobs.train"
@@ -33,7 +37,7 @@ def launch_command(launcher: str, run_config: Path, ranks: int, *, master_port: 
     """`ranks` processes of `module --run-config run_config`: on this machine (torchrun, deepspeed), or as Ray Train
     workers (ray; `ray_address` unset: RAY_ADDRESS, else an embedded Ray; `max_failures` restarts); the launcher
     under `supervise`. torchrun without `master_port` rendezvouses on a port it picks itself (`--standalone`)."""
-    return [sys.executable, "-m", "training_jobs.launch",
+    return [sys.executable, "-m", "training_jobs.launch", "--run-config", str(run_config),
             *launcher_command(launcher, run_config, ranks, master_port, module, max_failures, ray_address)]
 
 
@@ -59,6 +63,55 @@ def launcher_command(launcher: str, run_config: Path, ranks: int, master_port: i
     raise ValueError(f"launcher {launcher!r}: expected torchrun, deepspeed or ray")
 
 
+LOCK = ".launch.lock"  # in the run folder: held (flock) by the launch that trains there
+BUSY = 75  # the supervisor's exit status when another launch holds the run folder (EX_TEMPFAIL)
+
+
+class RunFolderBusy(RuntimeError):
+    """Another launch is training in this run folder; the message names it and what to do."""
+
+
+def _busy_message(folder: Path, holder: str) -> str:
+    return (f"{folder} is being trained by another launch ({holder or 'holder not recorded'}): stop it (Terminate "
+            f"its Dagster run, or kill that pid) or wait for it to end, then launch again")
+
+
+@contextlib.contextmanager
+def run_folder_lock(folder: Path):
+    """Hold `folder`'s launch lock for the block (its file descriptor), recording who holds it; RunFolderBusy when
+    another launch does. Two launches of one folder would interleave checkpoints, metrics and summaries. The lock
+    lasts while a process holding the descriptor lives, whatever ends the others."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunFolderBusy(_busy_message(folder, os.pread(fd, 4096, 0).decode("utf-8", "replace"))) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
+                      f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}".encode(), 0)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def busy(folder: Path) -> str | None:
+    """Why `folder` cannot be launched now (another launch holds its lock), or None: the check a caller makes before
+    it writes into the folder. The launch itself takes the lock (supervise)."""
+    if not (folder / LOCK).is_file():
+        return None
+    try:
+        with run_folder_lock(folder):
+            return None
+    except RunFolderBusy as exc:
+        return str(exc)
+
+
+def output_dir_of(run_config: Path) -> Path:
+    return Path(json.loads(Path(run_config).read_text(encoding="utf-8"))["output_dir"])
+
+
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SESSION_EXIT_S = 10.0  # what is left of the session after the launcher: SIGTERM, then SIGKILL after this
 PARENT_CHECK_S = 1.0  # how often the supervisor looks whether the process that started it is still there
@@ -78,10 +131,11 @@ def _session_members(sid: int) -> list:
     return members
 
 
-def supervise(command: list[str]) -> int:
-    """Run `command` (a launcher) in a session of its own and pass SIGINT, SIGTERM and SIGHUP on to it; once it has
-    exited, stop what is left of its session, by the session's id (SIGTERM, SIGKILL after SESSION_EXIT_S). Returns
-    `command`'s exit status (128 + the signal for a signal, as a shell reports it).
+def supervise(command: list[str], run_config: Path | None = None) -> int:
+    """Under the lock of `run_config`'s run folder (BUSY, and a message, when another launch holds it), run `command`
+    (a launcher) in a session of its own and pass SIGINT, SIGTERM and SIGHUP on to it; once it has exited, stop what
+    is left of its session, by the session's id (SIGTERM, SIGKILL after SESSION_EXIT_S). Returns `command`'s exit
+    status (128 + the signal for a signal, as a shell reports it).
 
     A signal to the launcher alone is what Dagster Pipes sends when a run is terminated, and launchers differ in
     what it reaches. torchrun stops its ranks itself (each in a session of its own). DeepSpeed's `deepspeed` runner
@@ -93,6 +147,19 @@ def supervise(command: list[str]) -> int:
     The launch also stops with the process that started it (SIGTERM to the launcher once this process's parent is
     gone, looked at every PARENT_CHECK_S): a Dagster step process that is killed (SIGKILL, the out-of-memory
     killer) sends no signal, and its training would go on, unseen, beside the next attempt in the same run folder."""
+    if run_config is not None:
+        try:
+            with run_folder_lock(output_dir_of(run_config)) as fd:
+                return _supervise(command, fd)
+        except RunFolderBusy as exc:
+            print(f"training_jobs.launch: {exc}", file=sys.stderr, flush=True)
+            return BUSY
+    return _supervise(command)
+
+
+def _supervise(command: list[str], lock_fd: int | None = None) -> int:
+    """supervise() past the lock; the launcher inherits the lock's descriptor, so a launcher outliving this process
+    (SIGKILLed) still holds its folder."""
     child: subprocess.Popen | None = None
     pending: list[int] = []
 
@@ -106,7 +173,7 @@ def supervise(command: list[str]) -> int:
     for signum in FORWARDED:
         signal.signal(signum, forward)
     parent = os.getppid()
-    child = subprocess.Popen(command, start_new_session=True)
+    child = subprocess.Popen(command, start_new_session=True, pass_fds=() if lock_fd is None else (lock_fd,))
     for signum in pending:  # arrived while the child was starting
         child.send_signal(signum)
     orphaned = False
@@ -133,5 +200,7 @@ def supervise(command: list[str]) -> int:
     return code if code >= 0 else 128 - code
 
 
-if __name__ == "__main__":  # python -m training_jobs.launch COMMAND...: supervise(COMMAND)
-    sys.exit(supervise(sys.argv[1:]))
+if __name__ == "__main__":  # python -m training_jobs.launch --run-config RUN_CONFIG COMMAND...
+    if sys.argv[1:2] != ["--run-config"] or len(sys.argv) < 4:
+        sys.exit("usage: python -m training_jobs.launch --run-config RUN_CONFIG LAUNCHER_COMMAND...")
+    sys.exit(supervise(sys.argv[3:], Path(sys.argv[2])))

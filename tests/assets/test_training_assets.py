@@ -388,8 +388,9 @@ def test_a_launcher_left_unset_trains_on_every_visible_gpu_and_on_two_cpu_proces
 
     def launcher(*args, **settings) -> list[str]:  # the launcher's own command, without the supervisor before it
         cmd = TrainingLauncher(**settings).command(Path("run.json"), *args)
-        assert cmd[:3] == [sys.executable, "-m", "training_jobs.launch"]  # training_jobs.launch.supervise
-        return cmd[3:]
+        # training_jobs.launch.supervise, holding the run folder's lock
+        assert cmd[:5] == [sys.executable, "-m", "training_jobs.launch", "--run-config", "run.json"]
+        return cmd[5:]
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     assert TrainingLauncher().world_size("deepspeed") == 8
@@ -437,5 +438,5 @@ def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_re
     with pytest.raises(dg.Failure, match=r"TrainingLauncher.ray_address = '127\.0\.0\.1:9'"):
         ray_reachable(TrainingLauncher(ray_address="127.0.0.1:9"), "head:6379")
     cmd = TrainingLauncher(num_workers=4, max_failures=1).command(Path("run.json"), "ray", "head:6379")
-    assert cmd[4:] == ["-m", "training_jobs.ray_launch", "--run-config", "run.json", "--num-workers", "4",
+    assert cmd[6:] == ["-m", "training_jobs.ray_launch", "--run-config", "run.json", "--num-workers", "4",
                        "--max-failures", "1", "--address", "head:6379"]

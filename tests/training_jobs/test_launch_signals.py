@@ -1,5 +1,5 @@
 """A signal to a training launcher's process alone stops the whole run, with every launcher, and so does the end of
-the process that started the launch.
+the process that started the launch; while a launch runs, no other may launch into its run folder.
 
 Terminating a run in the Dagster UI sends SIGINT to the launch command's process and to nothing else
 (dagster.PipesSubprocessClient with its default forward_termination); `kill PID` and process supervisors send
@@ -17,8 +17,8 @@ import time
 import psutil
 import pytest
 
-from tests.training_jobs.conftest import REPO, launch_command, write_run
-from training_jobs import checkpoint
+from tests.training_jobs.conftest import REPO, launch_command, read_metrics, write_run
+from training_jobs import checkpoint, launch
 
 
 def start_and_wait_for_step_10(launcher: str, tmp_path, token_dataset, parent: list[str] = ()) -> subprocess.Popen:
@@ -99,5 +99,27 @@ def test_a_launch_whose_parent_is_killed_stops_every_rank(tmp_path, token_datase
             time.sleep(0.5)
         assert not alive, f"still running 60 s after the step was killed: {alive}"
         assert not (tmp_path / "run" / "summary.json").exists()
+    finally:
+        kill_all(tree)
+
+
+@pytest.mark.slow
+def test_a_second_launch_into_a_folder_being_trained_is_refused_and_writes_nothing(tmp_path, token_dataset):
+    first = start_and_wait_for_step_10("torchrun", tmp_path, token_dataset)
+    tree = [psutil.Process(first.pid), *psutil.Process(first.pid).children(recursive=True)]
+    out = tmp_path / "run"
+    try:
+        metrics = (out / "metrics.jsonl").read_bytes()
+        reason = launch.busy(out)
+        assert reason is not None and f"pid {first.pid} on " in reason  # the supervisor holds the lock
+        cmd, env = launch_command(tmp_path / "run.json", nproc=2)
+        second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode == launch.BUSY
+        assert f"{out} is being trained by another launch (pid {first.pid} on " in second.stderr
+        assert (out / "metrics.jsonl").read_bytes() == metrics and not (out / "summary.json").exists()
+        assert sorted(read_metrics(out)) == list(range(1, 9))  # the first run's steps, nothing of the second
+        first.send_signal(signal.SIGINT)
+        first.wait(120)
+        assert launch.busy(out) is None  # the lock went with the launch
     finally:
         kill_all(tree)
