@@ -5,8 +5,9 @@ dependencies (bench/train_bench.py) builds the same command a materialization ru
 Every launcher runs under `python -m training_jobs.launch` (supervise): a SIGINT or SIGTERM to the launch command's
 process alone stops every rank and every process the launcher started before that process exits. That is what
 Dagster Pipes sends when a run is terminated from the UI (PipesSubprocessClient's forward_termination), and what
-`kill PID` and process supervisors send. A launch also stops when the process that started it is gone, and holds
-its run folder's lock (`.launch.lock`, flock) while it runs: a second launch of the same folder is refused.
+`kill PID` and process supervisors send. A launch also stops when the process that started it is gone, or when
+its own process is SIGKILLed (its reaper), and holds its run folder's lock (`.launch.lock`, flock) while it runs:
+a second launch of the same folder is refused.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 ENTRY = "training_jobs.train"
@@ -146,7 +148,8 @@ def supervise(command: list[str], run_config: Path | None = None) -> int:
 
     The launch also stops with the process that started it (SIGTERM to the launcher once this process's parent is
     gone, looked at every PARENT_CHECK_S): a Dagster step process that is killed (SIGKILL, the out-of-memory
-    killer) sends no signal, and its training would go on, unseen, beside the next attempt in the same run folder."""
+    killer) sends no signal, and its training would go on, unseen, beside the next attempt in the same run folder.
+    This process SIGKILLed itself is what its reaper (`_start_reaper`) is for."""
     if run_config is not None:
         try:
             with run_folder_lock(output_dir_of(run_config)) as fd:
@@ -159,7 +162,7 @@ def supervise(command: list[str], run_config: Path | None = None) -> int:
 
 def _supervise(command: list[str], lock_fd: int | None = None) -> int:
     """supervise() past the lock; the launcher inherits the lock's descriptor, so a launcher outliving this process
-    (SIGKILLed) still holds its folder."""
+    still holds its folder, and a reaper (`_start_reaper`) stops what this process leaves if it is SIGKILLed."""
     child: subprocess.Popen | None = None
     pending: list[int] = []
 
@@ -173,7 +176,9 @@ def _supervise(command: list[str], lock_fd: int | None = None) -> int:
     for signum in FORWARDED:
         signal.signal(signum, forward)
     parent = os.getppid()
+    reaper, to_reaper = _start_reaper()
     child = subprocess.Popen(command, start_new_session=True, pass_fds=() if lock_fd is None else (lock_fd,))
+    os.write(to_reaper, child.pid.to_bytes(8, "little"))
     for signum in pending:  # arrived while the child was starting
         child.send_signal(signum)
     orphaned = False
@@ -186,7 +191,15 @@ def _supervise(command: list[str], lock_fd: int | None = None) -> int:
                 orphaned = True
                 with contextlib.suppress(ProcessLookupError):
                     child.send_signal(signal.SIGTERM)
-    left = _session_members(child.pid)
+    _stop_session(child.pid)
+    os.close(to_reaper)  # the reaper finds nothing left and exits; waited for, so it holds no lock past this return
+    os.waitpid(reaper, 0)
+    return code if code >= 0 else 128 - code
+
+
+def _stop_session(sid: int) -> int:
+    """Stop what is left of session `sid`: SIGTERM, SIGKILL after SESSION_EXIT_S. Returns how many were left."""
+    left = _session_members(sid)
     if left:
         import psutil
 
@@ -197,7 +210,38 @@ def _supervise(command: list[str], lock_fd: int | None = None) -> int:
         for proc in alive:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
-    return code if code >= 0 else 128 - code
+    return len(left)
+
+
+def _start_reaper() -> tuple[int, int]:
+    """Fork the launch's reaper: a process in a session of its own that waits on a pipe for the launcher's pid (its
+    session's id), then for the pipe's end, which comes when this process exits or is killed, and then stops what is
+    left of the launcher's session. A SIGKILL to this process (`kill -9`, the out-of-memory killer, a process-group
+    kill of the Dagster step) runs no code of its own: without the reaper, the launcher and its ranks trained on,
+    unseen. Forked before the launcher starts, so there is no moment a launch runs without one; it keeps a copy of
+    the run folder's lock until the session is stopped. Returns (its pid, the pipe's write end)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(read_end)
+        return pid, write_end
+    try:  # the reaper: no Python exit handlers of the supervisor, hence os._exit
+        os.close(write_end)
+        os.setsid()  # out of the supervisor's process group: a kill of that group leaves the reaper to do its work
+        for signum in FORWARDED:
+            signal.signal(signum, signal.SIG_IGN)  # it stops by itself once the launch has
+        sid = b""
+        while len(sid) < 8 and (chunk := os.read(read_end, 8 - len(sid))):
+            sid += chunk
+        while os.read(read_end, 1):  # nothing more is written: this returns at the end, however the supervisor ends
+            pass
+        if len(sid) == 8 and (left := _stop_session(int.from_bytes(sid, "little"))):
+            print(f"training_jobs.launch: the launch's supervisor ended without stopping its launcher; stopped "
+                  f"{left} process{'' if left == 1 else 'es'} left of it", file=sys.stderr, flush=True)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(0)
 
 
 if __name__ == "__main__":  # python -m training_jobs.launch --run-config RUN_CONFIG COMMAND...

@@ -1,10 +1,11 @@
 """A signal to a training launcher's process alone stops the whole run, with every launcher, and so does the end of
-the process that started the launch; while a launch runs, no other may launch into its run folder.
+the process that started the launch, or of the launch command's own process; while a launch runs, no other may
+launch into its run folder.
 
 Terminating a run in the Dagster UI sends SIGINT to the launch command's process and to nothing else
 (dagster.PipesSubprocessClient with its default forward_termination); `kill PID` and process supervisors send
-SIGTERM the same way; a Dagster step process killed outright sends nothing. A rank left running holds its GPU and
-goes on writing checkpoints into the run folder.
+SIGTERM the same way; a Dagster step process killed outright sends nothing, and nor does a launch command's process
+killed outright. A rank left running holds its GPU and goes on writing checkpoints into the run folder.
 """
 
 from __future__ import annotations
@@ -99,6 +100,31 @@ def test_a_launch_whose_parent_is_killed_stops_every_rank(tmp_path, token_datase
             time.sleep(0.5)
         assert not alive, f"still running 60 s after the step was killed: {alive}"
         assert not (tmp_path / "run" / "summary.json").exists()
+    finally:
+        kill_all(tree)
+
+
+@pytest.mark.slow
+def test_a_launch_whose_supervisor_is_killed_stops_every_rank_and_frees_the_folder(tmp_path, token_dataset):
+    """SIGKILL to the launch command's process runs none of its code; its reaper (a process of its own, in a session
+    of its own) stops the launcher and the ranks, then lets go of the run folder. Without it torchrun and both ranks
+    trained on to the end."""
+    launched = start_and_wait_for_step_10("torchrun", tmp_path, token_dataset)
+    tree = [psutil.Process(launched.pid), *psutil.Process(launched.pid).children(recursive=True)]
+    out = tmp_path / "run"
+    try:
+        assert len(tree) >= 4, [p.cmdline() for p in tree]  # the launch, torchrun and its two ranks
+        launched.kill()
+        launched.wait()
+        deadline = time.monotonic() + 60
+        while (alive := running(tree)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not alive, f"still running 60 s after the launch was killed: {alive}"
+        assert launch.busy(out) is None
+        assert not (out / "summary.json").exists()
+        # torchrun, the one process of the launcher's session: it stops its ranks, each in a session of its own
+        assert "supervisor ended without stopping its launcher; stopped 1 process left" in (
+            tmp_path / "launch.log").read_text()
     finally:
         kill_all(tree)
 
