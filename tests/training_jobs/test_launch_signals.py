@@ -85,46 +85,30 @@ def test_a_signal_to_the_launcher_alone_stops_every_rank(launcher, signum, tmp_p
 
 
 @pytest.mark.slow
-def test_a_launch_whose_parent_is_killed_stops_every_rank(tmp_path, token_dataset):
-    """The process that started the launch (a Dagster step) killed outright, so no signal reaches the launch: it sees
-    within seconds that its parent is gone and stops the run."""
+@pytest.mark.parametrize("killed", ["step", "launch"])
+def test_a_launch_whose_step_or_own_process_is_killed_stops_every_rank(killed, tmp_path, token_dataset):
+    """SIGKILL passes nothing on. With the process that started the launch (a Dagster step) killed, the launch sees
+    within seconds that its parent is gone and stops the run. The launch command's own process killed runs none of
+    its code: its reaper (a process of its own, in a session of its own) stops the launcher, then lets go of the run
+    folder; without it torchrun and both ranks trained on to the end."""
     step = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(3600)"]
-    started = start_and_wait_for_step_10("torchrun", tmp_path, token_dataset, parent=step)
+    started = start_and_wait_for_step_10("torchrun", tmp_path, token_dataset, parent=step if killed == "step" else ())
     tree = [psutil.Process(started.pid), *psutil.Process(started.pid).children(recursive=True)]
+    out = tmp_path / "run"
     try:
-        assert len(tree) >= 5, [p.cmdline() for p in tree]  # the step, the launch, torchrun and its two ranks
+        # [the step,] the launch, torchrun and its two ranks (and the launch's reaper)
+        assert len(tree) >= (5 if killed == "step" else 4), [p.cmdline() for p in tree]
         started.kill()
         started.wait()
         deadline = time.monotonic() + 60
         while (alive := running(tree)) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not alive, f"still running 60 s after the step was killed: {alive}"
-        assert not (tmp_path / "run" / "summary.json").exists()
-    finally:
-        kill_all(tree)
-
-
-@pytest.mark.slow
-def test_a_launch_whose_supervisor_is_killed_stops_every_rank_and_frees_the_folder(tmp_path, token_dataset):
-    """SIGKILL to the launch command's process runs none of its code; its reaper (a process of its own, in a session
-    of its own) stops the launcher and the ranks, then lets go of the run folder. Without it torchrun and both ranks
-    trained on to the end."""
-    launched = start_and_wait_for_step_10("torchrun", tmp_path, token_dataset)
-    tree = [psutil.Process(launched.pid), *psutil.Process(launched.pid).children(recursive=True)]
-    out = tmp_path / "run"
-    try:
-        assert len(tree) >= 4, [p.cmdline() for p in tree]  # the launch, torchrun and its two ranks
-        launched.kill()
-        launched.wait()
-        deadline = time.monotonic() + 60
-        while (alive := running(tree)) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not alive, f"still running 60 s after the launch was killed: {alive}"
+        assert not alive, f"still running 60 s after the {killed} was killed: {alive}"
         assert launch.busy(out) is None
         assert not (out / "summary.json").exists()
-        # torchrun, the one process of the launcher's session: it stops its ranks, each in a session of its own
-        assert "supervisor ended without stopping its launcher; stopped 1 process left" in (
-            tmp_path / "launch.log").read_text()
+        if killed == "launch":  # torchrun, the one process of the launcher's session, stopped its ranks (theirs)
+            assert "supervisor ended without stopping its launcher; stopped 1 process left" in (
+                tmp_path / "launch.log").read_text()
     finally:
         kill_all(tree)
 
