@@ -259,6 +259,9 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
         reported = pipes_subprocess_client.run(command=command, context=context,
                                                env=env, cwd=str(REPO)).get_materialize_result()
     except Exception as exc:  # noqa: BLE001: Dagster's Pipes error (not exported by `dagster`); why is in summary.json
+        if reason := busy(run_dir):  # another launch took the folder after the check above: its summary is not ours
+            raise dg.Failure(description=f"training_run: {reason}",
+                             metadata={"run_dir": dg.MetadataValue.path(str(run_dir))}) from None
         summary = _read_json(run_dir / "summary.json")
         raise dg.Failure(description=f"training {summary.get('status', 'failed')}: {summary.get('error') or exc}",
                          metadata={"run_dir": dg.MetadataValue.path(str(run_dir))}) from None

@@ -26,6 +26,7 @@ from kiln.tokens.tokenizer import Tokenizer
 from tests.assets.project import load_project
 from tests.conftest import SERIAL_ENGINE, write_jsonl
 from tests.token_corpus import read_sequences, token_grams
+from training_jobs import launch
 from training_jobs.loader import ShardLoader
 from training_jobs.settings import RunConfig
 from training_jobs.setup import Dist, open_training
@@ -239,6 +240,30 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     assert again.success
     rerun = json.loads((kiln_home / "data" / "training_run" / "_all" / "_manifest.json").read_text())["stats"]
     assert rerun["summary"]["steps_this_run"] == 0 and rerun["mlflow"]["run_id"] == run["stats"]["mlflow"]["run_id"]
+
+    # While another launch trains in the run folder, materializing is refused before anything is written there; and
+    # so it is when that launch takes the folder just after the asset's check (its launch command exits BUSY): the
+    # folder's summary.json is the other launch's, not a reason for this one.
+    run_dir = Path(run["stats"]["run_dir"])
+    run_config_bytes = (run_dir / "run_config.json").read_bytes()
+    training_module, checks = sys.modules["assets.training"], []
+
+    def passes_first(folder: Path) -> str | None:
+        checks.append(folder)
+        return None if len(checks) == 1 else launch.busy(folder)
+
+    def refusal(result) -> str:
+        return next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE").step_failure_data.error.message
+
+    holder = f"{run_dir} is being trained by another launch (pid {os.getpid()} on "
+    with launch.run_folder_lock(run_dir):
+        message = refusal(project.materialize(["training_run"], raise_on_error=False))
+        assert holder in message and (run_dir / "run_config.json").read_bytes() == run_config_bytes, message
+        with monkeypatch.context() as patched:
+            patched.setattr(training_module, "busy", passes_first)
+            message = refusal(project.materialize(["training_run"], raise_on_error=False))
+        assert holder in message and "training completed" not in message, message
+        assert checks == [run_dir, run_dir]  # the check before launch, and the one after the launch command failed
 
     # A takedown between the base run and the continued run: refresh 2 lands, and the documents the continued run's
     # replay of the base's shards (refresh 1's, which still hold them) would read first are forgotten.
