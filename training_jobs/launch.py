@@ -177,23 +177,25 @@ def _supervise(command: list[str], lock_fd: int | None = None) -> int:
         signal.signal(signum, forward)
     parent = os.getppid()
     reaper, to_reaper = _start_reaper()
-    child = subprocess.Popen(command, start_new_session=True, pass_fds=() if lock_fd is None else (lock_fd,))
-    os.write(to_reaper, child.pid.to_bytes(8, "little"))
-    for signum in pending:  # arrived while the child was starting
-        child.send_signal(signum)
-    orphaned = False
-    while True:
-        try:
-            code = child.wait(PARENT_CHECK_S)
-            break
-        except subprocess.TimeoutExpired:
-            if not orphaned and os.getppid() != parent:  # adopted by init or a subreaper: the parent is gone
-                orphaned = True
-                with contextlib.suppress(ProcessLookupError):
-                    child.send_signal(signal.SIGTERM)
-    _stop_session(child.pid)
-    os.close(to_reaper)  # the reaper finds nothing left and exits; waited for, so it holds no lock past this return
-    os.waitpid(reaper, 0)
+    try:
+        child = subprocess.Popen(command, start_new_session=True, pass_fds=() if lock_fd is None else (lock_fd,))
+        os.write(to_reaper, child.pid.to_bytes(8, "little"))
+        for signum in pending:  # arrived while the child was starting
+            child.send_signal(signum)
+        orphaned = False
+        while True:
+            try:
+                code = child.wait(PARENT_CHECK_S)
+                break
+            except subprocess.TimeoutExpired:
+                if not orphaned and os.getppid() != parent:  # adopted by init or a subreaper: the parent is gone
+                    orphaned = True
+                    with contextlib.suppress(ProcessLookupError):
+                        child.send_signal(signal.SIGTERM)
+        _stop_session(child.pid)
+    finally:  # the reaper stops what is left (nothing, unless this raised) and is waited for: it holds no lock after
+        os.close(to_reaper)
+        os.waitpid(reaper, 0)
     return code if code >= 0 else 128 - code
 
 

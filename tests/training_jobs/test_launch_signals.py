@@ -113,6 +113,15 @@ def test_a_launch_whose_step_or_own_process_is_killed_stops_every_rank(killed, t
         kill_all(tree)
 
 
+def test_a_launcher_that_cannot_start_leaves_no_reaper_behind():
+    """The supervisor forks its reaper before it starts the launcher; a launcher that cannot start raises, and the
+    reaper is told and waited for, not left waiting on its pipe for as long as the caller lives."""
+    probe = ("import psutil\nfrom training_jobs import launch\ntry:\n    launch.supervise(['/no/such/launcher'])\n"
+             "except FileNotFoundError:\n    print('children', len(psutil.Process().children()))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "children 0", done.stdout + done.stderr
+
+
 @pytest.mark.slow
 def test_a_second_launch_into_a_folder_being_trained_is_refused_and_writes_nothing(tmp_path, token_dataset):
     first = start_and_wait_for_step_10("torchrun", tmp_path, token_dataset)
