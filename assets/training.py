@@ -15,6 +15,7 @@ from assets.tokens import ALL_SOURCES, SHARDS, TOKENIZER
 from kiln.common.config import ConfigError, ProjectConfig, kiln_home, merge_config, parse_config
 from kiln.common.manifest import code_version, git_commit, write_json_atomic
 from kiln.common.plots import figure_markdown, pyplot
+from kiln.common.secrets import redact_url
 from kiln.common.storage import IncompleteDataset
 from kiln.governance.exposure import measure_exposure, write_exposure
 from kiln.governance.forget import load_requests, unapplied_requests
@@ -202,6 +203,18 @@ def _mlflow_run(tracking: MlflowTracking, run_dir: Path, name: str, tags: dict[s
     return experiment_id, run.info.run_id
 
 
+def _end_mlflow_run(context: dg.AssetExecutionContext, tracking: MlflowTracking, run_id: str, status: str) -> None:
+    """The MLflow run of a launch that failed or was stopped, ended as `status` unless its ranks ended it; a tracking
+    server that cannot be reached now is logged (by the error's kind: its text may hold the URI's credentials), not
+    raised over the launch's own error."""
+    try:
+        if tracking.end_unfinished(run_id, status):
+            context.log.warning(f"MLflow run {run_id} was still RUNNING after the launch ended; marked {status}")
+    except Exception as exc:  # noqa: BLE001: any MLflow or network error
+        context.log.warning(f"could not end MLflow run {run_id} as {status} at {redact_url(tracking.tracking_uri)}: "
+                            f"{type(exc).__name__}")
+
+
 @dg.asset(
     key=RUN, deps=[SHARDS, TOKENIZER], group_name="training", kinds={"pytorch", "deepspeed", "mlflow"},
     automation_condition=FOLLOW_TRAINING,  # only with `refresh.train: true`: training is never started by surprise
@@ -262,9 +275,13 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
         if reason := busy(run_dir):  # another launch took the folder after the check above: its summary is not ours
             raise dg.Failure(description=f"training_run: {reason}",
                              metadata={"run_dir": dg.MetadataValue.path(str(run_dir))}) from None
+        _end_mlflow_run(context, mlflow_tracking, mlflow_run_id, "FAILED")
         summary = _read_json(run_dir / "summary.json")
         raise dg.Failure(description=f"training {summary.get('status', 'failed')}: {summary.get('error') or exc}",
                          metadata={"run_dir": dg.MetadataValue.path(str(run_dir))}) from None
+    except BaseException:  # the step interrupted (Terminate in the UI): Pipes stopped the launch with it
+        _end_mlflow_run(context, mlflow_tracking, mlflow_run_id, "KILLED")
+        raise
     summary = _read_json(run_dir / "summary.json")
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     # What the run read, from its loader's final cursor (the last checkpoint's): membership and the data card answer

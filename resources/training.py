@@ -105,6 +105,17 @@ class MlflowTracking(dg.ConfigurableResource):
     def env(self) -> dict[str, str]:
         return {"MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_EXPERIMENT_NAME": self.experiment}
 
+    def end_unfinished(self, run_id: str, status: str) -> bool:
+        """End run `run_id` as `status` (FAILED, KILLED) if it is still RUNNING: the ranks end their run themselves,
+        but not when they never started (a launcher that could not start, a folder another launch took) or were
+        killed outright, and the MLflow UI would show it running for ever. A run they ended keeps its status; a
+        retry of the same run folder reopens it. True when it was ended here."""
+        client = self.client()
+        if client.get_run(run_id).info.status != "RUNNING":
+            return False
+        client.set_terminated(run_id, status)
+        return True
+
     def run_url(self, experiment_id: str, run_id: str) -> str:
         """The run's page in the MLflow UI: the tracking server's (without the URI's credentials: the page goes into
         Dagster's metadata and the data card), or `make mlflow`'s for a local store."""

@@ -265,6 +265,19 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
         assert holder in message and "training completed" not in message, message
         assert checks == [run_dir, run_dir]  # the check before launch, and the one after the launch command failed
 
+    # A launch that never started a rank (here a launcher that exits at once) leaves no MLflow run RUNNING for ever:
+    # the asset ends the run its ranks did not.
+    launcher_class = type(project.resources["training_launcher"])
+    with monkeypatch.context() as patched:
+        patched.setattr(launcher_class, "command", lambda self, *args: [sys.executable, "-c", "raise SystemExit(3)"])
+        stillborn = project.materialize(["training_run"], raise_on_error=False,
+                                        run_config={"ops": {"training_run": {"config": {"max_steps": 5}}}})
+    assert not stillborn.success
+    new_dirs = [d for d in run_dir.parent.iterdir() if d != run_dir]
+    assert len(new_dirs) == 1 and (new_dirs[0] / "mlflow_run_id").is_file()
+    stillborn_run = client.get_run((new_dirs[0] / "mlflow_run_id").read_text().strip())
+    assert stillborn_run.info.status == "FAILED" and stillborn_run.info.end_time is not None
+
     # A takedown between the base run and the continued run: refresh 2 lands, and the documents the continued run's
     # replay of the base's shards (refresh 1's, which still hold them) would read first are forgotten.
     store, a_dir = project.store, kiln_home / "data" / shards_key
