@@ -162,7 +162,8 @@ def supervise(command: list[str], run_config: Path | None = None) -> int:
 
 def _supervise(command: list[str], lock_fd: int | None = None) -> int:
     """supervise() past the lock; the launcher inherits the lock's descriptor, so a launcher outliving this process
-    still holds its folder, and a reaper (`_start_reaper`) stops what this process leaves if it is SIGKILLed."""
+    still holds its folder, and a reaper (`_start_reaper`) stops what is left of the launcher's session, however
+    this process ends (SIGKILLed included)."""
     child: subprocess.Popen | None = None
     pending: list[int] = []
 
@@ -192,8 +193,8 @@ def _supervise(command: list[str], lock_fd: int | None = None) -> int:
                     orphaned = True
                     with contextlib.suppress(ProcessLookupError):
                         child.send_signal(signal.SIGTERM)
-        _stop_session(child.pid)
-    finally:  # the reaper stops what is left (nothing, unless this raised) and is waited for: it holds no lock after
+        os.write(to_reaper, ENDED)
+    finally:  # the reaper stops what is left of the session and is waited for: it holds no lock after this
         os.close(to_reaper)
         os.waitpid(reaper, 0)
     return code if code >= 0 else 128 - code
@@ -215,12 +216,15 @@ def _stop_session(sid: int) -> int:
     return len(left)
 
 
+ENDED = b"\0"  # what the supervisor writes to its reaper once the launcher has exited and it returns
+
+
 def _start_reaper() -> tuple[int, int]:
     """Fork the launch's reaper: a process in a session of its own that waits on a pipe for the launcher's pid (its
     session's id), then for the pipe's end, which comes when this process exits or is killed, and then stops what is
-    left of the launcher's session. A SIGKILL to this process (`kill -9`, the out-of-memory killer, a process-group
-    kill of the Dagster step) runs no code of its own: without the reaper, the launcher and its ranks trained on,
-    unseen. Forked before the launcher starts, so there is no moment a launch runs without one; it keeps a copy of
+    left of the launcher's session: the one place a session is stopped, whatever ended the launch. A SIGKILL to this
+    process (`kill -9`, the out-of-memory killer, a process-group kill of the Dagster step) runs no code of its own:
+    without the reaper, the launcher and its ranks trained on, unseen. Forked before the launcher starts, so there is no moment a launch runs without one; it keeps a copy of
     the run folder's lock until the session is stopped. Returns (its pid, the pipe's write end)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -235,9 +239,10 @@ def _start_reaper() -> tuple[int, int]:
         sid = b""
         while len(sid) < 8 and (chunk := os.read(read_end, 8 - len(sid))):
             sid += chunk
-        while os.read(read_end, 1):  # nothing more is written: this returns at the end, however the supervisor ends
-            pass
-        if len(sid) == 8 and (left := _stop_session(int.from_bytes(sid, "little"))):
+        ended = b""
+        while chunk := os.read(read_end, 1):  # returns b"" at the pipe's end, however the supervisor ends
+            ended = chunk
+        if len(sid) == 8 and (left := _stop_session(int.from_bytes(sid, "little"))) and ended != ENDED:
             print(f"training_jobs.launch: the launch's supervisor ended without stopping its launcher; stopped "
                   f"{left} process{'' if left == 1 else 'es'} left of it", file=sys.stderr, flush=True)
     except BaseException:
