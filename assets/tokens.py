@@ -125,7 +125,8 @@ def examples_markdown(examples: list[dict]) -> str:
     key=SHARDS, deps=[TOKENIZER, dg.AssetDep(QUALITY_FILTERED, partition_mapping=SAME_REFRESH), REQUESTS],
     partitions_def=refresh_partitions, automation_condition=FOLLOW, group_name="tokens", kinds={"python", "numpy"},
     code_version=code_version("kiln.tokens.shard_writer", "kiln.tokens.shard_format", "kiln.tokens.mixture", "kiln.tokens.fim",
-                              "kiln.governance.forget", "kiln.tokens.tokenizer"),  # encode_batch: the token ids
+                              "kiln.governance.forget", "kiln.governance.document_facts",
+                              "kiln.tokens.tokenizer"),  # encode_batch: the token ids
     check_specs=[
         dg.AssetCheckSpec("shards_verified", asset=SHARDS, blocking=True,
                           description="every shard's header, size and tokenizer hash check out; totals match"),
@@ -155,7 +156,7 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
         started = time.perf_counter()
         try:
             result = write_token_shards(sources, tok.folder, config.shards, config.mixture, writer,
-                                        runner, requests=matchers)
+                                        runner, requests=matchers, license_fields=config.card.license_fields)
         except TokenizerError as exc:  # e.g. FIM on, and a brought tokenizer without FIM symbols
             raise dg.Failure(description=str(exc)) from None
         seconds = time.perf_counter() - started

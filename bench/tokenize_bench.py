@@ -31,6 +31,7 @@ import pyarrow as pa  # noqa: E402
 from kiln.common.config import Mixture, ShardSettings, TokenizerSettings  # noqa: E402
 from kiln.common.storage import write_parquet_atomic  # noqa: E402
 from kiln.curation.documents import DOCUMENT_SCHEMA, Document, make_doc_id  # noqa: E402
+from kiln.engine import ProcessPool  # noqa: E402
 from kiln.tokens.mixture import SourceParts  # noqa: E402
 from kiln.tokens.shard_writer import write_token_shards  # noqa: E402
 from kiln.tokens.tokenizer import Tokenizer, draw_training_sample, train_tokenizer  # noqa: E402
@@ -132,8 +133,9 @@ def main() -> None:
         runs = {}
         for workers, note in [(1, ""), (cores, ", cold pool"), (cores, ", warm pool")][: 3 if cores > 1 else 1]:
             out = tmp / f"shards-{workers}{note.replace(' ', '').replace(',', '-')}"
-            shard_settings = ShardSettings(seq_len=args.seq_len, workers=workers, val_fraction=0.01)
-            runs[workers] = (write_token_shards(sources, tmp / "tok", shard_settings, Mixture(), out, progress=False), out)
+            shard_settings = ShardSettings(seq_len=args.seq_len, val_fraction=0.01)
+            runs[workers] = (write_token_shards(sources, tmp / "tok", shard_settings, Mixture(), out,
+                                                ProcessPool(workers=workers), progress=False), out)
             secs = runs[workers][0].seconds["tokenize"]
             label = f"write_token_shards, {workers} process{'es' if workers > 1 else ''}{note} (FIM on code)"
             print(f"{label:<58}{secs:>9.2f}{total_mb / secs:>9.2f}{n_tokens / secs / 1e6:>9.2f}")

@@ -10,16 +10,21 @@ member rows are a run of it, found from the row counts and read forward in part-
 part whose doc ids do not match its run (its stage was re-materialized after the shards) is looked up by doc id,
 streaming the list.
 
-A document's licence is `meta.<card.license_fields[source]>` for a source listed there (the licence its package
-declares, say), else the `license` column (the source's declared licence). Missing, null, empty or UNKNOWN is
-`unknown`, counted and listed by doc id and locator (no text). Its language is `meta.language` as the `language`
-step set it; documents of a part whose filter profile has no `language` step are "not identified" (a reader's own
-`language` field, the programming language of code say, is not a language identification).
+A document's licence and language follow kiln.governance.document_facts: the licence from
+`meta.<card.license_fields[source]>` for a source listed there, else the `license` column; `unknown` ones counted
+and listed by doc id and locator (no text); documents of a part whose filter profile has no `language` step are
+"not identified".
+
+A source whose documents the store has materialized again since the checkpoint's shards read them is counted from
+the member list instead, where the shard writer recorded each document's licence (by the licence field of that
+time, which the card names), `meta.language` and, for an unknown licence, its locator: each part's rows found by the
+row counts of the versions the shards read. A document a removal request took out of the shards has nothing recorded
+but its id: counted as `removed by request`. A member list from before these records: the source is `replaced`.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,35 +36,33 @@ import pyarrow.parquet as pq
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest
 from kiln.governance.catalog import FILTERED, NOT_MATERIALIZED, SHARDS, Catalog, member_lists
+from kiln.governance.document_facts import UNKNOWN, document_facts, license_from
 from kiln.governance.lineage import DOCUMENT_STAGES
+from kiln.tokens.shard_format import TRAIN
 
-UNKNOWN = "unknown"
 NOT_IDENTIFIED = "not identified"
-_UNKNOWN_VALUES = {"", "unknown", "none", "null", "n/a"}  # what packaging metadata writes for "no licence given"
+REMOVED_BY_REQUEST = "removed by request"
 MAX_LISTED = 1000  # unknown-licence documents kept in the JSON per source (all are counted)
 LANGUAGE_STEP = "language"
 
-
-def document_license(value: Any) -> str:
-    """A recorded licence as the card counts it: the stripped text, or `unknown`."""
-    text = "" if value is None else str(value).strip()
-    return UNKNOWN if text.lower() in _UNKNOWN_VALUES else text
-
-
 MEMBER_COLUMNS = ["doc_id", "source", "split", "copies", "tokens"]
+RECORDED_COLUMNS = ["removed_by", "license", "language", "locator"]  # member lists from before them lack the last 3
 
 
 class MemberList:
     """The shards' member list, read forward `batch` rows at a time: `rows(start, stop)` holds that run and at most a
-    batch more (a smaller start than the last one read starts over)."""
+    batch more (a smaller start than the last one read starts over). `recorded`: its files hold each document's
+    licence and language (RECORDED_COLUMNS), read along."""
 
     def __init__(self, paths: list[Path], batch: int):
         self.paths, self.batch = list(paths), max(1, batch)
+        self.recorded = all(set(RECORDED_COLUMNS) <= set(pq.read_schema(p).names) for p in self.paths)
+        self.columns = MEMBER_COLUMNS + (RECORDED_COLUMNS if self.recorded else [])
         self._restart()
 
     def _restart(self) -> None:
         self._batches = (b for p in self.paths
-                         for b in pq.ParquetFile(p).iter_batches(batch_size=self.batch, columns=MEMBER_COLUMNS))
+                         for b in pq.ParquetFile(p).iter_batches(batch_size=self.batch, columns=self.columns))
         self._held: list[pa.RecordBatch] = []
         self._start = self._end = 0  # rows [_start, _end) of the list are held
 
@@ -77,7 +80,7 @@ class MemberList:
             else:
                 self._held.append(b)
         if not self._held:
-            return pa.table({c: [] for c in MEMBER_COLUMNS})
+            return pa.table({c: [] for c in self.columns})
         return pa.Table.from_batches(self._held).slice(start - self._start, stop - start)
 
     def source_runs(self) -> dict[str, tuple[int, int] | None]:
@@ -111,10 +114,33 @@ class MemberList:
 
 
 def train_in(members: pa.Table) -> dict[str, tuple[int, int]]:
-    """doc_id -> (tokens in the training split, copies there; copies x tokens) of member rows in that split."""
+    """doc_id -> `_trained` of member rows in the training split."""
     train = members.filter(pc.equal(members.column("split"), "train"))
-    return {d: (c * t, c) for d, c, t in zip(train["doc_id"].to_pylist(), train["copies"].to_pylist(),
-                                             train["tokens"].to_pylist())}
+    return {d: _trained(TRAIN, c, t) for d, c, t in zip(train["doc_id"].to_pylist(), train["copies"].to_pylist(),
+                                                        train["tokens"].to_pylist())}
+
+
+# Per document: doc_id, licence, `meta.language` (None: none), locator (for an unknown licence), member
+Facts = Iterator[tuple[str, str, str | None, str | None, tuple[int, int] | None]]
+
+
+def _facts_of_documents(part: pa.Table, field: str | None, train: dict[str, tuple[int, int]]) -> Facts:
+    for doc_id, license_, meta in zip(part.column("doc_id").to_pylist(), part.column("license").to_pylist(),
+                                      part.column("meta").to_pylist()):
+        yield doc_id, *document_facts(license_, meta, field), train.get(doc_id)
+
+
+def _trained(split: str, copies: int, tokens: int) -> tuple[int, int] | None:
+    """(tokens in the training split, copies there; copies x tokens) of one member row, None outside that split."""
+    return (copies * tokens, copies) if split == TRAIN else None
+
+
+def _facts_recorded(rows: pa.Table) -> Facts:
+    for r in rows.to_pylist():
+        if r["removed_by"] is not None:  # nothing of it is kept but its id
+            yield r["doc_id"], REMOVED_BY_REQUEST, REMOVED_BY_REQUEST, None, None
+        else:
+            yield r["doc_id"], r["license"], r["language"], r["locator"], _trained(r["split"], r["copies"], r["tokens"])
 
 
 class _PartMembers:
@@ -136,6 +162,23 @@ class _PartMembers:
             if rows.column("doc_id").equals(doc_ids):
                 return train_in(rows)
         return self.members.train_of(set(doc_ids.to_pylist()))
+
+    def recorded(self, source: str, manifests: dict[str, Manifest]) -> Iterator[tuple[str, Facts]] | None:
+        """Each part's member rows, with the licence and language the shard writer recorded, found by the row counts
+        of the versions the shards read (`manifests`, in the writer's order); None when the list records none, or the
+        counts do not add up to the source's run in it."""
+        run = self.runs.get(source)
+        sizes = {p: [f.rows for f in m.files_with_role("documents")] for p, m in manifests.items()}
+        if self.members is None or not self.members.recorded or run is None or \
+                any(n is None for ns in sizes.values() for n in ns) or sum(map(sum, sizes.values())) != run[1]:
+            return None
+
+        def parts() -> Iterator[tuple[str, Facts]]:
+            start = run[0]
+            for p, ns in sizes.items():
+                yield p, _facts_recorded(self.members.rows(start, start + sum(ns)))
+                start += sum(ns)
+        return parts()
 
 
 def _language_settings(manifest: Manifest) -> dict[str, Any] | None:
@@ -161,6 +204,17 @@ def _ordered(table: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
 
 REPLACED = "replaced since the checkpoint's training: the version trained on is no longer read"
 
+def _documents_read(catalog: Catalog, stage: str, source: str, manifests: dict[str, Manifest], field: str | None,
+                    members: _PartMembers) -> Iterator[tuple[str, Facts]]:
+    """Each part's documents as the stage holds them, with their member rows."""
+    offset = 0  # documents of this source before the part, in the order the shard writer read them
+    for p in manifests:
+        for path in catalog.snapshot(stage, p).files("documents"):
+            part = pq.read_table(path, columns=["doc_id", "license", "meta"])
+            train = members.of(source, offset, part.column("doc_id"))
+            offset += part.num_rows
+            yield p, _facts_of_documents(part, field, train)
+
 
 def licenses_and_languages(catalog: Catalog, config: ProjectConfig, parts: dict[str, list[str]],
                            shards: Manifest | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -180,34 +234,32 @@ def licenses_and_languages(catalog: Catalog, config: ProjectConfig, parts: dict[
         if not found[name]:
             licenses[name] = languages[name] = NOT_MATERIALIZED
             continue
-        if unanswerable or any(catalog.replaced(stage, p) for p in found[name]):
-            # Counted over the documents trained on, or not at all: the store holds other versions now.
-            licenses[name] = languages[name] = REPLACED
-            continue
         field = config.card.license_fields.get(name)
+        recorded = None
+        if unanswerable or any(catalog.replaced(stage, p) for p in found[name]):
+            # The documents trained on are not in the store now: counted as the member list recorded them, or not at
+            # all (never from another version's).
+            recorded = members.recorded(name, found[name])
+            if recorded is None:
+                licenses[name] = languages[name] = REPLACED
+                continue
+            field = ((shards.stats.get("sources") or {}).get(name) or {}).get("license_field")
         filtered = {p: f for p in found[name] if (f := catalog.manifest(FILTERED, p)) is not None}
         identified = {p: s for p, f in filtered.items() if (s := _language_settings(f)) is not None}
         by_license: dict[str, dict[str, int]] = {}
         by_language: dict[str, dict[str, int]] = {}
         unknown: list[dict[str, Any]] = []
-        offset = 0  # documents of this source before the part, in the order the shard writer read them
-        for p in found[name]:
-            for path in catalog.snapshot(stage, p).files("documents"):
-                part = pq.read_table(path, columns=["doc_id", "license", "meta"])
-                train = members.of(name, offset, part.column("doc_id"))
-                offset += part.num_rows
-                for doc_id, license_, meta in zip(part.column("doc_id").to_pylist(), part.column("license").to_pylist(),
-                                                  part.column("meta").to_pylist()):
-                    meta = json.loads(meta) if meta else {}
-                    lic = document_license(meta.get(field) if field else license_)
-                    member = train.get(doc_id)
-                    _count(by_license, lic, member)
-                    if lic == UNKNOWN and len(unknown) < MAX_LISTED:
-                        unknown.append({"doc_id": doc_id, "locator": meta.get("locator"),
-                                        "in_train_shards": bool(member and member[1] > 0)})
-                    language = meta.get("language") if p in identified else None
-                    _count(by_language, str(language) if language else NOT_IDENTIFIED, member)
-        licenses[name] = {"field": f"meta.{field}" if field else "license", "licenses": _ordered(by_license),
+        for p, facts in recorded or _documents_read(catalog, stage, name, found[name], field, members):
+            for doc_id, lic, language, locator, member in facts:
+                _count(by_license, lic, member)
+                if lic == UNKNOWN and len(unknown) < MAX_LISTED:
+                    unknown.append({"doc_id": doc_id, "locator": locator,
+                                    "in_train_shards": bool(member and member[1] > 0)})
+                if language != REMOVED_BY_REQUEST:
+                    language = language if p in identified else None
+                _count(by_language, language or NOT_IDENTIFIED, member)
+        licenses[name] = {"field": field if recorded is not None else license_from(field),
+                          "licenses": _ordered(by_license),
                           "unknown": by_license.get(UNKNOWN, {}).get("documents", 0), "unknown_listed": unknown}
         profile = next((f.config.get("profile") for f in filtered.values()), None)
         languages[name] = {"identified": bool(identified), "parts_identified": len(identified), "parts": len(found[name]),
@@ -216,5 +268,5 @@ def licenses_and_languages(catalog: Catalog, config: ProjectConfig, parts: dict[
     return {"stage": stage, "per_source": licenses}, {"stage": stage, "per_source": languages}
 
 
-__all__ = ["NOT_IDENTIFIED", "REPLACED", "UNKNOWN", "document_license", "MemberList", "licenses_and_languages",
+__all__ = ["NOT_IDENTIFIED", "REMOVED_BY_REQUEST", "REPLACED", "UNKNOWN", "MemberList", "licenses_and_languages",
            "train_in"]

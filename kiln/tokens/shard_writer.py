@@ -11,7 +11,9 @@
 4. shuffle the chosen documents of each phase (seed, phase) and write shards of ~tokens_per_shard tokens,
    documents never split across shards; validation: every validation document once, shuffled;
 5. the member list (`members-*.parquet`): every input document with its split, how many copies of it the
-   shards hold and its tokens, so an audit can say exactly whether a document was trained on;
+   shards hold and its tokens, so an audit can say exactly whether a document was trained on, and its licence and
+   language as the data card counts them (kiln.governance.document_facts), so the card of a checkpoint still
+   counts them once the documents' stage is materialized again;
 6. the position list (`positions-*.parquet`): which document of which shard each copy is, so a later run that
    replays these shards can skip the documents a removal request names since (kiln.governance.replay).
 
@@ -28,7 +30,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain, repeat
@@ -43,6 +45,7 @@ from tqdm import tqdm
 from kiln.common.config import Mixture, ShardSettings
 from kiln.common.storage import part_name, write_parquet_atomic
 from kiln.engine import SERIAL, Engine
+from kiln.governance.document_facts import document_facts, license_from
 from kiln.governance.forget import IntakeMatched, RemovalRequest, first_match
 from kiln.tokens.fim import FimIds, fim_split, fim_tokens
 from kiln.tokens.mixture import SourceParts, epoch_warnings, hash_unit, plan_phases, select_documents
@@ -62,7 +65,14 @@ MEMBERS_SCHEMA = pa.schema([pa.field("doc_id", pa.string(), nullable=False),
                             pa.field("split", pa.string(), nullable=False),
                             pa.field("copies", pa.int32(), nullable=False),
                             pa.field("tokens", pa.int64(), nullable=False),
-                            pa.field("removed_by", pa.string())])  # `removal_request:<id>`: 0 copies, 0 tokens
+                            pa.field("removed_by", pa.string()),  # `removal_request:<id>`: 0 copies, 0 tokens
+                            # As kiln.governance.document_facts reads them (the source's licence field: the shard
+                            # set's `sources.<name>.license_field`); null for a removed document, of which nothing
+                            # but its id is kept; the locator only for a document of unknown licence.
+                            pa.field("license", pa.string()),
+                            pa.field("language", pa.string()),
+                            pa.field("locator", pa.string())])
+_FACTS = ("license", "language", "locator")  # document_facts' order
 
 # One row per document copy in a shard: `index` is its place in the shard's document-offset index.
 POSITIONS_SCHEMA = pa.schema([pa.field("shard", pa.string(), nullable=False),
@@ -99,6 +109,7 @@ class _PartTask:
     val_fraction: float
     seed: int
     requests: tuple[RemovalRequest | IntakeMatched, ...] = ()  # documents they name are left out
+    license_field: str | None = None  # `meta` key of each document's own licence (card.license_fields)
 
 
 @dataclass
@@ -112,6 +123,7 @@ class _PartTokens:
     chars: int
     utf8_bytes: int
     removed_by: dict[int, str] = field(default_factory=dict)  # row -> the removal request's reason
+    facts: pa.Table | None = None  # per document: _FACTS (MEMBERS_SCHEMA), null where removed
 
 
 @lru_cache(maxsize=2)
@@ -130,23 +142,26 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
     eos = tok.eos_id
     # Only a part that may be rearranged needs the FIM symbols (a brought tokenizer may lack them).
     ids = FimIds(*tok.require(FIM_ROLES, "fill-in-the-middle (shards.fim)"), eos) if task.fim and task.fim[0] else None
-    lengths, is_val, keys, removed_by = [], [], [], {}
+    lengths, is_val, keys, removed_by, facts = [], [], [], {}, []
     fim_docs = chars = n_bytes = 0
     parquet = pq.ParquetFile(task.input_path)
-    columns = ["doc_id", "text", "source", "url"] if task.requests else ["doc_id", "text"]
+    columns = ["doc_id", "text", "license", "meta"] + (["source", "url"] if task.requests else [])
     with open(task.tokens_path, "wb") as out:
         for batch in parquet.iter_batches(batch_size=_ENCODE_BATCH, columns=columns):
             segments, layout = [], []
             metadata = zip(batch.column("source").to_pylist(), batch.column("url").to_pylist()) if task.requests \
                 else repeat((None, None))
-            for doc_id, text, (source, url) in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist(),
-                                                   metadata):
+            for doc_id, text, license_, meta, (source, url) in zip(
+                    batch.column("doc_id").to_pylist(), batch.column("text").to_pylist(),
+                    batch.column("license").to_pylist(), batch.column("meta").to_pylist(), metadata):
                 if task.requests and (request := first_match(task.requests, doc_id, source, url)) is not None:
                     removed_by[len(is_val)] = request.reject_reason  # no tokens, never chosen
                     layout.append(_REMOVED)
                     is_val.append(False)
                     keys.append(0)
+                    facts.append((None, None, None))
                     continue
+                facts.append(document_facts(license_, meta, task.license_field))
                 val = is_validation(doc_id, task.val_fraction)
                 cut = None if val or task.fim is None else fim_split(text, doc_id, task.seed, *task.fim)
                 segments += [text] if cut is None else [cut.prefix, cut.middle, cut.suffix]
@@ -170,8 +185,10 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
             sizes = [len(d) for d in docs]
             np.fromiter(chain.from_iterable(docs), tok.dtype, count=sum(sizes)).tofile(out)
             lengths += sizes
+    facts_by_column = list(zip(*facts)) or [()] * len(_FACTS)
     return _PartTokens(np.asarray(lengths, np.int64), np.asarray(is_val, bool), np.asarray(keys, np.uint64),
-                       fim_docs, chars, n_bytes, removed_by)
+                       fim_docs, chars, n_bytes, removed_by,
+                       pa.table({c: pa.array(list(v), pa.string()) for c, v in zip(_FACTS, facts_by_column)}))
 
 
 
@@ -294,10 +311,12 @@ def _write_split(chosen: np.ndarray, docs: _Docs, files: _TokenFiles, new_path, 
 
 def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, settings: ShardSettings,
                        mixture: Mixture, output: _Writer | Path, engine: Engine = SERIAL,
-                       progress: bool = True, requests: Sequence[RemovalRequest | IntakeMatched] = ()) -> ShardSetResult:
+                       progress: bool = True, requests: Sequence[RemovalRequest | IntakeMatched] = (),
+                       license_fields: Mapping[str, str] | None = None) -> ShardSetResult:
     """Tokenize the sources and write train/validation shards into `output` (a DatasetWriter: shards go to
     `writer.next_path("shard", ".bin")`; or a folder), leaving out every document a removal request in
-    `requests` names. The caller commits the manifest with `stats=result.manifest_stats()` and
+    `requests` names. `license_fields` (source -> `meta` key, `card.license_fields`) says where the member list
+    reads each document's licence. The caller commits the manifest with `stats=result.manifest_stats()` and
     `counts=result.counts()`."""
     t_start = time.perf_counter()
     tok = Tokenizer.load(tokenizer_path)
@@ -310,6 +329,7 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
         out_dir = Path(output.dir)
         new_path = lambda: output.next_path("shard", ".bin")  # noqa: E731
     names = [s.name for s in sources]
+    license_fields = dict(license_fields or {})
     fim_names = fim_sources(sources, settings.fim.sources)
     if fim_names and settings.fim.rate > 0:  # before any work: a brought tokenizer may lack the FIM symbols
         tok.require(FIM_ROLES, f"fill-in-the-middle (shards.fim.rate {settings.fim.rate} on {sorted(fim_names)})",
@@ -319,7 +339,7 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
     try:
         tasks = [_PartTask(i, str(part), str(scratch / f"{i:04d}-{j:06d}.tok"), str(tokenizer_path), tok.sha256,
                            (settings.fim.rate, settings.fim.spm_rate) if s.name in fim_names else None,
-                           settings.val_fraction, settings.seed, tuple(requests))
+                           settings.val_fraction, settings.seed, tuple(requests), license_fields.get(s.name))
                  for i, s in enumerate(sources) for j, part in enumerate(s.parts)]
         results = engine.map_parts(tokenize_part, tasks, desc="tokenize", progress=progress,
                                    size=lambda t: os.path.getsize(t.input_path))
@@ -390,6 +410,7 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
         used = sum(p.draws[n].tokens for p in plans)
         per_source[n] = {
             "domain": s.domain, "fim": n in fim_names, "parts": len(s.parts),
+            "license_field": license_from(license_fields.get(n)),  # the member list's licences
             "documents": int(mine.sum()), "removed_by_request": int(((docs.source == i) & docs.removed).sum()),
             "chars": sum(r.chars for r in part_results),
             "utf8_bytes": sum(r.utf8_bytes for r in part_results),
@@ -428,13 +449,15 @@ def _positions_table(doc_ids: pa.Array, placed: list[tuple[str, np.ndarray]]) ->
 def _members_table(doc_ids: pa.Array, results: list[_PartTokens], docs: _Docs, copies: np.ndarray,
                    names: list[str]) -> pa.Table:
     """Every document of the run in task order (the order of `docs`), with its split, copies and tokens, or the
-    removal request that left it out."""
+    removal request that left it out, and its licence and language."""
+    facts = pa.concat_tables([r.facts for r in results]) if results else None  # in task order, as `docs`
     return pa.table({"doc_id": doc_ids,
                      "source": pa.array(np.asarray(names, dtype=object)[docs.source], pa.string()),
                      "split": pa.array(np.where(docs.is_val, VAL, TRAIN).astype(object), pa.string()),
                      "copies": pa.array(copies, pa.int32()), "tokens": pa.array(docs.length, pa.int64()),
                      "removed_by": pa.array([r.removed_by.get(row) for r in results for row in range(len(r.lengths))],
-                                            pa.string())},
+                                            pa.string()),
+                     **{c: facts.column(c) if facts is not None else pa.array([], pa.string()) for c in _FACTS}},
                     schema=MEMBERS_SCHEMA)
 
 

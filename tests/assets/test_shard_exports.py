@@ -42,7 +42,8 @@ def commit_token_shards(project, shards=SHARDS) -> str:
         write_parquet_atomic(writer.next_path("members"), pa.table(
             {"doc_id": [p[2] for p in positions], "source": ["web"] * len(positions),
              "split": [s for s, docs in shards for _ in docs], "copies": [1] * len(positions),
-             "tokens": [len(d) for _, docs in shards for d in docs], "removed_by": [None] * len(positions)},
+             "tokens": [len(d) for _, docs in shards for d in docs],
+             **{c: [None] * len(positions) for c in ("removed_by", "license", "language", "locator")}},
             schema=MEMBERS_SCHEMA))
         manifest = writer.commit(code_version="t", config={}, inputs={}, counts={},
                                  stats=describe_shard_set(SHA, 500, 2, infos))

@@ -155,6 +155,38 @@ def test_languages_are_identified_where_the_language_step_ran(carded):
     assert "| web | off (profile `none`) | not identified |" in markdown
 
 
+def test_licences_and_languages_are_counted_as_recorded_once_the_documents_are_materialized_again(carded, tmp_path):
+    """Both sources' last document stage, and ref's filtered documents, are materialized again after the checkpoint
+    (committed with one row of the old version): the documents trained on are gone from the store, so the card
+    counts them as the shards' member list recorded them, with the licence field of that time. The expected values
+    are the card built while the documents were there, read from the documents themselves (checked above against
+    pyarrow)."""
+    import shutil
+
+    from kiln.common.storage import Store
+
+    shutil.copytree(carded["store"].root, tmp_path / "data", symlinks=True)
+    store = Store(tmp_path / "data")
+    for asset, source in ((FINAL, "web"), (FINAL, "ref"), ("filtered_documents", "ref")):
+        partition = f"{source}/{carded['refresh']}"
+        old = store.snapshot(asset, partition)
+        with store.staging(asset, partition) as w:
+            w.write("documents", pq.read_table(old.files("documents")[0]).slice(0, 1))
+            w.commit(code_version="new", config={"changed": True}, inputs=old.manifest.inputs,
+                     counts={"documents": 1}, stats={})
+    before = carded["card"]
+    for config in (carded["config"], carded["config"].model_copy(
+            update={"card": carded["config"].card.model_copy(update={"license_fields": {}})})):
+        card = build_data_card(store, config)
+        assert card["licenses"]["per_source"] == before["licenses"]["per_source"]
+        assert card["languages"]["per_source"] == before["languages"]["per_source"]
+    assert card["licenses"]["per_source"]["web"]["field"] == "meta.package_license"  # as recorded, not today's
+    assert card["licenses"]["per_source"]["web"]["unknown_listed"]  # listed by locator, from the member list
+    markdown = data_card_markdown(card, list_unknown=carded["config"].card.list_unknown_licenses)
+    for section in ("## Licenses of the documents", "## Languages"):
+        assert markdown.split(section)[1].split("\n## ")[0] == carded["markdown"].split(section)[1].split("\n## ")[0]
+
+
 def test_statements_from_the_card_config(carded):
     card, markdown = carded["card"], carded["markdown"]
     assert card["statements"]["intended_use"] == ["Testing the data card."]

@@ -3,11 +3,16 @@
 import json
 import os
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from kiln.cli import main
+from kiln.common.config import load_config
+from kiln.governance.data_card import build_data_card
+from kiln.governance.data_card_documents import REMOVED_BY_REQUEST
 from kiln.governance.forget import RemovalRequest, load_requests
+from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.governance.membership import membership
 from kiln.governance.render import render
 from kiln.tokens.shard_format import open_shard
@@ -149,6 +154,9 @@ def test_forget_reaches_every_refresh_in_the_next_shards(built, capsys):
     assert {after[d]["removed_by"] for d in web_ids} == {f"removal_request:{by_source['request_id']}"}
     assert after[ref_id]["removed_by"] == f"removal_request:{by_id['request_id']}"
     assert all(after[d]["copies"] == 0 and after[d]["tokens"] == 0 for d in gone)
+    # Nothing of a removed document but its id and the request: no licence, language or locator recorded.
+    assert all(after[d][k] is None for d in gone for k in ("license", "language", "locator"))
+    assert {after[d]["license"] for d in after if d not in gone} == {"CC0-1.0"}  # ref's, what is left
     assert any(trained(m, "ref") for m in after.values())
     # The shard files: no forgotten document's tokens (its first 12), while a kept one's are found.
     shards = store.manifest("token_shards", second)
@@ -172,6 +180,20 @@ def test_forget_reaches_every_refresh_in_the_next_shards(built, capsys):
     answer = membership(store, built["config"], doc_id=ref_id)
     assert answer.verdict == "removed" and by_id["request_id"] in answer.summary, render(answer)
     assert any("re-materialize token_shards" in n for n in answer.notes)  # refresh 1's shards still hold it
+
+    # ref's refresh-1 documents materialized again since (one row of them): the card counts ref's licences as the
+    # member list recorded them, where the removed document is nothing but its id. Hand-worked from the card above,
+    # which read the documents: that one document moves from CC0-1.0 to `removed by request`, with no train tokens.
+    final = DOCUMENT_STAGES[-1]
+    old = store.snapshot(final, f"ref/{first}")
+    with store.staging(final, f"ref/{first}") as w:
+        w.write("documents", pq.read_table(old.files("documents")[0]).slice(0, 1))
+        w.commit(code_version="new", config={"changed": True}, inputs=old.manifest.inputs, counts={"documents": 1},
+                 stats={})
+    live = card["licenses"]["per_source"]["ref"]["licenses"]
+    again = build_data_card(store, load_config(built["config_path"]))["licenses"]["per_source"]["ref"]["licenses"]
+    assert again == {"CC0-1.0": {**live["CC0-1.0"], "documents": live["CC0-1.0"]["documents"] - 1},
+                     REMOVED_BY_REQUEST: {"documents": 1, "in_train_shards": 0, "train_tokens": 0}}
 
 
 def test_requests_by_url_pattern_and_doc_ids_and_training_refuses_shards_written_before_them(built, capsys,

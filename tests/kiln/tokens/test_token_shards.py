@@ -330,6 +330,9 @@ def test_member_list_says_exactly_which_documents_the_shards_hold(built, tmp_pat
         assert m["source"] == originals[m["doc_id"]][0]
         assert m["split"] == ("val" if is_validation(m["doc_id"], 0.1) else "train")
         assert m["copies"] == 1 if m["split"] == "val" else m["copies"] >= 0
+        # As the data card counts them: no licence given, `meta.language` as written (tests/token_corpus.py).
+        assert (m["license"], m["language"]) == ("unknown", {"prose": "en", "code": "python"}.get(m["source"]))
+    assert {s["license_field"] for s in result.sources.values()} == {"license"}
     for name, s in result.sources.items():
         mine = [m for m in members if m["source"] == name]
         assert sum(m["copies"] * m["tokens"] for m in mine if m["split"] == "train") == s["train_tokens"]
