@@ -42,6 +42,7 @@ from kiln.tokens.shard_format import TRAIN
 
 NOT_IDENTIFIED = "not identified"
 REMOVED_BY_REQUEST = "removed by request"
+MEMBER_LIST = "member list"  # counted from what the shard writer recorded: the documents are materialized again since
 MAX_LISTED = 1000  # unknown-licence documents kept in the JSON per source (all are counted)
 LANGUAGE_STEP = "language"
 
@@ -258,15 +259,16 @@ def licenses_and_languages(catalog: Catalog, config: ProjectConfig, parts: dict[
                 if language != REMOVED_BY_REQUEST:
                     language = language if p in identified else None
                 _count(by_language, language or NOT_IDENTIFIED, member)
+        counted_from = "documents" if recorded is None else MEMBER_LIST
         licenses[name] = {"field": field if recorded is not None else license_from(field),
-                          "licenses": _ordered(by_license),
+                          "counted_from": counted_from, "licenses": _ordered(by_license),
                           "unknown": by_license.get(UNKNOWN, {}).get("documents", 0), "unknown_listed": unknown}
         profile = next((f.config.get("profile") for f in filtered.values()), None)
         languages[name] = {"identified": bool(identified), "parts_identified": len(identified), "parts": len(found[name]),
                            "settings": next(iter(identified.values()), None), "profile": profile,
-                           "languages": _ordered(by_language)}
+                           "counted_from": counted_from, "languages": _ordered(by_language)}
     return {"stage": stage, "per_source": licenses}, {"stage": stage, "per_source": languages}
 
 
-__all__ = ["NOT_IDENTIFIED", "REMOVED_BY_REQUEST", "REPLACED", "UNKNOWN", "MemberList", "licenses_and_languages",
+__all__ = ["MEMBER_LIST", "NOT_IDENTIFIED", "REMOVED_BY_REQUEST", "REPLACED", "UNKNOWN", "MemberList", "licenses_and_languages",
            "train_in"]

@@ -9,7 +9,7 @@ from typing import Any
 from kiln.common.manifest import to_the_second
 from kiln.common.plots import figure_png, stacked_bars
 from kiln.dedup.report import cross_source_markdown
-from kiln.governance.data_card_documents import UNKNOWN
+from kiln.governance.data_card_documents import MEMBER_LIST, UNKNOWN
 from kiln.governance.lineage import DOCUMENT_STAGES
 
 
@@ -136,8 +136,16 @@ def _licenses_markdown(card: dict[str, Any], list_unknown: int) -> list[str]:
                           + (f", and {more:,} more (data_card.json lists up to 1,000)" if more > 0 else ""))
     out += _table(["source", "licence from", "licence", "documents", "in train shards", "train tokens"], rows,
                   "|---|---|---|---:|---:|---:|")
-    out += [""] + (listed or ["No document of unknown licence."])
+    out += [""] + (listed or ["No document of unknown licence."]) + _recorded_note(info)
     return out
+
+
+def _recorded_note(info: dict[str, Any]) -> list[str]:
+    """Which sources were counted from the shards' member list, and why."""
+    names = [name for name, v in (info.get("per_source") or {}).items()
+             if isinstance(v, dict) and v.get("counted_from") == MEMBER_LIST]
+    return ["", f"Counted from the token shards' member list, as recorded when the shards were written (these "
+                f"documents were materialized again since the training): {', '.join(names)}."] if names else []
 
 
 def _languages_markdown(card: dict[str, Any]) -> list[str]:
@@ -158,7 +166,7 @@ def _languages_markdown(card: dict[str, Any]) -> list[str]:
         rows += [[name, step, lang, r["documents"], f"{r['documents'] / total:.1%}", r["train_tokens"]]
                  for lang, r in v["languages"].items()]
     return out + _table(["source", "language step", "language", "documents", "share", "train tokens"], rows,
-                        "|---|---|---|---:|---:|---:|")
+                        "|---|---|---|---:|---:|---:|") + _recorded_note(info)
 
 
 FUNNEL_PNG = "data_card_funnel.png"  # written next to data_card.md, which links it relatively
