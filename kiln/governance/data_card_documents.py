@@ -270,5 +270,5 @@ def licenses_and_languages(catalog: Catalog, config: ProjectConfig, parts: dict[
     return {"stage": stage, "per_source": licenses}, {"stage": stage, "per_source": languages}
 
 
-__all__ = ["MEMBER_LIST", "NOT_IDENTIFIED", "REMOVED_BY_REQUEST", "REPLACED", "UNKNOWN", "MemberList", "licenses_and_languages",
-           "train_in"]
+__all__ = ["MEMBER_LIST", "NOT_IDENTIFIED", "REMOVED_BY_REQUEST", "REPLACED", "UNKNOWN", "MemberList",
+           "licenses_and_languages", "train_in"]
