@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from urllib.parse import quote, unquote, unquote_plus
 
+import dagster as dg
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -278,6 +279,20 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     stillborn_run = client.get_run((new_dirs[0] / "mlflow_run_id").read_text().strip())
     assert stillborn_run.info.status == "FAILED" and stillborn_run.info.end_time is not None
 
+    # The Dagster run terminated during the launch (Terminate in the UI: Dagster raises its interrupt, a
+    # BaseException, in the step, and Pipes stops the launch): the MLflow run is ended KILLED, not left RUNNING.
+    def terminated(self, *args, **kwargs):
+        raise dg.DagsterExecutionInterruptedError()
+
+    with monkeypatch.context() as patched:
+        patched.setattr(type(project.resources["pipes_subprocess_client"]), "run", terminated)
+        stopped = project.materialize(["training_run"], raise_on_error=False,
+                                      run_config={"ops": {"training_run": {"config": {"max_steps": 4}}}})
+    assert not stopped.success
+    [stopped_dir] = [d for d in run_dir.parent.iterdir() if d not in (run_dir, *new_dirs)]
+    stopped_run = client.get_run((stopped_dir / "mlflow_run_id").read_text().strip())
+    assert stopped_run.info.status == "KILLED" and stopped_run.info.end_time is not None
+
     # A takedown between the base run and the continued run: refresh 2 lands, and the documents the continued run's
     # replay of the base's shards (refresh 1's, which still hold them) would read first are forgotten.
     store, a_dir = project.store, kiln_home / "data" / shards_key
@@ -399,7 +414,6 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
 
 
 def test_the_launch_config_changes_one_runs_recipe_and_is_validated_like_the_project():
-    import dagster as dg
 
     from assets.training import TrainingLaunch
     from kiln.common.config import load_config
@@ -446,7 +460,6 @@ def test_a_launcher_left_unset_trains_on_every_visible_gpu_and_on_two_cpu_proces
 
 
 def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_refused_before_launch():
-    import dagster as dg
 
     from assets.training import TrainingLaunch, launch_layout, ray_reachable
     from kiln.common.config import load_config
