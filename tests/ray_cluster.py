@@ -106,8 +106,11 @@ class RayCluster:
         return active.count("node_")
 
     def stop(self) -> None:
-        """Stop every process this cluster started (its nodes' daemons and the workers they forked)."""
+        """Stop every process this cluster started (its nodes' daemons and the workers and agents they forked: the
+        raylet's agents rename themselves `ray::DashboardAgent`, `ray::RuntimeEnvAgent`, so only their parent finds
+        them, and they outlive it)."""
         started = set().union(*self.node_pids) | self._processes()
+        started |= {child.pid for p in map(_process_or_none, started) if p for child in _children(p)}
         for pid in started:
             try:
                 psutil.Process(pid).terminate()
@@ -117,6 +120,13 @@ class RayCluster:
         for p in alive:
             p.kill()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _children(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return p.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _process_or_none(pid: int) -> psutil.Process | None:

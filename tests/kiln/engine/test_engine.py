@@ -237,6 +237,23 @@ def cluster():
     started.stop()
 
 
+@pytest.mark.slow
+def test_a_stopped_test_cluster_leaves_no_process_behind():
+    """`RayCluster.stop` stops what its `ray start` calls started, and the agents each raylet forks, which rename
+    themselves (`ray::DashboardAgent`, `ray::RuntimeEnvAgent`) and outlive their raylet: nothing of it survives."""
+    import psutil
+
+    started = start_cluster(nodes=1)
+    try:
+        roots = [psutil.Process(pid) for pid in set().union(*started.node_pids) if psutil.pid_exists(pid)]
+        tree = {p for root in roots for p in [root, *root.children(recursive=True)]}
+        assert any(p.name().startswith("ray::") for p in tree), [p.name() for p in tree]  # the agents are found
+    finally:
+        started.stop()
+    _, alive = psutil.wait_procs(tree, timeout=10)
+    assert not alive, [(p.pid, p.name()) for p in alive]
+
+
 def _lose_a_worker_mid_stage(cluster, driver: subprocess.Popen, started: Callable[[], bool], stage: str) -> None:
     """SIGKILL the worker node's raylet once `started()` holds and it is running a part task right now (a worker
     machine dying while its task runs); the driver must still finish, its lost tasks redone on the head."""
