@@ -44,7 +44,9 @@ def worker(preset: str, zero_init: bool) -> None:
         return {"rss_gib": round(rss, 3), "device_gib": None if device is None else round(device, 3)}
 
     dist = init_distributed()
-    t = TrainingSettings(model={"preset": preset}, seq_len=2048, max_steps=10, zero_init=zero_init)
+    # The layout fixed, as the trainer's resolve_layout would leave it: ZeRO-3 (what zero.Init is for), micro-batch 8.
+    t = TrainingSettings(model={"preset": preset}, seq_len=2048, max_steps=10, zero_init=zero_init,
+                         micro_batch_size=8, parallelism={"zero_stage": 3})
     cfg = ModelConfig(**t.model.architecture(VOCAB, 2048))
     precision = resolve_precision(t.precision)
     ds = deepspeed_config(t, precision, cfg)

@@ -1,0 +1,39 @@
+"""Bench scripts that no other test runs still run end to end, at their smallest settings: a bench that rots is found
+here, not by the next person who needs its figure (tokenize_bench and zero_init_bench both broke unnoticed when
+settings they built by hand changed shape). The figures themselves are not asserted (tests never assert timings):
+only that each writes what it promises."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(args: list[str], tmp_path: Path) -> str:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_tokenize_bench_runs_through_shards_and_the_loader(tmp_path):
+    out = _run(["bench/tokenize_bench.py", "--max-mb", "1", "--sample-mb", "0.5", "--vocab-size", "1000"], tmp_path)
+    for line in ("write_token_shards, 1 process", "shard write (mix, shuffle, copy, write)", "loader: "):
+        assert line in out, out
+
+
+@pytest.mark.slow
+def test_zero_init_bench_builds_a_zero3_engine_with_and_without_zero_init(tmp_path):
+    _run(["bench/zero_init_bench.py", "--preset", "tiny", "--nproc", "2", "--json", str(tmp_path / "z.json")],
+         tmp_path)
+    results = json.loads((tmp_path / "z.json").read_text())["results"]
+    assert [r["zero_init"] for r in results] == [False, True]
+    assert all(len(r["ranks"]) == 2 and all(x["initialized"]["rss_gib"] > 0 for x in r["ranks"]) for r in results)
