@@ -224,8 +224,9 @@ def _start_reaper() -> tuple[int, int]:
     session's id), then for the pipe's end, which comes when this process exits or is killed, and then stops what is
     left of the launcher's session: the one place a session is stopped, whatever ended the launch. A SIGKILL to this
     process (`kill -9`, the out-of-memory killer, a process-group kill of the Dagster step) runs no code of its own:
-    without the reaper, the launcher and its ranks trained on, unseen. Forked before the launcher starts, so there is no moment a launch runs without one; it keeps a copy of
-    the run folder's lock until the session is stopped. Returns (its pid, the pipe's write end)."""
+    without the reaper, the launcher and its ranks trained on, unseen. Forked before the launcher starts, so there is
+    no moment a launch runs without one; it keeps a copy of the run folder's lock until the session is stopped.
+    Returns (its pid, the pipe's write end)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid:
