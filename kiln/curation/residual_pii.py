@@ -42,6 +42,7 @@ import datetime
 import ipaddress
 import json
 import re
+import unicodedata
 from collections.abc import Iterable, Iterator
 from urllib.parse import unquote, unquote_plus
 
@@ -65,8 +66,40 @@ def _blank_placeholders(text: str) -> str:
     return _PLACEHOLDER.sub(lambda m: " " * len(m.group()), text)
 
 
+# Characters written for ASCII ones: a number laid out with &nbsp; (U+00A0) on a web page, full-width forms on CJK
+# pages, other scripts' decimal digits, typographic hyphens. Scanned as their ASCII twins, one for one, so spans keep
+# their offsets (this module's own table: NFKC of the single character, Unicode digit values, four dashes).
+class _AsciiTwins(dict):
+    def __missing__(self, code: int) -> int:
+        char = chr(code)
+        category = unicodedata.category(char)
+        nfkc = unicodedata.normalize("NFKC", char)
+        if category == "Nd":
+            twin = 48 + unicodedata.digit(char)
+        elif len(nfkc) == 1 and nfkc.isascii() and category != "No":  # not superscripts or circled numbers
+            twin = ord(nfkc)
+        elif char in "\u2011\u2012\u2013\u2212":  # dashes inside numbers (not U+2010, man pages' hyphenation)
+            twin = 45
+        else:
+            twin = code
+        self[code] = twin
+        return twin
+
+
+_ASCII_TWINS = _AsciiTwins()
+
+
+def _ascii_twins(text: str) -> str:
+    return text if text.isascii() else text.translate(_ASCII_TWINS)
+
+
+# Letters of scripts that write no space between a number and the next word (CJK, kana, Thai; Hangul's particles
+# attach to it): "090-1234-5678までご連絡ください" is a whole number.
+_UNSPACED_SCRIPTS = ("CJK ", "HIRAGANA", "KATAKANA", "HALFWIDTH KATAKANA", "HANGUL", "THAI")
+
+
 def _word_char(c: str) -> bool:
-    return c.isalnum() or c == "_"
+    return (c.isalnum() or c == "_") and (c.isascii() or not unicodedata.name(c, "").startswith(_UNSPACED_SCRIPTS))
 
 
 # --- email: WHATWG HTML "valid e-mail address" --------------------------------------------------------
@@ -490,12 +523,13 @@ def residual_pii(
     keep_documentation: bool = True,
     phone_regions: Iterable[str] = AUDIT_PHONE_REGIONS,
 ) -> list[Span]:
-    """PII left in (redacted) `text`, as sorted non-overlapping (type, start, end), for the asked types."""
+    """PII left in (redacted) `text`, as sorted non-overlapping (type, start, end), for the asked types; characters
+    written for ASCII ones (_AsciiTwins) are read as those."""
     wanted = set(types)
     unknown = wanted - set(PII_TYPES)
     if unknown:
         raise ValueError(f"unknown PII type(s) {sorted(unknown)}; allowed: {', '.join(PII_TYPES)}")
-    text = _blank_placeholders(text)
+    text = _ascii_twins(_blank_placeholders(text))
     has_digit = _DIGIT.search(text) is not None
     found: list[Span] = []
     for kind in _ORDER:
@@ -561,6 +595,8 @@ def residual_pii_batch(
             texts = pa.array(texts, pa.large_string())
         except UnicodeEncodeError:  # a lone surrogate: no Arrow array, every text is scanned in full
             return [residual_pii(t, wanted, ipv4_keep, keep_documentation, phone_regions) for t in texts]
+    if not pc.all(pc.string_is_ascii(texts)).as_py():
+        texts = pa.array([_ascii_twins(t) for t in texts.to_pylist()], pa.large_string())
     hits = [pc.match_substring_regex(texts, AUDIT_SCREENS[t]).to_pylist() for t in wanted]
     keep, regions = tuple(ipv4_keep), tuple(phone_regions)
     out: list[list[Span]] = []

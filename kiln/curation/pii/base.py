@@ -3,6 +3,8 @@ the check of a `types` argument."""
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from collections.abc import Iterable
 
 PII_TYPES: tuple[str, ...] = ("email", "phone", "ipv4", "ipv6", "us_ssn", "credit_card", "iban", "secret")
@@ -13,11 +15,22 @@ PLACEHOLDERS: dict[str, str] = {t: f"<{t.upper()}>" for t in PII_TYPES}
 # or a character class; a leading look-behind means a full match attempt at every position (~8x
 # slower over a whole corpus). So patterns consume their first character and then look behind it.
 #
-# Number boundaries: a match never starts or ends inside a longer token. `\w` stops "x555-123-4567"
-# and a card inside a longer digit run; a digit joined by '.' or '-' stops the middle of
+# Number boundaries: a match never starts or ends inside a longer token. A word character (_WORD) stops
+# "x555-123-4567" and a card inside a longer digit run; a digit joined by '.' or '-' stops the middle of
 # "12-555-123-4567" or "555-123-4567-89" (order and part numbers).
-_LEAD = r"[0-9](?<!\w[0-9])(?<![0-9][.-][0-9])"  # first digit of a number that starts a token
-_NUM_R = r"(?!\w)(?![.-][0-9])"
+# Letters of scripts written without spaces between words (Han, kana, Thai), and Hangul, whose particles attach
+# to the word before, do not make a longer token: "電話090-1234-5678までご連絡ください", "010-1234-5678로 연락".
+_UNSPACED = ("\u0e00-\u0e7f\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+             "\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f")
+_WORD = "[^\\W" + _UNSPACED + "]"  # \w less those letters
+_UNSPACED_LETTER = re.compile("[" + _UNSPACED + "]")
+_LEAD = "[0-9](?<!" + _WORD + "[0-9])(?<![0-9][.-][0-9])"  # first digit of a number that starts a token
+_NUM_R = "(?!" + _WORD + ")(?![.-][0-9])"
+
+
+def glued(char: str) -> bool:
+    """Whether `char` next to a number makes it part of a longer token (a _WORD character)."""
+    return (char.isalnum() or char == "_") and _UNSPACED_LETTER.match(char) is None
 
 
 def _check_types(types: Iterable[str]) -> tuple[str, ...]:
@@ -26,3 +39,42 @@ def _check_types(types: Iterable[str]) -> tuple[str, ...]:
     if bad:
         raise ValueError(f"unknown PII type(s) {bad}; allowed: {', '.join(PII_TYPES)}")
     return wanted
+
+
+# --- what the detectors read ---------------------------------------------------------------------
+# Web pages and non-Latin text write the same numbers with other characters: "4111&nbsp;1111..." reaches the text
+# as U+00A0, Japanese pages write full-width "０９０－１２３４" and "ｊａｎｅ＠ｅｘａｍｐｌｅ．ｃｏｍ", Arabic pages
+# Arabic-Indic digits, typeset pages a non-breaking hyphen in "123‑45‑6789". The detectors read a folded copy of the
+# text in which each such character is its ASCII twin, one character for one, so every span found in the copy is the
+# same span of the original: any Unicode decimal digit -> its ASCII digit, a full-width form (U+FF01-U+FF5E) -> its
+# ASCII character, a space separator (Zs: no-break, thin, narrow no-break, ideographic...) -> ' ', a dash written
+# inside numbers (U+2011 non-breaking hyphen, U+2012 figure dash, U+2013 en dash, U+2212 minus, U+FE63) -> '-'.
+# Not U+2010, the hyphen man pages break words with ("lists.source‐\n forge.net": an e-mail address's domain
+# must not end at a '-'), nor the em dash. Everything else is kept.
+class _Fold(dict):
+    """str.translate table, filled on first sight of each code point (cheap: a text has few distinct ones)."""
+
+    def __missing__(self, code: int) -> int:
+        char = chr(code)
+        digit = unicodedata.decimal(char, None)
+        if digit is not None:
+            folded = 48 + digit
+        elif 0xFF01 <= code <= 0xFF5E:
+            folded = code - 0xFEE0
+        elif unicodedata.category(char) == "Zs":
+            folded = 32
+        elif code in _DASHES:
+            folded = 45
+        else:
+            folded = code
+        self[code] = folded
+        return folded
+
+
+_DASHES = frozenset((0x2011, 0x2012, 0x2013, 0x2212, 0xFE63))
+_FOLD = _Fold()
+
+
+def detection_text(text: str) -> str:
+    """`text` as the detectors read it (see above): the same length, ASCII text unchanged."""
+    return text if text.isascii() else text.translate(_FOLD)

@@ -11,7 +11,7 @@ from functools import lru_cache, partial
 import phonenumbers
 from phonenumbers.phonenumberutil import _choose_formatting_pattern_for_number  # pinned: constraints.txt
 
-from kiln.curation.pii.base import _NUM_R
+from kiln.curation.pii.base import _NUM_R, _UNSPACED, _WORD, glued
 
 # libphonenumber compiles its metadata's patterns as it meets each region; `re` caches only 512, fewer than the
 # metadata has, so a corpus of many countries would recompile them over and over. Keep every compiled one.
@@ -22,13 +22,14 @@ phonenumbers.re_util.enable_pattern_cache()
 # local@domain.tld with a TLD of 2+ letters: `@decorator`, `user@localhost` and `pip install pkg@1.2`
 # are not addresses. Retina image names (`icon@2x.png`) and SSH remotes (`git@github.com:user/repo`)
 # are excluded explicitly. Matching starts only at '@' signs (rare, found with str.find) and walks
-# back over the local part, at most 64 characters (RFC 5321).
+# back over the local part, at most 64 characters (RFC 5321). A TLD is in one script: "bugs@samba.org发一个日志"
+# ends at "org".
 _EMAIL = re.compile(
     r"(?<![\w%+-])"
     r"[\w%+-]+(?:\.[\w%+-]+)*"
     r"@(?![0-9]+(?:\.[0-9]+)?x\.(?:png|jpe?g|gif|webp|svg|ico|bmp|avif)(?![\w-]))"
     r"(?:[^\W_][\w-]{0,62}\.)+"
-    r"[^\W\d_]{2,63}(?![\w-])(?!:[\w~/])"
+    r"(?:[^\W\d_" + _UNSPACED + r"]{2,63}|[" + _UNSPACED + r"]{2,63})(?!" + _WORD + r")(?!-)(?!:[\w~/])"
 )
 _LOCAL = frozenset("_%+-")  # local-part characters besides letters, digits and single dots
 
@@ -75,7 +76,7 @@ def _in_url_userinfo(text: str, start: int) -> bool:
 # The first character is consumed, then the branches look behind at what it was: '(' , an area
 # code's first digit, or a leading '1'.
 _PHONE_NANP = re.compile(
-    r"[(0-9](?<![\w+][(0-9])(?<![0-9][.-][(0-9])"
+    "[(0-9](?<!" + _WORD + r"[(0-9])(?<!\+[(0-9])(?<![0-9][.-][(0-9])"
     r"(?:(?:(?<=\()|(?<=1)[ .-]?\()[2-9][0-9]{2}\) ?[0-9]{3}[.-][0-9]{4}"
     r"|(?:(?<=[2-9])|(?<=1)[ .-]?[2-9])[0-9]{2}(?P<sep>[.-])[0-9]{3}(?P=sep)[0-9]{4})" + _NUM_R
 )
@@ -92,7 +93,7 @@ _PHONE_NANP = re.compile(
 # joined by '-' or '.' to more digits is one token and stays whole or nothing.
 _PHONE_SEP = "[ \u00a0\u202f.\\-/]"
 _PHONE_INTL = re.compile(
-    r"\+(?<![\w+]\+)[1-9][0-9]*(?P<cc>\))?"
+    r"\+(?<!" + _WORD + r"\+)(?<!\+\+)[1-9][0-9]*(?P<cc>\))?"
     r"(?:" + _PHONE_SEP + r"?\([0-9]{1,5}\)" + _PHONE_SEP + r"?[0-9]+|" + _PHONE_SEP + r"[0-9]+){0,8}"
 )
 # National formats (no country code: 030 91456342, 06 12 34 56 78, (021) 737 8957, 0459/45.66.33,
@@ -119,16 +120,16 @@ _PHONE_INTL = re.compile(
 # (The look-aheads ask for seven digits with at most two separator characters between neighbours: most numbers in
 # code are shorter, and are dropped before any Python runs.)
 _NATIONAL = re.compile(
-    r"(?:\((?<![\w+(.]\()(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){7})0?[0-9]{1,5}\)"
-    r"|[0-9](?<![\w+.(][0-9])(?<![0-9][.,/-][0-9])(?<![A-Za-z]-[0-9])(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6})"
+    r"(?:\((?<!" + _WORD + r"\()(?<![+(.]\()(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){7})0?[0-9]{1,5}\)"
+    r"|[0-9](?<!" + _WORD + r"[0-9])(?<![+.(][0-9])(?<![0-9][.,/-][0-9])(?<![A-Za-z]-[0-9])(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6})"
     r"[0-9]*)"
     r"(?:" + _PHONE_SEP + r"?\([0-9]{1,5}\)" + _PHONE_SEP + r"?[0-9]+|" + _PHONE_SEP + r"[0-9]+){0,8}"
 )
 # The candidates an uncued number can be (_TRUNK_START): the same runs as _NATIONAL finds, found from their start.
 _NATIONAL_TRUNK = re.compile(
-    r"(?:\((?<![\w+(.]\()(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){7})0?[0-9]{1,5}\)"
-    r"|0(?<![\w+.(]0)(?<![0-9][.,/-]0)(?<![A-Za-z]-0)(?=[0-9])(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6})[0-9]*"
-    r"|8(?<![\w+.(]8)(?<![0-9][.,/-]8)(?<![A-Za-z]-8)(?= \([0-9])(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6}))"
+    r"(?:\((?<!" + _WORD + r"\()(?<![+(.]\()(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){7})0?[0-9]{1,5}\)"
+    r"|0(?<!" + _WORD + r"0)(?<![+.(]0)(?<![0-9][.,/-]0)(?<![A-Za-z]-0)(?=[0-9])(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6})[0-9]*"
+    r"|8(?<!" + _WORD + r"8)(?<![+.(]8)(?<![0-9][.,/-]8)(?<![A-Za-z]-8)(?= \([0-9])(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6}))"
     r"(?:" + _PHONE_SEP + r"?\([0-9]{1,5}\)" + _PHONE_SEP + r"?[0-9]+|" + _PHONE_SEP + r"[0-9]+){0,8}"
 )
 # Cues, in a lowercased copy of the line before the number (at most _CUE_REACH characters before it).
@@ -386,7 +387,7 @@ def _phone_end(text: str, start: int, end: int, ok: Callable[[str], bool], trim:
     """Where the phone number text[start:end] is ends: `end` if it is one, else (`trim`) the end of its longest
     prefix cut at a space that is one (by `ok_cut`, default `ok`); None when no such number, or when the run is a
     slice of a longer token."""
-    if (end < len(text) and (text[end].isalnum() or text[end] == "_")) or (
+    if (end < len(text) and glued(text[end])) or (
             end + 1 < len(text) and text[end] in ".-:," and text[end + 1].isdigit()):
         return None  # a slice of a longer token, a decimal, or a time ("... 14:22:05")
     while True:
@@ -420,7 +421,7 @@ def _find_phone(text: str, regions: tuple[str, ...] = DEFAULT_PHONE_REGIONS, plu
                 if start == 0 or text[start - 1] != "(":
                     continue
                 start -= 1
-                if start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
+                if start > 0 and glued(text[start - 1]):
                     continue
             # A run cut short must be a valid number: a merely possible prefix of a longer impossible run
             # ("+86 123 4567" of "+86 123 4567 8901") is no evidence of where a number ends.

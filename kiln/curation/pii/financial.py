@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from kiln.curation.pii.base import _LEAD, _NUM_R
+from kiln.curation.pii.base import _LEAD, _NUM_R, glued
 
 # --- iban ---------------------------------------------------------------------------------------
 # ISO 13616: country code, two check digits, then a BBAN whose length the country fixes (the SWIFT IBAN
@@ -44,7 +44,7 @@ def _find_iban(text: str) -> Iterator[tuple[int, int]]:
     for m in _IBAN.finditer(text):
         s = m.group()
         length = IBAN_LENGTHS.get(s[:2])
-        if length is None or (m.start() > 0 and (text[m.start() - 1].isalnum() or text[m.start() - 1] == "_")):
+        if length is None or (m.start() > 0 and glued(text[m.start() - 1])):
             continue
         if " " in s:
             # Groups of four: the IBAN ends at the group that completes the country's length, which must
@@ -58,7 +58,7 @@ def _find_iban(text: str) -> Iterator[tuple[int, int]]:
                 continue
             span = m.span()
         nxt = text[span[1] : span[1] + 1]
-        if (nxt.isalnum() or nxt == "_") or not iban_ok(text[span[0] : span[1]]):
+        if (nxt and glued(nxt)) or not iban_ok(text[span[0] : span[1]]):
             continue
         yield span
 

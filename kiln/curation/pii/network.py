@@ -7,6 +7,8 @@ import ipaddress
 import re
 from collections.abc import Iterator
 
+from kiln.curation.pii.base import _WORD
+
 # Addresses that identify no one and appear in every networking tutorial.
 DEFAULT_IPV4_KEEP: frozenset[str] = frozenset({"127.0.0.1", "0.0.0.0", "255.255.255.255"})
 
@@ -17,7 +19,7 @@ DEFAULT_IPV4_KEEP: frozenset[str] = frozenset({"127.0.0.1", "0.0.0.0", "255.255.
 # preceding "version"/"section"/"Identifier(" word or a version specifier (">=3.10.0.2"). Netmasks
 # and hostmasks (255.255.255.0, 0.0.0.255) identify no one. Otherwise a four-part number IS
 # indistinguishable from an address ("Python 3.11.7.1" included) and is redacted.
-_IPV4 = re.compile(r"[0-9](?<![\w.][0-9])[0-9]{0,2}(?:\.[0-9]{1,3}){3}(?!\w)(?!\.\w)")
+_IPV4 = re.compile("[0-9](?<!" + _WORD + r"[0-9])(?<!\.[0-9])[0-9]{0,2}(?:\.[0-9]{1,3}){3}(?!" + _WORD + r")(?!\.\w)")
 _NOT_AN_ADDRESS_BEFORE = re.compile(
     r"(?i)(?:(?:versi[oó]n\w*|identifier|revision|(?<![a-z])(?:ver|rev|release|build|section|sec|chapter|rfc|oid|§))"
     r"s?\.?\W{0,4}|[<>!~=]=\s*)$"

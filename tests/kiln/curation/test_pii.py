@@ -290,6 +290,46 @@ def test_not_redacted(text):
     assert find_pii(text) == [], [text[m.start : m.end] for m in find_pii(text)]
 
 
+# The same numbers written with other characters (each written out by hand): an &nbsp; layout as resiliparse
+# extracts it (U+00A0), a thin or narrow no-break space, full-width forms on Japanese pages, Arabic-Indic digits, a
+# non-breaking hyphen (U+2011), an en dash; and numbers glued to letters of scripts written without spaces.
+UNICODE_FORMS = [
+    ("Pay with card\u00a04111\u00a01111\u00a01111\u00a01111 today.", "Pay with card\u00a0<CREDIT_CARD> today."),
+    ("card 4111\u202f1111\u202f1111\u202f1111", "card <CREDIT_CARD>"),
+    ("IBAN\u00a0DE89\u00a03704\u00a00044\u00a00532\u00a00130\u00a000", "IBAN\u00a0<IBAN>"),
+    ("SSN 078\u201105\u20111120", "SSN <US_SSN>"),
+    ("call 415\u2013555\u20130134", "call <PHONE>"),
+    ("\u304a\u554f\u3044\u5408\u308f\u305b\uff1a\uff4a\uff41\uff4e\uff45\uff20\uff47\uff4d\uff41\uff49\uff4c\uff0e\uff43\uff4f\uff4d",
+     "\u304a\u554f\u3044\u5408\u308f\u305b\uff1a<EMAIL>"),  # お問い合わせ：ｊａｎｅ＠ｇｍａｉｌ．ｃｏｍ
+    ("\u96fb\u8a71\uff1a\uff10\uff19\uff10\uff0d\uff17\uff13\uff18\uff15\uff0d\uff14\uff14\uff16\uff14",
+     "\u96fb\u8a71\uff1a<PHONE>"),  # 電話：０９０－７３８５－４４６４
+    ("\u0627\u062a\u0635\u0644: +\u0664\u0669 \u0663\u0660 \u0669\u0661\u0664\u0665\u0666\u0663\u0664\u0662",
+     "\u0627\u062a\u0635\u0644: <PHONE>"),  # اتصل: +٤٩ ٣٠ ٩١٤٥٦٣٤٢ (the Berlin number above)
+    # glued to Japanese, Chinese and Korean words: 携帯090-7385-4464までご連絡ください / IP地址192.0.2.x is kept
+    # (documentation), 93.184.216.34。/ 010-2345-6789로 연락 / bugs@samba.org发一个日志
+    ("\u643a\u5e2f090-7385-4464\u307e\u3067\u3054\u9023\u7d61\u304f\u3060\u3055\u3044",
+     "\u643a\u5e2f<PHONE>\u307e\u3067\u3054\u9023\u7d61\u304f\u3060\u3055\u3044"),
+    ("IP\u5730\u5740192.0.2.10\uff0c93.184.216.34\u3002", "IP\u5730\u5740192.0.2.10\uff0c<IPV4>\u3002"),
+    ("\uc804\ud654 010-2345-6789\ub85c \uc5f0\ub77d", "\uc804\ud654 <PHONE>\ub85c \uc5f0\ub77d"),
+    ("bugs@samba.org\u53d1\u4e00\u4e2a3\u7ea7\u7684\u65e5\u5fd7", "<EMAIL>\u53d1\u4e00\u4e2a3\u7ea7\u7684\u65e5\u5fd7"),
+    # a man page's hyphenated line break (U+2010) still ends an address's domain where it did
+    ("<netatalk-devel@lists.source\u2010\n       forge.net>", "<<EMAIL>\u2010\n       forge.net>"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), UNICODE_FORMS)
+def test_numbers_written_with_other_characters_are_redacted(text, expected):
+    assert red(text, phone_regions=["JP", "KR", "US"]) == expected
+    step = PiiRedaction(phone_regions=["JP", "KR", "US"])
+    assert step.batch([Document("d", "s", text)])[0].text == expected
+
+
+def test_latin_letters_still_glue_to_a_number():
+    # Only letters of unspaced scripts end a number: Latin, Cyrillic or Greek ones still make a longer token.
+    for text in ("x415-555-0134", "\u0436415-555-0134", "abc93.184.216.34", "id4111111111111111", "4111111111111111\u00e9"):
+        assert find_pii(text) == [], text
+
+
 def test_iban_check_digits_computed_by_hand():
     # ISO 13616 / ISO 7064 mod 97-10, worked by hand for a Norwegian account (BBAN of 11 digits, IBAN of 15):
     # move "NO00" to the end and letters to numbers (N = 23, O = 24): 12345678903 2324 00 = 12345678903232400.

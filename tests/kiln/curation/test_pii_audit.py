@@ -46,6 +46,17 @@ MISSED = [
     ("host 93.184.216.34 up", "ipv4", [("ipv4", "93.184.216.34")]),
     ("ping 2a00:1450:4001::1 ok", "ipv6", [("ipv6", "2a00:1450:4001::1")]),
     ("key " + "AKIA" + "Q3EGRE7MXZ2N4T5B", "secret", [("secret", "AKIA" + "Q3EGRE7MXZ2N4T5B")]),
+    # the same numbers written with other characters (see test_pii.py's UNICODE_FORMS)
+    ("card\u00a04111\u00a01111\u00a01111\u00a01111", "credit_card", [("credit_card", "4111\u00a01111\u00a01111\u00a01111")]),
+    ("IBAN\u00a0DE89\u00a03704\u00a00044\u00a00532\u00a00130\u00a000", "iban",
+     [("iban", "DE89\u00a03704\u00a00044\u00a00532\u00a00130\u00a000")]),
+    ("SSN 078\u201105\u20111120", "us_ssn", [("us_ssn", "078\u201105\u20111120")]),
+    ("\uff4a\uff41\uff4e\uff45\uff20\uff47\uff4d\uff41\uff49\uff4c\uff0e\uff43\uff4f\uff4d", "email",
+     [("email", "\uff4a\uff41\uff4e\uff45\uff20\uff47\uff4d\uff41\uff49\uff4c\uff0e\uff43\uff4f\uff4d")]),
+    ("Tel +\u0664\u0669 \u0663\u0660 \u0669\u0661\u0664\u0665\u0666\u0663\u0664\u0662", "phone",
+     [("phone", "+\u0664\u0669 \u0663\u0660 \u0669\u0661\u0664\u0665\u0666\u0663\u0664\u0662")]),
+    ("IP\u5730\u574093.184.216.34\u3002", "ipv4", [("ipv4", "93.184.216.34")]),
+    ("bugs@samba.org\u53d1\u4e00\u4e2a", "email", [("email", "bugs@samba.org")]),
 ]
 
 
