@@ -6,12 +6,19 @@ stage and reason, what it duplicated, its length and a hash of its text: an audi
 and check a text against it, without the rejected table becoming a second copy of the very PII or secret that may
 have got the document dropped. `curation.keep_rejected_text` opts into an `excerpt` or the `full` text, always
 PII-redacted; the same setting decides whether the removal examples in a stage's metadata show an excerpt.
+
+Kept text is redacted at least as hard as any `pii` step could be configured to redact the documents kept: every
+PII type, and a national-format phone number of every region libphonenumber knows, not only the step's
+`phone_regions` (a user who adds Panama to them must not find "tel: 200-1234" in a rejected row), so that no
+setting of `curation.pii` can leave more of a removed document's PII than of a kept one's.
 """
 
 from __future__ import annotations
 
 import hashlib
 from typing import Any, Literal
+
+import phonenumbers
 
 from kiln.curation.pii import redact
 
@@ -31,13 +38,20 @@ def text_hash(text: str | bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
+_EVERY_REGION = tuple(sorted(phonenumbers.SUPPORTED_REGIONS))
+
+
+def _redact(text: str) -> str:
+    return redact(text, phone_regions=_EVERY_REGION)[0]
+
+
 def kept_text(text: str, policy: RejectedText) -> str | None:
     """What of a removed document's text may be persisted: nothing, or its excerpt or whole text, PII-redacted."""
     if policy == "none":
         return None
     if policy == "excerpt":
         return _redacted_excerpt(text)
-    return redact(text)[0]
+    return _redact(text)
 
 
 def _redacted_excerpt(text: str) -> str:
@@ -49,7 +63,7 @@ def _redacted_excerpt(text: str) -> str:
     size = EXCERPT_READS
     while True:
         window = text[:size]
-        redacted = redact(window)[0]
+        redacted = _redact(window)
         untouched = 0  # the characters at the window's end that the redactor left as they were (enough: the margin)
         while untouched < min(len(redacted), len(window), _CUT_MARGIN) and \
                 redacted[-1 - untouched] == window[-1 - untouched]:

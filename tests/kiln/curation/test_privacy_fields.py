@@ -257,5 +257,19 @@ def test_an_excerpt_after_a_long_secret_still_redacts_the_secret_at_the_excerpts
     import kiln.common.removals as removals
 
     windows = []
-    monkeypatch.setattr(removals, "redact", lambda t: windows.append(len(t)) or (t, {}))
+    monkeypatch.setattr(removals, "redact", lambda t, **_: windows.append(len(t)) or (t, {}))
     assert kept_text(prose(3) * 20, "excerpt") == (prose(3) * 20)[:200] and windows == [456]
+
+
+def test_kept_text_of_a_removed_document_is_redacted_at_least_as_the_configured_pii_step_redacts():
+    """A Panama number (fixed lines: 7 digits from 2, "200-1234") is a phone number only to a `pii` step whose
+    `phone_regions` name PA, which the defaults do not. A removed document's kept text and excerpt redact it whatever
+    the step's regions: it must not be the one place a configured user's PII survives."""
+    from kiln.common.removals import example_excerpt, kept_text
+
+    text = "Panama office, call us on tel: 200-1234 today. " + prose(4)
+    assert PiiRedaction().batch([Document("d", "s", text)])[0].text == text  # default regions: not a number
+    configured = PiiRedaction(phone_regions=["PA"]).batch([Document("d", "s", text)])[0].text
+    assert configured.startswith("Panama office, call us on tel: <PHONE> today.")
+    assert kept_text(text, "full") == configured
+    assert kept_text(text, "excerpt") == example_excerpt(text, "full") == configured[:200]
