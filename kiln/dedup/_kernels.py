@@ -54,8 +54,8 @@ def _rolled(word, poly, words, ring, slot, powers, inverse):
 def spaced_shingles(data, ends, byte_map, n, word_base, shingle_base):
     """The shingle hashes of a chunk whose words are all spaced words (`fast_minhash._shingle_sets` without
     no-space characters), in one pass over its normalized bytes byte_map[data] (words split by a space; text t
-    ends before the byte at ends[t]): every n consecutive words of a text, or all its words when it has fewer (none:
-    the empty shingle), each mix64(sum_k word_hash_k * shingle_base^k) >> 32. Mapping each byte as it is read
+    ends before the byte at ends[t]): every n consecutive words of a text, or all its words when it has fewer (none for
+    a text without words), each mix64(sum_k word_hash_k * shingle_base^k) >> 32. Mapping each byte as it is read
     saves a pass and a copy of the chunk. The polynomial of a text's last n words is rolled from word to word
     (P' = (P - oldest) * shingle_base^-1 + newest * shingle_base^(n-1), the oldest kept in a ring): two
     multiplications a word instead of n, a quarter of the kernel's time. Returns (hashes text after text, count per
@@ -104,10 +104,10 @@ def spaced_shingles(data, ends, byte_map, n, word_base, shingle_base):
             if words >= n:
                 out[k_out] = np.uint32(mix64(poly) >> _S32)
                 k_out += 1
-        if words < n:  # one shingle of all the text's words
+        if 0 < words < n:  # one shingle of all the text's words
             out[k_out] = np.uint32(mix64(poly) >> _S32)
             k_out += 1
-        counts[t] = max(words - n + 1, 1)
+        counts[t] = max(words - n + 1, 1) if words else 0
         start = end + 1
     return out[:k_out], counts
 

@@ -211,7 +211,8 @@ def _shingle_sets(texts: list[str], settings: NearDedup, lengths: np.ndarray) ->
     first_word = np.searchsorted(word_starts, np.concatenate(([0], text_ends[:-1])))
     words_in = np.searchsorted(word_starts, text_ends) - first_word
     n = settings.shingle_size
-    shingles_in = np.maximum(words_in - n + 1, 1)  # a text shorter than n words is one shingle of all its words
+    # a text shorter than n words is one shingle of all its words; one without words has none
+    shingles_in = np.where(words_in > 0, np.maximum(words_in - n + 1, 1), 0)
     weighted = None
     if units:  # texts with a no-space character: its characters weigh less than a word (text.shingle_ranges)
         unit = _unit_words(data, word_starts)

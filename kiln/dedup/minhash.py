@@ -76,11 +76,11 @@ def _hash32(data: bytes) -> int:
 
 def shingle_hashes(text: str, settings: NearDedup) -> np.ndarray:
     """SCHEME's shingle set: sorted unique 32-bit hashes of the document's word n-grams (all its words if it has
-    fewer). `sign_texts` gives the shingle sets of the configured scheme."""
+    fewer; none if it has no words). `sign_texts` gives the shingle sets of the configured scheme."""
     w = normalized_words(text, settings.normalization)
     n = settings.shingle_size
     if plain(text):  # spaced words only: every n consecutive words
-        grams = [" ".join(w[i:i + n]) for i in range(max(len(w) - n + 1, 1))] if w else [""]
+        grams = [" ".join(w[i:i + n]) for i in range(max(len(w) - n + 1, 1))] if w else []
     else:  # no-space characters weigh less than a word: a shingle spans n words' worth (text.shingle_ranges)
         _, starts, ends = shingle_ranges(word_weights(w), np.zeros(1, np.int64), np.array([len(w)]), n)
         grams = [" ".join(w[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
@@ -109,10 +109,11 @@ def lean(sig: np.ndarray, seed: int) -> LeanMinHash:
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:
-    """Exact Jaccard similarity of two sorted unique shingle-hash arrays."""
+    """Exact Jaccard similarity of two sorted unique shingle-hash arrays; 0 for two empty ones (documents without
+    words, "!!! ???" or emoji only, share no text a near-duplicate could be made of)."""
     inter = np.intersect1d(a, b, assume_unique=True).size
     union = a.size + b.size - inter
-    return inter / union if union else 1.0
+    return inter / union if union else 0.0
 
 
 def estimated_jaccard(sig: np.ndarray, others: np.ndarray) -> np.ndarray:

@@ -67,7 +67,7 @@ def shingle_ranges(weights: np.ndarray, first: np.ndarray, count: np.ndarray,
     A shingle is the run of consecutive words from a start word that first reaches n words' weight (`weights`:
     text_units.WORD_WEIGHT for a spaced word, UNIT_WEIGHT for one no-space character, so 5 words or 8 Chinese
     characters), from every start that can reach it; a text that never reaches it is one shingle of all its words
-    (an empty text, one empty shingle). With only spaced words that is every n consecutive words. Text d's words are
+    (a text without words has none: two such texts share nothing a near-duplicate could be made of). With only spaced words that is every n consecutive words. Text d's words are
     weights[first[d]:first[d] + count[d]]."""
     need = n * WORD_WEIGHT
     cum = np.zeros(len(weights) + 1, dtype=np.int64)
@@ -75,7 +75,7 @@ def shingle_ranges(weights: np.ndarray, first: np.ndarray, count: np.ndarray,
     last = first + count
     # Starts that can reach `need` before the text's end: s with cum[last] - cum[s] >= need.
     full = np.clip(np.searchsorted(cum, cum[last] - need, side="right") - first, 0, count)
-    per_text = np.maximum(full, 1)
+    per_text = np.where(count > 0, np.maximum(full, 1), 0)
     text_of = np.repeat(np.arange(len(first), dtype=np.int64), per_text)
     starts = np.repeat(first, per_text) + (np.arange(per_text.sum()) - np.repeat(np.cumsum(per_text) - per_text,
                                                                                    per_text))

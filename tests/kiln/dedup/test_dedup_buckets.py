@@ -115,6 +115,24 @@ def test_planted_families_same_decisions_as_near_dedup(tmp_path):
                                                       if r["source"] == "web" and r["status"] == KEPT)
 
 
+@pytest.mark.parametrize("scheme", ["fss-splitmix64-v1", "affine32"])
+def test_documents_without_words_are_never_near_duplicates_of_each_other(tmp_path, scheme):
+    """Punctuation, symbols and emoji leave no words after normalization, so no shingles: two such documents share
+    nothing a copy is made of (Jaccard of two empty sets: 0 here; they all used to be one cluster, J = 1.0, and all
+    but one dropped). A word-less document next to a real pair leaves the pair's decision as it was."""
+    near = NEAR.model_copy(update={"scheme": scheme})
+    rng = np.random.default_rng(7)
+    base = " ".join(rng.choice(vocabulary(rng), 120))
+    texts = ["!!! ??? ...", "--- *** +++ ///", "\U0001f600\U0001f600 \U0001f389", "==== #### @@@@", base, base + " end"]
+    sig = signature_table("s", texts, near=near)
+    assert [len(s) for s in sig.column("shingles").to_pylist()[:4]] == [0, 0, 0, 0]
+    assert jaccard(np.empty(0, np.uint32), np.empty(0, np.uint32)) == 0.0
+    got, _ = distributed(tmp_path, [[("s", 1, sig)]], near=near)
+    status = dict(zip(got[0].column("doc_id").to_pylist(), got[0].column("status").to_pylist()))
+    assert status == {"s-0": KEPT, "s-1": KEPT, "s-2": KEPT, "s-3": KEPT, "s-4": KEPT, "s-5": NEAR_DUPLICATE}
+    assert_same(got[0], reference(tmp_path / "idx", [[("s", 1, sig)]], near=near)[0])
+
+
 def test_the_output_is_flushed_once_before_the_index_names_it(tmp_path, monkeypatch):
     """The final and persist rounds' Parquet files skip a flush each (a power loss only costs the run: its output
     folder is emptied first and `_index.json` comes last); the folder is flushed once, before `_index.json`."""
@@ -336,7 +354,7 @@ def test_distinct_pairs_are_numpys_unique_rows():
 
 def test_pair_jaccard_all_pairs_at_once_equals_minhash_jaccard_pair_by_pair():
     """verify's batched Jaccard against `minhash.jaccard` (intersect1d, one pair at a time): equal floats, also for
-    empty sets (1.0 when both are), identical sets and a b list read from a sliced Arrow column (offsets not at 0)."""
+    empty sets (0 when both are: documents without words), identical sets and a b list read from a sliced Arrow column (offsets not at 0)."""
     rng = np.random.default_rng(3)
     sets = [np.unique(rng.integers(0, 400, rng.integers(0, 50))).astype(np.uint32) for _ in range(120)]
     sets[:3] = [np.empty(0, np.uint32), np.empty(0, np.uint32), sets[5]]
@@ -348,7 +366,7 @@ def test_pair_jaccard_all_pairs_at_once_equals_minhash_jaccard_pair_by_pair():
     a_offsets = np.r_[0, np.cumsum([len(sets[i]) for i in a_idx])]
     got = pair_jaccard(a_values, a_offsets, b_values, b_offsets, b_idx)
     want = np.array([jaccard(sets[a], sets[b]) for a, b in zip(a_idx, b_idx)])
-    assert got[0] == 1.0 and got[1] == 1.0  # two empty sets; a set and itself
+    assert got[0] == 0.0 and got[1] == 1.0  # two empty sets; a set and itself
     assert got.tolist() == want.tolist()
     assert (want == 0).sum() > 10 and ((want > 0) & (want < 1)).sum() > 100  # not a vacuous comparison
     # Sets out of order cannot be merged: they take the search, with the same answer.

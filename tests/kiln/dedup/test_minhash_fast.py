@@ -52,7 +52,7 @@ def ref_is_unit(word: str) -> bool:
 
 def ref_shingles(text: str, near: NearDedup) -> list[int]:
     """Shingles: from each word, the words up to the first that brings the weight to n words (a no-space character
-    weighs 5/8 of a word); no start reaches it: one shingle of all the words (none: one empty shingle)."""
+    weighs 5/8 of a word); no start reaches it: one shingle of all the words (no words: no shingles)."""
     words, n = normalized_words(text, near.normalization), near.shingle_size
     grams = []
     for i in range(len(words)):
@@ -62,7 +62,7 @@ def ref_shingles(text: str, near: NearDedup) -> list[int]:
             if weight >= 8 * n:
                 grams.append(words[i:j + 1])
                 break
-    grams = grams or [words]
+    grams = grams or ([words] if words else [])
     return sorted({ref_mix64(ref_polynomial([ref_word_hash(w) for w in g], SHINGLE_BASE)) >> 32 for g in grams})
 
 
@@ -84,7 +84,7 @@ def ref_signature(shingles: list[int], num_perm: int, seed: int) -> list[int]:
                 best[b] = (r, h & 0xFFFFFFFF)
         if None not in best:
             break  # a later round cannot beat an earlier one
-    return [value for _, value in best]
+    return [0xFFFFFFFF if b is None else b[1] for b in best]  # an empty set leaves every bin empty: all ones
 
 
 def assert_matches_reference(texts: list[str], near: NearDedup) -> None:
