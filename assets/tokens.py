@@ -54,8 +54,14 @@ def tokenizer(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
     sample drawn by the mixture weights from every refresh so far, or the file `tokenizer.source` names, measured on
     that sample. Fitted once: a new tokenizer invalidates every refresh's token shards."""
     config, store = kiln_config.load(), storage.store()
-    sources, inputs = _sources(config, store, load_refreshes(store))
-    sample = draw_training_sample(sources, config.mixture.weights, config.tokenizer)
+    refreshes = load_refreshes(store)
+    sources, inputs = _sources(config, store, refreshes)
+    requests, requests_version = load_requests(store)
+    if requests_version:
+        inputs[REQUESTS] = requests_version
+    # no document a removal request names is drawn, in an older refresh either (URLs as intake read them)
+    matchers = with_intake_urls(store, requests, raw_partitions(store, [s.name for s in sources], refreshes))
+    sample = draw_training_sample(sources, config.mixture.weights, config.tokenizer, matchers)
     with store.staging(TOKENIZER) as writer:
         trained = config.tokenizer.source == "train"
         try:
@@ -170,6 +176,11 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
             forget_replaced=bool(newly_applied))  # the shards replaced may hold what the new requests remove
     for warning in result.warnings:
         context.log.warning(warning)
+    if newly_applied and not config.shards.export and store.manifest_or_none(EXPORTS, refresh) is not None:
+        context.log.warning(f"{EXPORTS}/{refresh} was exported from shards that hold documents a removal request "
+                            f"removed since ({', '.join(sorted(newly_applied))}), and shards.export is [], so nothing "
+                            f"re-exports it: materialize {EXPORTS} for {refresh} again, or delete "
+                            f"{store.dataset_dir(EXPORTS, refresh)}")
     base, written = store.dataset_dir(SHARDS, refresh), writer.committed.folder
     problems = []
     shard_set = read_shard_set(written)
@@ -240,6 +251,8 @@ def shard_exports(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
     config, store = kiln_config.load(), storage.store()
     refresh = context.partition_key
     shards = store.snapshot(SHARDS, refresh)  # the version recorded is the one exported
+    applied = applied_requests(shards.manifest)
+    newly_applied = applied - applied_requests(store.manifest_or_none(EXPORTS, refresh))
     formats = config.shards.export
     if not formats:
         context.log.warning("shards.export is []: nothing exported; set shards.export: [megatron, parquet] "
@@ -250,9 +263,11 @@ def shard_exports(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
         counts = {f"{split}_{what}": entry[what] for split, entry in stats["splits"].items()
                   for what in ("documents", "tokens")}
         manifest = writer.commit(code_version=context.assets_def.code_versions_by_key[context.asset_key],
-                                 config={"export": formats},
+                                 config={"export": formats, "removal_requests": sorted(applied)},
                                  inputs={f"{SHARDS}/{refresh}": shards.manifest.data_version},
-                                 counts=counts, stats=stats)
+                                 counts=counts, stats=stats,
+                                 # the export replaced may hold the tokens of documents a new request removed
+                                 forget_replaced=bool(newly_applied))
     base = store.dataset_dir(EXPORTS, refresh)
     return dg.MaterializeResult(
         metadata={**counts, "formats": dg.MetadataValue.json(formats), "megatron_dtype": str(stats["megatron_dtype"]),

@@ -45,6 +45,7 @@ from kiln.common.config.tokens import SPECIAL_ROLES
 from kiln.common.manifest import write_file_atomic
 from kiln.common.text_units import count_words, dominant_script
 from kiln.curation.documents import Document
+from kiln.governance.forget import IntakeMatched, RemovalRequest, first_match
 from kiln.tokens.mixture import SourceParts, hash_unit, select_documents, shares
 from kiln.tokens.shard_format import token_dtype
 from training_jobs.tokenizer_files import ASSET_HF_FILE, CARD_FILE, EXPORT_CARD_FILE, model_file
@@ -99,10 +100,13 @@ def read_documents(parts: Iterable[Path], limit: int | None = None, batch_size: 
 
 
 def draw_training_sample(sources: Sequence[SourceParts], weights: Mapping[str, float],
-                         settings: TokenizerSettings) -> TrainingSample:
+                         settings: TokenizerSettings,
+                         requests: Sequence[RemovalRequest | IntakeMatched] = ()) -> TrainingSample:
     """Draw at most `sample_chars` characters / `sample_documents` documents, each source's share of
     characters following `weights` (empty: natural proportions). A source smaller than its share is
-    repeated, as training will repeat it; the doc_id hash order decides which documents come first.
+    repeated, as training will repeat it; the doc_id hash order decides which documents come first. A document a
+    removal request in `requests` names is never drawn (older refreshes still hold the documents a request removed
+    from the partitions filtered since), as the token shards leave it out.
 
     Two passes over the parts: lengths and ids first, then only the chosen texts, so the corpus is
     never in memory at once.
@@ -111,13 +115,18 @@ def draw_training_sample(sources: Sequence[SourceParts], weights: Mapping[str, f
     for s in sources:
         parts, rows, chars, keys = [], [], [], []
         for p, part in enumerate(s.parts):
-            table = pq.read_table(part, columns=["doc_id", "text"])
-            n = table.num_rows
+            table = pq.read_table(part, columns=["doc_id", "text"] + (["source", "url"] if requests else []))
+            ids = table.column("doc_id").to_pylist()
+            drawable = np.ones(len(ids), bool)
+            if requests:
+                drawable = np.fromiter((first_match(requests, d, src, url) is None for d, src, url in zip(
+                    ids, table.column("source").to_pylist(), table.column("url").to_pylist())), bool, len(ids))
+            n = int(drawable.sum())
             parts.append(np.full(n, p, np.int32))
-            rows.append(np.arange(n, dtype=np.int64))
-            chars.append(pc.utf8_length(table.column("text")).to_numpy(zero_copy_only=False).astype(np.int64))
+            rows.append(np.flatnonzero(drawable).astype(np.int64))
+            chars.append(pc.utf8_length(table.column("text")).to_numpy(zero_copy_only=False).astype(np.int64)[drawable])
             keys.append(np.fromiter((hash_unit("tokenizer-sample", settings.seed, d)
-                                     for d in table.column("doc_id").to_pylist()), np.uint64, n))
+                                     for d, ok in zip(ids, drawable) if ok), np.uint64, n))
         cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt))
         key = cat(keys, np.uint64)
         order = np.argsort(key, kind="stable")

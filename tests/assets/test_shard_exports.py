@@ -26,7 +26,7 @@ def project_with(export, tmp_path, kiln_home, monkeypatch):
     return load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
 
 
-def commit_token_shards(project, shards=SHARDS) -> str:
+def commit_token_shards(project, shards=SHARDS, requests=()) -> str:
     """A small token_shards version of the current refresh, as the token_shards asset commits one."""
     with project.store.staging("token_shards", project.current()) as writer:
         infos, positions = [], []
@@ -45,7 +45,7 @@ def commit_token_shards(project, shards=SHARDS) -> str:
              "tokens": [len(d) for _, docs in shards for d in docs],
              **{c: [None] * len(positions) for c in ("removed_by", "license", "language", "locator")}},
             schema=MEMBERS_SCHEMA))
-        manifest = writer.commit(code_version="t", config={}, inputs={}, counts={},
+        manifest = writer.commit(code_version="t", config={"removal_requests": list(requests)}, inputs={}, counts={},
                                  stats=describe_shard_set(SHA, 500, 2, infos))
     return manifest.data_version
 
@@ -117,3 +117,24 @@ def test_no_export_configured_writes_nothing_and_does_not_follow(tmp_path, kiln_
     export = json.loads((project.store.dataset_dir("shard_exports", project.current()) / "export.json").read_text())
     assert export["splits"]["train"]["documents"] == 3 and "megatron_prefix" not in export["splits"]["train"]
 
+
+
+def test_an_export_replaced_after_a_takedown_is_removed_from_disk(tmp_path, kiln_home, monkeypatch):
+    """token_shards that apply a new removal request drop the documents it names; the export made of them must not
+    leave the export of the shards before on disk for a Megatron or HF run to read (a replaced version is otherwise
+    kept for readers for `keep_replaced_minutes`). An export of shards that applied nothing new keeps that grace."""
+    project = project_with(["megatron"], tmp_path, kiln_home, monkeypatch)
+    refresh = project.current()
+    versions = lambda: sorted(p.name for p in project.store.dataset_dir("shard_exports", refresh).parent.glob(  # noqa: E731
+        f".{refresh}.v-*") if p.is_dir())
+    commit_token_shards(project)
+    assert project.materialize(["shard_exports"]).success
+    commit_token_shards(project, SHARDS[:2])  # shards written again, no new request: the old export is kept a while
+    assert project.materialize(["shard_exports"]).success
+    assert len(versions()) == 2
+    commit_token_shards(project, [("train", [[10, 11, 2]]), ("val", [[16, 2]])], requests=["req-1"])
+    assert project.materialize(["shard_exports"]).success
+    assert len(versions()) == 1
+    assert project.store.manifest("shard_exports", refresh).config["removal_requests"] == ["req-1"]
+    base = project.store.dataset_dir("shard_exports", refresh)
+    assert (base / "megatron" / "train.bin").read_bytes() == np.array([10, 11, 2], "<u2").tobytes()

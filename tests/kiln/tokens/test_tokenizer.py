@@ -186,3 +186,27 @@ def test_default_settings_round_trip_chinese_and_japanese_and_report_per_script(
     assert {"Han", "Kana", "Latin"} <= set(report["scripts"])
     # Frequent characters have pieces of their own and merge: fewer tokens than characters.
     assert 0 < report["scripts"]["Han"]["tokens_per_char"] < 1 and 0 < report["scripts"]["Kana"]["tokens_per_char"] < 1
+
+
+def test_a_document_a_removal_request_names_is_never_in_the_tokenizer_sample(tmp_path):
+    """Older refreshes still hold what a request removed from the partitions filtered since: the sample (and so the
+    tokenizer's training text and its stored examples) leaves those documents out, as token_shards does. The sample
+    is otherwise the same draw: the other documents keep their hash order."""
+    from kiln.curation.documents import make_doc_id
+    from kiln.governance.forget import RemovalRequest
+
+    secret = "Jane Roe asked us to remove this page about her home at 12 Elm Street"
+    texts = [secret] + make_texts("prose", 30)
+    src = write_source(tmp_path, "web", texts, rows_per_part=7)
+    everything = draw_training_sample([src], {}, SMALL_TOKENIZER)
+    assert secret in [d.text for d in everything.documents["web"]]  # drawn when nobody asked to remove it
+    request = RemovalRequest("req-1", "2026-12-03", "doc_ids", [make_doc_id("web", "0")], "takedown")
+    sample = draw_training_sample([src], {}, SMALL_TOKENIZER, [request])
+    drawn = [d.text for d in sample.documents["web"]]
+    assert secret not in drawn
+    assert drawn == [d.text for d in everything.documents["web"] if d.text != secret]
+    by_source = RemovalRequest("req-2", "2026-12-03", "source", "web", "all of it")
+    from kiln.tokens.mixture import MixtureError
+
+    with pytest.raises(MixtureError, match="no source has any tokens"):  # nothing left to draw from
+        draw_training_sample([src], {}, SMALL_TOKENIZER, [by_source])
