@@ -1,6 +1,6 @@
 """Peak memory of building a model for ZeRO-3 training, with and without deepspeed.zero.Init: two processes
 (torchrun, gloo on CPU or NCCL on GPUs) each build the preset through training_jobs.setup.build_engine
-(the model, AdamW, the LR schedule, deepspeed.initialize) and report their peak resident memory (ru_maxrss;
+(the model, AdamW, the LR schedule, deepspeed.initialize) and report their peak resident memory (VmHWM;
 on GPUs also the peak allocated device memory). Without zero.Init every rank holds the whole fp32 model before
 DeepSpeed partitions it; with it, each rank only ever holds its partition (plus one parameter being initialized).
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
+import re
 import subprocess
 import sys
 import time
@@ -38,8 +38,9 @@ def worker(preset: str, zero_init: bool) -> None:
     from training_jobs.setup import build_engine, build_model, deepspeed_config, init_distributed, resolve_precision
 
     def peaks() -> dict:
-        """Peak resident memory so far (Linux reports KiB) and, on GPUs, peak allocated device memory, in GiB."""
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        """Peak resident memory so far (VmHWM, KiB: ru_maxrss would start at the launcher's peak, which an exec'd
+        child inherits) and, on GPUs, peak allocated device memory, in GiB."""
+        rss = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 2**20
         device = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
         return {"rss_gib": round(rss, 3), "device_gib": None if device is None else round(device, 3)}
 

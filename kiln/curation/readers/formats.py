@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import re
@@ -46,10 +47,11 @@ class Quarantined:
 
 
 def quarantine(source: str, locator: str, reason: str, record: bytes | str | None = None,
-               detail: str | None = None) -> Quarantined:
+               detail: str | None = None, record_hash: str | None = None) -> Quarantined:
     """`record` (its bytes or text, when there is one) quarantined for `reason`. Its excerpt (`detail`, what went
     wrong, then the record's first EXCERPT_CHARS characters) passes the redactor kept text passes, as the quarantine
-    table and the removal examples in Dagster's metadata show it; the record itself is only hashed."""
+    table and the removal examples in Dagster's metadata show it; the record itself is only hashed (`record_hash`:
+    the hash of a record of which `record` is only the start)."""
     shown = []
     if detail:
         shown.append(kept_text(detail, "full"))  # an exception's message may quote the record
@@ -58,7 +60,7 @@ def quarantine(source: str, locator: str, reason: str, record: bytes | str | Non
             else record
         shown.append(kept_text(text, "excerpt"))
     return Quarantined(source, locator, reason, ": ".join(x for x in shown if x) or None,
-                       None if record is None else text_hash(record))
+                       record_hash or (None if record is None else text_hash(record)))
 
 
 def decode_utf8(data: bytes, source: str, locator: str) -> str | Quarantined:
@@ -210,18 +212,37 @@ def record_to_document(record: Any, source: Source, locator: str, reading: Readi
                     url=url if isinstance(url, str) else None, license=source.license, meta=meta)
 
 
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which Windows tools write before a file's first record
+_DRAIN = 1 << 20
+
+
+def _lines(stream, limit: int) -> Iterator[tuple[bytes, str | None]]:
+    """The stream's lines, each (line, None), or for a line longer than `limit` bytes (its first limit + 1 bytes,
+    the whole line's text_hash): read in bounded pieces, so a reader's memory does not grow with a line's length."""
+    while line := stream.readline(limit + 1):
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line, None
+            continue
+        digest, piece = hashlib.blake2b(line, digest_size=16), line  # text_hash of the whole line, piece by piece
+        while not piece.endswith(b"\n") and (piece := stream.readline(_DRAIN)):
+            digest.update(piece)
+        yield line, digest.hexdigest()
+
+
 def read_jsonl(f: SourceFile, source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
     lines = records = 0
     try:
         with _decompressed(f) as stream:
-            for lineno, line in enumerate(stream, start=1):
+            for lineno, (line, long_hash) in enumerate(_lines(stream, reading.max_document_bytes), start=1):
                 lines += 1
                 locator = f"{f.relative}#L{lineno}"
+                if lineno == 1 and line.startswith(_BOM):
+                    line = line[len(_BOM):]
                 if not line.strip():
                     continue  # blank lines separate nothing in JSONL; not a record
                 records += 1
-                if len(line) > reading.max_document_bytes:
-                    yield quarantine(source.name, locator, "too_large", line)
+                if long_hash is not None or len(line) > reading.max_document_bytes:
+                    yield quarantine(source.name, locator, "too_large", line, record_hash=long_hash)
                     continue
                 decoded = decode_utf8(line, source.name, locator)
                 if isinstance(decoded, Quarantined):

@@ -46,6 +46,49 @@ def test_corrupt_jsonl_is_quarantined_and_counted_while_the_rest_is_read(tmp_pat
     assert docs[0].url == "https://a.org/1" and docs[0].license == "CC0"
 
 
+def test_a_byte_order_mark_before_the_first_record_is_not_part_of_it(tmp_path):
+    """Windows tools write a UTF-8 BOM (EF BB BF) before a file's first line, which json.loads refuses: the first
+    record was quarantined as malformed_json. Only the file's start can hold one; a BOM inside a later line is
+    that line's own malformed JSON."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"id": "a", "text": "first"}\r\n{"id": "b", "text": "second"}\r\n'
+                     b'\xef\xbb\xbf{"id": "c", "text": "third"}\n')
+    docs, bad = split(list(read_source(source("jsonl", path), Reading())))
+    assert [d.text for d in docs] == ["first", "second"]
+    assert [(q.reason, q.locator) for q in bad] == [("malformed_json", "bom.jsonl#L3")]
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_an_overlong_line_is_quarantined_whole_without_holding_it_in_memory(tmp_path, suffix):
+    """A line past max_document_bytes is read in pieces: quarantined as too_large with the hash of the whole line
+    (blake2b-128, computed here by hand over the bytes written), and the record after it is read as usual. The
+    reader's peak memory is measured in a child process: a 200 MB line must not raise it by 200 MB."""
+    import hashlib
+    import subprocess
+    import sys
+
+    line = b'{"id": "big", "text": "' + b"a" * (200 << 20) + b'"}\n'
+    payload = line + b'{"id": "small", "text": "after it"}\n'
+    path = tmp_path / f"big.jsonl{suffix}"
+    path.write_bytes(gzip.compress(payload, compresslevel=1) if suffix else payload)
+    # VmHWM (this process's peak RSS), not ru_maxrss, which a child inherits from the parent's peak across exec
+    code = f"""
+import re
+from kiln.common.config import Reading, Source
+from kiln.curation.readers import Quarantined, read_source
+peak = lambda: int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+s = Source(name="s", kind="jsonl", path={str(path)!r}, license="CC0", domain="web", profile="prose")
+before = peak()
+out = [(r.reason, r.record_hash) if isinstance(r, Quarantined) else r.text
+       for r in read_source(s, Reading(max_document_bytes=1_000_000))]
+print(repr(out)); print((peak() - before) // 1024)
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out, grown_mb = run.stdout.splitlines()[-2:]
+    assert eval(out) == [("too_large", hashlib.blake2b(line, digest_size=16).hexdigest()), "after it"]
+    assert int(grown_mb) < 100, f"peak RSS grew by {grown_mb} MB reading a 200 MB line"
+
+
 def test_doc_ids_are_stable_and_distinct(tmp_path):
     path = write_jsonl(tmp_path / "a.jsonl", [{"text": prose(1)}, {"text": prose(2)}])
     first = [d.doc_id for d in read_source(source("jsonl", path), Reading())]
