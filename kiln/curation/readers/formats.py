@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import re
 import zlib
 from collections.abc import Callable, Iterator
@@ -202,7 +203,7 @@ def record_to_document(record: Any, source: Source, locator: str, reading: Readi
         return quarantine(source.name, locator, "empty_text")
     if len(text.encode("utf-8", errors="surrogatepass")) > reading.max_document_bytes:
         return quarantine(source.name, locator, "too_large", text)
-    native_id = record.get(source.id_field) if source.id_field else None
+    native_id = _native_id(record.get(source.id_field)) if source.id_field else None
     if native_id is not None:
         locator = f"id:{native_id}"
     url = record.get(source.url_field) if source.url_field else None
@@ -227,6 +228,17 @@ def _lines(stream, limit: int) -> Iterator[tuple[bytes, str | None]]:
         while not piece.endswith(b"\n") and (piece := stream.readline(_DRAIN)):
             digest.update(piece)
         yield line, digest.hexdigest()
+
+
+def _native_id(value: Any) -> str | None:
+    """A record's own id, or None where it has none to name it by (then its place in the file does): a null, an
+    empty string, NaN (a Parquet integer column with nulls reads as floats) or a list or object would give every such
+    record the same id, and all but the first would be quarantined as duplicate_doc_id."""
+    if isinstance(value, str):
+        return value if value.strip() else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return str(value) if math.isfinite(value) else None
 
 
 def read_jsonl(f: SourceFile, source: Source, reading: Reading) -> Iterator[Document | Quarantined]:

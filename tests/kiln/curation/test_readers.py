@@ -96,6 +96,25 @@ def test_doc_ids_are_stable_and_distinct(tmp_path):
     assert first == second and len(set(first)) == 2
 
 
+def test_records_without_a_usable_id_are_named_by_their_place_not_lost_as_duplicates(tmp_path):
+    """An empty string, NaN, a list or an object as the id gave every such record the same doc_id ("id:", "id:nan"),
+    and all but the first were quarantined as duplicate_doc_id. They are named by their line or row instead; real
+    ids, string or number, still name their records."""
+    records = [{"id": "", "text": prose(1)}, {"id": "", "text": prose(2)}, {"id": [1], "text": prose(3)},
+               {"id": {"k": 1}, "text": prose(4)}, {"id": "  ", "text": prose(5)}, {"id": "a", "text": prose(6)},
+               {"id": 7, "text": prose(7)}]
+    docs, bad = split(list(read_source(source("jsonl", write_jsonl(tmp_path / "a.jsonl", records)), Reading())))
+    assert [d.meta["locator"] for d in docs] == ["a.jsonl#L1", "a.jsonl#L2", "a.jsonl#L3", "a.jsonl#L4",
+                                                 "a.jsonl#L5", "id:a", "id:7"]
+    assert not bad and len({d.doc_id for d in docs}) == 7
+    # a Parquet integer column with nulls: pandas writes it as floats, the nulls as NaN
+    pq.write_table(pa.table({"id": [1.0, float("nan"), float("nan")], "text": [prose(1), prose(2), prose(3)]}),
+                   tmp_path / "x.parquet")
+    docs, bad = split(list(read_source(source("parquet", tmp_path / "x.parquet"), Reading())))
+    assert len(docs) == 3 and not bad and len({d.doc_id for d in docs}) == 3
+    assert docs[0].meta["locator"] == "id:1.0"  # as before: a real id's doc_id does not change
+
+
 @pytest.mark.parametrize("suffix", [".gz", ".zst"])
 def test_compressed_jsonl(tmp_path, suffix):
     payload = "\n".join(json.dumps({"id": i, "text": prose(i)}) for i in range(3)).encode()
