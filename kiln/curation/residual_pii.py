@@ -634,8 +634,8 @@ def _meta_texts(value, key: str = "") -> Iterator[str]:
             yield from _meta_texts(v, key)
     elif isinstance(value, str) and value:
         yield from (f"{key}: {t}" if key else t for t in (_url_texts(value) if "://" in value else (value,)))
-    elif type(value) is int:  # a phone number kept as a number reads as one after its name
-        yield f"{key}: {value}" if key else str(value)
+    elif type(value) is int or (type(value) is float and value.is_integer()):  # a phone number kept as a number
+        yield f"{key}: {int(value)}" if key else str(int(value))  # reads as one after its name
 
 
 def residual_pii_fields(

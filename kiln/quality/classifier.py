@@ -39,10 +39,13 @@ T = TypeVar("T")
 
 
 def fasttext_text(text: str, max_words: int) -> str:
-    """One document as one fastText line: lowercase words and punctuation marks, newlines gone."""
+    """One document as one fastText line: lowercase words and punctuation marks, newlines gone. A word that starts as
+    fastText's label prefix (a README quoting `__label__reference`) loses an underscore, or fastText would read it as
+    a second label of the line and train the document as both classes."""
     tokens = []
     for m in _TOKEN.finditer(text.lower()):
-        tokens.append(m.group())
+        token = m.group()
+        tokens.append("_" + token[2:] if token.startswith("__label__") else token)
         if len(tokens) >= max_words:
             break
     return " ".join(tokens)

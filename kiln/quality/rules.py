@@ -72,7 +72,7 @@ def decide(doc_ids: list[str], scores: np.ndarray, perplexity: np.ndarray, rule:
         decision.cutoffs["min_score"] = rule.min_score
         drop(~(scores >= rule.min_score), BELOW_MIN)
     if rule.keep_top_fraction is not None:
-        keep = math.ceil(rule.keep_top_fraction * n)
+        keep = math.ceil(round(rule.keep_top_fraction * n, 9))  # 0.07 * 100 is 7.000000000000001 in floats: 7
         # Highest score first (unscored last); equal scores in doc_id-hash order, so every run cuts the same.
         ranked = np.where(np.isfinite(scores), scores, -np.inf)
         order = sorted(range(n), key=lambda i: (-ranked[i], hash_unit("quality-ties", doc_ids[i])))

@@ -141,9 +141,15 @@ def redact_url(url: str, lookup: Lookup) -> str:
     return urlunsplit((parts.scheme, netloc, path, query, fragment))
 
 
+def _whole(value: Any) -> bool:
+    """An int, or a float holding one (JSON numbers, a pandas integer column with nulls): digits a number can hide."""
+    return type(value) is int or (type(value) is float and value.is_integer())
+
+
 def redact_meta(value: Any, lookup: Lookup, name: str = "") -> Any:
-    """A document's meta (any JSON value) as it may be stored: every string redacted, keys too, and every int of 7
-    or more digits read as its digits after its name ("contact: 14155552671"), left an int unless one was found."""
+    """A document's meta (any JSON value) as it may be stored: every string redacted, keys too, and every whole
+    number (an int, or a float such as 14155552671.0) of 7 or more digits read as its digits after its name
+    ("contact: 14155552671"), left a number unless one was found."""
     if isinstance(value, dict):
         return {_labelled("", str(k), lookup): redact_meta(v, lookup, str(k)) for k, v in value.items()}
     if isinstance(value, list):
@@ -153,8 +159,8 @@ def redact_meta(value: Any, lookup: Lookup, name: str = "") -> Any:
         return PLACEHOLDERS[kind]
     if isinstance(value, str):
         return redact_url(value, lookup) if _URL.fullmatch(value) else _labelled(name, value, lookup)
-    if type(value) is int and abs(value) >= _MIN_NUMBER:  # a phone number (or a card) kept as an int
-        digits = str(value)
+    if _whole(value) and abs(value) >= _MIN_NUMBER:  # a phone number (or a card) kept as a number
+        digits = str(int(value))
         red = _labelled(name, digits, lookup)
         return value if red == digits else red
     return value

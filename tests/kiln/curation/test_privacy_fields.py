@@ -108,6 +108,12 @@ def test_numbers_in_meta_are_read_after_their_name_as_strings_are():
     cue (a timestamp, an id, a size), is not a phone number."""
     assert redact_meta(NUMBERS_META, LOOKUP) == NUMBERS_REDACTED
     assert LOOKUP("1700000000") == "1700000000" and LOOKUP("14155552671") == "14155552671"
+    # the same numbers as floats (JSON writes 14155552671.0; a pandas integer column with nulls reads as floats)
+    floats = {"contact": 14155552671.0, "created": 1700000000.0, "score": 0.5, "ratio": float("nan")}
+    redacted = redact_meta(floats, LOOKUP)
+    assert redacted["contact"] == "<PHONE>" and redacted["created"] == 1700000000.0 and redacted["score"] == 0.5
+    # and the residual audit reads them too
+    assert residual_pii_fields([None], [json.dumps({"tel": 14155552671.0})]) == [[("meta", "phone")]]
 
 
 def test_the_batched_redaction_of_fields_gives_what_one_lookup_gives():

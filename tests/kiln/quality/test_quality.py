@@ -157,6 +157,10 @@ def test_a_model_file_changed_after_training_is_refused(classifier, tmp_path):
 def test_fasttext_text_is_one_lowercase_line_capped_in_words():
     assert fasttext_text("Hello, World!\nSecond line\tend.", 100) == "hello , world ! second line end ."
     assert fasttext_text("a b c d e", 3) == "a b c"
+    # a document quoting fastText's label prefix: one underscore less, so the line keeps its one label
+    line = fasttext_text("Predict: __label__reference 0.9, see foo__label__x", 100)
+    assert line == "predict : _label__reference 0 . 9 , see foo__label__x"
+    assert [t for t in line.split() if t.startswith("__label__")] == []
 
 
 def _train_reference(root):
@@ -249,6 +253,10 @@ def test_top_fraction_keeps_exactly_its_share_even_with_ties():
     ids = [f"d{i}" for i in range(100)]
     d = decide(ids, np.full(100, 0.5), np.full(100, np.nan), QualityRule(keep_top_fraction=0.3))
     assert d.keep_mask(100).sum() == 30
+    # 7% of 100 is 7, though 0.07 * 100 is 7.000000000000001 in binary floating point (ceil of it: 8)
+    for fraction, kept in ((0.07, 7), (0.29, 29), (0.57, 57), (0.071, 8)):
+        assert decide(ids, np.full(100, 0.5), np.full(100, np.nan),
+                      QualityRule(keep_top_fraction=fraction)).keep_mask(100).sum() == kept, fraction
     again = decide(list(reversed(ids)), np.full(100, 0.5), np.full(100, np.nan), QualityRule(keep_top_fraction=0.3))
     assert {ids[i] for i in np.flatnonzero(d.keep_mask(100))} == \
         {list(reversed(ids))[i] for i in np.flatnonzero(again.keep_mask(100))}
