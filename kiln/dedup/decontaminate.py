@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import unicodedata
 import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -550,7 +551,9 @@ def _item_text(record: dict, text_fields: list[str], where: str) -> str:
             raise BenchmarkError(f"{where}: field {name!r} is a {type(value).__name__}; text fields must be "
                                  f"strings, numbers or lists of them")
         parts.append(value)
-    return "\n".join(parts)
+    # NFC, as curation's `normalize` step writes documents: an item saved decomposed ("e" + U+0301) would never
+    # equal a document's words
+    return unicodedata.normalize("NFC", "\n".join(parts))
 
 
 # ---- reporting -----------------------------------------------------------------------------------------

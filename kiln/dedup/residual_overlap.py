@@ -2,9 +2,9 @@
 is to the PII redactor): the `no_benchmark_overlap` check. Re-running the detector (kiln.dedup.decontaminate) on its
 own output could only agree with it, so a detector bug (a copy it misses) would pass.
 
-The rule read here is the detector's exact rule, read more strictly: an item's words are Python's `\\w+` runs of its
-lowercased text (the detector also maps digits to 0 and splits CJK text into characters, which only makes more
-texts equal); an item of at least `min_item_words` words contributes its `ngram`-word n-grams (a shorter item: the
+The rule read here is the detector's exact rule, read more strictly: an item's words are runs of Python's `\\w`, each
+with its combining marks, of its NFC lowercased text (the detector also maps digits to 0 and splits CJK text into
+characters, which only makes more texts equal); an item of at least `min_item_words` words contributes its `ngram`-word n-grams (a shorter item: the
 whole item as one); a document overlaps when one of its n-grams is an item's. Every overlap found here is one the
 detector's exact rule also finds, so a hit is a detector bug, never a false alarm. (The detector's edited-copy
 rules find more; this look does not try to.)
@@ -13,13 +13,21 @@ rules find more; this look does not try to.)
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+from kiln.common.text_units import mark_code_points
 from kiln.dedup.decontaminate import read_benchmark_file
 
-_WORD = re.compile(r"\w+")
+# Words with their combining marks (Arabic harakat, Devanagari vowel signs), as the detector reads them: `\w` alone
+# breaks a word at each mark, and two texts differing only in marks would read the same here and not there.
+_WORD = re.compile(r"(?:\w[" + "".join(map(chr, sorted(mark_code_points()))) + "]*)+")
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(unicodedata.normalize("NFC", text).lower())
 
 
 class ItemNgrams:
@@ -28,7 +36,7 @@ class ItemNgrams:
     def __init__(self, items: Iterable[str], ngram: int, min_item_words: int):
         self.by_size: dict[int, set[tuple[str, ...]]] = defaultdict(set)
         for text in items:
-            words = _WORD.findall(text.lower())
+            words = _words(text)
             if len(words) < min_item_words:
                 continue  # the detector skips such an item too
             n = min(ngram, len(words))
@@ -36,7 +44,7 @@ class ItemNgrams:
         self.starts = {gram[0] for grams in self.by_size.values() for gram in grams}
 
     def overlaps(self, text: str) -> bool:
-        words = _WORD.findall(text.lower())
+        words = _words(text)
         for i, word in enumerate(words):
             if word in self.starts and any(tuple(words[i:i + n]) in grams for n, grams in self.by_size.items()):
                 return True

@@ -561,8 +561,8 @@ def test_any_sentence_inserted_between_two_words_of_an_item_is_found(at, first, 
 
 
 def test_the_independent_look_finds_exact_copies_by_its_own_reading_and_only_what_the_detector_finds():
-    """kiln.dedup.residual_overlap, the no_benchmark_overlap check: its own words (\\w+ of the lowercased text) and
-    n-grams. By hand: ITEM has 29 such words; 13 of them in a row are one of its n-grams, 12 are not; the upper-case
+    """kiln.dedup.residual_overlap, the no_benchmark_overlap check: its own words (\\w runs with their marks, of the
+    NFC lowercased text) and n-grams. By hand: ITEM has 29 such words; 13 of them in a row are one of its n-grams, 12 are not; the upper-case
     copy is the same words; an 8-word item is one whole n-gram and a 7-word one is skipped (min_item_words 8).
     Wherever it finds a copy, the detector finds one too (a second implementation of the exact rule, stricter)."""
     from kiln.dedup.residual_overlap import ItemNgrams
@@ -580,3 +580,40 @@ def test_the_independent_look_finds_exact_copies_by_its_own_reading_and_only_wha
         assert items.overlaps(text) is expected, text
         if expected:
             assert detector.find(text), text
+
+
+def test_an_item_saved_decomposed_is_found_in_a_document_normalized_to_nfc(tmp_path):
+    """A benchmark file may spell "é" as "e" + U+0301 (NFD, as macOS file tools and some exports write it); the
+    documents are NFC after curation's normalize step. The item is read as NFC too: the copy is found (it was not),
+    and by the independent look as well."""
+    import unicodedata
+
+    from kiln.dedup.residual_overlap import ItemNgrams
+
+    item = ("Le général décida que la cérémonie aurait lieu près de l'église, après la fête du village, "
+            "où les élèves chanteraient une dernière fois avant l'été")
+    decomposed = unicodedata.normalize("NFD", item)
+    assert decomposed != item and len(decomposed) > len(item)
+    write_jsonl(tmp_path / "b.jsonl", [{"id": "q", "text": decomposed}])
+    settings_ = Decontamination(benchmarks=[Benchmark(name="b", path=str(tmp_path / "b.jsonl"))])
+    document = FILLER_A + item + FILLER_B  # NFC, as curation writes it
+    assert [m.item_id for m in load_benchmarks(settings_).find(document)] == ["q"]
+    assert ItemNgrams([decomposed], ngram=13, min_item_words=8).overlaps(document)
+
+
+def test_the_independent_look_reads_a_word_with_its_combining_marks_as_the_detector_does():
+    """Vocalized Arabic: the same letters with other vowel marks (fatha U+064E <-> damma U+064F, kasra U+0650 ->
+    fatha) are other words to the detector, which keeps marks inside words; `\\w` alone split every word at its marks,
+    so the look saw the same bare letters, reported an overlap the detector rightly does not, and the blocking check
+    failed on a clean document."""
+    from kiln.dedup.residual_overlap import ItemNgrams
+
+    words = ["كَتَبَ", "الطَّالِبُ", "دَرْسَهُ", "فِي", "المَدْرَسَةِ", "ثُمَّ", "ذَهَبَ", "إِلَى", "البَيْتِ", "مَعَ",
+             "أَخِيهِ", "الصَّغِيرِ", "وَقَرَأَ", "كِتَابًا", "جَدِيدًا", "اليَوْمَ"]
+    item = " ".join(words)
+    other_marks = item.replace("\u064e", "\u064f").replace("\u0650", "\u064e")
+    look = ItemNgrams([item], ngram=13, min_item_words=8)
+    detector = index_of(("b", "q", item))
+    assert look.overlaps("مقدمة. " + item + " خاتمة.") and detector.find("مقدمة. " + item + " خاتمة.")
+    assert not detector.find("مقدمة. " + other_marks + " خاتمة.")
+    assert not look.overlaps("مقدمة. " + other_marks + " خاتمة.")
