@@ -161,6 +161,28 @@ def test_charsets_as_declared():
     assert decode_html(b"<p>x</p>", "text/html; charset=klingon")[0] is None
 
 
+def test_charsets_decode_as_browsers_decode_them():
+    """WHATWG Encoding: a label names the browser's decoder, often a superset of the codec Python gives that name.
+    Each text below is valid in the browser's decoder and not in Python's namesake (so it was quarantined as
+    invalid_charset): 똠 is cp949-only (not in EUC-KR), 镕 GBK-only (not in GB2312), ① and 髙 cp932-only (not in
+    Shift_JIS); bytes 0x81 and 0x8D are C1 controls in windows-1252 (undefined in Python's cp1252); ISO-8859-9 pages
+    are read as windows-1254 (0x93/0x94 are curly quotes, C1 controls in Latin-5)."""
+    def page(charset: str, body: str) -> str:
+        return f'<html><head><meta charset="{charset}"></head><body><p>{body}</p></body></html>'
+
+    cases = [("euc-kr", "cp949", "\ub620 \ud55c\uad6d\uc5b4"), ("gb2312", "gb18030", "\u9555 \u4e2d\u6587"),
+             ("shift_jis", "cp932", "\u2460 \u9ad9 \u65e5\u672c"), ("iso-8859-9", "cp1254", "\u201cT\u00fcrk\u00e7e\u201d")]
+    for label, decoder, body in cases:
+        text = page(label, body)
+        assert decode_html(text.encode(decoder)) == (text, decoder), label
+    windows = page("iso-8859-1", "a\u0081b\u008dc \u20ac")
+    assert decode_html(b"".join(bytes([ord(c)]) if ord(c) < 0x100 else "\u20ac".encode("cp1252") for c in windows)) \
+        == (windows, "cp1252")
+    # a page that declares UTF-16 in its own ASCII bytes is UTF-8 (HTML's rule), not pseudo-CJK garbage
+    ascii_page = page("utf-16", "plain English")
+    assert decode_html(ascii_page.encode("ascii")) == (ascii_page, "utf-8")
+
+
 # ------------------------------------------------------------------------------------------------ readers
 
 def source(kind, path, **kw):

@@ -216,7 +216,30 @@ def html_charset(data: bytes, content_type: str | None = None) -> str:
     if declared:
         return declared[1]
     meta = _META_CHARSET.search(data[:2048])
-    return meta[1].decode("ascii") if meta else "utf-8"
+    if not meta:
+        return "utf-8"
+    label = meta[1].decode("ascii")
+    # a page that says it is UTF-16 in its own ASCII bytes cannot be: browsers read it as UTF-8 (WHATWG HTML)
+    return "utf-8" if label.lower().replace("_", "-").startswith(("utf-16", "utf16")) else label
+
+
+# The decoder browsers use for a label (WHATWG Encoding): a superset of what Python's codec of that name reads, so a
+# page a browser shows is never quarantined (gb2312 pages use GBK's characters, EUC-KR pages cp949's, ...).
+_WHATWG_DECODER = {"ascii": "cp1252", "iso8859-1": "cp1252", "iso8859-9": "cp1254",
+                   "iso8859-11": "cp874", "tis-620": "cp874", "gb2312": "gb18030", "gbk": "gb18030",
+                   "euc_kr": "cp949", "shift_jis": "cp932", "big5": "big5hkscs"}
+
+
+def _c1_passthrough(error: UnicodeDecodeError) -> tuple[str, int]:
+    """WHATWG's single-byte windows-125x decoders read a byte the code page leaves undefined (0x81, 0x8D, 0x8F, 0x90,
+    0x9D in windows-1252) as the C1 control of the same value; Python's codecs refuse it."""
+    if not isinstance(error, UnicodeDecodeError):
+        raise error
+    return "".join(map(chr, error.object[error.start:error.end])), error.end
+
+
+codecs.register_error("kiln-c1", _c1_passthrough)
+_SINGLE_BYTE = ("cp1252", "cp1254", "cp874")
 
 
 def decode_html(data: bytes, content_type: str | None = None) -> tuple[str | None, str]:
@@ -227,9 +250,8 @@ def decode_html(data: bytes, content_type: str | None = None) -> tuple[str | Non
         codec = codecs.lookup(label).name
     except LookupError:
         return None, label
-    if codec in ("ascii", "iso8859-1"):
-        codec = "cp1252"  # what browsers (WHATWG Encoding) decode these labels as
+    codec = _WHATWG_DECODER.get(codec, codec)
     try:
-        return data.decode(codec), codec
+        return data.decode(codec, "kiln-c1" if codec in _SINGLE_BYTE else "strict"), codec
     except UnicodeDecodeError:
         return None, codec
