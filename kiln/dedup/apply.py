@@ -87,6 +87,7 @@ class _ApplyTask:
     boilerplate: tuple[str, ...]  # the index's `lines` files: read once per worker
     lines: str  # BoilerplateLines as JSON
     decon: str | None  # Decontamination as JSON (benchmark paths absolute) when benchmarks are checked
+    benchmark_files: str  # the benchmark files' sizes and modification times: a file edited since is read again
     examples_per_reason: int
     rejected_text: RejectedText
 
@@ -97,8 +98,19 @@ def _boilerplate(files: tuple[str, ...]) -> frozenset[int]:
 
 
 @lru_cache(maxsize=2)
-def _benchmarks(decon: str) -> BenchmarkIndex:  # built once per worker, not pickled into every task
+def _benchmarks(decon: str, files: str) -> BenchmarkIndex:  # built once per worker, not pickled into every task
     return load_benchmarks(Decontamination.model_validate_json(decon))
+
+
+def _file_states(paths: list[str]) -> str:
+    """Each file's size and modification time (a missing one: load_benchmarks names it)."""
+    def state(path: str) -> str:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return "missing"
+        return f"{st.st_size}:{st.st_mtime_ns}"
+    return ";".join(state(p) for p in paths)
 
 
 def part_removals(decisions_path: str | None, doc_ids: pa.ChunkedArray | pa.Array) -> dict[str, dict[str, Any]]:
@@ -122,7 +134,7 @@ def part_removals(decisions_path: str | None, doc_ids: pa.ChunkedArray | pa.Arra
 def _apply(task: _ApplyTask) -> StageStats:
     lines = BoilerplateLines.model_validate_json(task.lines)
     boilerplate = _boilerplate(task.boilerplate) if task.boilerplate else frozenset()
-    benchmarks = _benchmarks(task.decon) if task.decon else None
+    benchmarks = _benchmarks(task.decon, task.benchmark_files) if task.decon else None
     decon = Decontamination.model_validate_json(task.decon) if task.decon else None
     source = pq.ParquetFile(task.input_path)
     removed = part_removals(task.decisions_path, source.read(columns=["doc_id"]).column("doc_id"))
@@ -166,14 +178,16 @@ def deduplicate_source(input_parts: list[Path], decisions: list[Path | None], bo
         raise ValueError(f"{len(input_parts)} input parts, {len(decisions)} decisions files")
     checked = decon.enabled and bool(decon.benchmarks)
     # Absolute paths: a worker need not share the driver's working directory.
+    paths = [str(Path(b.path).resolve()) for b in decon.benchmarks]
     frozen_decon = decon.model_copy(update={"benchmarks": [
-        b.model_copy(update={"path": str(Path(b.path).resolve())}) for b in decon.benchmarks]}).model_dump_json() \
+        b.model_copy(update={"path": p}) for b, p in zip(decon.benchmarks, paths)]}).model_dump_json() \
         if checked else None
+    files = _file_states(paths) if checked else ""
     scratch = writer.scratch("apply")
     tasks = [_ApplyTask(str(p), str(d) if d is not None else None, str(writer.next_path("documents")),
                         str(scratch / f"rejected-{i:06d}.parquet"), str(scratch / f"contamination-{i:06d}.parquet"),
                         tuple(map(str, boilerplate)) if lines.enabled else (), lines.model_dump_json(), frozen_decon,
-                        examples_per_reason, rejected_text)
+                        files, examples_per_reason, rejected_text)
              for i, (p, d) in enumerate(zip(input_parts, decisions))]
     stats = StageStats()
     for part in engine.map_parts(_apply, tasks, desc=label, progress=progress,

@@ -283,3 +283,40 @@ def test_the_card_joins_documents_and_members_a_part_at_a_time(tmp_path, capped,
                                                             if LICENSES[i % 6] in (None, "UNKNOWN", " ")]
     assert languages["per_source"]["web"]["languages"]["not identified"]["documents"] == 12
 
+
+
+def test_a_benchmark_file_edited_between_runs_is_read_again_by_a_live_worker(tmp_path):
+    """A worker keeps the benchmark index it built (one per process, not one per task); keyed by the settings alone
+    it kept using the old items after the file gained one: a document holding the new item was kept by the same
+    process that drops it when started fresh. Keyed by the files' sizes and modification times too."""
+    from kiln.common.config import BoilerplateLines, Decontamination
+    from kiln.common.storage import write_parquet_atomic
+    from kiln.curation.documents import make_doc_id
+    from kiln.dedup.apply import deduplicate_source
+    from kiln.dedup.buckets import keep_all
+
+    item_a = "the committee shall publish its annual report on the first monday of every march without fail"
+    item_b = "a brand new evaluation question about rivers towns barges and the price of salt in winter markets today"
+    docs = [Document(make_doc_id("s", str(i)), "s", f"Some intro text here. {t} And a long tail of other words.")
+            for i, t in enumerate([item_a, item_b])]
+    part = tmp_path / "part-00000.parquet"
+    write_parquet_atomic(part, pa.Table.from_pylist([d.to_row() for d in docs], schema=DOCUMENT_SCHEMA))
+    sig = tmp_path / "sig.parquet"
+    pq.write_table(pa.table({"doc_id": [d.doc_id for d in docs], "source": ["s", "s"]}), sig)
+    keep_all([sig], tmp_path / "idx")
+    decisions = [tmp_path / "idx" / "decisions" / "decisions-00000.parquet"]
+    bench = tmp_path / "bench.jsonl"
+    decon = Decontamination(benchmarks=[{"name": "b", "path": str(bench)}])
+    store = Store(tmp_path / "store")
+
+    def kept(tag: str) -> int:
+        with store.staging("dd", tag) as writer:
+            stats, _ = deduplicate_source([part], decisions, [], BoilerplateLines(), decon, writer, SERIAL,
+                                          progress=False)
+            writer.abort()
+        return stats.docs_out
+
+    bench.write_text(json.dumps({"id": "a", "text": item_a}) + "\n")
+    assert kept("first") == 1  # item a's document dropped
+    bench.write_text(json.dumps({"id": "a", "text": item_a}) + "\n" + json.dumps({"id": "b", "text": item_b}) + "\n")
+    assert kept("second") == 0  # this process read the file again: item b's document dropped too
