@@ -14,7 +14,7 @@ from kiln.common.plots import stacked_bars_markdown
 from kiln.governance.forget import REQUESTS, applied_requests, load_requests, raw_partitions, with_intake_urls
 from kiln.governance.refresh import Refresh, load_refreshes, materialized, upto
 from kiln.tokens.interchange import export_shards, verify_export
-from kiln.tokens.mixture import SourceParts
+from kiln.tokens.mixture import MixtureError, SourceParts
 from kiln.tokens.shard_format import ShardError, open_shard, read_shard_set
 from kiln.tokens.shard_writer import write_token_shards
 from kiln.tokens.tokenizer import (
@@ -61,7 +61,10 @@ def tokenizer(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
         inputs[REQUESTS] = requests_version
     # no document a removal request names is drawn, in an older refresh either (URLs as intake read them)
     matchers = with_intake_urls(store, requests, raw_partitions(store, [s.name for s in sources], refreshes))
-    sample = draw_training_sample(sources, config.mixture.weights, config.tokenizer, matchers)
+    try:
+        sample = draw_training_sample(sources, config.mixture.weights, config.tokenizer, matchers)
+    except MixtureError as exc:  # the message names the weights or the sources to fix
+        raise dg.Failure(description=str(exc)) from None
     with store.staging(TOKENIZER) as writer:
         trained = config.tokenizer.source == "train"
         try:
@@ -163,7 +166,8 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
         try:
             result = write_token_shards(sources, tok.folder, config.shards, config.mixture, writer,
                                         runner, requests=matchers, license_fields=config.card.license_fields)
-        except TokenizerError as exc:  # e.g. FIM on, and a brought tokenizer without FIM symbols
+        except (TokenizerError, MixtureError) as exc:  # e.g. FIM and a brought tokenizer without FIM symbols;
+            # a weighted source with no training tokens: the message names the key to change
             raise dg.Failure(description=str(exc)) from None
         seconds = time.perf_counter() - started
         removed = {n: s["removed_by_request"] for n, s in result.sources.items() if s["removed_by_request"]}

@@ -141,12 +141,23 @@ def plan_phases(natural: dict[str, int], weights: dict[str, float], token_budget
     (empty: natural proportions); its own `natural` counts, if given, are what it can draw from (a phase of
     long documents only), else `natural`."""
     names = list(natural)
+    configured = bool(phases)
     if not phases:
         phases = [("main", token_budget if token_budget is not None else sum(natural.values()), {})]
     plans = []
     for index, (name, budget, phase_weights, *own) in enumerate(phases):
-        available = own[0] if own and own[0] is not None else natural
-        s = shares(names, phase_weights or weights, available)
+        floored = bool(own) and bool(own[0])  # counted from the phase's long documents only
+        available = own[0] if floored else natural
+        try:
+            s = shares(names, phase_weights or weights, available)
+        except MixtureError as exc:
+            if not configured:
+                raise
+            if not floored:
+                raise MixtureError(f"mixture.phases[{index}] ({name!r}): {exc}") from None
+            raise MixtureError(f"mixture.phases[{index}] ({name!r}, counting only its documents of at least "
+                               f"min_document_tokens tokens): {exc}, or lower mixture.phases[{index}]"
+                               ".min_document_tokens") from None
         targets = split_budget(budget, s)
         plans.append(PhasePlan(name, index, budget, s, {n: SourceDraw(available[n], targets[n]) for n in names}))
     return plans

@@ -48,7 +48,7 @@ from kiln.engine import SERIAL, Engine
 from kiln.governance.document_facts import document_facts, license_from
 from kiln.governance.forget import IntakeMatched, RemovalRequest, first_match
 from kiln.tokens.fim import FimIds, fim_split, fim_tokens
-from kiln.tokens.mixture import SourceParts, epoch_warnings, hash_unit, plan_phases, select_documents
+from kiln.tokens.mixture import MixtureError, SourceParts, epoch_warnings, hash_unit, plan_phases, select_documents
 from kiln.tokens.shard_format import TRAIN, VAL, ShardInfo, describe_shard_set, write_shard
 from kiln.tokens.tokenizer import FIM_ROLES, Tokenizer, TokenizerError
 
@@ -355,10 +355,19 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
                     for i, n in enumerate(names)}
 
         natural = natural_at_least(0)
-        plans = plan_phases(natural, mixture.weights, mixture.token_budget,
-                            [(p.name, p.tokens, p.weights,
-                              p.min_document_tokens and natural_at_least(p.min_document_tokens))
-                             for p in mixture.phases])
+        try:
+            plans = plan_phases(natural, mixture.weights, mixture.token_budget,
+                                [(p.name, p.tokens, p.weights,
+                                  p.min_document_tokens and natural_at_least(p.min_document_tokens))
+                                 for p in mixture.phases])
+        except MixtureError as exc:  # say so when the validation split took a source's every document
+            all_val = [n for i, n in enumerate(names) if not (train & (docs.source == i)).any()
+                       and (docs.is_val & ~docs.removed & (docs.source == i)).any()]
+            if not all_val:
+                raise
+            raise MixtureError(f"{all_val}: no training documents, every one fell into the validation split "
+                               f"(shards.val_fraction {settings.val_fraction}): lower shards.val_fraction ({exc})") \
+                from None
         minimum = {p.name: p.min_document_tokens for p in mixture.phases}
         # Each source's training documents in their fixed selection order (doc_id hash), as global indices.
         orders = {}

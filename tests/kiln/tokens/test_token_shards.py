@@ -135,6 +135,35 @@ def test_phases_and_epoch_warnings():
     assert len(warnings) == 1 and "'b' is repeated 4.3 times" in warnings[0]
 
 
+def test_a_phase_that_cannot_be_planned_names_its_key_and_its_length_floor():
+    """A source with a weight and no documents long enough for a long-context phase: the error names the phase's
+    key and the setting that emptied it, not only "check its upstream dataset" (which is not empty)."""
+    with pytest.raises(MixtureError, match=r"^mixture\.phases\[1\] \('long', counting only its documents of at least "
+                                           r"min_document_tokens tokens\): source 'short' has weight 1 but no tokens.*"
+                                           r"or lower mixture\.phases\[1\]\.min_document_tokens$"):
+        plan_phases({"long": 100, "short": 50}, {}, None,
+                    [("warm", 50, {}, None), ("long", 40, {"long": 1, "short": 1}, {"long": 100, "short": 0})])
+    with pytest.raises(MixtureError, match=r"^mixture\.phases\[0\] \('warm'\): every weight is 0"):
+        plan_phases({"a": 100}, {}, None, [("warm", 50, {"a": 0})])
+    with pytest.raises(MixtureError, match=r"^no source has any tokens"):  # no phases configured: no phase to name
+        plan_phases({"a": 0}, {}, None, [])
+
+
+def test_a_source_whose_every_document_fell_into_validation_names_val_fraction(built, tmp_path):
+    """Three documents and val_fraction 0.9: all three hash into validation (by hand: is_validation of each id), so
+    training has no tokens. The error says so, where it said to check that the upstream dataset is not empty."""
+    from kiln.curation.documents import make_doc_id
+    from kiln.tokens.shard_writer import is_validation
+
+    tok_dir = built[0] / "tokenizer"
+    src = write_source(tmp_path, "prose", make_texts("prose", 3))
+    assert all(is_validation(make_doc_id("prose", str(i)), 0.9) for i in range(3))
+    with pytest.raises(MixtureError, match=r"\['prose'\]: no training documents, every one fell into the validation "
+                                           r"split \(shards.val_fraction 0.9\): lower shards.val_fraction"):
+        write_token_shards([src], tok_dir, shard_settings(val_fraction=0.9), Mixture(), tmp_path / "out",
+                           progress=False)
+
+
 # ------------------------------------------------------------------------------------------------ fim
 
 IDS = FimIds(prefix=4, suffix=5, middle=6, eos=2)
