@@ -13,7 +13,6 @@ punctuation marks, its first `max_words` tokens joined by spaces.
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -28,12 +27,15 @@ import pyarrow.parquet as pq
 from kiln.common.config import QualityClassifier
 from kiln.common.manifest import sha256_file, write_json_atomic
 from kiln.common.storage import write_parquet_atomic
+from kiln.common.text_units import WORD_PATTERN, Splitter
 from kiln.engine import SERIAL, Engine
 from kiln.tokens.mixture import hash_unit
 
 MODEL_FILE, CARD_FILE, SAMPLE_FILE = "quality_classifier.bin", "quality_classifier.json", "training_sample.parquet"
 POSITIVE, NEGATIVE = "__label__reference", "__label__web"
-_TOKEN = re.compile(r"\w+|[^\w\s]")
+# Words and punctuation marks; a character of a script written without spaces (Chinese, Japanese, Thai) is a word of
+# its own and combining marks stay in their word (kiln.common.text_units), or a Chinese clause would be one feature.
+_TOKENS = Splitter(r"\w+|[^\w\s]", rf"{WORD_PATTERN}|[^\w\s]")
 _FOLD_SALT = "quality-fold"
 T = TypeVar("T")
 
@@ -43,7 +45,7 @@ def fasttext_text(text: str, max_words: int) -> str:
     fastText's label prefix (a README quoting `__label__reference`) loses an underscore, or fastText would read it as
     a second label of the line and train the document as both classes."""
     tokens = []
-    for m in _TOKEN.finditer(text.lower()):
+    for m in _TOKENS.finditer(text.lower()):
         token = m.group()
         tokens.append("_" + token[2:] if token.startswith("__label__") else token)
         if len(tokens) >= max_words:

@@ -161,6 +161,11 @@ def test_fasttext_text_is_one_lowercase_line_capped_in_words():
     line = fasttext_text("Predict: __label__reference 0.9, see foo__label__x", 100)
     assert line == "predict : _label__reference 0 . 9 , see foo__label__x"
     assert [t for t in line.split() if t.startswith("__label__")] == []
+    # Chinese has no spaces: each character is a word (not the clause between two commas), so max_words bounds it;
+    # a Devanagari word keeps its vowel signs and virama (combining marks `\w` alone splits at)
+    assert fasttext_text("河流城镇，商人记录。", 100) == "河 流 城 镇 ， 商 人 记 录 。"
+    assert fasttext_text("河流城镇，商人记录。", 3) == "河 流 城"
+    assert fasttext_text("नमस्ते दुनिया", 100) == "नमस्ते दुनिया"
 
 
 def _train_reference(root):
