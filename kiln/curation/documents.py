@@ -70,6 +70,9 @@ class Document:
     url: str | None = None
     license: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    # What the `language` step identified in this pass (never stored): the steps after it take that language's
+    # settings. Not `meta.language`, which may be the record's own field (CCNet and RedPajama records carry one).
+    identified_language: str | None = field(default=None, compare=False, repr=False)
 
     def to_row(self) -> dict[str, Any]:
         return {

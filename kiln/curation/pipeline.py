@@ -30,7 +30,6 @@ from kiln.common.storage import DatasetWriter, part_name, resume_part, write_par
 from kiln.curation.documents import CURATED_SCHEMA, DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
 from kiln.curation.exact_dedup import DuplicateRows, HashSource, duplicates_in, find_duplicates
 from kiln.curation.filters.base import Step
-from kiln.curation.filters.language import LanguageFilter, identified_language
 from kiln.curation.filters.registry import build_step, unwrapped
 from kiln.curation.pii.fields import redact_fields, step_redactor
 from kiln.curation.pii.redaction import PiiRedaction
@@ -305,7 +304,6 @@ def _filter(task: _PartTask) -> StageStats:
     # steps: the URL blocklist decides on the URL as it was read.
     redact_texts = step_redactor(next((s for s in map(unwrapped, steps) if isinstance(s, PiiRedaction)), None)
                                  or PiiRedaction())
-    identifies = any(isinstance(unwrapped(s), LanguageFilter) for s in steps)
     stats = StageStats()
     kept, rejected = [], []
     for batch in pq.ParquetFile(task.input_path).iter_batches(batch_size=1000):
@@ -317,7 +315,7 @@ def _filter(task: _PartTask) -> StageStats:
             stats.docs_in += 1
             stats.chars_in += len(original)
             # Per identified language: the documents that reached the language step, and those kept.
-            language = identified_language(doc.meta) if identifies else None
+            language = doc.identified_language
             if language is not None:
                 stats.languages_in[language] += 1
                 stats.languages_out[language] += reason is None

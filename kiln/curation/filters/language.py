@@ -112,16 +112,6 @@ LANGUAGES = frozenset(
     "sk sl sn so sq sr st sv sw ta te tg th tk tl tr tt ug uk ur uz uzs vec vi vo wa wuu xh yo yue zh zu zxx".split())
 
 
-def identified_language(meta: dict) -> str | None:
-    """The language the `language` step identified for a document (it sets `language` and `language_score`), or
-    None: a record's own `language` field of another shape (a list, a number) is the record's, not an
-    identification, and never a key of per-language settings."""
-    language = meta.get("language")
-    if isinstance(language, str) and language in LANGUAGES and isinstance(meta.get("language_score"), float | int):
-        return language
-    return None
-
-
 def identify(text: str, max_chars: int = 4000) -> tuple[str, float]:
     """(ISO 639-1 code, probability). The head of a long document is enough and keeps this fast."""
     return identify_many([text], max_chars)[0]
@@ -150,6 +140,7 @@ class LanguageFilter:
         verdicts = []
         for doc, (lang, prob) in zip(docs, identify_many([d.text for d in docs], self.max_chars)):
             doc.meta["language"], doc.meta["language_score"] = lang, round(prob, 4)
+            doc.identified_language = lang
             if lang not in self.languages:
                 verdicts.append(drop(self.name, "other_language", doc.text))
             elif prob < self.min_score:

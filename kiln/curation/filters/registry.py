@@ -32,7 +32,7 @@ from kiln.curation.filters.code import CodeQuality
 from kiln.curation.filters.fineweb import FineWebQuality
 from kiln.curation.filters.garbage import Garbage
 from kiln.curation.filters.gopher import GopherQuality, GopherRepetition
-from kiln.curation.filters.language import LanguageFilter, identified_language
+from kiln.curation.filters.language import LanguageFilter
 from kiln.curation.filters.normalize import UnicodeNormalize
 from kiln.curation.filters.stopwords import LANGUAGE_DEFAULTS
 from kiln.curation.filters.url import UrlBlocklist
@@ -170,7 +170,7 @@ class PerLanguage:
     def batch(self, docs: list[Document]) -> list[Verdict]:
         groups: dict[str | None, list[int]] = defaultdict(list)
         for i, doc in enumerate(docs):
-            groups[identified_language(doc.meta)].append(i)
+            groups[doc.identified_language].append(i)  # None before a `language` step, or without one
         verdicts: list[Verdict | None] = [None] * len(docs)
         for language, indices in groups.items():
             step = self.for_language(language)

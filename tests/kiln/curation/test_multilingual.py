@@ -2,6 +2,7 @@
 the `multilingual` builtin corpus (translated manual pages rendered by groff)."""
 
 import gzip
+import json
 import unicodedata
 from pathlib import Path
 
@@ -35,7 +36,7 @@ FRENCH = ("Cette commande affiche des informations sur les fichiers du répertoi
 def doc(text: str, language: str | None = None) -> Document:
     """A document as the language step leaves it: identified as `language` (with a score), or not identified."""
     meta = {} if language is None else {"language": language, "language_score": 0.99}
-    return Document(doc_id=text[:10], source="s", text=text, meta=meta)
+    return Document(doc_id=text[:10], source="s", text=text, meta=meta, identified_language=language)
 
 
 def test_gopher_stop_words_follow_the_documents_language():
@@ -232,6 +233,29 @@ def test_the_filter_funnel_counts_documents_per_identified_language(tmp_path):
     markdown = funnel_markdown(stats)
     assert "| fr | 1 | 0 | 0.0% |" in markdown and "| de | 1 | 1 | 100.0% |" in markdown
     assert "Dateien" not in markdown and "fichiers" not in markdown
+
+
+def test_a_records_own_language_and_score_fields_do_not_choose_the_settings_or_count_in_the_funnel(tmp_path):
+    """CCNet and RedPajama records carry `language` and `language_score` of their own, which readers keep in meta.
+    With no language step in the profile (or before it) no language was identified: English prose labelled "zh" by
+    its record is judged with the step's own (English) settings and kept, where Chinese defaults dropped it, and the
+    funnel counts no language."""
+    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": "en", "text": ENGLISH, "language": "zh", "language_score": 0.97}])
+    config = parse_config({
+        "sources": [{"name": "s", "kind": "jsonl", "path": str(tmp_path / "src"), "license": "CC0", "domain": "web",
+                     "profile": "p"}],
+        "profiles": {"p": [{"gopher_quality": {"min_doc_words": 20}}]}, "engine": SERIAL_ENGINE})
+    store = Store(tmp_path / "store")
+    with store.staging("raw", "s") as w:
+        w.commit(code_version="t", config={}, inputs={}, counts={},
+                 stats=ingest(config.sources[0], config.reading, w, progress=False).to_dict())
+    with store.staging("filtered", "s") as w:
+        stats = filter_documents(store.files("raw", "s", "documents"), profile_steps(config, "s"),
+                                 config.curation.exact_dedup, w, progress=False)
+        w.commit(code_version="t", config={}, inputs={}, counts={}, stats=stats.to_dict())
+    assert stats.docs_out == 1 and not stats.languages_in
+    [kept] = store.read_table("filtered", "s").to_pylist()
+    assert json.loads(kept["meta"])["language"] == "zh"  # the record's own field, kept as it came
 
 
 # ---- the multilingual builtin corpus --------------------------------------------------------------------------------
