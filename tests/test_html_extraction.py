@@ -277,7 +277,7 @@ def test_html_in_a_parquet_binary_column(pages, tmp_path):
     import pyarrow.parquet as pq
 
     page = planted_blog(pages["howto-sorting.html"]).replace('charset="utf-8"', 'charset="windows-1252"')
-    odd = b'<meta charset="utf-16"><p>\x00' * 3  # declares UTF-16, odd length: not UTF-16
+    odd = b'<meta charset="utf-8"><p>caf\xe9 cr\xe8me</p>'  # declares UTF-8, and is Latin-1: not UTF-8
     pq.write_table(pa.table({"id": ["a", "b"], "html": [page.encode("cp1252", errors="replace"), odd]}),
                    tmp_path / "x.parquet")
     docs, quarantined = split(list(read_source(source("parquet", tmp_path / "x.parquet", html_field="html"),
