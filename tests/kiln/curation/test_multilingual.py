@@ -205,16 +205,13 @@ def test_per_language_settings_are_checked_when_the_config_loads():
     assert "profiles.p[1] (gopher_quality).per_language.de must be a mapping" in message
 
 
-def test_the_filter_funnel_counts_documents_per_identified_language(tmp_path):
-    """German, English and French documents through a profile keeping de and en: 1 in / 1 kept for de and en, 1 in /
-    0 kept for fr, in the stage's statistics, their dict form and the funnel's markdown (counts only, no text)."""
-    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": "de", "text": GERMAN}, {"id": "en", "text": ENGLISH},
-                                               {"id": "fr", "text": FRENCH}])
+def _filtered(tmp_path, records: list[dict], profile: list) -> tuple[StageStats, Store]:
+    """`records` read and filtered through `profile` as the filter stage does, one source `s`."""
+    write_jsonl(tmp_path / "src" / "a.jsonl", records)
     config = parse_config({
         "sources": [{"name": "s", "kind": "jsonl", "path": str(tmp_path / "src"), "license": "CC0", "domain": "web",
                      "profile": "p"}],
-        "profiles": {"p": [{"language": {"languages": ["de", "en"]}}, {"gopher_quality": {"min_doc_words": 20}}]},
-        "engine": SERIAL_ENGINE})
+        "profiles": {"p": profile}, "engine": SERIAL_ENGINE})
     store = Store(tmp_path / "store")
     with store.staging("raw", "s") as w:
         w.commit(code_version="t", config={}, inputs={}, counts={},
@@ -223,6 +220,15 @@ def test_the_filter_funnel_counts_documents_per_identified_language(tmp_path):
         stats = filter_documents(store.files("raw", "s", "documents"), profile_steps(config, "s"),
                                  config.curation.exact_dedup, w, progress=False)
         w.commit(code_version="t", config={}, inputs={}, counts={}, stats=stats.to_dict())
+    return stats, store
+
+
+def test_the_filter_funnel_counts_documents_per_identified_language(tmp_path):
+    """German, English and French documents through a profile keeping de and en: 1 in / 1 kept for de and en, 1 in /
+    0 kept for fr, in the stage's statistics, their dict form and the funnel's markdown (counts only, no text)."""
+    stats, _ = _filtered(tmp_path, [{"id": "de", "text": GERMAN}, {"id": "en", "text": ENGLISH},
+                                    {"id": "fr", "text": FRENCH}],
+                         [{"language": {"languages": ["de", "en"]}}, {"gopher_quality": {"min_doc_words": 20}}])
     assert dict(stats.languages_in) == {"de": 1, "en": 1, "fr": 1}
     assert +stats.languages_out == {"de": 1, "en": 1}
     as_dict = stats.to_dict()
@@ -240,19 +246,8 @@ def test_a_records_own_language_and_score_fields_do_not_choose_the_settings_or_c
     With no language step in the profile (or before it) no language was identified: English prose labelled "zh" by
     its record is judged with the step's own (English) settings and kept, where Chinese defaults dropped it, and the
     funnel counts no language."""
-    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": "en", "text": ENGLISH, "language": "zh", "language_score": 0.97}])
-    config = parse_config({
-        "sources": [{"name": "s", "kind": "jsonl", "path": str(tmp_path / "src"), "license": "CC0", "domain": "web",
-                     "profile": "p"}],
-        "profiles": {"p": [{"gopher_quality": {"min_doc_words": 20}}]}, "engine": SERIAL_ENGINE})
-    store = Store(tmp_path / "store")
-    with store.staging("raw", "s") as w:
-        w.commit(code_version="t", config={}, inputs={}, counts={},
-                 stats=ingest(config.sources[0], config.reading, w, progress=False).to_dict())
-    with store.staging("filtered", "s") as w:
-        stats = filter_documents(store.files("raw", "s", "documents"), profile_steps(config, "s"),
-                                 config.curation.exact_dedup, w, progress=False)
-        w.commit(code_version="t", config={}, inputs={}, counts={}, stats=stats.to_dict())
+    stats, store = _filtered(tmp_path, [{"id": "en", "text": ENGLISH, "language": "zh", "language_score": 0.97}],
+                             [{"gopher_quality": {"min_doc_words": 20}}])
     assert stats.docs_out == 1 and not stats.languages_in
     [kept] = store.read_table("filtered", "s").to_pylist()
     assert json.loads(kept["meta"])["language"] == "zh"  # the record's own field, kept as it came
