@@ -4,10 +4,10 @@ own output could only agree with it, so a detector bug (a copy it misses) would 
 
 The rule read here is the detector's exact rule, read more strictly: an item's words are runs of Python's `\\w`, each
 with its combining marks, of its NFC lowercased text (the detector also maps digits to 0 and splits CJK text into
-characters, which only makes more texts equal); an item of at least `min_item_words` words contributes its `ngram`-word n-grams (a shorter item: the
-whole item as one); a document overlaps when one of its n-grams is an item's. Every overlap found here is one the
-detector's exact rule also finds, so a hit is a detector bug, never a false alarm. (The detector's edited-copy
-rules find more; this look does not try to.)
+characters, which only makes more texts equal); an item of at least `min_item_words` words contributes its `ngram`-word
+n-grams (a shorter item: the whole item as one); a document overlaps when one of its n-grams is an item's. Every overlap
+found here is one the detector's exact rule also finds, so a hit is a detector bug, never a false alarm. (The detector's
+edited-copy rules find more; this look does not try to.)
 """
 
 from __future__ import annotations

@@ -66,9 +66,9 @@ def shingle_ranges(weights: np.ndarray, first: np.ndarray, count: np.ndarray,
 
     A shingle is the run of consecutive words from a start word that first reaches n words' weight (`weights`:
     text_units.WORD_WEIGHT for a spaced word, UNIT_WEIGHT for one no-space character, so 5 words or 8 Chinese
-    characters), from every start that can reach it; a text that never reaches it is one shingle of all its words
-    (a text without words has none: two such texts share nothing a near-duplicate could be made of). With only spaced words that is every n consecutive words. Text d's words are
-    weights[first[d]:first[d] + count[d]]."""
+    characters), from every start that can reach it; a text that never reaches it is one shingle of all its words (a
+    text without words has none: two such texts share nothing a near-duplicate could be made of). With only spaced words
+    that is every n consecutive words. Text d's words are weights[first[d]:first[d] + count[d]]."""
     need = n * WORD_WEIGHT
     cum = np.zeros(len(weights) + 1, dtype=np.int64)
     np.cumsum(weights, out=cum[1:])

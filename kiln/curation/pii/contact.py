@@ -121,15 +121,18 @@ _PHONE_INTL = re.compile(
 # code are shorter, and are dropped before any Python runs.)
 _NATIONAL = re.compile(
     r"(?:\((?<!" + _WORD + r"\()(?<![+(.]\()(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){7})0?[0-9]{1,5}\)"
-    r"|[0-9](?<!" + _WORD + r"[0-9])(?<![+.(][0-9])(?<![0-9][.,/-][0-9])(?<![A-Za-z]-[0-9])(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6})"
+    r"|[0-9](?<!" + _WORD + r"[0-9])(?<![+.(][0-9])(?<![0-9][.,/-][0-9])(?<![A-Za-z]-[0-9])"
+    r"(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6})"
     r"[0-9]*)"
     r"(?:" + _PHONE_SEP + r"?\([0-9]{1,5}\)" + _PHONE_SEP + r"?[0-9]+|" + _PHONE_SEP + r"[0-9]+){0,8}"
 )
 # The candidates an uncued number can be (_TRUNK_START): the same runs as _NATIONAL finds, found from their start.
 _NATIONAL_TRUNK = re.compile(
     r"(?:\((?<!" + _WORD + r"\()(?<![+(.]\()(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){7})0?[0-9]{1,5}\)"
-    r"|0(?<!" + _WORD + r"0)(?<![+.(]0)(?<![0-9][.,/-]0)(?<![A-Za-z]-0)(?=[0-9])(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6})[0-9]*"
-    r"|8(?<!" + _WORD + r"8)(?<![+.(]8)(?<![0-9][.,/-]8)(?<![A-Za-z]-8)(?= \([0-9])(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6}))"
+    r"|0(?<!" + _WORD + r"0)(?<![+.(]0)(?<![0-9][.,/-]0)(?<![A-Za-z]-0)(?=[0-9])"
+    r"(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6})[0-9]*"
+    r"|8(?<!" + _WORD + r"8)(?<![+.(]8)(?<![0-9][.,/-]8)(?<![A-Za-z]-8)(?= \([0-9])"
+    r"(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6}))"
     r"(?:" + _PHONE_SEP + r"?\([0-9]{1,5}\)" + _PHONE_SEP + r"?[0-9]+|" + _PHONE_SEP + r"[0-9]+){0,8}"
 )
 # Cues, in a lowercased copy of the line before the number (at most _CUE_REACH characters before it).

@@ -561,10 +561,11 @@ def test_any_sentence_inserted_between_two_words_of_an_item_is_found(at, first, 
 
 
 def test_the_independent_look_finds_exact_copies_by_its_own_reading_and_only_what_the_detector_finds():
-    """kiln.dedup.residual_overlap, the no_benchmark_overlap check: its own words (\\w runs with their marks, of the
-    NFC lowercased text) and n-grams. By hand: ITEM has 29 such words; 13 of them in a row are one of its n-grams, 12 are not; the upper-case
-    copy is the same words; an 8-word item is one whole n-gram and a 7-word one is skipped (min_item_words 8).
-    Wherever it finds a copy, the detector finds one too (a second implementation of the exact rule, stricter)."""
+    """kiln.dedup.residual_overlap, the no_benchmark_overlap check: its own words (\\w runs with their marks, of the NFC
+    lowercased text) and n-grams. By hand: ITEM has 29 such words; 13 of them in a row are one of its n-grams, 12 are
+    not; the upper-case copy is the same words; an 8-word item is one whole n-gram and a 7-word one is skipped
+    (min_item_words 8). Wherever it finds a copy, the detector finds one too (a second implementation of the exact rule,
+    stricter)."""
     from kiln.dedup.residual_overlap import ItemNgrams
 
     items = ItemNgrams([ITEM, "one two three four five six seven eight", "only seven words in this short item"],

@@ -354,7 +354,8 @@ def test_distinct_pairs_are_numpys_unique_rows():
 
 def test_pair_jaccard_all_pairs_at_once_equals_minhash_jaccard_pair_by_pair():
     """verify's batched Jaccard against `minhash.jaccard` (intersect1d, one pair at a time): equal floats, also for
-    empty sets (0 when both are: documents without words), identical sets and a b list read from a sliced Arrow column (offsets not at 0)."""
+    empty sets (0 when both are: documents without words), identical sets and a b list read from a sliced Arrow column
+    (offsets not at 0)."""
     rng = np.random.default_rng(3)
     sets = [np.unique(rng.integers(0, 400, rng.integers(0, 50))).astype(np.uint32) for _ in range(120)]
     sets[:3] = [np.empty(0, np.uint32), np.empty(0, np.uint32), sets[5]]
