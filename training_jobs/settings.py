@@ -207,6 +207,15 @@ class Parallelism(_Strict):
         return world_size // model_parallel
 
 
+def schedule_too_short(total_steps: int | None, max_steps: int | None) -> str | None:
+    """What is wrong with a learning-rate curve that ends before the run does (None: nothing)."""
+    if total_steps is None or max_steps is None or total_steps >= max_steps:
+        return None
+    return (f"training.schedule.total_steps {total_steps} is below the run's {max_steps} steps (training.max_steps, "
+            f"or training.token_budget / tokens per step): the learning rate would sit at min_lr for the last "
+            f"{max_steps - total_steps}; total_steps only extends a curve (>= max_steps), or leave it unset")
+
+
 class TrainingSettings(_Strict):
     """Everything about a training run that belongs in the project config."""
 
@@ -259,6 +268,13 @@ class TrainingSettings(_Strict):
         if self.profile_steps and self.profile_steps[0] > self.profile_steps[1]:
             raise ValueError(f"training.profile_steps {list(self.profile_steps)}: the first step comes after the last; "
                              f"give [first, last], e.g. [20, 24]")
+        return self
+
+    @model_validator(mode="after")
+    def _curve_spans_the_run(self):
+        short = schedule_too_short(self.schedule.total_steps, self.max_steps)
+        if short:
+            raise ValueError(short)
         return self
 
     @model_validator(mode="before")

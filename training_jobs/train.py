@@ -61,7 +61,7 @@ from training_jobs.reporting import (
     write_json_atomic,
 )
 from training_jobs.schedule import warmup_problem
-from training_jobs.settings import RunConfig
+from training_jobs.settings import RunConfig, schedule_too_short
 from training_jobs.setup import (
     Dist,
     TokenizerMismatch,
@@ -153,6 +153,8 @@ class Trainer:
         self.cfg = ModelConfig(**t.model.architecture(self.loader.shard_set.vocab_size, self.seq_len))
         check_layout(t, self.cfg)
         self.max_steps = t.resolved_max_steps(self.shard.world_size, self.seq_len)
+        if short := schedule_too_short(t.schedule.total_steps, self.max_steps):  # max_steps from a token budget
+            raise ValueError(short)
         self.total_steps = t.schedule.total_steps or self.max_steps
         self.tokens_per_step = t.tokens_per_step(self.shard.world_size, self.seq_len)
         self.precision = resolve_precision(t.precision)

@@ -219,19 +219,23 @@ def applied_requests(version: Manifest | None) -> set[str]:
 
 def unapplied_requests(store: Store, shards: Manifest) -> list[RemovalRequest]:
     """The requests recorded since a refresh's token shards were written (not among those they applied) that name
-    any of their training documents: a run on these shards would read what was asked to be removed."""
+    any of their training or validation documents: a run on these shards would read what was asked to be removed."""
     applied = applied_requests(shards)
-    return [r for r in load_requests(store)[0] if r.request_id not in applied and _matching(store, shards, r)]
+    # validation documents too: a run reads them (validation loss, its loss probe, the evaluation)
+    return [r for r in load_requests(store)[0]
+            if r.request_id not in applied and _matching(store, shards, r, splits=("train", "val"))]
 
 
-def _matching(store: Store, shards: Manifest | None, request: RemovalRequest) -> list[dict[str, Any]] | None:
+def _matching(store: Store, shards: Manifest | None, request: RemovalRequest,
+              splits: tuple[str, ...] = ("train",)) -> list[dict[str, Any]] | None:
     """The member rows of a token-shard set (the current one, or one replaced since, by the store's history) the
-    request matches, in their train split; None when the store holds no member list of it."""
+    request matches, in `splits` (the documents a checkpoint was trained on: its train split); None when the store
+    holds no member list of it."""
     if (paths := member_lists(store, shards)) is None:
         return None
     members = pa.concat_tables([pq.read_table(p) for p in paths]).to_pylist()
     [matcher] = with_intake_urls(store, [request], raw_partitions(store, {m["source"] for m in members}))
-    return [m for m in members if m["split"] == "train" and m["copies"] > 0
+    return [m for m in members if m["split"] in splits and m["copies"] > 0
             and matcher.matches(m["doc_id"], m["source"], None)]
 
 

@@ -65,6 +65,19 @@ def test_schedule_refuses_min_lr_above_lr():
         TrainingSettings.model_validate({"schedule": {"lr": 1e-4, "min_lr": 1e-3}})
 
 
+def test_a_schedule_shorter_than_the_run_is_refused_naming_both_keys():
+    """total_steps 50 with max_steps 300: the curve would end at step 50 and the learning rate sit at min_lr for the
+    other 250 steps. total_steps only extends a curve; equal or longer is fine."""
+    with pytest.raises(ValidationError, match=r"training\.schedule\.total_steps 50 is below the run's 300 steps "
+                                              r"\(training\.max_steps.*sit at min_lr for the last 250"):
+        TrainingSettings.model_validate({"max_steps": 300, "schedule": {"total_steps": 50}})
+    for total in (300, 500):
+        assert TrainingSettings.model_validate({"max_steps": 300, "schedule": {"total_steps": total}})
+    from training_jobs.settings import schedule_too_short  # the trainer's check once a token budget sets max_steps
+
+    assert schedule_too_short(50, 300) and schedule_too_short(None, 300) is None and schedule_too_short(50, None) is None
+
+
 def test_run_config_round_trips_through_json(tmp_path):
     t = TrainingSettings(max_steps=5, model={"preset": "tiny", "d_model": 128}, schedule={"kind": "wsd"})
     run = t.to_run_config(dataset_dir=tmp_path / "shards", tokenizer_sha256=SHA, output_dir=tmp_path / "out",

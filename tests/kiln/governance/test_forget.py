@@ -199,8 +199,8 @@ def test_forget_reaches_every_refresh_in_the_next_shards(built, capsys):
 def test_requests_by_url_pattern_and_doc_ids_and_training_refuses_shards_written_before_them(built, capsys,
                                                                                               tmp_path):
     """Until token_shards is materialized again after a request, its shards still hold the documents it names,
-    and a run started then would read them: training_run refuses those shards, naming the request. A request that
-    names none of their documents does not stop it."""
+    and a run started then would read them: training_run refuses those shards, naming the request, for a training
+    or a validation document alike. A request that names none of their documents does not stop it."""
     from kiln.governance.forget import unapplied_requests
     from kiln.governance.refresh import latest
 
@@ -226,6 +226,11 @@ def test_requests_by_url_pattern_and_doc_ids_and_training_refuses_shards_written
         failure.step_failure_data.user_failure_data.description
     assert project.materialize(["token_shards"]).success  # it leaves the documents out, and records both requests
     assert unapplied_requests(store, latest(store, "token_shards")[1]) == []
+    # a validation document too: a run reads it (validation loss, the loss probe's token ids, the evaluation)
+    [val] = sorted(d for d, m in built["members"].items() if m["split"] == "val" and m["copies"] > 0)[:1]
+    ids.write_text(val + "\n")
+    _, on_val, _ = forget(built, capsys, "--doc-ids", str(ids))
+    assert [u.request_id for u in unapplied_requests(store, latest(store, "token_shards")[1])] == [on_val["request_id"]]
 
 
 @pytest.mark.parametrize("args, message", [
