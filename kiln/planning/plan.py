@@ -77,18 +77,20 @@ class ModelShapeRequest(BaseModel):
 class PlanRequest(BaseModel):
     """Everything `make_plan` needs; every field has a default so an embedded demo plan works."""
 
-    model_config = ConfigDict(extra="forbid")
+    # No inf or NaN, and bounds far past any real run (1e30 FLOPs is ~10^5 times the largest published training
+    # compute): beyond them the sizing arithmetic overflows or runs for minutes instead of saying what is wrong.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     # Budget: exactly one of dollars or FLOPs (neither: DEFAULT_BUDGET_FLOPS).
-    budget_usd: float | None = Field(default=None, gt=0, description="dollars to spend on GPU time")
-    budget_flops: float | None = Field(default=None, gt=0, description="training FLOPs incl. attention")
+    budget_usd: float | None = Field(default=None, gt=0, le=1e13, description="dollars to spend on GPU time")
+    budget_flops: float | None = Field(default=None, gt=0, le=1e30, description="training FLOPs incl. attention")
     # Hardware.
     gpu: str = "H100-SXM"
-    peak_tflops: float | None = Field(default=None, gt=0, description="overrides the dense bf16 peak")
+    peak_tflops: float | None = Field(default=None, gt=0, le=1e6, description="overrides the dense bf16 peak")
     n_gpus: int | None = Field(default=None, ge=1, description="total GPUs (or give nodes)")
     nodes: int | None = Field(default=None, ge=1)
     gpus_per_node: int = Field(default=8, ge=1)
-    price_per_gpu_hour: float = Field(default=2.5, gt=0, description="USD; a rough 2025 cloud H100 rate")
+    price_per_gpu_hour: float = Field(default=2.5, ge=1e-4, le=1e6, description="USD; a rough 2025 cloud H100 rate")
     mfu: float | None = Field(default=None, gt=0, le=1, description="model FLOPs utilisation, 0 < mfu <= 1; "
                               "None: Kiln's own on this GPU kind from its finished runs, else 0.4")
     intra_node_gb_s: float | None = Field(default=None, gt=0, description="per GPU per direction; None: table")
@@ -99,7 +101,7 @@ class PlanRequest(BaseModel):
     vocab_size: int = Field(default=32000, ge=1)
     seq_len: int = Field(default=2048, ge=1)
     global_batch_tokens: int = Field(default=2**21, ge=1)
-    inference_tokens: float = Field(default=0.0, ge=0, description="expected lifetime inference tokens")
+    inference_tokens: float = Field(default=0.0, ge=0, le=1e20, description="expected lifetime inference tokens")
     # Memory strategy.
     zero_stage: Literal[0, 1, 2, 3] = 3
     offload_optimizer: bool = False
@@ -108,7 +110,7 @@ class PlanRequest(BaseModel):
     recompute: Literal["auto", "none", "selective", "full"] = "auto"
     usable_memory_fraction: float = Field(default=0.9, gt=0, le=1)
     # Reliability.
-    gpu_mtbf_hours: float = Field(default=round(LLAMA3_GPU_MTBF_HOURS, -2), gt=0)
+    gpu_mtbf_hours: float = Field(default=round(LLAMA3_GPU_MTBF_HOURS, -2), ge=0.01)
     checkpoint_write_seconds: float = Field(default=60.0, gt=0)
     restart_minutes: float = Field(default=10.0, ge=0)
     # Data.

@@ -53,6 +53,12 @@ def test_json(capsys):
         (["--gpu", "X100"], ["gpu", "unknown GPU 'X100'", "H100-SXM", "MI300X"]),
         (["--mfu", "1.5"], ["mfu", "1.5", "less than or equal to 1"]),
         (["--gpus", "12"], ["not a multiple of gpus_per_node=8"]),
+        # infinite or absurd numbers: a message, not an OverflowError traceback (or minutes of sizing)
+        (["--budget-usd", "inf"], ["budget_usd=inf", "finite number"]),
+        (["--inference-tokens", "inf"], ["inference_tokens=inf", "finite number"]),
+        (["--budget-flops", "1e300"], ["budget_flops=1e+300", "less than or equal to"]),
+        (["--price", "1e-300"], ["price_per_gpu_hour=1e-300", "greater than or equal to 0.0001"]),
+        (["--gpu-mtbf-hours", "1e-300"], ["gpu_mtbf_hours=1e-300", "greater than or equal to 0.01"]),
     ],
 )
 def test_bad_input_exits_2_with_a_message(argv, needles, capsys):
