@@ -209,16 +209,36 @@ def move_aside(ckpt: Path, reason: str) -> Path:
     return target
 
 
+class CheckpointFormatError(ValueError):
+    """A complete checkpoint of another Kiln checkpoint format: neither resumable here nor damaged."""
+
+
+def _written_format(ckpt: Path) -> str | None:
+    """The `format` a readable manifest names (None: no manifest, unreadable, or not one Kiln wrote)."""
+    try:
+        manifest = json.loads((ckpt / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    found = manifest.get("format") if isinstance(manifest, dict) else None
+    return found if isinstance(found, str) and found.startswith("kiln-checkpoint/") else None
+
+
 def find_resumable(root: Path, warn=print) -> Found | None:
     """The newest checkpoint that verifies. Newer ones that do not (incomplete, corrupt) are moved aside
-    with a warning. Call on one rank, once its ManifestWriter has no pending work (a checkpoint still being hashed
-    would be moved aside), and broadcast the result."""
+    with a warning. One of another Kiln checkpoint format is refused, and left where it is: resuming from an older
+    checkpoint, or from none, would silently retrain what it holds. Call on one rank, once its ManifestWriter has no
+    pending work (a checkpoint still being hashed would be moved aside), and broadcast the result."""
     for found in reversed(checkpoints(root, complete_only=False)):
+        if (written := _written_format(found.path)) not in (None, CHECKPOINT_FORMAT):
+            raise CheckpointFormatError(
+                f"{found.path} is a checkpoint of format {written!r}; this Kiln resumes {CHECKPOINT_FORMAT!r} ones. "
+                f"Resume it with the Kiln version that wrote it, or start this run in another output_dir / "
+                f"checkpoint.dir (nothing was moved or deleted)")
         problem = verify(found.path)
         if problem is None:
             return found
         moved = move_aside(found.path, problem)
-        warn(f"skipping checkpoint {found.path.name}: {problem}; moved to {moved} (an older checkpoint is used)")
+        warn(f"skipping checkpoint {found.path.name}: {problem}; moved to {moved} (trying an older one)")
     return None
 
 
@@ -593,7 +613,7 @@ def check_weights_only(ckpt: Path, allow_deepspeed: bool = False) -> dict[str, s
     return result
 
 
-__all__ = ["BackgroundWriter", "CHECKPOINT_FORMAT", "CONSOLIDATED", "Cadence", "Found", "MANIFEST", "ManifestWriter",
+__all__ = ["BackgroundWriter", "CHECKPOINT_FORMAT", "CheckpointFormatError", "CONSOLIDATED", "Cadence", "Found", "MANIFEST", "ManifestWriter",
            "checkpoints", "save_atomically", "to_host", "write_atomically", "write_path_atomically", "writes_through",
            "check_weights_only",
            "find_resumable", "load", "move_aside", "prune", "read_manifest", "rng_state", "save", "set_rng_state",

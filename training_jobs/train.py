@@ -354,10 +354,17 @@ class Trainer:
                 "dataset_data_version": self.run.dataset_data_version, "base_checkpoint": self.base}
 
     def newest_checkpoint(self) -> checkpoint.Found | None:
+        found, refused = None, None
         if self.dist.main:
             self.manifests.wait()  # a checkpoint still being hashed is complete soon, not one to move aside
-        found = checkpoint.find_resumable(self.ckpt_root, warn=self.report.line) if self.dist.main else None
-        return broadcast_object(self.dist, found)
+            try:
+                found = checkpoint.find_resumable(self.ckpt_root, warn=self.report.line)
+            except checkpoint.CheckpointFormatError as exc:  # every rank stops with it, none waits for rank 0
+                refused = str(exc)
+        found, refused = broadcast_object(self.dist, (found, refused))
+        if refused:
+            raise checkpoint.CheckpointFormatError(refused)
+        return found
 
     def load(self, found: checkpoint.Found) -> dict[str, Any]:
         state = checkpoint.load(self.engine, self.ckpt_root, found)

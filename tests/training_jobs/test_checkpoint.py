@@ -90,6 +90,21 @@ def test_resume_takes_the_newest_good_one_and_moves_bad_ones_aside(tmp_path):
     assert checkpoint.find_resumable(tmp_path / "nothing-here") is None
 
 
+def test_a_checkpoint_of_another_format_is_refused_and_left_where_it_is(tmp_path):
+    """A complete checkpoint whose manifest names another Kiln checkpoint format (an older Kiln's, say) is not
+    damage: moving it aside and resuming from an older one, or from step 0, would silently train again what it holds.
+    It is refused naming both formats and the way forward, and nothing is moved."""
+    fake_checkpoint(tmp_path, 4)
+    newer = fake_checkpoint(tmp_path, 8)
+    manifest = json.loads((newer / "manifest.json").read_text())
+    (newer / "manifest.json").write_text(json.dumps({**manifest, "format": "kiln-checkpoint/0"}))
+    with pytest.raises(checkpoint.CheckpointFormatError,
+                       match=r"step_00000008 is a checkpoint of format 'kiln-checkpoint/0'; this Kiln resumes "
+                             r"'kiln-checkpoint/1' ones\..*another output_dir / checkpoint.dir \(nothing was moved"):
+        checkpoint.find_resumable(tmp_path, warn=lambda _: None)
+    assert [f.step for f in checkpoint.checkpoints(tmp_path)] == [4, 8] and not (tmp_path / checkpoint.REJECTED).exists()
+
+
 def test_keep_last_k_counts_complete_checkpoints_only(tmp_path):
     for step in (2, 4, 6, 8):
         fake_checkpoint(tmp_path, step)
