@@ -280,10 +280,15 @@ def _allocate(method: str, flops: float, inference_tokens: float) -> Allocation:
     return Allocation("inference-aware", best.n_params, best.tokens)
 
 
-def _own_fit(runs: Sequence[RunPoint], n_params: float, tokens: float, sizing_flops: float) -> dict[str, Any]:
+def _own_fit(runs: Sequence[RunPoint], n_params: float, tokens: float, sizing_flops: float,
+             total_flops: float) -> dict[str, Any]:
     out: dict[str, Any] = {"n_runs": len(runs)}
+    # L(C) is evaluated at this plan's compute as the runs count theirs: Kiln runs log FLOPs with attention
+    # (scaling/flops = flops_per_token x tokens), runs without that metric count 6ND (RunPoint.compute)
+    logged = all(run.flops is not None for run in runs)
     try:
-        out["compute_law"] = fit_compute_law(runs).to_dict(flops=training_flops(n_params, tokens))
+        out["compute_law"] = fit_compute_law(runs).to_dict(
+            flops=total_flops if logged else training_flops(n_params, tokens))
     except NotEnoughRuns as exc:
         out["compute_law"] = {"error": str(exc)}
     try:
@@ -351,7 +356,7 @@ def make_plan(request: PlanRequest, runs: Sequence[RunPoint] | None = None,
     data = None
     if request.available_tokens:
         data = data_sufficiency(tokens, request.available_tokens, request.mixture_weights or None)
-    own_fit = None if runs is None else _own_fit(runs, shape.n_params, tokens, sizing_flops)
+    own_fit = None if runs is None else _own_fit(runs, shape.n_params, tokens, sizing_flops, budget)
 
     plan = Plan(
         request, cluster, method, sizing_flops, target, alternatives, same_loss, shape, tokens, compute,

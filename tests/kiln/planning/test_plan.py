@@ -84,6 +84,25 @@ def test_own_fits_report_too_few_runs_and_fit_enough():
     assert "Own scaling fits (9 runs)" in plan.render()
 
 
+def test_the_compute_law_is_read_at_the_plans_compute_as_the_runs_logged_theirs():
+    """Kiln runs log scaling/flops = (6N + 12·L·d·T)·D, attention included. Runs on an exact law in those FLOPs,
+    L = 50·C^-0.1: the plan's predicted loss is the law at the plan's own total FLOPs (its budget, attention
+    included), not at its 6ND share, which is smaller and so read a higher loss."""
+    runs = []
+    for n_layers, d_model, n_params in [(2, 64, 1e6), (4, 128, 3e6), (6, 256, 1e7), (8, 512, 4e7)]:
+        tokens = 20 * n_params
+        flops = (6 * n_params + attention_flops_per_token(n_layers, d_model, 2048)) * tokens
+        runs.append(RunPoint(n_params, tokens, 50.0 * flops ** -0.1, flops=flops))
+    plan = make_plan(PlanRequest(budget_flops=1e20), runs=runs)
+    law = plan.own_fit["compute_law"]
+    assert law["predicted_loss"] == pytest.approx(50.0 * 1e20 ** -0.1, rel=1e-3)
+    # runs without logged FLOPs count 6ND, and so does the plan then
+    six_nd = [RunPoint(r.n_params, r.tokens, 50.0 * (6 * r.n_params * r.tokens) ** -0.1) for r in runs]
+    again = make_plan(PlanRequest(budget_flops=1e20), runs=six_nd)
+    assert again.own_fit["compute_law"]["predicted_loss"] == pytest.approx(
+        50.0 * (6 * again.n_params * again.tokens) ** -0.1, rel=1e-3)
+
+
 def _messages(**fields):
     with pytest.raises(ValidationError) as info:
         PlanRequest(**fields)
