@@ -21,7 +21,7 @@ PLACEHOLDERS: dict[str, str] = {t: f"<{t.upper()}>" for t in PII_TYPES}
 # Letters of scripts written without spaces between words (Han, kana, Thai), and Hangul, whose particles attach
 # to the word before, do not make a longer token: "電話090-1234-5678までご連絡ください", "010-1234-5678로 연락".
 _UNSPACED = ("\u0e00-\u0e7f\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
-             "\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f")
+             "\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f")
 _WORD = "[^\\W" + _UNSPACED + "]"  # \w less those letters
 _UNSPACED_LETTER = re.compile("[" + _UNSPACED + "]")
 _LEAD = "[0-9](?<!" + _WORD + "[0-9])(?<![0-9][.-][0-9])"  # first digit of a number that starts a token
