@@ -88,6 +88,7 @@ def _marks() -> list[int]:
 
 _UNITS = _unit_chars()
 _N = _class_body([c for c in _UNITS if c <= 0xFFFF])  # BMP classes: `re` tests them with one table lookup
+NO_SPACE_LETTERS_BMP = _N  # the class body, for other stages' own patterns (PII number boundaries)
 _N_ASTRAL = _class_body([c for c in _UNITS if c > 0xFFFF])  # a few ranges (CJK extensions B-H, Tangut, kana ...)
 _MARKS = _marks()  # listed once: 65,536 unicodedata lookups
 _M = _class_body(_MARKS)

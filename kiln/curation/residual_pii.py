@@ -93,9 +93,10 @@ def _ascii_twins(text: str) -> str:
     return text if text.isascii() else text.translate(_ASCII_TWINS)
 
 
-# Letters of scripts that write no space between a number and the next word (CJK, kana, Thai; Hangul's particles
-# attach to it): "090-1234-5678までご連絡ください" is a whole number.
-_UNSPACED_SCRIPTS = ("CJK ", "HIRAGANA", "KATAKANA", "HALFWIDTH KATAKANA", "HANGUL", "THAI")
+# Letters of scripts that write no space between a number and the next word (CJK, kana, Thai, Lao, Khmer, Myanmar,
+# Tibetan, Tai, Yi; Hangul's particles attach to it): "090-1234-5678までご連絡ください" is a whole number.
+_UNSPACED_SCRIPTS = ("CJK ", "HIRAGANA", "KATAKANA", "HALFWIDTH KATAKANA", "HANGUL", "THAI", "LAO ", "KHMER ",
+                     "MYANMAR ", "TIBETAN ", "TAI ", "NEW TAI LUE ", "YI ")
 
 
 def _word_char(c: str) -> bool:

@@ -7,6 +7,8 @@ import re
 import unicodedata
 from collections.abc import Iterable
 
+from kiln.common.text_units import NO_SPACE_LETTERS_BMP
+
 PII_TYPES: tuple[str, ...] = ("email", "phone", "ipv4", "ipv6", "us_ssn", "credit_card", "iban", "secret")
 PLACEHOLDERS: dict[str, str] = {t: f"<{t.upper()}>" for t in PII_TYPES}
 
@@ -18,10 +20,12 @@ PLACEHOLDERS: dict[str, str] = {t: f"<{t.upper()}>" for t in PII_TYPES}
 # Number boundaries: a match never starts or ends inside a longer token. A word character (_WORD) stops
 # "x555-123-4567" and a card inside a longer digit run; a digit joined by '.' or '-' stops the middle of
 # "12-555-123-4567" or "555-123-4567-89" (order and part numbers).
-# Letters of scripts written without spaces between words (Han, kana, Thai), and Hangul, whose particles attach
-# to the word before, do not make a longer token: "電話090-1234-5678までご連絡ください", "010-1234-5678로 연락".
-_UNSPACED = ("\u0e00-\u0e7f\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
-             "\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f")
+# Letters of scripts written without spaces between words (Han, kana, Thai, Lao, Khmer, Myanmar ...: text_units'
+# list), and Hangul, whose particles attach to the word before, do not make a longer token:
+# "電話090-1234-5678までご連絡ください", "010-1234-5678로 연락". BMP only, as text_units' class: one past U+FFFF makes
+# `re` test its ranges one by one.
+_HANGUL = "\u1100-\u11ff\u3130-\u318f\uac00-\ud7af"  # Jamo, Compatibility Jamo, Syllables
+_UNSPACED = NO_SPACE_LETTERS_BMP + _HANGUL
 _WORD = "[^\\W" + _UNSPACED + "]"  # \w less those letters
 _UNSPACED_LETTER = re.compile("[" + _UNSPACED + "]")
 _LEAD = "[0-9](?<!" + _WORD + "[0-9])(?<![0-9][.-][0-9])"  # first digit of a number that starts a token

@@ -312,6 +312,12 @@ UNICODE_FORMS = [
     ("IP\u5730\u5740192.0.2.10\uff0c93.184.216.34\u3002", "IP\u5730\u5740192.0.2.10\uff0c<IPV4>\u3002"),
     ("\uc804\ud654 010-2345-6789\ub85c \uc5f0\ub77d", "\uc804\ud654 <PHONE>\ub85c \uc5f0\ub77d"),
     ("bugs@samba.org\u53d1\u4e00\u4e2a3\u7ea7\u7684\u65e5\u5fd7", "<EMAIL>\u53d1\u4e00\u4e2a3\u7ea7\u7684\u65e5\u5fd7"),
+    # glued to Lao and Khmer words, scripts also written without spaces: ໂທ93.184.216.34ນີ້ /
+    # អាសយដ្ឋាន93.184.216.34នេះ / bugs@samba.orgນີ້ແມ່ນ (the address's TLD stops where the Latin letters do)
+    ("\u0ec2\u0e9793.184.216.34\u0e99\u0eb5\u0ec9", "\u0ec2\u0e97<IPV4>\u0e99\u0eb5\u0ec9"),
+    ("\u17a2\u17b6\u179f\u1799\u178a\u17d2\u178b\u17b6\u179393.184.216.34\u1793\u17c1\u17c7",
+     "\u17a2\u17b6\u179f\u1799\u178a\u17d2\u178b\u17b6\u1793<IPV4>\u1793\u17c1\u17c7"),
+    ("bugs@samba.org\u0e99\u0eb5\u0ec9\u0ec1\u0ea1\u0ec8\u0e99", "<EMAIL>\u0e99\u0eb5\u0ec9\u0ec1\u0ea1\u0ec8\u0e99"),
     # a man page's hyphenated line break (U+2010) still ends an address's domain where it did
     ("<netatalk-devel@lists.source\u2010\n       forge.net>", "<<EMAIL>\u2010\n       forge.net>"),
 ]

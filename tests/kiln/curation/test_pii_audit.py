@@ -57,6 +57,10 @@ MISSED = [
      [("phone", "+\u0664\u0669 \u0663\u0660 \u0669\u0661\u0664\u0665\u0666\u0663\u0664\u0662")]),
     ("IP\u5730\u574093.184.216.34\u3002", "ipv4", [("ipv4", "93.184.216.34")]),
     ("bugs@samba.org\u53d1\u4e00\u4e2a", "email", [("email", "bugs@samba.org")]),
+    # glued to Lao and Khmer words (ໂທ "call", ນີ້ "this"; អាសយដ្ឋាន "address", នេះ "this")
+    ("\u0ec2\u0e9793.184.216.34\u0e99\u0eb5\u0ec9", "ipv4", [("ipv4", "93.184.216.34")]),
+    ("\u17a2\u17b6\u179f\u1799\u178a\u17d2\u178b\u17b6\u179393.184.216.34\u1793\u17c1\u17c7", "ipv4",
+     [("ipv4", "93.184.216.34")]),
 ]
 
 
