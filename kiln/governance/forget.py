@@ -140,6 +140,19 @@ def first_match(requests: list[RemovalRequest | IntakeMatched], doc_id: str, sou
     return next((r for r in requests if r.matches(doc_id, source, url)), None)
 
 
+# The columns `naming_requests` reads: a reader of documents adds them to its own when there are requests.
+REQUEST_COLUMNS = ("doc_id", "source", "url")
+
+
+def naming_requests(requests: Iterable[RemovalRequest | IntakeMatched],
+                    rows: pa.Table | pa.RecordBatch) -> list[RemovalRequest | IntakeMatched | None]:
+    """For each row of a table of documents (REQUEST_COLUMNS), the first of `requests` that names it, or None."""
+    requests = list(requests)
+    if not requests:
+        return [None] * rows.num_rows
+    return [first_match(requests, *row) for row in zip(*(rows.column(c).to_pylist() for c in REQUEST_COLUMNS))]
+
+
 def validate(config: ProjectConfig, kind: str, value: str | list[str]) -> None:
     if kind == "source":
         names = [s.name for s in config.sources]

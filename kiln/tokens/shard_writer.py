@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import chain, repeat
+from itertools import chain
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -46,7 +46,7 @@ from kiln.common.config import Mixture, ShardSettings
 from kiln.common.storage import part_name, write_parquet_atomic
 from kiln.engine import SERIAL, Engine
 from kiln.governance.document_facts import document_facts, license_from
-from kiln.governance.forget import IntakeMatched, RemovalRequest, first_match
+from kiln.governance.forget import REQUEST_COLUMNS, IntakeMatched, RemovalRequest, naming_requests
 from kiln.tokens.fim import FimIds, fim_split, fim_tokens
 from kiln.tokens.mixture import MixtureError, SourceParts, epoch_warnings, hash_unit, plan_phases, select_documents
 from kiln.tokens.shard_format import TRAIN, VAL, ShardInfo, describe_shard_set, write_shard
@@ -145,16 +145,15 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
     lengths, is_val, keys, removed_by, facts = [], [], [], {}, []
     fim_docs = chars = n_bytes = 0
     parquet = pq.ParquetFile(task.input_path)
-    columns = ["doc_id", "text", "license", "meta"] + (["source", "url"] if task.requests else [])
+    columns = ["text", "license", "meta", *(REQUEST_COLUMNS if task.requests else ["doc_id"])]
     with open(task.tokens_path, "wb") as out:
         for batch in parquet.iter_batches(batch_size=_ENCODE_BATCH, columns=columns):
             segments, layout = [], []
-            metadata = zip(batch.column("source").to_pylist(), batch.column("url").to_pylist()) if task.requests \
-                else repeat((None, None))
-            for doc_id, text, license_, meta, (source, url) in zip(
+            for doc_id, text, license_, meta, request in zip(
                     batch.column("doc_id").to_pylist(), batch.column("text").to_pylist(),
-                    batch.column("license").to_pylist(), batch.column("meta").to_pylist(), metadata):
-                if task.requests and (request := first_match(task.requests, doc_id, source, url)) is not None:
+                    batch.column("license").to_pylist(), batch.column("meta").to_pylist(),
+                    naming_requests(task.requests, batch)):
+                if request is not None:
                     removed_by[len(is_val)] = request.reject_reason  # no tokens, never chosen
                     layout.append(_REMOVED)
                     is_val.append(False)

@@ -45,7 +45,7 @@ from kiln.common.config.tokens import SPECIAL_ROLES
 from kiln.common.manifest import write_file_atomic
 from kiln.common.text_units import count_words, dominant_script
 from kiln.curation.documents import Document
-from kiln.governance.forget import IntakeMatched, RemovalRequest, first_match
+from kiln.governance.forget import REQUEST_COLUMNS, IntakeMatched, RemovalRequest, naming_requests
 from kiln.tokens.mixture import SourceParts, hash_unit, select_documents, shares
 from kiln.tokens.shard_format import token_dtype
 from training_jobs.tokenizer_files import ASSET_HF_FILE, CARD_FILE, EXPORT_CARD_FILE, model_file
@@ -115,12 +115,9 @@ def draw_training_sample(sources: Sequence[SourceParts], weights: Mapping[str, f
     for s in sources:
         parts, rows, chars, keys = [], [], [], []
         for p, part in enumerate(s.parts):
-            table = pq.read_table(part, columns=["doc_id", "text"] + (["source", "url"] if requests else []))
+            table = pq.read_table(part, columns=["text", *(REQUEST_COLUMNS if requests else ["doc_id"])])
             ids = table.column("doc_id").to_pylist()
-            drawable = np.ones(len(ids), bool)
-            if requests:
-                drawable = np.fromiter((first_match(requests, d, src, url) is None for d, src, url in zip(
-                    ids, table.column("source").to_pylist(), table.column("url").to_pylist())), bool, len(ids))
+            drawable = np.array([r is None for r in naming_requests(requests, table)], bool)
             n = int(drawable.sum())
             parts.append(np.full(n, p, np.int32))
             rows.append(np.flatnonzero(drawable).astype(np.int64))
