@@ -5,7 +5,7 @@ the project config, adds what only it knows (dataset folder, tokenizer, output f
 `settings.to_run_config(...)`, writes that as JSON, and launches `python -m training_jobs.train
 --run-config run.json` on every rank. Ranks read it back with `RunConfig.read(path)`.
 
-Imports pydantic and the standard library only, so the project config can import it without torch.
+Imports pydantic, the standard library and kiln.common.strict only, so the project config can import it without torch.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import Field, PositiveInt, model_validator
+
+from kiln.common.strict import Strict
 
 RUN_CONFIG_FORMAT = "kiln-run-config/1"
 DEFAULT_DEEPSPEED_CONFIG = Path(__file__).resolve().parent / "configs" / "zero3.json"
@@ -26,8 +28,7 @@ DEFAULT_DEEPSPEED_CONFIG = Path(__file__).resolve().parent / "configs" / "zero3.
 DEFAULT_MICRO_BATCH = 8
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Strict = Strict  # unknown keys refused, frozen, numbers that are numbers
 
 
 # Llama-like shapes. Non-embedding parameters (vocabulary 32k adds 32k x d_model, once when tied):

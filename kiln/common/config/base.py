@@ -1,21 +1,20 @@
-"""What every config section shares: strict, frozen models, the one config error, and where Kiln lives."""
+"""What every config section shares: strict, frozen models (`kiln.common.strict`), the one config error, and where
+Kiln lives."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from kiln.common.strict import Strict
+
+__all__ = ["DEFAULT_CONFIG", "ConfigError", "Strict", "config_path", "kiln_home"]
 
 DEFAULT_CONFIG = "configs/default.yaml"
 
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message says which key, what was given, and what is allowed."""
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def kiln_home() -> Path:

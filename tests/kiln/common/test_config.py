@@ -60,6 +60,35 @@ def test_bad_config_names_key_value_and_what_is_allowed(mutate, expected):
         assert fragment in message, message
 
 
+# YAML as users write it: `yes` and `true` are booleans, `.inf` and `.nan` floats. Pydantic's lax mode read a boolean
+# as 1 (one training step, one checkpoint kept, one worker) and let an infinite learning rate through.
+@pytest.mark.parametrize("yaml_lines, key", [
+    ("training:\n  max_steps: true\n", "training.max_steps = True"),
+    ("training:\n  checkpoint:\n    keep_last: yes\n", "training.checkpoint.keep_last = True"),
+    ("engine:\n  workers: on\n", "engine.workers = True"),
+    ("training:\n  schedule:\n    lr: .inf\n", "training.schedule.lr = inf"),
+    ("training:\n  adam_eps: .nan\n", "training.adam_eps = nan"),
+    ("dedup:\n  near:\n    threshold: .nan\n", "dedup.near.threshold = nan"),
+])
+def test_a_boolean_or_an_infinity_for_a_number_is_refused(tmp_path, yaml_lines, key):
+    path = tmp_path / "kiln.yaml"
+    path.write_text(f"extends: {DEFAULT}\n" + yaml_lines)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert key in message, message
+    assert ("takes no true/false" if "True" in key else "finite number") in message, message
+
+
+def test_booleans_still_set_the_keys_that_take_them(tmp_path):
+    path = tmp_path / "kiln.yaml"
+    path.write_text(f"extends: {DEFAULT}\ntraining:\n  compile: false\n  model:\n    tied_embeddings: no\n"
+                    "  checkpoint:\n    resume: off\n")
+    training = load_config(path).training
+    assert training.compile is False and training.model.tied_embeddings is False
+    assert training.checkpoint.resume is False
+
+
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "absent.yaml")
