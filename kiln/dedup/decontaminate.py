@@ -29,7 +29,8 @@ more than 10 items, "which of the following", is a common phrase and is left out
   where a few common phrases ("can be added to the", "at the head of the list") make a large share: the
   STAILQ(3) manual page holds 7 of the 16 4-grams of a 19-word sentence of slist(3), and none of its copies.
 
-Words are normalized first (case, punctuation, digits, Unicode), so those edits never count.
+Words are normalized first (case, punctuation, digits; items and documents both composed to NFC), so those edits
+never count.
 bench/decon_eval.py measures both sides: sibling manual pages and API docs, and edited copies.
 
 Speed matters (the check runs over every document), so words are hashed once each with a stable 64-bit
@@ -312,17 +313,17 @@ class BenchmarkIndex:
 
     def contains(self, text: str) -> bool:
         """Whether `text` matches any item (no spans: the fast path for drop-only checks)."""
-        return bool(self._hits(normalized_words(text), text)[0])
+        return bool(self._hits(_composed(normalized_words(text), text), text)[0])
 
     def find(self, text: str) -> list[Match]:
         """Every item found in `text`, ordered by position; one Match per run of overlapping n-grams."""
-        ws = normalized_words(text)
+        ws = _composed(normalized_words(text), text)
         hits, shares = self._hits(ws, text)
         if not hits:
             return []
         spanned = words(text, NORMALIZATION, with_spans=True)  # spans only for the rare text that hits
-        if spanned.words != ws:  # never seen (a test checks both word views agree); stay correct anyway
-            hits, shares = self._hits(spanned.words, text)
+        if (spanned_words := _composed(spanned.words, text)) != ws:  # never seen (a test checks both word views
+            hits, shares = self._hits(spanned_words, text)  # agree); stay correct anyway
         runs: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
         for first, owners, size in hits:
             for owner in owners:
@@ -333,6 +334,15 @@ class BenchmarkIndex:
             for first, end in _merge(ranges):
                 matches.append(Match(benchmark, item_id, spanned.spans[first][0], spanned.spans[end - 1][1], share))
         return sorted(matches, key=lambda m: (m.start, m.end, m.benchmark, m.item_id))
+
+
+def _composed(ws: list[str], text: str) -> list[str]:
+    """The words of `text` composed to NFC, as items are read: a document that a profile without `normalize` kept
+    decomposed ("e" + U+0301, as macOS file names and some PDFs write it) still matches. Word by word, so each word
+    keeps its span in the text; a text already in NFC (nearly all) costs one scan."""
+    if text.isascii() or unicodedata.is_normalized("NFC", text):
+        return ws
+    return [unicodedata.normalize("NFC", w) for w in ws]
 
 
 def _sentences(text: str, n_words: int) -> np.ndarray:
@@ -551,8 +561,8 @@ def _item_text(record: dict, text_fields: list[str], where: str) -> str:
             raise BenchmarkError(f"{where}: field {name!r} is a {type(value).__name__}; text fields must be "
                                  f"strings, numbers or lists of them")
         parts.append(value)
-    # NFC, as curation's `normalize` step writes documents: an item saved decomposed ("e" + U+0301) would never
-    # equal a document's words
+    # NFC, as curation's `normalize` step writes documents (and as a document's words are composed, `_composed`): an
+    # item saved decomposed ("e" + U+0301) would never equal a document's words
     return unicodedata.normalize("NFC", "\n".join(parts))
 
 

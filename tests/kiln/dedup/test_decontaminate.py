@@ -602,6 +602,26 @@ def test_an_item_saved_decomposed_is_found_in_a_document_normalized_to_nfc(tmp_p
     assert ItemNgrams([decomposed], ngram=13, min_item_words=8).overlaps(document)
 
 
+def test_a_document_kept_decomposed_is_found_and_redacted_at_its_own_spans():
+    """The other side: a profile without curation's `normalize` step keeps a document as it came, NFD included. Its
+    words are composed to NFC as the items are, so the copy is found, in both modes; the redacted span is the copy's
+    in the decomposed text (longer than the NFC one by its 15 accented letters, one mark each: général 2, décida 1,
+    cérémonie 2, près 1, l'église 1, après 1, fête 1, où 1, élèves 2, dernière 1, l'été 2)."""
+    import unicodedata
+
+    item = ("Le général décida que la cérémonie aurait lieu près de l'église, après la fête du village, "
+            "où les élèves chanteraient une dernière fois avant l'été")
+    decomposed = unicodedata.normalize("NFD", item)
+    assert len(decomposed) - len(item) == 15
+    index = index_of(("b", "q", item))
+    document = FILLER_A + decomposed + FILLER_B
+    (match,) = index.find(document)
+    assert (match.item_id, document[match.start:match.end]) == ("q", decomposed)
+    assert decontaminate(document, index, DROP).reason == DROP_REASON
+    out = decontaminate(document, index, REDACT)
+    assert out.kept and out.text == FILLER_A + "\n" + FILLER_B
+
+
 def test_the_independent_look_reads_a_word_with_its_combining_marks_as_the_detector_does():
     """Vocalized Arabic: the same letters with other vowel marks (fatha U+064E <-> damma U+064F, kasra U+0650 ->
     fatha) are other words to the detector, which keeps marks inside words; `\\w` alone split every word at its marks,
