@@ -7,7 +7,8 @@ different patterns, so that the check finds what the redactor missed:
 
 - phone: Google's libphonenumber `PhoneNumberMatcher` (its own candidate grammar, date / time-stamp /
   page-range filters and validity), on short windows: around every '+', after a phone label found with
-  its own word list, and North American shapes. International numbers must be possible (Leniency.POSSIBLE)
+  its own word list (Latin-script words; Chinese, Japanese and Korean labels, whose numbers are read in those
+  regions), and North American shapes. International numbers must be possible (Leniency.POSSIBLE)
   and shaped as their country's plan writes them (libphonenumber groups them; North American ones NXX NXX-XXXX),
   so numbers in unassigned ranges and typos of real ones are reported too; labelled national numbers must be
   valid (STRICT_GROUPING), so fictional ones (555-123-4567) are not reported.
@@ -170,6 +171,12 @@ _LABELS = frozenset({"phone", "telephone", "tel", "t\u00e9l", "t\u00e9l\u00e9pho
                      "tel\u00e9fono", "telefoon", "fax", "mobile", "mobil", "mobiel", "m\u00f3vil", "cell", "cellphone",
                      "cellulare", "handy", "gsm", "portable", "whatsapp", "tlf"})
 _CALL = re.compile(r"call (?:us|me)(?: (?:at|on))?\b")
+# Chinese, Japanese and Korean labels, found where they stand (no spaces mark words there): telephone, mobile, contact,
+# inquiries; and the regions whose national numbers follow them.
+_CJK_LABEL_WORDS = ("電話", "电话", "携帯", "ケータイ", "手机", "手機", "連絡先", "联系方式", "聯絡", "問い合わせ",
+                    "전화", "휴대폰", "핸드폰", "연락처", "문의")
+_CJK_LABEL = re.compile("|".join(_CJK_LABEL_WORDS))
+_CJK_REGIONS = ("JP", "KR", "CN", "TW", "HK")
 _WINDOW = 32
 _FIRST = frozenset("+(0123456789")
 _LABEL_GAP = 16  # the number starts at most this far after its label
@@ -254,6 +261,20 @@ def _match_phones(text: str, lo: int, hi: int, region: str, leniency: int,
 MIN_PHONE_DIGITS = 7
 
 
+def _after_label(text: str, k: int, regions: tuple[str, ...]) -> Iterator[tuple[int, int]]:
+    """The number that follows a phone label ending at `k`, with at most a word or two between ("Tel. (office):
+    ..."), read in the first of `regions` where it is valid and grouped as that region groups it."""
+    if _digits_in(text[k : k + _LABEL_GAP + _WINDOW]) < 6:
+        return
+    hi = min(len(text), k + _LABEL_GAP + _WINDOW)
+    for region in regions:
+        found = [sp for sp in _match_phones(text, k, hi, region, Leniency.STRICT_GROUPING)
+                 if sp[0] - k <= _LABEL_GAP and "\n" not in text[k : sp[0]] and text[sp[0]] in _FIRST]
+        if found:
+            yield found[0]
+            return
+
+
 def _phones(text: str, regions: tuple[str, ...]) -> Iterator[Span]:
     seen: set[tuple[int, int]] = set()
     for m in _PLUS.finditer(text):  # international: the number names its country
@@ -285,17 +306,11 @@ def _phones(text: str, regions: tuple[str, ...]) -> Iterator[Span]:
                 m = _CALL.match(lowered, i)
                 k = m.end() if m else k
                 word = "call" if m else ""
-            if ((i == 0 or not _word_char(text[i - 1])) and word in _LABELS | {"call"}
-                    and _digits_in(text[k : k + _LABEL_GAP + _WINDOW]) >= 6):
-                hi = min(len(text), k + _LABEL_GAP + _WINDOW)
-                for region in regions:
-                    # The number follows the label, with at most a word or two between ("Tel. (office): ...").
-                    found = [sp for sp in _match_phones(text, k, hi, region, Leniency.STRICT_GROUPING)
-                             if sp[0] - k <= _LABEL_GAP and "\n" not in text[k : sp[0]] and text[sp[0]] in _FIRST]
-                    if found:
-                        seen.add(found[0])
-                        break
+            if (i == 0 or not _word_char(text[i - 1])) and word in _LABELS | {"call"}:
+                seen.update(_after_label(text, k, regions))
             i = lowered.find(stem, k)
+    for m in _CJK_LABEL.finditer(text):
+        seen.update(_after_label(text, m.end(), _CJK_REGIONS))
     for start, end in seen:
         # A few regions have 4-6 digit numbers, but in text that short a run is an issue or part number far more
         # often ("cell args bpo-43693" in CPython's own comments): the audit wants certainty.
@@ -575,7 +590,8 @@ AUDIT_SCREENS: dict[str, str] = {
     "ipv4": r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]",
     "ipv6": r":[0-9A-Fa-f]{0,4}:",
     "phone": r"\+[0-9]|\b00[1-9]|[0-9]{3}[.-][0-9]{4}"
-             r"|(?i:phone|tel|t\x{e9}l|fax|mobil|m\x{f3}vil|cell|handy|gsm|portable|whatsapp|tlf|call)\pL*[^\n0-9]{0,32}[+(0-9]",
+             r"|(?i:phone|tel|t\x{e9}l|fax|mobil|m\x{f3}vil|cell|handy|gsm|portable|whatsapp|tlf|call)\pL*[^\n0-9]{0,32}[+(0-9]"
+             r"|(?:" + "|".join(_CJK_LABEL_WORDS) + r")[^\n0-9]{0,32}[+(0-9]",
 }
 
 

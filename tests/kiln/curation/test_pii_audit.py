@@ -57,6 +57,13 @@ MISSED = [
      [("phone", "+\u0664\u0669 \u0663\u0660 \u0669\u0661\u0664\u0665\u0666\u0663\u0664\u0662")]),
     ("IP\u5730\u574093.184.216.34\u3002", "ipv4", [("ipv4", "93.184.216.34")]),
     ("bugs@samba.org\u53d1\u4e00\u4e2a", "email", [("email", "bugs@samba.org")]),
+    # national numbers after a Chinese, Japanese or Korean label (電話 "telephone", 携帯 "mobile", 联系电话 "contact
+    # telephone", 전화 "telephone", お問い合わせ "inquiries"), glued to it or not
+    ("\u96fb\u8a71\uff1a090-7385-4464\u307e\u3067", "phone", [("phone", "090-7385-4464")]),
+    ("\u643a\u5e2f090-7385-4464\u307e\u3067", "phone", [("phone", "090-7385-4464")]),
+    ("\u8054\u7cfb\u7535\u8bdd\uff1a138 0013 8000", "phone", [("phone", "138 0013 8000")]),
+    ("\uc804\ud654 010-2345-6789\ub85c \uc5f0\ub77d", "phone", [("phone", "010-2345-6789")]),
+    ("\u304a\u554f\u3044\u5408\u308f\u305b\u306f03-1234-5678\u307e\u3067", "phone", [("phone", "03-1234-5678")]),
     # glued to Lao and Khmer words (ໂທ "call", ນີ້ "this"; អាសយដ្ឋាន "address", នេះ "this")
     ("\u0ec2\u0e9793.184.216.34\u0e99\u0eb5\u0ec9", "ipv4", [("ipv4", "93.184.216.34")]),
     ("\u17a2\u17b6\u179f\u1799\u178a\u17d2\u178b\u17b6\u179393.184.216.34\u1793\u17c1\u17c7", "ipv4",
