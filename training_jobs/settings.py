@@ -28,9 +28,6 @@ DEFAULT_DEEPSPEED_CONFIG = Path(__file__).resolve().parent / "configs" / "zero3.
 DEFAULT_MICRO_BATCH = 8
 
 
-_Strict = Strict  # unknown keys refused, frozen, numbers that are numbers
-
-
 # Llama-like shapes. Non-embedding parameters (vocabulary 32k adds 32k x d_model, once when tied):
 #   tiny ~0.1M (CPU tests and demos), small ~26M, 125m ~85M (GPT-3 Small's shape), 350m ~300M
 #   (GPT-3 Medium's shape), 1b ~0.97B (Llama 3.2 1B's shape: grouped-query attention, 4x MLP).
@@ -48,7 +45,7 @@ def llama_ffn_hidden(d_model: int, multiple_of: int = 64) -> int:
     return multiple_of * math.ceil(8 * d_model / 3 / multiple_of)
 
 
-class RopeScaling(_Strict):
+class RopeScaling(Strict):
     """Position interpolation (Chen et al. 2023): positions are divided by `factor`, so a model trained at
     length L reads L x factor with the angles it knows. Exported to HF as rope_type "linear"."""
 
@@ -56,7 +53,7 @@ class RopeScaling(_Strict):
     factor: float = Field(gt=1)
 
 
-class ModelSettings(_Strict):
+class ModelSettings(Strict):
     """A preset shape plus overrides; `architecture()` resolves it to the model's config fields."""
 
     preset: Literal["tiny", "small", "125m", "350m", "1b"] = "tiny"
@@ -105,7 +102,7 @@ class ModelSettings(_Strict):
                 "rope_scaling_factor": self.rope_scaling.factor if self.rope_scaling else 1.0}
 
 
-class ScheduleSettings(_Strict):
+class ScheduleSettings(Strict):
     """Learning rate: linear warmup, then cosine to min_lr, or WSD (warmup-stable-decay: constant, then a
     linear decay to min_lr over the last decay_fraction of the steps)."""
 
@@ -124,7 +121,7 @@ class ScheduleSettings(_Strict):
         return self
 
 
-class CheckpointSettings(_Strict):
+class CheckpointSettings(Strict):
     every_steps: int | None = Field(None, gt=0)  # None: by every_minutes only (and at the end)
     # Save once this many minutes have passed since the last save (checked every log_every_steps steps). By time,
     # not steps, by default: a step takes 1,000 times longer on a CPU demo than a 125m step on an H200, and a
@@ -147,7 +144,7 @@ class CheckpointSettings(_Strict):
         return self
 
 
-class MonitorSettings(_Strict):
+class MonitorSettings(Strict):
     """Training stability: what counts as a loss spike, a gradient explosion or a plateau, and the response."""
 
     enabled: bool = True
@@ -172,7 +169,7 @@ class MonitorSettings(_Strict):
         return self
 
 
-class Parallelism(_Strict):
+class Parallelism(Strict):
     """The 3D layout of a run: tensor x pipeline x data parallel ranks, ZeRO stage, batch split. `kiln plan --json`
     emits this block (under `training:`) and a run accepts it as is. tp * pp * dp must equal the world size;
     dp None: whatever the world size leaves. micro_batch / grad_accum / zero_stage None: training.micro_batch_size,
@@ -217,7 +214,7 @@ def schedule_too_short(total_steps: int | None, max_steps: int | None) -> str | 
             f"{max_steps - total_steps}; total_steps only extends a curve (>= max_steps), or leave it unset")
 
 
-class TrainingSettings(_Strict):
+class TrainingSettings(Strict):
     """Everything about a training run that belongs in the project config."""
 
     model: ModelSettings = ModelSettings()
@@ -364,7 +361,7 @@ class TrainingSettings(_Strict):
                          dataset_data_version=dataset_data_version)
 
 
-class Replay(_Strict):
+class Replay(Strict):
     """Continued pretraining's guard against forgetting: this share of the training sequences is drawn from
     the base run's token shards (Ibrahim et al. 2024 replay 1-5% when the shift is weak, more when strong)."""
 
@@ -377,7 +374,7 @@ class Replay(_Strict):
     data_version: str | None = None  # the version of dataset_dir those places are in; the loader refuses another
 
 
-class RunConfig(_Strict):
+class RunConfig(Strict):
     """What one training run needs; the JSON file passed as `--run-config`."""
 
     format: Literal["kiln-run-config/1"] = RUN_CONFIG_FORMAT
