@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import glob
 import hashlib
 import json
 import os
@@ -597,15 +598,34 @@ def lock_then_remove(lock_path: str | Path, wait: bool = True) -> Iterator[bool]
         lock.release()
 
 
+# How long a new writer waits for its staging folder's lock before it calls the folder busy: a live writer holds it
+# for its whole run, another writer's cleanup (`_remove_stale_staging`) for a rename.
+_STAGING_LOCK_WAIT_S = 1.0
+
+
+def _siblings(final: Path, kind: str, suffix: str = "") -> list[Path]:
+    """`final`'s hidden siblings of one kind, `.<name>.<kind>-<id><suffix>`, with an id without dots: a refresh key
+    may hold '.' and '-', so a glob of `.corpus.v-*` alone also lists `.corpus.v-2.v-<id>`, a version of the
+    partition named `corpus.v-2`."""
+    whole = re.compile(rf"\.{re.escape(final.name)}\.{kind}-[^./]+{re.escape(suffix)}")
+    return [p for p in final.parent.glob(f".{glob.escape(final.name)}.{kind}-*{suffix}") if whole.fullmatch(p.name)]
+
+
 def _remove_stale_staging(final: Path) -> None:
     """Staging folders of `final`'s dataset that no live writer holds — a failed attempt under inputs since
     replaced, a killed run — and what a killed swap left (an old copy, a link never put in place): removed after a
-    commit, so they do not pile up. A live writer holds its folder's lock, so its folder is skipped."""
-    for stale in [*final.parent.glob(f".{final.name}.old-*"), *final.parent.glob(f".{final.name}.trash-*"),
-                  *final.parent.glob(f".{final.name}.link-*")]:
-        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() and not stale.is_symlink() else \
-            stale.unlink(missing_ok=True)
-    for folder in [p for p in final.parent.glob(f".{final.name}.staging-*") if p.is_dir()]:
+    commit, so they do not pile up. A live writer holds its folder's lock, so its folder is skipped. What a swap
+    leaves is removed under the swap lock: another writer's link, made under that lock, is only ever seen in place."""
+    with _swap_lock(final):
+        stale = [*_siblings(final, "old"), *_siblings(final, "trash"), *_siblings(final, "link")]
+        aside = [final.with_name(f".{final.name}.trash-{uuid.uuid4().hex[:8]}") for _ in stale]
+        for path, trash in zip(stale, aside):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(path, trash)  # a rename under the lock; the removal, which may take long, after it
+    for trash in aside:
+        shutil.rmtree(trash, ignore_errors=True) if trash.is_dir() and not trash.is_symlink() else \
+            trash.unlink(missing_ok=True)
+    for folder in [p for p in _siblings(final, "staging") if p.is_dir()]:
         trash = final.with_name(f".{final.name}.trash-{uuid.uuid4().hex[:8]}")
         with lock_then_remove(f"{folder}.lock", wait=False) as held:
             if not held:
@@ -615,7 +635,7 @@ def _remove_stale_staging(final: Path) -> None:
             except FileNotFoundError:
                 continue  # its writer swapped it in (and let go of its lock) since it was listed
         shutil.rmtree(trash, ignore_errors=True)
-    for lock in final.parent.glob(f".{final.name}.staging-*.lock"):  # of a writer killed after its folder went in
+    for lock in _siblings(final, "staging", ".lock"):  # of a writer killed after its folder went in
         if not lock.with_suffix("").exists():
             with lock_then_remove(lock, wait=False):
                 pass
@@ -710,8 +730,8 @@ def _remove_replaced(final: Path, keep_s: float) -> None:
     never published (a writer killed before its link went in: no marker). Under the swap lock, so a writer between
     its version's rename and its link is never cut short. A version someone holds stays; with `keep_s` 0 (forgotten:
     a removal request) its marker is dated back, so the first commit to the store after it is let go removes it."""
-    versions = [p for p in final.parent.glob(f".{final.name}.v-*") if p.is_dir() and not p.is_symlink()]
-    markers = [p for p in final.parent.glob(f".{final.name}.v-*.replaced")]
+    versions = [p for p in _siblings(final, "v") if p.is_dir() and not p.is_symlink()]
+    markers = _siblings(final, "v", ".replaced")
     if not versions and not markers:
         return
     now, doomed = time.time(), []
@@ -779,12 +799,12 @@ def _restore_if_swapped_out(final: Path) -> None:
     lock, so a live swap (which holds it across both renames) is never undone."""
     if final.exists() or not final.parent.is_dir():
         return
-    if not any(final.parent.glob(f".{final.name}.old-*")):
+    if not _siblings(final, "old"):
         return
     with _swap_lock(final):
         if final.exists():
             return
-        aside = [(m.created_at, p.name, p) for p in final.parent.glob(f".{final.name}.old-*")
+        aside = [(m.created_at, p.name, p) for p in _siblings(final, "old")
                  if (m := _whole(p)) is not None]
         if aside:  # the newest whole one (one whose removal a second crash cut short has lost files)
             os.replace(max(aside)[2], final)
@@ -822,7 +842,7 @@ class DatasetWriter:
         # writer of the same dataset which staging folders are live (see _remove_stale_staging).
         self._lock: FileLock | None = FileLock(f"{self.dir}.lock")
         try:
-            self._lock.acquire(timeout=0)
+            self._lock.acquire(timeout=_STAGING_LOCK_WAIT_S)
         except Timeout:
             raise StagingBusy(f"{asset}[{partition}] is being written by another run with the same inputs "
                               f"(lock {self._lock.lock_file}); wait for it to finish") from None

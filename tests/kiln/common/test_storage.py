@@ -507,3 +507,53 @@ def test_a_version_replaced_for_a_removal_request_goes_at_once_unless_held(tmp_p
         w.write("documents", pa.table({"x": [4]}))
         w.commit(code_version="4", config={}, inputs={}, counts={}, forget_replaced=True)
     assert list(_versions_beside(final).values()) == ["current"] and not first.exists()
+
+
+def test_a_partition_whose_key_extends_anothers_keeps_its_versions(tmp_path):
+    """Refresh keys may hold '.' and '-': `corpus.v-2` and `corpus.staging-1` are keys, and their versions are
+    `.corpus.v-2.v-<id>` and `.corpus.staging-1.v-<id>`. Commits of `corpus` took them for its own unpublished
+    version and stale staging folder, and removed both: the other partitions read "not materialized"."""
+    store = Store(tmp_path)
+    for partition, rows in (("corpus.v-2", [1, 2]), ("corpus.staging-1", [3]), ("corpus", [4]), ("corpus", [5])):
+        with store.staging("a", partition) as w:
+            w.write("documents", pa.table({"x": rows}))
+            w.commit(code_version="1", config={}, inputs={}, counts={})
+    assert Store(tmp_path).read_table("a", "corpus.v-2").column("x").to_pylist() == [1, 2]
+    assert Store(tmp_path).read_table("a", "corpus.staging-1").column("x").to_pylist() == [3]
+    assert Store(tmp_path).read_table("a", "corpus").column("x").to_pylist() == [5]
+    assert (tmp_path / "a" / ".corpus.v-2.history").is_dir() and (tmp_path / "a" / ".corpus.staging-1.history").is_dir()
+
+
+def test_a_commits_cleanup_waits_for_another_writers_swap(tmp_path, monkeypatch):
+    """Two writers of one dataset: writer A is in its swap (its link made, not yet renamed over the dataset) when
+    writer B's post-commit cleanup runs. The cleanup removed A's link, and A's commit failed with FileNotFoundError
+    after it had marked the current version replaced. It now takes the swap lock, so it runs after A's swap."""
+    import threading
+    import time
+
+    root = tmp_path / "store"
+    _commit_v1(root)
+    final = root / "a" / "p"
+    link_made, real_symlink, cleanup = threading.Event(), os.symlink, []
+
+    def symlink_then_pause(src, dst, *args, **kwargs):
+        real_symlink(src, dst, *args, **kwargs)
+        if ".link-" in str(dst) and threading.current_thread() is threading.main_thread():
+            link_made.set()
+            time.sleep(0.5)  # B's cleanup runs now, in another thread (it holds no Python lock A needs)
+
+    def other_writers_cleanup():
+        link_made.wait(10)
+        storage._remove_stale_staging(final)
+        cleanup.append("done")
+
+    monkeypatch.setattr(os, "symlink", symlink_then_pause)
+    b = threading.Thread(target=other_writers_cleanup)
+    b.start()
+    with Store(root).staging("a", "p") as w:
+        w.write("documents", pa.table({"x": [7]}))
+        w.commit(code_version="2", config={}, inputs={}, counts={})
+    b.join(10)
+    assert cleanup == ["done"]
+    assert Store(root).read_table("a", "p").column("x").to_pylist() == [7]
+    assert not list(final.parent.glob(".p.link-*"))
