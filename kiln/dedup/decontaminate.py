@@ -42,6 +42,7 @@ documents that hit or get as far as the alignment, which are rare.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import unicodedata
 import zlib
@@ -521,6 +522,7 @@ def read_benchmark_file(path: Path, name: str, text_fields: list[str],
 
 def _benchmark_items(f, path: Path, name: str, text_fields: list[str],
                      id_field: str | None) -> Iterator[tuple[str, str, str]]:
+    first_line: dict[str, tuple[int, str]] = {}  # item id -> (its first line, the sha256 of its text)
     with f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
@@ -534,7 +536,16 @@ def _benchmark_items(f, path: Path, name: str, text_fields: list[str],
             if not isinstance(record, dict):
                 raise BenchmarkError(f"{where}: expected a JSON object, got {type(record).__name__}; each line "
                                      f"must be one object with the fields {text_fields}")
-            yield name, _item_id(record, id_field, line_no, where), _item_text(record, text_fields, where)
+            item_id, text = _item_id(record, id_field, line_no, where), _item_text(record, text_fields, where)
+            # Two texts under one id would be one item to the index: the second's words replace the first's for the
+            # aligned rule, and both count to its share, so an edited copy of the first would go unfound.
+            digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+            first, first_digest = first_line.setdefault(item_id, (line_no, digest))
+            if first_digest != digest:
+                raise BenchmarkError(f"{where}: id {item_id!r} (field {id_field!r}) is line {first}'s too, with "
+                                     f"another text; ids must be unique within a benchmark: fix the file, or set "
+                                     f"id_field: null to name items by line number")
+            yield name, item_id, text
 
 
 def _item_id(record: dict, id_field: str | None, line_no: int, where: str) -> str:

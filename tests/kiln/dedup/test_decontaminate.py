@@ -251,6 +251,11 @@ def test_load_benchmarks_reads_fields_ids_and_line_numbers(tmp_path):
     ('{"id": 2}', r"bad\.jsonl:2 .*no 'text' field \(listed in text_fields\).*present fields: \['id'\]"),
     ('{"text": "x"}', r"bad\.jsonl:2 .*no 'id' field \(the id_field\).*or to null to use line numbers"),
     ('{"id": 2, "text": {"a": 1}}', r"bad\.jsonl:2 .*field 'text' is a dict"),
+    # two texts under one id: the index would know one item (the second's words, both texts' n-grams), and an edited
+    # copy of the first went unfound; JSON's 1 and "1" are one id
+    ('{"id": 1, "text": "another item entirely"}', r"bad\.jsonl:2 .*id '1' \(field 'id'\) is line 1's too, with "
+                                                   r"another text; .*set id_field: null"),
+    ('{"id": "1", "text": "another item entirely"}', r"bad\.jsonl:2 .*id '1' \(field 'id'\) is line 1's too"),
 ])
 def test_bad_jsonl_names_file_line_and_fix(tmp_path, line, expected):
     path = tmp_path / "bad.jsonl"
@@ -258,6 +263,13 @@ def test_bad_jsonl_names_file_line_and_fix(tmp_path, line, expected):
     s = Decontamination(benchmarks=[Benchmark(name="bad", path=str(path))])
     with pytest.raises(BenchmarkError, match=expected):
         load_benchmarks(s)
+
+
+def test_an_item_written_twice_under_its_id_is_one_item(tmp_path):
+    path = tmp_path / "twice.jsonl"
+    path.write_text((json.dumps({"id": 1, "text": ITEM}) + "\n") * 2, encoding="utf-8")
+    index = load_benchmarks(Decontamination(benchmarks=[Benchmark(name="b", path=str(path))]))
+    assert [(m.benchmark, m.item_id) for m in index.find(planted(20))] == [("b", "1")]
 
 
 def test_a_benchmark_file_that_is_not_utf8_or_a_cut_short_gzip_names_the_file_and_the_fix(tmp_path):
