@@ -18,7 +18,7 @@ from kiln.common.plots import stacked_bars_markdown
 from kiln.common.removals import example_excerpt
 from kiln.common.storage import Snapshot, resume_key
 from kiln.dedup.apply import decisions_by_part, deduplicate_source
-from kiln.dedup.boilerplate import boilerplate_hashes
+from kiln.dedup.boilerplate import COUNTED_WITH, DECIDED_WITH, boilerplate_hashes, check_lines_settings
 from kiln.dedup.bucket_index import check_signature_params, doc_id_hash, index_commit, index_documents, write_index
 from kiln.dedup.buckets import decide_distributed, keep_all, survivor_violations
 from kiln.dedup.decontaminate import load_benchmarks
@@ -102,9 +102,11 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
     parts = [partition(s.name, refresh) for s in config.sources]
     # pinned (Store.snapshot): the versions recorded are the ones decided
     signature_sets = {p: store.snapshot(SIGNATURES, p) for p in parts}
-    if near.enabled:  # signatures of another scheme (or shingling) than the index's would silently not match
-        for p, m in signature_sets.items():
+    for p, m in signature_sets.items():
+        if near.enabled:  # signatures of another scheme (or shingling) than the index's would silently not match
             check_signature_params(f"{SIGNATURES}/{p}", m.manifest.config.get("near", {}), near)
+        check_lines_settings(f"{SIGNATURES}/{p}", m.manifest.config.get("boilerplate_lines"), lines, COUNTED_WITH,
+                             SIGNATURES)
     signature_files = [f for m in signature_sets.values() for f in m.files("signatures")]  # config source order
     sources = {s.name: (s.quality_tier, order) for order, s in enumerate(config.sources)}
     runner = engine.get(config.engine)
@@ -224,6 +226,7 @@ def deduplicated_documents(context: dg.AssetExecutionContext, kiln_config: KilnC
     inputs = pinned_inputs(store, config, name, refresh)
     curated, index = inputs.curated.manifest, inputs.index.manifest
     lines, decon = config.dedup.boilerplate_lines, config.decontamination
+    check_lines_settings(f"{INDEX}/{refresh}", index.config.get("boilerplate_lines"), lines, DECIDED_WITH, INDEX)
     benchmarks = load_benchmarks(decon) if decon.enabled and decon.benchmarks else None
     runner = engine.get(config.engine)
     started = time.perf_counter()

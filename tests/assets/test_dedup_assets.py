@@ -213,3 +213,31 @@ def test_dedup_apply_reads_the_versions_it_records_when_an_input_is_replaced_mea
     deduplicated = store.manifest("deduplicated_documents", web)
     assert deduplicated.inputs[f"curated_documents/{web}"] == recorded.data_version
     assert deduplicated.counts["input"] == recorded.counts["documents"] > 2
+
+
+def test_boilerplate_lines_turned_on_need_new_signatures_and_a_new_index(project):
+    """dedup.boilerplate_lines is config, which Dagster does not mark stale: turned on after the signatures were made
+    without line counts, dedup_index failed on a KeyError (no `line_hash` column); an index decided under other line
+    settings was applied by them. Both are refused, naming the asset to re-materialize."""
+    import yaml
+
+    run_all(project)
+    config = yaml.safe_load(project.config_path.read_text())
+    config.setdefault("dedup", {})["boilerplate_lines"] = {"enabled": True, "min_documents": 2}
+    project.config_path.write_text(yaml.safe_dump(config))
+
+    def failure(result) -> str:
+        assert not result.success
+        return str(next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE").event_specific_data.error)
+
+    message = failure(project.materialize(["dedup_index"], raise_on_error=False))
+    assert "minhash_signatures/" in message and "enabled False (config: True)" in message
+    assert "re-materialize minhash_signatures" in message
+    for source in ("web", "ref"):
+        assert project.materialize(["minhash_signatures"], source).success
+    assert project.materialize(["dedup_index"]).success
+    config["dedup"]["boilerplate_lines"]["min_documents"] = 3
+    project.config_path.write_text(yaml.safe_dump(config))
+    message = failure(project.materialize(["deduplicated_documents"], "web", raise_on_error=False))
+    assert "dedup_index/" in message and "min_documents 2 (config: 3)" in message
+    assert "re-materialize dedup_index" in message
