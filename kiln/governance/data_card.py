@@ -160,9 +160,12 @@ def _source_exposure(run: Manifest | None, name: str) -> dict[str, Any] | None:
 
 def _removal_requests(store: Store, checkpoint: str) -> list[dict[str, Any]]:
     """Removal requests (`kiln forget`) recorded after this checkpoint was trained on documents they name. The card
-    is published: a request's free-text reason ("asked by jane@example.org") passes the PII redactor."""
+    is published: a request's free-text reason ("asked by jane@example.org") passes the PII redactor, and a URL
+    pattern, which names the requester's own address (an e-mail or an IP in it, escaped as a regex the redactor
+    does not read), is not shown: the request in the store keeps it, under the request's id."""
     requests, _ = load_requests(store)
-    return [{**r.to_dict(), "value": r.value if isinstance(r.value, str) else f"{len(r.value)} doc ids",
+    return [{**r.to_dict(), "value": r.value if r.kind == "source" else
+             f"{len(r.value)} doc ids" if r.kind == "doc_ids" else "a URL pattern (kept in the store's request)",
              "reason": kept_text(r.reason, "full") if r.reason else r.reason,
              "affected": next(a for a in r.affected if a["checkpoint"] == checkpoint)}
             for r in requests if any(a["checkpoint"] == checkpoint for a in r.affected)]

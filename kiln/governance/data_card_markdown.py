@@ -58,7 +58,13 @@ def _n(value: Any) -> str:
 
 def _table(header: list[str], rows: list[list[Any]], align: str | None = None) -> list[str]:
     align = align or "|" + "---|" * len(header)
-    return ["| " + " | ".join(header) + " |", align] + ["| " + " | ".join(_n(c) for c in r) + " |" for r in rows]
+    return ["| " + " | ".join(header) + " |", align] + ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows]
+
+
+def _cell(value: Any) -> str:
+    """A table cell: a '|' in it (a reason, a source's statement) would split the row and shift every column after
+    it, and a line break would end the table."""
+    return " ".join(_n(value).replace("|", "\\|").splitlines())
 
 
 def _rule(rule: dict | None) -> str:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -303,7 +304,7 @@ def test_a_url_pattern_reaches_documents_by_their_url_as_read_though_stored_reda
     assert rejected == {doc["r0"]: f"removal_request:{by_ip.request_id}"}
     assert doc["r0"] not in {d for d, m in members(store).items() if m["copies"] > 0}
 
-    publisher = record_request(store, config, "url_pattern", r"victim\.example\.net", "publisher takedown")
+    publisher = record_request(store, config, "url_pattern", r"victim\.example\.net", "takedown | ticket GOV-17")
     assert project.materialize(["quality_filtered_documents"], partition="ref").success  # gone from later stages
     base_train = {r["doc_id"] for f in read_manifest(base).files_with_role("members")
                   for r in pq.read_table(base / f.path).to_pylist() if r["split"] == "train" and r["copies"] > 0}
@@ -313,6 +314,19 @@ def test_a_url_pattern_reaches_documents_by_their_url_as_read_though_stored_reda
     assert {r["doc_id"] for r in plan.removed} == named and plan.unknown_urls == 0
     assert {r["removed_by"] for r in plan.removed if r["doc_id"] != doc["r0"]} == \
         {f"removal_request:{publisher.request_id}"}
+
+    # The data card is published: a URL pattern names the requester's own address (escaped as a regex, which the PII
+    # redactor does not read), so the card does not show it (the request in the store keeps it); and the '|' of a
+    # reason stays in its cell (it split the row, and every later column read the next one's number).
+    assert project.materialize(["data_card"]).success
+    markdown = (store.dataset_dir("data_card") / "data_card.md").read_text()
+    published = markdown + (store.dataset_dir("data_card") / "data_card.json").read_text()
+    assert "83\\.149" not in published and "83.149" not in published and "victim" not in published
+    rows = {r.request_id: next(line for line in markdown.splitlines() if line.startswith(f"| `{r.request_id}`"))
+            for r in (by_ip, publisher)}
+    cells = re.split(r"(?<!\\)\|", rows[publisher.request_id])[1:-1]  # the '|' not escaped
+    assert len(cells) == 9 and cells[4].strip() == "takedown \\| ticket GOV-17"
+    assert cells[3].strip() == "a URL pattern (kept in the store's request)"
 
 
 def test_a_url_pattern_is_never_matched_half_blind_where_the_raw_layer_is_unreadable(tmp_path, monkeypatch):
