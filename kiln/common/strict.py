@@ -3,13 +3,15 @@ keys refused, frozen, and numbers that are numbers.
 
 Pydantic's lax mode reads `true` as 1 and accepts `.inf` and `.nan` for floats, so `max_steps: true` trained one
 step and `schedule.lr: .inf` diverged at the first one. YAML reads yes/no/on/off as booleans too. Here a boolean is
-refused wherever the field's type does not admit one, and infinities and NaN are refused for every float.
+refused wherever the field's type does not admit one (in a mapping's values and a list's items too), and infinities
+and NaN are refused for every float. The filter registry applies the same two rules to a step's parameters.
 
 Imports pydantic only: training_jobs.settings, which the project config imports, builds on it.
 """
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from typing import Any, Literal
@@ -28,14 +30,51 @@ def admits_bool(annotation: Any) -> bool:
                or typing.get_origin(a) is not None or a is Any)
 
 
+def _holds_model(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_holds_model(a) for a in typing.get_args(annotation))
+
+
+def _where(value: Any, test, path: str = "") -> str | None:
+    """Where in `value` (itself: "", else a mapping's key or a list's index, at any depth: "web", "[2]") the first
+    part that passes `test` is; None if none does."""
+    if isinstance(value, dict | list | tuple):
+        items = value.items() if isinstance(value, dict) else ((f"[{i}]", v) for i, v in enumerate(value))
+        for key, item in items:
+            step = key if str(key).startswith("[") else f"{path and '.'}{key}"
+            if (found := _where(item, test, f"{path}{step}")) is not None:
+                return found
+        return None
+    return path if test(value) else None
+
+
+def non_finite_in(value: Any) -> bool:
+    """Whether `value` is, or holds, an infinity or NaN (what `allow_inf_nan=False` refuses in a model's fields)."""
+    return _where(value, lambda v: isinstance(v, float) and not math.isfinite(v)) is not None
+
+
+def misplaced_boolean(value: Any, annotation: Any) -> str | None:
+    """Where `value` is, or holds (a mapping's values, a list's items: `mixture.weights: {web: yes}`), a boolean a
+    field of this type does not admit ("" for the value itself, "web" for a mapping's); None if it does not. A
+    section's own fields are its model's to judge."""
+    if admits_bool(annotation) or _holds_model(annotation):
+        return None
+    return _where(value, lambda v: isinstance(v, bool))
+
+
+NO_BOOLEAN = ("takes no true/false (YAML reads yes/no/on/off as booleans too); write a number, a word it allows, or "
+              "null where it may be unset")
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
     def _numbers_are_not_booleans(cls, value: Any, info: ValidationInfo) -> Any:
-        if isinstance(value, bool) and info.field_name is not None and not admits_bool(
-                cls.model_fields[info.field_name].annotation):
-            raise ValueError("this key takes no true/false (YAML reads yes/no/on/off as booleans too); write its "
-                             "value as a number or a word it allows")
+        if info.field_name is None:
+            return value
+        if (where := misplaced_boolean(value, cls.model_fields[info.field_name].annotation)) is not None:
+            raise ValueError(f"this key {NO_BOOLEAN}" + (f" (at {where})" if where else ""))
         return value

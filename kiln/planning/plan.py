@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from kiln.common.strict import Strict
 from kiln.planning.compute import (
     ComputeEstimate,
     attention_flops_per_token,
@@ -54,10 +55,8 @@ MIN_STEPS = 1000
 Sizing = Literal["auto", "chinchilla", "hoffmann", "kaplan", "inference"]
 
 
-class ModelShapeRequest(BaseModel):
+class ModelShapeRequest(Strict):
     """A fixed architecture instead of a scaling-law size (vocab comes from `PlanRequest.vocab_size`)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     n_layers: int = Field(ge=1)
     d_model: int = Field(ge=1)
@@ -74,12 +73,13 @@ class ModelShapeRequest(BaseModel):
         return self
 
 
-class PlanRequest(BaseModel):
+class PlanRequest(Strict):
     """Everything `make_plan` needs; every field has a default so an embedded demo plan works."""
 
-    # No inf or NaN, and bounds far past any real run (1e30 FLOPs is ~10^5 times the largest published training
-    # compute): beyond them the sizing arithmetic overflows or runs for minutes instead of saying what is wrong.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # No inf or NaN (Strict), and bounds far past any real run (1e30 FLOPs is ~10^5 times the largest published
+    # training compute): beyond them the sizing arithmetic overflows or runs for minutes instead of saying what is
+    # wrong. Not frozen: a validator fills the default budget in.
+    model_config = ConfigDict(frozen=False)
 
     # Budget: exactly one of dollars or FLOPs (neither: DEFAULT_BUDGET_FLOPS).
     budget_usd: float | None = Field(default=None, gt=0, le=1e13, description="dollars to spend on GPU time")

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from kiln.common.strict import NO_BOOLEAN, misplaced_boolean, non_finite_in
 from kiln.curation.documents import Document
 
 from kiln.curation.filters.badwords import BadWords
@@ -130,6 +131,15 @@ def _instantiate(name: str, params: dict[str, Any]) -> Step:
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise ValueError(f"step {name!r} has no parameter(s) {unknown}; allowed: {', '.join(sorted(allowed))}")
+    # What a model's fields refuse (kiln.common.strict), for a step's: lax validation reads `off` as 0 and lets a
+    # threshold of .inf (which judges nothing) through.
+    hints = typing.get_type_hints(STEPS[name], include_extras=True)
+    booleans = {k for k, v in params.items() if misplaced_boolean(v, hints.get(k, Any)) is not None}
+    problems = {k: NO_BOOLEAN if k in booleans else "must be a finite number"
+                for k, v in params.items() if k in booleans or non_finite_in(v)}
+    if problems:
+        raise ValueError("; ".join(f"{k}: {why} (given {params[k]!r}; default {allowed[k]!r})"
+                                   for k, why in problems.items()))
     try:  # each value against its field's type, when the config loads rather than at the first document
         _checker(STEPS[name]).validate_python(params)
     except ValidationError as exc:

@@ -80,6 +80,27 @@ def test_a_boolean_or_an_infinity_for_a_number_is_refused(tmp_path, yaml_lines, 
     assert ("takes no true/false" if "True" in key else "finite number") in message, message
 
 
+@pytest.mark.parametrize("yaml_lines, fragments", [
+    # inside a mapping: the weight read as 1.0
+    ("mixture:\n  weights:\n    python_docs: yes\n", ["mixture.weights: this key takes no true/false", "(at python_docs)"]),
+    # a filter step's parameter (a user turning a rule off; null is the way): the threshold read as 0 dropped every
+    # document with one '#' heading
+    ("profiles:\n  technical_docs:\n    - gopher_quality: {max_symbol_word_ratio: off}\n",
+     ["profiles.technical_docs[0] (gopher_quality)", "max_symbol_word_ratio: takes no true/false",
+      "given False; default 0.1"]),
+    ("profiles:\n  technical_docs:\n    - gopher_quality: {max_avg_word_length: .inf}\n",
+     ["max_avg_word_length: must be a finite number (given inf"]),
+    ("planning:\n  n_gpus: yes\n", ["planning.n_gpus = True", "takes no true/false"]),
+])
+def test_a_boolean_or_an_infinity_is_refused_inside_mappings_steps_and_the_plan(tmp_path, yaml_lines, fragments):
+    path = tmp_path / "kiln.yaml"
+    path.write_text(f"extends: {DEFAULT}\n" + yaml_lines)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    for fragment in fragments:
+        assert fragment in str(err.value), str(err.value)
+
+
 def test_booleans_still_set_the_keys_that_take_them(tmp_path):
     path = tmp_path / "kiln.yaml"
     path.write_text(f"extends: {DEFAULT}\ntraining:\n  compile: false\n  model:\n    tied_embeddings: no\n"
