@@ -149,10 +149,12 @@ class StabilityMonitor:
         event.rollback_to, event.skipped_steps = to_step, event.step - to_step
         event.lr_factor, event.lr_reduced_until = self.settings.lr_factor, self.lr_scale_until
 
-    def reduce_lr_without_rollback(self, event: Event) -> None:
-        """A spike before the first checkpoint: nothing to return to, so only the LR is lowered."""
+    def reduce_lr_without_rollback(self, event: Event, next_step: int) -> None:
+        """A spike before the first checkpoint: nothing to return to, so only the LR is lowered, for the
+        `lr_reduced_steps` updates from `next_step` (the schedule step the next update takes its LR from: the spike
+        is judged a step late, so the update after it has run)."""
         event.action = WARN
-        self.lr_scale_until = event.step + self.settings.lr_reduced_steps
+        self.lr_scale_until = next_step + self.settings.lr_reduced_steps
         event.lr_factor, event.lr_reduced_until = self.settings.lr_factor, self.lr_scale_until
 
     # -- state (JSON-able: goes into checkpoints and summary.json)

@@ -409,7 +409,8 @@ class Trainer:
             if event.kind == "nan":
                 raise TrainingDiverged(f"{event.message} before the first checkpoint, so there is nothing to roll "
                                        f"back to; lower schedule.lr or raise warmup_steps (and checkpoint earlier)")
-            self.monitor.reduce_lr_without_rollback(event)
+            self.monitor.reduce_lr_without_rollback(event, next_step=self.engine.lr_scheduler.last_epoch)
+            refresh_lr(self.engine)  # the next update's LR was set before the spike was judged
             self.report.event(event)
             return False
         del self.engine

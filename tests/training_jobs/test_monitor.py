@@ -89,8 +89,9 @@ def test_without_a_checkpoint_only_the_lr_is_lowered():
     monitor = StabilityMonitor(SETTINGS)
     feed(monitor, [3.0] * 3)
     event = monitor.observe(4, 10.0, 1.0)
-    monitor.reduce_lr_without_rollback(event)
-    assert event.action == WARN and monitor.lr_scale(5) == 0.5 and monitor.rollbacks == 0
+    monitor.reduce_lr_without_rollback(event, next_step=5)  # step 4 judged once update 5 ran: from update 6 on
+    assert event.action == WARN and monitor.rollbacks == 0
+    assert monitor.lr_scale(5) == monitor.lr_scale(14) == 0.5 and monitor.lr_scale(15) == 1.0  # 10 updates
 
 
 def test_state_round_trips_through_json():

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.training_jobs.conftest import (REPO, check, launch, launch_command, mlflow_store, read_metrics,
+from tests.training_jobs.conftest import (BASE, REPO, check, launch, launch_command, mlflow_store, read_metrics,
                                          run_a_mlflow_uri, summary_of, write_run)
 from training_jobs import checkpoint
 
@@ -350,6 +350,26 @@ def test_a_nan_at_zero1_in_bf16_is_rolled_back_by_the_monitor(tmp_path, token_da
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "train/loss" in line]
     assert [r["step"] for r in rows][-6:] == [7, 8, 9, 10, 11, 12]  # redone from checkpoint 4 on finite weights
     assert all(math.isfinite(r["train/loss"]) and math.isfinite(r["train/grad_norm"]) for r in rows[-6:])
+
+
+def test_a_spike_before_the_first_checkpoint_lowers_the_lr_of_the_next_updates(tmp_path, token_dataset):
+    """No checkpoint yet (checkpoints by time only): a loss spike at step 7 is judged once update 8 has run, and the
+    LR of the next `lr_reduced_steps` (3) updates, 9 to 11, is halved. It used to start at update 10 (the window
+    counted from the spike, and update 9's LR was set before the spike was judged): with 2 steps or fewer, none."""
+    from training_jobs.schedule import lr_at
+    from training_jobs.settings import TrainingSettings
+
+    out = tmp_path / "spike_no_checkpoint"
+    run = write_run(tmp_path, token_dataset, out, log_every_steps=1, monitor={"lr_reduced_steps": 3},
+                    checkpoint={"every_steps": None})
+    check(launch(run, launcher="python", env={"KILN_INJECT_FAULT": "spike@7"}))
+    (event,) = summary_of(out)["stability_events"]
+    assert (event["kind"], event["action"], event["step"]) == ("loss_spike", "warn", 7)
+    schedule = TrainingSettings(**BASE).schedule
+    used = {step: row["train/lr"] for step, row in read_metrics(out).items()}
+    for update in (6, 8, 9, 10, 11, 12):  # update u takes lr_at(u - 1); the spike's own row is not logged
+        factor = 0.5 if update in (9, 10, 11) else 1.0
+        assert used[update] == pytest.approx(lr_at(update - 1, schedule, 12) * factor), update
 
 
 def test_nan_before_the_first_checkpoint_stops_the_run_as_diverged(tmp_path, token_dataset):
