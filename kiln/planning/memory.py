@@ -85,6 +85,12 @@ class ModelShape:
         return self.non_embedding_params + self.embedding_params
 
     @property
+    def matmul_params(self) -> int:
+        """The weights every token is multiplied by, as Kiln's trainer counts FLOPs for MFU
+        (training_jobs.model.flops_per_token): every layer's and the output head's; the input embedding is a lookup."""
+        return self.non_embedding_params + self.vocab_size * self.d_model
+
+    @property
     def largest_layer_params(self) -> int:
         return max(self.vocab_size * self.d_model, self.d_model * self.ffn_width)
 

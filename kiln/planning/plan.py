@@ -318,12 +318,14 @@ def make_plan(request: PlanRequest, runs: Sequence[RunPoint] | None = None,
         else:
             target = _allocate(method, sizing_flops, request.inference_tokens)
             shape = shape_for_params(target.n_params, request.vocab_size)
-        attention = attention_flops_per_token(shape.n_layers, shape.d_model, request.seq_len)
-        sizing_flops = budget * 6.0 * shape.n_params / (6.0 * shape.n_params + attention)
+        # FLOPs per token as the trainer counts them (its MFU is the one the plan assumes or reads from own runs):
+        # 6 per matmul weight (no FLOPs for the embedding lookup) + attention. The laws size N in 6·N·D.
+        flops_per_token = 6.0 * shape.matmul_params + attention_flops_per_token(shape.n_layers, shape.d_model,
+                                                                                request.seq_len)
+        sizing_flops = budget * 6.0 * shape.n_params / flops_per_token
         if shape in seen:
             break
         seen.add(shape)
-    flops_per_token = 6.0 * shape.n_params + attention
     tokens = budget / flops_per_token  # spend the budget exactly with the rounded shape
 
     rules = ("chinchilla", "hoffmann", "kaplan")

@@ -43,7 +43,11 @@ def test_dollar_budget_is_spent_exactly():
     request = PlanRequest(budget_usd=1e6, gpu="H100", n_gpus=256, price_per_gpu_hour=2.5, mfu=0.4, sizing="chinchilla")
     plan = make_plan(request)
     assert plan.compute.cost_usd == pytest.approx(1e6)
-    per_token = 6 * plan.n_params + attention_flops_per_token(plan.shape.n_layers, plan.shape.d_model, request.seq_len)
+    # FLOPs per token as the trainer counts them for MFU: 6 per matmul weight, the untied input embedding (V·d, a
+    # lookup) left out, + attention
+    assert not plan.shape.tie_embeddings
+    matmul = plan.n_params - plan.shape.vocab_size * plan.shape.d_model
+    per_token = 6 * matmul + attention_flops_per_token(plan.shape.n_layers, plan.shape.d_model, request.seq_len)
     assert plan.tokens * per_token == pytest.approx(plan.compute.flops)
     assert plan.target.tokens_per_param == pytest.approx(20.0)
     assert plan.tokens / plan.n_params == pytest.approx(20.0, rel=0.15)  # the rounded shape shifts N a little
@@ -151,3 +155,22 @@ def test_a_layout_kiln_cannot_train_comes_with_the_best_one_it_can():
     assert "(the layout Kiln runs: see Warnings)" in plan.render()
     small = make_plan(PlanRequest(budget_flops=1e21))  # fits one layout Kiln runs: nothing added
     assert small.kiln_layout is None and small.to_dict()["training"] == small.parallelism.training_block()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_plans_flops_per_token_are_the_trainers(tied):
+    """The plan assumes the trainer's MFU (or reads it from Kiln's own runs), so it must count FLOPs as the trainer
+    does (training_jobs.model.flops_per_token, a second implementation): 6 per matmul weight, the output head's too,
+    none for the embedding lookup. It counted the untied input embedding as well: +16.7% at 125m, so a plan bought
+    that much fewer tokens than its budget pays for. Same architecture both sides: the planner's GELU MLP of width
+    3072 holds the weights of the trainer's SwiGLU of width 2048 (2 x 3072 = 3 x 2048 per d_model). The trainer
+    also counts the norm gains (2 per layer and the final one, d_model each), which the planner's shape leaves out."""
+    from training_jobs.model import ModelConfig, flops_per_token
+
+    V, d, L, H, T = 32000, 768, 12, 12, 2048
+    plan = make_plan(PlanRequest(budget_flops=1e20, mfu=0.4, vocab_size=V, seq_len=T,
+                                 model={"n_layers": L, "d_model": d, "n_heads": H, "d_ff": 3072, "tie_embeddings": tied}))
+    trainer = flops_per_token(ModelConfig(vocab_size=V, d_model=d, n_layers=L, n_heads=H, n_kv_heads=H,
+                                          ffn_hidden=2048, max_seq_len=T, tied_embeddings=tied), T)
+    norms = 6 * (2 * L + 1) * d
+    assert plan.compute.flops / plan.tokens == pytest.approx(trainer - norms, rel=1e-12)
