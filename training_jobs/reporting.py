@@ -202,7 +202,7 @@ class Stopwatch:
             self.parts[part] += self.clock() - start
 
 
-# startup: resume, MLflow; checkpoint: the saves at the cadence; validation: at val_every_steps (and the base model's
+# startup: building the trainer (layout, data, engine, a base checkpoint), resume, MLflow; checkpoint: the saves at the cadence; validation: at val_every_steps (and the base model's
 # before continued pretraining). Once per run, however long: final_checkpoint (the last save and waiting until every
 # checkpoint is written and hashed), final_validation, export.
 TIME_PARTS = ("startup", "checkpoint", "validation", "rollback", "final_checkpoint", "final_validation", "export")

@@ -134,6 +134,14 @@ class Trainer:
     """One run's components; `fit()` is the training loop."""
 
     def __init__(self, run: RunConfig, dist: Dist, report: Reporter, host: Host | None = None):
+        # Where the run's wall time went, besides the steps (p.timings), from here: the layout, the data, the engine
+        # and a base checkpoint to consolidate are the run's startup as much as resuming is (goodput counts them).
+        self.stopwatch = Stopwatch()
+        self.stopwatch.start()
+        with self.stopwatch.timing("startup"):
+            self._build(run, dist, report, host)
+
+    def _build(self, run: RunConfig, dist: Dist, report: Reporter, host: Host | None) -> None:
         t = self.t = run.training
         self.run, self.dist, self.report, self.host = run, dist, report, host or Host()
         self.shard = data_shard(dist, t)  # refuses a layout that does not fit the world, before anything is read
@@ -182,7 +190,6 @@ class Trainer:
         self.writer = checkpoint.BackgroundWriter(local_ranks)
         self.manifests = checkpoint.ManifestWriter()
         self.unreported: list[tuple[int, Path]] = []  # checkpoints not yet handed to host.after_checkpoint
-        self.stopwatch = Stopwatch()  # where fit()'s wall time went, besides the steps (p.timings)
         self.stalls: list[float] = []  # seconds each save held the loop up
         self.profiler = StepProfiler(t.profile_steps, Path(run.output_dir), active=dist.main)
 
@@ -191,7 +198,6 @@ class Trainer:
     def fit(self) -> float | None:
         """Train to max_steps (resuming if a checkpoint exists), then checkpoint, validate and export."""
         t, p = self.t, self.progress
-        self.stopwatch.start()
         with self.stopwatch.timing("startup"):
             self.resume()
             self.start_tracking()

@@ -372,6 +372,33 @@ def test_a_spike_before_the_first_checkpoint_lowers_the_lr_of_the_next_updates(t
         assert used[update] == pytest.approx(lr_at(update - 1, schedule, 12) * factor), update
 
 
+# training_jobs.train, with the engine's construction made 2 s slower (as consolidating a base checkpoint is).
+_SLOW_BUILD = """
+import sys, time
+from training_jobs import train
+real = train.build_engine
+def slow_build(*args, **kwargs):
+    time.sleep(2.0)
+    return real(*args, **kwargs)
+train.build_engine = slow_build
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_goodput_counts_the_trainers_construction_as_startup(tmp_path, token_dataset):
+    """Building the trainer (the layout, the data, the engine, a base checkpoint to consolidate) is the run's wall
+    time too: goodput left it out, overstated most for continued pretraining."""
+    out = tmp_path / "slow_build"
+    cmd, env = launch_command(write_run(tmp_path, token_dataset, out, max_steps=4, checkpoint={"every_steps": None},
+                                        export=[]), launcher="python")
+    check(subprocess.run([cmd[0], "-c", _SLOW_BUILD, *cmd[3:]], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300))
+    summary = summary_of(out)
+    spent = summary["time"]
+    assert spent["startup_s"] >= 2.0 and spent["wall_s"] >= 2.0 + spent["train_s"]
+    assert summary["goodput_tokens_per_s"] == pytest.approx(4 * 128 / spent["wall_s"], rel=1e-3)
+
+
 def test_nan_before_the_first_checkpoint_stops_the_run_as_diverged(tmp_path, token_dataset):
     out = tmp_path / "nan"
     done = launch(write_run(tmp_path, token_dataset, out), launcher="python", env={"KILN_INJECT_FAULT": "nan@2"})
