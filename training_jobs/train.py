@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import logging
 import math
 import os
@@ -530,6 +531,13 @@ class Trainer:
         figures = throughput(self.tokens_per_step, p.tokens_seen - getattr(self, "tokens_at_start", p.tokens_seen),
                              p.timings, p.profiled, self.stopwatch, self.flops_per_token, self.peak,
                              self.dist.world_size)
+        figures["checkpoint_stall"] = {"count": len(self.stalls), "total_s": round(sum(self.stalls), 3),
+                                       "max_s": round(max(self.stalls, default=0.0), 3)}
+        figures["throughput_of"] = "this launch"
+        if not (p.timings or p.profiled) and (earlier := self._summary_of_the_launch_that_trained()) is not None:
+            # A launch that trained nothing (the run materialized again after it completed) keeps the figures of the
+            # launch that trained, instead of none (kiln plan's own MFU would lose the run).
+            figures = {k: earlier.get(k) for k in figures} | {"throughput_of": "an earlier launch"}
         return {
             "format": SUMMARY_FORMAT, "status": status, "error": error,
             "steps": p.step, "max_steps": self.max_steps, "final_loss": p.last_loss, "val_loss": val_loss,
@@ -548,8 +556,6 @@ class Trainer:
             # step throughput (tokens_per_s, mfu), goodput over the whole of fit() and without its one-time parts,
             # and where the time went (reporting.throughput)
             **figures,
-            "checkpoint_stall": {"count": len(self.stalls), "total_s": round(sum(self.stalls), 3),
-                                 "max_s": round(max(self.stalls, default=0.0), 3)},
             "profile": self.profiler.result,  # training.profile_steps: the window, the GPU's busy fraction, files
             "steps_this_run": len(p.timings + p.profiled),
             "train_seconds": round(getattr(self, "train_seconds", 0.0), 3),
@@ -570,6 +576,16 @@ class Trainer:
             "exports": getattr(self, "exports", {}),
             "summary_path": str(Path(self.run.output_dir) / "summary.json"),
         }
+
+
+    def _summary_of_the_launch_that_trained(self) -> dict[str, Any] | None:
+        """The run folder's summary.json, when it holds a launch's figures (that launch's that trained, or carried
+        over by one that trained nothing)."""
+        try:
+            earlier = json.loads((Path(self.run.output_dir) / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return earlier if earlier.get("tokens_per_s") is not None else None
 
 
 def main(argv: list[str] | None = None, host: Host | None = None) -> int:

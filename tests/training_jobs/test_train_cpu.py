@@ -385,18 +385,30 @@ sys.exit(train.main(sys.argv[1:]))
 """
 
 
-def test_goodput_counts_the_trainers_construction_as_startup(tmp_path, token_dataset):
+def test_goodput_counts_the_trainers_construction_and_a_launch_that_trains_nothing_keeps_the_figures(
+        tmp_path, token_dataset):
     """Building the trainer (the layout, the data, the engine, a base checkpoint to consolidate) is the run's wall
-    time too: goodput left it out, overstated most for continued pretraining."""
+    time too: goodput left it out, overstated most for continued pretraining. Launched again once complete (the
+    asset materialized again), the run trains nothing: its summary kept no throughput (tokens/s None, goodput 0 in
+    the asset's metadata and MLflow, and kiln plan's own MFU lost the run); it keeps the figures of the launch that
+    trained."""
     out = tmp_path / "slow_build"
-    cmd, env = launch_command(write_run(tmp_path, token_dataset, out, max_steps=4, checkpoint={"every_steps": None},
-                                        export=[]), launcher="python")
+    run = write_run(tmp_path, token_dataset, out, max_steps=4, checkpoint={"every_steps": None}, export=[])
+    cmd, env = launch_command(run, launcher="python")
     check(subprocess.run([cmd[0], "-c", _SLOW_BUILD, *cmd[3:]], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300))
-    summary = summary_of(out)
-    spent = summary["time"]
+    first = summary_of(out)
+    spent = first["time"]
     assert spent["startup_s"] >= 2.0 and spent["wall_s"] >= 2.0 + spent["train_s"]
-    assert summary["goodput_tokens_per_s"] == pytest.approx(4 * 128 / spent["wall_s"], rel=1e-3)
+    assert first["goodput_tokens_per_s"] == pytest.approx(4 * 128 / spent["wall_s"], rel=1e-3)
+    assert first["throughput_of"] == "this launch" and first["steps_this_run"] == 4
+
+    check(launch(run, launcher="python"))
+    again = summary_of(out)
+    assert again["status"] == "completed" and again["steps_this_run"] == 0 and again["resumed_from"]
+    assert again["throughput_of"] == "an earlier launch"
+    for key in ("tokens_per_s", "goodput_tokens_per_s", "steady_goodput_tokens_per_s", "time", "checkpoint_stall"):
+        assert again[key] == first[key], key
 
 
 def test_nan_before_the_first_checkpoint_stops_the_run_as_diverged(tmp_path, token_dataset):
