@@ -9,7 +9,8 @@
       generation_config.json
       tokenizer.model                 the sentencepiece model, copied (or tokenizer.json: a brought `tokenizers`
                                       file, with tokenizer_class PreTrainedTokenizerFast)
-      tokenizer_config.json, special_tokens_map.json
+      tokenizer_config.json, special_tokens_map.json   (`AutoTokenizer.from_pretrained(dir)` gives Kiln's ids:
+                                      no '▁' prepended where the model has no dummy prefix)
       kiln_tokenizer.json             Kiln's tokenizer card (HF reserves the name tokenizer.json)
 
 Consolidation uses DeepSpeed's `get_fp32_state_dict_from_zero_checkpoint` (no huggingface_hub needed),
@@ -214,12 +215,24 @@ def _write_hf_tokenizer(tokenizer_dir: Path, out_dir: Path, specials: dict[str, 
     if (tokenizer_dir / CARD_FILE).is_file() and model.name != CARD_FILE:
         _copy(tokenizer_dir / CARD_FILE, out_dir / EXPORT_CARD_FILE)
     tokens = {f"{k}_token": piece for k, (piece, _) in specials.items()}
-    config = {"tokenizer_class": "LlamaTokenizer", "legacy": False} if sentencepiece else \
+    # A SentencePiece model: transformers' Llama tokenizer prepends '▁' unless told the model does not (Kiln trains
+    # without the dummy prefix): every text's first id would differ from the ids the model was trained on.
+    config = {"tokenizer_class": "LlamaTokenizer", "legacy": False,
+              "add_prefix_space": _adds_dummy_prefix(model)} if sentencepiece else \
         {"tokenizer_class": "PreTrainedTokenizerFast"}
     config |= {**tokens, "add_bos_token": False, "add_eos_token": False, "model_max_length": max_len,
                "clean_up_tokenization_spaces": False}
     _write_json(out_dir / "tokenizer_config.json", config)
     _write_json(out_dir / "special_tokens_map.json", tokens)
+
+
+def _adds_dummy_prefix(model: Path) -> bool:
+    """Whether a SentencePiece model file prepends '▁' to a text (its normalizer's add_dummy_prefix)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model.read_bytes())
+    return proto.normalizer_spec.add_dummy_prefix
 
 
 def export_checkpoint(ckpt: Path, out_dir: Path, cfg: ModelConfig, formats: list[str] = ("safetensors", "hf"),

@@ -58,6 +58,21 @@ def test_hf_export_logits_match(name, tmp_path, token_dataset):
     assert not (out / "tokenizer.json").exists()  # HF's name for a fast tokenizer; Kiln's card is kiln_tokenizer.json
 
 
+def test_the_exported_tokenizer_gives_the_ids_the_model_was_trained_on(tmp_path, token_dataset):
+    """transformers' AutoTokenizer on the export folder (a second implementation: its own conversion of the
+    SentencePiece model) gives Kiln's ids. It failed to load in Kiln's environment (sentencepiece 0.2.3's generated
+    protobuf code needs a protobuf runtime Dagster does not allow), and once loaded prepended '▁' to every text,
+    which Kiln's tokenizer (no dummy prefix) never does."""
+    from kiln.tokens.tokenizer import Tokenizer
+
+    out = save_hf(Transformer(CONFIGS["tied"], seed=7).state_dict(), CONFIGS["tied"], tmp_path / "hf",
+                  tokenizer_dir=token_dataset.tokenizer_dir)
+    kiln, hf = Tokenizer.load(token_dataset.tokenizer_dir), transformers.AutoTokenizer.from_pretrained(str(out))
+    for text in ("Hello world, the items.", " leading space", "word\n\nnext paragraph\n", "café naïve 東京 🙂",
+                 "def f(x):\n    return x  # two spaces"):
+        assert hf(text, add_special_tokens=False)["input_ids"] == kiln.encode(text), text
+
+
 def test_the_long_context_check_sees_the_rope_settings(tmp_path):
     """The long-context match above depends on both settings: exported without the interpolation factor, or
     with the old base, HF's logits differ at the new length."""
