@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kiln.cli.base import EXIT_BAD_INPUT, EXIT_OK
+from kiln.common.secrets import redact_url
 from kiln.planning import own_mfu
 from kiln.planning.fits import runs_from_mlflow
 from kiln.planning.memory import GIB
@@ -149,8 +150,7 @@ def run_plan(args: argparse.Namespace) -> int:
         if "mlflow_uri" in args:
             if "experiment" not in args:
                 raise ValueError("--mlflow-uri needs --experiment NAME")
-            runs = runs_from_mlflow(args.mlflow_uri, args.experiment)
-            tracked = own_mfu.runs_from_mlflow(args.mlflow_uri, args.experiment)
+            runs, tracked = _tracked_runs(args.mlflow_uri, args.experiment)
         plan = make_plan(request, runs, own_mfu.merged(tracked, own_mfu.runs_in(kiln_runs_dir())))
     except ValidationError as exc:
         for line in validation_messages(exc):
@@ -164,6 +164,19 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         print(json.dumps(plan.to_dict(), indent=2) if getattr(args, "json", False) else plan.render())
     return EXIT_OK
+
+
+def _tracked_runs(uri: str, experiment: str) -> tuple[list, list]:
+    """The experiment's runs, for the own scaling law and the own MFU; a store that cannot be read is bad input (a
+    missing SQLite file would otherwise be created empty, and MLflow's own errors come as tracebacks)."""
+    from mlflow.exceptions import MlflowException
+
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise ValueError(f"--mlflow-uri {uri}: no such SQLite file (a tracking store is read, never created here)")
+    try:
+        return runs_from_mlflow(uri, experiment), own_mfu.runs_from_mlflow(uri, experiment)
+    except MlflowException as exc:
+        raise ValueError(f"--mlflow-uri {redact_url(uri)}: {str(exc).splitlines()[0]}") from None
 
 
 def kiln_runs_dir() -> Path:

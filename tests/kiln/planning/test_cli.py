@@ -134,6 +134,19 @@ def test_own_fits_need_an_experiment(capsys):
     assert "--experiment" in capsys.readouterr().err
 
 
+def test_a_tracking_store_that_cannot_be_read_exits_2_naming_it(tmp_path, capsys):
+    """A file-store folder, a scheme MLflow does not know and a missing SQLite file: a message and exit 2, where MLflow
+    raised a traceback (exit 1) or created the database empty."""
+    (tmp_path / "mlruns").mkdir()
+    for uri, needle in ((str(tmp_path / "mlruns"), f"--mlflow-uri {tmp_path / 'mlruns'}: "),
+                        ("ftp://host/x", "--mlflow-uri ftp://host/x: "),
+                        (f"sqlite:///{tmp_path}/absent.db", "no such SQLite file")):
+        assert kiln("--mlflow-uri", uri, "--experiment", "kiln") == 2, uri
+        err = capsys.readouterr().err
+        assert err.startswith("kiln plan: ") and needle in err and "Traceback" not in err, err
+    assert not (tmp_path / "absent.db").exists()
+
+
 def finished_run(home: Path, key: str, **summary) -> None:
     """A hand-made summary.json where the training asset writes one (KILN_HOME/runs/<key>/)."""
     folder = home / "runs" / key
