@@ -466,11 +466,12 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
                                                                   settings.max_val_tokens), seq_len, settings.batch_size)}
     result["per_source"], base_per_source = {}, {}
     included = upto(load_refreshes(store), refresh)
+    val_fraction = shards.manifest.config["shards"]["val_fraction"]  # the split the run trained on, not the config's now
     for s in config.sources:
         docs, n = [], 0
         parts = materialized(store, QUALITY_FILTERED, [s.name], included)
         for doc in read_documents([f for m in parts.values() for f in m.files("documents")]):
-            if is_validation(doc.doc_id, config.shards.val_fraction):
+            if is_validation(doc.doc_id, val_fraction):
                 docs.append(tokenizer.encode(doc.text))
                 n += len(docs[-1]) + 1
                 if n >= settings.max_tokens_per_source:

@@ -491,3 +491,34 @@ def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_re
     cmd = TrainingLauncher(num_workers=4, max_failures=1).command(Path("run.json"), "ray", "head:6379")
     assert cmd[6:] == ["-m", "training_jobs.ray_launch", "--run-config", "run.json", "--num-workers", "4",
                        "--max-failures", "1", "--address", "head:6379"]
+
+
+def test_the_evaluation_holds_out_the_documents_the_shards_held_out(tmp_path, monkeypatch):
+    """The per-source losses are over held-out documents, by the split the checkpoint's shards were written with. The
+    evaluation chose them by the config's shards.val_fraction now: raised after training, it scored training documents
+    as held out (here, at 0.6 instead of 0.2, 2 of web's 3 and 4 of ref's 6)."""
+    import yaml
+
+    from kiln.common.storage import Store
+    from tests.audit_store import build_audit_store
+    from training_jobs.export import save_safetensors
+    from training_jobs.model import ModelConfig, Transformer
+
+    built = build_audit_store(tmp_path, monkeypatch)
+    store: Store = built["store"]
+    run, tokenizer = store.manifest("training_run"), store.manifest("tokenizer")
+    cfg = ModelConfig(vocab_size=tokenizer.stats["card"]["vocab_size"], d_model=32, n_layers=1, n_heads=2,
+                      n_kv_heads=2, ffn_hidden=64, max_seq_len=16)
+    with store.staging("checkpoint") as w:  # a real (random) model, for the losses to be computed
+        save_safetensors(Transformer(cfg, seed=0).state_dict(), cfg, w.dir / "safetensors")
+        w.commit(code_version="test", config={}, inputs={"training_run": run.data_version},
+                 counts={"parameters": 1, "steps": 3}, stats={"mlflow": run.stats["mlflow"]})
+    config = yaml.safe_load(built["config_path"].read_text())
+    evaluated = {}
+    for val_fraction in (config["shards"]["val_fraction"], 0.6):
+        config["shards"]["val_fraction"] = val_fraction
+        built["config_path"].write_text(yaml.safe_dump(config))
+        assert built["project"].materialize(["evaluation"]).success
+        evaluated[val_fraction] = store.manifest("evaluation").stats["per_source"]
+    first, raised = evaluated.values()
+    assert first == raised and {s: first[s]["tokens"] > 0 for s in ("web", "ref")} == {"web": True, "ref": True}
