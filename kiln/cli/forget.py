@@ -48,6 +48,9 @@ def run_forget(args: argparse.Namespace) -> int:
         return EXIT_OK
     shown = request.value if isinstance(request.value, str) else f"{len(request.value)} doc ids"
     print(f"removal request {request.request_id} recorded ({request.kind}: {shown})")
+    if request.unknown_ids:
+        print(f"  warning: {request.unknown_ids} of the {len(request.value)} doc ids name no document of this store "
+              f"(doc ids are Kiln's: `kiln audit membership --text FILE` finds a document's)")
     for a in request.affected:
         read = a.get("read")
         reached = "its run recorded no exposure" if read is None else \

@@ -52,6 +52,7 @@ class RemovalRequest:
     value: str | list[str]  # the source name, the URL regex, or the doc ids
     reason: str
     affected: list[dict[str, Any]] = field(default_factory=list)  # checkpoints trained on matching documents
+    unknown_ids: int = 0  # doc ids (kind doc_ids) no document of the store had when it was recorded
 
     @property
     def reject_reason(self) -> str:
@@ -252,12 +253,33 @@ def _matching(store: Store, shards: Manifest | None, request: RemovalRequest,
             and matcher.matches(m["doc_id"], m["source"], None)]
 
 
+def unknown_doc_ids(store: Store, config: ProjectConfig, doc_ids: list[str]) -> list[str] | None:
+    """The ids no document intake read has (raw_documents, every source and refresh), in the given order; None when
+    the raw layer is not readable by this user (then they cannot be checked)."""
+    missing = set(doc_ids)
+    try:
+        for part in raw_partitions(store, [s.name for s in config.sources]):
+            for batch in store.iter_batches(RAW, part, columns=["doc_id"]):
+                missing.difference_update(batch.column("doc_id").to_pylist())
+                if not missing:
+                    return []
+    except PermissionError:
+        return None
+    return [d for d in doc_ids if d in missing]
+
+
 def record_request(store: Store, config: ProjectConfig, kind: str, value: str | list[str],
                    reason: str = "") -> RemovalRequest:
-    """Validate, check the current checkpoint, and append the request (the whole list is rewritten atomically)."""
+    """Validate, check the current checkpoint, and append the request (the whole list is rewritten atomically). Doc
+    ids of which none names a document are refused: a request that can never remove anything reads as done."""
     validate(config, kind, value)
+    unknown = unknown_doc_ids(store, config, value) if kind == "doc_ids" else None
+    if unknown and len(unknown) == len(value):
+        raise ForgetError(f"--doc-ids: none of the {len(value)} id(s) names a document of this store (e.g. "
+                          f"{', '.join(map(repr, unknown[:3]))}); doc ids are Kiln's, not a source's own: find a "
+                          f"document's with `kiln audit membership --text FILE`; nothing recorded")
     request = RemovalRequest(request_id=uuid.uuid4().hex[:12], created_at=now_utc(), kind=kind, value=value,
-                             reason=reason)
+                             reason=reason, unknown_ids=len(unknown or []))
     request.affected = affected_checkpoints(store, request)
     with store.lock(REQUESTS):  # read, append, rewrite: one writer at a time, or a concurrent request is lost
         requests, _ = load_requests(store)

@@ -245,6 +245,26 @@ def test_bad_requests_exit_2_with_the_reason(read_only_built, capsys, args, mess
     assert load_requests(read_only_built["store"]) == ([], None)  # nothing recorded
 
 
+def test_doc_ids_that_name_no_document_are_refused_and_some_are_named_in_a_warning(read_only_built, built, capsys,
+                                                                                  tmp_path):
+    """A source's own ids (or e-mails) instead of Kiln's doc ids: the request could never remove anything, yet read
+    as recorded and applied (exit 0). Refused when none names a document; a warning when some do not."""
+    ids = tmp_path / "ids.txt"
+    ids.write_text("r0\nsome.publisher@example.org\n")
+    code, _, err = forget(read_only_built, capsys, "--doc-ids", str(ids))
+    assert code == 2 and "none of the 2 id(s) names a document of this store" in err
+    assert "kiln audit membership --text FILE" in err and "nothing recorded" in err
+    assert load_requests(read_only_built["store"]) == ([], None)
+
+    known = sorted(built["members"])[0]
+    ids.write_text(f"{known}\nr0\n")
+    code = main(["forget", "--doc-ids", str(ids), "--home", str(built["home"]), "--config", str(built["config_path"])])
+    out = capsys.readouterr().out
+    assert code == 0 and "warning: 1 of the 2 doc ids name no document of this store" in out
+    [request] = load_requests(built["store"])[0]
+    assert request.unknown_ids == 1 and request.value == sorted([known, "r0"])
+
+
 def test_a_request_needs_exactly_one_selector():
     with pytest.raises(SystemExit) as exc:
         main(["forget", "--source", "web", "--url-pattern", "x"])

@@ -151,7 +151,8 @@ def _append_requests(root: str, writer: int, start) -> None:
     start.wait()
     store = Store(Path(root))
     for i in range(APPENDS):
-        record_request(store, None, "doc_ids", [f"doc-{writer}-{i}"], reason=f"writer {writer}")
+        # URL patterns: doc ids are checked against the raw documents, which this store has none of
+        record_request(store, None, "url_pattern", f"^https://site-{writer}-{i}/", reason=f"writer {writer}")
 
 
 @pytest.mark.parametrize("append", [_append_refreshes, _append_requests], ids=["refreshes", "removal_requests"])
@@ -178,8 +179,8 @@ def test_concurrent_writers_of_a_registry_lose_no_entry(append, tmp_path):
             f"w{w}-{i}" for w in range(WRITERS) for i in range(APPENDS)}
     else:
         requests, _ = load_requests(store)
-        assert sorted(v for r in requests for v in r.value) == sorted(
-            f"doc-{w}-{i}" for w in range(WRITERS) for i in range(APPENDS))
+        assert sorted(r.value for r in requests) == sorted(
+            f"^https://site-{w}-{i}/" for w in range(WRITERS) for i in range(APPENDS))
 
 
 def test_the_first_refresh_is_pinned_to_the_files_it_read(tmp_path):
