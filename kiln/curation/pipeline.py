@@ -310,7 +310,8 @@ def _filter(task: _PartTask) -> StageStats:
         docs = [Document.from_row(row) for row in batch.to_pylist()]
         originals = [doc.text for doc in docs]
         reasons = run_steps(docs, steps, stats, task.examples_per_reason, task.rejected_text)
-        redact_fields(docs, redact_texts)  # kept and rejected rows alike
+        # kept and rejected rows alike; their placeholders count with the text's, as the pii step's
+        stats.step("pii").counts.update(redact_fields(docs, redact_texts))
         for doc, original, reason in zip(docs, originals, reasons):
             stats.docs_in += 1
             stats.chars_in += len(original)

@@ -16,7 +16,9 @@ blocklist and every other filter decide on the fields as they were read.
 
 from __future__ import annotations
 
+import json
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
@@ -170,10 +172,11 @@ def _redacted(doc: Document, lookup: Lookup) -> tuple[str | None, dict]:
     return (redact_url(doc.url, lookup) if doc.url else doc.url), redact_meta(doc.meta, lookup)
 
 
-def redact_fields(docs: Sequence[Document], redact_texts: BatchRedactor) -> None:
+def redact_fields(docs: Sequence[Document], redact_texts: BatchRedactor) -> Counter:
     """Every document's `url` and `meta` redacted in place, with one call of `redact_texts` for all the distinct
     strings of the batch. A first pass collects them (and already drops credentials and named values); only a
-    document with a string the redactor changed is passed again."""
+    document with a string the redactor changed is passed again. Returns the placeholders written, by PII type (a
+    value found by its name counts as one found by its shape)."""
     asked: dict[str, None] = {}
     first = []
     for doc in docs:
@@ -191,8 +194,19 @@ def redact_fields(docs: Sequence[Document], redact_texts: BatchRedactor) -> None
     def look(text: str) -> str:  # a text the first pass did not ask for (a name that held PII): on its own
         return done[text] if text in done else redact_texts([text])[0]
 
+    written: Counter = Counter()
     for doc, (url, meta, mine) in zip(docs, first):
-        doc.url, doc.meta = _redacted(doc, look) if any(done[t] != t for t in mine) else (url, meta)
+        redacted = _redacted(doc, look) if any(done[t] != t for t in mine) else (url, meta)
+        if redacted != (doc.url, doc.meta):
+            written.update(_placeholders(*redacted) - _placeholders(doc.url, doc.meta))
+        doc.url, doc.meta = redacted
+    return written
+
+
+def _placeholders(url: str | None, meta: Any) -> Counter:
+    """The placeholders in a document's url (percent-encoded there, in a path) and meta, by PII type."""
+    fields = unquote(url or "") + "\n" + json.dumps(meta, ensure_ascii=False)
+    return Counter({kind: n for kind, placeholder in PLACEHOLDERS.items() if (n := fields.count(placeholder))})
 
 
 def step_redactor(step: PiiRedaction) -> BatchRedactor:

@@ -126,6 +126,18 @@ def test_the_batched_redaction_of_fields_gives_what_one_lookup_gives():
                                       {"created": 1700000000, "tokens": 512}]
 
 
+def test_the_placeholders_written_into_url_and_meta_are_counted_by_type():
+    """Counted by hand: the URL's e-mail parameter (1 e-mail, by its name), author_email (1 e-mail, by its name),
+    contact.phone (1 phone, by its name) and the Berlin number in a note (1 phone, by its shape); nothing for the
+    clean document, nor for a placeholder a field already held. The card's "PII replaced" read only the text's."""
+    docs = [Document("a", "web", "t", url=f"https://news.example.net/p?email={EMAIL}&page=2",
+                     meta={"author_email": EMAIL, "contact": {"phone": PHONE}, "note": "ruf an: +49 30 91456342"}),
+            Document("b", "web", "t", url="https://news.example.net/q", meta={"stars": 3}),
+            Document("c", "web", "t", meta={"author": "<EMAIL>", "stars": 4})]
+    assert redact_fields(docs, step_redactor(PiiRedaction())) == {"email": 2, "phone": 2}
+    assert docs[0].meta["note"] == "ruf an: <PHONE>" and docs[2].meta == {"author": "<EMAIL>", "stars": 4}
+
+
 def _filter(tmp_path, records, profile, keep="none"):
     write_jsonl(tmp_path / "web" / "a.jsonl", records)
     config = parse_config({
@@ -137,9 +149,9 @@ def _filter(tmp_path, records, profile, keep="none"):
         stats = ingest(config.sources[0], config.reading, w, progress=False, rejected_text=keep)
         w.commit(code_version="t", config={}, inputs={}, counts={}, stats=stats.to_dict())
     with store.staging("filtered", "web") as w:
-        filter_documents(store.files("raw", "web", "documents"), profile_steps(config, "web"),
-                         config.curation.exact_dedup, w, progress=False)
-        w.commit(code_version="t", config={}, inputs={}, counts={})
+        filtered = filter_documents(store.files("raw", "web", "documents"), profile_steps(config, "web"),
+                                    config.curation.exact_dedup, w, progress=False)
+        w.commit(code_version="t", config={}, inputs={}, counts={}, stats=filtered.to_dict())
     kept = store.read_table("filtered", "web").to_pylist()
     rejected = store.read_table("filtered", "web", "rejected").to_pylist() \
         if store.files("filtered", "web", "rejected") else []
@@ -157,7 +169,10 @@ def test_the_filter_stage_redacts_url_and_meta_of_kept_and_rejected_rows_after_t
     ]
     decided = [UrlBlocklist()(Document("d", "web", prose(1), url=r["url"])).drop for r in records]
     assert decided == [None, "url_blocklist.blocked_domain"]
-    _, _, kept, rejected = _filter(tmp_path, records, ["url_blocklist"])
+    _, store, kept, rejected = _filter(tmp_path, records, ["url_blocklist"])
+    # the filter stage's pii counts hold what url and meta were given too (the texts hold none): kept, an e-mail in
+    # the URL, author_email, contact.phone; rejected, ref's e-mail, author_email, the token
+    assert store.manifest("filtered", "web").stats["steps"]["pii"]["counts"] == {"email": 4, "phone": 1, "secret": 1}
     (row,) = kept
     assert row["url"] == "https://news.example.org/a?email=<EMAIL>&page=2"
     assert json.loads(row["meta"]) == {"id": "kept", "author_email": "<EMAIL>", "locator": "id:kept",
