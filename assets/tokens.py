@@ -180,7 +180,9 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
             forget_replaced=bool(newly_applied))  # the shards replaced may hold what the new requests remove
     for warning in result.warnings:
         context.log.warning(warning)
-    if newly_applied and not config.shards.export and store.manifest_or_none(EXPORTS, refresh) is not None:
+    exported = store.manifest_or_none(EXPORTS, refresh)
+    if newly_applied and not config.shards.export and exported is not None and exported.config.get("export"):
+        # (an export made with shards.export [] holds no tokens: nothing to warn of)
         context.log.warning(f"{EXPORTS}/{refresh} was exported from shards that hold documents a removal request "
                             f"removed since ({', '.join(sorted(newly_applied))}), and shards.export is [], so nothing "
                             f"re-exports it: materialize {EXPORTS} for {refresh} again, or delete "

@@ -202,14 +202,18 @@ def test_requests_by_url_pattern_and_doc_ids_and_training_refuses_shards_written
     """Until token_shards is materialized again after a request, its shards still hold the documents it names,
     and a run started then would read them: training_run refuses those shards, naming the request, for a training
     or a validation document alike. A request that names none of their documents does not stop it."""
-    from kiln.governance.forget import unapplied_requests
+    from kiln.governance.forget import raw_partitions, unapplied_requests
     from kiln.governance.refresh import latest
 
     store, project = built["store"], built["project"]
     ids = tmp_path / "ids.txt"
-    ids.write_text("not-a-document\n")
-    forget(built, capsys, "--doc-ids", str(ids))
-    assert unapplied_requests(store, latest(store, "token_shards")[1]) == []
+    intake = {d for part in raw_partitions(store, ["web", "ref"])
+              for d in store.read_table("raw_documents", part, columns=["doc_id"]).column("doc_id").to_pylist()}
+    outside = sorted(intake - set(built["members"]))[:1]  # read at intake, in no shard (a filter dropped it)
+    assert outside
+    ids.write_text("\n".join(outside) + "\n")
+    code, _, _ = forget(built, capsys, "--doc-ids", str(ids))
+    assert code == 0 and unapplied_requests(store, latest(store, "token_shards")[1]) == []
     trained = sorted(d for d, m in built["members"].items() if m["split"] == "train" and m["copies"] > 0)[:2]
     ids.write_text("# ticket 7\n" + "\n".join(trained) + "\n\n")
     code, request, _ = forget(built, capsys, "--doc-ids", str(ids))
@@ -225,13 +229,31 @@ def test_requests_by_url_pattern_and_doc_ids_and_training_refuses_shards_written
     [failure] = result.get_step_failure_events()
     assert f"removal request(s) {request['request_id']} name, recorded after they were written" in \
         failure.step_failure_data.user_failure_data.description
-    assert project.materialize(["token_shards"]).success  # it leaves the documents out, and records both requests
-    assert unapplied_requests(store, latest(store, "token_shards")[1]) == []
+    assert project.materialize(["shard_exports"]).success  # shards.export is []: an export with no tokens in it
+    result = project.materialize(["token_shards"])  # it leaves the documents out, and records both requests
+    assert result.success and unapplied_requests(store, latest(store, "token_shards")[1]) == []
+    # nothing to warn of: that export holds no tokens of the removed documents (it was warned of, falsely)
+    assert "re-exports it" not in _logged(project, result)
     # a validation document too: a run reads it (validation loss, the loss probe's token ids, the evaluation)
     [val] = sorted(d for d, m in built["members"].items() if m["split"] == "val" and m["copies"] > 0)[:1]
     ids.write_text(val + "\n")
     _, on_val, _ = forget(built, capsys, "--doc-ids", str(ids))
     assert [u.request_id for u in unapplied_requests(store, latest(store, "token_shards")[1])] == [on_val["request_id"]]
+    # An export that holds tokens, made while shards.export named a format, and nothing to re-export it now: the
+    # shards that apply the request warn of it, naming it.
+    config = yaml.safe_load(built["config_path"].read_text())
+    config["shards"]["export"] = ["megatron"]
+    built["config_path"].write_text(yaml.safe_dump(config))
+    assert project.materialize(["shard_exports"]).success
+    config["shards"]["export"] = []
+    built["config_path"].write_text(yaml.safe_dump(config))
+    result = project.materialize(["token_shards"])
+    assert result.success and f"removed since ({on_val['request_id']}), and shards.export is [], so nothing " \
+        "re-exports it" in _logged(project, result)
+
+
+def _logged(project, result) -> str:
+    return "\n".join(e.user_message for e in project.instance.all_logs(result.run_id))
 
 
 @pytest.mark.parametrize("args, message", [
