@@ -12,7 +12,9 @@ from kiln.common.manifest import code_version
 from kiln.common.secrets import redact
 from kiln.common.storage import Snapshot, resume_key
 from kiln.curation.exact_dedup import HashSource, exact_dedup, remove_shuffle
+from kiln.curation.filters.badwords import DEFAULT_WORDS_FILE
 from kiln.curation.filters.registry import build_step
+from kiln.curation.filters.url import DEFAULT_BLOCKLIST
 from kiln.curation.pii import PiiRedaction
 from kiln.curation.pipeline import filter_documents, ingest, profile_steps
 from kiln.curation.readers import SourceFile
@@ -68,7 +70,8 @@ def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, st
 @dg.asset(
     key=FILTERED, deps=[RAW], partitions_def=document_partitions, group_name="curation", kinds=KINDS,
     code_version=code_version("kiln.curation.filters", "kiln.curation.pii", "kiln.curation.pipeline", "kiln.common.removals",
-                              "kiln.common.stats", "kiln.common.text_units", "kiln.curation.documents"),
+                              "kiln.common.stats", "kiln.common.text_units", "kiln.curation.documents",
+                              data=(DEFAULT_BLOCKLIST, DEFAULT_WORDS_FILE)),  # the built-in lists decide too
     check_specs=check_specs(FILTERED), automation_condition=FOLLOW,
 )
 def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,

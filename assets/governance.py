@@ -33,7 +33,8 @@ removal_requests = dg.AssetSpec(
     deps=[CHECKPOINT, EVALUATION, RUN, SHARDS, TOKENIZER, REQUESTS,
           *[dg.AssetDep(stage, partition_mapping=dg.AllPartitionMapping()) for stage in DOCUMENT_STAGES]],
     code_version=code_version("kiln.governance.data_card", "kiln.governance.data_card_markdown",
-                              "kiln.governance.data_card_documents", "kiln.common.plots", "kiln.governance.audit",
+                              "kiln.governance.data_card_documents", "kiln.governance.document_facts",
+                              "kiln.common.plots", "kiln.governance.audit",
                               "kiln.governance.catalog", "kiln.governance.lineage", "kiln.governance.forget",
                               "kiln.common.stats", "kiln.dedup.report"),  # the card's funnel and cross-source table
     check_specs=[dg.AssetCheckSpec("lineage_complete", asset=DATA_CARD, blocking=False,

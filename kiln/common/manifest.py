@@ -107,9 +107,10 @@ def git_commit() -> str | None:
     return commit + ("-dirty" if dirty else "")
 
 
-def code_version(*modules: str) -> str:
-    """A hash of the source of the named modules (packages: every .py below them): it changes exactly
-    when the code that produces an output changes, with no version string to forget to bump."""
+def code_version(*modules: str, data: tuple[str | Path, ...] = ()) -> str:
+    """A hash of the source of the named modules (packages: every .py below them) and of the `data` files they read
+    (a built-in word list): it changes exactly when what produces an output changes, with no version string to
+    forget to bump."""
     import importlib.util
 
     h = hashlib.sha256()
@@ -118,6 +119,8 @@ def code_version(*modules: str) -> str:
         files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
         for f in files:
             h.update(f.read_bytes())
+    for f in sorted(map(Path, data)):
+        h.update(f.read_bytes())
     return h.hexdigest()[:12]
 
 

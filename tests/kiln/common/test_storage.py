@@ -557,3 +557,17 @@ def test_a_commits_cleanup_waits_for_another_writers_swap(tmp_path, monkeypatch)
     assert cleanup == ["done"]
     assert Store(root).read_table("a", "p").column("x").to_pylist() == [7]
     assert not list(final.parent.glob(".p.link-*"))
+
+
+def test_a_code_version_follows_the_data_files_its_code_reads(tmp_path):
+    """The filter stage's built-in blocklist and bad-words list decide as much as its code: editing one changes its
+    code_version (Dagster then shows the stage stale), as editing the code does; the same inputs, the same version."""
+    from kiln.common.manifest import code_version
+
+    words = tmp_path / "words.txt"
+    words.write_text("alpha\n")
+    before = code_version("kiln.common.stats", data=(words,))
+    assert code_version("kiln.common.stats", data=(words,)) == before
+    assert code_version("kiln.common.stats") != before
+    words.write_text("alpha\nbeta\n")
+    assert code_version("kiln.common.stats", data=(words,)) != before
