@@ -180,6 +180,9 @@ _CJK_REGIONS = ("JP", "KR", "CN", "TW", "HK")
 _WINDOW = 32
 _FIRST = frozenset("+(0123456789")
 _LABEL_GAP = 16  # the number starts at most this far after its label
+# A sentence ends between a label word and the number (a word of 4 letters or more, then a full stop): the label was
+# a word of the sentence before ("das portable Format. (8589934591 Byte)"). Abbreviations are shorter: "Tel. no. ...".
+_SENTENCE_END = re.compile(r"[^\W\d_]{4,}\.\s")
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
@@ -269,7 +272,8 @@ def _after_label(text: str, k: int, regions: tuple[str, ...]) -> Iterator[tuple[
     hi = min(len(text), k + _LABEL_GAP + _WINDOW)
     for region in regions:
         found = [sp for sp in _match_phones(text, k, hi, region, Leniency.STRICT_GROUPING)
-                 if sp[0] - k <= _LABEL_GAP and "\n" not in text[k : sp[0]] and text[sp[0]] in _FIRST]
+                 if sp[0] - k <= _LABEL_GAP and "\n" not in text[k : sp[0]] and text[sp[0]] in _FIRST
+                 and not _SENTENCE_END.search(text, k, sp[0])]
         if found:
             yield found[0]
             return

@@ -40,6 +40,7 @@ MISSED = [
     ("TEL +81 3-0002-0479", "phone", [("phone", "+81 3-0002-0479")]),
     ("Fax 00353 80 891 7064", "phone", [("phone", "00353 80 891 7064")]),
     ("Mail jane.doe@corp-mail.de now", "email", [("email", "jane.doe@corp-mail.de")]),
+    ("Phone (mob.): 030 91456342", "phone", [("phone", "030 91456342")]),  # an abbreviation is no sentence end
     ("IBAN DE89 3704 0044 0532 0130 00.", "iban", [("iban", "DE89 3704 0044 0532 0130 00")]),
     ("card 4111 1111 1111 1111", "credit_card", [("credit_card", "4111 1111 1111 1111")]),
     ("SSN 078-05-1120", "us_ssn", [("us_ssn", "078-05-1120")]),
@@ -113,6 +114,8 @@ CLEAN = [
     "-----BEGIN RSA PRIVATE KEY----- goes here",
     # IBANs with a wrong check digit or length, or in a longer token
     "DE88 3704 0044 0532 0130 00, DE8937040044053201300, XX89370400440532013000, ID_DE89370400440532013000",
+    # a label word ending its sentence before a number (cpio(1) in German: "portable" is French for a mobile)
+    "Das SVR4 (POSIX.1) portable Format. (8589934591 Byte)",
 ]
 
 
