@@ -238,6 +238,8 @@ def _native_id(value: Any) -> str | None:
         return value if value.strip() else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
+    if isinstance(value, int):  # any size: a float check of a 400-digit id overflows
+        return str(value)
     return str(value) if math.isfinite(value) else None
 
 
@@ -264,6 +266,9 @@ def read_jsonl(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docu
                     record = json.loads(decoded)
                 except json.JSONDecodeError as exc:
                     yield quarantine(source.name, locator, "malformed_json", decoded, exc.msg)
+                    continue
+                except ValueError as exc:  # an integer past Python's 4,300-digit limit: this record, not the file
+                    yield quarantine(source.name, locator, "malformed_json", decoded, str(exc).split(";")[0])
                     continue
                 except RecursionError:
                     yield quarantine(source.name, locator, "too_deep", decoded)

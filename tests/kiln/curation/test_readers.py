@@ -115,6 +115,20 @@ def test_records_without_a_usable_id_are_named_by_their_place_not_lost_as_duplic
     assert docs[0].meta["locator"] == "id:1.0"  # as before: a real id's doc_id does not change
 
 
+def test_very_long_integers_are_one_records_problem_not_the_files(tmp_path):
+    """A 400-digit id crashed intake (its float check overflowed); a number past Python's 4,300-digit limit raised a
+    ValueError that ended the file, losing every later record and naming the next line."""
+    path = tmp_path / "big.jsonl"
+    path.write_text("\n".join([json.dumps({"id": "a", "text": "first"}),
+                               '{"id": "b", "text": "second", "n": ' + "9" * 5000 + "}",
+                               '{"id": ' + "7" * 400 + ', "text": "third"}',
+                               json.dumps({"id": "d", "text": "fourth"})]) + "\n")
+    docs, bad = split(list(read_source(source("jsonl", path), Reading(max_document_bytes=10_000))))
+    assert [d.text for d in docs] == ["first", "third", "fourth"]
+    assert docs[1].meta["locator"] == "id:" + "7" * 400
+    assert [(q.reason, q.locator) for q in bad] == [("malformed_json", "big.jsonl#L2")]
+
+
 @pytest.mark.parametrize("suffix", [".gz", ".zst"])
 def test_compressed_jsonl(tmp_path, suffix):
     payload = "\n".join(json.dumps({"id": i, "text": prose(i)}) for i in range(3)).encode()
