@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import io
@@ -418,6 +419,7 @@ def read_warc(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docum
     file with one unreadable_file record at `#<n+1>`, after the n document records read before it."""
     from warcio.archiveiterator import ArchiveIterator
 
+    _brotli_for_warcio()
     done = 0  # document records read; the one being read is number done + 1
     try:
         with f.open() as raw:
@@ -452,13 +454,37 @@ def read_warc(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docum
         yield quarantine(source.name, f.relative, "empty_file")
 
 
+class _BrotliDecompressor:
+    """What warcio 1.8 expects of a brotli decompressor, over brotli 1.2's: warcio sets `unused_data` on it and calls
+    `decompress`; brotli 1.2's Decompressor takes no new attribute and names the call `process`, so every page served
+    `Content-Encoding: br` failed."""
+
+    def __init__(self):
+        import brotli
+
+        self._decompressor, self.unused_data = brotli.Decompressor(), None
+
+    def decompress(self, data: bytes) -> bytes:
+        return self._decompressor.process(data)
+
+
+@functools.cache
+def _brotli_for_warcio() -> None:
+    from warcio.bufferedreaders import BufferedReader
+
+    BufferedReader.DECOMPRESSORS["br"] = _BrotliDecompressor
+
+
 def _warc_document(record, ordinal: int, f: SourceFile, source: Source, reading: Reading) -> Document | Quarantined:
     """The `ordinal`th document record of the archive, as a document or quarantined."""
     record_id = record.rec_headers.get_header("WARC-Record-ID")
     locator = f"{f.relative}#{record_id}" if record_id else f"{f.relative}#{ordinal}"
     record_id = record_id or locator  # no id of its own: where it is (file and ordinal) stands in
     url = record.rec_headers.get_header("WARC-Target-URI")
-    payload = record.content_stream().read(reading.max_document_bytes + 1)
+    try:  # the HTTP Content-Encoding undone (gzip, deflate, br)
+        payload = record.content_stream().read(reading.max_document_bytes + 1)
+    except Exception as exc:  # noqa: BLE001 - a decompressor's error: this record's, the archive reads on
+        return quarantine(source.name, locator, "undecodable_content", detail=f"{type(exc).__name__}: {exc}")
     if len(payload) > reading.max_document_bytes:
         return quarantine(source.name, locator, "too_large", payload)
     block = record.raw_stream  # a LimitReader: what is left of the record's Content-Length

@@ -253,5 +253,5 @@ def decode_html(data: bytes, content_type: str | None = None) -> tuple[str | Non
     codec = _WHATWG_DECODER.get(codec, codec)
     try:
         return data.decode(codec, "kiln-c1" if codec in _SINGLE_BYTE else "strict"), codec
-    except UnicodeDecodeError:
+    except (UnicodeDecodeError, LookupError):  # LookupError: a codec that is no text encoding (charset=base64, hex)
         return None, codec
