@@ -66,9 +66,11 @@ import pyarrow.compute as pc
 from annotated_types import Interval
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveInt
 
+from kiln.common.text_units import count_words, whitespace_words
 from kiln.curation.documents import Document
 from kiln.curation.filters.base import Fraction, Verdict, drop, keep
 from kiln.curation.filters.c4 import POLICY_SUBSTRINGS
+from kiln.curation.filters.text_stats import TERMINAL_PUNCTUATION
 
 # ---- encoded_blob -----------------------------------------------------------------------------------------------
 
@@ -345,7 +347,9 @@ _CODE = re.compile(r"[=(){}\[\];<>\"`$\\_*@%#^~]|(?:^|\s)--?\w")
 _MENU_CODE = re.compile(r"[=(){}\[\];<\"`$\\_*@%#^~]")
 _LETTER_RE = re.compile(r"[^\W\d_]")
 _EMPTY_LINKS = re.compile(r"(?:\[\]\([^)\s]*\)\s*)+")
-_TERMINAL = (".", "!", "?", '"', "'", ":", ";", ",", "”", "’")
+# A line ending in one of these is no title or menu item: C4's sentence ends with those of other scripts
+# (text_stats.TERMINAL_PUNCTUATION: 。！？ danda, Arabic question mark ...), and the clause marks.
+_TERMINAL = tuple(dict.fromkeys((*TERMINAL_PUNCTUATION, ":", ";", ",", "”", "’", "：", "；", "，", "、")))
 _JUSTEXT_SHORT = 70  # jusText's length_low: blocks shorter than this are "short"
 # The screen counts title-like lines (every word capitalized, a number or of one to three letters, no code
 # characters or terminal punctuation; separators allowed), links and menu separators. A `(?m)^` pattern is counted
@@ -394,11 +398,11 @@ def _classify(s: str, link_density: float) -> tuple[str, int]:
             if not s or _EMPTY_LINKS.fullmatch(s):  # badges
                 return "neutral", 0
         urls = len(_URL.findall(s))
-        link_words = sum(len(t.split()) for t in _MD_LINK.findall(s)) + urls
+        link_words = sum(count_words(t) for t in _MD_LINK.findall(s)) + urls
         text = _URL.sub(" ", _MD_LINK.sub(_link_text, s)).strip().rstrip(" :-|")
     else:
         text = s.rstrip(" :-|")
-    ws = text.split()
+    ws = whitespace_words(text)  # a character of Chinese, Japanese or Thai is a word, as everywhere in Kiln
     words = len(ws) + urls
     if words == 0:
         return "neutral", 0
@@ -423,10 +427,10 @@ def _classify(s: str, link_density: float) -> tuple[str, int]:
 
 def boilerplate_fraction(text: str, link_density: float = 0.5, at_least: float | None = None) -> tuple[float, int]:
     """(share of the words in boilerplate lines, how many boilerplate lines). With `at_least`, stops (returning a
-    share below it) once content words rule that share out: a line's words are at most its whitespace-separated
-    tokens plus two per URL, so the text's tokens plus two per URL mark bound boilerplate plus content words."""
+    share below it) once content words rule that share out: a line's words are at most its words as count_words
+    counts them plus two per URL, so the text's plus two per URL mark bound boilerplate plus content words."""
     boiler = content = lines = 0
-    most = len(text.split()) + 2 * (text.count("://") + text.count("www.")) if at_least else None
+    most = count_words(text) + 2 * (text.count("://") + text.count("www.")) if at_least else None
     for _, kind, words in line_kinds(text, link_density):
         if kind == "boilerplate":
             boiler += words
@@ -463,7 +467,7 @@ def content_words(text: str, link_density: float = 0.5, enough: int | None = Non
         if kind != "boilerplate":
             lower = line.lower()
             if "javascript" not in lower and not any(p in lower for p in POLICY_SUBSTRINGS):
-                n += words if kind == "content" else len(line.split())
+                n += words if kind == "content" else count_words(line)
                 if enough is not None and n >= enough:
                     break
     return n

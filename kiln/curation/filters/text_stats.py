@@ -21,8 +21,10 @@ _ALPHA_RE = re.compile(r"[^\W\d_]")  # one letter, any script
 _LETTER_TO_END_RE = re.compile(r"[^\W\d_][^\0]*")
 _PARAGRAPH_RE = re.compile(r"\n{2,}")
 _LINE_RUN_RE = re.compile(r"\n+")
-# A sentence ends in . ! ? or … optionally followed by closing quotes/brackets, then space or end.
-_SENTENCE_END_RE = re.compile(r"[.!?…]+[\"'”’)\]]*(?=\s|$)")
+# A sentence ends in . ! ? or … optionally followed by closing quotes/brackets, then space or end; or in a sentence end
+# of another script (ideographic and fullwidth full stop, fullwidth ! ?, Devanagari danda, Arabic question mark, Urdu
+# full stop: TERMINAL_PUNCTUATION's) with its closing quotes, whatever follows (Chinese and Japanese put no space).
+_SENTENCE_END_RE = re.compile(r"[.!?…]+[\"'”’)\]]*(?=\s|$)|[。．！？।॥؟۔]+[\"'”’)\]」』）]*")
 
 # C4 (TFDS c4_utils) and FineWeb: a line "ends in terminal punctuation" if it ends with one of these; after C4's
 # five, the sentence ends and closing quotes of other scripts (ideographic and fullwidth full stop, marks and corner

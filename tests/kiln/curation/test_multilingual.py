@@ -312,3 +312,35 @@ def test_installed_translated_pages_render_in_their_script(directory, check):
     in that language's script."""
     texts = man_pages(directory, 2)
     assert all(t.strip() and check(t) for t in texts)
+
+
+# A Chinese news article, written for this test: four sentences on four lines, each ending in 。(no spaces anywhere).
+ZH_ARTICLE = ("今年春天，市政府宣布在老城区修建一座新的公共图书馆。\n"
+              "新图书馆将收藏二十万册图书，并为儿童设立专门的阅读区。\n"
+              "工程预计明年秋天完工，届时市民可以免费借阅。\n"
+              "许多居民表示，他们期待周末带着孩子去那里读书。")
+JA_ARTICLE = ("今日は朝から雨が降っていました。午後になると少し晴れてきました。\n"
+              "駅前の本屋で新しい料理の本を買いました。夕方には友人と喫茶店で話しました。\n"
+              "帰り道に公園を通ると、桜がきれいに咲いていました。明日も晴れるといいです。")
+
+
+def test_chinese_and_japanese_lines_are_content_and_their_sentences_count():
+    """Kiln splits Chinese and Japanese into characters everywhere but here: the garbage step counted a whole
+    unspaced sentence as one word and did not know 。 as a sentence end, so every line was a "title" (short, no
+    terminal punctuation, 3 words or fewer) and the web profile dropped every Chinese, Japanese or Thai page as a stub;
+    C4 counted one sentence per line. Worked by hand: each ZH line is a sentence, so is each 。 of JA (6 on 3 lines)."""
+    from kiln.curation.filters.garbage import classify_line, content_words
+    from kiln.curation.filters.text_stats import count_sentences
+
+    web_garbage = build_step("garbage", {"max_repeated_line_fraction": 0.7, "min_content_words": 30})
+    for article in (ZH_ARTICLE, JA_ARTICLE):
+        assert all(classify_line(line)[0] == "content" for line in article.splitlines()), article
+        # every non-space character a unit, as text_units.whitespace_words counts Chinese and Japanese everywhere
+        assert content_words(article) == len("".join(article.split()))
+        assert web_garbage(Document("d", "s", article)).drop is None
+    assert [count_sentences(line) for line in ZH_ARTICLE.splitlines()] == [1, 1, 1, 1]
+    assert [count_sentences(line) for line in JA_ARTICLE.splitlines()] == [2, 2, 2]
+    assert build_step("c4", {"min_num_sentences": 5})(Document("d", "s", JA_ARTICLE)).drop is None
+    # a menu is still one: three short items, no sentence end
+    assert classify_line("首页")[0] == "boilerplate"
+    assert web_garbage(Document("d", "s", "首页\n新闻\n联系我们")).drop is not None
