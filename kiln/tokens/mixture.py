@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,11 +164,12 @@ def plan_phases(natural: dict[str, int], weights: dict[str, float], token_budget
     return plans
 
 
-def epoch_warnings(plans: list[PhasePlan], max_epochs: float) -> list[str]:
-    """One warning per source repeated more than `max_epochs` times over all phases together."""
+def epoch_warnings(plans: list[PhasePlan], natural_tokens: Mapping[str, int], max_epochs: float) -> list[str]:
+    """One warning per source repeated more than `max_epochs` times over all phases together, against its natural
+    training tokens (all its documents: a phase's own `natural_tokens` counts only those past its floor)."""
     warnings = []
     for name in plans[0].draws if plans else []:
-        natural = plans[0].draws[name].natural_tokens
+        natural = natural_tokens[name]
         used = sum(p.draws[name].tokens for p in plans)
         if natural and used / natural > max_epochs:
             warnings.append(f"source {name!r} is repeated {used / natural:.1f} times (over {max_epochs:g}): "

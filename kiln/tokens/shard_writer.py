@@ -394,7 +394,8 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
             chosen = chosen[np.random.default_rng([settings.seed, plan.index]).permutation(len(chosen))]
             shards += _write_split(chosen, docs, files, new_path, settings.tokens_per_shard, tok.sha256, TRAIN,
                                    plan.name, plan.index, out_dir, progress, names, composition, placed)
-        val_ids = np.flatnonzero(docs.is_val)
+        val_ids = np.flatnonzero(docs.is_val)  # in doc_id-hash order, as training's: the same whatever the parts' order
+        val_ids = val_ids[np.argsort(docs.order_key[val_ids], kind="stable")]
         val_ids = val_ids[np.random.default_rng([settings.seed, 1 << 31]).permutation(len(val_ids))]
         shards += _write_split(val_ids, docs, files, new_path, settings.tokens_per_shard, tok.sha256, VAL,
                                VAL_PHASE, 0, out_dir, progress, names, composition, placed)
@@ -407,7 +408,7 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    warnings = epoch_warnings(plans, mixture.max_epochs_warning)
+    warnings = epoch_warnings(plans, natural, mixture.max_epochs_warning)
     if settings.val_fraction > 0 and not len(val_ids):
         warnings.append(f"no document fell into validation (val_fraction {settings.val_fraction}, "
                         f"{len(docs.length)} documents); raise val_fraction or add data")

@@ -37,7 +37,7 @@ class TokenizerSettings(Strict):
     sample_documents: int = Field(20_000, gt=0)  # at most this many documents in the training sample
     sample_chars: int = Field(20_000_000, gt=0)  # and at most this many characters
     max_sentence_chars: int = Field(2_048, ge=64, le=65_536)  # documents are cut at line ends into pieces this long
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**32)  # SentencePiece's random generator takes a uint32
     num_threads: int = Field(0, ge=0)  # sentencepiece trainer threads; 0 means one per core
     normalization: Literal["identity", "nfkc"] = "identity"  # nfkc folds look-alike characters: not exact
     add_dummy_prefix: bool = False  # True prepends a space to every text: not exact
@@ -156,7 +156,7 @@ class ShardSettings(Strict):
     seq_len: int = Field(512, ge=8)  # the training sequence length the shards are meant for (the loader's default)
     tokens_per_shard: int = Field(1 << 22, ge=1024)  # ~4M tokens (8 MB as uint16) per shard file
     val_fraction: float = Field(0.01, ge=0, lt=1)  # share of documents held out (by doc_id hash)
-    seed: int = 1234  # shuffle, repetition subsets and FIM draws
+    seed: int = Field(1234, ge=0)  # shuffle, repetition subsets and FIM draws (numpy's generators: non-negative)
     fim: Fim = Fim()
     # Copies of the shards for other trainers (the shard_exports asset, kiln.tokens.interchange): Megatron-LM's
     # indexed dataset (.bin/.idx) and Parquet token ids for Hugging Face `datasets`. Each costs about the shards'

@@ -13,7 +13,8 @@ from kiln.common.config import Fim, Mixture, Phase
 from kiln.common.storage import DatasetWriter
 from kiln.engine import ProcessPool
 from kiln.tokens.fim import PSM, SPM, FimIds, FimSplit, fim_split, fim_tokens, unfim
-from kiln.tokens.mixture import MixtureError, epoch_warnings, plan_phases, select_documents, shares, split_budget
+from kiln.tokens.mixture import (MixtureError, SourceParts, epoch_warnings, plan_phases, select_documents, shares,
+                                 split_budget)
 from kiln.tokens.shard_format import (
     HEADER_SIZE,
     ShardError,
@@ -131,8 +132,26 @@ def test_phases_and_epoch_warnings():
     for p in plans:
         for d in p.draws.values():
             d.tokens = d.target_tokens
-    warnings = epoch_warnings(plans, max_epochs=3.0)  # a: 2.1 passes, b: 4.3
+    warnings = epoch_warnings(plans, {"a": 1000, "b": 100}, max_epochs=3.0)  # a: 2.1 passes, b: 4.3
     assert len(warnings) == 1 and "'b' is repeated 4.3 times" in warnings[0]
+
+
+def test_epoch_warnings_count_a_source_against_all_its_documents_whatever_the_first_phases_floor():
+    """A first phase of long documents only (min_document_tokens) counts, per source, the tokens of those past its
+    floor: the warning read its natural tokens from there, so a source with no long document (natural 0 there) was
+    never warned of, and the others were measured against too small a figure. Worked by hand: "short" has 100
+    natural tokens, none in documents of 50 or more, and is drawn 500 in "main" (5 passes, over 3); "long" has 1,000,
+    of which 800 past the floor, and is drawn 40 + 1,500 = 1,540 (1.5 passes: no warning; against 800, 1.9)."""
+    natural = {"long": 1000, "short": 100}
+    plans = plan_phases(natural, {}, None, [("long", 40, {"long": 1, "short": 0}, {"long": 800, "short": 0}),
+                                            ("main", 2000, {"long": 0.75, "short": 0.25})])
+    for p in plans:
+        for d in p.draws.values():
+            d.tokens = d.target_tokens
+    assert (plans[0].draws["long"].tokens, plans[1].draws["long"].tokens, plans[1].draws["short"].tokens) == \
+        (40, 1500, 500)
+    warnings = epoch_warnings(plans, natural, max_epochs=3.0)
+    assert len(warnings) == 1 and "'short' is repeated 5.0 times" in warnings[0]
 
 
 def test_a_phase_that_cannot_be_planned_names_its_key_and_its_length_floor():
@@ -284,6 +303,20 @@ def test_same_inputs_give_identical_shards_with_one_or_two_workers(built, tmp_pa
     for s in result.shards:
         assert (tmp_path / s.path).read_bytes() == (root / "out" / s.path).read_bytes()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # scratch removed
+
+
+def test_the_same_documents_in_parts_of_another_order_give_identical_shards(built, tmp_path):
+    """Training documents were put in doc_id-hash order before shuffling, validation ones in the order of their
+    parts: listing a source's parts otherwise (a store that names them anew, an S3 listing) changed the validation
+    shards, so evaluations on a prefix of them and sequence cut points moved."""
+    root, sources, _, result = built
+    assert all(len(s.parts) > 1 for s in sources)
+    reordered = [SourceParts(s.name, s.domain, list(reversed(s.parts))) for s in sources]
+    again = write_token_shards(reordered, root / "tokenizer", shard_settings(), NATURAL, tmp_path, progress=False)
+    assert {s.split for s in result.shards} == {"train", "val"}
+    for s in result.shards:
+        assert (tmp_path / s.path).read_bytes() == (root / "out" / s.path).read_bytes(), s.path
+    assert [s.to_dict() for s in again.shards] == [s.to_dict() for s in result.shards]
 
 
 def test_mixture_weights_are_hit_within_one_percent(tmp_path):
