@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import hashlib
@@ -285,14 +286,20 @@ def read_jsonl(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docu
 
 def read_parquet(f: SourceFile, source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
     """One record per row, a row group at a time. A file that cannot be opened is one unreadable_file record; a
-    damaged row group ends the file with one unreadable_file record at the first row not read."""
-    try:
-        with f.open() as raw:
-            parquet = pq.ParquetFile(io.BytesIO(raw.read()))
-        declared = parquet.metadata.num_rows
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a corrupt file
-        yield quarantine(source.name, f.relative, "unreadable_file", detail=f"{type(exc).__name__}: {exc}")
-        return
+    damaged row group ends the file with one unreadable_file record at the first row not read. The file is read
+    where it lies, a row group at a time (a worker's memory holds one, not the file)."""
+    with contextlib.ExitStack() as held:
+        try:
+            parquet = pq.ParquetFile(held.enter_context(f.open_seekable()))
+            declared = parquet.metadata.num_rows
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a corrupt file
+            yield quarantine(source.name, f.relative, "unreadable_file", detail=f"{type(exc).__name__}: {exc}")
+            return
+        yield from _parquet_rows(parquet, declared, f, source, reading)
+
+
+def _parquet_rows(parquet: pq.ParquetFile, declared: int, f: SourceFile, source: Source,
+                  reading: Reading) -> Iterator[Document | Quarantined]:
     if declared == 0:
         yield quarantine(source.name, f.relative, "empty_file")
         return

@@ -30,6 +30,14 @@ class SourceFile:
             return io.BufferedReader(filesystem.open_input_stream(path, compression=None), buffer_size=1 << 20)
         return open(self.uri, "rb")
 
+    def open_seekable(self) -> BinaryIO:
+        """The file for random access (a Parquet reader reads its footer, then one row group at a time): on S3 by
+        ranged reads, never downloaded whole."""
+        if self.uri.startswith("s3://"):
+            filesystem, path = s3_filesystem(self.uri)
+            return filesystem.open_input_file(path)
+        return open(self.uri, "rb")
+
 
 def s3_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     # AWS_ENDPOINT_URL points at S3-compatible stores (MinIO, moto) the same way boto3 honours it.

@@ -155,6 +155,47 @@ def test_parquet_and_max_documents(tmp_path):
     assert len(capped) == 1
 
 
+def test_a_parquet_file_is_read_a_row_group_at_a_time_not_whole(tmp_path, monkeypatch):
+    """The reader read the whole file into memory before its first record (a worker's memory grew with the file: +157
+    MB for a 152 MB file). It now reads where the file lies: for the first record, its footer and first row group
+    (8 row groups of ~260 KB of incompressible text here: at most a quarter of the file)."""
+    import base64
+    import os
+
+    from kiln.curation.readers.paths import SourceFile
+
+    path = tmp_path / "big.parquet"
+    with pq.ParquetWriter(path, pa.schema([("id", pa.string()), ("text", pa.string())]), compression="zstd") as w:
+        for g in range(8):
+            w.write_table(pa.table({"id": [f"{g}-{i}" for i in range(100)],
+                                    "text": [base64.b64encode(os.urandom(2000)).decode() for _ in range(100)]}))
+    read, real_open = [0], SourceFile.open_seekable
+
+    class Counting:
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, n=-1):
+            data = self.f.read(n)
+            read[0] += len(data)
+            return data
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(SourceFile, "open_seekable", lambda self: Counting(real_open(self)))
+    records = read_source(source("parquet", path), Reading())
+    assert isinstance(next(records), Document)
+    assert 0 < read[0] < path.stat().st_size / 4, (read[0], path.stat().st_size)
+    assert sum(isinstance(r, Document) for r in records) == 799
+
+
 def test_text_directory(tmp_path):
     (tmp_path / "books").mkdir()
     (tmp_path / "books" / "a.txt").write_text(prose(1))
