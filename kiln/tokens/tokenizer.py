@@ -477,6 +477,11 @@ class Tokenizer(ABC):
         while (i := self.token_to_id(SENTINEL_PIECE.format(len(self.sentinel_ids)))) is not None:
             self.sentinel_ids.append(i)
 
+    def special_pieces(self) -> dict[str, int]:
+        """Every piece Kiln gives a meaning (its roles', its sentinels'): text that spells one is ordinary text."""
+        return {**{piece: i for piece, i in self.specials.values()},
+                **{self.id_to_piece(i): i for i in self.sentinel_ids}}
+
 
 # What other tokenizers call Kiln's special tokens (Kiln's own piece first), tried in order when neither the config
 # (tokenizer.special_tokens) nor the model itself names one: GPT-2/Qwen, Llama 2/Mistral/T5, Llama 3, Gemma,
@@ -524,9 +529,15 @@ class SentencePieceTokenizer(Tokenizer):
         self._resolve(special_tokens, native)
         if sentinels is not None:
             self.sentinel_ids = self.sentinel_ids[:sentinels]
-        # A literal "▁" is written as its UTF-8 byte pieces (see the module docstring).
-        byte_ids = [self.sp.piece_to_id(f"<0x{b:02X}>") for b in WHITESPACE_META.encode("utf-8")]
-        self._meta_ids = byte_ids if all(self.sp.is_byte(i) for i in byte_ids) else [self.sp.unk_id()]
+        # Written as their UTF-8 byte pieces (see the module docstring): a literal "▁", and a literal special piece a
+        # brought model would read as that token (a user-defined symbol: "<|endoftext|>" in a document was an EOS).
+        literals = [WHITESPACE_META] + [p for p, i in self.special_pieces().items() if i in self.sp.encode(p)]
+        self._literal_ids = {p: self._as_bytes(p) for p in literals}
+        self._literal = re.compile("(" + "|".join(map(re.escape, sorted(literals, key=len, reverse=True))) + ")")
+
+    def _as_bytes(self, text: str) -> list[int]:
+        byte_ids = [self.sp.piece_to_id(f"<0x{b:02X}>") for b in text.encode("utf-8")]
+        return byte_ids if all(self.sp.is_byte(i) for i in byte_ids) else [self.sp.unk_id()]
 
     def token_to_id(self, piece: str) -> int | None:
         i = self.sp.piece_to_id(piece)
@@ -540,18 +551,16 @@ class SentencePieceTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         """Encode many texts in one sentencepiece call (`num_threads` > 1 uses its thread pool)."""
-        if not any(WHITESPACE_META in t for t in texts):
+        if not any(self._literal.search(t) for t in texts):
             return self.sp.encode(list(texts), num_threads=num_threads)
-        pieces = [t.split(WHITESPACE_META) for t in texts]
-        flat = self.sp.encode([seg for segs in pieces for seg in segs], num_threads=num_threads)
-        out, k = [], 0
+        pieces = [self._literal.split(t) for t in texts]  # text, literal, text, ... (a literal at odd places)
+        flat = iter(self.sp.encode([seg for segs in pieces for seg in segs[::2]], num_threads=num_threads))
+        out = []
         for segs in pieces:
-            ids = list(flat[k])
-            for seg_ids in flat[k + 1:k + len(segs)]:
-                ids += self._meta_ids
-                ids += seg_ids
+            ids = []
+            for j, seg in enumerate(segs):
+                ids += self._literal_ids[seg] if j % 2 else next(flat)
             out.append(ids)
-            k += len(segs)
         return out
 
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
@@ -625,6 +634,10 @@ class HFTokenizer(Tokenizer):
         self.vocab_size = max(vocab.values()) + 1  # ids may leave gaps: the largest id sizes the embedding
         self._pieces = {i: p for p, i in vocab.items()}
         self._resolve(special_tokens, {})
+        # encode_special_tokens reads only tokens marked special as text: a file may add Kiln's as plain added tokens
+        # (Qwen2.5's FIM tokens), so they are marked special (same ids; decode keeps them).
+        self.hf.add_special_tokens([hf_tokenizers.AddedToken(p, special=True, normalized=False)
+                                    for p in self.special_pieces()])
 
     def token_to_id(self, piece: str) -> int | None:
         return self.hf.token_to_id(piece)

@@ -214,3 +214,40 @@ def test_literal_sentinel_and_fim_symbols_of_a_brought_model_are_not_confused(co
     ids = tok.encode("".join(SP_FIM) + "</s>")
     assert not set(ids) & {tok.eos_id, tok.fim_prefix_id, tok.fim_middle_id, tok.fim_suffix_id}
     assert tok.decode(ids) == "".join(SP_FIM) + "</s>"
+
+
+def test_text_spelling_a_special_token_stays_text_however_the_file_declares_it(corpus, tmp_path):
+    """A file may declare Kiln's special tokens as SentencePiece user-defined symbols, or as added tokens not marked
+    special (Qwen2.5's FIM tokens): both libraries then read a document that spells one as that token, so code quoting
+    "<|fim_middle|>" or "<|endoftext|>" put sentinels and an EOS inside documents. Written as text now: no special
+    id, and the text decodes back whole."""
+    import io
+
+    import tokenizers
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
+
+    _, _, texts, _, _ = corpus
+    fim = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts[:300]), model_writer=model, vocab_size=400,
+                                   model_type="bpe", byte_fallback=True, user_defined_symbols=["<|endoftext|>", *fim],
+                                   eos_id=-1, add_dummy_prefix=False, remove_extra_whitespaces=False,
+                                   normalization_rule_name="identity", minloglevel=2, num_threads=1)
+    (tmp_path / "userdef.model").write_bytes(model.getvalue())
+    hf = tokenizers.Tokenizer(models.BPE())
+    hf.pre_tokenizer, hf.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    hf.train_from_iterator(texts[:300], trainers.BpeTrainer(vocab_size=600, special_tokens=["<|endoftext|>"],
+                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                            show_progress=False))
+    hf.add_tokens([AddedToken(t, special=False, normalized=False) for t in fim])
+    hf.save(str(tmp_path / "qwenlike.json"))
+    text = 'prompt = "<|fim_prefix|>" + pre + "<|fim_suffix|>" + suf + "<|fim_middle|>"  # then <|endoftext|> ▁x'
+    own_reading = {"userdef.model": spm.SentencePieceProcessor(model_proto=model.getvalue()).encode,
+                   "qwenlike.json": lambda t: hf.encode(t, add_special_tokens=False).ids}
+    for path in (tmp_path / "userdef.model", tmp_path / "qwenlike.json"):
+        tok = Tokenizer.load(path)
+        special = {tok.eos_id, tok.fim_prefix_id, tok.fim_suffix_id, tok.fim_middle_id}
+        assert own_reading[path.name]("<|fim_middle|>") == [tok.fim_middle_id], path.name  # the library's reading
+        ids = tok.encode(text)
+        assert not set(ids) & special and tok.decode(ids) == text, path.name
+        assert tok.encode_batch([text, "plain text"]) == [ids, tok.encode("plain text")]
