@@ -45,6 +45,9 @@ class GopherQuality:
     # None: Gopher's eight English words. Another language's (kiln.curation.filters.stopwords) reach the step
     # through its per-language settings (kiln.curation.filters.registry).
     stop_words: Annotated[list[str], MinLen(1)] | None = None
+    # Endings that make a word count as a stop word, where the language writes its particles onto the word before
+    # (Korean: "서울시는", "정책을"), so they are never words of their own.
+    stop_word_endings: list[Annotated[str, MinLen(1)]] | None = None
 
     def __post_init__(self) -> None:
         ordered(self, "min_doc_words", "max_doc_words")
@@ -52,17 +55,20 @@ class GopherQuality:
         given = self.stop_words is not None
         self._stops = frozenset(unicodedata.normalize("NFC", w.lower()) for w in self.stop_words) if given \
             else ts.STOP_WORDS
-        self._numpy_stops = self._stops == ts.STOP_WORDS  # the batch form keys exactly these (_STOP_KEYS)
+        self._endings = tuple(unicodedata.normalize("NFC", e.lower()) for e in self.stop_word_endings or ())
+        # the batch form keys exactly these (_STOP_KEYS)
+        self._numpy_stops = self._stops == ts.STOP_WORDS and not self._endings
 
     def __call__(self, doc: Document) -> Verdict:
-        return self._verdict(doc.text, _WordCounts(doc.text, self.min_stop_words or 0, self._stops))
+        return self._verdict(doc.text, _WordCounts(doc.text, self.min_stop_words or 0, self._stops, self._endings))
 
     def batch(self, docs: list[Document]) -> list[Verdict]:
         """The same verdicts as one call per document, with the words of the whole batch counted at once in numpy
         (other stop words than Gopher's: counted per document, when the rule is reached)."""
         counts = _batch_counts([d.text for d in docs])
         if not self._numpy_stops:
-            counts = [_OtherStops(c, d.text, self.min_stop_words or 0, self._stops) for d, c in zip(docs, counts)]
+            counts = [_OtherStops(c, d.text, self.min_stop_words or 0, self._stops, self._endings)
+                      for d, c in zip(docs, counts)]
         return [self._verdict(d.text, c) for d, c in zip(docs, counts)]
 
     def _verdict(self, text: str, c: _WordCounts | _BatchCounts | _OtherStops) -> Verdict:
@@ -109,11 +115,12 @@ class GopherQuality:
 class _WordCounts:
     """The counts the rules use, from the text's tokens (each computed when a rule first needs it)."""
 
-    def __init__(self, text: str, stop_words_needed: int, stops: frozenset[str] = ts.STOP_WORDS):
+    def __init__(self, text: str, stop_words_needed: int, stops: frozenset[str] = ts.STOP_WORDS,
+                 endings: tuple[str, ...] = ()):
         toks = ts.tokens(text)
         self._words = ts.word_tokens(toks)  # tokens that are not pure punctuation/symbols
         self._needed = stop_words_needed
-        self._stops = stops
+        self._stops, self._endings = stops, endings
         self.tokens, self.words = len(toks), len(self._words)
 
     @property
@@ -126,18 +133,20 @@ class _WordCounts:
 
     @property
     def stop_words(self) -> int:
-        return _count_stops(self._words, self._stops, self._needed)
+        return _count_stops(self._words, self._stops, self._needed, self._endings)
 
     @property
     def stop_word_share(self) -> float:
-        return _count_stops(self._words, self._stops, sys.maxsize) / max(self.words, 1)
+        return _count_stops(self._words, self._stops, sys.maxsize, self._endings) / max(self.words, 1)
 
 
-def _count_stops(words: list[str], stops: frozenset[str], needed: int) -> int:
-    """Stop words among the words, counted up to what the rule needs."""
+def _count_stops(words: list[str], stops: frozenset[str], needed: int, endings: tuple[str, ...] = ()) -> int:
+    """Stop words among the words (a word that is one, or longer than and ending in one of `endings`), counted up to
+    what the rule needs."""
     found = 0
     for w in words:
-        if w.lower() in stops:
+        w = w.lower()
+        if w in stops or (endings and w.endswith(endings) and len(w) > 1):
             found += 1
             if found >= needed:
                 break
@@ -160,18 +169,19 @@ class _BatchCounts:
 class _OtherStops:
     """A document's batch counts, its stop words counted from its words (only if the stop-word rule is reached)."""
 
-    def __init__(self, counts: _BatchCounts, text: str, needed: int, stops: frozenset[str]):
+    def __init__(self, counts: _BatchCounts, text: str, needed: int, stops: frozenset[str],
+                 endings: tuple[str, ...] = ()):
         self.tokens, self.words, self.word_chars, self.alpha_words = (
             counts.tokens, counts.words, counts.word_chars, counts.alpha_words)
-        self._text, self._needed, self._stops = text, needed, stops
+        self._text, self._needed, self._stops, self._endings = text, needed, stops, endings
 
     @property
     def stop_words(self) -> int:
-        return _count_stops(ts.words(self._text), self._stops, self._needed)
+        return _count_stops(ts.words(self._text), self._stops, self._needed, self._endings)
 
     @property
     def stop_word_share(self) -> float:
-        return _count_stops(ts.words(self._text), self._stops, sys.maxsize) / max(self.words, 1)
+        return _count_stops(ts.words(self._text), self._stops, sys.maxsize, self._endings) / max(self.words, 1)
 
 
 # text_stats.tokens as classes of code points: a word character, a joiner (' ’ -: inside a word between two word

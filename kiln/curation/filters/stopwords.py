@@ -9,7 +9,7 @@ frequent words (8-22 of them) as `stopwords`, used with Gopher's `min_stop_words
 `min_avg_word_length` / `max_avg_word_length` per language. Words are as Kiln's tokenizer splits them
 (kiln.curation.filters.text_stats.words: Chinese and Japanese text in characters), so FineWeb-2's clitics "l'" and
 "d'" (French, Italian), which that tokenizer never yields, are left out, and so is the English "the" of its Finnish
-and Turkish lists.
+and Turkish lists; Korean's particles and endings count at the end of a word (_STOP_WORD_ENDINGS).
 
 A step's language defaults replace only its published (English) defaults: what a profile sets, for every language
 or under `per_language`, wins (kiln.curation.filters.registry.step_params).
@@ -73,12 +73,19 @@ _WORD_LENGTH: dict[str, tuple[float, float]] = {
 # 5-30% stop characters (zh 1st percentile 5.2%, ja 12.9%), random characters of the language at most 2.5%.
 _STOP_WORD_RATIO: dict[str, float] = {"zh": 0.04, "ja": 0.04}
 
+# Kiln's, not FineWeb-2's: Korean writes its particles and endings onto the word before ("서울시는", "정책을", "열었다"),
+# and Kiln splits Hangul at spaces, so FineWeb-2's list (made by a tokenizer that splits them off) matched almost no
+# word: 6 of the 28 Korean manual pages installed here, and plain news prose, were dropped for too few stop words. A
+# word ending in one of the list's bound forms counts (not 년 and 월, which end dates: "2024년").
+_STOP_WORD_ENDINGS: dict[str, tuple[str, ...]] = {"ko": tuple(w for w in STOP_WORDS["ko"] if w not in ("년", "월"))}
+
 # step name -> language -> parameters replacing the step's published defaults for documents in that language.
 LANGUAGE_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "gopher_quality": {
         lang: {"stop_words": list(words), "min_avg_word_length": _WORD_LENGTH[lang][0],
                "max_avg_word_length": _WORD_LENGTH[lang][1]}
         | ({"min_stop_word_ratio": _STOP_WORD_RATIO[lang]} if lang in _STOP_WORD_RATIO else {})
+        | ({"stop_word_endings": list(_STOP_WORD_ENDINGS[lang])} if lang in _STOP_WORD_ENDINGS else {})
         for lang, words in STOP_WORDS.items()
     },
 }

@@ -344,3 +344,24 @@ def test_chinese_and_japanese_lines_are_content_and_their_sentences_count():
     # a menu is still one: three short items, no sentence end
     assert classify_line("首页")[0] == "boilerplate"
     assert web_garbage(Document("d", "s", "首页\n新闻\n联系我们")).drop is not None
+
+
+# Korean news prose, written for this test: 24 words, none of them one of FineWeb-2's Korean stop words on its own
+# (those are particles and endings, written onto the word before); 15 end in one: 서울시는 정책을 발표했다 목적은
+# 시민들의 편의를 높이는 것이다 노선을 재정비하고 간격을 줄이겠다고 밝혔다 정책은 시행된다 (은 는 을 를 의 다 고).
+KOREAN = ("서울시는 오늘 새로운 대중교통 정책을 발표했다. 이번 정책의 목적은 시민들의 편의를 높이는 것이다. 시장은 "
+          "버스 노선을 재정비하고 배차 간격을 줄이겠다고 밝혔다. 새 정책은 다음 달부터 시행된다.")
+KOREAN_MENU = " ".join(["홈", "뉴스", "스포츠", "연예", "경제", "사회", "문화", "날씨", "사진", "영상"] * 3)
+
+
+def test_korean_particles_written_onto_words_count_as_its_stop_words():
+    """FineWeb-2's Korean stop words are particles and endings its tokenizer splits off; Kiln splits Hangul at spaces,
+    so they never matched and Korean prose was dropped for too few stop words (6 of the 28 Korean manual pages here).
+    A word ending in one of them counts; a menu of nouns still has none."""
+    step = build_step("gopher_quality", {"min_doc_words": 20})
+    assert step(doc(KOREAN, "ko")).kept
+    assert step(doc(KOREAN_MENU, "ko")).drop == "gopher_quality.min_stop_words"
+    assert [v.drop for v in step.batch([doc(KOREAN, "ko"), doc(KOREAN_MENU, "ko")])] == \
+        [None, "gopher_quality.min_stop_words"]
+    assert LANGUAGE_DEFAULTS["gopher_quality"]["ko"]["stop_word_endings"] and \
+        "년" not in LANGUAGE_DEFAULTS["gopher_quality"]["ko"]["stop_word_endings"]
