@@ -553,8 +553,8 @@ class Trainer:
             "loader": self.loader.state_dict(),
             "loss_probe": getattr(self, "probe", None),
             "tokens_seen": p.tokens_seen, "tokens_skipped": p.tokens_skipped, "tokens_per_step": self.tokens_per_step,
-            # step throughput (tokens_per_s, mfu), goodput over the whole of fit() and without its one-time parts,
-            # and where the time went (reporting.throughput)
+            # step throughput (tokens_per_s, mfu), goodput over the whole run (from building the trainer) and without
+            # its one-time parts, where the time went (reporting.throughput), the checkpoint stall
             **figures,
             "profile": self.profiler.result,  # training.profile_steps: the window, the GPU's busy fraction, files
             "steps_this_run": len(p.timings + p.profiled),
@@ -576,7 +576,6 @@ class Trainer:
             "exports": getattr(self, "exports", {}),
             "summary_path": str(Path(self.run.output_dir) / "summary.json"),
         }
-
 
     def _summary_of_the_launch_that_trained(self) -> dict[str, Any] | None:
         """The run folder's summary.json, when it holds a launch's figures (that launch's that trained, or carried
