@@ -4,7 +4,9 @@ Pure functions over counts and arrays, so the arithmetic is testable without fil
 of *training tokens*. A source whose share needs more than it has is repeated: documents are taken in a
 fixed pseudo-random order (by doc_id hash), cycling, so a source gets whole passes plus a deterministic
 subset; one that needs less is subsampled the same way. Curriculum phases continue the cycle where the
-previous phase stopped, so a phase repeats a document only after every other one has been used.
+previous phase stopped, so a phase repeats a document only after every other one has been used; a phase with a
+length floor (`min_document_tokens`) draws the long documents drawn least so far first (the shard writer keeps each
+document's count), so it does not repeat what an earlier phase drew while long ones nobody drew wait.
 """
 
 from __future__ import annotations

@@ -373,7 +373,11 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
         for i, n in enumerate(names):
             members = np.flatnonzero(train & (docs.source == i))
             orders[n] = members[np.argsort(docs.order_key[members], kind="stable")]
-        cursors: dict[tuple[str, int], int] = {}  # per source and length floor: phases continue its cycle
+        # Per source: how often each document (by its place in `orders`) was drawn, and where the last phase stopped.
+        # A phase draws the least drawn documents it may (long enough for its floor) first, from where the last one
+        # stopped: it repeats a document only after every other one it may draw was drawn as often.
+        uses = {n: np.zeros(len(orders[n]), np.int64) for n in names}
+        resume_at = dict.fromkeys(names, 0)
         shards: list[ShardInfo] = []
         composition: dict[str, dict[str, dict[str, int]]] = {}
         placed: list[tuple[str, np.ndarray]] = []  # (shard, the global indices of its documents in order)
@@ -382,11 +386,15 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
             picked = []
             floor = minimum.get(plan.name) or 0
             for n in names:
-                draw = plan.draws[n]
-                order = orders[n][docs.length[orders[n]] >= floor] if floor else orders[n]
-                chosen, cursors[n, floor] = select_documents(docs.length[order], draw.target_tokens,
-                                                             cursors.get((n, floor), 0))
-                ids = order[chosen]
+                draw, order, used = plan.draws[n], orders[n], uses[n]
+                eligible = np.flatnonzero(docs.length[order] >= floor) if floor else np.arange(len(order))
+                sequence = eligible[np.lexsort(((eligible - resume_at[n]) % max(len(order), 1), used[eligible]))]
+                chosen, _ = select_documents(docs.length[order[sequence]], draw.target_tokens)
+                drawn = sequence[chosen]
+                np.add.at(used, drawn, 1)
+                if len(drawn):
+                    resume_at[n] = (int(drawn[-1]) + 1) % len(order)
+                ids = order[drawn]
                 draw.tokens, draw.documents = int(docs.length[ids].sum()), len(ids)
                 picked.append(ids)
             chosen = np.concatenate(picked) if picked else np.zeros(0, np.int64)

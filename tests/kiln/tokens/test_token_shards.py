@@ -368,6 +368,32 @@ def test_curriculum_phases_are_tagged_and_read_in_order(tmp_path, monkeypatch):
     assert {f["role"] for f in files} == {"shard", "members", "positions"} and len(files) == len(shard_set.shards) + 2
 
 
+def test_a_long_context_phase_draws_the_long_documents_no_phase_drew_first(built, tmp_path):
+    """A phase of long documents (min_document_tokens) started its own cycle through them: it drew the ones the phase
+    before had drawn while long ones nobody had drawn waited (the audit's run: 34 of 34 picks repeats, 98 never
+    drawn). Phases draw the least drawn documents they may first, from where the last one stopped."""
+    import pyarrow.parquet as pq
+
+    root, sources, _, _ = built
+    floor = 60
+    mixture = Mixture(phases=[Phase(name="a", tokens=6000, weights={"prose": 1, "code": 0, "unicode": 0}),
+                              Phase(name="long", tokens=3000, weights={"prose": 1, "code": 0, "unicode": 0},
+                                    min_document_tokens=floor)])
+    result = write_token_shards(sources, root / "tokenizer", shard_settings(), mixture, tmp_path, progress=False)
+    phase = {s.path: s.phase for s in result.shards}
+    drawn: dict[str, list[str]] = {"a": [], "long": []}
+    for row in pq.read_table(tmp_path / "positions-00000.parquet").to_pylist():
+        if phase[row["shard"]] in drawn:
+            drawn[phase[row["shard"]]].append(row["doc_id"])
+    members = pq.read_table(tmp_path / "members-00000.parquet").to_pylist()
+    long_docs = {m["doc_id"] for m in members if m["source"] == "prose" and m["split"] == "train"
+                 and m["tokens"] >= floor}
+    never_in_a = long_docs - set(drawn["a"])
+    assert set(drawn["long"]) <= long_docs and len(drawn["long"]) <= len(never_in_a)
+    assert not set(drawn["long"]) & set(drawn["a"])  # no repeat while an undrawn long document is left
+    assert len(drawn["long"]) == len(set(drawn["long"])) > 0
+
+
 def test_member_list_says_exactly_which_documents_the_shards_hold(built, tmp_path, monkeypatch):
     """Every input document once, with its split and how many copies of it the shards hold: repeated,
     subsampled (0 copies: left out by the mixture) and validation documents, checked against the shards."""
