@@ -35,7 +35,7 @@ from kiln.curation.filters.garbage import Garbage
 from kiln.curation.filters.gopher import GopherQuality, GopherRepetition
 from kiln.curation.filters.language import LanguageFilter
 from kiln.curation.filters.normalize import UnicodeNormalize
-from kiln.curation.filters.stopwords import LANGUAGE_DEFAULTS
+from kiln.curation.filters.stopwords import LANGUAGE_DEFAULTS, UNMEASURED_LANGUAGE
 from kiln.curation.filters.url import UrlBlocklist
 from kiln.curation.pii import PiiRedaction
 
@@ -73,8 +73,10 @@ def step_params(name: str, params: dict[str, Any] | None, language: str | None,
     """The parameters `name` runs with on documents in `language` (None: documents without one)."""
     if language is None:
         return dict(params or {})
-    return {**LANGUAGE_DEFAULTS.get(name, {}).get(language, {}), **(params or {}),
-            **(per_language or {}).get(language, {})}
+    defaults = LANGUAGE_DEFAULTS.get(name, {}).get(language)
+    if defaults is None and language != "en":  # English: the step's published defaults are its own
+        defaults = UNMEASURED_LANGUAGE.get(name, {})
+    return {**(defaults or {}), **(params or {}), **(per_language or {}).get(language, {})}
 
 
 @cache

@@ -79,6 +79,14 @@ _STOP_WORD_RATIO: dict[str, float] = {"zh": 0.04, "ja": 0.04}
 # word ending in one of the list's bound forms counts (not 년 and 월, which end dates: "2024년").
 _STOP_WORD_ENDINGS: dict[str, tuple[str, ...]] = {"ko": tuple(w for w in STOP_WORDS["ko"] if w not in ("년", "월"))}
 
+# A language Kiln has no figures for (Thai, Arabic, Hindi, Vietnamese ...): Gopher's eight English stop words and
+# English word lengths would judge it as English, so every such document was dropped (none holds two of those words;
+# Thai, whose words are characters in Kiln's split, also failed the mean length of 3). Those two rules are off for
+# it, unless a profile sets them (for every language, or under per_language); the other rules judge it as before.
+UNMEASURED_LANGUAGE: dict[str, dict[str, Any]] = {
+    "gopher_quality": {"min_stop_words": None, "min_avg_word_length": None, "max_avg_word_length": None},
+}
+
 # step name -> language -> parameters replacing the step's published defaults for documents in that language.
 LANGUAGE_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "gopher_quality": {

@@ -365,3 +365,20 @@ def test_korean_particles_written_onto_words_count_as_its_stop_words():
         [None, "gopher_quality.min_stop_words"]
     assert LANGUAGE_DEFAULTS["gopher_quality"]["ko"]["stop_word_endings"] and \
         "년" not in LANGUAGE_DEFAULTS["gopher_quality"]["ko"]["stop_word_endings"]
+
+
+# Thai news prose, written for this test: no spaces between words, none of Gopher's English stop words.
+THAI = ("กรุงเทพมหานครประกาศแผนพัฒนาระบบขนส่งสาธารณะฉบับใหม่เมื่อวานนี้ โดยมีเป้าหมายเพื่อลดปัญหาการจราจรติดขัดในเขตเมือง "
+        "ผู้ว่าราชการกล่าวว่าโครงการนี้จะช่วยให้ประชาชนเดินทางได้สะดวกและรวดเร็วมากขึ้น และยังช่วยลดมลพิษทางอากาศอีกด้วย")
+
+
+def test_a_language_kiln_has_no_figures_for_is_not_judged_by_englishs():
+    """Thai (and Arabic, Hindi ...: any language without Kiln's stop words) was judged with Gopher's eight English
+    words and English word lengths: every such document was dropped. Those two rules are off for it; what a profile
+    sets for it still applies, and English keeps Gopher's."""
+    step = build_step("gopher_quality", {"min_doc_words": 20})
+    assert step(doc(THAI, "th")).kept
+    assert step(doc(ENGLISH.replace("the ", "").replace("of ", "").replace("and ", "").replace("that ", "")
+                    .replace("have ", "").replace("with ", ""), "en")).drop == "gopher_quality.min_stop_words"
+    strict = build_step("gopher_quality", {"min_doc_words": 20}, per_language={"th": {"min_stop_words": 2}})
+    assert strict(doc(THAI, "th")).drop == "gopher_quality.min_stop_words"
