@@ -12,7 +12,6 @@ Imports pydantic only: training_jobs.settings, which the project config imports,
 from __future__ import annotations
 
 import math
-import types
 import typing
 from typing import Any, Literal
 
@@ -26,8 +25,7 @@ def admits_bool(annotation: Any) -> bool:
         return True
     if typing.get_origin(annotation) is Literal:
         return any(isinstance(v, bool) for v in typing.get_args(annotation))
-    return any(admits_bool(a) for a in typing.get_args(annotation) if isinstance(a, (type, types.GenericAlias))
-               or typing.get_origin(a) is not None or a is Any)
+    return any(admits_bool(a) for a in typing.get_args(annotation))
 
 
 def _holds_model(annotation: Any) -> bool:
@@ -39,14 +37,13 @@ def _holds_model(annotation: Any) -> bool:
 def _where(value: Any, test, path: str = "") -> str | None:
     """Where in `value` (itself: "", else a mapping's key or a list's index, at any depth: "web", "[2]") the first
     part that passes `test` is; None if none does."""
-    if isinstance(value, dict | list | tuple):
-        items = value.items() if isinstance(value, dict) else ((f"[{i}]", v) for i, v in enumerate(value))
-        for key, item in items:
-            step = key if str(key).startswith("[") else f"{path and '.'}{key}"
-            if (found := _where(item, test, f"{path}{step}")) is not None:
-                return found
-        return None
-    return path if test(value) else None
+    if isinstance(value, dict):
+        items = ((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return path if test(value) else None
+    return next((found for where, item in items if (found := _where(item, test, where)) is not None), None)
 
 
 def non_finite_in(value: Any) -> bool:
