@@ -232,6 +232,18 @@ def _lines(stream, limit: int) -> Iterator[tuple[bytes, str | None]]:
         yield line, digest.hexdigest()
 
 
+def _read_bounded(stream, limit: int) -> tuple[bytes, str | None]:
+    """At most the stream's first limit + 1 bytes, and for a stream longer than `limit` the text_hash of all of it,
+    read on in bounded pieces: a too_large record's hash identifies the whole record, not its start."""
+    data = stream.read(limit + 1)
+    if len(data) <= limit:
+        return data, None
+    digest = hashlib.blake2b(data, digest_size=16)
+    while piece := stream.read(_DRAIN):
+        digest.update(piece)
+    return data, digest.hexdigest()
+
+
 def _native_id(value: Any) -> str | None:
     """A record's own id, or None where it has none to name it by (then its place in the file does): a null, an
     empty string, NaN (a Parquet integer column with nulls reads as floats) or a list or object would give every such
@@ -352,11 +364,11 @@ def _whole_file(f: SourceFile, source: Source, reading: Reading) -> bytes | Quar
     """A file that is one document: its bytes (decompressed), or unreadable_file / too_large."""
     try:
         with _decompressed(f) as stream:
-            data = stream.read(reading.max_document_bytes + 1)
+            data, whole_hash = _read_bounded(stream, reading.max_document_bytes)
     except STREAM_ERRORS as exc:
         return quarantine(source.name, f.relative, "unreadable_file", detail=f"{type(exc).__name__}: {exc}")
-    if len(data) > reading.max_document_bytes:
-        return quarantine(source.name, f.relative, "too_large", data)
+    if whole_hash is not None:
+        return quarantine(source.name, f.relative, "too_large", data, record_hash=whole_hash)
     return data
 
 
@@ -489,11 +501,11 @@ def _warc_document(record, ordinal: int, f: SourceFile, source: Source, reading:
     record_id = record_id or locator  # no id of its own: where it is (file and ordinal) stands in
     url = record.rec_headers.get_header("WARC-Target-URI")
     try:  # the HTTP Content-Encoding undone (gzip, deflate, br)
-        payload = record.content_stream().read(reading.max_document_bytes + 1)
+        payload, whole_hash = _read_bounded(record.content_stream(), reading.max_document_bytes)
     except Exception as exc:  # noqa: BLE001 - a decompressor's error: this record's, the archive reads on
         return quarantine(source.name, locator, "undecodable_content", detail=f"{type(exc).__name__}: {exc}")
-    if len(payload) > reading.max_document_bytes:
-        return quarantine(source.name, locator, "too_large", payload)
+    if whole_hash is not None:
+        return quarantine(source.name, locator, "too_large", payload, record_hash=whole_hash)
     block = record.raw_stream  # a LimitReader: what is left of the record's Content-Length
     if getattr(block, "limit", 0) > 0 and not block.read(1):  # a cut file, or a Content-Length past its end
         return quarantine(source.name, f"{f.relative}#{ordinal}", "unreadable_file", payload,

@@ -89,6 +89,38 @@ print(repr(out)); print((peak() - before) // 1024)
     assert int(grown_mb) < 100, f"peak RSS grew by {grown_mb} MB reading a 200 MB line"
 
 
+def test_a_too_large_file_or_warc_page_is_hashed_whole_not_by_its_start(tmp_path):
+    """A too_large text file, HTML file or WARC page was hashed over its first max_document_bytes + 1 bytes only, so
+    two large records that start alike had one record_hash, and an auditor's hash of the record (blake2b-128 of its
+    bytes, computed here by hand) matched nothing. The whole record is hashed now, read on in bounded pieces."""
+    import hashlib
+
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+
+    def whole(data):
+        return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+    reading = Reading(max_document_bytes=1000, html={"extractor": "visible_text"})
+    big = [b"<p>" + b"same start " * 200 + ending + b"</p>" for ending in (b"one", b"two")]
+    for kind, name in [("text", "t.txt"), ("html", "p.html")]:
+        folder = tmp_path / kind
+        folder.mkdir()
+        for i, data in enumerate(big):
+            (folder / f"{i}{name}").write_bytes(data)
+        docs, bad = split(list(read_source(source(kind, folder), reading)))
+        assert not docs and [(q.reason, q.record_hash) for q in bad] == [("too_large", whole(d)) for d in big]
+    buf = io.BytesIO()
+    writer = WARCWriter(buf, gzip=True)
+    http = StatusAndHeaders("200 OK", [("Content-Type", "text/html; charset=utf-8")], protocol="HTTP/1.1")
+    for i, data in enumerate(big):
+        writer.write_record(writer.create_warc_record(f"https://example.org/{i}", "response",
+                                                      payload=io.BytesIO(data), http_headers=http))
+    (tmp_path / "x.warc.gz").write_bytes(buf.getvalue())
+    docs, bad = split(list(read_source(source("warc", tmp_path / "x.warc.gz"), reading)))
+    assert not docs and [(q.reason, q.record_hash) for q in bad] == [("too_large", whole(d)) for d in big]
+
+
 def test_doc_ids_are_stable_and_distinct(tmp_path):
     path = write_jsonl(tmp_path / "a.jsonl", [{"text": prose(1)}, {"text": prose(2)}])
     first = [d.doc_id for d in read_source(source("jsonl", path), Reading())]
