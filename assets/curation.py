@@ -16,7 +16,7 @@ from kiln.curation.filters.badwords import DEFAULT_WORDS_FILE
 from kiln.curation.filters.registry import build_step
 from kiln.curation.filters.url import DEFAULT_BLOCKLIST
 from kiln.curation.pii import PiiRedaction
-from kiln.curation.pipeline import filter_documents, ingest, profile_steps
+from kiln.curation.pipeline import filter_documents, ingest, list_file_digests, profile_steps
 from kiln.curation.readers import SourceFile
 from kiln.curation.residual_pii import residual_pii_batch, residual_pii_fields
 from kiln.governance.refresh import check_pinned, ensure_refresh, load_refreshes, partition, upto
@@ -86,7 +86,8 @@ def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     version = dict(code_version=context.assets_def.code_versions_by_key[context.asset_key],
                    config={"profile": config.source(name).profile, "steps": [s.model_dump() for s in steps],
                            "exact_dedup": config.curation.exact_dedup.model_dump(),
-                           "keep_rejected_text": config.curation.keep_rejected_text},
+                           "keep_rejected_text": config.curation.keep_rejected_text,
+                           "list_files": list_file_digests(steps)},
                    inputs={f"{RAW}/{here}": raw.manifest.data_version})
     with store.staging(FILTERED, here, resume=resume_key(**version)) as writer:
         started = time.perf_counter()

@@ -24,13 +24,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.common.config import ExactDedup, ProjectConfig, Reading, Source, StepSpec
+from kiln.common.manifest import sha256_file
 from kiln.common.removals import RejectedText, example_excerpt, kept_text, rejected_row
 from kiln.common.stats import StageStats
 from kiln.common.storage import DatasetWriter, part_name, resume_part, write_parquet_atomic
 from kiln.curation.documents import CURATED_SCHEMA, DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
 from kiln.curation.exact_dedup import DuplicateRows, HashSource, duplicates_in, find_duplicates
 from kiln.curation.filters.base import Step
-from kiln.curation.filters.registry import build_step, unwrapped
+from kiln.curation.filters.registry import STEPS, build_step, unwrapped
 from kiln.curation.pii.fields import redact_fields, step_redactor
 from kiln.curation.pii.redaction import PiiRedaction
 from kiln.curation.readers import Quarantined, SourceFile, one_document_per_file, quarantine, read_source
@@ -228,6 +229,19 @@ def profile_steps(config: ProjectConfig, source: str) -> list[StepSpec]:
     """normalize first, the source's profile, PII redaction last: what `filter_documents` runs."""
     return [StepSpec(step="normalize", params=config.curation.normalize), *config.profile_for(source),
             StepSpec(step="pii", params=config.curation.pii)]
+
+
+def list_file_digests(specs: list[StepSpec]) -> dict[str, str]:
+    """The sha256 of each word or domain list a user's path names in the steps (`url_blocklist.domains_file`,
+    `badwords.words_file`, per language too): the list decides as much as the parameters, so editing it changes what
+    a run records and resumes by. Kiln's built-in lists are in the asset's code version."""
+    digests = {}
+    for spec in specs:
+        for field in getattr(STEPS.get(spec.step), "list_files", ()):
+            for params in (spec.params, *spec.per_language.values()):
+                if isinstance(path := params.get(field), str):
+                    digests[path] = sha256_file(Path(path))
+    return dict(sorted(digests.items()))
 
 
 @dataclass(frozen=True)

@@ -257,3 +257,35 @@ def test_the_checks_are_of_the_version_the_asset_committed_when_another_run_comm
     assert len(versions()) == 2
     remove_replaced_versions(store.root, store.keep_replaced_s)  # as any commit does, with the store's 60 minutes
     assert versions() == [folder.resolve()]
+
+
+def test_a_users_domain_list_is_recorded_and_an_edit_to_it_is_not_resumed_past(tmp_path, kiln_home, monkeypatch):
+    """A user's `url_blocklist.domains_file` decides as much as the step's parameters, but only its path was
+    recorded: a failed run resumed after the list was edited kept the parts judged by the old list, and the
+    manifest could not say which list judged the documents. Its sha256 (computed here by hashlib) is now part of
+    the recorded config and of what a run resumes by."""
+    import hashlib
+
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": i, "text": prose(i), "url": f"https://site{i}.org/page"}
+                                               for i in range(8)])
+    domains = tmp_path / "blocked.txt"
+    domains.write_text("elsewhere.org\n")
+    project = load_project({
+        "sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC0",
+                     "domain": "web", "profile": "prose"}],
+        "profiles": {"prose": [{"step": "url_blocklist", "params": {"domains_file": str(domains)}}]},
+        "reading": {"rows_per_part": 3}, "engine": SERIAL_ENGINE,
+    }, tmp_path, kiln_home, monkeypatch)
+    assert materialize(project, ["raw_documents"], "web").success
+    raw_parts = sorted((project.home / "data" / "raw_documents" / project.partition("web")).glob("part-*.parquet"))
+    good = raw_parts[1].read_bytes()
+    raw_parts[1].write_bytes(b"not parquet")  # fails after part 0 (documents 0-2) was judged by the old list
+    assert not materialize(project, ["filtered_documents"], "web", raise_on_error=False).success
+
+    domains.write_text("site0.org\n")  # the user blocks document 0's site, then retries
+    raw_parts[1].write_bytes(good)
+    assert materialize(project, ["filtered_documents"], "web").success
+    manifest = json.loads((project.home / "data" / "filtered_documents" / project.partition("web")
+                           / "_manifest.json").read_text())
+    assert manifest["counts"]["documents"] == 7
+    assert manifest["config"]["list_files"] == {str(domains): hashlib.sha256(b"site0.org\n").hexdigest()}

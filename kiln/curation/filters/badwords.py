@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import ClassVar
 
@@ -18,7 +17,7 @@ import pyarrow.compute as pc
 from kiln.curation.documents import Document
 from kiln.curation.filters import text_stats as ts
 from kiln.curation.filters.base import Fraction, Verdict, drop, keep
-from kiln.curation.filters.wordlists import load_wordlist
+from kiln.curation.filters.wordlists import cached_while_unchanged, load_wordlist
 
 DEFAULT_WORDS_FILE = Path(__file__).resolve().parent.parent / "data" / "badwords_en.txt"
 
@@ -49,9 +48,10 @@ class WordList:
         return hits
 
 
-@lru_cache(maxsize=32)
+@cached_while_unchanged
 def load_word_list(path: str) -> WordList:
-    """Read a word list (one word/phrase per line, '#' comments; a missing file is a ValueError), cached per path.
+    """Read a word list (one word/phrase per line, '#' comments; a missing file is a ValueError), cached per path
+    while the file is unchanged.
 
     Entries are tokenized like document text, so "Two  Girls" and "two girls" are the same phrase and
     matching is on word boundaries ("banana" does not match "bananas").
@@ -87,6 +87,7 @@ def _screen_pattern(first_words: set[str]) -> str | None:
 @dataclass
 class BadWords:
     name: ClassVar[str] = "badwords"
+    list_files: ClassVar[tuple[str, ...]] = ("words_file",)  # what it decides by, beyond its parameters
 
     max_ratio: Fraction | None = 0.01  # None disables; 0.0 = C4's drop on any match
     words_file: str | None = None  # None: the bundled kiln/curation/pipeline/data/badwords_en.txt

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import ClassVar
 from urllib.parse import urlsplit
 
 from kiln.curation.documents import Document
 from kiln.curation.filters.base import Verdict, drop, keep
-from kiln.curation.filters.wordlists import load_wordlist
+from kiln.curation.filters.wordlists import cached_while_unchanged, load_wordlist
 
 DEFAULT_BLOCKLIST = str(Path(__file__).resolve().parent.parent / "data" / "blocklist_domains.txt")
 
 
-@lru_cache(maxsize=8)
+@cached_while_unchanged
 def _blocked_domains(path: str) -> frozenset[str]:
     return frozenset(d.lower().lstrip(".") for d in load_wordlist(path))
 
@@ -31,6 +30,7 @@ def host_of(url: str) -> str | None:
 @dataclass
 class UrlBlocklist:
     name: ClassVar[str] = "url_blocklist"
+    list_files: ClassVar[tuple[str, ...]] = ("domains_file",)  # what it decides by, beyond its parameters
     domains_file: str = DEFAULT_BLOCKLIST
     drop_unparseable: bool = False
 

@@ -2,7 +2,33 @@
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def cached_while_unchanged(load: Callable[[str], T]) -> Callable[[str], T]:
+    """`load(path)`, cached for as long as the file is unchanged (its inode, size and mtime): a long-lived worker
+    reads a user's list again once it is edited, instead of judging by the list it read first."""
+
+    @functools.lru_cache(maxsize=32)
+    def load_version(path: str, _stamp: tuple[int, int, int] | None) -> T:
+        return load(path)
+
+    @functools.wraps(load)
+    def cached(path: str) -> T:
+        try:
+            st = os.stat(path)
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            stamp = None  # load raises, naming the path; an error is never cached
+        return load_version(path, stamp)
+
+    return cached
 
 
 def load_wordlist(path: str | Path) -> list[str]:
