@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import math
 import os
 import re
 import time
@@ -46,7 +45,7 @@ from kiln.common.manifest import write_file_atomic
 from kiln.common.text_units import count_words, dominant_script
 from kiln.curation.documents import Document
 from kiln.governance.forget import REQUEST_COLUMNS, IntakeMatched, RemovalRequest, naming_requests
-from kiln.tokens.mixture import SourceParts, hash_unit, select_documents, shares
+from kiln.tokens.mixture import SourceParts, hash_unit, select_documents, shares, split_budget
 from kiln.tokens.shard_format import token_dtype
 from training_jobs.tokenizer_files import ASSET_HF_FILE, CARD_FILE, EXPORT_CARD_FILE, model_file
 from training_jobs.tokenizer_files import SENTENCEPIECE_FILE as MODEL_FILE
@@ -133,13 +132,16 @@ def draw_training_sample(sources: Sequence[SourceParts], weights: Mapping[str, f
     target_shares = shares(list(natural), dict(weights), natural)
     total_chars = min(settings.sample_chars, sum(natural.values()))
 
+    # Largest-remainder shares of both caps: rounding each source's up drew one document too many per source.
+    chars_of = split_budget(total_chars, target_shares)
+    documents_of = split_budget(settings.sample_documents, target_shares)
     documents: dict[str, list[Document]] = {}
     by_source: dict[str, dict[str, Any]] = {}
     for s in sources:
         part_of, row_of, chars = index[s.name]
         share = target_shares[s.name]
-        picked, _ = select_documents(chars, round(share * total_chars))
-        picked = picked[: math.ceil(share * settings.sample_documents)]
+        picked, _ = select_documents(chars, chars_of[s.name])
+        picked = picked[: documents_of[s.name]]
         texts = _read_rows(s.parts, part_of, row_of, np.unique(picked))
         docs = [texts[int(i)] for i in picked]
         documents[s.name] = docs

@@ -116,6 +116,16 @@ def test_sample_respects_the_document_cap(tmp_path):
     assert sample.document_count == 25
 
 
+def test_the_document_cap_holds_across_sources(tmp_path):
+    """Three sources of equal weight and a cap of 10: each source's share is 3.33 documents, which was rounded up
+    to 4 each (12 documents). Largest remainder gives 4 + 3 + 3 = 10 (worked by hand: floors 3, 3, 3; one left,
+    to the first name among equal remainders)."""
+    sources = [write_source(tmp_path, name, make_texts("prose", 60, seed=i)) for i, name in enumerate("abc")]
+    sample = draw_training_sample(sources, {"a": 1, "b": 1, "c": 1}, TokenizerSettings(sample_documents=10))
+    assert sample.document_count == 10
+    assert sorted(s["documents"] for s in sample.by_source.values()) == [3, 3, 4]
+
+
 def test_sentence_chunks_cut_at_line_ends_and_lose_nothing():
     text = "\n".join(f"line {i} " * (i % 7) for i in range(300))
     chunks = list(sentence_chunks(text, 100))
