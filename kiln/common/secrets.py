@@ -7,8 +7,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
-_BARE_USERINFO = re.compile(r"^[^/@\s]*@")
+# The userinfo ends at the authority's last '@' (RFC 3986 ends the authority at '/', '?' or '#'): urllib, and so
+# MLflow, requests and redis, read an unencoded '@' in a password as part of it.
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s]*@")
+_BARE_USERINFO = re.compile(r"^[^/?#\s]*@")
 
 
 def redact_url(url: str | None) -> str | None:

@@ -203,6 +203,20 @@ def test_addresses_and_recorded_values_lose_their_credentials():
     assert redact(config) == {"engine": {"ray_address": "ray://r:10001"}, "hosts": ["s3://b/x", "a@b.org"]}
 
 
+def test_a_password_holding_an_at_sign_is_redacted_whole():
+    """urllib (so MLflow, requests, redis) reads an unencoded '@' in a password as part of it: the userinfo ends at
+    the authority's last '@'. Redaction stopped at the first and showed the rest of the password as the host."""
+    from urllib.parse import urlsplit
+
+    url = "http://kiln:p@ss@mlflow.internal:5000/#/experiments?owner=a@b.org"
+    assert urlsplit(url).password == "p@ss" and urlsplit(url).hostname == "mlflow.internal"
+    assert redact_url(url) == "http://mlflow.internal:5000/#/experiments?owner=a@b.org"
+    assert redact_url("redis://:s3cr3t@pw@redis.svc:6379/0") == "redis://redis.svc:6379/0"
+    assert redact_url("admin:p@ss@head-node:6379") == "head-node:6379"
+    assert redact({"uri": f"see {url} and http://a:b@h"}) == {
+        "uri": "see http://mlflow.internal:5000/#/experiments?owner=a@b.org and http://h"}
+
+
 def test_a_bad_ray_address_names_the_key_and_the_address(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     config = parse_config({"sources": [{"name": "web", "kind": "jsonl", "path": "x", "license": "CC0",
