@@ -236,6 +236,7 @@ class S3Remote:
                 raise MissingRemoteFile(f"{self.url(key)} is listed in its manifest but is not on S3") from None
             raise
         h = hashlib.sha256()
+        dest.parent.mkdir(parents=True, exist_ok=True)  # a dataset's subfolders, an old index's segments
         with open(dest, "wb") as f:
             for chunk in body.iter_chunks(1 << 20):
                 h.update(chunk)

@@ -20,6 +20,7 @@ from tests.kiln.dedup.test_dedup import edited, signature_table, vocabulary
 from tests.kiln.dedup.test_dedup_buckets import assert_same, family_texts, write_parts
 from tests.old_near_dedup import Batch, RedisIndex, near_dedup, open_index
 from tests.redis_server import PASSWORD, redis_server
+from tests.s3 import _moto_server, s3_endpoint  # noqa: F401 (fixtures)
 
 NEAR = NearDedup(scheme="affine32")  # every old index was built with affine32 (its params say so)
 INDEX = "dedup_index"
@@ -192,3 +193,29 @@ def _config(tmp_path, scheme: str | None = "affine32"):
     dedup = {"dedup": {"near": {"scheme": scheme}}} if scheme else {}
     path.write_text(yaml.safe_dump({"sources": web_and_ref_sources(tmp_path), "profiles": {"none": []}, **dedup}))
     return path
+
+
+def test_an_old_index_kept_on_s3_migrates(s3_endpoint, tmp_path):  # noqa: F811
+    """With `storage.backend: s3` and no `--from`, the old index is pulled from `<prefix>/_dedup_index/<name>/`: each
+    segment's files went to a folder nobody created, so the documented upgrade path of an S3 store always failed
+    (FileNotFoundError)."""
+    from kiln.common.remote import S3Remote
+    from tests.s3 import s3_client
+
+    client = s3_client(s3_endpoint)
+    client.create_bucket(Bucket="kiln-test")
+    store = Store(tmp_path / "data", S3Remote.connect(client, "kiln-test", "kiln"))
+    first, second, _ = corpora()
+    with open_index(NEAR, tmp_path / "old" / "dedup_index") as idx:
+        old = [old_refresh(store, idx, key, tables) for key, tables in (("r0", first), ("r1", second))]
+    folder = tmp_path / "old" / "dedup_index" / "kiln"
+    for path in folder.rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), "kiln-test", f"kiln/_dedup_index/kiln/{path.relative_to(folder).as_posix()}")
+    config = _config(tmp_path)
+    config.write_text(config.read_text() + "storage: {backend: s3, bucket: kiln-test, prefix: kiln}\n")
+
+    assert main(["dedup", "migrate-index", "--home", str(tmp_path), "--config", str(config)]) == 0
+    for r, decisions in zip(("r0", "r1"), old):
+        meta = read_index_meta(store.dataset_dir(INDEX, r) / "index")
+        assert meta["batch"] == r and meta["documents"] == decisions.column("status").to_pylist().count("kept")
