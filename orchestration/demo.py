@@ -22,6 +22,7 @@ import dagster as dg
 
 from kiln.common.config import ConfigError, ProjectConfig, load_config
 from kiln.common.stats import StageStats, chain, funnel_rows
+from kiln.common.remote import StorageError
 from kiln.common.storage import Store
 from kiln.engine import EngineError, shared_local_ray
 from kiln.governance.catalog import Catalog
@@ -139,7 +140,7 @@ def main() -> int:
         # One Ray for every step of every run (not one per step), stopped when the demo ends.
         with shared_local_ray(config.engine):
             return run_demo(config)
-    except EngineError as exc:
+    except (EngineError, StorageError) as exc:  # no Ray to run on; a bucket that cannot be used as configured
         print(f"[kiln demo] {exc}", file=sys.stderr)
         return 2
 

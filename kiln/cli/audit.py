@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiln.cli.base import EXIT_OK, bad_input, open_store
+from kiln.cli.base import BAD_INPUT, EXIT_OK, bad_input, open_store
 
 if TYPE_CHECKING:
     from kiln.common.config import ProjectConfig
@@ -132,7 +132,7 @@ def run_audit(args: argparse.Namespace) -> int:
                                      args.source or [s.name for s in config.sources], args.refresh)
         else:
             result = source_usage(store, config, args.name)
-    except ValueError as exc:  # ConfigError and AuditError included
+    except BAD_INPUT as exc:  # ConfigError, AuditError and StorageError included
         return bad_input("audit", exc)
     print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False, default=str) if args.json else render(result))
     return EXIT_OK

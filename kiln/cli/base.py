@@ -7,8 +7,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kiln.common.remote import StorageError
+
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
+# What a command reports as `kiln <command>: <message>`, exit 2: a bad flag or config (ValueError: ConfigError and
+# each command's own errors) and storage that cannot be used as configured (a missing bucket, a refused or corrupt
+# object), whose messages say what to change.
+BAD_INPUT = (ValueError, StorageError)
 
 
 def open_store(home: Path, config) -> Any:

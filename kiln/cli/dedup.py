@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kiln.cli.base import EXIT_OK, bad_input, open_store
+from kiln.cli.base import BAD_INPUT, EXIT_OK, bad_input, open_store
 
 
 def add_dedup_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -59,7 +59,7 @@ def run_migrate_index(args: argparse.Namespace) -> int:
             folder = args.folder or (home / "dedup_index" / args.name)
             result = migrate_local(store, near, folder if folder.exists() or store.remote is None else None,
                                    args.name)
-    except ValueError as exc:  # ConfigError and MigrationError included
+    except BAD_INPUT as exc:  # ConfigError, MigrationError and StorageError included
         return bad_input("dedup migrate-index", exc)
     for r, n in result["migrated"].items():
         print(f"dedup_index[{r}]: bucket index of {n:,} accepted documents written")

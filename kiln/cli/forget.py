@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kiln.cli.base import EXIT_OK, bad_input, open_store
+from kiln.cli.base import BAD_INPUT, EXIT_OK, bad_input, open_store
 
 
 def add_forget_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -41,7 +41,7 @@ def run_forget(args: argparse.Namespace) -> int:
                        ("url_pattern", args.url_pattern) if args.url_pattern is not None else
                        ("doc_ids", read_doc_ids(args.doc_ids)))
         request = record_request(open_store(home, config), config, kind, value, args.reason)
-    except ValueError as exc:  # ConfigError and ForgetError included
+    except BAD_INPUT as exc:  # ConfigError, ForgetError and StorageError included
         return bad_input("forget", exc)
     if args.json:
         print(json.dumps(request.to_dict(), indent=2, ensure_ascii=False))

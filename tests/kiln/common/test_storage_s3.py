@@ -249,6 +249,25 @@ def test_a_missing_bucket_is_a_clear_error_when_storage_is_opened(s3_endpoint, t
     assert storage.store().remote is None
 
 
+def test_a_missing_bucket_is_the_commands_error_not_a_traceback(s3_endpoint, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """`kiln audit`, `kiln forget` and `make demo` caught only a bad config: a bucket that cannot be used (here one
+    that does not exist) came out as a traceback and exit 1, its message at the bottom."""
+    from kiln.cli import main
+    from orchestration import demo
+
+    path = tmp_path / "kiln.yaml"
+    path.write_text(json.dumps({"sources": [{"name": "web", "kind": "jsonl", "path": "x", "license": "CC0",
+                                             "domain": "web", "profile": "none"}], "profiles": {"none": []},
+                                "engine": {"backend": "processes", "workers": 1},
+                                "storage": {"backend": "s3", "bucket": "no-such-bucket"}}))
+    for command in (["audit", "refreshes"], ["forget", "--source", "web"]):
+        assert main([*command, "--config", str(path), "--home", str(tmp_path)]) == 2
+        assert capsys.readouterr().err.startswith(f"kiln {command[0]}: storage: S3 bucket 'no-such-bucket' does not exist")
+    monkeypatch.setenv("KILN_CONFIG", str(path))
+    assert demo.main() == 2
+    assert "[kiln demo] storage: S3 bucket 'no-such-bucket' does not exist" in capsys.readouterr().err
+
+
 def test_steps_share_one_client_per_settings_and_aws_environment(s3_endpoint, monkeypatch):  # noqa: F811
     from dagster_aws.s3 import S3Resource
 
