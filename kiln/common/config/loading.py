@@ -22,6 +22,29 @@ REMOVED_KEYS = {("dedup", "near", "index"): "removed: the near-dup index is now 
                                             "was indexed before"}
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last one silently: a second
+    `storage:` block dropped the first's `backend: s3`). Keys a `<<` merge brings in may be overridden, as YAML means."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    line = first.setdefault(key, key_node.start_mark.line)
+                except TypeError:  # an unhashable key: the base loader names it
+                    continue
+                if line != key_node.start_mark.line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice (lines {line + 1} and "
+                        f"{key_node.start_mark.line + 1}); YAML would keep only the second: merge them into one",
+                        key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
 def load_config(path: str | Path | None = None) -> ProjectConfig:
     """The project config at `path` (default: $KILN_CONFIG). A file may start from another with
     `extends: other.yaml` (relative to itself): its keys are merged over the other's, mappings key by key,
@@ -32,7 +55,7 @@ def load_config(path: str | Path | None = None) -> ProjectConfig:
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeys) or {}  # noqa: S506 (a safe loader)
     except FileNotFoundError:
         hint = f"(extended by {seen[-1]})" if seen else f"set KILN_CONFIG or create {DEFAULT_CONFIG}"
         raise ConfigError(f"config file {str(path)!r} not found; {hint}") from None

@@ -113,6 +113,30 @@ def test_booleans_still_set_the_keys_that_take_them(tmp_path):
     assert training.checkpoint.resume is False
 
 
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    """Plain YAML keeps the last of two equal keys: a second `storage:` block silently dropped `backend: s3`, and the
+    data stayed on this machine. A `<<` merge's keys may still be overridden, as YAML means them to be."""
+    path = tmp_path / "kiln.yaml"
+    path.write_text(f"extends: {DEFAULT}\nstorage:\n  backend: s3\n  bucket: b\nengine:\n  workers: 1\n"
+                    "storage:\n  keep_replaced_minutes: 10\n")
+    with pytest.raises(ConfigError, match=r"key 'storage' is given twice \(lines 2 and 7\).*merge them into one"):
+        load_config(path)
+    path.write_text(f"extends: {DEFAULT}\nengine: &local\n  workers: 1\n  backend: processes\n"
+                    "card:\n  summary: s\n  summary: t\n")
+    with pytest.raises(ConfigError, match=r"key 'summary' is given twice \(lines 6 and 7\)"):
+        load_config(path)
+    path.write_text(f"extends: {DEFAULT}\nx-engine: &local {{workers: 1, backend: ray}}\n"
+                    "engine:\n  <<: *local\n  backend: processes\n")
+    with pytest.raises(ConfigError, match="x-engine"):  # the merge itself is fine; the stray key is what is refused
+        load_config(path)
+
+
+def test_every_shipped_config_loads():
+    for path in [DEFAULT, *sorted((Path(DEFAULT).parent / "recipes").glob("*.yaml")),
+                 Path(DEFAULT).parent / "demo.yaml"]:
+        load_config(path)
+
+
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "absent.yaml")
