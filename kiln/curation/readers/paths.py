@@ -71,19 +71,37 @@ def _glob_root(pattern: str) -> Path:
 
 
 def _expand_s3(pattern: str) -> list[SourceFile]:
+    """What `expand` gives for the same layout on local disk: a glob is matched segment by segment (`*` never crosses
+    a `/`; `**` is any number of folders), listed from the folders before its first wildcard, and hidden names are
+    left out."""
     filesystem, path = s3_filesystem(pattern)
-    has_glob = any(c in path for c in "*?[")
-    prefix = path.split("*")[0].split("?")[0].split("[")[0].rstrip("/") if has_glob else path.rstrip("/")
-    info = filesystem.get_file_info(prefix)
-    if info.type == pafs.FileType.File:
+    parts = path.rstrip("/").split("/")
+    wild = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), None)
+    root = "/".join(parts if wild is None else parts[:wild])
+    info = filesystem.get_file_info(root)
+    if info.type == pafs.FileType.File and wild is None:
         infos = [info]
     elif info.type == pafs.FileType.Directory:
-        infos = filesystem.get_file_info(pafs.FileSelector(prefix, recursive=True))
+        infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
     else:
         return []
     out = []
     for i in sorted(infos, key=lambda i: i.path):
-        if i.type != pafs.FileType.File or (has_glob and not fnmatch.fnmatch(i.path, path)):
+        below = i.path[len(root):].lstrip("/")
+        if i.type != pafs.FileType.File or i.base_name.startswith(".") or \
+                (wild is not None and not _glob_matches(parts[wild:], below.split("/"))):
             continue
-        out.append(SourceFile(f"s3://{i.path}", i.path[len(prefix):].lstrip("/") or i.base_name))
+        out.append(SourceFile(f"s3://{i.path}", below or i.base_name))
     return out
+
+
+def _glob_matches(pattern: list[str], names: list[str]) -> bool:
+    """Whether a path's names match a glob's segments as `glob.glob(recursive=True)` matches them: `**` stands for
+    any number of folders, and a wildcard does not match a name starting with '.'."""
+    if not pattern:
+        return not names
+    if pattern[0] == "**":
+        return any(_glob_matches(pattern[1:], names[i:]) for i in range(len(names) + 1)
+                   if not any(n.startswith(".") for n in names[:i]))
+    return bool(names) and (pattern[0].startswith(".") or not names[0].startswith(".")) and \
+        fnmatch.fnmatchcase(names[0], pattern[0]) and _glob_matches(pattern[1:], names[1:])
