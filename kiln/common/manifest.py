@@ -70,6 +70,13 @@ class Manifest:
         return cls(**data)
 
 
+def applied_requests(version: Manifest | None) -> set[str]:
+    """The ids of the removal requests a dataset version applied (token shards, their exports, quality-filtered
+    documents): a version that applies one the version it replaces did not leaves that one on no disk, the writer's
+    or a reader's (kiln.common.storage)."""
+    return set(version.config.get("removal_requests") or []) if version is not None else set()
+
+
 def _without_examples(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _without_examples(v) for k, v in value.items() if k != "examples"}

@@ -55,6 +55,7 @@ from kiln.common.manifest import (
     MANIFEST_NAME,
     FileEntry,
     Manifest,
+    applied_requests,
     data_version_of,
     fsync_dir,
     fsync_file,
@@ -512,6 +513,7 @@ class Store:
             (staging / MANIFEST_NAME).write_bytes(data)  # last, as a writer does
             if _local_copy_is(local, data, manifest):  # another process (another step) fetched it meanwhile
                 return
+            replaced = _whole(_version_of(local)) if local.exists() else None
             try:
                 _swap_in(staging, local)
             except OSError:  # ... or just now: fine if it is this version
@@ -519,6 +521,12 @@ class Store:
                     raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        # The version pulled replaces this machine's copy as a commit replaces the writer's: kept for its readers as
+        # long, and not at all when the new one applies a removal request the old did not (its documents may be in
+        # it), or every machine that ever read a dataset would keep each version of it, forgotten documents included.
+        forgotten = bool(applied_requests(manifest) - applied_requests(replaced))
+        _remove_replaced(local, 0 if forgotten else self.keep_replaced_s)
+        remove_replaced_versions(self.root, self.keep_replaced_s)
 
     def _push(self, asset: str, partition: str | None, manifest: Manifest, folder: Path) -> None:
         """Upload a just-committed local dataset (its version's `folder`): files, then the manifest, then delete

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.common.config import ProjectConfig
-from kiln.common.manifest import Manifest, now_utc
+from kiln.common.manifest import Manifest, applied_requests, now_utc
 from kiln.common.storage import IncompleteDataset, Store
 # RAW: a URL is whole there
 from kiln.governance.catalog import CHECKPOINT, RAW, SHARDS, Catalog, member_lists, run_of_checkpoint
@@ -224,11 +224,6 @@ def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str
                                    "documents": len(replay), "tokens": sum(m["tokens"] * m["copies"] for m in replay)}}
                        if replay else {})})
     return out
-
-
-def applied_requests(version: Manifest | None) -> set[str]:
-    """The ids of the removal requests a dataset version applied (token shards, quality-filtered documents)."""
-    return set(version.config.get("removal_requests") or []) if version is not None else set()
 
 
 def unapplied_requests(store: Store, shards: Manifest) -> list[RemovalRequest]:

@@ -171,6 +171,36 @@ def test_a_replaced_versions_member_list_stays_on_s3_for_a_machine_that_never_sa
     assert {m.data_version for m in third.history("token_shards", "r1")} == {first.data_version, newer.data_version}
 
 
+def test_a_reading_machine_drops_the_versions_it_pulled_past_as_the_writer_does(s3, tmp_path):
+    """Only the writer's machine removed a replaced version. A machine that only reads (a training node, a pod that
+    ran `kiln audit`) kept every version it ever pulled: a version a removal request replaced, the taken-down text in
+    it, with no end; and with `keep_replaced_minutes: 0` one version folder more per pull."""
+    def commit(store, texts, requests):
+        with store.staging("quality_filtered_documents", "web/r1") as w:
+            w.write("documents", pa.table({"doc_id": [f"d{i}" for i in range(len(texts))], "text": texts}))
+            return w.commit(code_version="t", config={"removal_requests": requests}, inputs={}, counts={},
+                            forget_replaced=bool(requests))
+
+    def versions(store):
+        return sorted(p for p in (store.root / "quality_filtered_documents" / "web").glob(".r1.v-*") if p.is_dir())
+
+    writer, reader = Store(tmp_path / "writer", remote(s3)), Store(tmp_path / "reader", remote(s3))
+    commit(writer, ["ordinary text", "Jane Roe's letter"], [])
+    assert reader.read_table("quality_filtered_documents", "web/r1").num_rows == 2
+    commit(writer, ["ordinary text"], ["request-1"])  # the request applied: the writer keeps no copy of the letter
+    reader = Store(tmp_path / "reader", remote(s3))  # the next step on the reading machine
+    assert reader.read_table("quality_filtered_documents", "web/r1").column("text").to_pylist() == ["ordinary text"]
+    assert len(versions(writer)) == len(versions(reader)) == 1
+    assert not [p for p in (tmp_path / "reader").rglob("*.parquet") if b"Jane Roe" in p.read_bytes()]
+
+    writer = Store(tmp_path / "writer", remote(s3), keep_replaced_s=0)
+    for n in range(3):  # no request: each pulled version is kept as long as the writer keeps it, here not at all
+        commit(writer, [f"text {n}"], ["request-1"])
+        reader = Store(tmp_path / "reader", remote(s3), keep_replaced_s=0)
+        assert reader.read_table("quality_filtered_documents", "web/r1").column("text").to_pylist() == [f"text {n}"]
+    assert len(versions(reader)) == 1
+
+
 def test_a_tampered_remote_file_is_refused_with_the_key(s3, tmp_path):
     written = write_version(Store(tmp_path / "writer", remote(s3)), seed=6)
     key = f"kiln/curated_documents/web/{written.data_version}/model/weights.bin"
