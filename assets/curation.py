@@ -19,7 +19,7 @@ from kiln.curation.pii import PiiRedaction
 from kiln.curation.pipeline import filter_documents, ingest, list_file_digests, profile_steps
 from kiln.curation.readers import SourceFile
 from kiln.curation.residual_pii import residual_pii_batch, residual_pii_fields
-from kiln.governance.refresh import check_pinned, ensure_refresh, load_refreshes, partition, upto
+from kiln.governance.refresh import check_unchanged, ensure_refresh, load_refreshes, partition, upto
 from resources import KilnConfig, KilnEngine, KilnStorage
 
 RAW, FILTERED, CURATED = "raw_documents", "filtered_documents", "curated_documents"
@@ -44,8 +44,7 @@ def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, st
     name, key = source_and_refresh(context)
     source, refresh = config.source(name), ensure_refresh(store, config, key)
     landed = refresh.files_of(name)
-    if refresh.is_initial:
-        check_pinned(refresh, source)  # the same files as when the refresh was registered, or a clear error
+    check_unchanged(refresh, source)  # the same files as when the refresh was registered, or a clear error
     files = None if refresh.is_initial else [SourceFile(f.uri, f.relative) for f in landed]
     started = time.perf_counter()
     with store.staging(RAW, partition(name, key)) as writer:

@@ -310,9 +310,25 @@ def _pin(f: SourceFile, with_hash: bool = True) -> LandedFile:
                    sha256=sha256_file(Path(f.uri)) if with_hash and local else None)
 
 
-def check_pinned(refresh: Refresh, source: Source) -> None:
-    """The first refresh re-read: its source must name exactly the files it named when registered, unchanged (same
-    size, and same sha256 when the modification time moved); else an error that names every difference."""
+def check_unchanged(refresh: Refresh, source: Source) -> None:
+    """A refresh re-read must read what it read when registered, or its documents change under the same key: the
+    first refresh's source must name exactly the files it named then, unchanged (same size, and same sha256 when the
+    modification time moved); a later refresh's landed files must still be there with their size and time (one
+    replaced in place lands again: it belongs to the next refresh). Else an error that names every difference."""
+    if not refresh.is_initial:
+        problems = []
+        for was in refresh.files_of(source.name):
+            filesystem, path = _filesystem(was.uri)
+            info = filesystem.get_file_info(path)
+            now = None if info.type == pafs.FileType.NotFound else _landed(was.uri, was.relative, info)
+            if now is None:
+                problems.append(f"{was.uri}: gone")
+            elif (now.bytes, now.modified) != (was.bytes, was.modified):
+                problems.append(f"{was.uri}: {now.bytes:,} bytes modified {now.modified}, landed as {was.bytes:,} "
+                                f"bytes modified {was.modified}")
+        _refuse(problems, f"the files refresh {refresh.key!r} landed for source {source.name!r} changed since",
+                "a file replaced in place is part of the next refresh (the landing sensor registers it)")
+        return
     if refresh.pinned is None or source.name not in refresh.pinned or source.kind == "builtin":
         return  # unpinned: builtin, a registry from before pins, or a source configured after the first refresh
     was = {f.relative: f for f in refresh.pinned[source.name]}
@@ -325,11 +341,14 @@ def check_pinned(refresh: Refresh, source: Source) -> None:
             problems.append(f"{current.uri}: {current.bytes:,} bytes, was {pin.bytes:,}")
         elif current.modified != pin.modified and pin.sha256 and sha256_file(Path(current.uri)) != pin.sha256:
             problems.append(f"{current.uri}: content changed (sha256)")
+    _refuse(problems, f"source {source.name!r} no longer holds the files refresh {refresh.key!r} (the first "
+                      f"refresh) read", f"new data goes under <landing>/{source.name}/ and becomes the next refresh")
+
+
+def _refuse(problems: list[str], what: str, instead: str) -> None:
     if problems:
-        raise RefreshError(
-            f"source {source.name!r} no longer holds the files refresh {refresh.key!r} (the first refresh) read: "
-            f"{'; '.join(problems[:10])}{' …' if len(problems) > 10 else ''}. Restore them to re-read that refresh; "
-            f"new data goes under <landing>/{source.name}/ and becomes the next refresh")
+        raise RefreshError(f"{what}: {'; '.join(problems[:10])}{' …' if len(problems) > 10 else ''}. Restore them "
+                           f"to re-read that refresh; {instead}")
 
 
 def _filesystem(landing: str) -> tuple[pafs.FileSystem, str]:
@@ -341,7 +360,7 @@ def _filesystem(landing: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), str(Path(landing).expanduser().resolve())
 
 
-__all__ = ["LandedFile", "Landing", "Refresh", "RefreshError", "REFRESHES", "check_pinned", "ensure_refresh", "get_refresh",
+__all__ = ["LandedFile", "Landing", "Refresh", "RefreshError", "REFRESHES", "check_unchanged", "ensure_refresh", "get_refresh",
            "latest", "load_refreshes", "pin_sources",
            "materialized", "new_key", "next_refresh", "partition", "pending_files", "register_refresh", "trained_refresh",
            "upto"]

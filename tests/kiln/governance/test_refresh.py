@@ -186,7 +186,7 @@ def test_concurrent_writers_of_a_registry_lose_no_entry(append, tmp_path):
 def test_the_first_refresh_is_pinned_to_the_files_it_read(tmp_path):
     """Re-reading the first refresh after its configured files changed would give other data under the same key:
     the files are recorded at registration (size, time, sha256) and any change is an error naming the file."""
-    from kiln.governance.refresh import check_pinned, next_refresh
+    from kiln.governance.refresh import check_unchanged, next_refresh
 
     write_jsonl(tmp_path / "web" / "a.jsonl", [{"text": prose(1)}])
     write_jsonl(tmp_path / "web" / "b.jsonl", [{"text": prose(2)}])
@@ -200,16 +200,46 @@ def test_the_first_refresh_is_pinned_to_the_files_it_read(tmp_path):
     assert pinned.pinned["web"][0].sha256 == __import__("hashlib").sha256(
         (tmp_path / "web" / "a.jsonl").read_bytes()).hexdigest()
     source = config.source("web")
-    check_pinned(pinned, source)  # unchanged: fine
+    check_unchanged(pinned, source)  # unchanged: fine
     os.utime(tmp_path / "web" / "a.jsonl", (1, 1))  # touched, same content: fine
-    check_pinned(pinned, source)
+    check_unchanged(pinned, source)
 
     original = (tmp_path / "web" / "a.jsonl").read_text()
     (tmp_path / "web" / "a.jsonl").write_text(original.replace("a", "b", 1))  # same size, other content
     with pytest.raises(RefreshError, match=r"a\.jsonl: content changed.*Restore them"):
-        check_pinned(pinned, source)
+        check_unchanged(pinned, source)
     (tmp_path / "web" / "a.jsonl").write_text(original)
     write_jsonl(tmp_path / "web" / "c.jsonl", [{"text": prose(3)}])
     (tmp_path / "web" / "b.jsonl").unlink()
     with pytest.raises(RefreshError, match=r"b\.jsonl: gone; .*c\.jsonl: new"):
-        check_pinned(pinned, source)
+        check_unchanged(pinned, source)
+
+
+def test_a_later_refresh_re_read_must_find_its_landed_files_as_they_landed(tmp_path):
+    """Only the first refresh was checked: re-materializing a later refresh's raw_documents read whatever its
+    landed files held now. A file replaced in place (which the landing sensor registers as the next refresh) gave
+    the old refresh the new content, and a landing area cleaned up gave it 0 documents, both without a word."""
+    from kiln.governance.refresh import check_unchanged, next_refresh
+
+    landing = tmp_path / "landing"
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"text": prose(1)}])
+    config = parse_config({"sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"),
+                                        "license": "x", "domain": "web", "profile": "p"}],
+                           "profiles": {"p": []}, "refresh": {"landing": str(landing)}})
+    store = Store(tmp_path / "data")
+    next_refresh(store, config, "cli")
+    week = landing / "web" / "week2.jsonl"
+    write_jsonl(week, [{"text": prose(2)}])
+    second, _ = next_refresh(store, config, "cli")
+    source = config.source("web")
+    check_unchanged(second, source)  # as it landed: fine
+
+    stamp = week.stat()
+    write_jsonl(week, [{"text": prose(3)}])  # replaced in place, same size or not
+    os.utime(week, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1_000_000))
+    with pytest.raises(RefreshError, match=r"the files refresh '.+' landed for source 'web' changed since: "
+                                           r".*week2\.jsonl: .* bytes modified .*landed as .*Restore them"):
+        check_unchanged(second, source)
+    week.unlink()
+    with pytest.raises(RefreshError, match=r"week2\.jsonl: gone"):
+        check_unchanged(second, source)
