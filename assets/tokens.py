@@ -12,7 +12,7 @@ from assets.results import engine_metadata
 from kiln.common.manifest import code_version, sha256_file
 from kiln.common.plots import stacked_bars_markdown
 from kiln.governance.forget import REQUESTS, applied_requests, load_requests, raw_partitions, with_intake_urls
-from kiln.governance.refresh import Refresh, load_refreshes, materialized, upto
+from kiln.governance.refresh import Refresh, load_refreshes, materialized, unmaterialized, upto
 from kiln.tokens.interchange import export_shards, verify_export
 from kiln.tokens.mixture import MixtureError, SourceParts
 from kiln.tokens.shard_format import ShardError, open_shard, read_shard_set
@@ -151,6 +151,11 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
     config, store = kiln_config.load(), storage.store()
     refresh = context.partition_key
     included = upto(load_refreshes(store), refresh)
+    missing = unmaterialized(store, QUALITY_FILTERED, [s.name for s in config.sources], included)
+    if missing:  # left out, the set would say it holds those refreshes while none of their documents is in it
+        raise dg.Failure(description=(
+            f"token_shards[{refresh}] holds every refresh up to it, but {QUALITY_FILTERED} was never materialized "
+            f"for {', '.join(missing)} (its intake failed or never ran); materialize those partitions first"))
     sources, inputs = _sources(config, store, included)
     tok = store.snapshot(TOKENIZER)  # the version recorded is the one encoded with
     inputs[TOKENIZER] = tok.manifest.data_version

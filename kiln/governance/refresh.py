@@ -180,6 +180,18 @@ def materialized(store: Store, asset: str, sources: list[str], refreshes: list[R
             if (m := store.snapshot_or_none(asset, p := partition(s, r.key))) is not None}
 
 
+def unmaterialized(store: Store, asset: str, sources: list[str], refreshes: list[Refresh]) -> list[str]:
+    """The partitions of a per-source `asset` these refreshes should hold and do not: each source the first refresh
+    pinned, and each source with files landed in a later one (its intake failed, or never ran). Sources outside
+    `sources` (no longer configured) and sources with nothing in a refresh are not expected."""
+    missing = []
+    for r in refreshes:
+        expected = set(r.pinned or {}) if r.is_initial else {s for s in sources if r.files_of(s)}
+        missing += [partition(s, r.key) for s in sources
+                    if s in expected and store.manifest_or_none(asset, partition(s, r.key)) is None]
+    return missing
+
+
 def latest(store: Store, asset: str, refreshes: list[Refresh] | None = None) -> tuple[str, Manifest]:
     """The newest refresh with a materialized per-refresh `asset` (e.g. token_shards), and its manifest."""
     refreshes = load_refreshes(store) if refreshes is None else refreshes
@@ -363,4 +375,4 @@ def _filesystem(landing: str) -> tuple[pafs.FileSystem, str]:
 __all__ = ["LandedFile", "Landing", "Refresh", "RefreshError", "REFRESHES", "check_unchanged", "ensure_refresh", "get_refresh",
            "latest", "load_refreshes", "pin_sources",
            "materialized", "new_key", "next_refresh", "partition", "pending_files", "register_refresh", "trained_refresh",
-           "upto"]
+           "unmaterialized", "upto"]

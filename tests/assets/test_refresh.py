@@ -162,6 +162,14 @@ def test_a_second_refresh_drops_repeats_and_versions_the_shards(project, capsys)
     assert not failed.success
     assert "nothing new landed" in str(failed.get_step_failure_events()[0].step_failure_data.error)
 
+    # The token shards of the refresh added by hand hold every refresh up to it; two of them were never curated (the
+    # scheduled one's intake never ran, the hand-added one stopped at raw_documents). Their documents would be left
+    # out while the set named those refreshes: it refuses instead, naming the partitions to materialize.
+    failed = project.materialize(["token_shards"], refresh="by-hand", raise_on_error=False)
+    assert not failed.success
+    message = str(failed.get_step_failure_events()[0].step_failure_data.user_failure_data.description)
+    assert f"for ref/{third.key}, web/by-hand (its intake failed or never ran)" in message
+
 
 def test_a_cron_dagster_cannot_run_fails_the_code_location_naming_the_config_key(tmp_path):
     """'99 3 * * 1' has the 5 fields the config checks, but minute 99 is out of range: Dagster refuses the schedule

@@ -243,3 +243,24 @@ def test_a_later_refresh_re_read_must_find_its_landed_files_as_they_landed(tmp_p
     week.unlink()
     with pytest.raises(RefreshError, match=r"week2\.jsonl: gone"):
         check_unchanged(second, source)
+
+
+def test_unmaterialized_names_the_partitions_a_refresh_should_hold(tmp_path):
+    """Expected by hand: the first refresh pinned web and ref; the second landed files for web only. A source with
+    nothing in a refresh, or no longer configured, is not expected."""
+    from kiln.governance.refresh import unmaterialized
+
+    store = Store(tmp_path / "data")
+    first = register_refresh(store, None, "initial", key="r1", pinned={"web": [], "ref": []})
+    second = register_refresh(store, {"web": [LandedFile("/x", "x", 1, "t")]}, "cli", key="r2")
+
+    def commit(part):
+        with store.staging("quality_filtered_documents", part) as writer:
+            writer.commit(code_version="t", config={}, inputs={}, counts={})
+
+    commit("web/r1")
+    assert unmaterialized(store, "quality_filtered_documents", ["web", "ref"], [first, second]) == ["ref/r1", "web/r2"]
+    assert unmaterialized(store, "quality_filtered_documents", ["web"], [first, second]) == ["web/r2"]
+    commit("ref/r1")
+    commit("web/r2")
+    assert unmaterialized(store, "quality_filtered_documents", ["web", "ref", "new"], [first, second]) == []
