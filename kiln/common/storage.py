@@ -453,12 +453,25 @@ class Store:
         return self.snapshot(asset, partition).values(column, doc_ids)
 
     def lock(self, name: str) -> FileLock:
-        """The lock for a read-modify-write of a registry (the refreshes, the removal requests): two processes
-        appending at once would otherwise each rewrite the list without the other's entry. A file lock: it holds
-        across processes of one machine (or one shared KILN_HOME), and the OS drops it when its holder dies."""
+        """A file lock named `name` in the store: it holds across processes of one machine (or one shared
+        KILN_HOME), and the OS drops it when its holder dies."""
         folder = self.root / ".locks"
         folder.mkdir(parents=True, exist_ok=True)
         return FileLock(folder / f"{name}.lock")
+
+    @contextmanager
+    def registry_lock(self, name: str) -> Iterator[None]:
+        """Held for a read-modify-write of a registry (the refreshes, the removal requests): two processes appending
+        at once would otherwise each rewrite the list without the other's entry. With S3 storage every machine has
+        its own cache, so the lock is also one in the bucket, and the registry is read from S3 again under it: a
+        copy pulled before may lack another machine's entry."""
+        with self.lock(name):
+            if self.remote is None:
+                yield
+                return
+            with self.remote.lock(self.remote.key(".locks", name)):
+                self._synced.pop((name, None), None)
+                yield
 
     def shared_scratch(self, asset: str, name: str) -> Path:
         """A folder that several partitions' runs of `asset` share for intermediate work (a refresh's exact-dedup

@@ -276,7 +276,7 @@ def record_request(store: Store, config: ProjectConfig, kind: str, value: str | 
     request = RemovalRequest(request_id=uuid.uuid4().hex[:12], created_at=now_utc(), kind=kind, value=value,
                              reason=reason, unknown_ids=len(unknown or []))
     request.affected = affected_checkpoints(store, request)
-    with store.lock(REQUESTS):  # read, append, rewrite: one writer at a time, or a concurrent request is lost
+    with store.registry_lock(REQUESTS):  # read, append, rewrite: one writer at a time, or a concurrent request is lost
         requests, _ = load_requests(store)
         requests.append(request)
         with store.staging(REQUESTS) as writer:

@@ -132,7 +132,7 @@ def register_refresh(store: Store, files: dict[str, list[LandedFile]] | None, tr
                      key: str | None = None, pinned: dict[str, list[LandedFile]] | None = None) -> Refresh:
     """Append a refresh to the registry (rewritten atomically, under the registry's lock). `files=None` registers
     the first refresh: the sources as configured (their files as `pinned`)."""
-    with store.lock(REFRESHES):
+    with store.registry_lock(REFRESHES):
         return _register(store, files, trigger, key, pinned)
 
 
@@ -267,7 +267,7 @@ def next_refresh(store: Store, config: ProjectConfig, trigger: str, settle_secon
     """Register what is new, if anything: the configured sources when no refresh exists yet, else the files
     landed since the last refresh. Returns the new refresh (None: nothing new) and the landing scan. The registry's
     lock covers the scan too: a sensor tick and a CLI run at once must not register the same files twice."""
-    with store.lock(REFRESHES):
+    with store.registry_lock(REFRESHES):
         refreshes = load_refreshes(store)
         if not refreshes:
             return _register(store, None, "initial", None, pin_sources(config)), None
@@ -286,7 +286,7 @@ def ensure_refresh(store: Store, config: ProjectConfig, key: str) -> Refresh:
         return get_refresh(store, key)
     except RefreshError:
         pass
-    with store.lock(REFRESHES):
+    with store.registry_lock(REFRESHES):
         refreshes = load_refreshes(store)
         if any(r.key == key for r in refreshes):  # another source's run registered it meanwhile
             return get_refresh(store, key)

@@ -264,3 +264,30 @@ def test_unmaterialized_names_the_partitions_a_refresh_should_hold(tmp_path):
     commit("ref/r1")
     commit("web/r2")
     assert unmaterialized(store, "quality_filtered_documents", ["web", "ref", "new"], [first, second]) == []
+
+
+def test_machines_with_their_own_caches_lose_no_registry_entry(s3_endpoint, tmp_path):  # noqa: F811
+    """With S3 storage each machine (pod) has its own KILN_HOME cache, so the registries' file lock serialized
+    nothing: a machine that pulled the list before another appended to it rewrote S3 from its stale copy, and the
+    other's removal request (or refresh) was gone, both commands having reported success."""
+    from kiln.common.remote import S3Remote
+    from kiln.governance.forget import load_requests, record_request
+
+    client = s3_client(s3_endpoint)
+    client.create_bucket(Bucket="kiln-test")
+
+    def machine(name):
+        return Store(tmp_path / name, S3Remote.connect(client, "kiln-test", "kiln"))
+
+    record_request(machine("ops"), None, "url_pattern", "^https://old/", reason="first")
+    register_refresh(machine("ops"), None, "initial", key="r1")
+    a, b = machine("pod-a"), machine("pod-b")
+    for pod in (a, b):  # both read the lists before either appends
+        assert len(load_requests(pod)[0]) == 1 and len(load_refreshes(pod)) == 1
+    record_request(a, None, "url_pattern", "^https://jane/", reason="erasure")
+    record_request(b, None, "url_pattern", "^https://acme/", reason="dmca")
+    register_refresh(a, {"web": [LandedFile("/a", "a", 1, "t")]}, "cli", key="r2")
+    register_refresh(b, {"web": [LandedFile("/b", "b", 1, "t")]}, "cli", key="r3")
+    fresh = machine("fresh")
+    assert [r.reason for r in load_requests(fresh)[0]] == ["first", "erasure", "dmca"]
+    assert [r.key for r in load_refreshes(fresh)] == ["r1", "r2", "r3"]
