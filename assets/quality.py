@@ -16,7 +16,7 @@ from kiln.common.storage import Snapshot, resume_key
 from kiln.governance.forget import REQUESTS, applied_requests, first_match, load_requests, with_intake_urls
 from kiln.governance.refresh import materialized, partition
 from kiln.quality.classifier import Example, balanced_sample, train_classifier
-from kiln.quality.rules import decide, decile_rows, filter_parts, threshold_effect
+from kiln.quality.rules import RuleError, decide, decile_rows, filter_parts, threshold_effect
 from kiln.quality.scoring import out_of_range as scores_out_of_range
 from kiln.quality.scoring import read_scores, score_parts
 from kiln.tokens.tokenizer import read_documents
@@ -110,6 +110,11 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
     # both pinned: the versions recorded are the ones scored
     deduplicated, classifier = store.snapshot(DEDUPLICATED, source), store.snapshot(CLASSIFIER)
     classifier_dir = classifier.folder if classifier.manifest.stats["card"] else None
+    if classifier_dir is None and config.quality_classifier_enabled:  # fitted once, while it was off
+        raise dg.Failure(description=(
+            f"{CLASSIFIER} was fitted while the classifier was off, and the config enables it now "
+            f"(positive sources {', '.join(config.quality_classes()[0])}): materialize {CLASSIFIER} again (it is "
+            f"fitted only when missing), then {SCORES}"))
     reference = {"reference_model_sha256": None, "reference_tokenizer_sha256": None}
     if settings.model:
         from kiln.quality.perplexity import ReferenceModel
@@ -174,7 +179,10 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
     scored = store.snapshot(SCORES, source)  # pinned: the version recorded is the one filtered
     parts = scored.files("documents")
     doc_ids, scores, perplexity = read_scores(parts)
-    decision = decide(doc_ids, scores, perplexity, rule)
+    try:
+        decision = decide(doc_ids, scores, perplexity, rule)
+    except RuleError as exc:
+        raise dg.Failure(description=f"{QUALITY_FILTERED}[{source}]: {exc}") from None
     requests, requests_version = load_requests(store)
     requested = _requested(store, scored, requests)
     applied = sorted({r.removeprefix("removal_request:") for r in requested.values()})

@@ -30,6 +30,10 @@ ABOVE_MAX_PERPLEXITY = "perplexity_above_max"
 BUCKETS = ("head", "middle", "tail")
 
 
+class RuleError(ValueError):
+    """A source's quality rule cannot be applied to the scores stored for it; the message says what to do."""
+
+
 @dataclass
 class Decision:
     removed: dict[int, str] = field(default_factory=dict)  # row index -> reason (the first rule it fails)
@@ -63,6 +67,15 @@ def decide(doc_ids: list[str], scores: np.ndarray, perplexity: np.ndarray, rule:
         decision.buckets, decision.cutoffs["bucket_edges"] = perplexity_buckets(perplexity, quantiles)
     if rule is None or n == 0:
         return decision
+    # Scores or perplexities all missing: made without the classifier or the reference model (one fitted while
+    # off, and not fitted again since). Judged by them, every document would be dropped.
+    for used, values, what, fix in (
+            (rule.uses_score, scores, "scores", "materialize quality_classifier again if the config enables it now"),
+            (rule.uses_perplexity, perplexity, "perplexities", "set quality.perplexity.model")):
+        if used and not np.isfinite(values).any():
+            raise RuleError(f"this source's quality rule needs {what}, but its quality_scores hold none (made "
+                            f"without {'quality_classifier' if what == 'scores' else 'a reference model'}); {fix}, "
+                            f"then materialize quality_scores, or remove the rule")
 
     def drop(mask: np.ndarray, reason: str) -> None:
         for i in np.flatnonzero(mask):

@@ -94,3 +94,44 @@ def test_classifier_scores_and_rules_from_stored_scores(tmp_path, kiln_home, mon
     assert refiltered["config"]["rule"]["keep_top_fraction"] == 0.25
     assert refiltered["inputs"] == filtered["inputs"] == {
         f"quality_scores/{project.partition('web')}": scores_manifest["data_version"]}
+
+
+def test_a_classifier_fitted_while_off_is_not_used_once_the_config_turns_it_on(tmp_path, kiln_home, monkeypatch):
+    """quality_classifier is fitted once (when missing). Fitted while off (no reference source yet), it stayed when the
+    config later marked a reference source and filtered the web on the score: quality_scores stored no scores, its
+    check passed, and `min_score` dropped every web document. Now the scores refuse, naming the classifier to fit
+    again; once it is, the filter keeps the web's good pages."""
+    refs = reference_texts()
+    write_jsonl(tmp_path / "ref" / "a.jsonl", [{"id": i, "text": t} for i, t in enumerate(refs[:60])])
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": f"j{i}", "text": t} for i, t in enumerate(junk_texts(20, seed=1))]
+                + [{"id": f"g{i}", "text": t} for i, t in enumerate(refs[200:220])])
+    sources = [{"name": "ref", "kind": "jsonl", "path": str(tmp_path / "ref"), "license": "PSF-2.0",
+                "domain": "books", "quality_tier": 1, "profile": "none"},  # not `reference` yet: the classifier is off
+               {"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC-BY",
+                "domain": "web", "quality_tier": 3, "profile": "none"}]
+    config = {"sources": sources, "profiles": {"none": []}, "engine": SERIAL_ENGINE,
+              "decontamination": {"enabled": False}, "quality": {"classifier": {"folds": 3, "quantize_cutoff": 1000}}}
+    project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
+    for wave in UPSTREAM:
+        for source in SOURCES:
+            assert project.materialize(wave, source).success
+    assert project.materialize(["dedup_index"]).success
+    for source in SOURCES:
+        assert project.materialize(["deduplicated_documents"], source).success
+    assert project.materialize(["quality_classifier"]).success
+
+    key = project.current()
+    sources[0]["domain"] = "reference"
+    config["quality"]["rules"] = {"web": {"min_score": 0.5}}
+    project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
+    project.refresh_key = key
+    project._mirror()
+    failed = project.materialize(["quality_scores"], "web", raise_on_error=False)
+    assert not failed.success
+    message = failed.get_step_failure_events()[0].step_failure_data.user_failure_data.description
+    assert "quality_classifier was fitted while the classifier was off" in message and "materialize" in message
+
+    assert project.materialize(["quality_classifier"]).success
+    assert project.materialize(["quality_scores", "quality_filtered_documents"], "web").success
+    manifest, kept = rows(project, "quality_filtered_documents", "web")
+    assert 0 < manifest["counts"]["documents"] < 40 and any(r["doc_id"] for r in kept)

@@ -267,6 +267,20 @@ def test_top_fraction_keeps_exactly_its_share_even_with_ties():
         {list(reversed(ids))[i] for i in np.flatnonzero(again.keep_mask(100))}
 
 
+def test_a_rule_on_scores_that_were_never_made_is_refused_not_applied():
+    """Scores all missing (made while the classifier was off) judged by `min_score` dropped every document; a
+    perplexity rule on perplexities never computed dropped them all as the tail. Both name what to materialize."""
+    from kiln.quality.rules import RuleError
+
+    ids, none = ["a", "b"], np.full(2, np.nan)
+    for rule, message in ((QualityRule(min_score=0.5), "needs scores.*made without quality_classifier"),
+                          (QualityRule(keep_top_fraction=0.5), "needs scores"),
+                          (QualityRule(perplexity_buckets=["head"]), "needs perplexities.*without a reference model.*quality.perplexity.model")):
+        with pytest.raises(RuleError, match=message):
+            decide(ids, none, none, rule)
+    assert decide(ids, np.array([0.9, np.nan]), none, QualityRule(min_score=0.5)).removed == {1: BELOW_MIN}
+
+
 def test_ccnet_buckets_split_at_the_sources_own_quantiles():
     ppl = np.arange(1, 101, dtype=float)
     buckets, edges = perplexity_buckets(ppl, (0.3, 0.6))
