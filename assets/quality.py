@@ -14,7 +14,7 @@ from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.removals import example_excerpt
 from kiln.common.storage import Snapshot, resume_key
 from kiln.governance.forget import REQUESTS, applied_requests, first_match, load_requests, with_intake_urls
-from kiln.governance.refresh import materialized, partition
+from kiln.governance.refresh import load_refreshes, materialized, partition, upto
 from kiln.quality.classifier import Example, balanced_sample, train_classifier
 from kiln.quality.rules import RuleError, decide, decile_rows, filter_parts, threshold_effect
 from kiln.quality.scoring import out_of_range as scores_out_of_range
@@ -179,8 +179,12 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
     scored = store.snapshot(SCORES, source)  # pinned: the version recorded is the one filtered
     parts = scored.files("documents")
     doc_ids, scores, perplexity = read_scores(parts)
+    # The source's scores in the refreshes before this one: a whole-source rule cuts among all of them
+    earlier = materialized(store, SCORES, [name], upto(load_refreshes(store), refresh)[:-1])
+    earlier_ids, earlier_scores, earlier_perplexity = read_scores([f for m in earlier.values()
+                                                                   for f in m.files("documents")])
     try:
-        decision = decide(doc_ids, scores, perplexity, rule)
+        decision = decide(doc_ids, scores, perplexity, rule, (earlier_ids, earlier_scores, earlier_perplexity))
     except RuleError as exc:
         raise dg.Failure(description=f"{QUALITY_FILTERED}[{source}]: {exc}") from None
     requests, requests_version = load_requests(store)
@@ -196,6 +200,7 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
                     "keep_rejected_text": config.curation.keep_rejected_text,
                     "removal_requests": applied},
             inputs={f"{SCORES}/{source}": scored.manifest.data_version,
+                    **{f"{SCORES}/{p}": m.manifest.data_version for p, m in earlier.items()},
                     **({REQUESTS: requests_version} if requests_version else {})},
             counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
             stats={**stats.to_dict(), "cutoffs": decision.cutoffs},

@@ -2,7 +2,8 @@
 
 Only the stored columns are read (`quality_score`, `perplexity`), so changing a threshold re-runs this
 step alone, never the classifier or the language model. Rules that depend on the whole source
-(top fraction, CCNet perplexity buckets) compute their cut-offs from that source's scores and report them.
+(top fraction, CCNet perplexity buckets) compute their cut-offs from that source's scores, in every refresh so far,
+and report them.
 """
 
 from __future__ import annotations
@@ -46,9 +47,12 @@ class Decision:
         return mask
 
 
-def perplexity_buckets(perplexity: np.ndarray, quantiles: tuple[float, float]) -> tuple[np.ndarray, list[float]]:
-    """CCNet's head / middle / tail split at the source's own perplexity quantiles (unscored rows: tail)."""
-    finite = perplexity[np.isfinite(perplexity)]
+def perplexity_buckets(perplexity: np.ndarray, quantiles: tuple[float, float],
+                       population: np.ndarray | None = None) -> tuple[np.ndarray, list[float]]:
+    """CCNet's head / middle / tail split at the source's own perplexity quantiles (those of `population`, every
+    perplexity of the source, when given; unscored rows: tail)."""
+    population = perplexity if population is None else population
+    finite = population[np.isfinite(population)]
     if not finite.size:
         return np.full(len(perplexity), "tail", dtype=object), []
     edges = [float(e) for e in np.quantile(finite, quantiles)]
@@ -57,14 +61,21 @@ def perplexity_buckets(perplexity: np.ndarray, quantiles: tuple[float, float]) -
     return buckets.astype(object), edges
 
 
-def decide(doc_ids: list[str], scores: np.ndarray, perplexity: np.ndarray, rule: QualityRule | None) -> Decision:
+def decide(doc_ids: list[str], scores: np.ndarray, perplexity: np.ndarray, rule: QualityRule | None,
+           earlier: tuple[list[str], np.ndarray, np.ndarray] | None = None) -> Decision:
     """Which rows a source's rule removes, and why. Rules apply in a fixed order: min_score,
-    keep_top_fraction, max_perplexity, perplexity_buckets; a row gets the reason of the first it fails."""
+    keep_top_fraction, max_perplexity, perplexity_buckets; a row gets the reason of the first it fails.
+
+    `earlier`: the same source's doc ids and scores in the refreshes before this one. The rules that depend on the
+    whole source (top fraction, perplexity buckets) cut among all of them and these rows, so a document's fate does
+    not depend on the refresh it arrived in (a 3-document refresh kept all of a 90% top fraction)."""
     decision = Decision()
     n = len(doc_ids)
+    all_ids, all_scores, all_perplexity = (doc_ids, scores, perplexity) if earlier is None else (
+        earlier[0] + doc_ids, np.concatenate([earlier[1], scores]), np.concatenate([earlier[2], perplexity]))
     if np.isfinite(perplexity).any() or (rule and rule.uses_perplexity):
         quantiles = rule.bucket_quantiles if rule else QualityRule().bucket_quantiles
-        decision.buckets, decision.cutoffs["bucket_edges"] = perplexity_buckets(perplexity, quantiles)
+        decision.buckets, decision.cutoffs["bucket_edges"] = perplexity_buckets(perplexity, quantiles, all_perplexity)
     if rule is None or n == 0:
         return decision
     # Scores or perplexities all missing: made without the classifier or the reference model (one fitted while
@@ -85,14 +96,15 @@ def decide(doc_ids: list[str], scores: np.ndarray, perplexity: np.ndarray, rule:
         decision.cutoffs["min_score"] = rule.min_score
         drop(~(scores >= rule.min_score), BELOW_MIN)
     if rule.keep_top_fraction is not None:
-        keep = math.ceil(round(rule.keep_top_fraction * n, 9))  # 0.07 * 100 is 7.000000000000001 in floats: 7
+        total = len(all_ids)
+        keep = math.ceil(round(rule.keep_top_fraction * total, 9))  # 0.07 * 100 is 7.000000000000001 in floats: 7
         # Highest score first (unscored last); equal scores in doc_id-hash order, so every run cuts the same.
-        ranked = np.where(np.isfinite(scores), scores, -np.inf)
-        order = sorted(range(n), key=lambda i: (-ranked[i], hash_unit("quality-ties", doc_ids[i])))
-        bottom = np.zeros(n, dtype=bool)
+        ranked = np.where(np.isfinite(all_scores), all_scores, -np.inf)
+        order = sorted(range(total), key=lambda i: (-ranked[i], hash_unit("quality-ties", all_ids[i])))
+        bottom = np.zeros(total, dtype=bool)
         bottom[order[keep:]] = True
-        decision.cutoffs["top_fraction_min_score"] = float(scores[order[keep - 1]]) if keep else None
-        drop(bottom, BOTTOM_FRACTION)
+        decision.cutoffs["top_fraction_min_score"] = float(all_scores[order[keep - 1]]) if keep else None
+        drop(bottom[total - n:], BOTTOM_FRACTION)  # these rows are the last n
     if rule.max_perplexity is not None:
         decision.cutoffs["max_perplexity"] = rule.max_perplexity
         drop(~(perplexity <= rule.max_perplexity), ABOVE_MAX_PERPLEXITY)

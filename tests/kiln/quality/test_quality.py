@@ -281,6 +281,23 @@ def test_a_rule_on_scores_that_were_never_made_is_refused_not_applied():
     assert decide(ids, np.array([0.9, np.nan]), none, QualityRule(min_score=0.5)).removed == {1: BELOW_MIN}
 
 
+def test_whole_source_rules_cut_among_every_refresh_so_far():
+    """A later refresh of 3 low-scoring documents kept all 3 under a 90% top fraction (ceil(0.9 * 3) = 3), while
+    among the source's 103 documents they are the bottom. Worked by hand: earlier scores 0.01..1.00 (100 documents),
+    these 0.001-0.003; keep ceil(0.9 * 103) = 93, so the bottom 10 are these 3 and the earlier 0.01..0.07. The
+    buckets' edges are the quantiles of all 103 perplexities: these three at 5000 are the tail, not the head."""
+    earlier = ([f"e{i}" for i in range(100)], np.arange(1, 101) / 100, np.arange(1, 101, dtype=float))
+    ids, scores, ppl = ["a", "b", "c"], np.array([0.001, 0.002, 0.003]), np.full(3, 5000.0)
+    alone = decide(ids, scores, ppl, QualityRule(keep_top_fraction=0.9))
+    assert alone.removed == {}  # the refresh alone: every document kept
+    d = decide(ids, scores, ppl, QualityRule(keep_top_fraction=0.9), earlier)
+    assert d.removed == {0: BOTTOM_FRACTION, 1: BOTTOM_FRACTION, 2: BOTTOM_FRACTION}
+    assert d.cutoffs["top_fraction_min_score"] == 0.08
+    buckets = decide(ids, scores, ppl, QualityRule(perplexity_buckets=["head", "middle"]), earlier)
+    assert list(buckets.buckets) == ["tail"] * 3 and len(buckets.removed) == 3
+    assert decide(ids, scores, ppl, QualityRule(perplexity_buckets=["head"])).removed == {}  # alone: all "head"
+
+
 def test_ccnet_buckets_split_at_the_sources_own_quantiles():
     ppl = np.arange(1, 101, dtype=float)
     buckets, edges = perplexity_buckets(ppl, (0.3, 0.6))
