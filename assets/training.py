@@ -32,9 +32,12 @@ REPO = Path(__file__).resolve().parents[1]
 PROBES = REPO / "training_jobs" / "probes.json"
 
 
-def run_key(shards_version: str, tokenizer_version: str, settings_json: str) -> str:
-    """Same data and settings, same run folder: a materialization after a crash resumes that run."""
-    return hashlib.sha256(f"{shards_version}\0{tokenizer_version}\0{settings_json}".encode()).hexdigest()[:12]
+def run_key(shards_version: str, tokenizer_version: str, settings_json: str, world_size: int) -> str:
+    """Same data, settings and number of ranks, same run folder: a materialization after a crash resumes that run.
+    Another number of ranks is another run (another global batch, and checkpoints only that many ranks can load):
+    its own folder, so a finished run is not resumed on it nor refused."""
+    return hashlib.sha256(
+        f"{shards_version}\0{tokenizer_version}\0{settings_json}\0{world_size}".encode()).hexdigest()[:12]
 
 
 class TrainingLaunch(dg.Config):
@@ -244,7 +247,7 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
     if removals is not None and removals.exclude:  # the loader skips them; a new exclusion is a new run folder
         replay = {**replay, "exclude": removals.exclude}
     continued = json.dumps({"base": base and base["sha256"], "replay": replay}) if base else ""
-    key = run_key(shards.data_version, tok.data_version, settings.model_dump_json() + continued)
+    key = run_key(shards.data_version, tok.data_version, settings.model_dump_json() + continued, world_size)
     run_dir = kiln_home() / "runs" / key
     if reason := busy(run_dir):  # before anything is written there (the launch itself is refused too)
         raise dg.Failure(description=f"training_run: {reason}",

@@ -531,10 +531,15 @@ def save(engine, root: Path, step: int, kiln_state: dict[str, Any], keep_last: i
     return root / tag
 
 
-def not_this_run(ckpt: Path, model: dict[str, Any], tokenizer_sha256: str | None) -> str | None:
+class CheckpointMismatch(ValueError):
+    """A complete checkpoint that is not this run's to continue (not_this_run says why): refused before loading."""
+
+
+def not_this_run(ckpt: Path, model: dict[str, Any], tokenizer_sha256: str | None, world_size: int) -> str | None:
     """Why a resumable checkpoint is not this run's to continue (None: it is): written for another model, or with
-    another tokenizer (a checkpoint.dir shared by two runs, an output_dir reused with other settings). DeepSpeed
-    would fail on a shape far into loading, or load a different rope_theta or norm_eps without a word."""
+    another tokenizer (a checkpoint.dir shared by two runs, an output_dir reused with other settings), or by another
+    number of ranks. DeepSpeed would fail on a shape or a ZeRO partition count far into loading, or load a different
+    rope_theta or norm_eps without a word."""
     manifest = read_manifest(ckpt)
     written = manifest.get("model") or {}
     differs = {k: (written.get(k), v) for k, v in model.items() if k in written and written[k] != v}
@@ -542,17 +547,23 @@ def not_this_run(ckpt: Path, model: dict[str, Any], tokenizer_sha256: str | None
     tokenizer = manifest.get("tokenizer_sha256")
     if tokenizer and tokenizer_sha256 and tokenizer != tokenizer_sha256:
         differs["tokenizer_sha256"] = (tokenizer[:12], tokenizer_sha256[:12])
-    if not differs:
-        return None
-    return (f"{ckpt} was written by a run of another model or tokenizer ("
-            + ", ".join(f"{k}: {there!r} there, {here!r} here" for k, (there, here) in differs.items())
-            + "); a run resumes its own checkpoints only: give this run another output_dir or checkpoint.dir, or "
-              "train the model those checkpoints belong to")
+    if differs:
+        return (f"{ckpt} was written by a run of another model or tokenizer ("
+                + ", ".join(f"{k}: {there!r} there, {here!r} here" for k, (there, here) in differs.items())
+                + "); a run resumes its own checkpoints only: give this run another output_dir or checkpoint.dir, or "
+                  "train the model those checkpoints belong to")
+    written_by = manifest.get("world_size")
+    if written_by is not None and written_by != world_size:  # each rank's ZeRO partition, data position and RNG
+        return (f"{ckpt} was written by {written_by} ranks and this launch has {world_size}: a run resumes only with "
+                f"the number of ranks that wrote its checkpoints. Launch it with {written_by} (TrainingLauncher "
+                f"nproc_per_node / num_workers, torchrun --nproc_per_node) to continue it, or give this run another "
+                f"output_dir or checkpoint.dir to start afresh")
+    return None
 
 
 def load(engine, root: Path, found: Found) -> dict[str, Any]:
-    """Load a verified checkpoint into a freshly initialized engine (all ranks) and return Kiln's client
-    state; this rank's RNG states are restored."""
+    """Load a verified checkpoint that not_this_run accepted (the same number of ranks) into a freshly initialized
+    engine (all ranks) and return Kiln's client state; this rank's RNG states are restored."""
     with weights_only_loads():
         load_path, client_state = engine.load_checkpoint(str(root), found.path.name)
     if load_path is None:
@@ -562,9 +573,6 @@ def load(engine, root: Path, found: Found) -> dict[str, Any]:
         raise RuntimeError(f"checkpoint {found.path} has no Kiln client state; it was not written by "
                            f"training_jobs.train, so it cannot be resumed (start a fresh run in another folder)")
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    if len(kiln["rng"]) != (torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1):
-        raise RuntimeError(f"checkpoint {found.path} was written by {len(kiln['rng'])} ranks; resume with the same "
-                           f"number (another world size needs DeepSpeed's universal checkpoint conversion)")
     set_rng_state(kiln["rng"][rank])
     return kiln
 
@@ -615,6 +623,6 @@ def check_weights_only(ckpt: Path, allow_deepspeed: bool = False) -> dict[str, s
 
 __all__ = ["BackgroundWriter", "CHECKPOINT_FORMAT", "CheckpointFormatError", "CONSOLIDATED", "Cadence", "Found", "MANIFEST", "ManifestWriter",
            "checkpoints", "save_atomically", "to_host", "write_atomically", "write_path_atomically", "writes_through",
-           "check_weights_only",
+           "check_weights_only", "CheckpointMismatch",
            "find_resumable", "load", "move_aside", "prune", "read_manifest", "rng_state", "save", "set_rng_state",
            "tag_for", "verify", "weights_only_loads", "write_manifest"]

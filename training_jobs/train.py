@@ -124,9 +124,10 @@ class Launched:
 
 
 # What restarting the run cannot change: its inputs refused, on every rank alike (the shards, among them a version
-# materialized again since the run was set up, the tokenizer file or the base checkpoint; the message says what to
-# do). A launcher that restarts failed workers (Ray Train) stops at the first.
-REFUSALS = (ShardError, TokenizerMismatch, BaseCheckpointError)
+# materialized again since the run was set up, the tokenizer file, the base checkpoint, or a checkpoint in its folder
+# that is another run's: another model, tokenizer or number of ranks; the message says what to do). A launcher that
+# restarts failed workers (Ray Train) stops at the first.
+REFUSALS = (ShardError, TokenizerMismatch, BaseCheckpointError, checkpoint.CheckpointMismatch)
 
 KEPT, REJECTED, ROLLED_BACK = "kept", "rejected", "rolled back"  # what the monitor's judgement did to a step
 
@@ -390,10 +391,10 @@ class Trainer:
         found = self.newest_checkpoint()
         if found is None:
             return
-        problem = checkpoint.not_this_run(found.path, self.cfg.to_dict(), self.run.tokenizer_sha256) \
-            if self.dist.main else None
+        problem = checkpoint.not_this_run(found.path, self.cfg.to_dict(), self.run.tokenizer_sha256,
+                                          self.dist.world_size) if self.dist.main else None
         if problem := broadcast_object(self.dist, problem):
-            raise ValueError(problem)
+            raise checkpoint.CheckpointMismatch(problem)
         state = self.load(found)
         self.loader.load_state_dict(state["loader"])
         self.monitor.load_state_dict(state["monitor"])

@@ -459,6 +459,17 @@ def test_a_launcher_left_unset_trains_on_every_visible_gpu_and_on_two_cpu_proces
     assert launcher("deepspeed", master_port=29511)[3:5] == ["--master_port", "29511"]
 
 
+def test_another_number_of_ranks_trains_in_a_run_folder_of_its_own():
+    """The same data and settings on 2 GPUs and then on 1 are two runs (another global batch; 2 ranks' checkpoints
+    do not load on 1): a finished 2-rank run is neither resumed nor refused when materialized on 1. A retry on as many
+    ranks finds its folder again."""
+    from assets.training import run_key
+
+    settings = '{"seq_len": 32, "parallelism": {"dp": null}}'
+    assert run_key("shards-v1", "tok-v1", settings, 2) == run_key("shards-v1", "tok-v1", settings, 2)
+    assert run_key("shards-v1", "tok-v1", settings, 2) != run_key("shards-v1", "tok-v1", settings, 1)
+
+
 def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_refused_before_launch():
 
     from assets.training import TrainingLaunch, launch_layout, ray_reachable

@@ -377,9 +377,10 @@ def test_mfu_is_none_without_a_peak():
     assert mfu(6e9, 100_000.0, 989e12, 8) == pytest.approx(6e9 * 1e5 / (989e12 * 8))
 
 
-def test_a_checkpoint_of_another_model_or_tokenizer_is_not_resumed(tmp_path):
-    """A checkpoint.dir shared by two runs, or an output_dir reused with other settings: resuming would fail deep in
-    DeepSpeed on a shape, or load another rope_theta without a word. The manifest records the model and tokenizer."""
+def test_a_checkpoint_of_another_model_tokenizer_or_number_of_ranks_is_not_resumed(tmp_path):
+    """A checkpoint.dir shared by two runs, or an output_dir reused with other settings or on other GPUs: resuming
+    would fail deep in DeepSpeed on a shape or a ZeRO partition count, or load another rope_theta without a word. The
+    manifest records the model, tokenizer and number of ranks."""
     from dataclasses import replace
 
     from training_jobs.model import ModelConfig
@@ -388,17 +389,20 @@ def test_a_checkpoint_of_another_model_or_tokenizer_is_not_resumed(tmp_path):
     path = tmp_path / checkpoint.tag_for(4)
     path.mkdir()
     (path / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"model")
-    checkpoint.write_manifest(path, 4, {"model": cfg.to_dict(), "tokenizer_sha256": "a" * 64})
-    assert checkpoint.not_this_run(path, cfg.to_dict(), "a" * 64) is None
-    problem = checkpoint.not_this_run(path, replace(cfg, n_layers=3, rope_theta=5e5).to_dict(), "a" * 64)
+    checkpoint.write_manifest(path, 4, {"model": cfg.to_dict(), "tokenizer_sha256": "a" * 64, "world_size": 2})
+    assert checkpoint.not_this_run(path, cfg.to_dict(), "a" * 64, 2) is None
+    problem = checkpoint.not_this_run(path, replace(cfg, n_layers=3, rope_theta=5e5).to_dict(), "a" * 64, 2)
     assert "n_layers: 2 there, 3 here" in problem and "rope_theta: 10000.0 there, 500000.0 here" in problem
     assert "give this run another output_dir or checkpoint.dir" in problem
     assert "tokenizer_sha256: 'aaaaaaaaaaaa' there, 'bbbbbbbbbbbb' here" in \
-        checkpoint.not_this_run(path, cfg.to_dict(), "b" * 64)
+        checkpoint.not_this_run(path, cfg.to_dict(), "b" * 64, 2)
     # a checkpoint written before a model field existed (its default then) still resumes
     older = {k: v for k, v in cfg.to_dict().items() if k != "rope_scaling_factor"}
-    checkpoint.write_manifest(path, 4, {"model": older, "tokenizer_sha256": "a" * 64})
-    assert checkpoint.not_this_run(path, cfg.to_dict(), "a" * 64) is None
+    checkpoint.write_manifest(path, 4, {"model": older, "tokenizer_sha256": "a" * 64, "world_size": 2})
+    assert checkpoint.not_this_run(path, cfg.to_dict(), "a" * 64, 2) is None
+    # written by 2 ranks, resumed by 1: refused here, before DeepSpeed's load fails on its ZeRO partitions
+    problem = checkpoint.not_this_run(path, cfg.to_dict(), "a" * 64, 1)
+    assert "was written by 2 ranks and this launch has 1" in problem and "Launch it with 2" in problem
 
 
 def test_the_stage_a_run_resumes_with_is_the_checkpoint_it_will_resume(tmp_path):

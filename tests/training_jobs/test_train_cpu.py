@@ -286,6 +286,21 @@ def test_a_corrupt_newest_checkpoint_is_skipped(run_a, run_b, tmp_path, token_da
     assert [got[s]["train/loss"] for s in range(5, 13)] == [expected[s]["train/loss"] for s in range(5, 13)]
 
 
+def test_a_run_of_two_ranks_is_refused_on_one_before_deepspeed_loads_it(run_b, tmp_path, token_dataset):
+    """The folder of a 2-rank ZeRO-3 run launched again with 1 rank (the GPU count changed): Kiln's refusal, naming
+    both counts, in place of DeepSpeed's ZeRORuntimeException from load_checkpoint; one Ray Train does not retry."""
+    from training_jobs.train import REFUSALS
+
+    out = tmp_path / "b_one_rank"
+    shutil.copytree(run_b, out)
+    done = launch(write_run(tmp_path, token_dataset, out, max_steps=12), nproc=1)
+    assert done.returncode != 0
+    error = summary_of(out)["error"]
+    assert "step_00000008 was written by 2 ranks and this launch has 1" in error, error
+    assert "ZeRORuntimeException" not in done.stdout + done.stderr
+    assert "CheckpointMismatch" in error and checkpoint.CheckpointMismatch in REFUSALS
+
+
 def test_a_loss_spike_rolls_back_skips_data_and_finishes(tmp_path, token_dataset):
     """One rank, launched through Dagster Pipes as the training_run asset will; step 7's loss is x100. The monitor
     judges step 7 a step late, once step 8 is under way: the rollback to checkpoint 4 still comes before step 8's
