@@ -106,7 +106,8 @@ def _load_base(path: Path, weights: bool) -> BaseWeights:
 
     if (path / "safetensors" / CONFIG_FILE).is_file():  # the checkpoint asset's folder
         path = path / "safetensors"
-    if (path / checkpoint.MANIFEST).is_file() or checkpoint.TAG.match(path.name):
+    if not path.exists() or (path / checkpoint.MANIFEST).is_file() or checkpoint.TAG.match(path.name) \
+            or checkpoint.checkpoints(path, complete_only=False):  # the last: a run's checkpoints folder
         problem = checkpoint.verify(path)
         if problem:
             raise BaseCheckpointError(f"base checkpoint {path} does not verify: {problem}; pick a complete checkpoint")

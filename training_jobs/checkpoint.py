@@ -150,8 +150,14 @@ def write_manifest(ckpt: Path, step: int, meta: dict[str, Any],
 def verify(ckpt: Path, hashes: bool = True) -> str | None:
     """None if the checkpoint is complete and every file matches its manifest, else what is wrong. `hashes=False`:
     every file there at its size, not hashed (a look that costs no reading)."""
+    ckpt = Path(ckpt)
+    if not ckpt.exists():  # a typo, or a step keep_last rotated away
+        beside = checkpoints(ckpt.parent, complete_only=False)
+        return "it does not exist" + (_complete_ones(ckpt.parent) if beside else "")
     path = ckpt / MANIFEST
     if not path.is_file():
+        if checkpoints(ckpt, complete_only=False):
+            return f"it holds checkpoints: point at a step_N folder inside it{_complete_ones(ckpt)}"
         return f"no {MANIFEST} (the run stopped while saving it)"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
@@ -173,6 +179,12 @@ def verify(ckpt: Path, hashes: bool = True) -> str | None:
         if hashes and sha256_file(file) != info["sha256"]:
             return f"{name} does not match its sha256 in the manifest"
     return None
+
+
+def _complete_ones(root: Path) -> str:
+    """The complete checkpoints in root, for a message that points the user at one."""
+    complete = [found.path.name for found in checkpoints(root)]
+    return f" (the complete ones there: {', '.join(complete)})" if complete else " (none there is complete)"
 
 
 def read_manifest(ckpt: Path) -> dict[str, Any]:

@@ -74,6 +74,24 @@ def test_damage_is_detected(tmp_path, damage, problem):
     assert problem in checkpoint.verify(path)
 
 
+def test_a_folder_that_is_not_there_or_holds_checkpoints_is_named_as_such(tmp_path):
+    """What export and a base checkpoint verify first: a step folder that is not there (a typo, one keep_last rotated
+    away) or the checkpoints folder itself is not "the run stopped while saving it"; the complete ones are named."""
+    root = tmp_path / "checkpoints"
+    fake_checkpoint(root, 4)
+    fake_checkpoint(root, 8)
+    fake_checkpoint(root, 12, complete=False)  # no manifest: not one to point at
+    assert checkpoint.verify(root) == ("it holds checkpoints: point at a step_N folder inside it "
+                                       "(the complete ones there: step_00000004, step_00000008)")
+    assert checkpoint.verify(root / "step_00000002") == \
+        "it does not exist (the complete ones there: step_00000004, step_00000008)"
+    assert checkpoint.verify(tmp_path / "chekpoints" / "step_00000004") == "it does not exist"
+    (root / "step_00000004" / "manifest.json").unlink()
+    (root / "step_00000008" / "manifest.json").unlink()
+    assert checkpoint.verify(root).endswith("inside it (none there is complete)")
+    assert checkpoint.verify(root / "step_00000008") == "no manifest.json (the run stopped while saving it)"
+
+
 def test_resume_takes_the_newest_good_one_and_moves_bad_ones_aside(tmp_path):
     fake_checkpoint(tmp_path, 4)
     corrupt = fake_checkpoint(tmp_path, 8)

@@ -42,3 +42,20 @@ def test_a_base_checkpoint_that_is_not_kilns_is_refused_saying_so(tmp_path, file
     with pytest.raises(BaseCheckpointError, match=rf"training.base_checkpoint {tmp_path}: its description does not "
                                                   rf"read as a Kiln or HF Llama checkpoint \({found}"):
         load_base(tmp_path, weights=False)
+
+
+def test_a_base_checkpoint_that_is_not_there_or_is_a_checkpoints_folder_is_refused_saying_so(tmp_path):
+    """training.base_checkpoint at a folder that does not exist, or at a run's checkpoints folder rather than a step
+    in it: said so, with the complete checkpoints there (not "is not a checkpoint" or "stopped while saving")."""
+    from training_jobs import checkpoint
+    from training_jobs.base import BaseCheckpointError, load_base
+
+    step = tmp_path / "checkpoints" / "step_00000004"
+    step.mkdir(parents=True)
+    (step / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"model")
+    checkpoint.write_manifest(step, 4, {"model": {}})
+    with pytest.raises(BaseCheckpointError, match=r"checkpoints does not verify: it holds checkpoints: point at "
+                                                  r"a step_N folder inside it \(the complete ones there: step_00000004"):
+        load_base(tmp_path / "checkpoints", weights=False)
+    with pytest.raises(BaseCheckpointError, match=r"/export does not verify: it does not exist; pick"):
+        load_base(tmp_path / "export", weights=False)
