@@ -339,18 +339,26 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
+def loss_curve(metrics: list[dict]) -> list[tuple[int, float, float]]:
+    """(step, train loss, lr) per step, from metrics.jsonl's rows: a step logged again (trained again after a resume
+    from an earlier checkpoint, or after a rollback) by its last row, the one the run kept, in step order. File order
+    drew the curve doubling back at every resume."""
+    last = {m["step"]: (m["train/loss"], m["train/lr"]) for m in metrics if m.get("train/loss") is not None}
+    return [(step, loss, lr) for step, (loss, lr) in sorted(last.items())]
+
+
 def loss_plot_markdown(metrics: list[dict]) -> str:
     """Training loss (and learning rate) per step: a curve reads faster than a table."""
-    steps = [m["step"] for m in metrics if m.get("train/loss") is not None]
-    if not steps:
+    curve = loss_curve(metrics)
+    if not curve:
         return "no steps logged"
+    steps, losses, lrs = zip(*curve)
     fig, ax = pyplot().subplots(figsize=(6, 3), dpi=100)
-    ax.plot(steps, [m["train/loss"] for m in metrics if m.get("train/loss") is not None], lw=1, label="train loss")
+    ax.plot(steps, losses, lw=1, label="train loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     lr_ax = ax.twinx()
-    lr_ax.plot(steps, [m["train/lr"] for m in metrics if m.get("train/loss") is not None], lw=0.8, color="tab:orange",
-               label="lr")
+    lr_ax.plot(steps, lrs, lw=0.8, color="tab:orange", label="lr")
     lr_ax.set_ylabel("learning rate")
     return figure_markdown(fig, "training loss")
 

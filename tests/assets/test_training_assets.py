@@ -533,3 +533,14 @@ def test_the_evaluation_holds_out_the_documents_the_shards_held_out(tmp_path, mo
         evaluated[val_fraction] = store.manifest("evaluation").stats["per_source"]
     first, raised = evaluated.values()
     assert first == raised and {s: first[s]["tokens"] > 0 for s in ("web", "ref")} == {"web": True, "ref": True}
+
+
+def test_the_loss_curve_draws_each_step_once_by_the_row_the_run_kept():
+    """metrics.jsonl holds a step twice when it was trained again (a resume from the checkpoint at step 2, a rollback):
+    drawn in file order the curve doubled back. Worked by hand: steps 1-4, then 3-4 again after the resume."""
+    from assets.training import loss_curve
+
+    rows = [{"step": s, "train/loss": loss, "train/lr": 0.1} for s, loss in ((1, 5.0), (2, 4.0), (3, 9.0), (4, 8.0))]
+    rows += [{"step": 2, "val/loss": 4.5}]  # a validation row: no training loss
+    rows += [{"step": s, "train/loss": loss, "train/lr": 0.05} for s, loss in ((3, 3.5), (4, 3.0))]
+    assert loss_curve(rows) == [(1, 5.0, 0.1), (2, 4.0, 0.1), (3, 3.5, 0.05), (4, 3.0, 0.05)]
