@@ -5,6 +5,8 @@ through the MinHash bucket index in the dedup_index datasets. It is then traced 
 the token shards' member lists: in the training set, or where and why it left (and, for a removed duplicate,
 whether its kept copy was trained on). A shard set a continued run replayed counts as that checkpoint's training
 data, except for the documents the run left out of its replay for a removal request (kiln.governance.replay).
+A shard set no checkpoint trained on yet counts as the training set only when it is the newest refresh's (the set
+the next run reads; it holds every refresh): an older refresh's is noted as stale where the document was removed.
 Whether a checkpoint read a document of its shards, and how many times each copy, comes from what its run recorded
 it read (kiln.governance.exposure): a run that stopped before reaching a document did not train on it. A run that
 recorded no exposure (from before it was recorded, or replaced before the store's history kept it) counts as having
@@ -21,7 +23,8 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from kiln.common.config import ExactDedup, NearDedup, ProjectConfig
-from kiln.common.storage import Store
+from kiln.common.manifest import Manifest
+from kiln.common.storage import IncompleteDataset, Store
 from kiln.curation.documents import make_doc_id
 from kiln.curation.pipeline import content_hash
 from kiln.governance.catalog import (
@@ -43,6 +46,7 @@ from kiln.governance.catalog import (
 )
 from kiln.governance.exposure import exposure_of
 from kiln.governance.lineage import DOCUMENT_STAGES
+from kiln.governance.refresh import latest
 
 # Membership verdicts, from "it was trained on" to "never seen".
 IN_TRAINING = "in_training"
@@ -257,16 +261,27 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
 
     kept = [r for r in stages if r.status == "kept"]
     removed = next((r for r in stages if r.status in ("removed", "quarantined")), None)
+    # The set the next run trains on: the newest refresh's, which holds every refresh. Built from the stage version
+    # that removed the document, it has no row for it.
+    training_set = _training_set(catalog)
+    newest = training_set.data_version if training_set else None
+    rebuilt = removed is not None and training_set is not None and \
+        training_set.inputs.get(node_key(removed.stage, removed.source)) == removed.data_version
     # A shard set that left it out by a removal request (`kiln forget`, applied to every refresh) outranks older
-    # sets that still hold it, unless a checkpoint in the store was trained on those.
-    requested = next((s for s in shards if s.removed_by), None)
+    # sets that still hold it, unless a checkpoint in the store was trained on those: (that set, the request).
+    requested = next(((s.shard_set, s.removed_by) for s in shards if s.removed_by), None)
+    if requested is None and rebuilt and removed.step == "removal_request":  # the quality filter took it out first
+        requested = newest, removed.reason
     # A set whose every checkpoint replayed it without the document: skipped by a removal request.
     unreplayed = [s for s in shards if s.removed_from_replay and not s.checkpoints]
-    stale = [s for s in shards if s.copies > 0 and requested and not s.checkpoints and s not in unreplayed]
+    # A set no checkpoint in the store trained on is the training set only while nothing took the document out of
+    # it, and only the newest refresh's: an older refresh's is superseded.
+    stale = [s for s in shards if s.copies > 0 and not s.checkpoints and s not in unreplayed
+             and (requested or s.shard_set != newest)]
     shards_left = [s for s in shards if s not in stale and s not in unreplayed and not s.removed_by]
     train = [s for s in shards_left if s.split == "train"]
     where = f"token_shards {', '.join(s.shard_set for s in shards_left)}"
-    if stale:
+    if stale and (requested or removed is not None):
         notes.append(f"token_shards {', '.join(s.shard_set for s in stale)} (no checkpoint in the store trained on "
                      f"it) still hold{'s' if len(stale) == 1 else ''} it: re-materialize token_shards")
     skipped = "; ".join(f"skipped by {s.removed_from_replay_by} when checkpoint {', '.join(s.removed_from_replay)} "
@@ -292,11 +307,12 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
         if skipped:
             notes.append(f"the document was {skipped}")
         if requested is not None:
-            notes.append(f"token_shards {requested.shard_set} has since left it out ({requested.removed_by}); a "
-                         f"checkpoint trained on {s.shard_set} still holds what it learned from it")
+            notes.append(f"token_shards {requested[0]} has since left it out ({requested[1]}); a checkpoint trained "
+                         f"on {s.shard_set} still holds what it learned from it")
         elif removed is not None:
-            notes.append(f"{removed.stage} has since removed it ({removed.reason}); the token shards predate that: "
-                         f"re-materialize token_shards")
+            notes.append(f"{removed.stage} has since removed it ({removed.reason}); " +
+                         (f"token_shards {newest}, built since, left it out" if rebuilt else
+                          "the token shards predate that: re-materialize token_shards"))
     elif held:
         verdict = NOT_REACHED
         s = held[0]
@@ -305,11 +321,11 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
         if skipped:
             notes.append(f"the document was {skipped}")
         if requested is not None:
-            notes.append(f"token_shards {requested.shard_set} has since left it out ({requested.removed_by})")
+            notes.append(f"token_shards {requested[0]} has since left it out ({requested[1]})")
     elif requested is not None or unreplayed:
         verdict = REMOVED
         summary = "NOT TRAINED ON: " + "; ".join(
-            ([f"left out of token_shards {requested.shard_set} by {requested.removed_by}"] if requested else [])
+            ([f"left out of token_shards {requested[0]} by {requested[1]}"] if requested else [])
             + ([skipped] if skipped else []))
     elif any(s.split == "val" for s in shards_left):
         verdict, summary = VALIDATION, f"NOT TRAINED ON: held out for validation (in the val split of {where})"
@@ -349,6 +365,14 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
     return Membership(query, match if (kept or removed or shards) else "none", verdict, summary,
                       doc_id if (kept or removed or shards) else None, source or None, row.get("license"), None, stages,
                       shards, notes=notes, refresh=refresh or None, kept_copy=kept_copy)
+
+
+def _training_set(catalog: Catalog) -> Manifest | None:
+    """The token shards a training run reads (the newest refresh's: `latest`), or None before any."""
+    try:
+        return latest(catalog.store, SHARDS)[1]
+    except IncompleteDataset:
+        return None
 
 
 def _find_in_stage(catalog: Catalog, stage: str, partition: str, doc_id: str) -> tuple[StageRecord | None, dict]:

@@ -197,6 +197,46 @@ def test_forget_reaches_every_refresh_in_the_next_shards(built, capsys):
                      REMOVED_BY_REQUEST: {"documents": 1, "in_train_shards": 0, "train_tokens": 0}}
 
 
+def test_a_document_the_quality_filter_took_out_for_a_request_is_not_in_training(built, capsys):
+    """The automation's order: the quality filter of every partition rejects the forgotten document (stage
+    removal_request) before the newest shards are rebuilt, so they have no row for it at all. Refresh 1's shards,
+    which a replaced checkpoint read, still hold it but are no training set: the newest refresh's holds every
+    refresh. So: trained on by the checkpoint that read refresh 1's shards, left out since; then, with a checkpoint
+    on the rebuilt shards, not trained on."""
+    store, project, rng, vocab = built["store"], built["project"], built["rng"], built["vocab"]
+    first, old_set = project.current(), store.manifest("token_shards", project.current()).data_version
+    landing = built["home"] / "landing"
+    write_jsonl(landing / "web" / "week2.jsonl", [{"id": f"v{i}", "text": random_text(rng, vocab)} for i in range(6)])
+    write_jsonl(landing / "ref" / "b.jsonl", [{"id": f"s{i}", "text": random_text(rng, vocab)} for i in range(6)])
+    second = project.refresh().key
+    assert project.materialize_refresh(sources=["web", "ref"])
+    ref_id = next(d for d, m in sorted(members(store).items()) if d in built["members"] and m["source"] == "ref"
+                  and m["split"] == "train" and m["copies"] > 0)  # refresh 1's, trained on by the checkpoint
+    (ids := built["home"] / "ids.txt").write_text(ref_id + "\n")
+    _, request, _ = forget(built, capsys, "--doc-ids", str(ids))
+    for refresh in (first, second):
+        for source in ("web", "ref"):
+            assert project.materialize(["quality_filtered_documents"], source, refresh=refresh).success
+    assert project.materialize(["token_shards"], refresh=second).success
+    new_set = store.manifest("token_shards", second).data_version
+    assert ref_id not in members(store)  # no removed_by to go by: the quality filter had already taken it out
+    by = f"removal_request:{request['request_id']}"
+
+    answer = membership(store, built["config"], doc_id=ref_id)  # the store's checkpoint read refresh 1's shards
+    assert answer.verdict == "in_training" and answer.shards[0].shard_set == old_set, render(answer)
+    assert f"token_shards {new_set} has since left it out ({by})" in answer.notes[-1]
+    assert not any("predate" in n for n in answer.notes)  # they were rebuilt
+
+    stand_in_checkpoint(store)  # trained on refresh 2's shards; refresh 1's are no checkpoint's now
+    answer = membership(store, built["config"], doc_id=ref_id)
+    named = membership(store, built["config"], doc_id=ref_id, checkpoint="checkpoint")  # the same answer
+    for asked in (answer, named):
+        assert asked.verdict == "removed" and asked.summary == f"NOT TRAINED ON: left out of token_shards {new_set} " \
+            f"by {by}", render(asked)
+    assert any(n.startswith(f"token_shards {old_set} (no checkpoint in the store trained on it) still holds it")
+               for n in answer.notes)
+
+
 def test_requests_by_url_pattern_and_doc_ids_and_training_refuses_shards_written_before_them(built, capsys,
                                                                                               tmp_path):
     """Until token_shards is materialized again after a request, its shards still hold the documents it names,
