@@ -34,6 +34,7 @@ from kiln.governance.catalog import (
     node_key,
     parse_key,
     resolve_target,
+    stored_sources,
     trained_shard_sets,
 )
 from kiln.governance.lineage import DOCUMENT_STAGES
@@ -193,8 +194,7 @@ def source_usage(store: Store, config: ProjectConfig, name: str) -> SourceUsage:
     shard_sets = trained_shard_sets(catalog)
     current = {m.data_version for m in catalog.versions(SHARDS)}
     declared = {s.name: s for s in config.sources}
-    seen = set(declared) | {p.split("/")[0] for st in DOCUMENT_STAGES for p in catalog.partitions(st) if p} | \
-        {n for m in shard_sets for n in (m.stats.get("sources") or {})}
+    seen = set(declared) | stored_sources(catalog)
     if name not in seen:
         raise AuditError(f"unknown source {name!r}; sources: {', '.join(sorted(seen)) or 'none'}")
     license = domain = None

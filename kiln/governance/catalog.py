@@ -283,5 +283,12 @@ def trained_shard_sets(catalog: Catalog) -> list[Manifest]:
     return [*found.values(), *sorted(replaced.values(), key=lambda m: m.created_at, reverse=True)]
 
 
+def stored_sources(catalog: Catalog) -> set[str]:
+    """The sources the store holds documents of, declared in the config or not (one dropped from it since): those
+    of a document stage's partitions, and those a token-shard set a question about training looks in counted."""
+    return {p.split("/")[0] for st in DOCUMENT_STAGES for p in catalog.partitions(st) if p} | \
+        {n for m in trained_shard_sets(catalog) for n in (m.stats.get("sources") or {})}
+
+
 __all__ = ["AuditError", "Catalog", "checkpoints_using", "made_from", "member_lists", "node_key", "parse_key",
-           "resolve_target", "run_file", "run_of_checkpoint", "stages_read", "trained_shard_sets"]
+           "resolve_target", "run_file", "run_of_checkpoint", "stages_read", "stored_sources", "trained_shard_sets"]

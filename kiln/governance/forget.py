@@ -32,7 +32,7 @@ from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest, applied_requests, now_utc
 from kiln.common.storage import IncompleteDataset, Store
 # RAW: a URL is whole there
-from kiln.governance.catalog import CHECKPOINT, RAW, SHARDS, Catalog, member_lists, run_of_checkpoint
+from kiln.governance.catalog import CHECKPOINT, RAW, SHARDS, Catalog, member_lists, run_of_checkpoint, stored_sources
 from kiln.governance.refresh import materialized, trained_refresh
 
 REQUESTS, REQUESTS_FILE = "removal_requests", "removal_requests.json"
@@ -154,9 +154,16 @@ def naming_requests(requests: Iterable[RemovalRequest | IntakeMatched],
     return [first_match(requests, *row) for row in zip(*(rows.column(c).to_pylist() for c in REQUEST_COLUMNS))]
 
 
-def validate(config: ProjectConfig, kind: str, value: str | list[str]) -> None:
+def request_sources(store: Store, config: ProjectConfig) -> list[str]:
+    """The sources a request may name: the config's, then those only the store holds (dropped from the config since:
+    their documents are still in the store, in checkpoints trained on them and in what a continued run replays)."""
+    names = [s.name for s in config.sources]
+    return names + sorted(stored_sources(Catalog(store)) - set(names))
+
+
+def validate(store: Store, config: ProjectConfig, kind: str, value: str | list[str]) -> None:
     if kind == "source":
-        names = [s.name for s in config.sources]
+        names = request_sources(store, config)
         if value not in names:
             raise ForgetError(f"--source {value!r}: no such source; sources: {', '.join(names)}")
     elif kind == "url_pattern":
@@ -249,11 +256,11 @@ def _matching(store: Store, shards: Manifest | None, request: RemovalRequest,
 
 
 def unknown_doc_ids(store: Store, config: ProjectConfig, doc_ids: list[str]) -> list[str] | None:
-    """The ids no document intake read has (raw_documents, every source and refresh), in the given order; None when
-    the raw layer is not readable by this user (then they cannot be checked)."""
+    """The ids no document intake read has (raw_documents of every source a request may name, every refresh), in the
+    given order; None when the raw layer is not readable by this user (then they cannot be checked)."""
     missing = set(doc_ids)
     try:
-        for part in raw_partitions(store, [s.name for s in config.sources]):
+        for part in raw_partitions(store, request_sources(store, config)):
             for batch in store.iter_batches(RAW, part, columns=["doc_id"]):
                 missing.difference_update(batch.column("doc_id").to_pylist())
                 if not missing:
@@ -267,7 +274,7 @@ def record_request(store: Store, config: ProjectConfig, kind: str, value: str | 
                    reason: str = "") -> RemovalRequest:
     """Validate, check the current checkpoint, and append the request (the whole list is rewritten atomically). Doc
     ids of which none names a document are refused: a request that can never remove anything reads as done."""
-    validate(config, kind, value)
+    validate(store, config, kind, value)
     unknown = unknown_doc_ids(store, config, value) if kind == "doc_ids" else None
     if unknown and len(unknown) == len(value):
         raise ForgetError(f"--doc-ids: none of the {len(value)} id(s) names a document of this store (e.g. "

@@ -327,6 +327,26 @@ def test_doc_ids_that_name_no_document_are_refused_and_some_are_named_in_a_warni
     assert request.unknown_ids == 1 and request.value == sorted([known, "r0"])
 
 
+def test_a_source_dropped_from_the_config_can_still_be_forgotten(built, capsys, tmp_path):
+    """Its documents are still in the store and in the checkpoint's shards (and in what a continued run replays):
+    a request by its name or by its doc ids is recorded, and flags the checkpoint."""
+    config = yaml.safe_load(built["config_path"].read_text())
+    config["sources"] = [s for s in config["sources"] if s["name"] != "ref"]
+    config["mixture"] = {"weights": {}}
+    built["config_path"].write_text(yaml.safe_dump(config))
+    trained_ref = sorted(d for d, m in built["members"].items() if m["source"] == "ref" and m["split"] == "train"
+                         and m["copies"] > 0)
+    code, by_source, err = forget(built, capsys, "--source", "ref")
+    assert code == 0, err
+    [affected] = by_source["affected"]
+    assert affected["sources"] == ["ref"] and affected["documents"] == len(trained_ref)
+    (ids := tmp_path / "ids.txt").write_text("\n".join(trained_ref[:2]) + "\n")
+    code, by_ids, err = forget(built, capsys, "--doc-ids", str(ids))
+    assert code == 0 and by_ids["unknown_ids"] == 0 and by_ids["affected"][0]["documents"] == 2, err
+    code, _, err = forget(built, capsys, "--source", "nope")
+    assert code == 2 and "no such source; sources: web, ref" in err
+
+
 def test_a_request_needs_exactly_one_selector():
     with pytest.raises(SystemExit) as exc:
         main(["forget", "--source", "web", "--url-pattern", "x"])
