@@ -182,7 +182,7 @@ def validate(store: Store, config: ProjectConfig, kind: str, value: str | list[s
 
 def read_doc_ids(path: Path) -> list[str]:
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()  # a BOM (Notepad, Excel) is no id's
     except FileNotFoundError:
         raise ForgetError(f"--doc-ids: no such file {str(path)!r}") from None
     except (IsADirectoryError, UnicodeDecodeError):

@@ -12,7 +12,7 @@ from kiln.cli import main
 from kiln.common.config import load_config
 from kiln.governance.data_card import build_data_card
 from kiln.governance.data_card_documents import REMOVED_BY_REQUEST
-from kiln.governance.forget import RemovalRequest, load_requests
+from kiln.governance.forget import RemovalRequest, load_requests, read_doc_ids
 from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.governance.membership import membership
 from kiln.governance.render import render
@@ -345,6 +345,13 @@ def test_a_source_dropped_from_the_config_can_still_be_forgotten(built, capsys, 
     assert code == 0 and by_ids["unknown_ids"] == 0 and by_ids["affected"][0]["documents"] == 2, err
     code, _, err = forget(built, capsys, "--source", "nope")
     assert code == 2 and "no such source; sources: web, ref" in err
+
+
+def test_a_doc_ids_file_saved_with_a_byte_order_mark_names_its_first_id(tmp_path):
+    """Notepad and Excel save UTF-8 with a BOM (EF BB BF) and CRLF line ends; the BOM is not part of the first id."""
+    ids = tmp_path / "ids.txt"
+    ids.write_bytes(b"\xef\xbb\xbfa1b2\r\nc3d4\r\n")
+    assert read_doc_ids(ids) == ["a1b2", "c3d4"]
 
 
 def test_a_request_needs_exactly_one_selector():
