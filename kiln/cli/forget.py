@@ -51,6 +51,9 @@ def run_forget(args: argparse.Namespace) -> int:
     if request.unknown_ids:
         print(f"  warning: {request.unknown_ids} of the {len(request.value)} doc ids name no document of this store "
               f"(doc ids are Kiln's: `kiln audit membership --text FILE` finds a document's)")
+    if request.matched == 0:
+        print("  warning: the pattern matches no document's URL as intake read it (every source and refresh); "
+              "recorded all the same, for documents still to come")
     for a in request.affected:
         read = a.get("read")
         reached = "its run recorded no exposure" if read is None else \

@@ -53,6 +53,7 @@ class RemovalRequest:
     reason: str
     affected: list[dict[str, Any]] = field(default_factory=list)  # checkpoints trained on matching documents
     unknown_ids: int = 0  # doc ids (kind doc_ids) no document of the store had when it was recorded
+    matched: int | None = None  # url_pattern: documents intake had read whose URL it matched when it was recorded
 
     @property
     def reject_reason(self) -> str:
@@ -270,6 +271,16 @@ def unknown_doc_ids(store: Store, config: ProjectConfig, doc_ids: list[str]) -> 
     return [d for d in doc_ids if d in missing]
 
 
+def matched_by_url(store: Store, config: ProjectConfig, request: RemovalRequest) -> int | None:
+    """How many documents intake read (every source a request may name, every refresh) a url_pattern request matches
+    by their URL as read; None when the raw layer is not readable by this user (then they cannot be counted)."""
+    try:
+        [intake] = with_intake_urls(store, [request], raw_partitions(store, request_sources(store, config)))
+    except ForgetError:
+        return None
+    return len(intake.doc_ids)
+
+
 def record_request(store: Store, config: ProjectConfig, kind: str, value: str | list[str],
                    reason: str = "") -> RemovalRequest:
     """Validate, check the current checkpoint, and append the request (the whole list is rewritten atomically). Doc
@@ -283,6 +294,8 @@ def record_request(store: Store, config: ProjectConfig, kind: str, value: str | 
     request = RemovalRequest(request_id=uuid.uuid4().hex[:12], created_at=now_utc(), kind=kind, value=value,
                              reason=reason, unknown_ids=len(unknown or []))
     request.affected = affected_checkpoints(store, request)
+    if kind == "url_pattern":  # a pattern naming nothing (a typo) is recorded, as it may be ahead of the data: counted
+        request.matched = matched_by_url(store, config, request)
     with store.registry_lock(REQUESTS):  # read, append, rewrite: one writer at a time, or a concurrent request is lost
         requests, _ = load_requests(store)
         requests.append(request)

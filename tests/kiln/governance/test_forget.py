@@ -360,7 +360,7 @@ def test_a_request_needs_exactly_one_selector():
     assert exc.value.code == 2
 
 
-def test_a_url_pattern_reaches_documents_by_their_url_as_read_though_stored_redacted(tmp_path, monkeypatch):
+def test_a_url_pattern_reaches_documents_by_their_url_as_read_though_stored_redacted(tmp_path, monkeypatch, capsys):
     """A requester writes the pattern against the address they know; after intake the URL is stored PII-redacted
     (http://83.149.21.7/... as http://<IPV4>/...), and a document the quality filter removed for a request is gone
     from the later stages. The pattern is matched against raw_documents' URLs: the checkpoint is flagged, the
@@ -406,6 +406,7 @@ def test_a_url_pattern_reaches_documents_by_their_url_as_read_though_stored_reda
     config = load_config(tmp_path / "kiln.yaml")
     by_ip = record_request(store, config, "url_pattern", r"83\.149\.21\.7", "the blog's owner")
     assert [a["documents"] for a in by_ip.affected] == [1]  # the stand-in checkpoint trained on r0
+    assert by_ip.matched == 1  # r0's URL, as read; stored as http://<IPV4>/..., which the pattern does not match
     assert project.materialize(["quality_filtered_documents"], partition="ref").success
     assert project.materialize(["token_shards"]).success
     rejected = {r["doc_id"]: r["reason"] for r in
@@ -414,6 +415,7 @@ def test_a_url_pattern_reaches_documents_by_their_url_as_read_though_stored_reda
     assert doc["r0"] not in {d for d, m in members(store).items() if m["copies"] > 0}
 
     publisher = record_request(store, config, "url_pattern", r"victim\.example\.net", "takedown | ticket GOV-17")
+    assert publisher.matched == 5  # r1-r5
     assert project.materialize(["quality_filtered_documents"], partition="ref").success  # gone from later stages
     base_train = {r["doc_id"] for f in read_manifest(base).files_with_role("members")
                   for r in pq.read_table(base / f.path).to_pylist() if r["split"] == "train" and r["copies"] > 0}
@@ -436,6 +438,13 @@ def test_a_url_pattern_reaches_documents_by_their_url_as_read_though_stored_reda
     cells = re.split(r"(?<!\\)\|", rows[publisher.request_id])[1:-1]  # the '|' not escaped
     assert len(cells) == 9 and cells[4].strip() == "takedown \\| ticket GOV-17"
     assert cells[3].strip() == "a URL pattern (kept in the store's request)"
+
+    # A typo names no document: recorded (a pattern may be ahead of the data), with a warning.
+    capsys.readouterr()
+    assert main(["forget", "--url-pattern", r"victim\.exmaple\.net", "--home", str(home), "--config",
+                 str(tmp_path / "kiln.yaml")]) == 0
+    assert "warning: the pattern matches no document's URL as intake read it" in capsys.readouterr().out
+    assert load_requests(store)[0][-1].matched == 0
 
 
 def test_a_url_pattern_is_never_matched_half_blind_where_the_raw_layer_is_unreadable(tmp_path, monkeypatch):
