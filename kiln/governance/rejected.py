@@ -38,8 +38,9 @@ class RejectedSample:
 
 
 def matches(reason: str, asked: str) -> bool:
-    """`gopher_quality` asks for every `gopher_quality.*` reason; `gopher_quality.min_stop_words` for that one."""
-    return reason == asked or reason.startswith(asked + ".")
+    """`gopher_quality` asks for every `gopher_quality.*` reason; `gopher_quality.min_stop_words` for that one;
+    `removal_request` for every takedown's `removal_request:<id>`."""
+    return reason == asked or reason.startswith((asked + ".", asked + ":"))
 
 
 def rejected_sample(store: Store, stage: str, reason: str, sample: int, sources: list[str],

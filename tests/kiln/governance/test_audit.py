@@ -409,6 +409,16 @@ def test_rejected_shows_what_a_rule_removed_with_redacted_raw_excerpts(built, ca
     assert len(shown) == 2 and "decontamination.benchmark_overlap (1)" in out  # the stage's other reason
 
 
+def test_a_rejected_reason_prefix_asks_for_a_steps_rules_and_every_takedown():
+    from kiln.governance.rejected import matches
+
+    assert matches("gopher_quality.min_stop_words", "gopher_quality")
+    assert matches("removal_request:3f2a9c1b0d4e", "removal_request")  # quality_filtered_documents' takedowns
+    assert matches("removal_request:3f2a9c1b0d4e", "removal_request:3f2a9c1b0d4e")
+    assert not matches("gopher_quality_v2.min_stop_words", "gopher_quality")
+    assert not matches("removal_request:3f2a9c1b0d4e", "removal_request:3f2a")
+
+
 def test_rejected_redacts_pii_and_never_shows_a_taken_down_document(built, capsys, monkeypatch):
     from kiln.common.storage import Store
     from kiln.governance import rejected
