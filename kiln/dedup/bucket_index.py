@@ -225,15 +225,15 @@ def index_lock(store: Store, log: Callable[[str], Any] | None = None) -> Iterato
 
 
 def earlier_indexes(store: Store, refresh: str) -> list[tuple[str, Path]]:
-    """(refresh, its bucket index folder) of every refresh before `refresh` with a dedup_index, in order (read
-    through the store: with S3 storage they are pulled). A dataset from before the bucket index has none: the
-    store must be migrated first."""
-    from kiln.governance.refresh import load_refreshes, upto
+    """(refresh, its bucket index folder) of every refresh before `refresh`, in order (read through the store: with
+    S3 storage they are pulled); refused while one has no dedup_index yet (`require_earlier`). A dataset from
+    before the bucket index has none: the store must be migrated first."""
+    from kiln.governance.refresh import load_refreshes, require_earlier, upto
 
+    earlier = upto(load_refreshes(store), refresh)[:-1]
+    require_earlier(INDEX, refresh, [r.key for r in earlier if store.manifest_or_none(INDEX, r.key) is None])
     out = []
-    for r in upto(load_refreshes(store), refresh):
-        if r.key == refresh or store.manifest_or_none(INDEX, r.key) is None:
-            continue
+    for r in earlier:
         path = store.dataset_dir(INDEX, r.key) / "index"
         if not (path / "_index.json").is_file():
             raise IncompleteDataset(f"{INDEX}[{r.key}] has no bucket index (written before Kiln kept its near-dup "

@@ -192,6 +192,18 @@ def unmaterialized(store: Store, asset: str, sources: list[str], refreshes: list
     return missing
 
 
+def require_earlier(asset: str, decided: str, missing: list[str]) -> None:
+    """Refuse to decide `asset`[`decided`] while `missing`, its datasets in earlier refreshes, are not materialized:
+    a refresh is compared with the refreshes before it only, so an earlier one decided later would never be compared
+    with this one, and a document in both would be kept twice (Dagster runs refresh partitions in any order)."""
+    if missing:
+        names = ", ".join(f"{asset}[{p}]" for p in missing)
+        raise IncompleteDataset(f"{asset}[{decided}] is decided against every earlier refresh, but {names} "
+                                f"{'has' if len(missing) == 1 else 'have'} not been materialized: materialize "
+                                f"{'it' if len(missing) == 1 else 'them'} first (refreshes in order), then "
+                                f"{asset}[{decided}] again")
+
+
 def latest(store: Store, asset: str, refreshes: list[Refresh] | None = None) -> tuple[str, Manifest]:
     """The newest refresh with a materialized per-refresh `asset` (e.g. token_shards), and its manifest."""
     refreshes = load_refreshes(store) if refreshes is None else refreshes
@@ -374,5 +386,5 @@ def _filesystem(landing: str) -> tuple[pafs.FileSystem, str]:
 
 __all__ = ["LandedFile", "Landing", "Refresh", "RefreshError", "REFRESHES", "check_unchanged", "ensure_refresh", "get_refresh",
            "latest", "load_refreshes", "pin_sources",
-           "materialized", "new_key", "next_refresh", "partition", "pending_files", "register_refresh", "trained_refresh",
-           "unmaterialized", "upto"]
+           "materialized", "new_key", "next_refresh", "partition", "pending_files", "register_refresh",
+           "require_earlier", "trained_refresh", "unmaterialized", "upto"]

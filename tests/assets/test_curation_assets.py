@@ -289,3 +289,39 @@ def test_a_users_domain_list_is_recorded_and_an_edit_to_it_is_not_resumed_past(t
                            / "_manifest.json").read_text())
     assert manifest["counts"]["documents"] == 7
     assert manifest["config"]["list_files"] == {str(domains): hashlib.sha256(b"site0.org\n").hexdigest()}
+
+
+def test_a_refresh_is_curated_only_after_every_earlier_one(tmp_path, kiln_home, monkeypatch):
+    """Exact dedup compares a refresh with the refreshes before it, never with later ones: curated_documents of r2
+    run while r1 is not curated would keep r2's copy of an r1 document, and r1, curated later, would keep its own.
+    It is refused, naming what to materialize first. A source added to the config after a refresh has no dataset
+    there and is not waited for."""
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": i, "text": prose(i)} for i in range(3)])
+    web = {"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC-BY", "domain": "web",
+           "profile": "none"}
+    config = {"sources": [web], "profiles": {"none": []}, "engine": SERIAL_ENGINE}
+    project = load_project(config, tmp_path, kiln_home, monkeypatch)
+    r1 = project.refresh().key
+    write_jsonl(kiln_home / "landing" / "web" / "b.jsonl", [{"id": "again", "text": prose(0)}, {"text": prose(9)}])
+    r2 = project.refresh().key
+    assert project.materialize(["raw_documents", "filtered_documents"], "web", refresh=r2).success
+    refused = project.materialize(["curated_documents"], "web", refresh=r2, raise_on_error=False)
+    assert not refused.success
+    error = str(refused.get_step_failure_events()[0].step_failure_data.error)
+    assert f"curated_documents[web/{r1}] has not been materialized: materialize it first" in error
+
+    assert project.materialize(["raw_documents", "filtered_documents", "curated_documents"], "web", refresh=r1).success
+    assert project.materialize(["curated_documents"], "web", refresh=r2).success
+    assert project.store.manifest("curated_documents", f"web/{r2}").counts["rejected"] == 1  # prose(0), r1's copy
+
+    # `ref` joins the config: r1 and r2 have no dataset of it, and r3 is curated against what they hold.
+    write_jsonl(tmp_path / "ref" / "a.jsonl", [{"id": 0, "text": prose(20)}])
+    ref = {**web, "name": "ref", "path": str(tmp_path / "ref"), "domain": "reference"}
+    project = load_project({**config, "sources": [web, ref]}, tmp_path, kiln_home, monkeypatch)
+    write_jsonl(kiln_home / "landing" / "ref" / "c.jsonl", [{"text": prose(9)}])
+    r3 = project.refresh().key
+    for source in ("web", "ref"):
+        assert project.materialize(["raw_documents", "filtered_documents"], source, refresh=r3).success
+    assert project.materialize(["curated_documents"], "ref", refresh=r3).success
+    curated = project.store.manifest("curated_documents", f"ref/{r3}")
+    assert curated.config["earlier_refreshes"] == [r1, r2] and curated.counts["rejected"] == 1  # prose(9), r2's

@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from kiln.common.storage import Store
+from kiln.common.storage import IncompleteDataset, Store
 from kiln.dedup.bucket_index import INDEX, index_commit, index_lock, read_index_meta
 from kiln.dedup.buckets import decide_distributed
 from kiln.dedup.near import KEPT, NEAR_DUPLICATE
@@ -118,6 +119,27 @@ def test_two_writers_at_once_commit_as_one_after_the_other(tmp_path):
     # r2's copies of r1's new documents were found through r1's index: both writers' documents, one index.
     r2 = store.read_table(INDEX, "r2", "decisions").to_pylist()
     assert sum(r["status"] == NEAR_DUPLICATE and r["duplicate_of"].startswith("n-web") for r in r2) >= 10
+
+
+def test_a_refresh_is_decided_only_after_every_earlier_one(tmp_path):
+    """Dagster runs refresh partitions in any order, and a refresh is decided against the earlier ones only: r2
+    decided while r1 has no index, then r1, would never compare them, and a document in both would be kept twice.
+    r2 is refused, naming r1, and nothing is committed; in order, each one decides against the ones before."""
+    store = Store(tmp_path / "data")
+    parts = {}
+    for i, tables in enumerate(corpora()[:2]):
+        key = f"r{i}"
+        register_refresh(store, None if i == 0 else {"web": [LandedFile(key, key, 1, "t")]},
+                         "initial" if i == 0 else "cli", key=key)
+        paths, sources = write_parts(tmp_path / f"sig-{key}", tables, 7)
+        parts[key] = ([str(p) for p in paths], sources)
+    with pytest.raises(IncompleteDataset, match=r"dedup_index\[r1\] is decided against every earlier refresh, but "
+                                                r"dedup_index\[r0\] has not been materialized: materialize it first"):
+        write_refresh(str(tmp_path / "data"), "r1", *parts["r1"])
+    assert store.manifest_or_none(INDEX, "r1") is None
+    write_refresh(str(tmp_path / "data"), "r0", *parts["r0"])  # the first refresh: nothing before it
+    write_refresh(str(tmp_path / "data"), "r1", *parts["r1"])
+    assert store.manifest(INDEX, "r1").stats["earlier"] == ["r0"]
 
 
 def test_migrate_index_waits_for_the_lock(tmp_path):
