@@ -19,7 +19,7 @@ from kiln.common.removals import example_excerpt
 from kiln.common.storage import Snapshot, resume_key
 from kiln.dedup.apply import decisions_by_part, deduplicate_source
 from kiln.dedup.boilerplate import COUNTED_WITH, DECIDED_WITH, boilerplate_hashes, check_lines_settings
-from kiln.dedup.bucket_index import check_signature_params, doc_id_hash, index_commit, index_documents, write_index
+from kiln.dedup.bucket_index import check_signature_params, doc_id_hash, index_commit, index_documents
 from kiln.dedup.buckets import decide_distributed, keep_all, survivor_violations
 from kiln.dedup.decontaminate import load_benchmarks
 from kiln.dedup.residual_overlap import item_ngrams
@@ -103,8 +103,8 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
     # pinned (Store.snapshot): the versions recorded are the ones decided
     signature_sets = {p: store.snapshot(SIGNATURES, p) for p in parts}
     for p, m in signature_sets.items():
-        if near.enabled:  # signatures of another scheme (or shingling) than the index's would silently not match
-            check_signature_params(f"{SIGNATURES}/{p}", m.manifest.config.get("near", {}), near)
+        # signatures of another scheme (or shingling) than the index's would silently not match
+        check_signature_params(f"{SIGNATURES}/{p}", m.manifest.config.get("near", {}), near)
         check_lines_settings(f"{SIGNATURES}/{p}", m.manifest.config.get("boilerplate_lines"), lines, COUNTED_WITH,
                              SIGNATURES)
     signature_files = [f for m in signature_sets.values() for f in m.files("signatures")]  # config source order
@@ -116,10 +116,8 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
         if near.enabled:
             stats = decide_distributed(signature_files, sources, [path for _, path in earlier], work, writer.dir, near,
                                        refresh, engine=runner, partitions=near.partitions, max_bucket=near.max_bucket)
-        else:  # every document kept, nothing indexed: an empty index keeps the store's layout uniform
-            stats = keep_all(signature_files, writer.dir)
-            write_index(writer.dir / "index", near, refresh, [])
-            stats["kept"] = 0
+        else:  # every document kept, and indexed: a later refresh with near-dedup on must find its copies of them
+            stats = keep_all(signature_files, sources, near, refresh, writer.dir)
         shutil.rmtree(work)  # the shuffle files, as soon as the decisions are written
         decision_files = sorted((writer.dir / "decisions").glob("*.parquet"))
         decided = sum(pq.ParquetFile(f).metadata.num_rows for f in decision_files)

@@ -256,7 +256,7 @@ def index_commit(store: Store, refresh: str,
 def write_index(index_dir: Path, near: NearDedup, batch_name: str,
                 doc_parts: Iterable[tuple[pa.Table, np.ndarray]], partitions: int = 8) -> int:
     """An index folder (as `decide_distributed` persists one) from accepted documents given directly: per docs part
-    (a DOCS_SCHEMA table without `ref`, their signatures). For `migrate` and for a refresh that indexes nothing;
+    (a DOCS_SCHEMA table without `ref`, their signatures). For `migrate` and for a refresh decided with near-dedup off;
     holds one refresh's band keys (about bands x 20 bytes per document), never its shingles. Returns documents."""
     index_dir = Path(index_dir)
     shutil.rmtree(index_dir, ignore_errors=True)

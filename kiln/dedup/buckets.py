@@ -54,7 +54,7 @@ import pyarrow.parquet as pq
 from kiln.common.config import NearDedup
 from kiln.common.manifest import write_json_atomic
 from kiln.common.storage import flush_to_disk, part_name, row_group_stats, write_parquet_atomic
-from kiln.dedup.bucket_index import INDEX_FORMAT, check_index_params, index_params, read_index_meta
+from kiln.dedup.bucket_index import INDEX_FORMAT, check_index_params, index_params, read_index_meta, write_index
 from kiln.dedup.bucket_layout import Earlier, Layout, LayoutFile, _Task
 from kiln.dedup.bucket_rounds import (
     EXAMPLE_CLUSTERS,
@@ -71,7 +71,7 @@ from kiln.dedup.bucket_rounds import (
     attach_writer,
 )
 from kiln.dedup.components import connected_components
-from kiln.dedup.minhash import bands_rows, estimated_jaccard, jaccard, shingle_arrays
+from kiln.dedup.minhash import bands_rows, estimated_jaccard, jaccard, packed_shingles, shingle_arrays
 from kiln.dedup.near import DECISION_SCHEMA, KEPT, NEAR_DUPLICATE
 from kiln.engine import SERIAL, Engine
 
@@ -152,7 +152,7 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
     and this refresh's index folder out_dir/index (`_index.json` last). `work_dir` is scratch, emptied first; each
     folder in it is deleted once no later round reads it (`_Scratch`).
     `partitions`: of the key shuffle; None: `auto_partitions` (decisions never depend on it).
-    With `near.enabled` false the caller keeps every document (as `near_dedup(enabled=False)`); this always decides.
+    With `near.enabled` false the caller keeps (and indexes) every document with `keep_all`; this always decides.
     A caller committing `out_dir` to a store reads `previous` and commits under `bucket_index.index_commit`."""
     t_start = time.perf_counter()
     timing: dict[str, float] = {}
@@ -292,22 +292,38 @@ def read_decisions(out_dir: Path) -> pa.Table:
     return pa.concat_tables([pq.read_table(f) for f in files]) if files else DECISION_SCHEMA.empty_table()
 
 
-def keep_all(signature_parts: Sequence[Path], out_dir: Path) -> dict[str, Any]:
-    """Decisions with near-dedup off: every document kept (`near_dedup(enabled=False)`'s table), part by part."""
+def keep_all(signature_parts: Sequence[Path], sources: Mapping[str, tuple[int, int]], near: NearDedup,
+             batch_name: str, out_dir: Path) -> dict[str, Any]:
+    """Decisions with near-dedup off: every document kept (`near_dedup(enabled=False)`'s table), part by part; and
+    this refresh's index folder out_dir/index holding all of them, as `decide_distributed` persists its kept ones:
+    they go into training all the same, so a later refresh deciding with near-dedup on must find its copies of them.
+    `sources`: as for `decide_distributed`."""
     out_dir = Path(out_dir)
     shutil.rmtree(out_dir / "decisions", ignore_errors=True)
     (out_dir / "decisions").mkdir(parents=True)
     per_source: Counter = Counter()
-    for k, path in enumerate(signature_parts):
-        t = pq.read_table(path, columns=["doc_id", "source"])
-        n = t.num_rows
-        per_source.update(t.column("source").to_pylist())
-        write_parquet_atomic(out_dir / "decisions" / part_name("decisions", k), pa.table({
-            "doc_id": t.column("doc_id"), "source": t.column("source"), "status": [KEPT] * n,
-            "cluster_id": pa.nulls(n, pa.string()), "duplicate_of": pa.nulls(n, pa.string()),
-            "duplicate_of_source": pa.nulls(n, pa.string()), "jaccard": pa.nulls(n, pa.float64()),
-            "candidates": np.zeros(n, np.int32)}, schema=DECISION_SCHEMA))
-    return {"documents": sum(per_source.values()),
+
+    def kept_parts():  # writes each part's decisions on the way
+        for k, path in enumerate(signature_parts):
+            t = pq.read_table(path)
+            n = t.num_rows
+            names = t.column("source").to_pylist()
+            per_source.update(names)
+            write_parquet_atomic(out_dir / "decisions" / part_name("decisions", k), pa.table({
+                "doc_id": t.column("doc_id"), "source": t.column("source"), "status": [KEPT] * n,
+                "cluster_id": pa.nulls(n, pa.string()), "duplicate_of": pa.nulls(n, pa.string()),
+                "duplicate_of_source": pa.nulls(n, pa.string()), "jaccard": pa.nulls(n, pa.float64()),
+                "candidates": np.zeros(n, np.int32)}, schema=DECISION_SCHEMA))
+            docs = pa.table({"doc_id": t.column("doc_id"), "source": t.column("source"),
+                             "quality_tier": pa.array([sources[s][0] for s in names], pa.int32()),
+                             "chars": t.column("chars"), "batch": pa.array([batch_name] * n, pa.string()),
+                             "shingles": packed_shingles(t.column("shingles"))})
+            yield docs, _signatures(t)
+
+    documents = sum(pq.ParquetFile(p).metadata.num_rows for p in signature_parts)
+    partitions = near.partitions or auto_partitions(documents, bands_rows(near)[0])
+    kept = write_index(out_dir / "index", near, batch_name, kept_parts(), partitions)
+    return {"documents": documents, "kept": kept,
             "per_source": {s: {KEPT: c, "duplicate_rate": 0.0} for s, c in per_source.items()},
             "cross_source": {}, "cluster_sizes": {}, "clusters": 0, "example_clusters": [],
             "matched_earlier_refreshes": 0}

@@ -289,11 +289,12 @@ def test_a_benchmark_file_edited_between_runs_is_read_again_by_a_live_worker(tmp
     """A worker keeps the benchmark index it built (one per process, not one per task); keyed by the settings alone
     it kept using the old items after the file gained one: a document holding the new item was kept by the same
     process that drops it when started fresh. Keyed by the files' sizes and modification times too."""
-    from kiln.common.config import BoilerplateLines, Decontamination
+    from kiln.common.config import BoilerplateLines, Decontamination, NearDedup
     from kiln.common.storage import write_parquet_atomic
     from kiln.curation.documents import make_doc_id
     from kiln.dedup.apply import deduplicate_source
     from kiln.dedup.buckets import keep_all
+    from tests.kiln.dedup.test_dedup import signature_table
 
     item_a = "the committee shall publish its annual report on the first monday of every march without fail"
     item_b = "a brand new evaluation question about rivers towns barges and the price of salt in winter markets today"
@@ -302,8 +303,8 @@ def test_a_benchmark_file_edited_between_runs_is_read_again_by_a_live_worker(tmp
     part = tmp_path / "part-00000.parquet"
     write_parquet_atomic(part, pa.Table.from_pylist([d.to_row() for d in docs], schema=DOCUMENT_SCHEMA))
     sig = tmp_path / "sig.parquet"
-    pq.write_table(pa.table({"doc_id": [d.doc_id for d in docs], "source": ["s", "s"]}), sig)
-    keep_all([sig], tmp_path / "idx")
+    pq.write_table(signature_table("s", [d.text for d in docs], [d.doc_id for d in docs]), sig)
+    keep_all([sig], {"s": (1, 0)}, NearDedup(), "r0", tmp_path / "idx")
     decisions = [tmp_path / "idx" / "decisions" / "decisions-00000.parquet"]
     bench = tmp_path / "bench.jsonl"
     decon = Decontamination(benchmarks=[{"name": "b", "path": str(bench)}])

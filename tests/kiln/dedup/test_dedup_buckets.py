@@ -238,6 +238,33 @@ def test_second_refresh_against_the_first_refreshs_buckets(tmp_path):
     assert set(want3.column("status").to_pylist()) == {NEAR_DUPLICATE}
 
 
+def test_a_refresh_decided_with_near_dedup_off_is_indexed_all_the_same(tmp_path):
+    """r0 decided with dedup.near.enabled false keeps every document, and they all go into training: its index must
+    hold them, or r1, decided with it on, keeps its near-copies of them. r0 holds no near-copies of its own, so
+    keeping all is what near-dedup decides there too: r1's decisions are the old near_dedup's over r0 and r1 with
+    near-dedup on."""
+    from kiln.dedup.buckets import keep_all
+
+    texts = family_texts(5, 12)
+    first = [("web", 2, signature_table("web", texts["web"]))]
+    rng = np.random.default_rng(4)
+    vocab = vocabulary(rng, 5_000)
+    copies = [" ".join(edited(t.split(), 1, rng, vocab)) for t in texts["web"][:8]]
+    second = [("copies", 1, signature_table("copies", copies)), ("new", 2, signature_table("new", texts["ref"]))]
+    want = reference(tmp_path / "idx", [first, second])
+    assert set(want[0].column("status").to_pylist()) == {KEPT}
+    parts, sources = write_parts(tmp_path / "sig-0", first, 7)
+    stats = keep_all(parts, sources, NEAR.model_copy(update={"enabled": False}), "r0", tmp_path / "out-0")
+    assert_same(read_decisions(tmp_path / "out-0"), want[0])
+    assert stats["kept"] == read_index_meta(tmp_path / "out-0" / "index")["documents"] == first[0][2].num_rows
+    parts, sources = write_parts(tmp_path / "sig-1", second, 7)
+    decide_distributed(parts, sources, [tmp_path / "out-0" / "index"], tmp_path / "work", tmp_path / "out-1", NEAR,
+                       "r1", partitions=3)
+    got = read_decisions(tmp_path / "out-1")
+    assert_same(got, want[1])
+    assert got.column("status").to_pylist()[:8] == [NEAR_DUPLICATE] * 8  # each copy, of r0's document
+
+
 def as_lists(path: Path) -> None:
     """Rewrite a Parquet file's shingles column as large_list<uint32>, as Kiln stored it before 2026-11-29."""
     t = pq.read_table(path)
@@ -619,8 +646,8 @@ def test_the_part_by_part_survivor_check_finds_what_the_whole_batch_check_finds(
     bases = [list(rng.choice(vocab, 60)) for _ in range(12)]
     texts = [" ".join(b) for b in bases] + [" ".join(edited(b, 1, rng, vocab)) for b in bases[:6]]
     table = signature_table("s", texts)
-    parts, _ = write_parts(tmp_path / "sig", [("s", 1, table)], 5)
-    keep_all(parts, tmp_path / "out")  # every document survives: the copies are violations
+    parts, sources = write_parts(tmp_path / "sig", [("s", 1, table)], 5)
+    keep_all(parts, sources, NEAR, "r0", tmp_path / "out")  # every document survives: the copies are violations
     files = sorted((tmp_path / "out" / "decisions").glob("*.parquet"))
     got = survivor_violations(parts, files, NEAR.threshold, sample)
     want = whole_batch(Batch.from_tables([(1, table)]), read_decisions(tmp_path / "out"), NEAR.threshold, sample)
