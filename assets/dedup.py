@@ -16,7 +16,7 @@ from assets.results import check_specs, engine_metadata, full_funnel, materializ
 from kiln.common.manifest import code_version
 from kiln.common.plots import stacked_bars_markdown
 from kiln.common.removals import example_excerpt
-from kiln.common.storage import Snapshot, resume_key
+from kiln.common.storage import Snapshot, part_files, resume_key
 from kiln.dedup.apply import decisions_by_part, deduplicate_source
 from kiln.dedup.boilerplate import COUNTED_WITH, DECIDED_WITH, boilerplate_hashes, check_lines_settings
 from kiln.dedup.bucket_index import check_signature_params, doc_id_hash, index_commit, index_documents
@@ -119,7 +119,7 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
         else:  # every document kept, and indexed: a later refresh with near-dedup on must find its copies of them
             stats = keep_all(signature_files, sources, near, refresh, writer.dir)
         shutil.rmtree(work)  # the shuffle files, as soon as the decisions are written
-        decision_files = sorted((writer.dir / "decisions").glob("*.parquet"))
+        decision_files = part_files(writer.dir / "decisions")  # pairs with signature_files, part by part
         decided = sum(pq.ParquetFile(f).metadata.num_rows for f in decision_files)
         distinct = _distinct_ids(decision_files, decided)
         near_duplicates = sum(int(pc.sum(pc.equal(pq.read_table(f, columns=["status"]).column("status"),

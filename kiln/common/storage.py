@@ -262,6 +262,12 @@ def _in_part_order(relative: str) -> tuple:
     return tuple((0, int(run), "") if run.isdigit() else (1, 0, run) for run in re.split(r"(\d+)", relative) if run)
 
 
+def part_files(folder: Path, pattern: str = "*.parquet") -> list[Path]:
+    """A folder's files matching `pattern`, in part order (`_in_part_order`; string order puts part 100000 before
+    part 20000)."""
+    return sorted(Path(folder).glob(pattern), key=lambda path: _in_part_order(path.name))
+
+
 class IncompleteDataset(FileNotFoundError):
     pass
 

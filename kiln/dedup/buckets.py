@@ -53,7 +53,7 @@ import pyarrow.parquet as pq
 
 from kiln.common.config import NearDedup
 from kiln.common.manifest import write_json_atomic
-from kiln.common.storage import flush_to_disk, part_name, row_group_stats, write_parquet_atomic
+from kiln.common.storage import flush_to_disk, part_files, part_name, row_group_stats, write_parquet_atomic
 from kiln.dedup.bucket_index import INDEX_FORMAT, check_index_params, index_params, read_index_meta, write_index
 from kiln.dedup.bucket_layout import Earlier, Layout, LayoutFile, _Task
 from kiln.dedup.bucket_rounds import (
@@ -288,7 +288,7 @@ def decide_distributed(signature_parts: Sequence[Path], sources: Mapping[str, tu
 
 def read_decisions(out_dir: Path) -> pa.Table:
     """The decisions parts of a run, concatenated in part order (`near_dedup`'s table)."""
-    files = sorted((Path(out_dir) / "decisions").glob("*.parquet"))
+    files = part_files(Path(out_dir) / "decisions")
     return pa.concat_tables([pq.read_table(f) for f in files]) if files else DECISION_SCHEMA.empty_table()
 
 

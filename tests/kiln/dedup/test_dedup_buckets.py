@@ -265,6 +265,25 @@ def test_a_refresh_decided_with_near_dedup_off_is_indexed_all_the_same(tmp_path)
     assert got.column("status").to_pylist()[:8] == [NEAR_DUPLICATE] * 8  # each copy, of r0's document
 
 
+def test_decisions_past_the_five_digit_padding_are_read_in_part_order(tmp_path):
+    """part_name pads to 5 digits: from part 100,000 on, the decisions files' names do not sort as text in part order
+    (decisions-100000 < decisions-99999), and read as text they would no longer pair with the signature parts. Three
+    parts, their files renamed as parts 99,999 to 100,001 of a larger run are named: read in the same order."""
+    import os
+
+    from kiln.common.storage import part_name
+
+    tables = families(3, n_bases=6)
+    got, _ = distributed(tmp_path, [tables], part_rows=20)
+    folder = tmp_path / "out-0" / "decisions"
+    files = [folder / part_name("decisions", k) for k in range(3)]
+    assert sorted(folder.glob("*.parquet")) == files
+    for k, f in zip((99_999, 100_000, 100_001), files):
+        os.replace(f, folder / part_name("decisions", k))
+    assert sorted(p.name for p in folder.glob("*.parquet"))[0] == "decisions-100000.parquet"  # text order
+    assert_same(read_decisions(tmp_path / "out-0"), got[0])
+
+
 def as_lists(path: Path) -> None:
     """Rewrite a Parquet file's shingles column as large_list<uint32>, as Kiln stored it before 2026-11-29."""
     t = pq.read_table(path)
