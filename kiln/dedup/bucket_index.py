@@ -156,6 +156,13 @@ def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     return out
 
 
+def keyed(signatures: np.ndarray) -> np.ndarray:
+    """Which documents get band keys: all but those without shingles (no words: "!!! ???", emoji only), whose
+    signature is every value at its maximum in both schemes. Those all share every band, so each would be a
+    candidate of all the others, while their Jaccard with any document is 0 (`minhash.jaccard`)."""
+    return ~(np.asarray(signatures, np.uint32) == np.iinfo(np.uint32).max).all(axis=1)
+
+
 _INDEX_ROLES = {"buckets": "index_buckets", "ids": "index_ids", "docs": "index_docs"}
 
 
@@ -271,9 +278,11 @@ def write_index(index_dir: Path, near: NearDedup, batch_name: str,
             hash_columns=HASH_COLUMNS, row_group_size=DOCS_ROW_GROUP_ROWS)
         starts.append(starts[-1] + docs.num_rows)
         if docs.num_rows:
-            kb = band_keys(np.asarray(signatures, np.uint32), bands, rows).ravel()
-            keys.append(pa.table({"band": np.tile(np.arange(bands, dtype=np.int32), docs.num_rows), "key": kb,
-                                  "ref": np.repeat(refs, bands)}, schema=BUCKET_SCHEMA))
+            signatures = np.asarray(signatures, np.uint32)
+            with_keys = keyed(signatures)
+            kb = band_keys(signatures[with_keys], bands, rows).ravel()
+            keys.append(pa.table({"band": np.tile(np.arange(bands, dtype=np.int32), int(with_keys.sum())), "key": kb,
+                                  "ref": np.repeat(refs[with_keys], bands)}, schema=BUCKET_SCHEMA))
             doc_ids = docs.column("doc_id").to_pylist()
             ids.append(pa.table({"h": doc_id_hash(doc_ids), "doc_id": doc_ids, "ref": refs}, schema=IDS_SCHEMA))
     all_keys = pa.concat_tables(keys) if keys else _empty(BUCKET_SCHEMA)

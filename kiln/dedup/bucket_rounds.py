@@ -48,6 +48,7 @@ from kiln.dedup.bucket_index import (
     band_keys,
     doc_id_hash,
     index_file,
+    keyed,
 )
 from kiln.dedup.bucket_layout import _decode_old, _earlier_partition, _Task, new_ranks, old_node, old_ranks
 from kiln.dedup.components import LABEL_SCHEMA, distinct_pairs, node_partition, partition_of, write_edges
@@ -130,8 +131,9 @@ def _already(task: _Task) -> int:
 # ------------------------------------------------------------------------------------------- 3 keys
 
 def _keys(task: _Task) -> int:
-    """Band keys of this part's new documents (shuffled by key prefix), its node table, and an edge from each
-    already indexed document to its earlier copy (so both share a component)."""
+    """Band keys of this part's new documents (shuffled by key prefix; none for a document without shingles,
+    `keyed`), its node table, and an edge from each already indexed document to its earlier copy (so both share a
+    component)."""
     lay, k = task.layout, task.i
     t = pq.read_table(lay.parts[k], columns=["doc_id", "source", "chars", "signature"])
     n = t.num_rows
@@ -159,11 +161,12 @@ def _keys(task: _Task) -> int:
         sigs = sig.values.to_numpy(zero_copy_only=False).reshape(n, sig.type.list_size)[new]
         keys = band_keys(sigs, lay.bands, lay.rows)  # (new, bands)
         write_scratch(lay.w("band_keys", f"{k:05d}{SCRATCH}"), pa.table({"key": keys.ravel()}))  # for final
-        table = pa.table({"band": np.tile(np.arange(lay.bands, dtype=np.int32), new.size), "key": keys.ravel(),
-                          "node": np.repeat(nodes[new], lay.bands),
-                          "rank": new_rank.take(pa.array(np.repeat(np.arange(new.size), lay.bands)))},
-                         schema=KEY_SCHEMA)
-        write_partitioned(lay.w("keys"), f"{k:05d}", table, partition_of(keys.ravel(), lay.partitions), lay.partitions)
+        with_keys = np.flatnonzero(keyed(sigs))  # positions among the new documents
+        shuffled = keys[with_keys].ravel()
+        table = pa.table({"band": np.tile(np.arange(lay.bands, dtype=np.int32), with_keys.size), "key": shuffled,
+                          "node": np.repeat(nodes[new][with_keys], lay.bands),
+                          "rank": new_rank.take(pa.array(np.repeat(with_keys, lay.bands)))}, schema=KEY_SCHEMA)
+        write_partitioned(lay.w("keys"), f"{k:05d}", table, partition_of(shuffled, lay.partitions), lay.partitions)
     return int(new.size)
 
 
@@ -490,7 +493,7 @@ def _final(task: _Task) -> dict[str, Any]:
 
     # This refresh's index: the kept documents' records and shingles (by part), band keys and ids (by partition).
     kept = np.flatnonzero(status == KEPT)
-    sig_t = pq.read_table(lay.parts[k], columns=["chars", "shingles"])
+    sig_t = pq.read_table(lay.parts[k], columns=["chars", "signature", "shingles"])
     refs = start + kept
     kept_ids = doc_ids.take(pa.array(kept))
     write_parquet_atomic(index_file(lay.index, "docs", k), pa.table({
@@ -500,12 +503,14 @@ def _final(task: _Task) -> dict[str, Any]:
         "shingles": packed_shingles(sig_t.column("shingles")).take(pa.array(kept))},
         schema=DOCS_SCHEMA), hash_columns=HASH_COLUMNS, row_group_size=DOCS_ROW_GROUP_ROWS, flush=False)
     if kept.size:
-        # The keys round's band keys of the new documents (a kept document is new): no second read of signatures.
+        # The keys round's band keys of the new documents (a kept document is new), of those that have any.
         new_keys = read_scratch(lay.w("band_keys", f"{k:05d}{SCRATCH}")).column("key").to_numpy()
-        keys = new_keys.reshape(-1, lay.bands)[(np.cumsum(~already) - 1)[kept]].ravel()
+        sig = sig_t.column("signature").combine_chunks()
+        with_keys = keyed(sig.values.to_numpy(zero_copy_only=False).reshape(-1, sig.type.list_size)[kept])
+        keys = new_keys.reshape(-1, lay.bands)[(np.cumsum(~already) - 1)[kept[with_keys]]].ravel()
         write_partitioned(lay.w("kept_keys"), f"{k:05d}", pa.table({
-            "band": np.tile(np.arange(lay.bands, dtype=np.int32), kept.size), "key": keys,
-            "ref": np.repeat(refs, lay.bands)}, schema=BUCKET_SCHEMA), partition_of(keys, lay.partitions),
+            "band": np.tile(np.arange(lay.bands, dtype=np.int32), int(with_keys.sum())), "key": keys,
+            "ref": np.repeat(refs[with_keys], lay.bands)}, schema=BUCKET_SCHEMA), partition_of(keys, lay.partitions),
             lay.partitions)
         h = doc_id_hash(kept_ids.to_pylist())
         write_partitioned(lay.w("kept_ids"), f"{k:05d}",

@@ -119,7 +119,10 @@ def test_planted_families_same_decisions_as_near_dedup(tmp_path):
 def test_documents_without_words_are_never_near_duplicates_of_each_other(tmp_path, scheme):
     """Punctuation, symbols and emoji leave no words after normalization, so no shingles: two such documents share
     nothing a copy is made of (Jaccard of two empty sets: 0 here; they all used to be one cluster, J = 1.0, and all
-    but one dropped). A word-less document next to a real pair leaves the pair's decision as it was."""
+    but one dropped). A word-less document next to a real pair leaves the pair's decision as it was. Their
+    signatures are all alike (every value the maximum) and shared every band: the 4 made C(4, 2) = 6 candidate pairs,
+    verified for nothing (3,000 of them made 1.5M); they get no band keys, so the one candidate pair is the real
+    one. The old near_dedup decides the same; it counted those useless candidates (0, 1, 2, 3), now 0."""
     near = NEAR.model_copy(update={"scheme": scheme})
     rng = np.random.default_rng(7)
     base = " ".join(rng.choice(vocabulary(rng), 120))
@@ -127,10 +130,18 @@ def test_documents_without_words_are_never_near_duplicates_of_each_other(tmp_pat
     sig = signature_table("s", texts, near=near)
     assert [len(s) for s in sig.column("shingles").to_pylist()[:4]] == [0, 0, 0, 0]
     assert jaccard(np.empty(0, np.uint32), np.empty(0, np.uint32)) == 0.0
-    got, _ = distributed(tmp_path, [[("s", 1, sig)]], near=near)
+    got, stats = distributed(tmp_path, [[("s", 1, sig)]], near=near)
     status = dict(zip(got[0].column("doc_id").to_pylist(), got[0].column("status").to_pylist()))
     assert status == {"s-0": KEPT, "s-1": KEPT, "s-2": KEPT, "s-3": KEPT, "s-4": KEPT, "s-5": NEAR_DUPLICATE}
-    assert_same(got[0], reference(tmp_path / "idx", [[("s", 1, sig)]], near=near)[0])
+    assert stats[0]["verification"]["candidate_pairs"] == stats[0]["verification"]["matches"] == 1
+    want = reference(tmp_path / "idx", [[("s", 1, sig)]], near=near)[0]
+    assert want.column("candidates").to_pylist() == [0, 1, 2, 3, 0, 1]
+    assert got[0].column("candidates").to_pylist() == [0, 0, 0, 0, 0, 1]
+    assert_same(got[0].drop(["candidates"]), want.drop(["candidates"]))
+    # Indexed without band keys too: a later refresh's word-less documents are no candidates of them either.
+    again = signature_table("t", texts[:4], near=near)
+    got, stats = distributed(tmp_path / "later", [[("s", 1, sig)], [("t", 1, again)]], near=near)
+    assert set(got[1].column("status").to_pylist()) == {KEPT} and stats[1]["verification"]["candidate_pairs"] == 0
 
 
 def test_the_output_is_flushed_once_before_the_index_names_it(tmp_path, monkeypatch):
