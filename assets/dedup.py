@@ -81,7 +81,7 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     deps=[dg.AssetDep(SIGNATURES, partition_mapping=SAME_REFRESH)], automation_condition=FOLLOW,
     code_version=code_version("kiln.dedup.near", "kiln.dedup.buckets", "kiln.dedup.bucket_index",
                               "kiln.dedup.bucket_layout", "kiln.dedup.bucket_rounds", "kiln.dedup.components",
-                              "kiln.dedup.boilerplate", "kiln.dedup._kernels", "kiln.dedup.minhash",
+                              "kiln.dedup.boilerplate", "kiln.dedup._kernels", "kiln.dedup.minhash", "kiln.dedup.lsh",
                               "kiln.dedup.fast_minhash"),  # pair Jaccard, the bands and the bucket keys
     check_specs=[
         dg.AssetCheckSpec("conservation", asset=INDEX, blocking=True,

@@ -42,7 +42,8 @@ from kiln.common.config import NearDedup  # noqa: E402
 from kiln.curation.documents import DOCUMENT_SCHEMA  # noqa: E402
 from kiln.dedup.buckets import decide_distributed, read_decisions  # noqa: E402
 from kiln.dedup.fast_minhash import similarity_sketches  # noqa: E402
-from kiln.dedup.minhash import SCHEME, SCHEME_FAST, candidate_probability, choose_bands, sign_texts  # noqa: E402
+from kiln.dedup.lsh import candidate_probability, choose_bands  # noqa: E402
+from kiln.dedup.minhash import SCHEME, SCHEME_FAST, sign_texts  # noqa: E402
 from kiln.dedup.signing import compute_signatures, signature_groups  # noqa: E402
 from kiln.engine import SERIAL, ProcessPool  # noqa: E402
 

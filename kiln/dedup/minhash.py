@@ -1,5 +1,5 @@
-"""Shingles, MinHash signatures and the LSH bands x rows choice, under one of two signature schemes
-(`dedup.near.scheme`): SCHEME_FAST (the default, `kiln.dedup.fast_minhash`), which signs whole batches with
+"""Shingles, MinHash signatures and the LSH bands x rows (chosen by `kiln.dedup.lsh`), under one of two signature
+schemes (`dedup.near.scheme`): SCHEME_FAST (the default, `kiln.dedup.fast_minhash`), which signs whole batches with
 numpy, and SCHEME (blake2b shingles + datasketch MinHash), what indexes built before the scheme was configurable
 hold. The signature stage that signs curated Parquet parts with them is `kiln.dedup.signing`.
 
@@ -22,6 +22,7 @@ from datasketch import LeanMinHash, MinHash
 from kiln.common.config import BoilerplateLines, NearDedup
 from kiln.common.text_units import plain
 from kiln.dedup.fast_minhash import _CHUNK_CHARS, _CHUNK_TEXTS, sign_batch, similarity_sketches
+from kiln.dedup.lsh import choose_bands
 from kiln.dedup.text import normalized_words, shingle_ranges, word_weights
 
 SCHEME = "affine32"  # datasketch >= 2.0: 32-bit hash values, collision-free permutations
@@ -123,32 +124,8 @@ def estimated_jaccard(sig: np.ndarray, others: np.ndarray) -> np.ndarray:
 
 # -------------------------------------------------------------------------------------- bands x rows
 
-def candidate_probability(j: float | np.ndarray, bands: int, rows: int) -> float | np.ndarray:
-    """Probability that a pair with Jaccard `j` shares at least one LSH band (the S-curve)."""
-    return 1.0 - (1.0 - np.power(j, rows)) ** bands
-
-
-def choose_bands(num_perm: int, threshold: float, min_recall: float) -> tuple[int, int]:
-    """The bands x rows with the fewest candidates below the threshold among those that find at least
-    `min_recall` of pairs *at* the threshold. Candidates are verified exactly, so recall is what
-    matters; a plain LSH tuned for threshold 0.8 misses a large share of pairs at J 0.80-0.85."""
-    grid = np.linspace(0.0, threshold, 201)
-    best, best_fp = None, float("inf")
-    for rows in range(1, num_perm + 1):
-        for bands in range(2, num_perm // rows + 1):
-            if candidate_probability(threshold, bands, rows) < min_recall:
-                continue
-            fp = float(np.trapezoid(candidate_probability(grid, bands, rows), grid))
-            if fp < best_fp - 1e-12:
-                best, best_fp = (bands, rows), fp
-            break  # more bands only adds candidates for this row count
-    if best is None:
-        raise ValueError(f"no bands x rows within num_perm={num_perm} reaches recall {min_recall} at Jaccard "
-                         f"{threshold}; raise dedup.near.num_perm or lower dedup.near.min_recall")
-    return best
-
-
 def bands_rows(settings: NearDedup) -> tuple[int, int]:
+    """The configured bands x rows, or `lsh.choose_bands`'s for the threshold and min_recall."""
     if settings.bands is not None:
         return settings.bands, settings.rows
     return choose_bands(settings.num_perm, settings.threshold, settings.min_recall)

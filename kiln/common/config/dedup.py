@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from kiln.common.config.base import Strict
+from kiln.dedup.lsh import choose_bands
 
 
 class ShingleNormalization(Strict):
@@ -55,6 +56,8 @@ class NearDedup(Strict):
         if self.bands is not None and self.bands * self.rows > self.num_perm:
             raise ValueError(f"bands x rows = {self.bands} x {self.rows} = {self.bands * self.rows} exceeds "
                              f"num_perm = {self.num_perm}; lower one of them or raise num_perm")
+        if self.bands is None:  # chosen now, not first inside dedup_index: a min_recall out of reach is refused here
+            choose_bands(self.num_perm, self.threshold, self.min_recall)
         if len(set(self.keep)) != len(self.keep):
             raise ValueError(f"dedup.near.keep lists a criterion twice: {self.keep}")
         return self

@@ -15,14 +15,8 @@ from kiln.dedup.apply import deduplicate_source
 from kiln.dedup.boilerplate import boilerplate_hashes, strip_boilerplate
 from kiln.dedup.bucket_index import IndexMismatch, check_signature_params, write_index
 from kiln.dedup.buckets import decide_distributed, read_decisions
-from kiln.dedup.minhash import (
-    candidate_probability,
-    choose_bands,
-    jaccard,
-    shingle_hashes,
-    sign_texts,
-    signature_schema,
-)
+from kiln.dedup.lsh import candidate_probability, choose_bands
+from kiln.dedup.minhash import jaccard, shingle_hashes, sign_texts, signature_schema
 from kiln.dedup.near import ALREADY_INDEXED, KEPT, NEAR_DUPLICATE
 from kiln.dedup.signing import compute_signatures, shingles_column
 from kiln.dedup.text import words
@@ -91,6 +85,13 @@ def test_bands_rows_config_errors_name_the_key():
         parse_config({**base, "dedup": {"near": {"bands": 20}}})
     with pytest.raises(ConfigError, match=r"dedup\.near\.threshold"):
         parse_config({**base, "dedup": {"near": {"threshold": 1.5}}})
+    # The best recall at J 0.3 within 16 permutations is 16 bands of 1 row: 1 - 0.7**16 = 0.9967, under 0.9999999.
+    # Refused when the config loads, not first inside dedup_index.
+    with pytest.raises(ConfigError, match=r"dedup\.near: no bands x rows within num_perm=16 reaches recall "
+                                          r"0\.9999999 at Jaccard 0\.3; raise dedup\.near\.num_perm or lower "
+                                          r"dedup\.near\.min_recall"):
+        parse_config({**base, "dedup": {"near": {"num_perm": 16, "threshold": 0.3, "min_recall": 0.9999999}}})
+    assert parse_config({**base, "dedup": {"near": {"num_perm": 16, "threshold": 0.3, "min_recall": 0.99}}})
 
 
 # --------------------------------------------------------------------------------- planted near-dups

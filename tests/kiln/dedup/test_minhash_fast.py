@@ -22,7 +22,8 @@ from kiln.common.config import NearDedup, ShingleNormalization
 from kiln.common.text_units import NO_SPACE_BLOCKS
 from kiln.dedup import fast_minhash, minhash, signing
 from kiln.dedup.fast_minhash import SHINGLE_BASE, WORD_BASE, sign_batch, similarity_sketches
-from kiln.dedup.minhash import SCHEME, SCHEME_FAST, candidate_probability, choose_bands, jaccard, sign_texts
+from kiln.dedup.lsh import candidate_probability, choose_bands
+from kiln.dedup.minhash import SCHEME, SCHEME_FAST, jaccard, sign_texts
 from kiln.dedup.text import normalized_words
 
 M64 = 1 << 64
