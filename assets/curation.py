@@ -19,7 +19,15 @@ from kiln.curation.pii import PiiRedaction
 from kiln.curation.pipeline import filter_documents, ingest, list_file_digests, profile_steps
 from kiln.curation.readers import SourceFile
 from kiln.curation.residual_pii import residual_pii_batch, residual_pii_fields
-from kiln.governance.refresh import check_unchanged, ensure_refresh, load_refreshes, partition, require_earlier, upto
+from kiln.governance.refresh import (
+    check_unchanged,
+    ensure_refresh,
+    load_refreshes,
+    partition,
+    require_earlier,
+    unmaterialized,
+    upto,
+)
 from resources import KilnConfig, KilnEngine, KilnStorage
 
 RAW, FILTERED, CURATED = "raw_documents", "filtered_documents", "curated_documents"
@@ -123,16 +131,12 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
     # Every input pinned (Store.snapshot): the versions recorded are the ones compared.
     inputs = {partition(s.name, key): store.snapshot(FILTERED, partition(s.name, key)) for s in config.sources}
     # Earlier refreshes' curated documents, as "tier 0": better than any copy in this refresh. A source added to
-    # the config later has no dataset in earlier refreshes; the manifest lists exactly what was compared. One that
-    # was read there (its raw documents exist), or a refresh not curated at all, is still to come: refused.
-    earlier, missing = {}, []
-    for r in upto(load_refreshes(store), key)[:-1]:
-        found = {p: m for s in config.sources
-                 if (m := store.snapshot_or_none(CURATED, p := partition(s.name, r.key))) is not None}
-        missing += [p for s in config.sources if (p := partition(s.name, r.key)) not in found
-                    and (not found or store.manifest_or_none(RAW, p) is not None)]
-        earlier |= found
-    require_earlier(CURATED, here, missing)
+    # the config later has no dataset in earlier refreshes; the manifest lists exactly what was compared. One an
+    # earlier refresh holds that is not curated yet is still to come: refused.
+    names, before = [s.name for s in config.sources], upto(load_refreshes(store), key)[:-1]
+    require_earlier(CURATED, here, unmaterialized(store, CURATED, names, before))
+    earlier = {p: m for r in before for s in names
+               if (m := store.snapshot_or_none(CURATED, p := partition(s, r.key))) is not None}
     dedup = config.curation.exact_dedup
     sources = [HashSource(p, 0, tuple(map(str, m.files("documents")))) for p, m in earlier.items()] + [
         HashSource(p, config.source(p.split("/")[0]).quality_tier, tuple(map(str, m.files("documents"))))

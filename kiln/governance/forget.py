@@ -155,10 +155,10 @@ def naming_requests(requests: Iterable[RemovalRequest | IntakeMatched],
     return [first_match(requests, *row) for row in zip(*(rows.column(c).to_pylist() for c in REQUEST_COLUMNS))]
 
 
-def request_sources(store: Store, config: ProjectConfig) -> list[str]:
+def request_sources(store: Store, config: ProjectConfig | None) -> list[str]:
     """The sources a request may name: the config's, then those only the store holds (dropped from the config since:
     their documents are still in the store, in checkpoints trained on them and in what a continued run replays)."""
-    names = [s.name for s in config.sources]
+    names = [s.name for s in config.sources] if config is not None else []
     return names + sorted(stored_sources(Catalog(store)) - set(names))
 
 

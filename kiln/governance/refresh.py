@@ -170,6 +170,9 @@ def _write(store: Store, refreshes: list[Refresh]) -> None:
                               "landed_files": sum(len(fs) for r in refreshes for fs in (r.files or {}).values())})
 
 
+READ = "raw_documents"  # a source's documents as a refresh read them: there once its intake ran
+
+
 def materialized(store: Store, asset: str, sources: list[str], refreshes: list[Refresh] | None = None,
                  ) -> dict[str, Snapshot]:
     """Store partition -> the current version of `asset` (pinned: its manifest and files of one version) for each
@@ -182,13 +185,14 @@ def materialized(store: Store, asset: str, sources: list[str], refreshes: list[R
 
 def unmaterialized(store: Store, asset: str, sources: list[str], refreshes: list[Refresh]) -> list[str]:
     """The partitions of a per-source `asset` these refreshes should hold and do not: each source the first refresh
-    pinned, and each source with files landed in a later one (its intake failed, or never ran). Sources outside
-    `sources` (no longer configured) and sources with nothing in a refresh are not expected."""
+    pinned, each source with files landed in a later one (its intake failed, or never ran), and each source a
+    refresh read (its raw documents are there: a builtin source, which is not pinned). Sources outside `sources` (no
+    longer configured, or configured after a refresh) and sources with nothing in a refresh are not expected."""
     missing = []
     for r in refreshes:
-        expected = set(r.pinned or {}) if r.is_initial else {s for s in sources if r.files_of(s)}
-        missing += [partition(s, r.key) for s in sources
-                    if s in expected and store.manifest_or_none(asset, partition(s, r.key)) is None]
+        registered = set(r.pinned or {}) if r.is_initial else {s for s in sources if r.files_of(s)}
+        missing += [p for s in sources if store.manifest_or_none(asset, p := partition(s, r.key)) is None
+                    and (s in registered or store.manifest_or_none(READ, p) is not None)]
     return missing
 
 
