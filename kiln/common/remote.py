@@ -255,6 +255,16 @@ class S3Remote:
             keys += [o["Key"] for o in page.get("Contents", [])]
         return keys
 
+    def listing(self, prefix: str) -> tuple[list[str], list[str]]:
+        """The names of the objects and of the folders right below `prefix/` (S3's delimiter listing: nothing deeper
+        is listed)."""
+        files, folders = [], []
+        for page in self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix.rstrip("/") + "/", Delimiter="/"):
+            files += [o["Key"].rsplit("/", 1)[-1] for o in page.get("Contents", [])]
+            folders += [p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for p in page.get("CommonPrefixes", [])]
+        return files, folders
+
     def delete_keys(self, keys: Iterable[str]) -> None:
         keys = list(keys)
         for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys

@@ -458,6 +458,31 @@ class Store:
         """doc_id -> `column` of a dataset's current documents (only `doc_ids` when given)."""
         return self.snapshot(asset, partition).values(column, doc_ids)
 
+    def partitions(self, asset: str) -> list[str | None]:
+        """The partitions of an asset with a current version: None for an unpartitioned one, `<refresh>` for a
+        per-refresh one, `<source>/<refresh>` for a document dataset. With S3 storage, those in the bucket too: a
+        machine's cache holds only what it has read, and a question about the store (an audit, a takedown of a
+        source the config no longer names) must see every one."""
+        found = set()
+        base = self.root / asset
+        for child in sorted(base.iterdir()) if base.is_dir() else []:
+            if not child.is_dir() or child.name.startswith("."):
+                continue
+            if (child / MANIFEST_NAME).is_file():
+                found.add(None if child.name == "_all" else child.name)
+            else:
+                found |= {f"{child.name}/{g.name}" for g in child.iterdir()
+                          if g.is_dir() and not g.name.startswith(".") and (g / MANIFEST_NAME).is_file()}
+        if self.remote is not None:
+            for child in self.remote.listing(self.remote.key(asset))[1]:
+                files, below = self.remote.listing(self.remote.key(asset, child))
+                if MANIFEST_NAME in files:
+                    found.add(None if child == "_all" else child)
+                else:  # a source's folder: its refreshes below
+                    found |= {f"{child}/{g}" for g in below
+                              if MANIFEST_NAME in self.remote.listing(self.remote.key(asset, child, g))[0]}
+        return sorted(found, key=str)
+
     def lock(self, name: str) -> FileLock:
         """A file lock named `name` in the store: it holds across processes of one machine (or one shared
         KILN_HOME), and the OS drops it when its holder dies."""

@@ -113,20 +113,8 @@ class Catalog:
         return self._published[asset]
 
     def partitions(self, asset: str) -> list[str | None]:
-        """Partitions of an asset that have a current manifest: None for an unpartitioned one, `<refresh>` for a
-        per-refresh one, `<source>/<refresh>` for a document dataset."""
-        base = self.store.root / asset
-        found = []
-        for d in [base] if base.is_dir() else []:
-            for child in sorted(d.iterdir()):
-                if not child.is_dir() or child.name.startswith("."):
-                    continue
-                if (child / MANIFEST_NAME).is_file():
-                    found.append(None if child.name == "_all" else child.name)
-                else:
-                    found += [f"{child.name}/{g.name}" for g in sorted(child.iterdir()) if g.is_dir()
-                              and not g.name.startswith(".") and (g / MANIFEST_NAME).is_file()]
-        return sorted(found, key=str)
+        """Partitions of an asset that have a current version (`Store.partitions`: with S3 storage, the bucket's)."""
+        return self.store.partitions(asset)
 
     def source_partitions(self, asset: str, source: str) -> list[str]:
         """The partitions holding one source's documents at a stage, one per refresh."""

@@ -201,6 +201,22 @@ def test_a_reading_machine_drops_the_versions_it_pulled_past_as_the_writer_does(
     assert len(versions(reader)) == 1
 
 
+def test_a_machine_with_an_empty_cache_sees_every_partition_in_the_bucket(s3, tmp_path):
+    """A machine's cache holds only what it has read, and the store's partitions were listed from it: on a fresh pod,
+    an audit or a takedown did not see the datasets of a source the config no longer names (never pulled there)."""
+    writer = Store(tmp_path / "writer", remote(s3))
+    for asset, part in [("curated_documents", "web/r1"), ("curated_documents", "dropped/r1"),
+                        ("curated_documents", "web/r2"), ("token_shards", "r1"), ("tokenizer", None)]:
+        with writer.staging(asset, part) as w:
+            w.write("documents", pa.table({"doc_id": [f"{asset}-{part}"]}))
+            w.commit(code_version="t", config={}, inputs={}, counts={})
+    fresh = Store(tmp_path / "fresh", remote(s3))
+    for asset in ("curated_documents", "token_shards", "tokenizer", "never_written"):
+        assert fresh.partitions(asset) == writer.partitions(asset), asset
+    assert fresh.partitions("curated_documents") == ["dropped/r1", "web/r1", "web/r2"]
+    assert fresh.partitions("tokenizer") == [None] and fresh.partitions("never_written") == []
+
+
 def test_a_tampered_remote_file_is_refused_with_the_key(s3, tmp_path):
     written = write_version(Store(tmp_path / "writer", remote(s3)), seed=6)
     key = f"kiln/curated_documents/web/{written.data_version}/model/weights.bin"
