@@ -21,33 +21,8 @@ settings fix them (training.parallelism.zero_stage, a stage in the user's DeepSp
   kiln.planning.parallelism), the rest for the CUDA context, NCCL and the allocator's fragmentation.
 - on CPU there is no device memory to plan against: the DeepSpeed JSON's stage and micro-batch 8, as before.
 
-The estimate per rank: model states from the planner's memory model (kiln.planning.memory: ZeRO Sec. 5) for the
-exact parameter count; ZeRO's gradient buckets of reduce_bucket_size elements, as DeepSpeed allocates them with
-contiguous_gradients (the shipped JSON's): at ZeRO-1/2 two with overlap_comm (a double buffer), one without it (a
-compiled model's default, overlaps_communication), at ZeRO-3 one, overlap_comm or not;
-under ZeRO-3 the weights it keeps gathered (zero3_gathered_params) and one leaf module's gradient (a Block, or the
-embedding, whichever is larger); the activations Kiln's own block keeps for backward;
-the loss. The activations are counted from training_jobs/model.py instead of Korthikanti et al.'s 34·s·b·h (a GPT
-block with a GELU MLP and dropout), in bytes per token and layer, bf16, flash attention (no scores kept):
-
-    two RMSNorms, each its fp32 input 4h and bf16 output 2h, and that output as the projections' input 2h: 16h
-    attention: q 2h, k and v 2·2·kv, the attention output 2h and its reshaped copy into o_proj 2h: 6h + 4kv
-    SwiGLU: gate, silu(gate), up and their product, each f wide: 8f
-
-i.e. 16h + (6h + 4kv + 8f)/tp (AutoTP splits heads and the MLP, not the norms), kv = n_kv_heads·head_dim, f the
-MLP width; double that in fp32. Under autocast (ZeRO-0 in bf16) the residual stream and the norms' outputs are
-fp32, and the projections keep their own bf16 copy of their input: 4h more per layer (two norm outputs at 4h, not
-2h), 2h more for the final norm, and the loss's hidden-state gradient in fp32. Eager (compile off) autocast casts
-again at each projection: q, k and v each keep a bf16 copy of the first norm's output, gate and up of the second's,
-6h more per layer, and each block matrix's bf16 copy (2 B a parameter) is kept for backward; a compiled graph casts
-each once. Checked against what autograd saves for an eager block, on CPU (tests/training_jobs/test_layout.py): the
-count is 3-4% above it in bf16 and under autocast (the reshaped copy into o_proj is a view there). The loss (loss_bytes):
-linear_cross_entropy holds one chunk of fp32 logits and its gradient (2 x 4 bytes a logit), the hidden states'
-gradient and the weight's fp32 gradient; the whole-logits loss the trainer had before (whole_logits=True;
-LOSS_BYTES_PER_LOGIT) bf16 logits, their fp32 copy and log-softmax, then two fp32 gradients in backward. Checked
-against docs/bench/long_context_125m_h200.json (125m, seq_len 2048, micro-batch 8, ZeRO-3 with the old d²-sized
-buckets, one H200): 14.05 GiB peak allocated, 14.5 GiB estimated (tests/training_jobs/test_layout.py works it
-through, with that run's whole-logits loss).
+The estimate per rank is the trainer's memory count, kept with the planner's memory model so that `kiln plan`
+decides with the same figures (kiln.planning.memory, estimate_trainer_memory: each term is explained there).
 """
 
 from __future__ import annotations
@@ -55,113 +30,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kiln.planning.memory import GIB, ZERO3_LIVE, model_state_bytes_per_param, zero3_gathered_params
-from training_jobs.model import ModelConfig, loss_chunk_tokens, param_count
+from kiln.planning.memory import (
+    GIB,
+    LOSS_BYTES_PER_LOGIT,
+    ZERO3_LIVE,
+    KilnModel,
+    MemoryUse,
+    activation_bytes_per_token_layer,
+    estimate_trainer_memory,
+    loss_bytes,
+    overlaps_communication,
+    reduce_buffers,
+    uses_autocast,
+)
+from training_jobs.model import ModelConfig, param_count
 from training_jobs.settings import DEFAULT_MICRO_BATCH
 
 USABLE_FRACTION = 0.9  # of the device's memory; the planner's default (recommend_parallelism)
-LOSS_BYTES_PER_LOGIT = 12  # the whole-logits loss (lm_loss) at its peak: bf16 logits 2 + fp32 copy 4 + log-softmax 4 (+ its gradients)
-WORKING_BYTES = {"bf16": 2, "fp32": 4}  # activations, gathered weights and gradient buckets
 MICROBATCHES_PER_STAGE = 4  # with pipeline stages, as kiln.planning.parallelism
 
 
-@dataclass(frozen=True)
-class MemoryUse:
-    """Estimated bytes per rank at the peak of a step (the start of backward)."""
-
-    model_states: float  # weights, gradients, optimizer states (this rank's share)
-    buckets: float  # ZeRO's gradient reduction buffers
-    zero3_working_set: float  # ZeRO-3's gathered weights and one leaf module's gradient
-    activations: float
-    loss: float
-
-    @property
-    def total(self) -> float:
-        return self.model_states + self.buckets + self.zero3_working_set + self.activations + self.loss
-
-    def to_gib(self) -> dict[str, float]:
-        parts = ("model_states", "buckets", "zero3_working_set", "activations", "loss", "total")
-        return {name: round(getattr(self, name) / GIB, 3) for name in parts}
+def kiln_model(cfg: ModelConfig) -> KilnModel:
+    """The numbers of `cfg` the memory count reads."""
+    return KilnModel(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
+                     kv_width=cfg.n_kv_heads * cfg.head_dim, ffn_hidden=cfg.ffn_hidden,
+                     block_params=param_count(cfg, non_embedding=True), params=param_count(cfg))
 
 
-def uses_autocast(zero_stage: int | None, precision: str) -> bool:
-    """Whether a run trains fp32 weights under bf16 autocast (DeepSpeed's torch_autocast) rather than DeepSpeed's
-    bf16 weights with fp32 master copies: at ZeRO-0 in bf16, where DeepSpeed would otherwise wrap the optimizer in
-    its BF16_Optimizer (per-parameter hooks again); the same math as the reference loop."""
-    return zero_stage == 0 and precision == "bf16"
-
-
-def overlaps_communication(stage: int, compiled: bool) -> bool:
-    """overlap_comm's "auto": reduce gradients on a stream of their own only where that overlaps the backward. At
-    ZeRO-3 each block's hooks reduce its gradients while the blocks before it run backward (setup.compile_model
-    compiles block by block there), and at ZeRO-1/2 so do an eager model's per-parameter hooks. With the whole model
-    compiled (ZeRO-1/2 on CUDA) every gradient comes out of one compiled backward and every hook runs after it
-    (tested), so the reduction only waits for the backward's end, and overlap_comm costs a device synchronize at the
-    end of each backward (before DeepSpeed reuses its buffers) for nothing; off there is also DeepSpeed's own default
-    (on at ZeRO-3 only, zero/config.py). ZeRO-0 has no such hooks."""
-    return stage == 3 or (stage in (1, 2) and not compiled)
-
-
-def reduce_buffers(stage: int, overlap_comm: bool) -> int:
-    """How many reduce buckets DeepSpeed allocates (contiguous_gradients): ZeRO-1/2 a second one with overlap_comm
-    (stage_1_and_2.py, setup_buckets), ZeRO-3 one whatever overlap_comm (stage3.py), ZeRO-0 none."""
-    if stage == 0:
-        return 0
-    return 2 if stage in (1, 2) and overlap_comm else 1
-
-
-def activation_bytes_per_token_layer(cfg: ModelConfig, precision: str, tp: int = 1, autocast: bool = False,
-                                     compiled: bool = False) -> float:
-    """What one of Kiln's blocks keeps for backward per token (the module docstring's count)."""
-    h, kv, f = cfg.d_model, cfg.n_kv_heads * cfg.head_dim, cfg.ffn_hidden
-    eager_casts = 6 * h if autocast and not compiled else 0  # q, k, v, gate and up cast their inputs each
-    return ((16 * h + (6 * h + 4 * kv + 8 * f) / tp) * WORKING_BYTES[precision] / 2 + (4 * h if autocast else 0)
-            + eager_casts)
-
-
-def loss_bytes(cfg: ModelConfig, tokens: int, precision: str, whole_logits: bool = False,
-               autocast: bool = False) -> float:
-    """The loss's peak (the module docstring's count)."""
-    if whole_logits:
-        return LOSS_BYTES_PER_LOGIT * tokens * cfg.vocab_size
-    chunk = min(tokens, loss_chunk_tokens(cfg.vocab_size))
-    hidden_grad = 4 if autocast else WORKING_BYTES[precision]
-    return 8 * chunk * cfg.vocab_size + tokens * cfg.d_model * hidden_grad + 4 * cfg.vocab_size * cfg.d_model
-
-
-def estimate(cfg: ModelConfig, *, seq_len: int, micro_batch: int, precision: str, zero_stage: int, dp: int,
-             tp: int = 1, pp: int = 1, grad_accum: int = 1, activation_checkpointing: bool = False,
-             reduce_bucket_size: int = 0, whole_logits: bool = False, compiled: bool = False,
-             overlap_comm: bool | None = None, max_live_parameters: int = ZERO3_LIVE["stage3_max_live_parameters"],
-             max_reuse_distance: int = ZERO3_LIVE["stage3_max_reuse_distance"]) -> MemoryUse:
-    """Per-rank memory of one layout (see the module docstring for each term). `compiled`: training.compile
-    resolved; `overlap_comm`: the DeepSpeed JSON's, None for "auto" (overlaps_communication); the last two: the
-    JSON's stage3_max_live_parameters and stage3_max_reuse_distance."""
-    word = WORKING_BYTES[precision]
-    autocast = uses_autocast(zero_stage, precision)
-    body = param_count(cfg, non_embedding=True)
-    params = (body / tp + (param_count(cfg) - body)) / pp  # AutoTP splits the blocks, not the embedding
-    # under autocast the states are fp32 weights, gradients and Adam moments: 4 + 4 + 8 B
-    states = params * sum(model_state_bytes_per_param(zero_stage, dp, "fp32" if autocast else precision))
-    overlap = overlap_comm if overlap_comm is not None else overlaps_communication(zero_stage, compiled)
-    buckets = float(reduce_buffers(zero_stage, overlap) * reduce_bucket_size * word)
-    zero3 = 0.0
-    if zero_stage == 3:  # a Block is a ZeRO-3 leaf: gathered whole, its gradient whole until reduced
-        leaf = max(cfg.vocab_size * cfg.d_model, body / cfg.n_layers / tp)
-        zero3 = (zero3_gathered_params(params, leaf, max_live_parameters, max_reuse_distance) + leaf) * word
-    tokens = seq_len * micro_batch
-    per_layer = activation_bytes_per_token_layer(cfg, precision, tp, autocast, compiled)
-    layers = cfg.n_layers / pp
-    if activation_checkpointing:  # each block keeps its input; one block's activations during its recompute
-        kept = layers * cfg.d_model * word + per_layer
-    else:
-        kept = layers * per_layer
-    in_flight = min(pp, grad_accum)  # 1F1B: the first stage holds up to pp micro-batches (Narayanan et al. 2021)
-    head = 8 * cfg.d_model * word / 2 + (2 * cfg.d_model if autocast else 0)  # the final norm, the lm_head's input
-    activations = tokens * (kept * in_flight + head)
-    if autocast and not compiled:  # eager autocast's bf16 copies of the block weights, kept for backward
-        activations += 2 * body / tp / pp
-    return MemoryUse(states, buckets, zero3, activations, loss_bytes(cfg, tokens, precision, whole_logits, autocast))
+def estimate(cfg: ModelConfig, **layout: Any) -> MemoryUse:
+    """Per-rank memory of one layout of `cfg` (kiln.planning.memory.estimate_trainer_memory's arguments)."""
+    return estimate_trainer_memory(kiln_model(cfg), **layout)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from kiln.planning.memory import LOSS_CHUNK_BYTES, loss_chunk_tokens
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -246,16 +248,6 @@ class Transformer(nn.Module):
         return flops_per_token(self.cfg, seq_len or self.cfg.max_seq_len)
 
 
-# The fp32 logits of one chunk of tokens in linear_cross_entropy stay under this many bytes, so the loss never holds
-# the whole (tokens, vocab) logits: at micro-batch 8 x 2048 tokens and a 32k vocabulary those are 2 GiB in fp32, and
-# the plain path holds the bf16 logits, their fp32 copy and the fp32 log-softmax kept for backward, then the
-# gradient. 256 MiB is about 2,100 tokens a chunk at a 32k vocabulary (500 at 128k): matmuls large enough to run at
-# full speed on a GPU. A chunk's peak is about twice this (logsumexp's temporary beside the fp32 logits).
-LOSS_CHUNK_BYTES = 256 * 2**20
-
-
-def loss_chunk_tokens(vocab_size: int) -> int:
-    return max(1, LOSS_CHUNK_BYTES // (4 * vocab_size))
 
 
 class LinearCrossEntropy(torch.autograd.Function):

@@ -21,7 +21,7 @@ import torch
 from training_jobs import checkpoint
 from training_jobs.base import BaseWeights, load_into
 from kiln.tokens.shard_format import ShardError, read_shard_set
-from kiln.planning.memory import ZERO3_LIVE
+from kiln.planning.memory import DEEPSPEED_BUCKETS, ZERO3_LIVE
 from training_jobs.layout import Layout, choose_layout, overlaps_communication, uses_autocast
 from training_jobs.loader import DatasetReplaced, ReplayLoader, ShardLoader
 from training_jobs.model import Block, ModelConfig, Transformer, param_count
@@ -197,17 +197,6 @@ def deepspeed_config(t: TrainingSettings, precision: str, cfg: ModelConfig) -> d
         for key in [k for k in zero if k.startswith("stage3_")]:
             del zero[key]
     return ds
-
-
-# ZeRO's buckets, in elements: DeepSpeed's documented defaults (deepspeed/runtime/zero/config.py; the config-json
-# docs), reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold 1e5, each bucket
-# capped at the model's parameter count: DeepSpeed allocates the reduce buffers whole (layout.reduce_buffers), and a
-# bucket larger than all the gradients is never filled (5e8 would be 4 GB of fp32 buffers per rank for the CPU demo's
-# tiny model). Hugging Face's "auto" sizes, used before (d², 0.9·d², 10·d), made the prefetch smaller than one MLP
-# matrix and kept only norm gains whole, so ZeRO-3 gathered every weight on demand in small pieces. Not measured on a
-# GPU here; training_jobs.layout counts the buffers in its memory estimate.
-DEEPSPEED_BUCKETS = {"reduce_bucket_size": 500_000_000, "stage3_prefetch_bucket_size": 50_000_000,
-                     "stage3_param_persistence_threshold": 100_000}
 
 
 def zero_buckets(cfg: ModelConfig) -> dict[str, int]:

@@ -197,6 +197,6 @@ def training_yaml(plan: Plan) -> str:
         lines.append(f"# the best layout Kiln's trainer runs (TP or PP at 1), not the plan's TP {plan.parallelism.tp} "
                      f"x PP {plan.parallelism.pp}: see `kiln plan`'s warnings")
     if not layout.fits:
-        lines.append(f"# warning: it does not fit: {layout.memory.total / GIB:.1f} GiB per GPU needed, "
+        lines.append(f"# warning: it does not fit: {layout.needed_bytes / GIB:.1f} GiB per GPU needed, "
                      f"{layout.usable_bytes / GIB:.1f} GiB usable")
     return "\n".join([*lines, plan.training_yaml()])

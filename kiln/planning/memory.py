@@ -14,6 +14,37 @@ parallel t (Korthikanti et al. 2022, "Reducing Activation Recomputation", Table 
   TP + sequence par.    sbh·(34 + 5as/h)/t
   selective recompute   drops the 5as/h attention-score term (FlashAttention stores no scores either)
   full recompute        2sbh (the layer input only; /t with sequence parallelism)
+
+Kiln's own trainer (training_jobs/model.py: RMSNorm, grouped-query attention, a SwiGLU MLP; DeepSpeed ZeRO, with
+AutoTP tensor parallelism: no sequence parallelism, norms, embedding and head whole on every rank) is counted
+differently, by estimate_trainer_memory, which both the trainer's layout (training_jobs.layout) and the planner's
+layouts that Kiln trains (kiln.planning.parallelism) use. The trainer's estimate per rank: model states
+(model_state_bytes_per_param: ZeRO Sec. 5) for the exact parameter count; ZeRO's gradient buckets of reduce_bucket_size elements, as DeepSpeed allocates them with
+contiguous_gradients (the shipped JSON's): at ZeRO-1/2 two with overlap_comm (a double buffer), one without it (a
+compiled model's default, overlaps_communication), at ZeRO-3 one, overlap_comm or not;
+under ZeRO-3 the weights it keeps gathered (zero3_gathered_params) and one leaf module's gradient (a Block, or the
+embedding, whichever is larger); the activations Kiln's own block keeps for backward;
+the loss. The activations are counted from training_jobs/model.py instead of Korthikanti et al.'s 34·s·b·h (a GPT
+block with a GELU MLP and dropout), in bytes per token and layer, bf16, flash attention (no scores kept):
+
+    two RMSNorms, each its fp32 input 4h and bf16 output 2h, and that output as the projections' input 2h: 16h
+    attention: q 2h, k and v 2·2·kv, the attention output 2h and its reshaped copy into o_proj 2h: 6h + 4kv
+    SwiGLU: gate, silu(gate), up and their product, each f wide: 8f
+
+i.e. 16h + (6h + 4kv + 8f)/tp (AutoTP splits heads and the MLP, not the norms), kv = n_kv_heads·head_dim, f the
+MLP width; double that in fp32. Under autocast (ZeRO-0 in bf16) the residual stream and the norms' outputs are
+fp32, and the projections keep their own bf16 copy of their input: 4h more per layer (two norm outputs at 4h, not
+2h), 2h more for the final norm, and the loss's hidden-state gradient in fp32. Eager (compile off) autocast casts
+again at each projection: q, k and v each keep a bf16 copy of the first norm's output, gate and up of the second's,
+6h more per layer, and each block matrix's bf16 copy (2 B a parameter) is kept for backward; a compiled graph casts
+each once. Checked against what autograd saves for an eager block, on CPU (tests/training_jobs/test_layout.py): the
+count is 3-4% above it in bf16 and under autocast (the reshaped copy into o_proj is a view there). The loss (loss_bytes):
+linear_cross_entropy holds one chunk of fp32 logits and its gradient (2 x 4 bytes a logit), the hidden states'
+gradient and the weight's fp32 gradient; the whole-logits loss the trainer had before (whole_logits=True;
+LOSS_BYTES_PER_LOGIT) bf16 logits, their fp32 copy and log-softmax, then two fp32 gradients in backward. Checked
+against docs/bench/long_context_125m_h200.json (125m, seq_len 2048, micro-batch 8, ZeRO-3 with the old d²-sized
+buckets, one H200): 14.05 GiB peak allocated, 14.5 GiB estimated (tests/training_jobs/test_layout.py works it
+through, with that run's whole-logits loss).
 """
 
 from __future__ import annotations
@@ -35,6 +66,17 @@ BYTES_LOGIT = 4  # one fp32 copy of the logits for the cross-entropy (not in Kor
 # ZeRO-3 estimator (estimate_zero3_model_states_mem_needs) counts only the largest layer gathered; with these limits a
 # rank holds far more (zero3_gathered_params).
 ZERO3_LIVE = {"stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000}
+
+
+# ZeRO's buckets, in elements: DeepSpeed's documented defaults (deepspeed/runtime/zero/config.py; the config-json
+# docs), reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold 1e5, each bucket
+# capped at the model's parameter count: DeepSpeed allocates the reduce buffers whole (reduce_buffers), and a
+# bucket larger than all the gradients is never filled (5e8 would be 4 GB of fp32 buffers per rank for the CPU demo's
+# tiny model). Hugging Face's "auto" sizes, used before (d², 0.9·d², 10·d), made the prefetch smaller than one MLP
+# matrix and kept only norm gains whole, so ZeRO-3 gathered every weight on demand in small pieces. Not measured on a
+# GPU here; estimate_trainer_memory counts the buffers (training_jobs.setup.zero_buckets sizes them).
+DEEPSPEED_BUCKETS = {"reduce_bucket_size": 500_000_000, "stage3_prefetch_bucket_size": 50_000_000,
+                     "stage3_param_persistence_threshold": 100_000}
 
 
 def zero3_gathered_params(params: float, leaf: float, max_live: float, max_reuse: float) -> float:
@@ -89,6 +131,15 @@ class ModelShape:
         """The weights every token is multiplied by, as Kiln's trainer counts FLOPs for MFU
         (training_jobs.model.flops_per_token): every layer's and the output head's; the input embedding is a lookup."""
         return self.non_embedding_params + self.vocab_size * self.d_model
+
+    def kiln_model(self) -> KilnModel:
+        """This shape as Kiln's trainer builds it (training_jobs/model.py): a SwiGLU MLP 2/3 as wide (three matrices
+        for the GELU MLP's two, the same parameters), a kv head per query head, two norm gains a layer and a final
+        one."""
+        d, f = self.d_model, round(2 * self.ffn_width / 3)
+        blocks = self.n_layers * (4 * d * d + 3 * d * f + 2 * d) + d
+        return KilnModel(vocab_size=self.vocab_size, d_model=d, n_layers=self.n_layers, kv_width=d, ffn_hidden=f,
+                         block_params=blocks, params=blocks + self.embedding_params)
 
     @property
     def largest_layer_params(self) -> int:
@@ -251,3 +302,130 @@ def estimate_memory(
     activations = per_layer * shape.n_layers / pp * in_flight
     logits = BYTES_LOGIT * seq_len * micro_batch * shape.vocab_size / tp
     return MemoryEstimate(weights, grads, optimizer, gathered, activations, logits, cpu)
+
+
+# The fp32 logits of one chunk of tokens in linear_cross_entropy stay under this many bytes, so the loss never holds
+# the whole (tokens, vocab) logits: at micro-batch 8 x 2048 tokens and a 32k vocabulary those are 2 GiB in fp32, and
+# the plain path holds the bf16 logits, their fp32 copy and the fp32 log-softmax kept for backward, then the
+# gradient. 256 MiB is about 2,100 tokens a chunk at a 32k vocabulary (500 at 128k): matmuls large enough to run at
+# full speed on a GPU. A chunk's peak is about twice this (logsumexp's temporary beside the fp32 logits).
+LOSS_CHUNK_BYTES = 256 * 2**20
+LOSS_BYTES_PER_LOGIT = 12  # the whole-logits loss (lm_loss) at its peak: bf16 logits 2 + fp32 copy 4 + log-softmax 4 (+ its gradients)
+WORKING_BYTES = {"bf16": 2, "fp32": 4}  # activations, gathered weights and gradient buckets
+
+
+def loss_chunk_tokens(vocab_size: int) -> int:
+    return max(1, LOSS_CHUNK_BYTES // (4 * vocab_size))
+
+
+@dataclass(frozen=True)
+class KilnModel:
+    """The numbers of Kiln's model (training_jobs.model.ModelConfig) its memory depends on."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    kv_width: int  # n_kv_heads x head_dim
+    ffn_hidden: int  # the SwiGLU width
+    block_params: int  # every parameter but the embeddings (training_jobs.model.param_count non_embedding)
+    params: int
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    """Estimated bytes per rank at the peak of a step (the start of backward)."""
+
+    model_states: float  # weights, gradients, optimizer states (this rank's share)
+    buckets: float  # ZeRO's gradient reduction buffers
+    zero3_working_set: float  # ZeRO-3's gathered weights and one leaf module's gradient
+    activations: float
+    loss: float
+
+    @property
+    def total(self) -> float:
+        return self.model_states + self.buckets + self.zero3_working_set + self.activations + self.loss
+
+    def to_gib(self) -> dict[str, float]:
+        parts = ("model_states", "buckets", "zero3_working_set", "activations", "loss", "total")
+        return {name: round(getattr(self, name) / GIB, 3) for name in parts}
+
+
+def uses_autocast(zero_stage: int | None, precision: str) -> bool:
+    """Whether a run trains fp32 weights under bf16 autocast (DeepSpeed's torch_autocast) rather than DeepSpeed's
+    bf16 weights with fp32 master copies: at ZeRO-0 in bf16, where DeepSpeed would otherwise wrap the optimizer in
+    its BF16_Optimizer (per-parameter hooks again); the same math as the reference loop."""
+    return zero_stage == 0 and precision == "bf16"
+
+
+def overlaps_communication(stage: int, compiled: bool) -> bool:
+    """overlap_comm's "auto": reduce gradients on a stream of their own only where that overlaps the backward. At
+    ZeRO-3 each block's hooks reduce its gradients while the blocks before it run backward (setup.compile_model
+    compiles block by block there), and at ZeRO-1/2 so do an eager model's per-parameter hooks. With the whole model
+    compiled (ZeRO-1/2 on CUDA) every gradient comes out of one compiled backward and every hook runs after it
+    (tested), so the reduction only waits for the backward's end, and overlap_comm costs a device synchronize at the
+    end of each backward (before DeepSpeed reuses its buffers) for nothing; off there is also DeepSpeed's own default
+    (on at ZeRO-3 only, zero/config.py). ZeRO-0 has no such hooks."""
+    return stage == 3 or (stage in (1, 2) and not compiled)
+
+
+def reduce_buffers(stage: int, overlap_comm: bool) -> int:
+    """How many reduce buckets DeepSpeed allocates (contiguous_gradients): ZeRO-1/2 a second one with overlap_comm
+    (stage_1_and_2.py, setup_buckets), ZeRO-3 one whatever overlap_comm (stage3.py), ZeRO-0 none."""
+    if stage == 0:
+        return 0
+    return 2 if stage in (1, 2) and overlap_comm else 1
+
+
+def activation_bytes_per_token_layer(model: KilnModel, precision: str, tp: int = 1, autocast: bool = False,
+                                     compiled: bool = False) -> float:
+    """What one of Kiln's blocks keeps for backward per token (the module docstring's count)."""
+    h, kv, f = model.d_model, model.kv_width, model.ffn_hidden
+    eager_casts = 6 * h if autocast and not compiled else 0  # q, k, v, gate and up cast their inputs each
+    return ((16 * h + (6 * h + 4 * kv + 8 * f) / tp) * WORKING_BYTES[precision] / 2 + (4 * h if autocast else 0)
+            + eager_casts)
+
+
+def loss_bytes(model: KilnModel, tokens: int, precision: str, whole_logits: bool = False,
+               autocast: bool = False) -> float:
+    """The loss's peak (the module docstring's count)."""
+    if whole_logits:
+        return LOSS_BYTES_PER_LOGIT * tokens * model.vocab_size
+    chunk = min(tokens, loss_chunk_tokens(model.vocab_size))
+    hidden_grad = 4 if autocast else WORKING_BYTES[precision]
+    return 8 * chunk * model.vocab_size + tokens * model.d_model * hidden_grad + 4 * model.vocab_size * model.d_model
+
+
+def estimate_trainer_memory(model: KilnModel, *, seq_len: int, micro_batch: int, precision: str, zero_stage: int,
+                            dp: int, tp: int = 1, pp: int = 1, grad_accum: int = 1,
+                            activation_checkpointing: bool = False, reduce_bucket_size: int = 0,
+                            whole_logits: bool = False, compiled: bool = False, overlap_comm: bool | None = None,
+                            max_live_parameters: int = ZERO3_LIVE["stage3_max_live_parameters"],
+                            max_reuse_distance: int = ZERO3_LIVE["stage3_max_reuse_distance"]) -> MemoryUse:
+    """Per-rank memory of one layout of Kiln's trainer (each term in the module docstring). `compiled`:
+    training.compile resolved; `overlap_comm`: the DeepSpeed JSON's, None for "auto" (overlaps_communication); the last two: the
+    JSON's stage3_max_live_parameters and stage3_max_reuse_distance."""
+    word = WORKING_BYTES[precision]
+    autocast = uses_autocast(zero_stage, precision)
+    body = model.block_params
+    params = (body / tp + (model.params - body)) / pp  # AutoTP splits the blocks, not the embedding
+    # under autocast the states are fp32 weights, gradients and Adam moments: 4 + 4 + 8 B
+    states = params * sum(model_state_bytes_per_param(zero_stage, dp, "fp32" if autocast else precision))
+    overlap = overlap_comm if overlap_comm is not None else overlaps_communication(zero_stage, compiled)
+    buckets = float(reduce_buffers(zero_stage, overlap) * reduce_bucket_size * word)
+    zero3 = 0.0
+    if zero_stage == 3:  # a Block is a ZeRO-3 leaf: gathered whole, its gradient whole until reduced
+        leaf = max(model.vocab_size * model.d_model, body / model.n_layers / tp)
+        zero3 = (zero3_gathered_params(params, leaf, max_live_parameters, max_reuse_distance) + leaf) * word
+    tokens = seq_len * micro_batch
+    per_layer = activation_bytes_per_token_layer(model, precision, tp, autocast, compiled)
+    layers = model.n_layers / pp
+    if activation_checkpointing:  # each block keeps its input; one block's activations during its recompute
+        kept = layers * model.d_model * word + per_layer
+    else:
+        kept = layers * per_layer
+    in_flight = min(pp, grad_accum)  # 1F1B: the first stage holds up to pp micro-batches (Narayanan et al. 2021)
+    head = 8 * model.d_model * word / 2 + (2 * model.d_model if autocast else 0)  # the final norm, the lm_head's input
+    activations = tokens * (kept * in_flight + head)
+    if autocast and not compiled:  # eager autocast's bf16 copies of the block weights, kept for backward
+        activations += 2 * body / tp / pp
+    return MemoryUse(states, buckets, zero3, activations, loss_bytes(model, tokens, precision, whole_logits, autocast))

@@ -17,6 +17,11 @@ past the global batch, and with PP keeping ≥ 4·pp micro-batches per step so t
    micro-batches, so a larger TP that frees memory for a larger micro-batch can win.)
 
 If nothing fits, the layout closest to fitting is returned with `fits` False.
+
+Memory: a layout Kiln's trainer runs (TP or PP at 1) fits by the trainer's own count (memory.estimate_trainer_memory:
+DeepSpeed AutoTP, no sequence parallelism, the embedding and head whole on each rank, full recompute as
+activation checkpointing), the count the run itself decides with; one it does not run (TP and PP at once, a
+Megatron-style 3D layout) by Korthikanti et al.'s figures with sequence parallelism (memory.estimate_memory).
 """
 
 from __future__ import annotations
@@ -25,7 +30,16 @@ import math
 from dataclasses import dataclass, field
 
 from kiln.planning.hardware import GpuSpec
-from kiln.planning.memory import GIB, MemoryEstimate, ModelShape, Recompute, estimate_memory
+from kiln.planning.memory import (
+    DEEPSPEED_BUCKETS,
+    GIB,
+    MemoryEstimate,
+    MemoryUse,
+    ModelShape,
+    Recompute,
+    estimate_memory,
+    estimate_trainer_memory,
+)
 
 BYTES_PER_COMM_ELEMENT = 2  # bf16 gradients and parameters on the wire
 MICROBATCHES_PER_STAGE = 4  # with PP, aim for m ≥ 4·pp micro-batches per step
@@ -106,10 +120,16 @@ class ParallelismPlan:
     compute_seconds_per_step: float
     dp_comm_seconds_per_step: float
     explanation: list[str] = field(default_factory=list)
+    trainer_memory: MemoryUse | None = None  # Kiln's trainer's count, for a layout it runs
+
+    @property
+    def needed_bytes(self) -> float:
+        """Per GPU, by the count this layout is judged by (the module docstring)."""
+        return self.trainer_memory.total if self.trainer_memory is not None else self.memory.total
 
     @property
     def fits(self) -> bool:
-        return self.memory.total <= self.usable_bytes
+        return self.needed_bytes <= self.usable_bytes
 
     @property
     def kiln_trains_it(self) -> bool:
@@ -144,7 +164,9 @@ class ParallelismPlan:
             "recompute": self.recompute, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
             "global_batch_sequences": self.global_batch_sequences,
             "global_batch_tokens": self.global_batch_tokens, "target_batch_tokens": self.target_batch_tokens,
-            "fits": self.fits, "usable_gib": self.usable_bytes / GIB, "memory": self.memory.to_dict(),
+            "fits": self.fits, "usable_gib": self.usable_bytes / GIB, "needed_gib": self.needed_bytes / GIB,
+            "memory": self.memory.to_dict(),
+            "trainer_memory_gib": None if self.trainer_memory is None else self.trainer_memory.to_gib(),
             "bubble_fraction": self.bubble_fraction,
             "compute_seconds_per_step": self.compute_seconds_per_step,
             "dp_comm_seconds_per_step": self.dp_comm_seconds_per_step,
@@ -195,7 +217,10 @@ def recommend_parallelism(
         recompute_options = ("selective", "full") if flash_attention else ("none", "full")
     tps = [t for t in tensor_parallel_candidates(shape.n_heads, cluster.gpus_per_node) if t <= n]
 
-    def memory_for(tp: int, pp: int, stage: int, mode: Recompute, batch: int) -> tuple[MemoryEstimate, int]:
+    kiln_model = shape.kiln_model()
+
+    def memory_for(tp: int, pp: int, stage: int, mode: Recompute,
+                   batch: int) -> tuple[MemoryEstimate, MemoryUse | None, int]:
         dp = n // (tp * pp)
         grad_accum = math.ceil(target_sequences / (batch * dp))
         memory = estimate_memory(
@@ -203,17 +228,26 @@ def recommend_parallelism(
             recompute=mode, offload_optimizer=offload_optimizer and stage > 0,
             offload_params=offload_params and stage == 3, microbatches_in_flight=grad_accum,
         )
-        return memory, grad_accum
+        trainer = None
+        if kiln_trains(tp, pp):  # as training_jobs.setup lays the run out: compiled only without TP / PP, ZeRO's
+            # buckets of DeepSpeed's default size capped at the parameter count (setup.zero_buckets)
+            trainer = estimate_trainer_memory(
+                kiln_model, seq_len=seq_len, micro_batch=batch, precision="bf16", zero_stage=stage, dp=dp, tp=tp,
+                pp=pp, grad_accum=grad_accum, activation_checkpointing=mode == "full",
+                reduce_bucket_size=min(DEEPSPEED_BUCKETS["reduce_bucket_size"], kiln_model.params),
+                compiled=tp == 1 and pp == 1,
+            )
+        return memory, trainer, grad_accum
 
     def layout(tp: int, pp: int, stage: int, mode: Recompute) -> ParallelismPlan:
         dp = n // (tp * pp)
         micro_batch = 1
         while micro_batch * 2 <= MAX_MICRO_BATCH and micro_batch * 2 * dp <= target_sequences:
-            memory, grad_accum = memory_for(tp, pp, stage, mode, micro_batch * 2)
-            if memory.total > usable or (pp > 1 and grad_accum < MICROBATCHES_PER_STAGE * pp):
+            memory, trainer, grad_accum = memory_for(tp, pp, stage, mode, micro_batch * 2)
+            if (trainer or memory).total > usable or (pp > 1 and grad_accum < MICROBATCHES_PER_STAGE * pp):
                 break
             micro_batch *= 2
-        memory, grad_accum = memory_for(tp, pp, stage, mode, micro_batch)
+        memory, trainer, grad_accum = memory_for(tp, pp, stage, mode, micro_batch)
         tokens_per_step = micro_batch * grad_accum * dp * seq_len
         return ParallelismPlan(
             tp=tp, pp=pp, dp=dp, zero_stage=stage, recompute=mode, micro_batch=micro_batch,
@@ -222,6 +256,7 @@ def recommend_parallelism(
             bubble_fraction=pipeline_bubble_fraction(pp, grad_accum),
             compute_seconds_per_step=flops_per_token * tokens_per_step / (n * cluster.gpu.peak_flops * mfu),
             dp_comm_seconds_per_step=_dp_comm_seconds(shape.n_params, tp, pp, dp, stage, grad_accum, bandwidth),
+            trainer_memory=trainer,
         )
 
     attempts: list[ParallelismPlan] = []
@@ -241,7 +276,7 @@ def recommend_parallelism(
             chosen = hidden[0] if hidden else min(fitting, key=lambda c: c.dp_comm_seconds_per_step)
             break
     if chosen is None:
-        chosen = min(attempts, key=lambda c: c.memory.total)
+        chosen = min(attempts, key=lambda c: c.needed_bytes)
     chosen.explanation.extend(_explain(chosen, cluster, attempts, zero_stage, target_sequences, bandwidth))
     return chosen
 
@@ -256,7 +291,7 @@ def _why_this_tp(plan: ParallelismPlan, attempts: list[ParallelismPlan], target_
         return "the only degree tried at this pipeline depth"
     nearest = smaller[-1]
     if not nearest.fits:
-        return f"TP={nearest.tp} needs {_gib(nearest.memory.total)}"
+        return f"TP={nearest.tp} needs {_gib(nearest.needed_bytes)}"
     if nearest.dp > target_sequences:
         return f"TP={nearest.tp} fits too, but its DP {nearest.dp} exceeds the {target_sequences}-sequence batch"
     return (
@@ -274,19 +309,21 @@ def _explain(
     target_sequences: int,
     bandwidth: float,
 ) -> list[str]:
-    gpu, memory, lines = cluster.gpu, plan.memory, []
+    gpu, memory, lines = cluster.gpu, plan.trainer_memory or plan.memory, []
+    counted = " by Kiln's trainer's count" if plan.trainer_memory is not None else ""
     usable = f"the usable {_gib(plan.usable_bytes)} of an {gpu.name} ({gpu.memory_gib:g} GiB)"
     if not plan.fits:
         lines.append(
             f"Nothing fits: the closest layout, TP={plan.tp}, PP={plan.pp} with {plan.recompute} recompute, "
-            f"needs {_gib(memory.total)} per GPU at micro-batch 1, more than {usable}. "
+            f"needs {_gib(memory.total)} per GPU{counted} at micro-batch 1, more than {usable}. "
             "Use CPU offload, more GPUs, a shorter sequence or a smaller model."
         )
     else:
         lines.append(
-            f"Per GPU: {_gib(memory.model_states)} of model states (ZeRO-{plan.zero_stage} over DP {plan.dp}) "
-            f"+ {_gib(memory.activations)} of activations at micro-batch {plan.micro_batch} "
-            f"+ {_gib(memory.zero3_working_set + memory.logits)} other = {_gib(memory.total)}, within {usable}."
+            f"Per GPU{counted}: {_gib(memory.model_states)} of model states (ZeRO-{plan.zero_stage} over DP "
+            f"{plan.dp}) + {_gib(memory.activations)} of activations at micro-batch {plan.micro_batch} "
+            f"+ {_gib(memory.total - memory.model_states - memory.activations)} other = {_gib(memory.total)}, "
+            f"within {usable}."
         )
     if plan.fits and plan.tp > 1:
         lines.append(
@@ -308,8 +345,10 @@ def _explain(
         lines.append("Full activation recompute (an extra forward pass, ~33% more compute) was needed to fit.")
     elif plan.recompute == "selective":
         lines.append("No attention scores are stored (FlashAttention / selective recompute): no extra forward.")
-    if memory.cpu_offloaded:
-        lines.append(f"CPU offload keeps {_gib(memory.cpu_offloaded)} per GPU in host memory.")
+    if plan.memory.cpu_offloaded:
+        lines.append(f"CPU offload keeps {_gib(plan.memory.cpu_offloaded)} per GPU in host memory."
+                     if plan.trainer_memory is None else
+                     "Kiln's trainer offloads nothing to the CPU: this layout counts every model state on the GPU.")
     lines.append(
         f"Micro-batch {plan.micro_batch} x {plan.grad_accum} accumulation steps x DP {plan.dp} = "
         f"{plan.global_batch_sequences} sequences of {plan.seq_len} = {plan.global_batch_tokens:,} tokens "

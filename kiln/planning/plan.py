@@ -372,7 +372,7 @@ def _warnings(plan: Plan) -> list[str]:
     out = []
     if not plan.parallelism.fits:
         out.append(
-            f"the model does not fit: {plan.parallelism.memory.total / GIB:.1f} GiB per GPU needed, "
+            f"the model does not fit: {plan.parallelism.needed_bytes / GIB:.1f} GiB per GPU needed, "
             f"{plan.parallelism.usable_bytes / GIB:.1f} GiB usable"
         )
     if plan.mfu.mfu > HIGH_MFU:
@@ -390,7 +390,7 @@ def _warnings(plan: Plan) -> list[str]:
         )
     if plan.kiln_layout is not None:
         par, kiln = plan.parallelism, plan.kiln_layout
-        own = f"{kiln.describe()}, {kiln.memory.total / GIB:.1f} GiB per GPU"
+        own = f"{kiln.describe()}, {kiln.needed_bytes / GIB:.1f} GiB per GPU"
         out.append(
             f"Kiln's trainer runs tensor or pipeline parallelism, not both: TP {par.tp} x PP {par.pp} is a layout "
             f"for a 3D-parallel trainer (Megatron-LM, Megatron-DeepSpeed), and Kiln refuses it. "

@@ -81,11 +81,14 @@ def _render(plan: Plan) -> str:
         f"  layout      {par.describe()}",
         f"  config      training.{plan.training_yaml()}"
         + (" (the layout Kiln runs: see Warnings)" if plan.training_layout is not par else ""),
-        f"  memory/GPU  {gib(mem.total)} of {gib(par.usable_bytes)} GiB usable"
+        f"  memory/GPU  {gib(par.needed_bytes)} of {gib(par.usable_bytes)} GiB usable"
         + ("" if par.fits else " (DOES NOT FIT)")
-        + f": weights {gib(mem.weights)}, grads {gib(mem.gradients)}, optimizer {gib(mem.optimizer)}, "
-        f"activations {gib(mem.activations)}, other {gib(mem.zero3_working_set + mem.logits)}"
-        + (f"; CPU {gib(mem.cpu_offloaded)}" if mem.cpu_offloaded else ""),
+        + (f": model states {gib(use.model_states)}, activations {gib(use.activations)}, ZeRO buffers "
+           f"{gib(use.buckets + use.zero3_working_set)}, loss {gib(use.loss)} (Kiln's trainer's count)"
+           if (use := par.trainer_memory) is not None else
+           f": weights {gib(mem.weights)}, grads {gib(mem.gradients)}, optimizer {gib(mem.optimizer)}, "
+           f"activations {gib(mem.activations)}, other {gib(mem.zero3_working_set + mem.logits)}"
+           + (f"; CPU {gib(mem.cpu_offloaded)}" if mem.cpu_offloaded else "")),
         f"  failures    cluster MTBF {rel.cluster_mtbf_hours:,.0f} h, ~{rel.expected_failures:.0f} failures; "
         f"checkpoint every {rel.daly_interval_minutes:.0f} min (Daly; Young {rel.young_interval_minutes:.0f}), "
         f"{rel.lost_work_fraction:.1%} lost",

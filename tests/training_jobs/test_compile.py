@@ -353,7 +353,7 @@ def test_the_layout_bounds_the_weights_zero3_keeps_gathered(world_of_one, live, 
     prefetch_bucket_size; None: the shipped JSON's (DeepSpeed's defaults), under which the whole model stays
     gathered. The persistence threshold is 0 here: at the shipped 1e5 every weight of this small model would be
     persistent, never partitioned."""
-    from training_jobs.layout import zero3_gathered_params
+    from kiln.planning.memory import zero3_gathered_params
 
     cfg = ModelConfig(vocab_size=256, d_model=64, n_layers=8, n_heads=4, n_kv_heads=2, ffn_hidden=176, max_seq_len=16)
     block = sum(p.numel() for p in Transformer(cfg).layers[0].parameters())

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import kiln.planning.memory
 from training_jobs import model as model_module
 from training_jobs.model import IGNORE, ModelConfig, Transformer, linear_cross_entropy, lm_loss, rope_tables
 from training_jobs.settings import TrainingSettings
@@ -74,7 +75,7 @@ def test_a_hand_worked_loss():
 def test_the_models_loss_and_gradients_match_the_plain_loss(tied, monkeypatch):
     cfg = ModelConfig(**{**TINY.to_dict(), "tied_embeddings": tied})
     # 5 tokens a chunk, over 3 x 16 = 48 tokens: the last chunk is short
-    monkeypatch.setattr(model_module, "LOSS_CHUNK_BYTES", 5 * 4 * cfg.vocab_size)
+    monkeypatch.setattr(kiln.planning.memory, "LOSS_CHUNK_BYTES", 5 * 4 * cfg.vocab_size)
     x = torch.randint(0, cfg.vocab_size, (3, 16))
     y = torch.randint(0, cfg.vocab_size, (3, 16))
     y[:, :4] = IGNORE

@@ -71,7 +71,7 @@ def test_the_activation_count_covers_what_autograd_keeps_for_an_eager_block(auto
     also holds a reshaped copy of the attention output that CPU's (and flash's) output layout makes a view, and leaves
     out the per-row statistics (the norms' rsqrt, the softmax's logsumexp). It fails if the block comes to keep more
     than counted, or if the count drifts more than 6% above what is kept."""
-    from training_jobs.layout import activation_bytes_per_token_layer
+    from training_jobs.layout import activation_bytes_per_token_layer, kiln_model
     from training_jobs.model import Block
 
     cfg = ModelConfig(vocab_size=512, d_model=128, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=352,
@@ -95,7 +95,8 @@ def test_the_activation_count_covers_what_autograd_keeps_for_an_eager_block(auto
             out = block(x, cos, sin)
     out.float().sum().backward()  # what was kept is what backward needs
     weight_copies = 2 * sum(p.numel() for p in block.parameters()) if autocast else 0
-    counted = batch * seq * activation_bytes_per_token_layer(cfg, "bf16", autocast=autocast, compiled=False)
+    counted = batch * seq * activation_bytes_per_token_layer(kiln_model(cfg), "bf16", autocast=autocast,
+                                                                  compiled=False)
     assert sum(kept.values()) <= counted + weight_copies <= 1.06 * sum(kept.values())
 
 
