@@ -196,6 +196,9 @@ def training_yaml(plan: Plan) -> str:
     if plan.kiln_layout is not None:  # the recommended layout is TP x PP at once: say why this one, and its cost
         lines.append(f"# the best layout Kiln's trainer runs (TP or PP at 1), not the plan's TP {plan.parallelism.tp} "
                      f"x PP {plan.parallelism.pp}: see `kiln plan`'s warnings")
+    if "model" in layout.training_block():
+        lines.append("# model.activation_checkpointing: merge it into training.model if the config has one (the "
+                     "layout fits only with it)")
     if not layout.fits:
         lines.append(f"# warning: it does not fit: {layout.needed_bytes / GIB:.1f} GiB per GPU needed, "
                      f"{layout.usable_bytes / GIB:.1f} GiB usable")

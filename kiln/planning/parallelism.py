@@ -152,11 +152,16 @@ class ParallelismPlan:
     def training_block(self) -> dict:
         """The project config's `training:` keys for this layout, `{"parallelism": {tp, pp, dp, zero_stage,
         micro_batch, grad_accum}}`, as `training_jobs.settings.Parallelism` reads them (`kiln plan --json`
-        prints it under "training"). Its micro_batch / grad_accum fill training.micro_batch_size / grad_accum."""
-        return {"parallelism": {
+        prints it under "training"). Its micro_batch / grad_accum fill training.micro_batch_size / grad_accum.
+        With full recompute also `{"model": {"activation_checkpointing": True}}`: the layout fits only with it, and
+        the trainer recomputes only when told."""
+        block: dict = {"parallelism": {
             "tp": self.tp, "pp": self.pp, "dp": self.dp, "zero_stage": self.zero_stage,
             "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
         }}
+        if self.recompute == "full":
+            block["model"] = {"activation_checkpointing": True}
+        return block
 
     def to_dict(self) -> dict:
         return {

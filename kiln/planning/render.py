@@ -25,8 +25,9 @@ def _count(value: float) -> str:
 
 
 def _flow(mapping: dict[str, Any]) -> str:
-    """A flat mapping as a one-line YAML flow mapping, `{tp: 2, pp: 1}`."""
-    return "{" + ", ".join(f"{key}: {value}" for key, value in mapping.items()) + "}"
+    """A flat mapping as a one-line YAML flow mapping, `{tp: 2, pp: 1}` (booleans as YAML writes them: `true`)."""
+    return "{" + ", ".join(f"{key}: {str(value).lower() if isinstance(value, bool) else value}"
+                           for key, value in mapping.items()) + "}"
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
@@ -70,6 +71,8 @@ def _render(plan: Plan) -> str:
             f"{s.tokens_per_param / s.reference.tokens_per_param:.1f}x the optimum's), "
             f"{1 - s.total_flops / s.reference_total_flops:.0%} fewer FLOPs over the model's life"
         ])
+    config_lines = plan.training_yaml().splitlines()  # the `training:` keys, one a line
+    config_lines[0] += " (the layout Kiln runs: see Warnings)" if plan.training_layout is not par else ""
     out += [
         "",
         f"Plan: {plan.target.method}",
@@ -79,8 +82,7 @@ def _render(plan: Plan) -> str:
         f"{plan.steps:,} steps of {par.global_batch_tokens:,}; "
         f"loss ~ {HOFFMANN_2022.loss(plan.n_params, plan.tokens):.3f}",
         f"  layout      {par.describe()}",
-        f"  config      training.{plan.training_yaml()}"
-        + (" (the layout Kiln runs: see Warnings)" if plan.training_layout is not par else ""),
+        *[f"  {'config' if i == 0 else '':<10}  training.{line}" for i, line in enumerate(config_lines)],
         f"  memory/GPU  {gib(par.needed_bytes)} of {gib(par.usable_bytes)} GiB usable"
         + ("" if par.fits else " (DOES NOT FIT)")
         + (f": model states {gib(use.model_states)}, activations {gib(use.activations)}, ZeRO buffers "

@@ -59,15 +59,17 @@ def load(project: dict, tmp_path: Path):
 def test_plan_json_training_block_loads_as_the_project_training_config(case, tmp_path, capsys):
     plan = plan_json(CASES[case], capsys)
     block = plan["training"]
-    assert list(block) == ["parallelism"] and list(block["parallelism"]) == LAYOUT_KEYS
-    layout = block["parallelism"]
     # the chosen layout, nothing else: the recommended one, or Kiln's own best where that one is TP and PP at once
     chosen = plan["kiln_layout"] or plan["parallelism"]
+    full_recompute = chosen["recompute"] == "full"
+    assert list(block) == ["parallelism"] + ["model"] * full_recompute and list(block["parallelism"]) == LAYOUT_KEYS
+    layout = block["parallelism"]
     assert layout == {key: chosen[key] for key in LAYOUT_KEYS}
     assert plan["cluster"]["n_gpus"] == N_GPUS[case] == layout["tp"] * layout["pp"] * layout["dp"]
     assert chosen["fits"]
 
     config = load(project_with(block), tmp_path)
+    assert config.training.model.activation_checkpointing == full_recompute
     assert config.training.parallelism.model_dump() == layout
     assert config.training.parallelism == Parallelism(**layout)
     assert config.training.micro_batch_size == layout["micro_batch"]
@@ -103,9 +105,15 @@ def test_training_yaml_pastes_under_training(tmp_path, capsys):
     lines = [line for line in DEFAULT.read_text().splitlines()
              if not line.startswith(("  micro_batch_size:", "  grad_accum:"))]
     at = lines.index("training:") + 1
+    # the pipeline case fits only with full recompute: its model key merged into default.yaml's, as the text says
+    assert block["model"] == {"activation_checkpointing": True} and "merge it into training.model" in text
+    pasted_model = "  model: {preset: tiny, tied_embeddings: true, activation_checkpointing: true}"
+    lines[lines.index("  model: {preset: tiny, tied_embeddings: true}")] = pasted_model
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("model:"))
     pasted = "\n".join(lines[:at] + ["  " + line for line in text.splitlines()] + lines[at:]) + "\n"
     (tmp_path / "kiln.yaml").write_text(pasted)
     training = load_config(tmp_path / "kiln.yaml").training
+    assert training.model.activation_checkpointing
     assert training.parallelism.model_dump() == block["parallelism"]
     assert (training.micro_batch_size, training.grad_accum) == (block["parallelism"]["micro_batch"],
                                                                block["parallelism"]["grad_accum"])
@@ -116,6 +124,24 @@ def test_table_names_the_block(capsys):
     assert main(["plan", *CASES["default-config"]]) == 0
     [line] = [line for line in capsys.readouterr().out.splitlines() if "training.parallelism:" in line]
     assert yaml.safe_load(line.split("training.", 1)[1]) == block
+
+
+def test_a_layout_that_fits_only_with_full_recompute_turns_activation_checkpointing_on(tmp_path, capsys):
+    """1e23 FLOPs on 8 H100s at seq_len 32768: no layout fits without recomputing each block, so the plan says full
+    recompute, and the `training:` block must turn the trainer's activation checkpointing on (it recomputes only when
+    told): without it the same layout needs about 4x the memory. The block loads as the run's settings."""
+    argv = ["--budget-flops", "1e23", "--gpus", "8", "--seq-len", "32768", "--global-batch-tokens", str(2**22),
+            "--mfu", "0.4"]
+    plan = plan_json(argv, capsys)
+    assert plan["parallelism"]["recompute"] == "full" and plan["kiln_layout"] is None
+    block = plan["training"]
+    assert block["model"] == {"activation_checkpointing": True}
+    assert load(project_with(block), tmp_path).training.model.activation_checkpointing
+    assert main(["plan", *argv, "--training-yaml"]) == 0
+    text = capsys.readouterr().out
+    assert yaml.safe_load(text) == block and "model: {activation_checkpointing: true}" in text
+    assert main(["plan", *argv]) == 0
+    assert "training.model: {activation_checkpointing: true}" in capsys.readouterr().out
 
 
 def test_json_and_training_yaml_are_exclusive(capsys):
