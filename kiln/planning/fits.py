@@ -32,6 +32,11 @@ class NotEnoughRuns(ValueError):
     """Too few (distinct) finished runs to fit the requested law."""
 
 
+class LawNotIdentified(NotEnoughRuns):
+    """The runs do not pin a term of the law down: its fitted coefficient is 0, or its exponent is at the edge of
+    the range searched (the optimum then divides by 0 or extrapolates from a bound, not from the runs)."""
+
+
 @dataclass(frozen=True)
 class RunPoint:
     """One finished training run: its size, data, final validation loss, and compute."""
@@ -170,12 +175,15 @@ def _nnls_batched(design: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, n
     return best, best_sse
 
 
-def _fit_parametric(n: np.ndarray, d: np.ndarray, loss: np.ndarray) -> tuple[ParametricLoss, float]:
+def _fit_parametric(n: np.ndarray, d: np.ndarray, loss: np.ndarray) -> tuple[ParametricLoss, float, str | None]:
     """L = E + A/N^α + B/D^β by least squares: E, A, B ≥ 0 are linear given (α, β), so search a
-    grid of exponents (then two finer grids around the best) and solve the rest exactly."""
+    grid of exponents (then two finer grids around the best) and solve the rest exactly. Also why the law is not
+    identified, or None: A or B is 0 (that term has no support in the runs), or the coarse grid's best α or β is
+    its first or last point (the least squares would go on past it)."""
     n_ref, d_ref = float(np.exp(np.mean(np.log(n)))), float(np.exp(np.mean(np.log(d))))
     centre, half_width, points = np.array([0.5, 0.5]), 0.48, 25
-    for _ in range(3):
+    not_identified = []
+    for round_ in range(3):
         alphas = np.clip(np.linspace(centre[0] - half_width, centre[0] + half_width, points), 0.01, 2.0)
         betas = np.clip(np.linspace(centre[1] - half_width, centre[1] + half_width, points), 0.01, 2.0)
         grid_a, grid_b = (g.ravel() for g in np.meshgrid(alphas, betas, indexing="ij"))
@@ -186,13 +194,19 @@ def _fit_parametric(n: np.ndarray, d: np.ndarray, loss: np.ndarray) -> tuple[Par
         )
         coefs, sse = _nnls_batched(design, loss)
         best = int(np.argmin(sse))
+        if round_ == 0:
+            not_identified = [f"{name} = {value:g}, the edge of the range searched [{grid[0]:g}, {grid[-1]:g}]"
+                              for name, value, grid in (("α", grid_a[best], alphas), ("β", grid_b[best], betas))
+                              if value in (grid[0], grid[-1])]
         centre = np.array([grid_a[best], grid_b[best]])
         half_width, points = 2.0 * half_width / (points - 1), 11  # ± two old grid steps, finer
     alpha, beta = centre
     e, a_ref, b_ref = coefs[best]
     law = ParametricLoss(E=float(e), A=float(a_ref * n_ref**alpha), B=float(b_ref * d_ref**beta),
                          alpha=float(alpha), beta=float(beta))
-    return law, float(sse[best])
+    not_identified += [f"{name} = 0 (the loss does not fall with {what} in these runs)"
+                       for name, value, what in (("A", law.A, "model size"), ("B", law.B, "tokens")) if value == 0]
+    return law, float(sse[best]), "; ".join(not_identified) or None
 
 
 @dataclass(frozen=True)
@@ -220,11 +234,13 @@ class ParametricLawFit:
         out: dict = {"law": self.law.to_dict(), "n_runs": self.n_runs, "rmse": self.rmse,
                      "n_bootstrap": len(self.samples)}
         if n_params is not None and tokens is not None:
-            out.update({"predicted_loss": self.predict(n_params, tokens),
-                        "interval_90": list(self.interval(n_params, tokens))})
+            out["predicted_loss"] = self.predict(n_params, tokens)
+            if self.samples:  # none when no resample's law was identified
+                out["interval_90"] = list(self.interval(n_params, tokens))
         if flops is not None:
-            out.update({"optimal": self.optimal_allocation(flops).to_dict(),
-                        "optimal_params_interval_90": list(self.optimal_params_interval(flops))})
+            out["optimal"] = self.optimal_allocation(flops).to_dict()
+            if self.samples:
+                out["optimal_params_interval_90"] = list(self.optimal_params_interval(flops))
         return out
 
 
@@ -233,7 +249,9 @@ def fit_parametric_law(runs: Sequence[RunPoint], n_bootstrap: int = 50, seed: in
     counts (with two levels of D any β fits exactly: B/D^β is then only a difference).
 
     Least squares on the loss (Hoffmann et al. use a Huber loss on log L; with a handful of clean
-    runs the difference is small). Uncertainty: bootstrap over runs."""
+    runs the difference is small). Uncertainty: bootstrap over runs, leaving out resamples whose law is not
+    identified. Raises LawNotIdentified when the runs' own law is not (a term at 0 or an exponent at the search's
+    edge): its optimum would divide by 0 or come from the bound."""
     sizes, token_counts = {run.n_params for run in runs}, {run.tokens for run in runs}
     if len(runs) < MIN_RUNS_PARAMETRIC_LAW or min(len(sizes), len(token_counts)) < MIN_DISTINCT_LEVELS:
         raise NotEnoughRuns(
@@ -244,13 +262,20 @@ def fit_parametric_law(runs: Sequence[RunPoint], n_bootstrap: int = 50, seed: in
     n = np.array([run.n_params for run in runs], dtype=float)
     d = np.array([run.tokens for run in runs], dtype=float)
     loss = np.array([run.loss for run in runs], dtype=float)
-    law, sse = _fit_parametric(n, d, loss)
+    law, sse, not_identified = _fit_parametric(n, d, loss)
+    if not_identified:
+        raise LawNotIdentified(
+            f"L(N, D) is not identified by these {len(runs)} runs: {not_identified}; runs spanning a wider range "
+            f"of model sizes and token counts pin it down"
+        )
     rng = np.random.default_rng(seed)
     samples = []
     for _ in range(n_bootstrap):
         idx = rng.integers(0, len(runs), len(runs))
         if min(len(set(n[idx])), len(set(d[idx]))) >= MIN_DISTINCT_LEVELS:
-            samples.append(_fit_parametric(n[idx], d[idx], loss[idx])[0])
+            sample, _, sample_not_identified = _fit_parametric(n[idx], d[idx], loss[idx])
+            if not sample_not_identified:
+                samples.append(sample)
     return ParametricLawFit(law, len(runs), math.sqrt(sse / len(runs)), tuple(samples))
 
 

@@ -120,7 +120,8 @@ def _own_fit_lines(own_fit: dict[str, Any]) -> list[str]:
         else f"{compute_law['form']}: loss {compute_law['predicted_loss']:.3f} at this plan's compute "
         f"(90% {compute_law['interval_90'][0]:.3f}-{compute_law['interval_90'][1]:.3f})",
         f"L(N,D): {parametric['error']}" if "error" in parametric
-        else f"L(N,D): loss {parametric['predicted_loss']:.3f} for this plan (90% "
-        f"{parametric['interval_90'][0]:.3f}-{parametric['interval_90'][1]:.3f}); its own optimum is "
-        f"{_count(parametric['optimal']['n_params'])} params",
+        else f"L(N,D): loss {parametric['predicted_loss']:.3f} for this plan ("
+        + (f"90% {parametric['interval_90'][0]:.3f}-{parametric['interval_90'][1]:.3f}" if "interval_90" in parametric
+           else "no interval: no resample's law was identified")
+        + f"); its own optimum is {_count(parametric['optimal']['n_params'])} params",
     ]

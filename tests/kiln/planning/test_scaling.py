@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from kiln.planning.compute import PF_DAY, training_flops
-from kiln.planning.fits import NotEnoughRuns, RunPoint, fit_compute_law, fit_parametric_law
+from kiln.planning.fits import LawNotIdentified, NotEnoughRuns, RunPoint, fit_compute_law, fit_parametric_law
+from kiln.planning.plan import PlanRequest, make_plan
 from kiln.planning.scaling import (
     HOFFMANN_2022,
     ParametricLoss,
@@ -121,6 +122,20 @@ def test_not_enough_runs():
     two_token_counts = _runs_on_law(HOFFMANN_2022, [1e8, 2e8, 4e8], [2e9, 4e9])  # β not identifiable
     with pytest.raises(NotEnoughRuns, match="3 token counts"):
         fit_parametric_law(two_token_counts)
+
+
+def test_a_law_the_runs_do_not_pin_down_is_refused_not_divided_by_zero():
+    """Runs on L = 2 + 300/N^0.3 + 0.002·ln D, slightly worse with more tokens (a first sweep whose small-data runs
+    repeated their data): B/D^β, which falls with D, has no support, so the non-negative least squares sets B = 0.
+    The optimum's G = (αA/βB)^(1/(α+β)) would divide by B = 0 (it raised ZeroDivisionError in `kiln plan
+    --mlflow-uri`); the fit says the law is not identified instead, and the plan reports that as the fit's error."""
+    runs = [RunPoint(n, d, 2.0 + 300.0 / n**0.3 + 0.002 * math.log(d)) for n in (2e7, 5e7, 1.2e8)
+            for d in (4e8, 1e9, 2.5e9)]
+    with pytest.raises(LawNotIdentified, match=r"not identified by these 9 runs: .*B = 0") as info:
+        fit_parametric_law(runs)
+    assert isinstance(info.value, NotEnoughRuns)  # the plan reports it like too few runs
+    plan = make_plan(PlanRequest(), runs=runs)
+    assert "B = 0" in plan.own_fit["parametric_law"]["error"]
 
 
 def test_compute_law_recovers_a_floor():
