@@ -162,7 +162,9 @@ def run_plan(args: argparse.Namespace) -> int:
     if getattr(args, "training_yaml", False):
         print(training_yaml(plan))
     else:
-        print(json.dumps(plan.to_dict(), indent=2) if getattr(args, "json", False) else plan.render())
+        # strict JSON: a NaN would print as a bare NaN, which JSON parsers refuse
+        print(json.dumps(plan.to_dict(), indent=2, allow_nan=False) if getattr(args, "json", False)
+              else plan.render())
     return EXIT_OK
 
 

@@ -282,7 +282,11 @@ def _allocate(method: str, flops: float, inference_tokens: float) -> Allocation:
 
 def _own_fit(runs: Sequence[RunPoint], n_params: float, tokens: float, sizing_flops: float,
              total_flops: float) -> dict[str, Any]:
-    out: dict[str, Any] = {"n_runs": len(runs)}
+    # a diverged run (NaN or infinite loss, as MLflow stores it) says nothing about the law and would make it NaN
+    finite = [run for run in runs if all(math.isfinite(value) for value in
+                                         (run.n_params, run.tokens, run.loss, run.compute))]
+    out: dict[str, Any] = {"n_runs": len(finite), "skipped_non_finite": len(runs) - len(finite)}
+    runs = finite
     # L(C) is evaluated at this plan's compute as the runs count theirs: Kiln runs log FLOPs with attention
     # (scaling/flops = flops_per_token x tokens), runs without that metric count 6ND (RunPoint.compute)
     logged = all(run.flops is not None for run in runs)

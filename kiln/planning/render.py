@@ -106,7 +106,10 @@ def _render(plan: Plan) -> str:
               f"{s.epochs:.2f}"] for s in plan.data.sources],
         )
     if plan.own_fit is not None:
-        out += ["", f"Own scaling fits ({plan.own_fit['n_runs']} runs)"]
+        skipped = plan.own_fit["skipped_non_finite"]
+        out += ["", f"Own scaling fits ({plan.own_fit['n_runs']} runs"
+                + (f"; {skipped} left out for a non-finite loss, tokens, size or compute: diverged" if skipped else "")
+                + ")"]
         out += _bullets(_own_fit_lines(plan.own_fit))
     if plan.warnings:
         out += ["", "Warnings", *_bullets(plan.warnings)]

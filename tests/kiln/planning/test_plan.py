@@ -92,6 +92,19 @@ def test_own_fits_report_too_few_runs_and_fit_enough():
     assert "Own scaling fits (9 runs)" in plan.render()
 
 
+def test_own_fits_leave_diverged_runs_out_and_say_so():
+    """A diverged run's final loss is NaN (MLflow stores it so): fitted with the others it made both laws NaN, and
+    --json printed a bare NaN, which is not JSON. The nine runs on Hoffmann's law fit as without it; the tenth is
+    counted as left out."""
+    runs = [RunPoint(n, d, HOFFMANN_2022.loss(n, d)) for n in np.geomspace(5e7, 1e9, 3) for d in (2e9, 8e9, 3e10)]
+    diverged = RunPoint(2e9, 4e10, float("nan"))
+    plan = make_plan(PlanRequest(), runs=[*runs, diverged])
+    assert plan.own_fit == make_plan(PlanRequest(), runs=runs).own_fit | {"skipped_non_finite": 1}
+    assert plan.own_fit["n_runs"] == 9
+    json.dumps(plan.to_dict(), allow_nan=False)  # strict JSON
+    assert "Own scaling fits (9 runs; 1 left out for a non-finite loss" in plan.render()
+
+
 def test_the_compute_law_is_read_at_the_plans_compute_as_the_runs_logged_theirs():
     """Kiln runs log scaling/flops = (6N + 12·L·d·T)·D, attention included. Runs on an exact law in those FLOPs,
     L = 50·C^-0.1: the plan's predicted loss is the law at the plan's own total FLOPs (its budget, attention
