@@ -183,13 +183,16 @@ def _dp_comm_seconds(
     n_params: float, tp: int, pp: int, dp: int, zero_stage: int, grad_accum: int, bandwidth_gb_s: float
 ) -> float:
     """Data-parallel traffic per optimizer step over one GPU's link (ring collectives move (dp-1)/dp of
-    the payload). DDP / ZeRO-1/2: 2Ψ per step (reduce-scatter + all-gather of gradients/weights);
-    ZeRO-3: 3Ψ per micro-batch, the weights being all-gathered in forward and backward again
-    (Rajbhandari et al. 2020, Sec. 7.2)."""
+    the payload Ψ). DDP / ZeRO-1: 2Ψ per step, the gradients reduced once at the accumulation boundary
+    (reduce-scatter + all-gather, or an all-reduce); ZeRO-2: Ψ per micro-batch and Ψ per step, DeepSpeed reducing
+    the partitioned gradients in every backward (stage_1_and_2.reduce_ready_partitions_and_remove_grads:
+    `partition_gradients or is_gradient_accumulation_boundary()`) so each rank keeps only its shard, then the
+    weights all-gathered after the step; ZeRO-3: 3Ψ per micro-batch, the weights being all-gathered in forward and
+    backward again (Rajbhandari et al. 2020, Sec. 7.2: 2Ψ and 3Ψ for one micro-batch a step)."""
     if dp == 1:
         return 0.0
     payload = BYTES_PER_COMM_ELEMENT * n_params / (tp * pp) * (dp - 1) / dp
-    volume = 3 * payload * grad_accum if zero_stage == 3 else 2 * payload
+    volume = {3: 3 * payload * grad_accum, 2: payload * (grad_accum + 1)}.get(zero_stage, 2 * payload)
     return volume / (bandwidth_gb_s * 1e9)
 
 

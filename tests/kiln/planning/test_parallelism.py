@@ -66,6 +66,20 @@ def test_prefers_a_layout_whose_traffic_hides_behind_compute():
     assert plan.tp > 1 and any("would not hide" in line for line in plan.explanation)
 
 
+def test_zero2_reduces_gradients_in_every_micro_batch():
+    """DeepSpeed's ZeRO-2 reduce-scatters the partitioned gradients in each backward, not once a step
+    (stage_1_and_2.reduce_ready_partitions_and_remove_grads: `partition_gradients or
+    is_gradient_accumulation_boundary()`), then all-gathers the weights after the step: Ψ per micro-batch + Ψ, which
+    is the 2Ψ of plain data parallelism (ZeRO Sec. 7.2.1) only without accumulation. By hand: bf16 on the wire, ring
+    collectives moving (dp - 1)/dp, the node's 450 GB/s per direction; ZeRO-1 reduces once a step: 2Ψ."""
+    shape = shape_for_params(1e9, 32000)
+    for stage, micro_batches_per_step in ((2, lambda plan: plan.grad_accum + 1), (1, lambda plan: 2)):
+        plan = plan_for(shape, "H100", nodes=1, zero_stage=stage, global_batch_tokens=2**23)
+        assert (plan.dp, plan.zero_stage) == (8, stage) and plan.grad_accum > 1
+        payload = 2 * plan.n_params * 7 / 8
+        assert plan.dp_comm_seconds_per_step == pytest.approx(payload * micro_batches_per_step(plan) / 450e9)
+
+
 def test_nothing_fits_is_reported():
     plan = plan_for(shape_for_params(70e9, 32000), "A100-40GB", nodes=1)
     assert not plan.fits
