@@ -110,9 +110,9 @@ class PlanRequest(Strict):
     recompute: Literal["auto", "none", "selective", "full"] = "auto"
     usable_memory_fraction: float = Field(default=0.9, gt=0, le=1)
     # Reliability.
-    gpu_mtbf_hours: float = Field(default=round(LLAMA3_GPU_MTBF_HOURS, -2), ge=0.01)
-    checkpoint_write_seconds: float = Field(default=60.0, gt=0)
-    restart_minutes: float = Field(default=10.0, ge=0)
+    gpu_mtbf_hours: float = Field(default=round(LLAMA3_GPU_MTBF_HOURS, -2), ge=0.01, le=1e9)
+    checkpoint_write_seconds: float = Field(default=60.0, gt=0, le=1e6)
+    restart_minutes: float = Field(default=10.0, ge=0, le=1e5)
     # Data.
     available_tokens: dict[str, float] = Field(default_factory=dict, description="tokens per source")
     mixture_weights: dict[str, float] = Field(default_factory=dict, description="per source; {} = natural")

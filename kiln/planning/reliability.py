@@ -16,6 +16,9 @@ import math
 from dataclasses import asdict, dataclass
 
 LLAMA3_GPU_MTBF_HOURS = 54 * 24 / 419 * 16384  # ≈ 50,700 h per GPU (Dubey et al. 2024, Sec. 3.3.4)
+# Daly's factor grows as e^((R + τ + δ)/M); past this exponent it is beyond any float (e^709.8), and long before it
+# the run would almost never get from one checkpoint to the next
+MAX_FAILURE_EXPONENT = 700.0
 
 
 def _require_positive(**values: float) -> None:
@@ -93,6 +96,14 @@ def estimate_reliability(
     """Checkpoint interval, lost work and the wall-clock it adds to a failure-free `wall_clock_days`."""
     mtbf_s = cluster_mtbf_hours(gpu_mtbf_hours, n_gpus) * 3600.0
     daly = daly_interval(checkpoint_write_seconds, mtbf_s)
+    exponent = (restart_seconds + daly + checkpoint_write_seconds) / mtbf_s
+    if exponent > MAX_FAILURE_EXPONENT:
+        raise ValueError(
+            f"checkpointing cannot make progress: a restart ({restart_seconds:g} s), a checkpoint interval and its "
+            f"write ({checkpoint_write_seconds:g} s) take {exponent:.3g} times the cluster's mean time between "
+            f"failures ({mtbf_s:.3g} s: gpu_mtbf_hours {gpu_mtbf_hours:g} / {n_gpus} GPUs), so a failure almost "
+            f"always comes first; lower checkpoint_write_seconds or restart_minutes, or raise gpu_mtbf_hours"
+        )
     factor = expected_wall_time_factor(daly, checkpoint_write_seconds, mtbf_s, restart_seconds)
     expected_days = wall_clock_days * factor
     return ReliabilityEstimate(

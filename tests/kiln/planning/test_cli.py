@@ -59,6 +59,11 @@ def test_json(capsys):
         (["--budget-flops", "1e300"], ["budget_flops=1e+300", "less than or equal to"]),
         (["--price", "1e-300"], ["price_per_gpu_hour=1e-300", "greater than or equal to 0.0001"]),
         (["--gpu-mtbf-hours", "1e-300"], ["gpu_mtbf_hours=1e-300", "greater than or equal to 0.01"]),
+        (["--checkpoint-write-seconds", "1e12"], ["checkpoint_write_seconds=1000000000000.0", "less than or equal to"]),
+        (["--restart-minutes", "1e6"], ["restart_minutes=1000000.0", "less than or equal to"]),
+        # failures faster than a checkpoint can be written and restarted from: 3600 s / 16384 GPUs = 0.22 s
+        (["--gpu-mtbf-hours", "1", "--gpus", "16384"],
+         ["checkpointing cannot make progress", "gpu_mtbf_hours 1 / 16384 GPUs", "checkpoint_write_seconds"]),
     ],
 )
 def test_bad_input_exits_2_with_a_message(argv, needles, capsys):

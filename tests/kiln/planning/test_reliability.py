@@ -56,3 +56,16 @@ def test_estimate_adds_failure_time():
     assert estimate.lost_work_fraction == pytest.approx(0.0404, rel=0.03)
     assert estimate.wall_clock_days_expected == pytest.approx(31.26, rel=0.01)
     assert estimate.expected_failures == pytest.approx(15.4, rel=0.01)
+
+
+def test_failures_faster_than_checkpoints_are_refused_not_overflowed():
+    """Daly's factor is e^((R + τ + δ)/M)-sized. 1 h per GPU over 16,384 GPUs is M = 3600/16384 = 0.22 s; with δ = 60 s
+    (≥ 2M, so τ = M) and R = 600 s the exponent is (600 + 0.22 + 60)/0.22 ≈ 3004: math.exp overflowed (an
+    OverflowError traceback from `kiln plan`). It says checkpointing cannot make progress instead, and where the
+    exponent stays under 700 (M = 36 s, δ = 60 s, R = 100 s: about 5.3) it computes, if to little good."""
+    with pytest.raises(ValueError, match=r"checkpointing cannot make progress: .* take 3e\+03 times"):
+        estimate_reliability(n_gpus=16384, gpu_mtbf_hours=1.0, checkpoint_write_seconds=60.0, restart_seconds=600.0,
+                             wall_clock_days=10.0)
+    slow = estimate_reliability(n_gpus=100, gpu_mtbf_hours=1.0, checkpoint_write_seconds=60.0, restart_seconds=100.0,
+                                wall_clock_days=10.0)
+    assert math.isfinite(slow.wall_clock_days_expected) and slow.lost_work_fraction > 0.99
