@@ -137,6 +137,9 @@ def validation_messages(exc: ValidationError) -> list[str]:
         if error["type"] == "value_error":  # our own validators already name field and value
             message = str(error["ctx"]["error"])
             lines.append(f"{where}: {message}" if where and not message.startswith(where) else message)
+        elif error["type"] == "missing":  # its input is the mapping the key is missing from: not worth printing
+            together = " (--n-layers, --d-model and --n-heads fix the shape together)" * where.startswith("model.")
+            lines.append(f"{where}: {error['msg']}{together}")
         else:
             lines.append(f"{where}={error['input']!r}: {error['msg']}")
     return lines
@@ -147,6 +150,8 @@ def run_plan(args: argparse.Namespace) -> int:
     try:
         request = request_from_args(args)
         runs, tracked = None, []
+        if "experiment" in args and "mlflow_uri" not in args:
+            raise ValueError("--experiment needs --mlflow-uri URI, the tracking store its runs are read from")
         if "mlflow_uri" in args:
             if "experiment" not in args:
                 raise ValueError("--mlflow-uri needs --experiment NAME")

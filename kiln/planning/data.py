@@ -73,6 +73,9 @@ def data_sufficiency(
     negative = {k: v for k, v in available_tokens.items() if v < 0}
     if negative:
         raise ValueError(f"available_tokens must be >= 0 per source, got {negative}")
+    if not mixture_weights and sum(available_tokens.values()) <= 0:
+        raise ValueError(f"available_tokens sum to 0 ({dict(available_tokens)}): without mixture_weights the mixture "
+                         "is by tokens available, so give some source tokens > 0")
     weights = dict(mixture_weights) if mixture_weights else dict(available_tokens)
     unknown = sorted(set(weights) - set(available_tokens))
     if unknown:

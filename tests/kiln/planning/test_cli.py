@@ -61,6 +61,10 @@ def test_json(capsys):
         (["--gpu-mtbf-hours", "1e-300"], ["gpu_mtbf_hours=1e-300", "greater than or equal to 0.01"]),
         (["--checkpoint-write-seconds", "1e12"], ["checkpoint_write_seconds=1000000000000.0", "less than or equal to"]),
         (["--restart-minutes", "1e6"], ["restart_minutes=1000000.0", "less than or equal to"]),
+        # the natural mixture weights sources by their tokens: all 0 names available_tokens, not mixture_weights
+        (["--source", "web=0"], ["available_tokens sum to 0", "'web': 0.0", "tokens > 0"]),
+        (["--n-layers", "2", "--d-model", "64"], ["model.n_heads: Field required", "--n-heads"]),
+        (["--experiment", "x"], ["--experiment needs --mlflow-uri"]),
         # failures faster than a checkpoint can be written and restarted from: 3600 s / 16384 GPUs = 0.22 s
         (["--gpu-mtbf-hours", "1", "--gpus", "16384"],
          ["checkpointing cannot make progress", "gpu_mtbf_hours 1 / 16384 GPUs", "checkpoint_write_seconds"]),
