@@ -19,6 +19,16 @@ def rows(project, asset, source, role="documents"):
     return manifest, [r for f in manifest["files"] if f["role"] == role for r in pq.read_table(base / f["path"]).to_pylist()]
 
 
+def deduplicate(project):
+    """Every source through curation and dedup: what the quality assets read."""
+    for wave in UPSTREAM:
+        for source in SOURCES:
+            assert project.materialize(wave, source).success
+    assert project.materialize(["dedup_index"]).success
+    for source in SOURCES:
+        assert project.materialize(["deduplicated_documents"], source).success
+
+
 def test_classifier_scores_and_rules_from_stored_scores(tmp_path, kiln_home, monkeypatch):
     refs = reference_texts()
     junk = junk_texts(40, seed=1)
@@ -41,12 +51,7 @@ def test_classifier_scores_and_rules_from_stored_scores(tmp_path, kiln_home, mon
                     "rules": {"web": {"min_score": 0.5}}},
     }
     project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
-    for wave in UPSTREAM:
-        for source in SOURCES:
-            assert project.materialize(wave, source).success
-    assert project.materialize(["dedup_index"]).success
-    for source in SOURCES:
-        assert project.materialize(["deduplicated_documents"], source).success
+    deduplicate(project)
 
     result = project.materialize(["quality_classifier"])
     meta = result.asset_materializations_for_node("quality_classifier")[0].metadata
@@ -112,12 +117,7 @@ def test_a_classifier_fitted_while_off_is_not_used_once_the_config_turns_it_on(t
     config = {"sources": sources, "profiles": {"none": []}, "engine": SERIAL_ENGINE,
               "decontamination": {"enabled": False}, "quality": {"classifier": {"folds": 3, "quantize_cutoff": 1000}}}
     project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
-    for wave in UPSTREAM:
-        for source in SOURCES:
-            assert project.materialize(wave, source).success
-    assert project.materialize(["dedup_index"]).success
-    for source in SOURCES:
-        assert project.materialize(["deduplicated_documents"], source).success
+    deduplicate(project)
     assert project.materialize(["quality_classifier"]).success
 
     key = project.current()
