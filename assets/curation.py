@@ -11,7 +11,7 @@ from assets.results import check_specs, engine_metadata, full_funnel, materializ
 from kiln.common.manifest import code_version
 from kiln.common.secrets import redact
 from kiln.common.storage import Snapshot, resume_key
-from kiln.curation.exact_dedup import HashSource, exact_dedup, remove_shuffle
+from kiln.curation.exact_dedup import HashSource, exact_dedup, remove_shuffle, stale_shuffles
 from kiln.curation.filters.badwords import DEFAULT_WORDS_FILE
 from kiln.curation.filters.registry import build_step
 from kiln.curation.filters.url import DEFAULT_BLOCKLIST
@@ -151,9 +151,8 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
                            **{f"{CURATED}/{p}": m.manifest.data_version for p, m in earlier.items()}})
     # Every source of the refresh has this same version, so they share one shuffle (done by the first to get there).
     shuffle = store.shared_scratch(CURATED, f"exact-dedup-{key}-{resume_key(**version)}")
-    for stale in shuffle.parent.glob(f".shared-exact-dedup-{key}-*"):
-        if stale.is_dir() and stale != shuffle:
-            remove_shuffle(stale, wait=False)  # this refresh's inputs have changed since; unless another run uses it
+    for stale in stale_shuffles(shuffle):
+        remove_shuffle(stale, wait=False)  # this refresh's inputs have changed since; unless another run uses it
     with store.staging(CURATED, here, resume=resume_key(**version)) as writer:
         started = time.perf_counter()
         stats = exact_dedup(sources, [s.name for s in sources].index(here), writer, shuffle, runner, dedup.enabled,

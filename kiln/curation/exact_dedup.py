@@ -278,3 +278,12 @@ def remove_shuffle(scratch: Path, wait: bool = True) -> bool:
         if held:
             shutil.rmtree(scratch, ignore_errors=True)
         return held
+
+
+def stale_shuffles(current: Path, key_chars: int = 16) -> list[Path]:
+    """The other shuffles of `current`'s refresh (`<prefix><refresh>-<resume key of key_chars>`): made for inputs
+    that have changed since. Matched whole: refresh `week1`'s glob also finds refresh `week1-fix`'s, in use or
+    about to be reused by its next source."""
+    prefix = current.name[:-key_chars]
+    return [p for p in current.parent.glob(f"{prefix}*")
+            if p.is_dir() and p != current and len(p.name) == len(current.name)]

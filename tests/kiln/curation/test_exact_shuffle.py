@@ -149,3 +149,18 @@ def test_a_file_cut_short_is_not_whole(tmp_path):
     for size in range(len(data)):
         cut.write_bytes(data[:size])
         assert not is_whole(cut), size
+
+
+def test_the_stale_shuffles_of_a_refresh_are_its_own_not_a_longer_keys(tmp_path):
+    """Refresh `week1`'s glob `.shared-exact-dedup-week1-*` also found refresh `week1-fix`'s shuffle, which its run then
+    removed (when not in use at that instant): the other refresh's next source made it again."""
+    from kiln.curation.exact_dedup import stale_shuffles
+
+    current = tmp_path / ".shared-exact-dedup-week1-0123456789abcdef"
+    names = [".shared-exact-dedup-week1-fedcba9876543210",  # week1's, for inputs changed since: stale
+             ".shared-exact-dedup-week1-fix-0123456789abcdef", ".shared-exact-dedup-week1-fix-fedcba9876543210",
+             ".shared-exact-dedup-week10-0123456789abcdef"]
+    for path in [current, *(tmp_path / n for n in names)]:
+        path.mkdir()
+    (tmp_path / f"{names[0]}.lock").write_text("")
+    assert stale_shuffles(current) == [tmp_path / names[0]]
