@@ -353,10 +353,19 @@ class Store:
         for last in (False, True):
             folder = _version_of(final)
             try:
-                return Snapshot(folder, Manifest.from_dict(json.loads((folder / MANIFEST_NAME).read_text(
-                    encoding="utf-8"))))
+                data = (folder / MANIFEST_NAME).read_bytes()
             except FileNotFoundError:
                 pass
+            else:
+                manifest = Manifest.from_dict(json.loads(data))
+                synced = self._synced.get((asset, partition or None)) if self.remote is not None else None
+                if synced is None or data == synced or last or \
+                        manifest.data_version == json.loads(synced).get("data_version"):
+                    return Snapshot(folder, manifest)
+                # Another process on this machine swapped in another version (a pull of an older one that finished
+                # after this process committed a newer): bring the copy back to the version S3 holds.
+                self._synced[(asset, partition or None)] = self._pull(asset, partition)
+                continue
             if last or not final.parent.is_dir():
                 break
             # Between a swap's two renames (a plain folder made a link) there is no folder: wait for the swap.

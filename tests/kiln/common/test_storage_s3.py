@@ -217,6 +217,28 @@ def test_a_machine_with_an_empty_cache_sees_every_partition_in_the_bucket(s3, tm
     assert fresh.partitions("tokenizer") == [None] and fresh.partitions("never_written") == []
 
 
+def test_a_pull_that_ends_after_a_newer_local_commit_does_not_leave_the_committer_reading_the_old(s3, tmp_path):
+    """Two steps share one cache (Dagster's multiprocess executor). R pulls v1 while W commits v2; R's download ends
+    after W's commit and swaps v1 in over v2. W, which committed v2 and knows S3 holds it, then read v1."""
+    def commit(store, tag):
+        with store.staging("tokenizer") as w:
+            w.write("documents", pa.table({"doc_id": [tag]}))
+            return w.commit(code_version="t", config={}, inputs={}, counts={})
+
+    commit(Store(tmp_path / "elsewhere", remote(s3)), "v1")  # another machine published v1
+    writer, reader = Store(tmp_path / "cache", remote(s3)), Store(tmp_path / "cache", remote(s3))
+    download = reader.remote.download_files
+
+    def download_while_the_writer_commits(items):
+        download(items)
+        commit(writer, "v2")
+
+    object.__setattr__(reader.remote, "download_files", download_while_the_writer_commits)
+    reader.manifest("tokenizer")  # v1, swapped in over the writer's v2
+    assert writer.read_table("tokenizer", None).column("doc_id").to_pylist() == ["v2"]
+    assert Store(tmp_path / "cache", remote(s3)).read_table("tokenizer", None).column("doc_id").to_pylist() == ["v2"]
+
+
 def test_a_tampered_remote_file_is_refused_with_the_key(s3, tmp_path):
     written = write_version(Store(tmp_path / "writer", remote(s3)), seed=6)
     key = f"kiln/curated_documents/web/{written.data_version}/model/weights.bin"
