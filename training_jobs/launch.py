@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import traceback
+import uuid
 from pathlib import Path
 
 ENTRY = "training_jobs.train"
@@ -119,14 +120,21 @@ SESSION_EXIT_S = 10.0  # what is left of the session after the launcher: SIGTERM
 PARENT_CHECK_S = 1.0  # how often the supervisor looks whether the process that started it is still there
 
 
-def _session_members(sid: int) -> list:
-    """The running processes of session `sid` (a zombie, its exit not yet collected, has ended)."""
+LAUNCH_ENV = "KILN_LAUNCH_ID"  # in the launcher's environment, so in that of everything it starts
+
+
+def _launch_members(sid: int, launch_id: str) -> list:
+    """The running processes of the launch (a zombie, its exit not yet collected, has ended): those of the launcher's
+    session `sid`, and those that carry its id in their environment. torchrun starts each rank in a session of its
+    own: with torchrun itself killed, its ranks are in no session of the launch, but they inherited its id."""
     import psutil  # a dependency of DeepSpeed and Ray
 
     members = []
     for proc in psutil.process_iter(["status"]):
         try:
-            if os.getsid(proc.pid) == sid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if os.getsid(proc.pid) == sid or proc.environ().get(LAUNCH_ENV) == launch_id:
                 members.append(proc)
         except (ProcessLookupError, PermissionError, psutil.Error):
             continue
@@ -136,11 +144,13 @@ def _session_members(sid: int) -> list:
 def supervise(command: list[str], run_config: Path | None = None) -> int:
     """Under the lock of `run_config`'s run folder (BUSY, and a message, when another launch holds it), run `command`
     (a launcher) in a session of its own and pass SIGINT, SIGTERM and SIGHUP on to it; once it has exited, stop what
-    is left of its session, by the session's id (SIGTERM, SIGKILL after SESSION_EXIT_S). Returns `command`'s exit
+    is left of the launch, by its session's id and the launch id in its processes' environment (SIGTERM, SIGKILL
+    after SESSION_EXIT_S). Returns `command`'s exit
     status (128 + the signal for a signal, as a shell reports it).
 
     A signal to the launcher alone is what Dagster Pipes sends when a run is terminated, and launchers differ in
-    what it reaches. torchrun stops its ranks itself (each in a session of its own). DeepSpeed's `deepspeed` runner
+    what it reaches. torchrun stops its ranks itself (each in a session of its own; with torchrun killed, they are found by the
+    launch id they inherited). DeepSpeed's `deepspeed` runner
     handles signals only for multi-node pdsh launches: it ended and left its launcher and every rank training,
     holding the GPUs and writing checkpoints into the run folder the next attempt uses. The Ray driver shuts its
     embedded Ray down, but on a busy machine Ray Train's actors and ranks, and Ray's agents still starting,
@@ -177,9 +187,11 @@ def _supervise(command: list[str], lock_fd: int | None = None) -> int:
     for signum in FORWARDED:
         signal.signal(signum, forward)
     parent = os.getppid()
-    reaper, to_reaper = _start_reaper()
+    launch_id = uuid.uuid4().hex
+    reaper, to_reaper = _start_reaper(launch_id)
     try:
-        child = subprocess.Popen(command, start_new_session=True, pass_fds=() if lock_fd is None else (lock_fd,))
+        child = subprocess.Popen(command, start_new_session=True, pass_fds=() if lock_fd is None else (lock_fd,),
+                                 env={**os.environ, LAUNCH_ENV: launch_id})
         os.write(to_reaper, child.pid.to_bytes(8, "little"))
         for signum in pending:  # arrived while the child was starting
             child.send_signal(signum)
@@ -200,9 +212,10 @@ def _supervise(command: list[str], lock_fd: int | None = None) -> int:
     return code if code >= 0 else 128 - code
 
 
-def _stop_session(sid: int) -> int:
-    """Stop what is left of session `sid`: SIGTERM, SIGKILL after SESSION_EXIT_S. Returns how many were left."""
-    left = _session_members(sid)
+def _stop_launch(sid: int, launch_id: str) -> int:
+    """Stop what is left of the launch (`_launch_members`): SIGTERM, SIGKILL after SESSION_EXIT_S. Returns how many
+    were left."""
+    left = _launch_members(sid, launch_id)
     if left:
         import psutil
 
@@ -219,10 +232,10 @@ def _stop_session(sid: int) -> int:
 ENDED = b"\0"  # what the supervisor writes to its reaper once the launcher has exited and it returns
 
 
-def _start_reaper() -> tuple[int, int]:
+def _start_reaper(launch_id: str) -> tuple[int, int]:
     """Fork the launch's reaper: a process in a session of its own that waits on a pipe for the launcher's pid (its
     session's id), then for the pipe's end, which comes when this process exits or is killed, and then stops what is
-    left of the launcher's session: the one place a session is stopped, whatever ended the launch. A SIGKILL to this
+    left of the launch (`_stop_launch`): the one place a launch is stopped, whatever ended it. A SIGKILL to this
     process (`kill -9`, the out-of-memory killer, a process-group kill of the Dagster step) runs no code of its own:
     without the reaper, the launcher and its ranks trained on, unseen. Forked before the launcher starts, so there is
     no moment a launch runs without one; it keeps a copy of the run folder's lock until the session is stopped.
@@ -243,7 +256,7 @@ def _start_reaper() -> tuple[int, int]:
         ended = b""
         while chunk := os.read(read_end, 1):  # returns b"" at the pipe's end, however the supervisor ends
             ended = chunk
-        if len(sid) == 8 and (left := _stop_session(int.from_bytes(sid, "little"))) and ended != ENDED:
+        if len(sid) == 8 and (left := _stop_launch(int.from_bytes(sid, "little"), launch_id)) and ended != ENDED:
             print(f"training_jobs.launch: the launch's supervisor ended without stopping its launcher; stopped "
                   f"{left} process{'' if left == 1 else 'es'} left of it", file=sys.stderr, flush=True)
     except BaseException:

@@ -10,6 +10,7 @@ killed outright. A rank left running holds its GPU and goes on writing checkpoin
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -106,9 +107,10 @@ def test_a_launch_whose_step_or_own_process_is_killed_stops_every_rank(killed, t
         assert not alive, f"still running 60 s after the {killed} was killed: {alive}"
         assert launch.busy(out) is None
         assert not (out / "summary.json").exists()
-        if killed == "launch":  # torchrun, the one process of the launcher's session, stopped its ranks (theirs)
-            assert "supervisor ended without stopping its launcher; stopped 1 process left" in (
-                tmp_path / "launch.log").read_text()
+        if killed == "launch":  # torchrun and its two ranks (in sessions of their own, found by the launch id)
+            stopped = re.search(r"supervisor ended without stopping its launcher; stopped (\d+) process",
+                                (tmp_path / "launch.log").read_text())
+            assert stopped and int(stopped.group(1)) >= 3
     finally:
         kill_all(tree)
 
@@ -142,3 +144,25 @@ def test_a_second_launch_into_a_folder_being_trained_is_refused_and_writes_nothi
         assert launch.busy(out) is None  # the lock went with the launch
     finally:
         kill_all(tree)
+
+
+def test_a_rank_in_a_session_of_its_own_is_stopped_when_its_launcher_is_killed(tmp_path):
+    """torchrun starts each rank in a session of its own, so with torchrun itself killed (SIGKILL, the out-of-memory
+    killer) its ranks were in no session of the launch: they trained on, and the run folder's lock was let go. They
+    carry the launch's id in their environment, and are stopped by it. Here a launcher starts a "rank" in a new
+    session, then kills itself."""
+    pid_file = tmp_path / "rank.pid"
+    launcher = ("import os, signal, subprocess, sys, time\n"
+                "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+                f"open({str(pid_file)!r}, 'w').write(str(rank.pid))\n"
+                "os.kill(os.getpid(), signal.SIGKILL)\n")
+    code = launch.supervise([sys.executable, "-c", launcher])
+    try:
+        rank = [psutil.Process(int(pid_file.read_text()))]
+    except psutil.NoSuchProcess:
+        rank = []  # stopped, and already reaped
+    try:
+        assert code == 128 + signal.SIGKILL
+        assert not running(rank), "the rank outlived its killed launcher"
+    finally:
+        kill_all(rank)
