@@ -18,11 +18,12 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\u200b\ufeff]")
 
 def _fix_mojibake(line: str) -> str:
     # Only mojibake repair: no cosmetic rewrites (curly quotes, ligatures, widths) that would change code and
-    # reference text. ASCII lines have no mojibake.
+    # reference text, and no HTML entities decoded (ftfy's default does, on the lines it sees: only those with a
+    # non-ASCII character, so `&amp;` in code changed where a comment held an accent). ASCII lines have no mojibake.
     if line.isascii():
         return line
     return ftfy.fix_text(line, uncurl_quotes=False, fix_latin_ligatures=False, fix_character_width=False,
-                         normalization=None)
+                         normalization=None, unescape_html=False)
 
 
 @dataclass

@@ -27,6 +27,16 @@ def test_normalize_repairs_mojibake_and_composes():
     assert step(doc("\x00\x01  ")).drop == "normalize.empty_after_normalization"
 
 
+def test_normalize_leaves_html_entities_as_written_whatever_else_the_line_holds():
+    """ftfy's default decodes HTML entities on the lines it repairs, those with a non-ASCII character: the same code
+    line lost its `&amp;` only where its comment had an accent, and escaped markup in prose became markup."""
+    step = build_step("normalize")
+    for text in ('s.replace("&amp;", "&")  # escape HTML', 's.replace("&amp;", "&")  # \u00e9chapper le HTML',
+                 "\u00e9crivez &lt;br&gt; pour un saut de ligne"):
+        assert step(doc(text)).text == text
+    assert step(doc("caf\u00c3\u00a9 &amp; cr\u00c3\u00a8me")).text == "caf\u00e9 &amp; cr\u00e8me"  # mojibake still repaired
+
+
 @pytest.mark.parametrize("url, dropped", [
     ("https://blocked.example/page", True),
     ("http://www.blocked.example/a?b=c", True),
