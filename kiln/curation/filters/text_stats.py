@@ -21,15 +21,20 @@ _ALPHA_RE = re.compile(r"[^\W\d_]")  # one letter, any script
 _LETTER_TO_END_RE = re.compile(r"[^\W\d_][^\0]*")
 _PARAGRAPH_RE = re.compile(r"\n{2,}")
 _LINE_RUN_RE = re.compile(r"\n+")
+# The sentence ends of scripts that do not end sentences with . ! ?: ideographic and fullwidth full stop, fullwidth
+# ! ?, Devanagari danda and double danda, Arabic question mark, Urdu full stop, Ethiopic full stop and question mark
+# (Amharic, Tigrinya), Myanmar section, Khmer khan and bariyoosan, Armenian full stop, Tibetan shad and nyis shad,
+# Mongolian full stop, Syriac end of paragraph, NKo exclamation mark, Canadian syllabics full stop, Lisu full stop. Without
+# them every line of those languages "has no sentence end", and C4 and FineWeb dropped whole languages.
+OTHER_SENTENCE_ENDS = "。．！？।॥؟۔።፧။។៕։།༎᠃܀߹᙮꓿"
 # A sentence ends in . ! ? or … optionally followed by closing quotes/brackets, then space or end; or in a sentence end
-# of another script (ideographic and fullwidth full stop, fullwidth ! ?, Devanagari danda, Arabic question mark, Urdu
-# full stop: TERMINAL_PUNCTUATION's) with its closing quotes, whatever follows (Chinese and Japanese put no space).
-_SENTENCE_END_RE = re.compile(r"[.!?…]+[\"'”’)\]]*(?=\s|$)|[。．！？।॥؟۔]+[\"'”’)\]」』）]*")
+# of another script with its closing quotes, whatever follows (Chinese and Japanese put no space).
+_SENTENCE_END_RE = re.compile(rf"[.!?…]+[\"'”’)\]]*(?=\s|$)|[{OTHER_SENTENCE_ENDS}]+[\"'”’)\]」』）]*")
 
 # C4 (TFDS c4_utils) and FineWeb: a line "ends in terminal punctuation" if it ends with one of these; after C4's
-# five, the sentence ends and closing quotes of other scripts (ideographic and fullwidth full stop, marks and corner
-# brackets; Devanagari danda; Arabic question mark and Urdu full stop): without them every Chinese line "has none".
-TERMINAL_PUNCTUATION: tuple[str, ...] = (".", "?", "!", '"', "'", "。", "．", "！", "？", "」", "』", "।", "॥", "؟", "۔")
+# five, the sentence ends of other scripts and their closing quotes (corner brackets): without them every Chinese,
+# Amharic or Burmese line "has none".
+TERMINAL_PUNCTUATION: tuple[str, ...] = (".", "?", "!", '"', "'", "」", "』", *OTHER_SENTENCE_ENDS)
 # Gopher: the ellipsis in both spellings.
 ELLIPSES: tuple[str, ...] = ("...", "…")
 # Gopher (as DataTrove): a bullet line starts with one of these after leading whitespace.

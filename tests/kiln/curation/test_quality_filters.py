@@ -139,6 +139,29 @@ def test_duplicate_and_ngram_helpers():
     assert ts.count_sentences("no end mark") == 1 and ts.count_sentences("  ") == 0
 
 
+# One paragraph of plain news-style prose per language, each sentence ended as the script ends it: Amharic (።),
+# Burmese (။), Khmer (។), Armenian (։), Tibetan (།). Six sentences each, written here by hand; C4 needs five.
+SENTENCE_ENDS = {
+    "am": ("የከተማው ምክር ቤት ዛሬ አዲስ በጀት አጸደቀ።", "በጀቱ ለትምህርት ቤቶች ተጨማሪ ገንዘብ ይሰጣል።"),
+    "my": ("မြို့တော်ကောင်စီသည် ယနေ့ ဘတ်ဂျက်အသစ်ကို အတည်ပြုခဲ့သည်။", "ဘတ်ဂျက်သည် ကျောင်းများအတွက် ငွေပိုမိုပေးသည်။"),
+    "km": ("ក្រុមប្រឹក្សាក្រុងបានអនុម័តថវិកាថ្មីនៅថ្ងៃនេះ។", "ថវិកានេះផ្តល់ប្រាក់បន្ថែមដល់សាលារៀន។"),
+    "hy": ("Քաղաքային խորհուրդն այսօր հաստատեց նոր բյուջեն։", "Բյուջեն լրացուցիչ միջոցներ է տրամադրում դպրոցներին։"),
+    "bo": ("གྲོང་ཁྱེར་གྱི་ལས་ཁུངས་ཀྱིས་དེ་རིང་འཆར་གཞི་གསར་པ་ཞིག་ཆོག་མཆན་བྱས།", "འཆར་གཞི་འདིས་སློབ་གྲྭ་རྣམས་ལ་དངུལ་མང་བ་སྤྲོད།"),
+}
+
+
+@pytest.mark.parametrize("language", sorted(SENTENCE_ENDS))
+def test_c4_and_fineweb_read_the_sentence_ends_of_every_script(language):
+    """C4 and FineWeb knew only . ! ? and the marks of Chinese, Japanese, Hindi and Arabic: every line of these
+    languages "had no sentence end", so C4 removed them all (too_few_sentences) and FineWeb dropped the document
+    (line_punct_ratio)."""
+    a, b = SENTENCE_ENDS[language]
+    document = doc("\n".join([a, b, f"{a} {b}", f"{b} {a}", f"{a} {a}", f"{b} {b}"]))
+    assert ts.count_sentences(document.text) == 10
+    assert C4()(document).drop is None
+    assert FineWebQuality()(document).drop is None
+
+
 # ---- GopherQuality ---------------------------------------------------------------------------
 
 
