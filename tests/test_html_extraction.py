@@ -158,7 +158,25 @@ def test_charsets_as_declared():
     assert decode_html(page.encode("utf-8"), "text/html; charset=UTF-8")[0] == page  # the HTTP header wins
     assert decode_html(b"\xef\xbb\xbf<p>x</p>") == ("<p>x</p>", "utf-8-sig")
     assert decode_html("<p>\u00e9</p>".encode("latin-1"))[0] is None  # undeclared: UTF-8, and it is not
-    assert decode_html(b"<p>x</p>", "text/html; charset=klingon")[0] is None
+    # a label that names no encoding is passed over, as browsers do: the page's own <meta>, then UTF-8
+    assert decode_html(b"<p>x</p>", "text/html; charset=klingon") == ("<p>x</p>", "utf-8")
+    assert decode_html(page.encode("cp1252"), "text/html; charset=utf8mb4") == (page, "cp1252")
+    assert decode_html(page.encode("cp1252"), "text/html; charset=none") == (page, "cp1252")
+
+
+@pytest.mark.parametrize("label, text, codec", [
+    ("windows-874", "\u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22", "cp874"),  # WHATWG's name for Thai
+    ("iso-8859-8-i", "\u05e2\u05d1\u05e8\u05d9\u05ea", "iso8859-8"),  # the usual Hebrew label
+    ("x-sjis", "\u65e5\u672c\u8a9e", "cp932"), ("windows-31j", "\u2460 \u9ad9", "cp932"),
+    ("x-gbk", "\u4e2d\u6587", "gb18030"), ("x-cp1251", "\u0420\u0443\u0441\u0441\u043a\u0438\u0439", "cp1251"),
+    ("ks_c_5601-1989", "\ud55c\uad6d\uc5b4", "cp949"), ("x-mac-cyrillic", "\u0420\u0443\u0441", "mac-cyrillic"),
+])
+def test_every_whatwg_label_names_the_browsers_decoder(label, text, codec):
+    """Labels of the WHATWG Encoding standard that Python's codecs do not know quarantined the page a browser shows
+    (invalid_charset): the label table (encoding.spec.whatwg.org) is the second implementation here."""
+    page = f'<html><head><meta charset="{label}"></head><body><p>{text}</p></body></html>'
+    assert decode_html(page.encode(codec)) == (page, codec)
+    assert decode_html(page.encode(codec), f"text/html; charset={label.upper()}") == (page, codec)
 
 
 def test_charsets_decode_as_browsers_decode_them():

@@ -411,8 +411,7 @@ def read_html(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docum
 
 def decoded_html(data: bytes, content_type: str | None, source: str, locator: str) -> str | Quarantined:
     """A page's text in the charset it declares (`decode_html`), or the page quarantined: invalid_utf8 (UTF-8,
-    declared or not, and the bytes are not), or invalid_charset (a charset Python does not know, or bytes not
-    valid in the one declared)."""
+    declared or not, and the bytes are not), or invalid_charset (bytes not valid in the charset declared)."""
     text, charset = decode_html(data, content_type)
     if text is not None:
         return text

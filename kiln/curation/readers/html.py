@@ -206,28 +206,90 @@ _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]
 _BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 
 
+# WHATWG Encoding's labels (encoding.spec.whatwg.org, "Encodings"), each with the Python codec of the decoder
+# browsers use for it: a superset of what Python's codec of the same name reads, so a page a browser shows is never
+# quarantined (gb2312 pages use GBK's characters, EUC-KR pages cp949's, ISO-8859-1 pages windows-1252's, ...). Many
+# of these labels (windows-874, iso-8859-8-i, x-sjis, windows-31j, ks_c_5601-1989, x-mac-cyrillic) Python lacks.
+_WHATWG_ENCODINGS = {
+    "utf-8": "unicode-1-1-utf-8 unicode11utf8 unicode20utf8 utf-8 utf8 x-unicode20utf8",
+    "cp866": "866 cp866 csibm866 ibm866",
+    "iso8859-2": "csisolatin2 iso-8859-2 iso-ir-101 iso8859-2 iso88592 iso_8859-2 iso_8859-2:1987 l2 latin2",
+    "iso8859-3": "csisolatin3 iso-8859-3 iso-ir-109 iso8859-3 iso88593 iso_8859-3 iso_8859-3:1988 l3 latin3",
+    "iso8859-4": "csisolatin4 iso-8859-4 iso-ir-110 iso8859-4 iso88594 iso_8859-4 iso_8859-4:1988 l4 latin4",
+    "iso8859-5": "csisolatincyrillic cyrillic iso-8859-5 iso-ir-144 iso8859-5 iso88595 iso_8859-5 iso_8859-5:1988",
+    "iso8859-6": "arabic asmo-708 csiso88596e csiso88596i csisolatinarabic ecma-114 iso-8859-6 iso-8859-6-e "
+                 "iso-8859-6-i iso-ir-127 iso8859-6 iso88596 iso_8859-6 iso_8859-6:1987",
+    "iso8859-7": "csisolatingreek ecma-118 elot_928 greek greek8 iso-8859-7 iso-ir-126 iso8859-7 iso88597 iso_8859-7 "
+                 "iso_8859-7:1987 sun_eu_greek",
+    "iso8859-8": "csiso88598e csisolatinhebrew hebrew iso-8859-8 iso-8859-8-e iso-ir-138 iso8859-8 iso88598 "
+                 "iso_8859-8 iso_8859-8:1988 visual csiso88598i iso-8859-8-i logical",
+    "iso8859-10": "csisolatin6 iso-8859-10 iso-ir-157 iso8859-10 iso885910 l6 latin6",
+    "iso8859-13": "iso-8859-13 iso8859-13 iso885913",
+    "iso8859-14": "iso-8859-14 iso8859-14 iso885914",
+    "iso8859-15": "csisolatin9 iso-8859-15 iso8859-15 iso885915 iso_8859-15 l9",
+    "iso8859-16": "iso-8859-16",
+    "koi8-r": "cskoi8r koi koi8 koi8-r koi8_r",
+    "koi8-u": "koi8-ru koi8-u",
+    "mac-roman": "csmacintosh mac macintosh x-mac-roman",
+    "cp874": "dos-874 iso-8859-11 iso8859-11 iso885911 tis-620 windows-874",
+    "cp1250": "cp1250 windows-1250 x-cp1250",
+    "cp1251": "cp1251 windows-1251 x-cp1251",
+    "cp1252": "ansi_x3.4-1968 ascii cp1252 cp819 csisolatin1 ibm819 iso-8859-1 iso-ir-100 iso8859-1 iso88591 "
+              "iso_8859-1 iso_8859-1:1987 l1 latin1 us-ascii windows-1252 x-cp1252",
+    "cp1253": "cp1253 windows-1253 x-cp1253",
+    "cp1254": "cp1254 csisolatin5 iso-8859-9 iso-ir-148 iso8859-9 iso88599 iso_8859-9 iso_8859-9:1989 l5 latin5 "
+              "windows-1254 x-cp1254",
+    "cp1255": "cp1255 windows-1255 x-cp1255",
+    "cp1256": "cp1256 windows-1256 x-cp1256",
+    "cp1257": "cp1257 windows-1257 x-cp1257",
+    "cp1258": "cp1258 windows-1258 x-cp1258",
+    "mac-cyrillic": "x-mac-cyrillic x-mac-ukrainian",
+    "gb18030": "chinese csgb2312 csiso58gb231280 gb2312 gb_2312 gb_2312-80 gbk iso-ir-58 x-gbk gb18030",
+    "big5hkscs": "big5 big5-hkscs cn-big5 csbig5 x-x-big5",
+    "euc_jp": "cseucpkdfmtjapanese euc-jp x-euc-jp",
+    "iso2022_jp": "csiso2022jp iso-2022-jp",
+    "cp932": "csshiftjis ms932 ms_kanji shift-jis shift_jis sjis windows-31j x-sjis",
+    "cp949": "cseuckr csksc56011987 euc-kr iso-ir-149 korean ks_c_5601-1987 ks_c_5601-1989 ksc5601 ksc_5601 "
+             "windows-949",
+    "utf-16-be": "unicodefffe utf-16be",
+    "utf-16-le": "csunicode iso-10646-ucs-2 ucs-2 unicode unicodefeff utf-16 utf-16le",
+}
+_WHATWG_LABELS = {label: codec for codec, labels in _WHATWG_ENCODINGS.items() for label in labels.split()}
+# Python's names for the encodings above, where a label outside WHATWG's names one (latin-1, euc_kr, ...)
+_WHATWG_DECODER = {"ascii": "cp1252", "iso8859-1": "cp1252", "iso8859-9": "cp1254", "iso8859-11": "cp874",
+                   "tis-620": "cp874", "gb2312": "gb18030", "gbk": "gb18030", "euc_kr": "cp949", "shift_jis": "cp932",
+                   "big5": "big5hkscs"}
+
+
+def label_codec(label: str) -> str | None:
+    """The Python codec of the decoder browsers use for a charset label, or None for a label that names no text
+    encoding (`none`, `utf8mb4`, `base64`): browsers ignore such a label and look at the next declaration."""
+    label = label.strip().lower()
+    if label in _WHATWG_LABELS:
+        return _WHATWG_LABELS[label]
+    try:
+        info = codecs.lookup(label)
+    except LookupError:
+        return None
+    if not getattr(info, "_is_text_encoding", True):  # base64, hex, zlib: bytes-to-bytes codecs
+        return None
+    return _WHATWG_DECODER.get(info.name, info.name)
+
+
 def html_charset(data: bytes, content_type: str | None = None) -> str:
-    """The encoding a page is in, as browsers pick it: a byte-order mark, else the HTTP Content-Type's charset,
-    else a <meta charset> (or http-equiv) in its first 2 KB, else UTF-8."""
+    """The codec a page is in, as browsers pick it (WHATWG HTML): a byte-order mark, else the HTTP Content-Type's
+    charset, else a <meta charset> (or http-equiv) in its first 2 KB, else UTF-8; a label that names no encoding
+    is passed over for the next."""
     for bom, name in _BOMS:
         if data.startswith(bom):
             return name
     declared = re.search(r"charset\s*=\s*[\"']?([A-Za-z0-9_.:-]+)", content_type or "", re.IGNORECASE)
-    if declared:
-        return declared[1]
+    if declared and (codec := label_codec(declared[1])):
+        return codec
     meta = _META_CHARSET.search(data[:2048])
-    if not meta:
-        return "utf-8"
-    label = meta[1].decode("ascii")
+    codec = label_codec(meta[1].decode("ascii")) if meta else None
     # a page that says it is UTF-16 in its own ASCII bytes cannot be: browsers read it as UTF-8 (WHATWG HTML)
-    return "utf-8" if label.lower().replace("_", "-").startswith(("utf-16", "utf16")) else label
-
-
-# The decoder browsers use for a label (WHATWG Encoding): a superset of what Python's codec of that name reads, so a
-# page a browser shows is never quarantined (gb2312 pages use GBK's characters, EUC-KR pages cp949's, ...).
-_WHATWG_DECODER = {"ascii": "cp1252", "iso8859-1": "cp1252", "iso8859-9": "cp1254",
-                   "iso8859-11": "cp874", "tis-620": "cp874", "gb2312": "gb18030", "gbk": "gb18030",
-                   "euc_kr": "cp949", "shift_jis": "cp932", "big5": "big5hkscs"}
+    return "utf-8" if codec is None or codec.startswith("utf-16") else codec
 
 
 def _c1_passthrough(error: UnicodeDecodeError) -> tuple[str, int]:
@@ -243,15 +305,10 @@ _SINGLE_BYTE = ("cp1252", "cp1254", "cp874")
 
 
 def decode_html(data: bytes, content_type: str | None = None) -> tuple[str | None, str]:
-    """(the page's text, its charset): decoded strictly in the charset it declares (`html_charset`); the text is None
-    when that charset is unknown or the bytes are not valid in it. Never decoded with replacement characters."""
-    label = html_charset(data, content_type)
-    try:
-        codec = codecs.lookup(label).name
-    except LookupError:
-        return None, label
-    codec = _WHATWG_DECODER.get(codec, codec)
+    """(the page's text, its codec): decoded strictly in the charset it declares (`html_charset`); the text is None
+    when the bytes are not valid in it. Never decoded with replacement characters."""
+    codec = html_charset(data, content_type)
     try:
         return data.decode(codec, "kiln-c1" if codec in _SINGLE_BYTE else "strict"), codec
-    except (UnicodeDecodeError, LookupError):  # LookupError: a codec that is no text encoding (charset=base64, hex)
+    except UnicodeDecodeError:
         return None, codec

@@ -259,9 +259,9 @@ def test_warc_html_and_wet(tmp_path):
 
 def test_a_warc_reads_brotli_pages_and_a_bad_page_is_its_own_problem(tmp_path):
     """Pages served `Content-Encoding: br` all failed (warcio 1.8 and brotli 1.2 disagree on the decompressor), and the
-    first one ended the archive: the pages after it were lost. A page whose charset is no text encoding
-    (`charset=base64`: a LookupError, a traceback for an html source) is quarantined alone, and the archive reads
-    on."""
+    first one ended the archive: the pages after it were lost. A page whose bytes are not valid in its charset is
+    quarantined alone, and the archive reads on; a charset label that is no text encoding (`charset=base64`: a
+    LookupError, a traceback for an html source) is passed over, as browsers do, and the page read as UTF-8."""
     import brotli
     from warcio.statusandheaders import StatusAndHeaders
     from warcio.warcwriter import WARCWriter
@@ -269,7 +269,8 @@ def test_a_warc_reads_brotli_pages_and_a_bad_page_is_its_own_problem(tmp_path):
     page = b"<html><body><p>" + b"An ordinary paragraph of text for the reader to keep. " * 3 + b"</p></body></html>"
     buf = io.BytesIO()
     writer = WARCWriter(buf, gzip=False)
-    served = [("br", brotli.compress(page), "utf-8"), (None, page, "base64"), (None, page, "utf-8")]
+    served = [("br", brotli.compress(page), "utf-8"), (None, b"<p>\x81\x20</p>", "shift_jis"),  # 0x20 ends no 0x81
+              (None, page, "base64"), (None, page, "utf-8")]
     for i, (encoding, body, charset) in enumerate(served):
         headers = [("Content-Type", f"text/html; charset={charset}")] + ([("Content-Encoding", encoding)]
                                                                           if encoding else [])
@@ -278,12 +279,12 @@ def test_a_warc_reads_brotli_pages_and_a_bad_page_is_its_own_problem(tmp_path):
                                                                                     protocol="HTTP/1.1")))
     (tmp_path / "x.warc").write_bytes(buf.getvalue())
     docs, bad = split(list(read_source(source("warc", tmp_path / "x.warc"), Reading(html={"extractor": "visible_text"}))))
-    assert [d.url for d in docs] == ["https://example.org/0", "https://example.org/2"]
-    assert docs[0].text == docs[1].text and docs[0].text.startswith("An ordinary paragraph")
+    assert [d.url for d in docs] == ["https://example.org/0", "https://example.org/2", "https://example.org/3"]
+    assert docs[0].text == docs[1].text == docs[2].text and docs[0].text.startswith("An ordinary paragraph")
     assert [q.reason for q in bad] == ["invalid_charset"]
     (tmp_path / "p.html").write_bytes(b'<meta charset="hex">' + page)  # an html source: a record, not a traceback
     docs, bad = split(list(read_source(source("html", tmp_path / "p.html"), Reading())))
-    assert not docs and [q.reason for q in bad] == ["invalid_charset"]
+    assert not bad and docs[0].text.startswith("An ordinary paragraph")
 
 
 def test_missing_path_is_quarantined_not_a_crash(tmp_path):
