@@ -59,11 +59,25 @@ def quarantine(source: str, locator: str, reason: str, record: bytes | str | Non
     if detail:
         shown.append(kept_text(detail, "full"))  # an exception's message may quote the record
     if record is not None:
-        text = record[:EXCERPT_MOST_READS * 4].decode("utf-8", errors="replace") if isinstance(record, bytes) \
-            else record
-        shown.append(kept_text(text, "excerpt"))
+        shown.append(kept_text(_readable(record) if isinstance(record, bytes) else record, "excerpt"))
     return Quarantined(source, locator, reason, ": ".join(x for x in shown if x) or None,
                        record_hash or (None if record is None else text_hash(record)))
+
+
+_UTF16_BOMS = ((b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+_UNSEEN = re.compile("[\x00-\x08\x0b-\x1f\x7f]")  # controls: nothing a reader shows, and they split what the redactor reads
+
+
+def _readable(record: bytes) -> str:
+    """The start of a record intake could not read, as a person would read it, for the redactor to see what that
+    person would: UTF-16 by its byte-order mark, else UTF-8 with controls removed. UTF-16 without a mark (Notepad's
+    "Unicode", Excel's "Unicode text") decoded as UTF-8 is its letters with a NUL between each: the redactor saw no
+    e-mail or number in `j\0a\0n\0e\0@\0...`, and the excerpt showed them to anyone who reads past the NULs."""
+    head = record[:EXCERPT_MOST_READS * 4]
+    for bom, codec in _UTF16_BOMS:
+        if head.startswith(bom):
+            return head[len(bom):].decode(codec, errors="replace")
+    return _UNSEEN.sub("", head.decode("utf-8", errors="replace"))
 
 
 def decode_utf8(data: bytes, source: str, locator: str) -> str | Quarantined:

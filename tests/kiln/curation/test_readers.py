@@ -121,6 +121,22 @@ def test_a_too_large_file_or_warc_page_is_hashed_whole_not_by_its_start(tmp_path
     assert not docs and [(q.reason, q.record_hash) for q in bad] == [("too_large", whole(d)) for d in big]
 
 
+@pytest.mark.parametrize("bom", [b"\xff\xfe", b""], ids=["bom", "no-bom"])
+def test_a_utf16_file_quarantined_shows_no_pii_in_its_excerpt(tmp_path, bom):
+    """A UTF-16 export (Notepad's "Unicode", Excel's "Unicode text") is no UTF-8: quarantined, with an excerpt of its
+    start. That excerpt was its bytes read as UTF-8, a NUL between every letter, which the redactor reads past but a
+    person does not: the e-mail, phone and card number were kept readable in the quarantine table."""
+    # (all-ASCII UTF-16 without a mark is valid UTF-8, NULs and all: read, and normalized by the filter step)
+    body = "Name,Email,Phone,Card\r\nZo\u00eb Doe,jane.doe@gmail.com,+49 30 91456342,4111 1111 1111 1111\r\n"
+    (tmp_path / "contacts.txt").write_bytes(bom + body.encode("utf-16-le"))
+    docs, bad = split(list(read_source(source("text", tmp_path / "contacts.txt"), Reading())))
+    assert not docs and [q.reason for q in bad] == ["invalid_utf8"]
+    shown = bad[0].excerpt.replace("\x00", "")
+    assert "Doe" in shown and "<EMAIL>" in shown
+    for pii in ("jane.doe@gmail.com", "91456342", "4111 1111 1111 1111"):
+        assert pii not in shown
+
+
 def test_doc_ids_are_stable_and_distinct(tmp_path):
     path = write_jsonl(tmp_path / "a.jsonl", [{"text": prose(1)}, {"text": prose(2)}])
     first = [d.doc_id for d in read_source(source("jsonl", path), Reading())]
