@@ -71,7 +71,7 @@ class ProjectConfig(Strict):
         each step."""
         if not isinstance(value, dict):
             return value
-        parsed = {}
+        parsed, problems = {}, []
         for profile, steps in value.items():
             if not isinstance(steps, list):
                 raise ValueError(f"profile {profile!r} must be a list of steps, got {steps!r}")
@@ -101,9 +101,11 @@ class ProjectConfig(Strict):
                 try:
                     build_step(name, params, per_language)
                 except (TypeError, ValueError) as exc:  # `per_language.de: ...` continues the key
-                    raise ValueError(f"{key}{'.' if str(exc).startswith('per_language.') else ': '}{exc}") from None
+                    problems.append(f"{key}{'.' if str(exc).startswith('per_language.') else ': '}{exc}")
                 specs.append({"step": name, "params": params, "per_language": per_language})
             parsed[profile] = specs
+        if problems:  # every step's, one line each as the loader shows the config's other errors (loading._describe)
+            raise ValueError("\n  profiles: ".join(problems))
         return parsed
 
     @model_validator(mode="after")

@@ -131,6 +131,20 @@ def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
         load_config(path)
 
 
+def test_every_bad_step_of_the_profiles_is_named_at_once(tmp_path):
+    """The loader reported only the first bad step: a user fixed it, loaded again, and met the next. Every step's
+    error is one line now, as docs/curation.md shows them (the default prose profile's 5th and 6th steps)."""
+    path = tmp_path / "kiln.yaml"
+    path.write_text(f"extends: {DEFAULT}\nprofiles:\n  prose:\n    - url_blocklist\n    - garbage\n    - language\n"
+                    "    - gopher_repetition\n    - gopher_quality: {max_bullet_lines_ratio: 1.5}\n"
+                    "    - c4: {min_sentences: 3}\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    lines = str(error.value).splitlines()
+    assert lines[1].startswith("  profiles: profiles.prose[4] (gopher_quality): max_bullet_lines_ratio:")
+    assert lines[2].startswith("  profiles: profiles.prose[5] (c4): step 'c4' has no parameter(s) ['min_sentences']")
+
+
 def test_every_shipped_config_loads():
     for path in [DEFAULT, *sorted((Path(DEFAULT).parent / "recipes").glob("*.yaml")),
                  Path(DEFAULT).parent / "demo.yaml"]:
