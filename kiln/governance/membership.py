@@ -45,6 +45,7 @@ from kiln.governance.catalog import (
     trained_shard_sets,
 )
 from kiln.governance.exposure import exposure_of
+from kiln.governance.forget import first_match, load_requests
 from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.governance.refresh import latest
 
@@ -287,6 +288,12 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
     skipped = "; ".join(f"skipped by {s.removed_from_replay_by} when checkpoint {', '.join(s.removed_from_replay)} "
                         f"replayed token_shards {s.shard_set}" for s in shards if s.removed_from_replay)
     held = [s for s in train if s.copies > 0]
+    # A request recorded since that no shard set has applied yet: the auditor checking a takedown must see it
+    pending = None if requested is not None or not held else \
+        first_match(load_requests(catalog.store)[0], doc_id, (hint or "").partition("/")[0], row.get("url"))
+    if pending is not None:
+        notes.append(f"removal request {pending.request_id} ({pending.kind}), recorded {pending.created_at[:10]}, "
+                     f"names it: the next token_shards leave it out, and training_run refuses these until then")
     unread = [f"checkpoint {c} did not reach it in token_shards {s.shard_set}" + _share(s, c)
               for s in held for c in s.not_reached_by]
     # Trained on: a checkpoint read it, or it waits in shards no checkpoint has trained on yet (the training set).

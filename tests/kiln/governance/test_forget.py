@@ -53,6 +53,9 @@ def test_forget_a_source_removes_it_from_the_next_shards_and_flags_the_checkpoin
     assert affected["sources"] == ["web"] and affected["read"] is None  # the stand-in run recorded no exposure
     requests, version = load_requests(store)
     assert [r.request_id for r in requests] == [request["request_id"]] and version
+    # Until the shards are made again the document is in training, and membership says a request names it
+    pending = render(membership(store, built["config"], doc_id=trained_web[0]["doc_id"]))
+    assert "IN TRAINING" in pending and f"removal request {request['request_id']} (source)" in pending
 
     # The next materialization: the source's documents go to the rejected table with the request's id ...
     config = yaml.safe_load(built["config_path"].read_text())
