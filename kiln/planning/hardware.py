@@ -1,9 +1,11 @@
 """Accelerators the planner knows: dense bf16 peak, memory, and intra-node link bandwidth.
 
 Peaks are the vendors' *dense* (no 2:4 sparsity) bf16 tensor-core numbers from the datasheets; MFU
-is always measured against these (PaLM, Chowdhery et al. 2022, App. B). Memory is the marketed
-capacity, used as GiB (nvidia-smi reports within ~1-2% of it). Link bandwidth is per GPU and per
-direction, i.e. half the bidirectional figure on the datasheet.
+is always measured against these (PaLM, Chowdhery et al. 2022, App. B). Memory is what the device offers, in
+GiB: for HBM parts the marketed capacity (nvidia-smi reports 81,920 MiB on an A100 80GB, 81,559 on an H100: within
+1%); the GDDR6 parts keep 1/16 of theirs for ECC, on by default in data centres, so their figure is nvidia-smi's
+total (A10 and A10G 23,028 MiB, L4 23,034, L40S 46,068, as reported on those cards), not the marketed 24 or 48 GB.
+Link bandwidth is per GPU and per direction, i.e. half the bidirectional figure on the datasheet.
 """
 
 from __future__ import annotations
@@ -52,11 +54,11 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("B200", 2250 * TERA, 180, 900, "NVLink 5 (1.8 TB/s bidirectional)"),
         GpuSpec("A100-80GB", 312 * TERA, 80, 300, "NVLink 3 (600 GB/s bidirectional)"),
         GpuSpec("A100-40GB", 312 * TERA, 40, 300, "NVLink 3 (600 GB/s bidirectional)"),
-        GpuSpec("A10", 125 * TERA, 24, 32, "PCIe 4.0 x16"),
+        GpuSpec("A10", 125 * TERA, 23_028 / 1024, 32, "PCIe 4.0 x16"),
         # AWS's A10G runs its tensor cores at lower clocks than the A10: ~70 dense bf16 TFLOP/s.
-        GpuSpec("A10G", 70 * TERA, 24, 32, "PCIe 4.0 x16"),
-        GpuSpec("L4", 121 * TERA, 24, 32, "PCIe 4.0 x16"),
-        GpuSpec("L40S", 362 * TERA, 48, 32, "PCIe 4.0 x16"),
+        GpuSpec("A10G", 70 * TERA, 23_028 / 1024, 32, "PCIe 4.0 x16"),
+        GpuSpec("L4", 121 * TERA, 23_034 / 1024, 32, "PCIe 4.0 x16"),
+        GpuSpec("L40S", 362 * TERA, 46_068 / 1024, 32, "PCIe 4.0 x16"),
         GpuSpec("MI300X", 1307 * TERA, 192, 448, "Infinity Fabric (7 x 64 GB/s per direction)"),
     )
 }
