@@ -12,7 +12,8 @@ different patterns, so that the check finds what the redactor missed:
   and shaped as their country's plan writes them (libphonenumber groups them; North American ones NXX NXX-XXXX),
   so numbers in unassigned ranges and typos of real ones are reported too; labelled national numbers must be
   valid (STRICT_GROUPING), so fictional ones (555-123-4567) are not reported.
-- email: the WHATWG HTML "valid e-mail address" grammar, plus a letter-only top-level domain.
+- email: the WHATWG HTML "valid e-mail address" grammar, plus a letter-only top-level domain; with other scripts'
+  letters, digits and combining marks where an address holds them (RFC 6531 local parts, IDN domains).
 - iban: its own registry table (by length) and a digit-by-digit mod-97; compact, spaced or dashed.
 - credit_card: its own Luhn (a lookup of doubled digits) and issuer table, 13-19 digits.
 - us_ssn: the SSA rules on AAA-GG-SSSS.
@@ -126,18 +127,19 @@ _FILE_EXTENSIONS = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "ico",
 def _emails(text: str) -> Iterator[Span]:
     at = text.find("@")
     while at != -1:
-        # Start of the local part: walk back over atext (at most 64 characters).
+        # Start of the local part: walk back over atext and other scripts' letters, digits and marks (at most 64).
         start = at
-        while start > 0 and at - start < 64 and text[start - 1] in _ATEXT_SET:
+        while start > 0 and at - start < 64 and _local_char(text[start - 1]):
             start -= 1
-        while start < at and not text[start].isalnum():  # a local part starts with a letter or digit
-            start += 1
-        m = _WHATWG_EMAIL.match(text, start) if start < at else None
-        if m is None:
+        stop = at + 1
+        while stop < len(text) and stop - at < 256 and (text[stop] == "." or _domain_char(text[stop])):
+            stop += 1
+        ascii_only = text[start:stop].isascii()
+        found = (_ascii_address if ascii_only else _international_address)(text, start, at)
+        if found is None:
             at = text.find("@", at + 1)
             continue
-        end = m.end()
-        domain = m.group(1).lower()
+        start, end, domain = found
         tld = domain.rsplit(".", 1)[1]
         after = text[end : end + 2]
         ok = (
@@ -153,6 +155,66 @@ def _emails(text: str) -> Iterator[Span]:
 
 
 _ATEXT_SET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.!#$%&'*+/=?^_`{|}~-")
+
+
+def _local_char(c: str) -> bool:
+    return c in _ATEXT_SET or (not c.isascii() and unicodedata.category(c)[0] in "LMN")
+
+
+def _domain_char(c: str) -> bool:
+    return c.isalnum() or c == "-" or (not c.isascii() and unicodedata.category(c)[0] == "M")
+
+
+def _ascii_address(text: str, start: int, at: int) -> tuple[int, int, str] | None:
+    """The WHATWG address whose '@' is at `at`, its local part starting at or after `start`."""
+    while start < at and not text[start].isalnum():  # a local part starts with a letter or digit
+        start += 1
+    m = _WHATWG_EMAIL.match(text, start) if start < at else None
+    return None if m is None else (start, m.end(), m.group(1).lower())
+
+
+def _unspaced(c: str) -> bool:
+    return not c.isascii() and unicodedata.name(c, "").startswith(_UNSPACED_SCRIPTS)
+
+
+def _international_address(text: str, start: int, at: int) -> tuple[int, int, str] | None:
+    """An internationalized address (RFC 6531 local part, IDN domain: "प्रिया@gmail.com", "ravi@डाटामेल.भारत"): the
+    WHATWG shape with any script's letters, digits and combining marks. Text in scripts written without spaces runs
+    into the address ("邮箱地址zhangwei@163.com"): a local part mixing them with others starts after their last letter,
+    and a top-level domain ends where its letters change between them and others ("bugs@samba.org发一个")."""
+    local = text[start:at]
+    if any(_unspaced(c) for c in local) and not all(_unspaced(c) or c == "." for c in local):
+        start = at
+        while not _unspaced(text[start - 1]):
+            start -= 1
+    while start < at and not text[start].isalnum():
+        start += 1
+    if start == at:
+        return None
+    labels, i = [], at + 1
+    while True:
+        j = i
+        while j < len(text) and _domain_char(text[j]):
+            j += 1
+        labels.append(text[i:j])
+        if j + 1 < len(text) and text[j] == "." and _domain_char(text[j + 1]):
+            i = j + 1
+            continue
+        break
+    tld, kind = labels[-1], None
+    for k, c in enumerate(tld):
+        if unicodedata.category(c)[0] == "M":
+            continue
+        if not c.isalpha() or kind not in (None, _unspaced(c)):
+            tld = tld[:k]
+            break
+        kind = _unspaced(c)
+    labels[-1] = tld
+    if len(labels) < 2 or len(tld) < 2 or not all(
+            0 < len(label) <= 63 and label[0].isalnum() and label[-1] != "-" for label in labels):
+        return None
+    end = at + 1 + len(".".join(labels))
+    return start, end, text[at + 1 : end].lower()
 
 
 # --- phone: libphonenumber's matcher on short windows -------------------------------------------------

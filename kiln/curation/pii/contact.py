@@ -11,6 +11,7 @@ from functools import lru_cache, partial
 import phonenumbers
 from phonenumbers.phonenumberutil import _choose_formatting_pattern_for_number  # pinned: constraints.txt
 
+from kiln.common.text_units import _M as MARKS_BMP  # combining marks (M*) of the BMP, as a class body
 from kiln.curation.pii.base import _NUM_R, _UNSPACED, _WORD, glued
 
 # libphonenumber compiles its metadata's patterns as it meets each region; `re` caches only 512, fewer than the
@@ -23,19 +24,22 @@ phonenumbers.re_util.enable_pattern_cache()
 # are not addresses. Retina image names (`icon@2x.png`) and SSH remotes (`git@github.com:user/repo`)
 # are excluded explicitly. Matching starts only at '@' signs (rare, found with str.find) and walks
 # back over the local part, at most 64 characters (RFC 5321). A TLD is in one script: "bugs@samba.org发一个日志"
-# ends at "org".
+# ends at "org". Local parts and domain labels hold any script's letters with their combining marks (RFC 6531
+# addresses: "प्रिया@gmail.com", "somsri@ตัวอย่าง.com"; Indic vowel signs and Thai vowels are marks, not letters).
+_EMAIL_CHAR = r"[\w%+" + MARKS_BMP + r"-]"
 _EMAIL = re.compile(
-    r"(?<![\w%+-])"
-    r"[\w%+-]+(?:\.[\w%+-]+)*"
+    r"(?<![\w%+" + MARKS_BMP + r"-])" + _EMAIL_CHAR + r"+(?:\." + _EMAIL_CHAR + r"+)*"
     r"@(?![0-9]+(?:\.[0-9]+)?x\.(?:png|jpe?g|gif|webp|svg|ico|bmp|avif)(?![\w-]))"
-    r"(?:[^\W_][\w-]{0,62}\.)+"
-    r"(?:[^\W\d_" + _UNSPACED + r"]{2,63}|[" + _UNSPACED + r"]{2,63})(?!" + _WORD + r")(?!-)(?!:[\w~/])"
+    r"(?:[^\W_][\w" + MARKS_BMP + r"-]{0,62}\.)+"
+    r"(?:(?:[^\W\d_" + _UNSPACED + r"][" + MARKS_BMP + r"]*){2,63}|(?:[" + _UNSPACED + r"][" + MARKS_BMP + r"]*){2,63})"
+    r"(?!" + _WORD + r")(?!-)(?!:[\w~/])"
 )
-_LOCAL = frozenset("_%+-")  # local-part characters besides letters, digits and single dots
+_LOCAL = frozenset("_%+-")  # local-part characters besides letters, digits, marks and single dots
+_MARK = re.compile("[" + MARKS_BMP + "]")
 
 
 def _is_local(c: str) -> bool:
-    return c.isalnum() or c in _LOCAL
+    return c.isalnum() or c in _LOCAL or _MARK.match(c) is not None
 
 
 def _find_email(text: str) -> Iterator[tuple[int, int]]:

@@ -330,6 +330,27 @@ def test_numbers_written_with_other_characters_are_redacted(text, expected):
     assert step.batch([Document("d", "s", text)])[0].text == expected
 
 
+# Internationalized addresses (RFC 6531 local parts, IDN domains): Indic vowel signs and viramas, Tamil and Bengali
+# vowel signs, Thai vowels are combining marks (Unicode M*), not letters, and still part of the address.
+INTERNATIONAL_EMAILS = [
+    ("\u0938\u0902\u092a\u0930\u094d\u0915: \u092a\u094d\u0930\u093f\u092f\u093e@gmail.com",
+     "\u0938\u0902\u092a\u0930\u094d\u0915: <EMAIL>"),  # संपर्क: प्रिया@gmail.com (virama, vowel sign i)
+    ("\u0908\u092e\u0947\u0932: ravi@\u0921\u093e\u091f\u093e\u092e\u0947\u0932.\u092d\u093e\u0930\u0924",
+     "\u0908\u092e\u0947\u0932: <EMAIL>"),  # ईमेल: ravi@डाटामेल.भारत (a Devanagari TLD with a vowel sign)
+    ("Tamil: \u0bb0\u0bbe\u0b9c\u0bbe@gmail.com.", "Tamil: <EMAIL>."),  # ராஜா
+    ("Bengali: \u09b0\u09be\u099c\u09be@corp.com", "Bengali: <EMAIL>"),  # রাজা
+    ("\u0e2d\u0e35\u0e40\u0e21\u0e25: \u0e2a\u0e21\u0e28\u0e23\u0e35@gmail.com",
+     "\u0e2d\u0e35\u0e40\u0e21\u0e25: <EMAIL>"),  # อีเมล: สมศรี@gmail.com (ends in the vowel sign ii)
+    ("\u0e2d\u0e35\u0e40\u0e21\u0e25: somsri@\u0e15\u0e31\u0e27\u0e2d\u0e22\u0e48\u0e32\u0e07.com",
+     "\u0e2d\u0e35\u0e40\u0e21\u0e25: <EMAIL>"),  # somsri@ตัวอย่าง.com (mai han-akat, mai ek)
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), INTERNATIONAL_EMAILS)
+def test_addresses_with_combining_marks_are_redacted(text, expected):
+    assert red(text) == expected
+
+
 def test_latin_letters_still_glue_to_a_number():
     # Only letters of unspaced scripts end a number: Latin, Cyrillic or Greek ones still make a longer token.
     for text in ("x415-555-0134", "\u0436415-555-0134", "abc93.184.216.34", "id4111111111111111", "4111111111111111\u00e9"):

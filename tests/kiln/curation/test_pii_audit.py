@@ -58,6 +58,15 @@ MISSED = [
      [("phone", "+\u0664\u0669 \u0663\u0660 \u0669\u0661\u0664\u0665\u0666\u0663\u0664\u0662")]),
     ("IP\u5730\u574093.184.216.34\u3002", "ipv4", [("ipv4", "93.184.216.34")]),
     ("bugs@samba.org\u53d1\u4e00\u4e2a", "email", [("email", "bugs@samba.org")]),
+    # internationalized addresses: combining marks (Devanagari, Tamil, Thai vowel signs) in the local part or domain
+    ("\u0938\u0902\u092a\u0930\u094d\u0915: \u092a\u094d\u0930\u093f\u092f\u093e@gmail.com", "email",
+     [("email", "\u092a\u094d\u0930\u093f\u092f\u093e@gmail.com")]),  # प्रिया@gmail.com
+    ("\u0908\u092e\u0947\u0932: ravi@\u0921\u093e\u091f\u093e\u092e\u0947\u0932.\u092d\u093e\u0930\u0924", "email",
+     [("email", "ravi@\u0921\u093e\u091f\u093e\u092e\u0947\u0932.\u092d\u093e\u0930\u0924")]),  # ravi@डाटामेल.भारत
+    ("Tamil: \u0bb0\u0bbe\u0b9c\u0bbe@gmail.com.", "email", [("email", "\u0bb0\u0bbe\u0b9c\u0bbe@gmail.com")]),
+    ("somsri@\u0e15\u0e31\u0e27\u0e2d\u0e22\u0e48\u0e32\u0e07.com", "email",
+     [("email", "somsri@\u0e15\u0e31\u0e27\u0e2d\u0e22\u0e48\u0e32\u0e07.com")]),  # somsri@ตัวอย่าง.com
+    ("Kontakt: j\u00f6hn@m\u00fcnchen.de", "email", [("email", "j\u00f6hn@m\u00fcnchen.de")]),
     # national numbers after a Chinese, Japanese or Korean label (電話 "telephone", 携帯 "mobile", 联系电话 "contact
     # telephone", 전화 "telephone", お問い合わせ "inquiries"), glued to it or not
     ("\u96fb\u8a71\uff1a090-7385-4464\u307e\u3067", "phone", [("phone", "090-7385-4464")]),
