@@ -12,7 +12,7 @@ import phonenumbers
 from phonenumbers.phonenumberutil import _choose_formatting_pattern_for_number  # pinned: constraints.txt
 
 from kiln.common.text_units import _M as MARKS_BMP  # combining marks (M*) of the BMP, as a class body
-from kiln.curation.pii.base import _NUM_R, _UNSPACED, _WORD, glued
+from kiln.curation.pii.base import _NUM_R, _UNSPACED, _UNSPACED_LETTER, _WORD, glued
 
 # libphonenumber compiles its metadata's patterns as it meets each region; `re` caches only 512, fewer than the
 # metadata has, so a corpus of many countries would recompile them over and over. Keep every compiled one.
@@ -28,7 +28,7 @@ phonenumbers.re_util.enable_pattern_cache()
 # addresses: "प्रिया@gmail.com", "somsri@ตัวอย่าง.com"; Indic vowel signs and Thai vowels are marks, not letters).
 _EMAIL_CHAR = r"[\w%+" + MARKS_BMP + r"-]"
 _EMAIL = re.compile(
-    r"(?<![\w%+" + MARKS_BMP + r"-])" + _EMAIL_CHAR + r"+(?:\." + _EMAIL_CHAR + r"+)*"
+    r"(?<!" + _WORD + r")(?<![%+" + MARKS_BMP + r"-])" + _EMAIL_CHAR + r"+(?:\." + _EMAIL_CHAR + r"+)*"
     r"@(?![0-9]+(?:\.[0-9]+)?x\.(?:png|jpe?g|gif|webp|svg|ico|bmp|avif)(?![\w-]))"
     r"(?:[^\W_][\w" + MARKS_BMP + r"-]{0,62}\.)+"
     r"(?:(?:[^\W\d_" + _UNSPACED + r"][" + MARKS_BMP + r"]*){2,63}|(?:[" + _UNSPACED + r"][" + MARKS_BMP + r"]*){2,63})"
@@ -46,17 +46,36 @@ def _find_email(text: str) -> Iterator[tuple[int, int]]:
     at = text.find("@")
     while at != -1:
         # Back to the start of the local part: word characters, and dots only between two of them
-        # (so "see...bob@x.org" starts at "bob"). _EMAIL's look-behind rejects a run longer than 64.
+        # (so "see...bob@x.org" starts at "bob"). _EMAIL's look-behind rejects a run longer than 64 (but
+        # one of letters of unspaced scripts: their text runs into the address, _local_part_start).
         start = at
         while start > 0 and at - start <= 64 and (
             _is_local(text[start - 1])
             or (text[start - 1] == "." and start < at and start >= 2 and _is_local(text[start - 2]))
         ):
             start -= 1
+        start = _local_part_start(text, start, at)
         m = _EMAIL.match(text, start)
         if m is not None and not _in_url_userinfo(text, start):
             yield m.span()
         at = text.find("@", m.end() if m is not None else at + 1)
+
+
+def _local_part_start(text: str, start: int, at: int) -> int:
+    """Scripts written without spaces (Chinese, Japanese, Thai ...) run into an address: in "邮箱地址zhangwei@163.com" it
+    starts after their last letter. A local part all in them ("张伟@163.com") is kept whole."""
+    local = text[start:at]
+    if local.isascii() or _UNSPACED_LETTER.search(local) is None or _UNSPACED_LOCAL.fullmatch(local):
+        return start
+    start = at
+    while _UNSPACED_LETTER.match(text[start - 1]) is None:
+        start -= 1
+    while start < at and (text[start] == "." or _MARK.match(text[start])):
+        start += 1
+    return start
+
+
+_UNSPACED_LOCAL = re.compile("[" + _UNSPACED + "][." + _UNSPACED + MARKS_BMP + "]*")
 
 
 def _in_url_userinfo(text: str, start: int) -> bool:

@@ -290,6 +290,10 @@ def test_not_redacted(text):
     assert find_pii(text) == [], [text[m.start : m.end] for m in find_pii(text)]
 
 
+# 请发送到电子邮箱地址: "please send to the e-mail address"
+SEND_TO = "\u8bf7\u53d1\u9001\u5230\u7535\u5b50\u90ae\u7bb1\u5730\u5740"
+
+
 # The same numbers written with other characters (each written out by hand): an &nbsp; layout as resiliparse
 # extracts it (U+00A0), a thin or narrow no-break space, full-width forms on Japanese pages, Arabic-Indic digits, a
 # non-breaking hyphen (U+2011), an en dash; and numbers glued to letters of scripts written without spaces.
@@ -318,6 +322,10 @@ UNICODE_FORMS = [
     ("\u17a2\u17b6\u179f\u1799\u178a\u17d2\u178b\u17b6\u179393.184.216.34\u1793\u17c1\u17c7",
      "\u17a2\u17b6\u179f\u1799\u178a\u17d2\u178b\u17b6\u1793<IPV4>\u1793\u17c1\u17c7"),
     ("bugs@samba.org\u0e99\u0eb5\u0ec9\u0ec1\u0ea1\u0ec8\u0e99", "<EMAIL>\u0e99\u0eb5\u0ec9\u0ec1\u0ea1\u0ec8\u0e99"),
+    # an address glued to the Chinese text before it starts after the last Han letter, however long the text (70
+    # letters here, more than a local part's 64)
+    (SEND_TO + "zhangwei@163.com\uff0c\u8c22\u8c22\u3002", SEND_TO + "<EMAIL>\uff0c\u8c22\u8c22\u3002"),
+    (SEND_TO * 7 + "qq.12345@163.com", SEND_TO * 7 + "<EMAIL>"),
     # a man page's hyphenated line break (U+2010) still ends an address's domain where it did
     ("<netatalk-devel@lists.source\u2010\n       forge.net>", "<<EMAIL>\u2010\n       forge.net>"),
 ]

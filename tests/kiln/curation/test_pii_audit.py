@@ -67,6 +67,9 @@ MISSED = [
     ("somsri@\u0e15\u0e31\u0e27\u0e2d\u0e22\u0e48\u0e32\u0e07.com", "email",
      [("email", "somsri@\u0e15\u0e31\u0e27\u0e2d\u0e22\u0e48\u0e32\u0e07.com")]),  # somsri@ตัวอย่าง.com
     ("Kontakt: j\u00f6hn@m\u00fcnchen.de", "email", [("email", "j\u00f6hn@m\u00fcnchen.de")]),
+    # glued to Chinese text longer than a local part (70 letters: "please send to the e-mail address" seven times)
+    ("\u8bf7\u53d1\u9001\u5230\u7535\u5b50\u90ae\u7bb1\u5730\u5740" * 7 + "qq.12345@163.com", "email",
+     [("email", "qq.12345@163.com")]),
     # national numbers after a Chinese, Japanese or Korean label (電話 "telephone", 携帯 "mobile", 联系电话 "contact
     # telephone", 전화 "telephone", お問い合わせ "inquiries"), glued to it or not
     ("\u96fb\u8a71\uff1a090-7385-4464\u307e\u3067", "phone", [("phone", "090-7385-4464")]),
