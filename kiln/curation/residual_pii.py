@@ -5,13 +5,13 @@ behind, never what it misses by construction: a bug in one of its patterns hides
 module re-implements the same promise (what `kiln.curation.pii` says it redacts) with different code and
 different patterns, so that the check finds what the redactor missed:
 
-- phone: Google's libphonenumber `PhoneNumberMatcher` (its own candidate grammar, date / time-stamp /
-  page-range filters and validity), on short windows: around every '+', after a phone label found with
-  its own word list (Latin-script words; Chinese, Japanese and Korean labels, whose numbers are read in those
-  regions), and North American shapes. International numbers must be possible (Leniency.POSSIBLE)
-  and shaped as their country's plan writes them (libphonenumber groups them; North American ones NXX NXX-XXXX),
-  so numbers in unassigned ranges and typos of real ones are reported too; labelled national numbers must be
-  valid (STRICT_GROUPING), so fictional ones (555-123-4567) are not reported.
+- phone: Google's libphonenumber `PhoneNumberMatcher` (its own candidate grammar, date / time-stamp / page-range
+  filters and validity), on short windows: around every '+', after a phone label found with its own word list
+  (Latin-script words; Chinese, Japanese and Korean labels, whose numbers are read in those regions; Arabic,
+  Persian, Hebrew, Hindi, Thai and Greek ones), and North American shapes. International numbers must be possible
+  (Leniency.POSSIBLE) and shaped as their country's plan writes them (libphonenumber groups them; North American
+  ones NXX NXX-XXXX), so numbers in unassigned ranges and typos of real ones are reported too; labelled national
+  numbers must be valid (STRICT_GROUPING), so fictional ones (555-123-4567) are not reported.
 - email: the WHATWG HTML "valid e-mail address" grammar, plus a letter-only top-level domain; with other scripts'
   letters, digits and combining marks where an address holds them (RFC 6531 local parts, IDN domains).
 - iban: its own registry table (by length) and a digit-by-digit mod-97; compact, spaced or dashed.
@@ -239,6 +239,15 @@ _CJK_LABEL_WORDS = ("電話", "电话", "携帯", "ケータイ", "手机", "手
                     "전화", "휴대폰", "핸드폰", "연락처", "문의")
 _CJK_LABEL = re.compile("|".join(_CJK_LABEL_WORDS))
 _CJK_REGIONS = ("JP", "KR", "CN", "TW", "HK")
+# Labels in scripts whose words take prefixes (Arabic ال/ل/و, Hebrew ב/ל/ו ...), also found where they stand, then read
+# in the configured regions: Arabic and Persian (telephone, mobile, call, contact), Hebrew (telephone, mobile, fax,
+# the abbreviation tel'), Hindi (phone with and without the nukta, in both its encodings; mobile, telephone, contact),
+# Thai (telephone/call, mobile), Greek (tel., mobile; any case).
+_SCRIPT_LABEL_WORDS = ("هاتف", "جوال", "موبايل", "موبایل", "تلفون", "تليفون", "تلفن", "همراه", "اتصل", "اتصال", "تماس",
+                       "טלפון", "נייד", "פקס", "טל'", "טל\u05f3",
+                       "\u092b\u093c\u094b\u0928", "\u095e\u094b\u0928", "फोन", "मोबाइल", "दूरभाष", "संपर्क",
+                       "โทร", "มือถือ", "τηλ", "κινητ")
+_SCRIPT_LABEL = re.compile("|".join(_SCRIPT_LABEL_WORDS), re.IGNORECASE)
 _WINDOW = 32
 _FIRST = frozenset("+(0123456789")
 _LABEL_GAP = 16  # the number starts at most this far after its label
@@ -252,8 +261,18 @@ def _digits_in(s: str) -> int:
     return sum(1 for c in s if "0" <= c <= "9")
 
 
-def _clean_edges(text: str, start: int, end: int) -> bool:
-    """A number that is a whole token: not glued to letters or a longer number, not a decimal or a version."""
+# Hebrew's one-letter prefixes (in, the, and, to, from, that), which it joins to a number too: "התקשרו ל050-1234567".
+_HEBREW_PREFIXES = frozenset("בהולמש")
+
+
+def _clean_edges(text: str, start: int, end: int, prefixed: bool = False) -> bool:
+    """A number that is a whole token: not glued to letters or a longer number, not a decimal or a version.
+    `prefixed`: up to two Hebrew prefix letters may be joined to its start."""
+    if prefixed:
+        lead = start
+        while lead > 0 and start - lead < 2 and text[lead - 1] in _HEBREW_PREFIXES:
+            lead -= 1
+        start = lead
     before = text[max(0, start - 2) : start]
     after = text[end : end + 2]
     if before[-1:] and (_word_char(before[-1]) or before[-1] in "+"):
@@ -319,7 +338,7 @@ def _match_phones(text: str, lo: int, hi: int, region: str, leniency: int,
         dots = raw.count(".")
         if (dots and (dots == 1 or "-" in raw or " " in raw.strip())) or _is_date(raw):
             continue
-        if m.number.extension is None and _clean_edges(text, start, end):
+        if m.number.extension is None and _clean_edges(text, start, end, prefixed=True):
             yield start, end
 
 
@@ -377,6 +396,8 @@ def _phones(text: str, regions: tuple[str, ...]) -> Iterator[Span]:
             i = lowered.find(stem, k)
     for m in _CJK_LABEL.finditer(text):
         seen.update(_after_label(text, m.end(), _CJK_REGIONS))
+    for m in _SCRIPT_LABEL.finditer(text):
+        seen.update(_after_label(text, m.end(), regions))
     for start, end in seen:
         # A few regions have 4-6 digit numbers, but in text that short a run is an issue or part number far more
         # often ("cell args bpo-43693" in CPython's own comments): the audit wants certainty.
@@ -657,7 +678,8 @@ AUDIT_SCREENS: dict[str, str] = {
     "ipv6": r":[0-9A-Fa-f]{0,4}:",
     "phone": r"\+[0-9]|\b00[1-9]|[0-9]{3}[.-][0-9]{4}"
              r"|(?i:phone|tel|t\x{e9}l|fax|mobil|m\x{f3}vil|cell|handy|gsm|portable|whatsapp|tlf|call)\pL*[^\n0-9]{0,32}[+(0-9]"
-             r"|(?:" + "|".join(_CJK_LABEL_WORDS) + r")[^\n0-9]{0,32}[+(0-9]",
+             r"|(?:" + "|".join(_CJK_LABEL_WORDS) + r")[^\n0-9]{0,32}[+(0-9]"
+             r"|(?i:" + "|".join(_SCRIPT_LABEL_WORDS) + r")[^\n0-9]{0,32}[+(0-9]",
 }
 
 

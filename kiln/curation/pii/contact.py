@@ -90,7 +90,20 @@ def _in_url_userinfo(text: str, start: int) -> bool:
 # --- phone --------------------------------------------------------------------------------------
 # Three ways in, each a cheap regex that finds candidates; libphonenumber (`phonenumbers`, Google's
 # metadata for every country's numbering plan) decides the international and national ones.
-#
+
+# Hebrew joins its one-letter prefixes (ב "in", ה "the", ו "and", ל "to", מ "from", ש "that") to the next word, a
+# number too: "התקשרו ל050-1234567" ("call 050-..."). One or two of them do not make a number part of a longer token.
+_HEBREW_PREFIX = "[\u05d1\u05d4\u05d5\u05dc\u05de\u05e9]"
+_GLUE = "[^\\W" + _UNSPACED + "\u05d1\u05d4\u05d5\u05dc\u05de\u05e9]"  # _WORD less those prefixes
+
+
+def _unglued(first: str) -> str:
+    """Look-behinds for a phone number's first character (`first`, a pattern of one character): no word character
+    right before it, but one or two Hebrew prefix letters with none before them."""
+    return (f"(?<!{_GLUE}{first})(?<!{_GLUE}{_HEBREW_PREFIX}{first})"
+            f"(?<!{_WORD}{_HEBREW_PREFIX}{_HEBREW_PREFIX}{first})")
+
+
 # North American: (555) 123-4567, 555-123-4567, 555.123.4567 (one separator throughout), optionally
 # after a leading 1. Area codes never start with 0 or 1, which also keeps "123-456-7890" counters out.
 # These shapes are unmistakable on their own and are not validated (555 numbers are fictional, and
@@ -99,7 +112,7 @@ def _in_url_userinfo(text: str, start: int) -> bool:
 # The first character is consumed, then the branches look behind at what it was: '(' , an area
 # code's first digit, or a leading '1'.
 _PHONE_NANP = re.compile(
-    "[(0-9](?<!" + _WORD + r"[(0-9])(?<!\+[(0-9])(?<![0-9][.-][(0-9])"
+    "[(0-9]" + _unglued("[(0-9]") + r"(?<!\+[(0-9])(?<![0-9][.-][(0-9])"
     r"(?:(?:(?<=\()|(?<=1)[ .-]?\()[2-9][0-9]{2}\) ?[0-9]{3}[.-][0-9]{4}"
     r"|(?:(?<=[2-9])|(?<=1)[ .-]?[2-9])[0-9]{2}(?P<sep>[.-])[0-9]{3}(?P=sep)[0-9]{4})" + _NUM_R
 )
@@ -116,7 +129,7 @@ _PHONE_NANP = re.compile(
 # joined by '-' or '.' to more digits is one token and stays whole or nothing.
 _PHONE_SEP = "[ \u00a0\u202f.\\-/]"
 _PHONE_INTL = re.compile(
-    r"\+(?<!" + _WORD + r"\+)(?<!\+\+)[1-9][0-9]*(?P<cc>\))?"
+    r"\+" + _unglued(r"\+") + r"(?<!\+\+)[1-9][0-9]*(?P<cc>\))?"
     r"(?:" + _PHONE_SEP + r"?\([0-9]{1,5}\)" + _PHONE_SEP + r"?[0-9]+|" + _PHONE_SEP + r"[0-9]+){0,8}"
 )
 # National formats (no country code: 030 91456342, 06 12 34 56 78, (021) 737 8957, 0459/45.66.33,
@@ -128,8 +141,8 @@ _PHONE_INTL = re.compile(
 # numbers without), and either
 #   - a phone cue precedes it: a label or a calling phrase on its line ("Tel.", "phone=", "Móvil:",
 #     "TEL;TYPE=CELL:", "llámanos al", "appelez-nous au", "Bel ons op", "call me on", "電話", "联系电话",
-#     "전화번호"...), a "phone" column in a CSV / table header above it, or an e-mail address right before
-#     it (a contact or signature block): then any grouping, or none;
+#     "전화번호", "هاتف", "טלפון", "फ़ोन"...), a "phone" column in a CSV / table header above it, or an e-mail address
+#     right before it (a contact or signature block): then any grouping, or none;
 #   - or no cue, but it is grouped as that region groups its numbers (each written group is one or more of
 #     libphonenumber's national format groups: "320 7629457" is 320|762 9457 in IT; or one of the region's
 #     alternate formats), with at least one separator, it looks like a phone number on its own (it starts
@@ -143,18 +156,18 @@ _PHONE_INTL = re.compile(
 # (The look-aheads ask for seven digits with at most two separator characters between neighbours: most numbers in
 # code are shorter, and are dropped before any Python runs.)
 _NATIONAL = re.compile(
-    r"(?:\((?<!" + _WORD + r"\()(?<![+(.]\()(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){7})0?[0-9]{1,5}\)"
-    r"|[0-9](?<!" + _WORD + r"[0-9])(?<![+.(][0-9])(?<![0-9][.,/-][0-9])(?<![A-Za-z]-[0-9])"
+    r"(?:\(" + _unglued(r"\(") + r"(?<![+(.]\()(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){7})0?[0-9]{1,5}\)"
+    r"|[0-9]" + _unglued("[0-9]") + r"(?<![+.(][0-9])(?<![0-9][.,/-][0-9])(?<![A-Za-z]-[0-9])"
     r"(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6})"
     r"[0-9]*)"
     r"(?:" + _PHONE_SEP + r"?\([0-9]{1,5}\)" + _PHONE_SEP + r"?[0-9]+|" + _PHONE_SEP + r"[0-9]+){0,8}"
 )
 # The candidates an uncued number can be (_TRUNK_START): the same runs as _NATIONAL finds, found from their start.
 _NATIONAL_TRUNK = re.compile(
-    r"(?:\((?<!" + _WORD + r"\()(?<![+(.]\()(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){7})0?[0-9]{1,5}\)"
-    r"|0(?<!" + _WORD + r"0)(?<![+.(]0)(?<![0-9][.,/-]0)(?<![A-Za-z]-0)(?=[0-9])"
+    r"(?:\(" + _unglued(r"\(") + r"(?<![+(.]\()(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){7})0?[0-9]{1,5}\)"
+    r"|0" + _unglued("0") + r"(?<![+.(]0)(?<![0-9][.,/-]0)(?<![A-Za-z]-0)(?=[0-9])"
     r"(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6})[0-9]*"
-    r"|8(?<!" + _WORD + r"8)(?<![+.(]8)(?<![0-9][.,/-]8)(?<![A-Za-z]-8)(?= \([0-9])"
+    r"|8" + _unglued("8") + r"(?<![+.(]8)(?<![0-9][.,/-]8)(?<![A-Za-z]-8)(?= \([0-9])"
     r"(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6}))"
     r"(?:" + _PHONE_SEP + r"?\([0-9]{1,5}\)" + _PHONE_SEP + r"?[0-9]+|" + _PHONE_SEP + r"[0-9]+){0,8}"
 )
@@ -166,6 +179,17 @@ _PHONE_CUE_WORDS = (
     r"|joindre|chiam\w*|contact\w*|contatt\w*|kontakt\w*|dzwo\w*|zadzwo\w*|anruf\w*|rufen|erreichbar|emergency"
     r"|(?:al|au|am|op|p\u00e5|no|pod) (?:num[e\u00e9]ro|n\u00famero|nummer|numer|nr)"
     r"|\u0442\u0435\u043b\w*|\u0437\u0432\u043e\u043d\w*|\u043c\u043e\u0431\w*"  # тел, звон, моб
+    # Arabic هاتف جوال موبايل تلفون اتصل اتصال; Persian تلفن همراه موبایل تماس
+    r"|\u0647\u0627\u062a\u0641|\u062c\u0648\u0627\u0644|\u0645\u0648\u0628\u0627[\u064a\u06cc]\u0644"
+    r"|\u062a\u0644\u0641\u0648\u0646|\u0627\u062a\u0635\u0627?\u0644|\u062a\u0644\u0641\u0646"
+    r"|\u0647\u0645\u0631\u0627\u0647|\u062a\u0645\u0627\u0633"
+    # Hebrew טלפון נייד פקס טל'
+    r"|\u05d8\u05dc\u05e4\u05d5\u05df|\u05e0\u05d9\u05d9\u05d3|\u05e4\u05e7\u05e1|\u05d8\u05dc['\u05f3]"
+    # Hindi फ़ोन फोन मोबाइल दूरभाष संपर्क (फ़ as फ + nukta, NFC's form, or as U+095E)
+    r"|(?:\u092b\u093c?|\u095e)\u094b\u0928|\u092e\u094b\u092c\u093e\u0907\u0932"
+    r"|\u0926\u0942\u0930\u092d\u093e\u0937|\u0938\u0902\u092a\u0930\u094d\u0915"
+    # Thai โทร มือถือ; Greek τηλ κινητ
+    r"|\u0e42\u0e17\u0e23|\u0e21\u0e37\u0e2d\u0e16\u0e37\u0e2d|\u03c4\u03b7\u03bb|\u03ba\u03b9\u03bd\u03b7\u03c4"
 )
 _PHONE_CUE_CJK = (  # 電話 电话 手机 手機 携帯 連絡 联系 聯絡 問い合わせ 전화 연락 휴대 문의
     r"\u96fb\u8a71|\u7535\u8bdd|\u624b\u673a|\u624b\u6a5f|\u643a\u5e2f|\u9023\u7d61|\u8054\u7cfb|\u806f\u7d61"

@@ -359,6 +359,39 @@ def test_addresses_with_combining_marks_are_redacted(text, expected):
     assert red(text) == expected
 
 
+# National numbers after a phone label in Arabic, Persian, Hebrew, Hindi, Thai and Greek, as after "Phone:" (IL, AE
+# and IN are default regions; +CC numbers would need no label), and after a Hebrew prefix letter joined to the number.
+OTHER_SCRIPT_LABELS = [
+    ("\u0647\u0627\u062a\u0641: 0501234567", "\u0647\u0627\u062a\u0641: <PHONE>"),  # هاتف (Arabic)
+    ("\u0647\u0627\u062a\u0641: \u0660\u0665\u0660\u0661\u0662\u0663\u0664\u0665\u0666\u0667",
+     "\u0647\u0627\u062a\u0641: <PHONE>"),  # the same in Arabic-Indic digits
+    ("\u05d8\u05dc\u05e4\u05d5\u05df: 0501234567", "\u05d8\u05dc\u05e4\u05d5\u05df: <PHONE>"),  # טלפון (Hebrew)
+    ("\u092b\u093c\u094b\u0928: 9876543210", "\u092b\u093c\u094b\u0928: <PHONE>"),  # फ़ोन (Hindi)
+    ("\u092e\u094b\u092c\u093e\u0907\u0932 \u0928\u0902\u092c\u0930: "
+     "\u096f\u096e\u096d\u096c\u096b\u096a\u0969\u0968\u0967\u0966",
+     "\u092e\u094b\u092c\u093e\u0907\u0932 \u0928\u0902\u092c\u0930: <PHONE>"),  # मोबाइल नंबर: ९८७६५४३२१०
+    # موبایل (Persian)
+    ("\u0645\u0648\u0628\u0627\u06cc\u0644: 9876543210", "\u0645\u0648\u0628\u0627\u06cc\u0644: <PHONE>"),
+    ("\u0e42\u0e17\u0e23 9876543210", "\u0e42\u0e17\u0e23 <PHONE>"),  # โทร (Thai)
+    ("\u03a4\u03b7\u03bb.: 9876543210", "\u03a4\u03b7\u03bb.: <PHONE>"),  # Τηλ. (Greek)
+    # התקשרו ל050-1234567 "call 050-1234567"; בטלפון ב050-... "by phone at 050-..."
+    ("\u05d4\u05ea\u05e7\u05e9\u05e8\u05d5 \u05dc050-1234567", "\u05d4\u05ea\u05e7\u05e9\u05e8\u05d5 \u05dc<PHONE>"),
+    ("\u05d1\u05d8\u05dc\u05e4\u05d5\u05df \u05d1050-1234567", "\u05d1\u05d8\u05dc\u05e4\u05d5\u05df \u05d1<PHONE>"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), OTHER_SCRIPT_LABELS)
+def test_phone_labels_in_other_scripts_cue_a_national_number(text, expected):
+    assert red(text) == expected
+    assert PiiRedaction().batch([Document("d", "s", text)])[0].text == expected
+
+
+def test_a_hebrew_word_still_glues_to_a_number():
+    # Only one or two prefix letters: a longer word (שלום "hello", three prefixes) joined to the digits is one token.
+    for text in ("\u05e9\u05dc\u05d5\u05dd050-1234567", "\u05d5\u05e9\u05dc050-1234567"):
+        assert find_pii(text) == []
+
+
 def test_latin_letters_still_glue_to_a_number():
     # Only letters of unspaced scripts end a number: Latin, Cyrillic or Greek ones still make a longer token.
     for text in ("x415-555-0134", "\u0436415-555-0134", "abc93.184.216.34", "id4111111111111111", "4111111111111111\u00e9"):

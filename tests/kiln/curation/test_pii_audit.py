@@ -199,6 +199,21 @@ def test_redacted_eval_set_is_clean_when_present():
     assert [(i, hits) for i, hits in enumerate(residual_pii_batch(left)) if hits] == []
 
 
+@pytest.mark.parametrize(("text", "number"), [
+    ("\u0647\u0627\u062a\u0641: 0501234567", "0501234567"),  # هاتف (Arabic)
+    ("\u05d8\u05dc\u05e4\u05d5\u05df: 050-1234567", "050-1234567"),  # טלפון (Hebrew)
+    ("\u05d1\u05d8\u05dc\u05e4\u05d5\u05df \u05d1050-1234567", "050-1234567"),  # בטלפון ב050-...: prefix letters
+    ("\u092b\u093c\u094b\u0928: 9876543210", "9876543210"),  # फ़ोन (Hindi)
+    ("\u0e42\u0e17\u0e23\u0e28\u0e31\u0e1e\u0e17\u0e4c 98765 43210", "98765 43210"),  # โทรศัพท์ (Thai)
+])
+def test_audit_reads_phone_labels_in_other_scripts(text, number):
+    # In the regions the pii step reads national numbers in by default (IL, AE and IN among them).
+    regions = PiiRedaction().phone_regions
+    left, counts = redact(text, types=ALL_BUT["phone"])
+    assert found(left, phone_regions=regions) == [("phone", number)]
+    assert found(redact(text)[0], phone_regions=regions) == []
+
+
 def test_a_short_number_after_a_label_word_is_not_a_phone():
     # CPython's Lib/importlib/_bootstrap_external.py: "cell" is a phone label, and 43693 is a valid 5-digit number
     # in some regions, but an issue number here (the demo's stdlib_code source failed its residual check on it).
