@@ -11,7 +11,7 @@ from kiln.curation.pii.base import _LEAD, _NUM_R, glued
 # --- iban ---------------------------------------------------------------------------------------
 # ISO 13616: country code, two check digits, then a BBAN whose length the country fixes (the SWIFT IBAN
 # registry), written compact (DE89370400440532013000) or in groups of four split by single spaces
-# (DE89 3704 0044 0532 0130 00). Valid when the number moved to the end, letters as 10-35, is 1 mod 97
+# (DE89 3704 0044 0532 0130 00) or dashes (DE89-3704-0044-0532-0130-00), one separator throughout. Valid when the number moved to the end, letters as 10-35, is 1 mod 97
 # (so check digits are 02-98), which rejects 99% of look-alike tokens; the country's length and whole-
 # token boundaries (never a slice of a longer word) reject the rest of the shapes.
 IBAN_LENGTHS: dict[str, int] = {
@@ -27,12 +27,13 @@ IBAN_LENGTHS: dict[str, int] = {
 }
 # Upper case, as ISO 13616 writes both forms (a lower-case one is rare enough, and a pattern that must
 # also stop at lower-case letters is tried at most positions of a text: several times slower).
-_IBAN = re.compile(r"[A-Z]{2}[0-9]{2}(?:[A-Z0-9]{11,30}|(?: [A-Z0-9]{4}){2,7}(?: [A-Z0-9]{1,4})?)")
+_IBAN = re.compile(
+    r"[A-Z]{2}[0-9]{2}(?:[A-Z0-9]{11,30}|(?P<sep>[ -])[A-Z0-9]{4}(?:(?P=sep)[A-Z0-9]{4}){1,6}(?:(?P=sep)[A-Z0-9]{1,4})?)")
 
 
 def iban_ok(s: str) -> bool:
     """ISO 13616 check: a registered country, its length, check digits 02-98, and mod 97 = 1."""
-    compact = s.replace(" ", "").upper()
+    compact = s.replace(" ", "").replace("-", "").upper()
     if IBAN_LENGTHS.get(compact[:2]) != len(compact) or not compact[2:4].isdigit() or not 2 <= int(compact[2:4]) <= 98:
         return False
     if not compact.isalnum() or not compact.isascii():
@@ -46,11 +47,11 @@ def _find_iban(text: str) -> Iterator[tuple[int, int]]:
         length = IBAN_LENGTHS.get(s[:2])
         if length is None or (m.start() > 0 and glued(text[m.start() - 1])):
             continue
-        if " " in s:
+        if sep := m.group("sep"):
             # Groups of four: the IBAN ends at the group that completes the country's length, which must
             # end the group (a longer last group is a different token: "DE89 ... 00 BIC").
-            end = length + (length - 1) // 4  # characters with a space after every 4
-            if len(s) < end or (end < len(s) and s[end] != " "):
+            end = length + (length - 1) // 4  # characters with a separator after every 4
+            if len(s) < end or (end < len(s) and s[end] != sep):
                 continue
             span = (m.start(), m.start() + end)
         else:

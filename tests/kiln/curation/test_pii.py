@@ -141,6 +141,8 @@ POSITIVES = [
     ("DE89370400440532013000", "<IBAN>"),
     ("GB82 WEST 1234 5698 7654 32", "<IBAN>"),  # letters in the BBAN
     ("pay to NL91ABNA0417164300.", "pay to <IBAN>."),
+    ("IBAN: DE89-3704-0044-0532-0130-00.", "IBAN: <IBAN>."),  # dashes between the groups
+    ("FR76-3000-6000-0112-3456-7890-189", "<IBAN>"),
     # us_ssn with spaces only under an SSN label
     ("SSN: 484 42 0512", "SSN: <US_SSN>"),
     ("name,ssn,email\nZoe Roberts,167 62 9057,x", "name,ssn,email\nZoe Roberts,<US_SSN>,x"),
@@ -269,6 +271,8 @@ NEAR_MISSES = [
     "DE8937040044053201300",
     "XX89370400440532013000",
     "ID_DE89370400440532013000",
+    "DE89-3704 0044-0532 0130-00",  # separators mixed: not one IBAN's grouping
+    "DE88-3704-0044-0532-0130-00",
     # a password in a URL is not an e-mail address; x-filled token shapes are documentation
     "https://user:password@example.com/",
     "GITHUB_TOKEN=" + "ghp_" + "x" * 36,
@@ -302,6 +306,7 @@ UNICODE_FORMS = [
     ("card 4111\u202f1111\u202f1111\u202f1111", "card <CREDIT_CARD>"),
     ("IBAN\u00a0DE89\u00a03704\u00a00044\u00a00532\u00a00130\u00a000", "IBAN\u00a0<IBAN>"),
     ("SSN 078\u201105\u20111120", "SSN <US_SSN>"),
+    ("IBAN GB29\u2011NWBK\u20116016\u20111331\u20119268\u201119", "IBAN <IBAN>"),
     ("call 415\u2013555\u20130134", "call <PHONE>"),
     ("\u304a\u554f\u3044\u5408\u308f\u305b\uff1a\uff4a\uff41\uff4e\uff45\uff20\uff47\uff4d\uff41\uff49\uff4c\uff0e\uff43\uff4f\uff4d",
      "\u304a\u554f\u3044\u5408\u308f\u305b\uff1a<EMAIL>"),  # お問い合わせ：ｊａｎｅ＠ｇｍａｉｌ．ｃｏｍ

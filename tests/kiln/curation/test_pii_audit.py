@@ -42,6 +42,7 @@ MISSED = [
     ("Mail jane.doe@corp-mail.de now", "email", [("email", "jane.doe@corp-mail.de")]),
     ("Phone (mob.): 030 91456342", "phone", [("phone", "030 91456342")]),  # an abbreviation is no sentence end
     ("IBAN DE89 3704 0044 0532 0130 00.", "iban", [("iban", "DE89 3704 0044 0532 0130 00")]),
+    ("IBAN GB82-WEST-1234-5698-7654-32", "iban", [("iban", "GB82-WEST-1234-5698-7654-32")]),
     ("card 4111 1111 1111 1111", "credit_card", [("credit_card", "4111 1111 1111 1111")]),
     ("SSN 078-05-1120", "us_ssn", [("us_ssn", "078-05-1120")]),
     ("host 93.184.216.34 up", "ipv4", [("ipv4", "93.184.216.34")]),
@@ -134,14 +135,6 @@ CLEAN = [
 @pytest.mark.parametrize("text", CLEAN)
 def test_audit_reports_nothing_kiln_leaves_on_purpose(text):
     assert found(text) == []
-
-
-def test_audit_finds_a_form_the_redactor_never_matches():
-    # Dash-grouped IBANs are not ISO 13616's print form and kiln.curation.pii does not look for them; the audit's own
-    # pattern does, so the check reports them instead of passing them by construction.
-    text = "IBAN GB82-WEST-1234-5698-7654-32"
-    assert redact(text) == (text, {})
-    assert found(text) == [("iban", "GB82-WEST-1234-5698-7654-32")]
 
 
 def test_audit_respects_the_configured_types_and_exemptions():
