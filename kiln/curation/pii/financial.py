@@ -126,6 +126,39 @@ _CARD_IIN: tuple[tuple[str, str, tuple[int, ...]], ...] = (
     ("6304", "6304", _R13_19),
     ("6759", "6759", _R13_19),
     ("6761", "6763", _R13_19),
+    # National networks, from the IIN table of Wikipedia's "Payment card number" (2024): RuPay (India; its 65, 353
+    # and 356 are Discover's and JCB's above), Verve (Nigeria; its 650002-650027 are in Discover's 65), UzCard and
+    # Humo (Uzbekistan), Troy (Turkey; its 65 is Discover's).
+    ("60", "60", (16,)),  # RuPay (with the Shetab banks 603769, 603770, 603799)
+    ("81", "82", (16,)),
+    ("508", "508", (16,)),
+    ("506099", "506198", (16, 18, 19)),  # Verve
+    ("507865", "507964", (16, 18, 19)),
+    ("8600", "8600", (16,)),  # UzCard
+    ("5614", "5614", (16,)),
+    ("9860", "9860", (16,)),  # Humo
+    ("979200", "979289", (16,)),  # Troy
+    # Elo (Brazil), the ranges of its own that no network above covers (Braintree's credit-card-type table; its
+    # 4... ranges are Visa's, 627780 is in UnionPay's 62, 650031-655058 in Discover's 65).
+    ("504175", "504175", (16,)),
+    ("506699", "506778", (16,)),
+    ("509000", "509999", (16,)),
+    ("636297", "636297", (16,)),
+    ("636368", "636368", (16,)),
+    # Shetab (Iran): the member banks' BINs outside 60 and 62 (the Central Bank of Iran's list, as Iranian payment
+    # libraries carry it): Mellat, Sepah, Refah, Pasargad, Tose'e Ta'avon, Shahr, Day, Sina, Sarmayeh, Tat/Ayandeh,
+    # Mehr Eqtesad.
+    ("610433", "610433", (16,)),
+    ("589210", "589210", (16,)),
+    ("589463", "589463", (16,)),
+    ("502229", "502229", (16,)),
+    ("502806", "502806", (16,)),
+    ("502908", "502908", (16,)),
+    ("502938", "502938", (16,)),
+    ("636214", "636214", (16,)),
+    ("639346", "639346", (16,)),
+    ("639370", "639370", (16,)),
+    ("639607", "639607", (16,)),
 )
 
 

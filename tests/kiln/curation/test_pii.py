@@ -397,6 +397,28 @@ def test_a_hebrew_word_still_glues_to_a_number():
         assert find_pii(text) == []
 
 
+# Cards of domestic networks (IINs from Wikipedia's "Payment card number" table; Elo's and Shetab's own BINs),
+# Luhn-valid (checked below with this file's own Luhn): RuPay 60/81/508, Shetab (Melli 603799, Mellat 610433), Elo
+# 636368/509xxx, Verve 506099-506198, UzCard 8600, Humo 9860, Troy 9792.
+DOMESTIC_CARDS = ["6080 0123 4567 8903", "8172 9012 3456 7893", "5082 2712 3456 7896", "6037 9912 3456 7893",
+                  "6104 3312 3456 7890", "6363 6812 3456 7894", "5090 0012 3456 7897", "5060 9912 3456 7895",
+                  "8600 1234 5678 9012", "9860 1234 5678 9015", "9792 0012 3456 7890"]
+
+
+@pytest.mark.parametrize("card", DOMESTIC_CARDS)
+def test_domestic_network_cards_are_redacted(card):
+    digits = card.replace(" ", "")
+    assert luhn_check_digit(digits[:-1]) == digits[-1]
+    assert red(f"Card number: {card}.") == "Card number: <CREDIT_CARD>."
+
+
+def test_a_card_in_persian_digits_is_redacted():
+    # شماره کارت: ۶۰۳۷ ۹۹۱۲ ۳۴۵۶ ۷۸۹۳ ("card number", a Bank Melli card: 6037 9912 3456 7893 in Persian digits)
+    text = ("\u0634\u0645\u0627\u0631\u0647 \u06a9\u0627\u0631\u062a: "
+            "\u06f6\u06f0\u06f3\u06f7 \u06f9\u06f9\u06f1\u06f2 \u06f3\u06f4\u06f5\u06f6 \u06f7\u06f8\u06f9\u06f3")
+    assert red(text) == "\u0634\u0645\u0627\u0631\u0647 \u06a9\u0627\u0631\u062a: <CREDIT_CARD>"
+
+
 def test_latin_letters_still_glue_to_a_number():
     # Only letters of unspaced scripts end a number: Latin, Cyrillic or Greek ones still make a longer token.
     for text in ("x415-555-0134", "\u0436415-555-0134", "abc93.184.216.34", "id4111111111111111", "4111111111111111\u00e9"):
