@@ -95,6 +95,26 @@ def _ascii_twins(text: str) -> str:
     return text if text.isascii() else text.translate(_ASCII_TWINS)
 
 
+# Format characters (general category Cf: soft hyphens, zero-width joiners and spaces, bidi marks, word joiners ...)
+# are invisible: "jane\xaddoe@gmail.com" reads as one address. Scanned without them; spans are reported at the
+# original text's offsets.
+_FORMAT_CHARS = re.compile("[" + "".join(re.escape(chr(c)) for c in range(0x10000)
+                                         if unicodedata.category(chr(c)) == "Cf") + "]")
+
+
+def _visible(text: str) -> tuple[str, list[int] | None]:
+    """`text` without its format characters, and the original offset of each character left (None: none left out)."""
+    if text.isascii() or _FORMAT_CHARS.search(text) is None:
+        return text, None
+    where: list[int] = []
+    pos = 0
+    for m in _FORMAT_CHARS.finditer(text):
+        where.extend(range(pos, m.start()))
+        pos = m.end()
+    where.extend(range(pos, len(text)))
+    return _FORMAT_CHARS.sub("", text), where
+
+
 # Letters of scripts that write no space between a number and the next word (CJK, kana, Thai, Lao, Khmer, Myanmar,
 # Tibetan, Tai, Yi; Hangul's particles attach to it): "090-1234-5678までご連絡ください" is a whole number.
 _UNSPACED_SCRIPTS = ("CJK ", "HIRAGANA", "KATAKANA", "HALFWIDTH KATAKANA", "HANGUL", "THAI", "LAO ", "KHMER ",
@@ -641,7 +661,8 @@ def residual_pii(
     unknown = wanted - set(PII_TYPES)
     if unknown:
         raise ValueError(f"unknown PII type(s) {sorted(unknown)}; allowed: {', '.join(PII_TYPES)}")
-    text = _ascii_twins(_blank_placeholders(text))
+    text, where = _visible(_blank_placeholders(text))
+    text = _ascii_twins(text)
     has_digit = _DIGIT.search(text) is not None
     found: list[Span] = []
     for kind in _ORDER:
@@ -670,7 +691,7 @@ def residual_pii(
         if (i > 0 and taken[i - 1][1] > start) or (i < len(taken) and taken[i][0] < end):
             continue
         taken.insert(i, (start, end))
-        out.append((kind, start, end))
+        out.append((kind, start, end) if where is None else (kind, where[start], where[end - 1] + 1))
     return sorted(out, key=lambda s: s[1])
 
 
@@ -709,9 +730,10 @@ def residual_pii_batch(
             texts = pa.array(texts, pa.large_string())
         except UnicodeEncodeError:  # a lone surrogate: no Arrow array, every text is scanned in full
             return [residual_pii(t, wanted, ipv4_keep, keep_documentation, phone_regions) for t in texts]
+    scanned = texts  # what the screens read: the texts as the detectors do
     if not pc.all(pc.string_is_ascii(texts)).as_py():
-        texts = pa.array([_ascii_twins(t) for t in texts.to_pylist()], pa.large_string())
-    hits = [pc.match_substring_regex(texts, AUDIT_SCREENS[t]).to_pylist() for t in wanted]
+        scanned = pa.array([_ascii_twins(_visible(t)[0]) if t else t for t in texts.to_pylist()], pa.large_string())
+    hits = [pc.match_substring_regex(scanned, AUDIT_SCREENS[t]).to_pylist() for t in wanted]
     keep, regions = tuple(ipv4_keep), tuple(phone_regions)
     out: list[list[Span]] = []
     for i, row in enumerate(zip(*hits) if wanted else [()] * len(texts)):

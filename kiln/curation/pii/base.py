@@ -3,6 +3,7 @@ the check of a `types` argument."""
 
 from __future__ import annotations
 
+import bisect
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -49,12 +50,12 @@ def _check_types(types: Iterable[str]) -> tuple[str, ...]:
 # Web pages and non-Latin text write the same numbers with other characters: "4111&nbsp;1111..." reaches the text
 # as U+00A0, Japanese pages write full-width "０９０－１２３４" and "ｊａｎｅ＠ｅｘａｍｐｌｅ．ｃｏｍ", Arabic pages
 # Arabic-Indic digits, typeset pages a non-breaking hyphen in "123‑45‑6789". The detectors read a folded copy of the
-# text in which each such character is its ASCII twin, one character for one, so every span found in the copy is the
-# same span of the original: any Unicode decimal digit -> its ASCII digit, a full-width form (U+FF01-U+FF5E) -> its
-# ASCII character, a space separator (Zs: no-break, thin, narrow no-break, ideographic...) -> ' ', a dash written
-# inside numbers (U+2011 non-breaking hyphen, U+2012 figure dash, U+2013 en dash, U+2212 minus, U+FE63) -> '-'.
-# Not U+2010, the hyphen man pages break words with ("lists.source‐\n forge.net": an e-mail address's domain
-# must not end at a '-'), nor the em dash. Everything else is kept.
+# text in which each such character is its ASCII twin, one character for one: any Unicode decimal digit -> its
+# ASCII digit, a full-width form (U+FF01-U+FF5E) -> its ASCII character, a space separator (Zs: no-break, thin,
+# narrow no-break, ideographic...) -> ' ', a dash written inside numbers (U+2011 non-breaking hyphen, U+2012 figure
+# dash, U+2013 en dash, U+2212 minus, U+FE63) -> '-'. Not U+2010, the hyphen man pages break words with
+# ("lists.source‐\n forge.net": an e-mail address's domain must not end at a '-'), nor the em dash. Everything else
+# is kept.
 class _Fold(dict):
     """str.translate table, filled on first sight of each code point (cheap: a text has few distinct ones)."""
 
@@ -77,8 +78,33 @@ class _Fold(dict):
 
 _DASHES = frozenset((0x2011, 0x2012, 0x2013, 0x2212, 0xFE63))
 _FOLD = _Fold()
+# Invisible format characters (Unicode Cf) split an address or a number for a pattern while a reader sees it whole:
+# a soft hyphen from a CMS's hyphenation (&shy;), zero-width (non-)joiners and spaces, bidi marks and embeddings in
+# Arabic and Hebrew pages (U+061C, U+200E/F, U+202A-E, U+2066-9), word joiners and invisible operators (U+2060-4),
+# a byte order mark. The copy leaves them out ("jane\xaddoe@gmail.com" is read as "janedoe@gmail.com"), and a span
+# found in it is mapped back to the original's, the invisible characters inside it included (`original_span`).
+_INVISIBLE = re.compile("[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]")
 
 
-def detection_text(text: str) -> str:
-    """`text` as the detectors read it (see above): the same length, ASCII text unchanged."""
-    return text if text.isascii() else text.translate(_FOLD)
+def detection_text(text: str) -> tuple[str, list[int]]:
+    """`text` as the detectors read it (see above), and where invisible characters were left out of it: for each
+    (in order) the index in the copy it stood before; []: the same length, the same offsets (ASCII text unchanged)."""
+    if text.isascii():
+        return text, []
+    dropped: list[int] = []
+    if _INVISIBLE.search(text) is not None:
+        parts, pos = [], 0
+        for m in _INVISIBLE.finditer(text):
+            parts.append(text[pos : m.start()])
+            dropped.append(m.start() - len(dropped))
+            pos = m.end()
+        parts.append(text[pos:])
+        text = "".join(parts)
+    return text.translate(_FOLD), dropped
+
+
+def original_span(dropped: list[int], start: int, end: int) -> tuple[int, int]:
+    """The span of the original text that `detection_text`'s copy has at [start, end) (`dropped`: as it returned)."""
+    if not dropped:
+        return start, end
+    return start + bisect.bisect_right(dropped, start), end + bisect.bisect_right(dropped, end - 1)

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from kiln.curation.documents import Document
 from kiln.curation.filters.base import Verdict, keep
 from kiln.curation.filters.text_stats import arrow_texts
-from kiln.curation.pii.base import PII_TYPES, PLACEHOLDERS, _check_types, detection_text
+from kiln.curation.pii.base import PII_TYPES, PLACEHOLDERS, _check_types, detection_text, original_span
 from kiln.curation.pii.contact import _PHONE_CUE_CJK, _PHONE_CUE_WORDS, DEFAULT_PHONE_REGIONS, _find_email, _find_phone
 from kiln.curation.pii.financial import _find_card, _find_iban, _find_ssn
 from kiln.curation.pii.network import DEFAULT_IPV4_KEEP, _find_ipv4, _find_ipv6
@@ -125,7 +125,7 @@ _RARE_SCREENS = ("ipv4", "us_ssn", "iban", "phone_trunk", "secret_tokens")
 def _screen(texts: list[str], types: Iterable[str]) -> tuple[list[tuple[str, ...]], list[frozenset[str]]]:
     """`screen`, and for each text the parts of detectors it cannot trigger (find_pii's `_skip`)."""
     wanted = _check_types(types)
-    if (array := arrow_texts([detection_text(t) for t in texts])) is None:
+    if (array := arrow_texts([detection_text(t)[0] for t in texts])) is None:
         return [wanted] * len(texts), [frozenset()] * len(texts)
     patterns = {t: SCREENS[t] for t in wanted}
     if "phone" in wanted:
@@ -183,9 +183,10 @@ def find_pii(
     """Non-overlapping PII spans in `text`, sorted by start. `phone_regions`: the countries a national-format
     number ("030 91456342", no country code) may be from; empty: only +CC and North American numbers.
     `_skip`: parts of detectors the batch screens ruled out for this text (internal). The detectors read the text
-    with Unicode digits, full-width forms, spaces and dashes folded to ASCII (`detection_text`: the same spans)."""
+    with Unicode digits, full-width forms, spaces and dashes folded to ASCII and invisible format characters left out
+    (`detection_text`); spans are the original text's."""
     wanted = set(_check_types(types))
-    text = detection_text(text)
+    text, dropped = detection_text(text)
     has_digit = _ANY_DIGIT.search(text) is not None
     candidates: list[tuple[int, int, int, str]] = []  # (priority, start, end, type)
     for rank, kind in enumerate(_PRIORITY):
@@ -220,7 +221,7 @@ def find_pii(
         if (i > 0 and taken[i - 1][1] > start) or (i < len(taken) and taken[i][0] < end):
             continue
         taken.insert(i, (start, end))
-        matches.append(PiiMatch(kind, start, end))
+        matches.append(PiiMatch(kind, *original_span(dropped, start, end)))
     matches.sort(key=lambda m: m.start)
     return matches
 

@@ -419,6 +419,28 @@ def test_a_card_in_persian_digits_is_redacted():
     assert red(text) == "\u0634\u0645\u0627\u0631\u0647 \u06a9\u0627\u0631\u062a: <CREDIT_CARD>"
 
 
+# Invisible format characters inside an address or a number (a soft hyphen from &shy;, a zero-width non-joiner, a
+# left-to-right mark, a word joiner): the whole span is replaced, the invisible characters in it included.
+INVISIBLE_INSIDE = [
+    ("Mail: jane.doe\u00ad@gmail.com", "Mail: <EMAIL>"),
+    ("Mail: jane\u00addoe@gmail.com", "Mail: <EMAIL>"),
+    ("Mail: jane.doe@gmail\u00ad.com", "Mail: <EMAIL>"),
+    ("Mail: jane.doe\u200c@gmail.com", "Mail: <EMAIL>"),
+    ("\u200fMail: jane.doe\u2060@gmail.com\u200f", "\u200fMail: <EMAIL>\u200f"),  # the marks around it stay
+    ("Tel: +49 30 9145\u00ad6342", "Tel: <PHONE>"),
+    ("Tel: +49\u206030\u206091456342.", "Tel: <PHONE>."),
+    ("\u05d8\u05dc\u05e4\u05d5\u05df: 050\u200e-1234567", "\u05d8\u05dc\u05e4\u05d5\u05df: <PHONE>"),  # טלפון
+    ("card 4111\u00ad1111\u00ad1111\u00ad1111 ok", "card <CREDIT_CARD> ok"),
+    ("IBAN DE89\u200e3704\u200e0044\u200e0532\u200e0130\u200e00", "IBAN <IBAN>"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), INVISIBLE_INSIDE)
+def test_invisible_characters_inside_a_match_are_redacted_with_it(text, expected):
+    assert red(text) == expected
+    assert PiiRedaction().batch([Document("d", "s", text)])[0].text == expected
+
+
 def test_latin_letters_still_glue_to_a_number():
     # Only letters of unspaced scripts end a number: Latin, Cyrillic or Greek ones still make a longer token.
     for text in ("x415-555-0134", "\u0436415-555-0134", "abc93.184.216.34", "id4111111111111111", "4111111111111111\u00e9"):

@@ -75,6 +75,12 @@ MISSED = [
     # glued to Chinese text longer than a local part (70 letters: "please send to the e-mail address" seven times)
     ("\u8bf7\u53d1\u9001\u5230\u7535\u5b50\u90ae\u7bb1\u5730\u5740" * 7 + "qq.12345@163.com", "email",
      [("email", "qq.12345@163.com")]),
+    # invisible format characters inside (soft hyphen, word joiner, left-to-right mark): reported with them
+    ("Mail: jane\u00addoe@gmail.com", "email", [("email", "jane\u00addoe@gmail.com")]),
+    ("Tel: +49 30 9145\u00ad6342", "phone", [("phone", "+49 30 9145\u00ad6342")]),
+    ("card 4111\u20601111\u20601111\u20601111", "credit_card", [("credit_card", "4111\u20601111\u20601111\u20601111")]),
+    ("IBAN DE89\u200e3704\u200e0044\u200e0532\u200e0130\u200e00", "iban",
+     [("iban", "DE89\u200e3704\u200e0044\u200e0532\u200e0130\u200e00")]),
     # national numbers after a Chinese, Japanese or Korean label (電話 "telephone", 携帯 "mobile", 联系电话 "contact
     # telephone", 전화 "telephone", お問い合わせ "inquiries"), glued to it or not
     ("\u96fb\u8a71\uff1a090-7385-4464\u307e\u3067", "phone", [("phone", "090-7385-4464")]),
