@@ -1,6 +1,7 @@
 """The library's import rules (docs/ARCHITECTURE.md, "Packages"): a stage imports kiln.common, kiln.engine and the
 stages upstream of it; kiln.governance reads every stage and kiln.cli may import anything. The exceptions are
-listed here and in the docs, and no other may creep in unseen."""
+listed here and in the docs, and no other may creep in unseen. A leading underscore marks a name private to its
+package: no other package imports it."""
 
 import ast
 from pathlib import Path
@@ -57,3 +58,15 @@ def test_the_library_imports_only_what_the_architecture_allows():
                 continue
             against.setdefault(module, set()).add(name)
     assert against == EXCEPTIONS
+
+
+def test_no_package_imports_another_packages_private_names():
+    crossing = []
+    for path in sorted((REPO / "kiln").rglob("*.py")):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kiln.") \
+                    and _package(node.module) != _package(module):
+                crossing += [f"{module} imports {node.module}.{a.name}" for a in node.names
+                             if a.name.startswith("_") and not a.name.startswith("__")]
+    assert crossing == []

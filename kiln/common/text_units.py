@@ -91,11 +91,11 @@ _N = _class_body([c for c in _UNITS if c <= 0xFFFF])  # BMP classes: `re` tests 
 NO_SPACE_LETTERS_BMP = _N  # the class body, for other stages' own patterns (PII number boundaries)
 _N_ASTRAL = _class_body([c for c in _UNITS if c > 0xFFFF])  # a few ranges (CJK extensions B-H, Tangut, kana ...)
 _MARKS = _marks()  # listed once: 65,536 unicodedata lookups
-_M = _class_body(_MARKS)
-_UNIT = rf"(?:[{_N}]|[{_N_ASTRAL}])[{_M}]*"  # one character of a no-space script, with its marks
-_W = rf"(?![{_N_ASTRAL}])[^\W{_N}][{_M}]*"  # a word character of a spaced script, with its marks
+MARKS_BMP = _class_body(_MARKS)  # combining marks (M*) of the BMP, as a regex class body
+_UNIT = rf"(?:[{_N}]|[{_N_ASTRAL}])[{MARKS_BMP}]*"  # one character of a no-space script, with its marks
+_W = rf"(?![{_N_ASTRAL}])[^\W{_N}][{MARKS_BMP}]*"  # a word character of a spaced script, with its marks
 # Anything that can make the aware split differ from the old regex: a no-space-script character or a combining mark.
-_SPECIAL = re.compile(rf"[{_N}{_M}]")
+_SPECIAL = re.compile(rf"[{_N}{MARKS_BMP}]")
 _SPECIAL_ASTRAL = re.compile(rf"[{_N_ASTRAL}]")
 # Neither can be below U+0300 or among the general punctuation (curly quotes, dashes, ellipsis): English and most
 # European text is ruled out by one scan of a two-range class, ~15x faster than a scan for `_SPECIAL`.

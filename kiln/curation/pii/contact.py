@@ -11,7 +11,7 @@ from functools import lru_cache, partial
 import phonenumbers
 from phonenumbers.phonenumberutil import _choose_formatting_pattern_for_number  # pinned: constraints.txt
 
-from kiln.common.text_units import _M as MARKS_BMP  # combining marks (M*) of the BMP, as a class body
+from kiln.common.text_units import MARKS_BMP
 from kiln.curation.pii.base import _NUM_R, _UNSPACED, _UNSPACED_LETTER, _WORD, glued
 
 # libphonenumber compiles its metadata's patterns as it meets each region; `re` caches only 512, fewer than the
