@@ -143,6 +143,9 @@ POSITIVES = [
     ("pay to NL91ABNA0417164300.", "pay to <IBAN>."),
     ("IBAN: DE89-3704-0044-0532-0130-00.", "IBAN: <IBAN>."),  # dashes between the groups
     ("FR76-3000-6000-0112-3456-7890-189", "<IBAN>"),
+    # Iran's Sheba number (IR + 24 digits; its check digits verify mod 97), in Persian text: "Sheba number: ..."
+    ("\u0634\u0645\u0627\u0631\u0647 \u0634\u0628\u0627: IR062960000000100324200001",
+     "\u0634\u0645\u0627\u0631\u0647 \u0634\u0628\u0627: <IBAN>"),
     # us_ssn with spaces only under an SSN label
     ("SSN: 484 42 0512", "SSN: <US_SSN>"),
     ("name,ssn,email\nZoe Roberts,167 62 9057,x", "name,ssn,email\nZoe Roberts,<US_SSN>,x"),
