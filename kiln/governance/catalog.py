@@ -46,6 +46,7 @@ class Catalog:
         self._versions: dict[str, list[Manifest]] = {}
         self._history: dict[tuple[str, str | None, str], Manifest | None] = {}
         self._published: dict[str, list[Manifest]] = {}
+        self._partitions: dict[str, list[str | None]] = {}
 
     def snapshot(self, asset: str, partition: str | None = None) -> Snapshot | None:
         """The current version of a dataset, pinned for the whole audit (its files are read from the version
@@ -113,8 +114,11 @@ class Catalog:
         return self._published[asset]
 
     def partitions(self, asset: str) -> list[str | None]:
-        """Partitions of an asset that have a current version (`Store.partitions`: with S3 storage, the bucket's)."""
-        return self.store.partitions(asset)
+        """Partitions of an asset that have a current version (`Store.partitions`: with S3 storage, the bucket's,
+        listed once per audit)."""
+        if asset not in self._partitions:
+            self._partitions[asset] = self.store.partitions(asset)
+        return self._partitions[asset]
 
     def source_partitions(self, asset: str, source: str) -> list[str]:
         """The partitions holding one source's documents at a stage, one per refresh."""
