@@ -12,8 +12,12 @@ import ftfy
 from kiln.curation.documents import Document
 from kiln.curation.filters.base import Verdict, drop, keep
 
-# Control characters other than tab/newline/carriage return carry no text and break tokenizers.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\u200b\ufeff]")
+# Control characters other than tab/newline/carriage return carry no text and break tokenizers, and so does a
+# zero-width space, except between two letters of the scripts that write it between words (Thai, Lao, Myanmar,
+# Khmer: the only word boundary their text has).
+_SEPARATED_BY_ZWSP = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff"
+_CONTROL = re.compile(rf"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufeff]|(?<![{_SEPARATED_BY_ZWSP}])\u200b"
+                      rf"|\u200b(?![{_SEPARATED_BY_ZWSP}])")
 
 
 def _fix_mojibake(line: str) -> str:

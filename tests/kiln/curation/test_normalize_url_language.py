@@ -27,6 +27,18 @@ def test_normalize_repairs_mojibake_and_composes():
     assert step(doc("\x00\x01  ")).drop == "normalize.empty_after_normalization"
 
 
+def test_a_zero_width_space_between_khmer_myanmar_lao_or_thai_words_is_kept():
+    """Khmer, Myanmar, Lao and Thai write no space between words; a zero-width space is where a word ends, the only
+    boundary their text has, and it was stripped with the control characters. Elsewhere it is still stripped."""
+    step = build_step("normalize")
+    khmer = "\u1797\u17b6\u179f\u17b6\u200b\u1781\u17d2\u1798\u17c2\u179a"  # ភាសា​ខ្មែរ "Khmer language"
+    thai = "\u0e20\u0e32\u0e29\u0e32\u200b\u0e44\u0e17\u0e22"  # ภาษา​ไทย "Thai language"
+    myanmar = "\u1019\u103c\u1014\u103a\u1019\u102c\u200b\u1018\u102c\u101e\u102c"  # မြန်မာ​ဘာသာ
+    for text in (khmer, thai, myanmar):
+        assert step(doc(text)).text == text
+    assert step(doc("zero\u200bwidth " + khmer + "\u200b.")).text == "zerowidth " + khmer + "."
+
+
 def test_normalize_leaves_html_entities_as_written_whatever_else_the_line_holds():
     """ftfy's default decodes HTML entities on the lines it repairs, those with a non-ASCII character: the same code
     line lost its `&amp;` only where its comment had an accent, and escaped markup in prose became markup."""
