@@ -255,10 +255,6 @@ _WHATWG_ENCODINGS = {
     "utf-16-le": "csunicode iso-10646-ucs-2 ucs-2 unicode unicodefeff utf-16 utf-16le",
 }
 _WHATWG_LABELS = {label: codec for codec, labels in _WHATWG_ENCODINGS.items() for label in labels.split()}
-# Python's names for the encodings above, where a label outside WHATWG's names one (latin-1, euc_kr, ...)
-_WHATWG_DECODER = {"ascii": "cp1252", "iso8859-1": "cp1252", "iso8859-9": "cp1254", "iso8859-11": "cp874",
-                   "tis-620": "cp874", "gb2312": "gb18030", "gbk": "gb18030", "euc_kr": "cp949", "shift_jis": "cp932",
-                   "big5": "big5hkscs"}
 
 
 def label_codec(label: str) -> str | None:
@@ -273,7 +269,9 @@ def label_codec(label: str) -> str | None:
         return None
     if not getattr(info, "_is_text_encoding", True):  # base64, hex, zlib: bytes-to-bytes codecs
         return None
-    return _WHATWG_DECODER.get(info.name, info.name)
+    # a label outside WHATWG's whose codec is one of its encodings (latin-1 is Python's iso8859-1): the browser's
+    # decoder for that encoding
+    return _WHATWG_LABELS.get(info.name.replace("_", "-"), info.name)
 
 
 def html_charset(data: bytes, content_type: str | None = None) -> str:

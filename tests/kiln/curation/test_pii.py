@@ -32,6 +32,12 @@ def red(text: str, **kwargs) -> str:
     return redact(text, **kwargs)[0]
 
 
+def assert_redacted_alone_and_in_batch(text: str, expected: str) -> None:
+    """`redact` and the step's batch path (its screens) give the same text."""
+    assert red(text) == expected
+    assert PiiRedaction().batch([Document("d", "s", text)])[0].text == expected
+
+
 def luhn_check_digit(body: str) -> str:
     """The digit that makes body + digit pass Luhn."""
     total = 0
@@ -390,8 +396,7 @@ OTHER_SCRIPT_LABELS = [
 
 @pytest.mark.parametrize(("text", "expected"), OTHER_SCRIPT_LABELS)
 def test_phone_labels_in_other_scripts_cue_a_national_number(text, expected):
-    assert red(text) == expected
-    assert PiiRedaction().batch([Document("d", "s", text)])[0].text == expected
+    assert_redacted_alone_and_in_batch(text, expected)
 
 
 def test_a_hebrew_word_still_glues_to_a_number():
@@ -440,8 +445,7 @@ INVISIBLE_INSIDE = [
 
 @pytest.mark.parametrize(("text", "expected"), INVISIBLE_INSIDE)
 def test_invisible_characters_inside_a_match_are_redacted_with_it(text, expected):
-    assert red(text) == expected
-    assert PiiRedaction().batch([Document("d", "s", text)])[0].text == expected
+    assert_redacted_alone_and_in_batch(text, expected)
 
 
 def test_latin_letters_still_glue_to_a_number():
