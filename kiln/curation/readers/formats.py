@@ -200,8 +200,10 @@ def record_to_document(record: Any, source: Source, locator: str, reading: Readi
     text = record.get(text_field)
     if text is None:
         return quarantine(source.name, locator, "missing_text", dumped)
-    if source.html_field and isinstance(text, bytes):  # a Parquet binary column: the page's bytes, as crawled
-        text = decoded_html(text, None, source.name, locator)
+    if isinstance(text, bytes):  # a Parquet binary column: a page's bytes as crawled, or text written as plain
+        # binary (Impala, Hive and old Spark write strings without the UTF-8 annotation), read as UTF-8, strictly
+        text = (decoded_html(text, None, source.name, locator) if source.html_field
+                else decode_utf8(text, source.name, locator))
         if isinstance(text, Quarantined):
             return text
     if not isinstance(text, str):

@@ -203,6 +203,19 @@ def test_parquet_and_max_documents(tmp_path):
     assert len(capped) == 1
 
 
+def test_a_parquet_text_column_of_plain_binary_is_read_as_utf8(tmp_path):
+    """Impala, Hive and old Spark write strings as binary without the UTF-8 annotation: every row was quarantined as
+    text_not_string. The bytes are now read as UTF-8, strictly: invalid UTF-8 is quarantined as invalid_utf8."""
+    text = "Gärten und Flüsse: ein ordentlicher Absatz."
+    pq.write_table(pa.table({"id": [1, 2, 3], "text": pa.array([text.encode(), b"bad \xff byte", None], pa.binary()),
+                             "url": pa.array([b"https://example.org/1", None, None], pa.binary())}),
+                   tmp_path / "x.parquet")
+    docs, bad = split(list(read_source(source("parquet", tmp_path / "x.parquet", url_field="url"), Reading())))
+    assert [(d.text, d.url) for d in docs] == [(text, "https://example.org/1")]
+    assert [(q.locator, q.reason) for q in bad] == [("x.parquet#row1", "invalid_utf8"),
+                                                    ("x.parquet#row2", "missing_text")]
+
+
 def test_a_parquet_file_is_read_a_row_group_at_a_time_not_whole(tmp_path, monkeypatch):
     """The reader read the whole file into memory before its first record (a worker's memory grew with the file: +157
     MB for a 152 MB file). It now reads where the file lies: for the first record, its footer and first row group
