@@ -446,9 +446,10 @@ def extracted(html: str, source: Source, reading: Reading, locator: str, url: st
 
 
 def read_warc(f: SourceFile, source: Source, reading: Reading) -> Iterator[Document | Quarantined]:
-    """WET `conversion` records as they are; WARC `response` records of HTML as their main content (`extracted`), of
-    other text as it is, in the charset they declare. Other record
-    types (warcinfo, request, metadata, resource, revisit) hold no document and are not records here. Damage (an
+    """WET `conversion` records as they are; WARC `response` records, and `resource` records of a URL (`_holds_page`),
+    of HTML or XHTML as their main content (`extracted`), of text/plain as it is, in the charset they declare, and of
+    any other content type quarantined as not_text. Other records (warcinfo, request, metadata, revisit, a crawler's
+    own resource records) hold no document and are not records here. Damage (an
     archive warcio cannot parse on, a record without Content-Length, an archive that ends inside a record) ends the
     file with one unreadable_file record at `#<n+1>`, after the n document records read before it."""
     from warcio.archiveiterator import ArchiveIterator
@@ -467,7 +468,7 @@ def read_warc(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docum
                                      str(record.rec_headers),
                                      f"a {record.rec_type} record with Content-Length {length!r}")
                     return
-                if record.rec_type not in ("conversion", "response"):
+                if not _holds_page(record):
                     continue
                 outcome = _warc_document(record, done + 1, f, source, reading)
                 done += 1
@@ -509,6 +510,21 @@ def _brotli_for_warcio() -> None:
     BufferedReader.DECOMPRESSORS["br"] = _BrotliDecompressor
 
 
+# A WARC page's media type: whether it is HTML (read for its main content) or plain text (read as it is). Other types,
+# text/css, text/javascript, text/csv and images among them, are no documents.
+_PAGE_TYPES = {"text/html": True, "application/xhtml+xml": True, "text/plain": False}
+# A `resource` record of one of these holds a resource as fetched (warcit, Webrecorder and Browsertrix store pages so,
+# Heritrix FTP files); others are the crawler's own (wget's metadata:// log, urn: page info, screenshots, text)
+_RESOURCE_SCHEMES = ("http:", "https:", "ftp:", "file:")
+
+
+def _holds_page(record) -> bool:
+    """Whether a WARC record is a document record: WET text, an HTTP response, or a resource fetched from a URL."""
+    if record.rec_type == "resource":
+        return (record.rec_headers.get_header("WARC-Target-URI") or "").lower().startswith(_RESOURCE_SCHEMES)
+    return record.rec_type in ("conversion", "response")
+
+
 def _warc_document(record, ordinal: int, f: SourceFile, source: Source, reading: Reading) -> Document | Quarantined:
     """The `ordinal`th document record of the archive, as a document or quarantined."""
     record_id = record.rec_headers.get_header("WARC-Record-ID")
@@ -529,11 +545,13 @@ def _warc_document(record, ordinal: int, f: SourceFile, source: Source, reading:
     if record.rec_type == "conversion":
         text = decode_utf8(payload, source.name, locator)
     else:
-        content_type = ((record.http_headers.get_header("Content-Type") if record.http_headers else "") or "").lower()
-        if "html" not in content_type and "text" not in content_type:
+        headers = record.http_headers if record.rec_type == "response" else record.rec_headers  # resource: no HTTP
+        content_type = ((headers.get_header("Content-Type") if headers else "") or "").lower()
+        is_html = _PAGE_TYPES.get(content_type.split(";")[0].strip())
+        if is_html is None:
             return quarantine(source.name, locator, "not_text", detail=content_type)
         text = decoded_html(payload, content_type, source.name, locator)
-        if "html" in content_type and not isinstance(text, Quarantined):  # other text (text/plain) as it is
+        if is_html and not isinstance(text, Quarantined):  # text/plain as it is
             page = extracted(text, source, reading, locator, url)
             if isinstance(page, Quarantined):
                 return page

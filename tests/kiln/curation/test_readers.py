@@ -286,6 +286,58 @@ def test_warc_html_and_wet(tmp_path):
     assert docs[1].text == prose(1)
 
 
+def test_a_warc_reads_pages_and_plain_text_only_resource_records_too(tmp_path):
+    """Any content type with "text" in it was read as a document (stylesheets, scripts, CSV, calendars), and an HTML
+    page stored as a `resource` record (warcit, Webrecorder, Browsertrix) was passed over uncounted. Now: HTML, XHTML
+    and text/plain are documents, in a response or a resource record of a URL; other content types are quarantined
+    as not_text; request, metadata and warcinfo records, and a crawler's own resource records (wget's metadata://
+    log), are no documents and not records here."""
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+
+    para = "A real paragraph of prose about gardens and rivers, long enough to be kept."
+    html = f"<html><body><p>{para}</p></body></html>".encode()
+    buf = io.BytesIO()
+    writer = WARCWriter(buf, gzip=True)
+    writer.write_record(writer.create_warcinfo_record("x.warc.gz", {"software": "test"}))
+
+    def response(url, body, content_type):
+        http = StatusAndHeaders("200 OK", [("Content-Type", content_type)], protocol="HTTP/1.1")
+        writer.write_record(writer.create_warc_record(url, "response", payload=io.BytesIO(body), http_headers=http))
+
+    def resource(url, body, content_type):
+        writer.write_record(writer.create_warc_record(url, "resource", payload=io.BytesIO(body),
+                                                      warc_headers_dict={"Content-Type": content_type}))
+
+    response("https://e.org/site.css", b"body { margin: 0; padding: 0; font-family: Arial; }\n" * 3, "text/css")
+    response("https://e.org/app.js", b"var greeting = 'hello there, reader of this script';\n" * 3,
+             "text/javascript; charset=utf-8")
+    response("https://e.org/t.csv", b"name,city\nAda,London\nAlan,Wilmslow\n", "text/csv")
+    response("https://e.org/cal.ics", b"BEGIN:VCALENDAR\nVERSION:2.0\nEND:VCALENDAR\n", "text/calendar")
+    response("https://e.org/a.txt", para.encode(), "text/plain; charset=utf-8")
+    response("https://e.org/x.xhtml", html, "application/xhtml+xml")
+    writer.write_record(writer.create_warc_record("https://e.org/page.html", "request", payload=io.BytesIO(b""),
+                                                  http_headers=StatusAndHeaders("GET /page.html", [],
+                                                                                protocol="HTTP/1.1",
+                                                                                is_http_request=True)))
+    resource("https://e.org/page.html", html, "text/html")
+    resource("https://e.org/notes.txt", para.encode(), "text/plain")
+    resource("https://e.org/logo.png", b"\x89PNG\r\n\x1a\n" + bytes(64), "image/png")
+    resource("metadata://gnu.org/software/wget/warc/wget.log", b"--2024-01-01-- https://e.org/ connected.",
+             "text/plain")
+    writer.write_record(writer.create_warc_record("https://e.org/page.html", "metadata",
+                                                  payload=io.BytesIO(b"outlink: https://e.org/a.txt\n"),
+                                                  warc_headers_dict={"Content-Type": "application/warc-fields"}))
+    (tmp_path / "x.warc.gz").write_bytes(buf.getvalue())
+    docs, bad = split(list(read_source(source("warc", tmp_path / "x.warc.gz"),
+                                       Reading(html={"extractor": "visible_text"}))))
+    assert [(d.url, d.text) for d in docs] == [("https://e.org/a.txt", para), ("https://e.org/x.xhtml", para),
+                                               ("https://e.org/page.html", para), ("https://e.org/notes.txt", para)]
+    assert [q.reason for q in bad] == ["not_text"] * 5
+    assert [q.excerpt for q in bad] == ["text/css", "text/javascript; charset=utf-8", "text/csv", "text/calendar",
+                                        "image/png"]
+
+
 def test_a_warc_reads_brotli_pages_and_a_bad_page_is_its_own_problem(tmp_path):
     """Pages served `Content-Encoding: br` all failed (warcio 1.8 and brotli 1.2 disagree on the decompressor), and the
     first one ended the archive: the pages after it were lost. A page whose bytes are not valid in its charset is

@@ -7,8 +7,8 @@ locators unique, the union covering every record); every kept string is valid Un
 - Parquet: a row. A file with no rows is one `empty_file` record. A file that cannot be opened at all is one
   `unreadable_file` record (locator: the file); damage found while reading rows ends the file with one
   `unreadable_file` record at the first row not read (`x.parquet#row<k>`), after rows 0..k-1.
-- WARC/WET: a `response` or `conversion` record (warcinfo, request, metadata and resource records hold no document
-  and are not counted). An archive without one is one `empty_file` record; damage (what warcio cannot parse, a
+- WARC/WET: a `response`, `conversion` or `resource` record of a URL (warcinfo, request, metadata and revisit records
+  hold no document and are not counted). An archive without one is one `empty_file` record; damage (what warcio cannot parse, a
   record without a valid Content-Length, an archive ending inside a record or in bytes that are no whole record)
   ends the archive with one `unreadable_file` record at `x.warc#<n+1>`, after the n document records read before.
 - text: the file (one document per file, whatever its content or compression; damaged compression: one
@@ -309,11 +309,13 @@ _payloads = st.one_of(
     st.binary(max_size=40),
     _html.map(lambda h: h.encode("utf-8")),
 )
-_content_types = st.sampled_from(["text/html; charset=utf-8", "text/html", "text/plain", "image/png", None])
+_content_types = st.sampled_from(["text/html; charset=utf-8", "text/html", "application/xhtml+xml", "text/plain",
+                                  "text/css", "image/png", None])
 # (type, payload, content type, has a WARC-Record-ID)
 _warc_specs = st.lists(st.one_of(
-    st.tuples(st.just("response"), _html.map(str.encode) | _payloads, _content_types, st.booleans() | st.just(True)),
-    st.tuples(st.sampled_from(["conversion", "request", "warcinfo", "metadata", "resource"]), _payloads, st.none(),
+    st.tuples(st.sampled_from(["response", "resource"]), _html.map(str.encode) | _payloads, _content_types,
+              st.booleans() | st.just(True)),
+    st.tuples(st.sampled_from(["conversion", "request", "warcinfo", "metadata"]), _payloads, st.none(),
               st.booleans() | st.just(True))), max_size=6)
 
 
@@ -324,9 +326,10 @@ def _archive(specs, gzipped: bool, name: str) -> tuple[bytes, list[str], list[tu
     for i, (rec_type, payload, content_type, with_id) in enumerate(specs):
         rid = f"<urn:uuid:00000000-0000-0000-0000-{i:012d}>" if with_id else None
         block = _http(payload, content_type) if rec_type == "response" else payload
-        record = _warc_record(rec_type, block, rid)
+        resource_type = [("Content-Type", content_type)] if rec_type == "resource" and content_type else []
+        record = _warc_record(rec_type, block, rid, extra=resource_type)
         out.append(gzip.compress(record, mtime=0) if gzipped else record)
-        is_doc = rec_type in ("response", "conversion")
+        is_doc = rec_type in ("response", "conversion", "resource")  # a resource of a URL (https://example.org/)
         if is_doc:
             ids.append(rid or f"{name}#{len(ids) + 1}")
         spans.append((at, at + len(record) - 4, is_doc))  # the block ends before the record's closing CRLF CRLF
@@ -347,8 +350,9 @@ def _warc_record_ids(kept, quarantined, name):
 def test_no_warc_record_crashes_intake_and_every_document_record_is_counted_once(specs, gzipped, kind,
                                                                                  tmp_path_factory):
     """Archives of response / conversion records (HTML with hostile markup, text in latin-1 / UTF-16 / random bytes,
-    empty and limit-sized payloads, non-text content types, no WARC-Record-ID) among warcinfo / request / metadata /
-    resource records: kept + quarantined = the response and conversion records, each once."""
+    empty and limit-sized payloads, non-text content types, no WARC-Record-ID) and resource records of a URL, among
+    warcinfo / request / metadata records: kept + quarantined = the response, resource and conversion records, each
+    once."""
     root = tmp_path_factory.mktemp("warc")
     name = "x.warc.gz" if gzipped else "x.warc"
     data, ids, _ = _archive(specs, gzipped, name)
