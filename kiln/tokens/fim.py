@@ -9,9 +9,10 @@ random character positions into prefix / middle / suffix and laid out as one of:
 
 SPM (probability `spm_rate` among FIM documents) is the paper's SPM variant: the prefix moves after
 <|fim_middle|> so that prefix + middle is one continuous text the model writes. Prefix, middle and
-suffix are tokenized separately, so a piece never straddles a cut; the three FIM symbols are control
-tokens that no literal text encodes to. The draw depends on the document only, so a document the
-mixture repeats is repeated with the same arrangement.
+suffix are tokenized separately, so a piece never straddles a cut, the middle and suffix as continuations
+(Tokenizer.encode_pieces: no start-of-text space, so the ids of prefix + middle + suffix decode to the
+document); the three FIM symbols are control tokens that no literal text encodes to. The draw depends on
+the document only, so a document the mixture repeats is repeated with the same arrangement.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from kiln.governance.forget import REQUEST_COLUMNS, IntakeMatched, RemovalReques
 from kiln.tokens.fim import FimIds, fim_split, fim_tokens
 from kiln.tokens.mixture import MixtureError, SourceParts, epoch_warnings, hash_unit, plan_phases, select_documents
 from kiln.tokens.shard_format import TRAIN, VAL, ShardInfo, describe_shard_set, write_shard
-from kiln.tokens.tokenizer import FIM_ROLES, Tokenizer, TokenizerError
+from kiln.tokens.tokenizer import FIM_ROLES, Tokenizer, TokenizerError, continuation_flags
 
 VAL_PHASE = "val"
 _VAL_SALT = "kiln-val-split"
@@ -148,7 +148,7 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
     columns = ["text", "license", "meta", *(REQUEST_COLUMNS if task.requests else ["doc_id"])]
     with open(task.tokens_path, "wb") as out:
         for batch in parquet.iter_batches(batch_size=_ENCODE_BATCH, columns=columns):
-            segments, layout = [], []
+            segments, continues, layout = [], [], []
             for doc_id, text, license_, meta, request in zip(
                     batch.column("doc_id").to_pylist(), batch.column("text").to_pylist(),
                     batch.column("license").to_pylist(), batch.column("meta").to_pylist(),
@@ -163,13 +163,15 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
                 facts.append(document_facts(license_, meta, task.license_field))
                 val = is_validation(doc_id, task.val_fraction)
                 cut = None if val or task.fim is None else fim_split(text, doc_id, task.seed, *task.fim)
-                segments += [text] if cut is None else [cut.prefix, cut.middle, cut.suffix]
+                pieces = [text] if cut is None else [cut.prefix, cut.middle, cut.suffix]
+                segments += pieces
+                continues += continuation_flags(pieces)  # a FIM middle or suffix gets no start-of-text space
                 layout.append(cut)
                 is_val.append(val)
                 keys.append(hash_unit("order", task.seed, doc_id))
                 chars += len(text)
                 n_bytes += len(text.encode("utf-8", "surrogatepass"))
-            encoded = tok.encode_batch(segments)
+            encoded = tok.encode_batch(segments, continues=continues)
             docs, k = [], 0
             for cut in layout:
                 if cut is _REMOVED:

@@ -45,6 +45,7 @@ from kiln.common.manifest import write_file_atomic
 from kiln.common.text_units import count_words, dominant_script
 from kiln.curation.documents import Document
 from kiln.governance.forget import REQUEST_COLUMNS, IntakeMatched, RemovalRequest, naming_requests
+from kiln.tokens.fim import fim_split
 from kiln.tokens.mixture import SourceParts, hash_unit, select_documents, shares, split_budget
 from kiln.tokens.shard_format import token_dtype
 from training_jobs.tokenizer_files import ASSET_HF_FILE, CARD_FILE, EXPORT_CARD_FILE, model_file
@@ -359,8 +360,12 @@ class Tokenizer(ABC):
 
     # -------------------------------------------------------------- what a kind provides
     @abstractmethod
-    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
-        """Each text's ids, no special token added, nothing cut."""
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1,
+                     continues: Sequence[bool] | None = None) -> list[list[int]]:
+        """Each text's ids, no special token added, nothing cut. `continues[i]`: text i goes on from text before it
+        (a FIM middle or suffix), so it is encoded without the space a tokenizer may put before a text's start
+        (SentencePiece's add_dummy_prefix, a Metaspace or Prepend "▁", ByteLevel's add_prefix_space): the ids of a
+        text's consecutive pieces then decode, joined, to the whole text."""
 
     @abstractmethod
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
@@ -384,6 +389,12 @@ class Tokenizer(ABC):
     # -------------------------------------------------------------- shared
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
+
+    def encode_pieces(self, pieces: Sequence[str]) -> list[list[int]]:
+        """The ids of consecutive pieces of one text (FIM's prefix, middle, suffix), each encoded on its own (no
+        token straddles a cut) and together decoding to the joined text: the first non-empty piece is the text's
+        start, the others continue it."""
+        return self.encode_batch(pieces, continues=continuation_flags(pieces))
 
     def pieces(self, ids: Iterable[int] | np.ndarray) -> list[str]:
         ids = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
@@ -524,6 +535,10 @@ class SentencePieceTokenizer(Tokenizer):
         except RuntimeError as exc:
             raise TokenizerError(f"{origin} is not a SentencePiece model ({exc}); give a tokenizer.json or "
                                  f".model file") from None
+        # Pieces after a text's start are encoded by the same model without its dummy prefix (Llama 2's, Mistral's):
+        # with it, every FIM middle and suffix, and text after a literal "▁", gained a space.
+        self.sp_continued = spm.SentencePieceProcessor(
+            model_proto=proto_with(model, (MODEL_NORMALIZER_SPEC, NORMALIZER_ADD_DUMMY_PREFIX), 0), num_threads=1)
         self.model_type = sentencepiece_model_type(model)
         self.vocab_size = self.sp.get_piece_size()
         native = {role: i for role, i in (("bos", self.sp.bos_id()), ("eos", self.sp.eos_id()),
@@ -551,17 +566,23 @@ class SentencePieceTokenizer(Tokenizer):
     def score(self, i: int) -> str:
         return f"{self.sp.get_score(i):g}"
 
-    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
-        """Encode many texts in one sentencepiece call (`num_threads` > 1 uses its thread pool)."""
-        if not any(self._literal.search(t) for t in texts):
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1,
+                     continues: Sequence[bool] | None = None) -> list[list[int]]:
+        """Encode many texts in one sentencepiece call per kind (text starts, continuations); `num_threads` > 1 uses
+        its thread pool."""
+        continues = continues or [False] * len(texts)
+        if not any(continues) and not any(self._literal.search(t) for t in texts):
             return self.sp.encode(list(texts), num_threads=num_threads)
         pieces = [self._literal.split(t) for t in texts]  # text, literal, text, ... (a literal at odd places)
-        flat = iter(self.sp.encode([seg for segs in pieces for seg in segs[::2]], num_threads=num_threads))
+        # text after a literal continues the text before it
+        segments = [(seg, c or j > 0) for segs, c in zip(pieces, continues) for j, seg in enumerate(segs) if j % 2 == 0]
+        starts = iter(self.sp.encode([seg for seg, c in segments if not c], num_threads=num_threads))
+        later = iter(self.sp_continued.encode([seg for seg, c in segments if c], num_threads=num_threads))
         out = []
-        for segs in pieces:
+        for segs, c in zip(pieces, continues):
             ids = []
             for j, seg in enumerate(segs):
-                ids += self._literal_ids[seg] if j % 2 else next(flat)
+                ids += self._literal_ids[seg] if j % 2 else next(later if c or j else starts)
             out.append(ids)
         return out
 
@@ -573,38 +594,92 @@ class SentencePieceTokenizer(Tokenizer):
         return np.array([self.sp.is_byte(i) for i in range(self.vocab_size)], dtype=bool)
 
 
+# ModelProto field numbers (sentencepiece_model.proto) that Kiln reads or sets.
+MODEL_TRAINER_SPEC, MODEL_NORMALIZER_SPEC = 2, 3
+TRAINER_MODEL_TYPE, TRAINER_NUM_THREADS = 3, 16
+NORMALIZER_ADD_DUMMY_PREFIX = 3
+
+
 def sentencepiece_model_type(model: bytes) -> str:
-    """ModelProto.trainer_spec(2).model_type(3), read from the protobuf wire format: sentencepiece's Python API does
-    not expose it, and its generated protobuf module needs a newer protobuf runtime than the pinned one."""
-    def fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
-        i = 0
-        while i < len(buf):
-            key, i = varint(buf, i)
-            number, wire = key >> 3, key & 7
-            if wire == 0:
-                value, i = varint(buf, i)
-            elif wire == 2:
-                n, i = varint(buf, i)
-                value, i = buf[i:i + n], i + n
-            elif wire in (1, 5):
-                value, i = None, i + (8 if wire == 1 else 4)
-            else:
-                return
-            yield number, wire, value
-
-    def varint(buf: bytes, i: int) -> tuple[int, int]:
-        shift = value = 0
-        while True:
-            b = buf[i]
-            i += 1
-            value |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                return value, i
-
-    spec = next((v for n, w, v in fields(model) if n == 2 and w == 2), b"")
-    kind = next((v for n, w, v in fields(spec) if n == 3 and w == 0), 1)  # the proto's default: UNIGRAM
+    """ModelProto.trainer_spec.model_type, read from the protobuf wire format: sentencepiece's Python API does not
+    expose it, and its generated protobuf module needs a newer protobuf runtime than the pinned one."""
+    spec = next((v for n, w, v, _, _ in proto_fields(model) if n == MODEL_TRAINER_SPEC and w == 2), b"")
+    kind = next((v for n, w, v, _, _ in proto_fields(spec) if n == TRAINER_MODEL_TYPE and w == 0), 1)  # default UNIGRAM
     return {1: "unigram", 2: "bpe", 3: "word", 4: "char"}.get(kind, "unknown")
+
+
+def proto_fields(buf: bytes) -> Iterator[tuple[int | None, int, Any, int, int]]:
+    """(field number, wire type, value, start, end) of each field of a protobuf message; a wire type this reader does
+    not know (a group) ends it with (None, wire, None, start, len(buf)), the rest kept as it is."""
+    i = 0
+    while i < len(buf):
+        start = i
+        key, i = _varint(buf, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            value, i = buf[i:i + n], i + n
+        elif wire in (1, 5):
+            value, i = None, i + (8 if wire == 1 else 4)
+        else:
+            yield None, wire, None, start, len(buf)
+            return
+        yield number, wire, value, start, i
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return value, i
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+def proto_with(message: bytes, path: Sequence[int], value: int | None) -> bytes:
+    """`message` with the varint field at `path` (field numbers, outermost first) set to the non-negative `value`
+    (or removed: None), in place where it was; every other byte as it was."""
+    number, rest = path[0], path[1:]
+    out, found = bytearray(), False
+    for n, wire, v, start, end in proto_fields(message):
+        if n != number:
+            out += message[start:end]
+            continue
+        if rest:  # an embedded message: edit every occurrence (the parser merges them)
+            sub = proto_with(v, rest, value)
+            out += _varint_bytes(number << 3 | 2) + _varint_bytes(len(sub)) + sub
+        elif value is not None and not found:  # the first occurrence takes the value, later ones go
+            out += _varint_bytes(number << 3) + _varint_bytes(value)
+        found = True
+    if not found and value is not None:
+        if rest:
+            sub = proto_with(b"", rest, value)
+            out += _varint_bytes(number << 3 | 2) + _varint_bytes(len(sub)) + sub
+        else:
+            out += _varint_bytes(number << 3) + _varint_bytes(value)
+    return bytes(out)
+
+
+def continuation_flags(pieces: Sequence[str]) -> list[bool]:
+    """For consecutive pieces of one text: whether each continues it (some piece before it is non-empty)."""
+    flags, seen = [], False
+    for p in pieces:
+        flags.append(seen)
+        seen = seen or bool(p)
+    return flags
 
 
 class HFTokenizer(Tokenizer):
@@ -628,9 +703,13 @@ class HFTokenizer(Tokenizer):
         except Exception as exc:  # the Rust side raises plain Exception
             raise TokenizerError(f"{origin} is not a Hugging Face tokenizers file ({exc}); give a tokenizer.json "
                                  f"saved by `tokenizers` (Tokenizer.save) or a SentencePiece .model") from None
-        self.hf.no_truncation()
-        self.hf.no_padding()
-        self.hf.encode_special_tokens = True
+        # Pieces after a text's start: the same file without its start-of-text space (see encode_batch).
+        continued = without_prefix_space(spec)
+        self.hf_continued = self.hf if continued is None else hf_tokenizers.Tokenizer.from_str(json.dumps(continued))
+        for hf in {id(self.hf): self.hf, id(self.hf_continued): self.hf_continued}.values():
+            hf.no_truncation()
+            hf.no_padding()
+            hf.encode_special_tokens = True
         self.model_type = str(spec.get("model", {}).get("type", "unknown")).lower()
         vocab = self.hf.get_vocab(with_added_tokens=True)
         self.vocab_size = max(vocab.values()) + 1  # ids may leave gaps: the largest id sizes the embedding
@@ -638,8 +717,9 @@ class HFTokenizer(Tokenizer):
         self._resolve(special_tokens, {})
         # encode_special_tokens reads only tokens marked special as text: a file may add Kiln's as plain added tokens
         # (Qwen2.5's FIM tokens), so they are marked special (same ids; decode keeps them).
-        self.hf.add_special_tokens([hf_tokenizers.AddedToken(p, special=True, normalized=False)
-                                    for p in self.special_pieces()])
+        for hf in {id(self.hf): self.hf, id(self.hf_continued): self.hf_continued}.values():
+            hf.add_special_tokens([hf_tokenizers.AddedToken(p, special=True, normalized=False)
+                                   for p in self.special_pieces()])
 
     def token_to_id(self, piece: str) -> int | None:
         return self.hf.token_to_id(piece)
@@ -647,12 +727,24 @@ class HFTokenizer(Tokenizer):
     def id_to_piece(self, i: int) -> str:
         return self._pieces.get(int(i), "")
 
-    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1,
+                     continues: Sequence[bool] | None = None) -> list[list[int]]:
         """One thread by default, as sentencepiece's: engine workers are one per core already (and `tokenizers`'
         own batch parallelism measured slower than a loop on 2 busy cores); `num_threads` > 1 uses its pool."""
+        if continues and any(continues):
+            out: list[list[int] | None] = [None] * len(texts)
+            for flag, hf in ((False, self.hf), (True, self.hf_continued)):
+                at = [i for i, c in enumerate(continues) if c == flag]
+                for i, ids in zip(at, self._encode(hf, [texts[i] for i in at], num_threads)):
+                    out[i] = ids
+            return out  # type: ignore[return-value]
+        return self._encode(self.hf, texts, num_threads)
+
+    @staticmethod
+    def _encode(hf: hf_tokenizers.Tokenizer, texts: Sequence[str], num_threads: int) -> list[list[int]]:
         if num_threads > 1:
-            return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
-        return [self.hf.encode(t, add_special_tokens=False).ids for t in texts]
+            return [e.ids for e in hf.encode_batch(list(texts), add_special_tokens=False)]
+        return [hf.encode(t, add_special_tokens=False).ids for t in texts]
 
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
         ids = ids.tolist() if isinstance(ids, np.ndarray) else [int(i) for i in ids]
@@ -663,6 +755,61 @@ class HFTokenizer(Tokenizer):
         for i, p in self._pieces.items():
             mask[i] = BYTE_PIECE.fullmatch(p) is not None
         return mask
+
+
+def without_prefix_space(spec: Any) -> dict[str, Any] | None:
+    """A tokenizer.json spec that puts no space before a text's start, or None when `spec` puts none: its Prepend
+    normalizers left out, Metaspace pre-tokenizers set to prepend_scheme "never", ByteLevel ones to
+    add_prefix_space false (the ways `tokenizers` has to add one)."""
+    changed = False
+
+    def normalizer(n: Any) -> Any:
+        nonlocal changed
+        if not isinstance(n, dict):
+            return n
+        if n.get("type") == "Prepend":
+            changed = True
+            return None
+        if n.get("type") == "Sequence":
+            return {**n, "normalizers": [m for m in map(normalizer, n.get("normalizers", [])) if m is not None]}
+        return n
+
+    def pre_tokenizer(t: Any) -> Any:
+        nonlocal changed
+        if not isinstance(t, dict):
+            return t
+        if t.get("type") == "Sequence":
+            return {**t, "pretokenizers": [pre_tokenizer(u) for u in t.get("pretokenizers", [])]}
+        if t.get("type") == "Metaspace" and (t.get("prepend_scheme", "always") != "never" or t.get("add_prefix_space")):
+            changed = True
+            return {**t, "prepend_scheme": "never", **({"add_prefix_space": False} if "add_prefix_space" in t else {})}
+        if t.get("type") == "ByteLevel" and t.get("add_prefix_space"):
+            changed = True
+            return {**t, "add_prefix_space": False}
+        return t
+
+    if not isinstance(spec, dict):
+        return None
+    out = {**spec, "normalizer": normalizer(spec.get("normalizer")),
+           "pre_tokenizer": pre_tokenizer(spec.get("pre_tokenizer"))}
+    return out if changed else None
+
+
+# ---------------------------------------------------------------------------------------------- check
+
+def round_trip_changes(tokenizer: Tokenizer, documents: Iterable[Document], seed: int = 0) -> dict[str, list[str]]:
+    """The doc_ids of documents the tokenizer changes: `whole`, decode(encode(text)) != text; `fim`, cut into prefix,
+    middle and suffix at two points drawn per doc_id (as token_shards cuts a FIM document) and encoded piece by piece,
+    decode(prefix + middle + suffix) != text."""
+    changed: dict[str, list[str]] = {"whole": [], "fim": []}
+    for doc in documents:
+        if tokenizer.decode(tokenizer.encode(doc.text)) != doc.text:
+            changed["whole"].append(doc.doc_id)
+        cut = fim_split(doc.text, doc.doc_id, seed, 1.0, 0.0)
+        if cut is not None and tokenizer.decode(sum(tokenizer.encode_pieces([cut.prefix, cut.middle, cut.suffix]),
+                                                    [])) != doc.text:
+            changed["fim"].append(doc.doc_id)
+    return changed
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -721,5 +868,5 @@ def tokenizer_report(tokenizer: Tokenizer, documents_by_source: Mapping[str, Ite
 
 
 __all__ = ["ALIASES", "FIM_ROLES", "SPECIAL_TOKENS", "HFTokenizer", "SentencePieceTokenizer", "Tokenizer", "TokenizerCard",
-           "TokenizerError", "TrainingSample", "bring_tokenizer", "draw_training_sample", "read_documents",
-           "sentence_chunks", "tokenizer_report", "train_tokenizer"]
+           "TokenizerError", "TrainingSample", "bring_tokenizer", "continuation_flags", "draw_training_sample",
+           "read_documents", "round_trip_changes", "sentence_chunks", "tokenizer_report", "train_tokenizer"]

@@ -46,6 +46,8 @@ def test_a_tokenizer_json_is_the_tokenizer_through_dagster(tmp_path, kiln_home, 
     [check] = result.get_asset_check_evaluations()
     assert check.check_name == "round_trip" and check.passed
     assert check.metadata["documents_checked"].value == 120  # natural proportions: every document once
+    # and cut into FIM prefix, middle and suffix, encoded piece by piece, they decode back too
+    assert check.metadata["documents_changed"].value == check.metadata["fim_documents_changed"].value == 0
     event = result.asset_materializations_for_node("tokenizer")[0].metadata
     assert event["sha256"].value == sha and event["source"].value == str(theirs)
     assert event["kind"].value == "tokenizers bpe" and event["vocab_size"].value == 600
@@ -94,6 +96,7 @@ def test_a_brought_tokenizer_that_changes_text_warns_and_one_lacking_eos_fails(t
     sp = spm.SentencePieceProcessor(model_file=str(lossy))
     changed = sum(sp.decode(sp.encode(t)) != t for t in texts)
     assert check.metadata["documents_changed"].value == changed > 0
+    assert check.metadata["fim_documents_changed"].value > 0  # whitespace collapsed at the cuts as well
 
     no_eos = tmp_path / "no_eos.model"
     out = io.BytesIO()

@@ -8,7 +8,7 @@ import hashlib
 import pytest
 import sentencepiece as spm
 
-from kiln.common.config import ConfigError, TokenizerSettings, parse_config
+from kiln.common.config import ConfigError, Fim, TokenizerSettings, parse_config
 from kiln.tokens.fim import FimIds
 from kiln.tokens.shard_writer import write_token_shards
 from kiln.tokens.tokenizer import (
@@ -16,12 +16,15 @@ from kiln.tokens.tokenizer import (
     TokenizerError,
     bring_tokenizer,
     draw_training_sample,
+    round_trip_changes,
     tokenizer_report,
     train_tokenizer,
 )
 from tests.brought_tokenizers import (
     SP_FIM,
+    build_dummy_prefix_sentencepiece,
     build_hf_tokenizer,
+    build_prefix_space_hf,
     build_sentencepiece,
     reference_hf,
     restore,
@@ -251,3 +254,65 @@ def test_text_spelling_a_special_token_stays_text_however_the_file_declares_it(c
         ids = tok.encode(text)
         assert not set(ids) & special and tok.decode(ids) == text, path.name
         assert tok.encode_batch([text, "plain text"]) == [ids, tok.encode("plain text")]
+
+
+PREFIX_SPACE_KINDS = ("sentencepiece", "metaspace", "prepend")
+
+
+def prefix_space_tokenizer(kind: str, root, texts):
+    if kind == "sentencepiece":
+        return build_dummy_prefix_sentencepiece(root / "dummy.model", texts)
+    return build_prefix_space_hf(root / f"{kind}.json", texts, kind)
+
+
+@pytest.mark.parametrize("kind", PREFIX_SPACE_KINDS)
+def test_pieces_of_a_text_decode_to_it_with_a_tokenizer_that_prefixes_a_space(corpus, tmp_path, kind):
+    """A tokenizer that puts "▁" before the start of every text it encodes (Llama 2's and Mistral's, as a .model or
+    a tokenizer.json): FIM's middle and suffix, and text after a literal "▁", each gained a space ('the river town'
+    cut after "the ri" and "ver to" came back 'the ri ver to wn'). Pieces after the first non-empty one are encoded
+    as continuations now."""
+    _, _, texts, _, _ = corpus
+    tok = Tokenizer.load(prefix_space_tokenizer(kind, tmp_path, texts))
+    assert tok.decode(tok.encode("the river town salt")) == "the river town salt"  # whole texts were exact already
+    cases = [["the ri", "ver to", "wn salt"], ["", "river", " town "], ["", "", "salt"], ["x", "", " y"],
+             ["if item", " > limit:", "\n\t\ttotal"]]
+    if kind == "sentencepiece":  # (Metaspace "first" drops a text's own leading space, whole or in pieces)
+        cases += [["    if item", " > limit:", " "], ["", "  two", " spaces"]]
+    for pieces in cases:
+        assert tok.decode(sum(tok.encode_pieces(pieces), [])) == "".join(pieces), pieces
+    if kind == "sentencepiece":  # a literal "▁" is written as bytes; the text after it continues the text
+        assert tok.decode(tok.encode("a\u2581b river")) == "a\u2581b river"
+
+
+@pytest.mark.parametrize("kind", PREFIX_SPACE_KINDS)
+def test_fim_documents_of_a_tokenizer_that_prefixes_a_space_decode_to_the_document(corpus, tmp_path, kind):
+    root, sources, texts, _, _ = corpus
+    path = prefix_space_tokenizer(kind, tmp_path, texts)
+    card = bring(path, tmp_path / "tok", sources)
+    tok = Tokenizer.load(tmp_path / "tok")
+    result = write_token_shards(sources, tmp_path / "tok", shard_settings(fim=Fim(rate=1.0, spm_rate=0.5)), NATURAL,
+                                tmp_path / "out", progress=False)
+    fim = FimIds(tok.fim_prefix_id, tok.fim_suffix_id, tok.fim_middle_id, tok.eos_id)
+    docs = shard_documents(tmp_path / "out", result.shards, card.sha256)
+    assert result.manifest_stats()["sources"]["code"]["fim_documents"] > 80
+    # Every document back as it was (a tokenizer.json of this kind reads a literal "▁" as a space, whole or in pieces)
+    expected = texts if kind == "sentencepiece" else [t.replace("\u2581", " ") for t in texts]
+    assert sorted(restore(d, tok.decode, fim) for d in docs) == sorted(expected)
+
+
+def test_the_round_trip_check_cuts_documents_as_fim_does(corpus, tmp_path):
+    """The tokenizer's check counts documents whose FIM pieces do not decode back, as well as whole ones: a
+    tokenizer whose whole documents round-trip could still change every FIM middle."""
+    root, sources, texts, _, _ = corpus
+    docs = draw_training_sample(sources, {}, TokenizerSettings()).documents["code"]
+    tok = Tokenizer.load(build_dummy_prefix_sentencepiece(tmp_path / "dummy.model", texts))
+    assert round_trip_changes(tok, docs) == {"whole": [], "fim": []}
+
+    class SpaceBeforeEveryPiece:  # what the tokenizer did before: a start-of-text space before every piece
+        decode, encode = tok.decode, tok.encode
+
+        def encode_pieces(self, pieces):
+            return [tok.encode(p) for p in pieces]
+
+    changed = round_trip_changes(SpaceBeforeEveryPiece(), docs)
+    assert changed["whole"] == [] and len(changed["fim"]) > len(docs) // 2
