@@ -103,8 +103,8 @@ def draw_training_sample(sources: Sequence[SourceParts], weights: Mapping[str, f
                          settings: TokenizerSettings,
                          requests: Sequence[RemovalRequest | IntakeMatched] = ()) -> TrainingSample:
     """Draw at most `sample_chars` characters / `sample_documents` documents, each source's share of
-    characters following `weights` (empty: natural proportions). A source smaller than its share is
-    repeated, as training will repeat it; the doc_id hash order decides which documents come first. A document a
+    characters following `weights` (empty: natural proportions) whichever cap binds. A source smaller than its share
+    is repeated, as training will repeat it; the doc_id hash order decides which documents come first. A document a
     removal request in `requests` names is never drawn (older refreshes still hold the documents a request removed
     from the partitions filtered since), as the token shards leave it out.
 
@@ -133,16 +133,33 @@ def draw_training_sample(sources: Sequence[SourceParts], weights: Mapping[str, f
     target_shares = shares(list(natural), dict(weights), natural)
     total_chars = min(settings.sample_chars, sum(natural.values()))
 
-    # Largest-remainder shares of both caps: rounding each source's up drew one document too many per source.
-    chars_of = split_budget(total_chars, target_shares)
-    documents_of = split_budget(settings.sample_documents, target_shares)
+    def draw(chars_total: int) -> dict[str, np.ndarray]:  # each source's documents for its share of chars_total
+        # (largest-remainder shares: rounding each source's up drew a document too many per source)
+        targets = split_budget(chars_total, target_shares)
+        return {n: select_documents(index[n][2], targets[n])[0] for n in natural}
+
+    def count(drawn: dict[str, np.ndarray]) -> int:
+        return sum(len(d) for d in drawn.values())
+
+    drawn = draw(total_chars)
+    if count(drawn) > settings.sample_documents:
+        # The document cap binds (first on a source of short documents): every source's characters shrink by the
+        # same factor, the largest whose documents fit (bisection), so the shares stay the weights. Capping each
+        # source at a character share of the documents stopped a source of short documents far below its share.
+        fits, too_many = 0, total_chars  # draw(fits) fits under the cap, draw(too_many) does not
+        while too_many - fits > 1:
+            mid = (fits + too_many) // 2
+            if count(draw(mid)) <= settings.sample_documents:
+                fits = mid
+            else:
+                too_many = mid
+        drawn = draw(fits)
     documents: dict[str, list[Document]] = {}
     by_source: dict[str, dict[str, Any]] = {}
     for s in sources:
         part_of, row_of, chars = index[s.name]
         share = target_shares[s.name]
-        picked, _ = select_documents(chars, chars_of[s.name])
-        picked = picked[: documents_of[s.name]]
+        picked = drawn[s.name]
         texts = _read_rows(s.parts, part_of, row_of, np.unique(picked))
         docs = [texts[int(i)] for i in picked]
         documents[s.name] = docs

@@ -118,12 +118,26 @@ def test_sample_respects_the_document_cap(tmp_path):
 
 def test_the_document_cap_holds_across_sources(tmp_path):
     """Three sources of equal weight and a cap of 10: each source's share is 3.33 documents, which was rounded up
-    to 4 each (12 documents). Largest remainder gives 4 + 3 + 3 = 10 (worked by hand: floors 3, 3, 3; one left,
-    to the first name among equal remainders)."""
+    to 4 each (12 documents). The cap holds: 10 documents, as evenly spread as whole documents allow."""
     sources = [write_source(tmp_path, name, make_texts("prose", 60, seed=i)) for i, name in enumerate("abc")]
     sample = draw_training_sample(sources, {"a": 1, "b": 1, "c": 1}, TokenizerSettings(sample_documents=10))
     assert sample.document_count == 10
     assert sorted(s["documents"] for s in sample.by_source.values()) == [3, 3, 4]
+
+
+def test_the_document_cap_keeps_the_weights_when_one_source_has_short_documents(tmp_path):
+    """forum: 200 documents of exactly 100 characters; wiki: 200 of 1,000; weights 0.5 / 0.5; 100,000 characters
+    and 110 documents at most. By characters each source gets 50,000: 500 forum documents (2.5 passes) and 50 wiki
+    ones, 550 in all, five times the cap. Worked by hand: every source's characters shrink by 110 / 550 = 0.2, to
+    10,000 each: 100 forum documents and 10 wiki ones. The cap was split by character shares (55 each), so forum
+    stopped at 5,500 characters while wiki took 50,000: shares 0.099 / 0.901 for weights 0.5 / 0.5."""
+    forum = write_source(tmp_path, "forum", [f"{i:04d} " + "x" * 95 for i in range(200)])
+    wiki = write_source(tmp_path, "wiki", [f"{i:04d} " + "y" * 995 for i in range(200)])
+    sample = draw_training_sample([forum, wiki], {"forum": 0.5, "wiki": 0.5},
+                                  TokenizerSettings(sample_chars=100_000, sample_documents=110))
+    got = {n: (s["documents"], s["chars"], s["share"]) for n, s in sample.by_source.items()}
+    assert got == {"forum": (100, 10_000, 0.5), "wiki": (10, 10_000, 0.5)}
+    assert sample.document_count == 110
 
 
 def test_sentence_chunks_cut_at_line_ends_and_lose_nothing():
