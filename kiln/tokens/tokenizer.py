@@ -299,7 +299,10 @@ def train_tokenizer(sample: TrainingSample, settings: TokenizerSettings, out_dir
             hint = ""
         raise TokenizerError(f"sentencepiece training failed: {exc}{hint}") from None
     seconds = time.perf_counter() - t0
-    data = model.getvalue()
+    # SentencePiece records its trainer threads in the model; num_threads 0 is one per core, so the sha256 (the
+    # tokenizer's identity) changed with the machine. The count is dropped (not set to a made-up value: the model
+    # does not depend on it), so the proto reads its default.
+    data = proto_with(model.getvalue(), (MODEL_TRAINER_SPEC, TRAINER_NUM_THREADS), None)
     _write_atomic(out_dir / MODEL_FILE, data)
     tokenizer = SentencePieceTokenizer(data, sentinels=settings.sentinel_tokens)
     return _write_card(tokenizer, out_dir, settings, sample, settings.model_type, seconds, MODEL_FILE)

@@ -8,6 +8,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sentencepiece import sentencepiece_model_pb2
 
 from kiln.common.config import TokenizerSettings
 from kiln.tokens.tokenizer import (
@@ -94,6 +95,20 @@ def test_card_describes_the_model_it_sits_next_to(corpus):
 def test_training_is_deterministic(corpus, tmp_path):
     _, _, sample, card, _ = corpus
     assert train_tokenizer(sample, SMALL_TOKENIZER, tmp_path).sha256 == card.sha256
+
+
+def test_the_model_file_does_not_depend_on_the_training_machine(corpus, tmp_path):
+    """SentencePiece writes its trainer threads into the model (trainer_spec.num_threads), and num_threads 0 means
+    one per core: the tokenizer's sha256, its identity in shards, runs and checkpoints, changed with the machine.
+    The same sample and settings on 1 or 2 threads give the same bytes, and the file records no thread count."""
+    _, _, sample, card, _ = corpus
+    assert SMALL_TOKENIZER.num_threads == 1
+    two = train_tokenizer(sample, SMALL_TOKENIZER.model_copy(update={"num_threads": 2}), tmp_path / "two")
+    assert two.sha256 == card.sha256
+    model = (tmp_path / "two" / "tokenizer.model").read_bytes()
+    proto = sentencepiece_model_pb2.ModelProto.FromString(model)
+    assert not proto.trainer_spec.HasField("num_threads")
+    assert proto.trainer_spec.vocab_size == 500  # the rest of what it was trained with stays
 
 
 def test_sample_follows_mixture_weights(tmp_path):
