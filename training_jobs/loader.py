@@ -7,7 +7,8 @@ EOS-separated by the writer). Sequence g of a phase is tokens[g*seq_len : g*seq_
 Phases are read in order; the stream never runs from one phase into the next.
 
 Ranks. Sequence j*world_size + r of a phase goes to rank r as its j-th; each phase drops its last
-(count % world_size) sequences, so every rank gets the same number and no token is read twice.
+(count % world_size) sequences, so every rank gets the same number and no token is read twice. A phase with fewer
+sequences than ranks is refused, naming it (no rank would ever read it).
 
 Epochs. Epoch 0 reads sequences in file order. With `shuffle_epochs` (default) epoch e >= 1 reads each
 phase's sequences in a permutation drawn from (seed, e, phase): the same on every rank, so the split
@@ -167,6 +168,13 @@ class ShardLoader:
             starts = np.zeros(len(paths) + 1, np.int64)
             np.cumsum(sizes, out=starts[1:])
             sequences = max(int(starts[-1]) - 1, 0) // self.seq_len
+            if sequences < self.world_size:  # no rank would read it: a configured phase silently never trained on
+                raise ShardError(
+                    f"{self.shard_set.dir} [{split}] phase {name!r} has {int(starts[-1]):,} tokens: {sequences} "
+                    f"sequence{'s' * (sequences != 1)} of {self.seq_len}, fewer than one for each of "
+                    f"{self.world_size} ranks, so it would never be trained on; give it more tokens "
+                    f"(mixture.phases[].tokens, then materialize token_shards), lower training.seq_len, or leave "
+                    f"it out with training.phases")
             kept = None
             if index in spans:
                 kept = self._kept_sequences(np.concatenate(spans[index]), sequences)

@@ -84,21 +84,39 @@ def test_no_token_lost_or_duplicated_across_ranks(dataset, world_size):
     assert np.array_equal(interleaved.reshape(-1), tokens[:usable * SEQ])
 
 
+def counting_set(folder: Path, layout: list[tuple[str, int, int, str]]) -> Path:
+    """A hand-made shard set of shards (phase, phase index, tokens, split) whose token at stream position i is i."""
+    from kiln.tokens.shard_format import ShardInfo, describe_shard_set, write_shard
+    infos, start = [], 0
+    for name, (phase, index, size, split) in enumerate(layout):
+        tokens = np.arange(start, start + size, dtype=np.uint16)
+        write_shard(folder / f"shard-{name:05d}.bin", tokens, np.array([0, size // 2, size]), SHA)
+        infos.append(ShardInfo(f"shard-{name:05d}.bin", split, phase, index, size, 2))
+        start += size
+    stats = describe_shard_set(SHA, 60_000, 2, infos, seq_len=SEQ)
+    (folder / "_manifest.json").write_text(json.dumps({"stats": stats}))
+    return folder
+
+
 @pytest.fixture
 def counting(tmp_path) -> Path:
     """A hand-made shard set whose token at stream position i is i (two phases, shards of odd sizes), so a
     sequence is identified by its first token."""
-    from kiln.tokens.shard_format import ShardInfo, describe_shard_set, write_shard
-    infos, start = [], 0
-    for name, (phase, index, size, split) in enumerate([("a", 0, 1001, "train"), ("a", 0, 777, "train"),
-                                                        ("b", 1, 1500, "train"), ("val", 0, 300, "val")]):
-        tokens = np.arange(start, start + size, dtype=np.uint16)
-        write_shard(tmp_path / f"shard-{name:05d}.bin", tokens, np.array([0, size // 2, size]), SHA)
-        infos.append(ShardInfo(f"shard-{name:05d}.bin", split, phase, index, size, 2))
-        start += size
-    stats = describe_shard_set(SHA, 60_000, 2, infos, seq_len=SEQ)
-    (tmp_path / "_manifest.json").write_text(json.dumps({"stats": stats}))
-    return tmp_path
+    return counting_set(tmp_path, [("a", 0, 1001, "train"), ("a", 0, 777, "train"), ("b", 1, 1500, "train"),
+                                   ("val", 0, 300, "val")])
+
+
+def test_a_phase_too_short_for_every_rank_is_refused_naming_it(tmp_path):
+    """Phase "short" holds 40 tokens: (40 - 1) // 16 = 2 sequences, 0 per rank for 3 ranks (the rest is cut so every
+    rank reads as many). It was skipped silently: the run trained as if the phase were not configured. Refused now,
+    naming the phase, its tokens and the ways out; on 2 ranks each reads one of its sequences."""
+    path = counting_set(tmp_path, [("main", 0, 1000, "train"), ("short", 1, 40, "train"), ("val", 0, 300, "val")])
+    with pytest.raises(ShardError, match=r"phase 'short' has 40 tokens: 2 sequences of 16, fewer than one for each "
+                                         r"of 3 ranks.*never be trained on.*mixture\.phases.*training\.phases"):
+        ShardLoader(path, seq_len=SEQ, batch_size=1, rank=0, world_size=3)
+    loader = ShardLoader(path, seq_len=SEQ, batch_size=1, rank=1, world_size=2)
+    assert [p.per_rank for p in loader.phases] == [31, 1]  # (1000 - 1) // 16 = 62 sequences, 31 per rank
+    assert ShardLoader(path, seq_len=SEQ, batch_size=1, world_size=3, phases=["main"]).phases[0].per_rank == 20
 
 
 SHA = "12" * 32
