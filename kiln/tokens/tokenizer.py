@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 import tokenizers as hf_tokenizers
 
 from kiln.common.config import TokenizerSettings
@@ -302,7 +303,9 @@ def train_tokenizer(sample: TrainingSample, settings: TokenizerSettings, out_dir
     # SentencePiece records its trainer threads in the model; num_threads 0 is one per core, so the sha256 (the
     # tokenizer's identity) changed with the machine. The count is dropped (not set to a made-up value: the model
     # does not depend on it), so the proto reads its default.
-    data = proto_with(model.getvalue(), (MODEL_TRAINER_SPEC, TRAINER_NUM_THREADS), None)
+    proto = model_proto(model.getvalue())
+    proto.trainer_spec.ClearField("num_threads")
+    data = proto.SerializeToString()
     _write_atomic(out_dir / MODEL_FILE, data)
     tokenizer = SentencePieceTokenizer(data, sentinels=settings.sentinel_tokens)
     return _write_card(tokenizer, out_dir, settings, sample, settings.model_type, seconds, MODEL_FILE)
@@ -557,8 +560,9 @@ class SentencePieceTokenizer(Tokenizer):
                                  f".model file") from None
         # Pieces after a text's start are encoded by the same model without its dummy prefix (Llama 2's, Mistral's):
         # with it, every FIM middle and suffix, and text after a literal "▁", gained a space.
-        self.sp_continued = spm.SentencePieceProcessor(
-            model_proto=proto_with(model, (MODEL_NORMALIZER_SPEC, NORMALIZER_ADD_DUMMY_PREFIX), 0), num_threads=1)
+        continued = model_proto(model)
+        continued.normalizer_spec.add_dummy_prefix = False
+        self.sp_continued = spm.SentencePieceProcessor(model_proto=continued.SerializeToString(), num_threads=1)
         self.model_type = sentencepiece_model_type(model)
         self.vocab_size = self.sp.get_piece_size()
         native = {role: i for role, i in (("bos", self.sp.bos_id()), ("eos", self.sp.eos_id()),
@@ -614,83 +618,15 @@ class SentencePieceTokenizer(Tokenizer):
         return np.array([self.sp.is_byte(i) for i in range(self.vocab_size)], dtype=bool)
 
 
-# ModelProto field numbers (sentencepiece_model.proto) that Kiln reads or sets.
-MODEL_TRAINER_SPEC, MODEL_NORMALIZER_SPEC = 2, 3
-TRAINER_MODEL_TYPE, TRAINER_NUM_THREADS = 3, 16
-NORMALIZER_ADD_DUMMY_PREFIX = 3
+def model_proto(model: bytes) -> sentencepiece_model_pb2.ModelProto:
+    """A SentencePiece model file as its protobuf message (sentencepiece's own generated module), to read or edit what
+    the processor's API does not expose (the model type, the trainer's thread count, the dummy prefix)."""
+    return sentencepiece_model_pb2.ModelProto.FromString(model)
 
 
 def sentencepiece_model_type(model: bytes) -> str:
-    """ModelProto.trainer_spec.model_type, read from the protobuf wire format: sentencepiece's Python API does not
-    expose it, and its generated protobuf module needs a newer protobuf runtime than the pinned one."""
-    spec = next((v for n, w, v, _, _ in proto_fields(model) if n == MODEL_TRAINER_SPEC and w == 2), b"")
-    kind = next((v for n, w, v, _, _ in proto_fields(spec) if n == TRAINER_MODEL_TYPE and w == 0), 1)  # default UNIGRAM
-    return {1: "unigram", 2: "bpe", 3: "word", 4: "char"}.get(kind, "unknown")
-
-
-def proto_fields(buf: bytes) -> Iterator[tuple[int | None, int, Any, int, int]]:
-    """(field number, wire type, value, start, end) of each field of a protobuf message; a wire type this reader does
-    not know (a group) ends it with (None, wire, None, start, len(buf)), the rest kept as it is."""
-    i = 0
-    while i < len(buf):
-        start = i
-        key, i = _varint(buf, i)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(buf, i)
-        elif wire == 2:
-            n, i = _varint(buf, i)
-            value, i = buf[i:i + n], i + n
-        elif wire in (1, 5):
-            value, i = None, i + (8 if wire == 1 else 4)
-        else:
-            yield None, wire, None, start, len(buf)
-            return
-        yield number, wire, value, start, i
-
-
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        b = buf[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        shift += 7
-        if b < 0x80:
-            return value, i
-
-
-def _varint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
-        value >>= 7
-        if not value:
-            return bytes(out)
-
-
-def proto_with(message: bytes, path: Sequence[int], value: int | None) -> bytes:
-    """`message` with the varint field at `path` (field numbers, outermost first) set to the non-negative `value`
-    (or removed: None), in place where it was; every other byte as it was."""
-    number, rest = path[0], path[1:]
-    out, found = bytearray(), False
-    for n, wire, v, start, end in proto_fields(message):
-        if n != number:
-            out += message[start:end]
-            continue
-        if rest:  # an embedded message: edit every occurrence (the parser merges them)
-            sub = proto_with(v, rest, value)
-            out += _varint_bytes(number << 3 | 2) + _varint_bytes(len(sub)) + sub
-        elif value is not None and not found:  # the first occurrence takes the value, later ones go
-            out += _varint_bytes(number << 3) + _varint_bytes(value)
-        found = True
-    if not found and value is not None:
-        if rest:
-            sub = proto_with(b"", rest, value)
-            out += _varint_bytes(number << 3 | 2) + _varint_bytes(len(sub)) + sub
-        else:
-            out += _varint_bytes(number << 3) + _varint_bytes(value)
-    return bytes(out)
+    """The model's type (unigram, bpe, word, char), from its trainer spec."""
+    return {1: "unigram", 2: "bpe", 3: "word", 4: "char"}.get(model_proto(model).trainer_spec.model_type, "unknown")
 
 
 def continuation_flags(pieces: Sequence[str]) -> list[bool]:
