@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from functools import cache
+
+import numpy as np
 
 # Unicode blocks of scripts written without spaces between words (Unicode 15 block ranges). Hangul is absent: Korean
 # separates words with spaces.
@@ -174,6 +177,12 @@ def count_words(text: str) -> int:
 # & Liu 2015, PLOS ONE 10(9):e0138567): with 8-character shingles an edit of a fraction of the words moves the
 # Jaccard about as much as in English with 5-word shingles, so dedup.near.threshold means the same in every script.
 WORD_WEIGHT, UNIT_WEIGHT = 8, 5
+
+
+def word_weights(ws: Sequence[str]) -> np.ndarray:
+    """Each word's weight: UNIT_WEIGHT for a character of a no-space script, WORD_WEIGHT for any other word (or
+    mark): a run of words is "n words" once it weighs n * WORD_WEIGHT (dedup's shingles, Gopher's n-grams)."""
+    return np.fromiter((UNIT_WEIGHT if is_unit(w) else WORD_WEIGHT for w in ws), dtype=np.int64, count=len(ws))
 
 
 def unit_code_points() -> frozenset[int]:

@@ -20,10 +20,10 @@ import pyarrow as pa
 from datasketch import LeanMinHash, MinHash
 
 from kiln.common.config import BoilerplateLines, NearDedup
-from kiln.common.text_units import plain
+from kiln.common.text_units import plain, word_weights
 from kiln.dedup.fast_minhash import _CHUNK_CHARS, _CHUNK_TEXTS, sign_batch, similarity_sketches
 from kiln.dedup.lsh import choose_bands
-from kiln.dedup.text import normalized_words, shingle_ranges, word_weights
+from kiln.dedup.text import normalized_words, shingle_ranges
 
 SCHEME = "affine32"  # datasketch >= 2.0: 32-bit hash values, collision-free permutations
 SCHEME_FAST = "fss-splitmix64-v1"  # see kiln.dedup.fast_minhash

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kiln.common.config import ShingleNormalization
-from kiln.common.text_units import NON_SPACE, UNIT_WEIGHT, WORD_WEIGHT, WORDS, is_unit
+from kiln.common.text_units import NON_SPACE, WORD_WEIGHT, WORDS
 
 _DIGITS = str.maketrans("0123456789", "0000000000")
 _NO_DIGITS = str.maketrans("", "", "0123456789")
@@ -82,8 +82,3 @@ def shingle_ranges(weights: np.ndarray, first: np.ndarray, count: np.ndarray,
     ends = np.where(np.repeat(full > 0, per_text), np.searchsorted(cum, cum[starts] + need, side="left"),
                     np.repeat(last, per_text))
     return text_of, starts, ends
-
-
-def word_weights(ws: list[str]) -> np.ndarray:
-    """Each word's weight for `shingle_ranges`."""
-    return np.fromiter((UNIT_WEIGHT if is_unit(w) else WORD_WEIGHT for w in ws), dtype=np.int64, count=len(ws))

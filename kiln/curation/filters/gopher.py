@@ -18,7 +18,7 @@ import numpy as np
 from annotated_types import Ge, MinLen
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveInt
 
-from kiln.common.text_units import plain
+from kiln.common.text_units import plain, word_weights
 from kiln.curation.documents import Document
 from kiln.curation.filters import text_stats as ts
 from kiln.curation.filters.base import Fraction, Verdict, drop, keep, ordered
@@ -338,16 +338,18 @@ class GopherRepetition:
         if not self.top_n_grams and not self.dup_n_grams:
             return keep(text)
         toks = ts.tokens(text)
+        # Where words are characters (Chinese, Japanese, Thai ...), n words are the characters that weigh as much.
+        weights = None if plain(text) else word_weights(toks)
 
         for n, max_frac in self.top_n_grams or ():
-            if ts.top_ngram_chars(toks, n) / n_chars > max_frac:
+            if ts.top_ngram_chars(toks, n, weights) / n_chars > max_frac:
                 return drop(self.name, f"top_{n}gram_char_frac", text)
 
         unique_from: int | None = None  # once no n-gram repeats, no longer n-gram can repeat either
         for n, max_frac in self.dup_n_grams or ():
             if unique_from is not None and n >= unique_from:
                 continue
-            repeated = ts.duplicated_ngram_chars(toks, n)
+            repeated = ts.duplicated_ngram_chars(toks, n, weights)
             if repeated == 0:
                 unique_from = n if unique_from is None else min(unique_from, n)
             elif repeated / n_chars > max_frac:

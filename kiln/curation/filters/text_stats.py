@@ -13,6 +13,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from kiln.common import text_units
@@ -162,33 +163,50 @@ def find_duplicates(items: Iterable[str]) -> tuple[int, int]:
     return dup_items, dup_chars
 
 
-def n_grams(ws: Sequence[str], n: int) -> list[tuple[str, ...]]:
-    """All contiguous n-grams of a word list, as tuples (built in C via zip)."""
-    if n <= 0 or len(ws) < n:
-        return []
-    return list(zip(*(ws[i:] for i in range(n))))
+def n_grams(ws: Sequence[str], n: int, weights: np.ndarray | None = None) -> list[tuple[str, ...]]:
+    """All contiguous n-grams of a word list, as tuples (built in C via zip). With `weights`
+    (text_units.word_weights), an n-gram is the shortest run from each word that weighs n words: n spaced words, or
+    the characters of Chinese, Japanese, Thai ... that carry as much text (8 for 5 words), as dedup's shingles."""
+    if weights is None:
+        if n <= 0 or len(ws) < n:
+            return []
+        return list(zip(*(ws[i:] for i in range(n))))
+    return [tuple(ws[start:end]) for start, end in enumerate(_gram_ends(weights, n))]
 
 
-def top_ngram_chars(ws: Sequence[str], n: int) -> int:
-    """Characters covered by the most frequent n-gram: count x length ("w1 w2", spaces included).
+def _gram_ends(weights: np.ndarray, n: int) -> list[int]:
+    """For each start word whose run reaches n words' weight before the end, where the shortest such run ends."""
+    cum = np.zeros(len(weights) + 1, dtype=np.int64)
+    np.cumsum(weights, out=cum[1:])
+    ends = np.searchsorted(cum, cum[:-1] + n * text_units.WORD_WEIGHT, side="left")
+    return ends[ends <= len(weights)].tolist()  # nondecreasing: the starts that reach it come first
+
+
+def top_ngram_chars(ws: Sequence[str], n: int, weights: np.ndarray | None = None) -> int:
+    """Characters covered by the most frequent n-gram: count x length ("w1 w2", spaces included; none between two
+    words of which one is a character of a script without spaces).
 
     Gopher's "top n-gram character fraction" numerator (as DataTrove's find_top_duplicate). 0 if the
-    text has fewer than n words.
+    text has fewer than n words. `weights`: as `n_grams`.
     """
-    grams = n_grams(ws, n)
+    grams = n_grams(ws, n, weights)
     if not grams:
         return 0
     gram, count = Counter(grams).most_common(1)[0]
-    return (sum(map(len, gram)) + n - 1) * count
+    if weights is None:
+        return (sum(map(len, gram)) + n - 1) * count
+    spaces = sum(not (text_units.is_unit(a) or text_units.is_unit(b)) for a, b in zip(gram, gram[1:]))
+    return (sum(map(len, gram)) + spaces) * count
 
 
-def duplicated_ngram_chars(ws: Sequence[str], n: int) -> int:
+def duplicated_ngram_chars(ws: Sequence[str], n: int, weights: np.ndarray | None = None) -> int:
     """Characters (spaces excluded) in n-grams that repeat an earlier n-gram, without overlap.
 
     Gopher's "duplicate n-gram character fraction" numerator, as DataTrove's find_all_duplicate:
     scan left to right; on a repeat, count its characters and jump past it so no word counts twice.
+    `weights`: as `n_grams`.
     """
-    grams = n_grams(ws, n)
+    grams = n_grams(ws, n, weights)
     if len(set(grams)) == len(grams):  # fast path: nothing repeats (typical clean prose)
         return 0
     seen: set[tuple[str, ...]] = set()
@@ -198,7 +216,7 @@ def duplicated_ngram_chars(ws: Sequence[str], n: int) -> int:
         gram = grams[i]
         if gram in seen:
             repeated += sum(map(len, gram))
-            i += n
+            i += len(gram)
         else:
             seen.add(gram)
             i += 1

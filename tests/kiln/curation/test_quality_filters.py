@@ -260,6 +260,63 @@ def test_gopher_repetition_dup_ngram_each_n(n, frac):
     assert reason(step, PROSE) is None
 
 
+# Where words are characters (Chinese, Japanese, Thai ...), "n words" is n words' worth of characters, as dedup's
+# shingles weigh them (text_units.WORD_WEIGHT / UNIT_WEIGHT: 5 words are 8 characters): a 5-character word such as
+# オプション was a repeated 5-gram wherever it recurred, and ordinary Japanese and Thai prose was dropped.
+def test_ngram_helpers_weigh_characters_of_unspaced_scripts():
+    from kiln.common.text_units import word_weights
+
+    def counts(text, n):
+        toks = ts.tokens(text)
+        weights = word_weights(toks)
+        return ts.duplicated_ngram_chars(toks, n, weights), ts.top_ngram_chars(toks, n, weights)
+
+    # オ プ シ ョ ン を 使 う 。 オ プ シ ョ ン が 多 い 。: as character 5-grams オプション repeats (5 characters);
+    # 5 words' worth is 8 characters (オプションを使う, オプションが多い, ...), and none of those repeats.
+    toks = ts.tokens("オプションを使う。オプションが多い。")
+    assert ts.duplicated_ngram_chars(toks, 5) == 5
+    assert counts("オプションを使う。オプションが多い。", 5)[0] == 0
+    # 一二三四五六七八 twice: the 8-character gram starting at the second 一 repeats the first (8 characters, then the
+    # scan is at the end). Two words' worth is 4 characters; 一二三四 is the first of the 4-character grams seen
+    # twice: 4 characters (no space between them) x 2.
+    assert counts("一二三四五六七八一二三四五六七八", 5)[0] == 8
+    assert counts("一二三四五六七八一二三四五六七八", 2)[1] == 4 * 2
+    # spaced words weigh a word each: the same numbers as without weights ("the cat sat on the" repeats at the eighth
+    # word; "the cat" is the first of the bigrams seen twice, 7 characters with its space)
+    words = "the cat sat on the mat and the cat sat on the mat again".split()
+    weights = word_weights(words)
+    assert ts.duplicated_ngram_chars(words, 5, weights) == ts.duplicated_ngram_chars(words, 5) == 3 + 3 + 3 + 2 + 3
+    assert ts.top_ngram_chars(words, 2, weights) == ts.top_ngram_chars(words, 2) == 7 * 2
+
+
+# Written here by hand: plain Japanese instructions of a manual page (the words オプション and ファイル recur, as in
+# any manual) and Thai encyclopedia prose (กรุงเทพมหานคร, 13 characters, five times).
+JA_PROSE = (
+    "このオプションを指定すると、ファイルの内容を標準出力に表示します。オプションを省略した場合は、現在のディレクトリに"
+    "あるファイルを一覧にします。設定ファイルが見つからないときは、既定の値を使います。複数のオプションを組み合わせる"
+    "こともできますが、同じファイルを二度指定してはいけません。詳しい使い方は、付属のマニュアルを参照してください。"
+)
+TH_PROSE = (
+    "กรุงเทพมหานครเป็นเมืองหลวงและนครที่มีประชากรมากที่สุดของประเทศไทย เป็นศูนย์กลางการปกครอง การศึกษา "
+    "การคมนาคมขนส่ง การเงินการธนาคาร การพาณิชย์ การสื่อสาร และความเจริญของประเทศ\n\n"
+    "เมืองนี้ตั้งอยู่บนสามเหลี่ยมปากแม่น้ำเจ้าพระยา มีแม่น้ำเจ้าพระยาไหลผ่านและแบ่งเมืองออกเป็นสองฝั่ง คือ ฝั่งพระนครและ"
+    "ฝั่งธนบุรี กรุงเทพมหานครมีพื้นที่ทั้งหมด 1,568.737 ตารางกิโลเมตร\n\n"
+    "ประชากรตามทะเบียนราษฎรกว่าห้าล้านคน ทำให้กรุงเทพมหานครเป็นเอกนคร มีผู้กล่าวว่า กรุงเทพมหานครเป็นเอกนครที่สุดในโลก "
+    "เพราะมีประชากรมากกว่านครที่มีประชากรมากเป็นอันดับสองถึงสี่สิบเท่า\n\n"
+    "นักท่องเที่ยวจากทั่วโลกเดินทางมาเยี่ยมชมวัดพระแก้ว พระบรมมหาราชวัง และตลาดน้ำ ซึ่งเป็นสถานที่ท่องเที่ยวที่มีชื่อเสียง "
+    "อาหารริมทางของกรุงเทพมหานครก็ได้รับการยกย่องว่าเป็นหนึ่งในอาหารที่ดีที่สุดในโลก"
+)
+
+
+def test_gopher_repetition_keeps_unspaced_prose_and_drops_unspaced_spam():
+    assert reason(GopherRepetition(), JA_PROSE) is None
+    assert reason(GopherRepetition(), TH_PROSE) is None
+    # the same review copied ten times with a counter: nine tenths of it repeat an earlier 8-character gram
+    spam = " ".join(f"这个产品非常好，我很喜欢，推荐给大家。编号{i}" for i in range(10))
+    assert reason(GopherRepetition(top_n_grams=None), spam) == "gopher_repetition.dup_5gram_char_frac"
+    assert reason(GopherRepetition(), spam).startswith("gopher_repetition.top_")
+
+
 def test_gopher_repetition_ngram_rules_disabled_by_none():
     step = GopherRepetition(top_n_grams=None, dup_n_grams=None)
     assert reason(step, GOPHER_REPETITION_DROPS["top_2gram_char_frac"]) is None
