@@ -147,12 +147,19 @@ WORDS = Splitter(r"\w+", WORD_PATTERN)
 # `\S+`: whitespace words (C4's line words, dedup with strip_punctuation off, word counts); marks after a unit stay
 # with it, any other non-space run is one word.
 NON_SPACE = Splitter(r"\S+", rf"{_UNIT}|(?:(?![{_N_ASTRAL}])[^\s{_N}])+")
-# DataTrove-style word tokens: word runs keeping inner apostrophes and hyphens ("don't", "state-of-the-art") ...
-_TOKEN_WORD_OLD = r"\w+(?:['’\-]\w+)*"
-_TOKEN_WORD = rf"{_UNIT}|(?:{_W})+(?:['’\-](?:{_W})+)*"
+# DataTrove-style word tokens: word runs keeping inner apostrophes, hyphens ("don't", "state-of-the-art") and
+# zero-width (non-)joiners (Persian "می‌خواهم", "کتاب‌ها"; Indic conjuncts) ...
+JOINERS = "'’-\u200c\u200d"
+_JOIN = f"[{re.escape(JOINERS)}]"
+_TOKEN_WORD_OLD = rf"\w+(?:{_JOIN}\w+)*"
+_TOKEN_WORD = rf"{_UNIT}|(?:{_W})+(?:{_JOIN}(?:{_W})+)*"
 TOKEN_WORDS = Splitter(_TOKEN_WORD_OLD, _TOKEN_WORD)
-# ... and punctuation/symbol marks as tokens of their own ("..." kept whole).
-TOKENS = Splitter(rf"{_TOKEN_WORD_OLD}|\.\.\.|[^\w\s]", rf"{_TOKEN_WORD}|\.\.\.|[^\w\s]")
+# ... and punctuation/symbol marks as tokens of their own ("..." kept whole), an emoji with its skin tone or
+# presentation selector (EMOJI_TAILS) and the emoji a zero-width joiner glues to it (a family, a person at a laptop)
+# as one: a symbol other than "." or the joiner itself, its tails, then joiner + symbol + tails, repeated.
+EMOJI_TAILS = "\ufe0e\ufe0f\U0001F3FB-\U0001F3FF"
+_SYMBOL = rf"[^\w\s.\u200d][{EMOJI_TAILS}]*(?:\u200d[^\w\s.\u200d][{EMOJI_TAILS}]*)*|[^\w\s]"
+TOKENS = Splitter(rf"{_TOKEN_WORD_OLD}|\.\.\.|{_SYMBOL}", rf"{_TOKEN_WORD}|\.\.\.|{_SYMBOL}")
 
 
 def words(text: str) -> list[str]:

@@ -18,7 +18,7 @@ import numpy as np
 from annotated_types import Ge, MinLen
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveInt
 
-from kiln.common.text_units import plain, word_weights
+from kiln.common.text_units import EMOJI_TAILS, JOINERS, plain, word_weights
 from kiln.curation.documents import Document
 from kiln.curation.filters import text_stats as ts
 from kiln.curation.filters.base import Fraction, Verdict, drop, keep, ordered
@@ -184,9 +184,11 @@ class _OtherStops:
         return _count_stops(ts.words(self._text), self._stops, sys.maxsize, self._endings) / max(self.words, 1)
 
 
-# text_stats.tokens as classes of code points: a word character, a joiner (' ’ -: inside a word between two word
-# characters), a dot ("..." is one token), space, and any other mark (a token of its own).
+# text_stats.tokens as classes of code points: a word character, a joiner (' ’ - and the zero-width (non-)joiner:
+# inside a word between two word characters), a dot ("..." is one token), space, and any other mark (a token of its
+# own, but for an emoji's tails and the emoji a zero-width joiner glues to it).
 _MARK, _WORD, _JOINER, _DOT, _SPACE = range(5)
+_ZWJ = 0x200D
 
 
 def _stop_keys(codes: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.ndarray:
@@ -203,17 +205,20 @@ _STOP_KEYS = np.array([sum(ord(c) << 7 * i for i, c in enumerate(w)) for w in so
 
 
 @functools.cache
-def _code_point_tables() -> tuple[np.ndarray, np.ndarray]:
-    """(class, is-letter) of every code point, read off Python's own `re` (\\w, \\s, [^\\W\\d_]): exact by construction."""
+def _code_point_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(class, is-letter, is-emoji-tail) of every code point, read off Python's own `re` (\\w, \\s, [^\\W\\d_], the
+    tokenizer's tail class): exact by construction."""
     every = "".join(map(chr, range(sys.maxunicode + 1)))
     classes = np.full(sys.maxunicode + 1, _MARK, dtype=np.uint8)
     letter = np.zeros(sys.maxunicode + 1, dtype=bool)
-    for pattern, table, value in ((r"\s+", classes, _SPACE), (r"\w+", classes, _WORD), (r"[^\W\d_]+", letter, True)):
+    tail = np.zeros(sys.maxunicode + 1, dtype=bool)
+    for pattern, table, value in ((r"\s+", classes, _SPACE), (r"\w+", classes, _WORD), (r"[^\W\d_]+", letter, True),
+                                  (f"[{EMOJI_TAILS}]+", tail, True)):
         for m in re.finditer(pattern, every):
             table[m.start():m.end()] = value
-    classes[[ord(c) for c in "'’-"]] = _JOINER
+    classes[[ord(c) for c in JOINERS]] = _JOINER
     classes[ord(".")] = _DOT
-    return classes, letter
+    return classes, letter, tail
 
 
 def _shift(a: np.ndarray, by: int) -> np.ndarray:
@@ -239,9 +244,11 @@ def _per_document_counts(text: str) -> _BatchCounts:
 
 
 def _count_chunk(texts: list[str]) -> list[_BatchCounts]:
-    """`\\w+(?:['’\\-]\\w+)*|\\.\\.\\.|[^\\w\\s]` over code point classes: a joiner between two word characters is
-    inside a word, any other joiner or mark is a token, and a run of k dots is k // 3 + k % 3 tokens."""
-    classes, letter = _code_point_tables()
+    """text_units.TOKENS over code point classes: a joiner between two word characters is inside a word; any other
+    joiner or mark is a token, but for an emoji tail after a mark and a zero-width joiner between two marks (not a
+    dot, not the joiner itself) with the mark after it, which continue the token before; a run of k dots is
+    k // 3 + k % 3 tokens."""
+    classes, letter, tail = _code_point_tables()
     # One space between texts: no token, word or dot run crosses it.
     codes = np.frombuffer(" ".join(texts).encode("utf-32-le", errors="surrogatepass"), dtype=np.uint32)
     starts = np.cumsum([0] + [len(t) + 1 for t in texts[:-1]])
@@ -255,6 +262,10 @@ def _count_chunk(texts: list[str]) -> list[_BatchCounts]:
     dot_start = np.flatnonzero(dot & ~_shift(dot, 1))
     dot_run = np.flatnonzero(dot & ~_shift(dot, -1)) + 1 - dot_start
     marks = (cls == _MARK) | (joiner & ~joined)
+    zwj = codes == _ZWJ
+    symbol = marks & ~zwj  # what may start a token of marks, or follow a zero-width joiner in one
+    glue = zwj & _shift(symbol, 1) & _shift(symbol, -1)
+    marks &= ~((tail[codes] & _shift(symbol, 1)) | glue | _shift(glue, 1))  # the first mark of each token
     # A word bears a letter if it has one: count each word's first letter.
     first = np.flatnonzero(word_start)
     letters = np.flatnonzero(letter[codes] & in_word)

@@ -121,6 +121,36 @@ def test_tokenizer_splits_words_and_punctuation():
     assert ts.has_alpha("état") and ts.has_alpha("x86") and not ts.has_alpha("1999")
 
 
+# Persian writes a zero-width non-joiner inside words (می‌خواهیم "we want", کتاب‌ها "books"); a zero-width joiner
+# glues emoji into one picture (a family, a person of a skin tone at a laptop). Each was a token of its own.
+FA_PROSE = (
+    "ما می‌خواهیم این کتاب‌ها را به کتابخانه‌ها بدهیم. دانشجویان در دانشگاه‌های ایران درس می‌خوانند و کارهای "
+    "پژوهشی انجام می‌دهند. آن‌ها همیشه به زبان‌های خارجی علاقه‌مند بوده‌اند. شهر تهران پایتخت ایران است و جمعیت آن "
+    "بیش از هشت میلیون نفر است. مردم این شهر در روزهای تعطیل به پارک‌ها می‌روند و با خانواده‌هایشان وقت می‌گذرانند. "
+    "بسیاری از خیابان‌های قدیمی شهر درختان بلندی دارند که در تابستان سایه‌ی خنکی می‌سازند."
+)
+
+
+def test_zero_width_joiners_stay_inside_words_and_emoji():
+    assert ts.tokens("می\u200cخواهیم کتاب\u200cها.") == ["می\u200cخواهیم", "کتاب\u200cها", "."]
+    assert ts.words("می\u200cخواهیم کتاب\u200cها.") == ["می\u200cخواهیم", "کتاب\u200cها"]
+    # as many tokens as the text written without the joiners: its 68 words between spaces and 6 full stops
+    assert len(ts.tokens(FA_PROSE)) == len(ts.tokens(FA_PROSE.replace("\u200c", ""))) == 68 + 6
+    family, coder = "\U0001F468\u200d\U0001F469\u200d\U0001F467\u200d\U0001F466", "\U0001F468\U0001F3FD\u200d\U0001F4BB"
+    # an emoji with its skin tone or presentation selector, or a joiner sequence, is one token
+    assert ts.tokens(f"ok {family} {coder} \U0001F44D\U0001F3FD \u2764\ufe0f!") == [
+        "ok", family, coder, "\U0001F44D\U0001F3FD", "\u2764\ufe0f", "!"]
+    assert ts.tokens("a\u200d\U0001F469 \u200d") == ["a", "\u200d", "\U0001F469", "\u200d"]  # a joiner not joining
+
+
+def test_gopher_quality_keeps_persian_and_emoji_prose():
+    persian = GopherQuality(min_stop_words=None, min_avg_word_length=None)  # as for a language Kiln has no figures for
+    emoji = " \U0001F468\u200d\U0001F469\u200d\U0001F467\u200d\U0001F466 ".join([P1, P2, P3, P1])
+    for step, text in ((persian, FA_PROSE), (GopherQuality(), emoji)):
+        assert step(doc(text)).drop is None
+        assert step.batch([doc(text)])[0].drop is None
+
+
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(st.text(alphabet=st.sampled_from("ab1_ -'’.…,#\n\té½٣\u0301\u00a0x"), max_size=200) | st.text(max_size=200))
 def test_word_tokens_are_the_words_of_the_text(text):
@@ -596,6 +626,7 @@ GOPHER_ALPHABET = st.sampled_from([
     "\x1c", "\u2028", "\t", "\u00a0", "é", "½", "٣", "\u0301", "\u212a", "\u0130", "•", "- ", "日本",
     "the", "THE", "The", "of", "to", "be", "and", "that", "have", "with", "wITh", "than", "them", "withdraw",
     "x-the", "the-x", "'the", "don't",
+    "\u200c", "\u200d", "\U0001F468", "\U0001F3FD", "\u2764", "\ufe0f",  # joiners, emoji, skin tone, selector
 ])
 gopher_text = st.lists(GOPHER_ALPHABET, max_size=60).map("".join)
 
