@@ -34,7 +34,7 @@ class C4:
 
     # line rules (a failing line is removed; the page goes on)
     remove_citations: bool = True  # strip wiki-style "[1]", "[edit]", "[citation needed]"
-    filter_no_terminal_punct: bool = True  # keep only lines ending in . ? ! " ' (and not in "...")
+    filter_no_terminal_punct: bool = True  # keep only lines ending in . ? ! " ' (and not in "..."; ts.ends_sentence)
     min_words_per_line: NonNegativeInt | None = 3
     max_word_length: PositiveInt | None = 1000  # remove lines with a whitespace-separated word longer than this
     filter_javascript: bool = True  # remove lines mentioning "javascript"
@@ -61,7 +61,7 @@ class C4:
             if self.remove_citations:
                 line, n_citations = CITATION_RE.subn("", line)
             if self.filter_no_terminal_punct and (
-                not line.endswith(ts.TERMINAL_PUNCTUATION) or line.endswith("...")
+                not ts.ends_sentence(line) or line.endswith("...")
             ):
                 removed += 1
                 continue

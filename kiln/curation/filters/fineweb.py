@@ -37,7 +37,7 @@ class FineWebQuality:
         n_lines = len(lines)
 
         if self.line_punct_thr is not None:
-            ratio = sum(1 for line in lines if line.endswith(ts.TERMINAL_PUNCTUATION)) / n_lines
+            ratio = sum(1 for line in lines if ts.ends_sentence(line)) / n_lines
             if ratio <= self.line_punct_thr and not (ratio == 0 and self.line_punct_exclude_zero):
                 return drop(self.name, "line_punct_ratio", text)
 

@@ -28,14 +28,28 @@ _LINE_RUN_RE = re.compile(r"\n+")
 # Mongolian full stop, Syriac end of paragraph, NKo exclamation mark, Canadian syllabics full stop, Lisu full stop. Without
 # them every line of those languages "has no sentence end", and C4 and FineWeb dropped whole languages.
 OTHER_SENTENCE_ENDS = "。．！？।॥؟۔።፧။។៕։།༎᠃܀߹᙮꓿"
+# Thai and Lao have no sentence-end mark: a sentence (or clause) ends with a space, or with the line. A character of
+# theirs before a space or a line's end ends a sentence, and a line ending in one ends as a sentence does: without it
+# C4 removed every Thai and Lao line and FineWeb dropped every Thai and Lao document.
+SPACE_ENDED_SCRIPTS = "\u0e00-\u0eff"  # the Thai and Lao blocks
 # A sentence ends in . ! ? or … optionally followed by closing quotes/brackets, then space or end; or in a sentence end
-# of another script with its closing quotes, whatever follows (Chinese and Japanese put no space).
-_SENTENCE_END_RE = re.compile(rf"[.!?…]+[\"'”’)\]]*(?=\s|$)|[{OTHER_SENTENCE_ENDS}]+[\"'”’)\]」』）]*")
+# of another script with its closing quotes, whatever follows (Chinese and Japanese put no space); or as above.
+_SENTENCE_END_RE = re.compile(rf"[.!?…]+[\"'”’)\]]*(?=\s|$)|[{OTHER_SENTENCE_ENDS}]+[\"'”’)\]」』）]*"
+                              rf"|[{SPACE_ENDED_SCRIPTS}](?=\s|$)")
+_SPACE_ENDED_RE = re.compile(f"[{SPACE_ENDED_SCRIPTS}]")
 
 # C4 (TFDS c4_utils) and FineWeb: a line "ends in terminal punctuation" if it ends with one of these; after C4's
 # five, the sentence ends of other scripts and their closing quotes (corner brackets): without them every Chinese,
 # Amharic or Burmese line "has none".
 TERMINAL_PUNCTUATION: tuple[str, ...] = (".", "?", "!", '"', "'", "」", "』", *OTHER_SENTENCE_ENDS)
+
+
+def ends_sentence(line: str) -> bool:
+    """C4's and FineWeb's "ends in terminal punctuation": with a TERMINAL_PUNCTUATION mark, or a character of Thai or
+    Lao (SPACE_ENDED_SCRIPTS), which end sentences with no mark."""
+    return line.endswith(TERMINAL_PUNCTUATION) or _SPACE_ENDED_RE.match(line[-1:]) is not None
+
+
 # Gopher: the ellipsis in both spellings.
 ELLIPSES: tuple[str, ...] = ("...", "…")
 # Gopher (as DataTrove): a bullet line starts with one of these after leading whitespace.
