@@ -16,7 +16,8 @@ last two, for web pages, are off unless a profile sets them: the `web` profile d
   does not have them (BigCode drops files with a line over 1000 characters, `code_quality` here).
 - `char_soup`: lines (20+ non-space characters) whose character classes change at `soup_class_changes` (40%) of
   adjacent non-space characters (lower, upper, digit, other letter, symbol, other; between letters, a change of
-  script: the character-class entropy random text maximizes and words keep low), whose symbols differ from the one
+  script, as Unicode's Scripts.txt assigns them, with Han, kana and Hangul one: the character-class entropy random
+  text maximizes and words keep low), whose symbols differ from the one
   before at `soup_symbol_changes` (40%) of the characters (symbol soup; rules and table borders repeat one symbol), or
   whose letter pairs are `soup_rare_pairs` (25%) "rare" (a dictionary of letter pairs: the 294 pairs seen less than
   once in 50,000 in English reference text, the pydoc topics of Python 3.11 and /usr/share/common-licenses; English
@@ -239,14 +240,22 @@ def soup_signs(texts: list[str]) -> np.ndarray:
 
 
 _SPACE, _LOWER, _UPPER, _DIGIT, _LETTER, _SYMBOL, _OTHER = range(7)
-# Scripts whose letters mix within the words of real text: one "script" each for the soup rule's script changes.
-_SCRIPT_RANGES = (
-    (0, ((0x0000, 0x024F), (0x1E00, 0x1EFF), (0x2C60, 0x2C7F), (0xA720, 0xA7FF))),  # Latin
-    (1, ((0x0370, 0x03FF), (0x1F00, 0x1FFF))),  # Greek
-    (2, ((0x0400, 0x052F), (0x2DE0, 0x2DFF), (0xA640, 0xA69F))),  # Cyrillic
-    (3, ((0x2E80, 0x2FDF), (0x3000, 0x9FFF), (0xAC00, 0xD7AF), (0xF900, 0xFAFF), (0xFF00, 0xFFEF),
-         (0x20000, 0x3FFFF))),  # CJK, kana, Hangul
-)
+# Scripts whose letters mix within the words of real text: one "script" for the soup rule's script changes.
+_ONE_SCRIPT = {"Hira": "Hani", "Kana": "Hani", "Hang": "Hani", "Bopo": "Hani"}  # CJK, kana, Hangul
+_NO_SCRIPT = ("Zyyy", "Zinh", "Zzzz")  # Common, Inherited, unassigned: the script of the letters around them
+
+
+@functools.cache
+def _script_table() -> tuple[np.ndarray, np.ndarray]:
+    """(first code point of each range, its script's number) from Unicode's Scripts.txt (fontTools' copy), Latin
+    numbered 0, -1 for Common and Inherited (digits, punctuation, combining marks, the Katakana-Hiragana prolonged
+    sound mark, zero-width joiners) and unassigned code points."""
+    from fontTools.unicodedata import Scripts
+
+    names = ["Latn", *sorted({_ONE_SCRIPT.get(v, v) for v in Scripts.VALUES} - {"Latn", *_NO_SCRIPT})]
+    number = {name: i for i, name in enumerate(names)} | dict.fromkeys(_NO_SCRIPT, -1)
+    return (np.array(Scripts.RANGES, dtype=np.int64),
+            np.array([number[_ONE_SCRIPT.get(v, v)] for v in Scripts.VALUES], dtype=np.int64))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -266,11 +275,8 @@ def _classes_and_scripts(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     wide = np.flatnonzero(codes >= 128)
     distinct, index = np.unique(codes[wide], return_inverse=True)
     classes[wide] = np.array([_class_of(chr(c)) for c in distinct.tolist()], dtype=np.uint8)[index]
-    script_of = (distinct >> 7).astype(np.int64) + 8
-    for script, ranges in _SCRIPT_RANGES:
-        for lo, hi in ranges:
-            script_of[(distinct >= lo) & (distinct <= hi)] = script
-    scripts[wide] = script_of[index]
+    starts, numbers = _script_table()
+    scripts[wide] = numbers[np.searchsorted(starts, distinct, side="right") - 1][index]
     return classes, scripts
 
 
@@ -310,8 +316,8 @@ def soup_lines(text: str) -> np.ndarray:
         return np.zeros((5, 0), dtype=np.int64)
     solid = cls != _SPACE
     changed = cls[1:] != cls[:-1]  # masks from here on are about the second character of each adjacent pair
-    if script is not None:
-        letter = (cls == _LOWER) | (cls == _UPPER) | (cls == _LETTER)
+    if script is not None:  # a change of script between two letters (a mark or joiner of no script is none)
+        letter = ((cls == _LOWER) | (cls == _UPPER) | (cls == _LETTER)) & (script >= 0)
         changed |= letter[1:] & letter[:-1] & (script[1:] != script[:-1])
     changed &= solid[1:] & solid[:-1]
     symbol_change = (cls[1:] == _SYMBOL) & (codes[1:] != codes[:-1])

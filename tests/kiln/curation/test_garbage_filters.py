@@ -373,6 +373,41 @@ def test_rule_measures():
     assert g.classify_line("Home | About | Contact | Blog")[0] == "boilerplate"
 
 
+# The soup rule's script changes follow Unicode's Scripts.txt: a letter next to a letter of the same script is none,
+# wherever a 128-code-point block boundary falls inside that script (Ethiopic U+1200-139F and U+2D80-2DDF, the
+# Arabic letters of Persian and Urdu past U+067F, Armenian past U+057F). Each line here, written by hand, changes
+# class only where a capital meets lower case or a letter meets its punctuation.
+SCRIPT_LINES = {
+    # a change at each ። after a letter
+    "am": ("ኢትዮጵያ በአፍሪካ ቀንድ የምትገኝ ሀገር ናት። ዋና ከተማዋ አዲስ አበባ ሲሆን ብዙ ሚሊዮን ሰዎች ይኖሩባታል። አማርኛ የሀገሪቱ የሥራ ቋንቋ ነው።", 3),
+    # Հ, Ե, Ա before lower case; the comma and two ։ after letters
+    "hy": ("Հայաստանի մայրաքաղաքը Երևանն է, որը աշխարհի ամենահին քաղաքներից մեկն է։ Այստեղ ապրում է ավելի քան մեկ "
+           "միլիոն մարդ։", 6),
+    # the two ۔ after letters
+    "ur": ("پاکستان کی قومی زبان اردو ہے اور یہ ملک کے تمام صوبوں میں بولی اور سمجھی جاتی ہے۔ لاہور اور کراچی بڑے شہر ہیں "
+           "جہاں لاکھوں لوگ رہتے ہیں۔", 2),
+    "ethiopic extended": ("ሀⶀ" * 15, 0),
+    "ethiopic then arabic": ("ሀب" * 15, 29),  # two scripts: every pair
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPT_LINES))
+def test_soup_script_changes_are_between_scripts(name):
+    text, changes = SCRIPT_LINES[name]
+    assert g.soup_lines(text)[1].tolist() == [changes]
+
+
+def test_an_amharic_article_with_a_checklist_is_kept():
+    """An Amharic article with a short checklist (a check mark after each item) was dropped as char_soup: every
+    Ethiopic letter at or past U+1280 was another "script" than those before it. The English one never was."""
+    am = "ኢትዮጵያ በአፍሪካ ቀንድ የምትገኝ ሀገር ናት። ዋና ከተማዋ አዲስ አበባ ሲሆን ብዙ ሚሊዮን ሰዎች ይኖሩባታል። አማርኛ የሀገሪቱ የሥራ ቋንቋ ነው።\n"
+    en = ("Ethiopia is a country in the Horn of Africa. Its capital is Addis Ababa, home to several million people. "
+          "Amharic is the working language.\n")
+    for body, item in ((am, "ቡና✔ ሻይ✔ ውሃ✔ ዳቦ✔\n"), (en, "coffee✔ tea✔ water✔ bread✔\n")):
+        assert Garbage().batch([doc(body * 80 + item * 60)])[0].drop is None
+    assert g.soup_fraction("ሀب" * 15) == 1.0  # two scripts letter by letter are still soup
+
+
 def test_windows_cover_every_stretch_of_a_rules_share():
     assert g.windows("short") == ["short"]
     text = "".join(chr(65 + i % 26) for i in range(100_000))
