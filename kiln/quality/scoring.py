@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.common.config import QualityPerplexity
+from kiln.common.manifest import sha256_file
 from kiln.common.storage import resume_part, write_parquet_atomic
 from kiln.curation.documents import DOCUMENT_SCHEMA, SCORED_SCHEMA
 from kiln.engine import SERIAL, Engine
@@ -42,14 +43,20 @@ def _scorer(directory: str, sha256: str) -> QualityScorer:
 
 
 @lru_cache(maxsize=1)
-def _reference(path: str, device: str) -> ReferenceModel:
+def _reference(path: str, device: str, identity: tuple[str, str]) -> ReferenceModel:
+    """Loaded once per worker process and model: keyed on the model's sha256 too, as the path is often a link that
+    moves on to a newer checkpoint (checkpoint/_all) while a warm worker still holds the old one."""
     from kiln.quality.perplexity import ReferenceModel
 
     if device == "cpu":
         import torch
 
         torch.set_num_threads(1)  # one CPU per task; the same reduction order on every worker
-    return ReferenceModel.load(path, device)
+    model = ReferenceModel.load(path, device)
+    if (model.model_sha256, sha256_file(ReferenceModel.files(path)[1])) != identity:
+        raise ValueError(f"quality.perplexity.model = {path!r} changed while its scores were being written; "
+                         "re-materialize quality_scores")
+    return model
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class _ScoreTask:
     output_path: str
     classifier: tuple[str, str] | None  # (model folder, its sha256)
     reference: str | None  # the reference LM's folder
+    reference_identity: tuple[str, str] | None  # its weights' and tokenizer's sha256
     device: str  # where the reference LM runs: cpu or cuda
     max_tokens: int
     batch_size: int
@@ -71,8 +79,8 @@ def _score(task: _ScoreTask) -> dict[str, int]:
     table = pq.read_table(task.input_path, columns=[f.name for f in DOCUMENT_SCHEMA])
     texts = table.column("text").to_pylist()
     scores = _scorer(*task.classifier).score(texts, table.column("doc_id").to_pylist()) if task.classifier else None
-    perplexity = (_reference(task.reference, task.device).perplexities(texts, task.max_tokens, task.batch_size)
-                  if task.reference else None)
+    perplexity = (_reference(task.reference, task.device, task.reference_identity)
+                  .perplexities(texts, task.max_tokens, task.batch_size) if task.reference else None)
     table = table.append_column(SCORE, _column(scores, len(texts)))
     table = table.append_column(PERPLEXITY, _column(perplexity, len(texts)))
     write_parquet_atomic(Path(task.output_path), table.cast(SCORED_SCHEMA))
@@ -87,15 +95,17 @@ def score_parts(parts: Sequence[Path], output_paths: Sequence[Path], classifier:
     `perplexity` (under `perplexity.model`), null where that model is off; part i's scores go to
     `output_paths[i]`. Returns counts: documents, scored, perplexity_scored."""
     reference, device = (perplexity.model, perplexity.device) if perplexity and perplexity.model else (None, "cpu")
+    identity = None
     if reference:
-        from kiln.quality.perplexity import resolve_device
+        from kiln.quality.perplexity import ReferenceModel, resolve_device
 
+        identity = tuple(ReferenceModel.identity(reference).values())
         device = resolve_device(device)
         if device != "cpu":
             engine = SERIAL
     card = (str(classifier), ClassifierCard.read(Path(classifier)).sha256) if classifier else None
     settings = perplexity or QualityPerplexity()
-    tasks = [_ScoreTask(str(i), str(o), card, reference, device, settings.max_tokens, settings.batch_size)
+    tasks = [_ScoreTask(str(i), str(o), card, reference, identity, device, settings.max_tokens, settings.batch_size)
              for i, o in zip(parts, output_paths, strict=True)]
     counts = {"documents": 0, "scored": 0, "perplexity_scored": 0}
     for done in engine.map_parts(_score_part, tasks, desc=label, progress=progress,

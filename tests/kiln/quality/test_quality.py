@@ -421,3 +421,28 @@ def test_the_scores_complete_check_counts_nan_as_missing_only_where_something_sc
     unscored = np.full(4, np.nan)
     assert out_of_range(unscored, unscored, classified=False, perplexed=False) == 0
     assert out_of_range(scores, unscored, classified=True, perplexed=True) == 4  # no perplexity where a model scored
+
+
+def test_a_new_reference_model_at_the_same_path_is_the_one_scored(tmp_path):
+    """quality.perplexity.model often names a link that moves on after each training (checkpoint/_all): a worker
+    that already loaded the old model at that path scores with the new one, the one whose sha256 is recorded."""
+    import shutil
+
+    texts = reference_texts()
+    a, _ = train_reference_model(texts[:60], tmp_path / "a", steps=20, seed=0)
+    b, _ = train_reference_model(texts[60:120], tmp_path / "b", steps=20, seed=1)
+    live = tmp_path / "live"
+    parts = _documents(tmp_path, texts[200:210])
+    settings = QualityPerplexity(model=str(live), device="cpu", max_tokens=32, batch_size=4)
+
+    def scored(model, name):
+        shutil.rmtree(live, ignore_errors=True)
+        shutil.copytree(model, live)
+        out = tmp_path / f"scored-{name}.parquet"
+        score_parts(parts, [out], None, settings, SERIAL, progress=False)  # SERIAL: this process, warm after "a"
+        return pq.read_table(out).column("perplexity").to_numpy()
+
+    first, second = scored(a, "a"), scored(b, "b")
+    fresh_b = ReferenceModel.load(b, "cpu").perplexities(texts[200:210], 32, 4)
+    assert not np.allclose(first, fresh_b)  # the two models do score differently
+    np.testing.assert_allclose(second, fresh_b, rtol=1e-5)
