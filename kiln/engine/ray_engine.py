@@ -92,17 +92,21 @@ def connect(address: str | None, origin: str = ADDRESS_KEY, num_cpus: int | None
 NODE_FAILURE_RETRIES = 3
 
 
-def _run_part(fn: Callable, task: Any) -> Any:
+def _run_part(fn: Callable, task: Any, nodes: int) -> Any:
     try:
         return fn(task)
     except FileNotFoundError as exc:
-        raise EngineError(f"{exc.filename}: not found on Ray node {socket.gethostname()}. Workers read and write "
-                          "the store themselves, so KILN_HOME must be one shared filesystem mounted at the same "
-                          "path on every node") from exc
+        # Only a missing file on a cluster of several nodes may be a store that is not shared; any other such error
+        # (one machine, or one raised with a message and no file name) is the task's own, kept as it was raised.
+        if exc.filename is None or nodes < 2:
+            raise
+        raise EngineError(f"{exc} (on Ray node {socket.gethostname()}, one of {nodes}). Workers read and write the "
+                          "store themselves, so KILN_HOME must be one shared filesystem mounted at the same path on "
+                          "every node") from exc
 
 
-def _run_parts(fn: Callable, tasks: list) -> list:
-    return [_run_part(fn, task) for task in tasks]
+def _run_parts(fn: Callable, tasks: list, nodes: int) -> list:
+    return [_run_part(fn, task, nodes) for task in tasks]
 
 
 @functools.cache
@@ -141,6 +145,7 @@ class RayEngine:
         workers = self.workers or cpus
         run = _remote_parts()
         shared_fn = ray.put(fn)  # serialized once per round, not once per task
+        nodes = len([n for n in ray.nodes() if n["Alive"]])
         queue = iter(chunks(tasks, workers, size))
         # In flight: `workers` (back-pressure, and `workers` means concurrency), or twice that when the cluster's CPUs
         # already cap the concurrency at `workers` (each task takes one): a worker that finishes a chunk then finds the
@@ -152,7 +157,7 @@ class RayEngine:
         def launch() -> None:
             chunk = next(queue, None)
             if chunk is not None:
-                running[run.remote(shared_fn, [tasks[i] for i in chunk])] = chunk
+                running[run.remote(shared_fn, [tasks[i] for i in chunk], nodes)] = chunk
 
         results: list = [None] * len(tasks)
         with tqdm(total=len(tasks), desc=desc, unit="part", disable=not progress) as bar:

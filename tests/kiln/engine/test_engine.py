@@ -362,3 +362,30 @@ def test_near_dup_decisions_are_the_same_when_a_node_dies_mid_stage(cluster, tmp
         f"*{SCRATCH}"))), "near-dup")
     assert fingerprint(disturbed, assets=("near",)) == expected
     assert not list(disturbed.root.rglob(".*.tmp-*"))  # no half-written file anywhere
+
+
+def _missing_checkpoint(path):
+    raise FileNotFoundError(f"quality.perplexity.model = {path!r} is not a Kiln checkpoint")  # a message, no filename
+
+
+def test_a_task_s_file_not_found_reads_the_same_on_the_pool_and_on_one_machine_s_ray():
+    """Only a missing file on a cluster of several nodes may be a KILN_HOME that is not shared; otherwise the task's
+    own error comes back as it was raised, as the process pool gives it."""
+    expected = "quality.perplexity.model = '/no/such/checkpoint' is not a Kiln checkpoint"
+    for engine in (ProcessPool(workers=2), RayEngine(workers=2)):
+        with pytest.raises(FileNotFoundError) as error:
+            engine.map_parts(_missing_checkpoint, ["/no/such/checkpoint"], desc="t", progress=False)
+        assert str(error.value).strip().splitlines()[-1].endswith(expected), (engine, str(error.value))
+        assert "shared filesystem" not in str(error.value)
+
+
+def test_a_file_missing_on_a_node_of_a_cluster_names_the_shared_filesystem_and_keeps_the_error():
+    from kiln.engine.ray_engine import _run_part
+
+    def missing(path):
+        raise FileNotFoundError(2, "No such file or directory", path)
+
+    with pytest.raises(EngineError, match=r"No such file or directory: '/store/part-1'.*one shared filesystem"):
+        _run_part(missing, "/store/part-1", nodes=2)
+    with pytest.raises(FileNotFoundError, match=r"^\[Errno 2\] No such file or directory: '/store/part-1'$"):
+        _run_part(missing, "/store/part-1", nodes=1)  # one machine: nothing to share
