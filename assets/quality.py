@@ -2,6 +2,7 @@
 perplexity) stored next to every document, and filtering on those stored scores."""
 
 import time
+from collections.abc import Iterator
 
 import dagster as dg
 import numpy as np
@@ -83,8 +84,11 @@ def classifier_recipe(config) -> dict:
             "negative_sources": negatives, "enabled": config.quality_classifier_enabled}
 
 
-def _ids(parts: dict[str, Snapshot]) -> list[str]:
-    return [i for m in parts.values() for i in m.read_table(columns=["doc_id"]).column("doc_id").to_pylist()]
+def _ids(parts: dict[str, Snapshot]) -> Iterator[str]:
+    """Every doc id, streamed a batch at a time: balanced_sample keeps only its sample, whatever the corpus."""
+    for snapshot in parts.values():
+        for batch in snapshot.iter_batches(columns=["doc_id"], batch_size=10_000):
+            yield from batch.column("doc_id").to_pylist()
 
 
 def _examples(parts: dict[str, Snapshot], wanted: set[str]) -> list[Example]:

@@ -12,6 +12,7 @@ punctuation marks, its first `max_words` tokens joined by spaces.
 
 from __future__ import annotations
 
+import heapq
 import json
 import tempfile
 import time
@@ -85,12 +86,13 @@ def fold_of(doc_id: str, folds: int) -> int:
 
 def balanced_sample(positives: Iterable[T], negatives: Iterable[T], max_per_class: int) -> tuple[list[T], list[T]]:
     """Both classes cut to the smaller one (at most max_per_class), a deterministic subset by doc_id hash.
-    Items are Examples or bare doc ids (so a large source's sample can be chosen before reading texts)."""
-    def order(items: Iterable[T]) -> list[T]:
-        return sorted(items, key=lambda x: hash_unit("quality-sample", getattr(x, "doc_id", x)))
+    Items are Examples or bare doc ids (so a large source's sample can be chosen before reading texts), in one pass:
+    only the max_per_class first by hash are held, not the class (a stream of a corpus's ids stays a stream)."""
+    def first(items: Iterable[T]) -> list[T]:  # sorted(items, key)[:max_per_class], ties in input order as sorted's
+        return heapq.nsmallest(max_per_class, items, key=lambda x: hash_unit("quality-sample", getattr(x, "doc_id", x)))
 
-    pos, neg = order(positives), order(negatives)
-    n = min(len(pos), len(neg), max_per_class)
+    pos, neg = first(positives), first(negatives)
+    n = min(len(pos), len(neg))
     return pos[:n], neg[:n]
 
 
