@@ -54,7 +54,6 @@ class _ReadTask:
     namespace: str
     unit: int
     out_dir: str
-    final: bool  # the only task: it drops repeated doc ids itself and writes the published parts
     examples_per_reason: int
     rejected_text: RejectedText
 
@@ -92,7 +91,7 @@ def _read(task: _ReadTask) -> dict:
     files = None if task.files is None else list(task.files)
     stats = StageStats()
     step = stats.step("read")
-    rows, quarantined, seen_ids, parts = [], [], set(), 0
+    rows, quarantined, parts = [], [], 0
 
     def flush() -> None:
         nonlocal rows, parts
@@ -102,19 +101,12 @@ def _read(task: _ReadTask) -> dict:
 
     for record in read_source(source, reading, files, task.namespace):
         stats.docs_in += 1
-        if task.final and isinstance(record, Document) and record.doc_id in seen_ids:
-            record = quarantine(source.name, record.meta.get("locator", record.doc_id), DUPLICATE_DOC_ID, record.text)
         if isinstance(record, Quarantined):
             quarantined.append(record.to_row())
             step.dropped[record.reason] += 1
             _quarantine_example(stats, record, task.examples_per_reason, task.rejected_text)
             continue
-        rows.append(record.to_row())
-        if task.final:  # otherwise the first-id pass counts what it keeps
-            seen_ids.add(record.doc_id)
-            stats.docs_out += 1
-            stats.chars_out += len(record.text)
-            stats.lengths_out.add(len(record.text))
+        rows.append(record.to_row())  # the first-id pass counts what it keeps
         if len(rows) >= reading.rows_per_part:
             flush()
     if rows:
@@ -183,7 +175,8 @@ def ingest(source: Source, reading: Reading, writer: DatasetWriter, engine: Engi
     exact-dedup shuffle on doc ids, never by one process holding every id. Files of one document (`text`, `html`)
     go `reading.rows_per_part` consecutive files to a task: a site of 100,000 pages is 200 tasks and parts at 500,
     not 100,000 tiny ones. A builtin corpus, and a source capped by `max_documents` (the cap counts across its
-    files in order), are read by one task.
+    files in order), are read by one task; a single task's ids go through the shuffle too (a set of them in the
+    task grew with the file, about 110 B a record), so a part's repeats are dropped after it was cut.
 
     A quarantined record keeps a PII-redacted excerpt and its hash (`quarantine`); its removal example shows an
     excerpt only as `rejected_text` allows (kiln.common.removals)."""
@@ -194,29 +187,27 @@ def ingest(source: Source, reading: Reading, writer: DatasetWriter, engine: Engi
         units = [None if files is None else tuple(files)]
     else:
         units = _read_units(source, files, reading.rows_per_part)
-    final = len(units) == 1
-    out_dir = writer.dir if final else writer.scratch("read")
-    tasks = [_ReadTask(source.model_dump_json(), reading.model_dump_json(), unit, namespace, i, str(out_dir), final,
+    out_dir = writer.scratch("read")
+    tasks = [_ReadTask(source.model_dump_json(), reading.model_dump_json(), unit, namespace, i, str(out_dir),
                        examples_per_reason, rejected_text) for i, unit in enumerate(units)]
     stats = StageStats()
     read = engine.map_parts(_read_unit, tasks, desc=f"read {source.name}", progress=progress)
     for r in read:
         stats.merge(StageStats.from_dict(r["stats"]), examples_per_reason)
-    if not final:
-        parts = [(u, j) for u, r in enumerate(read) for j in range(r["parts"])]
-        paths = [str(_unit_part(str(out_dir), "documents", u, j)) for u, j in parts]
-        scratch = writer.scratch("doc-ids")
-        (where,) = find_duplicates([HashSource(source.name, 1, tuple(paths))], scratch, engine, key="doc_id",
-                                   progress=progress, label=f"read {source.name}: doc ids")
-        first_ids = [_FirstIdTask(path, where[k], str(_unit_part(str(writer.dir), "documents", u, j)),
-                                  str(_unit_part(str(writer.dir), "quarantine", u, j)), source.name,
-                                  examples_per_reason, rejected_text)
-                     for k, (path, (u, j)) in enumerate(zip(paths, parts))]
-        for kept in engine.map_parts(_keep_first_ids, first_ids, desc=f"read {source.name}: first ids",
-                                     progress=progress):
-            stats.merge(kept, examples_per_reason)
-        for part in Path(out_dir).glob("quarantine-*.parquet"):  # read-time quarantine, published as read
-            part.replace(Path(writer.dir) / part.name)
+    parts = [(u, j) for u, r in enumerate(read) for j in range(r["parts"])]
+    paths = [str(_unit_part(str(out_dir), "documents", u, j)) for u, j in parts]
+    scratch = writer.scratch("doc-ids")
+    (where,) = find_duplicates([HashSource(source.name, 1, tuple(paths))], scratch, engine, key="doc_id",
+                               progress=progress, label=f"read {source.name}: doc ids")
+    first_ids = [_FirstIdTask(path, where[k], str(_unit_part(str(writer.dir), "documents", u, j)),
+                              str(_unit_part(str(writer.dir), "quarantine", u, j)), source.name,
+                              examples_per_reason, rejected_text)
+                 for k, (path, (u, j)) in enumerate(zip(paths, parts))]
+    for kept in engine.map_parts(_keep_first_ids, first_ids, desc=f"read {source.name}: first ids",
+                                 progress=progress):
+        stats.merge(kept, examples_per_reason)
+    for part in Path(out_dir).glob("quarantine-*.parquet"):  # read-time quarantine, published as read
+        part.replace(Path(writer.dir) / part.name)
     step = stats.step("read")
     stats.chars_in = stats.chars_out
     step.docs_in = stats.docs_in
