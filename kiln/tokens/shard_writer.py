@@ -21,7 +21,8 @@ Removal requests (`kiln forget`) are applied here too, to every refresh's docume
 tokenized, and its member row says which request removed it (the quality filter applies them only to the
 refreshes it re-runs, and the shards read every refresh so far).
 
-Only token ids and per-document lengths are kept in memory; texts are streamed part by part.
+Texts and token ids are streamed part by part; the driver keeps a row per document (its length, split, order
+key, licence, language, and the doc_id once the member list is built), not a part at a time (docs/scale.md).
 """
 
 from __future__ import annotations
