@@ -7,10 +7,11 @@
       config.json                     LlamaConfig fields, architectures ["LlamaForCausalLM"]
       model.safetensors               HF parameter names ("model.layers.0.self_attn.q_proj.weight", ...)
       generation_config.json
-      tokenizer.model                 the sentencepiece model, copied (or tokenizer.json: a brought `tokenizers`
-                                      file, with tokenizer_class PreTrainedTokenizerFast)
-      tokenizer_config.json, special_tokens_map.json   (`AutoTokenizer.from_pretrained(dir)` gives Kiln's ids:
-                                      no '▁' prepended where the model has no dummy prefix)
+      tokenizer.model                 the sentencepiece model, copied (its sha256 is the tokenizer's identity)
+      tokenizer.json                  HF's fast tokenizer built from it (sentencepiece_as_hf), or a brought
+                                      `tokenizers` file, copied
+      tokenizer_config.json, special_tokens_map.json   (PreTrainedTokenizerFast: `AutoTokenizer.from_pretrained(dir)`
+                                      gives Kiln's ids)
       kiln_tokenizer.json             Kiln's tokenizer card (HF reserves the name tokenizer.json)
 
 Consolidation uses DeepSpeed's `get_fp32_state_dict_from_zero_checkpoint` (no huggingface_hub needed),
@@ -212,27 +213,78 @@ def _write_hf_tokenizer(tokenizer_dir: Path, out_dir: Path, specials: dict[str, 
     # The model file byte for byte (its sha256 is the tokenizer's identity), under the name transformers reads.
     sentencepiece = model.name == SENTENCEPIECE_FILE
     _copy(model, out_dir / (SENTENCEPIECE_FILE if sentencepiece else HF_FILE))
+    if sentencepiece:  # and HF's own tokenizer.json beside it: what AutoTokenizer reads (see sentencepiece_as_hf)
+        hf = sentencepiece_as_hf(model.read_bytes(), {piece for piece, _ in specials.values()})
+        write_path_atomically(out_dir / HF_FILE, lambda tmp: hf.save(str(tmp)))
     if (tokenizer_dir / CARD_FILE).is_file() and model.name != CARD_FILE:
         _copy(tokenizer_dir / CARD_FILE, out_dir / EXPORT_CARD_FILE)
     tokens = {f"{k}_token": piece for k, (piece, _) in specials.items()}
-    # A SentencePiece model: transformers' Llama tokenizer prepends '▁' unless told the model does not (Kiln trains
-    # without the dummy prefix): every text's first id would differ from the ids the model was trained on.
-    config = {"tokenizer_class": "LlamaTokenizer", "legacy": False,
-              "add_prefix_space": _adds_dummy_prefix(model)} if sentencepiece else \
-        {"tokenizer_class": "PreTrainedTokenizerFast"}
-    config |= {**tokens, "add_bos_token": False, "add_eos_token": False, "model_max_length": max_len,
-               "clean_up_tokenization_spaces": False}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **tokens, "add_bos_token": False, "add_eos_token": False,
+              "model_max_length": max_len, "clean_up_tokenization_spaces": False}
     _write_json(out_dir / "tokenizer_config.json", config)
     _write_json(out_dir / "special_tokens_map.json", tokens)
 
 
-def _adds_dummy_prefix(model: Path) -> bool:
-    """Whether a SentencePiece model file prepends '▁' to a text (its normalizer's add_dummy_prefix)."""
+# SentencePiece's piece types (sentencepiece_model.proto, ModelProto.SentencePiece.Type)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+
+def sentencepiece_as_hf(model: bytes, special_pieces: set[str] = frozenset()):
+    """A SentencePiece model (BPE, unigram or char) as a Hugging Face `tokenizers` Tokenizer that encodes as
+    SentencePiece does, built from the model's own pieces, scores and normalizer spec. transformers' Llama conversion
+    fits neither kind in full: from transformers 5 it builds every model as BPE (a unigram model has no merges, so
+    every text came out as single characters), and it leaves out the model's normalization (NFKC, extra whitespace
+    removed).
+
+    - normalizer, in SentencePiece's order: the precompiled character map (NFKC; none under `identity`), leading,
+      trailing and repeated spaces removed (remove_extra_whitespaces), '▁' put before a non-empty text
+      (add_dummy_prefix), spaces written '▁'. No pre-tokenizer: SentencePiece segments the whole text;
+    - unigram: the pieces with their scores; the pieces SentencePiece never matches in text (unknown, control,
+      unused, byte) score below any segmentation into ordinary pieces. `tokenizers` cannot leave them out of its
+      lattice, so one still wins where every other path needs a character the vocabulary lacks (docs/training.md);
+    - BPE: a merge for every split of an ordinary piece into two ordinary pieces, ranked by the piece's score
+      (SentencePiece merges the adjacent pair whose union scores highest);
+    - byte fallback as the model has it; control and unknown pieces (and `special_pieces`) special tokens, and
+      user-defined pieces added tokens matched whole, as SentencePiece matches them.
+    """
     from sentencepiece import sentencepiece_model_pb2
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 
     proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString(model.read_bytes())
-    return proto.normalizer_spec.add_dummy_prefix
+    proto.ParseFromString(model)
+    trainer, spec, pieces = proto.trainer_spec, proto.normalizer_spec, proto.pieces
+    if trainer.model_type in (trainer.UNIGRAM, trainer.CHAR):  # a char model: unigram with one way to segment
+        matched = [p.type in (NORMAL, USER_DEFINED) for p in pieces]
+        unmatched = 1000.0 * min(-1.0, *(p.score for p, m in zip(pieces, matched) if m))  # below 1000 pieces
+        vocab = [(p.piece, p.score if m else unmatched) for p, m in zip(pieces, matched)]
+        tokenizer = Tokenizer(models.Unigram(vocab, unk_id=trainer.unk_id, byte_fallback=trainer.byte_fallback))
+    elif trainer.model_type == trainer.BPE:
+        normal = {p.piece: i for i, p in enumerate(pieces) if p.type == NORMAL}
+        merges = sorted((-pieces[i].score, i, k, (piece[:k], piece[k:])) for piece, i in normal.items()
+                        for k in range(1, len(piece)) if piece[:k] in normal and piece[k:] in normal)
+        tokenizer = Tokenizer(models.BPE({p.piece: i for i, p in enumerate(pieces)}, [m[-1] for m in merges],
+                                         unk_token=pieces[trainer.unk_id].piece, fuse_unk=True,
+                                         byte_fallback=trainer.byte_fallback))
+    else:
+        raise ValueError("a SentencePiece word model has no Hugging Face tokenizer here (BPE, unigram and char "
+                         "models have): bring one of those (tokenizer.source), or leave hf out of training.export")
+    steps = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
+    if spec.remove_extra_whitespaces:
+        steps += [normalizers.Replace(Regex(r"\A +| +\z"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
+    if spec.add_dummy_prefix:
+        steps.append(normalizers.Prepend("\u2581"))
+    if spec.escape_whitespaces:
+        steps.append(normalizers.Replace(" ", "\u2581"))
+    tokenizer.normalizer = normalizers.Sequence(steps)
+    # SentencePiece drops the first piece's '▁' where it adds a prefix or removes extra whitespace.
+    strip = [decoders.Strip(" ", 1, 0)] if spec.add_dummy_prefix or spec.remove_extra_whitespaces else []
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                           decoders.Fuse(), *strip])
+    tokenizer.add_special_tokens([AddedToken(p.piece, special=True, normalized=False) for p in pieces
+                                  if p.type in (UNKNOWN, CONTROL) or p.piece in special_pieces])
+    tokenizer.add_tokens([AddedToken(p.piece, normalized=False) for p in pieces
+                          if p.type == USER_DEFINED and p.piece not in special_pieces])
+    return tokenizer
 
 
 def export_checkpoint(ckpt: Path, out_dir: Path, cfg: ModelConfig, formats: list[str] = ("safetensors", "hf"),

@@ -3,8 +3,8 @@ training processes all find it the same way.
 
 - the `tokenizer` asset's folder: `tokenizer.model` (SentencePiece, trained here or brought) or `hf_tokenizer.json`
   (a brought Hugging Face `tokenizers` file; `tokenizer.json` there is Kiln's card, hence the other name);
-- a Hugging Face export folder (`hf/`): `tokenizer.model` or `tokenizer.json` (HF's own name), the card beside it
-  as `kiln_tokenizer.json`.
+- a Hugging Face export folder (`hf/`): `tokenizer.model` (with HF's `tokenizer.json` built from it beside it: the
+  model file comes first) or `tokenizer.json` (a brought one, under HF's own name), the card as `kiln_tokenizer.json`.
 
 Either model file is copied byte for byte from what was trained or brought: its sha256 is the tokenizer's identity.
 """

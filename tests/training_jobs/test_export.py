@@ -54,8 +54,9 @@ def test_hf_export_logits_match(name, tmp_path, token_dataset):
     assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 0)
     assert (out / "tokenizer.model").read_bytes() == (token_dataset.tokenizer_dir / "tokenizer.model").read_bytes()
     tok_config = json.loads((out / "tokenizer_config.json").read_text())
-    assert tok_config["eos_token"] == "<|endoftext|>" and tok_config["tokenizer_class"] == "LlamaTokenizer"
-    assert not (out / "tokenizer.json").exists()  # HF's name for a fast tokenizer; Kiln's card is kiln_tokenizer.json
+    assert tok_config["eos_token"] == "<|endoftext|>" and tok_config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    # HF's tokenizer.json is built from the model (Kiln's card is kiln_tokenizer.json)
+    assert json.loads((out / "tokenizer.json").read_text())["model"]["type"] == "BPE"
 
 
 def test_the_exported_tokenizer_gives_the_ids_the_model_was_trained_on(tmp_path, token_dataset):
@@ -71,6 +72,63 @@ def test_the_exported_tokenizer_gives_the_ids_the_model_was_trained_on(tmp_path,
     for text in ("Hello world, the items.", " leading space", "word\n\nnext paragraph\n", "café naïve 東京 🙂",
                  "def f(x):\n    return x  # two spaces"):
         assert hf(text, add_special_tokens=False)["input_ids"] == kiln.encode(text), text
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_tokenizers(tmp_path_factory):
+    """SentencePiece BPE and unigram, trained by Kiln (identity normalization, no dummy prefix, whitespace kept) and
+    brought (SentencePiece's own defaults: NFKC, a dummy prefix, extra whitespace removed), as tokenizer folders."""
+    import io
+
+    import sentencepiece as spm
+
+    from kiln.common.config import TokenizerSettings
+    from kiln.curation.documents import Document
+    from kiln.tokens.tokenizer import TrainingSample, bring_tokenizer, train_tokenizer
+    from tests.token_corpus import make_texts
+
+    root = tmp_path_factory.mktemp("sentencepiece")
+    texts = make_texts("prose", 200) + make_texts("code", 60) + make_texts("unicode", 60)
+    docs = [Document(str(i), "s", t) for i, t in enumerate(texts)]
+    sample = TrainingSample({"s": docs}, {"s": {"chars": sum(map(len, texts)), "documents": len(docs)}})
+    folders = {}
+    for model_type in ("bpe", "unigram"):
+        folders["trained", model_type] = root / f"trained-{model_type}"
+        train_tokenizer(sample, TokenizerSettings(vocab_size=500, model_type=model_type, num_threads=1),
+                        folders["trained", model_type])
+        model = io.BytesIO()
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, model_type=model_type,
+                                       vocab_size=500, byte_fallback=True, num_threads=1, minloglevel=2)
+        (root / f"{model_type}.model").write_bytes(model.getvalue())
+        folders["brought", model_type] = root / f"brought-{model_type}"
+        bring_tokenizer(sample, TokenizerSettings(source=str(root / f"{model_type}.model")),
+                        folders["brought", model_type])
+    return folders
+
+
+@pytest.mark.parametrize("origin", ["trained", "brought"])
+@pytest.mark.parametrize("model_type", ["bpe", "unigram"])
+def test_the_exported_tokenizer_gives_kilns_ids_for_every_sentencepiece_model(origin, model_type, tmp_path,
+                                                                               sentencepiece_tokenizers):
+    """AutoTokenizer on the export gives the ids Kiln (sentencepiece itself) gives, for BPE and unigram, trained and
+    brought. A unigram model was exported as a Llama tokenizer, which transformers 5 builds as BPE from the
+    pieces: no merges, so every text came out as single characters; and it left out a brought model's NFKC and
+    whitespace removal."""
+    from kiln.tokens.tokenizer import Tokenizer
+    from tests.token_corpus import make_texts
+
+    folder = sentencepiece_tokenizers[origin, model_type]
+    kiln = Tokenizer.load(folder)
+    cfg = replace(CONFIGS["tied"], vocab_size=kiln.vocab_size)
+    out = save_hf(Transformer(cfg, seed=7).state_dict(), cfg, tmp_path / "hf", tokenizer_dir=folder)
+    hf = transformers.AutoTokenizer.from_pretrained(str(out))
+    texts = [t for kind in ("prose", "code", "unicode") for t in make_texts(kind, 15, seed=1) if "\u2581" not in t]
+    texts += ["", " ", "Hello world, the items.", " leading space", "trailing  ", "a  b\t\tc\n\n d",
+              "café naïve 東京 🙂", "\x00\x07 \r\n"]
+    for text in texts:
+        ids = hf(text, add_special_tokens=False)["input_ids"]
+        assert ids == kiln.encode(text), text
+        assert hf.decode(ids) == kiln.decode(ids), text
 
 
 def test_the_long_context_check_sees_the_rope_settings(tmp_path):
@@ -135,7 +193,7 @@ def test_an_export_made_again_leaves_the_published_links_as_they_were(tmp_path, 
             link.parent.mkdir(parents=True, exist_ok=True)
             os.link(path, link)
             published[link] = path.read_bytes()
-    assert len(published) == 2 + 7  # model, config; model, config, generation, tokenizer model and card, 2 configs
+    assert len(published) == 2 + 8  # model, config; model, config, generation, tokenizer model, json, card, 2 configs
     again = Transformer(cfg, seed=4).state_dict()
     save_safetensors(again, cfg, tmp_path / "run" / "st", {"steps": 9})
     save_hf(again, cfg, tmp_path / "run" / "hf", tokenizer_dir=token_dataset.tokenizer_dir)
