@@ -10,8 +10,9 @@
       tokenizer.model                 the sentencepiece model, copied (its sha256 is the tokenizer's identity)
       tokenizer.json                  HF's fast tokenizer built from it (sentencepiece_as_hf), or a brought
                                       `tokenizers` file, copied
-      tokenizer_config.json, special_tokens_map.json   (PreTrainedTokenizerFast: `AutoTokenizer.from_pretrained(dir)`
-                                      gives Kiln's ids)
+      tokenizer_config.json, special_tokens_map.json   (PreTrainedTokenizerFast, split_special_tokens:
+                                      `AutoTokenizer.from_pretrained(dir)` gives Kiln's ids; docs/training.md
+                                      says where they can still differ)
       kiln_tokenizer.json             Kiln's tokenizer card (HF reserves the name tokenizer.json)
 
 Consolidation uses DeepSpeed's `get_fp32_state_dict_from_zero_checkpoint` (no huggingface_hub needed),
@@ -219,8 +220,10 @@ def _write_hf_tokenizer(tokenizer_dir: Path, out_dir: Path, specials: dict[str, 
     if (tokenizer_dir / CARD_FILE).is_file() and model.name != CARD_FILE:
         _copy(tokenizer_dir / CARD_FILE, out_dir / EXPORT_CARD_FILE)
     tokens = {f"{k}_token": piece for k, (piece, _) in specials.items()}
+    # split_special_tokens: text that spells a special token is text, as Kiln encodes it (a document cannot end
+    # itself with a literal "<|endoftext|>").
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **tokens, "add_bos_token": False, "add_eos_token": False,
-              "model_max_length": max_len, "clean_up_tokenization_spaces": False}
+              "model_max_length": max_len, "clean_up_tokenization_spaces": False, "split_special_tokens": True}
     _write_json(out_dir / "tokenizer_config.json", config)
     _write_json(out_dir / "special_tokens_map.json", tokens)
 
@@ -254,7 +257,8 @@ def sentencepiece_as_hf(model: bytes, special_pieces: set[str] = frozenset()):
     proto.ParseFromString(model)
     trainer, spec, pieces = proto.trainer_spec, proto.normalizer_spec, proto.pieces
     if trainer.model_type in (trainer.UNIGRAM, trainer.CHAR):  # a char model: unigram with one way to segment
-        matched = [p.type in (NORMAL, USER_DEFINED) for p in pieces]
+        # A user-defined piece Kiln gives a meaning (a brought model's EOS) is text in a document, as Kiln reads it
+        matched = [p.type == NORMAL or p.type == USER_DEFINED and p.piece not in special_pieces for p in pieces]
         unmatched = 1000.0 * min(-1.0, *(p.score for p, m in zip(pieces, matched) if m))  # below 1000 pieces
         vocab = [(p.piece, p.score if m else unmatched) for p, m in zip(pieces, matched)]
         tokenizer = Tokenizer(models.Unigram(vocab, unk_id=trainer.unk_id, byte_fallback=trainer.byte_fallback))

@@ -55,6 +55,7 @@ def test_hf_export_logits_match(name, tmp_path, token_dataset):
     assert (out / "tokenizer.model").read_bytes() == (token_dataset.tokenizer_dir / "tokenizer.model").read_bytes()
     tok_config = json.loads((out / "tokenizer_config.json").read_text())
     assert tok_config["eos_token"] == "<|endoftext|>" and tok_config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert tok_config["split_special_tokens"] is True
     # HF's tokenizer.json is built from the model (Kiln's card is kiln_tokenizer.json)
     assert json.loads((out / "tokenizer.json").read_text())["model"]["type"] == "BPE"
 
@@ -74,6 +75,10 @@ def test_the_exported_tokenizer_gives_the_ids_the_model_was_trained_on(tmp_path,
         assert hf(text, add_special_tokens=False)["input_ids"] == kiln.encode(text), text
 
 
+# Text with the characters of special pieces (so the vocabularies have them; see docs/training.md's export section).
+MARKUP = [f"<b>{i}</b> | a <i>box</i> || b -> c <br/>" for i in range(40)]
+
+
 @pytest.fixture(scope="module")
 def sentencepiece_tokenizers(tmp_path_factory):
     """SentencePiece BPE and unigram, trained by Kiln (identity normalization, no dummy prefix, whitespace kept) and
@@ -88,7 +93,7 @@ def sentencepiece_tokenizers(tmp_path_factory):
     from tests.token_corpus import make_texts
 
     root = tmp_path_factory.mktemp("sentencepiece")
-    texts = make_texts("prose", 200) + make_texts("code", 60) + make_texts("unicode", 60)
+    texts = make_texts("prose", 200) + make_texts("code", 60) + make_texts("unicode", 60) + MARKUP
     docs = [Document(str(i), "s", t) for i, t in enumerate(texts)]
     sample = TrainingSample({"s": docs}, {"s": {"chars": sum(map(len, texts)), "documents": len(docs)}})
     folders = {}
@@ -113,7 +118,8 @@ def test_the_exported_tokenizer_gives_kilns_ids_for_every_sentencepiece_model(or
     """AutoTokenizer on the export gives the ids Kiln (sentencepiece itself) gives, for BPE and unigram, trained and
     brought. A unigram model was exported as a Llama tokenizer, which transformers 5 builds as BPE from the
     pieces: no merges, so every text came out as single characters; and it left out a brought model's NFKC and
-    whitespace removal."""
+    whitespace removal. Text that spells a special piece is text, as Kiln encodes it: the export read a document's
+    '<|endoftext|>' as EOS and '<s>' as BOS. A literal '▁' is a known difference (docs/training.md)."""
     from kiln.tokens.tokenizer import Tokenizer
     from tests.token_corpus import make_texts
 
@@ -124,11 +130,13 @@ def test_the_exported_tokenizer_gives_kilns_ids_for_every_sentencepiece_model(or
     hf = transformers.AutoTokenizer.from_pretrained(str(out))
     texts = [t for kind in ("prose", "code", "unicode") for t in make_texts(kind, 15, seed=1) if "\u2581" not in t]
     texts += ["", " ", "Hello world, the items.", " leading space", "trailing  ", "a  b\t\tc\n\n d",
-              "café naïve 東京 🙂", "\x00\x07 \r\n"]
+              "café naïve 東京 🙂", "\x00\x07 \r\n", "x<|endoftext|>y and <s> or </s>",
+              "<|fim_prefix|>a<pad><unk><0x41> <extra_id_0>"]
     for text in texts:
         ids = hf(text, add_special_tokens=False)["input_ids"]
         assert ids == kiln.encode(text), text
         assert hf.decode(ids) == kiln.decode(ids), text
+    assert kiln.eos_id not in hf("x<|endoftext|>y", add_special_tokens=False)["input_ids"]  # a document's text
 
 
 def test_the_long_context_check_sees_the_rope_settings(tmp_path):
