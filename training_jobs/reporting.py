@@ -155,7 +155,9 @@ class Reporter:
                 self.mlflow.log_metrics({"val/loss": summary["val_loss"],
                                          **{f"val/ppl_pos/{k}": v for k, v in (summary["val_ppl_pos"] or {}).items()}},
                                         step=summary["steps"])
-                if not failed:  # what `kiln plan --mlflow-uri` fits on (training_jobs.scaling_names)
+                if not failed and scaling_names.is_scaling_point(summary.get("objective"),
+                                                                  summary.get("base_checkpoint")):
+                    # what `kiln plan --mlflow-uri` fits on (training_jobs.scaling_names)
                     self.mlflow.log_metrics({
                         scaling_names.TOKENS: float(summary["tokens_seen"]),
                         scaling_names.FLOPS: float(summary["flops_per_token"]) * summary["tokens_seen"],

@@ -501,7 +501,7 @@ class Trainer:
                   "tokenizer_sha256": self.run.tokenizer_sha256,
                   "data.long_document_token_share": round(self.long_document_share, 4),
                   **flatten("layout", self.layout_record()),
-                  **({"base_checkpoint": self.base["path"], "base_checkpoint.sha256": self.base["sha256"]}
+                  **({scaling_names.BASE_CHECKPOINT: self.base["path"], "base_checkpoint.sha256": self.base["sha256"]}
                      if self.base else {}),
                   **({"replay.share": self.run.replay.share, "replay.dataset_dir": self.run.replay.dataset_dir}
                      if self.run.replay else {})}

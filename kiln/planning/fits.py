@@ -286,8 +286,10 @@ def fit_parametric_law(runs: Sequence[RunPoint], n_bootstrap: int = 50, seed: in
 def runs_from_mlflow(tracking_uri: str, experiment_name: str) -> list[RunPoint]:
     """Finished runs of an MLflow experiment as `RunPoint`s, under the names every Kiln training run logs
     (`training_jobs.scaling_names`): param `model.n_params`, metrics `scaling/tokens`, `scaling/flops` and
-    `scaling/final_val_loss`. Runs that are not FINISHED or lack any of these (no validation data) are skipped; a
-    diverged run's NaN loss is read as it is, and the plan leaves it out, counted (plan._own_fit)."""
+    `scaling/final_val_loss`. Runs that are not FINISHED or lack any of these (no validation data) are skipped, and
+    so are continued and non-CLM runs by their params (`names.is_scaling_point`: runs logged before training left
+    scaling/* out for them have it); a diverged run's NaN loss is read as it is, and the plan leaves it out, counted
+    (plan._own_fit)."""
     from mlflow.tracking import MlflowClient  # optional dependency, only needed here
 
     from training_jobs import scaling_names as names
@@ -305,6 +307,8 @@ def runs_from_mlflow(tracking_uri: str, experiment_name: str) -> list[RunPoint]:
         for run in page:
             params, metrics = run.data.params, run.data.metrics
             if names.N_PARAMS not in params or not {names.TOKENS, names.FINAL_VAL_LOSS} <= set(metrics):
+                continue
+            if not names.is_scaling_point(params.get(names.OBJECTIVE), params.get(names.BASE_CHECKPOINT)):
                 continue
             points.append(
                 RunPoint(

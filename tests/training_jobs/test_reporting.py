@@ -125,3 +125,25 @@ def test_throughput_goodput_and_steady_goodput_on_a_hand_worked_run():
     assert metrics["run/goodput_tokens_per_s"] == pytest.approx(12_000) and "run/mfu" not in metrics
     assert metrics["run/time/other_s"] == 14.0 and metrics["checkpoint/stall_total_s"] == 4.0
     assert metrics["run/steady_goodput_tokens_per_s"] == pytest.approx(480_000 / 81) and metrics["run/steady_s"] == 81.0
+
+
+@pytest.mark.parametrize("objective, base, is_point", [
+    ("clm", None, True),
+    ("clm", {"path": "/runs/base/checkpoints/step_00100000", "kind": "checkpoint"}, False),
+    ("prefix_lm", None, False),
+    ("span_corruption", None, False)])
+def test_only_a_from_scratch_clm_run_logs_the_point_scaling_laws_are_fitted_on(objective, base, is_point):
+    """`kiln plan --mlflow-uri` fits L(C) and L(N, D) on scaling/*. A continued run's loss owes to its base's tokens
+    too, while scaling/tokens counts only its own; prefix-LM and span corruption validate the CLM loss of a model
+    trained on another objective: neither is a point on the from-scratch CLM laws."""
+    logged = {}
+    fake = SimpleNamespace(log_dict=lambda *a, **k: None, log_metrics=lambda m, step=None, **k: logged.update(m),
+                           flush_async_logging=lambda: None, end_run=lambda status: None)
+    report = Reporter(SimpleNamespace(output_dir="/nonexistent"), SimpleNamespace(main=False), None)
+    report.active, report.mlflow = True, fake
+    report.finish({"stability_events": [], "steps": 100, "val_loss": 2.1, "val_ppl_pos": {}, "tokens_seen": 819200,
+                   "flops_per_token": 1e6, "objective": objective, "base_checkpoint": base}, failed=False)
+    scaling = {k: v for k, v in logged.items() if k.startswith("scaling/")}
+    assert logged["val/loss"] == 2.1  # validation is logged either way
+    assert scaling == ({"scaling/tokens": 819200.0, "scaling/flops": 8.192e11, "scaling/final_val_loss": 2.1}
+                       if is_point else {})

@@ -124,6 +124,30 @@ def test_not_enough_runs():
         fit_parametric_law(two_token_counts)
 
 
+def test_runs_from_mlflow_reads_only_from_scratch_clm_runs(tmp_path):
+    """A continued run (param base_checkpoint) or one trained on another objective (training.objective) is no point
+    on the from-scratch CLM laws; runs logged before training stopped writing scaling/* for them still carry it, and
+    the reader leaves them out by their params."""
+    mlflow = pytest.importorskip("mlflow")
+    from kiln.planning.fits import runs_from_mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("sweep", artifact_location=str(tmp_path / "artifacts"))
+    point = {"scaling/tokens": 8e6, "scaling/flops": 8e12, "scaling/final_val_loss": 3.0}
+    for name, params in (("scratch", {"training.objective": "clm"}), ("older-scratch", {}),
+                         ("continued", {"training.objective": "clm", "base_checkpoint": "/runs/base/step_1"}),
+                         ("prefix", {"training.objective": "prefix_lm"})):
+        run = client.create_run(experiment, run_name=name).info.run_id
+        for key, value in {"model.n_params": 1e6, **params}.items():
+            client.log_param(run, key, value)
+        for key, value in point.items():
+            client.log_metric(run, key, value)
+        client.set_terminated(run, "FINISHED")
+    names = {client.get_run(r.run_id).info.run_name for r in runs_from_mlflow(uri, "sweep")}
+    assert names == {"scratch", "older-scratch"}
+
+
 def test_a_law_the_runs_do_not_pin_down_is_refused_not_divided_by_zero():
     """Runs on L = 2 + 300/N^0.3 + 0.002·ln D, slightly worse with more tokens (a first sweep whose small-data runs
     repeated their data): B/D^β, which falls with D, has no support, so the non-negative least squares sets B = 0.
