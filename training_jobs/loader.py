@@ -267,6 +267,12 @@ class ShardLoader:
             self.epoch, self.position = self.epoch + 1, 0
         return self._batch(min(self.batch_size, end - self.position))
 
+    def phase_at(self, state: dict[str, Any]) -> str:
+        """The curriculum phase of the last sequence read by the time the loader stood at `state` (its state_dict):
+        the stability monitor judges a step's loss against steps of the same phase."""
+        k = min(max(int(state["position"]) - 1, 0), self.sequences_per_epoch - 1)
+        return self.phases[int(np.searchsorted(self._phase_ends, k, side="right"))].name
+
     # -- resuming
 
     def state_dict(self) -> dict[str, Any]:
@@ -403,6 +409,9 @@ class ReplayLoader:
     def long_document_share(self, length: int) -> float:
         return self.main.long_document_share(length)
 
+    def phase_at(self, state: dict[str, Any]) -> str:
+        return self.main.phase_at(state["main"])
+
     def roles(self) -> dict[str, ShardLoader]:
         return {"train": self.main, "replay": self.replay}
 
@@ -438,6 +447,9 @@ class Prefetcher:
 
     def long_document_share(self, length: int) -> float:
         return self.source.long_document_share(length)
+
+    def phase_at(self, state: dict[str, Any]) -> str:
+        return self.source.phase_at(state)
 
     def roles(self) -> dict[str, ShardLoader]:
         return self.source.roles()

@@ -15,13 +15,22 @@ monitor raises `TrainingDiverged`.
 
 Spikes are judged against the rolling mean of recent *healthy* steps (an anomalous step never enters the
 window), and only once `min_history` healthy steps are in it. NaN/Inf is judged from the first step.
+
+A level is not a spike. The reference starts again (empty windows) when the data enters another curriculum phase
+(`observe(..., phase=)`: a harder phase's loss is judged against that phase's steps), and a loss that stays over the
+threshold for `min_history` consecutive steps, steady (within half the spike margin) and with healthy gradients, is
+taken as the new level: one `level_shift` event, and those steps become the window. A NaN never is; a rising loss
+is not steady; and with rollbacks on, the first spike step already rolls back (the windows return to the
+checkpoint's), so only steps the loop could not roll back (no checkpoint yet) can add up to a new level there.
+Consecutive anomalies of one kind are one record in `events` (`repeats`, `last_step`), so a long stretch of them does
+not grow every checkpoint and summary.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from training_jobs.settings import MonitorSettings
@@ -48,6 +57,8 @@ class Event:
     skipped_steps: int | None = None  # optimizer steps of data skipped
     lr_factor: float | None = None
     lr_reduced_until: int | None = None
+    repeats: int = 0  # further consecutive steps of the same kind this record stands for (in `events`)
+    last_step: int | None = None  # the last of them
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,15 +78,24 @@ class StabilityMonitor:
         self.rollbacks = 0
         self.lr_scale_until = -1  # LR is scaled by lr_factor for steps < this
         self._last_plateau_step = -(10**12)
+        self.phase: Any = None  # the curriculum phase the windows were filled in
+        # consecutive loss spikes with healthy gradients: (loss, grad norm) of each, a new level if they last
+        self.over: deque[tuple[float, float | None]] = deque(maxlen=settings.min_history)
+        self._run: Event | None = None  # the record of the current run of consecutive anomalies
 
     # -- judging
 
-    def observe(self, step: int, loss: float, grad_norm: float | None = None) -> Event | None:
+    def observe(self, step: int, loss: float, grad_norm: float | None = None, phase: Any = None) -> Event | None:
         """Judge one optimizer step. Healthy steps enter the rolling windows; an anomaly is returned (and
-        recorded) and does not."""
+        recorded) and does not. `phase`: the curriculum phase the step's data came from (None: not known); when it
+        changes, the windows start again."""
         s = self.settings
         if not s.enabled:
             return None
+        if phase is not None and phase != self.phase:
+            if self.phase is not None:
+                self._clear_windows()
+            self.phase = phase
         event = None
         if not (math.isfinite(loss) and _finite(grad_norm)):
             event = Event(step, "nan", self._action(), loss, grad_norm, None, None,
@@ -97,12 +117,57 @@ class StabilityMonitor:
             event = Event(step, "grad_explosion", self._action(), loss, grad_norm, None, s.grad_norm_max,
                           f"grad norm {grad_norm:.4g} at step {step} is above grad_norm_max {s.grad_norm_max}")
         if event is not None:
-            self.events.append(event)
-            return event
+            return self._anomaly(event)
+        self.over.clear()
+        self._run = None
         self.losses.append(loss)
         if grad_norm is not None:
             self.grad_norms.append(grad_norm)
         return self._check_plateau(step, loss)
+
+    def _anomaly(self, event: Event) -> Event:
+        """Record an anomaly (one record per run of consecutive ones of a kind), or accept a lasting level."""
+        s = self.settings
+        mean_grad = sum(self.grad_norms) / len(self.grad_norms) if self.grad_norms else None
+        healthy_grad = event.grad_norm is None or mean_grad is None or event.grad_norm <= s.grad_factor * mean_grad
+        if event.kind == "loss_spike" and healthy_grad:
+            self.over.append((event.loss, event.grad_norm))
+        else:
+            self.over.clear()
+        levels = [loss for loss, _ in self.over]
+        # steady: within half the spike margin of its lowest step (a diverging loss keeps rising past it)
+        if len(levels) == s.min_history and max(levels) <= min(levels) * (1 + (s.spike_factor - 1) / 2):
+            return self._new_level(event, levels)
+        if self._run is not None and self._run.kind == event.kind:
+            self._run.repeats += 1
+            self._run.last_step = event.step
+        else:
+            self.events.append(event)
+            self._run = event
+            return event
+        return replace(event)  # the loop may act on it (a lower LR); the record above stands for it
+
+    def _new_level(self, event: Event, levels: list[float]) -> Event:
+        level = sum(levels) / len(levels)
+        shift = Event(event.step, "level_shift", WARN, event.loss, event.grad_norm, event.reference, None,
+                      f"loss stayed at {level:.4f} for {len(levels)} steps to step {event.step} (the reference was "
+                      f"{event.reference:.4f}), steady and with healthy gradients: taken as the new level, the "
+                      f"window starts from these steps")
+        windows = list(self.over)
+        self._clear_windows()
+        self.losses.extend(levels)
+        self.grad_norms.extend(g for _, g in windows if g is not None)
+        self.events.append(shift)
+        return shift
+
+    def _clear_windows(self) -> None:
+        """A new reference: the loss and grad-norm windows, the plateau window and the run of anomalies start
+        again."""
+        self.losses.clear()
+        self.grad_norms.clear()
+        self.plateau_losses.clear()
+        self.over.clear()
+        self._run = None
 
     def _action(self) -> str:
         return ROLLBACK if self.settings.rollback else WARN
@@ -142,9 +207,14 @@ class StabilityMonitor:
             raise TrainingDiverged(
                 f"{event.message}; this would be rollback {self.rollbacks}, over monitor.max_rollbacks = "
                 f"{self.settings.max_rollbacks}. Training diverged: lower schedule.lr, raise warmup_steps, "
-                f"check the data around step {event.step}, or raise monitor.max_rollbacks")
+                f"check the data around step {event.step}, or raise monitor.max_rollbacks. If the loss rose for "
+                f"good because the data did (harder data, not a curriculum phase of its own), put that data in its "
+                f"own mixture phase (the reference starts again there) or set training.monitor.rollback: false "
+                f"(a lasting level is then accepted after monitor.min_history steps)")
         if checkpoint_state is not None:
             self._load_windows(checkpoint_state)
+        self.over.clear()
+        self._run = None  # the steps after the checkpoint are done again: a later anomaly is a new record
         self.lr_scale_until = to_step + self.settings.lr_reduced_steps
         event.rollback_to, event.skipped_steps = to_step, event.step - to_step
         event.lr_factor, event.lr_reduced_until = self.settings.lr_factor, self.lr_scale_until
@@ -163,7 +233,7 @@ class StabilityMonitor:
         return {"format": STATE_FORMAT, "losses": list(self.losses), "grad_norms": list(self.grad_norms),
                 "plateau_losses": list(self.plateau_losses), "events": [e.to_dict() for e in self.events],
                 "rollbacks": self.rollbacks, "lr_scale_until": self.lr_scale_until,
-                "last_plateau_step": self._last_plateau_step}
+                "last_plateau_step": self._last_plateau_step, "phase": self.phase}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("format") != STATE_FORMAT:
@@ -178,6 +248,7 @@ class StabilityMonitor:
         self.grad_norms = deque(state["grad_norms"], maxlen=self.settings.window)
         self.plateau_losses = deque(state["plateau_losses"], maxlen=2 * self.settings.plateau_window)
         self._last_plateau_step = int(state["last_plateau_step"])
+        self.phase = state.get("phase")  # None in states from before phases were recorded: adopted at the next step
 
 
 __all__ = ["Event", "ROLLBACK", "StabilityMonitor", "TrainingDiverged", "WARN"]

@@ -276,7 +276,7 @@ class Trainer:
         # CPU the step ended when its work was queued.
         ready = max(done.queued, time.perf_counter()) if done.figures.asynchronous else done.queued
         dt, self.last_ready = ready - max(done.started, self.last_ready), ready
-        event = self.monitor.observe(done.step, loss, grad_norm)
+        event = self.monitor.observe(done.step, loss, grad_norm, phase=self.loader.phase_at(done.loader_after))
         if event is not None and event.action == ROLLBACK:
             return ROLLED_BACK if self.roll_back(event, done.loader_after) else REJECTED
         if event is not None:

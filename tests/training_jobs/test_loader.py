@@ -148,6 +148,18 @@ def test_ranks_cover_each_phase_once_in_every_epoch(counting, world_size, epoch)
         assert f == sorted(f, key=lambda t: t >= 1778)
 
 
+def test_the_phase_of_a_position_is_that_of_the_last_sequence_read(counting):
+    """What the stability monitor is told about each step's data: tokens below 1778 are phase a's (the fixture's
+    stream), so the last row read says which phase the loader stands in, across both phases and an epoch's end."""
+    loader = ShardLoader(counting, seq_len=SEQ, batch_size=3, rank=1, world_size=2, seed=5)
+    seen = []
+    for _ in range(2 * loader.batches_per_epoch + 1):
+        x, _ = loader.next_batch()
+        seen.append(loader.phase_at(loader.state_dict()))
+        assert seen[-1] == ("a" if int(x[-1, 0]) < 1778 else "b")
+    assert {"a", "b"} == set(seen) and seen[0] == "a" and seen[-1] == "a"  # the next epoch starts in a again
+
+
 def test_epochs_are_reshuffled_deterministically(counting):
     def epoch_firsts(seed, epoch, shuffle=True):
         loader = ShardLoader(counting, seq_len=SEQ, batch_size=1, seed=seed, shuffle_epochs=shuffle)

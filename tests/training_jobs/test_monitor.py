@@ -107,3 +107,78 @@ def test_state_round_trips_through_json():
 def test_disabled_or_record_only():
     assert StabilityMonitor(MonitorSettings(enabled=False)).observe(1, math.nan, 1.0) is None
     assert StabilityMonitor(MonitorSettings(rollback=False)).observe(1, math.nan, 1.0).action == WARN
+
+
+STEADY = SETTINGS.model_copy(update={"plateau_window": 1000})  # no plateau warnings in the way
+WARN_ONLY = STEADY.model_copy(update={"rollback": False})
+
+
+def test_a_lasting_level_shift_is_accepted_once_it_holds_for_min_history_steps():
+    """Loss 2.0, then a harder stretch of data at 3.1 for good (1.55x, healthy gradients). Every later step was a
+    loss spike for ever: an event each, kept in every checkpoint and summary. Now the first min_history (3) steps
+    at the new level are one aggregated spike record, the third is accepted as the new level (one event), and the
+    window holds the new level from then on."""
+    monitor = StabilityMonitor(WARN_ONLY)
+    feed(monitor, [2.0] * 10)
+    events = feed(monitor, [3.1] * 200, start=11)
+    assert [(e.step, e.kind, e.action) for e in events if e is not None] == \
+        [(11, "loss_spike", WARN), (12, "loss_spike", WARN), (13, "level_shift", WARN)]
+    spike, shift = monitor.events
+    assert (spike.kind, spike.step, spike.last_step, spike.repeats) == ("loss_spike", 11, 12, 1)
+    assert (shift.kind, shift.step, shift.reference, shift.loss) == ("level_shift", 13, pytest.approx(2.0), 3.1)
+    assert "3 steps" in shift.message and "new level" in shift.message
+    assert list(monitor.losses) == [3.1] * 5
+    assert monitor.observe(300, 4.8, 1.0).kind == "loss_spike"  # a spike over the new level is still one
+
+
+def test_a_spike_that_passes_or_keeps_rising_is_no_level_shift():
+    monitor = StabilityMonitor(WARN_ONLY)
+    feed(monitor, [2.0] * 10)
+    events = feed(monitor, [3.5, 3.4, 2.0, 2.0], start=11)  # two steps high, then back: a spike
+    assert [e.kind for e in events if e is not None] == ["loss_spike", "loss_spike"]
+    assert [(e.kind, e.repeats) for e in monitor.events] == [("loss_spike", 1)]
+    rising = feed(monitor, [3.1, 3.6, 4.2, 4.9, 5.7, 6.6], start=15)  # diverging: each step 1.16x the last
+    assert all(e.kind == "loss_spike" for e in rising)
+    assert list(monitor.losses) == [2.0] * 5 and len(monitor.events) == 2  # one more record for the new run
+
+
+def test_nan_is_never_accepted_as_a_level():
+    monitor = StabilityMonitor(WARN_ONLY)
+    feed(monitor, [2.0] * 10)
+    assert [e.kind for e in feed(monitor, [math.nan] * 10, start=11)] == ["nan"] * 10
+    assert list(monitor.losses) == [2.0] * 5
+
+
+def test_a_spike_still_rolls_back_and_a_rolled_back_one_starts_no_level_shift():
+    """With rollback on, the first step over the threshold asks for a rollback (before it reaches a checkpoint);
+    after it, the windows are the checkpoint's and the same level again asks for another, up to max_rollbacks."""
+    monitor = StabilityMonitor(STEADY)
+    feed(monitor, [2.0] * 5)
+    at_checkpoint = json.loads(json.dumps(monitor.state_dict()))
+    for i in range(2):
+        event = monitor.observe(6 + i, 3.1, 1.0)
+        assert (event.kind, event.action) == ("loss_spike", ROLLBACK)
+        monitor.rolled_back(event, to_step=5, checkpoint_state=at_checkpoint)
+    with pytest.raises(TrainingDiverged, match="rollback 3"):
+        monitor.rolled_back(monitor.observe(8, 3.1, 1.0), to_step=5, checkpoint_state=at_checkpoint)
+
+
+def test_a_new_curriculum_phase_starts_a_new_reference():
+    """The loss of a harder phase is judged against that phase's own steps, not the last phase's: after the phase
+    changes, no spike is judged until min_history steps of it are in the window (NaN is judged throughout)."""
+    monitor = StabilityMonitor(STEADY)
+    for step in range(1, 11):
+        assert monitor.observe(step, 2.0, 1.0, phase=0) is None
+    at_checkpoint = json.loads(json.dumps(monitor.state_dict()))
+    assert [monitor.observe(step, 3.1, 1.0, phase=1) for step in range(11, 14)] == [None] * 3
+    assert list(monitor.losses) == [3.1] * 3
+    assert monitor.observe(14, 3.1, math.inf, phase=1).kind == "nan"
+    spike = monitor.observe(15, 4.8, 1.0, phase=1)
+    assert spike.kind == "loss_spike" and spike.reference == pytest.approx(3.1)
+    # rolled back to a checkpoint of phase 0 while the data goes on in phase 1: phase 1's reference starts again
+    monitor.rolled_back(spike, to_step=10, checkpoint_state=at_checkpoint)
+    assert list(monitor.losses) == [2.0] * 5
+    assert monitor.observe(16, 3.1, 1.0, phase=1) is None and list(monitor.losses) == [3.1]
+    again = StabilityMonitor(STEADY)
+    again.load_state_dict(json.loads(json.dumps(monitor.state_dict())))
+    assert again.observe(17, 3.1, 1.0, phase=1) is None and list(again.losses) == [3.1, 3.1]
