@@ -20,6 +20,10 @@ REMOVED_KEYS = {("dedup", "near", "index"): "removed: the near-dup index is now 
                                             "dataset (on the store, local or S3; no Redis). Delete dedup.near.index "
                                             "from the config, and run `kiln dedup migrate-index` once if this store "
                                             "was indexed before"}
+# Keys that say one thing two ways, of which a config sets one: a file (or change) that sets one replaces the others
+# of the config it extends, as it would replace the same key (a file extending default.yaml, max_steps: 300, with
+# token_budget: 1e9 trains on the budget).
+ALTERNATIVE_KEYS = {("training",): ({"max_steps", "token_budget"},)}
 
 
 class _UniqueKeys(yaml.SafeLoader):
@@ -48,7 +52,8 @@ class _UniqueKeys(yaml.SafeLoader):
 def load_config(path: str | Path | None = None) -> ProjectConfig:
     """The project config at `path` (default: $KILN_CONFIG). A file may start from another with
     `extends: other.yaml` (relative to itself): its keys are merged over the other's, mappings key by key,
-    anything else (lists and empty mappings included) replaced."""
+    anything else (lists and empty mappings included) replaced, and a key of ALTERNATIVE_KEYS replaces its
+    alternatives."""
     path = Path(path) if path is not None else config_path()
     return parse_config(_read_yaml(path), origin=str(path))
 
@@ -78,11 +83,16 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return merge_config(_read_yaml(parent_path, seen + (path.resolve(),)), raw)
 
 
-def merge_config(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """`override` over `base`: mappings merge key by key; any other value, and an empty mapping, replaces."""
+def merge_config(base: dict[str, Any], override: dict[str, Any], _at: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`override` over `base`: mappings merge key by key; any other value, and an empty mapping, replaces; a key of
+    ALTERNATIVE_KEYS set (not null) in `override` drops its alternatives from `base`."""
     out = dict(base)
+    for group in ALTERNATIVE_KEYS.get(_at, ()):
+        if any(override.get(key) is not None for key in group):
+            for key in group - override.keys():
+                out.pop(key, None)
     for key, value in override.items():
-        out[key] = merge_config(out[key], value) if value and isinstance(value, dict) and \
+        out[key] = merge_config(out[key], value, (*_at, key)) if value and isinstance(value, dict) and \
             isinstance(out.get(key), dict) else value
     return out
 

@@ -190,6 +190,25 @@ def test_a_config_extends_another_key_by_key(tmp_path):
         load_config(tmp_path / "orphan.yaml")
 
 
+def test_a_run_length_in_an_extending_file_replaces_the_one_it_extends(tmp_path):
+    """max_steps and token_budget say one thing two ways (not both may be set). default.yaml sets max_steps: 300; a
+    file extending it with only token_budget was refused, "set training.max_steps or training.token_budget, not
+    both", for a max_steps its author never wrote. Now the extending file's run length replaces the base's, as the
+    same key would; both in one file is still refused."""
+    (tmp_path / "base.yaml").write_text(DEFAULT.read_text())
+    assert load_config(tmp_path / "base.yaml").training.max_steps == 300
+    (tmp_path / "mine.yaml").write_text("extends: base.yaml\ntraining:\n  token_budget: 1000000\n")
+    mine = load_config(tmp_path / "mine.yaml").training
+    assert (mine.token_budget, mine.max_steps) == (1_000_000, None)
+    assert mine.resolved_max_steps(world_size=1, seq_len=128) == 977  # ceil(1e6 / (8 x 128)): the budget's
+    (tmp_path / "back.yaml").write_text("extends: mine.yaml\ntraining:\n  max_steps: 50\n")
+    back = load_config(tmp_path / "back.yaml").training
+    assert (back.max_steps, back.token_budget) == (50, None)
+    (tmp_path / "both.yaml").write_text("extends: base.yaml\ntraining:\n  token_budget: 1000\n  max_steps: 5\n")
+    with pytest.raises(ConfigError, match="not both"):
+        load_config(tmp_path / "both.yaml")
+
+
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (DEFAULT.parent / "recipes").glob("*.yaml")))
 def test_every_recipe_config_is_valid(recipe):
     config = load_config(DEFAULT.parent / "recipes" / recipe)
