@@ -60,7 +60,11 @@ def data_card(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
     chart = funnel_png(card)
     unknown = config.card.list_unknown_licenses
     markdown = data_card_markdown(card, f"![{FUNNEL_TITLE}]({FUNNEL_PNG})", unknown)
-    chain, catalog = card["lineage"], Catalog(store)
+    # The versions the checkpoint was built from (its lineage), also where one was materialized again since: the card
+    # describes those. The removal requests are the store's current ones, as the card lists them.
+    chain = card["lineage"]
+    catalog = Catalog(store, pins={n["key"]: n["data_version"] for n in chain["nodes"]
+                                   if n["data_version"] and n["key"] != REQUESTS})
     found = [(a, None) for a in (CHECKPOINT, RUN, TOKENIZER)] + \
         [(SHARDS, card["shards"]["refresh"] if card["shards"] else None)] + \
         [(stage, partition(s["name"], r["key"])) for stage in DOCUMENT_STAGES for s in card["sources"]

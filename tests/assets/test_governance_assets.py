@@ -37,3 +37,27 @@ def test_data_card_asset_writes_markdown_and_json_with_lineage(built):
     assert manifest.inputs[f"raw_documents/{web}"] == store.manifest("raw_documents", web).data_version
     assert "evaluation" not in manifest.inputs and card["evaluation"] is None  # not materialized: said, not a crash
     assert [s["name"] for s in card["sources"]] == ["web", "ref"]
+
+
+def test_the_cards_inputs_are_the_versions_its_checkpoint_read(built):
+    """After the training, a removal request; web's quality filter and the token shards are materialized again, then
+    the card. The card describes the checkpoint's own (now replaced) versions, and its manifest must record those as
+    its inputs, not the versions materialized since that the checkpoint never read; the removal requests, which the
+    card shows as they are now, at the store's current version."""
+    from kiln.governance.forget import record_request
+
+    store, project = built["store"], built["project"]
+    web, refresh = project.partition("web"), project.current()
+    trained = {f"quality_filtered_documents/{web}": store.manifest("quality_filtered_documents", web).data_version,
+               f"token_shards/{refresh}": store.manifest("token_shards", refresh).data_version}
+    doc = next(d for d, r in built["members"].items() if r["source"] == "web" and r["split"] == "train")
+    record_request(store, built["config"], "doc_ids", [doc], "asked")
+    assert project.materialize(["quality_filtered_documents"], partition="web").success
+    assert project.materialize(["token_shards"]).success
+    for key, version in trained.items():
+        assert store.manifest(*key.split("/", 1)).data_version != version  # both replaced since
+    assert project.materialize(["data_card"]).success
+    inputs = store.manifest("data_card").inputs
+    assert {k: inputs[k] for k in trained} == trained
+    assert inputs["checkpoint"] == built["checkpoint"].data_version
+    assert inputs["removal_requests"] == store.manifest("removal_requests").data_version
