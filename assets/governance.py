@@ -48,14 +48,14 @@ def data_card(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storag
     dedup, decontamination and PII figures, tokenizer, mixture and epochs, what the run read, training settings, the
     MLflow run, and the lineage chain back to the raw sources with hashes."""
     config, store = kiln_config.load(), storage.store()
-    run = store.manifest(RUN)
-    mlflow = run.stats.get("mlflow") or {}
     tracking_uri = mlflow_tracking.tracking_uri  # its credentials never reach the card or the metadata
-    # A tracking server's run page; a local store is linked from the card by a relative path (a loopback UI
+    # A tracking server's page of the checkpoint's own run (the card finds it: the store's newest training_run may be
+    # a later one); a local store is linked from the card by a path relative to the card's folder (a loopback UI
     # address would not open on a reviewer's machine).
-    url = mlflow_tracking.run_url(mlflow["experiment_id"], mlflow["run_id"]) \
-        if mlflow.get("run_id") and tracking_uri.startswith(("http://", "https://")) else None
-    card = build_data_card(store, config, mlflow_url=url, tracking_uri=tracking_uri)
+    run_url = mlflow_tracking.run_url if tracking_uri.startswith(("http://", "https://")) else None
+    card = build_data_card(store, config, run_url=run_url, tracking_uri=tracking_uri)
+    mlflow = card["mlflow"] or {}
+    url = mlflow.get("url")
     card["funnel"]["chart"] = FUNNEL_PNG
     chart = funnel_png(card)
     unknown = config.card.list_unknown_licenses

@@ -15,6 +15,7 @@ recomputed: a figure that is not in a manifest is not on the card, and a stage t
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -38,10 +39,12 @@ CLASSIFIER = "quality_classifier"
 DATA_CARD = "data_card"
 
 
-def build_data_card(store: Store, config: ProjectConfig, checkpoint: str = CHECKPOINT, mlflow_url: str | None = None,
+def build_data_card(store: Store, config: ProjectConfig, checkpoint: str = CHECKPOINT,
+                    run_url: Callable[[str, str], str] | None = None,
                     tracking_uri: str | None = None) -> dict[str, Any]:
     """The card of a checkpoint (`checkpoint`: the store's current one by default, else as `kiln audit lineage` takes
-    it), as a JSON-ready dict (see the module docstring). `mlflow_url`: the run's page on a tracking server;
+    it), as a JSON-ready dict (see the module docstring). `run_url(experiment_id, run_id)`: a run's page on a
+    tracking server, given the ids of this checkpoint's own run (the store's newest run may be another's);
     `tracking_uri`: where runs are tracked (for a local store, the card links the store by a path relative to the
     card's folder, which works wherever the folders are copied together)."""
     chain_ = lineage(store, checkpoint)
@@ -66,8 +69,8 @@ def build_data_card(store: Store, config: ProjectConfig, checkpoint: str = CHECK
     stage_stats = {name: merged_stage_stats(catalog, parts[name]) for name in names}
     summary = (run.stats.get("summary") or {}) if run else {}
     mlflow = dict((ckpt.stats.get("mlflow") or (run.stats.get("mlflow") if run else None) or {}))
-    if mlflow and mlflow_url:
-        mlflow["url"] = mlflow_url
+    if mlflow.get("run_id") and run_url:
+        mlflow["url"] = run_url(mlflow.get("experiment_id"), mlflow["run_id"])
     if mlflow and tracking_uri:
         mlflow.update(mlflow_store(tracking_uri, store.dataset_dir(DATA_CARD)))
     licenses, languages = licenses_and_languages(catalog, config, parts, shards)

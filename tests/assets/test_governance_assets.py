@@ -61,3 +61,23 @@ def test_the_cards_inputs_are_the_versions_its_checkpoint_read(built):
     assert {k: inputs[k] for k in trained} == trained
     assert inputs["checkpoint"] == built["checkpoint"].data_version
     assert inputs["removal_requests"] == store.manifest("removal_requests").data_version
+
+
+def test_the_card_links_its_own_checkpoints_mlflow_run(built):
+    """A newer training run (its own MLflow run) is in the store, its checkpoint not exported yet: the card of the
+    current checkpoint links that checkpoint's run on the tracking server, not the newer one."""
+    store, project = built["store"], built["project"]
+    old = store.manifest("training_run")
+    with store.staging("training_run") as w:
+        (w.dir / "summary.json").write_text("{}")
+        w.commit(code_version="test", config={}, inputs=old.inputs, counts={"steps": 9},
+                 stats={"mlflow": {"experiment_id": "7", "run_id": "NEWRUN999"}})
+    project.resources["mlflow_tracking"] = project.definitions.MlflowTracking(
+        tracking_uri="https://mlflow.example.org")
+    result = project.materialize(["data_card"])
+    assert result.success
+    page = "https://mlflow.example.org/#/experiments/1/runs/abc123"  # stand_in_checkpoint's experiment 1, run abc123
+    card = json.loads((store.dataset_dir("data_card") / "data_card.json").read_text())
+    assert card["mlflow"]["run_id"] == "abc123" and card["mlflow"]["url"] == page
+    assert f"MLflow run `abc123` (experiment 1): {page}." in (store.dataset_dir("data_card") / "data_card.md").read_text()
+    assert result.asset_materializations_for_node("data_card")[0].metadata["mlflow_run"].value == page

@@ -456,7 +456,7 @@ def test_rejected_bad_questions_exit_2_with_a_message(built, capsys, argv, messa
 
 def test_data_card_holds_sources_stages_funnel_and_lineage(built):
     store, config = built["store"], built["config"]
-    card = build_data_card(store, config, mlflow_url="http://mlflow.example/#/runs/abc123")
+    card = build_data_card(store, config, run_url=lambda e, r: f"http://mlflow.example/#/runs/{r}")
     json.dumps(card)  # the JSON file is this dict
     assert card["checkpoint"]["data_version"] == built["checkpoint"].data_version
     sources = {s["name"]: s for s in card["sources"]}

@@ -242,7 +242,7 @@ def test_links_work_off_this_machine(carded):
 
 def test_a_tracking_server_is_linked_as_configured(carded, tmp_path):
     store, config = carded["store"], carded["config"]
-    card = build_data_card(store, config, mlflow_url="https://mlflow.example.org/#/experiments/1/runs/abc123",
+    card = build_data_card(store, config, run_url=lambda e, r: f"https://mlflow.example.org/#/experiments/{e}/runs/{r}",
                            tracking_uri="https://mlflow.example.org")
     assert card["mlflow"]["url"].startswith("https://mlflow.example.org") and "store" not in card["mlflow"]
     assert "https://mlflow.example.org/#/experiments/1/runs/abc123" in data_card_markdown(card)
@@ -262,7 +262,7 @@ def test_the_tracking_uris_credentials_reach_neither_the_card_nor_the_run_link(c
     tracking = MlflowTracking(tracking_uri=uri)
     url = tracking.run_url("1", "abc123")
     assert url == "https://mlflow.example.org/#/experiments/1/runs/abc123"
-    card = build_data_card(carded["store"], carded["config"], mlflow_url=url, tracking_uri=uri)
+    card = build_data_card(carded["store"], carded["config"], run_url=tracking.run_url, tracking_uri=uri)
     assert card["mlflow"]["tracking_uri"] == "https://mlflow.example.org"
     assert "s3cr3tTok3n" not in json.dumps(card) and "s3cr3tTok3n" not in data_card_markdown(card)
 
