@@ -3,9 +3,11 @@ the dict `build_data_card` returns is the JSON for machines."""
 
 from __future__ import annotations
 
+import re
 from pathlib import PurePath
 from typing import Any
 
+from kiln.common.display import visible
 from kiln.common.manifest import to_the_second
 from kiln.common.plots import figure_png, stacked_bars
 from kiln.dedup.report import cross_source_markdown
@@ -61,10 +63,42 @@ def _table(header: list[str], rows: list[list[Any]], align: str | None = None) -
     return ["| " + " | ".join(header) + " |", align] + ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows]
 
 
+class _Markdown(str):
+    """Markdown this module wrote (code spans of `_code`, its own words): a cell shows it as markdown."""
+
+
+# Markdown and HTML that inline text could start: emphasis, code, links and images, tags and entities, strikethrough,
+# a table cell's end. An underscore between two letters or digits starts no emphasis: kept as it is, for readability.
+_SPECIAL = re.compile(r"[\\`*\[\]<>&|~]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+
+
+def _one_line(value: Any) -> str:
+    """A value on one line (a line break would end a table row or a list item), its unseen characters visible."""
+    return visible(" ".join(str(value).splitlines()))
+
+
+def _text(value: Any) -> str:
+    """A string from the data (a licence, a language, a reason, a name) as inline markdown that shows as itself:
+    no tag, link, image, emphasis or heading it spells takes effect, and a bidi override or a control character shows
+    as its escape (U+202E would make "TIM" read "MIT")."""
+    return _one_line(_SPECIAL.sub(lambda m: "\\" + m.group(), str(value)))
+
+
+def _code(value: Any) -> _Markdown:
+    """A value from the data as a code span that shows it as it is: fenced with a backtick run longer than any in it
+    (CommonMark), a space inside the fence where it starts or ends with a backtick."""
+    text = _one_line(value) or " "
+    fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
+    pad = " " if text[0] == "`" or text[-1] == "`" else ""
+    return _Markdown(f"{fence}{pad}{text}{pad}{fence}")
+
+
 def _cell(value: Any) -> str:
-    """A table cell: a '|' in it (a reason, a source's statement) would split the row and shift every column after
-    it, and a line break would end the table."""
-    return " ".join(_n(value).replace("|", "\\|").splitlines())
+    """A table cell: a string as `_text` shows it; this module's markdown as it is, but a '|' in it (in a code span)
+    would split the row and shift every column after it (GFM reads the escaped one as a '|' there too)."""
+    if isinstance(value, _Markdown):
+        return value.replace("|", "\\|")
+    return _text(value) if isinstance(value, str) else _n(value)
 
 
 def _rule(rule: dict | None) -> str:
@@ -77,14 +111,14 @@ def _rule(rule: dict | None) -> str:
 
 def _mlflow_markdown(m: dict[str, Any]) -> str:
     """The run and where it is tracked: the server's page, or the local store by a path relative to this card."""
-    line = f"MLflow run `{m.get('run_id')}` (experiment {m.get('experiment_id')})"
+    line = f"MLflow run {_code(m.get('run_id'))} (experiment {_text(m.get('experiment_id'))})"
     if m.get("url"):
         return f"{line}: {m['url']}."
     if m.get("store"):
-        return (f"{line}, tracked in `{m['tracking_uri']}`: the store is [`{m['store']}`]({m['store']}) relative to "
-                f"this card (browse it with `make mlflow` here, or `mlflow ui --backend-store-uri` on that store "
-                f"where it is copied).")
-    return f"{line}" + (f", tracked at `{m['tracking_uri']}`." if m.get("tracking_uri") else ".")
+        return (f"{line}, tracked in {_code(m['tracking_uri'])}: the store is [`{m['store']}`]({m['store']}) "
+                f"relative to this card (browse it with `make mlflow` here, or `mlflow ui --backend-store-uri` on that "
+                f"store where it is copied).")
+    return f"{line}" + (f", tracked at {_code(m['tracking_uri'])}." if m.get("tracking_uri") else ".")
 
 
 # (heading, key, what a reviewer reads when the config says nothing): Datasheets for Datasets / HF dataset cards
@@ -117,7 +151,7 @@ def _license_cell(source: dict[str, Any], card: dict[str, Any]) -> str:
     if not isinstance(mine, dict) or mine["field"] == "license":
         return source["license"]
     known = len([lic for lic in mine["licenses"] if lic != UNKNOWN])
-    return f"per document (`{mine['field']}`): {known} licences, {mine['unknown']:,} documents unknown"
+    return _Markdown(f"per document ({_code(mine['field'])}): {known} licences, {mine['unknown']:,} documents unknown")
 
 
 def _licenses_markdown(card: dict[str, Any], list_unknown: int) -> list[str]:
@@ -131,13 +165,13 @@ def _licenses_markdown(card: dict[str, Any], list_unknown: int) -> list[str]:
         if not isinstance(v, dict):
             rows.append([name, v, None, None, None, None])
             continue
-        rows += [[name, f"`{v['field']}`", lic, r["documents"], r["in_train_shards"], r["train_tokens"]]
+        rows += [[name, _code(v['field']), lic, r["documents"], r["in_train_shards"], r["train_tokens"]]
                  for lic, r in v["licenses"].items()]
         if v["unknown"]:
             shown = v["unknown_listed"][:list_unknown]
             more = v["unknown"] - len(shown)
-            listed.append(f"- {name}: {v['unknown']:,} document(s) of unknown licence: "
-                          + ", ".join(f"`{d['locator'] or d['doc_id']}` ({d['doc_id']}"
+            listed.append(f"- {_text(name)}: {v['unknown']:,} document(s) of unknown licence: "
+                          + ", ".join(f"{_code(d['locator'] or d['doc_id'])} ({_text(d['doc_id'])}"
                                       + (", in train shards)" if d["in_train_shards"] else ")") for d in shown)
                           + (f", and {more:,} more (data_card.json lists up to 1,000)" if more > 0 else ""))
     out += _table(["source", "licence from", "licence", "documents", "in train shards", "train tokens"], rows,
@@ -151,7 +185,8 @@ def _recorded_note(info: dict[str, Any]) -> list[str]:
     names = [name for name, v in (info.get("per_source") or {}).items()
              if isinstance(v, dict) and v.get("counted_from") == MEMBER_LIST]
     return ["", f"Counted from the token shards' member list, as recorded when the shards were written (these "
-                f"documents were materialized again since the training): {', '.join(names)}."] if names else []
+                f"documents were materialized again since the training): {', '.join(map(_text, names))}."] \
+        if names else []
 
 
 def _languages_markdown(card: dict[str, Any]) -> list[str]:
@@ -167,7 +202,7 @@ def _languages_markdown(card: dict[str, Any]) -> list[str]:
         settings = v.get("settings")
         step = (f"kept {', '.join(settings.get('languages') or ['en'])} at score ≥ "
                 f"{settings.get('min_score', 0.65)}" if settings is not None else
-                f"off (profile `{v.get('profile')}`)")
+                _Markdown(f"off (profile {_code(v.get('profile'))})"))
         total = sum(r["documents"] for r in v["languages"].values()) or 1
         rows += [[name, step, lang, r["documents"], f"{r['documents'] / total:.1%}", r["train_tokens"]]
                  for lang, r in v["languages"].items()]
@@ -218,7 +253,7 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
                 "The next token shards exclude them; this checkpoint still contains what it learned from them.", ""]
         out += _table(["request", "recorded", "kind", "value", "reason", "documents in its training set", "tokens",
                        "documents read", "tokens read"],
-                      [[f"`{r['request_id']}`", to_the_second(r["created_at"]), r["kind"], r["value"],
+                      [[_code(r['request_id']), to_the_second(r["created_at"]), r["kind"], r["value"],
                         r["reason"] or "", r["affected"]["documents"], r["affected"]["tokens"],
                         *_read(r["affected"].get("read"))]
                        for r in card["removal_requests"]])
@@ -242,7 +277,7 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
 
     out += ["", "## Refreshes in the training data", ""]
     out += _table(["refresh", "registered", "trigger", "landed files", "raw records", "documents kept"],
-                  [[f"`{r['key']}`", to_the_second(r["created_at"]), r["trigger"],
+                  [[_code(r['key']), to_the_second(r["created_at"]), r["trigger"],
                     "configured sources" if r["landed_files"] is None else r["landed_files"], r["raw_records"],
                     r["documents"]] for r in card["refreshes"]],
                   "|---|---|---|---:|---:|---:|")
@@ -387,9 +422,10 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
     lin = card["lineage"]
     out += ["", f"## Lineage ({len(lin['nodes'])} datasets back to the raw sources)", ""]
     out += _table(["dataset", "data version", "code version", "git commit", "created", "files", "status"],
-                  [[f"`{n['key']}`", f"`{n['data_version']}`", n["code_version"], (n["git_commit"] or "unknown")[:12],
-                    to_the_second(n["created_at"]), len(n["files"]), n["status"] + (f" (now `{n['current_version']}`)"
-                                                                    if n["status"] == "replaced" else "")]
+                  [[_code(n['key']), _code(n['data_version']), n["code_version"], (n["git_commit"] or "unknown")[:12],
+                    to_the_second(n["created_at"]), len(n["files"]),
+                    _Markdown(n["status"] + (f" (now {_code(n['current_version'])})" if n["status"] == "replaced"
+                                             else ""))]
                    for n in lin["nodes"]],
                   "|---|---|---|---|---|---:|---|")
     out += [f"- warning: {p}" for p in lin["problems"]]

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import zstandard
 
 from kiln.common.config import Reading, Source
+from kiln.common.display import UNSEEN
 from kiln.common.removals import EXCERPT_MOST_READS, kept_text, text_hash
 from kiln.curation.documents import Document, make_doc_id
 from kiln.curation.readers.html import Extracted, decode_html, extract
@@ -65,7 +66,6 @@ def quarantine(source: str, locator: str, reason: str, record: bytes | str | Non
 
 
 _UTF16_BOMS = ((b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
-_UNSEEN = re.compile("[\x00-\x08\x0b-\x1f\x7f]")  # controls: nothing a reader shows, and they split what the redactor reads
 
 
 def _readable(record: bytes) -> str:
@@ -77,7 +77,7 @@ def _readable(record: bytes) -> str:
     for bom, codec in _UTF16_BOMS:
         if head.startswith(bom):
             return head[len(bom):].decode(codec, errors="replace")
-    return _UNSEEN.sub("", head.decode("utf-8", errors="replace"))
+    return UNSEEN.sub("", head.decode("utf-8", errors="replace"))
 
 
 def decode_utf8(data: bytes, source: str, locator: str) -> str | Quarantined:

@@ -295,3 +295,66 @@ def test_card_license_fields_must_name_a_source():
     raw["card"] = {"intended_uses": ["typo"]}
     with pytest.raises(ConfigError, match=r"card.intended_uses: unknown key; did you mean 'intended_use'"):
         parse_config(raw)
+
+
+def _markdown_tokens(markdown: str) -> list:
+    """Every token of the page as a CommonMark parser with GFM tables reads it (markdown-it-py), inline ones too."""
+    from markdown_it import MarkdownIt
+
+    flat = []
+    for token in MarkdownIt("commonmark").enable("table").parse(markdown):
+        flat += [token, *(token.children or [])]
+    return flat
+
+
+def _table_rows(markdown: str) -> list[list[str]]:
+    """Each table row's cells as a reader sees them (text and code spans, markup gone)."""
+    rows, row = [], None
+    for token in _markdown_tokens(markdown):
+        if token.type == "tr_open":
+            row = []
+            rows.append(row)
+        elif token.type == "inline" and row is not None:
+            row.append("".join(c.content for c in token.children if c.type in ("text", "code_inline")))
+    return rows
+
+
+def test_strings_from_the_documents_show_as_themselves_in_the_markdown(carded):
+    """Licences, languages, locators and a request's reason come from the data: whatever markup, HTML, bidi
+    override or control character they spell, a CommonMark reader shows them as text and the page keeps its
+    structure (no tag, link, image or heading of theirs, no row split, no code span broken out of)."""
+    import copy
+
+    card = copy.deepcopy(carded["card"])
+    hostile = {"<script>alert(1)</script>": "<script>alert(1)</script>",
+               "GPL\n# Injected heading": "GPL # Injected heading",
+               "\u202eTIM": "\\u202eTIM",  # shown as its escape: U+202E would make it read "MIT"
+               "[click](https://evil.example)": "[click](https://evil.example)",
+               "![x](https://evil.example/x.png)": "![x](https://evil.example/x.png)",
+               "MIT | Apache-2.0": "MIT | Apache-2.0", "*bold* _it_ ~~gone~~ &#x202E;": "*bold* _it_ ~~gone~~ &#x202E;",
+               "\x1b]0;title\x07red": "\\u001b]0;title\\u0007red"}
+    row = {"documents": 1, "in_train_shards": 0, "train_tokens": 0}
+    web = card["licenses"]["per_source"]["web"]
+    web["licenses"] = {**web["licenses"], **{lic: row for lic in hostile}}
+    web["unknown_listed"] = [{"doc_id": "d1", "locator": "id:w`5\n# boom", "in_train_shards": False},
+                             {"doc_id": "d2", "locator": "id:w6|x", "in_train_shards": True},
+                             {"doc_id": "d3", "locator": "``a``", "in_train_shards": False}]
+    card["languages"]["per_source"]["web"]["languages"]["<b>xx</b>"] = row
+    card["removal_requests"] = [{"request_id": "r1", "created_at": card["generated_at"], "kind": "doc_ids",
+                                 "value": "1 doc ids", "reason": "<img src=x onerror=alert(1)>",
+                                 "affected": {"documents": 1, "tokens": 2}}]
+    markdown = data_card_markdown(card, list_unknown=10)
+    tokens = _markdown_tokens(markdown)
+    assert not [t for t in tokens if t.type in ("html_inline", "html_block", "image")]
+    assert {t.attrs["href"] for t in tokens if t.type == "link_open"} == {card["mlflow"]["store"]}  # the card's own
+    headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
+    assert not [h for h in headings if "Injected" in h or "boom" in h]
+    assert not [c for c in markdown if c in "\u202e\x1b\x07"]
+    rows = _table_rows(markdown)
+    licences = [r for r in rows if r[:2] == ["web", "meta.package_license"]]
+    assert {r[2] for r in licences} >= set(hostile.values()) and {len(r) for r in licences} == {6}
+    assert next(r for r in rows if r[2] == "<b>xx</b>")[:4] == ["web", "off (profile none)", "<b>xx</b>", "1"]
+    assert next(r for r in rows if r[0] == "r1")[4] == "<img src=x onerror=alert(1)>"
+    # The locators in code spans, whole: a backtick or a '|' in one does not end it.
+    listed = next(t for t in tokens if t.type == "inline" and "document(s) of unknown licence" in t.content)
+    assert [c.content for c in listed.children if c.type == "code_inline"] == ["id:w`5 # boom", "id:w6|x", "``a``"]
