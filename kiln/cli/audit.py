@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln.cli.base import BAD_INPUT, EXIT_OK, bad_input, open_store
+from kiln.common.display import visible
 
 if TYPE_CHECKING:
     from kiln.common.config import ProjectConfig
@@ -134,7 +135,9 @@ def run_audit(args: argparse.Namespace) -> int:
             result = source_usage(store, config, args.name)
     except BAD_INPUT as exc:  # ConfigError, AuditError and StorageError included
         return bad_input("audit", exc)
-    print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False, default=str) if args.json else render(result))
+    # JSON keeps C1 and bidi characters as they are (ensure_ascii=False): as escapes, it is the same JSON.
+    print(visible(json.dumps(result.to_dict(), indent=2, ensure_ascii=False, default=str)) if args.json else
+          render(result))
     return EXIT_OK
 
 
@@ -147,8 +150,9 @@ def _card(store: Store, config: ProjectConfig, checkpoint: str, out: Path | None
     card = build_data_card(store, config, checkpoint)
     unknown = config.card.list_unknown_licenses
     if out is None:
-        print(json.dumps(card, indent=2, ensure_ascii=False, default=str) if as_json else
-              data_card_markdown(card, None, unknown))
+        # to a terminal: the card's unseen characters (a statement's, a funnel reason's) as escapes
+        print(visible(json.dumps(card, indent=2, ensure_ascii=False, default=str) if as_json else
+                      data_card_markdown(card, None, unknown)))
         return EXIT_OK
     card["funnel"]["chart"] = FUNNEL_PNG
     chart = funnel_png(card)

@@ -1,14 +1,18 @@
 """Audit answers as text for a terminal: `kiln audit` without --json (the JSON is each answer's `to_dict`).
 
 `render(answer)` picks the function for the answer's type: a checkpoint's lineage, a document's membership, a
-source's usage, the refresh report, or a sample of what a rule removed.
+source's usage, the refresh report, or a sample of what a rule removed. Each shows a control or bidi formatting
+character from the data (a removed document's text or URL, a name) as its escape (kiln.common.display): in a terminal,
+ESC starts a sequence that retitles the window, clears the screen or recolours what follows.
 """
 
 from __future__ import annotations
 
-from functools import singledispatch
+from collections.abc import Callable
+from functools import singledispatch, wraps
 from typing import Any
 
+from kiln.common.display import visible
 from kiln.common.manifest import to_the_second
 from kiln.governance.audit import Lineage, RefreshReport, SourceUsage
 from kiln.governance.catalog import NOT_MATERIALIZED, RAW, node_key
@@ -22,7 +26,16 @@ def render(answer: Any) -> str:
     raise TypeError(f"not an audit answer: {type(answer).__name__}")
 
 
+def _shown(render_one: Callable[..., str]) -> Callable[..., str]:
+    """The answer's text as a terminal may print it: its unseen characters (but line breaks and tabs) as escapes."""
+    @wraps(render_one)
+    def shown(answer: Any, *args: Any, **kwargs: Any) -> str:
+        return visible(render_one(answer, *args, **kwargs))
+    return shown
+
+
 @render.register(Lineage)
+@_shown
 def render_lineage(answer: Lineage, files_per_node: int = 3) -> str:
     """The chain as an indented tree from the target; a dataset reached twice is shown once."""
     by_key = {n.key: n for n in answer.nodes}
@@ -84,6 +97,7 @@ def _size(n: int) -> str:
 
 
 @render.register(Membership)
+@_shown
 def render_membership(answer: Membership) -> str:
     lines = [answer.summary]
     if answer.match == "near_duplicate":
@@ -133,6 +147,7 @@ def _how_read(s, checkpoint: str) -> str:
 
 
 @render.register(SourceUsage)
+@_shown
 def render_source_usage(answer: SourceUsage) -> str:
     lines = [f"Source {answer.source} (license {answer.license or 'unknown'}, domain {answer.domain or 'unknown'})",
              "documents per stage and refresh:"]
@@ -169,6 +184,7 @@ def render_source_usage(answer: SourceUsage) -> str:
 
 
 @render.register(RefreshReport)
+@_shown
 def render_refresh_report(answer: RefreshReport) -> str:
     lines = [f"{len(answer.refreshes)} refresh(es); landing area {answer.landing}"]
     for r in answer.refreshes:
@@ -190,6 +206,7 @@ def render_refresh_report(answer: RefreshReport) -> str:
 
 
 @render.register(RejectedSample)
+@_shown
 def render_rejected(answer: RejectedSample) -> str:
     removed = ", ".join(f"{s} {n:,}" for s, n in answer.removed.items())
     lines = [f"{answer.stage}, reason {answer.reason}: {sum(answer.removed.values()):,} documents removed ({removed}); "

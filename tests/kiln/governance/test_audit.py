@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 
 from kiln.cli import main
@@ -439,6 +440,54 @@ def test_rejected_redacts_pii_and_never_shows_a_taken_down_document(built, capsy
     answer = rejected.rejected_sample(built["store"], "filtered_documents", "gopher_quality", 5, ["web"])
     assert answer.shown == [] and answer.withheld == 1 and answer.removed == {"web": 1}
     assert SHORT not in render(answer)
+
+
+# A removed document's text, a data card statement: a window title (OSC), a cleared screen and a colour (ESC CSI), a
+# C1 CSI, a bidi override, a carriage return; as a terminal must show them (the \uXXXX escapes, as text).
+HOSTILE = "\x1b]0;PWNED\x07\x1b[2J\x9b31m\u202eTIM\rover"
+HOSTILE_SHOWN = "\\u001b]0;PWNED\\u0007\\u001b[2J\\u009b31m\\u202eTIM\\u000dover"
+UNSEEN = "\x1b\x07\x9b\u202e\r"
+
+
+def test_audit_text_shows_control_characters_from_the_data_as_escapes(built, capsys, monkeypatch):
+    """`kiln audit` prints data (a removed document's excerpt and URL, a card): a control sequence in it would act on
+    the auditor's terminal (retitle it, clear it, colour it) and a bidi override reorder what they read. Text and
+    JSON show each as its escape; the JSON still parses to the data as it is."""
+    from kiln.common.storage import Store
+
+    real_values, real_read = Store.values, Store.read_table
+
+    def hostile_text(self, asset, partition, column, doc_ids=None):
+        return {k: HOSTILE + v for k, v in real_values(self, asset, partition, column, doc_ids).items()}
+
+    def hostile_url(self, asset, partition, role="documents", columns=None, filters=None):
+        table = real_read(self, asset, partition, role, columns, filters)
+        if role == "rejected" and "url" in table.column_names:
+            table = table.set_column(table.column_names.index("url"), "url",
+                                     pa.array([f"https://ex.org/{HOSTILE}"] * table.num_rows))
+        return table
+
+    monkeypatch.setattr(Store, "values", hostile_text)
+    monkeypatch.setattr(Store, "read_table", hostile_url)
+    assert kiln(built, "rejected", "--stage", "filtered_documents", "--reason", "gopher_quality") == 0
+    out = capsys.readouterr().out
+    assert not set(UNSEEN) & set(out)
+    assert f"  https://ex.org/{HOSTILE_SHOWN}" in out and f"\n  {HOSTILE_SHOWN}{SHORT}" in out
+    assert kiln(built, "rejected", "--stage", "filtered_documents", "--reason", "gopher_quality", "--json") == 0
+    out = capsys.readouterr().out
+    assert not set(UNSEEN) & set(out)
+    assert json.loads(out)["shown"][0]["excerpt"] == HOSTILE + SHORT
+    # The card, as markdown and as JSON: a statement of the config is printed as it is, but for these.
+    from kiln.governance import data_card
+
+    real_card = data_card.build_data_card
+    monkeypatch.setattr(data_card, "build_data_card", lambda *a, **k: {
+        **(card := real_card(*a, **k)), "statements": {**card["statements"], "summary": HOSTILE}})
+    for argv in ([], ["--json"]):
+        assert kiln(built, "card", *argv) == 0
+        out = capsys.readouterr().out
+        assert not set(UNSEEN) & set(out)
+        assert HOSTILE_SHOWN in out if not argv else json.loads(out)["statements"]["summary"] == HOSTILE
 
 
 @pytest.mark.parametrize("argv, message", [
