@@ -11,7 +11,7 @@ from kiln.common.display import visible
 from kiln.common.manifest import to_the_second
 from kiln.common.plots import figure_png, stacked_bars
 from kiln.dedup.report import cross_source_markdown
-from kiln.governance.data_card_documents import MEMBER_LIST, UNKNOWN
+from kiln.governance.data_card_documents import MEMBER_LIST, REMOVED_BY_REQUEST, UNKNOWN
 from kiln.governance.lineage import DOCUMENT_STAGES
 
 
@@ -150,8 +150,16 @@ def _license_cell(source: dict[str, Any], card: dict[str, Any]) -> str:
     mine = ((card.get("licenses") or {}).get("per_source") or {}).get(source["name"])
     if not isinstance(mine, dict) or mine["field"] == "license":
         return source["license"]
-    known = len([lic for lic in mine["licenses"] if lic != UNKNOWN])
-    return _Markdown(f"per document ({_code(mine['field'])}): {known} licences, {mine['unknown']:,} documents unknown")
+    known = len([lic for lic in mine["licenses"] if lic not in (UNKNOWN, REMOVED_BY_REQUEST)])
+    removed = (mine["licenses"].get(REMOVED_BY_REQUEST) or {}).get("documents")
+    return _Markdown(f"per document ({_code(mine['field'])}): {known} licences, {mine['unknown']:,} documents unknown"
+                     + (f", {removed:,} removed by request" if removed else ""))
+
+
+# A document a removal request took out of the shards has nothing recorded but its id (data_card_documents): its row
+# says so, and it is neither a licence nor a language, nor in the languages' shares.
+_NO_LICENSE = f"{REMOVED_BY_REQUEST}: no licence recorded"
+_NO_LANGUAGE = f"{REMOVED_BY_REQUEST}: no language recorded"
 
 
 def _licenses_markdown(card: dict[str, Any], list_unknown: int) -> list[str]:
@@ -165,7 +173,8 @@ def _licenses_markdown(card: dict[str, Any], list_unknown: int) -> list[str]:
         if not isinstance(v, dict):
             rows.append([name, v, None, None, None, None])
             continue
-        rows += [[name, _code(v['field']), lic, r["documents"], r["in_train_shards"], r["train_tokens"]]
+        rows += [[name, _code(v['field']), _NO_LICENSE if lic == REMOVED_BY_REQUEST else lic, r["documents"],
+                  r["in_train_shards"], r["train_tokens"]]
                  for lic, r in v["licenses"].items()]
         if v["unknown"]:
             shown = v["unknown_listed"][:list_unknown]
@@ -203,8 +212,9 @@ def _languages_markdown(card: dict[str, Any]) -> list[str]:
         step = (f"kept {', '.join(settings.get('languages') or ['en'])} at score ≥ "
                 f"{settings.get('min_score', 0.65)}" if settings is not None else
                 _Markdown(f"off (profile {_code(v.get('profile'))})"))
-        total = sum(r["documents"] for r in v["languages"].values()) or 1
-        rows += [[name, step, lang, r["documents"], f"{r['documents'] / total:.1%}", r["train_tokens"]]
+        total = sum(r["documents"] for lang, r in v["languages"].items() if lang != REMOVED_BY_REQUEST) or 1
+        rows += [[name, step, _NO_LANGUAGE, r["documents"], None, r["train_tokens"]] if lang == REMOVED_BY_REQUEST else
+                 [name, step, lang, r["documents"], f"{r['documents'] / total:.1%}", r["train_tokens"]]
                  for lang, r in v["languages"].items()]
     return out + _table(["source", "language step", "language", "documents", "share", "train tokens"], rows,
                         "|---|---|---|---:|---:|---:|") + _recorded_note(info)

@@ -358,3 +358,27 @@ def test_strings_from_the_documents_show_as_themselves_in_the_markdown(carded):
     # The locators in code spans, whole: a backtick or a '|' in one does not end it.
     listed = next(t for t in tokens if t.type == "inline" and "document(s) of unknown licence" in t.content)
     assert [c.content for c in listed.children if c.type == "code_inline"] == ["id:w`5 # boom", "id:w6|x", "``a``"]
+
+
+def test_documents_removed_by_request_are_no_licence_and_no_language_share(carded):
+    """A source counted from the member list may hold documents a removal request took out: nothing is recorded of
+    them but their id. They are no licence (the sources table counts web's licences without them) and take no share
+    of the languages (web's documents are all "not identified": 100% of those whose language could be)."""
+    import copy
+
+    from kiln.governance.data_card_documents import REMOVED_BY_REQUEST
+
+    card = copy.deepcopy(carded["card"])
+    removed = {"documents": 3, "in_train_shards": 0, "train_tokens": 0}
+    web = card["licenses"]["per_source"]["web"]
+    known = len([lic for lic in web["licenses"] if lic != "unknown"])  # before: no request
+    web["licenses"][REMOVED_BY_REQUEST] = removed
+    card["languages"]["per_source"]["web"]["languages"][REMOVED_BY_REQUEST] = removed
+    markdown = data_card_markdown(card)
+    assert (f"| web | per document (`meta.package_license`): {known} licences, {web['unknown']} documents unknown, "
+            f"3 removed by request | web |") in markdown
+    not_identified = card["languages"]["per_source"]["web"]["languages"]["not identified"]["documents"]
+    assert f"| web | off (profile `none`) | not identified | {not_identified:,} | 100.0% |" in markdown
+    # Each is a row of its own, said for what it is, with no share.
+    assert "| web | `meta.package_license` | removed by request: no licence recorded | 3 | 0 | 0 |" in markdown
+    assert "| web | off (profile `none`) | removed by request: no language recorded | 3 | – | 0 |" in markdown
