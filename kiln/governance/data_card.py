@@ -329,7 +329,8 @@ def _mixture(shards, sources: dict[str, dict]) -> dict[str, Any] | None:
             "warnings": shards.stats.get("warnings"),
             "per_source": {n: {"natural_train_tokens": s.get("natural_train_tokens"),
                                "train_tokens": s.get("train_tokens"),
-                               "share": round(s.get("train_tokens", 0) / total, 4) if total else None,
+                               # unrounded: 400k tokens beside 10B is a share, not 0 (the markdown rounds)
+                               "share": s.get("train_tokens", 0) / total if total else None,
                                "effective_epochs": s.get("effective_epochs")} for n, s in sources.items()}}
 
 

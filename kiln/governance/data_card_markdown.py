@@ -41,8 +41,9 @@ def _exposure_markdown(exposure: dict | None) -> list[str]:
         if r.get("unavailable"):
             out.append(f"- {role} (token_shards `{r['data_version']}`): {r['unavailable']}")
             continue
-        rows += [[role, n, v["tokens_read"], v["tokens"], v["share"], v["passes"], v["planned_epochs"],
-                  f"{v['documents_read']:,} / {v['documents']:,}"] for n, v in r["per_source"].items()]
+        rows += [[role, n, v["tokens_read"], v["tokens"], _fraction(v["share"]), _fraction(v["passes"]),
+                  v["planned_epochs"], f"{v['documents_read']:,} / {v['documents']:,}"]
+                 for n, v in r["per_source"].items()]
     out += _table(["read as", "source", "tokens read", "tokens in shards", "share read", "epochs read",
                    "planned epochs", "documents reached"], rows, "|---|---|---:|---:|---:|---:|---:|---:|")
     return out
@@ -99,6 +100,13 @@ def _cell(value: Any) -> str:
     if isinstance(value, _Markdown):
         return value.replace("|", "\\|")
     return _text(value) if isinstance(value, str) else _n(value)
+
+
+def _fraction(value: float | None) -> str:
+    """A share or a number of passes as `_n` shows it; one below 0.0001 but not 0 as "<0.0001" (the JSON has it)."""
+    if isinstance(value, float) and 0 < abs(value) < 1e-4:
+        return _Markdown("<0.0001")  # markdown as it is: '<' and a digit start no tag
+    return _n(value)
 
 
 def _rule(rule: dict | None) -> str:
@@ -278,7 +286,8 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
         read = s.get("exposure") or {}
         rows.append([s["name"], _license_cell(s, card), s["domain"], s["quality_tier"], s["origin"],
                      raw.get("documents_in") if isinstance(raw, dict) else None, t.get("train_documents"),
-                     t.get("train_tokens"), t.get("effective_epochs"), read.get("tokens_read"), read.get("passes")])
+                     t.get("train_tokens"), t.get("effective_epochs"), read.get("tokens_read"),
+                     _fraction(read.get("passes"))])
     out += _table(["source", "license", "domain", "tier", "origin", "raw records", "train split documents",
                    "train tokens", "planned epochs", "tokens read", "epochs read"], rows,
                   "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
@@ -381,8 +390,9 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
     else:
         weights = (mix.get("settings") or {}).get("weights") or {}
         out += _table(["source", "weight", "natural train tokens", "train tokens", "share", "effective epochs"],
-                      [[n, weights.get(n, "natural"), v["natural_train_tokens"], v["train_tokens"], v["share"],
-                        v["effective_epochs"]] for n, v in mix["per_source"].items()], "|---|---:|---:|---:|---:|---:|")
+                      [[n, weights.get(n, "natural"), v["natural_train_tokens"], v["train_tokens"],
+                        _fraction(v["share"]), v["effective_epochs"]] for n, v in mix["per_source"].items()],
+                      "|---|---:|---:|---:|---:|---:|")
         out += [f"- warning: {w}" for w in mix.get("warnings") or []]
         sh = card["shards"]
         out += ["", f"Token shards `{sh['data_version']}` (refresh `{sh['refresh']}`): "

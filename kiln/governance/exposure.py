@@ -118,8 +118,9 @@ def _role_exposure(role: str, loader) -> tuple[pa.Table, dict[str, Any]]:
         got = int(pc.sum(mine["tokens_read"]).as_py() or 0)
         per_source[name] = {
             "tokens_read": got, "tokens": in_set, "natural_tokens": natural,
-            "share": round(got / in_set, 4) if in_set else None,  # of the source's tokens in the set
-            "passes": round(got / natural, 4) if natural else None,  # over the source's own data
+            # unrounded (a little read of a big source is not 0): of the source's tokens in the set, and passes
+            # over the source's own data
+            "share": got / in_set if in_set else None, "passes": got / natural if natural else None,
             "planned_epochs": (sources.get(name) or {}).get("effective_epochs"),
             "documents_read": len(set(mine["doc_id"].to_pylist())), "documents": len(docs)}
     stats["per_source"] = per_source

@@ -382,3 +382,29 @@ def test_documents_removed_by_request_are_no_licence_and_no_language_share(carde
     # Each is a row of its own, said for what it is, with no share.
     assert "| web | `meta.package_license` | removed by request: no licence recorded | 3 | 0 | 0 |" in markdown
     assert "| web | off (profile `none`) | removed by request: no language recorded | 3 | – | 0 |" in markdown
+
+
+def test_a_small_share_is_kept_and_shown_as_below_the_cards_precision(carded):
+    """A source of 400k tokens beside one of 10B: its share of the mixture is 4e-05, not 0 (rounded to 4 decimals),
+    and the markdown, which shows 4 decimals at most, says it is below them rather than 0."""
+    import copy
+    from types import SimpleNamespace
+
+    from kiln.governance.data_card import _mixture
+
+    shards = SimpleNamespace(config={"mixture": {}}, stats={})
+    mixture = _mixture(shards, {"web": {"train_tokens": 10_000_000_000}, "tiny": {"train_tokens": 400_000}})
+    assert mixture["per_source"]["tiny"]["share"] == 400_000 / 10_000_400_000
+    card = copy.deepcopy(carded["card"])
+    card["mixture"]["per_source"]["web"]["share"] = 4e-05
+    exposure = card["training"]["exposure"]["roles"]["train"]["per_source"]["web"]
+    exposure.update(share=3e-06, passes=2e-05)
+    card["sources"][0]["exposure"] = exposure
+    markdown = data_card_markdown(card)
+    mixture_row = next(x for x in markdown.split("## Mixture and effective epochs")[1].splitlines()
+                       if x.startswith("| web |"))
+    assert mixture_row.split(" | ")[4] == "<0.0001"
+    exposure_row = next(x for x in markdown.split("## Exposure per source")[1].splitlines()
+                        if x.startswith("| train | web |"))
+    assert exposure_row.split(" | ")[4:6] == ["<0.0001", "<0.0001"]
+    assert next(x for x in markdown.splitlines() if x.startswith("| web | per document")).endswith(" | <0.0001 |")
