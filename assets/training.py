@@ -17,9 +17,11 @@ from kiln.common.manifest import code_version, git_commit, write_json_atomic
 from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.secrets import redact_url
 from kiln.common.storage import IncompleteDataset
+from kiln.governance.audit import trained_on
+from kiln.governance.catalog import AuditError
 from kiln.governance.exposure import measure_exposure, write_exposure
 from kiln.governance.forget import load_requests, unapplied_requests
-from kiln.governance.refresh import latest, load_refreshes, materialized, trained_refresh, upto
+from kiln.governance.refresh import latest, load_refreshes, materialized, upto
 from kiln.governance.replay import write_removed
 from kiln.tokens.shard_writer import is_validation
 from kiln.tokens.tokenizer import Tokenizer, read_documents
@@ -449,7 +451,8 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 @dg.asset(key=EVALUATION, deps=[CHECKPOINT, SHARDS, TOKENIZER, ALL_SOURCES], group_name="training",
           kinds={"pytorch"}, code_version=code_version("training_jobs.evaluate", "training_jobs.model", "training_jobs.export", "training_jobs.base",
-                                    "kiln.tokens.shard_writer", "kiln.tokens.tokenizer"),  # the forward pass, the split
+                                    "kiln.tokens.shard_writer", "kiln.tokens.tokenizer",  # the forward pass, the split
+                                    "kiln.governance.audit", "kiln.governance.catalog"),  # the versions it reads
           automation_condition=follow_only(CHECKPOINT))
 def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
                mlflow_tracking: MlflowTracking) -> dg.MaterializeResult:
@@ -462,10 +465,14 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
 
     config, store = kiln_config.load(), storage.store()
     settings = config.evaluation
-    # Each input pinned (Store.snapshot): what is read is the version recorded below, whatever is published meanwhile.
-    ckpt, tok, run = store.snapshot(CHECKPOINT), store.snapshot(TOKENIZER), store.manifest(RUN)
-    refresh = trained_refresh(run)  # the shard set the checkpoint was trained on
-    shards = store.snapshot(SHARDS, refresh)
+    # The checkpoint's own run, shards and tokenizer (the store's newest run may be a later one not exported yet, the
+    # tokenizer and shards fitted again since), each pinned: what is read is the version recorded below.
+    try:
+        trained = trained_on(store)
+    except AuditError as exc:
+        raise dg.Failure(description=f"evaluation: {exc}") from None
+    ckpt, tok, run, refresh, shards = (trained.checkpoint, trained.tokenizer, trained.run, trained.refresh,
+                                       trained.shards)
     model = load_model(ckpt.folder / "safetensors")
     base_info = run.stats.get("base_checkpoint")
     base = base_model(base_info["path"]) if base_info else None
@@ -475,12 +482,13 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
                   *([base.cfg.max_seq_len] if base else []))
     result = {"validation": stream_loss(model, validation_stream(shards.folder, tokenizer.sha256,
                                                                   settings.max_val_tokens), seq_len, settings.batch_size)}
-    result["per_source"], base_per_source = {}, {}
+    result["per_source"], base_per_source, documents = {}, {}, {}
     included = upto(load_refreshes(store), refresh)
     val_fraction = shards.manifest.config["shards"]["val_fraction"]  # the split the run trained on, not the config's now
     for s in config.sources:
         docs, n = [], 0
-        parts = materialized(store, QUALITY_FILTERED, [s.name], included)
+        parts = materialized(store, QUALITY_FILTERED, [s.name], included)  # the current documents, recorded below
+        documents |= {f"{QUALITY_FILTERED}/{p}": m.manifest.data_version for p, m in parts.items()}
         for doc in read_documents([f for m in parts.values() for f in m.files("documents")]):
             if is_validation(doc.doc_id, val_fraction):
                 docs.append(tokenizer.encode(doc.text))
@@ -511,7 +519,7 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"evaluation": settings.model_dump()},
             inputs={CHECKPOINT: ckpt.manifest.data_version, f"{SHARDS}/{refresh}": shards.manifest.data_version,
-                    TOKENIZER: tok.manifest.data_version},
+                    TOKENIZER: tok.manifest.data_version, **documents},
             counts={"validation_tokens": result["validation"]["tokens"]}, stats=result)
     if result["forgetting"]:
         client = mlflow_tracking.client()

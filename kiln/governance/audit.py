@@ -6,7 +6,9 @@ and `kiln.governance.render` turns each answer into text. The questions here:
 - `lineage(store, "checkpoint")`: every dataset a checkpoint was built from, back to each source's raw
   documents, with data versions, code versions, git commits, counts and file hashes;
 - `source_usage(store, config, name)`: the token-shard sets and checkpoints that used a source;
-- `refresh_report(store, config)`: every registered refresh, and what is waiting to land.
+- `refresh_report(store, config)`: every registered refresh, and what is waiting to land;
+- `trained_on(store)`: the current checkpoint with the shards and tokenizer its own run read, where the store still
+  holds them (what the evaluation scores it on; `pinned` is the store as a checkpoint read it, for the data card too).
 
 The store keeps the current version of each dataset, and the manifest of every version it published
 (`Store.manifest_at`). Where a consumer recorded an input version the store has replaced since, the chain
@@ -22,15 +24,17 @@ from typing import Any
 
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest
-from kiln.common.storage import Store
+from kiln.common.storage import Snapshot, Store
 from kiln.governance.catalog import (
     CHECKPOINT,
     NOT_MATERIALIZED,
     RAW,
     SHARDS,
+    TRAINING_RUN,
     AuditError,
     Catalog,
     checkpoints_using,
+    made_from,
     node_key,
     parse_key,
     resolve_target,
@@ -38,6 +42,9 @@ from kiln.governance.catalog import (
     trained_shard_sets,
 )
 from kiln.governance.lineage import DOCUMENT_STAGES
+from kiln.governance.refresh import trained_refresh
+
+TOKENIZER = "tokenizer"
 
 # ------------------------------------------------------------------------------------------- lineage
 
@@ -140,6 +147,70 @@ def lineage(store: Store, checkpoint: str = CHECKPOINT) -> Lineage:
         queue += [(k, v, depth + 1, None) for k, v in sorted(m.inputs.items())]
     return Lineage(node_key(root.asset, root.partition) + f" {root.data_version}", str(store.root), list(nodes.values()),
                    base)
+
+
+def pinned(store: Store, checkpoint: str = CHECKPOINT) -> tuple[Lineage, Catalog]:
+    """A checkpoint's lineage, and the store as the checkpoint read it: a Catalog pinned to every version in the chain
+    (from the store's history where one was materialized again since; its `snapshot` then gives None, the files being
+    gone). What describes or reads a checkpoint's inputs (the data card, the evaluation) reads them through this."""
+    chain = lineage(store, checkpoint)
+    return chain, Catalog(store, pins={n.key: n.data_version for n in chain.nodes if n.data_version})
+
+
+@dataclass(frozen=True)
+class TrainedOn:
+    """What a checkpoint was trained on, still readable: its training run (from the store's history where a later
+    run replaced it), the refresh and the token shards it read, and a tokenizer with the sha256 it trained with."""
+
+    checkpoint: Snapshot
+    run: Manifest
+    refresh: str
+    shards: Snapshot
+    tokenizer: Snapshot
+
+
+def trained_on(store: Store) -> TrainedOn:
+    """The store's current checkpoint with the versions its own training run read (not the store's newest run, which
+    may be a later one not exported yet; not a tokenizer or shards materialized again since). AuditError, naming what
+    differs and what to do, where the store no longer holds them: scored with another tokenizer, or on another split,
+    a checkpoint's loss means nothing."""
+    _, catalog = pinned(store)
+    ckpt = catalog.snapshot(CHECKPOINT)
+    run = catalog.manifest(TRAINING_RUN)
+    if ckpt is None:  # the lineage resolved one version, then another was published
+        raise AuditError("a new checkpoint was published while its lineage was read: try again")
+    name = f"checkpoint {ckpt.manifest.data_version}"
+    if run is None or not made_from(ckpt.manifest, run):
+        raise AuditError(f"{name}: the store holds no manifest of training_run "
+                         f"{ckpt.manifest.inputs.get(TRAINING_RUN)}, which it was exported from (what it was trained "
+                         f"on is unknown): train again (materialize training_run, then checkpoint)")
+    newest = catalog.current_manifest(TRAINING_RUN)
+    later = f"; the store's newest training_run {newest.data_version} has no checkpoint yet: materialize checkpoint, " \
+            f"then evaluation" if newest is not None and not made_from(ckpt.manifest, newest) else ""
+    refresh = trained_refresh(run)
+    if refresh is None:
+        raise AuditError(f"{name}: its training_run {run.data_version} recorded no token shards{later}")
+    read = run.inputs[node_key(SHARDS, refresh)]
+    shards = catalog.snapshot(SHARDS, refresh)
+    if shards is None or shards.manifest.data_version != read:  # the lineage's version is the run's but in old stores
+        now = catalog.current_manifest(SHARDS, refresh)
+        raise AuditError(f"{name} was trained on token_shards[{refresh}] {read}, but the store now holds "
+                         f"{now.data_version if now else 'none'} (materialized again since: a removal request, a new "
+                         f"tokenizer or shard settings), and its validation split with it: train again on the new "
+                         f"shards (materialize training_run, then checkpoint){later}")
+    # The tokenizer the run read (its manifest, from the history where replaced), else the one its shards were written
+    # with: the run's loader checked every shard against it.
+    recorded = catalog.manifest(TOKENIZER)
+    trained = (recorded.stats.get("card") or {}).get("sha256") if recorded else None
+    trained = trained or shards.manifest.stats.get("tokenizer_sha256")
+    tokenizer = store.snapshot_or_none(TOKENIZER)  # the current one, pinned to another version or not
+    sha = (tokenizer.manifest.stats.get("card") or {}).get("sha256") if tokenizer else None
+    if tokenizer is None or sha != trained:  # a tokenizer with the same sha256 (materialized again) is the same one
+        raise AuditError(f"{name} was trained with tokenizer {str(trained)[:12]}…, but the tokenizer asset is now "
+                         f"{str(sha)[:12]}… ({tokenizer.manifest.data_version if tokenizer else 'not materialized'}; "
+                         f"fitted again since): its ids mean other pieces. Train again with the new tokenizer "
+                         f"(materialize token_shards, training_run, then checkpoint){later}")
+    return TrainedOn(ckpt, run, refresh, shards, tokenizer)
 
 
 def _same_files_as(m: Manifest) -> list[str]:
@@ -281,5 +352,5 @@ def refresh_report(store: Store, config: ProjectConfig) -> RefreshReport:
                          if pending else {}, pending.unknown_sources if pending else [])
 
 
-__all__ = ["Lineage", "LineageNode", "RefreshReport", "ShardSetUsage", "SourceUsage", "lineage", "refresh_report",
-           "source_usage"]
+__all__ = ["Lineage", "LineageNode", "RefreshReport", "ShardSetUsage", "SourceUsage", "TrainedOn", "lineage", "pinned",
+           "refresh_report", "source_usage", "trained_on"]

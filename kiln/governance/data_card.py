@@ -26,7 +26,7 @@ from kiln.common.removals import kept_text
 from kiln.common.secrets import redact_url
 from kiln.common.stats import StageStats, chain, funnel_markdown, funnel_rows
 from kiln.common.storage import Store
-from kiln.governance.audit import lineage
+from kiln.governance.audit import pinned
 from kiln.governance.catalog import CHECKPOINT, SHARDS, TRAINING_RUN, Catalog
 from kiln.governance.data_card_documents import licenses_and_languages
 from kiln.governance.forget import load_requests
@@ -47,9 +47,8 @@ def build_data_card(store: Store, config: ProjectConfig, checkpoint: str = CHECK
     tracking server, given the ids of this checkpoint's own run (the store's newest run may be another's);
     `tracking_uri`: where runs are tracked (for a local store, the card links the store by a path relative to the
     card's folder, which works wherever the folders are copied together)."""
-    chain_ = lineage(store, checkpoint)
     # Every figure is of the version the checkpoint was built from, also where one was materialized again since.
-    catalog = Catalog(store, pins={n.key: n.data_version for n in chain_.nodes if n.data_version})
+    chain_, catalog = pinned(store, checkpoint)
     ckpt = catalog.manifest(CHECKPOINT)
     now = catalog.current_manifest(CHECKPOINT)
     replaced_by = now.data_version if now is not None and catalog.replaced(CHECKPOINT) else None

@@ -535,6 +535,73 @@ def test_the_evaluation_holds_out_the_documents_the_shards_held_out(tmp_path, mo
     assert first == raised and {s: first[s]["tokens"] > 0 for s in ("web", "ref")} == {"web": True, "ref": True}
 
 
+
+def test_the_evaluation_scores_a_checkpoint_with_what_its_run_trained_on_or_refuses(tmp_path, monkeypatch):
+    """The evaluation read the store's current tokenizer, training run and token shards, whichever checkpoint it
+    scored: after the tokenizer was fitted again (another vocabulary) and the shards written with it, and a newer run
+    trained on them whose checkpoint was not exported yet, the old checkpoint was scored with a tokenizer it never
+    saw (a meaningless loss, reported as a success) and the manifest named the new versions as read. Now it reads
+    the versions its own run read, records them (and the documents it scored per source), and refuses, naming what
+    differs and what to do, where the store no longer holds them."""
+    import yaml
+
+    from kiln.common.storage import Store
+    from kiln.governance.refresh import latest
+    from tests.audit_store import build_audit_store
+    from training_jobs.export import save_safetensors
+    from training_jobs.model import ModelConfig, Transformer
+
+    def refusal(result) -> str:
+        assert not result.success
+        return next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE").step_failure_data.error.message
+
+    built = build_audit_store(tmp_path, monkeypatch)
+    store: Store = built["store"]
+    project, run, tokenizer = built["project"], store.manifest("training_run"), store.manifest("tokenizer")
+    refresh, shards = latest(store, "token_shards")
+    cfg = ModelConfig(vocab_size=tokenizer.stats["card"]["vocab_size"], d_model=32, n_layers=1, n_heads=2,
+                      n_kv_heads=2, ffn_hidden=64, max_seq_len=16)
+    with store.staging("checkpoint") as w:
+        save_safetensors(Transformer(cfg, seed=0).state_dict(), cfg, w.dir / "safetensors")
+        checkpoint = w.commit(code_version="test", config={}, inputs={"training_run": run.data_version},
+                              counts={"parameters": 1, "steps": 3}, stats={"mlflow": run.stats["mlflow"]})
+    assert project.materialize(["evaluation"]).success
+    inputs = store.manifest("evaluation").inputs
+    assert {k: inputs[k] for k in ("checkpoint", f"token_shards/{refresh}", "tokenizer")} == {
+        "checkpoint": checkpoint.data_version, f"token_shards/{refresh}": shards.data_version,
+        "tokenizer": tokenizer.data_version}
+
+    # The tokenizer fitted again, the shards not yet: the checkpoint's shards are there, its tokenizer is not.
+    config = yaml.safe_load(built["config_path"].read_text())
+    config["tokenizer"]["vocab_size"] = 300
+    built["config_path"].write_text(yaml.safe_dump(config))
+    assert project.materialize(["tokenizer"]).success
+    refitted = store.manifest("tokenizer").stats["card"]["sha256"]
+    trained = tokenizer.stats["card"]["sha256"]
+    assert refitted != trained
+    message = refusal(project.materialize(["evaluation"], raise_on_error=False))
+    assert f"tokenizer {trained[:12]}" in message and f"{refitted[:12]}" in message, message
+    assert "train again with the new tokenizer" in message.lower(), message
+
+    # The shards written with the new tokenizer and a newer run trained on them, not exported yet: the checkpoint's
+    # own shards are gone, and the newer run is not what it was trained on.
+    assert project.materialize(["token_shards"]).success
+    new_shards = store.manifest("token_shards", refresh)
+    with store.staging("training_run") as w:
+        (w.dir / "summary.json").write_text("{}")
+        newer = w.commit(code_version="test", config={}, counts={"steps": 3},
+                         inputs={f"token_shards/{refresh}": new_shards.data_version,
+                                 "tokenizer": store.manifest("tokenizer").data_version},
+                         stats={"mlflow": {"experiment_id": "1", "run_id": "newer"}})
+    message = refusal(project.materialize(["evaluation"], raise_on_error=False))
+    assert f"token_shards[{refresh}] {shards.data_version}" in message and new_shards.data_version in message, message
+    assert f"training_run {newer.data_version}" in message and "materialize checkpoint" in message, message
+    assert store.manifest("evaluation").inputs == inputs  # nothing written
+    # The documents scored per source are inputs too (the current ones: removal requests applied since are left out).
+    assert {k: v for k, v in inputs.items() if k.startswith("quality_filtered_documents/")} == {
+        f"quality_filtered_documents/{p}": store.manifest("quality_filtered_documents", p).data_version
+        for p in (project.partition("web"), project.partition("ref"))}
+
 def test_the_loss_curve_draws_each_step_once_by_the_row_the_run_kept():
     """metrics.jsonl holds a step twice when it was trained again (a resume from the checkpoint at step 2, a rollback):
     drawn in file order the curve doubled back. Worked by hand: steps 1-4, then 3-4 again after the resume."""
