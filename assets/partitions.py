@@ -11,6 +11,7 @@ import warnings
 import dagster as dg
 
 from kiln.common.config import load_config
+from kiln.governance.forget import REQUESTS
 from kiln.governance.refresh import partition
 
 LOADED_CONFIG = load_config()  # partitions, automation, schedule and sensor settings: read when the code location loads
@@ -29,11 +30,20 @@ with warnings.catch_warnings():  # both mappings are marked beta in Dagster 1.13
     SAME_REFRESH = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="refresh")
 
 # Downstream data assets follow a refresh as soon as their inputs are there (`refresh.automation`);
-# training only when `refresh.train` says so. The tokenizer and the quality classifier are fitted once
-# (when missing): refitting them would invalidate every refresh's shards or scores.
-FOLLOW = dg.AutomationCondition.eager() if LOADED_CONFIG.refresh.automation else None
+# training only when `refresh.train` says so.
+_AUTOMATE = LOADED_CONFIG.refresh.automation
+FOLLOW = dg.AutomationCondition.eager() if _AUTOMATE else None
 FOLLOW_TRAINING = dg.AutomationCondition.eager() if LOADED_CONFIG.refresh.train else None
-ONCE = dg.AutomationCondition.on_missing() if LOADED_CONFIG.refresh.automation else None
+# removal_requests has no version until the first `kiln forget` (removal_requests_sensor reports one per request):
+# eager would count it as a missing input and never run the quality filter. Its absence is "no request yet"; a new
+# version still makes the filter follow it.
+_REQUESTS = dg.AssetSelection.assets(REQUESTS)
+FOLLOW_REQUESTS = FOLLOW.replace("any_deps_missing", dg.AutomationCondition.any_deps_missing().ignore(_REQUESTS)
+                                 ).with_label("eager") if _AUTOMATE else None
+# The tokenizer and the quality classifier are fitted once, when missing and their inputs are there or updated:
+# refitting them would invalidate every refresh's shards or scores. (Dagster's on_missing is only "newly missing",
+# never true for an asset already missing when the automation sensor first looks.)
+ONCE = (dg.AutomationCondition.eager() & dg.AutomationCondition.missing()).with_label("once") if _AUTOMATE else None
 
 
 def follow_only(*keys: str) -> dg.AutomationCondition | None:

@@ -8,7 +8,7 @@ import dagster as dg
 import numpy as np
 
 from assets.dedup import DEDUPLICATED
-from assets.partitions import FOLLOW, ONCE, document_partitions, source_and_refresh
+from assets.partitions import FOLLOW, FOLLOW_REQUESTS, ONCE, document_partitions, source_and_refresh
 from assets.results import check_specs, engine_metadata, full_funnel, materialize_result, standard_checks
 from kiln.common.manifest import code_version
 from kiln.common.plots import figure_markdown, pyplot
@@ -166,7 +166,7 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
 
 @dg.asset(
     key=QUALITY_FILTERED, deps=[SCORES, REQUESTS], partitions_def=document_partitions, group_name="quality",
-    kinds={"python", "parquet"}, automation_condition=FOLLOW,
+    kinds={"python", "parquet"}, automation_condition=FOLLOW_REQUESTS,
     code_version=code_version("kiln.quality.rules", "kiln.governance.forget", "kiln.common.removals", "kiln.common.stats",
                               "kiln.curation.documents"),
     check_specs=check_specs(QUALITY_FILTERED),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.partitions import FOLLOW, LOADED_CONFIG, ONCE, SAME_REFRESH, refresh_partitions
+from assets.partitions import FOLLOW, FOLLOW_REQUESTS, LOADED_CONFIG, ONCE, SAME_REFRESH, refresh_partitions
 from assets.quality import QUALITY_FILTERED
 from assets.results import engine_metadata
 from kiln.common.manifest import code_version, sha256_file
@@ -137,7 +137,8 @@ def examples_markdown(examples: list[dict]) -> str:
 @dg.asset(
     # The removal requests are an input: a new request makes every shard version stale (it may name any refresh).
     key=SHARDS, deps=[TOKENIZER, dg.AssetDep(QUALITY_FILTERED, partition_mapping=SAME_REFRESH), REQUESTS],
-    partitions_def=refresh_partitions, automation_condition=FOLLOW, group_name="tokens", kinds={"python", "numpy"},
+    partitions_def=refresh_partitions, automation_condition=FOLLOW_REQUESTS, group_name="tokens",
+    kinds={"python", "numpy"},
     code_version=code_version("kiln.tokens.shard_writer", "kiln.tokens.shard_format", "kiln.tokens.mixture", "kiln.tokens.fim",
                               "kiln.governance.forget", "kiln.governance.document_facts",
                               "kiln.tokens.tokenizer"),  # encode_batch: the token ids

@@ -67,6 +67,36 @@ class Project:
         return dg.materialize(self.assets, selection=selection, partition_key=key, resources=self.resources,
                               raise_on_error=raise_on_error, instance=self.instance, run_config=run_config)
 
+    def automation_tick(self, cursor=None) -> tuple[object, dict[str, list]]:
+        """One evaluation of the automation sensor: its cursor and what it requests, {asset: [partition keys]}."""
+        result = dg.evaluate_automation_conditions(defs=self.definitions.defs, instance=self.instance, cursor=cursor)
+        keys = self.definitions.defs.resolve_asset_graph().toposorted_asset_keys
+        return result.cursor, {k.to_user_string(): sorted(parts, key=str) for k in keys
+                               if (parts := result.get_requested_partitions(k))}
+
+    def run_requested(self, requested: dict[str, list]) -> dict[str, list]:
+        """Materialize what a tick requested, one run per asset and partition in graph order (the daemon starts them
+        together); {asset: [partition keys whose run failed]} for the runs that failed."""
+        failed = {}
+        for asset, keys in requested.items():
+            for key in keys:
+                if not dg.materialize(self.assets, selection=[asset], partition_key=key, resources=self.resources,
+                                      instance=self.instance, raise_on_error=False).success:
+                    failed.setdefault(asset, []).append(key)
+        return failed
+
+    def automate(self, cursor=None, ticks: int = 20) -> tuple[object, list[dict[str, list]]]:
+        """Tick after tick, run what automation requests until a tick requests nothing: the cursor and every tick's
+        requests."""
+        log = []
+        for _ in range(ticks):
+            cursor, requested = self.automation_tick(cursor)
+            if not requested:
+                return cursor, log
+            log.append(requested)
+            assert not self.run_requested(requested), f"a requested run failed in tick {len(log)}: {requested}"
+        raise AssertionError(f"automation still requesting after {ticks} ticks: {log[-3:]}")
+
     def materialize_refresh(self, refresh: str | None = None, sources: list[str] | None = None) -> bool:
         """Every data asset of a refresh, in the demo's waves."""
         from orchestration.demo import materialize_refresh

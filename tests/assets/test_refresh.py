@@ -21,6 +21,16 @@ from tests.conftest import SERIAL_ENGINE, web_and_ref_sources, write_jsonl
 
 @pytest.fixture
 def project(tmp_path, kiln_home, monkeypatch):
+    return two_sources(tmp_path, kiln_home, monkeypatch)
+
+
+@pytest.fixture
+def quick_project(tmp_path, kiln_home, monkeypatch):
+    """Dagster's runs and events in memory: for the tests that run many small runs."""
+    return two_sources(tmp_path, kiln_home, monkeypatch, in_memory=True)
+
+
+def two_sources(tmp_path, kiln_home, monkeypatch, in_memory=False):
     rng = np.random.default_rng(3)
     vocab = ["".join(rng.choice(list(string.ascii_lowercase), 6)) for _ in range(5000)]
     ref = [random_text(rng, vocab) for _ in range(4)]
@@ -36,7 +46,7 @@ def project(tmp_path, kiln_home, monkeypatch):
         "shards": {"seq_len": 16, "val_fraction": 0.0},
         "refresh": {"landing": str(tmp_path / "landing"), "sensor": {"settle_seconds": 0}},
     }
-    p = load_project(config, tmp_path, kiln_home, monkeypatch)
+    p = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=in_memory)
     p.rng, p.vocab, p.web, p.landing = rng, vocab, web, tmp_path / "landing"
     return p
 
@@ -169,6 +179,28 @@ def test_a_second_refresh_drops_repeats_and_versions_the_shards(project, capsys)
     assert not failed.success
     message = str(failed.get_step_failure_events()[0].step_failure_data.user_failure_data.description)
     assert f"for ref/{third.key}, web/by-hand (its intake failed or never ran)" in message
+
+
+def run_intake(project, requests):
+    for r in requests:
+        assert dg.materialize(project.assets, selection=r.asset_selection, partition_key=r.partition_key,
+                              resources=project.resources, instance=project.instance).success
+
+
+def test_a_fresh_deployment_reaches_its_token_shards_by_automation_alone(quick_project):
+    """The automation sensor starts before anything has landed (its first look sees the fitted-once assets
+    missing) and no removal request was ever made: the first refresh still flows, tick after tick, from its intake
+    to its token shards, fitting the quality classifier and the tokenizer on the way, and never starts training."""
+    project = quick_project
+    cursor, requested = project.automation_tick()
+    assert requested == {}
+    run_intake(project, sensor(project))
+    [refresh] = load_refreshes(project.store)
+    cursor, ticks = project.automate(cursor)
+    requested = {asset for tick in ticks for asset in tick}
+    assert {"quality_classifier", "tokenizer", "quality_filtered_documents", "token_shards"} <= requested
+    assert "training_run" not in requested
+    assert project.store.manifest_or_none("token_shards", refresh.key) is not None
 
 
 def test_a_cron_dagster_cannot_run_fails_the_code_location_naming_the_config_key(tmp_path):
