@@ -40,6 +40,9 @@ FOLLOW_TRAINING = dg.AutomationCondition.eager() if LOADED_CONFIG.refresh.train 
 _REQUESTS = dg.AssetSelection.assets(REQUESTS)
 FOLLOW_REQUESTS = FOLLOW.replace("any_deps_missing", dg.AutomationCondition.any_deps_missing().ignore(_REQUESTS)
                                  ).with_label("eager") if _AUTOMATE else None
+# The token shards apply every request themselves when they run; they follow the re-filtered partitions, not the
+# request (in the same tick they would run beside the filter, reading the versions it replaces).
+FOLLOW_FILTERED = FOLLOW.ignore(_REQUESTS).with_label("eager") if _AUTOMATE else None
 # The tokenizer and the quality classifier are fitted once, when missing and their inputs are there or updated:
 # refitting them would invalidate every refresh's shards or scores. (Dagster's on_missing is only "newly missing",
 # never true for an asset already missing when the automation sensor first looks.)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.partitions import FOLLOW, FOLLOW_REQUESTS, LOADED_CONFIG, ONCE, SAME_REFRESH, refresh_partitions
+from assets.partitions import FOLLOW, FOLLOW_FILTERED, LOADED_CONFIG, ONCE, SAME_REFRESH, refresh_partitions
 from assets.quality import QUALITY_FILTERED
 from assets.results import engine_metadata
 from kiln.common.manifest import code_version, sha256_file
@@ -136,8 +136,9 @@ def examples_markdown(examples: list[dict]) -> str:
 
 @dg.asset(
     # The removal requests are an input: a new request makes every shard version stale (it may name any refresh).
+    # Under automation the shards follow the quality filter that applies it (FOLLOW_FILTERED), not the request.
     key=SHARDS, deps=[TOKENIZER, dg.AssetDep(QUALITY_FILTERED, partition_mapping=SAME_REFRESH), REQUESTS],
-    partitions_def=refresh_partitions, automation_condition=FOLLOW_REQUESTS, group_name="tokens",
+    partitions_def=refresh_partitions, automation_condition=FOLLOW_FILTERED, group_name="tokens",
     kinds={"python", "numpy"},
     code_version=code_version("kiln.tokens.shard_writer", "kiln.tokens.shard_format", "kiln.tokens.mixture", "kiln.tokens.fim",
                               "kiln.governance.forget", "kiln.governance.document_facts",

@@ -202,6 +202,28 @@ def test_a_fresh_deployment_reaches_its_token_shards_by_automation_alone(quick_p
     assert "training_run" not in requested
     assert project.store.manifest_or_none("token_shards", refresh.key) is not None
 
+    # `kiln forget` a document: the quality filter of every partition follows the new request, and only then, in
+    # a later tick, the token shards follow the re-filtered partitions (requested together, they would run
+    # beside the filter, reading the versions it replaces).
+    forgotten = next(iter(members(project, refresh.key)))
+    ids = project.home / "ids.txt"
+    ids.write_text(forgotten + "\n")
+    assert main(["forget", "--doc-ids", str(ids), "--home", str(project.home),
+                 "--config", str(project.config_path)]) == 0
+    from orchestration.refresh import removal_requests_sensor
+
+    with dg.build_sensor_context(instance=project.instance, resources=project.resources) as context:
+        for event in removal_requests_sensor(context).asset_events:
+            project.instance.report_runless_asset_event(event)
+    cursor, requested = project.automation_tick(cursor)
+    assert set(requested) == {"quality_filtered_documents"} and len(requested["quality_filtered_documents"]) == 2
+    assert not project.run_requested(requested)
+    cursor, requested = project.automation_tick(cursor)
+    assert requested == {"token_shards": [refresh.key]}
+    assert not project.run_requested(requested)
+    assert forgotten not in members(project, refresh.key)
+    assert project.automation_tick(cursor)[1] == {}
+
 
 def test_a_cron_dagster_cannot_run_fails_the_code_location_naming_the_config_key(tmp_path):
     """'99 3 * * 1' has the 5 fields the config checks, but minute 99 is out of range: Dagster refuses the schedule
