@@ -15,7 +15,7 @@ from assets.tokens import ALL_SOURCES, SHARDS, TOKENIZER
 from kiln.common.config import ConfigError, ProjectConfig, kiln_home, merge_config, parse_config
 from kiln.common.manifest import code_version, git_commit, write_json_atomic
 from kiln.common.plots import figure_markdown, pyplot
-from kiln.common.secrets import redact_url
+from kiln.common.secrets import redact, redact_url
 from kiln.common.storage import IncompleteDataset
 from kiln.governance.audit import trained_on
 from kiln.governance.catalog import AuditError
@@ -198,11 +198,13 @@ def base_chain(store, folder: Path) -> dict | None:
 
 def _mlflow_run(tracking: MlflowTracking, run_dir: Path, name: str, tags: dict[str, str]) -> tuple[str, str]:
     """The MLflow run of this run folder: the interrupted attempt's, or a new one tagged with lineage."""
-    experiment_id = tracking.prepare()
+    with tracking.calls("training_run: the MLflow experiment"):
+        experiment_id = tracking.prepare()
     id_file = run_dir / "mlflow_run_id"
     if id_file.is_file():
         return experiment_id, id_file.read_text().strip()
-    run = tracking.client().create_run(experiment_id, run_name=name, tags=tags)
+    with tracking.calls("training_run: creating the MLflow run"):
+        run = tracking.client().create_run(experiment_id, run_name=name, tags=tags)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(id_file, run.info.run_id)  # a retry reads it back: never an empty id after a crash
     return experiment_id, run.info.run_id
@@ -282,7 +284,8 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
                              metadata={"run_dir": dg.MetadataValue.path(str(run_dir))}) from None
         _end_mlflow_run(context, mlflow_tracking, mlflow_run_id, "FAILED")
         summary = _read_json(run_dir / "summary.json")
-        raise dg.Failure(description=f"training {summary.get('status', 'failed')}: {summary.get('error') or exc}",
+        why = redact(summary.get("error") or str(exc))  # the ranks' traceback may quote the tracking URI's password
+        raise dg.Failure(description=f"training {summary.get('status', 'failed')}: {why}",
                          metadata={"run_dir": dg.MetadataValue.path(str(run_dir))}) from None
     except BaseException:  # the step interrupted (Terminate in the UI): Pipes stopped the launch with it
         _end_mlflow_run(context, mlflow_tracking, mlflow_run_id, "KILLED")
@@ -427,9 +430,10 @@ def checkpoint(context: dg.AssetExecutionContext, storage: KilnStorage,
                    "checkpoint_manifest_sha256": summary["checkpoint_sha256"], "mlflow": run.stats["mlflow"]})
     base = store.dataset_dir(CHECKPOINT)
     mlflow_run = run.stats["mlflow"]["run_id"]
-    client = mlflow_tracking.client()
-    for fmt in summary["exports"]:  # this version's exports, whatever is committed meanwhile
-        client.log_artifacts(mlflow_run, str(writer.committed.folder / fmt), artifact_path=f"checkpoint/{fmt}")
+    with mlflow_tracking.calls(f"checkpoint: logging the exports to MLflow run {mlflow_run}"):
+        client = mlflow_tracking.client()
+        for fmt in summary["exports"]:  # this version's exports, whatever is committed meanwhile
+            client.log_artifacts(mlflow_run, str(writer.committed.folder / fmt), artifact_path=f"checkpoint/{fmt}")
     return dg.MaterializeResult(
         metadata={"parameters": summary["n_params"], "steps": summary["steps"], "formats": sorted(summary["exports"]),
                   "files": dg.MetadataValue.json({f.path: f.sha256[:16] for f in manifest.files}),
@@ -522,10 +526,11 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
                     TOKENIZER: tok.manifest.data_version, **documents},
             counts={"validation_tokens": result["validation"]["tokens"]}, stats=result)
     if result["forgetting"]:
-        client = mlflow_tracking.client()
-        for domain, f in result["forgetting"].items():
-            client.log_metric(run.stats["mlflow"]["run_id"], f"forgetting/{domain}", f["forgetting"],
-                              step=run.stats["summary"]["steps"])
+        with mlflow_tracking.calls(f"evaluation: logging forgetting to MLflow run {run.stats['mlflow']['run_id']}"):
+            client = mlflow_tracking.client()
+            for domain, f in result["forgetting"].items():
+                client.log_metric(run.stats["mlflow"]["run_id"], f"forgetting/{domain}", f["forgetting"],
+                                  step=run.stats["summary"]["steps"])
     val = result["validation"]["loss"]
     prev = result["previous"]["validation_loss"] if result["previous"] else None
     return dg.MaterializeResult(

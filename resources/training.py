@@ -1,4 +1,6 @@
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional, get_args
 
@@ -6,7 +8,7 @@ import dagster as dg
 from pydantic import field_validator
 
 from kiln.common.config import kiln_home
-from kiln.common.secrets import redact_url
+from kiln.common.secrets import redact, redact_url
 from training_jobs.launch import launch_command
 from training_jobs.settings import TrainingSettings
 
@@ -104,6 +106,19 @@ class MlflowTracking(dg.ConfigurableResource):
 
     def env(self) -> dict[str, str]:
         return {"MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_EXPERIMENT_NAME": self.experiment}
+
+    @contextmanager
+    def calls(self, what: str) -> Iterator[None]:
+        """Calls to the tracking store: MLflow's errors quote the tracking URI, user:password@ included, and Dagster
+        records a step's error with its cause and traceback. One is raised again as a `dg.Failure` naming `what` and
+        the store without credentials, the original neither chained nor kept as context."""
+        try:
+            yield
+        except dg.Failure:
+            raise
+        except Exception as exc:  # noqa: BLE001: any MLflow, HTTP or database error
+            raise dg.Failure(description=f"{what} failed at MLflow at {redact_url(self.tracking_uri)}: "
+                                         f"{type(exc).__name__}: {redact(str(exc))}") from None
 
     def end_unfinished(self, run_id: str, status: str) -> bool:
         """End run `run_id` as `status` (FAILED, KILLED) if it is still RUNNING: the ranks end their run themselves,

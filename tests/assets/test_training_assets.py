@@ -413,6 +413,33 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     assert "the tokenizer of this KILN_HOME was fitted without them" in failure.step_failure_data.error.message
 
 
+def test_a_tracking_server_that_cannot_be_reached_fails_the_run_without_its_password_in_dagsters_event_log(
+        tmp_path, kiln_home, monkeypatch):
+    """MLFLOW_TRACKING_URI may carry user:password@ (a deployment's environment); MLflow's errors quote the URI. The
+    failure names the server without them, and no event Dagster stored (the failure, its cause, its traceback)
+    holds the password."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
+    rng = np.random.default_rng(0)
+    vocab = ["".join(rng.choice(list(string.ascii_lowercase), 5)) for _ in range(300)]
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": i, "text": " ".join(rng.choice(vocab, 80))} for i in range(12)])
+    config = {"sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC0",
+                           "domain": "web", "profile": "none"}],
+              "profiles": {"none": []}, "engine": SERIAL_ENGINE, "decontamination": {"enabled": False},
+              "quality": {"classifier": {"enabled": False}}, "tokenizer": {"vocab_size": 400},
+              "shards": {"seq_len": 16, "val_fraction": 0.0}}
+    project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
+    assert project.materialize_refresh()
+    project.resources["mlflow_tracking"] = project.definitions.MlflowTracking(
+        tracking_uri=f"http://alice:{URL_PASSWORD}@127.0.0.1:9")  # the discard port: nothing listens
+    result = project.materialize(["training_run"], raise_on_error=False)
+    assert not result.success
+    failure = result.get_step_failure_events()[0].step_failure_data
+    assert "MLflow at http://127.0.0.1:9" in failure.user_failure_data.description
+    assert failure.error.cause is None and failure.error.context is None
+    assert not {path for path, text in event_log_text(project.instance).items() if leaked([URL_PASSWORD], text)}
+
+
 def test_the_launch_config_changes_one_runs_recipe_and_is_validated_like_the_project():
 
     from assets.training import TrainingLaunch
