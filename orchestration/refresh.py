@@ -12,7 +12,7 @@ from assets.curation import FILTERED, RAW
 from assets.partitions import LOADED_CONFIG, partition_key, refresh_partitions
 from kiln.common.config import ConfigError
 from kiln.governance.forget import REQUESTS, load_requests
-from kiln.governance.refresh import load_refreshes, next_refresh
+from kiln.governance.refresh import load_refreshes, never_read, next_refresh
 from resources import KilnConfig, KilnStorage
 
 _settings = LOADED_CONFIG.refresh
@@ -22,24 +22,29 @@ INTAKE = [dg.AssetKey(RAW), dg.AssetKey(FILTERED)]
 def refresh_runs(context, kiln_config: KilnConfig, storage: KilnStorage, trigger: str
                  ) -> list[dg.RunRequest] | dg.SkipReason:
     """Register what is new (see `kiln.governance.refresh.next_refresh`), mirror the store's refreshes into Dagster's
-    dynamic partitions, and request the intake (raw + filtered documents) of every source for a new refresh;
-    the automation sensor takes it from there."""
+    dynamic partitions, and request the intake (raw + filtered documents) of every source for a new refresh, and
+    for any registered one whose intake never started; the automation sensor takes it from there."""
     config, store = kiln_config.load(), storage.store()
-    refresh, landing = next_refresh(store, config, trigger, config.refresh.sensor.settle_seconds)
+    _, landing = next_refresh(store, config, trigger, config.refresh.sensor.settle_seconds)
     if landing is not None:
         for folder in landing.unknown_sources:
             context.log.warning(f"landing folder {folder!r} names no declared source; its files are left alone "
                                 f"(sources: {', '.join(s.name for s in config.sources)})")
+    refreshes = load_refreshes(store)
     known = set(context.instance.get_dynamic_partitions(refresh_partitions.name))
-    missing = [r.key for r in load_refreshes(store) if r.key not in known]
+    missing = [r.key for r in refreshes if r.key not in known]
     if missing:  # the store is the source of truth; Dagster's partitions follow it
         context.instance.add_dynamic_partitions(refresh_partitions.name, missing)
-    if refresh is None:
-        settling = f"; {landing.settling} file(s) still settling" if landing.settling else ""
+    # Registering is done by the evaluation; submitting its requests is not (a "Test sensor" preview, a tick that
+    # timed out or failed to submit): a refresh without raw documents is requested again, with the same run keys,
+    # which Dagster launches once (a run in progress or failed is not started again).
+    todo = never_read(store, [s.name for s in config.sources], refreshes)
+    if not todo:
+        settling = f"; {landing.settling} file(s) still settling" if landing and landing.settling else ""
         return dg.SkipReason(f"no new files under {config.refresh.landing_path()}/<source>/{settling}")
-    return [dg.RunRequest(run_key=f"refresh-{refresh.key}-{s.name}", partition_key=partition_key(s.name, refresh.key),
-                          asset_selection=INTAKE, tags={"kiln/refresh": refresh.key, "kiln/trigger": trigger})
-            for s in config.sources]
+    return [dg.RunRequest(run_key=f"refresh-{r.key}-{s.name}", partition_key=partition_key(s.name, r.key),
+                          asset_selection=INTAKE, tags={"kiln/refresh": r.key, "kiln/trigger": trigger})
+            for r in todo for s in config.sources]
 
 
 def _status(enabled: bool, kind):

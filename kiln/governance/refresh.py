@@ -196,6 +196,12 @@ def unmaterialized(store: Store, asset: str, sources: list[str], refreshes: list
     return missing
 
 
+def never_read(store: Store, sources: list[str], refreshes: list[Refresh]) -> list[Refresh]:
+    """The refreshes no source of which has raw documents: registered, but their intake never started (a sensor tick
+    evaluated and not submitted, a submission that failed), or not yet."""
+    return [r for r in refreshes if not any(store.manifest_or_none(READ, partition(s, r.key)) for s in sources)]
+
+
 def require_earlier(asset: str, decided: str, missing: list[str]) -> None:
     """Refuse to decide `asset`[`decided`] while `missing`, its datasets in earlier refreshes, are not materialized:
     a refresh is compared with the refreshes before it only, so an earlier one decided later would never be compared
@@ -390,5 +396,5 @@ def _filesystem(landing: str) -> tuple[pafs.FileSystem, str]:
 
 __all__ = ["LandedFile", "Landing", "Refresh", "RefreshError", "REFRESHES", "check_unchanged", "ensure_refresh", "get_refresh",
            "latest", "load_refreshes", "pin_sources",
-           "materialized", "new_key", "next_refresh", "partition", "pending_files", "register_refresh",
+           "materialized", "never_read", "new_key", "next_refresh", "partition", "pending_files", "register_refresh",
            "require_earlier", "trained_refresh", "unmaterialized", "upto"]

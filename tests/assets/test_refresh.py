@@ -225,6 +225,26 @@ def test_a_fresh_deployment_reaches_its_token_shards_by_automation_alone(quick_p
     assert project.automation_tick(cursor)[1] == {}
 
 
+def test_a_refresh_whose_intake_was_never_submitted_is_started_by_the_next_tick(quick_project):
+    """An evaluation whose run requests are not submitted (the UI's "Test sensor", a tick that times out or fails to
+    submit) has registered the refresh: the next tick, finding nothing new, still asks for that refresh's intake,
+    with the run keys the first evaluation gave (Dagster launches a run key once). A refresh with its intake done is
+    not asked for again."""
+    project = quick_project
+    run_intake(project, sensor(project))
+    write_jsonl(project.landing / "web" / "week2.jsonl", [{"id": "n", "text": random_text(project.rng, project.vocab)}])
+    preview = sensor(project)  # shown, never submitted
+    second = load_refreshes(project.store)[-1]
+    retried = sensor(project)
+    assert not isinstance(retried, dg.SkipReason)
+    assert [(r.run_key, r.partition_key, r.asset_selection) for r in retried] == \
+        [(r.run_key, r.partition_key, r.asset_selection) for r in preview]
+    assert {r.partition_key for r in retried} == {dg.MultiPartitionKey({"refresh": second.key, "source": s})
+                                                  for s in ("web", "ref")}
+    run_intake(project, retried)
+    assert isinstance(sensor(project), dg.SkipReason)
+
+
 def test_a_cron_dagster_cannot_run_fails_the_code_location_naming_the_config_key(tmp_path):
     """'99 3 * * 1' has the 5 fields the config checks, but minute 99 is out of range: Dagster refuses the schedule
     when the code location loads, and the message names refresh.schedule.cron, the value and the fix."""
