@@ -60,8 +60,8 @@ class TrainingLaunch(dg.Config):
     def apply(self, config: ProjectConfig) -> ProjectConfig:
         training = {k: getattr(self, k) for k in ("base_checkpoint", "rewarmup_steps", "objective", "seq_len",
                                                   "max_steps", "launcher") if getattr(self, k) is not None}
-        model = {k: v for k, v in {"rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling_factor and
-                                   {"type": "linear", "factor": self.rope_scaling_factor}}.items() if v is not None}
+        scaling = None if self.rope_scaling_factor is None else {"type": "linear", "factor": self.rope_scaling_factor}
+        model = {k: v for k, v in {"rope_theta": self.rope_theta, "rope_scaling": scaling}.items() if v is not None}
         replay = {k: v for k, v in {"share": self.replay_share, "from": self.replay_from}.items() if v is not None}
         change = {"training": {**training, **({"model": model} if model else {})},
                   **({"mixture": {"replay": replay}} if replay else {})}
@@ -71,7 +71,14 @@ class TrainingLaunch(dg.Config):
             return parse_config(merge_config(config.model_dump(mode="json", by_alias=True), change),
                                 origin="training_run launch config")
         except ConfigError as exc:
-            raise dg.Failure(description=str(exc)) from None
+            renamed = [f"{field} is {key}" for field, key in LAUNCH_KEYS.items() if getattr(self, field) is not None]
+            raise dg.Failure(description=str(exc) + (f"\n(launch config: {'; '.join(renamed)})" if renamed else "")
+                             ) from None
+
+
+# The launch config's fields whose config key has another name: an error names the key.
+LAUNCH_KEYS = {"rope_theta": "training.model.rope_theta", "rope_scaling_factor": "training.model.rope_scaling.factor",
+               "replay_share": "mixture.replay.share", "replay_from": "mixture.replay.from"}
 
 
 def check_sentinels(settings, tokenizer_card: dict, shards_seq_len: int | None) -> None:

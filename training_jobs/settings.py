@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from kiln.common.strict import Strict
 
@@ -310,6 +310,14 @@ class TrainingSettings(Strict):
                              f"blocks of a plain model, not pipeline stages or tensor-parallel slices (untested "
                              f"there); set training.compile: auto or false, or {split}: 1")
         return self
+
+    @field_validator("base_checkpoint")
+    @classmethod
+    def _base_named(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():  # not a folder: it would resolve to the working directory
+            raise ValueError("training.base_checkpoint is empty: give a checkpoint folder or `latest` (this KILN_HOME's "
+                             "checkpoint), or leave it unset to train from scratch")
+        return value
 
     @model_validator(mode="after")
     def _rewarmup_needs_a_base(self):

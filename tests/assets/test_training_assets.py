@@ -460,6 +460,13 @@ def test_the_launch_config_changes_one_runs_recipe_and_is_validated_like_the_pro
         TrainingLaunch(replay_share=0.1).apply(project)
     with pytest.raises(dg.Failure, match="training.objective"):
         TrainingLaunch(objective="mlm").apply(project)
+    # A field whose config key has another name is named too; a factor of 0 is a factor (checked), not "unset".
+    with pytest.raises(dg.Failure, match=r"(?s)training.model.rope_scaling.factor = 0.0: Input should be greater "
+                                         r"than 1.*rope_scaling_factor is training.model.rope_scaling.factor"):
+        TrainingLaunch(rope_scaling_factor=0.0).apply(project)
+    # An empty base checkpoint is no folder (it resolved to the working directory): refused, saying what to give.
+    with pytest.raises(dg.Failure, match="training.base_checkpoint is empty: give a checkpoint folder or `latest`"):
+        TrainingLaunch(base_checkpoint=" ").apply(project)
 
 
 def test_a_launcher_left_unset_trains_on_every_visible_gpu_and_on_two_cpu_processes_without_one(monkeypatch):
