@@ -6,7 +6,7 @@ import time
 
 import dagster as dg
 
-from assets.partitions import FOLLOW, SAME_REFRESH_EVERY_SOURCE, document_partitions, source_and_refresh
+from assets.partitions import FOLLOW, FOLLOW_IN_ORDER, SAME_REFRESH_EVERY_SOURCE, document_partitions, source_and_refresh
 from assets.results import check_specs, engine_metadata, full_funnel, materialize_result, standard_checks
 from kiln.common.manifest import code_version
 from kiln.common.secrets import redact
@@ -119,7 +119,7 @@ def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     deps=[dg.AssetDep(FILTERED, partition_mapping=SAME_REFRESH_EVERY_SOURCE)],
     code_version=code_version("kiln.curation.exact_dedup", "kiln.common.removals", "kiln.common.stats",
                               "kiln.curation.documents"),
-    check_specs=check_specs(CURATED, "residual_pii"), automation_condition=FOLLOW,
+    check_specs=check_specs(CURATED, "residual_pii"), automation_condition=FOLLOW_IN_ORDER,
 )
 def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
                       engine: KilnEngine) -> dg.MaterializeResult:

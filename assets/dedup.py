@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from assets.curation import CURATED
-from assets.partitions import FOLLOW, SAME_REFRESH, document_partitions, refresh_partitions, source_and_refresh
+from assets.partitions import FOLLOW, FOLLOW_IN_ORDER, SAME_REFRESH, document_partitions, refresh_partitions, source_and_refresh
 from assets.results import check_specs, engine_metadata, full_funnel, materialize_result, standard_checks
 from kiln.common.manifest import code_version
 from kiln.common.plots import stacked_bars_markdown
@@ -78,7 +78,7 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
 @dg.asset(
     key=INDEX, group_name="dedup", kinds={"python", "parquet"}, partitions_def=refresh_partitions,
     pool="dedup_index",  # one writer at a time: a refresh decides against the earlier refreshes' indexes
-    deps=[dg.AssetDep(SIGNATURES, partition_mapping=SAME_REFRESH)], automation_condition=FOLLOW,
+    deps=[dg.AssetDep(SIGNATURES, partition_mapping=SAME_REFRESH)], automation_condition=FOLLOW_IN_ORDER,
     code_version=code_version("kiln.dedup.near", "kiln.dedup.buckets", "kiln.dedup.bucket_index",
                               "kiln.dedup.bucket_layout", "kiln.dedup.bucket_rounds", "kiln.dedup.components",
                               "kiln.dedup.boilerplate", "kiln.dedup._kernels", "kiln.dedup.minhash", "kiln.dedup.lsh",

@@ -49,6 +49,41 @@ FOLLOW_FILTERED = FOLLOW.ignore(_REQUESTS).with_label("eager") if _AUTOMATE else
 ONCE = (dg.AutomationCondition.eager() & dg.AutomationCondition.missing()).with_label("once") if _AUTOMATE else None
 
 
+class EarlierRefreshesDone(dg.AutomationCondition):
+    """True for the partitions of a refresh when this asset is done for every earlier refresh: its partitions there
+    are materialized (for a per-source asset, those whose source has raw documents in that refresh). For the assets
+    that decide a refresh against every earlier one (`kiln.governance.refresh.require_earlier`): requested together,
+    the later refresh's run would start beside the earlier one's and be refused, and nothing would ask again."""
+
+    @property
+    def name(self) -> str:
+        return "earlier_refreshes_done"
+
+    def evaluate(self, context) -> dg.AutomationResult:
+        instance, key = context.asset_graph_view.instance, context.key
+        order = instance.get_dynamic_partitions(refresh_partitions.name)
+        done = instance.get_materialized_partitions(key)
+        if context.partitions_def == document_partitions:
+            refresh_of = {k: document_partitions.get_partition_key_from_str(k).keys_by_dimension["refresh"]
+                          for k in instance.get_materialized_partitions(dg.AssetKey("raw_documents")) - done}
+            pending = set(refresh_of.values())
+        else:
+            pending = set(order) - done
+        first_pending = min((order.index(r) for r in pending if r in order), default=len(order))
+        ready = {r for r in order[:first_pending + 1]}  # the first refresh not done yet may go: nothing before it waits
+        candidates = context.candidate_subset.expensively_compute_partition_keys()
+        if context.partitions_def == document_partitions:
+            keys = {k for k in candidates if document_partitions.get_partition_key_from_str(k)
+                    .keys_by_dimension["refresh"] in ready}
+        else:
+            keys = {k for k in candidates if k in ready}
+        return dg.AutomationResult(context, context.candidate_subset.compute_intersection_with_partition_keys(keys))
+
+
+# Eager, in refresh order: curation and the dedup index decide a refresh against every earlier one.
+FOLLOW_IN_ORDER = (FOLLOW & EarlierRefreshesDone()).with_label("eager, in refresh order") if _AUTOMATE else None
+
+
 def follow_only(*keys: str) -> dg.AutomationCondition | None:
     """Eager on these dependencies alone: a checkpoint's evaluation and data card follow the checkpoint, not
     every refresh's documents (which they also read)."""

@@ -6,6 +6,8 @@ Training is never started by these unless `refresh.train: true` (then `training_
 
 from __future__ import annotations
 
+import warnings
+
 import dagster as dg
 
 from assets.curation import FILTERED, RAW
@@ -90,8 +92,12 @@ def removal_requests_sensor(context: dg.SensorEvaluationContext, storage: KilnSt
     return dg.SensorResult(asset_events=[event], cursor=version)
 
 
-automation_sensor = dg.AutomationConditionSensorDefinition(
-    "kiln_automation", target=dg.AssetSelection.all(), minimum_interval_seconds=30,
-    default_status=_status(_settings.automation, dg.DefaultSensorStatus),
-    description="Declarative automation: a refresh's curation, dedup, quality and token shards follow its intake "
-                "(refresh.automation); training only with refresh.train: true.")
+with warnings.catch_warnings():  # use_user_code_server is beta in Dagster 1.13
+    warnings.simplefilter("ignore", dg.BetaWarning)
+    automation_sensor = dg.AutomationConditionSensorDefinition(
+        "kiln_automation", target=dg.AssetSelection.all(), minimum_interval_seconds=30,
+        # evaluated in the code location: EarlierRefreshesDone (assets.partitions) is Kiln's own condition
+        use_user_code_server=True,
+        default_status=_status(_settings.automation, dg.DefaultSensorStatus),
+        description="Declarative automation: a refresh's curation, dedup, quality and token shards follow its intake "
+                    "(refresh.automation); training only with refresh.train: true.")

@@ -245,6 +245,31 @@ def test_a_refresh_whose_intake_was_never_submitted_is_started_by_the_next_tick(
     assert isinstance(sensor(project), dg.SkipReason)
 
 
+def test_automation_curates_and_indexes_a_refresh_only_after_the_earlier_ones(quick_project):
+    """Two refreshes' intakes are done before automation looks: it asks for the curation (and later the dedup index)
+    of the first only; the second's runs would start beside it and be refused (a refresh is decided against every
+    earlier one), and nothing would ask again. The second is asked for once the first is done."""
+    project = quick_project
+    cursor, _ = project.automation_tick()
+    run_intake(project, sensor(project))
+    write_jsonl(project.landing / "web" / "week2.jsonl", [{"id": "n", "text": random_text(project.rng, project.vocab)}])
+    run_intake(project, sensor(project))
+    first, second = (r.key for r in load_refreshes(project.store))
+
+    def refreshes(requested, asset):
+        return {str(k).split("|")[0] for k in requested.get(asset, [])}
+
+    cursor, requested = project.automation_tick(cursor)
+    assert refreshes(requested, "curated_documents") == {first}
+    assert not project.run_requested(requested)
+    cursor, requested = project.automation_tick(cursor)
+    assert refreshes(requested, "curated_documents") == {second}
+    assert refreshes(requested, "dedup_index") == {first}
+    assert not project.run_requested(requested)
+    cursor, requested = project.automation_tick(cursor)
+    assert refreshes(requested, "dedup_index") == {second}
+
+
 def test_a_cron_dagster_cannot_run_fails_the_code_location_naming_the_config_key(tmp_path):
     """'99 3 * * 1' has the 5 fields the config checks, but minute 99 is out of range: Dagster refuses the schedule
     when the code location loads, and the message names refresh.schedule.cron, the value and the fix."""
