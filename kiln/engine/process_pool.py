@@ -4,12 +4,15 @@ in this process, the library functions' default."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
+import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from multiprocessing import get_context
+from multiprocessing import Pipe, get_context
+from multiprocessing.connection import Connection
 from typing import Any
 
 from tqdm import tqdm
@@ -29,10 +32,28 @@ def _run_chunk(fn, tasks: list) -> list:
     return [fn(task) for task in tasks]
 
 
+def _exit_with_parent(parent_alive: Connection) -> None:
+    """A worker's initializer: exit once the process that made the pool is gone. atexit does not run when that
+    process is SIGKILLed (the out-of-memory killer, a hard kill of a Dagster step), and its workers would wait on
+    their task queue for ever (they hold its write end too), and with them the forkserver, which waits for every
+    holder of its own alive pipe, workers included. `parent_alive` is the read end of a pipe whose only write end
+    that process holds: the read returns at the pipe's end, however it ends (launch.py's reaper works the same way)."""
+
+    def watch() -> None:
+        with contextlib.suppress(EOFError, OSError):
+            parent_alive.recv_bytes()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="kiln-parent-watch", daemon=True).start()
+
+
 @functools.lru_cache(maxsize=4)
 def _pool(workers: int) -> ProcessPoolExecutor:
     """One pool per size for the life of the process, reused by every stage (starting one costs ~1-2 s)."""
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=worker_pool_context())
+    parent_alive, alive_while_held = Pipe(duplex=False)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=worker_pool_context(),
+                               initializer=_exit_with_parent, initargs=(parent_alive,))
+    pool._kiln_alive_while_held = alive_while_held  # type: ignore[attr-defined]  # closed only with the pool
     atexit.register(pool.shutdown, cancel_futures=True)
     return pool
 

@@ -3,6 +3,7 @@
 near-dup decision rounds) — and clear errors for a bad address. The stages compared: intake, filters, exact dedup,
 signatures, token shards (tokenize tasks) and the quality classifier's cross-fitted fold fits."""
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -165,6 +166,41 @@ def test_a_pool_round_of_many_small_tasks_returns_each_result_at_its_task():
     tasks = list(range(1000))
     assert ProcessPool(workers=2).map_parts(abs, [-t for t in tasks], desc="t", progress=False,
                                             size=lambda t: t % 7) == tasks
+
+
+def test_a_killed_driver_leaves_no_pool_process_behind():
+    """A step process using the pool SIGKILLed (the out-of-memory killer, a hard kill) runs no exit handler: its
+    workers, its forkserver and its resource tracker must still go, not live on adopted by init."""
+    import psutil
+
+    code = ("import time; from kiln.engine import ProcessPool\n"
+            "ProcessPool(workers=2).map_parts(abs, [-1, -2, -3, -4], desc='t', progress=False)\n"
+            "print('ready', flush=True); time.sleep(600)")
+    driver = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    pool: list = []
+    try:
+        assert driver.stdout.readline().strip() == "ready"
+        pool = psutil.Process(driver.pid).children(recursive=True)
+        assert len(pool) >= 3, pool  # the forkserver and its two workers
+    finally:
+        driver.kill()
+        driver.wait()
+
+    def alive() -> list:  # an exited process this sandbox's init never reaps stays a zombie: gone all the same
+        with_status = []
+        for proc in pool:
+            with contextlib.suppress(psutil.Error):
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    with_status.append(proc)
+        return with_status
+
+    deadline = time.monotonic() + 10
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [(proc.pid, " ".join(proc.cmdline())[-80:]) for proc in alive()]
+    for proc in alive():  # by the pids recorded above, never by name
+        proc.kill()
+    assert not left, left
 
 
 @pytest.mark.parametrize("workers", [1, 2])
