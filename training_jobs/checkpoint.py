@@ -135,15 +135,34 @@ def write_path_atomically(path: Path, write: Callable[[Path], object]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def flush_to_disk(path: Path) -> None:
+    """fsync a file, or a folder (which makes the renames and new files in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_manifest(ckpt: Path, step: int, meta: dict[str, Any],
                    hash_file: Callable[[Path], str] = sha256_file) -> dict[str, Any]:
-    """Hash every file of a checkpoint and write manifest.json last: from then on it counts as complete."""
+    """Hash every file of a checkpoint and write manifest.json last: from then on it counts as complete.
+    Every file and folder of it is flushed to disk first, and the manifest's rename after: the rotation that follows
+    deletes older checkpoints (with keep_last 1, the only other one), and after a power loss a durable manifest over
+    files still in the page cache (empty or cut short) would leave nothing to resume from. The files were written
+    without flushes (torch.save, DeepSpeed): the writes go to disk here, once, and are not read again."""
     files = {}
     for path in sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != MANIFEST):
         files[path.relative_to(ckpt).as_posix()] = {"sha256": hash_file(path), "bytes": path.stat().st_size}
+        flush_to_disk(path)
+    for folder in sorted(p for p in ckpt.rglob("*") if p.is_dir()):
+        flush_to_disk(folder)
+    flush_to_disk(ckpt)
     manifest = {"format": CHECKPOINT_FORMAT, "tag": ckpt.name, "step": step,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **meta, "files": files}
     write_atomically(ckpt / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=2).encode("utf-8")), fsync=True)
+    flush_to_disk(ckpt)  # the manifest's name
+    flush_to_disk(ckpt.parent)  # the checkpoint folder's own name
     return manifest
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import shutil
 import threading
@@ -130,6 +131,45 @@ def test_keep_last_k_counts_complete_checkpoints_only(tmp_path):
     deleted = checkpoint.prune(tmp_path, keep_last=2)
     assert [p.name for p in deleted] == ["step_00000002", "step_00000004"]
     assert [f.step for f in checkpoint.checkpoints(tmp_path, complete_only=False)] == [6, 8, 10]
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["synchronous", "background"])
+def test_a_checkpoint_is_on_disk_before_the_one_before_is_pruned(tmp_path, monkeypatch, background):
+    """A power loss after the rotation (keep_last 1 deletes the only other checkpoint) must find the new one whole:
+    its files, its manifest and the folder entries naming them flushed to disk before the old one is deleted.
+    Every os.fsync is recorded by the path of its descriptor."""
+    fake_checkpoint(tmp_path, 4)
+    synced: list[Path] = []
+    real_fsync, real_rmtree = os.fsync, shutil.rmtree
+
+    def fsync(fd):
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    synced_at_prune: list[list[Path]] = []
+
+    def rmtree(path, **kw):
+        synced_at_prune.append(list(synced))
+        real_rmtree(path, **kw)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    writer = checkpoint.BackgroundWriter() if background else None
+    manifests = checkpoint.ManifestWriter() if background else None
+    new = checkpoint.save(FakeEngine(), tmp_path, 8, {}, keep_last=1, manifests=manifests, writer=writer)
+    if background:
+        manifests.wait()
+        writer.close()
+        manifests.close()
+    assert [f.step for f in checkpoint.checkpoints(tmp_path, complete_only=False)] == [8]
+    assert len(synced_at_prune) == 1  # the step 4 folder
+    before = synced_at_prune[0]
+    data = {new / "zero_pp_rank_0_mp_rank_00_model_states.pt", new / "zero_pp_rank_0_mp_rank_00_optim_states.pt"}
+    assert data <= set(before)
+    manifest_flushed = max(i for i, p in enumerate(before)
+                           if p.parent == new and p.name.startswith(f".{checkpoint.MANIFEST}.tmp-"))
+    assert new in before[manifest_flushed + 1:]  # the manifest's rename, after it was written
+    assert tmp_path in before  # the checkpoint folder's own entry
 
 
 class TorchSaves:
