@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest, applied_requests, now_utc
-from kiln.common.storage import IncompleteDataset, Store
+from kiln.common.storage import Store
 # RAW: a URL is whole there
 from kiln.governance.catalog import CHECKPOINT, RAW, SHARDS, Catalog, member_lists, run_of_checkpoint, stored_sources
 from kiln.governance.refresh import materialized, trained_refresh
@@ -76,12 +76,12 @@ class RemovalRequest:
 
 def load_requests(store: Store) -> tuple[list[RemovalRequest], str | None]:
     """Every recorded request and the dataset's data version (None: none recorded yet)."""
-    try:
-        manifest = store.manifest(REQUESTS)
-    except IncompleteDataset:
+    # One pinned version for both: a `kiln forget` committing meanwhile would give its list with the old version.
+    snap = store.snapshot_or_none(REQUESTS)
+    if snap is None:
         return [], None
-    data = json.loads((store.dataset_dir(REQUESTS) / REQUESTS_FILE).read_text(encoding="utf-8"))
-    return [RemovalRequest(**r) for r in data["requests"]], manifest.data_version
+    data = json.loads((snap.folder / REQUESTS_FILE).read_text(encoding="utf-8"))
+    return [RemovalRequest(**r) for r in data["requests"]], snap.manifest.data_version
 
 
 @dataclass(frozen=True)

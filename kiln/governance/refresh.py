@@ -91,11 +91,10 @@ def partition(source: str, refresh: str) -> str:
 
 def load_refreshes(store: Store) -> list[Refresh]:
     """Every registered refresh, oldest first (empty before the first one)."""
-    try:
-        store.manifest(REFRESHES)
-    except IncompleteDataset:
+    snap = store.snapshot_or_none(REFRESHES)  # one pinned version (a registration meanwhile swaps the link)
+    if snap is None:
         return []
-    data = json.loads((store.dataset_dir(REFRESHES) / REFRESHES_FILE).read_text(encoding="utf-8"))
+    data = json.loads((snap.folder / REFRESHES_FILE).read_text(encoding="utf-8"))
     return [Refresh.from_dict(r) for r in data["refreshes"]]
 
 

@@ -12,7 +12,8 @@ from kiln.cli import main
 from kiln.common.config import load_config
 from kiln.governance.data_card import build_data_card
 from kiln.governance.data_card_documents import REMOVED_BY_REQUEST
-from kiln.governance.forget import RemovalRequest, load_requests, read_doc_ids
+from kiln.common.storage import Store
+from kiln.governance.forget import REQUESTS, REQUESTS_FILE, RemovalRequest, load_requests, read_doc_ids
 from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.governance.membership import membership
 from kiln.governance.render import render
@@ -38,6 +39,34 @@ def forget(built, capsys, *args):
     code = main(["forget", *args, "--home", str(built["home"]), "--config", str(built["config_path"]), "--json"])
     out, err = capsys.readouterr()
     return code, (json.loads(out) if code == 0 else None), err
+
+
+def test_the_requests_and_their_data_version_are_one_versions(tmp_path, monkeypatch):
+    """A `kiln forget` committing a new list while load_requests reads it (here: right after it has looked the
+    dataset up): the list and the data version it returns are both of the version it looked up."""
+    store = Store(tmp_path)
+
+    def commit(n: int) -> str:  # as record_request writes the list
+        requests = [{"request_id": f"r{i}", "created_at": "t", "kind": "source", "value": "web", "reason": ""}
+                    for i in range(n)]
+        with store.staging(REQUESTS) as writer:
+            (writer.dir / REQUESTS_FILE).write_text(json.dumps({"requests": requests}), encoding="utf-8")
+            writer.commit(code_version="kiln.forget", config={}, inputs={}, counts={"requests": n})
+        return store.manifest(REQUESTS).data_version
+
+    first = commit(1)
+    looked_up = Store.snapshot
+
+    def then_a_commit(self, asset, partition=None):
+        snap = looked_up(self, asset, partition)
+        monkeypatch.setattr(Store, "snapshot", looked_up)
+        commit(2)
+        return snap
+
+    monkeypatch.setattr(Store, "snapshot", then_a_commit)
+    requests, version = load_requests(store)
+    assert ([r.request_id for r in requests], version) == (["r0"], first)
+    assert len(load_requests(store)[0]) == 2
 
 
 def test_forget_a_source_removes_it_from_the_next_shards_and_flags_the_checkpoint(built, capsys, tmp_path):

@@ -50,6 +50,24 @@ def test_the_first_refresh_is_the_configured_sources_then_landed_files(tmp_path)
     assert partition("web", "week2") == "web/week2"
 
 
+def test_the_registry_is_read_from_the_version_looked_up(tmp_path, monkeypatch):
+    """A registration committing while load_refreshes reads (here: right after it has looked the registry up): the
+    refreshes returned are the version looked up, not a mix of two lookups."""
+    store = Store(tmp_path / "data")
+    register_refresh(store, None, "initial", key="week1")
+    looked_up = Store.snapshot
+
+    def then_a_registration(self, asset, partition=None):
+        snap = looked_up(self, asset, partition)
+        monkeypatch.setattr(Store, "snapshot", looked_up)
+        register_refresh(store, {"web": [LandedFile("/x", "x", 1, "t")]}, "sensor", key="week2")
+        return snap
+
+    monkeypatch.setattr(Store, "snapshot", then_a_registration)
+    assert [r.key for r in load_refreshes(store)] == ["week1"]
+    assert [r.key for r in load_refreshes(store)] == ["week1", "week2"]
+
+
 def test_new_keys_are_dates_made_unique_within_a_day(tmp_path):
     store = Store(tmp_path / "data")
     day = dt.date(2026, 11, 23)
