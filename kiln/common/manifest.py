@@ -138,29 +138,25 @@ def temporary_name(path: Path) -> Path:
 
 
 def write_json_atomic(path: Path, text: str, flush: bool = True) -> None:
-    """Write to a temporary name, flush it to disk, rename over `path`, then flush the folder: after a crash the
-    file is the old one or the new one, whole. `flush=False` skips both flushes: after a power loss the file may
-    be the old one, the new one or cut short, never half of one after a process crash."""
-    tmp = temporary_name(path)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        if flush:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """write_file_atomic of `text` (UTF-8), then, with `flush`, the folder flushed too: after a crash the file is
+    the old one or the new one, whole. `flush=False` skips both flushes: after a power loss the file may be the old
+    one, the new one or cut short, never half of one after a process crash."""
+    write_file_atomic(path, lambda f: f.write(text.encode("utf-8")), flush=flush)
     if flush:
         fsync_dir(path.parent)
 
 
-def write_file_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """`write(f)` into a temporary sibling (binary), flushed to disk, then renamed over `path`: a reader sees the
-    old file or the new one, whole, never half of one; a failed write leaves nothing under `path`."""
+def write_file_atomic(path: Path, write: Callable[[BinaryIO], object], flush: bool = True) -> None:
+    """`write(f)` into a temporary sibling (binary), flushed to disk (unless `flush=False`), then renamed over
+    `path`: a reader sees the old file or the new one, whole, never half of one; a failed write (a full disk)
+    leaves the old file and no temporary one."""
     tmp = temporary_name(path)
     try:
         with open(tmp, "wb") as f:
             write(f)
-            f.flush()
-            os.fsync(f.fileno())
+            if flush:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

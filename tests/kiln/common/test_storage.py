@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 import kiln.common.storage as storage
-from kiln.common.manifest import MANIFEST_NAME
+from kiln.common.manifest import MANIFEST_NAME, write_file_atomic, write_json_atomic
 from kiln.common.storage import Store, part_name, resume_part, write_parquet_atomic
 
 REPO = Path(__file__).resolve().parents[3]
@@ -571,3 +572,18 @@ def test_a_code_version_follows_the_data_files_its_code_reads(tmp_path):
     assert code_version("kiln.common.stats") != before
     words.write_text("alpha\nbeta\n")
     assert code_version("kiln.common.stats", data=(words,)) != before
+
+
+@pytest.mark.parametrize("write", [lambda p: write_json_atomic(p, '{"new": 1}'),
+                                   lambda p: write_file_atomic(p, lambda f: f.write(b"new"))], ids=["json", "file"])
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary_one(tmp_path, monkeypatch, write):
+    """A full disk (here: the flush fails) leaves the file as it was and nothing else in its folder."""
+    (tmp_path / "x.json").write_text("old")
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        write(tmp_path / "x.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json"] and (tmp_path / "x.json").read_text() == "old"
