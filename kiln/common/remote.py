@@ -265,9 +265,12 @@ class S3Remote:
             folders += [p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for p in page.get("CommonPrefixes", [])]
         return files, folders
 
-    def delete_keys(self, keys: Iterable[str]) -> None:
+    def delete_keys(self, keys: Iterable[str], before_each: Callable[[], None] | None = None) -> None:
+        """Delete `keys`; `before_each` is called before each request (a lock's check, which raises once it lapsed)."""
         keys = list(keys)
         for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
+            if before_each is not None:
+                before_each()
             reply = self.client.delete_objects(Bucket=self.bucket, Delete={
                 "Objects": [{"Key": k} for k in keys[start:start + 1000]], "Quiet": True})
             if reply.get("Errors"):

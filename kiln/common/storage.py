@@ -65,7 +65,7 @@ from kiln.common.manifest import (
     temporary_name,
     write_json_atomic,
 )
-from kiln.common.remote import CorruptRemoteFile, MissingRemoteFile, S3Remote
+from kiln.common.remote import CorruptRemoteFile, LostLock, MissingRemoteFile, S3Remote
 from kiln.common.secrets import redact
 from kiln.tokens.shard_format import hold_folder
 
@@ -602,8 +602,13 @@ class Store:
             self.remote.put_bytes(f"{remote_dir}/{MANIFEST_NAME}", data)
             self._synced[key] = data
             keep = {f"{remote_dir}/{MANIFEST_NAME}", lock} | {f"{version_dir}/{f.path}" for f in manifest.files}
-            self.remote.delete_keys(k for k in self.remote.list_keys(remote_dir)
-                                    if k not in keep and not k.startswith(f"{remote_dir}/{HISTORY}/"))
+            stale = [k for k in self.remote.list_keys(remote_dir)
+                     if k not in keep and not k.startswith(f"{remote_dir}/{HISTORY}/")]
+            try:  # guarded too: past a lapsed lease, stale-looking keys may be the next holder's unnamed uploads
+                self.remote.delete_keys(stale, before_each=still_held)
+            except LostLock:  # this version is published; any later commit deletes what is stale
+                print(f"kiln: {self.remote.url(lock)}: the commit lock lapsed after this version was published; "
+                      f"its stale objects are left for the next commit to delete", file=sys.stderr, flush=True)
 
 
 def _remote_manifest(data: bytes, where: str) -> Manifest:

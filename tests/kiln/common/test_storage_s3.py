@@ -441,6 +441,37 @@ def test_a_holder_that_lost_its_lease_is_told_and_leaves_the_new_holders_lock(s3
     assert remote(s3).get_bytes(lock) == b'{"owner": "the process that took it over"}'
 
 
+def test_a_writer_whose_lease_lapsed_after_its_manifest_deletes_no_other_writers_files(s3, tmp_path, monkeypatch,
+                                                                                          capsys):
+    """The deletion of stale keys is a write the commit lock guards too: a writer that stalled past its lease right
+    after putting its manifest up must not delete what the writer now holding the lock has uploaded and not yet
+    named in a manifest. Its own version is published; the stale keys are left for the next commit to delete."""
+    store = Store(tmp_path / "w", remote(s3))
+    first = write_version(store, seed=1)
+    held_for = S3Remote.lock
+    monkeypatch.setattr(S3Remote, "lock", lambda self, key, lease_s=2.0: held_for(self, key, lease_s=2.0))
+    dataset = remote(s3).key("curated_documents", "web")
+    others = remote(s3).key("curated_documents", "web", "f" * 20, "documents", "part-00000.parquet")
+    listed = S3Remote.list_keys
+
+    def after_a_stall(self, prefix):
+        if prefix == dataset:  # the stale-key listing, right after the manifest went up
+            s3.put_object(Bucket=BUCKET, Key=remote(s3).key("curated_documents", "web", COMMIT_LOCK),
+                          Body=b'{"owner": "the writer that took the lock over"}')
+            s3.put_object(Bucket=BUCKET, Key=others, Body=b"uploaded, not yet named")
+            time.sleep(1.6)  # past three quarters of the 2 s lease: the hold has lapsed
+        return listed(self, prefix)
+
+    monkeypatch.setattr(S3Remote, "list_keys", after_a_stall)
+    second = write_version(store, seed=2)
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    assert others in keys
+    assert json.loads(s3.get_object(Bucket=BUCKET, Key=f"{dataset}/{MANIFEST_NAME}")["Body"].read())[
+        "data_version"] == second.data_version
+    assert any(f"/{first.data_version}/" in k for k in keys - _history(keys))  # stale, left for the next commit
+    assert "left for the next commit" in capsys.readouterr().err
+
+
 def test_a_store_that_ignores_conditional_writes_is_refused_before_anything_is_written(s3, tmp_path):
     class Unconditional:  # an S3-compatible endpoint that drops If-None-Match / If-Match
         def __getattr__(self, name):
