@@ -1,5 +1,6 @@
 """Training: a DeepSpeed ZeRO-3 run launched through Dagster Pipes, its checkpoint, and its evaluation."""
 
+import contextlib
 import hashlib
 import json
 import os
@@ -26,7 +27,7 @@ from kiln.governance.replay import write_removed
 from kiln.tokens.shard_writer import is_validation
 from kiln.tokens.tokenizer import Tokenizer, read_documents
 from resources import KilnConfig, KilnEngine, KilnStorage, MlflowTracking, TrainingLauncher
-from training_jobs.launch import busy
+from training_jobs.launch import MATERIALIZING, RunFolderBusy, busy, run_folder_lock
 from training_jobs.span_lengths import sentinel_problem
 
 RUN, CHECKPOINT, EVALUATION = "training_run", "checkpoint", "evaluation"
@@ -260,43 +261,54 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
     continued = json.dumps({"base": base and base["sha256"], "replay": replay}) if base else ""
     key = run_key(shards.data_version, tok.data_version, settings.model_dump_json() + continued, world_size)
     run_dir = kiln_home() / "runs" / key
-    if reason := busy(run_dir):  # before anything is written there (the launch itself is refused too)
-        raise dg.Failure(description=f"training_run: {reason}",
-                         metadata={"run_dir": dg.MetadataValue.path(str(run_dir))})
-    tags = {"kiln.dagster_run_id": context.run.run_id, "kiln.token_shards.data_version": shards.data_version,
-            "kiln.refresh": refresh,
-            "kiln.tokenizer.data_version": tok.data_version, "kiln.tokenizer.sha256": tok.stats["card"]["sha256"],
-            "kiln.git_commit": git_commit() or "unknown", "kiln.run_key": key,
-            **({"kiln.base_checkpoint.sha256": base["sha256"], "kiln.base_checkpoint": base["path"]} if base else {})}
-    experiment_id, mlflow_run_id = _mlflow_run(mlflow_tracking, run_dir, f"kiln-{key}", tags)
-    # The versions checked above are the ones every rank reads: a partition materialized again before the loaders
-    # open it is refused, not read unchecked.
-    pinned_replay = replay and {**replay, "data_version": removals and removals.data_version}
-    run_config = settings.to_run_config(
-        dataset_dir=store.dataset_dir(SHARDS, refresh), tokenizer_sha256=tok.stats["card"]["sha256"], output_dir=run_dir,
-        tokenizer_dir=store.dataset_dir(TOKENIZER), experiment=mlflow_tracking.experiment, run_name=f"kiln-{key}",
-        tags=tags, base_checkpoint=base and base["path"], replay=pinned_replay,
-        dataset_data_version=shards.data_version).write(run_dir / "run_config.json")
-    env = {**training_launcher.env(), **mlflow_tracking.env(), "MLFLOW_RUN_ID": mlflow_run_id}
-    ray_address = engine.ray_address or project.engine.ray_address  # the data engine's cluster, for `ray`
-    if launcher == "ray":
-        ray_reachable(training_launcher, ray_address)
-    command = training_launcher.command(run_config, settings.launcher, ray_address)
+    # This materialization's claim on the folder, from the check to the launch's end: a second one of the same run
+    # key would else pass the check before this launch holds the folder (LOCK) and rewrite its run_config.json and
+    # MLflow run id under it.
+    claim = contextlib.ExitStack()
     try:
-        reported = pipes_subprocess_client.run(command=command, context=context,
-                                               env=env, cwd=str(REPO)).get_materialize_result()
-    except Exception as exc:  # noqa: BLE001: Dagster's Pipes error (not exported by `dagster`); why is in summary.json
-        if reason := busy(run_dir):  # another launch took the folder after the check above: its summary is not ours
-            raise dg.Failure(description=f"training_run: {reason}",
-                             metadata={"run_dir": dg.MetadataValue.path(str(run_dir))}) from None
-        _end_mlflow_run(context, mlflow_tracking, mlflow_run_id, "FAILED")
-        summary = _read_json(run_dir / "summary.json")
-        why = redact(summary.get("error") or str(exc))  # the ranks' traceback may quote the tracking URI's password
-        raise dg.Failure(description=f"training {summary.get('status', 'failed')}: {why}",
+        claim.enter_context(run_folder_lock(run_dir, MATERIALIZING))
+    except RunFolderBusy as exc:
+        raise dg.Failure(description=f"training_run: {exc}",
                          metadata={"run_dir": dg.MetadataValue.path(str(run_dir))}) from None
-    except BaseException:  # the step interrupted (Terminate in the UI): Pipes stopped the launch with it
-        _end_mlflow_run(context, mlflow_tracking, mlflow_run_id, "KILLED")
-        raise
+    with claim:
+        if reason := busy(run_dir):  # before anything is written there (the launch itself is refused too)
+            raise dg.Failure(description=f"training_run: {reason}",
+                             metadata={"run_dir": dg.MetadataValue.path(str(run_dir))})
+        tags = {"kiln.dagster_run_id": context.run.run_id, "kiln.token_shards.data_version": shards.data_version,
+                "kiln.refresh": refresh,
+                "kiln.tokenizer.data_version": tok.data_version, "kiln.tokenizer.sha256": tok.stats["card"]["sha256"],
+                "kiln.git_commit": git_commit() or "unknown", "kiln.run_key": key,
+                **({"kiln.base_checkpoint.sha256": base["sha256"], "kiln.base_checkpoint": base["path"]}
+                   if base else {})}
+        experiment_id, mlflow_run_id = _mlflow_run(mlflow_tracking, run_dir, f"kiln-{key}", tags)
+        # The versions checked above are the ones every rank reads: a partition materialized again before the
+        # loaders open it is refused, not read unchecked.
+        pinned_replay = replay and {**replay, "data_version": removals and removals.data_version}
+        run_config = settings.to_run_config(
+            dataset_dir=store.dataset_dir(SHARDS, refresh), tokenizer_sha256=tok.stats["card"]["sha256"],
+            output_dir=run_dir, tokenizer_dir=store.dataset_dir(TOKENIZER), experiment=mlflow_tracking.experiment,
+            run_name=f"kiln-{key}", tags=tags, base_checkpoint=base and base["path"], replay=pinned_replay,
+            dataset_data_version=shards.data_version).write(run_dir / "run_config.json")
+        env = {**training_launcher.env(), **mlflow_tracking.env(), "MLFLOW_RUN_ID": mlflow_run_id}
+        ray_address = engine.ray_address or project.engine.ray_address  # the data engine's cluster, for `ray`
+        if launcher == "ray":
+            ray_reachable(training_launcher, ray_address)
+        command = training_launcher.command(run_config, settings.launcher, ray_address)
+        try:
+            reported = pipes_subprocess_client.run(command=command, context=context,
+                                                   env=env, cwd=str(REPO)).get_materialize_result()
+        except Exception as exc:  # noqa: BLE001: Dagster's Pipes error (not exported by `dagster`); why: summary.json
+            if reason := busy(run_dir):  # another launch took the folder after the check above: not our summary
+                raise dg.Failure(description=f"training_run: {reason}",
+                                 metadata={"run_dir": dg.MetadataValue.path(str(run_dir))}) from None
+            _end_mlflow_run(context, mlflow_tracking, mlflow_run_id, "FAILED")
+            summary = _read_json(run_dir / "summary.json")
+            why = redact(summary.get("error") or str(exc))  # the ranks' traceback may quote the tracking URI's password
+            raise dg.Failure(description=f"training {summary.get('status', 'failed')}: {why}",
+                             metadata={"run_dir": dg.MetadataValue.path(str(run_dir))}) from None
+        except BaseException:  # the step interrupted (Terminate in the UI): Pipes stopped the launch with it
+            _end_mlflow_run(context, mlflow_tracking, mlflow_run_id, "KILLED")
+            raise
     summary = _read_json(run_dir / "summary.json")
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     # What the run read, from its loader's final cursor (the last checkpoint's): membership and the data card answer

@@ -67,6 +67,9 @@ def launcher_command(launcher: str, run_config: Path, ranks: int, master_port: i
 
 
 LOCK = ".launch.lock"  # in the run folder: held (flock) by the launch that trains there
+# Held by the materialization that launches there, from its check of the folder to the launch's end: it writes
+# run_config.json and the MLflow run id before its launch holds LOCK, which a second one must not rewrite.
+MATERIALIZING = ".materialize.lock"
 BUSY = 75  # the supervisor's exit status when another launch holds the run folder (EX_TEMPFAIL)
 
 
@@ -80,12 +83,12 @@ def _busy_message(folder: Path, holder: str) -> str:
 
 
 @contextlib.contextmanager
-def run_folder_lock(folder: Path):
-    """Hold `folder`'s launch lock for the block (its file descriptor), recording who holds it; RunFolderBusy when
-    another launch does. Two launches of one folder would interleave checkpoints, metrics and summaries. The lock
-    lasts while a process holding the descriptor lives, whatever ends the others."""
+def run_folder_lock(folder: Path, name: str = LOCK):
+    """Hold `folder`'s launch lock (or another of its locks: `name`) for the block (its file descriptor), recording
+    who holds it; RunFolderBusy when another launch does. Two launches of one folder would interleave checkpoints,
+    metrics and summaries. The lock lasts while a process holding the descriptor lives, whatever ends the others."""
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(folder / name, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -266,6 +266,16 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
         assert holder in message and "training completed" not in message, message
         assert checks == [run_dir, run_dir]  # the check before launch, and the one after the launch command failed
 
+    # Another materialization of the same run key between its check and its launch (the launch lock not yet taken):
+    # this one is refused too, and rewrites neither its run_config.json nor its MLflow run id.
+    run_config_bytes = (run_dir / "run_config.json").read_bytes()  # the last materialization's, written before refusal
+    mlflow_id_bytes = (run_dir / "mlflow_run_id").read_bytes()
+    with launch.run_folder_lock(run_dir, launch.MATERIALIZING):
+        message = refusal(project.materialize(["training_run"], raise_on_error=False))
+    assert holder in message, message
+    assert (run_dir / "run_config.json").read_bytes() == run_config_bytes
+    assert (run_dir / "mlflow_run_id").read_bytes() == mlflow_id_bytes
+
     # A launch that never started a rank (here a launcher that exits at once) leaves no MLflow run RUNNING for ever:
     # the asset ends the run its ranks did not.
     launcher_class = type(project.resources["training_launcher"])
