@@ -18,10 +18,11 @@ window), and only once `min_history` healthy steps are in it. NaN/Inf is judged 
 
 A level is not a spike. The reference starts again (empty windows) when the data enters another curriculum phase
 (`observe(..., phase=)`: a harder phase's loss is judged against that phase's steps), and a loss that stays over the
-threshold for `min_history` consecutive steps, steady (within half the spike margin) and with healthy gradients, is
-taken as the new level: one `level_shift` event, and those steps become the window. A NaN never is; a rising loss
-is not steady; and with rollbacks on, the first spike step already rolls back (the windows return to the
-checkpoint's), so only steps the loop could not roll back (no checkpoint yet) can add up to a new level there.
+threshold for `min_history` consecutive steps, steady (within half the spike margin, and not rising) and with healthy
+gradients, is taken as the new level when rollbacks are off (`rollback: false`, events only): one `level_shift`
+event, and those steps become the window. A NaN never is. With rollbacks on, no level is accepted: a spike rolls
+back before it can reach a checkpoint, and before the first checkpoint a diverging loss that holds for a while
+must not become the reference the first checkpoint is judged by.
 Consecutive anomalies of one kind are one record in `events` (`repeats`, `last_step`), so a long stretch of them does
 not grow every checkpoint and summary.
 """
@@ -135,8 +136,7 @@ class StabilityMonitor:
         else:
             self.over.clear()
         levels = [loss for loss, _ in self.over]
-        # steady: within half the spike margin of its lowest step (a diverging loss keeps rising past it)
-        if len(levels) == s.min_history and max(levels) <= min(levels) * (1 + (s.spike_factor - 1) / 2):
+        if not s.rollback and len(levels) == s.min_history and _steady(levels, s.spike_factor):
             return self._new_level(event, levels)
         if self._run is not None and self._run.kind == event.kind:
             self._run.repeats += 1
@@ -252,3 +252,17 @@ class StabilityMonitor:
 
 
 __all__ = ["Event", "ROLLBACK", "StabilityMonitor", "TrainingDiverged", "WARN"]
+
+
+def _steady(levels: list[float], spike_factor: float) -> bool:
+    """A level, not a divergence: within half the spike margin of its lowest step, and not rising (the least-squares
+    rise over the steps under a tenth of the spike margin): a loss climbing 1% a step stays within the first over 20
+    steps, never within the second."""
+    n, mean = len(levels), sum(levels) / len(levels)
+    if max(levels) > min(levels) * (1 + (spike_factor - 1) / 2):
+        return False
+    if n < 2:
+        return True
+    centre = (n - 1) / 2
+    slope = sum((i - centre) * (x - mean) for i, x in enumerate(levels)) / sum((i - centre) ** 2 for i in range(n))
+    return slope * (n - 1) <= mean * (spike_factor - 1) / 10

@@ -142,6 +142,22 @@ def test_a_spike_that_passes_or_keeps_rising_is_no_level_shift():
     assert list(monitor.losses) == [2.0] * 5 and len(monitor.events) == 2  # one more record for the new run
 
 
+def test_a_loss_climbing_slowly_is_no_level_and_no_level_is_taken_with_rollbacks_on():
+    """Loss 2.0, then 3.1 rising 1% a step (a divergence): any 20 steps of it stay within 1.25x of their lowest
+    (1.01^19 = 1.21), the first rule of a level, but the least-squares rise over them (about 19% of the level) is over
+    a tenth of the 0.5 spike margin (5%): every step stays a spike. With rollbacks on, not even a flat new level is
+    taken: a level would become the reference of the first checkpoint."""
+    climbing = [3.1 * 1.01 ** i for i in range(100)]
+    warn_only = StabilityMonitor(WARN_ONLY.model_copy(update={"min_history": 20, "window": 20}))
+    feed(warn_only, [2.0] * 30)
+    assert all(e is not None and e.kind == "loss_spike" for e in feed(warn_only, climbing, start=31))
+    assert [e.kind for e in warn_only.events] == ["loss_spike"]
+    rolling = StabilityMonitor(STEADY)  # rollback on, no checkpoint to return to: the loop only lowers the LR
+    feed(rolling, [2.0] * 10)
+    assert all(e.kind == "loss_spike" for e in feed(rolling, [3.1] * 50, start=11))
+    assert [e.kind for e in rolling.events] == ["loss_spike"] and list(rolling.losses) == [2.0] * 5
+
+
 def test_nan_is_never_accepted_as_a_level():
     monitor = StabilityMonitor(WARN_ONLY)
     feed(monitor, [2.0] * 10)
