@@ -51,7 +51,8 @@ ONCE = (dg.AutomationCondition.eager() & dg.AutomationCondition.missing()).with_
 
 class EarlierRefreshesDone(dg.AutomationCondition):
     """True for the partitions of a refresh when this asset is done for every earlier refresh: its partitions there
-    are materialized (for a per-source asset, those whose source has raw documents in that refresh). For the assets
+    are materialized (for a per-source asset, those whose source has raw documents in that refresh, and no refresh
+    is done whose intake read no source yet). For the assets
     that decide a refresh against every earlier one (`kiln.governance.refresh.require_earlier`): requested together,
     the later refresh's run would start beside the earlier one's and be refused, and nothing would ask again."""
 
@@ -64,9 +65,13 @@ class EarlierRefreshesDone(dg.AutomationCondition):
         order = instance.get_dynamic_partitions(refresh_partitions.name)
         done = instance.get_materialized_partitions(key)
         if context.partitions_def == document_partitions:
-            refresh_of = {k: document_partitions.get_partition_key_from_str(k).keys_by_dimension["refresh"]
-                          for k in instance.get_materialized_partitions(dg.AssetKey("raw_documents")) - done}
-            pending = set(refresh_of.values())
+            def refresh_of(k: str) -> str:
+                return document_partitions.get_partition_key_from_str(k).keys_by_dimension["refresh"]
+
+            read = instance.get_materialized_partitions(dg.AssetKey("raw_documents"))
+            # a source read and not done yet; or a refresh whose intake never succeeded for any source (its landed
+            # files still wait to be read: the assets that decide later refreshes against it wait for it too)
+            pending = {refresh_of(k) for k in read - done} | (set(order) - {refresh_of(k) for k in read})
         else:
             pending = set(order) - done
         first_pending = min((order.index(r) for r in pending if r in order), default=len(order))

@@ -270,6 +270,30 @@ def test_automation_curates_and_indexes_a_refresh_only_after_the_earlier_ones(qu
     assert refreshes(requested, "dedup_index") == {second}
 
 
+def test_a_refresh_whose_intake_failed_holds_the_later_ones_until_it_is_read(quick_project):
+    """Refresh 2's files landed but its intake failed (never ran here); refresh 3's intake ran. Refresh 3's curation
+    would be refused (refresh 2 is not curated) and never asked for again: automation waits for refresh 2 instead,
+    and once its intake is repaired curates 2, then 3."""
+    project = quick_project
+    cursor, _ = project.automation_tick()
+    run_intake(project, sensor(project))
+    write_jsonl(project.landing / "web" / "week2.jsonl", [{"id": "n2", "text": random_text(project.rng, project.vocab)}])
+    failed_intake = sensor(project)
+    write_jsonl(project.landing / "web" / "week3.jsonl", [{"id": "n3", "text": random_text(project.rng, project.vocab)}])
+    requests = sensor(project)
+    first, second, third = (r.key for r in load_refreshes(project.store))
+    run_intake(project, [r for r in requests if r.tags["kiln/refresh"] == third])
+    curated = []
+    for repaired in (False, True):
+        if repaired:
+            run_intake(project, failed_intake)
+        for _ in range(8):
+            cursor, requested = project.automation_tick(cursor)
+            curated += sorted({str(k).split("|")[0] for k in requested.get("curated_documents", [])})
+            assert not project.run_requested(requested)  # nothing asked for is refused
+        assert curated == ([first] if not repaired else [first, second, third])
+
+
 def test_a_cron_dagster_cannot_run_fails_the_code_location_naming_the_config_key(tmp_path):
     """'99 3 * * 1' has the 5 fields the config checks, but minute 99 is out of range: Dagster refuses the schedule
     when the code location loads, and the message names refresh.schedule.cron, the value and the fix."""
