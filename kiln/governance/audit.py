@@ -30,6 +30,7 @@ from kiln.governance.catalog import (
     NOT_MATERIALIZED,
     RAW,
     SHARDS,
+    TOKENIZER,
     TRAINING_RUN,
     AuditError,
     Catalog,
@@ -44,7 +45,6 @@ from kiln.governance.catalog import (
 from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.governance.refresh import trained_refresh
 
-TOKENIZER = "tokenizer"
 
 # ------------------------------------------------------------------------------------------- lineage
 

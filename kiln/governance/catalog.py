@@ -15,7 +15,7 @@ from kiln.common.storage import IncompleteDataset, Snapshot, Store
 from kiln.governance.lineage import DOCUMENT_STAGES
 
 CHECKPOINT, TRAINING_RUN, SHARDS = "checkpoint", "training_run", "token_shards"
-FILTERED, INDEX = "filtered_documents", "dedup_index"
+FILTERED, INDEX, TOKENIZER = "filtered_documents", "dedup_index", "tokenizer"
 RAW = DOCUMENT_STAGES[0]
 
 NOT_MATERIALIZED = "not materialized"

@@ -27,14 +27,14 @@ from kiln.common.secrets import redact_url
 from kiln.common.stats import StageStats, chain, funnel_markdown, funnel_rows
 from kiln.common.storage import Store
 from kiln.governance.audit import pinned
-from kiln.governance.catalog import CHECKPOINT, SHARDS, TRAINING_RUN, Catalog
+from kiln.governance.catalog import CHECKPOINT, INDEX, SHARDS, TOKENIZER, TRAINING_RUN, Catalog
 from kiln.governance.data_card_documents import licenses_and_languages
 from kiln.governance.forget import load_requests
 from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.governance.refresh import load_refreshes, partition, trained_refresh
 
 FORMAT = "kiln.data_card/1"
-TOKENIZER, EVALUATION, INDEX = "tokenizer", "evaluation", "dedup_index"
+EVALUATION = "evaluation"
 CLASSIFIER = "quality_classifier"
 DATA_CARD = "data_card"
 
