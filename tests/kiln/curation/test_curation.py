@@ -15,7 +15,7 @@ from kiln.curation.exact_dedup import HashSource, exact_dedup
 from kiln.curation.pipeline import content_hash, filter_documents, ingest, profile_steps
 from kiln.curation.readers import read_source
 from kiln.engine import SERIAL, ProcessPool
-from tests.conftest import SERIAL_ENGINE, prose, write_jsonl
+from tests.conftest import SERIAL_ENGINE, in_fresh_process, prose, write_jsonl
 from tests.store_files import leftovers
 
 REPO = Path(__file__).resolve().parents[3]
@@ -331,35 +331,44 @@ def test_intake_reads_files_in_parallel_and_keeps_each_doc_id_once(tmp_path):
     assert fingerprints[0] == fingerprints[1]
 
 
-def test_a_one_file_source_is_checked_for_repeated_ids_without_holding_them_all(tmp_path, monkeypatch):
+def test_a_one_file_source_is_checked_for_repeated_ids_without_holding_them_all(tmp_path):
     """A source of one file was read by one task that kept every doc id in a set (about 110 B a record, growing
     with the file). Its repeated ids are found by the doc-id shuffle as a source of many files' are: the peak is a
     part plus a bucket (ROWS_PER_BUCKET, made small here so that both sizes fill several), whatever the file."""
-    import tracemalloc
+    code = f"""
+import json, tracemalloc
+from pathlib import Path
+from kiln.common.config import parse_config
+from kiln.common.storage import Store
+from kiln.curation import exact_dedup
+from kiln.curation.pipeline import ingest
+from kiln.engine import SERIAL
 
-    from kiln.curation import exact_dedup
-
-    monkeypatch.setattr(exact_dedup, "ROWS_PER_BUCKET", 1_000)
-    peaks = []
-    for n in (500, 5_000, 30_000):  # the first warms up (the imports a first ingest makes)
-        path = tmp_path / f"one-{n}.jsonl"
-        with path.open("w", encoding="utf-8") as f:
-            for i in range(n):
-                f.write(json.dumps({"id": f"doc-{i:012d}-with-a-fairly-long-native-identifier", "text": f"t{i}"}))
-                f.write("\n")
-            f.write(json.dumps({"id": "doc-000000000007-with-a-fairly-long-native-identifier", "text": "again"}))
-        config = parse_config({"sources": [{"name": "s", "kind": "jsonl", "path": str(path), "license": "CC-BY",
-                                            "domain": "web", "profile": "p"}],
-                               "profiles": {"p": []}, "reading": {"rows_per_part": 1000}})
-        store = Store(tmp_path / f"store-{n}")
-        tracemalloc.start()
-        with store.staging("raw", "s") as w:
-            stats = ingest(config.sources[0], config.reading, w, SERIAL, progress=False)
-            w.commit(code_version="t", config={}, inputs={}, counts={}, stats={})
-        peaks.append(tracemalloc.get_traced_memory()[1] / 2**20)
-        tracemalloc.stop()
-        assert (stats.docs_in, stats.docs_out, dict(stats.steps["read"].dropped)) == (n + 1, n, {"duplicate_doc_id": 1})
-        assert [q["excerpt"] for q in store.read_table("raw", "s", "quarantine").to_pylist()] == ["again"]
+exact_dedup.ROWS_PER_BUCKET = 1_000
+root, peaks = Path({str(tmp_path)!r}), []
+for n in (500, 5_000, 30_000):  # the first warms up (the imports a first ingest makes)
+    path = root / f"one-{{n}}.jsonl"
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(n):
+            f.write(json.dumps({{"id": f"doc-{{i:012d}}-with-a-fairly-long-native-identifier", "text": f"t{{i}}"}}))
+            f.write("\\n")
+        f.write(json.dumps({{"id": "doc-000000000007-with-a-fairly-long-native-identifier", "text": "again"}}))
+    config = parse_config({{"sources": [{{"name": "s", "kind": "jsonl", "path": str(path), "license": "CC-BY",
+                                        "domain": "web", "profile": "p"}}],
+                           "profiles": {{"p": []}}, "reading": {{"rows_per_part": 1000}}}})
+    store = Store(root / f"store-{{n}}")
+    tracemalloc.start()
+    with store.staging("raw", "s") as w:
+        stats = ingest(config.sources[0], config.reading, w, SERIAL, progress=False)
+        w.commit(code_version="t", config={{}}, inputs={{}}, counts={{}}, stats={{}})
+    peaks.append(tracemalloc.get_traced_memory()[1] / 2**20)
+    tracemalloc.stop()
+    excerpts = [q["excerpt"] for q in store.read_table("raw", "s", "quarantine").to_pylist()]
+    assert (stats.docs_in, stats.docs_out, dict(stats.steps["read"].dropped), excerpts) == (
+        n + 1, n, {{"duplicate_doc_id": 1}}, ["again"]), (n, stats.to_dict(), excerpts)
+print(json.dumps(peaks))
+"""
+    peaks = in_fresh_process(code)
     assert peaks[2] < peaks[1] + 1, peaks  # measured +0.01 MiB; with a set of the ids, +3.3 MiB
 
 

@@ -37,6 +37,7 @@ from kiln.quality.rules import (
     perplexity_buckets,
 )
 from kiln.quality.scoring import read_scores, score_parts
+from tests.conftest import in_fresh_process
 from tests.quality_corpus import labelled_split, reference_texts, train_reference_model, word_salad
 
 # Quantizing 10,000 kept features adds ~4.5 s per fit; 2,000 keeps these tests quick and still quantizes.
@@ -470,10 +471,6 @@ def test_the_balanced_sample_is_each_class_s_first_ids_by_hash_cut_to_the_smalle
 def test_choosing_the_classifier_sample_holds_the_sample_not_the_corpus(tmp_path):
     """quality_classifier's driver streams the classes' doc ids (assets.quality._ids) into balanced_sample: its peak
     does not grow with the corpus. Before, 100k ids a class peaked at 25 MiB."""
-    import tracemalloc
-
-    from assets.quality import _ids
-
     store = Store(tmp_path)
 
     def source(name, n):
@@ -482,15 +479,25 @@ def test_choosing_the_classifier_sample_holds_the_sample_not_the_corpus(tmp_path
                 w.write("documents", pa.table({"doc_id": [f"{name}-{i:012d}-native-identifier"
                                                           for i in range(start, min(n, start + 20_000))]}))
             w.commit(code_version="t", config={}, inputs={}, counts={})
-        return {name: store.snapshot("deduplicated", name)}
 
     peaks = []
     for n in (20_000, 100_000):
-        pos, neg = source(f"ref{n}", n), source(f"web{n}", n)
-        tracemalloc.start()
-        chosen = balanced_sample(_ids(pos), _ids(neg), 1000)
-        peaks.append(tracemalloc.get_traced_memory()[1] / 2**20)
-        tracemalloc.stop()
+        source(f"ref{n}", n)
+        source(f"web{n}", n)
+        # measured in a new interpreter: tracemalloc also counts the test worker's other threads
+        peak, chosen = in_fresh_process(f"""
+import json, tracemalloc
+from pathlib import Path
+from assets.quality import _ids
+from kiln.common.storage import Store
+from kiln.quality.classifier import balanced_sample
+store = Store(Path({str(tmp_path)!r}))
+pos, neg = {{"ref{n}": store.snapshot("deduplicated", "ref{n}")}}, {{"web{n}": store.snapshot("deduplicated", "web{n}")}}
+tracemalloc.start()
+chosen = balanced_sample(_ids(pos), _ids(neg), 1000)
+print(json.dumps([tracemalloc.get_traced_memory()[1] / 2**20, chosen]))
+""")
+        peaks.append(peak)
         assert [len(c) for c in chosen] == [1000, 1000]
         assert chosen[0] == sorted((f"ref{n}-{i:012d}-native-identifier" for i in range(n)), key=_sample_order)[:1000]
     assert peaks[1] < 1.5 * peaks[0] + 1 and peaks[1] < 4, peaks  # measured 1.2 and 1.2 (before: 5.5 and 25)
