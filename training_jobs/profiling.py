@@ -42,6 +42,14 @@ class StepProfiler:
         self.started, self.wall = 0.0, 0.0
         self.result: dict[str, Any] | None = None
 
+    def resume_from(self, done: int) -> None:
+        """The run resumes with `done` steps behind it: a window begun in an earlier launch (whose profile was never
+        written: the report comes after the loop) profiles the rest of it; one that ended there covers nothing."""
+        if done >= self.first and self.profiler is None:
+            self.first = done + 1
+            if self.first > self.last:
+                self.first, self.last, self.active = 0, -1, False
+
     def covers(self, step: int) -> bool:
         """Whether `step` is in the window (on every rank: the others wait for the profiled one at collectives)."""
         return self.first <= step <= self.last

@@ -214,6 +214,17 @@ def schedule_too_short(total_steps: int | None, max_steps: int | None) -> str | 
             f"{max_steps - total_steps}; total_steps only extends a curve (>= max_steps), or leave it unset")
 
 
+def profile_window_problem(profile_steps: tuple[int, int] | None, max_steps: int | None) -> str | None:
+    """What is wrong with a profile window that ends after the run's last step (None: nothing): it would never close,
+    so nothing would be written while the profiler recorded the rest of the run."""
+    if profile_steps is None or max_steps is None or profile_steps[1] <= max_steps:
+        return None
+    return (f"training.profile_steps {list(profile_steps)} ends after the run's {max_steps} steps (training.max_steps, "
+            f"or training.token_budget / tokens per step): the window would never close and no profile would be "
+            f"written; give a window within steps 1..{max_steps}, e.g. [{min(profile_steps[0], max_steps)}, "
+            f"{max_steps}]")
+
+
 class TrainingSettings(Strict):
     """Everything about a training run that belongs in the project config."""
 
@@ -266,6 +277,8 @@ class TrainingSettings(Strict):
         if self.profile_steps and self.profile_steps[0] > self.profile_steps[1]:
             raise ValueError(f"training.profile_steps {list(self.profile_steps)}: the first step comes after the last; "
                              f"give [first, last], e.g. [20, 24]")
+        if problem := profile_window_problem(self.profile_steps, self.max_steps):
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
@@ -448,4 +461,4 @@ def load_deepspeed_config(path: str | Path) -> dict[str, Any]:
 
 __all__ = ["CheckpointSettings", "DEFAULT_DEEPSPEED_CONFIG", "DEFAULT_MICRO_BATCH", "ModelSettings", "MonitorSettings",
            "PRESETS", "Parallelism", "RopeScaling", "RUN_CONFIG_FORMAT", "Replay", "RunConfig", "ScheduleSettings",
-           "TrainingSettings", "llama_ffn_hidden", "load_deepspeed_config"]
+           "TrainingSettings", "llama_ffn_hidden", "load_deepspeed_config", "profile_window_problem"]

@@ -62,7 +62,7 @@ from training_jobs.reporting import (
     write_json_atomic,
 )
 from training_jobs.schedule import warmup_problem
-from training_jobs.settings import RunConfig, schedule_too_short
+from training_jobs.settings import RunConfig, profile_window_problem, schedule_too_short
 from training_jobs.setup import (
     Dist,
     TokenizerMismatch,
@@ -165,6 +165,8 @@ class Trainer:
         self.max_steps = t.resolved_max_steps(self.shard.world_size, self.seq_len)
         if short := schedule_too_short(t.schedule.total_steps, self.max_steps):  # max_steps from a token budget
             raise ValueError(short)
+        if problem := profile_window_problem(t.profile_steps, self.max_steps):  # likewise
+            raise ValueError(problem)
         self.total_steps = t.schedule.total_steps or self.max_steps
         self.tokens_per_step = t.tokens_per_step(self.shard.world_size, self.seq_len)
         self.precision = resolve_precision(t.precision)
@@ -204,6 +206,7 @@ class Trainer:
             self.resume()
             self.start_tracking()
         self.tokens_at_start = p.tokens_seen
+        self.profiler.resume_from(p.step)  # a window the earlier launch began: the rest of it
         self.cadence = self.checkpoint_cadence()
         if self.base is not None and p.step == 0:  # the base's loss on this run's held-back tokens, before any update
             self.base_val = self.validate(0)

@@ -192,6 +192,19 @@ def test_a_profile_window_is_first_then_last():
         TrainingSettings(profile_steps=[0, 4])  # steps count from 1
 
 
+def test_a_profile_window_past_the_run_is_refused():
+    """A window that ends after the run's last step never closed: nothing was written, the profiler recorded the rest
+    of the run (checkpoints, validation, export) and every step from its first was left out of the step throughput."""
+    from training_jobs.settings import profile_window_problem  # the trainer's check once a token budget sets max_steps
+
+    with pytest.raises(ValidationError, match=r"profile_steps \[3, 50\] ends after the run's 10 steps"):
+        TrainingSettings(max_steps=10, profile_steps=[3, 50])
+    assert TrainingSettings(max_steps=10, profile_steps=[3, 10]).profile_steps == (3, 10)
+    assert TrainingSettings(token_budget=1000, profile_steps=[3, 50]).profile_steps == (3, 50)  # known at launch
+    assert "training.profile_steps [3, 50]" in profile_window_problem((3, 50), 10)
+    assert profile_window_problem((3, 10), 10) is None and profile_window_problem(None, 10) is None
+
+
 @pytest.mark.parametrize("settings, message", [
     ({"model": {"d_model": 100, "n_heads": 3}}, "d_model 100 is not divisible by n_heads 3"),
     ({"betas": [1.5, 0.95]}, "betas.0"),
