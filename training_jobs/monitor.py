@@ -233,7 +233,11 @@ class StabilityMonitor:
         return {"format": STATE_FORMAT, "losses": list(self.losses), "grad_norms": list(self.grad_norms),
                 "plateau_losses": list(self.plateau_losses), "events": [e.to_dict() for e in self.events],
                 "rollbacks": self.rollbacks, "lr_scale_until": self.lr_scale_until,
-                "last_plateau_step": self._last_plateau_step, "phase": self.phase}
+                "last_plateau_step": self._last_plateau_step, "phase": self.phase,
+                # a stretch of anomalies under way: the steps over the threshold so far (a level once they last) and
+                # its record (always the newest event), so a resumed run judges the stretch as one uninterrupted
+                "over": [list(x) for x in self.over],
+                "open_record": len(self.events) - 1 if self._run is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("format") != STATE_FORMAT:
@@ -242,6 +246,10 @@ class StabilityMonitor:
         self.events = [Event(**e) for e in state["events"]]
         self.rollbacks = int(state["rollbacks"])
         self.lr_scale_until = int(state["lr_scale_until"])
+        # absent from states written before they were kept: the stretch starts again
+        self.over = deque((tuple(x) for x in state.get("over", [])), maxlen=self.settings.min_history)
+        record = state.get("open_record")
+        self._run = self.events[record] if record is not None else None
 
     def _load_windows(self, state: dict[str, Any]) -> None:
         self.losses = deque(state["losses"], maxlen=self.settings.window)

@@ -198,3 +198,38 @@ def test_a_new_curriculum_phase_starts_a_new_reference():
     again = StabilityMonitor(STEADY)
     again.load_state_dict(json.loads(json.dumps(monitor.state_dict())))
     assert again.observe(17, 3.1, 1.0, phase=1) is None and list(again.losses) == [3.1, 3.1]
+
+
+def test_a_run_resumed_inside_a_stretch_of_spikes_judges_it_as_the_uninterrupted_run():
+    """rollback: false, loss 2.0 then 3.1 from step 11, the run checkpointed at step 12 and resumed there (SIGKILL).
+    Uninterrupted (hand-worked): steps 11-12 one spike record (repeats 1), step 13 the third step over the threshold
+    and the new level. The checkpoint held neither the steps over the threshold so far nor the open record: the
+    resumed run counted the level again from step 13 (a second spike record 13-14, the level at 15, its windows a
+    level behind until then)."""
+    resumed = StabilityMonitor(WARN_ONLY)
+    feed(resumed, [2.0] * 10 + [3.1] * 2)
+    at_checkpoint = json.loads(json.dumps(resumed.state_dict()))
+    resumed = StabilityMonitor(WARN_ONLY)
+    resumed.load_state_dict(at_checkpoint)
+    feed(resumed, [3.1] * 4, start=13)
+    assert [(e.step, e.kind, e.repeats, e.last_step) for e in resumed.events] == \
+        [(11, "loss_spike", 1, 12), (13, "level_shift", 0, None)]
+    assert list(resumed.losses) == [3.1] * 5
+
+
+def test_a_resumed_run_continues_the_open_anomaly_record():
+    """Grad explosions at steps 9-10 with the checkpoint at 9: one record (repeats 1), as without the resume."""
+    resumed = StabilityMonitor(WARN_ONLY)
+    feed(resumed, [2.0] * 9, grads=[1.0] * 8 + [50.0])
+    at_checkpoint = json.loads(json.dumps(resumed.state_dict()))
+    resumed = StabilityMonitor(WARN_ONLY)
+    resumed.load_state_dict(at_checkpoint)
+    feed(resumed, [2.0], grads=[50.0], start=10)
+    assert [(e.step, e.kind, e.repeats, e.last_step) for e in resumed.events] == [(9, "grad_explosion", 1, 10)]
+
+
+def test_a_monitor_state_from_before_the_open_record_was_kept_still_loads():
+    state = StabilityMonitor(WARN_ONLY).state_dict()
+    for key in ("over", "open_record"):
+        state.pop(key, None)
+    StabilityMonitor(WARN_ONLY).load_state_dict(state)
