@@ -43,6 +43,14 @@ def run_key(shards_version: str, tokenizer_version: str, settings_json: str, wor
         f"{shards_version}\0{tokenizer_version}\0{settings_json}\0{world_size}".encode()).hexdigest()[:12]
 
 
+def continued_run(base: dict | None, replay: dict | None) -> str:
+    """What a continued run adds to its run key: the base's identity and the replay it reads (share, folder, that
+    folder's version and the documents excluded from it). Another version of the replayed shards, or a new
+    exclusion, is another run: a checkpoint's loader position means nothing in another version (the loader refuses
+    it), so that run starts afresh in a folder of its own instead of failing on every retry."""
+    return json.dumps({"base": base["sha256"], "replay": replay}) if base else ""
+
+
 class TrainingLaunch(dg.Config):
     """One run's changes to the project config's training recipe, from the launchpad (every field left empty keeps
     the project's value). The names are the project config's keys; the result is validated like the config."""
@@ -258,8 +266,11 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
     removals, requests_version = replay_removals(store, replay)
     if removals is not None and removals.exclude:  # the loader skips them; a new exclusion is a new run folder
         replay = {**replay, "exclude": removals.exclude}
-    continued = json.dumps({"base": base and base["sha256"], "replay": replay}) if base else ""
-    key = run_key(shards.data_version, tok.data_version, settings.model_dump_json() + continued, world_size)
+    # The versions checked here are the ones every rank reads: a partition materialized again before the loaders
+    # open it is refused, not read unchecked.
+    pinned_replay = replay and {**replay, "data_version": removals and removals.data_version}
+    key = run_key(shards.data_version, tok.data_version,
+                  settings.model_dump_json() + continued_run(base, pinned_replay), world_size)
     run_dir = kiln_home() / "runs" / key
     # This materialization's claim on the folder, from the check to the launch's end: a second one of the same run
     # key would else pass the check before this launch holds the folder (LOCK) and rewrite its run_config.json and
@@ -281,9 +292,6 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
                 **({"kiln.base_checkpoint.sha256": base["sha256"], "kiln.base_checkpoint": base["path"]}
                    if base else {})}
         experiment_id, mlflow_run_id = _mlflow_run(mlflow_tracking, run_dir, f"kiln-{key}", tags)
-        # The versions checked above are the ones every rank reads: a partition materialized again before the
-        # loaders open it is refused, not read unchecked.
-        pinned_replay = replay and {**replay, "data_version": removals and removals.data_version}
         run_config = settings.to_run_config(
             dataset_dir=store.dataset_dir(SHARDS, refresh), tokenizer_sha256=tok.stats["card"]["sha256"],
             output_dir=run_dir, tokenizer_dir=store.dataset_dir(TOKENIZER), experiment=mlflow_tracking.experiment,

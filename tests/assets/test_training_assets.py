@@ -514,6 +514,21 @@ def test_another_number_of_ranks_trains_in_a_run_folder_of_its_own():
     assert run_key("shards-v1", "tok-v1", settings, 2) != run_key("shards-v1", "tok-v1", settings, 1)
 
 
+def test_a_continued_run_on_another_version_of_its_replayed_shards_is_another_run():
+    """The replayed shard set materialized again (its folder now another version, the exclusions the same) kept the
+    run key: a crashed continued run's folder was resumed, every rank's loader refused the new version
+    (DatasetReplaced: its position means nothing there), and no materialization could get past it. Its version is
+    part of the key now, as the training shards' is."""
+    from assets.training import continued_run
+
+    base = {"sha256": "b" * 64}
+    replay = {"share": 0.1, "dataset_dir": "/store/token_shards/r1", "data_version": "v1"}
+    assert continued_run(base, replay) == continued_run(base, dict(replay))
+    assert continued_run(base, replay) != continued_run(base, {**replay, "data_version": "v2"})
+    assert continued_run(base, replay) != continued_run(base, {**replay, "exclude": {"r1/part-0.bin": [3]}})
+    assert continued_run(base, None) != continued_run(base, replay) and continued_run(None, None) == ""
+
+
 def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_refused_before_launch():
 
     from assets.training import TrainingLaunch, launch_layout, ray_reachable
