@@ -83,7 +83,7 @@ _PROVIDER_TOKENS = tuple((gate, re.compile(pattern + r"(?![A-Za-z0-9_-])")) for 
 _SLACK_WEBHOOK = re.compile(r"hooks\.slack\.com/services/T[A-Z0-9]{6,}/B[A-Z0-9]{6,}/([A-Za-z0-9]{20,32})(?![A-Za-z0-9])")
 _AUTH_HEADER = re.compile(r"(?i)authorization[\"']?\s*[:=]\s*[\"']?(?:basic|bearer|token)\s+([A-Za-z0-9+/=._~-]{16,})")
 # A password in a URL: scheme://user:password@host (user may be empty: redis://:password@host).
-_URL_USERINFO = re.compile(r"[^\s:/@?#\"'<>]*:([^\s/@?#\"'<>]{8,256})@[A-Za-z0-9]")
+_URL_USERINFO = re.compile(r"[^\s:/@?#\"'<>]*:([^\s/@?#\"'<>]{6,256})@[A-Za-z0-9]")
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
@@ -105,6 +105,19 @@ def _assigned_secret_ok(v: str, aws: bool, min_length: int = 16) -> bool:
     if not (any(c.isdigit() for c in v) or (aws and len(v) == 40)):
         return False
     return _shannon_bits(v) >= 3.0
+
+
+def _url_password_ok(v: str) -> bool:
+    """A password in a URL's userinfo: a credential by where it stands, however short or guessable ("Passw0rd1",
+    "hunter22", a camera's "12345678"), unless it is a stand-in: a plain word ("password", "guest"), a template
+    or format reference ("${DB_PASSWORD}", "%s", "<password>", "[password]]"), or a mask ("********"). So: a digit
+    or a symbol (not a word's '_', '-', '.', nor brackets), and at least three distinct characters."""
+    if v[0] in "/.~$%{<*[(" or "{{" in v or len(set(v)) < 3:
+        return False
+    return any(c.isdigit() or not (c.isalnum() or c in _WORD_OR_BRACKET) for c in v)
+
+
+_WORD_OR_BRACKET = frozenset("_-.[](){}<>")
 
 
 def _basic_credentials(value: str) -> bool:
@@ -149,7 +162,7 @@ def _find_secret(text: str, tokens: bool = True) -> Iterator[tuple[int, int]]:
     pos = text.find("://") if tokens else -1
     while pos != -1:
         m = _URL_USERINFO.match(text, pos + 3)
-        if m is not None and _assigned_secret_ok(m.group(1), False, 8):
+        if m is not None and _url_password_ok(m.group(1)):
             yield m.span(1)
         pos = text.find("://", pos + 3)
     lowered = text.lower()

@@ -829,3 +829,30 @@ def test_batch_form_redacts_as_the_per_document_form(texts):
 def test_batch_form_on_each_named_case(text):
     step = PiiRedaction()
     assert [(v.text, v.counts) for v in step.batch([Document(doc_id="d", source="s", text=text)])] == [redact(text)]
+
+
+# A password in a URL's userinfo is a credential whatever its entropy: people's passwords are short words with a
+# digit or a symbol, or digits only, which the long-and-random rule for assigned values (letters and digits, 3 bits
+# of entropy per character: only 8 or more distinct characters) never sees.
+@pytest.mark.parametrize(("text", "expected"), [
+    ("postgresql://app:Passw0rd1@db.internal:5432/prod", "postgresql://app:<SECRET>@db.internal:5432/prod"),
+    ("redis://:s3cr3tpass@cache:6379", "redis://:<SECRET>@cache:6379"),
+    ("MONGO_URI=mongodb://admin:hunter22@mongo.svc/db", "MONGO_URI=mongodb://admin:<SECRET>@mongo.svc/db"),
+    ("rtsp://admin:12345678@cam.local:554/stream", "rtsp://admin:<SECRET>@cam.local:554/stream"),
+    ("amqp://guest:g!est2@rabbit:5672/", "amqp://guest:<SECRET>@rabbit:5672/"),
+])
+def test_short_url_passwords_are_redacted(text, expected):
+    assert_redacted_alone_and_in_batch(text, expected)
+
+
+@pytest.mark.parametrize("text", [
+    "https://user:password@example.com/",  # documentation stand-ins: words, templates, masks
+    "ftp://anonymous:guest@ftp.gnu.org/pub",
+    "postgres://postgres:${DB_PASSWORD}@db:5432/app",
+    "postgres://app:%s@db:5432/app",
+    "redis://:********@cache:6379",
+    "https://user:<password>@host.io/",
+    "redis://[[username]:[password]]@localhost:6379/0",  # redis-py's docstring
+])
+def test_url_password_stand_ins_stay(text):
+    assert find_pii(text) == [], [text[m.start : m.end] for m in find_pii(text)]
