@@ -66,8 +66,8 @@ _ANY_DIGIT = re.compile(r"[0-9]")
 # holds on every pass of `redact`'s fixed point. Secret keywords are searched in a lowercased copy;
 # RE2's (?i) folds the same letters (the Kelvin sign too).
 SCREENS: dict[str, str] = {
-    "secret": r"(?i)(?:api|access|private|encryption|signing|master|session|license)[_-]?key|private key|secret|token"
-              r"|passw|pwd|credential|akia|asia|gh[pousr]_|github_pat_|xox[abpr]-",
+    "secret": r"(?i)(?:api|access|private|encryption|signing|master|session|license|account|azure[_-]?storage)[_-]?key"
+              r"|private key|secret|token|passw|pwd|credential|akia|asia|gh[pousr]_|github_pat_|xox[abpr]-",
     "email": "@",
     "ipv6": r":[0-9A-Fa-f]{0,4}:",
     "ipv4": r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]",

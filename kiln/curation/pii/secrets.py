@@ -45,7 +45,11 @@ _SLACK_TOKEN = re.compile(
 # Keywords are found in an ASCII-lowercased copy (a case-insensitive alternation would be tried at
 # every position), the rest is matched on the original text right after each keyword.
 _SECRET_KEYWORD = re.compile(r"key|secret|token|passw(?:or)?d|pass(?:phrase)?|pwd|credentials?")  # a fast scan
-_KEY_QUALIFIER = re.compile(r"(?:api|access|private|encryption|signing|master|session|license)[_-]?$")  # of "...key"
+# Of "...key": the words that make a key a credential. "account" and "azure_storage" are Azure's names for a storage
+# account key (a connection string's AccountKey, AZURE_STORAGE_KEY); a bare "storage_key" is as often an object's path.
+_KEY_QUALIFIER = re.compile(
+    r"(?:api|access|private|encryption|signing|master|session|license|account|azure[_-]?storage)[_-]?$")
+_QUALIFIER_REACH = 16  # characters before "key" that _KEY_QUALIFIER reads
 # After the key: `"key": "v"`, `$cfg["key"] = "v"`, `setdefault("KEY", "v")` (a quoted key and a comma), `key = v`.
 # An unquoted value runs to the end of its line in .env, YAML and INI files (any symbols: generated
 # passwords have them), to the next '&' in a URL query (`?token=...&`) and to the next ';' in a connection
@@ -173,7 +177,7 @@ def _find_secret(text: str, tokens: bool = True) -> Iterator[tuple[int, int]]:
             if _assigned_secret_ok(m.group(1), True) or _basic_credentials(m.group(1)):
                 yield m.span(1)
     for k in _SECRET_KEYWORD.finditer(lowered):
-        if k.group() == "key" and not _KEY_QUALIFIER.search(lowered, max(0, k.start() - 12), k.start()):
+        if k.group() == "key" and not _KEY_QUALIFIER.search(lowered, max(0, k.start() - _QUALIFIER_REACH), k.start()):
             continue
         key_start = k.start()
         while key_start > 0 and lowered[key_start - 1] in _KEY_CHARS:

@@ -856,3 +856,19 @@ def test_short_url_passwords_are_redacted(text, expected):
 ])
 def test_url_password_stand_ins_stay(text):
     assert find_pii(text) == [], [text[m.start : m.end] for m in find_pii(text)]
+
+
+# Azure's storage account key (88 base64 characters) under the names Azure gives it: a connection string's
+# AccountKey, the SDKs' AZURE_STORAGE_KEY / account_key.
+AZURE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/" + "K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (f"DefaultEndpointsProtocol=https;AccountName=acme;AccountKey={AZURE_KEY};EndpointSuffix=core.windows.net",
+     "DefaultEndpointsProtocol=https;AccountName=acme;AccountKey=<SECRET>;EndpointSuffix=core.windows.net"),
+    (f"AZURE_STORAGE_KEY={AZURE_KEY}\nAZURE_STORAGE_ACCOUNT=acme", "AZURE_STORAGE_KEY=<SECRET>\nAZURE_STORAGE_ACCOUNT=acme"),
+    (f'client = BlobServiceClient(url, credential={{"account_name": "acme", "account_key": "{AZURE_KEY}"}})',
+     'client = BlobServiceClient(url, credential={"account_name": "acme", "account_key": "<SECRET>"})'),
+])
+def test_azure_storage_account_keys_are_redacted(text, expected):
+    assert_redacted_alone_and_in_batch(text, expected)
