@@ -128,11 +128,12 @@ def _word_char(c: str) -> bool:
 # --- email: WHATWG HTML "valid e-mail address" --------------------------------------------------------
 # local = 1*( atext / "." ), domain = label *( "." label ), label = let-dig [ [ ldh-str ] let-dig ] (<= 63).
 # Beyond the grammar: the local part starts with a letter or digit (not "``@decorator``", "/@handle"), the
-# domain has a dot and ends in a letter-only TLD, and the address is a whole token.
+# domain has a dot and ends in a letter-only TLD or an IDNA one ("xn--p1ai", .рф in ASCII), and the address is a
+# whole token.
 _ATEXT = "A-Za-z0-9.!#$%&'*+/=?^_`{|}~-"
 _WHATWG_EMAIL = re.compile(
     r"[A-Za-z0-9][" + _ATEXT + r"]{0,63}@"
-    r"((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,63})"
+    r"((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+(?:[Xx][Nn]--[A-Za-z0-9-]{0,58}[A-Za-z0-9]|[A-Za-z]{2,63}))"
 )
 _RESERVED_DOMAINS = ("example.com", "example.net", "example.org", "example.edu")  # RFC 2606
 _RESERVED_TLDS = frozenset({"example", "test", "invalid", "localhost", "local", "internal", "lan", "home", "arpa",

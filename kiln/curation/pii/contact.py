@@ -22,8 +22,9 @@ phonenumbers.re_util.enable_pattern_cache()
 # --- email --------------------------------------------------------------------------------------
 # local@domain.tld with a TLD of 2+ letters: `@decorator`, `user@localhost` and `pip install pkg@1.2`
 # are not addresses. Retina image names (`icon@2x.png`) and SSH remotes (`git@github.com:user/repo`)
-# are excluded explicitly. Matching starts only at '@' signs (rare, found with str.find) and walks
-# back over the local part, at most 64 characters (RFC 5321). A TLD is in one script: "bugs@samba.org发一个日志"
+# are excluded explicitly. A TLD may also be an IDNA one in its ASCII form ("ivan@mail.xn--p1ai": .рф). Matching
+# starts only at '@' signs (rare, found with str.find) and walks back over the local part, at most 64 characters
+# (RFC 5321). A TLD is in one script: "bugs@samba.org发一个日志"
 # ends at "org". Local parts and domain labels hold any script's letters with their combining marks (RFC 6531
 # addresses: "प्रिया@gmail.com", "somsri@ตัวอย่าง.com"; Indic vowel signs and Thai vowels are marks, not letters).
 _EMAIL_CHAR = r"[\w%+" + MARKS_BMP + r"-]"
@@ -31,7 +32,8 @@ _EMAIL = re.compile(
     r"(?<!" + _WORD + r")(?<![%+" + MARKS_BMP + r"-])" + _EMAIL_CHAR + r"+(?:\." + _EMAIL_CHAR + r"+)*"
     r"@(?![0-9]+(?:\.[0-9]+)?x\.(?:png|jpe?g|gif|webp|svg|ico|bmp|avif)(?![\w-]))"
     r"(?:[^\W_][\w" + MARKS_BMP + r"-]{0,62}\.)+"
-    r"(?:(?:[^\W\d_" + _UNSPACED + r"][" + MARKS_BMP + r"]*){2,63}|(?:[" + _UNSPACED + r"][" + MARKS_BMP + r"]*){2,63})"
+    r"(?:[Xx][Nn]--[A-Za-z0-9-]{0,58}[A-Za-z0-9]"  # an IDNA top-level domain in ASCII: xn--p1ai (.рф)
+    r"|(?:[^\W\d_" + _UNSPACED + r"][" + MARKS_BMP + r"]*){2,63}|(?:[" + _UNSPACED + r"][" + MARKS_BMP + r"]*){2,63})"
     r"(?!" + _WORD + r")(?!-)(?!:[\w~/])"
 )
 _LOCAL = frozenset("_%+-")  # local-part characters besides letters, digits, marks and single dots

@@ -872,3 +872,15 @@ AZURE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/" + 
 ])
 def test_azure_storage_account_keys_are_redacted(text, expected):
     assert_redacted_alone_and_in_batch(text, expected)
+
+
+# Internationalised domains written in their ASCII form (IDNA "xn--" labels, as mail software and most of the web
+# write them), top-level domains too: .xn--p1ai is .рф, .xn--fiqs8s is .中国, .xn--90ais is .бел.
+@pytest.mark.parametrize(("text", "expected"), [
+    ("Contact ivan@mail.xn--p1ai today.", "Contact <EMAIL> today."),
+    ("li.wei@shop.xn--fiqs8s, thanks", "<EMAIL>, thanks"),
+    ("OLGA@POCHTA.XN--90AIS", "<EMAIL>"),
+    ("info@xn--80a1acny.xn--p1ai", "<EMAIL>"),
+])
+def test_emails_with_an_idna_top_level_domain_are_redacted(text, expected):
+    assert_redacted_alone_and_in_batch(text, expected)

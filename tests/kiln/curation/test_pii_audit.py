@@ -226,3 +226,9 @@ def test_a_short_number_after_a_label_word_is_not_a_phone():
             "#     Python 3.11a1 3457 (Change localsplus to a bytes object bpo-43693)\n"
             "#     Python 3.11a1 3458 (imported objects now don't use LOAD_METHOD/CALL_METHOD)\n")
     assert residual_pii(text, phone_regions=PiiRedaction().phone_regions) == []
+
+
+def test_the_audit_reads_an_idna_top_level_domain():
+    # .xn--p1ai is .рф in its ASCII form: an address like any other
+    assert found("Contact ivan@mail.xn--p1ai today.", types=["email"]) == [("email", "ivan@mail.xn--p1ai")]
+    assert found("OLGA@POCHTA.XN--90AIS", types=["email"]) == [("email", "OLGA@POCHTA.XN--90AIS")]
