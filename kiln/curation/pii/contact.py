@@ -9,7 +9,10 @@ from collections.abc import Callable, Iterator
 from functools import lru_cache, partial
 
 import phonenumbers
-from phonenumbers.phonenumberutil import _choose_formatting_pattern_for_number  # pinned: constraints.txt
+from phonenumbers.phonenumberutil import (  # pinned: constraints.txt
+    _choose_formatting_pattern_for_number,
+    _maybe_strip_national_prefix_carrier_code,
+)
 
 from kiln.common.text_units import MARKS_BMP
 from kiln.curation.pii.base import _NUM_R, _UNSPACED, _UNSPACED_LETTER, _WORD, glued
@@ -293,15 +296,28 @@ def _possible_number(n: phonenumbers.PhoneNumber) -> bool:
 
 
 @lru_cache(maxsize=8)
-def _region_table(regions: tuple[str, ...]) -> tuple[tuple[str, str, re.Pattern], ...]:
-    """(region, trunk prefix, its numbers' general pattern): a cheap test before libphonenumber's own."""
+def _region_table(regions: tuple[str, ...]) -> tuple[tuple[str, str, re.Pattern, phonenumbers.PhoneMetadata | None],
+                                                     ...]:
+    """(region, trunk prefix, its numbers' general pattern, its metadata where it rewrites a number as it parses it):
+    a cheap test before libphonenumber's own."""
     out = []
     for region in regions:
         md = phonenumbers.PhoneMetadata.metadata_for_region(region)
         if md is None or md.general_desc is None or md.general_desc.national_number_pattern is None:
             continue
-        out.append((region, md.national_prefix or "", re.compile(md.general_desc.national_number_pattern)))
+        out.append((region, md.national_prefix or "", re.compile(md.general_desc.national_number_pattern),
+                    md if md.national_prefix_transform_rule else None))
     return tuple(out)
+
+
+def _parsed_national(digits: str, rewrites: phonenumbers.PhoneMetadata | None) -> str:
+    """The national number libphonenumber reads `digits` as in a region that rewrites numbers as it parses them (its
+    metadata: `rewrites`): Argentina's "011 15 2345 6789" is 9 11 2345 6789 (a mobile), Brazil's "0 21 11 ..." drops
+    the carrier code 21. '' elsewhere, or where nothing is rewritten."""
+    if rewrites is None:
+        return ""
+    _, national, stripped = _maybe_strip_national_prefix_carrier_code(digits, rewrites)
+    return national if stripped else ""
 
 
 def _isbn_like(digits: str, written: list[str]) -> bool:
@@ -346,9 +362,10 @@ def _national_ok(s: str, regions: tuple[str, ...], grouped: bool) -> bool:
     written = _DIGIT_GROUPS.findall(s)
     if len(digits) < 7 or _isbn_like(digits, written):
         return False
-    for region, trunk, general in _region_table(regions):
+    for region, trunk, general, rewrites in _region_table(regions):
         nsn = digits[len(trunk):] if trunk and digits.startswith(trunk) else digits
-        if not (general.fullmatch(nsn) or general.fullmatch(digits) or digits.startswith("00")):
+        if not (general.fullmatch(nsn) or general.fullmatch(digits) or digits.startswith("00")
+                or general.fullmatch(_parsed_national(digits, rewrites))):
             continue
         try:
             n = phonenumbers.parse(s, region, keep_raw_input=True)
@@ -359,7 +376,9 @@ def _national_ok(s: str, regions: tuple[str, ...], grouped: bool) -> bool:
             continue
         if n.country_code_source == phonenumbers.CountryCodeSource.FROM_NUMBER_WITH_IDD:
             return not grouped or len(written) > 1  # 0049 30 91456342: the number names its country
-        formatted = phonenumbers.format_number(n, phonenumbers.PhoneNumberFormat.NATIONAL)
+        carrier = n.preferred_domestic_carrier_code  # as written: "0 21 (11) 91234-5678" names carrier 21 (BR)
+        formatted = (phonenumbers.format_national_number_with_carrier_code(n, carrier) if carrier
+                     else phonenumbers.format_number(n, phonenumbers.PhoneNumberFormat.NATIONAL))
         fgroups = _DIGIT_GROUPS.findall(formatted)
         national = phonenumbers.national_significant_number(n)
         if not valid and not (trunk and digits == trunk + national and len(national) >= _MIN_POSSIBLE_NATIONAL

@@ -884,3 +884,19 @@ def test_azure_storage_account_keys_are_redacted(text, expected):
 ])
 def test_emails_with_an_idna_top_level_domain_are_redacted(text, expected):
     assert_redacted_alone_and_in_batch(text, expected)
+
+
+# Where a country dials a mobile or a carrier with digits its numbering plan does not hold, libphonenumber's
+# metadata rewrites the number as it parses it: Argentina writes a mobile as area code, "15", subscriber
+# ("011 15-2345-6789" is +54 9 11 2345-6789), Brazil may name a long-distance carrier ("0 21 11 91234-5678": carrier
+# 21). Each is how libphonenumber itself formats the number (format_number NATIONAL, and
+# format_national_number_with_carrier_code), so a corpus of that country alone must find it.
+@pytest.mark.parametrize(("text", "region"), [
+    ("Celular: 011 15-2345-6789", "AR"),
+    ("Cel.: 0351 15-234-5678", "AR"),
+    ("Mi celular es 0221 15-567-8901", "AR"),
+    ("Tel: 0 21 (11) 91234-5678", "BR"),
+])
+def test_national_numbers_a_region_rewrites_when_parsing_are_redacted(text, region):
+    number = text.split(": ")[-1].split(" es ")[-1]
+    assert red(text, phone_regions=[region]) == text.replace(number, "<PHONE>")
