@@ -190,11 +190,16 @@ def _find_secret(text: str, tokens: bool = True) -> Iterator[tuple[int, int]]:
         group = "qv" if m.group("qv") is not None else "v"
         value = m.group(group)
         aws = "aws" in lowered[key_start : k.start()]
-        # Code, not a value: a call (`token = self.get_token(request)`) or a line that ends in ',' or an opening
-        # bracket (`private_key: PKCS7PrivateKeyTypes,`).
         start, end = m.span(group)
+        if "," in text[k.end() : start] and text[: key_start - 1].rstrip()[-1:] != "(":
+            continue  # a quoted name then a comma is a call's argument (`setdefault("API_KEY", "...")`) only after
+            # '(': in a list of strings (`['ssh2_auth_password', 'ssh2_auth_pubkey_file']`) the next one is no value
+        # Code, not a value: a call (`token = self.get_token(request)`), a line that ends in ',' or an opening
+        # bracket (`private_key: PKCS7PrivateKeyTypes,`), or the rest of a call after a keyword argument
+        # (`encode(text, add_special_tokens=True)).unsqueeze(0)`).
         if group == "v":
-            if _CALL.match(value) is not None or value[-1] in ",;([{":
+            if _CALL.match(value) is not None or value[-1] in ",;([{" or (
+                    value[-1] in ")]" and _CALL.search(value) is not None):
                 continue
             while kind == "query" and end > start and text[end - 1] in _TRAILING and (
                     text.count("(", start, end) <= text.count(")", start, end - 1)):

@@ -900,3 +900,22 @@ def test_emails_with_an_idna_top_level_domain_are_redacted(text, expected):
 def test_national_numbers_a_region_rewrites_when_parsing_are_redacted(text, region):
     number = text.split(": ")[-1].split(" es ")[-1]
     assert red(text, phone_regions=[region]) == text.replace(number, "<PHONE>")
+
+
+# Code that only looks like an assignment to a credential name: a list of strings (a quoted name then a comma is
+# a call's argument only after '(': setdefault("API_KEY", "...")), and a keyword argument whose value is more code.
+@pytest.mark.parametrize("text", [
+    "functions = [\n    'openssl_x509_check_private_key',\n    'openssl_x509_checkpurpose',\n]",  # pygments' PHP list
+    "names = ['ssh2_auth_password', 'ssh2_auth_pubkey_file']",
+    "input_ids = torch.tensor(tokenizer.encode(\"Hello\", add_special_tokens=True)).unsqueeze(0)\n",  # transformers
+    "x = f(api_key=get_key(cfg)).strip(1)\n",
+])
+def test_code_around_credential_names_stays(text):
+    assert find_pii(text) == [], [text[m.start : m.end] for m in find_pii(text)]
+
+
+def test_a_credential_passed_as_a_calls_second_argument_is_still_redacted():
+    assert red('value = os.environ.setdefault("API_KEY", "aB3dE5fG7hJ9kL1mN3pQ")') == \
+        'value = os.environ.setdefault("API_KEY", "<SECRET>")'
+    assert red('token = getenv(\n    "GITHUB_TOKEN", "aB3dE5fG7hJ9kL1mN3pQ")') == \
+        'token = getenv(\n    "GITHUB_TOKEN", "<SECRET>")'
