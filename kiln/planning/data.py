@@ -7,6 +7,7 @@ the value of extra compute decays towards zero. So each source is flagged past `
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
@@ -26,8 +27,11 @@ class SourceUsage:
             return 0.0
         return self.needed_tokens / self.available_tokens if self.available_tokens > 0 else float("inf")
 
-    def to_dict(self) -> dict[str, float | str]:
-        return {**asdict(self), "epochs": self.epochs}
+    def to_dict(self) -> dict[str, float | str | None]:
+        # a source asked for tokens it has none of needs infinitely many epochs: JSON (strict, as `kiln plan --json`
+        # prints it) has no infinity, so null there; the warning says why
+        epochs = self.epochs
+        return {**asdict(self), "epochs": epochs if math.isfinite(epochs) else None}
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,9 @@ def data_sufficiency(
         for name, available in available_tokens.items()
     ]
     warnings = [
+        f"source {s.source!r} has no tokens available but a mixture weight of {s.weight:.2f}: it cannot supply its "
+        f"{s.needed_tokens:.3g} tokens at any number of epochs; add data to it or set its weight to 0"
+        if s.available_tokens == 0 else
         f"source {s.source!r} would be repeated {s.epochs:.1f} times (> {max_epochs:g} epochs; "
         "Muennighoff et al. 2023 find returns from repeated data diminish past ~4): add data, "
         "lower its weight or train fewer tokens"

@@ -4,6 +4,7 @@ the chosen model and layout, memory, failures, data epochs, own fits and warning
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -103,7 +104,7 @@ def _render(plan: Plan) -> str:
         out += _table(
             ["source", "available", "weight", "needed", "epochs"],
             [[s.source, _count(s.available_tokens), f"{s.weight:.2f}", _count(s.needed_tokens),
-              f"{s.epochs:.2f}"] for s in plan.data.sources],
+              f"{s.epochs:.2f}" if math.isfinite(s.epochs) else "no data"] for s in plan.data.sources],
         )
     if plan.own_fit is not None:
         skipped = plan.own_fit["skipped_non_finite"]

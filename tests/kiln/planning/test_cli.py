@@ -46,6 +46,18 @@ def test_json(capsys):
     assert {"model", "parallelism", "reliability", "sizing"} <= set(plan)
 
 
+def test_a_weighted_source_without_tokens_prints_strict_json_and_a_table(capsys):
+    """Its infinite epochs made `--json` (json.dumps with allow_nan=False) die with a traceback, exit 1."""
+    argv = ["--budget-flops", "1e21", "--source", "web=1e11", "--source", "code=0", "--weight", "web=1",
+            "--weight", "code=1"]
+    assert kiln(*argv, "--json") == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [s["epochs"] for s in plan["data"]["sources"]][1] is None and not plan["data"]["sufficient"]
+    assert any("'code' has no tokens available" in w for w in plan["warnings"])
+    assert kiln(*argv) == 0
+    assert "no data" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "argv, needles",
     [

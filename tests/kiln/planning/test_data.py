@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from kiln.planning.data import data_sufficiency
@@ -27,3 +29,17 @@ def test_unweighted_source_is_not_used():
 def test_weights_for_unknown_sources_are_rejected():
     with pytest.raises(ValueError, match="wiki"):
         data_sufficiency(10e9, {"web": 100e9}, {"wiki": 1.0})
+
+
+def test_a_weighted_source_without_tokens_is_named_and_its_json_is_strict():
+    """A source the mixture weights but that holds no tokens (every document filtered out, or a removal request for
+    all of it) cannot supply its share at any number of epochs. Its epochs were infinite, which strict JSON cannot
+    hold: `kiln plan --json` died with a traceback, and the warning read "would be repeated inf times"."""
+    result = data_sufficiency(10e9, {"web": 100e9, "code": 0.0}, {"web": 0.5, "code": 0.5})
+    assert not result.sufficient
+    web, code = result.to_dict()["sources"]
+    assert (web["needed_tokens"], web["epochs"]) == (5e9, 0.05)  # 10e9 x 0.5 over 100e9 available
+    assert (code["needed_tokens"], code["epochs"]) == (5e9, None)
+    json.dumps(result.to_dict(), allow_nan=False)
+    assert result.warnings == ["source 'code' has no tokens available but a mixture weight of 0.50: it cannot supply "
+                               "its 5e+09 tokens at any number of epochs; add data to it or set its weight to 0"]
