@@ -11,7 +11,14 @@ from assets.quality import QUALITY_FILTERED
 from assets.results import engine_metadata
 from kiln.common.manifest import code_version, sha256_file
 from kiln.common.plots import stacked_bars_markdown
-from kiln.governance.forget import REQUESTS, applied_requests, load_requests, raw_partitions, with_intake_urls
+from kiln.governance.forget import (
+    REQUESTS,
+    applied_requests,
+    load_requests,
+    raw_partitions,
+    unapplied_requests,
+    with_intake_urls,
+)
 from kiln.governance.refresh import Refresh, load_refreshes, materialized, unmaterialized, upto
 from kiln.tokens.interchange import export_shards, verify_export
 from kiln.tokens.mixture import MixtureError, SourceParts
@@ -275,6 +282,12 @@ def shard_exports(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
     if not formats:
         context.log.warning("shards.export is []: nothing exported; set shards.export: [megatron, parquet] "
                             "in the config to write the shards for Megatron-LM and Hugging Face datasets")
+    elif pending := unapplied_requests(store, shards.manifest):  # as training_run refuses them: another trainer
+        # reads the export
+        raise dg.Failure(description=(
+            f"{SHARDS}/{refresh} hold documents that removal request(s) {', '.join(r.request_id for r in pending)} "
+            f"name, recorded after they were written: materialize {SHARDS} again first (the UI shows it stale), "
+            f"so that no export holds them"))
     with store.staging(EXPORTS, refresh) as writer:
         stats = export_shards(shards.folder, writer.dir, formats)
         problems = verify_export(writer.dir, stats)

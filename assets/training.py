@@ -14,16 +14,25 @@ from assets.partitions import FOLLOW_TRAINING, follow_only
 from assets.quality import QUALITY_FILTERED
 from assets.tokens import ALL_SOURCES, SHARDS, TOKENIZER
 from kiln.common.config import ConfigError, ProjectConfig, kiln_home, merge_config, parse_config
-from kiln.common.manifest import code_version, git_commit, write_json_atomic
+from kiln.common.manifest import applied_requests, code_version, git_commit, write_json_atomic
 from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.secrets import redact, redact_url
 from kiln.common.storage import IncompleteDataset
 from kiln.governance.audit import trained_on
 from kiln.governance.catalog import AuditError
-from kiln.governance.exposure import measure_exposure, write_exposure
-from kiln.governance.forget import load_requests, unapplied_requests
+from kiln.governance.exposure import held_versions, measure_exposure, write_exposure
+from kiln.governance.forget import (
+    REQUESTS,
+    ForgetError,
+    first_match,
+    load_requests,
+    raw_partitions,
+    unapplied_requests,
+    with_intake_urls,
+)
 from kiln.governance.refresh import latest, load_refreshes, materialized, upto
-from kiln.governance.replay import write_removed
+from kiln.governance.replay import ReplayError, named_places, write_removed
+from kiln.tokens.shard_format import VAL
 from kiln.tokens.shard_writer import is_validation
 from kiln.tokens.tokenizer import Tokenizer, read_documents
 from resources import KilnConfig, KilnEngine, KilnStorage, MlflowTracking, TrainingLauncher
@@ -275,7 +284,7 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
     # This materialization's claim on the folder, from the check to the launch's end: a second one of the same run
     # key would else pass the check before this launch holds the folder (LOCK) and rewrite its run_config.json and
     # MLflow run id under it.
-    claim = contextlib.ExitStack()
+    claim, holds = contextlib.ExitStack(), contextlib.ExitStack()
     try:
         claim.enter_context(run_folder_lock(run_dir, MATERIALIZING))
     except RunFolderBusy as exc:
@@ -297,6 +306,10 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
             output_dir=run_dir, tokenizer_dir=store.dataset_dir(TOKENIZER), experiment=mlflow_tracking.experiment,
             run_name=f"kiln-{key}", tags=tags, base_checkpoint=base and base["path"], replay=pinned_replay,
             dataset_data_version=shards.data_version).write(run_dir / "run_config.json")
+        # Kept on disk until what the run read of them is measured below, then read there: a removal request applied
+        # while it trains materializes the shards again, and removes the version replaced once nobody holds it.
+        claim.push(lambda failed, *_: holds.close() if failed else None)  # a launch that failed lets go at once
+        read_folders = held_versions(run_config, holds)
         env = {**training_launcher.env(), **mlflow_tracking.env(), "MLFLOW_RUN_ID": mlflow_run_id}
         ray_address = engine.ray_address or project.engine.ray_address  # the data engine's cluster, for `ray`
         if launcher == "ray":
@@ -317,11 +330,12 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
         except BaseException:  # the step interrupted (Terminate in the UI): Pipes stopped the launch with it
             _end_mlflow_run(context, mlflow_tracking, mlflow_run_id, "KILLED")
             raise
-    summary = _read_json(run_dir / "summary.json")
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    # What the run read, from its loader's final cursor (the last checkpoint's): membership and the data card answer
-    # from it, not from the shards' member list alone.
-    exposure = measure_exposure(run_config, summary["loader"]) if summary.get("loader") else None
+    with holds:
+        summary = _read_json(run_dir / "summary.json")
+        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        # What the run read, from its loader's final cursor (the last checkpoint's): membership and the data card
+        # answer from it, not from the shards' member list alone.
+        exposure = measure_exposure(run_config, summary["loader"], read_folders) if summary.get("loader") else None
     with store.staging(RUN) as writer:
         for name in ("summary.json", "run_config.json", "metrics.jsonl"):
             shutil.copy2(run_dir / name, writer.dir / name)
@@ -483,7 +497,8 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 @dg.asset(key=EVALUATION, deps=[CHECKPOINT, SHARDS, TOKENIZER, ALL_SOURCES], group_name="training",
           kinds={"pytorch"}, code_version=code_version("training_jobs.evaluate", "training_jobs.model", "training_jobs.export", "training_jobs.base",
                                     "kiln.tokens.shard_writer", "kiln.tokens.tokenizer",  # the forward pass, the split
-                                    "kiln.governance.audit", "kiln.governance.catalog"),  # the versions it reads
+                                    "kiln.governance.audit", "kiln.governance.catalog",  # the versions it reads
+                                    "kiln.governance.forget", "kiln.governance.replay"),  # what it may not read
           automation_condition=follow_only(CHECKPOINT))
 def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
                mlflow_tracking: MlflowTracking) -> dg.MaterializeResult:
@@ -511,17 +526,30 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
     # Both models read the same windows: a long-context run is compared at the length its base can read.
     seq_len = min(model.cfg.max_seq_len, shards.manifest.stats["seq_len"],
                   *([base.cfg.max_seq_len] if base else []))
-    result = {"validation": stream_loss(model, validation_stream(shards.folder, tokenizer.sha256,
-                                                                  settings.max_val_tokens), seq_len, settings.batch_size)}
-    result["per_source"], base_per_source, documents = {}, {}, {}
+    # A removal request recorded since the shards were written (a run in flight then, its checkpoint published since)
+    # may name validation documents: never read here either, from the shards or from the documents.
+    requests, requests_version = load_requests(store)
     included = upto(load_refreshes(store), refresh)
+    try:
+        held = [r for r in requests if r.request_id not in applied_requests(shards.manifest)]
+        removed, exclude, _ = named_places(store, shards.folder, shards.manifest, held, VAL, shards.folder,
+                                           "evaluation", "validation")
+        matchers = with_intake_urls(store, requests, raw_partitions(store, [s.name for s in config.sources], included))
+    except (ReplayError, ForgetError) as exc:
+        raise dg.Failure(description=str(exc)) from None
+    result = {"validation": stream_loss(model, validation_stream(shards.folder, tokenizer.sha256,
+                                                                  settings.max_val_tokens, exclude),
+                                        seq_len, settings.batch_size),
+              "removed_by_request": {"documents": len(removed),
+                                     "tokens": sum(r["copies"] * r["tokens"] for r in removed)}}
+    result["per_source"], base_per_source, documents = {}, {}, {}
     val_fraction = shards.manifest.config["shards"]["val_fraction"]  # the split the run trained on, not the config's now
     for s in config.sources:
         docs, n = [], 0
         parts = materialized(store, QUALITY_FILTERED, [s.name], included)  # the current documents, recorded below
         documents |= {f"{QUALITY_FILTERED}/{p}": m.manifest.data_version for p, m in parts.items()}
         for doc in read_documents([f for m in parts.values() for f in m.files("documents")]):
-            if is_validation(doc.doc_id, val_fraction):
+            if is_validation(doc.doc_id, val_fraction) and first_match(matchers, doc.doc_id, doc.source, None) is None:
                 docs.append(tokenizer.encode(doc.text))
                 n += len(docs[-1]) + 1
                 if n >= settings.max_tokens_per_source:
@@ -550,7 +578,8 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"evaluation": settings.model_dump()},
             inputs={CHECKPOINT: ckpt.manifest.data_version, f"{SHARDS}/{refresh}": shards.manifest.data_version,
-                    TOKENIZER: tok.manifest.data_version, **documents},
+                    TOKENIZER: tok.manifest.data_version, **documents,
+                    **({REQUESTS: requests_version} if requests_version else {})},
             counts={"validation_tokens": result["validation"]["tokens"]}, stats=result)
     if result["forgetting"]:
         with mlflow_tracking.calls(f"evaluation: logging forgetting to MLflow run {run.stats['mlflow']['run_id']}"):

@@ -74,14 +74,16 @@ def build_audit_store(tmp: Path, monkeypatch) -> dict:
             "checkpoint": checkpoint, "members": members(store)}
 
 
-def stand_in_checkpoint(store: Store, run_config: Path | None = None, loader_state: dict | None = None):
+def stand_in_checkpoint(store: Store, run_config: Path | None = None, loader_state: dict | None = None,
+                        name: str = ""):
     """A training_run and a checkpoint manifest over the real token shards (weights are not needed here); with a
-    run config and its loader's final state, the run records what it read as the training_run asset does."""
+    run config and its loader's final state, the run records what it read as the training_run asset does. Versions
+    are content hashes: stand-ins of another `name` are other runs and checkpoints, not the same one again."""
     from kiln.governance.exposure import measure_exposure, write_exposure
 
     refresh, shards = latest(store, "token_shards")
     with store.staging("training_run") as writer:
-        (writer.dir / "summary.json").write_text(json.dumps({"steps": 3, **({"loader": loader_state} if loader_state
+        (writer.dir / "summary.json").write_text(json.dumps({"steps": 3, **({"name": name} if name else {}), **({"loader": loader_state} if loader_state
                                                                              else {})}))
         inputs = {f"token_shards/{refresh}": shards.data_version,
                   "tokenizer": store.manifest("tokenizer").data_version}
@@ -91,7 +93,7 @@ def stand_in_checkpoint(store: Store, run_config: Path | None = None, loader_sta
                             stats={"mlflow": {"experiment_id": "1", "run_id": "abc123"}, **exposure})
     with store.staging("checkpoint") as writer:
         (writer.dir / "safetensors").mkdir()
-        (writer.dir / "safetensors" / "model.safetensors").write_bytes(b"stand-in weights")
+        (writer.dir / "safetensors" / "model.safetensors").write_bytes(b"stand-in weights" + name.encode())
         return writer.commit(code_version="test", config={}, inputs={"training_run": run.data_version},
                              counts={"parameters": 1, "steps": 3}, stats={"mlflow": run.stats["mlflow"]})
 

@@ -25,12 +25,21 @@ def stream(documents: Iterable[list[int] | np.ndarray], eos_id: int) -> np.ndarr
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
-def validation_stream(shard_dir, expected_tokenizer_sha256: str | None = None, max_tokens: int | None = None) -> np.ndarray:
-    """The validation split of a token-shards dataset (in shard order), verified against the tokenizer."""
+def validation_stream(shard_dir, expected_tokenizer_sha256: str | None = None, max_tokens: int | None = None,
+                      exclude: dict[str, list[int]] | None = None) -> np.ndarray:
+    """The validation split of a token-shards dataset (in shard order), verified against the tokenizer; `exclude`:
+    documents left out (shard -> places in its document-offset index: those a removal request names)."""
     shard_set = read_shard_set(shard_dir)
     out, total = [], 0
     for info in shard_set.split("val"):
-        tokens = np.asarray(open_shard(shard_set.dir / info.path, expected_tokenizer_sha256).tokens, dtype=np.int64)
+        shard = open_shard(shard_set.dir / info.path, expected_tokenizer_sha256)
+        tokens = np.asarray(shard.tokens, dtype=np.int64)
+        if (exclude or {}).get(info.path):
+            offsets = np.asarray(shard.offsets, dtype=np.int64)
+            keep = np.ones(len(tokens), bool)
+            for index in exclude[info.path]:
+                keep[offsets[index]:offsets[index + 1]] = False
+            tokens = tokens[keep]
         out.append(tokens)
         total += len(tokens)
         if max_tokens and total >= max_tokens:

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from kiln.common.config import ProjectConfig
-from kiln.common.manifest import Manifest, now_utc
+from kiln.common.manifest import Manifest, applied_requests, now_utc
 from kiln.common.removals import kept_text
 from kiln.common.secrets import redact_url
 from kiln.common.stats import StageStats, chain, funnel_markdown, funnel_rows
@@ -29,7 +29,7 @@ from kiln.common.storage import Store
 from kiln.governance.audit import pinned
 from kiln.governance.catalog import CHECKPOINT, INDEX, SHARDS, TOKENIZER, TRAINING_RUN, Catalog
 from kiln.governance.data_card_documents import licenses_and_languages
-from kiln.governance.forget import load_requests
+from kiln.governance.forget import affected_checkpoints, load_requests
 from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.governance.refresh import load_refreshes, partition, trained_refresh
 
@@ -117,7 +117,7 @@ def build_data_card(store: Store, config: ProjectConfig, checkpoint: str = CHECK
                        "forgetting": evaluation.stats.get("forgetting"),
                        "evaluated_checkpoint": evaluation.inputs.get(CHECKPOINT)} if evaluation else None,
         "mlflow": mlflow or None,
-        "removal_requests": _removal_requests(store, ckpt.data_version),
+        "removal_requests": _removal_requests(store, ckpt.data_version, shards),
         "lineage": chain_.to_dict(),
     }
 
@@ -160,17 +160,26 @@ def _source_exposure(run: Manifest | None, name: str) -> dict[str, Any] | None:
     return (roles.get("train") or {}).get("per_source", {}).get(name)
 
 
-def _removal_requests(store: Store, checkpoint: str) -> list[dict[str, Any]]:
-    """Removal requests (`kiln forget`) recorded after this checkpoint was trained on documents they name. The card
+def _removal_requests(store: Store, checkpoint: str, shards: Manifest | None) -> list[dict[str, Any]]:
+    """Removal requests (`kiln forget`) recorded after this checkpoint was trained on documents they name. A request
+    lists the checkpoints it affected when it was recorded; one recorded while this checkpoint's run was still
+    training (published after the request) is checked here, unless the shards the run read applied it. The card
     is published: a request's free-text reason ("asked by jane@example.org") passes the PII redactor, and a URL
     pattern, which names the requester's own address (an e-mail or an IP in it, escaped as a regex the redactor
     does not read), is not shown: the request in the store keeps it, under the request's id."""
     requests, _ = load_requests(store)
-    return [{**r.to_dict(), "value": r.value if r.kind == "source" else
-             f"{len(r.value)} doc ids" if r.kind == "doc_ids" else "a URL pattern (kept in the store's request)",
-             "reason": kept_text(r.reason, "full") if r.reason else r.reason,
-             "affected": next(a for a in r.affected if a["checkpoint"] == checkpoint)}
-            for r in requests if any(a["checkpoint"] == checkpoint for a in r.affected)]
+    honoured = applied_requests(shards)  # recorded before the run started: its replay applied them too
+    out = []
+    for r in requests:
+        affected = next((a for a in r.affected if a["checkpoint"] == checkpoint), None)
+        if affected is None and r.request_id not in honoured:
+            affected = next(iter(affected_checkpoints(store, r, only=checkpoint)), None)
+        if affected is not None:
+            out.append({**r.to_dict(), "value": r.value if r.kind == "source" else
+                        f"{len(r.value)} doc ids" if r.kind == "doc_ids" else "a URL pattern (kept in the store's "
+                                                                             "request)",
+                        "reason": kept_text(r.reason, "full") if r.reason else r.reason, "affected": affected})
+    return out
 
 
 def _manifests(catalog: Catalog, stage: str, parts: list[str]) -> dict[str, Manifest]:

@@ -16,7 +16,9 @@ source against the source's tokens in the set and its natural tokens). Membershi
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +44,25 @@ EXPOSURE_SCHEMA = pa.schema([pa.field("role", pa.string(), nullable=False),  # t
                              pa.field("tokens_read", pa.int64(), nullable=False)])  # its input tokens, all epochs
 
 
-def measure_exposure(run_config: str | Path, loader_state: dict[str, Any]) -> tuple[pa.Table, dict[str, Any]]:
+def measure_exposure(run_config: str | Path, loader_state: dict[str, Any],
+                     folders: dict[str, str] | None = None) -> tuple[pa.Table, dict[str, Any]]:
     """(EXPOSURE_SCHEMA rows, the manifest's `stats.exposure`) of the run `run_config` describes, its loader at
     `loader_state` (summary.json's `loader`). A loader state the run's shards and settings do not give is refused
-    as on resume (training_jobs.loader)."""
+    as on resume (training_jobs.loader). `folders` (role `train` or `replay` -> folder): the version folders the run
+    read (`held_versions`), read instead of its dataset links, which name another version once the shards are
+    materialized again while it trains (a removal request applied meanwhile); the stats name the links."""
     import torch
 
     from training_jobs.settings import DEFAULT_MICRO_BATCH, RunConfig
     from training_jobs.setup import Dist, open_training
 
-    run = RunConfig.read(run_config)
+    run = linked = RunConfig.read(run_config)
+    folders = folders or {}
+    if folders:
+        run = run.model_copy(update={
+            "dataset_dir": folders.get("train", run.dataset_dir),
+            "replay": run.replay and run.replay.model_copy(
+                update={"dataset_dir": folders.get("replay", run.replay.dataset_dir)})})
     # `auto`: the trainer's layout chose it. Any micro-batch reads the same sequences (the cursor counts sequences).
     if run.training.micro_batch_size == "auto":
         training = run.training.model_copy(update={"micro_batch_size": DEFAULT_MICRO_BATCH})
@@ -63,7 +74,34 @@ def measure_exposure(run_config: str | Path, loader_state: dict[str, Any]) -> tu
     for role, part in loader.roles().items():
         table, stats[role] = _role_exposure(role, part)
         tables.append(table)
+        if role in folders:
+            stats[role]["dataset_dir"] = linked.dataset_dir if role == "train" else linked.replay.dataset_dir
     return pa.concat_tables(tables), stats
+
+
+def held_versions(run_config: str | Path, holds: contextlib.ExitStack) -> dict[str, str]:
+    """The version folders of the shard sets a run is set up to read (its dataset and replay links, at the versions
+    the run config pins), by role (`train`, `replay`), each held (kiln.tokens.shard_format.hold_folder) until `holds`
+    closes: a version replaced while the run trains, by a removal request applied meanwhile say, stays on disk until
+    what the run read of it is measured (`measure_exposure`). A link that names another version already is left
+    out: the run's loaders refuse it."""
+    from kiln.tokens.shard_format import ShardError, hold_folder, read_shard_set
+    from training_jobs.settings import RunConfig
+
+    run = RunConfig.read(run_config)
+    sets = [("train", run.dataset_dir, run.dataset_data_version)]
+    if run.replay is not None:
+        sets.append(("replay", run.replay.dataset_dir, run.replay.data_version))
+    out = {}
+    for role, link, version in sets:
+        folder = Path(os.path.realpath(link))
+        try:
+            holds.callback(os.close, hold_folder(folder))
+            if version is None or read_shard_set(folder).data_version == version:
+                out[role] = str(folder)
+        except (OSError, ShardError):  # no shard set there: the run refuses it
+            continue
+    return out
 
 
 def _role_exposure(role: str, loader) -> tuple[pa.Table, dict[str, Any]]:

@@ -191,12 +191,13 @@ def read_doc_ids(path: Path) -> list[str]:
     return sorted({line.strip() for line in lines if line.strip() and not line.startswith("#")})
 
 
-def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str, Any]]:
-    """Each checkpoint the store published, newest first (the current one, and those a later one replaced:
-    `current` says which), whose token shards (or replayed shards, less what its run already left out of the replay)
-    hold documents the request matches, where the store still holds those shards' member list as its run read them
-    (the current set's, or the history's of a set replaced since): the documents and tokens the shards hold, and
-    `read`, what its run read of them (a run may stop before it reaches a document; None: not recorded)."""
+def affected_checkpoints(store: Store, request: RemovalRequest, only: str | None = None) -> list[dict[str, Any]]:
+    """Each checkpoint the store published (`only`: that one, by data version), newest first (the current one, and
+    those a later one replaced: `current` says which), whose token shards (or replayed shards, less what its run
+    already left out of the replay) hold documents the request matches, where the store still holds those shards'
+    member list as its run read them (the current set's, or the history's of a set replaced since): the documents and
+    tokens the shards hold, and `read`, what its run read of them (a run may stop before it reaches a document; None:
+    not recorded)."""
     from kiln.governance.exposure import read_of
     from kiln.governance.replay import removed_from_replay, replayed
 
@@ -204,6 +205,8 @@ def affected_checkpoints(store: Store, request: RemovalRequest) -> list[dict[str
     current = getattr(catalog.current_manifest(CHECKPOINT), "data_version", None)
     out = []
     for checkpoint in catalog.published(CHECKPOINT):
+        if only is not None and checkpoint.data_version != only:
+            continue
         run = run_of_checkpoint(catalog, checkpoint.data_version)
         refresh = trained_refresh(run) if run is not None else None
         # The shards as the run read them: the current set, or the history's member list of a set replaced since.

@@ -27,6 +27,7 @@ from kiln.common.manifest import MANIFEST_NAME, Manifest
 from kiln.common.storage import Store, write_parquet_atomic
 from kiln.governance.catalog import run_file
 from kiln.governance.forget import REQUESTS, RemovalRequest, first_match, raw_partitions, with_intake_urls
+from kiln.tokens.shard_format import TRAIN
 
 SHARDS = "token_shards"
 REMOVED_FILE = "replay_removed.parquet"
@@ -84,50 +85,63 @@ def plan_replay(store: Store, dataset_dir: str | Path, requests: list[RemovalReq
         SHARDS, manifest.partition or "_all").resolve()
     plan = ReplayPlan(str(dataset_dir), manifest.data_version, f"{SHARDS}/{manifest.partition}" if own else None,
                       [r.request_id for r in requests])
-    if not requests:
-        return plan
-    members = [folder / f.path for f in manifest.files_with_role("members")]
-    if not members:
-        raise ReplayError(f"mixture.replay: {dataset_dir} has no member list, so the removal requests "
-                          f"({', '.join(plan.requests)}) cannot be checked against it; re-materialize that "
-                          f"token_shards partition (it then leaves them out), or replay a set written since")
-    rows = [m for p in members for m in pq.read_table(p).to_pylist()
-            if m["split"] == "train" and m["copies"] > 0 and not m.get("removed_by")]
-    unseen = {m["doc_id"] for m in rows}
-    matchers = with_intake_urls(store, requests, raw_partitions(store, {m["source"] for m in rows}), unseen)
-    if any(r.kind == "url_pattern" for r in requests):
-        plan.unknown_urls = len(unseen)
-    for m in rows:
-        request = first_match(matchers, m["doc_id"], m["source"], None)
-        if request is not None:
-            plan.removed.append({"doc_id": m["doc_id"], "source": m["source"], "removed_by": request.reject_reason,
-                                 "copies": m["copies"], "tokens": m["tokens"]})
-    if not plan.removed:
-        return plan
-    positions = [folder / f.path for f in manifest.files_with_role("positions")]
-    if not positions:
-        raise ReplayError(f"mixture.replay: {len(plan.removed)} replayed document(s) of {dataset_dir} are named by "
-                          f"removal requests, but the set has no position list (written before position lists "
-                          f"existed), so they cannot be skipped; re-materialize that token_shards partition (it then "
-                          f"leaves them out), or replay a set written since")
-    wanted = sorted({r["doc_id"] for r in plan.removed})
-    found: dict[str, int] = {}
-    for path in positions:
-        table = pq.read_table(path, filters=[("doc_id", "in", wanted), ("shard", "in", _train_shards(manifest))])
-        for shard, index, doc_id in zip(*(table.column(c).to_pylist() for c in ("shard", "index", "doc_id"))):
-            plan.exclude.setdefault(shard, []).append(index)
-            found[doc_id] = found.get(doc_id, 0) + 1
-    missing = [r["doc_id"] for r in plan.removed if found.get(r["doc_id"], 0) != r["copies"]]
-    if missing:
-        raise ReplayError(f"mixture.replay: the position list of {dataset_dir} disagrees with its member list for "
-                          f"{len(missing)} document(s) (e.g. {missing[0]}): the set was altered after it was written; "
-                          f"re-materialize that token_shards partition")
-    plan.exclude = {s: sorted(ix) for s, ix in sorted(plan.exclude.items())}
+    plan.removed, plan.exclude, plan.unknown_urls = named_places(store, folder, manifest, requests, TRAIN, dataset_dir,
+                                                                 "mixture.replay", "replayed",
+                                                                 ", or replay a set written since")
     return plan
 
 
-def _train_shards(manifest: Manifest) -> list[str]:
-    return [s["path"] for s in manifest.stats.get("shards", []) if s["split"] == "train"]
+def named_places(store: Store, folder: Path, manifest: Manifest, requests: list[RemovalRequest], split: str,
+                 shown: str | Path, reader: str, role: str, instead: str = "",
+                 ) -> tuple[list[dict[str, Any]], dict[str, list[int]], int]:
+    """The documents of one split of a shard set (`folder`, its `manifest`) that `requests` name (REMOVED_SCHEMA
+    rows), where their copies sit (shard -> places in its document-offset index, for a reader to skip), and how many
+    of the split's documents a URL pattern cannot see (their raw record, with the URL, is gone). ReplayError, naming
+    `reader` and what to do, where the set cannot say it (no member or position list, or the two disagree)."""
+    if not requests:
+        return [], {}, 0
+    members = [folder / f.path for f in manifest.files_with_role("members")]
+    if not members:
+        raise ReplayError(f"{reader}: {shown} has no member list, so the removal requests "
+                          f"({', '.join(r.request_id for r in requests)}) cannot be checked against it; re-materialize "
+                          f"that token_shards partition (it then leaves them out){instead}")
+    rows = [m for p in members for m in pq.read_table(p).to_pylist()
+            if m["split"] == split and m["copies"] > 0 and not m.get("removed_by")]
+    unseen = {m["doc_id"] for m in rows}
+    matchers = with_intake_urls(store, requests, raw_partitions(store, {m["source"] for m in rows}), unseen)
+    unknown_urls = len(unseen) if any(r.kind == "url_pattern" for r in requests) else 0
+    removed = []
+    for m in rows:
+        request = first_match(matchers, m["doc_id"], m["source"], None)
+        if request is not None:
+            removed.append({"doc_id": m["doc_id"], "source": m["source"], "removed_by": request.reject_reason,
+                            "copies": m["copies"], "tokens": m["tokens"]})
+    if not removed:
+        return removed, {}, unknown_urls
+    positions = [folder / f.path for f in manifest.files_with_role("positions")]
+    if not positions:
+        raise ReplayError(f"{reader}: {len(removed)} {role} document(s) of {shown} are named by "
+                          f"removal requests, but the set has no position list (written before position lists "
+                          f"existed), so they cannot be skipped; re-materialize that token_shards partition (it then "
+                          f"leaves them out){instead}")
+    wanted = sorted({r["doc_id"] for r in removed})
+    exclude: dict[str, list[int]] = {}
+    found: dict[str, int] = {}
+    for path in positions:
+        table = pq.read_table(path, filters=[("doc_id", "in", wanted), ("shard", "in", _shards_of(manifest, split))])
+        for shard, index, doc_id in zip(*(table.column(c).to_pylist() for c in ("shard", "index", "doc_id"))):
+            exclude.setdefault(shard, []).append(index)
+            found[doc_id] = found.get(doc_id, 0) + 1
+    missing = [r["doc_id"] for r in removed if found.get(r["doc_id"], 0) != r["copies"]]
+    if missing:
+        raise ReplayError(f"{reader}: the position list of {shown} disagrees with its member list for "
+                          f"{len(missing)} document(s) (e.g. {missing[0]}): the set was altered after it was written; "
+                          f"re-materialize that token_shards partition")
+    return removed, {s: sorted(ix) for s, ix in sorted(exclude.items())}, unknown_urls
+
+
+def _shards_of(manifest: Manifest, split: str) -> list[str]:
+    return [s["path"] for s in manifest.stats.get("shards", []) if s["split"] == split]
 
 
 def write_removed(folder: Path, plan: ReplayPlan) -> None:
@@ -155,5 +169,5 @@ def removed_from_replay(store: Store, run: Manifest) -> dict[str, str] | None:
     return dict(zip(table.column("doc_id").to_pylist(), table.column("removed_by").to_pylist()))
 
 
-__all__ = ["REMOVED_FILE", "ReplayError", "ReplayPlan", "plan_replay", "removed_from_replay", "replayed",
-           "write_removed"]
+__all__ = ["REMOVED_FILE", "ReplayError", "ReplayPlan", "named_places", "plan_replay", "removed_from_replay",
+           "replayed", "write_removed"]

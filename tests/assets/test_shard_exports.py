@@ -138,3 +138,29 @@ def test_an_export_replaced_after_a_takedown_is_removed_from_disk(tmp_path, kiln
     assert project.store.manifest("shard_exports", refresh).config["removal_requests"] == ["req-1"]
     base = project.store.dataset_dir("shard_exports", refresh)
     assert (base / "megatron" / "train.bin").read_bytes() == np.array([10, 11, 2], "<u2").tobytes()
+
+
+def test_shards_holding_documents_a_request_recorded_since_names_are_not_exported(tmp_path, kiln_home, monkeypatch):
+    """As training_run refuses them: a Megatron or HF run reads the export, so shards written before a removal request
+    that names one of their documents are not exported (the export would be a new copy of its tokens, made after
+    the takedown). Shards that applied it are exported; a request naming none of their documents stops nothing."""
+    from kiln.governance.forget import REQUESTS, REQUESTS_FILE
+
+    project = project_with(["megatron"], tmp_path, kiln_home, monkeypatch)
+    refresh = project.current()
+    commit_token_shards(project)
+    with project.store.staging(REQUESTS) as writer:
+        requests = [{"request_id": f"req-{d}", "created_at": "t", "kind": "doc_ids", "value": [d], "reason": ""}
+                    for d in ("doc00", "elsewhere")]
+        (writer.dir / REQUESTS_FILE).write_text(json.dumps({"requests": requests}), encoding="utf-8")
+        writer.commit(code_version="kiln.forget", config={}, inputs={}, counts={"requests": 2})
+    result = project.materialize(["shard_exports"], raise_on_error=False)
+    [failure] = result.get_step_failure_events()
+    assert "removal request(s) req-doc00 name, recorded after they were written" in \
+        failure.step_failure_data.user_failure_data.description
+    assert project.store.manifest_or_none("shard_exports", refresh) is None  # nothing written
+    commit_token_shards(project, [("train", [[12, 2]]), ("train", [[13, 14, 15, 2]]), ("val", [[16, 2]])],
+                        requests=["req-doc00", "req-elsewhere"])
+    assert project.materialize(["shard_exports"]).success
+    base = project.store.dataset_dir("shard_exports", refresh)
+    assert (base / "megatron" / "train.bin").read_bytes() == np.array([12, 2, 13, 14, 15, 2], "<u2").tobytes()

@@ -225,3 +225,53 @@ def test_a_checkpoint_is_answered_for_after_its_shards_and_its_run_are_replaced(
     assert used.replaced and [c["data_version"] for c in used.checkpoints] == [ckpt] and ckpt in usage.checkpoints
     assert used.train_tokens == old.stats["sources"]["web"]["train_tokens"] > 0
     assert f"token_shards {old.data_version} ({old.created_at[:19]}+00:00, replaced in the store since)" in render(usage)
+
+
+def test_what_a_run_read_is_measured_on_its_version_after_a_request_made_the_shards_again(tmp_path, monkeypatch):
+    """A removal request during a run: the quality filter and token shards apply it (under automation within a
+    minute) and the dataset link names the new version, while the run's loader holds the one it reads. When the run
+    ends, training_run measures what it read: from that version (held from launch, so the first commit after the
+    ranks let go does not remove it), not the link's, whose loader refuses another version (the run would fail after
+    training). The figures are worked from the version's offsets as for `partway`; once measured, it goes."""
+    import contextlib
+    import gc
+    import os
+    from pathlib import Path
+
+    from kiln.governance.exposure import held_versions, measure_exposure
+    from kiln.governance.forget import record_request
+
+    built = build_audit_store(tmp_path, monkeypatch)
+    store, project = built["store"], built["project"]
+    refresh, shards = latest(store, "token_shards")
+    link = store.dataset_dir("token_shards", refresh)
+    run_config = TrainingSettings(seq_len=SEQ, micro_batch_size=BATCH).to_run_config(
+        dataset_dir=link, tokenizer_sha256=shards.stats["tokenizer_sha256"], output_dir=built["home"] / "run",
+        dataset_data_version=shards.data_version).write(built["home"] / "run" / "run_config.json")
+    holds = contextlib.ExitStack()
+    folders = held_versions(run_config, holds)  # at launch, as training_run does
+    version = Path(os.path.realpath(link))
+    assert folders == {"train": str(version)}
+    loader = open_training(RunConfig.read(run_config), Dist(0, 1, torch.device("cpu")))
+    for _ in range(3):
+        loader.next_batch()
+    state, expected = loader.state_dict(), expected_reads(version, 3 * BATCH * SEQ)
+    doc = next(d for d, m in sorted(built["members"].items()) if m["split"] == "train" and m["copies"] > 0)
+    record_request(store, built["config"], "doc_ids", [doc], "")
+    assert project.materialize(["token_shards"]).success  # the link names the version without it now
+    assert latest(store, "token_shards")[1].data_version != shards.data_version
+    del loader  # the run ends: its ranks let go
+    gc.collect()
+    later_training_on_other_data(store)  # a commit: it removes a forgotten version nobody holds
+    with holds:
+        rows, stats = measure_exposure(run_config, state, folders)
+    got: dict[str, list[tuple[int, int]]] = {}
+    for r in rows.to_pylist():
+        assert r["shard_set"] == shards.data_version
+        got.setdefault(r["doc_id"], []).append((r["reads"], r["tokens_read"]))
+    assert {d: sorted(c) for d, c in got.items()} == \
+        {d: sorted(c for c in copies if c[0]) for d, copies in expected.items() if any(r for r, _ in copies)}
+    assert stats["train"]["data_version"] == shards.data_version and stats["train"]["dataset_dir"] == str(link)
+    assert stats["train"]["tokens_read"] == 3 * BATCH * SEQ
+    later_training_on_other_data(store)  # measured and let go: the next commit removes it
+    assert not version.exists()

@@ -116,6 +116,74 @@ def test_forget_a_source_removes_it_from_the_next_shards_and_flags_the_checkpoin
     assert load_requests(store)[0][0].reason.endswith("quinn.harlow@fastmail.fm")
 
 
+def test_a_request_recorded_while_a_run_trains_is_on_the_card_of_the_checkpoint_it_publishes(built):
+    """A run launched before a request (its shards named nothing pending then) trains on through it: the request lists
+    only the checkpoints published when it was recorded, but the checkpoint that run publishes afterwards was trained
+    on the document too, and its card says so; a later checkpoint on shards that applied the request is not flagged."""
+    from kiln.governance.forget import record_request
+
+    store, config = built["store"], built["config"]
+    trained = sorted(d for d, m in built["members"].items() if m["split"] == "train" and m["copies"] > 0)[:1]
+    tokens = built["members"][trained[0]]["tokens"] * built["members"][trained[0]]["copies"]
+    request = record_request(store, config, "doc_ids", trained, "ticket 9")  # the run is training meanwhile
+    assert [a["checkpoint"] for a in request.affected] == [built["checkpoint"].data_version]
+    published = stand_in_checkpoint(store, name="in flight")  # it ends: its checkpoint, over the shards it read
+    assert published.data_version != built["checkpoint"].data_version
+    [flag] = build_data_card(store, config)["removal_requests"]
+    assert flag["request_id"] == request.request_id and flag["affected"]["checkpoint"] == published.data_version
+    assert (flag["affected"]["documents"], flag["affected"]["tokens"], flag["affected"]["current"]) == (1, tokens, True)
+    assert flag["value"] == "1 doc ids" and flag["reason"] == "ticket 9"
+    assert built["project"].materialize(["token_shards"]).success  # applies it
+    stand_in_checkpoint(store, name="after")
+    assert build_data_card(store, config)["removal_requests"] == []
+
+
+def test_the_evaluation_reads_no_validation_document_a_request_recorded_since_names(built, monkeypatch):
+    """A checkpoint whose run was training when a request came is evaluated on the validation split of the shards it
+    read, which still hold the document (as training_run refuses such shards, the evaluation may not read it): its
+    tokens are cut from the validation stream and it is not among the source's validation documents."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    import training_jobs.evaluate as evaluate
+    import training_jobs.export as export
+    from kiln.governance.forget import record_request
+
+    store, config, project = built["store"], built["config"], built["project"]
+    [val] = sorted(d for d, m in built["members"].items() if m["split"] == "val" and m["copies"] > 0)[:1]
+    source = built["members"][val]["source"]
+    [text] = [r["text"] for r in store.read_table("quality_filtered_documents", project.partition(source),
+                                                   "documents").to_pylist() if r["doc_id"] == val]
+    tok = Tokenizer.load(store.dataset_dir("tokenizer"))
+    document = tok.encode(text) + [tok.eos_id]  # as the shards hold a validation document (never FIM-cut)
+
+    class Uniform(torch.nn.Module):  # the checkpoint's model: only what the evaluation reads matters here
+        cfg = SimpleNamespace(max_seq_len=16)
+
+        def forward(self, x):
+            return torch.zeros(*x.shape, 400)
+
+    streams, loss = [], evaluate.stream_loss
+    monkeypatch.setattr(export, "load_model", lambda path: Uniform())
+    monkeypatch.setattr(evaluate, "stream_loss", lambda model, tokens, *a, **k: streams.append(
+        np.asarray(tokens, np.int64)) or loss(model, tokens, *a, **k))
+    assert project.materialize(["evaluation"]).success
+    whole = streams[0]  # the validation split as the shards hold it, before any request
+    assert _holds(whole, document) and any(_holds(s, document) for s in streams[1:] if len(s) >= len(document))
+    streams.clear()
+    request = record_request(store, config, "doc_ids", [val], "")
+    assert project.materialize(["evaluation"]).success
+    at = next(i for i in range(len(whole)) if whole[i:i + len(document)].tolist() == document)
+    assert streams[0].tolist() == whole[:at].tolist() + whole[at + len(document):].tolist()
+    assert not any(_holds(s, document) for s in streams if len(s) >= len(document))  # nor a source's, nor a probe
+    evaluation = store.manifest("evaluation")
+    assert evaluation.stats["removed_by_request"] == {"documents": 1, "tokens": len(document)}
+    assert evaluation.inputs["removal_requests"] == load_requests(store)[1]
+    assert load_requests(store)[0][-1].request_id == request.request_id
+
+
 def _holds(tokens, needle) -> bool:
     """Whether `needle` (token ids) occurs contiguously in `tokens`: a second, direct look at the shard files."""
     import numpy as np
@@ -307,16 +375,17 @@ def test_requests_by_url_pattern_and_doc_ids_and_training_refuses_shards_written
     # nothing to warn of: that export holds no tokens of the removed documents (it was warned of, falsely)
     assert "re-exports it" not in _logged(project, result)
     # a validation document too: a run reads it (validation loss, the loss probe's token ids, the evaluation)
-    [val] = sorted(d for d, m in built["members"].items() if m["split"] == "val" and m["copies"] > 0)[:1]
-    ids.write_text(val + "\n")
-    _, on_val, _ = forget(built, capsys, "--doc-ids", str(ids))
-    assert [u.request_id for u in unapplied_requests(store, latest(store, "token_shards")[1])] == [on_val["request_id"]]
-    # An export that holds tokens, made while shards.export named a format, and nothing to re-export it now: the
-    # shards that apply the request warn of it, naming it.
+    # An export that holds tokens, made before the request while shards.export named a format, and nothing to
+    # re-export it now: the shards that apply the request warn of it, naming it.
     config = yaml.safe_load(built["config_path"].read_text())
     config["shards"]["export"] = ["megatron"]
     built["config_path"].write_text(yaml.safe_dump(config))
     assert project.materialize(["shard_exports"]).success
+    [val] = sorted(d for d, m in built["members"].items() if m["split"] == "val" and m["copies"] > 0)[:1]
+    ids.write_text(val + "\n")
+    _, on_val, _ = forget(built, capsys, "--doc-ids", str(ids))
+    assert [u.request_id for u in unapplied_requests(store, latest(store, "token_shards")[1])] == [on_val["request_id"]]
+    assert not project.materialize(["shard_exports"], raise_on_error=False).success  # not exported again meanwhile
     config["shards"]["export"] = []
     built["config_path"].write_text(yaml.safe_dump(config))
     result = project.materialize(["token_shards"])
