@@ -19,7 +19,7 @@ def test_a_checkpoint_written_before_issue_34_resumes_and_trains_on_as_that_code
     run = old_run.run_config(tmp_path)
     ckpt = tmp_path / "out" / "checkpoints" / "step_00000004"
     shutil.copytree(old_run.FIXTURE, ckpt, ignore=shutil.ignore_patterns("expected.json"))
-    check(launch(run, nproc=1))
+    check(launch(run, nproc=1, launcher="python"))
     summary = summary_of(tmp_path / "out")
     assert summary["resumed_from"] == str(ckpt) and summary["steps"] == 8
     expected = json.loads((old_run.FIXTURE / "expected.json").read_text())["losses_after_resume"]

@@ -113,7 +113,8 @@ def test_a_base_from_another_tokenizer_or_shape_is_refused(run_a, tmp_path, toke
     meta = json.loads((foreign / "safetensors" / "model_config.json").read_text())
     (foreign / "safetensors" / "model_config.json").write_text(json.dumps({**meta, "tokenizer_sha256": "cd" * 32}))
     out = tmp_path / "refused"
-    done = launch(write_run(tmp_path, token_dataset, out, max_steps=2, base_checkpoint=str(foreign)), nproc=1)
+    done = launch(write_run(tmp_path, token_dataset, out, max_steps=2, base_checkpoint=str(foreign)), nproc=1,
+                  launcher="python")
     assert done.returncode != 0
     assert "the same ids would mean other text" in summary_of(out)["error"]
 

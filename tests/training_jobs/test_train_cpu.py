@@ -109,7 +109,8 @@ def test_kiln_plan_fits_a_scaling_law_on_kilns_own_runs(tmp_path, token_dataset,
     for d_model in (16, 32, 64):
         out = tmp_path / f"d{d_model}"
         check(launch(write_run(tmp_path, token_dataset, out, experiment="kiln-scaling",
-                               model={"d_model": d_model, "n_heads": 4}), nproc=1, env={"MLFLOW_TRACKING_URI": mlflow_uri}))
+                               model={"d_model": d_model, "n_heads": 4}), nproc=1, launcher="python",
+                     env={"MLFLOW_TRACKING_URI": mlflow_uri}))  # one plain process: the launcher is not under test
         summaries.append(summary_of(out))
     code = main(["plan", "--mlflow-uri", mlflow_uri, "--experiment", "kiln-scaling", "--budget-flops", "1e18",
                  "--json"])
