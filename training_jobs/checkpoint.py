@@ -8,6 +8,8 @@
                                                         moments (the bf16_ prefix when training in bf16)
         manifest.json                                   Kiln: sha256 of every file above; written last, atomically
       _rejected/step_00000200/                          a checkpoint that failed verification, moved aside
+      rolled_back.json                                  Kiln: the state the last rollback left the run in, for a run
+                                                        that dies before its next checkpoint (record_rollback)
       zero_to_fp32.py, zero_to_torch.py                 DeepSpeed's recovery scripts
 
 A pipeline-parallel run (training_jobs.pipeline) writes DeepSpeed's pipeline layout instead:
@@ -562,6 +564,37 @@ def save(engine, root: Path, step: int, kiln_state: dict[str, Any], keep_last: i
     return root / tag
 
 
+ROLLBACK_RECORD = "rolled_back.json"  # in the checkpoint folder: the state a rollback left the run in (see below)
+ROLLBACK_FORMAT = "kiln-rollback/1"
+
+
+def record_rollback(root: Path, found: Found, kiln_state: dict[str, Any]) -> None:
+    """Record, beside the checkpoints, the state a rollback to `found` left the run in (Kiln's client state as the
+    trainer would checkpoint it: the loader past the skipped data, the monitor with the rollback counted and the LR
+    reduction, tokens skipped). The checkpoint itself still holds the state before the rollback; a run that dies
+    before its next checkpoint resumes from `found` with this over it (`rollback_record`), as the run with the
+    rollback went on, instead of reading the skipped data again without the rollback. Rank 0, atomically; the record
+    names the checkpoint and its manifest's sha256, so it applies to that very checkpoint only."""
+    record = {"format": ROLLBACK_FORMAT, "checkpoint": found.path.name,
+              "manifest_sha256": sha256_file(found.path / MANIFEST), "kiln": kiln_state}
+    write_atomically(Path(root) / ROLLBACK_RECORD,
+                     lambda f: f.write(json.dumps(record, indent=2).encode("utf-8")), fsync=True)
+
+
+def rollback_record(root: Path, found: Found) -> dict[str, Any] | None:
+    """The client state a rollback to `found` left the run in (record_rollback), or None: no rollback to it recorded
+    (the record names another checkpoint, a newer one having been written since, or it is unreadable)."""
+    try:
+        record = json.loads((Path(root) / ROLLBACK_RECORD).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if (not isinstance(record, dict) or record.get("format") != ROLLBACK_FORMAT
+            or record.get("checkpoint") != found.path.name
+            or record.get("manifest_sha256") != sha256_file(found.path / MANIFEST)):
+        return None
+    return record["kiln"]
+
+
 class CheckpointMismatch(ValueError):
     """A complete checkpoint that is not this run's to continue (not_this_run says why): refused before loading."""
 
@@ -654,6 +687,6 @@ def check_weights_only(ckpt: Path, allow_deepspeed: bool = False) -> dict[str, s
 
 __all__ = ["BackgroundWriter", "CHECKPOINT_FORMAT", "CheckpointFormatError", "CONSOLIDATED", "Cadence", "Found", "MANIFEST", "ManifestWriter",
            "checkpoints", "save_atomically", "to_host", "write_atomically", "write_path_atomically", "writes_through",
-           "check_weights_only", "CheckpointMismatch",
+           "check_weights_only", "CheckpointMismatch", "record_rollback", "rollback_record",
            "find_resumable", "load", "move_aside", "prune", "read_manifest", "rng_state", "save", "set_rng_state",
            "tag_for", "verify", "weights_only_loads", "write_manifest"]

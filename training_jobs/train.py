@@ -399,6 +399,12 @@ class Trainer:
         if problem := broadcast_object(self.dist, problem):
             raise checkpoint.CheckpointMismatch(problem)
         state = self.load(found)
+        # A rollback to this checkpoint that no later checkpoint holds yet (the run died after it): its state, so the
+        # data it skipped stays skipped and the rollback counted, its LR reduction in force
+        rolled_back = checkpoint.rollback_record(self.ckpt_root, found) if self.dist.main else None
+        if rolled_back := broadcast_object(self.dist, rolled_back):
+            state = {**state, **rolled_back}
+            self.report.line(f"resuming as rolled back to {found.path.name} (the rollback recorded after it)")
         self.loader.load_state_dict(state["loader"])
         self.monitor.load_state_dict(state["monitor"])
         self.progress.tokens_skipped, self.progress.resumed_from = state["tokens_skipped"], str(found.path)
@@ -435,6 +441,8 @@ class Trainer:
         if self.loader.state_dict() != loader_after:  # the step after the spike read on: its batches are read again
             self.loader.load_state_dict(loader_after)
         refresh_lr(self.engine)
+        if self.dist.main:  # until the next checkpoint, what a run that dies meanwhile resumes from (see resume)
+            checkpoint.record_rollback(self.ckpt_root, found, self.kiln_state())
         self.report.event(event)
         self.report.line(f"rolled back to step {found.step} ({found.path.name}); skipping the data of steps "
                          f"{found.step + 1}..{spike_step}; LR x{event.lr_factor} until step {event.lr_reduced_until}")

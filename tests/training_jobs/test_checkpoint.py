@@ -124,6 +124,24 @@ def test_a_checkpoint_of_another_format_is_refused_and_left_where_it_is(tmp_path
     assert [f.step for f in checkpoint.checkpoints(tmp_path)] == [4, 8] and not (tmp_path / checkpoint.REJECTED).exists()
 
 
+def test_a_rollback_record_applies_to_the_checkpoint_it_names_only(tmp_path):
+    """What a rollback to a checkpoint left the run in (record_rollback) is read back for that checkpoint, as saved;
+    not for another (a newer one written since, which holds the rollback itself), nor for one saved again under its
+    tag, nor when there is none or it is unreadable."""
+    four, eight = fake_checkpoint(tmp_path, 4), fake_checkpoint(tmp_path, 8)
+    found = {step: checkpoint.Found(step, path) for step, path in ((4, four), (8, eight))}
+    assert checkpoint.rollback_record(tmp_path, found[4]) is None
+    state = {"tokens_skipped": 384, "loader": {"position": 28}, "monitor": {"rollbacks": 1}}
+    checkpoint.record_rollback(tmp_path, found[4], state)
+    assert checkpoint.rollback_record(tmp_path, found[4]) == state
+    assert checkpoint.rollback_record(tmp_path, found[8]) is None
+    checkpoint.write_manifest(four, 4, {"model": {"saved": "again"}})
+    assert checkpoint.rollback_record(tmp_path, found[4]) is None
+    (tmp_path / checkpoint.ROLLBACK_RECORD).write_text("{not json")
+    assert checkpoint.rollback_record(tmp_path, found[8]) is None
+    assert [f.step for f in checkpoint.checkpoints(tmp_path)] == [4, 8]  # not taken for a checkpoint
+
+
 def test_keep_last_k_counts_complete_checkpoints_only(tmp_path):
     for step in (2, 4, 6, 8):
         fake_checkpoint(tmp_path, step)

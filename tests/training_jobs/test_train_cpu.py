@@ -302,18 +302,17 @@ def test_a_run_of_two_ranks_is_refused_on_one_before_deepspeed_loads_it(run_b, t
     assert "CheckpointMismatch" in error and checkpoint.CheckpointMismatch in REFUSALS
 
 
-def test_a_loss_spike_rolls_back_skips_data_and_finishes(tmp_path, token_dataset):
-    """One rank, launched through Dagster Pipes as the training_run asset will; step 7's loss is x100. The monitor
-    judges step 7 a step late, once step 8 is under way: the rollback to checkpoint 4 still comes before step 8's
-    checkpoint, which is written only from the redone steps."""
+@pytest.fixture(scope="module")
+def spike_run(tmp_path_factory, token_dataset) -> tuple[Path, dict]:
+    """One rank, launched through Dagster Pipes as the training_run asset will; step 7's loss is x100: the run folder
+    and the materialization's metadata."""
     import sys
 
     from dagster import PipesSubprocessClient, asset, materialize
 
-    from tests.training_jobs.conftest import REPO
-
-    out = tmp_path / "spike"
-    run_config = write_run(tmp_path, token_dataset, out, monitor={"lr_reduced_steps": 3})
+    root = tmp_path_factory.mktemp("spike")
+    out = root / "spike"
+    run_config = write_run(root, token_dataset, out, monitor={"lr_reduced_steps": 3})
 
     @asset(required_resource_keys={"pipes"})
     def trained_model(context):
@@ -323,7 +322,13 @@ def test_a_loss_spike_rolls_back_skips_data_and_finishes(tmp_path, token_dataset
 
     result = materialize([trained_model], resources={"pipes": PipesSubprocessClient()})
     assert result.success
-    metadata = result.asset_materializations_for_node("trained_model")[0].metadata
+    return out, result.asset_materializations_for_node("trained_model")[0].metadata
+
+
+def test_a_loss_spike_rolls_back_skips_data_and_finishes(spike_run):
+    """The monitor judges step 7 a step late, once step 8 is under way: the rollback to checkpoint 4 still comes
+    before step 8's checkpoint, which is written only from the redone steps."""
+    out, metadata = spike_run
     assert metadata["rollbacks"].value == 1 and metadata["stability_events"].value == 1
     assert metadata["status"].value == "completed" and metadata["steps"].value == 12
 
@@ -348,6 +353,47 @@ def test_a_loss_spike_rolls_back_skips_data_and_finishes(tmp_path, token_dataset
     assert kiln_state[8]["tokens_skipped"] == 3 * tokens_per_step
     assert kiln_state[8]["loader"]["position"] == (8 + 3) * 4
     assert [e["kind"] for e in kiln_state[12]["monitor"]["events"]] == ["loss_spike"]  # in the client_state too
+
+
+# training_jobs.train, SIGKILLed (a node dying) as soon as a rollback is done, before any step after it.
+_KILLED_AFTER_THE_ROLLBACK = """
+import os, signal, sys
+from training_jobs import train
+real = train.Trainer._roll_back
+def roll_back(self, *args):
+    if real(self, *args):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return False
+train.Trainer._roll_back = roll_back
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_a_run_killed_after_a_rollback_resumes_as_rolled_back(spike_run, tmp_path, token_dataset):
+    """spike_run's settings and spike, killed right after its rollback to checkpoint 4, before checkpoint 8: resumed
+    from checkpoint 4, it read steps 5-7's data again (the skipped window, which holds the spike on real data), at the
+    full LR, with no rollback counted: its steps 5..12 were another run's. It continues as spike_run did, bit for
+    bit, with the rollback in its summary."""
+    out = tmp_path / "killed"
+    run = write_run(tmp_path, token_dataset, out, monitor={"lr_reduced_steps": 3})
+    cmd, env = launch_command(run, launcher="python", env={"KILN_INJECT_FAULT": "spike@7"})
+    killed = subprocess.run([cmd[0], "-c", _KILLED_AFTER_THE_ROLLBACK, *cmd[3:]], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout[-3000:] + killed.stderr[-3000:]
+    assert not (out / "summary.json").exists() and checkpoint.checkpoints(out / "checkpoints")[-1].step == 4
+    done = launch(run, launcher="python")
+    check(done)
+    assert "resuming as rolled back to step_00000004" in done.stdout
+    reference, _ = spike_run
+    expected, got = read_metrics(reference), read_metrics(out)
+    for step in range(5, 13):
+        for key in ("train/loss", "train/grad_norm", "train/lr"):
+            assert got[step][key] == expected[step][key], (step, key)
+    summary, uninterrupted = summary_of(out), summary_of(reference)
+    for key in ("rollbacks", "tokens_skipped", "tokens_seen", "final_loss", "val_loss"):
+        assert summary[key] == uninterrupted[key], key
+    assert summary["rollbacks"] == 1 and summary["resumed_from"].endswith("step_00000004")
+    assert [(e["kind"], e["step"], e["rollback_to"]) for e in summary["stability_events"]] == [("loss_spike", 7, 4)]
 
 
 def test_a_nan_at_zero1_in_bf16_is_rolled_back_by_the_monitor(tmp_path, token_dataset):
