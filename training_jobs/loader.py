@@ -17,8 +17,9 @@ current epoch.
 
 Exclusions. `exclude` names documents (by shard and place in its document-offset index) the loader must never
 read: every sequence that would hold one of their tokens is dropped from its phase stream before ranks and epochs
-are laid out, so the rest reads as above. Continued pretraining passes the replayed documents a removal request
-names since the shards were written (kiln.governance.replay).
+are laid out, so the rest reads as above; a phase they leave fewer sequences than ranks is refused, naming it, as a
+phase that short is. Continued pretraining passes the replayed documents a removal request names since the shards
+were written (kiln.governance.replay).
 
 Exposure. `exposure()` says, from the loader's cursor alone, how often every document of its shards was read over all
 ranks up to there (the run records its final cursor in summary.json; kiln.governance.exposure turns the counts into
@@ -178,6 +179,13 @@ class ShardLoader:
             kept = None
             if index in spans:
                 kept = self._kept_sequences(np.concatenate(spans[index]), sequences)
+                if len(kept) < self.world_size:  # as above: the exclusions would leave no rank a sequence of it
+                    fewer = f"launch at most {len(kept)} ranks, " if kept.size else ""
+                    raise ShardError(
+                        f"{self.shard_set.dir} [{split}] phase {name!r}: the excluded documents (removal requests) "
+                        f"leave {len(kept)} of its {sequences} sequences of {self.seq_len}, fewer than one for each of "
+                        f"{self.world_size} ranks, so what is left of it would never be trained on; {fewer}lower "
+                        f"training.seq_len, or train without these shards (for replayed ones: mixture.replay unset)")
                 self.excluded["sequences"] += sequences - len(kept)
                 sequences = len(kept)
             result.append(_Phase(name, tuple(paths), tuple(names[index]), starts, sequences,

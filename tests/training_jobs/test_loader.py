@@ -324,6 +324,25 @@ def test_excluded_documents_are_never_read_and_nothing_else_is_lost(counting, wo
     assert loaders[0].excluded == {"documents": 2, "tokens": 501 + 750, "sequences": 32 + 47}
 
 
+def test_a_phase_the_exclusions_leave_too_short_for_every_rank_is_refused_naming_it(tmp_path):
+    """Phase "short" holds 60 tokens, documents [0, 30) and [30, 60): (60 - 1) // 16 = 3 sequences, enough for 2
+    ranks. Its first document excluded (a removal request on replayed shards), sequences 0 and 1 touch it (1·16 < 30),
+    so 1 is left: it was cut for 2 ranks without a word (0 per rank, the phase never read), where a phase that short
+    to begin with is refused. Refused now as well, naming the phase, the counts and the ways out; 1 rank reads it."""
+    path = counting_set(tmp_path, [("main", 0, 1000, "train"), ("short", 1, 60, "train"), ("val", 0, 300, "val")])
+    exclude = {"shard-00001.bin": [0]}
+    assert [p.per_rank for p in ShardLoader(path, seq_len=SEQ, batch_size=1, world_size=2).phases] == [31, 1]
+    with pytest.raises(ShardError, match=r"phase 'short': the excluded documents \(removal requests\) leave 1 of its "
+                                         r"3 sequences of 16, fewer than one for each of 2 ranks.*never be trained "
+                                         r"on; launch at most 1 ranks, lower training.seq_len.*mixture.replay"):
+        ShardLoader(path, seq_len=SEQ, batch_size=1, rank=1, world_size=2, exclude=exclude)
+    with pytest.raises(ShardError, match=r"leave 0 of its 3 sequences.*never be trained on; lower training.seq_len"):
+        ShardLoader(path, seq_len=SEQ, batch_size=1, world_size=2, exclude={"shard-00001.bin": [0, 1]})
+    alone = ShardLoader(path, seq_len=SEQ, batch_size=1, exclude=exclude)
+    assert [p.per_rank for p in alone.phases] == [62, 1] and alone.excluded["sequences"] == 2
+    assert alone.sequence(0, 62)[0] == 1000 + 2 * 16  # the short phase's one sequence left: its third
+
+
 def test_exclusions_for_another_shard_set_are_refused(counting):
     with pytest.raises(ShardError, match=r"name shard\(s\) \['shard-09999.bin'\]"):
         ShardLoader(counting, seq_len=SEQ, exclude={"shard-09999.bin": [0]})
