@@ -204,6 +204,24 @@ def test_zero0_in_bf16_trains_as_the_plain_autocast_loop(world_of_one, compiled)
         torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_zero0_without_clipping_still_reports_the_gradient_norm(world_of_one, precision):
+    """training.grad_clip 0 at ZeRO-0 without DeepSpeed's bf16 (fp32, or bf16 under autocast): DeepSpeed calls no
+    clipping, so nothing took the norm and get_global_grad_norm() was None every step: the metric empty and the
+    stability monitor blind to gradient explosions (grad_factor, grad_norm_max). The norm is taken before the step,
+    and equals the root of the sum of squares, by hand in float64, of the gradients the step applies."""
+    t = zero0_settings().model_copy(update={"grad_clip": 0.0, "precision": precision})
+    engine = build_engine(CFG, t, deepspeed_config(t, precision, CFG), ZERO0_STEPS, StabilityMonitor(t.monitor))
+    assert engine.gradient_clipping() == 0 and not engine.bfloat16_enabled()
+    for step, batch in enumerate(batches()[:3]):
+        loss = engine(batch[:, :-1], batch[:, 1:])
+        engine.backward(loss)
+        norm = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in engine.module.parameters()))
+        engine.step()
+        _, reported = StepFigures(loss, engine.get_global_grad_norm()).read()
+        assert reported == pytest.approx(norm, rel=1e-5), step
+
+
 class HostReads(TorchDispatchMode):
     """Counts where a tensor's value is read on the host (`.item()`, `float()`, `bool()`, `if tensor:`): on a GPU each
     waits until the device has run everything queued before it."""
