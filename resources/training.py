@@ -54,7 +54,14 @@ class TrainingLauncher(dg.ConfigurableResource):
 
     def world_size(self, configured: str) -> int:
         """The ranks a launch starts: what the layout (training.parallelism) must divide."""
-        ranks = (self.num_workers or self.ranks_per_node()) if self.chosen(configured) == "ray" else self.ranks_per_node()
+        on_ray = self.chosen(configured) == "ray"
+        if on_ray and self.num_workers is not None:  # 0 is a setting (KILN_TRAINING_WORKERS=0), not "unset"
+            if self.num_workers < 1:
+                raise ValueError(f"TrainingLauncher.num_workers is {self.num_workers}: the ray launcher needs at least "
+                                 f"1 training worker; set num_workers (KILN_TRAINING_WORKERS in the deployments) to "
+                                 f"1 or more, or leave it unset to start nproc_per_node workers")
+            return self.num_workers
+        ranks = self.ranks_per_node()
         if ranks < 1:
             raise ValueError(f"TrainingLauncher starts {ranks} training processes: set nproc_per_node (or num_workers "
                              f"for ray) to at least 1")

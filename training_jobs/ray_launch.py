@@ -206,10 +206,18 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
+def _at_least_one(text: str) -> int:
+    """--num-workers: Ray Train's ScalingConfig takes 0 without a word (its placement still starts one worker)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: a run needs at least 1 training worker")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Train a Kiln model on Ray Train workers (DeepSpeed).")
     parser.add_argument("--run-config", required=True, type=Path, help="the run config JSON (RunConfig)")
-    parser.add_argument("--num-workers", type=int, required=True, help="training workers (ranks) in all")
+    parser.add_argument("--num-workers", type=_at_least_one, required=True, help="training workers (ranks) in all")
     parser.add_argument("--address", default=None,
                         help="the Ray cluster's GCS address (host:6379, auto); default RAY_ADDRESS, else local Ray")
     parser.add_argument("--max-failures", type=int, default=3, help="restarts of the worker group before giving up")

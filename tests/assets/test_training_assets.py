@@ -552,7 +552,14 @@ def test_the_launcher_follows_the_config_and_a_layout_that_does_not_fit_it_is_re
         launch_layout(with_layout(launcher="ray", parallelism={"pp": 2, "dp": 4, "zero_stage": 1}),
                       TrainingLauncher(num_workers=2))
     with pytest.raises(dg.Failure, match="TrainingLauncher starts 0 training processes"):
-        launch_layout(on_ray, TrainingLauncher(num_workers=0, nproc_per_node=0))
+        launch_layout(on_ray, TrainingLauncher(nproc_per_node=0))
+    # num_workers 0 (KILN_TRAINING_WORKERS=0) is a setting to refuse, not one left unset: it fell back to
+    # nproc_per_node (here 2) and the run trained on as many ranks as if it were unset
+    for workers in (0, -1):
+        with pytest.raises(dg.Failure, match=f"TrainingLauncher.num_workers is {workers}: the ray launcher needs at "
+                                             f"least 1 training worker"):
+            launch_layout(on_ray, TrainingLauncher(num_workers=workers, nproc_per_node=2))
+    assert launch_layout(on_ray, TrainingLauncher(num_workers=None, nproc_per_node=2)) == ("ray", 2)  # unset
     # A Ray address nobody answers at is refused before launch, naming the setting it came from.
     with pytest.raises(dg.Failure, match=r"engine.ray_address = '127\.0\.0\.1:9': no Ray cluster answers there"):
         ray_reachable(TrainingLauncher(), "127.0.0.1:9")

@@ -166,3 +166,16 @@ def test_a_rank_in_a_session_of_its_own_is_stopped_when_its_launcher_is_killed(t
         assert not running(rank), "the rank outlived its killed launcher"
     finally:
         kill_all(rank)
+
+
+def test_the_ray_launcher_refuses_fewer_than_one_worker(capsys, monkeypatch):
+    """`--num-workers 0` went to Ray Train's ScalingConfig, which takes it without a word (and starts one worker):
+    refused before Ray starts, naming the option."""
+    from training_jobs import ray_launch
+
+    monkeypatch.setattr(ray_launch, "run", lambda *args, **kwargs: pytest.fail("Ray was started"))
+    for workers in ("0", "-2"):
+        with pytest.raises(SystemExit) as exited:
+            ray_launch.main(["--run-config", "run.json", "--num-workers", workers])
+        assert exited.value.code == 2
+        assert f"--num-workers: {workers}: a run needs at least 1 training worker" in capsys.readouterr().err
