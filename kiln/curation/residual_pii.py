@@ -135,6 +135,7 @@ _WHATWG_EMAIL = re.compile(
     r"[A-Za-z0-9][" + _ATEXT + r"]{0,63}@"
     r"((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+(?:[Xx][Nn]--[A-Za-z0-9-]{0,58}[A-Za-z0-9]|[A-Za-z]{2,63}))"
 )
+_WHATWG_EMAIL_ENCODED = re.compile(_WHATWG_EMAIL.pattern.replace("@", "%40", 1))
 _RESERVED_DOMAINS = ("example.com", "example.net", "example.org", "example.edu")  # RFC 2606
 _RESERVED_TLDS = frozenset({"example", "test", "invalid", "localhost", "local", "internal", "lan", "home", "arpa",
                             "localdomain", "domain", "tld"})
@@ -146,19 +147,31 @@ _FILE_EXTENSIONS = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "ico",
 
 
 def _emails(text: str) -> Iterator[Span]:
-    at = text.find("@")
+    yield from _emails_at(text, "@")
+    if "%40" in text:  # percent-encoded, as a URL carries it: "mailto:jane.doe%40gmail.com", "?email=jane%40corp.de"
+        yield from _emails_at(text, "%40")
+
+
+_QUERY_SEPARATORS = frozenset("?&=")
+
+
+def _emails_at(text: str, sign: str) -> Iterator[Span]:
+    at = text.find(sign)
     while at != -1:
-        # Start of the local part: walk back over atext and other scripts' letters, digits and marks (at most 64).
+        # Start of the local part: walk back over atext and other scripts' letters, digits and marks (at most 64),
+        # and not over a URL query's separators ("...?email=jane@corp.de": atext, but the address starts after '=').
         start = at
-        while start > 0 and at - start < 64 and _local_char(text[start - 1]):
+        while (start > 0 and at - start < 64 and _local_char(text[start - 1])
+               and text[start - 1] not in _QUERY_SEPARATORS):
             start -= 1
-        stop = at + 1
+        stop = at + len(sign)
         while stop < len(text) and stop - at < 256 and (text[stop] == "." or _domain_char(text[stop])):
             stop += 1
         ascii_only = text[start:stop].isascii()
-        found = (_ascii_address if ascii_only else _international_address)(text, start, at)
+        found = (_ascii_address(text, start, at, sign) if ascii_only
+                 else _international_address(text, start, at) if sign == "@" else None)
         if found is None:
-            at = text.find("@", at + 1)
+            at = text.find(sign, at + 1)
             continue
         start, end, domain = found
         tld = domain.rsplit(".", 1)[1]
@@ -172,7 +185,7 @@ def _emails(text: str) -> Iterator[Span]:
         )
         if ok:
             yield "email", start, end
-        at = text.find("@", end)
+        at = text.find(sign, end)
 
 
 _ATEXT_SET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.!#$%&'*+/=?^_`{|}~-")
@@ -186,11 +199,12 @@ def _domain_char(c: str) -> bool:
     return c.isalnum() or c == "-" or (not c.isascii() and unicodedata.category(c)[0] == "M")
 
 
-def _ascii_address(text: str, start: int, at: int) -> tuple[int, int, str] | None:
-    """The WHATWG address whose '@' is at `at`, its local part starting at or after `start`."""
+def _ascii_address(text: str, start: int, at: int, sign: str = "@") -> tuple[int, int, str] | None:
+    """The WHATWG address whose '@' (`sign`: "%40" when percent-encoded) is at `at`, its local part starting at or
+    after `start`."""
     while start < at and not text[start].isalnum():  # a local part starts with a letter or digit
         start += 1
-    m = _WHATWG_EMAIL.match(text, start) if start < at else None
+    m = (_WHATWG_EMAIL if sign == "@" else _WHATWG_EMAIL_ENCODED).match(text, start) if start < at else None
     return None if m is None else (start, m.end(), m.group(1).lower())
 
 
@@ -702,7 +716,7 @@ def residual_pii(
 # never supplies. A text no screen matches is not scanned at all (most of a corpus).
 AUDIT_SCREENS: dict[str, str] = {
     "secret": r"AKIA|ASIA|gh[pousr]_|github_pat_|xox[bpas]-|[sr]k_live_|AIza|glpat-|eyJ|PRIVATE KEY",
-    "email": "@",
+    "email": "@|%40",
     "iban": r"[A-Z]{2}[0-9]{2}",
     "credit_card": r"[0-9](?:[ -]?[0-9]){12}",
     "us_ssn": r"[0-9]{3}-[0-9]{2}-[0-9]{4}",

@@ -39,6 +39,9 @@ _EMAIL = re.compile(
     r"|(?:[^\W\d_" + _UNSPACED + r"][" + MARKS_BMP + r"]*){2,63}|(?:[" + _UNSPACED + r"][" + MARKS_BMP + r"]*){2,63})"
     r"(?!" + _WORD + r")(?!-)(?!:[\w~/])"
 )
+# The same address percent-encoded, as a URL written into text carries it ("mailto:jane.doe%40example.org",
+# "?email=jane.doe%40gmail.com&..."): its '@' written "%40".
+_EMAIL_ENCODED = re.compile(_EMAIL.pattern.replace("@", "%40", 1))
 _LOCAL = frozenset("_%+-")  # local-part characters besides letters, digits, marks and single dots
 _MARK = re.compile("[" + MARKS_BMP + "]")
 
@@ -48,7 +51,13 @@ def _is_local(c: str) -> bool:
 
 
 def _find_email(text: str) -> Iterator[tuple[int, int]]:
-    at = text.find("@")
+    yield from _find_email_at(text, "@", _EMAIL)
+    if "%40" in text:
+        yield from _find_email_at(text, "%40", _EMAIL_ENCODED)
+
+
+def _find_email_at(text: str, sign: str, pattern: re.Pattern) -> Iterator[tuple[int, int]]:
+    at = text.find(sign)
     while at != -1:
         # Back to the start of the local part: word characters, and dots only between two of them
         # (so "see...bob@x.org" starts at "bob"). _EMAIL's look-behind rejects a run longer than 64 (but
@@ -60,10 +69,10 @@ def _find_email(text: str) -> Iterator[tuple[int, int]]:
         ):
             start -= 1
         start = _local_part_start(text, start, at)
-        m = _EMAIL.match(text, start)
+        m = pattern.match(text, start)
         if m is not None and not _in_url_userinfo(text, start):
             yield m.span()
-        at = text.find("@", m.end() if m is not None else at + 1)
+        at = text.find(sign, m.end() if m is not None else at + 1)
 
 
 def _local_part_start(text: str, start: int, at: int) -> int:

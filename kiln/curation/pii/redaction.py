@@ -68,7 +68,7 @@ _ANY_DIGIT = re.compile(r"[0-9]")
 SCREENS: dict[str, str] = {
     "secret": r"(?i)(?:api|access|private|encryption|signing|master|session|license|account|azure[_-]?storage)[_-]?key"
               r"|private key|secret|token|passw|pwd|credential|akia|asia|gh[pousr]_|github_pat_|xox[abpr]-",
-    "email": "@",
+    "email": "@|%40",
     "ipv6": r":[0-9A-Fa-f]{0,4}:",
     "ipv4": r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]",
     "credit_card": r"[0-9]{12}|[0-9]{3}[ -][0-9]{4}",

@@ -67,6 +67,9 @@ POSITIVES = [
     ("mailto:bob_smith-1@corp.io, thanks", "mailto:<EMAIL>, thanks"),
     ("Write to x@y.museum.", "Write to <EMAIL>."),
     ("see...bob@x.org", "see...<EMAIL>"),
+    # percent-encoded, as a URL written into text carries it: '@' is "%40"
+    ("mailto:jane.doe%40example.org", "mailto:<EMAIL>"),
+    ("share https://x.io/s?email=jane.doe%40gmail.com&ref=1 now", "share https://x.io/s?email=<EMAIL>&ref=1 now"),
     # phone
     ("Call (555) 123-4567 now", "Call <PHONE> now"),
     ("Call 555-123-4567.", "Call <PHONE>."),
@@ -173,6 +176,8 @@ def test_redacted(text, expected):
 
 NEAR_MISSES = [
     # email-ish
+    'printf("%40s|%-40s", name.c, host)',  # a format width, not an encoded '@'
+    "pkg%401.2.3 and user%40localhost",
     "pip install pkg@1.2",
     "@property\ndef name(self): ...",
     "ssh user@localhost",
