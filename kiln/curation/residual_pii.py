@@ -14,7 +14,8 @@ different patterns, so that the check finds what the redactor missed:
   numbers must be valid (STRICT_GROUPING), so fictional ones (555-123-4567) are not reported.
 - email: the WHATWG HTML "valid e-mail address" grammar, plus a letter-only top-level domain; with other scripts'
   letters, digits and combining marks where an address holds them (RFC 6531 local parts, IDN domains).
-- iban: its own registry table (by length) and a digit-by-digit mod-97; compact, spaced or dashed.
+- iban: its own registry table (by length) and a digit-by-digit mod-97; compact, spaced or dashed; upper or lower
+  case.
 - credit_card: its own Luhn (a lookup of doubled digits) and issuer table, 13-19 digits.
 - us_ssn: the SSA rules on AAA-GG-SSSS.
 - ipv4 / ipv6: `ipaddress` on address-shaped tokens.
@@ -450,7 +451,9 @@ _IBAN_BY_LENGTH = {
     29: "BR EG PS QA UA", 30: "JO KW MU YE", 31: "MT SC", 32: "LC", 33: "RU",
 }
 IBAN_COUNTRY_LENGTHS: dict[str, int] = {c: n for n, cs in _IBAN_BY_LENGTH.items() for c in cs.split()}
-_IBAN_START = re.compile(r"[A-Z]{2}[0-9]{2}")  # upper case, as ISO 13616 writes it
+# Upper case, as ISO 13616 writes it, or lower case as people type it ("de89 3704 ..."): found from the check digits,
+# with the country read back.
+_IBAN_CHECK = re.compile(r"[0-9][0-9](?<=[A-Z][A-Z][0-9][0-9]|[a-z][a-z][0-9][0-9])")
 _IBAN_BODY = re.compile(r"(?:[ -]?[A-Za-z0-9]){11,31}")
 
 
@@ -464,8 +467,8 @@ def _mod97(chars: str) -> int:
 
 
 def _ibans(text: str) -> Iterator[Span]:
-    for m in _IBAN_START.finditer(text):
-        start = m.start()
+    for m in _IBAN_CHECK.finditer(text):
+        start = m.start() - 2
         country = text[start : start + 2].upper()
         length = IBAN_COUNTRY_LENGTHS.get(country)
         if length is None or (start > 0 and _word_char(text[start - 1])):
@@ -487,6 +490,8 @@ def _ibans(text: str) -> Iterator[Span]:
         check = text[start + 2 : start + 4]
         if check in ("00", "01", "99") or _mod97(bban + country + check) != 1:
             continue
+        if not bban.isdigit() and all(c in "0123456789abcdef" for c in bban):
+            continue  # lower-case hex with letters in it: a hash or an id that passed mod 97 by chance (1 in 97)
         yield "iban", start, end
 
 
@@ -717,7 +722,7 @@ def residual_pii(
 AUDIT_SCREENS: dict[str, str] = {
     "secret": r"AKIA|ASIA|gh[pousr]_|github_pat_|xox[bpas]-|[sr]k_live_|AIza|glpat-|eyJ|PRIVATE KEY",
     "email": "@|%40",
-    "iban": r"[A-Z]{2}[0-9]{2}",
+    "iban": r"[A-Z]{2}[0-9]{2}|[a-z]{2}[0-9]{2}",
     "credit_card": r"[0-9](?:[ -]?[0-9]){12}",
     "us_ssn": r"[0-9]{3}-[0-9]{2}-[0-9]{4}",
     "ipv4": r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]",

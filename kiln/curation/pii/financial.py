@@ -26,10 +26,14 @@ IBAN_LENGTHS: dict[str, int] = {
     "SV": 28, "TL": 23, "TN": 24, "TR": 26, "UA": 29, "VA": 22, "VG": 24, "XK": 20, "YE": 30,
     "IR": 26,  # not in SWIFT's registry: Iran's own Sheba number, ISO 13616 in form, written on every Persian invoice
 }
-# Upper case, as ISO 13616 writes both forms (a lower-case one is rare enough, and a pattern that must
-# also stop at lower-case letters is tried at most positions of a text: several times slower).
-_IBAN = re.compile(
-    r"[A-Z]{2}[0-9]{2}(?:[A-Z0-9]{11,30}|(?P<sep>[ -])[A-Z0-9]{4}(?:(?P=sep)[A-Z0-9]{4}){1,6}(?:(?P=sep)[A-Z0-9]{1,4})?)")
+# Upper case, as ISO 13616 writes both forms, or in lower case as people type them ("de89 3704 0044 0532 0130 00",
+# "gb82west12345698765432", "GB82 west ..."). A lower-case country is found from its check digits (a pattern led by a
+# lower-case letter is tried at most positions of a text: several times slower), two characters before its match.
+_IBAN_BODY = (r"(?:[{a}0-9]{{11,30}}"
+              r"|(?P<sep>[ -])[{a}0-9]{{4}}(?:(?P=sep)[{a}0-9]{{4}}){{1,6}}(?:(?P=sep)[{a}0-9]{{1,4}})?)")
+_IBAN = re.compile(r"[A-Z]{2}[0-9]{2}" + _IBAN_BODY.format(a="A-Za-z"))
+_IBAN_LOWER = re.compile(r"[0-9]{2}(?<=[a-z]{2}[0-9]{2})" + _IBAN_BODY.format(a="A-Za-z"))
+_HEX = frozenset("0123456789abcdef")
 
 
 def iban_ok(s: str) -> bool:
@@ -43,22 +47,31 @@ def iban_ok(s: str) -> bool:
 
 
 def _find_iban(text: str) -> Iterator[tuple[int, int]]:
-    for m in _IBAN.finditer(text):
-        s = m.group()
-        length = IBAN_LENGTHS.get(s[:2])
-        if length is None or (m.start() > 0 and glued(text[m.start() - 1])):
+    yield from _find_iban_in(text, _IBAN, 0)
+    yield from _find_iban_in(text, _IBAN_LOWER, 2)
+
+
+def _find_iban_in(text: str, pattern: re.Pattern, lead: int) -> Iterator[tuple[int, int]]:
+    """IBANs found by `pattern`, whose matches start `lead` characters after the IBAN's."""
+    for m in pattern.finditer(text):
+        start = m.start() - lead
+        s = text[start : m.end()]
+        length = IBAN_LENGTHS.get(s[:2].upper())
+        if length is None or (start > 0 and glued(text[start - 1])):
             continue
+        if s[4:].isalnum() and set(s[4:]) <= _HEX and not s[4:].isdigit():
+            continue  # lower-case hex with a letter after the check digits: a hash or an id ("ad12f3..."), no account
         if sep := m.group("sep"):
             # Groups of four: the IBAN ends at the group that completes the country's length, which must
             # end the group (a longer last group is a different token: "DE89 ... 00 BIC").
             end = length + (length - 1) // 4  # characters with a separator after every 4
             if len(s) < end or (end < len(s) and s[end] != sep):
                 continue
-            span = (m.start(), m.start() + end)
+            span = (start, start + end)
         else:
             if len(s) != length:
                 continue
-            span = m.span()
+            span = (start, m.end())
         nxt = text[span[1] : span[1] + 1]
         if (nxt and glued(nxt)) or not iban_ok(text[span[0] : span[1]]):
             continue

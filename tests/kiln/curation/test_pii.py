@@ -472,6 +472,23 @@ def test_iban_check_digits_computed_by_hand():
     assert iban_ok("be68 5390 0754 7034") and not iban_ok("BE6853900754703")  # registry length: 16
 
 
+def test_lower_case_ibans_are_redacted():
+    # The accounts above typed in lower case (the Norwegian one's check digits worked by hand above; the others are
+    # the SWIFT registry's examples). Near misses: its two last digits swapped (the remainder is 51, not 1), and a
+    # 24-character hex id that passes mod 97 by chance at Andorra's length (worked with Python's int:
+    # int("5f3c9e0b7a14d2e68c11" + "1013" + "12" read digit by digit, letters as 10-35) % 97 == 1).
+    assert red("konto no71 1234 5678 903.") == "konto <IBAN>."
+    assert red("IBAN de89 3704 0044 0532 0130 00, BIC cobadeffxxx") == "IBAN <IBAN>, BIC cobadeffxxx"
+    assert red("gb82west12345698765432") == "<IBAN>"
+    assert_redacted_alone_and_in_batch("gb82 WEST 1234 5698 7654 32", "<IBAN>")  # mixed case
+    assert_redacted_alone_and_in_batch("GB82 west 1234 5698 7654 32", "<IBAN>")
+    assert_redacted_alone_and_in_batch("pay to nl91abna0417164300.", "pay to <IBAN>.")
+    for text in ("konto no71 1234 5678 930", "oid ad125f3c9e0b7a14d2e68c11", "AD125f3c9e0b7a14d2e68c11",
+                 "de88 3704 0044 0532 0130 00",
+                 "id_de89370400440532013000"):
+        assert red(text) == text
+
+
 def test_iban_is_one_span_not_a_card_or_phone():
     # The digit groups of an IBAN also look like a card or a phone number: the IBAN wins.
     assert find_pii("DE89 3704 0044 0532 0130 00") == [PiiMatch("iban", 0, 27)]

@@ -47,6 +47,8 @@ MISSED = [
     ("Phone (mob.): 030 91456342", "phone", [("phone", "030 91456342")]),  # an abbreviation is no sentence end
     ("IBAN DE89 3704 0044 0532 0130 00.", "iban", [("iban", "DE89 3704 0044 0532 0130 00")]),
     ("IBAN GB82-WEST-1234-5698-7654-32", "iban", [("iban", "GB82-WEST-1234-5698-7654-32")]),
+    ("iban de89 3704 0044 0532 0130 00.", "iban", [("iban", "de89 3704 0044 0532 0130 00")]),  # typed in lower case
+    ("iban gb82west12345698765432", "iban", [("iban", "gb82west12345698765432")]),
     ("card 4111 1111 1111 1111", "credit_card", [("credit_card", "4111 1111 1111 1111")]),
     # domestic networks: RuPay, Shetab (Bank Mellat), Elo, Verve, UzCard, Humo, Troy
     *(("card " + n, "credit_card", [("credit_card", n)]) for n in (
@@ -142,6 +144,7 @@ CLEAN = [
     "-----BEGIN RSA PRIVATE KEY----- goes here",
     # IBANs with a wrong check digit or length, or in a longer token
     "DE88 3704 0044 0532 0130 00, DE8937040044053201300, XX89370400440532013000, ID_DE89370400440532013000",
+    "de88 3704 0044 0532 0130 00, no71 1234 5678 930, id_de89370400440532013000, oid ad125f3c9e0b7a14d2e68c11",
     # a label word ending its sentence before a number (cpio(1) in German: "portable" is French for a mobile)
     "Das SVR4 (POSIX.1) portable Format. (8589934591 Byte)",
 ]
