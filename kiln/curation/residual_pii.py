@@ -529,7 +529,7 @@ def _cards(text: str) -> Iterator[Span]:
         if len(seps) > 1 or not _clean_edges(text, m.start(), m.end()):
             continue
         digits = s.replace(" ", "").replace("-", "")
-        if digits.endswith("0000"):  # round numbers: amounts and powers (Kiln leaves them)
+        if not seps and digits[-5:] == "00000":  # a bare round number: an amount or a power (Kiln leaves them)
             continue
         label = text[max(0, m.start() - 12) : m.start()].lower().rstrip(" :=#-")
         if label.endswith(("ean", "ean13", "ean-13", "gtin", "upc", "barcode", "imei", "isbn")):

@@ -186,8 +186,10 @@ def _luhn_ok(digits: str) -> bool:
     return total % 10 == 0
 
 
-def _card_ok(digits: str) -> bool:
-    if digits.endswith("0000"):  # round numbers are amounts and powers; 1 in 10,000 real cards
+def _card_ok(digits: str, grouped: bool = False) -> bool:
+    # A bare run ending in five zeros is a round number (an amount, a power, a product in a maths table: 1 in 100,000
+    # real cards); one written in a card's groups ("4111 1111 1117 0000") is a card whatever its last digits.
+    if not grouped and digits.endswith("00000"):
         return False
     n = len(digits)
     for low, high, lengths in _CARD_IIN:
@@ -215,7 +217,7 @@ def _find_card(text: str) -> Iterator[tuple[int, int]]:
             digits = "".join(groups[:k])
             if len(digits) < 13:
                 break
-            if _card_ok(digits):
+            if _card_ok(digits, grouped=k > 1):
                 end = m.start() + len(" ".join(groups[:k]))
                 break
         if end is not None:

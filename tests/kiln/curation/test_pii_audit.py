@@ -50,6 +50,8 @@ MISSED = [
     ("iban de89 3704 0044 0532 0130 00.", "iban", [("iban", "de89 3704 0044 0532 0130 00")]),  # typed in lower case
     ("iban gb82west12345698765432", "iban", [("iban", "gb82west12345698765432")]),
     ("card 4111 1111 1111 1111", "credit_card", [("credit_card", "4111 1111 1111 1111")]),
+    ("card 4111 1111 1117 0000", "credit_card", [("credit_card", "4111 1111 1117 0000")]),  # Luhn: test_pii.py
+    ("card 4111111111170000", "credit_card", [("credit_card", "4111111111170000")]),
     # domestic networks: RuPay, Shetab (Bank Mellat), Elo, Verve, UzCard, Humo, Troy
     *(("card " + n, "credit_card", [("credit_card", n)]) for n in (
         "8172 9012 3456 7893", "6104 3312 3456 7890", "6363 6812 3456 7894", "5060 9912 3456 7895",
@@ -133,7 +135,7 @@ CLEAN = [
     'printf("%40s|%-40s", name.c, host); pkg%401.2.3; user%40localhost; mailto:jane%40example.org',
     # numbers that are not cards, SSNs or phones
     "barcode=4097470957558&qty=3, ISBN 978-3-16-148410-0, 666-12-3456, 123-45-0000",
-    "4111 1111 1111 1112 (fails Luhn), 1234567812345670 (no issuer)",
+    "4111 1111 1111 1112 (fails Luhn), 1234567812345670 (no issuer), 4111111111900000 (a bare round number)",
     "Invalid phone number: +1 027-646-5868, +1 (215) 029-5856",
     # possible lengths somewhere in the country, but no shape its plan writes: wrong length for the range,
     # a leading digit no range has (and a possible prefix of an impossible run is no number)
