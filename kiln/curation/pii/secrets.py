@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 # --- secret -------------------------------------------------------------------------------------
 # Credentials with a recognisable shape are redacted wherever they occur; a generic
-# `password = "..."` assignment only when the value is long and random-looking, and then only the
-# value (the key name is harmless and keeps code readable).
+# `api_key = "..."` assignment only when the value is long and random-looking (a password's value also when it is
+# short: _password_ok), and then only the value (the key name is harmless and keeps code readable).
 
 # PEM private keys: BEGIN line, optional RFC 1421 headers (Proc-Type, DEK-Info), base64 lines, END
 # line, replaced whole. Lines may be broken by real newlines or by "\n" escapes (keys pasted into
@@ -39,7 +39,8 @@ _SLACK_TOKEN = re.compile(
 )
 # Assignments `key = "value"`, `"key": "value"`, `key => 'value'`, and unquoted `KEY=value` lines as in
 # .env, YAML or INI files and URL queries (`?token=...&`). Unquoted values must end the line (or the
-# query parameter) so code like `token = self.get_token(...)` or `key: SomeTypeName,` stays. The key
+# query parameter, or come before the line's next `name=`) so code like `token = self.get_token(...)` or
+# `key: SomeTypeName,` stays. The key
 # name must END in a credential word, in any case and with any prefix (dbPassword, GITHUB_TOKEN,
 # client_secret, SECRET_KEY, aws_secret_access_key): "tokenizer_name" and "password_hint" are not.
 # Keywords are found in an ASCII-lowercased copy (a case-insensitive alternation would be tried at
@@ -55,12 +56,22 @@ _QUALIFIER_REACH = 16  # characters before "key" that _KEY_QUALIFIER reads
 # passwords have them), to the next '&' in a URL query (`?token=...&`) and to the next ';' in a connection
 # string (`Server=db;Password=...;Encrypt=True`): which one is decided by what precedes the key.
 _ASSIGN_OP = r"(?:[_-]?(?:[Aa][Cc][Cc][Ee][Ss][Ss][_-]?)?[Kk][Ee][Yy]|[Ss])?(?:[\"']\]?\s*(?::=|=>|[:=,])|\]?\s*(?::=|=>|[:=]))\s*"
-_QUOTED = r"(?P<q>[\"'`])(?P<qv>[^\s\"'`<>]{16,256}+)(?P=q)"  # possessive: never retry shorter values
+# A line's unquoted value may also end where the next `name=value` of the same line starts (libpq's
+# "host=db password=... dbname=app", a log line's "password=... user=bob").
+_QUOTED = r"(?P<q>[\"'`])(?P<qv>[^\s\"'`<>]{6,256}+)(?P=q)"  # possessive: never retry shorter values
+_NEXT_PAIR = r"|[ \t]+[A-Za-z_][\w.-]*="
 _ASSIGNED_VALUE = {
-    "line": re.compile(_ASSIGN_OP + r"(?:" + _QUOTED + r"|(?P<v>[^\s\"'`<>]{16,256}+)(?=[ \t]*(?:\r?\n|\Z|\s#)))"),
-    "query": re.compile(_ASSIGN_OP + r"(?:" + _QUOTED + r"|(?P<v>[^\s\"'`<>&#]{16,256}+)(?=[ \t]*(?:[\r\n&#]|\Z)))"),
-    "dsn": re.compile(_ASSIGN_OP + r"(?:" + _QUOTED + r"|(?P<v>[^\s\"'`<>;]{16,256}+)(?=[ \t]*(?:[\r\n;]|\Z)))"),
+    "line": re.compile(_ASSIGN_OP + r"(?:" + _QUOTED + r"|(?P<v>[^\s\"'`<>]{6,256}+)(?=[ \t]*(?:\r?\n|\Z|\s#)"
+                       + _NEXT_PAIR + r"))"),
+    "query": re.compile(_ASSIGN_OP + r"(?:" + _QUOTED + r"|(?P<v>[^\s\"'`<>&#]{6,256}+)(?=[ \t]*(?:[\r\n&#]|\Z)))"),
+    "dsn": re.compile(_ASSIGN_OP + r"(?:" + _QUOTED + r"|(?P<v>[^\s\"'`<>;]{6,256}+)(?=[ \t]*(?:[\r\n;]|\Z)))"),
 }
+# Keys whose value is a password, however short: people's passwords are ("hunter2x9", "Tr0ub4dor&3"). Other credential
+# names (tokens, API keys) hold long generated values: a short one is more often a name or a stand-in. "pass" counts
+# as a whole word ("DB_PASS", "dbPass"), not the end of "bypass" or "compass".
+_PASSWORD_WORD = re.compile(r"passw(?:or)?d|pwd|pass(?:phrase)?|secret")
+_ATTRIBUTE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")  # `self.pw2`
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
 _CALL = re.compile(r"[A-Za-z_][\w.]*[(\[]")  # `token = self.get_token(request)`, `tokens[i]`: code, not a value
 _TRAILING = ".,;:!?)]}'\""  # punctuation after a value in prose or markup ("?password=...)."), not part of it
@@ -111,6 +122,20 @@ def _assigned_secret_ok(v: str, aws: bool, min_length: int = 16) -> bool:
     return _shannon_bits(v) >= 3.0
 
 
+def _password_ok(v: str, op: str, quoted: bool) -> bool:
+    """A value (`op`: what stands between the name and it) assigned to a password name: a password as
+    _url_password_ok says (a digit or a symbol, not only punctuation at its end: "string?"; no stand-in), of 6+
+    characters. Not a call's argument after a quoted name (`derive_key("secret", "Ed25519")`), and unquoted not code:
+    brackets (`password=None):`), an attribute (`self.pw2`), or a name after a spaced '=' (`secret_key = s3_conn`;
+    .env, YAML and INI values are written `KEY=value`, `key: value`)."""
+    if len(v) < 6 or "," in op or not _url_password_ok(v.rstrip("?!.,:;")):
+        return False
+    if quoted:
+        return True
+    return not (any(c in "()[]{}" for c in v) or _ATTRIBUTE.fullmatch(v)
+                or (_IDENTIFIER.fullmatch(v) and "=" in op and " " in op))
+
+
 def _url_password_ok(v: str) -> bool:
     """A password in a URL's userinfo: a credential by where it stands, however short or guessable ("Passw0rd1",
     "hunter22", a camera's "12345678"), unless it is a stand-in: a plain word ("password", "guest"), a template
@@ -136,6 +161,14 @@ def _basic_credentials(value: str) -> bool:
 def _varied(token: str) -> bool:
     """Not a documentation stand-in: "AKIAXXXXXXXXXXXXXXXX", "ghp_xxxx...x" repeat one or two characters."""
     return len(set(token)) >= 8
+
+
+def _is_password_name(text: str, k: re.Match) -> bool:
+    """Whether the credential word `k` (found in the lowercased text) names a password (_PASSWORD_WORD)."""
+    if _PASSWORD_WORD.fullmatch(k.group()) is None:
+        return False
+    return not (k.group().startswith("pass") and k.start() > 0 and text[k.start() - 1].islower()
+                and text[k.start()] == "p")  # "bypass", "compass"; "dbPass" and "DB_PASS" are names of one
 
 
 def _find_secret(text: str, tokens: bool = True) -> Iterator[tuple[int, int]]:
@@ -205,5 +238,6 @@ def _find_secret(text: str, tokens: bool = True) -> Iterator[tuple[int, int]]:
                     text.count("(", start, end) <= text.count(")", start, end - 1)):
                 end -= 1  # "?password=...)." in prose; a .env line's value ends the line, punctuation included
             value = text[start:end]
-        if _assigned_secret_ok(value, aws):
+        if _assigned_secret_ok(value, aws) or (
+                _is_password_name(text, k) and _password_ok(value, text[k.end() : m.start(group)], group == "qv")):
             yield start, end

@@ -951,6 +951,37 @@ def test_code_around_credential_names_stays(text):
     assert find_pii(text) == [], [text[m.start : m.end] for m in find_pii(text)]
 
 
+# Passwords are short: a value assigned to a password name is one from 6 characters with a digit or a symbol, and an
+# unquoted value ends its line or the line's next `name=` (libpq connection strings, log lines).
+@pytest.mark.parametrize(("text", "expected"), [
+    ("password=hunter2x9 user=bob", "password=<SECRET> user=bob"),
+    ("DB_PASSWORD: Tr0ub4dor&3\nDB_HOST: db", "DB_PASSWORD: <SECRET>\nDB_HOST: db"),
+    ("psql 'host=db password=s3cr3tpw dbname=app'", "psql 'host=db password=<SECRET> dbname=app'"),
+    ('{"username": "admin", "password": "P@55w0rd!"}', '{"username": "admin", "password": "<SECRET>"}'),
+    ("DB_PASS=hunter2x9", "DB_PASS=<SECRET>"),
+    ("POST /token?client_secret=abc123xyz&grant_type=x", "POST /token?client_secret=<SECRET>&grant_type=x"),
+    ("token=Ab12Cd34Ef56Gh78Ij90 user=bob", "token=<SECRET> user=bob"),  # a long one mid-line too
+])
+def test_short_and_mid_line_passwords_are_redacted(text, expected):
+    assert red(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "conn = connect(user=u, password=passwd1)",
+    "password = password2",  # a name after a spaced '=': Python
+    "access_key, secret_key = s3_connection",
+    "def login(self, login=None, password=None):",
+    "password = self.pw2",
+    'k = derive_key("secret", "Ed25519")',  # a call's arguments, not a name and its value
+    '"password": "string?",',  # a type description: its only symbol ends it
+    'bypass = "x1y2z3a"',  # "pass" ending another word
+    "token=abc123xyz user=bob",  # a short token is more often a name or a stand-in
+    "password=changeme user=bob",  # a plain word
+])
+def test_code_and_stand_ins_after_password_names_stay(text):
+    assert find_pii(text) == [], [text[m.start : m.end] for m in find_pii(text)]
+
+
 def test_a_credential_passed_as_a_calls_second_argument_is_still_redacted():
     assert red('value = os.environ.setdefault("API_KEY", "aB3dE5fG7hJ9kL1mN3pQ")') == \
         'value = os.environ.setdefault("API_KEY", "<SECRET>")'
