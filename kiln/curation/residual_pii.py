@@ -29,7 +29,8 @@ scan reads "<IPV4>:8080" or "<PHONE> ext. 12" as fragments); documentation addre
 "v1.2.3.4.5", "section-7.1.1.1"), dates, decimals and clause numbers ("+35236450.6", "252.227-7013"),
 part numbers in North American digits ("33471-90901"), decorators and handles ("``@dataclasses.dataclass``",
 "/@user"), SSH remotes (git@github.com:org/repo), retina images (icon@2x.png), locale names
-(sd_IN@devanagari.UTF-8) and x-filled documentation tokens are not reported. Those are the false positives a
+(sd_IN@devanagari.UTF-8), bits ("0100 1101 0011"), 8-byte hardware ids ("00:1a:2b:3c:4d:5e:6f:70") and x-filled
+documentation tokens are not reported. Those are the false positives a
 naive WHATWG-e-mail + PhoneNumberMatcher(VALID) scan reports on Kiln's redacted demo corpus (51 on 2,400
 documents; this module: none).
 
@@ -437,7 +438,8 @@ def _phones(text: str, regions: tuple[str, ...]) -> Iterator[Span]:
     for start, end in seen:
         # A few regions have 4-6 digit numbers, but in text that short a run is an issue or part number far more
         # often ("cell args bpo-43693" in CPython's own comments): the audit wants certainty.
-        if _digits_in(text[start:end]) >= MIN_PHONE_DIGITS:
+        digits = [c for c in text[start:end] if "0" <= c <= "9"]
+        if len(digits) >= MIN_PHONE_DIGITS and not set(digits) <= {"0", "1"}:  # bits: "0100 1101 0011"
             yield "phone", start, end
 
 
@@ -620,6 +622,8 @@ def _ipv6s(text: str, keep_documentation: bool) -> Iterator[Span]:
             continue
         if "::" in s and (sum(1 for g in s.split(":") if g) < 2 or not any(c.isdigit() for c in s) or len(s) < 6):
             continue  # "a::b", "dead::beef", "x[::2]": scopes and slices
+        if len(s) == 23 and s[2::3] == ":" * 7:
+            continue  # eight bytes, two hex digits each: a hardware id (EUI-64, WWN: 00:1a:2b:3c:4d:5e:6f:70)
         try:
             addr = ipaddress.IPv6Address(s)
         except ValueError:

@@ -258,6 +258,7 @@ _DATE_START = re.compile(
 # labelled national number it would be valid somewhere ("call me at 666-12-3456": a Spanish mobile).
 _SSN_SHAPE = re.compile(r"[0-9]{3}[- ][0-9]{2}[- ][0-9]{4,5}")
 _NON_DIGITS = re.compile(r"[^0-9]+")
+_NOT_BINARY = re.compile(r"[2-9]")
 
 
 def _shape_ok(s: str) -> bool:
@@ -271,6 +272,8 @@ def _shape_ok(s: str) -> bool:
         return False
     if seps == {"."} and s.count(".") == 3 and all(len(g) <= 3 for g in s.lstrip("+").split(".")):
         return False  # an IPv4 address, a version or an OID's shape ("0.10.256.0"), not a phone number
+    if not _NOT_BINARY.search(s):
+        return False  # bits ("0100 1101", "0b 0100 0000 1111 0000"): 0s and 1s alone, 1 in 1,000 seven-digit numbers
     return 6 <= sum(c.isdigit() for c in s) <= 17
 
 

@@ -71,7 +71,9 @@ def _find_ipv4(text: str, keep: frozenset[str], keep_documentation: bool) -> Ite
 # dotted-quad tail), and let `ipaddress` decide. That rejects times (12:30:45), MAC addresses and
 # slices. `::` and `::1` identify no one. A compressed form with a single group, fewer than 4 hex
 # digits or no decimal digit at all ("a[::1000]", "2001::/32", "a::b", "dead::beef") is far more often
-# a slice, a prefix or a C++/Rust scope than an address; a full 8-group form is always an address.
+# a slice, a prefix or a C++/Rust scope than an address; a full 8-group form is an address, unless every
+# group is two hex digits ("00:1a:2b:3c:4d:5e:6f:70": 8 bytes, an EUI-64 or a Fibre Channel WWN, a hardware
+# id; an address drops its groups' leading zeros).
 _IPV6_GATE = re.compile(r":[0-9A-Fa-f]{0,4}:")
 _IPV6 = re.compile(r"(?<![\w:.])[0-9A-Fa-f:]{2,45}(?:\.[0-9]{1,3}){0,3}(?!\w)(?!:[\w:])(?!\.[0-9])")
 # A dotted-quad tail is always last, so a colon after it starts a port: "[client ::ffff:1.2.3.4:55120]".
@@ -80,6 +82,8 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 
 
 def _ipv6_ok(s: str, keep_documentation: bool = True) -> bool:
+    if "::" not in s and all(len(g) == 2 for g in s.split(":")):
+        return False  # 8 bytes written as such: an EUI-64, a Fibre Channel WWN (00:1a:2b:3c:4d:5e:6f:70), no address
     if "::" in s and (
         sum(1 for g in s.split(":") if g) < 2
         or sum(c in _HEX for c in s) < 4

@@ -503,6 +503,24 @@ def test_cards_ending_in_zeros():
     assert red("total 4111111111900000") == "total 4111111111900000"
 
 
+@pytest.mark.parametrize("text", [
+    "in binary 160 = 1010 0000, 64 = 0100 0000, 192 = 1100 0000,",  # numpy's docstring
+    "0b 0100 0000 1111 0000",
+    "| 0100 1101 | mask |",
+    "Tel: 0100 1101 0011",  # only 0s and 1s, even after a cue
+    "wwn 00:1a:2b:3c:4d:5e:6f:70",  # eight bytes two hex digits each: a hardware id (EUI-64, WWN)
+    "EUI-64 02:1b:44:ff:fe:11:3a:b7",
+])
+def test_bits_and_hardware_ids_are_not_phone_numbers_or_addresses(text):
+    assert find_pii(text) == [], [(m.type, text[m.start : m.end]) for m in find_pii(text)]
+
+
+def test_addresses_and_numbers_beside_those_shapes_still_redacted():
+    assert red("ping 2a00:1450:4001:81c:0:0:0:200e ok") == "ping <IPV6> ok"  # eight groups, not all two digits
+    assert red("fe80:0:0:0:21b:44ff:fe11:3ab7") == "<IPV6>"
+    assert red("Tel.: 030 91456342") == "Tel.: <PHONE>"
+
+
 def test_iban_is_one_span_not_a_card_or_phone():
     # The digit groups of an IBAN also look like a card or a phone number: the IBAN wins.
     assert find_pii("DE89 3704 0044 0532 0130 00") == [PiiMatch("iban", 0, 27)]

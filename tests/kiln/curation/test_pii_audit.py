@@ -141,6 +141,7 @@ CLEAN = [
     # a leading digit no range has (and a possible prefix of an impossible run is no number)
     "+44 7911 12345, +44 20 7946 09588, +33 1 23 45 67 8, +86 123 4567 8901, +1 415 055 0134, +7 (000) 123-45-67",
     "00 00 00 00 00 00 00 00  |........|, 0015 1234 5678",
+    "wwn 00:1a:2b:3c:4d:5e:6f:70, EUI-64 02:1b:44:ff:fe:11:3a:b7, bits 0100 1101, Tel: 0100 1101 0011",
     # documentation tokens
     "GITHUB_TOKEN=" + "ghp_" + "x" * 36 + " AWS=" + "AKIA" + "X" * 16 + " xoxb-your-token-here sk_live_...",
     "-----BEGIN RSA PRIVATE KEY----- goes here",
