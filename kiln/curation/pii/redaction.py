@@ -67,7 +67,9 @@ _ANY_DIGIT = re.compile(r"[0-9]")
 # RE2's (?i) folds the same letters (the Kelvin sign too).
 SCREENS: dict[str, str] = {
     "secret": r"(?i)(?:api|access|private|encryption|signing|master|session|license|account|azure[_-]?storage)[_-]?key"
-              r"|private key|secret|token|passw|pwd|credential|akia|asia|gh[pousr]_|github_pat_|xox[abpr]-",
+              r"|private key|secret|token|passw|pwd|credential|akia|asia|gh[pousr]_|github_pat_|xox[abpr]-"
+              # a name ending in "pass" or "passphrase" (DB_PASS, dbPass): only with its assignment (code says "pass")
+              r"|pass(?:phrase)?(?:[_-]?(?:access[_-]?)?key|s)?[\"']?\]?\s*(?::=|=>|[:=,])",
     "email": "@|%40",
     "ipv6": r":[0-9A-Fa-f]{0,4}:",
     "ipv4": r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]",

@@ -981,7 +981,17 @@ def test_code_around_credential_names_stays(text):
     ("token=Ab12Cd34Ef56Gh78Ij90 user=bob", "token=<SECRET> user=bob"),  # a long one mid-line too
 ])
 def test_short_and_mid_line_passwords_are_redacted(text, expected):
-    assert red(text) == expected
+    assert_redacted_alone_and_in_batch(text, expected)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("DB_PASS=Xk9vQ2mW7pLr4TzY", "DB_PASS=<SECRET>"),  # a long random value: redacted alone, kept by the batch
+    ('gpg: passphrase = "s3cr3t!x"', 'gpg: passphrase = "<SECRET>"'),
+    ("dbPass: hunter2x9", "dbPass: <SECRET>"),
+    ('{"vpn_pass" : "Tr0ub4dor&3"}', '{"vpn_pass" : "<SECRET>"}'),
+])
+def test_names_ending_in_pass_are_screened_in_batch(text, expected):
+    assert_redacted_alone_and_in_batch(text, expected)
 
 
 @pytest.mark.parametrize("text", [
