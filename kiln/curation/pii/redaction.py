@@ -38,7 +38,7 @@ from kiln.curation.pii.base import PII_TYPES, PLACEHOLDERS, _check_types, detect
 from kiln.curation.pii.contact import _PHONE_CUE_CJK, _PHONE_CUE_WORDS, DEFAULT_PHONE_REGIONS, _find_email, _find_phone
 from kiln.curation.pii.financial import _find_card, _find_iban, _find_ssn
 from kiln.curation.pii.network import DEFAULT_IPV4_KEEP, _find_ipv4, _find_ipv6
-from kiln.curation.pii.secrets import _find_secret
+from kiln.curation.pii.secrets import KEY_QUALIFIERS, _find_secret
 
 # When detections overlap, the earlier type here wins: a key inside a PEM block is one secret, the
 # IPv4 tail of `::ffff:10.0.0.1` belongs to the IPv6 address, digits in an e-mail's local part are
@@ -66,7 +66,7 @@ _ANY_DIGIT = re.compile(r"[0-9]")
 # holds on every pass of `redact`'s fixed point. Secret keywords are searched in a lowercased copy;
 # RE2's (?i) folds the same letters (the Kelvin sign too).
 SCREENS: dict[str, str] = {
-    "secret": r"(?i)(?:api|access|private|encryption|signing|master|session|license|account|azure[_-]?storage)[_-]?key"
+    "secret": r"(?i)(?:" + KEY_QUALIFIERS + r")[_-]?key"  # the credential keys the detector knows
               r"|private key|secret|token|passw|pwd|credential|akia|asia|gh[pousr]_|github_pat_|xox[abpr]-"
               # a name ending in "pass" or "passphrase" (DB_PASS, dbPass): only with its assignment (code says "pass")
               r"|pass(?:phrase)?(?:[_-]?(?:access[_-]?)?key|s)?[\"']?\]?\s*(?::=|=>|[:=,])",

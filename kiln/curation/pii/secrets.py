@@ -48,8 +48,8 @@ _SLACK_TOKEN = re.compile(
 _SECRET_KEYWORD = re.compile(r"key|secret|token|passw(?:or)?d|pass(?:phrase)?|pwd|credentials?")  # a fast scan
 # Of "...key": the words that make a key a credential. "account" and "azure_storage" are Azure's names for a storage
 # account key (a connection string's AccountKey, AZURE_STORAGE_KEY); a bare "storage_key" is as often an object's path.
-_KEY_QUALIFIER = re.compile(
-    r"(?:api|access|private|encryption|signing|master|session|license|account|azure[_-]?storage)[_-]?$")
+KEY_QUALIFIERS = r"api|access|private|encryption|signing|master|session|license|account|azure[_-]?storage"
+_KEY_QUALIFIER = re.compile(r"(?:" + KEY_QUALIFIERS + r")[_-]?$")
 _QUALIFIER_REACH = 16  # characters before "key" that _KEY_QUALIFIER reads
 # After the key: `"key": "v"`, `$cfg["key"] = "v"`, `setdefault("KEY", "v")` (a quoted key and a comma), `key = v`.
 # An unquoted value runs to the end of its line in .env, YAML and INI files (any symbols: generated
