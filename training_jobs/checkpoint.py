@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import json
 import os
 import random
@@ -52,15 +51,16 @@ import re
 import shutil
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import torch
+
+from kiln.common.manifest import fsync_file, sha256_file, temporary_name, write_file_atomic
 
 CHECKPOINT_FORMAT = "kiln-checkpoint/1"
 CLIENT_STATE_FORMAT = "kiln-client-state/1"
@@ -104,46 +104,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 # ------------------------------------------------------------------------------------------ manifest
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def write_atomically(path: Path, write: Callable[[BinaryIO], object], fsync: bool = False) -> None:
-    """`write(f)` into a hidden temporary sibling, then a rename over `path`: a crash leaves the old file or the new
-    one, never half of one under the real name; a file hard-linked elsewhere (an export a published checkpoint
-    links) keeps its old bytes there. `fsync`: flushed to disk before the rename (the manifest, which says a
-    checkpoint is complete). training_jobs' one atomic write (kiln.common.manifest's is not importable here)."""
-    def to_file(tmp: Path) -> None:
-        with open(tmp, "wb") as f:
-            write(f)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-
-    write_path_atomically(path, to_file)
-
-
 def write_path_atomically(path: Path, write: Callable[[Path], object]) -> None:
-    """write_atomically for a writer that takes a path (safetensors' save_file, a file copy)."""
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    """write_file_atomic for a writer that takes a path (safetensors' save_file, a file copy): a crash leaves the old
+    file or the new one, never half of one under the real name; a file hard-linked elsewhere (an export a published
+    checkpoint links) keeps its old bytes there."""
+    tmp = temporary_name(path)
     try:
         write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def flush_to_disk(path: Path) -> None:
-    """fsync a file, or a folder (which makes the renames and new files in it durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_manifest(ckpt: Path, step: int, meta: dict[str, Any],
@@ -156,15 +126,15 @@ def write_manifest(ckpt: Path, step: int, meta: dict[str, Any],
     files = {}
     for path in sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != MANIFEST):
         files[path.relative_to(ckpt).as_posix()] = {"sha256": hash_file(path), "bytes": path.stat().st_size}
-        flush_to_disk(path)
+        fsync_file(path)
     for folder in sorted(p for p in ckpt.rglob("*") if p.is_dir()):
-        flush_to_disk(folder)
-    flush_to_disk(ckpt)
+        fsync_file(folder)
+    fsync_file(ckpt)
     manifest = {"format": CHECKPOINT_FORMAT, "tag": ckpt.name, "step": step,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **meta, "files": files}
-    write_atomically(ckpt / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=2).encode("utf-8")), fsync=True)
-    flush_to_disk(ckpt)  # the manifest's name
-    flush_to_disk(ckpt.parent)  # the checkpoint folder's own name
+    write_file_atomic(ckpt / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=2).encode("utf-8")))
+    fsync_file(ckpt)  # the manifest's name
+    fsync_file(ckpt.parent)  # the checkpoint folder's own name
     return manifest
 
 
@@ -382,8 +352,8 @@ def tensor_bytes(obj: Any) -> int:
 
 
 def save_atomically(obj: Any, path: Path, zipfile: bool = True) -> None:
-    """torch.save under a temporary name, then a rename (write_atomically)."""
-    write_atomically(path, lambda f: torch.save(obj, f, _use_new_zipfile_serialization=zipfile))
+    """torch.save under a temporary name, then a rename; flushed with the whole checkpoint by write_manifest."""
+    write_file_atomic(path, lambda f: torch.save(obj, f, _use_new_zipfile_serialization=zipfile), flush=False)
 
 
 class BackgroundWriter(_OneThread):
@@ -577,8 +547,7 @@ def record_rollback(root: Path, found: Found, kiln_state: dict[str, Any]) -> Non
     names the checkpoint and its manifest's sha256, so it applies to that very checkpoint only."""
     record = {"format": ROLLBACK_FORMAT, "checkpoint": found.path.name,
               "manifest_sha256": sha256_file(found.path / MANIFEST), "kiln": kiln_state}
-    write_atomically(Path(root) / ROLLBACK_RECORD,
-                     lambda f: f.write(json.dumps(record, indent=2).encode("utf-8")), fsync=True)
+    write_file_atomic(Path(root) / ROLLBACK_RECORD, lambda f: f.write(json.dumps(record, indent=2).encode("utf-8")))
 
 
 def rollback_record(root: Path, found: Found) -> dict[str, Any] | None:
@@ -686,7 +655,7 @@ def check_weights_only(ckpt: Path, allow_deepspeed: bool = False) -> dict[str, s
 
 
 __all__ = ["BackgroundWriter", "CHECKPOINT_FORMAT", "CheckpointFormatError", "CONSOLIDATED", "Cadence", "Found", "MANIFEST", "ManifestWriter",
-           "checkpoints", "save_atomically", "to_host", "write_atomically", "write_path_atomically", "writes_through",
+           "checkpoints", "save_atomically", "to_host", "write_path_atomically", "writes_through",
            "check_weights_only", "CheckpointMismatch", "record_rollback", "rollback_record",
            "find_resumable", "load", "move_aside", "prune", "read_manifest", "rng_state", "save", "set_rng_state",
            "tag_for", "verify", "weights_only_loads", "write_manifest"]

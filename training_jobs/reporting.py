@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from kiln.common.manifest import write_file_atomic
 from training_jobs import scaling_names
-from training_jobs.checkpoint import write_atomically
 from training_jobs.flops import mfu
 from training_jobs.monitor import Event
 from training_jobs.settings import RunConfig
@@ -37,7 +37,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    write_atomically(path, lambda f: f.write(json.dumps(_json_safe(data), indent=2).encode("utf-8")))
+    write_file_atomic(path, lambda f: f.write(json.dumps(_json_safe(data), indent=2).encode("utf-8")), flush=False)
 
 
 def flatten(prefix: str, value: Any) -> dict[str, Any]:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import uuid
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
+from kiln.common.manifest import write_json_atomic
 from kiln.common.strict import Strict
 
 RUN_CONFIG_FORMAT = "kiln-run-config/1"
@@ -425,12 +424,7 @@ class RunConfig(Strict):
         """Atomically (temporary name, then rename): a rank never reads half a file."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-        try:
-            tmp.write_text(self.to_json(), encoding="utf-8")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_json_atomic(path, self.to_json(), flush=False)
         return path
 
     @classmethod
