@@ -268,6 +268,39 @@ def test_warc_responses_are_main_content_and_bad_pages_are_quarantined(pages, tm
     assert [q.reason for q in quarantined] == ["no_main_content", "invalid_utf8"]
 
 
+
+def test_a_truncated_warc_record_cut_inside_a_character_is_read_up_to_the_cut(tmp_path):
+    """Crawlers cut a long response at a size limit and say so (`WARC-Truncated: length`, Common Crawl's); the cut
+    falls inside a character two times in three in Chinese or Japanese UTF-8 (never in ASCII English), and the whole
+    page was quarantined as invalid_utf8. A record that says it is truncated is decoded up to its last whole
+    character; one that does not say so, or with a bad byte before the cut, is still quarantined."""
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+
+    head = "<html><head><meta charset='{}'><title>t</title></head><body><article>"
+    para = "<p>\u6771\u4eac\u306f\u65e5\u672c\u306e\u9996\u90fd\u3067\u3042\u308b\u3002</p>"  # 東京は日本の首都である。
+    whole = head + para * 3 + "<p>\u4eac"  # the page as far as it came, then "京" cut after its first bytes
+    for charset, codec, kept in (("utf-8", "utf-8", 2), ("shift_jis", "cp932", 1)):
+        page = whole.format(charset)
+        cut = page[:-1].encode(codec) + "\u4eac".encode(codec)[:kept]
+        assert decode_html(cut, f"text/html; charset={charset}")[0] is None
+        assert decode_html(cut, f"text/html; charset={charset}", truncated=True) == (page[:-1], codec)
+    assert decode_html(b"<p>\xff\xe4\xba", "text/html; charset=utf-8", truncated=True)[0] is None  # bad before
+
+    cut = whole.format("utf-8")[:-1].encode() + "\u4eac".encode()[:2]
+    buf = io.BytesIO()
+    writer = WARCWriter(buf, gzip=True)
+    for url, warc_headers in (("https://example.jp/cut", {"WARC-Truncated": "length"}), ("https://example.jp/bad", {})):
+        http = StatusAndHeaders("200 OK", [("Content-Type", "text/html; charset=utf-8")], protocol="HTTP/1.1")
+        writer.write_record(writer.create_warc_record(url, "response", payload=io.BytesIO(cut), http_headers=http,
+                                                      warc_headers_dict=warc_headers))
+    (tmp_path / "x.warc.gz").write_bytes(buf.getvalue())
+    docs, quarantined = split(list(read_source(source("warc", tmp_path / "x.warc.gz"), Reading())))
+    assert [d.url for d in docs] == ["https://example.jp/cut"]
+    assert docs[0].text.startswith("\u6771\u4eac\u306f\u65e5\u672c\u306e\u9996\u90fd")
+    assert [q.reason for q in quarantined] == ["invalid_utf8"]
+
+
 def test_warc_extractor_per_source(pages, tmp_path):
     (tmp_path / "x.warc.gz").write_bytes(_warc([("https://example.org/a", planted_sphinx(
         pages["tutorial-appetite.html"]).encode(), "text/html")]))

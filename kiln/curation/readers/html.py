@@ -319,11 +319,18 @@ codecs.register_error("kiln-c1", _c1_passthrough)
 _SINGLE_BYTE = ("cp1252", "cp1254", "cp874")
 
 
-def decode_html(data: bytes, content_type: str | None = None) -> tuple[str | None, str]:
+def decode_html(data: bytes, content_type: str | None = None,
+                truncated: bool = False) -> tuple[str | None, str]:
     """(the page's text, its codec): decoded strictly in the charset it declares (`html_charset`); the text is None
-    when the bytes are not valid in it. Never decoded with replacement characters."""
+    when the bytes are not valid in it. Never decoded with replacement characters. `truncated`: the bytes are the
+    start of a longer page (a WARC record cut at the crawler's size limit), so a character the cut split at their end
+    is left out, not a reason to refuse the page (a cut falls inside a character two times in three in Chinese or
+    Japanese UTF-8)."""
     codec = html_charset(data, content_type)
+    errors = "kiln-c1" if codec in _SINGLE_BYTE else "strict"
     try:
-        return data.decode(codec, "kiln-c1" if codec in _SINGLE_BYTE else "strict"), codec
+        if truncated:  # an incremental decoder keeps the bytes of an unfinished character back instead of raising
+            return codecs.getincrementaldecoder(codec)(errors).decode(data, final=False), codec
+        return data.decode(codec, errors), codec
     except UnicodeDecodeError:
         return None, codec
