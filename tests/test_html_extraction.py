@@ -201,6 +201,28 @@ def test_charsets_decode_as_browsers_decode_them():
     assert decode_html(ascii_page.encode("ascii")) == (ascii_page, "utf-8")
 
 
+
+def test_a_meta_charset_anywhere_in_the_head_is_read_and_one_in_a_comment_is_not():
+    """Browsers honour a <meta> charset anywhere in <head> (WHATWG HTML: one met after the prescan's first bytes
+    "changes the encoding"; Blink scans to the first body tag), and the prescan skips comments and passes over a
+    <meta> whose label names no encoding. Only the first 2 KB were read: a windows-1251 page whose analytics snippet
+    came first was quarantined as invalid_utf8, and a <meta> inside a comment overrode the page's own."""
+    snippet = "<script>" + "window.dataLayer = window.dataLayer || []; dataLayer.push({'event': 'view'});\n" * 40 \
+        + "</script>"
+    assert len(snippet) > 3000
+    body = "<body><p>\u041c\u043e\u0441\u043a\u0432\u0430 \u2014 \u0441\u0442\u043e\u043b\u0438\u0446\u0430</p></body>"
+    late = ('<html><head>' + snippet + '<meta http-equiv="Content-Type" content="text/html; charset=windows-1251">'
+            '</head>' + body + '</html>')
+    assert decode_html(late.encode("cp1251")) == (late, "cp1251")
+    commented = '<html><head><!-- <meta charset="utf-8"> --><meta charset="windows-1251"></head>' + body + "</html>"
+    assert decode_html(commented.encode("cp1251")) == (commented, "cp1251")
+    second = '<html><head><meta charset="none"><meta charset="koi8-r"></head>' + body.replace("\u2014", "-") + "</html>"
+    assert decode_html(second.encode("koi8-r")) == (second, "koi8-r")
+    # in the body, past the prescan's bytes: not a declaration of the page (undeclared: UTF-8)
+    in_body = "<html><head></head><body>" + snippet + '<p><meta charset="koi8-r">\u00e9</p></body></html>'
+    assert decode_html(in_body.encode("utf-8")) == (in_body, "utf-8")
+
+
 # ------------------------------------------------------------------------------------------------ readers
 
 def source(kind, path, **kw):
@@ -244,6 +266,39 @@ def test_warc_responses_are_main_content_and_bad_pages_are_quarantined(pages, tm
         assert d.meta["html_language"] == "en-gb" and d.meta["date"] == "2024-03-02"
     assert docs[-1].text == LATIN[LATIN.index("Caf"):LATIN.index("</p>")]  # decoded as declared (as cp1252)
     assert [q.reason for q in quarantined] == ["no_main_content", "invalid_utf8"]
+
+
+
+def test_a_truncated_warc_record_cut_inside_a_character_is_read_up_to_the_cut(tmp_path):
+    """Crawlers cut a long response at a size limit and say so (`WARC-Truncated: length`, Common Crawl's); the cut
+    falls inside a character two times in three in Chinese or Japanese UTF-8 (never in ASCII English), and the whole
+    page was quarantined as invalid_utf8. A record that says it is truncated is decoded up to its last whole
+    character; one that does not say so, or with a bad byte before the cut, is still quarantined."""
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+
+    head = "<html><head><meta charset='{}'><title>t</title></head><body><article>"
+    para = "<p>\u6771\u4eac\u306f\u65e5\u672c\u306e\u9996\u90fd\u3067\u3042\u308b\u3002</p>"  # 東京は日本の首都である。
+    whole = head + para * 3 + "<p>\u4eac"  # the page as far as it came, then "京" cut after its first bytes
+    for charset, codec, kept in (("utf-8", "utf-8", 2), ("shift_jis", "cp932", 1)):
+        page = whole.format(charset)
+        cut = page[:-1].encode(codec) + "\u4eac".encode(codec)[:kept]
+        assert decode_html(cut, f"text/html; charset={charset}")[0] is None
+        assert decode_html(cut, f"text/html; charset={charset}", truncated=True) == (page[:-1], codec)
+    assert decode_html(b"<p>\xff\xe4\xba", "text/html; charset=utf-8", truncated=True)[0] is None  # bad before
+
+    cut = whole.format("utf-8")[:-1].encode() + "\u4eac".encode()[:2]
+    buf = io.BytesIO()
+    writer = WARCWriter(buf, gzip=True)
+    for url, warc_headers in (("https://example.jp/cut", {"WARC-Truncated": "length"}), ("https://example.jp/bad", {})):
+        http = StatusAndHeaders("200 OK", [("Content-Type", "text/html; charset=utf-8")], protocol="HTTP/1.1")
+        writer.write_record(writer.create_warc_record(url, "response", payload=io.BytesIO(cut), http_headers=http,
+                                                      warc_headers_dict=warc_headers))
+    (tmp_path / "x.warc.gz").write_bytes(buf.getvalue())
+    docs, quarantined = split(list(read_source(source("warc", tmp_path / "x.warc.gz"), Reading())))
+    assert [d.url for d in docs] == ["https://example.jp/cut"]
+    assert docs[0].text.startswith("\u6771\u4eac\u306f\u65e5\u672c\u306e\u9996\u90fd")
+    assert [q.reason for q in quarantined] == ["invalid_utf8"]
 
 
 def test_warc_extractor_per_source(pages, tmp_path):

@@ -12,11 +12,13 @@ import ftfy
 from kiln.curation.documents import Document
 from kiln.curation.filters.base import Verdict, drop, keep
 
-# Control characters other than tab/newline/carriage return carry no text and break tokenizers, and so does a
-# zero-width space, except between two letters of the scripts that write it between words (Thai, Lao, Myanmar,
-# Khmer: the only word boundary their text has).
+# Control characters other than tab/newline/carriage return carry no text and break tokenizers, and so do a soft
+# hyphen (U+00AD: a CMS's hyphenation, `&shy;`, in every long word of a page; resiliparse keeps it, trafilatura drops
+# it) and a word joiner (U+2060), invisible both, which cut the word they sit in for every word-based stage (filters,
+# shingles, bad words), and a zero-width space, except between two letters of the scripts that write it between
+# words (Thai, Lao, Myanmar, Khmer: the only word boundary their text has).
 _SEPARATED_BY_ZWSP = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff"
-_CONTROL = re.compile(rf"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufeff]|(?<![{_SEPARATED_BY_ZWSP}])\u200b"
+_CONTROL = re.compile(rf"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\u00ad\u2060\ufeff]|(?<![{_SEPARATED_BY_ZWSP}])\u200b"
                       rf"|\u200b(?![{_SEPARATED_BY_ZWSP}])")
 
 

@@ -37,6 +37,9 @@ SPACE_ENDED_SCRIPTS = "\u0e00-\u0eff"  # the Thai and Lao blocks
 _SENTENCE_END_RE = re.compile(rf"[.!?…]+[\"'”’)\]]*(?=\s|$)|[{OTHER_SENTENCE_ENDS}]+[\"'”’)\]」』）]*"
                               rf"|[{SPACE_ENDED_SCRIPTS}](?=\s|$)")
 _SPACE_ENDED_RE = re.compile(f"[{SPACE_ENDED_SCRIPTS}]")
+# Another script's sentence end closed by a quotation mark or bracket at a line's end: Chinese dialogue ends 。” or ？”
+# (its quotes are “ ”), Japanese 。」. After . ! ? only C4's own marks count, as C4 has it.
+_CLOSED_END_RE = re.compile(f"[{OTHER_SENTENCE_ENDS}][\"'”’)\\]」』）］]+\Z")
 
 # C4 (TFDS c4_utils) and FineWeb: a line "ends in terminal punctuation" if it ends with one of these; after C4's
 # five, the sentence ends of other scripts and their closing quotes (corner brackets): without them every Chinese,
@@ -45,9 +48,11 @@ TERMINAL_PUNCTUATION: tuple[str, ...] = (".", "?", "!", '"', "'", "」", "』", 
 
 
 def ends_sentence(line: str) -> bool:
-    """C4's and FineWeb's "ends in terminal punctuation": with a TERMINAL_PUNCTUATION mark, or a character of Thai or
-    Lao (SPACE_ENDED_SCRIPTS), which end sentences with no mark."""
-    return line.endswith(TERMINAL_PUNCTUATION) or _SPACE_ENDED_RE.match(line[-1:]) is not None
+    """C4's and FineWeb's "ends in terminal punctuation": with a TERMINAL_PUNCTUATION mark, another script's sentence
+    end closed by quotes or brackets (。” ？” 。）), or a character of Thai or Lao (SPACE_ENDED_SCRIPTS), which end
+    sentences with no mark."""
+    return (line.endswith(TERMINAL_PUNCTUATION) or _SPACE_ENDED_RE.match(line[-1:]) is not None
+            or _CLOSED_END_RE.search(line[-8:]) is not None)
 
 
 # Gopher: the ellipsis in both spellings.

@@ -425,10 +425,12 @@ def read_html(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docum
                              as_internal_records(source), f.relative, reading)
 
 
-def decoded_html(data: bytes, content_type: str | None, source: str, locator: str) -> str | Quarantined:
-    """A page's text in the charset it declares (`decode_html`), or the page quarantined: invalid_utf8 (UTF-8,
-    declared or not, and the bytes are not), or invalid_charset (bytes not valid in the charset declared)."""
-    text, charset = decode_html(data, content_type)
+def decoded_html(data: bytes, content_type: str | None, source: str, locator: str,
+                 truncated: bool = False) -> str | Quarantined:
+    """A page's text in the charset it declares (`decode_html`; `truncated`: the start of a longer page), or the page
+    quarantined: invalid_utf8 (UTF-8, declared or not, and the bytes are not), or invalid_charset (bytes not valid in
+    the charset declared)."""
+    text, charset = decode_html(data, content_type, truncated)
     if text is not None:
         return text
     reason = "invalid_utf8" if charset in ("utf-8", "utf-8-sig") else "invalid_charset"
@@ -550,7 +552,9 @@ def _warc_document(record, ordinal: int, f: SourceFile, source: Source, reading:
         is_html = _PAGE_TYPES.get(content_type.split(";")[0].strip())
         if is_html is None:
             return quarantine(source.name, locator, "not_text", detail=content_type)
-        text = decoded_html(payload, content_type, source.name, locator)
+        # a record the crawler cut at its size limit says so (WARC 1.1 WARC-Truncated: length, time, ...)
+        truncated = bool(record.rec_headers.get_header("WARC-Truncated"))
+        text = decoded_html(payload, content_type, source.name, locator, truncated)
         if is_html and not isinstance(text, Quarantined):  # text/plain as it is
             page = extracted(text, source, reading, locator, url)
             if isinstance(page, Quarantined):

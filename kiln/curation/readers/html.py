@@ -202,7 +202,13 @@ def _tidy(text: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ charsets
 
-_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
+# A <meta> naming a charset, or a comment (skipped, as WHATWG's prescan skips them: an unclosed one hides the rest).
+# A tag is read up to 1,024 characters and the next < or >: a page of unclosed `<meta`s costs linear time.
+_META_CHARSET = re.compile(rb"""<!--.*?(?:-->|\Z)|<meta[^<>]{1,1024}?charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""",
+                           re.IGNORECASE | re.DOTALL)
+_BODY = re.compile(rb"<body[\s/>]", re.IGNORECASE)
+PRESCAN_BYTES = 2048  # read for a <meta> charset wherever it is (WHATWG's prescan reads 1,024)
+HEAD_BYTES = 1 << 16  # and up to the first <body> tag within these: a browser honours a <meta> anywhere in <head>
 _BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 
 
@@ -276,18 +282,29 @@ def label_codec(label: str) -> str | None:
 
 def html_charset(data: bytes, content_type: str | None = None) -> str:
     """The codec a page is in, as browsers pick it (WHATWG HTML): a byte-order mark, else the HTTP Content-Type's
-    charset, else a <meta charset> (or http-equiv) in its first 2 KB, else UTF-8; a label that names no encoding
-    is passed over for the next."""
+    charset, else the first <meta charset> (or http-equiv) of its <head> (`_meta_codec`), else UTF-8; a label that
+    names no encoding is passed over for the next."""
     for bom, name in _BOMS:
         if data.startswith(bom):
             return name
     declared = re.search(r"charset\s*=\s*[\"']?([A-Za-z0-9_.:-]+)", content_type or "", re.IGNORECASE)
     if declared and (codec := label_codec(declared[1])):
         return codec
-    meta = _META_CHARSET.search(data[:2048])
-    codec = label_codec(meta[1].decode("ascii")) if meta else None
+    codec = _meta_codec(data)
     # a page that says it is UTF-16 in its own ASCII bytes cannot be: browsers read it as UTF-8 (WHATWG HTML)
     return "utf-8" if codec is None or codec.startswith("utf-16") else codec
+
+
+def _meta_codec(data: bytes) -> str | None:
+    """The codec of the first <meta> charset that names an encoding, outside comments, in the page's first
+    PRESCAN_BYTES or, further, before its first <body> tag within HEAD_BYTES: browsers honour one anywhere in <head>
+    (WHATWG HTML's "change the encoding" when the parser meets it; Blink scans to the body), so a page whose scripts
+    or styles come first is still read in its charset."""
+    body = _BODY.search(data, 0, HEAD_BYTES)
+    for m in _META_CHARSET.finditer(data, 0, max(PRESCAN_BYTES, body.start() if body else HEAD_BYTES)):
+        if m[1] is not None and (codec := label_codec(m[1].decode("ascii"))):
+            return codec
+    return None
 
 
 def _c1_passthrough(error: UnicodeDecodeError) -> tuple[str, int]:
@@ -302,11 +319,18 @@ codecs.register_error("kiln-c1", _c1_passthrough)
 _SINGLE_BYTE = ("cp1252", "cp1254", "cp874")
 
 
-def decode_html(data: bytes, content_type: str | None = None) -> tuple[str | None, str]:
+def decode_html(data: bytes, content_type: str | None = None,
+                truncated: bool = False) -> tuple[str | None, str]:
     """(the page's text, its codec): decoded strictly in the charset it declares (`html_charset`); the text is None
-    when the bytes are not valid in it. Never decoded with replacement characters."""
+    when the bytes are not valid in it. Never decoded with replacement characters. `truncated`: the bytes are the
+    start of a longer page (a WARC record cut at the crawler's size limit), so a character the cut split at their end
+    is left out, not a reason to refuse the page (a cut falls inside a character two times in three in Chinese or
+    Japanese UTF-8)."""
     codec = html_charset(data, content_type)
+    errors = "kiln-c1" if codec in _SINGLE_BYTE else "strict"
     try:
-        return data.decode(codec, "kiln-c1" if codec in _SINGLE_BYTE else "strict"), codec
+        if truncated:  # an incremental decoder keeps the bytes of an unfinished character back instead of raising
+            return codecs.getincrementaldecoder(codec)(errors).decode(data, final=False), codec
+        return data.decode(codec, errors), codec
     except UnicodeDecodeError:
         return None, codec

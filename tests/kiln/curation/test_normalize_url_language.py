@@ -110,3 +110,24 @@ def test_language_batch_is_py3langids_own_classification(texts):
 def test_the_codes_a_config_may_name_are_the_models_classes():
     """Config parsing checks codes against `LANGUAGES` without loading the model; py3langid's model file decides."""
     assert LANGUAGES == frozenset(_reference_identifier().nb_classes)
+
+
+def test_soft_hyphens_and_word_joiners_are_removed_so_a_hyphenated_copy_is_the_same_text():
+    """A CMS's hyphenation (`&shy;`) reaches the text as U+00AD in every long word with the default extractor
+    (resiliparse keeps it; trafilatura drops it): invisible, yet it cut each such word in two for every word-based
+    stage, so the hyphenated copy of a page was neither an exact nor a near duplicate of the plain one, and a listed
+    bad word evaded the bad-words rule. U+2060 (word joiner) is as invisible."""
+    from kiln.common.config import ShingleNormalization
+    from kiln.curation.pipeline import content_hash
+    from kiln.dedup.text import normalized_words
+
+    step = build_step("normalize")
+    plain = "Die Donaudampfschifffahrtsgesellschaft ver\u00f6ffentlichte ihre Jahresbilanz: 100\u20ac pro Aktie."
+    hyphenated = ("Die Donau\u00addampf\u00adschiff\u00adfahrts\u00adgesellschaft ver\u00ad\u00f6ffentlichte ihre "
+                  "Jahres\u00adbilanz: 100\u2060\u20ac pro Aktie.")
+    assert step(doc(hyphenated)).text == plain
+    assert content_hash(step(doc(hyphenated)).text) == content_hash(plain)
+    assert normalized_words(step(doc(hyphenated)).text, ShingleNormalization()) == [
+        "die", "donaudampfschifffahrtsgesellschaft", "veröffentlichte", "ihre", "jahresbilanz", "000", "pro", "aktie"]
+    assert step(doc("\u00ad\u2060")).drop == "normalize.empty_after_normalization"
+    assert build_step("normalize", {"strip_control": False})(doc(hyphenated)).text == hyphenated

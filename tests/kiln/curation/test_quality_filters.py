@@ -195,6 +195,23 @@ def test_c4_and_fineweb_read_the_sentence_ends_of_every_script(language):
     assert FineWebQuality()(document).drop is None
 
 
+
+def test_a_chinese_sentence_closed_by_its_quotation_mark_ends_a_line():
+    """Chinese quotes with “ ” (Japanese with 「 」, already read): a line of dialogue ends 。” ？” or ！”. C4 removed
+    every such line (no terminal punctuation) and FineWeb did not count it, so a story told in dialogue lost its
+    sentences (too_few_sentences). A closing quote or bracket after another script's sentence end ends the line as
+    the end does; after . ! ? nothing changes (C4's English rule)."""
+    lines = ["他的女儿走过来问：“爸爸，你在想什么呢？”", "老王笑了笑，说：“我在想小时候的事情。”",
+             "女儿坐到他身边，轻声说：“你给我讲讲吧！”", "弟弟在信里写道：（我下个月就回家。）",
+             "她回答说：‘好的，我知道了。’", "老王说：“好。”他们一起回家了。"]
+    for line in lines:
+        assert ts.ends_sentence(line), line
+    kept = C4()(doc("\n".join(lines)))
+    assert kept.drop is None and kept.text == "\n".join(lines)
+    assert not ts.ends_sentence("他说：“我明天来”") and not ts.ends_sentence("“书名”")  # a quote with no end inside
+    assert not ts.ends_sentence("He said “I will come.”")  # English: C4's five marks, as before
+
+
 # ---- GopherQuality ---------------------------------------------------------------------------
 
 
