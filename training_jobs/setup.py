@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -306,7 +307,7 @@ def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any
     scheduler = lambda_lr(optimizer, t.resolved_schedule(), total_steps, scale=monitor.lr_scale)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config, dist_init_required=False)
-    if not engine.zero_optimization() and not engine.bfloat16_enabled() and not engine.pipeline_parallelism:
+    if not engine.zero_optimization() and not engine.bfloat16_enabled():
         torch_step_parts(engine, params)
     if isinstance(engine.optimizer, DeepSpeedZeroOptimizer):  # ZeRO-1 and 2
         clip_without_reading(engine.optimizer)
@@ -322,12 +323,21 @@ def torch_step_parts(engine, params: list[torch.nn.Parameter]) -> None:
     the tensors in Python where torch does them at once: the clipping, whose norm DeepSpeed then drops (so
     get_global_grad_norm() would be None and the stability monitor blind to it), and dropping the gradients, through
     module.named_parameters() at every step (about 1 ms of host time a step with 125m's 110 tensors on the 2-core VM).
-    torch's clip_grad_norm_ (foreach kernels) clips and returns the norm, on the device, which the engine then
-    reports (with training.grad_clip 0, where DeepSpeed calls no clipping, torch's get_total_norm takes it before the
-    optimizer step); the gradients are set to None over the parameter list. DeepSpeed calls both at each optimizer
-    step, after the gradients are averaged over the accumulation and the data-parallel ranks."""
+    torch's get_total_norm and clip_grads_with_norm_ (foreach kernels, the two halves of clip_grad_norm_) take the norm
+    and clip, on the device, and the engine then reports the norm (with training.grad_clip 0, where DeepSpeed calls no
+    clipping, the norm is taken before the optimizer step); the gradients are set to None over the parameter list.
+    DeepSpeed calls both at each optimizer step, after the gradients are averaged over the accumulation and the
+    data-parallel ranks.
+
+    With pipeline stages (global_grad_norm) the norm is the whole model's: each stage's sum of squares, added over
+    the stages of its pipeline. DeepSpeed's own clipping there counted the first stage's gradients only (its
+    model-parallel rank 0), so it clipped by a smaller norm than the model's, and reported none."""
+    norm = global_grad_norm(engine, params) if engine.pipeline_parallelism else (
+        lambda: torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True))
+
     def clip() -> None:
-        engine._global_grad_norm = torch.nn.utils.clip_grad_norm_(params, engine.gradient_clipping(), foreach=True)
+        engine._global_grad_norm = total = norm()
+        torch.nn.utils.clip_grads_with_norm_(params, engine.gradient_clipping(), total, foreach=True)
 
     def zero_grad() -> None:
         for p in params:
@@ -339,11 +349,30 @@ def torch_step_parts(engine, params: list[torch.nn.Parameter]) -> None:
         take_model_step = engine._take_model_step
 
         def measure_then_step(*args: Any, **kwargs: Any) -> Any:
-            grads = [p.grad for p in params if p.grad is not None]
-            engine._global_grad_norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+            engine._global_grad_norm = norm()
             return take_model_step(*args, **kwargs)
 
         engine._take_model_step = measure_then_step
+
+
+def global_grad_norm(engine, params: list[torch.nn.Parameter]) -> Callable[[], torch.Tensor]:
+    """The gradient norm of a pipeline's whole model, on every stage: the sum of squares of this stage's gradients,
+    all-reduced over the stages (on the device, no host read), then the root. A tied weight (the embedding, also the
+    last stage's head) has the same summed gradient on each stage that holds it: DeepSpeed marks it
+    ds_pipe_replicated on all but the first, and it is counted there only. Data-parallel replicas hold the same
+    averaged gradients, so each pipeline's sum is the model's."""
+    counted = [p for p in params if not getattr(p, "ds_pipe_replicated", False)]
+    group = engine.grid.get_pipe_parallel_group()
+
+    def norm() -> torch.Tensor:
+        grads = [p.grad for p in counted if p.grad is not None]
+        squares = torch.zeros((), dtype=torch.float64, device=engine.device)  # no overflow of a large norm squared
+        if grads:
+            squares += torch.nn.utils.get_total_norm(grads, foreach=True).double().square()
+        torch.distributed.all_reduce(squares, group=group)
+        return squares.sqrt().float()
+
+    return norm
 
 
 def clip_without_reading(optimizer) -> None:
