@@ -329,10 +329,12 @@ def torch_step_parts(engine, params: list[torch.nn.Parameter]) -> None:
     DeepSpeed calls both at each optimizer step, after the gradients are averaged over the accumulation and the
     data-parallel ranks.
 
-    With pipeline stages (global_grad_norm) the norm is the whole model's: each stage's sum of squares, added over
-    the stages of its pipeline. DeepSpeed's own clipping there counted the first stage's gradients only (its
-    model-parallel rank 0), so it clipped by a smaller norm than the model's, and reported none."""
-    norm = global_grad_norm(engine, params) if engine.pipeline_parallelism else (
+    With pipeline stages or tensor parallelism (global_grad_norm) the norm is the whole model's, summed over the
+    ranks that hold its parts: a rank's own gradients give a smaller norm, another on each rank. (DeepSpeed's own
+    clipping, which pipelines had, counted the first stage's gradients only, its model-parallel rank 0, and reported
+    no norm.)"""
+    split = engine.pipeline_parallelism or engine.autotp_size() > 1
+    norm = global_grad_norm(engine, params) if split else (
         lambda: torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True))
 
     def clip() -> None:
@@ -356,13 +358,23 @@ def torch_step_parts(engine, params: list[torch.nn.Parameter]) -> None:
 
 
 def global_grad_norm(engine, params: list[torch.nn.Parameter]) -> Callable[[], torch.Tensor]:
-    """The gradient norm of a pipeline's whole model, on every stage: the sum of squares of this stage's gradients,
-    all-reduced over the stages (on the device, no host read), then the root. A tied weight (the embedding, also the
-    last stage's head) has the same summed gradient on each stage that holds it: DeepSpeed marks it
-    ds_pipe_replicated on all but the first, and it is counted there only. Data-parallel replicas hold the same
-    averaged gradients, so each pipeline's sum is the model's."""
-    counted = [p for p in params if not getattr(p, "ds_pipe_replicated", False)]
-    group = engine.grid.get_pipe_parallel_group()
+    """The gradient norm of the whole model where its parameters are split over ranks, the same on each of them: the
+    sum of squares of the gradients this rank counts, all-reduced over the ranks of one model copy (on the device, no
+    host read), then the root. Pipeline stages: each stage counts its layers; a tied weight (the embedding, also the
+    last stage's head) has the same summed gradient on each stage that holds it, and DeepSpeed marks it
+    ds_pipe_replicated on all but the first, where alone it is counted. Tensor parallelism: each rank counts its
+    slices of the split weights (AutoTP marks them tensor_model_parallel), tp rank 0 alone the unsplit ones (their
+    gradients are the same on every tp rank). Data-parallel replicas hold the same averaged gradients, so each copy's
+    sum is the model's."""
+    from deepspeed.runtime.utils import is_model_parallel_parameter
+
+    if engine.pipeline_parallelism:
+        counted = [p for p in params if not getattr(p, "ds_pipe_replicated", False)]
+        group = engine.grid.get_pipe_parallel_group()
+    else:
+        first = engine.mpu.get_tensor_model_parallel_rank() == 0
+        counted = [p for p in params if first or is_model_parallel_parameter(p)]
+        group = engine.mpu.get_tensor_model_parallel_group()
 
     def norm() -> torch.Tensor:
         grads = [p.grad for p in counted if p.grad is not None]
