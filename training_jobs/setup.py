@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -306,7 +307,7 @@ def build_engine(cfg: ModelConfig, t: TrainingSettings, ds_config: dict[str, Any
     scheduler = lambda_lr(optimizer, t.resolved_schedule(), total_steps, scale=monitor.lr_scale)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config, dist_init_required=False)
-    if not engine.zero_optimization() and not engine.bfloat16_enabled() and not engine.pipeline_parallelism:
+    if not engine.zero_optimization() and not engine.bfloat16_enabled():
         torch_step_parts(engine, params)
     if isinstance(engine.optimizer, DeepSpeedZeroOptimizer):  # ZeRO-1 and 2
         clip_without_reading(engine.optimizer)
@@ -322,12 +323,23 @@ def torch_step_parts(engine, params: list[torch.nn.Parameter]) -> None:
     the tensors in Python where torch does them at once: the clipping, whose norm DeepSpeed then drops (so
     get_global_grad_norm() would be None and the stability monitor blind to it), and dropping the gradients, through
     module.named_parameters() at every step (about 1 ms of host time a step with 125m's 110 tensors on the 2-core VM).
-    torch's clip_grad_norm_ (foreach kernels) clips and returns the norm, on the device, which the engine then
-    reports (with training.grad_clip 0, where DeepSpeed calls no clipping, torch's get_total_norm takes it before the
-    optimizer step); the gradients are set to None over the parameter list. DeepSpeed calls both at each optimizer
-    step, after the gradients are averaged over the accumulation and the data-parallel ranks."""
+    torch's get_total_norm and clip_grads_with_norm_ (foreach kernels, the two halves of clip_grad_norm_) take the norm
+    and clip, on the device, and the engine then reports the norm (with training.grad_clip 0, where DeepSpeed calls no
+    clipping, the norm is taken before the optimizer step); the gradients are set to None over the parameter list.
+    DeepSpeed calls both at each optimizer step, after the gradients are averaged over the accumulation and the
+    data-parallel ranks.
+
+    With pipeline stages or tensor parallelism (global_grad_norm) the norm is the whole model's, summed over the
+    ranks that hold its parts: a rank's own gradients give a smaller norm, another on each rank. (DeepSpeed's own
+    clipping, which pipelines had, counted the first stage's gradients only, its model-parallel rank 0, and reported
+    no norm.)"""
+    split = engine.pipeline_parallelism or engine.autotp_size() > 1
+    norm = global_grad_norm(engine, params) if split else (
+        lambda: torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True))
+
     def clip() -> None:
-        engine._global_grad_norm = torch.nn.utils.clip_grad_norm_(params, engine.gradient_clipping(), foreach=True)
+        engine._global_grad_norm = total = norm()
+        torch.nn.utils.clip_grads_with_norm_(params, engine.gradient_clipping(), total, foreach=True)
 
     def zero_grad() -> None:
         for p in params:
@@ -339,11 +351,40 @@ def torch_step_parts(engine, params: list[torch.nn.Parameter]) -> None:
         take_model_step = engine._take_model_step
 
         def measure_then_step(*args: Any, **kwargs: Any) -> Any:
-            grads = [p.grad for p in params if p.grad is not None]
-            engine._global_grad_norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+            engine._global_grad_norm = norm()
             return take_model_step(*args, **kwargs)
 
         engine._take_model_step = measure_then_step
+
+
+def global_grad_norm(engine, params: list[torch.nn.Parameter]) -> Callable[[], torch.Tensor]:
+    """The gradient norm of the whole model where its parameters are split over ranks, the same on each of them: the
+    sum of squares of the gradients this rank counts, all-reduced over the ranks of one model copy (on the device, no
+    host read), then the root. Pipeline stages: each stage counts its layers; a tied weight (the embedding, also the
+    last stage's head) has the same summed gradient on each stage that holds it, and DeepSpeed marks it
+    ds_pipe_replicated on all but the first, where alone it is counted. Tensor parallelism: each rank counts its
+    slices of the split weights (AutoTP marks them tensor_model_parallel), tp rank 0 alone the unsplit ones (their
+    gradients are the same on every tp rank). Data-parallel replicas hold the same averaged gradients, so each copy's
+    sum is the model's."""
+    from deepspeed.runtime.utils import is_model_parallel_parameter
+
+    if engine.pipeline_parallelism:
+        counted = [p for p in params if not getattr(p, "ds_pipe_replicated", False)]
+        group = engine.grid.get_pipe_parallel_group()
+    else:
+        first = engine.mpu.get_tensor_model_parallel_rank() == 0
+        counted = [p for p in params if first or is_model_parallel_parameter(p)]
+        group = engine.mpu.get_tensor_model_parallel_group()
+
+    def norm() -> torch.Tensor:
+        grads = [p.grad for p in counted if p.grad is not None]
+        squares = torch.zeros((), dtype=torch.float64, device=engine.device)  # no overflow of a large norm squared
+        if grads:
+            squares += torch.nn.utils.get_total_norm(grads, foreach=True).double().square()
+        torch.distributed.all_reduce(squares, group=group)
+        return squares.sqrt().float()
+
+    return norm
 
 
 def clip_without_reading(optimizer) -> None:

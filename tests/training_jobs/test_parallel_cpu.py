@@ -86,6 +86,26 @@ def test_the_pipeline_export_reloads_as_a_transformer(run_a, pp_run):
     assert result["passed"], result
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("split", [{"pp": 2}, {"tp": 2}], ids=["pp", "tp"])
+def test_a_split_model_at_zero0_clips_by_and_reports_the_whole_models_gradient_norm(run_a, tmp_path, token_dataset,
+                                                                                      split):
+    """parallelism.zero_stage 0 with two pipeline stages or tp 2: DeepSpeed's own clipping summed the first stage's
+    gradients only (its model-parallel rank 0) / each tp rank its own slices', so it clipped by less than the model's
+    norm (steps 3-4 off run_a's by ~3e-5), and it reported no norm at all (train/grad_norm null, the stability
+    monitor blind to explosions). The norm is now the whole model's, over both ranks, a tied or unsplit weight
+    counted once: run_a's (ZeRO-3's norm on 2 data-parallel ranks, an independent implementation), and with it the
+    clipped steps' losses (grad_clip 1.0: steps 2-4 clip)."""
+    out = tmp_path / "split0"
+    check(launch(write_run(tmp_path, token_dataset, out, max_steps=4, export=[], parallelism={**split, "zero_stage": 0},
+                           checkpoint={"every_steps": 100}, **ONE_REPLICA), nproc=2))
+    assert summary_of(out)["parallelism"]["zero_stage"] == 0
+    got, expected = read_metrics(out), read_metrics(run_a)
+    for key in ("train/loss", "train/grad_norm"):
+        assert [got[s][key] for s in range(1, 5)] == pytest.approx([expected[s][key] for s in range(1, 5)],
+                                                                   rel=RTOL), key
+
+
 # Megatron's split, written out: these weights are cut by output rows, these by input columns (dim 0 / dim 1).
 SPLIT_DIM = {"self_attn.q_proj": 0, "self_attn.k_proj": 0, "self_attn.v_proj": 0, "mlp.gate_proj": 0, "mlp.up_proj": 0,
              "self_attn.o_proj": 1, "mlp.down_proj": 1}
