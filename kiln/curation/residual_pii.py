@@ -20,7 +20,8 @@ different patterns, so that the check finds what the redactor missed:
 - us_ssn: the SSA rules on AAA-GG-SSSS.
 - ipv4 / ipv6: `ipaddress` on address-shaped tokens.
 - secret: provider token prefixes (AWS AKIA/ASIA, GitHub ghp_/github_pat_, Slack xox?-, Stripe sk_live_/rk_live_,
-  Google AIza, GitLab glpat-, JSON Web Tokens) and private-key blocks with a body.
+  Google AIza, GitLab glpat-, JSON Web Tokens), private-key blocks with a body, and values assigned to credential
+  names (`api_key = "..."`, `password: ...`) that are credentials beyond doubt (_assigned_secrets).
 
 Very high precision is the point (a blocking check that cries wolf gets switched off), so the audit keeps
 Kiln's documented exemptions, implemented again: placeholders (`<EMAIL>`, ...) are blanked first (a naive
@@ -36,7 +37,8 @@ documents; this module: none).
 
 `residual_pii(text)` returns sorted, non-overlapping `(type, start, end)` spans; `residual_pii_fields` scans the
 `url` and `meta` of documents the same way.
-It imports only kiln.curation.pii's constants (type names, placeholders), never its detectors.
+It imports only kiln.curation.pii's constants (type names, placeholders, the words that make a "...key" a credential),
+never its detectors.
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ import bisect
 import datetime
 import ipaddress
 import json
+import math
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from urllib.parse import unquote, unquote_plus
 
@@ -56,6 +60,7 @@ from phonenumbers import (Leniency, PhoneNumber, PhoneNumberFormat, PhoneNumberM
                           format_number, is_possible_number_with_reason, is_valid_number, national_significant_number)
 
 from kiln.curation.pii import PII_TYPES, PLACEHOLDERS
+from kiln.curation.pii.secrets import KEY_QUALIFIERS
 
 Span = tuple[str, int, int]
 _DIGIT = re.compile(r"[0-9]")
@@ -652,7 +657,66 @@ _KEY_BLOCK = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----(?:\s|
                         r"[A-Za-z0-9+/=]{16,}")
 
 
+# Values assigned to credential names: `api_key = "..."`, `"client_secret": "..."`, `DB_PASSWORD=...` in code, .env,
+# YAML and INI files, `?token=...&` in a query, `;Password=...;` in a connection string. A name ends in a credential
+# word (secret, token, password, passwd, pwd, passphrase, credential(s); "key" only after one of the words that make
+# it a credential: KEY_QUALIFIERS, the list the redactor reads too, one list), then `=`, `:`, `=>` or `:=`, then the
+# value: quoted, or unquoted where it ends its line (its query parameter after '?' or '&', its connection-string
+# field after ';'). Reported when a credential beyond doubt (this check must not cry wolf): 20+ characters of letters
+# and digits mixed, 3.5+ bits each, for any such name; for a password's name (password, passwd, pwd, passphrase,
+# secret) also 8+ characters with a letter and a digit, quoted or written as .env and YAML write values (not `name =
+# identifier`, which is code). Never a template or variable reference, a URL or a path (first character not a
+# letter or a digit, no "{{"), and never a call's argument (`get("password", ...)`: no ',' before the value).
+_CREDENTIAL_WORD = re.compile(r"secret|token|passw(?:or)?d|pwd|passphrase|credential|key")
+_KEY_QUALIFIED = re.compile(r"(?:" + KEY_QUALIFIERS + r")[_-]?$")
+_PASSWORD_NAMES = frozenset({"password", "passwd", "pwd", "passphrase", "secret"})
+_ASSIGNED = re.compile(
+    r"(?:s|[_-]?key)?[\"']?\]?[ \t]*(?P<op>:=|=>|[:=])[ \t]*"
+    r"(?:(?P<q>[\"'`])(?P<qv>[^\s\"'`<>]{8,256})(?P=q)|(?P<v>[^\s\"'`<>&;#,()\[\]{}]{8,256})(?P<end>[ \t]*(?:\r?\n|\Z)|[&#;]))")
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
+_CODE_NAME = re.compile(r"[A-Za-z_][\w.]*")  # `password = pw_hash`, `secret = self.key_v2`: code
+
+
+def _bits(s: str) -> float:
+    n = len(s)
+    return -sum(c / n * math.log2(c / n) for c in Counter(s).values())
+
+
+def _assigned_secrets(text: str) -> Iterator[Span]:
+    lowered = text.translate(_ASCII_LOWER)
+    for k in _CREDENTIAL_WORD.finditer(lowered):
+        word = k.group()
+        if word == "key" and not _KEY_QUALIFIED.search(lowered, max(0, k.start() - 16), k.start()):
+            continue
+        m = _ASSIGNED.match(lowered, k.end())  # the name in any case: SECRET_KEY, dbPassword
+        if m is None:
+            continue
+        name_start = k.start()
+        while name_start > 0 and lowered[name_start - 1] in _NAME_CHARS:
+            name_start -= 1
+        before = text[name_start - 1 : name_start]
+        quoted = m.group("qv") is not None
+        start = m.start("qv" if quoted else "v")
+        value = text[start : m.end("qv" if quoted else "v")]
+        if not quoted:
+            value = value.rstrip(".!?:")  # a sentence's full stop
+        if not quoted and m.group("end")[:1] in ("&", "#", ";") and not (
+                before in ("?", "&") and m.group("end") in ("&", "#") or before == ";" and m.group("end") == ";"):
+            continue  # a value ends its line, or its query parameter or connection-string field
+        if not value[:1].isalnum() or "{{" in value or "://" in value or not any(c.isdigit() for c in value) or not any(
+                c.isalpha() for c in value):
+            continue
+        code = not quoted and _CODE_NAME.fullmatch(value) is not None  # `settings.SECRET_KEY_2024`, `pw_hash_v2`
+        if code and "." in value:
+            continue
+        if (len(value) >= 20 and _bits(value) >= 3.5) or (
+                word in _PASSWORD_NAMES and len(value) >= 8 and len(set(value)) >= 5
+                and not (code and "=" in m.group("op") and " " in lowered[k.end() : start])):
+            yield "secret", start, start + len(value)
+
+
 def _secrets(text: str) -> Iterator[Span]:
+    yield from _assigned_secrets(text)
     for gate, pattern in _TOKENS:
         if gate not in text:
             continue
@@ -724,7 +788,8 @@ def residual_pii(
 # finding of that type matches: a substring every finding contains, made of characters a blanked placeholder
 # never supplies. A text no screen matches is not scanned at all (most of a corpus).
 AUDIT_SCREENS: dict[str, str] = {
-    "secret": r"AKIA|ASIA|gh[pousr]_|github_pat_|xox[bpas]-|[sr]k_live_|AIza|glpat-|eyJ|PRIVATE KEY",
+    "secret": r"AKIA|ASIA|gh[pousr]_|github_pat_|xox[bpas]-|[sr]k_live_|AIza|glpat-|eyJ|PRIVATE KEY"
+              r"|(?i:secret|token|passw|pwd|passphrase|credential|(?:" + KEY_QUALIFIERS + r")[_-]?key)",
     "email": "@|%40",
     "iban": r"[A-Z]{2}[0-9]{2}|[a-z]{2}[0-9]{2}",
     "credit_card": r"[0-9](?:[ -]?[0-9]){12}",
