@@ -142,7 +142,8 @@ _WHATWG_EMAIL = re.compile(
     r"[A-Za-z0-9][" + _ATEXT + r"]{0,63}@"
     r"((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+(?:[Xx][Nn]--[A-Za-z0-9-]{0,58}[A-Za-z0-9]|[A-Za-z]{2,63}))"
 )
-_WHATWG_EMAIL_ENCODED = re.compile(_WHATWG_EMAIL.pattern.replace("@", "%40", 1))
+_ENCODED_AT_SIGNS = ("%40", "%2540")  # '@' percent-encoded once, and twice (a URL in another URL's query)
+_WHATWG_EMAIL_ENCODED = {sign: re.compile(_WHATWG_EMAIL.pattern.replace("@", sign, 1)) for sign in _ENCODED_AT_SIGNS}
 _RESERVED_DOMAINS = ("example.com", "example.net", "example.org", "example.edu")  # RFC 2606
 _RESERVED_TLDS = frozenset({"example", "test", "invalid", "localhost", "local", "internal", "lan", "home", "arpa",
                             "localdomain", "domain", "tld"})
@@ -155,8 +156,11 @@ _FILE_EXTENSIONS = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "ico",
 
 def _emails(text: str) -> Iterator[Span]:
     yield from _emails_at(text, "@")
-    if "%40" in text:  # percent-encoded, as a URL carries it: "mailto:jane.doe%40gmail.com", "?email=jane%40corp.de"
-        yield from _emails_at(text, "%40")
+    # Percent-encoded, as a URL carries it ("mailto:jane.doe%40gmail.com", "?email=jane%40corp.de"), and encoded twice
+    # in a URL inside another URL's query ("?u=https%3A%2F%2Fx.io%2Fs%3Fe%3Djane%2540corp.de").
+    for sign in _ENCODED_AT_SIGNS:
+        if sign in text:
+            yield from _emails_at(text, sign)
 
 
 _QUERY_SEPARATORS = frozenset("?&=")
@@ -207,11 +211,11 @@ def _domain_char(c: str) -> bool:
 
 
 def _ascii_address(text: str, start: int, at: int, sign: str = "@") -> tuple[int, int, str] | None:
-    """The WHATWG address whose '@' (`sign`: "%40" when percent-encoded) is at `at`, its local part starting at or
-    after `start`."""
+    """The WHATWG address whose '@' (`sign`: "%40" or "%2540" when percent-encoded) is at `at`, its local part
+    starting at or after `start`."""
     while start < at and not text[start].isalnum():  # a local part starts with a letter or digit
         start += 1
-    m = (_WHATWG_EMAIL if sign == "@" else _WHATWG_EMAIL_ENCODED).match(text, start) if start < at else None
+    m = (_WHATWG_EMAIL if sign == "@" else _WHATWG_EMAIL_ENCODED[sign]).match(text, start) if start < at else None
     return None if m is None else (start, m.end(), m.group(1).lower())
 
 
@@ -790,7 +794,7 @@ def residual_pii(
 AUDIT_SCREENS: dict[str, str] = {
     "secret": r"AKIA|ASIA|gh[pousr]_|github_pat_|xox[bpas]-|[sr]k_live_|AIza|glpat-|eyJ|PRIVATE KEY"
               r"|(?i:secret|token|passw|pwd|passphrase|credential|(?:" + KEY_QUALIFIERS + r")[_-]?key)",
-    "email": "@|%40",
+    "email": "@|%40|%2540",
     "iban": r"[A-Z]{2}[0-9]{2}|[a-z]{2}[0-9]{2}",
     "credit_card": r"[0-9](?:[ -]?[0-9]){12}",
     "us_ssn": r"[0-9]{3}-[0-9]{2}-[0-9]{4}",

@@ -40,8 +40,10 @@ _EMAIL = re.compile(
     r"(?!" + _WORD + r")(?!-)(?!:[\w~/])"
 )
 # The same address percent-encoded, as a URL written into text carries it ("mailto:jane.doe%40example.org",
-# "?email=jane.doe%40gmail.com&..."): its '@' written "%40".
-_EMAIL_ENCODED = re.compile(_EMAIL.pattern.replace("@", "%40", 1))
+# "?email=jane.doe%40gmail.com&..."): its '@' written "%40"; or encoded twice, as a URL inside another URL's query
+# carries it (a redirect or tracking link: "?u=https%3A%2F%2Fx.com%2Fsub%3Fe%3Djane.doe%2540gmail.com"): "%2540".
+_ENCODED_AT_SIGNS = ("%40", "%2540")
+_EMAIL_ENCODED = {sign: re.compile(_EMAIL.pattern.replace("@", sign, 1)) for sign in _ENCODED_AT_SIGNS}
 _LOCAL = frozenset("_%+-")  # local-part characters besides letters, digits, marks and single dots
 _MARK = re.compile("[" + MARKS_BMP + "]")
 
@@ -52,8 +54,9 @@ def _is_local(c: str) -> bool:
 
 def _find_email(text: str) -> Iterator[tuple[int, int]]:
     yield from _find_email_at(text, "@", _EMAIL)
-    if "%40" in text:
-        yield from _find_email_at(text, "%40", _EMAIL_ENCODED)
+    for sign, pattern in _EMAIL_ENCODED.items():
+        if sign in text:
+            yield from _find_email_at(text, sign, pattern)
 
 
 def _find_email_at(text: str, sign: str, pattern: re.Pattern) -> Iterator[tuple[int, int]]:

@@ -70,7 +70,7 @@ SCREENS: dict[str, str] = {
               r"|private key|secret|token|passw|pwd|credential|akia|asia|gh[pousr]_|github_pat_|xox[abpr]-"
               # a name ending in "pass" or "passphrase" (DB_PASS, dbPass): only with its assignment (code says "pass")
               r"|pass(?:phrase)?(?:[_-]?(?:access[_-]?)?key|s)?[\"']?\]?\s*(?::=|=>|[:=,])",
-    "email": "@|%40",
+    "email": "@|%40|%2540",
     "ipv6": r":[0-9A-Fa-f]{0,4}:",
     "ipv4": r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]",
     "credit_card": r"[0-9]{12}|[0-9]{3}[ -][0-9]{4}",

@@ -70,6 +70,9 @@ POSITIVES = [
     # percent-encoded, as a URL written into text carries it: '@' is "%40"
     ("mailto:jane.doe%40example.org", "mailto:<EMAIL>"),
     ("share https://x.io/s?email=jane.doe%40gmail.com&ref=1 now", "share https://x.io/s?email=<EMAIL>&ref=1 now"),
+    # encoded twice ('%' is "%25"), as a URL inside another URL's query carries it: '@' is "%2540"
+    ("unsubscribe?u=jane.doe%2540gmail.com&t=1", "unsubscribe?u=<EMAIL>&t=1"),
+    ("mailto:jane.doe%2540corp-mail.de", "mailto:<EMAIL>"),
     # phone
     ("Call (555) 123-4567 now", "Call <PHONE> now"),
     ("Call 555-123-4567.", "Call <PHONE>."),
@@ -178,6 +181,7 @@ NEAR_MISSES = [
     # email-ish
     'printf("%40s|%-40s", name.c, host)',  # a format width, not an encoded '@'
     "pkg%401.2.3 and user%40localhost",
+    "pkg%25401.2.3 and user%2540localhost",  # the same, encoded twice
     "pip install pkg@1.2",
     "@property\ndef name(self): ...",
     "ssh user@localhost",

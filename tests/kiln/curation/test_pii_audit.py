@@ -44,6 +44,7 @@ MISSED = [
     ("write mailto:jane.doe%40corp-mail.de now", "email", [("email", "jane.doe%40corp-mail.de")]),
     ("see https://x.io/s?email=jane.doe%40gmail.com&ref=1", "email", [("email", "jane.doe%40gmail.com")]),
     ("see https://x.io/s?email=jane.doe@gmail.com&ref=1", "email", [("email", "jane.doe@gmail.com")]),
+    ("see https://x.io/r?u=jane.doe%2540gmail.com&t=1", "email", [("email", "jane.doe%2540gmail.com")]),  # twice
     ("Phone (mob.): 030 91456342", "phone", [("phone", "030 91456342")]),  # an abbreviation is no sentence end
     ("IBAN DE89 3704 0044 0532 0130 00.", "iban", [("iban", "DE89 3704 0044 0532 0130 00")]),
     ("IBAN GB82-WEST-1234-5698-7654-32", "iban", [("iban", "GB82-WEST-1234-5698-7654-32")]),
@@ -149,6 +150,7 @@ CLEAN = [
     "``@dataclasses.dataclass`` and '@wrapt.decorator', https://www.tiktok.com/@scikit.learn",
     "git clone git@github.com:org/repo.git; icon@2x.png; 'sd_IN@devanagari.UTF-8'; pip install pkg@1.2",
     'printf("%40s|%-40s", name.c, host); pkg%401.2.3; user%40localhost; mailto:jane%40example.org',
+    "pkg%25401.2.3; user%2540localhost; mailto:jane%2540example.org",
     # numbers that are not cards, SSNs or phones
     "barcode=4097470957558&qty=3, ISBN 978-3-16-148410-0, 666-12-3456, 123-45-0000",
     "4111 1111 1111 1112 (fails Luhn), 1234567812345670 (no issuer), 4111111111900000 (a bare round number)",
