@@ -462,9 +462,9 @@ _IBAN_BY_LENGTH = {
     29: "BR EG PS QA UA", 30: "JO KW MU YE", 31: "MT SC", 32: "LC", 33: "RU",
 }
 IBAN_COUNTRY_LENGTHS: dict[str, int] = {c: n for n, cs in _IBAN_BY_LENGTH.items() for c in cs.split()}
-# Upper case, as ISO 13616 writes it, or lower case as people type it ("de89 3704 ..."): found from the check digits,
-# with the country read back.
-_IBAN_CHECK = re.compile(r"[0-9][0-9](?<=[A-Z][A-Z][0-9][0-9]|[a-z][a-z][0-9][0-9])")
+# Upper case, as ISO 13616 writes it, lower case as people type it ("de89 3704 ..."), or capitalised as a phone's
+# keyboard writes a message's first word ("De89 3704 ..."): found from the check digits, with the country read back.
+_IBAN_CHECK = re.compile(r"[0-9][0-9](?<=[A-Z][A-Z][0-9][0-9]|[A-Za-z][a-z][0-9][0-9])")
 _IBAN_BODY = re.compile(r"(?:[ -]?[A-Za-z0-9]){11,31}")
 
 
@@ -795,7 +795,7 @@ AUDIT_SCREENS: dict[str, str] = {
     "secret": r"AKIA|ASIA|gh[pousr]_|github_pat_|xox[bpas]-|[sr]k_live_|AIza|glpat-|eyJ|PRIVATE KEY"
               r"|(?i:secret|token|passw|pwd|passphrase|credential|(?:" + KEY_QUALIFIERS + r")[_-]?key)",
     "email": "@|%40|%2540",
-    "iban": r"[A-Z]{2}[0-9]{2}|[a-z]{2}[0-9]{2}",
+    "iban": r"[A-Z]{2}[0-9]{2}|[A-Za-z][a-z][0-9]{2}",
     "credit_card": r"[0-9](?:[ -]?[0-9]){12}",
     "us_ssn": r"[0-9]{3}-[0-9]{2}-[0-9]{4}",
     "ipv4": r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]",

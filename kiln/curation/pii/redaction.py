@@ -75,7 +75,7 @@ SCREENS: dict[str, str] = {
     "ipv4": r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]",
     "credit_card": r"[0-9]{12}|[0-9]{3}[ -][0-9]{4}",
     "us_ssn": r"[0-9]{3}[ -][0-9]{2}[ -][0-9]{4}",
-    "iban": r"(?:[A-Z]{2}|[a-z]{2})[0-9]{2}(?:[ -]?[A-Za-z0-9]{4}){2}",
+    "iban": r"(?:[A-Z]{2}|[A-Za-z][a-z])[0-9]{2}(?:[ -]?[A-Za-z0-9]{4}){2}",
     "phone": r"[0-9]{3}[.-][0-9]{4}|\+[1-9](?:[0-9]{5}|[0-9]{0,4}[ \x{a0}\x{202f}./()-])",
 }
 # Provider tokens, Slack webhooks, passwords in URLs and Authorization headers (the `tokens` part of _find_secret):

@@ -494,6 +494,18 @@ def test_lower_case_ibans_are_redacted():
         assert red(text) == text
 
 
+def test_capitalised_ibans_are_redacted():
+    # A phone's keyboard capitalises the first word of a message: the Norwegian account whose check digits (71) are
+    # worked by hand above, and the SWIFT registry's German and British examples, with a capital first letter. Near
+    # misses: wrong check digits (70: 27 + 70 = 97, a remainder of 0, not 1), a country the registry lacks ("Id"),
+    # the same characters glued to a word, and a capitalised word with digits too short for its country ("No71 to").
+    assert_redacted_alone_and_in_batch("No71 1234 5678 903 is my account.", "<IBAN> is my account.")
+    assert_redacted_alone_and_in_batch("De89 3704 0044 0532 0130 00", "<IBAN>")
+    assert_redacted_alone_and_in_batch("Gb82 West 1234 5698 7654 32", "<IBAN>")
+    for text in ("No70 1234 5678 903", "Id71 1234 5678 903", "Kno7112345678903", "take bus No71 to Oslo 1234 5678"):
+        assert red(text) == text
+
+
 def test_cards_ending_in_zeros():
     # Luhn by hand, digits from the right, every second one doubled (digit sum of the double):
     # 4111 1111 1117 0000: undoubled 0+0+7+1+1+1+1+1 = 12, doubled 0+0+2+2+2+2+2+8 = 18; 30, valid.

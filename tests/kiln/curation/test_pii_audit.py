@@ -50,6 +50,7 @@ MISSED = [
     ("IBAN GB82-WEST-1234-5698-7654-32", "iban", [("iban", "GB82-WEST-1234-5698-7654-32")]),
     ("iban de89 3704 0044 0532 0130 00.", "iban", [("iban", "de89 3704 0044 0532 0130 00")]),  # typed in lower case
     ("iban gb82west12345698765432", "iban", [("iban", "gb82west12345698765432")]),
+    ("De89 3704 0044 0532 0130 00.", "iban", [("iban", "De89 3704 0044 0532 0130 00")]),  # a capital first letter
     ("card 4111 1111 1111 1111", "credit_card", [("credit_card", "4111 1111 1111 1111")]),
     ("card 4111 1111 1117 0000", "credit_card", [("credit_card", "4111 1111 1117 0000")]),  # Luhn: test_pii.py
     ("card 4111111111170000", "credit_card", [("credit_card", "4111111111170000")]),
@@ -171,6 +172,7 @@ CLEAN = [
     # IBANs with a wrong check digit or length, or in a longer token
     "DE88 3704 0044 0532 0130 00, DE8937040044053201300, XX89370400440532013000, ID_DE89370400440532013000",
     "de88 3704 0044 0532 0130 00, no71 1234 5678 930, id_de89370400440532013000, oid ad125f3c9e0b7a14d2e68c11",
+    "No70 1234 5678 903, Id71 1234 5678 903, Kno7112345678903",
     # a label word ending its sentence before a number (cpio(1) in German: "portable" is French for a mobile)
     "Das SVR4 (POSIX.1) portable Format. (8589934591 Byte)",
 ]
