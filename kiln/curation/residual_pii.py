@@ -349,6 +349,7 @@ def _is_date(s: str) -> bool:
 
 
 _AFTER_PLUS = re.compile(r"\+[0-9]{1,4}[ .-]?$")
+_DOTTED_NATIONAL = re.compile(r"\+[0-9]{1,3} [0-9]+(?:\.[0-9]+){2,}")  # "+687 75.12.34" (New Caledonia)
 
 
 _NANP_NSN = re.compile(r"[2-9][0-9]{2}[2-9][0-9]{6}")  # NXX NXX-XXXX: no area code or exchange starts with 0 or 1
@@ -380,9 +381,10 @@ def _match_phones(text: str, lo: int, hi: int, region: str, leniency: int,
         if raw[0] != "+" and _AFTER_PLUS.search(text, max(0, start - 6), start):
             continue  # the rest of an international number the matcher found invalid: "+1 027-646-5868"
         # One '.', or '.' beside '-' or ' ', is a decimal or a clause number ("+35236450.6", "252.227-7013"):
-        # numbers written with dots use them between every group.
+        # numbers written with dots use them between every group (of the national number: "+687 75.12.34").
         dots = raw.count(".")
-        if (dots and (dots == 1 or "-" in raw or " " in raw.strip())) or _is_date(raw):
+        if (dots and (dots == 1 or "-" in raw or " " in raw.strip()) and not _DOTTED_NATIONAL.fullmatch(raw)) or (
+                _is_date(raw)):
             continue
         if m.number.extension is None and _clean_edges(text, start, end, prefixed=True):
             yield start, end

@@ -973,6 +973,37 @@ def test_national_numbers_a_region_rewrites_when_parsing_are_redacted(text, regi
     assert red(text, phone_regions=[region]) == text.replace(number, "<PHONE>")
 
 
+# Libphonenumber's own example numbers of these countries, written as it formats them (format_number NATIONAL and
+# INTERNATIONAL), in a corpus of that country: a trunk prefix and an area code in one pair of parentheses with a
+# separator inside (Hungary, Lithuania, Turkmenistan), Belarus's trunk prefix 8 before the area code's 0, Tajikistan's
+# national numbers in the spaced AAA GG SSSS shape (after a phone cue; an SSN so written needs an SSN label), and New
+# Caledonia's national number in dotted groups after its country code.
+@pytest.mark.parametrize(("text", "region", "expected"), [
+    ("Tel: (06 1) 234 5678", "HU", "Tel: <PHONE>"),
+    ("Budapest (06 1) 234 5678", "HU", "Budapest <PHONE>"),  # no cue: grouped as Hungary groups it
+    ("Tel.: (0-312) 34567", "LT", "Tel.: <PHONE>"),
+    ("Mob. (0-612) 34567", "LT", "Mob. <PHONE>"),
+    ("\u0422\u0435\u043b.: 8 029 491-19-11", "BY", "\u0422\u0435\u043b.: <PHONE>"),  # Тел.
+    ("Tel: 8 0152 45-09-11", "BY", "Tel: <PHONE>"),
+    ("Tel: (8 12) 34-56-78", "TM", "Tel: <PHONE>"),
+    ("Tel: 372 12 3456", "TJ", "Tel: <PHONE>"),
+    ("T\u00e9l. +687 75.12.34", "FR", "T\u00e9l. <PHONE>"),
+    ("mobile +687 75.12.34.", "US", "mobile <PHONE>."),
+])
+def test_national_formats_of_more_countries_are_redacted(text, region, expected):
+    assert red(text, phone_regions=[region]) == expected
+
+
+@pytest.mark.parametrize(("text", "region", "expected"), [
+    ("SSN: 078 05 1120", "TJ", [("us_ssn", "078 05 1120")]),  # labelled, the spaced shape is an SSN still
+    ("call me at 666-12-3456", "ES", []),  # dashed: the SSN's shape, never a phone number (and 666 is never issued)
+    ("matrix (2 3) 4567 8901 of rank 2", "HU", []),
+    ("scores +3.14 2.71.5 and +1 2.5.6", "US", []),
+])
+def test_shapes_beside_those_formats_stay_as_they_were(text, region, expected):
+    assert [(m.type, text[m.start : m.end]) for m in find_pii(text, phone_regions=[region])] == expected
+
+
 # Code that only looks like an assignment to a credential name: a list of strings (a quoted name then a comma is
 # a call's argument only after '(': setdefault("API_KEY", "...")), and a keyword argument whose value is more code.
 @pytest.mark.parametrize("text", [

@@ -39,6 +39,7 @@ MISSED = [
     ("Ruf an: +44 20 5876 9083.", "phone", [("phone", "+44 20 5876 9083")]),
     ("TEL +81 3-0002-0479", "phone", [("phone", "+81 3-0002-0479")]),
     ("Fax 00353 80 891 7064", "phone", [("phone", "00353 80 891 7064")]),
+    ("Tel. +687 75.12.34", "phone", [("phone", "+687 75.12.34")]),  # New Caledonia: its national number dotted
     ("Mail jane.doe@corp-mail.de now", "email", [("email", "jane.doe@corp-mail.de")]),
     # percent-encoded ('@' as "%40"), and in a URL's query written into text: the address starts after '='
     ("write mailto:jane.doe%40corp-mail.de now", "email", [("email", "jane.doe%40corp-mail.de")]),
