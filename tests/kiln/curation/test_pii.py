@@ -1025,6 +1025,12 @@ def test_code_around_credential_names_stays(text):
     ('{"username": "admin", "password": "P@55w0rd!"}', '{"username": "admin", "password": "<SECRET>"}'),
     ("DB_PASS=hunter2x9", "DB_PASS=<SECRET>"),
     ("POST /token?client_secret=abc123xyz&grant_type=x", "POST /token?client_secret=<SECRET>&grant_type=x"),
+    # a form body (an OAuth token request) without its '?': the value ends at the next "&name=", at the start of a
+    # text and after `curl -d '`; a password with a '&' but no "name=" after it stays whole
+    ("client_secret=abc123xyz&grant_type=client_credentials", "client_secret=<SECRET>&grant_type=client_credentials"),
+    ("curl -d 'client_secret=abc123xyz&grant_type=client_credentials' https://auth.example.net/token",
+     "curl -d 'client_secret=<SECRET>&grant_type=client_credentials' https://auth.example.net/token"),
+    ("DB_PASSWORD=Tr0ub4dor&3", "DB_PASSWORD=<SECRET>"),
     ("token=Ab12Cd34Ef56Gh78Ij90 user=bob", "token=<SECRET> user=bob"),  # a long one mid-line too
 ])
 def test_short_and_mid_line_passwords_are_redacted(text, expected):
