@@ -164,6 +164,7 @@ def _emails(text: str) -> Iterator[Span]:
 
 
 _QUERY_SEPARATORS = frozenset("?&=")
+_ENCODED_QUERY_SEPARATOR = re.compile(r"%(?:25)?(?:3[ADFadf]|26|2[Ff])")  # = : ? & / percent-encoded
 
 
 def _emails_at(text: str, sign: str) -> Iterator[Span]:
@@ -175,6 +176,8 @@ def _emails_at(text: str, sign: str) -> Iterator[Span]:
         while (start > 0 and at - start < 64 and _local_char(text[start - 1])
                and text[start - 1] not in _QUERY_SEPARATORS):
             start -= 1
+        if sign != "@":  # nor over those separators encoded, once or twice ("%3Fe%3Djane%40...": after "%3D")
+            start = max([start] + [m.end() for m in _ENCODED_QUERY_SEPARATOR.finditer(text, start, at)])
         stop = at + len(sign)
         while stop < len(text) and stop - at < 256 and (text[stop] == "." or _domain_char(text[stop])):
             stop += 1

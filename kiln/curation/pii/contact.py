@@ -31,19 +31,26 @@ phonenumbers.re_util.enable_pattern_cache()
 # ends at "org". Local parts and domain labels hold any script's letters with their combining marks (RFC 6531
 # addresses: "प्रिया@gmail.com", "somsri@ตัวอย่าง.com"; Indic vowel signs and Thai vowels are marks, not letters).
 _EMAIL_CHAR = r"[\w%+" + MARKS_BMP + r"-]"
-_EMAIL = re.compile(
-    r"(?<!" + _WORD + r")(?<![%+" + MARKS_BMP + r"-])" + _EMAIL_CHAR + r"+(?:\." + _EMAIL_CHAR + r"+)*"
+_EMAIL_LEAD = r"(?<!" + _WORD + r")(?<![%+" + MARKS_BMP + r"-])"
+_EMAIL_BODY = (
+    _EMAIL_CHAR + r"+(?:\." + _EMAIL_CHAR + r"+)*"
     r"@(?![0-9]+(?:\.[0-9]+)?x\.(?:png|jpe?g|gif|webp|svg|ico|bmp|avif)(?![\w-]))"
     r"(?:[^\W_][\w" + MARKS_BMP + r"-]{0,62}\.)+"
     r"(?:[Xx][Nn]--[A-Za-z0-9-]{0,58}[A-Za-z0-9]"  # an IDNA top-level domain in ASCII: xn--p1ai (.рф)
     r"|(?:[^\W\d_" + _UNSPACED + r"][" + MARKS_BMP + r"]*){2,63}|(?:[" + _UNSPACED + r"][" + MARKS_BMP + r"]*){2,63})"
     r"(?!" + _WORD + r")(?!-)(?!:[\w~/])"
 )
+_EMAIL = re.compile(_EMAIL_LEAD + _EMAIL_BODY)
 # The same address percent-encoded, as a URL written into text carries it ("mailto:jane.doe%40example.org",
 # "?email=jane.doe%40gmail.com&..."): its '@' written "%40"; or encoded twice, as a URL inside another URL's query
 # carries it (a redirect or tracking link: "?u=https%3A%2F%2Fx.com%2Fsub%3Fe%3Djane.doe%2540gmail.com"): "%2540".
+# Its local part starts after the link's own syntax encoded before it ('=', '?', '&', '/', ':' encoded once or twice:
+# "%3Femail%3Djane%40...", "%253Fe%253Djane%252540..."): "email%3D" is the rest of the link, not the address.
 _ENCODED_AT_SIGNS = ("%40", "%2540")
-_EMAIL_ENCODED = {sign: re.compile(_EMAIL.pattern.replace("@", sign, 1)) for sign in _ENCODED_AT_SIGNS}
+_ENCODED_SEPARATOR = re.compile(r"%(?:25)?(?:3[ADFadf]|26|2[Ff])")
+_AFTER_ENCODED_SEPARATOR = r"(?:(?<=%3[ADFadf])|(?<=%26)|(?<=%2[Ff])|(?<=%253[ADFadf])|(?<=%2526)|(?<=%252[Ff])|"
+_EMAIL_ENCODED = {sign: re.compile(_AFTER_ENCODED_SEPARATOR + _EMAIL_LEAD + ")" + _EMAIL_BODY.replace("@", sign, 1))
+                  for sign in _ENCODED_AT_SIGNS}
 _LOCAL = frozenset("_%+-")  # local-part characters besides letters, digits, marks and single dots
 _MARK = re.compile("[" + MARKS_BMP + "]")
 
@@ -72,6 +79,9 @@ def _find_email_at(text: str, sign: str, pattern: re.Pattern) -> Iterator[tuple[
         ):
             start -= 1
         start = _local_part_start(text, start, at)
+        if sign != "@":
+            for sep in _ENCODED_SEPARATOR.finditer(text, start, at):
+                start = sep.end()
         m = pattern.match(text, start)
         if m is not None and not _in_url_userinfo(text, start):
             yield m.span()

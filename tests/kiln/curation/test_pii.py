@@ -73,6 +73,10 @@ POSITIVES = [
     # encoded twice ('%' is "%25"), as a URL inside another URL's query carries it: '@' is "%2540"
     ("unsubscribe?u=jane.doe%2540gmail.com&t=1", "unsubscribe?u=<EMAIL>&t=1"),
     ("mailto:jane.doe%2540corp-mail.de", "mailto:<EMAIL>"),
+    # in a link inside a link: the address starts after the encoded '=' ("%3D"), not at the inner link's scheme
+    ("go https://x.io/r?u=https%3A%2F%2Fy.com%2Fs%3Fe%3Djane.doe%2540gmail.com now",
+     "go https://x.io/r?u=https%3A%2F%2Fy.com%2Fs%3Fe%3D<EMAIL> now"),
+    ("go /r?next=%2Funsub%3Fe%3Djane%40gmail.com%26t%3D1", "go /r?next=%2Funsub%3Fe%3D<EMAIL>%26t%3D1"),
     # phone
     ("Call (555) 123-4567 now", "Call <PHONE> now"),
     ("Call 555-123-4567.", "Call <PHONE>."),

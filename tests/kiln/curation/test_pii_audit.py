@@ -46,6 +46,9 @@ MISSED = [
     ("see https://x.io/s?email=jane.doe%40gmail.com&ref=1", "email", [("email", "jane.doe%40gmail.com")]),
     ("see https://x.io/s?email=jane.doe@gmail.com&ref=1", "email", [("email", "jane.doe@gmail.com")]),
     ("see https://x.io/r?u=jane.doe%2540gmail.com&t=1", "email", [("email", "jane.doe%2540gmail.com")]),  # twice
+    ("see https://x.io/r?u=https%3A%2F%2Fy.com%2Fs%3Fe%3Djane.doe%2540gmail.com", "email",
+     [("email", "jane.doe%2540gmail.com")]),  # in a link inside a link: after the encoded '='
+    ("go /r?next=%2Funsub%3Fe%3Djane%40gmail.com%26t%3D1", "email", [("email", "jane%40gmail.com")]),
     ("Phone (mob.): 030 91456342", "phone", [("phone", "030 91456342")]),  # an abbreviation is no sentence end
     ("IBAN DE89 3704 0044 0532 0130 00.", "iban", [("iban", "DE89 3704 0044 0532 0130 00")]),
     ("IBAN GB82-WEST-1234-5698-7654-32", "iban", [("iban", "GB82-WEST-1234-5698-7654-32")]),
