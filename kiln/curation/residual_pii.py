@@ -676,7 +676,8 @@ _KEY_BLOCK = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----(?:\s|
 # secret) also 8+ characters with a letter and a digit, quoted or written as .env and YAML write values (not `name =
 # identifier`, which is code). Never a template or variable reference, a URL or a path (first character not a
 # letter or a digit, no "{{"), and never a call's argument (`get("password", ...)`: no ',' before the value).
-_CREDENTIAL_WORD = re.compile(r"secret|token|passw(?:or)?d|pwd|passphrase|credential|key")
+_CREDENTIAL_WORD = re.compile(  # followed by an assignment (most "key" and "token" in code are not: checked in C)
+    r"(?:secret|token|passw(?:or)?d|pwd|passphrase|credential|key)(?=(?:s|[_-]?key)?[\"']?\]?[ \t]*(?::=|=>|[:=]))")
 _KEY_QUALIFIED = re.compile(r"(?:" + KEY_QUALIFIERS + r")[_-]?$")
 _PASSWORD_NAMES = frozenset({"password", "passwd", "pwd", "passphrase", "secret"})
 _ASSIGNED = re.compile(
@@ -692,7 +693,9 @@ def _bits(s: str) -> float:
 
 
 def _assigned_secrets(text: str) -> Iterator[Span]:
-    lowered = text.translate(_ASCII_LOWER)
+    lowered = text.lower()
+    if len(lowered) != len(text):  # "İ" lowercases to two characters
+        lowered = text.translate(_ASCII_LOWER)
     for k in _CREDENTIAL_WORD.finditer(lowered):
         word = k.group()
         if word == "key" and not _KEY_QUALIFIED.search(lowered, max(0, k.start() - 16), k.start()):
