@@ -20,7 +20,8 @@ different patterns, so that the check finds what the redactor missed:
 - us_ssn: the SSA rules on AAA-GG-SSSS.
 - ipv4 / ipv6: `ipaddress` on address-shaped tokens.
 - secret: provider token prefixes (AWS AKIA/ASIA, GitHub ghp_/github_pat_, Slack xox?-, Stripe sk_live_/rk_live_,
-  Google AIza, GitLab glpat-, JSON Web Tokens) and private-key blocks with a body.
+  Google AIza, GitLab glpat-, JSON Web Tokens), private-key blocks with a body, and values assigned to credential
+  names (`api_key = "..."`, `password: ...`) that are credentials beyond doubt (_assigned_secrets).
 
 Very high precision is the point (a blocking check that cries wolf gets switched off), so the audit keeps
 Kiln's documented exemptions, implemented again: placeholders (`<EMAIL>`, ...) are blanked first (a naive
@@ -36,7 +37,8 @@ documents; this module: none).
 
 `residual_pii(text)` returns sorted, non-overlapping `(type, start, end)` spans; `residual_pii_fields` scans the
 `url` and `meta` of documents the same way.
-It imports only kiln.curation.pii's constants (type names, placeholders), never its detectors.
+It imports only kiln.curation.pii's constants (type names, placeholders, the words that make a "...key" a credential),
+never its detectors.
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ import bisect
 import datetime
 import ipaddress
 import json
+import math
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from urllib.parse import unquote, unquote_plus
 
@@ -56,6 +60,7 @@ from phonenumbers import (Leniency, PhoneNumber, PhoneNumberFormat, PhoneNumberM
                           format_number, is_possible_number_with_reason, is_valid_number, national_significant_number)
 
 from kiln.curation.pii import PII_TYPES, PLACEHOLDERS
+from kiln.curation.pii.secrets import KEY_QUALIFIERS
 
 Span = tuple[str, int, int]
 _DIGIT = re.compile(r"[0-9]")
@@ -137,7 +142,8 @@ _WHATWG_EMAIL = re.compile(
     r"[A-Za-z0-9][" + _ATEXT + r"]{0,63}@"
     r"((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+(?:[Xx][Nn]--[A-Za-z0-9-]{0,58}[A-Za-z0-9]|[A-Za-z]{2,63}))"
 )
-_WHATWG_EMAIL_ENCODED = re.compile(_WHATWG_EMAIL.pattern.replace("@", "%40", 1))
+_ENCODED_AT_SIGNS = ("%40", "%2540")  # '@' percent-encoded once, and twice (a URL in another URL's query)
+_WHATWG_EMAIL_ENCODED = {sign: re.compile(_WHATWG_EMAIL.pattern.replace("@", sign, 1)) for sign in _ENCODED_AT_SIGNS}
 _RESERVED_DOMAINS = ("example.com", "example.net", "example.org", "example.edu")  # RFC 2606
 _RESERVED_TLDS = frozenset({"example", "test", "invalid", "localhost", "local", "internal", "lan", "home", "arpa",
                             "localdomain", "domain", "tld"})
@@ -150,11 +156,15 @@ _FILE_EXTENSIONS = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "ico",
 
 def _emails(text: str) -> Iterator[Span]:
     yield from _emails_at(text, "@")
-    if "%40" in text:  # percent-encoded, as a URL carries it: "mailto:jane.doe%40gmail.com", "?email=jane%40corp.de"
-        yield from _emails_at(text, "%40")
+    # Percent-encoded, as a URL carries it ("mailto:jane.doe%40gmail.com", "?email=jane%40corp.de"), and encoded twice
+    # in a URL inside another URL's query ("?u=https%3A%2F%2Fx.io%2Fs%3Fe%3Djane%2540corp.de").
+    for sign in _ENCODED_AT_SIGNS:
+        if sign in text:
+            yield from _emails_at(text, sign)
 
 
 _QUERY_SEPARATORS = frozenset("?&=")
+_ENCODED_QUERY_SEPARATOR = re.compile(r"%(?:25)?(?:3[ADFadf]|26|2[Ff])")  # = : ? & / percent-encoded
 
 
 def _emails_at(text: str, sign: str) -> Iterator[Span]:
@@ -166,6 +176,8 @@ def _emails_at(text: str, sign: str) -> Iterator[Span]:
         while (start > 0 and at - start < 64 and _local_char(text[start - 1])
                and text[start - 1] not in _QUERY_SEPARATORS):
             start -= 1
+        if sign != "@":  # nor over those separators encoded, once or twice ("%3Fe%3Djane%40...": after "%3D")
+            start = max([start] + [m.end() for m in _ENCODED_QUERY_SEPARATOR.finditer(text, start, at)])
         stop = at + len(sign)
         while stop < len(text) and stop - at < 256 and (text[stop] == "." or _domain_char(text[stop])):
             stop += 1
@@ -202,11 +214,11 @@ def _domain_char(c: str) -> bool:
 
 
 def _ascii_address(text: str, start: int, at: int, sign: str = "@") -> tuple[int, int, str] | None:
-    """The WHATWG address whose '@' (`sign`: "%40" when percent-encoded) is at `at`, its local part starting at or
-    after `start`."""
+    """The WHATWG address whose '@' (`sign`: "%40" or "%2540" when percent-encoded) is at `at`, its local part
+    starting at or after `start`."""
     while start < at and not text[start].isalnum():  # a local part starts with a letter or digit
         start += 1
-    m = (_WHATWG_EMAIL if sign == "@" else _WHATWG_EMAIL_ENCODED).match(text, start) if start < at else None
+    m = (_WHATWG_EMAIL if sign == "@" else _WHATWG_EMAIL_ENCODED[sign]).match(text, start) if start < at else None
     return None if m is None else (start, m.end(), m.group(1).lower())
 
 
@@ -340,6 +352,7 @@ def _is_date(s: str) -> bool:
 
 
 _AFTER_PLUS = re.compile(r"\+[0-9]{1,4}[ .-]?$")
+_DOTTED_NATIONAL = re.compile(r"\+[0-9]{1,3} [0-9]+(?:\.[0-9]+){2,}")  # "+687 75.12.34" (New Caledonia)
 
 
 _NANP_NSN = re.compile(r"[2-9][0-9]{2}[2-9][0-9]{6}")  # NXX NXX-XXXX: no area code or exchange starts with 0 or 1
@@ -371,9 +384,10 @@ def _match_phones(text: str, lo: int, hi: int, region: str, leniency: int,
         if raw[0] != "+" and _AFTER_PLUS.search(text, max(0, start - 6), start):
             continue  # the rest of an international number the matcher found invalid: "+1 027-646-5868"
         # One '.', or '.' beside '-' or ' ', is a decimal or a clause number ("+35236450.6", "252.227-7013"):
-        # numbers written with dots use them between every group.
+        # numbers written with dots use them between every group (of the national number: "+687 75.12.34").
         dots = raw.count(".")
-        if (dots and (dots == 1 or "-" in raw or " " in raw.strip())) or _is_date(raw):
+        if (dots and (dots == 1 or "-" in raw or " " in raw.strip()) and not _DOTTED_NATIONAL.fullmatch(raw)) or (
+                _is_date(raw)):
             continue
         if m.number.extension is None and _clean_edges(text, start, end, prefixed=True):
             yield start, end
@@ -453,9 +467,9 @@ _IBAN_BY_LENGTH = {
     29: "BR EG PS QA UA", 30: "JO KW MU YE", 31: "MT SC", 32: "LC", 33: "RU",
 }
 IBAN_COUNTRY_LENGTHS: dict[str, int] = {c: n for n, cs in _IBAN_BY_LENGTH.items() for c in cs.split()}
-# Upper case, as ISO 13616 writes it, or lower case as people type it ("de89 3704 ..."): found from the check digits,
-# with the country read back.
-_IBAN_CHECK = re.compile(r"[0-9][0-9](?<=[A-Z][A-Z][0-9][0-9]|[a-z][a-z][0-9][0-9])")
+# Upper case, as ISO 13616 writes it, lower case as people type it ("de89 3704 ..."), or capitalised as a phone's
+# keyboard writes a message's first word ("De89 3704 ..."): found from the check digits, with the country read back.
+_IBAN_CHECK = re.compile(r"[0-9][0-9](?<=[A-Z][A-Z][0-9][0-9]|[A-Za-z][a-z][0-9][0-9])")
 _IBAN_BODY = re.compile(r"(?:[ -]?[A-Za-z0-9]){11,31}")
 
 
@@ -652,7 +666,69 @@ _KEY_BLOCK = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----(?:\s|
                         r"[A-Za-z0-9+/=]{16,}")
 
 
+# Values assigned to credential names: `api_key = "..."`, `"client_secret": "..."`, `DB_PASSWORD=...` in code, .env,
+# YAML and INI files, `?token=...&` in a query, `;Password=...;` in a connection string. A name ends in a credential
+# word (secret, token, password, passwd, pwd, passphrase, credential(s); "key" only after one of the words that make
+# it a credential: KEY_QUALIFIERS, the list the redactor reads too, one list), then `=`, `:`, `=>` or `:=`, then the
+# value: quoted, or unquoted where it ends its line (its query parameter after '?' or '&', its connection-string
+# field after ';'). Reported when a credential beyond doubt (this check must not cry wolf): 20+ characters of letters
+# and digits mixed, 3.5+ bits each, for any such name; for a password's name (password, passwd, pwd, passphrase,
+# secret) also 8+ characters with a letter and a digit, quoted or written as .env and YAML write values (not `name =
+# identifier`, which is code). Never a template or variable reference, a URL or a path (first character not a
+# letter or a digit, no "{{"), and never a call's argument (`get("password", ...)`: no ',' before the value).
+_CREDENTIAL_WORD = re.compile(  # followed by an assignment (most "key" and "token" in code are not: checked in C)
+    r"(?:secret|token|passw(?:or)?d|pwd|passphrase|credential|key)(?=(?:s|[_-]?key)?[\"']?\]?[ \t]*(?::=|=>|[:=]))")
+_KEY_QUALIFIED = re.compile(r"(?:" + KEY_QUALIFIERS + r")[_-]?$")
+_PASSWORD_NAMES = frozenset({"password", "passwd", "pwd", "passphrase", "secret"})
+_ASSIGNED = re.compile(
+    r"(?:s|[_-]?key)?[\"']?\]?[ \t]*(?P<op>:=|=>|[:=])[ \t]*"
+    r"(?:(?P<q>[\"'`])(?P<qv>[^\s\"'`<>]{8,256})(?P=q)|(?P<v>[^\s\"'`<>&;#,()\[\]{}]{8,256})(?P<end>[ \t]*(?:\r?\n|\Z)|[&#;]))")
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
+_CODE_NAME = re.compile(r"[A-Za-z_][\w.]*")  # `password = pw_hash`, `secret = self.key_v2`: code
+
+
+def _bits(s: str) -> float:
+    n = len(s)
+    return -sum(c / n * math.log2(c / n) for c in Counter(s).values())
+
+
+def _assigned_secrets(text: str) -> Iterator[Span]:
+    lowered = text.lower()
+    if len(lowered) != len(text):  # "İ" lowercases to two characters
+        lowered = text.translate(_ASCII_LOWER)
+    for k in _CREDENTIAL_WORD.finditer(lowered):
+        word = k.group()
+        if word == "key" and not _KEY_QUALIFIED.search(lowered, max(0, k.start() - 16), k.start()):
+            continue
+        m = _ASSIGNED.match(lowered, k.end())  # the name in any case: SECRET_KEY, dbPassword
+        if m is None:
+            continue
+        name_start = k.start()
+        while name_start > 0 and lowered[name_start - 1] in _NAME_CHARS:
+            name_start -= 1
+        before = text[name_start - 1 : name_start]
+        quoted = m.group("qv") is not None
+        start = m.start("qv" if quoted else "v")
+        value = text[start : m.end("qv" if quoted else "v")]
+        if not quoted:
+            value = value.rstrip(".!?:")  # a sentence's full stop
+        if not quoted and m.group("end")[:1] in ("&", "#", ";") and not (
+                before in ("?", "&") and m.group("end") in ("&", "#") or before == ";" and m.group("end") == ";"):
+            continue  # a value ends its line, or its query parameter or connection-string field
+        if not value[:1].isalnum() or "{{" in value or "://" in value or not any(c.isdigit() for c in value) or not any(
+                c.isalpha() for c in value):
+            continue
+        code = not quoted and _CODE_NAME.fullmatch(value) is not None  # `settings.SECRET_KEY_2024`, `pw_hash_v2`
+        if code and "." in value:
+            continue
+        if (len(value) >= 20 and _bits(value) >= 3.5) or (
+                word in _PASSWORD_NAMES and len(value) >= 8 and len(set(value)) >= 5
+                and not (code and "=" in m.group("op") and " " in lowered[k.end() : start])):
+            yield "secret", start, start + len(value)
+
+
 def _secrets(text: str) -> Iterator[Span]:
+    yield from _assigned_secrets(text)
     for gate, pattern in _TOKENS:
         if gate not in text:
             continue
@@ -724,9 +800,10 @@ def residual_pii(
 # finding of that type matches: a substring every finding contains, made of characters a blanked placeholder
 # never supplies. A text no screen matches is not scanned at all (most of a corpus).
 AUDIT_SCREENS: dict[str, str] = {
-    "secret": r"AKIA|ASIA|gh[pousr]_|github_pat_|xox[bpas]-|[sr]k_live_|AIza|glpat-|eyJ|PRIVATE KEY",
-    "email": "@|%40",
-    "iban": r"[A-Z]{2}[0-9]{2}|[a-z]{2}[0-9]{2}",
+    "secret": r"AKIA|ASIA|gh[pousr]_|github_pat_|xox[bpas]-|[sr]k_live_|AIza|glpat-|eyJ|PRIVATE KEY"
+              r"|(?i:secret|token|passw|pwd|passphrase|credential|(?:" + KEY_QUALIFIERS + r")[_-]?key)",
+    "email": "@|%40|%2540",
+    "iban": r"[A-Z]{2}[0-9]{2}|[A-Za-z][a-z][0-9]{2}",
     "credit_card": r"[0-9](?:[ -]?[0-9]){12}",
     "us_ssn": r"[0-9]{3}-[0-9]{2}-[0-9]{4}",
     "ipv4": r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]",

@@ -31,17 +31,26 @@ phonenumbers.re_util.enable_pattern_cache()
 # ends at "org". Local parts and domain labels hold any script's letters with their combining marks (RFC 6531
 # addresses: "प्रिया@gmail.com", "somsri@ตัวอย่าง.com"; Indic vowel signs and Thai vowels are marks, not letters).
 _EMAIL_CHAR = r"[\w%+" + MARKS_BMP + r"-]"
-_EMAIL = re.compile(
-    r"(?<!" + _WORD + r")(?<![%+" + MARKS_BMP + r"-])" + _EMAIL_CHAR + r"+(?:\." + _EMAIL_CHAR + r"+)*"
+_EMAIL_LEAD = r"(?<!" + _WORD + r")(?<![%+" + MARKS_BMP + r"-])"
+_EMAIL_BODY = (
+    _EMAIL_CHAR + r"+(?:\." + _EMAIL_CHAR + r"+)*"
     r"@(?![0-9]+(?:\.[0-9]+)?x\.(?:png|jpe?g|gif|webp|svg|ico|bmp|avif)(?![\w-]))"
     r"(?:[^\W_][\w" + MARKS_BMP + r"-]{0,62}\.)+"
     r"(?:[Xx][Nn]--[A-Za-z0-9-]{0,58}[A-Za-z0-9]"  # an IDNA top-level domain in ASCII: xn--p1ai (.рф)
     r"|(?:[^\W\d_" + _UNSPACED + r"][" + MARKS_BMP + r"]*){2,63}|(?:[" + _UNSPACED + r"][" + MARKS_BMP + r"]*){2,63})"
     r"(?!" + _WORD + r")(?!-)(?!:[\w~/])"
 )
+_EMAIL = re.compile(_EMAIL_LEAD + _EMAIL_BODY)
 # The same address percent-encoded, as a URL written into text carries it ("mailto:jane.doe%40example.org",
-# "?email=jane.doe%40gmail.com&..."): its '@' written "%40".
-_EMAIL_ENCODED = re.compile(_EMAIL.pattern.replace("@", "%40", 1))
+# "?email=jane.doe%40gmail.com&..."): its '@' written "%40"; or encoded twice, as a URL inside another URL's query
+# carries it (a redirect or tracking link: "?u=https%3A%2F%2Fx.com%2Fsub%3Fe%3Djane.doe%2540gmail.com"): "%2540".
+# Its local part starts after the link's own syntax encoded before it ('=', '?', '&', '/', ':' encoded once or twice:
+# "%3Femail%3Djane%40...", "%253Fe%253Djane%252540..."): "email%3D" is the rest of the link, not the address.
+_ENCODED_AT_SIGNS = ("%40", "%2540")
+_ENCODED_SEPARATOR = re.compile(r"%(?:25)?(?:3[ADFadf]|26|2[Ff])")
+_AFTER_ENCODED_SEPARATOR = r"(?:(?<=%3[ADFadf])|(?<=%26)|(?<=%2[Ff])|(?<=%253[ADFadf])|(?<=%2526)|(?<=%252[Ff])|"
+_EMAIL_ENCODED = {sign: re.compile(_AFTER_ENCODED_SEPARATOR + _EMAIL_LEAD + ")" + _EMAIL_BODY.replace("@", sign, 1))
+                  for sign in _ENCODED_AT_SIGNS}
 _LOCAL = frozenset("_%+-")  # local-part characters besides letters, digits, marks and single dots
 _MARK = re.compile("[" + MARKS_BMP + "]")
 
@@ -52,8 +61,9 @@ def _is_local(c: str) -> bool:
 
 def _find_email(text: str) -> Iterator[tuple[int, int]]:
     yield from _find_email_at(text, "@", _EMAIL)
-    if "%40" in text:
-        yield from _find_email_at(text, "%40", _EMAIL_ENCODED)
+    for sign, pattern in _EMAIL_ENCODED.items():
+        if sign in text:
+            yield from _find_email_at(text, sign, pattern)
 
 
 def _find_email_at(text: str, sign: str, pattern: re.Pattern) -> Iterator[tuple[int, int]]:
@@ -69,6 +79,9 @@ def _find_email_at(text: str, sign: str, pattern: re.Pattern) -> Iterator[tuple[
         ):
             start -= 1
         start = _local_part_start(text, start, at)
+        if sign != "@":
+            for sep in _ENCODED_SEPARATOR.finditer(text, start, at):
+                start = sep.end()
         m = pattern.match(text, start)
         if m is not None and not _in_url_userinfo(text, start):
             yield m.span()
@@ -147,7 +160,8 @@ _PHONE_INTL = re.compile(
     r"(?:" + _PHONE_SEP + r"?\([0-9]{1,5}\)" + _PHONE_SEP + r"?[0-9]+|" + _PHONE_SEP + r"[0-9]+){0,8}"
 )
 # National formats (no country code: 030 91456342, 06 12 34 56 78, (021) 737 8957, 0459/45.66.33,
-# 8 (925) 620-38-13, 090-7385-4464) are how most people write their number, and look like any list of
+# 8 (925) 620-38-13, 090-7385-4464; a trunk prefix and an area code in one pair of parentheses: Hungary's
+# (06 1) 234 5678, Lithuania's (0-312) 34567, Turkmenistan's (8 12) 34-56-78) are how most people write their number, and look like any list of
 # numbers in code and tables. A national candidate counts when libphonenumber says it is a valid number of
 # one of `phone_regions` (or a possible one, _possible_number, written with the region's trunk prefix and
 # at least _MIN_POSSIBLE_NATIONAL digits after it), written the way that region writes it (its trunk prefix
@@ -170,7 +184,7 @@ _PHONE_INTL = re.compile(
 # (The look-aheads ask for seven digits with at most two separator characters between neighbours: most numbers in
 # code are shorter, and are dropped before any Python runs.)
 _NATIONAL = re.compile(
-    r"(?:\(" + _unglued(r"\(") + r"(?<![+(.]\()(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){7})0?[0-9]{1,5}\)"
+    r"(?:\(" + _unglued(r"\(") + r"(?<![+(.]\()(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){7})0?[0-9]{1,5}(?:[ -][0-9]{1,4})?\)"
     r"|[0-9]" + _unglued("[0-9]") + r"(?<![+.(][0-9])(?<![0-9][.,/-][0-9])(?<![A-Za-z]-[0-9])"
     r"(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6})"
     r"[0-9]*)"
@@ -178,7 +192,7 @@ _NATIONAL = re.compile(
 )
 # The candidates an uncued number can be (_TRUNK_START): the same runs as _NATIONAL finds, found from their start.
 _NATIONAL_TRUNK = re.compile(
-    r"(?:\(" + _unglued(r"\(") + r"(?<![+(.]\()(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){7})0?[0-9]{1,5}\)"
+    r"(?:\(" + _unglued(r"\(") + r"(?<![+(.]\()(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){7})0?[0-9]{1,5}(?:[ -][0-9]{1,4})?\)"
     r"|0" + _unglued("0") + r"(?<![+.(]0)(?<![0-9][.,/-]0)(?<![A-Za-z]-0)(?=[0-9])"
     r"(?=(?:[ \u00a0\u202f./()-]{0,2}[0-9]){6})[0-9]*"
     r"|8" + _unglued("8") + r"(?<![+.(]8)(?<![0-9][.,/-]8)(?<![A-Za-z]-8)(?= \([0-9])"
@@ -255,18 +269,26 @@ _DATE_START = re.compile(
     r"(?:(?:19|20)[0-9]{2}([./-])(?:0?[1-9]|1[0-2])\1(?:0?[1-9]|[12][0-9]|3[01])"
     r"|(?:0?[1-9]|[12][0-9]|3[01])([./-])(?:0?[1-9]|1[0-2])\2(?:19|20)[0-9]{2})(?![0-9])")
 # AAA-GG-SSSS is a US social security number's shape, and the us_ssn detector's to decide (SSA rules); as a
-# labelled national number it would be valid somewhere ("call me at 666-12-3456": a Spanish mobile).
+# labelled national number it would be valid somewhere ("call me at 666-12-3456": a Spanish mobile). Written with
+# spaces after a phone cue it is a phone number (Tajikistan's national format, "Tel: 372 12 3456"; an SSN so written
+# needs an SSN label, and that detector comes first).
 _SSN_SHAPE = re.compile(r"[0-9]{3}[- ][0-9]{2}[- ][0-9]{4,5}")
 _NON_DIGITS = re.compile(r"[^0-9]+")
 _NOT_BINARY = re.compile(r"[2-9]")
 
 
+# A country code, a space, and the national number in dotted groups, as New Caledonia and French Polynesia write it
+# ("+687 75.12.34"; France's "+33 1.23.45.67.89"): dots throughout the national number, so no decimal.
+_DOTTED_AFTER_COUNTRY_CODE = re.compile(r"\+[0-9]{1,3}[ \u00a0\u202f][0-9]+(?:\.[0-9]+){2,}")
+
+
 def _shape_ok(s: str) -> bool:
     # Dots mixed with other separators, or a single one, are decimals ("+3.14 2.71", "+35236450.6"), never a
-    # phone number (dotted ones use dots throughout: +33.1.23.45.67.89). E.164 allows at most 15 digits (a
-    # national trunk "0" makes 16 and an international "00" prefix 17).
+    # phone number (dotted ones use dots throughout: +33.1.23.45.67.89, +687 75.12.34). E.164 allows at most 15
+    # digits (a national trunk "0" makes 16 and an international "00" prefix 17).
     seps = set(_PHONE_SEPS.findall(s))
-    if "." in seps and (len(seps - {".", "/"}) > 0 or (s.count(".") == 1 and "/" not in seps)):
+    if "." in seps and (len(seps - {".", "/"}) > 0 or (s.count(".") == 1 and "/" not in seps)) and not (
+            _DOTTED_AFTER_COUNTRY_CODE.fullmatch(s)):
         return False
     if _DATE_LIKE.fullmatch(s.lstrip("+")) or _DATE_START.match(s.lstrip("+(")):
         return False
@@ -308,16 +330,18 @@ def _possible_number(n: phonenumbers.PhoneNumber) -> bool:
 
 
 @lru_cache(maxsize=8)
-def _region_table(regions: tuple[str, ...]) -> tuple[tuple[str, str, re.Pattern, phonenumbers.PhoneMetadata | None],
-                                                     ...]:
-    """(region, trunk prefix, its numbers' general pattern, its metadata where it rewrites a number as it parses it):
-    a cheap test before libphonenumber's own."""
+def _region_table(regions: tuple[str, ...]) -> tuple[tuple[str, str, re.Pattern, re.Pattern | None,
+                                                           phonenumbers.PhoneMetadata | None], ...]:
+    """(region, trunk prefix, its numbers' general pattern, the prefixes its numbers are read without (libphonenumber's
+    national_prefix_for_parsing: Belarus writes its trunk prefix 8 and then the area code's 0, "8 0152 45-09-11"), its
+    metadata where it rewrites a number as it parses it): a cheap test before libphonenumber's own."""
     out = []
     for region in regions:
         md = phonenumbers.PhoneMetadata.metadata_for_region(region)
         if md is None or md.general_desc is None or md.general_desc.national_number_pattern is None:
             continue
         out.append((region, md.national_prefix or "", re.compile(md.general_desc.national_number_pattern),
+                    re.compile(md.national_prefix_for_parsing) if md.national_prefix_for_parsing else None,
                     md if md.national_prefix_transform_rule else None))
     return tuple(out)
 
@@ -368,15 +392,17 @@ _MIN_POSSIBLE_NATIONAL = 8
 def _national_ok(s: str, regions: tuple[str, ...], grouped: bool) -> bool:
     """A national-format number valid in one of `regions` and written as that region writes it (see above);
     `grouped`: also grouped as the region groups it."""
-    if not _shape_ok(s) or _SSN_SHAPE.fullmatch(s):
-        return False
+    if not _shape_ok(s) or (_SSN_SHAPE.fullmatch(s) and ("-" in s or grouped)):
+        return False  # spaced after a phone cue, it is the number the cue names (Tajikistan's "372 12 3456")
     digits = _NON_DIGITS.sub("", s)
     written = _DIGIT_GROUPS.findall(s)
     if len(digits) < 7 or _isbn_like(digits, written):
         return False
-    for region, trunk, general, rewrites in _region_table(regions):
+    for region, trunk, general, prefixes, rewrites in _region_table(regions):
         nsn = digits[len(trunk):] if trunk and digits.startswith(trunk) else digits
+        read = prefixes.match(digits) if prefixes is not None else None
         if not (general.fullmatch(nsn) or general.fullmatch(digits) or digits.startswith("00")
+                or (read is not None and general.fullmatch(digits[read.end():]))
                 or general.fullmatch(_parsed_national(digits, rewrites))):
             continue
         try:

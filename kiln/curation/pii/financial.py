@@ -27,12 +27,14 @@ IBAN_LENGTHS: dict[str, int] = {
     "IR": 26,  # not in SWIFT's registry: Iran's own Sheba number, ISO 13616 in form, written on every Persian invoice
 }
 # Upper case, as ISO 13616 writes both forms, or in lower case as people type them ("de89 3704 0044 0532 0130 00",
-# "gb82west12345698765432", "GB82 west ..."). A lower-case country is found from its check digits (a pattern led by a
-# lower-case letter is tried at most positions of a text: several times slower), two characters before its match.
+# "gb82west12345698765432", "GB82 west ..."), or with a capital first letter: a phone's keyboard capitalises the first
+# word of a message or a line ("De89 3704 ...", "Gb82 West ..."). A country not in capitals is found from its check
+# digits (a pattern led by a lower-case letter is tried at most positions of a text: several times slower), two
+# characters before its match. A word is never one: the country's exact length and mod 97 (1 in 97) must hold too.
 _IBAN_BODY = (r"(?:[{a}0-9]{{11,30}}"
               r"|(?P<sep>[ -])[{a}0-9]{{4}}(?:(?P=sep)[{a}0-9]{{4}}){{1,6}}(?:(?P=sep)[{a}0-9]{{1,4}})?)")
 _IBAN = re.compile(r"[A-Z]{2}[0-9]{2}" + _IBAN_BODY.format(a="A-Za-z"))
-_IBAN_LOWER = re.compile(r"[0-9]{2}(?<=[a-z]{2}[0-9]{2})" + _IBAN_BODY.format(a="A-Za-z"))
+_IBAN_LOWER = re.compile(r"[0-9]{2}(?<=[A-Za-z][a-z][0-9]{2})" + _IBAN_BODY.format(a="A-Za-z"))
 _HEX = frozenset("0123456789abcdef")
 
 

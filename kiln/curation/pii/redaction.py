@@ -70,12 +70,12 @@ SCREENS: dict[str, str] = {
               r"|private key|secret|token|passw|pwd|credential|akia|asia|gh[pousr]_|github_pat_|xox[abpr]-"
               # a name ending in "pass" or "passphrase" (DB_PASS, dbPass): only with its assignment (code says "pass")
               r"|pass(?:phrase)?(?:[_-]?(?:access[_-]?)?key|s)?[\"']?\]?\s*(?::=|=>|[:=,])",
-    "email": "@|%40",
+    "email": "@|%40|%2540",
     "ipv6": r":[0-9A-Fa-f]{0,4}:",
     "ipv4": r"[0-9]\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]",
     "credit_card": r"[0-9]{12}|[0-9]{3}[ -][0-9]{4}",
     "us_ssn": r"[0-9]{3}[ -][0-9]{2}[ -][0-9]{4}",
-    "iban": r"(?:[A-Z]{2}|[a-z]{2})[0-9]{2}(?:[ -]?[A-Za-z0-9]{4}){2}",
+    "iban": r"(?:[A-Z]{2}|[A-Za-z][a-z])[0-9]{2}(?:[ -]?[A-Za-z0-9]{4}){2}",
     "phone": r"[0-9]{3}[.-][0-9]{4}|\+[1-9](?:[0-9]{5}|[0-9]{0,4}[ \x{a0}\x{202f}./()-])",
 }
 # Provider tokens, Slack webhooks, passwords in URLs and Authorization headers (the `tokens` part of _find_secret):
@@ -108,7 +108,8 @@ PHONE_CUE_SCREEN = "|".join((
     r"\|[ \t]*\(?" + _D7,  # a table cell
 ))
 PHONE_TRUNK_SCREEN = (
-    r"\b0[0-9](?:[ \x{a0}\x{202f}./()-]{0,2}[0-9]){5}|\(0?[0-9]{1,5}\)[ \x{a0}\x{202f}./-]{0,2}[0-9]|8 \([0-9]")
+    r"\b0[0-9](?:[ \x{a0}\x{202f}./()-]{0,2}[0-9]){5}"
+    r"|\(0?[0-9]{1,5}(?:[ -][0-9]{1,4})?\)[ \x{a0}\x{202f}./-]{0,2}[0-9]|8 \([0-9]")
 PHONE_NATIONAL_SCREEN = PHONE_CUE_SCREEN + "|" + PHONE_TRUNK_SCREEN
 
 

@@ -56,6 +56,9 @@ _QUALIFIER_REACH = 16  # characters before "key" that _KEY_QUALIFIER reads
 # passwords have them), to the next '&' in a URL query (`?token=...&`) and to the next ';' in a connection
 # string (`Server=db;Password=...;Encrypt=True`): which one is decided by what precedes the key.
 _ASSIGN_OP = r"(?:[_-]?(?:[Aa][Cc][Cc][Ee][Ss][Ss][_-]?)?[Kk][Ee][Yy]|[Ss])?(?:[\"']\]?\s*(?::=|=>|[:=,])|\]?\s*(?::=|=>|[:=]))\s*"
+# A value written as a form body or a query string without its '?' ("client_secret=...&grant_type=client_credentials",
+# an OAuth token request at the start of a text or after `curl -d '`) ends where the next `&name=` starts.
+_NEXT_PARAM = re.compile(r"&[A-Za-z_][\w.-]*=")
 # A line's unquoted value may also end where the next `name=value` of the same line starts (libpq's
 # "host=db password=... dbname=app", a log line's "password=... user=bob").
 _QUOTED = r"(?P<q>[\"'`])(?P<qv>[^\s\"'`<>]{6,256}+)(?P=q)"  # possessive: never retry shorter values
@@ -218,6 +221,10 @@ def _find_secret(text: str, tokens: bool = True) -> Iterator[tuple[int, int]]:
         before = text[key_start - 1 : key_start]
         kind = "query" if before in ("?", "&") else "dsn" if before == ";" else "line"
         m = _ASSIGNED_VALUE[kind].match(text, k.end())
+        if kind == "line" and "&" in text[k.end() : k.end() + 300]:
+            q = _ASSIGNED_VALUE["query"].match(text, k.end())
+            if q is not None and q.group("v") is not None and _NEXT_PARAM.match(text, q.end("v")):
+                kind, m = "query", q  # a form body or a query without its '?': "client_secret=...&grant_type=..."
         if m is None:
             continue
         group = "qv" if m.group("qv") is not None else "v"

@@ -70,6 +70,13 @@ POSITIVES = [
     # percent-encoded, as a URL written into text carries it: '@' is "%40"
     ("mailto:jane.doe%40example.org", "mailto:<EMAIL>"),
     ("share https://x.io/s?email=jane.doe%40gmail.com&ref=1 now", "share https://x.io/s?email=<EMAIL>&ref=1 now"),
+    # encoded twice ('%' is "%25"), as a URL inside another URL's query carries it: '@' is "%2540"
+    ("unsubscribe?u=jane.doe%2540gmail.com&t=1", "unsubscribe?u=<EMAIL>&t=1"),
+    ("mailto:jane.doe%2540corp-mail.de", "mailto:<EMAIL>"),
+    # in a link inside a link: the address starts after the encoded '=' ("%3D"), not at the inner link's scheme
+    ("go https://x.io/r?u=https%3A%2F%2Fy.com%2Fs%3Fe%3Djane.doe%2540gmail.com now",
+     "go https://x.io/r?u=https%3A%2F%2Fy.com%2Fs%3Fe%3D<EMAIL> now"),
+    ("go /r?next=%2Funsub%3Fe%3Djane%40gmail.com%26t%3D1", "go /r?next=%2Funsub%3Fe%3D<EMAIL>%26t%3D1"),
     # phone
     ("Call (555) 123-4567 now", "Call <PHONE> now"),
     ("Call 555-123-4567.", "Call <PHONE>."),
@@ -178,6 +185,7 @@ NEAR_MISSES = [
     # email-ish
     'printf("%40s|%-40s", name.c, host)',  # a format width, not an encoded '@'
     "pkg%401.2.3 and user%40localhost",
+    "pkg%25401.2.3 and user%2540localhost",  # the same, encoded twice
     "pip install pkg@1.2",
     "@property\ndef name(self): ...",
     "ssh user@localhost",
@@ -487,6 +495,18 @@ def test_lower_case_ibans_are_redacted():
     for text in ("konto no71 1234 5678 930", "oid ad125f3c9e0b7a14d2e68c11", "AD125f3c9e0b7a14d2e68c11",
                  "de88 3704 0044 0532 0130 00",
                  "id_de89370400440532013000"):
+        assert red(text) == text
+
+
+def test_capitalised_ibans_are_redacted():
+    # A phone's keyboard capitalises the first word of a message: the Norwegian account whose check digits (71) are
+    # worked by hand above, and the SWIFT registry's German and British examples, with a capital first letter. Near
+    # misses: wrong check digits (70: 27 + 70 = 97, a remainder of 0, not 1), a country the registry lacks ("Id"),
+    # the same characters glued to a word, and a capitalised word with digits too short for its country ("No71 to").
+    assert_redacted_alone_and_in_batch("No71 1234 5678 903 is my account.", "<IBAN> is my account.")
+    assert_redacted_alone_and_in_batch("De89 3704 0044 0532 0130 00", "<IBAN>")
+    assert_redacted_alone_and_in_batch("Gb82 West 1234 5698 7654 32", "<IBAN>")
+    for text in ("No70 1234 5678 903", "Id71 1234 5678 903", "Kno7112345678903", "take bus No71 to Oslo 1234 5678"):
         assert red(text) == text
 
 
@@ -957,6 +977,37 @@ def test_national_numbers_a_region_rewrites_when_parsing_are_redacted(text, regi
     assert red(text, phone_regions=[region]) == text.replace(number, "<PHONE>")
 
 
+# Libphonenumber's own example numbers of these countries, written as it formats them (format_number NATIONAL and
+# INTERNATIONAL), in a corpus of that country: a trunk prefix and an area code in one pair of parentheses with a
+# separator inside (Hungary, Lithuania, Turkmenistan), Belarus's trunk prefix 8 before the area code's 0, Tajikistan's
+# national numbers in the spaced AAA GG SSSS shape (after a phone cue; an SSN so written needs an SSN label), and New
+# Caledonia's national number in dotted groups after its country code.
+@pytest.mark.parametrize(("text", "region", "expected"), [
+    ("Tel: (06 1) 234 5678", "HU", "Tel: <PHONE>"),
+    ("Budapest (06 1) 234 5678", "HU", "Budapest <PHONE>"),  # no cue: grouped as Hungary groups it
+    ("Tel.: (0-312) 34567", "LT", "Tel.: <PHONE>"),
+    ("Mob. (0-612) 34567", "LT", "Mob. <PHONE>"),
+    ("\u0422\u0435\u043b.: 8 029 491-19-11", "BY", "\u0422\u0435\u043b.: <PHONE>"),  # Тел.
+    ("Tel: 8 0152 45-09-11", "BY", "Tel: <PHONE>"),
+    ("Tel: (8 12) 34-56-78", "TM", "Tel: <PHONE>"),
+    ("Tel: 372 12 3456", "TJ", "Tel: <PHONE>"),
+    ("T\u00e9l. +687 75.12.34", "FR", "T\u00e9l. <PHONE>"),
+    ("mobile +687 75.12.34.", "US", "mobile <PHONE>."),
+])
+def test_national_formats_of_more_countries_are_redacted(text, region, expected):
+    assert red(text, phone_regions=[region]) == expected
+
+
+@pytest.mark.parametrize(("text", "region", "expected"), [
+    ("SSN: 078 05 1120", "TJ", [("us_ssn", "078 05 1120")]),  # labelled, the spaced shape is an SSN still
+    ("call me at 666-12-3456", "ES", []),  # dashed: the SSN's shape, never a phone number (and 666 is never issued)
+    ("matrix (2 3) 4567 8901 of rank 2", "HU", []),
+    ("scores +3.14 2.71.5 and +1 2.5.6", "US", []),
+])
+def test_shapes_beside_those_formats_stay_as_they_were(text, region, expected):
+    assert [(m.type, text[m.start : m.end]) for m in find_pii(text, phone_regions=[region])] == expected
+
+
 # Code that only looks like an assignment to a credential name: a list of strings (a quoted name then a comma is
 # a call's argument only after '(': setdefault("API_KEY", "...")), and a keyword argument whose value is more code.
 @pytest.mark.parametrize("text", [
@@ -978,6 +1029,12 @@ def test_code_around_credential_names_stays(text):
     ('{"username": "admin", "password": "P@55w0rd!"}', '{"username": "admin", "password": "<SECRET>"}'),
     ("DB_PASS=hunter2x9", "DB_PASS=<SECRET>"),
     ("POST /token?client_secret=abc123xyz&grant_type=x", "POST /token?client_secret=<SECRET>&grant_type=x"),
+    # a form body (an OAuth token request) without its '?': the value ends at the next "&name=", at the start of a
+    # text and after `curl -d '`; a password with a '&' but no "name=" after it stays whole
+    ("client_secret=abc123xyz&grant_type=client_credentials", "client_secret=<SECRET>&grant_type=client_credentials"),
+    ("curl -d 'client_secret=abc123xyz&grant_type=client_credentials' https://auth.example.net/token",
+     "curl -d 'client_secret=<SECRET>&grant_type=client_credentials' https://auth.example.net/token"),
+    ("DB_PASSWORD=Tr0ub4dor&3", "DB_PASSWORD=<SECRET>"),
     ("token=Ab12Cd34Ef56Gh78Ij90 user=bob", "token=<SECRET> user=bob"),  # a long one mid-line too
 ])
 def test_short_and_mid_line_passwords_are_redacted(text, expected):
