@@ -202,6 +202,29 @@ def test_charsets_decode_as_browsers_decode_them():
 
 
 
+def test_an_xml_declaration_names_the_charset_of_xhtml_and_of_html_without_a_meta():
+    """An XML declaration's encoding is what an XML parser reads an XHTML page in (XML 1.0 appendix F, RFC 7303: after
+    a byte-order mark and the HTTP charset, before anything else), and what WHATWG HTML's prescan falls back to for
+    text/html when no <meta> names one ("get an XML encoding", as Blink and WebKit, and Gecko since 2021). Such a
+    windows-1251 XHTML page without a <meta> was quarantined as invalid_utf8."""
+    body = "<body><p>\u0421\u044a\u0435\u0448\u044c \u0436\u0435 \u0435\u0449\u0451</p></body></html>"
+    xhtml = ('<?xml version="1.0" encoding="windows-1251"?>\n<html xmlns="http://www.w3.org/1999/xhtml"><head>'
+             '<title>t</title></head>' + body)
+    for content_type in ("application/xhtml+xml", "text/html", None):
+        assert decode_html(xhtml.encode("cp1251"), content_type) == (xhtml, "cp1251")
+    assert decode_html(xhtml.encode("cp1251"), "application/xhtml+xml; charset=koi8-r")[1] == "koi8-r"  # HTTP first
+    # XHTML: the declaration before a <meta>; HTML: a <meta> before the declaration
+    both = '<?xml version="1.0" encoding="koi8-r"?><html><head><meta charset="windows-1251"/></head>' + body
+    assert decode_html(both.encode("koi8-r"), "application/xhtml+xml") == (both, "koi8-r")
+    assert decode_html(both.encode("cp1251"), "text/html") == (both, "cp1251")
+    # single quotes and spaces around "=" are the declaration's; one not at the start, or an unquoted or spaced
+    # label, is none (UTF-8); UTF-16 declared in ASCII bytes is UTF-8
+    assert decode_html(("<?xml version='1.0' encoding = 'KOI8-R' ?>" + body).encode("koi8-r"))[1] == "koi8-r"
+    for page in (' <?xml version="1.0" encoding="koi8-r"?>', "<?xml version=1.0 encoding=koi8-r?>",
+                 '<?xml version="1.0" encoding="koi8 r"?>', '<?xml version="1.0" encoding="UTF-16"?>'):
+        assert decode_html((page + body).encode("utf-8"), "application/xhtml+xml") == (page + body, "utf-8"), page
+
+
 def test_a_meta_charset_anywhere_in_the_head_is_read_and_one_in_a_comment_is_not():
     """Browsers honour a <meta> charset anywhere in <head> (WHATWG HTML: one met after the prescan's first bytes
     "changes the encoding"; Blink scans to the first body tag), and the prescan skips comments and passes over a

@@ -1,6 +1,7 @@
 """Whether a document reached training: `membership(store, config, text=... | doc_id=...)`.
 
-A document is found by doc_id, or by its text: exactly (exact dedup's normalization), else as a near-duplicate
+A document is found by doc_id, or by its text: exactly (curation's `normalize` step, then exact dedup's
+folding, on the question as on the documents), else as a near-duplicate
 through the MinHash bucket index in the dedup_index datasets. It is then traced through every document stage and
 the token shards' member lists: in the training set, or where and why it left (and, for a removed duplicate,
 whether its kept copy was trained on). A shard set a continued run replayed counts as that checkpoint's training
@@ -412,23 +413,40 @@ def _unreadable(stage: str, exc: PermissionError) -> str:
     return f"{stage} is not readable by this user ({exc.filename}); ask its owner for access"
 
 
-def _exact_settings(catalog: Catalog, config: ProjectConfig) -> ExactDedup:
-    """The exact-dedup normalization the store was built with (its manifest), else the config's."""
-    for p in catalog.partitions(FILTERED):
-        recorded = catalog.manifest(FILTERED, p).config.get("exact_dedup")
-        if recorded:
-            return ExactDedup.model_validate(recorded)
-    return config.curation.exact_dedup
+def _curation_of(catalog: Catalog, config: ProjectConfig, partition: str | None = None) -> tuple[Any, ExactDedup]:
+    """The `normalize` step and exact-dedup folding a partition's documents were curated with (its filtered_documents
+    manifest; partition None: the first one recorded), else the config's. The normalizer is None where the recorded
+    steps had no `normalize`."""
+    from kiln.curation.filters.registry import build_step
+
+    recorded: dict[str, Any] = {}
+    for p in catalog.partitions(FILTERED) if partition is None else [partition]:
+        if (manifest := catalog.manifest(FILTERED, p)) is not None and manifest.config.get("exact_dedup"):
+            recorded = manifest.config
+            break
+    if recorded.get("steps") is not None:
+        params = next((s.get("params") or {} for s in recorded["steps"] if s.get("step") == "normalize"), None)
+    else:
+        params = config.curation.normalize
+    exact = ExactDedup.model_validate(recorded["exact_dedup"]) if recorded else config.curation.exact_dedup
+    return (build_step("normalize", params) if params is not None else None), exact
+
+
+def _curated_hash(text: str, normalizer: Any, exact: ExactDedup) -> str:
+    """A text's hash as exact dedup stored it for a document curated so: normalized by the `normalize` step first
+    (NFC, soft hyphens and zero-width characters out, mojibake fixed), then folded as exact dedup folds."""
+    return content_hash(normalizer.normalized(text) if normalizer is not None else text, exact.lowercase,
+                        exact.collapse_whitespace)
 
 
 def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[list[str], list[str]]:
-    """doc_ids whose text is this text after exact dedup's normalization: the filtered documents' stored
-    content hashes first (text as curated, PII placeholders included), else the raw documents' texts
-    (text as it came in: also finds documents the filters removed); with a note where those are not readable."""
-    settings = _exact_settings(catalog, config)
-    wanted = content_hash(text, settings.lowercase, settings.collapse_whitespace)
+    """doc_ids whose text is this text after curation's normalization and exact dedup's: the filtered documents'
+    stored content hashes first (text as curated, PII placeholders included), else the raw documents' texts, both
+    sides normalized (text as it came in: also finds documents the filters removed); with a note where those are
+    not readable. Each partition is compared as it was curated (its manifest's settings)."""
     found: list[str] = []
     for p in catalog.partitions(FILTERED):
+        wanted = _curated_hash(text, *_curation_of(catalog, config, p))
         for path in catalog.store.files(FILTERED, p, "documents"):
             if "content_hash" in pq.read_schema(path).names:
                 table = pq.read_table(path, columns=["doc_id"], filters=[("content_hash", "=", wanted)])
@@ -437,9 +455,11 @@ def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[
         return sorted(set(found)), []
     try:
         for p in catalog.partitions(RAW):
+            curation = _curation_of(catalog, config, p)
+            wanted = _curated_hash(text, *curation)
             for batch in catalog.store.iter_batches(RAW, p, columns=["doc_id", "text"]):
                 for d, t in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
-                    if content_hash(t, settings.lowercase, settings.collapse_whitespace) == wanted:
+                    if _curated_hash(t, *curation) == wanted:
                         found.append(d)
     except PermissionError as exc:
         return sorted(set(found)), [_unreadable(RAW, exc) + ": the texts filters removed were not searched"]
@@ -470,6 +490,9 @@ def _near_match(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[tup
              "`kiln dedup migrate-index`): not searched"] if unmigrated else []
     if not folders:
         return None, notes + ["no near-duplicate index in the store: only exact matches were searched"]
+    normalizer = _curation_of(catalog, config)[0]  # the index holds curated texts: the query normalized as they were
+    if normalizer is not None:
+        text = normalizer.normalized(text)
     signatures, shingles, _ = sign_texts([text], near, near.scheme)  # as the signature stage made the index's
     try:
         found = near_matches(folders, shingles, signatures[0], near)

@@ -41,7 +41,14 @@ class UnicodeNormalize:
     newlines: bool = True  # \r\n and \r become \n
 
     def __call__(self, doc: Document) -> Verdict:
-        text = doc.text
+        text = self.normalized(doc.text)
+        if not text.strip():
+            return drop(self.name, "empty_after_normalization", text)
+        return keep(text, chars_changed=int(text != doc.text))
+
+    def normalized(self, text: str) -> str:
+        """The text as this step writes it: what a text compared with curated documents (a takedown's, a membership
+        question's) goes through first, so that it matches in any form the step folds (NFD, soft hyphens, mojibake)."""
         if not text.isascii():  # ASCII has no mojibake and is already in every normal form: skip the slow part
             if self.fix_mojibake:
                 # ftfy works line by line; ASCII lines (most lines of most documents) have nothing to repair, so
@@ -52,6 +59,4 @@ class UnicodeNormalize:
             text = text.replace("\r\n", "\n").replace("\r", "\n")
         if self.strip_control:
             text = _CONTROL.sub("", text)
-        if not text.strip():
-            return drop(self.name, "empty_after_normalization", text)
-        return keep(text, chars_changed=int(text != doc.text))
+        return text

@@ -23,7 +23,7 @@ from kiln.common.config import Reading, Source
 from kiln.common.display import UNSEEN
 from kiln.common.removals import EXCERPT_MOST_READS, kept_text, text_hash
 from kiln.curation.documents import Document, make_doc_id
-from kiln.curation.readers.html import Extracted, decode_html, extract
+from kiln.curation.readers.html import XHTML, Extracted, decode_html, extract
 from kiln.curation.readers.paths import SourceFile
 
 # A structured record nested deeper than this (lists/objects in lists/objects) is quarantined as too_deep: Python's
@@ -416,7 +416,8 @@ def read_html(f: SourceFile, source: Source, reading: Reading) -> Iterator[Docum
     if not data.strip():
         yield quarantine(source.name, f.relative, "empty_file")
         return
-    html = decoded_html(data, None, source.name, f.relative)
+    # a .xhtml file is XHTML (an XML declaration names its charset); others HTML
+    html = decoded_html(data, XHTML if f.bare_name.endswith(".xhtml") else None, source.name, f.relative)
     page = html if isinstance(html, Quarantined) else extracted(html, source, reading, f.relative, None)
     if isinstance(page, Quarantined):
         yield page
@@ -514,7 +515,7 @@ def _brotli_for_warcio() -> None:
 
 # A WARC page's media type: whether it is HTML (read for its main content) or plain text (read as it is). Other types,
 # text/css, text/javascript, text/csv and images among them, are no documents.
-_PAGE_TYPES = {"text/html": True, "application/xhtml+xml": True, "text/plain": False}
+_PAGE_TYPES = {"text/html": True, XHTML: True, "text/plain": False}
 # A `resource` record of one of these holds a resource as fetched (warcit, Webrecorder and Browsertrix store pages so,
 # Heritrix FTP files); others are the crawler's own (wget's metadata:// log, urn: page info, screenshots, text)
 _RESOURCE_SCHEMES = ("http:", "https:", "ftp:", "file:")

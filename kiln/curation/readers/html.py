@@ -280,17 +280,25 @@ def label_codec(label: str) -> str | None:
     return _WHATWG_LABELS.get(info.name.replace("_", "-"), info.name)
 
 
+XHTML = "application/xhtml+xml"  # the media type of an XHTML page (a .xhtml file's): read by an XML parser
+
+
 def html_charset(data: bytes, content_type: str | None = None) -> str:
-    """The codec a page is in, as browsers pick it (WHATWG HTML): a byte-order mark, else the HTTP Content-Type's
-    charset, else the first <meta charset> (or http-equiv) of its <head> (`_meta_codec`), else UTF-8; a label that
-    names no encoding is passed over for the next."""
+    """The codec a page is in, as browsers pick it: a byte-order mark, else the HTTP Content-Type's charset, else what
+    the page says of itself, else UTF-8; a label that names no encoding is passed over for the next. What a page says:
+    for HTML (WHATWG HTML's prescan), the first <meta charset> (or http-equiv) of its <head> (`_meta_codec`), else an
+    XML declaration's encoding; for XHTML (`application/xhtml+xml`, which an XML parser reads: XML 1.0 appendix F,
+    RFC 7303), the XML declaration's, else, for a page that has none, its <meta>."""
     for bom, name in _BOMS:
         if data.startswith(bom):
             return name
     declared = re.search(r"charset\s*=\s*[\"']?([A-Za-z0-9_.:-]+)", content_type or "", re.IGNORECASE)
     if declared and (codec := label_codec(declared[1])):
         return codec
-    codec = _meta_codec(data)
+    if (content_type or "").split(";")[0].strip().lower() == XHTML:
+        codec = _xml_codec(data) or _meta_codec(data)
+    else:
+        codec = _meta_codec(data) or _xml_codec(data)
     # a page that says it is UTF-16 in its own ASCII bytes cannot be: browsers read it as UTF-8 (WHATWG HTML)
     return "utf-8" if codec is None or codec.startswith("utf-16") else codec
 
@@ -305,6 +313,19 @@ def _meta_codec(data: bytes) -> str | None:
         if m[1] is not None and (codec := label_codec(m[1].decode("ascii"))):
             return codec
     return None
+
+
+def _xml_codec(data: bytes) -> str | None:
+    """The codec the XML declaration `<?xml ... encoding="..."?>` the page starts with names, as WHATWG HTML's "get an
+    XML encoding" reads it (also how an XML parser finds it in ASCII-compatible bytes), or None."""
+    if not data.startswith(b"<?xml") or (end := data.find(b">", 0, PRESCAN_BYTES)) < 0:
+        return None
+    at = data.find(b"encoding", 0, end)
+    m = _XML_ENCODING.match(data, at + len(b"encoding"), end) if at >= 0 else None
+    return label_codec(m[2].decode("ascii")) if m else None
+
+
+_XML_ENCODING = re.compile(rb"[\x00-\x20]*=[\x00-\x20]*([\"'])([\x21-\x7e]*?)\1")
 
 
 def _c1_passthrough(error: UnicodeDecodeError) -> tuple[str, int]:

@@ -368,6 +368,30 @@ def test_a_warc_reads_brotli_pages_and_a_bad_page_is_its_own_problem(tmp_path):
     assert not bad and docs[0].text.startswith("An ordinary paragraph")
 
 
+def test_an_xhtml_file_or_record_is_read_in_the_charset_its_xml_declaration_names(tmp_path):
+    """A windows-1251 .xhtml page or application/xhtml+xml WARC record whose only charset is its XML declaration (no
+    <meta>, as XHTML needs none) was quarantined as invalid_utf8."""
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+
+    text = "\u0421\u044a\u0435\u0448\u044c \u0436\u0435 \u0435\u0449\u0451 \u044d\u0442\u0438\u0445 " * 5
+    page = ('<?xml version="1.0" encoding="windows-1251"?>\n<html xmlns="http://www.w3.org/1999/xhtml"><head>'
+            f"<title>t</title></head><body><p>{text.strip()}</p></body></html>").encode("cp1251")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "p.xhtml").write_bytes(page)
+    reading = Reading(html={"extractor": "visible_text"})
+    docs, bad = split(list(read_source(source("html", tmp_path / "site"), reading)))
+    assert not bad and [d.text for d in docs] == [text.strip()]
+    buf = io.BytesIO()
+    writer = WARCWriter(buf, gzip=False)
+    http = StatusAndHeaders("200 OK", [("Content-Type", "application/xhtml+xml")], protocol="HTTP/1.1")
+    writer.write_record(writer.create_warc_record("https://e.org/p.xhtml", "response", payload=io.BytesIO(page),
+                                                  http_headers=http))
+    (tmp_path / "x.warc").write_bytes(buf.getvalue())
+    docs, bad = split(list(read_source(source("warc", tmp_path / "x.warc"), reading)))
+    assert not bad and [d.text for d in docs] == [text.strip()]
+
+
 def test_missing_path_is_quarantined_not_a_crash(tmp_path):
     docs, bad = split(list(read_source(source("jsonl", tmp_path / "nothing-*.jsonl"), Reading())))
     assert not docs and [q.reason for q in bad] == ["no_files_matched"]

@@ -1,0 +1,68 @@
+"""Membership by text finds a document whatever Unicode form the text is pasted in: the question goes through the
+`normalize` step the documents went through before exact dedup hashed them (and the raw texts it falls back to do
+too), so a takedown asked by text reaches the document."""
+
+from __future__ import annotations
+
+import unicodedata
+
+import pytest
+
+from kiln.common.config import load_config
+from kiln.common.storage import Store
+from kiln.curation.documents import make_doc_id
+from kiln.governance.membership import membership
+from tests.assets.project import load_project
+from tests.conftest import SERIAL_ENGINE, write_jsonl
+
+SHY = "\u00ad"
+CAFE = ("Le café où la crème brûlée était servie chaque été près de la fenêtre, à côté du piano que personne "
+        "n'accordait plus depuis des années, était notre endroit préféré.")
+HARBOUR = ("The lighthouse keeper walked along the northern harbour wall every evening and counted the boats "
+           "returning from the fishing grounds before the tide turned again.")
+# An e-mail address: the curated text holds <EMAIL>, so only the raw text (stored decomposed, NFD) can match it.
+MAIL = ("Écrivez à josé.müller@exemple.fr pour réserver une table près de la fenêtre du café; les crêpes flambées "
+        "sont servies après vingt heures, été comme hiver.")
+# A CMS's hyphenation: soft hyphens in the raw text, none in the curated one.
+FRIDGE = f"Docu{SHY}men{SHY}ta{SHY}tion of the re{SHY}fri{SHY}ger{SHY}a{SHY}tor schedule, kept next to the loading dock."
+
+
+def hyphenated(text: str) -> str:
+    return " ".join(w[:2] + SHY + w[2:] if len(w) > 4 else w for w in text.split(" "))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("forms")
+    mp = pytest.MonkeyPatch()
+    try:
+        home = tmp / "kiln"
+        mp.setenv("KILN_HOME", str(home))
+        write_jsonl(tmp / "web" / "a.jsonl", [{"id": "cafe", "text": CAFE}, {"id": "harbour", "text": HARBOUR},
+                                              {"id": "mail", "text": unicodedata.normalize("NFD", MAIL)},
+                                              {"id": "fridge", "text": FRIDGE}])
+        config = {"sources": [{"name": "web", "kind": "jsonl", "path": str(tmp / "web"), "license": "CC0",
+                               "domain": "web", "quality_tier": 1, "profile": "none"}],
+                  "profiles": {"none": []}, "engine": SERIAL_ENGINE, "quality": {"classifier": {"enabled": False}}}
+        project = load_project(config, tmp, home, mp, in_memory=True)
+        for asset in ("raw_documents", "filtered_documents"):
+            assert project.materialize([asset], "web").success
+        yield Store(home / "data"), load_config(tmp / "kiln.yaml")
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("doc, query", [
+    ("cafe", unicodedata.normalize("NFD", CAFE)),  # decomposed accents (macOS file names, some editors)
+    ("cafe", CAFE.encode("utf-8").decode("cp1252")),  # mojibake that the normalize step's ftfy repairs
+    ("cafe", "\ufeff" + CAFE.replace(" ", "\r\n", 3)),  # a Notepad file: byte-order mark, CRLF
+    ("harbour", hyphenated(HARBOUR)),  # copied from a page with &shy;
+    ("harbour", HARBOUR.replace(" the ", " the\u2060 ").replace("boats", "bo\u200bats")),  # word joiner, ZWSP
+    ("mail", MAIL),  # composed query, decomposed raw text: both sides normalized
+    ("mail", hyphenated(MAIL)),
+    ("fridge", FRIDGE),  # the raw form: soft hyphens the curated text lost
+    ("fridge", FRIDGE.replace(SHY, "")),
+])
+def test_a_text_in_another_unicode_form_finds_the_document_exactly(store, doc, query):
+    answer = membership(*store, text=query)
+    assert (answer.match, answer.doc_id) == ("exact", make_doc_id("web", f"id:{doc}"))
