@@ -441,9 +441,10 @@ def _curated_hash(text: str, normalizer: Any, exact: ExactDedup) -> str:
 
 def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[list[str], list[str]]:
     """doc_ids whose text is this text after curation's normalization and exact dedup's: the filtered documents'
-    stored content hashes first (text as curated, PII placeholders included), else the raw documents' texts, both
-    sides normalized (text as it came in: also finds documents the filters removed); with a note where those are
-    not readable. Each partition is compared as it was curated (its manifest's settings)."""
+    stored content hashes (text as curated, PII placeholders included) and the raw documents' texts, both sides
+    normalized (text as it came in: also finds documents the filters removed, and a copy in another source whose
+    curated text a filter rewrote, which a takedown built from this answer must reach too); with a note where the
+    raw texts are not readable. Each partition is compared as it was curated (its manifest's settings)."""
     found: list[str] = []
     for p in catalog.partitions(FILTERED):
         wanted = _curated_hash(text, *_curation_of(catalog, config, p))
@@ -451,8 +452,6 @@ def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[
             if "content_hash" in pq.read_schema(path).names:
                 table = pq.read_table(path, columns=["doc_id"], filters=[("content_hash", "=", wanted)])
                 found += table.column("doc_id").to_pylist()
-    if found:
-        return sorted(set(found)), []
     try:
         for p in catalog.partitions(RAW):
             curation = _curation_of(catalog, config, p)

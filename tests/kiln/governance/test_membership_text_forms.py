@@ -66,3 +66,31 @@ def store(tmp_path_factory):
 def test_a_text_in_another_unicode_form_finds_the_document_exactly(store, doc, query):
     answer = membership(*store, text=query)
     assert (answer.match, answer.doc_id) == ("exact", make_doc_id("web", f"id:{doc}"))
+
+
+def test_a_copy_whose_curated_text_a_filter_rewrote_is_found_beside_the_unchanged_one(tmp_path, monkeypatch):
+    """The same page in two sources: `web`'s C4 filter drops its "Share this page" line, `ref` keeps the text as it
+    came. Asked by the page's text, both copies are named: the curated hash finds ref's, only the raw text finds
+    web's, which is still headed for training; a takedown built from an answer naming ref's alone would leave it."""
+    page = "Share this page\n" + "\n".join(
+        f"The keeper of lighthouse number {i} walked the northern harbour wall every evening and counted boats."
+        for i in range(6))
+    for source in ("web", "ref"):
+        write_jsonl(tmp_path / source / "a.jsonl", [{"id": "lh", "text": page}])
+    config = {"sources": [{"name": s, "kind": "jsonl", "path": str(tmp_path / s), "license": "CC0", "domain": d,
+                           "quality_tier": 1, "profile": p}
+                          for s, d, p in (("web", "web", "c4only"), ("ref", "reference", "none"))],
+              "profiles": {"none": [], "c4only": ["c4"]}, "engine": SERIAL_ENGINE,
+              "quality": {"classifier": {"enabled": False}}}
+    home = tmp_path / "kiln"
+    monkeypatch.setenv("KILN_HOME", str(home))
+    project = load_project(config, tmp_path, home, monkeypatch, in_memory=True)
+    for source in ("web", "ref"):
+        for asset in ("raw_documents", "filtered_documents"):
+            assert project.materialize([asset], source).success
+    store = Store(home / "data")
+    [curated] = store.read_table("filtered_documents", project.partition("web"), columns=["text"]).to_pylist()
+    assert not curated["text"].startswith("Share this page")  # the C4 line filter rewrote web's copy
+    answer = membership(store, load_config(tmp_path / "kiln.yaml"), text=page)
+    named = {answer.doc_id} | {m["doc_id"] for m in answer.other_matches}
+    assert answer.match == "exact" and named == {make_doc_id("web", "id:lh"), make_doc_id("ref", "id:lh")}
