@@ -382,3 +382,31 @@ def test_a_language_kiln_has_no_figures_for_is_not_judged_by_englishs():
                     .replace("have ", "").replace("with ", ""), "en")).drop == "gopher_quality.min_stop_words"
     strict = build_step("gopher_quality", {"min_doc_words": 20}, per_language={"th": {"min_stop_words": 2}})
     assert strict(doc(THAI, "th")).drop == "gopher_quality.min_stop_words"
+
+
+# A Chinese story a sentence per line, dialogue among them: line lengths 35, 21, 22, 12, 30, 21, 31, 29 characters
+# (~23, 13, 14, 8, 20, 13, 21, 19 words at 1.6 characters a word), so 6 of 8 lines (75%) have at most 30 characters.
+CHINESE_STORY = """那天晚上，老王坐在院子里，看着天上的月亮发呆，想起了很多年以前的事情。
+他的女儿走过来问：“爸爸，你在想什么呢？”
+老王笑了笑，说：“我在想我们小时候的事情。”
+“那时候是什么样子的？”
+“那时候没有电，大家晚上都在外面乘凉，孩子们追着萤火虫跑。”
+女儿坐到他身边，轻声说：“你给我讲讲吧。”
+于是老王开始讲起了村子里的故事，一直讲到深夜，月亮都落下去了。
+第二天早上，女儿把这些故事都写了下来，准备寄给远方的弟弟。"""
+
+
+def test_fineweb_short_line_rule_is_off_for_chinese_and_japanese_only():
+    """30 characters are ~5 English words but ~18 Chinese ones: the story's sentences are "short lines" (75% of
+    lines, over the 67% threshold). Identified as Chinese (or Japanese), the rule is off; unidentified, or as any
+    other language, the rule judges as before, and English short lines still drop a page."""
+    assert [len(line) for line in CHINESE_STORY.split("\n")] == [35, 21, 22, 12, 30, 21, 31, 29]
+    step = build_step("fineweb_quality")
+    assert step(doc(CHINESE_STORY)).drop == "fineweb_quality.short_line_ratio"
+    assert step(doc(CHINESE_STORY, "zh")).kept and step(doc(CHINESE_STORY, "ja")).kept
+    assert step(doc(CHINESE_STORY, "ko")).drop == "fineweb_quality.short_line_ratio"
+    menu = "Home.\nAbout us.\nContact.\n" + ENGLISH  # 3 of 4 lines short
+    assert step(doc(menu, "en")).drop == step(doc(menu)).drop == "fineweb_quality.short_line_ratio"
+    # a profile that sets the rule for every language sets it for Chinese too
+    assert build_step("fineweb_quality", {"short_line_thr": 0.7})(doc(CHINESE_STORY, "zh")).drop == \
+        "fineweb_quality.short_line_ratio"
