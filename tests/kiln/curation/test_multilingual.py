@@ -410,3 +410,32 @@ def test_fineweb_short_line_rule_is_off_for_chinese_and_japanese_only():
     # a profile that sets the rule for every language sets it for Chinese too
     assert build_step("fineweb_quality", {"short_line_thr": 0.7})(doc(CHINESE_STORY, "zh")).drop == \
         "fineweb_quality.short_line_ratio"
+
+
+def test_gopher_document_length_weighs_a_chinese_character_as_five_eighths_of_a_word():
+    """min_doc_words / max_doc_words count words as text_units weighs them: 54 Han characters are 33.75 words (not
+    54), 80 of them are 50; a Latin word in Chinese text is one word. Batch and per-document verdicts agree, and
+    English counts are unchanged."""
+    news = "北京市政府今天宣布了一项新的交通政策，旨在缓解城市中心的交通拥堵问题。根据新规定，外地车辆将不能进入五环以内的道路。"
+    assert sum("\u4e00" <= c <= "\u9fff" for c in news) == 54  # + 4 punctuation marks, never words
+    off = {"min_avg_word_length": None, "max_avg_word_length": None, "min_stop_words": None,
+           "max_non_alpha_words_ratio": None}
+
+    def verdicts(text, **params):
+        step = build_step("gopher_quality", {**off, **params})
+        single, (batched,) = step(doc(text)), step.batch([doc(text)])
+        assert single.drop == batched.drop
+        return single.drop
+
+    assert verdicts(news, min_doc_words=50) == "gopher_quality.min_doc_words"  # 33.75 words (kept before: 54)
+    assert verdicts(news, min_doc_words=33) is None and verdicts(news, min_doc_words=34) is not None
+    eighty = "中国" * 40  # 80 characters: 50 words exactly
+    assert verdicts(eighty, min_doc_words=50) is None and verdicts(eighty + "国", min_doc_words=50) is None
+    assert verdicts(eighty[:-1], min_doc_words=50) == "gopher_quality.min_doc_words"  # 49.375
+    assert verdicts(eighty, max_doc_words=50) is None
+    assert verdicts(eighty + "国", max_doc_words=50) == "gopher_quality.max_doc_words"  # 50.625
+    # mixed: "iPhone" and "15" are words, 72 characters 45 words: 47
+    mixed = "我买了iPhone 15。" + "中国" * 35
+    assert verdicts(mixed, min_doc_words=47) is None and verdicts(mixed, min_doc_words=48) is not None
+    # English: 40 words (counted by hand), as before
+    assert verdicts(ENGLISH, min_doc_words=40) is None and verdicts(ENGLISH, min_doc_words=41) is not None
