@@ -53,9 +53,9 @@ class GopherQuality:
         ordered(self, "min_doc_words", "max_doc_words")
         ordered(self, "min_avg_word_length", "max_avg_word_length")
         given = self.stop_words is not None
-        self._stops = frozenset(unicodedata.normalize("NFC", w.lower()) for w in self.stop_words) if given \
+        self._stops = frozenset(unicodedata.normalize("NFC", ts.lower(w)) for w in self.stop_words) if given \
             else ts.STOP_WORDS
-        self._endings = tuple(unicodedata.normalize("NFC", e.lower()) for e in self.stop_word_endings or ())
+        self._endings = tuple(unicodedata.normalize("NFC", ts.lower(e)) for e in self.stop_word_endings or ())
         # the batch form keys exactly these (_STOP_KEYS)
         self._numpy_stops = self._stops == ts.STOP_WORDS and not self._endings
 
@@ -155,7 +155,7 @@ def _count_stops(words: list[str], stops: frozenset[str], needed: int, endings: 
     what the rule needs."""
     found = 0
     for w in words:
-        w = w.lower()
+        w = ts.lower(w)
         if w in stops or (endings and w.endswith(endings) and len(w) > 1):
             found += 1
             if found >= needed:

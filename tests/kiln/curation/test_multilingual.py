@@ -439,3 +439,21 @@ def test_gopher_document_length_weighs_a_chinese_character_as_five_eighths_of_a_
     assert verdicts(mixed, min_doc_words=47) is None and verdicts(mixed, min_doc_words=48) is not None
     # English: 40 words (counted by hand), as before
     assert verdicts(ENGLISH, min_doc_words=40) is None and verdicts(ENGLISH, min_doc_words=41) is not None
+
+
+def test_a_turkish_capital_dotted_i_lowercases_to_the_stop_words_i():
+    """Python lowercases "İ" (U+0130) to "i" + U+0307, so a sentence's first "İlk" was no stop word "ilk". By hand,
+    Turkish stop words (FineWeb-2's list) in this news sentence: "İlk" and "ve"; 2, as min_stop_words needs (it was 1,
+    and the sentence was dropped). A heading in capitals: "İÇİN", "VE", "İLE", "BİR": 4."""
+    step = build_step("gopher_quality", {"min_doc_words": 5})
+    news = "İlk belirlemelere göre ulaşımda ciddi aksamalar oldu ve bazı metro seferleri iptal edildi."
+    assert step(doc(news, "tr")).kept and step.batch([doc(news, "tr")])[0].kept
+    assert step(doc(news.replace("İlk", "Yeni"), "tr")).drop == "gopher_quality.min_stop_words"  # "ve" alone
+    heading = "BAŞVURU İÇİN GEREKLİ BELGELER VE TARİHLER İLE BİR ÖRNEK FORM AŞAĞIDADIR"
+    four = build_step("gopher_quality", {"min_doc_words": 5, "min_stop_words": 4})
+    assert four(doc(heading, "tr")).kept
+    assert build_step("gopher_quality", {"min_doc_words": 5, "min_stop_words": 5})(doc(heading, "tr")).drop == \
+        "gopher_quality.min_stop_words"
+    # a listed word spelled with the capital is the same word
+    assert build_step("gopher_quality", {"min_doc_words": 5, "stop_words": ["İlk", "ve"], "min_avg_word_length": None})(
+        doc(news)).kept
