@@ -290,8 +290,19 @@ def run_steps(docs: list[Document], steps: list[Step], stats: StageStats, exampl
     return reasons
 
 
+# Unicode's bidi controls (Bidi_Control: the Arabic letter mark, left-to-right and right-to-left marks, embeddings,
+# overrides and isolates): invisible, they only steer the display direction, and editors, CMSs and copy-paste add or
+# drop them (an RLM after each parenthesis or comma of an Arabic or Hebrew page), so copies differing only in them
+# are the same text. Left out of the exact-dedup key, never out of the stored text; letters are never folded (Persian
+# ی/ک and Arabic ي/ك are different letters).
+_BIDI_CONTROLS = dict.fromkeys(map(ord, "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"))
+
+
 def content_hash(text: str, lowercase: bool = True, collapse_whitespace: bool = True) -> str:
-    """Hash of the text as exact dedup compares it (case and whitespace folded as configured)."""
+    """Hash of the text as exact dedup compares it (bidi controls left out; case and whitespace folded as
+    configured)."""
+    if not text.isascii():
+        text = text.translate(_BIDI_CONTROLS)
     if lowercase:
         text = text.lower()
     if collapse_whitespace:

@@ -30,7 +30,12 @@ more than 10 items, "which of the following", is a common phrase and is left out
   STAILQ(3) manual page holds 7 of the 16 4-grams of a 19-word sentence of slist(3), and none of its copies.
 
 Words are normalized first (case, punctuation, digits; items and documents both composed to NFC), so those edits
-never count.
+never count. In scripts written without spaces (Chinese, Japanese, Thai ...) a word is a character, and for the exact
+rule and `min_item_words` it weighs 5/8 of a word (text_units.word_weights, as dedup's shingles): an n-gram of 13
+words is 13 spaced words or the shortest run of words from a start that weighs as much (21 Chinese characters), and
+an item needs 8 words' weight (13 characters) to be indexed. Counted a word each, a 9-character item ("下列说法中正确的是",
+"which of the following is correct") was indexed whole and matched every exercise sheet that asks it. The short
+n-grams of the edited-copy rules stay `fuzzy_ngram` words or characters.
 bench/decon_eval.py measures both sides: sibling manual pages and API docs, and edited copies.
 
 Speed matters (the check runs over every document), so words are hashed once each with a stable 64-bit
@@ -57,7 +62,7 @@ import numpy as np
 import pyarrow as pa
 
 from kiln.common.config import Decontamination, ShingleNormalization
-from kiln.common.text_units import WORD_PATTERN, Splitter
+from kiln.common.text_units import WORD_PATTERN, WORD_WEIGHT, Splitter, plain, word_weights
 from kiln.dedup.text import normalized_words, words
 
 DROP_REASON = "decontamination.benchmark_overlap"
@@ -183,15 +188,51 @@ def ngram_hashes(ws: list[str], size: int) -> np.ndarray:
     return _window_hashes(prefix, inverse, size)
 
 
+def _cumulative(weights: np.ndarray | None) -> np.ndarray | None:
+    """Prefix sums of the words' weights (None: every word weighs WORD_WEIGHT)."""
+    if weights is None:
+        return None
+    cum = np.zeros(len(weights) + 1, dtype=np.int64)
+    np.cumsum(weights, out=cum[1:])
+    return cum
+
+
+def _weighted_windows(prefix: np.ndarray, inverse_powers: np.ndarray, cum: np.ndarray | None,
+                      target: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ends, hashes) of the windows that weigh `target` (text_units weights): from each start that can reach it, the
+    shortest run of words that does, start j's window ending at ends[j]. `cum` None: every word weighs WORD_WEIGHT,
+    and the windows are the `ceil(target / WORD_WEIGHT)`-word ones."""
+    n = len(prefix) - 1
+    if cum is None:
+        size = -(-target // WORD_WEIGHT)
+        if n < size:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.uint64)
+        return np.arange(size, n + 1, dtype=np.int64), _window_hashes(prefix, inverse_powers, size)
+    ends = np.searchsorted(cum, cum[:-1] + target, side="left")
+    ends = ends[ends <= n]  # nondecreasing: the starts that reach it come first
+    starts = np.arange(len(ends))
+    return ends, (prefix[ends] - prefix[starts]) * inverse_powers[:len(ends)]
+
+
+def _weights(ws: list[str], text: str) -> np.ndarray | None:
+    """The words' (of `text`) text_units weights, None when every word weighs WORD_WEIGHT (no character of a no-space
+    script: English and most text answer from one scan of the text)."""
+    if plain(text):
+        return None
+    weights = word_weights(ws)
+    return None if (weights == WORD_WEIGHT).all() else weights
+
+
 @dataclass
 class BenchmarkIndex:
     """The n-grams of every indexed eval item, for fast membership tests and for naming what matched."""
 
     ngram: int
     min_item_words: int
-    # size -> sorted unique n-gram hashes of that size (most items give `ngram`, short items their length)
+    # weight -> sorted unique hashes of the n-grams of that weight (text_units: WORD_WEIGHT a word; most items give
+    # `ngram` words' weight, short items their own)
     keys: dict[int, np.ndarray] = field(default_factory=dict)
-    # size -> n-gram hash -> ((benchmark, item_id), ...)
+    # weight -> n-gram hash -> ((benchmark, item_id), ...)
     owners: dict[int, dict[int, tuple[tuple[str, str], ...]]] = field(default_factory=dict)
     stats: dict[str, dict[str, int]] = field(default_factory=dict)  # benchmark -> counts (see summary)
     # Edited copies: every item's distinct short n-grams (common ones left out), and how many each item has
@@ -220,13 +261,17 @@ class BenchmarkIndex:
             s = stats.setdefault(benchmark, {"items": 0, "items_indexed": 0, "items_skipped_short": 0, "ngrams": 0})
             s["items"] += 1
             ws = normalized_words(text)
-            if len(ws) < min_item_words:
+            weights = _weights(ws, text)
+            cum = _cumulative(weights)
+            total = len(ws) * WORD_WEIGHT if cum is None else int(cum[-1])
+            if total < min_item_words * WORD_WEIGHT:
                 s["items_skipped_short"] += 1
                 continue
-            size = min(len(ws), ngram)
-            hashes = np.unique(ngram_hashes(ws, size))
+            target = min(total, ngram * WORD_WEIGHT)
+            prefix, inverse = _prefix(_word_hash_array(ws))
+            hashes = np.unique(_weighted_windows(prefix, inverse, cum, target)[1])
             owner = (benchmark, str(item_id))
-            table = owners[size]
+            table = owners[target]
             for h in hashes.tolist():
                 table[h].add(owner)
             if fuzzy:
@@ -258,7 +303,8 @@ class BenchmarkIndex:
         """Per benchmark: items read, indexed, skipped as too short, n-grams; plus distinct n-grams overall."""
         return {"benchmarks": {name: dict(s) for name, s in self.stats.items()},
                 "distinct_ngrams": sum(len(k) for k in self.keys.values()),
-                "ngram_sizes": sorted(self.keys),
+                "ngram_sizes": [w // WORD_WEIGHT if w % WORD_WEIGHT == 0 else w / WORD_WEIGHT  # in words
+                                for w in sorted(self.keys)],
                 "fuzzy": {"ngram": self.fuzzy_ngram, "min_share": self.min_share,
                           "min_shared_ngrams": self.min_shared_ngrams, "max_edit_share": self.max_edit_share,
                           "distinct_ngrams": len(self.fuzzy_keys)} if self.fuzzy_ngram else None}
@@ -277,11 +323,12 @@ class BenchmarkIndex:
             return [], {}
         doc = _word_hash_array(ws)
         prefix, inverse = _prefix(doc)
+        cum = _cumulative(_weights(ws, text))
         hits = []
-        for size, keys in self.keys.items():
-            if len(ws) >= size:
-                table = self.owners[size]
-                hits += [(j, table[h], size) for j, h in _found(_window_hashes(prefix, inverse, size), keys)]
+        for target, keys in self.keys.items():
+            table = self.owners[target]
+            ends, windows = _weighted_windows(prefix, inverse, cum, target)
+            hits += [(j, table[h], int(ends[j]) - j) for j, h in _found(windows, keys)]
         shares: dict[tuple[str, str], float] = {}
         if self.fuzzy_ngram and len(ws) >= self.fuzzy_ngram and len(self.fuzzy_keys):
             n = self.fuzzy_ngram

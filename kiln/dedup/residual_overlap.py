@@ -4,8 +4,11 @@ own output could only agree with it, so a detector bug (a copy it misses) would 
 
 The rule read here is the detector's exact rule, read more strictly: an item's words are runs of Python's `\\w`, each
 with its combining marks, of its NFC lowercased text (the detector also maps digits to 0 and splits CJK text into
-characters, which only makes more texts equal); an item of at least `min_item_words` words contributes its `ngram`-word
-n-grams (a shorter item: the whole item as one); a document overlaps when one of its n-grams is an item's. Every overlap
+characters, which only makes more texts equal); a run weighs what the detector's words in it weigh (text_units: a
+character of a script without spaces 5 eighths of a word, each stretch of other word characters a word), an item of
+at least `min_item_words` words' weight contributes, from each run, the fewest runs that weigh `ngram` words (a
+lighter item: the whole item as one); a document overlaps when it holds one of them. The detector's n-gram from the
+run's first word ends inside the last of those runs, so it is in the document too. Every overlap
 found here is one the detector's exact rule also finds, so a hit is a detector bug, never a false alarm. (The detector's
 edited-copy rules find more; this look does not try to.)
 """
@@ -18,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
-from kiln.common.text_units import mark_code_points
+from kiln.common.text_units import UNIT_WEIGHT, WORD_WEIGHT, mark_code_points, unit_code_points
 from kiln.dedup.decontaminate import read_benchmark_file
 
 # Words with their combining marks (Arabic harakat, Devanagari vowel signs), as the detector reads them: `\w` alone
@@ -26,8 +29,24 @@ from kiln.dedup.decontaminate import read_benchmark_file
 _WORD = re.compile(r"(?:\w[" + "".join(map(chr, sorted(mark_code_points()))) + "]*)+")
 
 
+_UNITS = unit_code_points()
+_MARKS = mark_code_points()
+
+
 def _words(text: str) -> list[str]:
     return _WORD.findall(unicodedata.normalize("NFC", text).lower())
+
+
+def _weight(run: str) -> int:
+    """The detector's words in a run, weighed: UNIT_WEIGHT per character of a script without spaces, WORD_WEIGHT per
+    stretch of other word characters (marks stay with the character before them)."""
+    weight, in_word = 0, False
+    for c in run:
+        if ord(c) in _UNITS:
+            weight, in_word = weight + UNIT_WEIGHT, False
+        elif ord(c) not in _MARKS:
+            weight, in_word = weight + (0 if in_word else WORD_WEIGHT), True
+    return weight
 
 
 class ItemNgrams:
@@ -37,10 +56,17 @@ class ItemNgrams:
         self.by_size: dict[int, set[tuple[str, ...]]] = defaultdict(set)
         for text in items:
             words = _words(text)
-            if len(words) < min_item_words:
+            weights = [_weight(w) for w in words]
+            if sum(weights) < min_item_words * WORD_WEIGHT:
                 continue  # the detector skips such an item too
-            n = min(ngram, len(words))
-            self.by_size[n].update(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
+            target = min(ngram * WORD_WEIGHT, sum(weights))
+            for i in range(len(words)):
+                k, reached = i, 0
+                while k < len(words) and reached < target:
+                    reached, k = reached + weights[k], k + 1
+                if reached < target:
+                    break  # no later start reaches it either
+                self.by_size[k - i].add(tuple(words[i:k]))
         self.starts = {gram[0] for grams in self.by_size.values() for gram in grams}
 
     def overlaps(self, text: str) -> bool:

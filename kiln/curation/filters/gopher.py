@@ -18,7 +18,7 @@ import numpy as np
 from annotated_types import Ge, MinLen
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveInt
 
-from kiln.common.text_units import EMOJI_TAILS, JOINERS, plain, word_weights
+from kiln.common.text_units import EMOJI_TAILS, JOINERS, WORD_WEIGHT, plain, word_weights
 from kiln.curation.documents import Document
 from kiln.curation.filters import text_stats as ts
 from kiln.curation.filters.base import Fraction, Verdict, drop, keep, ordered
@@ -53,9 +53,9 @@ class GopherQuality:
         ordered(self, "min_doc_words", "max_doc_words")
         ordered(self, "min_avg_word_length", "max_avg_word_length")
         given = self.stop_words is not None
-        self._stops = frozenset(unicodedata.normalize("NFC", w.lower()) for w in self.stop_words) if given \
+        self._stops = frozenset(unicodedata.normalize("NFC", ts.lower(w)) for w in self.stop_words) if given \
             else ts.STOP_WORDS
-        self._endings = tuple(unicodedata.normalize("NFC", e.lower()) for e in self.stop_word_endings or ())
+        self._endings = tuple(unicodedata.normalize("NFC", ts.lower(e)) for e in self.stop_word_endings or ())
         # the batch form keys exactly these (_STOP_KEYS)
         self._numpy_stops = self._stops == ts.STOP_WORDS and not self._endings
 
@@ -73,9 +73,12 @@ class GopherQuality:
 
     def _verdict(self, text: str, c: _WordCounts | _BatchCounts | _OtherStops) -> Verdict:
         n_toks, n_words = c.tokens, c.words
-        if self.min_doc_words is not None and n_words < self.min_doc_words:
+        # The document's length in words: a character of a script without spaces weighs 5/8 of one (text_units), as
+        # in the n-gram rules and dedup's shingles. The other rules are shares of tokens, and the mean word length
+        # is characters per token, as the per-language limits were set (stopwords).
+        if self.min_doc_words is not None and c.doc_words < self.min_doc_words:
             return drop(self.name, "min_doc_words", text)
-        if self.max_doc_words is not None and n_words > self.max_doc_words:
+        if self.max_doc_words is not None and c.doc_words > self.max_doc_words:
             return drop(self.name, "max_doc_words", text)
         if n_words == 0:  # only reachable with min_doc_words=None: nothing below is defined
             return keep(text)
@@ -119,6 +122,7 @@ class _WordCounts:
                  endings: tuple[str, ...] = ()):
         toks = ts.tokens(text)
         self._words = ts.word_tokens(toks)  # tokens that are not pure punctuation/symbols
+        self._plain = plain(text)
         self._needed = stop_words_needed
         self._stops, self._endings = stops, endings
         self.tokens, self.words = len(toks), len(self._words)
@@ -126,6 +130,12 @@ class _WordCounts:
     @property
     def word_chars(self) -> int:
         return sum(map(len, self._words))
+
+    @property
+    def doc_words(self) -> float:
+        """Words as the document-length rules count them: a character of a script without spaces weighs
+        text_units.UNIT_WEIGHT / WORD_WEIGHT (5/8) of a word, any other word one."""
+        return self.words if self._plain else int(word_weights(self._words).sum()) / WORD_WEIGHT
 
     @property
     def alpha_words(self) -> int:
@@ -145,7 +155,7 @@ def _count_stops(words: list[str], stops: frozenset[str], needed: int, endings: 
     what the rule needs."""
     found = 0
     for w in words:
-        w = w.lower()
+        w = ts.lower(w)
         if w in stops or (endings and w.endswith(endings) and len(w) > 1):
             found += 1
             if found >= needed:
@@ -160,6 +170,7 @@ class _BatchCounts:
     word_chars: int
     alpha_words: int
     stop_words: int  # all of them (Gopher's English stop words)
+    doc_words: float  # words weighted as _WordCounts.doc_words
 
     @property
     def stop_word_share(self) -> float:
@@ -171,8 +182,8 @@ class _OtherStops:
 
     def __init__(self, counts: _BatchCounts, text: str, needed: int, stops: frozenset[str],
                  endings: tuple[str, ...] = ()):
-        self.tokens, self.words, self.word_chars, self.alpha_words = (
-            counts.tokens, counts.words, counts.word_chars, counts.alpha_words)
+        self.tokens, self.words, self.word_chars, self.alpha_words, self.doc_words = (
+            counts.tokens, counts.words, counts.word_chars, counts.alpha_words, counts.doc_words)
         self._text, self._needed, self._stops, self._endings = text, needed, stops, endings
 
     @property
@@ -288,7 +299,8 @@ def _count_chunk(texts: list[str]) -> list[_BatchCounts]:
 
     words, n_marks = per_text(first), per_text(np.flatnonzero(marks))
     n_dots = per_text(dot_start, dot_run // 3 + dot_run % 3)  # "..." is tried first at each dot
-    return [_BatchCounts(w + m + d, w, c, a, n) for w, m, d, c, a, n in zip(
+    # doc_words: the words themselves; a text with no-space characters is counted again (_batch_counts)
+    return [_BatchCounts(w + m + d, w, c, a, n, w) for w, m, d, c, a, n in zip(
         words, n_marks, n_dots, per_text(np.flatnonzero(in_word)), per_text(first_letter), per_text(stops))]
 
 

@@ -1,4 +1,5 @@
-"""Per-language defaults of the quality rules: Gopher's stop words and word-length limits for each language.
+"""Per-language defaults of the quality rules: Gopher's stop words and word-length limits for each language, and
+FineWeb's short-line rule off for Chinese and Japanese (_NO_SHORT_LINE_RULE).
 
 Gopher (Rae et al. 2021, Table A1) keeps a document with at least two of eight very frequent English words ("the",
 "be", "to", "of", "and", "that", "have", "with"): a sign that it is running text in the language, not a list, a
@@ -87,6 +88,15 @@ UNMEASURED_LANGUAGE: dict[str, dict[str, Any]] = {
     "gopher_quality": {"min_stop_words": None, "min_avg_word_length": None, "max_avg_word_length": None},
 }
 
+# FineWeb's short-line rule (a page is dropped when 67% of its lines have at most 30 characters) was measured on
+# English, where 30 characters are about 5 words. A Chinese or Japanese character carries about 5/8 of a word
+# (kiln.common.text_units), so 30 of them are ~18 words, a whole sentence, and a story or a news page written a
+# sentence per paragraph was "mostly short lines". Characters of different scripts have no common measure
+# (text_units weighs words, not characters), so the rule is off for these languages, as FineWeb-2 has it off for
+# every language (short_line_thr=999 in its pipeline); spaced scripts keep it, as their characters carry about what
+# English ones do.
+_NO_SHORT_LINE_RULE: tuple[str, ...] = ("ja", "zh")
+
 # step name -> language -> parameters replacing the step's published defaults for documents in that language.
 LANGUAGE_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "gopher_quality": {
@@ -96,4 +106,5 @@ LANGUAGE_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
         | ({"stop_word_endings": list(_STOP_WORD_ENDINGS[lang])} if lang in _STOP_WORD_ENDINGS else {})
         for lang, words in STOP_WORDS.items()
     },
+    "fineweb_quality": {lang: {"short_line_thr": None} for lang in _NO_SHORT_LINE_RULE},
 }

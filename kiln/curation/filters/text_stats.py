@@ -104,6 +104,13 @@ def words(text: str) -> list[str]:
     return text_units.TOKEN_WORDS.findall(text)
 
 
+def lower(word: str) -> str:
+    """A word lowercased to look it up in a lowercase word list: `str.lower`, but the Turkish capital dotted I (U+0130)
+    gives "i", where Python gives "i" + a combining dot above (U+0307), a spelling no list holds: a sentence's first
+    "İlk", "İçin" or "İle", or "İÇİN" in a heading, is the list's "ilk", "için", "ile"."""
+    return word.lower() if "\u0130" not in word else word.replace("\u0130", "i").lower()
+
+
 def word_tokens(toks: list[str]) -> list[str]:
     """`words(text)` from `tokens(text)` without scanning the text again: the tokens that start with a word
     character (a punctuation token never does, a word token always does)."""

@@ -216,6 +216,23 @@ def test_content_hash_folds_case_and_whitespace_only():
     assert content_hash("Hello", lowercase=False) != content_hash("hello", lowercase=False)
 
 
+def test_content_hash_leaves_out_bidi_controls_but_not_letters():
+    import hashlib
+
+    def blake(t):  # the key worked by hand: the text as it reads, lowercased, whitespace collapsed
+        return hashlib.blake2b(t.encode("utf-8"), digest_size=16).hexdigest()
+
+    ar = "يبلغ عدد سكان المدينة (٢٠ مليون) نسمة."
+    # the same sentence as a CMS writes it: RLM around the parenthesis, an ALM before the digits, an isolate pair
+    marked = "\u2067يبلغ عدد سكان المدينة \u200f(\u061c٢٠ مليون)\u200f نسمة.\u2069"
+    assert content_hash(marked) == content_hash(ar) == blake(ar)
+    assert content_hash("\u200eHello  World\u200e", lowercase=False) == blake("Hello World")
+    # Persian ی and ک are other letters than Arabic ي and ك: not one key
+    assert content_hash("کتاب یک") != content_hash("كتاب يك")
+    # English: the same key as before
+    assert content_hash("Hello   World\n") == blake("hello world")
+
+
 def test_crash_mid_write_leaves_previous_version_intact(tmp_path):
     import pyarrow as pa
 

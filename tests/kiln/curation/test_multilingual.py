@@ -382,3 +382,78 @@ def test_a_language_kiln_has_no_figures_for_is_not_judged_by_englishs():
                     .replace("have ", "").replace("with ", ""), "en")).drop == "gopher_quality.min_stop_words"
     strict = build_step("gopher_quality", {"min_doc_words": 20}, per_language={"th": {"min_stop_words": 2}})
     assert strict(doc(THAI, "th")).drop == "gopher_quality.min_stop_words"
+
+
+# A Chinese story a sentence per line, dialogue among them: line lengths 35, 21, 22, 12, 30, 21, 31, 29 characters
+# (~23, 13, 14, 8, 20, 13, 21, 19 words at 1.6 characters a word), so 6 of 8 lines (75%) have at most 30 characters.
+CHINESE_STORY = """那天晚上，老王坐在院子里，看着天上的月亮发呆，想起了很多年以前的事情。
+他的女儿走过来问：“爸爸，你在想什么呢？”
+老王笑了笑，说：“我在想我们小时候的事情。”
+“那时候是什么样子的？”
+“那时候没有电，大家晚上都在外面乘凉，孩子们追着萤火虫跑。”
+女儿坐到他身边，轻声说：“你给我讲讲吧。”
+于是老王开始讲起了村子里的故事，一直讲到深夜，月亮都落下去了。
+第二天早上，女儿把这些故事都写了下来，准备寄给远方的弟弟。"""
+
+
+def test_fineweb_short_line_rule_is_off_for_chinese_and_japanese_only():
+    """30 characters are ~5 English words but ~18 Chinese ones: the story's sentences are "short lines" (75% of
+    lines, over the 67% threshold). Identified as Chinese (or Japanese), the rule is off; unidentified, or as any
+    other language, the rule judges as before, and English short lines still drop a page."""
+    assert [len(line) for line in CHINESE_STORY.split("\n")] == [35, 21, 22, 12, 30, 21, 31, 29]
+    step = build_step("fineweb_quality")
+    assert step(doc(CHINESE_STORY)).drop == "fineweb_quality.short_line_ratio"
+    assert step(doc(CHINESE_STORY, "zh")).kept and step(doc(CHINESE_STORY, "ja")).kept
+    assert step(doc(CHINESE_STORY, "ko")).drop == "fineweb_quality.short_line_ratio"
+    menu = "Home.\nAbout us.\nContact.\n" + ENGLISH  # 3 of 4 lines short
+    assert step(doc(menu, "en")).drop == step(doc(menu)).drop == "fineweb_quality.short_line_ratio"
+    # a profile that sets the rule for every language sets it for Chinese too
+    assert build_step("fineweb_quality", {"short_line_thr": 0.7})(doc(CHINESE_STORY, "zh")).drop == \
+        "fineweb_quality.short_line_ratio"
+
+
+def test_gopher_document_length_weighs_a_chinese_character_as_five_eighths_of_a_word():
+    """min_doc_words / max_doc_words count words as text_units weighs them: 54 Han characters are 33.75 words (not
+    54), 80 of them are 50; a Latin word in Chinese text is one word. Batch and per-document verdicts agree, and
+    English counts are unchanged."""
+    news = "北京市政府今天宣布了一项新的交通政策，旨在缓解城市中心的交通拥堵问题。根据新规定，外地车辆将不能进入五环以内的道路。"
+    assert sum("\u4e00" <= c <= "\u9fff" for c in news) == 54  # + 4 punctuation marks, never words
+    off = {"min_avg_word_length": None, "max_avg_word_length": None, "min_stop_words": None,
+           "max_non_alpha_words_ratio": None}
+
+    def verdicts(text, **params):
+        step = build_step("gopher_quality", {**off, **params})
+        single, (batched,) = step(doc(text)), step.batch([doc(text)])
+        assert single.drop == batched.drop
+        return single.drop
+
+    assert verdicts(news, min_doc_words=50) == "gopher_quality.min_doc_words"  # 33.75 words (kept before: 54)
+    assert verdicts(news, min_doc_words=33) is None and verdicts(news, min_doc_words=34) is not None
+    eighty = "中国" * 40  # 80 characters: 50 words exactly
+    assert verdicts(eighty, min_doc_words=50) is None and verdicts(eighty + "国", min_doc_words=50) is None
+    assert verdicts(eighty[:-1], min_doc_words=50) == "gopher_quality.min_doc_words"  # 49.375
+    assert verdicts(eighty, max_doc_words=50) is None
+    assert verdicts(eighty + "国", max_doc_words=50) == "gopher_quality.max_doc_words"  # 50.625
+    # mixed: "iPhone" and "15" are words, 72 characters 45 words: 47
+    mixed = "我买了iPhone 15。" + "中国" * 35
+    assert verdicts(mixed, min_doc_words=47) is None and verdicts(mixed, min_doc_words=48) is not None
+    # English: 40 words (counted by hand), as before
+    assert verdicts(ENGLISH, min_doc_words=40) is None and verdicts(ENGLISH, min_doc_words=41) is not None
+
+
+def test_a_turkish_capital_dotted_i_lowercases_to_the_stop_words_i():
+    """Python lowercases "İ" (U+0130) to "i" + U+0307, so a sentence's first "İlk" was no stop word "ilk". By hand,
+    Turkish stop words (FineWeb-2's list) in this news sentence: "İlk" and "ve"; 2, as min_stop_words needs (it was 1,
+    and the sentence was dropped). A heading in capitals: "İÇİN", "VE", "İLE", "BİR": 4."""
+    step = build_step("gopher_quality", {"min_doc_words": 5})
+    news = "İlk belirlemelere göre ulaşımda ciddi aksamalar oldu ve bazı metro seferleri iptal edildi."
+    assert step(doc(news, "tr")).kept and step.batch([doc(news, "tr")])[0].kept
+    assert step(doc(news.replace("İlk", "Yeni"), "tr")).drop == "gopher_quality.min_stop_words"  # "ve" alone
+    heading = "BAŞVURU İÇİN GEREKLİ BELGELER VE TARİHLER İLE BİR ÖRNEK FORM AŞAĞIDADIR"
+    four = build_step("gopher_quality", {"min_doc_words": 5, "min_stop_words": 4})
+    assert four(doc(heading, "tr")).kept
+    assert build_step("gopher_quality", {"min_doc_words": 5, "min_stop_words": 5})(doc(heading, "tr")).drop == \
+        "gopher_quality.min_stop_words"
+    # a listed word spelled with the capital is the same word
+    assert build_step("gopher_quality", {"min_doc_words": 5, "stop_words": ["İlk", "ve"], "min_avg_word_length": None})(
+        doc(news)).kept

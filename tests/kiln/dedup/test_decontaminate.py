@@ -650,3 +650,48 @@ def test_the_independent_look_reads_a_word_with_its_combining_marks_as_the_detec
     assert look.overlaps("مقدمة. " + item + " خاتمة.") and detector.find("مقدمة. " + item + " خاتمة.")
     assert not detector.find("مقدمة. " + other_marks + " خاتمة.")
     assert not look.overlaps("مقدمة. " + other_marks + " خاتمة.")
+
+
+# A Chinese exam item (37 Han characters, punctuation aside) and unrelated texts sharing a common phrase with it.
+ZH_ITEM = "关于光合作用的叙述，下列说法中正确的是：植物在光照条件下把二氧化碳转化为有机物"
+ZH_FILLER_A = "今天的物理作业一共有五道题，老师要求大家周五之前交上来。"
+ZH_FILLER_B = "做完以后记得检查一遍，不要有遗漏。"
+
+
+def test_chinese_ngrams_weigh_a_character_as_five_eighths_of_a_word():
+    """The exact rule in text_units' weights: 13 words are 104 eighths, so 21 Han characters (105) and not 13; an item
+    needs 8 words' weight, 13 characters (65 >= 64), not 8. By hand: the 9-character "下列说法中正确的是" ("which of the
+    following is correct": 45 eighths) is skipped, as a 7-word English item is, instead of matching every exercise
+    sheet that asks it; a 16-character item (80) is one n-gram of all its characters; the 37-character item matches
+    a document holding 21 of its characters in a row, not one holding 20. The independent look agrees."""
+    from kiln.dedup.residual_overlap import ItemNgrams
+
+    def han(text):
+        return sum("\u4e00" <= c <= "\u9fff" for c in text)
+
+    assert han(ZH_ITEM) == 37 and han("下列说法中正确的是") == 9
+    short = "下列说法中正确的是"
+    sixteen = "中华人民共和国成立于一九四九年"  # 15 characters: 75 eighths; with 十 below, 16
+    assert han(sixteen) == 15
+    index = index_of(("b", "q", ZH_ITEM), ("b", "s", short), ("b", "t", sixteen + "十"), ("b", "u", sixteen))
+    stats = index.summary()["benchmarks"]["b"]
+    assert (stats["items_indexed"], stats["items_skipped_short"]) == (3, 1)  # 9 characters: 45 < 64
+    assert index.summary()["ngram_sizes"] == [9.375, 10, 13]  # 75, 80 and 104 eighths
+    exercise = ZH_FILLER_A + "关于电流，下列说法中正确的是哪一项？" + ZH_FILLER_B
+    assert index.find(exercise) == []  # matched as "s" before
+    chars = "".join(c for c in ZH_ITEM if "\u4e00" <= c <= "\u9fff")
+    for n, found in ((21, True), (20, False)):
+        document = ZH_FILLER_A + chars[5:5 + n] + ZH_FILLER_B
+        matches = index.find(document)
+        assert [m.item_id for m in matches] == (["q"] if found else []), n
+        if found:
+            assert document[matches[0].start:matches[0].end] == chars[5:5 + n]
+    whole = ZH_FILLER_A + sixteen + "十" + ZH_FILLER_B
+    assert sorted(m.item_id for m in index.find(whole)) == ["t", "u"]
+    assert index.find(ZH_FILLER_A + sixteen[:14] + ZH_FILLER_B) == []
+    look = ItemNgrams([ZH_ITEM, short, sixteen], ngram=13, min_item_words=8)
+    for text in (exercise, ZH_FILLER_A + chars[:21] + ZH_FILLER_B, ZH_FILLER_A + ZH_ITEM + ZH_FILLER_B,
+                 ZH_FILLER_A + "，" + sixteen + "。" + ZH_FILLER_B):
+        assert look.overlaps(text) <= bool(index.find(text)), text  # a hit of the look is a hit of the detector
+    assert look.overlaps(ZH_FILLER_A + "。" + ZH_ITEM + "。" + ZH_FILLER_B)
+    assert not look.overlaps(exercise)
