@@ -59,7 +59,7 @@ def load_word_list(path: str) -> WordList:
     single: set[str] = set()
     phrases: dict[int, set[tuple[str, ...]]] = {}
     for entry in load_wordlist(path):
-        ws = tuple(ts.words(entry.lower()))
+        ws = tuple(ts.words(ts.lower(entry)))
         if len(ws) == 1:
             single.add(ws[0])
         elif ws:
@@ -107,7 +107,7 @@ class BadWords:
         if self.max_ratio is None:
             return keep(text)
         wordlist = load_word_list(str(self.words_file or DEFAULT_WORDS_FILE))
-        ws = ts.words(text.lower())
+        ws = ts.words(ts.lower(text))
         if not ws:
             return keep(text)
         if wordlist.count_matches(ws) / len(ws) > self.max_ratio:

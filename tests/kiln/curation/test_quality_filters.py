@@ -548,6 +548,17 @@ def test_badwords_custom_file_phrases_case_and_boundaries(tmp_path):
         BadWords(words_file=str(tmp_path / "missing.txt"))(doc(PROSE))
 
 
+def test_badwords_match_a_turkish_capital_dotted_i(tmp_path):
+    """A Turkish list holds "için" and "iğrenç"; a text writes them "İÇİN" and "İğrenç". Python lowercases İ to i + a
+    combining dot (two characters), which no list holds; as a list entry is read, so is the text (text_stats.lower)."""
+    path = tmp_path / "tr.txt"
+    path.write_text("için\niğrenç\n", encoding="utf-8")
+    step = BadWords(max_ratio=0.3, words_file=str(path))
+    assert reason(step, "İğrenç bir gün") == "badwords.max_ratio"  # 1 of 3 words: 0.33 > 0.3
+    assert reason(step, "BUNU İÇİN YAZDIM") == "badwords.max_ratio"
+    assert reason(step, "Bunu onun için yazdım ve gittim") is None  # 1 of 6: 0.17
+
+
 # ---- CodeQuality -----------------------------------------------------------------------------
 
 BLOB = base64.b64encode(bytes(range(256)) * 8).decode()
