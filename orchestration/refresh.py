@@ -27,7 +27,9 @@ def refresh_runs(context, kiln_config: KilnConfig, storage: KilnStorage, trigger
     dynamic partitions, and request the intake (raw + filtered documents) of every source for a new refresh, and
     for any registered one whose intake never started; the automation sensor takes it from there."""
     config, store = kiln_config.load(), storage.store()
-    _, landing = next_refresh(store, config, trigger, config.refresh.sensor.settle_seconds)
+    # Partitions added by hand in the UI and not read yet take what has landed, in the order they were added.
+    added = context.instance.get_dynamic_partitions(refresh_partitions.name)
+    _, landing = next_refresh(store, config, trigger, config.refresh.sensor.settle_seconds, waiting=added)
     if landing is not None:
         for folder in landing.unknown_sources:
             context.log.warning(f"landing folder {folder!r} names no declared source; its files are left alone "

@@ -289,6 +289,31 @@ def test_the_sensor_and_the_schedule_never_start_the_same_intake_twice(project):
     assert isinstance(skipped, dg.SkipReason) and f"refresh {first.key} has already been started" in skipped.skip_message
 
 
+def test_a_partition_added_by_hand_takes_what_lands_and_holds_no_refresh_for_ever(quick_project):
+    """A refresh partition added in the UI before the landing sensor saw the new files: the sensor registers them
+    under that key (its own run would have), so the partition reads them and automation curates it; registered
+    under a new key, the hand-added one had nothing left to read (its intake refused) and held the new refresh's
+    curation for ever (refreshes are decided in Dagster's partition order)."""
+    project = quick_project
+    cursor, _ = project.automation_tick()
+    run_intake(project, sensor(project))
+    [first] = load_refreshes(project.store)
+    project.instance.add_dynamic_partitions("refresh", ["by-hand"])
+    write_jsonl(project.landing / "web" / "week2.jsonl", [{"id": "n", "text": random_text(project.rng, project.vocab)}])
+    requests = sensor(project)
+    assert [r.key for r in load_refreshes(project.store)] == [first.key, "by-hand"]
+    assert project.instance.get_dynamic_partitions("refresh") == [first.key, "by-hand"]
+    assert {r.partition_key for r in requests} == {dg.MultiPartitionKey({"refresh": "by-hand", "source": s})
+                                                   for s in ("web", "ref")}
+    run_intake(project, requests)
+    curated = []
+    for _ in range(2):
+        cursor, requested = project.automation_tick(cursor)
+        curated += sorted({str(k).split("|")[0] for k in requested.get("curated_documents", [])})
+        assert not project.run_requested(requested)
+    assert curated == [first.key, "by-hand"]
+
+
 def test_the_run_key_tag_is_dagsters():
     from dagster._core.storage.tags import RUN_KEY_TAG
 
