@@ -27,7 +27,9 @@ def refresh_runs(context, kiln_config: KilnConfig, storage: KilnStorage, trigger
     dynamic partitions, and request the intake (raw + filtered documents) of every source for a new refresh, and
     for any registered one whose intake never started; the automation sensor takes it from there."""
     config, store = kiln_config.load(), storage.store()
-    _, landing = next_refresh(store, config, trigger, config.refresh.sensor.settle_seconds)
+    # Partitions added by hand in the UI and not read yet take what has landed, in the order they were added.
+    added = context.instance.get_dynamic_partitions(refresh_partitions.name)
+    _, landing = next_refresh(store, config, trigger, config.refresh.sensor.settle_seconds, waiting=added)
     if landing is not None:
         for folder in landing.unknown_sources:
             context.log.warning(f"landing folder {folder!r} names no declared source; its files are left alone "
@@ -39,14 +41,31 @@ def refresh_runs(context, kiln_config: KilnConfig, storage: KilnStorage, trigger
         context.instance.add_dynamic_partitions(refresh_partitions.name, missing)
     # Registering is done by the evaluation; submitting its requests is not (a "Test sensor" preview, a tick that
     # timed out or failed to submit): a refresh without raw documents is requested again, with the same run keys,
-    # which Dagster launches once (a run in progress or failed is not started again).
+    # and started once (a run in progress or failed is not started again). Dagster skips a run key only among the
+    # runs of the instigator asking (a sensor's by its name, a schedule's by its tick's time): the landing sensor
+    # and the refresh schedule both ask for every refresh not read yet, so each skips the run keys either one
+    # started (its intake still running, or failed).
     todo = never_read(store, [s.name for s in config.sources], refreshes)
-    if not todo:
+    requests = [dg.RunRequest(run_key=f"refresh-{r.key}-{s.name}", partition_key=partition_key(s.name, r.key),
+                              asset_selection=INTAKE, tags={"kiln/refresh": r.key, "kiln/trigger": trigger})
+                for r in todo for s in config.sources]
+    requests = [r for r in requests if not _started(context.instance, r.run_key)]
+    if todo and not requests:
+        return dg.SkipReason(f"the intake of refresh {', '.join(r.key for r in todo)} has already been started "
+                             f"(by the landing sensor or the refresh schedule); nothing new under "
+                             f"{config.refresh.landing_path()}/<source>/")
+    if not requests:
         settling = f"; {landing.settling} file(s) still settling" if landing and landing.settling else ""
         return dg.SkipReason(f"no new files under {config.refresh.landing_path()}/<source>/{settling}")
-    return [dg.RunRequest(run_key=f"refresh-{r.key}-{s.name}", partition_key=partition_key(s.name, r.key),
-                          asset_selection=INTAKE, tags={"kiln/refresh": r.key, "kiln/trigger": trigger})
-            for r in todo for s in config.sources]
+    return requests
+
+
+RUN_KEY_TAG = "dagster/run_key"  # the tag Dagster gives a run started for a run request's run_key
+
+
+def _started(instance: dg.DagsterInstance, run_key: str) -> bool:
+    """Whether any instigator started a run for `run_key` (the landing sensor, the refresh schedule)."""
+    return bool(instance.get_run_ids(dg.RunsFilter(tags={RUN_KEY_TAG: run_key}), limit=1))
 
 
 def _status(enabled: bool, kind):

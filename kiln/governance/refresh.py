@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -284,19 +285,25 @@ def pending_files(landing: str, sources: list[str], refreshes: list[Refresh], se
 
 
 def next_refresh(store: Store, config: ProjectConfig, trigger: str, settle_seconds: int = 0,
-                 ) -> tuple[Refresh | None, Landing | None]:
+                 waiting: Sequence[str] = ()) -> tuple[Refresh | None, Landing | None]:
     """Register what is new, if anything: the configured sources when no refresh exists yet, else the files
     landed since the last refresh. Returns the new refresh (None: nothing new) and the landing scan. The registry's
-    lock covers the scan too: a sensor tick and a CLI run at once must not register the same files twice."""
+    lock covers the scan too: a sensor tick and a CLI run at once must not register the same files twice.
+
+    `waiting`: refresh keys added by hand (Dagster partitions added in the UI) not registered yet, oldest first; the
+    first of them names what is new, as its own run would have (`ensure_refresh`). Registered under a new key
+    instead, the landed files would leave that partition nothing to read, and it would stay before every later
+    refresh, which automation decides in order, for ever."""
     with store.registry_lock(REFRESHES):
         refreshes = load_refreshes(store)
+        key = next((k for k in waiting if k not in {r.key for r in refreshes}), None)
         if not refreshes:
-            return _register(store, None, "initial", None, pin_sources(config)), None
+            return _register(store, None, "initial", key, pin_sources(config)), None
         landing = pending_files(config.refresh.landing_path(), [s.name for s in config.sources], refreshes,
                                 settle_seconds)
         if not landing.count:
             return None, landing
-        return _register(store, landing.files, trigger, None), landing
+        return _register(store, landing.files, trigger, key), landing
 
 
 def ensure_refresh(store: Store, config: ProjectConfig, key: str) -> Refresh:

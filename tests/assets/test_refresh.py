@@ -245,6 +245,83 @@ def test_a_refresh_whose_intake_was_never_submitted_is_started_by_the_next_tick(
     assert isinstance(sensor(project), dg.SkipReason)
 
 
+def schedule_tick(project, when):
+    from orchestration.refresh import refresh_schedule
+
+    with dg.build_schedule_context(instance=project.instance, resources=project.resources,
+                                   scheduled_execution_time=when) as context:
+        return refresh_schedule(context)
+
+
+def started(project, requests, **instigator):
+    """What Dagster's daemon does with a tick's requests: a run each, tagged with its run key and its instigator."""
+    import uuid
+
+    from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+    from dagster._core.storage.tags import RUN_KEY_TAG
+
+    for r in requests:
+        project.instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id=str(uuid.uuid4()),
+                                            status=DagsterRunStatus.STARTED,
+                                            tags={**r.tags, RUN_KEY_TAG: r.run_key, **instigator}))
+
+
+def test_the_sensor_and_the_schedule_never_start_the_same_intake_twice(project):
+    """Dagster skips a run key only among the runs of the sensor or the schedule asking for it. The schedule registers
+    the first refresh and its intake of `web` starts (the `ref` run was never submitted): the landing sensor, ticking
+    while that run goes on, asks for `ref` alone, and neither the sensor later nor the schedule a week later asks
+    for `web` again (its run still running, or failed)."""
+    import datetime as dt
+
+    from dagster._core.storage.tags import SCHEDULE_NAME_TAG, SCHEDULED_EXECUTION_TIME_TAG, SENSOR_NAME_TAG
+
+    monday = dt.datetime(2026, 12, 7, 3, tzinfo=dt.timezone.utc)
+    by_schedule = schedule_tick(project, monday)
+    [first] = load_refreshes(project.store)
+    assert [r.run_key for r in by_schedule] == [f"refresh-{first.key}-web", f"refresh-{first.key}-ref"]
+    started(project, by_schedule[:1], **{SCHEDULE_NAME_TAG: "refresh_schedule",
+                                        SCHEDULED_EXECUTION_TIME_TAG: monday.isoformat()})
+    by_sensor = sensor(project)
+    assert [r.run_key for r in by_sensor] == [f"refresh-{first.key}-ref"]
+    started(project, by_sensor, **{SENSOR_NAME_TAG: "landing_sensor"})
+    assert isinstance(sensor(project), dg.SkipReason)
+    skipped = schedule_tick(project, monday + dt.timedelta(days=7))
+    assert isinstance(skipped, dg.SkipReason) and f"refresh {first.key} has already been started" in skipped.skip_message
+
+
+def test_a_partition_added_by_hand_takes_what_lands_and_holds_no_refresh_for_ever(quick_project):
+    """A refresh partition added in the UI before the landing sensor saw the new files: the sensor registers them
+    under that key (its own run would have), so the partition reads them and automation curates it; registered
+    under a new key, the hand-added one had nothing left to read (its intake refused) and held the new refresh's
+    curation for ever (refreshes are decided in Dagster's partition order)."""
+    project = quick_project
+    cursor, _ = project.automation_tick()
+    run_intake(project, sensor(project))
+    [first] = load_refreshes(project.store)
+    project.instance.add_dynamic_partitions("refresh", ["by-hand"])
+    write_jsonl(project.landing / "web" / "week2.jsonl", [{"id": "n", "text": random_text(project.rng, project.vocab)}])
+    requests = sensor(project)
+    assert [r.key for r in load_refreshes(project.store)] == [first.key, "by-hand"]
+    assert project.instance.get_dynamic_partitions("refresh") == [first.key, "by-hand"]
+    assert {r.partition_key for r in requests} == {dg.MultiPartitionKey({"refresh": "by-hand", "source": s})
+                                                   for s in ("web", "ref")}
+    run_intake(project, requests)
+    curated = []
+    for _ in range(2):
+        cursor, requested = project.automation_tick(cursor)
+        curated += sorted({str(k).split("|")[0] for k in requested.get("curated_documents", [])})
+        assert not project.run_requested(requested)
+    assert curated == [first.key, "by-hand"]
+
+
+def test_the_run_key_tag_is_dagsters():
+    from dagster._core.storage.tags import RUN_KEY_TAG
+
+    from orchestration.refresh import RUN_KEY_TAG as OURS
+
+    assert OURS == RUN_KEY_TAG
+
+
 def test_automation_curates_and_indexes_a_refresh_only_after_the_earlier_ones(quick_project):
     """Two refreshes' intakes are done before automation looks: it asks for the curation (and later the dedup index)
     of the first only; the second's runs would start beside it and be refused (a refresh is decided against every
