@@ -78,6 +78,7 @@ def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, st
     key=FILTERED, deps=[RAW], partitions_def=document_partitions, group_name="curation", kinds=KINDS,
     code_version=code_version("kiln.curation.filters", "kiln.curation.pii", "kiln.curation.pipeline", "kiln.common.removals",
                               "kiln.common.stats", "kiln.common.text_units", "kiln.curation.documents",
+                              "kiln.curation.exact_dedup",  # duplicates_in: the repeats the filter stage drops
                               data=(DEFAULT_BLOCKLIST, DEFAULT_WORDS_FILE)),  # the built-in lists decide too
     check_specs=check_specs(FILTERED), automation_condition=FOLLOW,
 )
@@ -118,7 +119,7 @@ def filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     # Exact dedup compares every source's hashes, so each partition depends on every source of its refresh.
     deps=[dg.AssetDep(FILTERED, partition_mapping=SAME_REFRESH_EVERY_SOURCE)],
     code_version=code_version("kiln.curation.exact_dedup", "kiln.common.removals", "kiln.common.stats",
-                              "kiln.curation.documents"),
+                              "kiln.curation.documents", "kiln.dedup.shuffle"),  # the hash shuffle exact dedup reads
     check_specs=check_specs(CURATED, "residual_pii"), automation_condition=FOLLOW_IN_ORDER,
 )
 def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,

@@ -168,7 +168,7 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
     key=QUALITY_FILTERED, deps=[SCORES, REQUESTS], partitions_def=document_partitions, group_name="quality",
     kinds={"python", "parquet"}, automation_condition=FOLLOW_REQUESTS,
     code_version=code_version("kiln.quality.rules", "kiln.governance.forget", "kiln.common.removals", "kiln.common.stats",
-                              "kiln.curation.documents"),
+                              "kiln.curation.documents", "kiln.tokens.mixture"),  # hash_unit: ties at a cutoff
     check_specs=check_specs(QUALITY_FILTERED),
 )
 def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig,
