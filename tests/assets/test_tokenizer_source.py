@@ -108,3 +108,25 @@ def test_a_brought_tokenizer_that_changes_text_warns_and_one_lacking_eos_fails(t
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "tokenizer.special_tokens.eos" in failure.step_failure_data.error.message
+
+
+def test_a_tokenizer_trained_with_a_lossy_setting_warns_and_the_shards_follow(tmp_path, kiln_home, monkeypatch):
+    """`remove_extra_whitespaces: true` is a documented setting that gives exactness up: the round-trip check warns
+    (counting what it changes) instead of failing the step, so token_shards in the same run is written."""
+    project = brought_project("train", tmp_path, kiln_home, monkeypatch, vocab_size=400,
+                              remove_extra_whitespaces=True)
+    result = project.materialize(["token_shards", "tokenizer"], raise_on_error=False)  # one run, the refresh's
+    [check] = [c for c in result.get_asset_check_evaluations() if c.check_name == "round_trip"]
+    # the code texts hold runs of spaces (indentation): collapsed, so changed
+    assert not check.passed and check.severity.value == "WARN"
+    assert check.metadata["documents_changed"].value == 40  # every code text, no prose text
+    assert result.success and project.store.manifest("token_shards", project.current()) is not None
+
+
+def test_only_the_exact_training_settings_promise_an_exact_round_trip():
+    from kiln.common.config import TokenizerSettings
+
+    assert TokenizerSettings().exact
+    for lossy in ({"normalization": "nfkc"}, {"add_dummy_prefix": True}, {"remove_extra_whitespaces": True},
+                  {"byte_fallback": False}):
+        assert not TokenizerSettings(**lossy).exact, lossy

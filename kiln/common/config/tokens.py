@@ -44,6 +44,14 @@ class TokenizerSettings(Strict):
     remove_extra_whitespaces: bool = False  # True collapses runs of spaces (breaks code indentation)
     sentinel_tokens: int = Field(0, ge=0, le=1000)  # <extra_id_0>.. after the fixed ids: span corruption (T5: 100)
 
+    @property
+    def exact(self) -> bool:
+        """Whether a tokenizer trained with these settings keeps every text exact, as the defaults do: not once a key
+        gives that up (nfkc, a dummy prefix, collapsed whitespace, or byte_fallback off: unseen characters become
+        <unk>). A brought tokenizer is as exact as its file: False."""
+        return (self.source == "train" and self.normalization == "identity" and self.byte_fallback
+                and not self.add_dummy_prefix and not self.remove_extra_whitespaces)
+
     def applicable(self) -> dict:
         """The settings that shape the tokenizer, as manifests and cards record them: every key when it is trained
         here; the source, special tokens and sample keys when it is brought (the file fixes the rest)."""
