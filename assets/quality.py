@@ -2,7 +2,7 @@
 perplexity) stored next to every document, and filtering on those stored scores."""
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import dagster as dg
 import numpy as np
@@ -14,7 +14,16 @@ from kiln.common.manifest import code_version
 from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.removals import example_excerpt
 from kiln.common.storage import Snapshot, resume_key
-from kiln.governance.forget import REQUESTS, applied_requests, first_match, load_requests, with_intake_urls
+from kiln.governance.forget import (
+    REQUEST_COLUMNS,
+    REQUESTS,
+    applied_requests,
+    first_match,
+    load_requests,
+    naming_requests,
+    raw_partitions,
+    with_intake_urls,
+)
 from kiln.governance.refresh import load_refreshes, materialized, partition, upto
 from kiln.quality.classifier import Example, balanced_sample, train_classifier
 from kiln.quality.rules import RuleError, decide, decile_rows, filter_parts, threshold_effect
@@ -29,16 +38,18 @@ CLASSIFIER, SCORES, QUALITY_FILTERED = "quality_classifier", "quality_scores", "
 @dg.asset(
     key=CLASSIFIER, group_name="quality", kinds={"python", "fasttext"},
     deps=[dg.AssetDep(DEDUPLICATED, partition_mapping=dg.AllPartitionMapping())], automation_condition=ONCE,
-    code_version=code_version("kiln.quality.classifier", "kiln.tokens.mixture"),  # hash_unit: the sample, the folds
+    # hash_unit: the sample, the folds; forget: the documents a removal request keeps out of the sample
+    code_version=code_version("kiln.quality.classifier", "kiln.tokens.mixture", "kiln.governance.forget"),
     check_specs=[dg.AssetCheckSpec("separates", asset=CLASSIFIER, blocking=False,
                                    description="cross-validated ROC AUC of at least 0.8 (reference vs web documents)")],
 )
 def quality_classifier(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
                        engine: KilnEngine) -> dg.MaterializeResult:
     """The fastText "reference vs web" classifier: reference sources' documents are the positives, web
-    sources' the negatives, from every refresh so far; the model file, its card (sha256, cross-validated metrics)
-    and its training sample (ids, folds, out-of-fold scores). Fitted once: refitting re-scores every refresh.
-    The cross-fitting folds and the final fit run in parallel on the engine."""
+    sources' the negatives, from every refresh so far, none that a removal request recorded before the fit names; the
+    model file, its card (sha256, cross-validated metrics) and its training sample (ids, folds, out-of-fold scores).
+    Fitted once: refitting re-scores every refresh. The cross-fitting folds and the final fit run in parallel on the
+    engine."""
     config, store = kiln_config.load(), storage.store()
     positives, negatives = config.quality_classes()
     settings = config.quality.classifier
@@ -47,8 +58,15 @@ def quality_classifier(context: dg.AssetExecutionContext, kiln_config: KilnConfi
         inputs = {f"{DEDUPLICATED}/{p}": m.manifest.data_version for p, m in (pos_parts | neg_parts).items()}
         card = None
         if config.quality_classifier_enabled:  # else classifier_recipe says enabled: False
+            # No document a removal request names is drawn (deduplicated_documents still holds it: requests apply in
+            # quality_filtered_documents and the shards); URLs as intake read them, as the tokenizer's sample.
+            requests, requests_version = load_requests(store)
+            if requests_version:
+                inputs[REQUESTS] = requests_version
+            requests = with_intake_urls(store, requests, raw_partitions(store, positives + negatives))
             # Choose the sample by id first, then read only its texts: a web source may be far larger.
-            pos_ids, neg_ids = balanced_sample(_ids(pos_parts), _ids(neg_parts), settings.max_documents_per_class)
+            pos_ids, neg_ids = balanced_sample(_ids(pos_parts, requests), _ids(neg_parts, requests),
+                                               settings.max_documents_per_class)
             runner = engine.get(config.engine)
             card = train_classifier(_examples(pos_parts, set(pos_ids)), _examples(neg_parts, set(neg_ids)),
                                     settings, writer.dir, runner)
@@ -84,11 +102,14 @@ def classifier_recipe(config) -> dict:
             "negative_sources": negatives, "enabled": config.quality_classifier_enabled}
 
 
-def _ids(parts: dict[str, Snapshot]) -> Iterator[str]:
-    """Every doc id, streamed a batch at a time: balanced_sample keeps only its sample, whatever the corpus."""
+def _ids(parts: dict[str, Snapshot], requests: Sequence = ()) -> Iterator[str]:
+    """Every doc id but those a removal request in `requests` names, streamed a batch at a time: balanced_sample
+    keeps only its sample, whatever the corpus."""
     for snapshot in parts.values():
-        for batch in snapshot.iter_batches(columns=["doc_id"], batch_size=10_000):
-            yield from batch.column("doc_id").to_pylist()
+        for batch in snapshot.iter_batches(columns=list(REQUEST_COLUMNS) if requests else ["doc_id"],
+                                           batch_size=10_000):
+            ids = batch.column("doc_id").to_pylist()
+            yield from (d for d, request in zip(ids, naming_requests(requests, batch)) if request is None)
 
 
 def _examples(parts: dict[str, Snapshot], wanted: set[str]) -> list[Example]:

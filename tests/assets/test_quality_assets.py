@@ -135,3 +135,36 @@ def test_a_classifier_fitted_while_off_is_not_used_once_the_config_turns_it_on(t
     assert project.materialize(["quality_scores", "quality_filtered_documents"], "web").success
     manifest, kept = rows(project, "quality_filtered_documents", "web")
     assert 0 < manifest["counts"]["documents"] < 40 and any(r["doc_id"] for r in kept)
+
+
+def test_a_removal_request_keeps_its_documents_out_of_the_classifier(tmp_path, kiln_home, monkeypatch):
+    """deduplicated_documents still holds a document a removal request names (requests apply in the quality filter and
+    the shards). The classifier, fitted after the request, drew its sample from there without looking at the requests:
+    11 of the 15 reference documents named were training examples, read into the fastText model. Now, like the
+    tokenizer's sample, it never draws them, and its manifest records the requests' version."""
+    from kiln.common.config import load_config
+    from kiln.governance.forget import record_request
+
+    refs = reference_texts()
+    write_jsonl(tmp_path / "ref" / "a.jsonl", [{"id": i, "text": t} for i, t in enumerate(refs[:30])])
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": f"j{i}", "text": t} for i, t in enumerate(junk_texts(20, seed=1))])
+    sources = [{"name": "ref", "kind": "jsonl", "path": str(tmp_path / "ref"), "license": "PSF-2.0",
+                "domain": "reference", "quality_tier": 1, "profile": "none"},
+               {"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC-BY",
+                "domain": "web", "quality_tier": 3, "profile": "none"}]
+    config = {"sources": sources, "profiles": {"none": []}, "engine": SERIAL_ENGINE,
+              "curation": {"keep_rejected_text": "excerpt"}, "decontamination": {"enabled": False},
+              "quality": {"classifier": {"folds": 3, "quantize_cutoff": 1000}}}
+    project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
+    deduplicate(project)
+    _, ref_docs = rows(project, "deduplicated_documents", "ref")
+    named = {r["doc_id"] for r in ref_docs[:15]}
+    record_request(project.store, load_config(tmp_path / "kiln.yaml"), "doc_ids", sorted(named), "asked")
+
+    assert project.materialize(["quality_classifier"]).success
+    folder = kiln_home / "data" / "quality_classifier" / "_all"
+    sample = pq.read_table(folder / "training_sample.parquet").to_pylist()
+    # 15 reference documents left to draw from, 20 web pages: 15 + 15, none of them named
+    assert len(sample) == 30 and not {r["doc_id"] for r in sample} & named
+    manifest = json.loads((folder / "_manifest.json").read_text())
+    assert manifest["inputs"]["removal_requests"] == project.store.manifest("removal_requests").data_version
