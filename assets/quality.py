@@ -164,11 +164,14 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
                 "documents": counts["documents"], "data_version": manifest.data_version,
                 "path": dg.MetadataValue.path(str(store.dataset_dir(SCORES, source)))}
     # The lowest deciles are what the quality rule will drop: like a removal example, an excerpt only if the config
-    # keeps rejected text (kiln.common.removals), redacted.
+    # keeps rejected text (kiln.common.removals), redacted; and, as a takedown keeps none of a document's text, none
+    # of a document a removal request names (the quality filter removes it).
     policy = config.curation.keep_rejected_text
-    texts = {} if policy == "none" else {
-        doc_id: example_excerpt(text, policy) for doc_id, text in writer.committed.values(
-            "text", {doc_ids[row] for values in (scores, perplexity) for _, row in decile_rows(values)}).items()}
+    texts = {}
+    if policy != "none":
+        shown = {doc_ids[row] for values in (scores, perplexity) for _, row in decile_rows(values)}
+        shown -= set(_requested(store, writer.committed, load_requests(store)[0]))
+        texts = {doc_id: example_excerpt(text, policy) for doc_id, text in writer.committed.values("text", shown).items()}
     for name, values, log in (("quality_score", scores, False), ("perplexity", perplexity, True)):
         if np.isfinite(values).any():
             finite = values[np.isfinite(values)]

@@ -3,6 +3,7 @@
 import json
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from tests.assets.project import load_project
@@ -137,11 +138,13 @@ def test_a_classifier_fitted_while_off_is_not_used_once_the_config_turns_it_on(t
     assert 0 < manifest["counts"]["documents"] < 40 and any(r["doc_id"] for r in kept)
 
 
-def test_a_removal_request_keeps_its_documents_out_of_the_classifier(tmp_path, kiln_home, monkeypatch):
+@pytest.mark.slow
+def test_a_removal_request_keeps_its_documents_out_of_the_classifier_and_the_score_deciles(tmp_path, kiln_home, monkeypatch):
     """deduplicated_documents still holds a document a removal request names (requests apply in the quality filter and
     the shards). The classifier, fitted after the request, drew its sample from there without looking at the requests:
     11 of the 15 reference documents named were training examples, read into the fastText model. Now, like the
-    tokenizer's sample, it never draws them, and its manifest records the requests' version."""
+    tokenizer's sample, it never draws them, and its manifest records the requests' version. quality_scores' decile
+    examples show no excerpt of a document a request names."""
     from kiln.common.config import load_config
     from kiln.governance.forget import record_request
 
@@ -168,3 +171,17 @@ def test_a_removal_request_keeps_its_documents_out_of_the_classifier(tmp_path, k
     assert len(sample) == 30 and not {r["doc_id"] for r in sample} & named
     manifest = json.loads((folder / "_manifest.json").read_text())
     assert manifest["inputs"]["removal_requests"] == project.store.manifest("removal_requests").data_version
+
+    # quality_scores' decile table shows an excerpt of a document (keep_rejected_text: excerpt), never of one a
+    # request names: all 10 rows showed one of the web pages a request names (a takedown keeps none of the text).
+    _, web_docs = rows(project, "deduplicated_documents", "web")
+    taken_down = {r["doc_id"] for r in web_docs[:10]}
+    record_request(project.store, load_config(tmp_path / "kiln.yaml"), "doc_ids", sorted(taken_down), "asked")
+    result = project.materialize(["quality_scores"], "web")
+    table = result.asset_materializations_for_node("quality_scores")[0].metadata["quality_score_deciles"].value
+    lines = table.splitlines()[2:]
+    assert len(lines) == 10
+    for line in lines:
+        doc_id, excerpt = line.split("`")[1], line.split("` |", 1)[1].removesuffix("|").strip()
+        assert (excerpt == "") == (doc_id in taken_down), line
+    assert any(line.split("`")[1] in taken_down for line in lines)  # the case is exercised
