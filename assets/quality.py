@@ -209,6 +209,12 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
     doc_ids, scores, perplexity = read_scores(parts)
     # The source's scores in the refreshes before this one: a whole-source rule cuts among all of them
     earlier = materialized(store, SCORES, [name], upto(load_refreshes(store), refresh)[:-1])
+    if unlike := _scored_unlike(rule, scored, earlier):
+        raise dg.Failure(description=(
+            f"{QUALITY_FILTERED}[{source}]: the rule of {name} cuts among every refresh's {unlike['what']}, but "
+            f"{SCORES} for {', '.join(unlike['partitions'])} were made with another {unlike['by']} than {source}'s "
+            f"(fitted or changed since): ranked together they would cut at a meaningless point; materialize {SCORES} "
+            f"for {', '.join(unlike['partitions'])} first, then this partition again"))
     earlier_ids, earlier_scores, earlier_perplexity = read_scores([f for m in earlier.values()
                                                                    for f in m.files("documents")])
     try:
@@ -238,6 +244,25 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
         rule=dg.MetadataValue.json(rule.model_dump(mode="json") if rule else {"keep": "everything"}),
         cutoffs=dg.MetadataValue.json(decision.cutoffs),
         **full_funnel(store, manifest, stats, "quality-filtered documents"))
+
+
+def _scored_unlike(rule, scored: Snapshot, earlier: dict[str, Snapshot]) -> dict | None:
+    """The earlier partitions whose stored scores a whole-source rule cannot rank with `scored`'s: made by another
+    classifier (keep_top_fraction), or another reference model or `max_tokens` (perplexity_buckets). After the
+    classifier is fitted again, every refresh's scores are re-made; a later refresh re-scored first would otherwise
+    be cut against the earlier ones' scores from the old model."""
+    checks = []
+    if rule is not None and rule.keep_top_fraction is not None:
+        checks.append(("classifier scores", "quality_classifier", lambda m: m.inputs.get(CLASSIFIER)))
+    if rule is not None and rule.perplexity_buckets is not None:
+        checks.append(("perplexities", "reference model", lambda m: (
+            m.config.get("reference_model_sha256"), m.config.get("reference_tokenizer_sha256"),
+            m.config.get("perplexity", {}).get("max_tokens"))))
+    for what, by, made_with in checks:
+        partitions = [p for p, m in earlier.items() if made_with(m.manifest) != made_with(scored.manifest)]
+        if partitions:
+            return {"what": what, "by": by, "partitions": partitions}
+    return None
 
 
 def _requested(store, scored: Snapshot, requests: list) -> dict[str, str]:

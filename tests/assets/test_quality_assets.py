@@ -185,3 +185,51 @@ def test_a_removal_request_keeps_its_documents_out_of_the_classifier_and_the_sco
         doc_id, excerpt = line.split("`")[1], line.split("` |", 1)[1].removesuffix("|").strip()
         assert (excerpt == "") == (doc_id in taken_down), line
     assert any(line.split("`")[1] in taken_down for line in lines)  # the case is exercised
+
+
+@pytest.mark.slow
+def test_a_later_refresh_is_not_cut_against_scores_of_a_classifier_fitted_before(tmp_path, kiln_home, monkeypatch):
+    """keep_top_fraction cuts among every refresh's scores. After the classifier was fitted again (on both refreshes),
+    refresh 2's web scores were re-made first and filtered against refresh 1's, still the old model's: the filter
+    kept 10 of refresh 2's 20 pages where ranked on one model's scores it keeps 4 (6 fates differ). Now it refuses,
+    naming refresh 1's scores to re-make; once they are, it keeps exactly the pages of refresh 2 among the top
+    ceil(0.3 * 40) = 12 of both refreshes' stored scores."""
+    import math
+
+    from tests.conftest import web_and_ref_sources
+
+    refs, junk = reference_texts(), junk_texts(20, seed=1)
+    write_jsonl(tmp_path / "ref" / "a.jsonl", [{"id": i, "text": t} for i, t in enumerate(refs[:20])])
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": f"j{i}", "text": t} for i, t in enumerate(junk[:10])]
+                + [{"id": f"g{i}", "text": t} for i, t in enumerate(refs[100:110])])
+    config = {"sources": web_and_ref_sources(tmp_path), "profiles": {"none": []}, "engine": SERIAL_ENGINE,
+              "decontamination": {"enabled": False},
+              "quality": {"classifier": {"folds": 3, "quantize_cutoff": 1000},
+                          "rules": {"web": {"keep_top_fraction": 0.3}}},
+              "refresh": {"landing": str(tmp_path / "landing"), "sensor": {"settle_seconds": 0}}}
+    project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
+    first = project.current()
+    deduplicate(project)
+    assert project.materialize(["quality_classifier"]).success
+    assert project.materialize(["quality_scores", "quality_filtered_documents"], "web").success
+
+    write_jsonl(tmp_path / "landing" / "web" / "b.jsonl", [{"id": f"k{i}", "text": t} for i, t in enumerate(junk[10:])]
+                + [{"id": f"h{i}", "text": t} for i, t in enumerate(refs[110:120])])
+    write_jsonl(tmp_path / "landing" / "ref" / "b.jsonl", [{"id": f"r{i}", "text": t} for i, t in enumerate(refs[20:40])])
+    assert project.refresh() is not None
+    deduplicate(project)
+    assert project.materialize(["quality_classifier"]).success  # fitted again, on both refreshes
+    failed = project.materialize(["quality_scores", "quality_filtered_documents"], "web", raise_on_error=False)
+    assert not failed.success
+    message = failed.get_step_failure_events()[0].step_failure_data.user_failure_data.description
+    assert f"quality_scores for web/{first} were made with another quality_classifier" in message
+
+    assert project.materialize(["quality_scores"], "web", refresh=first).success
+    assert project.materialize(["quality_filtered_documents"], "web").success
+    scored = rows(project, "quality_scores", "web")[1] + \
+        [r for f in project.store.files("quality_scores", f"web/{first}", "documents")
+         for r in pq.read_table(f).to_pylist()]
+    assert len(scored) == 40
+    top = {r["doc_id"] for r in sorted(scored, key=lambda r: -r["quality_score"])[:math.ceil(0.3 * 40)]}
+    kept = {r["doc_id"] for r in rows(project, "quality_filtered_documents", "web")[1]}
+    assert kept == top & {r["doc_id"] for r in rows(project, "quality_scores", "web")[1]}
