@@ -2,7 +2,7 @@
 perplexity) stored next to every document, and filtering on those stored scores."""
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import dagster as dg
 import numpy as np
@@ -14,7 +14,16 @@ from kiln.common.manifest import code_version
 from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.removals import example_excerpt
 from kiln.common.storage import Snapshot, resume_key
-from kiln.governance.forget import REQUESTS, applied_requests, first_match, load_requests, with_intake_urls
+from kiln.governance.forget import (
+    REQUEST_COLUMNS,
+    REQUESTS,
+    applied_requests,
+    first_match,
+    load_requests,
+    naming_requests,
+    raw_partitions,
+    with_intake_urls,
+)
 from kiln.governance.refresh import load_refreshes, materialized, partition, upto
 from kiln.quality.classifier import Example, balanced_sample, train_classifier
 from kiln.quality.rules import RuleError, decide, decile_rows, filter_parts, threshold_effect
@@ -29,16 +38,18 @@ CLASSIFIER, SCORES, QUALITY_FILTERED = "quality_classifier", "quality_scores", "
 @dg.asset(
     key=CLASSIFIER, group_name="quality", kinds={"python", "fasttext"},
     deps=[dg.AssetDep(DEDUPLICATED, partition_mapping=dg.AllPartitionMapping())], automation_condition=ONCE,
-    code_version=code_version("kiln.quality.classifier", "kiln.tokens.mixture"),  # hash_unit: the sample, the folds
+    # hash_unit: the sample, the folds; forget: the documents a removal request keeps out of the sample
+    code_version=code_version("kiln.quality.classifier", "kiln.tokens.mixture", "kiln.governance.forget"),
     check_specs=[dg.AssetCheckSpec("separates", asset=CLASSIFIER, blocking=False,
                                    description="cross-validated ROC AUC of at least 0.8 (reference vs web documents)")],
 )
 def quality_classifier(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
                        engine: KilnEngine) -> dg.MaterializeResult:
     """The fastText "reference vs web" classifier: reference sources' documents are the positives, web
-    sources' the negatives, from every refresh so far; the model file, its card (sha256, cross-validated metrics)
-    and its training sample (ids, folds, out-of-fold scores). Fitted once: refitting re-scores every refresh.
-    The cross-fitting folds and the final fit run in parallel on the engine."""
+    sources' the negatives, from every refresh so far, none that a removal request recorded before the fit names; the
+    model file, its card (sha256, cross-validated metrics) and its training sample (ids, folds, out-of-fold scores).
+    Fitted once: refitting re-scores every refresh. The cross-fitting folds and the final fit run in parallel on the
+    engine."""
     config, store = kiln_config.load(), storage.store()
     positives, negatives = config.quality_classes()
     settings = config.quality.classifier
@@ -47,8 +58,15 @@ def quality_classifier(context: dg.AssetExecutionContext, kiln_config: KilnConfi
         inputs = {f"{DEDUPLICATED}/{p}": m.manifest.data_version for p, m in (pos_parts | neg_parts).items()}
         card = None
         if config.quality_classifier_enabled:  # else classifier_recipe says enabled: False
+            # No document a removal request names is drawn (deduplicated_documents still holds it: requests apply in
+            # quality_filtered_documents and the shards); URLs as intake read them, as the tokenizer's sample.
+            requests, requests_version = load_requests(store)
+            if requests_version:
+                inputs[REQUESTS] = requests_version
+            requests = with_intake_urls(store, requests, raw_partitions(store, positives + negatives))
             # Choose the sample by id first, then read only its texts: a web source may be far larger.
-            pos_ids, neg_ids = balanced_sample(_ids(pos_parts), _ids(neg_parts), settings.max_documents_per_class)
+            pos_ids, neg_ids = balanced_sample(_ids(pos_parts, requests), _ids(neg_parts, requests),
+                                               settings.max_documents_per_class)
             runner = engine.get(config.engine)
             card = train_classifier(_examples(pos_parts, set(pos_ids)), _examples(neg_parts, set(neg_ids)),
                                     settings, writer.dir, runner)
@@ -84,11 +102,14 @@ def classifier_recipe(config) -> dict:
             "negative_sources": negatives, "enabled": config.quality_classifier_enabled}
 
 
-def _ids(parts: dict[str, Snapshot]) -> Iterator[str]:
-    """Every doc id, streamed a batch at a time: balanced_sample keeps only its sample, whatever the corpus."""
+def _ids(parts: dict[str, Snapshot], requests: Sequence = ()) -> Iterator[str]:
+    """Every doc id but those a removal request in `requests` names, streamed a batch at a time: balanced_sample
+    keeps only its sample, whatever the corpus."""
     for snapshot in parts.values():
-        for batch in snapshot.iter_batches(columns=["doc_id"], batch_size=10_000):
-            yield from batch.column("doc_id").to_pylist()
+        for batch in snapshot.iter_batches(columns=list(REQUEST_COLUMNS) if requests else ["doc_id"],
+                                           batch_size=10_000):
+            ids = batch.column("doc_id").to_pylist()
+            yield from (d for d, request in zip(ids, naming_requests(requests, batch)) if request is None)
 
 
 def _examples(parts: dict[str, Snapshot], wanted: set[str]) -> list[Example]:
@@ -143,11 +164,14 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
                 "documents": counts["documents"], "data_version": manifest.data_version,
                 "path": dg.MetadataValue.path(str(store.dataset_dir(SCORES, source)))}
     # The lowest deciles are what the quality rule will drop: like a removal example, an excerpt only if the config
-    # keeps rejected text (kiln.common.removals), redacted.
+    # keeps rejected text (kiln.common.removals), redacted; and, as a takedown keeps none of a document's text, none
+    # of a document a removal request names (the quality filter removes it).
     policy = config.curation.keep_rejected_text
-    texts = {} if policy == "none" else {
-        doc_id: example_excerpt(text, policy) for doc_id, text in writer.committed.values(
-            "text", {doc_ids[row] for values in (scores, perplexity) for _, row in decile_rows(values)}).items()}
+    texts = {}
+    if policy != "none":
+        shown = {doc_ids[row] for values in (scores, perplexity) for _, row in decile_rows(values)}
+        shown -= set(_requested(store, writer.committed, load_requests(store)[0]))
+        texts = {doc_id: example_excerpt(text, policy) for doc_id, text in writer.committed.values("text", shown).items()}
     for name, values, log in (("quality_score", scores, False), ("perplexity", perplexity, True)):
         if np.isfinite(values).any():
             finite = values[np.isfinite(values)]
@@ -185,6 +209,12 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
     doc_ids, scores, perplexity = read_scores(parts)
     # The source's scores in the refreshes before this one: a whole-source rule cuts among all of them
     earlier = materialized(store, SCORES, [name], upto(load_refreshes(store), refresh)[:-1])
+    if unlike := _scored_unlike(rule, scored, earlier):
+        raise dg.Failure(description=(
+            f"{QUALITY_FILTERED}[{source}]: the rule of {name} cuts among every refresh's {unlike['what']}, but "
+            f"{SCORES} for {', '.join(unlike['partitions'])} were made with another {unlike['by']} than {source}'s "
+            f"(fitted or changed since): ranked together they would cut at a meaningless point; materialize {SCORES} "
+            f"for {', '.join(unlike['partitions'])} first, then this partition again"))
     earlier_ids, earlier_scores, earlier_perplexity = read_scores([f for m in earlier.values()
                                                                    for f in m.files("documents")])
     try:
@@ -214,6 +244,25 @@ def quality_filtered_documents(context: dg.AssetExecutionContext, kiln_config: K
         rule=dg.MetadataValue.json(rule.model_dump(mode="json") if rule else {"keep": "everything"}),
         cutoffs=dg.MetadataValue.json(decision.cutoffs),
         **full_funnel(store, manifest, stats, "quality-filtered documents"))
+
+
+def _scored_unlike(rule, scored: Snapshot, earlier: dict[str, Snapshot]) -> dict | None:
+    """The earlier partitions whose stored scores a whole-source rule cannot rank with `scored`'s: made by another
+    classifier (keep_top_fraction), or another reference model or `max_tokens` (perplexity_buckets). After the
+    classifier is fitted again, every refresh's scores are re-made; a later refresh re-scored first would otherwise
+    be cut against the earlier ones' scores from the old model."""
+    checks = []
+    if rule is not None and rule.keep_top_fraction is not None:
+        checks.append(("classifier scores", "quality_classifier", lambda m: m.inputs.get(CLASSIFIER)))
+    if rule is not None and rule.perplexity_buckets is not None:
+        checks.append(("perplexities", "reference model", lambda m: (
+            m.config.get("reference_model_sha256"), m.config.get("reference_tokenizer_sha256"),
+            m.config.get("perplexity", {}).get("max_tokens"))))
+    for what, by, made_with in checks:
+        partitions = [p for p, m in earlier.items() if made_with(m.manifest) != made_with(scored.manifest)]
+        if partitions:
+            return {"what": what, "by": by, "partitions": partitions}
+    return None
 
 
 def _requested(store, scored: Snapshot, requests: list) -> dict[str, str]:

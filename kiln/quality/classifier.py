@@ -2,7 +2,8 @@
 
 Trained here, offline, on the user's own sources: documents of reference sources are the positives,
 documents of web sources the negatives, balanced to the smaller class. Training is cross-fitted
-(folds by doc_id hash, stable across runs): out-of-fold scores measure precision, recall and ROC AUC,
+(folds stratified by class, in doc_id-hash order, stable across runs): out-of-fold scores measure precision, recall
+and ROC AUC,
 and are the scores of the sample's own documents, which the final model has seen. The score of a
 document is P(reference), in [0, 1].
 
@@ -80,8 +81,20 @@ class ClassifierCard:
         return cls(**json.loads((Path(directory) / CARD_FILE).read_text(encoding="utf-8")))
 
 
-def fold_of(doc_id: str, folds: int) -> int:
-    return hash_unit(_FOLD_SALT, doc_id) % folds
+def stratified_folds(classes: Sequence[Sequence[str]], folds: int) -> list[list[int]]:
+    """The fold of each document of each class (doc ids): a class's documents dealt round-robin over the folds in
+    doc_id-hash order, so each fold holds as many of every class as another, give or take one. With two documents or
+    more per class, no fold's training set (the other folds) lacks a class: by hash alone a small class could fall
+    whole into one fold, whose model could then not be fitted, and its documents took the final model's score, from
+    a model that had seen them."""
+    out = []
+    for ids in classes:
+        rank = sorted(range(len(ids)), key=lambda i: (hash_unit(_FOLD_SALT, ids[i]), ids[i]))
+        fold = [0] * len(ids)
+        for r, i in enumerate(rank):
+            fold[i] = r % folds
+        out.append(fold)
+    return out
 
 
 def balanced_sample(positives: Iterable[T], negatives: Iterable[T], max_per_class: int) -> tuple[list[T], list[T]]:
@@ -148,11 +161,13 @@ def train_classifier(positives: Iterable[Example], negatives: Iterable[Example],
     parallel on `engine`. Writes the model, the card and the sample (ids, labels, folds, out-of-fold scores)
     to `out_dir`."""
     pos, neg = balanced_sample(positives, negatives, settings.max_documents_per_class)
-    if not pos:
-        raise ValueError("the quality classifier needs at least one positive and one negative document; "
-                         "check quality.classifier.positive_sources / negative_sources")
+    if len(pos) < 2:  # one of a class: the model of its fold would train without the class, and no other could score it
+        raise ValueError(f"the quality classifier needs at least two positive and two negative documents to cross-fit, "
+                         f"has {len(pos)} of the smaller class; check quality.classifier.positive_sources / "
+                         "negative_sources, or set quality.classifier.enabled: false")
     examples = [(e, POSITIVE) for e in pos] + [(e, NEGATIVE) for e in neg]
-    folds = [fold_of(e.doc_id, settings.folds) for e, _ in examples]
+    folds = [f for fold in stratified_folds([[e.doc_id for e in pos], [e.doc_id for e in neg]], settings.folds)
+             for f in fold]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

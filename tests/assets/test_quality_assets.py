@@ -3,6 +3,7 @@
 import json
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from tests.assets.project import load_project
@@ -135,3 +136,100 @@ def test_a_classifier_fitted_while_off_is_not_used_once_the_config_turns_it_on(t
     assert project.materialize(["quality_scores", "quality_filtered_documents"], "web").success
     manifest, kept = rows(project, "quality_filtered_documents", "web")
     assert 0 < manifest["counts"]["documents"] < 40 and any(r["doc_id"] for r in kept)
+
+
+@pytest.mark.slow
+def test_a_removal_request_keeps_its_documents_out_of_the_classifier_and_the_score_deciles(tmp_path, kiln_home, monkeypatch):
+    """deduplicated_documents still holds a document a removal request names (requests apply in the quality filter and
+    the shards). The classifier, fitted after the request, drew its sample from there without looking at the requests:
+    11 of the 15 reference documents named were training examples, read into the fastText model. Now, like the
+    tokenizer's sample, it never draws them, and its manifest records the requests' version. quality_scores' decile
+    examples show no excerpt of a document a request names."""
+    from kiln.common.config import load_config
+    from kiln.governance.forget import record_request
+
+    refs = reference_texts()
+    write_jsonl(tmp_path / "ref" / "a.jsonl", [{"id": i, "text": t} for i, t in enumerate(refs[:30])])
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": f"j{i}", "text": t} for i, t in enumerate(junk_texts(20, seed=1))])
+    sources = [{"name": "ref", "kind": "jsonl", "path": str(tmp_path / "ref"), "license": "PSF-2.0",
+                "domain": "reference", "quality_tier": 1, "profile": "none"},
+               {"name": "web", "kind": "jsonl", "path": str(tmp_path / "web"), "license": "CC-BY",
+                "domain": "web", "quality_tier": 3, "profile": "none"}]
+    config = {"sources": sources, "profiles": {"none": []}, "engine": SERIAL_ENGINE,
+              "curation": {"keep_rejected_text": "excerpt"}, "decontamination": {"enabled": False},
+              "quality": {"classifier": {"folds": 3, "quantize_cutoff": 1000}}}
+    project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
+    deduplicate(project)
+    _, ref_docs = rows(project, "deduplicated_documents", "ref")
+    named = {r["doc_id"] for r in ref_docs[:15]}
+    record_request(project.store, load_config(tmp_path / "kiln.yaml"), "doc_ids", sorted(named), "asked")
+
+    assert project.materialize(["quality_classifier"]).success
+    folder = kiln_home / "data" / "quality_classifier" / "_all"
+    sample = pq.read_table(folder / "training_sample.parquet").to_pylist()
+    # 15 reference documents left to draw from, 20 web pages: 15 + 15, none of them named
+    assert len(sample) == 30 and not {r["doc_id"] for r in sample} & named
+    manifest = json.loads((folder / "_manifest.json").read_text())
+    assert manifest["inputs"]["removal_requests"] == project.store.manifest("removal_requests").data_version
+
+    # quality_scores' decile table shows an excerpt of a document (keep_rejected_text: excerpt), never of one a
+    # request names: all 10 rows showed one of the web pages a request names (a takedown keeps none of the text).
+    _, web_docs = rows(project, "deduplicated_documents", "web")
+    taken_down = {r["doc_id"] for r in web_docs[:10]}
+    record_request(project.store, load_config(tmp_path / "kiln.yaml"), "doc_ids", sorted(taken_down), "asked")
+    result = project.materialize(["quality_scores"], "web")
+    table = result.asset_materializations_for_node("quality_scores")[0].metadata["quality_score_deciles"].value
+    lines = table.splitlines()[2:]
+    assert len(lines) == 10
+    for line in lines:
+        doc_id, excerpt = line.split("`")[1], line.split("` |", 1)[1].removesuffix("|").strip()
+        assert (excerpt == "") == (doc_id in taken_down), line
+    assert any(line.split("`")[1] in taken_down for line in lines)  # the case is exercised
+
+
+@pytest.mark.slow
+def test_a_later_refresh_is_not_cut_against_scores_of_a_classifier_fitted_before(tmp_path, kiln_home, monkeypatch):
+    """keep_top_fraction cuts among every refresh's scores. After the classifier was fitted again (on both refreshes),
+    refresh 2's web scores were re-made first and filtered against refresh 1's, still the old model's: the filter
+    kept 10 of refresh 2's 20 pages where ranked on one model's scores it keeps 4 (6 fates differ). Now it refuses,
+    naming refresh 1's scores to re-make; once they are, it keeps exactly the pages of refresh 2 among the top
+    ceil(0.3 * 40) = 12 of both refreshes' stored scores."""
+    import math
+
+    from tests.conftest import web_and_ref_sources
+
+    refs, junk = reference_texts(), junk_texts(20, seed=1)
+    write_jsonl(tmp_path / "ref" / "a.jsonl", [{"id": i, "text": t} for i, t in enumerate(refs[:20])])
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": f"j{i}", "text": t} for i, t in enumerate(junk[:10])]
+                + [{"id": f"g{i}", "text": t} for i, t in enumerate(refs[100:110])])
+    config = {"sources": web_and_ref_sources(tmp_path), "profiles": {"none": []}, "engine": SERIAL_ENGINE,
+              "decontamination": {"enabled": False},
+              "quality": {"classifier": {"folds": 3, "quantize_cutoff": 1000},
+                          "rules": {"web": {"keep_top_fraction": 0.3}}},
+              "refresh": {"landing": str(tmp_path / "landing"), "sensor": {"settle_seconds": 0}}}
+    project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
+    first = project.current()
+    deduplicate(project)
+    assert project.materialize(["quality_classifier"]).success
+    assert project.materialize(["quality_scores", "quality_filtered_documents"], "web").success
+
+    write_jsonl(tmp_path / "landing" / "web" / "b.jsonl", [{"id": f"k{i}", "text": t} for i, t in enumerate(junk[10:])]
+                + [{"id": f"h{i}", "text": t} for i, t in enumerate(refs[110:120])])
+    write_jsonl(tmp_path / "landing" / "ref" / "b.jsonl", [{"id": f"r{i}", "text": t} for i, t in enumerate(refs[20:40])])
+    assert project.refresh() is not None
+    deduplicate(project)
+    assert project.materialize(["quality_classifier"]).success  # fitted again, on both refreshes
+    failed = project.materialize(["quality_scores", "quality_filtered_documents"], "web", raise_on_error=False)
+    assert not failed.success
+    message = failed.get_step_failure_events()[0].step_failure_data.user_failure_data.description
+    assert f"quality_scores for web/{first} were made with another quality_classifier" in message
+
+    assert project.materialize(["quality_scores"], "web", refresh=first).success
+    assert project.materialize(["quality_filtered_documents"], "web").success
+    scored = rows(project, "quality_scores", "web")[1] + \
+        [r for f in project.store.files("quality_scores", f"web/{first}", "documents")
+         for r in pq.read_table(f).to_pylist()]
+    assert len(scored) == 40
+    top = {r["doc_id"] for r in sorted(scored, key=lambda r: -r["quality_score"])[:math.ceil(0.3 * 40)]}
+    kept = {r["doc_id"] for r in rows(project, "quality_filtered_documents", "web")[1]}
+    assert kept == top & {r["doc_id"] for r in rows(project, "quality_scores", "web")[1]}

@@ -38,7 +38,7 @@ from kiln.quality.rules import (
 )
 from kiln.quality.scoring import read_scores, score_parts
 from tests.conftest import in_fresh_process
-from tests.quality_corpus import labelled_split, reference_texts, train_reference_model, word_salad
+from tests.quality_corpus import junk_texts, labelled_split, reference_texts, train_reference_model, word_salad
 
 # Quantizing 10,000 kept features adds ~4.5 s per fit; 2,000 keeps these tests quick and still quantizes.
 SETTINGS = QualityClassifier(quantize_cutoff=2_000)
@@ -130,6 +130,33 @@ def test_out_of_fold_scores_come_from_a_model_that_never_saw_the_fold(classifier
     labels, probs = model.predict([fasttext_text(texts[r["doc_id"]], settings.max_words) for r in held_out], k=2)
     expected = [min(1.0, max(0.0, dict(zip(ls, ps)).get(POSITIVE, 0.0))) for ls, ps in zip(labels, probs)]
     assert [r["out_of_fold_score"] for r in held_out] == expected
+
+
+def test_a_small_class_is_dealt_over_the_folds_so_no_sample_document_gets_a_score_from_a_model_that_saw_it(tmp_path):
+    """Folds were doc_id hash % folds: r6, r10 and r13 all hash to fold 0 of 3, so with them as the only reference
+    documents fold 0's model had no positive to train on and was not fitted; its documents kept no out-of-fold score
+    and quality_scores gave them the final model's, which trained on them (and the cross-validation measured no
+    positive at all). Each class is now dealt round-robin over the folds in hash order: by hand, 3 + 3 documents
+    over 3 folds is one positive and one negative per fold, so every fold's model trains on both classes and every
+    sample document has its out-of-fold score. A class of one document cannot be cross-fitted: refused."""
+    from kiln.tokens.mixture import hash_unit
+
+    assert [hash_unit("quality-fold", d) % 3 for d in ("r6", "r10", "r13")] == [0, 0, 0]  # the case, as it was
+    refs, junk = reference_texts(), junk_texts(3, seed=1)
+    pos = [Example(d, "ref", refs[i]) for i, d in enumerate(("r6", "r10", "r13"))]
+    neg = [Example(f"w{i}", "web", t) for i, t in enumerate(junk)]
+    settings = QualityClassifier(folds=3, quantize_cutoff=None, dim=8, epochs=5)
+    card = train_classifier(pos, neg, settings, tmp_path, progress=False)
+    sample = pq.read_table(tmp_path / SAMPLE_FILE).to_pylist()
+    assert sorted((r["fold"], r["label"]) for r in sample) == [(f, label) for f in range(3)
+                                                                for label in ("reference", "web")]
+    assert all(r["out_of_fold_score"] is not None for r in sample)
+    assert card.cross_validation["positives"] == card.cross_validation["negatives"] == 3
+    scorer = QualityScorer.load(tmp_path)
+    assert list(scorer.score([e.text for e in pos], [e.doc_id for e in pos])) == \
+        [next(r["out_of_fold_score"] for r in sample if r["doc_id"] == e.doc_id) for e in pos]
+    with pytest.raises(ValueError, match="at least two positive and two negative documents.*has 1"):
+        train_classifier(pos[:1], neg, settings, tmp_path / "one", progress=False)
 
 
 def test_the_shipped_model_is_quantized_and_small_unless_told_otherwise(classifier, tmp_path):
