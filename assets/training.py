@@ -31,7 +31,7 @@ from kiln.governance.forget import (
     with_intake_urls,
 )
 from kiln.governance.refresh import latest, load_refreshes, materialized, upto
-from kiln.governance.replay import ReplayError, named_places, write_removed
+from kiln.governance.replay import ReplayError, named_places, trained_validation, val_fraction_of, write_removed
 from kiln.tokens.shard_format import VAL
 from kiln.tokens.shard_writer import is_validation
 from kiln.tokens.tokenizer import Tokenizer, read_documents
@@ -164,16 +164,17 @@ def continued_from(config: ProjectConfig, store, tokenizer_sha256: str, shards) 
     return base, replay
 
 
-def replay_removals(store, replay: dict | None):
-    """The replayed documents the removal requests recorded so far name (kiln.governance.replay), and the requests'
-    data version; (None, None) without replay, or for a folder that is no shard set (the training job refuses it)."""
+def replay_removals(store, replay: dict | None, val_fraction: float | None):
+    """The replayed documents the removal requests recorded so far name, and those in the run's validation split
+    (`val_fraction`: the run's shards', as written) (kiln.governance.replay), and the requests' data version; (None,
+    None) without replay, or for a folder that is no shard set (the training job refuses it)."""
     from kiln.governance.replay import ReplayError, plan_replay
 
     if replay is None or not (Path(replay["dataset_dir"]) / "_manifest.json").is_file():
         return None, None
     requests, version = load_requests(store)
     try:
-        return plan_replay(store, replay["dataset_dir"], requests), version
+        return plan_replay(store, replay["dataset_dir"], requests, val_fraction), version
     except ReplayError as exc:
         raise dg.Failure(description=str(exc)) from None
 
@@ -272,9 +273,22 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
     check_sentinels(settings, tok.stats["card"], shards.stats.get("seq_len"))
     launcher, world_size = launch_layout(settings, training_launcher)
     base, replay = continued_from(project, store, tok.stats["card"]["sha256"], shards)
-    removals, requests_version = replay_removals(store, replay)
+    removals, requests_version = replay_removals(store, replay, val_fraction_of(shards))
     if removals is not None and removals.exclude:  # the loader skips them; a new exclusion is a new run folder
         replay = {**replay, "exclude": removals.exclude}
+    if removals is not None and removals.held_out:
+        held = removals.describe()["validation_held_out"]
+        context.log.warning(f"mixture.replay: {held['documents']:,} replayed train document(s) ({held['tokens']:,} "
+                            f"tokens) are in this run's validation split (shards.val_fraction {held['val_fraction']}, "
+                            f"the replayed set's {held['replayed_val_fraction']}): left out of the replay")
+    if base is not None and (overlap := trained_validation(base.get("trained_on"), store.dataset_dir(SHARDS, refresh),
+                                                           shards)):
+        base = {**base, "trained_on_validation": overlap}
+        context.log.warning(
+            f"the base checkpoint's training shards were written at shards.val_fraction {overlap['base_val_fraction']}"
+            f", this run's at {overlap['val_fraction']}: the base trained on "
+            + (f"{overlap['documents']:,}" if overlap["documents"] is not None else "some (no member list to count)")
+            + " of this run's validation documents, so its validation loss (and the base's) is optimistic there")
     # The versions checked here are the ones every rank reads: a partition materialized again before the loaders
     # open it is refused, not read unchecked.
     pinned_replay = replay and {**replay, "data_version": removals and removals.data_version}
@@ -373,7 +387,10 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
                                                           for n, v in r.get("per_source", {}).items()}
                                                    for role, r in exposed["roles"].items()})} if exposed else {}),
             **({"replay_removed": dg.MetadataValue.json({k: removals.describe()[k] for k in (
-                "removal_requests", "removed_documents", "removed_tokens")})} if removals is not None else {}),
+                "removal_requests", "removed_documents", "removed_tokens", "validation_held_out")})}
+               if removals is not None else {}),
+            **({"base_trained_on_validation": dg.MetadataValue.json(base["trained_on_validation"])}
+               if base and base.get("trained_on_validation") else {}),
         },
         data_version=dg.DataVersion(manifest.data_version))
 
@@ -532,8 +549,9 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
     included = upto(load_refreshes(store), refresh)
     try:
         held = [r for r in requests if r.request_id not in applied_requests(shards.manifest)]
-        removed, exclude, _ = named_places(store, shards.folder, shards.manifest, held, VAL, shards.folder,
-                                           "evaluation", "validation")
+        places = named_places(store, shards.folder, shards.manifest, held, VAL, shards.folder, "evaluation",
+                              "validation")
+        removed, exclude = places.removed, places.exclude
         matchers = with_intake_urls(store, requests, raw_partitions(store, [s.name for s in config.sources], included))
     except (ReplayError, ForgetError) as exc:
         raise dg.Failure(description=str(exc)) from None
@@ -541,9 +559,12 @@ def evaluation(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
                                                                   settings.max_val_tokens, exclude),
                                         seq_len, settings.batch_size),
               "removed_by_request": {"documents": len(removed),
-                                     "tokens": sum(r["copies"] * r["tokens"] for r in removed)}}
+                                     "tokens": sum(r["copies"] * r["tokens"] for r in removed)},
+              # validation documents the base checkpoint trained on (its shards' val_fraction was lower): the loss
+              # is optimistic on them (training_run's stats.base_checkpoint.trained_on_validation)
+              "base_trained_on_validation": (base_info or {}).get("trained_on_validation")}
     result["per_source"], base_per_source, documents = {}, {}, {}
-    val_fraction = shards.manifest.config["shards"]["val_fraction"]  # the split the run trained on, not the config's now
+    val_fraction = val_fraction_of(shards.manifest)  # the split the run trained on, not the config's now
     for s in config.sources:
         docs, n = [], 0
         parts = materialized(store, QUALITY_FILTERED, [s.name], included)  # the current documents, recorded below

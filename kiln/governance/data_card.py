@@ -115,6 +115,8 @@ def build_data_card(store: Store, config: ProjectConfig, checkpoint: str = CHECK
         "evaluation": {"data_version": evaluation.data_version, "validation": evaluation.stats.get("validation"),
                        "per_source": evaluation.stats.get("per_source"),
                        "forgetting": evaluation.stats.get("forgetting"),
+                       # validation documents the base checkpoint trained on (its shards' val_fraction was lower)
+                       "base_trained_on_validation": evaluation.stats.get("base_trained_on_validation"),
                        "evaluated_checkpoint": evaluation.inputs.get(CHECKPOINT)} if evaluation else None,
         "mlflow": mlflow or None,
         "removal_requests": _removal_requests(store, ckpt.data_version, shards),

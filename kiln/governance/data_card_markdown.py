@@ -24,7 +24,15 @@ def _replayed(training: dict) -> str:
     return (f" (token_shards `{info['data_version']}`); {len(requests)} removal request(s) applied to it, "
             f"{info['removed_documents']:,} replayed document(s) ({info['removed_tokens']:,} tokens) skipped"
             + (f", {info['unknown_urls']:,} without a known URL (not matchable by a URL pattern)"
-               if info.get("unknown_urls") else "") + ".")
+               if info.get("unknown_urls") else "") + _held_out(info) + ".")
+
+
+def _held_out(info: dict) -> str:
+    """The replayed train documents left out as the run's validation documents (a raised shards.val_fraction)."""
+    held = info.get("validation_held_out") or {}
+    return (f"; {held['documents']:,} replayed train document(s) ({held['tokens']:,} tokens) left out as this run's "
+            f"validation documents (shards.val_fraction {held['val_fraction']}, the replayed set's "
+            f"{held['replayed_val_fraction']})" if held.get("documents") else "")
 
 
 def _exposure_markdown(exposure: dict | None) -> list[str]:
@@ -431,6 +439,12 @@ def data_card_markdown(card: dict[str, Any], funnel_image: str | None = None, li
         v = card["evaluation"]["validation"] or {}
         out.append(f"Evaluation `{card['evaluation']['data_version']}`: validation loss {_n(v.get('loss'))}, "
                    f"perplexity {_n(v.get('perplexity'))} over {_n(v.get('tokens'))} tokens.")
+        seen = card["evaluation"].get("base_trained_on_validation")
+        if seen:
+            count = _n(seen["documents"]) if seen.get("documents") is not None else "some"
+            out.append(f"The validation loss includes {count} document(s) the base checkpoint "
+                       f"trained on (its training shards were written at shards.val_fraction "
+                       f"{seen['base_val_fraction']}, this run's at {seen['val_fraction']}): optimistic on them.")
         forgetting = card["evaluation"].get("forgetting")
         if forgetting:
             out += ["", "Forgetting per domain (validation loss of this checkpoint minus the base's, same tokens; "

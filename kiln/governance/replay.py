@@ -10,6 +10,13 @@ The training run records what it replayed and what it left out: the replayed set
 (`token_shards/<refresh>`, when the folder is this store's), `stats.replay` says which set, which requests and
 how much was removed, and `replay_removed.parquet` in the run's dataset lists the documents (doc_id, source, the
 request). Lineage, membership, `affected_checkpoints` and the data card read them back from there.
+
+The split of train and validation documents is a hash of doc_id against `shards.val_fraction`
+(kiln.tokens.shard_writer.is_validation). A run whose own shards were written at a higher val_fraction than the
+replayed set holds in its validation split documents that were train documents there: the replay leaves those out
+too (`hold_out`, the same places mechanism), counted apart from removals (`stats.replay.validation_held_out`; no
+row of `replay_removed.parquet`, which lists takedowns). The base checkpoint trained on them all the same:
+`trained_validation` says how many of the run's validation documents its training shards held, for the evaluation.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,7 +34,8 @@ from kiln.common.manifest import MANIFEST_NAME, Manifest
 from kiln.common.storage import Store, write_parquet_atomic
 from kiln.governance.catalog import run_file
 from kiln.governance.forget import REQUESTS, RemovalRequest, first_match, raw_partitions, with_intake_urls
-from kiln.tokens.shard_format import TRAIN
+from kiln.tokens.shard_format import TRAIN, VAL
+from kiln.tokens.shard_writer import is_validation
 
 SHARDS = "token_shards"
 REMOVED_FILE = "replay_removed.parquet"
@@ -39,7 +47,25 @@ REMOVED_SCHEMA = pa.schema([pa.field("doc_id", pa.string(), nullable=False),
 
 
 class ReplayError(ValueError):
-    """Replay data that cannot honour the removal requests as it is; the message says what to do."""
+    """Replay data that cannot honour the removal requests (or the run's validation split) as it is; the message
+    says what to do."""
+
+
+class HoldOut(NamedTuple):
+    """Documents a reader skips that no removal request names: `test` on a doc_id, `what` they are (for errors)."""
+
+    what: str
+    test: Callable[[str], bool]
+
+
+@dataclass
+class Places:
+    """What a reader of one split of a shard set leaves out (named_places)."""
+
+    removed: list[dict[str, Any]]  # REMOVED_SCHEMA rows: the documents removal requests name
+    held_out: list[dict[str, Any]]  # doc_id, source, copies, tokens: those a HoldOut names and no request does
+    exclude: dict[str, list[int]]  # shard -> places of both in its document-offset index, for the reader to skip
+    unknown_urls: int  # documents whose raw record (its URL) the store no longer holds: a URL pattern cannot see them
 
 
 @dataclass
@@ -54,6 +80,10 @@ class ReplayPlan:
     exclude: dict[str, list[int]] = field(default_factory=dict)  # shard -> places in its document-offset index
     unknown_urls: int = 0  # replayed documents whose raw record (its URL) the store no longer holds: a URL pattern
     # cannot see them
+    held_out: list[dict[str, Any]] = field(default_factory=list)  # replayed train documents in the run's validation
+    # split (doc_id, source, copies, tokens): left out too, but no takedown
+    val_fraction: float | None = None  # the run's shards.val_fraction (None: no hold-out asked)
+    replayed_val_fraction: float | None = None  # the replayed set's, as its manifest records it
 
     def inputs(self, requests_version: str | None) -> dict[str, str]:
         """The training run's manifest inputs besides its own shards: the replayed set (when it is this store's)
@@ -62,11 +92,16 @@ class ReplayPlan:
                 **({REQUESTS: requests_version} if requests_version and self.requests else {})}
 
     def describe(self) -> dict[str, Any]:
-        """For the training run's manifest `stats.replay`: which set, which requests, what they removed."""
+        """For the training run's manifest `stats.replay`: which set, which requests, what they removed, and
+        what was left out as the run's validation documents."""
         return {"dataset_dir": self.dataset_dir, "data_version": self.data_version, "input": self.input_key,
                 "removal_requests": self.requests, "removed_documents": len(self.removed),
                 "removed_tokens": sum(r["copies"] * r["tokens"] for r in self.removed),
-                "removed_file": REMOVED_FILE if self.removed else None, "unknown_urls": self.unknown_urls}
+                "removed_file": REMOVED_FILE if self.removed else None, "unknown_urls": self.unknown_urls,
+                "validation_held_out": {"documents": len(self.held_out),
+                                        "tokens": sum(r["copies"] * r["tokens"] for r in self.held_out),
+                                        "val_fraction": self.val_fraction,
+                                        "replayed_val_fraction": self.replayed_val_fraction}}
 
 
 def read_manifest(dataset_dir: Path) -> Manifest:
@@ -77,54 +112,78 @@ def read_manifest(dataset_dir: Path) -> Manifest:
     return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
-def plan_replay(store: Store, dataset_dir: str | Path, requests: list[RemovalRequest]) -> ReplayPlan:
-    """The replayed documents `requests` name, and where their copies sit in the replayed shards."""
+def val_fraction_of(manifest: Manifest) -> float | None:
+    """The shards.val_fraction a token_shards version was written with (its manifest config), None if unrecorded."""
+    return (manifest.config.get("shards") or {}).get("val_fraction")
+
+
+def plan_replay(store: Store, dataset_dir: str | Path, requests: list[RemovalRequest],
+                val_fraction: float | None = None) -> ReplayPlan:
+    """The replayed documents `requests` name, and where their copies sit in the replayed shards. `val_fraction`:
+    the run's own shards.val_fraction (its token_shards manifest's); above the replayed set's, the replayed train
+    documents now in the run's validation split are left out too (held_out)."""
     folder = Path(os.path.realpath(dataset_dir))  # a store's link resolved once: one version's files throughout
     manifest = read_manifest(folder)
     own = manifest.asset == SHARDS and folder.resolve() == store.root.joinpath(
         SHARDS, manifest.partition or "_all").resolve()
     plan = ReplayPlan(str(dataset_dir), manifest.data_version, f"{SHARDS}/{manifest.partition}" if own else None,
-                      [r.request_id for r in requests])
-    plan.removed, plan.exclude, plan.unknown_urls = named_places(store, folder, manifest, requests, TRAIN, dataset_dir,
-                                                                 "mixture.replay", "replayed",
-                                                                 ", or replay a set written since")
+                      [r.request_id for r in requests], val_fraction=val_fraction,
+                      replayed_val_fraction=val_fraction_of(manifest))
+    hold_out = None
+    if val_fraction and (plan.replayed_val_fraction is None or plan.replayed_val_fraction < val_fraction):
+        hold_out = HoldOut(f"in this run's validation split (shards.val_fraction {val_fraction}; the replayed set was "
+                           f"written at {plan.replayed_val_fraction})",
+                           lambda doc_id: is_validation(doc_id, val_fraction))
+    places = named_places(store, folder, manifest, requests, TRAIN, dataset_dir, "mixture.replay", "replayed",
+                          ", or replay a set written since", hold_out)
+    plan.removed, plan.held_out, plan.exclude, plan.unknown_urls = (places.removed, places.held_out, places.exclude,
+                                                                    places.unknown_urls)
     return plan
 
 
 def named_places(store: Store, folder: Path, manifest: Manifest, requests: list[RemovalRequest], split: str,
-                 shown: str | Path, reader: str, role: str, instead: str = "",
-                 ) -> tuple[list[dict[str, Any]], dict[str, list[int]], int]:
+                 shown: str | Path, reader: str, role: str, instead: str = "", hold_out: HoldOut | None = None,
+                 ) -> Places:
     """The documents of one split of a shard set (`folder`, its `manifest`) that `requests` name (REMOVED_SCHEMA
-    rows), where their copies sit (shard -> places in its document-offset index, for a reader to skip), and how many
-    of the split's documents a URL pattern cannot see (their raw record, with the URL, is gone). ReplayError, naming
-    `reader` and what to do, where the set cannot say it (no member or position list, or the two disagree)."""
-    if not requests:
-        return [], {}, 0
+    rows) and, apart, those `hold_out` names that no request does; where the copies of both sit (shard -> places in
+    its document-offset index, for a reader to skip); and how many of the split's documents a URL pattern cannot see
+    (their raw record, with the URL, is gone). ReplayError, naming `reader` and what to do, where the set cannot say
+    it (no member or position list, or the two disagree)."""
+    if not requests and hold_out is None:
+        return Places([], [], {}, 0)
+    asked = ([f"the removal requests ({', '.join(r.request_id for r in requests)})"] if requests else []) + \
+        ([f"the documents {hold_out.what}"] if hold_out else [])
     members = [folder / f.path for f in manifest.files_with_role("members")]
     if not members:
-        raise ReplayError(f"{reader}: {shown} has no member list, so the removal requests "
-                          f"({', '.join(r.request_id for r in requests)}) cannot be checked against it; re-materialize "
-                          f"that token_shards partition (it then leaves them out){instead}")
+        raise ReplayError(f"{reader}: {shown} has no member list, so {' and '.join(asked)} cannot be checked against "
+                          f"it; re-materialize that token_shards partition (it then leaves them out){instead}")
     rows = [m for p in members for m in pq.read_table(p).to_pylist()
             if m["split"] == split and m["copies"] > 0 and not m.get("removed_by")]
-    unseen = {m["doc_id"] for m in rows}
-    matchers = with_intake_urls(store, requests, raw_partitions(store, {m["source"] for m in rows}), unseen)
-    unknown_urls = len(unseen) if any(r.kind == "url_pattern" for r in requests) else 0
-    removed = []
+    unknown_urls, matchers = 0, []
+    if requests:
+        unseen = {m["doc_id"] for m in rows}
+        matchers = with_intake_urls(store, requests, raw_partitions(store, {m["source"] for m in rows}), unseen)
+        unknown_urls = len(unseen) if any(r.kind == "url_pattern" for r in requests) else 0
+    removed, held_out = [], []
     for m in rows:
         request = first_match(matchers, m["doc_id"], m["source"], None)
         if request is not None:
             removed.append({"doc_id": m["doc_id"], "source": m["source"], "removed_by": request.reject_reason,
                             "copies": m["copies"], "tokens": m["tokens"]})
-    if not removed:
-        return removed, {}, unknown_urls
+        elif hold_out is not None and hold_out.test(m["doc_id"]):
+            held_out.append({"doc_id": m["doc_id"], "source": m["source"], "copies": m["copies"],
+                             "tokens": m["tokens"]})
+    if not removed and not held_out:
+        return Places(removed, held_out, {}, unknown_urls)
     positions = [folder / f.path for f in manifest.files_with_role("positions")]
     if not positions:
-        raise ReplayError(f"{reader}: {len(removed)} {role} document(s) of {shown} are named by "
-                          f"removal requests, but the set has no position list (written before position lists "
+        named = ([f"{len(removed)} named by removal requests"] if removed else []) + \
+            ([f"{len(held_out)} {hold_out.what}"] if held_out else [])
+        raise ReplayError(f"{reader}: {len(removed) + len(held_out)} {role} document(s) of {shown} must be skipped "
+                          f"({'; '.join(named)}), but the set has no position list (written before position lists "
                           f"existed), so they cannot be skipped; re-materialize that token_shards partition (it then "
                           f"leaves them out){instead}")
-    wanted = sorted({r["doc_id"] for r in removed})
+    wanted = sorted({r["doc_id"] for r in removed + held_out})
     exclude: dict[str, list[int]] = {}
     found: dict[str, int] = {}
     for path in positions:
@@ -132,16 +191,45 @@ def named_places(store: Store, folder: Path, manifest: Manifest, requests: list[
         for shard, index, doc_id in zip(*(table.column(c).to_pylist() for c in ("shard", "index", "doc_id"))):
             exclude.setdefault(shard, []).append(index)
             found[doc_id] = found.get(doc_id, 0) + 1
-    missing = [r["doc_id"] for r in removed if found.get(r["doc_id"], 0) != r["copies"]]
+    missing = [r["doc_id"] for r in removed + held_out if found.get(r["doc_id"], 0) != r["copies"]]
     if missing:
         raise ReplayError(f"{reader}: the position list of {shown} disagrees with its member list for "
                           f"{len(missing)} document(s) (e.g. {missing[0]}): the set was altered after it was written; "
                           f"re-materialize that token_shards partition")
-    return removed, {s: sorted(ix) for s, ix in sorted(exclude.items())}, unknown_urls
+    return Places(removed, held_out, {s: sorted(ix) for s, ix in sorted(exclude.items())}, unknown_urls)
 
 
 def _shards_of(manifest: Manifest, split: str) -> list[str]:
     return [s["path"] for s in manifest.stats.get("shards", []) if s["split"] == split]
+
+
+def trained_validation(trained_on: str | Path | None, shards_dir: str | Path, shards: Manifest,
+                       ) -> dict[str, Any] | None:
+    """How many of a run's validation documents (the validation split of its shards: `shards_dir`, `shards`) its base
+    checkpoint trained on: the train split of the base's training shards (`trained_on`, as the base records them),
+    from the two member lists, when those were written at a lower shards.val_fraction (else none can be).
+    None where it is not lower or cannot be told (no such folder); `documents` None without member lists."""
+    val_fraction = val_fraction_of(shards)
+    if not trained_on or val_fraction is None:
+        return None
+    folder = Path(os.path.realpath(trained_on))
+    try:
+        base = read_manifest(folder)
+    except (ReplayError, OSError, ValueError, TypeError):  # gone, or no Kiln manifest: cannot be told
+        return None
+    base_fraction = val_fraction_of(base)
+    if base_fraction is None or base_fraction >= val_fraction:
+        return None
+    out: dict[str, Any] = {"documents": None, "val_fraction": val_fraction, "base_val_fraction": base_fraction,
+                           "trained_on": str(trained_on)}
+    run_members = [Path(shards_dir) / f.path for f in shards.files_with_role("members")]
+    base_members = [folder / f.path for f in base.files_with_role("members")]
+    if run_members and base_members:
+        validation = {d for p in run_members for d in pq.read_table(
+            p, columns=["doc_id"], filters=[("split", "==", VAL), ("copies", ">", 0)]).column("doc_id").to_pylist()}
+        out["documents"] = len(validation & {d for p in base_members for d in pq.read_table(
+            p, columns=["doc_id"], filters=[("split", "==", TRAIN), ("copies", ">", 0)]).column("doc_id").to_pylist()})
+    return out
 
 
 def write_removed(folder: Path, plan: ReplayPlan) -> None:
@@ -169,5 +257,5 @@ def removed_from_replay(store: Store, run: Manifest) -> dict[str, str] | None:
     return dict(zip(table.column("doc_id").to_pylist(), table.column("removed_by").to_pylist()))
 
 
-__all__ = ["REMOVED_FILE", "ReplayError", "ReplayPlan", "named_places", "plan_replay", "removed_from_replay",
-           "replayed", "write_removed"]
+__all__ = ["REMOVED_FILE", "HoldOut", "Places", "ReplayError", "ReplayPlan", "named_places", "plan_replay",
+           "removed_from_replay", "replayed", "trained_validation", "val_fraction_of", "write_removed"]

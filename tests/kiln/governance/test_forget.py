@@ -522,7 +522,7 @@ def test_a_url_pattern_reaches_documents_by_their_url_as_read_though_stored_reda
                   for r in pq.read_table(base / f.path).to_pylist() if r["split"] == "train" and r["copies"] > 0}
     named = {doc[f"r{i}"] for i in range(6)} & base_train  # r0 (the IP) and r1-r5 (the publisher), where trained
     assert len(named) >= 3
-    plan, _ = replay_removals(store, {"share": 0.25, "dataset_dir": str(base)})
+    plan, _ = replay_removals(store, {"share": 0.25, "dataset_dir": str(base)}, 0.1)  # shards.val_fraction as above
     assert {r["doc_id"] for r in plan.removed} == named and plan.unknown_urls == 0
     assert {r["removed_by"] for r in plan.removed if r["doc_id"] != doc["r0"]} == \
         {f"removal_request:{publisher.request_id}"}

@@ -44,7 +44,8 @@ def replayed(tmp_path_factory):
         assert project.materialize(["token_shards"]).success  # refresh 2's shards again: d left out
         a_dir, b = store.dataset_dir("token_shards", first), store.manifest("token_shards", second)
         replay = {"share": 0.25, "dataset_dir": str(a_dir)}
-        plan, requests_version = replay_removals(store, replay)  # what the asset computes before launch
+        # what the asset computes before launch (the run's shards at the base's val_fraction: nothing held out)
+        plan, requests_version = replay_removals(store, replay, b.config["shards"]["val_fraction"])
         with store.staging("training_run") as writer:
             write_removed(writer.dir, plan)
             inputs = {f"token_shards/{second}": b.data_version, "tokenizer": store.manifest("tokenizer").data_version}
