@@ -1,11 +1,10 @@
 """The fastText "reference vs web" quality classifier (GPT-3, CCNet, DCLM).
 
 Trained here, offline, on the user's own sources: documents of reference sources are the positives,
-documents of web sources the negatives, balanced to the smaller class. Training is cross-fitted
-(folds stratified by class, in doc_id-hash order, stable across runs): out-of-fold scores measure precision, recall
-and ROC AUC,
-and are the scores of the sample's own documents, which the final model has seen. The score of a
-document is P(reference), in [0, 1].
+documents of web sources the negatives, balanced to the smaller class. Training is cross-fitted (folds
+stratified by class, in doc_id-hash order, stable across runs): out-of-fold scores measure precision, recall and
+ROC AUC, and are the scores of the sample's own documents, which the final model has seen. The score of a document
+is P(reference), in [0, 1].
 
 A fastText line is one example, so a document is flattened: lowercased, split into words and
 punctuation marks, its first `max_words` tokens joined by spaces.
