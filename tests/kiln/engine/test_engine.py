@@ -118,7 +118,8 @@ def test_reference_downstream_stages_have_work_for_every_task(serial_downstream,
     sample = pq.read_table(folder / SAMPLE_FILE).to_pydict()
     scores = np.array(sample["out_of_fold_score"], dtype=float)
     assert sorted(set(sample["fold"])) == list(range(CLASSIFIER.folds)) and np.isfinite(scores).all()
-    assert len(set(scores.tolist())) > len(scores) // 2  # per-document scores, not one constant
+    folds = np.array(sample["fold"])  # per-document scores from each fold's model, not one constant per fold
+    assert all(len(set(scores[folds == k].tolist())) > 10 for k in range(CLASSIFIER.folds))
     assert ClassifierCard.read(folder).cross_validation["folds"] == CLASSIFIER.folds
     assert {p.rsplit("/", 1)[1] for p in reference if p.startswith("quality_classifier/")} >= {MODEL_FILE, CARD_FILE,
                                                                                                 SAMPLE_FILE}
