@@ -161,12 +161,12 @@ _PHONE_INTL = re.compile(
 )
 # National formats (no country code: 030 91456342, 06 12 34 56 78, (021) 737 8957, 0459/45.66.33,
 # 8 (925) 620-38-13, 090-7385-4464; a trunk prefix and an area code in one pair of parentheses: Hungary's
-# (06 1) 234 5678, Lithuania's (0-312) 34567, Turkmenistan's (8 12) 34-56-78) are how most people write their number, and look like any list of
-# numbers in code and tables. A national candidate counts when libphonenumber says it is a valid number of
-# one of `phone_regions` (or a possible one, _possible_number, written with the region's trunk prefix and
-# at least _MIN_POSSIBLE_NATIONAL digits after it), written the way that region writes it (its trunk prefix
-# where the region's own format has one: "030 91456342" in DE, never "30 91456342"; CN mobiles and NANP
-# numbers without), and either
+# (06 1) 234 5678, Lithuania's (0-312) 34567, Turkmenistan's (8 12) 34-56-78) are how most people write their
+# number, and look like any list of numbers in code and tables. A national candidate counts when libphonenumber
+# says it is a valid number of one of `phone_regions` (or a possible one, _possible_number, written with the
+# region's trunk prefix and at least _MIN_POSSIBLE_NATIONAL digits after it), written the way that region writes
+# it (its trunk prefix where the region's own format has one: "030 91456342" in DE, never "30 91456342"; CN mobiles
+# and NANP numbers without), and either
 #   - a phone cue precedes it: a label or a calling phrase on its line ("Tel.", "phone=", "Móvil:",
 #     "TEL;TYPE=CELL:", "llámanos al", "appelez-nous au", "Bel ons op", "call me on", "電話", "联系电话",
 #     "전화번호", "هاتف", "טלפון", "फ़ोन"...), a "phone" column in a CSV / table header above it, or an e-mail address
