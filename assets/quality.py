@@ -171,7 +171,8 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
     if policy != "none":
         shown = {doc_ids[row] for values in (scores, perplexity) for _, row in decile_rows(values)}
         shown -= set(_requested(store, writer.committed, load_requests(store)[0]))
-        texts = {doc_id: example_excerpt(text, policy) for doc_id, text in writer.committed.values("text", shown).items()}
+        texts = {doc_id: example_excerpt(text, policy)
+                 for doc_id, text in writer.committed.values("text", shown).items()}
     for name, values, log in (("quality_score", scores, False), ("perplexity", perplexity, True)):
         if np.isfinite(values).any():
             finite = values[np.isfinite(values)]
