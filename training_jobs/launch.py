@@ -49,7 +49,10 @@ def launcher_command(launcher: str, run_config: Path, ranks: int, master_port: i
     entry = [module, "--run-config", str(run_config)]
     if launcher == "torchrun":
         where = ["--master_port", str(master_port)] if master_port else ["--standalone"]
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), *where, "-m", *entry]
+        # In the run folder: without --log-dir, torchrun leaves an empty torchelastic_* folder in /tmp every launch.
+        logs = ["--log-dir", str(output_dir_of(run_config) / TORCHELASTIC_LOGS)]
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), *where, *logs,
+                "-m", *entry]
     if launcher == "deepspeed":
         bin_dir = str(Path(sys.executable).parent)
         binary = shutil.which("deepspeed", path=bin_dir + os.pathsep + os.environ.get("PATH", ""))
@@ -66,6 +69,7 @@ def launcher_command(launcher: str, run_config: Path, ranks: int, master_port: i
     raise ValueError(f"launcher {launcher!r}: expected torchrun, deepspeed or ray")
 
 
+TORCHELASTIC_LOGS = "torchelastic"  # in the run folder: torchrun's per-attempt folders (a failed rank's error.json)
 LOCK = ".launch.lock"  # in the run folder: held (flock) by the launch that trains there
 # Held by the materialization that launches there, from its check of the folder to the launch's end: it writes
 # run_config.json and the MLflow run id before its launch holds LOCK, which a second one must not rewrite.

@@ -164,10 +164,11 @@ def run_a(tmp_path_factory, token_dataset) -> Path:
     received it, in a/construction/): the zero.Init test reads it."""
     def build(root: Path) -> None:
         uri = mlflow_store(root, "kiln-tests")
+        (root / "tmp").mkdir()  # the launch's TMPDIR: test_two_rank_run_learns_and_reports checks torchrun left nothing
         # Validation every 6 steps and a profile of steps 3 and 4 here only: neither may change a single training
         # loss (the resume tests compare with run_b, which has neither).
         check(launch(write_run(root, token_dataset, root / "a", val_every_steps=6, profile_steps=(3, 4)), nproc=2,
-                     env={"MLFLOW_TRACKING_URI": uri}, module=PROBE))
+                     env={"MLFLOW_TRACKING_URI": uri, "TMPDIR": str(root / "tmp")}, module=PROBE))
 
     return built_once(tmp_path_factory, "run_a", build) / "a"
 

@@ -43,6 +43,8 @@ def test_two_rank_run_learns_and_reports(run_a):
     # on CPU rank 0's peak resident set: at least torch and DeepSpeed (hundreds of MB), far below the 24 GiB machine
     assert 0.2 < summary["peak_memory_gib"] < 8
     assert summary["checkpoint"].endswith("step_00000012") and summary["mlflow_run_id"]
+    # torchrun's per-launch log folders are in the run folder, not left behind in the temporary directory
+    assert not list((run_a.parent / "tmp").glob("torchelastic_*")) and (run_a / "torchelastic").is_dir()
     # Goodput: the counted tokens over all of fit()'s wall time; its parts (the first step, the profiled steps 3-4 and
     # their report, the other steps, checkpoints 4, 8, 12, validation at 6 and 12, waiting at the end for the
     # checkpoints to be written and hashed, the final validation, export) sum to it, with what none claims as
