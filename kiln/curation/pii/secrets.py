@@ -174,6 +174,17 @@ def _is_password_name(text: str, k: re.Match) -> bool:
                 and text[k.start()] == "p")  # "bypass", "compass"; "dbPass" and "DB_PASS" are names of one
 
 
+def _env_file_key(text: str, start: int, end: int) -> bool:
+    """An upper-case variable name at the start of a line (`DB_PASSWORD=`, `export SMTP_PASS=`): a .env file, whose
+    value runs to the end of its line, '&' and "name=" included. A form body's names are lower case (OAuth's
+    `client_secret=...&grant_type=...`)."""
+    name_end = end
+    while name_end < len(text) and (text[name_end].isalnum() or text[name_end] == "_"):
+        name_end += 1  # the rest of the name after its credential word (`API_KEYS`, `SECRET_KEY`)
+    line = text[text.rfind("\n", 0, start) + 1 : start].strip()
+    return line in ("", "export") and text[start:name_end].isupper()
+
+
 def _find_secret(text: str, tokens: bool = True) -> Iterator[tuple[int, int]]:
     """Secret spans; `tokens` False: not the provider tokens, webhook URLs, URL passwords and Authorization
     headers (the batch screen says a text has none)."""
@@ -221,7 +232,7 @@ def _find_secret(text: str, tokens: bool = True) -> Iterator[tuple[int, int]]:
         before = text[key_start - 1 : key_start]
         kind = "query" if before in ("?", "&") else "dsn" if before == ";" else "line"
         m = _ASSIGNED_VALUE[kind].match(text, k.end())
-        if kind == "line" and "&" in text[k.end() : k.end() + 300]:
+        if kind == "line" and "&" in text[k.end() : k.end() + 300] and not _env_file_key(text, key_start, k.end()):
             q = _ASSIGNED_VALUE["query"].match(text, k.end())
             if q is not None and q.group("v") is not None and _NEXT_PARAM.match(text, q.end("v")):
                 kind, m = "query", q  # a form body or a query without its '?': "client_secret=...&grant_type=..."

@@ -1035,6 +1035,9 @@ def test_code_around_credential_names_stays(text):
     ("curl -d 'client_secret=abc123xyz&grant_type=client_credentials' https://auth.example.net/token",
      "curl -d 'client_secret=<SECRET>&grant_type=client_credentials' https://auth.example.net/token"),
     ("DB_PASSWORD=Tr0ub4dor&3", "DB_PASSWORD=<SECRET>"),
+    # an upper-case name at a line's start is a .env line: its value is the whole line, "&name=" in it included
+    ("DB_PASSWORD=Tr0ub4dor&x=9zz\nDB_HOST=db", "DB_PASSWORD=<SECRET>\nDB_HOST=db"),
+    ("export SMTP_PASS=h4ppy&days=42", "export SMTP_PASS=<SECRET>"),
     ("token=Ab12Cd34Ef56Gh78Ij90 user=bob", "token=<SECRET> user=bob"),  # a long one mid-line too
 ])
 def test_short_and_mid_line_passwords_are_redacted(text, expected):
