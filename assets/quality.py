@@ -8,7 +8,16 @@ import dagster as dg
 import numpy as np
 
 from assets.dedup import DEDUPLICATED
-from assets.partitions import FOLLOW, FOLLOW_REQUESTS, ONCE, document_partitions, source_and_refresh
+from assets.partitions import (
+    FOLLOW,
+    FOLLOW_REQUESTS,
+    LOADED_CONFIG,
+    ONCE,
+    document_partitions,
+    partition_key,
+    refresh_partitions,
+    source_and_refresh,
+)
 from assets.results import check_specs, engine_metadata, full_funnel, materialize_result, standard_checks
 from kiln.common.manifest import code_version
 from kiln.common.plots import figure_markdown, pyplot
@@ -189,9 +198,47 @@ def quality_scores(context: dg.AssetExecutionContext, kiln_config: KilnConfig, s
         data_version=dg.DataVersion(manifest.data_version))
 
 
+class EarlierScoresRefitted(dg.AutomationCondition):
+    """True for a (refresh, source) partition unless its source's rule ranks among every refresh's classifier scores
+    (`QualityRule.ranks_scores`) and the source's quality_scores in an earlier refresh are older than the classifier's
+    latest fit (not re-made yet, or being re-made). After a refit every refresh is scored again, in runs that finish
+    in any order: the filter of refresh 2 run before refresh 1 is re-scored is refused (`_scored_unlike`), and
+    nothing would ask for it again. It waits instead, and follows once the earlier scores are re-made."""
+
+    @property
+    def name(self) -> str:
+        return "earlier_scores_refitted"
+
+    def evaluate(self, context) -> dg.AutomationResult:
+        candidates = context.candidate_subset.expensively_compute_partition_keys()
+        ranked = {s for s, rule in LOADED_CONFIG.quality.rules.items() if rule is not None and rule.ranks_scores}
+        waiting = set()
+        if ranked & {document_partitions.get_partition_key_from_str(k).keys_by_dimension["source"] for k in candidates}:
+            instance = context.asset_graph_view.instance
+            fits = instance.fetch_materializations(dg.AssetKey(CLASSIFIER), limit=1).records
+            scored = instance.event_log_storage.get_latest_storage_id_by_partition(
+                dg.AssetKey(SCORES), dg.DagsterEventType.ASSET_MATERIALIZATION)
+            order = instance.get_dynamic_partitions(refresh_partitions.name)
+            for k in candidates if fits else ():
+                dims = document_partitions.get_partition_key_from_str(k).keys_by_dimension
+                source, refresh = dims["source"], dims["refresh"]
+                earlier = order[:order.index(refresh)] if refresh in order else []
+                if source in ranked and any(
+                        (at := scored.get(str(partition_key(source, r)))) is not None and at < fits[0].storage_id
+                        for r in earlier):
+                    waiting.add(k)
+        return dg.AutomationResult(context, context.candidate_subset.compute_intersection_with_partition_keys(
+            set(candidates) - waiting))
+
+
+# Eager, but a whole-source rule's later refresh waits for the earlier ones' scores of the same classifier fit.
+FOLLOW_FITTED = (FOLLOW_REQUESTS & EarlierScoresRefitted()).with_label("eager, on one classifier fit") \
+    if FOLLOW_REQUESTS is not None else None
+
+
 @dg.asset(
     key=QUALITY_FILTERED, deps=[SCORES, REQUESTS], partitions_def=document_partitions, group_name="quality",
-    kinds={"python", "parquet"}, automation_condition=FOLLOW_REQUESTS,
+    kinds={"python", "parquet"}, automation_condition=FOLLOW_FITTED,
     code_version=code_version("kiln.quality.rules", "kiln.governance.forget", "kiln.common.removals", "kiln.common.stats",
                               "kiln.curation.documents", "kiln.tokens.mixture"),  # hash_unit: ties at a cutoff
     check_specs=check_specs(QUALITY_FILTERED),
@@ -253,7 +300,7 @@ def _scored_unlike(rule, scored: Snapshot, earlier: dict[str, Snapshot]) -> dict
     classifier is fitted again, every refresh's scores are re-made; a later refresh re-scored first would otherwise
     be cut against the earlier ones' scores from the old model."""
     checks = []
-    if rule is not None and rule.keep_top_fraction is not None:
+    if rule is not None and rule.ranks_scores:
         checks.append(("classifier scores", "quality_classifier", lambda m: m.inputs.get(CLASSIFIER)))
     if rule is not None and rule.perplexity_buckets is not None:
         checks.append(("perplexities", "reference model", lambda m: (

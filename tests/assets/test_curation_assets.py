@@ -58,7 +58,7 @@ GRAPH_SNAPSHOT = {
                        "checks": ["complete"], "partitions": DOCS, "automation": "eager"},
     "quality_filtered_documents": {"group": "quality", "deps": ["quality_scores", "removal_requests"],
                                    "checks": ["conservation", "non_empty", "schema"], "partitions": DOCS,
-                                   "automation": "eager"},
+                                   "automation": "eager, on one classifier fit"},
     "tokenizer": {"group": "tokens", "deps": ["quality_filtered_documents"], "checks": ["round_trip"],
                   "partitions": None, "automation": "once"},
     "token_shards": {"group": "tokens", "deps": ["quality_filtered_documents", "removal_requests", "tokenizer"],

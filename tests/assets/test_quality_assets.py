@@ -196,28 +196,9 @@ def test_a_later_refresh_is_not_cut_against_scores_of_a_classifier_fitted_before
     ceil(0.3 * 40) = 12 of both refreshes' stored scores."""
     import math
 
-    from tests.conftest import web_and_ref_sources
-
-    refs, junk = reference_texts(), junk_texts(20, seed=1)
-    write_jsonl(tmp_path / "ref" / "a.jsonl", [{"id": i, "text": t} for i, t in enumerate(refs[:20])])
-    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": f"j{i}", "text": t} for i, t in enumerate(junk[:10])]
-                + [{"id": f"g{i}", "text": t} for i, t in enumerate(refs[100:110])])
-    config = {"sources": web_and_ref_sources(tmp_path), "profiles": {"none": []}, "engine": SERIAL_ENGINE,
-              "decontamination": {"enabled": False},
-              "quality": {"classifier": {"folds": 3, "quantize_cutoff": 1000},
-                          "rules": {"web": {"keep_top_fraction": 0.3}}},
-              "refresh": {"landing": str(tmp_path / "landing"), "sensor": {"settle_seconds": 0}}}
-    project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
-    first = project.current()
-    deduplicate(project)
-    assert project.materialize(["quality_classifier"]).success
+    project, first, junk, refs = _ranked_web_first_refresh(tmp_path, kiln_home, monkeypatch)
     assert project.materialize(["quality_scores", "quality_filtered_documents"], "web").success
-
-    write_jsonl(tmp_path / "landing" / "web" / "b.jsonl", [{"id": f"k{i}", "text": t} for i, t in enumerate(junk[10:])]
-                + [{"id": f"h{i}", "text": t} for i, t in enumerate(refs[110:120])])
-    write_jsonl(tmp_path / "landing" / "ref" / "b.jsonl", [{"id": f"r{i}", "text": t} for i, t in enumerate(refs[20:40])])
-    assert project.refresh() is not None
-    deduplicate(project)
+    _second_refresh(project, tmp_path, junk, refs)
     assert project.materialize(["quality_classifier"]).success  # fitted again, on both refreshes
     failed = project.materialize(["quality_scores", "quality_filtered_documents"], "web", raise_on_error=False)
     assert not failed.success
@@ -233,3 +214,72 @@ def test_a_later_refresh_is_not_cut_against_scores_of_a_classifier_fitted_before
     top = {r["doc_id"] for r in sorted(scored, key=lambda r: -r["quality_score"])[:math.ceil(0.3 * 40)]}
     kept = {r["doc_id"] for r in rows(project, "quality_filtered_documents", "web")[1]}
     assert kept == top & {r["doc_id"] for r in rows(project, "quality_scores", "web")[1]}
+
+
+def _ranked_web_first_refresh(tmp_path, kiln_home, monkeypatch):
+    """web's rule keeps the top 30% of every refresh's classifier scores; its first refresh deduplicated and the
+    classifier fitted on it."""
+    from tests.conftest import web_and_ref_sources
+
+    refs, junk = reference_texts(), junk_texts(20, seed=1)
+    write_jsonl(tmp_path / "ref" / "a.jsonl", [{"id": i, "text": t} for i, t in enumerate(refs[:20])])
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": f"j{i}", "text": t} for i, t in enumerate(junk[:10])]
+                + [{"id": f"g{i}", "text": t} for i, t in enumerate(refs[100:110])])
+    config = {"sources": web_and_ref_sources(tmp_path), "profiles": {"none": []}, "engine": SERIAL_ENGINE,
+              "decontamination": {"enabled": False},
+              "quality": {"classifier": {"folds": 3, "quantize_cutoff": 1000},
+                          "rules": {"web": {"keep_top_fraction": 0.3}}},
+              "refresh": {"landing": str(tmp_path / "landing"), "sensor": {"settle_seconds": 0}}}
+    project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
+    first = project.current()
+    deduplicate(project)
+    assert project.materialize(["quality_classifier"]).success
+    return project, first, junk, refs
+
+
+def _second_refresh(project, tmp_path, junk, refs):
+    write_jsonl(tmp_path / "landing" / "web" / "b.jsonl", [{"id": f"k{i}", "text": t} for i, t in enumerate(junk[10:])]
+                + [{"id": f"h{i}", "text": t} for i, t in enumerate(refs[110:120])])
+    write_jsonl(tmp_path / "landing" / "ref" / "b.jsonl", [{"id": f"r{i}", "text": t} for i, t in enumerate(refs[20:40])])
+    assert project.refresh() is not None
+    deduplicate(project)
+
+
+@pytest.mark.slow
+def test_after_a_refit_automation_filters_a_later_refresh_once_the_earlier_scores_are_redone(tmp_path, kiln_home,
+                                                                                              monkeypatch):
+    """After the classifier is fitted again, automation re-scores every refresh, one run per partition, finishing in
+    any order. Refresh 2's web filter (keep_top_fraction ranks among both refreshes' scores) used to be requested
+    with its scores, run before refresh 1's were re-made, be refused, and never be asked for again: its documents
+    stayed cut by the old model's scores. It now waits, and is asked for once refresh 1's web scores are re-made."""
+    import dagster as dg
+
+    project, first, junk, refs = _ranked_web_first_refresh(tmp_path, kiln_home, monkeypatch)
+    for source in SOURCES:
+        assert project.materialize(["quality_scores", "quality_filtered_documents"], source).success
+    _second_refresh(project, tmp_path, junk, refs)
+    second = project.current()
+    for source in SOURCES:
+        assert project.materialize(["quality_scores", "quality_filtered_documents"], source).success
+    cursor, _ = project.automation_tick()
+    assert project.materialize(["quality_classifier"]).success  # fitted again by hand
+
+    def quality(requested):
+        return {asset: {str(k) for k in keys} for asset, keys in requested.items() if asset.startswith("quality")}
+
+    cursor, requested = project.automation_tick(cursor)
+    scores = {f"{r}|{s}" for r in (first, second) for s in SOURCES}
+    assert quality(requested) == {"quality_scores": scores,
+                                  "quality_filtered_documents": scores - {f"{second}|web"}}
+    # the daemon's runs, one per partition key; refresh 2's web run first
+    for key in sorted(scores, key=lambda k: k != f"{second}|web"):
+        refresh, source = key.split("|")
+        assets = [a for a, keys in quality(requested).items() if key in keys]
+        assert dg.materialize(project.assets, selection=assets, resources=project.resources, instance=project.instance,
+                              partition_key=dg.MultiPartitionKey({"refresh": refresh, "source": source})).success
+    cursor, requested = project.automation_tick(cursor)
+    assert quality(requested) == {"quality_filtered_documents": {f"{second}|web"}}
+    assert not project.run_requested({"quality_filtered_documents": requested["quality_filtered_documents"]})
+    filtered = project.store.manifest_or_none("quality_filtered_documents", f"web/{second}")
+    assert filtered.inputs[f"quality_scores/web/{first}"] == \
+        project.store.manifest_or_none("quality_scores", f"web/{first}").data_version

@@ -79,6 +79,12 @@ class QualityRule(Strict):
     def uses_score(self) -> bool:
         return self.min_score is not None or self.keep_top_fraction is not None
 
+    @property
+    def ranks_scores(self) -> bool:
+        """Whether the rule cuts among the classifier scores of every refresh of its source (`keep_top_fraction`):
+        those must all come from one fit of the classifier."""
+        return self.keep_top_fraction is not None
+
 
 class Quality(Strict):
     classifier: QualityClassifier = QualityClassifier()
