@@ -6,7 +6,14 @@ import time
 
 import dagster as dg
 
-from assets.partitions import FOLLOW, FOLLOW_IN_ORDER, SAME_REFRESH_EVERY_SOURCE, document_partitions, source_and_refresh
+from assets.partitions import (
+    FOLLOW,
+    FOLLOW_IN_ORDER,
+    SAME_REFRESH_EVERY_SOURCE,
+    document_partitions,
+    refresh_partitions,
+    source_and_refresh,
+)
 from assets.results import check_specs, engine_metadata, full_funnel, materialize_result, standard_checks
 from kiln.common.manifest import code_version
 from kiln.common.secrets import redact
@@ -50,7 +57,8 @@ def raw_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig, st
     config, store = kiln_config.load(), storage.store()
     runner = engine.get(config.engine)
     name, key = source_and_refresh(context)
-    source, refresh = config.source(name), ensure_refresh(store, config, key)
+    added = context.instance.get_dynamic_partitions(refresh_partitions.name)  # the order automation follows
+    source, refresh = config.source(name), ensure_refresh(store, config, key, added)
     landed = refresh.files_of(name)
     check_unchanged(refresh, source)  # the same files as when the refresh was registered, or a clear error
     files = None if refresh.is_initial else [SourceFile(f.uri, f.relative) for f in landed]

@@ -306,10 +306,15 @@ def next_refresh(store: Store, config: ProjectConfig, trigger: str, settle_secon
         return _register(store, landing.files, trigger, key), landing
 
 
-def ensure_refresh(store: Store, config: ProjectConfig, key: str) -> Refresh:
+def ensure_refresh(store: Store, config: ProjectConfig, key: str, added: Sequence[str] = ()) -> Refresh:
     """The registered refresh `key`. A key nobody registered (a partition added by hand in the Dagster UI) is
     registered now with what has landed (or as the first refresh on an empty store); runs of several sources
-    racing to do so register the same files under the same key."""
+    racing to do so register the same files under the same key.
+
+    `added`: every refresh partition in the order they were added (Dagster's order, which automation decides
+    refreshes in). A key added after another that is not registered yet is refused, naming it: registered first, it
+    would come before that one in the registry (the order curation and dedup compare refreshes in) and after it in
+    Dagster's, and each would wait for the other for ever."""
     try:
         return get_refresh(store, key)
     except RefreshError:
@@ -318,6 +323,14 @@ def ensure_refresh(store: Store, config: ProjectConfig, key: str) -> Refresh:
         refreshes = load_refreshes(store)
         if any(r.key == key for r in refreshes):  # another source's run registered it meanwhile
             return get_refresh(store, key)
+        registered = {r.key for r in refreshes}
+        before = [k for k in added[:list(added).index(key)] if k not in registered] if key in added else []
+        if before:
+            raise RefreshError(f"refresh {key!r} was added after {', '.join(map(repr, before))}, which "
+                               f"{'holds' if len(before) == 1 else 'hold'} no refresh yet; refreshes take what has "
+                               f"landed in the order their partitions were added: run the intake (raw_documents) of "
+                               f"{before[0]!r} first, or delete the partition{'s' if len(before) > 1 else ''} "
+                               f"{', '.join(map(repr, before))} if unwanted")
         if not refreshes:
             return _register(store, None, "initial", key, pin_sources(config))
         landing = pending_files(config.refresh.landing_path(), [s.name for s in config.sources], refreshes)

@@ -314,6 +314,39 @@ def test_a_partition_added_by_hand_takes_what_lands_and_holds_no_refresh_for_eve
     assert curated == [first.key, "by-hand"]
 
 
+def test_partitions_added_by_hand_take_refreshes_in_the_order_they_were_added(quick_project):
+    """Partitions A then B added by hand, and B's intake run first: it registered what had landed as B, the sensor
+    then registered the next files as A, and the registry (B before A, the order curation and dedup compare in)
+    and Dagster's partitions (A before B, the order automation follows) disagreed: A's curation was refused (B not
+    curated) and B waited for A, for ever. B's intake is now refused, naming A; A takes what has landed, B the
+    next files, and automation curates A, then B."""
+    project = quick_project
+    cursor, _ = project.automation_tick()
+    run_intake(project, sensor(project))
+    [first] = load_refreshes(project.store)
+    project.instance.add_dynamic_partitions("refresh", ["A", "B"])
+    write_jsonl(project.landing / "web" / "w2.jsonl", [{"id": "n2", "text": random_text(project.rng, project.vocab)}])
+    refused = dg.materialize(project.assets, selection=["raw_documents"], resources=project.resources,
+                             partition_key=dg.MultiPartitionKey({"refresh": "B", "source": "web"}),
+                             instance=project.instance, raise_on_error=False)
+    assert not refused.success
+    error = refused.get_step_failure_events()[0].step_failure_data.error
+    message = error.cause.message if error.cause else error.message
+    assert "refresh 'B' was added after 'A', which holds no refresh yet" in message
+    assert "run the intake (raw_documents) of 'A' first" in message
+    assert [r.key for r in load_refreshes(project.store)] == [first.key]
+    run_intake(project, sensor(project))  # registers the landed file as A
+    write_jsonl(project.landing / "web" / "w3.jsonl", [{"id": "n3", "text": random_text(project.rng, project.vocab)}])
+    run_intake(project, sensor(project))
+    assert [r.key for r in load_refreshes(project.store)] == [first.key, "A", "B"]
+    curated = []
+    for _ in range(4):
+        cursor, requested = project.automation_tick(cursor)
+        curated += sorted({str(k).split("|")[0] for k in requested.get("curated_documents", [])})
+        assert not project.run_requested(requested)  # nothing asked for is refused
+    assert curated == [first.key, "A", "B"]
+
+
 def test_the_run_key_tag_is_dagsters():
     from dagster._core.storage.tags import RUN_KEY_TAG
 
