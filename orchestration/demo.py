@@ -153,9 +153,11 @@ def run_demo(config: ProjectConfig) -> int:
 
     store = KilnStorage().store()  # the assets' store: local, or S3 with the local cache (storage.backend)
     started = time.monotonic()
-    new, _ = next_refresh(store, config, "cli")
+    # Partitions added by hand in the UI and not read yet take what has landed, in the order they were added.
+    added = instance.get_dynamic_partitions(refresh_partitions.name)
+    new, _ = next_refresh(store, config, "cli", waiting=added)
     refreshes = load_refreshes(store)
-    known = set(instance.get_dynamic_partitions(refresh_partitions.name))
+    known = set(added)
     instance.add_dynamic_partitions(refresh_partitions.name, [r.key for r in refreshes if r.key not in known])
     # The new refresh, and any registered one whose token shards were never built; else the newest again. A refitted
     # classifier re-scores every refresh; a rebuilt tokenizer needs only the newest shards (they hold every refresh).

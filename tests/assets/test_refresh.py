@@ -419,3 +419,21 @@ def test_a_cron_dagster_cannot_run_fails_the_code_location_naming_the_config_key
     assert done.returncode != 0
     assert "ConfigError: refresh.schedule.cron: '99 3 * * 1' is not a schedule Dagster can run" in done.stderr
     assert "e.g. '0 3 * * 1' for Mondays 03:00" in done.stderr
+
+
+def test_make_demo_registers_what_has_landed_as_the_partition_added_by_hand(quick_project, monkeypatch):
+    """`make demo` registered the landed files under a key of its own while a partition added by hand waited, last
+    in the registry but first in Dagster's order: the two orders disagreed as in the test above. It now gives
+    them to the oldest partition added by hand, as the landing sensor does."""
+    from orchestration import demo
+
+    project = quick_project
+    first = project.refresh()
+    project.instance.add_dynamic_partitions("refresh", ["A"])
+    write_jsonl(project.landing / "web" / "w2.jsonl", [{"id": "n2", "text": random_text(project.rng, project.vocab)}])
+    asked = []
+    monkeypatch.setattr(dg.DagsterInstance, "get", staticmethod(lambda: project.instance))
+    monkeypatch.setattr(demo, "materialize_refresh", lambda run, store, key, sources, refit: asked.append(key))
+    assert demo.run_demo(load_config(project.config_path)) == 1  # stopped at its first refresh's runs
+    assert [r.key for r in load_refreshes(project.store)] == [first.key, "A"]
+    assert asked == [first.key]
