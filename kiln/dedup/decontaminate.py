@@ -31,9 +31,10 @@ more than 10 items, "which of the following", is a common phrase and is left out
 
 Words are normalized first (case, punctuation, digits; items and documents both composed to NFC), so those edits
 never count. In scripts written without spaces (Chinese, Japanese, Thai ...) a word is a character, and for the exact
-rule and `min_item_words` it weighs 5/8 of a word (text_units.word_weights, as dedup's shingles): an n-gram of 13
-words is 13 spaced words or the shortest run of words from a start that weighs as much (21 Chinese characters), and
-an item needs 8 words' weight (13 characters) to be indexed. Counted a word each, a 9-character item ("下列说法中正确的是",
+rule and `min_item_words` it weighs 5/8 of a word, a letter of Thai, Khmer, Myanmar ... 1/4 (text_units.word_weights,
+as dedup's shingles): an n-gram of 13 words is 13 spaced words or the shortest run of words from a start that weighs
+as much (21 Chinese characters, 52 Thai letters), and an item needs 8 words' weight (13 characters, 32 Thai letters)
+to be indexed. Counted a word each, a 9-character item ("下列说法中正确的是",
 "which of the following is correct") was indexed whole and matched every exercise sheet that asks it. The short
 n-grams of the edited-copy rules stay `fuzzy_ngram` words or characters.
 bench/decon_eval.py measures both sides: sibling manual pages and API docs, and edited copies.

@@ -25,7 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from kiln.common.config import NearDedup, ShingleNormalization
-from kiln.common.text_units import UNIT_WEIGHT, WORD_WEIGHT, mark_code_points, unit_code_points
+from kiln.common.text_units import WORD_WEIGHT, mark_code_points, unit_code_points, unit_weights
 from kiln.dedup.text import shingle_ranges
 
 WORD_BASE = 0x9E3779B97F4A7C15  # odd, so invertible mod 2^64
@@ -179,15 +179,25 @@ def _digits_removed(data: np.ndarray) -> np.ndarray:
 
 
 def _unit_words(data: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Which of the words starting at `starts` are a no-space character (all are 3 or 4 bytes long in UTF-8)."""
-    out = np.zeros(starts.size, dtype=bool)
+    """The weight of each word starting at `starts` (text_units.word_weights): a no-space character's (all are 3 or 4
+    bytes long in UTF-8), WORD_WEIGHT for any other word."""
+    out = np.full(starts.size, WORD_WEIGHT, dtype=np.int64)
     wide = np.flatnonzero(data[starts] >= 0xE0)  # only these can be: decode them alone
     at = starts[wide]
     d = np.concatenate((data, np.zeros(3, dtype=np.uint8))).astype(np.uint32)
     lead, b1, b2, b3 = d[at], d[at + 1] & 0x3F, d[at + 2] & 0x3F, d[at + 3] & 0x3F
     cp = np.where(lead >= 0xF0, (lead & 0x07) << 18 | b1 << 12 | b2 << 6 | b3, (lead & 0x0F) << 12 | b1 << 6 | b2)
-    out[wide] = (_code_point_map(True, False)[cp] & _UNIT_FLAG) != 0
+    out[wide] = _weight_table()[cp]
     return out
+
+
+@lru_cache(maxsize=1)
+def _weight_table() -> np.ndarray:
+    """Code point -> the weight of a word it starts (text_units.unit_weights, else WORD_WEIGHT)."""
+    table = np.full(0x110000, WORD_WEIGHT, dtype=np.int8)  # 1.1 MB
+    weights = unit_weights()
+    table[np.fromiter(weights, dtype=np.int64)] = np.fromiter(weights.values(), dtype=np.int8)
+    return table
 
 
 def _shingle_sets(texts: list[str], settings: NearDedup, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -215,7 +225,8 @@ def _shingle_sets(texts: list[str], settings: NearDedup, lengths: np.ndarray) ->
     shingles_in = np.where(words_in > 0, np.maximum(words_in - n + 1, 1), 0)
     weighted = None
     if units:  # texts with a no-space character: its characters weigh less than a word (text.shingle_ranges)
-        unit = _unit_words(data, word_starts)
+        word_weight = _unit_words(data, word_starts)
+        unit = word_weight != WORD_WEIGHT
         weighted = np.zeros(len(texts), dtype=bool)
         weighted[np.searchsorted(first_word, np.flatnonzero(unit), side="right") - 1] = True
         # (first_word is non-decreasing; a word's text is the last one starting at or before it with words)
@@ -227,7 +238,7 @@ def _shingle_sets(texts: list[str], settings: NearDedup, lengths: np.ndarray) ->
     ends = starts + np.repeat(np.minimum(words_in, n), shingles_in)
     if weighted is not None and weighted.any():
         which = np.flatnonzero(weighted)
-        sub_of, sub_starts, sub_ends = shingle_ranges(np.where(unit, UNIT_WEIGHT, WORD_WEIGHT), first_word[which],
+        sub_of, sub_starts, sub_ends = shingle_ranges(word_weight, first_word[which],
                                                       words_in[which], n)
         text_of = np.concatenate((text_of, which[sub_of]))
         starts, ends = np.concatenate((starts, sub_starts)), np.concatenate((ends, sub_ends))

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
-from kiln.common.text_units import UNIT_WEIGHT, WORD_WEIGHT, mark_code_points, unit_code_points
+from kiln.common.text_units import WORD_WEIGHT, mark_code_points, unit_weights
 from kiln.dedup.decontaminate import read_benchmark_file
 
 # Words with their combining marks (Arabic harakat, Devanagari vowel signs), as the detector reads them: `\w` alone
@@ -29,7 +29,7 @@ from kiln.dedup.decontaminate import read_benchmark_file
 _WORD = re.compile(r"(?:\w[" + "".join(map(chr, sorted(mark_code_points()))) + "]*)+")
 
 
-_UNITS = unit_code_points()
+_UNITS = unit_weights()  # code point -> its unit's weight
 _MARKS = mark_code_points()
 
 
@@ -38,12 +38,12 @@ def _words(text: str) -> list[str]:
 
 
 def _weight(run: str) -> int:
-    """The detector's words in a run, weighed: UNIT_WEIGHT per character of a script without spaces, WORD_WEIGHT per
-    stretch of other word characters (marks stay with the character before them)."""
+    """The detector's words in a run, weighed: a character of a script without spaces its text_units weight, WORD_WEIGHT
+    per stretch of other word characters (marks stay with the character before them)."""
     weight, in_word = 0, False
     for c in run:
-        if ord(c) in _UNITS:
-            weight, in_word = weight + UNIT_WEIGHT, False
+        if (unit := _UNITS.get(ord(c))) is not None:
+            weight, in_word = weight + unit, False
         elif ord(c) not in _MARKS:
             weight, in_word = weight + (0 if in_word else WORD_WEIGHT), True
     return weight

@@ -73,9 +73,9 @@ class GopherQuality:
 
     def _verdict(self, text: str, c: _WordCounts | _BatchCounts | _OtherStops) -> Verdict:
         n_toks, n_words = c.tokens, c.words
-        # The document's length in words: a character of a script without spaces weighs 5/8 of one (text_units), as
-        # in the n-gram rules and dedup's shingles. The other rules are shares of tokens, and the mean word length
-        # is characters per token, as the per-language limits were set (stopwords).
+        # The document's length in words: a character of a script without spaces weighs 5/8 of one, a Thai letter 1/4
+        # (text_units), as in the n-gram rules and dedup's shingles. The other rules are shares of tokens, and the mean
+        # word length is characters per token, as the per-language limits were set (stopwords).
         if self.min_doc_words is not None and c.doc_words < self.min_doc_words:
             return drop(self.name, "min_doc_words", text)
         if self.max_doc_words is not None and c.doc_words > self.max_doc_words:
@@ -134,7 +134,8 @@ class _WordCounts:
     @property
     def doc_words(self) -> float:
         """Words as the document-length rules count them: a character of a script without spaces weighs
-        text_units.UNIT_WEIGHT / WORD_WEIGHT (5/8) of a word, any other word one."""
+        text_units.UNIT_WEIGHT / WORD_WEIGHT (5/8) of a word (a Thai, Khmer ... letter ABUGIDA_WEIGHT: 1/4), any other
+        word one."""
         return self.words if self._plain else int(word_weights(self._words).sum()) / WORD_WEIGHT
 
     @property

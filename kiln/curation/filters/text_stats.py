@@ -192,7 +192,8 @@ def find_duplicates(items: Iterable[str]) -> tuple[int, int]:
 def n_grams(ws: Sequence[str], n: int, weights: np.ndarray | None = None) -> list[tuple[str, ...]]:
     """All contiguous n-grams of a word list, as tuples (built in C via zip). With `weights`
     (text_units.word_weights), an n-gram is the shortest run from each word that weighs n words: n spaced words, or
-    the characters of Chinese, Japanese, Thai ... that carry as much text (8 for 5 words), as dedup's shingles."""
+    the characters of Chinese, Japanese, Thai ... that carry as much text (5 words: 8 Han, 20 Thai), as dedup's
+    shingles."""
     if weights is None:
         if n <= 0 or len(ws) < n:
             return []

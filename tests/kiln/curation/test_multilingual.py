@@ -457,3 +457,13 @@ def test_a_turkish_capital_dotted_i_lowercases_to_the_stop_words_i():
     # a listed word spelled with the capital is the same word
     assert build_step("gopher_quality", {"min_doc_words": 5, "stop_words": ["İlk", "ve"], "min_avg_word_length": None})(
         doc(news)).kept
+
+
+def test_thai_words_for_gophers_length_are_letters_at_a_quarter_of_a_word():
+    """THAI is 48 words (hand-segmented: กรุงเทพมหานคร|ประกาศ|แผน|พัฒนา|...|อีก|ด้วย), 185 letters with their marks:
+    185 x 2/8 = 46.25 words, under Gopher's 50, as its 48 words are. Weighed as Han characters (5/8) it was 115.6
+    "words" and kept."""
+    step = build_step("gopher_quality", {"min_doc_words": 50})
+    assert step(doc(THAI, "th")).drop == "gopher_quality.min_doc_words"
+    assert build_step("gopher_quality", {"min_doc_words": 46})(doc(THAI, "th")).kept
+    assert not build_step("gopher_quality", {"min_doc_words": 47})(doc(THAI, "th")).kept

@@ -695,3 +695,32 @@ def test_chinese_ngrams_weigh_a_character_as_five_eighths_of_a_word():
         assert look.overlaps(text) <= bool(index.find(text)), text  # a hit of the look is a hit of the detector
     assert look.overlaps(ZH_FILLER_A + "。" + ZH_ITEM + "。" + ZH_FILLER_B)
     assert not look.overlaps(exercise)
+
+
+# Thai news prose, written for these tests: 48 words (hand-segmented), 185 letters with their marks (text_units).
+TH_NEWS = ("กรุงเทพมหานครประกาศแผนพัฒนาระบบขนส่งสาธารณะฉบับใหม่เมื่อวานนี้ โดยมีเป้าหมายเพื่อลดปัญหาการจราจรติดขัดในเขตเมือง "
+           "ผู้ว่าราชการกล่าวว่าโครงการนี้จะช่วยให้ประชาชนเดินทางได้สะดวกและรวดเร็วมากขึ้น และยังช่วยลดมลพิษทางอากาศอีกด้วย")
+
+
+def test_a_thai_letter_weighs_a_quarter_of_a_word_in_decontamination():
+    """A Thai unit is a letter, not a Han character: 2 eighths. By hand: "ข้อใดต่อไปนี้ถูกต้องที่สุด" ("which of the
+    following is most correct", 5 words) is 17 units, 34 eighths < 64: skipped, as a 5-word English item is (at 5
+    eighths a unit, 85, it was indexed whole and matched every Thai quiz sheet asking it). The first sentence of
+    TH_NEWS (94 units, 188 eighths) is indexed: a document holding 52 of its units in a row (104 eighths, 13 words)
+    matches, 51 do not."""
+    quiz = "ข้อใดต่อไปนี้ถูกต้องที่สุด"
+    first = TH_NEWS.split(" ")[0] + " " + TH_NEWS.split(" ")[1]
+    index = index_of(("b", "quiz", quiz), ("b", "news", first))
+    stats = index.summary()["benchmarks"]["b"]
+    assert (stats["items_indexed"], stats["items_skipped_short"]) == (1, 1)
+    assert index.find("แบบทดสอบบทที่สาม\n" + quiz + "\nก. แผนนี้เริ่มในปีหน้า\nข. แผนนี้เสร็จในสามปี") == []
+    units = normalized_words(first)
+    assert len(units) == 94
+    for n, found in ((52, True), (51, False)):
+        copy = "".join(units[10:10 + n])
+        document = "ข่าวเช้าวันนี้ " + copy + " จบข่าว"
+        assert [m.item_id for m in index.find(document)] == (["news"] if found else []), n
+    from kiln.dedup.residual_overlap import ItemNgrams
+    look = ItemNgrams([quiz, first], ngram=13, min_item_words=8)  # the independent look weighs them the same
+    assert not look.overlaps("แบบทดสอบ " + quiz + " ก. แผนนี้เริ่มในปีหน้า")
+    assert look.overlaps("ข่าวเช้าวันนี้ " + first + " จบข่าว")

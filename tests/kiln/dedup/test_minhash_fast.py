@@ -51,15 +51,28 @@ def ref_is_unit(word: str) -> bool:
     return any(a <= ord(word[0]) <= b for a, b, _ in NO_SPACE_BLOCKS) and word[0].isalnum()
 
 
+# Thai, Lao, Tibetan, Myanmar, Khmer (+ symbols), Tai Le, New Tai Lue, Tai Tham, Myanmar Extended-A/B, Tai Viet: a
+# letter there weighs 1/4 of a word (2 of 8), a Han character or kana 5/8.
+REF_ABUGIDA = ((0x0E00, 0x0FFF), (0x1000, 0x109F), (0x1780, 0x17FF), (0x1950, 0x19FF), (0x1A20, 0x1AAF),
+               (0xA9E0, 0xA9FF), (0xAA60, 0xAADF))
+
+
+def ref_weight(word: str) -> int:
+    if not ref_is_unit(word):
+        return 8
+    return 2 if any(a <= ord(word[0]) <= b for a, b in REF_ABUGIDA) else 5
+
+
 def ref_shingles(text: str, near: NearDedup) -> list[int]:
-    """Shingles: from each word, the words up to the first that brings the weight to n words (a no-space character
-    weighs 5/8 of a word); no start reaches it: one shingle of all the words (no words: no shingles)."""
+    """Shingles: from each word, the words up to the first that brings the weight to n words (a Han character or kana
+    weighs 5/8 of a word, a Thai, Khmer ... letter 1/4); no start reaches it: one shingle of all the words (no words:
+    no shingles)."""
     words, n = normalized_words(text, near.normalization), near.shingle_size
     grams = []
     for i in range(len(words)):
         weight = 0
         for j in range(i, len(words)):
-            weight += 5 if ref_is_unit(words[j]) else 8
+            weight += ref_weight(words[j])
             if weight >= 8 * n:
                 grams.append(words[i:j + 1])
                 break
