@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from pydantic import NonNegativeInt, PositiveInt
 
-from kiln.common.text_units import whitespace_words
+from kiln.common.text_units import plain, weighed_count, whitespace_words
 from kiln.curation.documents import Document
 from kiln.curation.filters import text_stats as ts
 from kiln.curation.filters.base import Verdict, drop, keep
@@ -35,7 +35,7 @@ class C4:
     # line rules (a failing line is removed; the page goes on)
     remove_citations: bool = True  # strip wiki-style "[1]", "[edit]", "[citation needed]"
     filter_no_terminal_punct: bool = True  # keep only lines ending in . ? ! " ' (and not in "..."; ts.ends_sentence)
-    min_words_per_line: NonNegativeInt | None = 3
+    min_words_per_line: NonNegativeInt | None = 3  # words weighed as text_units.weighed_count (a Han character 5/8)
     max_word_length: PositiveInt | None = 1000  # remove lines with a whitespace-separated word longer than this
     filter_javascript: bool = True  # remove lines mentioning "javascript"
     filter_policy: bool = True  # remove lines with cookie / privacy-policy / terms-of-use phrases
@@ -65,7 +65,12 @@ class C4:
             ):
                 removed += 1
                 continue
-            if self.min_words_per_line is not None and len(split) < self.min_words_per_line:
+            # Words as Gopher's document length counts them: a Chinese or Japanese character 5/8 of one, a Thai,
+            # Khmer ... letter 1/4 (text_units); counted one each, a Thai menu line ("หน้าแรก", "home", 6 letters)
+            # passed the 3 words, as it ends a sentence with no mark (text_stats.SPACE_ENDED_SCRIPTS).
+            if self.min_words_per_line is not None and (
+                len(split) if plain(line) else weighed_count(split)
+            ) < self.min_words_per_line:
                 removed += 1
                 continue
             lower = line.lower()

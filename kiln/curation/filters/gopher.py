@@ -18,7 +18,7 @@ import numpy as np
 from annotated_types import Ge, MinLen
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveInt
 
-from kiln.common.text_units import EMOJI_TAILS, JOINERS, WORD_WEIGHT, plain, word_weights
+from kiln.common.text_units import EMOJI_TAILS, JOINERS, plain, weighed_count, word_weights
 from kiln.curation.documents import Document
 from kiln.curation.filters import text_stats as ts
 from kiln.curation.filters.base import Fraction, Verdict, drop, keep, ordered
@@ -136,7 +136,7 @@ class _WordCounts:
         """Words as the document-length rules count them: a character of a script without spaces weighs
         text_units.UNIT_WEIGHT / WORD_WEIGHT (5/8) of a word (a Thai, Khmer ... letter ABUGIDA_WEIGHT: 1/4), any other
         word one."""
-        return self.words if self._plain else int(word_weights(self._words).sum()) / WORD_WEIGHT
+        return self.words if self._plain else weighed_count(self._words)
 
     @property
     def alpha_words(self) -> int:

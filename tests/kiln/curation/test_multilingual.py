@@ -467,3 +467,21 @@ def test_thai_words_for_gophers_length_are_letters_at_a_quarter_of_a_word():
     assert step(doc(THAI, "th")).drop == "gopher_quality.min_doc_words"
     assert build_step("gopher_quality", {"min_doc_words": 46})(doc(THAI, "th")).kept
     assert not build_step("gopher_quality", {"min_doc_words": 47})(doc(THAI, "th")).kept
+
+
+def test_c4_counts_words_per_line_as_gopher_does_in_every_script():
+    """C4's min_words_per_line (3) counts a Chinese or Japanese character as 5/8 of a word and a Thai letter as 1/4
+    (text_units), as Gopher's length does; a punctuation mark standing alone is a word, as it was. By hand:
+    "好的。" is 5+5+8 = 18 eighths, 2.25 words (it was 3 "words": removed now, as "OK." is); "之一。" likewise;
+    "我们明天再讨论。" is 6 x 5 + 8 = 38, 4.75: kept. Thai menu lines, which end a sentence with no mark: "หน้าแรก"
+    (home: ห น้ า แ ร ก, 6 letters, 1.5 words) and "ติดต่อเรา" (contact us: ติ ด ต่ อ เ ร า, 7, 1.75) are removed;
+    "ประชาชนเดินทางได้สะดวก" (ประชาชน|เดินทาง|ได้|สะดวก, 7+6+2+5 = 20 letters, 5 words) is kept. English lines:
+    as before ("OK." removed, "See you then." kept)."""
+    step = build_step("c4", {"min_num_sentences": 0})
+    zh = ["好的。", "之一。", "我们明天再讨论。"]
+    th = ["หน้าแรก", "ติดต่อเรา", "ประชาชนเดินทางได้สะดวก"]
+    en = ["OK.", "See you then."]
+    for lines, kept in ((zh, ["我们明天再讨论。"]), (th, ["ประชาชนเดินทางได้สะดวก"]), (en, ["See you then."])):
+        verdict = step(doc("\n".join(lines)))
+        assert verdict.kept and verdict.text.split("\n") == kept, lines
+        assert verdict.counts["lines_removed"] == len(lines) - 1
