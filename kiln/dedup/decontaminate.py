@@ -36,7 +36,11 @@ as dedup's shingles): an n-gram of 13 words is 13 spaced words or the shortest r
 as much (21 Chinese characters, 52 Thai letters), and an item needs 8 words' weight (13 characters, 32 Thai letters)
 to be indexed. Counted a word each, a 9-character item ("下列说法中正确的是",
 "which of the following is correct") was indexed whole and matched every exercise sheet that asks it. The short
-n-grams of the edited-copy rules stay `fuzzy_ngram` words or characters.
+n-grams of the edited-copy rules weigh `fuzzy_ngram` words the same way (4 words: 7 Chinese characters, 16 Thai
+letters), and `min_shared_ngrams` counts them in words' worth (BenchmarkIndex.shared_ngrams); the aligned rule's
+edits stay counted in those words and characters, a share of the item's. Counted a character each, 4-letter Thai
+n-grams (about one word) made a news report share 42% of the n-grams of an unrelated item written in the same news
+phrasing ("... announced a plan ... aiming to reduce the problem of ..."), and it was dropped as an edited copy.
 bench/decon_eval.py measures both sides: sibling manual pages and API docs, and edited copies.
 
 Speed matters (the check runs over every document), so words are hashed once each with a stable 64-bit
@@ -243,6 +247,10 @@ class BenchmarkIndex:
     fuzzy_owners: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     fuzzy_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     min_shared_ngrams: int = 3
+    # Where words weigh less than a word (text_units: Chinese, Thai ...): a short n-gram's weight in eighths (by its
+    # first word; WORD_WEIGHT when absent), and an item's longest short n-gram in words (`fuzzy_ngram` when absent)
+    fuzzy_weights: dict[int, int] = field(default_factory=dict)
+    fuzzy_spans: dict[tuple[str, str], int] = field(default_factory=dict)
     # The aligned rule: each item's word hashes, and the edits it allows (floor(max_edit_share * words))
     max_edit_share: float | None = None
     item_words: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
@@ -258,6 +266,8 @@ class BenchmarkIndex:
         fuzzy = fuzzy_ngram if (min_share is not None or max_edit_share is not None) else None
         stats: dict[str, dict[str, int]] = {}
         item_words: dict[tuple[str, str], np.ndarray] = {}
+        fuzzy_weights: dict[int, int] = {}
+        fuzzy_spans: dict[tuple[str, str], int] = {}
         for benchmark, item_id, text in items:
             s = stats.setdefault(benchmark, {"items": 0, "items_indexed": 0, "items_skipped_short": 0, "ngrams": 0})
             s["items"] += 1
@@ -275,9 +285,15 @@ class BenchmarkIndex:
             table = owners[target]
             for h in hashes.tolist():
                 table[h].add(owner)
-            if fuzzy:
-                for h in np.unique(ngram_hashes(ws, fuzzy)).tolist():
+            if fuzzy:  # `fuzzy` words' weight, as the exact n-grams: 4 words, or 7 Chinese characters, 16 Thai letters
+                ends, short_hashes = _weighted_windows(prefix, inverse, cum, fuzzy * WORD_WEIGHT)
+                for h in np.unique(short_hashes).tolist():
                     short[h].add(owner)
+                if weights is not None and len(ends):
+                    for h, w in zip(short_hashes.tolist(), weights[:len(ends)].tolist()):
+                        if w != WORD_WEIGHT:
+                            fuzzy_weights[h] = w
+                    fuzzy_spans[owner] = int((ends - np.arange(len(ends))).max())
             if fuzzy and max_edit_share is not None:
                 item_words[owner] = _word_hash_array(ws).copy()
             s["items_indexed"] += 1
@@ -291,7 +307,8 @@ class BenchmarkIndex:
                 counts[owner] += 1
         return cls(ngram, min_item_words, keys, frozen, stats, fuzzy, min_share,
                    np.array(sorted(fuzzy_owners), dtype=np.uint64), fuzzy_owners, dict(counts),
-                   min_shared_ngrams, max_edit_share if fuzzy else None, item_words)
+                   min_shared_ngrams, {h: w for h, w in fuzzy_weights.items() if h in fuzzy_owners}, fuzzy_spans,
+                   max_edit_share if fuzzy else None, item_words)
 
     @classmethod
     def from_settings(cls, items: Iterable[tuple[str, str, str]], settings: Decontamination) -> BenchmarkIndex:
@@ -313,6 +330,15 @@ class BenchmarkIndex:
     def __bool__(self) -> bool:
         return bool(self.keys)
 
+    def shared_ngrams(self, hashes: set[int]) -> float:
+        """How many short n-grams `hashes` make, in words' worth: one each, but one that starts with a Chinese
+        character 5/8 and a Thai letter 1/4 (text_units; an item of n words has about as many n-grams in every
+        script), so `min_shared_ngrams` keeps the share rule off the same short items in every script."""
+        if not self.fuzzy_weights:
+            return len(hashes)
+        weight = self.fuzzy_weights.get
+        return sum(weight(h, WORD_WEIGHT) for h in hashes) / WORD_WEIGHT
+
     def allowed_edits(self, owner: tuple[str, str]) -> int:
         """Edits the aligned rule allows an item: floor(max_edit_share * its words)."""
         return int(self.max_edit_share * len(self.item_words[owner]) + 1e-9)
@@ -333,7 +359,8 @@ class BenchmarkIndex:
         shares: dict[tuple[str, str], float] = {}
         if self.fuzzy_ngram and len(ws) >= self.fuzzy_ngram and len(self.fuzzy_keys):
             n = self.fuzzy_ngram
-            found = _found(_window_hashes(prefix, inverse, n), self.fuzzy_keys)
+            short_ends, short_windows = _weighted_windows(prefix, inverse, cum, n * WORD_WEIGHT)
+            found = _found(short_windows, self.fuzzy_keys)
             distinct: dict[tuple[str, str], set[int]] = defaultdict(set)
             where: dict[tuple[str, str], list[int]] = defaultdict(list)
             for j, h in found:
@@ -343,16 +370,17 @@ class BenchmarkIndex:
             shares = {o: len(hs) / self.fuzzy_counts[o] for o, hs in distinct.items()}
             if self.min_share is not None:
                 flagged = {o for o, hs in distinct.items()
-                           if len(hs) >= self.min_shared_ngrams and shares[o] >= self.min_share}
+                           if self.shared_ngrams(hs) >= self.min_shared_ngrams and shares[o] >= self.min_share}
                 for j, h in found:
                     if owners := tuple(o for o in self.fuzzy_owners[h] if o in flagged):
-                        hits.append((j, owners, n))
+                        hits.append((j, owners, int(short_ends[j]) - j))
             if self.max_edit_share is not None:
                 sentences = None
                 for owner, hs in distinct.items():
                     item, allowed = self.item_words[owner], self.allowed_edits(owner)
-                    # n * allowed is the most n-grams `allowed` edits can break: fewer found, no copy here
-                    if len(hs) < self.fuzzy_counts[owner] - n * allowed:
+                    # span * allowed is the most n-grams `allowed` edits can break (an n-gram spans `span` words at
+                    # most): fewer found, no copy here
+                    if len(hs) < self.fuzzy_counts[owner] - self.fuzzy_spans.get(owner, n) * allowed:
                         continue
                     if sentences is None:  # only for the rare document that gets this far
                         sentences = _sentences(text, len(ws))

@@ -724,3 +724,33 @@ def test_a_thai_letter_weighs_a_quarter_of_a_word_in_decontamination():
     look = ItemNgrams([quiz, first], ngram=13, min_item_words=8)  # the independent look weighs them the same
     assert not look.overlaps("แบบทดสอบ " + quiz + " ก. แผนนี้เริ่มในปีหน้า")
     assert look.overlaps("ข่าวเช้าวันนี้ " + first + " จบข่าว")
+
+
+# An item written in the same news phrasing as TH_NEWS's first sentence ("the Metropolitan Waterworks Authority
+# announced a plan to improve the water supply in the city area, aiming to reduce leaks and murky water"): no copy.
+TH_WATER = "การประปานครหลวงประกาศแผนปรับปรุงระบบน้ำประปาในเขตเมือง โดยมีเป้าหมายเพื่อลดปัญหาน้ำรั่วและน้ำขุ่น"
+
+
+def test_short_ngrams_of_the_edited_copy_rules_weigh_words_in_every_script():
+    """The short n-grams are 4 words' weight (32 eighths): 16 Thai letters, 7 Han characters. By hand: TH_WATER is 81
+    letters, 66 short n-grams (81 - 16 + 1), not 76 distinct 4-letter ones (about a word each); the longest run it shares
+    with TH_NEWS, "โดยมีเป้าหมายเพื่อลดปัญหา" (25 letters), holds 10 of them: 15%, under min_share 0.4 (4-letter
+    n-grams: 42%, and the news was dropped as an edited copy), and 10 x 2/8 = 2.5 n-grams' worth, under
+    min_shared_ngrams 20. Its copy with one word replaced ("น้ำขุ่น" murky water -> "น้ำเสีย" foul water) is found.
+    A 30-character Chinese item has 24 short n-grams, 15 words' worth (24 x 5/8): as an English item of 18 words,
+    under min_shared_ngrams, where its 27 4-character n-grams were over. English: 4-word n-grams, as before."""
+    index = fuzzy_index(("b", "water", TH_WATER))
+    assert len(normalized_words(TH_WATER)) == 81 and index.fuzzy_counts[("b", "water")] == 66
+    assert index.find(TH_NEWS) == []
+    copy = TH_WATER.replace("น้ำขุ่น", "น้ำเสีย")
+    assert [m.item_id for m in index.find("ข่าวเช้าวันนี้ " + copy + " ติดตามข่าวต่อไป")] == ["water"]
+    zh = "中华人民共和国成立于一九四九年十月一日首都设在北京市人口众多历史悠久"
+    zh30 = zh[:30]  # no character twice in a 7-character run: 24 distinct n-grams
+    assert len(normalized_words(zh30)) == 30
+    index = fuzzy_index(("b", "zh", zh30))
+    hashes = set(index.fuzzy_owners)
+    assert index.fuzzy_counts[("b", "zh")] == 24 and index.shared_ngrams(hashes) == 15.0
+    english = fuzzy_index(("b", "en", CLEAN_PROSE))
+    n_words = len(normalized_words(CLEAN_PROSE))
+    assert english.fuzzy_counts[("b", "en")] == len(set(zip(*(normalized_words(CLEAN_PROSE)[i:] for i in range(4)))))
+    assert english.shared_ngrams(set(english.fuzzy_owners)) == english.fuzzy_counts[("b", "en")] <= n_words - 3
