@@ -485,3 +485,20 @@ def test_c4_counts_words_per_line_as_gopher_does_in_every_script():
         verdict = step(doc("\n".join(lines)))
         assert verdict.kept and verdict.text.split("\n") == kept, lines
         assert verdict.counts["lines_removed"] == len(lines) - 1
+
+
+def test_fineweb_list_ratio_weighs_tokens_as_gopher_does():
+    """FineWeb's list_ratio (newlines / tokens > 0.3) counts a Chinese character as 5/8 of a token and a Thai letter
+    as 1/4 (text_units). By hand, the same 5-item navigation menu: English "Home / Contact us / Log in / Sign up /
+    About us" is 9 tokens, 4/9 = 0.44: dropped. Thai "หน้าแรก / ติดต่อเรา / เข้าสู่ระบบ / สมัครสมาชิก / เกี่ยวกับเรา" is
+    6 + 7 + 8 + 9 + 9 = 39 letters (ห น้ า แ ร ก, ติ ด ต่ อ เ ร า, เ ข้ า สู่ ร ะ บ บ, ส มั ค ร ส ม า ชิ ก,
+    เ กี่ ย ว กั บ เ ร า), 9.75 tokens: 4/9.75 = 0.41, dropped (one a letter: 4/39 = 0.10, kept). Chinese "首页 / 联系我们 /
+    登录 / 注册 / 关于我们" is 14 characters, 8.75 tokens: 0.46, dropped (4/14 = 0.29, kept). THAI prose: kept."""
+    step = build_step("fineweb_quality", {"line_punct_thr": None, "short_line_thr": None,
+                                          "char_duplicates_ratio": None})
+    menus = {"en": ["Home", "Contact us", "Log in", "Sign up", "About us"],
+             "th": ["หน้าแรก", "ติดต่อเรา", "เข้าสู่ระบบ", "สมัครสมาชิก", "เกี่ยวกับเรา"],
+             "zh": ["首页", "联系我们", "登录", "注册", "关于我们"]}
+    for lang, items in menus.items():
+        assert step(doc("\n".join(items))).drop == "fineweb_quality.list_ratio", lang
+    assert step(doc(THAI)).kept and step(doc(THAI.replace(" ", "\n"))).kept  # 3 lines of 185 letters
