@@ -5,7 +5,6 @@ import time
 from dataclasses import dataclass
 
 import dagster as dg
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -19,8 +18,8 @@ from kiln.common.removals import example_excerpt
 from kiln.common.storage import Snapshot, part_files, resume_key
 from kiln.dedup.apply import decisions_by_part, deduplicate_source
 from kiln.dedup.boilerplate import COUNTED_WITH, DECIDED_WITH, boilerplate_hashes, check_lines_settings
-from kiln.dedup.bucket_index import check_signature_params, doc_id_hash, index_commit, index_documents
-from kiln.dedup.buckets import decide_distributed, keep_all, survivor_violations
+from kiln.dedup.bucket_index import check_signature_params, index_commit, index_documents
+from kiln.dedup.buckets import decide_distributed, distinct_doc_ids, keep_all, survivor_violations
 from kiln.dedup.decontaminate import load_benchmarks
 from kiln.dedup.residual_overlap import item_ngrams
 from kiln.dedup.near import DECISION_SCHEMA, NEAR_DUPLICATE
@@ -121,7 +120,7 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
         shutil.rmtree(work)  # the shuffle files, as soon as the decisions are written
         decision_files = part_files(writer.dir / "decisions")  # pairs with signature_files, part by part
         decided = sum(pq.ParquetFile(f).metadata.num_rows for f in decision_files)
-        distinct = _distinct_ids(decision_files, decided)
+        distinct = distinct_doc_ids(decision_files, writer.scratch("distinct_ids"), runner)
         near_duplicates = sum(int(pc.sum(pc.equal(pq.read_table(f, columns=["status"]).column("status"),
                                                   NEAR_DUPLICATE)).as_py() or 0) for f in decision_files)
         boilerplate = set()
@@ -173,19 +172,6 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
                                           "pairs": dg.MetadataValue.json(violations[:10])}),
         ],
         data_version=dg.DataVersion(manifest.data_version))
-
-
-def _distinct_ids(decision_files, documents: int, per_pass: int = 2_000_000) -> int:
-    """Distinct doc_ids over the decisions, one range of the id hash at a time: at most about `per_pass` ids held."""
-    shards = documents // per_pass + 1
-    total = 0
-    for q in range(shards):
-        seen = set()
-        for f in decision_files:
-            ids = pq.read_table(f, columns=["doc_id"]).column("doc_id").to_pylist()
-            seen.update(d for d, h in zip(ids, doc_id_hash(ids) % np.uint64(shards)) if h == q)
-        total += len(seen)
-    return total
 
 
 def _cluster_rows(decision_files, cluster_ids: list[str]) -> pa.Table:

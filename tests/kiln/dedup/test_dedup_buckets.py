@@ -699,3 +699,25 @@ def test_automatic_partitions_follow_the_corpus_and_decide_the_same(tmp_path, mo
     assert stats[0]["partitions"] == -(-documents * bands_rows(NEAR)[0] // 40) > 8
     assert read_index_meta(tmp_path / "auto" / "out-0" / "index")["partitions"] == stats[0]["partitions"]
     assert_same(auto[0], fixed[0])
+
+
+# ------------------------------------------------------------------------------- conservation's distinct ids
+
+@pytest.mark.parametrize("engine", [SERIAL, ProcessPool(workers=3)], ids=["serial", "pool-3"])
+def test_distinct_doc_ids_read_each_decisions_file_once_whatever_the_refresh_size(tmp_path, monkeypatch, engine):
+    """dedup_index's conservation check counts distinct doc_ids over the decisions files: an id repeated within a
+    file or across files counts once, an empty file adds nothing (a b c | c d | e e f | - | g a: 7). With a budget
+    of 4 ids per task that is 5 hash ranges, and still one read of each file: one process reading every file once
+    per range of the hash did a refresh's reads times its size over 2M (quadratic)."""
+    ids = [["a", "b", "c"], ["c", "d"], ["e", "e", "f"], [], ["g", "a"]]
+    files = []
+    for k, part in enumerate(ids):
+        files.append(tmp_path / f"decisions-{k:05d}.parquet")
+        pq.write_table(pa.table({"doc_id": pa.array(part, pa.string()), "status": [KEPT] * len(part)}), files[-1])
+    reads = []
+    real = pq.read_table
+    monkeypatch.setattr(buckets.pq, "read_table", lambda path, *a, **k: reads.append(Path(path)) or real(path, *a, **k))
+    assert buckets.distinct_doc_ids(files, tmp_path / "work", engine, ids_per_task=4) == 7
+    assert not (tmp_path / "work").exists()  # its shuffle removed
+    if engine is SERIAL:  # (the pool's workers read them in their own processes)
+        assert sorted(reads) == files
