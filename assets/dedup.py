@@ -127,7 +127,8 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
         if lines.enabled:
             boilerplate = boilerplate_hashes([m.read_table("lines") for m in signature_sets.values()], lines)
             writer.write("lines", lines_table({h: 0 for h in boilerplate}))
-        sampled, violations = survivor_violations(signature_files, decision_files, near.threshold, near.check_sample)
+        sampled, violations = survivor_violations(signature_files, decision_files, near.threshold, near.check_sample,
+                                                  writer.scratch("survivor_check"), runner)
         stats["index"] = {"documents": index_documents([path for _, path in earlier]) + stats["kept"],
                           "refreshes": [r for r, _ in earlier] + [refresh]}
         manifest = writer.commit(

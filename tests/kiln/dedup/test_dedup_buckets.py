@@ -679,11 +679,60 @@ def test_the_part_by_part_survivor_check_finds_what_the_whole_batch_check_finds(
     parts, sources = write_parts(tmp_path / "sig", [("s", 1, table)], 5)
     keep_all(parts, sources, NEAR, "r0", tmp_path / "out")  # every document survives: the copies are violations
     files = sorted((tmp_path / "out" / "decisions").glob("*.parquet"))
-    got = survivor_violations(parts, files, NEAR.threshold, sample)
+    got = survivor_violations(parts, files, NEAR.threshold, sample, tmp_path / "check")
     want = whole_batch(Batch.from_tables([(1, table)]), read_decisions(tmp_path / "out"), NEAR.threshold, sample)
     assert got[0] == want[0] and sorted(got[1]) == sorted(want[1])
     if sample == 100:
         assert len(want[1]) == 12  # each planted pair, both ways
+
+
+class _MarksTasks(ProcessPool):
+    """SERIAL that says whether a task is running (what a pool or Ray would run in a worker)."""
+
+    def __init__(self):
+        super().__init__(workers=1)
+        self.in_task = False
+
+    def map_parts(self, fn, tasks, **kwargs):
+        def marked(task):
+            self.in_task = True
+            try:
+                return fn(task)
+            finally:
+                self.in_task = False
+        return super().map_parts(marked, tasks, **kwargs)
+
+
+def test_the_survivor_check_scans_the_parts_on_the_engine_not_in_the_asset_s_process(tmp_path, monkeypatch):
+    """The caller's process reads only the signature parts holding a sampled survivor; every part's scan (signatures,
+    and shingle sets) is an engine task. It read every part of the refresh itself, shingles included. The same
+    sample and violations as the whole-Batch check."""
+    from kiln.dedup.buckets import keep_all, survivor_violations
+    from tests.old_near_dedup import survivor_violations as whole_batch
+
+    rng = np.random.default_rng(3)
+    vocab = vocabulary(rng, 2_000)
+    bases = [list(rng.choice(vocab, 60)) for _ in range(12)]
+    texts = [" ".join(b) for b in bases] + [" ".join(edited(b, 1, rng, vocab)) for b in bases[:6]]
+    table = signature_table("s", texts)
+    parts, sources = write_parts(tmp_path / "sig", [("s", 1, table)], 3)  # 6 parts
+    keep_all(parts, sources, NEAR, "r0", tmp_path / "out")
+    files = sorted((tmp_path / "out" / "decisions").glob("*.parquet"))
+    engine, in_caller, in_tasks = _MarksTasks(), [], []
+    real = pq.read_table
+
+    def read(path, *args, **kwargs):
+        if Path(path) in parts:
+            (in_tasks if engine.in_task else in_caller).append(Path(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(buckets.pq, "read_table", read)
+    got = survivor_violations(parts, files, NEAR.threshold, 2, tmp_path / "check", engine)
+    monkeypatch.setattr(buckets.pq, "read_table", real)
+    want = whole_batch(Batch.from_tables([(1, table)]), read_decisions(tmp_path / "out"), NEAR.threshold, 2)
+    assert got[0] == want[0] == 2 and sorted(got[1]) == sorted(want[1])
+    assert len(set(in_caller)) <= 2 < len(parts) and set(in_tasks) == set(parts)
+    assert not (tmp_path / "check").exists()
 
 
 def test_automatic_partitions_follow_the_corpus_and_decide_the_same(tmp_path, monkeypatch):
