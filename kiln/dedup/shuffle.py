@@ -193,9 +193,10 @@ def read_partition(root: Path, q: int, schema: pa.Schema, columns: list[str] | N
 
 
 def read_file(path: Path, schema: pa.Schema) -> pa.Table:
-    """Every partition of one shuffle file, in partition order."""
-    schema, segments = _segments(path)
-    tables = [_decode(schema, segment) for segment in segments if segment]
+    """Every partition of one shuffle file, in partition order (`schema`'s empty table when it has no rows: a task's
+    file of empty segments, `keep_empty`, names no schema of its own)."""
+    written, segments = _segments(path)
+    tables = [_decode(written, segment) for segment in segments if segment]
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 

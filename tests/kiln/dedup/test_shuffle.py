@@ -123,3 +123,13 @@ def test_a_dictionary_encoded_column_is_refused_with_the_fix(tmp_path):
     with pytest.raises(TypeError, match=r"dictionary-encoded columns \['s'\]; decode them first"):
         write_partitioned(tmp_path, "w", t, np.array([0, 1, 0]), 2)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_file_of_empty_segments_reads_as_no_rows(tmp_path):
+    """A task's file written with `keep_empty` and no rows (exact dedup's mark that the task ran) is read as no rows,
+    beside another writer's rows: its reader used the schema the file does not carry (None) and failed."""
+    write_partitioned(tmp_path / "only", "a", SCHEMA.empty_table(), np.empty(0, np.int64), 3, keep_empty=True)
+    assert read_shuffle(tmp_path / "only", SCHEMA).num_rows == 0
+    write_partitioned(tmp_path / "both", "a", SCHEMA.empty_table(), np.empty(0, np.int64), 3, keep_empty=True)
+    write_partitioned(tmp_path / "both", "b", table_of([(1, "x", [1]), (2, "y", [])]), np.array([0, 2]), 3)
+    assert read_shuffle(tmp_path / "both", SCHEMA).column("x").to_pylist() == [1, 2]
