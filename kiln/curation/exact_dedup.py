@@ -5,8 +5,8 @@ The copy kept is the one from the best quality tier (earlier refreshes are tier 
 shards), then the source listed first, then the earliest document (part, then row) in that source. No process
 holds the corpus's hashes; three rounds of part-sized tasks on the engine:
 
-1. scatter: each input part's (doc_id, content_hash) rows go to hash buckets (one shuffle file per part, under
-   `scratch/scatter`);
+1. scatter: each input part's first row of each content_hash goes to its hash bucket (one shuffle file per part,
+   under `scratch/scatter`; the part's later rows of a hash follow its first, `duplicates_in`);
 2. decide: each bucket, sorted by (hash, tier, source, part, row), names the duplicates and the copy kept, shuffled
    back by input part (one file per bucket, under `scratch/decided`);
 3. apply: each part of the partition being curated splits into kept documents and rejected duplicates.
@@ -108,16 +108,29 @@ def _bucket_of(hashes: pa.ChunkedArray, buckets: int) -> np.ndarray:  # hex dige
     return np.array([int(h[:8], 16) % buckets for h in hashes.to_pylist()], np.int64)
 
 
+def _first_rows(keys: list) -> list[int]:
+    """The row of each distinct key's first occurrence, in row order."""
+    first: dict = {}
+    for row, key in enumerate(keys):
+        first.setdefault(key, row)
+    return list(first.values())
+
+
 def _scatter(task: _Scatter) -> int:
-    """Round 1: this part's (doc_id, key, tier, source, part, row) rows, to their hash buckets: one shuffle file."""
+    """Round 1: the (doc_id, key, tier, source, part, row) row of each key's first occurrence in this part, to their
+    hash buckets: one shuffle file. A part's later rows of a key are never the copy kept (its first row comes before
+    them in every order), so they stay out of the shuffle: `duplicates_in` adds them from the part itself. A key
+    repeated in millions of documents then sends a row per part holding it to its bucket, not one per copy."""
     name = _part_key(task.source, task.part)
     if is_whole(Path(task.scratch) / SCATTER / f"{name}{SHUFFLE}"):
         return -1  # an earlier attempt finished it
     table = pq.read_table(task.path, columns=list(dict.fromkeys(["doc_id", task.key])))
+    rows = _first_rows(table.column(task.key).to_pylist())
+    table = table.take(pa.array(rows, pa.int64()))
     n = table.num_rows
     table = table.append_column("tier", pa.array([task.tier] * n, pa.int32())).append_column(
         "source", pa.array([task.source] * n, pa.int32())).append_column(
-        "part", pa.array([task.part] * n, pa.int32())).append_column("row", pa.array(range(n), pa.int64()))
+        "part", pa.array([task.part] * n, pa.int32())).append_column("row", pa.array(rows, pa.int64()))
     write_partitioned(Path(task.scratch) / SCATTER, name, table, _bucket_of(table.column(task.key), task.buckets),
                       task.buckets, keep_empty=True)
     return n
@@ -197,9 +210,11 @@ def find_duplicates(sources: list[HashSource], scratch: Path, engine: Engine, ke
     return where
 
 
-def duplicates_in(where: DuplicateRows | None) -> dict[int, str]:
-    """A part's duplicate rows (from `find_duplicates`; None: no dedup, none): row -> doc_id of the copy kept. One
-    segment of each decide task's file."""
+def duplicates_in(where: DuplicateRows | None, keys: list, doc_ids: list[str]) -> dict[int, str]:
+    """A part's duplicate rows (from `find_duplicates`; None: no dedup, none): row -> doc_id of the copy kept, given
+    the part's `keys` and `doc_ids` (row order). One segment of each decide task's file names the part's first rows
+    of a key that repeat an earlier copy; a later row of a key in the part repeats the same copy as its first row
+    (which is that copy when the segment does not name it)."""
     if where is None:
         return {}
     found = len(shuffle_files(Path(where.folder)))
@@ -209,6 +224,11 @@ def duplicates_in(where: DuplicateRows | None) -> dict[int, str]:
     duplicates: dict[int, str] = {}
     for _, found in read_segments(Path(where.folder), where.partition):
         duplicates.update(zip(found.column("row").to_pylist(), found.column("duplicate_of").to_pylist()))
+    first: dict = {}
+    for row, key in enumerate(keys):
+        head = first.setdefault(key, row)
+        if head != row:
+            duplicates[row] = duplicates.get(head, doc_ids[head])
     return duplicates
 
 
@@ -218,7 +238,8 @@ def _apply(task: _Apply) -> StageStats:
 
 def _apply_part(task: _Apply) -> StageStats:
     table = pq.read_table(task.input_path)
-    duplicates = duplicates_in(task.duplicates)
+    duplicates = duplicates_in(task.duplicates, table.column("content_hash").to_pylist(),
+                               table.column("doc_id").to_pylist()) if task.duplicates else {}
     stats = StageStats()
     step = stats.step(DEDUP_STAGE)
     is_dup = pa.array([row in duplicates for row in range(table.num_rows)], type=pa.bool_())

@@ -124,7 +124,8 @@ def _keep_first_ids(task: _FirstIdTask) -> StageStats:
 def _first_ids(task: _FirstIdTask) -> StageStats:
     """A read part without the rows whose doc id an earlier row (in file order) already has: those go to quarantine."""
     table = pq.read_table(task.input_path)
-    repeated = duplicates_in(task.duplicates)
+    ids = table.column("doc_id").to_pylist()
+    repeated = duplicates_in(task.duplicates, ids, ids)
     is_repeat = pa.array([row in repeated for row in range(table.num_rows)], pa.bool_())
     kept = table.filter(pc.invert(is_repeat))
     if kept.num_rows:  # a part of nothing but repeats leaves no empty part behind

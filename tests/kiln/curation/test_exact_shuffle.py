@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kiln.curation import exact_dedup as ed
-from kiln.dedup.shuffle import SHUFFLE, is_whole
+from kiln.dedup.shuffle import SHUFFLE, is_whole, read_shuffle
 from kiln.engine import SERIAL, ProcessPool
 
 PARTS, ROWS, BUCKETS = 6, 40, 8
@@ -56,8 +56,10 @@ def _expected(sources) -> list[dict[int, str]]:
     return [d for per_source in out for d in per_source]
 
 
-def _decisions(where) -> list[dict[int, str]]:
-    return [ed.duplicates_in(w) for per_source in where for w in per_source]
+def _decisions(where, sources) -> list[dict[int, str]]:
+    parts = [pq.read_table(path) for s in sources for path in s.parts]
+    return [ed.duplicates_in(w, t.column("content_hash").to_pylist(), t.column("doc_id").to_pylist())
+            for w, t in zip([w for per_source in where for w in per_source], parts)]
 
 
 def _files(scratch: Path) -> list[Path]:
@@ -69,7 +71,7 @@ def _files(scratch: Path) -> list[Path]:
 def test_one_shuffle_file_per_task_per_round_and_decisions_of_a_plain_walk(sources, tmp_path, monkeypatch, engine):
     monkeypatch.setattr(ed, "ROWS_PER_BUCKET", PARTS * ROWS // BUCKETS)  # 8 buckets
     where = ed.find_duplicates(sources, tmp_path / "scratch", engine, progress=False)
-    decisions = _decisions(where)
+    decisions = _decisions(where, sources)
     assert decisions == _expected(sources)
     assert sum(map(len, decisions)) > 50  # the case has many duplicates, across parts and sources
     files = _files(tmp_path / "scratch")
@@ -78,7 +80,7 @@ def test_one_shuffle_file_per_task_per_round_and_decisions_of_a_plain_walk(sourc
     assert sorted(p.parent.name for p in files) == ["decided"] * BUCKETS + ["scatter"] * PARTS
     # A second call finds every decide file whole: it rewrites nothing.
     stamps = {p: p.stat().st_mtime_ns for p in files}
-    assert _decisions(ed.find_duplicates(sources, tmp_path / "scratch", engine, progress=False)) == decisions
+    assert _decisions(ed.find_duplicates(sources, tmp_path / "scratch", engine, progress=False), sources) == decisions
     assert {p: p.stat().st_mtime_ns for p in _files(tmp_path / "scratch")} == stamps
 
 
@@ -129,7 +131,7 @@ def test_a_sigkilled_writer_leaves_nothing_a_reader_reads_and_the_retry_decides_
         ed._decide(ed._Decide(0, str(scratch), "content_hash", (0, 3, 6), PARTS))
     # The run resumed: the killed task is redone, whole, and the decisions are those of an uninterrupted run.
     where = ed.find_duplicates(sources, scratch, SERIAL, progress=False)
-    assert _decisions(where) == _expected(sources)
+    assert _decisions(where, sources) == _expected(sources)
     assert len(_files(scratch)) == PARTS + BUCKETS
     # The same files, byte for byte, as a run nobody interrupted.
     ed.find_duplicates(sources, tmp_path / "uninterrupted", SERIAL, progress=False)
@@ -164,3 +166,25 @@ def test_the_stale_shuffles_of_a_refresh_are_its_own_not_a_longer_keys(tmp_path)
         path.mkdir()
     (tmp_path / f"{names[0]}.lock").write_text("")
     assert stale_shuffles(current) == [tmp_path / names[0]]
+
+
+def test_a_text_repeated_in_every_part_sends_one_row_per_part_to_its_bucket(tmp_path):
+    """A page copied thousands of times (a template, an error page) is one hash: its bucket's decide task held every
+    copy, however many buckets the corpus had. Only each part's first row of a hash is shuffled (6 rows here, of
+    60); a part's later copies repeat what its first row repeats, and the decisions are the plain walk's."""
+    texts = [["x"] * 18 + ["a", "b"], ["x"] * 20, ["b"] * 5 + ["c"] * 15]
+    paths = []
+    for p, part in enumerate(texts):
+        paths.append(str(tmp_path / f"p{p}.parquet"))
+        pq.write_table(pa.table({"doc_id": [f"d{p}-{r}" for r in range(len(part))],
+                                 "content_hash": [_digest(ord(t)) for t in part]}), paths[-1])
+    sources = [ed.HashSource("a", 2, tuple(paths[:1])), ed.HashSource("b", 1, tuple(paths[1:]))]
+    where = ed.find_duplicates(sources, tmp_path / "scratch", SERIAL, progress=False)
+    schema = pa.schema([("doc_id", pa.string()), ("content_hash", pa.string()), ("tier", pa.int32()),
+                        ("source", pa.int32()), ("part", pa.int32()), ("row", pa.int64())])
+    assert read_shuffle(tmp_path / "scratch" / ed.SCATTER, schema).num_rows == 3 + 1 + 2
+    decisions = _decisions(where, sources)
+    assert decisions == _expected(sources)
+    # source b (tier 1) wins: part 1's first x is kept, every other x is its copy; b's first copy is part 2's row 0
+    assert decisions[0][0] == "d1-0" and decisions[1][19] == "d1-0" and 0 not in decisions[1]
+    assert decisions[0][19] == "d2-0" and decisions[2][4] == "d2-0" and sum(map(len, decisions)) == 60 - 4
