@@ -116,7 +116,7 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
             stats = decide_distributed(signature_files, sources, [path for _, path in earlier], work, writer.dir, near,
                                        refresh, engine=runner, partitions=near.partitions, max_bucket=near.max_bucket)
         else:  # every document kept, and indexed: a later refresh with near-dedup on must find its copies of them
-            stats = keep_all(signature_files, sources, near, refresh, writer.dir)
+            stats = keep_all(signature_files, sources, near, refresh, writer.dir, runner)
         shutil.rmtree(work)  # the shuffle files, as soon as the decisions are written
         decision_files = part_files(writer.dir / "decisions")  # pairs with signature_files, part by part
         decided = sum(pq.ParquetFile(f).metadata.num_rows for f in decision_files)

@@ -260,11 +260,46 @@ def index_commit(store: Store, refresh: str,
 
 # ------------------------------------------------------------------------------- index folders, other writers
 
+def index_part(index_dir: Path, k: int, docs: pa.Table, signatures: np.ndarray, start: int, bands: int,
+               rows: int) -> tuple[pa.Table, pa.Table]:
+    """Docs file k of an index folder from accepted documents given directly (a DOCS_SCHEMA table without `ref`, refs
+    from `start`, and their signatures); returns their band-key rows (BUCKET_SCHEMA) and id rows (IDS_SCHEMA), for
+    the folder's partition files (`write_index_partition`)."""
+    refs = start + np.arange(docs.num_rows, dtype=np.int64)
+    write_parquet_atomic(index_file(index_dir, "docs", k), pa.table(
+        {"ref": refs, **{c: docs.column(c) for c in DOCS_SCHEMA.names[1:]}}, schema=DOCS_SCHEMA),
+        hash_columns=HASH_COLUMNS, row_group_size=DOCS_ROW_GROUP_ROWS)
+    if not docs.num_rows:
+        return _empty(BUCKET_SCHEMA), _empty(IDS_SCHEMA)
+    signatures = np.asarray(signatures, np.uint32)
+    with_keys = keyed(signatures)
+    kb = band_keys(signatures[with_keys], bands, rows).ravel()
+    keys = pa.table({"band": np.tile(np.arange(bands, dtype=np.int32), int(with_keys.sum())), "key": kb,
+                     "ref": np.repeat(refs[with_keys], bands)}, schema=BUCKET_SCHEMA)
+    doc_ids = docs.column("doc_id").to_pylist()
+    return keys, pa.table({"h": doc_id_hash(doc_ids), "doc_id": doc_ids, "ref": refs}, schema=IDS_SCHEMA)
+
+
+def write_index_partition(index_dir: Path, p: int, keys: pa.Table, ids: pa.Table) -> None:
+    """Partition p's buckets and ids files of an index folder from its band-key and id rows (in part order)."""
+    write_parquet_atomic(index_file(index_dir, "buckets", p), keys.sort_by(
+        [("band", "ascending"), ("key", "ascending"), ("ref", "ascending")]), hash_columns=BUCKET_HASH_COLUMNS)
+    write_parquet_atomic(index_file(index_dir, "ids", p), ids.sort_by("doc_id"), hash_columns=IDS_HASH_COLUMNS)
+
+
+def write_index_meta(index_dir: Path, near: NearDedup, batch_name: str, partitions: int, starts: list[int]) -> None:
+    """An index folder's `_index.json`, written last: what names the folder complete."""
+    write_json_atomic(Path(index_dir) / "_index.json", json.dumps({
+        "format": INDEX_FORMAT, "params": index_params(near), "partitions": partitions, "batch": batch_name,
+        "doc_parts": starts, "documents": starts[-1]}, indent=2))
+
+
 def write_index(index_dir: Path, near: NearDedup, batch_name: str,
                 doc_parts: Iterable[tuple[pa.Table, np.ndarray]], partitions: int = 8) -> int:
     """An index folder (as `decide_distributed` persists one) from accepted documents given directly: per docs part
-    (a DOCS_SCHEMA table without `ref`, their signatures). For `migrate` and for a refresh decided with near-dedup off;
-    holds one refresh's band keys (about bands x 20 bytes per document), never its shingles. Returns documents."""
+    (a DOCS_SCHEMA table without `ref`, their signatures), in this process. For `migrate`, whose documents come from
+    an old index; holds one refresh's band keys (about bands x 20 bytes per document), never its shingles (a
+    refresh decided with near-dedup off is indexed on the engine: `buckets.keep_all`). Returns documents."""
     index_dir = Path(index_dir)
     shutil.rmtree(index_dir, ignore_errors=True)
     for sub in ("docs", "buckets", "ids"):
@@ -272,31 +307,19 @@ def write_index(index_dir: Path, near: NearDedup, batch_name: str,
     bands, rows = bands_rows(near)
     starts, keys, ids = [0], [], []
     for k, (docs, signatures) in enumerate(doc_parts):
-        refs = starts[-1] + np.arange(docs.num_rows, dtype=np.int64)
-        write_parquet_atomic(index_file(index_dir, "docs", k), pa.table(
-            {"ref": refs, **{c: docs.column(c) for c in DOCS_SCHEMA.names[1:]}}, schema=DOCS_SCHEMA),
-            hash_columns=HASH_COLUMNS, row_group_size=DOCS_ROW_GROUP_ROWS)
+        part_keys, part_ids = index_part(index_dir, k, docs, signatures, starts[-1], bands, rows)
         starts.append(starts[-1] + docs.num_rows)
         if docs.num_rows:
-            signatures = np.asarray(signatures, np.uint32)
-            with_keys = keyed(signatures)
-            kb = band_keys(signatures[with_keys], bands, rows).ravel()
-            keys.append(pa.table({"band": np.tile(np.arange(bands, dtype=np.int32), int(with_keys.sum())), "key": kb,
-                                  "ref": np.repeat(refs[with_keys], bands)}, schema=BUCKET_SCHEMA))
-            doc_ids = docs.column("doc_id").to_pylist()
-            ids.append(pa.table({"h": doc_id_hash(doc_ids), "doc_id": doc_ids, "ref": refs}, schema=IDS_SCHEMA))
+            keys.append(part_keys)
+            ids.append(part_ids)
     all_keys = pa.concat_tables(keys) if keys else _empty(BUCKET_SCHEMA)
     all_ids = pa.concat_tables(ids) if ids else _empty(IDS_SCHEMA)
     key_part = partition_of(all_keys.column("key").to_numpy(), partitions)
     id_part = partition_of(all_ids.column("h").to_numpy(), partitions)
     for p in range(partitions):
-        write_parquet_atomic(index_file(index_dir, "buckets", p), all_keys.filter(pa.array(key_part == p)).sort_by(
-            [("band", "ascending"), ("key", "ascending"), ("ref", "ascending")]), hash_columns=BUCKET_HASH_COLUMNS)
-        write_parquet_atomic(index_file(index_dir, "ids", p), all_ids.filter(pa.array(id_part == p)).sort_by("doc_id"),
-                             hash_columns=IDS_HASH_COLUMNS)
-    write_json_atomic(index_dir / "_index.json", json.dumps({
-        "format": INDEX_FORMAT, "params": index_params(near), "partitions": partitions, "batch": batch_name,
-        "doc_parts": starts, "documents": starts[-1]}, indent=2))
+        write_index_partition(index_dir, p, all_keys.filter(pa.array(key_part == p)),
+                              all_ids.filter(pa.array(id_part == p)))
+    write_index_meta(index_dir, near, batch_name, partitions, starts)
     return starts[-1]
 
 

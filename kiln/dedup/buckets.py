@@ -57,12 +57,16 @@ from kiln.common.config import NearDedup
 from kiln.common.manifest import write_json_atomic
 from kiln.common.storage import flush_to_disk, part_files, part_name, row_group_stats, write_parquet_atomic
 from kiln.dedup.bucket_index import (
+    BUCKET_SCHEMA,
+    IDS_SCHEMA,
     INDEX_FORMAT,
     check_index_params,
     doc_id_hash,
     index_params,
+    index_part,
     read_index_meta,
-    write_index,
+    write_index_meta,
+    write_index_partition,
 )
 from kiln.dedup.bucket_layout import Earlier, Layout, LayoutFile, _Task
 from kiln.dedup.bucket_rounds import (
@@ -349,38 +353,87 @@ def distinct_doc_ids(decision_files: Sequence[Path], work_dir: Path, engine: Eng
         shutil.rmtree(work_dir, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class _KeepTask:
+    out: str
+    work: str
+    i: int  # the signature part (keep) or the partition (index)
+    partitions: int
+    path: str = ""
+    start: int = 0  # the part's first ref
+    tiers: tuple[tuple[str, int], ...] = ()  # source -> quality tier
+    batch: str = ""
+    bands: int = 0
+    rows: int = 0
+
+
+def _keep_part(task: _KeepTask) -> dict[str, int]:
+    """One signature part with near-dedup off: its decisions file (every document kept), its docs file in the index,
+    its band keys and ids shuffled by partition. Returns its documents per source."""
+    t = pq.read_table(task.path)
+    n = t.num_rows
+    names = t.column("source").to_pylist()
+    out = Path(task.out)
+    write_parquet_atomic(out / "decisions" / part_name("decisions", task.i), pa.table({
+        "doc_id": t.column("doc_id"), "source": t.column("source"), "status": [KEPT] * n,
+        "cluster_id": pa.nulls(n, pa.string()), "duplicate_of": pa.nulls(n, pa.string()),
+        "duplicate_of_source": pa.nulls(n, pa.string()), "jaccard": pa.nulls(n, pa.float64()),
+        "candidates": np.zeros(n, np.int32)}, schema=DECISION_SCHEMA))
+    tiers = dict(task.tiers)
+    docs = pa.table({"doc_id": t.column("doc_id"), "source": t.column("source"),
+                     "quality_tier": pa.array([tiers[s] for s in names], pa.int32()),
+                     "chars": t.column("chars"), "batch": pa.array([task.batch] * n, pa.string()),
+                     "shingles": packed_shingles(t.column("shingles"))})
+    keys, ids = index_part(out / "index", task.i, docs, _signatures(t), task.start, task.bands, task.rows)
+    work = Path(task.work)
+    write_partitioned(work / "keys", f"{task.i:06d}", keys, partition_of(keys.column("key").to_numpy(),
+                                                                         task.partitions), task.partitions)
+    write_partitioned(work / "ids", f"{task.i:06d}", ids, partition_of(ids.column("h").to_numpy(), task.partitions),
+                      task.partitions)
+    return dict(Counter(names))
+
+
+def _keep_partition(task: _KeepTask) -> None:
+    work = Path(task.work)
+    write_index_partition(Path(task.out) / "index", task.i, read_partition(work / "keys", task.i, BUCKET_SCHEMA),
+                          read_partition(work / "ids", task.i, IDS_SCHEMA))
+
+
 def keep_all(signature_parts: Sequence[Path], sources: Mapping[str, tuple[int, int]], near: NearDedup,
-             batch_name: str, out_dir: Path) -> dict[str, Any]:
+             batch_name: str, out_dir: Path, engine: Engine = SERIAL, progress: bool = False) -> dict[str, Any]:
     """Decisions with near-dedup off: every document kept (`near_dedup(enabled=False)`'s table), part by part; and
     this refresh's index folder out_dir/index holding all of them, as `decide_distributed` persists its kept ones:
     they go into training all the same, so a later refresh deciding with near-dedup on must find its copies of them.
-    `sources`: as for `decide_distributed`."""
+    `sources`: as for `decide_distributed`. Two rounds on `engine`: a task per signature part (its decisions and docs
+    files; its band keys and ids shuffled by partition, under out_dir/.keep-work, removed afterwards), then a task
+    per partition (its buckets and ids files); the caller's process reads the parts' row counts only (it held every
+    band key of the refresh, ~0.7 KB per document, before)."""
     out_dir = Path(out_dir)
-    shutil.rmtree(out_dir / "decisions", ignore_errors=True)
-    (out_dir / "decisions").mkdir(parents=True)
-    per_source: Counter = Counter()
-
-    def kept_parts():  # writes each part's decisions on the way
-        for k, path in enumerate(signature_parts):
-            t = pq.read_table(path)
-            n = t.num_rows
-            names = t.column("source").to_pylist()
-            per_source.update(names)
-            write_parquet_atomic(out_dir / "decisions" / part_name("decisions", k), pa.table({
-                "doc_id": t.column("doc_id"), "source": t.column("source"), "status": [KEPT] * n,
-                "cluster_id": pa.nulls(n, pa.string()), "duplicate_of": pa.nulls(n, pa.string()),
-                "duplicate_of_source": pa.nulls(n, pa.string()), "jaccard": pa.nulls(n, pa.float64()),
-                "candidates": np.zeros(n, np.int32)}, schema=DECISION_SCHEMA))
-            docs = pa.table({"doc_id": t.column("doc_id"), "source": t.column("source"),
-                             "quality_tier": pa.array([sources[s][0] for s in names], pa.int32()),
-                             "chars": t.column("chars"), "batch": pa.array([batch_name] * n, pa.string()),
-                             "shingles": packed_shingles(t.column("shingles"))})
-            yield docs, _signatures(t)
-
-    documents = sum(pq.ParquetFile(p).metadata.num_rows for p in signature_parts)
+    for sub in ("decisions", "index", ".keep-work"):
+        shutil.rmtree(out_dir / sub, ignore_errors=True)
+    for sub in ("decisions", "index/docs", "index/buckets", "index/ids"):
+        (out_dir / sub).mkdir(parents=True)
+    counts = [pq.ParquetFile(p).metadata.num_rows for p in signature_parts]
+    starts = [0, *np.cumsum(counts, dtype=np.int64).tolist()]
+    documents = starts[-1]
     partitions = near.partitions or auto_partitions(documents, bands_rows(near)[0])
-    kept = write_index(out_dir / "index", near, batch_name, kept_parts(), partitions)
-    return {"documents": documents, "kept": kept,
+    bands, rows = bands_rows(near)
+    work = out_dir / ".keep-work"
+    tiers = tuple(sorted((s, tier) for s, (tier, _) in sources.items()))
+    try:
+        per_part = engine.map_parts(
+            _keep_part, [_KeepTask(str(out_dir), str(work), k, partitions, str(p), starts[k], tiers, batch_name, bands,
+                                   rows) for k, p in enumerate(signature_parts)],
+            desc="near-dup off: index", progress=progress, size=lambda t: os.path.getsize(t.path))
+        engine.map_parts(_keep_partition, [_KeepTask(str(out_dir), str(work), p, partitions)
+                                           for p in range(partitions)], desc="near-dup off: buckets", progress=progress)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    write_index_meta(out_dir / "index", near, batch_name, partitions, starts)
+    per_source: Counter = Counter()
+    for c in per_part:
+        per_source.update(c)
+    return {"documents": documents, "kept": documents,
             "per_source": {s: {KEPT: c, "duplicate_rate": 0.0} for s, c in per_source.items()},
             "cross_source": {}, "cluster_sizes": {}, "clusters": 0, "example_clusters": [],
             "matched_earlier_refreshes": 0}

@@ -276,6 +276,30 @@ def test_a_refresh_decided_with_near_dedup_off_is_indexed_all_the_same(tmp_path)
     assert got.column("status").to_pylist()[:8] == [NEAR_DUPLICATE] * 8  # each copy, of r0's document
 
 
+def test_a_refresh_with_near_dedup_off_is_indexed_on_the_engine_the_same_bytes(tmp_path, monkeypatch):
+    """keep_all reads the signature parts in engine tasks only (the caller's process held every band key and id of
+    the refresh, ~0.7 KB a document, reading every part itself), and a pool of 3 writes the decisions and the index
+    byte for byte as this process does."""
+    from kiln.dedup.buckets import keep_all
+
+    texts = family_texts(5, 12)
+    parts, sources = write_parts(tmp_path / "sig", [("web", 2, signature_table("web", texts["web"]))], 4)
+    off = NEAR.model_copy(update={"enabled": False, "partitions": 3})
+    engine, in_caller = _MarksTasks(), []
+    real = pq.read_table
+    monkeypatch.setattr(buckets.pq, "read_table", lambda path, *a, **k: (
+        in_caller.append(path) if Path(path) in parts and not engine.in_task else None) or real(path, *a, **k))
+    serial = keep_all(parts, sources, off, "r0", tmp_path / "serial", engine)
+    monkeypatch.setattr(buckets.pq, "read_table", real)
+    assert in_caller == [] and len(parts) > 3
+    pool = keep_all(parts, sources, off, "r0", tmp_path / "pool", ProcessPool(workers=3))
+    assert pool == serial and serial["kept"] == sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
+    files = sorted(f.relative_to(tmp_path / "serial") for f in (tmp_path / "serial").rglob("*") if f.is_file())
+    assert files == sorted(f.relative_to(tmp_path / "pool") for f in (tmp_path / "pool").rglob("*") if f.is_file())
+    assert len([f for f in files if f.parts[:2] == ("index", "buckets")]) == 3
+    assert all((tmp_path / "serial" / f).read_bytes() == (tmp_path / "pool" / f).read_bytes() for f in files)
+
+
 def test_decisions_past_the_five_digit_padding_are_read_in_part_order(tmp_path):
     """part_name pads to 5 digits: from part 100,000 on, the decisions files' names do not sort as text in part order
     (decisions-100000 < decisions-99999), and read as text they would no longer pair with the signature parts. Three
