@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import re
+import types
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Union
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -101,11 +104,37 @@ def parse_config(raw: dict[str, Any], origin: str = "<config>") -> ProjectConfig
     try:
         return ProjectConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{origin}: invalid config\n" + "\n".join(_describe(e) for e in exc.errors())) from None
+        raise ConfigError(f"{origin}: invalid config\n" + "\n".join(_describe_all(exc.errors()))) from None
+
+
+def _describe_all(errors: list[dict[str, Any]]) -> list[str]:
+    """One line per bad key. A key of several types (`enabled: true | auto`) gets one line saying each type it may
+    take: pydantic reports each type it tried as an error of its own, its name in the path (`enabled.bool`)."""
+    lines: list[str] = []
+    merged: dict[str, int] = {}  # a union's key -> its line
+    for error in errors:
+        key, _, in_union = _locate(error["loc"])
+        if in_union and key in merged:
+            first = lines[merged[key]]
+            lines[merged[key]] = f"{first} or {_union_msg(error).removeprefix('Input should be ')}"
+            continue
+        if in_union:
+            merged[key] = len(lines)
+            given = error.get("input")
+            lines.append(f"  {key}{'' if isinstance(given, dict) else f' = {given!r}'}: {_union_msg(error)}")
+            continue
+        lines.append(_describe(error))
+    return lines
+
+
+def _union_msg(error: dict[str, Any]) -> str:
+    """What one of a union's types says, without pydantic's how (", unable to parse string as an integer")."""
+    return error["msg"].removeprefix("Value error, ").split(", unable to ")[0]
 
 
 def _describe(error: dict[str, Any]) -> str:
-    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]).lstrip(".") or "(top level)"
+    key, _, _ = _locate(error["loc"])
+    key = key or "(top level)"
     msg = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden" and tuple(error["loc"]) in MOVED_KEYS:
         return f"  {key}: moved to {MOVED_KEYS[tuple(error['loc'])]} (one setting for every stage); move it there"
@@ -116,21 +145,67 @@ def _describe(error: dict[str, Any]) -> str:
         close = difflib.get_close_matches(str(error["loc"][-1]), parent_fields, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else (f"; allowed keys: {', '.join(parent_fields)}" if parent_fields else "")
         return f"  {key}: unknown key{hint}"
+    if error["loc"] and error["loc"][-1] == "[key]":  # a mapping whose keys are a fixed set: `special_tokens.bso`
+        allowed = re.findall(r"'([^']*)'", str((error.get("ctx") or {}).get("expected", "")))
+        close = difflib.get_close_matches(str(error.get("input")), allowed, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"  {key}: unknown key; {hint}(allowed keys: {msg.removeprefix('Input should be ')})"
     given = error.get("input")
     shown = "" if isinstance(given, dict) else f" = {given!r}"
     return f"  {key}{shown}: {msg}"
 
 
-def _fields_at(loc: tuple) -> list[str]:
-    """The allowed keys of the model found at `loc` (for 'did you mean' hints)."""
-    model: type[BaseModel] | None = ProjectConfig
+def _choices(annotation: Any) -> list[Any]:
+    """The types a value of this annotation may have: itself, or a union's members (Annotated and None aside)."""
+    while typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return [c for a in typing.get_args(annotation) if a is not type(None) for c in _choices(a)]
+    return [annotation]
+
+
+def _model_field(model: type[BaseModel], part: Any) -> tuple[str, Any] | None:
+    """The field `part` names in `model` (by its name or, as YAML writes it, its alias): (key as written, type)."""
+    for name, field in model.model_fields.items():
+        if part in (name, field.alias):
+            return field.alias or name, field.annotation
+    return None
+
+
+def _locate(loc: tuple) -> tuple[str, Any, bool]:
+    """Where a pydantic error is, as the config writes it: `sources[0].license`, a field by its YAML name (its alias),
+    without the type names pydantic adds for a key of several types (`training.compile.bool`) or after a mapping's
+    key (`[key]`); the type found there (None where not known); and whether the error is one of a union's types."""
+    key, annotation, in_union = "", ProjectConfig, False
     for part in loc:
-        if model is None or isinstance(part, int):
+        choices = _choices(annotation) if annotation is not None else [None]
+        if len(choices) > 1:  # `part` names the member pydantic tried, not a key
+            in_union = True
+            annotation = next((c for c in choices if getattr(c, "__name__", None) == part), None)
             continue
-        field = model.model_fields.get(part)
-        if field is None:
-            return []
-        ann = field.annotation
-        inner = getattr(ann, "__args__", (ann,))
-        model = next((a for a in inner if isinstance(a, type) and issubclass(a, BaseModel)), None)
-    return sorted(model.model_fields) if model else []
+        annotation = choices[0]
+        origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and (found := _model_field(annotation, part)):
+            written, annotation = found
+            key += f".{written}"
+        elif isinstance(part, int):
+            key += f"[{part}]"
+            annotation = (args[part] if origin is tuple and part < len(args) and Ellipsis not in args
+                          else args[0] if args else None)
+        elif part == "[key]":  # pydantic's mark after a mapping's key that is not one it takes
+            annotation = None
+        elif origin is dict:
+            key += f".{part}"
+            annotation = args[1] if len(args) == 2 else None
+        else:
+            key += f".{part}"
+            annotation = None
+    return key.lstrip("."), annotation, in_union
+
+
+def _fields_at(loc: tuple) -> list[str]:
+    """The allowed keys (as YAML writes them) of the model found at `loc` (for 'did you mean' hints)."""
+    _, found, _ = _locate(loc)
+    choices = _choices(found) if found is not None else []
+    model = next((c for c in choices if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    return sorted(f.alias or name for name, f in model.model_fields.items()) if model else []

@@ -63,6 +63,30 @@ def test_bad_config_names_key_value_and_what_is_allowed(mutate, expected):
         assert fragment in message, message
 
 
+# The key as the YAML writes it, once: pydantic names the type it tried in the path of a key of several types
+# (`enabled.bool`, `enabled.literal['auto']`, one error each), the mark `[key]` after a mapping's key, and a field by
+# its Python name (`from_`); and a mapping of sections (`quality.rules.<source>`) is no dead end for the hints.
+@pytest.mark.parametrize("change, line", [
+    ({"quality": {"classifier": {"enabled": "maybe"}}},
+     "  quality.classifier.enabled = 'maybe': Input should be a valid boolean or 'auto'"),
+    ({"training": {"micro_batch_size": "big"}},
+     "  training.micro_batch_size = 'big': Input should be a valid integer or 'auto'"),
+    ({"training": {"micro_batch_size": 0}},
+     "  training.micro_batch_size = 0: Input should be greater than 0 or 'auto'"),
+    ({"quality": {"rules": {"web": {"min_scroe": 0.5}}}}, "  quality.rules.web.min_scroe: unknown key; did you mean "
+                                                          "'min_score'?"),
+    ({"mixture": {"replay": {"share": 0.1, "fracton": 0.1}}}, "  mixture.replay.fracton: unknown key; allowed keys: "
+                                                              "from, share"),
+    ({"tokenizer": {"special_tokens": {"bso": "<s>"}}},
+     "  tokenizer.special_tokens.bso: unknown key; did you mean 'bos'? (allowed keys: 'bos', 'eos', 'pad', 'unk', "
+     "'fim_prefix', 'fim_suffix' or 'fim_middle')"),
+])
+def test_a_bad_key_is_one_line_naming_it_as_written(change, line):
+    with pytest.raises(ConfigError) as err:
+        parse_config(minimal() | change, origin="test.yaml")
+    assert str(err.value).splitlines() == ["test.yaml: invalid config", line]
+
+
 # YAML as users write it: `yes` and `true` are booleans, `.inf` and `.nan` floats. Pydantic's lax mode read a boolean
 # as 1 (one training step, one checkpoint kept, one worker) and let an infinite learning rate through.
 @pytest.mark.parametrize("yaml_lines, key", [
