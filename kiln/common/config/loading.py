@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import types
 import typing
@@ -65,8 +66,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeys) or {}  # noqa: S506 (a safe loader)
     except FileNotFoundError:
-        hint = f"(extended by {seen[-1]})" if seen else f"set KILN_CONFIG or create {DEFAULT_CONFIG}"
-        raise ConfigError(f"config file {str(path)!r} not found; {hint}") from None
+        raise ConfigError(f"config file {str(path)!r} not found; {_not_found_hint(path, seen)}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     except UnicodeDecodeError as exc:
@@ -84,6 +84,18 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if parent_path in seen or parent_path == path.resolve():
         raise ConfigError(f"{path}: extends {parent!r} makes a cycle ({' -> '.join(map(str, seen + (path,)))})")
     return merge_config(_read_yaml(parent_path, seen + (path.resolve(),)), raw)
+
+
+def _not_found_hint(path: Path, seen: tuple[Path, ...]) -> str:
+    """What to change for a config file that is not there: the file extending it, KILN_CONFIG, or the path given (a
+    command's --config: KILN_CONFIG and configs/default.yaml are not what it read)."""
+    if seen:
+        return f"(extended by {seen[-1]})"
+    if "KILN_CONFIG" in os.environ and path == Path(os.environ["KILN_CONFIG"]):
+        return f"KILN_CONFIG names it ({path.absolute()}); point KILN_CONFIG at the project's YAML file"
+    if path == Path(DEFAULT_CONFIG):
+        return f"set KILN_CONFIG or create {DEFAULT_CONFIG} (relative to the current folder, {Path.cwd()})"
+    return f"no file at {path.absolute()}; check the path given (--config)"
 
 
 def merge_config(base: dict[str, Any], override: dict[str, Any], _at: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -192,6 +192,26 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(tmp_path / "child.yaml")
 
 
+def test_a_missing_config_says_what_named_it(tmp_path, monkeypatch):
+    """`kiln audit ... --config mine.yml` (a typo) was told to set KILN_CONFIG or create configs/default.yaml, neither
+    of which it read."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KILN_CONFIG", raising=False)
+    with pytest.raises(ConfigError) as err:
+        load_config("mine.yml")
+    assert str(err.value) == (f"config file 'mine.yml' not found; no file at {tmp_path / 'mine.yml'}; check the path "
+                              f"given (--config)")
+    with pytest.raises(ConfigError) as err:
+        load_config()
+    assert str(err.value) == ("config file 'configs/default.yaml' not found; set KILN_CONFIG or create "
+                              f"configs/default.yaml (relative to the current folder, {tmp_path})")
+    monkeypatch.setenv("KILN_CONFIG", "gone.yaml")
+    with pytest.raises(ConfigError) as err:
+        load_config()
+    assert str(err.value) == (f"config file 'gone.yaml' not found; KILN_CONFIG names it ({tmp_path / 'gone.yaml'}); "
+                              "point KILN_CONFIG at the project's YAML file")
+
+
 def test_a_loaded_config_survives_a_json_round_trip():
     """Engine tasks and benches hand the config to other processes as JSON: it must read back identical."""
     config = load_config(Path(__file__).resolve().parents[3] / "configs" / "default.yaml")
