@@ -94,6 +94,8 @@ def _read_text(path: Path) -> str:
         raise ValueError(f"--text: {str(path)!r} is a directory; give a file holding the document's text") from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"--text: {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:  # no permission to read it, an I/O error
+        raise ValueError(f"--text: cannot read {str(path)!r} ({exc.strerror or exc})") from None
     if not text.strip():
         raise ValueError(f"--text: {str(path)!r} is empty")
     return text

@@ -188,6 +188,8 @@ def read_doc_ids(path: Path) -> list[str]:
         raise ForgetError(f"--doc-ids: no such file {str(path)!r}") from None
     except (IsADirectoryError, UnicodeDecodeError):
         raise ForgetError(f"--doc-ids: {str(path)!r} is not a UTF-8 text file of doc ids, one per line") from None
+    except OSError as exc:  # no permission to read it, an I/O error
+        raise ForgetError(f"--doc-ids: cannot read {str(path)!r} ({exc.strerror or exc})") from None
     return sorted({line.strip() for line in lines if line.strip() and not line.startswith("#")})
 
 

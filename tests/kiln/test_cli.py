@@ -1,5 +1,6 @@
 """The `kiln` command line as a user types it: its version, and a mistyped flag named as such."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +52,36 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     proc.stdout.close()  # the reader is gone before the first line is written
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 1 and "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+@pytest.mark.parametrize("argv, unreadable, message", [
+    (["audit", "refreshes"], "kiln.yaml", "kiln audit: {dir}/kiln.yaml: cannot read the config file (Permission "
+                                          "denied); give this user read access to it, or point KILN_CONFIG or "
+                                          "--config at a readable copy"),
+    (["audit", "membership", "--text", "{dir}/doc.txt"], "doc.txt",
+     "kiln audit: --text: cannot read '{dir}/doc.txt' (Permission denied)"),
+    (["forget", "--doc-ids", "{dir}/ids.txt"], "ids.txt", "kiln forget: --doc-ids: cannot read '{dir}/ids.txt' "
+                                                          "(Permission denied)"),
+])
+def test_a_file_the_user_may_not_read_is_named_not_a_traceback(argv, unreadable, message, tmp_path, monkeypatch,
+                                                              capsys):
+    """A config, --text or --doc-ids file without read permission (simulated: tests may run as root, who reads
+    anything) ended the command in a PermissionError traceback."""
+    (tmp_path / "data").mkdir()
+    config = {"sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "*.jsonl"), "license": "MIT",
+                           "domain": "web", "profile": "none"}], "profiles": {"none": []}}
+    (tmp_path / "kiln.yaml").write_text(json.dumps(config))
+    for name in ("doc.txt", "ids.txt"):
+        (tmp_path / name).write_text("some text\n")
+    monkeypatch.setenv("KILN_HOME", str(tmp_path))
+    monkeypatch.setenv("KILN_CONFIG", str(tmp_path / "kiln.yaml"))
+    read_text = Path.read_text
+
+    def denied(path, *args, **kwargs):
+        if path.name == unreadable:
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    assert main([a.format(dir=tmp_path) for a in argv]) == 2
+    assert capsys.readouterr().err.strip() == message.format(dir=tmp_path)

@@ -75,6 +75,10 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     except IsADirectoryError:
         where = f"extends {path.name!r} in {seen[-1]}" if seen else "KILN_CONFIG or the path given"
         raise ConfigError(f"{path}: a directory, not a config file; point {where} at a YAML file") from None
+    except OSError as exc:  # no permission to read it, an I/O error: said, not a traceback
+        raise ConfigError(f"{path}: cannot read the config file ({exc.strerror or exc}); give this user read "
+                          f"access to it, or point {'extends' if seen else 'KILN_CONFIG or --config'} at a readable "
+                          f"copy") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a config is a mapping of keys (sources, training, ...), got {type(raw).__name__}")
     parent = raw.pop("extends", None)
