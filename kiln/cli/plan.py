@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kiln.cli.base import EXIT_BAD_INPUT, EXIT_OK
+from kiln.cli.base import EXIT_BAD_INPUT, EXIT_OK, bad_input
 from kiln.common.secrets import redact_url
 from kiln.planning import own_mfu
 from kiln.planning.fits import runs_from_mlflow
@@ -161,9 +161,8 @@ def run_plan(args: argparse.Namespace) -> int:
         for line in validation_messages(exc):
             print(f"kiln plan: {line}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except ValueError as exc:
-        print(f"kiln plan: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except ValueError as exc:  # a config error is several lines: each gets the prefix
+        return bad_input("plan", exc)
     if getattr(args, "training_yaml", False):
         print(training_yaml(plan))
     else:

@@ -116,7 +116,10 @@ def test_config_then_flags(tmp_path, capsys):
     project["planning"]["mfu"] = 3
     config.write_text(yaml.safe_dump(project))
     assert kiln("--config", str(config)) == 2
-    assert "planning.mfu = 3" in capsys.readouterr().err  # validated as part of the project config
+    # validated as part of the project config; every line of the message prefixed, as every kiln command says it
+    assert capsys.readouterr().err.splitlines() == [f"kiln plan: {config}: invalid config",
+                                                    "kiln plan:   planning.mfu = 3: Input should be less than or "
+                                                    "equal to 1"]
 
 
 def test_the_project_config_is_read_like_every_kiln_command(tmp_path, monkeypatch, capsys):
