@@ -18,21 +18,30 @@ from kiln.cli.plan import add_plan_parser
 
 class Parser(argparse.ArgumentParser):
     """argparse that names a mistyped flag, with the flag it was probably meant to be, before anything else:
-    `--doc_id` gets "did you mean --doc-id?", not "one of the arguments --text --doc-id is required". Every
-    subcommand's parser is one too (argparse builds them with the parent's class)."""
+    `--doc_id` gets "did you mean --doc-id?", not "one of the arguments --text --doc-id is required", and `kiln
+    --verison` not "the following arguments are required: COMMAND". Every subcommand's parser is one too (argparse
+    builds them with the parent's class). A parser of subcommands judges the flags before its subcommand's name; a
+    flag of the subcommands given there is told where it goes (`kiln audit --json lineage`)."""
 
     def parse_known_args(self, args=None, namespace=None):
-        if not any(isinstance(a, argparse._SubParsersAction) for a in self._actions):  # a command's own flags
-            flags = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
-            for token in sys.argv[1:] if args is None else args:
-                if token == "--":
-                    break
-                name = token.split("=", 1)[0]
-                if " " in name:  # a value, as argparse reads it ("--reason '--see ticket 12'")
-                    continue
-                if name.startswith("--") and not any(f.startswith(name) for f in flags):  # prefixes are allowed
-                    close = difflib.get_close_matches(name.replace("_", "-"), flags, n=1)
-                    self.error(f"unrecognized argument {name}" + (f": did you mean {close[0]}?" if close else ""))
+        commands = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+        flags = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        for token in sys.argv[1:] if args is None else args:
+            if token == "--" or (commands and not token.startswith("-")):  # the rest is the subcommand's
+                break
+            name = token.split("=", 1)[0]
+            if " " in name:  # a value, as argparse reads it ("--reason '--see ticket 12'")
+                continue
+            if name.startswith("--") and not any(f.startswith(name) for f in flags):  # prefixes are allowed
+                choices = {c: sub for a in commands for c, sub in a.choices.items()}
+                theirs = [c for c, sub in choices.items() if any(name in o.option_strings for o in sub._actions)]
+                if theirs:
+                    which = "" if len(theirs) == len(choices) else \
+                        f" ({', '.join(theirs)} take{'s' if len(theirs) == 1 else ''} it)"
+                    self.error(f"{name} goes after the {(commands[0].metavar or 'command').lower()}: "
+                               f"{self.prog} {theirs[0]} ... {name}{which}")
+                close = difflib.get_close_matches(name.replace("_", "-"), flags, n=1)
+                self.error(f"unrecognized argument {name}" + (f": did you mean {close[0]}?" if close else ""))
         return super().parse_known_args(args, namespace)
 
 

@@ -27,6 +27,15 @@ def test_version_is_the_installed_package_version(capsys):
     (["forget", "--sorce", "web"], "unrecognized argument --sorce: did you mean --source?"),
     (["plan", "--budget_usd=5"], "unrecognized argument --budget_usd: did you mean --budget-usd?"),
     (["audit", "lineage", "checkpoint", "--frobnicate"], "unrecognized argument --frobnicate"),
+    # before the command: argparse alone says "the following arguments are required: COMMAND"
+    (["--verison"], "kiln: error: unrecognized argument --verison: did you mean --version?"),
+    # a question's flag before the question: argparse alone says "kiln: error: unrecognized arguments: --json"
+    (["audit", "--json", "lineage", "checkpoint"], "kiln audit: error: --json goes after the question: kiln audit "
+                                                   "lineage ... --json\n"),
+    (["audit", "--doc-id", "x", "membership"], "kiln audit: error: --doc-id goes after the question: kiln audit "
+                                               "membership ... --doc-id (membership takes it)"),
+    (["dedup", "--redis", "env", "migrate-index"], "kiln dedup: error: --redis goes after the action: kiln dedup "
+                                                   "migrate-index ... --redis"),
 ])
 def test_a_mistyped_flag_is_named_with_a_suggestion(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
