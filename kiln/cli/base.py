@@ -25,6 +25,7 @@ def open_store(home: Path, config) -> Any:
 
     if config.storage.backend == "s3":
         import boto3
+        from botocore.exceptions import BotoCoreError
 
         from kiln.common.remote import S3Remote
         from kiln.common.storage import IncompleteDataset
@@ -33,7 +34,12 @@ def open_store(home: Path, config) -> Any:
         from kiln.governance.refresh import load_refreshes, partition
 
         settings = config.storage
-        store = Store(home / "data", S3Remote.connect(boto3.client("s3"), settings.bucket, settings.prefix,
+        try:
+            client = boto3.client("s3")
+        except BotoCoreError as exc:  # a profile that does not exist, a broken ~/.aws/config: said, not a traceback
+            raise StorageError(f"storage: cannot set up the S3 client for bucket {settings.bucket!r} ({exc}); check "
+                               f"AWS_PROFILE and the other AWS_* variables, or ~/.aws/config") from None
+        store = Store(home / "data", S3Remote.connect(client, settings.bucket, settings.prefix,
                                                       settings.create_bucket),
                       keep_replaced_s=settings.keep_replaced_s)
         # The audit reads the local folders: bring every current dataset it may read into the cache first.

@@ -94,3 +94,22 @@ def test_a_file_the_user_may_not_read_is_named_not_a_traceback(argv, unreadable,
     monkeypatch.setattr(Path, "read_text", denied)
     assert main([a.format(dir=tmp_path) for a in argv]) == 2
     assert capsys.readouterr().err.strip() == message.format(dir=tmp_path)
+
+
+def test_an_aws_profile_that_does_not_exist_is_named_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """storage.backend: s3 with a misspelt AWS_PROFILE: boto3 fails making the client, before any request (which
+    S3Remote.connect reports), and the command ended in a ProfileNotFound traceback."""
+    config = {"sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "*.jsonl"), "license": "MIT",
+                           "domain": "web", "profile": "none"}], "profiles": {"none": []},
+              "storage": {"backend": "s3", "bucket": "kiln-test"}}
+    (tmp_path / "kiln.yaml").write_text(json.dumps(config))
+    (tmp_path / "aws-config").write_text("[default]\nregion = us-east-1\n")
+    monkeypatch.setenv("KILN_HOME", str(tmp_path))
+    monkeypatch.setenv("KILN_CONFIG", str(tmp_path / "kiln.yaml"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-config"))
+    monkeypatch.setenv("AWS_PROFILE", "kiln-no-such-profile")
+    assert main(["audit", "refreshes"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "kiln audit: storage: cannot set up the S3 client for bucket 'kiln-test' (The config profile "
+        "(kiln-no-such-profile) could not be found); check AWS_PROFILE and the other AWS_* variables, or ~/.aws/config")
