@@ -40,8 +40,9 @@ def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
                                    description="Every dataset a checkpoint was built from, back to each source's raw "
                                                "documents: data versions, code versions, git commits, counts, hashes.")
     lineage.add_argument("checkpoint", metavar="CHECKPOINT",
-                         help="`checkpoint` (the current one), a data version (or 6+ leading characters), or a "
-                              "checkpoint folder")
+                         help="`checkpoint` (the current one), a data version (or 6+ leading characters), a "
+                              "checkpoint folder, or any dataset by its asset key (token_shards/REFRESH, "
+                              "curated_documents/SOURCE/REFRESH, tokenizer)")
 
     member = questions.add_parser("membership", parents=[common], help="was this document in the training data?",
                                   description="Whether a document (exactly, or as a near-duplicate via the MinHash "

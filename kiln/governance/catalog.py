@@ -144,15 +144,20 @@ def _load(path: Path) -> Manifest:
 
 def resolve_target(store: Store, target: str, catalog: Catalog | None = None) -> Manifest:
     """A checkpoint (or any dataset) from what a user types: the literal `checkpoint` (the current one), an
-    asset key such as `token_shards` or `curated_documents/web`, a data version (or a prefix of at least
-    6 characters; any checkpoint the store published, a replaced one too), or a folder: a dataset folder with
-    `_manifest.json`, or a run's DeepSpeed checkpoint."""
+    asset key such as `tokenizer`, `token_shards/<refresh>` or `curated_documents/web/<refresh>`, a data version (or
+    a prefix of at least 6 characters; any checkpoint the store published, a replaced one too), or a folder: a
+    dataset folder with `_manifest.json`, or a run's DeepSpeed checkpoint."""
     catalog = catalog or Catalog(store)
     asset, partition = parse_key(target)
     if not Path(target).is_absolute() and asset in catalog.assets():
         found = catalog.manifest(asset, partition)
         if found is not None:
             return found
+        under = [p for p in catalog.partitions(asset) if p and (partition is None or p.startswith(partition + "/"))]
+        if under:  # a partitioned asset named without (all of) its partition: `token_shards`, `curated_documents/web`
+            shown = ", ".join(node_key(asset, p) for p in under[:5]) + (f" (+{len(under) - 5} more)" * (len(under) > 5))
+            raise AuditError(f"{target!r} names no one dataset: {asset} has one per partition; give its partition, "
+                             f"e.g. {shown}")
     if target == CHECKPOINT:
         raise AuditError(f"no checkpoint in {store.root}: materialize `checkpoint` first")
     path = Path(target).expanduser()

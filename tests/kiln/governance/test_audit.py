@@ -228,6 +228,21 @@ def test_lineage_reaches_raw_documents_for_every_source_with_hashes(built):
         audit.lineage(store, "nope")
 
 
+def test_a_partitioned_asset_named_without_its_partition_is_told_which_to_give(built):
+    """`kiln audit lineage token_shards` answered "no checkpoint 'token_shards' ...", though asset keys are what
+    the command takes for datasets other than the checkpoint; token_shards is one dataset per refresh."""
+    store, refresh = built["store"], built["project"].current()
+    with pytest.raises(AuditError) as err:
+        audit.lineage(store, "token_shards")
+    assert str(err.value) == ("'token_shards' names no one dataset: token_shards has one per partition; give its "
+                              f"partition, e.g. token_shards/{refresh}")
+    with pytest.raises(AuditError) as err:
+        audit.lineage(store, "curated_documents/web")
+    assert str(err.value) == ("'curated_documents/web' names no one dataset: curated_documents has one per "
+                              f"partition; give its partition, e.g. curated_documents/web/{refresh}")
+    assert audit.lineage(store, f"token_shards/{refresh}").nodes[0].key == f"token_shards/{refresh}"
+
+
 def test_source_usage_lists_shard_sets_shards_and_checkpoints(built):
     store, config = built["store"], built["config"]
     usage = audit.source_usage(store, config, "ref")
