@@ -60,8 +60,11 @@ def misplaced_boolean(value: Any, annotation: Any) -> str | None:
     return _where(value, lambda v: isinstance(v, bool))
 
 
-NO_BOOLEAN = ("takes no true/false (YAML reads yes/no/on/off as booleans too); write a number, a word it allows, or "
-              "null where it may be unset")
+NO_BOOLEAN = ("takes no true/false (YAML reads yes/no/on/off as booleans too); write a number, a word it allows (in "
+              "quotes where YAML would read it as a boolean: \"no\", Norwegian's language code), or null where it may "
+              "be unset")
+# A mapping's key YAML read as a boolean or a number (`no:`, Norwegian's language code; `on:`; `1:`): what to write.
+BOOLEAN_KEY = "YAML reads an unquoted yes/no/on/off/true/false as a boolean: write the key in quotes (\"no\": ...)"
 
 
 class Strict(BaseModel):

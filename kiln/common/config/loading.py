@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from kiln.common.config.base import DEFAULT_CONFIG, ConfigError, config_path
 from kiln.common.config.project import ProjectConfig
+from kiln.common.strict import BOOLEAN_KEY
 
 # Keys that moved; an old config fails with where they live now.
 MOVED_KEYS = {("curation", "workers"): "engine.workers", ("dedup", "workers"): "engine.workers",
@@ -161,6 +162,13 @@ def _describe(error: dict[str, Any]) -> str:
         close = difflib.get_close_matches(str(error["loc"][-1]), parent_fields, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else (f"; allowed keys: {', '.join(parent_fields)}" if parent_fields else "")
         return f"  {key}: unknown key{hint}"
+    if error["type"] == "invalid_key" or (error["loc"] and error["loc"][-1] == "[key]" and
+                                          isinstance(error.get("input"), bool | int | float)):
+        # a key YAML read as a boolean or a number (`on:`, `no:`, `1:`); pydantic's path has it as a number
+        at = _locate(error["loc"][:-2 if error["loc"][-1] == "[key]" else -1])[0] or "(top level)"
+        given = error.get("input")
+        why = BOOLEAN_KEY if isinstance(given, bool) else f"keys are words: write it in quotes ('{given}': ...)"
+        return f"  {at}: the key {given!r} is not a string; {why}"
     if error["loc"] and error["loc"][-1] == "[key]":  # a mapping whose keys are a fixed set: `special_tokens.bso`
         allowed = re.findall(r"'([^']*)'", str((error.get("ctx") or {}).get("expected", "")))
         close = difflib.get_close_matches(str(error.get("input")), allowed, n=1)

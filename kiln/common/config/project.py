@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from kiln.common.config.base import Strict
+from kiln.common.strict import BOOLEAN_KEY
 from kiln.common.config.card import CardSettings
 from kiln.common.config.curation import Curation, Reading, Source, StepSpec
 from kiln.common.config.dedup import Decontamination, Dedup
@@ -37,6 +38,8 @@ def _per_language(key: str, name: str, value, after_language: bool) -> dict[str,
         raise ValueError(f"{key}.per_language: documents get their language from the `language` step, which must "
                          f"run before {name!r}: move `- language` above `- {name}` in the profile (or add it)")
     for language, params in value.items():
+        if isinstance(language, bool):  # `no:` (Norwegian) as YAML reads it
+            raise ValueError(f"{key}.per_language: a language code read as {language}: {BOOLEAN_KEY}")
         if language not in LANGUAGES:
             raise ValueError(f"{key}.per_language: unknown language code {language!r}; use the ISO 639-1 codes the "
                              f"language step identifies, such as de, fr, ja, ru, zh")

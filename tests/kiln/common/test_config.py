@@ -128,6 +128,30 @@ def test_a_boolean_or_an_infinity_is_refused_inside_mappings_steps_and_the_plan(
         assert fragment in str(err.value), str(err.value)
 
 
+# YAML reads `no:` (Norwegian's language code), `on:` and `1:` as a boolean and a number: the message named no key
+# ("refresh.sensor[1] = True: Keys should be strings") or a language False, never the fix, quoting the key.
+@pytest.mark.parametrize("yaml_lines, line", [
+    ("profiles:\n  technical_docs:\n    - language\n    - gopher_quality: {per_language: {no: {min_doc_words: 30}}}\n",
+     "  profiles: profiles.technical_docs[1] (gopher_quality).per_language: a language code read as False: YAML reads "
+     "an unquoted yes/no/on/off/true/false as a boolean: write the key in quotes (\"no\": ...)"),
+    ("refresh:\n  sensor:\n    on: true\n",
+     "  refresh.sensor: the key True is not a string; YAML reads an unquoted yes/no/on/off/true/false as a boolean: "
+     "write the key in quotes (\"no\": ...)"),
+    ("card:\n  license_fields:\n    1: licence\n",
+     "  card.license_fields: the key 1 is not a string; keys are words: write it in quotes ('1': ...)"),
+])
+def test_a_key_yaml_reads_as_a_boolean_or_a_number_is_told_to_be_quoted(tmp_path, yaml_lines, line):
+    path = tmp_path / "kiln.yaml"
+    path.write_text(f"extends: {DEFAULT}\n" + yaml_lines)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).splitlines() == [f"{path}: invalid config", line]
+    quoted = yaml_lines.replace("no:", '"no":').replace("on:", '"on":').replace("1:", "'1':")
+    path.write_text(f"extends: {DEFAULT}\n" + quoted)
+    if "per_language" in yaml_lines:
+        assert load_config(path).profiles["technical_docs"][1].per_language == {"no": {"min_doc_words": 30}}
+
+
 def test_booleans_still_set_the_keys_that_take_them(tmp_path):
     path = tmp_path / "kiln.yaml"
     path.write_text(f"extends: {DEFAULT}\ntraining:\n  compile: false\n  model:\n    tied_embeddings: no\n"
