@@ -80,7 +80,8 @@ def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
     rejected.add_argument("--reason", required=True, help="e.g. gopher_quality.min_stop_words, or gopher_quality "
                                                           "for all of its rules; a wrong one lists the stage's reasons")
     rejected.add_argument("--sample", type=int, default=5, help="documents to show (default 5)")
-    rejected.add_argument("--source", action="append", help="only this source (repeatable; default: all)")
+    rejected.add_argument("--source", action="append", help="only this source (repeatable; default: all, one dropped "
+                                                              "from the config since included)")
     rejected.add_argument("--refresh", help="only this refresh (default: all)")
     parser.set_defaults(func=run_audit)
     return parser
@@ -106,6 +107,7 @@ def run_audit(args: argparse.Namespace) -> int:
     """Answer one audit question; exit code 0, or 2 with `kiln audit: <message>` on bad input."""
     from kiln.common.config import kiln_home, load_config
     from kiln.governance.audit import lineage, refresh_report, source_usage
+    from kiln.governance.forget import request_sources
     from kiln.governance.membership import membership
     from kiln.governance.rejected import rejected_sample
     from kiln.governance.render import render
@@ -129,11 +131,14 @@ def run_audit(args: argparse.Namespace) -> int:
         elif args.question == "rejected":
             if args.sample < 1:
                 raise ValueError(f"--sample {args.sample}: give at least 1")
-            unknown = set(args.source or []) - {s.name for s in config.sources}
+            # the config's sources, and those only the store holds (dropped from the config since: their documents,
+            # and what a rule removed of them, are still there)
+            names = request_sources(store, config)
+            unknown = set(args.source or []) - set(names)
             if unknown:
-                raise ValueError(f"--source {', '.join(sorted(unknown))}: no such source in the config")
-            result = rejected_sample(store, args.stage, args.reason, args.sample,
-                                     args.source or [s.name for s in config.sources], args.refresh)
+                raise ValueError(f"--source {', '.join(sorted(unknown))}: no such source in the config or the store; "
+                                 f"sources: {', '.join(names)}")
+            result = rejected_sample(store, args.stage, args.reason, args.sample, args.source or names, args.refresh)
         else:
             result = source_usage(store, config, args.name)
     except BAD_INPUT as exc:  # ConfigError, AuditError and StorageError included

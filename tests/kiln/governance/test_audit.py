@@ -505,6 +505,28 @@ def test_audit_text_shows_control_characters_from_the_data_as_escapes(built, cap
         assert HOSTILE_SHOWN in out if not argv else json.loads(out)["statements"]["summary"] == HOSTILE
 
 
+def test_rejected_answers_for_a_source_dropped_from_the_config(built, capsys, tmp_path):
+    """A source dropped from the config keeps its documents, and what rules removed of them, in the store (and in
+    checkpoints trained on it; `kiln audit source` and `kiln forget` take it). `rejected` looked only at the config's
+    sources: "removed no document for it; its reasons: none" for web's three near-duplicates, and --source web was
+    refused as "no such source in the config"."""
+    import yaml
+
+    project = yaml.safe_load(built["config_path"].read_text())
+    project["sources"] = [s for s in project["sources"] if s["name"] == "ref"]
+    project["mixture"]["weights"] = {"ref": 1.0}
+    config = tmp_path / "without-web.yaml"
+    config.write_text(yaml.safe_dump(project))
+    for argv in ([], ["--source", "web"]):
+        assert main(["audit", "rejected", "--stage", "deduplicated_documents", "--reason", "near_duplicate", "--json",
+                     "--home", str(built["home"]), "--config", str(config), *argv]) == 0
+        assert json.loads(capsys.readouterr().out)["removed"] == {"web": 3}
+    assert main(["audit", "rejected", "--stage", "deduplicated_documents", "--reason", "near_duplicate", "--source",
+                 "nope", "--home", str(built["home"]), "--config", str(config)]) == 2
+    assert capsys.readouterr().err == ("kiln audit: --source nope: no such source in the config or the store; "
+                                       "sources: ref, web\n")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--stage", "raw_documents", "--reason", "x"], "documents are removed at filtered_documents"),
     (["--stage", "filtered_documents", "--reason", "nope"], "its reasons: gopher_quality.min_doc_words (1)"),
