@@ -107,7 +107,7 @@ def run_audit(args: argparse.Namespace) -> int:
     """Answer one audit question; exit code 0, or 2 with `kiln audit: <message>` on bad input."""
     from kiln.common.config import kiln_home, load_config
     from kiln.governance.audit import lineage, refresh_report, source_usage
-    from kiln.governance.forget import request_sources
+    from kiln.governance.catalog import known_sources
     from kiln.governance.membership import membership
     from kiln.governance.rejected import rejected_sample
     from kiln.governance.render import render
@@ -133,7 +133,7 @@ def run_audit(args: argparse.Namespace) -> int:
                 raise ValueError(f"--sample {args.sample}: give at least 1")
             # the config's sources, and those only the store holds (dropped from the config since: their documents,
             # and what a rule removed of them, are still there)
-            names = request_sources(store, config)
+            names = known_sources(store, config)
             unknown = set(args.source or []) - set(names)
             if unknown:
                 raise ValueError(f"--source {', '.join(sorted(unknown))}: no such source in the config or the store; "

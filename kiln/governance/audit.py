@@ -35,6 +35,7 @@ from kiln.governance.catalog import (
     AuditError,
     Catalog,
     checkpoints_using,
+    known_sources,
     made_from,
     node_key,
     parse_key,
@@ -335,13 +336,16 @@ def refresh_report(store: Store, config: ProjectConfig) -> RefreshReport:
     from kiln.governance.refresh import load_refreshes, partition, pending_files
 
     catalog, refreshes = Catalog(store), load_refreshes(store)
+    declared, names = {s.name for s in config.sources}, known_sources(store, config)
     rows = []
     for r in refreshes:
         sources = {}
-        for s in config.sources:
-            raw, final = (catalog.manifest(a, partition(s.name, r.key)) for a in (RAW, DOCUMENT_STAGES[-1]))
-            sources[s.name] = {"raw_records": raw.counts.get("records", 0) if raw else 0,
-                               "documents": final.counts.get("documents", 0) if final else 0} if raw else None
+        for name in names:  # a source dropped from the config since: in the refreshes it was read in
+            raw, final = (catalog.manifest(a, partition(name, r.key)) for a in (RAW, DOCUMENT_STAGES[-1]))
+            if raw is None and name not in declared:
+                continue
+            sources[name] = {"raw_records": raw.counts.get("records", 0) if raw else 0,
+                             "documents": final.counts.get("documents", 0) if final else 0} if raw else None
         shards = catalog.manifest(SHARDS, r.key)
         rows.append({"key": r.key, "created_at": r.created_at, "trigger": r.trigger,
                      "landed_files": None if r.is_initial else {s: [f.relative for f in fs] for s, fs in r.files.items()},

@@ -287,5 +287,14 @@ def stored_sources(catalog: Catalog) -> set[str]:
         {n for m in trained_shard_sets(catalog) for n in (m.stats.get("sources") or {})}
 
 
-__all__ = ["AuditError", "Catalog", "checkpoints_using", "made_from", "member_lists", "node_key", "parse_key",
-           "resolve_target", "run_file", "run_of_checkpoint", "stages_read", "stored_sources", "trained_shard_sets"]
+def known_sources(store: Store, config) -> list[str]:
+    """The sources a question or a removal request may name: the config's (a ProjectConfig, or None), then those only
+    the store holds (dropped from the config since: their documents are still in the store, in checkpoints trained
+    on them and in what a continued run replays)."""
+    names = [s.name for s in config.sources] if config is not None else []
+    return names + sorted(stored_sources(Catalog(store)) - set(names))
+
+
+__all__ = ["AuditError", "Catalog", "checkpoints_using", "known_sources", "made_from", "member_lists", "node_key",
+           "parse_key", "resolve_target", "run_file", "run_of_checkpoint", "stages_read", "stored_sources",
+           "trained_shard_sets"]

@@ -32,7 +32,7 @@ from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest, applied_requests, now_utc
 from kiln.common.storage import Store
 # RAW: a URL is whole there
-from kiln.governance.catalog import CHECKPOINT, RAW, SHARDS, Catalog, member_lists, run_of_checkpoint, stored_sources
+from kiln.governance.catalog import CHECKPOINT, RAW, SHARDS, Catalog, known_sources, member_lists, run_of_checkpoint
 from kiln.governance.refresh import materialized, trained_refresh
 
 REQUESTS, REQUESTS_FILE = "removal_requests", "removal_requests.json"
@@ -155,16 +155,9 @@ def naming_requests(requests: Iterable[RemovalRequest | IntakeMatched],
     return [first_match(requests, *row) for row in zip(*(rows.column(c).to_pylist() for c in REQUEST_COLUMNS))]
 
 
-def request_sources(store: Store, config: ProjectConfig | None) -> list[str]:
-    """The sources a request may name: the config's, then those only the store holds (dropped from the config since:
-    their documents are still in the store, in checkpoints trained on them and in what a continued run replays)."""
-    names = [s.name for s in config.sources] if config is not None else []
-    return names + sorted(stored_sources(Catalog(store)) - set(names))
-
-
 def validate(store: Store, config: ProjectConfig, kind: str, value: str | list[str]) -> None:
     if kind == "source":
-        names = request_sources(store, config)
+        names = known_sources(store, config)
         if value not in names:
             raise ForgetError(f"--source {value!r}: no such source; sources: {', '.join(names)}")
     elif kind == "url_pattern":
@@ -266,7 +259,7 @@ def unknown_doc_ids(store: Store, config: ProjectConfig, doc_ids: list[str]) -> 
     given order; None when the raw layer is not readable by this user (then they cannot be checked)."""
     missing = set(doc_ids)
     try:
-        for part in raw_partitions(store, request_sources(store, config)):
+        for part in raw_partitions(store, known_sources(store, config)):
             for batch in store.iter_batches(RAW, part, columns=["doc_id"]):
                 missing.difference_update(batch.column("doc_id").to_pylist())
                 if not missing:
@@ -280,7 +273,7 @@ def matched_by_url(store: Store, config: ProjectConfig, request: RemovalRequest)
     """How many documents intake read (every source a request may name, every refresh) a url_pattern request matches
     by their URL as read; None when the raw layer is not readable by this user (then they cannot be counted)."""
     try:
-        [intake] = with_intake_urls(store, [request], raw_partitions(store, request_sources(store, config)))
+        [intake] = with_intake_urls(store, [request], raw_partitions(store, known_sources(store, config)))
     except ForgetError:
         return None
     return len(intake.doc_ids)

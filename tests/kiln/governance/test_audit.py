@@ -527,6 +527,22 @@ def test_rejected_answers_for_a_source_dropped_from_the_config(built, capsys, tm
                                        "sources: ref, web\n")
 
 
+def test_refreshes_count_a_source_dropped_from_the_config(built, capsys, tmp_path):
+    """`kiln audit refreshes` listed only the config's sources: the refresh's web records (12 lines: w0-w9, the short
+    one and one that is not JSON) and the 6 documents left of them (less the short one, the near-copies w0-w2 and
+    the benchmark quote w9) went unmentioned once web was dropped from the config."""
+    import yaml
+
+    project = yaml.safe_load(built["config_path"].read_text())
+    project["sources"] = [s for s in project["sources"] if s["name"] == "ref"]
+    project["mixture"]["weights"] = {"ref": 1.0}
+    config = tmp_path / "without-web.yaml"
+    config.write_text(yaml.safe_dump(project))
+    assert main(["audit", "refreshes", "--json", "--home", str(built["home"]), "--config", str(config)]) == 0
+    [refresh] = json.loads(capsys.readouterr().out)["refreshes"]
+    assert refresh["sources"] == {"ref": {"raw_records": 10, "documents": 10}, "web": {"raw_records": 12, "documents": 6}}
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--stage", "raw_documents", "--reason", "x"], "documents are removed at filtered_documents"),
     (["--stage", "filtered_documents", "--reason", "nope"], "its reasons: gopher_quality.min_doc_words (1)"),
