@@ -81,7 +81,11 @@ class OldRedisIndex:
     """An old Redis index: records and shingle sets in two hashes (signatures recomputed from the shingles)."""
 
     def __init__(self, url: str, name: str):
-        import redis
+        try:
+            import redis
+        except ImportError:  # a plain install: the client comes with the production extra
+            raise MigrationError("--redis: the Redis client is not installed; install it with Kiln's production extra "
+                                 "(pip install 'kiln-pretrain[production]', or pip install 'redis>=5')") from None
 
         from kiln.common.secrets import redact_url
 

@@ -113,3 +113,19 @@ def test_an_aws_profile_that_does_not_exist_is_named_not_a_traceback(tmp_path, m
     assert capsys.readouterr().err.strip() == (
         "kiln audit: storage: cannot set up the S3 client for bucket 'kiln-test' (The config profile "
         "(kiln-no-such-profile) could not be found); check AWS_PROFILE and the other AWS_* variables, or ~/.aws/config")
+
+
+def test_migrating_a_redis_index_without_the_redis_client_says_what_to_install(tmp_path, monkeypatch, capsys):
+    """The Redis client comes with the production extra; without it, `kiln dedup migrate-index --redis URL` ended in a
+    ModuleNotFoundError traceback."""
+    (tmp_path / "data").mkdir()
+    config = {"sources": [{"name": "web", "kind": "jsonl", "path": str(tmp_path / "*.jsonl"), "license": "MIT",
+                           "domain": "web", "profile": "none"}], "profiles": {"none": []}}
+    (tmp_path / "kiln.yaml").write_text(json.dumps(config))
+    monkeypatch.setenv("KILN_HOME", str(tmp_path))
+    monkeypatch.setenv("KILN_CONFIG", str(tmp_path / "kiln.yaml"))
+    monkeypatch.setitem(sys.modules, "redis", None)  # `import redis` raises ModuleNotFoundError, as when not installed
+    assert main(["dedup", "migrate-index", "--redis", "redis://127.0.0.1:6379/0"]) == 2
+    assert capsys.readouterr().err == (
+        "kiln dedup migrate-index: --redis: the Redis client is not installed; install it with Kiln's production extra "
+        "(pip install 'kiln-pretrain[production]', or pip install 'redis>=5')\n")
