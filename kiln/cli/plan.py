@@ -176,12 +176,13 @@ def _tracked_runs(uri: str, experiment: str) -> tuple[list, list]:
     """The experiment's runs, for the own scaling law and the own MFU; a store that cannot be read is bad input (a
     missing SQLite file would otherwise be created empty, and MLflow's own errors come as tracebacks)."""
     from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
 
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         raise ValueError(f"--mlflow-uri {uri}: no such SQLite file (a tracking store is read, never created here)")
     try:
         return runs_from_mlflow(uri, experiment), own_mfu.runs_from_mlflow(uri, experiment)
-    except MlflowException as exc:
+    except (MlflowException, SQLAlchemyError) as exc:  # an unreachable server; a file that is no tracking database
         raise ValueError(f"--mlflow-uri {redact_url(uri)}: {str(exc).splitlines()[0]}") from None
 
 

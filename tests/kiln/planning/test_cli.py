@@ -159,12 +159,16 @@ def test_own_fits_need_an_experiment(capsys):
 
 
 def test_a_tracking_store_that_cannot_be_read_exits_2_naming_it(tmp_path, capsys):
-    """A file-store folder, a scheme MLflow does not know and a missing SQLite file: a message and exit 2, where MLflow
-    raised a traceback (exit 1) or created the database empty."""
+    """A file-store folder, a scheme MLflow does not know, a missing SQLite file and a file that is no SQLite database
+    (SQLAlchemy's DatabaseError, not an MlflowException): a message and exit 2, where MLflow raised a traceback (exit
+    1) or created the database empty."""
     (tmp_path / "mlruns").mkdir()
+    (tmp_path / "notes.db").write_text("not a database\n")
     for uri, needle in ((str(tmp_path / "mlruns"), f"--mlflow-uri {tmp_path / 'mlruns'}: "),
                         ("ftp://host/x", "--mlflow-uri ftp://host/x: "),
-                        (f"sqlite:///{tmp_path}/absent.db", "no such SQLite file")):
+                        (f"sqlite:///{tmp_path}/absent.db", "no such SQLite file"),
+                        (f"sqlite:///{tmp_path}/notes.db", f"--mlflow-uri sqlite:///{tmp_path}/notes.db: "
+                                                            "(sqlite3.DatabaseError) file is not a database\n")):
         assert kiln("--mlflow-uri", uri, "--experiment", "kiln") == 2, uri
         err = capsys.readouterr().err
         assert err.startswith("kiln plan: ") and needle in err and "Traceback" not in err, err
