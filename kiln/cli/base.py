@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.common.remote import StorageError
+from kiln.common.secrets import redact
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -60,7 +61,9 @@ def open_store(home: Path, config) -> Any:
 
 
 def bad_input(command: str, exc: Exception) -> int:
-    """`kiln <command>: <message>` on stderr (one prefix per line of a multi-line config error), exit 2."""
+    """`kiln <command>: <message>` on stderr (one prefix per line of a multi-line config error), exit 2. A URL in the
+    message is shown without its `user:password@`: a library's own message (MLflow's, a driver's) may quote the URL
+    it was given whole."""
     for line in str(exc).splitlines():
-        print(f"kiln {command}: {line}", file=sys.stderr)
+        print(f"kiln {command}: {redact(line)}", file=sys.stderr)
     return EXIT_BAD_INPUT

@@ -230,3 +230,14 @@ def test_cuda_device_names_map_to_the_planners_gpus(device, kind):
     from kiln.planning.own_mfu import gpu_kind
 
     assert gpu_kind(device) == kind
+
+
+def test_a_tracking_server_that_cannot_be_reached_is_named_without_its_password(capsys, monkeypatch):
+    """MLflow's error quotes the URL it requested whole: `kiln plan --mlflow-uri http://user:secret@host` printed the
+    password on stderr (operations.md: error messages show URLs without their user:password@)."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # port 1 refuses at once; no retries
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    assert kiln("--mlflow-uri", "http://kiln:s3cret-pw@127.0.0.1:1", "--experiment", "kiln") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kiln plan: --mlflow-uri http://127.0.0.1:1: API request to http://127.0.0.1:1/api/"), err
+    assert "s3cret" not in err and "kiln:" not in err.removeprefix("kiln plan:"), err
