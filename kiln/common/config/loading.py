@@ -209,7 +209,9 @@ def _locate(loc: tuple) -> tuple[str, Any, bool]:
             continue
         annotation = choices[0]
         origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and (found := _model_field(annotation, part)):
+        found = _model_field(annotation, part) if isinstance(annotation, type) and issubclass(annotation, BaseModel) \
+            else None
+        if found:
             written, annotation = found
             key += f".{written}"
         elif isinstance(part, int):

@@ -131,7 +131,8 @@ def test_a_boolean_or_an_infinity_is_refused_inside_mappings_steps_and_the_plan(
 # YAML reads `no:` (Norwegian's language code), `on:` and `1:` as a boolean and a number: the message named no key
 # ("refresh.sensor[1] = True: Keys should be strings") or a language False, never the fix, quoting the key.
 @pytest.mark.parametrize("yaml_lines, line", [
-    ("profiles:\n  technical_docs:\n    - language\n    - gopher_quality: {per_language: {no: {min_doc_words: 30}}}\n",
+    ("profiles:\n  technical_docs:\n    - language\n"
+     "    - gopher_quality: {per_language: {no: {min_doc_words: 30}}}\n",
      "  profiles: profiles.technical_docs[1] (gopher_quality).per_language: a language code read as False: YAML reads "
      "an unquoted yes/no/on/off/true/false as a boolean: write the key in quotes (\"no\": ...)"),
     ("refresh:\n  sensor:\n    on: true\n",

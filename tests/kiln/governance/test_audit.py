@@ -540,7 +540,8 @@ def test_refreshes_count_a_source_dropped_from_the_config(built, capsys, tmp_pat
     config.write_text(yaml.safe_dump(project))
     assert main(["audit", "refreshes", "--json", "--home", str(built["home"]), "--config", str(config)]) == 0
     [refresh] = json.loads(capsys.readouterr().out)["refreshes"]
-    assert refresh["sources"] == {"ref": {"raw_records": 10, "documents": 10}, "web": {"raw_records": 12, "documents": 6}}
+    assert refresh["sources"] == {"ref": {"raw_records": 10, "documents": 10},
+                                  "web": {"raw_records": 12, "documents": 6}}
 
 
 @pytest.mark.parametrize("argv, message", [
