@@ -5,7 +5,6 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from kiln.common.config.base import Strict
-from kiln.common.strict import BOOLEAN_KEY
 from kiln.common.config.card import CardSettings
 from kiln.common.config.curation import Curation, Reading, Source, StepSpec
 from kiln.common.config.dedup import Decontamination, Dedup
@@ -15,6 +14,7 @@ from kiln.common.config.quality import Quality
 from kiln.common.config.refresh import RefreshSettings
 from kiln.common.config.storage import StorageSettings
 from kiln.common.config.tokens import Mixture, ShardSettings, TokenizerSettings
+from kiln.common.strict import BOOLEAN_KEY
 from kiln.curation.filters.language import LANGUAGES
 from kiln.curation.filters.registry import build_step
 from kiln.planning.plan import PlanRequest
