@@ -433,6 +433,7 @@ def test_make_demo_registers_what_has_landed_as_the_partition_added_by_hand(quic
     write_jsonl(project.landing / "web" / "w2.jsonl", [{"id": "n2", "text": random_text(project.rng, project.vocab)}])
     asked = []
     monkeypatch.setattr(dg.DagsterInstance, "get", staticmethod(lambda: project.instance))
+    monkeypatch.setattr("resources.KilnStorage", lambda: project.resources["storage"])  # its default: an older home
     monkeypatch.setattr(demo, "materialize_refresh", lambda run, store, key, sources, refit: asked.append(key))
     assert demo.run_demo(load_config(project.config_path)) == 1  # stopped at its first refresh's runs
     assert [r.key for r in load_refreshes(project.store)] == [first.key, "A"]
