@@ -3,9 +3,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-export KILN_HOME ?= $(CURDIR)/.kiln
+# An empty KILN_HOME= or KILN_CONFIG= counts as unset (`?=` would keep it, and DAGSTER_HOME would be /dagster).
+export KILN_HOME := $(or $(KILN_HOME),$(CURDIR)/.kiln)
 # The demo's config: configs/default.yaml plus its toy decontamination set (set KILN_CONFIG for your own project).
-export KILN_CONFIG ?= $(CURDIR)/configs/demo.yaml
+export KILN_CONFIG := $(or $(KILN_CONFIG),$(CURDIR)/configs/demo.yaml)
 export DAGSTER_HOME := $(KILN_HOME)/dagster
 export MLFLOW_DISABLE_TELEMETRY := true
 export TORCH_EXTENSIONS_DIR := $(KILN_HOME)/torch_extensions
@@ -15,7 +16,7 @@ export DS_ACCELERATOR ?= cpu
 endif
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install bytecode demo test test-fast ui mlflow bench clean
+.PHONY: install bytecode demo test test-fast ui mlflow bench clean homes
 
 install: $(VENV)/.installed
 
@@ -76,3 +77,6 @@ bench: install
 
 clean:
 	rm -rf $(KILN_HOME)
+
+homes:  # where this Makefile keeps Kiln's and Dagster's state, for a look before `make clean`
+	@echo "KILN_HOME=$(KILN_HOME) DAGSTER_HOME=$(DAGSTER_HOME) KILN_CONFIG=$(KILN_CONFIG)"

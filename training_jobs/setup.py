@@ -42,7 +42,7 @@ def default_environment() -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # deepspeed imports mlflow
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    if "KILN_HOME" in os.environ:
+    if os.environ.get("KILN_HOME"):
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(os.environ["KILN_HOME"]) / "torch_extensions"))
     # Always the same ninja for the JIT-built op: two ninja versions (the venv's, the system's) read each
     # other's build log as stale and rebuild it (~50 s) whenever the PATH differs between launches.

@@ -18,9 +18,10 @@ class ConfigError(ValueError):
 
 
 def kiln_home() -> Path:
-    """Where Kiln keeps data, checkpoints, Dagster and MLflow state (`KILN_HOME`, default ./.kiln)."""
-    return Path(os.environ.get("KILN_HOME", ".kiln")).resolve()
+    """Where Kiln keeps data, checkpoints, Dagster and MLflow state (`KILN_HOME`, default ./.kiln; set but empty, as
+    `KILN_HOME= cmd` leaves it, counts as unset, not as the current folder)."""
+    return Path(os.environ.get("KILN_HOME") or ".kiln").resolve()
 
 
 def config_path() -> Path:
-    return Path(os.environ.get("KILN_CONFIG", DEFAULT_CONFIG))
+    return Path(os.environ.get("KILN_CONFIG") or DEFAULT_CONFIG)

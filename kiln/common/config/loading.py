@@ -96,7 +96,7 @@ def _not_found_hint(path: Path, seen: tuple[Path, ...]) -> str:
     command's --config: KILN_CONFIG and configs/default.yaml are not what it read)."""
     if seen:
         return f"(extended by {seen[-1]})"
-    if "KILN_CONFIG" in os.environ and path == Path(os.environ["KILN_CONFIG"]):
+    if os.environ.get("KILN_CONFIG") and path == Path(os.environ["KILN_CONFIG"]):
         return f"KILN_CONFIG names it ({path.absolute()}); point KILN_CONFIG at the project's YAML file"
     if path == Path(DEFAULT_CONFIG):
         return f"set KILN_CONFIG or create {DEFAULT_CONFIG} (relative to the current folder, {Path.cwd()})"

@@ -296,3 +296,23 @@ def test_recipe_settings_that_cannot_work_are_refused(change, message):
 
     with pytest.raises(ConfigError, match=message):
         parse_config(merge_config(minimal(), change))
+
+
+def test_an_empty_kiln_home_or_config_counts_as_unset(tmp_path, monkeypatch):
+    """`KILN_HOME= make demo` (or an empty value a CI variable left) made the Makefile's DAGSTER_HOME /dagster, and
+    Kiln's home the current folder; an empty KILN_CONFIG named the current folder as the config file."""
+    import os
+    import subprocess
+
+    from kiln.common.config.base import DEFAULT_CONFIG, config_path, kiln_home
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KILN_HOME", "")
+    monkeypatch.setenv("KILN_CONFIG", "")
+    assert kiln_home() == tmp_path.resolve() / ".kiln"
+    assert config_path() == Path(DEFAULT_CONFIG)
+    root = Path(__file__).resolve().parents[3]
+    shown = subprocess.run(["make", "-s", "-C", str(root), "homes"], capture_output=True, text=True, check=True,
+                           env={**os.environ, "KILN_HOME": "", "KILN_CONFIG": ""}).stdout.split()
+    assert shown == [f"KILN_HOME={root}/.kiln", f"DAGSTER_HOME={root}/.kiln/dagster",
+                     f"KILN_CONFIG={root}/configs/demo.yaml"]
