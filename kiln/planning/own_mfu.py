@@ -78,6 +78,8 @@ def runs_in(runs_dir: Path) -> list[RunThroughput]:
             summary = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):  # a run writing it right now, or a damaged file
             continue
+        if not isinstance(summary, dict) or not all(k in summary for k in ("flops_per_token", "world_size")):
+            continue  # not a run's summary (edited by hand, another tool's file): nothing to count
         run = from_summary(summary, str(path))
         if run is not None:
             found.append(run)

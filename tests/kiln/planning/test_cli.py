@@ -202,6 +202,9 @@ def test_the_default_mfu_is_kilns_own_on_that_gpu_and_the_plan_says_so(tmp_path,
                  status="failed")
     finished_run(tmp_path, "e", device="cpu", goodput_tokens_per_s=9e5, time={"wall_s": 100.0})
     finished_run(tmp_path, "f", device="NVIDIA H200", tokens_per_s=9e5, mfu=0.9)
+    for key, text in (("h", "[1, 2]"), ("i", '{"status": "completed", "device": "NVIDIA H200", "goodput_tokens_per_s": 9e5, "time": {"wall_s": 100}}')):
+        (tmp_path / "runs" / key).mkdir()  # not a run's summary: a list, one without its figures (not a traceback)
+        (tmp_path / "runs" / key / "summary.json").write_text(text)
     assert kiln("--budget-usd", "100000", "--price", "2.5", "--gpu", "H200", "--gpus", "8", "--json") == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["mfu"]["origin"] == "measured" and plan["mfu"]["n_runs"] == 3
