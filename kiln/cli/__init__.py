@@ -40,7 +40,9 @@ class Parser(argparse.ArgumentParser):
                         f" ({', '.join(theirs)} take{'s' if len(theirs) == 1 else ''} it)"
                     self.error(f"{name} goes after the {(commands[0].metavar or 'command').lower()}: "
                                f"{self.prog} {theirs[0]} ... {name}{which}")
-                close = difflib.get_close_matches(name.replace("_", "-"), flags, n=1)
+                # 0.75: a typo (--verison, --jsno: 0.83-0.89), not another flag sharing a few letters (`kiln plan
+                # --version` is no --json, 0.67)
+                close = difflib.get_close_matches(name.replace("_", "-"), flags, n=1, cutoff=0.75)
                 self.error(f"unrecognized argument {name}" + (f": did you mean {close[0]}?" if close else ""))
         return super().parse_known_args(args, namespace)
 

@@ -27,6 +27,7 @@ def test_version_is_the_installed_package_version(capsys):
     (["forget", "--sorce", "web"], "unrecognized argument --sorce: did you mean --source?"),
     (["plan", "--budget_usd=5"], "unrecognized argument --budget_usd: did you mean --budget-usd?"),
     (["audit", "lineage", "checkpoint", "--frobnicate"], "unrecognized argument --frobnicate"),
+    (["plan", "--version"], "unrecognized argument --version\n"),  # not "did you mean --json?" (a ratio of 0.67)
     # before the command: argparse alone says "the following arguments are required: COMMAND"
     (["--verison"], "kiln: error: unrecognized argument --verison: did you mean --version?"),
     # a question's flag before the question: argparse alone says "kiln: error: unrecognized arguments: --json"
