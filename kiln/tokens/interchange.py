@@ -24,7 +24,10 @@ Megatron's published .idx layout (little-endian), written here without importing
     S * 4  int32 sequence lengths      S * 8  int64 sequence byte offsets into .bin
     (D + 1) * 8  int64 document indices: document d is sequences [idx[d], idx[d + 1])
 
-Every file is written under a temporary name and renamed, so a reader never sees half of one.
+Every file is written under a temporary name and renamed, so a reader never sees half of one. Exporting into a
+folder that holds an earlier export first removes that export's files (`export.json` first, then each `.idx`
+before its `.bin`): no file of the earlier export is read beside the new one (a Parquet file of a shard the new
+set no longer has, a split it no longer has, an old `.idx` beside a new `.bin` after a crash).
 """
 
 from __future__ import annotations
@@ -180,15 +183,30 @@ def write_parquet(shards, split: str, folder: Path, doc_ids: dict[str, pa.Array]
     return {"files": files, "documents": documents, "tokens": tokens}
 
 
+def _remove_earlier_export(out_dir: Path) -> None:
+    """Remove every file an export writes from `out_dir`: `export.json` first (the folder no longer claims a whole
+    export), then each split's `.idx` before its `.bin` (a reader that opens a prefix finds both files or neither
+    index), then the Parquet files. Other files are left alone."""
+    (out_dir / EXPORT_JSON).unlink(missing_ok=True)
+    for split in (TRAIN, VAL):
+        for suffix in (".idx", ".bin"):
+            (out_dir / MEGATRON_DIR / f"{split}{suffix}").unlink(missing_ok=True)
+    for split in (TRAIN, VAL):
+        for path in sorted((out_dir / PARQUET_DIR).glob(f"{split}-[0-9][0-9][0-9][0-9][0-9]*.parquet")):
+            path.unlink(missing_ok=True)
+
+
 def export_shards(shard_dir: Path, out_dir: Path, formats: Sequence[str]) -> dict[str, Any]:
-    """Export the token_shards dataset at `shard_dir` into `out_dir` (a staging folder or any folder) in `formats`
-    (see FORMATS); returns what `export.json` holds (for the export's manifest `stats`)."""
+    """Export the token_shards dataset at `shard_dir` into `out_dir` (a staging folder or any folder; an earlier
+    export there is replaced, file by file) in `formats` (see FORMATS); returns what `export.json` holds (for the
+    export's manifest `stats`)."""
     shard_dir, out_dir = Path(shard_dir), Path(out_dir)
     formats = _check_formats(formats)
     shard_set = read_shard_set(shard_dir)
     manifest = _source_manifest(shard_set.dir)  # the version read_shard_set resolved: one version's files throughout
     doc_ids, members = _positions(shard_set.dir, manifest) if "parquet" in formats else ({}, None)
     out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_earlier_export(out_dir)  # none of its files is read beside this export's
     splits: dict[str, Any] = {}
     for split in (TRAIN, VAL):
         shards = _split_documents(shard_set, split)

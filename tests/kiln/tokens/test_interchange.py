@@ -225,3 +225,44 @@ def test_config_key_and_default(tmp_path):
         parse_config({**raw, "shards": {"export": ["nemo"]}})
     assert load_config(Path(__file__).parents[3] / "configs" / "default.yaml").shards.export == ["megatron", "parquet"]
 
+
+
+def test_exporting_again_into_the_same_folder_leaves_nothing_of_the_earlier_export(built, tmp_path, monkeypatch):
+    """export_shards into a folder that holds an export of another shard set (e.g. the set before a takedown):
+    no file of the earlier one stays to be read beside the new one, by `load_dataset(data_dir=...)` (a shard the new
+    set no longer has, a split it no longer has) or by Megatron (the earlier val prefix)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    _, _, _, shard_dir, _ = built
+    out = tmp_path / "out"
+    first = export_shards(shard_dir, out, ["megatron", "parquet"])
+    assert len(first["splits"]["train"]["parquet_files"]) > 1 and (out / "megatron" / "val.idx").is_file()
+    (out / "notes.txt").write_text("mine")  # not an export's file: left alone
+    smaller = hand_built_set(tmp_path / "smaller", 500, [[7, 8, 2], [9, 2]], monkeypatch)  # one shard, train only
+    stats = export_shards(smaller, out, ["megatron"])
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == \
+        ["export.json", "megatron/train.bin", "megatron/train.idx", "notes.txt"]
+    dataset = IndexedDataset(str(out / "megatron" / "train"))
+    assert [dataset[i].tolist() for i in range(len(dataset))] == [[7, 8, 2], [9, 2]]
+    assert verify_export(out, stats) == []
+
+
+def test_a_crash_while_exporting_again_leaves_no_earlier_idx_beside_a_new_bin(built, tmp_path, monkeypatch):
+    """A crash between a split's .bin and its .idx, exporting into a folder with an earlier export: Megatron must not
+    find the new .bin under the earlier .idx (whose pointers describe other documents), nor export.json claim it."""
+    _, _, _, shard_dir, _ = built
+    out = tmp_path / "out"
+    export_shards(shard_dir, out, ["megatron"])
+    smaller = hand_built_set(tmp_path / "smaller", 500, [[7, 8, 2], [9, 2]], monkeypatch)
+    write = interchange.write_file_atomic
+
+    def crash_at_idx(path, fn, *args, **kwargs):
+        if path.suffix == ".idx":
+            raise OSError("killed")
+        return write(path, fn, *args, **kwargs)
+
+    monkeypatch.setattr(interchange, "write_file_atomic", crash_at_idx)
+    with pytest.raises(OSError, match="killed"):
+        export_shards(smaller, out, ["megatron"])
+    assert (out / "megatron" / "train.bin").read_bytes() == np.array([7, 8, 2, 9, 2], "<u2").tobytes()
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == ["megatron/train.bin"]
