@@ -202,10 +202,14 @@ def token_shards(context: dg.AssetExecutionContext, kiln_config: KilnConfig, sto
     for warning in result.warnings:
         context.log.warning(warning)
     exported = store.manifest_or_none(EXPORTS, refresh)
-    if newly_applied and not config.shards.export and exported is not None and exported.config.get("export"):
+    # Nothing re-exports the refresh when shards.export is [] (the export does not follow) or refresh.automation is
+    # false (nothing follows): its export still holds the removed documents' tokens for a Megatron or HF run.
+    not_following = ("shards.export is []" if not config.shards.export else
+                     "refresh.automation is false" if not config.refresh.automation else None)
+    if newly_applied and not_following and exported is not None and exported.config.get("export"):
         # (an export made with shards.export [] holds no tokens: nothing to warn of)
         context.log.warning(f"{EXPORTS}/{refresh} was exported from shards that hold documents a removal request "
-                            f"removed since ({', '.join(sorted(newly_applied))}), and shards.export is [], so nothing "
+                            f"removed since ({', '.join(sorted(newly_applied))}), and {not_following}, so nothing "
                             f"re-exports it: materialize {EXPORTS} for {refresh} again, or delete "
                             f"{store.dataset_dir(EXPORTS, refresh)}")
     base, written = store.dataset_dir(SHARDS, refresh), writer.committed.folder

@@ -391,6 +391,17 @@ def test_requests_by_url_pattern_and_doc_ids_and_training_refuses_shards_written
     result = project.materialize(["token_shards"])
     assert result.success and f"removed since ({on_val['request_id']}), and shards.export is [], so nothing " \
         "re-exports it" in _logged(project, result)
+    # An export that would follow the shards, but refresh.automation is false: nothing re-exports it either.
+    config["shards"]["export"] = ["megatron"]
+    config.setdefault("refresh", {})["automation"] = False
+    built["config_path"].write_text(yaml.safe_dump(config))
+    assert project.materialize(["shard_exports"]).success
+    [train] = sorted(d for d, m in built["members"].items() if m["split"] == "train" and m["copies"] > 0)[2:3]
+    ids.write_text(train + "\n")
+    _, on_train, _ = forget(built, capsys, "--doc-ids", str(ids))
+    result = project.materialize(["token_shards"])
+    assert result.success and f"removed since ({on_train['request_id']}), and refresh.automation is false, so " \
+        "nothing re-exports it" in _logged(project, result)
 
 
 def _logged(project, result) -> str:
