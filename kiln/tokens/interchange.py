@@ -125,8 +125,9 @@ def write_megatron(shards, vocab_size: int, prefix: Path) -> dict[str, Any]:
     return {"documents": len(lengths), "tokens": int(lengths.sum()), "dtype": dtype.name}
 
 
-def _positions(shard_dir: Path, manifest: dict[str, Any]) -> tuple[dict[str, pa.Array], pa.Table]:
-    """Each shard's doc_ids in document order (from the positions list) and the member list (doc_id -> source)."""
+def _positions(shard_dir: Path, manifest: dict[str, Any]) -> dict[str, tuple[pa.Array, pa.Array]]:
+    """Each shard's doc_ids in document order (from the positions list) and their sources (from the member list),
+    looked up once for the whole set: a lookup per shard would hash every member again for each shard."""
     files = {role: [shard_dir / f["path"] for f in manifest["files"] if f["role"] == role]
              for role in ("positions", "members")}
     if not files["positions"] or not files["members"]:
@@ -139,22 +140,22 @@ def _positions(shard_dir: Path, manifest: dict[str, Any]) -> tuple[dict[str, pa.
     names, starts = np.unique(np.asarray(shard_col.to_numpy(zero_copy_only=False), dtype=object), return_index=True)
     ends = list(starts[1:]) + [len(positions)]
     doc_ids = positions.column("doc_id").combine_chunks()
-    by_shard = {str(n): doc_ids.slice(int(a), int(b) - int(a)) for n, a, b in zip(names, starts, ends)}
-    return by_shard, members
+    sources = members.column("source").combine_chunks().take(
+        pc.index_in(doc_ids, value_set=members.column("doc_id").combine_chunks()))
+    return {str(n): (doc_ids.slice(int(a), int(b) - int(a)), sources.slice(int(a), int(b) - int(a)))
+            for n, a, b in zip(names, starts, ends)}
 
 
-def write_parquet(shards, split: str, folder: Path, doc_ids: dict[str, pa.Array],
-                  members: pa.Table) -> dict[str, Any]:
-    """`<folder>/<split>-NNNNN.parquet`, one per shard: one row per document with its doc_id, source and phase."""
+def write_parquet(shards, split: str, folder: Path, rows: dict[str, tuple[pa.Array, pa.Array]]) -> dict[str, Any]:
+    """`<folder>/<split>-NNNNN.parquet`, one per shard: one row per document with its doc_id, source and phase
+    (`rows`: each shard's doc_ids and sources in document order, from `_positions`)."""
     folder.mkdir(parents=True, exist_ok=True)
     files, documents, tokens = [], 0, 0
     for k, (info, shard) in enumerate(shards):
-        ids = doc_ids.get(info.path)
+        ids, sources = rows.get(info.path, (None, None))
         if ids is None or len(ids) != shard.documents:
             raise ShardError(f"{info.path}: the positions list names {0 if ids is None else len(ids)} documents, "
                              f"the shard holds {shard.documents}; re-materialize token_shards")
-        sources = members.column("source").combine_chunks().take(
-            pc.index_in(ids, value_set=members.column("doc_id").combine_chunks()))
         offsets = shard.offsets.astype(np.int64)
         path = folder / f"{split}-{k:05d}.parquet"
 
@@ -204,7 +205,7 @@ def export_shards(shard_dir: Path, out_dir: Path, formats: Sequence[str]) -> dic
     formats = _check_formats(formats)
     shard_set = read_shard_set(shard_dir)
     manifest = _source_manifest(shard_set.dir)  # the version read_shard_set resolved: one version's files throughout
-    doc_ids, members = _positions(shard_set.dir, manifest) if "parquet" in formats else ({}, None)
+    rows = _positions(shard_set.dir, manifest) if "parquet" in formats else {}
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_earlier_export(out_dir)  # none of its files is read beside this export's
     splits: dict[str, Any] = {}
@@ -225,7 +226,7 @@ def export_shards(shard_dir: Path, out_dir: Path, formats: Sequence[str]) -> dic
             write_megatron(shards, shard_set.vocab_size, out_dir / MEGATRON_DIR / split)
             entry["megatron_prefix"] = f"{MEGATRON_DIR}/{split}"
         if shards and "parquet" in formats:
-            entry["parquet_files"] = write_parquet(shards, split, out_dir / PARQUET_DIR, doc_ids, members)["files"]
+            entry["parquet_files"] = write_parquet(shards, split, out_dir / PARQUET_DIR, rows)["files"]
         splits[split] = entry
     stats = {
         "format": EXPORT_FORMAT, "export_version": EXPORT_VERSION, "formats": formats,
