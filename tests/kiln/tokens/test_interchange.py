@@ -286,3 +286,40 @@ def test_the_member_list_is_looked_up_once_not_once_per_shard(built, tmp_path, m
     for split in ("train", "val"):  # the same rows, sources included, as the fixture's export
         for name in stats["splits"][split]["parquet_files"]:
             assert pq.read_table(tmp_path / "out" / name).equals(pq.read_table(built[0] / "export" / name))
+
+
+def test_megatron_reads_a_re_made_export_through_its_version_folder_with_a_shared_cache(tmp_path, monkeypatch):
+    """Megatron's GPTDataset keys its sample-index cache (--data-cache-path) by the prefix string, not the data: given
+    the store's link (the same path for every version), a run after the export is made again (a takedown) reuses the
+    indices of the earlier export over the new files. The prefix under the version folder (realpath of the link, as
+    docs/tokens.md says to pass) changes with each version, so the next run builds its indices afresh."""
+    import os
+
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from megatron.core.datasets.utils import Split
+
+    class Tok:
+        eod, pad, vocab_size, unique_identifiers = 2, 0, 500, {"class": "Tok"}
+
+    def samples(prefix: str, cache: Path) -> list[list[int]]:
+        config = GPTDatasetConfig(random_seed=1, sequence_length=16, path_to_cache=str(cache), tokenizer=Tok(),
+                                  reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False)
+        dataset = IndexedDataset(prefix)
+        gpt = GPTDataset(dataset, prefix, np.arange(len(dataset), dtype=np.int32), 40, Split.train, config)
+        return [gpt[i]["tokens"].tolist() for i in range(len(gpt))]
+
+    rng = np.random.default_rng(0)
+    docs = [[int(t) for t in rng.integers(3, 500, int(rng.integers(5, 40)))] + [2] for _ in range(60)]
+    prefixes = []
+    for k, kept in enumerate((docs, docs[:20] + docs[21:])):  # then document 20 is taken down
+        shard_dir = hand_built_set(tmp_path / f"s{k}", 500, kept, monkeypatch)
+        writer = DatasetWriter(tmp_path / "shard_exports" / "r1", "shard_exports", "r1")
+        export_shards(shard_dir, writer.dir, ["megatron"])
+        writer.commit(code_version="t", config={}, inputs={}, counts={}, stats={})
+        link = tmp_path / "shard_exports" / "r1"
+        prefixes.append(os.path.realpath(link) + "/megatron/train")
+        shared = samples(prefixes[-1], tmp_path / "cache")  # one cache folder for every run, as in the docs
+    assert prefixes[0] != prefixes[1]
+    assert shared == samples(prefixes[1], tmp_path / "fresh")  # as a run with no cache of the first export reads
+    assert not any(docs[20][:5] == s[j:j + 5] for s in shared for j in range(len(s) - 4))
