@@ -31,7 +31,8 @@ last two, for web pages, are off unless a profile sets them: the `web` profile d
   when it is short (under jusText's 70 characters), has no code characters, no terminal punctuation and is at most
   three words or title-like (FineWeb's short-line rule, Penedo et al. 2024, counts lines of 30 characters or less).
   Headings, badges and directives count for neither side. Drop when boilerplate lines hold
-  `max_boilerplate_fraction` (0.5) of the words and there are at least three of them.
+  `max_boilerplate_fraction` (0.5) of the words and there are at least three of them. Words are `weighed_words`: a
+  character of Chinese or Japanese 5/8 of a word, a Thai letter 1/4, as Gopher's and C4's (text_units), a URL one.
 - `repeated_lines`: pages of a few lines repeated many times (comment threads, listings, log spam, a box repeated
   down the page), with counters, dates or names changing between repeats: Gopher's duplicate-line rules (Rae et al.
   2021) on lines compared by `line_key` (lower case, a token with a digit or a month or weekday name as "0"),
@@ -67,7 +68,7 @@ import pyarrow.compute as pc
 from annotated_types import Interval
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveInt
 
-from kiln.common.text_units import count_words, whitespace_words
+from kiln.common.text_units import count_words, plain, weighed_count, whitespace_words
 from kiln.curation.documents import Document
 from kiln.curation.filters.base import Fraction, Verdict, drop, keep
 from kiln.curation.filters.c4 import POLICY_SUBSTRINGS
@@ -367,6 +368,14 @@ TITLE_LINE_SCREEN = (rf"(?m)^[ \t]*(?:[-*+•][ \t]+)?(?:[A-Z0-9&]{_PLAIN}*|[a-z
 LINK_SCREEN = r"\]\(|[^(]https?://|[^(/]www\.| (?:[|·•»>/~–-]|::) "  # a Markdown link counts once
 
 
+def weighed_words(text: str) -> float:
+    """The words of a text as the line rules count them: `count_words`, a unit of an unspaced script weighed as
+    text_units.weighed_count weighs it (a Han character or kana 5/8 of a word, a Thai letter 1/4), as Gopher's
+    document length and C4's words per line are. Counted one each, a six-character Japanese link title made six
+    words, the length of an English sentence, and no link line."""
+    return len(text.split()) if plain(text) else weighed_count(whitespace_words(text))
+
+
 def _link_text(match: re.Match) -> str:
     return match.group(1)
 
@@ -381,7 +390,7 @@ def _title_like(words: list[str]) -> bool:
 _MARKS = ("](", "://", "www.", "\t", "\r", "\x0b", "\x0c", "  ", " | ", " / ", " > ", " ~ ", " : ", " - ", " :: ")
 
 
-def classify_line(line: str, link_density: float = 0.5) -> tuple[str, int]:
+def classify_line(line: str, link_density: float = 0.5) -> tuple[str, float]:
     """("boilerplate" | "content" | "neutral", words) for one line."""
     s = line.strip()
     if len(s) >= _JUSTEXT_SHORT and s.isascii() and s[-1] not in " :-|" and s[0] not in "*-+>#:" \
@@ -391,7 +400,7 @@ def classify_line(line: str, link_density: float = 0.5) -> tuple[str, int]:
     return _classify(s, link_density)
 
 
-def _classify(s: str, link_density: float) -> tuple[str, int]:
+def _classify(s: str, link_density: float) -> tuple[str, float]:
     """`classify_line` for a stripped line, every rule in order."""
     if s[:1] in ("*", "-", "+", "•", ">"):
         s = s.lstrip("*-+•> ")
@@ -404,12 +413,13 @@ def _classify(s: str, link_density: float) -> tuple[str, int]:
             if not s or _EMPTY_LINKS.fullmatch(s):  # badges
                 return "neutral", 0
         urls = len(_URL.findall(s))
-        link_words = sum(count_words(t) for t in _MD_LINK.findall(s)) + urls
+        link_words = sum(weighed_words(t) for t in _MD_LINK.findall(s)) + urls
         text = _URL.sub(" ", _MD_LINK.sub(_link_text, s)).strip().rstrip(" :-|")
     else:
         text = s.rstrip(" :-|")
-    ws = whitespace_words(text)  # a character of Chinese, Japanese or Thai is a word, as everywhere in Kiln
-    words = len(ws) + urls
+    ws = whitespace_words(text)  # a character of Chinese, Japanese or Thai is a unit, as everywhere in Kiln ...
+    n = len(ws) if plain(text) else weighed_count(ws)  # ... weighing 5/8 of a word (a Thai letter 1/4), as in Gopher
+    words = n + urls
     if words == 0:
         return "neutral", 0
     if link_words > link_density * words:
@@ -424,7 +434,7 @@ def _classify(s: str, link_density: float) -> tuple[str, int]:
             return "boilerplate", words
     if code or _CODE.search(text):
         return "content", words
-    if len(text) < _JUSTEXT_SHORT and not text.endswith(_TERMINAL) and (len(ws) <= 3 or _title_like(ws)):
+    if len(text) < _JUSTEXT_SHORT and not text.endswith(_TERMINAL) and (n <= 3 or _title_like(ws)):
         return "boilerplate", words
     if text[0] == "©" or "all rights reserved" in text.lower():
         return "boilerplate", words
@@ -448,7 +458,7 @@ def boilerplate_fraction(text: str, link_density: float = 0.5, at_least: float |
     return boiler / max(boiler + content, 1), lines
 
 
-def line_kinds(text: str, link_density: float = 0.5) -> Iterator[tuple[str, str, int]]:
+def line_kinds(text: str, link_density: float = 0.5) -> Iterator[tuple[str, str, float]]:
     """(line, kind, words) for each line, as `classify_line` has it, except that a lower-case line continuing an
     unfinished content line is content (a wrapped sentence)."""
     previous = None  # the last line, if it was content
@@ -464,16 +474,16 @@ def line_kinds(text: str, link_density: float = 0.5) -> Iterator[tuple[str, str,
 # ---- stub -------------------------------------------------------------------------------------------------------
 
 
-def content_words(text: str, link_density: float = 0.5, enough: int | None = None) -> int:
-    """Words outside boilerplate lines (`line_kinds`: content, and neutral lines such as headings, fields and
-    directives), leaving out the lines C4 removes as notices (a mention of JavaScript, cookies or a policy:
+def content_words(text: str, link_density: float = 0.5, enough: int | None = None) -> float:
+    """Words (`weighed_words`) outside boilerplate lines (`line_kinds`: content, and neutral lines such as headings,
+    fields and directives), leaving out the lines C4 removes as notices (a mention of JavaScript, cookies or a policy:
     kiln.curation.filters.c4). With `enough`, stops counting once it is reached."""
     n = 0
     for line, kind, words in line_kinds(text, link_density):
         if kind != "boilerplate":
             lower = line.lower()
             if "javascript" not in lower and not any(p in lower for p in POLICY_SUBSTRINGS):
-                n += words if kind == "content" else count_words(line)
+                n += words if kind == "content" else weighed_words(line)
                 if enough is not None and n >= enough:
                     break
     return n

@@ -335,8 +335,11 @@ def test_chinese_and_japanese_lines_are_content_and_their_sentences_count():
     web_garbage = build_step("garbage", {"max_repeated_line_fraction": 0.7, "min_content_words": 30})
     for article in (ZH_ARTICLE, JA_ARTICLE):
         assert all(classify_line(line)[0] == "content" for line in article.splitlines()), article
-        # every non-space character a unit, as text_units.whitespace_words counts Chinese and Japanese everywhere
-        assert content_words(article) == len("".join(article.split()))
+        # every Han character and kana a unit weighing 5/8 of a word (text_units.weighed_count, as Gopher counts a
+        # document's words), every mark of punctuation (、，。) a word of its own
+        weighed = sum(5 / 8 if unicodedata.name(c).startswith(("CJK UNIFIED", "HIRAGANA", "KATAKANA")) else 1
+                      for c in "".join(article.split()))
+        assert content_words(article) == weighed
         assert web_garbage(Document("d", "s", article)).drop is None
     assert [count_sentences(line) for line in ZH_ARTICLE.splitlines()] == [1, 1, 1, 1]
     assert [count_sentences(line) for line in JA_ARTICLE.splitlines()] == [2, 2, 2]
@@ -344,6 +347,56 @@ def test_chinese_and_japanese_lines_are_content_and_their_sentences_count():
     # a menu is still one: three short items, no sentence end
     assert classify_line("首页")[0] == "boilerplate"
     assert web_garbage(Document("d", "s", "首页\n新闻\n联系我们")).drop is not None
+
+
+# A Japanese site's link list, written for this test: eight "<title> - <URL>" lines, each title a four-kanji noun,
+# as Japanese navigation writes them (company profile, careers, terms of use, products, case studies, developers,
+# changelog, technical documents).
+JA_LINK_LIST = "\n".join(f"{title} - https://www.example.jp/{slug}" for title, slug in [
+    ("会社概要", "company"), ("採用情報", "careers"), ("利用規約", "terms"), ("製品一覧", "products"),
+    ("導入事例", "cases"), ("開発情報", "developers"), ("更新履歴", "changes"), ("技術資料", "docs")])
+# A Japanese diary entry with links, written for this test: three sentences with two links in them, a bare map URL and
+# a "related articles" heading over two Markdown links.
+JA_LINKED_ARTICLE = ("今日は朝から雨が降っていました。午後になると少し晴れてきました。\n"
+                     "駅前の本屋で[新しい料理の本](https://books.example.jp/item/42)を買いました。\n"
+                     "帰り道に公園を通ると、桜がきれいに咲いていました。\n"
+                     "地図: https://sakura.example.jp/map\n"
+                     "写真は[こちら](https://photos.example.jp/2026/04)にまとめました。\n"
+                     "関連記事\n"
+                     "- [桜の名所](https://sakura.example.jp/)\n"
+                     "- [雨の日の過ごし方](https://blog.example.jp/rain)")
+
+
+def test_japanese_and_thai_link_lines_weigh_their_words_as_everywhere_else():
+    """The link-list rules counted each character of an unspaced script as a whole word: a four-kanji link title
+    (会社概要, "company profile", two words) made four, more than the three of a short line, so a Japanese link list
+    was all content and kept (the bench's Japanese link lists were caught 84%); a Thai menu item (หน้าแรก, "home",
+    6 letters) made six. Words weigh as Gopher's and C4's: a Han character or kana 5/8 of a word, a Thai letter 1/4.
+    Worked by hand: each line of JA_LINK_LIST is 4 x 5/8 = 2.5 words and its URL one: short, no sentence end,
+    boilerplate, 8 lines of 3.5 words, all of the list."""
+    from kiln.curation.filters.garbage import boilerplate_fraction, classify_line, content_words
+
+    tech = build_step("garbage", {})  # technical_docs' garbage step
+    web = build_step("garbage", {"max_repeated_line_fraction": 0.7, "min_content_words": 30})
+    assert [classify_line(line) for line in JA_LINK_LIST.splitlines()] == [("boilerplate", 3.5)] * 8
+    assert boilerplate_fraction(JA_LINK_LIST) == (1.0, 8)
+    for step in (tech, web):
+        assert step(Document("d", "s", JA_LINK_LIST)).drop == "garbage.link_density"
+    # Thai: หน้าแรก is ห น้ า แ ร ก, 6 letters with their marks (1.5 words); เกี่ยวกับเรา is เ กี่ ย ว กั บ เ ร า (9, 2.25)
+    assert classify_line("หน้าแรก - https://www.example.co.th/") == ("boilerplate", 2.5)
+    assert classify_line("[เกี่ยวกับเรา](https://www.example.co.th/about)") == ("boilerplate", 3.25)
+
+    # The article, by hand (units of 5/8, 、。 a word each, a URL one word):
+    #   sentences: 30 units + 2 marks = 20.75; 19 units + 1 = 12.875 and the link's URL: 13.875, its link words
+    #   (新しい料理の本, 7 units, and the URL) 5.375, under half; 23 + 2 = 16.375; 13 + 1 = 9.125 and the URL: 10.125
+    #   boilerplate: 地図 and the URL 2.25 (a short line); 関連記事 2.5 (short); 桜の名所 2.5 + 1; 8 units 5 + 1
+    kinds = [classify_line(line) for line in JA_LINKED_ARTICLE.splitlines()]
+    assert kinds == [("content", 20.75), ("content", 13.875), ("content", 16.375), ("boilerplate", 2.25),
+                     ("content", 10.125), ("boilerplate", 2.5), ("boilerplate", 3.5), ("boilerplate", 6)]
+    assert boilerplate_fraction(JA_LINKED_ARTICLE) == (14.25 / 75.375, 4)  # 14.25 of 14.25 + 61.125 words
+    assert content_words(JA_LINKED_ARTICLE) == 61.125  # over the web profile's 30: no stub
+    for step in (tech, web):
+        assert step(Document("d", "s", JA_LINKED_ARTICLE)).drop is None
 
 
 # Korean news prose, written for this test: 24 words, none of them one of FineWeb-2's Korean stop words on its own
