@@ -208,3 +208,39 @@ def test_deployment_resources():
     assert local["training_launcher"].launcher is None  # follows training.launcher
     with pytest.raises(ValueError, match="KILN_DEPLOYMENT='staging'"):
         deployment_resources("staging")
+
+
+def _resource_env_vars(resource) -> set[str]:
+    """The variables a resource reads through dg.EnvVar, its nested resources' included."""
+    import dagster as dg
+
+    found = set()
+    for value in resource.__dict__.values():
+        if isinstance(value, (str, int)) and getattr(value, "env_var_name", None):  # dg.EnvVar, dg.EnvVar.int
+            found.add(value.env_var_name)
+        elif isinstance(value, dg.ConfigurableResource):
+            found |= _resource_env_vars(value)
+    return found
+
+
+def test_run_pods_get_every_variable_the_production_resources_read(dummy_env, monkeypatch):
+    """The K8sRunLauncher gives a run pod only its `env_vars` (copied from the daemon) and `env_secrets`: a resource
+    variable missing there fails every run that needs the resource, at its initialization in the pod."""
+    import dagster as dg
+    from dagster_k8s.container_context import K8sContainerContext
+
+    from orchestration.deployments import deployment_resources
+
+    resources = deployment_resources("production")
+    read = set().union(*(_resource_env_vars(r) for r in resources.values() if isinstance(r, dg.ConfigurableResource)))
+    assert {"MLFLOW_TRACKING_URI", "KILN_TRAINING_WORKERS"} <= read
+    launcher = yaml.safe_load(PRODUCTION_YAML.read_text())["run_launcher"]["config"]
+    pod_env = {e["name"]: e["value"] for e in K8sContainerContext(env_vars=launcher["env_vars"]).run_k8s_config
+               .container_config["env"]}
+    assert read <= set(pod_env), f"not copied into run pods (run_launcher.config.env_vars): {read - set(pod_env)}"
+    for key in DUMMY_ENV:  # the run pod: what the launcher copies, nothing of the daemon's own environment
+        if key not in pod_env:
+            monkeypatch.delenv(key)
+    with dg.build_resources({k: resources[k] for k in ("training_launcher", "mlflow_tracking")}) as started:
+        assert started.training_launcher.num_workers == int(dummy_env["KILN_TRAINING_WORKERS"])
+        assert started.mlflow_tracking.tracking_uri == dummy_env["MLFLOW_TRACKING_URI"]
