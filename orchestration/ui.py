@@ -17,6 +17,11 @@ from kiln.common.config import ConfigError, load_config
 from kiln.engine import EngineError, shared_local_ray
 
 
+# What stops `make ui`, and what Dagster's group gets for it: a hang-up becomes the graceful stop (`dagster dev`
+# treats SIGTERM as Ctrl-C; SIGHUP would kill its processes outright, runs in flight left STARTED).
+STOP_SIGNALS = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM, signal.SIGHUP: signal.SIGTERM}
+
+
 def main(args: list[str]) -> int:
     try:
         config = load_config()
@@ -26,12 +31,13 @@ def main(args: list[str]) -> int:
     dagster = Path(sys.executable).with_name("dagster")
     try:
         with shared_local_ray(config.engine):  # its address reaches Dagster's processes as RAY_ADDRESS
-            # Dagster in a process group of its own, which gets every signal that stops `make ui`: Ctrl-C, and the
-            # SIGTERM of `docker stop`, systemd or a CI runner, which reaches only this process. Its webserver,
-            # daemon, code servers and run workers all stop, not only `dagster dev`; then Ray stops.
+            # Dagster in a process group of its own, which gets every signal that stops `make ui`: Ctrl-C, the
+            # SIGTERM of `docker stop`, systemd or a CI runner, and the SIGHUP of a closed terminal or a dropped ssh
+            # session, which reach only this process. Its webserver, daemon, code servers and run workers all stop,
+            # not only `dagster dev`; then Ray stops.
             child = subprocess.Popen([str(dagster), "dev", *args], process_group=0)
             stop = _GroupStop(child.pid)
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in STOP_SIGNALS:
                 signal.signal(signum, stop.forward)
             return stop.wait(child)
     except EngineError as exc:
@@ -50,7 +56,7 @@ class _GroupStop:
 
     def forward(self, signum: int, _frame) -> None:
         self.asked = self.asked or time.monotonic()
-        self.signal(signum)
+        self.signal(STOP_SIGNALS.get(signum, signum))
 
     def signal(self, signum: int) -> bool:
         try:

@@ -334,3 +334,58 @@ def _answers(url: str) -> bool:
             return response.status == 200
     except OSError:
         return False
+
+
+FAKE_DAGSTER = """
+import os, signal, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+def stop(signum, frame):
+    out.with_suffix(".signal").write_text(signal.Signals(signum).name)
+    sys.exit(0)
+signal.signal(signal.SIGINT, stop)
+signal.signal(signal.SIGTERM, stop)
+out.write_text(str(os.getpid()))
+time.sleep(60)
+"""
+
+UI_WITH_FAKE_DAGSTER = """
+import subprocess, sys, types
+import orchestration.ui as ui
+popen = subprocess.Popen
+ui.subprocess = types.SimpleNamespace(Popen=lambda command, **kw: popen([sys.executable, sys.argv[1], sys.argv[2]], **kw))
+sys.exit(ui.main([]))
+"""
+
+
+@pytest.mark.parametrize("stop", [signal.SIGHUP, signal.SIGTERM])
+def test_make_ui_stops_dagster_when_its_terminal_goes(tmp_path, stop):
+    """A closed terminal or a dropped ssh session sends SIGHUP to `make ui`'s foreground group, which does not hold
+    Dagster's own process group: Dagster must still get its graceful stop (SIGTERM), as for SIGTERM, not be left
+    running on its port while the embedded Ray goes."""
+    (tmp_path / "kiln.yaml").write_text(f"extends: {ROOT / 'configs' / 'default.yaml'}\nengine:\n  backend: processes\n")
+    (tmp_path / "fake_dagster.py").write_text(FAKE_DAGSTER)
+    ready = tmp_path / "dagster.pid"
+    env = {**os.environ, "KILN_CONFIG": str(tmp_path / "kiln.yaml"), "KILN_HOME": str(tmp_path / "kiln"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    ui = subprocess.Popen([sys.executable, "-c", UI_WITH_FAKE_DAGSTER, str(tmp_path / "fake_dagster.py"), str(ready)],
+                          cwd=ROOT, env=env, start_new_session=True, preexec_fn=_stop_signals_as_in_a_shell)
+    fake = None
+    try:
+        deadline = time.monotonic() + 30
+        while not (ready.exists() and ready.read_text()):
+            assert ui.poll() is None and time.monotonic() < deadline, "orchestration.ui did not start dagster"
+            time.sleep(0.1)
+        fake = int(ready.read_text())
+        ui.send_signal(stop)
+        ui.wait(timeout=10)
+        assert ready.with_suffix(".signal").exists(), f"dagster got no stop signal when make ui got {stop.name}"
+        assert ready.with_suffix(".signal").read_text() == "SIGTERM"
+        assert not _alive(fake)
+    finally:
+        for pid in (fake, ui.pid):
+            try:
+                if pid is not None:
+                    os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
