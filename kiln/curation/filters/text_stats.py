@@ -39,7 +39,7 @@ _SENTENCE_END_RE = re.compile(rf"[.!?…]+[\"'”’)\]]*(?=\s|$)|[{OTHER_SENTEN
 _SPACE_ENDED_RE = re.compile(f"[{SPACE_ENDED_SCRIPTS}]")
 # Another script's sentence end closed by a quotation mark or bracket at a line's end: Chinese dialogue ends 。” or ？”
 # (its quotes are “ ”), Japanese 。」. After . ! ? only C4's own marks count, as C4 has it.
-_CLOSED_END_RE = re.compile(f"[{OTHER_SENTENCE_ENDS}][\"'”’)\\]」』）］]+\Z")
+_CLOSED_END_RE = re.compile(f"[{OTHER_SENTENCE_ENDS}][\"'”’)\\]」』）］]+\\Z")
 
 # C4 (TFDS c4_utils) and FineWeb: a line "ends in terminal punctuation" if it ends with one of these; after C4's
 # five, the sentence ends of other scripts and their closing quotes (corner brackets): without them every Chinese,
