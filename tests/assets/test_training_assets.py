@@ -479,8 +479,12 @@ def test_the_launch_config_changes_one_runs_recipe_and_is_validated_like_the_pro
         TrainingLaunch(base_checkpoint=" ").apply(project)
 
 
-def test_a_launcher_left_unset_trains_on_every_visible_gpu_and_on_two_cpu_processes_without_one(monkeypatch):
+def test_a_launcher_left_unset_trains_on_every_visible_gpu_and_on_two_cpu_processes_without_one(monkeypatch, tmp_path):
     from resources import TrainingLauncher
+
+    # torchrun's command names the run folder (its --log-dir), read from the run config
+    monkeypatch.chdir(tmp_path)
+    Path("run.json").write_text(json.dumps({"output_dir": str(tmp_path / "run")}))
 
     def launcher(*args, **settings) -> list[str]:  # the launcher's own command, without the supervisor before it
         cmd = TrainingLauncher(**settings).command(Path("run.json"), *args)
@@ -491,6 +495,7 @@ def test_a_launcher_left_unset_trains_on_every_visible_gpu_and_on_two_cpu_proces
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     assert TrainingLauncher().world_size("deepspeed") == 8
     assert launcher()[3:5] == ["--nproc_per_node", "8"]  # torchrun by default
+    assert launcher()[-6:-4] == ["--log-dir", str(tmp_path / "run" / "torchelastic")]  # not an empty folder in /tmp
     assert launcher("deepspeed")[1:3] == ["--num_gpus", "8"]
     assert TrainingLauncher(nproc_per_node=2).world_size("torchrun") == 2  # a setting wins over the machine
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)

@@ -275,7 +275,7 @@ def test_the_default_config_ships_no_toy_benchmark_and_the_demo_adds_it(tmp_path
     assert demo.model_dump(exclude={"decontamination", "card"}) == default.model_dump(exclude={"decontamination", "card"})
     assert Path(demo.decontamination.benchmarks[0].path).is_file()  # relative to the repository root, as run
     # The demo and `make` pick the demo's config when KILN_CONFIG is not set otherwise.
-    assert "export KILN_CONFIG ?= $(CURDIR)/configs/demo.yaml" in (ROOT / "Makefile").read_text()
+    assert "export KILN_CONFIG := $(or $(KILN_CONFIG),$(CURDIR)/configs/demo.yaml)" in (ROOT / "Makefile").read_text()
     from orchestration.demo import DEMO_CONFIG
     assert DEMO_CONFIG == ROOT / "configs" / "demo.yaml"
     # The demo's card states what the embedded corpora are for and reads the packages' own licences; the default
