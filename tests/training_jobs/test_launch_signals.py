@@ -76,8 +76,12 @@ def test_a_signal_to_the_launcher_alone_stops_every_rank(launcher, signum, tmp_p
         assert len(tree) >= 3, [p.cmdline() for p in tree]  # the launcher and at least its two ranks
         launched.send_signal(signum)
         code = launched.wait(120)
-        alive = running(tree)
-        assert not alive, (f"still running after the launcher exited ({code}): {alive}\n"
+        # A process the launcher stopped may still be in its exit (memory released, cmdline empty, not yet a
+        # zombie) when the launcher returns: a few seconds' grace. A rank left behind hangs at step 10 for good.
+        deadline = time.monotonic() + 10
+        while (alive := running(tree)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive, (f"still running 10 s after the launcher exited ({code}): {alive}\n"
                            + (tmp_path / "launch.log").read_text()[-3000:])
         assert code != 0  # stopped, not finished
         assert not (tmp_path / "run" / "summary.json").exists()
