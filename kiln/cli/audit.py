@@ -65,7 +65,8 @@ def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
     card.add_argument("checkpoint", metavar="CHECKPOINT", nargs="?", default="checkpoint",
                       help="as for lineage (default: the current checkpoint)")
     card.add_argument("--out", type=Path, metavar="DIR",
-                      help="write data_card.md, data_card.json and the funnel chart (PNG) into DIR instead")
+                      help="write data_card.md, data_card.json and the funnel chart (PNG) into DIR instead "
+                           "(with --json, print the written paths as JSON)")
 
     questions.add_parser("refreshes", parents=[common], help="which files made up each refresh, and what is pending",
                          description="Every registered refresh (when, by what, which landed files), its documents per "
@@ -172,6 +173,11 @@ def _card(store: Store, config: ProjectConfig, checkpoint: str, out: Path | None
     except OSError as exc:  # a file where the folder should be, no permission, a full disk: said, not a traceback
         raise ValueError(f"--out {str(out)!r}: cannot write the card there ({exc.strerror or exc}); give a folder "
                          f"you can write to") from None
-    print(f"data card of checkpoint {card['checkpoint']['data_version']}: {out / 'data_card.md'} (with data_card.json "
-          f"and {FUNNEL_PNG})")
+    written = {"checkpoint": card["checkpoint"]["data_version"], "markdown": str(out / "data_card.md"),
+               "json": str(out / "data_card.json"), "chart": str(out / FUNNEL_PNG)}
+    if as_json:  # what was written where, for a script (the card itself is in data_card.json)
+        print(json.dumps(written, indent=2))
+    else:
+        print(f"data card of checkpoint {written['checkpoint']}: {written['markdown']} (with data_card.json and "
+              f"{FUNNEL_PNG})")
     return EXIT_OK

@@ -400,6 +400,10 @@ def test_the_card_of_a_checkpoint_a_later_training_replaced(built, tmp_path, cap
     assert "](data_card_funnel.png)" in (out / "data_card.md").read_text()
     assert (out / "data_card_funnel.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in out.iterdir()) == ["data_card.json", "data_card.md", "data_card_funnel.png"]
+    assert main(["audit", "card", earlier, "--out", str(out), "--json", *argv]) == 0  # --json: what went where
+    assert json.loads(capsys.readouterr().out) == {
+        "checkpoint": earlier, "markdown": str(out / "data_card.md"), "json": str(out / "data_card.json"),
+        "chart": str(out / "data_card_funnel.png")}
     assert main(["audit", "card", "ffffffffff", *argv]) == 2
     assert "no checkpoint 'ffffffffff'" in capsys.readouterr().err
     (tmp_path / "a-file").write_text("kept")  # --out naming a file: a clear error, and the file left as it was
