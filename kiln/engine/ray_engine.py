@@ -54,6 +54,7 @@ class _Session:
     address: str | None  # what was asked (None: embedded)
     gcs_address: str
     dashboard_url: str | None
+    num_cpus: int | None = None  # an embedded Ray's logical CPUs (None: a cluster's, not ours to size)
 
 
 _session: _Session | None = None
@@ -61,21 +62,26 @@ _session: _Session | None = None
 
 def connect(address: str | None, origin: str = ADDRESS_KEY, num_cpus: int | None = None) -> _Session:
     """Connect this process to Ray once: to `address`, or start an embedded local Ray when it is None.
-    Later calls for the same address reuse the connection, so every stage of a process shares one Ray."""
+    Later calls for the same address reuse the connection, so every stage of a process shares one Ray; an
+    embedded one is started again, larger, for a call asking more workers than it has CPUs."""
     global _session
     import ray
 
     if address:
         check_reachable(address, origin)
+    # Logical CPUs of an embedded Ray: at least one per requested worker, so `workers` means the same on any machine.
+    cpus = max(os.cpu_count() or 1, num_cpus or 0) if address is None else None
     if _session is not None and ray.is_initialized():
-        if address in (_session.address, _session.gcs_address):  # the same Ray (an embedded one by its address)
+        same = address in (_session.address, _session.gcs_address)  # the same Ray (an embedded one by its address)
+        if same and (cpus is None or _session.num_cpus is None or cpus <= _session.num_cpus):
             return _session
-        shutdown()  # another address than this process's Ray: the engine asked for is the engine used
+        # another address than this process's Ray (the engine asked for is the engine used), or an embedded Ray too
+        # small for the workers asked: they would run fewer at a time than `workers` says
+        shutdown()
     options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING,
                                "configure_logging": True}
-    if address is None:
-        # Logical CPUs: at least one per requested worker, so `workers` means the same on any machine.
-        options |= {"num_cpus": max(os.cpu_count() or 1, num_cpus or 0)}
+    if cpus is not None:
+        options |= {"num_cpus": cpus}
     try:
         context = ray.init(address=address, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -83,7 +89,7 @@ def connect(address: str | None, origin: str = ADDRESS_KEY, num_cpus: int | None
             f"{origin} = {redact_url(address)!r}: could not join the Ray cluster: {redact(str(exc))}. If the "
             "cluster uses token authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) "
             "as on its nodes") from None
-    _session = _Session(address, context.address_info.get("gcs_address", ""), context.dashboard_url or None)
+    _session = _Session(address, context.address_info.get("gcs_address", ""), context.dashboard_url or None, cpus)
     return _session
 
 

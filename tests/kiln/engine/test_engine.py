@@ -225,6 +225,19 @@ def test_ray_never_runs_more_tasks_at_once_than_its_workers(workers, tmp_path):
     assert 1 <= most <= min(workers, cpus)
 
 
+def test_an_embedded_ray_too_small_for_the_workers_asked_is_started_again_larger():
+    """An embedded Ray started for fewer workers was reused as it was: asked for more workers than its CPUs, a
+    stage ran only as many tasks at once as it had. Fewer workers keep the running one."""
+    import ray
+
+    cpus = os.cpu_count() or 1
+    first = RayEngine(workers=cpus + 1).session()
+    assert ray.cluster_resources()["CPU"] == cpus + 1
+    larger = RayEngine(workers=cpus + 3).session()
+    assert larger.gcs_address != first.gcs_address and ray.cluster_resources()["CPU"] == cpus + 3
+    assert RayEngine(workers=1).session() is larger  # enough CPUs: the same Ray
+
+
 def test_ray_engine_describes_itself_without_credentials():
     described = RayEngine(workers=2).describe()
     assert described["engine"] == "ray" and described["address"] == "embedded" and described["workers"] == 2
