@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
@@ -49,6 +49,9 @@ from kiln.governance.exposure import exposure_of
 from kiln.governance.forget import first_match, load_requests
 from kiln.governance.lineage import DOCUMENT_STAGES
 from kiln.governance.refresh import latest
+
+if TYPE_CHECKING:
+    from kiln.governance.replay import HoldOut
 
 # Membership verdicts, from "it was trained on" to "never seen".
 IN_TRAINING = "in_training"
@@ -94,6 +97,8 @@ class ShardRecord:
     # checkpoints that replayed this set but skipped the document for a removal request, and that request
     removed_from_replay: list[str] = field(default_factory=list)
     removed_from_replay_by: str | None = None
+    # checkpoints that replayed this set but left the document out as one of their run's validation documents
+    held_out_of_replay: list[str] = field(default_factory=list)
     # of `checkpoints`, those whose run recorded what it read: the times it read each copy (most read first)
     reads: dict[str, list[int]] = field(default_factory=dict)
     # of `checkpoints`: those that read the document (or recorded nothing to say otherwise), and those that did not
@@ -242,13 +247,17 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
         replays = {c: r for c, r in replays.items() if r is not None and r[0] == m.data_version}
         for path in paths:
             for r in pq.read_table(path, filters=[("doc_id", "=", doc_id)]).to_pylist():
-                # A checkpoint that replayed this set and left the document out did not train on it from here.
-                skipped = {c: removed[doc_id] for c, (_, removed, main) in replays.items()
+                # A checkpoint that replayed this set and left the document out for a removal request did not
+                # train on it from here. One that left it out as one of its own validation documents still counts
+                # as replaying it: it continues from the base checkpoint, which trained on it (said in a note).
+                skipped = {c: removed[doc_id] for c, (_, removed, main, _) in replays.items()
                            if not main and removed is not None and doc_id in removed}
+                held_out = sorted(c for c, (_, _, main, hold) in replays.items() if not main and c not in skipped
+                                  and r["split"] == "train" and hold is not None and hold.test(doc_id))
                 record = ShardRecord(m.data_version, r["split"], r["copies"], r["tokens"],
                                      [c for c in checkpoints if c not in skipped], r.get("removed_by"),
-                                     [c for c, (_, _, main) in replays.items() if not main and c not in skipped],
-                                     sorted(skipped), next(iter(skipped.values()), None))
+                                     [c for c, (_, _, main, _) in replays.items() if not main and c not in skipped],
+                                     sorted(skipped), next(iter(skipped.values()), None), held_out)
                 if r["split"] == "train" and r["copies"] > 0:
                     _add_reads(catalog, record, doc_id, exposures)
                     # not the checkpoints the verdict is about, but models that may still be in use
@@ -288,6 +297,11 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
                      f"it) still hold{'s' if len(stale) == 1 else ''} it: re-materialize token_shards")
     skipped = "; ".join(f"skipped by {s.removed_from_replay_by} when checkpoint {', '.join(s.removed_from_replay)} "
                         f"replayed token_shards {s.shard_set}" for s in shards if s.removed_from_replay)
+    for s in shards:
+        if s.held_out_of_replay:
+            notes.append(f"checkpoint {', '.join(s.held_out_of_replay)} left it out of its replay of token_shards "
+                         f"{s.shard_set}, as one of its run's own validation documents; counted as replayed all the "
+                         f"same, since that checkpoint continues from the base checkpoint, which trained on it")
     held = [s for s in train if s.copies > 0]
     # A request recorded since that no shard set has applied yet: the auditor checking a takedown must see it
     pending = None if requested is not None or not held else \
@@ -507,12 +521,12 @@ def _near_match(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[tup
 
 # ----------------------------------------------------------------------------------- checkpoints & shards
 
-def _replay_of(catalog: Catalog, checkpoint: str) -> tuple[str, dict[str, str] | None, bool] | None:
+def _replay_of(catalog: Catalog, checkpoint: str) -> tuple[str, dict[str, str] | None, bool, HoldOut | None] | None:
     """What a checkpoint's run replayed: (the replayed set's data version, doc_id -> request for the documents it
-    left out (None: the run's dataset is gone, so unknown), whether that set is also its main training set);
-    None for a run without replay."""
+    left out (None: the run's dataset is gone, so unknown), whether that set is also its main training set, the
+    replayed documents it left out as its own validation documents); None for a run without replay."""
     from kiln.governance.refresh import trained_refresh
-    from kiln.governance.replay import removed_from_replay, replayed
+    from kiln.governance.replay import held_out_of_replay, removed_from_replay, replayed
 
     run = run_of_checkpoint(catalog, checkpoint)
     info = replayed(run)
@@ -520,7 +534,7 @@ def _replay_of(catalog: Catalog, checkpoint: str) -> tuple[str, dict[str, str] |
         return None
     refresh = trained_refresh(run)
     main = refresh is not None and run.inputs.get(f"{SHARDS}/{refresh}") == info["data_version"]
-    return info["data_version"], removed_from_replay(catalog.store, run), main
+    return info["data_version"], removed_from_replay(catalog.store, run), main, held_out_of_replay(run)
 
 
 def _add_reads(catalog: Catalog, record: ShardRecord, doc_id: str, exposures: dict[str, Any]) -> None:

@@ -128,6 +128,9 @@ def render_membership(answer: Membership) -> str:
             f"split {s.split}, {s.copies} cop{'y' if s.copies == 1 else 'ies'} x {s.tokens:,} tokens"
         skipped = f"; skipped in the replay of checkpoint {', '.join(s.removed_from_replay)} by " \
                   f"{s.removed_from_replay_by}" if s.removed_from_replay else ""
+        if s.held_out_of_replay:
+            skipped += (f"; left out of the replay of checkpoint {', '.join(s.held_out_of_replay)} as its validation "
+                        f"(its base trained on it)")
         lines.append(f"token_shards {s.shard_set}: {held}; checkpoints: {ckpts}{skipped}")
     for o in answer.other_matches:
         lines.append(f"also the same text: {o['doc_id']} ({o['source']}): {o['verdict']}")

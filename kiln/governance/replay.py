@@ -129,16 +129,21 @@ def plan_replay(store: Store, dataset_dir: str | Path, requests: list[RemovalReq
     plan = ReplayPlan(str(dataset_dir), manifest.data_version, f"{SHARDS}/{manifest.partition}" if own else None,
                       [r.request_id for r in requests], val_fraction=val_fraction,
                       replayed_val_fraction=val_fraction_of(manifest))
-    hold_out = None
-    if val_fraction and (plan.replayed_val_fraction is None or plan.replayed_val_fraction < val_fraction):
-        hold_out = HoldOut(f"in this run's validation split (shards.val_fraction {val_fraction}; the replayed set was "
-                           f"written at {plan.replayed_val_fraction})",
-                           lambda doc_id: is_validation(doc_id, val_fraction))
+    hold_out = validation_hold_out(val_fraction, plan.replayed_val_fraction)
     places = named_places(store, folder, manifest, requests, TRAIN, dataset_dir, "mixture.replay", "replayed",
                           ", or replay a set written since", hold_out)
     plan.removed, plan.held_out, plan.exclude, plan.unknown_urls = (places.removed, places.held_out, places.exclude,
                                                                     places.unknown_urls)
     return plan
+
+
+def validation_hold_out(val_fraction: float | None, replayed_val_fraction: float | None) -> HoldOut | None:
+    """The replayed train documents a run whose shards were written at `val_fraction` leaves out as its own
+    validation documents: none unless it holds out a larger share than the replayed set did."""
+    if not val_fraction or (replayed_val_fraction is not None and replayed_val_fraction >= val_fraction):
+        return None
+    return HoldOut(f"in this run's validation split (shards.val_fraction {val_fraction}; the replayed set was written "
+                   f"at {replayed_val_fraction})", lambda doc_id: is_validation(doc_id, val_fraction))
 
 
 def named_places(store: Store, folder: Path, manifest: Manifest, requests: list[RemovalRequest], split: str,
@@ -244,6 +249,12 @@ def replayed(run: Manifest | None) -> dict[str, Any] | None:
     return info if info and info.get("data_version") else None
 
 
+def held_out_of_replay(run: Manifest | None) -> HoldOut | None:
+    """The replayed train documents `run` left out as its own validation documents (from what it recorded)."""
+    held = (replayed(run) or {}).get("validation_held_out") or {}
+    return validation_hold_out(held.get("val_fraction"), held.get("replayed_val_fraction"))
+
+
 def removed_from_replay(store: Store, run: Manifest) -> dict[str, str] | None:
     """doc_id -> the request, for every document `run` left out of its replay; None when the store no longer
     holds that list (a run a later one replaced, from before the store's history kept it), so it cannot be told."""
@@ -257,5 +268,6 @@ def removed_from_replay(store: Store, run: Manifest) -> dict[str, str] | None:
     return dict(zip(table.column("doc_id").to_pylist(), table.column("removed_by").to_pylist()))
 
 
-__all__ = ["REMOVED_FILE", "HoldOut", "Places", "ReplayError", "ReplayPlan", "named_places", "plan_replay",
-           "removed_from_replay", "replayed", "trained_validation", "val_fraction_of", "write_removed"]
+__all__ = ["REMOVED_FILE", "HoldOut", "Places", "ReplayError", "ReplayPlan", "held_out_of_replay", "named_places",
+           "plan_replay", "removed_from_replay", "replayed", "trained_validation", "val_fraction_of",
+           "validation_hold_out", "write_removed"]

@@ -8,10 +8,11 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 import torch
+import yaml
 
 from assets.training import replay_removals
 from kiln.governance.audit import lineage
-from kiln.governance.forget import load_requests, record_request
+from kiln.governance.forget import RemovalRequest, affected_checkpoints, load_requests, record_request
 from kiln.governance.membership import membership
 from kiln.governance.refresh import trained_refresh
 from kiln.governance.render import render
@@ -19,6 +20,7 @@ from kiln.governance.replay import ReplayError, plan_replay, removed_from_replay
 from kiln.tokens.tokenizer import Tokenizer
 from tests.audit_store import build_audit_store, members, random_text
 from tests.conftest import write_jsonl
+from tests.kiln.governance.test_replay_validation import unit
 from tests.token_corpus import read_sequences, token_grams
 from training_jobs.settings import TrainingSettings
 from training_jobs.setup import Dist, open_training
@@ -42,23 +44,30 @@ def replayed(tmp_path_factory):
                  and m["copies"] > 0)
         request = record_request(store, built["config"], "doc_ids", [d], "owner asked")
         assert project.materialize(["token_shards"]).success  # refresh 2's shards again: d left out
-        a_dir, b = store.dataset_dir("token_shards", first), store.manifest("token_shards", second)
-        replay = {"share": 0.25, "dataset_dir": str(a_dir)}
-        # what the asset computes before launch (the run's shards at the base's val_fraction: nothing held out)
-        plan, requests_version = replay_removals(store, replay, b.config["shards"]["val_fraction"])
-        with store.staging("training_run") as writer:
-            write_removed(writer.dir, plan)
-            inputs = {f"token_shards/{second}": b.data_version, "tokenizer": store.manifest("tokenizer").data_version}
-            run = writer.commit(code_version="test", config={"replay": replay},
-                                inputs=inputs | plan.inputs(requests_version), counts={"steps": 3},
-                                stats={"replay": plan.describe(), "mlflow": {"experiment_id": "1", "run_id": "r2"}})
-        with store.staging("checkpoint") as writer:
-            (writer.dir / "safetensors").mkdir()
-            (writer.dir / "safetensors" / "model.safetensors").write_bytes(b"stand-in weights")
-            ckpt = writer.commit(code_version="test", config={}, inputs={"training_run": run.data_version},
-                                 counts={"parameters": 1, "steps": 3}, stats={"mlflow": run.stats["mlflow"]})
-        yield {**built, "first": first, "second": second, "d": d, "request": request, "plan": plan, "run": run,
-               "ckpt": ckpt, "a_dir": a_dir, "b": b, "replay": replay, "a_members": a_members}
+        continued = continued_run(store, first, second)
+        yield {**built, **continued, "first": first, "second": second, "d": d, "request": request,
+               "a_members": a_members}
+
+
+def continued_run(store, first: str, second: str) -> dict:
+    """A stand-in continued run over refresh 2's shards (B) that replays refresh 1's (A) and its checkpoint,
+    recorded as the training_run asset records them."""
+    a_dir, b = store.dataset_dir("token_shards", first), store.manifest("token_shards", second)
+    replay = {"share": 0.25, "dataset_dir": str(a_dir)}
+    # what the asset computes before launch, at the run's own shards' val_fraction
+    plan, requests_version = replay_removals(store, replay, b.config["shards"]["val_fraction"])
+    with store.staging("training_run") as writer:
+        write_removed(writer.dir, plan)
+        inputs = {f"token_shards/{second}": b.data_version, "tokenizer": store.manifest("tokenizer").data_version}
+        run = writer.commit(code_version="test", config={"replay": replay},
+                            inputs=inputs | plan.inputs(requests_version), counts={"steps": 3},
+                            stats={"replay": plan.describe(), "mlflow": {"experiment_id": "1", "run_id": "r2"}})
+    with store.staging("checkpoint") as writer:
+        (writer.dir / "safetensors").mkdir()
+        (writer.dir / "safetensors" / "model.safetensors").write_bytes(b"stand-in weights")
+        ckpt = writer.commit(code_version="test", config={}, inputs={"training_run": run.data_version},
+                             counts={"parameters": 1, "steps": 3}, stats={"mlflow": run.stats["mlflow"]})
+    return {"plan": plan, "run": run, "ckpt": ckpt, "a_dir": a_dir, "b": b, "replay": replay}
 
 
 def _read_replay(built, exclude: bool) -> set[tuple[int, ...]]:
@@ -126,8 +135,6 @@ def test_a_new_request_flags_the_checkpoint_for_its_replayed_documents(replayed)
     other = next(doc for doc, m in sorted(replayed["a_members"].items()) if m["split"] == "train"
                  and m["copies"] > 0 and doc != d)
     # Checked without recording it (recording would change the shared store): the same call `kiln forget` makes.
-    from kiln.governance.forget import RemovalRequest, affected_checkpoints
-
     [affected] = affected_checkpoints(store, RemovalRequest("x", "t", "doc_ids", [other], ""))
     assert affected["checkpoint"] == replayed["ckpt"].data_version and affected["documents"] == 1
     assert affected["tokens"] == b_members[other]["tokens"] * b_members[other]["copies"]  # the run's own shards
@@ -165,3 +172,49 @@ def test_replay_sets_that_cannot_honour_a_request_are_refused(replayed, tmp_path
         plan_replay(store, old, requests)
     plan = plan_replay(store, old, [])
     assert plan.removed == [] and plan.exclude == {} and plan.input_key is None  # not this store's dataset
+
+
+def test_a_document_the_replay_held_out_as_the_runs_validation_is_said_so(tmp_path, monkeypatch):
+    """The continued run's shards (B, refresh 2) are written at a higher val_fraction (0.6) than the replayed set
+    (A, refresh 1, 0.2): A's train documents in B's validation split are left out of the replay. They still count
+    as replayed (the run continues from the base checkpoint, which trained on them: the verdict stays on the safe
+    side, and `kiln forget` still flags the checkpoint), but membership no longer says so without a word: a note
+    and the shard line say the replay left them out as the run's validation documents."""
+    built = build_audit_store(tmp_path, monkeypatch)
+    store, project = built["store"], built["project"]
+    first = project.current()
+    write_jsonl(built["home"] / "landing" / "ref" / "b.jsonl",
+                [{"id": f"s{i}", "text": random_text(built["rng"], built["vocab"])} for i in range(6)])
+    config = yaml.safe_load(built["config_path"].read_text())
+    config["shards"]["val_fraction"] = 0.6
+    built["config_path"].write_text(yaml.safe_dump(config))
+    second = project.refresh().key
+    assert project.materialize_refresh(sources=["web", "ref"])
+    run = continued_run(store, first, second)
+    ckpt, a = run["ckpt"].data_version, store.manifest("token_shards", first).data_version
+    # Worked from the split's hash written out in the test (unit): A's train documents, by B's split.
+    a_train = sorted(doc for doc, m in built["members"].items() if m["split"] == "train" and m["copies"] > 0)
+    held, kept = [d for d in a_train if unit(d) < 0.6], [d for d in a_train if unit(d) >= 0.6]
+    assert held and kept
+    assert sorted(r["doc_id"] for r in run["plan"].held_out) == held
+    b_members = members(store)
+    note = (f"checkpoint {ckpt} left it out of its replay of token_shards {a}, as one of its run's own validation "
+            f"documents; counted as replayed all the same, since that checkpoint continues from the base checkpoint, "
+            f"which trained on it")
+    for doc in held:
+        assert b_members[doc]["split"] == "val"
+        answer = membership(store, built["config"], doc_id=doc)
+        assert answer.verdict == "in_training", render(answer)
+        assert f"replayed by checkpoint {ckpt}" in answer.summary and note in answer.notes
+        [record] = [s for s in answer.shards if s.shard_set == a]
+        assert (record.checkpoints, record.replayed_by, record.held_out_of_replay) == ([ckpt], [ckpt], [ckpt])
+        assert f"left out of the replay of checkpoint {ckpt} as its validation (its base trained on it)" in \
+            render(answer)
+        [affected] = affected_checkpoints(store, RemovalRequest("x", "t", "doc_ids", [doc], ""))
+        assert affected["checkpoint"] == ckpt and affected["replay"]["documents"] == 1
+    trained = next(d for d in kept if b_members[d]["copies"] > 0)
+    answer = membership(store, built["config"], doc_id=trained)
+    assert answer.verdict == "in_training" and not any("validation documents" in n for n in answer.notes)
+    assert answer.summary.endswith(f"; also replayed by checkpoint {ckpt} from token_shards {a}")
+    [record] = [s for s in answer.shards if s.shard_set == a]
+    assert record.held_out_of_replay == []
