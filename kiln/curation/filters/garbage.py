@@ -27,7 +27,8 @@ last two, for web pages, are off unless a profile sets them: the `web` profile d
   rules, and code_quality's alphanumeric fraction, catch only some soup.)
 - `link_density`: lines classified as jusText classifies blocks (Pomikálek 2011, whose link-density limit is 0.2
   per paragraph; `link_density` 0.5 per line here, as a Markdown line carries its URL): boilerplate when more than
-  half of its words are link text or URLs, when it is a menu (3+ short or title-like items between separators), or
+  half of its words are link text or URLs, when it is a menu (3+ items between separators, short or title-like, each
+  starting with a capital or a letter of a script without case), or
   when it is short (under jusText's 70 characters), has no code characters, no terminal punctuation and is at most
   three words or title-like (FineWeb's short-line rule, Penedo et al. 2024, counts lines of 30 characters or less).
   Headings, badges and directives count for neither side. Drop when boilerplate lines hold
@@ -386,6 +387,12 @@ def _title_like(words: list[str]) -> bool:
     return bool(long) and sum(w[0].isupper() for w in long) >= 0.75 * len(long)
 
 
+def _menu_initial(char: str) -> bool:
+    """A menu item's first letter: a capital, or a letter of a script without case (Chinese, Japanese, Korean, Thai,
+    Arabic, Hebrew, Devanagari ...), whose menus could not be told by capitals and all passed for content."""
+    return char.isalpha() and not char.islower()
+
+
 # What sends a long line down the full path: link marks, whitespace other than single spaces, ASCII separators.
 _MARKS = ("](", "://", "www.", "\t", "\r", "\x0b", "\x0c", "  ", " | ", " / ", " > ", " ~ ", " : ", " - ", " :: ")
 
@@ -429,7 +436,7 @@ def _classify(s: str, link_density: float) -> tuple[str, float]:
     code = _MENU_CODE.search(text)
     if not code and not s.startswith("|") and _SEPARATOR.search(text):
         items = [x for x in _SEPARATOR.split(text) if x]
-        if len(items) >= 3 and sum((len(x.split()) <= 4 or _title_like(x.split())) and x[0].isupper()
+        if len(items) >= 3 and sum((weighed_words(x) <= 4 or _title_like(x.split())) and _menu_initial(x[0])
                                    for x in items) >= 0.75 * len(items):
             return "boilerplate", words
     if code or _CODE.search(text):
