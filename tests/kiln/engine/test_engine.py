@@ -230,11 +230,11 @@ def test_an_embedded_ray_too_small_for_the_workers_asked_is_started_again_larger
     stage ran only as many tasks at once as it had. Fewer workers keep the running one."""
     import ray
 
-    cpus = os.cpu_count() or 1
-    first = RayEngine(workers=cpus + 1).session()
-    assert ray.cluster_resources()["CPU"] == cpus + 1
-    larger = RayEngine(workers=cpus + 3).session()
-    assert larger.gcs_address != first.gcs_address and ray.cluster_resources()["CPU"] == cpus + 3
+    first = RayEngine(workers=(os.cpu_count() or 1) + 1).session()  # or the larger one an earlier test started
+    cpus = int(ray.cluster_resources()["CPU"])
+    assert cpus >= (os.cpu_count() or 1) + 1
+    larger = RayEngine(workers=cpus + 2).session()
+    assert larger.gcs_address != first.gcs_address and ray.cluster_resources()["CPU"] == cpus + 2
     assert RayEngine(workers=1).session() is larger  # enough CPUs: the same Ray
 
 
