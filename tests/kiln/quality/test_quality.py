@@ -191,10 +191,16 @@ def test_fasttext_text_is_one_lowercase_line_capped_in_words():
     line = fasttext_text("Predict: __label__reference 0.9, see foo__label__x", 100)
     assert line == "predict : _label__reference 0 . 9 , see foo__label__x"
     assert [t for t in line.split() if t.startswith("__label__")] == []
-    # Chinese has no spaces: each character is a word (not the clause between two commas), so max_words bounds it;
+    # Chinese has no spaces: each character is a unit (not the clause between two commas), so max_words bounds it;
     # a Devanagari word keeps its vowel signs and virama (combining marks `\w` alone splits at)
     assert fasttext_text("河流城镇，商人记录。", 100) == "河 流 城 镇 ， 商 人 记 录 。"
-    assert fasttext_text("河流城镇，商人记录。", 3) == "河 流 城"
+    # Weighed as Kiln weighs words (text_units): worked by hand, 3 words are 24 eighths; each Han character takes 5,
+    # so four leave 4 and the comma (a word: 8) ends the line; 2 words (16) end at the 4th character. A Thai unit (a
+    # letter with its marks: ข น ม ปั ง ...) takes 2 eighths, so 2 words are the first 8 units.
+    assert fasttext_text("河流城镇，商人记录。", 3) == "河 流 城 镇 ，"
+    assert fasttext_text("河流城镇，商人记录。", 2) == "河 流 城 镇"
+    thai = fasttext_text("ขนมปังอร่อยมาก ขนมปังอร่อยมาก", 2).split()
+    assert len(thai) == 8 and fasttext_text("ขนมปังอร่อยมาก ขนมปังอร่อยมาก", 100).split()[:8] == thai
     assert fasttext_text("नमस्ते दुनिया", 100) == "नमस्ते दुनिया"
 
 
