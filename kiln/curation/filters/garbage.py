@@ -350,7 +350,9 @@ def soup_fraction(text: str, min_line: int = 20, class_changes: float = 0.4, sym
 _MD_IMAGE = re.compile(r"!\[[^\]\n]*\]\([^)\s]*\)")
 _MD_LINK = re.compile(r"\[([^\]\n]*)\]\([^)\s]*\)")
 _URL = re.compile(r"(?:https?://|www\.)[^\s)>\]]+")
-_SEPARATOR = re.compile(r"\s+(?:[|·•»/>~:–-]|::)\s+|\s{2,}")
+# Menu separators: spaced ASCII marks, runs of spaces, and the full-width bar Chinese and Japanese menus write
+# unspaced (ホーム｜会社概要｜製品; never inside a word, unlike the middle dot ・ of a katakana name).
+_SEPARATOR = re.compile(r"\s+(?:[|·•»/>~:–-]|::)\s+|\s{2,}|\s*｜\s*")
 _CODE = re.compile(r"[=(){}\[\];<>\"`$\\_*@%#^~]|(?:^|\s)--?\w")
 _MENU_CODE = re.compile(r"[=(){}\[\];<\"`$\\_*@%#^~]")
 _LETTER_RE = re.compile(r"[^\W\d_]")
@@ -366,7 +368,7 @@ _PLAIN = r"[^\s.!?=(){}\[\];<>\"`$\\_*@%#^~]"
 _ITEM = r"[^\s=(){}\[\];<>\"`$\\_*@%#^~]"
 TITLE_LINE_SCREEN = (rf"(?m)^[ \t]*(?:[-*+•][ \t]+)?(?:[A-Z0-9&]{_PLAIN}*|[a-z]{{1,3}})"
                      rf"(?:[ \t]+(?:[A-Z0-9&]{_ITEM}*|[a-z]{{1,3}}|[|·•»>/~:–-]|::))*[ \t]*$")
-LINK_SCREEN = r"\]\(|[^(]https?://|[^(/]www\.| (?:[|·•»>/~–-]|::) "  # a Markdown link counts once
+LINK_SCREEN = r"\]\(|[^(]https?://|[^(/]www\.| (?:[|·•»>/~–-]|::) |｜"  # a Markdown link counts once
 
 
 def weighed_words(text: str) -> float:

@@ -361,11 +361,13 @@ ZH_NAVIGATION = "\n".join(["跳到主要内容", " | ".join(ZH_MENU), "首页 > 
 
 @pytest.mark.parametrize("line", [" | ".join(ZH_MENU), "首页 > 工作坊 > 烧制", "ホーム | 会社概要 | 製品 | お問い合わせ",
                                   "홈 | 회사 소개 | 제품 | 연락처", "หน้าแรก | เกี่ยวกับเรา | สินค้า | ติดต่อเรา",
-                                  "الرئيسية | من نحن | المنتجات | اتصل بنا", "होम | हमारे बारे में | उत्पाद | संपर्क"])
+                                  "الرئيسية | من نحن | المنتجات | اتصل بنا", "होम | हमारे बारे में | उत्पाद | संपर्क",
+                                  "ホーム｜会社概要｜製品｜お問い合わせ", "首页｜新闻｜关于我们｜联系我们"])
 def test_a_menu_in_a_script_without_capitals_is_a_menu(line):
     """A menu item had to start with a capital, so a menu bar of Chinese, Japanese, Korean, Thai, Arabic or Hindi
     (scripts without case) was content, and the Chinese navigation page below was kept where its English twin is
-    dropped. Worked by hand: every item is at most four words (a Han character 5/8 of one: 联系我们 2.5)."""
+    dropped; nor was the full-width bar that Chinese and Japanese menus write without spaces (｜) a separator.
+    Worked by hand: every item is at most four words (a Han character 5/8 of one: 联系我们 2.5)."""
     from kiln.curation.filters.garbage import classify_line
 
     assert classify_line(line)[0] == "boilerplate"
@@ -382,6 +384,9 @@ def test_a_chinese_navigation_page_is_dropped_and_articles_are_not():
     assert lines == 10 and share == pytest.approx(1 - 35.0 / 115.875)
     tech = build_step("garbage", {})
     assert tech(Document("d", "s", ZH_NAVIGATION)).drop == "garbage.link_density"
+    unspaced = ZH_NAVIGATION.replace(" | ", "｜").replace(" > ", "｜")  # the same page, bars written without spaces
+    assert boilerplate_fraction(unspaced) == (share, lines)
+    assert tech(Document("d", "s", unspaced)).drop == "garbage.link_density"
     for article in (ZH_ARTICLE, JA_ARTICLE, " ".join(ZH_HEADLINES)):  # sentences; headlines run together
         assert tech(Document("d", "s", article)).drop is None
 
