@@ -31,6 +31,12 @@ def test_tokenize_bench_runs_through_shards_and_the_loader(tmp_path):
 
 
 @pytest.mark.slow
+def test_shard_memory_bench_measures_the_driver_at_two_sizes(tmp_path):
+    out = _run(["bench/shard_memory.py", "--docs", "2000,6000", "--rows-per-part", "1000"], tmp_path)
+    assert "2,000 -> 6,000: the driver keeps" in out and out.count("MiB, Arrow peak") == 2, out
+
+
+@pytest.mark.slow
 def test_zero_init_bench_builds_a_zero3_engine_with_and_without_zero_init(tmp_path):
     _run(["bench/zero_init_bench.py", "--preset", "tiny", "--nproc", "2", "--json", str(tmp_path / "z.json")],
          tmp_path)

@@ -15,14 +15,17 @@
    language as the data card counts them (kiln.governance.document_facts), so the card of a checkpoint still
    counts them once the documents' stage is materialized again;
 6. the position list (`positions-*.parquet`): which document of which shard each copy is, so a later run that
-   replays these shards can skip the documents a removal request names since (kiln.governance.replay).
+   replays these shards can skip the documents a removal request names since (kiln.governance.replay). Its rows
+   are grouped by input part, not by shard: readers sort or filter by (shard, index).
 
 Removal requests (`kiln forget`) are applied here too, to every refresh's documents: a document one names is not
 tokenized, and its member row says which request removed it (the quality filter applies them only to the
 refreshes it re-runs, and the shards read every refresh so far).
 
-Texts and token ids are streamed part by part; the driver keeps a row per document (its length, split, order
-key, licence, language, and the doc_id once the member list is built), not a part at a time (docs/scale.md).
+Texts and token ids are streamed part by part. Each tokenize task also writes its documents' ids, licences,
+languages and removal requests to a scratch file, and the member and position lists are written from those a part
+at a time, so the driver holds no string per document: only fixed-size NumPy columns (length, split, order key,
+where its tokens are: about 100 B per document, `bench/shard_memory.py`, docs/scale.md).
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from kiln.common.config import Mixture, ShardSettings
-from kiln.common.storage import part_name, write_parquet_atomic
+from kiln.common.manifest import write_file_atomic
+from kiln.common.storage import part_name
 from kiln.engine import SERIAL, Engine
 from kiln.governance.document_facts import document_facts, license_from
 from kiln.governance.forget import REQUEST_COLUMNS, IntakeMatched, RemovalRequest, naming_requests
@@ -74,6 +78,8 @@ MEMBERS_SCHEMA = pa.schema([pa.field("doc_id", pa.string(), nullable=False),
                             pa.field("language", pa.string()),
                             pa.field("locator", pa.string())])
 _FACTS = ("license", "language", "locator")  # document_facts' order
+# What a tokenize task writes per document for the member and position lists, in the part's order.
+_ROWS_SCHEMA = pa.schema([MEMBERS_SCHEMA.field(c) for c in ("doc_id", "removed_by", *_FACTS)])
 
 # One row per document copy in a shard: `index` is its place in the shard's document-offset index.
 POSITIONS_SCHEMA = pa.schema([pa.field("shard", pa.string(), nullable=False),
@@ -112,6 +118,11 @@ class _PartTask:
     requests: tuple[RemovalRequest | IntakeMatched, ...] = ()  # documents they name are left out
     license_field: str | None = None  # `meta` key of each document's own licence (card.license_fields)
 
+    @property
+    def rows_path(self) -> str:
+        """The scratch file of the part's member-list columns that only the part knows (_ROWS_SCHEMA)."""
+        return self.tokens_path.removesuffix(".tok") + ".rows.parquet"
+
 
 @dataclass
 class _PartTokens:
@@ -120,11 +131,10 @@ class _PartTokens:
     lengths: np.ndarray  # int64
     is_val: np.ndarray  # bool
     order_key: np.ndarray  # uint64: selection order for repetition / subsets
+    removed: np.ndarray  # bool: named by a removal request (no tokens)
     fim_documents: int
     chars: int
     utf8_bytes: int
-    removed_by: dict[int, str] = field(default_factory=dict)  # row -> the removal request's reason
-    facts: pa.Table | None = None  # per document: _FACTS (MEMBERS_SCHEMA), null where removed
 
 
 @lru_cache(maxsize=2)
@@ -143,7 +153,7 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
     eos = tok.eos_id
     # Only a part that may be rearranged needs the FIM symbols (a brought tokenizer may lack them).
     ids = FimIds(*tok.require(FIM_ROLES, "fill-in-the-middle (shards.fim)"), eos) if task.fim and task.fim[0] else None
-    lengths, is_val, keys, removed_by, facts = [], [], [], {}, []
+    lengths, is_val, keys, doc_ids, removed_by, facts = [], [], [], [], [], []
     fim_docs = chars = n_bytes = 0
     parquet = pq.ParquetFile(task.input_path)
     columns = ["text", "license", "meta", *(REQUEST_COLUMNS if task.requests else ["doc_id"])]
@@ -154,8 +164,9 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
                     batch.column("doc_id").to_pylist(), batch.column("text").to_pylist(),
                     batch.column("license").to_pylist(), batch.column("meta").to_pylist(),
                     naming_requests(task.requests, batch)):
-                if request is not None:
-                    removed_by[len(is_val)] = request.reject_reason  # no tokens, never chosen
+                doc_ids.append(doc_id)
+                removed_by.append(None if request is None else request.reject_reason)
+                if request is not None:  # no tokens, never chosen
                     layout.append(_REMOVED)
                     is_val.append(False)
                     keys.append(0)
@@ -188,9 +199,10 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
             np.fromiter(chain.from_iterable(docs), tok.dtype, count=sum(sizes)).tofile(out)
             lengths += sizes
     facts_by_column = list(zip(*facts)) or [()] * len(_FACTS)
+    pq.write_table(pa.table([doc_ids, removed_by, *(list(v) for v in facts_by_column)], schema=_ROWS_SCHEMA),
+                   task.rows_path)
     return _PartTokens(np.asarray(lengths, np.int64), np.asarray(is_val, bool), np.asarray(keys, np.uint64),
-                       fim_docs, chars, n_bytes, removed_by,
-                       pa.table({c: pa.array(list(v), pa.string()) for c, v in zip(_FACTS, facts_by_column)}))
+                       np.asarray([r is not None for r in removed_by], bool), fim_docs, chars, n_bytes)
 
 
 
@@ -264,13 +276,14 @@ def _doc_table(results: list[_PartTokens], tasks: list[_PartTask]) -> _Docs:
     def cat(arrays, dtype):
         return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
 
-    starts = [np.concatenate([[0], np.cumsum(r.lengths)[:-1]]) if len(r.lengths) else np.zeros(0, np.int64)
-              for r in results]
-    return _Docs(file=cat([np.full(len(r.lengths), i) for i, r in enumerate(results)], np.int32),
-                 start=cat(starts, np.int64), length=cat([r.lengths for r in results], np.int64),
-                 source=cat([np.full(len(r.lengths), t.source_index) for r, t in zip(results, tasks)], np.int32),
+    counts = [len(r.lengths) for r in results]
+    length = cat([r.lengths for r in results], np.int64)
+    part_start = np.cumsum([0] + [int(r.lengths.sum()) for r in results], dtype=np.int64)[:-1]  # as if in one file
+    return _Docs(file=np.repeat(np.arange(len(results), dtype=np.int32), counts),
+                 start=np.cumsum(length) - length - np.repeat(part_start, counts), length=length,
+                 source=np.repeat(np.asarray([t.source_index for t in tasks], np.int32), counts),
                  is_val=cat([r.is_val for r in results], bool), order_key=cat([r.order_key for r in results], np.uint64),
-                 removed=cat([np.isin(np.arange(len(r.lengths)), list(r.removed_by)) for r in results], bool))
+                 removed=cat([r.removed for r in results], bool))
 
 
 def _write_split(chosen: np.ndarray, docs: _Docs, files: _TokenFiles, new_path, tokens_per_shard: int,
@@ -279,8 +292,7 @@ def _write_split(chosen: np.ndarray, docs: _Docs, files: _TokenFiles, new_path, 
                  placed: list[tuple[str, np.ndarray]]) -> list[ShardInfo]:
     """Write `chosen` documents (global indices, in this order) into shards of ~tokens_per_shard tokens;
     each shard's documents and tokens per source go into `composition`, its documents in order into `placed`."""
-    lengths = docs.length[chosen]
-    cum = np.cumsum(lengths)
+    cum = np.cumsum(docs.length[chosen])
     shards, i, n = [], 0, len(chosen)
     bar = tqdm(total=int(cum[-1]) if n else 0, desc=f"write {split}/{phase}", unit="tok", unit_scale=True,
                disable=not progress)
@@ -347,6 +359,12 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
                                    size=lambda t: os.path.getsize(t.input_path))
         t_tokenized = time.perf_counter()
         docs = _doc_table(results, tasks)
+        part_counts = {n: {"chars": 0, "utf8_bytes": 0, "fim_documents": 0} for n in names}
+        for r, t in zip(results, tasks):
+            counts = part_counts[names[t.source_index]]
+            for key in counts:
+                counts[key] += getattr(r, key)
+        del results  # their per-document arrays are in `docs` now
         files = _TokenFiles([Path(t.tokens_path) for t in tasks], tok.dtype)
 
         train = ~docs.is_val & ~docs.removed
@@ -401,10 +419,12 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
                 draw.tokens, draw.documents = int(docs.length[ids].sum()), len(ids)
                 picked.append(ids)
             chosen = np.concatenate(picked) if picked else np.zeros(0, np.int64)
+            del picked
             copies += np.bincount(chosen, minlength=len(copies))
             chosen = chosen[np.random.default_rng([settings.seed, plan.index]).permutation(len(chosen))]
             shards += _write_split(chosen, docs, files, new_path, settings.tokens_per_shard, tok.sha256, TRAIN,
                                    plan.name, plan.index, out_dir, progress, names, composition, placed)
+        del orders, uses  # what the phases drew is in `placed` and `copies`
         val_ids = np.flatnonzero(docs.is_val)  # in doc_id-hash order, as training's: the same whatever the parts' order
         val_ids = val_ids[np.argsort(docs.order_key[val_ids], kind="stable")]
         val_ids = val_ids[np.random.default_rng([settings.seed, 1 << 31]).permutation(len(val_ids))]
@@ -412,9 +432,7 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
                                VAL_PHASE, 0, out_dir, progress, names, composition, placed)
         members_path, positions_path = (output.next_path(role) if not isinstance(output, Path | str) else
                                         out_dir / part_name(role, 0) for role in ("members", "positions"))
-        doc_ids = _doc_ids(tasks, docs)
-        write_parquet_atomic(members_path, _members_table(doc_ids, results, docs, copies, names))
-        write_parquet_atomic(positions_path, _positions_table(doc_ids, placed))
+        _write_lists(members_path, positions_path, tasks, docs, copies, names, placed)
         t_written = time.perf_counter()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -426,15 +444,12 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
     per_source = {}
     for i, (n, s) in enumerate(zip(names, sources)):
         mine = (docs.source == i) & ~docs.removed
-        part_results = [r for r, t in zip(results, tasks) if t.source_index == i]
         used = sum(p.draws[n].tokens for p in plans)
         per_source[n] = {
             "domain": s.domain, "fim": n in fim_names, "parts": len(s.parts),
             "license_field": license_from(license_fields.get(n)),  # the member list's licences
             "documents": int(mine.sum()), "removed_by_request": int(((docs.source == i) & docs.removed).sum()),
-            "chars": sum(r.chars for r in part_results),
-            "utf8_bytes": sum(r.utf8_bytes for r in part_results),
-            "fim_documents": sum(r.fim_documents for r in part_results),
+            **part_counts[n],
             "train_documents": int((mine & train).sum()), "val_documents": int((mine & docs.is_val).sum()),
             "natural_train_tokens": natural[n], "val_tokens": int(docs.length[mine & docs.is_val].sum()),
             "target_tokens": sum(p.draws[n].target_tokens for p in plans), "train_tokens": used,
@@ -447,38 +462,45 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
         members=str(members_path.relative_to(out_dir)), shard_sources=composition)
 
 
-def _doc_ids(tasks: list[_PartTask], docs: _Docs) -> pa.Array:
-    """Every document's doc_id in task order (the order of `docs`), read back from the input parts."""
-    doc_ids = [chunk for t in tasks for chunk in pq.read_table(t.input_path, columns=["doc_id"]).column(0).chunks]
-    doc_ids = pa.chunked_array(doc_ids, pa.string()).combine_chunks()
-    if len(doc_ids) != len(docs.length):
-        raise RuntimeError(f"member list: {len(doc_ids)} doc_ids read back, {len(docs.length)} documents tokenized; "
-                           f"an input part changed while token shards were written; re-run token_shards")
-    return doc_ids
+def _write_lists(members_path: Path, positions_path: Path, tasks: list[_PartTask], docs: _Docs, copies: np.ndarray,
+                 names: list[str], placed: list[tuple[str, np.ndarray]]) -> None:
+    """The member list (every document, in task order) and the position list (every copy in a shard, grouped by the
+    part of its document), written a part at a time: a part's ids and facts from its scratch file, the rest from
+    the driver's columns. The copies are sorted by document once, 16 B each, to find a part's."""
+    shard_names = pa.array([path for path, _ in placed], pa.string())
+    copies_in_shards = sum(len(ids) for _, ids in placed)
+    copy_doc = np.empty(copies_in_shards, np.int64)
+    copy_shard = np.empty(copies_in_shards, np.int32)
+    copy_index = np.empty(copies_in_shards, np.int32)
+    k = 0
+    for shard, (_, ids) in enumerate(placed):
+        end = k + len(ids)
+        copy_doc[k:end], copy_shard[k:end], copy_index[k:end] = ids, shard, np.arange(len(ids))
+        k = end
+    by_doc = np.argsort(copy_doc, kind="stable")
+    copy_doc = copy_doc[by_doc]
+    copy_shard = copy_shard[by_doc]
+    copy_index = copy_index[by_doc]
+    del by_doc
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(docs.file, minlength=len(tasks)))])
 
+    def write(members_file, positions_file) -> None:
+        with pq.ParquetWriter(members_file, MEMBERS_SCHEMA, compression="zstd") as members, \
+                pq.ParquetWriter(positions_file, POSITIONS_SCHEMA, compression="zstd") as positions:
+            for task, lo, hi in zip(tasks, bounds[:-1].tolist(), bounds[1:].tolist()):
+                rows = pq.read_table(task.rows_path, schema=_ROWS_SCHEMA)
+                members.write_table(pa.table({
+                    "doc_id": rows["doc_id"], "source": pa.array([names[task.source_index]] * (hi - lo), pa.string()),
+                    "split": pa.array(np.where(docs.is_val[lo:hi], VAL, TRAIN).astype(object), pa.string()),
+                    "copies": pa.array(copies[lo:hi], pa.int32()), "tokens": pa.array(docs.length[lo:hi], pa.int64()),
+                    **{c: rows[c] for c in ("removed_by", *_FACTS)}}, schema=MEMBERS_SCHEMA))
+                a, b = np.searchsorted(copy_doc, [lo, hi]).tolist()
+                positions.write_table(pa.table({
+                    "shard": shard_names.take(pa.array(copy_shard[a:b])), "index": pa.array(copy_index[a:b]),
+                    "doc_id": rows["doc_id"].take(pa.array(copy_doc[a:b] - lo))}, schema=POSITIONS_SCHEMA))
 
-def _positions_table(doc_ids: pa.Array, placed: list[tuple[str, np.ndarray]]) -> pa.Table:
-    """Every document copy in every shard: the shard, its index there, its doc_id."""
-    sizes = [len(ids) for _, ids in placed]
-    order = np.concatenate([ids for _, ids in placed]) if placed else np.zeros(0, np.int64)
-    return pa.table({"shard": pa.array([p for p, ids in placed for _ in range(len(ids))], pa.string()),
-                     "index": pa.array(np.concatenate([np.arange(n) for n in sizes]) if sizes else [], pa.int32()),
-                     "doc_id": doc_ids.take(pa.array(order, pa.int64()))}, schema=POSITIONS_SCHEMA)
-
-
-def _members_table(doc_ids: pa.Array, results: list[_PartTokens], docs: _Docs, copies: np.ndarray,
-                   names: list[str]) -> pa.Table:
-    """Every document of the run in task order (the order of `docs`), with its split, copies and tokens, or the
-    removal request that left it out, and its licence and language."""
-    facts = pa.concat_tables([r.facts for r in results]) if results else None  # in task order, as `docs`
-    return pa.table({"doc_id": doc_ids,
-                     "source": pa.array(np.asarray(names, dtype=object)[docs.source], pa.string()),
-                     "split": pa.array(np.where(docs.is_val, VAL, TRAIN).astype(object), pa.string()),
-                     "copies": pa.array(copies, pa.int32()), "tokens": pa.array(docs.length, pa.int64()),
-                     "removed_by": pa.array([r.removed_by.get(row) for r in results for row in range(len(r.lengths))],
-                                            pa.string()),
-                     **{c: facts.column(c) if facts is not None else pa.array([], pa.string()) for c in _FACTS}},
-                    schema=MEMBERS_SCHEMA)
+    # Each file is renamed into place once both are whole: no half list after a crash.
+    write_file_atomic(members_path, lambda m: write_file_atomic(positions_path, lambda p: write(m, p)))
 
 
 __all__ = ["MEMBERS_SCHEMA", "POSITIONS_SCHEMA", "ShardSetResult", "fim_sources", "is_validation", "tokenize_part",

@@ -25,7 +25,7 @@ from kiln.tokens.shard_format import (
     token_dtype,
     write_shard,
 )
-from kiln.tokens.shard_writer import is_validation, write_token_shards
+from kiln.tokens.shard_writer import MEMBERS_SCHEMA, POSITIONS_SCHEMA, is_validation, write_token_shards
 from kiln.tokens.tokenizer import Tokenizer
 from tests.token_corpus import (
     NATURAL,
@@ -435,6 +435,39 @@ def test_member_list_says_exactly_which_documents_the_shards_hold(built, tmp_pat
     decoded = Counter(restore(d, tok) for d in decoded_documents(out, result, tok, "train"))
     expected = Counter({originals[d][1]: c for d, c in train.items() if c})
     assert decoded == expected
+
+
+def test_the_position_list_names_every_copy_and_both_lists_are_written_a_part_at_a_time(built, tmp_path,
+                                                                                          monkeypatch):
+    """Each (shard, index) of the position list holds the document it names, every copy in every shard once; and
+    the driver never makes either list whole in memory (docs/scale.md): it writes them a part at a time, so no
+    table it writes has more rows than the largest input part (the copies of one part's documents, at most)."""
+    import pyarrow.parquet as pq
+
+    root, sources, tok, _ = built
+    written = []
+    write_table = pq.ParquetWriter.write_table
+
+    def counting(self, table, *args, **kwargs):
+        if table.schema in (MEMBERS_SCHEMA, POSITIONS_SCHEMA):  # not the tokenize tasks' scratch files
+            written.append(table.num_rows)
+        return write_table(self, table, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", counting)
+    mixture = Mixture(weights={"prose": 0.2, "code": 0.3, "unicode": 0.5})  # repeats and leaves out documents
+    result = write_token_shards(sources, root / "tokenizer", shard_settings(), mixture, tmp_path, progress=False)
+    members = pq.read_table(tmp_path / "members-00000.parquet").to_pylist()
+    positions = pq.read_table(tmp_path / "positions-00000.parquet").to_pylist()
+    largest_part = max(pq.ParquetFile(p).metadata.num_rows for s in sources for p in s.parts)
+    copies = {m["doc_id"]: m["copies"] for m in members}
+    assert sum(written) == len(members) + len(positions) and max(written) <= largest_part * max(copies.values())
+    assert len(written) >= 2 * sum(len(s.parts) for s in sources) > 2  # a member and a position table per part
+    originals = texts_by_id(sources)
+    held = {(info.path, i): restore(open_shard(tmp_path / info.path).document(i).tolist(), tok)
+            for info in result.shards for i in range(info.documents)}
+    assert sorted((p["shard"], p["index"]) for p in positions) == sorted(held)  # every copy, once
+    assert all(held[p["shard"], p["index"]] == originals[p["doc_id"]][1] for p in positions)
+    assert Counter(p["doc_id"] for p in positions) == Counter({d: c for d, c in copies.items() if c})
 
 
 def test_describe_and_read_shard_set_agree(tmp_path):
