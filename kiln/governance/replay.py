@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.common.manifest import MANIFEST_NAME, Manifest
@@ -162,22 +164,24 @@ def named_places(store: Store, folder: Path, manifest: Manifest, requests: list[
     if not members:
         raise ReplayError(f"{reader}: {shown} has no member list, so {' and '.join(asked)} cannot be checked against "
                           f"it; re-materialize that token_shards partition (it then leaves them out){instead}")
-    rows = [m for p in members for m in pq.read_table(p).to_pylist()
-            if m["split"] == split and m["copies"] > 0 and not m.get("removed_by")]
-    unknown_urls, matchers = 0, []
-    if requests:
-        unseen = {m["doc_id"] for m in rows}
-        matchers = with_intake_urls(store, requests, raw_partitions(store, {m["source"] for m in rows}), unseen)
-        unknown_urls = len(unseen) if any(r.kind == "url_pattern" for r in requests) else 0
+    unknown_urls, matchers = 0, list(requests)
+    if any(r.kind == "url_pattern" for r in requests):  # matched against the URLs intake read, by doc_id
+        unseen, sources = set(), set()
+        for batch in _read(members, split, ["doc_id", "source"]):
+            unseen.update(batch.column("doc_id").to_pylist())
+            sources.update(pc.unique(batch.column("source")).to_pylist())
+        matchers = with_intake_urls(store, requests, raw_partitions(store, sources), unseen)
+        unknown_urls = len(unseen)
+        del unseen
     removed, held_out = [], []
-    for m in rows:
-        request = first_match(matchers, m["doc_id"], m["source"], None)
-        if request is not None:
-            removed.append({"doc_id": m["doc_id"], "source": m["source"], "removed_by": request.reject_reason,
-                            "copies": m["copies"], "tokens": m["tokens"]})
-        elif hold_out is not None and hold_out.test(m["doc_id"]):
-            held_out.append({"doc_id": m["doc_id"], "source": m["source"], "copies": m["copies"],
-                             "tokens": m["tokens"]})
+    for batch in _read(members, split, ["doc_id", "source", "copies", "tokens"]):
+        for doc_id, source, copies, tokens in zip(*(c.to_pylist() for c in batch.columns)):
+            request = first_match(matchers, doc_id, source, None)
+            if request is not None:
+                removed.append({"doc_id": doc_id, "source": source, "removed_by": request.reject_reason,
+                                "copies": copies, "tokens": tokens})
+            elif hold_out is not None and hold_out.test(doc_id):
+                held_out.append({"doc_id": doc_id, "source": source, "copies": copies, "tokens": tokens})
     if not removed and not held_out:
         return Places(removed, held_out, {}, unknown_urls)
     positions = [folder / f.path for f in manifest.files_with_role("positions")]
@@ -202,6 +206,20 @@ def named_places(store: Store, folder: Path, manifest: Manifest, requests: list[
                           f"{len(missing)} document(s) (e.g. {missing[0]}): the set was altered after it was written; "
                           f"re-materialize that token_shards partition")
     return Places(removed, held_out, {s: sorted(ix) for s, ix in sorted(exclude.items())}, unknown_urls)
+
+
+def _read(members: list[Path], split: str, columns: list[str], batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:
+    """`columns` of the member lists' documents of `split` that the shards hold and no request had removed when they
+    were written, a batch at a time: a member list has a row per document of every refresh."""
+    for path in members:
+        file = pq.ParquetFile(path)
+        has_removed_by = "removed_by" in file.schema_arrow.names  # member lists from before requests lack it
+        wanted = ["split", "copies", *(["removed_by"] if has_removed_by else []), *columns]
+        for batch in file.iter_batches(batch_size=batch_size, columns=list(dict.fromkeys(wanted))):
+            keep = pc.and_(pc.equal(batch.column("split"), split), pc.greater(batch.column("copies"), 0))
+            if has_removed_by:
+                keep = pc.and_(keep, pc.is_null(batch.column("removed_by")))
+            yield batch.filter(keep).select(columns)
 
 
 def _shards_of(manifest: Manifest, split: str) -> list[str]:
