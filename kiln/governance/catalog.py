@@ -8,7 +8,12 @@ turns what a user types (`checkpoint`, an asset key, a data version, a folder) i
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from kiln.common.manifest import MANIFEST_NAME, Manifest
 from kiln.common.storage import IncompleteDataset, Snapshot, Store
@@ -261,6 +266,19 @@ def member_lists(store: Store, shards: Manifest | None) -> list[Path] | None:
     return paths if paths and None not in paths else None
 
 
+def member_batches(paths: list[Path], splits: tuple[str, ...], columns: list[str],
+                   batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:
+    """`columns` of the documents of `splits` that a token-shard set's member lists (`paths`) say its shards hold
+    (one copy or more), a batch at a time: a member list has a row per document of every refresh, too many to hold
+    as Python rows."""
+    for path in paths:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size,
+                                                       columns=list(dict.fromkeys(["split", "copies", *columns]))):
+            held = pc.and_(pc.is_in(batch.column("split"), pa.array(splits, pa.string())),
+                           pc.greater(batch.column("copies"), 0))
+            yield batch.filter(held).select(columns)
+
+
 def checkpoints_using(catalog: Catalog, shards_version: str) -> list[Manifest]:
     """The checkpoints the store published (those a later one replaced too), newest first, whose training run read
     this token-shard set."""
@@ -295,6 +313,7 @@ def known_sources(store: Store, config) -> list[str]:
     return names + sorted(stored_sources(Catalog(store)) - set(names))
 
 
-__all__ = ["AuditError", "Catalog", "checkpoints_using", "known_sources", "made_from", "member_lists", "node_key",
+__all__ = ["AuditError", "Catalog", "checkpoints_using", "known_sources", "made_from", "member_batches", "member_lists",
+           "node_key",
            "parse_key", "resolve_target", "run_file", "run_of_checkpoint", "stages_read", "stored_sources",
            "trained_shard_sets"]

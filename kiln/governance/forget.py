@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.compute as pc
 
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest, applied_requests, now_utc
 from kiln.common.storage import Store
 # RAW: a URL is whole there
-from kiln.governance.catalog import CHECKPOINT, RAW, SHARDS, Catalog, known_sources, member_lists, run_of_checkpoint
+from kiln.governance.catalog import (CHECKPOINT, RAW, SHARDS, Catalog, known_sources, member_batches, member_lists,
+                                    run_of_checkpoint)
 from kiln.governance.refresh import materialized, trained_refresh
 
 REQUESTS, REQUESTS_FILE = "removal_requests", "removal_requests.json"
@@ -248,10 +249,13 @@ def _matching(store: Store, shards: Manifest | None, request: RemovalRequest,
     holds no member list of it."""
     if (paths := member_lists(store, shards)) is None:
         return None
-    members = pa.concat_tables([pq.read_table(p) for p in paths]).to_pylist()
-    [matcher] = with_intake_urls(store, [request], raw_partitions(store, {m["source"] for m in members}))
-    return [m for m in members if m["split"] in splits and m["copies"] > 0
-            and matcher.matches(m["doc_id"], m["source"], None)]
+    matcher = request
+    if request.kind == "url_pattern":  # matched against the URLs intake read of the sources the set holds
+        sources = {s for batch in member_batches(paths, splits, ["source"])
+                   for s in pc.unique(batch.column("source")).to_pylist()}
+        [matcher] = with_intake_urls(store, [request], raw_partitions(store, sources))
+    return [m for batch in member_batches(paths, splits, ["doc_id", "source", "split", "copies", "tokens"])
+            for m in batch.to_pylist() if matcher.matches(m["doc_id"], m["source"], None)]
 
 
 def unknown_doc_ids(store: Store, config: ProjectConfig, doc_ids: list[str]) -> list[str] | None:

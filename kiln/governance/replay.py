@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -34,7 +33,7 @@ import pyarrow.parquet as pq
 
 from kiln.common.manifest import MANIFEST_NAME, Manifest
 from kiln.common.storage import Store, write_parquet_atomic
-from kiln.governance.catalog import run_file
+from kiln.governance.catalog import member_batches, run_file
 from kiln.governance.forget import REQUESTS, RemovalRequest, first_match, raw_partitions, with_intake_urls
 from kiln.tokens.shard_format import TRAIN, VAL
 from kiln.tokens.shard_writer import is_validation
@@ -167,14 +166,14 @@ def named_places(store: Store, folder: Path, manifest: Manifest, requests: list[
     unknown_urls, matchers = 0, list(requests)
     if any(r.kind == "url_pattern" for r in requests):  # matched against the URLs intake read, by doc_id
         unseen, sources = set(), set()
-        for batch in _read(members, split, ["doc_id", "source"]):
+        for batch in member_batches(members, (split,), ["doc_id", "source"]):
             unseen.update(batch.column("doc_id").to_pylist())
             sources.update(pc.unique(batch.column("source")).to_pylist())
         matchers = with_intake_urls(store, requests, raw_partitions(store, sources), unseen)
         unknown_urls = len(unseen)
         del unseen
     removed, held_out = [], []
-    for batch in _read(members, split, ["doc_id", "source", "copies", "tokens"]):
+    for batch in member_batches(members, (split,), ["doc_id", "source", "copies", "tokens"]):
         for doc_id, source, copies, tokens in zip(*(c.to_pylist() for c in batch.columns)):
             request = first_match(matchers, doc_id, source, None)
             if request is not None:
@@ -206,20 +205,6 @@ def named_places(store: Store, folder: Path, manifest: Manifest, requests: list[
                           f"{len(missing)} document(s) (e.g. {missing[0]}): the set was altered after it was written; "
                           f"re-materialize that token_shards partition")
     return Places(removed, held_out, {s: sorted(ix) for s, ix in sorted(exclude.items())}, unknown_urls)
-
-
-def _read(members: list[Path], split: str, columns: list[str], batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:
-    """`columns` of the member lists' documents of `split` that the shards hold and no request had removed when they
-    were written, a batch at a time: a member list has a row per document of every refresh."""
-    for path in members:
-        file = pq.ParquetFile(path)
-        has_removed_by = "removed_by" in file.schema_arrow.names  # member lists from before requests lack it
-        wanted = ["split", "copies", *(["removed_by"] if has_removed_by else []), *columns]
-        for batch in file.iter_batches(batch_size=batch_size, columns=list(dict.fromkeys(wanted))):
-            keep = pc.and_(pc.equal(batch.column("split"), split), pc.greater(batch.column("copies"), 0))
-            if has_removed_by:
-                keep = pc.and_(keep, pc.is_null(batch.column("removed_by")))
-            yield batch.filter(keep).select(columns)
 
 
 def _shards_of(manifest: Manifest, split: str) -> list[str]:
