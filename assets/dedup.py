@@ -55,13 +55,12 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     with store.staging(SIGNATURES, source, resume=resume_key(**version)) as writer:
         groups = signature_groups(inputs, near.rows_per_part)
         outputs = [writer.next_path("signatures") for _ in groups]
+        lines_outputs = [writer.next_path("lines") for _ in groups] if lines.enabled else None
         started = time.perf_counter()
         signed = compute_signatures(groups, outputs, near, lines if lines.enabled else None, runner,
-                                    label=f"minhash {source}")
+                                    label=f"minhash {source}", lines_paths=lines_outputs)
         documents = signed.documents
         seconds = time.perf_counter() - started
-        if lines.enabled:
-            writer.write("lines", lines_table(signed.line_counts))
         manifest = writer.commit(**version, counts={"documents": documents})
     expected = curated.manifest.counts["documents"]
     return dg.MaterializeResult(
@@ -123,10 +122,11 @@ def dedup_index(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stor
         distinct = distinct_doc_ids(decision_files, writer.scratch("distinct_ids"), runner)
         near_duplicates = sum(int(pc.sum(pc.equal(pq.read_table(f, columns=["status"]).column("status"),
                                                   NEAR_DUPLICATE)).as_py() or 0) for f in decision_files)
-        boilerplate = set()
-        if lines.enabled:
-            boilerplate = boilerplate_hashes([m.read_table("lines") for m in signature_sets.values()], lines)
-            writer.write("lines", lines_table({h: 0 for h in boilerplate}))
+        boilerplate = ()
+        if lines.enabled:  # the refresh's lines in more than min_documents documents, with how many
+            boilerplate, documents = boilerplate_hashes([f for m in signature_sets.values() for f in m.files("lines")],
+                                                        lines, writer.scratch("boilerplate"), runner)
+            writer.write("lines", lines_table(boilerplate, documents))
         sampled, violations = survivor_violations(signature_files, decision_files, near.threshold, near.check_sample,
                                                   writer.scratch("survivor_check"), runner)
         stats["index"] = {"documents": index_documents([path for _, path in earlier]) + stats["kept"],

@@ -1,5 +1,7 @@
 """The signature stage: curated Parquet parts signed as engine tasks (`kiln.dedup.minhash.sign_texts`), one
-signature part per group of consecutive input parts, with the boilerplate-line and shingle counts gathered on the way.
+signature part per group of consecutive input parts, with the shingle counts gathered on the way and, when
+boilerplate lines are on, a lines file per signature part: in how many of its documents each distinct line occurs
+(summed over a refresh's every part by kiln.dedup.boilerplate, in hash ranges).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from kiln.engine import SERIAL, Engine
 
 LINES_SCHEMA = pa.schema([pa.field("line_hash", pa.uint64(), nullable=False),
                           pa.field("documents", pa.int64(), nullable=False)])
+# A lines file is sorted by line_hash in row groups of this many rows, whose min/max statistics let a reader of one
+# hash range skip the rest of the file.
+LINES_ROW_GROUP = 65_536
 
 
 _SIGN_ROWS = 2048  # documents per `sign_texts` call (it splits larger batches into ~1 MB numpy passes itself)
@@ -33,12 +38,12 @@ class _SignTask:
     output_path: str
     near: str  # NearDedup as JSON (picklable, exact)
     lines: str | None  # BoilerplateLines as JSON, when line counting is on
+    lines_path: str | None  # where the part's line counts go, when it is
 
 
-def _sign_part(task: _SignTask) -> tuple[int, Counter, Counter]:
+def _sign_part(task: _SignTask) -> tuple[int, Counter]:
     done = resume_part(task.output_path, lambda: _sign(task))
-    return (done["documents"], Counter({int(h): n for h, n in done["lines"].items()}),
-            Counter({int(k): n for k, n in done["shingle_counts"].items()}))
+    return done["documents"], Counter({int(k): n for k, n in done["shingle_counts"].items()})
 
 
 def _sign(task: _SignTask) -> dict:
@@ -70,8 +75,12 @@ def _sign(task: _SignTask) -> dict:
         "shingles": _concat_shingles(shingle_sets),
     }, schema=signature_schema(near.num_perm))
     write_parquet_atomic(Path(task.output_path), table, hash_columns=HASH_COLUMNS)
+    if lines is not None:
+        write_parquet_atomic(Path(task.lines_path), lines_table(np.fromiter(line_counts.keys(), np.uint64),
+                                                                np.fromiter(line_counts.values(), np.int64)),
+                             row_group_size=LINES_ROW_GROUP)
     sizes = np.concatenate([np.diff(offsets) for _, offsets in shingle_sets]) if shingle_sets else np.zeros(0, int)
-    return {"documents": table.num_rows, "lines": {str(h): n for h, n in line_counts.items()},
+    return {"documents": table.num_rows,
             "shingle_counts": {str(k): int(n) for k, n in zip(*np.unique(sizes, return_counts=True))}}
 
 
@@ -113,7 +122,6 @@ def signature_groups(input_parts: Sequence[Path], rows: int) -> list[tuple[Path,
 @dataclass
 class Signed:
     documents: int
-    line_counts: Counter  # documents per boilerplate-line hash, when line counting is on
     shingle_counts: Counter  # documents per number of distinct shingles
 
     def median_shingles(self) -> float:
@@ -129,20 +137,24 @@ class Signed:
 
 def compute_signatures(input_groups: Sequence[Sequence[Path]], output_paths: Sequence[Path], near: NearDedup,
                        lines: BoilerplateLines | None = None, engine: Engine = SERIAL, progress: bool = True,
-                       label: str = "minhash") -> Signed:
-    """One signature part per group of input parts (`signature_groups`; the unit of parallel work)."""
-    tasks = [_SignTask(tuple(map(str, group)), str(o), near.model_dump_json(), lines.model_dump_json() if lines else None)
-             for group, o in zip(input_groups, output_paths)]
-    out = Signed(0, Counter(), Counter())
-    for n, line_counts, shingle_counts in engine.map_parts(
-            _sign_part, tasks, desc=label, progress=progress,
-            size=lambda t: sum(os.path.getsize(p) for p in t.input_paths)):
+                       label: str = "minhash", lines_paths: Sequence[Path] | None = None) -> Signed:
+    """One signature part per group of input parts (`signature_groups`; the unit of parallel work), and with
+    `lines`, the part's line counts at the same place of `lines_paths`."""
+    if lines is not None and (lines_paths is None or len(lines_paths) != len(output_paths)):
+        raise ValueError("compute_signatures: boilerplate lines are on: give a lines path per signature part")
+    tasks = [_SignTask(tuple(map(str, group)), str(o), near.model_dump_json(), lines.model_dump_json() if lines else None,
+                       str(lines_paths[k]) if lines else None)
+             for k, (group, o) in enumerate(zip(input_groups, output_paths))]
+    out = Signed(0, Counter())
+    for n, shingle_counts in engine.map_parts(_sign_part, tasks, desc=label, progress=progress,
+                                              size=lambda t: sum(os.path.getsize(p) for p in t.input_paths)):
         out.documents += n
-        out.line_counts.update(line_counts)
         out.shingle_counts.update(shingle_counts)
     return out
 
 
-def lines_table(counts: Counter) -> pa.Table:
-    return pa.table({"line_hash": pa.array(list(counts.keys()), pa.uint64()),
-                     "documents": pa.array(list(counts.values()), pa.int64())}, schema=LINES_SCHEMA)
+def lines_table(hashes: np.ndarray, documents: np.ndarray) -> pa.Table:
+    """Line hashes and their document counts, sorted by hash (LINES_SCHEMA)."""
+    order = np.argsort(hashes, kind="stable")
+    return pa.table({"line_hash": pa.array(hashes[order], pa.uint64()),
+                     "documents": pa.array(documents[order], pa.int64())}, schema=LINES_SCHEMA)
