@@ -25,7 +25,8 @@ from kiln.curation.filters.url import DEFAULT_BLOCKLIST
 from kiln.curation.pii import PiiRedaction
 from kiln.curation.pipeline import filter_documents, ingest, list_file_digests, profile_steps
 from kiln.curation.readers import SourceFile
-from kiln.curation.residual_pii import residual_pii_batch, residual_pii_fields
+from kiln.curation.residual_pii import scan_documents
+from kiln.engine import Engine
 from kiln.governance.refresh import (
     check_unchanged,
     ensure_refresh,
@@ -176,31 +177,21 @@ def curated_documents(context: dg.AssetExecutionContext, kiln_config: KilnConfig
            and m.config == recorded for p in inputs):
         remove_shuffle(shuffle)  # the last source of the refresh is done
     checks = standard_checks(writer.committed, inputs[here].manifest.counts["documents"]) + [
-        residual_pii_check(writer.committed, build_step("pii", config.curation.pii))]
+        residual_pii_check(writer.committed, build_step("pii", config.curation.pii), runner)]
     return materialize_result(manifest, stats, store, checks, **engine_metadata(runner, stats.docs_in, seconds),
                               **full_funnel(store, manifest, stats, "curated documents"))
 
 
-def residual_pii_check(output: Snapshot, step: PiiRedaction) -> dg.AssetCheckResult:
+def residual_pii_check(output: Snapshot, step: PiiRedaction, engine: Engine) -> dg.AssetCheckResult:
     """Scan the output with a second, independent detector (kiln.curation.residual_pii: its own code and patterns, so it finds
     what the redactor's own patterns miss, which scanning with them again never could), for the types and exemptions
     the `pii` step is configured with: a type turned off there is not looked for. Any hit means redaction missed
-    something. The text, the `url` and the `meta` are scanned (the filter stage redacts all three). Reports hits per
-    type and per field and document ids only, never the matched text."""
-    hits: dict[str, int] = {}
-    fields: dict[str, int] = {}
-    examples = []
-    settings = (step.types, step.ipv4_keep, step.keep_documentation, step.phone_regions)
-    for batch in output.iter_batches(columns=["doc_id", "text", "url", "meta"]):
-        in_text = residual_pii_batch(batch.column("text"), *settings)
-        in_fields = residual_pii_fields(batch.column("url").to_pylist(), batch.column("meta").to_pylist(), *settings)
-        for doc_id, spans, others in zip(batch.column("doc_id").to_pylist(), in_text, in_fields):
-            for field, kind in [("text", kind) for kind, _, _ in spans] + others:
-                hits[kind] = hits.get(kind, 0) + 1
-                fields[field] = fields.get(field, 0) + 1
-                if len(examples) < 5:
-                    examples.append(f"{doc_id}: {kind} in {field}")
-    return dg.AssetCheckResult(check_name="residual_pii", passed=not hits,
-                               metadata={"hits": dg.MetadataValue.json(hits), "fields": dg.MetadataValue.json(fields),
-                                         "examples": dg.MetadataValue.json(examples)})
+    something. The text, the `url` and the `meta` are scanned (the filter stage redacts all three), one engine task
+    per part. Reports hits per type and per field and document ids only, never the matched text."""
+    report = scan_documents(output.files("documents"), step.types, step.ipv4_keep, step.keep_documentation,
+                            step.phone_regions, engine)
+    return dg.AssetCheckResult(check_name="residual_pii", passed=not report.hits,
+                               metadata={"hits": dg.MetadataValue.json(report.hits),
+                                         "fields": dg.MetadataValue.json(report.fields),
+                                         "examples": dg.MetadataValue.json(report.examples)})
 

@@ -21,7 +21,7 @@ from kiln.dedup.boilerplate import COUNTED_WITH, DECIDED_WITH, boilerplate_hashe
 from kiln.dedup.bucket_index import check_signature_params, index_commit, index_documents
 from kiln.dedup.buckets import decide_distributed, distinct_doc_ids, keep_all, survivor_violations
 from kiln.dedup.decontaminate import load_benchmarks
-from kiln.dedup.residual_overlap import item_ngrams
+from kiln.dedup.residual_overlap import overlapping_documents
 from kiln.dedup.near import DECISION_SCHEMA, NEAR_DUPLICATE
 from kiln.dedup.report import cluster_sizes_markdown, clusters_markdown, cross_source_markdown
 from kiln.dedup.signing import compute_signatures, lines_table, signature_groups
@@ -226,7 +226,7 @@ def deduplicated_documents(context: dg.AssetExecutionContext, kiln_config: KilnC
             inputs={f"{CURATED}/{source}": curated.data_version, f"{INDEX}/{refresh}": index.data_version},
             counts={"input": stats.docs_in, "documents": stats.docs_out, "rejected": stats.docs_in - stats.docs_out},
             stats={**stats.to_dict(), "contamination": contamination})
-    overlap = _residual_overlap(writer.committed, item_ngrams(decon) if benchmarks is not None else None)
+    overlap = [] if benchmarks is None else overlapping_documents(writer.committed.files("documents"), decon, runner)
     checks = standard_checks(writer.committed, curated.counts["documents"]) + [
         dg.AssetCheckResult(check_name="no_benchmark_overlap", passed=not overlap,
                             metadata={"documents_with_overlap": len(overlap),
@@ -284,13 +284,3 @@ def _rows(dataset: Snapshot, role: str) -> list[int]:
             for f, p in zip(dataset.manifest.files_with_role(role), dataset.files(role))]
 
 
-def _residual_overlap(output: Snapshot, items) -> list[str]:
-    """The kept documents an independent look (kiln.dedup.residual_overlap) still finds benchmark n-grams in."""
-    if items is None:
-        return []
-    found = []
-    for batch in output.iter_batches(columns=["doc_id", "text"]):
-        for doc_id, text in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
-            if items.overlaps(text):
-                found.append(doc_id)
-    return found

@@ -48,19 +48,24 @@ import datetime
 import ipaddress
 import json
 import math
+import os
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import unquote, unquote_plus
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from phonenumbers import (Leniency, PhoneNumber, PhoneNumberFormat, PhoneNumberMatcher, ValidationResult,
                           format_number, is_possible_number_with_reason, is_valid_number, national_significant_number)
 
 from kiln.curation.pii import PII_TYPES, PLACEHOLDERS
 from kiln.curation.pii.secrets import KEY_QUALIFIERS
+from kiln.engine import SERIAL, Engine
 
 Span = tuple[str, int, int]
 _DIGIT = re.compile(r"[0-9]")
@@ -888,17 +893,76 @@ def residual_pii_fields(
     `residual_pii` on what a reader of those fields sees, all documents' texts in one batch."""
     owners, texts = [], []
     for i, (url, meta) in enumerate(zip(urls, metas)):
-        for field, found in (("url", _url_texts(url) if url else ()),
+        for where, found in (("url", _url_texts(url) if url else ()),
                              ("meta", _meta_texts(json.loads(meta)) if meta else ())):
             for text in found:
-                owners.append((i, field))
+                owners.append((i, where))
                 texts.append(text)
     out: list[list[tuple[str, str]]] = [[] for _ in urls]
-    for (i, field), spans in zip(owners, residual_pii_batch(texts, types, ipv4_keep, keep_documentation,
+    for (i, where), spans in zip(owners, residual_pii_batch(texts, types, ipv4_keep, keep_documentation,
                                                             phone_regions)):
-        out[i].extend((field, kind) for kind, _, _ in spans)
+        out[i].extend((where, kind) for kind, _, _ in spans)
     return out
 
 
-__all__ = ["AUDIT_PHONE_REGIONS", "AUDIT_SCREENS", "IBAN_COUNTRY_LENGTHS", "residual_pii", "residual_pii_batch",
-           "residual_pii_fields"]
+# --- a stage's whole output ---------------------------------------------------------------------------
+
+
+@dataclass
+class ResidualReport:
+    """What the scan of a stage's output found: counts only, and document ids, never the matched text."""
+
+    hits: dict[str, int] = field(default_factory=dict)  # type -> findings
+    fields: dict[str, int] = field(default_factory=dict)  # text / url / meta -> findings
+    examples: list[str] = field(default_factory=list)  # "doc_id: type in field", the first few
+
+    def add(self, other: ResidualReport, examples: int) -> None:
+        for mine, theirs in ((self.hits, other.hits), (self.fields, other.fields)):
+            for key, n in theirs.items():
+                mine[key] = mine.get(key, 0) + n
+        self.examples += other.examples[:max(examples - len(self.examples), 0)]
+
+
+@dataclass(frozen=True)
+class _ScanTask:
+    path: str
+    types: tuple[str, ...]
+    ipv4_keep: tuple[str, ...]
+    keep_documentation: bool
+    phone_regions: tuple[str, ...]
+    examples: int
+
+
+def _scan_part(task: _ScanTask) -> ResidualReport:
+    report = ResidualReport()
+    settings = (task.types, task.ipv4_keep, task.keep_documentation, task.phone_regions)
+    for batch in pq.ParquetFile(task.path).iter_batches(batch_size=1000, columns=["doc_id", "text", "url", "meta"]):
+        in_text = residual_pii_batch(batch.column("text"), *settings)
+        in_fields = residual_pii_fields(batch.column("url").to_pylist(), batch.column("meta").to_pylist(), *settings)
+        for doc_id, spans, others in zip(batch.column("doc_id").to_pylist(), in_text, in_fields):
+            for where, kind in [("text", kind) for kind, _, _ in spans] + others:
+                report.hits[kind] = report.hits.get(kind, 0) + 1
+                report.fields[where] = report.fields.get(where, 0) + 1
+                if len(report.examples) < task.examples:
+                    report.examples.append(f"{doc_id}: {kind} in {where}")
+    return report
+
+
+def scan_documents(paths: Sequence[Path], types: Iterable[str] = PII_TYPES,
+                   ipv4_keep: Iterable[str] = ("127.0.0.1", "0.0.0.0", "255.255.255.255"),
+                   keep_documentation: bool = True, phone_regions: Iterable[str] = AUDIT_PHONE_REGIONS,
+                   engine: Engine = SERIAL, examples: int = 5, progress: bool = True) -> ResidualReport:
+    """`residual_pii` over the text, url and meta of every document of a stage's Parquet parts, one engine task
+    per part, so the scan of a large output is spread as the stage that wrote it was. The examples are the first
+    `examples` findings in part order, whatever the engine."""
+    tasks = [_ScanTask(str(p), tuple(types), tuple(ipv4_keep), keep_documentation, tuple(phone_regions), examples)
+             for p in paths]
+    report = ResidualReport()
+    for part in engine.map_parts(_scan_part, tasks, desc="residual pii", progress=progress,
+                                  size=lambda t: os.path.getsize(t.path)):
+        report.add(part, examples)
+    return report
+
+
+__all__ = ["AUDIT_PHONE_REGIONS", "AUDIT_SCREENS", "IBAN_COUNTRY_LENGTHS", "ResidualReport", "residual_pii",
+           "residual_pii_batch", "residual_pii_fields", "scan_documents"]

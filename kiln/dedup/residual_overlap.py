@@ -15,14 +15,21 @@ edited-copy rules find more; this look does not try to.)
 
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
+from kiln.common.config import Decontamination
 from kiln.common.text_units import WORD_WEIGHT, mark_code_points, unit_weights
 from kiln.dedup.decontaminate import read_benchmark_file
+from kiln.engine import SERIAL, Engine
 
 # Words with their combining marks (Arabic harakat, Devanagari vowel signs), as the detector reads them: `\w` alone
 # breaks a word at each mark, and two texts differing only in marks would read the same here and not there.
@@ -83,3 +90,32 @@ def item_ngrams(settings) -> ItemNgrams:
     texts = (text for b in settings.benchmarks
              for _, _, text in read_benchmark_file(Path(b.path), b.name, b.text_fields, b.id_field))
     return ItemNgrams(texts, settings.ngram, settings.min_item_words)
+
+
+@dataclass(frozen=True)
+class _OverlapTask:
+    path: str
+    settings: str  # Decontamination as JSON
+
+
+@lru_cache(maxsize=2)
+def _items(settings: str) -> ItemNgrams:
+    """Built once per worker process."""
+    return item_ngrams(Decontamination.model_validate_json(settings))
+
+
+def _overlapping_in_part(task: _OverlapTask) -> list[str]:
+    items = _items(task.settings)
+    return [doc_id for batch in pq.ParquetFile(task.path).iter_batches(batch_size=1000, columns=["doc_id", "text"])
+            for doc_id, text in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist())
+            if items.overlaps(text)]
+
+
+def overlapping_documents(paths: Sequence[Path], settings: Decontamination, engine: Engine = SERIAL,
+                          progress: bool = True) -> list[str]:
+    """The documents of a stage's Parquet parts that hold an n-gram of a benchmark item (`settings.benchmarks`), in
+    part order: one engine task per part, so the look at a large output is spread as the stage that wrote it was."""
+    tasks = [_OverlapTask(str(p), settings.model_dump_json()) for p in paths]
+    return [doc_id for found in engine.map_parts(_overlapping_in_part, tasks, desc="benchmark overlap",
+                                                 progress=progress, size=lambda t: os.path.getsize(t.path))
+            for doc_id in found]

@@ -295,3 +295,33 @@ def test_kept_text_of_a_removed_document_is_redacted_at_least_as_the_configured_
     assert configured.startswith("Panama office, call us on tel: <PHONE> today.")
     assert kept_text(text, "full") == configured
     assert kept_text(text, "excerpt") == example_excerpt(text, "full") == configured[:200]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_residual_scan_of_a_stages_parts_runs_a_task_per_part_and_reports_in_part_order(tmp_path, workers):
+    """The residual_pii check scans each part of the output as an engine task (a curated source of 100M documents
+    was scanned in the step's one process). Worked by hand: seven documents, each with one finding (an e-mail in the
+    text of five, the URL of one, a telephone number in the meta of one), and clean ones, in three parts whose last
+    is the largest (an engine starts the largest first); the examples are the first five findings in part order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kiln.curation.documents import DOCUMENT_SCHEMA
+    from kiln.curation.residual_pii import scan_documents
+    from kiln.engine import SERIAL, ProcessPool
+
+    def doc(i: int, text: str = "Nothing to see here.", url=None, meta=None) -> dict:
+        return Document(f"d{i}", "web", text, url=url, meta=meta or {}).to_row()
+
+    parts = [[doc(0, f"Write to {EMAIL} today."), doc(1), doc(2, url=f"https://x.example.net/?email={EMAIL}")],
+             [doc(3, meta={"tel": 4930914563420}), doc(4, f"Or to {EMAIL}.")],
+             [doc(5, f"Mail {EMAIL}"), doc(6), doc(7, f"Also {EMAIL}"), doc(8, f"And {EMAIL}")] + [
+                 doc(10 + k, prose(k)) for k in range(40)]]
+    paths = []
+    for k, rows in enumerate(parts):
+        paths.append(tmp_path / f"documents-{k:05d}.parquet")
+        pq.write_table(pa.Table.from_pylist(rows, schema=DOCUMENT_SCHEMA), paths[-1])
+    report = scan_documents(paths, engine=ProcessPool(workers=2) if workers == 2 else SERIAL, progress=False)
+    assert report.hits == {"email": 6, "phone": 1} and report.fields == {"text": 5, "url": 1, "meta": 1}
+    assert report.examples == ["d0: email in text", "d2: email in url", "d3: phone in meta", "d4: email in text",
+                               "d5: email in text"]

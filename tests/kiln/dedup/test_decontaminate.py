@@ -754,3 +754,26 @@ def test_short_ngrams_of_the_edited_copy_rules_weigh_words_in_every_script():
     n_words = len(normalized_words(CLEAN_PROSE))
     assert english.fuzzy_counts[("b", "en")] == len(set(zip(*(normalized_words(CLEAN_PROSE)[i:] for i in range(4)))))
     assert english.shared_ngrams(set(english.fuzzy_owners)) == english.fuzzy_counts[("b", "en")] <= n_words - 3
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_no_benchmark_overlap_look_runs_a_task_per_part_and_lists_in_part_order(tmp_path, workers):
+    """The check's second look reads each part of the output as an engine task (it read a whole source in the step's
+    one process). Planted by hand: the item's 13 words in documents p0-1 and p2-0, 12 of them (too few) in p1-0."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kiln.curation.documents import DOCUMENT_SCHEMA, Document
+    from kiln.dedup.residual_overlap import overlapping_documents
+    from kiln.engine import SERIAL, ProcessPool
+
+    write_jsonl(tmp_path / "bench.jsonl", [{"id": 1, "text": ITEM}])
+    decon = Decontamination(benchmarks=[Benchmark(name="bench", path=str(tmp_path / "bench.jsonl"))])
+    parts = [[CLEAN_PROSE, planted(13)], [planted(12), CLEAN_PROSE[:300]], [planted(13, start=5)] + [CLEAN_PROSE] * 30]
+    paths = []
+    for k, texts in enumerate(parts):
+        paths.append(tmp_path / f"documents-{k:05d}.parquet")
+        rows = [Document(f"p{k}-{i}", "web", t).to_row() for i, t in enumerate(texts)]
+        pq.write_table(pa.Table.from_pylist(rows, schema=DOCUMENT_SCHEMA), paths[-1])
+    engine = ProcessPool(workers=2) if workers == 2 else SERIAL
+    assert overlapping_documents(paths, decon, engine, progress=False) == ["p0-1", "p2-0"]
