@@ -5,6 +5,8 @@
 - `package_readmes`: long descriptions of the installed distributions: web-like Markdown/reST with
   real URLs and e-mail addresses.
 - `package_licenses`: license files shipped by the installed distributions (heavy natural duplication).
+  Both leave out editable installs (`pip install -e`, Kiln's own in a checkout): their metadata is a snapshot of a
+  working tree, so the same name and version carry a new text after each edit and reinstall.
 - `stdlib_code`: the standard library's Python source.
 - `multilingual`: the translated manual pages installed under /usr/share/man/<language>/ (Debian's manpages-de,
   -fr, -es, -it, -pl, -ru, -ja, -zh, ...), rendered to text by groff, one document per page, its directory's
@@ -19,6 +21,7 @@ import ast
 import gzip
 import hashlib
 import importlib.metadata
+import json
 import os
 import re
 import subprocess
@@ -83,11 +86,26 @@ def _module_docstrings(path: Path, locator: str) -> Iterator[dict]:
                "url": f"https://docs.python.org/{PY_VERSION}/library/{top}.html"}
 
 
+def _editable(dist) -> bool:
+    """Installed with `pip install -e` (PEP 610's direct_url.json)."""
+    try:
+        return bool(json.loads(dist.read_text("direct_url.json") or "{}").get("dir_info", {}).get("editable"))
+    except ValueError:  # a malformed file: the installer's fault, not a reason to drop the package
+        return False
+
+
+def _project_name(dist) -> str:
+    return re.sub(r"[-_.]+", "-", dist.metadata.get("Name") or "").lower()  # PEP 503
+
+
 def _distributions() -> list[importlib.metadata.Distribution]:
+    every = list(importlib.metadata.distributions())
+    # By name: the working tree of an editable install holds its own `*.egg-info`, found first from that directory.
+    editable = {_project_name(d) for d in every if _editable(d)}
     seen, out = set(), []
-    for dist in importlib.metadata.distributions():
-        name = (dist.metadata.get("Name") or "").lower()
-        if name and name not in seen:
+    for dist in every:
+        name = _project_name(dist)
+        if name and name not in seen and name not in editable:
             seen.add(name)
             out.append(dist)
     return sorted(out, key=lambda d: d.metadata.get("Name").lower())

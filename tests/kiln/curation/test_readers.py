@@ -407,6 +407,36 @@ def test_builtin_corpora_are_real_and_bounded(corpus):
     assert sum(len(d.text) for d in docs) > 25 * 200  # real text, not placeholders
 
 
+def _dist_info(root, name, editable=None, egg=False):
+    info = root / (f"{name}.egg-info" if egg else f"{name}-1.0.dist-info")
+    info.mkdir()
+    (info / ("PKG-INFO" if egg else "METADATA")).write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n\n"
+                                   f"# {name}\n\nThe long description of {name}, as its README says it.\n")
+    (info / "LICENSE").write_text(f"The licence of {name}: permission is granted to use it.\n")
+    (info / "RECORD").write_text(f"{info.name}/METADATA,,\n{info.name}/LICENSE,,\n")
+    if editable is not None:  # PEP 610, as pip writes it for `pip install [-e] <dir>`
+        (info / "direct_url.json").write_text(json.dumps({"url": "file:///src", "dir_info": {"editable": editable}}))
+
+
+def test_editable_installs_are_left_out_of_the_package_corpora(tmp_path, monkeypatch):
+    """An editable install's metadata is a snapshot of a working tree: one name and version, a new text after each
+    edit. An install from the same directory without -e is a fixed snapshot, and is read like any package. The
+    working tree holds its own egg-info, found first when the tree is on sys.path (Kiln's, run from a checkout)."""
+    site, tree = tmp_path / "site", tmp_path / "tree"
+    site.mkdir(), tree.mkdir()
+    _dist_info(site, "kiln_test_wheel")
+    _dist_info(site, "kiln_test_local", editable=False)
+    _dist_info(site, "kiln_test_editable", editable=True)
+    _dist_info(tree, "kiln_test_editable", egg=True)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(tree))
+    for corpus in ("package_readmes", "package_licenses"):
+        src = Source(name=corpus, kind="builtin", corpus=corpus, license="x", domain="reference", profile="p")
+        texts = " ".join(d.text for d in read_source(src, Reading()) if isinstance(d, Document))
+        assert "of kiln_test_wheel" in texts and "of kiln_test_local" in texts, corpus
+        assert "of kiln_test_editable" not in texts, corpus
+
+
 # In a fresh interpreter: whether importlib_metadata's finder is still on sys.meta_path in a test process depends on
 # what ran there before (deepspeed is imported once per process).
 _AFTER_DEEPSPEED = """
