@@ -90,7 +90,7 @@ def _editable(dist) -> bool:
     """Installed with `pip install -e` (PEP 610's direct_url.json)."""
     try:
         return bool(json.loads(dist.read_text("direct_url.json") or "{}").get("dir_info", {}).get("editable"))
-    except ValueError:  # a malformed file: the installer's fault, not a reason to drop the package
+    except (ValueError, AttributeError):  # malformed: the installer's fault, not a reason to drop the package
         return False
 
 
