@@ -30,6 +30,8 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from kiln.common.config import Reading, Source
 from kiln.curation.documents import Document
 from kiln.curation.readers.formats import (Quarantined, as_internal_records, decode_utf8, quarantine,
@@ -94,17 +96,12 @@ def _editable(dist) -> bool:
         return False
 
 
-def _project_name(dist) -> str:
-    return re.sub(r"[-_.]+", "-", dist.metadata.get("Name") or "").lower()  # PEP 503
-
-
 def _distributions() -> list[importlib.metadata.Distribution]:
-    every = list(importlib.metadata.distributions())
+    named = [(canonicalize_name(d.metadata.get("Name") or ""), d) for d in importlib.metadata.distributions()]
     # By name: the working tree of an editable install holds its own `*.egg-info`, found first from that directory.
-    editable = {_project_name(d) for d in every if _editable(d)}
+    editable = {name for name, d in named if _editable(d)}
     seen, out = set(), []
-    for dist in every:
-        name = _project_name(dist)
+    for name, dist in named:
         if name and name not in seen and name not in editable:
             seen.add(name)
             out.append(dist)
