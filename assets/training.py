@@ -20,7 +20,7 @@ from kiln.common.secrets import redact, redact_url
 from kiln.common.storage import IncompleteDataset
 from kiln.governance.audit import trained_on
 from kiln.governance.catalog import AuditError
-from kiln.governance.exposure import held_versions, measure_exposure, write_exposure
+from kiln.governance.exposure import EXPOSURE_FILE, held_versions, measure_exposure
 from kiln.governance.forget import (
     REQUESTS,
     ForgetError,
@@ -349,7 +349,8 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         # What the run read, from its loader's final cursor (the last checkpoint's): membership and the data card
         # answer from it, not from the shards' member list alone.
-        exposure = measure_exposure(run_config, summary["loader"], read_folders) if summary.get("loader") else None
+        exposed = measure_exposure(run_config, summary["loader"], run_dir / EXPOSURE_FILE, read_folders) \
+            if summary.get("loader") else None
     with store.staging(RUN) as writer:
         for name in ("summary.json", "run_config.json", "metrics.jsonl"):
             shutil.copy2(run_dir / name, writer.dir / name)
@@ -357,7 +358,8 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
         if removals is not None:  # the replayed shards (and the requests applied to them) are inputs too
             write_removed(writer.dir, removals)
             inputs |= {k: v for k, v in removals.inputs(requests_version).items() if k not in inputs}
-        exposed = write_exposure(writer.dir, *exposure) if exposure is not None else None
+        if exposed is not None:
+            shutil.move(run_dir / EXPOSURE_FILE, writer.dir / EXPOSURE_FILE)
         manifest = writer.commit(
             code_version=context.assets_def.code_versions_by_key[context.asset_key],
             config={"training": settings.model_dump(mode="json"),

@@ -79,7 +79,7 @@ def stand_in_checkpoint(store: Store, run_config: Path | None = None, loader_sta
     """A training_run and a checkpoint manifest over the real token shards (weights are not needed here); with a
     run config and its loader's final state, the run records what it read as the training_run asset does. Versions
     are content hashes: stand-ins of another `name` are other runs and checkpoints, not the same one again."""
-    from kiln.governance.exposure import measure_exposure, write_exposure
+    from kiln.governance.exposure import EXPOSURE_FILE, measure_exposure
 
     refresh, shards = latest(store, "token_shards")
     with store.staging("training_run") as writer:
@@ -87,7 +87,7 @@ def stand_in_checkpoint(store: Store, run_config: Path | None = None, loader_sta
                                                                              else {})}))
         inputs = {f"token_shards/{refresh}": shards.data_version,
                   "tokenizer": store.manifest("tokenizer").data_version}
-        exposure = {"exposure": write_exposure(writer.dir, *measure_exposure(run_config, loader_state))} \
+        exposure = {"exposure": measure_exposure(run_config, loader_state, writer.dir / EXPOSURE_FILE)} \
             if loader_state else {}
         run = writer.commit(code_version="test", config={}, inputs=inputs, counts={"steps": 3},
                             stats={"mlflow": {"experiment_id": "1", "run_id": "abc123"}, **exposure})

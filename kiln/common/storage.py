@@ -87,6 +87,13 @@ def row_group_stats(meta: pq.FileMetaData, column: str) -> list:
     return [] if leaf is None else [meta.row_group(g).column(leaf).statistics for g in range(meta.num_row_groups)]
 
 
+def parquet_batches(path: str | Path, batch_size: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """A Parquet file's rows, `batch_size` at a time, holding about a row group of it at once. ParquetFile's default
+    pre-buffering reads the chosen columns of every row group before the first batch (apache/arrow#37139): a token
+    shard set's member list, one file of a row per document, would be held whole."""
+    yield from pq.ParquetFile(path, pre_buffer=False).iter_batches(batch_size=batch_size, columns=columns)
+
+
 _FLUSH_THREADS = 8  # fsyncs in flight in `flush_to_disk`
 
 # The files the part task running in this thread has written (`resume_part`), None outside a part task.
@@ -296,7 +303,7 @@ class Snapshot:
     def iter_batches(self, role: str = "documents", batch_size: int = 1000,
                      columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
         for path in self.files(role):
-            yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
+            yield from parquet_batches(path, batch_size, columns)
 
     def values(self, column: str, doc_ids: set[str] | None = None) -> dict[str, object]:
         """doc_id -> `column` of this version's documents (only `doc_ids` when given), reading two columns."""

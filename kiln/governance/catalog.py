@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from kiln.common.manifest import MANIFEST_NAME, Manifest
-from kiln.common.storage import IncompleteDataset, Snapshot, Store
+from kiln.common.storage import IncompleteDataset, Snapshot, Store, parquet_batches
 from kiln.governance.lineage import DOCUMENT_STAGES
 
 CHECKPOINT, TRAINING_RUN, SHARDS = "checkpoint", "training_run", "token_shards"
@@ -272,8 +271,7 @@ def member_batches(paths: list[Path], splits: tuple[str, ...], columns: list[str
     (one copy or more), a batch at a time: a member list has a row per document of every refresh, too many to hold
     as Python rows."""
     for path in paths:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size,
-                                                       columns=list(dict.fromkeys(["split", "copies", *columns]))):
+        for batch in parquet_batches(path, batch_size, list(dict.fromkeys(["split", "copies", *columns]))):
             held = pc.and_(pc.is_in(batch.column("split"), pa.array(splits, pa.string())),
                            pc.greater(batch.column("copies"), 0))
             yield batch.filter(held).select(columns)

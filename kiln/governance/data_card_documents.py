@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest
+from kiln.common.storage import parquet_batches
 from kiln.governance.catalog import FILTERED, NOT_MATERIALIZED, SHARDS, Catalog, member_lists
 from kiln.governance.document_facts import UNKNOWN, document_facts, license_from
 from kiln.governance.lineage import DOCUMENT_STAGES
@@ -63,7 +64,7 @@ class MemberList:
 
     def _restart(self) -> None:
         self._batches = (b for p in self.paths
-                         for b in pq.ParquetFile(p).iter_batches(batch_size=self.batch, columns=self.columns))
+                         for b in parquet_batches(p, self.batch, self.columns))
         self._held: list[pa.RecordBatch] = []
         self._start = self._end = 0  # rows [_start, _end) of the list are held
 
@@ -89,7 +90,7 @@ class MemberList:
         runs: dict[str, tuple[int, int] | None] = {}
         last, pos = None, 0
         for p in self.paths:
-            for batch in pq.ParquetFile(p).iter_batches(batch_size=self.batch, columns=["source"]):
+            for batch in parquet_batches(p, self.batch, ["source"]):
                 encoded = pc.dictionary_encode(batch.column(0))
                 codes, names = encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.to_pylist()
                 cuts = np.flatnonzero(np.diff(codes)) + 1
@@ -109,7 +110,7 @@ class MemberList:
         found: dict[str, tuple[int, int]] = {}
         wanted = pa.array(sorted(doc_ids), pa.string())
         for p in self.paths:
-            for batch in pq.ParquetFile(p).iter_batches(batch_size=self.batch, columns=MEMBER_COLUMNS):
+            for batch in parquet_batches(p, self.batch, MEMBER_COLUMNS):
                 found |= train_in(pa.Table.from_batches([batch]).filter(pc.is_in(batch.column("doc_id"), wanted)))
         return found
 

@@ -19,16 +19,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kiln.common.manifest import MANIFEST_NAME, Manifest
-from kiln.common.storage import Store, write_parquet_atomic
+from kiln.common.manifest import MANIFEST_NAME, Manifest, write_file_atomic
+from kiln.common.storage import Store, parquet_batches
 from kiln.governance.catalog import run_file
 
 EXPOSURE_FILE = "exposure.parquet"
@@ -43,19 +47,33 @@ EXPOSURE_SCHEMA = pa.schema([pa.field("role", pa.string(), nullable=False),  # t
                              pa.field("reads", pa.int32(), nullable=False),  # epochs in which it was read
                              pa.field("tokens_read", pa.int64(), nullable=False)])  # its input tokens, all epochs
 
+# The join of the read copies with the member list goes a doc_id hash bucket at a time (a grace hash join): both lists
+# are streamed into bucket files on disk, then each bucket's two sides are joined alone. A process holds one bucket,
+# BUCKET_ROWS rows by default, and the loader's counts (12 B per copy in the set) at any corpus size up to
+# MAX_BUCKETS x BUCKET_ROWS rows; past that a bucket grows (docs/scale.md).
+BUCKET_ROWS = 1 << 20
+MAX_BUCKETS = 256  # bucket files open at once, per list
+_BATCH_ROWS = 1 << 16  # rows read from a list at once
+_MEMBER_SCHEMA = pa.schema([EXPOSURE_SCHEMA.field(c) for c in ("doc_id", "source", "tokens")])
+_READ_SCHEMA = pa.schema([EXPOSURE_SCHEMA.field(c)
+                          for c in ("phase", "shard", "index", "doc_id", "reads", "tokens_read")])
 
-def measure_exposure(run_config: str | Path, loader_state: dict[str, Any],
-                     folders: dict[str, str] | None = None) -> tuple[pa.Table, dict[str, Any]]:
-    """(EXPOSURE_SCHEMA rows, the manifest's `stats.exposure`) of the run `run_config` describes, its loader at
-    `loader_state` (summary.json's `loader`). A loader state the run's shards and settings do not give is refused
-    as on resume (training_jobs.loader). `folders` (role `train` or `replay` -> folder): the version folders the run
-    read (`held_versions`), read instead of its dataset links, which name another version once the shards are
-    materialized again while it trains (a removal request applied meanwhile); the stats name the links."""
+
+def measure_exposure(run_config: str | Path, loader_state: dict[str, Any], path: str | Path,
+                     folders: dict[str, str] | None = None, bucket_rows: int = BUCKET_ROWS) -> dict[str, Any]:
+    """Writes what the run `run_config` describes read, its loader at `loader_state` (summary.json's `loader`), to
+    `path` (EXPOSURE_SCHEMA rows, written whole or not at all) and returns the manifest's `stats.exposure` (the
+    file's name and, per role, its stats). A loader state the run's shards and settings do not give is refused as on
+    resume (training_jobs.loader). `folders` (role `train` or `replay` -> folder): the version folders the run read
+    (`held_versions`), read instead of its dataset links, which name another version once the shards are
+    materialized again while it trains (a removal request applied meanwhile); the stats name the links.
+    `bucket_rows`: rows of the member and position lists joined at once (`_join`)."""
     import torch
 
     from training_jobs.settings import DEFAULT_MICRO_BATCH, RunConfig
     from training_jobs.setup import Dist, open_training
 
+    path = Path(path)
     run = linked = RunConfig.read(run_config)
     folders = folders or {}
     if folders:
@@ -70,13 +88,18 @@ def measure_exposure(run_config: str | Path, loader_state: dict[str, Any],
     world_size = int(loader_state.get("main", loader_state)["world_size"])  # data-parallel ranks
     loader = open_training(run, Dist(0, world_size, torch.device("cpu")))
     loader.load_state_dict(loader_state)
-    tables, stats = [], {}
-    for role, part in loader.roles().items():
-        table, stats[role] = _role_exposure(role, part)
-        tables.append(table)
-        if role in folders:
-            stats[role]["dataset_dir"] = linked.dataset_dir if role == "train" else linked.replay.dataset_dir
-    return pa.concat_tables(tables), stats
+    stats: dict[str, Any] = {}
+
+    def write(f) -> None:
+        with pq.ParquetWriter(f, EXPOSURE_SCHEMA, compression="zstd") as out, \
+                tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.scratch-") as scratch:
+            for role, part in loader.roles().items():
+                stats[role] = _role_exposure(role, part, out, Path(scratch) / role, bucket_rows)
+                if role in folders:
+                    stats[role]["dataset_dir"] = linked.dataset_dir if role == "train" else linked.replay.dataset_dir
+
+    write_file_atomic(path, write)
+    return {"file": path.name, "roles": stats}
 
 
 def held_versions(run_config: str | Path, holds: contextlib.ExitStack) -> dict[str, str]:
@@ -104,12 +127,12 @@ def held_versions(run_config: str | Path, holds: contextlib.ExitStack) -> dict[s
     return out
 
 
-def _role_exposure(role: str, loader) -> tuple[pa.Table, dict[str, Any]]:
+def _role_exposure(role: str, loader, out: pq.ParquetWriter, scratch: Path, bucket_rows: int) -> dict[str, Any]:
+    """One role's rows into `out`; its stats."""
     folder = Path(loader.shard_set.dir)
     manifest = Manifest.from_dict(json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8")))
     counts = loader.exposure()
     shard_info = {s.path: s for s in loader.shard_set.shards}
-    phase_of = {path: s.phase for path, s in shard_info.items()}
     sources = manifest.stats.get("sources") or {}
     stats: dict[str, Any] = {"data_version": manifest.data_version, "dataset_dir": str(folder),
                              "cursor": {"epoch": loader.epoch, "position": loader.position},
@@ -118,7 +141,7 @@ def _role_exposure(role: str, loader) -> tuple[pa.Table, dict[str, Any]]:
     per_phase: dict[str, dict[str, int]] = {}
     for shard, (_, tokens) in counts.items():
         info = shard_info[shard]  # by path: a set of 100B tokens has ~25,000 shards, a search each was quadratic
-        phase = per_phase.setdefault(phase_of[shard], {"tokens_read": 0, "tokens": 0})
+        phase = per_phase.setdefault(info.phase, {"tokens_read": 0, "tokens": 0})
         phase["tokens_read"] += int(tokens.sum())
         phase["tokens"] += info.tokens
     stats["per_phase"] = per_phase
@@ -127,50 +150,142 @@ def _role_exposure(role: str, loader) -> tuple[pa.Table, dict[str, Any]]:
     if not positions or not members:
         stats["unavailable"] = ("the shard set has no position list (written before position lists existed): which "
                                 "documents were read cannot be told; re-materialize that token_shards partition")
-        return EXPOSURE_SCHEMA.empty_table(), stats
-    placed = pa.concat_tables([pq.read_table(p, filters=[("shard", "in", sorted(counts))]) for p in positions])
-    placed = placed.sort_by([("shard", "ascending"), ("index", "ascending")])
-    reads = np.concatenate([counts[s][0] for s in sorted(counts)]) if counts else np.zeros(0, np.int32)
-    tokens_read = np.concatenate([counts[s][1] for s in sorted(counts)]) if counts else np.zeros(0, np.int64)
-    if len(placed) != len(reads):
-        raise ValueError(f"the position list of {folder} lists {len(placed)} document copies in the shards the run "
-                         f"read, their offset indexes hold {len(reads)}: the set was altered after it was written")
-    member = pa.concat_tables([pq.read_table(p, columns=["doc_id", "source", "split", "tokens", "copies"])
-                               for p in members])
-    member = member.filter(pc.equal(member["split"], "train"))
-    hit = np.flatnonzero(reads > 0)  # only the copies read: the rest is the position list
-    placed = placed.take(pa.array(hit))
-    row = pc.index_in(placed["doc_id"], member["doc_id"])
-    read = pa.table({"role": pa.array(np.full(len(hit), role, object), pa.string()),
-                     "shard_set": pa.array(np.full(len(hit), manifest.data_version, object), pa.string()),
-                     "phase": pa.array([phase_of[s] for s in placed["shard"].to_pylist()], pa.string()),
-                     "shard": placed["shard"], "index": placed["index"], "doc_id": placed["doc_id"],
-                     "source": member["source"].take(row), "tokens": member["tokens"].take(row),
-                     "reads": pa.array(reads[hit], pa.int32()), "tokens_read": pa.array(tokens_read[hit], pa.int64())},
-                    schema=EXPOSURE_SCHEMA)
+        return stats
+    reads = _ReadCopies(counts, {path: info.phase for path, info in shard_info.items()})
+    del counts  # its arrays live on in `reads`, once
+    rows = max(reads.copies_read, sum(pq.ParquetFile(p).metadata.num_rows for p in members))
+    buckets = min(max(-(-rows // bucket_rows), 1), MAX_BUCKETS)
+    member_sources: set[str] = set()
+    documents: Counter[str] = Counter()
+    member_buckets = _scatter(scratch / "members", buckets, _MEMBER_SCHEMA,
+                              _train_members(members, member_sources, documents))
+    read_buckets = _scatter(scratch / "reads", buckets, _READ_SCHEMA, reads.batches(positions, folder))
+    read_by_source: dict[str, list[int]] = {name: [0, 0] for name in member_sources}  # tokens read, documents read
+    copies = 0
+    for member_file, read_file in zip(member_buckets, read_buckets):
+        table = _join(role, manifest.data_version, _read_scratch(member_file), _read_scratch(read_file), folder)
+        out.write_table(table)
+        copies += table.num_rows
+        # A document's copies share its bucket: distinct doc_ids per bucket add up to distinct doc_ids.
+        by_source = table.group_by("source").aggregate([("tokens_read", "sum"), ("doc_id", "count_distinct")])
+        for r in by_source.to_pylist():
+            got = read_by_source.setdefault(r["source"], [0, 0])
+            got[0] += r["tokens_read_sum"]
+            got[1] += r["doc_id_count_distinct"]
     per_source = {}
-    for name in sorted(set(member["source"].to_pylist())):
-        mine = read.filter(pc.equal(read["source"], name))
-        docs = member.filter(pc.and_(pc.equal(member["source"], name), pc.greater(member["copies"], 0)))
+    for name in sorted(read_by_source):
         natural = (sources.get(name) or {}).get("natural_train_tokens")
         in_set = (sources.get(name) or {}).get("train_tokens")
-        got = int(pc.sum(mine["tokens_read"]).as_py() or 0)
+        got, documents_read = read_by_source[name]
         per_source[name] = {
             "tokens_read": got, "tokens": in_set, "natural_tokens": natural,
             # unrounded (a little read of a big source is not 0): of the source's tokens in the set, and passes
             # over the source's own data
             "share": got / in_set if in_set else None, "passes": got / natural if natural else None,
             "planned_epochs": (sources.get(name) or {}).get("effective_epochs"),
-            "documents_read": len(set(mine["doc_id"].to_pylist())), "documents": len(docs)}
+            "documents_read": documents_read, "documents": documents[name]}
     stats["per_source"] = per_source
-    stats["copies_read"] = len(read)
-    return read, stats
+    stats["copies_read"] = copies
+    return stats
 
 
-def write_exposure(folder: Path, table: pa.Table, stats: dict[str, Any]) -> dict[str, Any]:
-    """exposure.parquet into the run's dataset folder; the `stats.exposure` to record with it."""
-    write_parquet_atomic(Path(folder) / EXPOSURE_FILE, table)
-    return {"file": EXPOSURE_FILE, "roles": stats}
+class _ReadCopies:
+    """The loader's counts (shard -> per-copy reads and input tokens read) as flat arrays, and the position list's
+    copies read, with their counts, a batch at a time."""
+
+    def __init__(self, counts: dict[str, tuple[np.ndarray, np.ndarray]], phase_of: dict[str, str]):
+        self.names = sorted(counts)
+        self.number = {name: k for k, name in enumerate(self.names)}
+        self.sizes = np.array([len(counts[s][0]) for s in self.names], np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.reads = np.concatenate([counts[s][0] for s in self.names] or [np.zeros(0, np.int32)])
+        self.tokens = np.concatenate([counts[s][1] for s in self.names] or [np.zeros(0, np.int64)])
+        self.copies_read = int(np.count_nonzero(self.reads))
+        phases = sorted({phase_of[s] for s in self.names})
+        self.phases = np.array(phases, object)
+        self.phase_code = np.array([phases.index(phase_of[s]) for s in self.names], np.int64)
+
+    def batches(self, positions: list[Path], folder: Path) -> Iterator[pa.RecordBatch]:
+        """_READ_SCHEMA batches: the copies of the position list the run read at least once, in the list's order."""
+        listed = np.zeros(len(self.names), np.int64)  # copies the position list names, per shard the run read
+        for p in positions:
+            for batch in parquet_batches(p, _BATCH_ROWS, ["shard", "index", "doc_id"]):
+                encoded = pc.dictionary_encode(batch.column("shard"))
+                known = np.array([self.number.get(s, -1) for s in encoded.dictionary.to_pylist()] or [-1], np.int64)
+                shard = known[encoded.indices.to_numpy(zero_copy_only=False)]
+                index = batch.column("index").to_numpy(zero_copy_only=False).astype(np.int64)
+                mine = np.flatnonzero(shard >= 0)  # the validation shards, say, the run did not read
+                shard, index = shard[mine], index[mine]
+                if ((index < 0) | (index >= self.sizes[shard])).any():
+                    raise _altered(folder, "places a copy past the end of its shard's offset index")
+                listed += np.bincount(shard, minlength=len(self.names))
+                at = self.starts[shard] + index
+                hit = np.flatnonzero(self.reads[at] > 0)
+                rows = pa.array(mine[hit])
+                yield pa.record_batch([pa.array(self.phases[self.phase_code[shard[hit]]], pa.string()),
+                                       batch.column("shard").take(rows), pa.array(index[hit], pa.int32()),
+                                       batch.column("doc_id").take(rows), pa.array(self.reads[at[hit]], pa.int32()),
+                                       pa.array(self.tokens[at[hit]], pa.int64())], schema=_READ_SCHEMA)
+        if (listed != self.sizes).any():
+            raise _altered(folder, f"lists {int(listed.sum())} document copies in the shards the run read, their "
+                                   f"offset indexes hold {int(self.sizes.sum())}")
+
+
+def _train_members(members: list[Path], sources: set[str], documents: Counter[str]) -> Iterator[pa.RecordBatch]:
+    """_MEMBER_SCHEMA batches of the member list's train documents; adds each source to `sources`, and to
+    `documents` its documents with a copy in the set."""
+    for p in members:
+        for batch in parquet_batches(p, _BATCH_ROWS, ["doc_id", "source", "split", "tokens", "copies"]):
+            batch = batch.filter(pc.equal(batch.column("split"), "train"))
+            sources.update(pc.unique(batch.column("source")).to_pylist())
+            placed = batch.filter(pc.greater(batch.column("copies"), 0)).column("source")
+            documents.update({r["values"]: r["counts"] for r in pc.value_counts(placed).to_pylist()})
+            yield batch.select(_MEMBER_SCHEMA.names).cast(_MEMBER_SCHEMA)
+
+
+def _scatter(folder: Path, buckets: int, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> list[Path]:
+    """Each batch's rows appended to the Arrow stream file of their doc_id's hash bucket; the files, by bucket."""
+    folder.mkdir(parents=True)
+    files = [folder / f"{b:05d}.arrow" for b in range(buckets)]
+    with contextlib.ExitStack() as stack:
+        writers = [stack.enter_context(pa.ipc.new_stream(f, schema)) for f in files]
+        for batch in batches:
+            ids = batch.column("doc_id").to_numpy(zero_copy_only=False)
+            # pandas' hash of an object array: vectorized, and the same for a doc_id in both lists
+            bucket = (pd.util.hash_array(ids, categorize=False) % np.uint64(buckets)).astype(np.int64)
+            order = np.argsort(bucket, kind="stable")
+            bounds = np.searchsorted(bucket[order], np.arange(buckets + 1))
+            batch = batch.take(pa.array(order))
+            for b in np.flatnonzero(np.diff(bounds)).tolist():
+                writers[b].write_batch(batch.slice(bounds[b], bounds[b + 1] - bounds[b]))
+    return files
+
+
+def _read_scratch(path: Path) -> pa.Table:
+    with pa.ipc.open_stream(path) as reader:
+        table = reader.read_all()
+    path.unlink()  # joined: the disk it held is free again
+    return table
+
+
+def _join(role: str, shard_set: str, member: pa.Table, read: pa.Table, folder: Path) -> pa.Table:
+    """One bucket's read copies with their documents' source and tokens, as EXPOSURE_SCHEMA rows."""
+    row = pc.index_in(read.column("doc_id"), value_set=member.column("doc_id"))
+    if row.null_count:
+        raise _altered(folder, f"names {row.null_count} copies of documents its member list does not hold as train "
+                               "documents")
+    n = read.num_rows
+    return pa.table({"role": pa.array(np.full(n, role, object), pa.string()),
+                     "shard_set": pa.array(np.full(n, shard_set, object), pa.string()),
+                     "phase": read.column("phase"), "shard": read.column("shard"), "index": read.column("index"),
+                     "doc_id": read.column("doc_id"), "source": member.column("source").take(row),
+                     "tokens": member.column("tokens").take(row), "reads": read.column("reads"),
+                     "tokens_read": read.column("tokens_read")}, schema=EXPOSURE_SCHEMA)
+
+
+def _altered(folder: Path, what: str) -> ValueError:
+    return ValueError(f"the position list of {folder} {what}: the set was altered after it was written; "
+                      "re-materialize that token_shards partition")
 
 
 def _exposure_file(store: Store, run: Manifest | None) -> Path | None:
@@ -207,4 +322,4 @@ def read_of(store: Store, run: Manifest | None, doc_ids: set[str]) -> dict[str, 
             "tokens": int(pc.sum(table.column("tokens_read")).as_py())}
 
 
-__all__ = ["EXPOSURE_FILE", "EXPOSURE_SCHEMA", "exposure_of", "measure_exposure", "read_of", "write_exposure"]
+__all__ = ["BUCKET_ROWS", "EXPOSURE_FILE", "EXPOSURE_SCHEMA", "exposure_of", "measure_exposure", "read_of"]

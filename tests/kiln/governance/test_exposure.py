@@ -6,6 +6,7 @@ documented file order (epoch 0: sequence j·world_size + r is rank r's j-th; seq
 import json
 
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -147,11 +148,58 @@ def test_a_run_config_that_left_the_micro_batch_to_the_layout_gives_the_same_exp
     given = partway["home"] / "run" / "run_config.json"
     state = json.loads((partway["store"].dataset_dir("training_run") / "summary.json").read_text())["loader"]
     run = RunConfig.read(given)
-    expected = measure_exposure(given, state)
+    expected = measure_exposure(given, state, tmp_path / "given.parquet")
     for micro_batch in ("auto", 16):  # left to the layout, or another micro-batch than the run's
         changed = run.model_copy(update={"training": run.training.model_copy(update={"micro_batch_size": micro_batch})})
-        table, stats = measure_exposure(changed.write(tmp_path / f"{micro_batch}.json"), state)
-        assert table.equals(expected[0]) and stats == expected[1]
+        changed_config = changed.write(tmp_path / f"{micro_batch}.json")
+        stats = measure_exposure(changed_config, state, tmp_path / "changed.parquet")
+        assert stats == expected | {"file": "changed.parquet"}
+        assert pq.read_table(tmp_path / "changed.parquet").equals(pq.read_table(tmp_path / "given.parquet"))
+
+
+def test_the_join_a_bucket_at_a_time_gives_the_copies_read_whatever_the_bucket_size(partway, tmp_path):
+    """Buckets of 3 rows (the audit store's ~100 copies read in dozens of buckets, each joined alone) give the rows
+    the shards' offsets and the loader's order give (`expected_reads`), and the stats of one bucket."""
+    from kiln.governance.exposure import measure_exposure
+
+    given = partway["home"] / "run" / "run_config.json"
+    state = json.loads((partway["store"].dataset_dir("training_run") / "summary.json").read_text())["loader"]
+    whole = measure_exposure(given, state, tmp_path / "whole.parquet")
+    small = measure_exposure(given, state, tmp_path / "small.parquet", bucket_rows=3)
+    assert small == whole | {"file": "small.parquet"}
+    rows = pq.read_table(tmp_path / "small.parquet").to_pylist()
+    got: dict[str, list[tuple[int, int]]] = {}
+    for r in rows:
+        got.setdefault(r["doc_id"], []).append((r["reads"], r["tokens_read"]))
+    expected = partway["expected"]
+    assert {d: sorted(c) for d, c in got.items()} == \
+        {d: sorted(c for c in copies if c[0]) for d, copies in expected.items() if any(r for r, _ in copies)}
+    assert sorted(rows, key=lambda r: (r["shard"], r["index"])) == \
+        sorted(pq.read_table(tmp_path / "whole.parquet").to_pylist(), key=lambda r: (r["shard"], r["index"]))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no bucket file or half file left
+
+
+@pytest.mark.parametrize("alteration", ["a copy left out of the position list", "a read document left out of the "
+                                        "member list"])
+def test_a_shard_set_altered_after_it_was_written_is_refused_and_nothing_is_written(partway, tmp_path, alteration):
+    import shutil
+
+    from kiln.governance.exposure import measure_exposure
+
+    given = RunConfig.read(partway["home"] / "run" / "run_config.json")
+    state = json.loads((partway["store"].dataset_dir("training_run") / "summary.json").read_text())["loader"]
+    copy = tmp_path / "shards"
+    shutil.copytree(given.dataset_dir, copy)
+    read = next(d for d, copies in sorted(partway["expected"].items()) if all(r for r, _ in copies))
+    role = "positions" if alteration.startswith("a copy") else "members"
+    [path] = copy.glob(f"{role}-*.parquet")
+    table = pq.read_table(path)
+    pq.write_table(table.filter(pc.not_equal(table["doc_id"], read)), path)
+    run_config = given.model_copy(update={"dataset_dir": str(copy)}).write(tmp_path / "run_config.json")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(ValueError, match="altered after it was written.*re-materialize"):
+        measure_exposure(run_config, state, tmp_path / "out" / "exposure.parquet")
+    assert not list((tmp_path / "out").iterdir())
 
 
 def test_a_checkpoint_is_answered_for_after_its_shards_and_its_run_are_replaced(partway, tmp_path, capsys):
@@ -264,9 +312,9 @@ def test_what_a_run_read_is_measured_on_its_version_after_a_request_made_the_sha
     gc.collect()
     later_training_on_other_data(store)  # a commit: it removes a forgotten version nobody holds
     with holds:
-        rows, stats = measure_exposure(run_config, state, folders)
+        stats = measure_exposure(run_config, state, tmp_path / "exposure.parquet", folders)["roles"]
     got: dict[str, list[tuple[int, int]]] = {}
-    for r in rows.to_pylist():
+    for r in pq.read_table(tmp_path / "exposure.parquet").to_pylist():
         assert r["shard_set"] == shards.data_version
         got.setdefault(r["doc_id"], []).append((r["reads"], r["tokens_read"]))
     assert {d: sorted(c) for d, c in got.items()} == \

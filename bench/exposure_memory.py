@@ -1,0 +1,151 @@
+"""How the memory of the end-of-run exposure record's join grows with the number of document copies read.
+
+    .venv/bin/python bench/exposure_memory.py [--copies 100000,400000] [--bucket-rows 50000]
+
+For each size: a synthetic shard set's member and position lists (24-hex doc_ids as curation makes them, two
+sources, 100 shards, one copy per document, row groups of a curated part), then, in a fresh process, a stand-in
+loader's counts for them (every copy read) and the join (`_role_exposure` in kiln/governance/exposure.py, writing
+exposure.parquet) under tracemalloc (Python objects and NumPy arrays) with Arrow's pool peak read after it. The
+loader's counts themselves (`ShardLoader.exposure`) are made before and are not in the figure. Then, each in a
+process of its own, Arrow's pool peak while the member list is streamed through pyarrow's ParquetFile as it comes
+(pre-buffering every row group) and through `parquet_batches`, which every streaming reader of the lists uses. `--bucket-rows` below the sizes makes every size join several
+buckets, so the slope between two sizes is what the join keeps per copy beyond one bucket (docs/scale.md). Prints
+bytes per copy; quote the figures with the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from kiln.common.manifest import MANIFEST_NAME  # noqa: E402
+from kiln.common.storage import parquet_batches  # noqa: E402
+from kiln.governance import exposure  # noqa: E402
+from kiln.tokens.shard_format import ShardInfo  # noqa: E402
+from kiln.tokens.shard_writer import MEMBERS_SCHEMA, POSITIONS_SCHEMA  # noqa: E402
+
+SHARDS, TOKENS = 100, 5  # shards of the set; tokens per document
+PART_ROWS = 20_000  # rows per row group: token_shards writes the lists a curated part at a time
+
+
+def write_lists(folder: Path, n: int) -> None:
+    """The member and position lists of `n` documents, and the set's manifest."""
+    ids = pa.array([f"{i:024x}" for i in range(n)])
+    nulls = pa.nulls(n, pa.string())
+    source = pa.array(np.where(np.arange(n) % 3, "web", "code").astype(object), pa.string())
+    pq.write_table(pa.table([ids, source, pa.array(["train"] * n), pa.array(np.ones(n, np.int32)),
+                             pa.array(np.full(n, TOKENS, np.int64)), nulls, nulls, nulls, nulls],
+                            schema=MEMBERS_SCHEMA), folder / "members-00000.parquet", row_group_size=PART_ROWS)
+    shard_of = np.arange(n) % SHARDS
+    pq.write_table(pa.table([pa.array(np.array(_names(), object)[shard_of], pa.string()),
+                             pa.array((np.arange(n) // SHARDS).astype(np.int32)), ids], schema=POSITIONS_SCHEMA),
+                   folder / "positions-00000.parquet", row_group_size=PART_ROWS)
+    files = [{"path": f"{role}-00000.parquet", "role": role, "sha256": "", "bytes": 0}
+             for role in ("members", "positions")]
+    sources = {s: {"train_tokens": TOKENS * n, "natural_train_tokens": TOKENS * n} for s in ("web", "code")}
+    (folder / MANIFEST_NAME).write_text(json.dumps({
+        "asset": "token_shards", "partition": "bench", "code_version": "bench", "config": {}, "inputs": {},
+        "files": files, "counts": {}, "stats": {"sources": sources}, "data_version": "bench"}))
+
+
+def _names() -> list[str]:
+    return [f"shard-{s:05d}.bin" for s in range(SHARDS)]
+
+
+def stand_in_loader(folder: Path, n: int) -> SimpleNamespace:
+    """A loader over those lists whose counts read every copy once (NumPy only: Arrow's pool stays unused)."""
+    per = np.bincount(np.arange(n) % SHARDS, minlength=SHARDS).tolist()
+    counts = {name: (np.ones(k, np.int32), np.full(k, TOKENS - 1, np.int64)) for name, k in zip(_names(), per)}
+    shards = [ShardInfo(name, "train", "main", 0, TOKENS * k, k) for name, k in zip(_names(), per)]
+    return SimpleNamespace(shard_set=SimpleNamespace(dir=str(folder), shards=shards), exposure=lambda: counts,
+                           epoch=0, position=1, world_size=1, seq_len=8)
+
+
+def one(folder: Path, n: int, bucket_rows: int) -> dict:
+    loader = stand_in_loader(folder, n)
+    join = getattr(exposure, "_role_exposure")
+    tracemalloc.start()
+    arrow_before = pa.default_memory_pool().max_memory()
+    t0 = time.perf_counter()
+    with pq.ParquetWriter(folder / exposure.EXPOSURE_FILE, exposure.EXPOSURE_SCHEMA) as out:
+        stats = join("train", loader, out, folder / "scratch", bucket_rows)
+    seconds = time.perf_counter() - t0
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    if stats["copies_read"] != n:
+        raise SystemExit(f"the join wrote {stats['copies_read']} copies of {n}")
+    return {"copies": n, "python_numpy_peak": peak, "arrow_peak": pa.default_memory_pool().max_memory(),
+            "arrow_peak_before": arrow_before, "seconds": round(seconds, 2),
+            "buckets": min(max(-(-n // bucket_rows), 1), exposure.MAX_BUCKETS)}
+
+
+def stream(folder: Path, reader: str) -> dict:
+    """Arrow's pool peak while the member list is iterated 65,536 rows at a time: through `parquet_batches`, or
+    through pyarrow's ParquetFile as it comes (pre-buffering)."""
+    path, columns = folder / "members-00000.parquet", ["doc_id", "source", "split", "copies"]
+    batches = parquet_batches(path, 65_536, columns) if reader == "parquet_batches" else \
+        pq.ParquetFile(path).iter_batches(batch_size=65_536, columns=columns)
+    rows = sum(len(b) for b in batches)
+    return {"rows": rows, "arrow_peak": pa.default_memory_pool().max_memory()}
+
+
+def _child(*args: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, *args], check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--copies", default="100000,400000", help="comma-separated sizes, each run in a process of its own")
+    ap.add_argument("--bucket-rows", type=int, default=50_000)
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--stream", choices=["parquet_batches", "ParquetFile"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.stream:
+        print(json.dumps(stream(args.folder, args.stream)))
+        return
+    if args.one:
+        print(json.dumps(one(args.folder, args.one, args.bucket_rows)))
+        return
+    print(f"machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
+          f"{platform.system()} {platform.release()}")
+    rows = []
+    for n in (int(x) for x in args.copies.split(",")):
+        with tempfile.TemporaryDirectory() as tmp:
+            write_lists(Path(tmp), n)  # here: the measuring processes only read them
+            rows.append(_child("--one", str(n), "--folder", tmp, "--bucket-rows", str(args.bucket_rows)))
+            rows[-1]["streamed"] = streamed = {r: _child("--stream", r, "--folder", tmp)["arrow_peak"]
+                                               for r in ("ParquetFile", "parquet_batches")}
+        r = rows[-1]
+        print(f"{n:>10,} copies read: Python+NumPy peak {r['python_numpy_peak'] / 2**20:8.1f} MiB, Arrow peak "
+              f"{r['arrow_peak'] / 2**20:8.1f} MiB, {r['buckets']} buckets, {r['seconds']} s under tracemalloc; "
+              f"the member list streamed: Arrow peak {streamed['ParquetFile'] / 2**20:.1f} MiB through pyarrow's "
+              f"ParquetFile as it comes, {streamed['parquet_batches'] / 2**20:.1f} MiB through parquet_batches")
+    for a, b in zip(rows, rows[1:]):
+        span = b["copies"] - a["copies"]
+        print(f"{a['copies']:,} -> {b['copies']:,}: the join keeps "
+              f"{(b['python_numpy_peak'] - a['python_numpy_peak']) / span:.1f} B of Python+NumPy and "
+              f"{(b['arrow_peak'] - a['arrow_peak']) / span:.1f} B of Arrow per copy read; streaming the member list "
+              f"holds {(b['streamed']['ParquetFile'] - a['streamed']['ParquetFile']) / span:.1f} B of Arrow per "
+              f"document through ParquetFile as it comes, "
+              f"{(b['streamed']['parquet_batches'] - a['streamed']['parquet_batches']) / span:.1f} B through "
+              "parquet_batches")
+
+
+if __name__ == "__main__":
+    main()
