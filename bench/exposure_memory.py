@@ -1,4 +1,4 @@
-"""How the memory of the end-of-run exposure record's join grows with the number of document copies read.
+"""How the memory of the end-of-run exposure record grows with the number of document copies read.
 
     .venv/bin/python bench/exposure_memory.py [--copies 100000,400000] [--bucket-rows 50000]
 
@@ -8,7 +8,9 @@ loader's counts for them (every copy read) and the join (`_role_exposure` in kil
 exposure.parquet) under tracemalloc (Python objects and NumPy arrays) with Arrow's pool peak read after it. The
 loader's counts themselves (`ShardLoader.exposure`) are made before and are not in the figure. Then, each in a
 process of its own, Arrow's pool peak while the member list is streamed through pyarrow's ParquetFile as it comes
-(pre-buffering every row group) and through `parquet_batches`, which every streaming reader of the lists uses. `--bucket-rows` below the sizes makes every size join several
+(pre-buffering every row group) and through `parquet_batches`, which every streaming reader of the lists uses; and
+tracemalloc's peak while the real `ShardLoader.exposure` counts a shard set of as many documents (5 tokens each,
+sequences of 64, its cursor halfway through epoch 1). `--bucket-rows` below the sizes makes every size join several
 buckets, so the slope between two sizes is what the join keeps per copy beyond one bucket (docs/scale.md). Prints
 bytes per copy; quote the figures with the machine.
 """
@@ -35,10 +37,12 @@ import pyarrow.parquet as pq  # noqa: E402
 from kiln.common.manifest import MANIFEST_NAME  # noqa: E402
 from kiln.common.storage import parquet_batches  # noqa: E402
 from kiln.governance import exposure  # noqa: E402
-from kiln.tokens.shard_format import ShardInfo  # noqa: E402
+from kiln.tokens.shard_format import ShardInfo, describe_shard_set, write_shard  # noqa: E402
 from kiln.tokens.shard_writer import MEMBERS_SCHEMA, POSITIONS_SCHEMA  # noqa: E402
+from training_jobs.loader import ShardLoader  # noqa: E402
 
 SHARDS, TOKENS = 100, 5  # shards of the set; tokens per document
+LOADER_SEQ, SHA = 64, "12" * 32  # the set the real loader counts: its sequence length and tokenizer hash
 PART_ROWS = 20_000  # rows per row group: token_shards writes the lists a curated part at a time
 
 
@@ -103,6 +107,30 @@ def stream(folder: Path, reader: str) -> dict:
     return {"rows": rows, "arrow_peak": pa.default_memory_pool().max_memory()}
 
 
+def write_shards(folder: Path, n: int) -> None:
+    """A shard set of `n` documents of TOKENS tokens in SHARDS shards (one phase) for the real loader to count."""
+    per = np.bincount(np.arange(n) % SHARDS, minlength=SHARDS).tolist()
+    for name, k in zip(_names(), per):
+        write_shard(folder / name, np.zeros(k * TOKENS, np.uint16), np.arange(k + 1) * TOKENS, SHA)
+    infos = [ShardInfo(name, "train", "main", 0, TOKENS * k, k) for name, k in zip(_names(), per)]
+    stats = describe_shard_set(SHA, 1000, 0, infos, seq_len=LOADER_SEQ)
+    (folder / MANIFEST_NAME).write_text(json.dumps({"stats": stats}))
+
+
+def count(folder: Path) -> dict:
+    """tracemalloc's peak (NumPy) while `ShardLoader.exposure` counts, its cursor halfway through epoch 1 (a
+    shuffled epoch after a whole one)."""
+    loader = ShardLoader(folder, seq_len=LOADER_SEQ, batch_size=1, expected_tokenizer_sha256=SHA)
+    loader.load_state_dict({**loader.state_dict(), "epoch": 1, "position": loader.batches_per_epoch // 2})
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    counts = loader.exposure()
+    seconds = time.perf_counter() - t0
+    _, peak = tracemalloc.get_traced_memory()
+    kept = sum(r.nbytes + t.nbytes for r, t in counts.values())
+    return {"python_numpy_peak": peak, "kept": kept, "seconds": round(seconds, 2)}
+
+
 def _child(*args: str) -> dict:
     out = subprocess.run([sys.executable, __file__, *args], check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -115,7 +143,11 @@ def main() -> None:
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--stream", choices=["parquet_batches", "ParquetFile"], help=argparse.SUPPRESS)
+    ap.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.count:
+        print(json.dumps(count(args.folder)))
+        return
     if args.stream:
         print(json.dumps(stream(args.folder, args.stream)))
         return
@@ -131,11 +163,16 @@ def main() -> None:
             rows.append(_child("--one", str(n), "--folder", tmp, "--bucket-rows", str(args.bucket_rows)))
             rows[-1]["streamed"] = streamed = {r: _child("--stream", r, "--folder", tmp)["arrow_peak"]
                                                for r in ("ParquetFile", "parquet_batches")}
+        with tempfile.TemporaryDirectory() as tmp:
+            write_shards(Path(tmp), n)
+            rows[-1]["count"] = counted = _child("--count", "--folder", tmp)
         r = rows[-1]
         print(f"{n:>10,} copies read: Python+NumPy peak {r['python_numpy_peak'] / 2**20:8.1f} MiB, Arrow peak "
               f"{r['arrow_peak'] / 2**20:8.1f} MiB, {r['buckets']} buckets, {r['seconds']} s under tracemalloc; "
               f"the member list streamed: Arrow peak {streamed['ParquetFile'] / 2**20:.1f} MiB through pyarrow's "
-              f"ParquetFile as it comes, {streamed['parquet_batches'] / 2**20:.1f} MiB through parquet_batches")
+              f"ParquetFile as it comes, {streamed['parquet_batches'] / 2**20:.1f} MiB through parquet_batches; "
+              f"ShardLoader.exposure: NumPy peak {counted['python_numpy_peak'] / 2**20:.1f} MiB, its counts "
+              f"{counted['kept'] / 2**20:.1f} MiB, {counted['seconds']} s under tracemalloc")
     for a, b in zip(rows, rows[1:]):
         span = b["copies"] - a["copies"]
         print(f"{a['copies']:,} -> {b['copies']:,}: the join keeps "
@@ -144,7 +181,9 @@ def main() -> None:
               f"holds {(b['streamed']['ParquetFile'] - a['streamed']['ParquetFile']) / span:.1f} B of Arrow per "
               f"document through ParquetFile as it comes, "
               f"{(b['streamed']['parquet_batches'] - a['streamed']['parquet_batches']) / span:.1f} B through "
-              "parquet_batches")
+              f"parquet_batches; ShardLoader.exposure peaks at "
+              f"{(b['count']['python_numpy_peak'] - a['count']['python_numpy_peak']) / span:.1f} B of NumPy per "
+              f"copy, its counts {(b['count']['kept'] - a['count']['kept']) / span:.1f} B")
 
 
 if __name__ == "__main__":

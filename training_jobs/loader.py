@@ -343,12 +343,9 @@ class ShardLoader:
         out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for p, phase in enumerate(self.phases):
             total = max(phase.tokens - 1, 0) // L  # the phase stream's sequences, excluded ones included
-            shards = [open_shard(path, self.tokenizer_sha256).offsets.astype(np.int64) for path in phase.paths]
-            a = np.concatenate([o[:-1] + phase.starts[s] for s, o in enumerate(shards)])  # document spans [a, b)
-            b = np.concatenate([o[1:] + phase.starts[s] for s, o in enumerate(shards)])
-            reads, tokens = np.zeros(len(a), np.int32), np.zeros(len(a), np.int64)
-            lo = np.clip((a - L - 1) // L + 1, 0, total)  # sequence g touches [a, b) when g·L < b and g·L + L + 1 > a
-            hi = np.clip((b - 1) // L + 1, 0, total)
+            for name, path in zip(phase.names, phase.paths):  # one entry per document of the shard's offset index
+                docs = len(open_shard(path, self.tokenizer_sha256).offsets) - 1
+                out[name] = (np.zeros(docs, np.int32), np.zeros(docs, np.int64))
             for epoch, n in enumerate(read):
                 j = int(np.clip(n - phase_starts[p], 0, phase.per_rank))
                 if not j:
@@ -356,13 +353,17 @@ class ShardLoader:
                 hit = np.zeros(total + 1, np.int64)  # 1 for each sequence read in this epoch (+ a never-read end)
                 hit[self._stream_sequences(epoch, p, np.arange(j * W))] = 1
                 before = np.concatenate([[0], np.cumsum(hit[:total])])  # sequences read among the first g
-                reads += (before[hi] > before[lo]).astype(np.int32)
-                # input tokens t < x: L per read sequence wholly below x, plus x mod L of sequence x // L if read
-                ka, kb = np.minimum(a // L, total), np.minimum(b // L, total)
-                tokens += L * (before[kb] - before[ka]) + hit[kb] * (b % L) - hit[ka] * (a % L)
-            bounds = np.cumsum([0] + [len(o) - 1 for o in shards])
-            for s, name in enumerate(phase.names):
-                out[name] = (reads[bounds[s]:bounds[s + 1]], tokens[bounds[s]:bounds[s + 1]])
+                # A shard at a time: what is held beside the counts is one shard's spans, not the phase's.
+                for s, (name, path) in enumerate(zip(phase.names, phase.paths)):
+                    offsets = open_shard(path, self.tokenizer_sha256).offsets.astype(np.int64) + phase.starts[s]
+                    a, b = offsets[:-1], offsets[1:]  # document spans [a, b) in the phase stream
+                    reads, tokens = out[name]
+                    # sequence g touches [a, b) when g·L < b and g·L + L + 1 > a
+                    lo, hi = np.clip((a - L - 1) // L + 1, 0, total), np.clip((b - 1) // L + 1, 0, total)
+                    reads += (before[hi] > before[lo]).astype(np.int32)
+                    # input tokens t < x: L per read sequence wholly below x, plus x mod L of sequence x // L if read
+                    ka, kb = np.minimum(a // L, total), np.minimum(b // L, total)
+                    tokens += L * (before[kb] - before[ka]) + hit[kb] * (b % L) - hit[ka] * (a % L)
         return out
 
     @property

@@ -151,8 +151,7 @@ def _role_exposure(role: str, loader, out: pq.ParquetWriter, scratch: Path, buck
         stats["unavailable"] = ("the shard set has no position list (written before position lists existed): which "
                                 "documents were read cannot be told; re-materialize that token_shards partition")
         return stats
-    reads = _ReadCopies(counts, {path: info.phase for path, info in shard_info.items()})
-    del counts  # its arrays live on in `reads`, once
+    reads = _ReadCopies(counts, {path: info.phase for path, info in shard_info.items()})  # empties `counts`
     rows = max(reads.copies_read, sum(pq.ParquetFile(p).metadata.num_rows for p in members))
     buckets = min(max(-(-rows // bucket_rows), 1), MAX_BUCKETS)
     member_sources: set[str] = set()
@@ -190,16 +189,18 @@ def _role_exposure(role: str, loader, out: pq.ParquetWriter, scratch: Path, buck
 
 
 class _ReadCopies:
-    """The loader's counts (shard -> per-copy reads and input tokens read) as flat arrays, and the position list's
-    copies read, with their counts, a batch at a time."""
+    """The loader's counts (shard -> per-copy reads and input tokens read; taken out of the dict) as flat arrays, and
+    the position list's copies read, with their counts, a batch at a time."""
 
     def __init__(self, counts: dict[str, tuple[np.ndarray, np.ndarray]], phase_of: dict[str, str]):
         self.names = sorted(counts)
         self.number = {name: k for k, name in enumerate(self.names)}
         self.sizes = np.array([len(counts[s][0]) for s in self.names], np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
-        self.reads = np.concatenate([counts[s][0] for s in self.names] or [np.zeros(0, np.int32)])
-        self.tokens = np.concatenate([counts[s][1] for s in self.names] or [np.zeros(0, np.int64)])
+        self.reads, self.tokens = np.empty(self.sizes.sum(), np.int32), np.empty(self.sizes.sum(), np.int64)
+        for name, start, size in zip(self.names, self.starts.tolist(), self.sizes.tolist()):
+            # taken out of `counts` as copied: the loader's arrays and these are not held twice over
+            self.reads[start:start + size], self.tokens[start:start + size] = counts.pop(name)
         self.copies_read = int(np.count_nonzero(self.reads))
         phases = sorted({phase_of[s] for s in self.names})
         self.phases = np.array(phases, object)
