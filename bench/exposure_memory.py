@@ -10,7 +10,8 @@ loader's counts themselves (`ShardLoader.exposure`) are made before and are not 
 process of its own, Arrow's pool peak while the member list is streamed through pyarrow's ParquetFile as it comes
 (pre-buffering every row group) and through `parquet_batches`, which every streaming reader of the lists uses; and
 tracemalloc's peak while the real `ShardLoader.exposure` counts a shard set of as many documents (5 tokens each,
-sequences of 64, its cursor halfway through epoch 1). `--bucket-rows` below the sizes makes every size join several
+sequences of 64, its cursor halfway through epoch 1); and both peaks while the Parquet export names every shard's
+documents from the same lists (`_ShardRows` in kiln/tokens/interchange.py, buckets of `--bucket-rows`). `--bucket-rows` below the sizes makes every size join several
 buckets, so the slope between two sizes is what the join keeps per copy beyond one bucket (docs/scale.md). Prints
 bytes per copy; quote the figures with the machine.
 """
@@ -35,8 +36,10 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from kiln.common.manifest import MANIFEST_NAME  # noqa: E402
+from kiln.common.spill import bucket_count  # noqa: E402
 from kiln.common.storage import parquet_batches  # noqa: E402
 from kiln.governance import exposure  # noqa: E402
+from kiln.tokens import interchange  # noqa: E402
 from kiln.tokens.shard_format import ShardInfo, describe_shard_set, write_shard  # noqa: E402
 from kiln.tokens.shard_writer import MEMBERS_SCHEMA, POSITIONS_SCHEMA  # noqa: E402
 from training_jobs.loader import ShardLoader  # noqa: E402
@@ -94,7 +97,7 @@ def one(folder: Path, n: int, bucket_rows: int) -> dict:
         raise SystemExit(f"the join wrote {stats['copies_read']} copies of {n}")
     return {"copies": n, "python_numpy_peak": peak, "arrow_peak": pa.default_memory_pool().max_memory(),
             "arrow_peak_before": arrow_before, "seconds": round(seconds, 2),
-            "buckets": min(max(-(-n // bucket_rows), 1), exposure.MAX_BUCKETS)}
+            "buckets": bucket_count(n, bucket_rows)}
 
 
 def stream(folder: Path, reader: str) -> dict:
@@ -131,6 +134,22 @@ def count(folder: Path) -> dict:
     return {"python_numpy_peak": peak, "kept": kept, "seconds": round(seconds, 2)}
 
 
+def export_rows(folder: Path, bucket_rows: int) -> dict:
+    """tracemalloc's and Arrow's peaks while the Parquet export names every shard's documents (`_ShardRows` in
+    kiln/tokens/interchange.py: the lists joined, then each shard's doc_ids and sources asked for in order)."""
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    interchange._JOIN_BUCKET_ROWS = bucket_rows
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        rows = getattr(interchange, "_ShardRows")(folder, manifest, _names(), Path(scratch))
+        named = sum(len(rows.get(name)[0]) for name in _names())
+    seconds = time.perf_counter() - t0
+    _, peak = tracemalloc.get_traced_memory()
+    return {"named": named, "python_numpy_peak": peak, "arrow_peak": pa.default_memory_pool().max_memory(),
+            "seconds": round(seconds, 2)}
+
+
 def _child(*args: str) -> dict:
     out = subprocess.run([sys.executable, __file__, *args], check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -144,7 +163,11 @@ def main() -> None:
     ap.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--stream", choices=["parquet_batches", "ParquetFile"], help=argparse.SUPPRESS)
     ap.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.export:
+        print(json.dumps(export_rows(args.folder, args.bucket_rows)))
+        return
     if args.count:
         print(json.dumps(count(args.folder)))
         return
@@ -163,6 +186,7 @@ def main() -> None:
             rows.append(_child("--one", str(n), "--folder", tmp, "--bucket-rows", str(args.bucket_rows)))
             rows[-1]["streamed"] = streamed = {r: _child("--stream", r, "--folder", tmp)["arrow_peak"]
                                                for r in ("ParquetFile", "parquet_batches")}
+            rows[-1]["export"] = exported = _child("--export", "--folder", tmp, "--bucket-rows", str(args.bucket_rows))
         with tempfile.TemporaryDirectory() as tmp:
             write_shards(Path(tmp), n)
             rows[-1]["count"] = counted = _child("--count", "--folder", tmp)
@@ -172,7 +196,9 @@ def main() -> None:
               f"the member list streamed: Arrow peak {streamed['ParquetFile'] / 2**20:.1f} MiB through pyarrow's "
               f"ParquetFile as it comes, {streamed['parquet_batches'] / 2**20:.1f} MiB through parquet_batches; "
               f"ShardLoader.exposure: NumPy peak {counted['python_numpy_peak'] / 2**20:.1f} MiB, its counts "
-              f"{counted['kept'] / 2**20:.1f} MiB, {counted['seconds']} s under tracemalloc")
+              f"{counted['kept'] / 2**20:.1f} MiB, {counted['seconds']} s under tracemalloc; the Parquet export's "
+              f"naming: Python+NumPy peak {exported['python_numpy_peak'] / 2**20:.1f} MiB, Arrow peak "
+              f"{exported['arrow_peak'] / 2**20:.1f} MiB, {exported['seconds']} s")
     for a, b in zip(rows, rows[1:]):
         span = b["copies"] - a["copies"]
         print(f"{a['copies']:,} -> {b['copies']:,}: the join keeps "
@@ -183,7 +209,9 @@ def main() -> None:
               f"{(b['streamed']['parquet_batches'] - a['streamed']['parquet_batches']) / span:.1f} B through "
               f"parquet_batches; ShardLoader.exposure peaks at "
               f"{(b['count']['python_numpy_peak'] - a['count']['python_numpy_peak']) / span:.1f} B of NumPy per "
-              f"copy, its counts {(b['count']['kept'] - a['count']['kept']) / span:.1f} B")
+              f"copy, its counts {(b['count']['kept'] - a['count']['kept']) / span:.1f} B; the Parquet export's naming "
+              f"{(b['export']['python_numpy_peak'] - a['export']['python_numpy_peak']) / span:.1f} B of "
+              f"Python+NumPy and {(b['export']['arrow_peak'] - a['export']['arrow_peak']) / span:.1f} B of Arrow")
 
 
 if __name__ == "__main__":

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.common.manifest import MANIFEST_NAME, Manifest, write_file_atomic
+from kiln.common.spill import BUCKET_ROWS, bucket_count, hash_buckets, read_bucket, scatter
 from kiln.common.storage import Store, parquet_batches
 from kiln.governance.catalog import run_file
 
@@ -47,12 +47,8 @@ EXPOSURE_SCHEMA = pa.schema([pa.field("role", pa.string(), nullable=False),  # t
                              pa.field("reads", pa.int32(), nullable=False),  # epochs in which it was read
                              pa.field("tokens_read", pa.int64(), nullable=False)])  # its input tokens, all epochs
 
-# The join of the read copies with the member list goes a doc_id hash bucket at a time (a grace hash join): both lists
-# are streamed into bucket files on disk, then each bucket's two sides are joined alone. A process holds one bucket,
-# BUCKET_ROWS rows by default, and the loader's counts (12 B per copy in the set) at any corpus size up to
-# MAX_BUCKETS x BUCKET_ROWS rows; past that a bucket grows (docs/scale.md).
-BUCKET_ROWS = 1 << 20
-MAX_BUCKETS = 256  # bucket files open at once, per list
+# The read copies are joined with the member list a doc_id hash bucket at a time (kiln.common.spill): a process holds
+# one bucket, and the loader's counts (12 B per copy in the set).
 _BATCH_ROWS = 1 << 16  # rows read from a list at once
 _MEMBER_SCHEMA = pa.schema([EXPOSURE_SCHEMA.field(c) for c in ("doc_id", "source", "tokens")])
 _READ_SCHEMA = pa.schema([EXPOSURE_SCHEMA.field(c)
@@ -152,17 +148,21 @@ def _role_exposure(role: str, loader, out: pq.ParquetWriter, scratch: Path, buck
                                 "documents were read cannot be told; re-materialize that token_shards partition")
         return stats
     reads = _ReadCopies(counts, {path: info.phase for path, info in shard_info.items()})  # empties `counts`
-    rows = max(reads.copies_read, sum(pq.ParquetFile(p).metadata.num_rows for p in members))
-    buckets = min(max(-(-rows // bucket_rows), 1), MAX_BUCKETS)
+    buckets = bucket_count(max(reads.copies_read, sum(pq.ParquetFile(p).metadata.num_rows for p in members)),
+                           bucket_rows)
     member_sources: set[str] = set()
     documents: Counter[str] = Counter()
-    member_buckets = _scatter(scratch / "members", buckets, _MEMBER_SCHEMA,
-                              _train_members(members, member_sources, documents))
-    read_buckets = _scatter(scratch / "reads", buckets, _READ_SCHEMA, reads.batches(positions, folder))
+
+    def by_doc(batch: pa.RecordBatch) -> np.ndarray:
+        return hash_buckets(batch.column("doc_id"), buckets)
+
+    member_buckets = scatter(scratch / "members", buckets, _MEMBER_SCHEMA,
+                             _train_members(members, member_sources, documents), by_doc)
+    read_buckets = scatter(scratch / "reads", buckets, _READ_SCHEMA, reads.batches(positions, folder), by_doc)
     read_by_source: dict[str, list[int]] = {name: [0, 0] for name in member_sources}  # tokens read, documents read
     copies = 0
     for member_file, read_file in zip(member_buckets, read_buckets):
-        table = _join(role, manifest.data_version, _read_scratch(member_file), _read_scratch(read_file), folder)
+        table = _join(role, manifest.data_version, read_bucket(member_file), read_bucket(read_file), folder)
         out.write_table(table)
         copies += table.num_rows
         # A document's copies share its bucket: distinct doc_ids per bucket add up to distinct doc_ids.
@@ -244,31 +244,6 @@ def _train_members(members: list[Path], sources: set[str], documents: Counter[st
             yield batch.select(_MEMBER_SCHEMA.names).cast(_MEMBER_SCHEMA)
 
 
-def _scatter(folder: Path, buckets: int, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> list[Path]:
-    """Each batch's rows appended to the Arrow stream file of their doc_id's hash bucket; the files, by bucket."""
-    folder.mkdir(parents=True)
-    files = [folder / f"{b:05d}.arrow" for b in range(buckets)]
-    with contextlib.ExitStack() as stack:
-        writers = [stack.enter_context(pa.ipc.new_stream(f, schema)) for f in files]
-        for batch in batches:
-            ids = batch.column("doc_id").to_numpy(zero_copy_only=False)
-            # pandas' hash of an object array: vectorized, and the same for a doc_id in both lists
-            bucket = (pd.util.hash_array(ids, categorize=False) % np.uint64(buckets)).astype(np.int64)
-            order = np.argsort(bucket, kind="stable")
-            bounds = np.searchsorted(bucket[order], np.arange(buckets + 1))
-            batch = batch.take(pa.array(order))
-            for b in np.flatnonzero(np.diff(bounds)).tolist():
-                writers[b].write_batch(batch.slice(bounds[b], bounds[b + 1] - bounds[b]))
-    return files
-
-
-def _read_scratch(path: Path) -> pa.Table:
-    with pa.ipc.open_stream(path) as reader:
-        table = reader.read_all()
-    path.unlink()  # joined: the disk it held is free again
-    return table
-
-
 def _join(role: str, shard_set: str, member: pa.Table, read: pa.Table, folder: Path) -> pa.Table:
     """One bucket's read copies with their documents' source and tokens, as EXPOSURE_SCHEMA rows."""
     row = pc.index_in(read.column("doc_id"), value_set=member.column("doc_id"))
@@ -323,4 +298,4 @@ def read_of(store: Store, run: Manifest | None, doc_ids: set[str]) -> dict[str, 
             "tokens": int(pc.sum(table.column("tokens_read")).as_py())}
 
 
-__all__ = ["BUCKET_ROWS", "EXPOSURE_FILE", "EXPOSURE_SCHEMA", "exposure_of", "measure_exposure", "read_of"]
+__all__ = ["EXPOSURE_FILE", "EXPOSURE_SCHEMA", "exposure_of", "measure_exposure", "read_of"]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import struct
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.common.manifest import MANIFEST_NAME, write_file_atomic, write_json_atomic
+from kiln.common.spill import BUCKET_ROWS, bucket_count, hash_buckets, read_bucket, scatter
+from kiln.common.storage import parquet_batches
 from kiln.tokens.shard_format import TRAIN, VAL, ShardError, ShardSet, open_shard, read_shard_set
+from kiln.tokens.shard_writer import MEMBERS_SCHEMA, POSITIONS_SCHEMA
 
 EXPORT_FORMAT = "kiln-shard-export/1"
 EXPORT_VERSION = 1  # bump when the bytes an export writes change: it is part of the export's data version
@@ -62,6 +66,10 @@ PARQUET_SCHEMA = pa.schema([pa.field("doc_id", pa.string()), pa.field("source", 
                                      nullable=False)])
 _ROW_GROUP_TOKENS = 1 << 23  # ~32 MB of int32 ids per Parquet row group: bounded memory to write and to read
 _COPY_TOKENS = 1 << 24  # tokens per write when streaming a shard into a .bin
+_JOIN_BUCKET_ROWS = BUCKET_ROWS  # rows of the position and member lists joined at once
+_BATCH_ROWS = 1 << 16  # rows read from a list at once
+_MEMBER_SCHEMA = pa.schema([MEMBERS_SCHEMA.field(c) for c in ("doc_id", "source")])
+_ROWS_SCHEMA = pa.schema([*POSITIONS_SCHEMA, MEMBERS_SCHEMA.field("source")])  # a copy, named
 
 
 def megatron_dtype(vocab_size: int) -> np.dtype:
@@ -125,34 +133,80 @@ def write_megatron(shards, vocab_size: int, prefix: Path) -> dict[str, Any]:
     return {"documents": len(lengths), "tokens": int(lengths.sum()), "dtype": dtype.name}
 
 
-def _positions(shard_dir: Path, manifest: dict[str, Any]) -> dict[str, tuple[pa.Array, pa.Array]]:
-    """Each shard's doc_ids in document order (from the positions list) and their sources (from the member list),
-    looked up once for the whole set: a lookup per shard would hash every member again for each shard."""
-    files = {role: [shard_dir / f["path"] for f in manifest["files"] if f["role"] == role]
-             for role in ("positions", "members")}
-    if not files["positions"] or not files["members"]:
-        raise ShardError(f"{shard_dir} has no positions or member list (written by an older Kiln); "
-                         f"re-materialize token_shards before exporting it to Parquet")
-    positions = pa.concat_tables([pq.read_table(p) for p in files["positions"]])
-    members = pa.concat_tables([pq.read_table(p, columns=["doc_id", "source"]) for p in files["members"]])
-    positions = positions.sort_by([("shard", "ascending"), ("index", "ascending")])
-    shard_col = positions.column("shard").combine_chunks()
-    names, starts = np.unique(np.asarray(shard_col.to_numpy(zero_copy_only=False), dtype=object), return_index=True)
-    ends = list(starts[1:]) + [len(positions)]
-    doc_ids = positions.column("doc_id").combine_chunks()
-    sources = members.column("source").combine_chunks().take(
-        pc.index_in(doc_ids, value_set=members.column("doc_id").combine_chunks()))
-    return {str(n): (doc_ids.slice(int(a), int(b) - int(a)), sources.slice(int(a), int(b) - int(a)))
-            for n, a, b in zip(names, starts, ends)}
+class _ShardRows:
+    """Each shard's doc_ids (from the position list) and sources (from the member list), in document order, a group of
+    shards at a time. The two lists are joined a doc_id hash bucket at a time (kiln.common.spill), each bucket's rows
+    scattered to the group of their shard: groups are runs of consecutive shards in `order`, the order the export asks
+    for them, so each group is read once and one is held at a time. A lookup per shard hashed every member again for
+    each shard; holding both lists whole grew with the set."""
+
+    def __init__(self, shard_dir: Path, manifest: dict[str, Any], order: list[str], scratch: Path):
+        files = {role: [shard_dir / f["path"] for f in manifest["files"] if f["role"] == role]
+                 for role in ("positions", "members")}
+        if not files["positions"] or not files["members"]:
+            raise ShardError(f"{shard_dir} has no positions or member list (written by an older Kiln); "
+                             f"re-materialize token_shards before exporting it to Parquet")
+        self.shard_dir = shard_dir
+        rows = max(sum(pq.ParquetFile(p).metadata.num_rows for p in paths) for paths in files.values())
+        buckets = bucket_count(rows, _JOIN_BUCKET_ROWS)
+
+        def by_doc(batch: pa.RecordBatch) -> np.ndarray:
+            return hash_buckets(batch.column("doc_id"), buckets)
+
+        members = scatter(scratch / "members", buckets, _MEMBER_SCHEMA,
+                          (b.cast(_MEMBER_SCHEMA) for p in files["members"]
+                           for b in parquet_batches(p, _BATCH_ROWS, _MEMBER_SCHEMA.names)),
+                          by_doc)
+        positions = scatter(scratch / "positions", buckets, POSITIONS_SCHEMA,
+                            (b.cast(POSITIONS_SCHEMA) for p in files["positions"]
+                             for b in parquet_batches(p, _BATCH_ROWS, POSITIONS_SCHEMA.names)), by_doc)
+        groups = min(buckets, max(len(order), 1))
+        self.number = {name: k for k, name in enumerate(order)}
+        self.group_of = np.array([k * groups // len(order) for k in range(len(order))] or [0], np.int64)
+
+        def by_group(batch: pa.RecordBatch) -> np.ndarray:
+            encoded = pc.dictionary_encode(batch.column("shard"))
+            names = encoded.dictionary.to_pylist()
+            if unknown := [n for n in names if n not in self.number]:
+                raise ShardError(f"{shard_dir}: the positions list names shards the set does not hold ({unknown[:3]}); "
+                                 f"re-materialize token_shards")
+            number = np.array([self.number[n] for n in names] or [0], np.int64)
+            return self.group_of[number[encoded.indices.to_numpy(zero_copy_only=False)]]
+
+        self.files = scatter(scratch / "shards", groups, _ROWS_SCHEMA,
+                             (b for m, p in zip(members, positions) for b in self._join(m, p).to_batches()), by_group)
+        self.group, self.rows = -1, {}
+
+    def _join(self, members: Path, positions: Path) -> pa.Table:
+        member, placed = read_bucket(members), read_bucket(positions)
+        row = pc.index_in(placed.column("doc_id"), value_set=member.column("doc_id"))
+        if row.null_count:
+            raise ShardError(f"{self.shard_dir}: the positions list names {row.null_count} document copies its "
+                             f"member list does not hold; re-materialize token_shards")
+        return pa.table([placed.column("shard"), placed.column("index"), placed.column("doc_id"),
+                         member.column("source").take(row)], schema=_ROWS_SCHEMA)
+
+    def get(self, path: str) -> tuple[pa.Array | None, pa.Array | None]:
+        """(doc_ids, sources) of shard `path`, in document order; (None, None) when the positions list names none."""
+        group = int(self.group_of[self.number[path]]) if path in self.number else -1
+        if group != self.group and group >= 0:
+            table = read_bucket(self.files[group]).sort_by([("shard", "ascending"), ("index", "ascending")])
+            names, starts = np.unique(table.column("shard").to_numpy(zero_copy_only=False), return_index=True)
+            ends = [*starts[1:].tolist(), table.num_rows]
+            self.group, self.rows = group, {
+                str(n): (table.column("doc_id").slice(a, b - a).combine_chunks(),
+                         table.column("source").slice(a, b - a).combine_chunks())
+                for n, a, b in zip(names, starts.tolist(), ends)}
+        return self.rows.get(path, (None, None))
 
 
-def write_parquet(shards, split: str, folder: Path, rows: dict[str, tuple[pa.Array, pa.Array]]) -> dict[str, Any]:
+def write_parquet(shards, split: str, folder: Path, rows: _ShardRows) -> dict[str, Any]:
     """`<folder>/<split>-NNNNN.parquet`, one per shard: one row per document with its doc_id, source and phase
-    (`rows`: each shard's doc_ids and sources in document order, from `_positions`)."""
+    (`rows`: each shard's doc_ids and sources in document order)."""
     folder.mkdir(parents=True, exist_ok=True)
     files, documents, tokens = [], 0, 0
     for k, (info, shard) in enumerate(shards):
-        ids, sources = rows.get(info.path, (None, None))
+        ids, sources = rows.get(info.path)
         if ids is None or len(ids) != shard.documents:
             raise ShardError(f"{info.path}: the positions list names {0 if ids is None else len(ids)} documents, "
                              f"the shard holds {shard.documents}; re-materialize token_shards")
@@ -205,12 +259,20 @@ def export_shards(shard_dir: Path, out_dir: Path, formats: Sequence[str]) -> dic
     formats = _check_formats(formats)
     shard_set = read_shard_set(shard_dir)
     manifest = _source_manifest(shard_set.dir)  # the version read_shard_set resolved: one version's files throughout
-    rows = _positions(shard_set.dir, manifest) if "parquet" in formats else {}
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_earlier_export(out_dir)  # none of its files is read beside this export's
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".export-scratch-") as scratch:
+        return _export(shard_set, manifest, out_dir, formats, Path(scratch))
+
+
+def _export(shard_set: ShardSet, manifest: dict[str, Any], out_dir: Path, formats: list[str],
+            scratch: Path) -> dict[str, Any]:
+    in_order = {split: _split_documents(shard_set, split) for split in (TRAIN, VAL)}
+    rows = _ShardRows(shard_set.dir, manifest, [info.path for split in (TRAIN, VAL) for info, _ in in_order[split]],
+                      scratch) if "parquet" in formats else None
     splits: dict[str, Any] = {}
     for split in (TRAIN, VAL):
-        shards = _split_documents(shard_set, split)
+        shards = in_order[split]
         phases, first = [], 0
         for info, shard in shards:  # phases are contiguous in reading order
             if phases and phases[-1]["name"] == info.phase:

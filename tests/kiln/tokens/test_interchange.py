@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -268,9 +270,12 @@ def test_a_crash_while_exporting_again_leaves_no_earlier_idx_beside_a_new_bin(bu
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == ["megatron/train.bin"]
 
 
-def test_the_member_list_is_looked_up_once_not_once_per_shard(built, tmp_path, monkeypatch):
+@pytest.mark.parametrize("bucket_rows", [interchange._JOIN_BUCKET_ROWS, 7])
+def test_the_member_list_is_looked_up_once_per_bucket_not_once_per_shard(built, tmp_path, monkeypatch, bucket_rows):
     """Each Parquet row's source comes from the member list; hashing every member again for each shard made an
-    export take shards x members (2M members, 500 shards: ~200 s of lookups instead of under 1 s)."""
+    export take shards x members (2M members, 500 shards: ~200 s of lookups instead of under 1 s). The lists are
+    joined a doc_id bucket at a time: once for the fixture's lists at the default size, and with buckets of 7 rows
+    (dozens of buckets, the shards in several groups) the same files, sources included, and no scratch file left."""
     _, _, _, shard_dir, stats = built
     calls = []
     index_in = interchange.pc.index_in
@@ -280,12 +285,40 @@ def test_the_member_list_is_looked_up_once_not_once_per_shard(built, tmp_path, m
         return index_in(values, value_set=value_set, **kwargs)
 
     monkeypatch.setattr(interchange.pc, "index_in", counted)
+    monkeypatch.setattr(interchange, "_JOIN_BUCKET_ROWS", bucket_rows)
     again = export_shards(shard_dir, tmp_path / "out", ["parquet"])
     assert len(again["splits"]["train"]["parquet_files"]) + len(again["splits"]["val"]["parquet_files"]) > 4
-    assert len(calls) == 1
+    members = sum(pq.ParquetFile(p).metadata.num_rows for p in shard_dir.glob("members-*.parquet"))
+    positions = sum(pq.ParquetFile(p).metadata.num_rows for p in shard_dir.glob("positions-*.parquet"))
+    assert len(calls) == min(-(-max(members, positions) // bucket_rows), 256)  # a lookup per bucket
+    assert (len(calls) > 10) == (bucket_rows == 7)
     for split in ("train", "val"):  # the same rows, sources included, as the fixture's export
         for name in stats["splits"][split]["parquet_files"]:
             assert pq.read_table(tmp_path / "out" / name).equals(pq.read_table(built[0] / "export" / name))
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("alteration", ["a document left out of the member list", "a shard the set does not hold"])
+def test_lists_that_do_not_match_the_set_are_refused_naming_the_fix(built, tmp_path, alteration):
+    import shutil
+
+    _, _, _, shard_dir, _ = built
+    copy = tmp_path / "shards"
+    shutil.copytree(shard_dir, copy)
+    [members] = copy.glob("members-*.parquet")
+    [positions] = copy.glob("positions-*.parquet")
+    if alteration.startswith("a document"):
+        table = pq.read_table(members)
+        placed = pq.read_table(positions).column("doc_id")[0].as_py()
+        pq.write_table(table.filter(pc.not_equal(table["doc_id"], placed)), members)
+    else:
+        table = pq.read_table(positions)
+        renamed = pc.if_else(pc.equal(table["index"], 0), pa.scalar("shard-99999.bin"), table["shard"])
+        pq.write_table(table.set_column(0, "shard", renamed), positions)
+    why = "member list does not hold" if alteration.startswith("a document") else "shards the set does not hold"
+    with pytest.raises(ShardError, match=f"{why}.*re-materialize token_shards"):
+        export_shards(copy, tmp_path / "out", ["parquet"])
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]
 
 
 def test_megatron_reads_a_re_made_export_through_its_version_folder_with_a_shared_cache(tmp_path, monkeypatch):
