@@ -7,7 +7,7 @@ position list (a row per document copy) with its member list (a row per document
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +16,7 @@ import pyarrow as pa
 
 BUCKET_ROWS = 1 << 20  # rows a bucket is sized for
 MAX_BUCKETS = 256  # bucket files open at once while scattering
+BATCH_ROWS = 1 << 16  # rows a caller reads from a list at once
 
 
 def bucket_count(rows: int, bucket_rows: int = BUCKET_ROWS) -> int:
@@ -56,4 +57,19 @@ def read_bucket(path: Path) -> pa.Table:
     return table
 
 
-__all__ = ["BUCKET_ROWS", "MAX_BUCKETS", "bucket_count", "hash_buckets", "read_bucket", "scatter"]
+def joined_buckets(folder: Path, buckets: int, left: tuple[pa.Schema, Iterable[pa.RecordBatch]],
+                   right: tuple[pa.Schema, Iterable[pa.RecordBatch]], key: str = "doc_id"
+                   ) -> Iterator[tuple[pa.Table, pa.Table]]:
+    """Two lists ((schema, batches) each) scattered by the hash of their `key` column into the new folder `folder`,
+    then each bucket's (left rows, right rows): the rows of one key meet in one bucket, to be joined there alone."""
+    def by_key(batch: pa.RecordBatch) -> np.ndarray:
+        return hash_buckets(batch.column(key), buckets)
+
+    lefts = scatter(folder / "left", buckets, *left, by_key)
+    rights = scatter(folder / "right", buckets, *right, by_key)
+    for left_file, right_file in zip(lefts, rights):
+        yield read_bucket(left_file), read_bucket(right_file)
+
+
+__all__ = ["BATCH_ROWS", "BUCKET_ROWS", "MAX_BUCKETS", "bucket_count", "hash_buckets", "joined_buckets",
+           "read_bucket", "scatter"]

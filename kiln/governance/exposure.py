@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.common.manifest import MANIFEST_NAME, Manifest, write_file_atomic
-from kiln.common.spill import BUCKET_ROWS, bucket_count, hash_buckets, read_bucket, scatter
+from kiln.common.spill import BATCH_ROWS, BUCKET_ROWS, bucket_count, joined_buckets
 from kiln.common.storage import Store, parquet_batches
 from kiln.governance.catalog import run_file
 
@@ -49,7 +49,6 @@ EXPOSURE_SCHEMA = pa.schema([pa.field("role", pa.string(), nullable=False),  # t
 
 # The read copies are joined with the member list a doc_id hash bucket at a time (kiln.common.spill): a process holds
 # one bucket, and the loader's counts (12 B per copy in the set).
-_BATCH_ROWS = 1 << 16  # rows read from a list at once
 _MEMBER_SCHEMA = pa.schema([EXPOSURE_SCHEMA.field(c) for c in ("doc_id", "source", "tokens")])
 _READ_SCHEMA = pa.schema([EXPOSURE_SCHEMA.field(c)
                           for c in ("phase", "shard", "index", "doc_id", "reads", "tokens_read")])
@@ -152,17 +151,12 @@ def _role_exposure(role: str, loader, out: pq.ParquetWriter, scratch: Path, buck
                            bucket_rows)
     member_sources: set[str] = set()
     documents: Counter[str] = Counter()
-
-    def by_doc(batch: pa.RecordBatch) -> np.ndarray:
-        return hash_buckets(batch.column("doc_id"), buckets)
-
-    member_buckets = scatter(scratch / "members", buckets, _MEMBER_SCHEMA,
-                             _train_members(members, member_sources, documents), by_doc)
-    read_buckets = scatter(scratch / "reads", buckets, _READ_SCHEMA, reads.batches(positions, folder), by_doc)
-    read_by_source: dict[str, list[int]] = {name: [0, 0] for name in member_sources}  # tokens read, documents read
+    pairs = joined_buckets(scratch, buckets, (_MEMBER_SCHEMA, _train_members(members, member_sources, documents)),
+                           (_READ_SCHEMA, reads.batches(positions, folder)))
+    read_by_source: dict[str, list[int]] = {}  # tokens read, documents read
     copies = 0
-    for member_file, read_file in zip(member_buckets, read_buckets):
-        table = _join(role, manifest.data_version, read_bucket(member_file), read_bucket(read_file), folder)
+    for member, read in pairs:
+        table = _join(role, manifest.data_version, member, read, folder)
         out.write_table(table)
         copies += table.num_rows
         # A document's copies share its bucket: distinct doc_ids per bucket add up to distinct doc_ids.
@@ -172,10 +166,10 @@ def _role_exposure(role: str, loader, out: pq.ParquetWriter, scratch: Path, buck
             got[0] += r["tokens_read_sum"]
             got[1] += r["doc_id_count_distinct"]
     per_source = {}
-    for name in sorted(read_by_source):
+    for name in sorted(member_sources | set(read_by_source)):
         natural = (sources.get(name) or {}).get("natural_train_tokens")
         in_set = (sources.get(name) or {}).get("train_tokens")
-        got, documents_read = read_by_source[name]
+        got, documents_read = read_by_source.get(name, (0, 0))
         per_source[name] = {
             "tokens_read": got, "tokens": in_set, "natural_tokens": natural,
             # unrounded (a little read of a big source is not 0): of the source's tokens in the set, and passes
@@ -210,7 +204,7 @@ class _ReadCopies:
         """_READ_SCHEMA batches: the copies of the position list the run read at least once, in the list's order."""
         listed = np.zeros(len(self.names), np.int64)  # copies the position list names, per shard the run read
         for p in positions:
-            for batch in parquet_batches(p, _BATCH_ROWS, ["shard", "index", "doc_id"]):
+            for batch in parquet_batches(p, BATCH_ROWS, ["shard", "index", "doc_id"]):
                 encoded = pc.dictionary_encode(batch.column("shard"))
                 known = np.array([self.number.get(s, -1) for s in encoded.dictionary.to_pylist()] or [-1], np.int64)
                 shard = known[encoded.indices.to_numpy(zero_copy_only=False)]
@@ -236,7 +230,7 @@ def _train_members(members: list[Path], sources: set[str], documents: Counter[st
     """_MEMBER_SCHEMA batches of the member list's train documents; adds each source to `sources`, and to
     `documents` its documents with a copy in the set."""
     for p in members:
-        for batch in parquet_batches(p, _BATCH_ROWS, ["doc_id", "source", "split", "tokens", "copies"]):
+        for batch in parquet_batches(p, BATCH_ROWS, ["doc_id", "source", "split", "tokens", "copies"]):
             batch = batch.filter(pc.equal(batch.column("split"), "train"))
             sources.update(pc.unique(batch.column("source")).to_pylist())
             placed = batch.filter(pc.greater(batch.column("copies"), 0)).column("source")

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import struct
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.common.manifest import MANIFEST_NAME, write_file_atomic, write_json_atomic
-from kiln.common.spill import BUCKET_ROWS, bucket_count, hash_buckets, read_bucket, scatter
+from kiln.common.spill import BATCH_ROWS, BUCKET_ROWS, bucket_count, joined_buckets, read_bucket, scatter
 from kiln.common.storage import parquet_batches
 from kiln.tokens.shard_format import TRAIN, VAL, ShardError, ShardSet, open_shard, read_shard_set
 from kiln.tokens.shard_writer import MEMBERS_SCHEMA, POSITIONS_SCHEMA
@@ -67,7 +67,6 @@ PARQUET_SCHEMA = pa.schema([pa.field("doc_id", pa.string()), pa.field("source", 
 _ROW_GROUP_TOKENS = 1 << 23  # ~32 MB of int32 ids per Parquet row group: bounded memory to write and to read
 _COPY_TOKENS = 1 << 24  # tokens per write when streaming a shard into a .bin
 _JOIN_BUCKET_ROWS = BUCKET_ROWS  # rows of the position and member lists joined at once
-_BATCH_ROWS = 1 << 16  # rows read from a list at once
 _MEMBER_SCHEMA = pa.schema([MEMBERS_SCHEMA.field(c) for c in ("doc_id", "source")])
 _ROWS_SCHEMA = pa.schema([*POSITIONS_SCHEMA, MEMBERS_SCHEMA.field("source")])  # a copy, named
 
@@ -149,17 +148,8 @@ class _ShardRows:
         self.shard_dir = shard_dir
         rows = max(sum(pq.ParquetFile(p).metadata.num_rows for p in paths) for paths in files.values())
         buckets = bucket_count(rows, _JOIN_BUCKET_ROWS)
-
-        def by_doc(batch: pa.RecordBatch) -> np.ndarray:
-            return hash_buckets(batch.column("doc_id"), buckets)
-
-        members = scatter(scratch / "members", buckets, _MEMBER_SCHEMA,
-                          (b.cast(_MEMBER_SCHEMA) for p in files["members"]
-                           for b in parquet_batches(p, _BATCH_ROWS, _MEMBER_SCHEMA.names)),
-                          by_doc)
-        positions = scatter(scratch / "positions", buckets, POSITIONS_SCHEMA,
-                            (b.cast(POSITIONS_SCHEMA) for p in files["positions"]
-                             for b in parquet_batches(p, _BATCH_ROWS, POSITIONS_SCHEMA.names)), by_doc)
+        pairs = joined_buckets(scratch / "join", buckets, _batches(files["members"], _MEMBER_SCHEMA),
+                               _batches(files["positions"], POSITIONS_SCHEMA))
         groups = min(buckets, max(len(order), 1))
         self.number = {name: k for k, name in enumerate(order)}
         self.group_of = np.array([k * groups // len(order) for k in range(len(order))] or [0], np.int64)
@@ -174,11 +164,10 @@ class _ShardRows:
             return self.group_of[number[encoded.indices.to_numpy(zero_copy_only=False)]]
 
         self.files = scatter(scratch / "shards", groups, _ROWS_SCHEMA,
-                             (b for m, p in zip(members, positions) for b in self._join(m, p).to_batches()), by_group)
+                             (b for m, p in pairs for b in self._join(m, p).to_batches()), by_group)
         self.group, self.rows = -1, {}
 
-    def _join(self, members: Path, positions: Path) -> pa.Table:
-        member, placed = read_bucket(members), read_bucket(positions)
+    def _join(self, member: pa.Table, placed: pa.Table) -> pa.Table:
         row = pc.index_in(placed.column("doc_id"), value_set=member.column("doc_id"))
         if row.null_count:
             raise ShardError(f"{self.shard_dir}: the positions list names {row.null_count} document copies its "
@@ -198,6 +187,11 @@ class _ShardRows:
                          table.column("source").slice(a, b - a).combine_chunks())
                 for n, a, b in zip(names, starts.tolist(), ends)}
         return self.rows.get(path, (None, None))
+
+
+def _batches(paths: list[Path], schema: pa.Schema) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """(schema, the files' `schema` columns a batch at a time), as kiln.common.spill joins them."""
+    return schema, (b.cast(schema) for p in paths for b in parquet_batches(p, BATCH_ROWS, schema.names))
 
 
 def write_parquet(shards, split: str, folder: Path, rows: _ShardRows) -> dict[str, Any]:
