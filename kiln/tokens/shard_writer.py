@@ -7,9 +7,12 @@
    training documents of FIM sources are first rearranged by kiln.tokens.fim (validation stays plain text, so
    validation loss is comparable across FIM settings);
 3. mixture: per phase, each source's token target from the weights (kiln.tokens.mixture), met by whole passes
-   plus a deterministic subset of its documents in doc_id-hash order; later phases continue that order;
-4. shuffle the chosen documents of each phase (seed, phase) and write shards of ~tokens_per_shard tokens,
-   documents never split across shards; validation: every validation document once, shuffled;
+   plus a deterministic subset of its documents in doc_id-hash order; later phases continue that order. Each draw
+   is found from small per-part summaries, a cut that every part applies to its own documents (kiln.tokens.draw),
+   not by sorting the source;
+4. shuffle the chosen copies of each phase by a hash of (doc_id, seed, phase, copy) and write shards of
+   ~tokens_per_shard tokens, documents never split across shards; validation: every validation document once,
+   shuffled the same way;
 5. the member list (`members-*.parquet`): every input document with its split, how many copies of it the
    shards hold and its tokens, so an audit can say exactly whether a document was trained on, and its licence and
    language as the data card counts them (kiln.governance.document_facts), so the card of a checkpoint still
@@ -53,12 +56,15 @@ from kiln.engine import SERIAL, Engine
 from kiln.governance.document_facts import document_facts, license_from
 from kiln.governance.forget import REQUEST_COLUMNS, IntakeMatched, RemovalRequest, naming_requests
 from kiln.tokens.fim import FimIds, fim_split, fim_tokens
-from kiln.tokens.mixture import MixtureError, SourceParts, epoch_warnings, hash_unit, plan_phases, select_documents
+from kiln.tokens.draw import Cut, Documents, cell_documents, draw, merge, needed_cells, summarize
+from kiln.tokens.draw import copies as cut_copies
+from kiln.tokens.mixture import MixtureError, SourceParts, epoch_warnings, hash_unit, plan_phases
 from kiln.tokens.shard_format import TRAIN, VAL, ShardInfo, describe_shard_set, write_shard
 from kiln.tokens.tokenizer import FIM_ROLES, Tokenizer, TokenizerError, continuation_flags
 
 VAL_PHASE = "val"
 _VAL_SALT = "kiln-val-split"
+_VAL_SHUFFLE = 1 << 31  # the validation shards' shuffle salt (a training phase's is its index)
 _ENCODE_BATCH = 256  # documents per sentencepiece call
 _REMOVED = object()  # a document's place in a batch when a removal request names it
 
@@ -286,6 +292,30 @@ def _doc_table(results: list[_PartTokens], tasks: list[_PartTask]) -> _Docs:
                  removed=cat([r.removed for r in results], bool))
 
 
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer (Steele et al. 2014): a bijection of uint64 whose outputs look independent."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _shuffled(chosen: np.ndarray, order_key: np.ndarray, salt: int) -> np.ndarray:
+    """The order to write `chosen` (document indices, ascending, a document's copies together) in: by a hash of each
+    copy's order_key (itself a hash of the seed and the doc_id), the phase's salt and the copy's number. A uniform
+    shuffle that depends neither on the parts' order nor on the process that computes it (ties, which only the same
+    doc_id twice in a source makes, by place)."""
+    if not len(chosen):
+        return np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.concatenate([[True], chosen[1:] != chosen[:-1]]))
+    copy = np.arange(len(chosen), dtype=np.uint64)
+    copy -= np.repeat(starts.astype(np.uint64), np.diff(np.append(starts, len(chosen))))
+    mixed = _mix64(order_key[chosen] ^ _mix64(np.uint64((salt + 1) * 0x9E3779B97F4A7C15 % 2 ** 64) + copy))
+    del copy
+    return np.argsort(mixed, kind="stable")
+
+
 def _write_split(chosen: np.ndarray, docs: _Docs, files: _TokenFiles, new_path, tokens_per_shard: int,
                  tokenizer_sha256: str, split: str, phase: str, phase_index: int, out_dir: Path,
                  progress: bool, names: list[str], composition: dict,
@@ -389,16 +419,18 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
                                f"(shards.val_fraction {settings.val_fraction}): lower shards.val_fraction ({exc})") \
                 from None
         minimum = {p.name: p.min_document_tokens for p in mixture.phases}
-        # Each source's training documents in their fixed selection order (doc_id hash), as global indices.
-        orders = {}
-        for i, n in enumerate(names):
-            members = np.flatnonzero(train & (docs.source == i))
-            orders[n] = members[np.argsort(docs.order_key[members], kind="stable")]
-        # Per source: how often each document (by its place in `orders`) was drawn, and where the last phase stopped.
-        # A phase draws the least drawn documents it may (long enough for its floor) first, from where the last one
-        # stopped: it repeats a document only after every other one it may draw was drawn as often.
-        uses = {n: np.zeros(len(orders[n]), np.int64) for n in names}
-        resume_at = dict.fromkeys(names, 0)
+        # Each phase's draw from each source, as a cut every part applies to its own documents (kiln.tokens.draw):
+        # the same documents as sorting each source in its selection order, without holding that order.
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(docs.file, minlength=len(tasks)))]).tolist()
+        parts = {n: [(lo, hi) for t, lo, hi in zip(tasks, bounds[:-1], bounds[1:]) if t.source_index == i]
+                 for i, n in enumerate(names)}
+
+        def training_documents(lo: int, hi: int) -> Documents:
+            keep = np.flatnonzero(train[lo:hi]) + lo
+            return Documents(docs.order_key[keep], keep, docs.length[keep])
+
+        cuts: dict[str, list[Cut]] = {n: [] for n in names}
+        resume: dict[str, tuple[int, int] | None] = dict.fromkeys(names)
         shards: list[ShardInfo] = []
         composition: dict[str, dict[str, dict[str, int]]] = {}
         placed: list[tuple[str, np.ndarray]] = []  # (shard, the global indices of its documents in order)
@@ -407,27 +439,25 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
             picked = []
             floor = minimum.get(plan.name) or 0
             for n in names:
-                draw, order, used = plan.draws[n], orders[n], uses[n]
-                eligible = np.flatnonzero(docs.length[order] >= floor) if floor else np.arange(len(order))
-                sequence = eligible[np.lexsort(((eligible - resume_at[n]) % max(len(order), 1), used[eligible]))]
-                chosen, _ = select_documents(docs.length[order[sequence]], draw.target_tokens)
-                drawn = sequence[chosen]
-                np.add.at(used, drawn, 1)
-                if len(drawn):
-                    resume_at[n] = (int(drawn[-1]) + 1) % len(order)
-                ids = order[drawn]
-                draw.tokens, draw.documents = int(docs.length[ids].sum()), len(ids)
-                picked.append(ids)
+                held = [training_documents(lo, hi) for lo, hi in parts[n]]
+                summary = merge([summarize(d, cuts[n], floor, resume[n]) for d in held])
+                cells = needed_cells(plan.draws[n].target_tokens, summary)
+                drawn = draw(plan.draws[n].target_tokens, floor, resume[n], summary,
+                             [cell_documents(d, cuts[n], floor, resume[n], cells) for d in held])
+                cuts[n].append(drawn.cut)
+                resume[n] = drawn.resume
+                plan.draws[n].tokens, plan.draws[n].documents = drawn.tokens, drawn.documents
+                for d in held:
+                    picked.append(np.repeat(d.place, cut_copies(d, cuts[n])[-1]))
+                del held
             chosen = np.concatenate(picked) if picked else np.zeros(0, np.int64)
             del picked
             copies += np.bincount(chosen, minlength=len(copies))
-            chosen = chosen[np.random.default_rng([settings.seed, plan.index]).permutation(len(chosen))]
+            chosen = chosen[_shuffled(chosen, docs.order_key, plan.index)]
             shards += _write_split(chosen, docs, files, new_path, settings.tokens_per_shard, tok.sha256, TRAIN,
                                    plan.name, plan.index, out_dir, progress, names, composition, placed)
-        del orders, uses  # what the phases drew is in `placed` and `copies`
-        val_ids = np.flatnonzero(docs.is_val)  # in doc_id-hash order, as training's: the same whatever the parts' order
-        val_ids = val_ids[np.argsort(docs.order_key[val_ids], kind="stable")]
-        val_ids = val_ids[np.random.default_rng([settings.seed, 1 << 31]).permutation(len(val_ids))]
+        val_ids = np.flatnonzero(docs.is_val)
+        val_ids = val_ids[_shuffled(val_ids, docs.order_key, _VAL_SHUFFLE)]
         shards += _write_split(val_ids, docs, files, new_path, settings.tokens_per_shard, tok.sha256, VAL,
                                VAL_PHASE, 0, out_dir, progress, names, composition, placed)
         members_path, positions_path = (output.next_path(role) if not isinstance(output, Path | str) else

@@ -306,8 +306,8 @@ def test_same_inputs_give_identical_shards_with_one_or_two_workers(built, tmp_pa
 
 
 def test_the_same_documents_in_parts_of_another_order_give_identical_shards(built, tmp_path):
-    """Training documents were put in doc_id-hash order before shuffling, validation ones in the order of their
-    parts: listing a source's parts otherwise (a store that names them anew, an S3 listing) changed the validation
+    """Validation documents were once shuffled in the order of their parts (training ones in doc_id-hash order); now
+    both are shuffled by a hash of each copy's doc_id, whatever their part. Listing a source's parts otherwise (a store that names them anew, an S3 listing) changed the validation
     shards, so evaluations on a prefix of them and sequence cut points moved."""
     root, sources, _, result = built
     assert all(len(s.parts) > 1 for s in sources)
@@ -317,6 +317,40 @@ def test_the_same_documents_in_parts_of_another_order_give_identical_shards(buil
     for s in result.shards:
         assert (tmp_path / s.path).read_bytes() == (root / "out" / s.path).read_bytes(), s.path
     assert [s.to_dict() for s in again.shards] == [s.to_dict() for s in result.shards]
+
+
+def _train_order(out_dir: Path, result) -> list[str]:
+    """The training documents' doc_ids in the order the shards hold them (the position list, by shard and index)."""
+    import pyarrow.parquet as pq
+    rows = pq.read_table(out_dir / result.members.replace("members", "positions")).to_pylist()
+    rank = {s.path: k for k, s in enumerate(result.shards) if s.split == "train"}
+    return [r["doc_id"] for r in sorted((r for r in rows if r["shard"] in rank),
+                                        key=lambda r: (rank[r["shard"]], r["index"]))]
+
+
+def test_training_documents_are_shuffled_across_sources_and_parts_and_by_seed(built, tmp_path):
+    root, sources, _, result = built
+    order = _train_order(root / "out", result)
+    listed = [doc_id for doc_id in texts_by_id(sources) if doc_id in set(order)]  # sources, parts, rows in order
+    assert sorted(order) == sorted(listed)
+    n = len(order)
+    # Spearman's rho between the shard order and the listing order: about N(0, 1/sqrt(n)) for a uniform shuffle
+    # (0.05 for these ~450 documents); sorted or by source it would be near 1.
+    place = {d: k for k, d in enumerate(listed)}
+    rho = np.corrcoef(np.arange(n), [place[d] for d in order])[0, 1]
+    assert abs(rho) < 0.2, rho
+    # Neighbours from different sources: 2 * sum over pairs of sources of p_i * p_j of all neighbours, for a shuffle.
+    source = {d: s for d, (s, _) in texts_by_id(sources).items()}
+    shares = Counter(source[d] for d in order)
+    expected = (1 - sum((c / n) ** 2 for c in shares.values())) * (n - 1)
+    changes = sum(source[a] != source[b] for a, b in zip(order, order[1:]))
+    assert 0.8 * expected < changes < 1.2 * expected, (changes, expected)
+    reseeded = write_token_shards(sources, root / "tokenizer", shard_settings(seed=8), NATURAL, tmp_path,
+                                  progress=False)
+    other = _train_order(tmp_path, reseeded)
+    assert sorted(other) == sorted(order) and other != order
+    rho = np.corrcoef([place[d] for d in order], [place[d] for d in other])[0, 1]
+    assert abs(rho) < 0.2, rho
 
 
 def test_mixture_weights_are_hit_within_one_percent(tmp_path):
