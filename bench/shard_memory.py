@@ -1,13 +1,14 @@
 """How the memory of `token_shards`' driver grows with the number of documents.
 
-    .venv/bin/python bench/shard_memory.py [--docs 50000,200000] [--rows-per-part 5000]
+    .venv/bin/python bench/shard_memory.py [--docs 50000,200000] [--rows-per-part 5000] [--bucket-rows 5000]
 
 For each size, in a fresh process: synthetic documents (24-hex doc_ids as curation makes them, ~40 words each, a
 licence and a language, two sources) in parts of `--rows-per-part` rows, a small tokenizer trained on them, then
 `write_token_shards` on the serial engine under tracemalloc (Python objects and NumPy arrays) with Arrow's pool
-peak read after it. The serial engine tokenizes in the same process, one part at a time, so a part's work is in
-the peak too; it is the same at every size, as is a shard's buffer (shards of 2^18 tokens, so that every size fills
-several), and the slope between two sizes is what the driver keeps per document (docs/scale.md). Prints bytes per document; quote the figures with the machine.
+peak read after it. The serial engine runs every task in the same process, one part or one shuffle bucket at a time,
+so a task's work is in the peak too; it is the same at every size (parts of `--rows-per-part` documents, buckets of
+`--bucket-rows` copies), as is a shard's buffer (shards of 2^18 tokens, so that every size fills several), and the
+slope between two sizes is what the driver keeps per document (docs/scale.md). Prints bytes per document; quote the figures with the machine.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def write_sources(root: Path, docs: int, rows_per_part: int) -> list[SourceParts
     return sources
 
 
-def one(docs: int, rows_per_part: int) -> dict:
+def one(docs: int, rows_per_part: int, bucket_rows: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         sources = write_sources(tmp, docs, rows_per_part)
@@ -66,7 +67,7 @@ def one(docs: int, rows_per_part: int) -> dict:
         t0 = time.perf_counter()
         result = write_token_shards(sources, tmp / "tok", ShardSettings(seq_len=256, val_fraction=0.01,
                                                                  tokens_per_shard=1 << 18), Mixture(),
-                                    tmp / "out", SERIAL, progress=False)
+                                    tmp / "out", SERIAL, progress=False, bucket_rows=bucket_rows)
         seconds = time.perf_counter() - t0
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
@@ -78,16 +79,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", default="50000,200000", help="comma-separated sizes, each run in a process of its own")
     ap.add_argument("--rows-per-part", type=int, default=5000)
+    ap.add_argument("--bucket-rows", type=int, default=5000, help="copies per shuffle bucket")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.rows_per_part)))
+        print(json.dumps(one(args.one, args.rows_per_part, args.bucket_rows)))
         return
     print(f"machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
           f"{platform.system()} {platform.release()}")
     rows = []
     for n in (int(x) for x in args.docs.split(",")):
-        out = subprocess.run([sys.executable, __file__, "--one", str(n), "--rows-per-part", str(args.rows_per_part)],
+        out = subprocess.run([sys.executable, __file__, "--one", str(n), "--rows-per-part", str(args.rows_per_part),
+                              "--bucket-rows", str(args.bucket_rows)],
                              check=True, capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
         r = rows[-1]

@@ -10,29 +10,33 @@
    plus a deterministic subset of its documents in doc_id-hash order; later phases continue that order. Each draw
    is found from small per-part summaries, a cut that every part applies to its own documents (kiln.tokens.draw),
    not by sorting the source;
-4. shuffle the chosen copies of each phase by a hash of (doc_id, seed, phase, copy) and write shards of
-   ~tokens_per_shard tokens, documents never split across shards; validation: every validation document once,
-   shuffled the same way;
+4. shuffle: each copy of a phase gets a key, a hash of (doc_id, seed, phase, copy), and goes to the bucket of the
+   phase its key's top bits name (one bucket per BUCKET_ROWS copies, a power of two); each bucket is sorted by key
+   and written as shards of ~tokens_per_shard tokens, documents never split across shards (a phase of several
+   buckets has one shorter shard at the end of each); validation: every validation document once, shuffled the
+   same way;
 5. the member list (`members-*.parquet`): every input document with its split, how many copies of it the
    shards hold and its tokens, so an audit can say exactly whether a document was trained on, and its licence and
    language as the data card counts them (kiln.governance.document_facts), so the card of a checkpoint still
    counts them once the documents' stage is materialized again;
 6. the position list (`positions-*.parquet`): which document of which shard each copy is, so a later run that
    replays these shards can skip the documents a removal request names since (kiln.governance.replay). Its rows
-   are grouped by input part, not by shard: readers sort or filter by (shard, index).
+   are in shard order.
 
 Removal requests (`kiln forget`) are applied here too, to every refresh's documents: a document one names is not
 tokenized, and its member row says which request removed it (the quality filter applies them only to the
 refreshes it re-runs, and the shards read every refresh so far).
 
-Texts and token ids are streamed part by part. Each tokenize task also writes its documents' ids, licences,
-languages and removal requests to a scratch file, and the member and position lists are written from those a part
-at a time, so the driver holds no string per document: only fixed-size NumPy columns (length, split, order key,
-where its tokens are: about 100 B per document, `bench/shard_memory.py`, docs/scale.md).
+Every step is engine tasks over parts (tokenize, the draw's summaries, the scatter) or buckets (the writes), on
+any engine, and what a task holds is one part or one bucket: texts and token ids are streamed part by part into
+scratch files beside the output, with each part's per-document columns and member-list rows. The driver holds
+counts per part and per shard and the draw's summaries, never a value per document (`bench/shard_memory.py`,
+docs/scale.md).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -47,18 +51,19 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from kiln.common.config import Mixture, ShardSettings
 from kiln.common.manifest import write_file_atomic
+from kiln.common.spill import BUCKET_ROWS
 from kiln.common.storage import part_name
+from kiln.dedup.shuffle import read_partition, read_scratch, write_partitioned, write_scratch
 from kiln.engine import SERIAL, Engine
 from kiln.governance.document_facts import document_facts, license_from
 from kiln.governance.forget import REQUEST_COLUMNS, IntakeMatched, RemovalRequest, naming_requests
 from kiln.tokens.fim import FimIds, fim_split, fim_tokens
-from kiln.tokens.draw import Cut, Documents, cell_documents, draw, merge, needed_cells, summarize
+from kiln.tokens.draw import Cells, Cut, Documents, Summary, cell_documents, draw, merge, needed_cells, summarize
 from kiln.tokens.draw import copies as cut_copies
-from kiln.tokens.mixture import MixtureError, SourceParts, epoch_warnings, hash_unit, plan_phases
+from kiln.tokens.mixture import MixtureError, PhasePlan, SourceParts, epoch_warnings, hash_unit, plan_phases
 from kiln.tokens.shard_format import TRAIN, VAL, ShardInfo, describe_shard_set, write_shard
 from kiln.tokens.tokenizer import FIM_ROLES, Tokenizer, TokenizerError, continuation_flags
 
@@ -112,10 +117,45 @@ def fim_sources(sources: list[SourceParts], configured: list[str] | None) -> set
 # --------------------------------------------------------------------------------------------- tokenize
 
 @dataclass(frozen=True)
-class _PartTask:
+class _PartFiles:
+    """A part's scratch files, in the run's scratch folder, named by the part's number in the run."""
+
+    scratch: str
+    index: int
     source_index: int
+
+    def _file(self, suffix: str) -> str:
+        return _scratch_file(self.scratch, self.index, suffix)
+
+    @property
+    def tokens(self) -> str:
+        """Token ids, documents back to back, each ending in EOS."""
+        return self._file(".tok")
+
+    @property
+    def rows(self) -> str:
+        """The member-list columns that only the part knows (_ROWS_SCHEMA)."""
+        return self._file(".rows.parquet")
+
+    @property
+    def columns(self) -> str:
+        """Per-document columns (_COLUMNS_SCHEMA), which the draw and the scatter read."""
+        return self._file(".columns.arrow")
+
+    @property
+    def members(self) -> str:
+        """The part's rows of the member list, as the scatter writes them."""
+        return self._file(".members.arrow")
+
+
+def _scratch_file(scratch: str, index: int, suffix: str) -> str:
+    return f"{scratch}/{index:07d}{suffix}"
+
+
+@dataclass(frozen=True)
+class _PartTask:
+    files: _PartFiles
     input_path: str
-    tokens_path: str
     tokenizer_path: str
     tokenizer_sha256: str
     fim: tuple[float, float] | None  # (rate, spm_rate) for FIM sources
@@ -123,21 +163,24 @@ class _PartTask:
     seed: int
     requests: tuple[RemovalRequest | IntakeMatched, ...] = ()  # documents they name are left out
     license_field: str | None = None  # `meta` key of each document's own licence (card.license_fields)
+    floors: tuple[int, ...] = (0,)  # count the training tokens in documents of at least each many tokens
 
-    @property
-    def rows_path(self) -> str:
-        """The scratch file of the part's member-list columns that only the part knows (_ROWS_SCHEMA)."""
-        return self.tokens_path.removesuffix(".tok") + ".rows.parquet"
+
+# Per document, in the part's order: tokens (EOS included), split, selection order key, named by a removal request.
+_COLUMNS_SCHEMA = pa.schema([pa.field("length", pa.int64()), pa.field("is_val", pa.bool_()),
+                             pa.field("order_key", pa.uint64()), pa.field("removed", pa.bool_())])
 
 
 @dataclass
 class _PartTokens:
-    """What a worker sends back: per document, its token count (EOS included), split and order key."""
+    """What a tokenize task sends back: its part's counts (the documents' columns are in its scratch file)."""
 
-    lengths: np.ndarray  # int64
-    is_val: np.ndarray  # bool
-    order_key: np.ndarray  # uint64: selection order for repetition / subsets
-    removed: np.ndarray  # bool: named by a removal request (no tokens)
+    documents: int
+    removed: int
+    train_documents: int
+    val_documents: int
+    val_tokens: int
+    train_tokens: dict[int, int]  # floor -> training tokens in documents of at least `floor` tokens
     fim_documents: int
     chars: int
     utf8_bytes: int
@@ -154,7 +197,8 @@ def _tokenizer(path: str, sha256: str) -> Tokenizer:
 
 
 def tokenize_part(task: _PartTask) -> _PartTokens:
-    """One Parquet part → a raw token file (documents back to back, each ending in EOS) + per-doc arrays."""
+    """One Parquet part → a raw token file (documents back to back, each ending in EOS), the documents' columns and
+    member-list rows as scratch files, and the part's counts."""
     tok = _tokenizer(task.tokenizer_path, task.tokenizer_sha256)
     eos = tok.eos_id
     # Only a part that may be rearranged needs the FIM symbols (a brought tokenizer may lack them).
@@ -163,7 +207,7 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
     fim_docs = chars = n_bytes = 0
     parquet = pq.ParquetFile(task.input_path)
     columns = ["text", "license", "meta", *(REQUEST_COLUMNS if task.requests else ["doc_id"])]
-    with open(task.tokens_path, "wb") as out:
+    with open(task.files.tokens, "wb") as out:
         for batch in parquet.iter_batches(batch_size=_ENCODE_BATCH, columns=columns):
             segments, continues, layout = [], [], []
             for doc_id, text, license_, meta, request in zip(
@@ -206,11 +250,254 @@ def tokenize_part(task: _PartTask) -> _PartTokens:
             lengths += sizes
     facts_by_column = list(zip(*facts)) or [()] * len(_FACTS)
     pq.write_table(pa.table([doc_ids, removed_by, *(list(v) for v in facts_by_column)], schema=_ROWS_SCHEMA),
-                   task.rows_path)
-    return _PartTokens(np.asarray(lengths, np.int64), np.asarray(is_val, bool), np.asarray(keys, np.uint64),
-                       np.asarray([r is not None for r in removed_by], bool), fim_docs, chars, n_bytes)
+                   task.files.rows)
+    length, val = np.asarray(lengths, np.int64), np.asarray(is_val, bool)
+    removed = np.asarray([r is not None for r in removed_by], bool)
+    write_scratch(Path(task.files.columns), pa.table([length, val, np.asarray(keys, np.uint64), removed],
+                                                    schema=_COLUMNS_SCHEMA))
+    train = length[~val & ~removed]
+    return _PartTokens(len(length), int(removed.sum()), len(train), int(val.sum()), int(length[val].sum()),
+                       {f: int(train[train >= f].sum()) for f in task.floors}, fim_docs, chars, n_bytes)
 
 
+@dataclass(frozen=True)
+class _Columns:
+    """A part's documents as the draw and the scatter read them back."""
+
+    length: np.ndarray
+    is_val: np.ndarray
+    order_key: np.ndarray
+    removed: np.ndarray
+    place: np.ndarray  # int64: each document's place in the run (unique; parts in task order)
+
+    @classmethod
+    def read(cls, part: _PartFiles, first_place: int) -> _Columns:
+        table = read_scratch(Path(part.columns))
+        columns = [table.column(c).to_numpy() for c in _COLUMNS_SCHEMA.names]
+        return cls(*columns, first_place + np.arange(len(columns[0]), dtype=np.int64))
+
+    @property
+    def training(self) -> np.ndarray:
+        return np.flatnonzero(~self.is_val & ~self.removed)
+
+    def documents(self, rows: np.ndarray) -> Documents:
+        return Documents(self.order_key[rows], self.place[rows], self.length[rows])
+
+
+# ------------------------------------------------------------------------------------------------- draw
+
+@dataclass(frozen=True)
+class _DrawTask:
+    """One part's summary for a phase's draw from its source: the first (cells None) or its `cells`' documents."""
+
+    part: _PartFiles
+    first_place: int
+    cuts: tuple[Cut, ...]  # the source's earlier phases
+    floor: int
+    resume: tuple[int, int] | None
+    cells: np.ndarray | None = None
+
+
+def _summarize_part(task: _DrawTask) -> Summary | Cells:
+    columns = _Columns.read(task.part, task.first_place)
+    docs = columns.documents(columns.training)
+    if task.cells is None:
+        return summarize(docs, task.cuts, task.floor, task.resume)
+    return cell_documents(docs, task.cuts, task.floor, task.resume, task.cells)
+
+
+def _draw_phase(engine: Engine, plan: PhasePlan, floor: int, parts: list[_PartFiles], first_place: list[int],
+                names: list[str], cuts: dict[str, list[Cut]], resume: dict[str, tuple[int, int] | None],
+                progress: bool) -> None:
+    """Each source's draw for the phase of `plan`: two engine rounds over the parts (summaries, then the documents
+    of the cells the cut needs); appends each source's cut to `cuts` and records what it took in `plan.draws`."""
+    def round_(cells_of: dict[str, np.ndarray] | None, desc: str) -> dict[str, list]:
+        asked = [(names[p.source_index], p, first) for p, first in zip(parts, first_place)]
+        mine = [(n, _DrawTask(p, first, tuple(cuts[n]), floor, resume[n], None if cells_of is None else cells_of[n]))
+                for n, p, first in asked
+                if plan.draws[n].target_tokens > 0 and (cells_of is None or len(cells_of[n]))]
+        results = engine.map_parts(_summarize_part, [task for _, task in mine], desc=desc, progress=progress)
+        by_source: dict[str, list] = {n: [] for n in names}
+        for (n, _), result in zip(mine, results):
+            by_source[n].append(result)
+        return by_source
+
+    summaries = {n: merge(found) for n, found in round_(None, f"draw {plan.name}").items()}
+    cells = {n: needed_cells(plan.draws[n].target_tokens, summaries[n]) for n in names}
+    found = round_(cells, f"draw {plan.name} (cut)") if any(len(c) for c in cells.values()) else {}
+    for n in names:
+        drawn = draw(plan.draws[n].target_tokens, floor, resume[n], summaries[n], found.get(n, []))
+        cuts[n].append(drawn.cut)
+        resume[n] = drawn.resume
+        plan.draws[n].tokens, plan.draws[n].documents = drawn.tokens, drawn.documents
+
+
+# ------------------------------------------------------------------------------------------ the shuffle
+
+# Each copy in a shard, scattered to the bucket of its phase that its shuffle key falls in.
+_COPIES_SCHEMA = pa.schema([pa.field("shuffle_key", pa.uint64()), pa.field("place", pa.int64()),
+                            pa.field("part", pa.int32()), pa.field("start", pa.int64()),
+                            pa.field("length", pa.int64()), pa.field("source", pa.int32()),
+                            pa.field("doc_id", pa.string())])
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer (Steele et al. 2014): a bijection of uint64 whose outputs look independent."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _shuffle_keys(order_key: np.ndarray, copies: np.ndarray, salt: int) -> np.ndarray:
+    """A key for each copy of each document (`copies` of it, its copies together): a hash of its order_key (itself a
+    hash of the seed and the doc_id), the phase's salt and the copy's number. Sorting by it is a uniform shuffle
+    that depends neither on the parts' order nor on the process that computes it."""
+    counts = copies.astype(np.int64)
+    number = np.arange(int(counts.sum()), dtype=np.uint64)
+    number -= np.repeat((np.cumsum(counts) - counts).astype(np.uint64), counts)
+    salted = _mix64(np.uint64((salt + 1) * 0x9E3779B97F4A7C15 % 2 ** 64) + number)
+    return _mix64(np.repeat(order_key, counts) ^ salted)
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """Where a phase's copies go: its shuffle salt, and buckets first_bucket .. first_bucket + 2^bits - 1 (by the
+    top bits of the shuffle key, so the buckets in order hold the phase in shuffle-key order)."""
+
+    name: str
+    index: int
+    split: str
+    salt: int
+    first_bucket: int
+    bits: int
+
+
+def _phases_of(plans: list[PhasePlan], val_documents: int, bucket_rows: int) -> list[_Phase]:
+    phases, first = [], 0
+    for name, index, split, salt, copies in (
+            *((p.name, p.index, TRAIN, p.index, sum(d.documents for d in p.draws.values())) for p in plans),
+            (VAL_PHASE, 0, VAL, _VAL_SHUFFLE, val_documents)):
+        bits = max(0, math.ceil(math.log2(max(copies, 1) / bucket_rows)))
+        phases.append(_Phase(name, index, split, salt, first, bits))
+        first += 1 << bits
+    return phases
+
+
+@dataclass(frozen=True)
+class _ScatterTask:
+    part: _PartFiles
+    first_place: int
+    source: str
+    cuts: tuple[Cut, ...]  # the source's, one per training phase
+    phases: tuple[_Phase, ...]  # the training phases, then validation
+    copies_dir: str
+
+
+def _scatter_part(task: _ScatterTask) -> list[int]:
+    """A part's member-list rows, and each copy its documents have in the shards, written to the bucket of its phase
+    that its shuffle key falls in (one shuffle file per part, kiln.dedup.shuffle). Returns the buckets written."""
+    columns = _Columns.read(task.part, task.first_place)
+    training = columns.training
+    drawn = cut_copies(columns.documents(training), task.cuts)  # (training phases, training documents)
+    copies = columns.is_val.astype(np.int64)
+    copies[training] += drawn.sum(axis=0)
+    rows = pq.read_table(task.part.rows, schema=_ROWS_SCHEMA)
+    n = len(copies)
+    members = pa.table({
+        "doc_id": rows["doc_id"], "source": pa.array([task.source] * n, pa.string()),
+        "split": pa.array(np.where(columns.is_val, VAL, TRAIN).astype(object), pa.string()),
+        "copies": pa.array(copies, pa.int32()), "tokens": pa.array(columns.length, pa.int64()),
+        **{c: rows[c] for c in ("removed_by", *_FACTS)}}, schema=MEMBERS_SCHEMA)
+    write_scratch(Path(task.part.members), members)
+    start = np.cumsum(columns.length) - columns.length
+    val = np.flatnonzero(columns.is_val)
+    tables, buckets = [], []
+    for phase, (held, count) in zip(task.phases, [*((training, c) for c in drawn), (val, np.ones(len(val), np.int64))]):
+        keep = count > 0
+        held, count = held[keep], count[keep]
+        key = _shuffle_keys(columns.order_key[held], count, phase.salt)
+        at = np.repeat(held, count)
+        tables.append(pa.table({"shuffle_key": key, "place": columns.place[at],
+                                "part": np.full(len(at), task.part.index, np.int32), "start": start[at],
+                                "length": columns.length[at], "source": np.full(len(at), task.part.source_index,
+                                                                                np.int32),
+                                "doc_id": rows["doc_id"].take(pa.array(at))}, schema=_COPIES_SCHEMA))
+        buckets.append(phase.first_bucket + (key >> np.uint64(64 - phase.bits)).astype(np.int64) if phase.bits
+                       else np.full(len(at), phase.first_bucket, np.int64))
+    last = task.phases[-1]
+    return write_partitioned(Path(task.copies_dir), f"{task.part.index:07d}", pa.concat_tables(tables),
+                             np.concatenate(buckets), last.first_bucket + (1 << last.bits))
+
+
+# ------------------------------------------------------------------------------------------------ write
+
+@dataclass(frozen=True)
+class _BucketTask:
+    copies_dir: str
+    bucket: int
+    scratch: str  # where the parts' token files are
+    out_dir: str  # where the bucket's shards go, named by bucket and number
+    dtype: str
+    tokenizer_sha256: str
+    tokens_per_shard: int
+    sources: int
+
+
+@dataclass(frozen=True)
+class _Written:
+    """One shard a bucket task wrote: its scratch path, tokens, documents, and documents and tokens per source."""
+
+    path: str
+    tokens: int
+    documents: int
+    source_documents: list[int]
+    source_tokens: list[int]
+
+
+class _TokenFiles:
+    """Random access to the parts' token files, with a bounded number of open maps."""
+
+    def __init__(self, scratch: str, dtype: np.dtype):
+        self.scratch, self.dtype = scratch, dtype
+        self.open = lru_cache(maxsize=128)(self._open)
+
+    def _open(self, part: int) -> np.ndarray:
+        path = Path(_scratch_file(self.scratch, part, ".tok"))
+        return np.memmap(path, dtype=self.dtype, mode="r") if path.stat().st_size else np.zeros(0, self.dtype)
+
+
+def _write_bucket(task: _BucketTask) -> list[_Written]:
+    """A bucket's copies, in shuffle-key order, into shards of ~tokens_per_shard tokens (documents never split), and
+    its rows of the position list (shard number within the bucket, index, doc_id) beside them."""
+    table = read_partition(Path(task.copies_dir), task.bucket, _COPIES_SCHEMA)
+    order = np.lexsort((table["place"].to_numpy(), table["shuffle_key"].to_numpy()))
+    part, start, length, source = (table[c].to_numpy()[order] for c in ("part", "start", "length", "source"))
+    files = _TokenFiles(task.scratch, np.dtype(task.dtype))
+    cum = np.cumsum(length)
+    written, shard_of, index_in = [], np.zeros(len(order), np.int32), np.zeros(len(order), np.int32)
+    i = 0
+    while i < len(order):
+        base = int(cum[i - 1]) if i else 0
+        end = min(int(np.searchsorted(cum, base + task.tokens_per_shard, side="left")) + 1, len(order))
+        offsets = np.zeros(end - i + 1, np.uint64)
+        offsets[1:] = cum[i:end] - base
+        buf = np.empty(int(offsets[-1]), task.dtype)
+        for d, (p, s, n) in enumerate(zip(part[i:end].tolist(), start[i:end].tolist(), length[i:end].tolist())):
+            buf[int(offsets[d]):int(offsets[d]) + n] = files.open(p)[s:s + n]
+        path = Path(task.out_dir) / f"{task.bucket:06d}-{len(written):05d}.bin"
+        write_shard(path, buf, offsets, task.tokenizer_sha256)
+        in_shard = source[i:end]
+        written.append(_Written(str(path), len(buf), end - i,
+                                np.bincount(in_shard, minlength=task.sources).tolist(),
+                                np.bincount(in_shard, weights=length[i:end], minlength=task.sources)
+                                .astype(np.int64).tolist()))
+        shard_of[i:end], index_in[i:end] = len(written) - 1, np.arange(end - i)
+        i = end
+    write_scratch(Path(task.out_dir) / f"{task.bucket:06d}.positions.arrow",
+                  pa.table({"shard": shard_of, "index": index_in, "doc_id": table["doc_id"].take(pa.array(order))}))
+    return written
 
 
 # ---------------------------------------------------------------------------------------------- result
@@ -253,115 +540,21 @@ class ShardSetResult:
 
 # ---------------------------------------------------------------------------------------------- writing
 
-class _TokenFiles:
-    """Random access to the scratch token files, with a bounded number of open maps."""
-
-    def __init__(self, paths: list[Path], dtype: np.dtype):
-        self.paths, self.dtype = paths, dtype
-        self.open = lru_cache(maxsize=128)(self._open)
-
-    def _open(self, i: int) -> np.ndarray:
-        path = self.paths[i]
-        return np.memmap(path, dtype=self.dtype, mode="r") if path.stat().st_size else np.zeros(0, self.dtype)
-
-
-@dataclass
-class _Docs:
-    """Every document of the run, one row each, in task order."""
-
-    file: np.ndarray  # int32: which scratch token file
-    start: np.ndarray  # int64: first token within that file
-    length: np.ndarray  # int64: tokens, EOS included
-    source: np.ndarray  # int32: index into sources
-    is_val: np.ndarray  # bool
-    order_key: np.ndarray  # uint64
-    removed: np.ndarray  # bool: named by a removal request (no tokens)
-
-
-def _doc_table(results: list[_PartTokens], tasks: list[_PartTask]) -> _Docs:
-    def cat(arrays, dtype):
-        return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
-
-    counts = [len(r.lengths) for r in results]
-    length = cat([r.lengths for r in results], np.int64)
-    part_start = np.cumsum([0] + [int(r.lengths.sum()) for r in results], dtype=np.int64)[:-1]  # as if in one file
-    return _Docs(file=np.repeat(np.arange(len(results), dtype=np.int32), counts),
-                 start=np.cumsum(length) - length - np.repeat(part_start, counts), length=length,
-                 source=np.repeat(np.asarray([t.source_index for t in tasks], np.int32), counts),
-                 is_val=cat([r.is_val for r in results], bool), order_key=cat([r.order_key for r in results], np.uint64),
-                 removed=cat([r.removed for r in results], bool))
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer (Steele et al. 2014): a bijection of uint64 whose outputs look independent."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def _shuffled(chosen: np.ndarray, order_key: np.ndarray, salt: int) -> np.ndarray:
-    """The order to write `chosen` (document indices, ascending, a document's copies together) in: by a hash of each
-    copy's order_key (itself a hash of the seed and the doc_id), the phase's salt and the copy's number. A uniform
-    shuffle that depends neither on the parts' order nor on the process that computes it (ties, which only the same
-    doc_id twice in a source makes, by place)."""
-    if not len(chosen):
-        return np.zeros(0, np.int64)
-    starts = np.flatnonzero(np.concatenate([[True], chosen[1:] != chosen[:-1]]))
-    copy = np.arange(len(chosen), dtype=np.uint64)
-    copy -= np.repeat(starts.astype(np.uint64), np.diff(np.append(starts, len(chosen))))
-    mixed = _mix64(order_key[chosen] ^ _mix64(np.uint64((salt + 1) * 0x9E3779B97F4A7C15 % 2 ** 64) + copy))
-    del copy
-    return np.argsort(mixed, kind="stable")
-
-
-def _write_split(chosen: np.ndarray, docs: _Docs, files: _TokenFiles, new_path, tokens_per_shard: int,
-                 tokenizer_sha256: str, split: str, phase: str, phase_index: int, out_dir: Path,
-                 progress: bool, names: list[str], composition: dict,
-                 placed: list[tuple[str, np.ndarray]]) -> list[ShardInfo]:
-    """Write `chosen` documents (global indices, in this order) into shards of ~tokens_per_shard tokens;
-    each shard's documents and tokens per source go into `composition`, its documents in order into `placed`."""
-    cum = np.cumsum(docs.length[chosen])
-    shards, i, n = [], 0, len(chosen)
-    bar = tqdm(total=int(cum[-1]) if n else 0, desc=f"write {split}/{phase}", unit="tok", unit_scale=True,
-               disable=not progress)
-    while i < n:
-        base = int(cum[i - 1]) if i else 0
-        end = min(int(np.searchsorted(cum, base + tokens_per_shard, side="left")) + 1, n)
-        offsets = np.zeros(end - i + 1, np.uint64)
-        offsets[1:] = cum[i:end] - base
-        buf = np.empty(int(offsets[-1]), files.dtype)
-        pos = 0
-        for d in chosen[i:end].tolist():
-            length = int(docs.length[d])
-            start = int(docs.start[d])
-            buf[pos:pos + length] = files.open(int(docs.file[d]))[start:start + length]
-            pos += length
-        path = new_path()
-        write_shard(path, buf, offsets, tokenizer_sha256)
-        shards.append(ShardInfo(str(path.relative_to(out_dir)), split, phase, phase_index, len(buf), end - i))
-        placed.append((shards[-1].path, chosen[i:end]))
-        in_shard = docs.source[chosen[i:end]]
-        n_docs = np.bincount(in_shard, minlength=len(names))
-        n_tokens = np.bincount(in_shard, weights=docs.length[chosen[i:end]], minlength=len(names))
-        composition[shards[-1].path] = {n: {"documents": int(n_docs[k]), "tokens": int(n_tokens[k])}
-                                        for k, n in enumerate(names) if n_docs[k]}
-        bar.update(len(buf))
-        i = end
-    bar.close()
-    return shards
-
-
 def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, settings: ShardSettings,
                        mixture: Mixture, output: _Writer | Path, engine: Engine = SERIAL,
                        progress: bool = True, requests: Sequence[RemovalRequest | IntakeMatched] = (),
-                       license_fields: Mapping[str, str] | None = None) -> ShardSetResult:
+                       license_fields: Mapping[str, str] | None = None,
+                       bucket_rows: int = BUCKET_ROWS) -> ShardSetResult:
     """Tokenize the sources and write train/validation shards into `output` (a DatasetWriter: shards go to
     `writer.next_path("shard", ".bin")`; or a folder), leaving out every document a removal request in
     `requests` names. `license_fields` (source -> `meta` key, `card.license_fields`) says where the member list
-    reads each document's licence. The caller commits the manifest with `stats=result.manifest_stats()` and
-    `counts=result.counts()`."""
+    reads each document's licence. `bucket_rows`: the copies a shuffle bucket is sized for. The caller commits the manifest with `stats=result.manifest_stats()` and
+    `counts=result.counts()`.
+
+    Every round is engine tasks over parts or buckets, and the driver holds counts per part and per shard, never a
+    value per document: tokenize; per phase, the draw's two summaries (kiln.tokens.draw); scatter each part's copies
+    to its phase's buckets by shuffle key, writing its member-list rows; write each bucket's shards and position-list
+    rows; then the two lists are put together a part and a bucket at a time."""
     t_start = time.perf_counter()
     tok = Tokenizer.load(tokenizer_path)
     if isinstance(output, Path | str):
@@ -378,31 +571,33 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
     if fim_names and settings.fim.rate > 0:  # before any work: a brought tokenizer may lack the FIM symbols
         tok.require(FIM_ROLES, f"fill-in-the-middle (shards.fim.rate {settings.fim.rate} on {sorted(fim_names)})",
                     "; or set shards.fim.rate: 0")
+    minimum = {p.name: p.min_document_tokens for p in mixture.phases}
+    floors = tuple(sorted({0, *(f for f in minimum.values() if f)}))
     scratch = out_dir / f".tokenize-{uuid.uuid4().hex[:8]}"
     scratch.mkdir()
     try:
-        tasks = [_PartTask(i, str(part), str(scratch / f"{i:04d}-{j:06d}.tok"), str(tokenizer_path), tok.sha256,
+        tasks = [_PartTask(_PartFiles(str(scratch), k, i), str(part), str(tokenizer_path), tok.sha256,
                            (settings.fim.rate, settings.fim.spm_rate) if s.name in fim_names else None,
-                           settings.val_fraction, settings.seed, tuple(requests), license_fields.get(s.name))
-                 for i, s in enumerate(sources) for j, part in enumerate(s.parts)]
+                           settings.val_fraction, settings.seed, tuple(requests), license_fields.get(s.name), floors)
+                 for k, (i, s, part) in enumerate((i, s, part) for i, s in enumerate(sources) for part in s.parts)]
         results = engine.map_parts(tokenize_part, tasks, desc="tokenize", progress=progress,
                                    size=lambda t: os.path.getsize(t.input_path))
         t_tokenized = time.perf_counter()
-        docs = _doc_table(results, tasks)
-        part_counts = {n: {"chars": 0, "utf8_bytes": 0, "fim_documents": 0} for n in names}
+        parts = [t.files for t in tasks]
+        first_place = np.cumsum([0] + [r.documents for r in results])[:-1].tolist()
+        counts = {n: dict.fromkeys(("documents", "removed", "train_documents", "val_documents", "val_tokens",
+                                    "fim_documents", "chars", "utf8_bytes"), 0) for n in names}
+        train_tokens = {n: dict.fromkeys(floors, 0) for n in names}
         for r, t in zip(results, tasks):
-            counts = part_counts[names[t.source_index]]
-            for key in counts:
-                counts[key] += getattr(r, key)
-        del results  # their per-document arrays are in `docs` now
-        files = _TokenFiles([Path(t.tokens_path) for t in tasks], tok.dtype)
-
-        train = ~docs.is_val & ~docs.removed
+            n = names[t.files.source_index]
+            for key in counts[n]:
+                counts[n][key] += getattr(r, key)
+            for f, v in r.train_tokens.items():
+                train_tokens[n][f] += v
 
         def natural_at_least(floor: int) -> dict[str, int]:
             """Each source's training tokens in documents of at least `floor` tokens (what a phase can draw)."""
-            return {n: int(docs.length[train & (docs.length >= floor) & (docs.source == i)].sum())
-                    for i, n in enumerate(names)}
+            return {n: train_tokens[n][floor] for n in names}
 
         natural = natural_at_least(0)
         try:
@@ -411,77 +606,63 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
                                   p.min_document_tokens and natural_at_least(p.min_document_tokens))
                                  for p in mixture.phases])
         except MixtureError as exc:  # say so when the validation split took a source's every document
-            all_val = [n for i, n in enumerate(names) if not (train & (docs.source == i)).any()
-                       and (docs.is_val & ~docs.removed & (docs.source == i)).any()]
+            all_val = [n for n in names if not counts[n]["train_documents"] and counts[n]["val_documents"]]
             if not all_val:
                 raise
             raise MixtureError(f"{all_val}: no training documents, every one fell into the validation split "
                                f"(shards.val_fraction {settings.val_fraction}): lower shards.val_fraction ({exc})") \
                 from None
-        minimum = {p.name: p.min_document_tokens for p in mixture.phases}
-        # Each phase's draw from each source, as a cut every part applies to its own documents (kiln.tokens.draw):
-        # the same documents as sorting each source in its selection order, without holding that order.
-        bounds = np.concatenate([[0], np.cumsum(np.bincount(docs.file, minlength=len(tasks)))]).tolist()
-        parts = {n: [(lo, hi) for t, lo, hi in zip(tasks, bounds[:-1], bounds[1:]) if t.source_index == i]
-                 for i, n in enumerate(names)}
-
-        def training_documents(lo: int, hi: int) -> Documents:
-            keep = np.flatnonzero(train[lo:hi]) + lo
-            return Documents(docs.order_key[keep], keep, docs.length[keep])
-
         cuts: dict[str, list[Cut]] = {n: [] for n in names}
         resume: dict[str, tuple[int, int] | None] = dict.fromkeys(names)
-        shards: list[ShardInfo] = []
-        composition: dict[str, dict[str, dict[str, int]]] = {}
-        placed: list[tuple[str, np.ndarray]] = []  # (shard, the global indices of its documents in order)
-        copies = docs.is_val.astype(np.int64)  # validation: every document once
         for plan in plans:
-            picked = []
-            floor = minimum.get(plan.name) or 0
-            for n in names:
-                held = [training_documents(lo, hi) for lo, hi in parts[n]]
-                summary = merge([summarize(d, cuts[n], floor, resume[n]) for d in held])
-                cells = needed_cells(plan.draws[n].target_tokens, summary)
-                drawn = draw(plan.draws[n].target_tokens, floor, resume[n], summary,
-                             [cell_documents(d, cuts[n], floor, resume[n], cells) for d in held])
-                cuts[n].append(drawn.cut)
-                resume[n] = drawn.resume
-                plan.draws[n].tokens, plan.draws[n].documents = drawn.tokens, drawn.documents
-                for d in held:
-                    picked.append(np.repeat(d.place, cut_copies(d, cuts[n])[-1]))
-                del held
-            chosen = np.concatenate(picked) if picked else np.zeros(0, np.int64)
-            del picked
-            copies += np.bincount(chosen, minlength=len(copies))
-            chosen = chosen[_shuffled(chosen, docs.order_key, plan.index)]
-            shards += _write_split(chosen, docs, files, new_path, settings.tokens_per_shard, tok.sha256, TRAIN,
-                                   plan.name, plan.index, out_dir, progress, names, composition, placed)
-        val_ids = np.flatnonzero(docs.is_val)
-        val_ids = val_ids[_shuffled(val_ids, docs.order_key, _VAL_SHUFFLE)]
-        shards += _write_split(val_ids, docs, files, new_path, settings.tokens_per_shard, tok.sha256, VAL,
-                               VAL_PHASE, 0, out_dir, progress, names, composition, placed)
+            _draw_phase(engine, plan, minimum.get(plan.name) or 0, parts, first_place, names, cuts, resume, progress)
+        val_documents = sum(c["val_documents"] for c in counts.values())
+        phases = _phases_of(plans, val_documents, bucket_rows)
+        copies_dir, shards_dir = scratch / "copies", scratch / "shards"
+        shards_dir.mkdir()
+        written = engine.map_parts(_scatter_part, [
+            _ScatterTask(p, first, names[p.source_index], tuple(cuts[names[p.source_index]]), tuple(phases),
+                         str(copies_dir)) for p, first in zip(parts, first_place)], desc="shuffle", progress=progress)
+        buckets = sorted(set(chain.from_iterable(written)))
+        bucket_shards = engine.map_parts(_write_bucket, [
+            _BucketTask(str(copies_dir), b, str(scratch), str(shards_dir), np.dtype(tok.dtype).str, tok.sha256,
+                        settings.tokens_per_shard, len(names)) for b in buckets],
+            desc="write shards", progress=progress)
+        shards, composition, names_by_bucket = [], {}, {}
+        phase_of = {b: p for p in phases for b in range(p.first_bucket, p.first_bucket + (1 << p.bits))}
+        for b, made in zip(buckets, bucket_shards):
+            phase = phase_of[b]
+            names_by_bucket[b] = []
+            for w in made:
+                path = new_path()
+                os.replace(w.path, path)
+                shards.append(ShardInfo(str(path.relative_to(out_dir)), phase.split, phase.name, phase.index,
+                                        w.tokens, w.documents))
+                names_by_bucket[b].append(shards[-1].path)
+                composition[shards[-1].path] = {n: {"documents": w.source_documents[k], "tokens": w.source_tokens[k]}
+                                                for k, n in enumerate(names) if w.source_documents[k]}
         members_path, positions_path = (output.next_path(role) if not isinstance(output, Path | str) else
                                         out_dir / part_name(role, 0) for role in ("members", "positions"))
-        _write_lists(members_path, positions_path, tasks, docs, copies, names, placed)
+        _write_lists(members_path, positions_path, parts, shards_dir, names_by_bucket)
         t_written = time.perf_counter()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
     warnings = epoch_warnings(plans, natural, mixture.max_epochs_warning)
-    if settings.val_fraction > 0 and not len(val_ids):
+    if settings.val_fraction > 0 and not val_documents:
         warnings.append(f"no document fell into validation (val_fraction {settings.val_fraction}, "
-                        f"{len(docs.length)} documents); raise val_fraction or add data")
+                        f"{sum(r.documents for r in results)} documents); raise val_fraction or add data")
     per_source = {}
-    for i, (n, s) in enumerate(zip(names, sources)):
-        mine = (docs.source == i) & ~docs.removed
+    for n, s in zip(names, sources):
+        c = counts[n]
         used = sum(p.draws[n].tokens for p in plans)
         per_source[n] = {
             "domain": s.domain, "fim": n in fim_names, "parts": len(s.parts),
             "license_field": license_from(license_fields.get(n)),  # the member list's licences
-            "documents": int(mine.sum()), "removed_by_request": int(((docs.source == i) & docs.removed).sum()),
-            **part_counts[n],
-            "train_documents": int((mine & train).sum()), "val_documents": int((mine & docs.is_val).sum()),
-            "natural_train_tokens": natural[n], "val_tokens": int(docs.length[mine & docs.is_val].sum()),
+            "documents": c["documents"] - c["removed"], "removed_by_request": c["removed"],
+            **{k: c[k] for k in ("chars", "utf8_bytes", "fim_documents")},
+            "train_documents": c["train_documents"], "val_documents": c["val_documents"],
+            "natural_train_tokens": natural[n], "val_tokens": c["val_tokens"],
             "target_tokens": sum(p.draws[n].target_tokens for p in plans), "train_tokens": used,
             "effective_epochs": round(used / natural[n], 4) if natural[n] else 0.0}
     return ShardSetResult(
@@ -492,42 +673,21 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
         members=str(members_path.relative_to(out_dir)), shard_sources=composition)
 
 
-def _write_lists(members_path: Path, positions_path: Path, tasks: list[_PartTask], docs: _Docs, copies: np.ndarray,
-                 names: list[str], placed: list[tuple[str, np.ndarray]]) -> None:
-    """The member list (every document, in task order) and the position list (every copy in a shard, grouped by the
-    part of its document), written a part at a time: a part's ids and facts from its scratch file, the rest from
-    the driver's columns. The copies are sorted by document once, 16 B each, to find a part's."""
-    shard_names = pa.array([path for path, _ in placed], pa.string())
-    copies_in_shards = sum(len(ids) for _, ids in placed)
-    copy_doc = np.empty(copies_in_shards, np.int64)
-    copy_shard = np.empty(copies_in_shards, np.int32)
-    copy_index = np.empty(copies_in_shards, np.int32)
-    k = 0
-    for shard, (_, ids) in enumerate(placed):
-        end = k + len(ids)
-        copy_doc[k:end], copy_shard[k:end], copy_index[k:end] = ids, shard, np.arange(len(ids))
-        k = end
-    by_doc = np.argsort(copy_doc, kind="stable")
-    copy_doc = copy_doc[by_doc]
-    copy_shard = copy_shard[by_doc]
-    copy_index = copy_index[by_doc]
-    del by_doc
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(docs.file, minlength=len(tasks)))])
-
+def _write_lists(members_path: Path, positions_path: Path, parts: list[_PartFiles], shards_dir: Path,
+                 names_by_bucket: dict[int, list[str]]) -> None:
+    """The member list (every document, in task order: each part's rows as its scatter task wrote them) and the
+    position list (every copy in a shard, in shard order: each bucket's rows as its write task wrote them, the
+    shard named), both read and written a part or a bucket at a time."""
     def write(members_file, positions_file) -> None:
         with pq.ParquetWriter(members_file, MEMBERS_SCHEMA, compression="zstd") as members, \
                 pq.ParquetWriter(positions_file, POSITIONS_SCHEMA, compression="zstd") as positions:
-            for task, lo, hi in zip(tasks, bounds[:-1].tolist(), bounds[1:].tolist()):
-                rows = pq.read_table(task.rows_path, schema=_ROWS_SCHEMA)
-                members.write_table(pa.table({
-                    "doc_id": rows["doc_id"], "source": pa.array([names[task.source_index]] * (hi - lo), pa.string()),
-                    "split": pa.array(np.where(docs.is_val[lo:hi], VAL, TRAIN).astype(object), pa.string()),
-                    "copies": pa.array(copies[lo:hi], pa.int32()), "tokens": pa.array(docs.length[lo:hi], pa.int64()),
-                    **{c: rows[c] for c in ("removed_by", *_FACTS)}}, schema=MEMBERS_SCHEMA))
-                a, b = np.searchsorted(copy_doc, [lo, hi]).tolist()
+            for part in parts:
+                members.write_table(read_scratch(Path(part.members)))
+            for bucket, shard_names in names_by_bucket.items():
+                rows = read_scratch(shards_dir / f"{bucket:06d}.positions.arrow")
                 positions.write_table(pa.table({
-                    "shard": shard_names.take(pa.array(copy_shard[a:b])), "index": pa.array(copy_index[a:b]),
-                    "doc_id": rows["doc_id"].take(pa.array(copy_doc[a:b] - lo))}, schema=POSITIONS_SCHEMA))
+                    "shard": pa.array(shard_names, pa.string()).take(rows["shard"].combine_chunks()), "index": rows["index"],
+                    "doc_id": rows["doc_id"]}, schema=POSITIONS_SCHEMA))
 
     # Each file is renamed into place once both are whole: no half list after a crash.
     write_file_atomic(members_path, lambda m: write_file_atomic(positions_path, lambda p: write(m, p)))

@@ -471,11 +471,13 @@ def test_member_list_says_exactly_which_documents_the_shards_hold(built, tmp_pat
     assert decoded == expected
 
 
-def test_the_position_list_names_every_copy_and_both_lists_are_written_a_part_at_a_time(built, tmp_path,
-                                                                                          monkeypatch):
+def test_the_position_list_names_every_copy_and_both_lists_are_written_a_part_or_a_bucket_at_a_time(built, tmp_path,
+                                                                                                    monkeypatch):
     """Each (shard, index) of the position list holds the document it names, every copy in every shard once; and
-    the driver never makes either list whole in memory (docs/scale.md): it writes them a part at a time, so no
-    table it writes has more rows than the largest input part (the copies of one part's documents, at most)."""
+    no process makes either list whole in memory (docs/scale.md): the member list is written a part at a time and
+    the position list a shuffle bucket at a time, so no table written has more rows than the largest input part or
+    bucket. Buckets of 64 copies: several per phase, each sorted alone, and the phase's documents come out in the
+    same order as from one bucket (the buckets split the shuffle-key range)."""
     import pyarrow.parquet as pq
 
     root, sources, tok, _ = built
@@ -483,25 +485,34 @@ def test_the_position_list_names_every_copy_and_both_lists_are_written_a_part_at
     write_table = pq.ParquetWriter.write_table
 
     def counting(self, table, *args, **kwargs):
-        if table.schema in (MEMBERS_SCHEMA, POSITIONS_SCHEMA):  # not the tokenize tasks' scratch files
-            written.append(table.num_rows)
+        if table.schema in (MEMBERS_SCHEMA, POSITIONS_SCHEMA):
+            written.append((table.schema, table.num_rows))
         return write_table(self, table, *args, **kwargs)
 
     monkeypatch.setattr(pq.ParquetWriter, "write_table", counting)
     mixture = Mixture(weights={"prose": 0.2, "code": 0.3, "unicode": 0.5})  # repeats and leaves out documents
-    result = write_token_shards(sources, root / "tokenizer", shard_settings(), mixture, tmp_path, progress=False)
+    result = write_token_shards(sources, root / "tokenizer", shard_settings(), mixture, tmp_path, progress=False,
+                                bucket_rows=64)
     members = pq.read_table(tmp_path / "members-00000.parquet").to_pylist()
     positions = pq.read_table(tmp_path / "positions-00000.parquet").to_pylist()
     largest_part = max(pq.ParquetFile(p).metadata.num_rows for s in sources for p in s.parts)
-    copies = {m["doc_id"]: m["copies"] for m in members}
-    assert sum(written) == len(members) + len(positions) and max(written) <= largest_part * max(copies.values())
-    assert len(written) >= 2 * sum(len(s.parts) for s in sources) > 2  # a member and a position table per part
+    member_tables = [rows for schema, rows in written if schema == MEMBERS_SCHEMA]
+    position_tables = [rows for schema, rows in written if schema == POSITIONS_SCHEMA]
+    assert sum(member_tables) == len(members) and max(member_tables) <= largest_part
+    assert len(member_tables) == sum(len(s.parts) for s in sources) > 1
+    # ~588 training copies in 16 buckets and ~50 validation ones in 1: about 37 copies each, none of them all.
+    assert sum(position_tables) == len(positions) and len(position_tables) > 10 and max(position_tables) <= 2 * 64
     originals = texts_by_id(sources)
     held = {(info.path, i): restore(open_shard(tmp_path / info.path).document(i).tolist(), tok)
             for info in result.shards for i in range(info.documents)}
     assert sorted((p["shard"], p["index"]) for p in positions) == sorted(held)  # every copy, once
     assert all(held[p["shard"], p["index"]] == originals[p["doc_id"]][1] for p in positions)
+    copies = {m["doc_id"]: m["copies"] for m in members}
     assert Counter(p["doc_id"] for p in positions) == Counter({d: c for d, c in copies.items() if c})
+    one_bucket = write_token_shards(sources, root / "tokenizer", shard_settings(), mixture, tmp_path / "one",
+                                    progress=False)
+    assert _train_order(tmp_path / "one", one_bucket) == _train_order(tmp_path, result)
+    assert len(result.shards) > len(one_bucket.shards)  # a shorter shard at the end of each bucket
 
 
 def test_describe_and_read_shard_set_agree(tmp_path):
