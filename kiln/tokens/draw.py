@@ -10,11 +10,12 @@ Here a phase's draw is a `Cut`: a few integers that a process holding any part o
 documents to know how many copies of each the phase takes (`copies`). Every document has a *rank* in a phase's
 order, (times drawn before, wrapped, order_key, place): `wrapped` is 0 for documents after the last one an earlier
 phase drew, 1 for the others, so the order restarts where the last phase stopped. A phase draws `passes` copies of
-each eligible document, plus one of those ranked up to `last`. The driver finds the cut from two small summaries
-per part (`summarize`: the tokens and documents in each cell of the rank space, keyed by times drawn, wrapped and
-the top 16 bits of order_key; then `cell_documents`: the documents of the at most three cells the cut needs) and
-holds only those, whatever the size of the source. It is the same draw, document for document, as sorting the
-source (tests/kiln/tokens/test_draw.py keeps that sort as the second implementation).
+each eligible document, plus one of those ranked up to `last`. The driver finds the cut from two summaries per
+part: `summarize`, the tokens and documents in each cell of the rank space (keyed by times drawn, wrapped and the
+top 16 bits of order_key), which it adds up a part at a time (`Totals`: 2^16 cells of 16 B per level, whatever the
+size of the source); then `cell_documents`, the documents of the at most three cells the cut needs (about 3 / 2^16
+of the source). It is the same draw, document for document, as sorting the source (tests/kiln/tokens/test_draw.py
+keeps that sort as the second implementation).
 """
 
 from __future__ import annotations
@@ -147,13 +148,42 @@ def cell_documents(docs: Documents, cuts: Sequence[Cut], floor: int, resume: tup
     return Cells(used[keep], wrapped[keep], key[keep], place[keep], length[keep])
 
 
+class Totals:
+    """Summaries of disjoint documents added up one at a time into dense arrays per (times drawn, wrapped): what it
+    holds is bounded by the rank space (2^16 cells of 16 B per level), not by the number of parts added."""
+
+    def __init__(self):
+        self.tokens: dict[int, np.ndarray] = {}
+        self.documents: dict[int, np.ndarray] = {}
+
+    def add(self, summary: Summary) -> None:
+        level = (summary.codes >> np.uint64(KEY_BITS)).astype(np.int64)
+        cell = (summary.codes & np.uint64((1 << KEY_BITS) - 1)).astype(np.int64)
+        for lv in np.unique(level).tolist():
+            if lv not in self.tokens:
+                self.tokens[lv] = np.zeros(1 << KEY_BITS, np.int64)
+                self.documents[lv] = np.zeros(1 << KEY_BITS, np.int64)
+            mine = level == lv
+            np.add.at(self.tokens[lv], cell[mine], summary.tokens[mine])
+            np.add.at(self.documents[lv], cell[mine], summary.documents[mine])
+
+    def summary(self) -> Summary:
+        """The total, its nonempty cells in code order."""
+        codes, tokens, documents = [np.zeros(0, np.uint64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        for lv in sorted(self.tokens):
+            held = np.flatnonzero(self.documents[lv])
+            codes.append((np.uint64(lv) << np.uint64(KEY_BITS)) | held.astype(np.uint64))
+            tokens.append(self.tokens[lv][held])
+            documents.append(self.documents[lv][held])
+        return Summary(np.concatenate(codes), np.concatenate(tokens), np.concatenate(documents))
+
+
 def merge(summaries: Sequence[Summary]) -> Summary:
     """Summaries of disjoint documents as one."""
-    if not summaries:
-        return Summary(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64))
-    cells, inverse = np.unique(np.concatenate([s.codes for s in summaries]), return_inverse=True)
-    return Summary(cells, np.bincount(inverse, np.concatenate([s.tokens for s in summaries]), len(cells)).astype(np.int64),
-                   np.bincount(inverse, np.concatenate([s.documents for s in summaries]), len(cells)).astype(np.int64))
+    totals = Totals()
+    for s in summaries:
+        totals.add(s)
+    return totals.summary()
 
 
 def _in_rank_order(found: Sequence[Cells]) -> Cells:
@@ -220,5 +250,5 @@ def draw(target: int, floor: int, resume: tuple[int, int] | None, summary: Summa
     return Drawn(Cut(floor, resume, passes, end if m else None), tokens, passes * n + m, (end[2], end[3]))
 
 
-__all__ = ["Cells", "Cut", "Documents", "Drawn", "KEY_BITS", "Summary", "cell_documents", "copies", "draw", "merge",
+__all__ = ["Cells", "Cut", "Documents", "Drawn", "KEY_BITS", "Summary", "Totals", "cell_documents", "copies", "draw", "merge",
            "needed_cells", "summarize"]

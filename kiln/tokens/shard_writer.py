@@ -41,7 +41,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
@@ -61,7 +61,7 @@ from kiln.engine import SERIAL, Engine
 from kiln.governance.document_facts import document_facts, license_from
 from kiln.governance.forget import REQUEST_COLUMNS, IntakeMatched, RemovalRequest, naming_requests
 from kiln.tokens.fim import FimIds, fim_split, fim_tokens
-from kiln.tokens.draw import Cells, Cut, Documents, Summary, cell_documents, draw, merge, needed_cells, summarize
+from kiln.tokens.draw import Cells, Cut, Documents, Summary, Totals, cell_documents, draw, needed_cells, summarize
 from kiln.tokens.draw import copies as cut_copies
 from kiln.tokens.mixture import MixtureError, PhasePlan, SourceParts, epoch_warnings, hash_unit, plan_phases
 from kiln.tokens.shard_format import TRAIN, VAL, ShardInfo, describe_shard_set, write_shard
@@ -146,6 +146,11 @@ class _PartFiles:
     def members(self) -> str:
         """The part's rows of the member list, as the scatter writes them."""
         return self._file(".members.arrow")
+
+    @property
+    def summary(self) -> str:
+        """The part's first summary for the draw of the phase at hand (kiln.tokens.draw)."""
+        return self._file(".summary.arrow")
 
 
 def _scratch_file(scratch: str, index: int, suffix: str) -> str:
@@ -298,35 +303,46 @@ class _DrawTask:
     cells: np.ndarray | None = None
 
 
-def _summarize_part(task: _DrawTask) -> Summary | Cells:
+_SUMMARY_SCHEMA = pa.schema([pa.field("codes", pa.uint64()), pa.field("tokens", pa.int64()),
+                             pa.field("documents", pa.int64())])
+
+
+def _summarize_part(task: _DrawTask) -> Cells | None:
+    """The first summary (`task.cells` None), written to the part's scratch file: one per part would hold as many
+    cells as documents in the driver, which adds them up a file at a time. Or the documents of `task.cells`."""
     columns = _Columns.read(task.part, task.first_place)
     docs = columns.documents(columns.training)
-    if task.cells is None:
-        return summarize(docs, task.cuts, task.floor, task.resume)
-    return cell_documents(docs, task.cuts, task.floor, task.resume, task.cells)
+    if task.cells is not None:
+        return cell_documents(docs, task.cuts, task.floor, task.resume, task.cells)
+    summary = summarize(docs, task.cuts, task.floor, task.resume)
+    write_scratch(Path(task.part.summary), pa.table([summary.codes, summary.tokens, summary.documents],
+                                                    schema=_SUMMARY_SCHEMA))
+    return None
 
 
 def _draw_phase(engine: Engine, plan: PhasePlan, floor: int, parts: list[_PartFiles], first_place: list[int],
                 names: list[str], cuts: dict[str, list[Cut]], resume: dict[str, tuple[int, int] | None],
                 progress: bool) -> None:
-    """Each source's draw for the phase of `plan`: two engine rounds over the parts (summaries, then the documents
-    of the cells the cut needs); appends each source's cut to `cuts` and records what it took in `plan.draws`."""
-    def round_(cells_of: dict[str, np.ndarray] | None, desc: str) -> dict[str, list]:
-        asked = [(names[p.source_index], p, first) for p, first in zip(parts, first_place)]
-        mine = [(n, _DrawTask(p, first, tuple(cuts[n]), floor, resume[n], None if cells_of is None else cells_of[n]))
-                for n, p, first in asked
-                if plan.draws[n].target_tokens > 0 and (cells_of is None or len(cells_of[n]))]
-        results = engine.map_parts(_summarize_part, [task for _, task in mine], desc=desc, progress=progress)
-        by_source: dict[str, list] = {n: [] for n in names}
-        for (n, _), result in zip(mine, results):
-            by_source[n].append(result)
-        return by_source
-
-    summaries = {n: merge(found) for n, found in round_(None, f"draw {plan.name}").items()}
+    """Each source's draw for the phase of `plan`: two engine rounds over the parts of the sources it draws from
+    (summaries, then the documents of the cells each cut needs); appends each source's cut to `cuts` and records
+    what it took in `plan.draws`."""
+    drawing = [(names[p.source_index], p, first) for p, first in zip(parts, first_place)
+               if plan.draws[names[p.source_index]].target_tokens > 0]
+    engine.map_parts(_summarize_part, [_DrawTask(p, first, tuple(cuts[n]), floor, resume[n])
+                                       for n, p, first in drawing], desc=f"draw {plan.name}", progress=progress)
+    totals = {n: Totals() for n in names}
+    for n, p, _ in drawing:
+        table = read_scratch(Path(p.summary))
+        totals[n].add(Summary(*(table.column(c).to_numpy() for c in _SUMMARY_SCHEMA.names)))
+    summaries = {n: t.summary() for n, t in totals.items()}
     cells = {n: needed_cells(plan.draws[n].target_tokens, summaries[n]) for n in names}
-    found = round_(cells, f"draw {plan.name} (cut)") if any(len(c) for c in cells.values()) else {}
+    asked = [(n, p, first) for n, p, first in drawing if len(cells[n])]
+    found = engine.map_parts(_summarize_part, [_DrawTask(p, first, tuple(cuts[n]), floor, resume[n], cells[n])
+                                               for n, p, first in asked], desc=f"draw {plan.name} (cut)",
+                             progress=progress)
     for n in names:
-        drawn = draw(plan.draws[n].target_tokens, floor, resume[n], summaries[n], found.get(n, []))
+        drawn = draw(plan.draws[n].target_tokens, floor, resume[n], summaries[n],
+                     [f for (m, _, _), f in zip(asked, found) if m == n])
         cuts[n].append(drawn.cut)
         resume[n] = drawn.resume
         plan.draws[n].tokens, plan.draws[n].documents = drawn.tokens, drawn.documents
@@ -370,8 +386,13 @@ class _Phase:
     index: int
     split: str
     salt: int
+    copies: int
     first_bucket: int
     bits: int
+
+    @property
+    def buckets(self) -> range:
+        return range(self.first_bucket, self.first_bucket + (1 << self.bits))
 
 
 def _phases_of(plans: list[PhasePlan], val_documents: int, bucket_rows: int) -> list[_Phase]:
@@ -380,7 +401,7 @@ def _phases_of(plans: list[PhasePlan], val_documents: int, bucket_rows: int) -> 
             *((p.name, p.index, TRAIN, p.index, sum(d.documents for d in p.draws.values())) for p in plans),
             (VAL_PHASE, 0, VAL, _VAL_SHUFFLE, val_documents)):
         bits = max(0, math.ceil(math.log2(max(copies, 1) / bucket_rows)))
-        phases.append(_Phase(name, index, split, salt, first, bits))
+        phases.append(_Phase(name, index, split, salt, copies, first, bits))
         first += 1 << bits
     return phases
 
@@ -397,7 +418,7 @@ class _ScatterTask:
 
 def _scatter_part(task: _ScatterTask) -> list[int]:
     """A part's member-list rows, and each copy its documents have in the shards, written to the bucket of its phase
-    that its shuffle key falls in (one shuffle file per part, kiln.dedup.shuffle). Returns the buckets written."""
+    that its shuffle key falls in (one shuffle file per part, kiln.dedup.shuffle). Returns its copies per phase."""
     columns = _Columns.read(task.part, task.first_place)
     training = columns.training
     drawn = cut_copies(columns.documents(training), task.cuts)  # (training phases, training documents)
@@ -426,9 +447,9 @@ def _scatter_part(task: _ScatterTask) -> list[int]:
                                 "doc_id": rows["doc_id"].take(pa.array(at))}, schema=_COPIES_SCHEMA))
         buckets.append(phase.first_bucket + (key >> np.uint64(64 - phase.bits)).astype(np.int64) if phase.bits
                        else np.full(len(at), phase.first_bucket, np.int64))
-    last = task.phases[-1]
-    return write_partitioned(Path(task.copies_dir), f"{task.part.index:07d}", pa.concat_tables(tables),
-                             np.concatenate(buckets), last.first_bucket + (1 << last.bits))
+    write_partitioned(Path(task.copies_dir), f"{task.part.index:07d}", pa.concat_tables(tables),
+                      np.concatenate(buckets), task.phases[-1].buckets.stop)
+    return [t.num_rows for t in tables]
 
 
 # ------------------------------------------------------------------------------------------------ write
@@ -456,16 +477,15 @@ class _Written:
     source_tokens: list[int]
 
 
-class _TokenFiles:
-    """Random access to the parts' token files, with a bounded number of open maps."""
+def _token_files(scratch: str, dtype: np.dtype) -> Callable[[int], np.ndarray]:
+    """Part number -> its token ids, memory-mapped, with a bounded number of maps open (a plain function: no cycle
+    keeps the maps open after the task)."""
+    @lru_cache(maxsize=128)
+    def tokens(part: int) -> np.ndarray:
+        path = Path(_scratch_file(scratch, part, ".tok"))
+        return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
 
-    def __init__(self, scratch: str, dtype: np.dtype):
-        self.scratch, self.dtype = scratch, dtype
-        self.open = lru_cache(maxsize=128)(self._open)
-
-    def _open(self, part: int) -> np.ndarray:
-        path = Path(_scratch_file(self.scratch, part, ".tok"))
-        return np.memmap(path, dtype=self.dtype, mode="r") if path.stat().st_size else np.zeros(0, self.dtype)
+    return tokens
 
 
 def _write_bucket(task: _BucketTask) -> list[_Written]:
@@ -474,7 +494,7 @@ def _write_bucket(task: _BucketTask) -> list[_Written]:
     table = read_partition(Path(task.copies_dir), task.bucket, _COPIES_SCHEMA)
     order = np.lexsort((table["place"].to_numpy(), table["shuffle_key"].to_numpy()))
     part, start, length, source = (table[c].to_numpy()[order] for c in ("part", "start", "length", "source"))
-    files = _TokenFiles(task.scratch, np.dtype(task.dtype))
+    tokens = _token_files(task.scratch, np.dtype(task.dtype))
     cum = np.cumsum(length)
     written, shard_of, index_in = [], np.zeros(len(order), np.int32), np.zeros(len(order), np.int32)
     i = 0
@@ -485,7 +505,7 @@ def _write_bucket(task: _BucketTask) -> list[_Written]:
         offsets[1:] = cum[i:end] - base
         buf = np.empty(int(offsets[-1]), task.dtype)
         for d, (p, s, n) in enumerate(zip(part[i:end].tolist(), start[i:end].tolist(), length[i:end].tolist())):
-            buf[int(offsets[d]):int(offsets[d]) + n] = files.open(p)[s:s + n]
+            buf[int(offsets[d]):int(offsets[d]) + n] = tokens(p)[s:s + n]
         path = Path(task.out_dir) / f"{task.bucket:06d}-{len(written):05d}.bin"
         write_shard(path, buf, offsets, task.tokenizer_sha256)
         in_shard = source[i:end]
@@ -623,13 +643,20 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
         written = engine.map_parts(_scatter_part, [
             _ScatterTask(p, first, names[p.source_index], tuple(cuts[names[p.source_index]]), tuple(phases),
                          str(copies_dir)) for p, first in zip(parts, first_place)], desc="shuffle", progress=progress)
-        buckets = sorted(set(chain.from_iterable(written)))
+        for k, phase in enumerate(phases):  # what the parts placed against what the draw chose
+            placed = sum(w[k] for w in written)
+            if placed != phase.copies:
+                raise RuntimeError(f"token_shards: the parts placed {placed} copies in phase {phase.name!r} and the "
+                                   f"draw chose {phase.copies}: a scratch file in {scratch} changed while the run went on; "
+                                   "re-run token_shards")
+        # A phase's buckets each expect at least bucket_rows / 2 copies: none is left out as empty.
+        buckets = [b for phase in phases if phase.copies for b in phase.buckets]
         bucket_shards = engine.map_parts(_write_bucket, [
             _BucketTask(str(copies_dir), b, str(scratch), str(shards_dir), np.dtype(tok.dtype).str, tok.sha256,
                         settings.tokens_per_shard, len(names)) for b in buckets],
             desc="write shards", progress=progress)
         shards, composition, names_by_bucket = [], {}, {}
-        phase_of = {b: p for p in phases for b in range(p.first_bucket, p.first_bucket + (1 << p.bits))}
+        phase_of = {b: p for p in phases for b in p.buckets}
         for b, made in zip(buckets, bucket_shards):
             phase = phase_of[b]
             names_by_bucket[b] = []

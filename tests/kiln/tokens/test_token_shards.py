@@ -515,6 +515,22 @@ def test_the_position_list_names_every_copy_and_both_lists_are_written_a_part_or
     assert len(result.shards) > len(one_bucket.shards)  # a shorter shard at the end of each bucket
 
 
+def test_buckets_of_one_copy_many_of_them_empty_hold_the_documents_in_the_same_order(built, tmp_path):
+    """Buckets sized for one copy: the power of two at or above the phase's copies, so many get none, and each of
+    the others ends a shard. The shards hold the same documents in the same order as from one bucket."""
+    root, sources, _, result = built
+    tiny = write_token_shards(sources, root / "tokenizer", shard_settings(), NATURAL, tmp_path, progress=False,
+                              bucket_rows=1)
+    assert _train_order(tmp_path, tiny) == _train_order(root / "out", result)
+    train = [s for s in tiny.shards if s.split == "train"]
+    copies = result.documents("train")
+    buckets = 1 << (copies - 1).bit_length()  # 512 for the 453 copies of this natural mixture
+    assert sum(s.documents for s in train) == copies and tiny.counts() == {**result.counts(), "shards": len(tiny.shards)}
+    # Each nonempty bucket writes a shard (here one: a few short documents each), so fewer shards than buckets means
+    # empty buckets were written too.
+    assert len([s for s in result.shards if s.split == "train"]) < len(train) < buckets
+
+
 def test_describe_and_read_shard_set_agree(tmp_path):
     infos = [ShardInfo("shard-00001.bin", "train", "b", 1, 10, 2), ShardInfo("shard-00000.bin", "train", "a", 0, 5, 1),
              ShardInfo("shard-00002.bin", "val", "val", 0, 3, 1)]
