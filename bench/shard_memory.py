@@ -8,7 +8,8 @@ licence and a language, two sources) in parts of `--rows-per-part` rows, a small
 peak read after it. The serial engine runs every task in the same process, one part or one shuffle bucket at a time,
 so a task's work is in the peak too; it is the same at every size (parts of `--rows-per-part` documents, buckets of
 `--bucket-rows` copies), as is a shard's buffer (shards of 2^18 tokens, so that every size fills several), and the
-slope between two sizes is what the driver keeps per document (docs/scale.md). Prints bytes per document; quote the figures with the machine.
+slope between two sizes is what the driver keeps per document (docs/scale.md). Prints bytes per document; quote
+the figures with the machine.
 """
 
 from __future__ import annotations

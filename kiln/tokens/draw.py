@@ -250,5 +250,5 @@ def draw(target: int, floor: int, resume: tuple[int, int] | None, summary: Summa
     return Drawn(Cut(floor, resume, passes, end if m else None), tokens, passes * n + m, (end[2], end[3]))
 
 
-__all__ = ["Cells", "Cut", "Documents", "Drawn", "KEY_BITS", "Summary", "Totals", "cell_documents", "copies", "draw", "merge",
-           "needed_cells", "summarize"]
+__all__ = ["Cells", "Cut", "Documents", "Drawn", "KEY_BITS", "Summary", "Totals", "cell_documents", "copies", "draw",
+           "merge", "needed_cells", "summarize"]

@@ -568,8 +568,8 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
     """Tokenize the sources and write train/validation shards into `output` (a DatasetWriter: shards go to
     `writer.next_path("shard", ".bin")`; or a folder), leaving out every document a removal request in
     `requests` names. `license_fields` (source -> `meta` key, `card.license_fields`) says where the member list
-    reads each document's licence. `bucket_rows`: the copies a shuffle bucket is sized for. The caller commits the manifest with `stats=result.manifest_stats()` and
-    `counts=result.counts()`.
+    reads each document's licence. `bucket_rows`: the copies a shuffle bucket is sized for. The caller commits the
+    manifest with `stats=result.manifest_stats()` and `counts=result.counts()`.
 
     Every round is engine tasks over parts or buckets, and the driver holds counts per part and per shard, never a
     value per document: tokenize; per phase, the draw's two summaries (kiln.tokens.draw); scatter each part's copies
@@ -647,9 +647,10 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
             placed = sum(w[k] for w in written)
             if placed != phase.copies:
                 raise RuntimeError(f"token_shards: the parts placed {placed} copies in phase {phase.name!r} and the "
-                                   f"draw chose {phase.copies}: a scratch file in {scratch} changed while the run went on; "
-                                   "re-run token_shards")
-        # A phase's buckets each expect at least bucket_rows / 2 copies: none is left out as empty.
+                                   f"draw chose {phase.copies}: a scratch file in {scratch} changed while the run "
+                                   "went on; re-run token_shards")
+        # Every bucket of a phase with copies is written, empty or not (each expects over bucket_rows / 2 copies), so
+        # the driver keeps no list of the buckets each part wrote.
         buckets = [b for phase in phases if phase.copies for b in phase.buckets]
         bucket_shards = engine.map_parts(_write_bucket, [
             _BucketTask(str(copies_dir), b, str(scratch), str(shards_dir), np.dtype(tok.dtype).str, tok.sha256,
@@ -713,8 +714,8 @@ def _write_lists(members_path: Path, positions_path: Path, parts: list[_PartFile
             for bucket, shard_names in names_by_bucket.items():
                 rows = read_scratch(shards_dir / f"{bucket:06d}.positions.arrow")
                 positions.write_table(pa.table({
-                    "shard": pa.array(shard_names, pa.string()).take(rows["shard"].combine_chunks()), "index": rows["index"],
-                    "doc_id": rows["doc_id"]}, schema=POSITIONS_SCHEMA))
+                    "shard": pa.array(shard_names, pa.string()).take(rows["shard"].combine_chunks()),
+                    "index": rows["index"], "doc_id": rows["doc_id"]}, schema=POSITIONS_SCHEMA))
 
     # Each file is renamed into place once both are whole: no half list after a crash.
     write_file_atomic(members_path, lambda m: write_file_atomic(positions_path, lambda p: write(m, p)))
