@@ -11,7 +11,7 @@ import pytest
 
 from kiln.common.config import Fim, Mixture, Phase
 from kiln.common.storage import DatasetWriter
-from kiln.engine import ProcessPool
+from kiln.engine import SERIAL, ProcessPool
 from kiln.tokens.fim import PSM, SPM, FimIds, FimSplit, fim_split, fim_tokens, unfim
 from kiln.tokens.mixture import (MixtureError, SourceParts, epoch_warnings, plan_phases, select_documents, shares,
                                  split_budget)
@@ -303,6 +303,19 @@ def test_same_inputs_give_identical_shards_with_one_or_two_workers(built, tmp_pa
     for s in result.shards:
         assert (tmp_path / s.path).read_bytes() == (root / "out" / s.path).read_bytes()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # scratch removed
+
+
+def test_many_buckets_give_identical_shards_with_one_or_two_workers(built, tmp_path):
+    """Buckets of 64 copies (about 16 for the training phase): the scatter and the bucket writes as process-pool
+    tasks give the serial engine's bytes, lists included."""
+    root, sources, _, _ = built
+    serial, pool = (write_token_shards(sources, root / "tokenizer", shard_settings(), NATURAL, tmp_path / name, engine,
+                                       progress=False, bucket_rows=64)
+                    for name, engine in (("serial", SERIAL), ("pool", ProcessPool(workers=2))))
+    assert len([s for s in serial.shards if s.split == "train"]) > 8
+    assert [s.to_dict() for s in pool.shards] == [s.to_dict() for s in serial.shards]
+    for path in [s.path for s in serial.shards] + ["members-00000.parquet", "positions-00000.parquet"]:
+        assert (tmp_path / "pool" / path).read_bytes() == (tmp_path / "serial" / path).read_bytes(), path
 
 
 def test_the_same_documents_in_parts_of_another_order_give_identical_shards(built, tmp_path):
