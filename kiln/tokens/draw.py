@@ -81,13 +81,6 @@ class Drawn:
     resume: tuple[int, int] | None
 
 
-def _used(docs: Documents, cuts: Sequence[Cut]) -> np.ndarray:
-    used = np.zeros(len(docs.key), np.int64)
-    for cut in cuts:
-        used += _copies(docs, used, cut)
-    return used
-
-
 def _wrapped(docs: Documents, resume: tuple[int, int] | None) -> np.ndarray:
     if resume is None:
         return np.zeros(len(docs.key), np.int64)
@@ -125,7 +118,7 @@ def _codes(used: np.ndarray, wrapped: np.ndarray, key: np.ndarray) -> np.ndarray
 
 def _ranked(docs: Documents, cuts: Sequence[Cut], floor: int, resume: tuple[int, int] | None):
     eligible = docs.length >= floor
-    used = _used(docs, cuts)[eligible]
+    used = copies(docs, cuts).sum(axis=0)[eligible]  # times drawn before the phase
     wrapped = _wrapped(docs, resume)[eligible]
     key = docs.key[eligible]
     return used, wrapped, key, docs.place[eligible], docs.length[eligible], _codes(used, wrapped, key)
@@ -176,14 +169,6 @@ class Totals:
             tokens.append(self.tokens[lv][held])
             documents.append(self.documents[lv][held])
         return Summary(np.concatenate(codes), np.concatenate(tokens), np.concatenate(documents))
-
-
-def merge(summaries: Sequence[Summary]) -> Summary:
-    """Summaries of disjoint documents as one."""
-    totals = Totals()
-    for s in summaries:
-        totals.add(s)
-    return totals.summary()
 
 
 def _in_rank_order(found: Sequence[Cells]) -> Cells:
@@ -251,4 +236,4 @@ def draw(target: int, floor: int, resume: tuple[int, int] | None, summary: Summa
 
 
 __all__ = ["Cells", "Cut", "Documents", "Drawn", "KEY_BITS", "Summary", "Totals", "cell_documents", "copies", "draw",
-           "merge", "needed_cells", "summarize"]
+           "needed_cells", "summarize"]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.tokens.draw import Documents, cell_documents, copies, draw, merge, needed_cells, summarize
+from kiln.tokens.draw import Documents, Totals, cell_documents, copies, draw, needed_cells, summarize
 from kiln.tokens.mixture import MixtureError, select_documents
 
 
@@ -38,7 +38,10 @@ def summary_draw(key, place, length, phases, bounds):
     parts = [Documents(key[a:b], place[a:b], length[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
     cuts, resume, out = [], None, []
     for target, floor in phases:
-        summary = merge([summarize(p, cuts, floor, resume) for p in parts])
+        totals = Totals()  # as the shard writer adds them up, a part at a time
+        for p in parts:
+            totals.add(summarize(p, cuts, floor, resume))
+        summary = totals.summary()
         cells = needed_cells(target, summary)
         assert len(cells) <= 3
         drawn = draw(target, floor, resume, summary, [cell_documents(p, cuts, floor, resume, cells) for p in parts])
