@@ -1,6 +1,6 @@
 """How the memory of the end-of-run exposure record grows with the number of document copies read.
 
-    .venv/bin/python bench/exposure_memory.py [--copies 100000,400000] [--bucket-rows 50000]
+    .venv/bin/python bench/exposure_memory.py [--copies 100000,400000] [--bucket-rows 50000] [--max-buckets 256]
 
 For each size: a synthetic shard set's member and position lists (24-hex doc_ids as curation makes them, two
 sources, 100 shards, one copy per document, row groups of a curated part), then, in a fresh process, a stand-in
@@ -12,8 +12,9 @@ process of its own, Arrow's pool peak while the member list is streamed through 
 tracemalloc's peak while the real `ShardLoader.exposure` counts a shard set of as many documents (5 tokens each,
 sequences of 64, its cursor halfway through epoch 1); and both peaks while the Parquet export names every shard's
 documents from the same lists (`_ShardRows` in kiln/tokens/interchange.py, buckets of `--bucket-rows`). `--bucket-rows` below the sizes makes every size join several
-buckets, so the slope between two sizes is what the join keeps per copy beyond one bucket (docs/scale.md). Prints
-bytes per copy; quote the figures with the machine.
+buckets, so the slope between two sizes is what the join keeps per copy beyond one bucket (docs/scale.md).
+`--max-buckets` below the buckets of a size makes both joins spill in two passes, as past 256 x 2^20 rows
+(kiln/common/spill.py). Prints bytes per copy; quote the figures with the machine.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from kiln.common.manifest import MANIFEST_NAME  # noqa: E402
+from kiln.common import spill  # noqa: E402
 from kiln.common.spill import bucket_count  # noqa: E402
 from kiln.common.storage import parquet_batches  # noqa: E402
 from kiln.governance import exposure  # noqa: E402
@@ -159,12 +161,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--copies", default="100000,400000", help="comma-separated sizes, each run in a process of its own")
     ap.add_argument("--bucket-rows", type=int, default=50_000)
+    ap.add_argument("--max-buckets", type=int, default=spill.MAX_BUCKETS, help="bucket files written at once")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--stream", choices=["parquet_batches", "ParquetFile"], help=argparse.SUPPRESS)
     ap.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    spill.MAX_BUCKETS = args.max_buckets
     if args.export:
         print(json.dumps(export_rows(args.folder, args.bucket_rows)))
         return
@@ -183,10 +187,11 @@ def main() -> None:
     for n in (int(x) for x in args.copies.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             write_lists(Path(tmp), n)  # here: the measuring processes only read them
-            rows.append(_child("--one", str(n), "--folder", tmp, "--bucket-rows", str(args.bucket_rows)))
+            sizes = ("--bucket-rows", str(args.bucket_rows), "--max-buckets", str(args.max_buckets))
+            rows.append(_child("--one", str(n), "--folder", tmp, *sizes))
             rows[-1]["streamed"] = streamed = {r: _child("--stream", r, "--folder", tmp)["arrow_peak"]
                                                for r in ("ParquetFile", "parquet_batches")}
-            rows[-1]["export"] = exported = _child("--export", "--folder", tmp, "--bucket-rows", str(args.bucket_rows))
+            rows[-1]["export"] = exported = _child("--export", "--folder", tmp, *sizes)
         with tempfile.TemporaryDirectory() as tmp:
             write_shards(Path(tmp), n)
             rows[-1]["count"] = counted = _child("--count", "--folder", tmp)

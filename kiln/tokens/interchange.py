@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.common.manifest import MANIFEST_NAME, write_file_atomic, write_json_atomic
-from kiln.common.spill import BATCH_ROWS, BUCKET_ROWS, bucket_count, joined_buckets, read_bucket, scatter
+from kiln.common.spill import BATCH_ROWS, BUCKET_ROWS, Spill, bucket_count, joined_buckets
 from kiln.common.storage import parquet_batches
 from kiln.tokens.shard_format import TRAIN, VAL, ShardError, ShardSet, open_shard, read_shard_set
 from kiln.tokens.shard_writer import MEMBERS_SCHEMA, POSITIONS_SCHEMA
@@ -163,8 +163,8 @@ class _ShardRows:
             number = np.array([self.number[n] for n in names] or [0], np.int64)
             return self.group_of[number[encoded.indices.to_numpy(zero_copy_only=False)]]
 
-        self.files = scatter(scratch / "shards", groups, _ROWS_SCHEMA,
-                             (b for m, p in pairs for b in self._join(m, p).to_batches()), by_group)
+        self.groups = Spill(scratch / "shards", groups, _ROWS_SCHEMA,
+                            (b for m, p in pairs for b in self._join(m, p).to_batches()), by_group)
         self.group, self.rows = -1, {}
 
     def _join(self, member: pa.Table, placed: pa.Table) -> pa.Table:
@@ -179,7 +179,7 @@ class _ShardRows:
         """(doc_ids, sources) of shard `path`, in document order; (None, None) when the positions list names none."""
         group = int(self.group_of[self.number[path]]) if path in self.number else -1
         if group != self.group and group >= 0:
-            table = read_bucket(self.files[group]).sort_by([("shard", "ascending"), ("index", "ascending")])
+            table = self.groups.pop(group).sort_by([("shard", "ascending"), ("index", "ascending")])
             names, starts = np.unique(table.column("shard").to_numpy(zero_copy_only=False), return_index=True)
             ends = [*starts[1:].tolist(), table.num_rows]
             self.group, self.rows = group, {

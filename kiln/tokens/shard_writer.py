@@ -54,7 +54,6 @@ import pyarrow.parquet as pq
 
 from kiln.common.config import Mixture, ShardSettings
 from kiln.common.manifest import write_file_atomic
-from kiln.common.spill import BUCKET_ROWS
 from kiln.common.storage import part_name
 from kiln.dedup.shuffle import read_partition, read_scratch, write_partitioned, write_scratch
 from kiln.engine import SERIAL, Engine
@@ -71,6 +70,9 @@ VAL_PHASE = "val"
 _VAL_SALT = "kiln-val-split"
 _VAL_SHUFFLE = 1 << 31  # the validation shards' shuffle salt (a training phase's is its index)
 _ENCODE_BATCH = 256  # documents per sentencepiece call
+# Copies a shuffle bucket is sized for, as kiln.common.spill's buckets are. Here, unlike there, it decides the output
+# (where a phase's shards end), so it lives in a module token_shards' code_version hashes.
+BUCKET_ROWS = 1 << 20
 _REMOVED = object()  # a document's place in a batch when a removal request names it
 
 # One row per input document: `copies` is how many times the shards of its split hold it (train: 0 when the

@@ -157,14 +157,17 @@ def test_a_run_config_that_left_the_micro_batch_to_the_layout_gives_the_same_exp
         assert pq.read_table(tmp_path / "changed.parquet").equals(pq.read_table(tmp_path / "given.parquet"))
 
 
-def test_the_join_a_bucket_at_a_time_gives_the_copies_read_whatever_the_bucket_size(partway, tmp_path):
-    """Buckets of 3 rows (the audit store's ~100 copies read in dozens of buckets, each joined alone) give the rows
-    the shards' offsets and the loader's order give (`expected_reads`), and the stats of one bucket."""
+def test_the_join_a_bucket_at_a_time_gives_the_copies_read_whatever_the_bucket_size(partway, tmp_path, monkeypatch):
+    """Buckets of 3 rows (the audit store's ~100 copies read in dozens of buckets, each joined alone), spilled to
+    files of at most 4 buckets (so bucket files are scattered again, as past 256 x 2^20 rows), give the rows the
+    shards' offsets and the loader's order give (`expected_reads`), and the stats of one bucket."""
+    from kiln.common import spill
     from kiln.governance.exposure import measure_exposure
 
     given = partway["home"] / "run" / "run_config.json"
     state = json.loads((partway["store"].dataset_dir("training_run") / "summary.json").read_text())["loader"]
     whole = measure_exposure(given, state, tmp_path / "whole.parquet")
+    monkeypatch.setattr(spill, "MAX_BUCKETS", 4)
     small = measure_exposure(given, state, tmp_path / "small.parquet", bucket_rows=3)
     assert small == whole | {"file": "small.parquet"}
     rows = pq.read_table(tmp_path / "small.parquet").to_pylist()

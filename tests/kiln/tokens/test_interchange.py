@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from kiln.common import spill
 from kiln.common.config import Mixture, Phase
 from kiln.common.manifest import FileEntry, data_version_of, sha256_file
 from kiln.common.storage import DatasetWriter
@@ -275,7 +276,8 @@ def test_the_member_list_is_looked_up_once_per_bucket_not_once_per_shard(built, 
     """Each Parquet row's source comes from the member list; hashing every member again for each shard made an
     export take shards x members (2M members, 500 shards: ~200 s of lookups instead of under 1 s). The lists are
     joined a doc_id bucket at a time: once for the fixture's lists at the default size, and with buckets of 7 rows
-    (dozens of buckets, the shards in several groups) the same files, sources included, and no scratch file left."""
+    (dozens of buckets, the shards in several groups, spilled to files of at most 4 buckets and scattered again, as
+    past 256 x 2^20 rows) the same files, sources included, and no scratch file left."""
     _, _, _, shard_dir, stats = built
     calls = []
     index_in = interchange.pc.index_in
@@ -286,11 +288,12 @@ def test_the_member_list_is_looked_up_once_per_bucket_not_once_per_shard(built, 
 
     monkeypatch.setattr(interchange.pc, "index_in", counted)
     monkeypatch.setattr(interchange, "_JOIN_BUCKET_ROWS", bucket_rows)
+    monkeypatch.setattr(spill, "MAX_BUCKETS", 4)
     again = export_shards(shard_dir, tmp_path / "out", ["parquet"])
     assert len(again["splits"]["train"]["parquet_files"]) + len(again["splits"]["val"]["parquet_files"]) > 4
     members = sum(pq.ParquetFile(p).metadata.num_rows for p in shard_dir.glob("members-*.parquet"))
     positions = sum(pq.ParquetFile(p).metadata.num_rows for p in shard_dir.glob("positions-*.parquet"))
-    assert len(calls) == min(-(-max(members, positions) // bucket_rows), 256)  # a lookup per bucket
+    assert len(calls) == -(-max(members, positions) // bucket_rows)  # a lookup per bucket
     assert (len(calls) > 10) == (bucket_rows == 7)
     for split in ("train", "val"):  # the same rows, sources included, as the fixture's export
         for name in stats["splits"][split]["parquet_files"]:
