@@ -4,15 +4,16 @@
 
 For each size: a synthetic shard set's member and position lists (24-hex doc_ids as curation makes them, two
 sources, 100 shards, one copy per document, row groups of a curated part), then, in a fresh process, a stand-in
-loader's counts for them (every copy read) and the join (`_role_exposure` in kiln/governance/exposure.py, writing
-exposure.parquet) under tracemalloc (Python objects and NumPy arrays) with Arrow's pool peak read after it. The
-loader's counts themselves (`ShardLoader.exposure`) are made before and are not in the figure. Then, each in a
+loader's counts for them (every copy read, a shard at a time) and the join (`_role_exposure` in
+kiln/governance/exposure.py, writing exposure.parquet) under tracemalloc (Python objects and NumPy arrays) with
+Arrow's pool peak read after it. Then, each in a
 process of its own, Arrow's pool peak while the member list is streamed through pyarrow's ParquetFile as it comes
 (pre-buffering every row group) and through `parquet_batches`, which every streaming reader of the lists uses; and
 tracemalloc's peak while the real `ShardLoader.exposure` counts a shard set of as many documents (5 tokens each,
-sequences of 64, its cursor halfway through epoch 1); and both peaks while the Parquet export names every shard's
-documents from the same lists (`_ShardRows` in kiln/tokens/interchange.py, buckets of `--bucket-rows`). `--bucket-rows` below the sizes makes every size join several
-buckets, so the slope between two sizes is what the join keeps per copy beyond one bucket (docs/scale.md).
+sequences of 64, its cursor halfway through epoch 1; "a shard's counts": the largest shard's); and both peaks while
+the Parquet export names every shard's documents from the same lists (`_ShardRows` in kiln/tokens/interchange.py,
+buckets of `--bucket-rows`). `--bucket-rows` below the sizes makes every size join several buckets, so the slope
+between two sizes is what the join keeps per copy beyond one bucket (docs/scale.md).
 `--max-buckets` below the buckets of a size makes both joins spill in two passes, as past 256 x 2^20 rows
 (kiln/common/spill.py). Prints bytes per copy; quote the figures with the machine.
 """
@@ -76,11 +77,16 @@ def _names() -> list[str]:
 
 
 def stand_in_loader(folder: Path, n: int) -> SimpleNamespace:
-    """A loader over those lists whose counts read every copy once (NumPy only: Arrow's pool stays unused)."""
+    """A loader over those lists whose counts, a shard at a time as ShardLoader.exposure gives them, read every copy
+    once."""
     per = np.bincount(np.arange(n) % SHARDS, minlength=SHARDS).tolist()
-    counts = {name: (np.ones(k, np.int32), np.full(k, TOKENS - 1, np.int64)) for name, k in zip(_names(), per)}
+
+    def counts():
+        for name, k in zip(_names(), per):
+            yield name, np.ones(k, np.int32), np.full(k, TOKENS - 1, np.int64)
+
     shards = [ShardInfo(name, "train", "main", 0, TOKENS * k, k) for name, k in zip(_names(), per)]
-    return SimpleNamespace(shard_set=SimpleNamespace(dir=str(folder), shards=shards), exposure=lambda: counts,
+    return SimpleNamespace(shard_set=SimpleNamespace(dir=str(folder), shards=shards), exposure=counts,
                            epoch=0, position=1, world_size=1, seq_len=8)
 
 
@@ -129,10 +135,9 @@ def count(folder: Path) -> dict:
     loader.load_state_dict({**loader.state_dict(), "epoch": 1, "position": loader.batches_per_epoch // 2})
     tracemalloc.start()
     t0 = time.perf_counter()
-    counts = loader.exposure()
+    kept = max(r.nbytes + t.nbytes for _, r, t in loader.exposure())  # the largest shard's counts
     seconds = time.perf_counter() - t0
     _, peak = tracemalloc.get_traced_memory()
-    kept = sum(r.nbytes + t.nbytes for r, t in counts.values())
     return {"python_numpy_peak": peak, "kept": kept, "seconds": round(seconds, 2)}
 
 
@@ -200,7 +205,7 @@ def main() -> None:
               f"{r['arrow_peak'] / 2**20:8.1f} MiB, {r['buckets']} buckets, {r['seconds']} s under tracemalloc; "
               f"the member list streamed: Arrow peak {streamed['ParquetFile'] / 2**20:.1f} MiB through pyarrow's "
               f"ParquetFile as it comes, {streamed['parquet_batches'] / 2**20:.1f} MiB through parquet_batches; "
-              f"ShardLoader.exposure: NumPy peak {counted['python_numpy_peak'] / 2**20:.1f} MiB, its counts "
+              f"ShardLoader.exposure: NumPy peak {counted['python_numpy_peak'] / 2**20:.1f} MiB, a shard's counts "
               f"{counted['kept'] / 2**20:.1f} MiB, {counted['seconds']} s under tracemalloc; the Parquet export's "
               f"naming: Python+NumPy peak {exported['python_numpy_peak'] / 2**20:.1f} MiB, Arrow peak "
               f"{exported['arrow_peak'] / 2**20:.1f} MiB, {exported['seconds']} s")
@@ -214,7 +219,8 @@ def main() -> None:
               f"{(b['streamed']['parquet_batches'] - a['streamed']['parquet_batches']) / span:.1f} B through "
               f"parquet_batches; ShardLoader.exposure peaks at "
               f"{(b['count']['python_numpy_peak'] - a['count']['python_numpy_peak']) / span:.1f} B of NumPy per "
-              f"copy, its counts {(b['count']['kept'] - a['count']['kept']) / span:.1f} B; the Parquet export's naming "
+              f"copy, a shard's counts {(b['count']['kept'] - a['count']['kept']) / span:.1f} B; "
+              f"the Parquet export's naming "
               f"{(b['export']['python_numpy_peak'] - a['export']['python_numpy_peak']) / span:.1f} B of "
               f"Python+NumPy and {(b['export']['arrow_peak'] - a['export']['arrow_peak']) / span:.1f} B of Arrow")
 

@@ -330,46 +330,75 @@ class ShardLoader:
         """The shard sets this loader reads, by role (a ReplayLoader adds "replay")."""
         return {"train": self}
 
-    def exposure(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    def exposure(self) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
         """How often each document of the shards was read, over all ranks, from the first sequence up to this loader's
-        cursor (load a recorded `state_dict()` first): shard (its path in the manifest) -> (reads, tokens), one entry
-        per document of its offset index. reads: the epochs in which a read sequence held one of its tokens (inputs
-        or the last target, as exclusions count them); tokens: its tokens that were inputs, summed over epochs.
-        Every rank stands at the same cursor, so one loader answers for all ranks."""
+        cursor (load a recorded `state_dict()` first), a shard at a time in the order the phases list them: (shard (its
+        path in the manifest), reads, tokens), one entry per document of its offset index. reads: the epochs in which a
+        read sequence held one of its tokens (inputs or the last target, as exclusions count them); tokens: its tokens
+        that were inputs, summed over epochs. Every rank stands at the same cursor, so one loader answers for all
+        ranks. Held beside one shard's counts: a bit per sequence of its phase per epoch read (`_ReadBits`)."""
         L, W = self.seq_len, self.world_size
         # Sequences each rank read per epoch: whole epochs before the cursor's, then its position.
         read = [self._epoch_end()] * self.epoch + [min(self.position, self._epoch_end())]
         phase_starts = np.concatenate([[0], self._phase_ends[:-1]]).astype(np.int64)
-        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for p, phase in enumerate(self.phases):
             total = max(phase.tokens - 1, 0) // L  # the phase stream's sequences, excluded ones included
-            for name, path in zip(phase.names, phase.paths):  # one entry per document of the shard's offset index
-                docs = len(open_shard(path, self.tokenizer_sha256).offsets) - 1
-                out[name] = (np.zeros(docs, np.int32), np.zeros(docs, np.int64))
+            epochs = []
             for epoch, n in enumerate(read):
-                j = int(np.clip(n - phase_starts[p], 0, phase.per_rank))
-                if not j:
-                    continue
-                hit = np.zeros(total + 1, np.int64)  # 1 for each sequence read in this epoch (+ a never-read end)
-                hit[self._stream_sequences(epoch, p, np.arange(j * W))] = 1
-                before = np.concatenate([[0], np.cumsum(hit[:total])])  # sequences read among the first g
-                # A shard at a time: what is held beside the counts is one shard's spans, not the phase's.
-                for s, (name, path) in enumerate(zip(phase.names, phase.paths)):
-                    offsets = open_shard(path, self.tokenizer_sha256).offsets.astype(np.int64) + phase.starts[s]
-                    a, b = offsets[:-1], offsets[1:]  # document spans [a, b) in the phase stream
-                    reads, tokens = out[name]
-                    # sequence g touches [a, b) when g·L < b and g·L + L + 1 > a
-                    lo, hi = np.clip((a - L - 1) // L + 1, 0, total), np.clip((b - 1) // L + 1, 0, total)
-                    reads += (before[hi] > before[lo]).astype(np.int32)
+                if slots := W * int(np.clip(n - phase_starts[p], 0, phase.per_rank)):
+                    chunks = (np.arange(k, min(k + _SLOTS, slots)) for k in range(0, slots, _SLOTS))
+                    epochs.append(_ReadBits.of(total, (self._stream_sequences(epoch, p, c) for c in chunks)))
+            for s, (name, path) in enumerate(zip(phase.names, phase.paths)):
+                offsets = open_shard(path, self.tokenizer_sha256).offsets.astype(np.int64) + phase.starts[s]
+                a, b = offsets[:-1], offsets[1:]  # document spans [a, b) in the phase stream
+                reads, tokens = np.zeros(len(a), np.int32), np.zeros(len(a), np.int64)
+                # sequence g touches [a, b) when g·L < b and g·L + L + 1 > a
+                lo, hi = np.clip((a - L - 1) // L + 1, 0, total), np.clip((b - 1) // L + 1, 0, total)
+                ka, kb = np.minimum(a // L, total), np.minimum(b // L, total)
+                first = int(min(lo.min(), ka.min())) if len(a) else 0
+                last = int(max(hi.max(), kb.max())) if len(a) else 0
+                for bits in epochs:
+                    before, hit = bits.window(first, last)  # sequences read among the first g; g read, from `first`
+                    reads += (before[hi - first] > before[lo - first]).astype(np.int32)
                     # input tokens t < x: L per read sequence wholly below x, plus x mod L of sequence x // L if read
-                    ka, kb = np.minimum(a // L, total), np.minimum(b // L, total)
-                    tokens += L * (before[kb] - before[ka]) + hit[kb] * (b % L) - hit[ka] * (a % L)
-        return out
+                    tokens += (L * (before[kb - first] - before[ka - first]) + hit[kb - first] * (b % L)
+                               - hit[ka - first] * (a % L))
+                yield name, reads, tokens
 
     @property
     def tokens_per_epoch(self) -> int:
         """Input tokens this rank reads per epoch."""
         return self._epoch_end() * self.seq_len
+
+
+_SLOTS = 1 << 20  # reading slots whose sequences `exposure` looks up at once
+
+
+class _ReadBits:
+    """Which sequences of a phase stream one epoch read, as a bit each, and how many were read before each: what
+    `exposure` keeps per epoch while it counts a shard at a time (8 B per sequence as int64 prefix sums; ~1 bit so)."""
+
+    BLOCK = 1 << 16  # sequences per stored prefix sum
+
+    def __init__(self, packed: np.ndarray, prefix: np.ndarray):
+        self.packed, self.prefix = packed, prefix
+
+    @classmethod
+    def of(cls, total: int, read: Iterator[np.ndarray]) -> _ReadBits:
+        """Of the sequence numbers `read` (arrays) among a stream of `total`, plus a never-read end (number total)."""
+        hit = np.zeros(total + 1, bool)
+        for sequences in read:
+            hit[sequences] = True
+        sums = np.add.reduceat(hit, np.arange(0, total + 1, cls.BLOCK), dtype=np.int64)
+        return cls(np.packbits(hit), np.concatenate([[0], np.cumsum(sums)]))
+
+    def window(self, first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
+        """(before, hit) for sequences first..last: before[g - first] sequences read among the first g, hit[g - first]
+        1 if g was read."""
+        start = first - first % self.BLOCK
+        bits = np.unpackbits(self.packed[start // 8:last // 8 + 1])[:last + 1 - start]
+        before = self.prefix[start // self.BLOCK] + np.concatenate([[0], np.cumsum(bits[:-1], dtype=np.int64)])
+        return before[first - start:], bits[first - start:].astype(np.int64)
 
 
 REPLAY_STATE_FORMAT = "kiln-replay-loader/1"

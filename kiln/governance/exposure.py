@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.common.manifest import MANIFEST_NAME, Manifest, write_file_atomic
-from kiln.common.spill import BATCH_ROWS, BUCKET_ROWS, bucket_count, joined_buckets
+from kiln.common.spill import BATCH_ROWS, BUCKET_ROWS, Spill, bucket_count, joined_buckets
 from kiln.common.storage import Store, parquet_batches
 from kiln.governance.catalog import run_file
 
@@ -48,7 +48,7 @@ EXPOSURE_SCHEMA = pa.schema([pa.field("role", pa.string(), nullable=False),  # t
                              pa.field("tokens_read", pa.int64(), nullable=False)])  # its input tokens, all epochs
 
 # The read copies are joined with the member list a doc_id hash bucket at a time (kiln.common.spill): a process holds
-# one bucket, and the loader's counts (12 B per copy in the set).
+# one bucket.
 _MEMBER_SCHEMA = pa.schema([EXPOSURE_SCHEMA.field(c) for c in ("doc_id", "source", "tokens")])
 _READ_SCHEMA = pa.schema([EXPOSURE_SCHEMA.field(c)
                           for c in ("phase", "shard", "index", "doc_id", "reads", "tokens_read")])
@@ -126,27 +126,20 @@ def _role_exposure(role: str, loader, out: pq.ParquetWriter, scratch: Path, buck
     """One role's rows into `out`; its stats."""
     folder = Path(loader.shard_set.dir)
     manifest = Manifest.from_dict(json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8")))
-    counts = loader.exposure()
     shard_info = {s.path: s for s in loader.shard_set.shards}
     sources = manifest.stats.get("sources") or {}
     stats: dict[str, Any] = {"data_version": manifest.data_version, "dataset_dir": str(folder),
                              "cursor": {"epoch": loader.epoch, "position": loader.position},
-                             "world_size": loader.world_size, "seq_len": loader.seq_len,
-                             "tokens_read": int(sum(int(t.sum()) for _, t in counts.values()))}
-    per_phase: dict[str, dict[str, int]] = {}
-    for shard, (_, tokens) in counts.items():
-        info = shard_info[shard]  # by path: a set of 100B tokens has ~25,000 shards, a search each was quadratic
-        phase = per_phase.setdefault(info.phase, {"tokens_read": 0, "tokens": 0})
-        phase["tokens_read"] += int(tokens.sum())
-        phase["tokens"] += info.tokens
-    stats["per_phase"] = per_phase
+                             "world_size": loader.world_size, "seq_len": loader.seq_len}
     positions = [folder / f.path for f in manifest.files_with_role("positions")]
     members = [folder / f.path for f in manifest.files_with_role("members")]
+    reads = _ReadCopies(loader.exposure(), shard_info, scratch / "counts", bucket_rows)
+    stats["tokens_read"] = sum(reads.per_phase[p]["tokens_read"] for p in reads.per_phase)
+    stats["per_phase"] = reads.per_phase
     if not positions or not members:
         stats["unavailable"] = ("the shard set has no position list (written before position lists existed): which "
                                 "documents were read cannot be told; re-materialize that token_shards partition")
         return stats
-    reads = _ReadCopies(counts, {path: info.phase for path, info in shard_info.items()})  # empties `counts`
     buckets = bucket_count(max(reads.copies_read, sum(pq.ParquetFile(p).metadata.num_rows for p in members)),
                            bucket_rows)
     member_sources: set[str] = set()
@@ -182,48 +175,93 @@ def _role_exposure(role: str, loader, out: pq.ParquetWriter, scratch: Path, buck
     return stats
 
 
-class _ReadCopies:
-    """The loader's counts (shard -> per-copy reads and input tokens read; taken out of the dict) as flat arrays, and
-    the position list's copies read, with their counts, a batch at a time."""
+_COUNT_SCHEMA = pa.schema([("copy", pa.int64()), ("reads", pa.int32()), ("tokens_read", pa.int64())])
+_PLACED_SCHEMA = pa.schema([("copy", pa.int64()), ("number", pa.int32()), ("shard", pa.string()),
+                            ("index", pa.int32()), ("doc_id", pa.string())])
 
-    def __init__(self, counts: dict[str, tuple[np.ndarray, np.ndarray]], phase_of: dict[str, str]):
-        self.names = sorted(counts)
-        self.number = {name: k for k, name in enumerate(self.names)}
-        self.sizes = np.array([len(counts[s][0]) for s in self.names], np.int64)
-        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
-        self.reads, self.tokens = np.empty(self.sizes.sum(), np.int32), np.empty(self.sizes.sum(), np.int64)
-        for name, start, size in zip(self.names, self.starts.tolist(), self.sizes.tolist()):
-            # taken out of `counts` as copied: the loader's arrays and these are not held twice over
-            self.reads[start:start + size], self.tokens[start:start + size] = counts.pop(name)
-        self.copies_read = int(np.count_nonzero(self.reads))
-        phases = sorted({phase_of[s] for s in self.names})
-        self.phases = np.array(phases, object)
-        self.phase_code = np.array([phases.index(phase_of[s]) for s in self.names], np.int64)
+
+class _ReadCopies:
+    """The loader's counts (`exposure`: shard, reads, tokens, a shard at a time) joined with the position list, to the
+    copies read with their doc_ids. Both are numbered by copy (the shards in the order the loader counts them, each
+    shard's copies in order) and spilled by ranges of copy numbers (kiln.common.spill), so a process holds one shard's
+    counts, then one range of both at a time; holding the counts of every copy in the set was 12 B per copy."""
+
+    def __init__(self, counts: Iterator[tuple[str, np.ndarray, np.ndarray]], shard_info: dict[str, Any],
+                 scratch: Path, bucket_rows: int):
+        self.scratch = scratch
+        self.names: list[str] = []
+        self.sizes: list[int] = []
+        self.starts: list[int] = []
+        self.phase_of = {path: info.phase for path, info in shard_info.items()}
+        self.per_phase: dict[str, dict[str, int]] = {}
+        self.copies_read = 0
+        # Copy numbers run over the shards the loader counts, at most every shard of the set: buckets by range.
+        self.total = max(sum(info.documents for info in shard_info.values()), 1)
+        self.buckets = bucket_count(self.total, bucket_rows)
+        self.counts = Spill(scratch / "counts", self.buckets, _COUNT_SCHEMA, self._counted(counts, shard_info),
+                            self._range)
+
+    def _range(self, batch: pa.RecordBatch) -> np.ndarray:
+        return batch.column("copy").to_numpy() * self.buckets // self.total
+
+    def _counted(self, counts, shard_info) -> Iterator[pa.RecordBatch]:
+        """_COUNT_SCHEMA batches of the copies read at least once, a shard at a time; the stats by phase as it goes."""
+        start = 0
+        for name, reads, tokens in counts:
+            info = shard_info[name]  # by path: a set of 100B tokens has ~25,000 shards, a search each was quadratic
+            if start + len(reads) > self.total:
+                raise ValueError(f"the loader counts more copies than the shard set's manifest holds ({name})")
+            phase = self.per_phase.setdefault(info.phase, {"tokens_read": 0, "tokens": 0})
+            phase["tokens_read"] += int(tokens.sum())
+            phase["tokens"] += info.tokens
+            self.names.append(name)
+            self.sizes.append(len(reads))
+            self.starts.append(start)
+            read = np.flatnonzero(reads > 0)
+            self.copies_read += len(read)
+            if len(read):
+                yield pa.record_batch([pa.array(start + read), pa.array(reads[read], pa.int32()),
+                                       pa.array(tokens[read], pa.int64())], schema=_COUNT_SCHEMA)
+            start += len(reads)
 
     def batches(self, positions: list[Path], folder: Path) -> Iterator[pa.RecordBatch]:
-        """_READ_SCHEMA batches: the copies of the position list the run read at least once, in the list's order."""
+        """_READ_SCHEMA batches: the copies of the position list the run read at least once, a range of copies at a
+        time."""
+        number = {name: k for k, name in enumerate(self.names)}
+        sizes, starts = np.array(self.sizes, np.int64), np.array(self.starts, np.int64)
         listed = np.zeros(len(self.names), np.int64)  # copies the position list names, per shard the run read
-        for p in positions:
-            for batch in parquet_batches(p, BATCH_ROWS, ["shard", "index", "doc_id"]):
-                encoded = pc.dictionary_encode(batch.column("shard"))
-                known = np.array([self.number.get(s, -1) for s in encoded.dictionary.to_pylist()] or [-1], np.int64)
-                shard = known[encoded.indices.to_numpy(zero_copy_only=False)]
-                index = batch.column("index").to_numpy(zero_copy_only=False).astype(np.int64)
-                mine = np.flatnonzero(shard >= 0)  # the validation shards, say, the run did not read
-                shard, index = shard[mine], index[mine]
-                if ((index < 0) | (index >= self.sizes[shard])).any():
-                    raise _altered(folder, "places a copy past the end of its shard's offset index")
-                listed += np.bincount(shard, minlength=len(self.names))
-                at = self.starts[shard] + index
-                hit = np.flatnonzero(self.reads[at] > 0)
-                rows = pa.array(mine[hit])
-                yield pa.record_batch([pa.array(self.phases[self.phase_code[shard[hit]]], pa.string()),
-                                       batch.column("shard").take(rows), pa.array(index[hit], pa.int32()),
-                                       batch.column("doc_id").take(rows), pa.array(self.reads[at[hit]], pa.int32()),
-                                       pa.array(self.tokens[at[hit]], pa.int64())], schema=_READ_SCHEMA)
-        if (listed != self.sizes).any():
+
+        def placed() -> Iterator[pa.RecordBatch]:
+            for p in positions:
+                for batch in parquet_batches(p, BATCH_ROWS, ["shard", "index", "doc_id"]):
+                    encoded = pc.dictionary_encode(batch.column("shard"))
+                    known = np.array([number.get(s, -1) for s in encoded.dictionary.to_pylist()] or [-1], np.int64)
+                    shard = known[encoded.indices.to_numpy(zero_copy_only=False)]
+                    index = batch.column("index").to_numpy(zero_copy_only=False).astype(np.int64)
+                    mine = np.flatnonzero(shard >= 0)  # the validation shards, say, the run did not read
+                    shard, index = shard[mine], index[mine]
+                    if ((index < 0) | (index >= sizes[shard])).any():
+                        raise _altered(folder, "places a copy past the end of its shard's offset index")
+                    listed[:] += np.bincount(shard, minlength=len(self.names))
+                    rows = pa.array(mine)
+                    yield pa.record_batch([pa.array(starts[shard] + index), pa.array(shard, pa.int32()),
+                                           batch.column("shard").take(rows), pa.array(index, pa.int32()),
+                                           batch.column("doc_id").take(rows)], schema=_PLACED_SCHEMA)
+
+        places = Spill(self.scratch / "positions", self.buckets, _PLACED_SCHEMA, placed(), self._range)
+        if (listed != sizes).any():
             raise _altered(folder, f"lists {int(listed.sum())} document copies in the shards the run read, their "
-                                   f"offset indexes hold {int(self.sizes.sum())}")
+                                   f"offset indexes hold {int(sizes.sum())}")
+        phases = np.array([self.phase_of[name] for name in self.names] or [""], object)
+        for bucket in range(self.buckets):
+            place, count = places.pop(bucket), self.counts.pop(bucket)
+            row = pc.index_in(count.column("copy"), value_set=place.column("copy"))
+            if row.null_count:  # as many copies listed as the shards hold, but one twice and another not at all
+                raise _altered(folder, f"does not list {row.null_count} copies the run read")
+            place = place.take(row)
+            yield from pa.table([pa.array(phases[place.column("number").to_numpy()], pa.string()),
+                                 place.column("shard"), place.column("index"), place.column("doc_id"),
+                                 count.column("reads"), count.column("tokens_read")], schema=_READ_SCHEMA).to_batches()
 
 
 def _train_members(members: list[Path], sources: set[str], documents: Counter[str]) -> Iterator[pa.RecordBatch]:

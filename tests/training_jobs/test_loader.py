@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kiln.common.config import Mixture, Phase
 from kiln.common.storage import DatasetWriter
@@ -389,7 +391,7 @@ SPANS = {("shard-00000.bin", 0): (0, 500), ("shard-00000.bin", 1): (500, 1001), 
 
 
 def exposure_table(loader) -> dict[tuple[str, int], tuple[int, int]]:
-    return {(shard, i): (int(r[i]), int(t[i])) for shard, (r, t) in loader.exposure().items() for i in range(len(r))}
+    return {(shard, i): (int(r[i]), int(t[i])) for shard, r, t in loader.exposure() for i in range(len(r))}
 
 
 @pytest.mark.parametrize("world_size, expected", [
@@ -445,7 +447,13 @@ def recorded(loader, log: list) -> None:
 # An epoch is 102 batches of 2 on one rank (204 sequences), 50 on two (55 + 46 sequences a rank, cut to 100):
 # stop partway through epoch 0, or partway through the shuffled epoch 1.
 @pytest.mark.parametrize("epochs", [0.37, 1.6])
-def test_exposure_from_a_recorded_cursor_matches_what_the_ranks_read(counting, world_size, epochs):
+# Small: the read sequences looked up 7 slots at a time and their prefix sums kept every 8 sequences, not 2^16.
+@pytest.mark.parametrize("small", [False, True])
+def test_exposure_from_a_recorded_cursor_matches_what_the_ranks_read(counting, world_size, epochs, small, monkeypatch):
+    if small:
+        from training_jobs import loader as loader_module
+        monkeypatch.setattr(loader_module, "_SLOTS", 7)
+        monkeypatch.setattr(loader_module._ReadBits, "BLOCK", 8)
     log: list = []
     batches = int(epochs * (102 if world_size == 1 else 50))
     for rank in range(world_size):
@@ -466,6 +474,25 @@ def test_exposure_from_a_recorded_cursor_matches_what_the_ranks_read(counting, w
         assert got[("shard-00000.bin", 0)] == (2, 1000)
         assert all(b - a - SEQ < t < 2 * (b - a) - SEQ for (a, b), (_, t) in
                    [(SPANS[k], got[k]) for k in [("shard-00002.bin", 0), ("shard-00002.bin", 1)]])
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=300), st.data())
+def test_read_bits_give_the_prefix_sums_of_the_sequences_read(read, data):
+    """_ReadBits against a plain cumsum of the same bits, blocks of 8 or 16 sequences, any window."""
+    from training_jobs.loader import _ReadBits
+
+    total = len(read) - 1  # the last stands for the never-read end: False
+    read[-1] = False
+    hit = np.array(read)
+    before = np.concatenate([[0], np.cumsum(hit)])
+    first = data.draw(st.integers(0, total), label="first")
+    last = data.draw(st.integers(first, total), label="last")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_ReadBits, "BLOCK", data.draw(st.sampled_from([8, 16]), label="block"))
+        bits = _ReadBits.of(total, [np.flatnonzero(hit[:len(read) // 2]), np.flatnonzero(hit)])
+        got_before, got_hit = bits.window(first, last)
+    assert got_before.tolist() == before[first:last + 1].tolist()
+    assert got_hit.tolist() == hit[first:last + 1].astype(int).tolist()
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
