@@ -1,6 +1,7 @@
 """How the memory of the end-of-run exposure record grows with the number of document copies read.
 
     .venv/bin/python bench/exposure_memory.py [--copies 100000,400000] [--bucket-rows 50000] [--max-buckets 256]
+    .venv/bin/python bench/exposure_memory.py --loader-only --copies 3200000,12800000,25600000
 
 For each size: a synthetic shard set's member and position lists (24-hex doc_ids as curation makes them, two
 sources, 100 shards, one copy per document, row groups of a curated part), then, in a fresh process, a stand-in
@@ -50,6 +51,7 @@ from training_jobs.loader import ShardLoader  # noqa: E402
 SHARDS, TOKENS = 100, 5  # shards of the set; tokens per document
 LOADER_SEQ, SHA = 64, "12" * 32  # the set the real loader counts: its sequence length and tokenizer hash
 PART_ROWS = 20_000  # rows per row group: token_shards writes the lists a curated part at a time
+LOADER_ONLY_SHARD = 32_000  # documents per shard with --loader-only (160,000 tokens)
 
 
 def write_lists(folder: Path, n: int) -> None:
@@ -72,8 +74,8 @@ def write_lists(folder: Path, n: int) -> None:
         "files": files, "counts": {}, "stats": {"sources": sources}, "data_version": "bench"}))
 
 
-def _names() -> list[str]:
-    return [f"shard-{s:05d}.bin" for s in range(SHARDS)]
+def _names(shards: int = SHARDS) -> list[str]:
+    return [f"shard-{s:05d}.bin" for s in range(shards)]
 
 
 def stand_in_loader(folder: Path, n: int) -> SimpleNamespace:
@@ -118,12 +120,13 @@ def stream(folder: Path, reader: str) -> dict:
     return {"rows": rows, "arrow_peak": pa.default_memory_pool().max_memory()}
 
 
-def write_shards(folder: Path, n: int) -> None:
-    """A shard set of `n` documents of TOKENS tokens in SHARDS shards (one phase) for the real loader to count."""
-    per = np.bincount(np.arange(n) % SHARDS, minlength=SHARDS).tolist()
-    for name, k in zip(_names(), per):
+def write_shards(folder: Path, n: int, shards: int = SHARDS) -> None:
+    """A shard set of `n` documents of TOKENS tokens in `shards` shards (one phase) for the real loader to count."""
+    per = np.bincount(np.arange(n) % shards, minlength=shards).tolist()
+    names = _names(shards)
+    for name, k in zip(names, per):
         write_shard(folder / name, np.zeros(k * TOKENS, np.uint16), np.arange(k + 1) * TOKENS, SHA)
-    infos = [ShardInfo(name, "train", "main", 0, TOKENS * k, k) for name, k in zip(_names(), per)]
+    infos = [ShardInfo(name, "train", "main", 0, TOKENS * k, k) for name, k in zip(names, per)]
     stats = describe_shard_set(SHA, 1000, 0, infos, seq_len=LOADER_SEQ)
     (folder / MANIFEST_NAME).write_text(json.dumps({"stats": stats}))
 
@@ -167,6 +170,8 @@ def main() -> None:
     ap.add_argument("--copies", default="100000,400000", help="comma-separated sizes, each run in a process of its own")
     ap.add_argument("--bucket-rows", type=int, default=50_000)
     ap.add_argument("--max-buckets", type=int, default=spill.MAX_BUCKETS, help="bucket files written at once")
+    ap.add_argument("--loader-only", action="store_true",
+                    help="only ShardLoader.exposure's peak, at each size, in shards of 32,000 documents")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--stream", choices=["parquet_batches", "ParquetFile"], help=argparse.SUPPRESS)
@@ -188,6 +193,19 @@ def main() -> None:
         return
     print(f"machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
           f"{platform.system()} {platform.release()}")
+    if args.loader_only:
+        counted = []
+        for n in (int(x) for x in args.copies.split(",")):
+            with tempfile.TemporaryDirectory() as tmp:
+                write_shards(Path(tmp), n, max(n // LOADER_ONLY_SHARD, 1))  # shards of a size, as real ones
+                counted.append({"copies": n, **_child("--count", "--folder", tmp)})
+            c = counted[-1]
+            print(f"{n:>10,} copies ({n * TOKENS // LOADER_SEQ:,} sequences): ShardLoader.exposure NumPy peak "
+                  f"{c['python_numpy_peak'] / 2**20:.1f} MiB, {c['seconds']} s under tracemalloc")
+        for a, b in zip(counted, counted[1:]):
+            print(f"{a['copies']:,} -> {b['copies']:,}: ShardLoader.exposure peaks at "
+                  f"{(b['python_numpy_peak'] - a['python_numpy_peak']) / (b['copies'] - a['copies']):.2f} B per copy")
+        return
     rows = []
     for n in (int(x) for x in args.copies.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
