@@ -134,7 +134,7 @@ def _role_exposure(role: str, loader, out: pq.ParquetWriter, scratch: Path, buck
     positions = [folder / f.path for f in manifest.files_with_role("positions")]
     members = [folder / f.path for f in manifest.files_with_role("members")]
     reads = _ReadCopies(loader.exposure(), shard_info, scratch / "counts", bucket_rows)
-    stats["tokens_read"] = sum(reads.per_phase[p]["tokens_read"] for p in reads.per_phase)
+    stats["tokens_read"] = sum(phase["tokens_read"] for phase in reads.per_phase.values())
     stats["per_phase"] = reads.per_phase
     if not positions or not members:
         stats["unavailable"] = ("the shard set has no position list (written before position lists existed): which "
@@ -188,27 +188,25 @@ class _ReadCopies:
 
     def __init__(self, counts: Iterator[tuple[str, np.ndarray, np.ndarray]], shard_info: dict[str, Any],
                  scratch: Path, bucket_rows: int):
-        self.scratch = scratch
+        self.scratch, self.shard_info = scratch, shard_info
         self.names: list[str] = []
         self.sizes: list[int] = []
         self.starts: list[int] = []
-        self.phase_of = {path: info.phase for path, info in shard_info.items()}
         self.per_phase: dict[str, dict[str, int]] = {}
         self.copies_read = 0
         # Copy numbers run over the shards the loader counts, at most every shard of the set: buckets by range.
         self.total = max(sum(info.documents for info in shard_info.values()), 1)
         self.buckets = bucket_count(self.total, bucket_rows)
-        self.counts = Spill(scratch / "counts", self.buckets, _COUNT_SCHEMA, self._counted(counts, shard_info),
-                            self._range)
+        self.counts = Spill(scratch / "counts", self.buckets, _COUNT_SCHEMA, self._counted(counts), self._range)
 
     def _range(self, batch: pa.RecordBatch) -> np.ndarray:
         return batch.column("copy").to_numpy() * self.buckets // self.total
 
-    def _counted(self, counts, shard_info) -> Iterator[pa.RecordBatch]:
+    def _counted(self, counts: Iterator[tuple[str, np.ndarray, np.ndarray]]) -> Iterator[pa.RecordBatch]:
         """_COUNT_SCHEMA batches of the copies read at least once, a shard at a time; the stats by phase as it goes."""
         start = 0
         for name, reads, tokens in counts:
-            info = shard_info[name]  # by path: a set of 100B tokens has ~25,000 shards, a search each was quadratic
+            info = self.shard_info[name]  # by path: a set of 100B tokens has ~25,000 shards, a search each was quadratic
             if start + len(reads) > self.total:
                 raise ValueError(f"the loader counts more copies than the shard set's manifest holds ({name})")
             phase = self.per_phase.setdefault(info.phase, {"tokens_read": 0, "tokens": 0})
@@ -252,7 +250,7 @@ class _ReadCopies:
         if (listed != sizes).any():
             raise _altered(folder, f"lists {int(listed.sum())} document copies in the shards the run read, their "
                                    f"offset indexes hold {int(sizes.sum())}")
-        phases = np.array([self.phase_of[name] for name in self.names] or [""], object)
+        phases = np.array([self.shard_info[name].phase for name in self.names] or [""], object)
         for bucket in range(self.buckets):
             place, count = places.pop(bucket), self.counts.pop(bucket)
             row = pc.index_in(count.column("copy"), value_set=place.column("copy"))
