@@ -35,7 +35,7 @@ SIGNATURES, INDEX, DEDUPLICATED = "minhash_signatures", "dedup_index", "deduplic
     key=SIGNATURES, deps=[CURATED], partitions_def=document_partitions, group_name="dedup",
     kinds={"python", "parquet"},
     code_version=code_version("kiln.dedup.signing", "kiln.dedup.minhash", "kiln.dedup.fast_minhash", "kiln.dedup.text",
-                              "kiln.dedup._kernels", "kiln.common.text_units"),
+                              "kiln.dedup._kernels", "kiln.common.text_units", "kiln.common.splitmix"),
     check_specs=[dg.AssetCheckSpec("complete", asset=SIGNATURES, blocking=True,
                                    description="one signature per curated document")],
     automation_condition=FOLLOW,
@@ -80,7 +80,7 @@ def minhash_signatures(context: dg.AssetExecutionContext, kiln_config: KilnConfi
     code_version=code_version("kiln.dedup.near", "kiln.dedup.buckets", "kiln.dedup.bucket_index",
                               "kiln.dedup.bucket_layout", "kiln.dedup.bucket_rounds", "kiln.dedup.components",
                               "kiln.dedup.boilerplate", "kiln.dedup._kernels", "kiln.dedup.minhash", "kiln.dedup.lsh",
-                              "kiln.dedup.fast_minhash"),  # pair Jaccard, the bands and the bucket keys
+                              "kiln.dedup.fast_minhash", "kiln.common.splitmix"),  # pair Jaccard, bands, bucket keys
     check_specs=[
         dg.AssetCheckSpec("conservation", asset=INDEX, blocking=True,
                           description="one decision per signed document: kept, near_duplicate or already_indexed"),

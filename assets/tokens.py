@@ -151,7 +151,8 @@ def examples_markdown(examples: list[dict]) -> str:
     kinds={"python", "numpy"},
     code_version=code_version("kiln.tokens.shard_writer", "kiln.tokens.shard_format", "kiln.tokens.mixture", "kiln.tokens.fim",
                               "kiln.tokens.draw", "kiln.governance.forget", "kiln.governance.document_facts",
-                              "kiln.tokens.tokenizer"),  # encode_batch: the token ids
+                              "kiln.tokens.tokenizer",  # encode_batch: the token ids
+                              "kiln.common.splitmix"),  # the shuffle keys
     check_specs=[
         dg.AssetCheckSpec("shards_verified", asset=SHARDS, blocking=True,
                           description="every shard's header, size and tokenizer hash check out; totals match"),

@@ -253,7 +253,7 @@ def _end_mlflow_run(context: dg.AssetExecutionContext, tracking: MlflowTracking,
     automation_condition=FOLLOW_TRAINING,  # only with `refresh.train: true`: training is never started by surprise
     pool="training",  # GPU concurrency: `concurrency.pools` in dagster.yaml caps how many runs train at once
     code_version=code_version("training_jobs", "kiln.governance.exposure", "kiln.governance.replay",
-                              "kiln.tokens.shard_format", "kiln.planning.memory"),
+                              "kiln.tokens.shard_format", "kiln.planning.memory", "kiln.common.splitmix"),
 )
 def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln_config: KilnConfig,
                  storage: KilnStorage,

@@ -1,7 +1,7 @@
 """How the memory of the end-of-run exposure record grows with the number of document copies read.
 
     .venv/bin/python bench/exposure_memory.py [--copies 100000,400000] [--bucket-rows 50000] [--max-buckets 256]
-    .venv/bin/python bench/exposure_memory.py --loader-only --copies 3200000,12800000,25600000
+    .venv/bin/python bench/exposure_memory.py --loader-only --copies 3200000,12800000,25600000 [--excluded 10]
 
 For each size: a synthetic shard set's member and position lists (24-hex doc_ids as curation makes them, two
 sources, 100 shards, one copy per document, row groups of a curated part), then, in a fresh process, a stand-in
@@ -16,7 +16,9 @@ the Parquet export names every shard's documents from the same lists (`_ShardRow
 buckets of `--bucket-rows`). `--bucket-rows` below the sizes makes every size join several buckets, so the slope
 between two sizes is what the join keeps per copy beyond one bucket (docs/scale.md).
 `--max-buckets` below the buckets of a size makes both joins spill in two passes, as past 256 x 2^20 rows
-(kiln/common/spill.py). Prints bytes per copy; quote the figures with the machine.
+(kiln/common/spill.py). `--excluded N` (with `--loader-only`) leaves out the first document of N shards, as
+removal requests on a replayed set do: the peak while the loader opens and what it holds open are printed too.
+Prints bytes per copy; quote the figures with the machine.
 """
 
 from __future__ import annotations
@@ -131,17 +133,22 @@ def write_shards(folder: Path, n: int, shards: int = SHARDS) -> None:
     (folder / MANIFEST_NAME).write_text(json.dumps({"stats": stats}))
 
 
-def count(folder: Path) -> dict:
+def count(folder: Path, excluded: int = 0) -> dict:
     """tracemalloc's peak (NumPy) while `ShardLoader.exposure` counts, its cursor halfway through epoch 1 (a
-    shuffled epoch after a whole one)."""
-    loader = ShardLoader(folder, seq_len=LOADER_SEQ, batch_size=1, expected_tokenizer_sha256=SHA)
-    loader.load_state_dict({**loader.state_dict(), "epoch": 1, "position": loader.batches_per_epoch // 2})
+    shuffled epoch after a whole one); with `excluded`, the first document of that many shards left out (removal
+    requests on a replayed set), and the peak while the loader opens and what it holds open, too."""
+    exclude = {path.name: [0] for path in sorted(folder.glob("shard-*.bin"))[:excluded]}
     tracemalloc.start()
+    loader = ShardLoader(folder, seq_len=LOADER_SEQ, batch_size=1, expected_tokenizer_sha256=SHA, exclude=exclude)
+    held, open_peak = tracemalloc.get_traced_memory()
+    loader.load_state_dict({**loader.state_dict(), "epoch": 1, "position": loader.batches_per_epoch // 2})
+    tracemalloc.reset_peak()
     t0 = time.perf_counter()
     kept = max(r.nbytes + t.nbytes for _, r, t in loader.exposure())  # the largest shard's counts
     seconds = time.perf_counter() - t0
     _, peak = tracemalloc.get_traced_memory()
-    return {"python_numpy_peak": peak, "kept": kept, "seconds": round(seconds, 2)}
+    return {"python_numpy_peak": peak, "kept": kept, "seconds": round(seconds, 2), "open_peak": open_peak,
+            "open_held": held}
 
 
 def export_rows(folder: Path, bucket_rows: int) -> dict:
@@ -172,6 +179,8 @@ def main() -> None:
     ap.add_argument("--max-buckets", type=int, default=spill.MAX_BUCKETS, help="bucket files written at once")
     ap.add_argument("--loader-only", action="store_true",
                     help="only ShardLoader.exposure's peak, at each size, in shards of 32,000 documents")
+    ap.add_argument("--excluded", type=int, default=0,
+                    help="with --loader-only: documents excluded, the first of that many shards")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--stream", choices=["parquet_batches", "ParquetFile"], help=argparse.SUPPRESS)
@@ -183,7 +192,7 @@ def main() -> None:
         print(json.dumps(export_rows(args.folder, args.bucket_rows)))
         return
     if args.count:
-        print(json.dumps(count(args.folder)))
+        print(json.dumps(count(args.folder, args.excluded)))
         return
     if args.stream:
         print(json.dumps(stream(args.folder, args.stream)))
@@ -198,13 +207,18 @@ def main() -> None:
         for n in (int(x) for x in args.copies.split(",")):
             with tempfile.TemporaryDirectory() as tmp:
                 write_shards(Path(tmp), n, max(n // LOADER_ONLY_SHARD, 1))  # shards of a size, as real ones
-                counted.append({"copies": n, **_child("--count", "--folder", tmp)})
+                counted.append({"copies": n, **_child("--count", "--folder", tmp, "--excluded", str(args.excluded))})
             c = counted[-1]
-            print(f"{n:>10,} copies ({n * TOKENS // LOADER_SEQ:,} sequences): ShardLoader.exposure NumPy peak "
-                  f"{c['python_numpy_peak'] / 2**20:.1f} MiB, {c['seconds']} s under tracemalloc")
+            print(f"{n:>10,} copies ({n * TOKENS // LOADER_SEQ:,} sequences, {args.excluded} excluded): opening "
+                  f"ShardLoader: NumPy peak {c['open_peak'] / 2**20:.1f} MiB, held {c['open_held'] / 2**20:.1f} MiB; "
+                  f"ShardLoader.exposure NumPy peak {c['python_numpy_peak'] / 2**20:.1f} MiB, {c['seconds']} s under "
+                  f"tracemalloc")
         for a, b in zip(counted, counted[1:]):
-            print(f"{a['copies']:,} -> {b['copies']:,}: ShardLoader.exposure peaks at "
-                  f"{(b['python_numpy_peak'] - a['python_numpy_peak']) / (b['copies'] - a['copies']):.2f} B per copy")
+            per_copy = {k: (b[k] - a[k]) / (b["copies"] - a["copies"]) for k in ("open_peak", "open_held",
+                                                                                 "python_numpy_peak")}
+            print(f"{a['copies']:,} -> {b['copies']:,} per copy: opening peaks at {per_copy['open_peak']:.2f} B and "
+                  f"holds {per_copy['open_held']:.2f} B; ShardLoader.exposure peaks at "
+                  f"{per_copy['python_numpy_peak']:.2f} B")
         return
     rows = []
     for n in (int(x) for x in args.copies.split(",")):

@@ -35,8 +35,8 @@ Prefetching. `Prefetcher` reads either loader a couple of batches ahead on a bac
 on CUDA, so the copy to the device can be asynchronous); it hands out the same batches in the same order, and its
 `state_dict()` is the position of the batches handed out, not of those read ahead.
 
-Imports: numpy, torch, the standard library and kiln.tokens.shard_format only (training may run where Kiln's
-processing stack is not installed).
+Imports: numpy, torch, the standard library, kiln.tokens.shard_format and kiln.common.splitmix only (both numpy
+only: training may run where Kiln's processing stack is not installed).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kiln.common.splitmix import finalize, finalize_int
 from kiln.tokens.shard_format import ShardError, hold_folder, open_shard, read_shard_set
 
 STATE_FORMAT = "kiln-loader/2"
@@ -70,11 +71,43 @@ class _Phase:
     starts: np.ndarray  # int64, token offset of each shard within the phase stream, plus the total
     sequences: int  # sequences in the phase stream, before the per-rank cut
     per_rank: int  # sequences each rank reads from this phase
-    kept: np.ndarray | None = None  # with exclusions: the stream's sequence numbers that may be read, in order
+    kept: KeptSequences | None = None  # with exclusions: which of the stream's sequences may be read
 
     @property
     def tokens(self) -> int:
         return int(self.starts[-1])
+
+
+class KeptSequences:
+    """The sequences 0 .. total - 1 of a phase stream less the excluded ranges [lo, hi), numbered in order: held as the
+    merged ranges (memory grows with the exclusions, not with the stream; a list of the kept ones would be 8 B per
+    sequence on every rank)."""
+
+    def __init__(self, total: int, lo: np.ndarray, hi: np.ndarray):
+        lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
+        order = np.argsort(lo, kind="stable")
+        lo, hi = lo[order], hi[order]
+        lo, hi = lo[hi > lo], hi[hi > lo]
+        # Merge overlapping or touching ranges: a range starts a new one when it begins past every earlier end.
+        ends = np.maximum.accumulate(hi)
+        first = np.ones(len(lo), bool)
+        first[1:] = lo[1:] > ends[:-1]
+        starts_at = np.flatnonzero(first)
+        self.lo = lo[starts_at]
+        self.hi = np.maximum.reduceat(hi, starts_at) if len(starts_at) else hi
+        skipped = np.concatenate([[0], np.cumsum(self.hi - self.lo)])
+        self._skipped = skipped  # sequences excluded before each range, and in all
+        self._kept_before = self.lo - skipped[:-1]  # kept sequences before each range
+        self.total = int(total)
+
+    def __len__(self) -> int:
+        return self.total - int(self._skipped[-1])
+
+    def sequence(self, kept_index):
+        """The stream's sequence number of the kept_index-th kept sequence (an int or an int64 array): past every
+        range that starts at or before it among the kept ones, it is shifted by those ranges' lengths."""
+        passed = np.searchsorted(self._kept_before, kept_index, side="right")
+        return kept_index + self._skipped[passed]
 
 
 class DatasetReplaced(ShardError):
@@ -185,7 +218,7 @@ class ShardLoader:
             if index in spans:
                 kept = self._kept_sequences(np.concatenate(spans[index]), sequences)
                 if len(kept) < self.world_size:  # as above: the exclusions would leave no rank a sequence of it
-                    fewer = f"launch at most {len(kept)} ranks, " if kept.size else ""
+                    fewer = f"launch at most {len(kept)} ranks, " if len(kept) else ""
                     raise ShardError(
                         f"{self.shard_set.dir} [{split}] phase {name!r}: the excluded documents (removal requests) "
                         f"leave {len(kept)} of its {sequences} sequences of {self.seq_len}, fewer than one for each of "
@@ -197,16 +230,13 @@ class ShardLoader:
                                  sequences // self.world_size, kept))
         return result
 
-    def _kept_sequences(self, spans: np.ndarray, sequences: int) -> np.ndarray:
+    def _kept_sequences(self, spans: np.ndarray, sequences: int) -> KeptSequences:
         """The sequences of a phase stream that hold no token of the [start, end) spans: sequence g reads
         tokens [g·L, g·L + L] (its last target included), so it touches [a, b) when g·L < b and g·L + L + 1 > a."""
         L = self.seq_len
-        bad = np.zeros(sequences + 1, np.int64)
         lo = np.clip((spans[:, 0] - L - 1) // L + 1, 0, sequences)
         hi = np.clip((spans[:, 1] - 1) // L + 1, 0, sequences)
-        np.add.at(bad, lo, 1)
-        np.add.at(bad, hi, -1)
-        return np.flatnonzero(np.cumsum(bad)[:sequences] == 0)
+        return KeptSequences(sequences, lo, hi)
 
     # -- reading
 
@@ -239,7 +269,7 @@ class ShardLoader:
                 self._permutations = {key: np.random.default_rng([self.seed, epoch, phase_index])
                                       .permutation(phase.sequences)}
             slots = self._permutations[key][slots]
-        return slots if phase.kept is None else phase.kept[slots]
+        return slots if phase.kept is None else phase.kept.sequence(slots)
 
     def _read(self, phase: _Phase, start: int, count: int) -> np.ndarray:
         out = np.empty(count, dtype=self._dtype)
@@ -400,7 +430,7 @@ def shuffled(slots, n: int, key: tuple[int, ...]):
         while True:
             left, right = x >> half, x & mask
             for k in round_keys:
-                left, right = right, left ^ (_splitmix64_int(right ^ k) & mask)
+                left, right = right, left ^ (finalize_int(right ^ k) & mask)
             x = (left << half) | right
             if x < n:
                 return x
@@ -412,7 +442,7 @@ def shuffled(slots, n: int, key: tuple[int, ...]):
         while todo.size:
             left, right = out[todo] >> np.uint64(half), out[todo] & low
             for k in round_keys:
-                left, right = right, left ^ (_splitmix64(right ^ np.uint64(k)) & low)
+                left, right = right, left ^ (finalize(right ^ np.uint64(k)) & low)
             out[todo] = (left << np.uint64(half)) | right
             todo = todo[out[todo] >= n]
     return out.astype(np.int64)
@@ -421,20 +451,6 @@ def shuffled(slots, n: int, key: tuple[int, ...]):
 @lru_cache(maxsize=64)
 def _round_keys(key: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(int(k) for k in np.random.SeedSequence([*key, 0x4B494C4E]).generate_state(_ROUNDS, np.uint64))
-
-
-def _splitmix64_int(x: int) -> int:
-    """_splitmix64 on one Python int."""
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 31)
-
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer (uint64, wrapping): the Feistel round function."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
 
 
 class _ReadBits:

@@ -20,7 +20,7 @@ _ONE = np.uint64(1)
 
 @numba.njit(cache=True, inline="always")
 def mix64(x):
-    """splitmix64's finalizer (`fast_minhash.mix64`) of one uint64."""
+    """`kiln.common.splitmix.mix64` of one uint64 (a copy: numba caches this module without looking at that one)."""
     x = x + _GOLDEN
     x = (x ^ (x >> _S30)) * _M1
     x = (x ^ (x >> _S27)) * _M2

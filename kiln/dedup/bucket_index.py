@@ -42,6 +42,7 @@ from filelock import Timeout
 
 from kiln.common.config import NearDedup
 from kiln.common.manifest import write_json_atomic
+from kiln.common.splitmix import mix64
 from kiln.common.storage import (
     DatasetWriter,
     IncompleteDataset,
@@ -51,7 +52,6 @@ from kiln.common.storage import (
     write_parquet_atomic,
 )
 from kiln.dedup.components import partition_of
-from kiln.dedup.fast_minhash import mix64
 from kiln.dedup.minhash import HASH_COLUMNS, SCHEME, SHINGLES_TYPE, bands_rows, jaccard, shingle_arrays
 
 INDEX_FORMAT = "kiln-bucket-index/1"

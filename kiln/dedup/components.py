@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from kiln.dedup.fast_minhash import mix64
+from kiln.common.splitmix import mix64
 from kiln.dedup.shuffle import read_partition, read_shuffle, write_partitioned
 from kiln.engine import SERIAL, Engine
 

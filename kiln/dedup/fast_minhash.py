@@ -14,7 +14,7 @@ other hash functions, so its shingle sets and signatures are not comparable with
                  sets, as for num_perm independent permutations, at the cost of about
                  max(shingles, num_perm ln num_perm) hashes per text instead of shingles x num_perm.
 Sums are mod 2^64, so a polynomial over any range is one difference of prefix sums; mix64 (the
-splitmix64 finalizer) spreads it over all 64 bits.
+splitmix64 step, `kiln.common.splitmix`) spreads it over all 64 bits.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from functools import lru_cache
 import numpy as np
 
 from kiln.common.config import NearDedup, ShingleNormalization
+from kiln.common.splitmix import mix64, mix64_int
 from kiln.common.text_units import WORD_WEIGHT, mark_code_points, unit_code_points, unit_weights
 from kiln.dedup.text import shingle_ranges
 
 WORD_BASE = 0x9E3779B97F4A7C15  # odd, so invertible mod 2^64
 SHINGLE_BASE = 0xC2B2AE3D27D4EB4F  # odd
-_MASK64 = (1 << 64) - 1
 _U64, _U32 = np.uint64, np.uint32
 _SPACE, _NEWLINE = 0x20, 0x0A
 _CHUNK_CHARS = 1 << 20  # characters per numpy pass: the working arrays stay in cache-sized memory
@@ -38,20 +38,6 @@ _CHUNK_TEXTS = 1 << 13  # and texts: the (texts, num_perm) sketch arrays stay sm
 # Flags the code point map adds (code points need 21 bits): a character of a no-space script, a combining mark.
 _UNIT_FLAG, _MARK_FLAG = 1 << 30, 1 << 29
 _CODE_BITS = (1 << 29) - 1
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer over an integer array read as uint64: a bijection whose every output bit depends on
-    every input bit."""
-    with np.errstate(over="ignore"):
-        x = np.asarray(x).astype(np.uint64, copy=False) + _U64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
-    return x ^ (x >> _U64(31))
-
-
-def _mix64_int(x: int) -> int:
-    return int(mix64(np.array([x & _MASK64], dtype=np.uint64))[0])
 
 
 @lru_cache(maxsize=4)
@@ -290,7 +276,7 @@ def _bounds(counts: np.ndarray) -> np.ndarray:
 
 
 def _sketches(bounds: np.ndarray, shingles: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
-    return compiled_kernels().sketches(bounds, shingles, num_perm, _U64(_mix64_int(seed)))
+    return compiled_kernels().sketches(bounds, shingles, num_perm, _U64(mix64_int(seed)))
 
 
 def compiled_kernels():

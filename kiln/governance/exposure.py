@@ -133,10 +133,11 @@ def _role_exposure(role: str, loader, out: pq.ParquetWriter, scratch: Path, buck
                              "world_size": loader.world_size, "seq_len": loader.seq_len}
     positions = [folder / f.path for f in manifest.files_with_role("positions")]
     members = [folder / f.path for f in manifest.files_with_role("members")]
-    reads = _ReadCopies(loader.exposure(), shard_info, scratch / "counts", bucket_rows)
+    listed = bool(positions and members)
+    reads = _ReadCopies(loader.exposure(), shard_info, scratch / "counts", bucket_rows, keep=listed)
     stats["tokens_read"] = sum(phase["tokens_read"] for phase in reads.per_phase.values())
     stats["per_phase"] = reads.per_phase
-    if not positions or not members:
+    if not listed:
         stats["unavailable"] = ("the shard set has no position list (written before position lists existed): which "
                                 "documents were read cannot be told; re-materialize that token_shards partition")
         return stats
@@ -187,7 +188,8 @@ class _ReadCopies:
     counts, then one range of both at a time; holding the counts of every copy in the set was 12 B per copy."""
 
     def __init__(self, counts: Iterator[tuple[str, np.ndarray, np.ndarray]], shard_info: dict[str, Any],
-                 scratch: Path, bucket_rows: int):
+                 scratch: Path, bucket_rows: int, keep: bool = True):
+        """`keep`: spill the copies read for `batches`; without it (a set without a position list) only count."""
         self.scratch, self.shard_info = scratch, shard_info
         self.names: list[str] = []
         self.sizes: list[int] = []
@@ -197,7 +199,11 @@ class _ReadCopies:
         # Copy numbers run over the shards the loader counts, at most every shard of the set: buckets by range.
         self.total = max(sum(info.documents for info in shard_info.values()), 1)
         self.buckets = bucket_count(self.total, bucket_rows)
-        self.counts = Spill(scratch / "counts", self.buckets, _COUNT_SCHEMA, self._counted(counts), self._range)
+        if keep:
+            self.counts = Spill(scratch / "counts", self.buckets, _COUNT_SCHEMA, self._counted(counts), self._range)
+        else:
+            for _ in self._counted(counts):
+                pass
 
     def _range(self, batch: pa.RecordBatch) -> np.ndarray:
         return batch.column("copy").to_numpy() * self.buckets // self.total

@@ -1,7 +1,7 @@
 """The one token-shard format: what the token_shards asset writes and the training loader reads.
 
 Imports only the standard library and numpy, because training processes (possibly on other machines)
-import this module and nothing else from Kiln.
+import this module and little else from Kiln (training_jobs/loader.py).
 
 File layout (little-endian; one file per shard, `shard-NNNNN.bin`):
 

@@ -54,6 +54,7 @@ import pyarrow.parquet as pq
 
 from kiln.common.config import Mixture, ShardSettings
 from kiln.common.manifest import write_file_atomic
+from kiln.common.splitmix import GOLDEN, finalize
 from kiln.common.storage import part_name
 from kiln.dedup.shuffle import read_partition, read_scratch, write_partitioned, write_scratch
 from kiln.engine import SERIAL, Engine
@@ -359,15 +360,6 @@ _COPIES_SCHEMA = pa.schema([pa.field("shuffle_key", pa.uint64()), pa.field("plac
                             pa.field("doc_id", pa.string())])
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer (Steele et al. 2014): a bijection of uint64 whose outputs look independent."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def _shuffle_keys(order_key: np.ndarray, copies: np.ndarray, salt: int) -> np.ndarray:
     """A key for each copy of each document (`copies` of it, its copies together): a hash of its order_key (itself a
     hash of the seed and the doc_id), the phase's salt and the copy's number. Sorting by it is a uniform shuffle
@@ -375,8 +367,8 @@ def _shuffle_keys(order_key: np.ndarray, copies: np.ndarray, salt: int) -> np.nd
     counts = copies.astype(np.int64)
     number = np.arange(int(counts.sum()), dtype=np.uint64)
     number -= np.repeat((np.cumsum(counts) - counts).astype(np.uint64), counts)
-    salted = _mix64(np.uint64((salt + 1) * 0x9E3779B97F4A7C15 % 2 ** 64) + number)
-    return _mix64(np.repeat(order_key, counts) ^ salted)
+    salted = finalize(np.uint64((salt + 1) * GOLDEN % 2 ** 64) + number)
+    return finalize(np.repeat(order_key, counts) ^ salted)
 
 
 @dataclass(frozen=True)

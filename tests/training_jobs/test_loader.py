@@ -26,7 +26,7 @@ from tests.token_corpus import (
     train_small_tokenizer,
     write_source,
 )
-from training_jobs.loader import ShardLoader
+from training_jobs.loader import KeptSequences, ShardLoader
 
 SEQ = 16
 
@@ -318,11 +318,12 @@ def test_validation_split_reads_validation_shards(dataset):
     assert np.array_equal(np.concatenate(all_inputs(val)).reshape(-1), stream(path, "val")[:val.tokens_per_epoch])
 
 
-def test_loader_imports_only_numpy_torch_and_the_shard_format():
+def test_loader_imports_only_numpy_torch_the_shard_format_and_splitmix():
     code = ("import sys, training_jobs.loader; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyarrow', 'pandas', 'pydantic', 'dagster', "
-            "'sentencepiece', 'yaml') or (m.startswith('kiln.') and m not in ('kiln.tokens', 'kiln.tokens.shard_format')));"
-            "print(bad); sys.exit(bool(bad))")  # kiln.tokens: its package, whose __init__ is a docstring
+            "'sentencepiece', 'yaml') or (m.startswith('kiln.') and m not in ('kiln.tokens', "
+            "'kiln.tokens.shard_format', 'kiln.common', 'kiln.common.splitmix')));"
+            "print(bad); sys.exit(bool(bad))")  # kiln.tokens, kiln.common: packages whose __init__ is a docstring
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stdout + done.stderr
@@ -393,6 +394,23 @@ def test_a_phase_the_exclusions_leave_too_short_for_every_rank_is_refused_naming
     alone = ShardLoader(path, seq_len=SEQ, batch_size=1, exclude=exclude)
     assert [p.per_rank for p in alone.phases] == [62, 1] and alone.excluded["sequences"] == 2
     assert alone.sequence(0, 62)[0] == 1000 + 2 * 16  # the short phase's one sequence left: its third
+
+
+@given(st.integers(0, 300), st.lists(st.tuples(st.integers(-5, 320), st.integers(0, 40)), max_size=12))
+def test_kept_sequences_number_the_sequences_outside_every_range_in_order(total, ranges):
+    """Against a mask (the second implementation): overlapping, touching, empty and out-of-stream ranges, any order;
+    the ranges are held merged, so memory follows the exclusions, not the stream."""
+    lo = np.clip([a for a, _ in ranges], 0, total).astype(np.int64)
+    hi = np.clip([a + n for a, n in ranges], 0, total).astype(np.int64)
+    excluded = np.zeros(total, bool)
+    for a, b in zip(lo, hi):
+        excluded[a:b] = True
+    expected = np.flatnonzero(~excluded)
+    kept = KeptSequences(total, lo, hi)
+    assert len(kept) == len(expected) and len(kept.lo) <= len(ranges)
+    assert np.array_equal(kept.sequence(np.arange(len(expected))), expected)
+    assert [int(kept.sequence(i)) for i in range(len(expected))] == expected.tolist()  # one int at a time too
+    assert np.all(kept.lo[1:] > kept.hi[:-1])  # merged: disjoint, not touching, in order
 
 
 def test_exclusions_for_another_shard_set_are_refused(counting):

@@ -182,6 +182,34 @@ def test_the_join_a_bucket_at_a_time_gives_the_copies_read_whatever_the_bucket_s
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no bucket file or half file left
 
 
+def test_a_set_without_a_position_list_is_counted_by_phase_and_named_unavailable(partway, tmp_path, monkeypatch):
+    """A set written before position lists existed: which documents were read cannot be told, so no row is written
+    and nothing is spilled for a join (the spill is made to fail), while the tokens read per phase are the same as
+    the full measurement's."""
+    import shutil
+
+    from kiln.governance import exposure
+
+    given = RunConfig.read(partway["home"] / "run" / "run_config.json")
+    state = json.loads((partway["store"].dataset_dir("training_run") / "summary.json").read_text())["loader"]
+    full = exposure.measure_exposure(given.write(tmp_path / "given.json"), state, tmp_path / "full.parquet")
+    old = tmp_path / "old_shards"
+    shutil.copytree(given.dataset_dir, old)
+    manifest = json.loads((old / "_manifest.json").read_text())
+    manifest["files"] = [f for f in manifest["files"] if f["role"] != "positions"]
+    (old / "_manifest.json").write_text(json.dumps(manifest))
+    run_config = given.model_copy(update={"dataset_dir": str(old)}).write(tmp_path / "run_config.json")
+
+    def no_spill(*args, **kwargs):
+        raise AssertionError("a set without a position list spilled its counts")
+
+    monkeypatch.setattr(exposure, "Spill", no_spill)
+    stats = exposure.measure_exposure(run_config, state, tmp_path / "old.parquet")["roles"]["train"]
+    assert "no position list" in stats["unavailable"] and "per_source" not in stats
+    assert stats["per_phase"] == full["roles"]["train"]["per_phase"] and stats["tokens_read"] > 0
+    assert pq.read_table(tmp_path / "old.parquet").num_rows == 0
+
+
 @pytest.mark.parametrize("alteration", ["a copy left out of the position list", "a read document left out of the "
                                         "member list"])
 def test_a_shard_set_altered_after_it_was_written_is_refused_and_nothing_is_written(partway, tmp_path, alteration):
