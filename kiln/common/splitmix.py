@@ -33,8 +33,9 @@ def finalize_int(x: int) -> int:
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
-    """One splitmix64 step from state x (any integer array, read as uint64): finalize(x + GOLDEN). From state 0 the
-    outputs are the generator's published first values, 0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, ..."""
+    """The output of one splitmix64 step from state x (any integer array, read as uint64): finalize(x + GOLDEN).
+    Seeded with 0 the generator's states are k·GOLDEN, so mix64 of 0, GOLDEN, ... are its published first outputs,
+    0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, ..."""
     with np.errstate(over="ignore"):  # uint64 wraps by definition
         return finalize(np.asarray(x).astype(np.uint64, copy=False) + _U64(GOLDEN))
 
