@@ -17,7 +17,8 @@ buckets of `--bucket-rows`). `--bucket-rows` below the sizes makes every size jo
 between two sizes is what the join keeps per copy beyond one bucket (docs/scale.md).
 `--max-buckets` below the buckets of a size makes both joins spill in two passes, as past 256 x 2^20 rows
 (kiln/common/spill.py). `--excluded N` (with `--loader-only`) leaves out the first document of N shards, as
-removal requests on a replayed set do: the peak while the loader opens and what it holds open are printed too.
+removal requests on a replayed set do. The peak while the loader opens, what it holds open and how long the opening took
+(a second opening, the shards in the page cache) are printed too.
 Prints bytes per copy; quote the figures with the machine.
 """
 
@@ -138,6 +139,9 @@ def count(folder: Path, excluded: int = 0) -> dict:
     shuffled epoch after a whole one); with `excluded`, the first document of that many shards left out (removal
     requests on a replayed set), and the peak while the loader opens and what it holds open, too."""
     exclude = {path.name: [0] for path in sorted(folder.glob("shard-*.bin"))[:excluded]}
+    t0 = time.perf_counter()
+    ShardLoader(folder, seq_len=LOADER_SEQ, batch_size=1, expected_tokenizer_sha256=SHA, exclude=exclude)
+    open_seconds = time.perf_counter() - t0  # files cached: the ShardLoader below opens them warm too
     tracemalloc.start()
     loader = ShardLoader(folder, seq_len=LOADER_SEQ, batch_size=1, expected_tokenizer_sha256=SHA, exclude=exclude)
     held, open_peak = tracemalloc.get_traced_memory()
@@ -148,7 +152,7 @@ def count(folder: Path, excluded: int = 0) -> dict:
     seconds = time.perf_counter() - t0
     _, peak = tracemalloc.get_traced_memory()
     return {"python_numpy_peak": peak, "kept": kept, "seconds": round(seconds, 2), "open_peak": open_peak,
-            "open_held": held}
+            "open_held": held, "open_seconds": round(open_seconds, 3)}
 
 
 def export_rows(folder: Path, bucket_rows: int) -> dict:
@@ -210,7 +214,8 @@ def main() -> None:
                 counted.append({"copies": n, **_child("--count", "--folder", tmp, "--excluded", str(args.excluded))})
             c = counted[-1]
             print(f"{n:>10,} copies ({n * TOKENS // LOADER_SEQ:,} sequences, {args.excluded} excluded): opening "
-                  f"ShardLoader: NumPy peak {c['open_peak'] / 2**20:.1f} MiB, held {c['open_held'] / 2**20:.1f} MiB; "
+                  f"ShardLoader ({c['open_seconds']} s, files in the page cache): NumPy peak "
+                  f"{c['open_peak'] / 2**20:.1f} MiB, held {c['open_held'] / 2**20:.1f} MiB; "
                   f"ShardLoader.exposure NumPy peak {c['python_numpy_peak'] / 2**20:.1f} MiB, {c['seconds']} s under "
                   f"tracemalloc")
         for a, b in zip(counted, counted[1:]):

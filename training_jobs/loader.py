@@ -55,7 +55,8 @@ import numpy as np
 import torch
 
 from kiln.common.splitmix import finalize, finalize_int
-from kiln.tokens.shard_format import ShardError, hold_folder, open_shard, read_shard_set
+from kiln.tokens.shard_format import (DTYPES, ShardError, check_shard, hold_folder, open_shard, read_shard_set,
+                                      shard_tokens)
 
 STATE_FORMAT = "kiln-loader/2"
 # Loader states and the order of their shuffled epochs: /1 drew a stored permutation (8 B per sequence of the phase,
@@ -150,7 +151,7 @@ class ShardLoader:
         self.phases = self._open_phases(split, expected_tokenizer_sha256 or sha, phases, exclude or {})
         # Shards are checked above and mapped again on demand: a bounded number of open maps (each holds a
         # file descriptor), however many shards the dataset has.
-        self._tokens = lru_cache(maxsize=64)(lambda path: open_shard(path, expected_tokenizer_sha256 or sha).tokens)
+        self._tokens = lru_cache(maxsize=64)(lambda path: shard_tokens(path, expected_tokenizer_sha256 or sha))
         self._phase_ends = np.cumsum([p.per_rank for p in self.phases])
         self.sequences_per_epoch = int(self._phase_ends[-1]) if self.phases else 0
         if self.sequences_per_epoch < (batch_size if drop_last else 1):
@@ -182,24 +183,27 @@ class ShardLoader:
         names: dict[int, list[str]] = {}
         spans: dict[int, list[np.ndarray]] = {}  # phase -> [(start, end)] of excluded documents, within the phase
         for info in infos:
-            shard = open_shard(self.shard_set.dir / info.path, expected_tokenizer_sha256=sha)
-            if len(shard.tokens) != info.tokens or shard.documents != info.documents:
-                raise ShardError(f"{shard.path} holds {len(shard.tokens)} tokens / {shard.documents} documents but "
-                                 f"the manifest lists {info.tokens} / {info.documents}: the dataset was altered "
-                                 f"after it was written; re-materialize token_shards")
-            self._dtype = shard.tokens.dtype
+            # A header and a stat per shard: every rank checks every shard before training starts, and reading each
+            # document index too (8 B a document) made every rank read 8 GB at 10^9 documents.
+            path = self.shard_set.dir / info.path
+            width, tokens, documents, _ = check_shard(path, expected_tokenizer_sha256=sha)
+            if tokens != info.tokens or documents != info.documents:
+                raise ShardError(f"{path} holds {tokens} tokens / {documents} documents but the manifest lists "
+                                 f"{info.tokens} / {info.documents}: the dataset was altered after it was written; "
+                                 f"re-materialize token_shards")
+            self._dtype = DTYPES[width]
             name, paths, sizes = phases.setdefault(info.phase_index, (info.phase, [], []))
             if exclude.get(info.path):
                 index = np.unique(np.asarray(exclude[info.path], np.int64))
-                if index[0] < 0 or index[-1] >= shard.documents:
-                    raise ShardError(f"the excluded documents of {shard.path} include index {int(index[-1])}, but "
-                                     f"the shard holds {shard.documents} documents: the exclusions were computed "
+                if index[0] < 0 or index[-1] >= documents:
+                    raise ShardError(f"the excluded documents of {path} include index {int(index[-1])}, but "
+                                     f"the shard holds {documents} documents: the exclusions were computed "
                                      f"for another shard set; compute them again")
-                offsets = shard.offsets.astype(np.int64) + sum(sizes)
+                offsets = open_shard(path, sha).offsets.astype(np.int64) + sum(sizes)
                 spans.setdefault(info.phase_index, []).append(np.stack([offsets[index], offsets[index + 1]], 1))
                 self.excluded["documents"] += len(index)
                 self.excluded["tokens"] += int((offsets[index + 1] - offsets[index]).sum())
-            paths.append(shard.path)
+            paths.append(path)
             names.setdefault(info.phase_index, []).append(info.path)
             sizes.append(info.tokens)
         result = []

@@ -148,16 +148,33 @@ def read_header(path: Path) -> tuple[int, int, int, str]:
     return width, n_tokens, n_docs, sha.hex()
 
 
-def open_shard(path: Path, expected_tokenizer_sha256: str | None = None) -> Shard:
-    """Memory-map a shard's tokens after checking its header, size and (if given) the tokenizer it was
-    written with."""
+def check_shard(path: Path, expected_tokenizer_sha256: str | None = None) -> tuple[int, int, int, str]:
+    """`read_header`'s (bytes per token, tokens, documents, tokenizer sha256) after checking the header, the file's
+    size and (if given) the tokenizer the shard was written with: a header and a stat, not the document index."""
     width, n_tokens, n_docs, sha = read_header(path)
     if expected_tokenizer_sha256 is not None and sha != expected_tokenizer_sha256.lower():
         raise ShardError(f"shard {path} was written with tokenizer {sha[:12]}…, the loader expects "
                          f"{expected_tokenizer_sha256[:12]}…; re-materialize token_shards with this tokenizer, "
                          f"or load the tokenizer these shards were made with")
-    tokens = (np.memmap(path, dtype=DTYPES[width], mode="r", offset=HEADER_SIZE, shape=(n_tokens,)) if n_tokens
-              else np.zeros(0, DTYPES[width]))
+    return width, n_tokens, n_docs, sha
+
+
+def _map_tokens(path: Path, width: int, n_tokens: int) -> np.ndarray:
+    return (np.memmap(path, dtype=DTYPES[width], mode="r", offset=HEADER_SIZE, shape=(n_tokens,)) if n_tokens
+            else np.zeros(0, DTYPES[width]))
+
+
+def shard_tokens(path: Path, expected_tokenizer_sha256: str | None = None) -> np.ndarray:
+    """A shard's tokens, memory-mapped after `check_shard`, for a reader that needs no document boundaries (the
+    training loader's reads): the index, 8 bytes a document, is not read."""
+    width, n_tokens, _, _ = check_shard(path, expected_tokenizer_sha256)
+    return _map_tokens(path, width, n_tokens)
+
+
+def open_shard(path: Path, expected_tokenizer_sha256: str | None = None) -> Shard:
+    """Memory-map a shard's tokens and read its document index after `check_shard`."""
+    width, n_tokens, n_docs, sha = check_shard(path, expected_tokenizer_sha256)
+    tokens = _map_tokens(path, width, n_tokens)
     body = n_tokens * width
     offsets = np.fromfile(path, dtype="<u8", count=n_docs + 1, offset=HEADER_SIZE + body + _padding(body))
     if offsets[0] != 0 or offsets[-1] != n_tokens:
@@ -264,5 +281,5 @@ def write_random_shard_set(folder: Path, train_tokens: int, val_tokens: int, voc
 
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "Shard", "ShardError", "ShardInfo", "ShardSet", "TRAIN", "VAL",
-           "describe_shard_set", "open_shard", "read_header", "read_shard_set", "token_dtype", "write_random_shard_set",
-           "write_shard"]
+           "check_shard", "describe_shard_set", "open_shard", "read_header", "read_shard_set", "shard_tokens",
+           "token_dtype", "write_random_shard_set", "write_shard"]

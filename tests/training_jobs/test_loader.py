@@ -292,6 +292,22 @@ def test_corrupt_header_is_refused(dataset, tmp_path):
         ShardLoader(copy, seq_len=SEQ)
 
 
+def test_opening_reads_each_shards_header_not_its_document_index(counting, monkeypatch):
+    """Every rank checks every shard when it opens (header, size, tokenizer, counts against the manifest), without
+    reading the document indexes, 8 B a document (8 GB per rank at 10^9 documents): the index is read (np.fromfile)
+    only for a shard with excluded documents, whose boundaries it needs, and never for training's reads."""
+    read = []
+    fromfile = np.fromfile
+    monkeypatch.setattr(np, "fromfile", lambda path, *a, **k: read.append(Path(path).name) or fromfile(path, *a, **k))
+    loader = ShardLoader(counting, seq_len=SEQ, batch_size=1)
+    assert read == []
+    for _ in range(loader.batches_per_epoch):
+        loader.next_batch()
+    assert read == []
+    ShardLoader(counting, seq_len=SEQ, batch_size=1, exclude=EXCLUDE)
+    assert sorted(read) == sorted(EXCLUDE)
+
+
 def test_phases_are_read_in_order(tmp_path, monkeypatch):
     sources = [write_source(tmp_path, "web", make_texts("prose", 200, seed=1)),
                write_source(tmp_path, "code", make_texts("code", 80, seed=2), domain="code")]

@@ -19,9 +19,11 @@ from kiln.tokens.shard_format import (
     HEADER_SIZE,
     ShardError,
     ShardInfo,
+    check_shard,
     describe_shard_set,
     open_shard,
     read_shard_set,
+    shard_tokens,
     token_dtype,
     write_shard,
 )
@@ -72,12 +74,23 @@ def test_wrong_tokenizer_is_refused_naming_both_hashes(tmp_path):
     (lambda b: b[:-8], "truncated or corrupt"),
     (lambda b: b[:10], "not a Kiln token shard"),
 ])
-def test_corrupt_shards_are_refused(tmp_path, damage, message):
+@pytest.mark.parametrize("reader", [open_shard, check_shard, shard_tokens])
+def test_corrupt_shards_are_refused(tmp_path, damage, message, reader):
+    """By every reader, the ones that read no document index included."""
     path = tmp_path / "s.bin"
     write_shard(path, np.arange(10, dtype=np.uint16), np.array([0, 4, 10]), SHA_A)
     path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(ShardError, match=message):
-        open_shard(path)
+        reader(path)
+
+
+def test_the_readers_without_the_index_give_the_shards_header_and_tokens(tmp_path):
+    path = tmp_path / "s.bin"
+    write_shard(path, np.arange(10, dtype=np.uint16), np.array([0, 4, 10]), SHA_A)
+    assert check_shard(path, SHA_A) == (2, 10, 2, SHA_A)
+    assert np.array_equal(shard_tokens(path, SHA_A), np.arange(10)) and shard_tokens(path).dtype == np.uint16
+    with pytest.raises(ShardError, match=r"written with tokenizer abababababab…, the loader expects cdcdcdcdcdcd…"):
+        shard_tokens(path, expected_tokenizer_sha256=SHA_B)
 
 
 def test_bad_offsets_are_refused_at_write_time(tmp_path):
