@@ -17,9 +17,9 @@ buckets of `--bucket-rows`). `--bucket-rows` below the sizes makes every size jo
 between two sizes is what the join keeps per copy beyond one bucket (docs/scale.md).
 `--max-buckets` below the buckets of a size makes both joins spill in two passes, as past 256 x 2^20 rows
 (kiln/common/spill.py). `--excluded N` (with `--loader-only`) leaves out the first document of N shards, as
-removal requests on a replayed set do. The peak while the loader opens, what it holds open and how long the opening took
-(a second opening, the shards in the page cache) are printed too.
-Prints bytes per copy; quote the figures with the machine.
+removal requests on a replayed set do. The peak while the loader opens, what it holds open and how long the
+opening took (a second opening, the shards in the page cache) are printed too. Prints bytes per copy; quote the
+figures with the machine.
 """
 
 from __future__ import annotations

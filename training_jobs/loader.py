@@ -86,19 +86,17 @@ class KeptSequences:
 
     def __init__(self, total: int, lo: np.ndarray, hi: np.ndarray):
         lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
-        order = np.argsort(lo, kind="stable")
-        lo, hi = lo[order], hi[order]
-        lo, hi = lo[hi > lo], hi[hi > lo]
+        nonempty = hi > lo
+        order = np.argsort(lo[nonempty], kind="stable")
+        lo, hi = lo[nonempty][order], hi[nonempty][order]
         # Merge overlapping or touching ranges: a range starts a new one when it begins past every earlier end.
-        ends = np.maximum.accumulate(hi)
         first = np.ones(len(lo), bool)
-        first[1:] = lo[1:] > ends[:-1]
+        first[1:] = lo[1:] > np.maximum.accumulate(hi)[:-1]
         starts_at = np.flatnonzero(first)
         self.lo = lo[starts_at]
-        self.hi = np.maximum.reduceat(hi, starts_at) if len(starts_at) else hi
-        skipped = np.concatenate([[0], np.cumsum(self.hi - self.lo)])
-        self._skipped = skipped  # sequences excluded before each range, and in all
-        self._kept_before = self.lo - skipped[:-1]  # kept sequences before each range
+        self.hi = np.maximum.reduceat(hi, starts_at) if len(lo) else hi  # reduceat refuses no indices
+        self._skipped = np.concatenate([[0], np.cumsum(self.hi - self.lo)])  # excluded before each range, and in all
+        self._kept_before = self.lo - self._skipped[:-1]  # kept sequences before each range
         self.total = int(total)
 
     def __len__(self) -> int:
