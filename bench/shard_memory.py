@@ -1,15 +1,17 @@
 """How the memory of `token_shards`' driver grows with the number of documents.
 
     .venv/bin/python bench/shard_memory.py [--docs 50000,200000] [--rows-per-part 5000] [--bucket-rows 5000]
+                                           [--sources 2]
 
 For each size, in a fresh process: synthetic documents (24-hex doc_ids as curation makes them, ~40 words each, a
-licence and a language, two sources) in parts of `--rows-per-part` rows, a small tokenizer trained on them, then
-`write_token_shards` on the serial engine under tracemalloc (Python objects and NumPy arrays) with Arrow's pool
-peak read after it. The serial engine runs every task in the same process, one part or one shuffle bucket at a time,
-so a task's work is in the peak too; it is the same at every size (parts of `--rows-per-part` documents, buckets of
-`--bucket-rows` copies), as is a shard's buffer (shards of 2^18 tokens, so that every size fills several), and the
-slope between two sizes is what the driver keeps per document (docs/scale.md). Prints bytes per document; quote
-the figures with the machine.
+licence and a language; two sources, 70% and 30%, or `--sources` of equal shares) in parts of `--rows-per-part`
+rows, a small tokenizer trained on them, then `write_token_shards` on the serial engine under tracemalloc (Python
+objects and NumPy arrays) with Arrow's pool peak read after it. The serial engine runs every task in the same
+process, one part or one shuffle bucket at a time, so a task's work is in the peak too; it is the same at every size
+(parts of `--rows-per-part` documents, buckets of `--bucket-rows` copies), as is a shard's buffer (shards of 2^18
+tokens, so that every size fills several), and the slope between two sizes is what the driver keeps per document
+(docs/scale.md). Prints bytes per document, and the bytes per shard of the shard set's part of the manifest (its
+`stats`, which every training rank reads whole); quote the figures with the machine.
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ _WORDS = ("the of and to in is was for on that with as by at from it an be this 
           "kiln shard token river mountain engine garden window paper silver market winter coffee").split()
 
 
-def write_sources(root: Path, docs: int, rows_per_part: int) -> list[SourceParts]:
+def write_sources(root: Path, docs: int, rows_per_part: int, count: int = 2) -> list[SourceParts]:
     rng = random.Random(7)
     sources = []
-    for name, share in (("web", 0.7), ("books", 0.3)):
+    shares = (("web", 0.7), ("books", 0.3)) if count == 2 else [(f"source-{k:02d}", 1 / count) for k in range(count)]
+    for name, share in shares:
         (root / name).mkdir(parents=True)
         parts, n = [], int(docs * share)
         for k in range(0, n, rows_per_part):
@@ -57,10 +60,10 @@ def write_sources(root: Path, docs: int, rows_per_part: int) -> list[SourceParts
     return sources
 
 
-def one(docs: int, rows_per_part: int, bucket_rows: int) -> dict:
+def one(docs: int, rows_per_part: int, bucket_rows: int, count: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        sources = write_sources(tmp, docs, rows_per_part)
+        sources = write_sources(tmp, docs, rows_per_part, count)
         settings = TokenizerSettings(vocab_size=500, sample_chars=2_000_000, sample_documents=50_000)
         train_tokenizer(draw_training_sample(sources, {}, settings), settings, tmp / "tok")
         tracemalloc.start()
@@ -73,7 +76,8 @@ def one(docs: int, rows_per_part: int, bucket_rows: int) -> dict:
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         return {"docs": docs, "python_numpy_peak": peak, "arrow_peak": pa.default_memory_pool().max_memory(),
-                "arrow_peak_before": arrow_before, "seconds": round(seconds, 1), "shards": len(result.shards)}
+                "arrow_peak_before": arrow_before, "seconds": round(seconds, 1), "shards": len(result.shards),
+                "stats_bytes": len(json.dumps(result.manifest_stats()))}
 
 
 def main() -> None:
@@ -81,27 +85,30 @@ def main() -> None:
     ap.add_argument("--docs", default="50000,200000", help="comma-separated sizes, each run in a process of its own")
     ap.add_argument("--rows-per-part", type=int, default=5000)
     ap.add_argument("--bucket-rows", type=int, default=5000, help="copies per shuffle bucket")
+    ap.add_argument("--sources", type=int, default=2, help="sources (2: 70%% and 30%%; more: equal shares)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.rows_per_part, args.bucket_rows)))
+        print(json.dumps(one(args.one, args.rows_per_part, args.bucket_rows, args.sources)))
         return
     print(f"machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
           f"{platform.system()} {platform.release()}")
     rows = []
     for n in (int(x) for x in args.docs.split(",")):
         out = subprocess.run([sys.executable, __file__, "--one", str(n), "--rows-per-part", str(args.rows_per_part),
-                              "--bucket-rows", str(args.bucket_rows)],
+                              "--bucket-rows", str(args.bucket_rows), "--sources", str(args.sources)],
                              check=True, capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
         r = rows[-1]
         print(f"{n:>10,} documents: Python+NumPy peak {r['python_numpy_peak'] / 2**20:8.1f} MiB, Arrow peak "
-              f"{r['arrow_peak'] / 2**20:8.1f} MiB, {r['seconds']} s under tracemalloc, {r['shards']} shards")
+              f"{r['arrow_peak'] / 2**20:8.1f} MiB, {r['seconds']} s under tracemalloc, {r['shards']} shards, "
+              f"manifest stats {r['stats_bytes']:,} B")
     for a, b in zip(rows, rows[1:]):
         span = b["docs"] - a["docs"]
         print(f"{a['docs']:,} -> {b['docs']:,}: the driver keeps "
               f"{(b['python_numpy_peak'] - a['python_numpy_peak']) / span:.0f} B of Python+NumPy and "
-              f"{(b['arrow_peak'] - a['arrow_peak']) / span:.0f} B of Arrow per document")
+              f"{(b['arrow_peak'] - a['arrow_peak']) / span:.0f} B of Arrow per document; the manifest's stats grow "
+              f"{(b['stats_bytes'] - a['stats_bytes']) / max(b['shards'] - a['shards'], 1):.0f} B per shard")
 
 
 if __name__ == "__main__":

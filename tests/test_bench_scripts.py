@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,8 +33,9 @@ def test_tokenize_bench_runs_through_shards_and_the_loader(tmp_path):
 
 @pytest.mark.slow
 def test_shard_memory_bench_measures_the_driver_at_two_sizes(tmp_path):
-    out = _run(["bench/shard_memory.py", "--docs", "2000,6000", "--rows-per-part", "1000"], tmp_path)
+    out = _run(["bench/shard_memory.py", "--docs", "2000,6000", "--rows-per-part", "1000", "--sources", "3"], tmp_path)
     assert "2,000 -> 6,000: the driver keeps" in out and out.count("MiB, Arrow peak") == 2, out
+    assert re.search(r"the manifest's stats grow \d+ B per shard", out), out
 
 
 @pytest.mark.slow

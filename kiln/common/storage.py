@@ -73,11 +73,13 @@ from kiln.tokens.shard_format import hold_folder
 ROLE_PREFIX = {"documents": "part", "rejected": "rejected", "quarantine": "quarantine", "signatures": "signatures",
                "decisions": "decisions", "contamination": "contamination", "lines": "lines", "shard": "shard",
                "members": "members", "positions": "positions", "index_buckets": "buckets", "index_ids": "ids",
-               "index_docs": "indexed", "exposure": "exposure", "replay_removed": "replay_removed"}
-# Files that record what a version was made of, by doc id and count (never text): a token-shard set's member list, a
-# training run's exposure and replay removals. The store's history keeps them with the manifest, so membership and
-# removal requests still answer for a checkpoint after the shards it read are replaced (`Store.version_file`).
-HISTORY_ROLES = frozenset({"members", "exposure", "replay_removed"})
+               "index_docs": "indexed", "exposure": "exposure", "replay_removed": "replay_removed",
+               "composition": "composition"}
+# Files that record what a version was made of, by doc id and count (never text): a token-shard set's member list and
+# composition (its shards' counts per source), a training run's exposure and replay removals. The store's history
+# keeps them with the manifest, so membership, removal requests and `kiln audit source` still answer for a checkpoint
+# after the shards it read are replaced (`Store.version_file`).
+HISTORY_ROLES = frozenset({"members", "composition", "exposure", "replay_removed"})
 
 
 def row_group_stats(meta: pq.FileMetaData, column: str) -> list:

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from kiln.common.config import ProjectConfig
 from kiln.common.manifest import Manifest
 from kiln.common.storage import Snapshot, Store
@@ -293,18 +295,14 @@ def source_usage(store: Store, config: ProjectConfig, name: str) -> SourceUsage:
         mine = (m.stats.get("sources") or {}).get(name)
         if not mine or not (mine.get("train_tokens") or mine.get("val_tokens")):
             continue
-        composition = m.stats.get("shard_sources") or {}
-        if not composition:
-            notes.append(f"token_shards {m.data_version} does not record shards' sources (written before that was "
-                         f"recorded): the shard list shows every shard of the set")
-        shards = []
-        for info in m.stats.get("shards", []):
-            if composition:
-                c = composition.get(info["path"], {}).get(name)
-                if c:
-                    shards.append({"path": info["path"], "split": info["split"], **c})
-            else:
-                shards.append({"path": info["path"], "split": info["split"], "documents": None, "tokens": None})
+        shards = _shards_holding(catalog.store, m, name)
+        if shards is None:
+            why = ("the store no longer holds its composition file" if m.files_with_role("composition") else
+                   "written before that was recorded")
+            notes.append(f"token_shards {m.data_version} does not record shards' sources ({why}): the shard list "
+                         f"shows every shard of the set")
+            shards = [{"path": info["path"], "split": info["split"], "documents": None, "tokens": None}
+                      for info in m.stats.get("shards", [])]
         total_train = (m.stats.get("totals") or {}).get("train_tokens") or m.counts.get("train_tokens") or 0
         checkpoints = [{"data_version": c.data_version, "created_at": c.created_at, "steps": c.counts.get("steps"),
                         "mlflow_run_id": (c.stats.get("mlflow") or {}).get("run_id")}
@@ -315,6 +313,23 @@ def source_usage(store: Store, config: ProjectConfig, name: str) -> SourceUsage:
             round(mine["train_tokens"] / total_train, 6) if total_train else 0.0, shards, checkpoints,
             m.data_version not in current))
     return SourceUsage(name, license, domain, stages, usages, notes)
+
+
+def _shards_holding(store: Store, shards: Manifest, source: str) -> list[dict[str, Any]] | None:
+    """The shards of a token-shard set that hold documents of `source`, in shard order, with its documents and tokens
+    in each; None where the store has no record of the shards' sources (a set written before they were recorded)."""
+    file = next(iter(shards.files_with_role("composition")), None)
+    path = file and store.version_file(SHARDS, shards.partition, shards.data_version, file.path)
+    if path is not None:
+        rows = pq.read_table(path, columns=["shard", "split", "documents", "tokens"],
+                             filters=[("source", "==", source)])
+        return [{"path": r["shard"], "split": r["split"], "documents": r["documents"], "tokens": r["tokens"]}
+                for r in rows.to_pylist()]
+    inline = shards.stats.get("shard_sources")  # sets written before the composition was a file of its own
+    if not inline:
+        return None
+    return [{"path": info["path"], "split": info["split"], **counts} for info in shards.stats.get("shards", [])
+            if (counts := inline.get(info["path"], {}).get(source))]
 
 
 # ------------------------------------------------------------------------------------------------ refreshes

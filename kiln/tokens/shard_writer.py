@@ -21,7 +21,10 @@
    counts them once the documents' stage is materialized again;
 6. the position list (`positions-*.parquet`): which document of which shard each copy is, so a later run that
    replays these shards can skip the documents a removal request names since (kiln.governance.replay). Its rows
-   are in shard order.
+   are in shard order;
+7. the composition (`composition-*.parquet`): each shard's documents and tokens per source, a row per shard and
+   source it holds, for `kiln audit source` (a table beside the manifest, not in it: shards x sources entries
+   made every reader of the manifest, each training rank among them, parse them all).
 
 Removal requests (`kiln forget`) are applied here too, to every refresh's documents: a document one names is not
 tokenized, and its member row says which request removed it (the quality filter applies them only to the
@@ -99,6 +102,12 @@ _ROWS_SCHEMA = pa.schema([MEMBERS_SCHEMA.field(c) for c in ("doc_id", "removed_b
 POSITIONS_SCHEMA = pa.schema([pa.field("shard", pa.string(), nullable=False),
                               pa.field("index", pa.int32(), nullable=False),
                               pa.field("doc_id", pa.string(), nullable=False)])
+# A row per shard and source it holds, in shard order: that source's documents and tokens in the shard.
+COMPOSITION_SCHEMA = pa.schema([pa.field("shard", pa.string(), nullable=False),
+                                pa.field("split", pa.string(), nullable=False),
+                                pa.field("source", pa.string(), nullable=False),
+                                pa.field("documents", pa.int64(), nullable=False),
+                                pa.field("tokens", pa.int64(), nullable=False)])
 
 
 class _Writer(Protocol):  # kiln.common.storage.DatasetWriter, without importing it here
@@ -462,13 +471,12 @@ class _BucketTask:
 
 @dataclass(frozen=True)
 class _Written:
-    """One shard a bucket task wrote: its scratch path, tokens, documents, and documents and tokens per source."""
+    """One shard a bucket task wrote: its scratch path, tokens and documents (its sources: in the bucket's
+    composition scratch file, so the driver holds nothing per shard and source)."""
 
     path: str
     tokens: int
     documents: int
-    source_documents: list[int]
-    source_tokens: list[int]
 
 
 def _token_files(scratch: str, dtype: np.dtype) -> Callable[[int], np.ndarray]:
@@ -502,15 +510,19 @@ def _write_bucket(task: _BucketTask) -> list[_Written]:
             buf[int(offsets[d]):int(offsets[d]) + n] = tokens(p)[s:s + n]
         path = Path(task.out_dir) / f"{task.bucket:06d}-{len(written):05d}.bin"
         write_shard(path, buf, offsets, task.tokenizer_sha256)
-        in_shard = source[i:end]
-        written.append(_Written(str(path), len(buf), end - i,
-                                np.bincount(in_shard, minlength=task.sources).tolist(),
-                                np.bincount(in_shard, weights=length[i:end], minlength=task.sources)
-                                .astype(np.int64).tolist()))
+        written.append(_Written(str(path), len(buf), end - i))
         shard_of[i:end], index_in[i:end] = len(written) - 1, np.arange(end - i)
         i = end
     write_scratch(Path(task.out_dir) / f"{task.bucket:06d}.positions.arrow",
                   pa.table({"shard": shard_of, "index": index_in, "doc_id": table["doc_id"].take(pa.array(order))}))
+    # Each shard's documents and tokens per source: one cell per (shard, source) the bucket holds.
+    cell = shard_of.astype(np.int64) * task.sources + source
+    cells, documents = np.unique(cell, return_counts=True)
+    tokens_in = np.bincount(np.searchsorted(cells, cell), weights=length, minlength=len(cells)).astype(np.int64)
+    write_scratch(Path(task.out_dir) / f"{task.bucket:06d}.composition.arrow",
+                  pa.table({"shard": (cells // task.sources).astype(np.int32),
+                            "source": (cells % task.sources).astype(np.int32),
+                            "documents": documents.astype(np.int64), "tokens": tokens_in}))
     return written
 
 
@@ -530,7 +542,7 @@ class ShardSetResult:
     warnings: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     members: str | None = None  # the member list's path, relative to the output folder
-    shard_sources: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)  # shard -> source -> counts
+    composition: str | None = None  # the composition's path (COMPOSITION_SCHEMA), relative to the output folder
 
     def tokens(self, split: str) -> int:
         return sum(s.tokens for s in self.shards if s.split == split)
@@ -549,7 +561,7 @@ class ShardSetResult:
         return describe_shard_set(self.tokenizer_sha256, self.vocab_size, self.eos_id, self.shards,
                                   seq_len=self.seq_len, sources=self.sources, phases=self.phases,
                                   warnings=self.warnings, seconds=self.seconds, totals=self.counts(),
-                                  members=self.members, shard_sources=self.shard_sources)
+                                  members=self.members, composition=self.composition)
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -650,22 +662,20 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
             _BucketTask(str(copies_dir), b, str(scratch), str(shards_dir), np.dtype(tok.dtype).str, tok.sha256,
                         settings.tokens_per_shard, len(names)) for b in buckets],
             desc="write shards", progress=progress)
-        shards, composition, names_by_bucket = [], {}, {}
+        shards, names_by_bucket = [], {}
         phase_of = {b: p for p in phases for b in p.buckets}
         for b, made in zip(buckets, bucket_shards):
             phase = phase_of[b]
-            names_by_bucket[b] = []
+            names_by_bucket[b] = phase.split, []
             for w in made:
                 path = new_path()
                 os.replace(w.path, path)
                 shards.append(ShardInfo(str(path.relative_to(out_dir)), phase.split, phase.name, phase.index,
                                         w.tokens, w.documents))
-                names_by_bucket[b].append(shards[-1].path)
-                composition[shards[-1].path] = {n: {"documents": w.source_documents[k], "tokens": w.source_tokens[k]}
-                                                for k, n in enumerate(names) if w.source_documents[k]}
-        members_path, positions_path = (output.next_path(role) if not isinstance(output, Path | str) else
-                                        out_dir / part_name(role, 0) for role in ("members", "positions"))
-        _write_lists(members_path, positions_path, parts, shards_dir, names_by_bucket)
+                names_by_bucket[b][1].append(shards[-1].path)
+        lists = [output.next_path(role) if not isinstance(output, Path | str) else out_dir / part_name(role, 0)
+                 for role in ("members", "positions", "composition")]
+        _write_lists(*lists, parts, shards_dir, names_by_bucket, names)
         t_written = time.perf_counter()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -692,28 +702,39 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
         shards=shards, sources=per_source, warnings=warnings,
         phases=[{**p.to_dict(), "min_document_tokens": minimum.get(p.name)} for p in plans],
         seconds={"tokenize": round(t_tokenized - t_start, 3), "write": round(t_written - t_tokenized, 3)},
-        members=str(members_path.relative_to(out_dir)), shard_sources=composition)
+        members=str(lists[0].relative_to(out_dir)), composition=str(lists[2].relative_to(out_dir)))
 
 
-def _write_lists(members_path: Path, positions_path: Path, parts: list[_PartFiles], shards_dir: Path,
-                 names_by_bucket: dict[int, list[str]]) -> None:
-    """The member list (every document, in task order: each part's rows as its scatter task wrote them) and the
-    position list (every copy in a shard, in shard order: each bucket's rows as its write task wrote them, the
-    shard named), both read and written a part or a bucket at a time."""
-    def write(members_file, positions_file) -> None:
+def _write_lists(members_path: Path, positions_path: Path, composition_path: Path, parts: list[_PartFiles],
+                 shards_dir: Path, names_by_bucket: dict[int, tuple[str, list[str]]], sources: list[str]) -> None:
+    """The member list (every document, in task order: each part's rows as its scatter task wrote them), the position
+    list (every copy in a shard, in shard order: each bucket's rows as its write task wrote them, the shard named)
+    and the composition (each shard's counts per source, in shard order), read and written a part or a bucket at a
+    time. `names_by_bucket`: each bucket's split and its shards' names."""
+    source_names = pa.array(sources, pa.string())
+
+    def write(members_file, positions_file, composition_file) -> None:
         with pq.ParquetWriter(members_file, MEMBERS_SCHEMA, compression="zstd") as members, \
-                pq.ParquetWriter(positions_file, POSITIONS_SCHEMA, compression="zstd") as positions:
+                pq.ParquetWriter(positions_file, POSITIONS_SCHEMA, compression="zstd") as positions, \
+                pq.ParquetWriter(composition_file, COMPOSITION_SCHEMA, compression="zstd") as composition:
             for part in parts:
                 members.write_table(read_scratch(Path(part.members)))
-            for bucket, shard_names in names_by_bucket.items():
+            for bucket, (split, shard_names) in names_by_bucket.items():
+                names = pa.array(shard_names, pa.string())
                 rows = read_scratch(shards_dir / f"{bucket:06d}.positions.arrow")
                 positions.write_table(pa.table({
-                    "shard": pa.array(shard_names, pa.string()).take(rows["shard"].combine_chunks()),
-                    "index": rows["index"], "doc_id": rows["doc_id"]}, schema=POSITIONS_SCHEMA))
+                    "shard": names.take(rows["shard"].combine_chunks()), "index": rows["index"],
+                    "doc_id": rows["doc_id"]}, schema=POSITIONS_SCHEMA))
+                cells = read_scratch(shards_dir / f"{bucket:06d}.composition.arrow")
+                composition.write_table(pa.table({
+                    "shard": names.take(cells["shard"].combine_chunks()), "split": [split] * cells.num_rows,
+                    "source": source_names.take(cells["source"].combine_chunks()), "documents": cells["documents"],
+                    "tokens": cells["tokens"]}, schema=COMPOSITION_SCHEMA))
 
-    # Each file is renamed into place once both are whole: no half list after a crash.
-    write_file_atomic(members_path, lambda m: write_file_atomic(positions_path, lambda p: write(m, p)))
+    # Each file is renamed into place once all are whole: no half list after a crash.
+    write_file_atomic(members_path, lambda m: write_file_atomic(
+        positions_path, lambda p: write_file_atomic(composition_path, lambda c: write(m, p, c))))
 
 
-__all__ = ["MEMBERS_SCHEMA", "POSITIONS_SCHEMA", "ShardSetResult", "fim_sources", "is_validation", "tokenize_part",
-           "write_token_shards"]
+__all__ = ["COMPOSITION_SCHEMA", "MEMBERS_SCHEMA", "POSITIONS_SCHEMA", "ShardSetResult", "fim_sources", "is_validation",
+           "tokenize_part", "write_token_shards"]

@@ -259,6 +259,28 @@ def test_source_usage_lists_shard_sets_shards_and_checkpoints(built):
         audit.source_usage(store, config, "nope")
 
 
+def test_a_shard_set_that_kept_its_composition_in_the_manifest_is_still_described(built):
+    """Sets written before the composition was a file of its own kept it in the manifest's stats (`shard_sources`:
+    shard -> source -> counts): they read the same; a set with neither says so (None: the caller notes it)."""
+    from dataclasses import replace
+
+    import pyarrow.parquet as pq
+
+    from kiln.governance.audit import _shards_holding
+
+    store = built["store"]
+    current = store.manifest("token_shards", built["project"].current())
+    [entry] = current.files_with_role("composition")
+    inline = {}
+    for row in pq.read_table(store.dataset_dir("token_shards", built["project"].current()) / entry.path).to_pylist():
+        inline.setdefault(row["shard"], {})[row["source"]] = {"documents": row["documents"], "tokens": row["tokens"]}
+    files = [f for f in current.files if f.role != "composition"]
+    before = replace(current, files=files, stats={**current.stats, "shard_sources": inline})
+    for source in ("ref", "web"):
+        assert _shards_holding(store, before, source) == _shards_holding(store, current, source) != []
+    assert _shards_holding(store, replace(current, files=files), "ref") is None
+
+
 # --------------------------------------------------------------------------------------------------- CLI
 
 def kiln(built, *argv):

@@ -10,6 +10,7 @@ import yaml
 
 from kiln.cli import main
 from kiln.common.config import load_config
+from kiln.governance import audit
 from kiln.governance.data_card import build_data_card
 from kiln.governance.data_card_documents import REMOVED_BY_REQUEST
 from kiln.common.storage import Store
@@ -100,6 +101,10 @@ def test_forget_a_source_removes_it_from_the_next_shards_and_flags_the_checkpoin
     # ... so the next shards hold none of them,
     assert project.materialize(["token_shards"]).success
     assert all(m["source"] == "ref" for m in members(store).values())
+    # the set the checkpoint read is still described shard by shard, its composition from the store's history,
+    [old] = audit.source_usage(store, built["config"], "web").shard_sets
+    assert old.replaced and old.shards and all(s["documents"] > 0 for s in old.shards)
+    assert sum(s["tokens"] for s in old.shards) == old.train_tokens + old.val_tokens
     # membership says where and why,
     answer = membership(store, built["config"], doc_id=trained_web[0]["doc_id"])
     assert "removal_request" in render(answer)

@@ -27,7 +27,8 @@ from kiln.tokens.shard_format import (
     token_dtype,
     write_shard,
 )
-from kiln.tokens.shard_writer import MEMBERS_SCHEMA, POSITIONS_SCHEMA, is_validation, write_token_shards
+from kiln.tokens.shard_writer import (COMPOSITION_SCHEMA, MEMBERS_SCHEMA, POSITIONS_SCHEMA, is_validation,
+                                     write_token_shards)
 from kiln.tokens.tokenizer import Tokenizer
 from tests.token_corpus import (
     NATURAL,
@@ -425,7 +426,8 @@ def test_curriculum_phases_are_tagged_and_read_in_order(tmp_path, monkeypatch):
         assert p["tokens"] == pytest.approx(budget, rel=0.02)
         assert p["sources"]["code"]["share"] == pytest.approx(code_share, abs=0.02)
     files = json.loads((tmp_path / "store" / "token_shards" / "_all" / "_manifest.json").read_text())["files"]
-    assert {f["role"] for f in files} == {"shard", "members", "positions"} and len(files) == len(shard_set.shards) + 2
+    assert {f["role"] for f in files} == {"shard", "members", "positions", "composition"}
+    assert len(files) == len(shard_set.shards) + 3
 
 
 def test_a_long_context_phase_draws_the_long_documents_no_phase_drew_first(built, tmp_path):
@@ -485,8 +487,11 @@ def test_member_list_says_exactly_which_documents_the_shards_hold(built, tmp_pat
         mine = [m for m in members if m["source"] == name]
         assert sum(m["copies"] * m["tokens"] for m in mine if m["split"] == "train") == s["train_tokens"]
         assert sum(m["tokens"] for m in mine if m["split"] == "val") == s["val_tokens"]
-        in_shards = sum(c[name]["tokens"] for c in result.shard_sources.values() if name in c)
-        assert in_shards == s["train_tokens"] + s["val_tokens"]
+    [entry] = manifest.files_with_role("composition")
+    assert entry.path == result.composition == manifest.stats["composition"] and "shard_sources" not in manifest.stats
+    composition = pq.read_table(out / entry.path).to_pylist()
+    for name, s in result.sources.items():
+        assert sum(c["tokens"] for c in composition if c["source"] == name) == s["train_tokens"] + s["val_tokens"]
     train = {m["doc_id"]: m["copies"] for m in members if m["split"] == "train"}
     assert result.sources["prose"]["effective_epochs"] < 1 and result.sources["unicode"]["effective_epochs"] > 1
     assert any(train[d] == 0 for d in train if originals[d][0] == "prose")  # left out by the mixture
@@ -511,7 +516,7 @@ def test_the_position_list_names_every_copy_and_both_lists_are_written_a_part_or
     write_table = pq.ParquetWriter.write_table
 
     def counting(self, table, *args, **kwargs):
-        if table.schema in (MEMBERS_SCHEMA, POSITIONS_SCHEMA):
+        if table.schema in (MEMBERS_SCHEMA, POSITIONS_SCHEMA, COMPOSITION_SCHEMA):
             written.append((table.schema, table.num_rows))
         return write_table(self, table, *args, **kwargs)
 
@@ -535,6 +540,24 @@ def test_the_position_list_names_every_copy_and_both_lists_are_written_a_part_or
     assert all(held[p["shard"], p["index"]] == originals[p["doc_id"]][1] for p in positions)
     copies = {m["doc_id"]: m["copies"] for m in members}
     assert Counter(p["doc_id"] for p in positions) == Counter({d: c for d, c in copies.items() if c})
+    # The composition, a row per shard and source, against the shards themselves: each copy's source from the member
+    # list, its tokens from the shard's document index; written a bucket at a time too, in shard order.
+    source_of = {m["doc_id"]: m["source"] for m in members}
+    split_of = {info.path: info.split for info in result.shards}
+    shards = {info.path: open_shard(tmp_path / info.path) for info in result.shards}
+    expected = Counter()
+    for p in positions:
+        key = (p["shard"], split_of[p["shard"]], source_of[p["doc_id"]])
+        expected[key + ("documents",)] += 1
+        expected[key + ("tokens",)] += len(shards[p["shard"]].document(p["index"]))
+    composition = pq.read_table(tmp_path / result.composition).to_pylist()
+    assert {(c["shard"], c["split"], c["source"], k): c[k] for c in composition for k in ("documents", "tokens")} \
+        == dict(expected)
+    assert len(composition) == len({(c["shard"], c["source"]) for c in composition})  # one row each
+    order = [info.path for info in result.shards]
+    assert [c["shard"] for c in composition] == sorted((c["shard"] for c in composition), key=order.index)
+    composition_tables = [rows for schema, rows in written if schema == COMPOSITION_SCHEMA]
+    assert sum(composition_tables) == len(composition) and len(composition_tables) == len(position_tables)
     one_bucket = write_token_shards(sources, root / "tokenizer", shard_settings(), mixture, tmp_path / "one",
                                     progress=False)
     assert _train_order(tmp_path / "one", one_bucket) == _train_order(tmp_path, result)
