@@ -55,8 +55,8 @@ import numpy as np
 import torch
 
 from kiln.common.splitmix import finalize, finalize_int
-from kiln.tokens.shard_format import (DTYPES, ShardError, check_shard, hold_folder, open_shard, read_shard_set,
-                                      shard_tokens)
+from kiln.tokens.shard_format import (DTYPES, ShardError, ShardInfo, check_shard, hold_folder, open_shard,
+                                      read_shard_set, shard_tokens, token_dtype)
 
 STATE_FORMAT = "kiln-loader/2"
 # Loader states and the order of their shuffled epochs: /1 drew a stored permutation (8 B per sequence of the phase,
@@ -144,12 +144,13 @@ class ShardLoader:
             raise ValueError(f"seq_len ({self.seq_len}) and batch_size ({batch_size}) must be positive")
         self.batch_size, self.seed, self.shuffle_epochs, self.drop_last = batch_size, seed, shuffle_epochs, drop_last
         self.tokenizer_sha256 = sha
+        self._dtype = token_dtype(self.shard_set.vocab_size)
         # What the exclusions cost: documents and their tokens left out, and the sequences skipped for them.
         self.excluded = {"documents": 0, "tokens": 0, "sequences": 0}
         self.phases = self._open_phases(split, expected_tokenizer_sha256 or sha, phases, exclude or {})
-        # Shards are checked above and mapped again on demand: a bounded number of open maps (each holds a
+        # Shards are mapped on demand, each checked again as it is: a bounded number of open maps (each holds a
         # file descriptor), however many shards the dataset has.
-        self._tokens = lru_cache(maxsize=64)(lambda path: shard_tokens(path, expected_tokenizer_sha256 or sha))
+        self._tokens = _shard_maps(expected_tokenizer_sha256 or sha, self._dtype)
         self._phase_ends = np.cumsum([p.per_rank for p in self.phases])
         self.sequences_per_epoch = int(self._phase_ends[-1]) if self.phases else 0
         if self.sequences_per_epoch < (batch_size if drop_last else 1):
@@ -163,8 +164,12 @@ class ShardLoader:
 
     def _open_phases(self, split: str, sha: str, wanted: list[str] | None,
                      exclude: dict[str, list[int]]) -> list[_Phase]:
-        """Check every shard (header, size, tokenizer, counts against the manifest) and group them by phase;
-        `wanted`: only these phases (by name, in the shard set's order); `exclude`: documents never read."""
+        """Check this rank's share of the shards (header, size, tokenizer, counts against the manifest) and group them
+        all by phase; `wanted`: only these phases (by name, in the shard set's order); `exclude`: documents never
+        read. Rank r checks shards r, r + world_size, ... of the split (and every shard with exclusions, whose
+        index it reads): together the ranks check every shard once, and training refuses on every rank what one
+        rank refused (training_jobs.setup.refuse_together). A shard another rank checked is checked here too when
+        this rank first maps it (`_shard_maps`)."""
         infos = self.shard_set.split(split)
         unknown = sorted(set(exclude) - {i.path for i in self.shard_set.shards})
         if unknown:
@@ -180,22 +185,19 @@ class ShardLoader:
         phases: dict[int, tuple[str, list[Path], list[int]]] = {}
         names: dict[int, list[str]] = {}
         spans: dict[int, list[np.ndarray]] = {}  # phase -> [(start, end)] of excluded documents, within the phase
-        for info in infos:
-            # A header and a stat per shard: every rank checks every shard before training starts, and reading each
-            # document index too (8 B a document) made every rank read 8 GB at 10^9 documents.
+        for k, info in enumerate(infos):
+            # A header and a stat per shard, by one rank: every rank checking every shard opened 250,000 files per
+            # rank at 10^12 tokens in the default shards; reading each document index too (8 B a document) made
+            # every rank read 8 GB at 10^9 documents.
             path = self.shard_set.dir / info.path
-            width, tokens, documents, _ = check_shard(path, expected_tokenizer_sha256=sha)
-            if tokens != info.tokens or documents != info.documents:
-                raise ShardError(f"{path} holds {tokens} tokens / {documents} documents but the manifest lists "
-                                 f"{info.tokens} / {info.documents}: the dataset was altered after it was written; "
-                                 f"re-materialize token_shards")
-            self._dtype = DTYPES[width]
+            if k % self.world_size == self.rank or exclude.get(info.path):
+                _check_against(path, info, sha, self._dtype)
             name, paths, sizes = phases.setdefault(info.phase_index, (info.phase, [], []))
             if exclude.get(info.path):
                 index = np.unique(np.asarray(exclude[info.path], np.int64))
-                if index[0] < 0 or index[-1] >= documents:
+                if index[0] < 0 or index[-1] >= info.documents:
                     raise ShardError(f"the excluded documents of {path} include index {int(index[-1])}, but "
-                                     f"the shard holds {documents} documents: the exclusions were computed "
+                                     f"the shard holds {info.documents} documents: the exclusions were computed "
                                      f"for another shard set; compute them again")
                 offsets = open_shard(path, sha).offsets.astype(np.int64) + sum(sizes)
                 spans.setdefault(info.phase_index, []).append(np.stack([offsets[index], offsets[index + 1]], 1))
@@ -280,7 +282,8 @@ class ShardLoader:
             local = start + filled - int(phase.starts[s])
             take = min(count - filled, int(phase.starts[s + 1] - phase.starts[s]) - local)
             if take > 0:
-                out[filled:filled + take] = self._tokens(phase.paths[s])[local:local + take]
+                tokens = self._tokens(phase.paths[s], int(phase.starts[s + 1] - phase.starts[s]))
+                out[filled:filled + take] = tokens[local:local + take]
                 filled += take
             s += 1
         return out
@@ -390,7 +393,9 @@ class ShardLoader:
                     chunks = (np.arange(k, min(k + _SLOTS, slots)) for k in range(0, slots, _SLOTS))
                     epochs.append(_ReadBits.of(total, (self._stream_sequences(epoch, p, c) for c in chunks)))
             for s, (name, path) in enumerate(zip(phase.names, phase.paths)):
-                offsets = open_shard(path, self.tokenizer_sha256).offsets.astype(np.int64) + phase.starts[s]
+                shard = open_shard(path, self.tokenizer_sha256)  # this rank may not have checked it when it opened
+                _as_listed(path, shard.tokens, int(phase.starts[s + 1] - phase.starts[s]), self._dtype)
+                offsets = shard.offsets.astype(np.int64) + phase.starts[s]
                 a, b = offsets[:-1], offsets[1:]  # document spans [a, b) in the phase stream
                 reads, tokens = np.zeros(len(a), np.int32), np.zeros(len(a), np.int64)
                 # sequence g touches [a, b) when g·L < b and g·L + L + 1 > a
@@ -414,6 +419,35 @@ class ShardLoader:
 
 _SLOTS = 1 << 18  # reading slots whose sequences `exposure` looks up at once (~80 B each while it does)
 _ROUNDS = 6  # Feistel rounds: 4 make a pseudo-random permutation (Luby-Rackoff), 2 more for margin
+
+
+def _check_against(path: Path, info: ShardInfo, sha: str, dtype: np.dtype) -> None:
+    """The shard's header, size and tokenizer (check_shard), and its counts and token width against the manifest."""
+    width, tokens, documents, _ = check_shard(path, expected_tokenizer_sha256=sha)
+    if tokens != info.tokens or documents != info.documents or DTYPES[width] != dtype:
+        raise ShardError(f"{path} holds {tokens} tokens / {documents} documents of {width} B but the manifest lists "
+                         f"{info.tokens} / {info.documents} of {dtype.itemsize} B: the dataset was altered after it "
+                         f"was written; re-materialize token_shards")
+
+
+def _shard_maps(sha: str, dtype: np.dtype):
+    """(path, tokens the manifest lists) -> the shard's tokens, memory-mapped after its header, size, tokenizer, count
+    and width are checked, the last 64 kept open. A plain function of the two, not a method: no cycle keeps the maps
+    open after the loader."""
+    @lru_cache(maxsize=64)
+    def tokens(path: Path, listed: int) -> np.ndarray:
+        return _as_listed(path, shard_tokens(path, sha), listed, dtype)
+
+    return tokens
+
+
+def _as_listed(path: Path, tokens: np.ndarray, listed: int, dtype: np.dtype) -> np.ndarray:
+    """A shard's tokens, refused unless as many and as wide as the manifest lists (the phase's stream offsets)."""
+    if len(tokens) != listed or tokens.dtype != dtype:
+        raise ShardError(f"{path} holds {len(tokens)} tokens of {tokens.dtype.itemsize} B but the manifest lists "
+                         f"{listed} of {dtype.itemsize} B: the dataset was altered after it was written; "
+                         f"re-materialize token_shards")
+    return tokens
 
 
 def shuffled(slots, n: int, key: tuple[int, ...]):

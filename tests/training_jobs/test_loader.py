@@ -308,6 +308,50 @@ def test_opening_reads_each_shards_header_not_its_document_index(counting, monke
     assert sorted(read) == sorted(EXCLUDE)
 
 
+def test_each_shard_is_checked_at_opening_by_one_rank_and_by_the_others_as_they_map_it(counting, monkeypatch):
+    """Rank r checks train shards r, r + world_size, ... when it opens (every rank checking every shard opened 250,000
+    files per rank at 10^12 tokens). Worked by hand on the counting set's 3 train shards: with 3 ranks each opens one
+    header; with 2, rank 0 opens shards 0 and 2 and rank 1 shard 1. A shard rank 0 did not check is checked when it
+    first maps it: truncated, rank 1 refuses at opening and rank 0 at its first read of it; listed with another count
+    than it holds, the same, and counting what the run read (`exposure`) too."""
+    import kiln.tokens.shard_format as shard_format
+
+    opened = []
+    read_header = shard_format.read_header
+    monkeypatch.setattr(shard_format, "read_header", lambda path: opened.append(Path(path).name) or read_header(path))
+    for rank in range(3):
+        opened.clear()
+        ShardLoader(counting, seq_len=SEQ, batch_size=1, rank=rank, world_size=3)
+        assert opened == [f"shard-0000{rank}.bin"]
+    opened.clear()
+    ShardLoader(counting, seq_len=SEQ, batch_size=1, rank=0, world_size=2)
+    assert opened == ["shard-00000.bin", "shard-00002.bin"]
+
+    victim = counting / "shard-00001.bin"
+    whole = victim.read_bytes()
+    victim.write_bytes(whole[:-16])
+    with pytest.raises(ShardError, match=r"shard-00001.bin is \d+ bytes but .* truncated or corrupt"):
+        ShardLoader(counting, seq_len=SEQ, batch_size=1, rank=1, world_size=2)
+    rank_0 = ShardLoader(counting, seq_len=SEQ, batch_size=1, rank=0, world_size=2)
+    with pytest.raises(ShardError, match=r"shard-00001.bin is \d+ bytes but .* truncated or corrupt"):
+        for _ in range(rank_0.batches_per_epoch):
+            rank_0.next_batch()
+    victim.write_bytes(whole)
+
+    manifest = json.loads((counting / "_manifest.json").read_text())
+    manifest["stats"]["shards"][1]["tokens"] = 776  # it holds 777
+    (counting / "_manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match="holds 777 tokens / 2 documents of 2 B but the manifest lists 776 / 2 of 2 B"):
+        ShardLoader(counting, seq_len=SEQ, batch_size=1, rank=1, world_size=2)
+    altered = "holds 777 tokens of 2 B but the manifest lists 776 of 2 B: the dataset was altered after it was written"
+    rank_0 = ShardLoader(counting, seq_len=SEQ, batch_size=1, rank=0, world_size=2)
+    with pytest.raises(ShardError, match=altered):  # and so does counting what the run read, from rank 0's loader
+        list(rank_0.exposure())
+    with pytest.raises(ShardError, match=altered):
+        for _ in range(rank_0.batches_per_epoch):
+            rank_0.next_batch()
+
+
 def test_phases_are_read_in_order(tmp_path, monkeypatch):
     sources = [write_source(tmp_path, "web", make_texts("prose", 200, seed=1)),
                write_source(tmp_path, "code", make_texts("code", 80, seed=2), domain="code")]
@@ -821,6 +865,28 @@ def test_a_dataset_one_rank_refuses_is_refused_on_every_rank(dataset, tmp_path):
     reason = (f"refused: DatasetReplaced: {store.dataset_dir('token_shards')} is now version {newer}, this run was set "
               f"up on version {older}")
     assert [(tmp_path / f"rank-{rank}.txt").read_text().split(" (")[0] for rank in (0, 1)] == [reason, reason]
+
+
+def test_a_shard_only_another_rank_checks_is_refused_on_every_rank(dataset, tmp_path):
+    """Rank 1 alone checks the second train shard at opening; truncated, rank 0 refuses too, with rank 1's reason,
+    before either trains."""
+    import shutil
+
+    from training_jobs.settings import TrainingSettings
+
+    path, _ = dataset
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    victim = copy / read_shard_set(copy).split("train")[1].path
+    victim.write_bytes(victim.read_bytes()[:-16])
+    for rank in (0, 1):
+        TrainingSettings(seq_len=SEQ, micro_batch_size=4).to_run_config(
+            dataset_dir=copy, tokenizer_sha256=read_shard_set(copy).tokenizer_sha256,
+            output_dir=tmp_path / "run").write(tmp_path / f"run-{rank}.json")
+    torch.multiprocessing.spawn(_open_data_as_rank, args=(tmp_path,), nprocs=2)
+    said = [(tmp_path / f"rank-{rank}.txt").read_text() for rank in (0, 1)]
+    assert said[0] == said[1] and said[0].startswith(f"refused: ShardError: shard {victim} is ") \
+        and "truncated or corrupt" in said[0], said
 
 
 def test_a_checkpoint_resumes_only_on_the_version_its_loader_read(dataset, tmp_path):
