@@ -67,8 +67,7 @@ _EPOCH_ORDERS = {"kiln-loader/1": "stored", STATE_FORMAT: "computed"}
 @dataclass(frozen=True)
 class _Phase:
     name: str
-    paths: tuple[Path, ...]
-    names: tuple[str, ...]  # each shard's path in the manifest (relative to the dataset folder)
+    names: tuple[str, ...]  # each shard's path in the manifest, relative to the dataset folder (no Path per shard)
     starts: np.ndarray  # int64, token offset of each shard within the phase stream, plus the total
     sequences: int  # sequences in the phase stream, before the per-rank cut
     per_rank: int  # sequences each rank reads from this phase
@@ -150,7 +149,7 @@ class ShardLoader:
         self.phases = self._open_phases(split, expected_tokenizer_sha256 or sha, phases, exclude or {})
         # Shards are mapped on demand, each checked again as it is: a bounded number of open maps (each holds a
         # file descriptor), however many shards the dataset has.
-        self._tokens = _shard_maps(expected_tokenizer_sha256 or sha, self._dtype)
+        self._tokens = _shard_maps(self.shard_set.dir, expected_tokenizer_sha256 or sha, self._dtype)
         self._phase_ends = np.cumsum([p.per_rank for p in self.phases])
         self.sequences_per_epoch = int(self._phase_ends[-1]) if self.phases else 0
         if self.sequences_per_epoch < (batch_size if drop_last else 1):
@@ -182,19 +181,19 @@ class ShardLoader:
                 raise ShardError(f"{self.shard_set.dir} [{split}] has no phase {missing} (phases: {present}); fix "
                                  f"training.phases or add the phase to mixture.phases and re-materialize token_shards")
             infos = [i for i in infos if i.phase in wanted]
-        phases: dict[int, tuple[str, list[Path], list[int]]] = {}
-        names: dict[int, list[str]] = {}
+        phases: dict[int, tuple[str, list[str], list[int]]] = {}
         spans: dict[int, list[np.ndarray]] = {}  # phase -> [(start, end)] of excluded documents, within the phase
         for k, info in enumerate(infos):
             # A header and a stat per shard, by one rank: every rank checking every shard opened 250,000 files per
             # rank at 10^12 tokens in the default shards; reading each document index too (8 B a document) made
             # every rank read 8 GB at 10^9 documents.
-            path = self.shard_set.dir / info.path
-            if k % self.world_size == self.rank or exclude.get(info.path):
+            excluded = exclude.get(info.path)
+            if k % self.world_size == self.rank or excluded:
+                path = self.shard_set.dir / info.path
                 _check_against(path, info, sha, self._dtype)
-            name, paths, sizes = phases.setdefault(info.phase_index, (info.phase, [], []))
-            if exclude.get(info.path):
-                index = np.unique(np.asarray(exclude[info.path], np.int64))
+            name, names, sizes = phases.setdefault(info.phase_index, (info.phase, [], []))
+            if excluded:
+                index = np.unique(np.asarray(excluded, np.int64))
                 if index[0] < 0 or index[-1] >= info.documents:
                     raise ShardError(f"the excluded documents of {path} include index {int(index[-1])}, but "
                                      f"the shard holds {info.documents} documents: the exclusions were computed "
@@ -203,12 +202,11 @@ class ShardLoader:
                 spans.setdefault(info.phase_index, []).append(np.stack([offsets[index], offsets[index + 1]], 1))
                 self.excluded["documents"] += len(index)
                 self.excluded["tokens"] += int((offsets[index + 1] - offsets[index]).sum())
-            paths.append(path)
-            names.setdefault(info.phase_index, []).append(info.path)
+            names.append(info.path)
             sizes.append(info.tokens)
         result = []
-        for index, (name, paths, sizes) in sorted(phases.items()):
-            starts = np.zeros(len(paths) + 1, np.int64)
+        for index, (name, names, sizes) in sorted(phases.items()):
+            starts = np.zeros(len(names) + 1, np.int64)
             np.cumsum(sizes, out=starts[1:])
             sequences = max(int(starts[-1]) - 1, 0) // self.seq_len
             if sequences < self.world_size:  # no rank would read it: a configured phase silently never trained on
@@ -230,8 +228,7 @@ class ShardLoader:
                         f"training.seq_len, or train without these shards (for replayed ones: mixture.replay unset)")
                 self.excluded["sequences"] += sequences - len(kept)
                 sequences = len(kept)
-            result.append(_Phase(name, tuple(paths), tuple(names[index]), starts, sequences,
-                                 sequences // self.world_size, kept))
+            result.append(_Phase(name, tuple(names), starts, sequences, sequences // self.world_size, kept))
         return result
 
     def _kept_sequences(self, spans: np.ndarray, sequences: int) -> KeptSequences:
@@ -282,7 +279,7 @@ class ShardLoader:
             local = start + filled - int(phase.starts[s])
             take = min(count - filled, int(phase.starts[s + 1] - phase.starts[s]) - local)
             if take > 0:
-                tokens = self._tokens(phase.paths[s], int(phase.starts[s + 1] - phase.starts[s]))
+                tokens = self._tokens(phase.names[s], int(phase.starts[s + 1] - phase.starts[s]))
                 out[filled:filled + take] = tokens[local:local + take]
                 filled += take
             s += 1
@@ -364,8 +361,8 @@ class ShardLoader:
         long-context phase's data can fill its window with one document (the rest is packed shorter ones)."""
         long = total = 0
         for phase in self.phases:
-            for path in phase.paths:
-                sizes = np.diff(open_shard(path, self.tokenizer_sha256).offsets.astype(np.int64))
+            for name in phase.names:
+                sizes = np.diff(open_shard(self.shard_set.dir / name, self.tokenizer_sha256).offsets.astype(np.int64))
                 long += int(sizes[sizes >= length].sum())
                 total += int(sizes.sum())
         return long / total if total else 0.0
@@ -392,7 +389,8 @@ class ShardLoader:
                 if slots := W * int(np.clip(n - phase_starts[p], 0, phase.per_rank)):
                     chunks = (np.arange(k, min(k + _SLOTS, slots)) for k in range(0, slots, _SLOTS))
                     epochs.append(_ReadBits.of(total, (self._stream_sequences(epoch, p, c) for c in chunks)))
-            for s, (name, path) in enumerate(zip(phase.names, phase.paths)):
+            for s, name in enumerate(phase.names):
+                path = self.shard_set.dir / name
                 shard = open_shard(path, self.tokenizer_sha256)  # this rank may not have checked it when it opened
                 _as_listed(path, shard.tokens, int(phase.starts[s + 1] - phase.starts[s]), self._dtype)
                 offsets = shard.offsets.astype(np.int64) + phase.starts[s]
@@ -430,12 +428,13 @@ def _check_against(path: Path, info: ShardInfo, sha: str, dtype: np.dtype) -> No
                          f"was written; re-materialize token_shards")
 
 
-def _shard_maps(sha: str, dtype: np.dtype):
-    """(path, tokens the manifest lists) -> the shard's tokens, memory-mapped after its header, size, tokenizer, count
-    and width are checked, the last 64 kept open. A plain function of the two, not a method: no cycle keeps the maps
-    open after the loader."""
+def _shard_maps(folder: Path, sha: str, dtype: np.dtype):
+    """(name, tokens the manifest lists) -> the tokens of shard `folder / name`, memory-mapped after its header, size,
+    tokenizer, count and width are checked, the last 64 kept open. A plain function, not a method: no cycle keeps the
+    maps open after the loader."""
     @lru_cache(maxsize=64)
-    def tokens(path: Path, listed: int) -> np.ndarray:
+    def tokens(name: str, listed: int) -> np.ndarray:
+        path = folder / name
         return _as_listed(path, shard_tokens(path, sha), listed, dtype)
 
     return tokens

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,7 +186,7 @@ def open_shard(path: Path, expected_tokenizer_sha256: str | None = None) -> Shar
 
 # ------------------------------------------------------------------------------------------- shard sets
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: every rank holds one per shard, 250,000 at 10^12 tokens
 class ShardInfo:
     path: str  # relative to the dataset folder
     split: str  # "train" | "val"
@@ -217,7 +218,7 @@ class ShardSet:
     vocab_size: int
     eos_id: int
     shards: tuple[ShardInfo, ...]
-    stats: dict[str, Any]
+    stats: dict[str, Any]  # the manifest's stats, but for its list of shards (`shards` above)
     data_version: str | None = None  # the store's version of these files (None for a folder outside a store)
 
     def split(self, split: str) -> list[ShardInfo]:
@@ -246,7 +247,9 @@ def read_shard_set(dataset_dir: Path) -> ShardSet:
     if stats.get("format") != SHARD_SET_FORMAT:
         raise ShardError(f"{path} does not describe token shards (stats.format = {stats.get('format')!r}, "
                          f"expected {SHARD_SET_FORMAT!r}); point the loader at the token_shards dataset folder")
-    shards = tuple(ShardInfo(**s) for s in stats["shards"])
+    # Held once, as ShardInfo (not as the parsed dicts too), the few names of splits and phases shared.
+    shards = tuple(ShardInfo(s["path"], sys.intern(s["split"]), sys.intern(s["phase"]), s["phase_index"], s["tokens"],
+                             s["documents"]) for s in stats.pop("shards"))
     return ShardSet(dataset_dir, stats["tokenizer_sha256"], stats["vocab_size"], stats["eos_id"], shards, stats,
                     manifest.get("data_version") or None)
 
