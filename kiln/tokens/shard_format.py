@@ -32,6 +32,7 @@ import os
 import struct
 import sys
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -254,6 +255,30 @@ def read_shard_set(dataset_dir: Path) -> ShardSet:
                     manifest.get("data_version") or None)
 
 
+def verify_shards(folder: Path, shards: Iterable[ShardInfo], tokenizer_sha256: str) -> Iterator[str]:
+    """What is wrong with each listed shard of `folder`, one message per shard at most: its header, size and tokenizer
+    (check_shard), its counts against the list, and its document index's ends (0 and its token count: two values
+    read, not the index, 8 B a document)."""
+    for info in shards:
+        path = Path(folder) / info.path
+        try:
+            width, tokens, documents, _ = check_shard(path, tokenizer_sha256)
+        except ShardError as exc:
+            yield str(exc)
+            continue
+        body = tokens * width
+        with open(path, "rb") as f:
+            f.seek(HEADER_SIZE + body + _padding(body))
+            first = int.from_bytes(f.read(8), "little")
+            f.seek(8 * (documents - 1), os.SEEK_CUR)
+            last = int.from_bytes(f.read(8), "little")
+        if (tokens, documents) != (info.tokens, info.documents):
+            yield f"{info.path}: {tokens} tokens / {documents} documents, the manifest lists {info.tokens} / " \
+                  f"{info.documents}"
+        elif (first, last) != (0, tokens):
+            yield f"{info.path}: its document index runs from {first} to {last}, not from 0 to its {tokens} tokens"
+
+
 def hold_folder(folder: Path) -> int:
     """Keep a dataset version's folder on disk while it is read: a shared lock on the folder (flock, released when
     the returned descriptor is closed, or the process dies). The store does not remove a replaced version whose
@@ -285,4 +310,4 @@ def write_random_shard_set(folder: Path, train_tokens: int, val_tokens: int, voc
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "Shard", "ShardError", "ShardInfo", "ShardSet", "TRAIN", "VAL",
            "check_shard", "describe_shard_set", "open_shard", "read_header", "read_shard_set", "shard_tokens",
-           "token_dtype", "write_random_shard_set", "write_shard"]
+           "token_dtype", "verify_shards", "write_random_shard_set", "write_shard"]

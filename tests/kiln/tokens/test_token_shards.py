@@ -25,6 +25,7 @@ from kiln.tokens.shard_format import (
     read_shard_set,
     shard_tokens,
     token_dtype,
+    verify_shards,
     write_shard,
 )
 from kiln.tokens.shard_writer import (COMPOSITION_SCHEMA, MEMBERS_SCHEMA, POSITIONS_SCHEMA, is_validation,
@@ -92,6 +93,27 @@ def test_the_readers_without_the_index_give_the_shards_header_and_tokens(tmp_pat
     assert np.array_equal(shard_tokens(path, SHA_A), np.arange(10)) and shard_tokens(path).dtype == np.uint16
     with pytest.raises(ShardError, match=r"written with tokenizer abababababab…, the loader expects cdcdcdcdcdcd…"):
         shard_tokens(path, expected_tokenizer_sha256=SHA_B)
+
+
+def test_verifying_a_shard_set_names_each_shard_that_does_not_add_up(tmp_path):
+    """The shards_verified check's verdicts, worked by hand on four shards of 10 tokens in documents of 4 and 6: one
+    whole, one truncated, one the manifest lists with 9 tokens, one whose index's last entry was overwritten (the
+    last 8 bytes of the file: 10 -> 11); and a shard of another tokenizer."""
+    infos = [ShardInfo(f"s{k}.bin", "train", "main", 0, 10, 2) for k in range(4)]
+    for info in infos:
+        write_shard(tmp_path / info.path, np.arange(10, dtype=np.uint16), np.array([0, 4, 10]), SHA_A)
+    assert list(verify_shards(tmp_path, infos, SHA_A)) == []
+    (tmp_path / "s1.bin").write_bytes((tmp_path / "s1.bin").read_bytes()[:-8])
+    listed = [infos[0], infos[1], ShardInfo("s2.bin", "train", "main", 0, 9, 2), infos[3]]
+    (tmp_path / "s3.bin").write_bytes((tmp_path / "s3.bin").read_bytes()[:-8] + (11).to_bytes(8, "little"))
+    found = list(verify_shards(tmp_path, listed, SHA_A))
+    # 64 B of header, 20 of tokens, 4 of padding and 3 offsets of 8: 112 B, less the 8 cut off
+    assert HEADER_SIZE == 64 and len(found) == 3 and "s1.bin is 104 bytes but its header (10 tokens, 2 documents, 2 " \
+        "bytes per token) implies 112" in found[0]
+    assert found[1:] == ["s2.bin: 10 tokens / 2 documents, the manifest lists 9 / 2",
+                         "s3.bin: its document index runs from 0 to 11, not from 0 to its 10 tokens"]
+    assert [m[:60] for m in verify_shards(tmp_path, infos[:1], SHA_B)] == \
+        [f"shard {tmp_path / 's0.bin'} was written with tokenizer abababababab…"[:60]]
 
 
 def test_bad_offsets_are_refused_at_write_time(tmp_path):
