@@ -18,8 +18,9 @@ between two sizes is what the join keeps per copy beyond one bucket (docs/scale.
 `--max-buckets` below the buckets of a size makes both joins spill in two passes, as past 256 x 2^20 rows
 (kiln/common/spill.py). `--excluded N` (with `--loader-only`) leaves out the first document of N shards, as
 removal requests on a replayed set do. The peak while the loader opens, what it holds open and how long the
-opening took (a second opening, the shards in the page cache) are printed too. Prints bytes per copy; quote the
-figures with the machine.
+opening took (a second opening, the shards in the page cache) are printed too, and the peak while the same set is
+exported for Megatron-LM (`export_shards`, .bin and .idx). Prints bytes per copy; quote the figures with the
+machine.
 """
 
 from __future__ import annotations
@@ -155,6 +156,17 @@ def count(folder: Path, excluded: int = 0) -> dict:
             "open_held": held, "open_seconds": round(open_seconds, 3)}
 
 
+def megatron_export(folder: Path) -> dict:
+    """tracemalloc's peak (NumPy) while the shard set is exported for Megatron-LM (.bin and .idx of its one split)."""
+    with tempfile.TemporaryDirectory(dir=folder) as out:
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        interchange.export_shards(folder, Path(out), ["megatron"])
+        seconds = time.perf_counter() - t0
+        _, peak = tracemalloc.get_traced_memory()
+    return {"megatron_peak": peak, "megatron_seconds": round(seconds, 2)}
+
+
 def export_rows(folder: Path, bucket_rows: int) -> dict:
     """tracemalloc's and Arrow's peaks while the Parquet export names every shard's documents (`_ShardRows` in
     kiln/tokens/interchange.py: the lists joined, then each shard's doc_ids and sources asked for in order)."""
@@ -190,6 +202,7 @@ def main() -> None:
     ap.add_argument("--stream", choices=["parquet_batches", "ParquetFile"], help=argparse.SUPPRESS)
     ap.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--megatron", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     spill.MAX_BUCKETS = args.max_buckets
     if args.export:
@@ -197,6 +210,9 @@ def main() -> None:
         return
     if args.count:
         print(json.dumps(count(args.folder, args.excluded)))
+        return
+    if args.megatron:
+        print(json.dumps(megatron_export(args.folder)))
         return
     if args.stream:
         print(json.dumps(stream(args.folder, args.stream)))
@@ -211,19 +227,21 @@ def main() -> None:
         for n in (int(x) for x in args.copies.split(",")):
             with tempfile.TemporaryDirectory() as tmp:
                 write_shards(Path(tmp), n, max(n // LOADER_ONLY_SHARD, 1))  # shards of a size, as real ones
-                counted.append({"copies": n, **_child("--count", "--folder", tmp, "--excluded", str(args.excluded))})
+                counted.append({"copies": n, **_child("--count", "--folder", tmp, "--excluded", str(args.excluded)),
+                                **_child("--megatron", "--folder", tmp)})
             c = counted[-1]
             print(f"{n:>10,} copies ({n * TOKENS // LOADER_SEQ:,} sequences, {args.excluded} excluded): opening "
                   f"ShardLoader ({c['open_seconds']} s, files in the page cache): NumPy peak "
                   f"{c['open_peak'] / 2**20:.1f} MiB, held {c['open_held'] / 2**20:.1f} MiB; "
                   f"ShardLoader.exposure NumPy peak {c['python_numpy_peak'] / 2**20:.1f} MiB, {c['seconds']} s under "
-                  f"tracemalloc")
+                  f"tracemalloc; the Megatron export: NumPy peak {c['megatron_peak'] / 2**20:.1f} MiB, "
+                  f"{c['megatron_seconds']} s")
         for a, b in zip(counted, counted[1:]):
             per_copy = {k: (b[k] - a[k]) / (b["copies"] - a["copies"]) for k in ("open_peak", "open_held",
-                                                                                 "python_numpy_peak")}
+                                                                                 "python_numpy_peak", "megatron_peak")}
             print(f"{a['copies']:,} -> {b['copies']:,} per copy: opening peaks at {per_copy['open_peak']:.2f} B and "
                   f"holds {per_copy['open_held']:.2f} B; ShardLoader.exposure peaks at "
-                  f"{per_copy['python_numpy_peak']:.2f} B")
+                  f"{per_copy['python_numpy_peak']:.2f} B; the Megatron export at {per_copy['megatron_peak']:.2f} B")
         return
     rows = []
     for n in (int(x) for x in args.copies.split(",")):

@@ -38,6 +38,13 @@ def test_shard_memory_bench_measures_the_driver_at_two_sizes(tmp_path):
     assert re.search(r"the manifest's stats grow \d+ B per shard", out), out
 
 
+@pytest.mark.slow
+def test_exposure_memory_bench_measures_the_loader_and_the_megatron_export(tmp_path):
+    out = _run(["bench/exposure_memory.py", "--loader-only", "--copies", "20000,40000"], tmp_path)
+    assert out.count("the Megatron export: NumPy peak") == 2, out
+    assert re.search(r"20,000 -> 40,000 per copy: .* the Megatron export at [0-9.]+ B", out), out
+
+
 def test_loader_open_bench_has_each_rank_read_its_share_of_the_headers(tmp_path):
     out = _run(["bench/loader_open.py", "--shards", "200", "--world-sizes", "1,4,64"], tmp_path)
     assert re.search(r"200 shards: the manifest \([0-9.]+ MiB\) is read in [0-9.]+ s, holds [0-9.]+ MiB", out), out

@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from kiln.common.manifest import MANIFEST_NAME, write_file_atomic, write_json_atomic
 from kiln.common.spill import BATCH_ROWS, BUCKET_ROWS, Spill, bucket_count, joined_buckets
 from kiln.common.storage import parquet_batches
-from kiln.tokens.shard_format import TRAIN, VAL, ShardError, ShardSet, open_shard, read_shard_set
+from kiln.tokens.shard_format import TRAIN, VAL, Shard, ShardError, ShardInfo, ShardSet, open_shard, read_shard_set
 from kiln.tokens.shard_writer import MEMBERS_SCHEMA, POSITIONS_SCHEMA
 
 EXPORT_FORMAT = "kiln-shard-export/1"
@@ -66,6 +66,7 @@ PARQUET_SCHEMA = pa.schema([pa.field("doc_id", pa.string()), pa.field("source", 
                                      nullable=False)])
 _ROW_GROUP_TOKENS = 1 << 23  # ~32 MB of int32 ids per Parquet row group: bounded memory to write and to read
 _COPY_TOKENS = 1 << 24  # tokens per write when streaming a shard into a .bin
+_INDEX_ROWS = 1 << 20  # document indices per write into an .idx (8 MB)
 _JOIN_BUCKET_ROWS = BUCKET_ROWS  # rows of the position and member lists joined at once
 _MEMBER_SCHEMA = pa.schema([MEMBERS_SCHEMA.field(c) for c in ("doc_id", "source")])
 _ROWS_SCHEMA = pa.schema([*POSITIONS_SCHEMA, MEMBERS_SCHEMA.field("source")])  # a copy, named
@@ -94,42 +95,61 @@ def _source_manifest(shard_dir: Path) -> dict[str, Any]:
     return json.loads((shard_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
 
 
-def _split_documents(shard_set: ShardSet, split: str):
-    """(ShardInfo, open Shard) of one split in reading order; none when the split has no shards."""
-    if not any(s.split == split for s in shard_set.shards):
-        return []
-    return [(info, open_shard(shard_set.dir / info.path, shard_set.tokenizer_sha256))
-            for info in shard_set.split(split)]
+def _split_shards(shard_set: ShardSet, split: str) -> list[ShardInfo]:
+    """The shards of one split in reading order; none when the split has no shards."""
+    return shard_set.split(split) if any(s.split == split for s in shard_set.shards) else []
 
 
-def write_megatron(shards, vocab_size: int, prefix: Path) -> dict[str, Any]:
-    """`<prefix>.bin` and `<prefix>.idx` from a split's open shards, one sequence (and document) per document."""
-    dtype = megatron_dtype(vocab_size)
-    lengths = (np.concatenate([np.diff(s.offsets.astype(np.int64)) for _, s in shards]) if shards
-               else np.zeros(0, np.int64))
-    if len(lengths) and lengths.max() >= 1 << 31:
-        raise ShardError(f"a document of {int(lengths.max())} tokens does not fit Megatron's int32 sequence length")
+def _opened(shard_set: ShardSet, infos: list[ShardInfo]) -> Iterator[tuple[ShardInfo, Shard]]:
+    """Each shard opened in turn, as the manifest lists it: one or two open at a time, whatever the shards. Every
+    shard of a split open at once held a file descriptor and a memory map per shard (Linux allows 65,530 maps a
+    process by default; 250,000 shards are 10^12 tokens) and every document's offset (8 B a document)."""
+    for info in infos:
+        shard = open_shard(shard_set.dir / info.path, shard_set.tokenizer_sha256)
+        if (shard.documents, len(shard.tokens)) != (info.documents, info.tokens):
+            raise ShardError(f"{info.path} holds {len(shard.tokens)} tokens / {shard.documents} documents but the "
+                             f"manifest lists {info.tokens} / {info.documents}: the dataset was altered after it was "
+                             f"written; re-materialize token_shards")
+        yield info, shard
+
+
+def write_megatron(shard_set: ShardSet, infos: list[ShardInfo], prefix: Path) -> dict[str, Any]:
+    """`<prefix>.bin` and `<prefix>.idx` from a split's shards (`infos`, in reading order), one sequence (and
+    document) per document. Both are streamed a shard at a time: the .idx's lengths, then its byte offsets, each in
+    a pass over the shards' indexes, so nothing per document of the split is held."""
+    dtype = megatron_dtype(shard_set.vocab_size)
+    documents = sum(info.documents for info in infos)
+
+    def lengths() -> Iterator[np.ndarray]:
+        for _, shard in _opened(shard_set, infos):
+            yield np.diff(shard.offsets.astype(np.int64))
 
     def write_bin(f) -> None:
-        for _, shard in shards:
+        for _, shard in _opened(shard_set, infos):
+            longest = int(np.diff(shard.offsets.astype(np.int64)).max(initial=0))
+            if longest >= 1 << 31:  # checked before its tokens are written: no .bin is left (written atomically)
+                raise ShardError(f"a document of {longest} tokens does not fit Megatron's int32 sequence length")
             for start in range(0, len(shard.tokens), _COPY_TOKENS):
                 np.asarray(shard.tokens[start:start + _COPY_TOKENS]).astype(dtype, copy=False).tofile(f)
 
-    pointers = np.zeros(len(lengths), np.int64)
-    np.cumsum(lengths[:-1] * dtype.itemsize, out=pointers[1:])
-
     def write_idx(f) -> None:
         f.write(MEGATRON_MAGIC)
-        f.write(struct.pack("<QBQQ", 1, MEGATRON_DTYPE_CODES[dtype], len(lengths), len(lengths) + 1))
-        f.write(lengths.astype("<i4").tobytes())
-        f.write(pointers.astype("<i8").tobytes())
-        f.write(np.arange(len(lengths) + 1, dtype="<i8").tobytes())  # one sequence per document
+        f.write(struct.pack("<QBQQ", 1, MEGATRON_DTYPE_CODES[dtype], documents, documents + 1))
+        for run in lengths():
+            f.write(run.astype("<i4").tobytes())
+        before = 0  # tokens of the documents before this shard's
+        for run in lengths():
+            ends = np.cumsum(run) + before
+            f.write(((ends - run) * dtype.itemsize).astype("<i8").tobytes())
+            before += int(run.sum())
+        for start in range(0, documents + 1, _INDEX_ROWS):  # one sequence per document
+            f.write(np.arange(start, min(start + _INDEX_ROWS, documents + 1), dtype="<i8").tobytes())
 
     prefix.parent.mkdir(parents=True, exist_ok=True)
     # .bin first: a reader that finds the .idx finds its data
     write_file_atomic(prefix.with_name(prefix.name + ".bin"), write_bin)
     write_file_atomic(prefix.with_name(prefix.name + ".idx"), write_idx)
-    return {"documents": len(lengths), "tokens": int(lengths.sum()), "dtype": dtype.name}
+    return {"documents": documents, "tokens": sum(info.tokens for info in infos), "dtype": dtype.name}
 
 
 class _ShardRows:
@@ -194,12 +214,13 @@ def _batches(paths: list[Path], schema: pa.Schema) -> tuple[pa.Schema, Iterator[
     return schema, (b.cast(schema) for p in paths for b in parquet_batches(p, BATCH_ROWS, schema.names))
 
 
-def write_parquet(shards, split: str, folder: Path, rows: _ShardRows) -> dict[str, Any]:
-    """`<folder>/<split>-NNNNN.parquet`, one per shard: one row per document with its doc_id, source and phase
-    (`rows`: each shard's doc_ids and sources in document order)."""
+def write_parquet(shard_set: ShardSet, infos: list[ShardInfo], split: str, folder: Path,
+                  rows: _ShardRows) -> dict[str, Any]:
+    """`<folder>/<split>-NNNNN.parquet`, one per shard of `infos` (a split's, in reading order): one row per document
+    with its doc_id, source and phase (`rows`: each shard's doc_ids and sources in document order)."""
     folder.mkdir(parents=True, exist_ok=True)
     files, documents, tokens = [], 0, 0
-    for k, (info, shard) in enumerate(shards):
+    for k, (info, shard) in enumerate(_opened(shard_set, infos)):
         ids, sources = rows.get(info.path)
         if ids is None or len(ids) != shard.documents:
             raise ShardError(f"{info.path}: the positions list names {0 if ids is None else len(ids)} documents, "
@@ -261,28 +282,28 @@ def export_shards(shard_dir: Path, out_dir: Path, formats: Sequence[str]) -> dic
 
 def _export(shard_set: ShardSet, manifest: dict[str, Any], out_dir: Path, formats: list[str],
             scratch: Path) -> dict[str, Any]:
-    in_order = {split: _split_documents(shard_set, split) for split in (TRAIN, VAL)}
-    rows = _ShardRows(shard_set.dir, manifest, [info.path for split in (TRAIN, VAL) for info, _ in in_order[split]],
+    in_order = {split: _split_shards(shard_set, split) for split in (TRAIN, VAL)}
+    rows = _ShardRows(shard_set.dir, manifest, [info.path for split in (TRAIN, VAL) for info in in_order[split]],
                       scratch) if "parquet" in formats else None
     splits: dict[str, Any] = {}
     for split in (TRAIN, VAL):
-        shards = in_order[split]
+        infos = in_order[split]  # as the manifest lists them; each shard is checked against it when opened
         phases, first = [], 0
-        for info, shard in shards:  # phases are contiguous in reading order
+        for info in infos:  # phases are contiguous in reading order
             if phases and phases[-1]["name"] == info.phase:
-                phases[-1]["documents"] += shard.documents
-                phases[-1]["tokens"] += len(shard.tokens)
+                phases[-1]["documents"] += info.documents
+                phases[-1]["tokens"] += info.tokens
             else:
-                phases.append({"name": info.phase, "first_document": first, "documents": shard.documents,
-                               "tokens": len(shard.tokens)})
-            first += shard.documents
-        entry: dict[str, Any] = {"documents": sum(s.documents for _, s in shards),
-                                 "tokens": sum(len(s.tokens) for _, s in shards), "phases": phases}
-        if shards and "megatron" in formats:
-            write_megatron(shards, shard_set.vocab_size, out_dir / MEGATRON_DIR / split)
+                phases.append({"name": info.phase, "first_document": first, "documents": info.documents,
+                               "tokens": info.tokens})
+            first += info.documents
+        entry: dict[str, Any] = {"documents": sum(i.documents for i in infos),
+                                 "tokens": sum(i.tokens for i in infos), "phases": phases}
+        if infos and "megatron" in formats:
+            write_megatron(shard_set, infos, out_dir / MEGATRON_DIR / split)
             entry["megatron_prefix"] = f"{MEGATRON_DIR}/{split}"
-        if shards and "parquet" in formats:
-            entry["parquet_files"] = write_parquet(shards, split, out_dir / PARQUET_DIR, rows)["files"]
+        if infos and "parquet" in formats:
+            entry["parquet_files"] = write_parquet(shard_set, infos, split, out_dir / PARQUET_DIR, rows)["files"]
         splits[split] = entry
     stats = {
         "format": EXPORT_FORMAT, "export_version": EXPORT_VERSION, "formats": formats,

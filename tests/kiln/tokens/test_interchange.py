@@ -128,6 +128,31 @@ def test_small_row_groups_and_copy_chunks_give_the_same_documents(built, tmp_pat
     assert verify_export(tmp_path / "out", stats) == []
 
 
+def test_the_export_opens_the_shards_one_after_another(built, tmp_path, monkeypatch):
+    """At most two shards are open at once (the one being copied and the next), however many the set has: the export
+    held every shard of a split open, a file descriptor and a memory map each (Linux allows 65,530 maps a process by
+    default) and every document's offset, and failed past that many shards."""
+    import weakref
+
+    from kiln.tokens import interchange
+
+    _, _, _, shard_dir, _ = built
+    live, most, opened = [0], [0], [0]
+    real = interchange.open_shard
+
+    def counting(path, expected_tokenizer_sha256=None):
+        shard = real(path, expected_tokenizer_sha256)
+        live[0], opened[0] = live[0] + 1, opened[0] + 1
+        most[0] = max(most[0], live[0])
+        weakref.finalize(shard, lambda: live.__setitem__(0, live[0] - 1))
+        return shard
+
+    monkeypatch.setattr(interchange, "open_shard", counting)
+    export_shards(shard_dir, tmp_path / "out", ["megatron", "parquet"])
+    shards = len(read_shard_set(shard_dir).shards)
+    assert shards > 4 and opened[0] >= shards and most[0] <= 2, (shards, opened, most)
+
+
 def test_export_carries_the_shards_lineage_and_checks_itself(built):
     root, _, tok, shard_dir, stats = built
     source = json.loads((shard_dir / "_manifest.json").read_text())
