@@ -55,8 +55,8 @@ import numpy as np
 import torch
 
 from kiln.common.splitmix import finalize, finalize_int
-from kiln.tokens.shard_format import (DTYPES, ShardError, ShardInfo, check_shard, hold_folder, open_shard,
-                                      read_shard_set, shard_tokens, token_dtype)
+from kiln.tokens.shard_format import (DTYPES, ShardError, ShardInfo, check_listed, check_shard, hold_folder,
+                                      open_shard, read_shard_set, shard_tokens, token_dtype)
 
 STATE_FORMAT = "kiln-loader/2"
 # Loader states and the order of their shuffled epochs: /1 drew a stored permutation (8 B per sequence of the phase,
@@ -422,10 +422,10 @@ _ROUNDS = 6  # Feistel rounds: 4 make a pseudo-random permutation (Luby-Rackoff)
 def _check_against(path: Path, info: ShardInfo, sha: str, dtype: np.dtype) -> None:
     """The shard's header, size and tokenizer (check_shard), and its counts and token width against the manifest."""
     width, tokens, documents, _ = check_shard(path, expected_tokenizer_sha256=sha)
-    if tokens != info.tokens or documents != info.documents or DTYPES[width] != dtype:
-        raise ShardError(f"{path} holds {tokens} tokens / {documents} documents of {width} B but the manifest lists "
-                         f"{info.tokens} / {info.documents} of {dtype.itemsize} B: the dataset was altered after it "
-                         f"was written; re-materialize token_shards")
+    check_listed(path, info, tokens, documents)
+    if DTYPES[width] != dtype:
+        raise ShardError(f"{path} holds tokens of {width} B, its shard set's vocabulary {dtype.itemsize} B ones: the "
+                         f"dataset was altered after it was written; re-materialize token_shards")
 
 
 def _shard_maps(folder: Path, sha: str, dtype: np.dtype):

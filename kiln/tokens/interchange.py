@@ -47,7 +47,8 @@ import pyarrow.parquet as pq
 from kiln.common.manifest import MANIFEST_NAME, write_file_atomic, write_json_atomic
 from kiln.common.spill import BATCH_ROWS, BUCKET_ROWS, Spill, bucket_count, joined_buckets
 from kiln.common.storage import parquet_batches
-from kiln.tokens.shard_format import TRAIN, VAL, Shard, ShardError, ShardInfo, ShardSet, open_shard, read_shard_set
+from kiln.tokens.shard_format import (TRAIN, VAL, Shard, ShardError, ShardInfo, ShardSet, check_listed, open_shard,
+                                      read_shard_set)
 from kiln.tokens.shard_writer import MEMBERS_SCHEMA, POSITIONS_SCHEMA
 
 EXPORT_FORMAT = "kiln-shard-export/1"
@@ -106,10 +107,7 @@ def _opened(shard_set: ShardSet, infos: list[ShardInfo]) -> Iterator[tuple[Shard
     process by default; 250,000 shards are 10^12 tokens) and every document's offset (8 B a document)."""
     for info in infos:
         shard = open_shard(shard_set.dir / info.path, shard_set.tokenizer_sha256)
-        if (shard.documents, len(shard.tokens)) != (info.documents, info.tokens):
-            raise ShardError(f"{info.path} holds {len(shard.tokens)} tokens / {shard.documents} documents but the "
-                             f"manifest lists {info.tokens} / {info.documents}: the dataset was altered after it was "
-                             f"written; re-materialize token_shards")
+        check_listed(shard.path, info, len(shard.tokens), shard.documents)
         yield info, shard
 
 

@@ -255,6 +255,14 @@ def read_shard_set(dataset_dir: Path) -> ShardSet:
                     manifest.get("data_version") or None)
 
 
+def check_listed(path: Path, info: ShardInfo, tokens: int, documents: int) -> None:
+    """Refuse a shard that does not hold the tokens and documents its manifest entry (`info`) lists."""
+    if (tokens, documents) != (info.tokens, info.documents):
+        raise ShardError(f"{path} holds {tokens} tokens / {documents} documents but the manifest lists "
+                         f"{info.tokens} / {info.documents}: the dataset was altered after it was written; "
+                         f"re-materialize token_shards")
+
+
 def verify_shards(folder: Path, shards: Iterable[ShardInfo], tokenizer_sha256: str) -> Iterator[str]:
     """What is wrong with each listed shard of `folder`, one message per shard at most: its header, size and tokenizer
     (check_shard), its counts against the list, and its document index's ends (0 and its token count: two values
@@ -263,6 +271,7 @@ def verify_shards(folder: Path, shards: Iterable[ShardInfo], tokenizer_sha256: s
         path = Path(folder) / info.path
         try:
             width, tokens, documents, _ = check_shard(path, tokenizer_sha256)
+            check_listed(path, info, tokens, documents)
         except ShardError as exc:
             yield str(exc)
             continue
@@ -272,11 +281,8 @@ def verify_shards(folder: Path, shards: Iterable[ShardInfo], tokenizer_sha256: s
             first = int.from_bytes(f.read(8), "little")
             f.seek(8 * (documents - 1), os.SEEK_CUR)
             last = int.from_bytes(f.read(8), "little")
-        if (tokens, documents) != (info.tokens, info.documents):
-            yield f"{info.path}: {tokens} tokens / {documents} documents, the manifest lists {info.tokens} / " \
-                  f"{info.documents}"
-        elif (first, last) != (0, tokens):
-            yield f"{info.path}: its document index runs from {first} to {last}, not from 0 to its {tokens} tokens"
+        if (first, last) != (0, tokens):
+            yield f"{path}: its document index runs from {first} to {last}, not from 0 to its {tokens} tokens"
 
 
 def hold_folder(folder: Path) -> int:
@@ -309,5 +315,5 @@ def write_random_shard_set(folder: Path, train_tokens: int, val_tokens: int, voc
 
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "Shard", "ShardError", "ShardInfo", "ShardSet", "TRAIN", "VAL",
-           "check_shard", "describe_shard_set", "open_shard", "read_header", "read_shard_set", "shard_tokens",
+           "check_listed", "check_shard", "describe_shard_set", "open_shard", "read_header", "read_shard_set", "shard_tokens",
            "token_dtype", "verify_shards", "write_random_shard_set", "write_shard"]

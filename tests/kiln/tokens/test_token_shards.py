@@ -110,8 +110,9 @@ def test_verifying_a_shard_set_names_each_shard_that_does_not_add_up(tmp_path):
     # 64 B of header, 20 of tokens, 4 of padding and 3 offsets of 8: 112 B, less the 8 cut off
     assert HEADER_SIZE == 64 and len(found) == 3 and "s1.bin is 104 bytes but its header (10 tokens, 2 documents, 2 " \
         "bytes per token) implies 112" in found[0]
-    assert found[1:] == ["s2.bin: 10 tokens / 2 documents, the manifest lists 9 / 2",
-                         "s3.bin: its document index runs from 0 to 11, not from 0 to its 10 tokens"]
+    assert found[1:] == [f"{tmp_path / 's2.bin'} holds 10 tokens / 2 documents but the manifest lists 9 / 2: the "
+                         "dataset was altered after it was written; re-materialize token_shards",
+                         f"{tmp_path / 's3.bin'}: its document index runs from 0 to 11, not from 0 to its 10 tokens"]
     assert [m[:60] for m in verify_shards(tmp_path, infos[:1], SHA_B)] == \
         [f"shard {tmp_path / 's0.bin'} was written with tokenizer abababababab…"[:60]]
 
