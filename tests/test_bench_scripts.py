@@ -50,7 +50,8 @@ def test_loader_open_bench_has_each_rank_read_its_share_of_the_headers(tmp_path)
     assert re.search(r"200 shards: the manifest \([0-9.]+ MiB\) is read in [0-9.]+ s, holds [0-9.]+ MiB", out), out
     # rank 0 checks shards 0, W, 2W, ...: 200, 50 and ceil(200 / 64) = 4 of them
     for world_size, read in ((1, 200), (4, 50), (64, 4)):
-        assert re.search(rf"world size +{world_size}: rank 0 opens in [0-9.]+ s, reading {read} shard headers", out), out
+        opened = rf"world size +{world_size}: rank 0 opens in [0-9.]+ s, reading {read} shard headers"
+        assert re.search(opened, out), out
 
 
 @pytest.mark.slow

@@ -161,6 +161,13 @@ def check_shard(path: Path, expected_tokenizer_sha256: str | None = None) -> tup
     return width, n_tokens, n_docs, sha
 
 
+def _check_index_ends(path: Path, first: int, last: int, n_tokens: int) -> None:
+    """A document index runs from 0 to the shard's token count."""
+    if (first, last) != (0, n_tokens):
+        raise ShardError(f"shard {path} has a corrupt document index (first {first}, last {last}, tokens {n_tokens}); "
+                         f"re-materialize token_shards")
+
+
 def _map_tokens(path: Path, width: int, n_tokens: int) -> np.ndarray:
     return (np.memmap(path, dtype=DTYPES[width], mode="r", offset=HEADER_SIZE, shape=(n_tokens,)) if n_tokens
             else np.zeros(0, DTYPES[width]))
@@ -179,9 +186,7 @@ def open_shard(path: Path, expected_tokenizer_sha256: str | None = None) -> Shar
     tokens = _map_tokens(path, width, n_tokens)
     body = n_tokens * width
     offsets = np.fromfile(path, dtype="<u8", count=n_docs + 1, offset=HEADER_SIZE + body + _padding(body))
-    if offsets[0] != 0 or offsets[-1] != n_tokens:
-        raise ShardError(f"shard {path} has a corrupt document index (first {int(offsets[0])}, last "
-                         f"{int(offsets[-1])}, tokens {n_tokens}); re-materialize token_shards")
+    _check_index_ends(path, int(offsets[0]), int(offsets[-1]), n_tokens)
     return Shard(Path(path), tokens, offsets, sha)
 
 
@@ -272,17 +277,15 @@ def verify_shards(folder: Path, shards: Iterable[ShardInfo], tokenizer_sha256: s
         try:
             width, tokens, documents, _ = check_shard(path, tokenizer_sha256)
             check_listed(path, info, tokens, documents)
+            body = tokens * width
+            with open(path, "rb") as f:
+                f.seek(HEADER_SIZE + body + _padding(body))
+                first = int.from_bytes(f.read(8), "little")
+                f.seek(8 * (documents - 1), os.SEEK_CUR)
+                last = int.from_bytes(f.read(8), "little")
+            _check_index_ends(path, first, last, tokens)
         except ShardError as exc:
             yield str(exc)
-            continue
-        body = tokens * width
-        with open(path, "rb") as f:
-            f.seek(HEADER_SIZE + body + _padding(body))
-            first = int.from_bytes(f.read(8), "little")
-            f.seek(8 * (documents - 1), os.SEEK_CUR)
-            last = int.from_bytes(f.read(8), "little")
-        if (first, last) != (0, tokens):
-            yield f"{path}: its document index runs from {first} to {last}, not from 0 to its {tokens} tokens"
 
 
 def hold_folder(folder: Path) -> int:
@@ -315,5 +318,5 @@ def write_random_shard_set(folder: Path, train_tokens: int, val_tokens: int, voc
 
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "Shard", "ShardError", "ShardInfo", "ShardSet", "TRAIN", "VAL",
-           "check_listed", "check_shard", "describe_shard_set", "open_shard", "read_header", "read_shard_set", "shard_tokens",
-           "token_dtype", "verify_shards", "write_random_shard_set", "write_shard"]
+           "check_listed", "check_shard", "describe_shard_set", "open_shard", "read_header", "read_shard_set",
+           "shard_tokens", "token_dtype", "verify_shards", "write_random_shard_set", "write_shard"]

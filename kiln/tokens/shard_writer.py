@@ -666,16 +666,18 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
         phase_of = {b: p for p in phases for b in p.buckets}
         for b, made in zip(buckets, bucket_shards):
             phase = phase_of[b]
-            names_by_bucket[b] = phase.split, []
+            shard_names: list[str] = []
+            names_by_bucket[b] = phase.split, shard_names
             for w in made:
                 path = new_path()
                 os.replace(w.path, path)
                 shards.append(ShardInfo(str(path.relative_to(out_dir)), phase.split, phase.name, phase.index,
                                         w.tokens, w.documents))
-                names_by_bucket[b][1].append(shards[-1].path)
-        lists = [output.next_path(role) if not isinstance(output, Path | str) else out_dir / part_name(role, 0)
-                 for role in ("members", "positions", "composition")]
-        _write_lists(*lists, parts, shards_dir, names_by_bucket, names)
+                shard_names.append(shards[-1].path)
+        members_path, positions_path, composition_path = (
+            output.next_path(role) if not isinstance(output, Path | str) else out_dir / part_name(role, 0)
+            for role in ("members", "positions", "composition"))
+        _write_lists(members_path, positions_path, composition_path, parts, shards_dir, names_by_bucket, names)
         t_written = time.perf_counter()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -702,7 +704,7 @@ def write_token_shards(sources: list[SourceParts], tokenizer_path: str | Path, s
         shards=shards, sources=per_source, warnings=warnings,
         phases=[{**p.to_dict(), "min_document_tokens": minimum.get(p.name)} for p in plans],
         seconds={"tokenize": round(t_tokenized - t_start, 3), "write": round(t_written - t_tokenized, 3)},
-        members=str(lists[0].relative_to(out_dir)), composition=str(lists[2].relative_to(out_dir)))
+        members=str(members_path.relative_to(out_dir)), composition=str(composition_path.relative_to(out_dir)))
 
 
 def _write_lists(members_path: Path, positions_path: Path, composition_path: Path, parts: list[_PartFiles],

@@ -112,7 +112,8 @@ def test_verifying_a_shard_set_names_each_shard_that_does_not_add_up(tmp_path):
         "bytes per token) implies 112" in found[0]
     assert found[1:] == [f"{tmp_path / 's2.bin'} holds 10 tokens / 2 documents but the manifest lists 9 / 2: the "
                          "dataset was altered after it was written; re-materialize token_shards",
-                         f"{tmp_path / 's3.bin'}: its document index runs from 0 to 11, not from 0 to its 10 tokens"]
+                         f"shard {tmp_path / 's3.bin'} has a corrupt document index (first 0, last 11, tokens 10); "
+                         "re-materialize token_shards"]
     assert [m[:60] for m in verify_shards(tmp_path, infos[:1], SHA_B)] == \
         [f"shard {tmp_path / 's0.bin'} was written with tokenizer abababababab…"[:60]]
 
