@@ -6,7 +6,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import dagster as dg
 
@@ -37,7 +37,12 @@ from kiln.tokens.shard_writer import is_validation
 from kiln.tokens.tokenizer import Tokenizer, read_documents
 from resources import KilnConfig, KilnEngine, KilnStorage, MlflowTracking, TrainingLauncher
 from training_jobs.launch import MATERIALIZING, RunFolderBusy, busy, run_folder_lock
+from training_jobs.settings import RunConfig
 from training_jobs.span_lengths import sentinel_problem
+
+if TYPE_CHECKING:
+    from kiln.common.storage import Store
+    from training_jobs.run_mirror import RunMirror
 
 RUN, CHECKPOINT, EVALUATION = "training_run", "checkpoint", "evaluation"
 REPO = Path(__file__).resolve().parents[1]
@@ -314,12 +319,16 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
                 "kiln.git_commit": git_commit() or "unknown", "kiln.run_key": key,
                 **({"kiln.base_checkpoint.sha256": base["sha256"], "kiln.base_checkpoint": base["path"]}
                    if base else {})}
-        experiment_id, mlflow_run_id = _mlflow_run(mlflow_tracking, run_dir, f"kiln-{key}", tags)
-        run_config = settings.to_run_config(
+        launch_config = settings.to_run_config(
             dataset_dir=store.dataset_dir(SHARDS, refresh), tokenizer_sha256=tok.stats["card"]["sha256"],
             output_dir=run_dir, tokenizer_dir=store.dataset_dir(TOKENIZER), experiment=mlflow_tracking.experiment,
             run_name=f"kiln-{key}", tags=tags, base_checkpoint=base and base["path"], replay=pinned_replay,
-            dataset_data_version=shards.data_version).write(run_dir / "run_config.json")
+            dataset_data_version=shards.data_version)
+        mirror = _run_mirror(store, project, run_dir, launch_config)
+        if mirror is not None and settings.checkpoint.resume and (pulled := mirror.pull(context.log.warning)):
+            context.log.info(f"training_run: resuming from {pulled}, downloaded from {mirror.url()}")
+        experiment_id, mlflow_run_id = _mlflow_run(mlflow_tracking, run_dir, f"kiln-{key}", tags)
+        run_config = launch_config.write(run_dir / "run_config.json")
         # Kept on disk until what the run read of them is measured below, then read there: a removal request applied
         # while it trains materializes the shards again, and removes the version replaced once nobody holds it.
         claim.push(lambda failed, *_: holds.close() if failed else None)  # a launch that failed lets go at once
@@ -330,8 +339,9 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
             ray_reachable(training_launcher, ray_address)
         command = training_launcher.command(run_config, settings.launcher, ray_address)
         try:
-            reported = pipes_subprocess_client.run(command=command, context=context,
-                                                   env=env, cwd=str(REPO)).get_materialize_result()
+            with mirror.pushing(context.log.info, context.log.warning) if mirror else contextlib.nullcontext():
+                reported = pipes_subprocess_client.run(command=command, context=context,
+                                                       env=env, cwd=str(REPO)).get_materialize_result()
         except Exception as exc:  # noqa: BLE001: Dagster's Pipes error (not exported by `dagster`); why: summary.json
             if reason := busy(run_dir):  # another launch took the folder after the check above: not our summary
                 raise dg.Failure(description=f"training_run: {reason}",
@@ -346,6 +356,8 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
             raise
     with holds:
         summary = _read_json(run_dir / "summary.json")
+        if mirror is not None and summary.get("exports"):  # for the checkpoint asset on another machine
+            mirror.push_exports(summary["exports"])
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         # What the run read, from its loader's final cursor (the last checkpoint's): membership and the data card
         # answer from it, not from the shards' member list alone.
@@ -395,6 +407,19 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
                if base and base.get("trained_on_validation") else {}),
         },
         data_version=dg.DataVersion(manifest.data_version))
+
+
+def _run_mirror(store: "Store", project: ProjectConfig, run_dir: Path,
+                run: RunConfig | None = None) -> Optional["RunMirror"]:
+    """The run folder's copy in the store's bucket (storage.mirror_runs), or None on local storage. `run`: the
+    launch's config, for where its checkpoints go and how many are kept."""
+    if store.remote is None or not project.storage.mirror_runs:
+        return None
+    from training_jobs.run_mirror import RunMirror  # imports torch: only where a run is mirrored
+
+    if run is None:
+        return RunMirror(store.remote, run_dir)
+    return RunMirror(store.remote, run_dir, run.checkpoint_dir(), run.training.checkpoint.keep_last)
 
 
 def _read_json(path: Path) -> dict:
@@ -458,7 +483,7 @@ def time_plot_markdown(summary: dict) -> str:
           check_specs=[dg.AssetCheckSpec("loads", asset=CHECKPOINT, blocking=True,
                                          description="the safetensors export, reloaded, gives the loss the trained "
                                                      "model had on a held-back sequence (recorded at save time)")])
-def checkpoint(context: dg.AssetExecutionContext, storage: KilnStorage,
+def checkpoint(context: dg.AssetExecutionContext, kiln_config: KilnConfig, storage: KilnStorage,
                mlflow_tracking: MlflowTracking) -> dg.MaterializeResult:
     """The trained model: consolidated fp32 safetensors, a Hugging Face Llama export with the tokenizer, hashed."""
     import torch
@@ -469,7 +494,7 @@ def checkpoint(context: dg.AssetExecutionContext, storage: KilnStorage,
     run = store.manifest(RUN)
     summary = run.stats["summary"]
     with store.staging(CHECKPOINT) as writer:
-        for fmt, folder in summary["exports"].items():
+        for fmt, folder in _exports_here(store, kiln_config.load(), run.stats).items():
             for f in Path(folder).rglob("*"):
                 if f.is_file():
                     target = writer.dir / fmt / f.relative_to(folder)
@@ -504,6 +529,26 @@ def checkpoint(context: dg.AssetExecutionContext, storage: KilnStorage,
         check_results=[dg.AssetCheckResult(check_name="loads", passed=loads["passed"],
                                            metadata={k: v for k, v in loads.items() if k != "passed"})],
         data_version=dg.DataVersion(manifest.data_version))
+
+
+def _exports_here(store: "Store", project: ProjectConfig, run: dict) -> dict[str, Path]:
+    """The run's export folders ({format: folder}) on this machine: where the run wrote them, or, where the run
+    trained elsewhere (another pod, another KILN_HOME), downloaded from its copy in the bucket into this KILN_HOME's
+    folder of the run."""
+    trained_in = Path(run["run_dir"])
+    recorded = {fmt: Path(folder) for fmt, folder in run["summary"]["exports"].items()}
+    if all(folder.is_dir() for folder in recorded.values()):
+        return recorded
+    here = kiln_home() / "runs" / trained_in.name
+    exports = {fmt: here / folder.relative_to(trained_in) for fmt, folder in recorded.items()}
+    if all(folder.is_dir() for folder in exports.values()):
+        return exports
+    if (mirror := _run_mirror(store, project, here)) is None or not mirror.pull_exports():
+        raise dg.Failure(description=(
+            f"checkpoint: the exports of the training run ({', '.join(map(str, recorded.values()))}) are not on this "
+            "machine" + ("" if mirror is None else f" nor at {mirror.url()}") + ": materialize checkpoint where "
+            "training_run ran, or train with storage.backend: s3 and storage.mirror_runs: true (the default there)"))
+    return exports
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

@@ -1,5 +1,6 @@
-"""S3 storage throughput: commit (write + upload) and read-back into an empty cache (download + sha256),
-against moto's S3 server started here on loopback. NOT a figure for AWS: moto keeps objects in the memory of
+"""S3 storage throughput: commit (write + upload) and read-back into an empty cache (download + sha256), and a
+training run's checkpoint copied up and down by its mirror (training_jobs/run_mirror.py), against moto's S3 server
+started here on loopback. NOT a figure for AWS: moto keeps objects in the memory of
 this process and shares its CPU, so it measures Kiln's overhead and the client path, not a network.
 
     .venv/bin/python bench/storage_s3_bench.py [--files 8] [--mb-per-file 16]
@@ -21,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kiln.common.remote import S3Remote  # noqa: E402
 from kiln.common.storage import Store  # noqa: E402
+from training_jobs.checkpoint import tag_for, write_manifest  # noqa: E402
+from training_jobs.run_mirror import RunMirror  # noqa: E402
 
 
 def main() -> None:
@@ -56,6 +59,18 @@ def main() -> None:
             start = time.perf_counter()
             Store(Path(tmp) / "fresh", remote).dataset_dir("token_shards")
             pull = time.perf_counter() - start
+            # A checkpoint of the same files, up from one machine's run folder and down into another's
+            ckpt = Path(tmp) / "machine-a" / "run-key" / "checkpoints" / tag_for(1)
+            ckpt.mkdir(parents=True)
+            for i in range(args.files):
+                (ckpt / f"zero_pp_rank_{i}_mp_rank_00_optim_states.pt").write_bytes(os.urandom(args.mb_per_file << 20))
+            write_manifest(ckpt, 1, {})
+            start = time.perf_counter()
+            assert RunMirror(remote, ckpt.parents[1]).push() == [ckpt.name]
+            mirror_push = time.perf_counter() - start
+            start = time.perf_counter()
+            assert RunMirror(remote, Path(tmp) / "machine-b" / "run-key").pull(print) == ckpt.name
+            mirror_pull = time.perf_counter() - start
     finally:
         server.stop()
     upload = timings["s3"] - timings["local only"]
@@ -65,6 +80,9 @@ def main() -> None:
     print(f"commit with S3:                {timings['s3']:.2f} s -> upload adds {upload:.2f} s "
           f"({total_mb / max(upload, 1e-9):.0f} MB/s)")
     print(f"read into an empty cache:      {pull:.2f} s ({total_mb / pull:.0f} MB/s, download + sha256 verify)")
+    print(f"run mirror, checkpoint up:     {mirror_push:.2f} s ({total_mb / mirror_push:.0f} MB/s)")
+    print(f"run mirror, checkpoint down:   {mirror_pull:.2f} s ({total_mb / mirror_pull:.0f} MB/s, download + sha256 "
+          f"verify)")
 
 
 if __name__ == "__main__":

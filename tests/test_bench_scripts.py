@@ -45,6 +45,13 @@ def test_exposure_memory_bench_measures_the_loader_and_the_megatron_export(tmp_p
     assert re.search(r"20,000 -> 40,000 per copy: .* the Megatron export at [0-9.]+ B", out), out
 
 
+def test_storage_s3_bench_moves_a_dataset_and_a_run_checkpoint_through_moto(tmp_path):
+    out = _run(["bench/storage_s3_bench.py", "--files", "2", "--mb-per-file", "1"], tmp_path)
+    for step in ("commit with S3:", "read into an empty cache:", "run mirror, checkpoint up:",
+                 "run mirror, checkpoint down:"):
+        assert re.search(rf"{step} +[0-9.]+ s", out), out
+
+
 def test_loader_open_bench_has_each_rank_read_its_share_of_the_headers(tmp_path):
     out = _run(["bench/loader_open.py", "--shards", "200", "--world-sizes", "1,4,64"], tmp_path)
     assert re.search(r"200 shards: the manifest \([0-9.]+ MiB\) is read in [0-9.]+ s, holds [0-9.]+ MiB", out), out

@@ -5,6 +5,7 @@ import hashlib
 import json
 import shutil
 import string
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,6 +41,8 @@ def project(tmp_path, kiln_home, monkeypatch, s3_endpoint):  # noqa: F811
         "quality": {"classifier": {"folds": 2, "epochs": 5, "quantize_cutoff": 1000}},
         "tokenizer": {"vocab_size": 400},
         "shards": {"seq_len": 16, "val_fraction": 0.2},
+        "training": {"model": {"preset": "tiny"}, "micro_batch_size": 2, "max_steps": 4, "log_every_steps": 2,
+                     "checkpoint": {"every_steps": 2, "keep_last": 1}},
         "storage": {"backend": "s3", "bucket": BUCKET, "prefix": PREFIX, "create_bucket": True},
     }
     project = load_project(config, tmp_path, kiln_home, monkeypatch, in_memory=True)
@@ -145,3 +148,27 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
     answer = json.loads(capsys.readouterr().out)
     assert answer["match"] == "exact" and answer["source"] == "ref"
     assert answer["verdict"] in ("in_training", "validation_only"), answer["summary"]
+
+    # Training on S3 storage: the run's checkpoint goes up to the bucket beside the datasets (storage.mirror_runs),
+    # and a machine without the run folder (KILN_HOME/runs gone: another pod) resumes from it, in the same MLflow run.
+    materialize(project, ["training_run"])
+    run = json.loads((home / "data" / "training_run" / "_all" / MANIFEST_NAME).read_text())
+    run_dir = Path(run["stats"]["run_dir"])
+    mirrored = f"{PREFIX}/_runs/{run_dir.name}/checkpoints"
+    on_s3 = {k.removeprefix(mirrored + "/") for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket=BUCKET, Prefix=mirrored) for k in (o["Key"] for o in page.get("Contents", []))}
+    final = run_dir / "checkpoints" / "step_00000004"
+    assert on_s3 == {f"step_00000004/{p.relative_to(final).as_posix()}" for p in final.rglob("*") if p.is_file()}
+    assert client.get_object(Bucket=BUCKET, Key=f"{mirrored}/step_00000004/manifest.json")["Body"].read() == \
+        (final / "manifest.json").read_bytes()
+    shutil.rmtree(home / "runs")
+    materialize(project, ["training_run"])
+    again = json.loads((home / "data" / "training_run" / "_all" / MANIFEST_NAME).read_text())
+    assert again["stats"]["summary"]["resumed_from"] == str(final) and again["stats"]["summary"]["steps_this_run"] == 0
+    assert again["stats"]["mlflow"]["run_id"] == run["stats"]["mlflow"]["run_id"]
+
+    # The checkpoint asset on a third machine (no run folder at all): the run's exports come down from the bucket.
+    shutil.rmtree(home / "runs")
+    result = materialize(project, ["checkpoint"])
+    assert all(e.passed for e in result.get_asset_check_evaluations())  # `loads`: the export gives the probe's loss
+    assert (home / "runs" / run_dir.name / "export" / "safetensors" / "model.safetensors").is_file()

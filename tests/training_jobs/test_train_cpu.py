@@ -22,6 +22,7 @@ import torch
 
 from tests.training_jobs.conftest import (BASE, REPO, check, launch, launch_command, mlflow_store, read_metrics,
                                          run_a_mlflow_uri, summary_of, write_run)
+from tests.s3 import _moto_server, s3_endpoint  # noqa: F401 (fixtures)
 from training_jobs import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -267,6 +268,29 @@ def test_a_killed_run_resumes_exactly(run_a, tmp_path, token_dataset):
     assert summary["resumed_from"].endswith("step_00000008") and summary["steps_this_run"] == 4
     expected, got = read_metrics(run_a), read_metrics(out)
     for step in range(9, 13):
+        for key in ("train/loss", "train/grad_norm", "train/lr"):
+            assert got[step][key] == expected[step][key], (step, key)
+
+
+def test_a_run_stopped_on_one_machine_resumes_on_another_from_s3(run_a, run_b, tmp_path, token_dataset,
+                                                                 s3_endpoint):  # noqa: F811
+    """run_b's folder goes up to S3 through its mirror (training_jobs/run_mirror.py); another machine, with nothing of
+    the run, pulls the newest checkpoint and the launch resumes from it: steps 9..12 equal the uninterrupted run's
+    bit for bit, and the metrics before the stop came down with it."""
+    from kiln.common.remote import S3Remote
+    from tests.s3 import s3_client
+    from training_jobs.run_mirror import RunMirror
+
+    remote = S3Remote.connect(s3_client(s3_endpoint), "kiln-runs", "kiln", create_bucket=True)
+    assert RunMirror(remote, run_b, keep_last=2).push() == ["step_00000008", "step_00000004"]
+    there, warnings = tmp_path / "elsewhere" / run_b.name, []  # the same run key on another machine
+    assert RunMirror(remote, there, keep_last=2).pull(warnings.append) == "step_00000008"
+    assert not warnings and read_metrics(there) == read_metrics(run_b)
+    check(launch(write_run(tmp_path, token_dataset, there, max_steps=12), nproc=2))
+    summary = summary_of(there)
+    assert summary["resumed_from"].endswith("step_00000008") and summary["steps_this_run"] == 4
+    expected, got = read_metrics(run_a), read_metrics(there)
+    for step in range(1, 13):
         for key in ("train/loss", "train/grad_norm", "train/lr"):
             assert got[step][key] == expected[step][key], (step, key)
 
