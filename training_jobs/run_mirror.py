@@ -7,7 +7,7 @@ What S3 holds, under `<storage.prefix>/_runs/<run key>/`:
   on S3 counts as complete only once all of it is there, as on disk (checkpoint.py); the newest
   `training.checkpoint.keep_last` are kept, as on disk;
 - `run/metrics.jsonl` and `run/mlflow_run_id`: the rows logged so far and the MLflow run, so a resumed run's loss
-  curve and MLflow run go on where they stopped.
+  curve and MLflow run go on where they stopped;
 - `run/export/...` and `run/exports.json`: a finished run's exports (safetensors, Hugging Face), listed once all
   are up, so the checkpoint asset runs on another machine than the training (a Dagster run of its own, another pod).
 
@@ -32,6 +32,7 @@ from pathlib import Path
 from kiln.common.manifest import sha256_file, write_file_atomic
 from kiln.common.remote import CorruptRemoteFile, MissingRemoteFile, S3Remote
 from training_jobs.checkpoint import MANIFEST, TAG, checkpoints, move_aside
+from training_jobs.settings import CheckpointSettings
 
 RUNS = "_runs"  # beside the datasets' folders in the bucket; no asset has this name
 RUN_FILES = ("metrics.jsonl", "mlflow_run_id")  # what a resumed run continues besides its checkpoint
@@ -52,7 +53,7 @@ class RunMirror:
     remote: S3Remote
     run_dir: Path
     checkpoint_dir: Path | None = None  # None: <run_dir>/checkpoints (training.checkpoint.dir unset)
-    keep_last: int = 3  # training.checkpoint.keep_last
+    keep_last: int = CheckpointSettings.model_fields["keep_last"].default  # training.checkpoint.keep_last
     _on_s3: dict[str, bytes] | None = field(default=None, repr=False)  # tag -> manifest bytes of complete ones
 
     def __post_init__(self) -> None:

@@ -210,13 +210,18 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(run_a, run_b, tmp_path,
     out = tmp_path / "b_resumed"
     shutil.copytree(run_b, out)
     check(launch(write_run(tmp_path, token_dataset, out, max_steps=12), nproc=2))
+    assert resumed_at_8_like(run_a, out)["val_loss"] == summary_of(run_a)["val_loss"]
+
+
+def resumed_at_8_like(run_a: Path, out: Path) -> dict:
+    """`out` resumed from step 8 and its steps 1..12 are run_a's bit for bit; its summary."""
     summary = summary_of(out)
     assert summary["resumed_from"].endswith("step_00000008") and summary["steps_this_run"] == 4
     expected, got = read_metrics(run_a), read_metrics(out)
     for step in range(1, 13):
         for key in ("train/loss", "train/grad_norm", "train/lr"):
             assert got[step][key] == expected[step][key], (step, key)  # bit for bit
-    assert summary["val_loss"] == summary_of(run_a)["val_loss"]
+    return summary
 
 
 def processes_of(run_config: Path) -> list[int]:
@@ -287,12 +292,7 @@ def test_a_run_stopped_on_one_machine_resumes_on_another_from_s3(run_a, run_b, t
     assert RunMirror(remote, there, keep_last=2).pull(warnings.append) == "step_00000008"
     assert not warnings and read_metrics(there) == read_metrics(run_b)
     check(launch(write_run(tmp_path, token_dataset, there, max_steps=12), nproc=2))
-    summary = summary_of(there)
-    assert summary["resumed_from"].endswith("step_00000008") and summary["steps_this_run"] == 4
-    expected, got = read_metrics(run_a), read_metrics(there)
-    for step in range(1, 13):
-        for key in ("train/loss", "train/grad_norm", "train/lr"):
-            assert got[step][key] == expected[step][key], (step, key)
+    resumed_at_8_like(run_a, there)
 
 
 def test_a_corrupt_newest_checkpoint_is_skipped(run_a, run_b, tmp_path, token_dataset):
