@@ -16,6 +16,7 @@ from assets.tokens import ALL_SOURCES, SHARDS, TOKENIZER
 from kiln.common.config import ConfigError, ProjectConfig, kiln_home, merge_config, parse_config
 from kiln.common.manifest import applied_requests, code_version, git_commit, write_json_atomic
 from kiln.common.plots import figure_markdown, pyplot
+from kiln.common.remote import LockHeld
 from kiln.common.secrets import redact, redact_url
 from kiln.common.storage import IncompleteDataset
 from kiln.governance.audit import trained_on
@@ -324,9 +325,15 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
             output_dir=run_dir, tokenizer_dir=store.dataset_dir(TOKENIZER), experiment=mlflow_tracking.experiment,
             run_name=f"kiln-{key}", tags=tags, base_checkpoint=base and base["path"], replay=pinned_replay,
             dataset_data_version=shards.data_version)
-        mirror = _run_mirror(store, project, run_dir, launch_config)
-        if mirror is not None and settings.checkpoint.resume and (pulled := mirror.pull(context.log.warning)):
-            context.log.info(f"training_run: resuming from {pulled}, downloaded from {mirror.url()}")
+        if (mirror := _run_mirror(store, project, run_dir, launch_config)) is not None:
+            try:
+                claim.enter_context(mirror.holding())  # the run folder's lock above is this machine's only
+            except LockHeld as exc:
+                raise dg.Failure(description=f"training_run: {exc}: another machine is training this run. Wait "
+                                             f"for it to end (materializing then resumes from its checkpoints, or "
+                                             f"trains nothing when it finished), or stop it there") from None
+            if settings.checkpoint.resume and (pulled := mirror.pull(context.log.warning)):
+                context.log.info(f"training_run: resuming from {pulled}, downloaded from {mirror.url()}")
         experiment_id, mlflow_run_id = _mlflow_run(mlflow_tracking, run_dir, f"kiln-{key}", tags)
         run_config = launch_config.write(run_dir / "run_config.json")
         # Kept on disk until what the run read of them is measured below, then read there: a removal request applied

@@ -66,6 +66,13 @@ class RunMirror:
     def url(self) -> str:
         return self.remote.url(self.key())
 
+    def holding(self) -> contextlib.AbstractContextManager:
+        """This machine's claim on the run across machines, for a launch's length: a lease on S3 (`launch.lock`,
+        renewed while held). `LockHeld`, naming the host, while another machine's launch holds it: two machines
+        training one run would each upload their checkpoints over the other's. A holder that dies loses it once it
+        has not renewed it for two minutes (kiln.common.remote.LEASE_S)."""
+        return self.remote.lock(self.key("launch.lock"), wait=False)
+
     def complete_on_s3(self) -> dict[str, bytes]:
         """Tag -> manifest bytes of every complete checkpoint on S3 (read once, then kept up to date by push)."""
         if self._on_s3 is None:

@@ -43,6 +43,10 @@ class MissingRemoteFile(StorageError):
     """A manifest lists an object that is not on S3."""
 
 
+class LockHeld(StorageError):
+    """`lock(..., wait=False)` found the lock held by a live holder."""
+
+
 class LostLock(StorageError):
     """A lock's holder stalled past its lease and another process took the lock over."""
 
@@ -117,12 +121,13 @@ class S3Remote:
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
 
     @contextmanager
-    def lock(self, key: str, lease_s: float = LEASE_S) -> Iterator[Callable[[], None]]:
+    def lock(self, key: str, lease_s: float = LEASE_S, wait: bool = True) -> Iterator[Callable[[], None]]:
         """Hold the lock at `key` for every process on every machine that uses the bucket: an object created only
         where there is none (S3 conditional writes: PutObject If-None-Match), renewed while held (If-Match its
         ETag), taken over once its holder has not renewed it for `lease_s` (by S3's clock: no two machines' clocks
-        are compared). A live holder is waited for however long it holds. Yields a check that raises `LostLock`
-        when the lease was lost (this process stalled past `lease_s`): call it right before the write it guards."""
+        are compared). A live holder is waited for however long it holds, or with `wait=False` refused at once
+        (`LockHeld`, naming its host). Yields a check that raises `LostLock` when the lease was lost (this process
+        stalled past `lease_s`): call it right before the write it guards."""
         self._check_conditional_writes()
         body = json.dumps({"owner": uuid.uuid4().hex, "host": socket.gethostname()}).encode()
         etag, waited = None, False
@@ -132,6 +137,10 @@ class S3Remote:
                 held = self._lock_holder(key)
                 if held is not None and held[1] > lease_s:  # its holder stopped renewing it: take it over
                     etag = self._put_if(key, body, IfMatch=held[0])
+                if etag is None and not wait and held is not None:
+                    holder = json.loads(self.get_bytes(key) or b"{}").get("host", "an unknown host")
+                    raise LockHeld(f"{self.url(key)} is held by a process on {holder} (renewed {held[1]:.0f} s "
+                                   f"ago; a holder that stops renewing it loses it after {lease_s:.0f} s)")
                 if etag is None:
                     if not waited:  # a step that waits says why (in Dagster, its captured stderr)
                         print(f"kiln: waiting for {self.url(key)}: another process is publishing this dataset",

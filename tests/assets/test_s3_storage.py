@@ -162,6 +162,13 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
     assert client.get_object(Bucket=BUCKET, Key=f"{mirrored}/step_00000004/manifest.json")["Body"].read() == \
         (final / "manifest.json").read_bytes()
     shutil.rmtree(home / "runs")
+    from training_jobs.run_mirror import RunMirror
+
+    with RunMirror(S3Remote.connect(client, BUCKET, PREFIX), tmp_path / "machine-b" / run_dir.name).holding():
+        failed = project.materialize(["training_run"], raise_on_error=False)  # while machine b trains it
+    message = next(e for e in failed.all_events if e.event_type_value == "STEP_FAILURE").step_failure_data.error.message
+    assert "launch.lock is held by a process on" in message and "another machine is training this run" in message
+    assert not (home / "runs" / run_dir.name / "checkpoints").exists()  # refused before anything was pulled
     materialize(project, ["training_run"])
     again = json.loads((home / "data" / "training_run" / "_all" / MANIFEST_NAME).read_text())
     assert again["stats"]["summary"]["resumed_from"] == str(final) and again["stats"]["summary"]["steps_this_run"] == 0

@@ -229,3 +229,22 @@ def test_a_finished_runs_exports_come_down_whole_on_another_machine(remote, tmp_
     with pytest.raises(CorruptRemoteFile, match="sha256"):
         mirror(remote, elsewhere).pull_exports()
     assert not (elsewhere / "export").exists() and not list(elsewhere.glob(".pulling-*"))
+
+
+def test_one_machine_at_a_time_launches_a_run(remote, tmp_path):
+    """Each machine's run folder lock is its own: across machines, the launch holds a lease on S3, and a second
+    machine is refused at once, told which host holds it; once the first lets go, it may launch."""
+    import socket
+
+    from kiln.common.remote import LockHeld
+
+    here, there = mirror(remote, tmp_path / "a" / KEY), mirror(remote, tmp_path / "b" / KEY)
+    with here.holding():
+        with pytest.raises(LockHeld, match=f"launch.lock is held by a process on {socket.gethostname()}"):
+            with there.holding():
+                pass
+        other_run = RunMirror(remote, tmp_path / "b" / "another-run-key")
+        with other_run.holding():  # another run is not held up
+            pass
+    with there.holding():
+        pass
