@@ -43,7 +43,7 @@ from training_jobs.span_lengths import sentinel_problem
 
 if TYPE_CHECKING:
     from kiln.common.storage import Store
-    from training_jobs.run_mirror import RunMirror
+    from kiln.common.run_mirror import RunMirror
 
 RUN, CHECKPOINT, EVALUATION = "training_run", "checkpoint", "evaluation"
 REPO = Path(__file__).resolve().parents[1]
@@ -422,7 +422,7 @@ def _run_mirror(store: "Store", project: ProjectConfig, run_dir: Path,
     launch's config, for where its checkpoints go and how many are kept."""
     if store.remote is None or not project.storage.mirror_runs:
         return None
-    from training_jobs.run_mirror import RunMirror  # imports torch: only where a run is mirrored
+    from kiln.common.run_mirror import RunMirror  # imports torch: only where a run is mirrored
 
     if run is None:
         return RunMirror(store.remote, run_dir)

@@ -1,5 +1,5 @@
 """S3 storage throughput: commit (write + upload) and read-back into an empty cache (download + sha256), and a
-training run's checkpoint copied up and down by its mirror (training_jobs/run_mirror.py), against moto's S3 server
+training run's checkpoint copied up and down by its mirror (kiln/common/run_mirror.py), against moto's S3 server
 started here on loopback. NOT a figure for AWS: moto keeps objects in the memory of
 this process and shares its CPU, so it measures Kiln's overhead and the client path, not a network.
 
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kiln.common.remote import S3Remote  # noqa: E402
 from kiln.common.storage import Store  # noqa: E402
 from training_jobs.checkpoint import tag_for, write_manifest  # noqa: E402
-from training_jobs.run_mirror import RunMirror  # noqa: E402
+from kiln.common.run_mirror import RunMirror  # noqa: E402
 
 
 def main() -> None:

@@ -162,7 +162,7 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
     assert client.get_object(Bucket=BUCKET, Key=f"{mirrored}/step_00000004/manifest.json")["Body"].read() == \
         (final / "manifest.json").read_bytes()
     shutil.rmtree(home / "runs")
-    from training_jobs.run_mirror import RunMirror
+    from kiln.common.run_mirror import RunMirror
 
     with RunMirror(S3Remote.connect(client, BUCKET, PREFIX), tmp_path / "machine-b" / run_dir.name).holding():
         failed = project.materialize(["training_run"], raise_on_error=False)  # while machine b trains it

@@ -279,12 +279,12 @@ def test_a_killed_run_resumes_exactly(run_a, tmp_path, token_dataset):
 
 def test_a_run_stopped_on_one_machine_resumes_on_another_from_s3(run_a, run_b, tmp_path, token_dataset,
                                                                  s3_endpoint):  # noqa: F811
-    """run_b's folder goes up to S3 through its mirror (training_jobs/run_mirror.py); another machine, with nothing of
+    """run_b's folder goes up to S3 through its mirror (kiln/common/run_mirror.py); another machine, with nothing of
     the run, pulls the newest checkpoint and the launch resumes from it: steps 9..12 equal the uninterrupted run's
     bit for bit, and the metrics before the stop came down with it."""
     from kiln.common.remote import S3Remote
     from tests.s3 import s3_client
-    from training_jobs.run_mirror import RunMirror
+    from kiln.common.run_mirror import RunMirror
 
     remote = S3Remote.connect(s3_client(s3_endpoint), "kiln-runs", "kiln", create_bucket=True)
     assert RunMirror(remote, run_b, keep_last=2).push() == ["step_00000008", "step_00000004"]

@@ -22,7 +22,7 @@ class StorageSettings(Strict):
     # How long a replaced version of a dataset stays on local disk for the readers that began before the replace.
     keep_replaced_minutes: float = Field(60, ge=0)
     # With s3: each training run's newest checkpoints and metrics in the bucket too (under `_runs/`), so a run
-    # stopped on one machine resumes on another (training_jobs/run_mirror.py). false: they stay on the machine.
+    # stopped on one machine resumes on another (kiln/common/run_mirror.py). false: they stay on the machine.
     mirror_runs: bool = True
 
     @property

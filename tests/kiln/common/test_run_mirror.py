@@ -1,4 +1,4 @@
-"""A run folder's checkpoints on S3 (training_jobs/run_mirror.py), against moto's server on loopback: what goes up,
+"""A run folder's checkpoints on S3 (kiln/common/run_mirror.py), against moto's server on loopback: what goes up,
 in which order, what comes down on another machine, and what a damaged or half-uploaded copy does. The run itself
 resuming from a downloaded checkpoint, bit for bit: test_train_cpu.py."""
 
@@ -11,7 +11,7 @@ from kiln.common.remote import CorruptRemoteFile, S3Remote
 from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
 from tests.training_jobs.test_checkpoint import fake_checkpoint
 from training_jobs import checkpoint
-from training_jobs.run_mirror import RunMirror
+from kiln.common.run_mirror import RunMirror
 
 BUCKET, KEY = "kiln-runs", "run-abc"  # the run folder's name: $KILN_HOME/runs/<key> on every machine
 
