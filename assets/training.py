@@ -400,6 +400,8 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
             # the ZeRO stage and micro-batch the run chose (or was given) and why (training_jobs/layout.py)
             **({"layout": dg.MetadataValue.json(summary["layout"])} if summary.get("layout") else {}),
             "refresh": refresh, "run_dir": dg.MetadataValue.path(str(run_dir)), "data_version": manifest.data_version,
+            # the run's checkpoints on S3, which another machine resumes from (kiln/common/run_mirror.py)
+            **({"run_copy": dg.MetadataValue.text(mirror.url())} if mirror is not None else {}),
             **({"base_checkpoint": dg.MetadataValue.json({k: base[k] for k in ("path", "kind", "sha256",
                                                                                 "checkpoint_data_version")}),
                 "replay": dg.MetadataValue.json(replay and {k: v for k, v in replay.items() if k != "exclude"})}

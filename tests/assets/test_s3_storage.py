@@ -151,10 +151,12 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
 
     # Training on S3 storage: the run's checkpoint goes up to the bucket beside the datasets (storage.mirror_runs),
     # and a machine without the run folder (KILN_HOME/runs gone: another pod) resumes from it, in the same MLflow run.
-    materialize(project, ["training_run"])
+    trained = materialize(project, ["training_run"])
     run = json.loads((home / "data" / "training_run" / "_all" / MANIFEST_NAME).read_text())
     run_dir = Path(run["stats"]["run_dir"])
     mirrored = f"{PREFIX}/_runs/{run_dir.name}/checkpoints"
+    assert trained.asset_materializations_for_node("training_run")[0].metadata["run_copy"].value == \
+        f"s3://{BUCKET}/{PREFIX}/_runs/{run_dir.name}"
     on_s3 = {k.removeprefix(mirrored + "/") for page in client.get_paginator("list_objects_v2").paginate(
         Bucket=BUCKET, Prefix=mirrored) for k in (o["Key"] for o in page.get("Contents", []))}
     final = run_dir / "checkpoints" / "step_00000004"
