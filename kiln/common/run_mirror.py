@@ -45,6 +45,14 @@ def _step(tag: str) -> int:
     return int(TAG.match(tag).group(1))
 
 
+def _clear_stale_downloads(folder: Path) -> None:
+    """Remove the staging folders of downloads into `folder` that a killed process left (the caller holds the run
+    folder, so none is in progress)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(_PULLING + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 @dataclass
 class RunMirror:
     """One run folder's copy on S3 (see the module docstring). The folder's name is the run key (assets/training.py:
@@ -88,19 +96,23 @@ class RunMirror:
         """Upload each of the newest keep_last complete checkpoints here that S3 lacks (or holds other bytes of:
         a step saved again after a rollback), newest first (the one a resume wants), the run's files with it, then
         delete from S3 the checkpoints older than its newest keep_last complete ones. Returns the tags uploaded."""
-        on_s3, uploaded = self.complete_on_s3(), []
+        on_s3, new = self.complete_on_s3(), []
         for found in reversed(checkpoints(self.checkpoint_dir)[-self.keep_last:]):
-            tag = found.path.name
             try:
                 manifest = (found.path / MANIFEST).read_bytes()
             except FileNotFoundError:  # rotated away since it was listed
                 continue
-            if on_s3.get(tag) == manifest:
-                continue
+            if on_s3.get(found.path.name) != manifest:
+                new.append((found, manifest))
+        if new:  # before any manifest: a complete checkpoint on S3 has its steps' rows there
+            present = [name for name in RUN_FILES if (self.run_dir / name).is_file()]
+            self.remote.upload_files([(self.run_dir / name, self.key("run", name)) for name in present])
+        uploaded = []
+        for found, manifest in new:
+            tag = found.path.name
             if tag in on_s3:  # other bytes under the same step: incomplete on S3 until all of this one is there
                 self.remote.delete_keys([self.key("checkpoints", tag, MANIFEST)])
                 del on_s3[tag]
-            self._push_run_files()  # before the manifest: a complete checkpoint on S3 has its steps' rows there
             names = json.loads(manifest)["files"]
             try:
                 self.remote.upload_files([(found.path / name, self.key("checkpoints", tag, name)) for name in names])
@@ -114,10 +126,6 @@ class RunMirror:
         if uploaded:
             self._prune()
         return uploaded
-
-    def _push_run_files(self) -> None:
-        present = [name for name in RUN_FILES if (self.run_dir / name).is_file()]
-        self.remote.upload_files([(self.run_dir / name, self.key("run", name)) for name in present])
 
     def _prune(self) -> None:
         """Delete every checkpoint on S3 (complete or not) older than the newest keep_last complete ones; each
@@ -180,9 +188,7 @@ class RunMirror:
         checked against its manifest's sha256) and rename it into place, with the run's files; a corrupt or
         incomplete copy on S3 is reported and the next older one tried. Returns the tag brought here, or None.
         Call while holding the run folder (no launch writes there meanwhile)."""
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        for stale in self.checkpoint_dir.glob(_PULLING + "*"):  # a download an earlier pull did not finish
-            shutil.rmtree(stale, ignore_errors=True)
+        _clear_stale_downloads(self.checkpoint_dir)
         here = checkpoints(self.checkpoint_dir)
         newest_here = here[-1].step if here else -1
         for tag in sorted(self.complete_on_s3(), key=_step, reverse=True):
@@ -222,6 +228,7 @@ class RunMirror:
         data = self.remote.get_bytes(self.key("run", EXPORTS))
         if data is None:
             return False
+        _clear_stale_downloads(self.run_dir)
         staging = self.run_dir / f"{_PULLING}export-{uuid.uuid4().hex[:8]}"
         try:
             self.remote.download_files([(self.key("run", name), staging / name, info["sha256"])

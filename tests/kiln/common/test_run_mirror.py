@@ -219,6 +219,7 @@ def test_a_finished_runs_exports_come_down_whole_on_another_machine(remote, tmp_
     mirror(remote, run).push_exports({k: str(v) for k, v in exports.items()})
     (there / "export" / "hf").mkdir(parents=True)
     (there / "export" / "hf" / "config.json").write_text("half an export")  # replaced, not merged
+    (there / ".pulling-export-killed" / "export").mkdir(parents=True)  # a download a killed process left
     assert mirror(remote, there).pull_exports()
     assert files_of(there / "export") == files_of(run / "export")
     assert not list(there.glob(".pulling-*"))
