@@ -1,9 +1,11 @@
 """S3 storage throughput: commit (write + upload) and read-back into an empty cache (download + sha256), and a
-training run's checkpoint copied up and down by its mirror (kiln/common/run_mirror.py), against moto's S3 server
+training run's checkpoint copied up and down by its mirror (kiln/common/run_mirror.py), and what a bounded cache
+(`storage.cache_max_gb`) adds to each commit and download while under its bound (one walk of the cache), against
+moto's S3 server
 started here on loopback. NOT a figure for AWS: moto keeps objects in the memory of
 this process and shares its CPU, so it measures Kiln's overhead and the client path, not a network.
 
-    .venv/bin/python bench/storage_s3_bench.py [--files 8] [--mb-per-file 16]
+    .venv/bin/python bench/storage_s3_bench.py [--files 8] [--mb-per-file 16] [--cache-files 20000]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--mb-per-file", type=int, default=16)
+    parser.add_argument("--cache-files", type=int, default=20000, help="files in the cache whose walk is timed")
     args = parser.parse_args()
 
     import boto3
@@ -71,6 +74,18 @@ def main() -> None:
             start = time.perf_counter()
             assert RunMirror(remote, Path(tmp) / "machine-b" / "run-key").pull(print) == ckpt.name
             mirror_pull = time.perf_counter() - start
+            # A cache of `--cache-files` files, 100 to a dataset folder, under its bound: each commit and download
+            # walks it once (the second walk is timed: the first warms the OS's inode cache, as steps do).
+            cache = Path(tmp) / "cache"
+            for i in range(args.cache_files):
+                folder = cache / "documents" / f"source-{i // 100}"
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / f"part-{i % 100:05d}.parquet").write_bytes(b"x" * 1000)
+            bounded = Store(cache, remote, cache_max_bytes=1 << 50)
+            bounded._bound_cache(spare=cache)
+            start = time.perf_counter()
+            bounded._bound_cache(spare=cache)
+            walk = time.perf_counter() - start
     finally:
         server.stop()
     upload = timings["s3"] - timings["local only"]
@@ -83,6 +98,8 @@ def main() -> None:
     print(f"run mirror, checkpoint up:     {mirror_push:.2f} s ({total_mb / mirror_push:.0f} MB/s)")
     print(f"run mirror, checkpoint down:   {mirror_pull:.2f} s ({total_mb / mirror_pull:.0f} MB/s, download + sha256 "
           f"verify)")
+    print(f"bounded cache, under its bound: {walk * 1000:.0f} ms per commit or download for {args.cache_files} files "
+          f"in the cache")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ class KilnStorage(dg.ConfigurableResource):
             return Store(Path(self.root), keep_replaced_s=settings.keep_replaced_s)
         client = s3_client(self.s3 or S3Resource())
         return Store(Path(self.root), S3Remote.connect(client, settings.bucket, settings.prefix,
-                                                       settings.create_bucket), keep_replaced_s=settings.keep_replaced_s)
+                                                       settings.create_bucket), keep_replaced_s=settings.keep_replaced_s,
+                     cache_max_bytes=settings.cache_max_bytes)
 
 
 def s3_client(s3: S3Resource) -> Any:

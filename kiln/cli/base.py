@@ -42,7 +42,7 @@ def open_store(home: Path, config) -> Any:
                                f"AWS_PROFILE and the other AWS_* variables, or ~/.aws/config") from None
         store = Store(home / "data", S3Remote.connect(client, settings.bucket, settings.prefix,
                                                       settings.create_bucket),
-                      keep_replaced_s=settings.keep_replaced_s)
+                      keep_replaced_s=settings.keep_replaced_s, cache_max_bytes=settings.cache_max_bytes)
         # The audit reads the local folders: bring every current dataset it may read into the cache first.
         refreshes = [r.key for r in load_refreshes(store)]
         wanted = [(stage, partition(s.name, r)) for stage in DOCUMENT_STAGES for s in config.sources

@@ -22,7 +22,10 @@ so every caller still gets local paths (sentencepiece, memmapped shards, safeten
   `_history/<data_version>/`, before it), and stays;
 - a read fetches the remote manifest once per Store (a new Store sees new versions); when the local copy
   is missing or holds another version it downloads the files, verifying each sha256 against the
-  manifest, into a staging folder and swaps it in, then serves local paths.
+  manifest, into a staging folder and swaps it in, then serves local paths;
+- with `Store.cache_max_bytes` (`storage.cache_max_gb`), the cache is bounded: each read dates the dataset's link
+  (its last use), and after a commit or a download past the bound the least recently used datasets are removed
+  from the cache (`Store._bound_cache`), and fetched again by their next read.
 """
 
 from __future__ import annotations
@@ -334,6 +337,7 @@ class Store:
     root: Path
     remote: S3Remote | None = None
     keep_replaced_s: float = KEEP_REPLACED_S
+    cache_max_bytes: int | None = None  # with a remote: the most the local cache may hold (None: unbounded)
     # (asset, partition) -> the remote manifest's bytes (None: not on S3) once this Store has synced it
     _synced: dict[tuple[str, str | None], bytes | None] = field(default_factory=dict, init=False, repr=False,
                                                                 compare=False)
@@ -364,7 +368,10 @@ class Store:
             try:
                 data = (folder / MANIFEST_NAME).read_bytes()
             except FileNotFoundError:
-                pass
+                if self.remote is not None and not last and not os.path.lexists(final):
+                    # evicted from the cache by another process since the sync: fetched again
+                    self._synced[(asset, partition or None)] = self._pull(asset, partition)
+                    continue
             else:
                 manifest = Manifest.from_dict(json.loads(data))
                 synced = self._synced.get((asset, partition or None)) if self.remote is not None else None
@@ -538,10 +545,13 @@ class Store:
         return self.remote.key(asset, partition or "_all")
 
     def _sync(self, asset: str, partition: str | None) -> bytes | None:
-        key = (asset, partition or None)
-        if self._synced.get(key) is None:
-            # "Not on S3" is never remembered: another process (a step of the same run) may commit it next.
+        key, final = (asset, partition or None), self._local_dir(asset, partition)
+        # "Not on S3" is never remembered: another process (a step of the same run) may commit it next. Nor is a
+        # local copy: the cache may have evicted it since.
+        if self._synced.get(key) is None or not os.path.lexists(final):
             self._synced[key] = self._pull(asset, partition)
+        with contextlib.suppress(OSError):  # its last use, which the cache's eviction goes by (the link's own time)
+            os.utime(final, follow_symlinks=False)
         return self._synced[key]
 
     def _pull(self, asset: str, partition: str | None) -> bytes | None:
@@ -589,6 +599,7 @@ class Store:
         forgotten = bool(applied_requests(manifest) - applied_requests(replaced))
         _remove_replaced(local, 0 if forgotten else self.keep_replaced_s)
         remove_replaced_versions(self.root, self.keep_replaced_s)
+        self._bound_cache(spare=local)
 
     def _push(self, asset: str, partition: str | None, manifest: Manifest, folder: Path) -> None:
         """Upload a just-committed local dataset (its version's `folder`): files, then the manifest, then delete
@@ -618,6 +629,100 @@ class Store:
             except LostLock:  # this version is published; any later commit deletes what is stale
                 print(f"kiln: {self.remote.url(lock)}: the commit lock lapsed after this version was published; "
                       f"its stale objects are left for the next commit to delete", file=sys.stderr, flush=True)
+        self._bound_cache(spare=self._local_dir(asset, partition))
+
+    def _bound_cache(self, spare: Path) -> None:
+        """With `cache_max_bytes`: while the cache holds more, remove from it the current version of the dataset used
+        least recently (its link's time, `_sync`), one at a time, never `spare` (the dataset just committed or
+        pulled). Only a version S3 holds (its manifest there names the same data version), not used for
+        `keep_replaced_s` (a reader of its files may still be at work: the grace a replaced version gets), and not
+        held (`_held`: a training run's loader). One process bounds the cache at a time; the others skip it."""
+        if self.remote is None or self.cache_max_bytes is None:
+            return
+        lock = self.lock("cache")
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return
+        try:
+            used = disk_bytes(self.root)
+            if used <= self.cache_max_bytes:
+                return
+            evicted, now = [], time.time()
+            for last_use, final, asset, partition in sorted(_cached_datasets(self.root)):
+                if used <= self.cache_max_bytes or now - last_use < self.keep_replaced_s:
+                    break  # the rest were used more recently
+                if final == spare:
+                    continue
+                remote = self.remote.get_bytes(f"{self._remote_dir(asset, partition)}/{MANIFEST_NAME}")
+                if remote is None:
+                    continue
+                freed = _evict(final, json.loads(remote).get("data_version"), last_use)
+                if freed is not None:
+                    used -= freed
+                    evicted.append(f"{asset}[{partition}]")
+                    self._synced.pop((asset, partition), None)
+            bound = f"storage.cache_max_gb ({self.cache_max_bytes / 1e9:.3g} GB)"
+            if evicted:
+                print(f"kiln: the cache {self.root} was over {bound}: removed {', '.join(evicted)} (on S3; fetched "
+                      f"again when read)", file=sys.stderr, flush=True)
+            if used > self.cache_max_bytes:
+                print(f"kiln: the cache {self.root} holds {used / 1e9:.3g} GB, over {bound}: the rest was used in the last "
+                      f"storage.keep_replaced_minutes, is held by a reader, or is not on S3", file=sys.stderr, flush=True)
+        finally:
+            lock.release()
+
+
+def disk_bytes(root: Path) -> int:
+    """The bytes of the files under `root`, each file once (a history's record files are hard links to a version's)."""
+    seen, total = set(), 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(os.path.join(folder, name))
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_size
+    return total
+
+
+def _cached_datasets(root: Path) -> Iterator[tuple[float, Path, str, str | None]]:
+    """(last use, link, asset, partition) of every dataset in the store at `root` whose current version is a
+    versioned folder. Partitions are `_all`, `<refresh>` or `<source>/<refresh>`: a link in an asset's folder or one
+    below."""
+    for asset in [a for a in root.iterdir() if a.is_dir() and not a.name.startswith(".")] if root.is_dir() else []:
+        for child in asset.iterdir():
+            if child.name.startswith("."):
+                continue
+            below = [child] if child.is_symlink() else \
+                [g for g in child.iterdir() if g.is_symlink() and not g.name.startswith(".")] if child.is_dir() else []
+            for final in below:
+                with contextlib.suppress(FileNotFoundError):
+                    partition = final.relative_to(asset).as_posix()
+                    yield final.lstat().st_mtime, final, asset.name, None if partition == "_all" else partition
+
+
+def _evict(final: Path, remote_version: str | None, last_use: float) -> int | None:
+    """Remove `final`'s current version from the cache if it is still the one S3 holds (`remote_version`), unused
+    since `last_use` and not held: its link first (a reader then fetches it again), then its folder. Under the
+    swap lock, so no writer or download is between its renames. The bytes freed, or None when it stays."""
+    with _swap_lock(final):
+        version = _version_of(final)
+        try:
+            local = json.loads((version / MANIFEST_NAME).read_bytes()).get("data_version")
+            unused = final.lstat().st_mtime <= last_use
+        except (OSError, ValueError):
+            return None
+        if version == final or local != remote_version or not unused or _held(version):
+            return None
+        freed = sum(p.stat().st_size for p in version.rglob("*") if p.is_file() and p.stat().st_nlink == 1)
+        trash = final.with_name(f".{final.name}.trash-{uuid.uuid4().hex[:8]}")
+        final.unlink()
+        os.replace(version, trash)
+        _replaced_marker(version).unlink(missing_ok=True)
+        fsync_dir(final.parent)
+    shutil.rmtree(trash, ignore_errors=True)
+    return freed
 
 
 def _remote_manifest(data: bytes, where: str) -> Manifest:

@@ -24,11 +24,20 @@ class StorageSettings(Strict):
     # With s3: each training run's newest checkpoints and metrics in the bucket too (under `_runs/`), so a run
     # stopped on one machine resumes on another (kiln/common/run_mirror.py). false: they stay on the machine.
     mirror_runs: bool = True
+    # With s3: the most the local cache (KILN_HOME/data) may hold, in GB (10^9 bytes). Past it, the datasets used least
+    # recently (S3 holds each; none read for keep_replaced_minutes; none held by a reader) are removed from the cache,
+    # and fetched again when read. None: never evicted.
+    cache_max_gb: float | None = Field(None, gt=0)
 
     @property
     def keep_replaced_s(self) -> float:
         """`keep_replaced_minutes` as the Store takes it."""
         return self.keep_replaced_minutes * 60
+
+    @property
+    def cache_max_bytes(self) -> int | None:
+        """`cache_max_gb` as the Store takes it."""
+        return None if self.cache_max_gb is None else int(self.cache_max_gb * 1e9)
 
     @field_validator("bucket")
     @classmethod
@@ -45,4 +54,8 @@ class StorageSettings(Strict):
         if self.backend == "s3" and not self.bucket:
             raise ValueError("storage.backend is 's3' but storage.bucket is not set; name the bucket "
                              "(storage.bucket: my-bucket) or use storage.backend: local")
+        if self.backend == "local" and self.cache_max_gb is not None:
+            raise ValueError(f"storage.cache_max_gb is {self.cache_max_gb} but storage.backend is 'local': the datasets "
+                             f"live only under KILN_HOME, so nothing can be evicted; remove storage.cache_max_gb or "
+                             f"use storage.backend: s3")
         return self
