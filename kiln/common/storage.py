@@ -719,7 +719,6 @@ def _evict(final: Path, remote_version: str | None, last_use: float) -> int | No
         trash = final.with_name(f".{final.name}.trash-{uuid.uuid4().hex[:8]}")
         final.unlink()
         os.replace(version, trash)
-        _replaced_marker(version).unlink(missing_ok=True)
         fsync_dir(final.parent)
     shutil.rmtree(trash, ignore_errors=True)
     return freed
