@@ -1,4 +1,5 @@
-"""The `kiln` command line, one module per command: `plan`, `audit`, `forget`, `dedup` (and `base`, what they share).
+"""The `kiln` command line, one module per command: `plan`, `audit`, `forget`, `dedup`, `runs` (and `base`, what they
+share).
 Bad arguments get a clear message and exit code 2. Outside Dagster: the same library code the assets call,
 over the same store (`$KILN_HOME/data`) and project config (`$KILN_CONFIG`)."""
 
@@ -14,6 +15,7 @@ from kiln.cli.audit import add_audit_parser
 from kiln.cli.dedup import add_dedup_parser
 from kiln.cli.forget import add_forget_parser
 from kiln.cli.plan import add_plan_parser
+from kiln.cli.runs import add_runs_parser
 
 
 class Parser(argparse.ArgumentParser):
@@ -62,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_audit_parser(commands)
     add_forget_parser(commands)
     add_dedup_parser(commands)
+    add_runs_parser(commands)
     return parser
 
 

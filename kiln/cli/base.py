@@ -18,10 +18,10 @@ EXIT_BAD_INPUT = 2
 BAD_INPUT = (ValueError, StorageError)
 
 
-def open_store(home: Path, config) -> Any:
+def open_store(home: Path, config, pull_current: bool = True) -> Any:
     """The store the assets write: `home/data`, kept in step with S3 when `storage.backend: s3` (credentials
-    and endpoint from the standard AWS_* environment, as boto3 reads them; the current datasets are pulled
-    into the local cache first, shards included)."""
+    and endpoint from the standard AWS_* environment, as boto3 reads them; with `pull_current`, the current
+    datasets are pulled into the local cache first, shards included)."""
     from kiln.common.storage import Store
 
     if config.storage.backend == "s3":
@@ -43,6 +43,8 @@ def open_store(home: Path, config) -> Any:
         store = Store(home / "data", S3Remote.connect(client, settings.bucket, settings.prefix,
                                                       settings.create_bucket),
                       keep_replaced_s=settings.keep_replaced_s, cache_max_bytes=settings.cache_max_bytes)
+        if not pull_current:
+            return store
         # The audit reads the local folders: bring every current dataset it may read into the cache first.
         refreshes = [r.key for r in load_refreshes(store)]
         wanted = [(stage, partition(s.name, r)) for stage in DOCUMENT_STAGES for s in config.sources

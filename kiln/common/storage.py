@@ -455,6 +455,15 @@ class Store:
                  if name.endswith(".json") and "/" not in name)
         return sorted((m for m in found if m is not None), key=lambda m: m.created_at)
 
+    def published_manifest(self, asset: str, partition: str | None = None) -> Manifest | None:
+        """The current version's manifest without fetching its files (with a remote, S3's: a question about the
+        store, not a read of its data), or None when the dataset has not been materialized."""
+        if self.remote is None:
+            return self.manifest_or_none(asset, partition)
+        key = f"{self._remote_dir(asset, partition)}/{MANIFEST_NAME}"
+        data = self.remote.get_bytes(key)
+        return None if data is None else _remote_manifest(data, self.remote.url(key))
+
     def manifest_or_none(self, asset: str, partition: str | None = None) -> Manifest | None:
         """The manifest, or None when the dataset has not been materialized."""
         found = self.snapshot_or_none(asset, partition)
