@@ -145,10 +145,10 @@ def prune(runs_dir: Path, runs: list[Run], remote) -> int:
     materialization locks (a launch starting now is refused until it ends) and, with runs on S3, the run's lease
     there (no machine trains it meanwhile); on S3 every manifest first, so a half-deleted checkpoint is an
     incomplete one, never taken for complete. The bytes freed here."""
-    from training_jobs.launch import LOCK, MATERIALIZING, run_folder_lock
-
+    from kiln.common.manifest import write_json_atomic
     from kiln.common.remote import LockHeld
-    from training_jobs.launch import RunFolderBusy
+    from training_jobs.checkpoint import MANIFEST
+    from training_jobs.launch import LOCK, MATERIALIZING, RunFolderBusy, run_folder_lock
 
     freed = 0
     for left in runs_dir.glob(f"*/{TRASH}*"):  # what a prune killed mid-deletion left: already out of every run's way
@@ -168,8 +168,8 @@ def prune(runs_dir: Path, runs: list[Run], remote) -> int:
                 run.kept_because = f"in use: {exc}"
                 continue
             if remote is not None:
-                tags = [t for t in remote.listing(mirror.key("checkpoints"))[1]]
-                remote.delete_keys([mirror.key("checkpoints", t, "manifest.json") for t in tags])
+                tags = remote.listing(mirror.key("checkpoints"))[1]
+                remote.delete_keys([mirror.key("checkpoints", t, MANIFEST) for t in tags])
                 remote.delete_keys(remote.list_keys(mirror.key("checkpoints")))
             if _checkpoint_dir(folder).is_dir():  # every step, complete or not, and the ones moved aside
                 trash = folder / f"{TRASH}{uuid.uuid4().hex[:8]}"
@@ -177,7 +177,7 @@ def prune(runs_dir: Path, runs: list[Run], remote) -> int:
                 freed += _bytes(trash)
                 shutil.rmtree(trash)
             if folder.is_dir():
-                (folder / PRUNED).write_text(json.dumps(
+                write_json_atomic(folder / PRUNED, json.dumps(
                     {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "checkpoints": run.checkpoints,
                      "on_s3": run.on_s3}) + "\n")
     return freed
