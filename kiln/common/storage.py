@@ -24,8 +24,9 @@ so every caller still gets local paths (sentencepiece, memmapped shards, safeten
   is missing or holds another version it downloads the files, verifying each sha256 against the
   manifest, into a staging folder and swaps it in, then serves local paths;
 - with `Store.cache_max_bytes` (`storage.cache_max_gb`), the cache is bounded: each read dates the dataset's link
-  (its last use), and after a commit or a download past the bound the least recently used datasets are removed
-  from the cache (`Store._bound_cache`), and fetched again by their next read.
+  (its last use) and lists the version among what its store has read (`_Reading`), and after a commit or a download
+  past the bound the least recently used datasets no live store has read are removed from the cache
+  (`Store._bound_cache`), and fetched again by their next read.
 """
 
 from __future__ import annotations
@@ -341,6 +342,12 @@ class Store:
     # (asset, partition) -> the remote manifest's bytes (None: not on S3) once this Store has synced it
     _synced: dict[tuple[str, str | None], bytes | None] = field(default_factory=dict, init=False, repr=False,
                                                                 compare=False)
+    # with a bounded cache: the versions this store has read, which no process evicts while it lives
+    _reading: _Reading | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.remote is not None and self.cache_max_bytes is not None:
+            object.__setattr__(self, "_reading", _Reading(self.root))  # frozen: set once, here
 
     def dataset_dir(self, asset: str, partition: str | None = None) -> Path:
         """The dataset's local path (the link to its current version; with a remote, brought up to date with S3
@@ -561,6 +568,8 @@ class Store:
             self._synced[key] = self._pull(asset, partition)
         with contextlib.suppress(OSError):  # its last use, which the cache's eviction goes by (the link's own time)
             os.utime(final, follow_symlinks=False)
+            if self._reading is not None and final.is_symlink():
+                self._reading.add(_version_of(final))
         return self._synced[key]
 
     def _pull(self, asset: str, partition: str | None) -> bytes | None:
@@ -643,9 +652,10 @@ class Store:
     def _bound_cache(self, spare: Path) -> None:
         """With `cache_max_bytes`: while the cache holds more, remove from it the current version of the dataset used
         least recently (its link's time, `_sync`), one at a time, never `spare` (the dataset just committed or
-        pulled). Only a version S3 holds (its manifest there names the same data version), not used for
-        `keep_replaced_s` (a reader of its files may still be at work: the grace a replaced version gets), and not
-        held (`_held`: a training run's loader). One process bounds the cache at a time; the others skip it."""
+        pulled). Only a version S3 holds (its manifest there names the same data version), that no live store has
+        read (`_Reading`: a step may still be at work on its files), not used for `keep_replaced_s` (for readers
+        outside a store: the grace a replaced version gets), and not held (`_held`: a training run's loader). One
+        process bounds the cache at a time; the others skip it."""
         if self.remote is None or self.cache_max_bytes is None:
             return
         lock = self.lock("cache")
@@ -657,11 +667,11 @@ class Store:
             used = disk_bytes(self.root)
             if used <= self.cache_max_bytes:
                 return
-            evicted, now = [], time.time()
+            evicted, now, read = [], time.time(), _read_by_live_stores(self.root)
             for last_use, final, asset, partition in sorted(_cached_datasets(self.root)):
                 if used <= self.cache_max_bytes or now - last_use < self.keep_replaced_s:
                     break  # the rest were used more recently
-                if final == spare:
+                if final == spare or _version_of(final).relative_to(self.root).as_posix() in read:
                     continue
                 remote = self.remote.get_bytes(f"{self._remote_dir(asset, partition)}/{MANIFEST_NAME}")
                 if remote is None:
@@ -676,10 +686,69 @@ class Store:
                 print(f"kiln: the cache {self.root} was over {bound}: removed {', '.join(evicted)} (on S3; fetched "
                       f"again when read)", file=sys.stderr, flush=True)
             if used > self.cache_max_bytes:
-                print(f"kiln: the cache {self.root} holds {used / 1e9:.3g} GB, over {bound}: the rest was used in the last "
-                      f"storage.keep_replaced_minutes, is held by a reader, or is not on S3", file=sys.stderr, flush=True)
+                print(f"kiln: the cache {self.root} holds {used / 1e9:.3g} GB, over {bound}: the rest was read in the last "
+                      f"storage.keep_replaced_minutes or by a step still running, is held by a reader, or is not on S3",
+                      file=sys.stderr, flush=True)
         finally:
             lock.release()
+
+
+READERS = ".readers"  # in a bounded cache's root: what each live store has read (`_Reading`)
+
+
+class _Reading:
+    """The versions one Store has read from a bounded cache (a Store serves one step), listed in
+    `<root>/.readers/<id>.json` beside `<id>.lock`, which the Store holds (flock) while it lives: a version a live
+    store has read is never evicted, however long ago it read it (a step that reads its inputs first and works on
+    them for hours, or hands their paths to engine tasks). One descriptor per store, whatever it reads."""
+
+    def __init__(self, root: Path):
+        self.folder, self.name, self.versions, self._lock = root / READERS, uuid.uuid4().hex, set(), threading.Lock()
+        self.root, self._fd = root, None
+
+    def add(self, version: Path) -> None:
+        relative = version.relative_to(self.root).as_posix()
+        with self._lock:
+            if relative in self.versions:
+                return
+            if self._fd is None:  # the lock before the list: a list is only ever seen with its lock held
+                import fcntl
+
+                self.folder.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self.folder / f"{self.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+                weakref.finalize(self, _let_go, self._fd, self.folder, self.name)
+            self.versions.add(relative)
+            write_json_atomic(self.folder / f"{self.name}.json", json.dumps(sorted(self.versions)), flush=False)
+
+
+def _let_go(fd: int, folder: Path, name: str) -> None:
+    for suffix in (".json", ".lock"):
+        (folder / f"{name}{suffix}").unlink(missing_ok=True)
+    os.close(fd)
+
+
+def _read_by_live_stores(root: Path) -> set[str]:
+    """The versions (relative to `root`) that live stores have read; the lists of stores that died are removed."""
+    import fcntl
+
+    read = set()
+    for listing in (root / READERS).glob("*.json"):
+        try:
+            fd = os.open(listing.with_suffix(".lock"), os.O_RDWR)
+        except FileNotFoundError:  # its store let go between the glob and here
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # held: its store lives
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                read |= set(json.loads(listing.read_text(encoding="utf-8")))
+        else:  # its store died without letting go (SIGKILL)
+            listing.unlink(missing_ok=True)
+            listing.with_suffix(".lock").unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+    return read
 
 
 def disk_bytes(root: Path) -> int:

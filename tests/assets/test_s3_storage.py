@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from kiln.common.manifest import MANIFEST_NAME
 from kiln.common.remote import S3Remote
@@ -181,3 +182,19 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
     result = materialize(project, ["checkpoint"])
     assert all(e.passed for e in result.get_asset_check_evaluations())  # `loads`: the export gives the probe's loss
     assert (home / "runs" / run_dir.name / "export" / "safetensors" / "model.safetensors").is_file()
+
+    # A cache bounded far below one dataset (storage.cache_max_gb), with no grace (keep_replaced_minutes 0): every
+    # download evicts what earlier steps read, never what the running step has read, and the datasets come out the
+    # same. Without that (the running steps' lists of what they read), dedup_index lost its inputs to its own later
+    # downloads.
+    config = yaml.safe_load((tmp_path / "kiln.yaml").read_text())
+    config["storage"] |= {"cache_max_gb": 0.00001, "keep_replaced_minutes": 0}
+    (tmp_path / "kiln.yaml").write_text(yaml.safe_dump(config))
+    shutil.rmtree(home / "data")
+    capsys.readouterr()
+    materialize(project, ["dedup_index"])
+    materialize(project, ["token_shards"])
+    assert "over storage.cache_max_gb (1e-05 GB): removed " in capsys.readouterr().err
+    for asset, version in (("dedup_index", first["data_version"]), ("token_shards", shards["data_version"])):
+        assert json.loads(client.get_object(Bucket=BUCKET, Key=f"{PREFIX}/{asset}/{refresh}/{MANIFEST_NAME}")
+                          ["Body"].read())["data_version"] == version

@@ -25,8 +25,8 @@ class StorageSettings(Strict):
     # stopped on one machine resumes on another (kiln/common/run_mirror.py). false: they stay on the machine.
     mirror_runs: bool = True
     # With s3: the most the local cache (KILN_HOME/data) may hold, in GB (10^9 bytes). Past it, the datasets used least
-    # recently (S3 holds each; none read for keep_replaced_minutes; none held by a reader) are removed from the cache,
-    # and fetched again when read. None: never evicted.
+    # recently (S3 holds each; none read by a step still running nor for keep_replaced_minutes; none held by a reader)
+    # are removed from the cache, and fetched again when read. None: never evicted.
     cache_max_gb: float | None = Field(None, gt=0)
 
     @property

@@ -2,9 +2,12 @@
 bound the least recently used datasets leave the cache and come back, identical, when read; what a reader may still
 need (used within the grace, held, the dataset just written, one not on S3) stays."""
 
+import gc
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -57,28 +60,68 @@ def cached(store: Store) -> set[str]:
 
 
 def test_past_the_bound_the_least_recently_used_leave_the_cache_and_come_back_identical(remote, tmp_path, capsys):
-    # Hand-worked: four datasets of ~1 MB under a 2.5 MB bound must lose two; by last use b (300 s ago) and c (120 s)
-    # go, a (60 s) stays, and d, just written, is never a candidate.
+    # Hand-worked: four datasets of ~1 MB under a 2.5 MB bound must lose two. By last use b (300 s ago) would go
+    # first, but a step still running read it: c (120 s) and a (60 s) go; d, just written, is never a candidate.
     store = store_at(tmp_path / "cache", remote, cap_mb=2.5, keep_s=30)
     for name in "abc":
         write(store, name)
     assert cached(store) == {"a", "b", "c"}  # 3 MB: over, but each was used in the last 30 s (the grace)
-    other = store_at(tmp_path / "cache", remote, cap_mb=2.5)  # another process on this machine has read b and c
-    assert other.dataset_dir("documents", "b").is_dir() and other.manifest("documents", "c")
+    step = store_at(tmp_path / "cache", remote, cap_mb=2.5)  # another process's step, which has read b
+    assert step.dataset_dir("documents", "b").is_dir()
     for name, ago in (("a", 60), ("b", 300), ("c", 120)):
         last_used(store, name, ago)
     write(store, "d")
-    assert cached(store) == {"a", "d"}
+    assert cached(store) == {"b", "d"}
     assert disk_bytes(store.root) <= 2.5 * MB
-    assert not list((store.root / "documents").glob(".b.v-*"))  # the version folder went with its link
-    assert "removed documents[b], documents[c]" in capsys.readouterr().err
+    assert not list((store.root / "documents").glob(".c.v-*"))  # the version folder went with its link
+    assert "removed documents[c], documents[a]" in capsys.readouterr().err
 
-    # Read again (by the process that removed them, by the other, which had read them before, and by a new one; by
-    # path and by snapshot): fetched from S3, identical to what was written.
-    assert (other.dataset_dir("documents", "b") / "blob.bin").read_bytes() == np.random.default_rng(1).bytes(MB)
-    for reader in (store, other, store_at(tmp_path / "cache", remote, cap_mb=2.5)):
-        assert reader.read_table("documents", "b").equals(table("b"))
+    del step  # its step ended: b is a candidate again, and the least recently used
+    gc.collect()
+    last_used(store, "d", 60)
+    write(store, "e")
+    assert cached(store) == {"d", "e"} and not list((store.root / ".readers").iterdir())
+
+    # Read again (by the process that removed them and by a new one; by path and by snapshot): fetched from S3,
+    # identical to what was written.
+    assert (store.dataset_dir("documents", "b") / "blob.bin").read_bytes() == np.random.default_rng(1).bytes(MB)
+    for reader in (store, store_at(tmp_path / "cache", remote, cap_mb=2.5)):
+        assert reader.read_table("documents", "a").equals(table("a"))
         assert reader.snapshot("documents", "c").read_table().equals(table("c"))
+
+
+def test_a_step_killed_while_reading_protects_nothing_once_it_is_gone(remote, tmp_path, s3_endpoint):  # noqa: F811
+    store = store_at(tmp_path / "cache", remote, cap_mb=1.5)
+    write(store, "a")
+    child = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from pathlib import Path
+import boto3
+from kiln.common.remote import S3Remote
+from kiln.common.storage import Store
+store = Store(Path(sys.argv[1]), S3Remote.connect(boto3.client("s3"), "{BUCKET}", "kiln"), keep_replaced_s=0,
+              cache_max_bytes=1500000)
+store.dataset_dir("documents", "a")
+print("read", flush=True)
+time.sleep(600)
+""", str(tmp_path / "cache")], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[3])
+    try:
+        assert child.stdout.readline() == "read\n"
+        write(store, "b")  # over the bound: a, read by the live child, stays
+        assert cached(store) == {"a", "b"}
+    finally:
+        child.kill()  # SIGKILL: its list of what it read stays behind, its lock does not
+        child.wait()
+    write(store, "c")
+    assert cached(store) == {"c"} and not list((store.root / ".readers").iterdir())
+
+
+def test_a_dataset_removed_from_under_a_store_is_fetched_again(remote, tmp_path):
+    store = store_at(tmp_path / "cache", remote, cap_mb=100)
+    write(store, "a")
+    assert store.dataset_dir("documents", "a").is_dir()
+    (store.root / "documents" / "a").unlink()  # by hand, or by a Kiln before this one, while this store lives
+    assert (store.dataset_dir("documents", "a") / "blob.bin").read_bytes() == np.random.default_rng(1).bytes(MB)
 
 
 def test_what_a_reader_may_need_stays_and_the_overshoot_is_said(remote, tmp_path, capsys):
@@ -87,7 +130,7 @@ def test_what_a_reader_may_need_stays_and_the_overshoot_is_said(remote, tmp_path
         write(store, name)
     # Each used within the grace (keep_replaced_minutes: a reader may still be reading its files): all stay.
     assert cached(store) == {"a", "bb", "ccc"}
-    assert "over storage.cache_max_gb (0.0015 GB): the rest was used in the last" in capsys.readouterr().err
+    assert "over storage.cache_max_gb (0.0015 GB): the rest was read in the last" in capsys.readouterr().err
 
     # Past the grace: held by a reader (a training run's loader), or not on S3 (here its manifest deleted, as if the
     # upload had failed), stays; the other goes.
