@@ -568,8 +568,8 @@ class Store:
             self._synced[key] = self._pull(asset, partition)
         with contextlib.suppress(OSError):  # its last use, which the cache's eviction goes by (the link's own time)
             os.utime(final, follow_symlinks=False)
-            if self._reading is not None and final.is_symlink():
-                self._reading.add(_version_of(final))
+        if self._reading is not None and final.is_symlink():
+            self._reading.add(_version_of(final))
         return self._synced[key]
 
     def _pull(self, asset: str, partition: str | None) -> bytes | None:
