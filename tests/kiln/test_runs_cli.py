@@ -55,9 +55,8 @@ def store_naming(store: Store, runs: Path, current: str, checkpointed: str) -> N
     commit(store, "training_run", {"run_dir": str(runs / current)})
 
 
-def kiln_runs(*args: str, home: Path, config: Path = DEFAULT) -> dict:
+def kiln_runs(*args: str, home: Path, config: Path = DEFAULT) -> None:
     assert main(["runs", *args, "--home", str(home), "--config", str(config), "--json"]) == 0
-    return {}
 
 
 def listed(capsys) -> dict[str, dict]:
