@@ -62,7 +62,7 @@ def materialize_refresh(materialize: Materialize, store: Store, refresh: str, so
     refit = refit if refit is not None else set()
     for assets, kind in REFRESH_WAVES:
         if kind == ONCE:
-            if store.manifest_or_none(assets[0]) is None or assets[0] in refit:
+            if store.published_manifest(assets[0]) is None or assets[0] in refit:
                 if not materialize(assets, None):
                     return False
                 refit.discard(assets[0])
@@ -81,7 +81,7 @@ def changed_fits(store: Store, config: ProjectConfig) -> dict[str, list[str]]:
 
     changed = {}
     for asset, recipe in (("quality_classifier", classifier_recipe), ("tokenizer", tokenizer_recipe)):
-        manifest = store.manifest_or_none(asset)
+        manifest = store.published_manifest(asset)
         if manifest is not None and (diff := _differences(manifest.config, recipe(config))):
             changed[asset] = diff
     return changed
@@ -164,7 +164,9 @@ def run_demo(config: ProjectConfig) -> int:
     refit = changed_fits(store, config)
     for asset, diff in refit.items():
         print(f"[kiln demo] {asset}: settings changed ({'; '.join(diff)}); fitting it again, and what depends on it")
-    todo = [r.key for r in refreshes if store.manifest_or_none("token_shards", r.key) is None] or [refreshes[-1].key]
+    # (manifests only: with S3 storage, the driver need not download every refresh's shards to see they are there)
+    todo = [r.key for r in refreshes if store.published_manifest("token_shards", r.key) is None] or \
+        [refreshes[-1].key]
     if "quality_classifier" in refit:
         todo = [r.key for r in refreshes]
     print(f"[kiln demo] refreshes: {', '.join(r.key for r in refreshes)}"
