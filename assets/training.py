@@ -14,7 +14,7 @@ from assets.partitions import FOLLOW_TRAINING, follow_only
 from assets.quality import QUALITY_FILTERED
 from assets.tokens import ALL_SOURCES, SHARDS, TOKENIZER
 from kiln.common.config import ConfigError, ProjectConfig, kiln_home, merge_config, parse_config
-from kiln.common.manifest import applied_requests, code_version, git_commit, write_json_atomic
+from kiln.common.manifest import applied_requests, code_version, git_commit, read_json_or_empty, write_json_atomic
 from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.remote import LockHeld
 from kiln.common.secrets import redact, redact_url
@@ -354,7 +354,7 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
                 raise dg.Failure(description=f"training_run: {reason}",
                                  metadata={"run_dir": dg.MetadataValue.path(str(run_dir))}) from None
             _end_mlflow_run(context, mlflow_tracking, mlflow_run_id, "FAILED")
-            summary = _read_json(run_dir / "summary.json")
+            summary = read_json_or_empty(run_dir / "summary.json")
             why = redact(summary.get("error") or str(exc))  # the ranks' traceback may quote the tracking URI's password
             raise dg.Failure(description=f"training {summary.get('status', 'failed')}: {why}",
                              metadata={"run_dir": dg.MetadataValue.path(str(run_dir))}) from None
@@ -362,7 +362,7 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
             _end_mlflow_run(context, mlflow_tracking, mlflow_run_id, "KILLED")
             raise
     with holds:
-        summary = _read_json(run_dir / "summary.json")
+        summary = read_json_or_empty(run_dir / "summary.json")
         if mirror is not None and summary.get("exports"):  # for the checkpoint asset on another machine
             mirror.push_exports(summary["exports"])
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -429,13 +429,6 @@ def _run_mirror(store: "Store", project: ProjectConfig, run_dir: Path,
     if run is None:
         return RunMirror(store.remote, run_dir)
     return RunMirror(store.remote, run_dir, run.checkpoint_dir(), run.training.checkpoint.keep_last)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
 
 
 def loss_curve(metrics: list[dict]) -> list[tuple[int, float, float]]:

@@ -1,6 +1,5 @@
 import functools
 import os
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -24,11 +23,10 @@ class KilnStorage(dg.ConfigurableResource):
         """The store for one step; with S3, the bucket is checked (or created) here, before any work."""
         settings = (self.kiln_config.load() if self.kiln_config is not None else load_config()).storage
         if settings.backend == "local":
-            return Store(Path(self.root), keep_replaced_s=settings.keep_replaced_s)
+            return Store.configured(self.root, settings)
         client = s3_client(self.s3 or S3Resource())
-        return Store(Path(self.root), S3Remote.connect(client, settings.bucket, settings.prefix,
-                                                       settings.create_bucket), keep_replaced_s=settings.keep_replaced_s,
-                     cache_max_bytes=settings.cache_max_bytes)
+        return Store.configured(self.root, settings, S3Remote.connect(client, settings.bucket, settings.prefix,
+                                                                      settings.create_bucket))
 
 
 def s3_client(s3: S3Resource) -> Any:

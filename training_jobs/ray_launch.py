@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kiln.common.manifest import read_json_or_empty
+
 # What the workers need from the launching environment (Ray starts them with the cluster's own environment).
 FORWARDED = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_DISABLE_TELEMETRY",
              "TORCH_EXTENSIONS_DIR", "DS_ACCELERATOR", "KILN_HOME", "PYTHONPATH", "KILN_INJECT_FAULT",
@@ -150,7 +152,7 @@ def run(run_config: Path, num_workers: int, address: str | None, max_failures: i
     if error is not None:
         print(f"Ray Train gave up after {max_failures} restarts: {error}", file=sys.stderr, flush=True)
         return 1
-    summary = _read_json(output / "summary.json")
+    summary = read_json_or_empty(output / "summary.json")
     if summary.get("status") == "failed":  # refused (train.REFUSALS): not restarted
         print(f"training refused, not restarted: {summary['error'].strip().splitlines()[-1]}", file=sys.stderr,
               flush=True)
@@ -197,13 +199,6 @@ def _has_messages(channel) -> bool:
         return not channel.empty()
     except Exception:  # noqa: BLE001: the queue is gone: nothing more will come
         return False
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
 
 
 def _at_least_one(text: str) -> int:

@@ -40,9 +40,8 @@ def open_store(home: Path, config, pull_current: bool = True) -> Any:
         except BotoCoreError as exc:  # a profile that does not exist, a broken ~/.aws/config: said, not a traceback
             raise StorageError(f"storage: cannot set up the S3 client for bucket {settings.bucket!r} ({exc}); check "
                                f"AWS_PROFILE and the other AWS_* variables, or ~/.aws/config") from None
-        store = Store(home / "data", S3Remote.connect(client, settings.bucket, settings.prefix,
-                                                      settings.create_bucket),
-                      keep_replaced_s=settings.keep_replaced_s, cache_max_bytes=settings.cache_max_bytes)
+        store = Store.configured(home / "data", settings, S3Remote.connect(client, settings.bucket, settings.prefix,
+                                                                           settings.create_bucket))
         if not pull_current:
             return store
         # The audit reads the local folders: bring every current dataset it may read into the cache first.
@@ -59,7 +58,7 @@ def open_store(home: Path, config, pull_current: bool = True) -> Any:
         return store
     if not (home / "data").is_dir():
         raise ValueError(f"no Kiln store at {home / 'data'}; set KILN_HOME or --home (`make demo` creates one)")
-    return Store(home / "data", keep_replaced_s=config.storage.keep_replaced_s)
+    return Store.configured(home / "data", config.storage)
 
 
 def bad_input(command: str, exc: Exception) -> int:

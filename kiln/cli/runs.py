@@ -101,6 +101,8 @@ def run_runs(args: argparse.Namespace) -> int:
 
 def survey(runs_dir: Path, store, mirrored: bool, keep: int) -> list[Run]:
     """Every run here (and on S3 when runs are mirrored there), newest first, each with why prune keeps it."""
+    from kiln.common.manifest import read_json_or_empty
+    from kiln.common.storage import disk_bytes
     from training_jobs.checkpoint import checkpoints
     from training_jobs.launch import busy
 
@@ -115,7 +117,7 @@ def survey(runs_dir: Path, store, mirrored: bool, keep: int) -> list[Run]:
     runs = []
     for key in keys:
         folder = runs_dir / key
-        summary = _read_json(folder / "summary.json") or {}
+        summary = read_json_or_empty(folder / "summary.json")
         mine = _checkpoint_dir(folder).is_relative_to(folder)
         found = checkpoints(_checkpoint_dir(folder)) if folder.is_dir() else []
         # what the run wrote: not the locks (a check takes them) nor prune's own record
@@ -123,7 +125,7 @@ def survey(runs_dir: Path, store, mirrored: bool, keep: int) -> list[Run]:
                  and not any(part.startswith(".") for part in p.relative_to(folder).parts)] if folder.is_dir() else []
         run = Run(key, summary.get("status", "no summary"), summary.get("steps"),
                   max((p.stat().st_mtime for p in files), default=0.0), [f.path.name for f in found],
-                  _bytes(_checkpoint_dir(folder)) if mine else 0)
+                  disk_bytes(_checkpoint_dir(folder)) if mine else 0)
         if remote is not None:
             run.on_s3 = sorted(_mirror(remote, folder).complete_on_s3())
         if key in named:
@@ -147,12 +149,12 @@ def prune(runs_dir: Path, runs: list[Run], remote) -> int:
     incomplete one, never taken for complete. The bytes freed here."""
     from kiln.common.manifest import write_json_atomic
     from kiln.common.remote import LockHeld
-    from training_jobs.checkpoint import MANIFEST
+    from kiln.common.storage import disk_bytes
     from training_jobs.launch import LOCK, MATERIALIZING, RunFolderBusy, run_folder_lock
 
     freed = 0
     for left in runs_dir.glob(f"*/{TRASH}*"):  # what a prune killed mid-deletion left: already out of every run's way
-        freed += _bytes(left)
+        freed += disk_bytes(left)
         shutil.rmtree(left, ignore_errors=True)
     for run in [r for r in runs if r.kept_because is None and (r.checkpoints or r.on_s3)]:
         folder = runs_dir / run.key
@@ -168,13 +170,11 @@ def prune(runs_dir: Path, runs: list[Run], remote) -> int:
                 run.kept_because = f"in use: {exc}"
                 continue
             if remote is not None:
-                tags = remote.listing(mirror.key("checkpoints"))[1]
-                remote.delete_keys([mirror.key("checkpoints", t, MANIFEST) for t in tags])
-                remote.delete_keys(remote.list_keys(mirror.key("checkpoints")))
+                mirror.delete_checkpoints()
             if _checkpoint_dir(folder).is_dir():  # every step, complete or not, and the ones moved aside
                 trash = folder / f"{TRASH}{uuid.uuid4().hex[:8]}"
                 _checkpoint_dir(folder).rename(trash)  # first: never a half-deleted checkpoint where a launch looks
-                freed += _bytes(trash)
+                freed += disk_bytes(trash)
                 shutil.rmtree(trash)
             if folder.is_dir():
                 write_json_atomic(folder / PRUNED, json.dumps(
@@ -214,13 +214,3 @@ def _mirror(remote, folder: Path):
 
     return RunMirror(remote, folder, _checkpoint_dir(folder))
 
-
-def _bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None

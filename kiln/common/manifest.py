@@ -137,6 +137,15 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
 
 
+def read_json_or_empty(path: Path) -> dict:
+    """A JSON file's object, or {} when it is missing or not JSON (a run folder's summary.json before a launch wrote
+    it, or one a killed launch left cut short)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
 def write_json_atomic(path: Path, text: str, flush: bool = True) -> None:
     """write_file_atomic of `text` (UTF-8), then, with `flush`, the folder flushed too: after a crash the file is
     the old one or the new one, whole. `flush=False` skips both flushes: after a power loss the file may be the old

@@ -135,11 +135,20 @@ class RunMirror:
         if not kept:
             return
         oldest_kept = _step(kept[0])
-        doomed = [t for t in self.remote.listing(self.key("checkpoints"))[1] if TAG.match(t) and _step(t) < oldest_kept]
-        self.remote.delete_keys([self.key("checkpoints", t, MANIFEST) for t in doomed])
-        for tag in doomed:
-            on_s3.pop(tag, None)
-            self.remote.delete_keys(self.remote.list_keys(self.key("checkpoints", tag)))
+        self.delete_checkpoints([t for t in self.remote.listing(self.key("checkpoints"))[1]
+                                 if TAG.match(t) and _step(t) < oldest_kept])
+
+    def delete_checkpoints(self, tags: list[str] | None = None) -> None:
+        """Delete checkpoints from S3: `tags`, or None for all of them (complete or not, and anything else under
+        `checkpoints/`); each manifest first, so a checkpoint half deleted is an incomplete one, never a complete one
+        with files missing."""
+        listed = self.remote.listing(self.key("checkpoints"))[1] if tags is None else tags
+        self.remote.delete_keys([self.key("checkpoints", t, MANIFEST) for t in listed])
+        for tag in listed:
+            (self._on_s3 or {}).pop(tag, None)
+        prefixes = [self.key("checkpoints")] if tags is None else [self.key("checkpoints", t) for t in tags]
+        for prefix in prefixes:
+            self.remote.delete_keys(self.remote.list_keys(prefix))
 
     @contextlib.contextmanager
     def pushing(self, info: Callable[[str], None], warn: Callable[[str], None],

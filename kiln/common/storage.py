@@ -349,6 +349,13 @@ class Store:
         if self.remote is not None and self.cache_max_bytes is not None:
             object.__setattr__(self, "_reading", _Reading(self.root))  # frozen: set once, here
 
+    @classmethod
+    def configured(cls, root: Path, settings, remote: S3Remote | None = None) -> Store:
+        """The store the project's `storage:` section (StorageSettings) describes, at `root`; `remote`: the bucket's,
+        with `backend: s3`."""
+        return cls(Path(root), remote, keep_replaced_s=settings.keep_replaced_s,
+                   cache_max_bytes=settings.cache_max_bytes)
+
     def dataset_dir(self, asset: str, partition: str | None = None) -> Path:
         """The dataset's local path (the link to its current version; with a remote, brought up to date with S3
         first). A path under it is resolved when it is opened: a reader of several files takes a `snapshot`."""
@@ -504,16 +511,7 @@ class Store:
         per-refresh one, `<source>/<refresh>` for a document dataset. With S3 storage, those in the bucket too: a
         machine's cache holds only what it has read, and a question about the store (an audit, a takedown of a
         source the config no longer names) must see every one."""
-        found = set()
-        base = self.root / asset
-        for child in sorted(base.iterdir()) if base.is_dir() else []:
-            if not child.is_dir() or child.name.startswith("."):
-                continue
-            if (child / MANIFEST_NAME).is_file():
-                found.add(None if child.name == "_all" else child.name)
-            else:
-                found |= {f"{child.name}/{g.name}" for g in child.iterdir()
-                          if g.is_dir() and not g.name.startswith(".") and (g / MANIFEST_NAME).is_file()}
+        found = {partition for _, partition in _local_datasets(self.root / asset)}
         if self.remote is not None:
             for child in self.remote.listing(self.remote.key(asset))[1]:
                 files, below = self.remote.listing(self.remote.key(asset, child))
@@ -764,20 +762,27 @@ def disk_bytes(root: Path) -> int:
     return total
 
 
+def _local_datasets(base: Path) -> Iterator[tuple[Path, str | None]]:
+    """(path, partition) of every dataset with a current version in one asset's folder `base`. Partitions are `_all`
+    (None), `<refresh>` or `<source>/<refresh>`: a dataset in the asset's folder or one below."""
+    for child in sorted(base.iterdir()) if base.is_dir() else []:
+        if not child.is_dir() or child.name.startswith("."):
+            continue
+        if (child / MANIFEST_NAME).is_file():
+            yield child, None if child.name == "_all" else child.name
+        else:
+            yield from ((g, f"{child.name}/{g.name}") for g in sorted(child.iterdir())
+                        if g.is_dir() and not g.name.startswith(".") and (g / MANIFEST_NAME).is_file())
+
+
 def _cached_datasets(root: Path) -> Iterator[tuple[float, Path, str, str | None]]:
     """(last use, link, asset, partition) of every dataset in the store at `root` whose current version is a
-    versioned folder. Partitions are `_all`, `<refresh>` or `<source>/<refresh>`: a link in an asset's folder or one
-    below."""
+    versioned folder (its path a link)."""
     for asset in [a for a in root.iterdir() if a.is_dir() and not a.name.startswith(".")] if root.is_dir() else []:
-        for child in asset.iterdir():
-            if child.name.startswith("."):
-                continue
-            below = [child] if child.is_symlink() else \
-                [g for g in child.iterdir() if g.is_symlink() and not g.name.startswith(".")] if child.is_dir() else []
-            for final in below:
+        for final, partition in _local_datasets(asset):
+            if final.is_symlink():
                 with contextlib.suppress(FileNotFoundError):
-                    partition = final.relative_to(asset).as_posix()
-                    yield final.lstat().st_mtime, final, asset.name, None if partition == "_all" else partition
+                    yield final.lstat().st_mtime, final, asset.name, partition
 
 
 def _evict(final: Path, remote_version: str | None, last_use: float) -> int | None:
