@@ -17,6 +17,7 @@ from kiln.common.config import ConfigError, ProjectConfig, kiln_home, merge_conf
 from kiln.common.manifest import applied_requests, code_version, git_commit, read_json_or_empty, write_json_atomic
 from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.remote import LockHeld
+from kiln.common.run_folders import prune_old_runs
 from kiln.common.secrets import redact, redact_url
 from kiln.common.storage import IncompleteDataset
 from kiln.governance.audit import trained_on
@@ -390,9 +391,11 @@ def training_run(context: dg.AssetExecutionContext, config: TrainingLaunch, kiln
                    "mlflow": {"experiment_id": experiment_id, "run_id": mlflow_run_id},
                    **({"replay": removals.describe()} if removals is not None else {}),
                    **({"exposure": exposed} if exposed is not None else {})})
+    pruned = _prune_old_runs(context, store, project)
     return dg.MaterializeResult(
         metadata={
             **reported.metadata,
+            **pruned,
             "loss_curve": dg.MetadataValue.md(loss_plot_markdown(metrics)),
             "time_breakdown": dg.MetadataValue.md(time_plot_markdown(summary)),
             "mlflow_run": dg.MetadataValue.url(mlflow_tracking.run_url(experiment_id, mlflow_run_id)),
@@ -492,11 +495,11 @@ def checkpoint(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
 
     from training_jobs.export import load_model, probe_check
 
-    store = storage.store()
+    store, project = storage.store(), kiln_config.load()
     run = store.manifest(RUN)
     summary = run.stats["summary"]
     with store.staging(CHECKPOINT) as writer:
-        for fmt, folder in _exports_here(store, kiln_config.load(), run.stats).items():
+        for fmt, folder in _exports_here(store, project, run.stats).items():
             for f in Path(folder).rglob("*"):
                 if f.is_file():
                     target = writer.dir / fmt / f.relative_to(folder)
@@ -515,6 +518,7 @@ def checkpoint(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
             counts={"parameters": summary["n_params"], "steps": summary["steps"]},
             stats={"model": summary["model"], "deepspeed_checkpoint": summary["checkpoint"],
                    "checkpoint_manifest_sha256": summary["checkpoint_sha256"], "mlflow": run.stats["mlflow"]})
+    pruned = _prune_old_runs(context, store, project)
     base = store.dataset_dir(CHECKPOINT)
     mlflow_run = run.stats["mlflow"]["run_id"]
     with mlflow_tracking.calls(f"checkpoint: logging the exports to MLflow run {mlflow_run}"):
@@ -527,10 +531,31 @@ def checkpoint(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
                   "mlflow_run": dg.MetadataValue.url(mlflow_tracking.run_url(run.stats["mlflow"]["experiment_id"],
                                                                              mlflow_run)),
                   "data_card": dg.MetadataValue.path(str(store.root / "data_card" / "_all" / "data_card.md")),
-                  "path": dg.MetadataValue.path(str(base)), "data_version": manifest.data_version},
+                  "path": dg.MetadataValue.path(str(base)), "data_version": manifest.data_version, **pruned},
         check_results=[dg.AssetCheckResult(check_name="loads", passed=loads["passed"],
                                            metadata={k: v for k, v in loads.items() if k != "passed"})],
         data_version=dg.DataVersion(manifest.data_version))
+
+
+def _prune_old_runs(context: dg.AssetExecutionContext, store: "Store", project: ProjectConfig) -> dict:
+    """`storage.keep_old_run_checkpoints`: once a commit may have moved the store past a run, that run's checkpoints
+    go (kiln/common/run_folders.py). The metadata saying which went; a deletion that fails is a warning, not a
+    failure: the commit stands, and the next materialization (or `kiln runs prune`) tries again."""
+    keep = project.storage.keep_old_run_checkpoints
+    if keep is None:
+        return {}
+    try:
+        pruned, freed = prune_old_runs(kiln_home(), store, project.storage.mirror_runs, keep)
+    except Exception as exc:  # noqa: BLE001: disk or S3; the materialization it follows has succeeded
+        context.log.warning(f"storage.keep_old_run_checkpoints: deleting the checkpoints of old runs failed "
+                            f"({redact(str(exc))}); they stay until the next materialization or `kiln runs prune`")
+        return {}
+    if pruned:
+        context.log.info(f"storage.keep_old_run_checkpoints: {keep}: deleted the checkpoints of {len(pruned)} old "
+                         f"run(s) ({', '.join(r.key for r in pruned)}), {freed / 1e6:,.1f} MB here"
+                         + (" and their copies on S3" if any(r.on_s3 for r in pruned) else ""))
+    return {"pruned_runs": dg.MetadataValue.json(
+        {"runs": {r.key: {"checkpoints": r.checkpoints, "on_s3": r.on_s3} for r in pruned}, "freed_bytes": freed})}
 
 
 def _exports_here(store: "Store", project: ProjectConfig, run: dict) -> dict[str, Path]:

@@ -17,6 +17,7 @@ from kiln.common.storage import Store
 from tests.assets.project import load_project
 from tests.audit_store import edit, random_text
 from tests.conftest import SERIAL_ENGINE, web_and_ref_sources, write_jsonl
+from tests.run_folders import make_run
 from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
 
 BUCKET, PREFIX = "kiln-chain", "team/kiln"
@@ -150,11 +151,34 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
     assert answer["match"] == "exact" and answer["source"] == "ref"
     assert answer["verdict"] in ("in_training", "validation_only"), answer["summary"]
 
+    # Old runs the store has not named, with storage.keep_old_run_checkpoints 0: one trained here, one trained on
+    # another machine (only its copy is on S3).
+    from kiln.common.run_mirror import RunMirror
+
+    remote = S3Remote.connect(client, BUCKET, PREFIX)
+    for folder in (make_run(home / "runs", "old-here", [2, 4], 100), make_run(tmp_path / "other" / "runs", "old-s3",
+                                                                             [3], 100)):
+        assert RunMirror(remote, folder).push()
+    config = yaml.safe_load((tmp_path / "kiln.yaml").read_text())
+    config["storage"]["keep_old_run_checkpoints"] = 0
+    (tmp_path / "kiln.yaml").write_text(yaml.safe_dump(config))
+
     # Training on S3 storage: the run's checkpoint goes up to the bucket beside the datasets (storage.mirror_runs),
     # and a machine without the run folder (KILN_HOME/runs gone: another pod) resumes from it, in the same MLflow run.
     trained = materialize(project, ["training_run"])
     run = json.loads((home / "data" / "training_run" / "_all" / MANIFEST_NAME).read_text())
     run_dir = Path(run["stats"]["run_dir"])
+    # the old runs' checkpoints went, here and on S3, once the store took this run; what they did stays
+    pruned = trained.asset_materializations_for_node("training_run")[0].metadata["pruned_runs"].value
+    assert pruned["runs"] == {"old-here": {"checkpoints": ["step_00000002", "step_00000004"],
+                                           "on_s3": ["step_00000002", "step_00000004"]},
+                              "old-s3": {"checkpoints": [], "on_s3": ["step_00000003"]}}
+    assert pruned["freed_bytes"] >= 200_000  # two checkpoints of 100 kB
+    assert not remote.list_keys(f"{PREFIX}/_runs/old-here/checkpoints") + \
+        remote.list_keys(f"{PREFIX}/_runs/old-s3/checkpoints")
+    assert not (home / "runs" / "old-here" / "checkpoints").exists()
+    assert (home / "runs" / "old-here" / "summary.json").is_file()
+    assert remote.get_bytes(f"{PREFIX}/_runs/old-s3/run/metrics.jsonl") is not None
     mirrored = f"{PREFIX}/_runs/{run_dir.name}/checkpoints"
     assert trained.asset_materializations_for_node("training_run")[0].metadata["run_copy"].value == \
         f"s3://{BUCKET}/{PREFIX}/_runs/{run_dir.name}"
@@ -165,9 +189,7 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
     assert client.get_object(Bucket=BUCKET, Key=f"{mirrored}/step_00000004/manifest.json")["Body"].read() == \
         (final / "manifest.json").read_bytes()
     shutil.rmtree(home / "runs")
-    from kiln.common.run_mirror import RunMirror
-
-    with RunMirror(S3Remote.connect(client, BUCKET, PREFIX), tmp_path / "machine-b" / run_dir.name).holding():
+    with RunMirror(remote, tmp_path / "machine-b" / run_dir.name).holding():
         failed = project.materialize(["training_run"], raise_on_error=False)  # while machine b trains it
     message = next(e for e in failed.all_events if e.event_type_value == "STEP_FAILURE").step_failure_data.error.message
     assert "launch.lock is held by a process on" in message and "another machine is training this run" in message

@@ -337,6 +337,7 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     config["training"] |= {"base_checkpoint": "latest", "rewarmup_steps": 2, "max_steps": 6,
                            "checkpoint": {"every_steps": 3, "keep_last": 1}, "launcher": "ray"}
     config["mixture"] = {"replay": {"share": 0.25}}
+    config["storage"] = {"keep_old_run_checkpoints": 0}
     resources = project.resources
     project = load_project(config, tmp_path, kiln_home, monkeypatch)
     project.resources.update({k: resources[k] for k in ("mlflow_tracking", "pipes_subprocess_client")})
@@ -344,6 +345,14 @@ def test_train_checkpoint_evaluate_through_dagster(tmp_path, kiln_home, monkeypa
     continued = project.materialize(["training_run", "checkpoint", "evaluation", "data_card"])
     assert continued.success
     run2 = json.loads((kiln_home / "data" / "training_run" / "_all" / "_manifest.json").read_text())
+    # storage.keep_old_run_checkpoints 0: the base run's checkpoints go once the store's checkpoint no longer came
+    # from it (not when training_run moved on); its exports, the continued run's base, stay, and the new run's own.
+    pruned = {node: continued.asset_materializations_for_node(node)[0].metadata["pruned_runs"].value["runs"]
+              for node in ("training_run", "checkpoint")}
+    assert pruned == {"training_run": {}, "checkpoint": {run_dir.name: {"checkpoints": [
+        "step_00000020", "step_00000024"], "on_s3": []}}}
+    assert not (run_dir / "checkpoints").exists() and (base_export / "model.safetensors").is_file()
+    assert (Path(run2["stats"]["run_dir"]) / "checkpoints" / "step_00000006" / "manifest.json").is_file()
     assert run2["config"]["launcher"] == {"name": "ray", "world_size": 2}
     reported = continued.asset_materializations_for_node("training_run")[0].metadata  # rank 0's, relayed by Ray
     assert reported["mlflow_run_id"].value == run2["stats"]["mlflow"]["run_id"]

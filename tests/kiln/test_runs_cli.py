@@ -2,43 +2,18 @@
 loopback), which stay and why, and that what a run is and did stays with it."""
 
 import json
-import os
 import shutil
-import time
 from pathlib import Path
-
-import pytest
 
 from kiln.cli import main
 from kiln.common.remote import S3Remote
 from kiln.common.run_mirror import RunMirror
 from kiln.common.storage import Store
-from training_jobs.checkpoint import write_manifest
 from training_jobs.launch import run_folder_lock
+from tests.run_folders import make_run
 from tests.s3 import _moto_server, s3_client, s3_endpoint  # noqa: F401 (fixtures)
 
 DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
-
-
-def make_run(runs: Path, key: str, steps: list[int], age_s: float, status: str = "completed") -> Path:
-    """A run folder as the training asset leaves it: checkpoints (a complete one per step, 100 kB each), one half
-    saved, summary, metrics, MLflow run id and an export; every file dated `age_s` ago."""
-    folder = runs / key
-    for step in steps:
-        ckpt = folder / "checkpoints" / f"step_{step:08d}"
-        ckpt.mkdir(parents=True)
-        (ckpt / "mp_rank_00_model_states.pt").write_bytes(os.urandom(100_000))
-        write_manifest(ckpt, step, {})
-    (folder / "checkpoints" / f"step_{steps[-1] + 1:08d}").mkdir()  # a save cut short: no manifest
-    (folder / "summary.json").write_text(json.dumps({"status": status, "steps": steps[-1]}))
-    (folder / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 5.0}) + "\n")
-    (folder / "mlflow_run_id").write_text("abc123\n")
-    (folder / "export" / "safetensors").mkdir(parents=True)
-    (folder / "export" / "safetensors" / "model.safetensors").write_bytes(b"weights")
-    then = time.time() - age_s
-    for path in folder.rglob("*"):
-        os.utime(path, (then, then))
-    return folder
 
 
 def commit(store: Store, asset: str, stats: dict, inputs: dict | None = None) -> str:
@@ -79,7 +54,7 @@ def test_prune_deletes_the_checkpoints_of_runs_the_store_moved_past_and_keeps_wh
         assert [k for k in before] == ["recent", "carded", "current", "old", "older", "busy"]  # newest first
         assert {k: r["kept_because"] for k, r in before.items()} == {
             "current": "the store's current training_run", "carded": "the run of the store's current checkpoint",
-            "recent": "among the --keep newest others", "old": None, "older": None,
+            "recent": "one of the 1 newest others", "old": None, "older": None,
             "busy": before["busy"]["kept_because"]}
         assert before["busy"]["kept_because"].startswith(f"in use: {runs / 'busy'} is being trained by another launch")
         assert before["old"]["checkpoints"] == ["step_00000003", "step_00000006"] and before["old"]["steps"] == 6

@@ -28,6 +28,10 @@ class StorageSettings(Strict):
     # recently (S3 holds each; none read by a step still running nor for keep_replaced_minutes; none held by a reader)
     # are removed from the cache, and fetched again when read. None: never evicted.
     cache_max_gb: float | None = Field(None, gt=0)
+    # After each training_run and checkpoint the store takes: delete the checkpoints of the runs it has moved past
+    # (here and, with mirror_runs, on S3), but for this many of the newest (kiln/common/run_folders.py says which
+    # runs stay and what of a pruned run stays). None: kept until `kiln runs prune`.
+    keep_old_run_checkpoints: int | None = Field(None, ge=0)
 
     @property
     def keep_replaced_s(self) -> float:

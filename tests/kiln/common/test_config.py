@@ -48,6 +48,8 @@ def test_profile_steps_parse_both_forms():
      ["quality.perplexity.device", "'tpu'", "auto|cpu|cuda"]),
     (lambda c: c.update(storage={"keep_replaced_minutes": -5}),
      ["storage.keep_replaced_minutes", "-5", "greater than or equal to 0"]),
+    (lambda c: c.update(storage={"keep_old_run_checkpoints": -1}),
+     ["storage.keep_old_run_checkpoints", "-1", "greater than or equal to 0"]),
     # seeds numpy's and SentencePiece's generators refuse: a traceback naming no key, after the tokenize round
     (lambda c: c.update(shards={"seed": -1}), ["shards.seed", "-1", "greater than or equal to 0"]),
     (lambda c: c.update(tokenizer={"seed": 2**32}), ["tokenizer.seed", "4294967296", "less than 4294967296"]),
