@@ -23,8 +23,9 @@ def add_runs_parser(subparsers: Any) -> argparse.ArgumentParser:
                             ("prune", "delete the checkpoints of the runs the store has moved past (here and on "
                                       "S3); without --yes, only says what it would delete")):
         sub = actions.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--keep", type=int, default=1, metavar="N",
-                         help="besides the runs the store names, keep the N newest others (default 1)")
+        sub.add_argument("--keep", type=int, metavar="N",
+                         help="besides the runs the store names, keep the N newest others (default: the config's "
+                              "storage.keep_old_run_checkpoints, else 1)")
         sub.add_argument("--home", type=Path, help="KILN_HOME holding runs/ (default: $KILN_HOME, else ./.kiln)")
         sub.add_argument("--config", type=Path,
                          help="project config (default: $KILN_CONFIG, else configs/default.yaml)")
@@ -40,12 +41,14 @@ def run_runs(args: argparse.Namespace) -> int:
     from kiln.common.run_folders import prune, survey
 
     try:
-        if args.keep < 0:
+        if args.keep is not None and args.keep < 0:
             raise ValueError(f"--keep {args.keep}: give 0 or more newer runs to keep")
         home, config = (args.home or kiln_home()).resolve(), load_config(args.config)
+        keep = args.keep if args.keep is not None else config.storage.keep_old_run_checkpoints
+        keep = 1 if keep is None else keep
         store = open_store(home, config, pull_current=False) \
             if (home / "data").is_dir() or config.storage.backend == "s3" else None
-        runs = survey(home / "runs", store, config.storage.mirror_runs, args.keep)
+        runs = survey(home / "runs", store, config.storage.mirror_runs, keep)
         deleting = args.action == "prune" and args.yes
         freed = prune(home / "runs", runs, store.remote if store is not None and config.storage.mirror_runs else None) \
             if deleting else None

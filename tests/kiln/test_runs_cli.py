@@ -89,7 +89,8 @@ def test_prune_deletes_the_copies_on_s3_too_and_a_run_another_machine_trains_sta
     client = s3_client(s3_endpoint)
     remote = S3Remote.connect(client, "kiln-runs", "team", create_bucket=True)
     config = tmp_path / "kiln.yaml"
-    config.write_text(f"extends: {DEFAULT}\nstorage:\n  backend: s3\n  bucket: kiln-runs\n  prefix: team\n")
+    config.write_text(f"extends: {DEFAULT}\nstorage:\n  backend: s3\n  bucket: kiln-runs\n  prefix: team\n"
+                      "  keep_old_run_checkpoints: 0\n")  # prune's --keep when it is not given
     home = tmp_path / "kiln"
     runs = home / "runs"
     elsewhere = tmp_path / "machine-b" / "runs"  # runs trained on another machine: only their copy is on S3
@@ -100,7 +101,7 @@ def test_prune_deletes_the_copies_on_s3_too_and_a_run_another_machine_trains_sta
     shutil.rmtree(home / "data")  # this machine's cache: the store's runs are read from S3's manifests alone
 
     with RunMirror(remote, elsewhere / "held").holding():  # machine b trains "held" now
-        kiln_runs("prune", "--yes", "--keep", "0", config=config, home=home)
+        kiln_runs("prune", "--yes", config=config, home=home)
     pruned = listed(capsys)
     assert pruned["held"]["kept_because"].startswith("in use: ") and "launch.lock is held by" in \
         pruned["held"]["kept_because"]
