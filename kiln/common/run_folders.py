@@ -12,11 +12,12 @@ older model card names). `kiln runs prune` does it on demand; `storage.keep_old_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
 import uuid
-from contextlib import ExitStack
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,33 +86,29 @@ def survey(runs_dir: Path, store, mirrored: bool, keep: int) -> list[Run]:
 
 
 def prune(runs_dir: Path, runs: list[Run], remote) -> int:
-    """Delete the checkpoints of every run `survey` did not keep: each under its run folder's launch and
-    materialization locks (a launch starting now is refused until it ends) and, with runs on S3, the run's lease
-    there (no machine trains it meanwhile); on S3 every manifest first, so a half-deleted checkpoint is an
-    incomplete one, never taken for complete. The bytes freed here."""
+    """Delete the checkpoints of every run `survey` did not keep, each while holding the run (`_holding`); on S3
+    every manifest first, so a half-deleted checkpoint is an incomplete one, never taken for complete. The bytes
+    freed here."""
     from kiln.common.manifest import write_json_atomic
     from kiln.common.remote import LockHeld
     from kiln.common.storage import disk_bytes
-    from training_jobs.launch import LOCK, MATERIALIZING, RunFolderBusy, run_folder_lock
+    from training_jobs.launch import RunFolderBusy
 
     freed = 0
-    for left in runs_dir.glob(f"*/{TRASH}*"):  # what a prune killed mid-deletion left: already out of every run's way
-        freed += disk_bytes(left)
-        shutil.rmtree(left, ignore_errors=True)
+    for folder in {left.parent for left in runs_dir.glob(f"*/{TRASH}*")}:  # what a prune killed mid-deletion left
+        with contextlib.suppress(RunFolderBusy), _holding(folder, None):  # held: another prune is deleting it now
+            for left in folder.glob(f"{TRASH}*"):
+                freed += disk_bytes(left)
+                shutil.rmtree(left, ignore_errors=True)
     for run in [r for r in runs if r.doomed]:
         folder = runs_dir / run.key
-        with ExitStack() as held:
+        with contextlib.ExitStack() as held:
             try:
-                if folder.is_dir():
-                    held.enter_context(run_folder_lock(folder, MATERIALIZING))
-                    held.enter_context(run_folder_lock(folder, LOCK))
-                if remote is not None:
-                    mirror = _mirror(remote, folder)
-                    held.enter_context(mirror.holding())
-            except (RunFolderBusy, LockHeld) as exc:  # a launch began since the survey
+                mirror = held.enter_context(_holding(folder, remote))
+            except (RunFolderBusy, LockHeld) as exc:  # a launch (or another prune) began since the survey
                 run.kept_because = f"in use: {exc}"
                 continue
-            if remote is not None:
+            if mirror is not None:
                 mirror.delete_checkpoints()
             if _checkpoint_dir(folder).is_dir():  # every step, complete or not, and the ones moved aside
                 trash = folder / f"{TRASH}{uuid.uuid4().hex[:8]}"
@@ -123,6 +120,23 @@ def prune(runs_dir: Path, runs: list[Run], remote) -> int:
                     {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "checkpoints": run.checkpoints,
                      "on_s3": run.on_s3}) + "\n")
     return freed
+
+
+@contextlib.contextmanager
+def _holding(folder: Path, remote) -> Iterator:
+    """The run to ourselves: its folder's materialization and launch locks (a launch or a prune starting meanwhile
+    is refused until we let go) and, with `remote`, its lease on S3 (no machine trains it meanwhile). Yields the
+    run's mirror (None without `remote`); RunFolderBusy or LockHeld while another holds one."""
+    from training_jobs.launch import LOCK, MATERIALIZING, run_folder_lock
+
+    with contextlib.ExitStack() as held:
+        if folder.is_dir():
+            held.enter_context(run_folder_lock(folder, MATERIALIZING))
+            held.enter_context(run_folder_lock(folder, LOCK))
+        mirror = _mirror(remote, folder) if remote is not None else None
+        if mirror is not None:
+            held.enter_context(mirror.holding())
+        yield mirror
 
 
 def _named_by_the_store(store) -> dict[str, str]:
@@ -164,5 +178,5 @@ def prune_old_runs(home: Path, store, mirror_runs: bool, keep: int) -> tuple[lis
     freed here."""
     runs = survey(home / "runs", store, mirror_runs, keep)
     doomed = [r for r in runs if r.doomed]
-    freed = prune(home / "runs", runs, store.remote if mirror_runs else None) if doomed else 0
+    freed = prune(home / "runs", runs, store.remote if mirror_runs else None)
     return [r for r in doomed if r.kept_because is None], freed

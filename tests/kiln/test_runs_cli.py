@@ -47,6 +47,7 @@ def test_prune_deletes_the_checkpoints_of_runs_the_store_moved_past_and_keeps_wh
     store_naming(Store(home / "data"), runs, current="current", checkpointed="carded")
     (runs / "carded" / ".pruned-0badf00d").mkdir()  # left by a prune killed mid-deletion (SIGKILL, power loss)
     (runs / "carded" / ".pruned-0badf00d" / "zero_pp_rank_0_optim_states.pt").write_bytes(b"x" * 1000)
+    (runs / "busy" / ".pruned-feedface").mkdir()  # the same in a run held now: perhaps another prune deleting it
 
     with run_folder_lock(runs / "busy"):  # a launch trains there now
         kiln_runs("list", home=home)
@@ -68,6 +69,7 @@ def test_prune_deletes_the_checkpoints_of_runs_the_store_moved_past_and_keeps_wh
         freed = json.loads(capsys.readouterr().out)["freed_bytes"]
     assert freed == before["old"]["checkpoint_bytes"] + before["older"]["checkpoint_bytes"] + 1000
     assert not (runs / "carded" / ".pruned-0badf00d").exists()
+    assert (runs / "busy" / ".pruned-feedface").is_dir()  # left to whoever holds the run
     for key in ("old", "older"):
         assert not (runs / key / "checkpoints").exists() and not list((runs / key).glob(".pruned-*"))
         assert {p.name for p in (runs / key).iterdir()} >= {"summary.json", "metrics.jsonl", "mlflow_run_id", "export"}
@@ -81,6 +83,7 @@ def test_prune_deletes_the_checkpoints_of_runs_the_store_moved_past_and_keeps_wh
     kiln_runs("prune", "--yes", "--keep", "0", home=home)
     capsys.readouterr()
     assert not (runs / "recent" / "checkpoints").exists()
+    assert not (runs / "busy" / ".pruned-feedface").exists()  # let go of since
     assert (runs / "current" / "checkpoints" / "step_00000008" / "manifest.json").is_file()
     assert (runs / "carded" / "checkpoints" / "step_00000006" / "manifest.json").is_file()
 
