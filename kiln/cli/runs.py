@@ -46,7 +46,7 @@ def run_runs(args: argparse.Namespace) -> int:
         home, config = (args.home or kiln_home()).resolve(), load_config(args.config)
         keep = args.keep if args.keep is not None else config.storage.keep_old_run_checkpoints
         keep = 1 if keep is None else keep
-        store = open_store(home, config, pull_current=False) \
+        store = open_store(home, config) \
             if (home / "data").is_dir() or config.storage.backend == "s3" else None
         runs = survey(home / "runs", store, config.storage.mirror_runs, keep)
         deleting = args.action == "prune" and args.yes

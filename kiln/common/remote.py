@@ -269,7 +269,7 @@ class S3Remote:
         is listed)."""
         files, folders = [], []
         for page in self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=prefix.rstrip("/") + "/", Delimiter="/"):
+                Bucket=self.bucket, Prefix=prefix.rstrip("/") + "/" if prefix.strip("/") else "", Delimiter="/"):
             files += [o["Key"].rsplit("/", 1)[-1] for o in page.get("Contents", [])]
             folders += [p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for p in page.get("CommonPrefixes", [])]
         return files, folders

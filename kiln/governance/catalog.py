@@ -41,11 +41,16 @@ def parse_key(key: str) -> tuple[str, str | None]:
 
 class Catalog:
     """Read-only view of the manifests in a store, memoized for one audit. With `pins` (node key -> data version:
-    a checkpoint's lineage), a pinned dataset is that version, from the store's history when replaced since."""
+    a checkpoint's lineage), a pinned dataset is that version, from the store's history when replaced since.
+
+    With S3 storage a question about manifests (lineage, which checkpoint read which shards) reads S3's manifests
+    alone; a dataset's files come into the local cache only when the audit reads them (`snapshot`, `folder`), so an
+    audit on a fresh machine fetches what it reads, not the store."""
 
     def __init__(self, store: Store, pins: dict[str, str] | None = None):
         self.store = store
         self.pins = pins or {}
+        self._manifests: dict[tuple[str, str | None], Manifest | None] = {}  # with S3: the bucket's, files not fetched
         self._current: dict[tuple[str, str | None], Snapshot | None] = {}
         self._versions: dict[str, list[Manifest]] = {}
         self._history: dict[tuple[str, str | None, str], Manifest | None] = {}
@@ -74,6 +79,13 @@ class Catalog:
             except (json.JSONDecodeError, TypeError, KeyError) as exc:
                 raise AuditError(f"{self.store.dataset_dir(asset, partition) / MANIFEST_NAME} is not a readable "
                                  f"Kiln manifest ({exc})") from None
+            if key in self._manifests:  # judged from S3's manifest before its files were fetched: the same version
+                judged, found = (m.data_version if m else None for m in (
+                    self._manifests[key], self._current[key] and self._current[key].manifest))
+                if judged != found:
+                    raise AuditError(f"{node_key(asset, partition)} was materialized again while this audit read it "
+                                     f"(version {judged} when its manifest was read, {found} when its files were); "
+                                     f"ask again")
         return self._current[key]
 
     def manifest(self, asset: str, partition: str | None = None) -> Manifest | None:
@@ -83,9 +95,15 @@ class Catalog:
         return self.manifest_at(asset, partition, pinned) if pinned else self.current_manifest(asset, partition)
 
     def current_manifest(self, asset: str, partition: str | None = None) -> Manifest | None:
-        """The store's current manifest of a dataset, pinned or not."""
-        snapshot = self._current_snapshot(asset, partition)
-        return snapshot.manifest if snapshot is not None else None
+        """The store's current manifest of a dataset, pinned or not: the first one this audit read."""
+        key = (asset, partition)
+        if key not in self._manifests:
+            if self.store.remote is None or key in self._current:
+                snapshot = self._current_snapshot(asset, partition)
+                self._manifests[key] = snapshot.manifest if snapshot is not None else None
+            else:  # a manifest S3 cannot vouch for is refused as when it is fetched (CorruptRemoteFile)
+                self._manifests[key] = self.store.published_manifest(asset, partition)
+        return self._manifests[key]
 
     def manifest_at(self, asset: str, partition: str | None, data_version: str) -> Manifest | None:
         """One version's manifest: the current one's, else the store's history's (`Store.manifest_at`)."""
@@ -134,9 +152,13 @@ class Catalog:
         return versions[0] if versions else None
 
     def assets(self) -> list[str]:
+        """The assets the store holds datasets of (with S3 storage, the bucket's too)."""
         root = self.store.root
-        return sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")) \
-            if root.is_dir() else []
+        found = {d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")} if root.is_dir() else set()
+        if self.store.remote is not None:
+            found |= {name for name in self.store.remote.listing(self.store.remote.key())[1]
+                      if not name.startswith((".", "_"))}  # not the locks, not the runs' copies (`_runs`)
+        return sorted(found)
 
 
 def _load(path: Path) -> Manifest:

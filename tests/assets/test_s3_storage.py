@@ -205,6 +205,16 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
     assert all(e.passed for e in result.get_asset_check_evaluations())  # `loads`: the export gives the probe's loss
     assert (home / "runs" / run_dir.name / "export" / "safetensors" / "model.safetensors").is_file()
 
+    # On a fresh machine `kiln audit lineage` answers from S3's manifests: no dataset's files are fetched (not the
+    # documents, not the checkpoint's weights); `kiln audit membership` above fetched only what it searched.
+    shutil.rmtree(home / "data")
+    capsys.readouterr()
+    assert main(["audit", "lineage", "checkpoint", "--home", str(home), "--config", str(tmp_path / "kiln.yaml"),
+                 "--json"]) == 0
+    nodes = {n["key"] for n in json.loads(capsys.readouterr().out)["nodes"]}
+    assert {"checkpoint", "training_run", f"token_shards/{refresh}", f"raw_documents/web/{refresh}"} <= nodes
+    assert not (home / "data").exists()  # nothing written to the cache at all
+
     # A cache bounded far below one dataset (storage.cache_max_gb), with no grace (keep_replaced_minutes 0): every
     # download evicts what earlier steps read, never what the running step has read, and the datasets come out the
     # same. Without that (the running steps' lists of what they read), dedup_index lost its inputs to its own later
@@ -212,7 +222,6 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
     config = yaml.safe_load((tmp_path / "kiln.yaml").read_text())
     config["storage"] |= {"cache_max_gb": 0.00001, "keep_replaced_minutes": 0}
     (tmp_path / "kiln.yaml").write_text(yaml.safe_dump(config))
-    shutil.rmtree(home / "data")
     capsys.readouterr()
     materialize(project, ["dedup_index"])
     materialize(project, ["token_shards"])

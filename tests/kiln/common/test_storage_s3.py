@@ -517,3 +517,30 @@ def test_a_holder_cut_off_from_s3_stops_before_its_lease_could_have_passed_to_an
             still_held()  # renewed at 0.5 s? no: that one failed, but the hold is still young
             time.sleep(1.0)
             still_held()
+
+
+def test_an_audit_reads_manifests_from_s3_and_fetches_files_only_to_read_them(s3, tmp_path):
+    """The audit's Catalog on a fresh machine: a manifest is S3's (no file fetched); the files come when read, of the
+    version judged; a version published between the two is refused ("ask again"), never read as the judged one."""
+    from kiln.governance.catalog import AuditError, Catalog
+
+    first = write_version(Store(tmp_path / "writer", remote(s3)), seed=1)
+    client = Recording(s3)
+    catalog = Catalog(Store(tmp_path / "auditor", remote(client)))
+    assert catalog.assets() == ["curated_documents"]  # the bucket's, with nothing in this machine's cache
+    assert catalog.manifest("curated_documents", "web") == first
+    assert catalog.partitions("curated_documents") == ["web"]
+
+    def fetched() -> list[str]:
+        return [k for k in client.names("get_object") if not k.endswith(MANIFEST_NAME)]
+
+    assert not fetched() and not (tmp_path / "auditor").exists()
+    assert catalog.snapshot("curated_documents", "web").read_table().num_rows == 100  # fetched now, that version
+    assert sorted(fetched()) == sorted(f"kiln/curated_documents/web/{first.data_version}/{f.path}" for f in first.files)
+
+    second = Catalog(Store(tmp_path / "auditor-2", remote(s3)))
+    assert second.manifest("curated_documents", "web") == first
+    write_version(Store(tmp_path / "writer", remote(s3)), seed=2)  # materialized again meanwhile
+    with pytest.raises(AuditError, match=r"curated_documents/web was materialized again while this audit read it "
+                                         rf"\(version {first.data_version} when its manifest was read, "):
+        second.snapshot("curated_documents", "web")
