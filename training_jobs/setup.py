@@ -492,6 +492,38 @@ def refuse_together(dist: Dist, refusal: Exception | None) -> None:
         raise refusal
 
 
+class UnsharedFolder(RuntimeError):
+    """The ranks do not see one checkpoint folder (several machines without a shared filesystem)."""
+
+
+def check_shared_folder(dist: Dist, folder: Path) -> None:
+    """Refuse, on every rank, a checkpoint folder the ranks do not all see as one. Rank 0 writes each checkpoint's
+    manifest over every rank's files once their markers are there (checkpoint.py): a rank writing where rank 0
+    cannot read (machines without a shared filesystem) never completes a checkpoint, and every save waited an hour
+    (`ManifestWriter.MARKER_TIMEOUT_S`) for it before it failed. Rank 0 leaves a file there; every rank reads it."""
+    if dist.world_size == 1:
+        return
+    import socket
+    import uuid
+
+    token, host = broadcast_object(dist, (uuid.uuid4().hex, socket.gethostname()))
+    probe = folder / f".shared-probe-{token}"
+    if dist.main:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+    torch.distributed.barrier(group=dist.host_group)
+    refusal = None if probe.is_file() else UnsharedFolder(
+        f"rank {dist.rank} on {socket.gethostname()} does not see the checkpoint folder {folder} that rank 0 on "
+        f"{host} writes (a file rank 0 left there is not there): every rank writes its part of each checkpoint "
+        f"into one folder rank 0 reads, so on several machines KILN_HOME (or training.checkpoint.dir) must be one "
+        f"shared filesystem (NFS, EFS, Lustre) mounted at the same path on each")
+    try:
+        refuse_together(dist, refusal)
+    finally:
+        if dist.main:
+            probe.unlink(missing_ok=True)
+
+
 def open_data(run: RunConfig, dist: Dist, shard: Dist) -> tuple[ShardLoader | ReplayLoader, ShardLoader | None]:
     """This rank's training and validation loaders (`shard`: its data-parallel place), or on every rank the refusal
     (ShardError, DatasetReplaced among them) of the lowest rank that met one (refuse_together)."""

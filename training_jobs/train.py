@@ -69,6 +69,7 @@ from training_jobs.setup import (
     broadcast_object,
     build_engine,
     check_layout,
+    check_shared_folder,
     check_tokenizer,
     data_shard,
     deepspeed_config,
@@ -148,6 +149,7 @@ class Trainer:
         self.run, self.dist, self.report, self.host = run, dist, report, host or Host()
         self.shard = data_shard(dist, t)  # refuses a layout that does not fit the world, before anything is read
         check_tokenizer(run)
+        check_shared_folder(dist, run.checkpoint_dir())  # before a step is trained that no checkpoint could keep
         run = pin_data_versions(run, dist)  # one version of each shard set for every rank and split
         # The ZeRO stage, micro-batch and grad_accum the settings leave open, chosen for this device (layout.py)
         run, self.layout = resolve_layout(run, dist, self.shard)

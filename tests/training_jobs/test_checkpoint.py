@@ -369,6 +369,44 @@ def test_a_failing_run_stops_waiting_for_other_ranks(tmp_path):
     assert not (path / checkpoint.MANIFEST).exists()
 
 
+def _check_folder_as_rank(rank: int, tmp_path: Path, folders: list[str]) -> None:
+    """One rank of a two-process gloo world (torch.multiprocessing.spawn): check_shared_folder on `folders[rank]`;
+    what happened goes to rank-<rank>.txt."""
+    from training_jobs.setup import Dist, check_shared_folder
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=rank,
+                                         world_size=2)
+    try:
+        check_shared_folder(Dist(rank, 2, torch.device("cpu")), tmp_path / folders[rank])
+        outcome = "shared"
+    except RuntimeError as exc:
+        outcome = f"refused: {type(exc).__name__}: {exc}"
+    (tmp_path / f"rank-{rank}.txt").write_text(outcome)
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("folders", [["ckpt", "ckpt"], ["node-a/ckpt", "node-b/ckpt"]])
+def test_ranks_that_do_not_see_one_checkpoint_folder_refuse_before_training(tmp_path, folders):
+    """Two machines without a shared filesystem (here each rank's folder is another folder): rank 1's files would be
+    where rank 0 never finds its marker, so no checkpoint could complete. Both ranks refuse at start, with rank 1's
+    reason; one folder for both passes and leaves nothing in it."""
+    import socket
+
+    torch.multiprocessing.spawn(_check_folder_as_rank, args=(tmp_path, folders), nprocs=2)
+    said = [(tmp_path / f"rank-{rank}.txt").read_text() for rank in (0, 1)]
+    if folders[0] == folders[1]:
+        assert said == ["shared", "shared"] and not list((tmp_path / "ckpt").iterdir())
+    else:
+        host = socket.gethostname()
+        assert said[0] == said[1] == (
+            f"refused: UnsharedFolder: rank 1 on {host} does not see the checkpoint folder {tmp_path / folders[1]} "
+            f"that rank 0 on {host} writes (a file rank 0 left there is not there): every rank writes its part of "
+            f"each checkpoint into one folder rank 0 reads, so on several machines KILN_HOME (or "
+            f"training.checkpoint.dir) must be one shared filesystem (NFS, EFS, Lustre) mounted at the same path on "
+            f"each"), said
+        assert not list((tmp_path / folders[0]).iterdir())  # rank 0's probe removed
+
+
 def test_a_failed_background_write_is_raised_and_the_checkpoint_never_completes(tmp_path, held_writes):
     held_writes.failing = True
     writer, manifests = checkpoint.BackgroundWriter(), checkpoint.ManifestWriter()
