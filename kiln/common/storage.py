@@ -363,6 +363,13 @@ class Store:
             self._sync(asset, partition)
         return self._local_dir(asset, partition)
 
+    def location(self, asset: str, partition: str | None = None) -> str:
+        """Where the dataset is kept for good, named without fetching it: its folder in the bucket with S3 storage,
+        else its local folder."""
+        if self.remote is not None:
+            return self.remote.url(self._remote_dir(asset, partition))
+        return str(self._local_dir(asset, partition))
+
     def _local_dir(self, asset: str, partition: str | None = None) -> Path:
         path = self.root / asset / (partition or "_all")
         _restore_if_swapped_out(path)

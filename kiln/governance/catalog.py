@@ -66,8 +66,10 @@ class Catalog:
         return found if pinned is None or (found is not None and found.manifest.data_version == pinned) else None
 
     def replaced(self, asset: str, partition: str | None = None) -> bool:
-        """Whether the dataset is pinned to a version the store no longer holds as current."""
-        return node_key(asset, partition) in self.pins and self.snapshot(asset, partition) is None
+        """Whether the dataset is pinned to a version the store no longer holds as current (told by the manifests:
+        the files are not fetched to answer)."""
+        pinned, current = self.pins.get(node_key(asset, partition)), self.current_manifest(asset, partition)
+        return pinned is not None and (current is None or current.data_version != pinned)
 
     def _current_snapshot(self, asset: str, partition: str | None) -> Snapshot | None:
         key = (asset, partition)

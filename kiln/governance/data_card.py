@@ -81,7 +81,7 @@ def build_data_card(store: Store, config: ProjectConfig, checkpoint: str = CHECK
                        "formats": ckpt.config.get("formats"), "model": ckpt.stats.get("model"),
                        # a checkpoint a later training replaced: the one the store holds now (its files are gone)
                        "replaced_by": replaced_by,
-                       "path": str(store.dataset_dir(CHECKPOINT)) if replaced_by is None else None,
+                       "path": store.location(CHECKPOINT) if replaced_by is None else None,
                        "files": [{"path": f.path, "sha256": f.sha256, "bytes": f.bytes} for f in ckpt.files]},
         "statements": _statements(config),
         "refreshes": _refreshes(store, catalog, refreshes, parts),

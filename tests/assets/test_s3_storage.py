@@ -214,6 +214,11 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
     nodes = {n["key"] for n in json.loads(capsys.readouterr().out)["nodes"]}
     assert {"checkpoint", "training_run", f"token_shards/{refresh}", f"raw_documents/web/{refresh}"} <= nodes
     assert not (home / "data").exists()  # nothing written to the cache at all
+    # ... and its data card reads the documents it counts licences and languages in, not the checkpoint's weights
+    assert main(["audit", "card", "--home", str(home), "--config", str(tmp_path / "kiln.yaml"), "--json"]) == 0
+    card = json.loads(capsys.readouterr().out)
+    assert card["checkpoint"]["path"] == f"s3://{BUCKET}/{PREFIX}/checkpoint/_all"  # where it is kept, not a cache
+    assert (home / "data" / "quality_filtered_documents").is_dir() and not (home / "data" / "checkpoint").exists()
 
     # A cache bounded far below one dataset (storage.cache_max_gb), with no grace (keep_replaced_minutes 0): every
     # download evicts what earlier steps read, never what the running step has read, and the datasets come out the
