@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # The training code (checkpoint.py imports torch) is imported inside the functions: the Dagster code location and the
-# CLI import this module at start, and prune only when they use it.
+# CLI import this module when they start, and need torch only once they survey or prune runs.
 PRUNED = "checkpoints_pruned.json"  # in a pruned run's folder: when, and which checkpoints went
 TRASH = ".pruned-"  # a run's checkpoints folder renamed so, then deleted
 
