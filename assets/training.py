@@ -17,6 +17,7 @@ from kiln.common.config import ConfigError, ProjectConfig, kiln_home, merge_conf
 from kiln.common.manifest import applied_requests, code_version, git_commit, read_json_or_empty, write_json_atomic
 from kiln.common.plots import figure_markdown, pyplot
 from kiln.common.remote import LockHeld
+from kiln.common.run_folders import prune_old_runs
 from kiln.common.secrets import redact, redact_url
 from kiln.common.storage import IncompleteDataset
 from kiln.governance.audit import trained_on
@@ -38,7 +39,6 @@ from kiln.tokens.shard_writer import is_validation
 from kiln.tokens.tokenizer import Tokenizer, read_documents
 from resources import KilnConfig, KilnEngine, KilnStorage, MlflowTracking, TrainingLauncher
 from training_jobs.launch import MATERIALIZING, RunFolderBusy, busy, run_folder_lock
-from training_jobs.run_folders import prune_old_runs
 from training_jobs.settings import RunConfig
 from training_jobs.span_lengths import sentinel_problem
 
@@ -539,7 +539,7 @@ def checkpoint(context: dg.AssetExecutionContext, kiln_config: KilnConfig, stora
 
 def _prune_old_runs(context: dg.AssetExecutionContext, store: "Store", project: ProjectConfig) -> dict:
     """`storage.keep_old_run_checkpoints`: once a commit may have moved the store past a run, that run's checkpoints
-    go (training_jobs/run_folders.py). The metadata saying which went; a deletion that fails is a warning, not a
+    go (kiln/common/run_folders.py). The metadata saying which went; a deletion that fails is a warning, not a
     failure: the commit stands, and the next materialization (or `kiln runs prune`) tries again."""
     keep = project.storage.keep_old_run_checkpoints
     if keep is None:

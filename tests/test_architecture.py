@@ -15,6 +15,7 @@ EXCEPTIONS = {  # importing module -> what it imports against the order (docs/AR
     "kiln.common.config.project": {"kiln.curation.filters.language", "kiln.curation.filters.registry",
                                    "kiln.planning.plan", "training_jobs.settings", "training_jobs.span_lengths"},
     "kiln.common.removals": {"kiln.curation.pii"},
+    "kiln.common.run_folders": {"training_jobs.checkpoint", "training_jobs.launch", "training_jobs.settings"},
     "kiln.common.run_mirror": {"training_jobs.checkpoint", "training_jobs.settings"},
     "kiln.common.storage": {"kiln.tokens.shard_format"},
     "kiln.curation.exact_dedup": {"kiln.dedup.shuffle"},

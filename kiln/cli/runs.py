@@ -1,6 +1,6 @@
 """`kiln runs`: the training runs' folders (`$KILN_HOME/runs/<run key>/`, and with `storage.mirror_runs` their copies
 on S3, `<prefix>/_runs/<run key>/`), listed, and the checkpoints of the runs the store has moved past pruned
-(training_jobs/run_folders.py says which runs stay and what of a pruned run stays)."""
+(kiln/common/run_folders.py says which runs stay and what of a pruned run stays)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def add_runs_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_runs(args: argparse.Namespace) -> int:
     from kiln.common.config import kiln_home, load_config
-    from training_jobs.run_folders import prune, survey
+    from kiln.common.run_folders import prune, survey
 
     try:
         if args.keep is not None and args.keep < 0:

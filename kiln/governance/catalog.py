@@ -61,9 +61,7 @@ class Catalog:
         """The current version of a dataset, pinned for the whole audit (its files are read from the version
         whose manifest the audit judged), or None when it has not been materialized or is pinned to another
         version (whose files are not read)."""
-        found = self._current_snapshot(asset, partition)
-        pinned = self.pins.get(node_key(asset, partition))
-        return found if pinned is None or (found is not None and found.manifest.data_version == pinned) else None
+        return None if self.replaced(asset, partition) else self._current_snapshot(asset, partition)
 
     def replaced(self, asset: str, partition: str | None = None) -> bool:
         """Whether the dataset is pinned to a version the store no longer holds as current (told by the manifests:

@@ -29,7 +29,7 @@ class StorageSettings(Strict):
     # are removed from the cache, and fetched again when read. None: never evicted.
     cache_max_gb: float | None = Field(None, gt=0)
     # After each training_run and checkpoint the store takes: delete the checkpoints of the runs it has moved past
-    # (here and, with mirror_runs, on S3), but for this many of the newest (training_jobs/run_folders.py says which
+    # (here and, with mirror_runs, on S3), but for this many of the newest (kiln/common/run_folders.py says which
     # runs stay and what of a pruned run stays). None: kept until `kiln runs prune`.
     keep_old_run_checkpoints: int | None = Field(None, ge=0)
 
