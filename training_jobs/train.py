@@ -66,6 +66,7 @@ from training_jobs.settings import RunConfig, profile_window_problem, schedule_t
 from training_jobs.setup import (
     Dist,
     TokenizerMismatch,
+    UnsharedFolder,
     broadcast_object,
     build_engine,
     check_layout,
@@ -126,9 +127,10 @@ class Launched:
 
 # What restarting the run cannot change: its inputs refused, on every rank alike (the shards, among them a version
 # materialized again since the run was set up, the tokenizer file, the base checkpoint, or a checkpoint in its folder
-# that is another run's: another model, tokenizer or number of ranks; the message says what to do). A launcher that
-# restarts failed workers (Ray Train) stops at the first.
-REFUSALS = (ShardError, TokenizerMismatch, BaseCheckpointError, checkpoint.CheckpointMismatch)
+# that is another run's: another model, tokenizer or number of ranks; the message says what to do), or a checkpoint
+# folder the ranks do not all see (machines without a shared filesystem). A launcher that restarts failed workers (Ray
+# Train) stops at the first.
+REFUSALS = (ShardError, TokenizerMismatch, BaseCheckpointError, checkpoint.CheckpointMismatch, UnsharedFolder)
 
 KEPT, REJECTED, ROLLED_BACK = "kept", "rejected", "rolled back"  # what the monitor's judgement did to a step
 
