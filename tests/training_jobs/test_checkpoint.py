@@ -405,6 +405,10 @@ def test_ranks_that_do_not_see_one_checkpoint_folder_refuse_before_training(tmp_
             f"training.checkpoint.dir) must be one shared filesystem (NFS, EFS, Lustre) mounted at the same path on "
             f"each"), said
         assert not list((tmp_path / folders[0]).iterdir())  # rank 0's probe removed
+        from training_jobs.setup import UnsharedFolder
+        from training_jobs.train import REFUSALS
+
+        assert issubclass(UnsharedFolder, REFUSALS)  # Ray Train's restarts would meet it again: not restarted
 
 
 def test_a_failed_background_write_is_raised_and_the_checkpoint_never_completes(tmp_path, held_writes):
