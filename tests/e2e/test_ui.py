@@ -152,9 +152,17 @@ def _pick_partition(page, dialog, dimension: str, key: str) -> None:
     section = dialog.locator("div").filter(has=page.get_by_text(dimension, exact=True)).filter(
         has=page.locator("[aria-haspopup='dialog']")).last  # the innermost: this dimension's name and selector
     selector = section.locator("[aria-haspopup='dialog']")
-    selector.click()
-    # the list opens in a popover the selector names; its options show the key twice, once as their title
-    options = page.locator(f'[id="{selector.get_attribute("aria-controls")}"]')
+    for attempt in range(3):  # on a loaded host a click can land before the selector listens: the list never opened
+        if selector.get_attribute("aria-expanded") != "true":
+            selector.click()
+        # the list opens in a popover the selector names; its options show the key twice, once as their title
+        options = page.locator(f'[id="{selector.get_attribute("aria-controls")}"]')
+        try:
+            expect(options.get_by_placeholder("Filter partitions")).to_be_visible(timeout=15_000)
+            break
+        except AssertionError:
+            if attempt == 2:
+                raise
     options.get_by_placeholder("Filter partitions").fill(key)
     options.get_by_role("menuitem").filter(has=page.get_by_title(key, exact=True)).click()
     # the selector again closes the list (it may open upwards, over anything else one could click) ...
