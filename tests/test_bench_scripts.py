@@ -68,3 +68,10 @@ def test_zero_init_bench_builds_a_zero3_engine_with_and_without_zero_init(tmp_pa
     results = json.loads((tmp_path / "z.json").read_text())["results"]
     assert [r["zero_init"] for r in results] == [False, True]
     assert all(len(r["ranks"]) == 2 and all(x["initialized"]["rss_gib"] > 0 for x in r["ranks"]) for r in results)
+
+
+@pytest.mark.slow
+def test_membership_bench_times_the_intake_hashes_against_the_raw_scan(tmp_path):
+    out = _run(["bench/membership_bench.py", "--documents", "600"], tmp_path)  # it asserts both find the same
+    for line in ("intake hashes: ", "exact search by text, a removed document's: ", "the raw scan it replaces"):
+        assert line in out, out

@@ -78,7 +78,7 @@ ROLE_PREFIX = {"documents": "part", "rejected": "rejected", "quarantine": "quara
                "decisions": "decisions", "contamination": "contamination", "lines": "lines", "shard": "shard",
                "members": "members", "positions": "positions", "index_buckets": "buckets", "index_ids": "ids",
                "index_docs": "indexed", "exposure": "exposure", "replay_removed": "replay_removed",
-               "composition": "composition"}
+               "composition": "composition", "intake_hashes": "intake_hashes"}
 # Files that record what a version was made of, by doc id and count (never text): a token-shard set's member list and
 # composition (its shards' counts per source), a training run's exposure and replay removals. The store's history
 # keeps them with the manifest, so membership, removal requests and `kiln audit source` still answer for a checkpoint

@@ -24,6 +24,12 @@ DOCUMENT_SCHEMA = pa.schema(
 # Filtered and curated documents also carry the hash exact dedup compares (normalized text).
 CURATED_SCHEMA = DOCUMENT_SCHEMA.append(pa.field("content_hash", pa.string(), nullable=False))
 
+# Every document the filter stage read, kept or removed: the `content_hash` of its text as it came in (normalized by the
+# `normalize` step, as exact dedup folds it). A hash, never the text: `kiln audit membership` finds a text a filter
+# removed by it without reading and hashing every raw text per question.
+INTAKE_HASH_SCHEMA = pa.schema([pa.field("doc_id", pa.string(), nullable=False),
+                                pa.field("content_hash", pa.string(), nullable=False)])
+
 # Removed documents (kiln.common.removals): where, why, and (for duplicates) what was kept instead; near duplicates also
 # carry their cluster and the measured Jaccard similarity with the kept document. No text after intake: its length,
 # its hash, and the text itself (PII-redacted, an excerpt or whole) only where `curation.keep_rejected_text` says.

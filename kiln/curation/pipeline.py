@@ -6,7 +6,8 @@ Dagster-free, writing through a `DatasetWriter`:
 - `filter_documents`: each document part through normalize → the source's profile → PII redaction (of the text,
   then of `url` and `meta`: kiln.curation.pii.fields), one engine task per part; every drop goes to the rejected
   table with its reason; kept documents carry the `content_hash` that exact deduplication
-  (`kiln.curation.exact_dedup`) compares.
+  (`kiln.curation.exact_dedup`) compares, and every document read, kept or removed, leaves its text's hash as it
+  came in (`intake_hashes`: what `kiln audit membership` searches by text instead of hashing every raw text).
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from kiln.common.manifest import sha256_file
 from kiln.common.removals import RejectedText, example_excerpt, kept_text, rejected_row
 from kiln.common.stats import StageStats
 from kiln.common.storage import DatasetWriter, part_name, resume_part, write_parquet_atomic
-from kiln.curation.documents import CURATED_SCHEMA, DOCUMENT_SCHEMA, QUARANTINE_SCHEMA, REJECTED_SCHEMA, Document
+from kiln.curation.documents import (CURATED_SCHEMA, DOCUMENT_SCHEMA, INTAKE_HASH_SCHEMA, QUARANTINE_SCHEMA,
+                                     REJECTED_SCHEMA, Document)
 from kiln.curation.exact_dedup import DuplicateRows, HashSource, duplicates_in, find_duplicates
 from kiln.curation.filters.base import Step
+from kiln.curation.filters.normalize import UnicodeNormalize
 from kiln.curation.filters.registry import STEPS, build_step, unwrapped
 from kiln.curation.pii.fields import redact_fields, step_redactor
 from kiln.curation.pii.redaction import PiiRedaction
@@ -241,6 +244,7 @@ class _PartTask:
     input_path: str
     kept_path: str
     rejected_path: str
+    hashes_path: str
     steps: tuple[tuple[str, str, str], ...]  # (step name, params, per_language as JSON): built once per worker
     dedup: tuple[bool, bool]
     examples_per_reason: int
@@ -321,16 +325,30 @@ def _filter(task: _PartTask) -> StageStats:
     # steps: the URL blocklist decides on the URL as it was read.
     redact_texts = step_redactor(next((s for s in map(unwrapped, steps) if isinstance(s, PiiRedaction)), None)
                                  or PiiRedaction())
+    normalizer = next((s for s in map(unwrapped, steps) if isinstance(s, UnicodeNormalize)), None)
+    normalizes_first = normalizer is not None and steps[0] is normalizer  # per language, it may write other text
     stats = StageStats()
-    kept, rejected = [], []
+    kept, rejected, hashes = [], [], []
     for batch in pq.ParquetFile(task.input_path).iter_batches(batch_size=1000):
         docs = [Document.from_row(row) for row in batch.to_pylist()]
         originals = [doc.text for doc in docs]
-        reasons = run_steps(docs, steps, stats, task.examples_per_reason, task.rejected_text)
+        if normalizes_first:  # the step's output is the normalized text the intake hash needs: not normalized twice
+            reasons = run_steps(docs, steps[:1], stats, task.examples_per_reason, task.rejected_text)
+            normalized = [doc.text if reason is None else normalizer.normalized(doc.text)
+                          for doc, reason in zip(docs, reasons)]
+            alive = [i for i, reason in enumerate(reasons) if reason is None]
+            later = run_steps([docs[i] for i in alive], steps[1:], stats, task.examples_per_reason, task.rejected_text)
+            for i, reason in zip(alive, later):
+                reasons[i] = reason
+        else:
+            normalized = [normalizer.normalized(t) for t in originals] if normalizer is not None else originals
+            reasons = run_steps(docs, steps, stats, task.examples_per_reason, task.rejected_text)
         # kept and rejected rows alike; their placeholders count with the text's, as the pii step's
         stats.step("pii").counts.update(redact_fields(docs, redact_texts))
-        for doc, original, reason in zip(docs, originals, reasons):
+        for doc, original, as_read, reason in zip(docs, originals, normalized, reasons):
             stats.docs_in += 1
+            intake_hash = content_hash(as_read, *task.dedup)
+            hashes.append({"doc_id": doc.doc_id, "content_hash": intake_hash})
             stats.chars_in += len(original)
             # Per identified language: the documents that reached the language step, and those kept.
             language = doc.identified_language
@@ -338,7 +356,8 @@ def _filter(task: _PartTask) -> StageStats:
                 stats.languages_in[language] += 1
                 stats.languages_out[language] += reason is None
             if reason is None:
-                kept.append({**doc.to_row(), "content_hash": content_hash(doc.text, *task.dedup)})
+                curated = intake_hash if doc.text == as_read else content_hash(doc.text, *task.dedup)
+                kept.append({**doc.to_row(), "content_hash": curated})
                 stats.docs_out += 1
                 stats.chars_out += len(doc.text)
                 stats.lengths_out.add(len(doc.text))
@@ -348,6 +367,8 @@ def _filter(task: _PartTask) -> StageStats:
     write_parquet_atomic(Path(task.kept_path), pa.Table.from_pylist(kept, schema=CURATED_SCHEMA))
     if rejected:
         write_parquet_atomic(Path(task.rejected_path), pa.Table.from_pylist(rejected, schema=REJECTED_SCHEMA))
+    if hashes:
+        write_parquet_atomic(Path(task.hashes_path), pa.Table.from_pylist(hashes, schema=INTAKE_HASH_SCHEMA))
     return stats
 
 
@@ -358,7 +379,8 @@ def filter_documents(input_parts: list[Path], steps: list[StepSpec], dedup: Exac
     document's row in the rejected table holds its text only as `rejected_text` says (kiln.common.removals)."""
     frozen = tuple((s.step, json.dumps(s.params, sort_keys=True), json.dumps(s.per_language, sort_keys=True))
                    for s in steps)
-    tasks = [_PartTask(str(p), str(writer.next_path("documents")), str(writer.next_path("rejected")), frozen,
+    tasks = [_PartTask(str(p), str(writer.next_path("documents")), str(writer.next_path("rejected")),
+                       str(writer.next_path("intake_hashes")), frozen,
                        (dedup.lowercase, dedup.collapse_whitespace), examples_per_reason, rejected_text)
              for p in input_parts]
     total = StageStats()

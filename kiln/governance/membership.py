@@ -160,6 +160,7 @@ def membership(store: Store, config: ProjectConfig, text: str | None = None, doc
                          key=lambda r: (_RANK.index(r.verdict), r.doc_id))
         best = results[0]
         best.other_matches = [{"doc_id": r.doc_id, "source": r.source, "verdict": r.verdict} for r in results[1:]]
+        best.notes = unread + best.notes  # a copy only the raw layer holds may be missing from other_matches
         return best
     near, notes = _near_match(catalog, config, text)
     notes = unread + notes
@@ -455,28 +456,52 @@ def _curated_hash(text: str, normalizer: Any, exact: ExactDedup) -> str:
 
 def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[list[str], list[str]]:
     """doc_ids whose text is this text after curation's normalization and exact dedup's: the filtered documents'
-    stored content hashes (text as curated, PII placeholders included) and the raw documents' texts, both sides
-    normalized (text as it came in: also finds documents the filters removed, and a copy in another source whose
-    curated text a filter rewrote, which a takedown built from this answer must reach too); with a note where the
-    raw texts are not readable. Each partition is compared as it was curated (its manifest's settings)."""
+    stored content hashes (text as curated, PII placeholders included) and the hashes of the texts as they came in
+    (text as read: also finds documents the filters removed, and a copy in another source whose curated text a
+    filter rewrote, which a takedown built from this answer must reach too); with a note where the raw texts were
+    not readable. Each partition is compared as it was curated (its manifest's settings).
+
+    The texts as read are searched through the hashes the filter stage kept of every document it read
+    (`intake_hashes`), a column of 16-byte hashes; only a raw partition no such hashes cover (filtered before they
+    were kept, or raw documents materialized again since) is read and hashed text by text (`_scan_raw`)."""
     found: list[str] = []
+    covered: dict[str, str] = {}  # raw partition -> the raw data version its filtered documents' intake hashes cover
     for p in catalog.partitions(FILTERED):
+        filtered = catalog.snapshot(FILTERED, p)
         wanted = _curated_hash(text, *_curation_of(catalog, config, p))
-        for path in catalog.store.files(FILTERED, p, "documents"):
+        for path in filtered.files("documents"):
             if "content_hash" in pq.read_schema(path).names:
-                table = pq.read_table(path, columns=["doc_id"], filters=[("content_hash", "=", wanted)])
-                found += table.column("doc_id").to_pylist()
+                found += _with_hash(path, wanted)
+        if hashes := filtered.files("intake_hashes"):  # none: filtered before they were kept (or nothing read)
+            found += [d for path in hashes for d in _with_hash(path, wanted)]
+            covered[p] = filtered.manifest.inputs.get(f"{RAW}/{p}")
     try:
         for p in catalog.partitions(RAW):
-            curation = _curation_of(catalog, config, p)
-            wanted = _curated_hash(text, *curation)
-            for batch in catalog.store.iter_batches(RAW, p, columns=["doc_id", "text"]):
-                for d, t in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
-                    if _curated_hash(t, *curation) == wanted:
-                        found.append(d)
+            if covered.get(p) != catalog.manifest(RAW, p).data_version:
+                found += _scan_raw(catalog, config, p, text)
     except PermissionError as exc:
-        return sorted(set(found)), [_unreadable(RAW, exc) + ": the texts filters removed were not searched"]
+        searched = ("the texts filters removed were searched by the hashes filtered_documents keeps" if covered else
+                    "the texts filters removed were not searched")
+        return sorted(set(found)), [_unreadable(RAW, exc) + f": {searched}"]
     return sorted(set(found)), []
+
+
+def _with_hash(path: Any, wanted: str) -> list[str]:
+    """The doc_ids of a Parquet file's rows whose `content_hash` is `wanted`."""
+    return pq.read_table(path, columns=["doc_id"], filters=[("content_hash", "=", wanted)]).column("doc_id").to_pylist()
+
+
+def _scan_raw(catalog: Catalog, config: ProjectConfig, partition: str, text: str) -> list[str]:
+    """doc_ids of a raw partition whose text hashes as `text` does, each text normalized and hashed here: about a
+    millisecond a document of 9,000 characters (bench/membership_bench.py), the slow path `intake_hashes` replaces."""
+    curation = _curation_of(catalog, config, partition)
+    wanted = _curated_hash(text, *curation)
+    found = []
+    for batch in catalog.store.iter_batches(RAW, partition, columns=["doc_id", "text"]):
+        for d, t in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
+            if _curated_hash(t, *curation) == wanted:
+                found.append(d)
+    return found
 
 
 def _near_match(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[tuple[str, float] | None, list[str]]:

@@ -13,7 +13,7 @@ from kiln.cli import main
 from kiln.curation.documents import make_doc_id
 from kiln.dedup.minhash import jaccard, shingle_hashes
 from kiln.governance import audit
-from kiln.governance.catalog import AuditError
+from kiln.governance.catalog import AuditError, Catalog
 from kiln.governance.data_card import build_data_card
 from kiln.governance.data_card_markdown import data_card_markdown
 from kiln.governance.lineage import DOCUMENT_STAGES
@@ -132,11 +132,12 @@ def test_membership_for_a_named_checkpoint(built):
 
 def test_membership_answers_from_what_it_can_read_where_the_raw_layer_is_closed(built, monkeypatch):
     """An auditor may not be allowed to read the raw layer (docs/governance.md): a kept document is still answered
-    from the later stages and the shards; a record only the raw layer holds, or a text a filter removed, is UNKNOWN
-    rather than never seen; each answer says what it could not read."""
+    from the later stages and the shards, and a text a filter removed from the hashes the filter stage kept of what
+    it read; a record only the raw layer holds, or (in a store filtered before those hashes were kept) a text a
+    filter removed, is UNKNOWN rather than never seen; each answer says what it could not read."""
     import pyarrow.parquet as pq
 
-    from kiln.common.storage import Store
+    from kiln.common.storage import Snapshot, Store
     from kiln.governance.membership import UNKNOWN
 
     store, config = built["store"], built["config"]
@@ -167,7 +168,26 @@ def test_membership_answers_from_what_it_can_read_where_the_raw_layer_is_closed(
     assert any(n.startswith("raw_documents is not readable by this user (") for n in answer.notes)
     bad = membership(store, config, doc_id=make_doc_id("web", quarantine[0]["locator"]))  # only raw names it
     assert bad.verdict == UNKNOWN and "raw_documents may" in bad.summary, render(bad)
-    by_text = membership(store, config, text=SHORT)  # a filter removed it: only the raw texts hold it
+    by_text = membership(store, config, text=SHORT)  # a filter removed it: the filter's intake hashes name it
+    assert by_text.verdict == REMOVED and by_text.stages[0].status == "unreadable", render(by_text)
+    assert by_text.stages[1].reason == "gopher_quality.min_doc_words", render(by_text)  # SHORT: 5 words
+    partitions = Catalog.partitions  # a closed folder cannot even be listed: the answer says what it searched
+
+    def unlisted(self, asset):
+        if asset == "raw_documents":
+            raise PermissionError(13, "Permission denied", raw)
+        return partitions(self, asset)
+
+    monkeypatch.setattr(Catalog, "partitions", unlisted)
+    by_text = membership(store, config, text=SHORT)
+    assert by_text.verdict == REMOVED, render(by_text)
+    assert any("the texts filters removed were searched by the hashes filtered_documents keeps" in n
+               for n in by_text.notes), by_text.notes
+    monkeypatch.setattr(Catalog, "partitions", partitions)
+
+    files = Snapshot.files  # a store filtered before the intake hashes were kept: only the raw texts hold it
+    monkeypatch.setattr(Snapshot, "files", lambda self, role: [] if role == "intake_hashes" else files(self, role))
+    by_text = membership(store, config, text=SHORT)
     assert by_text.verdict == UNKNOWN and "raw_documents" in by_text.summary, render(by_text)
     assert any("the texts filters removed were not searched" in n for n in by_text.notes)
 

@@ -94,3 +94,34 @@ def test_a_copy_whose_curated_text_a_filter_rewrote_is_found_beside_the_unchange
     answer = membership(store, load_config(tmp_path / "kiln.yaml"), text=page)
     named = {answer.doc_id} | {m["doc_id"] for m in answer.other_matches}
     assert answer.match == "exact" and named == {make_doc_id("web", "id:lh"), make_doc_id("ref", "id:lh")}
+
+
+def test_texts_as_read_are_searched_by_their_intake_hashes_and_read_only_where_none_cover_them(tmp_path, monkeypatch):
+    """The filter stage keeps the hash of every text it read (`intake_hashes`): asked by text, membership reads no
+    raw text while those hashes cover the raw documents. A source read but not filtered yet is not covered: its
+    texts are read and hashed one by one, and its document is found."""
+    from kiln.governance import membership as membership_module
+
+    write_jsonl(tmp_path / "web" / "a.jsonl", [{"id": "cafe", "text": unicodedata.normalize("NFD", CAFE)}])
+    write_jsonl(tmp_path / "ref" / "a.jsonl", [{"id": "harbour", "text": HARBOUR}])
+    config = {"sources": [{"name": s, "kind": "jsonl", "path": str(tmp_path / s), "license": "CC0", "domain": "web",
+                           "quality_tier": 1, "profile": "none"} for s in ("web", "ref")],
+              "profiles": {"none": []}, "engine": SERIAL_ENGINE, "quality": {"classifier": {"enabled": False}}}
+    home = tmp_path / "kiln"
+    monkeypatch.setenv("KILN_HOME", str(home))
+    project = load_project(config, tmp_path, home, monkeypatch, in_memory=True)
+    for asset in ("raw_documents", "filtered_documents"):
+        assert project.materialize([asset], "web").success
+    store, settings = Store(home / "data"), load_config(tmp_path / "kiln.yaml")
+    scanned = []
+    scan = membership_module._scan_raw
+    monkeypatch.setattr(membership_module, "_scan_raw", lambda *a: scanned.append(a[2]) or scan(*a))
+
+    assert membership(store, settings, text=CAFE).doc_id == make_doc_id("web", "id:cafe")  # NFC asked, NFD read
+    assert membership(store, settings, text=HARBOUR).verdict == "never_seen"
+    assert scanned == []  # answered from the hashes alone
+
+    assert project.materialize(["raw_documents"], "ref").success  # read, not filtered yet
+    answer = membership(store, settings, text=HARBOUR)
+    assert answer.doc_id == make_doc_id("ref", "id:harbour") and answer.stages[0].status == "kept", answer.summary
+    assert scanned == [project.partition("ref")]
