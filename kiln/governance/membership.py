@@ -462,8 +462,9 @@ def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[
     not readable. Each partition is compared as it was curated (its manifest's settings).
 
     The texts as read are searched through the hashes the filter stage kept of every document it read
-    (`intake_hashes`), a column of 16-byte hashes; only a raw partition no such hashes cover (filtered before they
-    were kept, or raw documents materialized again since) is read and hashed text by text (`_scan_raw`)."""
+    (`intake_hashes`: a doc_id and a 32-hex-digit hash a row); only a raw partition no such hashes cover (filtered
+    before they were kept, or raw documents materialized again since) is read and hashed text by text
+    (`_scan_raw`)."""
     found: list[str] = []
     covered: dict[str, str] = {}  # raw partition -> the raw data version its filtered documents' intake hashes cover
     for p in catalog.partitions(FILTERED):
