@@ -325,24 +325,12 @@ def _filter(task: _PartTask) -> StageStats:
     # steps: the URL blocklist decides on the URL as it was read.
     redact_texts = step_redactor(next((s for s in map(unwrapped, steps) if isinstance(s, PiiRedaction)), None)
                                  or PiiRedaction())
-    normalizer = next((s for s in map(unwrapped, steps) if isinstance(s, UnicodeNormalize)), None)
-    normalizes_first = normalizer is not None and steps[0] is normalizer  # per language, it may write other text
     stats = StageStats()
     kept, rejected, hashes = [], [], []
     for batch in pq.ParquetFile(task.input_path).iter_batches(batch_size=1000):
         docs = [Document.from_row(row) for row in batch.to_pylist()]
         originals = [doc.text for doc in docs]
-        if normalizes_first:  # the step's output is the normalized text the intake hash needs: not normalized twice
-            reasons = run_steps(docs, steps[:1], stats, task.examples_per_reason, task.rejected_text)
-            normalized = [doc.text if reason is None else normalizer.normalized(doc.text)
-                          for doc, reason in zip(docs, reasons)]
-            alive = [i for i, reason in enumerate(reasons) if reason is None]
-            later = run_steps([docs[i] for i in alive], steps[1:], stats, task.examples_per_reason, task.rejected_text)
-            for i, reason in zip(alive, later):
-                reasons[i] = reason
-        else:
-            normalized = [normalizer.normalized(t) for t in originals] if normalizer is not None else originals
-            reasons = run_steps(docs, steps, stats, task.examples_per_reason, task.rejected_text)
+        reasons, normalized = _run_noting_normalized(docs, steps, stats, task.examples_per_reason, task.rejected_text)
         # kept and rejected rows alike; their placeholders count with the text's, as the pii step's
         stats.step("pii").counts.update(redact_fields(docs, redact_texts))
         for doc, original, as_read, reason in zip(docs, originals, normalized, reasons):
@@ -370,6 +358,23 @@ def _filter(task: _PartTask) -> StageStats:
     if hashes:
         write_parquet_atomic(Path(task.hashes_path), pa.Table.from_pylist(hashes, schema=INTAKE_HASH_SCHEMA))
     return stats
+
+
+def _run_noting_normalized(docs: list[Document], steps: list[Step], stats: StageStats, examples: int,
+                           rejected_text: RejectedText) -> tuple[list[str | None], list[str]]:
+    """`run_steps`, and each document's text as read after the `normalize` step alone (what its intake hash is
+    of). Where that step runs first, its own output is kept, so no text is normalized twice; built per language, it
+    may write another text than the membership question goes through, so it is then run again on its own."""
+    normalizer = next((s for s in map(unwrapped, steps) if isinstance(s, UnicodeNormalize)), None)
+    if normalizer is None or steps[0] is not normalizer:
+        normalized = [normalizer.normalized(doc.text) if normalizer is not None else doc.text for doc in docs]
+        return run_steps(docs, steps, stats, examples, rejected_text), normalized
+    reasons = run_steps(docs, steps[:1], stats, examples, rejected_text)
+    normalized = [doc.text if reason is None else normalizer.normalized(doc.text) for doc, reason in zip(docs, reasons)]
+    alive = [i for i, reason in enumerate(reasons) if reason is None]
+    for i, reason in zip(alive, run_steps([docs[i] for i in alive], steps[1:], stats, examples, rejected_text)):
+        reasons[i] = reason
+    return reasons, normalized
 
 
 def filter_documents(input_parts: list[Path], steps: list[StepSpec], dedup: ExactDedup, writer: DatasetWriter,
