@@ -16,7 +16,7 @@ export DS_ACCELERATOR ?= cpu
 endif
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install bytecode demo test test-fast ui mlflow bench clean homes
+.PHONY: install bytecode demo test test-slow ui mlflow bench clean homes
 
 install: $(VENV)/.installed
 
@@ -47,13 +47,17 @@ demo: install bytecode $(DAGSTER_HOME)/dagster.yaml
 
 # Tests run in parallel processes, whole modules each (module fixtures are built once), the longest modules first
 # (tests/conftest.py); TEST_WORKERS=0: in-process. More workers than cores is slower: the tests are CPU-bound.
+# `make test` is every test but the end-to-end ones marked slow (two demos, training through Dagster, multi-process
+# DeepSpeed runs, Ray clusters losing a node, the UI in Chromium): those take twice the rest's time and run in
+# `make test-slow`. CI (.ci/run) runs both.
 TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: install bytecode $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PYTEST) -m "not slow"
 
-test-fast: install bytecode
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow"
+test-slow: install bytecode $(DAGSTER_HOME)/dagster.yaml
+	$(PYTEST) -m slow
 
 UI_PORT ?= 3000
 

@@ -35,27 +35,38 @@ def prose(i: int) -> str:
     return f"Chapter {i}. " + CLEAN_PROSE.replace("two centuries", f"{i + 2} centuries")
 
 
-# The longest modules, longest first (test-seconds measured with --durations=0 on the 2-core VM: 195, 193, 141,
-# 127, 118, 87, 76, 56, 38, 29), then every other module with slow tests: `make test` runs pytest-xdist with
-# whole modules as work units handed out in collection order (--no-loadscope-reorder: xdist's own order is most
-# tests first, which starts the longest modules last), so none of them is left to run alone at the end.
-LONGEST_FIRST = ["tests/e2e/test_demo.py", "tests/kiln/engine/test_engine.py",
-                 "tests/training_jobs/test_train_cpu.py", "tests/assets/test_training_assets.py",
-                 "tests/training_jobs/test_ray_launcher.py", "tests/e2e/test_ui.py",
-                 "tests/kiln/quality/test_quality.py", "tests/training_jobs/test_recipes_cpu.py",
-                 "tests/training_jobs/test_parallel_cpu.py", "tests/kiln/governance/test_forget.py"]
+# Test-seconds per module, (tests not marked slow, tests marked slow), measured with --junitxml on the 2-core VM
+# (stop 92's suite at 2cff682; modules of 15 s or more). `make test` and `make test-slow` run pytest-xdist with whole
+# modules as work units handed out in collection order (--no-loadscope-reorder: xdist's own order is most tests first,
+# which starts the longest modules last): each run starts its own longest modules first, so none is left to run alone
+# at the end.
+MODULE_SECONDS = {
+    "tests/e2e/test_demo.py": (2, 293), "tests/training_jobs/test_train_cpu.py": (0, 268),
+    "tests/kiln/engine/test_engine.py": (95, 150), "tests/training_jobs/test_launch_signals.py": (2, 230),
+    "tests/assets/test_training_assets.py": (17, 169), "tests/training_jobs/test_ray_launcher.py": (0, 175),
+    "tests/e2e/test_ui.py": (4, 138), "tests/kiln/quality/test_quality.py": (103, 0),
+    "tests/training_jobs/test_parallel_cpu.py": (0, 89), "tests/assets/test_refresh.py": (59, 26),
+    "tests/test_bench_scripts.py": (8, 74), "tests/assets/test_quality_assets.py": (25, 46),
+    "tests/kiln/governance/test_forget.py": (64, 0), "tests/training_jobs/test_recipes_cpu.py": (0, 64),
+    "tests/assets/test_s3_storage.py": (0, 60), "tests/assets/test_curation_assets.py": (43, 0),
+    "tests/training_jobs/test_compile.py": (40, 0), "tests/kiln/curation/test_readers.py": (38, 0),
+    "tests/assets/test_dedup_assets.py": (37, 0), "tests/kiln/dedup/test_dedup_buckets.py": (24, 0),
+    "tests/training_jobs/test_loader.py": (21, 0), "tests/kiln/common/test_storage_s3.py": (21, 0),
+}
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected the other run's tests
 def pytest_collection_modifyitems(config, items):
-    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    kinds: dict[str, set[bool]] = {}  # per module, whether its collected tests are slow
+    for item in items:
+        kinds.setdefault(item.nodeid.split("::")[0], set()).add(item.get_closest_marker("slow") is not None)
 
-    def rank(item) -> tuple[int, int]:
+    def seconds(item) -> int:
         module = item.nodeid.split("::")[0]
-        if module in LONGEST_FIRST:
-            return 0, LONGEST_FIRST.index(module)
-        return (1, 0) if module in slow else (2, 0)
+        fast, slow = MODULE_SECONDS.get(module, (0, 0))
+        return (fast if False in kinds[module] else 0) + (slow if True in kinds[module] else 0)
 
-    items.sort(key=rank)  # stable: tests keep their order within a module
+    items.sort(key=lambda item: -seconds(item))  # stable: unmeasured modules, and tests in a module, keep their order
 
 
 @pytest.fixture(autouse=True)
