@@ -112,7 +112,7 @@ def test_a_sigkilled_writer_leaves_nothing_a_reader_reads_and_the_retry_decides_
                             cwd=Path(__file__).resolve().parents[3])
     try:
         deadline = time.monotonic() + 30
-        while not ready.exists():
+        while not (ready.exists() and ready.read_text()):  # created, then written: not at once
             assert proc.poll() is None, "the writer exited before it wrote"
             assert time.monotonic() < deadline, "the writer never got to its rename"
             time.sleep(0.02)
