@@ -1,13 +1,13 @@
-"""`kiln audit membership --text` at corpus size: the exact search of the texts as read, through the filter stage's
-intake hashes, against reading and hashing every raw text (the path it replaced, still taken for a raw partition no
-hashes cover).
+"""`kiln audit membership --text` at two corpus sizes: the exact search of the texts as read, through the filter
+stage's intake hashes (bucketed by hash: one file a partition is opened), against reading and hashing every raw text
+(the path it replaced, still taken for a raw partition no hashes cover).
 
-    .venv/bin/python bench/membership_bench.py [--documents 20000] [--config configs/default.yaml]
+    .venv/bin/python bench/membership_bench.py [--documents 5000 20000] [--config configs/default.yaml]
 
-Writes a synthetic corpus (kiln.curation.synthetic: web-like English, some with PII and junk), reads and filters it
-with the config's first web profile (the process pool, all cores), then times one question by text three ways: the
-whole exact search (curated and intake hashes), the raw scan of the same partition alone, and a question for a text
-a filter removed. Prints per-document costs and the ratio; quote them with the machine named.
+For each size, writes a synthetic corpus (kiln.curation.synthetic: web-like English, some with PII and junk), reads
+and filters it with the config's first web profile (the process pool, all cores), then times one question by text
+three ways: the whole exact search for a text a filter removed, for a text in no document, and the raw scan of the
+same partition alone. Prints per-size figures and how each grows with the corpus; quote them with the machine named.
 """
 
 from __future__ import annotations
@@ -68,41 +68,51 @@ def build(tmp: Path, documents: int, config_path: str):
     return config, store, stats, filter_seconds
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--documents", type=int, default=20_000)
-    ap.add_argument("--config", default="configs/default.yaml")
-    args = ap.parse_args()
+def measure(documents: int, config_path: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        config, store, stats, filter_seconds = build(Path(tmp), args.documents, args.config)
+        config, store, stats, filter_seconds = build(Path(tmp), documents, config_path)
         catalog = Catalog(store)
         raw_docs = store.read_table(RAW, PARTITION, columns=["doc_id", "text"])
         removed = store.read_table(FILTERED, PARTITION, "rejected", columns=["doc_id"]).column("doc_id").to_pylist()
         texts = dict(zip(raw_docs.column("doc_id").to_pylist(), raw_docs.column("text").to_pylist()))
-        chars = sum(map(len, texts.values()))
         query = texts[removed[0]] if removed else next(iter(texts.values()))
-        indexed, found = timed(lambda: _exact_matches(catalog, config, query), 3)
+        found_s, found = timed(lambda: _exact_matches(catalog, config, query), 5)
         assert removed[:1] == [d for d in found[0] if d in removed[:1]], "the removed document was not found"
-        absent, _ = timed(lambda: _exact_matches(catalog, config, "a text nobody wrote " * 40), 3)
-        scan, scanned = timed(lambda: _scan_raw(catalog, config, PARTITION, query), 1)
+        absent_s, _ = timed(lambda: _exact_matches(catalog, config, "a text nobody wrote " * 40), 5)
+        scan_s, scanned = timed(lambda: _scan_raw(catalog, config, PARTITION, query), 1)
         assert set(scanned) <= set(found[0]), "the scan found a document the hashes did not"
-        hash_bytes = sum(os.path.getsize(p) for p in store.files(FILTERED, PARTITION, "intake_hashes"))
-        raw_bytes = sum(os.path.getsize(p) for p in store.files(RAW, PARTITION, "documents"))
-        n = len(texts)
-        print(f"machine: {platform.node()} ({os.cpu_count()} cores), {platform.processor() or platform.machine()}")
-        print(f"corpus: {n:,} raw documents, {chars / n:,.0f} characters each on average; the filter kept "
-              f"{stats.docs_out:,} and removed {stats.docs_in - stats.docs_out:,}, in {filter_seconds:.1f} s "
-              f"({n / filter_seconds:,.0f} docs/s on {os.cpu_count()} processes)")
-        print(f"intake hashes: {hash_bytes / n:.1f} bytes a document on disk ({hash_bytes / raw_bytes:.2%} of the raw "
-              f"documents' Parquet)")
-        print(f"exact search by text, a removed document's: {indexed * 1e3:,.1f} ms "
-              f"({indexed / n * 1e6:.2f} us a document, curated hashes included)")
-        print(f"exact search by text, a text in no document: {absent * 1e3:,.1f} ms")
-        print(f"the raw scan it replaces, this partition alone: {scan * 1e3:,.1f} ms ({scan / n * 1e6:.1f} us a "
-              f"document); {scan / indexed:,.0f}x the search through the hashes")
-        hours = 1e9 / n / 3600  # a question's seconds here, scaled to 1e9 documents, in hours
-        print(f"at 1e9 raw documents: {indexed * hours:,.1f} h per question through the hashes, "
-              f"{scan * hours:,.0f} h by the raw scan (one process; linear in the corpus both)")
+        hash_files = store.files(FILTERED, PARTITION, "intake_hashes")
+        raw_files = store.files(RAW, PARTITION, "documents")
+        return {"documents": len(texts), "chars": sum(map(len, texts.values())) / len(texts), "kept": stats.docs_out,
+                "removed": stats.docs_in - stats.docs_out, "filter_s": filter_seconds, "found_s": found_s,
+                "absent_s": absent_s, "scan_s": scan_s, "hash_files": len(hash_files), "parts": len(raw_files),
+                "hash_bytes": sum(os.path.getsize(p) for p in hash_files),
+                "raw_bytes": sum(os.path.getsize(p) for p in raw_files)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--documents", type=int, nargs="+", default=[5_000, 20_000])
+    ap.add_argument("--config", default="configs/default.yaml")
+    args = ap.parse_args()
+    print(f"machine: {platform.node()} ({os.cpu_count()} cores), {platform.processor() or platform.machine()}")
+    runs = [measure(n, args.config) for n in args.documents]
+    for r in runs:
+        n = r["documents"]
+        print(f"{n:,} raw documents ({r['chars']:,.0f} characters each on average, {r['parts']} parts): the filter "
+              f"kept {r['kept']:,} and removed {r['removed']:,} in {r['filter_s']:.1f} s ({n / r['filter_s']:,.0f} "
+              f"docs/s on {os.cpu_count()} processes, the hashes' buckets included)")
+        print(f"  intake hashes: {r['hash_files']} bucket file(s), {r['hash_bytes'] / n:.1f} bytes a document on disk "
+              f"({r['hash_bytes'] / r['raw_bytes']:.2%} of the raw documents' Parquet)")
+        print(f"  exact search by text: {r['found_s'] * 1e3:,.1f} ms for a removed document's, "
+              f"{r['absent_s'] * 1e3:,.1f} ms for a text in no document; the raw scan it replaces "
+              f"{r['scan_s'] * 1e3:,.1f} ms ({r['scan_s'] / n * 1e6:.1f} us a document), "
+              f"{r['scan_s'] / r['found_s']:,.0f}x")
+    if len(runs) > 1:
+        first, last = runs[0], runs[-1]
+        grew = last["documents"] / first["documents"]
+        print(f"{grew:.1f}x the documents: the search {last['found_s'] / first['found_s']:.2f}x "
+              f"(one bucket file a partition), the raw scan {last['scan_s'] / first['scan_s']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ EXCEPTIONS = {  # importing module -> what it imports against the order (docs/AR
     "kiln.common.run_mirror": {"training_jobs.checkpoint", "training_jobs.settings"},
     "kiln.common.storage": {"kiln.tokens.shard_format"},
     "kiln.curation.exact_dedup": {"kiln.dedup.shuffle"},
+    "kiln.curation.intake_hashes": {"kiln.dedup.shuffle"},
     "kiln.dedup.bucket_index": {"kiln.governance.refresh"},
     "kiln.dedup.migrate": {"kiln.governance.refresh"},
     "kiln.planning.fits": {"training_jobs"},

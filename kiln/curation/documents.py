@@ -25,8 +25,9 @@ DOCUMENT_SCHEMA = pa.schema(
 CURATED_SCHEMA = DOCUMENT_SCHEMA.append(pa.field("content_hash", pa.string(), nullable=False))
 
 # Every document the filter stage read, kept or removed: the `content_hash` of its text as it came in (normalized by the
-# `normalize` step, as exact dedup folds it). A hash, never the text: `kiln audit membership` finds a text a filter
-# removed by it without reading and hashing every raw text per question.
+# `normalize` step, as exact dedup folds it), and a second row for a kept text a filter rewrote (PII redacted), of the
+# text as written. A hash, never the text: `kiln audit membership` finds a text by it without reading and hashing every
+# raw text per question (kiln.curation.intake_hashes: the files, bucketed by hash).
 INTAKE_HASH_SCHEMA = pa.schema([pa.field("doc_id", pa.string(), nullable=False),
                                 pa.field("content_hash", pa.string(), nullable=False)])
 

@@ -104,7 +104,7 @@ def _part_key(source: int, part: int) -> str:
     return f"{source:05d}-{part:06d}"
 
 
-def _bucket_of(hashes: pa.ChunkedArray, buckets: int) -> np.ndarray:  # hex digests: their head is uniform
+def bucket_of(hashes: pa.ChunkedArray, buckets: int) -> np.ndarray:  # hex digests: their head is uniform
     return np.array([int(h[:8], 16) % buckets for h in hashes.to_pylist()], np.int64)
 
 
@@ -131,7 +131,7 @@ def _scatter(task: _Scatter) -> int:
     table = table.append_column("tier", pa.array([task.tier] * n, pa.int32())).append_column(
         "source", pa.array([task.source] * n, pa.int32())).append_column(
         "part", pa.array([task.part] * n, pa.int32())).append_column("row", pa.array(rows, pa.int64()))
-    write_partitioned(Path(task.scratch) / SCATTER, name, table, _bucket_of(table.column(task.key), task.buckets),
+    write_partitioned(Path(task.scratch) / SCATTER, name, table, bucket_of(table.column(task.key), task.buckets),
                       task.buckets, keep_empty=True)
     return n
 

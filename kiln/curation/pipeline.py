@@ -7,7 +7,8 @@ Dagster-free, writing through a `DatasetWriter`:
   then of `url` and `meta`: kiln.curation.pii.fields), one engine task per part; every drop goes to the rejected
   table with its reason; kept documents carry the `content_hash` that exact deduplication
   (`kiln.curation.exact_dedup`) compares, and every document read, kept or removed, leaves its text's hash as it
-  came in (`intake_hashes`: what `kiln audit membership` searches by text instead of hashing every raw text).
+  came in, bucketed by hash (`kiln.curation.intake_hashes`: what `kiln audit membership` searches by text instead
+  of hashing every raw text).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from kiln.curation.exact_dedup import DuplicateRows, HashSource, duplicates_in, 
 from kiln.curation.filters.base import Step
 from kiln.curation.filters.normalize import UnicodeNormalize
 from kiln.curation.filters.registry import STEPS, build_step, unwrapped
+from kiln.curation.intake_hashes import bucket_rows, part_rows_path
 from kiln.curation.pii.fields import redact_fields, step_redactor
 from kiln.curation.pii.redaction import PiiRedaction
 from kiln.curation.readers import Quarantined, SourceFile, one_document_per_file, quarantine, read_source
@@ -345,6 +347,8 @@ def _filter(task: _PartTask) -> StageStats:
                 stats.languages_out[language] += reason is None
             if reason is None:
                 curated = intake_hash if doc.text == as_read else content_hash(doc.text, *task.dedup)
+                if curated != intake_hash:  # a filter rewrote it: found by its text as written too
+                    hashes.append({"doc_id": doc.doc_id, "content_hash": curated})
                 kept.append({**doc.to_row(), "content_hash": curated})
                 stats.docs_out += 1
                 stats.chars_out += len(doc.text)
@@ -355,8 +359,7 @@ def _filter(task: _PartTask) -> StageStats:
     write_parquet_atomic(Path(task.kept_path), pa.Table.from_pylist(kept, schema=CURATED_SCHEMA))
     if rejected:
         write_parquet_atomic(Path(task.rejected_path), pa.Table.from_pylist(rejected, schema=REJECTED_SCHEMA))
-    if hashes:
-        write_parquet_atomic(Path(task.hashes_path), pa.Table.from_pylist(hashes, schema=INTAKE_HASH_SCHEMA))
+    write_parquet_atomic(Path(task.hashes_path), pa.Table.from_pylist(hashes, schema=INTAKE_HASH_SCHEMA))
     return stats
 
 
@@ -385,11 +388,12 @@ def filter_documents(input_parts: list[Path], steps: list[StepSpec], dedup: Exac
     frozen = tuple((s.step, json.dumps(s.params, sort_keys=True), json.dumps(s.per_language, sort_keys=True))
                    for s in steps)
     tasks = [_PartTask(str(p), str(writer.next_path("documents")), str(writer.next_path("rejected")),
-                       str(writer.next_path("intake_hashes")), frozen,
+                       str(part_rows_path(writer, i)), frozen,
                        (dedup.lowercase, dedup.collapse_whitespace), examples_per_reason, rejected_text)
-             for p in input_parts]
+             for i, p in enumerate(input_parts)]
     total = StageStats()
     for r in engine.map_parts(_filter_part, tasks, desc=label, progress=progress,
                               size=lambda t: os.path.getsize(t.input_path)):
         total.merge(r, examples_per_reason)
+    bucket_rows([Path(t.hashes_path) for t in tasks], total.docs_in, writer, engine, progress, f"{label}: hashes")
     return total

@@ -27,6 +27,7 @@ from kiln.common.config import ExactDedup, NearDedup, ProjectConfig
 from kiln.common.manifest import Manifest
 from kiln.common.storage import IncompleteDataset, Store
 from kiln.curation.documents import make_doc_id
+from kiln.curation.intake_hashes import ROLE as INTAKE_ROLE, bucket_count, search
 from kiln.curation.pipeline import content_hash
 from kiln.governance.catalog import (
     CHECKPOINT,
@@ -461,20 +462,22 @@ def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[
     filter rewrote, which a takedown built from this answer must reach too); with a note where the raw texts were
     not readable. Each partition is compared as it was curated (its manifest's settings).
 
-    The texts as read are searched through the hashes the filter stage kept of every document it read
-    (`intake_hashes`: a doc_id and a 32-hex-digit hash a row); only a raw partition no such hashes cover (filtered
-    before they were kept, or raw documents materialized again since) is read and hashed text by text
-    (`_scan_raw`)."""
+    Both are searched through the hashes the filter stage kept of every document it read (`intake_hashes`: a
+    doc_id and a 32-hex-digit hash a row, bucketed by hash, so one file a partition is opened: see
+    kiln.curation.intake_hashes); a partition filtered before they were bucketed has the curated texts' hashes in
+    its documents only. A raw partition no such hashes cover (filtered before they were kept, or raw documents materialized again
+    since) is read and hashed text by text (`_scan_raw`)."""
     found: list[str] = []
     covered: dict[str, str] = {}  # raw partition -> the raw data version its filtered documents' intake hashes cover
     for p in catalog.partitions(FILTERED):
         filtered = catalog.snapshot(FILTERED, p)
         wanted = _curated_hash(text, *_curation_of(catalog, config, p))
-        for path in filtered.files("documents"):
-            if "content_hash" in pq.read_schema(path).names:
-                found += _with_hash(path, wanted)
-        if hashes := filtered.files("intake_hashes"):  # none: filtered before they were kept (or nothing read)
-            found += [d for path in hashes for d in _with_hash(path, wanted)]
+        hashes = filtered.files(INTAKE_ROLE)  # none: filtered before they were kept (or nothing read)
+        if bucket_count([path.name for path in hashes]) is None:  # not bucketed: rewritten texts' hashes not in them
+            found += search([path for path in filtered.files("documents")
+                             if "content_hash" in pq.read_schema(path).names], wanted)
+        if hashes:
+            found += search(hashes, wanted)
             covered[p] = filtered.manifest.inputs.get(f"{RAW}/{p}")
     try:
         for p in catalog.partitions(RAW):
@@ -485,11 +488,6 @@ def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[
                     "the texts filters removed were not searched")
         return sorted(set(found)), [_unreadable(RAW, exc) + f": {searched}"]
     return sorted(set(found)), []
-
-
-def _with_hash(path: Any, wanted: str) -> list[str]:
-    """The doc_ids of a Parquet file's rows whose `content_hash` is `wanted`."""
-    return pq.read_table(path, columns=["doc_id"], filters=[("content_hash", "=", wanted)]).column("doc_id").to_pylist()
 
 
 def _scan_raw(catalog: Catalog, config: ProjectConfig, partition: str, text: str) -> list[str]:

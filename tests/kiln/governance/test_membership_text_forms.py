@@ -125,3 +125,21 @@ def test_texts_as_read_are_searched_by_their_intake_hashes_and_read_only_where_n
     answer = membership(store, settings, text=HARBOUR)
     assert answer.doc_id == make_doc_id("ref", "id:harbour") and answer.stages[0].status == "kept", answer.summary
     assert scanned == [project.partition("ref")]
+
+
+def test_the_text_as_the_filter_wrote_it_is_found_by_the_hashes_alone(store, monkeypatch):
+    """A kept text the PII step rewrote (its e-mail address a placeholder) is found as written too: the bucketed
+    intake hashes hold its curated hash beside the one of its text as read, so no documents' file is searched."""
+    from kiln.governance import membership as membership_module
+
+    data, config = store
+    [partition] = data.partitions("filtered_documents")
+    texts = {r["doc_id"]: r["text"] for r in data.read_table("filtered_documents", partition).to_pylist()}
+    mail = make_doc_id("web", "id:mail")
+    assert "<EMAIL>" in texts[mail] and "josé" not in texts[mail]
+    searched = []
+    search = membership_module.search
+    monkeypatch.setattr(membership_module, "search", lambda files, wanted: searched.extend(files) or search(files, wanted))
+    answer = membership(data, config, text=texts[mail])
+    assert (answer.match, answer.doc_id) == ("exact", mail)
+    assert searched and all(path.name.startswith("intake_hashes-") for path in searched)
