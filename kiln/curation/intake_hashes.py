@@ -31,7 +31,7 @@ from kiln.dedup.shuffle import read_partition, write_partitioned
 from kiln.engine import Engine
 
 ROLE = "intake_hashes"
-ROWS_PER_BUCKET = 65_536  # about 2.5 MB a file: one task's memory, whatever the corpus
+ROWS_PER_BUCKET = 65_536  # about 2 MB a file (32 bytes a row): one task's memory, whatever the corpus
 ROW_GROUP = 2_048  # rows a question decodes in its bucket (its hash's row group)
 _BUCKETED = re.compile(r"-(\d+)-of-(\d+)\.parquet$")
 
