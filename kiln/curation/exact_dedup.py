@@ -104,8 +104,12 @@ def _part_key(source: int, part: int) -> str:
     return f"{source:05d}-{part:06d}"
 
 
-def bucket_of(hashes: pa.ChunkedArray, buckets: int) -> np.ndarray:  # hex digests: their head is uniform
-    return np.array([int(h[:8], 16) % buckets for h in hashes.to_pylist()], np.int64)
+def bucket_of_hash(digest: str, buckets: int) -> int:  # hex digests: their head is uniform
+    return int(digest[:8], 16) % buckets
+
+
+def bucket_of(hashes: pa.ChunkedArray, buckets: int) -> np.ndarray:
+    return np.array([bucket_of_hash(h, buckets) for h in hashes.to_pylist()], np.int64)
 
 
 def _first_rows(keys: list) -> list[int]:

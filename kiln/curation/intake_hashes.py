@@ -21,12 +21,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.common.storage import DatasetWriter, part_name, resume_part, write_parquet_atomic
 from kiln.curation.documents import INTAKE_HASH_SCHEMA
-from kiln.curation.exact_dedup import bucket_of
+from kiln.curation.exact_dedup import bucket_of, bucket_of_hash
 from kiln.dedup.shuffle import read_partition, write_partitioned
 from kiln.engine import Engine
 
@@ -58,10 +57,10 @@ def search(files: list[Path], wanted: str) -> list[str]:
     of any other layout (the per-part one; documents)."""
     buckets = bucket_count([f.name for f in files])
     if buckets is not None:
-        name = bucket_file(int(bucket_of(pa.chunked_array([[wanted]]), buckets)[0]), buckets)
+        name = bucket_file(bucket_of_hash(wanted, buckets), buckets)
         files = [f for f in files if f.name == name]
-    return [d for path in files for d in pq.read_table(path, columns=["doc_id"], filters=[("content_hash", "=", wanted)])
-            .column("doc_id").to_pylist()]
+    matches = [pq.read_table(path, columns=["doc_id"], filters=[("content_hash", "=", wanted)]) for path in files]
+    return [d for table in matches for d in table.column("doc_id").to_pylist()]
 
 
 @dataclass(frozen=True)
@@ -103,10 +102,10 @@ def part_rows_path(writer: DatasetWriter, part: int) -> Path:
 
 
 def bucket_rows(parts: list[Path], rows: int, writer: DatasetWriter, engine: Engine, progress: bool = True,
-                label: str = "intake hashes") -> int:
-    """The part tasks' rows (`parts`, about `rows` in all) into the published bucket files; returns B (0: no rows)."""
+                label: str = "intake hashes") -> None:
+    """The part tasks' rows (`parts`, about `rows` in all) into the published bucket files (none for no rows)."""
     if rows == 0:
-        return 0
+        return
     buckets = max(1, math.ceil(rows / ROWS_PER_BUCKET))
     scatter = writer.scratch("intake_scatter")
     shutil.rmtree(scatter)  # a failed attempt's files: scattered again, whole
@@ -116,4 +115,3 @@ def bucket_rows(parts: list[Path], rows: int, writer: DatasetWriter, engine: Eng
     engine.map_parts(_bucket, [_Bucket(str(scatter), q, str(writer.dir / bucket_file(q, buckets)), ROW_GROUP)
                                for q in range(buckets)], desc=f"{label} (buckets)", progress=progress)
     shutil.rmtree(scatter)  # the shuffle, as soon as the buckets are written
-    return buckets

@@ -465,8 +465,8 @@ def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[
     Both are searched through the hashes the filter stage kept of every document it read (`intake_hashes`: a
     doc_id and a 32-hex-digit hash a row, bucketed by hash, so one file a partition is opened: see
     kiln.curation.intake_hashes); a partition filtered before they were bucketed has the curated texts' hashes in
-    its documents only. A raw partition no such hashes cover (filtered before they were kept, or raw documents materialized again
-    since) is read and hashed text by text (`_scan_raw`)."""
+    its documents only. A raw partition no such hashes cover (filtered before they were kept, or raw documents
+    materialized again since) is read and hashed text by text (`_scan_raw`)."""
     found: list[str] = []
     covered: dict[str, str] = {}  # raw partition -> the raw data version its filtered documents' intake hashes cover
     for p in catalog.partitions(FILTERED):

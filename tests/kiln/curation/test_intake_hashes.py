@@ -72,7 +72,8 @@ def test_a_question_opens_the_one_file_its_hash_falls_in(tmp_path, monkeypatch):
     files = store.files("filtered", "src", "intake_hashes")
     opened = []
     read_table = pq.read_table
-    monkeypatch.setattr(intake_hashes.pq, "read_table", lambda path, **kw: opened.append(path) or read_table(path, **kw))
+    monkeypatch.setattr(intake_hashes.pq, "read_table",
+                        lambda path, **kw: opened.append(path) or read_table(path, **kw))
     wanted = folded(prose(17))
     [doc] = intake_hashes.search(files, wanted)
     assert store.values("raw", "src", "text", {doc})[doc] == prose(17)

@@ -139,7 +139,8 @@ def test_the_text_as_the_filter_wrote_it_is_found_by_the_hashes_alone(store, mon
     assert "<EMAIL>" in texts[mail] and "josé" not in texts[mail]
     searched = []
     search = membership_module.search
-    monkeypatch.setattr(membership_module, "search", lambda files, wanted: searched.extend(files) or search(files, wanted))
+    monkeypatch.setattr(membership_module, "search",
+                        lambda files, wanted: searched.extend(files) or search(files, wanted))
     answer = membership(data, config, text=texts[mail])
     assert (answer.match, answer.doc_id) == ("exact", mail)
     assert searched and all(path.name.startswith("intake_hashes-") for path in searched)
