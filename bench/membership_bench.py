@@ -2,12 +2,18 @@
 stage's intake hashes (bucketed by hash: one file a partition is opened), against reading and hashing every raw text
 (the path it replaced, still taken for a raw partition no hashes cover).
 
-    .venv/bin/python bench/membership_bench.py [--documents 5000 20000] [--config configs/default.yaml]
+    .venv/bin/python bench/membership_bench.py [--documents 5000 20000] [--config configs/default.yaml] [--s3]
 
 For each size, writes a synthetic corpus (kiln.curation.synthetic: web-like English, some with PII and junk), reads
 and filters it with the config's first web profile (the process pool, all cores), then times one question by text
 three ways: the whole exact search for a text a filter removed, for a text in no document, and the raw scan of the
 same partition alone. Prints per-size figures and how each grows with the corpus; quote them with the machine named.
+
+With --s3, the largest size again on S3 storage (moto's server on loopback, a real S3 API): the whole question
+(`kiln audit membership --text`: the exact search, then the document traced through each stage) from an auditor's
+empty cache, with the bytes and GETs it fetched, against fetching the datasets it reads whole, as it did before
+audits read columns by ranged GETs. Loopback has no network latency: on S3 each GET costs tens of milliseconds more,
+so the GET counts are printed to scale by.
 """
 
 from __future__ import annotations
@@ -43,14 +49,15 @@ def timed(fn, repeat: int) -> tuple[float, object]:
     return statistics.median(seconds), result
 
 
-def build(tmp: Path, documents: int, config_path: str):
+def build(tmp: Path, documents: int, config_path: str, store: Store | None = None, rows_per_part: int | None = None):
     corpus = tmp / "corpus"
     write_corpus(corpus, documents)
     base = load_config(config_path)
     web = next(s for s in base.sources if s.domain == "web")
-    config = base.model_copy(update={"sources": [web.model_copy(update={
+    reading = base.reading.model_copy(update={"rows_per_part": rows_per_part or base.reading.rows_per_part})
+    config = base.model_copy(update={"reading": reading, "sources": [web.model_copy(update={
         "name": "web", "kind": "jsonl", "path": str(corpus / "*.jsonl"), "max_documents": None})]})
-    source, store, pool = config.sources[0], Store(tmp / "data"), ProcessPool(os.cpu_count() or 1)
+    source, store, pool = config.sources[0], store or Store(tmp / "data"), ProcessPool(os.cpu_count() or 1)
     with store.staging(RAW, PARTITION) as w:
         read = ingest(source, config.reading, w, pool, progress=False)
         raw = w.commit(code_version="bench", config={}, inputs={}, counts={"documents": read.docs_out},
@@ -66,6 +73,57 @@ def build(tmp: Path, documents: int, config_path: str):
                  inputs={f"{RAW}/{PARTITION}": raw.data_version}, counts={"documents": stats.docs_out},
                  stats=stats.to_dict())
     return config, store, stats, filter_seconds
+
+
+def measure_s3(documents: int, config_path: str, rows_per_part: int) -> dict:
+    from moto.server import ThreadedMotoServer
+
+    from kiln.common.remote import S3Remote
+    from kiln.governance.membership import membership
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        import boto3
+
+        host, port = server.get_host_and_port()
+        client = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
+                              aws_access_key_id="bench", aws_secret_access_key="bench")
+        client.create_bucket(Bucket="bench")
+        fetched = {"bytes": 0, "gets": 0}
+
+        def count(parsed, **_):  # every GET's body: what an auditor's machine downloads
+            fetched["bytes"] += parsed.get("ContentLength", 0)
+            fetched["gets"] += 1
+
+        client.meta.events.register("after-call.s3.GetObject", count)
+        remote = S3Remote.connect(client, "bench")
+        with tempfile.TemporaryDirectory() as tmp:
+            config, store, _, _ = build(Path(tmp), documents, config_path, Store(Path(tmp) / "writer", remote),
+                                        rows_per_part)
+            part_bytes = [f.bytes for f in store.manifest(RAW, PARTITION).files_with_role("documents")]
+            removed = store.read_table(FILTERED, PARTITION, "rejected", columns=["doc_id"]).column("doc_id")
+            query = store.values(RAW, PARTITION, "text", {removed[0].as_py()})[removed[0].as_py()]
+            runs = []
+            for n in range(3):  # a fresh auditor each time: an empty cache
+                fetched.update(bytes=0, gets=0)
+                started = time.perf_counter()
+                answer = membership(Store(Path(tmp) / f"auditor-{n}", remote), config, text=query)
+                runs.append((time.perf_counter() - started, dict(fetched)))
+                assert removed[0].as_py() in [answer.doc_id, *(m["doc_id"] for m in answer.other_matches)], \
+                    answer.summary
+            seconds, got = sorted(runs, key=lambda r: r[0])[1]
+            fetched.update(bytes=0, gets=0)
+            started = time.perf_counter()
+            whole = Store(Path(tmp) / "whole", remote)
+            for asset in (RAW, FILTERED):  # what the question read before: each dataset it opened, whole
+                whole.snapshot(asset, PARTITION)
+            return {"documents": documents, "rows_per_part": rows_per_part, "part_bytes": max(part_bytes),
+                    "s": seconds, "bytes": got["bytes"], "gets": got["gets"],
+                    "whole_s": time.perf_counter() - started, "whole_bytes": fetched["bytes"],
+                    "whole_gets": fetched["gets"]}
+    finally:
+        server.stop()
 
 
 def measure(documents: int, config_path: str) -> dict:
@@ -94,6 +152,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--documents", type=int, nargs="+", default=[5_000, 20_000])
     ap.add_argument("--config", default="configs/default.yaml")
+    ap.add_argument("--s3", action="store_true", help="the largest size again on S3 storage (moto's server)")
     args = ap.parse_args()
     print(f"machine: {platform.node()} ({os.cpu_count()} cores), {platform.processor() or platform.machine()}")
     runs = [measure(n, args.config) for n in args.documents]
@@ -113,6 +172,15 @@ def main() -> None:
         grew = last["documents"] / first["documents"]
         print(f"{grew:.1f}x the documents: the search {last['found_s'] / first['found_s']:.2f}x "
               f"(one bucket file a partition), the raw scan {last['scan_s'] / first['scan_s']:.2f}x")
+    if args.s3:
+        rows = load_config(args.config).reading.rows_per_part
+        for r in (measure_s3(max(args.documents), args.config, n) for n in (rows, 10 * rows)):
+            print(f"on S3 (moto on loopback), {r['documents']:,} raw documents in parts of {r['rows_per_part']:,} "
+                  f"(reading.rows_per_part; up to {r['part_bytes'] / 1e6:.2f} MB), from an empty cache: the whole "
+                  f"question by text in {r['s'] * 1e3:,.0f} ms, {r['bytes'] / 1e6:,.2f} MB in {r['gets']} GETs; "
+                  f"fetching the datasets it reads whole (before) {r['whole_s'] * 1e3:,.0f} ms, "
+                  f"{r['whole_bytes'] / 1e6:,.2f} MB in {r['whole_gets']} GETs: {r['whole_bytes'] / r['bytes']:,.1f}x "
+                  f"the bytes")
 
 
 if __name__ == "__main__":

@@ -3,13 +3,16 @@
 Dagster-free: the Dagster resource (`resources.storage.KilnStorage`) builds the client from dagster-aws's
 `S3Resource`; tests and scripts may pass any `boto3.client("s3")`. `kiln.common.storage.Store` uses these operations
 to keep its local folders and S3 in step (and `kiln dedup migrate-index` to fetch an old index's S3 copy). Every download is checked
-against the sha256 its manifest records, so a changed or truncated object is refused, never served.
+against the sha256 its manifest records, so a changed or truncated object is refused, never served. An audit that reads
+a few columns of a dataset opens its files for ranged reads instead (`RangedObject`): those reads are checked against
+the size the manifest records, since a sha256 of the whole object cannot be checked from a part of it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import socket
 import sys
@@ -256,6 +259,33 @@ class S3Remote:
                 f"{self.url(key)}: sha256 {h.hexdigest()} does not match the manifest's {sha256}; the object was "
                 f"changed or truncated after Kiln wrote it. Restore it, or materialize that dataset again")
 
+    def open_ranged(self, key: str, size: int, sha256: str) -> RangedObject:
+        """The object at `key`, which its manifest says is `size` bytes with this sha256, opened for ranged reads
+        (nothing is fetched until read)."""
+        return RangedObject(self, key, size, sha256)
+
+    def get_range(self, key: str, start: int, length: int, size: int) -> bytes:
+        """`length` bytes of the object at `key` from `start`, one GET; refused when the object is not the `size`
+        bytes its manifest records (truncated or replaced) or is gone (MissingRemoteFile: a newer version replaced
+        it)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            reply = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{start + length - 1}")
+        except ClientError as exc:
+            if _error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+                raise MissingRemoteFile(f"{self.url(key)} is listed in its manifest but is not on S3") from None
+            if _error_code(exc) != "InvalidRange":  # past the end: a shorter object than the manifest's
+                raise
+            reply = None
+        total = reply and reply.get("ContentRange", "").rpartition("/")[2]
+        data = reply["Body"].read() if reply else b""
+        if total != str(size) or len(data) != length:
+            raise CorruptRemoteFile(f"{self.url(key)} is not the {size} bytes its manifest records (S3 says "
+                                    f"{total or 'fewer'}): the object was changed or truncated after Kiln wrote it. "
+                                    f"Restore it, or materialize that dataset again")
+        return data
+
     def list_keys(self, prefix: str) -> list[str]:
         """Every key below `prefix/` (a folder: `a/b` never matches `a/bc/...`)."""
         keys = []
@@ -287,7 +317,73 @@ class S3Remote:
                                    f"s3://{self.bucket}: {reply['Errors'][:3]}")
 
 
+class RangedObject(io.RawIOBase):
+    """An S3 object read by ranged GETs, as a file (seek and read) that pyarrow's Parquet reader opens: it reads the
+    footer, then only the column chunks asked for, so a reader of the doc_id column fetches about 32 bytes a
+    document and leaves the texts on S3. Each read is one GET (S3Remote.get_range: checked against the manifest's
+    size). An object of at most WHOLE_BYTES (a Parquet reader's first read of the footer is 64 kB) comes whole at
+    the first read, in one GET, checked against its sha256. `fetched` counts the bytes read."""
+
+    WHOLE_BYTES = 256 * 1024
+
+    def __init__(self, remote: S3Remote, key: str, size: int, sha256: str):
+        super().__init__()
+        self.remote, self.key, self.size, self.sha256 = remote, key, size, sha256
+        self.position = self.fetched = 0
+        self._whole: bytes | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.position = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence] + offset
+        return self.position
+
+    def readinto(self, buffer) -> int:
+        length = max(0, min(len(buffer), self.size - self.position))
+        if not length:
+            return 0
+        if self._whole is None and self.size <= self.WHOLE_BYTES:
+            self._whole = self.remote.get_range(self.key, 0, self.size, self.size)
+            self.fetched += self.size
+            if hashlib.sha256(self._whole).hexdigest() != self.sha256:
+                raise CorruptRemoteFile(f"{self.remote.url(self.key)}: its sha256 does not match the manifest's; the "
+                                        f"object was changed after Kiln wrote it. Restore it, or materialize that "
+                                        f"dataset again")
+        if self._whole is not None:
+            buffer[:length] = self._whole[self.position:self.position + length]
+        else:
+            buffer[:length] = self.remote.get_range(self.key, self.position, length, self.size)
+            self.fetched += length
+        self.position += length
+        return length
+
+
 _CONDITIONAL_WRITES: set[tuple[str, str]] = set()  # (endpoint, bucket) found to honour conditional writes
+
+
+def in_order(fn: Callable[[Any], Any], items: Iterable, threads: int = TRANSFER_THREADS) -> Iterator[Any]:
+    """`fn` of each item, yielded in the items' order, computed `threads` items ahead: reads of many S3 objects overlap
+    their latency, and a reader that stops early (found what it looked for) leaves at most `threads` reads behind."""
+    with ThreadPoolExecutor(threads) as pool:
+        pending = []
+        items = iter(items)
+        try:
+            for item in items:
+                pending.append(pool.submit(fn, item))
+                if len(pending) >= threads:
+                    yield pending.pop(0).result()
+            while pending:
+                yield pending.pop(0).result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def _parallel(fn: Callable[[Any], None], items: list) -> None:

@@ -22,7 +22,9 @@ so every caller still gets local paths (sentencepiece, memmapped shards, safeten
   `_history/<data_version>/`, before it), and stays;
 - a read fetches the remote manifest once per Store (a new Store sees new versions); when the local copy
   is missing or holds another version it downloads the files, verifying each sha256 against the
-  manifest, into a staging folder and swaps it in, then serves local paths;
+  manifest, into a staging folder and swaps it in, then serves local paths; an audit that reads a few columns of
+  a dataset it has no copy of (`Store.opened`: a doc_id lookup) reads them from S3 by ranged GETs instead, and
+  caches nothing;
 - with `Store.cache_max_bytes` (`storage.cache_max_gb`), the cache is bounded: each read dates the dataset's link
   (its last use) and lists the version among what its store has read (`_Reading`), and after a commit or a download
   past the bound the least recently used datasets no live store has read are removed from the cache
@@ -69,7 +71,7 @@ from kiln.common.manifest import (
     temporary_name,
     write_json_atomic,
 )
-from kiln.common.remote import CorruptRemoteFile, LostLock, MissingRemoteFile, S3Remote
+from kiln.common.remote import CorruptRemoteFile, LostLock, MissingRemoteFile, RangedObject, S3Remote
 from kiln.common.secrets import redact
 from kiln.tokens.shard_format import hold_folder
 
@@ -418,8 +420,11 @@ class Store:
     def manifest_at(self, asset: str, partition: str | None, data_version: str) -> Manifest | None:
         """The manifest of one version of a dataset: the current version's, else the store's history's (every version
         it has published, without the removal examples), or None when the store never published it (or did before
-        it kept a history)."""
-        current = self.manifest_or_none(asset, partition)
+        it kept a history). With S3 storage, S3's manifests: no dataset is fetched to answer."""
+        return self._manifest_at(asset, partition, data_version, self.published_manifest(asset, partition))
+
+    def _manifest_at(self, asset: str, partition: str | None, data_version: str,
+                     current: Manifest | None) -> Manifest | None:
         if current is not None and current.data_version == data_version:
             return current
         if not re.fullmatch(r"[0-9a-f]{1,64}", data_version):
@@ -435,16 +440,19 @@ class Store:
         return None
 
     def version_file(self, asset: str, partition: str | None, data_version: str, path: str) -> Path | None:
-        """A file of one version of a dataset, by its path in the version: the current version's, else the history's
-        copy of a record file (HISTORY_ROLES) of a version replaced since (from S3's history when the local one has
-        none); None when the store holds no such file of that version (not a record file, or a version from before
-        the history kept them)."""
-        current = self.snapshot_or_none(asset, partition)
-        if current is not None and current.manifest.data_version == data_version:
-            return current.folder / path
+        """A record file (HISTORY_ROLES: a member list, an exposure) of one version of a dataset, by its path in the
+        version, without fetching the rest of the version (with S3 storage, a member list is not the token shards):
+        this machine's copy of that version, else the history's copy; with S3 storage, S3's, downloaded alone into
+        the history and checked against its sha256. None when the store holds no such file of that version (not a
+        record file, or a version from before the history kept them)."""
         if not re.fullmatch(r"[0-9a-f]{1,64}", data_version) or Path(path).is_absolute() or ".." in Path(path).parts:
-            return None  # never a path outside the history to open
-        kept = _history_dir(self._local_dir(asset, partition)) / data_version / path
+            return None  # never a path outside the dataset to open
+        final = self._local_dir(asset, partition)
+        folder = _version_of(final)
+        if _data_version_in(folder) == data_version:
+            self._used(final)
+            return folder / path
+        kept = _history_dir(final) / data_version / path
         if kept.is_file():
             return kept
         if self.remote is None:
@@ -453,17 +461,44 @@ class Store:
         entry = next((f for f in manifest.files if f.path == path), None) if manifest else None
         if entry is None or entry.role not in HISTORY_ROLES:
             return None
-        pulled = kept.with_name(f".{kept.name}.pull-{uuid.uuid4().hex[:8]}")
+        remote_dir = self._remote_dir(asset, partition)
         kept.parent.mkdir(parents=True, exist_ok=True)
+        # S3's history copy; else the version's own (a current version published before the history kept records)
+        for key in (f"{remote_dir}/{HISTORY}/{data_version}/{path}", f"{remote_dir}/{data_version}/{path}"):
+            pulled = kept.with_name(f".{kept.name}.pull-{uuid.uuid4().hex[:8]}")
+            try:
+                self.remote.download_files([(key, pulled, entry.sha256)])
+                os.replace(pulled, kept)
+                return kept
+            except MissingRemoteFile:
+                continue
+            finally:
+                pulled.unlink(missing_ok=True)
+        return None
+
+    @contextmanager
+    def opened(self, manifest: Manifest, paths: list[str]) -> Iterator[list[Path | RangedObject]]:
+        """Files of the version `manifest` describes (the current one; `paths` as it lists them) for a reader of a few
+        of their columns: the local copy's when this machine holds that version, else, with S3 storage, each opened on
+        S3 for ranged reads (`RangedObject`), so the columns not read never leave S3 and nothing is cached. Without S3,
+        a version the store no longer holds is IncompleteDataset."""
+        final = self._local_dir(manifest.asset, manifest.partition)
+        folder = _version_of(final)
+        if _data_version_in(folder) == manifest.data_version:
+            self._used(final)
+            yield [folder / p for p in paths]
+            return
+        if self.remote is None:
+            raise IncompleteDataset(f"{manifest.asset}[{manifest.partition}] version {manifest.data_version} is no "
+                                    f"longer in {final}: it was replaced while it was read")
+        entries = {f.path: f for f in manifest.files}
+        version_dir = f"{self._remote_dir(manifest.asset, manifest.partition)}/{manifest.data_version}"
+        files = [self.remote.open_ranged(f"{version_dir}/{p}", entries[p].bytes, entries[p].sha256) for p in paths]
         try:
-            self.remote.download_files([(f"{self._remote_dir(asset, partition)}/{HISTORY}/{data_version}/{path}",
-                                         pulled, entry.sha256)])
-            os.replace(pulled, kept)
-        except MissingRemoteFile:  # published before S3's history kept record files
-            return None
+            yield files
         finally:
-            pulled.unlink(missing_ok=True)
-        return kept
+            for f in files:
+                f.close()
 
     def history(self, asset: str, partition: str | None = None) -> list[Manifest]:
         """Every version of a dataset the store has published (as `manifest_at` gives it), oldest first."""
@@ -472,7 +507,8 @@ class Store:
         if self.remote is not None:
             prefix = f"{self._remote_dir(asset, partition)}/{HISTORY}/"
             names |= {k.removeprefix(prefix) for k in self.remote.list_keys(prefix)}  # with the record files' keys
-        found = (self.manifest_at(asset, partition, name.removesuffix(".json")) for name in names
+        current = self.published_manifest(asset, partition)
+        found = (self._manifest_at(asset, partition, name.removesuffix(".json"), current) for name in names
                  if name.endswith(".json") and "/" not in name)
         return sorted((m for m in found if m is not None), key=lambda m: m.created_at)
 
@@ -571,11 +607,16 @@ class Store:
         # local copy: the cache may have evicted it since.
         if self._synced.get(key) is None or not os.path.lexists(final):
             self._synced[key] = self._pull(asset, partition)
-        with contextlib.suppress(OSError):  # its last use, which the cache's eviction goes by (the link's own time)
+        self._used(final)
+        return self._synced[key]
+
+    def _used(self, final: Path) -> None:
+        """Note that this store reads the cached dataset `final`: its last use, which the cache's eviction goes by
+        (the link's own time), and, with a bounded cache, a version no process evicts while this store lives."""
+        with contextlib.suppress(OSError):
             os.utime(final, follow_symlinks=False)
         if self._reading is not None and final.is_symlink():
             self._reading.add(_version_of(final))
-        return self._synced[key]
 
     def _pull(self, asset: str, partition: str | None) -> bytes | None:
         """Make the local copy the version on S3; the remote manifest's bytes, or None when S3 has none."""
@@ -923,6 +964,14 @@ def _version_of(final: Path) -> Path:
         return final.parent / os.readlink(final)
     except OSError:  # not a link, or nothing there
         return final
+
+
+def _data_version_in(version: Path) -> str | None:
+    """The data version of a version's folder, as its manifest names it (None: no whole version there)."""
+    try:
+        return json.loads((version / MANIFEST_NAME).read_bytes()).get("data_version")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _history_dir(final: Path) -> Path:

@@ -10,7 +10,8 @@ opens one file per partition and decodes the one row group whose min/max statist
 documents in parts of 500 it would otherwise read two million files per question.
 
 Partitions filtered before the rows were bucketed hold one unsorted file per part, without the rewritten texts'
-hashes (those are in the documents' `content_hash`): `bucket_count` tells them apart, and `search` reads them all.
+hashes (those are in the documents' `content_hash`): `bucket_count` tells them apart, and `to_search` names them
+all.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow.parquet as pq
 
@@ -52,14 +54,20 @@ def bucket_count(names: list[str]) -> int | None:
     return buckets if sorted(int(m.group(1)) for m in found) == list(range(buckets)) else None
 
 
-def search(files: list[Path], wanted: str) -> list[str]:
-    """The doc_ids of the rows whose `content_hash` is `wanted`: in the one bucket file it falls in, or in every file
-    of any other layout (the per-part one; documents)."""
-    buckets = bucket_count([f.name for f in files])
-    if buckets is not None:
-        name = bucket_file(bucket_of_hash(wanted, buckets), buckets)
-        files = [f for f in files if f.name == name]
-    matches = [pq.read_table(path, columns=["doc_id"], filters=[("content_hash", "=", wanted)]) for path in files]
+def to_search(names: list[str], wanted: str) -> list[str]:
+    """Which of a partition's files (`names`, as its manifest lists them) may hold rows hashed `wanted`: the one bucket
+    file it falls in, or every file of any other layout (the per-part one; documents)."""
+    buckets = bucket_count([Path(name).name for name in names])
+    if buckets is None:
+        return names
+    bucket = bucket_file(bucket_of_hash(wanted, buckets), buckets)
+    return [name for name in names if Path(name).name == bucket]
+
+
+def search(files: list[Path | BinaryIO], wanted: str) -> list[str]:
+    """The doc_ids of the rows of `files` (paths, or files open for reading) whose `content_hash` is `wanted`; in a
+    bucket file, only the row group whose min/max statistics admit it is decoded."""
+    matches = [pq.read_table(f, columns=["doc_id"], filters=[("content_hash", "=", wanted)]) for f in files]
     return [d for table in matches for d in table.column("doc_id").to_pylist()]
 
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from kiln.common.manifest import MANIFEST_NAME, Manifest
+from kiln.common.remote import MissingRemoteFile, in_order
 from kiln.common.storage import IncompleteDataset, Snapshot, Store, parquet_batches
 from kiln.governance.lineage import DOCUMENT_STAGES
 
@@ -45,7 +49,8 @@ class Catalog:
 
     With S3 storage a question about manifests (lineage, which checkpoint read which shards) reads S3's manifests
     alone; a dataset's files come into the local cache only when the audit reads them (`snapshot`, `folder`), so an
-    audit on a fresh machine fetches what it reads, not the store."""
+    audit on a fresh machine fetches what it reads, not the store; a reader of a few columns (`opened`, `find_row`)
+    reads them from S3 and fetches no dataset."""
 
     def __init__(self, store: Store, pins: dict[str, str] | None = None):
         self.store = store
@@ -56,6 +61,8 @@ class Catalog:
         self._history: dict[tuple[str, str | None, str], Manifest | None] = {}
         self._published: dict[str, list[Manifest]] = {}
         self._partitions: dict[str, list[str | None]] = {}
+        self._wanted: set[str] = set()  # the doc_ids `find_row` looks for in each file it reads
+        self._rows: dict[tuple[str, str | None, str], tuple[frozenset[str], dict[str, dict]]] = {}
 
     def snapshot(self, asset: str, partition: str | None = None) -> Snapshot | None:
         """The current version of a dataset, pinned for the whole audit (its files are read from the version
@@ -114,6 +121,55 @@ class Catalog:
         if key not in self._history:
             self._history[key] = self.store.manifest_at(asset, partition, data_version)
         return self._history[key]
+
+    @contextmanager
+    def opened(self, asset: str, partition: str | None, paths: list[str]) -> Iterator[list[Path | BinaryIO]]:
+        """Files of the dataset's version this audit judged (`paths` as its manifest lists them), for reading a few
+        of their columns without fetching the dataset: with S3 storage, unless this machine holds that version,
+        read from S3 by ranged GETs (`Store.opened`), so a doc_id lookup fetches the doc_id column, not the texts."""
+        judged = self.manifest(asset, partition)
+        if (current := self._current.get((asset, partition))) is not None:  # this audit fetched it whole already
+            yield [current.folder / path for path in paths]
+            return
+        try:
+            with self.store.opened(judged, paths) as files:
+                yield files
+        except (MissingRemoteFile, IncompleteDataset):  # its files were deleted: only a newer version does that
+            raise AuditError(f"{node_key(asset, partition)} was materialized again while this audit read it "
+                             f"(version {judged.data_version} when its manifest was read); ask again") from None
+
+    def expect(self, doc_ids: list[str]) -> None:
+        """Doc ids `find_row` will be asked for: each file it reads is searched for all of them at once."""
+        self._wanted.update(doc_ids)
+
+    def find_row(self, asset: str, partition: str | None, role: str, doc_id: str,
+                 columns: tuple[str, ...]) -> dict[str, Any] | None:
+        """The first row of `doc_id` in the dataset's files of `role`, with those of `columns` each file has (doc_id
+        among them), read through `opened`: with S3 storage, those columns from S3. A file is read once for every
+        doc_id this audit looks for (`expect`), so tracing many copies of one text through a stage reads it once."""
+        paths = [f.path for f in self.manifest(asset, partition).files_with_role(role)]
+        self._wanted.add(doc_id)
+        wanted = frozenset(self._wanted)
+
+        def rows_in(item: tuple[str, Path | BinaryIO]) -> dict[str, dict]:
+            path, file = item
+            read_for, rows = self._rows.get((asset, partition, path), (frozenset(), {}))
+            if doc_id not in read_for:
+                parquet = pq.ParquetFile(file, pre_buffer=True)  # a row group's column chunks in few reads
+                table = parquet.read(columns=[c for c in columns if c in parquet.schema_arrow.names])
+                read_for, rows = wanted, {}
+                for row in table.filter(pc.is_in(table.column("doc_id"), pa.array(sorted(wanted)))).to_pylist():
+                    rows.setdefault(row["doc_id"], row)
+                self._rows[(asset, partition, path)] = (read_for, rows)
+            return rows
+
+        # several files read at once (on S3, each read is a GET's latency), searched in order; the reads left behind
+        # end before the files close
+        with self.opened(asset, partition, paths) as files, closing(in_order(rows_in, zip(paths, files))) as found:
+            for rows in found:
+                if doc_id in rows:
+                    return rows[doc_id]
+        return None
 
     def folder(self, asset: str, partition: str | None = None) -> Path:
         """The folder of the version `manifest` gives (the dataset must have one)."""

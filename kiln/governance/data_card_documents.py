@@ -210,12 +210,14 @@ def _documents_read(catalog: Catalog, stage: str, source: str, manifests: dict[s
                     members: _PartMembers) -> Iterator[tuple[str, Facts]]:
     """Each part's documents as the stage holds them, with their member rows."""
     offset = 0  # documents of this source before the part, in the order the shard writer read them
-    for p in manifests:
-        for path in catalog.snapshot(stage, p).files("documents"):
-            part = pq.read_table(path, columns=["doc_id", "license", "meta"])
-            train = members.of(source, offset, part.column("doc_id"))
-            offset += part.num_rows
-            yield p, _facts_of_documents(part, field, train)
+    for p, manifest in manifests.items():
+        # with S3 storage, the three columns from S3 (ranged reads): the texts stay there
+        with catalog.opened(stage, p, [f.path for f in manifest.files_with_role("documents")]) as files:
+            for f in files:
+                part = pq.read_table(f, columns=["doc_id", "license", "meta"])
+                train = members.of(source, offset, part.column("doc_id"))
+                offset += part.num_rows
+                yield p, _facts_of_documents(part, field, train)
 
 
 def licenses_and_languages(catalog: Catalog, config: ProjectConfig, parts: dict[str, list[str]],

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
@@ -27,7 +28,7 @@ from kiln.common.config import ExactDedup, NearDedup, ProjectConfig
 from kiln.common.manifest import Manifest
 from kiln.common.storage import IncompleteDataset, Store
 from kiln.curation.documents import make_doc_id
-from kiln.curation.intake_hashes import ROLE as INTAKE_ROLE, bucket_count, search
+from kiln.curation.intake_hashes import ROLE as INTAKE_ROLE, bucket_count, search, to_search
 from kiln.curation.pipeline import content_hash
 from kiln.governance.catalog import (
     CHECKPOINT,
@@ -156,6 +157,7 @@ def membership(store: Store, config: ProjectConfig, text: str | None = None, doc
         return _trace(catalog, config, doc_id.strip(), {"doc_id": doc_id.strip()}, "doc_id", shard_versions, only)
     query = {"text_sha256": hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), "chars": len(text)}
     exact, unread = _exact_matches(catalog, config, text)
+    catalog.expect(exact)  # every copy is traced: each stage's files read once for all of them
     if exact:
         results = sorted((_trace(catalog, config, d, query, "exact", shard_versions, only) for d in exact),
                          key=lambda r: (_RANK.index(r.verdict), r.doc_id))
@@ -394,34 +396,27 @@ def _trace(catalog: Catalog, config: ProjectConfig, doc_id: str, query: dict, ma
 def _training_set(catalog: Catalog) -> Manifest | None:
     """The token shards a training run reads (the newest refresh's: `latest`), or None before any."""
     try:
-        return latest(catalog.store, SHARDS)[1]
+        return latest(catalog.store, SHARDS, manifest_of=catalog.manifest)[1]
     except IncompleteDataset:
         return None
 
 
 def _find_in_stage(catalog: Catalog, stage: str, partition: str, doc_id: str) -> tuple[StageRecord | None, dict]:
-    m, base = catalog.manifest(stage, partition), catalog.folder(stage, partition)
-    for f in m.files_with_role("documents"):
-        path = base / f.path
-        cols = [c for c in ("doc_id", "source", "license") if c in pq.read_schema(path).names]
-        rows = pq.read_table(path, columns=cols, filters=[("doc_id", "=", doc_id)]).to_pylist()
-        if rows:
-            return StageRecord(stage, partition, "kept", m.data_version), rows[0]
-    for f in m.files_with_role("rejected"):
-        path = base / f.path
-        names = pq.read_schema(path).names
-        cols = [c for c in ("doc_id", "source", "license", "stage", "reason", "duplicate_of", "jaccard", "cluster_id")
-                if c in names]
-        rows = pq.read_table(path, columns=cols, filters=[("doc_id", "=", doc_id)]).to_pylist()
-        if rows:
-            r = rows[0]
-            return StageRecord(stage, partition, "removed", m.data_version, r.get("stage"), r.get("reason"),
-                               r.get("duplicate_of"), r.get("jaccard"), r.get("cluster_id")), r
-    for f in m.files_with_role("quarantine"):
-        table = pq.read_table(base / f.path, columns=["source", "locator", "reason"])
-        for r in table.to_pylist():
-            if make_doc_id(r["source"], r["locator"]) == doc_id:
-                return StageRecord(stage, partition, "quarantined", m.data_version, "read", r["reason"]), r
+    """Where the stage's dataset has the document: kept, removed or quarantined. Only a few columns of its files are
+    read (`Catalog.find_row`: with S3 storage, from S3, never the texts)."""
+    m = catalog.manifest(stage, partition)
+    if (row := catalog.find_row(stage, partition, "documents", doc_id, ("doc_id", "source", "license"))) is not None:
+        return StageRecord(stage, partition, "kept", m.data_version), row
+    r = catalog.find_row(stage, partition, "rejected", doc_id, ("doc_id", "source", "license", "stage", "reason",
+                                                                "duplicate_of", "jaccard", "cluster_id"))
+    if r is not None:
+        return StageRecord(stage, partition, "removed", m.data_version, r.get("stage"), r.get("reason"),
+                           r.get("duplicate_of"), r.get("jaccard"), r.get("cluster_id")), r
+    with catalog.opened(stage, partition, [f.path for f in m.files_with_role("quarantine")]) as files:
+        for f in files:
+            for r in pq.read_table(f, columns=["source", "locator", "reason"]).to_pylist():
+                if make_doc_id(r["source"], r["locator"]) == doc_id:
+                    return StageRecord(stage, partition, "quarantined", m.data_version, "read", r["reason"]), r
     return None, {}
 
 
@@ -464,21 +459,22 @@ def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[
 
     Both are searched through the hashes the filter stage kept of every document it read (`intake_hashes`: a
     doc_id and a 32-hex-digit hash a row, bucketed by hash, so one file a partition is opened: see
-    kiln.curation.intake_hashes); a partition filtered before they were bucketed has the curated texts' hashes in
-    its documents only. A raw partition no such hashes cover (filtered before they were kept, or raw documents
+    kiln.curation.intake_hashes; with S3 storage, one row group of it is read from S3, not the dataset fetched); a
+    partition filtered before they were bucketed has the curated texts' hashes in its documents only. A raw partition no such hashes cover (filtered before they were kept, or raw documents
     materialized again since) is read and hashed text by text (`_scan_raw`)."""
     found: list[str] = []
     covered: dict[str, str] = {}  # raw partition -> the raw data version its filtered documents' intake hashes cover
     for p in catalog.partitions(FILTERED):
-        filtered = catalog.snapshot(FILTERED, p)
+        filtered = catalog.manifest(FILTERED, p)
         wanted = _curated_hash(text, *_curation_of(catalog, config, p))
-        hashes = filtered.files(INTAKE_ROLE)  # none: filtered before they were kept (or nothing read)
-        if bucket_count([path.name for path in hashes]) is None:  # not bucketed: rewritten texts' hashes not in them
-            found += search([path for path in filtered.files("documents")
-                             if "content_hash" in pq.read_schema(path).names], wanted)
+        hashes = [f.path for f in filtered.files_with_role(INTAKE_ROLE)]  # none: filtered before they were kept
+        if bucket_count([Path(path).name for path in hashes]) is None:  # not bucketed: no rewritten texts' hashes
+            with catalog.opened(FILTERED, p, [f.path for f in filtered.files_with_role("documents")]) as documents:
+                found += search([f for f in documents if "content_hash" in pq.read_schema(f).names], wanted)
         if hashes:
-            found += search(hashes, wanted)
-            covered[p] = filtered.manifest.inputs.get(f"{RAW}/{p}")
+            with catalog.opened(FILTERED, p, to_search(hashes, wanted)) as files:
+                found += search(files, wanted)
+            covered[p] = filtered.inputs.get(f"{RAW}/{p}")
     try:
         for p in catalog.partitions(RAW):
             if covered.get(p) != catalog.manifest(RAW, p).data_version:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -214,11 +214,14 @@ def require_earlier(asset: str, decided: str, missing: list[str]) -> None:
                                 f"{asset}[{decided}] again")
 
 
-def latest(store: Store, asset: str, refreshes: list[Refresh] | None = None) -> tuple[str, Manifest]:
-    """The newest refresh with a materialized per-refresh `asset` (e.g. token_shards), and its manifest."""
+def latest(store: Store, asset: str, refreshes: list[Refresh] | None = None,
+           manifest_of: Callable[[str, str], Manifest | None] | None = None) -> tuple[str, Manifest]:
+    """The newest refresh with a materialized per-refresh `asset` (e.g. token_shards), and its manifest: the store's
+    copy (`Store.manifest_or_none`: with S3 storage, fetched to be read), or `manifest_of`'s (an audit's Catalog,
+    which reads S3's manifests alone)."""
     refreshes = load_refreshes(store) if refreshes is None else refreshes
     for r in reversed(refreshes):
-        if (m := store.manifest_or_none(asset, r.key)) is not None:
+        if (m := (manifest_of or store.manifest_or_none)(asset, r.key)) is not None:
             return r.key, m
     raise IncompleteDataset(f"{asset} has not been materialized for any refresh "
                             f"({', '.join(r.key for r in refreshes) or 'none registered'}); materialize it first")

@@ -150,6 +150,14 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
     answer = json.loads(capsys.readouterr().out)
     assert answer["match"] == "exact" and answer["source"] == "ref"
     assert answer["verdict"] in ("in_training", "validation_only"), answer["summary"]
+    # ... reading columns from S3 (the intake hashes' bucket, each stage's doc_ids) and the shards' member list
+    # alone: no dataset came down but the refreshes' registry (a few kB), not the texts, not the token shards.
+    def fetched() -> set[str]:
+        return {p.relative_to(home / "data").parts[0] for p in (home / "data").rglob(MANIFEST_NAME)}
+
+    assert fetched() == {"refreshes"}
+    assert [p.name for p in (home / "data" / "token_shards").rglob("*.parquet")] == \
+        [f["path"] for f in shards["files"] if f["role"] == "members"]
 
     # Old runs the store has not named, with storage.keep_old_run_checkpoints 0: one trained here, one trained on
     # another machine (only its copy is on S3).
@@ -206,7 +214,7 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
     assert (home / "runs" / run_dir.name / "export" / "safetensors" / "model.safetensors").is_file()
 
     # On a fresh machine `kiln audit lineage` answers from S3's manifests: no dataset's files are fetched (not the
-    # documents, not the checkpoint's weights); `kiln audit membership` above fetched only what it searched.
+    # documents, not the checkpoint's weights).
     shutil.rmtree(home / "data")
     capsys.readouterr()
     assert main(["audit", "lineage", "checkpoint", "--home", str(home), "--config", str(tmp_path / "kiln.yaml"),
@@ -214,11 +222,14 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
     nodes = {n["key"] for n in json.loads(capsys.readouterr().out)["nodes"]}
     assert {"checkpoint", "training_run", f"token_shards/{refresh}", f"raw_documents/web/{refresh}"} <= nodes
     assert not (home / "data").exists()  # nothing written to the cache at all
-    # ... and its data card reads the documents it counts licences and languages in, not the checkpoint's weights
+    # ... and its data card reads the licence and language columns of the documents from S3, nothing whole
     assert main(["audit", "card", "--home", str(home), "--config", str(tmp_path / "kiln.yaml"), "--json"]) == 0
     card = json.loads(capsys.readouterr().out)
     assert card["checkpoint"]["path"] == f"s3://{BUCKET}/{PREFIX}/checkpoint/_all"  # where it is kept, not a cache
-    assert (home / "data" / "quality_filtered_documents").is_dir() and not (home / "data" / "checkpoint").exists()
+    counted = card["licenses"]["per_source"]
+    assert {n: v["counted_from"] for n, v in counted.items()} == {s: "documents" for s in SOURCES}, counted
+    assert all(sum(row["documents"] for row in v["licenses"].values()) > 0 for v in counted.values()), counted
+    assert fetched() <= {"refreshes", "removal_requests"}  # the registries
 
     # A cache bounded far below one dataset (storage.cache_max_gb), with no grace (keep_replaced_minutes 0): every
     # download evicts what earlier steps read, never what the running step has read, and the datasets come out the

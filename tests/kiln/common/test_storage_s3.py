@@ -544,3 +544,88 @@ def test_an_audit_reads_manifests_from_s3_and_fetches_files_only_to_read_them(s3
     with pytest.raises(AuditError, match=r"curated_documents/web was materialized again while this audit read it "
                                          rf"\(version {first.data_version} when its manifest was read, "):
         second.snapshot("curated_documents", "web")
+
+
+def test_an_audit_reads_a_few_columns_from_s3_by_ranged_reads_and_fetches_no_dataset(s3, tmp_path):
+    """`Catalog.opened`: a doc_id lookup on a machine without the dataset reads the footers and the doc_id column
+    from S3 (ranged GETs), not the texts, and caches nothing; the machine that holds the version reads its own copy."""
+    from kiln.governance.catalog import AuditError, Catalog
+
+    rng = np.random.default_rng(0)
+    writer = Store(tmp_path / "writer", remote(s3))
+    with writer.staging("curated_documents", "web") as staging:
+        for part in range(2):  # 2,000 documents a part, in no order (no row group told apart by its statistics)
+            staging.write("documents", pa.table({"doc_id": [f"d-{part}-{i:05d}" for i in rng.permutation(2000)],
+                                                 "text": [rng.bytes(3000).hex() for _ in range(2000)]}))
+        written = staging.commit(code_version="test", config={}, inputs={}, counts={"documents": 4000})
+    paths = [f.path for f in written.files_with_role("documents")]
+    client = Recording(s3)
+    catalog = Catalog(Store(tmp_path / "auditor", remote(client)))
+    with catalog.opened("curated_documents", "web", paths) as files:
+        found = [pq.read_table(f, columns=["doc_id"], filters=[("doc_id", "=", "d-1-01234")]).num_rows
+                 for f in files]
+        fetched = sum(f.fetched for f in files)
+    assert found == [0, 1]
+    # The doc_id columns are 2 x 2,000 x 9 characters (36 kB; with each footer's 64 kB read, about 170 kB in all);
+    # the files hold 4,000 texts of 3,000 random bytes (as hex, which compresses to about those bytes): 12 MB, which
+    # must stay on S3.
+    total = sum(f.bytes for f in written.files)
+    assert total > 12_000_000 and fetched < 250_000, (fetched, total)
+    assert not (tmp_path / "auditor").exists()  # nothing cached
+    assert all(k.startswith(f"kiln/curated_documents/web/{written.data_version}/")
+               for k in client.names("get_object") if not k.endswith(MANIFEST_NAME))
+
+    # Tracing two copies of a text: each file is read once for both (`expect`), not once a copy.
+    tracing = Recording(s3)
+    twice = Catalog(Store(tmp_path / "auditor", remote(tracing)))
+    twice.expect(["d-0-00007", "d-1-00042"])
+    assert twice.find_row("curated_documents", "web", "documents", "d-1-00042", ("doc_id",)) == {"doc_id": "d-1-00042"}
+    reads = len(tracing.names("get_object"))
+    assert twice.find_row("curated_documents", "web", "documents", "d-0-00007", ("doc_id",)) == {"doc_id": "d-0-00007"}
+    assert twice.find_row("curated_documents", "web", "documents", "d-9", ("doc_id",)) is None  # not expected: read
+    assert len(tracing.names("get_object")) > reads and reads == len(tracing.names("get_object")) - 4  # 2 a file
+
+    # The writer's machine holds the version: its own files, no GET.
+    local = Recording(s3)
+    mine = Catalog(Store(tmp_path / "writer", remote(local)))
+    with mine.opened("curated_documents", "web", paths) as files:
+        assert [f.name for f in files] == paths and all(f.is_file() for f in files)
+    assert [k for k in local.names("get_object") if not k.endswith(MANIFEST_NAME)] == []
+
+    # An object shorter than its manifest says is refused with its key, not read as a file that ends early.
+    key = f"kiln/curated_documents/web/{written.data_version}/{paths[0]}"
+    whole = object_bytes(s3, key)
+    s3.put_object(Bucket=BUCKET, Key=key, Body=whole[:-100])
+    with pytest.raises(CorruptRemoteFile, match=f"s3://{BUCKET}/{key} is not the {len(whole)} bytes its manifest"):
+        with Catalog(Store(tmp_path / "auditor", remote(s3))).opened("curated_documents", "web", paths) as files:
+            pq.read_schema(files[0])
+    s3.put_object(Bucket=BUCKET, Key=key, Body=whole)
+
+    # Materialized again between the audit's manifest and its read: the judged version's files are gone.
+    judged = Catalog(Store(tmp_path / "auditor", remote(s3)))
+    assert judged.manifest("curated_documents", "web") == written
+    write_version(writer, seed=5)
+    with pytest.raises(AuditError, match="curated_documents/web was materialized again while this audit read it"):
+        with judged.opened("curated_documents", "web", paths) as files:
+            pq.read_schema(files[0])
+
+
+def test_in_order_yields_in_the_items_order_and_stops_reading_a_window_past_where_its_reader_stopped():
+    import threading
+
+    from kiln.common.remote import in_order
+
+    started, lock = [], threading.Lock()
+
+    def slow_square(n: int) -> int:
+        with lock:
+            started.append(n)
+        time.sleep(0.02 * (5 - n % 5))  # later items finish first
+        return n * n
+
+    assert list(in_order(slow_square, range(10), threads=3)) == [n * n for n in range(10)]
+    started.clear()
+    found = in_order(slow_square, range(100), threads=3)
+    assert [next(found) for _ in range(2)] == [0, 1]
+    found.close()
+    assert sorted(started) == list(range(len(started))) and len(started) <= 2 + 3

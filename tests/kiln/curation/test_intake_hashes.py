@@ -75,10 +75,13 @@ def test_a_question_opens_the_one_file_its_hash_falls_in(tmp_path, monkeypatch):
     monkeypatch.setattr(intake_hashes.pq, "read_table",
                         lambda path, **kw: opened.append(path) or read_table(path, **kw))
     wanted = folded(prose(17))
-    [doc] = intake_hashes.search(files, wanted)
+    names = [f.name for f in files]
+    assert intake_hashes.to_search(names, wanted) == [names[int(wanted[:8], 16) % 5]]
+    [doc] = intake_hashes.search([f for f in files if f.name in intake_hashes.to_search(names, wanted)], wanted)
     assert store.values("raw", "src", "text", {doc})[doc] == prose(17)
     assert set(opened) == {files[int(wanted[:8], 16) % 5]}
-    assert intake_hashes.search(files, folded("a text no document has")) == []
+    missing = folded("a text no document has")
+    assert intake_hashes.search([f for f in files if f.name in intake_hashes.to_search(names, missing)], missing) == []
 
 
 def test_files_of_the_per_part_layout_are_all_read(tmp_path):
@@ -89,6 +92,7 @@ def test_files_of_the_per_part_layout_are_all_read(tmp_path):
                        tmp_path / f"intake_hashes-{i:05d}.parquet")
     files = sorted(tmp_path.glob("intake_hashes-*.parquet"))
     assert intake_hashes.bucket_count([f.name for f in files]) is None
+    assert intake_hashes.to_search([f.name for f in files], folded("second text")) == [f.name for f in files]
     assert intake_hashes.search(files, folded("second text")) == ["b"]
     # a bucketed layout missing a file is not taken for whole
     assert intake_hashes.bucket_count(["intake_hashes-00000-of-00002.parquet"]) is None

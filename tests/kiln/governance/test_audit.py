@@ -137,7 +137,8 @@ def test_membership_answers_from_what_it_can_read_where_the_raw_layer_is_closed(
     filter removed, is UNKNOWN rather than never seen; each answer says what it could not read."""
     import pyarrow.parquet as pq
 
-    from kiln.common.storage import Snapshot, Store
+    from kiln.common.manifest import Manifest
+    from kiln.common.storage import Store
     from kiln.governance.membership import UNKNOWN
 
     store, config = built["store"], built["config"]
@@ -151,7 +152,7 @@ def test_membership_answers_from_what_it_can_read_where_the_raw_layer_is_closed(
             return real(path, *args, **kwargs)
         return read
 
-    for name in ("read_table", "read_schema"):
+    for name in ("read_table", "read_schema", "ParquetFile"):
         monkeypatch.setattr(pq, name, closed(getattr(pq, name)))
     batches = Store.iter_batches
 
@@ -185,8 +186,9 @@ def test_membership_answers_from_what_it_can_read_where_the_raw_layer_is_closed(
                for n in by_text.notes), by_text.notes
     monkeypatch.setattr(Catalog, "partitions", partitions)
 
-    files = Snapshot.files  # a store filtered before the intake hashes were kept: only the raw texts hold it
-    monkeypatch.setattr(Snapshot, "files", lambda self, role: [] if role == "intake_hashes" else files(self, role))
+    files = Manifest.files_with_role  # a store filtered before the intake hashes were kept: only the raw texts hold it
+    monkeypatch.setattr(Manifest, "files_with_role",
+                        lambda self, role: [] if role == "intake_hashes" else files(self, role))
     by_text = membership(store, config, text=SHORT)
     assert by_text.verdict == UNKNOWN and "raw_documents" in by_text.summary, render(by_text)
     assert any("the texts filters removed were not searched" in n for n in by_text.notes)
