@@ -128,7 +128,8 @@ class Catalog:
         of their columns without fetching the dataset: with S3 storage, unless this machine holds that version,
         read from S3 by ranged GETs (`Store.opened`), so a doc_id lookup fetches the doc_id column, not the texts."""
         judged = self.manifest(asset, partition)
-        if (current := self._current.get((asset, partition))) is not None:  # this audit fetched it whole already
+        current = self._current.get((asset, partition))
+        if current is not None and current.manifest.data_version == judged.data_version:  # fetched whole already
             yield [current.folder / path for path in paths]
             return
         try:
