@@ -542,7 +542,24 @@ class Store:
 
     def iter_batches(self, asset: str, partition: str | None, role: str = "documents",
                      batch_size: int = 1000, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-        return self.snapshot(asset, partition).iter_batches(role, batch_size, columns)
+        """The current version's rows of `role`, `columns` of them, a batch at a time. With S3 storage the dataset is
+        not fetched for it: unless this machine holds that version, the columns are read from S3 (`opened`), so a
+        reader of doc ids and URLs (a takedown's) leaves the texts there."""
+        if self.remote is None:
+            yield from self.snapshot(asset, partition).iter_batches(role, batch_size, columns)
+            return
+        manifest = self.published_manifest(asset, partition)
+        if manifest is None:
+            raise IncompleteDataset(f"{asset}[{partition}] has not been materialized (no "
+                                    f"{self.remote.url(self._remote_dir(asset, partition))}/{MANIFEST_NAME}); "
+                                    f"materialize it first")
+        try:
+            with self.opened(manifest, [f.path for f in manifest.files_with_role(role)]) as files:
+                for f in files:
+                    yield from parquet_batches(f, batch_size, columns)
+        except MissingRemoteFile:  # its files are deleted once a newer version is up
+            raise IncompleteDataset(f"{asset}[{partition}] was materialized again while it was read (version "
+                                    f"{manifest.data_version}); read it again") from None
 
     def values(self, asset: str, partition: str | None, column: str,
                doc_ids: set[str] | None = None) -> dict[str, object]:

@@ -575,6 +575,14 @@ def test_an_audit_reads_a_few_columns_from_s3_by_ranged_reads_and_fetches_no_dat
     assert all(k.startswith(f"kiln/curated_documents/web/{written.data_version}/")
                for k in client.names("get_object") if not k.endswith(MANIFEST_NAME))
 
+    # A store's reader of a few columns (a takedown's doc ids and URLs) reads them the same way.
+    before = len(client.names("get_object"))
+    ids = [d for b in Store(tmp_path / "auditor", remote(client)).iter_batches("curated_documents", "web",
+                                                                              columns=["doc_id"]) for d in b[0].to_pylist()]
+    assert sorted(ids) == sorted(f"d-{part}-{i:05d}" for part in range(2) for i in range(2000))
+    assert len(client.names("get_object")) - before <= 1 + 2 * 2  # the manifest, then a footer and a column a file
+    assert not (tmp_path / "auditor").exists()
+
     # Tracing two copies of a text: each file is read once for both (`expect`), not once a copy.
     tracing = Recording(s3)
     twice = Catalog(Store(tmp_path / "auditor", remote(tracing)))
@@ -629,3 +637,22 @@ def test_in_order_yields_in_the_items_order_and_stops_reading_a_window_past_wher
     assert [next(found) for _ in range(2)] == [0, 1]
     found.close()
     assert sorted(started) == list(range(len(started))) and len(started) <= 2 + 3
+
+
+def test_a_takedown_matches_urls_as_read_from_s3_without_fetching_the_raw_texts(s3, tmp_path):
+    """A url_pattern request is matched against raw_documents' URLs as read (kiln.governance.forget): on a machine
+    without the raw layer, the doc_id and url columns come from S3, not the texts, and nothing is cached."""
+    from kiln.governance.forget import RemovalRequest, with_intake_urls
+
+    rng = np.random.default_rng(1)
+    urls = [f"https://{'jane' if i % 7 == 0 else 'site'}.example/{i}" for i in range(3000)]
+    with Store(tmp_path / "writer", remote(s3)).staging("raw_documents", "web/2026-01-01") as staging:
+        staging.write("documents", pa.table({"doc_id": [f"d{i}" for i in range(3000)], "url": urls,
+                                             "text": [rng.bytes(1500).hex() for _ in range(3000)]}))
+        written = staging.commit(code_version="test", config={}, inputs={}, counts={"documents": 3000})
+    client = Recording(s3)
+    request = RemovalRequest("r1", "2026-01-01T00:00:00Z", "url_pattern", r"^https://jane\.", "erasure")
+    [matched] = with_intake_urls(Store(tmp_path / "auditor", remote(client)), [request], ["web/2026-01-01"])
+    assert sorted(matched.doc_ids) == sorted(f"d{i}" for i in range(0, 3000, 7))  # every 7th URL, by construction
+    assert sum(f.bytes for f in written.files) > 4_000_000 and not (tmp_path / "auditor").exists()
+    assert len([k for k in client.names("get_object") if not k.endswith(MANIFEST_NAME)]) <= 3
