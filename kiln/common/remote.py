@@ -345,6 +345,11 @@ class RangedObject(io.RawIOBase):
         self.position = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence] + offset
         return self.position
 
+    def readall(self) -> bytes:
+        """The rest of the object in one read (not io's default of 8 kB reads: a GET each)."""
+        buffer = bytearray(max(0, self.size - self.position))
+        return bytes(buffer[:self.readinto(buffer)])
+
     def readinto(self, buffer) -> int:
         length = max(0, min(len(buffer), self.size - self.position))
         if not length:

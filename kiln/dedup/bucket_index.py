@@ -31,8 +31,9 @@ import json
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -168,7 +169,32 @@ _INDEX_ROLES = {"buckets": "index_buckets", "ids": "index_ids", "docs": "index_d
 
 def index_file(index: str | Path, kind: str, i: int) -> Path:
     """File i of an index folder's `kind` (buckets, ids, docs), named by its store role."""
-    return Path(index) / kind / part_name(_INDEX_ROLES[kind], i)
+    return Path(index) / index_name(kind, i)
+
+
+def index_name(kind: str, i: int) -> str:
+    """File i of `kind`'s path in an index folder."""
+    return f"{kind}/{part_name(_INDEX_ROLES[kind], i)}"
+
+
+@dataclass(frozen=True)
+class IndexFiles:
+    """One index folder's files by their path in it (`_index.json`, `buckets/…`), for a reader of a few of them:
+    local paths (`folder`), or files read from S3 (an audit on S3 storage: kiln.governance.membership)."""
+
+    name: str  # what a message calls the index
+    open: Callable[[str], Path | BinaryIO]
+
+    @classmethod
+    def folder(cls, path: str | Path) -> IndexFiles:
+        return cls(str(path), lambda relative: Path(path) / relative)
+
+    def meta(self) -> dict[str, Any]:
+        try:
+            source = self.open("_index.json")
+            return json.loads(source.read_bytes() if isinstance(source, Path) else source.read())
+        except (FileNotFoundError, KeyError):
+            raise FileNotFoundError(f"{self.name}: not a complete bucket index (no _index.json)") from None
 
 
 def _read_doc_groups(file: pq.ParquetFile, groups: list[int], columns: list[str]) -> pa.Table:
@@ -176,7 +202,7 @@ def _read_doc_groups(file: pq.ParquetFile, groups: list[int], columns: list[str]
     return file.read_row_groups(groups, columns=columns, use_threads=False)
 
 
-def read_doc_refs(path: str | Path, refs: np.ndarray, columns: Sequence[str]) -> pa.Table:
+def read_doc_refs(path: str | Path | BinaryIO, refs: np.ndarray, columns: Sequence[str]) -> pa.Table:
     """The rows of docs file `path` whose `ref` is in `refs` (`ref` and `columns`, in file order): only the row
     groups whose ref range (from the footer's statistics) holds one of them are read, so a few documents cost a
     few row groups, not the file (a file without statistics is read whole)."""
@@ -203,10 +229,7 @@ def _empty(schema: pa.Schema) -> pa.Table:
 
 
 def read_index_meta(path: Path) -> dict[str, Any]:
-    meta_path = Path(path) / "_index.json"
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{path}: not a complete bucket index (no _index.json)")
-    return json.loads(meta_path.read_text())
+    return IndexFiles.folder(path).meta()
 
 
 # ------------------------------------------------------------------------ the writers' lock, what they read
@@ -328,19 +351,19 @@ def index_documents(index_dirs: Sequence[Path]) -> int:
     return sum(read_index_meta(Path(p))["documents"] for p in index_dirs)
 
 
-def near_matches(index_dirs: Sequence[Path], shingles: np.ndarray, signature: np.ndarray,
+def near_matches(indexes: Sequence[IndexFiles], shingles: np.ndarray, signature: np.ndarray,
                  near: NearDedup) -> list[tuple[float, str, dict[str, Any]]]:
     """Every indexed document sharing a band with `signature`, as (exact Jaccard, doc_id, its record), best first.
-    Reads one buckets file per index folder and only the docs files holding a candidate."""
+    Reads the buckets files its band keys fall in and only the docs files (their row groups) holding a candidate."""
     bands, rows = bands_rows(near)
     keys = band_keys(np.asarray(signature, np.uint32)[None, :], bands, rows)[0]
     found = []
-    for path in index_dirs:
-        meta = read_index_meta(Path(path))
-        check_index_params(path, meta, near)
+    for index in indexes:
+        meta = index.meta()
+        check_index_params(index.name, meta, near)
         refs: set[int] = set()
         for p in sorted(set(partition_of(keys, meta["partitions"]).tolist())):
-            t = pq.read_table(index_file(path, "buckets", p))
+            t = pq.read_table(index.open(index_name("buckets", p)))
             hit = pc.is_in(t.column("key"), pa.array(keys, pa.uint64())).to_numpy(zero_copy_only=False)
             band, key = t.column("band").to_numpy()[hit], t.column("key").to_numpy()[hit]
             refs |= set(t.column("ref").to_numpy()[hit][keys[band] == key].tolist())
@@ -349,7 +372,7 @@ def near_matches(index_dirs: Sequence[Path], shingles: np.ndarray, signature: np
         doc_parts = np.asarray(meta["doc_parts"])
         wanted = np.array(sorted(refs), np.int64)
         for j in np.unique(np.searchsorted(doc_parts, wanted, "right") - 1):
-            t = read_doc_refs(index_file(path, "docs", int(j)), wanted, DOCS_SCHEMA.names[1:])
+            t = read_doc_refs(index.open(index_name("docs", int(j))), wanted, DOCS_SCHEMA.names[1:])
             values, offsets = shingle_arrays(t.column("shingles"))
             for i, record in enumerate(t.drop(["ref", "shingles"]).to_pylist()):
                 found.append((jaccard(shingles, values[offsets[i]:offsets[i + 1]]), record["doc_id"], record))

@@ -18,6 +18,7 @@ later one replaced are read from the store's history (their member lists and exp
 from __future__ import annotations
 
 import hashlib
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -503,34 +504,37 @@ def _near_match(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[tup
     """The indexed document most similar to `text` at or above the threshold, by exact Jaccard of the shingle sets
     (the band buckets only propose candidates), over every refresh's bucket index in the store, with the MinHash
     settings the index was built with (its signature scheme included: a record without one is affine32)."""
-    from kiln.dedup.bucket_index import near_matches
+    from kiln.dedup.bucket_index import IndexFiles, near_matches
     from kiln.dedup.minhash import SCHEME, sign_texts
     from kiln.governance.refresh import load_refreshes
 
     recorded = catalog.newest(INDEX)
     near = NearDedup.model_validate({"scheme": SCHEME, **recorded.config["near"]}) \
         if recorded and "near" in recorded.config else config.dedup.near
-    folders, unmigrated = [], []
-    for r in load_refreshes(catalog.store):
-        if catalog.manifest(INDEX, r.key) is None:
-            continue
-        path = catalog.store.dataset_dir(INDEX, r.key) / "index"  # with S3 storage, pulled
-        if (path / "_index.json").is_file():
-            folders.append(path)
-        else:
-            unmigrated.append(r.key)
-    notes = [f"dedup_index of refresh(es) {', '.join(unmigrated)} holds no bucket index (written before "
-             "`kiln dedup migrate-index`): not searched"] if unmigrated else []
-    if not folders:
-        return None, notes + ["no near-duplicate index in the store: only exact matches were searched"]
-    normalizer = _curation_of(catalog, config)[0]  # the index holds curated texts: the query normalized as they were
-    if normalizer is not None:
-        text = normalizer.normalized(text)
-    signatures, shingles, _ = sign_texts([text], near, near.scheme)  # as the signature stage made the index's
-    try:
-        found = near_matches(folders, shingles, signatures[0], near)
-    except ValueError as exc:
-        return None, notes + [f"near-duplicate search unavailable: {exc}"]
+    with ExitStack() as opened:
+        indexes, unmigrated = [], []
+        for r in load_refreshes(catalog.store):
+            if (manifest := catalog.manifest(INDEX, r.key)) is None:
+                continue
+            paths = [f.path for f in manifest.files if f.path.startswith("index/")]
+            if "index/_index.json" not in paths:
+                unmigrated.append(r.key)
+                continue
+            # opened, not fetched: with S3 storage the search reads a few of its files from S3, not the whole index
+            files = dict(zip(paths, opened.enter_context(catalog.opened(INDEX, r.key, paths))))
+            indexes.append(IndexFiles(f"{INDEX}[{r.key}]", lambda relative, files=files: files[f"index/{relative}"]))
+        notes = [f"dedup_index of refresh(es) {', '.join(unmigrated)} holds no bucket index (written before "
+                 "`kiln dedup migrate-index`): not searched"] if unmigrated else []
+        if not indexes:
+            return None, notes + ["no near-duplicate index in the store: only exact matches were searched"]
+        normalizer = _curation_of(catalog, config)[0]  # the index holds curated texts: the query normalized so
+        if normalizer is not None:
+            text = normalizer.normalized(text)
+        signatures, shingles, _ = sign_texts([text], near, near.scheme)  # as the signature stage made the index's
+        try:
+            found = near_matches(indexes, shingles, signatures[0], near)
+        except ValueError as exc:
+            return None, notes + [f"near-duplicate search unavailable: {exc}"]
     if found and found[0][0] >= near.threshold:
         return (found[0][1], round(float(found[0][0]), 6)), notes
     if found:

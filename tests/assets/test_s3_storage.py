@@ -156,6 +156,13 @@ def test_the_whole_data_chain_round_trips_through_s3(project, s3_endpoint, tmp_p
         return {p.relative_to(home / "data").parts[0] for p in (home / "data").rglob(MANIFEST_NAME)}
 
     assert fetched() == {"refreshes"}
+    # A near-duplicate (a few words changed) is found through the bucket index, a few of its files read from S3.
+    (tmp_path / "near.txt").write_text(edit(ref_text, np.random.default_rng(7), ["zebra"], k=2))
+    assert main(["audit", "membership", "--text", str(tmp_path / "near.txt"), "--home", str(home),
+                 "--config", str(tmp_path / "kiln.yaml"), "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["match"] == "near_duplicate" and answer["source"] == "ref", answer["summary"]
+    assert fetched() == {"refreshes"}
     assert [p.name for p in (home / "data" / "token_shards").rglob("*.parquet")] == \
         [f["path"] for f in shards["files"] if f["role"] == "members"]
 
