@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from kiln.common.config import ExactDedup, NearDedup, ProjectConfig
 from kiln.common.manifest import Manifest
+from kiln.common.remote import in_order
 from kiln.common.storage import IncompleteDataset, Store
 from kiln.curation.documents import make_doc_id
 from kiln.curation.intake_hashes import ROLE as INTAKE_ROLE, bucket_count, search, to_search
@@ -463,19 +464,27 @@ def _exact_matches(catalog: Catalog, config: ProjectConfig, text: str) -> tuple[
     kiln.curation.intake_hashes; with S3 storage, one row group of it is read from S3, not the dataset fetched); a
     partition filtered before they were bucketed has the curated texts' hashes in its documents only. A raw partition no such hashes cover (filtered before they were kept, or raw documents
     materialized again since) is read and hashed text by text (`_scan_raw`)."""
-    found: list[str] = []
-    covered: dict[str, str] = {}  # raw partition -> the raw data version its filtered documents' intake hashes cover
-    for p in catalog.partitions(FILTERED):
-        filtered = catalog.manifest(FILTERED, p)
+    def searched(p: str) -> tuple[list[str], bool, str | None]:
+        """A filtered partition's matches, whether it has intake hashes, and the raw data version they cover."""
+        filtered, found = catalog.manifest(FILTERED, p), []
         wanted = _curated_hash(text, *_curation_of(catalog, config, p))
         hashes = [f.path for f in filtered.files_with_role(INTAKE_ROLE)]  # none: filtered before they were kept
         if bucket_count([Path(path).name for path in hashes]) is None:  # not bucketed: no rewritten texts' hashes
             with catalog.opened(FILTERED, p, [f.path for f in filtered.files_with_role("documents")]) as documents:
                 found += search([f for f in documents if "content_hash" in pq.read_schema(f).names], wanted)
-        if hashes:
-            with catalog.opened(FILTERED, p, to_search(hashes, wanted)) as files:
-                found += search(files, wanted)
-            covered[p] = filtered.inputs.get(f"{RAW}/{p}")
+        if not hashes:
+            return found, False, None
+        with catalog.opened(FILTERED, p, to_search(hashes, wanted)) as files:
+            return found + search(files, wanted), True, filtered.inputs.get(f"{RAW}/{p}")
+
+    found: list[str] = []
+    covered: dict[str, str] = {}  # raw partition -> the raw data version its filtered documents' intake hashes cover
+    partitions = catalog.partitions(FILTERED)
+    # several partitions at once: on S3 each is a few GETs' latency (a manifest, a footer, a row group)
+    for p, (matches, hashed, raw_version) in zip(partitions, in_order(searched, partitions)):
+        found += matches
+        if hashed:
+            covered[p] = raw_version
     try:
         for p in catalog.partitions(RAW):
             if covered.get(p) != catalog.manifest(RAW, p).data_version:
