@@ -303,10 +303,7 @@ class Snapshot:
                    filters: list[tuple] | None = None) -> pa.Table:
         """This version's files of one role as one table; `filters` (pyarrow's, e.g. [("source", "=", "web")])
         skip row groups by their statistics before decoding and keep only the matching rows."""
-        paths = self.files(role)
-        if not paths:
-            return pa.table({})
-        return pa.concat_tables([pq.read_table(p, columns=columns, filters=filters) for p in paths])
+        return _read_table(self.files(role), columns, filters)
 
     def iter_batches(self, role: str = "documents", batch_size: int = 1000,
                      columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
@@ -315,12 +312,22 @@ class Snapshot:
 
     def values(self, column: str, doc_ids: set[str] | None = None) -> dict[str, object]:
         """doc_id -> `column` of this version's documents (only `doc_ids` when given), reading two columns."""
-        found = {}
-        for batch in self.iter_batches("documents", columns=["doc_id", column]):
-            for doc_id, value in zip(batch.column("doc_id").to_pylist(), batch.column(column).to_pylist()):
-                if doc_ids is None or doc_id in doc_ids:
-                    found[doc_id] = value
-        return found
+        return _values(self.iter_batches("documents", columns=["doc_id", column]), column, doc_ids)
+
+
+def _values(batches: Iterator[pa.RecordBatch], column: str, doc_ids: set[str] | None) -> dict[str, object]:
+    found = {}
+    for batch in batches:
+        for doc_id, value in zip(batch.column("doc_id").to_pylist(), batch.column(column).to_pylist()):
+            if doc_ids is None or doc_id in doc_ids:
+                found[doc_id] = value
+    return found
+
+
+def _read_table(files: list[Path | RangedObject], columns: list[str] | None, filters: list[tuple] | None) -> pa.Table:
+    if not files:
+        return pa.table({})
+    return pa.concat_tables([pq.read_table(f, columns=columns, filters=filters) for f in files])
 
 
 COMMIT_LOCK = "_commit.lock"  # beside a dataset's manifest on S3, while a writer publishes it
@@ -538,15 +545,27 @@ class Store:
 
     def read_table(self, asset: str, partition: str | None, role: str = "documents",
                    columns: list[str] | None = None, filters: list[tuple] | None = None) -> pa.Table:
-        return self.snapshot(asset, partition).read_table(role, columns, filters)
+        """The current version's rows of `role` as one table (`Snapshot.read_table`), read as `iter_batches` reads
+        them: with S3 storage, its columns from S3, the dataset not fetched."""
+        with self._role_files(asset, partition, role) as files:
+            return _read_table(files, columns, filters)
 
     def iter_batches(self, asset: str, partition: str | None, role: str = "documents",
                      batch_size: int = 1000, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
         """The current version's rows of `role`, `columns` of them, a batch at a time. With S3 storage the dataset is
         not fetched for it: unless this machine holds that version, the columns are read from S3 (`opened`), so a
         reader of doc ids and URLs (a takedown's) leaves the texts there."""
-        if self.remote is None:
-            yield from self.snapshot(asset, partition).iter_batches(role, batch_size, columns)
+        with self._role_files(asset, partition, role) as files:
+            for f in files:
+                yield from parquet_batches(f, batch_size, columns)
+
+    @contextmanager
+    def _role_files(self, asset: str, partition: str | None, role: str) -> Iterator[list[Path | RangedObject]]:
+        """The current version's files of `role` for a reader of some of their columns: its local paths (with S3
+        storage, where this store has synced it already), else the files opened on S3 (`opened`: the local copy when
+        this machine holds the version S3 does)."""
+        if self.remote is None or self._synced.get((asset, partition or None)) is not None:
+            yield self.snapshot(asset, partition).files(role)
             return
         manifest = self.published_manifest(asset, partition)
         if manifest is None:
@@ -555,16 +574,16 @@ class Store:
                                     f"materialize it first")
         try:
             with self.opened(manifest, [f.path for f in manifest.files_with_role(role)]) as files:
-                for f in files:
-                    yield from parquet_batches(f, batch_size, columns)
+                yield files
         except MissingRemoteFile:  # its files are deleted once a newer version is up
             raise IncompleteDataset(f"{asset}[{partition}] was materialized again while it was read (version "
                                     f"{manifest.data_version}); read it again") from None
 
     def values(self, asset: str, partition: str | None, column: str,
                doc_ids: set[str] | None = None) -> dict[str, object]:
-        """doc_id -> `column` of a dataset's current documents (only `doc_ids` when given)."""
-        return self.snapshot(asset, partition).values(column, doc_ids)
+        """doc_id -> `column` of a dataset's current documents (only `doc_ids` when given), read as `iter_batches`
+        reads them."""
+        return _values(self.iter_batches(asset, partition, columns=["doc_id", column]), column, doc_ids)
 
     def partitions(self, asset: str) -> list[str | None]:
         """The partitions of an asset with a current version: None for an unpartitioned one, `<refresh>` for a

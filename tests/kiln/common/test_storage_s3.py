@@ -185,11 +185,11 @@ def test_a_reading_machine_drops_the_versions_it_pulled_past_as_the_writer_does(
         return sorted(p for p in (store.root / "quality_filtered_documents" / "web").glob(".r1.v-*") if p.is_dir())
 
     writer, reader = Store(tmp_path / "writer", remote(s3)), Store(tmp_path / "reader", remote(s3))
-    commit(writer, ["ordinary text", "Jane Roe's letter"], [])
-    assert reader.read_table("quality_filtered_documents", "web/r1").num_rows == 2
+    commit(writer, ["ordinary text", "Jane Roe's letter"], [])  # the reader pulls each version (snapshot)
+    assert reader.snapshot("quality_filtered_documents", "web/r1").read_table().num_rows == 2
     commit(writer, ["ordinary text"], ["request-1"])  # the request applied: the writer keeps no copy of the letter
     reader = Store(tmp_path / "reader", remote(s3))  # the next step on the reading machine
-    assert reader.read_table("quality_filtered_documents", "web/r1").column("text").to_pylist() == ["ordinary text"]
+    assert reader.snapshot("quality_filtered_documents", "web/r1").read_table().column("text").to_pylist() == ["ordinary text"]
     assert len(versions(writer)) == len(versions(reader)) == 1
     assert not [p for p in (tmp_path / "reader").rglob("*.parquet") if b"Jane Roe" in p.read_bytes()]
 
@@ -197,7 +197,7 @@ def test_a_reading_machine_drops_the_versions_it_pulled_past_as_the_writer_does(
     for n in range(3):  # no request: each pulled version is kept as long as the writer keeps it, here not at all
         commit(writer, [f"text {n}"], ["request-1"])
         reader = Store(tmp_path / "reader", remote(s3), keep_replaced_s=0)
-        assert reader.read_table("quality_filtered_documents", "web/r1").column("text").to_pylist() == [f"text {n}"]
+        assert reader.snapshot("quality_filtered_documents", "web/r1").read_table().column("text").to_pylist() == [f"text {n}"]
     assert len(versions(reader)) == 1
 
 
@@ -581,6 +581,9 @@ def test_an_audit_reads_a_few_columns_from_s3_by_ranged_reads_and_fetches_no_dat
                                                                               columns=["doc_id"]) for d in b[0].to_pylist()]
     assert sorted(ids) == sorted(f"d-{part}-{i:05d}" for part in range(2) for i in range(2000))
     assert len(client.names("get_object")) - before <= 1 + 2 * 2  # the manifest, then a footer and a column a file
+    table = Store(tmp_path / "auditor", remote(s3)).read_table("curated_documents", "web", columns=["doc_id"],
+                                                               filters=[("doc_id", "in", ["d-0-00003", "d-1-00004"])])
+    assert sorted(table.column("doc_id").to_pylist()) == ["d-0-00003", "d-1-00004"]
     assert not (tmp_path / "auditor").exists()
 
     # Tracing two copies of a text: each file is read once for both (`expect`), not once a copy.
