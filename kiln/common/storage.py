@@ -22,9 +22,9 @@ so every caller still gets local paths (sentencepiece, memmapped shards, safeten
   `_history/<data_version>/`, before it), and stays;
 - a read fetches the remote manifest once per Store (a new Store sees new versions); when the local copy
   is missing or holds another version it downloads the files, verifying each sha256 against the
-  manifest, into a staging folder and swaps it in, then serves local paths; an audit that reads a few columns of
-  a dataset it has no copy of (`Store.opened`: a doc_id lookup) reads them from S3 by ranged GETs instead, and
-  caches nothing;
+  manifest, into a staging folder and swaps it in, then serves local paths; a reader of some columns
+  (`read_table`, `iter_batches`, `values`, an audit's `opened`: a doc_id lookup, a takedown's URLs) of a version
+  this machine has no copy of reads them from S3 by ranged GETs instead, and caches nothing;
 - with `Store.cache_max_bytes` (`storage.cache_max_gb`), the cache is bounded: each read dates the dataset's link
   (its last use) and lists the version among what its store has read (`_Reading`), and after a commit or a download
   past the bound the least recently used datasets no live store has read are removed from the cache
