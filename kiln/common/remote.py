@@ -255,9 +255,7 @@ class S3Remote:
                 f.write(chunk)
         if h.hexdigest() != sha256:
             dest.unlink(missing_ok=True)
-            raise CorruptRemoteFile(
-                f"{self.url(key)}: sha256 {h.hexdigest()} does not match the manifest's {sha256}; the object was "
-                f"changed or truncated after Kiln wrote it. Restore it, or materialize that dataset again")
+            raise _changed(f"{self.url(key)}: sha256 {h.hexdigest()} does not match the manifest's {sha256}")
 
     def open_ranged(self, key: str, size: int, sha256: str) -> RangedObject:
         """The object at `key`, which its manifest says is `size` bytes with this sha256, opened for ranged reads
@@ -281,9 +279,7 @@ class S3Remote:
         total = reply and reply.get("ContentRange", "").rpartition("/")[2]
         data = reply["Body"].read() if reply else b""
         if total != str(size) or len(data) != length:
-            raise CorruptRemoteFile(f"{self.url(key)} is not the {size} bytes its manifest records (S3 says "
-                                    f"{total or 'fewer'}): the object was changed or truncated after Kiln wrote it. "
-                                    f"Restore it, or materialize that dataset again")
+            raise _changed(f"{self.url(key)} is not the {size} bytes its manifest records (S3 says {total or 'fewer'})")
         return data
 
     def list_keys(self, prefix: str) -> list[str]:
@@ -315,6 +311,11 @@ class S3Remote:
             if reply.get("Errors"):
                 raise StorageError(f"storage: could not delete {len(reply['Errors'])} stale object(s) from "
                                    f"s3://{self.bucket}: {reply['Errors'][:3]}")
+
+
+def _changed(what: str) -> CorruptRemoteFile:
+    return CorruptRemoteFile(f"{what}; the object was changed or truncated after Kiln wrote it. Restore it, or "
+                             f"materialize that dataset again")
 
 
 class RangedObject(io.RawIOBase):
@@ -355,12 +356,12 @@ class RangedObject(io.RawIOBase):
         if not length:
             return 0
         if self._whole is None and self.size <= self.WHOLE_BYTES:
-            self._whole = self.remote.get_range(self.key, 0, self.size, self.size)
+            whole = self.remote.get_range(self.key, 0, self.size, self.size)
             self.fetched += self.size
-            if hashlib.sha256(self._whole).hexdigest() != self.sha256:
-                raise CorruptRemoteFile(f"{self.remote.url(self.key)}: its sha256 does not match the manifest's; the "
-                                        f"object was changed after Kiln wrote it. Restore it, or materialize that "
-                                        f"dataset again")
+            if (found := hashlib.sha256(whole).hexdigest()) != self.sha256:  # never served, not on a second read either
+                raise _changed(f"{self.remote.url(self.key)}: sha256 {found} does not match the manifest's "
+                               f"{self.sha256}")
+            self._whole = whole
         if self._whole is not None:
             buffer[:length] = self._whole[self.position:self.position + length]
         else:

@@ -659,3 +659,21 @@ def test_a_takedown_matches_urls_as_read_from_s3_without_fetching_the_raw_texts(
     assert sorted(matched.doc_ids) == sorted(f"d{i}" for i in range(0, 3000, 7))  # every 7th URL, by construction
     assert sum(f.bytes for f in written.files) > 4_000_000 and not (tmp_path / "auditor").exists()
     assert len([k for k in client.names("get_object") if not k.endswith(MANIFEST_NAME)]) <= 3
+
+
+def test_a_small_file_read_for_its_columns_comes_whole_and_a_changed_one_is_refused_on_every_read(s3, tmp_path):
+    """At most RangedObject.WHOLE_BYTES, a file comes in one GET with its sha256 checked: an object rewritten to the
+    same size (which a size check passes) is refused, and a second read does not serve it either."""
+    from kiln.governance.catalog import Catalog
+
+    written = write_version(Store(tmp_path / "writer", remote(s3)), seed=8)
+    [path, _] = [f.path for f in written.files_with_role("documents")]
+    key = f"kiln/curated_documents/web/{written.data_version}/{path}"
+    original = object_bytes(s3, key)
+    assert len(original) < 256 * 1024
+    s3.put_object(Bucket=BUCKET, Key=key, Body=original[:100] + bytes([original[100] ^ 1]) + original[101:])
+    with Catalog(Store(tmp_path / "auditor", remote(s3))).opened("curated_documents", "web", [path]) as [file]:
+        for _ in range(2):
+            with pytest.raises(CorruptRemoteFile, match=f"s3://{BUCKET}/{key}: sha256 .* does not match"):
+                file.seek(0)
+                file.read()
