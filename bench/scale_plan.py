@@ -3,7 +3,8 @@ bench/scale_bench.py measured (docs/scale.md is the narrative around this script
 
     .venv/bin/python bench/scale_plan.py --bench docs/bench/scale_100k_1m.json [--run-dir WORK/run-1000000-local-1]
         [--docs 10e9] [--text-tb 30] [--cores 2000 | --hours 24] [--core-hour-usd 0.05]
-        [--near-rows-per-part 100000] [--partitions 4096] [--md docs/scale.md]
+        [--near-rows-per-part 100000] [--partitions 4096] [--history docs/bench/refresh_history.json]
+        [--md docs/scale.md]
 
 CPU: MB of text entering a stage per CPU-second (user + system of the run's processes), not per wall second: the
 bench VM was shared and loaded, so its wall time also counts waiting for a core. Each stage takes the lowest rate of
@@ -155,13 +156,35 @@ def task_and_layout_bytes() -> tuple[float, float, float]:
     return float(task), (size(1000, 0) - size(0, 0)) / 1000, (size(0, 1000) - size(0, 0)) / 1000
 
 
+def weekly_cpu(own_core_h: float, accepted: float, cores: int, t: Target, history: dict | None) -> dict:
+    """A weekly refresh's CPU: its own documents' (the stages' rate) and, with a refresh_history bench, what deciding
+    them against the earlier refreshes' index costs near dedup (its slope, per earlier accepted document: the
+    pairs stage merges their bucket rows, the already stage their ids, attach and route read their row groups)."""
+    q = {}
+    core_h, how = own_core_h, "core-hours x refresh / docs"
+    if history is not None:
+        per_doc = history["summary"]["cpu_s_per_earlier_doc"]
+        q["weekly_history_core_hours"] = (
+            accepted * per_doc / 3600,
+            f"{accepted:,.0f} earlier accepted x {per_doc * 1e6:.1f} CPU-s per million ({history['file']}, linear "
+            f"from {history['largest_index']:,} indexed): the year's last refresh; half that on average")
+        core_h += q["weekly_history_core_hours"][0]
+        how += " + weekly_history_core_hours"
+    else:
+        how += " (the earlier refreshes' index not counted: give --history)"
+    return {"weekly_core_hours": (core_h, how), **q,
+            "weekly_wall_hours": (core_h / (cores * t.utilization), "on the same cores"),
+            "weekly_compute_usd": (core_h * t.core_hour_usd, "weekly core-hours x price")}
+
+
 PY_INT_IN_LIST = 36  # bytes: a Python int past the small-int cache (28, sys.getsizeof) + its list slot (8)
 
 
 def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[float, float, float], bands: int,
-            bucket_row: int, old_rank: int) -> dict:
+            bucket_row: int, old_rank: int, history: dict | None = None) -> dict:
     """Per stage rows and named quantities (value, how it was computed) for the target. `layout`: bytes of one
-    pickled task, and layout-file bytes per signature part and per earlier docs part (task_and_layout_bytes)."""
+    pickled task, and layout-file bytes per signature part and per earlier docs part (task_and_layout_bytes).
+    `history`: a bench/refresh_history.py JSON (its `file`), for the CPU a weekly refresh spends on the index."""
     ref = runs[0]  # every run at this N has the same corpus, counts and files
     docs_x, text_x = t.docs / ref["docs"], t.text_tb * TB / (ref["stages"]["ingest"]["mb"] * 1e6)
     rows = []
@@ -205,9 +228,7 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
                                        f"min({parts:,} doc partitions x {parts:,} parts, {pairs:,.0f} candidate "
                                        "pairs): a verify task opens only the attach files holding its pairs"),
          "weekly_docs": (refresh, "--refresh-docs (default: docs / 52)"),
-         "weekly_core_hours": (core_h * refresh / t.docs, "core-hours x refresh / docs"),
-         "weekly_wall_hours": (core_h * refresh / t.docs / (cores * t.utilization), "on the same cores"),
-         "weekly_compute_usd": (core_h * refresh / t.docs * t.core_hour_usd, "weekly core-hours x price"),
+         **weekly_cpu(core_h * refresh / t.docs, accepted, cores, t, history),
          "weekly_driver_task_list_gb": (max(r_parts + e_parts, P) * task_b / 1e9,
                                         f"max({r_parts:,} + {e_parts:,} earlier docs parts, {P:,}) tasks x "
                                         f"{task_b:.0f} B"),
@@ -334,6 +355,8 @@ def main() -> None:
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--cores", type=int, help="cluster size (vCPUs); default: what --hours needs")
     size.add_argument("--hours", type=float, default=d.hours, help="wall hours for the whole pipeline")
+    ap.add_argument("--history", help="a JSON written by bench/refresh_history.py: the CPU a weekly refresh spends "
+                    "on the earlier refreshes' index")
     ap.add_argument("--md", help="write the markdown here (between the scale_plan markers when the file has them)")
     args = ap.parse_args()
     t = Target(**{k: v for k, v in vars(args).items() if k in Target.__dataclass_fields__})
@@ -350,8 +373,12 @@ def main() -> None:
     near = load_config(ROOT / "configs" / "default.yaml").dedup.near
     bands = bands_rows(near)[0]
     old_rank = len(old_ranks(0, np.zeros(1, np.int64))[0].as_py())
+    history = None
+    if args.history:
+        history = json.loads(Path(args.history).read_text())
+        history.update(file=args.history, largest_index=max(r["earlier_indexed"] for r in history["refreshes"]))
     plan = project(runs, t, measured, task_and_layout_bytes(), bands,
-                   sum(f.type.bit_width // 8 for f in BUCKET_SCHEMA), old_rank)
+                   sum(f.type.bit_width // 8 for f in BUCKET_SCHEMA), old_rank, history)
     m, loads = bench.get("machine", {}), [st["load_avg_1m_start"] for r in runs for st in r["stages"].values()]
     head = (f"Bench: {args.bench}, {m.get('cores')} cores, {m.get('memory_gib')} GiB, 1-minute load average "
             f"{min(loads)}-{max(loads)} during the stages; signer {runs[0].get('scheme', 'affine32 (no scheme field)')}"

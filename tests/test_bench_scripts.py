@@ -77,3 +77,21 @@ def test_membership_bench_times_the_intake_hashes_against_the_raw_scan(tmp_path)
                  "on S3 (moto on loopback), 600 raw documents in parts of 500 ", "in parts of 5,000 "):
         assert line in out, out
     assert re.search(r"[0-9.]+x the documents: the search [0-9.]+x", out), out
+
+
+@pytest.mark.slow
+def test_refresh_history_bench_decides_refreshes_against_the_ones_before(tmp_path):
+    out = _run(["bench/refresh_history.py", "--refresh-docs", "600", "--refreshes", "3", "--repeat", "1", "--json",
+                str(tmp_path / "h.json")], tmp_path)
+    figures = json.loads((tmp_path / "h.json").read_text())
+    rows = figures["refreshes"]
+    # each refresh's index is the next one's history: the earlier accepted documents add up, refresh by refresh
+    assert [r["earlier_indexed"] for r in rows] == [0, rows[0]["with_history"]["kept"],
+                                                    rows[0]["with_history"]["kept"] + rows[1]["with_history"]["kept"]]
+    # the planted copies of earlier documents are found there, and only with the history
+    assert all(r["with_history"]["matched_earlier_refreshes"] > 0 for r in rows[1:])
+    assert all(r["alone"]["matched_earlier_refreshes"] == 0 for r in rows)
+    assert all(r["extra_read_mb"] > 0 for r in rows[1:])  # the earlier index was read
+    assert set(figures["summary"]) >= {"cpu_s_per_earlier_doc", "read_bytes_per_earlier_doc", "noise_cpu_s"}
+    assert "history's cost, a line through refreshes 1..2" in out, out
+    assert (tmp_path / "h.png").stat().st_size > 0  # the plot beside the JSON

@@ -160,6 +160,23 @@ def test_weekly_refresh():
     assert q["weekly_decisions_table_gib"] == pytest.approx(9e7 * 50 / 2**30)  # 9e7 rows x 50 B
 
 
+def test_weekly_refresh_with_the_history_refresh_history_measured():
+    t = plan_mod.Target(**{**TARGET, "cores": 100})
+    # bench/refresh_history.py's slope: 90 CPU-s per million earlier accepted documents
+    history = {"summary": {"cpu_s_per_earlier_doc": 90e-6}, "file": "h.json", "largest_index": 140_000}
+    p = plan_mod.project([run("local", 1)], t, MEASURED, (400.0, 100.0, 5.0), 16, 20, 17, history)
+    q = {k: v for k, (v, _) in p["q"].items()}
+    # the year's last refresh decides against 8e9 accepted documents: 8e9 x 90e-6 = 720,000 CPU-s = 200 core-hours,
+    # on top of its own 14.16667 (test_weekly_refresh): 214.16667; on 100 cores at 80%: 2.6771 h; x $0.05 = $10.708
+    assert q["weekly_history_core_hours"] == pytest.approx(200.0)
+    assert q["weekly_core_hours"] == pytest.approx(214.16667, rel=1e-5)
+    assert q["weekly_wall_hours"] == pytest.approx(214.16667 / 80, rel=1e-5)
+    assert q["weekly_compute_usd"] == pytest.approx(10.708333, rel=1e-5)
+    assert "h.json, linear from 140,000 indexed" in p["q"]["weekly_history_core_hours"][1]
+    # without the bench the plan says what it leaves out
+    assert "give --history" in project([run("local", 1)], cores=100)["q"]["weekly_core_hours"][1]
+
+
 def test_without_a_run_folder_only_cpu_and_driver():
     p = project([run("local", 1)], measured=None, cores=100)
     assert "read_tb" not in p["stages"][0] and "files" not in p and "driver_task_list_gb" in p["q"]
