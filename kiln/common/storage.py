@@ -109,19 +109,21 @@ _part_task = threading.local()
 
 
 def write_parquet_atomic(path: Path, table: pa.Table, hash_columns: tuple[str, ...] = (),
-                         row_group_size: int | None = None, flush: bool = True) -> None:
+                         row_group_size: int | None = None, flush: bool = True, sorted_by: str | None = None) -> None:
     """Temporary name, flushed to disk, renamed: never a half file under `path`, also after a power loss. Inside a
     part task (`resume_part`) the flush waits for the dataset's commit instead, which flushes every part at once;
     `flush=False` leaves it to a caller that flushes the folder itself (`flush_to_disk`) before anything names
     the file. Columns are dictionary-encoded and zstd-compressed, except `hash_columns` (random values: dictionary
     encoding and zstd only cost time there, ~3x to write a signature part and ~2.5x to read it, and made it
-    larger; nor have they min/max statistics, which no reader could use). `row_group_size`: rows per row group
-    (None: Parquet's default), for files read a few rows at a time."""
+    larger; nor have they min/max statistics, which no reader could use, but for `sorted_by`: the hash column the
+    rows are sorted by, whose row groups' ranges a reader of a range of it selects by). `row_group_size`: rows per
+    row group (None: Parquet's default), for files read a few rows at a time."""
     tmp = temporary_name(path)
     if hash_columns:
         plain = [c for c in table.column_names if c not in hash_columns]
         pq.write_table(table, tmp, compression={c: "zstd" if c in plain else "none" for c in table.column_names},
-                       use_dictionary=plain, write_statistics=plain, row_group_size=row_group_size)
+                       use_dictionary=plain, write_statistics=plain + ([sorted_by] if sorted_by else []),
+                       row_group_size=row_group_size)
     else:
         pq.write_table(table, tmp, compression="zstd", row_group_size=row_group_size)
     part_files = getattr(_part_task, "files", None)

@@ -5,8 +5,8 @@ dataset): its files, the MinHash parameters it was built with and their checks, 
 
 The bucket index. Each refresh's index folder (written at the end, never rewritten):
   _index.json                  params (as `index_params`), partitions, batch, the doc-part starts, documents
-  buckets/buckets-{p}.parquet  (band, key, ref) of its accepted documents, sorted; key-prefix partition p
-  ids/ids-{p}.parquet          (h, doc_id, ref), h = blake2b-64 of doc_id, partition of h; sorted by doc_id
+  buckets/buckets-{p}.parquet  (band, key, ref) of its accepted documents, sorted by key; key-prefix partition p
+  ids/ids-{p}.parquet          (h, doc_id, ref), h = blake2b-64 of doc_id, partition of h; sorted by h
   docs/indexed-{k}.parquet     (ref, doc_id, source, quality_tier, chars, batch, shingles): its part k's kept docs
 File names carry their store role (`kiln.common.storage.ROLE_PREFIX`), so the folder can be part of a dataset.
 Earlier refreshes are the persistent index: a new refresh shuffles only its own signatures against them.
@@ -16,7 +16,12 @@ buckets are datasketch's buckets; the key is a 64-bit hash of (b, those values) 
 values). Two different bands colliding in 64 bits add a candidate that verification rejects (about n²/2⁶⁵ per band:
 ~3e-8 at a million documents per band; a collision can change a decision only if that pair truly is a near-duplicate
 that datasketch did not propose). Key partitions are ranges of the key's top 32 bits (`components.partition_of`), so
-an earlier refresh written with another `partitions` is read by overlapping ranges.
+an earlier refresh written with another `partitions` is read by overlapping ranges. A buckets or ids file is sorted
+by its hash (key, h) in row groups of HASH_ROW_GROUP_ROWS, with that column's statistics (`write_hashed`), so a
+reader of a range of it (a later refresh's partition, one of several the earlier one's spans; a lookup of a few keys)
+reads the row groups holding the range (`read_hash_range`), not the file: as the automatic partition count grows
+with the index, a refresh reads each earlier row about once, not once per partition of its own that the row's file
+meets. Files written before (band-major, no key statistics) are read whole.
 
 Writers. A refresh's index is decided against the earlier refreshes' and committed with its dataset; every writer
 (the dedup_index asset, `kiln dedup migrate-index`) does that under the store's lock `INDEX` (`index_lock`,
@@ -66,12 +71,12 @@ DOCS_SCHEMA = pa.schema([pa.field("ref", pa.int64(), nullable=False), pa.field("
                          pa.field("source", pa.string()), pa.field("quality_tier", pa.int32()),
                          pa.field("chars", pa.int64()), pa.field("batch", pa.string()),
                          pa.field("shingles", SHINGLES_TYPE, nullable=False)])
-# Random 64-bit values stored plain (no dictionary, no zstd: `write_parquet_atomic`): 4x cheaper to write.
-BUCKET_HASH_COLUMNS = ("key",)
-IDS_HASH_COLUMNS = ("h",)
 # Rows per row group of a docs file: a later refresh reads the row groups holding the documents its candidate
 # pairs touch (`bucket_layout.Layout.doc_rows`), not the whole file. Files from before hold one row group.
 DOCS_ROW_GROUP_ROWS = 1_000
+# Rows per row group of a buckets or ids file (sorted by its hash): a reader of a hash range reads about that
+# range's rows plus a row group at each end (~330 kB of buckets rows a group).
+HASH_ROW_GROUP_ROWS = 16_384
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -224,6 +229,31 @@ def read_doc_refs(path: str | Path | BinaryIO, refs: np.ndarray, columns: Sequen
     return t.filter(pc.is_in(t.column("ref"), pa.array(refs)))
 
 
+def write_hashed(path: Path, table: pa.Table, column: str, flush: bool = True) -> None:
+    """A buckets or ids file: its rows sorted by hash `column` (then the others, so the bytes are the same whatever
+    order the rows came in), in row groups of HASH_ROW_GROUP_ROWS with that column's min/max statistics."""
+    rows = table.sort_by([(column, "ascending")] + [(c, "ascending") for c in table.column_names if c != column])
+    write_parquet_atomic(path, rows, hash_columns=(column,), row_group_size=HASH_ROW_GROUP_ROWS, flush=flush,
+                         sorted_by=column)
+
+
+def _read_hash_groups(file: pq.ParquetFile, groups: list[int]) -> pa.Table:
+    """One read of some row groups of a buckets or ids file (a function of its own: the tests count what it reads)."""
+    return file.read_row_groups(groups, use_threads=False)
+
+
+def read_hash_range(source: str | Path | BinaryIO, column: str, ranges: Iterable[tuple[int, int]]) -> pa.Table:
+    """The row groups of a buckets or ids file that may hold rows whose hash `column` is in one of `ranges` (each
+    [lo, hi], inclusive), by the footer's statistics (every group of a file without them): a superset of those
+    rows, for the caller to filter."""
+    file = pq.ParquetFile(source)
+    ranges = list(ranges)
+    groups = [g for g, stats in enumerate(row_group_stats(file.metadata, column))
+              if stats is None or not stats.has_min_max
+              or any(stats.min <= hi and stats.max >= lo for lo, hi in ranges)]
+    return _read_hash_groups(file, groups) if groups else file.schema_arrow.empty_table()
+
+
 def _empty(schema: pa.Schema) -> pa.Table:
     return schema.empty_table()
 
@@ -305,9 +335,8 @@ def index_part(index_dir: Path, k: int, docs: pa.Table, signatures: np.ndarray, 
 
 def write_index_partition(index_dir: Path, p: int, keys: pa.Table, ids: pa.Table) -> None:
     """Partition p's buckets and ids files of an index folder from its band-key and id rows (in part order)."""
-    write_parquet_atomic(index_file(index_dir, "buckets", p), keys.sort_by(
-        [("band", "ascending"), ("key", "ascending"), ("ref", "ascending")]), hash_columns=BUCKET_HASH_COLUMNS)
-    write_parquet_atomic(index_file(index_dir, "ids", p), ids.sort_by("doc_id"), hash_columns=IDS_HASH_COLUMNS)
+    write_hashed(index_file(index_dir, "buckets", p), keys, "key")
+    write_hashed(index_file(index_dir, "ids", p), ids, "h")
 
 
 def write_index_meta(index_dir: Path, near: NearDedup, batch_name: str, partitions: int, starts: list[int]) -> None:
@@ -363,7 +392,7 @@ def near_matches(indexes: Sequence[IndexFiles], shingles: np.ndarray, signature:
         check_index_params(index.name, meta, near)
         refs: set[int] = set()
         for p in sorted(set(partition_of(keys, meta["partitions"]).tolist())):
-            t = pq.read_table(index.open(index_name("buckets", p)))
+            t = read_hash_range(index.open(index_name("buckets", p)), "key", ((int(k), int(k)) for k in keys))
             hit = pc.is_in(t.column("key"), pa.array(keys, pa.uint64())).to_numpy(zero_copy_only=False)
             band, key = t.column("band").to_numpy()[hit], t.column("key").to_numpy()[hit]
             refs |= set(t.column("ref").to_numpy()[hit][keys[band] == key].tolist())

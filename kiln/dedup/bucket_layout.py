@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.common.manifest import write_json_atomic
-from kiln.dedup.bucket_index import index_file, read_doc_refs
-from kiln.dedup.components import overlapping, partition_of
+from kiln.dedup.bucket_index import index_file, read_doc_refs, read_hash_range
+from kiln.dedup.components import hash_range, overlapping, partition_of
 
 _REF_BITS = 40
 _REF_MASK = (1 << _REF_BITS) - 1
@@ -163,10 +163,12 @@ class Layout:
 
 
 def _earlier_partition(layout: Layout, kind: str, p: int, hash_column: str) -> list[tuple[int, pa.Table]]:
-    """Rows of each earlier refresh's `kind` files in this run's partition p (read by overlap, then filtered)."""
+    """Rows of each earlier refresh's `kind` files in this run's partition p: the row groups of its hash range in
+    the files it overlaps (`read_hash_range`), then filtered."""
     out = []
+    lo, hi = hash_range(p, layout.partitions)
     for r, e in enumerate(layout.earlier):
-        tables = [pq.read_table(index_file(e.path, kind, q))
+        tables = [read_hash_range(index_file(e.path, kind, q), hash_column, [(lo, hi - 1)])
                   for q in overlapping(p, layout.partitions, e.partitions)]
         if not tables:
             continue

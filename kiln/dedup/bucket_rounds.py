@@ -38,17 +38,16 @@ import pyarrow.parquet as pq
 
 from kiln.common.storage import part_name, write_parquet_atomic
 from kiln.dedup.bucket_index import (
-    BUCKET_HASH_COLUMNS,
     BUCKET_SCHEMA,
     DOCS_ROW_GROUP_ROWS,
     DOCS_SCHEMA,
-    IDS_HASH_COLUMNS,
     IDS_SCHEMA,
     _empty,
     band_keys,
     doc_id_hash,
     index_file,
     keyed,
+    write_hashed,
 )
 from kiln.dedup.bucket_layout import _decode_old, _earlier_partition, _Task, new_ranks, old_node, old_ranks
 from kiln.dedup.components import LABEL_SCHEMA, distinct_pairs, node_partition, partition_of, write_edges
@@ -530,10 +529,6 @@ def _final(task: _Task) -> dict[str, Any]:
 def _persist(task: _Task) -> int:
     lay, p = task.layout, task.i
     keys = read_partition(lay.w("kept_keys"), p, BUCKET_SCHEMA)
-    order = np.lexsort([keys.column(c).to_numpy() for c in ("ref", "key", "band")])  # by band, key, ref
-    write_parquet_atomic(index_file(lay.index, "buckets", p), keys.take(pa.array(order)),
-                         hash_columns=BUCKET_HASH_COLUMNS, flush=False)
-    ids = read_partition(lay.w("kept_ids"), p, IDS_SCHEMA)
-    write_parquet_atomic(index_file(lay.index, "ids", p), ids.sort_by("doc_id"), hash_columns=IDS_HASH_COLUMNS,
-                         flush=False)
+    write_hashed(index_file(lay.index, "buckets", p), keys, "key", flush=False)
+    write_hashed(index_file(lay.index, "ids", p), read_partition(lay.w("kept_ids"), p, IDS_SCHEMA), "h", flush=False)
     return keys.num_rows

@@ -61,13 +61,21 @@ def partition_of(hashes: np.ndarray, partitions: int) -> np.ndarray:
             >> np.uint64(32)).astype(np.int64)
 
 
+def _prefixes(p: int, partitions: int) -> tuple[int, int]:
+    """Partition p's range of top-32-bit prefixes, [lo, hi) (see partition_of)."""
+    return -(-(p << 32) // partitions), -(-((p + 1) << 32) // partitions)
+
+
+def hash_range(p: int, partitions: int) -> tuple[int, int]:
+    """Partition p's range of 64-bit hashes, [lo, hi): a file sorted by the hash holds its rows in one run."""
+    lo, hi = _prefixes(p, partitions)
+    return lo << 32, hi << 32
+
+
 def overlapping(p: int, partitions: int, other: int) -> list[int]:
     """The partitions of an `other`-way split whose prefix ranges meet partition p of a `partitions`-way one."""
-    def bounds(q: int, n: int) -> tuple[int, int]:
-        return -(-(q << 32) // n), -(-((q + 1) << 32) // n)
-
-    lo, hi = bounds(p, partitions)
-    return [q for q in range(other) if max(lo, bounds(q, other)[0]) < min(hi, bounds(q, other)[1])]
+    lo, hi = _prefixes(p, partitions)
+    return [q for q in range(other) if max(lo, _prefixes(q, other)[0]) < min(hi, _prefixes(q, other)[1])]
 
 
 def node_partition(nodes: np.ndarray, partitions: int) -> np.ndarray:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kiln import engine as engine_module
 from kiln.common.config import NearDedup
-from kiln.dedup import bucket_index, bucket_rounds, buckets, shuffle
+from kiln.dedup import bucket_index, bucket_rounds, buckets, components, shuffle
 from kiln.dedup.bucket_index import BUCKET_SCHEMA, band_keys, read_index_meta
 from kiln.dedup.bucket_rounds import bucket_pairs, pair_jaccard
 from kiln.dedup.buckets import decide_distributed, read_decisions
@@ -394,6 +394,87 @@ def test_a_later_refresh_reads_only_the_row_groups_of_earlier_docs_it_needs(tmp_
     assert whole == [] and groups  # read, and only by row group
     # 3 copies touch at most 3 row groups of 4 rows per file, for attach and for route each
     assert all(read <= 3 * 4 and read < rows for rows, read in groups)
+
+
+@given(st.integers(1, 5000), st.data())
+@settings(max_examples=200, deadline=None)
+def test_hash_range_holds_exactly_the_hashes_partition_of_puts_in_the_partition(partitions, data):
+    """Against partition_of (the second implementation): [lo, hi) of partition p holds a hash iff partition_of
+    gives it p; checked at the range's ends and on random hashes, the extremes 0 and 2^64 - 1 included."""
+    p = data.draw(st.integers(0, partitions - 1))
+    lo, hi = components.hash_range(p, partitions)
+    probes = [lo, hi - 1, max(lo - 1, 0), min(hi, 2**64 - 1), 0, 2**64 - 1,
+              *data.draw(st.lists(st.integers(0, 2**64 - 1), max_size=20))]
+    got = components.partition_of(np.array(probes, np.uint64), partitions)
+    assert [(lo <= h < hi) for h in probes] == [q == p for q in got.tolist()]
+
+
+def test_a_refresh_with_more_partitions_reads_its_hash_range_of_earlier_buckets_and_ids(tmp_path, monkeypatch):
+    """The automatic partition count grows with the index, so a later refresh splits the hashes finer than an
+    earlier one did: here 8 partitions against files written with 2, each file meeting 4 of them. A buckets or ids
+    file is sorted by its hash in row groups (of 4 rows here), and a task reads the row groups of its own range:
+    all the tasks together read each earlier row about once, plus at most a row group at each end of a range, where
+    reading the file whole in each task read every row 4 times. Decisions as near_dedup's."""
+    monkeypatch.setattr(bucket_index, "HASH_ROW_GROUP_ROWS", 4)
+    first = families(2)
+    first_texts = family_texts(2)
+    rng = np.random.default_rng(5)
+    vocab = vocabulary(rng, 5_000)
+    kept = [r["doc_id"] for r in reference(tmp_path / "idx0", [first])[0].to_pylist()
+            if r["source"] == "web" and r["status"] == KEPT][:3]
+    copies = [" ".join(edited(first_texts["web"][int(d.split("-")[1])].split(), 1, rng, vocab)) for d in kept]
+    second = [("copies", 1, signature_table("copies", copies)),
+              ("n-web", 2, signature_table("n-web", family_texts(4, 8)["web"]))]
+    want = reference(tmp_path / "idx", [first, second])
+    parts, sources = write_parts(tmp_path / "sig-0", first, 40)
+    decide_distributed(parts, sources, [], tmp_path / "work", tmp_path / "out-0", NEAR, "r0", partitions=2)
+    earlier = {kind: sorted((tmp_path / "out-0" / "index" / kind).glob("*.parquet")) for kind in ("buckets", "ids")}
+    assert all(pq.ParquetFile(f).metadata.num_row_groups >= 4 for f in earlier["buckets"] + earlier["ids"])
+    rows = {kind: sum(pq.ParquetFile(f).metadata.num_rows for f in files) for kind, files in earlier.items()}
+
+    reads = {"buckets": [], "ids": []}  # (rows in the file, rows read) per read
+    real = bucket_index._read_hash_groups
+
+    def spy(file, groups):
+        t = real(file, groups)
+        reads["buckets" if "band" in t.column_names else "ids"].append((file.metadata.num_rows, t.num_rows))
+        return t
+
+    monkeypatch.setattr(bucket_index, "_read_hash_groups", spy)
+    parts, sources = write_parts(tmp_path / "sig-1", second, 40)
+    stats = decide_distributed(parts, sources, [tmp_path / "out-0" / "index"], tmp_path / "work", tmp_path / "out-1",
+                               NEAR, "r1", partitions=8)
+    assert_same(read_decisions(tmp_path / "out-0"), want[0])
+    assert_same(read_decisions(tmp_path / "out-1"), want[1])
+    assert stats["matched_earlier_refreshes"] == 3  # decided against the earlier rows the tasks read
+    for kind in ("buckets", "ids"):
+        assert 6 <= len(reads[kind]) <= 8  # a task per partition with rows of its own (pairs; already)
+        read = sum(r for _, r in reads[kind])
+        assert read <= rows[kind] + len(reads[kind]) * 2 * 4, (kind, read, rows[kind])
+        assert all(r < n for n, r in reads[kind])  # no file read whole
+
+
+def test_a_near_duplicate_lookup_reads_the_row_groups_of_its_band_keys(tmp_path, monkeypatch):
+    """near_matches (kiln audit membership) reads, of each buckets file its band keys fall in, the row groups whose
+    key range holds one: at most one 4-row group per band here, not the file. Looked up: a kept document's own
+    text, found with Jaccard 1."""
+    monkeypatch.setattr(bucket_index, "HASH_ROW_GROUP_ROWS", 4)
+    tables = families(3)
+    parts, sources = write_parts(tmp_path / "sig", tables, 40)
+    decide_distributed(parts, sources, [], tmp_path / "work", tmp_path / "out", NEAR, "r0", partitions=2)
+    decisions = read_decisions(tmp_path / "out").to_pylist()
+    doc = next(r["doc_id"] for r in decisions if r["status"] == KEPT)
+    row = next(r for r in tables[0][2].to_pylist() if r["doc_id"] == doc)
+    reads = []
+    real = bucket_index._read_hash_groups
+    monkeypatch.setattr(bucket_index, "_read_hash_groups",
+                        lambda file, groups: reads.append((file.metadata.num_rows, len(groups))) or real(file, groups))
+    found = bucket_index.near_matches([bucket_index.IndexFiles.folder(tmp_path / "out" / "index")],
+                                      np.frombuffer(row["shingles"], "<u4"), np.asarray(row["signature"], np.uint32),
+                                      NEAR)
+    assert (found[0][0], found[0][1]) == (1.0, doc)
+    bands = bands_rows(NEAR)[0]
+    assert reads and sum(g for _, g in reads) <= bands and all(g * 4 < n for n, g in reads)
 
 
 @pytest.mark.parametrize("earlier", [False, True], ids=["footers", "scan-round"])
