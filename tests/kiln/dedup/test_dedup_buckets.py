@@ -354,12 +354,9 @@ def test_signature_parts_and_an_index_of_shingle_lists_decide_the_same(tmp_path)
     assert pq.read_schema(new_docs[0]).field("shingles").type == pa.large_binary()
 
 
-def test_a_later_refresh_reads_only_the_row_groups_of_earlier_docs_it_needs(tmp_path, monkeypatch):
-    """Attach (shingles) and route (records) read an earlier refresh's docs file by row group, only those holding a
-    document some candidate pair touches: never the whole file, so what a task reads does not grow with the earlier
-    refreshes (issue 36). Refresh 1 is written with 4-row groups; refresh 2 re-sends near-copies of 3 of its
-    documents and decides as near_dedup does."""
-    monkeypatch.setattr(bucket_rounds, "DOCS_ROW_GROUP_ROWS", 4)
+def copies_of_earlier(tmp_path: Path, unrelated: int) -> tuple[list, list, list[pa.Table]]:
+    """Two refreshes: planted families, then near-copies of 3 of the first's kept documents and `unrelated` new
+    bases' families; and near_dedup's decisions of both."""
     first = families(2)
     first_texts = family_texts(2)
     rng = np.random.default_rng(5)
@@ -368,8 +365,17 @@ def test_a_later_refresh_reads_only_the_row_groups_of_earlier_docs_it_needs(tmp_
             if r["source"] == "web" and r["status"] == KEPT][:3]
     copies = [" ".join(edited(first_texts["web"][int(d.split("-")[1])].split(), 1, rng, vocab)) for d in kept]
     second = [("copies", 1, signature_table("copies", copies)),
-              ("n-web", 2, signature_table("n-web", family_texts(4, 4)["web"]))]
-    want = reference(tmp_path / "idx", [first, second])
+              ("n-web", 2, signature_table("n-web", family_texts(4, unrelated)["web"]))]
+    return first, second, reference(tmp_path / "idx", [first, second])
+
+
+def test_a_later_refresh_reads_only_the_row_groups_of_earlier_docs_it_needs(tmp_path, monkeypatch):
+    """Attach (shingles) and route (records) read an earlier refresh's docs file by row group, only those holding a
+    document some candidate pair touches: never the whole file, so what a task reads does not grow with the earlier
+    refreshes (issue 36). Refresh 1 is written with 4-row groups; refresh 2 re-sends near-copies of 3 of its
+    documents and decides as near_dedup does."""
+    monkeypatch.setattr(bucket_rounds, "DOCS_ROW_GROUP_ROWS", 4)
+    first, second, want = copies_of_earlier(tmp_path, unrelated=4)
     whole, groups = [], []  # whole-file reads of refresh 1's docs files; (rows in the file, rows read) by row group
     read_table, read_groups = pq.read_table, bucket_index._read_doc_groups
 
@@ -416,16 +422,7 @@ def test_a_refresh_with_more_partitions_reads_its_hash_range_of_earlier_buckets_
     all the tasks together read each earlier row about once, plus at most a row group at each end of a range, where
     reading the file whole in each task read every row 4 times. Decisions as near_dedup's."""
     monkeypatch.setattr(bucket_index, "HASH_ROW_GROUP_ROWS", 4)
-    first = families(2)
-    first_texts = family_texts(2)
-    rng = np.random.default_rng(5)
-    vocab = vocabulary(rng, 5_000)
-    kept = [r["doc_id"] for r in reference(tmp_path / "idx0", [first])[0].to_pylist()
-            if r["source"] == "web" and r["status"] == KEPT][:3]
-    copies = [" ".join(edited(first_texts["web"][int(d.split("-")[1])].split(), 1, rng, vocab)) for d in kept]
-    second = [("copies", 1, signature_table("copies", copies)),
-              ("n-web", 2, signature_table("n-web", family_texts(4, 8)["web"]))]
-    want = reference(tmp_path / "idx", [first, second])
+    first, second, want = copies_of_earlier(tmp_path, unrelated=8)
     parts, sources = write_parts(tmp_path / "sig-0", first, 40)
     decide_distributed(parts, sources, [], tmp_path / "work", tmp_path / "out-0", NEAR, "r0", partitions=2)
     earlier = {kind: sorted((tmp_path / "out-0" / "index" / kind).glob("*.parquet")) for kind in ("buckets", "ids")}
