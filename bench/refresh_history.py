@@ -18,7 +18,9 @@ every read(2), page cache included) and the stages' seconds, against the earlier
 A least-squares line through the differences gives the history's cost per earlier indexed document (the slope)
 and the fixed cost of having any history (the intercept). The two runs of a pair are seconds apart, so a drifting
 machine (bench/host_noise.py) moves both alike; `--repeat N` decides each pair N times and keeps each side's least
-CPU. Peak memory is each decision's own (a child process per decision, its ru_maxrss).
+CPU. Peak memory is each decision's own (a child process per decision, its ru_maxrss). `--whole-files` adds a third
+side: the decision with history, its earlier buckets and ids files read whole by every task whose partition meets
+them (the reads before 5a5b4b1, which sorted them by hash), to show what reading by hash range saves.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kiln.common.config import NearDedup  # noqa: E402
 from kiln.curation.documents import DOCUMENT_SCHEMA  # noqa: E402
 from kiln.curation.synthetic import scale_documents  # noqa: E402
-from kiln.dedup.buckets import decide_distributed  # noqa: E402
+from kiln.dedup.buckets import decide_distributed, read_decisions  # noqa: E402
 from kiln.dedup.signing import compute_signatures, signature_groups  # noqa: E402
 
 SOURCE = "bench"
@@ -67,9 +69,15 @@ def write_refresh(folder: Path, seed: int, start: int, stop: int, rows: int) -> 
     return paths, size / 1e6
 
 
-def _decide(sig_parts: list[str], previous: list[str], work: str, out: str, near_json: str, queue) -> None:
-    """One decision in a child process: its CPU seconds, bytes read and peak RSS are its own."""
+def _decide(sig_parts: list[str], previous: list[str], work: str, out: str, near_json: str, queue,
+            whole_files: bool = False) -> None:
+    """One decision in a child process: its CPU seconds, bytes read and peak RSS are its own. `whole_files`: the
+    earlier buckets and ids files read whole by every task that meets them, as before 5a5b4b1."""
     near = NearDedup.model_validate_json(near_json)
+    if whole_files:
+        from kiln.dedup import bucket_layout
+
+        bucket_layout.read_hash_range = lambda source, column, ranges: pq.read_table(source)
     before = os.times()
     rchar = _rchar()
     t0 = time.perf_counter()
@@ -91,11 +99,12 @@ def _rchar() -> int:
         return int(next(line for line in f if line.startswith("rchar:")).split()[1])
 
 
-def decide(sig_parts: list[Path], previous: list[Path], work: Path, out: Path, near: NearDedup) -> dict:
+def decide(sig_parts: list[Path], previous: list[Path], work: Path, out: Path, near: NearDedup,
+           whole_files: bool = False) -> dict:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     child = context.Process(target=_decide, args=([str(p) for p in sig_parts], [str(p) for p in previous],
-                                                  str(work), str(out), near.model_dump_json(), queue))
+                                                  str(work), str(out), near.model_dump_json(), queue, whole_files))
     child.start()
     result = queue.get()
     child.join()
@@ -145,6 +154,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000, help="documents per input part")
     ap.add_argument("--repeat", type=int, default=2, help="decide each (with history, alone) pair N times, in "
                     "alternating order; each side's least CPU is kept")
+    ap.add_argument("--whole-files", action="store_true", help="also decide each refresh reading its earlier buckets "
+                    "and ids files whole in every task that meets them (as before 5a5b4b1), for comparison")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
     if args.refreshes < 3:
@@ -166,15 +177,18 @@ def main() -> None:
             earlier = sum(json.loads((i / "_index.json").read_text())["documents"] for i in indexes)
             index_bytes = sum(f.stat().st_size for i in indexes for f in i.rglob("*") if f.is_file())
             best: dict[str, dict] = {}
-            sides = [("history", indexes), ("alone", [])]
+            sides = [("history", indexes), ("alone", [])] + ([("whole_files", indexes)] if args.whole_files else [])
             for r in range(args.repeat):
                 for side, previous in sides[::-1] if (k + r) % 2 else sides:  # each side first as often
-                    out = tmp / (f"out-{k}" if side == "history" else "alone")
+                    out = tmp / (f"out-{k}" if side == "history" else side)
                     shutil.rmtree(out, ignore_errors=True)
-                    got = decide(sig, previous, tmp / "work", out, near)
+                    got = decide(sig, previous, tmp / "work", out, near, whole_files=side == "whole_files")
                     if side not in best or got["cpu_s"] < best[side]["cpu_s"]:
                         best[side] = got
-            shutil.rmtree(tmp / "alone", ignore_errors=True)
+            if args.whole_files and not read_decisions(tmp / "whole_files").equals(read_decisions(tmp / f"out-{k}")):
+                raise SystemExit(f"refresh {k}: reading the earlier files whole decided otherwise than by ranges")
+            for side in ("alone", "whole_files"):
+                shutil.rmtree(tmp / side, ignore_errors=True)
             indexes.append(tmp / f"out-{k}" / "index")
             h, a = best["history"], best["alone"]
             row = {"refresh": k, "documents": R, "text_mb": round(mb, 2), "earlier_indexed": earlier,
@@ -191,6 +205,14 @@ def main() -> None:
                   f"{a['read_bytes'] / 1e6:.1f} MB, {a['peak_rss_mib']:.0f} MiB; history {row['extra_cpu_s']:+.2f} "
                   f"CPU-s, {row['extra_read_mb']:+.1f} MB read (the earlier index: {index_bytes / 1e6:.1f} MB), "
                   f"{row['extra_peak_rss_mib']:+.0f} MiB")
+            if "whole_files" in best:  # the same decision reading earlier files whole: what the ranges saved
+                w = row["whole_files"] = best["whole_files"]
+                row["ranges_saved_cpu_s"] = round(w["cpu_s"] - h["cpu_s"], 3)
+                row["ranges_saved_read_mb"] = round((w["read_bytes"] - h["read_bytes"]) / 1e6, 2)
+                print(f"  read whole, as before 5a5b4b1: {w['cpu_s']:.2f} CPU-s ({row['ranges_saved_cpu_s']:+.2f}), "
+                      f"{w['read_bytes'] / 1e6:.1f} MB read ({row['ranges_saved_read_mb']:+.1f}), pairs "
+                      f"{w['stages_s'].get('pairs', 0):.2f} s against {h['stages_s'].get('pairs', 0):.2f}, already "
+                      f"{w['stages_s'].get('already', 0):.2f} s against {h['stages_s'].get('already', 0):.2f}")
     with_history = [r for r in rows if r["earlier_indexed"]]
     xs = [r["earlier_indexed"] for r in with_history]
     cpu0, cpu_per_doc = fit(xs, [r["extra_cpu_s"] for r in with_history])

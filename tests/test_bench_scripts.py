@@ -81,8 +81,8 @@ def test_membership_bench_times_the_intake_hashes_against_the_raw_scan(tmp_path)
 
 @pytest.mark.slow
 def test_refresh_history_bench_decides_refreshes_against_the_ones_before(tmp_path):
-    out = _run(["bench/refresh_history.py", "--refresh-docs", "600", "--refreshes", "3", "--repeat", "1", "--json",
-                str(tmp_path / "h.json")], tmp_path)
+    out = _run(["bench/refresh_history.py", "--refresh-docs", "600", "--refreshes", "3", "--repeat", "1",
+                "--whole-files", "--json", str(tmp_path / "h.json")], tmp_path)  # it checks both sides decide alike
     figures = json.loads((tmp_path / "h.json").read_text())
     rows = figures["refreshes"]
     # each refresh's index is the next one's history: the earlier accepted documents add up, refresh by refresh
@@ -94,4 +94,5 @@ def test_refresh_history_bench_decides_refreshes_against_the_ones_before(tmp_pat
     assert all(r["extra_read_mb"] > 0 for r in rows[1:])  # the earlier index was read
     assert set(figures["summary"]) >= {"cpu_s_per_earlier_doc", "read_bytes_per_earlier_doc", "noise_cpu_s"}
     assert "history's cost, a line through refreshes 1..2" in out, out
+    assert all(r["whole_files"]["kept"] == r["with_history"]["kept"] for r in rows), out
     assert (tmp_path / "h.png").stat().st_size > 0  # the plot beside the JSON
