@@ -78,13 +78,17 @@ def make_documents(n: int, copies: float, seed: int = 0) -> list[str]:
     return docs
 
 
-def write_parts(docs: list[str], folder: Path, rows: int = 1000) -> list[Path]:
+def write_parts(docs: list[str], folder: Path, rows: int = 1000, ids: list[str] | None = None,
+                urls: list[str] | None = None) -> list[Path]:
+    """The texts `docs` as DOCUMENT_SCHEMA parts of `rows` under `folder`; doc_ids `ids` (default d0, d1, ...)."""
+    ids = ids or [f"d{i}" for i in range(len(docs))]
+    urls = urls or [None] * len(docs)
     paths = []
     for k in range(0, len(docs), rows):
-        chunk = docs[k:k + rows]
-        table = pa.table({"doc_id": [f"d{k + i}" for i in range(len(chunk))], "source": ["bench"] * len(chunk),
-                          "text": pa.array(chunk, pa.large_string()), "url": [None] * len(chunk),
-                          "license": [None] * len(chunk), "meta": ["{}"] * len(chunk)}, schema=DOCUMENT_SCHEMA)
+        n = len(docs[k:k + rows])
+        table = pa.table({"doc_id": ids[k:k + rows], "source": ["bench"] * n,
+                          "text": pa.array(docs[k:k + rows], pa.large_string()), "url": urls[k:k + rows],
+                          "license": [None] * n, "meta": ["{}"] * n}, schema=DOCUMENT_SCHEMA)
         paths.append(folder / f"part-{k // rows:05d}.parquet")
         pq.write_table(table, paths[-1])
     return paths

@@ -18,7 +18,7 @@ every read(2), page cache included) and the stages' seconds, against the earlier
 A least-squares line through the differences gives the history's cost per earlier indexed document (the slope)
 and the fixed cost of having any history (the intercept). The two runs of a pair are seconds apart, so a drifting
 machine (bench/host_noise.py) moves both alike; `--repeat N` decides each pair N times and keeps each side's least
-CPU. Peak memory is each decision's own (a child process per decision, its ru_maxrss). `--whole-files` adds a third
+CPU. Peak memory is each decision's own (a child process per decision, its VmHWM: not its ru_maxrss, which starts at the parent's RSS). `--whole-files` adds a third
 side: the decision with history, its earlier buckets and ids files read whole by every task whose partition meets
 them (the reads before 5a5b4b1, which sorted them by hash), to show what reading by hash range saves.
 """
@@ -30,54 +30,76 @@ import json
 import multiprocessing
 import os
 import platform
-import resource
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+from queue import Empty
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.dedup_bench import write_parts  # noqa: E402
+from bench.scale_plan import row_groups_read_share  # noqa: E402
 from kiln.common.config import NearDedup  # noqa: E402
-from kiln.curation.documents import DOCUMENT_SCHEMA  # noqa: E402
+from kiln.common.memory import peak_rss_bytes  # noqa: E402
 from kiln.curation.synthetic import scale_documents  # noqa: E402
+from kiln.dedup.bucket_index import DOCS_ROW_GROUP_ROWS  # noqa: E402
 from kiln.dedup.buckets import decide_distributed, read_decisions  # noqa: E402
 from kiln.dedup.signing import compute_signatures, signature_groups  # noqa: E402
 
-SOURCE = "bench"
+SOURCE = "bench"  # write_parts' source
 
 
 def write_refresh(folder: Path, seed: int, start: int, stop: int, rows: int) -> tuple[list[Path], float]:
     """Documents start .. stop - 1 of the scale corpus as DOCUMENT_SCHEMA parts of `rows`; and their texts' MB."""
     folder.mkdir(parents=True)
-    paths, size = [], 0
-    for k in range(start, stop, rows):
-        docs = list(scale_documents(seed, k, min(k + rows, stop)))
-        n = len(docs)
-        size += sum(len(d["text"].encode()) for d in docs)
-        table = pa.table({"doc_id": [d["id"] for d in docs], "source": [SOURCE] * n,
-                          "text": pa.array([d["text"] for d in docs], pa.large_string()),
-                          "url": [d["url"] for d in docs], "license": [None] * n, "meta": ["{}"] * n},
-                         schema=DOCUMENT_SCHEMA)
-        paths.append(folder / f"part-{len(paths):05d}.parquet")
-        pq.write_table(table, paths[-1])
-    return paths, size / 1e6
+    docs = list(scale_documents(seed, start, stop))
+    texts = [d["text"] for d in docs]
+    paths = write_parts(texts, folder, rows, ids=[d["id"] for d in docs], urls=[d["url"] for d in docs])
+    return paths, sum(len(t.encode()) for t in texts) / 1e6
+
+
+def _count_shingle_reads() -> dict[str, int]:
+    """Counts what the earlier docs files' shingles cost (the attach stage's reads): the documents asked for, and the
+    rows and Arrow bytes of the row groups read to get them."""
+    from kiln.dedup import bucket_index, bucket_layout
+
+    counts = {"shingle_docs_needed": 0, "shingle_rows_read": 0, "shingle_bytes_read": 0}
+    read_refs, read_groups = bucket_layout.read_doc_refs, bucket_index._read_doc_groups
+
+    def refs(path, wanted, columns):
+        if "shingles" in columns:
+            counts["shingle_docs_needed"] += int(np.unique(wanted).size)
+        return read_refs(path, wanted, columns)
+
+    def groups(file, which, columns):
+        t = read_groups(file, which, columns)
+        if "shingles" in columns:
+            counts["shingle_rows_read"] += t.num_rows
+            counts["shingle_bytes_read"] += t.nbytes
+        return t
+
+    bucket_layout.read_doc_refs, bucket_index._read_doc_groups = refs, groups
+    return counts
 
 
 def _decide(sig_parts: list[str], previous: list[str], work: str, out: str, near_json: str, queue,
-            whole_files: bool = False) -> None:
+            whole_files: bool = False, docs_row_group: int | None = None) -> None:
     """One decision in a child process: its CPU seconds, bytes read and peak RSS are its own. `whole_files`: the
-    earlier buckets and ids files read whole by every task that meets them, as before 5a5b4b1."""
+    earlier buckets and ids files read whole by every task that meets them, as before 5a5b4b1. `docs_row_group`:
+    the rows per row group of the docs files this decision writes (the index the next refresh reads)."""
+    from kiln.dedup import bucket_index, bucket_layout, bucket_rounds
+
     near = NearDedup.model_validate_json(near_json)
     if whole_files:
-        from kiln.dedup import bucket_layout
-
         bucket_layout.read_hash_range = lambda source, column, ranges: pq.read_table(source)
+    if docs_row_group:
+        bucket_index.DOCS_ROW_GROUP_ROWS = bucket_rounds.DOCS_ROW_GROUP_ROWS = docs_row_group
+    shingles = _count_shingle_reads()
     before = os.times()
     rchar = _rchar()
     t0 = time.perf_counter()
@@ -87,11 +109,11 @@ def _decide(sig_parts: list[str], previous: list[str], work: str, out: str, near
     queue.put({"wall_s": time.perf_counter() - t0,
                "cpu_s": (after.user - before.user) + (after.system - before.system),
                "read_bytes": _rchar() - rchar,
-               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+               "peak_rss_mib": peak_rss_bytes() / 2**20,
                "stages_s": {k: v for k, v in stats["timing"].items() if k != "total_seconds"},
                "partitions": stats["partitions"], "documents": stats["documents"], "kept": stats["kept"],
                "already_indexed": stats["already_indexed"],
-               "matched_earlier_refreshes": stats["matched_earlier_refreshes"]})
+               "matched_earlier_refreshes": stats["matched_earlier_refreshes"], **shingles})
 
 
 def _rchar() -> int:
@@ -100,13 +122,20 @@ def _rchar() -> int:
 
 
 def decide(sig_parts: list[Path], previous: list[Path], work: Path, out: Path, near: NearDedup,
-           whole_files: bool = False) -> dict:
+           whole_files: bool = False, docs_row_group: int | None = None) -> dict:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     child = context.Process(target=_decide, args=([str(p) for p in sig_parts], [str(p) for p in previous],
-                                                  str(work), str(out), near.model_dump_json(), queue, whole_files))
+                                                  str(work), str(out), near.model_dump_json(), queue, whole_files,
+                                                  docs_row_group))
     child.start()
-    result = queue.get()
+    while True:  # a child that dies before reporting (an import error, the OOM killer) ends the bench, not hangs it
+        try:
+            result = queue.get(timeout=5)
+            break
+        except Empty:
+            if not child.is_alive():
+                raise RuntimeError(f"a decision's process exited with {child.exitcode} before reporting") from None
     child.join()
     if child.exitcode:
         raise RuntimeError(f"a decision's process exited with {child.exitcode}")
@@ -156,11 +185,15 @@ def main() -> None:
                     "alternating order; each side's least CPU is kept")
     ap.add_argument("--whole-files", action="store_true", help="also decide each refresh reading its earlier buckets "
                     "and ids files whole in every task that meets them (as before 5a5b4b1), for comparison")
+    ap.add_argument("--docs-row-group", type=int, help="rows per row group of the docs files the refreshes write "
+                    f"(default bucket_index.DOCS_ROW_GROUP_ROWS, {DOCS_ROW_GROUP_ROWS:,}), to compare sizes")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
     if args.refreshes < 3:
         ap.error("--refreshes: at least 3 (two refreshes with a history to fit a line through)")
-    near, R = NearDedup(), args.refresh_docs
+    if args.docs_row_group is not None and args.docs_row_group < 1:
+        ap.error("--docs-row-group: at least 1 row")
+    near, R, group = NearDedup(), args.refresh_docs, args.docs_row_group or DOCS_ROW_GROUP_ROWS
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f}")
     rows = []
@@ -182,7 +215,8 @@ def main() -> None:
                 for side, previous in sides[::-1] if (k + r) % 2 else sides:  # each side first as often
                     out = tmp / (f"out-{k}" if side == "history" else side)
                     shutil.rmtree(out, ignore_errors=True)
-                    got = decide(sig, previous, tmp / "work", out, near, whole_files=side == "whole_files")
+                    got = decide(sig, previous, tmp / "work", out, near, whole_files=side == "whole_files",
+                                 docs_row_group=args.docs_row_group)
                     if side not in best or got["cpu_s"] < best[side]["cpu_s"]:
                         best[side] = got
             if args.whole_files and not read_decisions(tmp / "whole_files").equals(read_decisions(tmp / f"out-{k}")):
@@ -205,6 +239,14 @@ def main() -> None:
                   f"{a['read_bytes'] / 1e6:.1f} MB, {a['peak_rss_mib']:.0f} MiB; history {row['extra_cpu_s']:+.2f} "
                   f"CPU-s, {row['extra_read_mb']:+.1f} MB read (the earlier index: {index_bytes / 1e6:.1f} MB), "
                   f"{row['extra_peak_rss_mib']:+.0f} MiB")
+            if h["shingle_docs_needed"]:
+                # what the row groups of `group` rows should cost if the needed documents fall at random
+                row["shingle_rows_expected"] = round(earlier * row_groups_read_share(h["shingle_docs_needed"], group,
+                                                                                     earlier))
+                print(f"  earlier shingles: {h['shingle_docs_needed']:,} documents needed, {h['shingle_rows_read']:,} "
+                      f"read ({h['shingle_rows_read'] / h['shingle_docs_needed']:.1f}x; "
+                      f"{h['shingle_rows_read'] / earlier:.0%} of the earlier documents; at random in row groups of "
+                      f"{group:,}: {row['shingle_rows_expected']:,}), {h['shingle_bytes_read'] / 1e6:.1f} MB in Arrow")
             if "whole_files" in best:  # the same decision reading earlier files whole: what the ranges saved
                 w = row["whole_files"] = best["whole_files"]
                 row["ranges_saved_cpu_s"] = round(w["cpu_s"] - h["cpu_s"], 3)
@@ -229,6 +271,16 @@ def main() -> None:
                                                       for r in with_history])),
         "peak_rss_mib_per_million_earlier": rss_per_doc * 1e6, "peak_rss_mib_fixed": rss0,
         "cpu_s_per_new_doc_alone": float(per_new),
+        # the attach stage's earlier shingles: documents its candidate pairs need per new document, and the rows of
+        # the row groups read to get them per needed document and as a share of the earlier documents
+        "shingle_docs_needed_per_new_doc": float(np.mean([r["with_history"]["shingle_docs_needed"] / r["documents"]
+                                                          for r in with_history])),
+        "shingle_rows_read_per_needed": float(sum(r["with_history"]["shingle_rows_read"] for r in with_history)
+                                              / max(1, sum(r["with_history"]["shingle_docs_needed"]
+                                                           for r in with_history))),
+        "shingle_rows_read_over_earlier": float(np.mean([r["with_history"]["shingle_rows_read"] / r["earlier_indexed"]
+                                                         for r in with_history])),
+        "docs_row_group": group,
         # refresh 0 has no history: its two sides decide the same thing, so their difference is the noise
         "noise_cpu_s": rows[0]["extra_cpu_s"],
         # an earlier indexed document's CPU in a refresh, as a share of what deciding one of its own documents costs

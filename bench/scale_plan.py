@@ -177,6 +177,28 @@ def weekly_cpu(own_core_h: float, accepted: float, cores: int, t: Target, histor
             "weekly_compute_usd": (core_h * t.core_hour_usd, "weekly core-hours x price")}
 
 
+def row_groups_read_share(needed: float, rows_per_group: int, documents: float) -> float:
+    """The share of a docs store read to get `needed` of its `documents`, which fall at random in it: a row group of
+    `rows_per_group` is read when it holds one, about 1 - exp(-needed x rows_per_group / documents) of them."""
+    return -math.expm1(-needed * rows_per_group / documents) if documents else 0.0
+
+
+def weekly_docs_read(history: dict | None, r_new: float, accepted: float, docs_tb: float) -> dict:
+    """What the attach stage of a weekly refresh reads of the earlier docs files (their shingles): the row groups
+    holding the earlier documents its candidate pairs need, at the rate refresh_history measured per new document."""
+    if history is None or "shingle_docs_needed_per_new_doc" not in history["summary"]:
+        return {}
+    from kiln.dedup.bucket_index import DOCS_ROW_GROUP_ROWS
+
+    rate = history["summary"]["shingle_docs_needed_per_new_doc"]
+    needed = r_new * rate
+    share = row_groups_read_share(needed, DOCS_ROW_GROUP_ROWS, accepted)
+    return {"weekly_earlier_docs_read_tb": (
+        share * docs_tb, f"{needed:,.0f} earlier documents needed ({r_new:,.0f} new x {rate:.4f}, {history['file']}) "
+                         f"in row groups of {DOCS_ROW_GROUP_ROWS:,}: 1 - exp(-needed x {DOCS_ROW_GROUP_ROWS:,} / "
+                         f"{accepted:,.0f}) = {share:.1%} of the docs files")}
+
+
 PY_INT_IN_LIST = 36  # bytes: a Python int past the small-int cache (28, sys.getsizeof) + its list slot (8)
 
 
@@ -285,6 +307,7 @@ def project(runs: list[dict], t: Target, measured: dict | None, layout: tuple[fl
         "weekly_earlier_min_tb": (earlier_tb, "every earlier bucket and id partition (pairs, already stages)"),
         "weekly_earlier_max_tb": (earlier_tb + per_doc["index_docs"] * t.docs / TB,
                                   "+ every earlier docs file (shingles), when candidate pairs touch them all"),
+        **weekly_docs_read(history, r_new, accepted, per_doc["index_docs"] * t.docs / TB),
         "weekly_pairs_task_gib": ((r_new * bands * key_row + accepted * bands * old_row) / P / GIB,
                                   f"(new x {bands} x {key_row:.0f} B + {accepted:,.0f} earlier x {bands} x {old_row} B)"
                                   f" / {P:,}"),

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -32,15 +31,16 @@ def worker(preset: str, zero_init: bool) -> None:
     default_environment()
     import torch
 
+    from kiln.common.memory import peak_rss_bytes
     from training_jobs.model import ModelConfig, param_count
     from training_jobs.monitor import StabilityMonitor
     from training_jobs.settings import TrainingSettings
     from training_jobs.setup import build_engine, build_model, deepspeed_config, init_distributed, resolve_precision
 
     def peaks() -> dict:
-        """Peak resident memory so far (VmHWM, KiB: ru_maxrss would start at the launcher's peak, which an exec'd
-        child inherits) and, on GPUs, peak allocated device memory, in GiB."""
-        rss = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 2**20
+        """Peak resident memory so far (`peak_rss_bytes`: the launcher's not included) and, on GPUs, peak allocated
+        device memory, in GiB."""
+        rss = peak_rss_bytes() / 2**30
         device = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
         return {"rss_gib": round(rss, 3), "device_gib": None if device is None else round(device, 3)}
 

@@ -82,7 +82,8 @@ def test_membership_bench_times_the_intake_hashes_against_the_raw_scan(tmp_path)
 @pytest.mark.slow
 def test_refresh_history_bench_decides_refreshes_against_the_ones_before(tmp_path):
     out = _run(["bench/refresh_history.py", "--refresh-docs", "600", "--refreshes", "3", "--repeat", "1",
-                "--whole-files", "--json", str(tmp_path / "h.json")], tmp_path)  # it checks both sides decide alike
+                "--whole-files", "--docs-row-group", "4", "--json", str(tmp_path / "h.json")],
+               tmp_path)  # it checks both sides decide alike
     figures = json.loads((tmp_path / "h.json").read_text())
     rows = figures["refreshes"]
     # each refresh's index is the next one's history: the earlier accepted documents add up, refresh by refresh
@@ -96,3 +97,11 @@ def test_refresh_history_bench_decides_refreshes_against_the_ones_before(tmp_pat
     assert "history's cost, a line through refreshes 1..2" in out, out
     assert all(r["whole_files"]["kept"] == r["with_history"]["kept"] for r in rows), out
     assert (tmp_path / "h.png").stat().st_size > 0  # the plot beside the JSON
+    # the earlier shingles the candidate pairs need, read by row groups of 4: at least those documents, at most
+    # 4 rows per needed document, and fewer than the earlier documents (about 50 needed of ~1,100 in ~275 groups)
+    for r in rows[1:]:
+        h = r["with_history"]
+        assert 0 < h["shingle_docs_needed"] <= h["shingle_rows_read"] <= 4 * h["shingle_docs_needed"]
+        assert h["shingle_rows_read"] < r["earlier_indexed"]
+        assert r["shingle_rows_expected"] == pytest.approx(h["shingle_rows_read"], rel=0.3)
+    assert figures["summary"]["docs_row_group"] == 4

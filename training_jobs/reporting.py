@@ -272,12 +272,13 @@ def open_pipes(dist: Dist, stack: contextlib.ExitStack):
 
 
 def peak_memory_gib() -> float:
-    """Peak memory of this rank: allocated device memory on a GPU, resident set size on CPU."""
+    """Peak memory of this rank: allocated device memory on a GPU, its own resident set size on CPU (not its
+    launcher's, which ru_maxrss would start from)."""
     if torch.cuda.is_available():
         return round(torch.cuda.max_memory_allocated() / 2**30, 3)
-    import resource
+    from kiln.common.memory import peak_rss_bytes
 
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)  # Linux reports KiB
+    return round(peak_rss_bytes() / 2**30, 3)
 
 
 def progress_line(step: int, max_steps: int, m: dict[str, Any], dt: float, eta_s: float | None = None) -> str:

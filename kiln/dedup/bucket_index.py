@@ -72,8 +72,11 @@ DOCS_SCHEMA = pa.schema([pa.field("ref", pa.int64(), nullable=False), pa.field("
                          pa.field("chars", pa.int64()), pa.field("batch", pa.string()),
                          pa.field("shingles", SHINGLES_TYPE, nullable=False)])
 # Rows per row group of a docs file: a later refresh reads the row groups holding the documents its candidate
-# pairs touch (`bucket_layout.Layout.doc_rows`), not the whole file. Files from before hold one row group.
-DOCS_ROW_GROUP_ROWS = 1_000
+# pairs touch (`bucket_layout.Layout.doc_rows`), not the whole file. With n of a file's N documents needed, about
+# 1 - exp(-n x rows / N) of it is read: at a weekly refresh of the 10B index (n/N ~ 0.15%) 17% with 128 rows, 78%
+# with 1,000 (bench/refresh_history.py, docs/scale.md); a row group's footer entry costs ~0.8 kB (+0.5% at 128).
+# Files written before 2026-12 hold row groups of 1,000 rows, and older ones one row group: read all the same.
+DOCS_ROW_GROUP_ROWS = 128
 # Rows per row group of a buckets or ids file (sorted by its hash): a reader of a hash range reads about that
 # range's rows plus a row group at each end (~330 kB of buckets rows a group).
 HASH_ROW_GROUP_ROWS = 16_384
@@ -203,14 +206,16 @@ class IndexFiles:
 
 
 def _read_doc_groups(file: pq.ParquetFile, groups: list[int], columns: list[str]) -> pa.Table:
-    """One read of some row groups of a docs file (a function of its own: the tests count what it reads)."""
+    """One read of some row groups of a docs file (a function of its own: the tests and benches count what it
+    reads)."""
     return file.read_row_groups(groups, columns=columns, use_threads=False)
 
 
 def read_doc_refs(path: str | Path | BinaryIO, refs: np.ndarray, columns: Sequence[str]) -> pa.Table:
     """The rows of docs file `path` whose `ref` is in `refs` (`ref` and `columns`, in file order): only the row
     groups whose ref range (from the footer's statistics) holds one of them are read, so a few documents cost a
-    few row groups, not the file (a file without statistics is read whole)."""
+    few row groups, not the file (a file without statistics is read whole). They are read one at a time and only
+    their wanted rows kept, so the memory is those rows and one row group, not every row group read."""
     file = pq.ParquetFile(path)
     meta = file.metadata
     refs = np.unique(np.asarray(refs, np.int64))
@@ -225,8 +230,13 @@ def read_doc_refs(path: str | Path | BinaryIO, refs: np.ndarray, columns: Sequen
     names = ["ref", *columns]
     if not groups:
         return pa.schema([DOCS_SCHEMA.field(c) for c in names]).empty_table()
-    t = _read_doc_groups(file, groups, names)
-    return t.filter(pc.is_in(t.column("ref"), pa.array(refs)))
+    wanted = pa.array(refs)
+    out = pa.concat_tables([t.filter(pc.is_in(t.column("ref"), wanted))
+                            for t in (_read_doc_groups(file, [g], names) for g in groups)])
+    # Row groups of ~200 kB of shingles are the sizes mimalloc keeps cached once freed: a worker reading thousands
+    # of them grew by ~45 MiB at 77,000 earlier documents (bench/refresh_history.py). Hand them back to the OS.
+    pa.default_memory_pool().release_unused()
+    return out
 
 
 def write_hashed(path: Path, table: pa.Table, column: str, flush: bool = True) -> None:
@@ -252,10 +262,6 @@ def read_hash_range(source: str | Path | BinaryIO, column: str, ranges: Iterable
               if stats is None or not stats.has_min_max
               or any(stats.min <= hi and stats.max >= lo for lo, hi in ranges)]
     return _read_hash_groups(file, groups) if groups else file.schema_arrow.empty_table()
-
-
-def _empty(schema: pa.Schema) -> pa.Table:
-    return schema.empty_table()
 
 
 def read_index_meta(path: Path) -> dict[str, Any]:
@@ -323,7 +329,7 @@ def index_part(index_dir: Path, k: int, docs: pa.Table, signatures: np.ndarray, 
         {"ref": refs, **{c: docs.column(c) for c in DOCS_SCHEMA.names[1:]}}, schema=DOCS_SCHEMA),
         hash_columns=HASH_COLUMNS, row_group_size=DOCS_ROW_GROUP_ROWS)
     if not docs.num_rows:
-        return _empty(BUCKET_SCHEMA), _empty(IDS_SCHEMA)
+        return BUCKET_SCHEMA.empty_table(), IDS_SCHEMA.empty_table()
     signatures = np.asarray(signatures, np.uint32)
     with_keys = keyed(signatures)
     kb = band_keys(signatures[with_keys], bands, rows).ravel()
@@ -364,8 +370,8 @@ def write_index(index_dir: Path, near: NearDedup, batch_name: str,
         if docs.num_rows:
             keys.append(part_keys)
             ids.append(part_ids)
-    all_keys = pa.concat_tables(keys) if keys else _empty(BUCKET_SCHEMA)
-    all_ids = pa.concat_tables(ids) if ids else _empty(IDS_SCHEMA)
+    all_keys = pa.concat_tables(keys) if keys else BUCKET_SCHEMA.empty_table()
+    all_ids = pa.concat_tables(ids) if ids else IDS_SCHEMA.empty_table()
     key_part = partition_of(all_keys.column("key").to_numpy(), partitions)
     id_part = partition_of(all_ids.column("h").to_numpy(), partitions)
     for p in range(partitions):

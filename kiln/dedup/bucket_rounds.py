@@ -42,7 +42,6 @@ from kiln.dedup.bucket_index import (
     DOCS_ROW_GROUP_ROWS,
     DOCS_SCHEMA,
     IDS_SCHEMA,
-    _empty,
     band_keys,
     doc_id_hash,
     index_file,
@@ -350,7 +349,7 @@ def _route(task: _Task) -> int:
         nodes_t = read_scratch(lay.w("nodes", f"{dp:05d}{SCRATCH}"))
         members = nodes_t.take(pa.array(lnode - lay.starts[dp]))
         hits = read_scratch(lay.w("hits", f"{dp:05d}{SCRATCH}")) if lay.w("hits", f"{dp:05d}{SCRATCH}").is_file() \
-            else _empty(HIT_SCHEMA)
+            else HIT_SCHEMA.empty_table()
         if hits.num_rows:
             comp = llabel[np.searchsorted(lnode, hits.column("b").to_numpy())]
             hits = hits.set_column(0, "comp", pa.array(comp, pa.int64()))

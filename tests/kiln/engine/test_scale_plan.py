@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kiln.common.config import load_config
+from kiln.dedup import bucket_index
 from kiln.dedup.shuffle import write_partitioned
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -160,10 +161,13 @@ def test_weekly_refresh():
     assert q["weekly_decisions_table_gib"] == pytest.approx(9e7 * 50 / 2**30)  # 9e7 rows x 50 B
 
 
-def test_weekly_refresh_with_the_history_refresh_history_measured():
+def test_weekly_refresh_with_the_history_refresh_history_measured(monkeypatch):
     t = plan_mod.Target(**{**TARGET, "cores": 100})
-    # bench/refresh_history.py's slope: 90 CPU-s per million earlier accepted documents
-    history = {"summary": {"cpu_s_per_earlier_doc": 90e-6}, "file": "h.json", "largest_index": 140_000}
+    monkeypatch.setattr(bucket_index, "DOCS_ROW_GROUP_ROWS", 100)
+    # bench/refresh_history.py's slope: 90 CPU-s per million earlier accepted documents; its attach stage needed the
+    # shingles of 0.1 earlier documents per new one
+    history = {"summary": {"cpu_s_per_earlier_doc": 90e-6, "shingle_docs_needed_per_new_doc": 0.1}, "file": "h.json",
+               "largest_index": 140_000}
     p = plan_mod.project([run("local", 1)], t, MEASURED, (400.0, 100.0, 5.0), 16, 20, 17, history)
     q = {k: v for k, (v, _) in p["q"].items()}
     # the year's last refresh decides against 8e9 accepted documents: 8e9 x 90e-6 = 720,000 CPU-s = 200 core-hours,
@@ -173,8 +177,23 @@ def test_weekly_refresh_with_the_history_refresh_history_measured():
     assert q["weekly_wall_hours"] == pytest.approx(214.16667 / 80, rel=1e-5)
     assert q["weekly_compute_usd"] == pytest.approx(10.708333, rel=1e-5)
     assert "h.json, linear from 140,000 indexed" in p["q"]["weekly_history_core_hours"][1]
+    # 9e7 new documents x 0.1 = 9e6 earlier ones needed of 8e9, in row groups of 100: 9e6 x 100 / 8e9 = 0.1125 of
+    # a row group's documents each; 1 - e^-0.1125 = 1 - 0.893597 = 0.106403 of the 20 TB docs store (2,000 B/doc)
+    assert q["weekly_earlier_docs_read_tb"] == pytest.approx(20 * 0.106403, rel=1e-5)
+    assert q["weekly_earlier_min_tb"] < q["weekly_earlier_docs_read_tb"] + q["weekly_earlier_min_tb"] \
+        < q["weekly_earlier_max_tb"]
     # without the bench the plan says what it leaves out
     assert "give --history" in project([run("local", 1)], cores=100)["q"]["weekly_core_hours"][1]
+
+
+def test_row_groups_read_share_against_a_simulation():
+    """The Poisson share against drawing the needed documents at random and counting the row groups they fall in."""
+    rng = np.random.default_rng(0)
+    for documents, rows, needed in [(100_000, 128, 500), (100_000, 1000, 500), (50_000, 16, 3000), (10_000, 1, 100)]:
+        touched = [np.unique(rng.choice(documents, needed, replace=False) // rows).size * rows / documents
+                   for _ in range(20)]
+        assert plan_mod.row_groups_read_share(needed, rows, documents) == pytest.approx(np.mean(touched), abs=0.01)
+    assert plan_mod.row_groups_read_share(10, 128, 0) == 0.0
 
 
 def test_without_a_run_folder_only_cpu_and_driver():
