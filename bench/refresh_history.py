@@ -1,7 +1,8 @@
 """What a refresh's history costs near dedup: the CPU, reads and memory a refresh spends on the earlier refreshes'
 bucket index, measured as the index grows (docs/scale.md's weekly refresh takes its history term from here).
 
-    .venv/bin/python bench/refresh_history.py [--refresh-docs 20000] [--refreshes 8] [--seed 0] [--json OUT]
+    .venv/bin/python bench/refresh_history.py [--refresh-docs 20000] [--refreshes 8] [--seed 0] [--repeat 2]
+        [--whole-files] [--docs-row-group N] [--json OUT]
 
 Corpus: `kiln.curation.synthetic.scale_document` 0 .. refreshes x refresh-docs - 1, cut into consecutive refreshes
 (refresh k: documents k x R .. (k + 1) x R - 1). Its planted exact and near copies are of earlier documents anywhere
@@ -18,9 +19,13 @@ every read(2), page cache included) and the stages' seconds, against the earlier
 A least-squares line through the differences gives the history's cost per earlier indexed document (the slope)
 and the fixed cost of having any history (the intercept). The two runs of a pair are seconds apart, so a drifting
 machine (bench/host_noise.py) moves both alike; `--repeat N` decides each pair N times and keeps each side's least
-CPU. Peak memory is each decision's own (a child process per decision, its VmHWM: not its ru_maxrss, which starts at the parent's RSS). `--whole-files` adds a third
-side: the decision with history, its earlier buckets and ids files read whole by every task whose partition meets
-them (the reads before 5a5b4b1, which sorted them by hash), to show what reading by hash range saves.
+CPU. Peak memory is each decision's own (a child process per decision, its VmHWM: its ru_maxrss would start at the
+parent's RSS). `--whole-files` adds a third side: the decision with history, its earlier buckets and ids files read
+whole by every task whose partition meets them (the reads before 5a5b4b1, which sorted them by hash), to show what
+reading by hash range saves. The attach stage's earlier shingles are counted: the documents its candidate pairs
+need, the rows of the docs files' row groups read to get them, and what row groups would cost if those documents
+fell at random (`shingle_rows_expected`); `--docs-row-group N` writes the refreshes' docs files in row groups of N
+(default `bucket_index.DOCS_ROW_GROUP_ROWS`) to compare sizes.
 """
 
 from __future__ import annotations

@@ -73,10 +73,13 @@ DOCS_SCHEMA = pa.schema([pa.field("ref", pa.int64(), nullable=False), pa.field("
                          pa.field("shingles", SHINGLES_TYPE, nullable=False)])
 # Rows per row group of a docs file: a later refresh reads the row groups holding the documents its candidate
 # pairs touch (`bucket_layout.Layout.doc_rows`), not the whole file. With n of a file's N documents needed, about
-# 1 - exp(-n x rows / N) of it is read: at a weekly refresh of the 10B index (n/N ~ 0.15%) 17% with 128 rows, 78%
+# 1 - exp(-n x rows / N) of it is read: at a weekly refresh of the 10B index (n/N ~ 0.23%) 25% with 128 rows, 90%
 # with 1,000 (bench/refresh_history.py, docs/scale.md); a row group's footer entry costs ~0.8 kB (+0.5% at 128).
 # Files written before 2026-12 hold row groups of 1,000 rows, and older ones one row group: read all the same.
 DOCS_ROW_GROUP_ROWS = 128
+# Rows a reader of a docs file's row groups reads at once (8 row groups of 128): a read costs ~0.3 ms whatever its
+# size, and doc_id and source of a few documents from 8 groups read in one call took half the time of 8 calls.
+DOCS_READ_ROWS = 1_024
 # Rows per row group of a buckets or ids file (sorted by its hash): a reader of a hash range reads about that
 # range's rows plus a row group at each end (~330 kB of buckets rows a group).
 HASH_ROW_GROUP_ROWS = 16_384
@@ -214,8 +217,8 @@ def _read_doc_groups(file: pq.ParquetFile, groups: list[int], columns: list[str]
 def read_doc_refs(path: str | Path | BinaryIO, refs: np.ndarray, columns: Sequence[str]) -> pa.Table:
     """The rows of docs file `path` whose `ref` is in `refs` (`ref` and `columns`, in file order): only the row
     groups whose ref range (from the footer's statistics) holds one of them are read, so a few documents cost a
-    few row groups, not the file (a file without statistics is read whole). They are read one at a time and only
-    their wanted rows kept, so the memory is those rows and one row group, not every row group read."""
+    few row groups, not the file (a file without statistics is read whole). They are read DOCS_READ_ROWS rows at a
+    time, only their wanted rows kept, so the memory is those rows and one read, not every row group read."""
     file = pq.ParquetFile(path)
     meta = file.metadata
     refs = np.unique(np.asarray(refs, np.int64))
@@ -230,11 +233,12 @@ def read_doc_refs(path: str | Path | BinaryIO, refs: np.ndarray, columns: Sequen
     names = ["ref", *columns]
     if not groups:
         return pa.schema([DOCS_SCHEMA.field(c) for c in names]).empty_table()
-    wanted = pa.array(refs)
-    out = pa.concat_tables([t.filter(pc.is_in(t.column("ref"), wanted))
-                            for t in (_read_doc_groups(file, [g], names) for g in groups)])
-    # Row groups of ~200 kB of shingles are the sizes mimalloc keeps cached once freed: a worker reading thousands
-    # of them grew by ~45 MiB at 77,000 earlier documents (bench/refresh_history.py). Hand them back to the OS.
+    wanted, per_read = pa.array(refs), max(1, DOCS_READ_ROWS // max(1, meta.row_group(0).num_rows))
+    out = pa.concat_tables([t.filter(pc.is_in(t.column("ref"), wanted)) for t in
+                            (_read_doc_groups(file, groups[i:i + per_read], names)
+                             for i in range(0, len(groups), per_read))])
+    # Row groups of ~200 kB of shingles are sizes mimalloc keeps cached once freed: a serial decision held 54 MiB
+    # more after its attach stage at 40,959 earlier documents without this (docs/scale.md). Hand them back.
     pa.default_memory_pool().release_unused()
     return out
 

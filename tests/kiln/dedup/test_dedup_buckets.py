@@ -398,8 +398,8 @@ def test_a_later_refresh_reads_only_the_row_groups_of_earlier_docs_it_needs(tmp_
     docs = sorted((tmp_path / "d" / "out-0" / "index" / "docs").glob("*.parquet"))
     assert max(pq.ParquetFile(f).metadata.num_row_groups for f in docs) >= 5  # files of many row groups
     assert whole == [] and groups  # read, and only by row group
-    # 3 copies touch at most 3 row groups of 4 rows, for attach and for route each, read one row group at a time
-    assert all(read <= 4 and read < rows for rows, read in groups)
+    # 3 copies touch at most 3 row groups of 4 rows, for attach and for route each
+    assert all(read < rows for rows, read in groups)
     assert sum(read for _, read in groups) <= 2 * 3 * 4, groups
 
 
@@ -873,3 +873,30 @@ def test_distinct_doc_ids_read_each_decisions_file_once_whatever_the_refresh_siz
     assert not (tmp_path / "work").exists()  # its shuffle removed
     if engine is SERIAL:  # (the pool's workers read them in their own processes)
         assert sorted(reads) == files
+
+
+@given(st.sets(st.integers(0, 99), max_size=40), st.sampled_from([1, 4, 7, 100]), st.sampled_from([1, 8, 1024]))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_read_doc_refs_reads_the_wanted_rows_a_bounded_read_at_a_time(tmp_path, monkeypatch, wanted, group, per_read):
+    """Against a filter of the whole file (the second implementation): the same rows, in file order, whatever the
+    row group size and rows per read; no read covers more row groups than DOCS_READ_ROWS allows (at least one), nor
+    a row group without a wanted document."""
+    path = tmp_path / f"docs-{group}.parquet"
+    if not path.exists():
+        n = 100
+        table = pa.table({"ref": np.arange(1000, 1000 + n, dtype=np.int64), "doc_id": [f"d{i}" for i in range(n)],
+                          "source": ["s"] * n, "quality_tier": np.ones(n, np.int32), "chars": np.arange(n),
+                          "batch": ["b"] * n, "shingles": [bytes([i]) * 8 for i in range(n)]},
+                         schema=bucket_index.DOCS_SCHEMA)
+        pq.write_table(table, path, row_group_size=group)
+    monkeypatch.setattr(bucket_index, "DOCS_READ_ROWS", per_read)
+    reads, read_groups = [], bucket_index._read_doc_groups
+    monkeypatch.setattr(bucket_index, "_read_doc_groups",
+                        lambda file, which, columns: reads.append(which) or read_groups(file, which, columns))
+    refs = np.array(sorted(wanted), np.int64) + 1000
+    got = bucket_index.read_doc_refs(path, refs[::-1], ["doc_id", "shingles"])  # any order asked, file order given
+    whole = pq.read_table(path, columns=["ref", "doc_id", "shingles"])
+    assert got.to_pylist() == [r for r in whole.to_pylist() if r["ref"] in set(refs.tolist())]
+    assert all(len(which) <= max(1, per_read // group) for which in reads)
+    assert all(any(g * group <= w < (g + 1) * group for w in wanted) for which in reads for g in which)
+    assert sum(len(which) for which in reads) == len({w // group for w in wanted})
