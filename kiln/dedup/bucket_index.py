@@ -73,12 +73,14 @@ DOCS_SCHEMA = pa.schema([pa.field("ref", pa.int64(), nullable=False), pa.field("
                          pa.field("shingles", SHINGLES_TYPE, nullable=False)])
 # Rows per row group of a docs file: a later refresh reads the row groups holding the documents its candidate
 # pairs touch (`bucket_layout.Layout.doc_rows`), not the whole file. With n of a file's N documents needed, about
-# 1 - exp(-n x rows / N) of it is read: at a weekly refresh of the 10B index (n/N ~ 0.23%) 25% with 128 rows, 90%
-# with 1,000 (bench/refresh_history.py, docs/scale.md); a row group's footer entry costs ~0.8 kB (+0.5% at 128).
-# Files written before 2026-12 hold row groups of 1,000 rows, and older ones one row group: read all the same.
-DOCS_ROW_GROUP_ROWS = 128
-# Rows a reader of a docs file's row groups reads at once (8 row groups of 128): a read costs ~0.3 ms whatever its
-# size, and doc_id and source of a few documents from 8 groups read in one call took half the time of 8 calls.
+# 1 - exp(-n x rows / N) of it is read: at a weekly refresh of the 10B index (n/N ~ 0.24%) 91% with 1,000 rows,
+# 27% with 128 (bench/refresh_history.py, docs/scale.md). 128 was tried and measured: a serial decision's peak RSS
+# then grew with the history (+30 MiB at 41,000 earlier documents, in the verify stage), not understood yet, and
+# route and attach took ~0.4 s more at 86,000; so 1,000 until that is. Files written before hold one row group.
+DOCS_ROW_GROUP_ROWS = 1_000
+# Rows a reader of a docs file's row groups reads at once (one group of 1,000; 8 of 128): the memory of a read is
+# bounded, and a read costs ~0.3 ms whatever its size (doc_id and source of a few documents from 8 groups of 128
+# took half the time in one call as in 8).
 DOCS_READ_ROWS = 1_024
 # Rows per row group of a buckets or ids file (sorted by its hash): a reader of a hash range reads about that
 # range's rows plus a row group at each end (~330 kB of buckets rows a group).
@@ -237,8 +239,8 @@ def read_doc_refs(path: str | Path | BinaryIO, refs: np.ndarray, columns: Sequen
     out = pa.concat_tables([t.filter(pc.is_in(t.column("ref"), wanted)) for t in
                             (_read_doc_groups(file, groups[i:i + per_read], names)
                              for i in range(0, len(groups), per_read))])
-    # Row groups of ~200 kB of shingles are sizes mimalloc keeps cached once freed: a serial decision held 54 MiB
-    # more after its attach stage at 40,959 earlier documents without this (docs/scale.md). Hand them back.
+    # Freed row groups go back to the OS: mimalloc keeps buffers of ~200 kB (a 128-row group's shingles) cached, and
+    # a serial decision on such files held 54 MiB more after its attach stage at 40,959 earlier documents.
     pa.default_memory_pool().release_unused()
     return out
 

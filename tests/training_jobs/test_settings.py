@@ -165,8 +165,8 @@ def test_training_jobs_import_only_the_shard_format_and_dagster_pipes():
     """training_jobs runs where Kiln's processing stack and Dagster may be absent (ARCHITECTURE.md, layout). The
     planner's memory model and its GPU table (pure Python) are the other pieces it reads: the run's layout comes from
     the one, its MFU's peak from the other. The settings' base model (pydantic only) and
-    the atomic writes and file hashes (standard library only) and the loader's hash, splitmix64 (numpy only), are the
-    last."""
+    the atomic writes and file hashes (standard library only), the loader's hash, splitmix64 (numpy only), and the
+    peak resident memory on CPU (standard library only) are the last."""
     import ast
     from pathlib import Path
 
@@ -179,7 +179,8 @@ def test_training_jobs_import_only_the_shard_format_and_dagster_pipes():
             for name in names:
                 top = name.split(".")[0]
                 allowed = ("kiln.tokens.shard_format", "kiln.planning.memory", "kiln.planning.hardware",
-                           "kiln.common.strict", "kiln.common.manifest", "kiln.common.splitmix")
+                           "kiln.common.strict", "kiln.common.manifest", "kiln.common.splitmix",
+                           "kiln.common.memory")
                 if (top == "kiln" and name not in allowed) or top in ("dagster", "assets", "resources",
                                                                       "orchestration"):
                     bad.append(f"{path.name}: {name}")
