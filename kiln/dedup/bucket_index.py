@@ -76,7 +76,8 @@ DOCS_SCHEMA = pa.schema([pa.field("ref", pa.int64(), nullable=False), pa.field("
 # 1 - exp(-n x rows / N) of it is read: at a weekly refresh of the 10B index (n/N ~ 0.24%) 91% with 1,000 rows,
 # 27% with 128 (bench/refresh_history.py, docs/scale.md). 128 was tried and measured: a serial decision's peak RSS
 # then grew with the history (+30 MiB at 41,000 earlier documents, in the verify stage), not understood yet, and
-# route and attach took ~0.4 s more at 86,000; so 1,000 until that is. Files written before hold one row group.
+# attach and route took 0.2-0.7 s more a refresh at 146,000-200,000; so 1,000 until it is. Files written before
+# hold one row group.
 DOCS_ROW_GROUP_ROWS = 1_000
 # Rows a reader of a docs file's row groups reads at once (one group of 1,000; 8 of 128): the memory of a read is
 # bounded, and a read costs ~0.3 ms whatever its size (doc_id and source of a few documents from 8 groups of 128
